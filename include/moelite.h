@@ -1,0 +1,279 @@
+/*
+ * moelite.h — the public C API of moelite, an embeddable engine for Mixture-of-Experts
+ * language models stored as GGUF files.
+ *
+ * This is the only header an application includes. It is plain C99 and has no dependencies.
+ *
+ * Conventions that hold for every function below unless its comment says otherwise:
+ *
+ *  - Errors. Functions that can fail return a moelite_status. MOELITE_OK (0) is success; any
+ *    other value names the failure, and moelite_last_error() returns a human-readable message
+ *    for the most recent failure *on the calling thread*. A failing call leaves its output
+ *    arguments untouched and never aborts the process.
+ *  - Ownership. Handles (moelite_model, moelite_context, ...) are opaque. Whoever receives a
+ *    handle from a *_create / *_load function owns it and releases it with the matching *_free
+ *    function. *_free accepts NULL. Pointers returned by getters stay owned by the library and
+ *    are valid for as long as the text says.
+ *  - Threads. A moelite_model is immutable after loading: any number of threads may query it and
+ *    create contexts from it concurrently. A moelite_context must be used by one thread at a time.
+ *    Parameter objects are plain data owned by the caller; do not share one between threads while
+ *    it is being modified.
+ *  - ABI. Options are set through setters on opaque parameter objects and queries go through
+ *    keys, so new options and new queries are added without changing any existing signature.
+ *    Enum values are stable and only ever appended.
+ */
+#ifndef MOELITE_H
+#define MOELITE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#  if defined(MOELITE_BUILDING)
+#    define MOELITE_API __declspec(dllexport)
+#  else
+#    define MOELITE_API
+#  endif
+#else
+#  define MOELITE_API __attribute__((visibility("default")))
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* Version                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+#define MOELITE_VERSION_MAJOR 0
+#define MOELITE_VERSION_MINOR 1
+#define MOELITE_VERSION_PATCH 0
+/** The version this header belongs to, as MAJOR*10000 + MINOR*100 + PATCH. */
+#define MOELITE_VERSION_NUMBER \
+  (MOELITE_VERSION_MAJOR * 10000 + MOELITE_VERSION_MINOR * 100 + MOELITE_VERSION_PATCH)
+
+/** Version of the library actually linked, same encoding as MOELITE_VERSION_NUMBER.
+ *  Compare with MOELITE_VERSION_NUMBER to detect a header/library mismatch. */
+MOELITE_API unsigned moelite_version_number(void);
+/** The linked library's version as "MAJOR.MINOR.PATCH"; static storage, never NULL. */
+MOELITE_API const char *moelite_version_string(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Errors                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum moelite_status {
+  MOELITE_OK = 0,
+  MOELITE_ERR_INVALID_ARGUMENT = 1,   /* NULL handle, out-of-range value, bad option */
+  MOELITE_ERR_OUT_OF_MEMORY = 2,      /* an allocation failed */
+  MOELITE_ERR_FILE_NOT_FOUND = 3,     /* the path does not exist or cannot be opened */
+  MOELITE_ERR_IO = 4,                 /* a read, map or stat failed, or returned fewer bytes */
+  MOELITE_ERR_GGUF_BAD_MAGIC = 10,    /* not a GGUF file */
+  MOELITE_ERR_GGUF_BAD_VERSION = 11,  /* GGUF version other than 2 or 3 */
+  MOELITE_ERR_GGUF_TRUNCATED = 12,    /* the file ends inside the header, metadata or tensor data */
+  MOELITE_ERR_GGUF_CORRUPT = 13,      /* absurd count or length, bad string, duplicate name,
+                                         bad alignment, bad dimensions */
+  MOELITE_ERR_GGUF_UNKNOWN_TYPE = 14, /* unknown metadata value type or tensor type id */
+  MOELITE_ERR_GGUF_OUT_OF_BOUNDS = 15,/* a tensor's data lies (partly) outside the file */
+  MOELITE_ERR_GGUF_OVERLAP = 16,      /* two tensors' data overlap */
+  MOELITE_ERR_UNSUPPORTED_ARCH = 20,  /* general.architecture is not one moelite implements */
+  MOELITE_ERR_UNSUPPORTED_TYPE = 21,  /* a weight uses a quantization type moelite lacks */
+  MOELITE_ERR_MISSING_TENSOR = 22,    /* a tensor the architecture needs is absent */
+  MOELITE_ERR_BAD_SHAPE = 23,         /* a tensor's shape disagrees with the hyperparameters */
+  MOELITE_ERR_MISSING_METADATA = 24,  /* a required metadata key is absent or mistyped */
+  MOELITE_ERR_BACKEND_UNAVAILABLE = 30,/* the requested compute backend is not built/present */
+  MOELITE_ERR_BUDGET_TOO_SMALL = 31,  /* expert memory budget below the minimum working set */
+  MOELITE_ERR_NOT_IMPLEMENTED = 32,   /* a recognised request this build cannot serve yet */
+  MOELITE_ERR_CONTEXT_FULL = 40,      /* the batch would run past the context length */
+  MOELITE_ERR_BAD_TOKEN = 41,         /* a token id outside [0, n_vocab) */
+  MOELITE_ERR_ABORTED = 42,           /* the abort callback asked to stop */
+  MOELITE_ERR_CANCELLED = 43,         /* the progress callback asked to stop loading */
+  MOELITE_ERR_INTERNAL = 99           /* a bug in moelite; please report it */
+} moelite_status;
+
+/** Short constant name of a status ("MOELITE_ERR_IO"); static storage, never NULL. */
+MOELITE_API const char *moelite_status_name(moelite_status status);
+
+/** Message describing the most recent failure on the calling thread ("" if none yet).
+ *  The pointer is valid until the next moelite call on the same thread. Thread-safe. */
+MOELITE_API const char *moelite_last_error(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Logging                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum moelite_log_level {
+  MOELITE_LOG_DEBUG = 0,
+  MOELITE_LOG_INFO = 1,
+  MOELITE_LOG_WARN = 2,
+  MOELITE_LOG_ERROR = 3,
+  MOELITE_LOG_NONE = 4
+} moelite_log_level;
+
+/** Receives one complete line of log text, without a trailing newline. May be called from any
+ *  thread that runs moelite work, so it must be thread-safe. The text is valid during the call. */
+typedef void (*moelite_log_fn)(moelite_log_level level, const char *text, void *user_data);
+
+/** Installs the process-wide log sink. NULL restores the default (stderr, WARN and above).
+ *  Messages below min_level are not formatted at all. Thread-safe. */
+MOELITE_API void moelite_set_log_callback(moelite_log_fn fn, void *user_data,
+                                          moelite_log_level min_level);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Model loading                                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct moelite_model moelite_model;
+typedef struct moelite_model_params moelite_model_params;
+
+typedef enum moelite_backend {
+  MOELITE_BACKEND_AUTO = 0, /* the best backend present: a GPU one if built and found, else CPU */
+  MOELITE_BACKEND_CPU = 1,
+  MOELITE_BACKEND_VULKAN = 2,
+  MOELITE_BACKEND_CUDA = 3
+} moelite_backend;
+
+/** Called during loading with progress in [0, 1]. Return 0 to cancel the load (the load then
+ *  fails with MOELITE_ERR_CANCELLED and releases everything it allocated), non-zero to go on.
+ *  Runs on the loading thread. */
+typedef int (*moelite_progress_fn)(float progress, void *user_data);
+
+/** Creates a parameter object holding the defaults: backend AUTO, threads = number of physical
+ *  cores, all experts resident (no budget), mmap on, no progress callback.
+ *  Returns NULL only when out of memory. Free with moelite_model_params_free(). */
+MOELITE_API moelite_model_params *moelite_model_params_create(void);
+MOELITE_API void moelite_model_params_free(moelite_model_params *params);
+
+/** Number of compute threads (>= 1); 0 restores the default (physical cores).
+ *  MOELITE_ERR_INVALID_ARGUMENT for a negative value. */
+MOELITE_API moelite_status moelite_model_params_set_threads(moelite_model_params *params,
+                                                            int32_t n_threads);
+/** Compute backend. Asking for a backend this build or machine lacks makes moelite_model_load
+ *  fail with MOELITE_ERR_BACKEND_UNAVAILABLE and a message saying why. */
+MOELITE_API moelite_status moelite_model_params_set_backend(moelite_model_params *params,
+                                                            moelite_backend backend);
+/** Bytes of memory the expert weights may occupy; 0 (default) keeps every expert resident.
+ *  A budget at or above the model's total expert bytes is the same as 0. Smaller budgets are
+ *  served by the expert store; until this build has one, model loading answers
+ *  MOELITE_ERR_NOT_IMPLEMENTED for them rather than silently ignoring the budget. */
+MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_params *params,
+                                                                  uint64_t budget_bytes);
+/** 1 (default): map the file and compute on the mapping. 0: read weights into owned memory. */
+MOELITE_API moelite_status moelite_model_params_set_use_mmap(moelite_model_params *params,
+                                                             int32_t use_mmap);
+/** Progress callback (NULL to remove) and the pointer handed back to it. */
+MOELITE_API moelite_status moelite_model_params_set_progress_callback(moelite_model_params *params,
+                                                                      moelite_progress_fn fn,
+                                                                      void *user_data);
+
+/** Loads the GGUF model at `path`. `params` may be NULL for the defaults; it is only read
+ *  during the call. On success *out_model receives a model the caller frees with
+ *  moelite_model_free(). Every malformed or unsupported input gets its specific status (see
+ *  moelite_status); nothing is leaked on failure. */
+MOELITE_API moelite_status moelite_model_load(const char *path, const moelite_model_params *params,
+                                              moelite_model **out_model);
+
+/** Frees a model. All contexts created from it must have been freed first. NULL is a no-op. */
+MOELITE_API void moelite_model_free(moelite_model *model);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Model queries                                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum moelite_model_key {
+  MOELITE_MODEL_N_LAYERS = 0,
+  MOELITE_MODEL_N_EXPERTS = 1,          /* routed experts per MoE layer */
+  MOELITE_MODEL_N_EXPERTS_USED = 2,     /* top-k of the router */
+  MOELITE_MODEL_N_SHARED_EXPERTS = 3,   /* 0 or 1 for the architectures supported now */
+  MOELITE_MODEL_N_VOCAB = 4,
+  MOELITE_MODEL_N_EMBD = 5,
+  MOELITE_MODEL_N_HEAD = 6,
+  MOELITE_MODEL_N_HEAD_KV = 7,
+  MOELITE_MODEL_HEAD_DIM = 8,
+  MOELITE_MODEL_N_FF_EXPERT = 9,
+  MOELITE_MODEL_N_FF_SHARED = 10,
+  MOELITE_MODEL_N_CTX_TRAIN = 11,
+  MOELITE_MODEL_EXPERT_BYTES = 12,      /* bytes of all routed-expert weights */
+  MOELITE_MODEL_DENSE_BYTES = 13,       /* bytes of every other weight */
+  MOELITE_MODEL_N_PARAMS = 14,          /* total parameter count */
+  MOELITE_MODEL_N_ACTIVE_PARAMS = 15,   /* parameters read for one token (top-k experts) */
+  MOELITE_MODEL_THREADS = 16,           /* compute threads in use */
+  MOELITE_MODEL_BACKEND = 17            /* the moelite_backend actually chosen */
+} moelite_model_key;
+
+/** Value of a numeric property, or -1 if the key is unknown or the model is NULL. Thread-safe. */
+MOELITE_API int64_t moelite_model_get(const moelite_model *model, moelite_model_key key);
+/** general.architecture ("qwen3moe", ...); owned by the model. NULL for a NULL model. */
+MOELITE_API const char *moelite_model_arch(const moelite_model *model);
+/** general.name, or "" if absent; owned by the model. */
+MOELITE_API const char *moelite_model_name(const moelite_model *model);
+/** Name of the weight type that holds most expert bytes ("Q4_K", ...); owned by the library. */
+MOELITE_API const char *moelite_model_expert_type(const moelite_model *model);
+/** Name of the backend in use ("cpu", ...) with the SIMD level, e.g. "cpu (avx512)". */
+MOELITE_API const char *moelite_model_backend_name(const moelite_model *model);
+
+/** Comma-separated list of the architectures this build supports; static storage. */
+MOELITE_API const char *moelite_supported_archs(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Contexts: a KV cache plus the scratch memory of one inference stream                         */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct moelite_context moelite_context;
+typedef struct moelite_context_params moelite_context_params;
+
+/** Polled between layers during evaluation; return non-zero to abort. Runs on the calling
+ *  thread of moelite_eval. */
+typedef int (*moelite_abort_fn)(void *user_data);
+
+/** Defaults: n_ctx = min(model's training context, 4096), n_batch = 512, no abort callback.
+ *  Returns NULL only when out of memory. */
+MOELITE_API moelite_context_params *moelite_context_params_create(void);
+MOELITE_API void moelite_context_params_free(moelite_context_params *params);
+/** Maximum tokens the KV cache holds (>= 1; 0 restores the default). */
+MOELITE_API moelite_status moelite_context_params_set_n_ctx(moelite_context_params *params,
+                                                            int32_t n_ctx);
+/** Largest number of tokens computed in one forward pass (>= 1); longer inputs to moelite_eval
+ *  are split. Scratch memory grows with it. */
+MOELITE_API moelite_status moelite_context_params_set_n_batch(moelite_context_params *params,
+                                                              int32_t n_batch);
+MOELITE_API moelite_status moelite_context_params_set_abort_callback(moelite_context_params *params,
+                                                                     moelite_abort_fn fn,
+                                                                     void *user_data);
+
+/** Creates a context for `model` (which must outlive it). `params` may be NULL for defaults.
+ *  Free with moelite_context_free(). */
+MOELITE_API moelite_status moelite_context_create(moelite_model *model,
+                                                  const moelite_context_params *params,
+                                                  moelite_context **out_ctx);
+MOELITE_API void moelite_context_free(moelite_context *ctx);
+
+/** Appends `n_tokens` tokens to the sequence and runs the model on them.
+ *  `logits_all` non-zero keeps the logits of every token of this call, zero only the last one's.
+ *  Errors: MOELITE_ERR_BAD_TOKEN, MOELITE_ERR_CONTEXT_FULL (nothing is evaluated), I/O errors
+ *  from the expert store, MOELITE_ERR_ABORTED. After any error the context is as it was before
+ *  the call (the sequence length is unchanged), so the caller can retry or go on. */
+MOELITE_API moelite_status moelite_eval(moelite_context *ctx, const int32_t *tokens,
+                                        int32_t n_tokens, int32_t logits_all);
+
+/** Logits (n_vocab floats) of token `i` of the last successful moelite_eval: with logits_all,
+ *  0 <= i < n_tokens; otherwise only i = -1 (the last token). Negative i counts from the end.
+ *  Returns NULL for an index that has no logits. Owned by the context; valid until the next
+ *  moelite_eval, moelite_kv_* or moelite_context_free on it. */
+MOELITE_API const float *moelite_get_logits(const moelite_context *ctx, int32_t i);
+
+/** Tokens currently held in the KV cache. */
+MOELITE_API int32_t moelite_kv_length(const moelite_context *ctx);
+/** Context length chosen at creation. */
+MOELITE_API int32_t moelite_context_n_ctx(const moelite_context *ctx);
+/** Forgets the whole sequence. */
+MOELITE_API void moelite_kv_reset(moelite_context *ctx);
+/** Keeps the first n_keep tokens and forgets the rest (n_keep clamped to [0, length]). */
+MOELITE_API void moelite_kv_truncate(moelite_context *ctx, int32_t n_keep);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOELITE_H */

@@ -1,0 +1,73 @@
+// The operating-system layer: files, mappings, CPU facts, clocks and memory readings. Core and
+// backends call only this; each OS has one implementation directory (posix/ for Linux, Android,
+// macOS), so the rest of the code is free of #ifdefs.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include "core/status.h"
+
+namespace moelite::platform {
+
+// A read-only file. Moveable, closes on destruction.
+class File {
+ public:
+  File() = default;
+  ~File();
+  File(File&& other) noexcept;
+  File& operator=(File&& other) noexcept;
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  // MOELITE_ERR_FILE_NOT_FOUND when the path is missing or unreadable, MOELITE_ERR_IO otherwise.
+  static Status open(const std::string& path, File* out);
+  bool is_open() const { return fd_ >= 0; }
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  // Reads exactly n bytes at offset (retrying short reads); MOELITE_ERR_IO on error or EOF.
+  Status read_at(uint64_t offset, void* dst, uint64_t n) const;
+  int native_handle() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  std::string path_;
+};
+
+// A read-only mapping of a whole file.
+class Mapping {
+ public:
+  Mapping() = default;
+  ~Mapping();
+  Mapping(Mapping&& other) noexcept;
+  Mapping& operator=(Mapping&& other) noexcept;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+
+  static Status map(const File& file, Mapping* out);
+  const uint8_t* data() const { return static_cast<const uint8_t*>(addr_); }
+  uint64_t size() const { return size_; }
+
+ private:
+  void* addr_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+struct CpuFeatures {
+  bool avx2 = false, fma = false, f16c = false;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
+  bool avx512vnni = false, avx512bf16 = false;
+  bool neon = false, dotprod = false;
+};
+const CpuFeatures& cpu_features();
+
+int physical_core_count();          // >= 1
+uint64_t current_rss_bytes();       // 0 if unknown
+uint64_t peak_rss_bytes();          // 0 if unknown
+double now_seconds();               // monotonic
+
+// Memory aligned to `alignment` (a power of two) for SIMD and direct I/O; nullptr on failure.
+void* aligned_alloc_bytes(size_t size, size_t alignment);
+void aligned_free(void* p);
+
+}  // namespace moelite::platform

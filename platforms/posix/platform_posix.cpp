@@ -1,0 +1,180 @@
+#include "platforms/platform.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <set>
+#include <utility>
+
+namespace moelite::platform {
+
+File::~File() {
+  if (fd_ >= 0) ::close(fd_);
+}
+File::File(File&& o) noexcept : fd_(o.fd_), size_(o.size_), path_(std::move(o.path_)) { o.fd_ = -1; }
+File& File::operator=(File&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    size_ = o.size_;
+    path_ = std::move(o.path_);
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+Status File::open(const std::string& path, File* out) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    Status st = (e == ENOENT || e == ENOTDIR || e == EACCES) ? MOELITE_ERR_FILE_NOT_FOUND : MOELITE_ERR_IO;
+    return fail(st, "cannot open '%s': %s", path.c_str(), strerror(e));
+  }
+  struct stat sb;
+  if (fstat(fd, &sb) != 0) {
+    int e = errno;
+    ::close(fd);
+    return fail(MOELITE_ERR_IO, "cannot stat '%s': %s", path.c_str(), strerror(e));
+  }
+  if (S_ISDIR(sb.st_mode)) {
+    ::close(fd);
+    return fail(MOELITE_ERR_FILE_NOT_FOUND, "'%s' is a directory, not a model file", path.c_str());
+  }
+  File f;
+  f.fd_ = fd;
+  f.size_ = static_cast<uint64_t>(sb.st_size);
+  f.path_ = path;
+  *out = std::move(f);
+  return MOELITE_OK;
+}
+
+Status File::read_at(uint64_t offset, void* dst, uint64_t n) const {
+  uint8_t* p = static_cast<uint8_t*>(dst);
+  while (n > 0) {
+    size_t chunk = n > (1u << 30) ? (1u << 30) : static_cast<size_t>(n);
+    ssize_t got = ::pread(fd_, p, chunk, static_cast<off_t>(offset));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return fail(MOELITE_ERR_IO, "read of '%s' at offset %llu failed: %s", path_.c_str(),
+                  (unsigned long long)offset, strerror(errno));
+    }
+    if (got == 0)
+      return fail(MOELITE_ERR_IO, "read of '%s' at offset %llu hit end of file", path_.c_str(),
+                  (unsigned long long)offset);
+    p += got;
+    offset += static_cast<uint64_t>(got);
+    n -= static_cast<uint64_t>(got);
+  }
+  return MOELITE_OK;
+}
+
+Mapping::~Mapping() {
+  if (addr_) munmap(addr_, size_);
+}
+Mapping::Mapping(Mapping&& o) noexcept : addr_(o.addr_), size_(o.size_) { o.addr_ = nullptr; }
+Mapping& Mapping::operator=(Mapping&& o) noexcept {
+  if (this != &o) {
+    if (addr_) munmap(addr_, size_);
+    addr_ = o.addr_;
+    size_ = o.size_;
+    o.addr_ = nullptr;
+  }
+  return *this;
+}
+
+Status Mapping::map(const File& file, Mapping* out) {
+  if (file.size() == 0) return fail(MOELITE_ERR_IO, "cannot map empty file '%s'", file.path().c_str());
+  void* addr = mmap(nullptr, file.size(), PROT_READ, MAP_SHARED, file.native_handle(), 0);
+  if (addr == MAP_FAILED)
+    return fail(MOELITE_ERR_IO, "mmap of '%s' failed: %s", file.path().c_str(), strerror(errno));
+  Mapping m;
+  m.addr_ = addr;
+  m.size_ = file.size();
+  *out = std::move(m);
+  return MOELITE_OK;
+}
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures features = [] {
+    CpuFeatures f;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    f.avx2 = __builtin_cpu_supports("avx2");
+    f.fma = __builtin_cpu_supports("fma");
+    f.f16c = true;  // every AVX2 CPU has F16C; checked through avx2 below
+    f.avx512f = __builtin_cpu_supports("avx512f");
+    f.avx512bw = __builtin_cpu_supports("avx512bw");
+    f.avx512vl = __builtin_cpu_supports("avx512vl");
+    f.avx512dq = __builtin_cpu_supports("avx512dq");
+    f.avx512vnni = __builtin_cpu_supports("avx512vnni");
+    f.avx512bf16 = __builtin_cpu_supports("avx512bf16");
+#elif defined(__aarch64__)
+    f.neon = true;
+#if defined(__ARM_FEATURE_DOTPROD)
+    f.dotprod = true;
+#endif
+#endif
+    return f;
+  }();
+  return features;
+}
+
+int physical_core_count() {
+  // Count distinct (package, core) pairs: SMT siblings share a core and do not add bandwidth.
+  std::set<std::pair<int, int>> cores;
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  for (long cpu = 0; cpu < n; ++cpu) {
+    std::string base = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+    std::ifstream pkg(base + "physical_package_id"), core(base + "core_id");
+    int p = -1, c = -1;
+    if (!(pkg >> p) || !(core >> c)) return n > 0 ? static_cast<int>(n) : 1;
+    cores.insert({p, c});
+  }
+  if (cores.empty()) return n > 0 ? static_cast<int>(n) : 1;
+  return static_cast<int>(cores.size());
+}
+
+static uint64_t read_status_kb(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  size_t klen = strlen(key);
+  while (std::getline(in, line)) {
+    if (line.compare(0, klen, key) == 0) return strtoull(line.c_str() + klen, nullptr, 10) * 1024;
+  }
+  return 0;
+}
+
+uint64_t current_rss_bytes() { return read_status_kb("VmRSS:"); }
+
+uint64_t peak_rss_bytes() {
+  uint64_t hwm = read_status_kb("VmHWM:");
+  if (hwm) return hwm;
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) == 0) return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+  return 0;
+}
+
+double now_seconds() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+void* aligned_alloc_bytes(size_t size, size_t alignment) {
+  void* p = nullptr;
+  if (size == 0) size = alignment;
+  if (posix_memalign(&p, alignment, size) != 0) return nullptr;
+  return p;
+}
+
+void aligned_free(void* p) { free(p); }
+
+}  // namespace moelite::platform
