@@ -258,7 +258,7 @@ MOELITE_API moelite_status moelite_eval(moelite_context *ctx, const int32_t *tok
                                         int32_t n_tokens, int32_t logits_all);
 
 /** Logits (n_vocab floats) of token `i` of the last successful moelite_eval: with logits_all,
- *  0 <= i < n_tokens; otherwise only i = -1 (the last token). Negative i counts from the end.
+ *  0 <= i < n_tokens; otherwise only the last token's (i = 0 or -1). Negative i counts from the end.
  *  Returns NULL for an index that has no logits. Owned by the context; valid until the next
  *  moelite_eval, moelite_kv_* or moelite_context_free on it. */
 MOELITE_API const float *moelite_get_logits(const moelite_context *ctx, int32_t i);

@@ -1,0 +1,30 @@
+// Backend selection. GPU backends register here as they are built; a build without them still
+// links and answers with the reason (the MLX no_gpu pattern).
+#include <memory>
+
+#include "backends/backend.h"
+#include "backends/cpu/cpu_backend.h"
+
+namespace moelite {
+
+Status create_backend(BackendKind kind, int32_t n_threads, std::unique_ptr<Backend>* out) {
+  switch (kind) {
+    case BackendKind::Auto:  // no GPU backend in this build yet: AUTO means CPU
+    case BackendKind::Cpu:
+      out->reset(new cpu::CpuBackend(n_threads));
+      return MOELITE_OK;
+    case BackendKind::Vulkan:
+      return fail(MOELITE_ERR_BACKEND_UNAVAILABLE,
+                  "the Vulkan backend is not part of this build of moelite (%s); use the CPU backend",
+                  MOELITE_VULKAN_TOOLKIT_FOUND ? "Vulkan SDK found, backend not implemented yet"
+                                               : "built without the Vulkan SDK");
+    case BackendKind::Cuda:
+      return fail(MOELITE_ERR_BACKEND_UNAVAILABLE,
+                  "the CUDA backend is not part of this build of moelite (%s); use the CPU backend",
+                  MOELITE_CUDA_TOOLKIT_FOUND ? "CUDA toolkit found, backend not implemented yet"
+                                             : "built without the CUDA toolkit");
+  }
+  return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown backend %d", static_cast<int>(kind));
+}
+
+}  // namespace moelite

@@ -1,0 +1,390 @@
+#include "backends/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backends/cpu/cpu_ops.h"
+#include "platforms/platform.h"
+
+namespace moelite::cpu {
+
+namespace {
+
+float* rows_of(const Act& a) { return static_cast<float*>(a.handle); }
+
+struct KvStorage {
+  float* k = nullptr;
+  float* v = nullptr;
+};
+
+// Row-chunk size for splitting a matrix of `rows` outputs over `threads`: several chunks per
+// thread so dynamic scheduling evens out, but chunks long enough that a task is not all overhead.
+int64_t row_chunk(int64_t rows, int threads) {
+  int64_t chunk = rows / (static_cast<int64_t>(threads) * 4);
+  return std::clamp<int64_t>(chunk, 1, 64);
+}
+
+// Tokens per task in batched products: the activations of one chunk stay in L2 while each weight
+// row is reused from L1 across them.
+constexpr int64_t kTokenChunk = 32;
+
+}  // namespace
+
+CpuBackend::CpuBackend(int32_t n_threads)
+    : k_(kernels_best()), pool_(n_threads), name_(std::string("cpu (") + kernels_best().isa + ")") {
+  attn_scores_.resize(static_cast<size_t>(pool_.size()));
+}
+
+CpuBackend::~CpuBackend() = default;
+
+Status CpuBackend::place_weight(WeightView* w) {
+  if (!w->data) return fail(MOELITE_ERR_INTERNAL, "CPU backend got a weight without host bytes");
+  if (!k_.vec_dot[static_cast<uint32_t>(w->type)])
+    return fail(MOELITE_ERR_UNSUPPORTED_TYPE, "no CPU kernel for weight type %s", type_name(w->type));
+  return MOELITE_OK;
+}
+
+Status CpuBackend::alloc_act(int64_t rows, int64_t cols, Act* out) {
+  if (rows <= 0 || cols <= 0) return fail(MOELITE_ERR_INVALID_ARGUMENT, "empty activation");
+  void* p = platform::aligned_alloc_bytes(static_cast<size_t>(rows * cols) * sizeof(float), 64);
+  if (!p) return fail(MOELITE_ERR_OUT_OF_MEMORY, "activation of %lld x %lld floats", (long long)rows, (long long)cols);
+  memset(p, 0, static_cast<size_t>(rows * cols) * sizeof(float));
+  out->handle = p;
+  out->rows = rows;
+  out->cols = cols;
+  return MOELITE_OK;
+}
+
+void CpuBackend::free_act(Act* a) {
+  platform::aligned_free(a->handle);
+  *a = Act{};
+}
+
+Act CpuBackend::view_rows(const Act& a, int64_t row0, int64_t n) {
+  return Act{rows_of(a) + row0 * a.cols, n, a.cols};
+}
+
+void CpuBackend::read_rows(const Act& a, int64_t row0, int64_t n, float* dst) {
+  memcpy(dst, rows_of(a) + row0 * a.cols, static_cast<size_t>(n * a.cols) * sizeof(float));
+}
+
+Status CpuBackend::alloc_kv(int32_t n_layers, int32_t n_ctx, int64_t kv_dim, KvCache* out) {
+  const size_t bytes = static_cast<size_t>(n_layers) * n_ctx * kv_dim * sizeof(float);
+  auto* s = new (std::nothrow) KvStorage;
+  if (!s) return fail(MOELITE_ERR_OUT_OF_MEMORY, "KV cache");
+  s->k = static_cast<float*>(platform::aligned_alloc_bytes(bytes, 64));
+  s->v = static_cast<float*>(platform::aligned_alloc_bytes(bytes, 64));
+  if (!s->k || !s->v) {
+    platform::aligned_free(s->k);
+    platform::aligned_free(s->v);
+    delete s;
+    return fail(MOELITE_ERR_OUT_OF_MEMORY, "KV cache of %zu bytes", 2 * bytes);
+  }
+  out->handle = s;
+  out->n_layers = n_layers;
+  out->n_ctx = n_ctx;
+  out->kv_dim = kv_dim;
+  return MOELITE_OK;
+}
+
+void CpuBackend::free_kv(KvCache* kv) {
+  auto* s = static_cast<KvStorage*>(kv->handle);
+  if (s) {
+    platform::aligned_free(s->k);
+    platform::aligned_free(s->v);
+    delete s;
+  }
+  *kv = KvCache{};
+}
+
+void CpuBackend::get_rows(const WeightView& table, const int32_t* tokens, int32_t n, Act* out) {
+  DequantRowFn dequant = k_.dequant[static_cast<uint32_t>(table.type)];
+  for (int32_t t = 0; t < n; ++t)
+    dequant(table.data + static_cast<uint64_t>(tokens[t]) * table.row_bytes, rows_of(*out) + t * out->cols, table.cols);
+}
+
+void CpuBackend::rms_norm(const Act& x, const float* w, int64_t group, float eps, Act* out) {
+  const int64_t groups_per_row = x.cols / group;
+  const int64_t total = x.rows * groups_per_row;
+  const float* src = rows_of(x);
+  float* dst = rows_of(*out);
+  auto body = [&](int64_t g, int) { rms_norm_row(src + g * group, w, group, eps, dst + g * group); };
+  if (total * group < 16384) {
+    for (int64_t g = 0; g < total; ++g) body(g, 0);
+  } else {
+    pool_.parallel_for(total, body);
+  }
+}
+
+const uint8_t* CpuBackend::quantize_rows(const float* x, int64_t rows, int64_t cols,
+                                         TensorType weight_type, std::vector<uint8_t>* buf) {
+  const TensorType dt = dot_type(weight_type);
+  if (dt == TensorType::F32) return reinterpret_cast<const uint8_t*>(x);
+  const size_t row_bytes = activation_row_bytes(weight_type, cols);
+  if (buf->size() < row_bytes * static_cast<size_t>(rows)) buf->resize(row_bytes * static_cast<size_t>(rows));
+  QuantizeRowFn quantize = k_.quantize_act[static_cast<uint32_t>(dt)];
+  uint8_t* dst = buf->data();
+  auto body = [&](int64_t r, int) { quantize(x + r * cols, dst + r * row_bytes, cols); };
+  if (rows < 4) {
+    for (int64_t r = 0; r < rows; ++r) body(r, 0);
+  } else {
+    pool_.parallel_for(rows, body);
+  }
+  return dst;
+}
+
+void CpuBackend::matmul_rows(const WeightView& w, const uint8_t* act, size_t act_stride, int64_t n,
+                             float* out, int64_t out_stride) {
+  VecDotFn dot = k_.vec_dot[static_cast<uint32_t>(w.type)];
+  const int64_t rc = row_chunk(w.rows, pool_.size());
+  const int64_t n_rc = (w.rows + rc - 1) / rc;
+  const int64_t n_tc = (n + kTokenChunk - 1) / kTokenChunk;
+  pool_.parallel_for(n_rc * n_tc, [&](int64_t task, int) {
+    const int64_t r0 = (task % n_rc) * rc, r1 = std::min(w.rows, r0 + rc);
+    const int64_t t0 = (task / n_rc) * kTokenChunk, t1 = std::min(n, t0 + kTokenChunk);
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* wrow = w.data + static_cast<uint64_t>(r) * w.row_bytes;
+      for (int64_t t = t0; t < t1; ++t) dot(w.cols, out + t * out_stride + r, wrow, act + t * act_stride);
+    }
+  });
+}
+
+void CpuBackend::matmul(const WeightView& w, const Act& x, const float* bias, Act* out) {
+  const uint8_t* act = quantize_rows(rows_of(x), x.rows, x.cols, w.type, &qbuf_);
+  const TensorType dt = dot_type(w.type);
+  const size_t stride = dt == TensorType::F32 ? static_cast<size_t>(x.cols) * sizeof(float)
+                                              : activation_row_bytes(w.type, x.cols);
+  float* y = rows_of(*out);
+  matmul_rows(w, act, stride, x.rows, y, out->cols);
+  if (bias) {
+    for (int64_t t = 0; t < x.rows; ++t)
+      for (int64_t r = 0; r < w.rows; ++r) y[t * out->cols + r] += bias[r];
+  }
+}
+
+void CpuBackend::add(Act* x, const Act& y) {
+  float* a = rows_of(*x);
+  const float* b = rows_of(y);
+  const int64_t n = x->rows * x->cols;
+  for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+}
+
+void CpuBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) {
+  const int64_t heads = x->cols / head_dim;
+  float* data = rows_of(*x);
+  for (int64_t t = 0; t < x->rows; ++t)
+    for (int64_t h = 0; h < heads; ++h) rope_head(data + t * x->cols + h * head_dim, p, positions[t]);
+}
+
+void CpuBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v,
+                           int32_t pos0, int32_t n_head, int32_t n_head_kv, int64_t head_dim, Act* out) {
+  auto* s = static_cast<KvStorage*>(kv->handle);
+  const int64_t kv_dim = kv->kv_dim;
+  float* k_layer = s->k + static_cast<int64_t>(layer) * kv->n_ctx * kv_dim;
+  float* v_layer = s->v + static_cast<int64_t>(layer) * kv->n_ctx * kv_dim;
+  const int64_t n = q.rows;
+  memcpy(k_layer + pos0 * kv_dim, rows_of(k), static_cast<size_t>(n * kv_dim) * sizeof(float));
+  memcpy(v_layer + pos0 * kv_dim, rows_of(v), static_cast<size_t>(n * kv_dim) * sizeof(float));
+  for (auto& sc : attn_scores_)
+    if (sc.size() < static_cast<size_t>(kv->n_ctx)) sc.resize(static_cast<size_t>(kv->n_ctx));
+  const int32_t group = n_head / n_head_kv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const float* qd = rows_of(q);
+  float* od = rows_of(*out);
+  pool_.parallel_for(n * n_head, [&](int64_t task, int thread) {
+    const int64_t t = task / n_head, h = task % n_head;
+    attend_head(qd + t * q.cols + h * head_dim, k_layer, v_layer, kv_dim, (h / group) * head_dim,
+                head_dim, pos0 + static_cast<int32_t>(t) + 1, scale, attn_scores_[thread].data(),
+                od + t * out->cols + h * head_dim);
+  });
+}
+
+void CpuBackend::route(const Act& logits, int32_t k, bool renormalize, Routing* r) {
+  const int64_t n = logits.rows, n_expert = logits.cols;
+  r->n_tokens = static_cast<int32_t>(n);
+  r->k = k;
+  r->ids.resize(static_cast<size_t>(n * k));
+  r->weights.resize(static_cast<size_t>(n * k));
+  std::vector<float> probs(static_cast<size_t>(n_expert));
+  for (int64_t t = 0; t < n; ++t) {
+    memcpy(probs.data(), rows_of(logits) + t * n_expert, static_cast<size_t>(n_expert) * sizeof(float));
+    softmax_row(probs.data(), n_expert);
+    int32_t* ids = r->ids.data() + t * k;
+    float* w = r->weights.data() + t * k;
+    top_k(probs.data(), static_cast<int32_t>(n_expert), k, ids, w);
+    if (renormalize) {
+      float sum = 0.0f;
+      for (int32_t j = 0; j < k; ++j) sum += w[j];
+      for (int32_t j = 0; j < k; ++j) w[j] /= sum;
+    }
+  }
+}
+
+// All jobs of one call share weight types (the model loader checks that every expert of a layer
+// has the gate/up/down types of the first), so activations are quantized once per format.
+void CpuBackend::run_ffn_jobs(const std::vector<FfnJob>& jobs, const Act& x, float* results) {
+  if (jobs.empty()) return;
+  const int64_t n_embd = x.cols;
+  // Activations in the dot formats of the gate/up weights (usually one format for all).
+  const TensorType gate_type = jobs[0].w.gate.type, up_type = jobs[0].w.up.type;
+  const uint8_t* xq_gate = quantize_rows(rows_of(x), x.rows, x.cols, gate_type, &qbuf_);
+  const uint8_t* xq_up = xq_gate;
+  if (dot_type(up_type) != dot_type(gate_type)) xq_up = quantize_rows(rows_of(x), x.rows, x.cols, up_type, &qbuf2_);
+  auto stride_of = [&](TensorType t, int64_t cols) {
+    return dot_type(t) == TensorType::F32 ? static_cast<size_t>(cols) * sizeof(float) : activation_row_bytes(t, cols);
+  };
+  const size_t gate_stride = stride_of(gate_type, n_embd), up_stride = stride_of(up_type, n_embd);
+
+  // h rows: one per (job, routed row), n_ff_max floats each.
+  int64_t n_ff_max = 0, h_rows = 0;
+  std::vector<int64_t> h_offset(jobs.size());
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    n_ff_max = std::max(n_ff_max, jobs[j].w.gate.rows);
+    h_offset[j] = h_rows;
+    h_rows += static_cast<int64_t>(jobs[j].x_rows.size());
+  }
+  if (ffn_h_.size() < static_cast<size_t>(h_rows * n_ff_max)) ffn_h_.resize(static_cast<size_t>(h_rows * n_ff_max));
+  float* h = ffn_h_.data();
+
+  struct Task {
+    int32_t job;
+    int64_t r0, r1;
+  };
+  auto make_tasks = [&](auto rows_of_job) {
+    std::vector<Task> tasks;
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      const int64_t rows = rows_of_job(jobs[j]);
+      const int64_t rc = row_chunk(rows, pool_.size());
+      for (int64_t r0 = 0; r0 < rows; r0 += rc) tasks.push_back({static_cast<int32_t>(j), r0, std::min(rows, r0 + rc)});
+    }
+    return tasks;
+  };
+
+  // Phase 1: h = silu(gate x) * up x for every routed row of every job.
+  const std::vector<Task> gate_tasks = make_tasks([](const FfnJob& j) { return j.w.gate.rows; });
+  pool_.parallel_for(static_cast<int64_t>(gate_tasks.size()), [&](int64_t ti, int) {
+    const Task& task = gate_tasks[static_cast<size_t>(ti)];
+    const FfnJob& job = jobs[static_cast<size_t>(task.job)];
+    VecDotFn gdot = k_.vec_dot[static_cast<uint32_t>(job.w.gate.type)];
+    VecDotFn udot = k_.vec_dot[static_cast<uint32_t>(job.w.up.type)];
+    const int64_t cols = job.w.gate.cols;
+    float* hj = h + h_offset[static_cast<size_t>(task.job)] * n_ff_max;
+    for (int64_t r = task.r0; r < task.r1; ++r) {
+      const uint8_t* grow = job.w.gate.data + static_cast<uint64_t>(r) * job.w.gate.row_bytes;
+      const uint8_t* urow = job.w.up.data + static_cast<uint64_t>(r) * job.w.up.row_bytes;
+      for (size_t i = 0; i < job.x_rows.size(); ++i) {
+        float g, u;
+        gdot(cols, &g, grow, xq_gate + job.x_rows[i] * gate_stride);
+        udot(cols, &u, urow, xq_up + job.x_rows[i] * up_stride);
+        hj[static_cast<int64_t>(i) * n_ff_max + r] = silu(g) * u;
+      }
+    }
+  });
+
+  // Phase 2: quantize h for the down projections.
+  const TensorType down_type = jobs[0].w.down.type;
+  const size_t hq_stride = stride_of(down_type, n_ff_max);
+  const uint8_t* hq = reinterpret_cast<const uint8_t*>(h);
+  if (dot_type(down_type) != TensorType::F32) {
+    // Jobs with a shorter n_ff are quantized per job so each row is exactly that job's length.
+    const size_t need = hq_stride * static_cast<size_t>(h_rows);
+    if (qbuf2_.size() < need) qbuf2_.resize(need);
+    QuantizeRowFn quantize = k_.quantize_act[static_cast<uint32_t>(dot_type(down_type))];
+    uint8_t* dst = qbuf2_.data();
+    std::vector<int64_t> row_ff(static_cast<size_t>(h_rows));
+    for (size_t j = 0; j < jobs.size(); ++j)
+      for (size_t i = 0; i < jobs[j].x_rows.size(); ++i) row_ff[static_cast<size_t>(h_offset[j]) + i] = jobs[j].w.gate.rows;
+    pool_.parallel_for(h_rows, [&](int64_t r, int) {
+      quantize(h + r * n_ff_max, dst + static_cast<size_t>(r) * hq_stride, row_ff[static_cast<size_t>(r)]);
+    });
+    hq = dst;
+  }
+
+  // Phase 3: results[out_row] = down h.
+  const std::vector<Task> down_tasks = make_tasks([](const FfnJob& j) { return j.w.down.rows; });
+  pool_.parallel_for(static_cast<int64_t>(down_tasks.size()), [&](int64_t ti, int) {
+    const Task& task = down_tasks[static_cast<size_t>(ti)];
+    const FfnJob& job = jobs[static_cast<size_t>(task.job)];
+    VecDotFn ddot = k_.vec_dot[static_cast<uint32_t>(job.w.down.type)];
+    const int64_t base = h_offset[static_cast<size_t>(task.job)];
+    for (int64_t r = task.r0; r < task.r1; ++r) {
+      const uint8_t* drow = job.w.down.data + static_cast<uint64_t>(r) * job.w.down.row_bytes;
+      for (size_t i = 0; i < job.x_rows.size(); ++i)
+        ddot(job.w.down.cols, results + static_cast<int64_t>(job.out_rows[i]) * n_embd + r, drow,
+             hq + static_cast<size_t>(base + static_cast<int64_t>(i)) * hq_stride);
+    }
+  });
+}
+
+Status CpuBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, ExpertSource* experts, Act* out) {
+  const int32_t n = r.n_tokens, k = r.k;
+  // Group routed (token, slot) pairs by expert.
+  std::vector<std::pair<int32_t, int32_t>> pairs;  // (expert, token*k + slot)
+  pairs.reserve(static_cast<size_t>(n * k));
+  for (int32_t p = 0; p < n * k; ++p) pairs.push_back({r.ids[static_cast<size_t>(p)], p});
+  std::sort(pairs.begin(), pairs.end());
+  std::vector<int32_t> order;
+  for (size_t i = 0; i < pairs.size(); ++i)
+    if (i == 0 || pairs[i].first != pairs[i - 1].first) order.push_back(pairs[i].first);
+  experts->execution_order(layer, &order);
+
+  std::vector<FfnJob> jobs;
+  jobs.reserve(order.size());
+  for (int32_t e : order) {
+    FfnJob job;
+    Status st = experts->acquire(layer, e, &job.w);
+    if (st != MOELITE_OK) {
+      for (size_t i = 0; i < jobs.size(); ++i) experts->release(layer, order[i]);
+      return st;
+    }
+    auto lo = std::lower_bound(pairs.begin(), pairs.end(), std::make_pair(e, INT32_MIN));
+    for (auto it = lo; it != pairs.end() && it->first == e; ++it) {
+      job.x_rows.push_back(it->second / k);
+      job.out_rows.push_back(it->second);
+    }
+    jobs.push_back(std::move(job));
+  }
+
+  const int64_t n_embd = x.cols;
+  if (ffn_y_.size() < static_cast<size_t>(n * k * n_embd)) ffn_y_.resize(static_cast<size_t>(n * k * n_embd));
+  run_ffn_jobs(jobs, x, ffn_y_.data());
+  for (int32_t e : order) experts->release(layer, e);
+
+  // Combine in slot order, so the sum never depends on the execution order above.
+  float* o = rows_of(*out);
+  const float* y = ffn_y_.data();
+  for (int32_t t = 0; t < n; ++t) {
+    float* ot = o + t * n_embd;
+    for (int64_t c = 0; c < n_embd; ++c) ot[c] = 0.0f;
+    for (int32_t j = 0; j < k; ++j) {
+      const float w = r.weights[static_cast<size_t>(t * k + j)];
+      const float* yj = y + static_cast<int64_t>(t * k + j) * n_embd;
+      for (int64_t c = 0; c < n_embd; ++c) ot[c] += w * yj[c];
+    }
+  }
+  return MOELITE_OK;
+}
+
+void CpuBackend::dense_ffn(const ExpertWeights& w, const float* gate_inp, const Act& x, Act* out) {
+  FfnJob job;
+  job.w = w;
+  for (int32_t t = 0; t < x.rows; ++t) {
+    job.x_rows.push_back(t);
+    job.out_rows.push_back(t);
+  }
+  std::vector<FfnJob> jobs(1, std::move(job));
+  float* o = rows_of(*out);
+  run_ffn_jobs(jobs, x, o);
+  if (gate_inp) {
+    const float* xd = rows_of(x);
+    for (int64_t t = 0; t < x.rows; ++t) {
+      double dot = 0.0;
+      for (int64_t c = 0; c < x.cols; ++c) dot += static_cast<double>(gate_inp[c]) * xd[t * x.cols + c];
+      const float g = sigmoid(static_cast<float>(dot));
+      for (int64_t c = 0; c < out->cols; ++c) o[t * out->cols + c] *= g;
+    }
+  }
+}
+
+}  // namespace moelite::cpu

@@ -1,0 +1,86 @@
+#include "backends/cpu/cpu_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace moelite::cpu {
+
+void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* y) {
+  double sum_sq = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum_sq += static_cast<double>(x[i]) * x[i];
+  const float scale = 1.0f / std::sqrt(static_cast<float>(sum_sq / static_cast<double>(n)) + eps);
+  if (w) {
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale;
+  }
+}
+
+void rope_head(float* head, const RopeParams& p, int32_t pos) {
+  const int32_t half = p.n_rot / 2;
+  for (int32_t i = 0; i < half; ++i) {
+    // theta_i = pos * base^(-2i/n_rot); computed in double so long contexts keep precision.
+    const double theta = pos * std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_rot);
+    const float c = static_cast<float>(std::cos(theta));
+    const float s = static_cast<float>(std::sin(theta));
+    const int32_t a = p.style == RopeStyle::Normal ? 2 * i : i;
+    const int32_t b = p.style == RopeStyle::Normal ? 2 * i + 1 : i + half;
+    const float x0 = head[a], x1 = head[b];
+    head[a] = x0 * c - x1 * s;
+    head[b] = x0 * s + x1 * c;
+  }
+}
+
+void softmax_row(float* x, int64_t n) {
+  float mx = x[0];
+  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void top_k(const float* p, int32_t n, int32_t k, int32_t* ids, float* weights) {
+  // n is the expert count (<= a few hundred): a partial selection sort is simplest and exact.
+  int32_t order[1024];
+  int32_t m = std::min<int32_t>(n, 1024);
+  std::iota(order, order + m, 0);
+  std::partial_sort(order, order + k, order + m, [p](int32_t a, int32_t b) {
+    return p[a] > p[b] || (p[a] == p[b] && a < b);
+  });
+  for (int32_t j = 0; j < k; ++j) {
+    ids[j] = order[j];
+    weights[j] = p[order[j]];
+  }
+}
+
+void attend_head(const float* q, const float* k_cache, const float* v_cache, int64_t kv_dim,
+                 int64_t kv_offset, int64_t head_dim, int32_t n_pos, float scale, float* scores,
+                 float* out) {
+  float mx = -INFINITY;
+  for (int32_t p = 0; p < n_pos; ++p) {
+    const float* k = k_cache + p * kv_dim + kv_offset;
+    float dot = 0.0f;
+    for (int64_t d = 0; d < head_dim; ++d) dot += q[d] * k[d];
+    scores[p] = dot * scale;
+    mx = std::max(mx, scores[p]);
+  }
+  double sum = 0.0;
+  for (int32_t p = 0; p < n_pos; ++p) {
+    scores[p] = std::exp(scores[p] - mx);
+    sum += scores[p];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t d = 0; d < head_dim; ++d) out[d] = 0.0f;
+  for (int32_t p = 0; p < n_pos; ++p) {
+    const float w = scores[p] * inv;
+    const float* v = v_cache + p * kv_dim + kv_offset;
+    for (int64_t d = 0; d < head_dim; ++d) out[d] += w * v[d];
+  }
+}
+
+}  // namespace moelite::cpu

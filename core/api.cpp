@@ -1,0 +1,244 @@
+// The C API: argument checks, translation to the C++ core, and nothing else.
+#include <cstdio>
+#include <memory>
+#include <new>
+
+#include "backends/cpu/quant.h"
+#include "core/arch/arch.h"
+#include "core/context.h"
+#include "core/model.h"
+#include "moelite.h"
+
+struct moelite_model_params {
+  moelite::LoadOptions opts;
+};
+struct moelite_context_params {
+  moelite::ContextOptions opts;
+};
+struct moelite_model {
+  std::unique_ptr<moelite::Model> impl;
+};
+struct moelite_context {
+  std::unique_ptr<moelite::Context> impl;
+};
+
+using moelite::fail;
+
+namespace {
+moelite_status null_arg(const char* fn, const char* what) {
+  return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, what);
+}
+}  // namespace
+
+extern "C" {
+
+MOELITE_API unsigned moelite_version_number(void) { return MOELITE_VERSION_NUMBER; }
+
+MOELITE_API const char* moelite_version_string(void) {
+#define MOELITE_STR2(x) #x
+#define MOELITE_STR(x) MOELITE_STR2(x)
+  return MOELITE_STR(MOELITE_VERSION_MAJOR) "." MOELITE_STR(MOELITE_VERSION_MINOR) "." MOELITE_STR(MOELITE_VERSION_PATCH);
+}
+
+MOELITE_API const char* moelite_status_name(moelite_status s) {
+  switch (s) {
+#define CASE(x) \
+  case x:       \
+    return #x;
+    CASE(MOELITE_OK)
+    CASE(MOELITE_ERR_INVALID_ARGUMENT)
+    CASE(MOELITE_ERR_OUT_OF_MEMORY)
+    CASE(MOELITE_ERR_FILE_NOT_FOUND)
+    CASE(MOELITE_ERR_IO)
+    CASE(MOELITE_ERR_GGUF_BAD_MAGIC)
+    CASE(MOELITE_ERR_GGUF_BAD_VERSION)
+    CASE(MOELITE_ERR_GGUF_TRUNCATED)
+    CASE(MOELITE_ERR_GGUF_CORRUPT)
+    CASE(MOELITE_ERR_GGUF_UNKNOWN_TYPE)
+    CASE(MOELITE_ERR_GGUF_OUT_OF_BOUNDS)
+    CASE(MOELITE_ERR_GGUF_OVERLAP)
+    CASE(MOELITE_ERR_UNSUPPORTED_ARCH)
+    CASE(MOELITE_ERR_UNSUPPORTED_TYPE)
+    CASE(MOELITE_ERR_MISSING_TENSOR)
+    CASE(MOELITE_ERR_BAD_SHAPE)
+    CASE(MOELITE_ERR_MISSING_METADATA)
+    CASE(MOELITE_ERR_BACKEND_UNAVAILABLE)
+    CASE(MOELITE_ERR_BUDGET_TOO_SMALL)
+    CASE(MOELITE_ERR_NOT_IMPLEMENTED)
+    CASE(MOELITE_ERR_CONTEXT_FULL)
+    CASE(MOELITE_ERR_BAD_TOKEN)
+    CASE(MOELITE_ERR_ABORTED)
+    CASE(MOELITE_ERR_CANCELLED)
+    CASE(MOELITE_ERR_INTERNAL)
+#undef CASE
+  }
+  return "MOELITE_ERR_UNKNOWN";
+}
+
+// ---- model parameters
+
+MOELITE_API moelite_model_params* moelite_model_params_create(void) { return new (std::nothrow) moelite_model_params(); }
+MOELITE_API void moelite_model_params_free(moelite_model_params* p) { delete p; }
+
+MOELITE_API moelite_status moelite_model_params_set_threads(moelite_model_params* p, int32_t n) {
+  if (!p) return null_arg(__func__, "params");
+  if (n < 0) return fail(MOELITE_ERR_INVALID_ARGUMENT, "thread count %d is negative", n);
+  p->opts.n_threads = n;
+  return MOELITE_OK;
+}
+
+MOELITE_API moelite_status moelite_model_params_set_backend(moelite_model_params* p, moelite_backend b) {
+  if (!p) return null_arg(__func__, "params");
+  if (b < MOELITE_BACKEND_AUTO || b > MOELITE_BACKEND_CUDA)
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown backend %d", static_cast<int>(b));
+  p->opts.backend = static_cast<moelite::BackendKind>(b);
+  return MOELITE_OK;
+}
+
+MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_params* p, uint64_t bytes) {
+  if (!p) return null_arg(__func__, "params");
+  p->opts.expert_budget_bytes = bytes;
+  return MOELITE_OK;
+}
+
+MOELITE_API moelite_status moelite_model_params_set_use_mmap(moelite_model_params* p, int32_t use_mmap) {
+  if (!p) return null_arg(__func__, "params");
+  p->opts.use_mmap = use_mmap != 0;
+  return MOELITE_OK;
+}
+
+MOELITE_API moelite_status moelite_model_params_set_progress_callback(moelite_model_params* p,
+                                                                      moelite_progress_fn fn, void* user) {
+  if (!p) return null_arg(__func__, "params");
+  p->opts.progress = fn;
+  p->opts.progress_user = user;
+  return MOELITE_OK;
+}
+
+// ---- models
+
+MOELITE_API moelite_status moelite_model_load(const char* path, const moelite_model_params* params,
+                                              moelite_model** out) {
+  if (!path) return null_arg(__func__, "path");
+  if (!out) return null_arg(__func__, "out_model");
+  moelite::clear_error();
+  moelite::LoadOptions opts = params ? params->opts : moelite::LoadOptions{};
+  try {
+    std::unique_ptr<moelite::Model> m;
+    MOELITE_TRY(moelite::Model::load(path, opts, &m));
+    auto* handle = new moelite_model{std::move(m)};
+    *out = handle;
+    return MOELITE_OK;
+  } catch (const std::bad_alloc&) {
+    return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory while loading '%s'", path);
+  } catch (const std::exception& e) {
+    return fail(MOELITE_ERR_INTERNAL, "unexpected error while loading '%s': %s", path, e.what());
+  }
+}
+
+MOELITE_API void moelite_model_free(moelite_model* m) { delete m; }
+
+MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_key key) {
+  if (!model) return -1;
+  const moelite::Model& m = *model->impl;
+  const moelite::HParams& hp = m.hp;
+  switch (key) {
+    case MOELITE_MODEL_N_LAYERS: return hp.n_layer;
+    case MOELITE_MODEL_N_EXPERTS: return hp.n_expert;
+    case MOELITE_MODEL_N_EXPERTS_USED: return hp.n_expert_used;
+    case MOELITE_MODEL_N_SHARED_EXPERTS: return m.layers.empty() ? 0 : (m.layers[0].has_shared ? 1 : 0);
+    case MOELITE_MODEL_N_VOCAB: return hp.n_vocab;
+    case MOELITE_MODEL_N_EMBD: return hp.n_embd;
+    case MOELITE_MODEL_N_HEAD: return hp.n_head;
+    case MOELITE_MODEL_N_HEAD_KV: return hp.n_head_kv;
+    case MOELITE_MODEL_HEAD_DIM: return hp.head_dim;
+    case MOELITE_MODEL_N_FF_EXPERT: return hp.n_ff_expert;
+    case MOELITE_MODEL_N_FF_SHARED: return hp.n_ff_shared;
+    case MOELITE_MODEL_N_CTX_TRAIN: return hp.n_ctx_train;
+    case MOELITE_MODEL_EXPERT_BYTES: return static_cast<int64_t>(m.expert_bytes);
+    case MOELITE_MODEL_DENSE_BYTES: return static_cast<int64_t>(m.dense_bytes);
+    case MOELITE_MODEL_N_PARAMS: return static_cast<int64_t>(m.n_params);
+    case MOELITE_MODEL_N_ACTIVE_PARAMS: return static_cast<int64_t>(m.n_active_params);
+    case MOELITE_MODEL_THREADS: return m.backend->n_threads();
+    case MOELITE_MODEL_BACKEND: return MOELITE_BACKEND_CPU;
+  }
+  return -1;
+}
+
+MOELITE_API const char* moelite_model_arch(const moelite_model* m) { return m ? m->impl->hp.arch.c_str() : nullptr; }
+MOELITE_API const char* moelite_model_name(const moelite_model* m) { return m ? m->impl->hp.name.c_str() : nullptr; }
+MOELITE_API const char* moelite_model_expert_type(const moelite_model* m) {
+  return m ? moelite::type_name(m->impl->expert_type) : nullptr;
+}
+MOELITE_API const char* moelite_model_backend_name(const moelite_model* m) {
+  return m ? m->impl->backend->name() : nullptr;
+}
+MOELITE_API const char* moelite_supported_archs(void) { return moelite::supported_arch_list(); }
+
+// ---- context parameters
+
+MOELITE_API moelite_context_params* moelite_context_params_create(void) { return new (std::nothrow) moelite_context_params(); }
+MOELITE_API void moelite_context_params_free(moelite_context_params* p) { delete p; }
+
+MOELITE_API moelite_status moelite_context_params_set_n_ctx(moelite_context_params* p, int32_t n_ctx) {
+  if (!p) return null_arg(__func__, "params");
+  if (n_ctx < 0) return fail(MOELITE_ERR_INVALID_ARGUMENT, "n_ctx %d is negative", n_ctx);
+  p->opts.n_ctx = n_ctx;
+  return MOELITE_OK;
+}
+
+MOELITE_API moelite_status moelite_context_params_set_n_batch(moelite_context_params* p, int32_t n_batch) {
+  if (!p) return null_arg(__func__, "params");
+  if (n_batch < 1) return fail(MOELITE_ERR_INVALID_ARGUMENT, "n_batch %d must be at least 1", n_batch);
+  p->opts.n_batch = n_batch;
+  return MOELITE_OK;
+}
+
+MOELITE_API moelite_status moelite_context_params_set_abort_callback(moelite_context_params* p, moelite_abort_fn fn,
+                                                                     void* user) {
+  if (!p) return null_arg(__func__, "params");
+  p->opts.abort = fn;
+  p->opts.abort_user = user;
+  return MOELITE_OK;
+}
+
+// ---- contexts
+
+MOELITE_API moelite_status moelite_context_create(moelite_model* model, const moelite_context_params* params,
+                                                  moelite_context** out) {
+  if (!model) return null_arg(__func__, "model");
+  if (!out) return null_arg(__func__, "out_ctx");
+  moelite::ContextOptions opts = params ? params->opts : moelite::ContextOptions{};
+  try {
+    std::unique_ptr<moelite::Context> c;
+    MOELITE_TRY(moelite::Context::create(*model->impl, opts, &c));
+    *out = new moelite_context{std::move(c)};
+    return MOELITE_OK;
+  } catch (const std::bad_alloc&) {
+    return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory while creating a context");
+  }
+}
+
+MOELITE_API void moelite_context_free(moelite_context* c) { delete c; }
+
+MOELITE_API moelite_status moelite_eval(moelite_context* c, const int32_t* tokens, int32_t n_tokens, int32_t logits_all) {
+  if (!c) return null_arg(__func__, "ctx");
+  if (!tokens) return null_arg(__func__, "tokens");
+  try {
+    return c->impl->eval(tokens, n_tokens, logits_all != 0);
+  } catch (const std::bad_alloc&) {
+    return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory during evaluation");
+  }
+}
+
+MOELITE_API const float* moelite_get_logits(const moelite_context* c, int32_t i) { return c ? c->impl->logits(i) : nullptr; }
+MOELITE_API int32_t moelite_kv_length(const moelite_context* c) { return c ? c->impl->length() : 0; }
+MOELITE_API int32_t moelite_context_n_ctx(const moelite_context* c) { return c ? c->impl->n_ctx() : 0; }
+MOELITE_API void moelite_kv_reset(moelite_context* c) {
+  if (c) c->impl->truncate(0);
+}
+MOELITE_API void moelite_kv_truncate(moelite_context* c, int32_t n_keep) {
+  if (c) c->impl->truncate(n_keep);
+}
+
+}  // extern "C"

@@ -1,0 +1,40 @@
+// Architectures: what distinguishes one MoE family from another.
+//
+// The four supported now share one pre-norm transformer block and differ only in the traits
+// below. An architecture with a different block (DeepSeek's MLA and grouped sigmoid routing,
+// gpt-oss's sinks and sliding windows) adds a file that fills the hooks: its own hyperparameter
+// reader, tensor binder and layer forward, without touching the others.
+#pragma once
+#include "backends/backend.h"
+#include "core/model.h"
+
+namespace moelite {
+
+class TensorBinder;
+struct EvalState;
+
+struct ArchDescriptor {
+  const char* name;              // general.architecture
+  RopeStyle rope_style;
+  bool norm_topk;                // renormalise top-k weights
+  QkNorm qk_norm;
+  bool shared_expert;            // ffn_*_shexp with a sigmoid gate (qwen2moe)
+  // Hooks; nullptr selects the standard implementation in core/arch/standard.cpp.
+  Status (*read_hparams)(const gguf::Reader& gguf, const ArchDescriptor& arch, HParams* hp);
+  Status (*bind_layer)(TensorBinder& binder, const ArchDescriptor& arch, const HParams& hp,
+                       int32_t layer, LayerWeights* out);
+  Status (*forward_layer)(Model& model, EvalState& state, int32_t layer);
+};
+
+// nullptr if the architecture is not supported.
+const ArchDescriptor* find_arch(const std::string& name);
+// "llama (with experts), qwen2moe, qwen3moe, olmoe"
+const char* supported_arch_list();
+
+// The standard pieces, used by the descriptors and available to new architectures.
+Status standard_read_hparams(const gguf::Reader& gguf, const ArchDescriptor& arch, HParams* hp);
+Status standard_bind_layer(TensorBinder& binder, const ArchDescriptor& arch, const HParams& hp,
+                           int32_t layer, LayerWeights* out);
+Status standard_forward_layer(Model& model, EvalState& state, int32_t layer);
+
+}  // namespace moelite

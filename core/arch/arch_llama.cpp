@@ -1,0 +1,17 @@
+#include "core/arch/arch.h"
+
+namespace moelite {
+
+// See docs/ARCHITECTURE.md and ../shared/docs/moe-archs.md for the facts behind these traits.
+extern const ArchDescriptor kArch_llama = {
+    /*name=*/"llama",
+    /*rope_style=*/RopeStyle::Normal,
+    /*norm_topk=*/true,
+    /*qk_norm=*/QkNorm::None,
+    /*shared_expert=*/false,
+    /*read_hparams=*/nullptr,
+    /*bind_layer=*/nullptr,
+    /*forward_layer=*/nullptr,
+};
+
+}  // namespace moelite

@@ -1,0 +1,17 @@
+#include "core/arch/arch.h"
+
+namespace moelite {
+
+// See docs/ARCHITECTURE.md and ../shared/docs/moe-archs.md for the facts behind these traits.
+extern const ArchDescriptor kArch_olmoe = {
+    /*name=*/"olmoe",
+    /*rope_style=*/RopeStyle::Neox,
+    /*norm_topk=*/false,
+    /*qk_norm=*/QkNorm::Whole,
+    /*shared_expert=*/false,
+    /*read_hparams=*/nullptr,
+    /*bind_layer=*/nullptr,
+    /*forward_layer=*/nullptr,
+};
+
+}  // namespace moelite

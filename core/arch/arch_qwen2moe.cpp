@@ -1,0 +1,17 @@
+#include "core/arch/arch.h"
+
+namespace moelite {
+
+// See docs/ARCHITECTURE.md and ../shared/docs/moe-archs.md for the facts behind these traits.
+extern const ArchDescriptor kArch_qwen2moe = {
+    /*name=*/"qwen2moe",
+    /*rope_style=*/RopeStyle::Neox,
+    /*norm_topk=*/false,
+    /*qk_norm=*/QkNorm::None,
+    /*shared_expert=*/true,
+    /*read_hparams=*/nullptr,
+    /*bind_layer=*/nullptr,
+    /*forward_layer=*/nullptr,
+};
+
+}  // namespace moelite

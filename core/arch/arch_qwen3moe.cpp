@@ -1,0 +1,17 @@
+#include "core/arch/arch.h"
+
+namespace moelite {
+
+// See docs/ARCHITECTURE.md and ../shared/docs/moe-archs.md for the facts behind these traits.
+extern const ArchDescriptor kArch_qwen3moe = {
+    /*name=*/"qwen3moe",
+    /*rope_style=*/RopeStyle::Neox,
+    /*norm_topk=*/true,
+    /*qk_norm=*/QkNorm::PerHead,
+    /*shared_expert=*/false,
+    /*read_hparams=*/nullptr,
+    /*bind_layer=*/nullptr,
+    /*forward_layer=*/nullptr,
+};
+
+}  // namespace moelite

@@ -1,0 +1,188 @@
+// The pre-norm MoE transformer block shared by llama (Mixtral), qwen2moe, qwen3moe and olmoe:
+//   x += Wo · attention(rope(qk_norm(Wq·n(x) [+bq])), rope(qk_norm(Wk·n(x) [+bk])), Wv·n(x) [+bv])
+//   x += sum_j w_j · expert_j(n'(x)) [+ sigmoid(g·n'(x)) · shared(n'(x))]
+#include <cinttypes>
+#include <string>
+
+#include "core/arch/arch.h"
+#include "core/eval.h"
+#include "core/tensor_binder.h"
+
+namespace moelite {
+
+namespace {
+
+// A required positive integer key "{arch}.suffix".
+Status required_int(const gguf::Reader& g, const std::string& arch, const char* suffix, int64_t lo,
+                    int64_t hi, int32_t* out) {
+  const std::string key = arch + "." + suffix;
+  int64_t v;
+  if (!g.find(key))
+    return fail(MOELITE_ERR_MISSING_METADATA, "metadata key '%s' is required but absent", key.c_str());
+  if (!g.get_int(key, &v))
+    return fail(MOELITE_ERR_MISSING_METADATA, "metadata key '%s' must be an integer", key.c_str());
+  if (v < lo || v > hi)
+    return fail(MOELITE_ERR_MISSING_METADATA, "metadata key '%s' = %" PRId64 " is outside [%" PRId64 ", %" PRId64 "]",
+                key.c_str(), v, lo, hi);
+  *out = static_cast<int32_t>(v);
+  return MOELITE_OK;
+}
+
+Status optional_int(const gguf::Reader& g, const std::string& arch, const char* suffix, int64_t lo,
+                    int64_t hi, int32_t fallback, int32_t* out) {
+  if (!g.find(arch + "." + suffix)) {
+    *out = fallback;
+    return MOELITE_OK;
+  }
+  return required_int(g, arch, suffix, lo, hi, out);
+}
+
+Status optional_float(const gguf::Reader& g, const std::string& key, double fallback, float* out) {
+  double v = fallback;
+  if (g.find(key) && !g.get_float(key, &v))
+    return fail(MOELITE_ERR_MISSING_METADATA, "metadata key '%s' must be a number", key.c_str());
+  *out = static_cast<float>(v);
+  return MOELITE_OK;
+}
+
+constexpr int64_t kMaxDim = 1 << 20;  // sanity bound for widths, far above any real model
+
+std::string blk(int32_t layer, const char* suffix) { return "blk." + std::to_string(layer) + "." + suffix; }
+
+}  // namespace
+
+Status standard_read_hparams(const gguf::Reader& g, const ArchDescriptor& arch, HParams* hp) {
+  const std::string a = arch.name;
+  MOELITE_TRY(required_int(g, a, "block_count", 1, 4096, &hp->n_layer));
+  MOELITE_TRY(required_int(g, a, "embedding_length", 1, kMaxDim, &hp->n_embd));
+  MOELITE_TRY(required_int(g, a, "attention.head_count", 1, 4096, &hp->n_head));
+  MOELITE_TRY(optional_int(g, a, "attention.head_count_kv", 1, 4096, hp->n_head, &hp->n_head_kv));
+  if (hp->n_head % hp->n_head_kv != 0)
+    return fail(MOELITE_ERR_MISSING_METADATA, "head_count %d is not a multiple of head_count_kv %d",
+                hp->n_head, hp->n_head_kv);
+  if (hp->n_embd % hp->n_head != 0 && !g.find(a + ".attention.key_length"))
+    return fail(MOELITE_ERR_MISSING_METADATA, "embedding_length %d is not a multiple of head_count %d and "
+                "attention.key_length is absent", hp->n_embd, hp->n_head);
+  MOELITE_TRY(optional_int(g, a, "attention.key_length", 1, 65536, hp->n_embd / hp->n_head, &hp->head_dim));
+  MOELITE_TRY(optional_int(g, a, "attention.value_length", 1, 65536, hp->head_dim, &hp->head_dim_v));
+  MOELITE_TRY(optional_int(g, a, "rope.dimension_count", 2, hp->head_dim, hp->head_dim, &hp->n_rot));
+  if (hp->n_rot % 2 != 0)
+    return fail(MOELITE_ERR_MISSING_METADATA, "rope.dimension_count %d must be even", hp->n_rot);
+  MOELITE_TRY(optional_int(g, a, "context_length", 1, 1 << 24, 4096, &hp->n_ctx_train));
+  MOELITE_TRY(required_int(g, a, "expert_count", 1, 65536, &hp->n_expert));
+  MOELITE_TRY(required_int(g, a, "expert_used_count", 1, hp->n_expert, &hp->n_expert_used));
+  MOELITE_TRY(optional_int(g, a, "expert_feed_forward_length", 1, kMaxDim, 0, &hp->n_ff_expert));
+  MOELITE_TRY(optional_int(g, a, "expert_shared_feed_forward_length", 1, kMaxDim, 0, &hp->n_ff_shared));
+  const std::string eps_key = a + ".attention.layer_norm_rms_epsilon";
+  if (!g.find(eps_key))
+    return fail(MOELITE_ERR_MISSING_METADATA, "metadata key '%s' is required but absent", eps_key.c_str());
+  MOELITE_TRY(optional_float(g, eps_key, 1e-6, &hp->rms_eps));
+  hp->rope.style = arch.rope_style;
+  hp->rope.n_rot = hp->n_rot;
+  MOELITE_TRY(optional_float(g, a + ".rope.freq_base", 10000.0, &hp->rope.freq_base));
+  hp->norm_topk = arch.norm_topk;
+  hp->qk_norm = arch.qk_norm;
+  g.get_string("general.name", &hp->name);
+  return MOELITE_OK;
+}
+
+Status standard_bind_layer(TensorBinder& b, const ArchDescriptor& arch, const HParams& hp, int32_t l,
+                           LayerWeights* w) {
+  const int64_t n_embd = hp.n_embd, q_dim = int64_t{hp.n_head} * hp.head_dim;
+  const int64_t k_dim = int64_t{hp.n_head_kv} * hp.head_dim, v_dim = int64_t{hp.n_head_kv} * hp.head_dim_v;
+  MOELITE_TRY(b.floats(blk(l, "attn_norm.weight"), n_embd, &w->attn_norm));
+  MOELITE_TRY(b.matrix(blk(l, "attn_q.weight"), n_embd, q_dim, &w->wq));
+  MOELITE_TRY(b.matrix(blk(l, "attn_k.weight"), n_embd, k_dim, &w->wk));
+  MOELITE_TRY(b.matrix(blk(l, "attn_v.weight"), n_embd, v_dim, &w->wv));
+  MOELITE_TRY(b.matrix(blk(l, "attn_output.weight"), int64_t{hp.n_head} * hp.head_dim_v, n_embd, &w->wo));
+  // Biases are optional everywhere (real qwen2moe checkpoints carry them).
+  MOELITE_TRY(b.floats(blk(l, "attn_q.bias"), q_dim, &w->bq, false));
+  MOELITE_TRY(b.floats(blk(l, "attn_k.bias"), k_dim, &w->bk, false));
+  MOELITE_TRY(b.floats(blk(l, "attn_v.bias"), v_dim, &w->bv, false));
+  if (arch.qk_norm == QkNorm::PerHead) {
+    MOELITE_TRY(b.floats(blk(l, "attn_q_norm.weight"), hp.head_dim, &w->q_norm));
+    MOELITE_TRY(b.floats(blk(l, "attn_k_norm.weight"), hp.head_dim, &w->k_norm));
+  } else if (arch.qk_norm == QkNorm::Whole) {
+    MOELITE_TRY(b.floats(blk(l, "attn_q_norm.weight"), q_dim, &w->q_norm));
+    MOELITE_TRY(b.floats(blk(l, "attn_k_norm.weight"), k_dim, &w->k_norm));
+  }
+  MOELITE_TRY(b.floats(blk(l, "ffn_norm.weight"), n_embd, &w->ffn_norm));
+  MOELITE_TRY(b.matrix(blk(l, "ffn_gate_inp.weight"), n_embd, hp.n_expert, &w->router));
+
+  LayerExperts& ex = w->experts;
+  const int64_t n_ff = hp.n_ff_expert > 0 ? hp.n_ff_expert : -1;
+  if (b.has(blk(l, "ffn_gate_exps.weight"))) {
+    MOELITE_TRY(b.matrix_stack(blk(l, "ffn_gate_exps.weight"), n_embd, n_ff, hp.n_expert, &ex.gate, &ex.gate_stride));
+    MOELITE_TRY(b.matrix_stack(blk(l, "ffn_up_exps.weight"), n_embd, ex.gate.rows, hp.n_expert, &ex.up, &ex.up_stride));
+    MOELITE_TRY(b.matrix_stack(blk(l, "ffn_down_exps.weight"), ex.gate.rows, n_embd, hp.n_expert, &ex.down, &ex.down_stride));
+  } else if (b.has(blk(l, "ffn_gate.0.weight"))) {
+    // Old Mixtral files: one tensor per expert and matrix.
+    const int64_t ff = n_ff > 0 ? n_ff : b.dim(blk(l, "ffn_gate.0.weight"), 1);
+    for (int32_t e = 0; e < hp.n_expert; ++e) {
+      ExpertWeights ew;
+      const std::string id = std::to_string(e);
+      MOELITE_TRY(b.matrix(blk(l, ("ffn_gate." + id + ".weight").c_str()), n_embd, ff, &ew.gate));
+      MOELITE_TRY(b.matrix(blk(l, ("ffn_up." + id + ".weight").c_str()), n_embd, ff, &ew.up));
+      MOELITE_TRY(b.matrix(blk(l, ("ffn_down." + id + ".weight").c_str()), ff, n_embd, &ew.down));
+      if (e > 0 && (ew.gate.type != ex.split[0].gate.type || ew.up.type != ex.split[0].up.type ||
+                    ew.down.type != ex.split[0].down.type))
+        return fail(MOELITE_ERR_UNSUPPORTED_TYPE, "layer %d: experts use different weight types", l);
+      ex.split.push_back(ew);
+    }
+  } else {
+    return fail(MOELITE_ERR_MISSING_TENSOR, "layer %d has no routed experts (neither '%s' nor '%s')", l,
+                blk(l, "ffn_gate_exps.weight").c_str(), blk(l, "ffn_gate.0.weight").c_str());
+  }
+
+  if (arch.shared_expert && b.has(blk(l, "ffn_gate_shexp.weight"))) {
+    const int64_t ff = hp.n_ff_shared > 0 ? hp.n_ff_shared : b.dim(blk(l, "ffn_gate_shexp.weight"), 1);
+    w->has_shared = true;
+    MOELITE_TRY(b.matrix(blk(l, "ffn_gate_shexp.weight"), n_embd, ff, &w->shared.gate));
+    MOELITE_TRY(b.matrix(blk(l, "ffn_up_shexp.weight"), n_embd, ff, &w->shared.up));
+    MOELITE_TRY(b.matrix(blk(l, "ffn_down_shexp.weight"), ff, n_embd, &w->shared.down));
+    MOELITE_TRY(b.floats(blk(l, "ffn_gate_inp_shexp.weight"), n_embd, &w->shared_gate, false));
+  }
+  return MOELITE_OK;
+}
+
+Status standard_forward_layer(Model& m, EvalState& s, int32_t l) {
+  Backend& be = *s.backend;
+  const HParams& hp = m.hp;
+  const LayerWeights& w = m.layers[static_cast<size_t>(l)];
+  Act x = s.rows(s.x), xn = s.rows(s.xn), q = s.rows(s.q), k = s.rows(s.k), v = s.rows(s.v);
+  Act attn = s.rows(s.attn), proj = s.rows(s.proj);
+
+  // Attention.
+  be.rms_norm(x, w.attn_norm.data(), hp.n_embd, hp.rms_eps, &xn);
+  be.matmul(w.wq, xn, w.bq.empty() ? nullptr : w.bq.data(), &q);
+  be.matmul(w.wk, xn, w.bk.empty() ? nullptr : w.bk.data(), &k);
+  be.matmul(w.wv, xn, w.bv.empty() ? nullptr : w.bv.data(), &v);
+  if (hp.qk_norm == QkNorm::PerHead) {
+    be.rms_norm(q, w.q_norm.data(), hp.head_dim, hp.rms_eps, &q);
+    be.rms_norm(k, w.k_norm.data(), hp.head_dim, hp.rms_eps, &k);
+  } else if (hp.qk_norm == QkNorm::Whole) {
+    be.rms_norm(q, w.q_norm.data(), q.cols, hp.rms_eps, &q);
+    be.rms_norm(k, w.k_norm.data(), k.cols, hp.rms_eps, &k);
+  }
+  be.rope(&q, hp.head_dim, hp.rope, s.positions.data());
+  be.rope(&k, hp.head_dim, hp.rope, s.positions.data());
+  be.attention(&s.kv, l, q, k, v, s.pos0, hp.n_head, hp.n_head_kv, hp.head_dim, &attn);
+  be.matmul(w.wo, attn, nullptr, &proj);
+  be.add(&x, proj);
+
+  // Mixture of experts.
+  Act logits = s.rows(s.router_logits), moe = s.rows(s.moe_out);
+  be.rms_norm(x, w.ffn_norm.data(), hp.n_embd, hp.rms_eps, &xn);
+  be.matmul(w.router, xn, nullptr, &logits);
+  be.route(logits, hp.n_expert_used, hp.norm_topk, &s.routing);
+  MOELITE_TRY(be.moe_ffn(l, xn, s.routing, m.experts.get(), &moe));
+  if (w.has_shared) {
+    Act shared = s.rows(s.shared_out);
+    be.dense_ffn(w.shared, w.shared_gate.empty() ? nullptr : w.shared_gate.data(), xn, &shared);
+    be.add(&moe, shared);
+  }
+  be.add(&x, moe);
+  return MOELITE_OK;
+}
+
+}  // namespace moelite

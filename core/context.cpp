@@ -1,0 +1,133 @@
+#include "core/context.h"
+
+#include <algorithm>
+#include <cinttypes>
+
+#include "core/arch/arch.h"
+
+namespace moelite {
+
+namespace {
+// Rows per output-head product: bounds the scratch of a large vocabulary (150k x 4 B per row).
+constexpr int32_t kHeadRows = 32;
+}  // namespace
+
+Context::~Context() {
+  Backend* be = state_.backend;
+  if (!be) return;
+  for (Act* a : {&state_.x, &state_.xn, &state_.q, &state_.k, &state_.v, &state_.attn, &state_.proj,
+                 &state_.router_logits, &state_.moe_out, &state_.shared_out, &state_.head_out})
+    if (a->handle) be->free_act(a);
+  if (state_.kv.handle) be->free_kv(&state_.kv);
+}
+
+Status Context::create(Model& model, const ContextOptions& opts, std::unique_ptr<Context>* out) {
+  std::unique_ptr<Context> c(new (std::nothrow) Context(model));
+  if (!c) return fail(MOELITE_ERR_OUT_OF_MEMORY, "context");
+  const HParams& hp = model.hp;
+  c->opts_ = opts;
+  c->n_ctx_ = opts.n_ctx > 0 ? opts.n_ctx : std::min(hp.n_ctx_train, 4096);
+  c->opts_.n_batch = std::max(1, std::min(opts.n_batch, c->n_ctx_));
+  EvalState& s = c->state_;
+  s.backend = model.backend.get();
+  s.n_batch = c->opts_.n_batch;
+  Backend& be = *s.backend;
+  const int64_t nb = s.n_batch;
+  const int64_t q_dim = int64_t{hp.n_head} * hp.head_dim, kv_dim = int64_t{hp.n_head_kv} * hp.head_dim;
+  const int64_t v_dim = int64_t{hp.n_head_kv} * hp.head_dim_v;
+  if (v_dim != kv_dim)
+    return fail(MOELITE_ERR_NOT_IMPLEMENTED, "value head size %d differs from key head size %d", hp.head_dim_v, hp.head_dim);
+  MOELITE_TRY(be.alloc_act(nb, hp.n_embd, &s.x));
+  MOELITE_TRY(be.alloc_act(nb, hp.n_embd, &s.xn));
+  MOELITE_TRY(be.alloc_act(nb, q_dim, &s.q));
+  MOELITE_TRY(be.alloc_act(nb, kv_dim, &s.k));
+  MOELITE_TRY(be.alloc_act(nb, v_dim, &s.v));
+  MOELITE_TRY(be.alloc_act(nb, int64_t{hp.n_head} * hp.head_dim_v, &s.attn));
+  MOELITE_TRY(be.alloc_act(nb, hp.n_embd, &s.proj));
+  MOELITE_TRY(be.alloc_act(nb, hp.n_expert, &s.router_logits));
+  MOELITE_TRY(be.alloc_act(nb, hp.n_embd, &s.moe_out));
+  MOELITE_TRY(be.alloc_act(nb, hp.n_embd, &s.shared_out));
+  MOELITE_TRY(be.alloc_act(std::min<int64_t>(nb, kHeadRows), hp.n_vocab, &s.head_out));
+  MOELITE_TRY(be.alloc_kv(hp.n_layer, c->n_ctx_, kv_dim, &s.kv));
+  *out = std::move(c);
+  return MOELITE_OK;
+}
+
+Status Context::eval(const int32_t* tokens, int32_t n_tokens, bool logits_all) {
+  const HParams& hp = model_.hp;
+  if (n_tokens <= 0 || !tokens) return fail(MOELITE_ERR_INVALID_ARGUMENT, "eval needs at least one token");
+  for (int32_t i = 0; i < n_tokens; ++i)
+    if (tokens[i] < 0 || tokens[i] >= hp.n_vocab)
+      return fail(MOELITE_ERR_BAD_TOKEN, "token %d at index %d is outside the vocabulary [0, %d)", tokens[i], i, hp.n_vocab);
+  if (n_tokens > n_ctx_ - n_past_)
+    return fail(MOELITE_ERR_CONTEXT_FULL, "%d tokens do not fit: %d of %d context positions are used",
+                n_tokens, n_past_, n_ctx_);
+
+  std::vector<float> out(static_cast<size_t>(logits_all ? n_tokens : 1) * static_cast<size_t>(hp.n_vocab));
+  const int32_t start = n_past_;
+  std::lock_guard<std::mutex> lock(model_.eval_mutex);
+  for (int32_t done = 0; done < n_tokens;) {
+    const int32_t n = std::min(opts_.n_batch, n_tokens - done);
+    const bool last = done + n == n_tokens;
+    float* dst = logits_all ? out.data() + static_cast<size_t>(done) * hp.n_vocab : (last ? out.data() : nullptr);
+    Status st = eval_batch(tokens + done, n, logits_all, dst);
+    if (st != MOELITE_OK) {
+      n_past_ = start;  // cache rows past n_past_ are dead; the sequence is as before the call
+      return st;
+    }
+    n_past_ += n;
+    done += n;
+  }
+  logits_ = std::move(out);
+  logits_rows_ = logits_all ? n_tokens : 1;
+  logits_all_ = logits_all;
+  return MOELITE_OK;
+}
+
+Status Context::eval_batch(const int32_t* tokens, int32_t n, bool logits_all, float* logits_out) {
+  Model& m = model_;
+  const HParams& hp = m.hp;
+  EvalState& s = state_;
+  Backend& be = *s.backend;
+  s.n_tokens = n;
+  s.pos0 = n_past_;
+  s.positions.resize(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) s.positions[static_cast<size_t>(i)] = n_past_ + i;
+
+  Act x = s.rows(s.x);
+  be.get_rows(m.tok_embd, tokens, n, &x);
+  auto forward = m.arch->forward_layer ? m.arch->forward_layer : standard_forward_layer;
+  for (int32_t l = 0; l < hp.n_layer; ++l) {
+    if (opts_.abort && opts_.abort(opts_.abort_user))
+      return fail(MOELITE_ERR_ABORTED, "evaluation aborted by the abort callback at layer %d", l);
+    MOELITE_TRY(forward(m, s, l));
+  }
+  if (!logits_out) return MOELITE_OK;
+
+  // Output head, only on the rows whose logits are wanted.
+  const int32_t first = logits_all ? 0 : n - 1;
+  for (int32_t r0 = first; r0 < n; r0 += kHeadRows) {
+    const int32_t rows = std::min(kHeadRows, n - r0);
+    Act xr = be.view_rows(s.x, r0, rows), xn = be.view_rows(s.xn, r0, rows);
+    Act head = be.view_rows(s.head_out, 0, rows);
+    be.rms_norm(xr, m.output_norm.data(), hp.n_embd, hp.rms_eps, &xn);
+    be.matmul(m.output, xn, nullptr, &head);
+    be.read_rows(head, 0, rows, logits_out + static_cast<size_t>(r0 - first) * hp.n_vocab);
+  }
+  return MOELITE_OK;
+}
+
+const float* Context::logits(int32_t i) const {
+  if (logits_rows_ == 0) return nullptr;
+  if (i < 0) i += logits_rows_;
+  if (i < 0 || i >= logits_rows_) return nullptr;
+  return logits_.data() + static_cast<size_t>(i) * static_cast<size_t>(model_.hp.n_vocab);
+}
+
+void Context::truncate(int32_t n_keep) {
+  n_past_ = std::clamp(n_keep, 0, n_past_);
+  logits_.clear();
+  logits_rows_ = 0;
+}
+
+}  // namespace moelite

@@ -1,0 +1,45 @@
+// An inference stream over a model: KV cache, scratch activations, the logits of the last batch.
+#pragma once
+#include <vector>
+
+#include "core/eval.h"
+#include "core/model.h"
+
+namespace moelite {
+
+struct ContextOptions {
+  int32_t n_ctx = 0;    // 0: min(training context, 4096)
+  int32_t n_batch = 512;
+  moelite_abort_fn abort = nullptr;
+  void* abort_user = nullptr;
+};
+
+class Context {
+ public:
+  ~Context();
+  static Status create(Model& model, const ContextOptions& opts, std::unique_ptr<Context>* out);
+
+  // Evaluates tokens appended to the sequence; on any error the sequence is unchanged.
+  Status eval(const int32_t* tokens, int32_t n_tokens, bool logits_all);
+  const float* logits(int32_t i) const;
+
+  int32_t length() const { return n_past_; }
+  int32_t n_ctx() const { return n_ctx_; }
+  void truncate(int32_t n_keep);
+  const Model& model() const { return model_; }
+
+ private:
+  explicit Context(Model& model) : model_(model) {}
+  Status eval_batch(const int32_t* tokens, int32_t n, bool logits_all, float* logits_out);
+
+  Model& model_;
+  ContextOptions opts_;
+  int32_t n_ctx_ = 0;
+  int32_t n_past_ = 0;
+  EvalState state_;
+  std::vector<float> logits_;
+  int32_t logits_rows_ = 0;
+  bool logits_all_ = false;
+};
+
+}  // namespace moelite

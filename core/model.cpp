@@ -1,0 +1,143 @@
+#include "core/model.h"
+
+#include <cinttypes>
+
+#include "backends/cpu/quant.h"
+#include "core/arch/arch.h"
+#include "core/tensor_binder.h"
+
+namespace moelite {
+
+ExpertWeights LayerExperts::expert(int32_t e) const {
+  if (!split.empty()) return split[static_cast<size_t>(e)];
+  ExpertWeights w{gate, up, down};
+  w.gate.data += gate_stride * static_cast<uint64_t>(e);
+  w.up.data += up_stride * static_cast<uint64_t>(e);
+  w.down.data += down_stride * static_cast<uint64_t>(e);
+  return w;
+}
+
+Status ResidentExperts::acquire(int32_t layer, int32_t expert, ExpertWeights* out) {
+  *out = (*layers_)[static_cast<size_t>(layer)].experts.expert(expert);
+  return MOELITE_OK;
+}
+
+Model::~Model() {
+  experts.reset();
+  backend.reset();
+  for (void* p : owned) platform::aligned_free(p);
+}
+
+namespace {
+
+uint64_t params_of(const WeightView& w) { return w.valid() ? static_cast<uint64_t>(w.rows * w.cols) : 0; }
+
+Status report_progress(const LoadOptions& o, float p) {
+  if (o.progress && !o.progress(p, o.progress_user))
+    return fail(MOELITE_ERR_CANCELLED, "model loading cancelled by the progress callback");
+  return MOELITE_OK;
+}
+
+}  // namespace
+
+Status Model::load(const std::string& path, const LoadOptions& opts, std::unique_ptr<Model>* out) {
+  auto m = std::make_unique<Model>();
+  MOELITE_TRY(gguf::Reader::open(path, &m->gguf));
+  const gguf::Reader& g = *m->gguf;
+
+  std::string arch_name;
+  if (!g.find("general.architecture"))
+    return fail(MOELITE_ERR_MISSING_METADATA, "'%s' has no general.architecture key", path.c_str());
+  if (!g.get_string("general.architecture", &arch_name))
+    return fail(MOELITE_ERR_MISSING_METADATA, "general.architecture must be a string");
+  m->arch = find_arch(arch_name);
+  if (!m->arch)
+    return fail(MOELITE_ERR_UNSUPPORTED_ARCH, "architecture '%s' is not supported; supported: %s",
+                arch_name.c_str(), supported_arch_list());
+  m->hp.arch = arch_name;
+  if (arch_name == "llama" && !g.find("llama.expert_count"))
+    return fail(MOELITE_ERR_UNSUPPORTED_ARCH, "this 'llama' model has no experts (llama.expert_count); "
+                "moelite runs Mixture-of-Experts models only");
+  const ArchDescriptor& arch = *m->arch;
+  MOELITE_TRY((arch.read_hparams ? arch.read_hparams : standard_read_hparams)(g, arch, &m->hp));
+  MOELITE_TRY(report_progress(opts, 0.0f));
+
+  if (opts.use_mmap) MOELITE_TRY(platform::Mapping::map(g.file(), &m->mapping));
+
+  // Global tensors.
+  TensorBinder b(*m);
+  HParams& hp = m->hp;
+  const gguf::TensorInfo* emb = g.find_tensor("token_embd.weight");
+  if (!emb) return fail(MOELITE_ERR_MISSING_TENSOR, "tensor 'token_embd.weight' is absent");
+  if (emb->ne[1] < 1 || emb->ne[1] > (1 << 24))
+    return fail(MOELITE_ERR_BAD_SHAPE, "token_embd.weight has an implausible vocabulary of %" PRId64, emb->ne[1]);
+  hp.n_vocab = static_cast<int32_t>(emb->ne[1]);
+  MOELITE_TRY(b.matrix("token_embd.weight", hp.n_embd, hp.n_vocab, &m->tok_embd));
+  MOELITE_TRY(b.floats("output_norm.weight", hp.n_embd, &m->output_norm));
+  MOELITE_TRY(b.matrix("output.weight", hp.n_embd, hp.n_vocab, &m->output, false));
+  if (!m->output.valid()) m->output = m->tok_embd;  // tied embeddings
+
+  // Layers.
+  m->layers.resize(static_cast<size_t>(hp.n_layer));
+  for (int32_t l = 0; l < hp.n_layer; ++l) {
+    MOELITE_TRY((arch.bind_layer ? arch.bind_layer : standard_bind_layer)(b, arch, hp, l, &m->layers[static_cast<size_t>(l)]));
+    MOELITE_TRY(report_progress(opts, 0.95f * static_cast<float>(l + 1) / static_cast<float>(hp.n_layer)));
+  }
+  if (hp.n_ff_expert == 0) {
+    const LayerExperts& e0 = m->layers[0].experts;
+    hp.n_ff_expert = static_cast<int32_t>(e0.split.empty() ? e0.gate.rows : e0.split[0].gate.rows);
+  }
+  if (hp.n_ff_shared == 0 && m->layers[0].has_shared) hp.n_ff_shared = static_cast<int32_t>(m->layers[0].shared.gate.rows);
+
+  // Sizes: routed experts vs everything else, and the parameters one token reads.
+  uint64_t type_bytes[kTensorTypeIdLimit] = {};
+  for (const LayerWeights& lw : m->layers) {
+    for (int32_t e = 0; e < hp.n_expert; ++e) {
+      ExpertWeights ew = lw.experts.expert(e);
+      for (const WeightView* v : {&ew.gate, &ew.up, &ew.down}) {
+        const uint64_t bytes = v->row_bytes * static_cast<uint64_t>(v->rows);
+        m->expert_bytes += bytes;
+        type_bytes[static_cast<uint32_t>(v->type)] += bytes;
+        m->n_params += params_of(*v);
+        if (e < hp.n_expert_used) m->n_active_params += params_of(*v);
+      }
+    }
+  }
+  for (uint32_t t = 0; t < kTensorTypeIdLimit; ++t)
+    if (type_bytes[t] > type_bytes[static_cast<uint32_t>(m->expert_type)]) m->expert_type = static_cast<TensorType>(t);
+  m->dense_bytes = b.bound_bytes() - m->expert_bytes;
+  uint64_t total_params = 0;
+  for (const gguf::TensorInfo& t : g.tensors()) total_params += t.n_elements;
+  const uint64_t dense_params = total_params - m->n_params;
+  m->n_params = total_params;
+  m->n_active_params += dense_params;
+
+  if (opts.expert_budget_bytes != 0 && opts.expert_budget_bytes < m->expert_bytes)
+    return fail(MOELITE_ERR_NOT_IMPLEMENTED,
+                "an expert budget of %" PRIu64 " bytes is below the model's %" PRIu64 " expert bytes; "
+                "budgeted expert storage is not in this build yet (use 0 to keep all experts resident)",
+                opts.expert_budget_bytes, m->expert_bytes);
+
+  // Backend and weight placement.
+  const int32_t threads = opts.n_threads > 0 ? opts.n_threads : platform::physical_core_count();
+  MOELITE_TRY(create_backend(opts.backend, threads, &m->backend));
+  Backend& be = *m->backend;
+  MOELITE_TRY(be.place_weight(&m->tok_embd));
+  if (m->output.data != m->tok_embd.data) MOELITE_TRY(be.place_weight(&m->output));
+  for (LayerWeights& lw : m->layers) {
+    for (WeightView* v : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.router}) MOELITE_TRY(be.place_weight(v));
+    if (lw.has_shared)
+      for (WeightView* v : {&lw.shared.gate, &lw.shared.up, &lw.shared.down}) MOELITE_TRY(be.place_weight(v));
+    ExpertWeights e0 = lw.experts.expert(0);
+    for (WeightView* v : {&e0.gate, &e0.up, &e0.down}) MOELITE_TRY(be.place_weight(v));  // type check
+  }
+  m->experts = std::make_unique<ResidentExperts>(&m->layers);
+  MOELITE_TRY(report_progress(opts, 1.0f));
+  log_msg(MOELITE_LOG_INFO, "loaded %s '%s': %d layers, %d experts (top-%d), %.1f MiB experts + %.1f MiB dense, backend %s",
+          hp.arch.c_str(), hp.name.c_str(), hp.n_layer, hp.n_expert, hp.n_expert_used,
+          m->expert_bytes / 1048576.0, m->dense_bytes / 1048576.0, be.name());
+  *out = std::move(m);
+  return MOELITE_OK;
+}
+
+}  // namespace moelite

@@ -1,0 +1,106 @@
+// A loaded model: hyperparameters, weights bound to their architecture's roles, the backend that
+// computes with them, and the source of routed-expert weights.
+#pragma once
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "core/gguf.h"
+#include "core/status.h"
+#include "platforms/platform.h"
+
+namespace moelite {
+
+struct ArchDescriptor;
+
+enum class QkNorm { None, PerHead /* qwen3moe */, Whole /* olmoe */ };
+
+// Every number comes from GGUF metadata or tensor shapes; nothing is assumed per model name.
+struct HParams {
+  std::string arch;
+  std::string name;
+  int32_t n_layer = 0;
+  int32_t n_embd = 0;
+  int32_t n_head = 0;
+  int32_t n_head_kv = 0;
+  int32_t head_dim = 0;      // key/query head size
+  int32_t head_dim_v = 0;    // value head size
+  int32_t n_rot = 0;
+  int32_t n_expert = 0;
+  int32_t n_expert_used = 0;
+  int32_t n_ff_expert = 0;
+  int32_t n_ff_shared = 0;   // 0 without a shared expert
+  int32_t n_ctx_train = 0;
+  int32_t n_vocab = 0;
+  float rms_eps = 1e-6f;
+  RopeParams rope;
+  bool norm_topk = false;    // renormalise the top-k router weights to sum 1
+  QkNorm qk_norm = QkNorm::None;
+};
+
+// Routed experts of one layer, as stored: either three 3-D tensors (one expert a contiguous slice)
+// or, in old Mixtral files, one 2-D tensor per expert and matrix.
+struct LayerExperts {
+  WeightView gate, up, down;   // merged layout: views of expert 0; rows/cols per expert
+  uint64_t gate_stride = 0, up_stride = 0, down_stride = 0;  // bytes between experts
+  std::vector<ExpertWeights> split;                          // split layout, one per expert
+  ExpertWeights expert(int32_t e) const;
+};
+
+struct LayerWeights {
+  std::vector<float> attn_norm, ffn_norm, q_norm, k_norm;
+  std::vector<float> bq, bk, bv;  // empty when the model has no attention biases
+  WeightView wq, wk, wv, wo;
+  WeightView router;              // ffn_gate_inp: n_expert rows of n_embd
+  LayerExperts experts;
+  bool has_shared = false;
+  ExpertWeights shared;
+  std::vector<float> shared_gate;  // ffn_gate_inp_shexp, n_embd floats (empty: no gate)
+};
+
+// Hands out views into the model's own expert weights (everything resident).
+class ResidentExperts final : public ExpertSource {
+ public:
+  explicit ResidentExperts(const std::vector<LayerWeights>* layers) : layers_(layers) {}
+  Status acquire(int32_t layer, int32_t expert, ExpertWeights* out) override;
+
+ private:
+  const std::vector<LayerWeights>* layers_;
+};
+
+struct LoadOptions {
+  int32_t n_threads = 0;  // 0: physical cores
+  BackendKind backend = BackendKind::Auto;
+  uint64_t expert_budget_bytes = 0;
+  bool use_mmap = true;
+  moelite_progress_fn progress = nullptr;
+  void* progress_user = nullptr;
+};
+
+struct Model {
+  HParams hp;
+  const ArchDescriptor* arch = nullptr;
+  std::unique_ptr<gguf::Reader> gguf;
+  platform::Mapping mapping;
+  std::vector<void*> owned;  // tensor copies when not mapping (aligned_free'd)
+
+  WeightView tok_embd, output;
+  std::vector<float> output_norm;
+  std::vector<LayerWeights> layers;
+
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<ExpertSource> experts;
+  // Contexts of one model share its backend (threads, scratch), so they evaluate one at a time.
+  std::mutex eval_mutex;
+
+  uint64_t expert_bytes = 0, dense_bytes = 0;
+  uint64_t n_params = 0, n_active_params = 0;
+  TensorType expert_type = TensorType::F32;
+
+  ~Model();
+  static Status load(const std::string& path, const LoadOptions& opts, std::unique_ptr<Model>* out);
+};
+
+}  // namespace moelite
