@@ -161,6 +161,7 @@ MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_
     case MOELITE_MODEL_N_ACTIVE_PARAMS: return static_cast<int64_t>(m.n_active_params);
     case MOELITE_MODEL_THREADS: return m.backend->n_threads();
     case MOELITE_MODEL_BACKEND: return MOELITE_BACKEND_CPU;
+    case MOELITE_MODEL_ACTIVE_BYTES: return static_cast<int64_t>(m.active_bytes);
   }
   return -1;
 }

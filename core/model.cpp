@@ -106,6 +106,12 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
   for (uint32_t t = 0; t < kTensorTypeIdLimit; ++t)
     if (type_bytes[t] > type_bytes[static_cast<uint32_t>(m->expert_type)]) m->expert_type = static_cast<TensorType>(t);
   m->dense_bytes = b.bound_bytes() - m->expert_bytes;
+  {
+    const uint64_t embd_bytes = m->tok_embd.row_bytes * static_cast<uint64_t>(m->tok_embd.rows);
+    const bool tied = m->output.data == m->tok_embd.data;
+    m->active_bytes = m->dense_bytes - (tied ? 0 : embd_bytes) + m->tok_embd.row_bytes +
+                      m->expert_bytes / static_cast<uint64_t>(hp.n_expert) * static_cast<uint64_t>(hp.n_expert_used);
+  }
   uint64_t total_params = 0;
   for (const gguf::TensorInfo& t : g.tensors()) total_params += t.n_elements;
   const uint64_t dense_params = total_params - m->n_params;

@@ -97,6 +97,7 @@ struct Model {
 
   uint64_t expert_bytes = 0, dense_bytes = 0;
   uint64_t n_params = 0, n_active_params = 0;
+  uint64_t active_bytes = 0;  // see MOELITE_MODEL_ACTIVE_BYTES
   TensorType expert_type = TensorType::F32;
 
   ~Model();

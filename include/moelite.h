@@ -199,7 +199,10 @@ typedef enum moelite_model_key {
   MOELITE_MODEL_N_PARAMS = 14,          /* total parameter count */
   MOELITE_MODEL_N_ACTIVE_PARAMS = 15,   /* parameters read for one token (top-k experts) */
   MOELITE_MODEL_THREADS = 16,           /* compute threads in use */
-  MOELITE_MODEL_BACKEND = 17            /* the moelite_backend actually chosen */
+  MOELITE_MODEL_BACKEND = 17,           /* the moelite_backend actually chosen */
+  MOELITE_MODEL_ACTIVE_BYTES = 18       /* weight bytes read to compute one token: dense weights
+                                           (one embedding row, not the table) plus top-k experts
+                                           of average size in every layer */
 } moelite_model_key;
 
 /** Value of a numeric property, or -1 if the key is unknown or the model is NULL. Thread-safe. */

@@ -1,2 +1,34 @@
-// placeholder until the CLI lands
-int main() { return 0; }
+// moelite: command-line front end of the library (built as build/bin/moelite).
+#include <cstdio>
+#include <cstring>
+
+#include "cli.h"
+
+static void print_help() {
+  printf(
+      "moelite %s — Mixture-of-Experts inference under a memory budget\n\n"
+      "usage: moelite COMMAND [options]\n\n"
+      "commands:\n"
+      "  info    -m MODEL [--json]                      model facts (arch, experts, bytes)\n"
+      "  logits  -m MODEL --tokens 1,2,3 --out FILE     float32 logits, n_tokens x n_vocab, row-major\n"
+      "  bench   -m MODEL [-p N] [-n N] [-r N] [--json] prefill and decode speed\n"
+      "  version                                        library version\n\n"
+      "common options: -t/--threads N, --backend auto|cpu|vulkan|cuda, --no-mmap\n",
+      moelite_version_string());
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+    print_help();
+    return argc < 2 ? 2 : 0;
+  }
+  const char* cmd = argv[1];
+  if (!strcmp(cmd, "info")) return cli::cmd_info(argc - 2, argv + 2);
+  if (!strcmp(cmd, "logits")) return cli::cmd_logits(argc - 2, argv + 2);
+  if (!strcmp(cmd, "bench")) return cli::cmd_bench(argc - 2, argv + 2);
+  if (!strcmp(cmd, "version")) {
+    printf("%s\n", moelite_version_string());
+    return 0;
+  }
+  return cli::usage_error(std::string("unknown command '") + cmd + "'");
+}

@@ -1,0 +1,43 @@
+// Shared pieces of the `moelite` command-line tool: argument parsing, model loading, errors.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "moelite.h"
+
+namespace cli {
+
+// Parsed "-x value" / "--long value" / "--flag" arguments of one subcommand.
+class Args {
+ public:
+  // `flags` lists options that take no value. Returns false (with a message) on a stray value.
+  bool parse(int argc, char** argv, const std::vector<std::string>& flags, std::string* error);
+  bool has(const std::string& name) const { return values_.count(name) != 0; }
+  std::string get(const std::string& name, const std::string& fallback = "") const;
+  // Integer option; false with a message if present but not an integer.
+  bool get_int(const std::string& name, int64_t fallback, int64_t* out, std::string* error) const;
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+// Prints "moelite: error: NAME: message" for a failed status and returns exit code 1.
+int report(moelite_status status, const char* what);
+int usage_error(const std::string& message);
+
+// Loads -m/--model with the common options (-t/--threads, --backend, --no-mmap).
+// Returns 0 on success, else the exit code after printing the error.
+int load_model(const Args& args, moelite_model** out);
+
+// Comma-separated token ids.
+bool parse_tokens(const std::string& text, std::vector<int32_t>* out, std::string* error);
+
+std::string json_escape(const std::string& s);
+
+int cmd_info(int argc, char** argv);
+int cmd_logits(int argc, char** argv);
+int cmd_bench(int argc, char** argv);
+
+}  // namespace cli

@@ -1,0 +1,123 @@
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+
+#include "cli.h"
+
+namespace cli {
+
+bool Args::parse(int argc, char** argv, const std::vector<std::string>& flags, std::string* error) {
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.size() < 2 || a[0] != '-') {
+      *error = "unexpected argument '" + a + "'";
+      return false;
+    }
+    bool is_flag = false;
+    for (const auto& f : flags) is_flag = is_flag || f == a;
+    if (is_flag) {
+      values_[a] = "1";
+    } else if (i + 1 < argc) {
+      values_[a] = argv[++i];
+    } else {
+      *error = "option '" + a + "' needs a value";
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string Args::get(const std::string& name, const std::string& fallback) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? fallback : it->second;
+}
+
+bool Args::get_int(const std::string& name, int64_t fallback, int64_t* out, std::string* error) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) {
+    *out = fallback;
+    return true;
+  }
+  char* end = nullptr;
+  errno = 0;
+  long long v = strtoll(it->second.c_str(), &end, 10);
+  if (errno || end == it->second.c_str() || *end != '\0') {
+    *error = "option '" + name + "' expects an integer, got '" + it->second + "'";
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+int report(moelite_status status, const char* what) {
+  fprintf(stderr, "moelite: error: %s: %s: %s\n", what, moelite_status_name(status), moelite_last_error());
+  return 1;
+}
+
+int usage_error(const std::string& message) {
+  fprintf(stderr, "moelite: error: %s (see 'moelite help')\n", message.c_str());
+  return 2;
+}
+
+int load_model(const Args& args, moelite_model** out) {
+  std::string path = args.has("-m") ? args.get("-m") : args.get("--model");
+  if (path.empty()) return usage_error("missing -m MODEL");
+  std::string err;
+  int64_t threads = 0;
+  if (!args.get_int(args.has("-t") ? "-t" : "--threads", 0, &threads, &err)) return usage_error(err);
+  moelite_model_params* p = moelite_model_params_create();
+  if (!p) return report(MOELITE_ERR_OUT_OF_MEMORY, "params");
+  moelite_status st = moelite_model_params_set_threads(p, static_cast<int32_t>(threads));
+  std::string backend = args.get("--backend", "auto");
+  moelite_backend kind = MOELITE_BACKEND_AUTO;
+  if (backend == "cpu") kind = MOELITE_BACKEND_CPU;
+  else if (backend == "vulkan") kind = MOELITE_BACKEND_VULKAN;
+  else if (backend == "cuda") kind = MOELITE_BACKEND_CUDA;
+  else if (backend != "auto") {
+    moelite_model_params_free(p);
+    return usage_error("--backend must be auto, cpu, vulkan or cuda");
+  }
+  if (st == MOELITE_OK) st = moelite_model_params_set_backend(p, kind);
+  if (st == MOELITE_OK && args.has("--no-mmap")) st = moelite_model_params_set_use_mmap(p, 0);
+  if (st == MOELITE_OK) st = moelite_model_load(path.c_str(), p, out);
+  moelite_model_params_free(p);
+  return st == MOELITE_OK ? 0 : report(st, ("loading " + path).c_str());
+}
+
+bool parse_tokens(const std::string& text, std::vector<int32_t>* out, std::string* error) {
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    char* end = nullptr;
+    errno = 0;
+    long v = strtol(item.c_str(), &end, 10);
+    if (item.empty() || errno || *end != '\0' || v < INT32_MIN || v > INT32_MAX) {
+      *error = "bad token id '" + item + "' in --tokens";
+      return false;
+    }
+    out->push_back(static_cast<int32_t>(v));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return !out->empty();
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      snprintf(buf, sizeof buf, "\\u%04x", c);
+      o += buf;
+    } else {
+      o += static_cast<char>(c);
+    }
+  }
+  return o;
+}
+
+}  // namespace cli

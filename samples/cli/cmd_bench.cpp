@@ -1,0 +1,111 @@
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+
+namespace cli {
+
+namespace {
+
+double now() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+uint64_t peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+  return 0;
+}
+
+}  // namespace
+
+// Prefill: one batch of -p random tokens from an empty cache. Decode: -n single-token steps after
+// it. Each measured -r times (best run reported) after one untimed warm-up that faults the weights
+// in, so the numbers are compute and memory speed, not first-touch page faults.
+int cmd_bench(int argc, char** argv) {
+  Args args;
+  std::string err;
+  if (!args.parse(argc, argv, {"--json", "--no-mmap", "--no-warmup"}, &err)) return usage_error(err);
+  int64_t n_prompt, n_gen, reps, seed;
+  if (!args.get_int("-p", 128, &n_prompt, &err) || !args.get_int("-n", 32, &n_gen, &err) ||
+      !args.get_int("-r", 1, &reps, &err) || !args.get_int("--seed", 42, &seed, &err))
+    return usage_error(err);
+  if (n_prompt < 1 || n_gen < 0 || reps < 1) return usage_error("-p must be >= 1, -n >= 0, -r >= 1");
+
+  moelite_model* model = nullptr;
+  if (int rc = load_model(args, &model)) return rc;
+  const int64_t n_vocab = moelite_model_get(model, MOELITE_MODEL_N_VOCAB);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(n_vocab - 1));
+  std::vector<int32_t> prompt(static_cast<size_t>(n_prompt)), gen(static_cast<size_t>(n_gen));
+  for (auto& t : prompt) t = pick(rng);
+  for (auto& t : gen) t = pick(rng);
+
+  moelite_context* ctx = nullptr;
+  moelite_context_params* cp = moelite_context_params_create();
+  moelite_status st = moelite_context_params_set_n_ctx(cp, static_cast<int32_t>(n_prompt + n_gen));
+  if (st == MOELITE_OK) st = moelite_context_params_set_n_batch(cp, static_cast<int32_t>(n_prompt));
+  if (st == MOELITE_OK) st = moelite_context_create(model, cp, &ctx);
+  moelite_context_params_free(cp);
+  if (st != MOELITE_OK) {
+    moelite_model_free(model);
+    return report(st, "creating context");
+  }
+
+  double best_prefill = 1e30, best_decode = 1e30;
+  const int64_t runs = reps + (args.has("--no-warmup") ? 0 : 1);
+  for (int64_t r = 0; r < runs && st == MOELITE_OK; ++r) {
+    moelite_kv_reset(ctx);
+    double t0 = now();
+    st = moelite_eval(ctx, prompt.data(), static_cast<int32_t>(n_prompt), 0);
+    double t1 = now();
+    for (int64_t i = 0; i < n_gen && st == MOELITE_OK; ++i) st = moelite_eval(ctx, &gen[static_cast<size_t>(i)], 1, 0);
+    double t2 = now();
+    if (r == 0 && runs > reps) continue;  // warm-up
+    best_prefill = std::min(best_prefill, t1 - t0);
+    best_decode = std::min(best_decode, t2 - t1);
+  }
+  if (st != MOELITE_OK) {
+    moelite_context_free(ctx);
+    moelite_model_free(model);
+    return report(st, "benchmark");
+  }
+  const double prefill_tps = n_prompt / best_prefill;
+  const double decode_tps = n_gen > 0 ? n_gen / best_decode : 0.0;
+  const int64_t active = moelite_model_get(model, MOELITE_MODEL_ACTIVE_BYTES);
+  const double decode_gbs = decode_tps * static_cast<double>(active) / 1e9;
+  const std::string path = args.has("-m") ? args.get("-m") : args.get("--model");
+  if (args.has("--json")) {
+    printf("{\"model\": \"%s\", \"arch\": \"%s\", \"expert_type\": \"%s\", \"backend\": \"%s\", \"threads\": %" PRId64
+           ", \"n_prompt\": %" PRId64 ", \"n_gen\": %" PRId64 ", \"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f"
+           ", \"decode_ms_per_token\": %.3f, \"active_bytes_per_token\": %" PRId64 ", \"decode_weight_gb_s\": %.3f"
+           ", \"expert_bytes\": %" PRId64 ", \"dense_bytes\": %" PRId64 ", \"peak_rss_bytes\": %" PRIu64 "}\n",
+           json_escape(path).c_str(), moelite_model_arch(model), moelite_model_expert_type(model),
+           json_escape(moelite_model_backend_name(model)).c_str(), moelite_model_get(model, MOELITE_MODEL_THREADS),
+           n_prompt, n_gen, prefill_tps, decode_tps, n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, active,
+           decode_gbs, moelite_model_get(model, MOELITE_MODEL_EXPERT_BYTES),
+           moelite_model_get(model, MOELITE_MODEL_DENSE_BYTES), peak_rss_bytes());
+  } else {
+    printf("model     %s (%s, experts %s)\nbackend   %s, %" PRId64 " threads\n", path.c_str(), moelite_model_arch(model),
+           moelite_model_expert_type(model), moelite_model_backend_name(model),
+           moelite_model_get(model, MOELITE_MODEL_THREADS));
+    printf("prefill   %" PRId64 " tokens: %.2f tok/s\n", n_prompt, prefill_tps);
+    printf("decode    %" PRId64 " tokens: %.2f tok/s (%.2f ms/token, %.2f GB/s of weights)\n", n_gen, decode_tps,
+           n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, decode_gbs);
+    printf("peak RSS  %.1f MiB\n", peak_rss_bytes() / 1048576.0);
+  }
+  moelite_context_free(ctx);
+  moelite_model_free(model);
+  return 0;
+}
+
+}  // namespace cli

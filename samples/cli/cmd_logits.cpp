@@ -1,0 +1,53 @@
+#include <cstdio>
+#include <vector>
+
+#include "cli.h"
+
+namespace cli {
+
+// Evaluates --tokens as one prompt from an empty cache and writes every token's logits.
+int cmd_logits(int argc, char** argv) {
+  Args args;
+  std::string err;
+  if (!args.parse(argc, argv, {"--no-mmap"}, &err)) return usage_error(err);
+  std::vector<int32_t> tokens;
+  if (!args.has("--tokens")) return usage_error("missing --tokens 1,2,3");
+  if (!parse_tokens(args.get("--tokens"), &tokens, &err)) return usage_error(err);
+  std::string out_path = args.get("--out");
+  if (out_path.empty()) return usage_error("missing --out FILE");
+  int64_t n_batch;
+  if (!args.get_int("-b", 512, &n_batch, &err)) return usage_error(err);
+
+  moelite_model* model = nullptr;
+  if (int rc = load_model(args, &model)) return rc;
+  int rc = 0;
+  moelite_context* ctx = nullptr;
+  moelite_context_params* cp = moelite_context_params_create();
+  moelite_status st = moelite_context_params_set_n_ctx(cp, static_cast<int32_t>(tokens.size()));
+  if (st == MOELITE_OK) st = moelite_context_params_set_n_batch(cp, static_cast<int32_t>(n_batch));
+  if (st == MOELITE_OK) st = moelite_context_create(model, cp, &ctx);
+  moelite_context_params_free(cp);
+  if (st == MOELITE_OK) st = moelite_eval(ctx, tokens.data(), static_cast<int32_t>(tokens.size()), 1);
+  if (st != MOELITE_OK) {
+    rc = report(st, "evaluating");
+  } else {
+    const int64_t n_vocab = moelite_model_get(model, MOELITE_MODEL_N_VOCAB);
+    FILE* f = fopen(out_path.c_str(), "wb");
+    if (!f) {
+      fprintf(stderr, "moelite: error: cannot write '%s'\n", out_path.c_str());
+      rc = 1;
+    } else {
+      for (size_t i = 0; i < tokens.size() && rc == 0; ++i)
+        if (fwrite(moelite_get_logits(ctx, static_cast<int32_t>(i)), sizeof(float), static_cast<size_t>(n_vocab), f) !=
+            static_cast<size_t>(n_vocab))
+          rc = 1;
+      if (fclose(f) != 0) rc = 1;
+      if (rc) fprintf(stderr, "moelite: error: writing '%s' failed\n", out_path.c_str());
+    }
+  }
+  moelite_context_free(ctx);
+  moelite_model_free(model);
+  return rc;
+}
+
+}  // namespace cli

@@ -1,0 +1,162 @@
+"""Engine logits against the independent numpy reference forward, for every architecture and
+weight type.
+
+The reference (tests/reference/reference_forward.py) reads the GGUF with its own reader, dequantizes
+with its own numpy code and computes the forward pass in float64. With --quantize-activations it
+rounds the activations entering each quantized matmul exactly as ggml-style integer dot products
+do (Q8_0 / Q8_1 / Q8_K, see the reference), so what remains between the two is float32 vs float64
+arithmetic: a tight tolerance.
+
+Why the tolerances are what they are (normalised MSE = sum((a-b)^2) / sum(b^2)):
+  * TIGHT (1e-6, activation-quantization emulated): float32 accumulation error is ~1e-7 relative
+    per value (NMSE ~1e-13 for float weights, measured); what can push it up is an activation that
+    sits on a rounding boundary and lands on the other side in float32, moving one dot product by
+    half a quantization step. Measured worst over the matrix is printed by the test; it stays
+    orders of magnitude below 1e-6.
+  * One corrupted weight block of a single matrix, or a swapped nibble order, moves the logits by
+    NMSE >= 1e-3 (tests below), i.e. >1000x the tolerance: the comparison can fail.
+  * LOOSE (2e-2, plain float64 reference): the engine's activation quantization alone (8-bit, per
+    32/256 block) must not move the logits by more than this; a sanity check of the emulation.
+
+Environment: MOELITE_BIN (the moelite CLI), MOELITE_TEST_TMP (scratch directory).
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tools", "gguf"))
+from moelite_gguf.reader import GGUFReader  # noqa: E402
+
+PY = sys.executable
+MAKE = os.path.join(ROOT, "tools", "make_tiny_model.py")
+REF = os.path.join(HERE, "reference_forward.py")
+BIN = os.environ.get("MOELITE_BIN", os.path.join(ROOT, "build", "bin", "moelite"))
+TMP = os.environ.get("MOELITE_TEST_TMP", "/tmp/moelite-ref-tests")
+
+ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe"]
+TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+TOKENS = [1, 17, 250, 3, 99, 42, 7, 300, 511, 0]
+TIGHT = 1e-6
+LOOSE = 2e-2
+
+
+def nmse(a, b):
+    return float(np.sum((a.astype(np.float64) - b) ** 2) / np.sum(b.astype(np.float64) ** 2))
+
+
+def run(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, "%s failed (%d):\n%s\n%s" % (cmd[0], r.returncode, r.stdout, r.stderr)
+    return r
+
+
+def make_model(name, arch, wtype, *extra):
+    os.makedirs(TMP, exist_ok=True)
+    path = os.path.join(TMP, name + ".gguf")
+    if not os.path.exists(path):
+        run([PY, MAKE, "--arch", arch, "--type", wtype, "--seed", "7", "--out", path, "--quiet", *extra])
+    return path
+
+
+def engine_logits(model, tokens=TOKENS, extra=()):
+    out = model + ".engine.f32"
+    run([BIN, "logits", "-m", model, "-t", "2", "--tokens", ",".join(map(str, tokens)), "--out", out, *extra])
+    return np.fromfile(out, dtype="<f4").reshape(len(tokens), -1)
+
+
+def reference_logits(model, quantize=True, tokens=TOKENS):
+    out = model + (".refq.f32" if quantize else ".ref.f32")
+    run([PY, REF, model, "--tokens", ",".join(map(str, tokens)), "--out", out]
+        + (["--quantize-activations"] if quantize else []))
+    return np.fromfile(out, dtype="<f4").reshape(len(tokens), -1)
+
+
+@pytest.mark.parametrize("wtype", TYPES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_match_reference(arch, wtype):
+    model = make_model("%s-%s" % (arch, wtype), arch, wtype)
+    eng = engine_logits(model)
+    ref_q = reference_logits(model, quantize=True)
+    err = nmse(eng, ref_q)
+    print("%s %s: nmse vs emulating reference %.3e" % (arch, wtype, err))
+    assert err < TIGHT, "engine vs reference (activation quantization emulated): nmse %.3e" % err
+    ref = reference_logits(model, quantize=False)
+    err_plain = nmse(eng, ref)
+    assert err_plain < LOOSE, "engine vs float64 reference: nmse %.3e" % err_plain
+    # The top token agrees for every position (argmax is what greedy decoding uses).
+    assert (eng.argmax(axis=1) == ref_q.argmax(axis=1)).mean() >= 0.9
+
+
+@pytest.mark.parametrize("variant", ["tied", "per-expert-tensors", "gqa1"])
+def test_layout_variants(variant):
+    extra = {"tied": ["--tied"], "per-expert-tensors": ["--per-expert-tensors"],
+             "gqa1": ["--n-head-kv", "1"]}[variant]
+    arch = "llama" if variant == "per-expert-tensors" else "qwen3moe"
+    model = make_model("variant-" + variant, arch, "Q4_K", *extra)
+    assert nmse(engine_logits(model), reference_logits(model)) < TIGHT
+
+
+def test_batch_splitting_does_not_change_results():
+    model = make_model("olmoe-Q8_0", "olmoe", "Q8_0")
+    whole = engine_logits(model)
+    split = engine_logits(model, extra=("-b", "3"))
+    np.testing.assert_array_equal(whole, split)
+
+
+def tensor_span(path, name):
+    r = GGUFReader(path)
+    t = r.tensors[name]
+    return t["offset"], t["nbytes"], t["type"]
+
+
+def corrupted_copy(src, suffix, mutate):
+    dst = src.replace(".gguf", "-" + suffix + ".gguf")
+    shutil.copyfile(src, dst)
+    data = bytearray(open(dst, "rb").read())
+    mutate(data)
+    open(dst, "wb").write(bytes(data))
+    return dst
+
+
+def test_one_corrupted_block_is_detected():
+    """The tolerance is tight enough that one bad block of one matrix fails the comparison."""
+    model = make_model("qwen3moe-Q4_0", "qwen3moe", "Q4_0")
+    off, nbytes, _ = tensor_span(model, "blk.0.attn_q.weight")
+
+    def mutate(d):  # block 0 of row 0: scale doubled (fp16 exponent + 1), quants inverted
+        scale = int.from_bytes(d[off:off + 2], "little")
+        d[off:off + 2] = (scale + 0x0400).to_bytes(2, "little")
+        for i in range(off + 2, off + 18):
+            d[i] ^= 0xFF
+
+    bad = corrupted_copy(model, "corrupt", mutate)
+    ref = reference_logits(model)
+    assert nmse(engine_logits(model), ref) < TIGHT
+    err = nmse(engine_logits(bad), ref)
+    print("one corrupted block: nmse %.3e" % err)
+    assert err > 1000 * TIGHT
+
+
+@pytest.mark.parametrize("wtype,block,qs_off,qs_len", [("Q4_0", 18, 2, 16), ("Q4_K", 144, 16, 128)])
+def test_swapped_nibble_order_is_detected(wtype, block, qs_off, qs_len):
+    """A dequantizer that read high and low nibbles the other way round would compute on what the
+    nibble-swapped file holds; comparing that to the reference must fail."""
+    model = make_model("olmoe-" + wtype, "olmoe", wtype)
+    off, nbytes, _ = tensor_span(model, "blk.0.attn_q.weight")
+
+    def mutate(d):
+        for b in range(off, off + nbytes, block):
+            for i in range(b + qs_off, b + qs_off + qs_len):
+                d[i] = ((d[i] & 0x0F) << 4) | (d[i] >> 4)
+
+    swapped = corrupted_copy(model, "nibbles", mutate)
+    err = nmse(engine_logits(swapped), reference_logits(model))
+    print("%s nibble-swapped attn_q: nmse %.3e" % (wtype, err))
+    assert err > 1000 * TIGHT
