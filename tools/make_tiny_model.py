@@ -1,0 +1,229 @@
+#!/usr/bin/python3
+"""Write a random-weight MoE model as a GGUF file, laid out like llama.cpp's files.
+
+Examples:
+  /usr/bin/python3 tools/make_tiny_model.py --arch qwen3moe --type Q4_K --seed 1 --out /tmp/q3.gguf
+  /usr/bin/python3 tools/make_tiny_model.py --arch llama --type Q8_0 --per-expert-tensors --out /tmp/mx.gguf
+  /usr/bin/python3 tools/make_tiny_model.py --bench --type Q4_K --out /tmp/bench-q4k.gguf
+
+Weights are deterministic in (seed, tensor name, chunk): each tensor (and each expert slice
+of a 3-D expert tensor, and each row chunk of a large 2-D tensor) gets its own generator,
+so --per-expert-tensors and the stacked layout hold identical expert weights.  Tensors are
+generated, quantized and written one chunk at a time (streaming), so memory stays small.
+
+Tensor types follow llama.cpp: 2-D/3-D matmul weights (attn q/k/v/output, experts, shared
+experts, token_embd, output) get --type; norms, biases and the routers (ffn_gate_inp,
+ffn_gate_inp_shexp) are F32.
+"""
+
+import argparse
+import os
+import sys
+import time
+import zlib
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gguf"))
+from moelite_gguf import GGUFWriter, GGUFValueType, quants as Q  # noqa: E402
+
+ARCHS = ("llama", "qwen2moe", "qwen3moe", "olmoe")
+
+# llama_ftype values for general.file_type
+FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9,
+             "Q2_K": 10, "Q3_K": 11, "Q4_K": 14, "Q5_K": 16, "Q6_K": 18, "BF16": 32}
+
+CHUNK_ELEMS = 1 << 21
+
+
+def _rng(seed, name, chunk):
+    return np.random.default_rng([seed, zlib.crc32(name.encode()), chunk])
+
+
+class Spec:
+    """One tensor: name, ne (GGUF order), ggml type, init kind."""
+
+    def __init__(self, name, ne, ttype, init, std=1.0, seed_name=None, expert=None):
+        self.name, self.ne, self.ttype, self.init, self.std = name, list(ne), ttype, init, std
+        self.seed_name = seed_name or name   # per-expert tensors share the stacked name's stream
+        self.expert = expert
+
+    def _values(self, seed, chunk, shape):
+        g = _rng(seed, self.seed_name, chunk)
+        v = g.standard_normal(shape, dtype=np.float32)
+        if self.init == "norm":
+            return np.float32(1.0) + np.float32(0.1) * v
+        return v * np.float32(self.std)
+
+    def chunks(self, seed):
+        """yield raw quantized bytes, outermost-dim slices / row chunks in file order"""
+        ne = self.ne
+        if self.expert is not None:                       # one expert of a stacked tensor
+            yield Q.quantize(self._values(seed, self.expert, (ne[1], ne[0])), self.ttype)
+            return
+        if len(ne) == 3:                                   # stacked experts: chunk = expert
+            for e in range(ne[2]):
+                yield Q.quantize(self._values(seed, e, (ne[1], ne[0])), self.ttype)
+            return
+        rows = int(np.prod(ne[1:], dtype=np.int64)) if len(ne) > 1 else 1
+        per = max(1, CHUNK_ELEMS // ne[0])
+        for c, r0 in enumerate(range(0, rows, per)):
+            r = min(per, rows - r0)
+            yield Q.quantize(self._values(seed, c, (r, ne[0])), self.ttype)
+
+
+def build_specs(a):
+    arch, qt, F = a.arch, a.type, "F32"
+    E, H, HKV, HD = a.n_embd, a.n_head, a.n_head_kv, a.head_dim
+    NE, FF, FS = a.n_expert, a.n_ff_exp, a.n_ff_shexp
+    s = []
+    inv = lambda n: 1.0 / np.sqrt(n)  # noqa: E731
+    s.append(Spec("token_embd.weight", [E, a.vocab], qt, "mat", 1.0))
+    for il in range(a.n_layer):
+        p = "blk.%d." % il
+        s.append(Spec(p + "attn_norm.weight", [E], F, "norm"))
+        s.append(Spec(p + "attn_q.weight", [E, H * HD], qt, "mat", inv(E)))
+        s.append(Spec(p + "attn_k.weight", [E, HKV * HD], qt, "mat", inv(E)))
+        s.append(Spec(p + "attn_v.weight", [E, HKV * HD], qt, "mat", inv(E)))
+        if arch == "qwen2moe":
+            s.append(Spec(p + "attn_q.bias", [H * HD], F, "mat", 0.1))
+            s.append(Spec(p + "attn_k.bias", [HKV * HD], F, "mat", 0.1))
+            s.append(Spec(p + "attn_v.bias", [HKV * HD], F, "mat", 0.1))
+        if arch == "qwen3moe":
+            s.append(Spec(p + "attn_q_norm.weight", [HD], F, "norm"))
+            s.append(Spec(p + "attn_k_norm.weight", [HD], F, "norm"))
+        if arch == "olmoe":
+            s.append(Spec(p + "attn_q_norm.weight", [H * HD], F, "norm"))
+            s.append(Spec(p + "attn_k_norm.weight", [HKV * HD], F, "norm"))
+        s.append(Spec(p + "attn_output.weight", [H * HD, E], qt, "mat", inv(H * HD)))
+        s.append(Spec(p + "ffn_norm.weight", [E], F, "norm"))
+        s.append(Spec(p + "ffn_gate_inp.weight", [E, NE], F, "mat", a.router_scale * inv(E)))
+        mats = [("gate", [E, FF], inv(E)), ("up", [E, FF], inv(E)), ("down", [FF, E], inv(FF))]
+        if a.per_expert_tensors:
+            for kind, ne, std in mats:
+                for e in range(NE):
+                    s.append(Spec(p + "ffn_%s.%d.weight" % (kind, e), ne, qt, "mat", std,
+                                  seed_name=p + "ffn_%s_exps.weight" % kind, expert=e))
+        else:
+            for kind, ne, std in mats:
+                s.append(Spec(p + "ffn_%s_exps.weight" % kind, ne + [NE], qt, "mat", std))
+        if arch == "qwen2moe":
+            s.append(Spec(p + "ffn_gate_inp_shexp.weight", [E], F, "mat", inv(E)))
+            s.append(Spec(p + "ffn_gate_shexp.weight", [E, FS], qt, "mat", inv(E)))
+            s.append(Spec(p + "ffn_up_shexp.weight", [E, FS], qt, "mat", inv(E)))
+            s.append(Spec(p + "ffn_down_shexp.weight", [FS, E], qt, "mat", inv(FS)))
+    s.append(Spec("output_norm.weight", [E], F, "norm"))
+    if not a.tied:
+        s.append(Spec("output.weight", [E, a.vocab], qt, "mat", inv(E)))
+    return s
+
+
+def add_metadata(w, a):
+    arch = a.arch
+    w.add_string("general.architecture", arch)
+    w.add_string("general.name", a.name or "moelite-tiny-%s-%s-seed%d" % (arch, a.type, a.seed))
+    w.add_uint32("general.file_type", FILE_TYPE[a.type])
+    if a.type not in ("F32", "F16", "BF16"):
+        w.add_uint32("general.quantization_version", 2)
+    k = arch + "."
+    w.add_uint32(k + "block_count", a.n_layer)
+    w.add_uint32(k + "context_length", a.ctx)
+    w.add_uint32(k + "embedding_length", a.n_embd)
+    w.add_uint32(k + "feed_forward_length", a.n_ff_exp)
+    w.add_uint32(k + "expert_feed_forward_length", a.n_ff_exp)
+    if arch == "qwen2moe":
+        w.add_uint32(k + "expert_shared_feed_forward_length", a.n_ff_shexp)
+    w.add_uint32(k + "attention.head_count", a.n_head)
+    w.add_uint32(k + "attention.head_count_kv", a.n_head_kv)
+    if arch == "qwen3moe" or a.head_dim != a.n_embd // a.n_head:
+        w.add_uint32(k + "attention.key_length", a.head_dim)
+        w.add_uint32(k + "attention.value_length", a.head_dim)
+    w.add_float32(k + "rope.freq_base", a.rope_base)
+    if arch == "llama":
+        w.add_uint32(k + "rope.dimension_count", a.head_dim)
+    w.add_float32(k + "attention.layer_norm_rms_epsilon", a.eps)
+    w.add_uint32(k + "expert_count", a.n_expert)
+    w.add_uint32(k + "expert_used_count", a.n_expert_used)
+    # minimal tokenizer block
+    toks = ["<unk>", "<s>", "</s>"] + ["tok%d" % i for i in range(3, a.vocab)]
+    types = [2, 3, 3] + [1] * (a.vocab - 3)   # UNKNOWN, CONTROL, CONTROL, NORMAL...
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_string("tokenizer.ggml.pre", "default")
+    w.add_array("tokenizer.ggml.tokens", toks[: a.vocab], GGUFValueType.STRING)
+    w.add_array("tokenizer.ggml.token_type", np.array(types[: a.vocab], np.int32), GGUFValueType.INT32)
+    w.add_array("tokenizer.ggml.merges", [], GGUFValueType.STRING)
+    w.add_uint32("tokenizer.ggml.bos_token_id", 1)
+    w.add_uint32("tokenizer.ggml.eos_token_id", 2)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch", choices=ARCHS, default="olmoe")
+    p.add_argument("--type", default="F32", type=str.upper,
+                   choices=[Q.TYPE_NAMES[t] for t in Q.QUANT_TYPES])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+    p.add_argument("--name", default=None)
+    p.add_argument("--n-embd", type=int, default=256)
+    p.add_argument("--n-layer", type=int, default=2)
+    p.add_argument("--n-head", type=int, default=4)
+    p.add_argument("--n-head-kv", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=None, help="default n_embd/n_head")
+    p.add_argument("--n-expert", type=int, default=8)
+    p.add_argument("--n-expert-used", type=int, default=2)
+    p.add_argument("--n-ff-exp", type=int, default=256)
+    p.add_argument("--n-ff-shexp", type=int, default=256)
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--rope-base", type=float, default=10000.0)
+    p.add_argument("--eps", type=float, default=1e-6)
+    p.add_argument("--router-scale", type=float, default=2.0,
+                   help="router weight std = scale/sqrt(n_embd) (larger: more decisive routing)")
+    p.add_argument("--tied", action="store_true", help="omit output.weight (tied to token_embd)")
+    p.add_argument("--per-expert-tensors", action="store_true",
+                   help="old Mixtral layout blk.N.ffn_{gate,up,down}.E.weight (llama only)")
+    p.add_argument("--bench", action="store_true",
+                   help="OLMoE-like preset: olmoe, n_embd 2048, 16/16 heads, 64 experts top-8, "
+                        "n_ff_exp 1024, 8 layers, vocab 32000, ctx 4096")
+    p.add_argument("--quiet", action="store_true")
+    a = p.parse_args(argv)
+    if a.bench:
+        a.arch, a.n_embd, a.n_head, a.n_head_kv = "olmoe", 2048, 16, 16
+        a.n_expert, a.n_expert_used, a.n_ff_exp, a.n_layer = 64, 8, 1024, 8
+        a.vocab, a.ctx, a.head_dim = 32000, 4096, None
+    if a.head_dim is None:
+        if a.n_embd % a.n_head:
+            p.error("n_embd must be a multiple of n_head (or give --head-dim)")
+        a.head_dim = a.n_embd // a.n_head
+    if a.n_head % a.n_head_kv:
+        p.error("n_head must be a multiple of n_head_kv")
+    if a.per_expert_tensors and a.arch != "llama":
+        p.error("--per-expert-tensors is only for --arch llama")
+    if not 0 < a.n_expert_used <= a.n_expert:
+        p.error("need 0 < n_expert_used <= n_expert")
+    if a.vocab < 3:
+        p.error("vocab >= 3")
+    return a
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    t0 = time.time()
+    specs = build_specs(a)
+    bs = Q.block_size(a.type)
+    for sp in specs:
+        if sp.ttype == a.type and sp.ne[0] % bs:
+            raise SystemExit("tensor %s: ne0=%d is not a multiple of the %s block size %d; choose other sizes"
+                             % (sp.name, sp.ne[0], a.type, bs))
+    w = GGUFWriter(a.out)
+    add_metadata(w, a)
+    for sp in specs:
+        w.add_tensor(sp.name, sp.ne, sp.ttype, (lambda sp=sp: sp.chunks(a.seed)))
+    w.write()
+    if not a.quiet:
+        print("wrote %s: %d tensors, %.1f MiB, %.1f s" % (a.out, len(specs), os.path.getsize(a.out) / 2**20,
+                                                         time.time() - t0))
+
+
+if __name__ == "__main__":
+    main()
