@@ -21,9 +21,12 @@
 //   MOELITE_ERR_GGUF_OVERLAP        two tensors' data ranges overlap
 //   MOELITE_ERR_IO                  a read failed
 //
-// Memory: the header is read through a small buffer over pread; nothing is sized from a count
-// before the count has been checked against the bytes left in the file, so what the reader keeps
-// is bounded by a small constant multiple (about sizeof(KeyValue)/14, i.e. < 16x) of the file size.
+// Memory: the header is read through a 64 KiB buffer over pread (the file is never read whole or
+// mapped here). No container is sized from a claimed count: counts are first checked against the
+// bytes left in the file, then containers are reserved at most kReserveCap ahead and grow with the
+// items actually parsed. Memory is therefore proportional to the header bytes consumed: at worst
+// (a header made of 14-byte key-values or 12-byte empty nested arrays) a few tens of times the
+// header size, typically ~1-3x; raw numeric arrays take exactly their size in the file.
 #include "core/gguf.h"
 
 #include <algorithm>
@@ -54,6 +57,12 @@ size_t scalar_size(ValueType t) {
     default: return 0;
   }
 }
+
+// Containers are reserved at most this many elements ahead and then grow with what is actually
+// parsed, so memory follows the bytes consumed, never a count the file merely claims (a count
+// only has to fit in the rest of the file, which for a large model includes the tensor data).
+constexpr uint64_t kReserveCap = 4096;
+size_t capped(uint64_t count) { return static_cast<size_t>(std::min(count, kReserveCap)); }
 
 bool valid_value_type(uint32_t t) { return t <= static_cast<uint32_t>(ValueType::FLOAT64); }
 
@@ -376,14 +385,18 @@ class Parser {
     MOELITE_TRY(read_u64(&v->count, "array count"));
     MOELITE_TRY(check_count(v->count, min_encoded_size(v->elem_type), "array"));
     if (v->elem_type == ValueType::STRING) {
-      v->strings.resize(static_cast<size_t>(v->count));
-      for (uint64_t k = 0; k < v->count; ++k)
-        MOELITE_TRY(read_string(&v->strings[k], kMaxCount, "string array element"));
+      v->strings.reserve(capped(v->count));
+      for (uint64_t k = 0; k < v->count; ++k) {
+        v->strings.emplace_back();
+        MOELITE_TRY(read_string(&v->strings.back(), kMaxCount, "string array element"));
+      }
     } else if (v->elem_type == ValueType::ARRAY) {
-      v->nested.resize(static_cast<size_t>(v->count));
-      for (uint64_t k = 0; k < v->count; ++k)
-        MOELITE_TRY(read_value(ValueType::ARRAY, &v->nested[k], depth + 1));
-    } else {
+      v->nested.reserve(capped(v->count));
+      for (uint64_t k = 0; k < v->count; ++k) {
+        v->nested.emplace_back();
+        MOELITE_TRY(read_value(ValueType::ARRAY, &v->nested.back(), depth + 1));
+      }
+    } else {  // the bytes are in the file (checked above), so this is at most the file size
       uint64_t es = scalar_size(v->elem_type);
       uint64_t data_at = pos_;
       v->raw.resize(static_cast<size_t>(v->count * es));
@@ -407,7 +420,7 @@ class Parser {
     // a tensor info at least 8 + 1 (name) + 4 (n_dims) + 8 (ne) + 4 (type) + 8 (offset).
     MOELITE_TRY(check_count(n_tensors, 33, "tensor"));
     MOELITE_TRY(check_count(n_kv, 14, "metadata key-value"));
-    r_->kv_.reserve(static_cast<size_t>(n_kv));
+    r_->kv_.reserve(capped(n_kv));
     for (uint64_t k = 0; k < n_kv; ++k) {
       uint64_t at = pos_;
       ctx_ = "metadata key-value #" + std::to_string(k);
@@ -457,7 +470,7 @@ class Parser {
   Status parse_tensor_infos() {
     MOELITE_TRY(check_count(n_tensors_, 33, "tensor"));
     auto& ts = r_->tensors_;
-    ts.reserve(static_cast<size_t>(n_tensors_));
+    ts.reserve(capped(n_tensors_));
     for (uint64_t k = 0; k < n_tensors_; ++k) {
       uint64_t at = pos_;
       ctx_ = "tensor info #" + std::to_string(k);

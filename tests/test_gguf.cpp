@@ -2,7 +2,9 @@
 // gives its specific status (and never crashes); every truncation and random corruption of a
 // valid file is rejected or survived without undefined behaviour.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
@@ -599,15 +601,20 @@ TEST(GgufReader, OverlappingTensors) {
 // ---------------------------------------------------------------- robustness
 
 TEST(GgufReader, RandomByteFlipsNeverCrash) {
-  GgufBuilder g = small_builder();
-  std::vector<uint8_t> base = g.build();
-  std::unique_ptr<Reader> r0;
-  ASSERT_EQ(open_bytes(base, &r0), MOELITE_OK);
-  const size_t header = static_cast<size_t>(r0->data_offset());
+  // Two bases: the small file and the one with every value type and nested arrays.
+  std::vector<uint8_t> bases[2] = {small_builder().build(), full_builder().build()};
+  size_t headers[2];
+  for (int b = 0; b < 2; ++b) {
+    std::unique_ptr<Reader> r0;
+    ASSERT_EQ(open_bytes(bases[b], &r0), MOELITE_OK);
+    headers[b] = static_cast<size_t>(r0->data_offset());
+  }
   std::mt19937_64 rng(0x6775'6666);
   TempFile f(tmp_dir(), "fuzz");
   int ok = 0;
   for (int iter = 0; iter < 2000; ++iter) {
+    const std::vector<uint8_t>& base = bases[iter % 2];
+    const size_t header = headers[iter % 2];
     std::vector<uint8_t> bytes = base;
     int flips = 1 + static_cast<int>(rng() % 4);
     for (int k = 0; k < flips; ++k) {
@@ -660,6 +667,26 @@ TEST(GgufReader, ManySmallKeysStayBounded) {
   EXPECT_EQ(r->find("tokenizer.ggml.tokens")->strings[29999], "tok29999");
   EXPECT_EQ(r->find("big")->raw.size(), 200000u);
   EXPECT_EQ(r->find("big")->raw[199999], 9);
+}
+
+// A large (sparse) file whose header claims counts that fit the file size but are not there: the
+// reader must not size anything from the claim (no multi-GB reservation, no OUT_OF_MEMORY) and
+// must fail on the first bogus entry.
+TEST(GgufReader, LargeClaimedCountsInBigFileDoNotAllocate) {
+  struct Case { uint64_t n_tensors, n_kv; };
+  for (Case c : {Case{0, 250000000}, Case{100000000, 0}}) {
+    Bytes b;
+    b.raw({'G', 'G', 'U', 'F'}).u32(3).u64(c.n_tensors).u64(c.n_kv);
+    TempFile f(tmp_dir(), "sparse");
+    ASSERT_TRUE(f.write(b.b));
+    int fd = ::open(f.path().c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, off_t(4) << 30), 0);  // 4 GiB of zeros, sparse on disk
+    ::close(fd);
+    std::unique_ptr<Reader> r;
+    EXPECT_EQ(Reader::open(f.path(), &r), MOELITE_ERR_GGUF_CORRUPT) << last_error();
+    EXPECT_NE(last_error().find("empty"), std::string::npos) << last_error();
+  }
 }
 
 }  // namespace
