@@ -70,7 +70,15 @@ struct TensorInfo {
 
 class Reader {
  public:
-  // Opens and validates `path`. On failure returns the status (message set via fail()).
+  // Opens and validates `path`. On failure returns the status (message set via fail()) and leaves
+  // *out untouched. Statuses: FILE_NOT_FOUND (missing path or a directory), IO, OUT_OF_MEMORY,
+  // GGUF_BAD_MAGIC, GGUF_BAD_VERSION (not 2/3, incl. big-endian files), GGUF_TRUNCATED (the file
+  // ends inside the header/directory, a plausible count or length needs more bytes than remain,
+  // or the file ends before the data section), GGUF_CORRUPT (impossible counts/lengths > 2^40,
+  // bad bool, duplicate key or tensor name, bad general.alignment, bad n_dims/ne, ne[0] not a
+  // multiple of the block size, misaligned offset), GGUF_UNKNOWN_TYPE (value, array element or
+  // tensor type), GGUF_OUT_OF_BOUNDS (tensor data outside the file), GGUF_OVERLAP.
+  // A file without tensors may end right after its directory (no data-section padding needed).
   static Status open(const std::string& path, std::unique_ptr<Reader>* out);
 
   uint32_t version() const { return version_; }
