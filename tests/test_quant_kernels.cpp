@@ -1,0 +1,641 @@
+// Tests of the weight-type kernels.
+//  - Known vectors: hand-built blocks whose values follow from the ggml format description,
+//    so a swapped nibble order or a wrong scale unpacking fails (these pin the scalar reference).
+//  - Scalar dot products against a float64 dot of the dequantized operands.
+//  - Every SIMD table against the scalar reference on random blocks.
+//  - fp16 / bf16 conversion vectors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/quant.h"
+
+namespace moelite::cpu {
+namespace {
+
+using namespace blocks;
+
+constexpr uint32_t tid(TensorType t) { return static_cast<uint32_t>(t); }
+
+const TensorType kWeightTypes[] = {
+    TensorType::F32,  TensorType::F16,  TensorType::BF16, TensorType::Q4_0, TensorType::Q4_1,
+    TensorType::Q5_0, TensorType::Q5_1, TensorType::Q8_0, TensorType::Q2_K, TensorType::Q3_K,
+    TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K,
+};
+
+uint16_t h(float f) { return fp32_to_fp16(f); }
+void put_fp16(uint8_t* p, float f) {
+  const uint16_t v = fp32_to_fp16(f);
+  std::memcpy(p, &v, 2);
+}
+size_t row_bytes(TensorType t, int64_t n) {
+  uint64_t b = 0;
+  EXPECT_TRUE(type_row_bytes(t, static_cast<uint64_t>(n), &b));
+  return static_cast<size_t>(b);
+}
+std::vector<float> dequant(const KernelTable& k, TensorType t, const void* src, int64_t n) {
+  std::vector<float> y(n);
+  k.dequant[tid(t)](src, y.data(), n);
+  return y;
+}
+
+// ---- (d) fp16 / bf16 ------------------------------------------------------------------------
+
+float bits_to_f(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+TEST(Fp16Conversion, KnownValues) {
+  EXPECT_EQ(h(1.0f), 0x3C00);
+  EXPECT_EQ(h(-2.0f), 0xC000);
+  EXPECT_EQ(h(0.0f), 0x0000);
+  EXPECT_EQ(h(-0.0f), 0x8000);
+  EXPECT_EQ(h(65504.0f), 0x7BFF);
+  EXPECT_EQ(h(0.1f), 0x2E66);
+  EXPECT_EQ(h(std::ldexp(1.0f, -14)), 0x0400);       // smallest normal
+  EXPECT_EQ(h(std::ldexp(1.0f, -24)), 0x0001);       // smallest subnormal
+  EXPECT_EQ(h(std::ldexp(1023.0f, -24)), 0x03FF);    // largest subnormal
+  EXPECT_EQ(fp16_to_fp32(0x3C00), 1.0f);
+  EXPECT_EQ(fp16_to_fp32(0x7BFF), 65504.0f);
+  EXPECT_EQ(fp16_to_fp32(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(fp16_to_fp32(0x83FF), -std::ldexp(1023.0f, -24));
+  EXPECT_EQ(fp16_to_fp32(0x7C00), INFINITY);
+  EXPECT_EQ(fp16_to_fp32(0xFC00), -INFINITY);
+  EXPECT_TRUE(std::isnan(fp16_to_fp32(0x7E00)));
+  EXPECT_TRUE(std::isnan(fp16_to_fp32(0x7C01)));
+}
+
+TEST(Fp16Conversion, RoundsToNearestEven) {
+  EXPECT_EQ(h(1.0f + std::ldexp(1.0f, -11)), 0x3C00);      // tie, 0x3C00 is even
+  EXPECT_EQ(h(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3C02);  // tie, 0x3C01 is odd: up
+  EXPECT_EQ(h(1.0f + std::ldexp(1.0f, -11) + std::ldexp(1.0f, -20)), 0x3C01);  // above tie
+  EXPECT_EQ(h(65519.0f), 0x7BFF);                          // below the midpoint to 65536
+  EXPECT_EQ(h(65520.0f), 0x7C00);                          // midpoint: even is infinity
+  EXPECT_EQ(h(1e9f), 0x7C00);
+  EXPECT_EQ(h(-INFINITY), 0xFC00);
+  EXPECT_EQ(h(std::ldexp(1.0f, -25)), 0x0000);             // tie between 0 and 1 unit: 0
+  EXPECT_EQ(h(std::ldexp(1.5f, -25)), 0x0001);
+  EXPECT_EQ(h(std::ldexp(3.0f, -25)), 0x0002);             // 1.5 units: tie to even 2
+  EXPECT_EQ(h(std::ldexp(5.0f, -25)), 0x0002);             // 2.5 units: tie to even 2
+  EXPECT_EQ(h(std::ldexp(1.0f, -26)), 0x0000);
+  EXPECT_EQ(h(std::ldexp(2047.0f, -25)), 0x0400);          // 1023.5 units: up into the normals
+  const uint16_t nan = h(NAN);
+  EXPECT_EQ(nan & 0x7C00, 0x7C00);
+  EXPECT_NE(nan & 0x03FF, 0);
+}
+
+TEST(Fp16Conversion, RoundTripsEveryHalf) {
+  for (uint32_t v = 0; v < 0x10000; ++v) {
+    if ((v & 0x7C00) == 0x7C00 && (v & 0x3FF) != 0) continue;  // NaNs: checked above
+    ASSERT_EQ(h(fp16_to_fp32(static_cast<uint16_t>(v))), v) << std::hex << v;
+  }
+}
+
+TEST(Fp16Conversion, Bf16) {
+  EXPECT_EQ(fp32_to_bf16(1.0f), 0x3F80);
+  EXPECT_EQ(bf16_to_fp32(0x3F80), 1.0f);
+  EXPECT_EQ(bf16_to_fp32(0x4049), 3.140625f);
+  EXPECT_EQ(bf16_to_fp32(0xC000), -2.0f);
+  EXPECT_EQ(fp32_to_bf16(bits_to_f(0x3F808000)), 0x3F80);  // tie, even stays
+  EXPECT_EQ(fp32_to_bf16(bits_to_f(0x3F818000)), 0x3F82);  // tie, odd rounds up
+  EXPECT_EQ(fp32_to_bf16(bits_to_f(0x3F808001)), 0x3F81);
+  EXPECT_EQ(fp32_to_bf16(INFINITY), 0x7F80);
+  EXPECT_EQ(fp32_to_bf16(bits_to_f(0x7F7FFFFF)), 0x7F80);  // max float rounds to inf
+  EXPECT_TRUE(std::isnan(bf16_to_fp32(fp32_to_bf16(NAN))));
+  EXPECT_TRUE(std::isnan(bf16_to_fp32(fp32_to_bf16(bits_to_f(0x7F800001)))));  // stays NaN
+}
+
+// ---- (c) known vectors of the block formats -------------------------------------------------
+
+TEST(QuantKnownVectors, Q4_0) {
+  Q4_0 b;
+  put_fp16(b.d, 0.5f);
+  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+  auto y = dequant(kernels_scalar(), TensorType::Q4_0, &b, 32);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(y[j], (j - 8) * 0.5f) << j;             // low nibbles: elements 0..15
+    EXPECT_EQ(y[16 + j], (7 - j) * 0.5f) << j;        // high nibbles: elements 16..31
+  }
+  EXPECT_EQ(y[0], -4.0f);
+  EXPECT_EQ(y[15], 3.5f);
+  EXPECT_EQ(y[16], 3.5f);
+}
+
+TEST(QuantKnownVectors, Q4_1) {
+  Q4_1 b;
+  put_fp16(b.d, 0.25f);
+  put_fp16(b.m, -1.0f);
+  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+  auto y = dequant(kernels_scalar(), TensorType::Q4_1, &b, 32);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(y[j], j * 0.25f - 1.0f);
+    EXPECT_EQ(y[16 + j], (15 - j) * 0.25f - 1.0f);
+  }
+}
+
+TEST(QuantKnownVectors, Q5_0AndQ5_1) {
+  Q5_0 b;
+  put_fp16(b.d, 1.0f);
+  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>(j | (j << 4));
+  // qh little-endian u32 0x80010003: bits 0, 1, 16, 31 -> elements 0, 1, 16, 31 get +16.
+  const uint8_t qh[4] = {0x03, 0x00, 0x01, 0x80};
+  std::memcpy(b.qh, qh, 4);
+  auto y = dequant(kernels_scalar(), TensorType::Q5_0, &b, 32);
+  for (int j = 0; j < 32; ++j) {
+    const bool high = j == 0 || j == 1 || j == 16 || j == 31;
+    EXPECT_EQ(y[j], static_cast<float>((j % 16) + (high ? 16 : 0) - 16)) << j;
+  }
+  Q5_1 c;
+  put_fp16(c.d, 2.0f);
+  put_fp16(c.m, 0.5f);
+  std::memcpy(c.qs, b.qs, 16);
+  std::memcpy(c.qh, qh, 4);
+  auto z = dequant(kernels_scalar(), TensorType::Q5_1, &c, 32);
+  EXPECT_EQ(z[0], 2.0f * 16 + 0.5f);
+  EXPECT_EQ(z[2], 2.0f * 2 + 0.5f);
+  EXPECT_EQ(z[17], 2.0f * 1 + 0.5f);
+  EXPECT_EQ(z[31], 2.0f * 31 + 0.5f);
+}
+
+TEST(QuantKnownVectors, Q8_0) {
+  Q8_0 b;
+  put_fp16(b.d, 2.0f);
+  for (int j = 0; j < 32; ++j) b.qs[j] = static_cast<int8_t>(j - 16);
+  auto y = dequant(kernels_scalar(), TensorType::Q8_0, &b, 32);
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(y[j], 2.0f * (j - 16));
+}
+
+TEST(QuantKnownVectors, Q2_K) {
+  Q2_K b;
+  // Group g (16 elements): scale = g & 15 (low nibble), min = 15 - g (high nibble).
+  for (int g = 0; g < 16; ++g) b.scales[g] = static_cast<uint8_t>((g & 15) | ((15 - g) << 4));
+  // Each byte holds codes 0,1,2,3 in bit pairs 0-1 .. 6-7: element 32s + l of each 128-half
+  // reads bit pair s, so code = s.
+  std::memset(b.qs, 0xE4, 64);
+  put_fp16(b.d, 1.0f);
+  put_fp16(b.dmin, 0.5f);
+  auto y = dequant(kernels_scalar(), TensorType::Q2_K, &b, 256);
+  for (int i = 0; i < 256; ++i) {
+    const int g = i / 16, s = (i % 128) / 32;
+    EXPECT_EQ(y[i], 1.0f * g * s - 0.5f * (15 - g)) << i;
+  }
+  EXPECT_EQ(y[40], -4.5f);   // g=2, code 1: 2*1 - 0.5*13
+  EXPECT_EQ(y[255], 45.0f);  // g=15, code 3: 15*3 - 0
+}
+
+// Packs 16 six-bit Q3_K scale codes (0..63) as ggml lays them out.
+void pack_q3k_scales(const int raw[16], uint8_t out[12]) {
+  std::memset(out, 0, 12);
+  for (int j = 0; j < 16; ++j) {
+    out[j % 8] |= static_cast<uint8_t>((raw[j] & 15) << (4 * (j / 8)));
+    out[8 + j % 4] |= static_cast<uint8_t>((raw[j] >> 4) << (2 * (j / 4)));
+  }
+}
+
+TEST(QuantKnownVectors, Q3_K) {
+  Q3_K b;
+  int raw[16];
+  for (int j = 0; j < 16; ++j) raw[j] = 20 + j * 3;  // 20..65 capped below
+  raw[15] = 63;
+  pack_q3k_scales(raw, b.scales);
+  std::memset(b.qs, 0xE4, 64);   // low code = bit-pair index s, as in Q2_K
+  std::memset(b.hmask, 0, 32);
+  for (int l = 0; l < 32; ++l) b.hmask[l] = 0x01 | (l == 5 ? 0x80 : 0);  // elements 0..31 and 229
+  put_fp16(b.d, 0.5f);
+  auto y = dequant(kernels_scalar(), TensorType::Q3_K, &b, 256);
+  for (int i = 0; i < 256; ++i) {
+    const int g = i / 16, s = (i % 128) / 32;
+    const bool high = i < 32 || i == 229;
+    EXPECT_EQ(y[i], 0.5f * (raw[g] - 32) * (s - (high ? 0 : 4))) << i;
+  }
+  // Literal spot checks: element 33 is group 2 (raw 26 -> -6), code 1 without high bit -> -3.
+  EXPECT_EQ(y[33], 0.5f * -6 * -3);
+  // All-zero scale bytes mean every scale is -32.
+  std::memset(b.scales, 0, 12);
+  auto z = dequant(kernels_scalar(), TensorType::Q3_K, &b, 256);
+  EXPECT_EQ(z[100], 0.5f * -32 * (3 - 4));
+}
+
+// Packs 8 six-bit scales and mins the Q4_K/Q5_K way (get_scale_min_k4 inverse).
+void pack_q4k_scales(const int sc[8], const int mn[8], uint8_t out[12]) {
+  for (int j = 0; j < 4; ++j) {
+    out[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
+    out[j + 4] = static_cast<uint8_t>(mn[j] | ((mn[j + 4] >> 4) << 6));
+    out[j + 8] = static_cast<uint8_t>((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
+  }
+}
+
+TEST(QuantKnownVectors, Q4_KScaleBits) {
+  // Literal bytes: scale 0 = 0x41 & 63 = 1; scale 4 = low 4 bits from byte 8 (3) plus the top
+  // two bits of byte 0 (01) as bits 4-5 = 19; min 5 = high nibble of byte 9 (2) plus top bits of
+  // byte 5 (11) = 50. Other scales and mins are 0.
+  Q4_K b{};
+  const uint8_t scales[12] = {0x41, 0, 0, 0, 0, 0xC0, 0, 0, 0x03, 0x20, 0, 0};
+  std::memcpy(b.scales, scales, 12);
+  put_fp16(b.d, 1.0f);
+  put_fp16(b.dmin, 1.0f);
+  std::memset(b.qs, 0x21, 128);  // low nibble 1, high nibble 2
+  auto y = dequant(kernels_scalar(), TensorType::Q4_K, &b, 256);
+  EXPECT_EQ(y[0], 1.0f);          // sub-block 0: 1 * 1
+  EXPECT_EQ(y[32], 0.0f);         // sub-block 1: scale 0
+  EXPECT_EQ(y[128], 19.0f);       // sub-block 4: 19 * 1 (low nibble)
+  EXPECT_EQ(y[160], -50.0f);      // sub-block 5: 0 * 2 - 50
+}
+
+TEST(QuantKnownVectors, Q4_K) {
+  Q4_K b;
+  const int sc[8] = {7, 14, 21, 28, 35, 42, 49, 56}, mn[8] = {63, 58, 53, 48, 43, 38, 33, 28};
+  pack_q4k_scales(sc, mn, b.scales);
+  put_fp16(b.d, 1.0f);
+  put_fp16(b.dmin, 2.0f);
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l)
+      b.qs[32 * c + l] = static_cast<uint8_t>((l & 15) | ((15 - (l & 15)) << 4));
+  auto y = dequant(kernels_scalar(), TensorType::Q4_K, &b, 256);
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) {
+      // 64 elements per 32 bytes: low nibbles are sub-block 2c, high nibbles sub-block 2c+1.
+      EXPECT_EQ(y[64 * c + l], 1.0f * sc[2 * c] * (l & 15) - 2.0f * mn[2 * c]);
+      EXPECT_EQ(y[64 * c + 32 + l], 1.0f * sc[2 * c + 1] * (15 - (l & 15)) - 2.0f * mn[2 * c + 1]);
+    }
+}
+
+TEST(QuantKnownVectors, Q5_K) {
+  Q5_K b;
+  const int sc[8] = {7, 14, 21, 28, 35, 42, 49, 56}, mn[8] = {63, 58, 53, 48, 43, 38, 33, 28};
+  pack_q4k_scales(sc, mn, b.scales);
+  put_fp16(b.d, 0.5f);
+  put_fp16(b.dmin, 1.0f);
+  for (int i = 0; i < 128; ++i) b.qs[i] = static_cast<uint8_t>((i & 15) | ((15 - (i & 15)) << 4));
+  for (int l = 0; l < 32; ++l) b.qh[l] = static_cast<uint8_t>(l % 2 ? 0xA5 : 0x5A);
+  auto y = dequant(kernels_scalar(), TensorType::Q5_K, &b, 256);
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) {
+      const int qh = l % 2 ? 0xA5 : 0x5A;
+      const int lo = (l & 15) | (((qh >> (2 * c)) & 1) << 4);          // bit 2c: sub-block 2c
+      const int hi = (15 - (l & 15)) | (((qh >> (2 * c + 1)) & 1) << 4);  // bit 2c+1
+      EXPECT_EQ(y[64 * c + l], 0.5f * sc[2 * c] * lo - 1.0f * mn[2 * c]);
+      EXPECT_EQ(y[64 * c + 32 + l], 0.5f * sc[2 * c + 1] * hi - 1.0f * mn[2 * c + 1]);
+    }
+  EXPECT_EQ(y[1], 0.5f * 7 * (1 + 16) - 63.0f);  // qh[1] = 0xA5 has bit 0 set
+}
+
+TEST(QuantKnownVectors, Q6_K) {
+  Q6_K b;
+  for (int g = 0; g < 16; ++g) b.scales[g] = static_cast<int8_t>(g - 8);
+  for (int i = 0; i < 128; ++i) b.ql[i] = static_cast<uint8_t>((i & 15) | ((i * 7 & 15) << 4));
+  for (int i = 0; i < 64; ++i) b.qh[i] = static_cast<uint8_t>(0x1B ^ i);  // bit pairs 3,2,1,0
+  put_fp16(b.d, 0.25f);
+  auto y = dequant(kernels_scalar(), TensorType::Q6_K, &b, 256);
+  for (int half = 0; half < 2; ++half)
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t* ql = b.ql + 64 * half;
+      const int qh = b.qh[32 * half + l];
+      const int base = 128 * half;
+      const int q[4] = {(ql[l] & 15) | ((qh & 3) << 4), (ql[l + 32] & 15) | (((qh >> 2) & 3) << 4),
+                        (ql[l] >> 4) | (((qh >> 4) & 3) << 4), (ql[l + 32] >> 4) | ((qh >> 6) << 4)};
+      for (int k = 0; k < 4; ++k) {
+        const int i = base + 32 * k + l;
+        EXPECT_EQ(y[i], 0.25f * b.scales[i / 16] * (q[k] - 32)) << i;
+      }
+    }
+  // Element 0: ql[0] low nibble 0, qh[0] = 0x1B bits 0-1 = 3 -> code 48 - 32 = 16, scale -8.
+  EXPECT_EQ(y[0], 0.25f * -8 * 16);
+}
+
+TEST(QuantKnownVectors, Q8_0QuantizerRoundsHalfAwayFromZero) {
+  float x[32] = {};
+  x[0] = 127.0f;   // amax 127 -> d = 1, so codes equal the rounded inputs
+  x[1] = 2.5f;
+  x[2] = -2.5f;
+  x[3] = 0.49f;
+  x[4] = -126.5f;
+  Q8_0 b;
+  kernels_scalar().quantize_act[tid(TensorType::Q8_0)](x, &b, 32);
+  uint16_t d;
+  std::memcpy(&d, b.d, 2);
+  EXPECT_EQ(d, 0x3C00);
+  EXPECT_EQ(b.qs[0], 127);
+  EXPECT_EQ(b.qs[1], 3);
+  EXPECT_EQ(b.qs[2], -3);
+  EXPECT_EQ(b.qs[3], 0);
+  EXPECT_EQ(b.qs[4], -127);
+  Q8_1 c;
+  kernels_scalar().quantize_act[tid(TensorType::Q8_1)](x, &c, 32);
+  uint16_t s;
+  std::memcpy(&s, c.s, 2);
+  EXPECT_EQ(fp16_to_fp32(s), 127.0f + 3 - 3 - 127);
+  x[5] = 10.0f;
+  kernels_scalar().quantize_act[tid(TensorType::Q8_1)](x, &c, 32);
+  std::memcpy(&s, c.s, 2);
+  EXPECT_EQ(fp16_to_fp32(s), 10.0f);
+}
+
+TEST(QuantKnownVectors, Q8_KQuantizer) {
+  std::vector<float> x(256);
+  for (int j = 0; j < 256; ++j) x[j] = (j % 50) * 0.04f - 1.0f;  // in [-1, 0.96]
+  // Largest magnitude, positive: it maps to -127, so d is negative. 127/64 makes iscale = -64
+  // exactly, so the products below are exact and the ties are real ties.
+  x[77] = 127.0f / 64.0f;
+  x[78] = 0.5f;           // -32 exactly
+  x[79] = 2.5f / 64.0f;   // -2.5 -> ties to even: -2
+  x[80] = 3.5f / 64.0f;   // -3.5 -> ties to even: -4
+  Q8_K b;
+  kernels_scalar().quantize_act[tid(TensorType::Q8_K)](x.data(), &b, 256);
+  float d;
+  std::memcpy(&d, b.d, 4);
+  EXPECT_EQ(d, -1.0f / 64.0f);
+  EXPECT_EQ(b.qs[77], -127);
+  EXPECT_EQ(b.qs[78], -32);
+  EXPECT_EQ(b.qs[79], -2);
+  EXPECT_EQ(b.qs[80], -4);
+  for (int g = 0; g < 16; ++g) {
+    int sum = 0;
+    for (int l = 0; l < 16; ++l) sum += b.qs[16 * g + l];
+    int16_t bs;
+    std::memcpy(&bs, b.bsums + 2 * g, 2);
+    EXPECT_EQ(bs, sum) << g;
+  }
+  std::vector<float> zeros(256, 0.0f);
+  kernels_scalar().quantize_act[tid(TensorType::Q8_K)](zeros.data(), &b, 256);
+  std::memcpy(&d, b.d, 4);
+  EXPECT_EQ(d, 0.0f);
+  for (int j = 0; j < 256; ++j) ASSERT_EQ(b.qs[j], 0);
+}
+
+TEST(QuantKnownVectors, DotOfHandBuiltQ4_0) {
+  // w = d*(code-8) with d = 0.5; a = Q8_0 with d = 1 and codes 1 -> dot = 0.5 * sum(code-8).
+  Q4_0 w;
+  put_fp16(w.d, 0.5f);
+  for (int j = 0; j < 16; ++j) w.qs[j] = static_cast<uint8_t>(j | (15 << 4));
+  Q8_0 a;
+  put_fp16(a.d, 1.0f);
+  for (int j = 0; j < 32; ++j) a.qs[j] = static_cast<int8_t>(j < 16 ? 1 : 2);
+  float out = 0;
+  kernels_scalar().vec_dot[tid(TensorType::Q4_0)](32, &out, &w, &a);
+  // low half: sum_{j<16} (j-8) = -8; high half: 16 * (15-8) * 2 = 224 -> 0.5 * 216 = 108
+  EXPECT_EQ(out, 108.0f);
+}
+
+// ---- random operands --------------------------------------------------------------------------
+
+// Offsets of fp16 scale fields inside one block, so random bytes can be given sane scales.
+std::vector<int> fp16_field_offsets(TensorType t) {
+  switch (t) {
+    case TensorType::Q4_0: case TensorType::Q5_0: case TensorType::Q8_0: return {0};
+    case TensorType::Q4_1: case TensorType::Q5_1: return {0, 2};
+    case TensorType::Q2_K: return {80, 82};
+    case TensorType::Q3_K: return {108};
+    case TensorType::Q4_K: case TensorType::Q5_K: return {0, 2};
+    case TensorType::Q6_K: return {208};
+    default: return {};
+  }
+}
+
+std::vector<uint8_t> random_weights(TensorType t, int64_t n, std::mt19937& rng) {
+  std::vector<uint8_t> buf(row_bytes(t, n));
+  std::uniform_real_distribution<float> val(-1.0f, 1.0f);
+  if (t == TensorType::F32) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = val(rng);
+      std::memcpy(buf.data() + 4 * i, &v, 4);
+    }
+    return buf;
+  }
+  if (t == TensorType::F16 || t == TensorType::BF16) {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t v = t == TensorType::F16 ? fp32_to_fp16(val(rng)) : fp32_to_bf16(val(rng));
+      std::memcpy(buf.data() + 2 * i, &v, 2);
+    }
+    return buf;
+  }
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : buf) b = static_cast<uint8_t>(byte(rng));
+  const TypeInfo* info = type_info(tid(t));
+  std::uniform_real_distribution<float> scale(0.001f, 0.05f);
+  for (size_t blk = 0; blk < buf.size() / info->block_bytes; ++blk)
+    for (int off : fp16_field_offsets(t)) {
+      // Signed scales exercise the sign handling; the second field (min) of Q4_1/Q5_1 is a
+      // signed offset as well, and K-quant mins are subtracted, so either sign is valid data.
+      const float s = scale(rng) * (byte(rng) & 1 ? 1.0f : -1.0f);
+      put_fp16(buf.data() + blk * info->block_bytes + off, s);
+    }
+  return buf;
+}
+
+std::vector<float> random_activations(int64_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> val(-2.0f, 2.0f);
+  std::vector<float> x(n);
+  for (auto& v : x) v = val(rng);
+  return x;
+}
+
+std::vector<uint8_t> quantize_act(const KernelTable& k, TensorType weight, const float* x,
+                                  int64_t n) {
+  std::vector<uint8_t> a(activation_row_bytes(weight, n));
+  EXPECT_GT(a.size(), 0u);
+  k.quantize_act[tid(dot_type(weight))](x, a.data(), n);
+  return a;
+}
+
+// Sum of |w_i * a_i| in float64: the scale of the rounding error of any dot product.
+double abs_dot(const std::vector<float>& w, const std::vector<float>& a) {
+  double s = 0;
+  for (size_t i = 0; i < w.size(); ++i) s += std::fabs(static_cast<double>(w[i]) * a[i]);
+  return s;
+}
+
+std::vector<int64_t> test_lengths(TensorType t) {
+  const int64_t bs = type_info(tid(t))->block_size;
+  if (bs == 1) return {1, 7, 8, 15, 16, 31, 32, 33, 64, 100, 127, 128, 255, 1000, 4096};
+  return {bs, 2 * bs, 3 * bs, 5 * bs, 8 * bs, 13 * bs, 32 * bs};
+}
+
+// ---- (a) scalar dot products against float64 ------------------------------------------------
+
+TEST(QuantKernelsScalar, DotMatchesFloat64OfDequantized) {
+  std::mt19937 rng(1234);
+  const KernelTable& k = kernels_scalar();
+  for (TensorType t : kWeightTypes) {
+    for (int64_t n : test_lengths(t)) {
+      SCOPED_TRACE(std::string(type_name(t)) + " n=" + std::to_string(n));
+      auto w = random_weights(t, n, rng);
+      auto x = random_activations(n, rng);
+      auto a = quantize_act(k, t, x.data(), n);
+      auto wf = dequant(k, t, w.data(), n);
+      auto af = dequant(k, dot_type(t), a.data(), n);
+      double ref = 0;
+      for (int64_t i = 0; i < n; ++i) ref += static_cast<double>(wf[i]) * af[i];
+      // Tolerance: dequantized values carry ~1-3 float roundings each (d*scale, *code, -min),
+      // and the kernel rounds once per block product plus once per accumulation. With at most
+      // 4096 terms accumulated sequentially the float32 bound is ~n*2^-24 relative to
+      // sum|w*a|; blocks amortize that to (blocks + few) * 2^-24. 2e-5 covers 4096 floats
+      // accumulated naively (4096 * 6e-8 = 2.4e-4 worst case, ~sqrt(n)*6e-8 in practice) only
+      // for the quantized types, so the float types get the n-proportional bound.
+      const double S = abs_dot(wf, af);
+      const int64_t terms = n / type_info(tid(t))->block_size;
+      double tol = (terms + 8) * 1.2e-7 * S + 1e-30;
+      if (t == TensorType::Q4_1 || t == TensorType::Q5_1) {
+        // The min term uses the activation's stored s = fp16(d*sum(q)) instead of d*sum(q):
+        // one fp16 rounding (2^-11 relative, or 2^-25 absolute when subnormal) per block.
+        const Q8_1* ab = reinterpret_cast<const Q8_1*>(a.data());
+        const size_t wb = type_info(tid(t))->block_bytes;
+        for (int64_t blk = 0; blk < n / 32; ++blk) {
+          uint16_t m, s;
+          std::memcpy(&m, w.data() + blk * wb + 2, 2);
+          std::memcpy(&s, ab[blk].s, 2);
+          tol += std::fabs(fp16_to_fp32(m)) * (std::fabs(fp16_to_fp32(s)) * 0x1p-11 + 0x1p-25);
+        }
+      }
+      float out = 0;
+      k.vec_dot[tid(t)](n, &out, w.data(), a.data());
+      EXPECT_NEAR(out, ref, tol) << "S=" << S;
+    }
+  }
+}
+
+// A wrong kernel must be caught: corrupting one weight byte changes the result.
+TEST(QuantKernelsScalar, DotIsSensitiveToEveryBlock) {
+  std::mt19937 rng(99);
+  const KernelTable& k = kernels_scalar();
+  for (TensorType t : {TensorType::Q4_0, TensorType::Q4_K, TensorType::Q6_K}) {
+    const int64_t n = 4 * type_info(tid(t))->block_size;
+    auto w = random_weights(t, n, rng);
+    auto x = random_activations(n, rng);
+    auto a = quantize_act(k, t, x.data(), n);
+    float before = 0, after = 0;
+    k.vec_dot[tid(t)](n, &before, w.data(), a.data());
+    w[w.size() - 20] ^= 0x11;  // a quant byte of the last block
+    k.vec_dot[tid(t)](n, &after, w.data(), a.data());
+    EXPECT_NE(before, after) << type_name(t);
+  }
+}
+
+// ---- (b) SIMD tables against the scalar reference -------------------------------------------
+
+std::vector<const KernelTable*> simd_tables() {
+  std::vector<const KernelTable*> v;
+  if (const KernelTable* t = kernels_avx2()) v.push_back(t);
+  if (const KernelTable* t = kernels_avx512()) v.push_back(t);
+  return v;
+}
+
+TEST(QuantKernelsSimd, TablesAreCompleteWhereScalarIs) {
+  const KernelTable& s = kernels_scalar();
+  for (const KernelTable* t : simd_tables()) {
+    for (uint32_t i = 0; i < kTensorTypeIdLimit; ++i) {
+      EXPECT_EQ(t->dequant[i] != nullptr, s.dequant[i] != nullptr) << t->isa << " " << i;
+      EXPECT_EQ(t->quantize_act[i] != nullptr, s.quantize_act[i] != nullptr) << t->isa << " " << i;
+      EXPECT_EQ(t->vec_dot[i] != nullptr, s.vec_dot[i] != nullptr) << t->isa << " " << i;
+    }
+  }
+  const KernelTable& best = kernels_best();
+  EXPECT_NE(best.vec_dot[tid(TensorType::Q4_K)], nullptr);
+  std::printf("kernels_best: %s; SIMD tables on this CPU: %zu\n", best.isa, simd_tables().size());
+}
+
+TEST(QuantKernelsSimd, DotMatchesScalar) {
+  const KernelTable& ref = kernels_scalar();
+  for (const KernelTable* k : simd_tables()) {
+    std::mt19937 rng(42);
+    for (TensorType t : kWeightTypes) {
+      for (int64_t n : test_lengths(t)) {
+        SCOPED_TRACE(std::string(k->isa) + " " + type_name(t) + " n=" + std::to_string(n));
+        auto w = random_weights(t, n, rng);
+        auto x = random_activations(n, rng);
+        auto a = quantize_act(ref, t, x.data(), n);
+        float expect = 0, got = 0;
+        ref.vec_dot[tid(t)](n, &expect, w.data(), a.data());
+        k->vec_dot[tid(t)](n, &got, w.data(), a.data());
+        // Integer sums are exact in both; only the order of float accumulation differs
+        // (per-lane partial sums vs sequential): a few roundings of 2^-24 per term, bounded
+        // by 1e-5 of sum|w*a| for these lengths.
+        const double S = abs_dot(dequant(ref, t, w.data(), n), dequant(ref, dot_type(t), a.data(), n));
+        EXPECT_NEAR(got, expect, 1e-5 * S + 1e-30);
+      }
+    }
+  }
+}
+
+// Unaligned rows: GGUF rows start at any even offset, activations anywhere in a buffer.
+TEST(QuantKernelsSimd, DotOnUnalignedRows) {
+  const KernelTable& ref = kernels_scalar();
+  for (const KernelTable* k : simd_tables()) {
+    std::mt19937 rng(7);
+    for (TensorType t : kWeightTypes) {
+      const int64_t n = 5 * type_info(tid(t))->block_size * (type_info(tid(t))->block_size == 1 ? 37 : 1);
+      auto w = random_weights(t, n, rng);
+      auto x = random_activations(n, rng);
+      auto a = quantize_act(ref, t, x.data(), n);
+      std::vector<uint8_t> wbuf(w.size() + 3), abuf(a.size() + 5);
+      std::memcpy(wbuf.data() + 2, w.data(), w.size());
+      std::memcpy(abuf.data() + 4, a.data(), a.size());  // Q8_K needs 4-byte alignment only for speed
+      float expect = 0, got = 0;
+      ref.vec_dot[tid(t)](n, &expect, w.data(), a.data());
+      k->vec_dot[tid(t)](n, &got, wbuf.data() + 2, abuf.data() + 4);
+      const double S = abs_dot(dequant(ref, t, w.data(), n), dequant(ref, dot_type(t), a.data(), n));
+      EXPECT_NEAR(got, expect, 1e-5 * S + 1e-30) << k->isa << " " << type_name(t);
+      if (type_info(tid(t))->block_size > 1) {
+        // Odd offsets too for the byte-only layouts.
+        std::vector<uint8_t> odd(w.size() + 1);
+        std::memcpy(odd.data() + 1, w.data(), w.size());
+        k->vec_dot[tid(t)](n, &got, odd.data() + 1, a.data());
+        EXPECT_NEAR(got, expect, 1e-5 * S + 1e-30) << k->isa << " odd " << type_name(t);
+      }
+    }
+  }
+}
+
+TEST(QuantKernelsSimd, DequantMatchesScalar) {
+  const KernelTable& ref = kernels_scalar();
+  for (const KernelTable* k : simd_tables()) {
+    std::mt19937 rng(5);
+    for (TensorType t : kWeightTypes) {
+      for (int64_t n : test_lengths(t)) {
+        SCOPED_TRACE(std::string(k->isa) + " " + type_name(t) + " n=" + std::to_string(n));
+        auto w = random_weights(t, n, rng);
+        auto expect = dequant(ref, t, w.data(), n);
+        auto got = dequant(*k, t, w.data(), n);
+        // Same float operations in the same order (no FMA contraction of d*q - m), so exact.
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], expect[i]) << i;
+      }
+    }
+  }
+}
+
+TEST(QuantKernelsSimd, ActivationQuantizersMatchScalarBitExactly) {
+  const KernelTable& ref = kernels_scalar();
+  for (const KernelTable* k : simd_tables()) {
+    std::mt19937 rng(11);
+    for (TensorType dt : {TensorType::F32, TensorType::Q8_0, TensorType::Q8_1, TensorType::Q8_K}) {
+      for (int64_t blocks : {1, 2, 3, 9}) {
+        const int64_t n = blocks * (dt == TensorType::Q8_K ? 256 : 32);
+        SCOPED_TRACE(std::string(k->isa) + " " + type_name(dt) + " n=" + std::to_string(n));
+        auto x = random_activations(n, rng);
+        // Exact ties in every block: with amax 127 (Q8_0/1) the scale is 1, so x.5 is a tie;
+        // the SIMD rounding must reproduce roundf (away from zero) / nearbyint (to even).
+        for (int64_t b = 0; b < n / 32; ++b) {
+          x[32 * b] = 127.0f;
+          x[32 * b + 1] = 2.5f;
+          x[32 * b + 2] = -3.5f;
+          x[32 * b + 3] = 0.5f;
+        }
+        if (blocks == 9) std::fill(x.begin(), x.begin() + 32 * (dt == TensorType::Q8_K ? 8 : 1), 0.0f);
+        std::vector<uint8_t> expect(row_bytes(dt, n)), got(row_bytes(dt, n));
+        ref.quantize_act[tid(dt)](x.data(), expect.data(), n);
+        k->quantize_act[tid(dt)](x.data(), got.data(), n);
+        EXPECT_EQ(0, std::memcmp(expect.data(), got.data(), expect.size()));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moelite::cpu
