@@ -64,13 +64,10 @@ def quantize_activations(x, wtype):
     replace the weight-min contribution by m * s exactly as ggml."""
     x32 = np.asarray(x, np.float32)
     T, n = x32.shape
-    if wtype == Q.F32:
+    if wtype in (Q.F32, Q.F16, Q.BF16):
+        # moelite keeps float activations for float weights (ggml would round them to the
+        # weight's type; moelite's choice is the more exact one, documented in backends/cpu/quant.h).
         return np.asarray(x, np.float64), None
-    if wtype == Q.F16:
-        return x32.astype(np.float16).astype(np.float64), None
-    if wtype == Q.BF16:
-        b = Q.bf16_bits(x32).astype(np.uint32) << 16
-        return b.view(np.float32).reshape(T, n).astype(np.float64), None
     if wtype in (Q.Q4_0, Q.Q5_0, Q.Q8_0):
         d16, q, _ = Q.q8_0_blocks(x32)
         xd = q.astype(np.float64) * d16.astype(np.float64)[:, None]

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages moelite needs to build (and, with --test, to run its tests).
+# Packages already present are skipped, so this is cheap to run every time.
+set -euo pipefail
+pkgs=(g++ cmake ninja-build pkg-config)
+if [[ "${1:-}" == "--test" ]]; then
+  pkgs+=(libgtest-dev python3-numpy python3-pytest)
+fi
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  [[ $(id -u) -eq 0 ]] || SUDO="sudo"
+  echo "installing: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The main job: install, build, and run the shipped default model (facts + speed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/install_deps.sh
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOELITE_TESTS=OFF >/dev/null
+cmake --build build
+MODEL=${MODEL:-models/moelite-tiny-qwen3moe-Q8_0.gguf}
+./build/bin/moelite info -m "$MODEL"
+./build/bin/moelite bench -m "$MODEL" -p 64 -n 32
