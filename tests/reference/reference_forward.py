@@ -27,7 +27,7 @@ with a quantized weight (the vec_dot_type of the weight type):
   K-quants -> Q8_K (quantize_row_q8_K_ref): per 256 block, max = the element of largest
       |x| (first one), iscale = -127/max (fp32), q = min(127, nearest_int(iscale*x)) with
       nearest_int rounding half to even, d = 1/iscale (fp32, not fp16).
-  F16 weights -> activations rounded to fp16; BF16 weights -> to bf16 (round nearest even).
+  F32/F16/BF16 weights -> activations stay float (moelite's choice; ggml would round them).
   F32 weights (norms, biases, routers) -> unchanged.
 Token embedding lookup (get_rows), router, norms and attention stay in float.
 """

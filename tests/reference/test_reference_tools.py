@@ -413,14 +413,15 @@ def test_per_expert_layout_equals_stacked():
 
 
 def test_quantize_activations_close_to_float():
-    for qt in ("Q4_1", "Q4_K", "F16"):
+    for qt in ("Q4_1", "Q4_K"):
         p = _model("olmoe", qt)
         lf = RF.ReferenceModel(p).forward(TOK_A)
         lq = RF.ReferenceModel(p, quantize_acts=True).forward(TOK_A)
         err = np.abs(lf - lq).max() / np.abs(lf).max()
         assert 0 < err < 0.1, (qt, err)
-    p = _model("olmoe", "F32")
-    assert np.array_equal(RF.ReferenceModel(p).forward(TOK_A), RF.ReferenceModel(p, True).forward(TOK_A))
+    for qt in ("F32", "F16"):  # float weights keep float activations (no emulation needed)
+        p = _model("olmoe", qt)
+        assert np.array_equal(RF.ReferenceModel(p).forward(TOK_A), RF.ReferenceModel(p, True).forward(TOK_A))
 
 
 def test_q8_1_min_term_uses_s():
