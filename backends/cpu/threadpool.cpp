@@ -76,7 +76,15 @@ void ThreadPool::parallel_for(int64_t n_tasks, const TaskFn& fn) {
   }
   cv_.notify_all();
   run_tasks(0);
-  while (active_.load(std::memory_order_acquire) != 0) MOELITE_CPU_RELAX();
+  // A worker that was preempted (more runnable threads than cores) can take a whole scheduler
+  // time slice to finish; after a short spin, yield the core to it instead of burning it.
+  for (int spin = 0; active_.load(std::memory_order_acquire) != 0; ++spin) {
+    if (spin < 2000) {
+      MOELITE_CPU_RELAX();
+    } else {
+      std::this_thread::yield();
+    }
+  }
   fn_ = nullptr;
 }
 

@@ -36,6 +36,9 @@ bool parse_tokens(const std::string& text, std::vector<int32_t>* out, std::strin
 
 std::string json_escape(const std::string& s);
 
+// Best-of-5 read bandwidth in GB/s streaming `bytes` with `threads` threads (membw.cpp).
+double measure_read_bandwidth(int threads, size_t bytes);
+
 int cmd_info(int argc, char** argv);
 int cmd_logits(int argc, char** argv);
 int cmd_bench(int argc, char** argv);

@@ -34,7 +34,7 @@ uint64_t peak_rss_bytes() {
 int cmd_bench(int argc, char** argv) {
   Args args;
   std::string err;
-  if (!args.parse(argc, argv, {"--json", "--no-mmap", "--no-warmup"}, &err)) return usage_error(err);
+  if (!args.parse(argc, argv, {"--json", "--no-mmap", "--no-warmup", "--no-membw"}, &err)) return usage_error(err);
   int64_t n_prompt, n_gen, reps, seed;
   if (!args.get_int("-p", 128, &n_prompt, &err) || !args.get_int("-n", 32, &n_gen, &err) ||
       !args.get_int("-r", 1, &reps, &err) || !args.get_int("--seed", 42, &seed, &err))
@@ -84,16 +84,24 @@ int cmd_bench(int argc, char** argv) {
   const int64_t active = moelite_model_get(model, MOELITE_MODEL_ACTIVE_BYTES);
   const double decode_gbs = decode_tps * static_cast<double>(active) / 1e9;
   const std::string path = args.has("-m") ? args.get("-m") : args.get("--model");
+  // The decode bound: active weight bytes per token over the measured DRAM read bandwidth with
+  // the same number of threads.
+  const uint64_t peak_rss = peak_rss_bytes();  // before the bandwidth probe allocates its buffer
+  const int threads = static_cast<int>(moelite_model_get(model, MOELITE_MODEL_THREADS));
+  const double dram_gbs = args.has("--no-membw") ? 0.0 : measure_read_bandwidth(threads, size_t{1} << 30);
+  const double bound_tps = dram_gbs > 0 ? dram_gbs * 1e9 / static_cast<double>(active) : 0.0;
+  const double efficiency = bound_tps > 0 ? decode_tps / bound_tps : 0.0;
   if (args.has("--json")) {
     printf("{\"model\": \"%s\", \"arch\": \"%s\", \"expert_type\": \"%s\", \"backend\": \"%s\", \"threads\": %" PRId64
            ", \"n_prompt\": %" PRId64 ", \"n_gen\": %" PRId64 ", \"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f"
            ", \"decode_ms_per_token\": %.3f, \"active_bytes_per_token\": %" PRId64 ", \"decode_weight_gb_s\": %.3f"
+           ", \"dram_read_gb_s\": %.2f, \"decode_bound_tok_s\": %.3f, \"decode_fraction_of_bound\": %.3f"
            ", \"expert_bytes\": %" PRId64 ", \"dense_bytes\": %" PRId64 ", \"peak_rss_bytes\": %" PRIu64 "}\n",
            json_escape(path).c_str(), moelite_model_arch(model), moelite_model_expert_type(model),
            json_escape(moelite_model_backend_name(model)).c_str(), moelite_model_get(model, MOELITE_MODEL_THREADS),
            n_prompt, n_gen, prefill_tps, decode_tps, n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, active,
-           decode_gbs, moelite_model_get(model, MOELITE_MODEL_EXPERT_BYTES),
-           moelite_model_get(model, MOELITE_MODEL_DENSE_BYTES), peak_rss_bytes());
+           decode_gbs, dram_gbs, bound_tps, efficiency, moelite_model_get(model, MOELITE_MODEL_EXPERT_BYTES),
+           moelite_model_get(model, MOELITE_MODEL_DENSE_BYTES), peak_rss);
   } else {
     printf("model     %s (%s, experts %s)\nbackend   %s, %" PRId64 " threads\n", path.c_str(), moelite_model_arch(model),
            moelite_model_expert_type(model), moelite_model_backend_name(model),
@@ -101,7 +109,10 @@ int cmd_bench(int argc, char** argv) {
     printf("prefill   %" PRId64 " tokens: %.2f tok/s\n", n_prompt, prefill_tps);
     printf("decode    %" PRId64 " tokens: %.2f tok/s (%.2f ms/token, %.2f GB/s of weights)\n", n_gen, decode_tps,
            n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, decode_gbs);
-    printf("peak RSS  %.1f MiB\n", peak_rss_bytes() / 1048576.0);
+    if (dram_gbs > 0)
+      printf("bound     %.2f tok/s at %.1f GB/s DRAM read (%.1f MB/token): decode at %.0f%% of it\n", bound_tps,
+             dram_gbs, active / 1e6, 100.0 * efficiency);
+    printf("peak RSS  %.1f MiB\n", peak_rss / 1048576.0);
   }
   moelite_context_free(ctx);
   moelite_model_free(model);
