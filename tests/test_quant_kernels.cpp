@@ -623,9 +623,11 @@ TEST(QuantKernelsSimd, ActivationQuantizersMatchScalarBitExactly) {
         // the SIMD rounding must reproduce roundf (away from zero) / nearbyint (to even).
         for (int64_t b = 0; b < n / 32; ++b) {
           x[32 * b] = 127.0f;
-          x[32 * b + 1] = 2.5f;
-          x[32 * b + 2] = -3.5f;
-          x[32 * b + 3] = 0.5f;
+          for (int k = 0; k < 4; ++k) {  // one tie of each kind in every group of 8
+            x[32 * b + 8 * k + 1] = 2.5f;
+            x[32 * b + 8 * k + 2] = -3.5f;
+            x[32 * b + 8 * k + 3] = 0.5f;
+          }
         }
         if (blocks == 9) std::fill(x.begin(), x.begin() + 32 * (dt == TensorType::Q8_K ? 8 : 1), 0.0f);
         std::vector<uint8_t> expect(row_bytes(dt, n)), got(row_bytes(dt, n));
