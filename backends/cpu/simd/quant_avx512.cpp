@@ -9,6 +9,13 @@
 // file, activation int8s are in [-127, 127].
 #include <immintrin.h>
 
+// GCC 12's AVX-512 headers build "undefined" vectors as `__m512i __Y = __Y;`, which its own
+// -Wuninitialized then reports at every inlined use (GCC bug 105593, fixed in GCC 13).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 #include <cstring>
 
 #include "backends/cpu/quant.h"
@@ -32,7 +39,7 @@ inline float f32(const uint8_t p[4]) {
 inline __m512i load512(const void* p) { return _mm512_loadu_si512(p); }
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
-inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1); }
 inline __m512 join_scales(float lo, float hi) {
   return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1);
 }
@@ -152,7 +159,7 @@ void dot_q45_k(int64_t n, float* out, const void* w, const void* a) {
     const __m128i pm = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs_pairs);
     acc_m = _mm_fmadd_ps(_mm_set1_ps(fp16(x[i].dmin) * da), _mm_cvtepi32_ps(pm), acc_m);
 
-    const __m512i sc = _mm512_castsi256_si512(sm);  // lanes 0..7: the 8 scales
+    const __m512i sc = _mm512_zextsi256_si512(sm);  // lanes 0..7: the 8 scales
     __m512i hbits = _mm512_setzero_si512();
     if constexpr (kFive) {
       const __m256i qh = load256(x[i].qh);
@@ -198,7 +205,7 @@ void dot_q6_k(int64_t n, float* out, const void* w, const void* a) {
   __m512 acc = _mm512_setzero_ps();
   for (int64_t i = 0; i < n / kQKK; ++i) {
     const __m256i sc16 = _mm256_cvtepi8_epi16(load128(x[i].scales));
-    const __m512i sc = _mm512_castsi256_si512(sc16);
+    const __m512i sc = _mm512_zextsi256_si512(sc16);
     // Codes are stored +32: remove 32 * sum_g scale_g * bsum_g.
     const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, load256(y[i].bsums)), 5);
     __m512i sumi = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(off));
