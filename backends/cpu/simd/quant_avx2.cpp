@@ -95,7 +95,7 @@ void dot_f32(int64_t n, float* out, const void* w, const void* a) {
   const float* x = static_cast<const float*>(w);
   *out = dot_float_row(
       n, static_cast<const float*>(a), [x](int64_t i) { return _mm256_loadu_ps(x + i); },
-      [x](int64_t i) { return x[i]; });
+      [x](int64_t i) { return f32(reinterpret_cast<const uint8_t*>(x + i)); });
 }
 void dot_f16(int64_t n, float* out, const void* w, const void* a) {
   const uint8_t* x = static_cast<const uint8_t*>(w);
