@@ -141,14 +141,16 @@ inline __m512i quarters_idx(int first) {
   return join(_mm256_set_m128i(q1, q0), _mm256_set_m128i(q3, q2));
 }
 
-// Q4_K / Q5_K. 64 bytes of qs hold sub-blocks (2c, 2c+1) of chunks c and c+1: low nibbles are
-// sub-blocks [2c | 2c+2] and high nibbles [2c+1 | 2c+3] in the two 256-bit halves.
+// Q4_K / Q5_K. Each 32-byte chunk c of qs holds sub-block 2c in its low nibbles and 2c+1 in
+// its high nibbles; broadcasting the chunk to both 256-bit halves and shifting the upper half by
+// 4 gives [sb 2c | sb 2c+1], which lines up with 64 contiguous activations.
 template <bool kFive, typename Block>
 void dot_q45_k(int64_t n, float* out, const void* w, const void* a) {
   const Block* x = static_cast<const Block*>(w);
   const Q8_K* y = static_cast<const Q8_K*>(a);
   const __m512i m4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1);
-  const __m512i idx[4] = {halves_idx(0, 2), halves_idx(1, 3), halves_idx(4, 6), halves_idx(5, 7)};
+  const __m512i nibble_shift = join(_mm256_setzero_si256(), _mm256_set1_epi16(4));
+  const __m512i idx[4] = {halves_idx(0, 1), halves_idx(2, 3), halves_idx(4, 5), halves_idx(6, 7)};
   __m512 acc = _mm512_setzero_ps();
   __m128 acc_m = _mm_setzero_ps();
   for (int64_t i = 0; i < n / kQKK; ++i) {
@@ -162,31 +164,21 @@ void dot_q45_k(int64_t n, float* out, const void* w, const void* a) {
     const __m512i sc = _mm512_zextsi256_si512(sm);  // lanes 0..7: the 8 scales
     __m512i hbits = _mm512_setzero_si512();
     if constexpr (kFive) {
-      const __m256i qh = load256(x[i].qh);
-      hbits = join(qh, _mm256_srli_epi16(qh, 2));  // bit 0 of [lo | hi] = bit 2c of [sb 2c | 2c+2]
+      // [qh | qh >> 1]: bit 0 of each half is then the 5th bit of sub-block 2c resp. 2c+1.
+      hbits = _mm512_srlv_epi16(_mm512_broadcast_i64x4(load256(x[i].qh)),
+                                join(_mm256_setzero_si256(), _mm256_set1_epi16(1)));
     }
-    const __m512i a0 = load512(y[i].qs), a1 = load512(y[i].qs + 64);
-    const __m512i a2 = load512(y[i].qs + 128), a3 = load512(y[i].qs + 192);
-    // Activations regrouped to match the nibble halves: [sb 2c | 2c+2] and [sb 2c+1 | 2c+3].
-    const __m512i act[4] = {_mm512_shuffle_i64x2(a0, a1, _MM_SHUFFLE(1, 0, 1, 0)),
-                            _mm512_shuffle_i64x2(a0, a1, _MM_SHUFFLE(3, 2, 3, 2)),
-                            _mm512_shuffle_i64x2(a2, a3, _MM_SHUFFLE(1, 0, 1, 0)),
-                            _mm512_shuffle_i64x2(a2, a3, _MM_SHUFFLE(3, 2, 3, 2))};
     __m512i sumi = _mm512_setzero_si512();
-#pragma GCC unroll 2
-    for (int c = 0; c < 2; ++c) {
-      const __m512i q = load512(x[i].qs + 64 * c);
-      __m512i lo = _mm512_and_si512(q, m4);
-      __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m512i chunk = _mm512_broadcast_i64x4(load256(x[i].qs + 32 * c));
+      __m512i q = _mm512_and_si512(_mm512_srlv_epi16(chunk, nibble_shift), m4);
       if constexpr (kFive) {
-        lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(hbits, one), 4));
-        hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hbits, 1), one), 4));
-        hbits = _mm512_srli_epi16(hbits, 4);
+        q = _mm512_or_si512(q, _mm512_slli_epi16(_mm512_and_si512(hbits, one), 4));
+        hbits = _mm512_srli_epi16(hbits, 2);
       }
-      sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(lo, act[2 * c]),
-                                 _mm512_permutexvar_epi16(idx[2 * c], sc));
-      sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(hi, act[2 * c + 1]),
-                                 _mm512_permutexvar_epi16(idx[2 * c + 1], sc));
+      sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q, load512(y[i].qs + 64 * c)),
+                                 _mm512_permutexvar_epi16(idx[c], sc));
     }
     acc = _mm512_fmadd_ps(_mm512_set1_ps(fp16(x[i].d) * da), _mm512_cvtepi32_ps(sumi), acc);
   }
