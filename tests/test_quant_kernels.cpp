@@ -564,6 +564,58 @@ TEST(QuantKernelsSimd, DotMatchesScalar) {
   }
 }
 
+// Extreme codes: every quant byte 0x00, 0x7F, 0x80 or 0xFF against activations that quantize to
+// all +127 or all -127 (or -127 for the Q8_K extreme element). This is where an int16
+// saturation in maddubs, or the sign-transfer trick meeting -128, would show.
+TEST(QuantKernelsSimd, DotWithExtremeCodes) {
+  const KernelTable& ref = kernels_scalar();
+  for (const KernelTable* k : simd_tables()) {
+    for (TensorType t : kWeightTypes) {
+      if (type_info(tid(t))->block_size == 1) continue;
+      const int64_t n = 4 * type_info(tid(t))->block_size;
+      for (uint8_t fill : {0x00, 0x7F, 0x80, 0xFF}) {
+        for (float sign : {1.0f, -1.0f}) {
+          std::mt19937 rng(fill);
+          auto w = random_weights(t, n, rng);  // for the scale fields
+          const TypeInfo* info = type_info(tid(t));
+          const auto offsets = fp16_field_offsets(t);
+          for (size_t i = 0; i < w.size(); ++i) {
+            bool scale_byte = false;
+            for (int off : offsets) {
+              const size_t o = i % info->block_bytes;
+              scale_byte |= o == static_cast<size_t>(off) || o == static_cast<size_t>(off) + 1;
+            }
+            if (!scale_byte) w[i] = fill;
+          }
+          std::vector<float> x(n, sign);
+          auto a = quantize_act(ref, t, x.data(), n);
+          float expect = 0, got = 0;
+          ref.vec_dot[tid(t)](n, &expect, w.data(), a.data());
+          k->vec_dot[tid(t)](n, &got, w.data(), a.data());
+          const double S = abs_dot(dequant(ref, t, w.data(), n), dequant(ref, dot_type(t), a.data(), n));
+          EXPECT_NEAR(got, expect, 1e-5 * S + 1e-30)
+              << k->isa << " " << type_name(t) << " fill=" << int(fill) << " sign=" << sign;
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantKernelsScalar, DotTypesAndActivationSizes) {
+  EXPECT_EQ(dot_type(TensorType::F16), TensorType::F32);
+  EXPECT_EQ(dot_type(TensorType::BF16), TensorType::F32);
+  EXPECT_EQ(dot_type(TensorType::Q4_0), TensorType::Q8_0);
+  EXPECT_EQ(dot_type(TensorType::Q5_0), TensorType::Q8_0);
+  EXPECT_EQ(dot_type(TensorType::Q4_1), TensorType::Q8_1);
+  EXPECT_EQ(dot_type(TensorType::Q5_1), TensorType::Q8_1);
+  EXPECT_EQ(dot_type(TensorType::Q6_K), TensorType::Q8_K);
+  EXPECT_EQ(activation_row_bytes(TensorType::Q8_0, 64), 68u);
+  EXPECT_EQ(activation_row_bytes(TensorType::Q4_1, 64), 72u);
+  EXPECT_EQ(activation_row_bytes(TensorType::Q4_K, 512), 584u);
+  EXPECT_EQ(activation_row_bytes(TensorType::F16, 10), 40u);
+  EXPECT_EQ(activation_row_bytes(TensorType::Q4_K, 100), 0u);  // not a multiple of 256
+}
+
 // Unaligned rows: GGUF rows start at any even offset, activations anywhere in a buffer.
 TEST(QuantKernelsSimd, DotOnUnalignedRows) {
   const KernelTable& ref = kernels_scalar();
@@ -623,9 +675,11 @@ TEST(QuantKernelsSimd, ActivationQuantizersMatchScalarBitExactly) {
         // the SIMD rounding must reproduce roundf (away from zero) / nearbyint (to even).
         for (int64_t b = 0; b < n / 32; ++b) {
           x[32 * b] = 127.0f;
-          x[32 * b + 1] = 2.5f;
-          x[32 * b + 2] = -3.5f;
-          x[32 * b + 3] = 0.5f;
+          for (int k = 0; k < 4; ++k) {  // one tie of each kind in every group of 8
+            x[32 * b + 8 * k + 1] = 2.5f;
+            x[32 * b + 8 * k + 2] = -3.5f;
+            x[32 * b + 8 * k + 3] = 0.5f;
+          }
         }
         if (blocks == 9) std::fill(x.begin(), x.begin() + 32 * (dt == TensorType::Q8_K ? 8 : 1), 0.0f);
         std::vector<uint8_t> expect(row_bytes(dt, n)), got(row_bytes(dt, n));

@@ -25,6 +25,8 @@ using DequantRowFn = void (*)(const void* src, float* y, int64_t n);
 // dst = quantized(x) in a dot type (Q8_0 / Q8_1 / Q8_K; F32 is a plain copy).
 using QuantizeRowFn = void (*)(const float* x, void* dst, int64_t n);
 // *out = sum_i w[i] * a[i] over n elements; w one row in the weight type, a in its dot type.
+// Quantized activations must come from quantize_act (int8 codes in [-127, 127], consistent Q8_1
+// sums and Q8_K bsums): the SIMD kernels rely on both. Rows may start at any byte offset.
 using VecDotFn = void (*)(int64_t n, float* out, const void* w_row, const void* a_row);
 
 struct KernelTable {

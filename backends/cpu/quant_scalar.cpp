@@ -418,10 +418,15 @@ void quantize_q8_k(const float* x, void* dst, int64_t n) {
 // ---- dot products ---------------------------------------------------------------------------
 
 void dot_f32(int64_t n, float* out, const void* w, const void* a) {
-  const float* x = static_cast<const float*>(w);
+  // Weights through memcpy: a row may sit at any offset of a mapped file.
+  const uint8_t* x = static_cast<const uint8_t*>(w);
   const float* y = static_cast<const float*>(a);
   float s = 0.0f;
-  for (int64_t i = 0; i < n; ++i) s += x[i] * y[i];
+  for (int64_t i = 0; i < n; ++i) {
+    float v;
+    std::memcpy(&v, x + 4 * i, 4);
+    s += v * y[i];
+  }
   *out = s;
 }
 void dot_f16(int64_t n, float* out, const void* w, const void* a) {

@@ -1,0 +1,90 @@
+// Micro-benchmark of the vec_dot kernels: one thread, a rows x cols weight matrix times one
+// activation row (the decode matvec), reported as weight bytes streamed per second.
+// Not part of the build; compile against the static library, e.g.
+//   g++ -O2 -std=c++17 -I. tools/bench_kernels.cpp build/lib/libmoelite.a -lpthread
+// Usage: bench_kernels [rows] [cols]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backends/cpu/quant.h"
+
+using namespace moelite;
+using namespace moelite::cpu;
+
+namespace {
+
+// Random quant bytes with fp16 scales forced to sane values (random bytes can be NaN).
+std::vector<uint8_t> make_weights(TensorType t, int64_t rows, int64_t cols, std::mt19937& rng) {
+  uint64_t rb = 0;
+  type_row_bytes(t, cols, &rb);
+  std::vector<uint8_t> w(rb * rows);
+  for (auto& b : w) b = static_cast<uint8_t>(rng());
+  const TypeInfo* info = type_info(static_cast<uint32_t>(t));
+  std::vector<float> row(cols);
+  const uint16_t scale = fp32_to_fp16(0.01f);
+  int off[2] = {-1, -1};
+  switch (t) {
+    case TensorType::Q4_0: case TensorType::Q5_0: case TensorType::Q8_0: off[0] = 0; break;
+    case TensorType::Q4_1: case TensorType::Q5_1: case TensorType::Q4_K: case TensorType::Q5_K:
+      off[0] = 0; off[1] = 2; break;
+    case TensorType::Q2_K: off[0] = 80; off[1] = 82; break;
+    case TensorType::Q3_K: off[0] = 108; break;
+    case TensorType::Q6_K: off[0] = 208; break;
+    case TensorType::F32: for (size_t i = 0; i + 4 <= w.size(); i += 4) { float f = 0.5f; std::memcpy(&w[i], &f, 4); } break;
+    case TensorType::F16: case TensorType::BF16:
+      for (size_t i = 0; i + 2 <= w.size(); i += 2) std::memcpy(&w[i], &scale, 2);
+      break;
+    default: break;
+  }
+  if (info->block_size > 1)
+    for (size_t b = 0; b < w.size() / info->block_bytes; ++b)
+      for (int o : off)
+        if (o >= 0) std::memcpy(&w[b * info->block_bytes + o], &scale, 2);
+  return w;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t rows = argc > 1 ? std::atoll(argv[1]) : 2048;
+  const int64_t cols = argc > 2 ? std::atoll(argv[2]) : 2048;
+  std::mt19937 rng(1);
+  const TensorType types[] = {TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K, TensorType::Q5_K,
+                              TensorType::F16,  TensorType::F32,  TensorType::BF16, TensorType::Q4_0,
+                              TensorType::Q3_K, TensorType::Q2_K, TensorType::Q5_0, TensorType::Q4_1,
+                              TensorType::Q5_1};
+  std::vector<const KernelTable*> tables = {&kernels_scalar()};
+  if (kernels_avx2()) tables.push_back(kernels_avx2());
+  if (kernels_avx512()) tables.push_back(kernels_avx512());
+  std::vector<float> x(cols);
+  for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  std::printf("%lld x %lld, single thread, GB/s of weight bytes\n%-6s", (long long)rows, (long long)cols, "type");
+  for (auto* t : tables) std::printf("%10s", t->isa);
+  std::printf("\n");
+  for (TensorType t : types) {
+    auto w = make_weights(t, rows, cols, rng);
+    const size_t rb = w.size() / rows;
+    std::printf("%-6s", type_name(t));
+    for (const KernelTable* k : tables) {
+      std::vector<uint8_t> a(activation_row_bytes(t, cols) + 64);
+      k->quantize_act[static_cast<uint32_t>(dot_type(t))](x.data(), a.data(), cols);
+      VecDotFn dot = k->vec_dot[static_cast<uint32_t>(t)];
+      std::vector<float> out(rows);
+      double best = 1e30;
+      const int reps = k == &kernels_scalar() ? 3 : 15;
+      for (int rep = 0; rep < reps; ++rep) {
+        auto t0 = std::chrono::steady_clock::now();
+        for (int64_t r = 0; r < rows; ++r) dot(cols, &out[r], w.data() + r * rb, a.data());
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (s < best) best = s;
+      }
+      std::printf("%10.2f", w.size() / best / 1e9);
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
