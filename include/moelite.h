@@ -82,6 +82,7 @@ typedef enum moelite_status {
   MOELITE_ERR_MISSING_TENSOR = 22,    /* a tensor the architecture needs is absent */
   MOELITE_ERR_BAD_SHAPE = 23,         /* a tensor's shape disagrees with the hyperparameters */
   MOELITE_ERR_MISSING_METADATA = 24,  /* a required metadata key is absent or mistyped */
+  MOELITE_ERR_BAD_METADATA = 25,      /* a metadata value is out of range or inconsistent */
   MOELITE_ERR_BACKEND_UNAVAILABLE = 30,/* the requested compute backend is not built/present */
   MOELITE_ERR_BUDGET_TOO_SMALL = 31,  /* expert memory budget below the minimum working set */
   MOELITE_ERR_NOT_IMPLEMENTED = 32,   /* a recognised request this build cannot serve yet */

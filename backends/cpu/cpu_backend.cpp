@@ -187,8 +187,11 @@ void CpuBackend::add(Act* x, const Act& y) {
 void CpuBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) {
   const int64_t heads = x->cols / head_dim;
   float* data = rows_of(*x);
-  for (int64_t t = 0; t < x->rows; ++t)
-    for (int64_t h = 0; h < heads; ++h) rope_head(data + t * x->cols + h * head_dim, p, positions[t]);
+  std::vector<float> cos_v(static_cast<size_t>(p.n_rot / 2)), sin_v(cos_v.size());
+  for (int64_t t = 0; t < x->rows; ++t) {
+    rope_angles(p, positions[t], cos_v.data(), sin_v.data());  // once per token, shared by its heads
+    for (int64_t h = 0; h < heads; ++h) rope_apply(data + t * x->cols + h * head_dim, p, cos_v.data(), sin_v.data());
+  }
 }
 
 void CpuBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v,
@@ -210,7 +213,7 @@ void CpuBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act& 
     const int64_t t = task / n_head, h = task % n_head;
     attend_head(qd + t * q.cols + h * head_dim, k_layer, v_layer, kv_dim, (h / group) * head_dim,
                 head_dim, pos0 + static_cast<int32_t>(t) + 1, scale, attn_scores_[thread].data(),
-                od + t * out->cols + h * head_dim);
+                od + t * out->cols + h * head_dim, k_.vec_dot[static_cast<uint32_t>(TensorType::F32)]);
   });
 }
 

@@ -17,18 +17,24 @@ void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* y
   }
 }
 
-void rope_head(float* head, const RopeParams& p, int32_t pos) {
+void rope_angles(const RopeParams& p, int32_t pos, float* cos_out, float* sin_out) {
   const int32_t half = p.n_rot / 2;
   for (int32_t i = 0; i < half; ++i) {
-    // theta_i = pos * base^(-2i/n_rot); computed in double so long contexts keep precision.
+    // Computed in double so long contexts keep precision.
     const double theta = pos * std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_rot);
-    const float c = static_cast<float>(std::cos(theta));
-    const float s = static_cast<float>(std::sin(theta));
+    cos_out[i] = static_cast<float>(std::cos(theta));
+    sin_out[i] = static_cast<float>(std::sin(theta));
+  }
+}
+
+void rope_apply(float* head, const RopeParams& p, const float* cos_v, const float* sin_v) {
+  const int32_t half = p.n_rot / 2;
+  for (int32_t i = 0; i < half; ++i) {
     const int32_t a = p.style == RopeStyle::Normal ? 2 * i : i;
     const int32_t b = p.style == RopeStyle::Normal ? 2 * i + 1 : i + half;
     const float x0 = head[a], x1 = head[b];
-    head[a] = x0 * c - x1 * s;
-    head[b] = x0 * s + x1 * c;
+    head[a] = x0 * cos_v[i] - x1 * sin_v[i];
+    head[b] = x0 * sin_v[i] + x1 * cos_v[i];
   }
 }
 
@@ -60,12 +66,11 @@ void top_k(const float* p, int32_t n, int32_t k, int32_t* ids, float* weights) {
 
 void attend_head(const float* q, const float* k_cache, const float* v_cache, int64_t kv_dim,
                  int64_t kv_offset, int64_t head_dim, int32_t n_pos, float scale, float* scores,
-                 float* out) {
+                 float* out, VecDotFn dot_f32) {
   float mx = -INFINITY;
   for (int32_t p = 0; p < n_pos; ++p) {
-    const float* k = k_cache + p * kv_dim + kv_offset;
-    float dot = 0.0f;
-    for (int64_t d = 0; d < head_dim; ++d) dot += q[d] * k[d];
+    float dot;
+    dot_f32(head_dim, &dot, k_cache + p * kv_dim + kv_offset, q);
     scores[p] = dot * scale;
     mx = std::max(mx, scores[p]);
   }

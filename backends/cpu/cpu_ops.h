@@ -4,14 +4,17 @@
 #include <cstdint>
 
 #include "backends/backend.h"
+#include "backends/cpu/quant.h"
 
 namespace moelite::cpu {
 
 // y = x / sqrt(mean(x^2) + eps) * w (w may be null), over n floats. Sum of squares in double.
 void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* y);
 
-// Rotates one head in place at position `pos`.
-void rope_head(float* head, const RopeParams& p, int32_t pos);
+// cos/sin of the n_rot/2 rotation angles at position `pos` (theta_i = pos * base^(-2i/n_rot)).
+void rope_angles(const RopeParams& p, int32_t pos, float* cos_out, float* sin_out);
+// Rotates one head in place with precomputed angles.
+void rope_apply(float* head, const RopeParams& p, const float* cos_v, const float* sin_v);
 
 // Softmax over n values (max-subtracted), in place.
 void softmax_row(float* x, int64_t n);
@@ -21,9 +24,10 @@ void top_k(const float* p, int32_t n, int32_t k, int32_t* ids, float* weights);
 
 // Attention of one query head over positions [0, n_pos) of a cache laid out as
 // [position][kv_dim] with this head's kv slice at column `kv_offset`. `scores` has n_pos floats.
+// `dot` is an F32 dot-product kernel (the scalar table's for the reference, a SIMD one for speed).
 void attend_head(const float* q, const float* k_cache, const float* v_cache, int64_t kv_dim,
                  int64_t kv_offset, int64_t head_dim, int32_t n_pos, float scale, float* scores,
-                 float* out);
+                 float* out, VecDotFn dot);
 
 inline float silu(float x) { return x / (1.0f + __builtin_expf(-x)); }
 inline float sigmoid(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }

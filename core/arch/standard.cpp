@@ -22,7 +22,7 @@ Status required_int(const gguf::Reader& g, const std::string& arch, const char* 
   if (!g.get_int(key, &v))
     return fail(MOELITE_ERR_MISSING_METADATA, "metadata key '%s' must be an integer", key.c_str());
   if (v < lo || v > hi)
-    return fail(MOELITE_ERR_MISSING_METADATA, "metadata key '%s' = %" PRId64 " is outside [%" PRId64 ", %" PRId64 "]",
+    return fail(MOELITE_ERR_BAD_METADATA, "metadata key '%s' = %" PRId64 " is outside [%" PRId64 ", %" PRId64 "]",
                 key.c_str(), v, lo, hi);
   *out = static_cast<int32_t>(v);
   return MOELITE_OK;
@@ -58,16 +58,16 @@ Status standard_read_hparams(const gguf::Reader& g, const ArchDescriptor& arch, 
   MOELITE_TRY(required_int(g, a, "attention.head_count", 1, 4096, &hp->n_head));
   MOELITE_TRY(optional_int(g, a, "attention.head_count_kv", 1, 4096, hp->n_head, &hp->n_head_kv));
   if (hp->n_head % hp->n_head_kv != 0)
-    return fail(MOELITE_ERR_MISSING_METADATA, "head_count %d is not a multiple of head_count_kv %d",
+    return fail(MOELITE_ERR_BAD_METADATA, "head_count %d is not a multiple of head_count_kv %d",
                 hp->n_head, hp->n_head_kv);
   if (hp->n_embd % hp->n_head != 0 && !g.find(a + ".attention.key_length"))
-    return fail(MOELITE_ERR_MISSING_METADATA, "embedding_length %d is not a multiple of head_count %d and "
+    return fail(MOELITE_ERR_BAD_METADATA, "embedding_length %d is not a multiple of head_count %d and "
                 "attention.key_length is absent", hp->n_embd, hp->n_head);
   MOELITE_TRY(optional_int(g, a, "attention.key_length", 1, 65536, hp->n_embd / hp->n_head, &hp->head_dim));
   MOELITE_TRY(optional_int(g, a, "attention.value_length", 1, 65536, hp->head_dim, &hp->head_dim_v));
   MOELITE_TRY(optional_int(g, a, "rope.dimension_count", 2, hp->head_dim, hp->head_dim, &hp->n_rot));
   if (hp->n_rot % 2 != 0)
-    return fail(MOELITE_ERR_MISSING_METADATA, "rope.dimension_count %d must be even", hp->n_rot);
+    return fail(MOELITE_ERR_BAD_METADATA, "rope.dimension_count %d must be even", hp->n_rot);
   MOELITE_TRY(optional_int(g, a, "context_length", 1, 1 << 24, 4096, &hp->n_ctx_train));
   MOELITE_TRY(required_int(g, a, "expert_count", 1, 65536, &hp->n_expert));
   MOELITE_TRY(required_int(g, a, "expert_used_count", 1, hp->n_expert, &hp->n_expert_used));

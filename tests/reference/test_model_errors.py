@@ -1,0 +1,169 @@
+"""Bad model files reach the user as a specific status and message through the C API (here via
+`moelite info`, which prints `moelite: error: loading PATH: STATUS: message`), never as a crash.
+
+Each case starts from a valid generated model and changes one thing: the expected status is the one
+the API documents for that defect (include/moelite.h).
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tools", "gguf"))
+from moelite_gguf import quants as Q  # noqa: E402
+from moelite_gguf.reader import GGUFReader  # noqa: E402
+from moelite_gguf.writer import GGUFWriter  # noqa: E402
+
+PY = sys.executable
+MAKE = os.path.join(ROOT, "tools", "make_tiny_model.py")
+BIN = os.environ.get("MOELITE_BIN", os.path.join(ROOT, "build", "bin", "moelite"))
+TMP = os.path.join(os.environ.get("MOELITE_TEST_TMP", "/tmp/moelite-ref-tests"), "errors")
+
+
+@pytest.fixture(scope="module")
+def base_model():
+    os.makedirs(TMP, exist_ok=True)
+    path = os.path.join(TMP, "base-qwen2moe-Q4_K.gguf")
+    subprocess.run([PY, MAKE, "--arch", "qwen2moe", "--type", "Q4_K", "--seed", "5", "--out", path, "--quiet"],
+                   check=True)
+    return path
+
+
+def rewrite(src, dst, drop_keys=(), set_keys=None, drop_tensors=(), retype=None, reshape=None):
+    """Copies a GGUF through the independent reader/writer with the given edits."""
+    r = GGUFReader(src)
+    w = GGUFWriter(dst)
+    for key, value in r.metadata.items():
+        if key in drop_keys or (set_keys and key in set_keys):
+            continue
+        vtype, elem = r.value_types[key]
+        if vtype == 9:
+            w.add_array(key, value, elem)
+        else:
+            w.add(key, value, vtype)
+    for key, (value, vtype) in (set_keys or {}).items():
+        w.add(key, value, vtype)
+    for name, t in r.tensors.items():
+        if name in drop_tensors:
+            continue
+        ne, ttype, raw = list(t["ne"]), t["type"], bytes(r.raw(name))
+        if reshape and name in reshape:
+            ne = reshape[name]
+            raw = raw[:Q.nbytes(ttype, int(np.prod(ne)))]
+        if retype and name in retype:
+            ttype, nb = retype[name]
+            raw = raw[:nb]
+        w.add_tensor(name, ne, ttype, raw)
+    w.write()
+    return dst
+
+
+def load_error(path):
+    r = subprocess.run([BIN, "info", "-m", path], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, "expected a load failure, got rc=%d\n%s%s" % (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and "Sanitizer" not in r.stderr
+    return r.stderr
+
+
+def out(name):
+    return os.path.join(TMP, name + ".gguf")
+
+
+def test_base_model_loads(base_model):
+    r = subprocess.run([BIN, "info", "-m", base_model], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_missing_file():
+    err = load_error(os.path.join(TMP, "does-not-exist.gguf"))
+    assert "MOELITE_ERR_FILE_NOT_FOUND" in err and "does-not-exist.gguf" in err
+
+
+def test_not_a_gguf():
+    p = os.path.join(TMP, "text.gguf")
+    open(p, "w").write("this is not a model\n")
+    assert "MOELITE_ERR_GGUF_BAD_MAGIC" in load_error(p)
+
+
+@pytest.mark.parametrize("keep", [0.999, 0.5, 0.01])
+def test_truncated_model(base_model, keep):
+    p = out("truncated-%g" % keep)
+    data = open(base_model, "rb").read()
+    open(p, "wb").write(data[:int(len(data) * keep)])
+    err = load_error(p)
+    assert "MOELITE_ERR_GGUF_TRUNCATED" in err or "MOELITE_ERR_GGUF_OUT_OF_BOUNDS" in err
+
+
+def test_unsupported_arch(base_model):
+    p = rewrite(base_model, out("arch"), set_keys={"general.architecture": ("gptx", 8)})
+    err = load_error(p)
+    assert "MOELITE_ERR_UNSUPPORTED_ARCH" in err and "gptx" in err and "qwen3moe" in err
+
+
+def test_dense_llama_is_rejected(base_model):
+    r = GGUFReader(base_model)
+    keys = {k: (v, r.value_types[k][0]) for k, v in r.metadata.items()
+            if k.startswith("qwen2moe.") and r.value_types[k][0] != 9 and "expert" not in k}
+    renamed = {"llama." + k[len("qwen2moe."):]: v for k, v in keys.items()}
+    renamed["general.architecture"] = ("llama", 8)
+    p = rewrite(base_model, out("dense-llama"), drop_keys=[k for k in r.metadata if k.startswith("qwen2moe.")],
+                set_keys=renamed)
+    err = load_error(p)
+    assert "MOELITE_ERR_UNSUPPORTED_ARCH" in err and "expert" in err
+
+
+def test_missing_tensor(base_model):
+    p = rewrite(base_model, out("missing-tensor"), drop_tensors=["blk.1.ffn_up_exps.weight"])
+    err = load_error(p)
+    assert "MOELITE_ERR_MISSING_TENSOR" in err and "blk.1.ffn_up_exps.weight" in err
+
+
+def test_wrong_shape(base_model):
+    r = GGUFReader(base_model)
+    ne = list(r.tensors["blk.0.attn_q.weight"]["ne"])
+    p = rewrite(base_model, out("bad-shape"), reshape={"blk.0.attn_q.weight": [ne[0], ne[1] // 2]})
+    err = load_error(p)
+    assert "MOELITE_ERR_BAD_SHAPE" in err and "blk.0.attn_q.weight" in err
+
+
+def test_unsupported_quant_type(base_model):
+    # IQ4_XS (type 23, 136 bytes per 256 values) is a valid GGUF type moelite has no kernels for.
+    Q.BLOCK.setdefault(23, (256, 136))
+    Q.TYPE_NAMES.setdefault(23, "IQ4_XS")
+    r = GGUFReader(base_model)
+    ne = r.tensors["blk.0.ffn_gate_exps.weight"]["ne"]
+    nb = int(np.prod(ne)) // 256 * 136
+    p = rewrite(base_model, out("iq4xs"), retype={"blk.0.ffn_gate_exps.weight": (23, nb)})
+    err = load_error(p)
+    assert "MOELITE_ERR_UNSUPPORTED_TYPE" in err and "IQ4_XS" in err
+
+
+@pytest.mark.parametrize("key", ["qwen2moe.block_count", "qwen2moe.expert_count",
+                                 "qwen2moe.attention.layer_norm_rms_epsilon"])
+def test_missing_metadata(base_model, key):
+    p = rewrite(base_model, out("no-" + key), drop_keys=[key])
+    err = load_error(p)
+    assert "MOELITE_ERR_MISSING_METADATA" in err and key in err
+
+
+def test_inconsistent_metadata(base_model):
+    # More experts used per token than exist.
+    p = rewrite(base_model, out("k-too-large"), set_keys={"qwen2moe.expert_used_count": (99, 4)})
+    err = load_error(p)
+    assert "MOELITE_ERR_BAD_METADATA" in err and "expert_used_count" in err
+
+
+def test_user_file_is_untouched_after_failure(base_model):
+    p = out("untouched")
+    shutil.copyfile(base_model, p)
+    data = open(p, "rb").read()
+    with open(p, "r+b") as f:  # make it unloadable: cut the last tensor short
+        f.truncate(len(data) - 100)
+    before = open(p, "rb").read()
+    load_error(p)
+    assert open(p, "rb").read() == before
