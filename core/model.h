@@ -37,6 +37,7 @@ struct HParams {
   float rms_eps = 1e-6f;
   RopeParams rope;
   bool norm_topk = false;    // renormalise the top-k router weights to sum 1
+  float expert_weights_scale = 1.0f;  // applied to the (renormalised) router weights
   QkNorm qk_norm = QkNorm::None;
 };
 

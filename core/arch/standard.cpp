@@ -80,7 +80,15 @@ Status standard_read_hparams(const gguf::Reader& g, const ArchDescriptor& arch, 
   hp->rope.style = arch.rope_style;
   hp->rope.n_rot = hp->n_rot;
   MOELITE_TRY(optional_float(g, a + ".rope.freq_base", 10000.0, &hp->rope.freq_base));
+  // The architecture fixes the renormalisation; files that state it (DeepSeek-style keys) win.
   hp->norm_topk = arch.norm_topk;
+  bool norm = hp->norm_topk;
+  if (g.find(a + ".expert_weights_norm")) {
+    if (!g.get_bool(a + ".expert_weights_norm", &norm))
+      return fail(MOELITE_ERR_MISSING_METADATA, "metadata key '%s.expert_weights_norm' must be a bool", a.c_str());
+    hp->norm_topk = norm;
+  }
+  MOELITE_TRY(optional_float(g, a + ".expert_weights_scale", 1.0, &hp->expert_weights_scale));
   hp->qk_norm = arch.qk_norm;
   g.get_string("general.name", &hp->name);
   return MOELITE_OK;
@@ -175,6 +183,8 @@ Status standard_forward_layer(Model& m, EvalState& s, int32_t l) {
   be.rms_norm(x, w.ffn_norm.data(), hp.n_embd, hp.rms_eps, &xn);
   be.matmul(w.router, xn, nullptr, &logits);
   be.route(logits, hp.n_expert_used, hp.norm_topk, &s.routing);
+  if (hp.expert_weights_scale != 1.0f)
+    for (float& w_j : s.routing.weights) w_j *= hp.expert_weights_scale;
   MOELITE_TRY(be.moe_ffn(l, xn, s.routing, m.experts.get(), &moe));
   if (w.has_shared) {
     Act shared = s.rows(s.shared_out);

@@ -103,7 +103,9 @@ class ReferenceModel:
         self.n_expert = int(md[k + "expert_count"])
         self.n_expert_used = int(md[k + "expert_used_count"])
         self.neox = arch != "llama"
-        self.renorm = arch in ("llama", "qwen3moe")
+        # Fixed per architecture, unless the file states it (DeepSeek-style keys).
+        self.renorm = bool(md.get(arch + ".expert_weights_norm", arch in ("llama", "qwen3moe")))
+        self.weights_scale = float(md.get(arch + ".expert_weights_scale", 1.0))
         self._cache = {}
 
     # ---------------------------------------------------------------- weights
@@ -208,6 +210,7 @@ class ReferenceModel:
         sel = np.take_along_axis(p, top, axis=-1)
         if self.renorm:
             sel = sel / sel.sum(axis=-1, keepdims=True)
+        sel = sel * self.weights_scale
         np.put_along_axis(wts, top, sel, axis=-1)
         return wts
 

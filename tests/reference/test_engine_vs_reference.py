@@ -36,6 +36,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tools", "gguf"))
 from moelite_gguf.reader import GGUFReader  # noqa: E402
 
+sys.path.insert(0, HERE)
+from gguf_edit import rewrite  # noqa: E402
+
 PY = sys.executable
 MAKE = os.path.join(ROOT, "tools", "make_tiny_model.py")
 REF = os.path.join(HERE, "reference_forward.py")
@@ -74,9 +77,15 @@ def make_model(name, arch, wtype, *extra):
     return path
 
 
-def engine_logits(model, tokens=TOKENS, extra=()):
+def engine_logits(model, tokens=TOKENS, extra=(), threads=2, isa=None):
     out = model + ".engine.f32"
-    run([BIN, "logits", "-m", model, "-t", "2", "--tokens", ",".join(map(str, tokens)), "--out", out, *extra])
+    env = dict(os.environ)
+    if isa:
+        env["MOELITE_ISA"] = isa
+    cmd = [BIN, "logits", "-m", model, "-t", str(threads), "--tokens", ",".join(map(str, tokens)), "--out", out,
+           *extra]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert r.returncode == 0, "%s failed (%d):\n%s" % (cmd, r.returncode, r.stderr)
     return np.fromfile(out, dtype="<f4").reshape(len(tokens), -1)
 
 
@@ -126,6 +135,33 @@ def test_layout_variants(variant):
     arch = "llama" if variant == "per-expert-tensors" else "qwen3moe"
     model = make_model("variant-" + variant, arch, "Q4_K", *extra)
     assert nmse(engine_logits(model), reference_logits(model)) < TIGHT_QUANT
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2"])
+@pytest.mark.parametrize("wtype", TYPES)
+def test_every_isa_matches_reference(isa, wtype):
+    """The end-to-end check for the kernel tables the machine would not pick by default."""
+    model = make_model("qwen3moe-" + wtype, "qwen3moe", wtype)
+    err = nmse(engine_logits(model, isa=isa), reference_logits(model))
+    assert err < tight(wtype), "%s %s: nmse %.3e" % (isa, wtype, err)
+
+
+def test_metadata_overrides_renormalisation():
+    """expert_weights_norm / expert_weights_scale in the file override the architecture default."""
+    base = make_model("olmoe-Q8_0", "olmoe", "Q8_0")
+    edited = rewrite(base, os.path.join(TMP, "olmoe-Q8_0-norm.gguf"),
+                     set_keys={"olmoe.expert_weights_norm": (True, 7), "olmoe.expert_weights_scale": (0.5, 6)})
+    ref = reference_logits(edited)
+    assert nmse(engine_logits(edited), ref) < TIGHT_QUANT
+    assert nmse(reference_logits(base), ref) > 1e-3  # the keys do change the model
+
+
+def test_thread_count_and_mmap_do_not_change_results():
+    model = make_model("qwen2moe-Q4_K", "qwen2moe", "Q4_K")
+    base = engine_logits(model, threads=2)
+    np.testing.assert_array_equal(base, engine_logits(model, threads=1))
+    np.testing.assert_array_equal(base, engine_logits(model, threads=3))
+    np.testing.assert_array_equal(base, engine_logits(model, extra=("--no-mmap",)))
 
 
 def test_batch_splitting_does_not_change_results():

@@ -17,7 +17,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tools", "gguf"))
 from moelite_gguf import quants as Q  # noqa: E402
 from moelite_gguf.reader import GGUFReader  # noqa: E402
-from moelite_gguf.writer import GGUFWriter  # noqa: E402
+
+sys.path.insert(0, HERE)
+from gguf_edit import rewrite  # noqa: E402
 
 PY = sys.executable
 MAKE = os.path.join(ROOT, "tools", "make_tiny_model.py")
@@ -32,35 +34,6 @@ def base_model():
     subprocess.run([PY, MAKE, "--arch", "qwen2moe", "--type", "Q4_K", "--seed", "5", "--out", path, "--quiet"],
                    check=True)
     return path
-
-
-def rewrite(src, dst, drop_keys=(), set_keys=None, drop_tensors=(), retype=None, reshape=None):
-    """Copies a GGUF through the independent reader/writer with the given edits."""
-    r = GGUFReader(src)
-    w = GGUFWriter(dst)
-    for key, value in r.metadata.items():
-        if key in drop_keys or (set_keys and key in set_keys):
-            continue
-        vtype, elem = r.value_types[key]
-        if vtype == 9:
-            w.add_array(key, value, elem)
-        else:
-            w.add(key, value, vtype)
-    for key, (value, vtype) in (set_keys or {}).items():
-        w.add(key, value, vtype)
-    for name, t in r.tensors.items():
-        if name in drop_tensors:
-            continue
-        ne, ttype, raw = list(t["ne"]), t["type"], bytes(r.raw(name))
-        if reshape and name in reshape:
-            ne = reshape[name]
-            raw = raw[:Q.nbytes(ttype, int(np.prod(ne)))]
-        if retype and name in retype:
-            ttype, nb = retype[name]
-            raw = raw[:nb]
-        w.add_tensor(name, ne, ttype, raw)
-    w.write()
-    return dst
 
 
 def load_error(path):
