@@ -1,11 +1,14 @@
 // The C API: argument checks, translation to the C++ core, and nothing else.
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <new>
 
 #include "backends/cpu/quant.h"
 #include "core/arch/arch.h"
 #include "core/context.h"
+#include "core/generate.h"
 #include "core/model.h"
 #include "moelite.h"
 
@@ -14,6 +17,9 @@ struct moelite_model_params {
 };
 struct moelite_context_params {
   moelite::ContextOptions opts;
+};
+struct moelite_generate_params {
+  moelite::GenerateOptions opts;
 };
 struct moelite_model {
   std::unique_ptr<moelite::Model> impl;
@@ -50,6 +56,7 @@ MOELITE_API const char* moelite_status_name(moelite_status s) {
     CASE(MOELITE_ERR_OUT_OF_MEMORY)
     CASE(MOELITE_ERR_FILE_NOT_FOUND)
     CASE(MOELITE_ERR_IO)
+    CASE(MOELITE_ERR_BUFFER_TOO_SMALL)
     CASE(MOELITE_ERR_GGUF_BAD_MAGIC)
     CASE(MOELITE_ERR_GGUF_BAD_VERSION)
     CASE(MOELITE_ERR_GGUF_TRUNCATED)
@@ -108,6 +115,12 @@ MOELITE_API moelite_status moelite_model_params_set_use_mmap(moelite_model_param
   return MOELITE_OK;
 }
 
+MOELITE_API moelite_status moelite_model_params_set_vocab_only(moelite_model_params* p, int32_t vocab_only) {
+  if (!p) return null_arg(__func__, "params");
+  p->opts.vocab_only = vocab_only != 0;
+  return MOELITE_OK;
+}
+
 MOELITE_API moelite_status moelite_model_params_set_progress_callback(moelite_model_params* p,
                                                                       moelite_progress_fn fn, void* user) {
   if (!p) return null_arg(__func__, "params");
@@ -160,7 +173,7 @@ MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_
     case MOELITE_MODEL_DENSE_BYTES: return static_cast<int64_t>(m.dense_bytes);
     case MOELITE_MODEL_N_PARAMS: return static_cast<int64_t>(m.n_params);
     case MOELITE_MODEL_N_ACTIVE_PARAMS: return static_cast<int64_t>(m.n_active_params);
-    case MOELITE_MODEL_THREADS: return m.backend->n_threads();
+    case MOELITE_MODEL_THREADS: return m.backend ? m.backend->n_threads() : 0;
     case MOELITE_MODEL_BACKEND: return MOELITE_BACKEND_CPU;
     case MOELITE_MODEL_ACTIVE_BYTES: return static_cast<int64_t>(m.active_bytes);
   }
@@ -173,7 +186,7 @@ MOELITE_API const char* moelite_model_expert_type(const moelite_model* m) {
   return m ? moelite::type_name(m->impl->expert_type) : nullptr;
 }
 MOELITE_API const char* moelite_model_backend_name(const moelite_model* m) {
-  return m ? m->impl->backend->name() : nullptr;
+  return m ? (m->impl->backend ? m->impl->backend->name() : "none (vocabulary only)") : nullptr;
 }
 MOELITE_API const char* moelite_supported_archs(void) { return moelite::supported_arch_list(); }
 
@@ -241,6 +254,181 @@ MOELITE_API void moelite_kv_reset(moelite_context* c) {
 }
 MOELITE_API void moelite_kv_truncate(moelite_context* c, int32_t n_keep) {
   if (c) c->impl->truncate(n_keep);
+}
+
+// ---- tokens and text
+
+namespace {
+
+moelite_status tokenizer_of(const moelite_model* model, const char* fn, const moelite::Tokenizer** out) {
+  if (!model) return null_arg(fn, "model");
+  if (!model->impl->tokenizer)
+    return fail(MOELITE_ERR_MISSING_METADATA, "%s: the model file has no tokenizer (tokenizer.ggml.*)", fn);
+  *out = model->impl->tokenizer.get();
+  return MOELITE_OK;
+}
+
+// Copies `text` out following the BUFFER_TOO_SMALL convention.
+moelite_status copy_out(const std::string& text, char* buf, size_t capacity, size_t* len) {
+  *len = text.size();
+  if (text.size() > capacity)
+    return fail(MOELITE_ERR_BUFFER_TOO_SMALL, "output needs %zu bytes, the buffer has %zu", text.size(), capacity);
+  if (!text.empty()) memcpy(buf, text.data(), text.size());
+  return MOELITE_OK;
+}
+
+}  // namespace
+
+MOELITE_API moelite_status moelite_tokenize(const moelite_model* model, const char* text, size_t text_len,
+                                            uint32_t flags, int32_t* tokens, int32_t capacity, int32_t* n_tokens) {
+  const moelite::Tokenizer* tok;
+  MOELITE_TRY(tokenizer_of(model, __func__, &tok));
+  if (!text && text_len) return null_arg(__func__, "text");
+  if (!n_tokens) return null_arg(__func__, "n_tokens");
+  if (capacity < 0 || (!tokens && capacity > 0)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "bad token buffer");
+  try {
+    std::vector<int32_t> ids = tok->tokenize(std::string(text ? text : "", text_len),
+                                             flags & MOELITE_TOKENIZE_ADD_SPECIAL, flags & MOELITE_TOKENIZE_PARSE_SPECIAL);
+    if (ids.size() > static_cast<size_t>(INT32_MAX)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "text too long");
+    *n_tokens = static_cast<int32_t>(ids.size());
+    if (ids.size() > static_cast<size_t>(capacity))
+      return fail(MOELITE_ERR_BUFFER_TOO_SMALL, "%zu tokens do not fit a buffer of %d", ids.size(), capacity);
+    std::copy(ids.begin(), ids.end(), tokens);
+    return MOELITE_OK;
+  } catch (const std::bad_alloc&) {
+    return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory while tokenizing");
+  }
+}
+
+MOELITE_API moelite_status moelite_detokenize(const moelite_model* model, const int32_t* tokens, int32_t n_tokens,
+                                              uint32_t flags, char* text, size_t capacity, size_t* text_len) {
+  const moelite::Tokenizer* tok;
+  MOELITE_TRY(tokenizer_of(model, __func__, &tok));
+  if ((!tokens && n_tokens > 0) || n_tokens < 0) return fail(MOELITE_ERR_INVALID_ARGUMENT, "bad token array");
+  if (!text_len) return null_arg(__func__, "text_len");
+  if (!text && capacity > 0) return null_arg(__func__, "text");
+  for (int32_t i = 0; i < n_tokens; ++i)
+    if (tokens[i] < 0 || tokens[i] >= tok->n_tokens())
+      return fail(MOELITE_ERR_BAD_TOKEN, "token %d at index %d is outside the vocabulary [0, %d)", tokens[i], i,
+                  tok->n_tokens());
+  std::string out = tok->detokenize(std::vector<int32_t>(tokens, tokens + n_tokens),
+                                    flags & MOELITE_DETOKENIZE_RENDER_SPECIAL);
+  return copy_out(out, text, capacity, text_len);
+}
+
+MOELITE_API int32_t moelite_token_bos(const moelite_model* m) {
+  return m && m->impl->tokenizer ? m->impl->tokenizer->bos() : -1;
+}
+MOELITE_API int32_t moelite_token_eos(const moelite_model* m) {
+  return m && m->impl->tokenizer ? m->impl->tokenizer->eos() : -1;
+}
+MOELITE_API int32_t moelite_token_is_end(const moelite_model* m, int32_t token) {
+  if (!m || !m->impl->tokenizer || token < 0 || token >= m->impl->tokenizer->n_tokens()) return 0;
+  return m->impl->tokenizer->is_end_of_generation(token) ? 1 : 0;
+}
+
+MOELITE_API moelite_status moelite_chat_format(const moelite_model* model, const moelite_chat_message* messages,
+                                               size_t n_messages, int32_t add_assistant_prompt, char* text,
+                                               size_t capacity, size_t* text_len) {
+  if (!model) return null_arg(__func__, "model");
+  if (!messages && n_messages) return null_arg(__func__, "messages");
+  if (!text_len) return null_arg(__func__, "text_len");
+  if (!text && capacity > 0) return null_arg(__func__, "text");
+  std::vector<moelite::ChatMessage> msgs;
+  for (size_t i = 0; i < n_messages; ++i) {
+    if (!messages[i].role || !messages[i].content)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "message %zu has a NULL role or content", i);
+    msgs.push_back({messages[i].role, messages[i].content});
+  }
+  const moelite::Model& m = *model->impl;
+  if (m.chat_template == moelite::ChatTemplate::Plain)
+    moelite::log_msg(MOELITE_LOG_WARN, "no known chat template in the model; formatting as plain 'role: content' lines");
+  std::string eos;
+  if (m.tokenizer && m.tokenizer->eos() >= 0) eos = m.tokenizer->text(m.tokenizer->eos());
+  return copy_out(moelite::format_chat(m.chat_template, msgs, add_assistant_prompt != 0, eos), text, capacity, text_len);
+}
+
+MOELITE_API const char* moelite_chat_template_kind(const moelite_model* m) {
+  return m ? moelite::chat_template_name(m->impl->chat_template) : nullptr;
+}
+
+// ---- generation
+
+MOELITE_API moelite_generate_params* moelite_generate_params_create(void) {
+  return new (std::nothrow) moelite_generate_params();
+}
+MOELITE_API void moelite_generate_params_free(moelite_generate_params* p) { delete p; }
+
+#define GEN_SETTER(name, type, check, assign)                                            \
+  MOELITE_API moelite_status moelite_generate_params_set_##name(moelite_generate_params* p, type v) { \
+    if (!p) return null_arg(__func__, "params");                                          \
+    if (!(check)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: value out of range", __func__); \
+    assign;                                                                               \
+    return MOELITE_OK;                                                                    \
+  }
+GEN_SETTER(max_tokens, int32_t, v >= 0, p->opts.max_tokens = v)
+GEN_SETTER(temperature, float, v >= 0.0f && v == v, p->opts.sampler.temperature = v)
+GEN_SETTER(top_k, int32_t, v >= 0, p->opts.sampler.top_k = v)
+GEN_SETTER(top_p, float, v > 0.0f && v <= 1.0f, p->opts.sampler.top_p = v)
+GEN_SETTER(min_p, float, v >= 0.0f && v <= 1.0f, p->opts.sampler.min_p = v)
+GEN_SETTER(seed, uint64_t, true, p->opts.sampler.seed = v)
+#undef GEN_SETTER
+
+MOELITE_API moelite_status moelite_generate_params_set_repeat_penalty(moelite_generate_params* p, float penalty,
+                                                                      int32_t last_n) {
+  if (!p) return null_arg(__func__, "params");
+  if (!(penalty > 0.0f) || last_n < -1)
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "repeat penalty must be > 0 and last_n >= -1");
+  p->opts.sampler.repeat_penalty = penalty;
+  p->opts.sampler.repeat_last_n = last_n;
+  return MOELITE_OK;
+}
+
+MOELITE_API moelite_status moelite_generate_params_add_stop(moelite_generate_params* p, const char* stop) {
+  if (!p) return null_arg(__func__, "params");
+  if (!stop || !*stop) return fail(MOELITE_ERR_INVALID_ARGUMENT, "a stop string must be non-empty");
+  p->opts.stops.emplace_back(stop);
+  return MOELITE_OK;
+}
+
+MOELITE_API moelite_status moelite_generate_params_set_callback(moelite_generate_params* p, moelite_piece_fn fn,
+                                                                void* user) {
+  if (!p) return null_arg(__func__, "params");
+  p->opts.on_piece = fn;
+  p->opts.user = user;
+  return MOELITE_OK;
+}
+
+MOELITE_API moelite_status moelite_generate(moelite_context* ctx, const char* prompt, size_t prompt_len,
+                                            const moelite_generate_params* params, moelite_generate_stats* stats) {
+  if (!ctx) return null_arg(__func__, "ctx");
+  if (!prompt && prompt_len) return null_arg(__func__, "prompt");
+  if (stats && stats->struct_size < sizeof(size_t))
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "stats->struct_size must be set to sizeof(moelite_generate_stats)");
+  moelite::GenerateOptions opts = params ? params->opts : moelite::GenerateOptions{};
+  moelite::GenerateResult r;
+  moelite_status st;
+  try {
+    st = moelite::generate(*ctx->impl, std::string(prompt ? prompt : "", prompt_len), opts, &r);
+  } catch (const std::bad_alloc&) {
+    st = fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory during generation");
+  }
+  if (stats) {
+    moelite_generate_stats full;
+    memset(&full, 0, sizeof full);
+    full.struct_size = stats->struct_size;
+    full.n_prompt_tokens = r.n_prompt;
+    full.n_cached_tokens = r.n_cached;
+    full.n_generated_tokens = r.n_generated;
+    full.stop_reason = r.stop;
+    full.prompt_seconds = r.prompt_seconds;
+    full.generate_seconds = r.generate_seconds;
+    full.time_to_first_token_seconds = r.ttft_seconds;
+    full.prompt_tokens_per_second = r.prompt_seconds > 0 ? r.n_prompt / r.prompt_seconds : 0.0;
+    full.generated_tokens_per_second = r.generate_seconds > 0 ? r.n_generated / r.generate_seconds : 0.0;
+    memcpy(stats, &full, std::min(stats->struct_size, sizeof full));
+  }
+  return st;
 }
 
 }  // extern "C"

@@ -22,6 +22,8 @@ Context::~Context() {
 }
 
 Status Context::create(Model& model, const ContextOptions& opts, std::unique_ptr<Context>* out) {
+  if (model.vocab_only)
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "the model was loaded vocabulary-only; contexts need its weights");
   std::unique_ptr<Context> c(new (std::nothrow) Context(model));
   if (!c) return fail(MOELITE_ERR_OUT_OF_MEMORY, "context");
   const HParams& hp = model.hp;
@@ -78,6 +80,7 @@ Status Context::eval(const int32_t* tokens, int32_t n_tokens, bool logits_all) {
     n_past_ += n;
     done += n;
   }
+  tokens_.insert(tokens_.end(), tokens, tokens + n_tokens);
   logits_ = std::move(out);
   logits_rows_ = logits_all ? n_tokens : 1;
   logits_all_ = logits_all;
@@ -126,6 +129,7 @@ const float* Context::logits(int32_t i) const {
 
 void Context::truncate(int32_t n_keep) {
   n_past_ = std::clamp(n_keep, 0, n_past_);
+  tokens_.resize(static_cast<size_t>(n_past_));
   logits_.clear();
   logits_rows_ = 0;
 }

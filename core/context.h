@@ -24,6 +24,8 @@ class Context {
   const float* logits(int32_t i) const;
 
   int32_t length() const { return n_past_; }
+  // The tokens whose keys and values the cache holds, in order (length() of them).
+  const std::vector<int32_t>& tokens() const { return tokens_; }
   int32_t n_ctx() const { return n_ctx_; }
   void truncate(int32_t n_keep);
   const Model& model() const { return model_; }
@@ -36,6 +38,7 @@ class Context {
   ContextOptions opts_;
   int32_t n_ctx_ = 0;
   int32_t n_past_ = 0;
+  std::vector<int32_t> tokens_;
   EvalState state_;
   std::vector<float> logits_;
   int32_t logits_rows_ = 0;

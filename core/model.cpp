@@ -45,6 +45,22 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
   MOELITE_TRY(gguf::Reader::open(path, &m->gguf));
   const gguf::Reader& g = *m->gguf;
 
+  // Tokenizer and chat template: optional for computing logits, required for text.
+  if (g.find("tokenizer.ggml.model")) MOELITE_TRY(Tokenizer::from_gguf(g, &m->tokenizer));
+  std::string chat_src;
+  if (g.get_string("tokenizer.chat_template", &chat_src)) m->chat_template = detect_chat_template(chat_src);
+  if (opts.vocab_only) {
+    if (!m->tokenizer)
+      return fail(MOELITE_ERR_MISSING_METADATA, "'%s' has no tokenizer (tokenizer.ggml.model)", path.c_str());
+    m->vocab_only = true;
+    g.get_string("general.architecture", &m->hp.arch);
+    g.get_string("general.name", &m->hp.name);
+    m->hp.n_vocab = m->tokenizer->n_tokens();
+    MOELITE_TRY(report_progress(opts, 1.0f));
+    *out = std::move(m);
+    return MOELITE_OK;
+  }
+
   std::string arch_name;
   if (!g.find("general.architecture"))
     return fail(MOELITE_ERR_MISSING_METADATA, "'%s' has no general.architecture key", path.c_str());

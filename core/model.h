@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "core/chat_template.h"
 #include "core/gguf.h"
+#include "core/tokenizer/tokenizer.h"
 #include "core/status.h"
 #include "platforms/platform.h"
 
@@ -76,6 +78,7 @@ struct LoadOptions {
   BackendKind backend = BackendKind::Auto;
   uint64_t expert_budget_bytes = 0;
   bool use_mmap = true;
+  bool vocab_only = false;
   moelite_progress_fn progress = nullptr;
   void* progress_user = nullptr;
 };
@@ -90,6 +93,10 @@ struct Model {
   WeightView tok_embd, output;
   std::vector<float> output_norm;
   std::vector<LayerWeights> layers;
+
+  std::unique_ptr<Tokenizer> tokenizer;  // null when the file has no tokenizer metadata
+  ChatTemplate chat_template = ChatTemplate::Plain;
+  bool vocab_only = false;               // tokenizer only: no weights, no backend
 
   std::unique_ptr<Backend> backend;
   std::unique_ptr<ExpertSource> experts;

@@ -69,6 +69,8 @@ typedef enum moelite_status {
   MOELITE_ERR_OUT_OF_MEMORY = 2,      /* an allocation failed */
   MOELITE_ERR_FILE_NOT_FOUND = 3,     /* the path does not exist or cannot be opened */
   MOELITE_ERR_IO = 4,                 /* a read, map or stat failed, or returned fewer bytes */
+  MOELITE_ERR_BUFFER_TOO_SMALL = 5,   /* an output buffer is too small; the size needed is
+                                         returned through the function's length argument */
   MOELITE_ERR_GGUF_BAD_MAGIC = 10,    /* not a GGUF file */
   MOELITE_ERR_GGUF_BAD_VERSION = 11,  /* GGUF version other than 2 or 3 */
   MOELITE_ERR_GGUF_TRUNCATED = 12,    /* the file ends inside the header, metadata or tensor data */
@@ -163,6 +165,11 @@ MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_
 /** 1 (default): map the file and compute on the mapping. 0: read weights into owned memory. */
 MOELITE_API moelite_status moelite_model_params_set_use_mmap(moelite_model_params *params,
                                                              int32_t use_mmap);
+/** 1: load only the tokenizer (no weights, no backend): tokenize/detokenize/chat formatting work,
+ *  contexts cannot be created (MOELITE_ERR_INVALID_ARGUMENT). Vocabulary-only GGUF files, which
+ *  hold tokenizer metadata and no tensors, can only be opened this way. Default 0. */
+MOELITE_API moelite_status moelite_model_params_set_vocab_only(moelite_model_params *params,
+                                                               int32_t vocab_only);
 /** Progress callback (NULL to remove) and the pointer handed back to it. */
 MOELITE_API moelite_status moelite_model_params_set_progress_callback(moelite_model_params *params,
                                                                       moelite_progress_fn fn,
@@ -275,6 +282,126 @@ MOELITE_API int32_t moelite_context_n_ctx(const moelite_context *ctx);
 MOELITE_API void moelite_kv_reset(moelite_context *ctx);
 /** Keeps the first n_keep tokens and forgets the rest (n_keep clamped to [0, length]). */
 MOELITE_API void moelite_kv_truncate(moelite_context *ctx, int32_t n_keep);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tokens and text                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+/* All functions in this section only read the model and are thread-safe. They fail with
+ * MOELITE_ERR_MISSING_METADATA when the model file carries no tokenizer. */
+
+enum {
+  MOELITE_TOKENIZE_ADD_SPECIAL = 1,   /* add BOS/EOS as the model's metadata asks */
+  MOELITE_TOKENIZE_PARSE_SPECIAL = 2  /* text like "<|im_start|>" becomes that control token;
+                                         without it, such text is tokenized as plain text */
+};
+
+/** Tokenizes `text_len` bytes of `text` (any bytes; need not be NUL-terminated or valid UTF-8)
+ *  into `tokens` (room for `capacity` ids). *n_tokens receives the count; when it exceeds
+ *  `capacity` the call returns MOELITE_ERR_BUFFER_TOO_SMALL and nothing useful is in `tokens`,
+ *  so call again with a buffer of *n_tokens. `tokens` may be NULL when capacity is 0. */
+MOELITE_API moelite_status moelite_tokenize(const moelite_model *model, const char *text,
+                                            size_t text_len, uint32_t flags, int32_t *tokens,
+                                            int32_t capacity, int32_t *n_tokens);
+
+enum {
+  MOELITE_DETOKENIZE_RENDER_SPECIAL = 1  /* include the text of control tokens (BOS, <|im_end|>) */
+};
+
+/** The bytes `n_tokens` tokens stand for, written to `text` (room for `capacity` bytes, not
+ *  NUL-terminated). *text_len receives the length; MOELITE_ERR_BUFFER_TOO_SMALL when it exceeds
+ *  capacity. A single token's bytes may be an incomplete UTF-8 sequence; moelite_generate's
+ *  streaming callback never splits characters. MOELITE_ERR_BAD_TOKEN for an id out of range. */
+MOELITE_API moelite_status moelite_detokenize(const moelite_model *model, const int32_t *tokens,
+                                              int32_t n_tokens, uint32_t flags, char *text,
+                                              size_t capacity, size_t *text_len);
+
+/** Beginning/end-of-sequence token ids, -1 if the vocabulary has none. */
+MOELITE_API int32_t moelite_token_bos(const moelite_model *model);
+MOELITE_API int32_t moelite_token_eos(const moelite_model *model);
+/** 1 if generation stops at `token` (EOS, end-of-turn and similar control tokens), else 0. */
+MOELITE_API int32_t moelite_token_is_end(const moelite_model *model, int32_t token);
+
+/** One chat message: role ("system", "user", "assistant") and content, both NUL-terminated. */
+typedef struct moelite_chat_message {
+  const char *role;
+  const char *content;
+} moelite_chat_message;
+
+/** Formats messages with the model's chat template (tokenizer.chat_template), recognised as
+ *  one of the common families (ChatML/Qwen, Mistral [INST], Llama-3, OLMoE/Tulu). An unknown or
+ *  absent template falls back to plain "role: content" lines with a logged warning.
+ *  `add_assistant_prompt` appends the opening of the assistant's reply. Output like
+ *  moelite_detokenize (length in *text_len, MOELITE_ERR_BUFFER_TOO_SMALL when too small). */
+MOELITE_API moelite_status moelite_chat_format(const moelite_model *model,
+                                               const moelite_chat_message *messages,
+                                               size_t n_messages, int32_t add_assistant_prompt,
+                                               char *text, size_t capacity, size_t *text_len);
+/** The template family moelite recognised: "chatml", "mistral", "llama3", "tulu" or "plain". */
+MOELITE_API const char *moelite_chat_template_kind(const moelite_model *model);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Generation                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct moelite_generate_params moelite_generate_params;
+
+/** Receives generated text as it is produced: `len` bytes at `piece`, never splitting a UTF-8
+ *  character and never containing (the start of) a stop string. Return non-zero to continue,
+ *  0 to stop generation (stop reason MOELITE_STOP_CALLBACK). Runs on the generating thread. */
+typedef int (*moelite_piece_fn)(const char *piece, size_t len, void *user_data);
+
+/** Defaults: max_tokens 256, temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat penalty
+ *  1.0 (off) over the last 64 tokens, seed 0x5eed, no stop strings, no callback. Temperature 0
+ *  means greedy decoding. The same seed and inputs give the same text. */
+MOELITE_API moelite_generate_params *moelite_generate_params_create(void);
+MOELITE_API void moelite_generate_params_free(moelite_generate_params *params);
+MOELITE_API moelite_status moelite_generate_params_set_max_tokens(moelite_generate_params *p, int32_t n);
+MOELITE_API moelite_status moelite_generate_params_set_temperature(moelite_generate_params *p, float t);
+MOELITE_API moelite_status moelite_generate_params_set_top_k(moelite_generate_params *p, int32_t k);
+MOELITE_API moelite_status moelite_generate_params_set_top_p(moelite_generate_params *p, float top_p);
+MOELITE_API moelite_status moelite_generate_params_set_min_p(moelite_generate_params *p, float min_p);
+MOELITE_API moelite_status moelite_generate_params_set_repeat_penalty(moelite_generate_params *p,
+                                                                      float penalty, int32_t last_n);
+MOELITE_API moelite_status moelite_generate_params_set_seed(moelite_generate_params *p, uint64_t seed);
+/** Adds a stop string (copied). Generation ends before it; the stop string is not emitted. */
+MOELITE_API moelite_status moelite_generate_params_add_stop(moelite_generate_params *p, const char *stop);
+MOELITE_API moelite_status moelite_generate_params_set_callback(moelite_generate_params *p,
+                                                                moelite_piece_fn fn, void *user_data);
+
+typedef enum moelite_stop_reason {
+  MOELITE_STOP_END_TOKEN = 0,   /* the model produced an end-of-generation token */
+  MOELITE_STOP_MAX_TOKENS = 1,
+  MOELITE_STOP_STRING = 2,
+  MOELITE_STOP_CALLBACK = 3,
+  MOELITE_STOP_CONTEXT_FULL = 4
+} moelite_stop_reason;
+
+/** Timing and counts of one generation call. Set struct_size = sizeof(moelite_generate_stats)
+ *  before the call; moelite fills only the fields that fit, so older callers keep working. */
+typedef struct moelite_generate_stats {
+  size_t struct_size;
+  int32_t n_prompt_tokens;       /* prompt tokens evaluated by this call (after cache reuse) */
+  int32_t n_cached_tokens;       /* prompt tokens reused from the context's KV cache */
+  int32_t n_generated_tokens;
+  int32_t stop_reason;           /* a moelite_stop_reason */
+  double prompt_seconds;
+  double generate_seconds;
+  double time_to_first_token_seconds;
+  double prompt_tokens_per_second;
+  double generated_tokens_per_second;
+} moelite_generate_stats;
+
+/** Generates a continuation of `prompt` (prompt_len bytes; tokenized with ADD_SPECIAL and
+ *  PARSE_SPECIAL). The prompt is the whole sequence: the context's KV cache is reused for the
+ *  longest prefix it shares with the prompt's tokens and recomputed after it, so multi-turn chat
+ *  that resends the conversation only pays for the new turn. The generated tokens stay in the
+ *  cache. `params` may be NULL for defaults; `stats` may be NULL. The abort callback of the
+ *  context is honoured (MOELITE_ERR_ABORTED). Errors leave the context usable. */
+MOELITE_API moelite_status moelite_generate(moelite_context *ctx, const char *prompt,
+                                            size_t prompt_len,
+                                            const moelite_generate_params *params,
+                                            moelite_generate_stats *stats);
 
 #ifdef __cplusplus
 }

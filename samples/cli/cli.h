@@ -27,9 +27,15 @@ class Args {
 int report(moelite_status status, const char* what);
 int usage_error(const std::string& message);
 
-// Loads -m/--model with the common options (-t/--threads, --backend, --no-mmap).
-// Returns 0 on success, else the exit code after printing the error.
-int load_model(const Args& args, moelite_model** out);
+// Loads -m/--model with the common options (-t/--threads, --backend, --no-mmap). Shows a
+// progress bar when stderr is a terminal. Returns 0 on success, else the exit code after
+// printing the error.
+int load_model(const Args& args, moelite_model** out, bool vocab_only = false);
+
+// Sampling and stopping options shared by `run` and `chat` (-n, --temp, --top-k, --top-p,
+// --min-p, --repeat-penalty, --repeat-last-n, --seed, --stop). Returns 0 or an exit code.
+int generate_params_from_args(const Args& args, moelite_generate_params* p);
+extern const std::vector<std::string> kGenerateFlags;
 
 // Comma-separated token ids.
 bool parse_tokens(const std::string& text, std::vector<int32_t>* out, std::string* error);
@@ -42,5 +48,8 @@ double measure_read_bandwidth(int threads, size_t bytes);
 int cmd_info(int argc, char** argv);
 int cmd_logits(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
+int cmd_run(int argc, char** argv);
+int cmd_chat(int argc, char** argv);
+int cmd_tokenize(int argc, char** argv);
 
 }  // namespace cli

@@ -1,6 +1,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -59,7 +60,18 @@ int usage_error(const std::string& message) {
   return 2;
 }
 
-int load_model(const Args& args, moelite_model** out) {
+namespace {
+int progress_bar(float p, void*) {
+  const int width = 30, filled = static_cast<int>(p * width + 0.5f);
+  fprintf(stderr, "\rloading [%.*s%*s] %3d%%", filled, "##############################", width - filled, "",
+          static_cast<int>(p * 100 + 0.5f));
+  if (p >= 1.0f) fprintf(stderr, "\r%*s\r", width + 20, "");
+  fflush(stderr);
+  return 1;
+}
+}  // namespace
+
+int load_model(const Args& args, moelite_model** out, bool vocab_only) {
   std::string path = args.has("-m") ? args.get("-m") : args.get("--model");
   if (path.empty()) return usage_error("missing -m MODEL");
   std::string err;
@@ -79,6 +91,9 @@ int load_model(const Args& args, moelite_model** out) {
   }
   if (st == MOELITE_OK) st = moelite_model_params_set_backend(p, kind);
   if (st == MOELITE_OK && args.has("--no-mmap")) st = moelite_model_params_set_use_mmap(p, 0);
+  if (st == MOELITE_OK && vocab_only) st = moelite_model_params_set_vocab_only(p, 1);
+  if (st == MOELITE_OK && isatty(STDERR_FILENO) && !vocab_only)
+    st = moelite_model_params_set_progress_callback(p, progress_bar, nullptr);
   if (st == MOELITE_OK) st = moelite_model_load(path.c_str(), p, out);
   moelite_model_params_free(p);
   return st == MOELITE_OK ? 0 : report(st, ("loading " + path).c_str());

@@ -12,6 +12,10 @@ static void print_help() {
       "  info    -m MODEL [--json]                      model facts (arch, experts, bytes)\n"
       "  logits  -m MODEL --tokens 1,2,3 --out FILE     float32 logits, n_tokens x n_vocab, row-major\n"
       "  bench   -m MODEL [-p N] [-n N] [-r N] [--json] prefill and decode speed\n"
+      "  run     -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
+      "          [--repeat-penalty R] [--seed S] [--stop STR] [-c CTX]   stream a completion\n"
+      "  chat    -m MODEL [--system TEXT] [sampling options]  interactive multi-turn chat\n"
+      "  tokenize -m MODEL (-p TEXT | -f FILE) [--add-special] [--parse-special]  token ids\n"
       "  version                                        library version\n\n"
       "common options: -t/--threads N, --backend auto|cpu|vulkan|cuda, --no-mmap\n",
       moelite_version_string());
@@ -26,6 +30,9 @@ int main(int argc, char** argv) {
   if (!strcmp(cmd, "info")) return cli::cmd_info(argc - 2, argv + 2);
   if (!strcmp(cmd, "logits")) return cli::cmd_logits(argc - 2, argv + 2);
   if (!strcmp(cmd, "bench")) return cli::cmd_bench(argc - 2, argv + 2);
+  if (!strcmp(cmd, "run")) return cli::cmd_run(argc - 2, argv + 2);
+  if (!strcmp(cmd, "chat")) return cli::cmd_chat(argc - 2, argv + 2);
+  if (!strcmp(cmd, "tokenize")) return cli::cmd_tokenize(argc - 2, argv + 2);
   if (!strcmp(cmd, "version")) {
     printf("%s\n", moelite_version_string());
     return 0;

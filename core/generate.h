@@ -1,0 +1,46 @@
+// Text generation on a context: prompt -> tokens (reusing the cached prefix), then sample,
+// stream and stop.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/context.h"
+#include "core/sampling.h"
+#include "moelite.h"
+
+namespace moelite {
+
+struct GenerateOptions {
+  int32_t max_tokens = 256;
+  SamplerParams sampler;
+  std::vector<std::string> stops;
+  moelite_piece_fn on_piece = nullptr;
+  void* user = nullptr;
+};
+
+struct GenerateResult {
+  int32_t n_prompt = 0, n_cached = 0, n_generated = 0;
+  moelite_stop_reason stop = MOELITE_STOP_MAX_TOKENS;
+  double prompt_seconds = 0, generate_seconds = 0, ttft_seconds = 0;
+  std::string text;  // everything emitted
+};
+
+Status generate(Context& ctx, const std::string& prompt, const GenerateOptions& opts, GenerateResult* result);
+
+// Splits streamed bytes into pieces that never end inside a UTF-8 character and never contain the
+// beginning of a stop string; used by generate() and unit-tested on its own.
+class StreamFilter {
+ public:
+  explicit StreamFilter(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  // Adds bytes; returns what can be emitted now. Sets *stopped when a stop string completed
+  // (the returned text then ends just before it and later input is ignored).
+  std::string push(const std::string& bytes, bool* stopped);
+  // Whatever is still held back, at the end of generation.
+  std::string flush();
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+};
+
+}  // namespace moelite

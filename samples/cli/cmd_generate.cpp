@@ -1,0 +1,216 @@
+// `moelite run` (one completion, streamed) and `moelite chat` (interactive, multi-turn).
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "cli.h"
+
+namespace cli {
+
+const std::vector<std::string> kGenerateFlags = {"--no-mmap", "--json"};
+
+namespace {
+
+bool parse_float(const Args& a, const char* name, float* out, std::string* err) {
+  if (!a.has(name)) return true;
+  char* end = nullptr;
+  std::string v = a.get(name);
+  *out = strtof(v.c_str(), &end);
+  if (end == v.c_str() || *end) {
+    *err = std::string("option '") + name + "' expects a number, got '" + v + "'";
+    return false;
+  }
+  return true;
+}
+
+int print_piece(const char* piece, size_t len, void*) {
+  fwrite(piece, 1, len, stdout);
+  fflush(stdout);
+  return 1;
+}
+
+void print_stats(const moelite_generate_stats& s) {
+  fprintf(stderr,
+          "\n[prompt %d tokens (%d cached) %.1f tok/s | generated %d tokens %.1f tok/s | first token %.0f ms]\n",
+          s.n_prompt_tokens, s.n_cached_tokens, s.prompt_tokens_per_second, s.n_generated_tokens,
+          s.generated_tokens_per_second, 1000.0 * s.time_to_first_token_seconds);
+}
+
+struct Session {
+  moelite_model* model = nullptr;
+  moelite_context* ctx = nullptr;
+  moelite_generate_params* gen = nullptr;
+  ~Session() {
+    moelite_generate_params_free(gen);
+    moelite_context_free(ctx);
+    moelite_model_free(model);
+  }
+};
+
+// Model, context and generation parameters from the command line.
+int open_session(const Args& args, Session* s) {
+  int64_t n_ctx = 0;
+  std::string err;
+  if (!args.get_int("-c", 0, &n_ctx, &err)) return usage_error(err);
+  if (int rc = load_model(args, &s->model)) return rc;
+  moelite_context_params* cp = moelite_context_params_create();
+  moelite_status st = moelite_context_params_set_n_ctx(cp, static_cast<int32_t>(n_ctx));
+  if (st == MOELITE_OK) st = moelite_context_create(s->model, cp, &s->ctx);
+  moelite_context_params_free(cp);
+  if (st != MOELITE_OK) return report(st, "creating context");
+  s->gen = moelite_generate_params_create();
+  if (!s->gen) return report(MOELITE_ERR_OUT_OF_MEMORY, "params");
+  if (int rc = generate_params_from_args(args, s->gen)) return rc;
+  moelite_generate_params_set_callback(s->gen, print_piece, nullptr);
+  return 0;
+}
+
+}  // namespace
+
+int generate_params_from_args(const Args& a, moelite_generate_params* p) {
+  std::string err;
+  int64_t n, top_k, last_n, seed;
+  float temp = 0.8f, top_p = 0.95f, min_p = 0.05f, rep = 1.0f;
+  if (!a.get_int("-n", 256, &n, &err) || !a.get_int("--top-k", 40, &top_k, &err) ||
+      !a.get_int("--repeat-last-n", 64, &last_n, &err) || !a.get_int("--seed", 0x5eed, &seed, &err) ||
+      !parse_float(a, "--temp", &temp, &err) || !parse_float(a, "--top-p", &top_p, &err) ||
+      !parse_float(a, "--min-p", &min_p, &err) || !parse_float(a, "--repeat-penalty", &rep, &err))
+    return usage_error(err);
+  moelite_status st = moelite_generate_params_set_max_tokens(p, static_cast<int32_t>(n));
+  if (st == MOELITE_OK) st = moelite_generate_params_set_temperature(p, temp);
+  if (st == MOELITE_OK) st = moelite_generate_params_set_top_k(p, static_cast<int32_t>(top_k));
+  if (st == MOELITE_OK) st = moelite_generate_params_set_top_p(p, top_p);
+  if (st == MOELITE_OK) st = moelite_generate_params_set_min_p(p, min_p);
+  if (st == MOELITE_OK) st = moelite_generate_params_set_repeat_penalty(p, rep, static_cast<int32_t>(last_n));
+  if (st == MOELITE_OK) st = moelite_generate_params_set_seed(p, static_cast<uint64_t>(seed));
+  if (st == MOELITE_OK && a.has("--stop")) st = moelite_generate_params_add_stop(p, a.get("--stop").c_str());
+  return st == MOELITE_OK ? 0 : report(st, "generation options");
+}
+
+int cmd_run(int argc, char** argv) {
+  Args args;
+  std::string err;
+  if (!args.parse(argc, argv, kGenerateFlags, &err)) return usage_error(err);
+  if (!args.has("-p") && !args.has("-f")) return usage_error("missing -p PROMPT (or -f FILE)");
+  std::string prompt = args.get("-p");
+  if (args.has("-f")) {
+    FILE* f = fopen(args.get("-f").c_str(), "rb");
+    if (!f) return usage_error("cannot read '" + args.get("-f") + "'");
+    char buf[65536];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof buf, f)) > 0) prompt.append(buf, got);
+    fclose(f);
+  }
+  Session s;
+  if (int rc = open_session(args, &s)) return rc;
+  moelite_generate_stats stats{};
+  stats.struct_size = sizeof stats;
+  moelite_status st = moelite_generate(s.ctx, prompt.data(), prompt.size(), s.gen, &stats);
+  if (st != MOELITE_OK) return report(st, "generating");
+  print_stats(stats);
+  return 0;
+}
+
+int cmd_chat(int argc, char** argv) {
+  Args args;
+  std::string err;
+  if (!args.parse(argc, argv, kGenerateFlags, &err)) return usage_error(err);
+  Session s;
+  if (int rc = open_session(args, &s)) return rc;
+  const bool interactive = isatty(STDIN_FILENO);
+  std::vector<std::string> roles, contents;
+  if (args.has("--system")) {
+    roles.push_back("system");
+    contents.push_back(args.get("--system"));
+  }
+  if (std::string(moelite_chat_template_kind(s.model)) == "plain") moelite_generate_params_add_stop(s.gen, "\nuser:");
+  if (interactive)
+    fprintf(stderr, "chat template: %s. Type a message; /reset forgets the conversation, /exit quits.\n",
+            moelite_chat_template_kind(s.model));
+  std::string line;
+  for (;;) {
+    if (interactive) fprintf(stderr, "> ");
+    if (!std::getline(std::cin, line)) break;
+    if (line == "/exit") break;
+    if (line == "/reset") {
+      roles.resize(args.has("--system") ? 1 : 0);
+      contents.resize(roles.size());
+      moelite_kv_reset(s.ctx);
+      continue;
+    }
+    if (line.empty()) continue;
+    roles.push_back("user");
+    contents.push_back(line);
+    std::vector<moelite_chat_message> msgs;
+    for (size_t i = 0; i < roles.size(); ++i) msgs.push_back({roles[i].c_str(), contents[i].c_str()});
+    size_t len = 0;
+    moelite_status st = moelite_chat_format(s.model, msgs.data(), msgs.size(), 1, nullptr, 0, &len);
+    std::string prompt(len, '\0');
+    if (st == MOELITE_ERR_BUFFER_TOO_SMALL) st = moelite_chat_format(s.model, msgs.data(), msgs.size(), 1, prompt.data(), len, &len);
+    if (st != MOELITE_OK) return report(st, "formatting the chat");
+    // The reply is captured as it streams so the next turn can include it.
+    struct Capture {
+      std::string text;
+    } cap;
+    moelite_generate_params_set_callback(
+        s.gen,
+        [](const char* piece, size_t n, void* user) {
+          static_cast<Capture*>(user)->text.append(piece, n);
+          fwrite(piece, 1, n, stdout);
+          fflush(stdout);
+          return 1;
+        },
+        &cap);
+    moelite_generate_stats stats{};
+    stats.struct_size = sizeof stats;
+    st = moelite_generate(s.ctx, prompt.data(), prompt.size(), s.gen, &stats);
+    if (st != MOELITE_OK) return report(st, "generating");
+    printf("\n");
+    if (interactive) print_stats(stats);
+    roles.push_back("assistant");
+    contents.push_back(cap.text);
+  }
+  return 0;
+}
+
+int cmd_tokenize(int argc, char** argv) {
+  Args args;
+  std::string err;
+  if (!args.parse(argc, argv, {"--add-special", "--parse-special"}, &err)) return usage_error(err);
+  std::string text;
+  if (args.has("-f")) {
+    FILE* f = fopen(args.get("-f").c_str(), "rb");
+    if (!f) return usage_error("cannot read '" + args.get("-f") + "'");
+    char buf[65536];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, got);
+    fclose(f);
+  } else if (args.has("-p")) {
+    text = args.get("-p");
+  } else {
+    return usage_error("missing -p TEXT or -f FILE");
+  }
+  moelite_model* model = nullptr;
+  if (int rc = load_model(args, &model, /*vocab_only=*/true)) return rc;
+  uint32_t flags = (args.has("--add-special") ? MOELITE_TOKENIZE_ADD_SPECIAL : 0) |
+                   (args.has("--parse-special") ? MOELITE_TOKENIZE_PARSE_SPECIAL : 0);
+  int32_t n = 0;
+  std::vector<int32_t> ids(text.size() + 8);
+  moelite_status st = moelite_tokenize(model, text.data(), text.size(), flags, ids.data(),
+                                       static_cast<int32_t>(ids.size()), &n);
+  if (st == MOELITE_ERR_BUFFER_TOO_SMALL) {
+    ids.resize(static_cast<size_t>(n));
+    st = moelite_tokenize(model, text.data(), text.size(), flags, ids.data(), n, &n);
+  }
+  moelite_model_free(model);
+  if (st != MOELITE_OK) return report(st, "tokenizing");
+  for (int32_t i = 0; i < n; ++i) printf("%s%d", i ? " " : "", ids[static_cast<size_t>(i)]);
+  printf("\n");
+  return 0;
+}
+
+}  // namespace cli
