@@ -145,6 +145,14 @@ inline __m512i dot_s8(const SignedWeights& w, __m512i a) {
   return _mm512_dpbusd_epi32(_mm512_setzero_si512(), w.abs, a_signed);
 }
 
+// The fp16 scales of 4 consecutive 34-byte blocks as 4 floats (exact conversions).
+inline __m128 fp16x4(const Q8_0* b) {
+  uint16_t h[4];
+  for (int k = 0; k < 4; ++k) std::memcpy(&h[k], b[k].d, 2);
+  return _mm_cvtph_ps(_mm_setr_epi16(static_cast<short>(h[0]), static_cast<short>(h[1]), static_cast<short>(h[2]),
+                                     static_cast<short>(h[3]), 0, 0, 0, 0));
+}
+
 template <int K>
 struct DotQ8_0 {
   static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
@@ -156,18 +164,22 @@ struct DotQ8_0 {
       acc0[j] = acc1[j] = _mm512_setzero_ps();
     }
     const int64_t nb = n / kQK;
+    const __m512i idx01 = join(_mm256_set1_epi32(0), _mm256_set1_epi32(1));
+    const __m512i idx23 = join(_mm256_set1_epi32(2), _mm256_set1_epi32(3));
     int64_t i = 0;
     for (; i + 4 <= nb; i += 4) {
       const SignedWeights w0 = prep_s8(join(load256(x[i].qs), load256(x[i + 1].qs)));
       const SignedWeights w1 = prep_s8(join(load256(x[i + 2].qs), load256(x[i + 3].qs)));
-      const float d0 = fp16(x[i].d), d1 = fp16(x[i + 1].d), d2 = fp16(x[i + 2].d), d3 = fp16(x[i + 3].d);
+      const __m128 dw = fp16x4(x + i);
 #pragma GCC unroll 4
       for (int j = 0; j < K; ++j) {
         const Q8_0* b = y[j] + i;
         const __m512i p0 = dot_s8(w0, join(load256(b[0].qs), load256(b[1].qs)));
         const __m512i p1 = dot_s8(w1, join(load256(b[2].qs), load256(b[3].qs)));
-        acc0[j] = _mm512_fmadd_ps(join_scales(d0 * fp16(b[0].d), d1 * fp16(b[1].d)), _mm512_cvtepi32_ps(p0), acc0[j]);
-        acc1[j] = _mm512_fmadd_ps(join_scales(d2 * fp16(b[2].d), d3 * fp16(b[3].d)), _mm512_cvtepi32_ps(p1), acc1[j]);
+        // The 4 block scale products dw_k * da_k in one multiply, then spread to 8 lanes each.
+        const __m512 d = _mm512_zextps128_ps512(_mm_mul_ps(dw, fp16x4(b)));
+        acc0[j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx01, d), _mm512_cvtepi32_ps(p0), acc0[j]);
+        acc1[j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx23, d), _mm512_cvtepi32_ps(p1), acc1[j]);
       }
     }
     for (; i < nb; ++i) {
