@@ -19,6 +19,7 @@ class GgufTokenizer final : public Tokenizer {
     if (model == "llama") {
       MOELITE_TRY(load_vocab(g, VocabKind::Spm, /*add_bos_default=*/true, &v_));
       kind_ = "llama (spm)";
+      spm_by_word_ = spm_words_are_independent(v_);
       for (int b = 0; b < 256; ++b) {
         char name[8];
         std::snprintf(name, sizeof(name), "<0x%02X>", b);
@@ -69,7 +70,7 @@ class GgufTokenizer final : public Tokenizer {
             buf.push_back(text[k]);
           }
         }
-        spm_tokenize(v_, byte_tokens_, buf, &out);
+        spm_tokenize(v_, byte_tokens_, spm_by_word_, buf, &out);
       } else {
         bpe_.tokenize(v_, pre_, ignore_merges_, text.substr(f.off, f.len), &out);
       }
@@ -125,6 +126,7 @@ class GgufTokenizer final : public Tokenizer {
   bool ignore_merges_ = false;
   BpeModel bpe_;
   int32_t byte_tokens_[256] = {};
+  bool spm_by_word_ = false;
 };
 
 }  // namespace

@@ -55,6 +55,10 @@ struct Fragment {
 std::vector<Fragment> partition_special(const Vocab& v, const std::string& text, bool parse_special);
 
 // SentencePiece BPE (llama.cpp llm_tokenizer_spm) over already-escaped text ('▁' for spaces).
-void spm_tokenize(const Vocab& v, const int32_t byte_tokens[256], std::string_view text, std::vector<int32_t>* out);
+// byte_tokens: the <0xNN> token of each byte (-1: none). by_word: merge each '▁'-started word on
+// its own, valid when spm_words_are_independent(v).
+void spm_tokenize(const Vocab& v, const int32_t byte_tokens[256], bool by_word, std::string_view text,
+                  std::vector<int32_t>* out);
+bool spm_words_are_independent(const Vocab& v);
 
 }  // namespace moelite
