@@ -17,6 +17,7 @@
 #include "core/tokenizer/pretokenize.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/tokenizer/unicode.h"
+#include "core/tokenizer/vocab.h"
 #include "tests/gguf_builder.h"
 
 namespace {
@@ -293,6 +294,202 @@ TEST(TokenizerSpeed, OneMegabyteOfEnglish) {
     EXPECT_LT(secs, 30.0);
     EXPECT_EQ(tok->detokenize(ids, false), text);
   }
+}
+
+// ---- SPM word-by-word merging is exactly the whole-text algorithm
+
+TEST(TokenizerSpm, WordChunkingMatchesWholeText) {
+  std::unique_ptr<Reader> r;
+  ASSERT_EQ(Reader::open(kVocabDir + "ggml-vocab-llama-spm.gguf", &r), MOELITE_OK);
+  moelite::Vocab v;
+  ASSERT_EQ(moelite::load_vocab(*r, moelite::VocabKind::Spm, true, &v), MOELITE_OK);
+  moelite::finish_vocab(&v);
+  ASSERT_TRUE(moelite::spm_words_are_independent(v));
+  int32_t bytes[256];
+  for (int b = 0; b < 256; ++b) bytes[b] = 3 + b;
+  std::vector<std::string> texts;
+  for (const Vector& x : load_vectors(kVocabDir + "ggml-vocab-llama-spm.gguf")) texts.push_back(x.input);
+  std::mt19937 rng(5);
+  for (int i = 0; i < 300; ++i) {
+    std::string s(rng() % 64, '\0');
+    for (char& c : s) c = static_cast<char>(rng() % 3 ? "ab cde  fgh\xE2\x96\x81\xC3\xA9xyz"[rng() % 20] : rng() % 256);
+    texts.push_back(s);
+  }
+  for (std::string t : texts) {
+    std::string esc;
+    for (char c : " " + t) esc += c == ' ' ? std::string("\xE2\x96\x81") : std::string(1, c);
+    std::vector<int32_t> whole, words;
+    moelite::spm_tokenize(v, bytes, false, esc, &whole);
+    moelite::spm_tokenize(v, bytes, true, esc, &words);
+    EXPECT_EQ(ids_str(whole), ids_str(words)) << t;
+  }
+}
+
+// ---- Unicode tables and UTF-8
+
+TEST(TokenizerUnicode, Categories) {
+  using namespace moelite::unicode;
+  EXPECT_EQ(category('A'), Lu);
+  EXPECT_EQ(category('z'), Ll);
+  EXPECT_EQ(category('5'), Nd);
+  EXPECT_EQ(category(0x0663), Nd);   // ARABIC-INDIC DIGIT THREE
+  EXPECT_EQ(category(0x2165), Nl);   // ROMAN NUMERAL SIX
+  EXPECT_EQ(category(0x00BD), No);   // ½
+  EXPECT_EQ(category('!'), Po);
+  EXPECT_EQ(category('$'), Sc);
+  EXPECT_EQ(category(0x20AC), Sc);   // €
+  EXPECT_EQ(category(0x0301), Mn);   // combining acute
+  EXPECT_EQ(category(0x4E00), Lo);
+  EXPECT_EQ(category(0x1F999), So);  // 🦙
+  EXPECT_EQ(category(0x0378), Cn);   // unassigned
+  EXPECT_EQ(category(0x110000), Cn);
+  EXPECT_TRUE(is_letter(0x00E9));
+  EXPECT_TRUE(is_number(0x00B2));    // superscript two is \p{N}
+  EXPECT_FALSE(is_letter('_'));
+  for (uint32_t cp : {0x09u, 0x0Au, 0x0Bu, 0x0Cu, 0x0Du, 0x20u, 0x85u, 0xA0u, 0x1680u, 0x2000u, 0x200Au, 0x2028u,
+                      0x2029u, 0x202Fu, 0x205Fu, 0x3000u})
+    EXPECT_TRUE(is_whitespace(cp)) << std::hex << cp;
+  for (uint32_t cp : {0x08u, 0x1Cu, 0x200Bu, 0x180Eu, 0xFEFFu, 0x61u}) EXPECT_FALSE(is_whitespace(cp)) << std::hex << cp;
+  // The flat BMP table and the run table agree everywhere.
+  for (uint32_t cp = 0; cp < 0x10000; cp += 7) {
+    uint16_t f = flags(cp);
+    Category c = category(cp);
+    bool letter = c >= Lu && c <= Lo;
+    ASSERT_EQ((f & kLetter) != 0, letter) << cp;
+  }
+}
+
+TEST(TokenizerUnicode, DecodeIsTotal) {
+  using moelite::unicode::decode_utf8;
+  const uint32_t R = 0xFFFD;
+  EXPECT_EQ(decode_utf8("a\xC3\xA9\xE2\x82\xAC\xF0\x9F\xA6\x99"), (std::vector<uint32_t>{'a', 0xE9, 0x20AC, 0x1F999}));
+  EXPECT_EQ(decode_utf8("\xff"), (std::vector<uint32_t>{R}));
+  EXPECT_EQ(decode_utf8("\xC3"), (std::vector<uint32_t>{R}));
+  EXPECT_EQ(decode_utf8("\xE2\x82" "a"), (std::vector<uint32_t>{R, R, 'a'}));  // one byte at a time
+  EXPECT_EQ(decode_utf8("\x80" "b"), (std::vector<uint32_t>{R, 'b'}));
+  EXPECT_TRUE(decode_utf8("").empty());
+}
+
+TEST(TokenizerUnicode, Gpt2ByteMap) {
+  using namespace moelite::unicode;
+  EXPECT_EQ(byte_to_cp('!'), uint32_t('!'));
+  EXPECT_EQ(byte_to_cp(' '), 0x120u);   // 'Ġ'
+  EXPECT_EQ(byte_to_cp('\n'), 0x10Au);  // 'Ċ'
+  EXPECT_EQ(byte_to_cp(0), 0x100u);
+  EXPECT_EQ(byte_to_cp(0xAD), 0x143u);
+  for (int b = 0; b < 256; ++b) EXPECT_EQ(cp_to_byte(byte_to_cp(static_cast<uint8_t>(b))), b);
+  EXPECT_EQ(cp_to_byte(' '), -1);
+  EXPECT_EQ(cp_to_byte(0x2581), -1);
+}
+
+// ---- pre-tokenizer rules (expected splits derived from each regex by hand)
+
+using Pieces = std::vector<std::string>;
+Pieces split(const std::string& s, PreTokenizer p) { return moelite::pretokenize_utf8(s, p); }
+
+TEST(TokenizerPretok, Gpt2) {
+  const auto P = PreTokenizer::Gpt2;
+  EXPECT_EQ(split("Hello world", P), (Pieces{"Hello", " world"}));
+  EXPECT_EQ(split("I'm you're they've he'll she'd it's can't", P),
+            (Pieces{"I", "'m", " you", "'re", " they", "'ve", " he", "'ll", " she", "'d", " it", "'s", " can", "'t"}));
+  EXPECT_EQ(split("I'M", P), (Pieces{"I", "'", "M"}));  // contractions are case-sensitive
+  EXPECT_EQ(split("a  b", P), (Pieces{"a", " ", " b"}));  // \s+(?!\S) leaves one space to the word
+  EXPECT_EQ(split("a   \n", P), (Pieces{"a", "   \n"}));  // trailing whitespace stays together
+  EXPECT_EQ(split("12345 abc", P), (Pieces{"12345", " abc"}));  // digits unbounded
+  EXPECT_EQ(split("hello!!! world?", P), (Pieces{"hello", "!!!", " world", "?"}));
+  EXPECT_EQ(split("x\ty", P), (Pieces{"x", "\t", "y"}));
+  EXPECT_EQ(split("über 3½ €5", P), (Pieces{"über", " 3½", " €", "5"}));
+  EXPECT_EQ(split("'", P), (Pieces{"'"}));
+  EXPECT_TRUE(split("", P).empty());
+}
+
+TEST(TokenizerPretok, Llama3) {
+  const auto P = PreTokenizer::Llama3;
+  EXPECT_EQ(split("I'M YOU'RE we'Ll", P), (Pieces{"I", "'M", " YOU", "'RE", " we", "'Ll"}));  // (?i:...)
+  EXPECT_EQ(split("1234567", P), (Pieces{"123", "456", "7"}));  // \p{N}{1,3}
+  EXPECT_EQ(split(" 123", P), (Pieces{" ", "123"}));              // numbers take no space
+  EXPECT_EQ(split("hello world", P), (Pieces{"hello", " world"}));
+  EXPECT_EQ(split("\tfoo (bar)", P), (Pieces{"\tfoo", " (", "bar", ")"}));  // [^\r\n\p{L}\p{N}]?\p{L}+
+  EXPECT_EQ(split("a\n\nb", P), (Pieces{"a", "\n\n", "b"}));
+  EXPECT_EQ(split("a  \n  b", P), (Pieces{"a", "  \n", " ", " b"}));  // \s*[\r\n]+ then \s+(?!\S)
+  EXPECT_EQ(split("foo!!\n\nbar", P), (Pieces{"foo", "!!\n\n", "bar"}));  // punctuation keeps newlines
+  EXPECT_EQ(split("$100", P), (Pieces{"$", "100"}));
+  EXPECT_EQ(split("'xyz", P), (Pieces{"'xyz"}));  // not a contraction: the quote leads the word
+  EXPECT_EQ(split("x   ", P), (Pieces{"x", "   "}));
+}
+
+TEST(TokenizerPretok, Qwen2) {
+  const auto P = PreTokenizer::Qwen2;
+  EXPECT_EQ(split("1234", P), (Pieces{"1", "2", "3", "4"}));  // \p{N}: single digits
+  EXPECT_EQ(split("I'M ok", P), (Pieces{"I", "'M", " ok"}));
+  EXPECT_EQ(split("a\r\n b", P), (Pieces{"a", "\r\n", " b"}));
+  // A punctuation mark joins the word after it ([^\r\n\p{L}\p{N}]?\p{L}+).
+  EXPECT_EQ(split("你好，世界", P), (Pieces{"你好", "，世界"}));
+}
+
+TEST(TokenizerPretok, DeepseekLlm) {
+  const auto P = PreTokenizer::DeepseekLlm;
+  EXPECT_EQ(split("Hello World 123", P), (Pieces{"Hello", " World", " ", "123"}));
+  EXPECT_EQ(split("12345", P), (Pieces{"12345"}));  // \p{N}+: no grouping
+  EXPECT_EQ(split("a\nb", P), (Pieces{"a", "\n", "b"}));  // [\r\n] alone
+  EXPECT_EQ(split("hi, there!", P), (Pieces{"hi", ",", " there", "!"}));
+  EXPECT_EQ(split("word   ", P), (Pieces{"word", "   "}));  // \s+$
+  EXPECT_EQ(split("中文abc", P), (Pieces{"中文", "abc"}));
+  EXPECT_EQ(split("I'm", P), (Pieces{"I", "'", "m"}));  // no contraction rule
+}
+
+TEST(TokenizerPretok, DeepseekCoderAndV3) {
+  // '=' is a symbol, not \p{P}: it stays in the gap " = " that \p{N} later splits from the digits.
+  EXPECT_EQ(split("x = 12;", PreTokenizer::DeepseekCoder), (Pieces{"x", " = ", "1", "2", ";"}));
+  EXPECT_EQ(split("a, b", PreTokenizer::DeepseekCoder), (Pieces{"a", ",", " b"}));
+  EXPECT_EQ(split("123456 abc", PreTokenizer::Deepseek3), (Pieces{"123", "456", " abc"}));
+  EXPECT_EQ(split(".Net café", PreTokenizer::Deepseek3), (Pieces{".Net", " café"}));
+  EXPECT_EQ(split("ひらがなカタカナ漢字", PreTokenizer::Deepseek3), (Pieces{"ひらがなカタカナ漢字"}));
+}
+
+TEST(TokenizerPretok, DefaultStarcoderFalcon) {
+  // llama.cpp's "default": punctuation runs, GPT-2, \p{N}+, then [0-9]{3}.
+  EXPECT_EQ(split("a+b=c", PreTokenizer::Default), (Pieces{"a", "+", "b", "=", "c"}));
+  EXPECT_EQ(split("1234567", PreTokenizer::Default), (Pieces{"123", "456", "7"}));
+  EXPECT_EQ(split("x=12", PreTokenizer::Starcoder), (Pieces{"x", "=", "1", "2"}));
+  EXPECT_EQ(split("a`b", PreTokenizer::Falcon), (Pieces{"a", "`", "b"}));
+}
+
+TEST(TokenizerPretok, PiecesCoverTheInput) {
+  std::mt19937 rng(11);
+  const char* alphabet[] = {"a", "Z", " ", "  ", "\n", "\r\n", "\t", "'", "'s", "'LL", "1", "42", "!", "?!", "é",
+                            "中", "😀", "\xC2\xA0", "\xE3\x80\x80", "_", "$", "\xCC\x81", "\xff"};
+  for (PreTokenizer p : {PreTokenizer::Default, PreTokenizer::Gpt2, PreTokenizer::Llama3, PreTokenizer::Qwen2,
+                         PreTokenizer::DeepseekLlm, PreTokenizer::DeepseekCoder, PreTokenizer::Deepseek3,
+                         PreTokenizer::Starcoder, PreTokenizer::Falcon}) {
+    for (int i = 0; i < 300; ++i) {
+      std::string s;
+      for (int k = rng() % 30; k > 0; --k) s += alphabet[rng() % (sizeof(alphabet) / sizeof(alphabet[0]))];
+      std::string expect = moelite::unicode::encode_utf8(moelite::unicode::decode_utf8(s));
+      std::string joined;
+      for (const std::string& piece : split(s, p)) {
+        ASSERT_FALSE(piece.empty());
+        joined += piece;
+      }
+      ASSERT_EQ(joined, expect) << moelite::pre_tokenizer_name(p);
+    }
+  }
+}
+
+TEST(TokenizerPretok, Names) {
+  PreTokenizer p;
+  const std::pair<const char*, PreTokenizer> known[] = {
+      {"default", PreTokenizer::Default},  {"gpt-2", PreTokenizer::Gpt2},          {"gpt2", PreTokenizer::Gpt2},
+      {"olmo", PreTokenizer::Gpt2},        {"llama-bpe", PreTokenizer::Llama3},    {"llama3", PreTokenizer::Llama3},
+      {"qwen2", PreTokenizer::Qwen2},      {"deepseek-llm", PreTokenizer::DeepseekLlm},
+      {"deepseek-v3", PreTokenizer::Deepseek3}, {"starcoder", PreTokenizer::Starcoder}};
+  for (const auto& k : known) {
+    ASSERT_TRUE(moelite::pre_tokenizer_from_name(k.first, &p)) << k.first;
+    EXPECT_EQ(p, k.second) << k.first;
+  }
+  EXPECT_FALSE(moelite::pre_tokenizer_from_name("no-such-pre", &p));
+  EXPECT_TRUE(moelite::pre_name_is_llama3("llama-bpe"));
+  EXPECT_FALSE(moelite::pre_name_is_llama3("qwen2"));
 }
 
 }  // namespace
