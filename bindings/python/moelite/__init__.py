@@ -447,6 +447,7 @@ class _Generation:
         self.params = None
         self.done = False
         self.error = None
+        self.got_piece = False
         self._stop_lock = threading.Lock()
 
         stopped, q, demand = self.stopped, self.queue, self.demand
@@ -455,7 +456,8 @@ class _Generation:
             try:
                 if stopped.is_set():
                     return 0
-                q.put(("piece", ctypes.string_at(ptr, length)))
+                q.put(("piece", ctypes.string_at(ptr, length) if length else b""))
+                self.got_piece = True
                 demand.acquire()
                 return 0 if stopped.is_set() else 1
             except BaseException:  # noqa: BLE001 - never unwind into C
@@ -515,7 +517,11 @@ class _Generation:
                 self.done = True
                 return
             self.stopped.set()
-            self.ctx_state.cancel.set()
+            if not self.got_piece:
+                # Still evaluating the prompt (possibly long): abort it. Once pieces flow, the
+                # worker is at most one token away from the callback, which now answers 0, so
+                # the call ends normally (STOP_CALLBACK) and its stats are kept.
+                self.ctx_state.cancel.set()
             self.demand.release()
             if self.worker is not threading.current_thread():
                 self.worker.join()
@@ -667,10 +673,12 @@ class Context:
         means the library default (max_tokens 256, temperature 0.8, top_k 40, top_p 0.95,
         min_p 0.05, repeat_penalty 1.0 over 64, seed 0x5eed). temperature 0 is greedy.
 
-        Generation starts on the first next() and runs on a helper thread; leaving the loop early
-        (break, or close() on the iterator) stops it. When the iterator is exhausted,
-        `self.last_stats` holds the dict of moelite_generate_stats; errors raise MoeliteError
-        (the context stays usable)."""
+        Generation starts on the first next() and runs on a helper thread at most one piece ahead
+        of the consumer. Leaving the loop early (break, or close() on the iterator) stops it; an
+        iterator abandoned without being closed is stopped by the next call on this context.
+        `self.last_stats` is None while a generation runs and then holds the dict of
+        moelite_generate_stats (also after an early stop; not after an error or a stop during
+        the prompt evaluation). Errors raise MoeliteError; the context stays usable."""
         data = _as_bytes(prompt, "prompt")
         stops = [stop] if isinstance(stop, (str, bytes)) else list(stop or [])
         stops = [_as_bytes(s, "stop string") for s in stops]
@@ -716,6 +724,7 @@ class Context:
         self._preempt()
         with self._lock:
             self._handle()
+            self.last_stats = None
             gen = _Generation(self)
             params = self._make_generate_params(opts, stops, gen.piece_ref)
         gen.start(data, params)

@@ -360,11 +360,32 @@ def test_gpt2_bytes_and_buffer_growth(gpt2_vocab):
     long_text = "Hello world, " * 500
     toks = gpt2_vocab.tokenize(long_text)
     assert gpt2_vocab.detokenize(toks) == long_text
-    # invalid UTF-8 goes through as bytes; detokenize (str) replaces, detokenize_bytes keeps it
+    # bytes input is tokenized as is; invalid UTF-8 reaches byte-level BPE as U+FFFD (llama.cpp)
     raw = b"abc\xff\xfe def"
     t = gpt2_vocab.tokenize(raw)
-    assert gpt2_vocab.detokenize_bytes(t) == raw
     assert gpt2_vocab.detokenize(t) == raw.decode("utf-8", "replace")
+    assert gpt2_vocab.detokenize_bytes(t) == raw.decode("utf-8", "replace").encode("utf-8")
+
+
+def test_gpt2_partial_characters(gpt2_vocab):
+    text = "\u20ac \u65e5\u672c\u8a9e \U0001f600"
+    toks = gpt2_vocab.tokenize(text)
+    per_token = [gpt2_vocab.detokenize_bytes([t]) for t in toks]
+    assert b"".join(per_token) == text.encode("utf-8")  # single tokens may split characters...
+    split = [b for b in per_token if not _is_utf8(b)]
+    assert split, "expected some token to hold an incomplete UTF-8 sequence"
+    for b in split:  # ...which detokenize_bytes keeps and detokenize replaces
+        assert gpt2_vocab.detokenize_bytes([toks[per_token.index(b)]]) == b
+        assert "\ufffd" in gpt2_vocab.detokenize([toks[per_token.index(b)]])
+    assert gpt2_vocab.detokenize(toks) == text
+
+
+def _is_utf8(b):
+    try:
+        b.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
 
 
 # ---- generation ------------------------------------------------------------------------------
