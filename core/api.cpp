@@ -281,7 +281,7 @@ moelite_status copy_out(const std::string& text, char* buf, size_t capacity, siz
 
 MOELITE_API moelite_status moelite_tokenize(const moelite_model* model, const char* text, size_t text_len,
                                             uint32_t flags, int32_t* tokens, int32_t capacity, int32_t* n_tokens) {
-  const moelite::Tokenizer* tok;
+  const moelite::Tokenizer* tok = nullptr;
   MOELITE_TRY(tokenizer_of(model, __func__, &tok));
   if (!text && text_len) return null_arg(__func__, "text");
   if (!n_tokens) return null_arg(__func__, "n_tokens");
@@ -302,7 +302,7 @@ MOELITE_API moelite_status moelite_tokenize(const moelite_model* model, const ch
 
 MOELITE_API moelite_status moelite_detokenize(const moelite_model* model, const int32_t* tokens, int32_t n_tokens,
                                               uint32_t flags, char* text, size_t capacity, size_t* text_len) {
-  const moelite::Tokenizer* tok;
+  const moelite::Tokenizer* tok = nullptr;
   MOELITE_TRY(tokenizer_of(model, __func__, &tok));
   if ((!tokens && n_tokens > 0) || n_tokens < 0) return fail(MOELITE_ERR_INVALID_ARGUMENT, "bad token array");
   if (!text_len) return null_arg(__func__, "text_len");

@@ -691,5 +691,66 @@ TEST(QuantKernelsSimd, ActivationQuantizersMatchScalarBitExactly) {
   }
 }
 
+
+// ---- (e) multi-row dot products ---------------------------------------------------------------
+
+std::vector<const KernelTable*> all_tables() {
+  std::vector<const KernelTable*> v{&kernels_scalar()};
+  for (const KernelTable* t : simd_tables()) v.push_back(t);
+  return v;
+}
+
+TEST(QuantKernelsMulti, PresentWhereverVecDotIs) {
+  for (const KernelTable* t : all_tables())
+    for (uint32_t i = 0; i < kTensorTypeIdLimit; ++i)
+      EXPECT_EQ(t->vec_dot_multi[i] != nullptr, t->vec_dot[i] != nullptr) << t->isa << " " << i;
+}
+
+// Batched (prefill) and token-by-token (decode) evaluation must give bitwise-identical logits,
+// so each table's multi-dot must reproduce its own vec_dot exactly, row by row: compared as bit
+// patterns, not with a tolerance. Rows of the byte-only block layouts start at odd offsets with
+// an odd stride (float rows keep their element alignment, which the scalar reference needs, but
+// not 64-byte alignment), and the rows' activations differ, so mixed-up rows or lanes would show.
+TEST(QuantKernelsMulti, BitIdenticalToVecDotOfSameTable) {
+  for (const KernelTable* k : all_tables()) {
+    std::mt19937 rng(7);
+    for (TensorType t : kWeightTypes) {
+      for (int64_t n : test_lengths(t)) {
+        SCOPED_TRACE(std::string(k->isa) + " " + type_name(t) + " n=" + std::to_string(n));
+        const bool floats = type_info(tid(t))->block_size == 1;
+        const size_t off = floats ? 4 : 1;
+        const auto w = random_weights(t, n, rng);
+        std::vector<uint8_t> w_buf(w.size() + off);
+        std::memcpy(w_buf.data() + off, w.data(), w.size());
+        const size_t a_bytes = activation_row_bytes(t, n);
+        const size_t stride = a_bytes + (floats ? 4 : 3);
+        std::vector<uint8_t> a_buf(off + stride * kMultiDot);
+        for (int j = 0; j < kMultiDot; ++j) {
+          auto x = random_activations(n, rng);
+          auto a = quantize_act(*k, t, x.data(), n);
+          std::memcpy(a_buf.data() + off + j * stride, a.data(), a_bytes);
+        }
+        for (int count = 1; count <= kMultiDot; ++count) {
+          float got[kMultiDot];
+          for (float& g : got) g = -1234.5f;
+          k->vec_dot_multi[tid(t)](n, got, w_buf.data() + off, a_buf.data() + off, stride, count);
+          for (int j = 0; j < kMultiDot; ++j) {
+            if (j >= count) {
+              EXPECT_EQ(got[j], -1234.5f) << "wrote past count " << count;
+              continue;
+            }
+            float expect = 0;
+            k->vec_dot[tid(t)](n, &expect, w_buf.data() + off, a_buf.data() + off + j * stride);
+            uint32_t eb, gb;
+            std::memcpy(&eb, &expect, 4);
+            std::memcpy(&gb, &got[j], 4);
+            EXPECT_EQ(gb, eb) << "count " << count << " row " << j << ": " << got[j] << " vs " << expect;
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moelite::cpu

@@ -144,16 +144,61 @@ def add_metadata(w, a):
     w.add_float32(k + "attention.layer_norm_rms_epsilon", a.eps)
     w.add_uint32(k + "expert_count", a.n_expert)
     w.add_uint32(k + "expert_used_count", a.n_expert_used)
-    # minimal tokenizer block
-    toks = ["<unk>", "<s>", "</s>"] + ["tok%d" % i for i in range(3, a.vocab)]
-    types = [2, 3, 3] + [1] * (a.vocab - 3)   # UNKNOWN, CONTROL, CONTROL, NORMAL...
+    add_tokenizer(w, a.vocab)
+
+
+# GPT-2's byte -> printable code point table (bytes that print as themselves keep their code).
+def _byte_chars():
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+_COMMON = ("th he in er an re on at en nd ti es or te of ed is it al ar st to nt ng se ha as ou io le ve co me "
+           "de hi ri ro ic ne ea ra ce li ch ll be ma si om ur").split()
+
+
+def add_tokenizer(w, vocab):
+    """A small but real byte-level BPE vocabulary: 3 control tokens, the 256 byte tokens, then
+    merges of common English letter pairs and space+letter, so any text tokenizes and detokenizes
+    exactly. Plus a ChatML template whose markers are the control tokens."""
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    bc = _byte_chars()
+    toks = specials + [bc[b] for b in range(256)]
+    types = [3] * len(specials) + [1] * 256
+    merges = []
+    sp = bc[ord(" ")]
+    pairs = [(sp, c) for c in "tawsbcdfhimoplnregyu"] + [(x[0], x[1]) for x in _COMMON]
+    for l, r in pairs:
+        if len(toks) >= vocab:
+            break
+        if l + r in toks:
+            continue
+        merges.append(l + " " + r)
+        toks.append(l + r)
+        types.append(1)
+    while len(toks) < vocab:  # unused filler ids so the vocabulary matches the embedding rows
+        toks.append("<unused%d>" % len(toks))
+        types.append(5)
+    toks, types = toks[:vocab], types[:vocab]
     w.add_string("tokenizer.ggml.model", "gpt2")
     w.add_string("tokenizer.ggml.pre", "default")
-    w.add_array("tokenizer.ggml.tokens", toks[: a.vocab], GGUFValueType.STRING)
-    w.add_array("tokenizer.ggml.token_type", np.array(types[: a.vocab], np.int32), GGUFValueType.INT32)
-    w.add_array("tokenizer.ggml.merges", [], GGUFValueType.STRING)
-    w.add_uint32("tokenizer.ggml.bos_token_id", 1)
+    w.add_array("tokenizer.ggml.tokens", toks, GGUFValueType.STRING)
+    w.add_array("tokenizer.ggml.token_type", np.array(types, np.int32), GGUFValueType.INT32)
+    w.add_array("tokenizer.ggml.merges", merges, GGUFValueType.STRING)
+    w.add_uint32("tokenizer.ggml.bos_token_id", 0)
     w.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    w.add_bool("tokenizer.ggml.add_bos_token", False)
+    w.add_string("tokenizer.chat_template",
+                 "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
+                 " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+                 "{% endif %}")
 
 
 def parse_args(argv=None):

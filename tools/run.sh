@@ -6,5 +6,6 @@ bash tools/install_deps.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOELITE_TESTS=OFF >/dev/null
 cmake --build build
 MODEL=${MODEL:-models/moelite-tiny-qwen3moe-Q8_0.gguf}
+./build/bin/moelite run -m "$MODEL" -p "Once upon a time" -n 48 --seed 1
 ./build/bin/moelite info -m "$MODEL"
 ./build/bin/moelite bench -m "$MODEL" -p 64 -n 32

@@ -149,7 +149,7 @@ const uint8_t* CpuBackend::quantize_rows(const float* x, int64_t rows, int64_t c
 
 void CpuBackend::matmul_rows(const WeightView& w, const uint8_t* act, size_t act_stride, int64_t n,
                              float* out, int64_t out_stride) {
-  VecDotFn dot = k_.vec_dot[static_cast<uint32_t>(w.type)];
+  VecDotMultiFn dot = k_.vec_dot_multi[static_cast<uint32_t>(w.type)];
   const int64_t rc = row_chunk(w.rows, pool_.size());
   const int64_t n_rc = (w.rows + rc - 1) / rc;
   const int64_t n_tc = (n + kTokenChunk - 1) / kTokenChunk;
@@ -159,7 +159,14 @@ void CpuBackend::matmul_rows(const WeightView& w, const uint8_t* act, size_t act
     for (int64_t r = r0; r < r1; ++r) {
       const uint8_t* wrow = w.data + static_cast<uint64_t>(r) * w.row_bytes;
       if (r + g_prefetch_rows < r1) prefetch_row(wrow + g_prefetch_rows * w.row_bytes, w.row_bytes);
-      for (int64_t t = t0; t < t1; ++t) dot(w.cols, out + t * out_stride + r, wrow, act + t * act_stride);
+      // kMultiDot tokens per call decode the weight row once per group; the result of each
+      // token is bit-identical to a single vec_dot, so batching never changes the output.
+      for (int64_t t = t0; t < t1; t += kMultiDot) {
+        const int count = static_cast<int>(std::min<int64_t>(kMultiDot, t1 - t));
+        float o[kMultiDot];
+        dot(w.cols, o, wrow, act + t * act_stride, act_stride, count);
+        for (int j = 0; j < count; ++j) out[(t + j) * out_stride + r] = o[j];
+      }
     }
   });
 }
@@ -264,6 +271,21 @@ void CpuBackend::run_ffn_jobs(const std::vector<FfnJob>& jobs, const Act& x, flo
   if (ffn_h_.size() < static_cast<size_t>(h_rows * n_ff_max)) ffn_h_.resize(static_cast<size_t>(h_rows * n_ff_max));
   float* h = ffn_h_.data();
 
+  // The multi-row dot kernels take evenly strided activation rows, but a job's tokens are
+  // scattered through x. Copy them so row h_offset[j] + i holds token x_rows[i] of job j (the
+  // same row numbering as h), in each dot format.
+  auto gather = [&](const uint8_t* src, size_t stride, std::vector<uint8_t>* buf) {
+    if (buf->size() < stride * static_cast<size_t>(h_rows)) buf->resize(stride * static_cast<size_t>(h_rows));
+    uint8_t* dst = buf->data();
+    for (size_t j = 0; j < jobs.size(); ++j)
+      for (size_t i = 0; i < jobs[j].x_rows.size(); ++i)
+        memcpy(dst + static_cast<size_t>(h_offset[j] + static_cast<int64_t>(i)) * stride,
+               src + static_cast<size_t>(jobs[j].x_rows[i]) * stride, stride);
+    return static_cast<const uint8_t*>(dst);
+  };
+  const uint8_t* xg_gate = gather(xq_gate, gate_stride, &ffn_xg_gate_);
+  const uint8_t* xg_up = xq_up == xq_gate && up_stride == gate_stride ? xg_gate : gather(xq_up, up_stride, &ffn_xg_up_);
+
   struct Task {
     int32_t job;
     int64_t r0, r1;
@@ -283,10 +305,12 @@ void CpuBackend::run_ffn_jobs(const std::vector<FfnJob>& jobs, const Act& x, flo
   pool_.parallel_for(static_cast<int64_t>(gate_tasks.size()), [&](int64_t ti, int) {
     const Task& task = gate_tasks[static_cast<size_t>(ti)];
     const FfnJob& job = jobs[static_cast<size_t>(task.job)];
-    VecDotFn gdot = k_.vec_dot[static_cast<uint32_t>(job.w.gate.type)];
-    VecDotFn udot = k_.vec_dot[static_cast<uint32_t>(job.w.up.type)];
+    VecDotMultiFn gdot = k_.vec_dot_multi[static_cast<uint32_t>(job.w.gate.type)];
+    VecDotMultiFn udot = k_.vec_dot_multi[static_cast<uint32_t>(job.w.up.type)];
     const int64_t cols = job.w.gate.cols;
-    float* hj = h + h_offset[static_cast<size_t>(task.job)] * n_ff_max;
+    const int64_t base = h_offset[static_cast<size_t>(task.job)];
+    const int64_t nx = static_cast<int64_t>(job.x_rows.size());
+    float* hj = h + base * n_ff_max;
     for (int64_t r = task.r0; r < task.r1; ++r) {
       const uint8_t* grow = job.w.gate.data + static_cast<uint64_t>(r) * job.w.gate.row_bytes;
       const uint8_t* urow = job.w.up.data + static_cast<uint64_t>(r) * job.w.up.row_bytes;
@@ -294,11 +318,12 @@ void CpuBackend::run_ffn_jobs(const std::vector<FfnJob>& jobs, const Act& x, flo
         prefetch_row(grow + g_prefetch_rows * job.w.gate.row_bytes, job.w.gate.row_bytes);
         prefetch_row(urow + g_prefetch_rows * job.w.up.row_bytes, job.w.up.row_bytes);
       }
-      for (size_t i = 0; i < job.x_rows.size(); ++i) {
-        float g, u;
-        gdot(cols, &g, grow, xq_gate + job.x_rows[i] * gate_stride);
-        udot(cols, &u, urow, xq_up + job.x_rows[i] * up_stride);
-        hj[static_cast<int64_t>(i) * n_ff_max + r] = silu(g) * u;
+      for (int64_t i = 0; i < nx; i += kMultiDot) {
+        const int count = static_cast<int>(std::min<int64_t>(kMultiDot, nx - i));
+        float g[kMultiDot], u[kMultiDot];
+        gdot(cols, g, grow, xg_gate + static_cast<size_t>(base + i) * gate_stride, gate_stride, count);
+        udot(cols, u, urow, xg_up + static_cast<size_t>(base + i) * up_stride, up_stride, count);
+        for (int j = 0; j < count; ++j) hj[(i + j) * n_ff_max + r] = silu(g[j]) * u[j];
       }
     }
   });
@@ -327,14 +352,18 @@ void CpuBackend::run_ffn_jobs(const std::vector<FfnJob>& jobs, const Act& x, flo
   pool_.parallel_for(static_cast<int64_t>(down_tasks.size()), [&](int64_t ti, int) {
     const Task& task = down_tasks[static_cast<size_t>(ti)];
     const FfnJob& job = jobs[static_cast<size_t>(task.job)];
-    VecDotFn ddot = k_.vec_dot[static_cast<uint32_t>(job.w.down.type)];
+    VecDotMultiFn ddot = k_.vec_dot_multi[static_cast<uint32_t>(job.w.down.type)];
     const int64_t base = h_offset[static_cast<size_t>(task.job)];
+    const int64_t nx = static_cast<int64_t>(job.x_rows.size());
     for (int64_t r = task.r0; r < task.r1; ++r) {
       const uint8_t* drow = job.w.down.data + static_cast<uint64_t>(r) * job.w.down.row_bytes;
       if (r + g_prefetch_rows < task.r1) prefetch_row(drow + g_prefetch_rows * job.w.down.row_bytes, job.w.down.row_bytes);
-      for (size_t i = 0; i < job.x_rows.size(); ++i)
-        ddot(job.w.down.cols, results + static_cast<int64_t>(job.out_rows[i]) * n_embd + r, drow,
-             hq + static_cast<size_t>(base + static_cast<int64_t>(i)) * hq_stride);
+      for (int64_t i = 0; i < nx; i += kMultiDot) {
+        const int count = static_cast<int>(std::min<int64_t>(kMultiDot, nx - i));
+        float o[kMultiDot];
+        ddot(job.w.down.cols, o, drow, hq + static_cast<size_t>(base + i) * hq_stride, hq_stride, count);
+        for (int j = 0; j < count; ++j) results[static_cast<int64_t>(job.out_rows[static_cast<size_t>(i + j)]) * n_embd + r] = o[j];
+      }
     }
   });
 }

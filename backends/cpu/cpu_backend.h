@@ -62,6 +62,7 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   std::string name_;
   std::vector<uint8_t> qbuf_, qbuf2_;
+  std::vector<uint8_t> ffn_xg_gate_, ffn_xg_up_;  // activations gathered per expert job
   std::vector<float> ffn_h_, ffn_y_;
   std::vector<std::vector<float>> attn_scores_;  // per thread
 };

@@ -28,13 +28,38 @@ using QuantizeRowFn = void (*)(const float* x, void* dst, int64_t n);
 // Quantized activations must come from quantize_act (int8 codes in [-127, 127], consistent Q8_1
 // sums and Q8_K bsums): the SIMD kernels rely on both. Rows may start at any byte offset.
 using VecDotFn = void (*)(int64_t n, float* out, const void* w_row, const void* a_row);
+// out[j] = dot(w_row, a_rows + j * a_stride) for j in [0, count), 1 <= count <= kMultiDot.
+// One weight row against several activation rows, so batched products (prefill) decode each
+// weight block once instead of once per token. Every table's multi-dot is bit-identical to its
+// own vec_dot on each row (same per-row operation sequence; only the weight decoding is shared),
+// so batched and token-by-token evaluation give the same logits. a_stride is in bytes.
+using VecDotMultiFn = void (*)(int64_t n, float* out, const void* w_row, const void* a_rows, size_t a_stride,
+                               int count);
+// Activation rows per multi-dot call: 4 weight decodes share the register file with 4 sets of
+// accumulators without spilling on AVX-512 (32 registers).
+constexpr int kMultiDot = 4;
 
 struct KernelTable {
   const char* isa;                                 // "scalar", "avx2", "avx512"
   DequantRowFn dequant[kTensorTypeIdLimit];        // by weight type; nullptr if unsupported
   QuantizeRowFn quantize_act[kTensorTypeIdLimit];  // by dot type (F32, Q8_0, Q8_1, Q8_K)
   VecDotFn vec_dot[kTensorTypeIdLimit];            // by weight type
+  VecDotMultiFn vec_dot_multi[kTensorTypeIdLimit]; // by weight type; set wherever vec_dot is
 };
+
+// Multi-dot as a loop over one vec_dot: the fallback for types without a blocked kernel.
+template <VecDotFn kDot>
+void vec_dot_multi_loop(int64_t n, float* out, const void* w_row, const void* a_rows, size_t a_stride, int count) {
+  const uint8_t* a = static_cast<const uint8_t*>(a_rows);
+  for (int j = 0; j < count; ++j) kDot(n, out + j, w_row, a + static_cast<size_t>(j) * a_stride);
+}
+// Sets a table's vec_dot and its multi-dot together, so a table can never pair a kernel with
+// another table's multi-dot (which would break the bit-identity above).
+template <VecDotFn kDot>
+void set_vec_dot(KernelTable& t, TensorType type, VecDotMultiFn multi = vec_dot_multi_loop<kDot>) {
+  t.vec_dot[static_cast<uint32_t>(type)] = kDot;
+  t.vec_dot_multi[static_cast<uint32_t>(type)] = multi;
+}
 
 // The readable scalar reference: every other table is tested against it.
 const KernelTable& kernels_scalar();

@@ -606,19 +606,19 @@ KernelTable make_scalar_table() {
   t.quantize_act[id(TensorType::Q8_1)] = quantize_q8_1;
   t.quantize_act[id(TensorType::Q8_K)] = quantize_q8_k;
 
-  t.vec_dot[id(TensorType::F32)] = dot_f32;
-  t.vec_dot[id(TensorType::F16)] = dot_f16;
-  t.vec_dot[id(TensorType::BF16)] = dot_bf16;
-  t.vec_dot[id(TensorType::Q4_0)] = dot_q4_0;
-  t.vec_dot[id(TensorType::Q4_1)] = dot_q4_1;
-  t.vec_dot[id(TensorType::Q5_0)] = dot_q5_0;
-  t.vec_dot[id(TensorType::Q5_1)] = dot_q5_1;
-  t.vec_dot[id(TensorType::Q8_0)] = dot_q8_0;
-  t.vec_dot[id(TensorType::Q2_K)] = dot_q2_k;
-  t.vec_dot[id(TensorType::Q3_K)] = dot_q3_k;
-  t.vec_dot[id(TensorType::Q4_K)] = dot_q45_k<Q4_K, codes_q4_k>;
-  t.vec_dot[id(TensorType::Q5_K)] = dot_q45_k<Q5_K, codes_q5_k>;
-  t.vec_dot[id(TensorType::Q6_K)] = dot_q6_k;
+  set_vec_dot<dot_f32>(t, TensorType::F32);
+  set_vec_dot<dot_f16>(t, TensorType::F16);
+  set_vec_dot<dot_bf16>(t, TensorType::BF16);
+  set_vec_dot<dot_q4_0>(t, TensorType::Q4_0);
+  set_vec_dot<dot_q4_1>(t, TensorType::Q4_1);
+  set_vec_dot<dot_q5_0>(t, TensorType::Q5_0);
+  set_vec_dot<dot_q5_1>(t, TensorType::Q5_1);
+  set_vec_dot<dot_q8_0>(t, TensorType::Q8_0);
+  set_vec_dot<dot_q2_k>(t, TensorType::Q2_K);
+  set_vec_dot<dot_q3_k>(t, TensorType::Q3_K);
+  set_vec_dot<dot_q45_k<Q4_K, codes_q4_k>>(t, TensorType::Q4_K);
+  set_vec_dot<dot_q45_k<Q5_K, codes_q5_k>>(t, TensorType::Q5_K);
+  set_vec_dot<dot_q6_k>(t, TensorType::Q6_K);
   return t;
 }
 

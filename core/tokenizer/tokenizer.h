@@ -25,17 +25,22 @@ class Tokenizer {
 
   // Token ids of `text` (any bytes; invalid UTF-8 must not crash). add_special: prepend BOS /
   // append EOS as tokenizer.ggml.add_bos_token / add_eos_token say (defaults per model kind, as
-  // llama.cpp). parse_special: text matching a control/user-defined token's text becomes that
-  // token; otherwise such text is tokenized as plain text.
+  // llama.cpp). parse_special: text matching a control (or unknown) token's text becomes that
+  // token; otherwise such text is tokenized as plain text. User-defined tokens (type 4) are
+  // matched either way, as llama.cpp and HF tokenizers do. Invalid UTF-8 reaches byte-level BPE
+  // as U+FFFD (llama.cpp), SentencePiece as <0xNN> byte tokens.
   virtual std::vector<int32_t> tokenize(const std::string& text, bool add_special, bool parse_special) const = 0;
 
   // The bytes a token stands for (byte-level BPE bytes decoded, SentencePiece '▁' -> ' ', byte
-  // tokens <0xNN> -> that byte). Control tokens give "" unless `special` is true.
+  // tokens <0xNN> -> that byte). Control and unknown tokens give "" unless `special` is true
+  // (llama.cpp); unused tokens and ids out of range give "".
   virtual std::string token_to_piece(int32_t token, bool special) const = 0;
 
   // Concatenated pieces; remove_leading_space drops the space SentencePiece adds before the first
-  // word (when the vocabulary asks for add_space_prefix).
-  virtual std::string detokenize(const std::vector<int32_t>& tokens, bool special) const = 0;
+  // word (when the vocabulary asks for add_space_prefix): the first token that renders (BOS
+  // skipped when !special) loses one leading ' '. Out-of-range ids render as nothing.
+  virtual std::string detokenize(const std::vector<int32_t>& tokens, bool special,
+                                 bool remove_leading_space = true) const = 0;
 
   virtual int32_t n_tokens() const = 0;
   virtual int32_t bos() const = 0;  // -1 if none

@@ -491,19 +491,19 @@ constexpr uint32_t id(TensorType t) { return static_cast<uint32_t>(t); }
 KernelTable make_table() {
   KernelTable t = kernels_scalar();  // dequantization stays scalar
   t.isa = "avx2";
-  t.vec_dot[id(TensorType::F32)] = dot_f32;
-  t.vec_dot[id(TensorType::F16)] = dot_f16;
-  t.vec_dot[id(TensorType::BF16)] = dot_bf16;
-  t.vec_dot[id(TensorType::Q8_0)] = dot_q8_0;
-  t.vec_dot[id(TensorType::Q4_0)] = dot_q4_0;
-  t.vec_dot[id(TensorType::Q5_0)] = dot_q5_0;
-  t.vec_dot[id(TensorType::Q4_1)] = dot_q_1<Q4_1, false>;
-  t.vec_dot[id(TensorType::Q5_1)] = dot_q_1<Q5_1, true>;
-  t.vec_dot[id(TensorType::Q2_K)] = dot_q2_k;
-  t.vec_dot[id(TensorType::Q3_K)] = dot_q3_k;
-  t.vec_dot[id(TensorType::Q4_K)] = dot_q45_k<false, Q4_K>;
-  t.vec_dot[id(TensorType::Q5_K)] = dot_q45_k<true, Q5_K>;
-  t.vec_dot[id(TensorType::Q6_K)] = dot_q6_k;
+  set_vec_dot<dot_f32>(t, TensorType::F32);
+  set_vec_dot<dot_f16>(t, TensorType::F16);
+  set_vec_dot<dot_bf16>(t, TensorType::BF16);
+  set_vec_dot<dot_q8_0>(t, TensorType::Q8_0);
+  set_vec_dot<dot_q4_0>(t, TensorType::Q4_0);
+  set_vec_dot<dot_q5_0>(t, TensorType::Q5_0);
+  set_vec_dot<dot_q_1<Q4_1, false>>(t, TensorType::Q4_1);
+  set_vec_dot<dot_q_1<Q5_1, true>>(t, TensorType::Q5_1);
+  set_vec_dot<dot_q2_k>(t, TensorType::Q2_K);
+  set_vec_dot<dot_q3_k>(t, TensorType::Q3_K);
+  set_vec_dot<dot_q45_k<false, Q4_K>>(t, TensorType::Q4_K);
+  set_vec_dot<dot_q45_k<true, Q5_K>>(t, TensorType::Q5_K);
+  set_vec_dot<dot_q6_k>(t, TensorType::Q6_K);
   t.quantize_act[id(TensorType::Q8_0)] = quantize_q8_0;
   t.quantize_act[id(TensorType::Q8_1)] = quantize_q8_1;
   t.quantize_act[id(TensorType::Q8_K)] = quantize_q8_k;

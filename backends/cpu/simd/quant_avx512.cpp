@@ -44,77 +44,158 @@ inline __m512 join_scales(float lo, float hi) {
   return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1);
 }
 
+// Every kernel below takes K activation rows (a, a + stride, ...) and is written once for all K:
+// the weight block is loaded and decoded once, then each row runs exactly the operation
+// sequence of the K = 1 instance in accumulators of its own. vec_dot is the K = 1 instance, so
+// the multi-row entries are bit-identical to it by construction, not just close.
+template <typename Block>
+inline const Block* act_row(const void* a, size_t stride, int j) {
+  return reinterpret_cast<const Block*>(static_cast<const uint8_t*>(a) + static_cast<size_t>(j) * stride);
+}
+
+// Entry points from a template kernel Fn<K>(n, out, w, a, stride).
+template <template <int> class Fn>
+void dot_one(int64_t n, float* out, const void* w, const void* a) {
+  Fn<1>::run(n, out, w, a, 0);
+}
+template <template <int> class Fn>
+void dot_multi(int64_t n, float* out, const void* w, const void* a, size_t stride, int count) {
+  switch (count) {
+    case 1: Fn<1>::run(n, out, w, a, stride); break;
+    case 2: Fn<2>::run(n, out, w, a, stride); break;
+    case 3: Fn<3>::run(n, out, w, a, stride); break;
+    default: Fn<4>::run(n, out, w, a, stride); break;
+  }
+}
+static_assert(kMultiDot == 4, "dot_multi dispatches counts 1..4");
+
 // ---- float types ----------------------------------------------------------------------------
 
-template <typename Load>
-float dot_float_row(int64_t n, const float* a, Load load) {
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+// Load(i, mask) -> 16 weights as floats.
+template <int K, typename Load>
+void dot_float_rows(int64_t n, float* out, const void* a, size_t stride, Load load) {
+  const float* y[K];
+  __m512 acc[K][4];
+  for (int j = 0; j < K; ++j) {
+    y[j] = act_row<float>(a, stride, j);
+    for (int u = 0; u < 4; ++u) acc[j][u] = _mm512_setzero_ps();
+  }
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) {
-    acc0 = _mm512_fmadd_ps(load(i, 0xffff), _mm512_loadu_ps(a + i), acc0);
-    acc1 = _mm512_fmadd_ps(load(i + 16, 0xffff), _mm512_loadu_ps(a + i + 16), acc1);
-    acc2 = _mm512_fmadd_ps(load(i + 32, 0xffff), _mm512_loadu_ps(a + i + 32), acc2);
-    acc3 = _mm512_fmadd_ps(load(i + 48, 0xffff), _mm512_loadu_ps(a + i + 48), acc3);
+    const __m512 w0 = load(i, 0xffff), w1 = load(i + 16, 0xffff), w2 = load(i + 32, 0xffff), w3 = load(i + 48, 0xffff);
+#pragma GCC unroll 4
+    for (int j = 0; j < K; ++j) {
+      acc[j][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(y[j] + i), acc[j][0]);
+      acc[j][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(y[j] + i + 16), acc[j][1]);
+      acc[j][2] = _mm512_fmadd_ps(w2, _mm512_loadu_ps(y[j] + i + 32), acc[j][2]);
+      acc[j][3] = _mm512_fmadd_ps(w3, _mm512_loadu_ps(y[j] + i + 48), acc[j][3]);
+    }
   }
   for (; i < n; i += 16) {
     // Masked loads cover the tail: masked-out lanes read as 0 and are never touched in memory.
     const __mmask16 m = n - i >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - i)) - 1);
-    acc0 = _mm512_fmadd_ps(load(i, m), _mm512_maskz_loadu_ps(m, a + i), acc0);
+    const __m512 wv = load(i, m);
+#pragma GCC unroll 4
+    for (int j = 0; j < K; ++j) acc[j][0] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, y[j] + i), acc[j][0]);
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
+#pragma GCC unroll 4
+  for (int j = 0; j < K; ++j)
+    out[j] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[j][0], acc[j][1]), _mm512_add_ps(acc[j][2], acc[j][3])));
 }
 
-void dot_f32(int64_t n, float* out, const void* w, const void* a) {
-  const float* x = static_cast<const float*>(w);
-  *out = dot_float_row(n, static_cast<const float*>(a),
-                       [x](int64_t i, __mmask16 m) { return _mm512_maskz_loadu_ps(m, x + i); });
-}
-void dot_f16(int64_t n, float* out, const void* w, const void* a) {
-  const uint8_t* x = static_cast<const uint8_t*>(w);
-  *out = dot_float_row(n, static_cast<const float*>(a), [x](int64_t i, __mmask16 m) {
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + 2 * i));
-  });
-}
-void dot_bf16(int64_t n, float* out, const void* w, const void* a) {
-  const uint8_t* x = static_cast<const uint8_t*>(w);
-  *out = dot_float_row(n, static_cast<const float*>(a), [x](int64_t i, __mmask16 m) {
-    const __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, x + 2 * i));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-  });
-}
+template <int K>
+struct DotF32 {
+  static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
+    const float* x = static_cast<const float*>(w);
+    dot_float_rows<K>(n, out, a, stride, [x](int64_t i, __mmask16 m) { return _mm512_maskz_loadu_ps(m, x + i); });
+  }
+};
+template <int K>
+struct DotF16 {
+  static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
+    const uint8_t* x = static_cast<const uint8_t*>(w);
+    dot_float_rows<K>(n, out, a, stride, [x](int64_t i, __mmask16 m) {
+      return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + 2 * i));
+    });
+  }
+};
+template <int K>
+struct DotBf16 {
+  static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
+    const uint8_t* x = static_cast<const uint8_t*>(w);
+    dot_float_rows<K>(n, out, a, stride, [x](int64_t i, __mmask16 m) {
+      const __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, x + 2 * i));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    });
+  }
+};
 
 // ---- Q8_0 -----------------------------------------------------------------------------------
 
+// Signed x signed int8 by sign transfer: |w| is the unsigned operand of vpdpbusd and a takes
+// w's sign. |w| and the sign mask depend on the weights only and are shared by all rows.
+struct SignedWeights {
+  __m512i abs;
+  __mmask64 neg;
+};
+inline SignedWeights prep_s8(__m512i w) { return {_mm512_abs_epi8(w), _mm512_movepi8_mask(w)}; }
 // 16 int32 partial sums of w*a over 64 signed bytes.
-inline __m512i dot_s8(__m512i w, __m512i a) {
-  const __mmask64 neg = _mm512_movepi8_mask(w);
-  const __m512i a_signed = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
-  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), a_signed);
+inline __m512i dot_s8(const SignedWeights& w, __m512i a) {
+  const __m512i a_signed = _mm512_mask_sub_epi8(a, w.neg, _mm512_setzero_si512(), a);
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), w.abs, a_signed);
 }
 
-void dot_q8_0(int64_t n, float* out, const void* w, const void* a) {
-  const Q8_0* x = static_cast<const Q8_0*>(w);
-  const Q8_0* y = static_cast<const Q8_0*>(a);
-  const int64_t nb = n / kQK;
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
-  int64_t i = 0;
-  for (; i + 4 <= nb; i += 4) {
-    const __m512i p0 = dot_s8(join(load256(x[i].qs), load256(x[i + 1].qs)),
-                              join(load256(y[i].qs), load256(y[i + 1].qs)));
-    const __m512i p1 = dot_s8(join(load256(x[i + 2].qs), load256(x[i + 3].qs)),
-                              join(load256(y[i + 2].qs), load256(y[i + 3].qs)));
-    acc0 = _mm512_fmadd_ps(join_scales(fp16(x[i].d) * fp16(y[i].d), fp16(x[i + 1].d) * fp16(y[i + 1].d)),
-                           _mm512_cvtepi32_ps(p0), acc0);
-    acc1 = _mm512_fmadd_ps(join_scales(fp16(x[i + 2].d) * fp16(y[i + 2].d), fp16(x[i + 3].d) * fp16(y[i + 3].d)),
-                           _mm512_cvtepi32_ps(p1), acc1);
-  }
-  for (; i < nb; ++i) {
-    // Single blocks in the low half; the high half multiplies zeros.
-    const __m512i p = dot_s8(_mm512_zextsi256_si512(load256(x[i].qs)), _mm512_zextsi256_si512(load256(y[i].qs)));
-    acc0 = _mm512_fmadd_ps(join_scales(fp16(x[i].d) * fp16(y[i].d), 0.0f), _mm512_cvtepi32_ps(p), acc0);
-  }
-  *out = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+// The fp16 scales of 4 consecutive 34-byte blocks as 4 floats (exact conversions).
+inline __m128 fp16x4(const Q8_0* b) {
+  uint16_t h[4];
+  for (int k = 0; k < 4; ++k) std::memcpy(&h[k], b[k].d, 2);
+  return _mm_cvtph_ps(_mm_setr_epi16(static_cast<short>(h[0]), static_cast<short>(h[1]), static_cast<short>(h[2]),
+                                     static_cast<short>(h[3]), 0, 0, 0, 0));
 }
+
+template <int K>
+struct DotQ8_0 {
+  static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
+    const Q8_0* x = static_cast<const Q8_0*>(w);
+    const Q8_0* y[K];
+    __m512 acc0[K], acc1[K];
+    for (int j = 0; j < K; ++j) {
+      y[j] = act_row<Q8_0>(a, stride, j);
+      acc0[j] = acc1[j] = _mm512_setzero_ps();
+    }
+    const int64_t nb = n / kQK;
+    const __m512i idx01 = join(_mm256_set1_epi32(0), _mm256_set1_epi32(1));
+    const __m512i idx23 = join(_mm256_set1_epi32(2), _mm256_set1_epi32(3));
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+      const SignedWeights w0 = prep_s8(join(load256(x[i].qs), load256(x[i + 1].qs)));
+      const SignedWeights w1 = prep_s8(join(load256(x[i + 2].qs), load256(x[i + 3].qs)));
+      const __m128 dw = fp16x4(x + i);
+#pragma GCC unroll 4
+      for (int j = 0; j < K; ++j) {
+        const Q8_0* b = y[j] + i;
+        const __m512i p0 = dot_s8(w0, join(load256(b[0].qs), load256(b[1].qs)));
+        const __m512i p1 = dot_s8(w1, join(load256(b[2].qs), load256(b[3].qs)));
+        // The 4 block scale products dw_k * da_k in one multiply, then spread to 8 lanes each.
+        const __m512 d = _mm512_zextps128_ps512(_mm_mul_ps(dw, fp16x4(b)));
+        acc0[j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx01, d), _mm512_cvtepi32_ps(p0), acc0[j]);
+        acc1[j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx23, d), _mm512_cvtepi32_ps(p1), acc1[j]);
+      }
+    }
+    for (; i < nb; ++i) {
+      // Single blocks in the low half; the high half multiplies zeros.
+      const SignedWeights wv = prep_s8(_mm512_zextsi256_si512(load256(x[i].qs)));
+      const float d = fp16(x[i].d);
+#pragma GCC unroll 4
+      for (int j = 0; j < K; ++j) {
+        const __m512i p = dot_s8(wv, _mm512_zextsi256_si512(load256(y[j][i].qs)));
+        acc0[j] = _mm512_fmadd_ps(join_scales(d * fp16(y[j][i].d), 0.0f), _mm512_cvtepi32_ps(p), acc0[j]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < K; ++j) out[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j]));
+  }
+};
 
 // ---- K-quants -------------------------------------------------------------------------------
 
@@ -145,93 +226,132 @@ inline __m512i quarters_idx(int first) {
 // its high nibbles; broadcasting the chunk to both 256-bit halves and shifting the upper half by
 // 4 gives [sb 2c | sb 2c+1], which lines up with 64 contiguous activations.
 template <bool kFive, typename Block>
-void dot_q45_k(int64_t n, float* out, const void* w, const void* a) {
-  const Block* x = static_cast<const Block*>(w);
-  const Q8_K* y = static_cast<const Q8_K*>(a);
-  const __m512i m4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1);
-  const __m512i nibble_shift = join(_mm256_setzero_si256(), _mm256_set1_epi16(4));
-  const __m512i idx[4] = {halves_idx(0, 1), halves_idx(2, 3), halves_idx(4, 5), halves_idx(6, 7)};
-  __m512 acc = _mm512_setzero_ps();
-  __m128 acc_m = _mm_setzero_ps();
-  for (int64_t i = 0; i < n / kQKK; ++i) {
-    const float da = f32(y[i].d);
-    const __m256i sm = _mm256_cvtepu8_epi16(q4k_scales_mins(x[i].scales));
-    const __m256i bs = load256(y[i].bsums);
-    const __m128i bs_pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-    const __m128i pm = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs_pairs);
-    acc_m = _mm_fmadd_ps(_mm_set1_ps(fp16(x[i].dmin) * da), _mm_cvtepi32_ps(pm), acc_m);
-
-    const __m512i sc = _mm512_zextsi256_si512(sm);  // lanes 0..7: the 8 scales
-    __m512i hbits = _mm512_setzero_si512();
-    if constexpr (kFive) {
-      // [qh | qh >> 1]: bit 0 of each half is then the 5th bit of sub-block 2c resp. 2c+1.
-      hbits = _mm512_srlv_epi16(_mm512_broadcast_i64x4(load256(x[i].qh)),
-                                join(_mm256_setzero_si256(), _mm256_set1_epi16(1)));
-    }
-    __m512i sumi = _mm512_setzero_si512();
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {
-      const __m512i chunk = _mm512_broadcast_i64x4(load256(x[i].qs + 32 * c));
-      __m512i q = _mm512_and_si512(_mm512_srlv_epi16(chunk, nibble_shift), m4);
-      if constexpr (kFive) {
-        q = _mm512_or_si512(q, _mm512_slli_epi16(_mm512_and_si512(hbits, one), 4));
-        hbits = _mm512_srli_epi16(hbits, 2);
+struct DotQ45K {
+  template <int K>
+  struct Rows {
+    static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
+      const Block* x = static_cast<const Block*>(w);
+      const Q8_K* y[K];
+      __m512 acc[K];
+      __m128 acc_m[K];
+      for (int j = 0; j < K; ++j) {
+        y[j] = act_row<Q8_K>(a, stride, j);
+        acc[j] = _mm512_setzero_ps();
+        acc_m[j] = _mm_setzero_ps();
       }
-      sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q, load512(y[i].qs + 64 * c)),
-                                 _mm512_permutexvar_epi16(idx[c], sc));
+      const __m512i m4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1);
+      const __m512i nibble_shift = join(_mm256_setzero_si256(), _mm256_set1_epi16(4));
+      const __m512i idx[4] = {halves_idx(0, 1), halves_idx(2, 3), halves_idx(4, 5), halves_idx(6, 7)};
+      for (int64_t i = 0; i < n / kQKK; ++i) {
+        // Weight side, once per super-block: codes, per-chunk scales, mins, d and dmin.
+        const __m256i sm = _mm256_cvtepu8_epi16(q4k_scales_mins(x[i].scales));
+        const __m128i mins = _mm256_extracti128_si256(sm, 1);
+        const __m512i sc = _mm512_zextsi256_si512(sm);  // lanes 0..7: the 8 scales
+        __m512i hbits = _mm512_setzero_si512();
+        if constexpr (kFive) {
+          // [qh | qh >> 1]: bit 0 of each half is then the 5th bit of sub-block 2c resp. 2c+1.
+          hbits = _mm512_srlv_epi16(_mm512_broadcast_i64x4(load256(x[i].qh)),
+                                    join(_mm256_setzero_si256(), _mm256_set1_epi16(1)));
+        }
+        __m512i q[4], s[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          const __m512i chunk = _mm512_broadcast_i64x4(load256(x[i].qs + 32 * c));
+          q[c] = _mm512_and_si512(_mm512_srlv_epi16(chunk, nibble_shift), m4);
+          if constexpr (kFive) {
+            q[c] = _mm512_or_si512(q[c], _mm512_slli_epi16(_mm512_and_si512(hbits, one), 4));
+            hbits = _mm512_srli_epi16(hbits, 2);
+          }
+          s[c] = _mm512_permutexvar_epi16(idx[c], sc);
+        }
+        const float d = fp16(x[i].d), dmin = fp16(x[i].dmin);
+#pragma GCC unroll 4
+        for (int j = 0; j < K; ++j) {
+          const Q8_K& b = y[j][i];
+          const float da = f32(b.d);
+          const __m256i bs = load256(b.bsums);
+          const __m128i bs_pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+          const __m128i pm = _mm_madd_epi16(mins, bs_pairs);
+          acc_m[j] = _mm_fmadd_ps(_mm_set1_ps(dmin * da), _mm_cvtepi32_ps(pm), acc_m[j]);
+          __m512i sumi = _mm512_setzero_si512();
+#pragma GCC unroll 4
+          for (int c = 0; c < 4; ++c)
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[c], load512(b.qs + 64 * c)), s[c]);
+          acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(d * da), _mm512_cvtepi32_ps(sumi), acc[j]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < K; ++j) {
+        __m128 m = _mm_add_ps(acc_m[j], _mm_movehl_ps(acc_m[j], acc_m[j]));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        out[j] = _mm512_reduce_add_ps(acc[j]) - _mm_cvtss_f32(m);
+      }
     }
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(fp16(x[i].d) * da), _mm512_cvtepi32_ps(sumi), acc);
-  }
-  __m128 m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-  m = _mm_add_ss(m, _mm_movehdup_ps(m));
-  *out = _mm512_reduce_add_ps(acc) - _mm_cvtss_f32(m);
-}
+  };
+};
+template <int K> using DotQ4K = DotQ45K<false, Q4_K>::Rows<K>;
+template <int K> using DotQ5K = DotQ45K<true, Q5_K>::Rows<K>;
 
 // Q6_K. Per 128-element half, the 64 ql bytes' low nibbles are elements 0..63 in order and the
 // high nibbles elements 64..127; qh supplies bit pairs (0,2) and (4,6) for the two halves.
-void dot_q6_k(int64_t n, float* out, const void* w, const void* a) {
-  const Q6_K* x = static_cast<const Q6_K*>(w);
-  const Q8_K* y = static_cast<const Q8_K*>(a);
-  const __m512i m4 = _mm512_set1_epi8(0x0f), m3 = _mm512_set1_epi8(3);
-  const __m512i idx[4] = {quarters_idx(0), quarters_idx(4), quarters_idx(8), quarters_idx(12)};
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n / kQKK; ++i) {
-    const __m256i sc16 = _mm256_cvtepi8_epi16(load128(x[i].scales));
-    const __m512i sc = _mm512_zextsi256_si512(sc16);
-    // Codes are stored +32: remove 32 * sum_g scale_g * bsum_g.
-    const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, load256(y[i].bsums)), 5);
-    __m512i sumi = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(off));
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      const __m512i ql = load512(x[i].ql + 64 * h);
-      const __m256i qh256 = load256(x[i].qh + 32 * h);
-      const __m512i qh = join(qh256, _mm256_srli_epi16(qh256, 2));
-      const __m512i q_lo = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(_mm512_and_si512(qh, m3), 4));
-      const __m512i q_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                                           _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 4), m3), 4));
-      const int8_t* q8 = y[i].qs + 128 * h;
-      sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q_lo, load512(q8)),
-                                 _mm512_permutexvar_epi16(idx[2 * h], sc));
-      sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q_hi, load512(q8 + 64)),
-                                 _mm512_permutexvar_epi16(idx[2 * h + 1], sc));
+template <int K>
+struct DotQ6K {
+  static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
+    const Q6_K* x = static_cast<const Q6_K*>(w);
+    const Q8_K* y[K];
+    __m512 acc[K];
+    for (int j = 0; j < K; ++j) {
+      y[j] = act_row<Q8_K>(a, stride, j);
+      acc[j] = _mm512_setzero_ps();
     }
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(fp16(x[i].d) * f32(y[i].d)), _mm512_cvtepi32_ps(sumi), acc);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m3 = _mm512_set1_epi8(3);
+    const __m512i idx[4] = {quarters_idx(0), quarters_idx(4), quarters_idx(8), quarters_idx(12)};
+    for (int64_t i = 0; i < n / kQKK; ++i) {
+      const __m256i sc16 = _mm256_cvtepi8_epi16(load128(x[i].scales));
+      const __m512i sc = _mm512_zextsi256_si512(sc16);
+      // Codes in element order: q[0..1] for half 0, q[2..3] for half 1, 64 elements each.
+      __m512i q[4], s[4];
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m512i ql = load512(x[i].ql + 64 * h);
+        const __m256i qh256 = load256(x[i].qh + 32 * h);
+        const __m512i qh = join(qh256, _mm256_srli_epi16(qh256, 2));
+        q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(_mm512_and_si512(qh, m3), 4));
+        q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                       _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 4), m3), 4));
+        s[2 * h] = _mm512_permutexvar_epi16(idx[2 * h], sc);
+        s[2 * h + 1] = _mm512_permutexvar_epi16(idx[2 * h + 1], sc);
+      }
+      const float d = fp16(x[i].d);
+#pragma GCC unroll 4
+      for (int j = 0; j < K; ++j) {
+        const Q8_K& b = y[j][i];
+        // Codes are stored +32: remove 32 * sum_g scale_g * bsum_g.
+        const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, load256(b.bsums)), 5);
+        __m512i sumi = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(off));
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c)
+          sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[c], load512(b.qs + 64 * c)), s[c]);
+        acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(d * f32(b.d)), _mm512_cvtepi32_ps(sumi), acc[j]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < K; ++j) out[j] = _mm512_reduce_add_ps(acc[j]);
   }
-  *out = _mm512_reduce_add_ps(acc);
-}
+};
 
 constexpr uint32_t id(TensorType t) { return static_cast<uint32_t>(t); }
 
 KernelTable make_table(const KernelTable& base) {
   KernelTable t = base;
   t.isa = "avx512";
-  t.vec_dot[id(TensorType::F32)] = dot_f32;
-  t.vec_dot[id(TensorType::F16)] = dot_f16;
-  t.vec_dot[id(TensorType::BF16)] = dot_bf16;
-  t.vec_dot[id(TensorType::Q8_0)] = dot_q8_0;
-  t.vec_dot[id(TensorType::Q4_K)] = dot_q45_k<false, Q4_K>;
-  t.vec_dot[id(TensorType::Q5_K)] = dot_q45_k<true, Q5_K>;
-  t.vec_dot[id(TensorType::Q6_K)] = dot_q6_k;
+  set_vec_dot<dot_one<DotF32>>(t, TensorType::F32, dot_multi<DotF32>);
+  set_vec_dot<dot_one<DotF16>>(t, TensorType::F16, dot_multi<DotF16>);
+  set_vec_dot<dot_one<DotBf16>>(t, TensorType::BF16, dot_multi<DotBf16>);
+  set_vec_dot<dot_one<DotQ8_0>>(t, TensorType::Q8_0, dot_multi<DotQ8_0>);
+  set_vec_dot<dot_one<DotQ4K>>(t, TensorType::Q4_K, dot_multi<DotQ4K>);
+  set_vec_dot<dot_one<DotQ5K>>(t, TensorType::Q5_K, dot_multi<DotQ5K>);
+  set_vec_dot<dot_one<DotQ6K>>(t, TensorType::Q6_K, dot_multi<DotQ6K>);
   return t;
 }
 
