@@ -666,12 +666,15 @@ class Context:
 
     # ---- generation ----
     def generate(self, prompt, max_tokens=None, temperature=None, top_k=None, top_p=None,
-                 min_p=None, repeat_penalty=None, repeat_last_n=None, seed=None, stop=None):
+                 min_p=None, repeat_penalty=None, repeat_last_n=None, seed=None, stop=None,
+                 as_bytes=False):
         """Generates a continuation of `prompt` (str or bytes; the whole sequence: the KV cache's
         shared prefix is reused). Returns an iterator of str pieces yielded as they are produced
         (pieces never split a UTF-8 character nor contain a stop string). None for a parameter
         means the library default (max_tokens 256, temperature 0.8, top_k 40, top_p 0.95,
         min_p 0.05, repeat_penalty 1.0 over 64, seed 0x5eed). temperature 0 is greedy.
+        as_bytes=True yields the pieces as the library's bytes instead of str (each piece is
+        decoded on its own with errors="replace" otherwise).
 
         Generation starts on the first next() and runs on a helper thread at most one piece ahead
         of the consumer. Leaving the loop early (break, or close() on the iterator) stops it; an
@@ -689,7 +692,7 @@ class Context:
                     min_p=min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                     seed=seed)
         self._handle()  # fail now, not on first next(), for a closed context
-        return self._generate(data, opts, stops)
+        return self._generate(data, opts, stops, bool(as_bytes))
 
     def _make_generate_params(self, o, stops, piece_ref):
         p = _c.moelite_generate_params_create()
@@ -720,7 +723,7 @@ class Context:
             raise
         return p
 
-    def _generate(self, data, opts, stops):
+    def _generate(self, data, opts, stops, as_bytes):
         self._preempt()
         with self._lock:
             self._handle()
@@ -734,7 +737,7 @@ class Context:
                 kind = item[0]
                 if kind == "piece":
                     gen.demand.release()  # let the worker compute the next piece meanwhile
-                    yield item[1].decode("utf-8", "replace")
+                    yield item[1] if as_bytes else item[1].decode("utf-8", "replace")
                     if gen.stopped.is_set():  # preempted by another call on this context
                         return
                     continue

@@ -1,11 +1,11 @@
 """Tests of the ctypes binding against facts that do not come from the binding itself: the C
 header's enums and version, the hyperparameters the tiny-model generator was given, the
-vocabulary it writes ("tok<N>" for id N >= 3), llama.cpp's tokenizer test vectors, and greedy
-decoding recomputed from raw logits.
+model's vocabulary and chat template read with the repo's own Python GGUF reader
+(tools/gguf), llama.cpp's tokenizer test vectors, and greedy decoding recomputed from raw logits.
 
 Environment: MOELITE_LIBRARY (the libmoelite to test), MOELITE_TEST_MODEL (optional: a small
-model with the generator's gpt2 vocabulary; otherwise one is generated), MOELITE_TEST_TMP
-(optional scratch directory).
+model with a byte-level BPE ("gpt2") vocabulary; otherwise one is generated with
+tools/make_tiny_model.py), MOELITE_TEST_TMP (optional scratch directory).
 """
 import os
 import re
@@ -21,16 +21,57 @@ sys.path.insert(0, os.path.normpath(os.path.join(HERE, os.pardir)))  # the check
 import moelite  # noqa: E402
 
 np = pytest.importorskip("numpy")
+sys.path.insert(0, os.path.join(REPO, "tools", "gguf"))
+from moelite_gguf.reader import GGUFReader  # noqa: E402  (independent of the C library)
 
 HEADER = os.path.join(REPO, "include", "moelite.h")
 VOCAB_DIR = os.path.join(REPO, "tests", "data", "vocab")
 GPT2_VOCAB = os.path.join(VOCAB_DIR, "ggml-vocab-gpt-2.gguf")
 
-# What tools/make_tiny_model.py is asked for below (and writes: vocab "<unk>", "<s>", "</s>",
-# then "tok3".."tok511"; bos 1, eos 2).
+# What tools/make_tiny_model.py is asked for below.
 TINY = dict(arch="qwen3moe", type="Q8_0", n_layer=2, n_embd=128, n_head=4, n_head_kv=2,
             n_expert=8, n_expert_used=2, n_ff_exp=64, vocab=512, ctx=256, seed=7)
-EOS = 2
+PROMPT = "Once upon a time"
+
+
+def _gpt2_byte_decoder():
+    """GPT-2's printable code point -> byte table (inverse of bytes_to_unicode)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[chr(b)] = b
+        else:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
+
+
+class RefVocab:
+    """The model's byte-level BPE vocabulary as stored in the file, decoded in Python."""
+    RENDERLESS = (2, 3, 5)  # unknown, control, unused: no text unless special
+
+    def __init__(self, path):
+        r = GGUFReader(path)
+        md = r.metadata
+        if md.get("tokenizer.ggml.model") != "gpt2":
+            pytest.skip("these checks need a byte-level BPE (gpt2) vocabulary")
+        self.tokens = [t if isinstance(t, str) else t.decode("utf-8") for t in md["tokenizer.ggml.tokens"]]
+        self.types = [int(x) for x in md["tokenizer.ggml.token_type"]]
+        self.bos = int(md.get("tokenizer.ggml.bos_token_id", -1))
+        self.eos = int(md.get("tokenizer.ggml.eos_token_id", -1))
+        self.template = md.get("tokenizer.chat_template")
+        self._dec = _gpt2_byte_decoder()
+
+    def piece(self, t, special=False):
+        if self.types[t] in self.RENDERLESS:
+            return self.tokens[t].encode("utf-8") if special and self.types[t] == 3 else b""
+        if self.types[t] == 4:  # user-defined: stored as plain text
+            return self.tokens[t].encode("utf-8")
+        return bytes(self._dec[c] for c in self.tokens[t])
+
+    def text(self, ids, special=False):
+        return b"".join(self.piece(t, special) for t in ids)
 
 
 def _header_text():
@@ -74,19 +115,14 @@ def model(tiny):
     m.close()
 
 
-def _needs_generator_vocab(tiny):
-    if tiny[1] is None:
-        pytest.skip("needs the generated model's known vocabulary (MOELITE_TEST_MODEL is set)")
-
-
-def piece_of(token):
-    """Text of a token of the generated vocabulary, known independently of the library."""
-    assert token >= 3, "control/unknown token %d in generated text" % token
-    return "tok%d" % token
+@pytest.fixture(scope="session")
+def vocab(tiny):
+    return RefVocab(tiny[0])
 
 
 def greedy_reference(model, prompt, n):
-    """Greedy decoding done by hand: eval, argmax of the raw logits, eval the choice..."""
+    """Greedy decoding done by hand: eval, argmax of the raw logits, eval the choice... until an
+    end-of-generation token. Returns (prompt token ids, generated ids)."""
     ctx = moelite.Context(model, n_ctx=128)
     try:
         toks = model.tokenize(prompt, add_special=True, parse_special=True)
@@ -94,7 +130,7 @@ def greedy_reference(model, prompt, n):
         out = []
         for i in range(n):
             t = int(np.argmax(ctx.logits()))
-            if t == EOS:
+            if model.is_end_token(t):
                 break
             out.append(t)
             if i + 1 < n:
@@ -177,8 +213,13 @@ def test_model_properties(model, tiny):
     # Q8_0 stores 32 weights in 34 bytes; the experts are gate, up (n_ff x n_embd) and down.
     n_expert_weights = t["n_layer"] * t["n_expert"] * 3 * t["n_ff_exp"] * t["n_embd"]
     assert model.expert_bytes == n_expert_weights // 32 * 34
-    assert (model.bos, model.eos) == (1, EOS)
-    assert model.is_end_token(EOS) and not model.is_end_token(5)
+
+def test_special_tokens_match_file(model, vocab):
+    assert (model.bos, model.eos) == (vocab.bos, vocab.eos)
+    assert model.n_vocab == len(vocab.tokens)
+    assert model.is_end_token(vocab.eos)
+    normal = next(i for i, ty in enumerate(vocab.types) if ty == 1)
+    assert not model.is_end_token(normal)
 
 
 def test_closed_model_and_context_manager(tiny):
@@ -213,17 +254,20 @@ def test_vocab_only_model_has_no_contexts(tiny):
         assert ei.value.status_name == "MOELITE_ERR_INVALID_ARGUMENT"
 
 
-def test_chat_format_plain_fallback(model, tiny):
-    _needs_generator_vocab(tiny)  # the generated model has no chat template
-    assert model.chat_template_kind == "plain"
-    s = model.chat_format([{"role": "system", "content": "be brief"},
-                           {"role": "user", "content": "hello"}])
+def test_chat_format(model, vocab):
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    s = model.chat_format(msgs)
+    s2 = model.chat_format(msgs[1:], add_assistant_prompt=False)
     assert isinstance(s, str)
-    assert "system: be brief" in s and "user: hello" in s
-    assert s.index("system: be brief") < s.index("user: hello")
-    assert s.rstrip().endswith("assistant:")
-    s2 = model.chat_format([{"role": "user", "content": "hello"}], add_assistant_prompt=False)
-    assert "assistant" not in s2
+    if vocab.template and "<|im_start|>" in vocab.template:
+        assert model.chat_template_kind == "chatml"
+        assert s == ("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n"
+                     "<|im_start|>assistant\n")
+        assert s2 == "<|im_start|>user\nhello<|im_end|>\n"
+    else:
+        assert "be brief" in s and "hello" in s and s.index("be brief") < s.index("hello")
+    with pytest.raises(TypeError):
+        model.chat_format([("user", "hello")])
 
 
 # ---- eval / logits -------------------------------------------------------------------------
@@ -303,17 +347,29 @@ def test_abort_callback(model):
 
 # ---- tokenizer -------------------------------------------------------------------------------
 
-def test_tokenize_generated_vocab(model, tiny):
-    _needs_generator_vocab(tiny)
-    assert model.tokenize("<s>", parse_special=True) == [1]
-    assert model.detokenize([5, 17, 300]) == "tok5tok17tok300"
-    assert model.detokenize_bytes([5, 17]) == b"tok5tok17"
-    assert model.detokenize([1, 5]) == "tok5"  # control tokens render as nothing by default...
-    assert model.detokenize([1, 5], special=True) == "<s>tok5"  # ...and as their text on request
+def test_tokenize_model_vocab(model, vocab):
+    text = "Hello there, the theory\n\tof everything \u00e9\u20ac!"
+    ids = model.tokenize(text)
+    assert all(0 <= t < model.n_vocab for t in ids)
+    assert vocab.text(ids) == text.encode("utf-8")  # the ids' stored strings spell the text
+    assert model.detokenize(ids) == text and model.detokenize_bytes(ids) == text.encode("utf-8")
+    assert model.tokenize(text.encode("utf-8")) == ids
+    controls = [i for i, ty in enumerate(vocab.types) if ty == 3]
+    assert controls
+    c = controls[-1]
+    name = vocab.tokens[c]
+    assert model.tokenize(name, parse_special=True) == [c]
+    plain = model.tokenize(name)  # without parse_special the marker is ordinary text
+    assert c not in plain and vocab.text(plain) == name.encode("utf-8")
+    assert model.detokenize([c] + ids) == text  # control tokens render as nothing by default...
+    assert model.detokenize([c] + ids, special=True) == name + text  # ...or as their text
     with pytest.raises(moelite.MoeliteError) as ei:
         model.detokenize([model.n_vocab])
     assert ei.value.status_name == "MOELITE_ERR_BAD_TOKEN"
-    assert model.detokenize([]) == ""
+    assert model.detokenize([]) == "" and model.tokenize("") == []
+    long_text = "the theory of everything " * 400
+    long_ids = model.tokenize(long_text)
+    assert model.detokenize(long_ids) == long_text
 
 
 def _vocab_vectors(name, limit=None):
@@ -390,21 +446,26 @@ def _is_utf8(b):
 
 # ---- generation ------------------------------------------------------------------------------
 
-PROMPT = "<s>"
 
-
-def test_generate_greedy_matches_manual_decoding(model, tiny):
-    _needs_generator_vocab(tiny)
+def test_generate_greedy_matches_manual_decoding(model, vocab):
     n = 12
     ptoks, ref = greedy_reference(model, PROMPT, n)
-    expected = "".join(piece_of(t) for t in ref)
+    expected = vocab.text(ref)
     ctx = moelite.Context(model, n_ctx=128)
     it = ctx.generate(PROMPT, max_tokens=n, temperature=0)
     assert ctx.last_stats is None  # lazily started: nothing ran yet
     pieces = list(it)
-    assert pieces and all(isinstance(p, str) and p for p in pieces)
-    assert "".join(pieces) == expected
+    assert all(isinstance(p, str) and p for p in pieces)
     st = ctx.last_stats
+    ctx.reset()
+    raw = list(ctx.generate(PROMPT, max_tokens=n, temperature=0, as_bytes=True))
+    assert all(isinstance(p, bytes) for p in raw)
+    assert b"".join(raw) == expected
+    assert pieces == [p.decode("utf-8", "replace") for p in raw]
+    if _is_utf8(expected):
+        assert "".join(pieces) == expected.decode("utf-8")
+        for p in raw:  # pieces never split a character
+            assert _is_utf8(p)
     assert st["n_generated_tokens"] == len(ref)
     assert st["n_prompt_tokens"] + st["n_cached_tokens"] == len(ptoks)
     if len(ref) == n:
@@ -417,20 +478,18 @@ def test_generate_greedy_matches_manual_decoding(model, tiny):
     ctx.close()
 
 
-def test_generate_same_seed_same_text(model, tiny):
-    _needs_generator_vocab(tiny)
+def test_generate_same_seed_same_text(model, vocab):
     ctx = moelite.Context(model, n_ctx=128)
     kw = dict(max_tokens=16, temperature=1.0, top_k=50, top_p=1.0, min_p=0.0)
-    a = "".join(ctx.generate(PROMPT, seed=1234, **kw))
+    a = b"".join(ctx.generate(PROMPT, seed=1234, as_bytes=True, **kw))
     st_a = dict(ctx.last_stats)
     ctx.reset()
-    b = "".join(ctx.generate(PROMPT, seed=1234, **kw))
+    b = b"".join(ctx.generate(PROMPT, seed=1234, as_bytes=True, **kw))
     other = moelite.Context(model, n_ctx=128)
-    c = "".join(other.generate(PROMPT, seed=1234, **kw))
+    c = b"".join(other.generate(PROMPT, seed=1234, as_bytes=True, **kw))
     assert a == b == c
-    assert re.fullmatch(r"(tok\d+)*", a)  # only vocabulary text, nothing from control tokens
-    assert st_a["n_generated_tokens"] == len(re.findall(r"tok\d+", a))
-    texts = {s: "".join(other.generate(PROMPT, seed=s, **kw)) for s in (1, 2, 3, 4)}
+    assert 1 <= st_a["n_generated_tokens"] <= 16
+    texts = {s: b"".join(other.generate(PROMPT, seed=s, as_bytes=True, **kw)) for s in (1, 2, 3, 4)}
     assert any(texts.values())
     assert set(texts.values()) != {a}  # the seed matters (random weights: many likely tokens)
     ctx.close()
@@ -446,8 +505,11 @@ def test_generate_early_break_stops(model):
             break
     st = ctx.last_stats
     assert st is not None and st["stop_reason"] == moelite.StopReason.CALLBACK
-    assert st["n_generated_tokens"] <= 4  # the worker runs at most one piece ahead
-    assert ctx.kv_length < 10
+    # The worker runs at most one piece ahead; tokens without text (control, unused) emit no
+    # piece, so the token count can be a little larger than the pieces taken.
+    assert st["n_generated_tokens"] < 100
+    n_prompt = len(model.tokenize(PROMPT, add_special=True, parse_special=True))
+    assert ctx.kv_length == n_prompt + st["n_generated_tokens"] - 1
     # an iterator kept alive but abandoned is stopped by the next call on the context
     it = ctx.generate(PROMPT, max_tokens=200, temperature=0)
     next(it)
@@ -459,39 +521,48 @@ def test_generate_early_break_stops(model):
     it = ctx.generate(PROMPT, max_tokens=200, temperature=0)
     next(it)
     it.close()
-    assert ctx.last_stats["n_generated_tokens"] <= 3
+    assert ctx.last_stats["stop_reason"] == moelite.StopReason.CALLBACK
     # the context works normally afterwards
-    assert len(list(ctx.generate(PROMPT, max_tokens=5, temperature=0))) >= 1
+    list(ctx.generate(PROMPT, max_tokens=5, temperature=0))
+    assert ctx.last_stats["n_generated_tokens"] >= 1
     assert ctx.last_stats["stop_reason"] in (moelite.StopReason.MAX_TOKENS, moelite.StopReason.END_TOKEN)
     ctx.close()
 
 
-def test_generate_stop_strings(model, tiny):
-    _needs_generator_vocab(tiny)
-    _, ref = greedy_reference(model, PROMPT, 10)
-    if len(ref) < 6:
-        pytest.skip("greedy output ended too early for this model")
-    full = "".join(piece_of(t) for t in ref)
-    stop = piece_of(ref[4])
+def test_generate_stop_strings(model, vocab):
+    _, ref = greedy_reference(model, PROMPT, 16)
+    full = vocab.text(ref)
+    # a stop string taken from the middle of the greedy output (bytes: the output of a random
+    # model need not be valid UTF-8, and stop strings are matched on bytes)
+    start = len(full) // 2
+    stop = full[start:start + 3]
+    if len(ref) < 6 or len(stop) < 3 or b"\0" in stop:
+        pytest.skip("greedy output too short for this model")
     cut = full.index(stop)
     ctx = moelite.Context(model, n_ctx=128)
-    out = "".join(ctx.generate(PROMPT, max_tokens=10, temperature=0, stop=[stop, "never-there"]))
+    out = b"".join(ctx.generate(PROMPT, max_tokens=16, temperature=0, stop=[stop, "never-there"],
+                                as_bytes=True))
     assert out == full[:cut]
     assert stop not in out
     assert ctx.last_stats["stop_reason"] == moelite.StopReason.STRING
-    out2 = "".join(ctx.generate(PROMPT, max_tokens=10, temperature=0, stop=stop))  # a single str
-    assert out2 == out
+    out2 = b"".join(ctx.generate(PROMPT, max_tokens=16, temperature=0, stop=stop, as_bytes=True))
+    assert out2 == out  # a single stop string instead of a list
+    # a stop string that never occurs changes nothing
+    out3 = b"".join(ctx.generate(PROMPT, max_tokens=16, temperature=0, stop="never-there",
+                                 as_bytes=True))
+    assert out3 == full
     ctx.close()
 
 
 def test_generate_error_then_context_still_works(model):
-    ctx = moelite.Context(model, n_ctx=8)
+    ctx = moelite.Context(model, n_ctx=24)
+    assert len(model.tokenize(PROMPT, add_special=True, parse_special=True)) < 20
     with pytest.raises(moelite.MoeliteError) as ei:
-        list(ctx.generate("<s>" * 20, max_tokens=4))  # 20 prompt tokens > n_ctx 8
+        list(ctx.generate("x y " * 20, max_tokens=4))  # >= 40 prompt tokens > n_ctx 24
     assert ei.value.status_name == "MOELITE_ERR_CONTEXT_FULL"
     assert re.search(r"\d+ tokens", ei.value.message)
-    pieces = list(ctx.generate(PROMPT, max_tokens=3, temperature=0))
-    assert pieces and ctx.last_stats["n_generated_tokens"] >= 1
+    list(ctx.generate(PROMPT, max_tokens=3, temperature=0))
+    assert ctx.last_stats["n_generated_tokens"] >= 1
     ctx.eval([3])  # plain eval after generation
     assert np.all(np.isfinite(ctx.logits()))
     ctx.close()
@@ -503,5 +574,6 @@ def test_generate_invalid_parameters(model):
         ctx.generate(PROMPT, stop=[""])
     with pytest.raises(moelite.MoeliteError):
         list(ctx.generate(PROMPT, max_tokens=-5))
-    assert len(list(ctx.generate(PROMPT, max_tokens=2, temperature=0))) >= 1
+    list(ctx.generate(PROMPT, max_tokens=2, temperature=0))
+    assert ctx.last_stats["n_generated_tokens"] >= 1
     ctx.close()
