@@ -46,6 +46,23 @@ static int cancel_cb(float p, void *user) {
   return 0;
 }
 
+typedef struct {
+  char text[4096];
+  size_t len;
+  int pieces;
+  int stop_after; /* stop when this many pieces arrived (0: never) */
+} capture;
+
+static int capture_cb(const char *piece, size_t len, void *user) {
+  capture *c = (capture *)user;
+  if (c->len + len < sizeof c->text) {
+    memcpy(c->text + c->len, piece, len);
+    c->len += len;
+  }
+  ++c->pieces;
+  return c->stop_after == 0 || c->pieces < c->stop_after;
+}
+
 static int g_log_lines = 0;
 static void log_cb(moelite_log_level level, const char *text, void *user) {
   (void)level;
@@ -180,6 +197,98 @@ int main(int argc, char **argv) {
   CHECK(after && memcmp(after, batch + 5 * (size_t)n_vocab, sizeof(float) * (size_t)n_vocab) == 0);
   moelite_context_free(ctx);
   moelite_context_params_free(cp);
+
+  /* Text: tokenization with the two-call buffer convention, exact detokenization. */
+  {
+    const char *text = "Hello world, the end.";
+    int32_t n = 0;
+    CHECK(moelite_tokenize(model, text, strlen(text), 0, NULL, 0, &n) == MOELITE_ERR_BUFFER_TOO_SMALL);
+    CHECK(n > 0 && n <= (int32_t)strlen(text));
+    int32_t ids[64];
+    int32_t n2 = 0;
+    CHECK(moelite_tokenize(model, text, strlen(text), 0, ids, 64, &n2) == MOELITE_OK && n2 == n);
+    char back[128];
+    size_t blen = 0;
+    CHECK(moelite_detokenize(model, ids, n2, 0, back, sizeof back, &blen) == MOELITE_OK);
+    CHECK(blen == strlen(text) && memcmp(back, text, blen) == 0);
+    ids[0] = (int32_t)n_vocab;
+    CHECK(moelite_detokenize(model, ids, 1, 0, back, sizeof back, &blen) == MOELITE_ERR_BAD_TOKEN);
+    /* Control-token text is one token only when special parsing is asked for. */
+    const char *im = "<|im_start|>";
+    CHECK(moelite_tokenize(model, im, strlen(im), MOELITE_TOKENIZE_PARSE_SPECIAL, ids, 64, &n2) == MOELITE_OK && n2 == 1);
+    CHECK(moelite_token_is_end(model, moelite_token_eos(model)) == 1);
+    CHECK(moelite_tokenize(model, im, strlen(im), 0, ids, 64, &n2) == MOELITE_OK && n2 > 1);
+    CHECK(strcmp(moelite_chat_template_kind(model), "chatml") == 0);
+    moelite_chat_message msgs[2] = {{"system", "S"}, {"user", "U"}};
+    char chat[256];
+    size_t clen = 0;
+    CHECK(moelite_chat_format(model, msgs, 2, 1, chat, sizeof chat, &clen) == MOELITE_OK);
+    const char *expect = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n";
+    CHECK(clen == strlen(expect) && memcmp(chat, expect, clen) == 0);
+  }
+
+  /* Generation: seeded reproducibility, stats, the callback stopping it, prefix reuse. */
+  {
+    moelite_context *g = NULL;
+    CHECK(moelite_context_create(model, NULL, &g) == MOELITE_OK);
+    moelite_generate_params *gp = moelite_generate_params_create();
+    capture a, b, c;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    memset(&c, 0, sizeof c);
+    CHECK(moelite_generate_params_set_max_tokens(gp, 12) == MOELITE_OK);
+    CHECK(moelite_generate_params_set_seed(gp, 1234) == MOELITE_OK);
+    CHECK(moelite_generate_params_set_temperature(gp, -1.0f) == MOELITE_ERR_INVALID_ARGUMENT);
+    CHECK(moelite_generate_params_set_callback(gp, capture_cb, &a) == MOELITE_OK);
+    moelite_generate_stats st1;
+    memset(&st1, 0, sizeof st1);
+    st1.struct_size = sizeof st1;
+    const char *prompt = "Once upon a time";
+    CHECK(moelite_generate(g, prompt, strlen(prompt), gp, &st1) == MOELITE_OK);
+    CHECK(st1.n_generated_tokens >= 1 && st1.n_generated_tokens <= 12);
+    CHECK(st1.n_prompt_tokens > 0 && st1.n_cached_tokens == 0);
+    CHECK(st1.stop_reason == MOELITE_STOP_MAX_TOKENS || st1.stop_reason == MOELITE_STOP_END_TOKEN);
+    CHECK(moelite_kv_length(g) == st1.n_prompt_tokens + st1.n_generated_tokens - 1 ||
+          moelite_kv_length(g) == st1.n_prompt_tokens + st1.n_generated_tokens);
+    /* Same prompt again: the prompt's tokens come from the cache except the last one. */
+    moelite_generate_params_set_callback(gp, capture_cb, &b);
+    moelite_generate_stats st2;
+    memset(&st2, 0, sizeof st2);
+    st2.struct_size = sizeof st2;
+    CHECK(moelite_generate(g, prompt, strlen(prompt), gp, &st2) == MOELITE_OK);
+    CHECK(st2.n_prompt_tokens == 1 && st2.n_cached_tokens == st1.n_prompt_tokens - 1);
+    CHECK(a.len > 0 && a.len == b.len && memcmp(a.text, b.text, a.len) == 0);
+    /* The callback asks to stop after its first piece. */
+    c.stop_after = 1;
+    moelite_generate_params_set_callback(gp, capture_cb, &c);
+    st2.struct_size = sizeof st2;
+    CHECK(moelite_generate(g, prompt, strlen(prompt), gp, &st2) == MOELITE_OK);
+    CHECK(c.pieces == 1 && st2.stop_reason == MOELITE_STOP_CALLBACK);
+    /* An old caller whose stats struct is shorter gets only what fits. */
+    unsigned char small[sizeof(size_t) + 2 * sizeof(int32_t) + 8];
+    memset(small, 0xAB, sizeof small);
+    moelite_generate_stats *old = (moelite_generate_stats *)(void *)small;
+    old->struct_size = sizeof(size_t) + 2 * sizeof(int32_t);
+    moelite_generate_params_set_callback(gp, NULL, NULL);
+    CHECK(moelite_generate(g, prompt, strlen(prompt), gp, old) == MOELITE_OK);
+    CHECK(small[sizeof small - 1] == 0xAB);
+    moelite_generate_params_free(gp);
+    moelite_context_free(g);
+  }
+
+  /* Vocabulary-only loading: tokenizer yes, contexts no. */
+  {
+    moelite_model_params *vp = moelite_model_params_create();
+    moelite_model_params_set_vocab_only(vp, 1);
+    moelite_model *vm = NULL;
+    CHECK(moelite_model_load(path, vp, &vm) == MOELITE_OK);
+    moelite_model_params_free(vp);
+    int32_t ids[8], n3 = 0;
+    CHECK(moelite_tokenize(vm, "Hi", 2, 0, ids, 8, &n3) == MOELITE_OK && n3 >= 1);
+    moelite_context *vc = NULL;
+    CHECK(moelite_context_create(vm, NULL, &vc) == MOELITE_ERR_INVALID_ARGUMENT && vc == NULL);
+    moelite_model_free(vm);
+  }
 
   /* Unavailable backend: a specific error, not a crash. */
   mp = moelite_model_params_create();

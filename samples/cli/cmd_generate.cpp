@@ -170,7 +170,7 @@ int cmd_chat(int argc, char** argv) {
     st = moelite_generate(s.ctx, prompt.data(), prompt.size(), s.gen, &stats);
     if (st != MOELITE_OK) return report(st, "generating");
     printf("\n");
-    if (interactive) print_stats(stats);
+    print_stats(stats);  // on stderr: the conversation on stdout stays clean
     roles.push_back("assistant");
     contents.push_back(cap.text);
   }
