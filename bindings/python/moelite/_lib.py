@@ -1,0 +1,169 @@
+"""Locating libmoelite and declaring the C API (include/moelite.h) for ctypes.
+
+Nothing here is compiled: the shared library built by CMake (libmoelite.so) is opened with
+ctypes and every function the binding uses gets its argtypes/restype declared below.
+"""
+import ctypes
+import ctypes.util
+import glob
+import os
+import sys
+from ctypes import (CFUNCTYPE, POINTER, Structure, c_char_p, c_double, c_float, c_int, c_int32,
+                    c_int64, c_size_t, c_uint, c_uint32, c_uint64, c_void_p)
+
+__all__ = ["lib", "library_path", "find_library"]
+
+if sys.platform == "darwin":
+    _LIB_GLOB, _LIB_NAME = "libmoelite*.dylib", "libmoelite.dylib"
+elif sys.platform == "win32":
+    _LIB_GLOB, _LIB_NAME = "moelite*.dll", "moelite.dll"
+else:
+    _LIB_GLOB, _LIB_NAME = "libmoelite.so*", "libmoelite.so"
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _candidates():
+    """Yields (description, path) in search order."""
+    env = os.environ.get("MOELITE_LIBRARY")
+    if env:
+        # An explicit choice is final: no silent fallback to some other copy.
+        yield "MOELITE_LIBRARY", env
+        return
+    # 1. A copy installed next to the package (e.g. copied in before `pip install`).
+    for p in sorted(glob.glob(os.path.join(_PKG_DIR, _LIB_GLOB))):
+        yield "package directory", p
+    # 2. The build tree of a source checkout: <repo>/bindings/python/moelite -> <repo>/build/lib.
+    repo = os.path.normpath(os.path.join(_PKG_DIR, os.pardir, os.pardir, os.pardir))
+    if os.path.isfile(os.path.join(repo, "include", "moelite.h")):
+        yield "source checkout build tree", os.path.join(repo, "build", "lib", _LIB_NAME)
+    # 3. The system's library search path (ldconfig, DYLD paths...).
+    found = ctypes.util.find_library("moelite")
+    if found:
+        yield "system library path", found
+
+
+def find_library():
+    """Opens the first libmoelite found; returns (CDLL, path). Raises ImportError listing the tries."""
+    tried = []
+    for how, path in _candidates():
+        is_bare_name = os.path.sep not in path  # find_library may return just "libmoelite.so.0"
+        if not is_bare_name and not os.path.exists(path):
+            tried.append("%s: %s (does not exist)" % (how, path))
+            continue
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            tried.append("%s: %s (%s)" % (how, path, e))
+            if how == "MOELITE_LIBRARY":
+                break
+    raise ImportError(
+        "moelite: cannot load the moelite shared library. Build it (cmake -B build && cmake --build "
+        "build) and set MOELITE_LIBRARY to the full path of %s, or copy it next to the moelite "
+        "package. Tried:\n  %s" % (_LIB_NAME, "\n  ".join(tried) if tried else "(no candidates)"))
+
+
+lib, library_path = find_library()
+
+# ---- callback types and structs ---------------------------------------------------------------
+
+LOG_FN = CFUNCTYPE(None, c_int, c_char_p, c_void_p)
+PROGRESS_FN = CFUNCTYPE(c_int, c_float, c_void_p)
+ABORT_FN = CFUNCTYPE(c_int, c_void_p)
+# `piece` is declared as c_void_p (not c_char_p) because it is not NUL-terminated: read it with
+# ctypes.string_at(piece, length).
+PIECE_FN = CFUNCTYPE(c_int, c_void_p, c_size_t, c_void_p)
+
+
+class ChatMessage(Structure):
+    _fields_ = [("role", c_char_p), ("content", c_char_p)]
+
+
+class GenerateStats(Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("n_prompt_tokens", c_int32),
+        ("n_cached_tokens", c_int32),
+        ("n_generated_tokens", c_int32),
+        ("stop_reason", c_int32),
+        ("prompt_seconds", c_double),
+        ("generate_seconds", c_double),
+        ("time_to_first_token_seconds", c_double),
+        ("prompt_tokens_per_second", c_double),
+        ("generated_tokens_per_second", c_double),
+    ]
+
+
+# ---- declarations -----------------------------------------------------------------------------
+
+_status = c_int  # moelite_status (a C enum: int)
+_p = c_void_p    # every opaque handle
+
+
+def _decl(name, restype, *argtypes):
+    fn = getattr(lib, name)
+    fn.restype = restype
+    fn.argtypes = list(argtypes)
+
+
+_decl("moelite_version_number", c_uint)
+_decl("moelite_version_string", c_char_p)
+_decl("moelite_status_name", c_char_p, c_int)
+_decl("moelite_last_error", c_char_p)
+_decl("moelite_set_log_callback", None, LOG_FN, c_void_p, c_int)
+
+_decl("moelite_model_params_create", _p)
+_decl("moelite_model_params_free", None, _p)
+_decl("moelite_model_params_set_threads", _status, _p, c_int32)
+_decl("moelite_model_params_set_backend", _status, _p, c_int)
+_decl("moelite_model_params_set_expert_budget", _status, _p, c_uint64)
+_decl("moelite_model_params_set_use_mmap", _status, _p, c_int32)
+_decl("moelite_model_params_set_vocab_only", _status, _p, c_int32)
+_decl("moelite_model_params_set_progress_callback", _status, _p, PROGRESS_FN, c_void_p)
+_decl("moelite_model_load", _status, c_char_p, _p, POINTER(c_void_p))
+_decl("moelite_model_free", None, _p)
+
+_decl("moelite_model_get", c_int64, _p, c_int)
+_decl("moelite_model_arch", c_char_p, _p)
+_decl("moelite_model_name", c_char_p, _p)
+_decl("moelite_model_expert_type", c_char_p, _p)
+_decl("moelite_model_backend_name", c_char_p, _p)
+_decl("moelite_supported_archs", c_char_p)
+
+_decl("moelite_context_params_create", _p)
+_decl("moelite_context_params_free", None, _p)
+_decl("moelite_context_params_set_n_ctx", _status, _p, c_int32)
+_decl("moelite_context_params_set_n_batch", _status, _p, c_int32)
+_decl("moelite_context_params_set_abort_callback", _status, _p, ABORT_FN, c_void_p)
+_decl("moelite_context_create", _status, _p, _p, POINTER(c_void_p))
+_decl("moelite_context_free", None, _p)
+_decl("moelite_eval", _status, _p, POINTER(c_int32), c_int32, c_int32)
+_decl("moelite_get_logits", POINTER(c_float), _p, c_int32)
+_decl("moelite_kv_length", c_int32, _p)
+_decl("moelite_context_n_ctx", c_int32, _p)
+_decl("moelite_kv_reset", None, _p)
+_decl("moelite_kv_truncate", None, _p, c_int32)
+
+_decl("moelite_tokenize", _status, _p, c_char_p, c_size_t, c_uint32, POINTER(c_int32), c_int32,
+      POINTER(c_int32))
+_decl("moelite_detokenize", _status, _p, POINTER(c_int32), c_int32, c_uint32, c_void_p, c_size_t,
+      POINTER(c_size_t))
+_decl("moelite_token_bos", c_int32, _p)
+_decl("moelite_token_eos", c_int32, _p)
+_decl("moelite_token_is_end", c_int32, _p, c_int32)
+_decl("moelite_chat_format", _status, _p, POINTER(ChatMessage), c_size_t, c_int32, c_void_p,
+      c_size_t, POINTER(c_size_t))
+_decl("moelite_chat_template_kind", c_char_p, _p)
+
+_decl("moelite_generate_params_create", _p)
+_decl("moelite_generate_params_free", None, _p)
+_decl("moelite_generate_params_set_max_tokens", _status, _p, c_int32)
+_decl("moelite_generate_params_set_temperature", _status, _p, c_float)
+_decl("moelite_generate_params_set_top_k", _status, _p, c_int32)
+_decl("moelite_generate_params_set_top_p", _status, _p, c_float)
+_decl("moelite_generate_params_set_min_p", _status, _p, c_float)
+_decl("moelite_generate_params_set_repeat_penalty", _status, _p, c_float, c_int32)
+_decl("moelite_generate_params_set_seed", _status, _p, c_uint64)
+_decl("moelite_generate_params_add_stop", _status, _p, c_char_p)
+_decl("moelite_generate_params_set_callback", _status, _p, PIECE_FN, c_void_p)
+_decl("moelite_generate", _status, _p, c_char_p, c_size_t, _p, POINTER(GenerateStats))
