@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(g++ cmake ninja-build pkg-config)
 if [[ "${1:-}" == "--test" ]]; then
-  pkgs+=(libgtest-dev python3-numpy python3-pytest)
+  pkgs+=(libgtest-dev python3-numpy python3-pytest python3-venv python3-pip python3-setuptools)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
