@@ -10,6 +10,7 @@ static void print_help() {
       "usage: moelite COMMAND [options]\n\n"
       "commands:\n"
       "  info    -m MODEL [--json]                      model facts (arch, experts, bytes)\n"
+      "  perplexity -m MODEL -f TEXT [--ctx 256] [--json]  windowed perplexity of a text\n"
       "  logits  -m MODEL --tokens 1,2,3 --out FILE     float32 logits, n_tokens x n_vocab, row-major\n"
       "  bench   -m MODEL [-p N] [-n N] [-r N] [--json] prefill and decode speed\n"
       "  run     -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
   if (!strcmp(cmd, "run")) return cli::cmd_run(argc - 2, argv + 2);
   if (!strcmp(cmd, "chat")) return cli::cmd_chat(argc - 2, argv + 2);
   if (!strcmp(cmd, "tokenize")) return cli::cmd_tokenize(argc - 2, argv + 2);
+  if (!strcmp(cmd, "perplexity")) return cli::cmd_perplexity(argc - 2, argv + 2);
   if (!strcmp(cmd, "version")) {
     printf("%s\n", moelite_version_string());
     return 0;

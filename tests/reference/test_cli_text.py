@@ -70,3 +70,34 @@ def test_chat_reuses_the_cache_between_turns():
     cached = [int(x) for x in re.findall(r"\((\d+) cached\)", err)]
     assert len(cached) == 2
     assert cached[0] == 0 and cached[1] > 5  # the second turn re-evaluates only the new part
+
+
+def test_perplexity_matches_reference_forward():
+    """`moelite perplexity` against the same windowed protocol computed with the numpy reference."""
+    import json
+
+    import numpy as np
+    sys.path.insert(0, HERE)
+    from reference_forward import ReferenceModel
+
+    os.makedirs(TMP, exist_ok=True)
+    text_path = os.path.join(TMP, "ppl.txt")
+    open(text_path, "w").write("The quick brown fox jumps over the lazy dog. " * 6 + "Numbers 12345 and symbols #!")
+    out, _ = run("perplexity", "-m", MODEL, "-f", text_path, "--ctx", "32", "--json")
+    got = json.loads(out)
+    ids, _ = run("tokenize", "-m", MODEL, "-f", text_path)
+    tokens = [int(t) for t in ids.split()]
+    ref = ReferenceModel(MODEL, quantize_acts=True)
+    nll, scored = 0.0, 0
+    for w0 in range(0, len(tokens), 32):
+        win = tokens[w0:w0 + 32]
+        if len(win) < 2:
+            break
+        logits = ref.forward(win)
+        for i in range(len(win) - 1):
+            l = logits[i].astype(np.float64)
+            m = l.max()
+            nll -= l[win[i + 1]] - m - np.log(np.exp(l - m).sum())
+            scored += 1
+    assert got["tokens_scored"] == scored
+    assert abs(got["perplexity"] / np.exp(nll / scored) - 1) < 1e-3

@@ -1,0 +1,83 @@
+// `moelite perplexity`: the standard windowed perplexity of a model on a text file.
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+
+namespace cli {
+
+// The text is tokenized as given (no BOS/EOS, no special-token parsing), cut into consecutive
+// windows of --ctx tokens, each evaluated from an empty cache; every token after a window's first
+// is scored by the log-probability the model gave it. A last partial window counts when it holds
+// at least two tokens.
+int cmd_perplexity(int argc, char** argv) {
+  Args args;
+  std::string err;
+  if (!args.parse(argc, argv, {"--json", "--no-mmap"}, &err)) return usage_error(err);
+  int64_t n_ctx;
+  if (!args.get_int("--ctx", 256, &n_ctx, &err)) return usage_error(err);
+  if (n_ctx < 2) return usage_error("--ctx must be at least 2");
+  if (!args.has("-f")) return usage_error("missing -f TEXT_FILE");
+  std::string text;
+  FILE* f = fopen(args.get("-f").c_str(), "rb");
+  if (!f) return usage_error("cannot read '" + args.get("-f") + "'");
+  char buf[65536];
+  size_t got;
+  while ((got = fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, got);
+  fclose(f);
+
+  moelite_model* model = nullptr;
+  if (int rc = load_model(args, &model)) return rc;
+  int32_t n = 0;
+  moelite_status st = moelite_tokenize(model, text.data(), text.size(), 0, nullptr, 0, &n);
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  if (st == MOELITE_ERR_BUFFER_TOO_SMALL || st == MOELITE_OK)
+    st = moelite_tokenize(model, text.data(), text.size(), 0, tokens.data(), n, &n);
+  moelite_context* ctx = nullptr;
+  moelite_context_params* cp = moelite_context_params_create();
+  if (st == MOELITE_OK) st = moelite_context_params_set_n_ctx(cp, static_cast<int32_t>(n_ctx));
+  if (st == MOELITE_OK) st = moelite_context_params_set_n_batch(cp, static_cast<int32_t>(n_ctx));
+  if (st == MOELITE_OK) st = moelite_context_create(model, cp, &ctx);
+  moelite_context_params_free(cp);
+
+  const int64_t n_vocab = moelite_model_get(model, MOELITE_MODEL_N_VOCAB);
+  double nll = 0.0;
+  int64_t scored = 0;
+  for (int64_t w0 = 0; st == MOELITE_OK && w0 + 1 < n; w0 += n_ctx) {
+    const int32_t len = static_cast<int32_t>(std::min<int64_t>(n_ctx, n - w0));
+    if (len < 2) break;
+    moelite_kv_reset(ctx);
+    st = moelite_eval(ctx, tokens.data() + w0, len, 1);
+    for (int32_t i = 0; st == MOELITE_OK && i + 1 < len; ++i) {
+      const float* logits = moelite_get_logits(ctx, i);
+      double mx = logits[0];
+      for (int64_t v = 1; v < n_vocab; ++v) mx = std::max(mx, static_cast<double>(logits[v]));
+      double sum = 0.0;
+      for (int64_t v = 0; v < n_vocab; ++v) sum += std::exp(logits[v] - mx);
+      nll -= logits[tokens[static_cast<size_t>(w0 + i + 1)]] - mx - std::log(sum);
+      ++scored;
+    }
+  }
+  moelite_context_free(ctx);
+  int rc = 0;
+  if (st != MOELITE_OK) {
+    rc = report(st, "perplexity");
+  } else if (scored == 0) {
+    rc = usage_error("the text has fewer than two tokens");
+  } else {
+    const double ppl = std::exp(nll / static_cast<double>(scored));
+    if (args.has("--json"))
+      printf("{\"perplexity\": %.6f, \"tokens_scored\": %" PRId64 ", \"n_tokens\": %d, \"ctx\": %" PRId64
+             ", \"mean_nll\": %.6f}\n", ppl, scored, n, n_ctx, nll / static_cast<double>(scored));
+    else
+      printf("perplexity %.4f over %" PRId64 " scored tokens (%d tokens, windows of %" PRId64 ")\n", ppl, scored, n,
+             n_ctx);
+  }
+  moelite_model_free(model);
+  return rc;
+}
+
+}  // namespace cli
