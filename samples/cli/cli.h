@@ -42,6 +42,9 @@ bool parse_tokens(const std::string& text, std::vector<int32_t>* out, std::strin
 
 std::string json_escape(const std::string& s);
 
+// The whole file's bytes, unchanged; false if it cannot be read.
+bool read_file(const std::string& path, std::string* out);
+
 // Best-of-5 read bandwidth in GB/s streaming `bytes` with `threads` threads (membw.cpp).
 double measure_read_bandwidth(int threads, size_t bytes);
 

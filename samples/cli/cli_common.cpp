@@ -118,6 +118,17 @@ bool parse_tokens(const std::string& text, std::vector<int32_t>* out, std::strin
   return !out->empty();
 }
 
+bool read_file(const std::string& path, std::string* out) {
+  FILE* f = fopen(path.c_str(), "rb");
+  if (!f) return false;
+  char buf[65536];
+  size_t got;
+  while ((got = fread(buf, 1, sizeof buf, f)) > 0) out->append(buf, got);
+  const bool ok = !ferror(f);
+  fclose(f);
+  return ok;
+}
+
 std::string json_escape(const std::string& s) {
   std::string o;
   for (unsigned char c : s) {

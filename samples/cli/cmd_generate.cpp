@@ -98,12 +98,7 @@ int cmd_run(int argc, char** argv) {
   if (!args.has("-p") && !args.has("-f")) return usage_error("missing -p PROMPT (or -f FILE)");
   std::string prompt = args.get("-p");
   if (args.has("-f")) {
-    FILE* f = fopen(args.get("-f").c_str(), "rb");
-    if (!f) return usage_error("cannot read '" + args.get("-f") + "'");
-    char buf[65536];
-    size_t got;
-    while ((got = fread(buf, 1, sizeof buf, f)) > 0) prompt.append(buf, got);
-    fclose(f);
+    if (!read_file(args.get("-f"), &prompt)) return usage_error("cannot read '" + args.get("-f") + "'");
   }
   Session s;
   if (int rc = open_session(args, &s)) return rc;
@@ -183,12 +178,7 @@ int cmd_tokenize(int argc, char** argv) {
   if (!args.parse(argc, argv, {"--add-special", "--parse-special"}, &err)) return usage_error(err);
   std::string text;
   if (args.has("-f")) {
-    FILE* f = fopen(args.get("-f").c_str(), "rb");
-    if (!f) return usage_error("cannot read '" + args.get("-f") + "'");
-    char buf[65536];
-    size_t got;
-    while ((got = fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, got);
-    fclose(f);
+    if (!read_file(args.get("-f"), &text)) return usage_error("cannot read '" + args.get("-f") + "'");
   } else if (args.has("-p")) {
     text = args.get("-p");
   } else {

@@ -22,12 +22,7 @@ int cmd_perplexity(int argc, char** argv) {
   if (n_ctx < 2) return usage_error("--ctx must be at least 2");
   if (!args.has("-f")) return usage_error("missing -f TEXT_FILE");
   std::string text;
-  FILE* f = fopen(args.get("-f").c_str(), "rb");
-  if (!f) return usage_error("cannot read '" + args.get("-f") + "'");
-  char buf[65536];
-  size_t got;
-  while ((got = fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, got);
-  fclose(f);
+  if (!read_file(args.get("-f"), &text)) return usage_error("cannot read '" + args.get("-f") + "'");
 
   moelite_model* model = nullptr;
   if (int rc = load_model(args, &model)) return rc;
