@@ -217,6 +217,14 @@ MOELITE_API moelite_status moelite_context_params_set_abort_callback(moelite_con
   return MOELITE_OK;
 }
 
+MOELITE_API moelite_status moelite_context_params_set_routing_callback(moelite_context_params* p, moelite_routing_fn fn,
+                                                                       void* user) {
+  if (!p) return null_arg(__func__, "params");
+  p->opts.on_route = fn;
+  p->opts.route_user = user;
+  return MOELITE_OK;
+}
+
 // ---- contexts
 
 MOELITE_API moelite_status moelite_context_create(moelite_model* model, const moelite_context_params* params,

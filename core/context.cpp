@@ -32,6 +32,8 @@ Status Context::create(Model& model, const ContextOptions& opts, std::unique_ptr
   c->opts_.n_batch = std::max(1, std::min(opts.n_batch, c->n_ctx_));
   EvalState& s = c->state_;
   s.backend = model.backend.get();
+  s.on_route = opts.on_route;
+  s.route_user = opts.route_user;
   s.n_batch = c->opts_.n_batch;
   Backend& be = *s.backend;
   const int64_t nb = s.n_batch;

@@ -12,6 +12,8 @@ struct ContextOptions {
   int32_t n_batch = 512;
   moelite_abort_fn abort = nullptr;
   void* abort_user = nullptr;
+  moelite_routing_fn on_route = nullptr;
+  void* route_user = nullptr;
 };
 
 class Context {

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "moelite.h"
 
 namespace moelite {
 
@@ -17,6 +18,8 @@ struct EvalState {
   // Scratch, n_batch rows each; layers use views of the first n_tokens rows.
   Act x, xn, q, k, v, attn, proj, router_logits, moe_out, shared_out, head_out;
   Routing routing;
+  moelite_routing_fn on_route = nullptr;  // observer of every layer's routing (may be null)
+  void* route_user = nullptr;
 
   Act rows(const Act& a) const { return backend->view_rows(a, 0, n_tokens); }
 };

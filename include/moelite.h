@@ -253,6 +253,17 @@ MOELITE_API moelite_status moelite_context_params_set_abort_callback(moelite_con
                                                                      moelite_abort_fn fn,
                                                                      void *user_data);
 
+/** Observes routing: called once per MoE layer of every forward pass with the experts chosen for
+ *  the batch's `n_tokens` tokens (sequence positions pos0 .. pos0 + n_tokens - 1):
+ *  experts[t * k + j] with weights[t * k + j] for slot j of token t, in top-k order, weights as
+ *  applied (after renormalisation). The arrays are valid during the call only. Runs on the
+ *  thread calling moelite_eval; for traces, profiling and calibration. */
+typedef void (*moelite_routing_fn)(int32_t layer, int32_t pos0, int32_t n_tokens, int32_t k,
+                                   const int32_t *experts, const float *weights, void *user_data);
+MOELITE_API moelite_status moelite_context_params_set_routing_callback(moelite_context_params *params,
+                                                                       moelite_routing_fn fn,
+                                                                       void *user_data);
+
 /** Creates a context for `model` (which must outlive it). `params` may be NULL for defaults.
  *  Free with moelite_context_free(). */
 MOELITE_API moelite_status moelite_context_create(moelite_model *model,

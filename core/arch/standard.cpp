@@ -185,6 +185,8 @@ Status standard_forward_layer(Model& m, EvalState& s, int32_t l) {
   be.route(logits, hp.n_expert_used, hp.norm_topk, &s.routing);
   if (hp.expert_weights_scale != 1.0f)
     for (float& w_j : s.routing.weights) w_j *= hp.expert_weights_scale;
+  if (s.on_route)
+    s.on_route(l, s.pos0, s.n_tokens, s.routing.k, s.routing.ids.data(), s.routing.weights.data(), s.route_user);
   MOELITE_TRY(be.moe_ffn(l, xn, s.routing, m.experts.get(), &moe));
   if (w.has_shared) {
     Act shared = s.rows(s.shared_out);

@@ -55,5 +55,6 @@ int cmd_run(int argc, char** argv);
 int cmd_chat(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
 int cmd_perplexity(int argc, char** argv);
+int cmd_trace_record(int argc, char** argv);
 
 }  // namespace cli

@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   if (!strcmp(cmd, "chat")) return cli::cmd_chat(argc - 2, argv + 2);
   if (!strcmp(cmd, "tokenize")) return cli::cmd_tokenize(argc - 2, argv + 2);
   if (!strcmp(cmd, "perplexity")) return cli::cmd_perplexity(argc - 2, argv + 2);
+  if (!strcmp(cmd, "trace") && argc > 2 && !strcmp(argv[2], "record")) return cli::cmd_trace_record(argc - 3, argv + 3);
   if (!strcmp(cmd, "version")) {
     printf("%s\n", moelite_version_string());
     return 0;

@@ -1,0 +1,120 @@
+// `moelite trace record`: the routing of a real run as JSON lines, one per (token, layer), in the
+// format `moelite trace replay` (and other engines' tools) read.
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+
+namespace cli {
+
+namespace {
+
+struct Entry {
+  int64_t token;
+  int32_t layer;
+  std::vector<int32_t> experts;
+  std::vector<float> weights;
+};
+
+struct Recorder {
+  int64_t base = 0;  // token index of sequence position 0 in the current window
+  std::vector<Entry> entries;
+};
+
+void on_route(int32_t layer, int32_t pos0, int32_t n_tokens, int32_t k, const int32_t* experts, const float* weights,
+              void* user) {
+  auto* r = static_cast<Recorder*>(user);
+  for (int32_t t = 0; t < n_tokens; ++t)
+    r->entries.push_back({r->base + pos0 + t, layer, std::vector<int32_t>(experts + t * k, experts + (t + 1) * k),
+                          std::vector<float>(weights + t * k, weights + (t + 1) * k)});
+}
+
+}  // namespace
+
+// Either a text file evaluated in consecutive windows of --ctx tokens (like `perplexity`), or a
+// prompt followed by -n generated tokens (prefill and decode routing both recorded).
+int cmd_trace_record(int argc, char** argv) {
+  Args args;
+  std::string err;
+  if (!args.parse(argc, argv, {"--no-mmap"}, &err)) return usage_error(err);
+  const std::string out_path = args.get("-o");
+  if (out_path.empty()) return usage_error("missing -o TRACE.jsonl");
+  if (args.has("-f") == args.has("-p")) return usage_error("give exactly one of -f TEXT_FILE or -p PROMPT");
+  int64_t n_ctx;
+  if (!args.get_int("--ctx", 256, &n_ctx, &err)) return usage_error(err);
+  if (n_ctx < 1) return usage_error("--ctx must be positive");
+
+  moelite_model* model = nullptr;
+  if (int rc = load_model(args, &model)) return rc;
+  Recorder rec;
+  moelite_context* ctx = nullptr;
+  moelite_context_params* cp = moelite_context_params_create();
+  moelite_status st = moelite_context_params_set_routing_callback(cp, on_route, &rec);
+  if (st == MOELITE_OK && args.has("-f")) st = moelite_context_params_set_n_ctx(cp, static_cast<int32_t>(n_ctx));
+  if (st == MOELITE_OK) st = moelite_context_create(model, cp, &ctx);
+  moelite_context_params_free(cp);
+
+  if (st == MOELITE_OK && args.has("-f")) {
+    std::string text;
+    if (!read_file(args.get("-f"), &text)) {
+      moelite_context_free(ctx);
+      moelite_model_free(model);
+      return usage_error("cannot read '" + args.get("-f") + "'");
+    }
+    int32_t n = 0;
+    st = moelite_tokenize(model, text.data(), text.size(), 0, nullptr, 0, &n);
+    std::vector<int32_t> tokens(static_cast<size_t>(n));
+    if (st == MOELITE_ERR_BUFFER_TOO_SMALL || st == MOELITE_OK)
+      st = moelite_tokenize(model, text.data(), text.size(), 0, tokens.data(), n, &n);
+    for (int64_t w0 = 0; st == MOELITE_OK && w0 < n; w0 += n_ctx) {
+      moelite_kv_reset(ctx);
+      rec.base = w0;
+      st = moelite_eval(ctx, tokens.data() + w0, static_cast<int32_t>(std::min<int64_t>(n_ctx, n - w0)), 0);
+    }
+  } else if (st == MOELITE_OK) {
+    moelite_generate_params* gen = moelite_generate_params_create();
+    if (int rc = generate_params_from_args(args, gen)) {
+      moelite_generate_params_free(gen);
+      moelite_context_free(ctx);
+      moelite_model_free(model);
+      return rc;
+    }
+    const std::string prompt = args.get("-p");
+    st = moelite_generate(ctx, prompt.data(), prompt.size(), gen, nullptr);
+    moelite_generate_params_free(gen);
+  }
+  moelite_context_free(ctx);
+  if (st != MOELITE_OK) {
+    moelite_model_free(model);
+    return report(st, "recording");
+  }
+
+  std::stable_sort(rec.entries.begin(), rec.entries.end(), [](const Entry& a, const Entry& b) {
+    return a.token != b.token ? a.token < b.token : a.layer < b.layer;
+  });
+  FILE* f = fopen(out_path.c_str(), "w");
+  if (!f) {
+    moelite_model_free(model);
+    return usage_error("cannot write '" + out_path + "'");
+  }
+  fprintf(f, "{\"n_layers\":%" PRId64 ",\"n_experts\":%" PRId64 ",\"top_k\":%" PRId64 "}\n",
+          moelite_model_get(model, MOELITE_MODEL_N_LAYERS), moelite_model_get(model, MOELITE_MODEL_N_EXPERTS),
+          moelite_model_get(model, MOELITE_MODEL_N_EXPERTS_USED));
+  for (const Entry& e : rec.entries) {
+    fprintf(f, "{\"token\":%" PRId64 ",\"layer\":%d,\"experts\":[", e.token, e.layer);
+    for (size_t j = 0; j < e.experts.size(); ++j) fprintf(f, "%s%d", j ? "," : "", e.experts[j]);
+    fprintf(f, "],\"weights\":[");
+    for (size_t j = 0; j < e.weights.size(); ++j) fprintf(f, "%s%.6g", j ? "," : "", e.weights[j]);
+    fprintf(f, "]}\n");
+  }
+  const bool ok = fclose(f) == 0;
+  moelite_model_free(model);
+  if (!ok) return usage_error("writing '" + out_path + "' failed");
+  fprintf(stderr, "wrote %zu routing entries to %s\n", rec.entries.size(), out_path.c_str());
+  return 0;
+}
+
+}  // namespace cli
