@@ -26,7 +26,9 @@ struct WeightView {
   int64_t cols = 0;  // input dimension (ne0)
   int64_t rows = 0;  // output dimension (ne1)
   uint64_t row_bytes = 0;
-  const uint8_t* data = nullptr;  // host bytes (file mapping or owned copy)
+  const uint8_t* data = nullptr;  // host bytes (file mapping or owned copy); null for experts
+                                  // that live only in the file (expert store)
+  uint64_t file_offset = 0;       // where the bytes are in the model file
   void* device = nullptr;         // backend's placement of the weight, if any
   bool valid() const { return data != nullptr || device != nullptr; }
 };
@@ -60,18 +62,30 @@ struct ExpertWeights {
 };
 
 // Supplies routed-expert weights to the backend. The resident implementation hands out views
-// into the model file; the expert store (memory budget) loads on demand and may make
-// `acquire` wait for I/O. `execution_order` lets the source run resident experts first.
+// into the model file; the expert store (memory budget) loads on demand into a slot pool.
+//
+// Protocol for one layer: `prepare(layer, experts)` starts making a group of at most capacity()
+// experts available (loads begin, in the given order); then `acquire_next` is called until the
+// group is used up: it blocks until *some* expert of the group is ready and returns that one, so
+// the backend computes resident experts first and the rest in arrival order (ProMoE); each is
+// `release`d after its computation.
 class ExpertSource {
  public:
   virtual ~ExpertSource() = default;
-  // Reorders `experts` (the distinct experts a layer needs for this batch) into the order they
-  // should run. The default keeps ascending id.
-  virtual void execution_order(int32_t layer, std::vector<int32_t>* experts) {}
-  // Weights of (layer, expert), valid until release(). May block; returns an error status on I/O
-  // failure (then nothing needs releasing).
-  virtual Status acquire(int32_t layer, int32_t expert, ExpertWeights* out) = 0;
-  virtual void release(int32_t layer, int32_t expert) {}
+  // True when every expert is always in memory (the backend may then batch all of a layer's
+  // experts into one pass).
+  virtual bool all_resident() const { return false; }
+  // Most experts that can be held at once.
+  virtual int32_t capacity() const = 0;
+  // Routing of `layer` is now known: speculative work for it that `routing` does not need may be
+  // dropped (early preemption).
+  virtual void on_routing(int32_t layer, const Routing& routing) {}
+  virtual Status prepare(int32_t layer, const std::vector<int32_t>& experts) = 0;
+  // Waits until one expert of *pending is ready, removes it from *pending and returns it. On an
+  // I/O error returns that status; experts still pending are then released by the source.
+  virtual Status acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert,
+                              ExpertWeights* out) = 0;
+  virtual void release(int32_t layer, int32_t expert) = 0;
 };
 
 struct KvCache {
@@ -90,6 +104,9 @@ class Backend {
 
   // ---- memory
   virtual Status place_weight(WeightView* w) = 0;
+  // Whether the backend can compute with this weight's type (for weights placed later, such as
+  // experts the store loads).
+  virtual Status check_weight(const WeightView& w) = 0;
   virtual Status alloc_act(int64_t rows, int64_t cols, Act* out) = 0;
   virtual void free_act(Act* a) = 0;
   // Rows [row0, row0 + n) of `a` as an Act sharing its memory (not to be freed).

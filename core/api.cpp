@@ -8,6 +8,7 @@
 #include "backends/cpu/quant.h"
 #include "core/arch/arch.h"
 #include "core/context.h"
+#include "core/expert_store/expert_store.h"
 #include "core/generate.h"
 #include "core/model.h"
 #include "moelite.h"
@@ -109,6 +110,13 @@ MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_
   return MOELITE_OK;
 }
 
+MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_params* p, const char* policy) {
+  if (!p) return null_arg(__func__, "params");
+  if (!policy) return null_arg(__func__, "policy");
+  p->opts.expert_policy = policy;
+  return MOELITE_OK;
+}
+
 MOELITE_API moelite_status moelite_model_params_set_use_mmap(moelite_model_params* p, int32_t use_mmap) {
   if (!p) return null_arg(__func__, "params");
   p->opts.use_mmap = use_mmap != 0;
@@ -176,8 +184,44 @@ MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_
     case MOELITE_MODEL_THREADS: return m.backend ? m.backend->n_threads() : 0;
     case MOELITE_MODEL_BACKEND: return MOELITE_BACKEND_CPU;
     case MOELITE_MODEL_ACTIVE_BYTES: return static_cast<int64_t>(m.active_bytes);
+    case MOELITE_MODEL_EXPERT_BUDGET: return static_cast<int64_t>(m.expert_budget);
+    case MOELITE_MODEL_EXPERT_POOL_BYTES: return m.store ? static_cast<int64_t>(m.store->pool_bytes()) : 0;
+    case MOELITE_MODEL_EXPERT_PEAK_BYTES: return m.store ? static_cast<int64_t>(m.store->peak_bytes()) : 0;
+    case MOELITE_MODEL_EXPERT_SLOTS: return m.store ? static_cast<int64_t>(m.store->n_slots()) : m.hp.n_layer * int64_t{m.hp.n_expert};
   }
   return -1;
+}
+
+MOELITE_API moelite_status moelite_model_expert_stats(const moelite_model* model, int32_t layer,
+                                                      moelite_expert_stats* out) {
+  if (!model) return null_arg(__func__, "model");
+  if (!out || out->struct_size < sizeof(size_t)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: out->struct_size must be set", __func__);
+  const moelite::Model& m = *model->impl;
+  if (layer < -1 || layer >= m.hp.n_layer) return fail(MOELITE_ERR_INVALID_ARGUMENT, "layer %d out of range", layer);
+  moelite_expert_stats total;
+  memset(&total, 0, sizeof total);
+  total.struct_size = out->struct_size;
+  if (m.store) {
+    const auto per_layer = m.store->stats();
+    for (int32_t l = 0; l < m.hp.n_layer; ++l) {
+      if (layer >= 0 && l != layer) continue;
+      const moelite::ExpertLayerStats& s = per_layer[static_cast<size_t>(l)];
+      total.activations += s.activations;
+      total.hits += s.hits;
+      total.misses += s.misses;
+      total.prefetches_issued += s.prefetches_issued;
+      total.prefetches_used += s.prefetches_used;
+      total.prefetches_wasted += s.prefetches_wasted;
+      total.bytes_read += s.bytes_read;
+      total.wait_seconds += s.wait_seconds;
+    }
+  }
+  memcpy(out, &total, std::min(out->struct_size, sizeof total));
+  return MOELITE_OK;
+}
+
+MOELITE_API void moelite_model_reset_expert_stats(moelite_model* model) {
+  if (model && model->impl->store) model->impl->store->reset_stats();
 }
 
 MOELITE_API const char* moelite_model_arch(const moelite_model* m) { return m ? m->impl->hp.arch.c_str() : nullptr; }

@@ -4,6 +4,7 @@
 
 #include "backends/cpu/quant.h"
 #include "core/arch/arch.h"
+#include "core/expert_store/expert_store.h"
 #include "core/tensor_binder.h"
 
 namespace moelite {
@@ -11,14 +12,21 @@ namespace moelite {
 ExpertWeights LayerExperts::expert(int32_t e) const {
   if (!split.empty()) return split[static_cast<size_t>(e)];
   ExpertWeights w{gate, up, down};
-  w.gate.data += gate_stride * static_cast<uint64_t>(e);
-  w.up.data += up_stride * static_cast<uint64_t>(e);
-  w.down.data += down_stride * static_cast<uint64_t>(e);
+  const uint64_t i = static_cast<uint64_t>(e);
+  w.gate.file_offset += gate_stride * i;
+  w.up.file_offset += up_stride * i;
+  w.down.file_offset += down_stride * i;
+  if (w.gate.data) w.gate.data += gate_stride * i;
+  if (w.up.data) w.up.data += up_stride * i;
+  if (w.down.data) w.down.data += down_stride * i;
   return w;
 }
 
-Status ResidentExperts::acquire(int32_t layer, int32_t expert, ExpertWeights* out) {
-  *out = (*layers_)[static_cast<size_t>(layer)].experts.expert(expert);
+Status ResidentExperts::acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert,
+                                     ExpertWeights* out) {
+  *expert = pending->front();
+  pending->erase(pending->begin());
+  *out = (*layers_)[static_cast<size_t>(layer)].experts.expert(*expert);
   return MOELITE_OK;
 }
 
@@ -82,6 +90,7 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
 
   // Global tensors.
   TensorBinder b(*m);
+  b.set_lazy_experts(opts.expert_budget_bytes > 0);
   HParams& hp = m->hp;
   const gguf::TensorInfo* emb = g.find_tensor("token_embd.weight");
   if (!emb) return fail(MOELITE_ERR_MISSING_TENSOR, "tensor 'token_embd.weight' is absent");
@@ -134,11 +143,6 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
   m->n_params = total_params;
   m->n_active_params += dense_params;
 
-  if (opts.expert_budget_bytes != 0 && opts.expert_budget_bytes < m->expert_bytes)
-    return fail(MOELITE_ERR_NOT_IMPLEMENTED,
-                "an expert budget of %" PRIu64 " bytes is below the model's %" PRIu64 " expert bytes; "
-                "budgeted expert storage is not in this build yet (use 0 to keep all experts resident)",
-                opts.expert_budget_bytes, m->expert_bytes);
 
   // Backend and weight placement.
   const int32_t threads = opts.n_threads > 0 ? opts.n_threads : platform::physical_core_count();
@@ -151,9 +155,20 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
     if (lw.has_shared)
       for (WeightView* v : {&lw.shared.gate, &lw.shared.up, &lw.shared.down}) MOELITE_TRY(be.place_weight(v));
     ExpertWeights e0 = lw.experts.expert(0);
-    for (WeightView* v : {&e0.gate, &e0.up, &e0.down}) MOELITE_TRY(be.place_weight(v));  // type check
+    for (WeightView* v : {&e0.gate, &e0.up, &e0.down}) MOELITE_TRY(be.check_weight(*v));
   }
-  m->experts = std::make_unique<ResidentExperts>(&m->layers);
+  if (opts.expert_budget_bytes > 0) {
+    ExpertStoreOptions so;
+    so.budget_bytes = opts.expert_budget_bytes;
+    so.policy = opts.expert_policy;
+    std::unique_ptr<ExpertStore> store;
+    MOELITE_TRY(ExpertStore::create(*m, path, so, &store));
+    m->store = store.get();
+    m->expert_budget = opts.expert_budget_bytes;
+    m->experts = std::move(store);
+  } else {
+    m->experts = std::make_unique<ResidentExperts>(&m->layers);
+  }
   MOELITE_TRY(report_progress(opts, 1.0f));
   log_msg(MOELITE_LOG_INFO, "loaded %s '%s': %d layers, %d experts (top-%d), %.1f MiB experts + %.1f MiB dense, backend %s",
           hp.arch.c_str(), hp.name.c_str(), hp.n_layer, hp.n_expert, hp.n_expert_used,

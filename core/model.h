@@ -1,6 +1,7 @@
 // A loaded model: hyperparameters, weights bound to their architecture's roles, the backend that
 // computes with them, and the source of routed-expert weights.
 #pragma once
+#include <climits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -16,6 +17,7 @@
 namespace moelite {
 
 struct ArchDescriptor;
+class ExpertStore;
 
 enum class QkNorm { None, PerHead /* qwen3moe */, Whole /* olmoe */ };
 
@@ -67,7 +69,11 @@ struct LayerWeights {
 class ResidentExperts final : public ExpertSource {
  public:
   explicit ResidentExperts(const std::vector<LayerWeights>* layers) : layers_(layers) {}
-  Status acquire(int32_t layer, int32_t expert, ExpertWeights* out) override;
+  bool all_resident() const override { return true; }
+  int32_t capacity() const override { return INT32_MAX; }
+  Status prepare(int32_t, const std::vector<int32_t>&) override { return MOELITE_OK; }
+  Status acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert, ExpertWeights* out) override;
+  void release(int32_t, int32_t) override {}
 
  private:
   const std::vector<LayerWeights>* layers_;
@@ -76,7 +82,8 @@ class ResidentExperts final : public ExpertSource {
 struct LoadOptions {
   int32_t n_threads = 0;  // 0: physical cores
   BackendKind backend = BackendKind::Auto;
-  uint64_t expert_budget_bytes = 0;
+  uint64_t expert_budget_bytes = 0;  // 0: experts resident in the file mapping
+  std::string expert_policy = "lru";
   bool use_mmap = true;
   bool vocab_only = false;
   moelite_progress_fn progress = nullptr;
@@ -100,12 +107,14 @@ struct Model {
 
   std::unique_ptr<Backend> backend;
   std::unique_ptr<ExpertSource> experts;
+  ExpertStore* store = nullptr;  // the same object as `experts` when a budget is set
   // Contexts of one model share its backend (threads, scratch), so they evaluate one at a time.
   std::mutex eval_mutex;
 
   uint64_t expert_bytes = 0, dense_bytes = 0;
   uint64_t n_params = 0, n_active_params = 0;
   uint64_t active_bytes = 0;  // see MOELITE_MODEL_ACTIVE_BYTES
+  uint64_t expert_budget = 0;
   TensorType expert_type = TensorType::F32;
 
   ~Model();

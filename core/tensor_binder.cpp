@@ -23,8 +23,10 @@ Status TensorBinder::lookup(const std::string& name, bool required, const gguf::
   return MOELITE_OK;
 }
 
-Status TensorBinder::data_of(const gguf::TensorInfo& info, const uint8_t** out) {
-  if (model_.mapping.data()) {
+Status TensorBinder::data_of(const gguf::TensorInfo& info, const uint8_t** out, bool expert) {
+  if (expert && lazy_experts_) {
+    *out = model_.mapping.data() ? model_.mapping.data() + info.file_offset : nullptr;
+  } else if (model_.mapping.data()) {
     *out = model_.mapping.data() + info.file_offset;
   } else {
     void* p = platform::aligned_alloc_bytes(static_cast<size_t>(info.size_bytes), 64);
@@ -37,7 +39,8 @@ Status TensorBinder::data_of(const gguf::TensorInfo& info, const uint8_t** out) 
   return MOELITE_OK;
 }
 
-Status TensorBinder::matrix(const std::string& name, int64_t cols, int64_t rows, WeightView* out, bool required) {
+Status TensorBinder::bind_matrix(const std::string& name, int64_t cols, int64_t rows, bool required, bool expert,
+                                 WeightView* out) {
   const gguf::TensorInfo* t;
   MOELITE_TRY(lookup(name, required, &t));
   if (!t) {
@@ -56,7 +59,16 @@ Status TensorBinder::matrix(const std::string& name, int64_t cols, int64_t rows,
   out->cols = cols;
   out->rows = rows;
   out->row_bytes = t->row_bytes;
-  return data_of(*t, &out->data);
+  out->file_offset = t->file_offset;
+  return data_of(*t, &out->data, expert);
+}
+
+Status TensorBinder::matrix(const std::string& name, int64_t cols, int64_t rows, WeightView* out, bool required) {
+  return bind_matrix(name, cols, rows, required, false, out);
+}
+
+Status TensorBinder::expert_matrix(const std::string& name, int64_t cols, int64_t rows, WeightView* out) {
+  return bind_matrix(name, cols, rows, true, true, out);
 }
 
 Status TensorBinder::matrix_stack(const std::string& name, int64_t cols, int64_t rows, int64_t n,
@@ -75,8 +87,9 @@ Status TensorBinder::matrix_stack(const std::string& name, int64_t cols, int64_t
   out->cols = cols;
   out->rows = t->ne[1];
   out->row_bytes = t->row_bytes;
+  out->file_offset = t->file_offset;
   *stride = t->row_bytes * static_cast<uint64_t>(t->ne[1]);
-  return data_of(*t, &out->data);
+  return data_of(*t, &out->data, true);
 }
 
 Status TensorBinder::floats(const std::string& name, int64_t n, std::vector<float>* out, bool required) {

@@ -34,16 +34,25 @@ class TensorBinder {
   // A vector of n values of any supported type, dequantized to floats (norm weights, biases).
   Status floats(const std::string& name, int64_t n, std::vector<float>* out, bool required = true);
 
+  // Routed-expert tensors bound from now on are not read or touched (the expert store reads
+  // them itself): their views carry the file offset, and data only when the file is mapped.
+  void set_lazy_experts(bool lazy) { lazy_experts_ = lazy; }
+  // Binds an expert matrix (per-expert tensor layout) honouring set_lazy_experts.
+  Status expert_matrix(const std::string& name, int64_t cols, int64_t rows, WeightView* out);
+
   // Bytes of the tensors bound so far.
   uint64_t bound_bytes() const { return bound_bytes_; }
 
  private:
   Status lookup(const std::string& name, bool required, const gguf::TensorInfo** out);
-  Status data_of(const gguf::TensorInfo& info, const uint8_t** out);
+  Status bind_matrix(const std::string& name, int64_t cols, int64_t rows, bool required, bool expert,
+                     WeightView* out);
+  Status data_of(const gguf::TensorInfo& info, const uint8_t** out, bool expert = false);
 
   Model& model_;
   const gguf::Reader& gguf_;
   uint64_t bound_bytes_ = 0;
+  bool lazy_experts_ = false;
 };
 
 }  // namespace moelite

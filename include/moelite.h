@@ -156,12 +156,18 @@ MOELITE_API moelite_status moelite_model_params_set_threads(moelite_model_params
  *  fail with MOELITE_ERR_BACKEND_UNAVAILABLE and a message saying why. */
 MOELITE_API moelite_status moelite_model_params_set_backend(moelite_model_params *params,
                                                             moelite_backend backend);
-/** Bytes of memory the expert weights may occupy; 0 (default) keeps every expert resident.
- *  A budget at or above the model's total expert bytes is the same as 0. Smaller budgets are
- *  served by the expert store; until this build has one, model loading answers
- *  MOELITE_ERR_NOT_IMPLEMENTED for them rather than silently ignoring the budget. */
+/** Bytes of memory the routed-expert weights may occupy. 0 (default): every expert stays in the
+ *  file mapping (the OS pages it in). Any other value: experts are read from the model file on
+ *  demand into a pool of expert slots that never exceeds `budget_bytes`, bypassing the OS page
+ *  cache where the file system allows (O_DIRECT). Loading fails with MOELITE_ERR_BUDGET_TOO_SMALL,
+ *  stating the minimum, when fewer than top-k + 1 experts fit. Results do not depend on the
+ *  budget (bitwise), only speed does. */
 MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_params *params,
                                                                   uint64_t budget_bytes);
+/** Replacement policy of the expert store: "lru" (default) or "lfu". The string is copied.
+ *  MOELITE_ERR_INVALID_ARGUMENT for NULL; an unknown name fails at load time. */
+MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_params *params,
+                                                                  const char *policy);
 /** 1 (default): map the file and compute on the mapping. 0: read weights into owned memory. */
 MOELITE_API moelite_status moelite_model_params_set_use_mmap(moelite_model_params *params,
                                                              int32_t use_mmap);
@@ -208,9 +214,13 @@ typedef enum moelite_model_key {
   MOELITE_MODEL_N_ACTIVE_PARAMS = 15,   /* parameters read for one token (top-k experts) */
   MOELITE_MODEL_THREADS = 16,           /* compute threads in use */
   MOELITE_MODEL_BACKEND = 17,           /* the moelite_backend actually chosen */
-  MOELITE_MODEL_ACTIVE_BYTES = 18       /* weight bytes read to compute one token: dense weights
+  MOELITE_MODEL_ACTIVE_BYTES = 18,      /* weight bytes read to compute one token: dense weights
                                            (one embedding row, not the table) plus top-k experts
                                            of average size in every layer */
+  MOELITE_MODEL_EXPERT_BUDGET = 19,     /* the budget set at load (0: all resident) */
+  MOELITE_MODEL_EXPERT_POOL_BYTES = 20, /* bytes of the expert slot pool (<= budget) */
+  MOELITE_MODEL_EXPERT_PEAK_BYTES = 21, /* slot bytes that have held an expert so far */
+  MOELITE_MODEL_EXPERT_SLOTS = 22       /* experts the pool holds at once */
 } moelite_model_key;
 
 /** Value of a numeric property, or -1 if the key is unknown or the model is NULL. Thread-safe. */
@@ -226,6 +236,27 @@ MOELITE_API const char *moelite_model_backend_name(const moelite_model *model);
 
 /** Comma-separated list of the architectures this build supports; static storage. */
 MOELITE_API const char *moelite_supported_archs(void);
+
+/** Counters of the expert store (all zero when every expert is resident). Set struct_size to
+ *  sizeof(moelite_expert_stats); fields that do not fit are not written. */
+typedef struct moelite_expert_stats {
+  size_t struct_size;
+  uint64_t activations;       /* experts asked for by routing (one per expert and batch) */
+  uint64_t hits;              /* ... that were resident or already loading */
+  uint64_t misses;            /* ... that had to be loaded on demand */
+  uint64_t prefetches_issued;
+  uint64_t prefetches_used;
+  uint64_t prefetches_wasted; /* speculative loads evicted or dropped before use */
+  uint64_t bytes_read;        /* from storage */
+  double wait_seconds;        /* time computation waited for loads */
+} moelite_expert_stats;
+
+/** Cumulative expert-store counters of one layer, or of all layers for layer = -1. Thread-safe.
+ *  MOELITE_ERR_INVALID_ARGUMENT for a bad layer or a NULL/undersized out. */
+MOELITE_API moelite_status moelite_model_expert_stats(const moelite_model *model, int32_t layer,
+                                                      moelite_expert_stats *out);
+/** Zeroes the counters (e.g. between a warm-up and a measurement). */
+MOELITE_API void moelite_model_reset_expert_stats(moelite_model *model);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Contexts: a KV cache plus the scratch memory of one inference stream                         */

@@ -21,6 +21,14 @@ class File {
 
   // MOELITE_ERR_FILE_NOT_FOUND when the path is missing or unreadable, MOELITE_ERR_IO otherwise.
   static Status open(const std::string& path, File* out);
+  // The same file opened for direct I/O (bypassing the page cache): reads must then use
+  // offsets, sizes and buffers aligned to kDirectIoAlignment. MOELITE_ERR_NOT_IMPLEMENTED when
+  // the file system refuses O_DIRECT (tmpfs, some overlay file systems).
+  static Status open_direct(const std::string& path, File* out);
+  bool is_direct() const { return direct_; }
+  // Asks the OS to drop its cached copy of a byte range (after a buffered read of data that
+  // must not stay resident behind the memory budget's back).
+  void drop_cache(uint64_t offset, uint64_t n) const;
   bool is_open() const { return fd_ >= 0; }
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
@@ -32,7 +40,11 @@ class File {
   int fd_ = -1;
   uint64_t size_ = 0;
   std::string path_;
+  bool direct_ = false;
 };
+
+// Alignment of offsets, sizes and buffers for direct I/O (the common logical block size bound).
+constexpr uint64_t kDirectIoAlignment = 4096;
 
 // A read-only mapping of a whole file.
 class Mapping {

@@ -53,8 +53,12 @@ CpuBackend::~CpuBackend() = default;
 
 Status CpuBackend::place_weight(WeightView* w) {
   if (!w->data) return fail(MOELITE_ERR_INTERNAL, "CPU backend got a weight without host bytes");
-  if (!k_.vec_dot[static_cast<uint32_t>(w->type)])
-    return fail(MOELITE_ERR_UNSUPPORTED_TYPE, "no CPU kernel for weight type %s", type_name(w->type));
+  return check_weight(*w);
+}
+
+Status CpuBackend::check_weight(const WeightView& w) {
+  if (!k_.vec_dot[static_cast<uint32_t>(w.type)])
+    return fail(MOELITE_ERR_UNSUPPORTED_TYPE, "no CPU kernel for weight type %s", type_name(w.type));
   return MOELITE_OK;
 }
 
@@ -370,6 +374,7 @@ void CpuBackend::run_ffn_jobs(const std::vector<FfnJob>& jobs, const Act& x, flo
 
 Status CpuBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, ExpertSource* experts, Act* out) {
   const int32_t n = r.n_tokens, k = r.k;
+  experts->on_routing(layer, r);
   // Group routed (token, slot) pairs by expert.
   std::vector<std::pair<int32_t, int32_t>> pairs;  // (expert, token*k + slot)
   pairs.reserve(static_cast<size_t>(n * k));
@@ -378,29 +383,49 @@ Status CpuBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, Expert
   std::vector<int32_t> order;
   for (size_t i = 0; i < pairs.size(); ++i)
     if (i == 0 || pairs[i].first != pairs[i - 1].first) order.push_back(pairs[i].first);
-  experts->execution_order(layer, &order);
-
-  std::vector<FfnJob> jobs;
-  jobs.reserve(order.size());
-  for (int32_t e : order) {
+  auto job_for = [&](int32_t e, const ExpertWeights& w) {
     FfnJob job;
-    Status st = experts->acquire(layer, e, &job.w);
-    if (st != MOELITE_OK) {
-      for (size_t i = 0; i < jobs.size(); ++i) experts->release(layer, order[i]);
-      return st;
-    }
+    job.w = w;
     auto lo = std::lower_bound(pairs.begin(), pairs.end(), std::make_pair(e, INT32_MIN));
     for (auto it = lo; it != pairs.end() && it->first == e; ++it) {
       job.x_rows.push_back(it->second / k);
       job.out_rows.push_back(it->second);
     }
-    jobs.push_back(std::move(job));
-  }
+    return job;
+  };
 
   const int64_t n_embd = x.cols;
   if (ffn_y_.size() < static_cast<size_t>(n * k * n_embd)) ffn_y_.resize(static_cast<size_t>(n * k * n_embd));
-  run_ffn_jobs(jobs, x, ffn_y_.data());
-  for (int32_t e : order) experts->release(layer, e);
+  if (experts->all_resident()) {
+    // Everything is in memory: one pass over all of the layer's experts balances best.
+    std::vector<FfnJob> jobs;
+    jobs.reserve(order.size());
+    for (std::vector<int32_t> pending = order; !pending.empty();) {
+      int32_t e;
+      ExpertWeights w;
+      MOELITE_TRY(experts->acquire_next(layer, &pending, &e, &w));
+      jobs.push_back(job_for(e, w));
+    }
+    run_ffn_jobs(jobs, x, ffn_y_.data());
+  } else {
+    // Budgeted experts: groups of at most capacity() experts; within a group each expert runs as
+    // soon as it is resident, so computation overlaps the loads still in flight.
+    const size_t group = static_cast<size_t>(std::max(1, experts->capacity()));
+    for (size_t g0 = 0; g0 < order.size(); g0 += group) {
+      std::vector<int32_t> pending(order.begin() + static_cast<std::ptrdiff_t>(g0),
+                                   order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), g0 + group)));
+      MOELITE_TRY(experts->prepare(layer, pending));
+      while (!pending.empty()) {
+        int32_t e;
+        ExpertWeights w;
+        MOELITE_TRY(experts->acquire_next(layer, &pending, &e, &w));
+        std::vector<FfnJob> one(1, job_for(e, w));
+        run_ffn_jobs(one, x, ffn_y_.data());
+        experts->release(layer, e);
+      }
+    }
+  }
+
 
   // Combine in slot order, so the sum never depends on the execution order above.
   float* o = rows_of(*out);

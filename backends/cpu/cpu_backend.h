@@ -23,6 +23,7 @@ class CpuBackend final : public Backend {
   int32_t n_threads() const override { return pool_.size(); }
 
   Status place_weight(WeightView* w) override;
+  Status check_weight(const WeightView& w) override;
   Status alloc_act(int64_t rows, int64_t cols, Act* out) override;
   void free_act(Act* a) override;
   Act view_rows(const Act& a, int64_t row0, int64_t n) override;

@@ -129,9 +129,9 @@ Status standard_bind_layer(TensorBinder& b, const ArchDescriptor& arch, const HP
     for (int32_t e = 0; e < hp.n_expert; ++e) {
       ExpertWeights ew;
       const std::string id = std::to_string(e);
-      MOELITE_TRY(b.matrix(blk(l, ("ffn_gate." + id + ".weight").c_str()), n_embd, ff, &ew.gate));
-      MOELITE_TRY(b.matrix(blk(l, ("ffn_up." + id + ".weight").c_str()), n_embd, ff, &ew.up));
-      MOELITE_TRY(b.matrix(blk(l, ("ffn_down." + id + ".weight").c_str()), ff, n_embd, &ew.down));
+      MOELITE_TRY(b.expert_matrix(blk(l, ("ffn_gate." + id + ".weight").c_str()), n_embd, ff, &ew.gate));
+      MOELITE_TRY(b.expert_matrix(blk(l, ("ffn_up." + id + ".weight").c_str()), n_embd, ff, &ew.up));
+      MOELITE_TRY(b.expert_matrix(blk(l, ("ffn_down." + id + ".weight").c_str()), ff, n_embd, &ew.down));
       if (e > 0 && (ew.gate.type != ex.split[0].gate.type || ew.up.type != ex.split[0].up.type ||
                     ew.down.type != ex.split[0].down.type))
         return fail(MOELITE_ERR_UNSUPPORTED_TYPE, "layer %d: experts use different weight types", l);

@@ -19,16 +19,42 @@ namespace moelite::platform {
 File::~File() {
   if (fd_ >= 0) ::close(fd_);
 }
-File::File(File&& o) noexcept : fd_(o.fd_), size_(o.size_), path_(std::move(o.path_)) { o.fd_ = -1; }
+File::File(File&& o) noexcept : fd_(o.fd_), size_(o.size_), path_(std::move(o.path_)), direct_(o.direct_) {
+  o.fd_ = -1;
+}
 File& File::operator=(File&& o) noexcept {
   if (this != &o) {
     if (fd_ >= 0) ::close(fd_);
     fd_ = o.fd_;
     size_ = o.size_;
     path_ = std::move(o.path_);
+    direct_ = o.direct_;
     o.fd_ = -1;
   }
   return *this;
+}
+
+Status File::open_direct(const std::string& path, File* out) {
+#if defined(O_DIRECT)
+  File f;
+  MOELITE_TRY(open(path, &f));
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+  if (fd < 0)
+    return fail(MOELITE_ERR_NOT_IMPLEMENTED, "direct I/O on '%s' is not available: %s", path.c_str(), strerror(errno));
+  ::close(f.fd_);
+  f.fd_ = fd;
+  f.direct_ = true;
+  *out = std::move(f);
+  return MOELITE_OK;
+#else
+  return fail(MOELITE_ERR_NOT_IMPLEMENTED, "direct I/O is not available on this platform");
+#endif
+}
+
+void File::drop_cache(uint64_t offset, uint64_t n) const {
+#if defined(POSIX_FADV_DONTNEED)
+  posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(n), POSIX_FADV_DONTNEED);
+#endif
 }
 
 Status File::open(const std::string& path, File* out) {

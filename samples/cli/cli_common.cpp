@@ -71,6 +71,43 @@ int progress_bar(float p, void*) {
 }
 }  // namespace
 
+namespace {
+// "2GiB", "512MiB", "1.5G", "123456" -> bytes; "25%" -> share of the model's expert bytes.
+bool parse_budget(const std::string& text, const std::string& path, uint64_t* out, std::string* err) {
+  char* end = nullptr;
+  const double v = strtod(text.c_str(), &end);
+  std::string unit(end ? end : "");
+  if (end == text.c_str() || v < 0) {
+    *err = "--budget expects a size like 2GiB, 512MiB or 25%, got '" + text + "'";
+    return false;
+  }
+  if (unit == "%") {
+    moelite_model* probe = nullptr;  // a mapped load reads no weights: cheap
+    if (moelite_model_load(path.c_str(), nullptr, &probe) != MOELITE_OK) {
+      *err = std::string("cannot read the model to size --budget: ") + moelite_last_error();
+      return false;
+    }
+    *out = static_cast<uint64_t>(v / 100.0 * static_cast<double>(moelite_model_get(probe, MOELITE_MODEL_EXPERT_BYTES)));
+    moelite_model_free(probe);
+    return true;
+  }
+  double scale = 1;
+  if (unit == "" || unit == "B") scale = 1;
+  else if (unit == "K" || unit == "KB") scale = 1e3;
+  else if (unit == "KiB") scale = 1024.0;
+  else if (unit == "M" || unit == "MB") scale = 1e6;
+  else if (unit == "MiB") scale = 1048576.0;
+  else if (unit == "G" || unit == "GB") scale = 1e9;
+  else if (unit == "GiB") scale = 1073741824.0;
+  else {
+    *err = "unknown size unit '" + unit + "' in --budget";
+    return false;
+  }
+  *out = static_cast<uint64_t>(v * scale);
+  return true;
+}
+}  // namespace
+
 int load_model(const Args& args, moelite_model** out, bool vocab_only) {
   std::string path = args.has("-m") ? args.get("-m") : args.get("--model");
   if (path.empty()) return usage_error("missing -m MODEL");
@@ -92,6 +129,15 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only) {
   if (st == MOELITE_OK) st = moelite_model_params_set_backend(p, kind);
   if (st == MOELITE_OK && args.has("--no-mmap")) st = moelite_model_params_set_use_mmap(p, 0);
   if (st == MOELITE_OK && vocab_only) st = moelite_model_params_set_vocab_only(p, 1);
+  if (st == MOELITE_OK && args.has("--budget")) {
+    uint64_t budget = 0;
+    if (!parse_budget(args.get("--budget"), path, &budget, &err)) {
+      moelite_model_params_free(p);
+      return usage_error(err);
+    }
+    st = moelite_model_params_set_expert_budget(p, budget);
+  }
+  if (st == MOELITE_OK && args.has("--policy")) st = moelite_model_params_set_expert_policy(p, args.get("--policy").c_str());
   if (st == MOELITE_OK && isatty(STDERR_FILENO) && !vocab_only)
     st = moelite_model_params_set_progress_callback(p, progress_bar, nullptr);
   if (st == MOELITE_OK) st = moelite_model_load(path.c_str(), p, out);

@@ -62,17 +62,23 @@ int cmd_bench(int argc, char** argv) {
   }
 
   double best_prefill = 1e30, best_decode = 1e30;
+  moelite_expert_stats best_stats{};  // expert-store counters of the best decode run
   const int64_t runs = reps + (args.has("--no-warmup") ? 0 : 1);
   for (int64_t r = 0; r < runs && st == MOELITE_OK; ++r) {
     moelite_kv_reset(ctx);
     double t0 = now();
     st = moelite_eval(ctx, prompt.data(), static_cast<int32_t>(n_prompt), 0);
     double t1 = now();
+    moelite_model_reset_expert_stats(model);
     for (int64_t i = 0; i < n_gen && st == MOELITE_OK; ++i) st = moelite_eval(ctx, &gen[static_cast<size_t>(i)], 1, 0);
     double t2 = now();
     if (r == 0 && runs > reps) continue;  // warm-up
     best_prefill = std::min(best_prefill, t1 - t0);
-    best_decode = std::min(best_decode, t2 - t1);
+    if (t2 - t1 < best_decode) {
+      best_decode = t2 - t1;
+      best_stats.struct_size = sizeof best_stats;
+      moelite_model_expert_stats(model, -1, &best_stats);
+    }
   }
   if (st != MOELITE_OK) {
     moelite_context_free(ctx);
@@ -91,17 +97,30 @@ int cmd_bench(int argc, char** argv) {
   const double dram_gbs = args.has("--no-membw") ? 0.0 : measure_read_bandwidth(threads, size_t{1} << 30);
   const double bound_tps = dram_gbs > 0 ? dram_gbs * 1e9 / static_cast<double>(active) : 0.0;
   const double efficiency = bound_tps > 0 ? decode_tps / bound_tps : 0.0;
+  // Expert store (decode only, best run): hit rate, share of decode time spent waiting for loads.
+  const int64_t budget = moelite_model_get(model, MOELITE_MODEL_EXPERT_BUDGET);
+  const double hit_rate = best_stats.activations ? double(best_stats.hits) / double(best_stats.activations) : 1.0;
+  const double stall = best_decode > 0 && n_gen > 0 ? best_stats.wait_seconds / best_decode : 0.0;
+  const double read_per_token = n_gen > 0 ? double(best_stats.bytes_read) / double(n_gen) : 0.0;
+  const std::string policy = budget > 0 ? args.get("--policy", "lru") : "resident";
   if (args.has("--json")) {
     printf("{\"model\": \"%s\", \"arch\": \"%s\", \"expert_type\": \"%s\", \"backend\": \"%s\", \"threads\": %" PRId64
            ", \"n_prompt\": %" PRId64 ", \"n_gen\": %" PRId64 ", \"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f"
            ", \"decode_ms_per_token\": %.3f, \"active_bytes_per_token\": %" PRId64 ", \"decode_weight_gb_s\": %.3f"
            ", \"dram_read_gb_s\": %.2f, \"decode_bound_tok_s\": %.3f, \"decode_fraction_of_bound\": %.3f"
-           ", \"expert_bytes\": %" PRId64 ", \"dense_bytes\": %" PRId64 ", \"peak_rss_bytes\": %" PRIu64 "}\n",
+           ", \"expert_bytes\": %" PRId64 ", \"dense_bytes\": %" PRId64 ", \"peak_rss_bytes\": %" PRIu64
+           ", \"expert_budget_bytes\": %" PRId64 ", \"expert_store_pool_bytes\": %" PRId64
+           ", \"expert_store_peak_bytes\": %" PRId64 ", \"expert_slots\": %" PRId64 ", \"policy\": \"%s\""
+           ", \"hit_rate\": %.4f, \"stall_fraction\": %.4f, \"bytes_read_per_token\": %.0f"
+           ", \"misses_per_token\": %.3f}\n",
            json_escape(path).c_str(), moelite_model_arch(model), moelite_model_expert_type(model),
            json_escape(moelite_model_backend_name(model)).c_str(), moelite_model_get(model, MOELITE_MODEL_THREADS),
            n_prompt, n_gen, prefill_tps, decode_tps, n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, active,
            decode_gbs, dram_gbs, bound_tps, efficiency, moelite_model_get(model, MOELITE_MODEL_EXPERT_BYTES),
-           moelite_model_get(model, MOELITE_MODEL_DENSE_BYTES), peak_rss);
+           moelite_model_get(model, MOELITE_MODEL_DENSE_BYTES), peak_rss, budget,
+           moelite_model_get(model, MOELITE_MODEL_EXPERT_POOL_BYTES), moelite_model_get(model, MOELITE_MODEL_EXPERT_PEAK_BYTES),
+           moelite_model_get(model, MOELITE_MODEL_EXPERT_SLOTS), policy.c_str(), hit_rate, stall, read_per_token,
+           n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0);
   } else {
     printf("model     %s (%s, experts %s)\nbackend   %s, %" PRId64 " threads\n", path.c_str(), moelite_model_arch(model),
            moelite_model_expert_type(model), moelite_model_backend_name(model),
@@ -112,6 +131,10 @@ int cmd_bench(int argc, char** argv) {
     if (dram_gbs > 0)
       printf("bound     %.2f tok/s at %.1f GB/s DRAM read (%.1f MB/token): decode at %.0f%% of it\n", bound_tps,
              dram_gbs, active / 1e6, 100.0 * efficiency);
+    if (budget > 0)
+      printf("experts   budget %.1f MiB (%" PRId64 " slots, %s): hit rate %.3f, %.2f MB read/token, stalled %.0f%% of decode\n",
+             budget / 1048576.0, moelite_model_get(model, MOELITE_MODEL_EXPERT_SLOTS), policy.c_str(), hit_rate,
+             read_per_token / 1e6, 100.0 * stall);
     printf("peak RSS  %.1f MiB\n", peak_rss / 1048576.0);
   }
   moelite_context_free(ctx);

@@ -1,0 +1,354 @@
+#include "core/expert_store/expert_store.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstring>
+#include <unistd.h>
+
+namespace moelite {
+
+namespace {
+
+uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+uint64_t round_down(uint64_t v, uint64_t a) { return v / a * a; }
+constexpr uint64_t kAlign = platform::kDirectIoAlignment;
+
+WeightView& chunk_of(ExpertWeights& w, int c) { return c == 0 ? w.gate : c == 1 ? w.up : w.down; }
+
+}  // namespace
+
+void ExpertStore::clear_slot(Slot* s) {
+  uint8_t* mem = s->mem;
+  *s = Slot();
+  s->mem = mem;
+}
+
+uint64_t ExpertStore::minimum_budget(const Model& model, uint64_t* slot_bytes) {
+  // Each chunk gets a region big enough for its aligned superset read in any layer.
+  uint64_t region[3] = {0, 0, 0};
+  for (const LayerWeights& lw : model.layers) {
+    ExpertWeights w = lw.experts.expert(0);
+    for (int c = 0; c < 3; ++c) {
+      const WeightView& v = chunk_of(w, c);
+      region[c] = std::max(region[c], round_up(v.row_bytes * static_cast<uint64_t>(v.rows), kAlign) + kAlign);
+    }
+  }
+  *slot_bytes = region[0] + region[1] + region[2];
+  return *slot_bytes * static_cast<uint64_t>(model.hp.n_expert_used + kReserveSlots);
+}
+
+Status ExpertStore::create(const Model& model, const std::string& path, const ExpertStoreOptions& opts,
+                           std::unique_ptr<ExpertStore>* out) {
+  std::unique_ptr<ExpertStore> s(new ExpertStore(model));
+  if (opts.policy != "lru" && opts.policy != "lfu")
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown expert cache policy '%s' (available: lru, lfu)",
+                opts.policy.c_str());
+  s->policy_name_ = opts.policy;
+  const uint64_t minimum = minimum_budget(model, &s->slot_bytes_);
+  if (opts.budget_bytes < minimum)
+    return fail(MOELITE_ERR_BUDGET_TOO_SMALL,
+                "an expert budget of %" PRIu64 " bytes is below the minimum working set of %" PRIu64
+                " bytes (%d experts of one token plus %d in flight, %" PRIu64 " bytes per expert slot)",
+                opts.budget_bytes, minimum, model.hp.n_expert_used, kReserveSlots, s->slot_bytes_);
+  // Never more slots than experts: a budget above the model's needs is not allocated.
+  const uint64_t n_experts_total = static_cast<uint64_t>(model.hp.n_layer) * static_cast<uint64_t>(model.hp.n_expert);
+  const uint64_t n_slots = std::min(opts.budget_bytes / s->slot_bytes_, n_experts_total + kReserveSlots);
+
+  // Storage tier: the model file itself, bypassing the page cache where the file system allows.
+  if (platform::File::open_direct(path, &s->file_) != MOELITE_OK) {
+    clear_error();
+    MOELITE_TRY(platform::File::open(path, &s->file_));
+  }
+
+  // Where each chunk of each layer lives in the file and in a slot.
+  s->plans_.resize(model.layers.size());
+  uint64_t region_offset = 0;
+  uint64_t region[3] = {0, 0, 0};
+  for (const LayerWeights& lw : model.layers) {
+    ExpertWeights w = lw.experts.expert(0);
+    for (int c = 0; c < 3; ++c) {
+      const WeightView& v = chunk_of(w, c);
+      region[c] = std::max(region[c], round_up(v.row_bytes * static_cast<uint64_t>(v.rows), kAlign) + kAlign);
+    }
+  }
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    const LayerExperts& le = model.layers[l].experts;
+    ChunkPlan& p = s->plans_[l];
+    ExpertWeights w0 = le.expert(0), w1 = le.expert(model.hp.n_expert > 1 ? 1 : 0);
+    region_offset = 0;
+    for (int c = 0; c < 3; ++c) {
+      p.file_offset[c] = chunk_of(w0, c).file_offset;
+      p.stride[c] = chunk_of(w1, c).file_offset - chunk_of(w0, c).file_offset;
+      p.bytes[c] = chunk_of(w0, c).row_bytes * static_cast<uint64_t>(chunk_of(w0, c).rows);
+      p.slot_offset[c] = region_offset;
+      region_offset += region[c];
+    }
+    if (!le.split.empty()) {
+      // Old per-expert tensors are not evenly spaced: check, and refuse rather than misread.
+      for (int32_t e = 0; e < model.hp.n_expert; ++e) {
+        ExpertWeights we = le.expert(e);
+        for (int c = 0; c < 3; ++c)
+          if (chunk_of(we, c).file_offset != p.file_offset[c] + p.stride[c] * static_cast<uint64_t>(e))
+            return fail(MOELITE_ERR_NOT_IMPLEMENTED,
+                        "layer %zu stores its experts as separate, unevenly spaced tensors; the expert store "
+                        "needs them evenly spaced (re-convert the model, or load without a budget)", l);
+      }
+    }
+  }
+
+  s->pool_ = static_cast<uint8_t*>(platform::aligned_alloc_bytes(static_cast<size_t>(n_slots * s->slot_bytes_), kAlign));
+  if (!s->pool_)
+    return fail(MOELITE_ERR_OUT_OF_MEMORY, "cannot allocate the expert pool of %" PRIu64 " bytes",
+                n_slots * s->slot_bytes_);
+  s->slots_.resize(static_cast<size_t>(n_slots));
+  for (size_t i = 0; i < s->slots_.size(); ++i) s->slots_[i].mem = s->pool_ + i * s->slot_bytes_;
+  s->slot_ever_used_.assign(s->slots_.size(), false);
+  s->stats_.resize(model.layers.size());
+  for (int32_t t = 0; t < std::max(1, opts.io_threads); ++t) s->loaders_.emplace_back([p = s.get()] { p->loader_main(); });
+  log_msg(MOELITE_LOG_INFO, "expert store: %zu slots of %" PRIu64 " bytes (%.1f MiB of a %.1f MiB budget), %s, policy %s",
+          s->slots_.size(), s->slot_bytes_, s->pool_bytes() / 1048576.0, opts.budget_bytes / 1048576.0, s->io_mode(),
+          s->policy_name_.c_str());
+  *out = std::move(s);
+  return MOELITE_OK;
+}
+
+ExpertStore::~ExpertStore() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  for (auto& t : loaders_) t.join();
+  platform::aligned_free(pool_);
+}
+
+ExpertWeights ExpertStore::view(const Slot& s) const {
+  ExpertWeights w = model_.layers[static_cast<size_t>(s.layer)].experts.expert(s.expert);
+  const ChunkPlan& p = plans_[static_cast<size_t>(s.layer)];
+  for (int c = 0; c < 3; ++c) {
+    const uint64_t off = p.file_offset[c] + p.stride[c] * static_cast<uint64_t>(s.expert);
+    const uint64_t skew = file_.is_direct() ? off - round_down(off, kAlign) : 0;
+    chunk_of(w, c).data = s.mem + p.slot_offset[c] + skew;
+  }
+  return w;
+}
+
+int32_t ExpertStore::take_slot_locked() {
+  int32_t victim = -1;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.state == SlotState::Free) return static_cast<int32_t>(i);
+    if (s.state != SlotState::Ready || s.pins > 0) continue;
+    if (victim < 0) {
+      victim = static_cast<int32_t>(i);
+      continue;
+    }
+    const Slot& v = slots_[static_cast<size_t>(victim)];
+    // Unused speculative loads go first; then the policy's order.
+    bool better;
+    if (s.speculative != v.speculative) {
+      better = s.speculative;
+    } else if (policy_name_ == "lfu") {
+      better = s.uses < v.uses || (s.uses == v.uses && s.last_use < v.last_use);
+    } else {
+      better = s.last_use < v.last_use;
+    }
+    if (better) victim = static_cast<int32_t>(i);
+  }
+  if (victim < 0) return -1;
+  Slot& v = slots_[static_cast<size_t>(victim)];
+  if (v.speculative) stats_[static_cast<size_t>(v.layer)].prefetches_wasted++;
+  where_.erase(key(v.layer, v.expert));
+  clear_slot(&v);
+  return victim;
+}
+
+int32_t ExpertStore::start_load_locked(int32_t layer, int32_t expert, bool demand) {
+  const int32_t i = take_slot_locked();
+  if (i < 0) return -1;
+  Slot& s = slots_[static_cast<size_t>(i)];
+  s.layer = layer;
+  s.expert = expert;
+  s.state = SlotState::Loading;
+  s.pins = demand ? 1 : 0;
+  s.speculative = !demand;
+  s.error = MOELITE_OK;
+  s.uses = 0;
+  slot_ever_used_[static_cast<size_t>(i)] = true;
+  where_[key(layer, expert)] = i;
+  (demand ? demand_q_ : spec_q_).push_back({i, demand});
+  work_cv_.notify_one();
+  return i;
+}
+
+void ExpertStore::on_routing(int32_t layer, const Routing& routing) {
+  // Early preemption: queued speculative loads of this layer that the routing does not use.
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = spec_q_.begin(); it != spec_q_.end();) {
+    Slot& s = slots_[static_cast<size_t>(it->slot)];
+    if (s.layer == layer && std::find(routing.ids.begin(), routing.ids.end(), s.expert) == routing.ids.end()) {
+      stats_[static_cast<size_t>(layer)].prefetches_wasted++;
+      where_.erase(key(s.layer, s.expert));
+      clear_slot(&s);
+      it = spec_q_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void ExpertStore::prefetch(int32_t layer, int32_t expert) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (where_.count(key(layer, expert))) return;
+  if (start_load_locked(layer, expert, false) >= 0) stats_[static_cast<size_t>(layer)].prefetches_issued++;
+}
+
+Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpertLayerStats& st = stats_[static_cast<size_t>(layer)];
+  for (int32_t e : experts) {
+    st.activations++;
+    auto it = where_.find(key(layer, e));
+    if (it != where_.end()) {
+      Slot& s = slots_[static_cast<size_t>(it->second)];
+      s.pins++;
+      if (s.speculative) {
+        s.speculative = false;
+        st.prefetches_used++;
+      }
+      st.hits++;
+      continue;
+    }
+    st.misses++;
+    if (start_load_locked(layer, e, true) < 0)
+      return fail(MOELITE_ERR_INTERNAL, "expert store: no slot free for layer %d expert %d", layer, e);
+  }
+  return MOELITE_OK;
+}
+
+Status ExpertStore::acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert, ExpertWeights* out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  double waited = 0;
+  for (;;) {
+    for (size_t i = 0; i < pending->size(); ++i) {
+      const int32_t e = (*pending)[i];
+      Slot& s = slots_[static_cast<size_t>(where_.at(key(layer, e)))];
+      if (s.state == SlotState::Ready) {
+        pending->erase(pending->begin() + static_cast<std::ptrdiff_t>(i));
+        s.uses++;
+        stats_[static_cast<size_t>(layer)].wait_seconds += waited;
+        *expert = e;
+        *out = view(s);
+        return MOELITE_OK;
+      }
+      if (s.state == SlotState::Failed) {
+        const Status err = s.error;
+        const std::string msg = s.error_msg;
+        // Unpin everything still pending; failed slots become free again for a retry.
+        for (int32_t p : *pending) {
+          const int32_t idx = where_.at(key(layer, p));
+          Slot& ps = slots_[static_cast<size_t>(idx)];
+          if (--ps.pins <= 0 && ps.state == SlotState::Failed) {
+            where_.erase(key(layer, p));
+            clear_slot(&ps);
+          }
+        }
+        pending->clear();
+        ready_cv_.notify_all();
+        return fail(err, "%s", msg.c_str());
+      }
+    }
+    const double t0 = platform::now_seconds();
+    ready_cv_.wait(lock);
+    waited += platform::now_seconds() - t0;
+  }
+}
+
+void ExpertStore::release(int32_t layer, int32_t expert) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = where_.find(key(layer, expert));
+  if (it == where_.end()) return;
+  Slot& s = slots_[static_cast<size_t>(it->second)];
+  if (s.pins > 0) s.pins--;
+  s.last_use = ++clock_;
+}
+
+void ExpertStore::loader_main() {
+  for (;;) {
+    Request r;
+    int32_t layer, expert;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_cv_.wait(lock, [&] { return stop_ || !demand_q_.empty() || !spec_q_.empty(); });
+      if (stop_) return;
+      std::deque<Request>& q = demand_q_.empty() ? spec_q_ : demand_q_;  // demand before speculation
+      r = q.front();
+      q.pop_front();
+      layer = slots_[static_cast<size_t>(r.slot)].layer;
+      expert = slots_[static_cast<size_t>(r.slot)].expert;
+    }
+    const Status st = load(r.slot, layer, expert);
+    std::string msg = st == MOELITE_OK ? std::string() : last_error_message();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Slot& s = slots_[static_cast<size_t>(r.slot)];
+      s.state = st == MOELITE_OK ? SlotState::Ready : SlotState::Failed;
+      s.error = st;
+      s.last_use = ++clock_;
+      s.error_msg = msg;  // error messages are per thread: hand it to the waiting one
+    }
+    ready_cv_.notify_all();
+  }
+}
+
+Status ExpertStore::load(int32_t slot_index, int32_t layer, int32_t expert) {
+  const ChunkPlan& p = plans_[static_cast<size_t>(layer)];
+  uint8_t* mem = slots_[static_cast<size_t>(slot_index)].mem;
+  uint64_t total = 0;
+  for (int c = 0; c < 3; ++c) {
+    const uint64_t off = p.file_offset[c] + p.stride[c] * static_cast<uint64_t>(expert);
+    uint8_t* dst = mem + p.slot_offset[c];
+    uint64_t begin = off, end = off + p.bytes[c];
+    if (file_.is_direct()) {
+      begin = round_down(off, kAlign);
+      end = round_up(end, kAlign);
+    }
+    // Read [begin, end); with direct I/O the file may end inside the last aligned block.
+    uint64_t done = 0;
+    const uint64_t need = off + p.bytes[c] - begin;
+    while (done < need) {
+      ssize_t got = ::pread(file_.native_handle(), dst + done, static_cast<size_t>(end - begin - done),
+                            static_cast<off_t>(begin + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0)
+        return fail(MOELITE_ERR_IO, "reading expert %d of layer %d from '%s' at offset %" PRIu64 " failed: %s", expert,
+                    layer, file_.path().c_str(), begin + done, got < 0 ? strerror(errno) : "unexpected end of file");
+      done += static_cast<uint64_t>(got);
+    }
+    if (!file_.is_direct()) file_.drop_cache(off, p.bytes[c]);
+    total += done;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_[static_cast<size_t>(layer)].bytes_read += total;
+  return MOELITE_OK;
+}
+
+uint64_t ExpertStore::peak_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t used = 0;
+  for (bool u : slot_ever_used_) used += u ? 1 : 0;
+  return used * slot_bytes_;
+}
+
+std::vector<ExpertLayerStats> ExpertStore::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void ExpertStore::reset_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& s : stats_) s = ExpertLayerStats{};
+}
+
+}  // namespace moelite

@@ -1,0 +1,132 @@
+// The memory-budgeted expert store: routed experts live in a fixed pool of slots that never
+// exceeds the budget; missing experts are read from the model file (the storage tier) by loader
+// threads, demand loads before speculative ones, each expert in three chunks (gate, up, down).
+//
+// Tiers: storage (the GGUF file) -> host slots (this class). A GPU backend adds a device tier by
+// giving the store device-visible slot memory (unified-memory devices use the host slots as is).
+//
+// Exactness: a slot holds the expert's bytes exactly as stored in the file, and the backend adds
+// expert outputs in top-k order, so results are bitwise identical whatever the budget.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "backends/backend.h"
+#include "core/model.h"
+#include "platforms/platform.h"
+
+namespace moelite {
+
+struct ExpertStoreOptions {
+  uint64_t budget_bytes = 0;
+  std::string policy = "lru";
+  int32_t io_threads = 2;
+};
+
+// Cumulative counters of one layer (all layers: sum them).
+struct ExpertLayerStats {
+  uint64_t activations = 0;         // expert uses by tokens' routing
+  uint64_t hits = 0;                // experts already resident (or arriving) when asked for
+  uint64_t misses = 0;              // demand loads
+  uint64_t prefetches_issued = 0;
+  uint64_t prefetches_used = 0;
+  uint64_t prefetches_wasted = 0;   // evicted or dropped before use
+  uint64_t bytes_read = 0;
+  double wait_seconds = 0;          // time compute waited for loads
+};
+
+class ExpertStore final : public ExpertSource {
+ public:
+  ~ExpertStore() override;
+  // Plans slots from the budget; MOELITE_ERR_BUDGET_TOO_SMALL (with the minimum in the message)
+  // when fewer than top-k + 1 experts fit.
+  static Status create(const Model& model, const std::string& path, const ExpertStoreOptions& opts,
+                       std::unique_ptr<ExpertStore>* out);
+
+  bool all_resident() const override { return false; }
+  int32_t capacity() const override { return static_cast<int32_t>(slots_.size()) - kReserveSlots; }
+  void on_routing(int32_t layer, const Routing& routing) override;
+  Status prepare(int32_t layer, const std::vector<int32_t>& experts) override;
+  Status acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert, ExpertWeights* out) override;
+  void release(int32_t layer, int32_t expert) override;
+
+  // Speculative load (a predictor's guess); ignored when no slot can be freed without evicting
+  // something pinned or more recently needed.
+  void prefetch(int32_t layer, int32_t expert);
+
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  uint64_t pool_bytes() const { return slot_bytes_ * slots_.size(); }
+  size_t n_slots() const { return slots_.size(); }
+  // Bytes of slot memory holding an expert at some point (the store's peak footprint).
+  uint64_t peak_bytes() const;
+  const char* io_mode() const { return file_.is_direct() ? "O_DIRECT pread" : "pread + fadvise(DONTNEED)"; }
+  std::vector<ExpertLayerStats> stats() const;
+  void reset_stats();
+  const std::string& policy_name() const { return policy_name_; }
+  static uint64_t minimum_budget(const Model& model, uint64_t* slot_bytes);
+
+ private:
+  // Slots kept free beyond one group so a group can load while the previous one is released.
+  static constexpr int32_t kReserveSlots = 1;
+  enum class SlotState { Free, Loading, Ready, Failed };
+  struct Slot {
+    uint8_t* mem = nullptr;
+    int32_t layer = -1, expert = -1;
+    SlotState state = SlotState::Free;
+    int32_t pins = 0;
+    bool speculative = false;  // loaded by prefetch and not used yet
+    Status error = MOELITE_OK;
+    std::string error_msg;
+    uint64_t last_use = 0;
+    uint64_t uses = 0;
+  };
+  struct Request {
+    int32_t slot;
+    bool demand;
+  };
+
+  ExpertStore(const Model& model) : model_(model) {}
+  static uint64_t key(int32_t layer, int32_t expert) { return (uint64_t(uint32_t(layer)) << 32) | uint32_t(expert); }
+  // Under mu_: a slot to load into (free, or the policy's victim among unpinned ready slots);
+  // -1 if none.
+  int32_t take_slot_locked();
+  int32_t start_load_locked(int32_t layer, int32_t expert, bool demand);
+  void loader_main();
+  Status load(int32_t slot_index, int32_t layer, int32_t expert);
+  ExpertWeights view(const Slot& s) const;
+  static void clear_slot(Slot* s);  // back to Free, keeping its memory
+
+  const Model& model_;
+  platform::File file_;
+  std::string policy_name_;
+  uint64_t slot_bytes_ = 0;
+  struct ChunkPlan {
+    uint64_t file_offset[3];   // gate, up, down of expert 0
+    uint64_t stride[3];        // bytes between experts
+    uint64_t bytes[3];
+    uint64_t slot_offset[3];   // where each chunk's aligned read lands in the slot
+  };
+  std::vector<ChunkPlan> plans_;  // per layer
+  std::vector<Slot> slots_;
+  uint8_t* pool_ = nullptr;
+  std::unordered_map<uint64_t, int32_t> where_;  // (layer, expert) -> slot
+
+  mutable std::mutex mu_;
+  std::condition_variable ready_cv_;   // a slot changed state
+  std::condition_variable work_cv_;    // a request was queued
+  std::deque<Request> demand_q_, spec_q_;
+  std::vector<std::thread> loaders_;
+  bool stop_ = false;
+  uint64_t clock_ = 0;
+  std::vector<ExpertLayerStats> stats_;
+  std::vector<bool> slot_ever_used_;
+};
+
+}  // namespace moelite
