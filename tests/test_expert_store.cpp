@@ -39,8 +39,9 @@ moelite_status load(const std::string& path, uint64_t budget, Loaded* out, const
 }
 
 std::vector<float> logits_of(Loaded& l) {
-  EXPECT_EQ(moelite_eval(l.ctx, kTokens.data(), static_cast<int32_t>(kTokens.size()), 1), MOELITE_OK)
-      << moelite_last_error();
+  const moelite_status st = moelite_eval(l.ctx, kTokens.data(), static_cast<int32_t>(kTokens.size()), 1);
+  EXPECT_EQ(st, MOELITE_OK) << moelite_last_error();
+  if (st != MOELITE_OK) return {};
   const int64_t n_vocab = moelite_model_get(l.model, MOELITE_MODEL_N_VOCAB);
   std::vector<float> out;
   for (size_t i = 0; i < kTokens.size(); ++i) {
@@ -159,6 +160,7 @@ TEST(ExpertStore, ReadFailuresSurfaceAsErrorsAndTheContextSurvives) {
   // Restore the file: the same context now evaluates correctly.
   std::ofstream(copy, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   const std::vector<float> got = logits_of(l);
+  ASSERT_EQ(got.size(), want.size());
   EXPECT_EQ(memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
   std::remove(copy.c_str());
 }

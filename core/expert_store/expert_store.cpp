@@ -137,7 +137,11 @@ ExpertWeights ExpertStore::view(const Slot& s) const {
 int32_t ExpertStore::take_slot_locked() {
   int32_t victim = -1;
   for (size_t i = 0; i < slots_.size(); ++i) {
-    const Slot& s = slots_[i];
+    Slot& s = slots_[i];
+    if (s.state == SlotState::Failed && s.pins == 0) {  // a failed load nobody waits for any more
+      where_.erase(key(s.layer, s.expert));
+      clear_slot(&s);
+    }
     if (s.state == SlotState::Free) return static_cast<int32_t>(i);
     if (s.state != SlotState::Ready || s.pins > 0) continue;
     if (victim < 0) {
@@ -210,6 +214,13 @@ Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) 
   for (int32_t e : experts) {
     st.activations++;
     auto it = where_.find(key(layer, e));
+    if (it != where_.end() && slots_[static_cast<size_t>(it->second)].state == SlotState::Failed &&
+        slots_[static_cast<size_t>(it->second)].pins == 0) {
+      // An earlier read of this expert failed and was reported: try the storage again.
+      clear_slot(&slots_[static_cast<size_t>(it->second)]);
+      where_.erase(it);
+      it = where_.end();
+    }
     if (it != where_.end()) {
       Slot& s = slots_[static_cast<size_t>(it->second)];
       s.pins++;
