@@ -6,9 +6,29 @@
 #include <cstring>
 #include <unistd.h>
 
+#if MOELITE_HAVE_MIMALLOC
+#include <mimalloc.h>
+#endif
+
 namespace moelite {
 
 namespace {
+
+uint8_t* pool_alloc(uint64_t bytes) {
+#if MOELITE_HAVE_MIMALLOC
+  return static_cast<uint8_t*>(mi_malloc_aligned(static_cast<size_t>(bytes), platform::kDirectIoAlignment));
+#else
+  return static_cast<uint8_t*>(platform::aligned_alloc_bytes(static_cast<size_t>(bytes), platform::kDirectIoAlignment));
+#endif
+}
+
+void pool_free(uint8_t* p) {
+#if MOELITE_HAVE_MIMALLOC
+  mi_free(p);
+#else
+  platform::aligned_free(p);
+#endif
+}
 
 uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 uint64_t round_down(uint64_t v, uint64_t a) { return v / a * a; }
@@ -97,7 +117,7 @@ Status ExpertStore::create(const Model& model, const std::string& path, const Ex
     }
   }
 
-  s->pool_ = static_cast<uint8_t*>(platform::aligned_alloc_bytes(static_cast<size_t>(n_slots * s->slot_bytes_), kAlign));
+  s->pool_ = pool_alloc(n_slots * s->slot_bytes_);
   if (!s->pool_)
     return fail(MOELITE_ERR_OUT_OF_MEMORY, "cannot allocate the expert pool of %" PRIu64 " bytes",
                 n_slots * s->slot_bytes_);
@@ -120,7 +140,7 @@ ExpertStore::~ExpertStore() {
   }
   work_cv_.notify_all();
   for (auto& t : loaders_) t.join();
-  platform::aligned_free(pool_);
+  pool_free(pool_);
 }
 
 ExpertWeights ExpertStore::view(const Slot& s) const {
