@@ -86,6 +86,9 @@ class ExpertSource {
   virtual Status acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert,
                               ExpertWeights* out) = 0;
   virtual void release(int32_t layer, int32_t expert) = 0;
+  // An expert may be handed out by acquire_next while its down projection is still loading
+  // (chunked loads); the backend calls this before using `down`.
+  virtual Status wait_down(int32_t layer, int32_t expert) { return MOELITE_OK; }
 };
 
 struct KvCache {

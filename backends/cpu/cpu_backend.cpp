@@ -251,8 +251,9 @@ void CpuBackend::route(const Act& logits, int32_t k, bool renormalize, Routing* 
 
 // All jobs of one call share weight types (the model loader checks that every expert of a layer
 // has the gate/up/down types of the first), so activations are quantized once per format.
-void CpuBackend::run_ffn_jobs(const std::vector<FfnJob>& jobs, const Act& x, float* results) {
-  if (jobs.empty()) return;
+Status CpuBackend::run_ffn_jobs(const std::vector<FfnJob>& jobs, const Act& x, float* results,
+                                const std::function<Status()>& before_down) {
+  if (jobs.empty()) return MOELITE_OK;
   const int64_t n_embd = x.cols;
   // Activations in the dot formats of the gate/up weights (usually one format for all).
   const TensorType gate_type = jobs[0].w.gate.type, up_type = jobs[0].w.up.type;
@@ -332,6 +333,8 @@ void CpuBackend::run_ffn_jobs(const std::vector<FfnJob>& jobs, const Act& x, flo
     }
   });
 
+  if (before_down) MOELITE_TRY(before_down());
+
   // Phase 2: quantize h for the down projections.
   const TensorType down_type = jobs[0].w.down.type;
   const size_t hq_stride = stride_of(down_type, n_ff_max);
@@ -370,6 +373,7 @@ void CpuBackend::run_ffn_jobs(const std::vector<FfnJob>& jobs, const Act& x, flo
       }
     }
   });
+  return MOELITE_OK;
 }
 
 Status CpuBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, ExpertSource* experts, Act* out) {
@@ -420,8 +424,12 @@ Status CpuBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, Expert
         ExpertWeights w;
         MOELITE_TRY(experts->acquire_next(layer, &pending, &e, &w));
         std::vector<FfnJob> one(1, job_for(e, w));
-        run_ffn_jobs(one, x, ffn_y_.data());
+        const Status st = run_ffn_jobs(one, x, ffn_y_.data(), [&] { return experts->wait_down(layer, e); });
         experts->release(layer, e);
+        if (st != MOELITE_OK) {
+          for (int32_t p : pending) experts->release(layer, p);
+          return st;
+        }
       }
     }
   }

@@ -4,6 +4,7 @@
 // Every output element is computed by exactly one task with a fixed summation order, so results
 // do not depend on the thread count or on how tasks were scheduled.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,7 +53,10 @@ class CpuBackend final : public Backend {
     std::vector<int32_t> out_rows;
   };
   // Runs all jobs; results[out_row * n_embd ...] receive the unscaled FFN outputs.
-  void run_ffn_jobs(const std::vector<FfnJob>& jobs, const Act& x, float* results);
+  // `before_down`, if given, runs between the gate/up and the down projections (the expert store
+  // uses it to wait for a down matrix still in flight) and may fail.
+  Status run_ffn_jobs(const std::vector<FfnJob>& jobs, const Act& x, float* results,
+                      const std::function<Status()>& before_down = nullptr);
   // Quantizes the rows of x into `type`'s dot format, returns a pointer to row-major rows.
   const uint8_t* quantize_rows(const float* x, int64_t rows, int64_t cols, TensorType weight_type,
                                std::vector<uint8_t>* buf);

@@ -265,7 +265,8 @@ Status ExpertStore::acquire_next(int32_t layer, std::vector<int32_t>* pending, i
     for (size_t i = 0; i < pending->size(); ++i) {
       const int32_t e = (*pending)[i];
       Slot& s = slots_[static_cast<size_t>(where_.at(key(layer, e)))];
-      if (s.state == SlotState::Ready) {
+      // Computation can start once gate and up are in; down is waited for by wait_down().
+      if (s.state == SlotState::Ready || (s.state == SlotState::Loading && s.chunks_ready >= 2)) {
         pending->erase(pending->begin() + static_cast<std::ptrdiff_t>(i));
         s.uses++;
         stats_[static_cast<size_t>(layer)].wait_seconds += waited;
@@ -294,6 +295,20 @@ Status ExpertStore::acquire_next(int32_t layer, std::vector<int32_t>* pending, i
     ready_cv_.wait(lock);
     waited += platform::now_seconds() - t0;
   }
+}
+
+Status ExpertStore::wait_down(int32_t layer, int32_t expert) {
+  std::unique_lock<std::mutex> lock(mu_);
+  Slot& s = slots_[static_cast<size_t>(where_.at(key(layer, expert)))];
+  double waited = 0;
+  while (s.state == SlotState::Loading) {
+    const double t0 = platform::now_seconds();
+    ready_cv_.wait(lock);
+    waited += platform::now_seconds() - t0;
+  }
+  stats_[static_cast<size_t>(layer)].wait_seconds += waited;
+  if (s.state == SlotState::Failed) return fail(s.error, "%s", s.error_msg.c_str());
+  return MOELITE_OK;
 }
 
 void ExpertStore::release(int32_t layer, int32_t expert) {
@@ -325,6 +340,7 @@ void ExpertStore::loader_main() {
       std::lock_guard<std::mutex> lock(mu_);
       Slot& s = slots_[static_cast<size_t>(r.slot)];
       s.state = st == MOELITE_OK ? SlotState::Ready : SlotState::Failed;
+      s.chunks_ready = st == MOELITE_OK ? 3 : 0;
       s.error = st;
       s.last_use = ++clock_;
       s.error_msg = msg;  // error messages are per thread: hand it to the waiting one
@@ -359,6 +375,13 @@ Status ExpertStore::load(int32_t slot_index, int32_t layer, int32_t expert) {
     }
     if (!file_.is_direct()) file_.drop_cache(off, p.bytes[c]);
     total += done;
+    if (c < 2) {  // gate/up usable before down arrives
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        slots_[static_cast<size_t>(slot_index)].chunks_ready = c + 1;
+      }
+      ready_cv_.notify_all();
+    }
   }
   std::lock_guard<std::mutex> lock(mu_);
   stats_[static_cast<size_t>(layer)].bytes_read += total;

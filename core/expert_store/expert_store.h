@@ -56,6 +56,7 @@ class ExpertStore final : public ExpertSource {
   Status prepare(int32_t layer, const std::vector<int32_t>& experts) override;
   Status acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert, ExpertWeights* out) override;
   void release(int32_t layer, int32_t expert) override;
+  Status wait_down(int32_t layer, int32_t expert) override;
 
   // Speculative load (a predictor's guess); ignored when no slot can be freed without evicting
   // something pinned or more recently needed.
@@ -82,6 +83,7 @@ class ExpertStore final : public ExpertSource {
     SlotState state = SlotState::Free;
     int32_t pins = 0;
     bool speculative = false;  // loaded by prefetch and not used yet
+    int32_t chunks_ready = 0;  // gate, up, down arrive in that order
     Status error = MOELITE_OK;
     std::string error_msg;
     uint64_t last_use = 0;

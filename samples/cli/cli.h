@@ -47,6 +47,8 @@ bool read_file(const std::string& path, std::string* out);
 
 // Best-of-5 read bandwidth in GB/s streaming `bytes` with `threads` threads (membw.cpp).
 double measure_read_bandwidth(int threads, size_t bytes);
+// O_DIRECT read speed of a file in GB/s with `threads` concurrent readers (membw.cpp).
+double measure_storage_bandwidth(const std::string& path, size_t bytes, int threads);
 
 int cmd_info(int argc, char** argv);
 int cmd_logits(int argc, char** argv);

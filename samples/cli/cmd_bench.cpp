@@ -103,6 +103,16 @@ int cmd_bench(int argc, char** argv) {
   const double stall = best_decode > 0 && n_gen > 0 ? best_stats.wait_seconds / best_decode : 0.0;
   const double read_per_token = n_gen > 0 ? double(best_stats.bytes_read) / double(n_gen) : 0.0;
   const std::string policy = budget > 0 ? args.get("--policy", "lru") : "resident";
+  // Under a budget the bound also counts the misses' reads from storage, assuming they overlap
+  // perfectly with computation: a token cannot take less than either stream.
+  const double storage_gbs =
+      budget > 0 && !args.has("--no-membw") ? measure_storage_bandwidth(path, size_t{512} << 20, 2) : 0.0;
+  double budget_bound_tps = 0.0;
+  if (budget > 0 && dram_gbs > 0 && storage_gbs > 0) {
+    const double t_mem = static_cast<double>(active) / (dram_gbs * 1e9);
+    const double t_io = read_per_token / (storage_gbs * 1e9);
+    budget_bound_tps = 1.0 / std::max(t_mem, t_io);
+  }
   if (args.has("--json")) {
     printf("{\"model\": \"%s\", \"arch\": \"%s\", \"expert_type\": \"%s\", \"backend\": \"%s\", \"threads\": %" PRId64
            ", \"n_prompt\": %" PRId64 ", \"n_gen\": %" PRId64 ", \"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f"
@@ -112,7 +122,8 @@ int cmd_bench(int argc, char** argv) {
            ", \"expert_budget_bytes\": %" PRId64 ", \"expert_store_pool_bytes\": %" PRId64
            ", \"expert_store_peak_bytes\": %" PRId64 ", \"expert_slots\": %" PRId64 ", \"policy\": \"%s\""
            ", \"hit_rate\": %.4f, \"stall_fraction\": %.4f, \"bytes_read_per_token\": %.0f"
-           ", \"misses_per_token\": %.3f}\n",
+           ", \"misses_per_token\": %.3f, \"storage_read_gb_s\": %.3f, \"budget_bound_tok_s\": %.3f"
+           ", \"decode_fraction_of_budget_bound\": %.3f}\n",
            json_escape(path).c_str(), moelite_model_arch(model), moelite_model_expert_type(model),
            json_escape(moelite_model_backend_name(model)).c_str(), moelite_model_get(model, MOELITE_MODEL_THREADS),
            n_prompt, n_gen, prefill_tps, decode_tps, n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, active,
@@ -120,7 +131,8 @@ int cmd_bench(int argc, char** argv) {
            moelite_model_get(model, MOELITE_MODEL_DENSE_BYTES), peak_rss, budget,
            moelite_model_get(model, MOELITE_MODEL_EXPERT_POOL_BYTES), moelite_model_get(model, MOELITE_MODEL_EXPERT_PEAK_BYTES),
            moelite_model_get(model, MOELITE_MODEL_EXPERT_SLOTS), policy.c_str(), hit_rate, stall, read_per_token,
-           n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0);
+           n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0, storage_gbs, budget_bound_tps,
+           budget_bound_tps > 0 ? decode_tps / budget_bound_tps : 0.0);
   } else {
     printf("model     %s (%s, experts %s)\nbackend   %s, %" PRId64 " threads\n", path.c_str(), moelite_model_arch(model),
            moelite_model_expert_type(model), moelite_model_backend_name(model),
@@ -135,6 +147,9 @@ int cmd_bench(int argc, char** argv) {
       printf("experts   budget %.1f MiB (%" PRId64 " slots, %s): hit rate %.3f, %.2f MB read/token, stalled %.0f%% of decode\n",
              budget / 1048576.0, moelite_model_get(model, MOELITE_MODEL_EXPERT_SLOTS), policy.c_str(), hit_rate,
              read_per_token / 1e6, 100.0 * stall);
+    if (budget_bound_tps > 0)
+      printf("bound     %.2f tok/s under the budget (storage %.2f GB/s): decode at %.0f%% of it\n", budget_bound_tps,
+             storage_gbs, 100.0 * decode_tps / budget_bound_tps);
     printf("peak RSS  %.1f MiB\n", peak_rss / 1048576.0);
   }
   moelite_context_free(ctx);
