@@ -117,6 +117,12 @@ MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_
   return MOELITE_OK;
 }
 
+MOELITE_API moelite_status moelite_model_params_set_expert_per_layer(moelite_model_params* p, int32_t per_layer) {
+  if (!p) return null_arg(__func__, "params");
+  p->opts.expert_per_layer = per_layer != 0;
+  return MOELITE_OK;
+}
+
 MOELITE_API moelite_status moelite_model_params_set_use_mmap(moelite_model_params* p, int32_t use_mmap) {
   if (!p) return null_arg(__func__, "params");
   p->opts.use_mmap = use_mmap != 0;

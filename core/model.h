@@ -84,6 +84,7 @@ struct LoadOptions {
   BackendKind backend = BackendKind::Auto;
   uint64_t expert_budget_bytes = 0;  // 0: experts resident in the file mapping
   std::string expert_policy = "lru";
+  bool expert_per_layer = false;
   bool use_mmap = true;
   bool vocab_only = false;
   moelite_progress_fn progress = nullptr;

@@ -168,6 +168,10 @@ MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_
  *  MOELITE_ERR_INVALID_ARGUMENT for NULL; an unknown name fails at load time. */
 MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_params *params,
                                                                   const char *policy);
+/** 0 (default): one pool of expert slots shared by all layers. 1: equal per-layer quotas (each
+ *  layer evicts only its own experts). */
+MOELITE_API moelite_status moelite_model_params_set_expert_per_layer(moelite_model_params *params,
+                                                                     int32_t per_layer);
 /** 1 (default): map the file and compute on the mapping. 0: read weights into owned memory. */
 MOELITE_API moelite_status moelite_model_params_set_use_mmap(moelite_model_params *params,
                                                              int32_t use_mmap);

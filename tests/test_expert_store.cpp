@@ -27,11 +27,13 @@ struct Loaded {
   }
 };
 
-moelite_status load(const std::string& path, uint64_t budget, Loaded* out, const char* policy = "lru") {
+moelite_status load(const std::string& path, uint64_t budget, Loaded* out, const char* policy = "lru",
+                    bool per_layer = false) {
   moelite_model_params* p = moelite_model_params_create();
   moelite_model_params_set_threads(p, 2);
   moelite_model_params_set_expert_budget(p, budget);
   moelite_model_params_set_expert_policy(p, policy);
+  moelite_model_params_set_expert_per_layer(p, per_layer ? 1 : 0);
   moelite_status st = moelite_model_load(path.c_str(), p, &out->model);
   moelite_model_params_free(p);
   if (st == MOELITE_OK) st = moelite_context_create(out->model, nullptr, &out->ctx);
@@ -74,14 +76,19 @@ TEST(ExpertStore, LogitsAreBitwiseIdenticalForEveryBudget) {
   const std::vector<float> want = logits_of(resident);
   const uint64_t total = expert_bytes(), minimum = minimum_budget();
   ASSERT_GT(minimum, 0u);
-  for (uint64_t budget : {total, total / 2, total / 4, minimum}) {
+  const uint64_t layers = 2;  // the tiny model's; per-layer quotas need the minimum in each layer
+  for (uint64_t budget : {total, total / 2, total / 4, minimum, minimum * layers}) {
     if (budget < minimum) budget = minimum;
-    for (const char* policy : {"lru", "lfu"}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      const char* policy = variant == 1 ? "lfu" : "lru";
+      const bool per_layer = variant == 2;
+      if (per_layer && budget < minimum * layers) continue;
       Loaded l;
-      ASSERT_EQ(load(kModel, budget, &l, policy), MOELITE_OK) << moelite_last_error();
+      ASSERT_EQ(load(kModel, budget, &l, policy, per_layer), MOELITE_OK) << moelite_last_error();
       const std::vector<float> got = logits_of(l);
       ASSERT_EQ(got.size(), want.size());
-      EXPECT_EQ(memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << "budget " << budget << " " << policy;
+      EXPECT_EQ(memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+          << "budget " << budget << " " << policy << (per_layer ? " per-layer" : "");
       // And again from a warm store, token by token.
       moelite_kv_reset(l.ctx);
       for (size_t i = 0; i < kTokens.size(); ++i) {
@@ -135,6 +142,8 @@ TEST(ExpertStore, TooSmallBudgetIsRefusedWithTheMinimum) {
   EXPECT_EQ(l.model, nullptr);
   Loaded bad_policy;
   EXPECT_EQ(load(kModel, minimum, &bad_policy, "random"), MOELITE_ERR_INVALID_ARGUMENT);
+  Loaded per_layer;  // the same budget is too small once every layer needs its own working set
+  EXPECT_EQ(load(kModel, minimum, &per_layer, "lru", true), MOELITE_ERR_BUDGET_TOO_SMALL);
 }
 
 TEST(ExpertStore, ReadFailuresSurfaceAsErrorsAndTheContextSurvives) {

@@ -40,11 +40,13 @@ WeightView& chunk_of(ExpertWeights& w, int c) { return c == 0 ? w.gate : c == 1 
 
 void ExpertStore::clear_slot(Slot* s) {
   uint8_t* mem = s->mem;
+  const int32_t owner = s->owner;
   *s = Slot();
   s->mem = mem;
+  s->owner = owner;
 }
 
-uint64_t ExpertStore::minimum_budget(const Model& model, uint64_t* slot_bytes) {
+uint64_t ExpertStore::minimum_budget(const Model& model, bool per_layer, uint64_t* slot_bytes) {
   // Each chunk gets a region big enough for its aligned superset read in any layer.
   uint64_t region[3] = {0, 0, 0};
   for (const LayerWeights& lw : model.layers) {
@@ -55,7 +57,8 @@ uint64_t ExpertStore::minimum_budget(const Model& model, uint64_t* slot_bytes) {
     }
   }
   *slot_bytes = region[0] + region[1] + region[2];
-  return *slot_bytes * static_cast<uint64_t>(model.hp.n_expert_used + kReserveSlots);
+  const uint64_t per_pool = static_cast<uint64_t>(model.hp.n_expert_used + kReserveSlots);
+  return *slot_bytes * per_pool * (per_layer ? static_cast<uint64_t>(model.hp.n_layer) : 1);
 }
 
 Status ExpertStore::create(const Model& model, const std::string& path, const ExpertStoreOptions& opts,
@@ -65,15 +68,20 @@ Status ExpertStore::create(const Model& model, const std::string& path, const Ex
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown expert cache policy '%s' (available: lru, lfu)",
                 opts.policy.c_str());
   s->policy_name_ = opts.policy;
-  const uint64_t minimum = minimum_budget(model, &s->slot_bytes_);
+  s->per_layer_ = opts.per_layer;
+  const uint64_t minimum = minimum_budget(model, opts.per_layer, &s->slot_bytes_);
   if (opts.budget_bytes < minimum)
     return fail(MOELITE_ERR_BUDGET_TOO_SMALL,
                 "an expert budget of %" PRIu64 " bytes is below the minimum working set of %" PRIu64
-                " bytes (%d experts of one token plus %d in flight, %" PRIu64 " bytes per expert slot)",
-                opts.budget_bytes, minimum, model.hp.n_expert_used, kReserveSlots, s->slot_bytes_);
+                " bytes (%d experts of one token plus %d in flight%s, %" PRIu64 " bytes per expert slot)",
+                opts.budget_bytes, minimum, model.hp.n_expert_used, kReserveSlots,
+                opts.per_layer ? ", in every layer's quota" : "", s->slot_bytes_);
   // Never more slots than experts: a budget above the model's needs is not allocated.
   const uint64_t n_experts_total = static_cast<uint64_t>(model.hp.n_layer) * static_cast<uint64_t>(model.hp.n_expert);
-  const uint64_t n_slots = std::min(opts.budget_bytes / s->slot_bytes_, n_experts_total + kReserveSlots);
+  const uint64_t n_layers = static_cast<uint64_t>(model.hp.n_layer);
+  uint64_t n_slots = std::min(opts.budget_bytes / s->slot_bytes_,
+                              n_experts_total + kReserveSlots * (opts.per_layer ? n_layers : 1));
+  if (opts.per_layer) n_slots = n_slots / n_layers * n_layers;  // uniform quotas
 
   // Storage tier: the model file itself, bypassing the page cache where the file system allows.
   if (platform::File::open_direct(path, &s->file_) != MOELITE_OK) {
@@ -122,13 +130,18 @@ Status ExpertStore::create(const Model& model, const std::string& path, const Ex
     return fail(MOELITE_ERR_OUT_OF_MEMORY, "cannot allocate the expert pool of %" PRIu64 " bytes",
                 n_slots * s->slot_bytes_);
   s->slots_.resize(static_cast<size_t>(n_slots));
-  for (size_t i = 0; i < s->slots_.size(); ++i) s->slots_[i].mem = s->pool_ + i * s->slot_bytes_;
+  const size_t quota = opts.per_layer ? s->slots_.size() / static_cast<size_t>(n_layers) : s->slots_.size();
+  for (size_t i = 0; i < s->slots_.size(); ++i) {
+    s->slots_[i].mem = s->pool_ + i * s->slot_bytes_;
+    s->slots_[i].owner = opts.per_layer ? static_cast<int32_t>(i / quota) : -1;
+  }
+  s->capacity_ = static_cast<int32_t>(quota) - kReserveSlots;
   s->slot_ever_used_.assign(s->slots_.size(), false);
   s->stats_.resize(model.layers.size());
   for (int32_t t = 0; t < std::max(1, opts.io_threads); ++t) s->loaders_.emplace_back([p = s.get()] { p->loader_main(); });
-  log_msg(MOELITE_LOG_INFO, "expert store: %zu slots of %" PRIu64 " bytes (%.1f MiB of a %.1f MiB budget), %s, policy %s",
+  log_msg(MOELITE_LOG_INFO, "expert store: %zu slots of %" PRIu64 " bytes (%.1f MiB of a %.1f MiB budget), %s, policy %s, %s",
           s->slots_.size(), s->slot_bytes_, s->pool_bytes() / 1048576.0, opts.budget_bytes / 1048576.0, s->io_mode(),
-          s->policy_name_.c_str());
+          s->policy_name_.c_str(), opts.per_layer ? "per-layer quotas" : "global pool");
   *out = std::move(s);
   return MOELITE_OK;
 }
@@ -154,10 +167,11 @@ ExpertWeights ExpertStore::view(const Slot& s) const {
   return w;
 }
 
-int32_t ExpertStore::take_slot_locked() {
+int32_t ExpertStore::take_slot_locked(int32_t layer) {
   int32_t victim = -1;
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
+    if (s.owner >= 0 && s.owner != layer) continue;  // another layer's quota
     if (s.state == SlotState::Failed && s.pins == 0) {  // a failed load nobody waits for any more
       where_.erase(key(s.layer, s.expert));
       clear_slot(&s);
@@ -189,7 +203,7 @@ int32_t ExpertStore::take_slot_locked() {
 }
 
 int32_t ExpertStore::start_load_locked(int32_t layer, int32_t expert, bool demand) {
-  const int32_t i = take_slot_locked();
+  const int32_t i = take_slot_locked(layer);
   if (i < 0) return -1;
   Slot& s = slots_[static_cast<size_t>(i)];
   s.layer = layer;

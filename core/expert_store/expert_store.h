@@ -28,6 +28,9 @@ struct ExpertStoreOptions {
   uint64_t budget_bytes = 0;
   std::string policy = "lru";
   int32_t io_threads = 2;
+  // Per-layer quotas instead of one pool shared by all layers: slots[l] experts for layer l.
+  // Empty: global pool. (Uniform for now; the DP allocator of the calibration profile sets them.)
+  bool per_layer = false;
 };
 
 // Cumulative counters of one layer (all layers: sum them).
@@ -51,7 +54,7 @@ class ExpertStore final : public ExpertSource {
                        std::unique_ptr<ExpertStore>* out);
 
   bool all_resident() const override { return false; }
-  int32_t capacity() const override { return static_cast<int32_t>(slots_.size()) - kReserveSlots; }
+  int32_t capacity() const override { return capacity_; }
   void on_routing(int32_t layer, const Routing& routing) override;
   Status prepare(int32_t layer, const std::vector<int32_t>& experts) override;
   Status acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert, ExpertWeights* out) override;
@@ -71,7 +74,8 @@ class ExpertStore final : public ExpertSource {
   std::vector<ExpertLayerStats> stats() const;
   void reset_stats();
   const std::string& policy_name() const { return policy_name_; }
-  static uint64_t minimum_budget(const Model& model, uint64_t* slot_bytes);
+  static uint64_t minimum_budget(const Model& model, bool per_layer, uint64_t* slot_bytes);
+  bool per_layer() const { return per_layer_; }
 
  private:
   // Slots kept free beyond one group so a group can load while the previous one is released.
@@ -84,6 +88,7 @@ class ExpertStore final : public ExpertSource {
     int32_t pins = 0;
     bool speculative = false;  // loaded by prefetch and not used yet
     int32_t chunks_ready = 0;  // gate, up, down arrive in that order
+    int32_t owner = -1;        // the layer whose quota the slot belongs to (-1: global pool)
     Status error = MOELITE_OK;
     std::string error_msg;
     uint64_t last_use = 0;
@@ -98,7 +103,7 @@ class ExpertStore final : public ExpertSource {
   static uint64_t key(int32_t layer, int32_t expert) { return (uint64_t(uint32_t(layer)) << 32) | uint32_t(expert); }
   // Under mu_: a slot to load into (free, or the policy's victim among unpinned ready slots);
   // -1 if none.
-  int32_t take_slot_locked();
+  int32_t take_slot_locked(int32_t layer);
   int32_t start_load_locked(int32_t layer, int32_t expert, bool demand);
   void loader_main();
   Status load(int32_t slot_index, int32_t layer, int32_t expert);
@@ -109,6 +114,8 @@ class ExpertStore final : public ExpertSource {
   platform::File file_;
   std::string policy_name_;
   uint64_t slot_bytes_ = 0;
+  bool per_layer_ = false;
+  int32_t capacity_ = 0;  // experts one layer may hold at once
   struct ChunkPlan {
     uint64_t file_offset[3];   // gate, up, down of expert 0
     uint64_t stride[3];        // bytes between experts

@@ -14,7 +14,8 @@ bool Args::parse(int argc, char** argv, const std::vector<std::string>& flags, s
       *error = "unexpected argument '" + a + "'";
       return false;
     }
-    bool is_flag = false;
+    // Model-loading switches every command accepts (see load_model).
+    bool is_flag = a == "--no-mmap" || a == "--per-layer";
     for (const auto& f : flags) is_flag = is_flag || f == a;
     if (is_flag) {
       values_[a] = "1";
@@ -137,6 +138,7 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only) {
     }
     st = moelite_model_params_set_expert_budget(p, budget);
   }
+  if (st == MOELITE_OK && args.has("--per-layer")) st = moelite_model_params_set_expert_per_layer(p, 1);
   if (st == MOELITE_OK && args.has("--policy")) st = moelite_model_params_set_expert_policy(p, args.get("--policy").c_str());
   if (st == MOELITE_OK && isatty(STDERR_FILENO) && !vocab_only)
     st = moelite_model_params_set_progress_callback(p, progress_bar, nullptr);
