@@ -80,6 +80,9 @@ class ExpertSource {
   // Routing of `layer` is now known: speculative work for it that `routing` does not need may be
   // dropped (early preemption).
   virtual void on_routing(int32_t layer, const Routing& routing) {}
+  // Predicted experts of a coming layer: the source may load them speculatively once the current
+  // layer's needs are secured (a prefetch hook for predictors).
+  virtual void hint(int32_t layer, const std::vector<int32_t>& experts) {}
   virtual Status prepare(int32_t layer, const std::vector<int32_t>& experts) = 0;
   // Waits until one expert of *pending is ready, removes it from *pending and returns it. On an
   // I/O error returns that status; experts still pending are then released by the source.

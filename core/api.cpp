@@ -117,6 +117,13 @@ MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_
   return MOELITE_OK;
 }
 
+MOELITE_API moelite_status moelite_model_params_set_expert_predictor(moelite_model_params* p, const char* predictor) {
+  if (!p) return null_arg(__func__, "params");
+  if (!predictor) return null_arg(__func__, "predictor");
+  p->opts.expert_predictor = predictor;
+  return MOELITE_OK;
+}
+
 MOELITE_API moelite_status moelite_model_params_set_expert_per_layer(moelite_model_params* p, int32_t per_layer) {
   if (!p) return null_arg(__func__, "params");
   p->opts.expert_per_layer = per_layer != 0;

@@ -168,6 +168,12 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
     std::unique_ptr<ExpertStore> store;
     MOELITE_TRY(ExpertStore::create(*m, path, so, &store));
     m->store = store.get();
+    if (opts.expert_predictor == "next-gate") {
+      m->predict_next_gate = true;
+    } else if (opts.expert_predictor != "none") {
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown expert predictor '%s' (available: none, next-gate)",
+                  opts.expert_predictor.c_str());
+    }
     m->expert_budget = opts.expert_budget_bytes;
     m->experts = std::move(store);
   } else {

@@ -85,6 +85,7 @@ struct LoadOptions {
   uint64_t expert_budget_bytes = 0;  // 0: experts resident in the file mapping
   std::string expert_policy = "lru";
   bool expert_per_layer = false;
+  std::string expert_predictor = "none";  // "none" or "next-gate"
   bool use_mmap = true;
   bool vocab_only = false;
   moelite_progress_fn progress = nullptr;
@@ -108,7 +109,8 @@ struct Model {
 
   std::unique_ptr<Backend> backend;
   std::unique_ptr<ExpertSource> experts;
-  ExpertStore* store = nullptr;  // the same object as `experts` when a budget is set
+  ExpertStore* store = nullptr;
+  bool predict_next_gate = false;  // prefetch the next layer's guessed experts (budget only)  // the same object as `experts` when a budget is set
   // Contexts of one model share its backend (threads, scratch), so they evaluate one at a time.
   std::mutex eval_mutex;
 

@@ -168,6 +168,11 @@ MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_
  *  MOELITE_ERR_INVALID_ARGUMENT for NULL; an unknown name fails at load time. */
 MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_params *params,
                                                                   const char *policy);
+/** Expert prediction feeding the store's prefetch queue: "none" (default) or "next-gate" (layer
+ *  l+1's router applied to layer l's hidden state; loads overlap layer l's computation). Only
+ *  speeds up loading; results are unchanged. The string is copied; unknown names fail at load. */
+MOELITE_API moelite_status moelite_model_params_set_expert_predictor(moelite_model_params *params,
+                                                                     const char *predictor);
 /** 0 (default): one pool of expert slots shared by all layers. 1: equal per-layer quotas (each
  *  layer evicts only its own experts). */
 MOELITE_API moelite_status moelite_model_params_set_expert_per_layer(moelite_model_params *params,

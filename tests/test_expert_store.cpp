@@ -28,12 +28,13 @@ struct Loaded {
 };
 
 moelite_status load(const std::string& path, uint64_t budget, Loaded* out, const char* policy = "lru",
-                    bool per_layer = false) {
+                    bool per_layer = false, const char* predictor = "none") {
   moelite_model_params* p = moelite_model_params_create();
   moelite_model_params_set_threads(p, 2);
   moelite_model_params_set_expert_budget(p, budget);
   moelite_model_params_set_expert_policy(p, policy);
   moelite_model_params_set_expert_per_layer(p, per_layer ? 1 : 0);
+  moelite_model_params_set_expert_predictor(p, predictor);
   moelite_status st = moelite_model_load(path.c_str(), p, &out->model);
   moelite_model_params_free(p);
   if (st == MOELITE_OK) st = moelite_context_create(out->model, nullptr, &out->ctx);
@@ -79,16 +80,17 @@ TEST(ExpertStore, LogitsAreBitwiseIdenticalForEveryBudget) {
   const uint64_t layers = 2;  // the tiny model's; per-layer quotas need the minimum in each layer
   for (uint64_t budget : {total, total / 2, total / 4, minimum, minimum * layers}) {
     if (budget < minimum) budget = minimum;
-    for (int variant = 0; variant < 3; ++variant) {
+    for (int variant = 0; variant < 4; ++variant) {
       const char* policy = variant == 1 ? "lfu" : "lru";
       const bool per_layer = variant == 2;
+      const char* predictor = variant == 3 ? "next-gate" : "none";
       if (per_layer && budget < minimum * layers) continue;
       Loaded l;
-      ASSERT_EQ(load(kModel, budget, &l, policy, per_layer), MOELITE_OK) << moelite_last_error();
+      ASSERT_EQ(load(kModel, budget, &l, policy, per_layer, predictor), MOELITE_OK) << moelite_last_error();
       const std::vector<float> got = logits_of(l);
       ASSERT_EQ(got.size(), want.size());
       EXPECT_EQ(memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
-          << "budget " << budget << " " << policy << (per_layer ? " per-layer" : "");
+          << "budget " << budget << " " << policy << (per_layer ? " per-layer " : " ") << predictor;
       // And again from a warm store, token by token.
       moelite_kv_reset(l.ctx);
       for (size_t i = 0; i < kTokens.size(); ++i) {
@@ -142,6 +144,8 @@ TEST(ExpertStore, TooSmallBudgetIsRefusedWithTheMinimum) {
   EXPECT_EQ(l.model, nullptr);
   Loaded bad_policy;
   EXPECT_EQ(load(kModel, minimum, &bad_policy, "random"), MOELITE_ERR_INVALID_ARGUMENT);
+  Loaded bad_predictor;
+  EXPECT_EQ(load(kModel, minimum, &bad_predictor, "lru", false, "oracle"), MOELITE_ERR_INVALID_ARGUMENT);
   Loaded per_layer;  // the same budget is too small once every layer needs its own working set
   EXPECT_EQ(load(kModel, minimum, &per_layer, "lru", true), MOELITE_ERR_BUDGET_TOO_SMALL);
 }

@@ -1,6 +1,7 @@
 // The pre-norm MoE transformer block shared by llama (Mixtral), qwen2moe, qwen3moe and olmoe:
 //   x += Wo · attention(rope(qk_norm(Wq·n(x) [+bq])), rope(qk_norm(Wk·n(x) [+bk])), Wv·n(x) [+bv])
 //   x += sum_j w_j · expert_j(n'(x)) [+ sigmoid(g·n'(x)) · shared(n'(x))]
+#include <algorithm>
 #include <cinttypes>
 #include <string>
 
@@ -48,6 +49,26 @@ Status optional_float(const gguf::Reader& g, const std::string& key, double fall
 constexpr int64_t kMaxDim = 1 << 20;  // sanity bound for widths, far above any real model
 
 std::string blk(int32_t layer, const char* suffix) { return "blk." + std::to_string(layer) + "." + suffix; }
+
+// Decode-sized batches only: a prefill batch needs most experts anyway.
+constexpr int32_t kMaxPredictTokens = 4;
+
+// "next-gate" prediction: layer l+1's router applied to layer l's residual stream (after its
+// attention) guesses l+1's experts; the store loads them while layer l's experts compute.
+void predict_next_layer(Model& m, EvalState& s, int32_t l) {
+  Backend& be = *s.backend;
+  const HParams& hp = m.hp;
+  const LayerWeights& next = m.layers[static_cast<size_t>(l + 1)];
+  Act x = s.rows(s.x), tmp = s.rows(s.proj), logits = s.rows(s.router_logits);
+  be.rms_norm(x, next.ffn_norm.data(), hp.n_embd, hp.rms_eps, &tmp);
+  be.matmul(next.router, tmp, nullptr, &logits);
+  Routing guess;
+  be.route(logits, hp.n_expert_used, false, &guess);
+  std::vector<int32_t> experts(guess.ids.begin(), guess.ids.end());
+  std::sort(experts.begin(), experts.end());
+  experts.erase(std::unique(experts.begin(), experts.end()), experts.end());
+  m.experts->hint(l + 1, experts);
+}
 
 }  // namespace
 
@@ -187,6 +208,8 @@ Status standard_forward_layer(Model& m, EvalState& s, int32_t l) {
     for (float& w_j : s.routing.weights) w_j *= hp.expert_weights_scale;
   if (s.on_route)
     s.on_route(l, s.pos0, s.n_tokens, s.routing.k, s.routing.ids.data(), s.routing.weights.data(), s.route_user);
+  if (m.predict_next_gate && !m.experts->all_resident() && l + 1 < hp.n_layer && s.n_tokens <= kMaxPredictTokens)
+    predict_next_layer(m, s, l);
   MOELITE_TRY(be.moe_ffn(l, xn, s.routing, m.experts.get(), &moe));
   if (w.has_shared) {
     Act shared = s.rows(s.shared_out);

@@ -238,8 +238,18 @@ void ExpertStore::on_routing(int32_t layer, const Routing& routing) {
 
 void ExpertStore::prefetch(int32_t layer, int32_t expert) {
   std::lock_guard<std::mutex> lock(mu_);
+  prefetch_locked(layer, expert);
+}
+
+void ExpertStore::prefetch_locked(int32_t layer, int32_t expert) {
   if (where_.count(key(layer, expert))) return;
   if (start_load_locked(layer, expert, false) >= 0) stats_[static_cast<size_t>(layer)].prefetches_issued++;
+}
+
+void ExpertStore::hint(int32_t layer, const std::vector<int32_t>& experts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  hint_layer_ = layer;
+  hint_experts_ = experts;
 }
 
 Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) {
@@ -268,6 +278,11 @@ Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) 
     st.misses++;
     if (start_load_locked(layer, e, true) < 0)
       return fail(MOELITE_ERR_INTERNAL, "expert store: no slot free for layer %d expert %d", layer, e);
+  }
+  // This layer's experts are pinned now, so speculative loads for the next one cannot evict them.
+  if (hint_layer_ == layer + 1) {
+    for (int32_t e : hint_experts_) prefetch_locked(hint_layer_, e);
+    hint_layer_ = -1;
   }
   return MOELITE_OK;
 }

@@ -60,6 +60,7 @@ class ExpertStore final : public ExpertSource {
   Status acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert, ExpertWeights* out) override;
   void release(int32_t layer, int32_t expert) override;
   Status wait_down(int32_t layer, int32_t expert) override;
+  void hint(int32_t layer, const std::vector<int32_t>& experts) override;
 
   // Speculative load (a predictor's guess); ignored when no slot can be freed without evicting
   // something pinned or more recently needed.
@@ -105,6 +106,7 @@ class ExpertStore final : public ExpertSource {
   // -1 if none.
   int32_t take_slot_locked(int32_t layer);
   int32_t start_load_locked(int32_t layer, int32_t expert, bool demand);
+  void prefetch_locked(int32_t layer, int32_t expert);
   void loader_main();
   Status load(int32_t slot_index, int32_t layer, int32_t expert);
   ExpertWeights view(const Slot& s) const;
@@ -136,6 +138,8 @@ class ExpertStore final : public ExpertSource {
   uint64_t clock_ = 0;
   std::vector<ExpertLayerStats> stats_;
   std::vector<bool> slot_ever_used_;
+  int32_t hint_layer_ = -1;           // predictions waiting for the current layer's prepare()
+  std::vector<int32_t> hint_experts_;
 };
 
 }  // namespace moelite

@@ -138,6 +138,8 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only) {
     }
     st = moelite_model_params_set_expert_budget(p, budget);
   }
+  if (st == MOELITE_OK && args.has("--predictor"))
+    st = moelite_model_params_set_expert_predictor(p, args.get("--predictor").c_str());
   if (st == MOELITE_OK && args.has("--per-layer")) st = moelite_model_params_set_expert_per_layer(p, 1);
   if (st == MOELITE_OK && args.has("--policy")) st = moelite_model_params_set_expert_policy(p, args.get("--policy").c_str());
   if (st == MOELITE_OK && isatty(STDERR_FILENO) && !vocab_only)
