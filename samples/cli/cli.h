@@ -58,5 +58,6 @@ int cmd_chat(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
 int cmd_perplexity(int argc, char** argv);
 int cmd_trace_record(int argc, char** argv);
+int cmd_trace_replay(int argc, char** argv);
 
 }  // namespace cli

@@ -11,6 +11,8 @@ static void print_help() {
       "commands:\n"
       "  info    -m MODEL [--json]                      model facts (arch, experts, bytes)\n"
       "  perplexity -m MODEL -f TEXT [--ctx 256] [--json]  windowed perplexity of a text\n"
+      "  trace record -m MODEL (-f TEXT | -p PROMPT -n N) -o TRACE   routing as JSON lines\n"
+      "  trace replay -f TRACE --capacity N|P% [--global] [--policy lru|lfu|decay|static|belady|all] [--json]\n"
       "  logits  -m MODEL --tokens 1,2,3 --out FILE     float32 logits, n_tokens x n_vocab, row-major\n"
       "  bench   -m MODEL [-p N] [-n N] [-r N] [--json] prefill and decode speed\n"
       "  run     -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
@@ -18,7 +20,8 @@ static void print_help() {
       "  chat    -m MODEL [--system TEXT] [sampling options]  interactive multi-turn chat\n"
       "  tokenize -m MODEL (-p TEXT | -f FILE) [--add-special] [--parse-special]  token ids\n"
       "  version                                        library version\n\n"
-      "common options: -t/--threads N, --backend auto|cpu|vulkan|cuda, --no-mmap\n",
+      "common options: -t/--threads N, --backend auto|cpu|vulkan|cuda, --no-mmap,\n"
+      "                --budget SIZE|P%, --policy lru|lfu|decay|static|belady, --per-layer, --predictor none|next-gate\n",
       moelite_version_string());
 }
 
@@ -36,6 +39,7 @@ int main(int argc, char** argv) {
   if (!strcmp(cmd, "tokenize")) return cli::cmd_tokenize(argc - 2, argv + 2);
   if (!strcmp(cmd, "perplexity")) return cli::cmd_perplexity(argc - 2, argv + 2);
   if (!strcmp(cmd, "trace") && argc > 2 && !strcmp(argv[2], "record")) return cli::cmd_trace_record(argc - 3, argv + 3);
+  if (!strcmp(cmd, "trace") && argc > 2 && !strcmp(argv[2], "replay")) return cli::cmd_trace_replay(argc - 3, argv + 3);
   if (!strcmp(cmd, "version")) {
     printf("%s\n", moelite_version_string());
     return 0;

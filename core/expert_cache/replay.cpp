@@ -1,0 +1,288 @@
+#include "core/expert_cache/replay.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/expert_cache/policy.h"
+
+namespace moelite {
+
+namespace {
+
+// A small JSON reader for the trace's flat objects: numbers, arrays of numbers, and (skipped)
+// strings, booleans, null and nested values.
+class LineParser {
+ public:
+  explicit LineParser(const std::string& s) : s_(s) {}
+
+  // Fills `nums` (scalar numbers) and `arrays` (numeric arrays) by key. False on syntax errors.
+  bool object(std::map<std::string, double>* nums, std::map<std::string, std::vector<double>>* arrays) {
+    ws();
+    if (!eat('{')) return false;
+    ws();
+    if (eat('}')) return end();
+    for (;;) {
+      std::string key;
+      ws();
+      if (!string(&key)) return false;
+      ws();
+      if (!eat(':')) return false;
+      ws();
+      if (peek() == '[') {
+        std::vector<double> arr;
+        bool numeric = true;
+        if (!array(&arr, &numeric)) return false;
+        if (numeric) (*arrays)[key] = arr;
+      } else if (peek() == '-' || std::isdigit(static_cast<unsigned char>(peek()))) {
+        double v;
+        if (!number(&v)) return false;
+        (*nums)[key] = v;
+      } else if (!skip_value(0)) {
+        return false;
+      }
+      ws();
+      if (eat(',')) continue;
+      if (eat('}')) return end();
+      return false;
+    }
+  }
+
+ private:
+  char peek() const { return i_ < s_.size() ? s_[i_] : '\0'; }
+  bool eat(char c) {
+    if (peek() != c) return false;
+    ++i_;
+    return true;
+  }
+  void ws() {
+    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
+  }
+  bool end() {
+    ws();
+    return i_ == s_.size();
+  }
+  bool string(std::string* out) {
+    if (!eat('"')) return false;
+    while (i_ < s_.size() && s_[i_] != '"') {
+      if (s_[i_] == '\\' && ++i_ >= s_.size()) return false;
+      out->push_back(s_[i_++]);
+    }
+    return eat('"');
+  }
+  bool number(double* v) {
+    const char* begin = s_.c_str() + i_;
+    char* end = nullptr;
+    *v = strtod(begin, &end);
+    if (end == begin) return false;
+    i_ += static_cast<size_t>(end - begin);
+    return true;
+  }
+  bool array(std::vector<double>* out, bool* numeric) {
+    if (!eat('[')) return false;
+    ws();
+    if (eat(']')) return true;
+    for (;;) {
+      ws();
+      double v;
+      if (peek() == '-' || std::isdigit(static_cast<unsigned char>(peek()))) {
+        if (!number(&v)) return false;
+        out->push_back(v);
+      } else {
+        *numeric = false;
+        if (!skip_value(1)) return false;
+      }
+      ws();
+      if (eat(',')) continue;
+      return eat(']');
+    }
+  }
+  bool skip_value(int depth) {
+    if (depth > 16) return false;
+    ws();
+    const char c = peek();
+    if (c == '"') {
+      std::string ignored;
+      return string(&ignored);
+    }
+    if (c == '[' || c == '{') {
+      const char close = c == '[' ? ']' : '}';
+      ++i_;
+      ws();
+      if (eat(close)) return true;
+      for (;;) {
+        ws();
+        if (c == '{') {
+          std::string ignored;
+          if (!string(&ignored)) return false;
+          ws();
+          if (!eat(':')) return false;
+        }
+        if (!skip_value(depth + 1)) return false;
+        ws();
+        if (eat(',')) continue;
+        return eat(close);
+      }
+    }
+    for (const char* lit : {"true", "false", "null"})
+      if (s_.compare(i_, strlen(lit), lit) == 0) {
+        i_ += strlen(lit);
+        return true;
+      }
+    double v;
+    return number(&v);
+  }
+
+  const std::string& s_;
+  size_t i_ = 0;
+};
+
+bool whole_nonneg(double v) { return v >= 0 && v < 2147483648.0 && v == static_cast<double>(static_cast<int64_t>(v)); }
+
+}  // namespace
+
+Status parse_trace(const std::string& text, Trace* out) {
+  Trace t;
+  size_t pos = 0, line_no = 0;
+  int32_t max_layer = -1, max_expert = -1, max_k = 0;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) nl = text.size();
+    const std::string line = text.substr(pos, nl - pos);
+    pos = nl + 1;
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    std::map<std::string, double> nums;
+    std::map<std::string, std::vector<double>> arrays;
+    if (!LineParser(line).object(&nums, &arrays))
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace line %zu is not a JSON object", line_no);
+    if (!arrays.count("experts")) {
+      if (nums.count("n_layers") || nums.count("n_experts") || nums.count("top_k")) {  // header
+        if (nums.count("n_layers")) t.n_layers = static_cast<int32_t>(nums["n_layers"]);
+        if (nums.count("n_experts")) t.n_experts = static_cast<int32_t>(nums["n_experts"]);
+        if (nums.count("top_k")) t.top_k = static_cast<int32_t>(nums["top_k"]);
+        continue;
+      }
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace line %zu has no \"experts\" array", line_no);
+    }
+    if (!nums.count("token") || !nums.count("layer") || !whole_nonneg(nums["layer"]))
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace line %zu needs integer \"token\" and \"layer\"", line_no);
+    TraceEntry e;
+    e.token = static_cast<int64_t>(nums["token"]);
+    e.layer = static_cast<int32_t>(nums["layer"]);
+    for (double v : arrays["experts"]) {
+      if (!whole_nonneg(v)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace line %zu: bad expert id %g", line_no, v);
+      e.experts.push_back(static_cast<int32_t>(v));
+      max_expert = std::max(max_expert, e.experts.back());
+    }
+    std::sort(e.experts.begin(), e.experts.end());
+    e.experts.erase(std::unique(e.experts.begin(), e.experts.end()), e.experts.end());
+    max_layer = std::max(max_layer, e.layer);
+    max_k = std::max(max_k, static_cast<int32_t>(e.experts.size()));
+    t.entries.push_back(std::move(e));
+  }
+  if (t.entries.empty()) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the trace has no routing entries");
+  t.n_layers = std::max(t.n_layers, max_layer + 1);
+  t.n_experts = std::max(t.n_experts, max_expert + 1);
+  t.top_k = std::max(t.top_k, max_k);
+  *out = std::move(t);
+  return MOELITE_OK;
+}
+
+Status parse_capacity(const std::string& text, const Trace& trace, bool global, int64_t* out) {
+  char* end = nullptr;
+  const double v = strtod(text.c_str(), &end);
+  if (end == text.c_str() || v < 0 || (*end && strcmp(end, "%") != 0))
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "capacity '%s' is neither a count nor a percentage", text.c_str());
+  if (*end == '%') {
+    const double pool = global ? double(trace.n_layers) * trace.n_experts : double(trace.n_experts);
+    *out = static_cast<int64_t>(v / 100.0 * pool);
+  } else {
+    *out = static_cast<int64_t>(v);
+  }
+  return MOELITE_OK;
+}
+
+Status replay(const Trace& trace, const std::string& policy_name, int64_t capacity, bool global, ReplayResult* out) {
+  ReplayResult r;
+  r.policy = policy_name;
+  r.capacity = capacity;
+  r.global = global;
+  const size_t n_caches = global ? 1 : static_cast<size_t>(trace.n_layers);
+  std::vector<std::unique_ptr<CachePolicy>> policies(n_caches);
+  for (auto& p : policies) MOELITE_TRY(make_policy(policy_name, &p));
+
+  // Logical time = index of the access; the future (for Belady) and the hot set (for static,
+  // the `capacity` most used experts of each cache) come from the trace itself.
+  std::unordered_map<uint64_t, std::vector<uint64_t>> future;
+  std::vector<std::unordered_map<uint64_t, uint64_t>> freq(n_caches);
+  uint64_t t = 0;
+  for (const TraceEntry& e : trace.entries)
+    for (int32_t x : e.experts) {
+      const ExpertKey k{e.layer, x};
+      future[k.packed()].push_back(t++);
+      freq[global ? 0 : static_cast<size_t>(e.layer)][k.packed()]++;
+    }
+  for (size_t c = 0; c < n_caches; ++c) {
+    std::vector<std::pair<uint64_t, uint64_t>> by_freq;
+    for (const auto& [key, n] : freq[c]) by_freq.push_back({n, key});
+    std::sort(by_freq.begin(), by_freq.end(), [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    std::vector<ExpertKey> hot;
+    for (size_t i = 0; i < by_freq.size() && static_cast<int64_t>(i) < capacity; ++i)
+      hot.push_back({static_cast<int32_t>(by_freq[i].second >> 32), static_cast<int32_t>(by_freq[i].second & 0xffffffffu)});
+    policies[c]->set_hot(hot);
+    policies[c]->set_future(&future);
+  }
+
+  std::vector<std::unordered_set<uint64_t>> resident(n_caches);
+  std::vector<uint64_t> layer_hits(static_cast<size_t>(trace.n_layers)), layer_acc(static_cast<size_t>(trace.n_layers));
+  std::unordered_set<int64_t> tokens;
+  t = 0;
+  for (const TraceEntry& e : trace.entries) {
+    tokens.insert(e.token);
+    const size_t c = global ? 0 : static_cast<size_t>(e.layer);
+    if (static_cast<int64_t>(e.experts.size()) > capacity)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT,
+                  "capacity %lld cannot hold the %zu experts token %lld uses in layer %d at once", (long long)capacity,
+                  e.experts.size(), (long long)e.token, e.layer);
+    std::unordered_set<uint64_t> pinned;
+    for (int32_t x : e.experts) pinned.insert(ExpertKey{e.layer, x}.packed());
+    for (int32_t x : e.experts) {
+      const ExpertKey k{e.layer, x};
+      r.accesses++;
+      layer_acc[static_cast<size_t>(e.layer)]++;
+      if (resident[c].count(k.packed())) {
+        r.hits++;
+        layer_hits[static_cast<size_t>(e.layer)]++;
+      } else {
+        r.loads++;
+        if (static_cast<int64_t>(resident[c].size()) >= capacity) {
+          std::vector<ExpertKey> candidates;
+          for (uint64_t p : resident[c])
+            if (!pinned.count(p)) candidates.push_back({static_cast<int32_t>(p >> 32), static_cast<int32_t>(p & 0xffffffffu)});
+          // Deterministic candidate order (hash-set order is not).
+          std::sort(candidates.begin(), candidates.end(),
+                    [](ExpertKey a, ExpertKey b) { return a.packed() < b.packed(); });
+          const ExpertKey victim = candidates[policies[c]->choose_victim(candidates, t)];
+          resident[c].erase(victim.packed());
+          policies[c]->on_evict(victim);
+        }
+        resident[c].insert(k.packed());
+      }
+      policies[c]->on_access(k, t++);
+    }
+  }
+  r.tokens = tokens.size();
+  for (size_t l = 0; l < layer_acc.size(); ++l)
+    r.per_layer_hit_rate.push_back(layer_acc[l] ? double(layer_hits[l]) / double(layer_acc[l]) : 0.0);
+  *out = std::move(r);
+  return MOELITE_OK;
+}
+
+}  // namespace moelite

@@ -1,0 +1,48 @@
+// Replaying a routing trace through the cache policies: what hit rate and loads per token each
+// policy would give at a capacity, with Belady's optimum as the bound.
+//
+// Trace format (JSON lines, as `moelite trace record` writes and other engines can produce):
+//   optional header  {"n_layers":L,"n_experts":E,"top_k":K}
+//   one line per (token, layer)  {"token":T,"layer":L,"experts":[...],"weights":[...]}
+// Weights and unknown keys are ignored; without a header the sizes are inferred from the data.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace moelite {
+
+struct TraceEntry {
+  int64_t token = 0;
+  int32_t layer = 0;
+  std::vector<int32_t> experts;
+};
+
+struct Trace {
+  int32_t n_layers = 0, n_experts = 0, top_k = 0;
+  std::vector<TraceEntry> entries;
+};
+
+// MOELITE_ERR_INVALID_ARGUMENT naming the line for malformed input.
+Status parse_trace(const std::string& text, Trace* out);
+
+// "N" experts, or "P%" of the experts (per layer, or of all layers' experts when global).
+Status parse_capacity(const std::string& text, const Trace& trace, bool global, int64_t* out);
+
+struct ReplayResult {
+  std::string policy;
+  int64_t capacity = 0;
+  bool global = false;
+  uint64_t accesses = 0, hits = 0, loads = 0, tokens = 0;
+  std::vector<double> per_layer_hit_rate;
+  double hit_rate() const { return accesses ? double(hits) / double(accesses) : 0.0; }
+  double loads_per_token() const { return tokens ? double(loads) / double(tokens) : 0.0; }
+};
+
+// Each (token, layer) entry's experts are pinned together; a miss is one load (cold misses
+// count). Per-layer mode: each layer has its own cache of `capacity`; global: one shared cache.
+Status replay(const Trace& trace, const std::string& policy, int64_t capacity, bool global, ReplayResult* out);
+
+}  // namespace moelite

@@ -1,0 +1,63 @@
+// `moelite trace replay`: a routing trace through the cache policies, with Belady as the bound.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+#include "core/expert_cache/policy.h"
+#include "core/expert_cache/replay.h"
+
+namespace cli {
+
+int cmd_trace_replay(int argc, char** argv) {
+  Args args;
+  std::string err;
+  if (!args.parse(argc, argv, {"--json", "--global"}, &err)) return usage_error(err);
+  if (!args.has("-f")) return usage_error("missing -f TRACE.jsonl");
+  if (!args.has("--capacity")) return usage_error("missing --capacity N or P%");
+  std::string text;
+  if (!read_file(args.get("-f"), &text)) return usage_error("cannot read '" + args.get("-f") + "'");
+  moelite::Trace trace;
+  if (moelite::parse_trace(text, &trace) != MOELITE_OK) return report(MOELITE_ERR_INVALID_ARGUMENT, "reading the trace");
+  const bool global = args.has("--global");
+  int64_t capacity = 0;
+  if (moelite::parse_capacity(args.get("--capacity"), trace, global, &capacity) != MOELITE_OK)
+    return usage_error(moelite_last_error());
+  const std::string which = args.get("--policy", "lru");
+  std::vector<std::string> policies = which == "all" ? moelite::policy_names() : std::vector<std::string>{which};
+
+  moelite::ReplayResult bound;
+  if (moelite::replay(trace, "belady", capacity, global, &bound) != MOELITE_OK)
+    return report(MOELITE_ERR_INVALID_ARGUMENT, "replaying");
+  std::vector<moelite::ReplayResult> results;
+  for (const std::string& p : policies) {
+    moelite::ReplayResult r;
+    if (moelite::replay(trace, p, capacity, global, &r) != MOELITE_OK) return report(MOELITE_ERR_INVALID_ARGUMENT, "replaying");
+    results.push_back(r);
+  }
+  if (args.has("--json")) {
+    if (results.size() > 1) printf("[");
+    for (size_t i = 0; i < results.size(); ++i) {
+      const auto& r = results[i];
+      printf("%s{\"policy\": \"%s\", \"capacity\": %lld, \"global\": %s, \"hit_rate\": %.6f, \"loads\": %llu, "
+             "\"loads_per_token\": %.4f, \"accesses\": %llu, \"tokens\": %llu, \"belady_hit_rate\": %.6f, "
+             "\"belady_loads_per_token\": %.4f, \"per_layer_hit_rate\": [",
+             i ? ", " : "", r.policy.c_str(), (long long)r.capacity, r.global ? "true" : "false", r.hit_rate(),
+             (unsigned long long)r.loads, r.loads_per_token(), (unsigned long long)r.accesses,
+             (unsigned long long)r.tokens, bound.hit_rate(), bound.loads_per_token());
+      for (size_t l = 0; l < r.per_layer_hit_rate.size(); ++l) printf("%s%.4f", l ? ", " : "", r.per_layer_hit_rate[l]);
+      printf("]}");
+    }
+    printf(results.size() > 1 ? "]\n" : "\n");
+  } else {
+    printf("trace: %zu entries, %llu tokens, %d layers x %d experts, top-%d; capacity %lld experts %s\n",
+           trace.entries.size(), (unsigned long long)bound.tokens, trace.n_layers, trace.n_experts, trace.top_k,
+           (long long)capacity, global ? "shared by all layers" : "per layer");
+    printf("%-8s %9s %16s\n", "policy", "hit rate", "loads per token");
+    for (const auto& r : results) printf("%-8s %9.4f %16.3f\n", r.policy.c_str(), r.hit_rate(), r.loads_per_token());
+    printf("%-8s %9.4f %16.3f  (optimum with the whole future known)\n", "belady", bound.hit_rate(), bound.loads_per_token());
+  }
+  return 0;
+}
+
+}  // namespace cli
