@@ -164,7 +164,10 @@ MOELITE_API moelite_status moelite_model_params_set_backend(moelite_model_params
  *  budget (bitwise), only speed does. */
 MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_params *params,
                                                                   uint64_t budget_bytes);
-/** Replacement policy of the expert store: "lru" (default) or "lfu". The string is copied.
+/** Replacement policy of the expert store: "lru" (default), "lfu", "decay" (decayed frequency),
+ *  "static" (a hot set; without a calibration profile it behaves as LRU) or "belady" (evict the
+ *  expert needed furthest ahead, as far as predictions reveal; without a predictor, LRU among the
+ *  unknown). The string is copied.
  *  MOELITE_ERR_INVALID_ARGUMENT for NULL; an unknown name fails at load time. */
 MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_params *params,
                                                                   const char *policy);

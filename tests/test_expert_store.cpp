@@ -80,10 +80,10 @@ TEST(ExpertStore, LogitsAreBitwiseIdenticalForEveryBudget) {
   const uint64_t layers = 2;  // the tiny model's; per-layer quotas need the minimum in each layer
   for (uint64_t budget : {total, total / 2, total / 4, minimum, minimum * layers}) {
     if (budget < minimum) budget = minimum;
-    for (int variant = 0; variant < 4; ++variant) {
-      const char* policy = variant == 1 ? "lfu" : "lru";
+    for (int variant = 0; variant < 7; ++variant) {
+      const char* policy = variant == 1 ? "lfu" : variant == 4 ? "decay" : variant == 5 ? "static" : variant == 6 ? "belady" : "lru";
       const bool per_layer = variant == 2;
-      const char* predictor = variant == 3 ? "next-gate" : "none";
+      const char* predictor = variant == 3 || variant == 6 ? "next-gate" : "none";
       if (per_layer && budget < minimum * layers) continue;
       Loaded l;
       ASSERT_EQ(load(kModel, budget, &l, policy, per_layer, predictor), MOELITE_OK) << moelite_last_error();

@@ -64,9 +64,7 @@ uint64_t ExpertStore::minimum_budget(const Model& model, bool per_layer, uint64_
 Status ExpertStore::create(const Model& model, const std::string& path, const ExpertStoreOptions& opts,
                            std::unique_ptr<ExpertStore>* out) {
   std::unique_ptr<ExpertStore> s(new ExpertStore(model));
-  if (opts.policy != "lru" && opts.policy != "lfu")
-    return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown expert cache policy '%s' (available: lru, lfu)",
-                opts.policy.c_str());
+  MOELITE_TRY(make_policy(opts.policy, &s->policy_));
   s->policy_name_ = opts.policy;
   s->per_layer_ = opts.per_layer;
   const uint64_t minimum = minimum_budget(model, opts.per_layer, &s->slot_bytes_);
@@ -168,7 +166,7 @@ ExpertWeights ExpertStore::view(const Slot& s) const {
 }
 
 int32_t ExpertStore::take_slot_locked(int32_t layer) {
-  int32_t victim = -1;
+  std::vector<int32_t> spare, used;  // evictable slots: unused speculative loads, then the rest
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     if (s.owner >= 0 && s.owner != layer) continue;  // another layer's quota
@@ -178,25 +176,17 @@ int32_t ExpertStore::take_slot_locked(int32_t layer) {
     }
     if (s.state == SlotState::Free) return static_cast<int32_t>(i);
     if (s.state != SlotState::Ready || s.pins > 0) continue;
-    if (victim < 0) {
-      victim = static_cast<int32_t>(i);
-      continue;
-    }
-    const Slot& v = slots_[static_cast<size_t>(victim)];
-    // Unused speculative loads go first; then the policy's order.
-    bool better;
-    if (s.speculative != v.speculative) {
-      better = s.speculative;
-    } else if (policy_name_ == "lfu") {
-      better = s.uses < v.uses || (s.uses == v.uses && s.last_use < v.last_use);
-    } else {
-      better = s.last_use < v.last_use;
-    }
-    if (better) victim = static_cast<int32_t>(i);
+    (s.speculative ? spare : used).push_back(static_cast<int32_t>(i));
   }
-  if (victim < 0) return -1;
+  // Unused speculative loads go first; among the others the policy decides.
+  const std::vector<int32_t>& pool = spare.empty() ? used : spare;
+  if (pool.empty()) return -1;
+  std::vector<ExpertKey> candidates;
+  for (int32_t i : pool) candidates.push_back({slots_[static_cast<size_t>(i)].layer, slots_[static_cast<size_t>(i)].expert});
+  const int32_t victim = pool[policy_->choose_victim(candidates, clock_)];
   Slot& v = slots_[static_cast<size_t>(victim)];
   if (v.speculative) stats_[static_cast<size_t>(v.layer)].prefetches_wasted++;
+  policy_->on_evict({v.layer, v.expert});
   where_.erase(key(v.layer, v.expert));
   clear_slot(&v);
   return victim;
@@ -212,7 +202,6 @@ int32_t ExpertStore::start_load_locked(int32_t layer, int32_t expert, bool deman
   s.pins = demand ? 1 : 0;
   s.speculative = !demand;
   s.error = MOELITE_OK;
-  s.uses = 0;
   slot_ever_used_[static_cast<size_t>(i)] = true;
   where_[key(layer, expert)] = i;
   (demand ? demand_q_ : spec_q_).push_back({i, demand});
@@ -250,6 +239,10 @@ void ExpertStore::hint(int32_t layer, const std::vector<int32_t>& experts) {
   std::lock_guard<std::mutex> lock(mu_);
   hint_layer_ = layer;
   hint_experts_ = experts;
+  // What the store knows of the future is the prediction: these experts are needed next.
+  future_.clear();
+  for (int32_t e : experts) future_[ExpertKey{layer, e}.packed()] = {clock_ + 1};
+  policy_->set_future(&future_);
 }
 
 Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) {
@@ -297,7 +290,6 @@ Status ExpertStore::acquire_next(int32_t layer, std::vector<int32_t>* pending, i
       // Computation can start once gate and up are in; down is waited for by wait_down().
       if (s.state == SlotState::Ready || (s.state == SlotState::Loading && s.chunks_ready >= 2)) {
         pending->erase(pending->begin() + static_cast<std::ptrdiff_t>(i));
-        s.uses++;
         stats_[static_cast<size_t>(layer)].wait_seconds += waited;
         *expert = e;
         *out = view(s);
@@ -347,6 +339,7 @@ void ExpertStore::release(int32_t layer, int32_t expert) {
   Slot& s = slots_[static_cast<size_t>(it->second)];
   if (s.pins > 0) s.pins--;
   s.last_use = ++clock_;
+  policy_->on_access({layer, expert}, clock_);
 }
 
 void ExpertStore::loader_main() {

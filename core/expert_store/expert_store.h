@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "core/expert_cache/policy.h"
 #include "core/model.h"
 #include "platforms/platform.h"
 
@@ -93,7 +94,6 @@ class ExpertStore final : public ExpertSource {
     Status error = MOELITE_OK;
     std::string error_msg;
     uint64_t last_use = 0;
-    uint64_t uses = 0;
   };
   struct Request {
     int32_t slot;
@@ -115,6 +115,8 @@ class ExpertStore final : public ExpertSource {
   const Model& model_;
   platform::File file_;
   std::string policy_name_;
+  std::unique_ptr<CachePolicy> policy_;
+  std::unordered_map<uint64_t, std::vector<uint64_t>> future_;  // predicted next uses (Belady)
   uint64_t slot_bytes_ = 0;
   bool per_layer_ = false;
   int32_t capacity_ = 0;  // experts one layer may hold at once
