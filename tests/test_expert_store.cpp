@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -100,6 +101,21 @@ TEST(ExpertStore, LogitsAreBitwiseIdenticalForEveryBudget) {
       }
     }
   }
+}
+
+TEST(ExpertStore, PreadFallbackGivesTheSameLogits) {
+  // The default reader is io_uring where available; the pread fallback must agree bit for bit.
+  Loaded resident;
+  ASSERT_EQ(load(kModel, 0, &resident), MOELITE_OK);
+  const std::vector<float> want = logits_of(resident);
+  setenv("MOELITE_IO", "pread", 1);
+  Loaded l;
+  const moelite_status st = load(kModel, minimum_budget(), &l);
+  unsetenv("MOELITE_IO");
+  ASSERT_EQ(st, MOELITE_OK);
+  const std::vector<float> got = logits_of(l);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
 }
 
 TEST(ExpertStore, BudgetIsAHardLimitAndCountersAddUp) {

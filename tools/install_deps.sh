@@ -2,7 +2,7 @@
 # Installs the Debian 12 packages moelite needs to build (and, with --test, to run its tests).
 # Packages already present are skipped, so this is cheap to run every time.
 set -euo pipefail
-pkgs=(g++ cmake ninja-build pkg-config libmimalloc-dev)
+pkgs=(g++ cmake ninja-build pkg-config libmimalloc-dev liburing-dev)
 if [[ "${1:-}" == "--test" ]]; then
   pkgs+=(libgtest-dev python3-numpy python3-pytest python3-venv python3-pip python3-setuptools)
 fi

@@ -1,5 +1,7 @@
 #include "core/expert_store/expert_store.h"
 
+#include "platforms/batch_read.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
@@ -136,9 +138,10 @@ Status ExpertStore::create(const Model& model, const std::string& path, const Ex
   s->capacity_ = static_cast<int32_t>(quota) - kReserveSlots;
   s->slot_ever_used_.assign(s->slots_.size(), false);
   s->stats_.resize(model.layers.size());
+  s->reader_name_ = platform::BatchReader::create(8)->name();  // what the loaders will get
   for (int32_t t = 0; t < std::max(1, opts.io_threads); ++t) s->loaders_.emplace_back([p = s.get()] { p->loader_main(); });
   log_msg(MOELITE_LOG_INFO, "expert store: %zu slots of %" PRIu64 " bytes (%.1f MiB of a %.1f MiB budget), %s, policy %s, %s",
-          s->slots_.size(), s->slot_bytes_, s->pool_bytes() / 1048576.0, opts.budget_bytes / 1048576.0, s->io_mode(),
+          s->slots_.size(), s->slot_bytes_, s->pool_bytes() / 1048576.0, opts.budget_bytes / 1048576.0, s->io_mode().c_str(),
           s->policy_name_.c_str(), opts.per_layer ? "per-layer quotas" : "global pool");
   *out = std::move(s);
   return MOELITE_OK;
@@ -343,6 +346,7 @@ void ExpertStore::release(int32_t layer, int32_t expert) {
 }
 
 void ExpertStore::loader_main() {
+  std::unique_ptr<platform::BatchReader> reader = platform::BatchReader::create(8);
   for (;;) {
     Request r;
     int32_t layer, expert;
@@ -356,7 +360,7 @@ void ExpertStore::loader_main() {
       layer = slots_[static_cast<size_t>(r.slot)].layer;
       expert = slots_[static_cast<size_t>(r.slot)].expert;
     }
-    const Status st = load(r.slot, layer, expert);
+    const Status st = load(*reader, r.slot, layer, expert);
     std::string msg = st == MOELITE_OK ? std::string() : last_error_message();
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -371,42 +375,45 @@ void ExpertStore::loader_main() {
   }
 }
 
-Status ExpertStore::load(int32_t slot_index, int32_t layer, int32_t expert) {
+Status ExpertStore::load(platform::BatchReader& reader, int32_t slot_index, int32_t layer, int32_t expert) {
   const ChunkPlan& p = plans_[static_cast<size_t>(layer)];
   uint8_t* mem = slots_[static_cast<size_t>(slot_index)].mem;
-  uint64_t total = 0;
+  // The three chunks go out together; with direct I/O each is widened to aligned blocks (the file
+  // may end inside the last one, hence `needed`).
+  std::vector<platform::ReadRange> ranges(3);
   for (int c = 0; c < 3; ++c) {
     const uint64_t off = p.file_offset[c] + p.stride[c] * static_cast<uint64_t>(expert);
-    uint8_t* dst = mem + p.slot_offset[c];
     uint64_t begin = off, end = off + p.bytes[c];
     if (file_.is_direct()) {
       begin = round_down(off, kAlign);
       end = round_up(end, kAlign);
     }
-    // Read [begin, end); with direct I/O the file may end inside the last aligned block.
-    uint64_t done = 0;
-    const uint64_t need = off + p.bytes[c] - begin;
-    while (done < need) {
-      ssize_t got = ::pread(file_.native_handle(), dst + done, static_cast<size_t>(end - begin - done),
-                            static_cast<off_t>(begin + done));
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0)
-        return fail(MOELITE_ERR_IO, "reading expert %d of layer %d from '%s' at offset %" PRIu64 " failed: %s", expert,
-                    layer, file_.path().c_str(), begin + done, got < 0 ? strerror(errno) : "unexpected end of file");
-      done += static_cast<uint64_t>(got);
-    }
-    if (!file_.is_direct()) file_.drop_cache(off, p.bytes[c]);
-    total += done;
-    if (c < 2) {  // gate/up usable before down arrives
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        slots_[static_cast<size_t>(slot_index)].chunks_ready = c + 1;
-      }
-      ready_cv_.notify_all();
-    }
+    ranges[static_cast<size_t>(c)] = {file_.native_handle(), begin, mem + p.slot_offset[c], end - begin,
+                                      off + p.bytes[c] - begin};
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_[static_cast<size_t>(layer)].bytes_read += total;
+  // gate/up are usable before down arrives: publish how many leading chunks are complete.
+  bool done[3] = {false, false, false};
+  auto on_done = [&](size_t i) {
+    done[i] = true;
+    if (!file_.is_direct()) file_.drop_cache(ranges[i].offset, ranges[i].len);
+    int32_t prefix = 0;
+    while (prefix < 3 && done[prefix]) ++prefix;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Slot& s = slots_[static_cast<size_t>(slot_index)];
+      s.chunks_ready = std::min(prefix, 2);  // the third is announced with the Ready state
+    }
+    ready_cv_.notify_all();
+  };
+  uint64_t total = 0;
+  const Status st = reader.read_all(ranges, on_done, &total);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_[static_cast<size_t>(layer)].bytes_read += total;
+  }
+  if (st != MOELITE_OK)
+    return fail(st, "reading expert %d of layer %d from '%s': %s", expert, layer, file_.path().c_str(),
+                last_error_message());
   return MOELITE_OK;
 }
 

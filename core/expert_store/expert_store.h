@@ -24,6 +24,9 @@
 #include "platforms/platform.h"
 
 namespace moelite {
+namespace platform {
+class BatchReader;
+}
 
 struct ExpertStoreOptions {
   uint64_t budget_bytes = 0;
@@ -72,7 +75,11 @@ class ExpertStore final : public ExpertSource {
   size_t n_slots() const { return slots_.size(); }
   // Bytes of slot memory holding an expert at some point (the store's peak footprint).
   uint64_t peak_bytes() const;
-  const char* io_mode() const { return file_.is_direct() ? "O_DIRECT pread" : "pread + fadvise(DONTNEED)"; }
+  // "O_DIRECT, io_uring" and the like: how experts are read.
+  std::string io_mode() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::string(file_.is_direct() ? "O_DIRECT" : "buffered + fadvise(DONTNEED)") + ", " + reader_name_;
+  }
   std::vector<ExpertLayerStats> stats() const;
   void reset_stats();
   const std::string& policy_name() const { return policy_name_; }
@@ -108,7 +115,7 @@ class ExpertStore final : public ExpertSource {
   int32_t start_load_locked(int32_t layer, int32_t expert, bool demand);
   void prefetch_locked(int32_t layer, int32_t expert);
   void loader_main();
-  Status load(int32_t slot_index, int32_t layer, int32_t expert);
+  Status load(platform::BatchReader& reader, int32_t slot_index, int32_t layer, int32_t expert);
   ExpertWeights view(const Slot& s) const;
   static void clear_slot(Slot* s);  // back to Free, keeping its memory
 
@@ -119,6 +126,7 @@ class ExpertStore final : public ExpertSource {
   std::unordered_map<uint64_t, std::vector<uint64_t>> future_;  // predicted next uses (Belady)
   uint64_t slot_bytes_ = 0;
   bool per_layer_ = false;
+  std::string reader_name_ = "pread";
   int32_t capacity_ = 0;  // experts one layer may hold at once
   struct ChunkPlan {
     uint64_t file_offset[3];   // gate, up, down of expert 0
