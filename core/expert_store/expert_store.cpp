@@ -48,9 +48,10 @@ void ExpertStore::clear_slot(Slot* s) {
   s->owner = owner;
 }
 
-uint64_t ExpertStore::minimum_budget(const Model& model, bool per_layer, uint64_t* slot_bytes) {
-  // Each chunk gets a region big enough for its aligned superset read in any layer.
-  uint64_t region[3] = {0, 0, 0};
+// Each chunk (gate, up, down) gets a slot region big enough for its aligned superset read in
+// any layer.
+void ExpertStore::chunk_regions(const Model& model, uint64_t region[3]) {
+  region[0] = region[1] = region[2] = 0;
   for (const LayerWeights& lw : model.layers) {
     ExpertWeights w = lw.experts.expert(0);
     for (int c = 0; c < 3; ++c) {
@@ -58,6 +59,11 @@ uint64_t ExpertStore::minimum_budget(const Model& model, bool per_layer, uint64_
       region[c] = std::max(region[c], round_up(v.row_bytes * static_cast<uint64_t>(v.rows), kAlign) + kAlign);
     }
   }
+}
+
+uint64_t ExpertStore::minimum_budget(const Model& model, bool per_layer, uint64_t* slot_bytes) {
+  uint64_t region[3];
+  chunk_regions(model, region);
   *slot_bytes = region[0] + region[1] + region[2];
   const uint64_t per_pool = static_cast<uint64_t>(model.hp.n_expert_used + kReserveSlots);
   return *slot_bytes * per_pool * (per_layer ? static_cast<uint64_t>(model.hp.n_layer) : 1);
@@ -92,14 +98,8 @@ Status ExpertStore::create(const Model& model, const std::string& path, const Ex
   // Where each chunk of each layer lives in the file and in a slot.
   s->plans_.resize(model.layers.size());
   uint64_t region_offset = 0;
-  uint64_t region[3] = {0, 0, 0};
-  for (const LayerWeights& lw : model.layers) {
-    ExpertWeights w = lw.experts.expert(0);
-    for (int c = 0; c < 3; ++c) {
-      const WeightView& v = chunk_of(w, c);
-      region[c] = std::max(region[c], round_up(v.row_bytes * static_cast<uint64_t>(v.rows), kAlign) + kAlign);
-    }
-  }
+  uint64_t region[3];
+  chunk_regions(model, region);
   for (size_t l = 0; l < model.layers.size(); ++l) {
     const LayerExperts& le = model.layers[l].experts;
     ChunkPlan& p = s->plans_[l];

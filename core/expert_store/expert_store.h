@@ -117,7 +117,8 @@ class ExpertStore final : public ExpertSource {
   void loader_main();
   Status load(platform::BatchReader& reader, int32_t slot_index, int32_t layer, int32_t expert);
   ExpertWeights view(const Slot& s) const;
-  static void clear_slot(Slot* s);  // back to Free, keeping its memory
+  static void clear_slot(Slot* s);
+  static void chunk_regions(const Model& model, uint64_t region[3]);  // back to Free, keeping its memory
 
   const Model& model_;
   platform::File file_;
