@@ -1,6 +1,6 @@
 // The memory-budgeted expert store through the public API: exactness across budgets, the budget
 // as a hard limit, the too-small error, read failures surfacing as errors without harming the
-// context, and counter consistency. The model is the repository's generated tiny qwen3moe.
+// context, and counter consistency. The model is the repository's shipped default (qwen3moe).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -78,7 +78,8 @@ TEST(ExpertStore, LogitsAreBitwiseIdenticalForEveryBudget) {
   const std::vector<float> want = logits_of(resident);
   const uint64_t total = expert_bytes(), minimum = minimum_budget();
   ASSERT_GT(minimum, 0u);
-  const uint64_t layers = 2;  // the tiny model's; per-layer quotas need the minimum in each layer
+  // Per-layer quotas need the minimum in each layer.
+  const uint64_t layers = static_cast<uint64_t>(moelite_model_get(resident.model, MOELITE_MODEL_N_LAYERS));
   for (uint64_t budget : {total, total / 2, total / 4, minimum, minimum * layers}) {
     if (budget < minimum) budget = minimum;
     for (int variant = 0; variant < 7; ++variant) {

@@ -144,7 +144,6 @@ def add_metadata(w, a):
     w.add_float32(k + "attention.layer_norm_rms_epsilon", a.eps)
     w.add_uint32(k + "expert_count", a.n_expert)
     w.add_uint32(k + "expert_used_count", a.n_expert_used)
-    add_tokenizer(w, a.vocab)
 
 
 # GPT-2's byte -> printable code point table (bytes that print as themselves keep their code).
@@ -262,6 +261,7 @@ def main(argv=None):
                              % (sp.name, sp.ne[0], a.type, bs))
     w = GGUFWriter(a.out)
     add_metadata(w, a)
+    add_tokenizer(w, a.vocab)
     for sp in specs:
         w.add_tensor(sp.name, sp.ne, sp.ttype, (lambda sp=sp: sp.chunks(a.seed)))
     w.write()

@@ -42,9 +42,12 @@ def test_recorded_trace_matches_reference_routing():
     ids = subprocess.run([BIN, "tokenize", "-m", MODEL, "-f", text], check=True, capture_output=True,
                          text=True).stdout.split()
     tokens = [int(t) for t in ids]
-    assert header == {"n_layers": 2, "n_experts": 8, "top_k": 2}
-    assert len(entries) == len(tokens) * 2
-    assert [(e["token"], e["layer"]) for e in entries] == [(t, l) for t in range(len(tokens)) for l in range(2)]
+    info = json.loads(subprocess.run([BIN, "info", "-m", MODEL, "--json"], check=True, capture_output=True,
+                                     text=True).stdout)
+    L = info["n_layers"]
+    assert header == {"n_layers": L, "n_experts": info["n_experts"], "top_k": info["n_experts_used"]}
+    assert len(entries) == len(tokens) * L
+    assert [(e["token"], e["layer"]) for e in entries] == [(t, l) for t in range(len(tokens)) for l in range(L)]
     ref = reference_routing(MODEL, tokens)
     same = 0
     for e in entries:
