@@ -26,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gguf"))
 from moelite_gguf import GGUFWriter, GGUFValueType, quants as Q  # noqa: E402
+from moelite_gguf.byte_chars import byte_chars  # noqa: E402
 
 ARCHS = ("llama", "qwen2moe", "qwen3moe", "olmoe")
 
@@ -146,19 +147,6 @@ def add_metadata(w, a):
     w.add_uint32(k + "expert_used_count", a.n_expert_used)
 
 
-# GPT-2's byte -> printable code point table (bytes that print as themselves keep their code).
-def _byte_chars():
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
 _COMMON = ("th he in er an re on at en nd ti es or te of ed is it al ar st to nt ng se ha as ou io le ve co me "
            "de hi ri ro ic ne ea ra ce li ch ll be ma si om ur").split()
 
@@ -168,7 +156,7 @@ def add_tokenizer(w, vocab):
     merges of common English letter pairs and space+letter, so any text tokenizes and detokenizes
     exactly. Plus a ChatML template whose markers are the control tokens."""
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    bc = _byte_chars()
+    bc = byte_chars()
     toks = specials + [bc[b] for b in range(256)]
     types = [3] * len(specials) + [1] * 256
     merges = []

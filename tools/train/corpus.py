@@ -17,24 +17,16 @@ import glob
 import json
 import os
 import re
+import sys
 
 import regex
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gguf"))
+from moelite_gguf.byte_chars import byte_chars  # noqa: E402
 
 SRC = "/usr/share/doc/python3.11/html/_sources"
 GPT2_PATTERN = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-
-
-def byte_chars():
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
 
 
 def clean(text):
