@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <map>
 #include <unordered_set>
 
 namespace moelite {
@@ -12,6 +14,7 @@ namespace {
 // Shared bookkeeping: last use and use count per key; ties always fall back to least recent.
 class Tracked : public CachePolicy {
  public:
+  void on_insert(ExpertKey k, uint64_t now) override { info_[k.packed()].last = now; }
   void on_access(ExpertKey k, uint64_t now) override {
     Info& i = info_[k.packed()];
     i.last = now;
@@ -23,8 +26,6 @@ class Tracked : public CachePolicy {
   struct Info {
     uint64_t last = 0;
     uint64_t count = 0;
-    double score = 0;        // decayed frequency at time `scored_at`
-    uint64_t scored_at = 0;
   };
   const Info& info(ExpertKey k) const {
     static const Info none;
@@ -96,20 +97,62 @@ class Decay final : public Tracked {
   std::unordered_map<uint64_t, Score> scores_;
 };
 
-// A fixed hot set stays; everything else is evicted first (least recent first).
+// A hot set stays; everything else is evicted first (least recent first). The hot set is given
+// (set_hot), or the `hot_size` most used keys by given counts (set_frequencies), or by the counts
+// of the accesses seen so far; a hot_size of 0 means as many as are resident (tracked from
+// inserts, accesses and evictions). Keys tied at the boundary are all hot.
 class Static final : public Tracked {
  public:
   const char* name() const override { return "static"; }
+  void on_access(ExpertKey k, uint64_t now) override {
+    Tracked::on_access(k, now);
+    if (learning_) bump(k.packed(), 1);
+  }
   void set_hot(const std::vector<ExpertKey>& hot) override {
-    hot_.clear();
-    for (const ExpertKey& k : hot) hot_.insert(k.packed());
+    std::unordered_map<uint64_t, uint64_t> counts;
+    for (const ExpertKey& k : hot) counts[k.packed()] = 1;
+    set_frequency_table(counts, counts.size());
   }
   size_t choose_victim(const std::vector<ExpertKey>& c, uint64_t) override {
-    return argmin(c, [&](ExpertKey k) { return hot_.count(k.packed()) ? 1 : 0; });
+    const size_t hot_size = hot_size_ ? hot_size_ : info_.size();
+    return argmin(c, [&](ExpertKey k) { return is_hot(k.packed(), hot_size) ? 1 : 0; });
+  }
+
+ protected:
+  void set_frequency_table(const std::unordered_map<uint64_t, uint64_t>& counts, size_t hot_size) override {
+    learning_ = false;
+    hot_size_ = hot_size;
+    counts_.clear();
+    keys_with_count_.clear();
+    for (const auto& [key, n] : counts) bump(key, n);
   }
 
  private:
-  std::unordered_set<uint64_t> hot_;
+  void bump(uint64_t key, uint64_t by) {
+    if (by == 0) return;
+    uint64_t& n = counts_[key];
+    if (n) {
+      auto it = keys_with_count_.find(n);
+      if (--it->second == 0) keys_with_count_.erase(it);
+    }
+    n += by;
+    keys_with_count_[n]++;
+  }
+  // Hot: fewer than `hot_size` keys are strictly more used. Never-used keys are never hot.
+  bool is_hot(uint64_t key, size_t hot_size) const {
+    auto it = counts_.find(key);
+    if (it == counts_.end() || hot_size == 0) return false;
+    size_t above = 0;
+    for (auto b = keys_with_count_.begin(); b != keys_with_count_.end() && b->first > it->second; ++b) {
+      above += b->second;
+      if (above >= hot_size) return false;
+    }
+    return true;
+  }
+  bool learning_ = true;
+  size_t hot_size_ = 0;
+  std::unordered_map<uint64_t, uint64_t> counts_;
+  std::map<uint64_t, uint64_t, std::greater<uint64_t>> keys_with_count_;  // count -> keys with it
 };
 
 // Belady: evict the expert whose next use lies furthest ahead (never used again: infinitely far);
@@ -135,6 +178,16 @@ class Belady final : public Tracked {
 };
 
 }  // namespace
+
+void CachePolicy::set_frequencies(const std::vector<uint64_t>& counts, int32_t n_experts, size_t hot_size) {
+  std::unordered_map<uint64_t, uint64_t> table;
+  if (n_experts > 0)
+    for (size_t i = 0; i < counts.size(); ++i)
+      if (counts[i])
+        table[ExpertKey{static_cast<int32_t>(i / static_cast<size_t>(n_experts)),
+                        static_cast<int32_t>(i % static_cast<size_t>(n_experts))}.packed()] = counts[i];
+  set_frequency_table(table, hot_size);
+}
 
 const std::vector<std::string>& policy_names() {
   static const std::vector<std::string> names = {"lru", "lfu", "decay", "static", "belady"};

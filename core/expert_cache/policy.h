@@ -25,24 +25,50 @@ class CachePolicy {
  public:
   virtual ~CachePolicy() = default;
   virtual const char* name() const = 0;
+  // `key` became resident at logical time `now` (its load). Optional: a cache that does not call
+  // it (the live store today) gets the same decisions, since every load is followed by an access.
+  virtual void on_insert(ExpertKey key, uint64_t now) {}
   // `key` was used at logical time `now` (a hit, or right after its load).
   virtual void on_access(ExpertKey key, uint64_t now) = 0;
+  // `key` left the cache. Frequencies (lfu, decay, static) survive it; recency does not.
   virtual void on_evict(ExpertKey key) {}
-  // Index into `candidates` (non-empty) of the expert to evict.
+  // Index into `candidates` (non-empty: the evictable residents, never a pinned expert) of the
+  // expert to evict. An index rather than a key because the store maps it straight back to its
+  // slot list; victim() gives the key.
   virtual size_t choose_victim(const std::vector<ExpertKey>& candidates, uint64_t now) = 0;
+  ExpertKey victim(const std::vector<ExpertKey>& candidates, uint64_t now) {
+    return candidates[choose_victim(candidates, now)];
+  }
   // What is known of the future: for each key, the sorted logical times it will be used (from the
   // trace itself in replay, from predictions in a live store). Only Belady looks at it.
   virtual void set_future(const std::unordered_map<uint64_t, std::vector<uint64_t>>* future) {}
   // Keys to keep resident (a hot set from a calibration profile or from the trace). Only the
   // static policy looks at it.
   virtual void set_hot(const std::vector<ExpertKey>& hot) {}
+  // Use counts to derive the static policy's hot set from: the `hot_size` most used keys (0: as
+  // many as are resident when a victim is chosen). Without this (or set_hot) the static policy
+  // learns the counts from the accesses it sees. Map: ExpertKey::packed() -> count; vector: the
+  // count of (layer, expert) at [layer * n_experts + expert]. Others ignore both.
+  void set_frequencies(const std::unordered_map<uint64_t, uint64_t>& counts, size_t hot_size = 0) {
+    set_frequency_table(counts, hot_size);
+  }
+  void set_frequencies(const std::vector<uint64_t>& counts, int32_t n_experts, size_t hot_size = 0);
+
+ protected:
+  virtual void set_frequency_table(const std::unordered_map<uint64_t, uint64_t>& counts, size_t hot_size) {}
 };
 
-// lru, lfu, decay, static, belady. MOELITE_ERR_INVALID_ARGUMENT for other names.
+// lru; lfu (ties: least recent); decay (score = sum over uses of 0.5^((now - t) / half_life),
+// half_life 64 accesses); static (non-hot first, least recent among them); belady (next use
+// furthest ahead, never = infinitely far; ties: least recent). MOELITE_ERR_INVALID_ARGUMENT naming
+// the available ones for other names.
 Status make_policy(const std::string& name, std::unique_ptr<CachePolicy>* out);
 const std::vector<std::string>& policy_names();
 
-// A predicted future use, for predictors that feed a store's prefetch queue (next issue).
+// For future predictors (declarations only; nothing implements them yet): a predictor emits
+// Predictions -- a (layer, expert) it expects to be used soon and how sure it is, in [0, 1] -- to a
+// PrefetchSink, which a store implements by queueing speculative loads (highest confidence first)
+// and a replay could implement by feeding Belady's future.
 struct Prediction {
   ExpertKey key;
   float confidence = 1.0f;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -143,7 +144,10 @@ class LineParser {
   size_t i_ = 0;
 };
 
-bool whole_nonneg(double v) { return v >= 0 && v < 2147483648.0 && v == static_cast<double>(static_cast<int64_t>(v)); }
+// Bounds that keep every count in range (and the per-layer tables small) whatever the input.
+constexpr double kMaxLayers = 1 << 16, kMaxExperts = 1 << 24, kMaxToken = 9007199254740992.0;  // 2^53
+
+bool whole_below(double v, double limit) { return v >= 0 && v < limit && v == std::floor(v); }
 
 }  // namespace
 
@@ -164,20 +168,31 @@ Status parse_trace(const std::string& text, Trace* out) {
       return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace line %zu is not a JSON object", line_no);
     if (!arrays.count("experts")) {
       if (nums.count("n_layers") || nums.count("n_experts") || nums.count("top_k")) {  // header
+        const std::pair<const char*, double> fields[] = {{"n_layers", kMaxLayers}, {"n_experts", kMaxExperts}, {"top_k", kMaxExperts}};
+        for (const auto& [name, limit] : fields)
+          if (nums.count(name) && !whole_below(nums[name], limit + 1))
+            return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace line %zu: header \"%s\" must be an integer in [0, %.0f]", line_no,
+                        name, limit);
         if (nums.count("n_layers")) t.n_layers = static_cast<int32_t>(nums["n_layers"]);
         if (nums.count("n_experts")) t.n_experts = static_cast<int32_t>(nums["n_experts"]);
         if (nums.count("top_k")) t.top_k = static_cast<int32_t>(nums["top_k"]);
         continue;
       }
-      return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace line %zu has no \"experts\" array", line_no);
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace line %zu has no \"experts\" array of numbers", line_no);
     }
-    if (!nums.count("token") || !nums.count("layer") || !whole_nonneg(nums["layer"]))
-      return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace line %zu needs integer \"token\" and \"layer\"", line_no);
+    if (!nums.count("token") || !nums.count("layer"))
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace line %zu needs numeric \"token\" and \"layer\"", line_no);
+    const double token = nums["token"], layer = nums["layer"];
+    if (!(std::fabs(token) <= kMaxToken) || token != std::floor(token))
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace line %zu: token %g is not an integer", line_no, token);
+    if (!whole_below(layer, kMaxLayers))
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace line %zu: layer %g is not an integer in [0, %.0f)", line_no, layer, kMaxLayers);
     TraceEntry e;
-    e.token = static_cast<int64_t>(nums["token"]);
-    e.layer = static_cast<int32_t>(nums["layer"]);
+    e.token = static_cast<int64_t>(token);
+    e.layer = static_cast<int32_t>(layer);
     for (double v : arrays["experts"]) {
-      if (!whole_nonneg(v)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace line %zu: bad expert id %g", line_no, v);
+      if (!whole_below(v, kMaxExperts))
+        return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace line %zu: bad expert id %g", line_no, v);
       e.experts.push_back(static_cast<int32_t>(v));
       max_expert = std::max(max_expert, e.experts.back());
     }
@@ -197,12 +212,16 @@ Status parse_trace(const std::string& text, Trace* out) {
 
 Status parse_capacity(const std::string& text, const Trace& trace, bool global, int64_t* out) {
   char* end = nullptr;
-  const double v = strtod(text.c_str(), &end);
-  if (end == text.c_str() || v < 0 || (*end && strcmp(end, "%") != 0))
-    return fail(MOELITE_ERR_INVALID_ARGUMENT, "capacity '%s' is neither a count nor a percentage", text.c_str());
-  if (*end == '%') {
+  const bool percent = !text.empty() && text.back() == '%';
+  const std::string number = percent ? text.substr(0, text.size() - 1) : text;
+  const double v = number.empty() || std::isspace(static_cast<unsigned char>(number[0])) ? -1 : strtod(number.c_str(), &end);
+  if (!end || *end || !(v >= 0) || !std::isfinite(v) || (percent && v > 100) || (!percent && (v != std::floor(v) || v > 1e15)))
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "capacity '%s' is neither a whole count of experts nor a percentage (0-100%%)",
+                text.c_str());
+  if (percent) {
     const double pool = global ? double(trace.n_layers) * trace.n_experts : double(trace.n_experts);
-    *out = static_cast<int64_t>(v / 100.0 * pool);
+    // floor(P% x pool), computed as P x pool / 100 so that 29% of 100 is 29, not 28.999...
+    *out = static_cast<int64_t>(std::floor(v * pool / 100.0 + 1e-9));
   } else {
     *out = static_cast<int64_t>(v);
   }
@@ -214,12 +233,18 @@ Status replay(const Trace& trace, const std::string& policy_name, int64_t capaci
   r.policy = policy_name;
   r.capacity = capacity;
   r.global = global;
+  if (capacity < 0) return fail(MOELITE_ERR_INVALID_ARGUMENT, "capacity %lld is negative", (long long)capacity);
+  for (const TraceEntry& e : trace.entries)
+    if (e.layer < 0 || e.layer >= trace.n_layers)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace entry of token %lld has layer %d outside [0, %d)", (long long)e.token,
+                  e.layer, trace.n_layers);
   const size_t n_caches = global ? 1 : static_cast<size_t>(trace.n_layers);
   std::vector<std::unique_ptr<CachePolicy>> policies(n_caches);
   for (auto& p : policies) MOELITE_TRY(make_policy(policy_name, &p));
 
-  // Logical time = index of the access; the future (for Belady) and the hot set (for static,
-  // the `capacity` most used experts of each cache) come from the trace itself.
+  // Logical time = index of the access; the future (for Belady) and the use counts (static's hot
+  // set = the `capacity` most used experts of each cache, as a calibration profile would give)
+  // come from the whole trace.
   std::unordered_map<uint64_t, std::vector<uint64_t>> future;
   std::vector<std::unordered_map<uint64_t, uint64_t>> freq(n_caches);
   uint64_t t = 0;
@@ -230,13 +255,7 @@ Status replay(const Trace& trace, const std::string& policy_name, int64_t capaci
       freq[global ? 0 : static_cast<size_t>(e.layer)][k.packed()]++;
     }
   for (size_t c = 0; c < n_caches; ++c) {
-    std::vector<std::pair<uint64_t, uint64_t>> by_freq;
-    for (const auto& [key, n] : freq[c]) by_freq.push_back({n, key});
-    std::sort(by_freq.begin(), by_freq.end(), [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
-    std::vector<ExpertKey> hot;
-    for (size_t i = 0; i < by_freq.size() && static_cast<int64_t>(i) < capacity; ++i)
-      hot.push_back({static_cast<int32_t>(by_freq[i].second >> 32), static_cast<int32_t>(by_freq[i].second & 0xffffffffu)});
-    policies[c]->set_hot(hot);
+    policies[c]->set_frequencies(freq[c], static_cast<size_t>(std::max<int64_t>(capacity, 0)));
     policies[c]->set_future(&future);
   }
 
@@ -269,11 +288,14 @@ Status replay(const Trace& trace, const std::string& policy_name, int64_t capaci
           // Deterministic candidate order (hash-set order is not).
           std::sort(candidates.begin(), candidates.end(),
                     [](ExpertKey a, ExpertKey b) { return a.packed() < b.packed(); });
-          const ExpertKey victim = candidates[policies[c]->choose_victim(candidates, t)];
+          if (candidates.empty())  // cannot happen: capacity >= the entry's experts, one not resident yet
+            return fail(MOELITE_ERR_INVALID_ARGUMENT, "replay: no evictable expert at access %llu", (unsigned long long)t);
+          const ExpertKey victim = policies[c]->victim(candidates, t);
           resident[c].erase(victim.packed());
           policies[c]->on_evict(victim);
         }
         resident[c].insert(k.packed());
+        policies[c]->on_insert(k, t);
       }
       policies[c]->on_access(k, t++);
     }
