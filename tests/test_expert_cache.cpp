@@ -199,3 +199,240 @@ TEST(TraceReplay, BeladyIsOptimalAndBoundsEveryPolicy) {
     }
   }
 }
+
+TEST(CachePolicy, FactoryNamesTheAvailablePolicies) {
+  std::unique_ptr<CachePolicy> p;
+  ASSERT_EQ(make_policy("fifo", &p), MOELITE_ERR_INVALID_ARGUMENT);
+  const std::string msg = last_error_message();
+  for (const std::string& name : policy_names()) EXPECT_NE(msg.find(name), std::string::npos) << msg;
+  EXPECT_EQ(policy_names().size(), 5u);
+  for (const std::string& name : policy_names()) {
+    ASSERT_EQ(make_policy(name, &p), MOELITE_OK) << name;
+    EXPECT_EQ(name, p->name());
+  }
+}
+
+TEST(CachePolicy, DecayHalfLifeIs64Accesses) {
+  // A used at 0 and 64: at now = 128 its score is 0.5^2 + 0.5^1 = 0.75.
+  // B used once at 101: 0.5^(27/64) = 0.7465 < 0.75, so B goes; used at 104 instead:
+  // 0.5^(24/64) = 0.771 > 0.75, so A goes. (A half-life of 32 would evict A in both; LFU evicts
+  // B, the less used, in both.)
+  const ExpertKey a{0, 0}, b{0, 1};
+  for (uint64_t b_at : {101u, 104u}) {
+    std::unique_ptr<CachePolicy> decay, lfu;
+    ASSERT_EQ(make_policy("decay", &decay), MOELITE_OK);
+    ASSERT_EQ(make_policy("lfu", &lfu), MOELITE_OK);
+    for (CachePolicy* p : {decay.get(), lfu.get()}) {
+      p->on_insert(a, 0);
+      p->on_access(a, 0);
+      p->on_access(a, 64);
+      p->on_insert(b, b_at);
+      p->on_access(b, b_at);
+    }
+    EXPECT_EQ(decay->victim({a, b}, 128), b_at == 101 ? b : a) << b_at;
+    EXPECT_EQ(lfu->victim({a, b}, 128), b) << b_at;
+  }
+}
+
+TEST(CachePolicy, StaticLearnsCountsFromAccesses) {
+  // No profile: counts come from accesses and survive eviction. A used 3 times, D twice (then
+  // evicted), B once. Residents A and B, so the hot set is the 2 most used: A and D. B is not hot
+  // and goes although A is less recent; LRU evicts A.
+  std::unique_ptr<CachePolicy> st, lru;
+  ASSERT_EQ(make_policy("static", &st), MOELITE_OK);
+  ASSERT_EQ(make_policy("lru", &lru), MOELITE_OK);
+  const ExpertKey a{0, 0}, b{0, 1}, d{0, 3};
+  for (CachePolicy* p : {st.get(), lru.get()}) {
+    p->on_insert(a, 0);
+    for (uint64_t t = 0; t < 3; ++t) p->on_access(a, t);
+    p->on_insert(d, 3);
+    p->on_access(d, 3);
+    p->on_access(d, 4);
+    p->on_evict(d);
+    p->on_insert(b, 5);
+    p->on_access(b, 5);
+  }
+  EXPECT_EQ(st->victim({a, b}, 6), b);
+  EXPECT_EQ(lru->victim({a, b}, 6), a);
+  // Equal counts tie at the boundary: both hot, so least recent (A) goes.
+  std::unique_ptr<CachePolicy> tie;
+  ASSERT_EQ(make_policy("static", &tie), MOELITE_OK);
+  tie->on_insert(a, 0);
+  tie->on_access(a, 0);
+  tie->on_insert(b, 1);
+  tie->on_access(b, 1);
+  EXPECT_EQ(tie->victim({a, b}, 2), a);
+}
+
+TEST(CachePolicy, StaticHotSetFromGivenFrequencies) {
+  // Vector form, 2 layers x 4 experts: layer 0 counts 5 0 1 9, layer 1 counts 0 0 7 0. Hot set of
+  // 3: (0,3)=9, (1,2)=7, (0,0)=5. (0,2) is not hot, so it goes before the less recent (0,0).
+  std::unique_ptr<CachePolicy> st;
+  ASSERT_EQ(make_policy("static", &st), MOELITE_OK);
+  st->set_frequencies(std::vector<uint64_t>{5, 0, 1, 9, 0, 0, 7, 0}, 4, 3);
+  const ExpertKey e00{0, 0}, e02{0, 2}, e03{0, 3}, e12{1, 2};
+  st->on_access(e00, 0);
+  st->on_access(e02, 1);
+  st->on_access(e03, 2);
+  st->on_access(e12, 3);
+  EXPECT_EQ(st->victim({e00, e02, e03, e12}, 4), e02);
+  // All hot: least recent.
+  EXPECT_EQ(st->victim({e12, e03, e00}, 4), e00);
+  // Given counts are not updated by accesses: (0,2) stays cold however often it is used.
+  for (uint64_t t = 5; t < 50; ++t) st->on_access(e02, t);
+  EXPECT_EQ(st->victim({e00, e02}, 50), e02);
+  // Map form with hot_size 1: only (1,2).
+  std::unique_ptr<CachePolicy> st2;
+  ASSERT_EQ(make_policy("static", &st2), MOELITE_OK);
+  st2->set_frequencies(std::unordered_map<uint64_t, uint64_t>{{e03.packed(), 2}, {e12.packed(), 8}}, 1);
+  st2->on_access(e12, 0);
+  st2->on_access(e03, 1);
+  EXPECT_EQ(st2->victim({e12, e03}, 2), e03);
+}
+
+TEST(CachePolicy, BeladyFurthestNextUseUnknownIsInfinityTiesLru) {
+  std::unique_ptr<CachePolicy> b;
+  ASSERT_EQ(make_policy("belady", &b), MOELITE_OK);
+  const ExpertKey x{0, 0}, y{0, 1}, z{0, 2};
+  b->on_access(x, 0);
+  b->on_access(y, 1);
+  b->on_access(z, 2);
+  // No future known: every next use is infinitely far, ties go to the least recent (x).
+  EXPECT_EQ(b->victim({x, y, z}, 3), x);
+  // x next at 10, y at 5, z never again (beyond the future): z goes.
+  std::unordered_map<uint64_t, std::vector<uint64_t>> future = {{x.packed(), {0, 10}}, {y.packed(), {1, 5}}};
+  b->set_future(&future);
+  EXPECT_EQ(b->victim({x, y, z}, 3), z);
+  EXPECT_EQ(b->victim({x, y}, 3), x);
+  // After time 10 neither x nor y is used again: tie, least recent (x).
+  EXPECT_EQ(b->victim({y, x}, 11), x);
+}
+
+TEST(TraceReplay, CyclicPatternWithRoomForAll) {
+  // A B C A B C, capacity 3: 3 cold loads, then 3 hits, whatever the policy.
+  for (const std::string& p : policy_names()) {
+    const ReplayResult r = run(sequence("ABCABC"), p, 3);
+    EXPECT_EQ(r.loads, 3u) << p;
+    EXPECT_EQ(r.hits, 3u) << p;
+    EXPECT_EQ(r.accesses, 6u) << p;
+  }
+}
+
+TEST(TraceReplay, StaticProfileKeepsTheHotPair) {
+  // A B C A B A B C A B, capacity 2. Counts over the trace: A 4, B 4, C 2: hot set {A, B}.
+  // LRU: A B C(-A) A(-B) B(-C) A+ B+ C(-A) A(-B) B(-C): 8 loads, 2 hits.
+  // static: A B C(A, B both hot: least recent A goes) A(-C, not hot) B+ A+ B+ C(-A, least recent
+  //   hot) A(-C) B+: loads A B C A C A = 6, hits 4.
+  // Belady: A B C(-B: A next at 3, B at 4) A+ B(-C: A next 5, C 7) A+ B+ C(-B: A next 8, B 9)
+  //   A+ B(-C): 6 loads, 4 hits.
+  const Trace t = sequence("ABCABABCAB");
+  EXPECT_EQ(run(t, "lru", 2).hits, 2u);
+  EXPECT_EQ(run(t, "static", 2).hits, 4u);
+  EXPECT_EQ(run(t, "belady", 2).hits, 4u);
+}
+
+TEST(TraceReplay, LfuBeatsLruOnSkewedRoutingAndDecayFollowsIt) {
+  // Expert A between runs of fresh experts: A B C A D E A F G A, capacity 2.
+  // LRU: A B C(-A) A(-B) D(-C) E(-A) A(-D) F(-E) G(-A) A(-F): 10 loads, 0 hits.
+  // LFU: A B C(-B: A has 1 use, B 1, tie -> least recent is A!) ... worked out: A's count grows
+  // once it is used twice; from then on A stays. A B C(-A) A(-B) D(-C) E(-D: A 2 uses) A+ F(-E)
+  // G(-F) A+: 8 loads, 2 hits. Decay (half-life 64) ranks the same here: 2 hits.
+  const Trace t = sequence("ABCADEAFGA");
+  EXPECT_EQ(run(t, "lru", 2).hits, 0u);
+  EXPECT_EQ(run(t, "lfu", 2).hits, 2u);
+  EXPECT_EQ(run(t, "decay", 2).hits, 2u);
+}
+
+TEST(TraceReplay, HeaderlessTraceTokensFromAnyNumber) {
+  // Tokens 1000 and 1001, two layers, top-2, no weights, keys in any order. Per layer capacity 2:
+  // token 1000 loads 4; token 1001 reuses layer 0's {1, 2}, and in layer 1 swaps 5 for 6:
+  // 5 loads over 2 tokens = 2.5, hits 3 of 8.
+  const std::string text =
+      "{\"experts\": [1, 2], \"layer\": 0, \"token\": 1000}\n"
+      "  {\"token\":1000,\"layer\":1,\"experts\":[4,5],\"engine\":\"other\",\"logits\":null}\r\n"
+      "{\"token\":1001,\"layer\":0,\"experts\":[2,1]}\n"
+      "{\"token\":1001,\"layer\":1,\"experts\":[4,6],\"weights\":[0.5,0.5]}";
+  Trace t;
+  ASSERT_EQ(parse_trace(text, &t), MOELITE_OK) << last_error_message();
+  EXPECT_EQ(t.n_layers, 2);
+  EXPECT_EQ(t.n_experts, 7);
+  EXPECT_EQ(t.top_k, 2);
+  const ReplayResult r = run(t, "lru", 2);
+  EXPECT_EQ(r.tokens, 2u);
+  EXPECT_EQ(r.accesses, 8u);
+  EXPECT_EQ(r.loads, 5u);
+  EXPECT_DOUBLE_EQ(r.loads_per_token(), 2.5);
+  EXPECT_DOUBLE_EQ(r.hit_rate(), 3.0 / 8.0);
+  ASSERT_EQ(r.per_layer_hit_rate.size(), 2u);
+  EXPECT_DOUBLE_EQ(r.per_layer_hit_rate[0], 0.5);
+  EXPECT_DOUBLE_EQ(r.per_layer_hit_rate[1], 0.25);
+  // Capacity below top-k is an error, not a crash; so is a negative one.
+  ReplayResult bad;
+  EXPECT_EQ(replay(t, "lru", 1, false, &bad), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(replay(t, "lru", -1, false, &bad), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(replay(t, "nope", 2, false, &bad), MOELITE_ERR_INVALID_ARGUMENT);
+}
+
+TEST(TraceReplay, CapacityParsing) {
+  Trace t;
+  t.n_layers = 3;
+  t.n_experts = 100;
+  int64_t cap = -1;
+  // floor(29% x 100) = 29 (0.29 * 100 in floating point is 28.999...).
+  ASSERT_EQ(parse_capacity("29%", t, false, &cap), MOELITE_OK);
+  EXPECT_EQ(cap, 29);
+  ASSERT_EQ(parse_capacity("12.5%", t, false, &cap), MOELITE_OK);  // floor(12.5) = 12
+  EXPECT_EQ(cap, 12);
+  ASSERT_EQ(parse_capacity("12.5%", t, true, &cap), MOELITE_OK);  // floor(37.5) = 37
+  EXPECT_EQ(cap, 37);
+  ASSERT_EQ(parse_capacity("100%", t, true, &cap), MOELITE_OK);
+  EXPECT_EQ(cap, 300);
+  ASSERT_EQ(parse_capacity("0%", t, false, &cap), MOELITE_OK);
+  EXPECT_EQ(cap, 0);
+  ASSERT_EQ(parse_capacity("17", t, false, &cap), MOELITE_OK);
+  EXPECT_EQ(cap, 17);
+  for (const char* bad : {"", "%", "-1", "2.5", "nan", "inf", "nan%", "101%", "5%%", "5x", " 5", "1e300"})
+    EXPECT_EQ(parse_capacity(bad, t, false, &cap), MOELITE_ERR_INVALID_ARGUMENT) << bad;
+}
+
+TEST(TraceReplay, MalformedValuesNameTheLineAndNeverCrash) {
+  Trace t;
+  const std::string ok = "{\"token\":0,\"layer\":0,\"experts\":[1]}\n";
+  const std::pair<std::string, const char*> cases[] = {
+      {"{\"n_layers\":1e20}\n" + ok, "line 1"},
+      {ok + "{\"n_experts\":-3}\n", "line 2"},
+      {ok + "{\"token\":1,\"layer\":1e9,\"experts\":[1]}\n", "line 2"},
+      {ok + ok + "{\"token\":1.5,\"layer\":0,\"experts\":[1]}\n", "line 3"},
+      {ok + "{\"token\":1,\"layer\":0,\"experts\":[1e30]}\n", "line 2"},
+      {ok + "{\"token\":1,\"layer\":0,\"experts\":[1,]}\n", "line 2"},
+      {ok + "{\"token\":1,\"layer\":0,\"experts\":[1]} trailing\n", "line 2"},
+      {ok + "{\"token\":1,\"layer\":0,\"experts\":[\"a\"]}\n", "line 2"},
+      {ok + "{\"token\":1,\"layer\":0,\"experts\":[1],\"x\":" + std::string(5000, '[') + "}\n", "line 2"},
+      {ok + "{\"token\":1,\"layer\":0,\"experts\":[1],\"s\":\"unterminated}\n", "line 2"},
+      {ok + "{\"token\":nan,\"layer\":0,\"experts\":[1]}\n", "line 2"},
+      {ok + "not json\n", "line 2"},
+  };
+  for (const auto& [text, where] : cases) {
+    EXPECT_EQ(parse_trace(text, &t), MOELITE_ERR_INVALID_ARGUMENT) << text.substr(0, 80);
+    EXPECT_NE(std::string(last_error_message()).find(where), std::string::npos) << last_error_message();
+  }
+  // A hand-built trace whose entry lies outside its layers is refused by replay.
+  Trace odd = sequence("AB");
+  odd.entries[1].layer = 4;
+  ReplayResult r;
+  EXPECT_EQ(replay(odd, "lru", 2, false, &r), MOELITE_ERR_INVALID_ARGUMENT);
+}
+
+TEST(TraceReplay, BeladyMatchesBruteForceAtCapacityThree) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 100; ++trial) {
+    std::string s;
+    const int len = 4 + static_cast<int>(rng() % 7);
+    for (int i = 0; i < len; ++i) s.push_back(static_cast<char>('A' + rng() % 5));
+    std::vector<int32_t> seq;
+    for (char c : s) seq.push_back(c - 'A');
+    const uint64_t best = brute_force_loads(seq, 3);
+    EXPECT_EQ(run(sequence(s, 5), "belady", 3).loads, best) << s;
+    for (const std::string& p : policy_names()) EXPECT_GE(run(sequence(s, 5), p, 3).loads, best) << p << " " << s;
+  }
+}
