@@ -1,5 +1,6 @@
 // `moelite trace replay`: a routing trace through the cache policies, with Belady as the bound.
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,13 @@ int cmd_trace_replay(int argc, char** argv) {
   if (!args.parse(argc, argv, {"--json", "--global"}, &err)) return usage_error(err);
   if (!args.has("-f")) return usage_error("missing -f TRACE.jsonl");
   if (!args.has("--capacity")) return usage_error("missing --capacity N or P%");
+  const std::string which = args.get("--policy", "lru");
+  std::vector<std::string> policies = which == "all" ? moelite::policy_names() : std::vector<std::string>{which};
+  {
+    std::unique_ptr<moelite::CachePolicy> probe;
+    if (which != "all" && moelite::make_policy(which, &probe) != MOELITE_OK)
+      return usage_error(std::string(moelite_last_error()) + " or all");
+  }
   std::string text;
   if (!read_file(args.get("-f"), &text)) return usage_error("cannot read '" + args.get("-f") + "'");
   moelite::Trace trace;
@@ -23,8 +31,6 @@ int cmd_trace_replay(int argc, char** argv) {
   int64_t capacity = 0;
   if (moelite::parse_capacity(args.get("--capacity"), trace, global, &capacity) != MOELITE_OK)
     return usage_error(moelite_last_error());
-  const std::string which = args.get("--policy", "lru");
-  std::vector<std::string> policies = which == "all" ? moelite::policy_names() : std::vector<std::string>{which};
 
   moelite::ReplayResult bound;
   if (moelite::replay(trace, "belady", capacity, global, &bound) != MOELITE_OK)
@@ -53,9 +59,17 @@ int cmd_trace_replay(int argc, char** argv) {
     printf("trace: %zu entries, %llu tokens, %d layers x %d experts, top-%d; capacity %lld experts %s\n",
            trace.entries.size(), (unsigned long long)bound.tokens, trace.n_layers, trace.n_experts, trace.top_k,
            (long long)capacity, global ? "shared by all layers" : "per layer");
-    printf("%-8s %9s %16s\n", "policy", "hit rate", "loads per token");
-    for (const auto& r : results) printf("%-8s %9.4f %16.3f\n", r.policy.c_str(), r.hit_rate(), r.loads_per_token());
-    printf("%-8s %9.4f %16.3f  (optimum with the whole future known)\n", "belady", bound.hit_rate(), bound.loads_per_token());
+    printf("%-8s %9s %10s %10s %16s  %s\n", "policy", "hit rate", "loads", "accesses", "loads per token",
+           "hit rate per layer");
+    auto row = [](const moelite::ReplayResult& r, const char* note) {
+      printf("%-8s %9.4f %10llu %10llu %16.3f  ", r.policy.c_str(), r.hit_rate(), (unsigned long long)r.loads,
+             (unsigned long long)r.accesses, r.loads_per_token());
+      for (size_t l = 0; l < r.per_layer_hit_rate.size(); ++l) printf("%s%.2f", l ? " " : "", r.per_layer_hit_rate[l]);
+      printf("%s\n", note);
+    };
+    for (const auto& r : results) row(r, "");
+    if (which != "all" && which != "belady") row(bound, "  <- bound: belady with the whole future known");
+    else printf("(belady, with the whole trace as its future, is the bound)\n");
   }
   return 0;
 }
