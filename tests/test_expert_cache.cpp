@@ -436,3 +436,39 @@ TEST(TraceReplay, BeladyMatchesBruteForceAtCapacityThree) {
     for (const std::string& p : policy_names()) EXPECT_GE(run(sequence(s, 5), p, 3).loads, best) << p << " " << s;
   }
 }
+
+TEST(TraceReplay, MutatedTracesNeverCrash) {
+  // Random byte edits of a valid trace: the parser answers OK or INVALID_ARGUMENT, and whatever it
+  // accepts replays (run under ASan/UBSan in the sanitizer build).
+  const std::string base =
+      "{\"n_layers\":2,\"n_experts\":8,\"top_k\":2}\n"
+      "{\"token\":0,\"layer\":0,\"experts\":[1,5],\"weights\":[0.6,0.4]}\n"
+      "{\"token\":0,\"layer\":1,\"experts\":[2,7],\"weights\":[0.9,0.1]}\n"
+      "{\"token\":1,\"layer\":0,\"experts\":[3,5],\"weights\":[0.5,0.5]}\n";
+  const std::string alphabet = "{}[]:,\"-.e0123456789 \nabc";
+  std::mt19937 rng(3);
+  int accepted = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::string s = base;
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int i = 0; i < edits && !s.empty(); ++i) {
+      const size_t at = rng() % s.size();
+      switch (rng() % 3) {
+        case 0: s[at] = alphabet[rng() % alphabet.size()]; break;
+        case 1: s.erase(at, 1 + rng() % 3); break;
+        default: s.insert(at, 1, alphabet[rng() % alphabet.size()]); break;
+      }
+    }
+    Trace t;
+    const Status st = parse_trace(s, &t);
+    ASSERT_TRUE(st == MOELITE_OK || st == MOELITE_ERR_INVALID_ARGUMENT) << s;
+    if (st != MOELITE_OK) continue;
+    ++accepted;
+    for (const std::string& p : policy_names()) {
+      ReplayResult r;
+      EXPECT_EQ(replay(t, p, t.top_k, false, &r), MOELITE_OK) << p << "\n" << s;
+      EXPECT_EQ(replay(t, p, t.top_k, true, &r), MOELITE_OK) << p << "\n" << s;
+    }
+  }
+  EXPECT_GT(accepted, 0);
+}
