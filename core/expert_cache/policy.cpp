@@ -114,8 +114,11 @@ class Static final : public Tracked {
     set_frequency_table(counts, counts.size());
   }
   size_t choose_victim(const std::vector<ExpertKey>& c, uint64_t) override {
-    const size_t hot_size = hot_size_ ? hot_size_ : info_.size();
-    return argmin(c, [&](ExpertKey k) { return is_hot(k.packed(), hot_size) ? 1 : 0; });
+    const uint64_t threshold = hot_threshold(hot_size_ ? hot_size_ : info_.size());
+    return argmin(c, [&](ExpertKey k) {
+      auto it = counts_.find(k.packed());
+      return it != counts_.end() && it->second >= threshold ? 1 : 0;
+    });
   }
 
  protected:
@@ -138,16 +141,17 @@ class Static final : public Tracked {
     n += by;
     keys_with_count_[n]++;
   }
-  // Hot: fewer than `hot_size` keys are strictly more used. Never-used keys are never hot.
-  bool is_hot(uint64_t key, size_t hot_size) const {
-    auto it = counts_.find(key);
-    if (it == counts_.end() || hot_size == 0) return false;
+  // Hot: fewer than `hot_size` keys are strictly more used; never-used keys are never hot. Since
+  // that holds for a prefix of the counts in descending order, it is "count >= threshold", found
+  // once per victim choice (walking at most hot_size + 1 buckets) rather than once per candidate.
+  uint64_t hot_threshold(size_t hot_size) const {
+    uint64_t threshold = std::numeric_limits<uint64_t>::max();  // nothing hot
     size_t above = 0;
-    for (auto b = keys_with_count_.begin(); b != keys_with_count_.end() && b->first > it->second; ++b) {
+    for (auto b = keys_with_count_.begin(); b != keys_with_count_.end() && above < hot_size; ++b) {
+      threshold = b->first;
       above += b->second;
-      if (above >= hot_size) return false;
     }
-    return true;
+    return threshold;
   }
   bool learning_ = true;
   size_t hot_size_ = 0;
@@ -159,6 +163,7 @@ class Static final : public Tracked {
 // optimal when the future is known exactly.
 class Belady final : public Tracked {
  public:
+  explicit Belady(uint64_t lookahead) : lookahead_(lookahead) {}
   const char* name() const override { return "belady"; }
   void set_future(const std::unordered_map<uint64_t, std::vector<uint64_t>>* f) override { future_ = f; }
   size_t choose_victim(const std::vector<ExpertKey>& c, uint64_t now) override {
@@ -172,8 +177,10 @@ class Belady final : public Tracked {
     auto it = future_->find(k.packed());
     if (it == future_->end()) return std::numeric_limits<uint64_t>::max();
     auto nxt = std::upper_bound(it->second.begin(), it->second.end(), now);
-    return nxt == it->second.end() ? std::numeric_limits<uint64_t>::max() : *nxt;
+    if (nxt == it->second.end() || (lookahead_ && *nxt - now > lookahead_)) return std::numeric_limits<uint64_t>::max();
+    return *nxt;
   }
+  uint64_t lookahead_;
   const std::unordered_map<uint64_t, std::vector<uint64_t>>* future_ = nullptr;
 };
 
@@ -194,16 +201,23 @@ const std::vector<std::string>& policy_names() {
   return names;
 }
 
-Status make_policy(const std::string& name, std::unique_ptr<CachePolicy>* out) {
+Status make_policy(const std::string& name, const PolicyOptions& options, std::unique_ptr<CachePolicy>* out) {
+  // Checked for every name, so a bad option is reported even when the policy would ignore it.
+  if (!(options.half_life > 0) || !std::isfinite(options.half_life))
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "decay half-life %g must be a positive number", options.half_life);
   if (name == "lru") out->reset(new Lru);
   else if (name == "lfu") out->reset(new Lfu);
-  else if (name == "decay") out->reset(new Decay(64.0));
+  else if (name == "decay") out->reset(new Decay(options.half_life));
   else if (name == "static") out->reset(new Static);
-  else if (name == "belady") out->reset(new Belady);
+  else if (name == "belady") out->reset(new Belady(options.lookahead));
   else
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown expert cache policy '%s' (available: lru, lfu, decay, static, belady)",
                 name.c_str());
   return MOELITE_OK;
+}
+
+Status make_policy(const std::string& name, std::unique_ptr<CachePolicy>* out) {
+  return make_policy(name, PolicyOptions{}, out);
 }
 
 }  // namespace moelite

@@ -58,10 +58,20 @@ class CachePolicy {
   virtual void set_frequency_table(const std::unordered_map<uint64_t, uint64_t>& counts, size_t hot_size) {}
 };
 
+// Tunables of the policies that have any; the defaults are what the store and replay use.
+struct PolicyOptions {
+  // decay: logical time steps (accesses) after which a use counts half. Must be > 0 and finite.
+  double half_life = 64.0;
+  // belady: only next uses within (now, now + lookahead] are seen; later ones count as never, as
+  // with a predictor that sees a fixed window ahead. 0 = no limit (the whole known future).
+  uint64_t lookahead = 0;
+};
+
 // lru; lfu (ties: least recent); decay (score = sum over uses of 0.5^((now - t) / half_life),
-// half_life 64 accesses); static (non-hot first, least recent among them); belady (next use
-// furthest ahead, never = infinitely far; ties: least recent). MOELITE_ERR_INVALID_ARGUMENT naming
-// the available ones for other names.
+// ties: least recent); static (non-hot first, least recent among them); belady (next use
+// furthest ahead, never or beyond the lookahead = infinitely far; ties: least recent).
+// MOELITE_ERR_INVALID_ARGUMENT naming the available ones for other names, or for a bad option.
+Status make_policy(const std::string& name, const PolicyOptions& options, std::unique_ptr<CachePolicy>* out);
 Status make_policy(const std::string& name, std::unique_ptr<CachePolicy>* out);
 const std::vector<std::string>& policy_names();
 

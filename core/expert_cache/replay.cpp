@@ -221,14 +221,15 @@ Status parse_capacity(const std::string& text, const Trace& trace, bool global, 
   if (percent) {
     const double pool = global ? double(trace.n_layers) * trace.n_experts : double(trace.n_experts);
     // floor(P% x pool), computed as P x pool / 100 so that 29% of 100 is 29, not 28.999...
-    *out = static_cast<int64_t>(std::floor(v * pool / 100.0 + 1e-9));
+    *out = std::max<int64_t>(static_cast<int64_t>(std::floor(v * pool / 100.0 + 1e-9)), trace.top_k);
   } else {
     *out = static_cast<int64_t>(v);
   }
   return MOELITE_OK;
 }
 
-Status replay(const Trace& trace, const std::string& policy_name, int64_t capacity, bool global, ReplayResult* out) {
+Status replay(const Trace& trace, const std::string& policy_name, int64_t capacity, bool global, ReplayResult* out,
+              const PolicyOptions& options) {
   ReplayResult r;
   r.policy = policy_name;
   r.capacity = capacity;
@@ -240,7 +241,7 @@ Status replay(const Trace& trace, const std::string& policy_name, int64_t capaci
                   e.layer, trace.n_layers);
   const size_t n_caches = global ? 1 : static_cast<size_t>(trace.n_layers);
   std::vector<std::unique_ptr<CachePolicy>> policies(n_caches);
-  for (auto& p : policies) MOELITE_TRY(make_policy(policy_name, &p));
+  for (auto& p : policies) MOELITE_TRY(make_policy(policy_name, options, &p));
 
   // Logical time = index of the access; the future (for Belady) and the use counts (static's hot
   // set = the `capacity` most used experts of each cache, as a calibration profile would give)
@@ -259,9 +260,18 @@ Status replay(const Trace& trace, const std::string& policy_name, int64_t capaci
     policies[c]->set_future(&future);
   }
 
-  std::vector<std::unordered_set<uint64_t>> resident(n_caches);
+  // Residents per cache: a vector (the candidate list is rebuilt from it on every miss, so it must
+  // be cheap to walk) plus each key's index in it for O(1) lookup and swap-removal. Its order
+  // depends only on the trace, so results are deterministic; it never decides a victim anyway,
+  // since every policy breaks ties by last use and no two keys share one.
+  struct Residents {
+    std::vector<ExpertKey> keys;
+    std::unordered_map<uint64_t, size_t> index;
+  };
+  std::vector<Residents> resident(n_caches);
   std::vector<uint64_t> layer_hits(static_cast<size_t>(trace.n_layers)), layer_acc(static_cast<size_t>(trace.n_layers));
   std::unordered_set<int64_t> tokens;
+  std::vector<ExpertKey> candidates;
   t = 0;
   for (const TraceEntry& e : trace.entries) {
     tokens.insert(e.token);
@@ -276,25 +286,28 @@ Status replay(const Trace& trace, const std::string& policy_name, int64_t capaci
       const ExpertKey k{e.layer, x};
       r.accesses++;
       layer_acc[static_cast<size_t>(e.layer)]++;
-      if (resident[c].count(k.packed())) {
+      Residents& res = resident[c];
+      if (res.index.count(k.packed())) {
         r.hits++;
         layer_hits[static_cast<size_t>(e.layer)]++;
       } else {
         r.loads++;
-        if (static_cast<int64_t>(resident[c].size()) >= capacity) {
-          std::vector<ExpertKey> candidates;
-          for (uint64_t p : resident[c])
-            if (!pinned.count(p)) candidates.push_back({static_cast<int32_t>(p >> 32), static_cast<int32_t>(p & 0xffffffffu)});
-          // Deterministic candidate order (hash-set order is not).
-          std::sort(candidates.begin(), candidates.end(),
-                    [](ExpertKey a, ExpertKey b) { return a.packed() < b.packed(); });
+        if (static_cast<int64_t>(res.keys.size()) >= capacity) {
+          candidates.clear();
+          for (const ExpertKey& p : res.keys)
+            if (!pinned.count(p.packed())) candidates.push_back(p);
           if (candidates.empty())  // cannot happen: capacity >= the entry's experts, one not resident yet
-            return fail(MOELITE_ERR_INVALID_ARGUMENT, "replay: no evictable expert at access %llu", (unsigned long long)t);
+            return fail(MOELITE_ERR_INTERNAL, "replay: no evictable expert at access %llu", (unsigned long long)t);
           const ExpertKey victim = policies[c]->victim(candidates, t);
-          resident[c].erase(victim.packed());
+          const size_t at = res.index[victim.packed()];
+          res.keys[at] = res.keys.back();
+          res.index[res.keys[at].packed()] = at;
+          res.keys.pop_back();
+          res.index.erase(victim.packed());
           policies[c]->on_evict(victim);
         }
-        resident[c].insert(k.packed());
+        res.index[k.packed()] = res.keys.size();
+        res.keys.push_back(k);
         policies[c]->on_insert(k, t);
       }
       policies[c]->on_access(k, t++);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/expert_cache/policy.h"
 #include "core/status.h"
 
 namespace moelite {
@@ -28,7 +29,8 @@ struct Trace {
 // MOELITE_ERR_INVALID_ARGUMENT naming the line for malformed input.
 Status parse_trace(const std::string& text, Trace* out);
 
-// "N" experts, or "P%" of the experts (per layer, or of all layers' experts when global).
+// "N" experts, or "P%" of the experts: floor(P% of one layer's experts), or of all layers' experts
+// when global, and never below top_k (a smaller cache could not hold one token's experts).
 Status parse_capacity(const std::string& text, const Trace& trace, bool global, int64_t* out);
 
 struct ReplayResult {
@@ -43,6 +45,8 @@ struct ReplayResult {
 
 // Each (token, layer) entry's experts are pinned together; a miss is one load (cold misses
 // count). Per-layer mode: each layer has its own cache of `capacity`; global: one shared cache.
-Status replay(const Trace& trace, const std::string& policy, int64_t capacity, bool global, ReplayResult* out);
+// `options` tunes the policy under test (decay's half-life, Belady's lookahead).
+Status replay(const Trace& trace, const std::string& policy, int64_t capacity, bool global, ReplayResult* out,
+              const PolicyOptions& options = PolicyOptions{});
 
 }  // namespace moelite

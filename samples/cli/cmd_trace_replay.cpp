@@ -1,5 +1,6 @@
 // `moelite trace replay`: a routing trace through the cache policies, with Belady as the bound.
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,9 +19,22 @@ int cmd_trace_replay(int argc, char** argv) {
   if (!args.has("--capacity")) return usage_error("missing --capacity N or P%");
   const std::string which = args.get("--policy", "lru");
   std::vector<std::string> policies = which == "all" ? moelite::policy_names() : std::vector<std::string>{which};
-  {
+  // Tunables of the policies under test; the Belady bound always sees the whole future.
+  moelite::PolicyOptions options;
+  if (args.has("--half-life")) {
+    char* end = nullptr;
+    const std::string v = args.get("--half-life");
+    options.half_life = strtod(v.c_str(), &end);
+    if (v.empty() || *end) return usage_error("--half-life expects a number of accesses, got '" + v + "'");
+  }
+  int64_t lookahead = 0;
+  if (!args.get_int("--lookahead", 0, &lookahead, &err)) return usage_error(err);
+  if (lookahead < 0) return usage_error("--lookahead must be >= 0 (0: the whole trace)");
+  options.lookahead = static_cast<uint64_t>(lookahead);
+  {  // Bad options and unknown names are usage errors, found before the trace is read.
     std::unique_ptr<moelite::CachePolicy> probe;
-    if (which != "all" && moelite::make_policy(which, &probe) != MOELITE_OK)
+    if (moelite::make_policy("lru", options, &probe) != MOELITE_OK) return usage_error(moelite_last_error());
+    if (which != "all" && moelite::make_policy(which, options, &probe) != MOELITE_OK)
       return usage_error(std::string(moelite_last_error()) + " or all");
   }
   std::string text;
@@ -37,10 +51,19 @@ int cmd_trace_replay(int argc, char** argv) {
     return report(MOELITE_ERR_INVALID_ARGUMENT, "replaying");
   std::vector<moelite::ReplayResult> results;
   for (const std::string& p : policies) {
+    if (p == "belady" && options.lookahead == 0) {  // the same run as the bound
+      results.push_back(bound);
+      continue;
+    }
     moelite::ReplayResult r;
-    if (moelite::replay(trace, p, capacity, global, &r) != MOELITE_OK) return report(MOELITE_ERR_INVALID_ARGUMENT, "replaying");
+    if (moelite::replay(trace, p, capacity, global, &r, options) != MOELITE_OK)
+      return report(MOELITE_ERR_INVALID_ARGUMENT, "replaying");
     results.push_back(r);
   }
+  // A windowed Belady is listed as "belady@N" so it cannot be mistaken for the bound.
+  if (options.lookahead)
+    for (auto& r : results)
+      if (r.policy == "belady") r.policy = "belady@" + std::to_string(options.lookahead);
   if (args.has("--json")) {
     if (results.size() > 1) printf("[");
     for (size_t i = 0; i < results.size(); ++i) {
@@ -59,16 +82,16 @@ int cmd_trace_replay(int argc, char** argv) {
     printf("trace: %zu entries, %llu tokens, %d layers x %d experts, top-%d; capacity %lld experts %s\n",
            trace.entries.size(), (unsigned long long)bound.tokens, trace.n_layers, trace.n_experts, trace.top_k,
            (long long)capacity, global ? "shared by all layers" : "per layer");
-    printf("%-8s %9s %10s %10s %16s  %s\n", "policy", "hit rate", "loads", "accesses", "loads per token",
+    printf("%-11s %9s %10s %10s %16s  %s\n", "policy", "hit rate", "loads", "accesses", "loads per token",
            "hit rate per layer");
     auto row = [](const moelite::ReplayResult& r, const char* note) {
-      printf("%-8s %9.4f %10llu %10llu %16.3f  ", r.policy.c_str(), r.hit_rate(), (unsigned long long)r.loads,
+      printf("%-11s %9.4f %10llu %10llu %16.3f  ", r.policy.c_str(), r.hit_rate(), (unsigned long long)r.loads,
              (unsigned long long)r.accesses, r.loads_per_token());
       for (size_t l = 0; l < r.per_layer_hit_rate.size(); ++l) printf("%s%.2f", l ? " " : "", r.per_layer_hit_rate[l]);
       printf("%s\n", note);
     };
     for (const auto& r : results) row(r, "");
-    if (which != "all" && which != "belady") row(bound, "  <- bound: belady with the whole future known");
+    if (which != "all" && (which != "belady" || options.lookahead)) row(bound, "  <- bound: belady with the whole future known");
     else printf("(belady, with the whole trace as its future, is the bound)\n");
   }
   return 0;

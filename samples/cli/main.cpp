@@ -1,6 +1,7 @@
 // moelite: command-line front end of the library (built as build/bin/moelite).
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "cli.h"
 
@@ -12,7 +13,8 @@ static void print_help() {
       "  info    -m MODEL [--json]                      model facts (arch, experts, bytes)\n"
       "  perplexity -m MODEL -f TEXT [--ctx 256] [--json]  windowed perplexity of a text\n"
       "  trace record -m MODEL (-f TEXT | -p PROMPT -n N) -o TRACE   routing as JSON lines\n"
-      "  trace replay -f TRACE --capacity N|P% [--global] [--policy lru|lfu|decay|static|belady|all] [--json]\n"
+      "  trace replay -f TRACE --capacity N|P% [--global] [--policy lru|lfu|decay|static|belady|all]\n"
+      "          [--half-life H] [--lookahead N] [--json]   cache policies on a routing trace, Belady as the bound\n"
       "  logits  -m MODEL --tokens 1,2,3 --out FILE     float32 logits, n_tokens x n_vocab, row-major\n"
       "  bench   -m MODEL [-p N] [-n N] [-r N] [--json] prefill and decode speed\n"
       "  run     -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
@@ -38,8 +40,12 @@ int main(int argc, char** argv) {
   if (!strcmp(cmd, "chat")) return cli::cmd_chat(argc - 2, argv + 2);
   if (!strcmp(cmd, "tokenize")) return cli::cmd_tokenize(argc - 2, argv + 2);
   if (!strcmp(cmd, "perplexity")) return cli::cmd_perplexity(argc - 2, argv + 2);
-  if (!strcmp(cmd, "trace") && argc > 2 && !strcmp(argv[2], "record")) return cli::cmd_trace_record(argc - 3, argv + 3);
-  if (!strcmp(cmd, "trace") && argc > 2 && !strcmp(argv[2], "replay")) return cli::cmd_trace_replay(argc - 3, argv + 3);
+  if (!strcmp(cmd, "trace")) {
+    if (argc > 2 && !strcmp(argv[2], "record")) return cli::cmd_trace_record(argc - 3, argv + 3);
+    if (argc > 2 && !strcmp(argv[2], "replay")) return cli::cmd_trace_replay(argc - 3, argv + 3);
+    return cli::usage_error(argc > 2 ? std::string("unknown trace subcommand '") + argv[2] + "' (record or replay)"
+                                     : std::string("trace needs a subcommand: record or replay"));
+  }
   if (!strcmp(cmd, "version")) {
     printf("%s\n", moelite_version_string());
     return 0;
