@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/expert_cache/policy.h"
 #include "core/status.h"
 #include "core/types.h"
 
@@ -49,6 +50,7 @@ struct RopeParams {
 };
 
 // Router output for a batch: for token t, slot j: expert ids[t*k + j] with weight w[t*k + j].
+// Adaptive gating marks a dropped slot with id -1 and weight 0; backends skip such slots.
 struct Routing {
   int32_t n_tokens = 0;
   int32_t k = 0;
@@ -75,14 +77,15 @@ class ExpertSource {
   // True when every expert is always in memory (the backend may then batch all of a layer's
   // experts into one pass).
   virtual bool all_resident() const { return false; }
-  // Most experts that can be held at once.
-  virtual int32_t capacity() const = 0;
+  // Most experts of `layer` that can be held at once.
+  virtual int32_t capacity(int32_t layer) const = 0;
   // Routing of `layer` is now known: speculative work for it that `routing` does not need may be
   // dropped (early preemption).
   virtual void on_routing(int32_t layer, const Routing& routing) {}
-  // Predicted experts of a coming layer: the source may load them speculatively once the current
-  // layer's needs are secured (a prefetch hook for predictors).
-  virtual void hint(int32_t layer, const std::vector<int32_t>& experts) {}
+  // Predicted experts of coming layers (a predictor's guesses): the source may load them
+  // speculatively. `upcoming_layer` is the layer whose prepare() comes next: its experts are
+  // secured first, so the guesses wait for that prepare(); -1 issues them at once.
+  virtual void hint(const std::vector<Prediction>& predictions, int32_t upcoming_layer) {}
   virtual Status prepare(int32_t layer, const std::vector<int32_t>& experts) = 0;
   // Waits until one expert of *pending is ready, removes it from *pending and returns it. On an
   // I/O error returns that status; experts still pending are then released by the source.

@@ -1,11 +1,13 @@
 // The C API: argument checks, translation to the C++ core, and nothing else.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <new>
 
 #include "backends/cpu/quant.h"
+#include "core/adaptive/calibrate.h"
 #include "core/arch/arch.h"
 #include "core/context.h"
 #include "core/expert_store/expert_store.h"
@@ -74,6 +76,7 @@ MOELITE_API const char* moelite_status_name(moelite_status s) {
     CASE(MOELITE_ERR_BACKEND_UNAVAILABLE)
     CASE(MOELITE_ERR_BUDGET_TOO_SMALL)
     CASE(MOELITE_ERR_NOT_IMPLEMENTED)
+    CASE(MOELITE_ERR_BAD_PROFILE)
     CASE(MOELITE_ERR_CONTEXT_FULL)
     CASE(MOELITE_ERR_BAD_TOKEN)
     CASE(MOELITE_ERR_ABORTED)
@@ -121,6 +124,32 @@ MOELITE_API moelite_status moelite_model_params_set_expert_predictor(moelite_mod
   if (!p) return null_arg(__func__, "params");
   if (!predictor) return null_arg(__func__, "predictor");
   p->opts.expert_predictor = predictor;
+  return MOELITE_OK;
+}
+
+MOELITE_API moelite_status moelite_model_params_set_predictor_depth(moelite_model_params* p, int32_t depth) {
+  if (!p) return null_arg(__func__, "params");
+  if (depth < 1) return fail(MOELITE_ERR_INVALID_ARGUMENT, "predictor depth %d must be at least 1", depth);
+  p->opts.predictor_depth = depth;
+  return MOELITE_OK;
+}
+
+MOELITE_API moelite_status moelite_model_params_set_profile(moelite_model_params* p, const char* path) {
+  if (!p) return null_arg(__func__, "params");
+  p->opts.profile_path = path ? path : "";
+  return MOELITE_OK;
+}
+
+MOELITE_API moelite_status moelite_model_params_set_gating(moelite_model_params* p, const char* mode, float threshold) {
+  if (!p) return null_arg(__func__, "params");
+  if (!mode) return null_arg(__func__, "mode");
+  moelite::GatingMode m;
+  if (!moelite::parse_gating_mode(mode, &m))
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown gating mode '%s' (available: exact, sensitivity, score)", mode);
+  if (!(threshold >= 0.0f) || !std::isfinite(threshold))
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "the gating threshold must be a finite number >= 0");
+  p->opts.gating = m;
+  p->opts.gating_threshold = threshold;
   return MOELITE_OK;
 }
 
@@ -227,6 +256,17 @@ MOELITE_API moelite_status moelite_model_expert_stats(const moelite_model* model
       total.prefetches_wasted += s.prefetches_wasted;
       total.bytes_read += s.bytes_read;
       total.wait_seconds += s.wait_seconds;
+      total.predicted += s.predicted;
+      total.predictions += s.predictions;
+      total.ready_when_needed += s.ready_when_needed;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(m.gating_stats_mutex);
+    for (int32_t l = 0; l < m.hp.n_layer && !m.routed_tokens.empty(); ++l) {
+      if (layer >= 0 && l != layer) continue;
+      total.routed_tokens += m.routed_tokens[static_cast<size_t>(l)];
+      total.routed_experts += m.routed_experts[static_cast<size_t>(l)];
     }
   }
   memcpy(out, &total, std::min(out->struct_size, sizeof total));
@@ -234,7 +274,67 @@ MOELITE_API moelite_status moelite_model_expert_stats(const moelite_model* model
 }
 
 MOELITE_API void moelite_model_reset_expert_stats(moelite_model* model) {
-  if (model && model->impl->store) model->impl->store->reset_stats();
+  if (!model) return;
+  moelite::Model& m = *model->impl;
+  if (m.store) m.store->reset_stats();
+  std::lock_guard<std::mutex> lock(m.gating_stats_mutex);
+  std::fill(m.routed_tokens.begin(), m.routed_tokens.end(), 0);
+  std::fill(m.routed_experts.begin(), m.routed_experts.end(), 0);
+}
+
+// ---- calibration
+
+struct moelite_calibrate_params {
+  moelite::CalibrateOptions opts;
+};
+
+MOELITE_API moelite_calibrate_params* moelite_calibrate_params_create(void) { return new (std::nothrow) moelite_calibrate_params(); }
+MOELITE_API void moelite_calibrate_params_free(moelite_calibrate_params* p) { delete p; }
+
+MOELITE_API moelite_status moelite_calibrate_params_set_window(moelite_calibrate_params* p, int32_t window) {
+  if (!p) return null_arg(__func__, "params");
+  if (window < 2) return fail(MOELITE_ERR_INVALID_ARGUMENT, "calibration window %d must be at least 2", window);
+  p->opts.window = window;
+  return MOELITE_OK;
+}
+
+MOELITE_API moelite_status moelite_calibrate_params_set_stride(moelite_calibrate_params* p, int32_t stride) {
+  if (!p) return null_arg(__func__, "params");
+  if (stride < 1) return fail(MOELITE_ERR_INVALID_ARGUMENT, "predictor stride %d must be at least 1", stride);
+  p->opts.stride = stride;
+  return MOELITE_OK;
+}
+
+MOELITE_API moelite_status moelite_calibrate_params_set_holdout(moelite_calibrate_params* p, double share) {
+  if (!p) return null_arg(__func__, "params");
+  if (!(share > 0.0 && share < 1.0)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the held-out share must lie in (0, 1)");
+  p->opts.holdout = share;
+  return MOELITE_OK;
+}
+
+MOELITE_API moelite_status moelite_calibrate_params_set_progress_callback(moelite_calibrate_params* p, moelite_progress_fn fn,
+                                                                          void* user_data) {
+  if (!p) return null_arg(__func__, "params");
+  p->opts.progress = fn;
+  p->opts.progress_user = user_data;
+  return MOELITE_OK;
+}
+
+MOELITE_API moelite_status moelite_calibrate(moelite_model* model, const int32_t* tokens, int32_t n_tokens,
+                                             const moelite_calibrate_params* params, const char* profile_path) {
+  if (!model) return null_arg(__func__, "model");
+  if (!tokens && n_tokens > 0) return null_arg(__func__, "tokens");
+  if (!profile_path || !*profile_path) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: profile_path is empty", __func__);
+  moelite::Model& m = *model->impl;
+  if (m.vocab_only) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the model was loaded vocabulary-only");
+  if (n_tokens < 2) return fail(MOELITE_ERR_INVALID_ARGUMENT, "calibration needs at least two tokens, got %d", n_tokens);
+  for (int32_t i = 0; i < n_tokens; ++i)
+    if (tokens[i] < 0 || tokens[i] >= m.hp.n_vocab)
+      return fail(MOELITE_ERR_BAD_TOKEN, "token %d at index %d is outside the vocabulary [0, %d)", tokens[i], i, m.hp.n_vocab);
+  const moelite::CalibrateOptions opts = params ? params->opts : moelite::CalibrateOptions();
+  moelite::Profile profile;
+  MOELITE_TRY(moelite::calibrate(m, std::vector<int32_t>(tokens, tokens + n_tokens), opts, &profile));
+  return profile.save(profile_path);
 }
 
 MOELITE_API const char* moelite_model_arch(const moelite_model* m) { return m ? m->impl->hp.arch.c_str() : nullptr; }

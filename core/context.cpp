@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cinttypes>
 
+#include "core/adaptive/predictor.h"
 #include "core/arch/arch.h"
 
 namespace moelite {
@@ -100,6 +101,7 @@ Status Context::eval_batch(const int32_t* tokens, int32_t n, bool logits_all, fl
   for (int32_t i = 0; i < n; ++i) s.positions[static_cast<size_t>(i)] = n_past_ + i;
 
   Act x = s.rows(s.x);
+  s.has_next_routing = false;
   be.get_rows(m.tok_embd, tokens, n, &x);
   auto forward = m.arch->forward_layer ? m.arch->forward_layer : standard_forward_layer;
   for (int32_t l = 0; l < hp.n_layer; ++l) {
@@ -107,6 +109,12 @@ Status Context::eval_batch(const int32_t* tokens, int32_t n, bool logits_all, fl
       return fail(MOELITE_ERR_ABORTED, "evaluation aborted by the abort callback at layer %d", l);
     MOELITE_TRY(forward(m, s, l));
   }
+  if (s.hooks) {
+    s.host_a.resize(static_cast<size_t>(n) * static_cast<size_t>(hp.n_embd));
+    be.read_rows(x, 0, n, s.host_a.data());
+    s.hooks->on_final(s.host_a.data(), n);
+  }
+  if (m.predictor && m.predictor->wants_final() && n <= 4) predict_next_token(n);
   if (!logits_out) return MOELITE_OK;
 
   // Output head, only on the rows whose logits are wanted.
@@ -120,6 +128,21 @@ Status Context::eval_batch(const int32_t* tokens, int32_t n, bool logits_all, fl
     be.read_rows(head, 0, rows, logits_out + static_cast<size_t>(r0 - first) * hp.n_vocab);
   }
   return MOELITE_OK;
+}
+
+// The next token's first layers are guessed from this token's final state (output-normed, as the
+// output head sees it), so their experts load while the caller samples.
+void Context::predict_next_token(int32_t n) {
+  Model& m = model_;
+  EvalState& s = state_;
+  Backend& be = *s.backend;
+  Act last = be.view_rows(s.x, n - 1, 1), normed = be.view_rows(s.xn, n - 1, 1);
+  be.rms_norm(last, m.output_norm.data(), m.hp.n_embd, m.hp.rms_eps, &normed);
+  s.host_b.resize(static_cast<size_t>(m.hp.n_embd));
+  be.read_rows(normed, 0, 1, s.host_b.data());
+  std::vector<Prediction> guesses;
+  m.predictor->after_token(s.host_b.data(), &guesses);
+  if (!guesses.empty()) m.experts->hint(guesses, -1);
 }
 
 const float* Context::logits(int32_t i) const {

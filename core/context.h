@@ -31,10 +31,13 @@ class Context {
   int32_t n_ctx() const { return n_ctx_; }
   void truncate(int32_t n_keep);
   const Model& model() const { return model_; }
+  // Internal observers of every forward pass (calibration); null to remove.
+  void set_hooks(ForwardHooks* hooks) { state_.hooks = hooks; }
 
  private:
   explicit Context(Model& model) : model_(model) {}
   Status eval_batch(const int32_t* tokens, int32_t n, bool logits_all, float* logits_out);
+  void predict_next_token(int32_t n);
 
   Model& model_;
   ContextOptions opts_;

@@ -7,6 +7,19 @@
 
 namespace moelite {
 
+// Internal observers of a forward pass (calibration): host copies of hidden states, and a last
+// chance to change a layer's routing (sensitivity measurements). Not part of the public API.
+class ForwardHooks {
+ public:
+  virtual ~ForwardHooks() = default;
+  // Layer l's residual stream after attention (x_mid) and its MoE input (xn), n_tokens x n_embd.
+  virtual void on_moe_input(int32_t layer, const float* x_mid, const float* xn, int32_t n_tokens) {}
+  // Layer l's routing after gating and before expert_weights_scale; may be modified.
+  virtual void on_routing(int32_t layer, Routing* r) {}
+  // The residual stream after the last layer (before the output norm), n_tokens x n_embd.
+  virtual void on_final(const float* x, int32_t n_tokens) {}
+};
+
 struct EvalState {
   Backend* backend = nullptr;
   KvCache kv;
@@ -18,6 +31,11 @@ struct EvalState {
   // Scratch, n_batch rows each; layers use views of the first n_tokens rows.
   Act x, xn, q, k, v, attn, proj, router_logits, moe_out, shared_out, head_out;
   Routing routing;
+  // Pre-gated models: layer l+1's routing, computed at layer l from l's MoE input.
+  Routing next_routing;
+  bool has_next_routing = false;
+  ForwardHooks* hooks = nullptr;
+  std::vector<float> host_a, host_b;  // host copies of activations for predictors and hooks
   moelite_routing_fn on_route = nullptr;  // observer of every layer's routing (may be null)
   void* route_user = nullptr;
 

@@ -5,6 +5,9 @@
 #include <cstdlib>
 
 #include "backends/cpu/quant.h"
+#include "core/adaptive/predictor.h"
+#include "core/adaptive/profile.h"
+#include "core/adaptive/setup.h"
 #include "core/arch/arch.h"
 #include "core/expert_store/expert_store.h"
 #include "core/tensor_binder.h"
@@ -33,6 +36,7 @@ Status ResidentExperts::acquire_next(int32_t layer, std::vector<int32_t>* pendin
 }
 
 Model::~Model() {
+  predictor.reset();
   experts.reset();
   backend.reset();
   for (void* p : owned) platform::aligned_free(p);
@@ -154,30 +158,31 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
   if (m->output.data != m->tok_embd.data) MOELITE_TRY(be.place_weight(&m->output));
   for (LayerWeights& lw : m->layers) {
     for (WeightView* v : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.router}) MOELITE_TRY(be.place_weight(v));
+    if (lw.pregate.valid()) MOELITE_TRY(be.place_weight(&lw.pregate));
     if (lw.has_shared)
       for (WeightView* v : {&lw.shared.gate, &lw.shared.up, &lw.shared.down}) MOELITE_TRY(be.place_weight(v));
     ExpertWeights e0 = lw.experts.expert(0);
     for (WeightView* v : {&e0.gate, &e0.up, &e0.down}) MOELITE_TRY(be.check_weight(*v));
   }
+  MOELITE_TRY(setup_adaptive(*m, opts));
   if (opts.expert_budget_bytes > 0) {
     ExpertStoreOptions so;
     so.budget_bytes = opts.expert_budget_bytes;
     so.policy = opts.expert_policy;
     so.per_layer = opts.expert_per_layer;
+    plan_expert_store(*m, opts, &so);
     if (const char* t = getenv("MOELITE_IO_THREADS")) so.io_threads = std::max(1, atoi(t));
     std::unique_ptr<ExpertStore> store;
     MOELITE_TRY(ExpertStore::create(*m, path, so, &store));
     m->store = store.get();
-    if (opts.expert_predictor == "next-gate") {
-      m->predict_next_gate = true;
-    } else if (opts.expert_predictor != "none") {
-      return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown expert predictor '%s' (available: none, next-gate)",
-                  opts.expert_predictor.c_str());
-    }
     m->expert_budget = opts.expert_budget_bytes;
     m->experts = std::move(store);
+    MOELITE_TRY(make_predictor(opts.expert_predictor, opts.predictor_depth, *m, m->profile.get(), &m->predictor));
   } else {
     m->experts = std::make_unique<ResidentExperts>(&m->layers);
+    // Without a budget nothing loads, so a predictor has nothing to do; a bad name still fails.
+    std::unique_ptr<ExpertPredictor> unused;
+    MOELITE_TRY(make_predictor(opts.expert_predictor, opts.predictor_depth, *m, m->profile.get(), &unused));
   }
   MOELITE_TRY(report_progress(opts, 1.0f));
   log_msg(MOELITE_LOG_INFO, "loaded %s '%s': %d layers, %d experts (top-%d), %.1f MiB experts + %.1f MiB dense, backend %s",

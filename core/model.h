@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "core/adaptive/gating.h"
 #include "core/chat_template.h"
 #include "core/gguf.h"
 #include "core/tokenizer/tokenizer.h"
@@ -18,6 +19,8 @@ namespace moelite {
 
 struct ArchDescriptor;
 class ExpertStore;
+class ExpertPredictor;
+struct Profile;
 
 enum class QkNorm { None, PerHead /* qwen3moe */, Whole /* olmoe */ };
 
@@ -59,6 +62,8 @@ struct LayerWeights {
   std::vector<float> bq, bk, bv;  // empty when the model has no attention biases
   WeightView wq, wk, wv, wo;
   WeightView router;              // ffn_gate_inp: n_expert rows of n_embd
+  WeightView pregate;             // ffn_pregate_inp (pre-gated models): routes layer l+1 from layer
+                                  // l's MoE input; invalid when absent
   LayerExperts experts;
   bool has_shared = false;
   ExpertWeights shared;
@@ -70,7 +75,7 @@ class ResidentExperts final : public ExpertSource {
  public:
   explicit ResidentExperts(const std::vector<LayerWeights>* layers) : layers_(layers) {}
   bool all_resident() const override { return true; }
-  int32_t capacity() const override { return INT32_MAX; }
+  int32_t capacity(int32_t) const override { return INT32_MAX; }
   Status prepare(int32_t, const std::vector<int32_t>&) override { return MOELITE_OK; }
   Status acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert, ExpertWeights* out) override;
   void release(int32_t, int32_t) override {}
@@ -85,7 +90,11 @@ struct LoadOptions {
   uint64_t expert_budget_bytes = 0;  // 0: experts resident in the file mapping
   std::string expert_policy = "lru";
   bool expert_per_layer = false;
-  std::string expert_predictor = "none";  // "none" or "next-gate"
+  std::string expert_predictor = "none";  // see core/adaptive/predictor.h
+  int32_t predictor_depth = 1;            // next-gate: layers ahead
+  std::string profile_path;               // calibration profile ("" : none)
+  GatingMode gating = GatingMode::Exact;
+  float gating_threshold = 0.0f;
   bool use_mmap = true;
   bool vocab_only = false;
   moelite_progress_fn progress = nullptr;
@@ -109,8 +118,13 @@ struct Model {
 
   std::unique_ptr<Backend> backend;
   std::unique_ptr<ExpertSource> experts;
-  ExpertStore* store = nullptr;
-  bool predict_next_gate = false;  // prefetch the next layer's guessed experts (budget only)  // the same object as `experts` when a budget is set
+  ExpertStore* store = nullptr;  // the same object as `experts` when a budget is set
+  std::unique_ptr<Profile> profile;            // null without a calibration profile
+  std::unique_ptr<ExpertPredictor> predictor;  // null: no prediction (budget only)
+  GatingConfig gating;
+  // Experts routed per layer after gating, and the (token, layer) pairs they serve.
+  mutable std::mutex gating_stats_mutex;
+  std::vector<uint64_t> routed_tokens, routed_experts;
   // Contexts of one model share its backend (threads, scratch), so they evaluate one at a time.
   std::mutex eval_mutex;
 

@@ -88,6 +88,8 @@ typedef enum moelite_status {
   MOELITE_ERR_BACKEND_UNAVAILABLE = 30,/* the requested compute backend is not built/present */
   MOELITE_ERR_BUDGET_TOO_SMALL = 31,  /* expert memory budget below the minimum working set */
   MOELITE_ERR_NOT_IMPLEMENTED = 32,   /* a recognised request this build cannot serve yet */
+  MOELITE_ERR_BAD_PROFILE = 33,       /* a calibration profile is malformed, of an unsupported
+                                         version, or made for another model */
   MOELITE_ERR_CONTEXT_FULL = 40,      /* the batch would run past the context length */
   MOELITE_ERR_BAD_TOKEN = 41,         /* a token id outside [0, n_vocab) */
   MOELITE_ERR_ABORTED = 42,           /* the abort callback asked to stop */
@@ -171,11 +173,44 @@ MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_
  *  MOELITE_ERR_INVALID_ARGUMENT for NULL; an unknown name fails at load time. */
 MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_params *params,
                                                                   const char *policy);
-/** Expert prediction feeding the store's prefetch queue: "none" (default) or "next-gate" (layer
- *  l+1's router applied to layer l's hidden state; loads overlap layer l's computation). Only
- *  speeds up loading; results are unchanged. The string is copied; unknown names fail at load. */
+/** Expert prediction feeding the store's prefetch queue (used with a budget; loads then overlap
+ *  computation). Only speeds up loading: results are unchanged. The string is copied; an unknown
+ *  name, or one whose requirements are missing, fails at load.
+ *   "none"        (default) no prediction;
+ *   "next-gate"   layers l+1 .. l+depth's routers applied to layer l's hidden state (see
+ *                 moelite_model_params_set_predictor_depth); no profile needed;
+ *   "first-layer" the next token's layer-0 experts from the current token's final hidden state,
+ *                 by a linear map fitted by calibration (needs a profile);
+ *   "learned"     per-layer linear maps fitted by calibration, predicting `stride` layers ahead
+ *                 (ProMoE; needs a profile);
+ *   "correlation" a co-activation table of consecutive layers (Klotski), seeded by a profile when
+ *                 one is given and updated online;
+ *   "pregate"     the exact next-layer routing of models with pre-gate routers
+ *                 (blk.N.ffn_pregate_inp.weight; Pre-gated MoE, Read-ME). */
 MOELITE_API moelite_status moelite_model_params_set_expert_predictor(moelite_model_params *params,
                                                                      const char *predictor);
+/** Layers ahead the "next-gate" predictor looks (>= 1, default 1). Guesses for a deeper layer are
+ *  loaded only once every nearer guessed expert is resident, so they never delay nearer ones.
+ *  MOELITE_ERR_INVALID_ARGUMENT for a value below 1. */
+MOELITE_API moelite_status moelite_model_params_set_predictor_depth(moelite_model_params *params,
+                                                                    int32_t depth);
+/** A calibration profile written by moelite_calibrate / `moelite calibrate` (NULL or "" for
+ *  none; the path is copied). With a profile and an expert budget the store's slots are divided
+ *  among layers by a DP allocation over the profile's hit curves and predictor accuracy, the
+ *  "static" policy keeps the profile's most used experts, and sensitivity gating and the learned
+ *  predictors can be used. At load: MOELITE_ERR_FILE_NOT_FOUND if it cannot be opened,
+ *  MOELITE_ERR_BAD_PROFILE if it is malformed or was made for another model. */
+MOELITE_API moelite_status moelite_model_params_set_profile(moelite_model_params *params, const char *path);
+/** Adaptive top-k gating. `mode`: "exact" (default: the model's own top-k; results never depend
+ *  on the budget), "sensitivity" (AdapMoE: after top-k and renormalisation, the lowest-weight
+ *  experts are dropped while (sum of dropped weights)^2 * S_l < threshold, S_l being layer l's
+ *  sensitivity from the profile, which is then required) or "score" (drop experts whose weight is
+ *  below threshold). Both keep at least one expert and rescale the kept weights to the sum of all
+ *  k. Changes results (fewer experts computed and loaded); moelite_expert_stats counts the
+ *  experts used. MOELITE_ERR_INVALID_ARGUMENT for an unknown mode or a negative or non-finite
+ *  threshold. */
+MOELITE_API moelite_status moelite_model_params_set_gating(moelite_model_params *params, const char *mode,
+                                                           float threshold);
 /** 0 (default): one pool of expert slots shared by all layers. 1: equal per-layer quotas (each
  *  layer evicts only its own experts). */
 MOELITE_API moelite_status moelite_model_params_set_expert_per_layer(moelite_model_params *params,
@@ -261,6 +296,14 @@ typedef struct moelite_expert_stats {
   uint64_t prefetches_wasted; /* speculative loads evicted or dropped before use */
   uint64_t bytes_read;        /* from storage */
   double wait_seconds;        /* time computation waited for loads */
+  uint64_t predicted;         /* activations whose expert a predictor named beforehand; with
+                                 activations: prediction accuracy */
+  uint64_t predictions;       /* distinct experts predicted (precision = predicted / predictions) */
+  uint64_t ready_when_needed; /* activations whose expert was fully loaded when computation asked
+                                 for it (timeliness = ready_when_needed / activations) */
+  uint64_t routed_tokens;     /* (token, layer) pairs routed, budget or not */
+  uint64_t routed_experts;    /* experts they used after adaptive gating (= routed_tokens x top-k
+                                 in exact mode) */
 } moelite_expert_stats;
 
 /** Cumulative expert-store counters of one layer, or of all layers for layer = -1. Thread-safe.
@@ -269,6 +312,42 @@ MOELITE_API moelite_status moelite_model_expert_stats(const moelite_model *model
                                                       moelite_expert_stats *out);
 /** Zeroes the counters (e.g. between a warm-up and a measurement). */
 MOELITE_API void moelite_model_reset_expert_stats(moelite_model *model);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Calibration                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct moelite_calibrate_params moelite_calibrate_params;
+
+/** Defaults: windows of 256 tokens, learned predictors 1 layer ahead, 25 % of the tokens held
+ *  out of predictor fitting (their accuracy is measured there), finite-difference alpha 0.9, no
+ *  progress callback. Returns NULL only when out of memory. */
+MOELITE_API moelite_calibrate_params *moelite_calibrate_params_create(void);
+MOELITE_API void moelite_calibrate_params_free(moelite_calibrate_params *params);
+/** Tokens per evaluation window (>= 2); each window is evaluated from an empty cache. */
+MOELITE_API moelite_status moelite_calibrate_params_set_window(moelite_calibrate_params *params, int32_t window);
+/** Layers ahead the learned predictors look (>= 1). */
+MOELITE_API moelite_status moelite_calibrate_params_set_stride(moelite_calibrate_params *params, int32_t stride);
+/** Share of the tokens kept out of predictor fitting, in (0, 1). */
+MOELITE_API moelite_status moelite_calibrate_params_set_holdout(moelite_calibrate_params *params, double share);
+/** Progress in [0, 1] after every window; returning 0 cancels (MOELITE_ERR_CANCELLED). */
+MOELITE_API moelite_status moelite_calibrate_params_set_progress_callback(moelite_calibrate_params *params,
+                                                                          moelite_progress_fn fn,
+                                                                          void *user_data);
+
+/** Runs `model` over `n_tokens` tokens of a corpus and writes a calibration profile to
+ *  `profile_path` (JSON, plus `profile_path`.bin with predictor weights): per-layer sensitivity
+ *  S_l (the KL divergence of the output when each token's lowest-weight expert of layer l is
+ *  dropped, over the squared dropped weight; also by a 10 % finite difference), expert use
+ *  counts, experts per token under sensitivity gating at a grid of thresholds, per-layer LRU
+ *  hit-rate curves against cache size, and the first-layer, learned and correlation predictors
+ *  with every predictor's held-out accuracy per layer. Costs (1 + 2 x n_layers) forward passes
+ *  per window. The model must have been loaded with exact gating, and no other context of it
+ *  may evaluate meanwhile. `params` may be NULL. Existing files are replaced only once complete.
+ *  Errors: MOELITE_ERR_INVALID_ARGUMENT (fewer than 2 tokens, bad tokens, non-exact gating),
+ *  MOELITE_ERR_IO (cannot write), MOELITE_ERR_CANCELLED, and evaluation errors. */
+MOELITE_API moelite_status moelite_calibrate(moelite_model *model, const int32_t *tokens, int32_t n_tokens,
+                                             const moelite_calibrate_params *params, const char *profile_path);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Contexts: a KV cache plus the scratch memory of one inference stream                         */

@@ -14,6 +14,12 @@ generated, quantized and written one chunk at a time (streaming), so memory stay
 Tensor types follow llama.cpp: 2-D/3-D matmul weights (attn q/k/v/output, experts, shared
 experts, token_embd, output) get --type; norms, biases and the routers (ffn_gate_inp,
 ffn_gate_inp_shexp) are F32.
+
+--pregate adds, for every layer N but the last, blk.N.ffn_pregate_inp.weight: a second router
+(same shape, type and init scale as ffn_gate_inp) that Pre-gated MoE / Read-ME style engines apply
+at layer N to choose layer N+1's experts one layer ahead (see tests/reference/reference_forward.py).
+Each tensor's random stream is keyed by its own name, so the other tensors are unchanged and a file
+written without --pregate is byte-identical to one from before the option existed.
 """
 
 import argparse
@@ -99,6 +105,9 @@ def build_specs(a):
         s.append(Spec(p + "attn_output.weight", [H * HD, E], qt, "mat", inv(H * HD)))
         s.append(Spec(p + "ffn_norm.weight", [E], F, "norm"))
         s.append(Spec(p + "ffn_gate_inp.weight", [E, NE], F, "mat", a.router_scale * inv(E)))
+        if a.pregate and il + 1 < a.n_layer:
+            # routes layer il+1 from layer il's MoE input; its own name gives it its own stream
+            s.append(Spec(p + "ffn_pregate_inp.weight", [E, NE], F, "mat", a.router_scale * inv(E)))
         mats = [("gate", [E, FF], inv(E)), ("up", [E, FF], inv(E)), ("down", [FF, E], inv(FF))]
         if a.per_expert_tensors:
             for kind, ne, std in mats:
@@ -214,6 +223,9 @@ def parse_args(argv=None):
     p.add_argument("--tied", action="store_true", help="omit output.weight (tied to token_embd)")
     p.add_argument("--per-expert-tensors", action="store_true",
                    help="old Mixtral layout blk.N.ffn_{gate,up,down}.E.weight (llama only)")
+    p.add_argument("--pregate", action="store_true",
+                   help="also write blk.N.ffn_pregate_inp.weight (N < n_layer-1): a router for layer N+1 "
+                        "applied to layer N's MoE input (pre-gated routing)")
     p.add_argument("--bench", action="store_true",
                    help="OLMoE-like preset: olmoe, n_embd 2048, 16/16 heads, 64 experts top-8, "
                         "n_ff_exp 1024, 8 layers, vocab 32000, ctx 4096")

@@ -382,7 +382,8 @@ Status CpuBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, Expert
   // Group routed (token, slot) pairs by expert.
   std::vector<std::pair<int32_t, int32_t>> pairs;  // (expert, token*k + slot)
   pairs.reserve(static_cast<size_t>(n * k));
-  for (int32_t p = 0; p < n * k; ++p) pairs.push_back({r.ids[static_cast<size_t>(p)], p});
+  for (int32_t p = 0; p < n * k; ++p)
+    if (r.ids[static_cast<size_t>(p)] >= 0) pairs.push_back({r.ids[static_cast<size_t>(p)], p});  // -1: dropped by gating
   std::sort(pairs.begin(), pairs.end());
   std::vector<int32_t> order;
   for (size_t i = 0; i < pairs.size(); ++i)
@@ -414,7 +415,7 @@ Status CpuBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, Expert
   } else {
     // Budgeted experts: groups of at most capacity() experts; within a group each expert runs as
     // soon as it is resident, so computation overlaps the loads still in flight.
-    const size_t group = static_cast<size_t>(std::max(1, experts->capacity()));
+    const size_t group = static_cast<size_t>(std::max(1, experts->capacity(layer)));
     for (size_t g0 = 0; g0 < order.size(); g0 += group) {
       std::vector<int32_t> pending(order.begin() + static_cast<std::ptrdiff_t>(g0),
                                    order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), g0 + group)));
@@ -434,7 +435,6 @@ Status CpuBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, Expert
     }
   }
 
-
   // Combine in slot order, so the sum never depends on the execution order above.
   float* o = rows_of(*out);
   const float* y = ffn_y_.data();
@@ -442,6 +442,7 @@ Status CpuBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, Expert
     float* ot = o + t * n_embd;
     for (int64_t c = 0; c < n_embd; ++c) ot[c] = 0.0f;
     for (int32_t j = 0; j < k; ++j) {
+      if (r.ids[static_cast<size_t>(t * k + j)] < 0) continue;  // dropped by adaptive gating
       const float w = r.weights[static_cast<size_t>(t * k + j)];
       const float* yj = y + static_cast<int64_t>(t * k + j) * n_embd;
       for (int64_t c = 0; c < n_embd; ++c) ot[c] += w * yj[c];

@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <string>
 
+#include "core/adaptive/predictor.h"
 #include "core/arch/arch.h"
 #include "core/eval.h"
 #include "core/tensor_binder.h"
@@ -53,21 +54,18 @@ std::string blk(int32_t layer, const char* suffix) { return "blk." + std::to_str
 // Decode-sized batches only: a prefill batch needs most experts anyway.
 constexpr int32_t kMaxPredictTokens = 4;
 
-// "next-gate" prediction: layer l+1's router applied to layer l's residual stream (after its
-// attention) guesses l+1's experts; the store loads them while layer l's experts compute.
-void predict_next_layer(Model& m, EvalState& s, int32_t l) {
-  Backend& be = *s.backend;
-  const HParams& hp = m.hp;
-  const LayerWeights& next = m.layers[static_cast<size_t>(l + 1)];
-  Act x = s.rows(s.x), tmp = s.rows(s.proj), logits = s.rows(s.router_logits);
-  be.rms_norm(x, next.ffn_norm.data(), hp.n_embd, hp.rms_eps, &tmp);
-  be.matmul(next.router, tmp, nullptr, &logits);
-  Routing guess;
-  be.route(logits, hp.n_expert_used, false, &guess);
-  std::vector<int32_t> experts(guess.ids.begin(), guess.ids.end());
-  std::sort(experts.begin(), experts.end());
-  experts.erase(std::unique(experts.begin(), experts.end()), experts.end());
-  m.experts->hint(l + 1, experts);
+// Host copy of the first n_tokens rows of `a` into `buf`.
+const float* host_rows(EvalState& s, const Act& a, std::vector<float>* buf) {
+  buf->resize(static_cast<size_t>(s.n_tokens) * static_cast<size_t>(a.cols));
+  s.backend->read_rows(a, 0, s.n_tokens, buf->data());
+  return buf->data();
+}
+
+// Routing from router weights `w` on the MoE input `xn`.
+void route_with(Model& m, EvalState& s, const WeightView& w, const Act& xn, Routing* out) {
+  Act logits = s.rows(s.router_logits);
+  s.backend->matmul(w, xn, nullptr, &logits);
+  s.backend->route(logits, m.hp.n_expert_used, m.hp.norm_topk, out);
 }
 
 }  // namespace
@@ -137,6 +135,9 @@ Status standard_bind_layer(TensorBinder& b, const ArchDescriptor& arch, const HP
   }
   MOELITE_TRY(b.floats(blk(l, "ffn_norm.weight"), n_embd, &w->ffn_norm));
   MOELITE_TRY(b.matrix(blk(l, "ffn_gate_inp.weight"), n_embd, hp.n_expert, &w->router));
+  // Pre-gated models (Pre-gated MoE, Read-ME): layer l routes layer l+1 from its own MoE input.
+  if (l + 1 < hp.n_layer)
+    MOELITE_TRY(b.matrix(blk(l, "ffn_pregate_inp.weight"), n_embd, hp.n_expert, &w->pregate, false));
 
   LayerExperts& ex = w->experts;
   const int64_t n_ff = hp.n_ff_expert > 0 ? hp.n_ff_expert : -1;
@@ -200,16 +201,31 @@ Status standard_forward_layer(Model& m, EvalState& s, int32_t l) {
   be.add(&x, proj);
 
   // Mixture of experts.
-  Act logits = s.rows(s.router_logits), moe = s.rows(s.moe_out);
+  Act moe = s.rows(s.moe_out);
   be.rms_norm(x, w.ffn_norm.data(), hp.n_embd, hp.rms_eps, &xn);
-  be.matmul(w.router, xn, nullptr, &logits);
-  be.route(logits, hp.n_expert_used, hp.norm_topk, &s.routing);
+  if (s.hooks) s.hooks->on_moe_input(l, host_rows(s, x, &s.host_a), host_rows(s, xn, &s.host_b), s.n_tokens);
+  // Pre-gated models chose this layer's experts at the previous layer.
+  if (s.has_next_routing) std::swap(s.routing, s.next_routing);
+  else route_with(m, s, w.router, xn, &s.routing);
+  s.has_next_routing = w.pregate.valid();
+  if (s.has_next_routing) route_with(m, s, w.pregate, xn, &s.next_routing);
+  const int64_t kept = apply_gating(m.gating, l, &s.routing);
+  {
+    std::lock_guard<std::mutex> lock(m.gating_stats_mutex);
+    m.routed_tokens[static_cast<size_t>(l)] += static_cast<uint64_t>(s.n_tokens);
+    m.routed_experts[static_cast<size_t>(l)] += static_cast<uint64_t>(kept);
+  }
+  if (s.hooks) s.hooks->on_routing(l, &s.routing);
   if (hp.expert_weights_scale != 1.0f)
     for (float& w_j : s.routing.weights) w_j *= hp.expert_weights_scale;
   if (s.on_route)
     s.on_route(l, s.pos0, s.n_tokens, s.routing.k, s.routing.ids.data(), s.routing.weights.data(), s.route_user);
-  if (m.predict_next_gate && !m.experts->all_resident() && l + 1 < hp.n_layer && s.n_tokens <= kMaxPredictTokens)
-    predict_next_layer(m, s, l);
+  if (m.predictor && s.n_tokens <= kMaxPredictTokens) {
+    std::vector<Prediction> guesses;
+    const float* hidden = m.predictor->wants_hidden() ? host_rows(s, xn, &s.host_b) : nullptr;
+    m.predictor->after_layer(m, s, l, hidden, &guesses);
+    if (!guesses.empty()) m.experts->hint(guesses, l);
+  }
   MOELITE_TRY(be.moe_ffn(l, xn, s.routing, m.experts.get(), &moe));
   if (w.has_shared) {
     Act shared = s.rows(s.shared_out);

@@ -87,7 +87,26 @@ Status ExpertStore::create(const Model& model, const std::string& path, const Ex
   const uint64_t n_layers = static_cast<uint64_t>(model.hp.n_layer);
   uint64_t n_slots = std::min(opts.budget_bytes / s->slot_bytes_,
                               n_experts_total + kReserveSlots * (opts.per_layer ? n_layers : 1));
-  if (opts.per_layer) n_slots = n_slots / n_layers * n_layers;  // uniform quotas
+  if (opts.per_layer && !opts.layer_slots.empty()) {
+    if (opts.layer_slots.size() != n_layers)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "per-layer expert slots: %zu values for %d layers", opts.layer_slots.size(),
+                  model.hp.n_layer);
+    uint64_t sum = 0;
+    for (int32_t q : opts.layer_slots) {
+      if (q < model.hp.n_expert_used + kReserveSlots)
+        return fail(MOELITE_ERR_BUDGET_TOO_SMALL, "a per-layer quota of %d expert slots is below the minimum of %d", q,
+                    model.hp.n_expert_used + kReserveSlots);
+      sum += static_cast<uint64_t>(q);
+    }
+    if (sum * s->slot_bytes_ > opts.budget_bytes)
+      return fail(MOELITE_ERR_BUDGET_TOO_SMALL, "per-layer quotas of %" PRIu64 " slots need %" PRIu64 " bytes, over the budget of %" PRIu64,
+                  sum, sum * s->slot_bytes_, opts.budget_bytes);
+    s->quota_ = opts.layer_slots;
+    n_slots = sum;
+  } else if (opts.per_layer) {
+    n_slots = n_slots / n_layers * n_layers;  // uniform quotas
+    s->quota_.assign(n_layers, static_cast<int32_t>(n_slots / n_layers));
+  }
 
   // Storage tier: the model file itself, bypassing the page cache where the file system allows.
   if (platform::File::open_direct(path, &s->file_) != MOELITE_OK) {
@@ -130,12 +149,19 @@ Status ExpertStore::create(const Model& model, const std::string& path, const Ex
     return fail(MOELITE_ERR_OUT_OF_MEMORY, "cannot allocate the expert pool of %" PRIu64 " bytes",
                 n_slots * s->slot_bytes_);
   s->slots_.resize(static_cast<size_t>(n_slots));
-  const size_t quota = opts.per_layer ? s->slots_.size() / static_cast<size_t>(n_layers) : s->slots_.size();
-  for (size_t i = 0; i < s->slots_.size(); ++i) {
+  for (size_t i = 0, layer = 0, used = 0; i < s->slots_.size(); ++i) {
     s->slots_[i].mem = s->pool_ + i * s->slot_bytes_;
-    s->slots_[i].owner = opts.per_layer ? static_cast<int32_t>(i / quota) : -1;
+    if (!opts.per_layer) continue;
+    if (used == static_cast<size_t>(s->quota_[layer])) {
+      ++layer;
+      used = 0;
+    }
+    s->slots_[i].owner = static_cast<int32_t>(layer);
+    ++used;
   }
-  s->capacity_ = static_cast<int32_t>(quota) - kReserveSlots;
+  s->capacity_ = static_cast<int32_t>(s->slots_.size()) - kReserveSlots;
+  s->predicted_.resize(model.layers.size());
+  if (!opts.expert_counts.empty()) s->policy_->set_frequencies(opts.expert_counts, model.hp.n_expert);
   s->slot_ever_used_.assign(s->slots_.size(), false);
   s->stats_.resize(model.layers.size());
   s->reader_name_ = platform::BatchReader::create(8)->name();  // what the loaders will get
@@ -213,8 +239,16 @@ int32_t ExpertStore::start_load_locked(int32_t layer, int32_t expert, bool deman
 }
 
 void ExpertStore::on_routing(int32_t layer, const Routing& routing) {
-  // Early preemption: queued speculative loads of this layer that the routing does not use.
   std::lock_guard<std::mutex> lock(mu_);
+  // What was predicted for this layer is final now: score it in prepare().
+  std::vector<int32_t>& guessed = predicted_[static_cast<size_t>(layer)];
+  stats_[static_cast<size_t>(layer)].predictions += guessed.size();
+  scored_layer_ = layer;
+  scored_.swap(guessed);
+  guessed.clear();
+  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), [&](const Prediction& p) { return p.key.layer <= layer; }),
+                 waiting_.end());
+  // Early preemption: queued speculative loads of this layer that the routing does not use.
   for (auto it = spec_q_.begin(); it != spec_q_.end();) {
     Slot& s = slots_[static_cast<size_t>(it->slot)];
     if (s.layer == layer && std::find(routing.ids.begin(), routing.ids.end(), s.expert) == routing.ids.end()) {
@@ -238,18 +272,49 @@ void ExpertStore::prefetch_locked(int32_t layer, int32_t expert) {
   if (start_load_locked(layer, expert, false) >= 0) stats_[static_cast<size_t>(layer)].prefetches_issued++;
 }
 
-void ExpertStore::hint(int32_t layer, const std::vector<int32_t>& experts) {
+void ExpertStore::hint(const std::vector<Prediction>& predictions, int32_t upcoming_layer) {
   std::lock_guard<std::mutex> lock(mu_);
-  hint_layer_ = layer;
-  hint_experts_ = experts;
+  // Newer guesses replace older ones: they were made from a later hidden state.
+  waiting_.clear();
+  issued_.clear();
+  for (const Prediction& p : predictions) {
+    if (p.key.layer < 0 || p.key.layer >= static_cast<int32_t>(predicted_.size()) || p.key.expert < 0) continue;
+    std::vector<int32_t>& guessed = predicted_[static_cast<size_t>(p.key.layer)];
+    if (std::find(guessed.begin(), guessed.end(), p.key.expert) != guessed.end()) continue;
+    guessed.push_back(p.key.expert);
+    waiting_.push_back(p);
+  }
+  std::stable_sort(waiting_.begin(), waiting_.end(), [](const Prediction& a, const Prediction& b) {
+    return a.key.layer != b.key.layer ? a.key.layer < b.key.layer : a.confidence > b.confidence;
+  });
   // What the store knows of the future is the prediction: these experts are needed next.
   future_.clear();
-  for (int32_t e : experts) future_[ExpertKey{layer, e}.packed()] = {clock_ + 1};
+  for (const Prediction& p : waiting_) future_[p.key.packed()] = {clock_ + 1};
   policy_->set_future(&future_);
+  waiting_for_ = upcoming_layer;
+  if (waiting_for_ < 0) issue_predictions_locked();
+}
+
+void ExpertStore::issue_predictions_locked() {
+  while (!waiting_.empty()) {
+    const int32_t layer = waiting_.front().key.layer;
+    for (const ExpertKey& k : issued_) {
+      if (k.layer >= layer) continue;
+      auto it = where_.find(key(k.layer, k.expert));
+      if (it == where_.end() || slots_[static_cast<size_t>(it->second)].state != SlotState::Ready) return;
+    }
+    size_t n = 0;
+    while (n < waiting_.size() && waiting_[n].key.layer == layer) {
+      prefetch_locked(layer, waiting_[n].key.expert);
+      issued_.push_back(waiting_[n].key);
+      ++n;
+    }
+    waiting_.erase(waiting_.begin(), waiting_.begin() + static_cast<std::ptrdiff_t>(n));
+  }
 }
 
 Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   ExpertLayerStats& st = stats_[static_cast<size_t>(layer)];
   for (int32_t e : experts) {
     st.activations++;
@@ -261,8 +326,10 @@ Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) 
       where_.erase(it);
       it = where_.end();
     }
+    if (scored_layer_ == layer && std::find(scored_.begin(), scored_.end(), e) != scored_.end()) st.predicted++;
     if (it != where_.end()) {
       Slot& s = slots_[static_cast<size_t>(it->second)];
+      if (s.state == SlotState::Ready) st.ready_when_needed++;
       s.pins++;
       if (s.speculative) {
         s.speculative = false;
@@ -272,13 +339,21 @@ Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) 
       continue;
     }
     st.misses++;
-    if (start_load_locked(layer, e, true) < 0)
-      return fail(MOELITE_ERR_INTERNAL, "expert store: no slot free for layer %d expert %d", layer, e);
+    while (start_load_locked(layer, e, true) < 0) {
+      // Every slot this layer may use is pinned or still loading a guess: wait for a load to land.
+      const bool loading = std::any_of(slots_.begin(), slots_.end(), [&](const Slot& sl) {
+        return sl.state == SlotState::Loading && sl.pins == 0 && (sl.owner < 0 || sl.owner == layer);
+      });
+      if (!loading) return fail(MOELITE_ERR_INTERNAL, "expert store: no slot free for layer %d expert %d", layer, e);
+      const double t0 = platform::now_seconds();
+      ready_cv_.wait(lock);
+      st.wait_seconds += platform::now_seconds() - t0;
+    }
   }
-  // This layer's experts are pinned now, so speculative loads for the next one cannot evict them.
-  if (hint_layer_ == layer + 1) {
-    for (int32_t e : hint_experts_) prefetch_locked(hint_layer_, e);
-    hint_layer_ = -1;
+  // This layer's experts are pinned now, so speculative loads for later ones cannot evict them.
+  if (waiting_for_ == layer) {
+    waiting_for_ = -1;
+    issue_predictions_locked();
   }
   return MOELITE_OK;
 }
@@ -370,6 +445,8 @@ void ExpertStore::loader_main() {
       s.error = st;
       s.last_use = ++clock_;
       s.error_msg = msg;  // error messages are per thread: hand it to the waiting one
+      // A deeper layer's guesses may have been waiting for this load.
+      if (waiting_for_ < 0 && !waiting_.empty()) issue_predictions_locked();
     }
     ready_cv_.notify_all();
   }

@@ -32,9 +32,14 @@ struct ExpertStoreOptions {
   uint64_t budget_bytes = 0;
   std::string policy = "lru";
   int32_t io_threads = 2;
-  // Per-layer quotas instead of one pool shared by all layers: slots[l] experts for layer l.
-  // Empty: global pool. (Uniform for now; the DP allocator of the calibration profile sets them.)
+  // Per-layer quotas instead of one pool shared by all layers.
   bool per_layer = false;
+  // With per_layer: slots of each layer (e.g. from the DP allocation of a calibration profile);
+  // empty: equal quotas from the budget. Each must be at least top-k + 1, and their sum must fit.
+  std::vector<int32_t> layer_slots;
+  // Expert use counts (n_layer x n_expert, from a calibration profile) for the static policy's
+  // hot set; empty: it learns them from the accesses it sees.
+  std::vector<uint64_t> expert_counts;
 };
 
 // Cumulative counters of one layer (all layers: sum them).
@@ -47,6 +52,9 @@ struct ExpertLayerStats {
   uint64_t prefetches_wasted = 0;   // evicted or dropped before use
   uint64_t bytes_read = 0;
   double wait_seconds = 0;          // time compute waited for loads
+  uint64_t predicted = 0;           // activations a predictor had named beforehand (accuracy)
+  uint64_t predictions = 0;         // distinct experts predicted for this layer
+  uint64_t ready_when_needed = 0;   // activations whose expert was fully loaded when asked for (timeliness)
 };
 
 class ExpertStore final : public ExpertSource {
@@ -58,13 +66,15 @@ class ExpertStore final : public ExpertSource {
                        std::unique_ptr<ExpertStore>* out);
 
   bool all_resident() const override { return false; }
-  int32_t capacity() const override { return capacity_; }
+  int32_t capacity(int32_t layer) const override {
+    return per_layer_ ? quota_[static_cast<size_t>(layer)] - kReserveSlots : capacity_;
+  }
   void on_routing(int32_t layer, const Routing& routing) override;
   Status prepare(int32_t layer, const std::vector<int32_t>& experts) override;
   Status acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert, ExpertWeights* out) override;
   void release(int32_t layer, int32_t expert) override;
   Status wait_down(int32_t layer, int32_t expert) override;
-  void hint(int32_t layer, const std::vector<int32_t>& experts) override;
+  void hint(const std::vector<Prediction>& predictions, int32_t upcoming_layer) override;
 
   // Speculative load (a predictor's guess); ignored when no slot can be freed without evicting
   // something pinned or more recently needed.
@@ -85,6 +95,8 @@ class ExpertStore final : public ExpertSource {
   const std::string& policy_name() const { return policy_name_; }
   static uint64_t minimum_budget(const Model& model, bool per_layer, uint64_t* slot_bytes);
   bool per_layer() const { return per_layer_; }
+  // Slots of each layer's quota (per-layer mode; empty otherwise).
+  const std::vector<int32_t>& layer_slots() const { return quota_; }
 
  private:
   // Slots kept free beyond one group so a group can load while the previous one is released.
@@ -114,6 +126,9 @@ class ExpertStore final : public ExpertSource {
   int32_t take_slot_locked(int32_t layer);
   int32_t start_load_locked(int32_t layer, int32_t expert, bool demand);
   void prefetch_locked(int32_t layer, int32_t expert);
+  // Issues waiting predictions nearest layer first; a deeper layer's only once every nearer
+  // predicted expert is resident (loaded), so deep guesses never delay near ones.
+  void issue_predictions_locked();
   void loader_main();
   Status load(platform::BatchReader& reader, int32_t slot_index, int32_t layer, int32_t expert);
   ExpertWeights view(const Slot& s) const;
@@ -149,8 +164,13 @@ class ExpertStore final : public ExpertSource {
   uint64_t clock_ = 0;
   std::vector<ExpertLayerStats> stats_;
   std::vector<bool> slot_ever_used_;
-  int32_t hint_layer_ = -1;           // predictions waiting for the current layer's prepare()
-  std::vector<int32_t> hint_experts_;
+  std::vector<int32_t> quota_;         // per-layer mode: slots of each layer
+  std::vector<Prediction> waiting_;    // predictions not issued yet, by layer then confidence
+  int32_t waiting_for_ = -1;           // the layer whose prepare() they wait for (-1: none)
+  std::vector<ExpertKey> issued_;      // predictions of the current hint already issued
+  int32_t scored_layer_ = -1;          // the layer being computed and what was predicted for it
+  std::vector<int32_t> scored_;
+  std::vector<std::vector<int32_t>> predicted_;  // per layer: experts predicted since its last prepare
 };
 
 }  // namespace moelite

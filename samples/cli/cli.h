@@ -18,6 +18,8 @@ class Args {
   std::string get(const std::string& name, const std::string& fallback = "") const;
   // Integer option; false with a message if present but not an integer.
   bool get_int(const std::string& name, int64_t fallback, int64_t* out, std::string* error) const;
+  // Finite number option; false with a message if present but not one.
+  bool get_double(const std::string& name, double fallback, double* out, std::string* error) const;
 
  private:
   std::map<std::string, std::string> values_;
@@ -25,6 +27,8 @@ class Args {
 
 // Prints "moelite: error: NAME: message" for a failed status and returns exit code 1.
 int report(moelite_status status, const char* what);
+// A progress bar on stderr (a moelite_progress_fn).
+int progress_bar(float progress, void* user);
 int usage_error(const std::string& message);
 
 // Loads -m/--model with the common options (-t/--threads, --backend, --no-mmap). Shows a
@@ -36,6 +40,10 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only = false);
 // --min-p, --repeat-penalty, --repeat-last-n, --seed, --stop). Returns 0 or an exit code.
 int generate_params_from_args(const Args& args, moelite_generate_params* p);
 extern const std::vector<std::string> kGenerateFlags;
+
+// The tokens of a text file's bytes as given (no BOS/EOS, no special-token parsing), as
+// `perplexity`, `calibrate` and `trace record` read their corpus. Returns 0 or an exit code.
+int tokenize_file(moelite_model* model, const std::string& path, std::vector<int32_t>* out);
 
 // Comma-separated token ids.
 bool parse_tokens(const std::string& text, std::vector<int32_t>* out, std::string* error);
@@ -59,5 +67,6 @@ int cmd_tokenize(int argc, char** argv);
 int cmd_perplexity(int argc, char** argv);
 int cmd_trace_record(int argc, char** argv);
 int cmd_trace_replay(int argc, char** argv);
+int cmd_calibrate(int argc, char** argv);
 
 }  // namespace cli

@@ -1,4 +1,5 @@
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <unistd.h>
@@ -51,6 +52,33 @@ bool Args::get_int(const std::string& name, int64_t fallback, int64_t* out, std:
   return true;
 }
 
+bool Args::get_double(const std::string& name, double fallback, double* out, std::string* error) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) {
+    *out = fallback;
+    return true;
+  }
+  char* end = nullptr;
+  errno = 0;
+  const double v = strtod(it->second.c_str(), &end);
+  if (errno || end == it->second.c_str() || *end != '\0' || !std::isfinite(v)) {
+    *error = "option '" + name + "' expects a number, got '" + it->second + "'";
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+int tokenize_file(moelite_model* model, const std::string& path, std::vector<int32_t>* out) {
+  std::string text;
+  if (!read_file(path, &text)) return usage_error("cannot read '" + path + "'");
+  int32_t n = 0;
+  moelite_status st = moelite_tokenize(model, text.data(), text.size(), 0, nullptr, 0, &n);
+  out->assign(static_cast<size_t>(n), 0);
+  if (st == MOELITE_ERR_BUFFER_TOO_SMALL || st == MOELITE_OK) st = moelite_tokenize(model, text.data(), text.size(), 0, out->data(), n, &n);
+  return st == MOELITE_OK ? 0 : report(st, ("tokenizing " + path).c_str());
+}
+
 int report(moelite_status status, const char* what) {
   fprintf(stderr, "moelite: error: %s: %s: %s\n", what, moelite_status_name(status), moelite_last_error());
   return 1;
@@ -61,16 +89,14 @@ int usage_error(const std::string& message) {
   return 2;
 }
 
-namespace {
 int progress_bar(float p, void*) {
   const int width = 30, filled = static_cast<int>(p * width + 0.5f);
-  fprintf(stderr, "\rloading [%.*s%*s] %3d%%", filled, "##############################", width - filled, "",
+  fprintf(stderr, "\r[%.*s%*s] %3d%%", filled, "##############################", width - filled, "",
           static_cast<int>(p * 100 + 0.5f));
   if (p >= 1.0f) fprintf(stderr, "\r%*s\r", width + 20, "");
   fflush(stderr);
   return 1;
 }
-}  // namespace
 
 namespace {
 // "2GiB", "512MiB", "1.5G", "123456" -> bytes; "25%" -> share of the model's expert bytes.
@@ -140,6 +166,16 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only) {
   }
   if (st == MOELITE_OK && args.has("--predictor"))
     st = moelite_model_params_set_expert_predictor(p, args.get("--predictor").c_str());
+  int64_t depth = 1;
+  double threshold = 0.0;
+  if (!args.get_int("--predict-depth", 1, &depth, &err) || !args.get_double("--threshold", 0.0, &threshold, &err)) {
+    moelite_model_params_free(p);
+    return usage_error(err);
+  }
+  if (st == MOELITE_OK && args.has("--predict-depth")) st = moelite_model_params_set_predictor_depth(p, static_cast<int32_t>(depth));
+  if (st == MOELITE_OK && args.has("--profile")) st = moelite_model_params_set_profile(p, args.get("--profile").c_str());
+  if (st == MOELITE_OK && (args.has("--gating") || args.has("--threshold")))
+    st = moelite_model_params_set_gating(p, args.get("--gating", "exact").c_str(), static_cast<float>(threshold));
   if (st == MOELITE_OK && args.has("--per-layer")) st = moelite_model_params_set_expert_per_layer(p, 1);
   if (st == MOELITE_OK && args.has("--policy")) st = moelite_model_params_set_expert_policy(p, args.get("--policy").c_str());
   if (st == MOELITE_OK && isatty(STDERR_FILENO) && !vocab_only)

@@ -49,6 +49,21 @@ int cmd_bench(int argc, char** argv) {
   std::vector<int32_t> prompt(static_cast<size_t>(n_prompt)), gen(static_cast<size_t>(n_gen));
   for (auto& t : prompt) t = pick(rng);
   for (auto& t : gen) t = pick(rng);
+  // -f TEXT: prompt and decoded tokens come from a text instead (decode is teacher-forced), so
+  // routing, prediction and caching see real text rather than random tokens.
+  if (args.has("-f")) {
+    std::vector<int32_t> text;
+    if (int rc = tokenize_file(model, args.get("-f"), &text)) {
+      moelite_model_free(model);
+      return rc;
+    }
+    if (static_cast<int64_t>(text.size()) < n_prompt + n_gen) {
+      moelite_model_free(model);
+      return usage_error("-f: the text has " + std::to_string(text.size()) + " tokens, fewer than -p + -n");
+    }
+    std::copy(text.begin(), text.begin() + n_prompt, prompt.begin());
+    std::copy(text.begin() + n_prompt, text.begin() + n_prompt + n_gen, gen.begin());
+  }
 
   moelite_context* ctx = nullptr;
   moelite_context_params* cp = moelite_context_params_create();
@@ -103,6 +118,14 @@ int cmd_bench(int argc, char** argv) {
   const double stall = best_decode > 0 && n_gen > 0 ? best_stats.wait_seconds / best_decode : 0.0;
   const double read_per_token = n_gen > 0 ? double(best_stats.bytes_read) / double(n_gen) : 0.0;
   const std::string policy = budget > 0 ? args.get("--policy", "lru") : "resident";
+  // Prediction (decode, best run): share of the experts used that were predicted, that were fully
+  // loaded when needed, and experts computed per token and layer (adaptive gating).
+  const double act = best_stats.activations ? double(best_stats.activations) : 1.0;
+  const double accuracy = double(best_stats.predicted) / act, timeliness = double(best_stats.ready_when_needed) / act;
+  const double precision = best_stats.predictions ? double(best_stats.predicted) / double(best_stats.predictions) : 0.0;
+  const double experts_per_token =
+      best_stats.routed_tokens ? double(best_stats.routed_experts) / double(best_stats.routed_tokens) : 0.0;
+  const std::string predictor = args.get("--predictor", "none");
   // Under a budget the bound also counts the misses' reads from storage, assuming they overlap
   // perfectly with computation: a token cannot take less than either stream.
   const double storage_gbs =
@@ -123,7 +146,10 @@ int cmd_bench(int argc, char** argv) {
            ", \"expert_store_peak_bytes\": %" PRId64 ", \"expert_slots\": %" PRId64 ", \"policy\": \"%s\""
            ", \"hit_rate\": %.4f, \"stall_fraction\": %.4f, \"bytes_read_per_token\": %.0f"
            ", \"misses_per_token\": %.3f, \"storage_read_gb_s\": %.3f, \"budget_bound_tok_s\": %.3f"
-           ", \"decode_fraction_of_budget_bound\": %.3f}\n",
+           ", \"decode_fraction_of_budget_bound\": %.3f, \"predictor\": \"%s\", \"prefetch_accuracy\": %.4f"
+           ", \"prefetch_precision\": %.4f, \"timeliness\": %.4f, \"on_demand_loads_per_token\": %.3f"
+           ", \"experts_per_token\": %.4f, \"gating\": \"%s\", \"threshold\": %s, \"profile\": \"%s\""
+           ", \"per_layer_quotas\": %s, \"text\": %s}\n",
            json_escape(path).c_str(), moelite_model_arch(model), moelite_model_expert_type(model),
            json_escape(moelite_model_backend_name(model)).c_str(), moelite_model_get(model, MOELITE_MODEL_THREADS),
            n_prompt, n_gen, prefill_tps, decode_tps, n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, active,
@@ -132,7 +158,11 @@ int cmd_bench(int argc, char** argv) {
            moelite_model_get(model, MOELITE_MODEL_EXPERT_POOL_BYTES), moelite_model_get(model, MOELITE_MODEL_EXPERT_PEAK_BYTES),
            moelite_model_get(model, MOELITE_MODEL_EXPERT_SLOTS), policy.c_str(), hit_rate, stall, read_per_token,
            n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0, storage_gbs, budget_bound_tps,
-           budget_bound_tps > 0 ? decode_tps / budget_bound_tps : 0.0);
+           budget_bound_tps > 0 ? decode_tps / budget_bound_tps : 0.0, json_escape(predictor).c_str(), accuracy, precision,
+           timeliness, n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0, experts_per_token,
+           json_escape(args.get("--gating", "exact")).c_str(), args.get("--threshold", "0").c_str(),
+           json_escape(args.get("--profile")).c_str(), args.has("--per-layer") || args.has("--profile") ? "true" : "false",
+           args.has("-f") ? ("\"" + json_escape(args.get("-f")) + "\"").c_str() : "null");
   } else {
     printf("model     %s (%s, experts %s)\nbackend   %s, %" PRId64 " threads\n", path.c_str(), moelite_model_arch(model),
            moelite_model_expert_type(model), moelite_model_backend_name(model),
@@ -147,6 +177,12 @@ int cmd_bench(int argc, char** argv) {
       printf("experts   budget %.1f MiB (%" PRId64 " slots, %s): hit rate %.3f, %.2f MB read/token, stalled %.0f%% of decode\n",
              budget / 1048576.0, moelite_model_get(model, MOELITE_MODEL_EXPERT_SLOTS), policy.c_str(), hit_rate,
              read_per_token / 1e6, 100.0 * stall);
+    if (budget > 0 && predictor != "none")
+      printf("predict   %s: accuracy %.3f, precision %.3f, timeliness %.3f, %.3f on-demand loads/token\n",
+             predictor.c_str(), accuracy, precision, timeliness, n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0);
+    if (experts_per_token > 0 && args.has("--gating"))
+      printf("gating    %s, threshold %s: %.3f experts/token\n", args.get("--gating").c_str(), args.get("--threshold", "0").c_str(),
+             experts_per_token);
     if (budget_bound_tps > 0)
       printf("bound     %.2f tok/s under the budget (storage %.2f GB/s): decode at %.0f%% of it\n", budget_bound_tps,
              storage_gbs, 100.0 * decode_tps / budget_bound_tps);

@@ -21,19 +21,18 @@ int cmd_perplexity(int argc, char** argv) {
   if (!args.get_int("--ctx", 256, &n_ctx, &err)) return usage_error(err);
   if (n_ctx < 2) return usage_error("--ctx must be at least 2");
   if (!args.has("-f")) return usage_error("missing -f TEXT_FILE");
-  std::string text;
-  if (!read_file(args.get("-f"), &text)) return usage_error("cannot read '" + args.get("-f") + "'");
 
   moelite_model* model = nullptr;
   if (int rc = load_model(args, &model)) return rc;
-  int32_t n = 0;
-  moelite_status st = moelite_tokenize(model, text.data(), text.size(), 0, nullptr, 0, &n);
-  std::vector<int32_t> tokens(static_cast<size_t>(n));
-  if (st == MOELITE_ERR_BUFFER_TOO_SMALL || st == MOELITE_OK)
-    st = moelite_tokenize(model, text.data(), text.size(), 0, tokens.data(), n, &n);
+  std::vector<int32_t> tokens;
+  if (int rc = tokenize_file(model, args.get("-f"), &tokens)) {
+    moelite_model_free(model);
+    return rc;
+  }
+  const int32_t n = static_cast<int32_t>(tokens.size());
   moelite_context* ctx = nullptr;
   moelite_context_params* cp = moelite_context_params_create();
-  if (st == MOELITE_OK) st = moelite_context_params_set_n_ctx(cp, static_cast<int32_t>(n_ctx));
+  moelite_status st = moelite_context_params_set_n_ctx(cp, static_cast<int32_t>(n_ctx));
   if (st == MOELITE_OK) st = moelite_context_params_set_n_batch(cp, static_cast<int32_t>(n_ctx));
   if (st == MOELITE_OK) st = moelite_context_create(model, cp, &ctx);
   moelite_context_params_free(cp);
@@ -64,12 +63,20 @@ int cmd_perplexity(int argc, char** argv) {
     rc = usage_error("the text has fewer than two tokens");
   } else {
     const double ppl = std::exp(nll / static_cast<double>(scored));
+    // Experts computed per token and MoE layer (top-k in exact mode, fewer under adaptive gating).
+    moelite_expert_stats es = {sizeof es};
+    moelite_model_expert_stats(model, -1, &es);
+    const double experts_per_token = es.routed_tokens ? double(es.routed_experts) / double(es.routed_tokens) : 0.0;
     if (args.has("--json"))
       printf("{\"perplexity\": %.6f, \"tokens_scored\": %" PRId64 ", \"n_tokens\": %d, \"ctx\": %" PRId64
-             ", \"mean_nll\": %.6f}\n", ppl, scored, n, n_ctx, nll / static_cast<double>(scored));
+             ", \"mean_nll\": %.6f, \"experts_per_token\": %.4f, \"top_k\": %" PRId64 ", \"gating\": \"%s\""
+             ", \"threshold\": %s}\n",
+             ppl, scored, n, n_ctx, nll / static_cast<double>(scored), experts_per_token,
+             moelite_model_get(model, MOELITE_MODEL_N_EXPERTS_USED), json_escape(args.get("--gating", "exact")).c_str(),
+             args.get("--threshold", "0").c_str());
     else
-      printf("perplexity %.4f over %" PRId64 " scored tokens (%d tokens, windows of %" PRId64 ")\n", ppl, scored, n,
-             n_ctx);
+      printf("perplexity %.4f over %" PRId64 " scored tokens (%d tokens, windows of %" PRId64 "), %.3f experts/token\n",
+             ppl, scored, n, n_ctx, experts_per_token);
   }
   moelite_model_free(model);
   return rc;

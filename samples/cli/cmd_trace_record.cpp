@@ -27,9 +27,15 @@ struct Recorder {
 void on_route(int32_t layer, int32_t pos0, int32_t n_tokens, int32_t k, const int32_t* experts, const float* weights,
               void* user) {
   auto* r = static_cast<Recorder*>(user);
-  for (int32_t t = 0; t < n_tokens; ++t)
-    r->entries.push_back({r->base + pos0 + t, layer, std::vector<int32_t>(experts + t * k, experts + (t + 1) * k),
-                          std::vector<float>(weights + t * k, weights + (t + 1) * k)});
+  for (int32_t t = 0; t < n_tokens; ++t) {
+    Entry e{r->base + pos0 + t, layer, {}, {}};
+    for (int32_t j = t * k; j < (t + 1) * k; ++j) {
+      if (experts[j] < 0) continue;  // dropped by adaptive gating
+      e.experts.push_back(experts[j]);
+      e.weights.push_back(weights[j]);
+    }
+    r->entries.push_back(std::move(e));
+  }
 }
 
 }  // namespace
@@ -58,17 +64,13 @@ int cmd_trace_record(int argc, char** argv) {
   moelite_context_params_free(cp);
 
   if (st == MOELITE_OK && args.has("-f")) {
-    std::string text;
-    if (!read_file(args.get("-f"), &text)) {
+    std::vector<int32_t> tokens;
+    if (int rc = tokenize_file(model, args.get("-f"), &tokens)) {
       moelite_context_free(ctx);
       moelite_model_free(model);
-      return usage_error("cannot read '" + args.get("-f") + "'");
+      return rc;
     }
-    int32_t n = 0;
-    st = moelite_tokenize(model, text.data(), text.size(), 0, nullptr, 0, &n);
-    std::vector<int32_t> tokens(static_cast<size_t>(n));
-    if (st == MOELITE_ERR_BUFFER_TOO_SMALL || st == MOELITE_OK)
-      st = moelite_tokenize(model, text.data(), text.size(), 0, tokens.data(), n, &n);
+    const int64_t n = static_cast<int64_t>(tokens.size());
     for (int64_t w0 = 0; st == MOELITE_OK && w0 < n; w0 += n_ctx) {
       moelite_kv_reset(ctx);
       rec.base = w0;

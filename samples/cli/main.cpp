@@ -15,15 +15,19 @@ static void print_help() {
       "  trace record -m MODEL (-f TEXT | -p PROMPT -n N) -o TRACE   routing as JSON lines\n"
       "  trace replay -f TRACE --capacity N|P% [--global] [--policy lru|lfu|decay|static|belady|all]\n"
       "          [--half-life H] [--lookahead N] [--json]   cache policies on a routing trace, Belady as the bound\n"
+      "  calibrate -m MODEL -f CORPUS -o PROFILE [--ctx 256] [--max-tokens N] [--stride S] [--holdout H] [--json]\n"
+      "          sensitivities, hit curves and predictors for adaptive gating, prefetch and cache allocation\n"
       "  logits  -m MODEL --tokens 1,2,3 --out FILE     float32 logits, n_tokens x n_vocab, row-major\n"
-      "  bench   -m MODEL [-p N] [-n N] [-r N] [--json] prefill and decode speed\n"
+      "  bench   -m MODEL [-p N] [-n N] [-r N] [-f TEXT] [--json]  prefill and decode speed\n"
       "  run     -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
       "          [--repeat-penalty R] [--seed S] [--stop STR] [-c CTX]   stream a completion\n"
       "  chat    -m MODEL [--system TEXT] [sampling options]  interactive multi-turn chat\n"
       "  tokenize -m MODEL (-p TEXT | -f FILE) [--add-special] [--parse-special]  token ids\n"
       "  version                                        library version\n\n"
       "common options: -t/--threads N, --backend auto|cpu|vulkan|cuda, --no-mmap,\n"
-      "                --budget SIZE|P%, --policy lru|lfu|decay|static|belady, --per-layer, --predictor none|next-gate\n",
+      "                --budget SIZE|P%, --policy lru|lfu|decay|static|belady, --per-layer,\n"
+      "                --predictor none|next-gate|first-layer|learned|correlation|pregate, --predict-depth D,\n"
+      "                --profile PROFILE, --gating exact|sensitivity|score, --threshold T\n",
       moelite_version_string());
 }
 
@@ -40,6 +44,7 @@ int main(int argc, char** argv) {
   if (!strcmp(cmd, "chat")) return cli::cmd_chat(argc - 2, argv + 2);
   if (!strcmp(cmd, "tokenize")) return cli::cmd_tokenize(argc - 2, argv + 2);
   if (!strcmp(cmd, "perplexity")) return cli::cmd_perplexity(argc - 2, argv + 2);
+  if (!strcmp(cmd, "calibrate")) return cli::cmd_calibrate(argc - 2, argv + 2);
   if (!strcmp(cmd, "trace")) {
     if (argc > 2 && !strcmp(argv[2], "record")) return cli::cmd_trace_record(argc - 3, argv + 3);
     if (argc > 2 && !strcmp(argv[2], "replay")) return cli::cmd_trace_replay(argc - 3, argv + 3);

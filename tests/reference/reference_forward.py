@@ -4,7 +4,8 @@
 Architectures: llama (Mixtral-style MoE), qwen2moe, qwen3moe, olmoe.
 
     /usr/bin/python3 tests/reference/reference_forward.py MODEL.gguf --tokens 1,2,3 \
-        --out logits.f32 [--quantize-activations]
+        --out logits.f32 [--quantize-activations] [--gating exact|score|sensitivity \
+        --threshold T [--sensitivity S0,S1,... | --profile PROFILE.json]] [--perturb LAYER,ALPHA]
 
 writes n_tokens x n_vocab float32 little-endian row-major logits for the tokens evaluated
 as one causal prompt starting at position 0.
@@ -30,9 +31,40 @@ with a quantized weight (the vec_dot_type of the weight type):
   F32/F16/BF16 weights -> activations stay float (moelite's choice; ggml would round them).
   F32 weights (norms, biases, routers) -> unchanged.
 Token embedding lookup (get_rows), router, norms and attention stay in float.
+
+Routing of layer l, in order (route() and the helpers below it):
+  1. p = softmax over all experts of router @ xn, xn = layer l's MoE input (rms_norm with ffn_norm
+     of the residual after l's attention); top-k slots by p descending, ties -> lower expert index.
+  2. renormalise the k weights to sum 1 (llama, qwen3moe, or expert_weights_norm in the file).
+  3. adaptive gating (forward(gating=...), CLI --gating), per token, on the weights of step 2.
+     Rank the k weights descending, ties -> lower top-k slot first (ranked higher, kept first).
+       "exact": keep all k (the default).
+       ("score", T): drop every slot whose weight < T, but always keep the highest one.
+       ("sensitivity", T, [S_0..S_{L-1}]): kept = k; while kept > 1 and
+           (sum of the weights of the k-kept+1 lowest-ranked slots)^2 * S_l < T: kept -= 1.
+     Dropped slots contribute nothing; the kept weights are rescaled so that their sum equals the
+     sum of all k weights before dropping (mass preserved: 1 for renormalising archs).
+  4. perturbation (forward(perturb=(layer, alpha)), CLI --perturb; a finite-difference probe for
+     the sensitivity S_l, exact gating only): at that layer only, for every token, the lowest
+     weight (ties -> the higher slot index is the lowest) is multiplied by alpha, then all k weights
+     are rescaled to the sum they had before (alpha = 0 drops the lowest expert exactly as gating
+     does; needs k >= 2). The token's "dropped weight" is d_t = (1 - alpha) * w_lowest, with
+     w_lowest taken after step 2 (before expert_weights_scale).
+  5. multiply by expert_weights_scale.
+Pre-gated routing (Pre-gated MoE / Read-ME): when the file has blk.N.ffn_pregate_inp.weight
+(ne = [n_embd, n_expert], like ffn_gate_inp) and N+1 < n_layer, layer N+1's routing (experts AND
+weights, steps 1-5 with l = N+1: gating uses S_{N+1}, perturb=(N+1, a) perturbs it) is computed at
+layer N from layer N's MoE input: route with ffn_pregate_inp_N in place of a router applied to xn_N.
+Layer N+1 then ignores its own ffn_gate_inp. Layer 0, and any layer whose previous layer has no
+pregate tensor, uses its own ffn_gate_inp.
+forward(..., stats={}) fills stats["kept"] (int [n_layer, n_tokens]: experts kept per token per
+layer), stats["topk"] (float [n_layer, n_tokens, k]: the weights of step 2 in top-k slot order,
+i.e. what gating and perturbation act on) and, with perturb, stats["dropped"] (float [n_tokens]:
+d_t at the perturbed layer).
 """
 
 import argparse
+import json
 import os
 import sys
 
@@ -81,6 +113,79 @@ def quantize_activations(x, wtype):
         xd = q.astype(np.float64) * d.astype(np.float64)[:, None]
         return xd.reshape(T, n), None
     raise ValueError("no activation quantization rule for type %d" % wtype)
+
+
+GATING_MODES = ("exact", "score", "sensitivity")
+
+
+def check_gating(gating, n_layer):
+    """None / "exact" / ("exact",) / ("score", T) / ("sensitivity", T, [S_0..S_{L-1}]) ->
+    None (exact routing) or a validated tuple."""
+    if gating is None or gating == "exact" or tuple(gating) == ("exact",):
+        return None
+    mode = gating[0]
+    if mode == "score" and len(gating) == 2:
+        return ("score", float(gating[1]))
+    if mode == "sensitivity" and len(gating) == 3:
+        sens = [float(v) for v in gating[2]]
+        if len(sens) != n_layer:
+            raise ValueError("sensitivity gating needs %d per-layer values, got %d" % (n_layer, len(sens)))
+        return ("sensitivity", float(gating[1]), sens)
+    raise ValueError("bad gating %r: want None, ('score', T) or ('sensitivity', T, [S per layer])" % (gating,))
+
+
+def rank_descending(sel):
+    """sel [T, k] -> slot indices [T, k], largest weight first; ties keep the lower slot first
+    (a stable sort), so among equal weights the higher slot ranks lowest."""
+    return np.argsort(-sel, axis=-1, kind="stable")
+
+
+def rescale_to(sel, mass):
+    """scale each row of sel so that it sums to mass[T] (the routing mass before a drop)"""
+    return sel * (mass / sel.sum(axis=-1))[:, None]
+
+
+def kept_count(sel, gating, il):
+    """number of top-k slots adaptive gating keeps per token: int [T]. sel [T, k] are the weights
+    after renormalisation (before expert_weights_scale); gating as returned by check_gating."""
+    T, k = sel.shape
+    if gating is None:
+        return np.full(T, k, dtype=np.int64)
+    ranked = np.take_along_axis(sel, rank_descending(sel), axis=-1)   # [T, k] descending
+    if gating[0] == "score":
+        # the highest always stays, the rest stay when >= T
+        return 1 + (ranked[:, 1:] >= gating[1]).sum(axis=-1)
+    thr, sens = gating[1], gating[2][il]
+    tails = np.cumsum(ranked[:, ::-1], axis=-1)          # tails[:, j]: sum of the j+1 lowest
+    kept = np.full(T, k, dtype=np.int64)
+    going = np.ones(T, dtype=bool)                        # still inside the while loop
+    for j in range(k - 1):                                # kept = k - j > 1
+        going &= tails[:, j] * tails[:, j] * sens < thr
+        kept -= going
+    return kept
+
+
+def apply_gating(sel, gating, il):
+    """adaptive gating on sel [T, k] (step 3 of the routing): -> (weights [T, k] with dropped slots
+    zero and the kept ones rescaled to the row's original sum, kept [T])"""
+    kept = kept_count(sel, gating, il)
+    if gating is None:
+        return sel, kept
+    rank = np.argsort(rank_descending(sel), axis=-1)      # rank of each slot, 0 = highest
+    out = np.where(rank < kept[:, None], sel, 0.0)
+    return rescale_to(out, sel.sum(axis=-1)), kept
+
+
+def perturb_lowest(sel, alpha):
+    """step 4 of the routing: the lowest weight of each row (ties -> the higher slot) times alpha,
+    then the row rescaled to its original sum. -> (weights [T, k], d [T] = (1 - alpha) * w_lowest)"""
+    if sel.shape[1] < 2:
+        raise ValueError("perturbing the lowest expert needs top-k >= 2")
+    lowest = rank_descending(sel)[:, -1:]
+    w_low = np.take_along_axis(sel, lowest, axis=-1)
+    out = sel.copy()
+    np.put_along_axis(out, lowest, alpha * w_low, axis=-1)
+    return rescale_to(out, sel.sum(axis=-1)), (1.0 - alpha) * w_low[:, 0]
 
 
 class ReferenceModel:
@@ -199,9 +304,13 @@ class ReferenceModel:
         o = np.einsum("hts,shd->thd", pr, vv).reshape(T, H * HD)
         return self.matmul(p + "attn_output.weight", o)
 
-    def route(self, il, x):
-        """x [T, n_embd] -> weights [T, n_expert] with exactly top-k non-zero entries"""
-        logits = x @ self.w("blk.%d.ffn_gate_inp.weight" % il).T
+    def route(self, il, x, router=None, gating=None, alpha=None, stats=None):
+        """x [T, n_embd] -> weights [T, n_expert] for layer il's experts, at most top-k non-zero
+        (exactly top-k unless gating drops some). router: the router tensor (default layer il's
+        ffn_gate_inp; the previous layer's ffn_pregate_inp for pre-gated routing). gating: see
+        check_gating; alpha: perturb the lowest slot (step 4). stats: filled as forward()'s."""
+        router = router or "blk.%d.ffn_gate_inp.weight" % il
+        logits = x @ self.w(router).T
         logits -= logits.max(axis=-1, keepdims=True)
         p = np.exp(logits)
         p /= p.sum(axis=-1, keepdims=True)
@@ -210,13 +319,25 @@ class ReferenceModel:
         sel = np.take_along_axis(p, top, axis=-1)
         if self.renorm:
             sel = sel / sel.sum(axis=-1, keepdims=True)
+        if stats is not None:
+            stats.setdefault("topk", {})[il] = sel
+        sel, kept = apply_gating(sel, gating, il)
+        if alpha is not None:
+            sel, dropped = perturb_lowest(sel, alpha)
+            if stats is not None:
+                stats["dropped"] = dropped
+        if stats is not None:
+            stats.setdefault("kept", {})[il] = kept
         sel = sel * self.weights_scale
+        # dropped slots hold 0 here; put_along_axis writes them as 0, so moe() skips them
         np.put_along_axis(wts, top, sel, axis=-1)
         return wts
 
-    def moe(self, il, x, record=None):
+    def moe(self, il, x, record=None, wts=None):
+        """layer il's MoE on its input x; wts: routing weights [T, n_expert] (default: route(il, x))"""
         p = "blk.%d." % il
-        wts = self.route(il, x)
+        if wts is None:
+            wts = self.route(il, x)
         if record is not None:
             record.append(wts.copy())
         out = np.zeros_like(x)
@@ -241,17 +362,74 @@ class ReferenceModel:
         name, idx = self.expert(kind, il, e)
         return name, x, idx
 
-    def forward(self, tokens, record=None):
+    def pregate_name(self, il):
+        """the tensor that routes layer il+1 from layer il's MoE input, or None"""
+        name = "blk.%d.ffn_pregate_inp.weight" % il
+        return name if il + 1 < self.n_layer and self.has(name) else None
+
+    def forward(self, tokens, record=None, gating=None, perturb=None, stats=None):
+        """logits [T, n_vocab] (float64). record: list receiving each layer's routing weights;
+        gating: None | ("score", T) | ("sensitivity", T, [S per layer]); perturb: None |
+        (layer, alpha); stats: dict receiving "kept" (int [n_layer, T]), "topk" (float
+        [n_layer, T, k]) and, with perturb, "dropped" (d_t, float [T]). See the module docstring
+        for the semantics."""
+        gating = check_gating(gating, self.n_layer)
+        if perturb is not None:
+            if gating is not None:
+                raise ValueError("perturb is defined for exact gating only")
+            if not 0 <= perturb[0] < self.n_layer:
+                raise ValueError("perturb layer %d out of range" % perturb[0])
+        st = {}
         tokens = np.asarray(tokens, dtype=np.int64)
         pos = np.arange(tokens.size)
         h = self.w("token_embd.weight")[tokens].copy()
+        pregated = None             # layer il's routing when layer il-1 computed it
         for il in range(self.n_layer):
             p = "blk.%d." % il
             h = h + self.attention(il, rms_norm(h, self.w(p + "attn_norm.weight"), self.eps), pos)
-            h = h + self.moe(il, rms_norm(h, self.w(p + "ffn_norm.weight"), self.eps), record)
+            xn = rms_norm(h, self.w(p + "ffn_norm.weight"), self.eps)
+            wts = pregated if pregated is not None else self._route(il, xn, None, gating, perturb, st)
+            pre = self.pregate_name(il)
+            pregated = self._route(il + 1, xn, pre, gating, perturb, st) if pre else None
+            h = h + self.moe(il, xn, record, wts)
+        if stats is not None:
+            stats["kept"] = np.stack([st["kept"][il] for il in range(self.n_layer)])
+            stats["topk"] = np.stack([st["topk"][il] for il in range(self.n_layer)])
+            if "dropped" in st:
+                stats["dropped"] = st["dropped"]
         h = rms_norm(h, self.w("output_norm.weight"), self.eps)
         out = "output.weight" if self.has("output.weight") else "token_embd.weight"
         return self.matmul(out, h)
+
+    def _route(self, il, x, router, gating, perturb, stats):
+        alpha = perturb[1] if perturb is not None and perturb[0] == il else None
+        return self.route(il, x, router, gating, alpha, stats)
+
+
+def read_profile_sensitivity(path):
+    """per-layer S_l from a moelite calibration profile (JSON, "format": "moelite-profile")"""
+    with open(path) as f:
+        prof = json.load(f)
+    if prof.get("format") != "moelite-profile":
+        raise ValueError("%s is not a moelite profile" % path)
+    layers = sorted(prof["layers"], key=lambda r: r["layer"])
+    return [float(r["sensitivity"]) for r in layers]
+
+
+def gating_from_args(a, n_layer):
+    if a.gating == "exact":
+        return None
+    if a.threshold is None:
+        raise SystemExit("--gating %s needs --threshold" % a.gating)
+    if a.gating == "score":
+        return ("score", a.threshold)
+    if a.profile:
+        sens = read_profile_sensitivity(a.profile)
+    elif a.sensitivity:
+        sens = [float(v) for v in a.sensitivity.split(",") if v.strip()]
+    else:
+        raise SystemExit("--gating sensitivity needs --sensitivity S0,S1,... or --profile")
+    return check_gating(("sensitivity", a.threshold, sens), n_layer)
 
 
 def main(argv=None):
@@ -260,12 +438,24 @@ def main(argv=None):
     ap.add_argument("--tokens", required=True, help="comma separated token ids")
     ap.add_argument("--out", required=True, help="float32 LE logits, n_tokens x n_vocab row-major")
     ap.add_argument("--quantize-activations", action="store_true")
+    ap.add_argument("--gating", choices=GATING_MODES, default="exact", help="adaptive gating rule")
+    ap.add_argument("--threshold", type=float, default=None, help="T of score/sensitivity gating")
+    ap.add_argument("--sensitivity", default=None, help="S_0,S_1,... per layer (sensitivity gating)")
+    ap.add_argument("--profile", default=None, help="read S_l from a moelite-profile JSON instead")
+    ap.add_argument("--perturb", default=None, help="LAYER,ALPHA: scale the lowest top-k weight")
     a = ap.parse_args(argv)
     toks = [int(t) for t in a.tokens.split(",") if t.strip()]
     m = ReferenceModel(a.model, a.quantize_activations)
-    logits = m.forward(toks)
+    perturb = None
+    if a.perturb:
+        layer, alpha = a.perturb.split(",")
+        perturb = (int(layer), float(alpha))
+    stats = {}
+    logits = m.forward(toks, gating=gating_from_args(a, m.n_layer), perturb=perturb, stats=stats)
     logits.astype("<f4").tofile(a.out)
     print("wrote %s: %d x %d logits" % (a.out, logits.shape[0], logits.shape[1]))
+    if a.gating != "exact":
+        print("mean experts kept per layer: " + " ".join("%.3f" % v for v in stats["kept"].mean(axis=1)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,420 @@
+#include "core/adaptive/calibrate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "backends/cpu/quant.h"
+#include "core/adaptive/predictor.h"
+#include "core/adaptive/ridge.h"
+#include "core/context.h"
+#include "core/expert_cache/replay.h"
+
+namespace moelite {
+
+namespace {
+
+// Hidden states kept for predictor fitting are bounded: beyond this many bytes, later tokens only
+// contribute routing statistics.
+constexpr uint64_t kCaptureBytes = uint64_t{1} << 30;
+
+// What one exact pass records, per (token, layer).
+struct Record {
+  int32_t n_layer = 0, k = 0, d = 0;
+  int64_t capture_limit = 0;                  // tokens whose hidden states are kept
+  std::vector<int32_t> ids;                   // [token][layer][k]
+  std::vector<float> weights;                 // same, after renormalisation, before the scale
+  std::vector<float> x_mid, xn;               // [token][layer][d]: residual after attention, MoE input
+  std::vector<float> final_state;             // [token][d], output-normed
+  std::vector<uint8_t> window_last;           // 1 for a window's last token (no successor)
+};
+
+// Observes exact passes (recording) or perturbs one layer's tail weight (sensitivity passes).
+class Hooks final : public ForwardHooks {
+ public:
+  Hooks(const Model& m, Record* rec) : m_(m), rec_(rec) {}
+  void record(int64_t base) {
+    base_ = base;
+    perturb_layer_ = -1;
+  }
+  void perturb(int32_t layer, double alpha) {
+    perturb_layer_ = layer;
+    alpha_ = alpha;
+    dropped_sq_ = 0.0;
+  }
+  double dropped_sq() const { return dropped_sq_; }
+
+  void on_moe_input(int32_t layer, const float* x_mid, const float* xn, int32_t n) override {
+    if (perturb_layer_ >= 0) return;
+    const size_t d = static_cast<size_t>(rec_->d), L = static_cast<size_t>(rec_->n_layer);
+    for (int32_t t = 0; t < n; ++t) {
+      const int64_t tok = base_ + t;
+      if (tok >= rec_->capture_limit) break;
+      const size_t at = (static_cast<size_t>(tok) * L + static_cast<size_t>(layer)) * d;
+      std::copy(x_mid + t * d, x_mid + (t + 1) * d, rec_->x_mid.begin() + static_cast<std::ptrdiff_t>(at));
+      std::copy(xn + t * d, xn + (t + 1) * d, rec_->xn.begin() + static_cast<std::ptrdiff_t>(at));
+    }
+  }
+
+  void on_routing(int32_t layer, Routing* r) override {
+    const int32_t k = r->k;
+    if (perturb_layer_ < 0) {
+      const size_t L = static_cast<size_t>(rec_->n_layer);
+      for (int32_t t = 0; t < r->n_tokens; ++t) {
+        const size_t at = (static_cast<size_t>(base_ + t) * L + static_cast<size_t>(layer)) * static_cast<size_t>(k);
+        std::copy(r->ids.begin() + t * k, r->ids.begin() + (t + 1) * k, rec_->ids.begin() + static_cast<std::ptrdiff_t>(at));
+        std::copy(r->weights.begin() + t * k, r->weights.begin() + (t + 1) * k,
+                  rec_->weights.begin() + static_cast<std::ptrdiff_t>(at));
+      }
+      return;
+    }
+    if (layer != perturb_layer_ || k < 2) return;
+    // The lowest-weight slot (ties: the later slot) is scaled by alpha; the k weights are rescaled
+    // to their old sum, as adaptive gating does when it drops an expert.
+    for (int32_t t = 0; t < r->n_tokens; ++t) {
+      float* w = r->weights.data() + t * k;
+      int32_t lo = 0;
+      for (int32_t j = 1; j < k; ++j)
+        if (w[j] <= w[lo]) lo = j;
+      double before = 0.0;
+      for (int32_t j = 0; j < k; ++j) before += w[j];
+      const double d = (1.0 - alpha_) * w[lo];
+      dropped_sq_ += d * d;
+      w[lo] = static_cast<float>(w[lo] * alpha_);
+      if (alpha_ == 0.0) r->ids[static_cast<size_t>(t * k + lo)] = -1;
+      double after = 0.0;
+      for (int32_t j = 0; j < k; ++j) after += w[j];
+      const float scale = after > 0.0 ? static_cast<float>(before / after) : 1.0f;
+      for (int32_t j = 0; j < k; ++j) w[j] *= scale;
+    }
+  }
+
+  void on_final(const float* x, int32_t n) override {
+    if (perturb_layer_ >= 0) return;
+    const size_t d = static_cast<size_t>(rec_->d);
+    for (int32_t t = 0; t < n; ++t) {
+      const int64_t tok = base_ + t;
+      rec_->window_last[static_cast<size_t>(tok)] = t + 1 == n;
+      if (tok >= rec_->capture_limit) continue;
+      const float* xt = x + t * d;
+      double ss = 0.0;
+      for (size_t c = 0; c < d; ++c) ss += static_cast<double>(xt[c]) * xt[c];
+      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + m_.hp.rms_eps);
+      float* out = rec_->final_state.data() + static_cast<size_t>(tok) * d;
+      for (size_t c = 0; c < d; ++c) out[c] = static_cast<float>(xt[c] * inv * m_.output_norm[c]);
+    }
+  }
+
+ private:
+  const Model& m_;
+  Record* rec_;
+  int64_t base_ = 0;
+  int32_t perturb_layer_ = -1;
+  double alpha_ = 1.0, dropped_sq_ = 0.0;
+};
+
+// log-softmax of each row, in double.
+void log_softmax_rows(const float* logits, int32_t rows, int32_t n_vocab, std::vector<double>* out) {
+  out->resize(static_cast<size_t>(rows) * static_cast<size_t>(n_vocab));
+  for (int32_t r = 0; r < rows; ++r) {
+    const float* l = logits + static_cast<size_t>(r) * n_vocab;
+    double mx = l[0];
+    for (int32_t v = 1; v < n_vocab; ++v) mx = std::max(mx, static_cast<double>(l[v]));
+    double sum = 0.0;
+    for (int32_t v = 0; v < n_vocab; ++v) sum += std::exp(l[v] - mx);
+    const double lse = mx + std::log(sum);
+    double* o = out->data() + static_cast<size_t>(r) * n_vocab;
+    for (int32_t v = 0; v < n_vocab; ++v) o[v] = l[v] - lse;
+  }
+}
+
+// sum over rows of KL(P || Q) with P given as log-probabilities.
+double kl_sum(const std::vector<double>& logp, const float* q_logits, int32_t rows, int32_t n_vocab) {
+  std::vector<double> logq;
+  log_softmax_rows(q_logits, rows, n_vocab, &logq);
+  double kl = 0.0;
+  for (size_t i = 0; i < logp.size(); ++i) kl += std::exp(logp[i]) * (logp[i] - logq[i]);
+  return kl;
+}
+
+// A router (or pre-gate) as floats, for predicting offline.
+std::vector<float> dequantize(const WeightView& w) {
+  std::vector<float> out(static_cast<size_t>(w.rows * w.cols));
+  cpu::DequantRowFn dq = cpu::kernels_scalar().dequant[static_cast<uint32_t>(w.type)];
+  for (int64_t r = 0; r < w.rows; ++r) dq(w.data + r * w.row_bytes, out.data() + r * w.cols, w.cols);
+  return out;
+}
+
+// Accuracy bookkeeping: used experts of a layer that a predictor named.
+struct Hits {
+  double named = 0, used = 0;
+  void add(const std::vector<int32_t>& predicted, const int32_t* actual, int32_t k) {
+    for (int32_t j = 0; j < k; ++j) {
+      if (actual[j] < 0) continue;
+      used += 1;
+      if (std::find(predicted.begin(), predicted.end(), actual[j]) != predicted.end()) named += 1;
+    }
+  }
+  double share() const { return used > 0 ? named / used : std::numeric_limits<double>::quiet_NaN(); }
+};
+
+}  // namespace
+
+Status calibrate(Model& m, const std::vector<int32_t>& tokens, const CalibrateOptions& o, Profile* out) {
+  const HParams& hp = m.hp;
+  const int32_t L = hp.n_layer, E = hp.n_expert, k = hp.n_expert_used, D = hp.n_embd, V = hp.n_vocab;
+  if (tokens.size() < 2) return fail(MOELITE_ERR_INVALID_ARGUMENT, "calibration needs at least two tokens");
+  if (o.window < 2) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the calibration window must be at least 2 tokens");
+  if (!(o.holdout > 0.0 && o.holdout < 1.0)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the held-out share must lie in (0, 1)");
+  if (!(o.fd_alpha > 0.0 && o.fd_alpha < 1.0)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the finite-difference alpha must lie in (0, 1)");
+  if (o.stride < 1 || o.stride >= std::max(2, L)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the predictor stride must lie in [1, n_layer)");
+  if (m.gating.mode != GatingMode::Exact)
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "calibrate a model loaded with exact gating (the profile describes the exact routing)");
+
+  // A last window of one token has nothing to score: it is left out.
+  int64_t n = static_cast<int64_t>(tokens.size());
+  if (n > o.window && n % o.window == 1) --n;
+  Record rec;
+  rec.n_layer = L;
+  rec.k = k;
+  rec.d = D;
+  const uint64_t per_token = (uint64_t(2) * uint64_t(L) + 1) * uint64_t(D) * sizeof(float);
+  rec.capture_limit = std::min<int64_t>(n, static_cast<int64_t>(kCaptureBytes / per_token));
+  rec.ids.assign(static_cast<size_t>(n * L * k), -1);
+  rec.weights.assign(static_cast<size_t>(n * L * k), 0.0f);
+  rec.x_mid.assign(static_cast<size_t>(rec.capture_limit * L * D), 0.0f);
+  rec.xn.assign(rec.x_mid.size(), 0.0f);
+  rec.final_state.assign(static_cast<size_t>(rec.capture_limit * D), 0.0f);
+  rec.window_last.assign(static_cast<size_t>(n), 0);
+
+  ContextOptions co;
+  co.n_ctx = o.window;
+  co.n_batch = o.window;
+  std::unique_ptr<Context> ctx;
+  MOELITE_TRY(Context::create(m, co, &ctx));
+  Hooks hooks(m, &rec);
+  ctx->set_hooks(&hooks);
+
+  // Sensitivity passes: per layer, the KL divergence of the output when the tail expert is
+  // dropped (alpha 0) or scaled by fd_alpha, and the squared weight removed.
+  std::vector<double> kl_drop(static_cast<size_t>(L)), sq_drop(static_cast<size_t>(L)), kl_fd(static_cast<size_t>(L)),
+      sq_fd(static_cast<size_t>(L));
+  const int64_t n_windows = (n + o.window - 1) / o.window;
+  std::vector<double> logp;
+  for (int64_t w0 = 0, wi = 0; w0 < n; w0 += o.window, ++wi) {
+    const int32_t len = static_cast<int32_t>(std::min<int64_t>(o.window, n - w0));
+    if (len < 2 && w0 > 0) break;
+    ctx->truncate(0);
+    hooks.record(w0);
+    MOELITE_TRY(ctx->eval(tokens.data() + w0, len, true));
+    log_softmax_rows(ctx->logits(0), len, V, &logp);
+    for (int32_t l = 0; l < L && k >= 2; ++l) {
+      for (int pass = 0; pass < 2; ++pass) {
+        ctx->truncate(0);
+        hooks.perturb(l, pass == 0 ? 0.0 : o.fd_alpha);
+        MOELITE_TRY(ctx->eval(tokens.data() + w0, len, true));
+        const double kl = kl_sum(logp, ctx->logits(0), len, V);
+        (pass == 0 ? kl_drop : kl_fd)[static_cast<size_t>(l)] += kl;
+        (pass == 0 ? sq_drop : sq_fd)[static_cast<size_t>(l)] += hooks.dropped_sq();
+      }
+    }
+    if (o.progress && !o.progress(static_cast<float>(wi + 1) / static_cast<float>(n_windows + 1), o.progress_user)) {
+      ctx->set_hooks(nullptr);
+      return fail(MOELITE_ERR_CANCELLED, "calibration cancelled by the progress callback");
+    }
+  }
+  ctx->set_hooks(nullptr);
+  ctx.reset();
+
+  Profile p;
+  p.arch = hp.arch;
+  p.n_layer = L;
+  p.n_expert = E;
+  p.n_expert_used = k;
+  p.n_embd = D;
+  p.n_tokens = n;
+  p.window = o.window;
+  p.learned_stride = o.stride;
+  p.layers.resize(static_cast<size_t>(L));
+  auto slot = [&](int64_t t, int32_t l) { return static_cast<size_t>((t * L + l) * k); };
+  for (int32_t l = 0; l < L; ++l) {
+    LayerProfile& lp = p.layers[static_cast<size_t>(l)];
+    lp.sensitivity = sq_drop[static_cast<size_t>(l)] > 0 ? kl_drop[static_cast<size_t>(l)] / sq_drop[static_cast<size_t>(l)] : 0.0;
+    lp.sensitivity_fd = sq_fd[static_cast<size_t>(l)] > 0 ? kl_fd[static_cast<size_t>(l)] / sq_fd[static_cast<size_t>(l)] : 0.0;
+    lp.expert_counts.assign(static_cast<size_t>(E), 0);
+    double tail = 0.0;
+    for (int64_t t = 0; t < n; ++t) {
+      const int32_t* ids = rec.ids.data() + slot(t, l);
+      const float* w = rec.weights.data() + slot(t, l);
+      for (int32_t j = 0; j < k; ++j)
+        if (ids[j] >= 0) lp.expert_counts[static_cast<size_t>(ids[j])]++;
+      tail += *std::min_element(w, w + k);
+    }
+    lp.mean_tail_weight = tail / static_cast<double>(n);
+  }
+
+  // Experts per token under sensitivity gating.
+  std::vector<double> grid = o.thresholds;
+  if (grid.empty())
+    for (int i = 0; i <= 8; ++i) grid.push_back(std::pow(10.0, -4.0 + 0.5 * i));
+  for (double T : grid) {
+    GatingPoint g;
+    g.threshold = T;
+    int64_t kept = 0, reduced = 0;
+    for (int64_t t = 0; t < n; ++t)
+      for (int32_t l = 0; l < L; ++l) {
+        const int32_t c = gating_keep_count(GatingMode::Sensitivity, static_cast<float>(T), p.layers[static_cast<size_t>(l)].sensitivity,
+                                            rec.weights.data() + slot(t, l), k);
+        kept += c;
+        reduced += c < k;
+      }
+    g.experts_per_token = static_cast<double>(kept) / static_cast<double>(n * L);
+    g.share_reduced = static_cast<double>(reduced) / static_cast<double>(n * L);
+    p.gating.push_back(g);
+  }
+
+  // Hit curves: the calibration routing replayed through per-layer LRU caches of every size.
+  Trace trace;
+  trace.n_layers = L;
+  trace.n_experts = E;
+  trace.top_k = k;
+  for (int64_t t = 0; t < n; ++t)
+    for (int32_t l = 0; l < L; ++l) {
+      TraceEntry e;
+      e.token = t;
+      e.layer = l;
+      for (int32_t j = 0; j < k; ++j)
+        if (rec.ids[slot(t, l) + static_cast<size_t>(j)] >= 0) e.experts.push_back(rec.ids[slot(t, l) + static_cast<size_t>(j)]);
+      trace.entries.push_back(std::move(e));
+    }
+  for (LayerProfile& lp : p.layers) lp.hit_curve.assign(static_cast<size_t>(E) + 1, 0.0);
+  for (int32_t c = k; c <= E; ++c) {
+    ReplayResult r;
+    MOELITE_TRY(replay(trace, "lru", c, false, &r));
+    for (int32_t l = 0; l < L; ++l) p.layers[static_cast<size_t>(l)].hit_curve[static_cast<size_t>(c)] = r.per_layer_hit_rate[static_cast<size_t>(l)];
+  }
+
+  // Predictors: fitted on the first (1 - holdout) of the captured tokens, scored on the rest.
+  const int64_t cap = rec.capture_limit;
+  const int64_t n_train = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(cap) * (1.0 - o.holdout)));
+  auto xn_at = [&](int64_t t, int32_t l) { return rec.xn.data() + static_cast<size_t>((t * L + l) * D); };
+  auto multi_hot = [&](int64_t t, int32_t l, std::vector<float>* y) {
+    std::fill(y->begin(), y->end(), 0.0f);
+    for (int32_t j = 0; j < k; ++j)
+      if (rec.ids[slot(t, l) + static_cast<size_t>(j)] >= 0) (*y)[static_cast<size_t>(rec.ids[slot(t, l) + static_cast<size_t>(j)])] = 1.0f;
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<float> y(static_cast<size_t>(E)), scores(static_cast<size_t>(E));
+
+  // learned: layer l's MoE input -> layer l + stride's experts.
+  p.learned.assign(static_cast<size_t>(L), LinearMap());
+  std::vector<double>& acc_learned = p.accuracy["learned"];
+  acc_learned.assign(static_cast<size_t>(L), nan);
+  for (int32_t l = 0; l + o.stride < L; ++l) {
+    RidgeAccumulator ridge(D, E);
+    for (int64_t t = 0; t < n_train; ++t) {
+      multi_hot(t, l + o.stride, &y);
+      ridge.add(xn_at(t, l), y.data());
+    }
+    MOELITE_TRY(ridge.solve(1e-3, &p.learned[static_cast<size_t>(l)]));
+    Hits h;
+    for (int64_t t = n_train; t < cap; ++t) {
+      p.learned[static_cast<size_t>(l)].apply(xn_at(t, l), scores.data());
+      h.add(top_indices(scores.data(), E, k), rec.ids.data() + slot(t, l + o.stride), k);
+    }
+    acc_learned[static_cast<size_t>(l + o.stride)] = h.share();
+  }
+
+  // first-layer: this token's final state -> the next token's layer-0 experts (within a window).
+  {
+    RidgeAccumulator ridge(D, E);
+    for (int64_t t = 0; t + 1 < n_train; ++t) {
+      if (rec.window_last[static_cast<size_t>(t)]) continue;
+      multi_hot(t + 1, 0, &y);
+      ridge.add(rec.final_state.data() + static_cast<size_t>(t) * D, y.data());
+    }
+    std::vector<double>& acc = p.accuracy["first-layer"];
+    acc.assign(static_cast<size_t>(L), nan);
+    if (ridge.samples() > 0) {
+      MOELITE_TRY(ridge.solve(1e-3, &p.first_layer));
+      Hits h;
+      for (int64_t t = n_train; t + 1 < cap; ++t) {
+        if (rec.window_last[static_cast<size_t>(t)]) continue;
+        p.first_layer.apply(rec.final_state.data() + static_cast<size_t>(t) * D, scores.data());
+        h.add(top_indices(scores.data(), E, k), rec.ids.data() + slot(t + 1, 0), k);
+      }
+      acc[0] = h.share();
+    }
+  }
+
+  // next-gate (depth 1) and pregate: routers applied on the host, as the live predictors do on the backend.
+  {
+    std::vector<double>& acc_ng = p.accuracy["next-gate"];
+    acc_ng.assign(static_cast<size_t>(L), nan);
+    std::vector<double> acc_pg(static_cast<size_t>(L), nan);
+    bool any_pregate = false;
+    std::vector<float> normed(static_cast<size_t>(D));
+    for (int32_t l = 0; l + 1 < L; ++l) {
+      const LayerWeights& next = m.layers[static_cast<size_t>(l + 1)];
+      const std::vector<float> router = dequantize(next.router);
+      Hits h;
+      for (int64_t t = n_train; t < cap; ++t) {
+        const float* x = rec.x_mid.data() + static_cast<size_t>((t * L + l) * D);
+        double ss = 0.0;
+        for (int32_t c = 0; c < D; ++c) ss += static_cast<double>(x[c]) * x[c];
+        const double inv = 1.0 / std::sqrt(ss / D + hp.rms_eps);
+        for (int32_t c = 0; c < D; ++c) normed[static_cast<size_t>(c)] = static_cast<float>(x[c] * inv * next.ffn_norm[static_cast<size_t>(c)]);
+        for (int32_t e = 0; e < E; ++e) {
+          double acc = 0.0;
+          for (int32_t c = 0; c < D; ++c) acc += static_cast<double>(router[static_cast<size_t>(e * D + c)]) * normed[static_cast<size_t>(c)];
+          scores[static_cast<size_t>(e)] = static_cast<float>(acc);
+        }
+        h.add(top_indices(scores.data(), E, k), rec.ids.data() + slot(t, l + 1), k);
+      }
+      acc_ng[static_cast<size_t>(l + 1)] = h.share();
+      const WeightView& pg = m.layers[static_cast<size_t>(l)].pregate;
+      if (pg.valid() && pg.data) {
+        any_pregate = true;
+        const std::vector<float> pre = dequantize(pg);
+        Hits hp_hits;
+        for (int64_t t = n_train; t < cap; ++t) {
+          const float* x = xn_at(t, l);
+          for (int32_t e = 0; e < E; ++e) {
+            double acc = 0.0;
+            for (int32_t c = 0; c < D; ++c) acc += static_cast<double>(pre[static_cast<size_t>(e * D + c)]) * x[c];
+            scores[static_cast<size_t>(e)] = static_cast<float>(acc);
+          }
+          hp_hits.add(top_indices(scores.data(), E, k), rec.ids.data() + slot(t, l + 1), k);
+        }
+        acc_pg[static_cast<size_t>(l + 1)] = hp_hits.share();
+      }
+    }
+    if (any_pregate) p.accuracy["pregate"] = acc_pg;
+  }
+
+  // correlation: co-activation counts of consecutive layers; scored on held-out tokens with the
+  // table of the training tokens, saved with the counts of all tokens (the live table's seed).
+  {
+    std::vector<double>& acc = p.accuracy["correlation"];
+    acc.assign(static_cast<size_t>(L), nan);
+    p.correlation.assign(static_cast<size_t>(std::max(0, L - 1)), {});
+    const int64_t split = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(n) * (1.0 - o.holdout)));
+    for (int32_t l = 0; l + 1 < L; ++l) {
+      CorrelationTable table(E, {});
+      for (int64_t t = 0; t < split; ++t) table.add(rec.ids.data() + slot(t, l), k, rec.ids.data() + slot(t, l + 1), k);
+      Hits h;
+      for (int64_t t = split; t < n; ++t) {
+        table.scores(rec.ids.data() + slot(t, l), k, scores.data());
+        h.add(top_indices(scores.data(), E, k), rec.ids.data() + slot(t, l + 1), k);
+      }
+      acc[static_cast<size_t>(l + 1)] = h.share();
+      for (int64_t t = split; t < n; ++t) table.add(rec.ids.data() + slot(t, l), k, rec.ids.data() + slot(t, l + 1), k);
+      p.correlation[static_cast<size_t>(l)] = table.counts();
+    }
+  }
+  if (o.progress) o.progress(1.0f, o.progress_user);
+  *out = std::move(p);
+  return MOELITE_OK;
+}
+
+}  // namespace moelite

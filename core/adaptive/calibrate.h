@@ -1,0 +1,32 @@
+// Offline calibration (`moelite calibrate`, moelite_calibrate): runs a model over a corpus and
+// measures what the adaptive machinery needs (docs/ARCHITECTURE.md, "Calibration"):
+//   * per-layer sensitivity S_l, by the drop estimator and by finite differences;
+//   * expert use counts, experts per token under sensitivity gating at a grid of thresholds;
+//   * per-layer LRU hit-rate curves against cache size;
+//   * the first-layer, learned and correlation predictors, fitted on the first part of the
+//     corpus, and every predictor's accuracy per layer on the held-out rest.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/adaptive/profile.h"
+#include "core/model.h"
+
+namespace moelite {
+
+struct CalibrateOptions {
+  int32_t window = 256;         // tokens per evaluation window (each from an empty cache)
+  int32_t stride = 1;           // learned predictors look this many layers ahead
+  double holdout = 0.25;        // share of the tokens kept out of predictor fitting
+  double fd_alpha = 0.9;        // finite-difference check: the tail weight scaled by this
+  std::vector<double> thresholds;  // gating table; empty: a log grid 1e-4 .. 1
+  moelite_progress_fn progress = nullptr;
+  void* progress_user = nullptr;
+};
+
+// MOELITE_ERR_INVALID_ARGUMENT for fewer than two tokens, a model loaded with non-exact gating,
+// or bad options; evaluation errors pass through. The model must not be evaluated by other
+// contexts meanwhile.
+Status calibrate(Model& m, const std::vector<int32_t>& tokens, const CalibrateOptions& options, Profile* out);
+
+}  // namespace moelite

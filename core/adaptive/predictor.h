@@ -1,0 +1,71 @@
+// Expert predictors: guesses of which experts coming layers will use, made early enough for the
+// expert store to load them while the current layer computes. Every predictor only moves loads
+// earlier; routing and results never depend on it.
+//
+//   next-gate    layers l+1..l+depth's routers applied to layer l's residual stream (no training);
+//   first-layer  the next token's layer-0 experts from this token's final hidden state (a linear
+//                map fitted by `moelite calibrate`);
+//   learned      layer l+stride's experts from layer l's MoE input (per-layer linear maps fitted
+//                by calibration; ProMoE's stride-ahead predictor);
+//   correlation  layer l+1's experts from the experts layer l actually chose, by a co-activation
+//                table seeded by calibration and updated online (Klotski);
+//   pregate      models with pre-gate routers (blk.N.ffn_pregate_inp.weight) route layer N+1 at
+//                layer N, so the prediction is the routing itself (Pre-gated MoE, Read-ME).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/expert_cache/policy.h"
+#include "core/status.h"
+
+namespace moelite {
+
+struct Model;
+struct EvalState;
+struct Profile;
+
+class ExpertPredictor {
+ public:
+  virtual ~ExpertPredictor() = default;
+  virtual const char* name() const = 0;
+  // Whether after_layer needs a host copy of layer l's MoE input (a readback on GPU backends).
+  virtual bool wants_hidden() const { return false; }
+  // Whether after_token needs the final hidden state.
+  virtual bool wants_final() const { return false; }
+  // Layer `layer`'s routing is in s.routing (after gating); `hidden` holds the batch's MoE inputs
+  // (n_tokens x n_embd) when wants_hidden(). Appends predictions for later layers.
+  virtual void after_layer(Model& m, EvalState& s, int32_t layer, const float* hidden, std::vector<Prediction>* out) = 0;
+  // After the last layer: `final_state` is the batch's last token's hidden state after the output
+  // norm (n_embd floats). Appends predictions for the next token's layers.
+  virtual void after_token(const float* final_state, std::vector<Prediction>* out) {}
+};
+
+// "none" gives a null predictor. Learned predictors need a profile holding their weights;
+// "pregate" needs a model with pre-gate routers. MOELITE_ERR_INVALID_ARGUMENT naming the
+// available predictors for an unknown name, MOELITE_ERR_BAD_PROFILE for a missing fit.
+Status make_predictor(const std::string& name, int32_t depth, const Model& m, const Profile* profile,
+                      std::unique_ptr<ExpertPredictor>* out);
+const char* predictor_names();
+
+// The k highest scores' indices, highest first (ties: lower index first).
+std::vector<int32_t> top_indices(const float* scores, int32_t n, int32_t k);
+
+// Klotski's co-activation table between two consecutive layers: counts[i * E + j] = tokens that
+// used expert i in the first layer and j in the second.
+class CorrelationTable {
+ public:
+  CorrelationTable() = default;
+  CorrelationTable(int32_t n_expert, std::vector<float> counts);
+  void add(const int32_t* from, int32_t n_from, const int32_t* to, int32_t n_to);
+  // scores[j] = mean over the given experts i (ids < 0 skipped) of P(j | i), add-one smoothed.
+  void scores(const int32_t* from, int32_t n_from, float* out) const;
+  const std::vector<float>& counts() const { return counts_; }
+
+ private:
+  int32_t n_ = 0;
+  std::vector<float> counts_, row_sum_;
+};
+
+}  // namespace moelite

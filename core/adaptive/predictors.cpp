@@ -1,0 +1,207 @@
+#include <algorithm>
+#include <numeric>
+
+#include "core/adaptive/predictor.h"
+#include "core/adaptive/profile.h"
+#include "core/eval.h"
+#include "core/model.h"
+
+namespace moelite {
+
+std::vector<int32_t> top_indices(const float* scores, int32_t n, int32_t k) {
+  std::vector<int32_t> idx(static_cast<size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  k = std::min(k, n);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+  });
+  idx.resize(static_cast<size_t>(k));
+  return idx;
+}
+
+CorrelationTable::CorrelationTable(int32_t n_expert, std::vector<float> counts)
+    : n_(n_expert), counts_(std::move(counts)), row_sum_(static_cast<size_t>(n_expert), 0.0f) {
+  counts_.resize(static_cast<size_t>(n_) * static_cast<size_t>(n_), 0.0f);
+  for (int32_t i = 0; i < n_; ++i)
+    for (int32_t j = 0; j < n_; ++j) row_sum_[static_cast<size_t>(i)] += counts_[static_cast<size_t>(i * n_ + j)];
+}
+
+void CorrelationTable::add(const int32_t* from, int32_t n_from, const int32_t* to, int32_t n_to) {
+  for (int32_t a = 0; a < n_from; ++a) {
+    if (from[a] < 0 || from[a] >= n_) continue;
+    for (int32_t b = 0; b < n_to; ++b) {
+      if (to[b] < 0 || to[b] >= n_) continue;
+      counts_[static_cast<size_t>(from[a] * n_ + to[b])] += 1.0f;
+      row_sum_[static_cast<size_t>(from[a])] += 1.0f;
+    }
+  }
+}
+
+void CorrelationTable::scores(const int32_t* from, int32_t n_from, float* out) const {
+  std::fill(out, out + n_, 0.0f);
+  int32_t used = 0;
+  for (int32_t a = 0; a < n_from; ++a) {
+    if (from[a] < 0 || from[a] >= n_) continue;
+    ++used;
+    const float denom = row_sum_[static_cast<size_t>(from[a])] + static_cast<float>(n_);
+    for (int32_t j = 0; j < n_; ++j) out[j] += (counts_[static_cast<size_t>(from[a] * n_ + j)] + 1.0f) / denom;
+  }
+  if (used > 1)
+    for (int32_t j = 0; j < n_; ++j) out[j] /= static_cast<float>(used);
+}
+
+namespace {
+
+// Predictions are made per decode token (a few at most); a prefill batch needs most experts anyway.
+void push_top(const float* scores, int32_t n, int32_t k, int32_t layer, std::vector<Prediction>* out) {
+  for (int32_t e : top_indices(scores, n, k))
+    out->push_back({{layer, e}, std::clamp(scores[e], 0.0f, 1.0f)});
+}
+
+class NextGate final : public ExpertPredictor {
+ public:
+  explicit NextGate(int32_t depth) : depth_(depth) {}
+  const char* name() const override { return "next-gate"; }
+  void after_layer(Model& m, EvalState& s, int32_t l, const float*, std::vector<Prediction>* out) override {
+    Backend& be = *s.backend;
+    const HParams& hp = m.hp;
+    Act x = s.rows(s.x), tmp = s.rows(s.proj), logits = s.rows(s.router_logits);
+    for (int32_t d = 1; d <= depth_ && l + d < hp.n_layer; ++d) {
+      const LayerWeights& next = m.layers[static_cast<size_t>(l + d)];
+      be.rms_norm(x, next.ffn_norm.data(), hp.n_embd, hp.rms_eps, &tmp);
+      be.matmul(next.router, tmp, nullptr, &logits);
+      Routing guess;
+      be.route(logits, hp.n_expert_used, false, &guess);
+      for (size_t i = 0; i < guess.ids.size(); ++i) out->push_back({{l + d, guess.ids[i]}, guess.weights[i]});
+    }
+  }
+
+ private:
+  int32_t depth_;
+};
+
+class Learned final : public ExpertPredictor {
+ public:
+  Learned(const Profile& p, int32_t k) : maps_(p.learned), stride_(p.learned_stride), k_(k) {}
+  const char* name() const override { return "learned"; }
+  bool wants_hidden() const override { return true; }
+  void after_layer(Model& m, EvalState& s, int32_t l, const float* hidden, std::vector<Prediction>* out) override {
+    if (l >= static_cast<int32_t>(maps_.size()) || maps_[static_cast<size_t>(l)].empty() || l + stride_ >= m.hp.n_layer) return;
+    const LinearMap& map = maps_[static_cast<size_t>(l)];
+    scores_.resize(static_cast<size_t>(map.rows));
+    for (int32_t t = 0; t < s.n_tokens; ++t) {
+      map.apply(hidden + static_cast<size_t>(t) * static_cast<size_t>(map.n_in), scores_.data());
+      push_top(scores_.data(), map.rows, k_, l + stride_, out);
+    }
+  }
+
+ private:
+  std::vector<LinearMap> maps_;
+  int32_t stride_, k_;
+  std::vector<float> scores_;
+};
+
+class FirstLayer final : public ExpertPredictor {
+ public:
+  FirstLayer(const Profile& p, int32_t k) : map_(p.first_layer), k_(k) {}
+  const char* name() const override { return "first-layer"; }
+  bool wants_final() const override { return true; }
+  void after_layer(Model&, EvalState&, int32_t, const float*, std::vector<Prediction>*) override {}
+  void after_token(const float* final_state, std::vector<Prediction>* out) override {
+    scores_.resize(static_cast<size_t>(map_.rows));
+    map_.apply(final_state, scores_.data());
+    push_top(scores_.data(), map_.rows, k_, 0, out);
+  }
+
+ private:
+  LinearMap map_;
+  int32_t k_;
+  std::vector<float> scores_;
+};
+
+class Correlation final : public ExpertPredictor {
+ public:
+  Correlation(const Model& m, const Profile* p) : k_(m.hp.n_expert_used), n_(m.hp.n_expert) {
+    for (int32_t l = 0; l + 1 < m.hp.n_layer; ++l) {
+      std::vector<float> seed;
+      if (p && static_cast<size_t>(l) < p->correlation.size()) seed = p->correlation[static_cast<size_t>(l)];
+      tables_.emplace_back(n_, std::move(seed));
+    }
+  }
+  const char* name() const override { return "correlation"; }
+  void after_layer(Model& m, EvalState& s, int32_t l, const float*, std::vector<Prediction>* out) override {
+    const Routing& r = s.routing;
+    // Learn online from the transition that just completed (layer l-1 -> l) of the same tokens.
+    if (l > 0 && prev_layer_ == l - 1 && prev_ids_.size() == r.ids.size() && prev_k_ == r.k)
+      for (int32_t t = 0; t < r.n_tokens; ++t)
+        tables_[static_cast<size_t>(l - 1)].add(prev_ids_.data() + t * r.k, r.k, r.ids.data() + t * r.k, r.k);
+    prev_ids_ = r.ids;
+    prev_k_ = r.k;
+    prev_layer_ = l;
+    if (l + 1 >= m.hp.n_layer) return;
+    scores_.resize(static_cast<size_t>(n_));
+    for (int32_t t = 0; t < r.n_tokens; ++t) {
+      tables_[static_cast<size_t>(l)].scores(r.ids.data() + t * r.k, r.k, scores_.data());
+      push_top(scores_.data(), n_, k_, l + 1, out);
+    }
+  }
+
+ private:
+  int32_t k_, n_;
+  std::vector<CorrelationTable> tables_;
+  std::vector<int32_t> prev_ids_;
+  int32_t prev_k_ = 0, prev_layer_ = -1;
+  std::vector<float> scores_;
+};
+
+class PreGate final : public ExpertPredictor {
+ public:
+  const char* name() const override { return "pregate"; }
+  void after_layer(Model&, EvalState& s, int32_t l, const float*, std::vector<Prediction>* out) override {
+    if (!s.has_next_routing) return;
+    for (size_t i = 0; i < s.next_routing.ids.size(); ++i) out->push_back({{l + 1, s.next_routing.ids[i]}, 1.0f});
+  }
+};
+
+}  // namespace
+
+const char* predictor_names() { return "none, next-gate, first-layer, learned, correlation, pregate"; }
+
+Status make_predictor(const std::string& name, int32_t depth, const Model& m, const Profile* profile,
+                      std::unique_ptr<ExpertPredictor>* out) {
+  const int32_t k = m.hp.n_expert_used;
+  out->reset();
+  if (name == "none") return MOELITE_OK;
+  if (name == "next-gate") {
+    *out = std::make_unique<NextGate>(std::max(1, depth));
+  } else if (name == "correlation") {
+    *out = std::make_unique<Correlation>(m, profile);
+  } else if (name == "pregate") {
+    bool any = false;
+    for (const LayerWeights& lw : m.layers) any = any || lw.pregate.valid();
+    if (!any)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "predictor 'pregate' needs a model with pre-gate routers "
+                  "(blk.N.ffn_pregate_inp.weight); this one has none");
+    *out = std::make_unique<PreGate>();
+  } else if (name == "learned" || name == "first-layer") {
+    if (!profile)
+      return fail(MOELITE_ERR_BAD_PROFILE, "predictor '%s' needs a calibration profile with its fitted weights "
+                  "(moelite calibrate; moelite_model_params_set_profile)", name.c_str());
+    if (name == "learned") {
+      bool any = false;
+      for (const LinearMap& lm : profile->learned) any = any || !lm.empty();
+      if (!any) return fail(MOELITE_ERR_BAD_PROFILE, "the calibration profile holds no learned predictor weights");
+      *out = std::make_unique<Learned>(*profile, k);
+    } else {
+      if (profile->first_layer.empty())
+        return fail(MOELITE_ERR_BAD_PROFILE, "the calibration profile holds no first-layer predictor weights");
+      *out = std::make_unique<FirstLayer>(*profile, k);
+    }
+  } else {
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown expert predictor '%s' (available: %s)", name.c_str(),
+                predictor_names());
+  }
+  return MOELITE_OK;
+}
+
+}  // namespace moelite

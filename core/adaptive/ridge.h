@@ -1,0 +1,31 @@
+// Ridge regression for the learned predictors: W = argmin |X W^T - Y|^2 + lambda |W|^2 with a bias
+// column (not penalised), solved exactly through the normal equations and a Cholesky factorisation
+// in double precision. Sizes are small (n_embd inputs, n_expert outputs), so no iteration, no
+// learning rate, and the same data always gives the same weights.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/adaptive/profile.h"
+#include "core/status.h"
+
+namespace moelite {
+
+class RidgeAccumulator {
+ public:
+  RidgeAccumulator(int32_t n_in, int32_t n_out);
+  // One sample: x (n_in floats), y (n_out targets).
+  void add(const float* x, const float* y);
+  int64_t samples() const { return n_; }
+  // lambda_scale scales the penalty relative to the mean diagonal of X^T X.
+  // MOELITE_ERR_INVALID_ARGUMENT without samples or for a singular system.
+  Status solve(double lambda_scale, LinearMap* out) const;
+
+ private:
+  int32_t n_in_, n_out_;
+  int64_t n_ = 0;
+  std::vector<double> xtx_;  // (n_in + 1)^2, upper triangle filled
+  std::vector<double> xty_;  // (n_in + 1) x n_out
+};
+
+}  // namespace moelite

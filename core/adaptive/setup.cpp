@@ -1,0 +1,85 @@
+#include "core/adaptive/setup.h"
+
+#include <cinttypes>
+#include <cmath>
+
+#include "core/adaptive/allocation.h"
+#include "core/adaptive/predictor.h"
+#include "core/adaptive/profile.h"
+
+namespace moelite {
+
+Status setup_adaptive(Model& m, const LoadOptions& opts) {
+  m.routed_tokens.assign(static_cast<size_t>(m.hp.n_layer), 0);
+  m.routed_experts.assign(static_cast<size_t>(m.hp.n_layer), 0);
+  if (!opts.profile_path.empty()) {
+    auto p = std::make_unique<Profile>();
+    MOELITE_TRY(Profile::load(opts.profile_path, p.get()));
+    MOELITE_TRY(p->check_model(m.hp));
+    m.profile = std::move(p);
+  }
+  if (!(opts.gating_threshold >= 0.0f) || !std::isfinite(opts.gating_threshold))
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "the gating threshold must be a finite number >= 0");
+  m.gating.mode = opts.gating;
+  m.gating.threshold = opts.gating_threshold;
+  if (opts.gating == GatingMode::Sensitivity) {
+    if (!m.profile)
+      return fail(MOELITE_ERR_BAD_PROFILE, "sensitivity gating needs a calibration profile with per-layer "
+                  "sensitivities (moelite calibrate; moelite_model_params_set_profile)");
+    for (const LayerProfile& lp : m.profile->layers) m.gating.sensitivity.push_back(lp.sensitivity);
+  }
+  return MOELITE_OK;
+}
+
+void plan_expert_store(const Model& m, const LoadOptions& opts, ExpertStoreOptions* so) {
+  const Profile* p = m.profile.get();
+  if (!p) return;
+  const HParams& hp = m.hp;
+  for (const LayerProfile& lp : p->layers)
+    so->expert_counts.insert(so->expert_counts.end(), lp.expert_counts.begin(), lp.expert_counts.end());
+  if (so->expert_counts.size() != static_cast<size_t>(hp.n_layer) * static_cast<size_t>(hp.n_expert))
+    so->expert_counts.clear();
+
+  // DP allocation: needs every layer's hit curve and room for every layer's minimum quota.
+  for (const LayerProfile& lp : p->layers)
+    if (lp.hit_curve.size() != static_cast<size_t>(hp.n_expert) + 1) return;
+  uint64_t slot_bytes = 0;
+  ExpertStore::minimum_budget(m, true, &slot_bytes);
+  const int32_t k = hp.n_expert_used;
+  const int64_t slots = static_cast<int64_t>(std::min<uint64_t>(opts.expert_budget_bytes / slot_bytes,
+                                                                 uint64_t(hp.n_layer) * uint64_t(hp.n_expert + 1)));
+  const int32_t min_q = k + 1, max_q = std::max(k + 1, hp.n_expert);
+  if (slots < int64_t{hp.n_layer} * min_q) {
+    log_msg(MOELITE_LOG_INFO, "expert store: the budget holds %" PRId64 " slots, fewer than %d per layer; "
+            "one global pool instead of the profile's per-layer allocation", slots, min_q);
+    return;
+  }
+  // Prediction takes loads off the critical path in proportion to its measured accuracy.
+  const auto acc = p->accuracy.find(opts.expert_predictor);
+  std::vector<AllocationLayer> layers(static_cast<size_t>(hp.n_layer));
+  for (int32_t l = 0; l < hp.n_layer; ++l) {
+    AllocationLayer& a = layers[static_cast<size_t>(l)];
+    a.min_size = min_q;
+    a.max_size = max_q;
+    double accuracy = 0.0;
+    if (acc != p->accuracy.end() && std::isfinite(acc->second[static_cast<size_t>(l)])) accuracy = acc->second[static_cast<size_t>(l)];
+    for (int32_t q = min_q; q <= max_q; ++q) {
+      const double hit = p->layers[static_cast<size_t>(l)].hit_curve[static_cast<size_t>(std::min(q, hp.n_expert))];
+      a.loss.push_back(expected_demand_loads(k, hit, accuracy));
+    }
+  }
+  std::vector<int32_t> sizes;
+  double loss = 0.0;
+  if (allocate_cache(layers, slots, &sizes, &loss) != MOELITE_OK) {
+    clear_error();
+    return;
+  }
+  so->per_layer = true;
+  so->layer_slots = sizes;
+  std::string text;
+  for (int32_t q : sizes) text += (text.empty() ? "" : " ") + std::to_string(q);
+  log_msg(MOELITE_LOG_INFO, "expert store: per-layer slots from the profile's DP allocation: %s (expected %.3f on-demand loads/token)",
+          text.c_str(), loss);
+}
+
+}  // namespace moelite
