@@ -1,0 +1,468 @@
+// Adaptive machinery against hand-worked cases and independent references: the gating rules on
+// hand-made router outputs, the DP cache allocation against known optima and brute force, the
+// JSON reader, profiles (round trip, every malformation refused), ridge regression against a known
+// linear map, and the correlation table against hand-computed probabilities.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "core/adaptive/allocation.h"
+#include "core/adaptive/gating.h"
+#include "core/adaptive/predictor.h"
+#include "core/adaptive/profile.h"
+#include "core/adaptive/ridge.h"
+#include "core/json.h"
+#include "core/model.h"
+
+using namespace moelite;
+
+namespace {
+
+Routing routing_of(int32_t k, const std::vector<float>& weights) {
+  Routing r;
+  r.k = k;
+  r.n_tokens = static_cast<int32_t>(weights.size()) / k;
+  r.weights = weights;
+  for (size_t i = 0; i < weights.size(); ++i) r.ids.push_back(static_cast<int32_t>(10 + i));
+  return r;
+}
+
+std::string temp_path(const char* name) {
+  return testing::TempDir() + "moelite-adaptive-" + std::to_string(getpid()) + "-" + name;
+}
+
+}  // namespace
+
+// ---- gating
+
+TEST(Gating, ExactModeLeavesRoutingAlone) {
+  Routing r = routing_of(3, {0.5f, 0.3f, 0.2f});
+  const Routing before = r;
+  GatingConfig c;
+  EXPECT_EQ(apply_gating(c, 0, &r), 3);
+  EXPECT_EQ(r.ids, before.ids);
+  EXPECT_EQ(r.weights, before.weights);
+}
+
+TEST(Gating, SensitivityDropsTheTailWhileItsSquaredWeightTimesSIsBelowT) {
+  // Top-4 weights 0.4 0.3 0.2 0.1 (slots in another order), S = 2.
+  const std::vector<float> w = {0.2f, 0.4f, 0.1f, 0.3f};
+  // Dropping {0.1}: 0.01 * 2 = 0.02; {0.1, 0.2}: 0.09 * 2 = 0.18; {0.1, 0.2, 0.3}: 0.36 * 2 = 0.72.
+  struct Case { float t; int32_t kept; };
+  for (Case c : {Case{0.0f, 4}, Case{0.019f, 4}, Case{0.021f, 3}, Case{0.17f, 3}, Case{0.19f, 2}, Case{0.71f, 2}, Case{0.73f, 1}, Case{100.0f, 1}})
+    EXPECT_EQ(gating_keep_count(GatingMode::Sensitivity, c.t, 2.0, w.data(), 4), c.kept) << "T = " << c.t;
+  // Applied: T = 0.19 keeps 0.4 and 0.3 (slots 1 and 3), rescaled to the old sum 1.0.
+  GatingConfig cfg;
+  cfg.mode = GatingMode::Sensitivity;
+  cfg.threshold = 0.19f;
+  cfg.sensitivity = {5.0, 2.0};
+  Routing r = routing_of(4, w);
+  EXPECT_EQ(apply_gating(cfg, 1, &r), 2);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{-1, 11, -1, 13}));
+  EXPECT_FLOAT_EQ(r.weights[0], 0.0f);
+  EXPECT_FLOAT_EQ(r.weights[1], 0.4f / 0.7f);
+  EXPECT_FLOAT_EQ(r.weights[3], 0.3f / 0.7f);
+  // Layer 0's sensitivity 5: {0.1} costs 0.05 > 0.019, so nothing is dropped there.
+  cfg.threshold = 0.019f;
+  Routing r0 = routing_of(4, w);
+  EXPECT_EQ(apply_gating(cfg, 0, &r0), 4);
+}
+
+TEST(Gating, MassIsPreservedForUnnormalisedWeights) {
+  // qwen2moe/olmoe keep raw softmax weights (sum < 1): the kept ones take the dropped mass.
+  GatingConfig cfg;
+  cfg.mode = GatingMode::Score;
+  cfg.threshold = 0.1f;
+  Routing r = routing_of(2, {0.05f, 0.45f, 0.3f, 0.2f});  // two tokens
+  EXPECT_EQ(apply_gating(cfg, 0, &r), 3);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{-1, 11, 12, 13}));
+  EXPECT_FLOAT_EQ(r.weights[1], 0.5f);
+  EXPECT_FLOAT_EQ(r.weights[2], 0.3f);
+  EXPECT_FLOAT_EQ(r.weights[3], 0.2f);
+}
+
+TEST(Gating, ScoreKeepsAtLeastTheTopExpertAndBreaksTiesByLowerSlot) {
+  const std::vector<float> w = {0.25f, 0.25f, 0.25f, 0.25f};
+  EXPECT_EQ(gating_keep_count(GatingMode::Score, 0.3f, 0.0, w.data(), 4), 1);
+  EXPECT_EQ(gating_keep_count(GatingMode::Score, 0.25f, 0.0, w.data(), 4), 4);  // not below
+  GatingConfig cfg;
+  cfg.mode = GatingMode::Score;
+  cfg.threshold = 0.3f;
+  Routing r = routing_of(4, w);
+  EXPECT_EQ(apply_gating(cfg, 0, &r), 1);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{10, -1, -1, -1}));  // equal weights: slot 0 is kept
+  EXPECT_FLOAT_EQ(r.weights[0], 1.0f);
+  // Ties inside the sensitivity tail: the later slot goes first.
+  const std::vector<float> tie = {0.5f, 0.25f, 0.25f};
+  int32_t order[3];
+  gating_rank(tie.data(), 3, order);
+  EXPECT_EQ(order[0], 0);
+  EXPECT_EQ(order[1], 1);
+  EXPECT_EQ(order[2], 2);
+  GatingConfig s;
+  s.mode = GatingMode::Sensitivity;
+  s.threshold = 0.1f;  // drops one 0.25 (0.0625 * 1) but not both (0.25)
+  s.sensitivity = {1.0};
+  Routing rt = routing_of(3, tie);
+  EXPECT_EQ(apply_gating(s, 0, &rt), 2);
+  EXPECT_EQ(rt.ids, (std::vector<int32_t>{10, 11, -1}));
+}
+
+TEST(Gating, ModeNames) {
+  GatingMode m;
+  EXPECT_TRUE(parse_gating_mode("sensitivity", &m));
+  EXPECT_EQ(m, GatingMode::Sensitivity);
+  EXPECT_TRUE(parse_gating_mode("score", &m));
+  EXPECT_TRUE(parse_gating_mode("exact", &m));
+  EXPECT_FALSE(parse_gating_mode("topk", &m));
+  EXPECT_STREQ(gating_mode_name(GatingMode::Score), "score");
+}
+
+// ---- DP allocation
+
+namespace {
+
+double brute_force(const std::vector<AllocationLayer>& layers, int64_t budget, std::vector<int32_t>* best_sizes) {
+  double best = INFINITY;
+  std::vector<int32_t> sizes(layers.size());
+  std::function<void(size_t, int64_t, double)> rec = [&](size_t l, int64_t used, double loss) {
+    if (l == layers.size()) {
+      if (loss < best) {
+        best = loss;
+        *best_sizes = sizes;
+      }
+      return;
+    }
+    for (int32_t c = layers[l].min_size; c <= layers[l].max_size; ++c) {
+      const int64_t u = used + c * layers[l].unit_cost;
+      if (u > budget) break;
+      sizes[l] = c;
+      rec(l + 1, u, loss + layers[l].loss[static_cast<size_t>(c - layers[l].min_size)]);
+    }
+  };
+  rec(0, 0, 0.0);
+  return best;
+}
+
+AllocationLayer layer_from(int32_t lo, const std::vector<double>& loss, int64_t cost = 1) {
+  AllocationLayer a;
+  a.min_size = lo;
+  a.max_size = lo + static_cast<int32_t>(loss.size()) - 1;
+  a.unit_cost = cost;
+  a.loss = loss;
+  return a;
+}
+
+}  // namespace
+
+TEST(Allocation, HandWorkedOptima) {
+  // Two layers, sizes 1..3, 4 slots. Layer 0 gains a lot from its second slot, layer 1 from its
+  // third: (1 + 3) costs 0.9 + 0.1 = 1.0; (2 + 2): 0.2 + 0.8 = 1.0... so make layer 1's third
+  // slot worth more: the optimum (1, 3) = 0.9 + 0.05 beats (2, 2) = 0.2 + 0.8 and (3, 1).
+  std::vector<AllocationLayer> layers = {layer_from(1, {0.9, 0.2, 0.15}), layer_from(1, {1.0, 0.8, 0.05})};
+  std::vector<int32_t> sizes;
+  double loss;
+  ASSERT_EQ(allocate_cache(layers, 4, &sizes, &loss), MOELITE_OK);
+  EXPECT_EQ(sizes, (std::vector<int32_t>{1, 3}));
+  EXPECT_DOUBLE_EQ(loss, 0.95);
+  // With 5 slots both get what they want most.
+  ASSERT_EQ(allocate_cache(layers, 5, &sizes, &loss), MOELITE_OK);
+  EXPECT_EQ(sizes, (std::vector<int32_t>{2, 3}));
+  EXPECT_DOUBLE_EQ(loss, 0.25);
+  // Spare budget is not forced on a layer that does not benefit: sizes stay within max.
+  ASSERT_EQ(allocate_cache(layers, 100, &sizes, &loss), MOELITE_OK);
+  EXPECT_EQ(sizes, (std::vector<int32_t>{3, 3}));
+  // Uniform curves: the budget is shared evenly (AdapMoE's uniform-hit special case).
+  std::vector<AllocationLayer> uniform(4, layer_from(2, {0.5, 0.25, 0.125, 0.0625}));
+  ASSERT_EQ(allocate_cache(uniform, 12, &sizes), MOELITE_OK);
+  EXPECT_EQ(sizes, (std::vector<int32_t>{3, 3, 3, 3}));
+}
+
+TEST(Allocation, UnitCostsMakeLargeExpertsCompeteFairly) {
+  // Layer 0's experts cost 3 units, layer 1's 1 unit: with 7 units, one more layer-0 expert (3
+  // units, gain 0.3) loses to three more layer-1 experts (3 units, gain 0.1 + 0.1 + 0.15 = 0.35).
+  std::vector<AllocationLayer> layers = {layer_from(1, {0.5, 0.2}, 3), layer_from(1, {0.5, 0.4, 0.3, 0.15})};
+  std::vector<int32_t> sizes;
+  ASSERT_EQ(allocate_cache(layers, 7, &sizes), MOELITE_OK);
+  EXPECT_EQ(sizes, (std::vector<int32_t>{1, 4}));
+}
+
+TEST(Allocation, MatchesBruteForceOnRandomInstances) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 4);
+    std::vector<AllocationLayer> layers;
+    int64_t minimum = 0;
+    for (int l = 0; l < n; ++l) {
+      const int32_t lo = 1 + static_cast<int32_t>(rng() % 3), span = 1 + static_cast<int32_t>(rng() % 5);
+      std::vector<double> loss;
+      double v = 4.0 * std::uniform_real_distribution<double>(0.5, 1.0)(rng);
+      for (int32_t i = 0; i < span; ++i) {
+        loss.push_back(v);
+        v *= std::uniform_real_distribution<double>(0.2, 1.0)(rng);  // non-increasing, not convex
+      }
+      layers.push_back(layer_from(lo, loss, 1 + static_cast<int64_t>(rng() % 3)));
+      minimum += lo * layers.back().unit_cost;
+    }
+    const int64_t budget = minimum + static_cast<int64_t>(rng() % 12);
+    std::vector<int32_t> sizes, want;
+    double loss;
+    ASSERT_EQ(allocate_cache(layers, budget, &sizes, &loss), MOELITE_OK);
+    const double best = brute_force(layers, budget, &want);
+    EXPECT_NEAR(loss, best, 1e-12) << "trial " << trial;
+    int64_t used = 0;
+    double check = 0.0;
+    for (size_t l = 0; l < layers.size(); ++l) {
+      ASSERT_GE(sizes[l], layers[l].min_size);
+      ASSERT_LE(sizes[l], layers[l].max_size);
+      used += sizes[l] * layers[l].unit_cost;
+      check += layers[l].loss[static_cast<size_t>(sizes[l] - layers[l].min_size)];
+    }
+    EXPECT_LE(used, budget);
+    EXPECT_NEAR(check, loss, 1e-12);
+  }
+}
+
+TEST(Allocation, RefusesImpossibleBudgetsAndBadInput) {
+  std::vector<AllocationLayer> layers = {layer_from(3, {1.0, 0.5}), layer_from(3, {1.0, 0.5})};
+  std::vector<int32_t> sizes;
+  EXPECT_EQ(allocate_cache(layers, 5, &sizes), MOELITE_ERR_BUDGET_TOO_SMALL);
+  layers[1].loss.pop_back();
+  EXPECT_EQ(allocate_cache(layers, 10, &sizes), MOELITE_ERR_INVALID_ARGUMENT);
+}
+
+TEST(Allocation, ExpectedDemandLoads) {
+  EXPECT_DOUBLE_EQ(expected_demand_loads(8, 0.5, 0.0), 4.0);
+  EXPECT_DOUBLE_EQ(expected_demand_loads(8, 0.5, 0.75), 1.0);
+  EXPECT_DOUBLE_EQ(expected_demand_loads(2, 1.0, 0.0), 0.0);
+}
+
+// ---- JSON
+
+TEST(Json, ParsesDocuments) {
+  json::Value v;
+  std::string err;
+  ASSERT_TRUE(json::parse(R"( {"a": [1, -2.5e3, true, null, "x\"\u00e9\ud83d\ude00"], "b": {}} )", &v, &err)) << err;
+  ASSERT_TRUE(v.is_object());
+  const json::Value* a = v.find("a");
+  ASSERT_TRUE(a && a->is_array());
+  ASSERT_EQ(a->array.size(), 5u);
+  EXPECT_EQ(a->array[0].number, 1.0);
+  EXPECT_EQ(a->array[1].number, -2500.0);
+  EXPECT_TRUE(a->array[2].boolean);
+  EXPECT_EQ(a->array[3].kind, json::Value::Kind::Null);
+  EXPECT_EQ(a->array[4].string, "x\"\xc3\xa9\xf0\x9f\x98\x80");
+  EXPECT_TRUE(v.find("b")->is_object());
+  EXPECT_EQ(v.find("c"), nullptr);
+}
+
+TEST(Json, RejectsMalformedTextWithTheLine) {
+  const char* bad[] = {"", "{", "[1,]", "{\"a\" 1}", "{\"a\":1,}", "01", "1.", "-", "+1", "nan", "\"\\x\"",
+                       "\"\\ud800\"", "[1] 2", "{\"a\":tru}", "\"a\nb\"", "[1e]"};
+  for (const char* text : bad) {
+    json::Value v;
+    std::string err;
+    EXPECT_FALSE(json::parse(text, &v, &err)) << text;
+    EXPECT_EQ(err.rfind("line ", 0), 0u) << text;
+  }
+  json::Value v;
+  std::string err;
+  EXPECT_FALSE(json::parse("{\n\"a\": [\n1,\n}", &v, &err));
+  EXPECT_EQ(err.rfind("line 4", 0), 0u) << err;
+  EXPECT_FALSE(json::parse(std::string(100, '[') + std::string(100, ']'), &v, &err));  // depth limit
+  EXPECT_NE(err.find("64"), std::string::npos);
+}
+
+TEST(Json, NumbersRoundTrip) {
+  for (double x : {0.0, 1.0, -0.1, 1e-300, 123456789.123456789, 0.769141274287891}) {
+    json::Value v;
+    std::string err;
+    ASSERT_TRUE(json::parse(json::number(x), &v, &err)) << json::number(x);
+    EXPECT_EQ(v.number, x);
+  }
+  EXPECT_EQ(json::number(NAN), "null");
+  EXPECT_EQ(json::quote("a\"b\n"), "\"a\\\"b\\u000a\"");
+}
+
+// ---- profiles
+
+namespace {
+
+Profile sample_profile() {
+  Profile p;
+  p.arch = "qwen3moe";
+  p.n_layer = 2;
+  p.n_expert = 4;
+  p.n_expert_used = 2;
+  p.n_embd = 3;
+  p.n_tokens = 100;
+  p.window = 50;
+  p.layers.resize(2);
+  for (int l = 0; l < 2; ++l) {
+    p.layers[l].sensitivity = 0.5 + l;
+    p.layers[l].sensitivity_fd = 0.6 + l;
+    p.layers[l].expert_counts = {10, 20, 30, uint64_t(40 + l)};
+    p.layers[l].hit_curve = {0, 0, 0.5, 0.75, 1.0};
+  }
+  p.gating = {{0.01, 1.5, 0.5}};
+  p.accuracy["learned"] = {NAN, 0.75};
+  p.first_layer = {4, 3, std::vector<float>(16, 0.25f)};
+  p.learned.resize(2);
+  p.learned[0] = {4, 3, std::vector<float>(16, -1.0f)};
+  p.correlation = {std::vector<float>(16, 2.0f)};
+  return p;
+}
+
+}  // namespace
+
+TEST(Profile, RoundTrips) {
+  const std::string path = temp_path("roundtrip.json");
+  const Profile p = sample_profile();
+  ASSERT_EQ(p.save(path), MOELITE_OK) << last_error_message();
+  Profile q;
+  ASSERT_EQ(Profile::load(path, &q), MOELITE_OK) << last_error_message();
+  EXPECT_EQ(q.arch, "qwen3moe");
+  EXPECT_EQ(q.n_tokens, 100);
+  ASSERT_EQ(q.layers.size(), 2u);
+  EXPECT_EQ(q.layers[1].sensitivity, 1.5);
+  EXPECT_EQ(q.layers[1].sensitivity_fd, 1.6);
+  EXPECT_EQ(q.layers[1].expert_counts, p.layers[1].expert_counts);
+  EXPECT_EQ(q.layers[0].hit_curve, p.layers[0].hit_curve);
+  ASSERT_EQ(q.gating.size(), 1u);
+  EXPECT_EQ(q.gating[0].experts_per_token, 1.5);
+  EXPECT_TRUE(std::isnan(q.accuracy["learned"][0]));
+  EXPECT_EQ(q.accuracy["learned"][1], 0.75);
+  EXPECT_EQ(q.first_layer.w, p.first_layer.w);
+  EXPECT_EQ(q.learned[0].w, p.learned[0].w);
+  EXPECT_TRUE(q.learned[1].empty());
+  EXPECT_EQ(q.correlation[0], p.correlation[0]);
+  std::remove(path.c_str());
+  std::remove((path + ".bin").c_str());
+}
+
+TEST(Profile, EveryMalformationIsRefusedWithItsOwnStatus) {
+  const std::string path = temp_path("bad.json");
+  ASSERT_EQ(sample_profile().save(path), MOELITE_OK);
+  std::string good;
+  {
+    std::ifstream in(path, std::ios::binary);
+    good.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto load_text = [&](const std::string& text) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+    Profile q;
+    return Profile::load(path, &q);
+  };
+  // Truncated at every byte: refused as a bad profile (or, at the very end, fine), never a crash.
+  for (size_t cut = 0; cut < good.size(); ++cut) {
+    const Status st = load_text(good.substr(0, cut));
+    EXPECT_TRUE(st == MOELITE_ERR_BAD_PROFILE || (st == MOELITE_OK && cut + 2 >= good.size())) << "cut at " << cut;
+  }
+  auto replaced = [&](const std::string& from, const std::string& to) {
+    std::string t = good;
+    const size_t at = t.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return t.replace(at, from.size(), to);
+  };
+  EXPECT_EQ(load_text(replaced("moelite-profile", "something-else")), MOELITE_ERR_BAD_PROFILE);
+  EXPECT_EQ(load_text(replaced("\"version\": 1", "\"version\": 2")), MOELITE_ERR_BAD_PROFILE);
+  EXPECT_EQ(load_text(replaced("\"sensitivity\": 0.5", "\"sensitivity\": -1")), MOELITE_ERR_BAD_PROFILE);
+  EXPECT_EQ(load_text(replaced("\"n_layer\": 2", "\"n_layer\": 3")), MOELITE_ERR_BAD_PROFILE);
+  EXPECT_EQ(load_text(replaced("[0, 0, 0.5, 0.75, 1]", "[0, 0, 0.5, 1.75, 1]")), MOELITE_ERR_BAD_PROFILE);
+  EXPECT_EQ(load_text(replaced("[10, 20, 30, 40]", "[10, 20, 30]")), MOELITE_ERR_BAD_PROFILE);
+  EXPECT_EQ(load_text(replaced("\"first_layer\"", "\"last_layer\"")), MOELITE_ERR_BAD_PROFILE);
+  EXPECT_EQ(load_text(replaced("\"rows\": 4, \"cols\": 4", "\"rows\": 4, \"cols\": 5")), MOELITE_ERR_BAD_PROFILE);
+  EXPECT_EQ(load_text(replaced("\"learned.0\"", "\"learned.9\"")), MOELITE_ERR_BAD_PROFILE);
+  EXPECT_EQ(load_text(replaced("bad.json.bin", "../x.bin")), MOELITE_ERR_BAD_PROFILE);
+  // A truncated weights file.
+  ASSERT_EQ(load_text(good), MOELITE_OK);
+  ASSERT_EQ(truncate((path + ".bin").c_str(), 100), 0);
+  Profile q;
+  EXPECT_EQ(Profile::load(path, &q), MOELITE_ERR_BAD_PROFILE);
+  EXPECT_NE(std::string(last_error_message()).find("outside"), std::string::npos) << last_error_message();
+  EXPECT_EQ(Profile::load(path + ".missing", &q), MOELITE_ERR_FILE_NOT_FOUND);
+  // Another model's profile.
+  HParams hp;
+  hp.arch = "qwen3moe";
+  hp.n_layer = 2;
+  hp.n_expert = 4;
+  hp.n_expert_used = 2;
+  hp.n_embd = 3;
+  Profile p = sample_profile();
+  EXPECT_EQ(p.check_model(hp), MOELITE_OK);
+  hp.n_expert = 8;
+  EXPECT_EQ(p.check_model(hp), MOELITE_ERR_BAD_PROFILE);
+  std::remove(path.c_str());
+  std::remove((path + ".bin").c_str());
+}
+
+TEST(Profile, SaveNeverLeavesAHalfWrittenFile) {
+  // A directory that does not exist: the save fails with MOELITE_ERR_IO and no file appears.
+  const Profile p = sample_profile();
+  EXPECT_EQ(p.save("/nonexistent-dir-moelite/x.json"), MOELITE_ERR_IO);
+}
+
+// ---- predictors' building blocks
+
+TEST(Ridge, RecoversAKnownLinearMap) {
+  // y = A x + b exactly; with a negligible penalty the fit returns A and b.
+  const int32_t n_in = 5, n_out = 3;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> g;
+  std::vector<float> a(static_cast<size_t>(n_out * n_in)), b(static_cast<size_t>(n_out));
+  for (float& v : a) v = g(rng);
+  for (float& v : b) v = g(rng);
+  RidgeAccumulator ridge(n_in, n_out);
+  for (int s = 0; s < 200; ++s) {
+    std::vector<float> x(n_in), y(n_out);
+    for (float& v : x) v = g(rng);
+    for (int32_t o = 0; o < n_out; ++o) {
+      double acc = b[static_cast<size_t>(o)];
+      for (int32_t i = 0; i < n_in; ++i) acc += double(a[static_cast<size_t>(o * n_in + i)]) * x[static_cast<size_t>(i)];
+      y[static_cast<size_t>(o)] = static_cast<float>(acc);
+    }
+    ridge.add(x.data(), y.data());
+  }
+  LinearMap m;
+  ASSERT_EQ(ridge.solve(1e-12, &m), MOELITE_OK);
+  for (int32_t o = 0; o < n_out; ++o) {
+    for (int32_t i = 0; i < n_in; ++i) EXPECT_NEAR(m.w[static_cast<size_t>(o * (n_in + 1) + i)], a[static_cast<size_t>(o * n_in + i)], 1e-4);
+    EXPECT_NEAR(m.w[static_cast<size_t>(o * (n_in + 1) + n_in)], b[static_cast<size_t>(o)], 1e-4);
+  }
+  // apply() computes W [x, 1].
+  std::vector<float> x = {1, 0, 0, 0, 0}, out(3);
+  m.apply(x.data(), out.data());
+  for (int32_t o = 0; o < n_out; ++o) EXPECT_NEAR(out[static_cast<size_t>(o)], a[static_cast<size_t>(o * n_in)] + b[static_cast<size_t>(o)], 1e-4);
+  RidgeAccumulator empty(2, 2);
+  EXPECT_EQ(empty.solve(1e-3, &m), MOELITE_ERR_INVALID_ARGUMENT);
+}
+
+TEST(Predictors, CorrelationTableGivesSmoothedConditionalProbabilities) {
+  CorrelationTable t(3, {});
+  const int32_t a0[] = {0}, b1[] = {1}, b2[] = {2}, both[] = {0, 1}, dropped[] = {0, -1};
+  t.add(a0, 1, b1, 1);
+  t.add(a0, 1, b1, 1);
+  t.add(a0, 1, b2, 1);
+  std::vector<float> s(3);
+  // Row 0: counts (0, 2, 1), sum 3, add-one: (1, 3, 2) / 6.
+  t.scores(a0, 1, s.data());
+  EXPECT_FLOAT_EQ(s[0], 1.0f / 6);
+  EXPECT_FLOAT_EQ(s[1], 3.0f / 6);
+  EXPECT_FLOAT_EQ(s[2], 2.0f / 6);
+  // Two source experts: the mean of their rows (row 1 is uniform 1/3).
+  t.scores(both, 2, s.data());
+  EXPECT_FLOAT_EQ(s[1], (3.0f / 6 + 1.0f / 3) / 2);
+  // Dropped slots (-1) are ignored.
+  t.scores(dropped, 2, s.data());
+  EXPECT_FLOAT_EQ(s[1], 3.0f / 6);
+  EXPECT_EQ(top_indices(s.data(), 3, 2), (std::vector<int32_t>{1, 2}));
+  const float ties[] = {0.5f, 0.7f, 0.7f, 0.1f};
+  EXPECT_EQ(top_indices(ties, 4, 3), (std::vector<int32_t>{1, 2, 0}));
+}

@@ -1,0 +1,271 @@
+// Calibration, profiles, predictors and adaptive gating through the public API on the shipped
+// trained model: exactness under every predictor and the profile's DP allocation (offloading and
+// prediction never change logits), gating reducing the experts used, and every bad input getting
+// its own status.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "moelite.h"
+
+namespace {
+
+const std::string kModel = std::string(MOELITE_SOURCE_DIR) + "/models/moelite-tiny-qwen3moe-Q8_0.gguf";
+const std::string kText = std::string(MOELITE_SOURCE_DIR) + "/tools/train/data/heldout.txt";
+
+struct Params {
+  uint64_t budget = 0;
+  const char* predictor = "none";
+  int32_t depth = 1;
+  std::string profile;
+  const char* gating = "exact";
+  float threshold = 0.0f;
+};
+
+struct Loaded {
+  moelite_model* model = nullptr;
+  moelite_context* ctx = nullptr;
+  ~Loaded() {
+    moelite_context_free(ctx);
+    moelite_model_free(model);
+  }
+};
+
+moelite_status load(const Params& p, Loaded* out) {
+  moelite_model_params* mp = moelite_model_params_create();
+  moelite_model_params_set_threads(mp, 2);
+  moelite_model_params_set_expert_budget(mp, p.budget);
+  moelite_model_params_set_expert_predictor(mp, p.predictor);
+  moelite_model_params_set_predictor_depth(mp, p.depth);
+  moelite_model_params_set_profile(mp, p.profile.c_str());
+  moelite_status st = moelite_model_params_set_gating(mp, p.gating, p.threshold);
+  if (st == MOELITE_OK) st = moelite_model_load(kModel.c_str(), mp, &out->model);
+  moelite_model_params_free(mp);
+  if (st == MOELITE_OK) st = moelite_context_create(out->model, nullptr, &out->ctx);
+  return st;
+}
+
+std::vector<int32_t> corpus_tokens(moelite_model* model, size_t bytes) {
+  std::ifstream in(kText, std::ios::binary);
+  std::string text(bytes, '\0');
+  in.read(&text[0], static_cast<std::streamsize>(bytes));
+  text.resize(static_cast<size_t>(in.gcount()));
+  std::vector<int32_t> tokens(text.size() + 8);
+  int32_t n = 0;
+  EXPECT_EQ(moelite_tokenize(model, text.data(), text.size(), 0, tokens.data(), static_cast<int32_t>(tokens.size()), &n),
+            MOELITE_OK);
+  tokens.resize(static_cast<size_t>(n));
+  return tokens;
+}
+
+// Logits of a prompt (batched) and then of decode steps one token at a time (where predictors
+// run), all concatenated.
+std::vector<float> run(Loaded& l, const std::vector<int32_t>& tokens) {
+  const int64_t n_vocab = moelite_model_get(l.model, MOELITE_MODEL_N_VOCAB);
+  std::vector<float> out;
+  const int32_t prompt = 8;
+  EXPECT_EQ(moelite_eval(l.ctx, tokens.data(), prompt, 1), MOELITE_OK) << moelite_last_error();
+  for (int32_t i = 0; i < prompt; ++i) {
+    const float* row = moelite_get_logits(l.ctx, i);
+    out.insert(out.end(), row, row + n_vocab);
+  }
+  for (size_t i = prompt; i < tokens.size(); ++i) {
+    if (moelite_eval(l.ctx, &tokens[i], 1, 0) != MOELITE_OK) {
+      ADD_FAILURE() << moelite_last_error();
+      return out;
+    }
+    const float* row = moelite_get_logits(l.ctx, -1);
+    out.insert(out.end(), row, row + n_vocab);
+  }
+  return out;
+}
+
+class AdaptiveApi : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    profile_ = testing::TempDir() + "moelite-profile-" + std::to_string(getpid()) + ".json";
+    Loaded l;
+    ASSERT_EQ(load(Params(), &l), MOELITE_OK) << moelite_last_error();
+    tokens_ = corpus_tokens(l.model, 4000);
+    ASSERT_GT(tokens_.size(), 600u);
+    moelite_calibrate_params* cp = moelite_calibrate_params_create();
+    ASSERT_EQ(moelite_calibrate_params_set_window(cp, 128), MOELITE_OK);
+    ASSERT_EQ(moelite_calibrate(l.model, tokens_.data(), 512, cp, profile_.c_str()), MOELITE_OK) << moelite_last_error();
+    moelite_calibrate_params_free(cp);
+    total_ = static_cast<uint64_t>(moelite_model_get(l.model, MOELITE_MODEL_EXPERT_BYTES));
+    tokens_.assign(tokens_.begin() + 512, tokens_.begin() + 560);  // evaluation text: not calibration text
+  }
+  static void TearDownTestSuite() {
+    std::remove(profile_.c_str());
+    std::remove((profile_ + ".bin").c_str());
+  }
+  static std::string profile_;
+  static std::vector<int32_t> tokens_;
+  static uint64_t total_;
+};
+std::string AdaptiveApi::profile_;
+std::vector<int32_t> AdaptiveApi::tokens_;
+uint64_t AdaptiveApi::total_ = 0;
+
+}  // namespace
+
+TEST_F(AdaptiveApi, EveryPredictorAndTheDpAllocationLeaveLogitsBitwiseUnchanged) {
+  Loaded resident;
+  ASSERT_EQ(load(Params(), &resident), MOELITE_OK);
+  const std::vector<float> want = run(resident, tokens_);
+  struct Variant {
+    const char* predictor;
+    int32_t depth;
+    bool profile;
+  };
+  const Variant variants[] = {{"next-gate", 1, false}, {"next-gate", 3, false}, {"correlation", 1, false},
+                              {"none", 1, true},       {"next-gate", 2, true},  {"learned", 1, true},
+                              {"first-layer", 1, true}, {"correlation", 1, true}};
+  for (uint64_t budget : {total_ / 4, total_ / 2}) {
+    for (const Variant& v : variants) {
+      Params p;
+      p.budget = budget;
+      p.predictor = v.predictor;
+      p.depth = v.depth;
+      if (v.profile) p.profile = profile_;
+      Loaded l;
+      ASSERT_EQ(load(p, &l), MOELITE_OK) << v.predictor << ": " << moelite_last_error();
+      moelite_model_reset_expert_stats(l.model);
+      const std::vector<float> got = run(l, tokens_);
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_EQ(memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+          << v.predictor << " depth " << v.depth << (v.profile ? " with profile" : "") << " budget " << budget;
+      EXPECT_LE(static_cast<uint64_t>(moelite_model_get(l.model, MOELITE_MODEL_EXPERT_POOL_BYTES)), budget);
+      moelite_expert_stats s = {sizeof s};
+      ASSERT_EQ(moelite_model_expert_stats(l.model, -1, &s), MOELITE_OK);
+      EXPECT_EQ(s.activations, s.hits + s.misses);
+      EXPECT_LE(s.predicted, s.activations);
+      EXPECT_LE(s.ready_when_needed, s.hits);
+      EXPECT_EQ(s.routed_experts, s.routed_tokens * 2);  // exact mode: top-2 everywhere
+      if (strcmp(v.predictor, "none") != 0) {
+        // A predictor that names nothing right would be useless: on this text every one of them
+        // names some of the experts used (chance is 2 of 16 per layer).
+        // first-layer only predicts layer 0 (of the next token).
+        moelite_expert_stats covered = s;
+        if (strcmp(v.predictor, "first-layer") == 0) ASSERT_EQ(moelite_model_expert_stats(l.model, 0, &covered), MOELITE_OK);
+        EXPECT_GT(covered.predicted, covered.activations / 20) << v.predictor;
+        EXPECT_GT(s.predictions, 0u);
+        EXPECT_GT(s.prefetches_issued, 0u);
+      } else {
+        EXPECT_EQ(s.predicted, 0u);
+      }
+    }
+  }
+}
+
+TEST_F(AdaptiveApi, GatingUsesFewerExpertsAndChangesResultsOnlyWhenAsked) {
+  Loaded exact;
+  ASSERT_EQ(load(Params(), &exact), MOELITE_OK);
+  const std::vector<float> want = run(exact, tokens_);
+  moelite_expert_stats s = {sizeof s};
+  ASSERT_EQ(moelite_model_expert_stats(exact.model, -1, &s), MOELITE_OK);
+  EXPECT_EQ(s.routed_experts, s.routed_tokens * 2);
+  EXPECT_EQ(s.routed_tokens, tokens_.size() * 4);  // 4 layers
+
+  for (const char* mode : {"score", "sensitivity"}) {
+    Params p;
+    p.gating = mode;
+    p.threshold = strcmp(mode, "score") == 0 ? 0.2f : 0.01f;
+    p.profile = profile_;
+    Loaded l;
+    ASSERT_EQ(load(p, &l), MOELITE_OK) << moelite_last_error();
+    const std::vector<float> got = run(l, tokens_);
+    ASSERT_EQ(moelite_model_expert_stats(l.model, -1, &s), MOELITE_OK);
+    EXPECT_LT(s.routed_experts, s.routed_tokens * 2) << mode;
+    EXPECT_GE(s.routed_experts, s.routed_tokens) << mode;  // at least one expert each
+    EXPECT_NE(memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << mode;
+    // Gated and budgeted: still bitwise the gated resident result (offloading never changes it).
+    p.budget = total_ / 4;
+    p.predictor = "learned";
+    Loaded b;
+    ASSERT_EQ(load(p, &b), MOELITE_OK) << moelite_last_error();
+    const std::vector<float> budgeted = run(b, tokens_);
+    EXPECT_EQ(memcmp(budgeted.data(), got.data(), got.size() * sizeof(float)), 0) << mode;
+  }
+  // Threshold 0 is exact whatever the mode.
+  Params zero;
+  zero.gating = "score";
+  Loaded z;
+  ASSERT_EQ(load(zero, &z), MOELITE_OK);
+  const std::vector<float> same = run(z, tokens_);
+  EXPECT_EQ(memcmp(same.data(), want.data(), want.size() * sizeof(float)), 0);
+}
+
+TEST_F(AdaptiveApi, BadInputsGetTheirOwnStatus) {
+  moelite_model_params* mp = moelite_model_params_create();
+  EXPECT_EQ(moelite_model_params_set_gating(mp, "topk", 0.1f), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_model_params_set_gating(mp, "score", -1.0f), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_model_params_set_gating(mp, "score", NAN), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_model_params_set_predictor_depth(mp, 0), MOELITE_ERR_INVALID_ARGUMENT);
+  moelite_model_params_free(mp);
+
+  Params p;
+  p.gating = "sensitivity";
+  p.threshold = 0.01f;
+  Loaded no_profile;
+  EXPECT_EQ(load(p, &no_profile), MOELITE_ERR_BAD_PROFILE);
+  Params learned;
+  learned.budget = total_ / 4;
+  learned.predictor = "learned";
+  Loaded no_weights;
+  EXPECT_EQ(load(learned, &no_weights), MOELITE_ERR_BAD_PROFILE);
+  Params pregate = learned;
+  pregate.predictor = "pregate";
+  Loaded no_pregate;
+  EXPECT_EQ(load(pregate, &no_pregate), MOELITE_ERR_INVALID_ARGUMENT);
+  Params missing;
+  missing.profile = profile_ + ".nope";
+  Loaded m;
+  EXPECT_EQ(load(missing, &m), MOELITE_ERR_FILE_NOT_FOUND);
+  // A profile of another model (its dimensions edited consistently: still well-formed).
+  std::string text;
+  {
+    std::ifstream in(profile_, std::ios::binary);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t at = text.find("\"arch\": \"qwen3moe\"");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 18, "\"arch\": \"olmoe\"");
+  const std::string other = profile_ + ".other.json";
+  std::ofstream(other, std::ios::binary) << text;
+  Params wrong;
+  wrong.profile = other;
+  Loaded w;
+  EXPECT_EQ(load(wrong, &w), MOELITE_ERR_BAD_PROFILE);
+  EXPECT_NE(strstr(moelite_last_error(), "olmoe"), nullptr) << moelite_last_error();
+  std::remove(other.c_str());
+
+  // Calibration's own errors.
+  Loaded l;
+  ASSERT_EQ(load(Params(), &l), MOELITE_OK);
+  const int32_t one[] = {5}, bad[] = {5, 1 << 30};
+  EXPECT_EQ(moelite_calibrate(l.model, one, 1, nullptr, "/tmp/x.json"), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_calibrate(l.model, bad, 2, nullptr, "/tmp/x.json"), MOELITE_ERR_BAD_TOKEN);
+  EXPECT_EQ(moelite_calibrate(l.model, tokens_.data(), 16, nullptr, "/nonexistent-dir-moelite/p.json"), MOELITE_ERR_IO);
+  EXPECT_EQ(moelite_calibrate(l.model, tokens_.data(), 16, nullptr, nullptr), MOELITE_ERR_INVALID_ARGUMENT);
+  Params gated;
+  gated.gating = "score";
+  gated.threshold = 0.2f;
+  Loaded g;
+  ASSERT_EQ(load(gated, &g), MOELITE_OK);
+  EXPECT_EQ(moelite_calibrate(g.model, tokens_.data(), 16, nullptr, "/tmp/x.json"), MOELITE_ERR_INVALID_ARGUMENT);
+  moelite_calibrate_params* cp = moelite_calibrate_params_create();
+  EXPECT_EQ(moelite_calibrate_params_set_window(cp, 1), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_calibrate_params_set_holdout(cp, 1.0), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_calibrate_params_set_stride(cp, 0), MOELITE_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(moelite_calibrate_params_set_stride(cp, 9), MOELITE_OK);  // checked against the model
+  EXPECT_EQ(moelite_calibrate(l.model, tokens_.data(), 16, cp, "/tmp/x.json"), MOELITE_ERR_INVALID_ARGUMENT);
+  moelite_calibrate_params_free(cp);
+}
