@@ -153,6 +153,13 @@ MOELITE_API moelite_status moelite_model_params_set_gating(moelite_model_params*
   return MOELITE_OK;
 }
 
+MOELITE_API moelite_status moelite_model_params_set_cache_allocation(moelite_model_params* p, const char* allocation) {
+  if (!p) return null_arg(__func__, "params");
+  if (!allocation) return null_arg(__func__, "allocation");
+  p->opts.cache_allocation = allocation;
+  return MOELITE_OK;
+}
+
 MOELITE_API moelite_status moelite_model_params_set_expert_per_layer(moelite_model_params* p, int32_t per_layer) {
   if (!p) return null_arg(__func__, "params");
   p->opts.expert_per_layer = per_layer != 0;

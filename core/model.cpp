@@ -170,7 +170,7 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
     so.budget_bytes = opts.expert_budget_bytes;
     so.policy = opts.expert_policy;
     so.per_layer = opts.expert_per_layer;
-    plan_expert_store(*m, opts, &so);
+    MOELITE_TRY(plan_expert_store(*m, opts, &so));
     if (const char* t = getenv("MOELITE_IO_THREADS")) so.io_threads = std::max(1, atoi(t));
     std::unique_ptr<ExpertStore> store;
     MOELITE_TRY(ExpertStore::create(*m, path, so, &store));

@@ -89,7 +89,10 @@ struct LoadOptions {
   BackendKind backend = BackendKind::Auto;
   uint64_t expert_budget_bytes = 0;  // 0: experts resident in the file mapping
   std::string expert_policy = "lru";
-  bool expert_per_layer = false;
+  bool expert_per_layer = false;          // kept for the API: the same as cache_allocation "uniform"
+  // How the budget's slots are divided: "auto" (the profile's DP allocation when a profile is
+  // given and every layer's minimum fits, else one global pool), "global", "uniform", "dp".
+  std::string cache_allocation = "auto";
   std::string expert_predictor = "none";  // see core/adaptive/predictor.h
   int32_t predictor_depth = 1;            // next-gate: layers ahead
   std::string profile_path;               // calibration profile ("" : none)

@@ -215,6 +215,18 @@ MOELITE_API moelite_status moelite_model_params_set_gating(moelite_model_params 
  *  layer evicts only its own experts). */
 MOELITE_API moelite_status moelite_model_params_set_expert_per_layer(moelite_model_params *params,
                                                                      int32_t per_layer);
+/** How the expert budget's slots are divided among layers (the string is copied; an unknown name
+ *  fails at load with MOELITE_ERR_INVALID_ARGUMENT):
+ *   "auto"    (default) "dp" when a profile is set and the budget holds every layer's minimum
+ *             (top-k + 1 slots), else "global" ("uniform" if set_expert_per_layer(1) was called);
+ *   "global"  one pool shared by all layers;
+ *   "uniform" equal per-layer quotas;
+ *   "dp"      per-layer quotas minimising the expected on-demand loads per token, from the
+ *             profile's measured hit curves and the chosen predictor's accuracy (a knapsack
+ *             solved exactly by dynamic programming). Needs a profile (MOELITE_ERR_BAD_PROFILE)
+ *             and a budget of top-k + 1 slots per layer (MOELITE_ERR_BUDGET_TOO_SMALL). */
+MOELITE_API moelite_status moelite_model_params_set_cache_allocation(moelite_model_params *params,
+                                                                     const char *allocation);
 /** 1 (default): map the file and compute on the mapping. 0: read weights into owned memory. */
 MOELITE_API moelite_status moelite_model_params_set_use_mmap(moelite_model_params *params,
                                                              int32_t use_mmap);

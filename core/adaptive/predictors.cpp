@@ -163,15 +163,58 @@ class PreGate final : public ExpertPredictor {
   }
 };
 
+// Several predictors at once ("learned,first-layer"): each covers the layers it predicts best.
+class Composite final : public ExpertPredictor {
+ public:
+  explicit Composite(std::vector<std::unique_ptr<ExpertPredictor>> parts) : parts_(std::move(parts)) {
+    for (const auto& p : parts_) name_ += (name_.empty() ? "" : ",") + std::string(p->name());
+  }
+  const char* name() const override { return name_.c_str(); }
+  bool wants_hidden() const override {
+    return std::any_of(parts_.begin(), parts_.end(), [](const auto& p) { return p->wants_hidden(); });
+  }
+  bool wants_final() const override {
+    return std::any_of(parts_.begin(), parts_.end(), [](const auto& p) { return p->wants_final(); });
+  }
+  void after_layer(Model& m, EvalState& s, int32_t l, const float* hidden, std::vector<Prediction>* out) override {
+    for (auto& p : parts_) p->after_layer(m, s, l, p->wants_hidden() ? hidden : nullptr, out);
+  }
+  void after_token(const float* final_state, std::vector<Prediction>* out) override {
+    for (auto& p : parts_)
+      if (p->wants_final()) p->after_token(final_state, out);
+  }
+
+ private:
+  std::vector<std::unique_ptr<ExpertPredictor>> parts_;
+  std::string name_;
+};
+
 }  // namespace
 
-const char* predictor_names() { return "none, next-gate, first-layer, learned, correlation, pregate"; }
+const char* predictor_names() {
+  return "none, next-gate, first-layer, learned, correlation, pregate, or a comma-separated list of them";
+}
 
 Status make_predictor(const std::string& name, int32_t depth, const Model& m, const Profile* profile,
                       std::unique_ptr<ExpertPredictor>* out) {
   const int32_t k = m.hp.n_expert_used;
   out->reset();
   if (name == "none") return MOELITE_OK;
+  if (name.find(',') != std::string::npos) {
+    std::vector<std::unique_ptr<ExpertPredictor>> parts;
+    for (size_t begin = 0; begin <= name.size();) {
+      const size_t comma = std::min(name.find(',', begin), name.size());
+      std::unique_ptr<ExpertPredictor> part;
+      const std::string one = name.substr(begin, comma - begin);
+      if (one == "none" || one.empty())
+        return fail(MOELITE_ERR_INVALID_ARGUMENT, "predictor list '%s' names '%s'", name.c_str(), one.c_str());
+      MOELITE_TRY(make_predictor(one, depth, m, profile, &part));
+      parts.push_back(std::move(part));
+      begin = comma + 1;
+    }
+    *out = std::make_unique<Composite>(std::move(parts));
+    return MOELITE_OK;
+  }
   if (name == "next-gate") {
     *out = std::make_unique<NextGate>(std::max(1, depth));
   } else if (name == "correlation") {

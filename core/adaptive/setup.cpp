@@ -31,18 +31,29 @@ Status setup_adaptive(Model& m, const LoadOptions& opts) {
   return MOELITE_OK;
 }
 
-void plan_expert_store(const Model& m, const LoadOptions& opts, ExpertStoreOptions* so) {
+Status plan_expert_store(const Model& m, const LoadOptions& opts, ExpertStoreOptions* so) {
+  const std::string& mode = opts.expert_per_layer && opts.cache_allocation == "auto" ? std::string("uniform") : opts.cache_allocation;
+  if (mode != "auto" && mode != "global" && mode != "uniform" && mode != "dp")
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown cache allocation '%s' (available: auto, global, uniform, dp)", mode.c_str());
+  so->per_layer = mode == "uniform";
   const Profile* p = m.profile.get();
-  if (!p) return;
   const HParams& hp = m.hp;
-  for (const LayerProfile& lp : p->layers)
-    so->expert_counts.insert(so->expert_counts.end(), lp.expert_counts.begin(), lp.expert_counts.end());
-  if (so->expert_counts.size() != static_cast<size_t>(hp.n_layer) * static_cast<size_t>(hp.n_expert))
-    so->expert_counts.clear();
+  if (p) {
+    for (const LayerProfile& lp : p->layers)
+      so->expert_counts.insert(so->expert_counts.end(), lp.expert_counts.begin(), lp.expert_counts.end());
+    if (so->expert_counts.size() != static_cast<size_t>(hp.n_layer) * static_cast<size_t>(hp.n_expert))
+      so->expert_counts.clear();
+  }
+  if (mode == "global" || mode == "uniform") return MOELITE_OK;
 
   // DP allocation: needs every layer's hit curve and room for every layer's minimum quota.
-  for (const LayerProfile& lp : p->layers)
-    if (lp.hit_curve.size() != static_cast<size_t>(hp.n_expert) + 1) return;
+  bool curves = p != nullptr;
+  for (size_t l = 0; curves && l < p->layers.size(); ++l)
+    curves = p->layers[l].hit_curve.size() == static_cast<size_t>(hp.n_expert) + 1;
+  if (!curves) {
+    if (mode == "auto") return MOELITE_OK;
+    return fail(MOELITE_ERR_BAD_PROFILE, "the DP cache allocation needs a calibration profile with per-layer hit curves");
+  }
   uint64_t slot_bytes = 0;
   ExpertStore::minimum_budget(m, true, &slot_bytes);
   const int32_t k = hp.n_expert_used;
@@ -50,19 +61,30 @@ void plan_expert_store(const Model& m, const LoadOptions& opts, ExpertStoreOptio
                                                                  uint64_t(hp.n_layer) * uint64_t(hp.n_expert + 1)));
   const int32_t min_q = k + 1, max_q = std::max(k + 1, hp.n_expert);
   if (slots < int64_t{hp.n_layer} * min_q) {
+    if (mode == "dp")
+      return fail(MOELITE_ERR_BUDGET_TOO_SMALL, "the DP cache allocation needs %d slots per layer (%" PRIu64 " bytes in all); "
+                  "the budget holds %" PRId64 " slots", min_q, uint64_t(hp.n_layer) * uint64_t(min_q) * slot_bytes, slots);
     log_msg(MOELITE_LOG_INFO, "expert store: the budget holds %" PRId64 " slots, fewer than %d per layer; "
             "one global pool instead of the profile's per-layer allocation", slots, min_q);
-    return;
+    return MOELITE_OK;
   }
-  // Prediction takes loads off the critical path in proportion to its measured accuracy.
-  const auto acc = p->accuracy.find(opts.expert_predictor);
+  // Prediction takes loads off the critical path in proportion to its measured accuracy (of the
+  // best of the predictors in use, layer by layer).
+  std::vector<const std::vector<double>*> used;
+  for (size_t begin = 0; begin <= opts.expert_predictor.size();) {
+    const size_t comma = std::min(opts.expert_predictor.find(',', begin), opts.expert_predictor.size());
+    const auto it = p->accuracy.find(opts.expert_predictor.substr(begin, comma - begin));
+    if (it != p->accuracy.end()) used.push_back(&it->second);
+    begin = comma + 1;
+  }
   std::vector<AllocationLayer> layers(static_cast<size_t>(hp.n_layer));
   for (int32_t l = 0; l < hp.n_layer; ++l) {
     AllocationLayer& a = layers[static_cast<size_t>(l)];
     a.min_size = min_q;
     a.max_size = max_q;
     double accuracy = 0.0;
-    if (acc != p->accuracy.end() && std::isfinite(acc->second[static_cast<size_t>(l)])) accuracy = acc->second[static_cast<size_t>(l)];
+    for (const std::vector<double>* acc : used)
+      if (std::isfinite((*acc)[static_cast<size_t>(l)])) accuracy = std::max(accuracy, (*acc)[static_cast<size_t>(l)]);
     for (int32_t q = min_q; q <= max_q; ++q) {
       const double hit = p->layers[static_cast<size_t>(l)].hit_curve[static_cast<size_t>(std::min(q, hp.n_expert))];
       a.loss.push_back(expected_demand_loads(k, hit, accuracy));
@@ -70,16 +92,14 @@ void plan_expert_store(const Model& m, const LoadOptions& opts, ExpertStoreOptio
   }
   std::vector<int32_t> sizes;
   double loss = 0.0;
-  if (allocate_cache(layers, slots, &sizes, &loss) != MOELITE_OK) {
-    clear_error();
-    return;
-  }
+  MOELITE_TRY(allocate_cache(layers, slots, &sizes, &loss));
   so->per_layer = true;
   so->layer_slots = sizes;
   std::string text;
   for (int32_t q : sizes) text += (text.empty() ? "" : " ") + std::to_string(q);
   log_msg(MOELITE_LOG_INFO, "expert store: per-layer slots from the profile's DP allocation: %s (expected %.3f on-demand loads/token)",
           text.c_str(), loss);
+  return MOELITE_OK;
 }
 
 }  // namespace moelite

@@ -10,8 +10,11 @@ namespace moelite {
 // another model or sensitivity gating without one.
 Status setup_adaptive(Model& m, const LoadOptions& opts);
 
-// Store options the profile implies: per-layer quotas from the DP allocation (when the budget
-// allows every layer its minimum) and the static policy's use counts.
-void plan_expert_store(const Model& m, const LoadOptions& opts, ExpertStoreOptions* so);
+// Store options from the cache allocation and the profile: one global pool, equal per-layer
+// quotas, or quotas from the DP allocation over the profile's hit curves and predictor accuracy;
+// and the static policy's use counts. "dp" without a profile: MOELITE_ERR_BAD_PROFILE; a budget
+// below every layer's minimum: MOELITE_ERR_BUDGET_TOO_SMALL; an unknown name:
+// MOELITE_ERR_INVALID_ARGUMENT.
+Status plan_expert_store(const Model& m, const LoadOptions& opts, ExpertStoreOptions* so);
 
 }  // namespace moelite

@@ -173,6 +173,7 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only) {
     return usage_error(err);
   }
   if (st == MOELITE_OK && args.has("--predict-depth")) st = moelite_model_params_set_predictor_depth(p, static_cast<int32_t>(depth));
+  if (st == MOELITE_OK && args.has("--allocation")) st = moelite_model_params_set_cache_allocation(p, args.get("--allocation").c_str());
   if (st == MOELITE_OK && args.has("--profile")) st = moelite_model_params_set_profile(p, args.get("--profile").c_str());
   if (st == MOELITE_OK && (args.has("--gating") || args.has("--threshold")))
     st = moelite_model_params_set_gating(p, args.get("--gating", "exact").c_str(), static_cast<float>(threshold));

@@ -78,6 +78,8 @@ int cmd_bench(int argc, char** argv) {
 
   double best_prefill = 1e30, best_decode = 1e30;
   moelite_expert_stats best_stats{};  // expert-store counters of the best decode run
+  const int32_t n_layers = static_cast<int32_t>(moelite_model_get(model, MOELITE_MODEL_N_LAYERS));
+  std::vector<moelite_expert_stats> best_layers(static_cast<size_t>(n_layers));
   const int64_t runs = reps + (args.has("--no-warmup") ? 0 : 1);
   for (int64_t r = 0; r < runs && st == MOELITE_OK; ++r) {
     moelite_kv_reset(ctx);
@@ -93,6 +95,10 @@ int cmd_bench(int argc, char** argv) {
       best_decode = t2 - t1;
       best_stats.struct_size = sizeof best_stats;
       moelite_model_expert_stats(model, -1, &best_stats);
+      for (int32_t l = 0; l < n_layers; ++l) {
+        best_layers[static_cast<size_t>(l)].struct_size = sizeof(moelite_expert_stats);
+        moelite_model_expert_stats(model, l, &best_layers[static_cast<size_t>(l)]);
+      }
     }
   }
   if (st != MOELITE_OK) {
@@ -126,6 +132,18 @@ int cmd_bench(int argc, char** argv) {
   const double experts_per_token =
       best_stats.routed_tokens ? double(best_stats.routed_experts) / double(best_stats.routed_tokens) : 0.0;
   const std::string predictor = args.get("--predictor", "none");
+  // Per layer: [hit rate, prediction accuracy, timeliness, on-demand loads per token].
+  std::string layers_json = "[";
+  for (int32_t l = 0; l < n_layers; ++l) {
+    const moelite_expert_stats& ls = best_layers[static_cast<size_t>(l)];
+    const double a = ls.activations ? double(ls.activations) : 1.0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s{\"layer\": %d, \"hit_rate\": %.4f, \"accuracy\": %.4f, \"timeliness\": %.4f, \"on_demand_loads_per_token\": %.4f}",
+             l ? ", " : "", l, double(ls.hits) / a, double(ls.predicted) / a, double(ls.ready_when_needed) / a,
+             n_gen > 0 ? double(ls.misses) / double(n_gen) : 0.0);
+    layers_json += buf;
+  }
+  layers_json += "]";
   // Under a budget the bound also counts the misses' reads from storage, assuming they overlap
   // perfectly with computation: a token cannot take less than either stream.
   const double storage_gbs =
@@ -149,7 +167,7 @@ int cmd_bench(int argc, char** argv) {
            ", \"decode_fraction_of_budget_bound\": %.3f, \"predictor\": \"%s\", \"prefetch_accuracy\": %.4f"
            ", \"prefetch_precision\": %.4f, \"timeliness\": %.4f, \"on_demand_loads_per_token\": %.3f"
            ", \"experts_per_token\": %.4f, \"gating\": \"%s\", \"threshold\": %s, \"profile\": \"%s\""
-           ", \"per_layer_quotas\": %s, \"text\": %s}\n",
+           ", \"allocation\": \"%s\", \"text\": %s, \"layers\": %s}\n",
            json_escape(path).c_str(), moelite_model_arch(model), moelite_model_expert_type(model),
            json_escape(moelite_model_backend_name(model)).c_str(), moelite_model_get(model, MOELITE_MODEL_THREADS),
            n_prompt, n_gen, prefill_tps, decode_tps, n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, active,
@@ -161,8 +179,8 @@ int cmd_bench(int argc, char** argv) {
            budget_bound_tps > 0 ? decode_tps / budget_bound_tps : 0.0, json_escape(predictor).c_str(), accuracy, precision,
            timeliness, n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0, experts_per_token,
            json_escape(args.get("--gating", "exact")).c_str(), args.get("--threshold", "0").c_str(),
-           json_escape(args.get("--profile")).c_str(), args.has("--per-layer") || args.has("--profile") ? "true" : "false",
-           args.has("-f") ? ("\"" + json_escape(args.get("-f")) + "\"").c_str() : "null");
+           json_escape(args.get("--profile")).c_str(), json_escape(args.get("--allocation", args.has("--per-layer") ? "uniform" : "auto")).c_str(),
+           args.has("-f") ? ("\"" + json_escape(args.get("-f")) + "\"").c_str() : "null", layers_json.c_str());
   } else {
     printf("model     %s (%s, experts %s)\nbackend   %s, %" PRId64 " threads\n", path.c_str(), moelite_model_arch(model),
            moelite_model_expert_type(model), moelite_model_backend_name(model),

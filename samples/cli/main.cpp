@@ -26,6 +26,7 @@ static void print_help() {
       "  version                                        library version\n\n"
       "common options: -t/--threads N, --backend auto|cpu|vulkan|cuda, --no-mmap,\n"
       "                --budget SIZE|P%, --policy lru|lfu|decay|static|belady, --per-layer,\n"
+      "                --allocation auto|global|uniform|dp,\n"
       "                --predictor none|next-gate|first-layer|learned|correlation|pregate, --predict-depth D,\n"
       "                --profile PROFILE, --gating exact|sensitivity|score, --threshold T\n",
       moelite_version_string());
