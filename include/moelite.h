@@ -167,9 +167,9 @@ MOELITE_API moelite_status moelite_model_params_set_backend(moelite_model_params
 MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_params *params,
                                                                   uint64_t budget_bytes);
 /** Replacement policy of the expert store: "lru" (default), "lfu", "decay" (decayed frequency),
- *  "static" (a hot set; without a calibration profile it behaves as LRU) or "belady" (evict the
- *  expert needed furthest ahead, as far as predictions reveal; without a predictor, LRU among the
- *  unknown). The string is copied.
+ *  "static" (a hot set: the profile's most used experts; without a profile, the most used so
+ *  far) or "belady" (evict the expert needed furthest ahead, as far as predictions reveal; without
+ *  a predictor, LRU among the unknown). The string is copied.
  *  MOELITE_ERR_INVALID_ARGUMENT for NULL; an unknown name fails at load time. */
 MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_params *params,
                                                                   const char *policy);
@@ -390,7 +390,8 @@ MOELITE_API moelite_status moelite_context_params_set_abort_callback(moelite_con
 /** Observes routing: called once per MoE layer of every forward pass with the experts chosen for
  *  the batch's `n_tokens` tokens (sequence positions pos0 .. pos0 + n_tokens - 1):
  *  experts[t * k + j] with weights[t * k + j] for slot j of token t, in top-k order, weights as
- *  applied (after renormalisation). The arrays are valid during the call only. Runs on the
+ *  applied (after renormalisation and adaptive gating; a slot dropped by adaptive gating has
+ *  expert -1 and weight 0). The arrays are valid during the call only. Runs on the
  *  thread calling moelite_eval; for traces, profiling and calibration. */
 typedef void (*moelite_routing_fn)(int32_t layer, int32_t pos0, int32_t n_tokens, int32_t k,
                                    const int32_t *experts, const float *weights, void *user_data);

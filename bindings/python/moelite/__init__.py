@@ -80,6 +80,7 @@ class Status(enum.IntEnum):
     ERR_BACKEND_UNAVAILABLE = 30
     ERR_BUDGET_TOO_SMALL = 31
     ERR_NOT_IMPLEMENTED = 32
+    ERR_BAD_PROFILE = 33
     ERR_CONTEXT_FULL = 40
     ERR_BAD_TOKEN = 41
     ERR_ABORTED = 42
@@ -196,18 +197,23 @@ class Model:
     """A loaded GGUF model (moelite_model). Immutable and thread-safe once loaded.
 
     Model(path, threads=None, backend="auto", vocab_only=False, use_mmap=True,
-          expert_budget=None, progress=None)
+          expert_budget=None, progress=None, policy=None, predictor=None, predictor_depth=None,
+          profile=None, gating=None, threshold=0.0, allocation=None)
 
     backend: "auto", "cpu", "vulkan", "cuda" (or the moelite_backend int). threads: None for the
     library default (physical cores). vocab_only: load only the tokenizer (tokenize/detokenize/
     chat_format work, contexts cannot be created). progress: optional callable(float) -> bool,
-    returning False cancels the load (MoeliteError ERR_CANCELLED).
+    returning False cancels the load (MoeliteError ERR_CANCELLED). expert_budget (bytes), policy,
+    predictor, predictor_depth, profile (a calibration profile path), gating ("exact",
+    "sensitivity", "score") with threshold, and allocation ("auto", "global", "uniform", "dp")
+    are the expert-store and adaptive options of include/moelite.h, None meaning the default.
 
     Use as a context manager or call close(); close() first closes the model's live contexts.
     """
 
     def __init__(self, path, threads=None, backend="auto", vocab_only=False, use_mmap=True,
-                 expert_budget=None, progress=None):
+                 expert_budget=None, progress=None, policy=None, predictor=None, predictor_depth=None,
+                 profile=None, gating=None, threshold=0.0, allocation=None):
         self._ptr = None
         self._contexts = weakref.WeakSet()
         self._free = _c.moelite_model_free  # kept for __del__ during interpreter shutdown
@@ -232,6 +238,17 @@ class Model:
             _check(_c.moelite_model_params_set_vocab_only(params, 1 if vocab_only else 0))
             if expert_budget is not None:
                 _check(_c.moelite_model_params_set_expert_budget(params, int(expert_budget)))
+            for setter, value in ((_c.moelite_model_params_set_expert_policy, policy),
+                                  (_c.moelite_model_params_set_expert_predictor, predictor),
+                                  (_c.moelite_model_params_set_cache_allocation, allocation)):
+                if value is not None:
+                    _check(setter(params, _as_bytes(value, "option")))
+            if predictor_depth is not None:
+                _check(_c.moelite_model_params_set_predictor_depth(params, int(predictor_depth)))
+            if profile is not None:
+                _check(_c.moelite_model_params_set_profile(params, _as_bytes(str(profile), "profile")))
+            if gating is not None:
+                _check(_c.moelite_model_params_set_gating(params, _as_bytes(gating, "gating"), float(threshold)))
             if progress is not None:
                 def _progress(p, _user):
                     try:
@@ -248,6 +265,22 @@ class Model:
             _c.moelite_model_params_free(params)
             del progress_ref
         self.vocab_only = bool(vocab_only)
+
+    def calibrate(self, tokens, profile_path, window=256, stride=1, holdout=0.25):
+        """Writes a calibration profile of this model on `tokens` (a corpus's token ids) to
+        profile_path (moelite_calibrate): per-layer sensitivities, hit curves, fitted predictors."""
+        arr = (ctypes.c_int32 * max(len(tokens), 1))(*[int(t) for t in tokens])
+        params = _c.moelite_calibrate_params_create()
+        if not params:
+            raise MemoryError("moelite_calibrate_params_create failed")
+        try:
+            _check(_c.moelite_calibrate_params_set_window(params, int(window)))
+            _check(_c.moelite_calibrate_params_set_stride(params, int(stride)))
+            _check(_c.moelite_calibrate_params_set_holdout(params, float(holdout)))
+            _check(_c.moelite_calibrate(self._handle(), arr, len(tokens), params,
+                                        _as_bytes(str(profile_path), "profile_path")))
+        finally:
+            _c.moelite_calibrate_params_free(params)
 
     # ---- lifetime ----
     def _handle(self):
@@ -576,6 +609,22 @@ class Context:
         finally:
             _c.moelite_context_params_free(params)
         model._contexts.add(self)
+
+    def calibrate(self, tokens, profile_path, window=256, stride=1, holdout=0.25):
+        """Writes a calibration profile of this model on `tokens` (a corpus's token ids) to
+        profile_path (moelite_calibrate): per-layer sensitivities, hit curves, fitted predictors."""
+        arr = (ctypes.c_int32 * max(len(tokens), 1))(*[int(t) for t in tokens])
+        params = _c.moelite_calibrate_params_create()
+        if not params:
+            raise MemoryError("moelite_calibrate_params_create failed")
+        try:
+            _check(_c.moelite_calibrate_params_set_window(params, int(window)))
+            _check(_c.moelite_calibrate_params_set_stride(params, int(stride)))
+            _check(_c.moelite_calibrate_params_set_holdout(params, float(holdout)))
+            _check(_c.moelite_calibrate(self._handle(), arr, len(tokens), params,
+                                        _as_bytes(str(profile_path), "profile_path")))
+        finally:
+            _c.moelite_calibrate_params_free(params)
 
     # ---- lifetime ----
     def _handle(self):

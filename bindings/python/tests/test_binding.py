@@ -7,6 +7,7 @@ Environment: MOELITE_LIBRARY (the libmoelite to test), MOELITE_TEST_MODEL (optio
 model with a byte-level BPE ("gpt2") vocabulary; otherwise one is generated with
 tools/make_tiny_model.py), MOELITE_TEST_TMP (optional scratch directory).
 """
+import json
 import os
 import re
 import subprocess
@@ -577,3 +578,33 @@ def test_generate_invalid_parameters(model):
     list(ctx.generate(PROMPT, max_tokens=2, temperature=0))
     assert ctx.last_stats["n_generated_tokens"] >= 1
     ctx.close()
+
+
+def test_calibrate_profile_and_adaptive_options(model, tiny, tmpdir_session):
+    """calibrate through the binding, then load with the profile: budgeted decoding with a learned
+    predictor and the DP allocation gives the resident logits bit for bit; gating uses fewer
+    experts; a bad gating mode and a missing profile raise their statuses"""
+    tokens = [(7 * i + 3) % model.n_vocab for i in range(300)]
+    profile = os.path.join(tmpdir_session, "binding-profile.json")
+    model.calibrate(tokens, profile, window=100)
+    with open(profile) as f:
+        prof = json.load(f)
+    assert prof["format"] == "moelite-profile" and len(prof["layers"]) == model.n_layers
+    ctx = moelite.Context(model, n_ctx=64)
+    want = [ctx.eval([t]) or ctx.logits().copy() for t in tokens[:24]]
+    budget = model.expert_bytes * 4  # slots are padded for direct I/O: small experts need room
+    with moelite.Model(tiny[0], threads=2, expert_budget=budget, predictor="learned", profile=profile,
+                       allocation="dp") as m:
+        c = moelite.Context(m, n_ctx=64)
+        for t, w in zip(tokens[:24], want):
+            c.eval([t])
+            assert np.array_equal(c.logits(), w)
+    with pytest.raises(moelite.MoeliteError) as e:
+        moelite.Model(tiny[0], gating="sometimes", threshold=0.1)
+    assert e.value.status == moelite.Status.ERR_INVALID_ARGUMENT
+    with pytest.raises(moelite.MoeliteError) as e:
+        moelite.Model(tiny[0], gating="sensitivity", threshold=0.1)
+    assert e.value.status == moelite.Status.ERR_BAD_PROFILE
+    with pytest.raises(moelite.MoeliteError) as e:
+        moelite.Model(tiny[0], profile=profile + ".missing")
+    assert e.value.status == moelite.Status.ERR_FILE_NOT_FOUND
