@@ -1,5 +1,7 @@
 #include "core/json.h"
 
+#include "core/tokenizer/unicode.h"
+
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -119,24 +121,6 @@ class Parser {
     return -1;
   }
 
-  void utf8(uint32_t cp, std::string* out) {
-    if (cp < 0x80) {
-      out->push_back(static_cast<char>(cp));
-    } else if (cp < 0x800) {
-      out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else if (cp < 0x10000) {
-      out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else {
-      out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-      out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-  }
-
   bool hex4(uint32_t* cp) {
     if (i_ + 4 > s_.size()) return err("truncated \\u escape");
     *cp = 0;
@@ -183,7 +167,7 @@ class Parser {
           } else if (cp >= 0xDC00 && cp < 0xE000) {
             return err("unpaired surrogate");
           }
-          utf8(cp, out);
+          unicode::append_utf8(out, cp);
           break;
         }
         default: return err("bad escape in a string");

@@ -610,22 +610,6 @@ class Context:
             _c.moelite_context_params_free(params)
         model._contexts.add(self)
 
-    def calibrate(self, tokens, profile_path, window=256, stride=1, holdout=0.25):
-        """Writes a calibration profile of this model on `tokens` (a corpus's token ids) to
-        profile_path (moelite_calibrate): per-layer sensitivities, hit curves, fitted predictors."""
-        arr = (ctypes.c_int32 * max(len(tokens), 1))(*[int(t) for t in tokens])
-        params = _c.moelite_calibrate_params_create()
-        if not params:
-            raise MemoryError("moelite_calibrate_params_create failed")
-        try:
-            _check(_c.moelite_calibrate_params_set_window(params, int(window)))
-            _check(_c.moelite_calibrate_params_set_stride(params, int(stride)))
-            _check(_c.moelite_calibrate_params_set_holdout(params, float(holdout)))
-            _check(_c.moelite_calibrate(self._handle(), arr, len(tokens), params,
-                                        _as_bytes(str(profile_path), "profile_path")))
-        finally:
-            _c.moelite_calibrate_params_free(params)
-
     # ---- lifetime ----
     def _handle(self):
         if not self._ptr:
