@@ -4,20 +4,33 @@
 
 #include "backends/backend.h"
 #include "backends/cpu/cpu_backend.h"
+#if MOELITE_HAVE_VULKAN
+#include "backends/vulkan/vk_backend.h"
+#endif
 
 namespace moelite {
 
 Status create_backend(BackendKind kind, int32_t n_threads, std::unique_ptr<Backend>* out) {
   switch (kind) {
-    case BackendKind::Auto:  // no GPU backend in this build yet: AUTO means CPU
+    case BackendKind::Auto:
+#if MOELITE_HAVE_VULKAN
+      // A GPU when there is one; a CPU implementation of Vulkan (lavapipe) never beats the CPU backend.
+      if (vk::VulkanBackend::create(false, out) == MOELITE_OK) return MOELITE_OK;
+      clear_error();
+#endif
+      out->reset(new cpu::CpuBackend(n_threads));
+      return MOELITE_OK;
     case BackendKind::Cpu:
       out->reset(new cpu::CpuBackend(n_threads));
       return MOELITE_OK;
     case BackendKind::Vulkan:
+#if MOELITE_HAVE_VULKAN
+      return vk::VulkanBackend::create(true, out);
+#else
       return fail(MOELITE_ERR_BACKEND_UNAVAILABLE,
-                  "the Vulkan backend is not part of this build of moelite (%s); use the CPU backend",
-                  MOELITE_VULKAN_TOOLKIT_FOUND ? "Vulkan SDK found, backend not implemented yet"
-                                               : "built without the Vulkan SDK");
+                  "the Vulkan backend is not part of this build of moelite (built without the Vulkan loader/headers "
+                  "or glslc); use the CPU backend");
+#endif
     case BackendKind::Cuda:
       return fail(MOELITE_ERR_BACKEND_UNAVAILABLE,
                   "the CUDA backend is not part of this build of moelite (%s); use the CPU backend",

@@ -14,9 +14,13 @@
 #include <vector>
 
 #include "backends/cpu/quant.h"
+#include "tests/random_weights.h"
 
 namespace moelite::cpu {
 namespace {
+
+using moelite::test::fp16_field_offsets;
+using moelite::test::random_weights;
 
 using namespace blocks;
 
@@ -385,50 +389,6 @@ TEST(QuantKnownVectors, DotOfHandBuiltQ4_0) {
 }
 
 // ---- random operands --------------------------------------------------------------------------
-
-// Offsets of fp16 scale fields inside one block, so random bytes can be given sane scales.
-std::vector<int> fp16_field_offsets(TensorType t) {
-  switch (t) {
-    case TensorType::Q4_0: case TensorType::Q5_0: case TensorType::Q8_0: return {0};
-    case TensorType::Q4_1: case TensorType::Q5_1: return {0, 2};
-    case TensorType::Q2_K: return {80, 82};
-    case TensorType::Q3_K: return {108};
-    case TensorType::Q4_K: case TensorType::Q5_K: return {0, 2};
-    case TensorType::Q6_K: return {208};
-    default: return {};
-  }
-}
-
-std::vector<uint8_t> random_weights(TensorType t, int64_t n, std::mt19937& rng) {
-  std::vector<uint8_t> buf(row_bytes(t, n));
-  std::uniform_real_distribution<float> val(-1.0f, 1.0f);
-  if (t == TensorType::F32) {
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = val(rng);
-      std::memcpy(buf.data() + 4 * i, &v, 4);
-    }
-    return buf;
-  }
-  if (t == TensorType::F16 || t == TensorType::BF16) {
-    for (int64_t i = 0; i < n; ++i) {
-      const uint16_t v = t == TensorType::F16 ? fp32_to_fp16(val(rng)) : fp32_to_bf16(val(rng));
-      std::memcpy(buf.data() + 2 * i, &v, 2);
-    }
-    return buf;
-  }
-  std::uniform_int_distribution<int> byte(0, 255);
-  for (auto& b : buf) b = static_cast<uint8_t>(byte(rng));
-  const TypeInfo* info = type_info(tid(t));
-  std::uniform_real_distribution<float> scale(0.001f, 0.05f);
-  for (size_t blk = 0; blk < buf.size() / info->block_bytes; ++blk)
-    for (int off : fp16_field_offsets(t)) {
-      // Signed scales exercise the sign handling; the second field (min) of Q4_1/Q5_1 is a
-      // signed offset as well, and K-quant mins are subtracted, so either sign is valid data.
-      const float s = scale(rng) * (byte(rng) & 1 ? 1.0f : -1.0f);
-      put_fp16(buf.data() + blk * info->block_bytes + off, s);
-    }
-  return buf;
-}
 
 std::vector<float> random_activations(int64_t n, std::mt19937& rng) {
   std::uniform_real_distribution<float> val(-2.0f, 2.0f);

@@ -1,0 +1,446 @@
+#include "backends/vulkan/vk_device.h"
+
+#include <atomic>
+#include <cinttypes>
+#include <cstdlib>
+#include <cstring>
+
+#include "backends/vulkan/vk_shaders.h"
+
+namespace moelite::vk {
+
+namespace {
+
+constexpr uint32_t kMaxBindings = 6;
+constexpr uint32_t kSetsPerPool = 4096;  // descriptor sets between two flushes
+std::atomic<uint64_t> g_validation_messages{0};
+
+VKAPI_ATTR VkBool32 VKAPI_CALL on_validation(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
+                                            VkDebugUtilsMessageTypeFlagsEXT, const VkDebugUtilsMessengerCallbackDataEXT* data,
+                                            void*) {
+  if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
+    g_validation_messages++;
+    log_msg(MOELITE_LOG_ERROR, "vulkan validation: %s", data->pMessage ? data->pMessage : "");
+  }
+  return VK_FALSE;
+}
+
+Status vk_fail(VkResult r, const char* what) {
+  return fail(r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY ? MOELITE_ERR_OUT_OF_MEMORY
+                                                                                     : MOELITE_ERR_BACKEND_UNAVAILABLE,
+              "vulkan: %s failed (VkResult %d)", what, static_cast<int>(r));
+}
+
+#define VK_TRY(call, what)                         \
+  do {                                             \
+    VkResult _r = (call);                          \
+    if (_r != VK_SUCCESS) return vk_fail(_r, what); \
+  } while (0)
+
+int rank(VkPhysicalDeviceType t) {
+  switch (t) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return 0;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return 1;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return 2;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return 3;
+    default: return 4;
+  }
+}
+
+}  // namespace
+
+uint64_t Device::validation_messages() { return g_validation_messages.load(); }
+
+Status Device::create(bool allow_cpu, std::unique_ptr<Device>* out) {
+  std::unique_ptr<Device> d(new Device());
+  MOELITE_TRY(d->init(allow_cpu));
+  *out = std::move(d);
+  return MOELITE_OK;
+}
+
+Status Device::init(bool allow_cpu) {
+  const char* v = getenv("MOELITE_VK_VALIDATION");
+  const bool validate = v && *v && strcmp(v, "0") != 0;
+  VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
+  app.pApplicationName = "moelite";
+  app.apiVersion = VK_API_VERSION_1_1;
+  VkInstanceCreateInfo ici{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
+  ici.pApplicationInfo = &app;
+  const char* layers[] = {"VK_LAYER_KHRONOS_validation"};
+  const char* exts[] = {VK_EXT_DEBUG_UTILS_EXTENSION_NAME};
+  if (validate) {
+    ici.enabledLayerCount = 1;
+    ici.ppEnabledLayerNames = layers;
+    ici.enabledExtensionCount = 1;
+    ici.ppEnabledExtensionNames = exts;
+  }
+  VkResult r = vkCreateInstance(&ici, nullptr, &instance_);
+  if (r != VK_SUCCESS)
+    return fail(MOELITE_ERR_BACKEND_UNAVAILABLE, "vulkan: no usable Vulkan driver (vkCreateInstance: %d%s)", static_cast<int>(r),
+                validate ? "; is vulkan-validationlayers installed?" : "");
+  if (validate) {
+    VkDebugUtilsMessengerCreateInfoEXT mci{VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
+    mci.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
+    mci.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+                      VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
+    mci.pfnUserCallback = on_validation;
+    auto create = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(vkGetInstanceProcAddr(instance_, "vkCreateDebugUtilsMessengerEXT"));
+    if (create) create(instance_, &mci, nullptr, &messenger_);
+  }
+
+  uint32_t n = 0;
+  vkEnumeratePhysicalDevices(instance_, &n, nullptr);
+  std::vector<VkPhysicalDevice> devices(n);
+  if (n) vkEnumeratePhysicalDevices(instance_, &n, devices.data());
+  if (devices.empty()) return fail(MOELITE_ERR_BACKEND_UNAVAILABLE, "vulkan: no Vulkan device found");
+  int best = -1;
+  if (const char* forced = getenv("MOELITE_VK_DEVICE")) {
+    best = atoi(forced);
+    if (best < 0 || best >= static_cast<int>(devices.size()))
+      return fail(MOELITE_ERR_BACKEND_UNAVAILABLE, "vulkan: MOELITE_VK_DEVICE=%s but there are %u devices", forced, n);
+  } else {
+    for (int i = 0; i < static_cast<int>(devices.size()); ++i) {
+      VkPhysicalDeviceProperties p;
+      vkGetPhysicalDeviceProperties(devices[static_cast<size_t>(i)], &p);
+      if (!allow_cpu && p.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU) continue;
+      VkPhysicalDeviceProperties bp;
+      if (best >= 0) vkGetPhysicalDeviceProperties(devices[static_cast<size_t>(best)], &bp);
+      if (best < 0 || rank(p.deviceType) < rank(bp.deviceType)) best = i;
+    }
+    if (best < 0) return fail(MOELITE_ERR_BACKEND_UNAVAILABLE, "vulkan: only CPU implementations of Vulkan are present");
+  }
+  physical_ = devices[static_cast<size_t>(best)];
+  VkPhysicalDeviceProperties props;
+  vkGetPhysicalDeviceProperties(physical_, &props);
+  facts_.name = props.deviceName;
+  facts_.type = props.deviceType;
+  facts_.max_storage_range = props.limits.maxStorageBufferRange;
+  vkGetPhysicalDeviceMemoryProperties(physical_, &mem_props_);
+  for (uint32_t i = 0; i < mem_props_.memoryTypeCount; ++i) {
+    const VkMemoryPropertyFlags f = mem_props_.memoryTypes[i].propertyFlags;
+    if ((f & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) && (f & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) &&
+        (f & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT))
+      facts_.unified_memory = true;
+  }
+  // Features the shaders could use; the portable path needs none of them.
+  VkPhysicalDeviceShaderFloat16Int8Features f16{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES};
+  VkPhysicalDevice8BitStorageFeatures s8{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_8BIT_STORAGE_FEATURES};
+  s8.pNext = &f16;
+  VkPhysicalDeviceFeatures2 feats{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+  feats.pNext = &s8;
+  vkGetPhysicalDeviceFeatures2(physical_, &feats);
+  facts_.fp16 = f16.shaderFloat16;
+  facts_.int8 = f16.shaderInt8;
+  facts_.storage8 = s8.storageBuffer8BitAccess;
+  VkPhysicalDeviceSubgroupProperties sub{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+  VkPhysicalDeviceProperties2 props2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+  props2.pNext = &sub;
+  vkGetPhysicalDeviceProperties2(physical_, &props2);
+  facts_.subgroups = (sub.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) != 0;
+  facts_.subgroup_size = sub.subgroupSize;
+
+  uint32_t nq = 0;
+  vkGetPhysicalDeviceQueueFamilyProperties(physical_, &nq, nullptr);
+  std::vector<VkQueueFamilyProperties> qf(nq);
+  vkGetPhysicalDeviceQueueFamilyProperties(physical_, &nq, qf.data());
+  int compute = -1;
+  for (uint32_t i = 0; i < nq; ++i) {
+    if ((qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) && compute < 0) compute = static_cast<int>(i);
+    if ((qf[i].queueFlags & VK_QUEUE_TRANSFER_BIT) && !(qf[i].queueFlags & (VK_QUEUE_COMPUTE_BIT | VK_QUEUE_GRAPHICS_BIT)))
+      facts_.dedicated_transfer_queue = true;
+  }
+  if (compute < 0) return fail(MOELITE_ERR_BACKEND_UNAVAILABLE, "vulkan: device '%s' has no compute queue", props.deviceName);
+  queue_family_ = static_cast<uint32_t>(compute);
+  const float priority = 1.0f;
+  VkDeviceQueueCreateInfo qci{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
+  qci.queueFamilyIndex = queue_family_;
+  qci.queueCount = 1;
+  qci.pQueuePriorities = &priority;
+  VkDeviceCreateInfo dci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
+  dci.queueCreateInfoCount = 1;
+  dci.pQueueCreateInfos = &qci;
+  VK_TRY(vkCreateDevice(physical_, &dci, nullptr, &device_), "vkCreateDevice");
+  vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
+
+  VkCommandPoolCreateInfo cpi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+  cpi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+  cpi.queueFamilyIndex = queue_family_;
+  VK_TRY(vkCreateCommandPool(device_, &cpi, nullptr, &cmd_pool_), "vkCreateCommandPool");
+  VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+  cai.commandPool = cmd_pool_;
+  cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+  cai.commandBufferCount = 1;
+  VK_TRY(vkAllocateCommandBuffers(device_, &cai, &cmd_), "vkAllocateCommandBuffers");
+  VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+  VK_TRY(vkCreateFence(device_, &fci, nullptr, &fence_), "vkCreateFence");
+  VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, kSetsPerPool * kMaxBindings};
+  VkDescriptorPoolCreateInfo dpi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
+  dpi.maxSets = kSetsPerPool;
+  dpi.poolSizeCount = 1;
+  dpi.pPoolSizes = &ps;
+  VK_TRY(vkCreateDescriptorPool(device_, &dpi, nullptr, &desc_pool_), "vkCreateDescriptorPool");
+  VkPipelineCacheCreateInfo pci{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
+  VK_TRY(vkCreatePipelineCache(device_, &pci, nullptr, &pipeline_cache_), "vkCreatePipelineCache");
+  log_msg(MOELITE_LOG_INFO, "vulkan: %s (%s memory, max storage range %" PRIu64 " MiB, fp16 %d, int8 %d, subgroups %d x %u)",
+          facts_.name.c_str(), facts_.unified_memory ? "unified" : "discrete", facts_.max_storage_range >> 20, facts_.fp16,
+          facts_.int8, facts_.subgroups, facts_.subgroup_size);
+  return MOELITE_OK;
+}
+
+Device::~Device() {
+  if (device_) {
+    if (recording_) flush();
+    vkDeviceWaitIdle(device_);
+    for (Buffer& b : staging_) free(&b);
+    for (auto& kv : pipelines_) {
+      vkDestroyPipeline(device_, kv.second.pipeline, nullptr);
+      vkDestroyPipelineLayout(device_, kv.second.layout, nullptr);
+      vkDestroyDescriptorSetLayout(device_, kv.second.set_layout, nullptr);
+    }
+    vkDestroyPipelineCache(device_, pipeline_cache_, nullptr);
+    vkDestroyDescriptorPool(device_, desc_pool_, nullptr);
+    vkDestroyFence(device_, fence_, nullptr);
+    vkDestroyCommandPool(device_, cmd_pool_, nullptr);
+    vkDestroyDevice(device_, nullptr);
+  }
+  if (messenger_) {
+    auto destroy = reinterpret_cast<PFN_vkDestroyDebugUtilsMessengerEXT>(vkGetInstanceProcAddr(instance_, "vkDestroyDebugUtilsMessengerEXT"));
+    if (destroy) destroy(instance_, messenger_, nullptr);
+  }
+  if (instance_) vkDestroyInstance(instance_, nullptr);
+}
+
+int32_t Device::memory_type(uint32_t bits, VkMemoryPropertyFlags want) const {
+  for (uint32_t i = 0; i < mem_props_.memoryTypeCount; ++i)
+    if ((bits & (1u << i)) && (mem_props_.memoryTypes[i].propertyFlags & want) == want) return static_cast<int32_t>(i);
+  return -1;
+}
+
+Status Device::alloc_with(uint64_t bytes, VkMemoryPropertyFlags props, Buffer* out) {
+  Buffer b;
+  b.size = std::max<uint64_t>(bytes, 16);
+  VkBufferCreateInfo bci{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+  bci.size = b.size;
+  bci.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+  bci.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+  VK_TRY(vkCreateBuffer(device_, &bci, nullptr, &b.buffer), "vkCreateBuffer");
+  VkMemoryRequirements req;
+  vkGetBufferMemoryRequirements(device_, b.buffer, &req);
+  const int32_t type = memory_type(req.memoryTypeBits, props);
+  if (type < 0) {
+    vkDestroyBuffer(device_, b.buffer, nullptr);
+    return fail(MOELITE_ERR_BACKEND_UNAVAILABLE, "vulkan: no memory type with properties 0x%x", props);
+  }
+  VkMemoryAllocateInfo mai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+  mai.allocationSize = req.size;
+  mai.memoryTypeIndex = static_cast<uint32_t>(type);
+  VkResult r = vkAllocateMemory(device_, &mai, nullptr, &b.memory);
+  if (r != VK_SUCCESS) {
+    vkDestroyBuffer(device_, b.buffer, nullptr);
+    return vk_fail(r, "vkAllocateMemory");
+  }
+  vkBindBufferMemory(device_, b.buffer, b.memory, 0);
+  if (mem_props_.memoryTypes[type].propertyFlags & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) {
+    r = vkMapMemory(device_, b.memory, 0, VK_WHOLE_SIZE, 0, &b.mapped);
+    if (r != VK_SUCCESS) {
+      free(&b);
+      return vk_fail(r, "vkMapMemory");
+    }
+  }
+  *out = b;
+  return MOELITE_OK;
+}
+
+Status Device::alloc(uint64_t bytes, Buffer* out) {
+  if (bytes > facts_.max_storage_range)
+    return fail(MOELITE_ERR_NOT_IMPLEMENTED, "vulkan: a buffer of %" PRIu64 " bytes exceeds the device's storage range of %" PRIu64,
+                bytes, facts_.max_storage_range);
+  const VkMemoryPropertyFlags unified = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT |
+                                        VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+  if (facts_.unified_memory) return alloc_with(bytes, unified, out);
+  return alloc_with(bytes, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, out);
+}
+
+void Device::free(Buffer* b) {
+  if (b->mapped) vkUnmapMemory(device_, b->memory);
+  if (b->buffer) vkDestroyBuffer(device_, b->buffer, nullptr);
+  if (b->memory) vkFreeMemory(device_, b->memory, nullptr);
+  *b = Buffer();
+}
+
+void Device::begin_if_needed() {
+  if (recording_) return;
+  VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+  bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+  vkBeginCommandBuffer(cmd_, &bi);
+  recording_ = true;
+}
+
+namespace {
+void full_barrier(VkCommandBuffer cmd) {
+  VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+  mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                     VK_ACCESS_TRANSFER_WRITE_BIT;
+  vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                       VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0, nullptr, 0, nullptr);
+}
+}  // namespace
+
+Status Device::upload(const Buffer& dst, uint64_t offset, const void* src, uint64_t bytes) {
+  if (bytes == 0) return MOELITE_OK;
+  if (dst.mapped && !recording_) {
+    memcpy(static_cast<uint8_t*>(dst.mapped) + offset, src, bytes);
+    return MOELITE_OK;
+  }
+  // Recorded work may still read the old contents: the copy goes into the command stream.
+  Buffer staging;
+  MOELITE_TRY(alloc_with(bytes, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, &staging));
+  memcpy(staging.mapped, src, bytes);
+  begin_if_needed();
+  full_barrier(cmd_);
+  VkBufferCopy region{0, offset, bytes};
+  vkCmdCopyBuffer(cmd_, staging.buffer, dst.buffer, 1, &region);
+  staging_.push_back(staging);
+  return MOELITE_OK;
+}
+
+Status Device::write_new(const Buffer& dst, const void* src, uint64_t bytes) {
+  if (dst.mapped) {
+    memcpy(dst.mapped, src, bytes);
+    return MOELITE_OK;
+  }
+  return upload(dst, 0, src, bytes);
+}
+
+Status Device::temp(const void* data, uint64_t bytes, Buffer* out) {
+  Buffer b;
+  MOELITE_TRY(alloc((bytes + 3) / 4 * 4, &b));  // shaders read whole 32-bit words
+  staging_.push_back(b);  // freed with the staging buffers, after the work that reads it
+  if (data) MOELITE_TRY(write_new(b, data, bytes));
+  *out = b;
+  return MOELITE_OK;
+}
+
+Status Device::download(const Buffer& src, uint64_t offset, void* dst, uint64_t bytes) {
+  if (bytes == 0) return MOELITE_OK;
+  if (src.mapped) {
+    // Copied out before the submission's temporaries (src may be one) are released.
+    const Status st = submit_and_wait();
+    if (st == MOELITE_OK) memcpy(dst, static_cast<const uint8_t*>(src.mapped) + offset, bytes);
+    release_temporaries();
+    return st;
+  }
+  Buffer staging;
+  MOELITE_TRY(alloc_with(bytes, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, &staging));
+  begin_if_needed();
+  full_barrier(cmd_);
+  VkBufferCopy region{offset, 0, bytes};
+  vkCmdCopyBuffer(cmd_, src.buffer, staging.buffer, 1, &region);
+  const Status st = submit_and_wait();
+  if (st == MOELITE_OK) memcpy(dst, staging.mapped, bytes);
+  free(&staging);
+  release_temporaries();
+  return st;
+}
+
+Device::Pipeline* Device::pipeline(const char* name, uint32_t spec, uint32_t n_bindings) {
+  const auto key = std::make_pair(std::string(name), spec);
+  auto it = pipelines_.find(key);
+  if (it != pipelines_.end()) return &it->second;
+  const ShaderBlob* blob = find_shader(name);
+  if (!blob) return nullptr;
+  Pipeline p;
+  p.n_bindings = n_bindings;
+  std::vector<VkDescriptorSetLayoutBinding> binds(n_bindings);
+  for (uint32_t i = 0; i < n_bindings; ++i) binds[i] = {i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+  VkDescriptorSetLayoutCreateInfo dl{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
+  dl.bindingCount = n_bindings;
+  dl.pBindings = binds.data();
+  vkCreateDescriptorSetLayout(device_, &dl, nullptr, &p.set_layout);
+  VkPushConstantRange pcr{VK_SHADER_STAGE_COMPUTE_BIT, 0, 128};
+  VkPipelineLayoutCreateInfo pl{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
+  pl.setLayoutCount = 1;
+  pl.pSetLayouts = &p.set_layout;
+  pl.pushConstantRangeCount = 1;
+  pl.pPushConstantRanges = &pcr;
+  vkCreatePipelineLayout(device_, &pl, nullptr, &p.layout);
+  VkShaderModuleCreateInfo smi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
+  smi.codeSize = blob->words * 4;
+  smi.pCode = blob->code;
+  VkShaderModule module;
+  vkCreateShaderModule(device_, &smi, nullptr, &module);
+  VkSpecializationMapEntry entry{0, 0, 4};
+  VkSpecializationInfo si{1, &entry, 4, &spec};
+  VkComputePipelineCreateInfo cpi{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
+  cpi.stage = {VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO, nullptr, 0, VK_SHADER_STAGE_COMPUTE_BIT, module, "main", &si};
+  cpi.layout = p.layout;
+  vkCreateComputePipelines(device_, pipeline_cache_, 1, &cpi, nullptr, &p.pipeline);
+  vkDestroyShaderModule(device_, module, nullptr);
+  return &(pipelines_[key] = p);
+}
+
+void Device::dispatch(const char* name, uint32_t spec, const std::vector<Binding>& bindings, const void* push,
+                      uint32_t push_bytes, uint32_t gx, uint32_t gy, uint32_t gz) {
+  if (gx == 0 || gy == 0 || gz == 0) return;
+  if (sets_used_ >= kSetsPerPool) flush();
+  Pipeline* p = pipeline(name, spec, static_cast<uint32_t>(bindings.size()));
+  if (!p) {
+    log_msg(MOELITE_LOG_ERROR, "vulkan: shader '%s' is not in this build", name);
+    return;
+  }
+  begin_if_needed();
+  VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
+  ai.descriptorPool = desc_pool_;
+  ai.descriptorSetCount = 1;
+  ai.pSetLayouts = &p->set_layout;
+  VkDescriptorSet set;
+  vkAllocateDescriptorSets(device_, &ai, &set);
+  ++sets_used_;
+  std::vector<VkDescriptorBufferInfo> infos(bindings.size());
+  std::vector<VkWriteDescriptorSet> writes(bindings.size());
+  for (size_t i = 0; i < bindings.size(); ++i) {
+    infos[i] = {bindings[i].buffer->buffer, 0, VK_WHOLE_SIZE};
+    writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
+    writes[i].dstSet = set;
+    writes[i].dstBinding = static_cast<uint32_t>(i);
+    writes[i].descriptorCount = 1;
+    writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    writes[i].pBufferInfo = &infos[i];
+  }
+  vkUpdateDescriptorSets(device_, static_cast<uint32_t>(writes.size()), writes.data(), 0, nullptr);
+  full_barrier(cmd_);
+  vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p->pipeline);
+  vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0, 1, &set, 0, nullptr);
+  if (push_bytes) vkCmdPushConstants(cmd_, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
+  vkCmdDispatch(cmd_, gx, gy, gz);
+}
+
+Status Device::flush() {
+  const Status st = submit_and_wait();
+  release_temporaries();
+  return st;
+}
+
+void Device::release_temporaries() {
+  for (Buffer& b : staging_) free(&b);
+  staging_.clear();
+}
+
+Status Device::submit_and_wait() {
+  if (!recording_) return MOELITE_OK;
+  recording_ = false;
+  VK_TRY(vkEndCommandBuffer(cmd_), "vkEndCommandBuffer");
+  VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+  si.commandBufferCount = 1;
+  si.pCommandBuffers = &cmd_;
+  VK_TRY(vkQueueSubmit(queue_, 1, &si, fence_), "vkQueueSubmit");
+  VK_TRY(vkWaitForFences(device_, 1, &fence_, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+  vkResetFences(device_, 1, &fence_);
+  vkResetCommandBuffer(cmd_, 0);
+  vkResetDescriptorPool(device_, desc_pool_, 0);
+  sets_used_ = 0;
+  return MOELITE_OK;
+}
+
+}  // namespace moelite::vk

@@ -1,0 +1,108 @@
+// The Vulkan plumbing under the Vulkan backend: instance and device choice, memory, buffers,
+// compute pipelines from the embedded SPIR-V, and one command stream that records dispatches and
+// is submitted only when the host needs a result (a read-back) or a staging buffer must be reused.
+#pragma once
+#include <vulkan/vulkan.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace moelite::vk {
+
+struct Buffer {
+  VkBuffer buffer = VK_NULL_HANDLE;
+  VkDeviceMemory memory = VK_NULL_HANDLE;
+  uint64_t size = 0;
+  void* mapped = nullptr;  // host pointer when the memory is host-visible (unified memory)
+};
+
+// A storage-buffer binding: a whole buffer (shaders index it with offsets from push constants,
+// so no descriptor offset alignment applies).
+struct Binding {
+  const Buffer* buffer;
+};
+
+struct DeviceFacts {
+  std::string name;
+  VkPhysicalDeviceType type = VK_PHYSICAL_DEVICE_TYPE_OTHER;
+  uint64_t max_storage_range = 0;    // maxStorageBufferRange
+  bool unified_memory = false;       // a device-local memory type is host-visible
+  bool fp16 = false, int8 = false, subgroups = false, storage8 = false;
+  uint32_t subgroup_size = 0;
+  bool dedicated_transfer_queue = false;
+};
+
+class Device {
+ public:
+  ~Device();
+  // Picks a device: MOELITE_VK_DEVICE=index forces one; else discrete > integrated > virtual >
+  // CPU implementations. `allow_cpu` false refuses CPU implementations (the "auto" choice).
+  // MOELITE_VK_VALIDATION=1 enables the Khronos validation layer; its messages are counted and
+  // logged as errors.
+  static Status create(bool allow_cpu, std::unique_ptr<Device>* out);
+
+  const DeviceFacts& facts() const { return facts_; }
+  static uint64_t validation_messages();
+
+  // Device-local memory, host-visible when the device has such memory (then `mapped` is set).
+  Status alloc(uint64_t bytes, Buffer* out);
+  void free(Buffer* b);
+  // Host -> buffer. Directly when mapped; otherwise through a staging buffer, copied in the
+  // command stream (so ordered with the dispatches recorded around it).
+  Status upload(const Buffer& dst, uint64_t offset, const void* src, uint64_t bytes);
+  // Fills a buffer that no recorded work uses yet (just allocated): a plain copy when mapped.
+  Status write_new(const Buffer& dst, const void* src, uint64_t bytes);
+  // A buffer holding `bytes` of `data` (or uninitialised when data is null) that lives until the
+  // next flush: per-call inputs such as token ids, row maps and rotation angles.
+  Status temp(const void* data, uint64_t bytes, Buffer* out);
+  // Buffer -> host: flushes the command stream first.
+  Status download(const Buffer& src, uint64_t offset, void* dst, uint64_t bytes);
+
+  // Records a dispatch of shader `name` (with specialization constant 0 = spec) over `groups`
+  // workgroups, after a barrier on every earlier dispatch's writes.
+  void dispatch(const char* name, uint32_t spec, const std::vector<Binding>& bindings, const void* push,
+                uint32_t push_bytes, uint32_t gx, uint32_t gy = 1, uint32_t gz = 1);
+  // Submits what was recorded, waits for it, and releases the temporaries it used.
+  Status flush();
+
+ private:
+  struct Pipeline {
+    VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
+    VkPipelineLayout layout = VK_NULL_HANDLE;
+    VkPipeline pipeline = VK_NULL_HANDLE;
+    uint32_t n_bindings = 0;
+  };
+  Device() = default;
+  Status init(bool allow_cpu);
+  Pipeline* pipeline(const char* name, uint32_t spec, uint32_t n_bindings);
+  void begin_if_needed();
+  Status submit_and_wait();
+  void release_temporaries();
+  int32_t memory_type(uint32_t type_bits, VkMemoryPropertyFlags want) const;
+  Status alloc_with(uint64_t bytes, VkMemoryPropertyFlags props, Buffer* out);
+
+  VkInstance instance_ = VK_NULL_HANDLE;
+  VkDebugUtilsMessengerEXT messenger_ = VK_NULL_HANDLE;
+  VkPhysicalDevice physical_ = VK_NULL_HANDLE;
+  VkDevice device_ = VK_NULL_HANDLE;
+  VkQueue queue_ = VK_NULL_HANDLE;
+  uint32_t queue_family_ = 0;
+  VkCommandPool cmd_pool_ = VK_NULL_HANDLE;
+  VkCommandBuffer cmd_ = VK_NULL_HANDLE;
+  VkFence fence_ = VK_NULL_HANDLE;
+  VkDescriptorPool desc_pool_ = VK_NULL_HANDLE;
+  VkPipelineCache pipeline_cache_ = VK_NULL_HANDLE;
+  VkPhysicalDeviceMemoryProperties mem_props_{};
+  std::map<std::pair<std::string, uint32_t>, Pipeline> pipelines_;
+  bool recording_ = false;
+  uint32_t sets_used_ = 0;
+  std::vector<Buffer> staging_;  // freed at the next flush
+  DeviceFacts facts_;
+};
+
+}  // namespace moelite::vk

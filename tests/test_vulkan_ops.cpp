@@ -1,0 +1,283 @@
+// Every operation of the Vulkan backend against a CPU reference, in the manner of llama.cpp's
+// test-backend-ops: matrix products and row lookups for every weight type against the scalar
+// dequantization in float64; norms, RoPE, attention, routing and the expert FFNs against the CPU
+// backend's float paths. Runs on whatever Vulkan device is present (lavapipe in CI, with the
+// validation layer on: any validation message fails the test).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/quant.h"
+#include "tests/random_weights.h"
+#if MOELITE_HAVE_VULKAN
+#include "backends/vulkan/vk_backend.h"
+#include "backends/vulkan/vk_device.h"
+#endif
+
+using namespace moelite;
+
+#if MOELITE_HAVE_VULKAN
+namespace {
+
+struct Pair {
+  std::unique_ptr<Backend> vk, cpu;
+};
+
+// The Vulkan backend on any device, including CPU implementations; skips when there is none.
+bool make(Pair* p) {
+  if (vk::VulkanBackend::create(true, &p->vk) != MOELITE_OK) return false;
+  p->cpu = std::make_unique<cpu::CpuBackend>(1);
+  return true;
+}
+
+#define NEED_VULKAN(p)                                                                   \
+  Pair p;                                                                                \
+  if (!make(&p)) GTEST_SKIP() << "no Vulkan device: " << last_error_message();           \
+  const uint64_t validation_before = vk::Device::validation_messages();
+
+#define NO_VALIDATION_MESSAGES() EXPECT_EQ(vk::Device::validation_messages(), validation_before)
+
+struct HostAct {
+  Act a;
+  Backend* be;
+  HostAct(Backend* b, int64_t rows, int64_t cols) : be(b) { EXPECT_EQ(b->alloc_act(rows, cols, &a), MOELITE_OK); }
+  ~HostAct() { be->free_act(&a); }
+  void set(const std::vector<float>& v) {
+    // Written through a one-row identity "weight" would be circular; instead get_rows from an F32 table.
+    WeightView t;
+    t.type = TensorType::F32;
+    t.cols = a.cols;
+    t.rows = a.rows;
+    t.row_bytes = static_cast<uint64_t>(a.cols) * 4;
+    t.data = reinterpret_cast<const uint8_t*>(v.data());
+    std::vector<int32_t> ids(static_cast<size_t>(a.rows));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+    ASSERT_EQ(be->place_weight(&t), MOELITE_OK);  // a copy: v may be freed after
+    be->get_rows(t, ids.data(), static_cast<int32_t>(a.rows), &a);
+  }
+  std::vector<float> get() {
+    std::vector<float> out(static_cast<size_t>(a.rows * a.cols));
+    be->read_rows(a, 0, a.rows, out.data());
+    return out;
+  }
+};
+
+std::vector<float> randv(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+double max_rel(const std::vector<float>& got, const std::vector<double>& want) {
+  double scale = 1e-30, err = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    scale = std::max(scale, std::abs(want[i]));
+    err = std::max(err, std::abs(double(got[i]) - want[i]));
+  }
+  return err / scale;
+}
+
+std::vector<double> widen(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
+
+const TensorType kTypes[] = {TensorType::F32,  TensorType::F16,  TensorType::BF16, TensorType::Q4_0, TensorType::Q4_1,
+                             TensorType::Q5_0, TensorType::Q5_1, TensorType::Q8_0, TensorType::Q2_K, TensorType::Q3_K,
+                             TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K};
+
+}  // namespace
+
+TEST(VulkanOps, MatmulAndGetRowsForEveryWeightTypeMatchTheScalarDequantization) {
+  NEED_VULKAN(p);
+  std::mt19937 rng(11);
+  const int64_t cols = 512, rows = 9, n = 3;
+  std::vector<std::vector<float>> keep;
+  for (TensorType t : kTypes) {
+    SCOPED_TRACE(type_name(t));
+    std::vector<uint8_t> bytes;
+    for (int64_t r = 0; r < rows; ++r) {
+      const std::vector<uint8_t> row = test::random_weights(t, cols, rng);
+      bytes.insert(bytes.end(), row.begin(), row.end());
+    }
+    WeightView w;
+    w.type = t;
+    w.cols = cols;
+    w.rows = rows;
+    w.row_bytes = bytes.size() / rows;
+    w.data = bytes.data();
+    // Reference: the scalar dequantization, products in float64.
+    std::vector<float> deq(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r)
+      cpu::kernels_scalar().dequant[static_cast<uint32_t>(t)](bytes.data() + r * w.row_bytes, deq.data() + r * cols, cols);
+    const std::vector<float> x = randv(static_cast<size_t>(n * cols), rng, -2, 2);
+    // Float arrays handed to operations are model weights: they must outlive the backend.
+    keep.push_back(randv(rows, rng));
+    const std::vector<float>& bias = keep.back();
+    std::vector<double> want(static_cast<size_t>(n * rows));
+    for (int64_t t2 = 0; t2 < n; ++t2)
+      for (int64_t r = 0; r < rows; ++r) {
+        double acc = bias[static_cast<size_t>(r)];
+        for (int64_t c = 0; c < cols; ++c) acc += double(deq[static_cast<size_t>(r * cols + c)]) * x[static_cast<size_t>(t2 * cols + c)];
+        want[static_cast<size_t>(t2 * rows + r)] = acc;
+      }
+    ASSERT_EQ(p.vk->place_weight(&w), MOELITE_OK);
+    HostAct xa(p.vk.get(), n, cols), ya(p.vk.get(), n, rows);
+    xa.set(x);
+    p.vk->matmul(w, xa.a, bias.data(), &ya.a);
+    EXPECT_LT(max_rel(ya.get(), want), 2e-6);
+    // get_rows: rows 4, 0, 8 dequantized.
+    const int32_t ids[] = {4, 0, 8};
+    HostAct ga(p.vk.get(), 3, cols);
+    p.vk->get_rows(w, ids, 3, &ga.a);
+    const std::vector<float> got = ga.get();
+    for (int i = 0; i < 3; ++i)
+      for (int64_t c = 0; c < cols; ++c)
+        ASSERT_EQ(got[static_cast<size_t>(i * cols + c)], deq[static_cast<size_t>(ids[i] * cols + c)]) << "row " << ids[i] << " col " << c;
+  }
+  NO_VALIDATION_MESSAGES();
+}
+
+TEST(VulkanOps, FloatOpsMatchTheCpuBackend) {
+  NEED_VULKAN(p);
+  std::mt19937 rng(5);
+  const int64_t n = 5, head_dim = 32, n_head = 4, n_head_kv = 2, cols = head_dim * n_head;
+  const std::vector<float> xv = randv(static_cast<size_t>(n * cols), rng, -3, 3), yv = randv(static_cast<size_t>(n * cols), rng);
+  const std::vector<float> wn = randv(static_cast<size_t>(cols), rng, 0.5f, 1.5f);
+  auto both = [&](const std::function<void(Backend*, HostAct&, HostAct&)>& op) {
+    HostAct vx(p.vk.get(), n, cols), vy(p.vk.get(), n, cols), cx(p.cpu.get(), n, cols), cy(p.cpu.get(), n, cols);
+    vx.set(xv), vy.set(yv), cx.set(xv), cy.set(yv);
+    op(p.vk.get(), vx, vy);
+    op(p.cpu.get(), cx, cy);
+    return std::make_pair(vx.get(), widen(cx.get()));
+  };
+  auto r = both([&](Backend* b, HostAct& x, HostAct& y) { b->rms_norm(x.a, wn.data(), cols, 1e-6f, &y.a); x.a = x.a; b->add(&x.a, y.a); });
+  EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "rms_norm + add";
+  r = both([&](Backend* b, HostAct& x, HostAct&) { b->rms_norm(x.a, wn.data(), head_dim, 1e-6f, &x.a); });
+  EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "per-head rms_norm in place";
+  r = both([&](Backend* b, HostAct& x, HostAct&) { b->rms_norm(x.a, nullptr, cols, 1e-5f, &x.a); });
+  EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "rms_norm without weights";
+  const int32_t pos[] = {0, 1, 7, 100, 3000};
+  for (RopeStyle style : {RopeStyle::Normal, RopeStyle::Neox}) {
+    RopeParams rp;
+    rp.style = style;
+    rp.n_rot = 24;  // fewer than head_dim: the tail stays
+    rp.freq_base = 10000.0f;
+    r = both([&](Backend* b, HostAct& x, HostAct&) { b->rope(&x.a, head_dim, rp, pos); });
+    EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "rope " << static_cast<int>(style);
+  }
+  NO_VALIDATION_MESSAGES();
+}
+
+TEST(VulkanOps, AttentionOverTwoBatchesMatchesTheCpuBackend) {
+  NEED_VULKAN(p);
+  std::mt19937 rng(9);
+  const int32_t n_head = 4, n_head_kv = 2, head_dim = 16, n_ctx = 40;
+  const int64_t q_dim = n_head * head_dim, kv_dim = n_head_kv * head_dim;
+  std::vector<std::vector<float>> outs;
+  for (Backend* b : {p.vk.get(), p.cpu.get()}) {
+    KvCache kv;
+    ASSERT_EQ(b->alloc_kv(2, n_ctx, kv_dim, &kv), MOELITE_OK);
+    std::mt19937 r2(3);
+    std::vector<float> all;
+    for (int32_t pos0 : {0, 7}) {  // a prompt of 7, then 5 more tokens attending to all 12
+      const int64_t n = pos0 == 0 ? 7 : 5;
+      HostAct q(b, n, q_dim), k(b, n, kv_dim), v(b, n, kv_dim), o(b, n, q_dim);
+      q.set(randv(static_cast<size_t>(n * q_dim), r2, -2, 2));
+      k.set(randv(static_cast<size_t>(n * kv_dim), r2, -2, 2));
+      v.set(randv(static_cast<size_t>(n * kv_dim), r2));
+      b->attention(&kv, 1, q.a, k.a, v.a, pos0, n_head, n_head_kv, head_dim, &o.a);
+      const std::vector<float> got = o.get();
+      all.insert(all.end(), got.begin(), got.end());
+    }
+    b->free_kv(&kv);
+    outs.push_back(all);
+  }
+  EXPECT_LT(max_rel(outs[0], widen(outs[1])), 1e-5);
+  NO_VALIDATION_MESSAGES();
+}
+
+TEST(VulkanOps, RoutingMatchesTheCpuBackend) {
+  NEED_VULKAN(p);
+  std::mt19937 rng(2);
+  const int64_t n = 6, n_expert = 16;
+  std::vector<float> logits = randv(static_cast<size_t>(n * n_expert), rng, -3, 3);
+  logits[3] = logits[5];  // a tie: the lower id wins
+  for (bool renorm : {false, true}) {
+    Routing rv, rc;
+    HostAct lv(p.vk.get(), n, n_expert), lc(p.cpu.get(), n, n_expert);
+    lv.set(logits);
+    lc.set(logits);
+    p.vk->route(lv.a, 4, renorm, &rv);
+    p.cpu->route(lc.a, 4, renorm, &rc);
+    EXPECT_EQ(rv.ids, rc.ids);
+    ASSERT_EQ(rv.weights.size(), rc.weights.size());
+    for (size_t i = 0; i < rv.weights.size(); ++i) EXPECT_NEAR(rv.weights[i], rc.weights[i], 2e-7) << i;
+  }
+  NO_VALIDATION_MESSAGES();
+}
+
+namespace {
+// Experts held in memory, as the resident source hands them out.
+class FakeExperts final : public ExpertSource {
+ public:
+  std::vector<ExpertWeights> w;
+  bool all_resident() const override { return true; }
+  int32_t capacity(int32_t) const override { return 1 << 20; }
+  Status prepare(int32_t, const std::vector<int32_t>&) override { return MOELITE_OK; }
+  Status acquire_next(int32_t, std::vector<int32_t>* pending, int32_t* e, ExpertWeights* out) override {
+    *e = pending->front();
+    pending->erase(pending->begin());
+    *out = w[static_cast<size_t>(*e)];
+    return MOELITE_OK;
+  }
+  void release(int32_t, int32_t) override {}
+};
+}  // namespace
+
+TEST(VulkanOps, ExpertAndSharedFfnsMatchTheCpuBackend) {
+  NEED_VULKAN(p);
+  std::mt19937 rng(4);
+  const int64_t n = 4, d = 64, ff = 96;
+  const int32_t n_expert = 5, k = 2;
+  std::vector<std::vector<float>> store;
+  auto matrix = [&](int64_t rows, int64_t cols) {
+    store.push_back(randv(static_cast<size_t>(rows * cols), rng, -0.3f, 0.3f));
+    WeightView w;
+    w.type = TensorType::F32;  // float weights: the CPU backend computes in float, as the shaders do
+    w.rows = rows;
+    w.cols = cols;
+    w.row_bytes = static_cast<uint64_t>(cols) * 4;
+    w.data = reinterpret_cast<const uint8_t*>(store.back().data());
+    return w;
+  };
+  FakeExperts ex;
+  for (int32_t e = 0; e < n_expert; ++e) ex.w.push_back({matrix(ff, d), matrix(ff, d), matrix(d, ff)});
+  const ExpertWeights shared{matrix(ff, d), matrix(ff, d), matrix(d, ff)};
+  const std::vector<float> gate_inp = randv(static_cast<size_t>(d), rng);
+  Routing r;
+  r.n_tokens = static_cast<int32_t>(n);
+  r.k = k;
+  r.ids = {3, 1, 1, 4, 0, -1, 3, 2};  // token 2 uses one expert (a slot dropped by gating)
+  r.weights = {0.6f, 0.4f, 0.7f, 0.3f, 1.0f, 0.0f, 0.5f, 0.5f};
+  const std::vector<float> x = randv(static_cast<size_t>(n * d), rng, -2, 2);
+  std::vector<std::vector<float>> moe, dense;
+  for (Backend* b : {p.vk.get(), p.cpu.get()}) {
+    HostAct xa(b, n, d), o(b, n, d), s(b, n, d);
+    xa.set(x);
+    ASSERT_EQ(b->moe_ffn(0, xa.a, r, &ex, &o.a), MOELITE_OK) << last_error_message();
+    moe.push_back(o.get());
+    b->dense_ffn(shared, gate_inp.data(), xa.a, &s.a);
+    dense.push_back(s.get());
+  }
+  EXPECT_LT(max_rel(moe[0], widen(moe[1])), 1e-5);
+  EXPECT_LT(max_rel(dense[0], widen(dense[1])), 1e-5);
+  NO_VALIDATION_MESSAGES();
+}
+
+#else
+TEST(VulkanOps, NotBuilt) { GTEST_SKIP() << "built without the Vulkan backend"; }
+#endif
