@@ -1,5 +1,6 @@
 // Backend selection. GPU backends register here as they are built; a build without them still
 // links and answers with the reason (the MLX no_gpu pattern).
+#include <atomic>
 #include <memory>
 
 #include "backends/backend.h"
@@ -12,14 +13,21 @@ namespace moelite {
 
 Status create_backend(BackendKind kind, int32_t n_threads, std::unique_ptr<Backend>* out) {
   switch (kind) {
-    case BackendKind::Auto:
+    case BackendKind::Auto: {
 #if MOELITE_HAVE_VULKAN
-      // A GPU when there is one; a CPU implementation of Vulkan (lavapipe) never beats the CPU backend.
-      if (vk::VulkanBackend::create(false, out) == MOELITE_OK) return MOELITE_OK;
-      clear_error();
+      // A GPU when there is one; a CPU implementation of Vulkan (lavapipe) never beats the CPU
+      // backend. Probing loads every Vulkan driver, so a machine found without a GPU is not
+      // probed again by later loads in this process.
+      static std::atomic<bool> no_gpu{false};
+      if (!no_gpu.load()) {
+        if (vk::VulkanBackend::create(false, out) == MOELITE_OK) return MOELITE_OK;
+        no_gpu.store(true);
+        clear_error();
+      }
 #endif
       out->reset(new cpu::CpuBackend(n_threads));
       return MOELITE_OK;
+    }
     case BackendKind::Cpu:
       out->reset(new cpu::CpuBackend(n_threads));
       return MOELITE_OK;

@@ -141,6 +141,42 @@ TEST(VulkanOps, MatmulAndGetRowsForEveryWeightTypeMatchTheScalarDequantization) 
   NO_VALIDATION_MESSAGES();
 }
 
+TEST(VulkanOps, WeightsBeyondTheStorageBufferRangeAreSplitByRows) {
+  // A 4 KiB range splits a 300-row F32 matrix of 64 columns (256 bytes a row) into chunks of 16
+  // rows: products and lookups must be unchanged.
+  setenv("MOELITE_VK_MAX_BUFFER", "4096", 1);
+  Pair p;
+  const bool ok = make(&p);
+  unsetenv("MOELITE_VK_MAX_BUFFER");
+  if (!ok) GTEST_SKIP() << "no Vulkan device";
+  std::mt19937 rng(8);
+  const int64_t rows = 300, cols = 64, n = 2;
+  const std::vector<float> wv = randv(static_cast<size_t>(rows * cols), rng), x = randv(static_cast<size_t>(n * cols), rng);
+  WeightView w;
+  w.type = TensorType::F32;
+  w.rows = rows;
+  w.cols = cols;
+  w.row_bytes = cols * 4;
+  w.data = reinterpret_cast<const uint8_t*>(wv.data());
+  ASSERT_EQ(p.vk->place_weight(&w), MOELITE_OK);
+  HostAct xa(p.vk.get(), n, cols), ya(p.vk.get(), n, rows), ga(p.vk.get(), 3, cols);
+  xa.set(x);
+  p.vk->matmul(w, xa.a, nullptr, &ya.a);
+  std::vector<double> want(static_cast<size_t>(n * rows));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t r = 0; r < rows; ++r) {
+      double acc = 0;
+      for (int64_t c = 0; c < cols; ++c) acc += double(wv[static_cast<size_t>(r * cols + c)]) * x[static_cast<size_t>(t * cols + c)];
+      want[static_cast<size_t>(t * rows + r)] = acc;
+    }
+  EXPECT_LT(max_rel(ya.get(), want), 2e-6);
+  const int32_t ids[] = {299, 0, 17};  // rows in the last, first and second chunk
+  p.vk->get_rows(w, ids, 3, &ga.a);
+  const std::vector<float> got = ga.get();
+  for (int i = 0; i < 3; ++i)
+    for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(got[static_cast<size_t>(i * cols + c)], wv[static_cast<size_t>(ids[i] * cols + c)]);
+}
+
 TEST(VulkanOps, FloatOpsMatchTheCpuBackend) {
   NEED_VULKAN(p);
   std::mt19937 rng(5);

@@ -2,9 +2,13 @@
 # Installs the Debian 12 packages moelite needs to build (and, with --test, to run its tests).
 # Packages already present are skipped, so this is cheap to run every time.
 set -euo pipefail
-pkgs=(g++ cmake ninja-build pkg-config libmimalloc-dev liburing-dev)
+# libvulkan-dev + glslc build the Vulkan backend; the CPU backend needs neither.
+pkgs=(g++ cmake ninja-build pkg-config liburing-dev libvulkan-dev glslc)
 if [[ "${1:-}" == "--test" ]]; then
-  pkgs+=(libgtest-dev python3-numpy python3-pytest python3-venv python3-pip python3-setuptools)
+  # Tests run the Vulkan backend for real on lavapipe (Mesa's CPU Vulkan), under the Khronos
+  # validation layer.
+  pkgs+=(libgtest-dev python3-numpy python3-pytest python3-venv python3-pip python3-setuptools
+         mesa-vulkan-drivers vulkan-validationlayers)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

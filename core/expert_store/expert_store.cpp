@@ -8,29 +8,17 @@
 #include <cstring>
 #include <unistd.h>
 
-#if MOELITE_HAVE_MIMALLOC
-#include <mimalloc.h>
-#endif
 
 namespace moelite {
 
 namespace {
 
+// One aligned block for the whole pool (direct I/O lands in it), allocated once.
 uint8_t* pool_alloc(uint64_t bytes) {
-#if MOELITE_HAVE_MIMALLOC
-  return static_cast<uint8_t*>(mi_malloc_aligned(static_cast<size_t>(bytes), platform::kDirectIoAlignment));
-#else
   return static_cast<uint8_t*>(platform::aligned_alloc_bytes(static_cast<size_t>(bytes), platform::kDirectIoAlignment));
-#endif
 }
 
-void pool_free(uint8_t* p) {
-#if MOELITE_HAVE_MIMALLOC
-  mi_free(p);
-#else
-  platform::aligned_free(p);
-#endif
-}
+void pool_free(uint8_t* p) { platform::aligned_free(p); }
 
 uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 uint64_t round_down(uint64_t v, uint64_t a) { return v / a * a; }
