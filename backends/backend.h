@@ -112,6 +112,12 @@ class Backend {
   virtual int32_t n_threads() const = 0;
 
   // ---- memory
+  // Host memory this backend computes on in place (a unified-memory GPU's host-visible device
+  // memory), for the expert store's slot pool: `bytes` at a 4096-aligned address, or null when the
+  // backend has none to offer (the store then uses ordinary memory and the backend copies experts
+  // in). Released with free_shared before the backend is destroyed.
+  virtual void* alloc_shared(uint64_t bytes) { return nullptr; }
+  virtual void free_shared(void* p) {}
   virtual Status place_weight(WeightView* w) = 0;
   // Whether the backend can compute with this weight's type (for weights placed later, such as
   // experts the store loads).

@@ -42,6 +42,7 @@ VulkanBackend::VulkanBackend(std::unique_ptr<Device> dev) : dev_(std::move(dev))
 
 VulkanBackend::~VulkanBackend() {
   dev_->flush();
+  for (Shared& sh : shared_) dev_->free(&sh.buf);
   auto free_weight = [&](DevWeight& w) {
     for (auto& c : w.chunks) dev_->free(&c.buf);
   };
@@ -49,6 +50,7 @@ VulkanBackend::~VulkanBackend() {
   for (auto& kv : weight_cache_) free_weight(*kv.second);
   for (auto& kv : float_cache_) dev_->free(&kv.second);
   dev_->free(&scores_);
+  dev_->free(&ffn_out_);
   dev_->free(&dummy_);
 }
 
@@ -57,6 +59,52 @@ void VulkanBackend::remember(Status st) {
 }
 
 // ---- memory
+
+void* VulkanBackend::alloc_shared(uint64_t bytes) {
+  // Only where device memory is the host's, and within one storage buffer (beyond it the store
+  // keeps ordinary memory and experts are copied in).
+  constexpr uint64_t kAlign = 4096;  // direct I/O lands in the slots
+  if (!dev_->facts().unified_memory || bytes + kAlign > dev_->facts().max_storage_range) return nullptr;
+  Shared sh;
+  if (dev_->alloc(bytes + kAlign, &sh.buf) != MOELITE_OK || !sh.buf.mapped) {
+    clear_error();
+    if (sh.buf.buffer) dev_->free(&sh.buf);
+    return nullptr;
+  }
+  const uintptr_t base = reinterpret_cast<uintptr_t>(sh.buf.mapped);
+  sh.host = reinterpret_cast<uint8_t*>((base + kAlign - 1) / kAlign * kAlign);
+  sh.bytes = bytes;
+  shared_.push_back(sh);
+  return sh.host;
+}
+
+void VulkanBackend::free_shared(void* p) {
+  for (auto it = shared_.begin(); it != shared_.end(); ++it)
+    if (it->host == p) {
+      dev_->flush();
+      dev_->free(&it->buf);
+      shared_.erase(it);
+      return;
+    }
+}
+
+const VulkanBackend::DevWeight* VulkanBackend::shared_weight(const WeightView& w) {
+  for (const Shared& sh : shared_) {
+    if (w.data < sh.host || w.data + w.row_bytes * static_cast<uint64_t>(w.rows) > sh.host + sh.bytes) continue;
+    auto dw = std::make_unique<DevWeight>();
+    dw->type = w.type;
+    dw->row_bytes = w.row_bytes;
+    dw->cols = w.cols;
+    DevWeight::Chunk c;
+    c.buf = sh.buf;
+    c.offset = static_cast<uint64_t>(w.data - static_cast<const uint8_t*>(sh.buf.mapped));
+    c.rows = w.rows;
+    dw->chunks.push_back(c);
+    temp_weights_.push_back(std::move(dw));
+    return temp_weights_.back().get();
+  }
+  return nullptr;
+}
 
 Status VulkanBackend::check_weight(const WeightView& w) {
   if (!computable(w.type))
@@ -104,6 +152,7 @@ Status VulkanBackend::place_weight(WeightView* w) {
 
 const VulkanBackend::DevWeight* VulkanBackend::device_weight(const WeightView& w, bool keep) {
   if (w.device) return static_cast<const DevWeight*>(w.device);
+  if (const DevWeight* sw = shared_weight(w)) return sw;
   auto it = weight_cache_.find(w.data);
   if (it != weight_cache_.end()) return it->second.get();
   DevWeight* dw = nullptr;
@@ -202,6 +251,7 @@ void VulkanBackend::get_rows(const WeightView& table, const int32_t* tokens, int
       const Status st = dev_->temp(ids.data(), ids.size() * sizeof(int32_t), &ib);
       remember(st);
       if (st != MOELITE_OK) return;
+      pc.w_off = static_cast<uint32_t>(c.offset);
       pc.y_off = static_cast<uint32_t>(o->off + (whole ? 0 : static_cast<uint64_t>(t) * static_cast<uint64_t>(out->cols)));
       dev_->dispatch("get_rows", static_cast<uint32_t>(w->type), {{&c.buf}, {&ib}, {&o->buf}}, &pc, sizeof pc,
                      groups_for(static_cast<uint64_t>(w->cols)), static_cast<uint32_t>(ids.size()));
@@ -227,7 +277,7 @@ void VulkanBackend::matmul_dev(const DevWeight& w, const Buffer& x, uint64_t x_o
     for (int64_t r0 = 0; r0 < c.rows; r0 += kMaxGroupsX) {
       const uint32_t rows = static_cast<uint32_t>(std::min<int64_t>(kMaxGroupsX, c.rows - r0));
       struct { uint32_t w_off, row_bytes, cols, row0, x_off, x_stride, y_off, y_stride, flags, map_n, y_col0; } pc{
-          0, static_cast<uint32_t>(w.row_bytes), static_cast<uint32_t>(w.cols), static_cast<uint32_t>(r0),
+          static_cast<uint32_t>(c.offset), static_cast<uint32_t>(w.row_bytes), static_cast<uint32_t>(w.cols), static_cast<uint32_t>(r0),
           static_cast<uint32_t>(x_off), static_cast<uint32_t>(x_stride), static_cast<uint32_t>(y_off),
           static_cast<uint32_t>(y_stride), (bias ? 1u : 0u) | (maps ? 6u : 0u), map_n, static_cast<uint32_t>(c.row0)};
       dev_->dispatch("matmul", static_cast<uint32_t>(w.type), {{&c.buf}, {&x}, {&y}, {bias ? bias : &dummy_}, {maps ? maps : &dummy_}},
@@ -343,9 +393,15 @@ Status VulkanBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, Exp
   for (size_t i = 0; i < pairs.size(); ++i)
     if (i == 0 || pairs[i].first != pairs[i - 1].first) order.push_back(pairs[i].first);
 
-  // Per (token, slot) expert outputs, combined in slot order at the end.
-  Buffer y;
-  MOELITE_TRY(dev_->temp(nullptr, std::max<uint64_t>(1, static_cast<uint64_t>(n * k * n_embd)) * sizeof(float), &y));
+  // Per (token, slot) expert outputs, combined in slot order at the end (kept across the
+  // submissions of a budgeted layer, so not a temporary).
+  const uint64_t y_bytes = std::max<uint64_t>(1, static_cast<uint64_t>(n * k * n_embd)) * sizeof(float);
+  if (ffn_out_.size < y_bytes) {
+    MOELITE_TRY(dev_->flush());
+    dev_->free(&ffn_out_);
+    MOELITE_TRY(dev_->alloc(y_bytes, &ffn_out_));
+  }
+  const Buffer& y = ffn_out_;
   const ActRef* xr = ref(x);
   const bool keep = experts->all_resident();
   auto run_expert = [&](int32_t e, const ExpertWeights& w) -> Status {
@@ -391,24 +447,32 @@ Status VulkanBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, Exp
       MOELITE_TRY(run_expert(e, w));
     }
   } else {
-    // The expert's bytes are copied into device memory while recording, so its host slot can be
-    // released right after.
+    // Each group's experts stay pinned until the device has run on them: with zero-copy slots
+    // it reads them in place, and a released slot may be refilled by the next load.
     const size_t group = static_cast<size_t>(std::max(1, experts->capacity(layer)));
     for (size_t g0 = 0; g0 < order.size(); g0 += group) {
       std::vector<int32_t> pending(order.begin() + static_cast<std::ptrdiff_t>(g0),
                                    order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), g0 + group)));
       MOELITE_TRY(experts->prepare(layer, pending));
-      while (!pending.empty()) {
+      std::vector<int32_t> done;
+      Status st = MOELITE_OK;
+      bool source_released = false;  // a failed acquire_next releases what was still pending
+      while (!pending.empty() && st == MOELITE_OK) {
         int32_t e;
         ExpertWeights w;
-        MOELITE_TRY(experts->acquire_next(layer, &pending, &e, &w));
-        const Status st = run_expert(e, w);
-        experts->release(layer, e);
+        st = experts->acquire_next(layer, &pending, &e, &w);
         if (st != MOELITE_OK) {
-          for (int32_t p : pending) experts->release(layer, p);
-          return st;
+          source_released = true;
+          break;
         }
+        done.push_back(e);
+        st = run_expert(e, w);
       }
+      if (st == MOELITE_OK) st = dev_->flush();
+      for (int32_t e : done) experts->release(layer, e);
+      if (!source_released)
+        for (int32_t e : pending) experts->release(layer, e);
+      MOELITE_TRY(st);
     }
   }
   // Combine in slot order: weights then ids (as floats) per token.

@@ -28,6 +28,8 @@ class VulkanBackend final : public Backend {
   const char* name() const override { return name_.c_str(); }
   int32_t n_threads() const override { return 1; }
 
+  void* alloc_shared(uint64_t bytes) override;
+  void free_shared(void* p) override;
   Status place_weight(WeightView* w) override;
   Status check_weight(const WeightView& w) override;
   Status alloc_act(int64_t rows, int64_t cols, Act* out) override;
@@ -59,6 +61,7 @@ class VulkanBackend final : public Backend {
   struct DevWeight {
     struct Chunk {
       Buffer buf;
+      uint64_t offset = 0;  // byte offset of the chunk's first row in buf
       int64_t row0 = 0, rows = 0;
     };
     TensorType type = TensorType::F32;
@@ -79,6 +82,8 @@ class VulkanBackend final : public Backend {
   Status upload_weight(const WeightView& w, Keep keep, DevWeight** out);
   const DevWeight* device_weight(const WeightView& w, bool keep);
   const Buffer& host_floats(const float* p, size_t n);  // norm weights, biases: uploaded once
+  // The weight as a view of shared memory (zero copy), or null if its bytes are not there.
+  const DevWeight* shared_weight(const WeightView& w);
   // out rows (or mapped rows) = W x rows; maps: device int buffer [in rows..., out rows...].
   void matmul_dev(const DevWeight& w, const Buffer& x, uint64_t x_off, uint64_t x_stride, const Buffer& y,
                   uint64_t y_off, uint64_t y_stride, int64_t n, const Buffer* bias, const Buffer* maps, uint32_t map_n);
@@ -92,7 +97,14 @@ class VulkanBackend final : public Backend {
   std::vector<std::unique_ptr<DevWeight>> temp_weights_;  // freed after the next flush
   std::unordered_map<const void*, Buffer> float_cache_;
   std::map<std::pair<ActRef*, uint64_t>, std::unique_ptr<ActRef>> views_;
-  Buffer scores_;  // attention scratch
+  Buffer scores_;   // attention scratch
+  Buffer ffn_out_;  // moe_ffn's per-(token, slot) outputs
+  struct Shared {
+    Buffer buf;
+    uint8_t* host = nullptr;  // 4096-aligned start handed out
+    uint64_t bytes = 0;
+  };
+  std::vector<Shared> shared_;
   Status error_ = MOELITE_OK;  // first failure of an operation that cannot return one
 };
 

@@ -132,7 +132,10 @@ Status ExpertStore::create(const Model& model, const std::string& path, const Ex
     }
   }
 
-  s->pool_ = pool_alloc(n_slots * s->slot_bytes_);
+  // Slots in memory the backend computes on in place when it has such (unified-memory GPUs).
+  s->pool_ = static_cast<uint8_t*>(model.backend->alloc_shared(n_slots * s->slot_bytes_));
+  s->pool_shared_ = s->pool_ != nullptr;
+  if (!s->pool_) s->pool_ = pool_alloc(n_slots * s->slot_bytes_);
   if (!s->pool_)
     return fail(MOELITE_ERR_OUT_OF_MEMORY, "cannot allocate the expert pool of %" PRIu64 " bytes",
                 n_slots * s->slot_bytes_);
@@ -168,7 +171,8 @@ ExpertStore::~ExpertStore() {
   }
   work_cv_.notify_all();
   for (auto& t : loaders_) t.join();
-  pool_free(pool_);
+  if (pool_shared_) model_.backend->free_shared(pool_);
+  else pool_free(pool_);
 }
 
 ExpertWeights ExpertStore::view(const Slot& s) const {

@@ -88,7 +88,8 @@ class ExpertStore final : public ExpertSource {
   // "O_DIRECT, io_uring" and the like: how experts are read.
   std::string io_mode() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return std::string(file_.is_direct() ? "O_DIRECT" : "buffered + fadvise(DONTNEED)") + ", " + reader_name_;
+    return std::string(file_.is_direct() ? "O_DIRECT" : "buffered + fadvise(DONTNEED)") + ", " + reader_name_ +
+           (pool_shared_ ? ", slots in device-visible memory" : "");
   }
   std::vector<ExpertLayerStats> stats() const;
   void reset_stats();
@@ -153,6 +154,7 @@ class ExpertStore final : public ExpertSource {
   std::vector<ChunkPlan> plans_;  // per layer
   std::vector<Slot> slots_;
   uint8_t* pool_ = nullptr;
+  bool pool_shared_ = false;  // the backend's device-visible memory (zero-copy slots)
   std::unordered_map<uint64_t, int32_t> where_;  // (layer, expert) -> slot
 
   mutable std::mutex mu_;

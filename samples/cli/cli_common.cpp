@@ -16,7 +16,7 @@ bool Args::parse(int argc, char** argv, const std::vector<std::string>& flags, s
       return false;
     }
     // Model-loading switches every command accepts (see load_model).
-    bool is_flag = a == "--no-mmap" || a == "--per-layer";
+    bool is_flag = a == "--no-mmap" || a == "--per-layer" || a == "--verbose";
     for (const auto& f : flags) is_flag = is_flag || f == a;
     if (is_flag) {
       values_[a] = "1";
@@ -135,7 +135,12 @@ bool parse_budget(const std::string& text, const std::string& path, uint64_t* ou
 }
 }  // namespace
 
+namespace {
+void log_to_stderr(moelite_log_level, const char* text, void*) { fprintf(stderr, "moelite: %s\n", text); }
+}  // namespace
+
 int load_model(const Args& args, moelite_model** out, bool vocab_only) {
+  if (args.has("--verbose")) moelite_set_log_callback(log_to_stderr, nullptr, MOELITE_LOG_INFO);
   std::string path = args.has("-m") ? args.get("-m") : args.get("--model");
   if (path.empty()) return usage_error("missing -m MODEL");
   std::string err;

@@ -24,7 +24,7 @@ static void print_help() {
       "  chat    -m MODEL [--system TEXT] [sampling options]  interactive multi-turn chat\n"
       "  tokenize -m MODEL (-p TEXT | -f FILE) [--add-special] [--parse-special]  token ids\n"
       "  version                                        library version\n\n"
-      "common options: -t/--threads N, --backend auto|cpu|vulkan|cuda, --no-mmap,\n"
+      "common options: -t/--threads N, --backend auto|cpu|vulkan|cuda, --no-mmap, --verbose (log what loads),\n"
       "                --budget SIZE|P%, --policy lru|lfu|decay|static|belady, --per-layer,\n"
       "                --allocation auto|global|uniform|dp,\n"
       "                --predictor none|next-gate|first-layer|learned|correlation|pregate, --predict-depth D,\n"

@@ -85,6 +85,19 @@ def test_batching_and_the_expert_budget_do_not_change_vulkan_results():
                                                                       "next-gate"]))
 
 
+def test_budgeted_slots_are_device_memory_on_unified_memory_devices():
+    """lavapipe (like integrated GPUs) has host-visible device memory: the store's slots live there
+    and the shaders read experts where the loads put them (no copy); results stay bitwise."""
+    model = make_model("qwen3moe-Q8_0", "qwen3moe", "Q8_0")
+    r = vulkan_run(["logits", "-m", model, "--tokens", ",".join(map(str, TOKENS)), "--out", model + ".zc.f32",
+                    "--budget", "40%", "--verbose"])
+    assert r.returncode == 0, r.stderr
+    if "unified memory" in r.stderr:
+        assert "slots in device-visible memory" in r.stderr, r.stderr
+    np.testing.assert_array_equal(np.fromfile(model + ".zc.f32", dtype="<f4").reshape(len(TOKENS), -1),
+                                  vulkan_logits(model))
+
+
 def test_vulkan_bench_and_auto_choice():
     r = vulkan_run(["bench", "-m", SHIPPED, "-p", "16", "-n", "4", "--json", "--no-membw"])
     assert r.returncode == 0, r.stderr
