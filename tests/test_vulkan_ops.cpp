@@ -91,8 +91,17 @@ const TensorType kTypes[] = {TensorType::F32,  TensorType::F16,  TensorType::BF1
 
 }  // namespace
 
-TEST(VulkanOps, MatmulAndGetRowsForEveryWeightTypeMatchTheScalarDequantization) {
-  NEED_VULKAN(p);
+class VulkanShaderPaths : public testing::TestWithParam<bool> {};
+
+// Both reductions of the matrix product: subgroup operations where the device has them, and the
+// portable shared-memory tree (MOELITE_VK_PORTABLE=1).
+TEST_P(VulkanShaderPaths, MatmulAndGetRowsForEveryWeightTypeMatchTheScalarDequantization) {
+  if (GetParam()) setenv("MOELITE_VK_PORTABLE", "1", 1);
+  Pair p;
+  const bool ok = make(&p);
+  unsetenv("MOELITE_VK_PORTABLE");
+  if (!ok) GTEST_SKIP() << "no Vulkan device: " << last_error_message();
+  const uint64_t validation_before = vk::Device::validation_messages();
   std::mt19937 rng(11);
   const int64_t cols = 512, rows = 9, n = 3;
   std::vector<std::vector<float>> keep;
@@ -140,6 +149,9 @@ TEST(VulkanOps, MatmulAndGetRowsForEveryWeightTypeMatchTheScalarDequantization) 
   }
   NO_VALIDATION_MESSAGES();
 }
+
+INSTANTIATE_TEST_SUITE_P(VulkanOps, VulkanShaderPaths, testing::Values(false, true),
+                         [](const testing::TestParamInfo<bool>& i) { return i.param ? "portable" : "subgroups"; });
 
 TEST(VulkanOps, WeightsBeyondTheStorageBufferRangeAreSplitByRows) {
   // A 4 KiB range splits a 300-row F32 matrix of 64 columns (256 bytes a row) into chunks of 16

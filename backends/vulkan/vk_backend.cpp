@@ -280,7 +280,7 @@ void VulkanBackend::matmul_dev(const DevWeight& w, const Buffer& x, uint64_t x_o
           static_cast<uint32_t>(c.offset), static_cast<uint32_t>(w.row_bytes), static_cast<uint32_t>(w.cols), static_cast<uint32_t>(r0),
           static_cast<uint32_t>(x_off), static_cast<uint32_t>(x_stride), static_cast<uint32_t>(y_off),
           static_cast<uint32_t>(y_stride), (bias ? 1u : 0u) | (maps ? 6u : 0u), map_n, static_cast<uint32_t>(c.row0)};
-      dev_->dispatch("matmul", static_cast<uint32_t>(w.type), {{&c.buf}, {&x}, {&y}, {bias ? bias : &dummy_}, {maps ? maps : &dummy_}},
+      dev_->dispatch(dev_->facts().use_subgroups ? "matmul_subgroup" : "matmul", static_cast<uint32_t>(w.type), {{&c.buf}, {&x}, {&y}, {bias ? bias : &dummy_}, {maps ? maps : &dummy_}},
                      &pc, sizeof pc, rows, static_cast<uint32_t>(n));
     }
   }

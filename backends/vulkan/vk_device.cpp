@@ -140,7 +140,10 @@ Status Device::init(bool allow_cpu) {
   VkPhysicalDeviceProperties2 props2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
   props2.pNext = &sub;
   vkGetPhysicalDeviceProperties2(physical_, &props2);
-  facts_.subgroups = (sub.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) != 0;
+  facts_.subgroups = (sub.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) != 0 &&
+                     (sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0;
+  const char* portable = getenv("MOELITE_VK_PORTABLE");  // tests run both shader paths
+  facts_.use_subgroups = facts_.subgroups && !(portable && *portable && strcmp(portable, "0") != 0);
   facts_.subgroup_size = sub.subgroupSize;
 
   uint32_t nq = 0;
