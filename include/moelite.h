@@ -133,7 +133,8 @@ typedef struct moelite_model moelite_model;
 typedef struct moelite_model_params moelite_model_params;
 
 typedef enum moelite_backend {
-  MOELITE_BACKEND_AUTO = 0, /* the best backend present: a GPU one if built and found, else CPU */
+  MOELITE_BACKEND_AUTO = 0, /* the best backend present: Vulkan on a GPU (not on a CPU
+                               implementation such as lavapipe) if built and found, else CPU */
   MOELITE_BACKEND_CPU = 1,
   MOELITE_BACKEND_VULKAN = 2,
   MOELITE_BACKEND_CUDA = 3
@@ -155,7 +156,9 @@ MOELITE_API void moelite_model_params_free(moelite_model_params *params);
 MOELITE_API moelite_status moelite_model_params_set_threads(moelite_model_params *params,
                                                             int32_t n_threads);
 /** Compute backend. Asking for a backend this build or machine lacks makes moelite_model_load
- *  fail with MOELITE_ERR_BACKEND_UNAVAILABLE and a message saying why. */
+ *  fail with MOELITE_ERR_BACKEND_UNAVAILABLE and a message saying why. MOELITE_BACKEND_VULKAN
+ *  takes the best Vulkan device, CPU implementations included (environment MOELITE_VK_DEVICE=N
+ *  forces device N). */
 MOELITE_API moelite_status moelite_model_params_set_backend(moelite_model_params *params,
                                                             moelite_backend backend);
 /** Bytes of memory the routed-expert weights may occupy. 0 (default): every expert stays in the

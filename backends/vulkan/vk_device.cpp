@@ -126,6 +126,10 @@ Status Device::init(bool allow_cpu) {
         (f & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT))
       facts_.unified_memory = true;
   }
+  // Tests treat a unified-memory device as a discrete one, so the staging paths run here too.
+  const char* discrete = getenv("MOELITE_VK_AS_DISCRETE");
+  as_discrete_ = discrete && *discrete && strcmp(discrete, "0") != 0;
+  if (as_discrete_) facts_.unified_memory = false;
   // Features the shaders could use; the portable path needs none of them.
   VkPhysicalDeviceShaderFloat16Int8Features f16{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES};
   VkPhysicalDevice8BitStorageFeatures s8{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_8BIT_STORAGE_FEATURES};
@@ -247,7 +251,8 @@ Status Device::alloc_with(uint64_t bytes, VkMemoryPropertyFlags props, Buffer* o
     return vk_fail(r, "vkAllocateMemory");
   }
   vkBindBufferMemory(device_, b.buffer, b.memory, 0);
-  if (mem_props_.memoryTypes[type].propertyFlags & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) {
+  const bool staging = (props & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) != 0;
+  if ((mem_props_.memoryTypes[type].propertyFlags & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) && (staging || !as_discrete_)) {
     r = vkMapMemory(device_, b.memory, 0, VK_WHOLE_SIZE, 0, &b.mapped);
     if (r != VK_SUCCESS) {
       free(&b);

@@ -101,6 +101,7 @@ class Device {
   VkPhysicalDeviceMemoryProperties mem_props_{};
   std::map<std::pair<std::string, uint32_t>, Pipeline> pipelines_;
   bool recording_ = false;
+  bool as_discrete_ = false;  // MOELITE_VK_AS_DISCRETE: device buffers are never mapped
   uint32_t sets_used_ = 0;
   std::vector<Buffer> staging_;  // freed at the next flush
   DeviceFacts facts_;
