@@ -58,6 +58,21 @@ struct Routing {
   std::vector<float> weights;
 };
 
+// A batch's routing grouped by expert, for backends' moe_ffn: the experts used (ascending id) and,
+// per expert, the token rows it reads and the (token * k + slot) rows its outputs fill. Slots
+// dropped by adaptive gating (id -1) are left out.
+class ExpertGroups {
+ public:
+  explicit ExpertGroups(const Routing& r);
+  const std::vector<int32_t>& order() const { return order_; }
+  void rows(int32_t expert, std::vector<int32_t>* x_rows, std::vector<int32_t>* out_rows) const;
+
+ private:
+  int32_t k_;
+  std::vector<std::pair<int32_t, int32_t>> pairs_;  // (expert, token * k + slot), sorted
+  std::vector<int32_t> order_;
+};
+
 // The three matrices of one routed expert.
 struct ExpertWeights {
   WeightView gate, up, down;

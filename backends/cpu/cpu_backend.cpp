@@ -379,23 +379,12 @@ Status CpuBackend::run_ffn_jobs(const std::vector<FfnJob>& jobs, const Act& x, f
 Status CpuBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, ExpertSource* experts, Act* out) {
   const int32_t n = r.n_tokens, k = r.k;
   experts->on_routing(layer, r);
-  // Group routed (token, slot) pairs by expert.
-  std::vector<std::pair<int32_t, int32_t>> pairs;  // (expert, token*k + slot)
-  pairs.reserve(static_cast<size_t>(n * k));
-  for (int32_t p = 0; p < n * k; ++p)
-    if (r.ids[static_cast<size_t>(p)] >= 0) pairs.push_back({r.ids[static_cast<size_t>(p)], p});  // -1: dropped by gating
-  std::sort(pairs.begin(), pairs.end());
-  std::vector<int32_t> order;
-  for (size_t i = 0; i < pairs.size(); ++i)
-    if (i == 0 || pairs[i].first != pairs[i - 1].first) order.push_back(pairs[i].first);
+  const ExpertGroups groups(r);
+  const std::vector<int32_t>& order = groups.order();
   auto job_for = [&](int32_t e, const ExpertWeights& w) {
     FfnJob job;
     job.w = w;
-    auto lo = std::lower_bound(pairs.begin(), pairs.end(), std::make_pair(e, INT32_MIN));
-    for (auto it = lo; it != pairs.end() && it->first == e; ++it) {
-      job.x_rows.push_back(it->second / k);
-      job.out_rows.push_back(it->second);
-    }
+    groups.rows(e, &job.x_rows, &job.out_rows);
     return job;
   };
 

@@ -385,13 +385,8 @@ Status VulkanBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, Exp
   const int32_t n = r.n_tokens, k = r.k;
   const int64_t n_embd = x.cols;
   experts->on_routing(layer, r);
-  std::vector<std::pair<int32_t, int32_t>> pairs;  // (expert, token * k + slot)
-  for (int32_t p = 0; p < n * k; ++p)
-    if (r.ids[static_cast<size_t>(p)] >= 0) pairs.push_back({r.ids[static_cast<size_t>(p)], p});
-  std::sort(pairs.begin(), pairs.end());
-  std::vector<int32_t> order;
-  for (size_t i = 0; i < pairs.size(); ++i)
-    if (i == 0 || pairs[i].first != pairs[i - 1].first) order.push_back(pairs[i].first);
+  const ExpertGroups groups(r);
+  const std::vector<int32_t>& order = groups.order();
 
   // Per (token, slot) expert outputs, combined in slot order at the end (kept across the
   // submissions of a budgeted layer, so not a temporary).
@@ -405,13 +400,8 @@ Status VulkanBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, Exp
   const ActRef* xr = ref(x);
   const bool keep = experts->all_resident();
   auto run_expert = [&](int32_t e, const ExpertWeights& w) -> Status {
-    std::vector<int32_t> maps;  // input rows, then output rows (the (token, slot) index)
-    auto lo = std::lower_bound(pairs.begin(), pairs.end(), std::make_pair(e, INT32_MIN));
-    std::vector<int32_t> out_rows;
-    for (auto it = lo; it != pairs.end() && it->first == e; ++it) {
-      maps.push_back(it->second / k);
-      out_rows.push_back(it->second);
-    }
+    std::vector<int32_t> maps, out_rows;  // the token rows read, the (token, slot) rows written
+    groups.rows(e, &maps, &out_rows);
     const uint32_t m = static_cast<uint32_t>(maps.size());
     std::vector<int32_t> in_maps = maps;
     in_maps.insert(in_maps.end(), maps.size(), 0);  // gate/up: gather inputs, outputs row i

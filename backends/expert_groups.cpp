@@ -1,0 +1,28 @@
+#include <algorithm>
+#include <climits>
+
+#include "backends/backend.h"
+
+namespace moelite {
+
+ExpertGroups::ExpertGroups(const Routing& r) : k_(r.k) {
+  const int32_t n = r.n_tokens * r.k;
+  pairs_.reserve(static_cast<size_t>(n));
+  for (int32_t p = 0; p < n; ++p)
+    if (r.ids[static_cast<size_t>(p)] >= 0) pairs_.push_back({r.ids[static_cast<size_t>(p)], p});
+  std::sort(pairs_.begin(), pairs_.end());
+  for (size_t i = 0; i < pairs_.size(); ++i)
+    if (i == 0 || pairs_[i].first != pairs_[i - 1].first) order_.push_back(pairs_[i].first);
+}
+
+void ExpertGroups::rows(int32_t expert, std::vector<int32_t>* x_rows, std::vector<int32_t>* out_rows) const {
+  x_rows->clear();
+  out_rows->clear();
+  for (auto it = std::lower_bound(pairs_.begin(), pairs_.end(), std::make_pair(expert, INT32_MIN));
+       it != pairs_.end() && it->first == expert; ++it) {
+    x_rows->push_back(it->second / k_);
+    out_rows->push_back(it->second);
+  }
+}
+
+}  // namespace moelite
