@@ -398,7 +398,11 @@ void Device::dispatch(const char* name, uint32_t spec, const std::vector<Binding
   if (sets_used_ >= kSetsPerPool) flush();
   Pipeline* p = pipeline(name, spec, static_cast<uint32_t>(bindings.size()));
   if (!p) {
-    log_msg(MOELITE_LOG_ERROR, "vulkan: shader '%s' is not in this build", name);
+    // Surfaces at the next submission (a read-back or the layer's moe_ffn).
+    if (error_ == MOELITE_OK) {
+      error_ = fail(MOELITE_ERR_INTERNAL, "vulkan: shader '%s' is not in this build", name);
+      error_msg_ = last_error_message();
+    }
     return;
   }
   begin_if_needed();
@@ -440,6 +444,18 @@ void Device::release_temporaries() {
 }
 
 Status Device::submit_and_wait() {
+  if (error_ != MOELITE_OK) {
+    const Status st = error_;
+    error_ = MOELITE_OK;
+    if (recording_) {
+      vkEndCommandBuffer(cmd_);
+      vkResetCommandBuffer(cmd_, 0);
+      vkResetDescriptorPool(device_, desc_pool_, 0);
+      sets_used_ = 0;
+      recording_ = false;
+    }
+    return fail(st, "%s (the work recorded since the last submission was discarded)", error_msg_.c_str());
+  }
   if (!recording_) return MOELITE_OK;
   recording_ = false;
   VK_TRY(vkEndCommandBuffer(cmd_), "vkEndCommandBuffer");

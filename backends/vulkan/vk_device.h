@@ -101,6 +101,8 @@ class Device {
   VkPhysicalDeviceMemoryProperties mem_props_{};
   std::map<std::pair<std::string, uint32_t>, Pipeline> pipelines_;
   bool recording_ = false;
+  Status error_ = MOELITE_OK;  // a dispatch that could not be recorded, reported at submission
+  std::string error_msg_;
   bool as_discrete_ = false;  // MOELITE_VK_AS_DISCRETE: device buffers are never mapped
   uint32_t sets_used_ = 0;
   std::vector<Buffer> staging_;  // freed at the next flush
