@@ -269,3 +269,50 @@ TEST_F(AdaptiveApi, BadInputsGetTheirOwnStatus) {
   EXPECT_EQ(moelite_calibrate(l.model, tokens_.data(), 16, cp, "/tmp/x.json"), MOELITE_ERR_INVALID_ARGUMENT);
   moelite_calibrate_params_free(cp);
 }
+
+// The store's handling of multi-layer predictions, through its C++ interface: the nearest layer's
+// guesses load first, a deeper layer's only once every nearer guess is resident, and a newer hint
+// replaces what is still waiting.
+#include <chrono>
+#include <thread>
+
+#include "core/expert_store/expert_store.h"
+#include "core/model.h"
+
+TEST(ExpertStorePredictions, DeeperGuessesWaitForNearerOnesToBeResident) {
+  moelite::LoadOptions o;
+  o.n_threads = 1;
+  std::unique_ptr<moelite::Model> m;
+  ASSERT_EQ(moelite::Model::load(kModel, o, &m), MOELITE_OK);
+  o.expert_budget_bytes = static_cast<uint64_t>(m->expert_bytes) / 2;
+  ASSERT_EQ(moelite::Model::load(kModel, o, &m), MOELITE_OK) << moelite_last_error();
+  moelite::ExpertStore& store = *m->store;
+  auto issued = [&](int layer) { return store.stats()[static_cast<size_t>(layer)].prefetches_issued; };
+  auto wait_for = [&](int layer, uint64_t n) {
+    for (int i = 0; i < 2000 && issued(layer) < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return issued(layer);
+  };
+  using moelite::Prediction;
+  // Layer 1: experts 3 and 5; layer 2: expert 7, issued at once (-1: no layer is being prepared).
+  store.hint({{{2, 7}, 0.9f}, {{1, 3}, 0.8f}, {{1, 5}, 0.7f}}, -1);
+  EXPECT_EQ(issued(1), 2u);  // the nearest layer goes out immediately
+  // Layer 2's guess follows once 3 and 5 have landed.
+  EXPECT_EQ(wait_for(2, 1), 1u);
+  // A newer hint replaces the waiting guesses: layer 3's expert 1 goes out, layer 2's 7 is not
+  // issued again (it is resident already).
+  store.hint({{{2, 7}, 1.0f}, {{3, 1}, 1.0f}}, -1);
+  EXPECT_EQ(wait_for(3, 1), 1u);
+  EXPECT_EQ(issued(2), 1u);
+  // Guesses made while layer 0 is being computed wait for its prepare().
+  store.hint({{{1, 9}, 1.0f}}, 0);
+  EXPECT_EQ(issued(1), 2u);
+  ASSERT_EQ(store.prepare(0, {0, 1}), MOELITE_OK);
+  EXPECT_EQ(issued(1), 3u);
+  for (int32_t e : {0, 1}) {
+    std::vector<int32_t> pending = {e};
+    int32_t got;
+    moelite::ExpertWeights w;
+    ASSERT_EQ(store.acquire_next(0, &pending, &got, &w), MOELITE_OK);
+    store.release(0, got);
+  }
+}

@@ -271,10 +271,11 @@ void ExpertStore::hint(const std::vector<Prediction>& predictions, int32_t upcom
   issued_.clear();
   for (const Prediction& p : predictions) {
     if (p.key.layer < 0 || p.key.layer >= static_cast<int32_t>(predicted_.size()) || p.key.expert < 0) continue;
+    // Accuracy counts what was ever predicted for the layer; the queue holds this hint's guesses.
     std::vector<int32_t>& guessed = predicted_[static_cast<size_t>(p.key.layer)];
-    if (std::find(guessed.begin(), guessed.end(), p.key.expert) != guessed.end()) continue;
-    guessed.push_back(p.key.expert);
-    waiting_.push_back(p);
+    if (std::find(guessed.begin(), guessed.end(), p.key.expert) == guessed.end()) guessed.push_back(p.key.expert);
+    if (std::none_of(waiting_.begin(), waiting_.end(), [&](const Prediction& w) { return w.key == p.key; }))
+      waiting_.push_back(p);
   }
   std::stable_sort(waiting_.begin(), waiting_.end(), [](const Prediction& a, const Prediction& b) {
     return a.key.layer != b.key.layer ? a.key.layer < b.key.layer : a.confidence > b.confidence;
