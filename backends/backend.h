@@ -94,6 +94,9 @@ class ExpertSource {
   virtual bool all_resident() const { return false; }
   // Most experts of `layer` that can be held at once.
   virtual int32_t capacity(int32_t layer) const = 0;
+  // Experts the source keeps in memory at once over all layers (its slot pool; 0 when unbounded):
+  // a GPU backend sizes its device tier of expert slots to match.
+  virtual int64_t pool_slots() const { return 0; }
   // Routing of `layer` is now known: speculative work for it that `routing` does not need may be
   // dropped (early preemption).
   virtual void on_routing(int32_t layer, const Routing& routing) {}

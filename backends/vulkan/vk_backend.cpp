@@ -43,6 +43,10 @@ VulkanBackend::VulkanBackend(std::unique_ptr<Device> dev) : dev_(std::move(dev))
 VulkanBackend::~VulkanBackend() {
   dev_->flush();
   for (Shared& sh : shared_) dev_->free(&sh.buf);
+  for (TierSlot& t : tier_)
+    for (Buffer& b : t.chunk) dev_->free(&b);
+  if (!tier_.empty())
+    log_msg(MOELITE_LOG_INFO, "vulkan: device expert tier: %" PRIu64 " hits, %" PRIu64 " loads over the transfer queue", tier_hits_, tier_loads_);
   auto free_weight = [&](DevWeight& w) {
     for (auto& c : w.chunks) dev_->free(&c.buf);
   };
@@ -104,6 +108,66 @@ const VulkanBackend::DevWeight* VulkanBackend::shared_weight(const WeightView& w
     return temp_weights_.back().get();
   }
   return nullptr;
+}
+
+bool VulkanBackend::tier_expert(int32_t layer, int32_t expert, const ExpertWeights& w, int64_t pool_slots,
+                                const DevWeight* out[3]) {
+  if (tier_.empty()) {
+    tier_.resize(static_cast<size_t>(std::max<int64_t>(pool_slots, 2)));
+    log_msg(MOELITE_LOG_INFO, "vulkan: device expert tier of %zu slots", tier_.size());
+  }
+  TierSlot* slot = nullptr;
+  for (TierSlot& t : tier_)
+    if (t.layer == layer && t.expert == expert) slot = &t;
+  const WeightView* views[3] = {&w.gate, &w.up, &w.down};
+  if (slot) {
+    ++tier_hits_;
+  } else {
+    // The least recently used slot that no unsubmitted work reads.
+    for (TierSlot& t : tier_)
+      if (!t.in_use && (!slot || t.last_use < slot->last_use)) slot = &t;
+    if (!slot) {
+      remember(dev_->flush());  // every slot is read by recorded work: run it first
+      for (TierSlot& t : tier_) t.in_use = false;
+      slot = &tier_[0];
+    }
+    ++tier_loads_;
+    slot->layer = layer;
+    slot->expert = expert;
+    for (int c = 0; c < 3; ++c) {
+      const uint64_t bytes = views[c]->row_bytes * static_cast<uint64_t>(views[c]->rows);
+      if (slot->chunk[c].size < (bytes + 3) / 4 * 4) {
+        dev_->free(&slot->chunk[c]);
+        Status st = dev_->alloc_device((bytes + 3) / 4 * 4, &slot->chunk[c]);
+        remember(st);
+        if (st != MOELITE_OK) {
+          slot->layer = -1;
+          return false;
+        }
+      }
+      Status st = dev_->transfer(slot->chunk[c], views[c]->data, bytes);
+      remember(st);
+      if (st != MOELITE_OK) {
+        slot->layer = -1;
+        return false;
+      }
+    }
+  }
+  slot->last_use = ++tier_clock_;
+  slot->in_use = true;
+  for (int c = 0; c < 3; ++c) {
+    auto dw = std::make_unique<DevWeight>();
+    dw->type = views[c]->type;
+    dw->row_bytes = views[c]->row_bytes;
+    dw->cols = views[c]->cols;
+    DevWeight::Chunk ch;
+    ch.buf = slot->chunk[c];
+    ch.rows = views[c]->rows;
+    dw->chunks.push_back(ch);
+    temp_weights_.push_back(std::move(dw));
+    out[c] = temp_weights_.back().get();
+  }
+  return true;
 }
 
 Status VulkanBackend::check_weight(const WeightView& w) {
@@ -409,8 +473,15 @@ Status VulkanBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, Exp
     std::vector<int32_t> out_maps(maps.size());
     for (uint32_t i = 0; i < m; ++i) out_maps[i] = static_cast<int32_t>(i);  // down: inputs row i, outputs scattered
     out_maps.insert(out_maps.end(), out_rows.begin(), out_rows.end());
-    const DevWeight* g = device_weight(w.gate, keep);
-    const DevWeight* u = device_weight(w.up, keep);
+    // Discrete devices with a budget: the device tier. Resident experts are cached; zero-copy
+    // slots (unified memory) are read in place.
+    const DevWeight* tier[3] = {nullptr, nullptr, nullptr};
+    if (!keep && !dev_->facts().unified_memory) {
+      MOELITE_TRY(experts->wait_down(layer, e));  // all three chunks go to the device at once
+      if (!tier_expert(layer, e, w, experts->pool_slots(), tier)) return error_;
+    }
+    const DevWeight* g = tier[0] ? tier[0] : device_weight(w.gate, keep);
+    const DevWeight* u = tier[1] ? tier[1] : device_weight(w.up, keep);
     MOELITE_TRY(error_);
     const int64_t n_ff = w.gate.rows;
     Buffer gbuf, ubuf, min, mout;
@@ -424,7 +495,7 @@ Status VulkanBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, Exp
     struct { uint32_t x_off, y_off, n, cols, mode; } pc{0, 0, static_cast<uint32_t>(cnt), static_cast<uint32_t>(n_ff), 2};
     dev_->dispatch("add", 0, {{&gbuf}, {&ubuf}}, &pc, sizeof pc, groups_for(cnt));
     MOELITE_TRY(experts->wait_down(layer, e));
-    const DevWeight* d = device_weight(w.down, keep);
+    const DevWeight* d = tier[2] ? tier[2] : device_weight(w.down, keep);
     MOELITE_TRY(error_);
     matmul_dev(*d, gbuf, 0, static_cast<uint64_t>(n_ff), y, 0, static_cast<uint64_t>(n_embd), m, nullptr, &mout, m);
     return MOELITE_OK;
@@ -459,6 +530,7 @@ Status VulkanBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, Exp
         st = run_expert(e, w);
       }
       if (st == MOELITE_OK) st = dev_->flush();
+      for (TierSlot& t : tier_) t.in_use = false;  // the device has run on them
       for (int32_t e : done) experts->release(layer, e);
       if (!source_released)
         for (int32_t e : pending) experts->release(layer, e);

@@ -105,6 +105,18 @@ class VulkanBackend final : public Backend {
     uint64_t bytes = 0;
   };
   std::vector<Shared> shared_;
+  // Discrete devices: a tier of expert slots in device memory, as many as the store's host slots,
+  // filled on the transfer queue; an expert stays there across tokens until evicted (LRU).
+  struct TierSlot {
+    int32_t layer = -1, expert = -1;
+    Buffer chunk[3];           // gate, up, down
+    uint64_t last_use = 0;
+    bool in_use = false;       // read by work recorded since the last submission
+  };
+  std::vector<TierSlot> tier_;
+  uint64_t tier_clock_ = 0, tier_hits_ = 0, tier_loads_ = 0;
+  // The expert's matrices in the device tier (loading them on a miss), or false on failure.
+  bool tier_expert(int32_t layer, int32_t expert, const ExpertWeights& w, int64_t pool_slots, const DevWeight* out[3]);
   Status error_ = MOELITE_OK;  // first failure of an operation that cannot return one
 };
 

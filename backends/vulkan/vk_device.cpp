@@ -64,7 +64,7 @@ Status Device::init(bool allow_cpu) {
   const bool validate = v && *v && strcmp(v, "0") != 0;
   VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
   app.pApplicationName = "moelite";
-  app.apiVersion = VK_API_VERSION_1_1;
+  app.apiVersion = VK_API_VERSION_1_2;  // timeline semaphores where the device has 1.2
   VkInstanceCreateInfo ici{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
   ici.pApplicationInfo = &app;
   const char* layers[] = {"VK_LAYER_KHRONOS_validation"};
@@ -154,24 +154,52 @@ Status Device::init(bool allow_cpu) {
   vkGetPhysicalDeviceQueueFamilyProperties(physical_, &nq, nullptr);
   std::vector<VkQueueFamilyProperties> qf(nq);
   vkGetPhysicalDeviceQueueFamilyProperties(physical_, &nq, qf.data());
-  int compute = -1;
+  int compute = -1, transfer = -1;
   for (uint32_t i = 0; i < nq; ++i) {
     if ((qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) && compute < 0) compute = static_cast<int>(i);
-    if ((qf[i].queueFlags & VK_QUEUE_TRANSFER_BIT) && !(qf[i].queueFlags & (VK_QUEUE_COMPUTE_BIT | VK_QUEUE_GRAPHICS_BIT)))
-      facts_.dedicated_transfer_queue = true;
+    if ((qf[i].queueFlags & VK_QUEUE_TRANSFER_BIT) && !(qf[i].queueFlags & (VK_QUEUE_COMPUTE_BIT | VK_QUEUE_GRAPHICS_BIT)) &&
+        transfer < 0)
+      transfer = static_cast<int>(i);
   }
   if (compute < 0) return fail(MOELITE_ERR_BACKEND_UNAVAILABLE, "vulkan: device '%s' has no compute queue", props.deviceName);
+  facts_.dedicated_transfer_queue = transfer >= 0;
   queue_family_ = static_cast<uint32_t>(compute);
-  const float priority = 1.0f;
-  VkDeviceQueueCreateInfo qci{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
-  qci.queueFamilyIndex = queue_family_;
-  qci.queueCount = 1;
-  qci.pQueuePriorities = &priority;
+  transfer_family_ = transfer >= 0 ? static_cast<uint32_t>(transfer) : queue_family_;
+  // A second queue of the compute family serves transfers when there is no transfer family.
+  const uint32_t compute_queues = transfer < 0 && qf[queue_family_].queueCount > 1 ? 2 : 1;
+  const float priorities[2] = {1.0f, 1.0f};
+  VkDeviceQueueCreateInfo qci[2] = {{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO}, {VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO}};
+  qci[0].queueFamilyIndex = queue_family_;
+  qci[0].queueCount = compute_queues;
+  qci[0].pQueuePriorities = priorities;
+  qci[1].queueFamilyIndex = transfer_family_;
+  qci[1].queueCount = 1;
+  qci[1].pQueuePriorities = priorities;
+  VkPhysicalDeviceTimelineSemaphoreFeatures tl{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES};
+  VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+  f2.pNext = &tl;
+  if (props.apiVersion >= VK_API_VERSION_1_2) vkGetPhysicalDeviceFeatures2(physical_, &f2);
+  facts_.timeline_semaphores = tl.timelineSemaphore;
+  VkPhysicalDeviceTimelineSemaphoreFeatures enable_tl{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES};
+  enable_tl.timelineSemaphore = VK_TRUE;
   VkDeviceCreateInfo dci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
-  dci.queueCreateInfoCount = 1;
-  dci.pQueueCreateInfos = &qci;
+  dci.queueCreateInfoCount = transfer >= 0 ? 2 : 1;
+  dci.pQueueCreateInfos = qci;
+  if (facts_.timeline_semaphores) dci.pNext = &enable_tl;
   VK_TRY(vkCreateDevice(physical_, &dci, nullptr, &device_), "vkCreateDevice");
   vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
+  vkGetDeviceQueue(device_, transfer_family_, transfer >= 0 ? 0 : compute_queues - 1, &transfer_queue_);
+  VkCommandPoolCreateInfo tpi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+  tpi.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT;
+  tpi.queueFamilyIndex = transfer_family_;
+  VK_TRY(vkCreateCommandPool(device_, &tpi, nullptr, &transfer_pool_), "vkCreateCommandPool");
+  if (facts_.timeline_semaphores) {
+    VkSemaphoreTypeCreateInfo sti{VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO};
+    sti.semaphoreType = VK_SEMAPHORE_TYPE_TIMELINE;
+    VkSemaphoreCreateInfo sci{VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO};
+    sci.pNext = &sti;
+    VK_TRY(vkCreateSemaphore(device_, &sci, nullptr, &timeline_), "vkCreateSemaphore");
+  }
 
   VkCommandPoolCreateInfo cpi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
   cpi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
@@ -192,9 +220,13 @@ Status Device::init(bool allow_cpu) {
   VK_TRY(vkCreateDescriptorPool(device_, &dpi, nullptr, &desc_pool_), "vkCreateDescriptorPool");
   VkPipelineCacheCreateInfo pci{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
   VK_TRY(vkCreatePipelineCache(device_, &pci, nullptr, &pipeline_cache_), "vkCreatePipelineCache");
-  log_msg(MOELITE_LOG_INFO, "vulkan: %s (%s memory, max storage range %" PRIu64 " MiB, fp16 %d, int8 %d, subgroups %d x %u)",
+  log_msg(MOELITE_LOG_INFO, "vulkan: %s (%s memory, max storage range %" PRIu64 " MiB, fp16 %d, int8 %d, subgroups %d x %u; "
+          "transfers on %s, %s)",
           facts_.name.c_str(), facts_.unified_memory ? "unified" : "discrete", facts_.max_storage_range >> 20, facts_.fp16,
-          facts_.int8, facts_.subgroups, facts_.subgroup_size);
+          facts_.int8, facts_.subgroups, facts_.subgroup_size,
+          facts_.dedicated_transfer_queue ? "a dedicated transfer queue"
+                                          : transfer_queue_ == queue_ ? "the compute queue" : "a second compute-family queue",
+          facts_.timeline_semaphores ? "timeline semaphores" : "fences");
   return MOELITE_OK;
 }
 
@@ -203,6 +235,9 @@ Device::~Device() {
     if (recording_) flush();
     vkDeviceWaitIdle(device_);
     for (Buffer& b : staging_) free(&b);
+    reclaim_transfers(true);
+    if (timeline_) vkDestroySemaphore(device_, timeline_, nullptr);
+    vkDestroyCommandPool(device_, transfer_pool_, nullptr);
     for (auto& kv : pipelines_) {
       vkDestroyPipeline(device_, kv.second.pipeline, nullptr);
       vkDestroyPipelineLayout(device_, kv.second.layout, nullptr);
@@ -315,6 +350,105 @@ Status Device::upload(const Buffer& dst, uint64_t offset, const void* src, uint6
   vkCmdCopyBuffer(cmd_, staging.buffer, dst.buffer, 1, &region);
   staging_.push_back(staging);
   return MOELITE_OK;
+}
+
+Status Device::alloc_device(uint64_t bytes, Buffer* out) {
+  if (transfer_family_ == queue_family_) return alloc(bytes, out);
+  // Used by two queue families without ownership transfers: concurrent sharing.
+  Buffer b;
+  b.size = std::max<uint64_t>(bytes, 16);
+  const uint32_t families[2] = {queue_family_, transfer_family_};
+  VkBufferCreateInfo bci{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+  bci.size = b.size;
+  bci.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+  bci.sharingMode = VK_SHARING_MODE_CONCURRENT;
+  bci.queueFamilyIndexCount = 2;
+  bci.pQueueFamilyIndices = families;
+  VK_TRY(vkCreateBuffer(device_, &bci, nullptr, &b.buffer), "vkCreateBuffer");
+  VkMemoryRequirements req;
+  vkGetBufferMemoryRequirements(device_, b.buffer, &req);
+  const int32_t type = memory_type(req.memoryTypeBits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+  VkMemoryAllocateInfo mai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+  mai.allocationSize = req.size;
+  mai.memoryTypeIndex = static_cast<uint32_t>(std::max(type, 0));
+  VkResult r = type < 0 ? VK_ERROR_OUT_OF_DEVICE_MEMORY : vkAllocateMemory(device_, &mai, nullptr, &b.memory);
+  if (r != VK_SUCCESS) {
+    vkDestroyBuffer(device_, b.buffer, nullptr);
+    return vk_fail(r, "vkAllocateMemory");
+  }
+  vkBindBufferMemory(device_, b.buffer, b.memory, 0);
+  *out = b;
+  return MOELITE_OK;
+}
+
+Status Device::transfer(const Buffer& dst, const void* src, uint64_t bytes) {
+  PendingTransfer t{};
+  MOELITE_TRY(alloc_with(bytes, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, &t.staging));
+  memcpy(t.staging.mapped, src, bytes);
+  VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+  cai.commandPool = transfer_pool_;
+  cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+  cai.commandBufferCount = 1;
+  VkResult r = vkAllocateCommandBuffers(device_, &cai, &t.cmd);
+  if (r != VK_SUCCESS) {
+    free(&t.staging);
+    return vk_fail(r, "vkAllocateCommandBuffers");
+  }
+  VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+  bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+  vkBeginCommandBuffer(t.cmd, &bi);
+  VkBufferCopy region{0, 0, bytes};
+  vkCmdCopyBuffer(t.cmd, t.staging.buffer, dst.buffer, 1, &region);
+  vkEndCommandBuffer(t.cmd);
+  t.value = ++transfer_value_;
+  VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+  si.commandBufferCount = 1;
+  si.pCommandBuffers = &t.cmd;
+  VkTimelineSemaphoreSubmitInfo ts{VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO};
+  if (timeline_) {
+    ts.signalSemaphoreValueCount = 1;
+    ts.pSignalSemaphoreValues = &t.value;
+    si.pNext = &ts;
+    si.signalSemaphoreCount = 1;
+    si.pSignalSemaphores = &timeline_;
+  } else {
+    VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    vkCreateFence(device_, &fci, nullptr, &t.fence);
+  }
+  r = vkQueueSubmit(transfer_queue_, 1, &si, t.fence);
+  if (r != VK_SUCCESS) {
+    vkFreeCommandBuffers(device_, transfer_pool_, 1, &t.cmd);
+    if (t.fence) vkDestroyFence(device_, t.fence, nullptr);
+    free(&t.staging);
+    return vk_fail(r, "vkQueueSubmit (transfer)");
+  }
+  wait_value_ = t.value;
+  transfers_.push_back(t);
+  return MOELITE_OK;
+}
+
+void Device::reclaim_transfers(bool all) {
+  uint64_t done = 0;
+  if (timeline_ && !all) vkGetSemaphoreCounterValue(device_, timeline_, &done);
+  for (auto it = transfers_.begin(); it != transfers_.end();) {
+    bool finished = all || (timeline_ ? it->value <= done : vkGetFenceStatus(device_, it->fence) == VK_SUCCESS);
+    if (all && !timeline_ && it->fence) vkWaitForFences(device_, 1, &it->fence, VK_TRUE, UINT64_MAX);
+    if (all && timeline_) {
+      VkSemaphoreWaitInfo wi{VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO};
+      wi.semaphoreCount = 1;
+      wi.pSemaphores = &timeline_;
+      wi.pValues = &it->value;
+      vkWaitSemaphores(device_, &wi, UINT64_MAX);
+    }
+    if (!finished) {
+      ++it;
+      continue;
+    }
+    vkFreeCommandBuffers(device_, transfer_pool_, 1, &it->cmd);
+    if (it->fence) vkDestroyFence(device_, it->fence, nullptr);
+    free(&it->staging);
+    it = transfers_.erase(it);
+  }
 }
 
 Status Device::write_new(const Buffer& dst, const void* src, uint64_t bytes) {
@@ -462,12 +596,28 @@ Status Device::submit_and_wait() {
   VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
   si.commandBufferCount = 1;
   si.pCommandBuffers = &cmd_;
+  // The expert tier's transfers this work reads must have landed.
+  VkTimelineSemaphoreSubmitInfo ts{VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO};
+  const VkPipelineStageFlags wait_stage = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT;
+  if (wait_value_ > 0 && timeline_) {
+    ts.waitSemaphoreValueCount = 1;
+    ts.pWaitSemaphoreValues = &wait_value_;
+    si.pNext = &ts;
+    si.waitSemaphoreCount = 1;
+    si.pWaitSemaphores = &timeline_;
+    si.pWaitDstStageMask = &wait_stage;
+  } else if (wait_value_ > 0) {
+    for (const PendingTransfer& t : transfers_)
+      if (t.value <= wait_value_) vkWaitForFences(device_, 1, &t.fence, VK_TRUE, UINT64_MAX);
+  }
   VK_TRY(vkQueueSubmit(queue_, 1, &si, fence_), "vkQueueSubmit");
   VK_TRY(vkWaitForFences(device_, 1, &fence_, VK_TRUE, UINT64_MAX), "vkWaitForFences");
   vkResetFences(device_, 1, &fence_);
   vkResetCommandBuffer(cmd_, 0);
   vkResetDescriptorPool(device_, desc_pool_, 0);
   sets_used_ = 0;
+  wait_value_ = 0;
+  reclaim_transfers(false);
   return MOELITE_OK;
 }
 

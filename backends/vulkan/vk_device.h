@@ -35,7 +35,8 @@ struct DeviceFacts {
   bool fp16 = false, int8 = false, subgroups = false, storage8 = false;
   bool use_subgroups = false;  // subgroup arithmetic in compute shaders, and not disabled by MOELITE_VK_PORTABLE
   uint32_t subgroup_size = 0;
-  bool dedicated_transfer_queue = false;
+  bool dedicated_transfer_queue = false;  // a queue family for transfers only
+  bool timeline_semaphores = false;
 };
 
 class Device {
@@ -64,6 +65,14 @@ class Device {
   // Buffer -> host: flushes the command stream first.
   Status download(const Buffer& src, uint64_t offset, void* dst, uint64_t bytes);
 
+  // A device-local buffer that both the compute and the transfer queue use (the expert tier).
+  Status alloc_device(uint64_t bytes, Buffer* out);
+  // Copies host bytes into `dst` on the transfer queue, at once (its own queue family where the
+  // device has one): a staging copy submitted immediately, signalling a timeline semaphore (a
+  // fence where timelines are missing). Work recorded afterwards waits for it at its submission,
+  // so transfers overlap the recording and the host's waits for storage.
+  Status transfer(const Buffer& dst, const void* src, uint64_t bytes);
+
   // Records a dispatch of shader `name` (with specialization constant 0 = spec) over `groups`
   // workgroups, after a barrier on every earlier dispatch's writes.
   void dispatch(const char* name, uint32_t spec, const std::vector<Binding>& bindings, const void* push,
@@ -84,6 +93,7 @@ class Device {
   void begin_if_needed();
   Status submit_and_wait();
   void release_temporaries();
+  void reclaim_transfers(bool all);
   int32_t memory_type(uint32_t type_bits, VkMemoryPropertyFlags want) const;
   Status alloc_with(uint64_t bytes, VkMemoryPropertyFlags props, Buffer* out);
 
@@ -93,6 +103,20 @@ class Device {
   VkDevice device_ = VK_NULL_HANDLE;
   VkQueue queue_ = VK_NULL_HANDLE;
   uint32_t queue_family_ = 0;
+  // Transfers: their own queue (family) where the device has one, else the compute queue.
+  VkQueue transfer_queue_ = VK_NULL_HANDLE;
+  uint32_t transfer_family_ = 0;
+  VkCommandPool transfer_pool_ = VK_NULL_HANDLE;
+  VkSemaphore timeline_ = VK_NULL_HANDLE;
+  uint64_t transfer_value_ = 0;  // last value signalled
+  uint64_t wait_value_ = 0;      // what the next compute submission must wait for
+  struct PendingTransfer {
+    uint64_t value;
+    VkCommandBuffer cmd;
+    VkFence fence;  // when there are no timeline semaphores
+    Buffer staging;
+  };
+  std::vector<PendingTransfer> transfers_;
   VkCommandPool cmd_pool_ = VK_NULL_HANDLE;
   VkCommandBuffer cmd_ = VK_NULL_HANDLE;
   VkFence fence_ = VK_NULL_HANDLE;

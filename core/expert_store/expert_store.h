@@ -69,6 +69,7 @@ class ExpertStore final : public ExpertSource {
   int32_t capacity(int32_t layer) const override {
     return per_layer_ ? quota_[static_cast<size_t>(layer)] - kReserveSlots : capacity_;
   }
+  int64_t pool_slots() const override { return static_cast<int64_t>(slots_.size()); }
   void on_routing(int32_t layer, const Routing& routing) override;
   Status prepare(int32_t layer, const std::vector<int32_t>& experts) override;
   Status acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert, ExpertWeights* out) override;

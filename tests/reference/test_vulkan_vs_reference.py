@@ -103,7 +103,8 @@ def test_budgeted_slots_are_device_memory_on_unified_memory_devices():
 
 def test_discrete_device_paths_give_the_same_logits():
     """With device memory unmapped (as on a discrete GPU) weights, inputs and read-backs go through
-    staging buffers, and budgeted experts are copied in per use: logits are bitwise the same."""
+    staging buffers, and budgeted experts go through the device tier of expert slots: logits are
+    bitwise the same."""
     model = make_model("olmoe-Q5_K", "olmoe", "Q5_K")
     want = vulkan_logits(model)
     old = ENV.get("MOELITE_VK_AS_DISCRETE")
@@ -111,6 +112,14 @@ def test_discrete_device_paths_give_the_same_logits():
     try:
         np.testing.assert_array_equal(want, vulkan_logits(model))
         np.testing.assert_array_equal(want, vulkan_logits(model, extra=["--budget", "40%", "-b", "2"]))
+        # The device tier of expert slots is filled on the transfer queue and then hit.
+        r = vulkan_run(["logits", "-m", model, "--tokens", ",".join(map(str, TOKENS)), "--out", model + ".tier.f32",
+                        "--budget", "40%", "-b", "1", "--verbose"])
+        assert r.returncode == 0, r.stderr
+        assert "device expert tier of" in r.stderr and "timeline semaphores" in r.stderr, r.stderr
+        hits = int(r.stderr.split("device expert tier: ")[1].split(" hits")[0])
+        assert hits > 0, r.stderr
+        np.testing.assert_array_equal(want, np.fromfile(model + ".tier.f32", dtype="<f4").reshape(len(TOKENS), -1))
     finally:
         if old is None:
             del ENV["MOELITE_VK_AS_DISCRETE"]
