@@ -528,6 +528,8 @@ Status VulkanBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, Exp
         }
         done.push_back(e);
         st = run_expert(e, w);
+        // Start the device on this expert while the next one is still loading or transferring.
+        if (st == MOELITE_OK && !pending.empty()) st = dev_->submit();
       }
       if (st == MOELITE_OK) st = dev_->flush();
       for (TierSlot& t : tier_) t.in_use = false;  // the device has run on them

@@ -205,13 +205,7 @@ Status Device::init(bool allow_cpu) {
   cpi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
   cpi.queueFamilyIndex = queue_family_;
   VK_TRY(vkCreateCommandPool(device_, &cpi, nullptr, &cmd_pool_), "vkCreateCommandPool");
-  VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
-  cai.commandPool = cmd_pool_;
-  cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
-  cai.commandBufferCount = 1;
-  VK_TRY(vkAllocateCommandBuffers(device_, &cai, &cmd_), "vkAllocateCommandBuffers");
-  VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
-  VK_TRY(vkCreateFence(device_, &fci, nullptr, &fence_), "vkCreateFence");
+  MOELITE_TRY(new_frame());
   VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, kSetsPerPool * kMaxBindings};
   VkDescriptorPoolCreateInfo dpi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
   dpi.maxSets = kSetsPerPool;
@@ -245,7 +239,7 @@ Device::~Device() {
     }
     vkDestroyPipelineCache(device_, pipeline_cache_, nullptr);
     vkDestroyDescriptorPool(device_, desc_pool_, nullptr);
-    vkDestroyFence(device_, fence_, nullptr);
+    for (Frame& f : frames_) vkDestroyFence(device_, f.fence, nullptr);
     vkDestroyCommandPool(device_, cmd_pool_, nullptr);
     vkDestroyDevice(device_, nullptr);
   }
@@ -319,7 +313,7 @@ void Device::begin_if_needed() {
   if (recording_) return;
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-  vkBeginCommandBuffer(cmd_, &bi);
+  vkBeginCommandBuffer(frames_[current_].cmd, &bi);
   recording_ = true;
 }
 
@@ -345,9 +339,10 @@ Status Device::upload(const Buffer& dst, uint64_t offset, const void* src, uint6
   MOELITE_TRY(alloc_with(bytes, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, &staging));
   memcpy(staging.mapped, src, bytes);
   begin_if_needed();
-  full_barrier(cmd_);
+  VkCommandBuffer cmd = frames_[current_].cmd;
+  full_barrier(cmd);
   VkBufferCopy region{0, offset, bytes};
-  vkCmdCopyBuffer(cmd_, staging.buffer, dst.buffer, 1, &region);
+  vkCmdCopyBuffer(cmd, staging.buffer, dst.buffer, 1, &region);
   staging_.push_back(staging);
   return MOELITE_OK;
 }
@@ -480,9 +475,10 @@ Status Device::download(const Buffer& src, uint64_t offset, void* dst, uint64_t 
   Buffer staging;
   MOELITE_TRY(alloc_with(bytes, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, &staging));
   begin_if_needed();
-  full_barrier(cmd_);
+  VkCommandBuffer cmd = frames_[current_].cmd;
+  full_barrier(cmd);
   VkBufferCopy region{offset, 0, bytes};
-  vkCmdCopyBuffer(cmd_, src.buffer, staging.buffer, 1, &region);
+  vkCmdCopyBuffer(cmd, src.buffer, staging.buffer, 1, &region);
   const Status st = submit_and_wait();
   if (st == MOELITE_OK) memcpy(dst, staging.mapped, bytes);
   free(&staging);
@@ -559,11 +555,12 @@ void Device::dispatch(const char* name, uint32_t spec, const std::vector<Binding
     writes[i].pBufferInfo = &infos[i];
   }
   vkUpdateDescriptorSets(device_, static_cast<uint32_t>(writes.size()), writes.data(), 0, nullptr);
-  full_barrier(cmd_);
-  vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p->pipeline);
-  vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0, 1, &set, 0, nullptr);
-  if (push_bytes) vkCmdPushConstants(cmd_, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
-  vkCmdDispatch(cmd_, gx, gy, gz);
+  VkCommandBuffer cmd = frames_[current_].cmd;
+  full_barrier(cmd);
+  vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->pipeline);
+  vkCmdBindDescriptorSets(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0, 1, &set, 0, nullptr);
+  if (push_bytes) vkCmdPushConstants(cmd, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
+  vkCmdDispatch(cmd, gx, gy, gz);
 }
 
 Status Device::flush() {
@@ -577,25 +574,14 @@ void Device::release_temporaries() {
   staging_.clear();
 }
 
-Status Device::submit_and_wait() {
-  if (error_ != MOELITE_OK) {
-    const Status st = error_;
-    error_ = MOELITE_OK;
-    if (recording_) {
-      vkEndCommandBuffer(cmd_);
-      vkResetCommandBuffer(cmd_, 0);
-      vkResetDescriptorPool(device_, desc_pool_, 0);
-      sets_used_ = 0;
-      recording_ = false;
-    }
-    return fail(st, "%s (the work recorded since the last submission was discarded)", error_msg_.c_str());
-  }
+Status Device::submit() {
   if (!recording_) return MOELITE_OK;
   recording_ = false;
-  VK_TRY(vkEndCommandBuffer(cmd_), "vkEndCommandBuffer");
+  Frame& f = frames_[current_];
+  VK_TRY(vkEndCommandBuffer(f.cmd), "vkEndCommandBuffer");
   VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
   si.commandBufferCount = 1;
-  si.pCommandBuffers = &cmd_;
+  si.pCommandBuffers = &f.cmd;
   // The expert tier's transfers this work reads must have landed.
   VkTimelineSemaphoreSubmitInfo ts{VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO};
   const VkPipelineStageFlags wait_stage = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT;
@@ -610,15 +596,57 @@ Status Device::submit_and_wait() {
     for (const PendingTransfer& t : transfers_)
       if (t.value <= wait_value_) vkWaitForFences(device_, 1, &t.fence, VK_TRUE, UINT64_MAX);
   }
-  VK_TRY(vkQueueSubmit(queue_, 1, &si, fence_), "vkQueueSubmit");
-  VK_TRY(vkWaitForFences(device_, 1, &fence_, VK_TRUE, UINT64_MAX), "vkWaitForFences");
-  vkResetFences(device_, 1, &fence_);
-  vkResetCommandBuffer(cmd_, 0);
+  VK_TRY(vkQueueSubmit(queue_, 1, &si, f.fence), "vkQueueSubmit");
+  f.in_flight = true;
+  wait_value_ = 0;
+  // The next recording goes into a frame that is not in flight.
+  current_ = frames_.size();
+  for (size_t i = 0; i < frames_.size(); ++i)
+    if (!frames_[i].in_flight) current_ = i;
+  if (current_ == frames_.size()) MOELITE_TRY(new_frame());
+  return MOELITE_OK;
+}
+
+Status Device::new_frame() {
+  Frame f;
+  VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+  cai.commandPool = cmd_pool_;
+  cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+  cai.commandBufferCount = 1;
+  VK_TRY(vkAllocateCommandBuffers(device_, &cai, &f.cmd), "vkAllocateCommandBuffers");
+  VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+  VK_TRY(vkCreateFence(device_, &fci, nullptr, &f.fence), "vkCreateFence");
+  frames_.push_back(f);
+  current_ = frames_.size() - 1;
+  return MOELITE_OK;
+}
+
+Status Device::submit_and_wait() {
+  Status st = MOELITE_OK;
+  if (error_ != MOELITE_OK) {
+    st = fail(error_, "%s (the work recorded since the last submission was discarded)", error_msg_.c_str());
+    error_ = MOELITE_OK;
+    if (recording_) {
+      vkEndCommandBuffer(frames_[current_].cmd);
+      vkResetCommandBuffer(frames_[current_].cmd, 0);
+      recording_ = false;
+    }
+  } else {
+    st = submit();
+  }
+  for (Frame& f : frames_) {
+    if (!f.in_flight) continue;
+    const VkResult r = vkWaitForFences(device_, 1, &f.fence, VK_TRUE, UINT64_MAX);
+    if (r != VK_SUCCESS && st == MOELITE_OK) st = vk_fail(r, "vkWaitForFences");
+    vkResetFences(device_, 1, &f.fence);
+    vkResetCommandBuffer(f.cmd, 0);
+    f.in_flight = false;
+  }
   vkResetDescriptorPool(device_, desc_pool_, 0);
   sets_used_ = 0;
   wait_value_ = 0;
   reclaim_transfers(false);
-  return MOELITE_OK;
+  return st;
 }
 
 }  // namespace moelite::vk

@@ -79,6 +79,9 @@ class Device {
                 uint32_t push_bytes, uint32_t gx, uint32_t gy = 1, uint32_t gz = 1);
   // Submits what was recorded, waits for it, and releases the temporaries it used.
   Status flush();
+  // Submits what was recorded without waiting (it runs while the host records more, and while
+  // transfers proceed); a later flush waits for everything.
+  Status submit();
 
  private:
   struct Pipeline {
@@ -118,8 +121,15 @@ class Device {
   };
   std::vector<PendingTransfer> transfers_;
   VkCommandPool cmd_pool_ = VK_NULL_HANDLE;
-  VkCommandBuffer cmd_ = VK_NULL_HANDLE;
-  VkFence fence_ = VK_NULL_HANDLE;
+  // Command buffers: the one being recorded (current_) and those submitted and not yet waited for.
+  struct Frame {
+    VkCommandBuffer cmd = VK_NULL_HANDLE;
+    VkFence fence = VK_NULL_HANDLE;
+    bool in_flight = false;
+  };
+  std::vector<Frame> frames_;
+  size_t current_ = 0;
+  Status new_frame();
   VkDescriptorPool desc_pool_ = VK_NULL_HANDLE;
   VkPipelineCache pipeline_cache_ = VK_NULL_HANDLE;
   VkPhysicalDeviceMemoryProperties mem_props_{};
