@@ -467,11 +467,12 @@ Status VulkanBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, Exp
     std::vector<int32_t> maps, out_rows;  // the token rows read, the (token, slot) rows written
     groups.rows(e, &maps, &out_rows);
     const uint32_t m = static_cast<uint32_t>(maps.size());
-    std::vector<int32_t> in_maps = maps;
-    in_maps.insert(in_maps.end(), maps.size(), 0);  // gate/up: gather inputs, outputs row i
-    for (uint32_t i = 0; i < m; ++i) in_maps[m + i] = static_cast<int32_t>(i);
-    std::vector<int32_t> out_maps(maps.size());
-    for (uint32_t i = 0; i < m; ++i) out_maps[i] = static_cast<int32_t>(i);  // down: inputs row i, outputs scattered
+    // Row maps (inputs, then outputs): gate/up gather the tokens into rows 0..m-1; down reads
+    // those rows and scatters to the (token, slot) rows.
+    std::vector<int32_t> local(m);
+    for (uint32_t i = 0; i < m; ++i) local[i] = static_cast<int32_t>(i);
+    std::vector<int32_t> in_maps = maps, out_maps = local;
+    in_maps.insert(in_maps.end(), local.begin(), local.end());
     out_maps.insert(out_maps.end(), out_rows.begin(), out_rows.end());
     // Discrete devices with a budget: the device tier. Resident experts are cached; zero-copy
     // slots (unified memory) are read in place.

@@ -18,6 +18,14 @@ namespace {
 // contribute routing statistics.
 constexpr uint64_t kCaptureBytes = uint64_t{1} << 30;
 
+// out = x / rms(x) * w (n values), in double as the backends do.
+void rms_normed(const float* x, const float* w, int64_t n, float eps, float* out) {
+  double ss = 0.0;
+  for (int64_t c = 0; c < n; ++c) ss += static_cast<double>(x[c]) * x[c];
+  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
+  for (int64_t c = 0; c < n; ++c) out[c] = static_cast<float>(x[c] * inv * w[c]);
+}
+
 // What one exact pass records, per (token, layer).
 struct Record {
   int32_t n_layer = 0, k = 0, d = 0;
@@ -96,12 +104,8 @@ class Hooks final : public ForwardHooks {
       const int64_t tok = base_ + t;
       rec_->window_last[static_cast<size_t>(tok)] = t + 1 == n;
       if (tok >= rec_->capture_limit) continue;
-      const float* xt = x + t * d;
-      double ss = 0.0;
-      for (size_t c = 0; c < d; ++c) ss += static_cast<double>(xt[c]) * xt[c];
-      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + m_.hp.rms_eps);
-      float* out = rec_->final_state.data() + static_cast<size_t>(tok) * d;
-      for (size_t c = 0; c < d; ++c) out[c] = static_cast<float>(xt[c] * inv * m_.output_norm[c]);
+      rms_normed(x + t * d, m_.output_norm.data(), static_cast<int64_t>(d), m_.hp.rms_eps,
+                 rec_->final_state.data() + static_cast<size_t>(tok) * d);
     }
   }
 
@@ -137,12 +141,16 @@ double kl_sum(const std::vector<double>& logp, const float* q_logits, int32_t ro
   return kl;
 }
 
-// A router (or pre-gate) as floats, for predicting offline.
-std::vector<float> dequantize(const WeightView& w) {
-  std::vector<float> out(static_cast<size_t>(w.rows * w.cols));
+// A router (or pre-gate) as a linear map without bias, for predicting offline as the learned
+// predictors do.
+LinearMap as_linear_map(const WeightView& w) {
+  LinearMap m;
+  m.rows = static_cast<int32_t>(w.rows);
+  m.n_in = static_cast<int32_t>(w.cols);
+  m.w.assign(static_cast<size_t>(w.rows * (w.cols + 1)), 0.0f);
   cpu::DequantRowFn dq = cpu::kernels_scalar().dequant[static_cast<uint32_t>(w.type)];
-  for (int64_t r = 0; r < w.rows; ++r) dq(w.data + r * w.row_bytes, out.data() + r * w.cols, w.cols);
-  return out;
+  for (int64_t r = 0; r < w.rows; ++r) dq(w.data + r * w.row_bytes, m.w.data() + r * (w.cols + 1), w.cols);
+  return m;
 }
 
 // Accuracy bookkeeping: used experts of a layer that a predictor named.
@@ -356,34 +364,21 @@ Status calibrate(Model& m, const std::vector<int32_t>& tokens, const CalibrateOp
     std::vector<float> normed(static_cast<size_t>(D));
     for (int32_t l = 0; l + 1 < L; ++l) {
       const LayerWeights& next = m.layers[static_cast<size_t>(l + 1)];
-      const std::vector<float> router = dequantize(next.router);
+      const LinearMap router = as_linear_map(next.router);
       Hits h;
       for (int64_t t = n_train; t < cap; ++t) {
-        const float* x = rec.x_mid.data() + static_cast<size_t>((t * L + l) * D);
-        double ss = 0.0;
-        for (int32_t c = 0; c < D; ++c) ss += static_cast<double>(x[c]) * x[c];
-        const double inv = 1.0 / std::sqrt(ss / D + hp.rms_eps);
-        for (int32_t c = 0; c < D; ++c) normed[static_cast<size_t>(c)] = static_cast<float>(x[c] * inv * next.ffn_norm[static_cast<size_t>(c)]);
-        for (int32_t e = 0; e < E; ++e) {
-          double acc = 0.0;
-          for (int32_t c = 0; c < D; ++c) acc += static_cast<double>(router[static_cast<size_t>(e * D + c)]) * normed[static_cast<size_t>(c)];
-          scores[static_cast<size_t>(e)] = static_cast<float>(acc);
-        }
+        rms_normed(rec.x_mid.data() + static_cast<size_t>((t * L + l) * D), next.ffn_norm.data(), D, hp.rms_eps, normed.data());
+        router.apply(normed.data(), scores.data());
         h.add(top_indices(scores.data(), E, k), rec.ids.data() + slot(t, l + 1), k);
       }
       acc_ng[static_cast<size_t>(l + 1)] = h.share();
       const WeightView& pg = m.layers[static_cast<size_t>(l)].pregate;
       if (pg.valid() && pg.data) {
         any_pregate = true;
-        const std::vector<float> pre = dequantize(pg);
+        const LinearMap pre = as_linear_map(pg);
         Hits hp_hits;
         for (int64_t t = n_train; t < cap; ++t) {
-          const float* x = xn_at(t, l);
-          for (int32_t e = 0; e < E; ++e) {
-            double acc = 0.0;
-            for (int32_t c = 0; c < D; ++c) acc += static_cast<double>(pre[static_cast<size_t>(e * D + c)]) * x[c];
-            scores[static_cast<size_t>(e)] = static_cast<float>(acc);
-          }
+          pre.apply(xn_at(t, l), scores.data());
           hp_hits.add(top_indices(scores.data(), E, k), rec.ids.data() + slot(t, l + 1), k);
         }
         acc_pg[static_cast<size_t>(l + 1)] = hp_hits.share();

@@ -49,6 +49,9 @@ Status make_predictor(const std::string& name, int32_t depth, const Model& m, co
                       std::unique_ptr<ExpertPredictor>* out);
 const char* predictor_names();
 
+// The names of a predictor list ("learned,first-layer" -> learned, first-layer; one name -> itself).
+std::vector<std::string> predictor_list(const std::string& names);
+
 // The k highest scores' indices, highest first (ties: lower index first).
 std::vector<int32_t> top_indices(const float* scores, int32_t n, int32_t k);
 

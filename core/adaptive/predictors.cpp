@@ -8,6 +8,16 @@
 
 namespace moelite {
 
+std::vector<std::string> predictor_list(const std::string& names) {
+  std::vector<std::string> out;
+  for (size_t begin = 0; begin <= names.size();) {
+    const size_t comma = std::min(names.find(',', begin), names.size());
+    out.push_back(names.substr(begin, comma - begin));
+    begin = comma + 1;
+  }
+  return out;
+}
+
 std::vector<int32_t> top_indices(const float* scores, int32_t n, int32_t k) {
   std::vector<int32_t> idx(static_cast<size_t>(n));
   std::iota(idx.begin(), idx.end(), 0);
@@ -202,15 +212,12 @@ Status make_predictor(const std::string& name, int32_t depth, const Model& m, co
   if (name == "none") return MOELITE_OK;
   if (name.find(',') != std::string::npos) {
     std::vector<std::unique_ptr<ExpertPredictor>> parts;
-    for (size_t begin = 0; begin <= name.size();) {
-      const size_t comma = std::min(name.find(',', begin), name.size());
+    for (const std::string& one : predictor_list(name)) {
       std::unique_ptr<ExpertPredictor> part;
-      const std::string one = name.substr(begin, comma - begin);
       if (one == "none" || one.empty())
         return fail(MOELITE_ERR_INVALID_ARGUMENT, "predictor list '%s' names '%s'", name.c_str(), one.c_str());
       MOELITE_TRY(make_predictor(one, depth, m, profile, &part));
       parts.push_back(std::move(part));
-      begin = comma + 1;
     }
     *out = std::make_unique<Composite>(std::move(parts));
     return MOELITE_OK;

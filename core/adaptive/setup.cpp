@@ -71,11 +71,9 @@ Status plan_expert_store(const Model& m, const LoadOptions& opts, ExpertStoreOpt
   // Prediction takes loads off the critical path in proportion to its measured accuracy (of the
   // best of the predictors in use, layer by layer).
   std::vector<const std::vector<double>*> used;
-  for (size_t begin = 0; begin <= opts.expert_predictor.size();) {
-    const size_t comma = std::min(opts.expert_predictor.find(',', begin), opts.expert_predictor.size());
-    const auto it = p->accuracy.find(opts.expert_predictor.substr(begin, comma - begin));
+  for (const std::string& name : predictor_list(opts.expert_predictor)) {
+    const auto it = p->accuracy.find(name);
     if (it != p->accuracy.end()) used.push_back(&it->second);
-    begin = comma + 1;
   }
   std::vector<AllocationLayer> layers(static_cast<size_t>(hp.n_layer));
   for (int32_t l = 0; l < hp.n_layer; ++l) {
