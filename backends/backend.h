@@ -1,12 +1,21 @@
-// The compute-backend interface: everything the model code asks of a device.
+// The compute-backend interface: everything core asks of a device, and nothing more.
 //
-// Model code (core/forward.cpp) never touches activation memory directly. It holds activations as
-// `Act` handles that the backend allocates, and calls the operations below on them, so a GPU
-// backend keeps activations in device memory and only routing decisions (expert ids and weights)
-// and final logits come back to the host. Weights are described by `WeightView`s; a backend
-// `place_weight`s each one at load time (the CPU backend uses the host bytes in place, a GPU backend
-// uploads them). Routed experts are not placed at load: they come from an `ExpertSource`, which is
-// where the memory-budgeted expert store plugs in.
+// A backend only computes. Core (core/) decides what runs, in which order and with which weights:
+// the layer sequence, routing, gating, prediction, the expert store's loads, pins and releases all
+// live there, once. Model code holds activations as opaque `Act` handles that the backend
+// allocates, so a GPU backend keeps them in device memory and only routing decisions (expert ids
+// and weights) and final logits come back to the host.
+//
+// Weights are `WeightView`s: bytes in their file format. Dense weights are `place_weight`ed once
+// at load (the CPU backend uses the host bytes in place, a GPU backend uploads them and finds its
+// copy again by the host address). Routed experts are handed to the backend one task at a time by
+// core/moe/ (see the expert operations below); their bytes may come from the file mapping or from
+// a slot of the memory-budgeted expert store.
+//
+// Errors: every operation that can fail returns a Status. A backend that records work and runs
+// it later (Vulkan, CUDA) reports a failure of recorded work from the next operation that waits
+// for the device, and at the latest from sync(), which core calls before an evaluation reports
+// success. No operation throws.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -14,9 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "core/expert_cache/policy.h"
-#include "core/status.h"
-#include "core/types.h"
+#include "base/status.h"
+#include "base/types.h"
 
 namespace moelite {
 
@@ -27,11 +35,11 @@ struct WeightView {
   int64_t cols = 0;  // input dimension (ne0)
   int64_t rows = 0;  // output dimension (ne1)
   uint64_t row_bytes = 0;
-  const uint8_t* data = nullptr;  // host bytes (file mapping or owned copy); null for experts
-                                  // that live only in the file (expert store)
+  const uint8_t* data = nullptr;  // host bytes (file mapping, owned copy or expert-store slot);
+                                  // null for experts that live only in the file (expert store)
   uint64_t file_offset = 0;       // where the bytes are in the model file
-  void* device = nullptr;         // backend's placement of the weight, if any
-  bool valid() const { return data != nullptr || device != nullptr; }
+  bool valid() const { return data != nullptr; }
+  uint64_t bytes() const { return row_bytes * static_cast<uint64_t>(rows); }
 };
 
 // An activation matrix owned by the backend: `rows` vectors (tokens) of `cols` floats.
@@ -45,12 +53,12 @@ enum class RopeStyle { Normal /* pairs (2i, 2i+1) */, Neox /* pairs (i, i + n_ro
 
 struct RopeParams {
   RopeStyle style = RopeStyle::Normal;
-  int32_t n_rot = 0;       // rotated dimensions per head (<= head_dim)
+  int32_t n_rot = 0;  // rotated dimensions per head (<= head_dim)
   float freq_base = 10000.0f;
 };
 
 // Router output for a batch: for token t, slot j: expert ids[t*k + j] with weight w[t*k + j].
-// Adaptive gating marks a dropped slot with id -1 and weight 0; backends skip such slots.
+// Adaptive gating marks a dropped slot with id -1 and weight 0; it contributes nothing.
 struct Routing {
   int32_t n_tokens = 0;
   int32_t k = 0;
@@ -58,61 +66,38 @@ struct Routing {
   std::vector<float> weights;
 };
 
-// A batch's routing grouped by expert, for backends' moe_ffn: the experts used (ascending id) and,
-// per expert, the token rows it reads and the (token * k + slot) rows its outputs fill. Slots
-// dropped by adaptive gating (id -1) are left out.
-class ExpertGroups {
- public:
-  explicit ExpertGroups(const Routing& r);
-  const std::vector<int32_t>& order() const { return order_; }
-  void rows(int32_t expert, std::vector<int32_t>* x_rows, std::vector<int32_t>* out_rows) const;
-
- private:
-  int32_t k_;
-  std::vector<std::pair<int32_t, int32_t>> pairs_;  // (expert, token * k + slot), sorted
-  std::vector<int32_t> order_;
+// How an expert's gate and up projections combine into its hidden activation h.
+enum class FfnActivation {
+  SwiGLU,         // h = silu(g) * u (Mixtral, Qwen, OLMoE, DeepSeek)
+  SwiGLUClamped,  // gpt-oss: g' = min(g, limit), u' = clamp(u, -limit, limit),
+                  // h = g' * sigmoid(alpha * g') * (u' + 1)
 };
 
-// The three matrices of one routed expert.
+struct FfnKind {
+  FfnActivation activation = FfnActivation::SwiGLU;
+  float alpha = 1.702f;  // SwiGLUClamped only
+  float limit = 7.0f;    // SwiGLUClamped only
+};
+
+// The three matrices of one routed (or shared) expert, with optional per-output-row biases
+// (host floats that live as long as the model; null when the architecture has none).
 struct ExpertWeights {
   WeightView gate, up, down;
+  const float* gate_bias = nullptr;  // gate.rows floats
+  const float* up_bias = nullptr;    // up.rows floats
+  const float* down_bias = nullptr;  // down.rows floats
 };
 
-// Supplies routed-expert weights to the backend. The resident implementation hands out views
-// into the model file; the expert store (memory budget) loads on demand into a slot pool.
-//
-// Protocol for one layer: `prepare(layer, experts)` starts making a group of at most capacity()
-// experts available (loads begin, in the given order); then `acquire_next` is called until the
-// group is used up: it blocks until *some* expert of the group is ready and returns that one, so
-// the backend computes resident experts first and the rest in arrival order (ProMoE); each is
-// `release`d after its computation.
-class ExpertSource {
- public:
-  virtual ~ExpertSource() = default;
-  // True when every expert is always in memory (the backend may then batch all of a layer's
-  // experts into one pass).
-  virtual bool all_resident() const { return false; }
-  // Most experts of `layer` that can be held at once.
-  virtual int32_t capacity(int32_t layer) const = 0;
-  // Experts the source keeps in memory at once over all layers (its slot pool; 0 when unbounded):
-  // a GPU backend sizes its device tier of expert slots to match.
-  virtual int64_t pool_slots() const { return 0; }
-  // Routing of `layer` is now known: speculative work for it that `routing` does not need may be
-  // dropped (early preemption).
-  virtual void on_routing(int32_t layer, const Routing& routing) {}
-  // Predicted experts of coming layers (a predictor's guesses): the source may load them
-  // speculatively. `upcoming_layer` is the layer whose prepare() comes next: its experts are
-  // secured first, so the guesses wait for that prepare(); -1 issues them at once.
-  virtual void hint(const std::vector<Prediction>& predictions, int32_t upcoming_layer) {}
-  virtual Status prepare(int32_t layer, const std::vector<int32_t>& experts) = 0;
-  // Waits until one expert of *pending is ready, removes it from *pending and returns it. On an
-  // I/O error returns that status; experts still pending are then released by the source.
-  virtual Status acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert,
-                              ExpertWeights* out) = 0;
-  virtual void release(int32_t layer, int32_t expert) = 0;
-  // An expert may be handed out by acquire_next while its down projection is still loading
-  // (chunked loads); the backend calls this before using `down`.
-  virtual Status wait_down(int32_t layer, int32_t expert) { return MOELITE_OK; }
+// One routed expert applied to some rows of a layer's MoE input (core/moe/ builds these).
+struct ExpertTask {
+  int32_t layer = 0, expert = 0;
+  ExpertWeights w;
+  // The weight bytes stay at this address for the model's life (resident experts): a device
+  // backend may keep its copy across calls. False for expert-store slots, which are refilled.
+  bool resident = false;
+  const int32_t* x_rows = nullptr;    // rows of the MoE input this expert reads
+  const int32_t* out_rows = nullptr;  // rows (token * k + slot) of the pass's outputs it writes
+  int32_t n_rows = 0;
 };
 
 struct KvCache {
@@ -122,9 +107,12 @@ struct KvCache {
   int64_t kv_dim = 0;
 };
 
+enum class BackendKind { Auto = 0, Cpu = 1, Vulkan = 2, Cuda = 3 };
+
 class Backend {
  public:
   virtual ~Backend() = default;
+  virtual BackendKind kind() const = 0;
   // Human-readable name, e.g. "cpu (avx512)".
   virtual const char* name() const = 0;
   virtual int32_t n_threads() const = 0;
@@ -136,57 +124,86 @@ class Backend {
   // in). Released with free_shared before the backend is destroyed.
   virtual void* alloc_shared(uint64_t bytes) { return nullptr; }
   virtual void free_shared(void* p) {}
-  virtual Status place_weight(WeightView* w) = 0;
+  // The expert store holds at most `slots` experts at once: a device tier of expert slots (a
+  // discrete GPU's copies) holds no more, so device memory stays within the budget too.
+  virtual void set_expert_pool(int64_t slots) {}
+  // Called once per dense weight at load; the weight's host bytes stay valid and unchanged for the
+  // backend's life, so a device copy can be found again by `w.data`.
+  [[nodiscard]] virtual Status place_weight(const WeightView& w) = 0;
   // Whether the backend can compute with this weight's type (for weights placed later, such as
   // experts the store loads).
-  virtual Status check_weight(const WeightView& w) = 0;
-  virtual Status alloc_act(int64_t rows, int64_t cols, Act* out) = 0;
+  [[nodiscard]] virtual Status check_weight(const WeightView& w) = 0;
+  [[nodiscard]] virtual Status alloc_act(int64_t rows, int64_t cols, Act* out) = 0;
   virtual void free_act(Act* a) = 0;
   // Rows [row0, row0 + n) of `a` as an Act sharing its memory (not to be freed).
   virtual Act view_rows(const Act& a, int64_t row0, int64_t n) = 0;
-  // Copies rows [row0, row0 + n) of `a` to host floats (n * cols).
-  virtual void read_rows(const Act& a, int64_t row0, int64_t n, float* dst) = 0;
+  // Copies rows [row0, row0 + n) of `a` to host floats (n * cols); waits for the device.
+  [[nodiscard]] virtual Status read_rows(const Act& a, int64_t row0, int64_t n, float* dst) = 0;
 
   // A KV cache of n_layers x n_ctx positions of kv_dim floats each for keys and for values.
   // Each context owns one; the backend is shared by all contexts of a model (which evaluate one
-  // at a time, see core/model.h).
-  virtual Status alloc_kv(int32_t n_layers, int32_t n_ctx, int64_t kv_dim, KvCache* out) = 0;
+  // at a time, see core/runtime.h).
+  [[nodiscard]] virtual Status alloc_kv(int32_t n_layers, int32_t n_ctx, int64_t kv_dim, KvCache* out) = 0;
   virtual void free_kv(KvCache* kv) = 0;
 
-  // ---- operations. Unless stated, `rows` of the output equals `rows` of the input; all
-  // operations on a batch act on its first `n` rows where an `n` is given.
+  // Waits for all recorded work and returns the first error of any of it since the last sync()
+  // (MOELITE_OK when everything ran). Core calls it before an evaluation reports success.
+  [[nodiscard]] virtual Status sync() = 0;
+
+  // ---- dense operations. Unless stated, `rows` of the output equals `rows` of the input.
 
   // out[t] = dequant(embedding row tokens[t]).
-  virtual void get_rows(const WeightView& table, const int32_t* tokens, int32_t n, Act* out) = 0;
+  [[nodiscard]] virtual Status get_rows(const WeightView& table, const int32_t* tokens, int32_t n, Act* out) = 0;
   // out = x / rms(x) * w over groups of `group` columns (group = cols for a plain RMSNorm,
   // head_dim for a per-head norm); `w` has `group` floats or is null. In place is allowed.
-  virtual void rms_norm(const Act& x, const float* w, int64_t group, float eps, Act* out) = 0;
+  [[nodiscard]] virtual Status rms_norm(const Act& x, const float* w, int64_t group, float eps, Act* out) = 0;
   // out[t] = W x[t] (+ bias). out->cols must be W.rows.
-  virtual void matmul(const WeightView& w, const Act& x, const float* bias, Act* out) = 0;
+  [[nodiscard]] virtual Status matmul(const WeightView& w, const Act& x, const float* bias, Act* out) = 0;
   // x += y.
-  virtual void add(Act* x, const Act& y) = 0;
+  [[nodiscard]] virtual Status add(Act* x, const Act& y) = 0;
   // Rotates the first n_rot dims of each head_dim-sized head of x; token t is at positions[t].
-  virtual void rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) = 0;
+  [[nodiscard]] virtual Status rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) = 0;
   // Writes the k and v rows of a batch into the cache of `layer` at positions pos0.. and attends:
   // out[t] for query heads q[t] over cache positions [0, pos0 + t] (causal), GQA by n_head_kv.
-  virtual void attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0,
-                         int32_t n_head, int32_t n_head_kv, int64_t head_dim, Act* out) = 0;
-  // softmax over each row of `logits` (n_tokens x n_expert), top-k, optional renormalisation of
-  // the k weights to sum 1. Fills `r` on the host.
-  virtual void route(const Act& logits, int32_t k, bool renormalize, Routing* r) = 0;
-  // out[t] = sum_j r.weights[t,j] * FFN_{r.ids[t,j]}(x[t]) with SwiGLU experts, adding in slot
-  // order j = 0..k-1 regardless of execution order (results do not depend on which experts were
-  // resident). Tokens routed to the same expert share one pass over its weights.
-  virtual Status moe_ffn(int32_t layer, const Act& x, const Routing& r, ExpertSource* experts,
-                         Act* out) = 0;
-  // out[t] = down(silu(gate x[t]) * up x[t]) * (gate_inp ? sigmoid(gate_inp . x[t]) : 1).
-  virtual void dense_ffn(const ExpertWeights& w, const float* gate_inp, const Act& x, Act* out) = 0;
-};
+  [[nodiscard]] virtual Status attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v,
+                                         int32_t pos0, int32_t n_head, int32_t n_head_kv, int64_t head_dim,
+                                         Act* out) = 0;
+  // softmax over each row of `logits` (n_tokens x n_expert), top-k (ties to the lower id),
+  // optional renormalisation of the k weights to sum 1. Fills `r` on the host.
+  [[nodiscard]] virtual Status route(const Act& logits, int32_t k, bool renormalize, Routing* r) = 0;
+  // out[t] = FFN(x[t]) * (gate_inp ? sigmoid(gate_inp . x[t]) : 1): a shared expert.
+  [[nodiscard]] virtual Status dense_ffn(const ExpertWeights& w, const FfnKind& kind, const float* gate_inp,
+                                         const Act& x, Act* out) = 0;
 
-enum class BackendKind { Auto = 0, Cpu = 1, Vulkan = 2, Cuda = 3 };
+  // ---- routed experts. core/moe/ drives one layer's pass:
+  //   moe_begin
+  //   { expert_gate_up(tasks) [core waits for the down matrices] expert_down(tasks) }...
+  //   expert_group_end    (after each group of experts the store holds at once)
+  //   moe_combine
+  // The calls of one pass come from one thread in this order, with nothing else in between.
+
+  // Starts a layer's pass over the MoE input `x`; expert outputs go to `n_out_rows` rows
+  // (token * k + slot) of scratch the backend keeps until moe_combine.
+  [[nodiscard]] virtual Status moe_begin(const Act& x, const FfnKind& kind, int64_t n_out_rows) = 0;
+  // First half of each task's FFN: h = act(gate x[row] + gate_bias, up x[row] + up_bias) for
+  // every row of the task. The backend keeps h until the expert_down of the same tasks.
+  [[nodiscard]] virtual Status expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) = 0;
+  // Second half, for the tasks of the last expert_gate_up: outputs[out_row] = down h + down_bias.
+  [[nodiscard]] virtual Status expert_down(const ExpertTask* tasks, int32_t n_tasks) = 0;
+  // End of a group of experts (where a device backend submits its work and waits for it). When it
+  // returns, the backend reads no host bytes of the experts passed since the last group end.
+  [[nodiscard]] virtual Status expert_group_end() = 0;
+  // out[t] = sum over slots j = 0..k-1, in that order, of r.weights[t,j] * outputs[t*k + j];
+  // dropped slots (id -1) are skipped. Results never depend on the experts' execution order.
+  [[nodiscard]] virtual Status moe_combine(const Routing& r, Act* out) = 0;
+  // Whether the backend may still read an expert's host bytes after expert_down returns, until
+  // the group ends (a device computing asynchronously from zero-copy memory). Core keeps such
+  // experts pinned in the store until expert_group_end; otherwise it releases each at once.
+  virtual bool reads_experts_until_group_end() const { return false; }
+};
 
 // Creates a backend. Unavailable kinds (not built, no device) fail with
 // MOELITE_ERR_BACKEND_UNAVAILABLE and a message saying why.
-Status create_backend(BackendKind kind, int32_t n_threads, std::unique_ptr<Backend>* out);
+[[nodiscard]] Status create_backend(BackendKind kind, int32_t n_threads, std::unique_ptr<Backend>* out);
 
 }  // namespace moelite

@@ -6,13 +6,16 @@
 #include <memory>
 #include <new>
 
-#include "backends/cpu/quant.h"
 #include "core/adaptive/calibrate.h"
+#include "core/adaptive/predictor.h"
+#include "core/adaptive/setup.h"
 #include "core/arch/arch.h"
 #include "core/context.h"
 #include "core/expert_store/expert_store.h"
 #include "core/generate.h"
+#include "core/expert_cache/policy.h"
 #include "core/model.h"
+#include "core/runtime.h"
 #include "moelite.h"
 
 struct moelite_model_params {
@@ -24,8 +27,11 @@ struct moelite_context_params {
 struct moelite_generate_params {
   moelite::GenerateOptions opts;
 };
+// The immutable model and the runtime that executes it (null for a vocabulary-only load). The
+// runtime is declared second so it is destroyed first: its store and backend refer to the model.
 struct moelite_model {
   std::unique_ptr<moelite::Model> impl;
+  std::unique_ptr<moelite::Runtime> runtime;
 };
 struct moelite_context {
   std::unique_ptr<moelite::Context> impl;
@@ -116,6 +122,8 @@ MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_
 MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_params* p, const char* policy) {
   if (!p) return null_arg(__func__, "params");
   if (!policy) return null_arg(__func__, "policy");
+  std::unique_ptr<moelite::CachePolicy> check;
+  MOELITE_TRY(moelite::make_policy(policy, &check));
   p->opts.expert_policy = policy;
   return MOELITE_OK;
 }
@@ -123,6 +131,7 @@ MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_
 MOELITE_API moelite_status moelite_model_params_set_expert_predictor(moelite_model_params* p, const char* predictor) {
   if (!p) return null_arg(__func__, "params");
   if (!predictor) return null_arg(__func__, "predictor");
+  MOELITE_TRY(moelite::check_predictor_name(predictor));
   p->opts.expert_predictor = predictor;
   return MOELITE_OK;
 }
@@ -156,6 +165,7 @@ MOELITE_API moelite_status moelite_model_params_set_gating(moelite_model_params*
 MOELITE_API moelite_status moelite_model_params_set_cache_allocation(moelite_model_params* p, const char* allocation) {
   if (!p) return null_arg(__func__, "params");
   if (!allocation) return null_arg(__func__, "allocation");
+  MOELITE_TRY(moelite::check_cache_allocation(allocation));
   p->opts.cache_allocation = allocation;
   return MOELITE_OK;
 }
@@ -197,7 +207,9 @@ MOELITE_API moelite_status moelite_model_load(const char* path, const moelite_mo
   try {
     std::unique_ptr<moelite::Model> m;
     MOELITE_TRY(moelite::Model::load(path, opts, &m));
-    auto* handle = new moelite_model{std::move(m)};
+    std::unique_ptr<moelite::Runtime> rt;
+    if (!m->vocab_only) MOELITE_TRY(moelite::Runtime::create(*m, opts, &rt));
+    auto* handle = new moelite_model{std::move(m), std::move(rt)};
     *out = handle;
     return MOELITE_OK;
   } catch (const std::bad_alloc&) {
@@ -212,6 +224,8 @@ MOELITE_API void moelite_model_free(moelite_model* m) { delete m; }
 MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_key key) {
   if (!model) return -1;
   const moelite::Model& m = *model->impl;
+  const moelite::Runtime* rt = model->runtime.get();
+  const moelite::ExpertStore* store = rt ? rt->store : nullptr;
   const moelite::HParams& hp = m.hp;
   switch (key) {
     case MOELITE_MODEL_N_LAYERS: return hp.n_layer;
@@ -230,13 +244,13 @@ MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_
     case MOELITE_MODEL_DENSE_BYTES: return static_cast<int64_t>(m.dense_bytes);
     case MOELITE_MODEL_N_PARAMS: return static_cast<int64_t>(m.n_params);
     case MOELITE_MODEL_N_ACTIVE_PARAMS: return static_cast<int64_t>(m.n_active_params);
-    case MOELITE_MODEL_THREADS: return m.backend ? m.backend->n_threads() : 0;
-    case MOELITE_MODEL_BACKEND: return MOELITE_BACKEND_CPU;
+    case MOELITE_MODEL_THREADS: return rt ? rt->backend->n_threads() : 0;
+    case MOELITE_MODEL_BACKEND: return rt ? static_cast<int64_t>(rt->backend_kind) : -1;
     case MOELITE_MODEL_ACTIVE_BYTES: return static_cast<int64_t>(m.active_bytes);
-    case MOELITE_MODEL_EXPERT_BUDGET: return static_cast<int64_t>(m.expert_budget);
-    case MOELITE_MODEL_EXPERT_POOL_BYTES: return m.store ? static_cast<int64_t>(m.store->pool_bytes()) : 0;
-    case MOELITE_MODEL_EXPERT_PEAK_BYTES: return m.store ? static_cast<int64_t>(m.store->peak_bytes()) : 0;
-    case MOELITE_MODEL_EXPERT_SLOTS: return m.store ? static_cast<int64_t>(m.store->n_slots()) : m.hp.n_layer * int64_t{m.hp.n_expert};
+    case MOELITE_MODEL_EXPERT_BUDGET: return rt ? static_cast<int64_t>(rt->expert_budget) : 0;
+    case MOELITE_MODEL_EXPERT_POOL_BYTES: return store ? static_cast<int64_t>(store->pool_bytes()) : 0;
+    case MOELITE_MODEL_EXPERT_PEAK_BYTES: return store ? static_cast<int64_t>(store->peak_bytes()) : 0;
+    case MOELITE_MODEL_EXPERT_SLOTS: return store ? static_cast<int64_t>(store->n_slots()) : m.hp.n_layer * int64_t{m.hp.n_expert};
   }
   return -1;
 }
@@ -246,12 +260,13 @@ MOELITE_API moelite_status moelite_model_expert_stats(const moelite_model* model
   if (!model) return null_arg(__func__, "model");
   if (!out || out->struct_size < sizeof(size_t)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: out->struct_size must be set", __func__);
   const moelite::Model& m = *model->impl;
+  const moelite::Runtime* rt = model->runtime.get();
   if (layer < -1 || layer >= m.hp.n_layer) return fail(MOELITE_ERR_INVALID_ARGUMENT, "layer %d out of range", layer);
   moelite_expert_stats total;
   memset(&total, 0, sizeof total);
   total.struct_size = out->struct_size;
-  if (m.store) {
-    const auto per_layer = m.store->stats();
+  if (rt && rt->store) {
+    const auto per_layer = rt->store->stats();
     for (int32_t l = 0; l < m.hp.n_layer; ++l) {
       if (layer >= 0 && l != layer) continue;
       const moelite::ExpertLayerStats& s = per_layer[static_cast<size_t>(l)];
@@ -268,25 +283,17 @@ MOELITE_API moelite_status moelite_model_expert_stats(const moelite_model* model
       total.ready_when_needed += s.ready_when_needed;
     }
   }
-  {
-    std::lock_guard<std::mutex> lock(m.gating_stats_mutex);
-    for (int32_t l = 0; l < m.hp.n_layer && !m.routed_tokens.empty(); ++l) {
-      if (layer >= 0 && l != layer) continue;
-      total.routed_tokens += m.routed_tokens[static_cast<size_t>(l)];
-      total.routed_experts += m.routed_experts[static_cast<size_t>(l)];
-    }
-  }
+  if (rt) rt->routed.totals(layer, &total.routed_tokens, &total.routed_experts);
   memcpy(out, &total, std::min(out->struct_size, sizeof total));
   return MOELITE_OK;
 }
 
 MOELITE_API void moelite_model_reset_expert_stats(moelite_model* model) {
   if (!model) return;
-  moelite::Model& m = *model->impl;
-  if (m.store) m.store->reset_stats();
-  std::lock_guard<std::mutex> lock(m.gating_stats_mutex);
-  std::fill(m.routed_tokens.begin(), m.routed_tokens.end(), 0);
-  std::fill(m.routed_experts.begin(), m.routed_experts.end(), 0);
+  moelite::Runtime* rt = model->runtime.get();
+  if (!rt) return;
+  if (rt->store) rt->store->reset_stats();
+  rt->routed.reset(model->impl->hp.n_layer);
 }
 
 // ---- calibration
@@ -332,15 +339,15 @@ MOELITE_API moelite_status moelite_calibrate(moelite_model* model, const int32_t
   if (!model) return null_arg(__func__, "model");
   if (!tokens && n_tokens > 0) return null_arg(__func__, "tokens");
   if (!profile_path || !*profile_path) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: profile_path is empty", __func__);
-  moelite::Model& m = *model->impl;
-  if (m.vocab_only) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the model was loaded vocabulary-only");
+  const moelite::Model& m = *model->impl;
+  if (!model->runtime) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the model was loaded vocabulary-only");
   if (n_tokens < 2) return fail(MOELITE_ERR_INVALID_ARGUMENT, "calibration needs at least two tokens, got %d", n_tokens);
   for (int32_t i = 0; i < n_tokens; ++i)
     if (tokens[i] < 0 || tokens[i] >= m.hp.n_vocab)
       return fail(MOELITE_ERR_BAD_TOKEN, "token %d at index %d is outside the vocabulary [0, %d)", tokens[i], i, m.hp.n_vocab);
   const moelite::CalibrateOptions opts = params ? params->opts : moelite::CalibrateOptions();
   moelite::Profile profile;
-  MOELITE_TRY(moelite::calibrate(m, std::vector<int32_t>(tokens, tokens + n_tokens), opts, &profile));
+  MOELITE_TRY(moelite::calibrate(m, *model->runtime, std::vector<int32_t>(tokens, tokens + n_tokens), opts, &profile));
   return profile.save(profile_path);
 }
 
@@ -350,7 +357,7 @@ MOELITE_API const char* moelite_model_expert_type(const moelite_model* m) {
   return m ? moelite::type_name(m->impl->expert_type) : nullptr;
 }
 MOELITE_API const char* moelite_model_backend_name(const moelite_model* m) {
-  return m ? (m->impl->backend ? m->impl->backend->name() : "none (vocabulary only)") : nullptr;
+  return m ? (m->runtime ? m->runtime->backend->name() : "none (vocabulary only)") : nullptr;
 }
 MOELITE_API const char* moelite_supported_archs(void) { return moelite::supported_arch_list(); }
 
@@ -397,8 +404,10 @@ MOELITE_API moelite_status moelite_context_create(moelite_model* model, const mo
   if (!out) return null_arg(__func__, "out_ctx");
   moelite::ContextOptions opts = params ? params->opts : moelite::ContextOptions{};
   try {
+    if (!model->runtime)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "the model was loaded vocabulary-only; contexts need its weights");
     std::unique_ptr<moelite::Context> c;
-    MOELITE_TRY(moelite::Context::create(*model->impl, opts, &c));
+    MOELITE_TRY(moelite::Context::create(*model->impl, *model->runtime, opts, &c));
     *out = new moelite_context{std::move(c)};
     return MOELITE_OK;
   } catch (const std::bad_alloc&) {

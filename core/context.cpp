@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <string>
 
 #include "core/adaptive/predictor.h"
 #include "core/arch/arch.h"
+#include "core/expert_store/expert_source.h"
 
 namespace moelite {
 
@@ -22,17 +24,18 @@ Context::~Context() {
   if (state_.kv.handle) be->free_kv(&state_.kv);
 }
 
-Status Context::create(Model& model, const ContextOptions& opts, std::unique_ptr<Context>* out) {
+Status Context::create(const Model& model, Runtime& runtime, const ContextOptions& opts, std::unique_ptr<Context>* out) {
   if (model.vocab_only)
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "the model was loaded vocabulary-only; contexts need its weights");
-  std::unique_ptr<Context> c(new (std::nothrow) Context(model));
+  std::unique_ptr<Context> c(new (std::nothrow) Context(model, runtime));
   if (!c) return fail(MOELITE_ERR_OUT_OF_MEMORY, "context");
   const HParams& hp = model.hp;
   c->opts_ = opts;
   c->n_ctx_ = opts.n_ctx > 0 ? opts.n_ctx : std::min(hp.n_ctx_train, 4096);
   c->opts_.n_batch = std::max(1, std::min(opts.n_batch, c->n_ctx_));
   EvalState& s = c->state_;
-  s.backend = model.backend.get();
+  s.runtime = &runtime;
+  s.backend = runtime.backend.get();
   s.on_route = opts.on_route;
   s.route_user = opts.route_user;
   s.n_batch = c->opts_.n_batch;
@@ -70,13 +73,18 @@ Status Context::eval(const int32_t* tokens, int32_t n_tokens, bool logits_all) {
 
   std::vector<float> out(static_cast<size_t>(logits_all ? n_tokens : 1) * static_cast<size_t>(hp.n_vocab));
   const int32_t start = n_past_;
-  std::lock_guard<std::mutex> lock(model_.eval_mutex);
+  std::lock_guard<std::mutex> lock(runtime_.eval_mutex);
   for (int32_t done = 0; done < n_tokens;) {
     const int32_t n = std::min(opts_.n_batch, n_tokens - done);
     const bool last = done + n == n_tokens;
     float* dst = logits_all ? out.data() + static_cast<size_t>(done) * hp.n_vocab : (last ? out.data() : nullptr);
     Status st = eval_batch(tokens + done, n, logits_all, dst);
     if (st != MOELITE_OK) {
+      // Let a device finish (or drop) what was recorded before the failure, so the next call
+      // starts clean; the first failure's message is the one reported.
+      const std::string msg = last_error_message();
+      (void)state_.backend->sync();
+      fail(st, "%s", msg.c_str());
       n_past_ = start;  // cache rows past n_past_ are dead; the sequence is as before the call
       return st;
     }
@@ -91,7 +99,7 @@ Status Context::eval(const int32_t* tokens, int32_t n_tokens, bool logits_all) {
 }
 
 Status Context::eval_batch(const int32_t* tokens, int32_t n, bool logits_all, float* logits_out) {
-  Model& m = model_;
+  const Model& m = model_;
   const HParams& hp = m.hp;
   EvalState& s = state_;
   Backend& be = *s.backend;
@@ -102,7 +110,7 @@ Status Context::eval_batch(const int32_t* tokens, int32_t n, bool logits_all, fl
 
   Act x = s.rows(s.x);
   s.has_next_routing = false;
-  be.get_rows(m.tok_embd, tokens, n, &x);
+  MOELITE_TRY(be.get_rows(m.tok_embd, tokens, n, &x));
   auto forward = m.arch->forward_layer ? m.arch->forward_layer : standard_forward_layer;
   for (int32_t l = 0; l < hp.n_layer; ++l) {
     if (opts_.abort && opts_.abort(opts_.abort_user))
@@ -111,11 +119,12 @@ Status Context::eval_batch(const int32_t* tokens, int32_t n, bool logits_all, fl
   }
   if (s.hooks) {
     s.host_a.resize(static_cast<size_t>(n) * static_cast<size_t>(hp.n_embd));
-    be.read_rows(x, 0, n, s.host_a.data());
+    MOELITE_TRY(be.read_rows(x, 0, n, s.host_a.data()));
     s.hooks->on_final(s.host_a.data(), n);
   }
-  if (m.predictor && m.predictor->wants_final() && n <= 4) predict_next_token(n);
-  if (!logits_out) return MOELITE_OK;
+  if (runtime_.predictor && runtime_.predictor->wants_final() && n <= 4) MOELITE_TRY(predict_next_token(n));
+  // Work a device backend recorded and ran without being waited for fails here at the latest.
+  if (!logits_out) return be.sync();
 
   // Output head, only on the rows whose logits are wanted.
   const int32_t first = logits_all ? 0 : n - 1;
@@ -123,26 +132,27 @@ Status Context::eval_batch(const int32_t* tokens, int32_t n, bool logits_all, fl
     const int32_t rows = std::min(kHeadRows, n - r0);
     Act xr = be.view_rows(s.x, r0, rows), xn = be.view_rows(s.xn, r0, rows);
     Act head = be.view_rows(s.head_out, 0, rows);
-    be.rms_norm(xr, m.output_norm.data(), hp.n_embd, hp.rms_eps, &xn);
-    be.matmul(m.output, xn, nullptr, &head);
-    be.read_rows(head, 0, rows, logits_out + static_cast<size_t>(r0 - first) * hp.n_vocab);
+    MOELITE_TRY(be.rms_norm(xr, m.output_norm.data(), hp.n_embd, hp.rms_eps, &xn));
+    MOELITE_TRY(be.matmul(m.output, xn, nullptr, &head));
+    MOELITE_TRY(be.read_rows(head, 0, rows, logits_out + static_cast<size_t>(r0 - first) * hp.n_vocab));
   }
-  return MOELITE_OK;
+  return be.sync();
 }
 
 // The next token's first layers are guessed from this token's final state (output-normed, as the
 // output head sees it), so their experts load while the caller samples.
-void Context::predict_next_token(int32_t n) {
-  Model& m = model_;
+Status Context::predict_next_token(int32_t n) {
+  const Model& m = model_;
   EvalState& s = state_;
   Backend& be = *s.backend;
   Act last = be.view_rows(s.x, n - 1, 1), normed = be.view_rows(s.xn, n - 1, 1);
-  be.rms_norm(last, m.output_norm.data(), m.hp.n_embd, m.hp.rms_eps, &normed);
+  MOELITE_TRY(be.rms_norm(last, m.output_norm.data(), m.hp.n_embd, m.hp.rms_eps, &normed));
   s.host_b.resize(static_cast<size_t>(m.hp.n_embd));
-  be.read_rows(normed, 0, 1, s.host_b.data());
+  MOELITE_TRY(be.read_rows(normed, 0, 1, s.host_b.data()));
   std::vector<Prediction> guesses;
-  m.predictor->after_token(s.host_b.data(), &guesses);
-  if (!guesses.empty()) m.experts->hint(guesses, -1);
+  runtime_.predictor->after_token(s.host_b.data(), &guesses);
+  if (!guesses.empty()) runtime_.experts->hint(guesses, -1);
+  return MOELITE_OK;
 }
 
 const float* Context::logits(int32_t i) const {

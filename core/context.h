@@ -4,6 +4,7 @@
 
 #include "core/eval.h"
 #include "core/model.h"
+#include "core/runtime.h"
 
 namespace moelite {
 
@@ -19,7 +20,8 @@ struct ContextOptions {
 class Context {
  public:
   ~Context();
-  static Status create(Model& model, const ContextOptions& opts, std::unique_ptr<Context>* out);
+  // The context reads `model` and evaluates through `runtime`; both must outlive it.
+  static Status create(const Model& model, Runtime& runtime, const ContextOptions& opts, std::unique_ptr<Context>* out);
 
   // Evaluates tokens appended to the sequence; on any error the sequence is unchanged.
   Status eval(const int32_t* tokens, int32_t n_tokens, bool logits_all);
@@ -35,11 +37,12 @@ class Context {
   void set_hooks(ForwardHooks* hooks) { state_.hooks = hooks; }
 
  private:
-  explicit Context(Model& model) : model_(model) {}
+  Context(const Model& model, Runtime& runtime) : model_(model), runtime_(runtime) {}
   Status eval_batch(const int32_t* tokens, int32_t n, bool logits_all, float* logits_out);
-  void predict_next_token(int32_t n);
+  Status predict_next_token(int32_t n);
 
-  Model& model_;
+  const Model& model_;
+  Runtime& runtime_;
   ContextOptions opts_;
   int32_t n_ctx_ = 0;
   int32_t n_past_ = 0;

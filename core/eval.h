@@ -7,6 +7,8 @@
 
 namespace moelite {
 
+struct Runtime;
+
 // Internal observers of a forward pass (calibration): host copies of hidden states, and a last
 // chance to change a layer's routing (sensitivity measurements). Not part of the public API.
 class ForwardHooks {
@@ -21,7 +23,8 @@ class ForwardHooks {
 };
 
 struct EvalState {
-  Backend* backend = nullptr;
+  Runtime* runtime = nullptr;
+  Backend* backend = nullptr;   // runtime->backend
   KvCache kv;
   int32_t n_batch = 0;          // rows allocated in each scratch Act
   // The batch being computed.

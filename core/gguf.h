@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "core/status.h"
-#include "core/types.h"
+#include "base/status.h"
+#include "base/types.h"
 #include "platforms/platform.h"
 
 namespace moelite::gguf {

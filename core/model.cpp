@@ -4,12 +4,8 @@
 #include <cinttypes>
 #include <cstdlib>
 
-#include "backends/cpu/quant.h"
-#include "core/adaptive/predictor.h"
-#include "core/adaptive/profile.h"
-#include "core/adaptive/setup.h"
 #include "core/arch/arch.h"
-#include "core/expert_store/expert_store.h"
+#include "core/expert_store/expert_source.h"
 #include "core/tensor_binder.h"
 
 namespace moelite {
@@ -27,18 +23,7 @@ ExpertWeights LayerExperts::expert(int32_t e) const {
   return w;
 }
 
-Status ResidentExperts::acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert,
-                                     ExpertWeights* out) {
-  *expert = pending->front();
-  pending->erase(pending->begin());
-  *out = (*layers_)[static_cast<size_t>(layer)].experts.expert(*expert);
-  return MOELITE_OK;
-}
-
 Model::~Model() {
-  predictor.reset();
-  experts.reset();
-  backend.reset();
   for (void* p : owned) platform::aligned_free(p);
 }
 
@@ -56,6 +41,7 @@ Status report_progress(const LoadOptions& o, float p) {
 
 Status Model::load(const std::string& path, const LoadOptions& opts, std::unique_ptr<Model>* out) {
   auto m = std::make_unique<Model>();
+  m->path = path;
   MOELITE_TRY(gguf::Reader::open(path, &m->gguf));
   const gguf::Reader& g = *m->gguf;
 
@@ -150,44 +136,10 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
   m->n_active_params += dense_params;
 
 
-  // Backend and weight placement.
-  const int32_t threads = opts.n_threads > 0 ? opts.n_threads : platform::physical_core_count();
-  MOELITE_TRY(create_backend(opts.backend, threads, &m->backend));
-  Backend& be = *m->backend;
-  MOELITE_TRY(be.place_weight(&m->tok_embd));
-  if (m->output.data != m->tok_embd.data) MOELITE_TRY(be.place_weight(&m->output));
-  for (LayerWeights& lw : m->layers) {
-    for (WeightView* v : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.router}) MOELITE_TRY(be.place_weight(v));
-    if (lw.pregate.valid()) MOELITE_TRY(be.place_weight(&lw.pregate));
-    if (lw.has_shared)
-      for (WeightView* v : {&lw.shared.gate, &lw.shared.up, &lw.shared.down}) MOELITE_TRY(be.place_weight(v));
-    ExpertWeights e0 = lw.experts.expert(0);
-    for (WeightView* v : {&e0.gate, &e0.up, &e0.down}) MOELITE_TRY(be.check_weight(*v));
-  }
-  MOELITE_TRY(setup_adaptive(*m, opts));
-  if (opts.expert_budget_bytes > 0) {
-    ExpertStoreOptions so;
-    so.budget_bytes = opts.expert_budget_bytes;
-    so.policy = opts.expert_policy;
-    so.per_layer = opts.expert_per_layer;
-    MOELITE_TRY(plan_expert_store(*m, opts, &so));
-    if (const char* t = getenv("MOELITE_IO_THREADS")) so.io_threads = std::max(1, atoi(t));
-    std::unique_ptr<ExpertStore> store;
-    MOELITE_TRY(ExpertStore::create(*m, path, so, &store));
-    m->store = store.get();
-    m->expert_budget = opts.expert_budget_bytes;
-    m->experts = std::move(store);
-    MOELITE_TRY(make_predictor(opts.expert_predictor, opts.predictor_depth, *m, m->profile.get(), &m->predictor));
-  } else {
-    m->experts = std::make_unique<ResidentExperts>(&m->layers);
-    // Without a budget nothing loads, so a predictor has nothing to do; a bad name still fails.
-    std::unique_ptr<ExpertPredictor> unused;
-    MOELITE_TRY(make_predictor(opts.expert_predictor, opts.predictor_depth, *m, m->profile.get(), &unused));
-  }
   MOELITE_TRY(report_progress(opts, 1.0f));
-  log_msg(MOELITE_LOG_INFO, "loaded %s '%s': %d layers, %d experts (top-%d), %.1f MiB experts + %.1f MiB dense, backend %s",
+  log_msg(MOELITE_LOG_INFO, "loaded %s '%s': %d layers, %d experts (top-%d), %.1f MiB experts + %.1f MiB dense",
           hp.arch.c_str(), hp.name.c_str(), hp.n_layer, hp.n_expert, hp.n_expert_used,
-          m->expert_bytes / 1048576.0, m->dense_bytes / 1048576.0, be.name());
+          m->expert_bytes / 1048576.0, m->dense_bytes / 1048576.0);
   *out = std::move(m);
   return MOELITE_OK;
 }

@@ -1,26 +1,23 @@
-// A loaded model: hyperparameters, weights bound to their architecture's roles, the backend that
-// computes with them, and the source of routed-expert weights.
+// A loaded model: hyperparameters, weights bound to their architecture's roles, tokenizer and
+// chat template. Immutable once Model::load returns: every context and thread reads it without
+// locks. What executes it (backend, expert source, predictor, counters) is the Runtime
+// (core/runtime.h).
 #pragma once
-#include <climits>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "backends/backend.h"
+#include "base/status.h"
 #include "core/adaptive/gating.h"
 #include "core/chat_template.h"
 #include "core/gguf.h"
 #include "core/tokenizer/tokenizer.h"
-#include "core/status.h"
 #include "platforms/platform.h"
 
 namespace moelite {
 
 struct ArchDescriptor;
-class ExpertStore;
-class ExpertPredictor;
-struct Profile;
 
 enum class QkNorm { None, PerHead /* qwen3moe */, Whole /* olmoe */ };
 
@@ -66,22 +63,8 @@ struct LayerWeights {
                                   // l's MoE input; invalid when absent
   LayerExperts experts;
   bool has_shared = false;
-  ExpertWeights shared;
+  ExpertWeights shared;           // the shared expert (qwen2moe)
   std::vector<float> shared_gate;  // ffn_gate_inp_shexp, n_embd floats (empty: no gate)
-};
-
-// Hands out views into the model's own expert weights (everything resident).
-class ResidentExperts final : public ExpertSource {
- public:
-  explicit ResidentExperts(const std::vector<LayerWeights>* layers) : layers_(layers) {}
-  bool all_resident() const override { return true; }
-  int32_t capacity(int32_t) const override { return INT32_MAX; }
-  Status prepare(int32_t, const std::vector<int32_t>&) override { return MOELITE_OK; }
-  Status acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert, ExpertWeights* out) override;
-  void release(int32_t, int32_t) override {}
-
- private:
-  const std::vector<LayerWeights>* layers_;
 };
 
 struct LoadOptions {
@@ -108,36 +91,28 @@ struct Model {
   HParams hp;
   const ArchDescriptor* arch = nullptr;
   std::unique_ptr<gguf::Reader> gguf;
+  std::string path;
   platform::Mapping mapping;
   std::vector<void*> owned;  // tensor copies when not mapping (aligned_free'd)
 
   WeightView tok_embd, output;
   std::vector<float> output_norm;
   std::vector<LayerWeights> layers;
+  FfnKind expert_ffn;  // how the routed (and shared) experts combine gate and up
 
   std::unique_ptr<Tokenizer> tokenizer;  // null when the file has no tokenizer metadata
   ChatTemplate chat_template = ChatTemplate::Plain;
-  bool vocab_only = false;               // tokenizer only: no weights, no backend
-
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<ExpertSource> experts;
-  ExpertStore* store = nullptr;  // the same object as `experts` when a budget is set
-  std::unique_ptr<Profile> profile;            // null without a calibration profile
-  std::unique_ptr<ExpertPredictor> predictor;  // null: no prediction (budget only)
-  GatingConfig gating;
-  // Experts routed per layer after gating, and the (token, layer) pairs they serve.
-  mutable std::mutex gating_stats_mutex;
-  std::vector<uint64_t> routed_tokens, routed_experts;
-  // Contexts of one model share its backend (threads, scratch), so they evaluate one at a time.
-  std::mutex eval_mutex;
+  bool vocab_only = false;               // tokenizer only: no weights, no runtime
 
   uint64_t expert_bytes = 0, dense_bytes = 0;
   uint64_t n_params = 0, n_active_params = 0;
   uint64_t active_bytes = 0;  // see MOELITE_MODEL_ACTIVE_BYTES
-  uint64_t expert_budget = 0;
   TensorType expert_type = TensorType::F32;
 
   ~Model();
+  // Reads, validates and binds everything; the weights are not placed on any backend yet
+  // (Runtime::create does that). With opts.expert_budget_bytes > 0 routed experts are located in
+  // the file but never touched through the mapping.
   static Status load(const std::string& path, const LoadOptions& opts, std::unique_ptr<Model>* out);
 };
 

@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/status.h"
+#include "base/status.h"
 
 namespace moelite::platform {
 

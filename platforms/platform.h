@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include "core/status.h"
+#include "base/status.h"
 
 namespace moelite::platform {
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/types.h"
+#include "base/types.h"
 
 namespace moelite::testing_gguf {
 

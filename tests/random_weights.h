@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "backends/cpu/quant.h"
-#include "core/types.h"
+#include "base/types.h"
 
 namespace moelite::test {
 

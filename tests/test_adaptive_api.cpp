@@ -278,6 +278,7 @@ TEST_F(AdaptiveApi, BadInputsGetTheirOwnStatus) {
 
 #include "core/expert_store/expert_store.h"
 #include "core/model.h"
+#include "core/runtime.h"
 
 TEST(ExpertStorePredictions, DeeperGuessesWaitForNearerOnesToBeResident) {
   moelite::LoadOptions o;
@@ -286,7 +287,9 @@ TEST(ExpertStorePredictions, DeeperGuessesWaitForNearerOnesToBeResident) {
   ASSERT_EQ(moelite::Model::load(kModel, o, &m), MOELITE_OK);
   o.expert_budget_bytes = static_cast<uint64_t>(m->expert_bytes) / 2;
   ASSERT_EQ(moelite::Model::load(kModel, o, &m), MOELITE_OK) << moelite_last_error();
-  moelite::ExpertStore& store = *m->store;
+  std::unique_ptr<moelite::Runtime> rt;
+  ASSERT_EQ(moelite::Runtime::create(*m, o, &rt), MOELITE_OK) << moelite_last_error();
+  moelite::ExpertStore& store = *rt->store;
   auto issued = [&](int layer) { return store.stats()[static_cast<size_t>(layer)].prefetches_issued; };
   auto wait_for = [&](int layer, uint64_t n) {
     for (int i = 0; i < 2000 && issued(layer) < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -33,10 +33,11 @@ moelite_status load(const std::string& path, uint64_t budget, Loaded* out, const
   moelite_model_params* p = moelite_model_params_create();
   moelite_model_params_set_threads(p, 2);
   moelite_model_params_set_expert_budget(p, budget);
-  moelite_model_params_set_expert_policy(p, policy);
   moelite_model_params_set_expert_per_layer(p, per_layer ? 1 : 0);
-  moelite_model_params_set_expert_predictor(p, predictor);
-  moelite_status st = moelite_model_load(path.c_str(), p, &out->model);
+  // Unknown names are refused by their setters, before any load.
+  moelite_status st = moelite_model_params_set_expert_policy(p, policy);
+  if (st == MOELITE_OK) st = moelite_model_params_set_expert_predictor(p, predictor);
+  if (st == MOELITE_OK) st = moelite_model_load(path.c_str(), p, &out->model);
   moelite_model_params_free(p);
   if (st == MOELITE_OK) st = moelite_context_create(out->model, nullptr, &out->ctx);
   return st;

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "core/gguf.h"
-#include "core/status.h"
+#include "base/status.h"
 #include "tests/gguf_builder.h"
 
 namespace {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/gguf.h"
-#include "core/status.h"
+#include "base/status.h"
 #include "core/tokenizer/pretokenize.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/tokenizer/unicode.h"

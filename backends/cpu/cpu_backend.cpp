@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 
 #include "backends/cpu/cpu_ops.h"
 #include "platforms/platform.h"
@@ -38,9 +39,38 @@ inline void prefetch_row(const uint8_t* p, uint64_t bytes) {
   for (uint64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 0);
 }
 
+// Scratch growth that reports a failed allocation instead of throwing.
+template <typename T>
+Status grow(std::vector<T>* v, size_t n) {
+  if (v->size() >= n) return MOELITE_OK;
+  try {
+    v->resize(n);
+  } catch (const std::bad_alloc&) {
+    return fail(MOELITE_ERR_OUT_OF_MEMORY, "CPU backend scratch of %zu elements", n);
+  }
+  return MOELITE_OK;
+}
+
 // Tokens per task in batched products: the activations of one chunk stay in L2 while each weight
 // row is reused from L1 across them.
 constexpr int64_t kTokenChunk = 32;
+
+// A chunk of one job's output rows: the unit of work the pool schedules.
+struct Task {
+  int32_t job;
+  int64_t r0, r1;
+};
+
+template <typename Job, typename RowsOf>
+std::vector<Task> split_rows(const std::vector<Job>& jobs, RowsOf rows_of_job, int threads) {
+  std::vector<Task> tasks;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const int64_t rows = rows_of_job(jobs[j]);
+    const int64_t rc = row_chunk(rows, threads);
+    for (int64_t r0 = 0; r0 < rows; r0 += rc) tasks.push_back({static_cast<int32_t>(j), r0, std::min(rows, r0 + rc)});
+  }
+  return tasks;
+}
 
 }  // namespace
 
@@ -51,9 +81,9 @@ CpuBackend::CpuBackend(int32_t n_threads)
 
 CpuBackend::~CpuBackend() = default;
 
-Status CpuBackend::place_weight(WeightView* w) {
-  if (!w->data) return fail(MOELITE_ERR_INTERNAL, "CPU backend got a weight without host bytes");
-  return check_weight(*w);
+Status CpuBackend::place_weight(const WeightView& w) {
+  if (!w.data) return fail(MOELITE_ERR_INTERNAL, "CPU backend got a weight without host bytes");
+  return check_weight(w);
 }
 
 Status CpuBackend::check_weight(const WeightView& w) {
@@ -82,8 +112,9 @@ Act CpuBackend::view_rows(const Act& a, int64_t row0, int64_t n) {
   return Act{rows_of(a) + row0 * a.cols, n, a.cols};
 }
 
-void CpuBackend::read_rows(const Act& a, int64_t row0, int64_t n, float* dst) {
+Status CpuBackend::read_rows(const Act& a, int64_t row0, int64_t n, float* dst) {
   memcpy(dst, rows_of(a) + row0 * a.cols, static_cast<size_t>(n * a.cols) * sizeof(float));
+  return MOELITE_OK;
 }
 
 Status CpuBackend::alloc_kv(int32_t n_layers, int32_t n_ctx, int64_t kv_dim, KvCache* out) {
@@ -115,13 +146,14 @@ void CpuBackend::free_kv(KvCache* kv) {
   *kv = KvCache{};
 }
 
-void CpuBackend::get_rows(const WeightView& table, const int32_t* tokens, int32_t n, Act* out) {
+Status CpuBackend::get_rows(const WeightView& table, const int32_t* tokens, int32_t n, Act* out) {
   DequantRowFn dequant = k_.dequant[static_cast<uint32_t>(table.type)];
   for (int32_t t = 0; t < n; ++t)
     dequant(table.data + static_cast<uint64_t>(tokens[t]) * table.row_bytes, rows_of(*out) + t * out->cols, table.cols);
+  return MOELITE_OK;
 }
 
-void CpuBackend::rms_norm(const Act& x, const float* w, int64_t group, float eps, Act* out) {
+Status CpuBackend::rms_norm(const Act& x, const float* w, int64_t group, float eps, Act* out) {
   const int64_t groups_per_row = x.cols / group;
   const int64_t total = x.rows * groups_per_row;
   const float* src = rows_of(x);
@@ -132,14 +164,18 @@ void CpuBackend::rms_norm(const Act& x, const float* w, int64_t group, float eps
   } else {
     pool_.parallel_for(total, body);
   }
+  return MOELITE_OK;
 }
 
-const uint8_t* CpuBackend::quantize_rows(const float* x, int64_t rows, int64_t cols,
-                                         TensorType weight_type, std::vector<uint8_t>* buf) {
+Status CpuBackend::quantize_rows(const float* x, int64_t rows, int64_t cols, TensorType weight_type,
+                                 std::vector<uint8_t>* buf, const uint8_t** out) {
   const TensorType dt = dot_type(weight_type);
-  if (dt == TensorType::F32) return reinterpret_cast<const uint8_t*>(x);
+  if (dt == TensorType::F32) {
+    *out = reinterpret_cast<const uint8_t*>(x);
+    return MOELITE_OK;
+  }
   const size_t row_bytes = activation_row_bytes(weight_type, cols);
-  if (buf->size() < row_bytes * static_cast<size_t>(rows)) buf->resize(row_bytes * static_cast<size_t>(rows));
+  MOELITE_TRY(grow(buf, row_bytes * static_cast<size_t>(rows)));
   QuantizeRowFn quantize = k_.quantize_act[static_cast<uint32_t>(dt)];
   uint8_t* dst = buf->data();
   auto body = [&](int64_t r, int) { quantize(x + r * cols, dst + r * row_bytes, cols); };
@@ -148,7 +184,8 @@ const uint8_t* CpuBackend::quantize_rows(const float* x, int64_t rows, int64_t c
   } else {
     pool_.parallel_for(rows, body);
   }
-  return dst;
+  *out = dst;
+  return MOELITE_OK;
 }
 
 void CpuBackend::matmul_rows(const WeightView& w, const uint8_t* act, size_t act_stride, int64_t n,
@@ -175,8 +212,9 @@ void CpuBackend::matmul_rows(const WeightView& w, const uint8_t* act, size_t act
   });
 }
 
-void CpuBackend::matmul(const WeightView& w, const Act& x, const float* bias, Act* out) {
-  const uint8_t* act = quantize_rows(rows_of(x), x.rows, x.cols, w.type, &qbuf_);
+Status CpuBackend::matmul(const WeightView& w, const Act& x, const float* bias, Act* out) {
+  const uint8_t* act;
+  MOELITE_TRY(quantize_rows(rows_of(x), x.rows, x.cols, w.type, &qbuf_, &act));
   const TensorType dt = dot_type(w.type);
   const size_t stride = dt == TensorType::F32 ? static_cast<size_t>(x.cols) * sizeof(float)
                                               : activation_row_bytes(w.type, x.cols);
@@ -186,16 +224,18 @@ void CpuBackend::matmul(const WeightView& w, const Act& x, const float* bias, Ac
     for (int64_t t = 0; t < x.rows; ++t)
       for (int64_t r = 0; r < w.rows; ++r) y[t * out->cols + r] += bias[r];
   }
+  return MOELITE_OK;
 }
 
-void CpuBackend::add(Act* x, const Act& y) {
+Status CpuBackend::add(Act* x, const Act& y) {
   float* a = rows_of(*x);
   const float* b = rows_of(y);
   const int64_t n = x->rows * x->cols;
   for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+  return MOELITE_OK;
 }
 
-void CpuBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) {
+Status CpuBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) {
   const int64_t heads = x->cols / head_dim;
   float* data = rows_of(*x);
   std::vector<float> cos_v(static_cast<size_t>(p.n_rot / 2)), sin_v(cos_v.size());
@@ -203,9 +243,10 @@ void CpuBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const int32
     rope_angles(p, positions[t], cos_v.data(), sin_v.data());  // once per token, shared by its heads
     for (int64_t h = 0; h < heads; ++h) rope_apply(data + t * x->cols + h * head_dim, p, cos_v.data(), sin_v.data());
   }
+  return MOELITE_OK;
 }
 
-void CpuBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v,
+Status CpuBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v,
                            int32_t pos0, int32_t n_head, int32_t n_head_kv, int64_t head_dim, Act* out) {
   auto* s = static_cast<KvStorage*>(kv->handle);
   const int64_t kv_dim = kv->kv_dim;
@@ -214,8 +255,7 @@ void CpuBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act& 
   const int64_t n = q.rows;
   memcpy(k_layer + pos0 * kv_dim, rows_of(k), static_cast<size_t>(n * kv_dim) * sizeof(float));
   memcpy(v_layer + pos0 * kv_dim, rows_of(v), static_cast<size_t>(n * kv_dim) * sizeof(float));
-  for (auto& sc : attn_scores_)
-    if (sc.size() < static_cast<size_t>(kv->n_ctx)) sc.resize(static_cast<size_t>(kv->n_ctx));
+  for (auto& sc : attn_scores_) MOELITE_TRY(grow(&sc, static_cast<size_t>(kv->n_ctx)));
   const int32_t group = n_head / n_head_kv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const float* qd = rows_of(q);
@@ -226,9 +266,10 @@ void CpuBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act& 
                 head_dim, pos0 + static_cast<int32_t>(t) + 1, scale, attn_scores_[thread].data(),
                 od + t * out->cols + h * head_dim, k_.vec_dot[static_cast<uint32_t>(TensorType::F32)]);
   });
+  return MOELITE_OK;
 }
 
-void CpuBackend::route(const Act& logits, int32_t k, bool renormalize, Routing* r) {
+Status CpuBackend::route(const Act& logits, int32_t k, bool renormalize, Routing* r) {
   const int64_t n = logits.rows, n_expert = logits.cols;
   r->n_tokens = static_cast<int32_t>(n);
   r->k = k;
@@ -247,184 +288,178 @@ void CpuBackend::route(const Act& logits, int32_t k, bool renormalize, Routing* 
       for (int32_t j = 0; j < k; ++j) w[j] /= sum;
     }
   }
+  return MOELITE_OK;
+}
+
+std::vector<CpuBackend::FfnJob> CpuBackend::jobs_of(const ExpertTask* tasks, int32_t n) {
+  std::vector<FfnJob> jobs(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) jobs[static_cast<size_t>(i)] = {&tasks[i].w, tasks[i].x_rows, tasks[i].out_rows, tasks[i].n_rows};
+  return jobs;
+}
+
+Status CpuBackend::quantized_input(const Act& x, TensorType weight_type, QuantizedInput* cache, const uint8_t** out) {
+  const TensorType dt = dot_type(weight_type);
+  QuantizedInput& p = *cache;
+  for (int i = 0; i < 2; ++i)
+    if (p.x_quant[i] && p.x_format[i] == dt) {
+      *out = p.x_quant[i];
+      return MOELITE_OK;
+    }
+  const int slot = p.x_quant[0] ? 1 : 0;
+  MOELITE_TRY(quantize_rows(rows_of(x), x.rows, x.cols, weight_type, &p.x_buf[slot], &p.x_quant[slot]));
+  p.x_format[slot] = dt;
+  *out = p.x_quant[slot];
+  return MOELITE_OK;
 }
 
 // All jobs of one call share weight types (the model loader checks that every expert of a layer
 // has the gate/up/down types of the first), so activations are quantized once per format.
-Status CpuBackend::run_ffn_jobs(const std::vector<FfnJob>& jobs, const Act& x, float* results,
-                                const std::function<Status()>& before_down) {
+Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, const FfnKind& kind,
+                               QuantizedInput* input) {
+  h_rows_ = 0;
   if (jobs.empty()) return MOELITE_OK;
   const int64_t n_embd = x.cols;
   // Activations in the dot formats of the gate/up weights (usually one format for all).
-  const TensorType gate_type = jobs[0].w.gate.type, up_type = jobs[0].w.up.type;
-  const uint8_t* xq_gate = quantize_rows(rows_of(x), x.rows, x.cols, gate_type, &qbuf_);
-  const uint8_t* xq_up = xq_gate;
-  if (dot_type(up_type) != dot_type(gate_type)) xq_up = quantize_rows(rows_of(x), x.rows, x.cols, up_type, &qbuf2_);
+  const TensorType gate_type = jobs[0].w->gate.type, up_type = jobs[0].w->up.type;
+  const uint8_t *xq_gate, *xq_up;
+  MOELITE_TRY(quantized_input(x, gate_type, input, &xq_gate));
+  MOELITE_TRY(quantized_input(x, up_type, input, &xq_up));
   auto stride_of = [&](TensorType t, int64_t cols) {
     return dot_type(t) == TensorType::F32 ? static_cast<size_t>(cols) * sizeof(float) : activation_row_bytes(t, cols);
   };
   const size_t gate_stride = stride_of(gate_type, n_embd), up_stride = stride_of(up_type, n_embd);
 
   // h rows: one per (job, routed row), n_ff_max floats each.
-  int64_t n_ff_max = 0, h_rows = 0;
-  std::vector<int64_t> h_offset(jobs.size());
+  n_ff_max_ = 0;
+  h_offset_.assign(jobs.size(), 0);
   for (size_t j = 0; j < jobs.size(); ++j) {
-    n_ff_max = std::max(n_ff_max, jobs[j].w.gate.rows);
-    h_offset[j] = h_rows;
-    h_rows += static_cast<int64_t>(jobs[j].x_rows.size());
+    n_ff_max_ = std::max(n_ff_max_, jobs[j].w->gate.rows);
+    h_offset_[j] = h_rows_;
+    h_rows_ += jobs[j].n_rows;
   }
-  if (ffn_h_.size() < static_cast<size_t>(h_rows * n_ff_max)) ffn_h_.resize(static_cast<size_t>(h_rows * n_ff_max));
+  MOELITE_TRY(grow(&ffn_h_, static_cast<size_t>(h_rows_ * n_ff_max_)));
   float* h = ffn_h_.data();
+  const int64_t n_ff_max = n_ff_max_;
+  const int64_t h_rows = h_rows_;
 
   // The multi-row dot kernels take evenly strided activation rows, but a job's tokens are
   // scattered through x. Copy them so row h_offset[j] + i holds token x_rows[i] of job j (the
   // same row numbering as h), in each dot format.
-  auto gather = [&](const uint8_t* src, size_t stride, std::vector<uint8_t>* buf) {
-    if (buf->size() < stride * static_cast<size_t>(h_rows)) buf->resize(stride * static_cast<size_t>(h_rows));
+  auto gather = [&](const uint8_t* src, size_t stride, std::vector<uint8_t>* buf, const uint8_t** out) -> Status {
+    MOELITE_TRY(grow(buf, stride * static_cast<size_t>(h_rows)));
     uint8_t* dst = buf->data();
     for (size_t j = 0; j < jobs.size(); ++j)
-      for (size_t i = 0; i < jobs[j].x_rows.size(); ++i)
-        memcpy(dst + static_cast<size_t>(h_offset[j] + static_cast<int64_t>(i)) * stride,
-               src + static_cast<size_t>(jobs[j].x_rows[i]) * stride, stride);
-    return static_cast<const uint8_t*>(dst);
+      for (int64_t i = 0; i < jobs[j].n_rows; ++i)
+        memcpy(dst + static_cast<size_t>(h_offset_[j] + i) * stride, src + static_cast<size_t>(jobs[j].x_rows[i]) * stride,
+               stride);
+    *out = dst;
+    return MOELITE_OK;
   };
-  const uint8_t* xg_gate = gather(xq_gate, gate_stride, &ffn_xg_gate_);
-  const uint8_t* xg_up = xq_up == xq_gate && up_stride == gate_stride ? xg_gate : gather(xq_up, up_stride, &ffn_xg_up_);
+  const uint8_t *xg_gate, *xg_up;
+  MOELITE_TRY(gather(xq_gate, gate_stride, &ffn_xg_gate_, &xg_gate));
+  if (xq_up == xq_gate && up_stride == gate_stride) xg_up = xg_gate;
+  else MOELITE_TRY(gather(xq_up, up_stride, &ffn_xg_up_, &xg_up));
 
-  struct Task {
-    int32_t job;
-    int64_t r0, r1;
-  };
-  auto make_tasks = [&](auto rows_of_job) {
-    std::vector<Task> tasks;
-    for (size_t j = 0; j < jobs.size(); ++j) {
-      const int64_t rows = rows_of_job(jobs[j]);
-      const int64_t rc = row_chunk(rows, pool_.size());
-      for (int64_t r0 = 0; r0 < rows; r0 += rc) tasks.push_back({static_cast<int32_t>(j), r0, std::min(rows, r0 + rc)});
-    }
-    return tasks;
-  };
-
-  // Phase 1: h = silu(gate x) * up x for every routed row of every job.
-  const std::vector<Task> gate_tasks = make_tasks([](const FfnJob& j) { return j.w.gate.rows; });
-  pool_.parallel_for(static_cast<int64_t>(gate_tasks.size()), [&](int64_t ti, int) {
-    const Task& task = gate_tasks[static_cast<size_t>(ti)];
+  // h = act(gate x, up x) for every routed row of every job.
+  const std::vector<Task> tasks = split_rows(jobs, [](const FfnJob& j) { return j.w->gate.rows; }, pool_.size());
+  pool_.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
+    const Task& task = tasks[static_cast<size_t>(ti)];
     const FfnJob& job = jobs[static_cast<size_t>(task.job)];
-    VecDotMultiFn gdot = k_.vec_dot_multi[static_cast<uint32_t>(job.w.gate.type)];
-    VecDotMultiFn udot = k_.vec_dot_multi[static_cast<uint32_t>(job.w.up.type)];
-    const int64_t cols = job.w.gate.cols;
-    const int64_t base = h_offset[static_cast<size_t>(task.job)];
-    const int64_t nx = static_cast<int64_t>(job.x_rows.size());
+    const WeightView &gw = job.w->gate, &uw = job.w->up;
+    VecDotMultiFn gdot = k_.vec_dot_multi[static_cast<uint32_t>(gw.type)];
+    VecDotMultiFn udot = k_.vec_dot_multi[static_cast<uint32_t>(uw.type)];
+    const int64_t base = h_offset_[static_cast<size_t>(task.job)];
     float* hj = h + base * n_ff_max;
     for (int64_t r = task.r0; r < task.r1; ++r) {
-      const uint8_t* grow = job.w.gate.data + static_cast<uint64_t>(r) * job.w.gate.row_bytes;
-      const uint8_t* urow = job.w.up.data + static_cast<uint64_t>(r) * job.w.up.row_bytes;
+      const uint8_t* grow_ = gw.data + static_cast<uint64_t>(r) * gw.row_bytes;
+      const uint8_t* urow = uw.data + static_cast<uint64_t>(r) * uw.row_bytes;
       if (r + g_prefetch_rows < task.r1) {
-        prefetch_row(grow + g_prefetch_rows * job.w.gate.row_bytes, job.w.gate.row_bytes);
-        prefetch_row(urow + g_prefetch_rows * job.w.up.row_bytes, job.w.up.row_bytes);
+        prefetch_row(grow_ + g_prefetch_rows * gw.row_bytes, gw.row_bytes);
+        prefetch_row(urow + g_prefetch_rows * uw.row_bytes, uw.row_bytes);
       }
-      for (int64_t i = 0; i < nx; i += kMultiDot) {
-        const int count = static_cast<int>(std::min<int64_t>(kMultiDot, nx - i));
+      const float gb = job.w->gate_bias ? job.w->gate_bias[r] : 0.0f;
+      const float ub = job.w->up_bias ? job.w->up_bias[r] : 0.0f;
+      for (int64_t i = 0; i < job.n_rows; i += kMultiDot) {
+        const int count = static_cast<int>(std::min<int64_t>(kMultiDot, job.n_rows - i));
         float g[kMultiDot], u[kMultiDot];
-        gdot(cols, g, grow, xg_gate + static_cast<size_t>(base + i) * gate_stride, gate_stride, count);
-        udot(cols, u, urow, xg_up + static_cast<size_t>(base + i) * up_stride, up_stride, count);
-        for (int j = 0; j < count; ++j) hj[(i + j) * n_ff_max + r] = silu(g[j]) * u[j];
-      }
-    }
-  });
-
-  if (before_down) MOELITE_TRY(before_down());
-
-  // Phase 2: quantize h for the down projections.
-  const TensorType down_type = jobs[0].w.down.type;
-  const size_t hq_stride = stride_of(down_type, n_ff_max);
-  const uint8_t* hq = reinterpret_cast<const uint8_t*>(h);
-  if (dot_type(down_type) != TensorType::F32) {
-    // Jobs with a shorter n_ff are quantized per job so each row is exactly that job's length.
-    const size_t need = hq_stride * static_cast<size_t>(h_rows);
-    if (qbuf2_.size() < need) qbuf2_.resize(need);
-    QuantizeRowFn quantize = k_.quantize_act[static_cast<uint32_t>(dot_type(down_type))];
-    uint8_t* dst = qbuf2_.data();
-    std::vector<int64_t> row_ff(static_cast<size_t>(h_rows));
-    for (size_t j = 0; j < jobs.size(); ++j)
-      for (size_t i = 0; i < jobs[j].x_rows.size(); ++i) row_ff[static_cast<size_t>(h_offset[j]) + i] = jobs[j].w.gate.rows;
-    pool_.parallel_for(h_rows, [&](int64_t r, int) {
-      quantize(h + r * n_ff_max, dst + static_cast<size_t>(r) * hq_stride, row_ff[static_cast<size_t>(r)]);
-    });
-    hq = dst;
-  }
-
-  // Phase 3: results[out_row] = down h.
-  const std::vector<Task> down_tasks = make_tasks([](const FfnJob& j) { return j.w.down.rows; });
-  pool_.parallel_for(static_cast<int64_t>(down_tasks.size()), [&](int64_t ti, int) {
-    const Task& task = down_tasks[static_cast<size_t>(ti)];
-    const FfnJob& job = jobs[static_cast<size_t>(task.job)];
-    VecDotMultiFn ddot = k_.vec_dot_multi[static_cast<uint32_t>(job.w.down.type)];
-    const int64_t base = h_offset[static_cast<size_t>(task.job)];
-    const int64_t nx = static_cast<int64_t>(job.x_rows.size());
-    for (int64_t r = task.r0; r < task.r1; ++r) {
-      const uint8_t* drow = job.w.down.data + static_cast<uint64_t>(r) * job.w.down.row_bytes;
-      if (r + g_prefetch_rows < task.r1) prefetch_row(drow + g_prefetch_rows * job.w.down.row_bytes, job.w.down.row_bytes);
-      for (int64_t i = 0; i < nx; i += kMultiDot) {
-        const int count = static_cast<int>(std::min<int64_t>(kMultiDot, nx - i));
-        float o[kMultiDot];
-        ddot(job.w.down.cols, o, drow, hq + static_cast<size_t>(base + i) * hq_stride, hq_stride, count);
-        for (int j = 0; j < count; ++j) results[static_cast<int64_t>(job.out_rows[static_cast<size_t>(i + j)]) * n_embd + r] = o[j];
+        gdot(gw.cols, g, grow_, xg_gate + static_cast<size_t>(base + i) * gate_stride, gate_stride, count);
+        udot(uw.cols, u, urow, xg_up + static_cast<size_t>(base + i) * up_stride, up_stride, count);
+        if (job.w->gate_bias || job.w->up_bias)
+          for (int j = 0; j < count; ++j) g[j] += gb, u[j] += ub;
+        for (int j = 0; j < count; ++j) hj[(i + j) * n_ff_max + r] = ffn_activation(kind, g[j], u[j]);
       }
     }
   });
   return MOELITE_OK;
 }
 
-Status CpuBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, ExpertSource* experts, Act* out) {
-  const int32_t n = r.n_tokens, k = r.k;
-  experts->on_routing(layer, r);
-  const ExpertGroups groups(r);
-  const std::vector<int32_t>& order = groups.order();
-  auto job_for = [&](int32_t e, const ExpertWeights& w) {
-    FfnJob job;
-    job.w = w;
-    groups.rows(e, &job.x_rows, &job.out_rows);
-    return job;
-  };
-
-  const int64_t n_embd = x.cols;
-  if (ffn_y_.size() < static_cast<size_t>(n * k * n_embd)) ffn_y_.resize(static_cast<size_t>(n * k * n_embd));
-  if (experts->all_resident()) {
-    // Everything is in memory: one pass over all of the layer's experts balances best.
-    std::vector<FfnJob> jobs;
-    jobs.reserve(order.size());
-    for (std::vector<int32_t> pending = order; !pending.empty();) {
-      int32_t e;
-      ExpertWeights w;
-      MOELITE_TRY(experts->acquire_next(layer, &pending, &e, &w));
-      jobs.push_back(job_for(e, w));
-    }
-    run_ffn_jobs(jobs, x, ffn_y_.data());
-  } else {
-    // Budgeted experts: groups of at most capacity() experts; within a group each expert runs as
-    // soon as it is resident, so computation overlaps the loads still in flight.
-    const size_t group = static_cast<size_t>(std::max(1, experts->capacity(layer)));
-    for (size_t g0 = 0; g0 < order.size(); g0 += group) {
-      std::vector<int32_t> pending(order.begin() + static_cast<std::ptrdiff_t>(g0),
-                                   order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), g0 + group)));
-      MOELITE_TRY(experts->prepare(layer, pending));
-      while (!pending.empty()) {
-        int32_t e;
-        ExpertWeights w;
-        MOELITE_TRY(experts->acquire_next(layer, &pending, &e, &w));
-        std::vector<FfnJob> one(1, job_for(e, w));
-        const Status st = run_ffn_jobs(one, x, ffn_y_.data(), [&] { return experts->wait_down(layer, e); });
-        experts->release(layer, e);
-        if (st != MOELITE_OK) {
-          for (int32_t p : pending) experts->release(layer, p);
-          return st;
-        }
-      }
-    }
+Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, float* results) {
+  if (jobs.empty() || h_rows_ == 0) return MOELITE_OK;
+  const float* h = ffn_h_.data();
+  const int64_t n_ff_max = n_ff_max_, h_rows = h_rows_;
+  // Quantize h for the down projections.
+  const TensorType down_type = jobs[0].w->down.type;
+  const size_t hq_stride =
+      dot_type(down_type) == TensorType::F32 ? static_cast<size_t>(n_ff_max) * sizeof(float) : activation_row_bytes(down_type, n_ff_max);
+  const uint8_t* hq = reinterpret_cast<const uint8_t*>(h);
+  if (dot_type(down_type) != TensorType::F32) {
+    // Jobs with a shorter n_ff are quantized per job so each row is exactly that job's length.
+    MOELITE_TRY(grow(&qbuf2_, hq_stride * static_cast<size_t>(h_rows)));
+    QuantizeRowFn quantize = k_.quantize_act[static_cast<uint32_t>(dot_type(down_type))];
+    uint8_t* dst = qbuf2_.data();
+    std::vector<int64_t> row_ff(static_cast<size_t>(h_rows));
+    for (size_t j = 0; j < jobs.size(); ++j)
+      for (int64_t i = 0; i < jobs[j].n_rows; ++i) row_ff[static_cast<size_t>(h_offset_[j] + i)] = jobs[j].w->gate.rows;
+    pool_.parallel_for(h_rows, [&](int64_t r, int) {
+      quantize(h + r * n_ff_max, dst + static_cast<size_t>(r) * hq_stride, row_ff[static_cast<size_t>(r)]);
+    });
+    hq = dst;
   }
 
-  // Combine in slot order, so the sum never depends on the execution order above.
+  // results[out_row] = down h.
+  const std::vector<Task> tasks = split_rows(jobs, [](const FfnJob& j) { return j.w->down.rows; }, pool_.size());
+  pool_.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
+    const Task& task = tasks[static_cast<size_t>(ti)];
+    const FfnJob& job = jobs[static_cast<size_t>(task.job)];
+    const WeightView& dw = job.w->down;
+    VecDotMultiFn ddot = k_.vec_dot_multi[static_cast<uint32_t>(dw.type)];
+    const int64_t base = h_offset_[static_cast<size_t>(task.job)];
+    for (int64_t r = task.r0; r < task.r1; ++r) {
+      const uint8_t* drow = dw.data + static_cast<uint64_t>(r) * dw.row_bytes;
+      if (r + g_prefetch_rows < task.r1) prefetch_row(drow + g_prefetch_rows * dw.row_bytes, dw.row_bytes);
+      const float db = job.w->down_bias ? job.w->down_bias[r] : 0.0f;
+      for (int64_t i = 0; i < job.n_rows; i += kMultiDot) {
+        const int count = static_cast<int>(std::min<int64_t>(kMultiDot, job.n_rows - i));
+        float o[kMultiDot];
+        ddot(dw.cols, o, drow, hq + static_cast<size_t>(base + i) * hq_stride, hq_stride, count);
+        if (job.w->down_bias)
+          for (int j = 0; j < count; ++j) o[j] += db;
+        for (int j = 0; j < count; ++j) results[static_cast<int64_t>(job.out_rows[i + j]) * n_embd + r] = o[j];
+      }
+    }
+  });
+  return MOELITE_OK;
+}
+
+Status CpuBackend::moe_begin(const Act& x, const FfnKind& kind, int64_t n_out_rows) {
+  pass_.x = x;
+  pass_.kind = kind;
+  pass_.input.x_quant[0] = pass_.input.x_quant[1] = nullptr;
+  return grow(&ffn_y_, static_cast<size_t>(n_out_rows * x.cols));
+}
+
+Status CpuBackend::expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) {
+  return ffn_gate_up(jobs_of(tasks, n_tasks), pass_.x, pass_.kind, &pass_.input);
+}
+
+Status CpuBackend::expert_down(const ExpertTask* tasks, int32_t n_tasks) {
+  return ffn_down(jobs_of(tasks, n_tasks), pass_.x.cols, ffn_y_.data());
+}
+
+Status CpuBackend::moe_combine(const Routing& r, Act* out) {
+  // Slot order, so the sum never depends on the order the experts ran in.
+  const int32_t n = r.n_tokens, k = r.k;
+  const int64_t n_embd = out->cols;
   float* o = rows_of(*out);
   const float* y = ffn_y_.data();
   for (int32_t t = 0; t < n; ++t) {
@@ -440,16 +475,15 @@ Status CpuBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, Expert
   return MOELITE_OK;
 }
 
-void CpuBackend::dense_ffn(const ExpertWeights& w, const float* gate_inp, const Act& x, Act* out) {
-  FfnJob job;
-  job.w = w;
-  for (int32_t t = 0; t < x.rows; ++t) {
-    job.x_rows.push_back(t);
-    job.out_rows.push_back(t);
-  }
-  std::vector<FfnJob> jobs(1, std::move(job));
+Status CpuBackend::dense_ffn(const ExpertWeights& w, const FfnKind& kind, const float* gate_inp, const Act& x, Act* out) {
+  std::vector<int32_t> rows(static_cast<size_t>(x.rows));
+  for (int32_t t = 0; t < x.rows; ++t) rows[static_cast<size_t>(t)] = t;
+  const std::vector<FfnJob> jobs{{&w, rows.data(), rows.data(), x.rows}};
+  // Not part of a routed pass: x is quantized afresh into buffers of its own.
+  dense_input_.x_quant[0] = dense_input_.x_quant[1] = nullptr;
+  MOELITE_TRY(ffn_gate_up(jobs, x, kind, &dense_input_));
   float* o = rows_of(*out);
-  run_ffn_jobs(jobs, x, o);
+  MOELITE_TRY(ffn_down(jobs, out->cols, o));
   if (gate_inp) {
     const float* xd = rows_of(x);
     for (int64_t t = 0; t < x.rows; ++t) {
@@ -459,6 +493,7 @@ void CpuBackend::dense_ffn(const ExpertWeights& w, const float* gate_inp, const 
       for (int64_t c = 0; c < out->cols; ++c) o[t * out->cols + c] *= g;
     }
   }
+  return MOELITE_OK;
 }
 
 }  // namespace moelite::cpu

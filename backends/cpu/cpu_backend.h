@@ -20,48 +20,64 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(int32_t n_threads);
   ~CpuBackend() override;
 
+  BackendKind kind() const override { return BackendKind::Cpu; }
   const char* name() const override { return name_.c_str(); }
   int32_t n_threads() const override { return pool_.size(); }
 
-  Status place_weight(WeightView* w) override;
+  Status place_weight(const WeightView& w) override;
   Status check_weight(const WeightView& w) override;
   Status alloc_act(int64_t rows, int64_t cols, Act* out) override;
   void free_act(Act* a) override;
   Act view_rows(const Act& a, int64_t row0, int64_t n) override;
-  void read_rows(const Act& a, int64_t row0, int64_t n, float* dst) override;
+  Status read_rows(const Act& a, int64_t row0, int64_t n, float* dst) override;
   Status alloc_kv(int32_t n_layers, int32_t n_ctx, int64_t kv_dim, KvCache* out) override;
   void free_kv(KvCache* kv) override;
+  Status sync() override { return MOELITE_OK; }  // every operation completes before it returns
 
-  void get_rows(const WeightView& table, const int32_t* tokens, int32_t n, Act* out) override;
-  void rms_norm(const Act& x, const float* w, int64_t group, float eps, Act* out) override;
-  void matmul(const WeightView& w, const Act& x, const float* bias, Act* out) override;
-  void add(Act* x, const Act& y) override;
-  void rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) override;
-  void attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0,
-                 int32_t n_head, int32_t n_head_kv, int64_t head_dim, Act* out) override;
-  void route(const Act& logits, int32_t k, bool renormalize, Routing* r) override;
-  Status moe_ffn(int32_t layer, const Act& x, const Routing& r, ExpertSource* experts,
-                 Act* out) override;
-  void dense_ffn(const ExpertWeights& w, const float* gate_inp, const Act& x, Act* out) override;
+  Status get_rows(const WeightView& table, const int32_t* tokens, int32_t n, Act* out) override;
+  Status rms_norm(const Act& x, const float* w, int64_t group, float eps, Act* out) override;
+  Status matmul(const WeightView& w, const Act& x, const float* bias, Act* out) override;
+  Status add(Act* x, const Act& y) override;
+  Status rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) override;
+  Status attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0,
+                   int32_t n_head, int32_t n_head_kv, int64_t head_dim, Act* out) override;
+  Status route(const Act& logits, int32_t k, bool renormalize, Routing* r) override;
+  Status dense_ffn(const ExpertWeights& w, const FfnKind& kind, const float* gate_inp, const Act& x,
+                   Act* out) override;
+
+  Status moe_begin(const Act& x, const FfnKind& kind, int64_t n_out_rows) override;
+  Status expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) override;
+  Status expert_down(const ExpertTask* tasks, int32_t n_tasks) override;
+  Status expert_group_end() override { return MOELITE_OK; }
+  Status moe_combine(const Routing& r, Act* out) override;
 
  private:
-  // One SwiGLU FFN applied to some rows of x: input row x_rows[i] contributes
-  // scale[i] * FFN(x[x_rows[i]]) to result row out_rows[i] of the job output buffer.
+  // One FFN applied to some rows of x: input row x_rows[i] gives result row out_rows[i].
   struct FfnJob {
-    ExpertWeights w;
-    std::vector<int32_t> x_rows;
-    std::vector<int32_t> out_rows;
+    const ExpertWeights* w;
+    const int32_t* x_rows;
+    const int32_t* out_rows;
+    int64_t n_rows;
   };
-  // Runs all jobs; results[out_row * n_embd ...] receive the unscaled FFN outputs.
-  // `before_down`, if given, runs between the gate/up and the down projections (the expert store
-  // uses it to wait for a down matrix still in flight) and may fail.
-  Status run_ffn_jobs(const std::vector<FfnJob>& jobs, const Act& x, float* results,
-                      const std::function<Status()>& before_down = nullptr);
+  // Phase 1 for all jobs: h = act(gate x + b, up x + b) per routed row, kept in ffn_h_ (rows laid
+  // out job after job) until ffn_down.
+  // x in up to two dot formats, quantized once and reused by every call that shares it.
+  struct QuantizedInput {
+    TensorType x_format[2] = {TensorType::F32, TensorType::F32};
+    const uint8_t* x_quant[2] = {nullptr, nullptr};
+    std::vector<uint8_t> x_buf[2];
+  };
+  Status ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, const FfnKind& kind, QuantizedInput* input);
+  // Phase 2, for the jobs of the last ffn_gate_up: results[out_row * n_embd ...] = down h + b.
+  Status ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, float* results);
+  // x's rows in `weight_type`'s dot format, from `cache` or quantized into it.
+  Status quantized_input(const Act& x, TensorType weight_type, QuantizedInput* cache, const uint8_t** out);
   // Quantizes the rows of x into `type`'s dot format, returns a pointer to row-major rows.
-  const uint8_t* quantize_rows(const float* x, int64_t rows, int64_t cols, TensorType weight_type,
-                               std::vector<uint8_t>* buf);
-  void matmul_rows(const WeightView& w, const uint8_t* act, size_t act_stride, int64_t n,
-                   float* out, int64_t out_stride);
+  Status quantize_rows(const float* x, int64_t rows, int64_t cols, TensorType weight_type, std::vector<uint8_t>* buf,
+                       const uint8_t** out);
+  void matmul_rows(const WeightView& w, const uint8_t* act, size_t act_stride, int64_t n, float* out,
+                   int64_t out_stride);
+  static std::vector<FfnJob> jobs_of(const ExpertTask* tasks, int32_t n);
 
   const KernelTable& k_;
   ThreadPool pool_;
@@ -69,6 +85,16 @@ class CpuBackend final : public Backend {
   std::vector<uint8_t> qbuf_, qbuf2_;
   std::vector<uint8_t> ffn_xg_gate_, ffn_xg_up_;  // activations gathered per expert job
   std::vector<float> ffn_h_, ffn_y_;
+  // The routed-expert pass in progress (moe_begin .. moe_combine).
+  struct MoePass {
+    Act x;
+    FfnKind kind;
+    QuantizedInput input;  // x quantized once per pass, not once per expert
+  } pass_;
+  QuantizedInput dense_input_;
+  // Layout of ffn_h_ from the last ffn_gate_up.
+  std::vector<int64_t> h_offset_;
+  int64_t n_ff_max_ = 0, h_rows_ = 0;
   std::vector<std::vector<float>> attn_scores_;  // per thread
 };
 

@@ -31,5 +31,12 @@ void attend_head(const float* q, const float* k_cache, const float* v_cache, int
 
 inline float silu(float x) { return x / (1.0f + __builtin_expf(-x)); }
 inline float sigmoid(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
+// An expert's hidden activation from its gate and up projections (see FfnKind).
+inline float ffn_activation(const FfnKind& kind, float g, float u) {
+  if (kind.activation == FfnActivation::SwiGLU) return silu(g) * u;
+  const float gc = g < kind.limit ? g : kind.limit;
+  const float uc = u < -kind.limit ? -kind.limit : (u > kind.limit ? kind.limit : u);
+  return gc * sigmoid(kind.alpha * gc) * (uc + 1.0f);
+}
 
 }  // namespace moelite::cpu

@@ -11,7 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "core/types.h"
+#include "base/types.h"
 
 namespace moelite::cpu {
 

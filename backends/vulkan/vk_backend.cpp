@@ -14,6 +14,15 @@ constexpr uint32_t kMaxGroupsX = 65535;   // the guaranteed maxComputeWorkGroupC
 
 uint32_t groups_for(uint64_t n) { return static_cast<uint32_t>((n + kGroup - 1) / kGroup); }
 
+// Push constants of add.comp: x += y (mode 0), x *= sigmoid(y[row]) (1), x = act(x, y) (2: SwiGLU,
+// 3: SwiGLUClamped with alpha and limit).
+struct AddPush {
+  uint32_t x_off, y_off, n, cols, mode;
+  float alpha, limit;
+};
+
+uint32_t activation_mode(const FfnKind& kind) { return kind.activation == FfnActivation::SwiGLU ? 2u : 3u; }
+
 bool computable(TensorType t) {
   switch (t) {
     case TensorType::F32: case TensorType::F16: case TensorType::BF16: case TensorType::Q4_0: case TensorType::Q4_1:
@@ -50,16 +59,11 @@ VulkanBackend::~VulkanBackend() {
   auto free_weight = [&](DevWeight& w) {
     for (auto& c : w.chunks) dev_->free(&c.buf);
   };
-  for (auto& w : placed_) free_weight(*w);
   for (auto& kv : weight_cache_) free_weight(*kv.second);
   for (auto& kv : float_cache_) dev_->free(&kv.second);
   dev_->free(&scores_);
   dev_->free(&ffn_out_);
   dev_->free(&dummy_);
-}
-
-void VulkanBackend::remember(Status st) {
-  if (st != MOELITE_OK && error_ == MOELITE_OK) error_ = st;
 }
 
 // ---- memory
@@ -110,64 +114,59 @@ const VulkanBackend::DevWeight* VulkanBackend::shared_weight(const WeightView& w
   return nullptr;
 }
 
-bool VulkanBackend::tier_expert(int32_t layer, int32_t expert, const ExpertWeights& w, int64_t pool_slots,
-                                const DevWeight* out[3]) {
+Status VulkanBackend::tier_chunk(const ExpertTask& task, int chunk, const DevWeight** out) {
   if (tier_.empty()) {
-    tier_.resize(static_cast<size_t>(std::max<int64_t>(pool_slots, 2)));
+    tier_.resize(static_cast<size_t>(std::max<int64_t>(tier_slots_, 2)));
     log_msg(MOELITE_LOG_INFO, "vulkan: device expert tier of %zu slots", tier_.size());
   }
   TierSlot* slot = nullptr;
   for (TierSlot& t : tier_)
-    if (t.layer == layer && t.expert == expert) slot = &t;
-  const WeightView* views[3] = {&w.gate, &w.up, &w.down};
-  if (slot) {
-    ++tier_hits_;
-  } else {
+    if (t.layer == task.layer && t.expert == task.expert) slot = &t;
+  if (!slot) {
     // The least recently used slot that no unsubmitted work reads.
     for (TierSlot& t : tier_)
       if (!t.in_use && (!slot || t.last_use < slot->last_use)) slot = &t;
     if (!slot) {
-      remember(dev_->flush());  // every slot is read by recorded work: run it first
+      MOELITE_TRY(dev_->flush());  // every slot is read by recorded work: run it first
       for (TierSlot& t : tier_) t.in_use = false;
       slot = &tier_[0];
     }
+    slot->layer = task.layer;
+    slot->expert = task.expert;
+    for (bool& h : slot->has) h = false;
+  }
+  const WeightView& view = chunk == 0 ? task.w.gate : (chunk == 1 ? task.w.up : task.w.down);
+  if (slot->has[chunk]) {
+    ++tier_hits_;
+  } else {
     ++tier_loads_;
-    slot->layer = layer;
-    slot->expert = expert;
-    for (int c = 0; c < 3; ++c) {
-      const uint64_t bytes = views[c]->row_bytes * static_cast<uint64_t>(views[c]->rows);
-      if (slot->chunk[c].size < (bytes + 3) / 4 * 4) {
-        dev_->free(&slot->chunk[c]);
-        Status st = dev_->alloc_device((bytes + 3) / 4 * 4, &slot->chunk[c]);
-        remember(st);
-        if (st != MOELITE_OK) {
-          slot->layer = -1;
-          return false;
-        }
-      }
-      Status st = dev_->transfer(slot->chunk[c], views[c]->data, bytes);
-      remember(st);
-      if (st != MOELITE_OK) {
-        slot->layer = -1;
-        return false;
-      }
+    const uint64_t bytes = view.bytes();
+    Buffer& buf = slot->chunk[chunk];
+    Status st = MOELITE_OK;
+    if (buf.size < (bytes + 3) / 4 * 4) {
+      dev_->free(&buf);
+      st = dev_->alloc_device((bytes + 3) / 4 * 4, &buf);
     }
+    if (st == MOELITE_OK) st = dev_->transfer(buf, view.data, bytes);
+    if (st != MOELITE_OK) {
+      slot->layer = -1;
+      return st;
+    }
+    slot->has[chunk] = true;
   }
   slot->last_use = ++tier_clock_;
   slot->in_use = true;
-  for (int c = 0; c < 3; ++c) {
-    auto dw = std::make_unique<DevWeight>();
-    dw->type = views[c]->type;
-    dw->row_bytes = views[c]->row_bytes;
-    dw->cols = views[c]->cols;
-    DevWeight::Chunk ch;
-    ch.buf = slot->chunk[c];
-    ch.rows = views[c]->rows;
-    dw->chunks.push_back(ch);
-    temp_weights_.push_back(std::move(dw));
-    out[c] = temp_weights_.back().get();
-  }
-  return true;
+  auto dw = std::make_unique<DevWeight>();
+  dw->type = view.type;
+  dw->row_bytes = view.row_bytes;
+  dw->cols = view.cols;
+  DevWeight::Chunk ch;
+  ch.buf = slot->chunk[chunk];
+  ch.rows = view.rows;
+  dw->chunks.push_back(ch);
+  temp_weights_.push_back(std::move(dw));
+  *out = temp_weights_.back().get();
+  return MOELITE_OK;
 }
 
 Status VulkanBackend::check_weight(const WeightView& w) {
@@ -200,40 +199,53 @@ Status VulkanBackend::upload_weight(const WeightView& w, Keep keep, DevWeight** 
     dw->chunks.push_back(c);
   }
   *out = dw.get();
-  if (keep == Keep::Placed) placed_.push_back(std::move(dw));
-  else if (keep == Keep::Cached) weight_cache_[w.data] = std::move(dw);
+  if (keep == Keep::Cached) weight_cache_[w.data] = std::move(dw);
   else temp_weights_.push_back(std::move(dw));
   return MOELITE_OK;
 }
 
-Status VulkanBackend::place_weight(WeightView* w) {
-  if (!w->data) return fail(MOELITE_ERR_INTERNAL, "vulkan: a weight to place has no host bytes");
+Status VulkanBackend::place_weight(const WeightView& w) {
+  if (!w.data) return fail(MOELITE_ERR_INTERNAL, "vulkan: a weight to place has no host bytes");
+  // Placing bytes at an address placed before replaces that copy (the old bytes are gone).
+  auto it = weight_cache_.find(w.data);
+  if (it != weight_cache_.end()) {
+    MOELITE_TRY(dev_->flush());  // recorded work may still read the old copy
+    for (auto& c : it->second->chunks) dev_->free(&c.buf);
+    weight_cache_.erase(it);
+  }
   DevWeight* dw;
-  MOELITE_TRY(upload_weight(*w, Keep::Placed, &dw));
-  w->device = dw;
+  return upload_weight(w, Keep::Cached, &dw);
+}
+
+Status VulkanBackend::device_weight(const WeightView& w, bool keep, const DevWeight** out) {
+  auto it = weight_cache_.find(w.data);
+  if (it != weight_cache_.end()) {
+    *out = it->second.get();
+    return MOELITE_OK;
+  }
+  if ((*out = shared_weight(w)) != nullptr) return MOELITE_OK;
+  DevWeight* dw = nullptr;
+  MOELITE_TRY(upload_weight(w, keep ? Keep::Cached : Keep::Temporary, &dw));
+  *out = dw;
   return MOELITE_OK;
 }
 
-const VulkanBackend::DevWeight* VulkanBackend::device_weight(const WeightView& w, bool keep) {
-  if (w.device) return static_cast<const DevWeight*>(w.device);
-  if (const DevWeight* sw = shared_weight(w)) return sw;
-  auto it = weight_cache_.find(w.data);
-  if (it != weight_cache_.end()) return it->second.get();
-  DevWeight* dw = nullptr;
-  const Status st = upload_weight(w, keep ? Keep::Cached : Keep::Temporary, &dw);
-  remember(st);
-  return st == MOELITE_OK ? dw : nullptr;
-}
-
-const Buffer& VulkanBackend::host_floats(const float* p, size_t n) {
-  if (!p) return dummy_;
+Status VulkanBackend::host_floats(const float* p, size_t n, const Buffer** out) {
+  *out = &dummy_;
+  if (!p) return MOELITE_OK;
   auto it = float_cache_.find(p);
-  if (it != float_cache_.end()) return it->second;
-  Buffer b;
-  Status st = dev_->alloc(n * sizeof(float), &b);
-  if (st == MOELITE_OK) st = dev_->write_new(b, p, n * sizeof(float));
-  remember(st);
-  return st == MOELITE_OK ? (float_cache_[p] = b) : dummy_;
+  if (it == float_cache_.end()) {
+    Buffer b;
+    MOELITE_TRY(dev_->alloc(n * sizeof(float), &b));
+    const Status st = dev_->write_new(b, p, n * sizeof(float));
+    if (st != MOELITE_OK) {
+      dev_->free(&b);
+      return st;
+    }
+    it = float_cache_.emplace(p, b).first;
+  }
+  *out = &it->second;
+  return MOELITE_OK;
 }
 
 Status VulkanBackend::alloc_act(int64_t rows, int64_t cols, Act* out) {
@@ -264,11 +276,13 @@ Act VulkanBackend::view_rows(const Act& a, int64_t row0, int64_t n) {
   return {v.get(), n, a.cols};
 }
 
-void VulkanBackend::read_rows(const Act& a, int64_t row0, int64_t n, float* dst) {
+Status VulkanBackend::read_rows(const Act& a, int64_t row0, int64_t n, float* dst) {
   const ActRef* r = ref(a);
-  remember(dev_->download(r->buf, (r->off + static_cast<uint64_t>(row0 * a.cols)) * sizeof(float), dst,
-                          static_cast<uint64_t>(n * a.cols) * sizeof(float)));
+  return dev_->download(r->buf, (r->off + static_cast<uint64_t>(row0 * a.cols)) * sizeof(float), dst,
+                        static_cast<uint64_t>(n * a.cols) * sizeof(float));
 }
+
+Status VulkanBackend::sync() { return dev_->flush(); }
 
 Status VulkanBackend::alloc_kv(int32_t n_layers, int32_t n_ctx, int64_t kv_dim, KvCache* out) {
   auto kv = std::make_unique<KvRef>();
@@ -296,9 +310,9 @@ void VulkanBackend::free_kv(KvCache* kv) {
 
 // ---- operations
 
-void VulkanBackend::get_rows(const WeightView& table, const int32_t* tokens, int32_t n, Act* out) {
-  const DevWeight* w = device_weight(table, true);
-  if (!w) return;
+Status VulkanBackend::get_rows(const WeightView& table, const int32_t* tokens, int32_t n, Act* out) {
+  const DevWeight* w;
+  MOELITE_TRY(device_weight(table, true, &w));
   const ActRef* o = ref(*out);
   struct { uint32_t w_off, row_bytes, cols, y_off, y_stride; } pc{0, static_cast<uint32_t>(w->row_bytes),
                                                                   static_cast<uint32_t>(w->cols), 0,
@@ -312,26 +326,28 @@ void VulkanBackend::get_rows(const WeightView& table, const int32_t* tokens, int
       if (whole) ids.assign(tokens, tokens + n);
       else ids.push_back(tokens[t] - static_cast<int32_t>(c.row0));
       Buffer ib;
-      const Status st = dev_->temp(ids.data(), ids.size() * sizeof(int32_t), &ib);
-      remember(st);
-      if (st != MOELITE_OK) return;
+      MOELITE_TRY(dev_->temp(ids.data(), ids.size() * sizeof(int32_t), &ib));
       pc.w_off = static_cast<uint32_t>(c.offset);
       pc.y_off = static_cast<uint32_t>(o->off + (whole ? 0 : static_cast<uint64_t>(t) * static_cast<uint64_t>(out->cols)));
       dev_->dispatch("get_rows", static_cast<uint32_t>(w->type), {{&c.buf}, {&ib}, {&o->buf}}, &pc, sizeof pc,
                      groups_for(static_cast<uint64_t>(w->cols)), static_cast<uint32_t>(ids.size()));
-      if (whole) return;
+      if (whole) return MOELITE_OK;
     }
   }
+  return MOELITE_OK;
 }
 
-void VulkanBackend::rms_norm(const Act& x, const float* w, int64_t group, float eps, Act* out) {
+Status VulkanBackend::rms_norm(const Act& x, const float* w, int64_t group, float eps, Act* out) {
   const ActRef *xr = ref(x), *o = ref(*out);
-  const Buffer& wb = host_floats(w, static_cast<size_t>(group));
+  const Buffer* wbp;
+  MOELITE_TRY(host_floats(w, static_cast<size_t>(group), &wbp));
+  const Buffer& wb = *wbp;
   struct { uint32_t x_off, y_off, cols, group, has_w; float eps; } pc{
       static_cast<uint32_t>(xr->off), static_cast<uint32_t>(o->off), static_cast<uint32_t>(x.cols), static_cast<uint32_t>(group),
       w ? 1u : 0u, eps};
   dev_->dispatch("rms_norm", 0, {{&xr->buf}, {&o->buf}, {&wb}}, &pc, sizeof pc,
                  static_cast<uint32_t>(x.rows * (x.cols / group)));
+  return MOELITE_OK;
 }
 
 void VulkanBackend::matmul_dev(const DevWeight& w, const Buffer& x, uint64_t x_off, uint64_t x_stride, const Buffer& y,
@@ -350,24 +366,27 @@ void VulkanBackend::matmul_dev(const DevWeight& w, const Buffer& x, uint64_t x_o
   }
 }
 
-void VulkanBackend::matmul(const WeightView& w, const Act& x, const float* bias, Act* out) {
-  const DevWeight* dw = device_weight(w, true);
-  if (!dw) return;
+Status VulkanBackend::matmul(const WeightView& w, const Act& x, const float* bias, Act* out) {
+  const DevWeight* dw;
+  MOELITE_TRY(device_weight(w, true, &dw));
   const ActRef *xr = ref(x), *o = ref(*out);
-  const Buffer* b = bias ? &host_floats(bias, static_cast<size_t>(w.rows)) : nullptr;
+  const Buffer* b = nullptr;
+  if (bias) MOELITE_TRY(host_floats(bias, static_cast<size_t>(w.rows), &b));
   matmul_dev(*dw, xr->buf, xr->off, static_cast<uint64_t>(x.cols), o->buf, o->off, static_cast<uint64_t>(out->cols), x.rows, b,
              nullptr, 0);
+  return MOELITE_OK;
 }
 
-void VulkanBackend::add(Act* x, const Act& y) {
+Status VulkanBackend::add(Act* x, const Act& y) {
   const ActRef *xr = ref(*x), *yr = ref(y);
   const uint64_t n = static_cast<uint64_t>(x->rows * x->cols);
-  struct { uint32_t x_off, y_off, n, cols, mode; } pc{static_cast<uint32_t>(xr->off), static_cast<uint32_t>(yr->off),
-                                                      static_cast<uint32_t>(n), static_cast<uint32_t>(x->cols), 0};
+  const AddPush pc{static_cast<uint32_t>(xr->off), static_cast<uint32_t>(yr->off), static_cast<uint32_t>(n),
+                   static_cast<uint32_t>(x->cols), 0, 0.0f, 0.0f};
   dev_->dispatch("add", 0, {{&xr->buf}, {&yr->buf}}, &pc, sizeof pc, groups_for(n));
+  return MOELITE_OK;
 }
 
-void VulkanBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) {
+Status VulkanBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) {
   // Angles in double on the host, as the CPU backend computes them.
   const int32_t half = p.n_rot / 2;
   std::vector<float> cs(static_cast<size_t>(x->rows) * static_cast<size_t>(half) * 2);
@@ -378,18 +397,17 @@ void VulkanBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const in
       cs[static_cast<size_t>((t * half + i) * 2 + 1)] = static_cast<float>(std::sin(theta));
     }
   Buffer angles;
-  const Status st = dev_->temp(cs.data(), cs.size() * sizeof(float), &angles);
-  remember(st);
-  if (st != MOELITE_OK) return;
+  MOELITE_TRY(dev_->temp(cs.data(), cs.size() * sizeof(float), &angles));
   const ActRef* xr = ref(*x);
   const uint64_t pairs = static_cast<uint64_t>(x->rows) * static_cast<uint64_t>(x->cols / head_dim) * static_cast<uint64_t>(half);
   struct { uint32_t x_off, cols, head_dim, n_rot, neox, n_pairs_total; } pc{
       static_cast<uint32_t>(xr->off), static_cast<uint32_t>(x->cols), static_cast<uint32_t>(head_dim),
       static_cast<uint32_t>(p.n_rot), p.style == RopeStyle::Neox ? 1u : 0u, static_cast<uint32_t>(pairs)};
   dev_->dispatch("rope", 0, {{&xr->buf}, {&angles}}, &pc, sizeof pc, groups_for(pairs));
+  return MOELITE_OK;
 }
 
-void VulkanBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0,
+Status VulkanBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0,
                               int32_t n_head, int32_t n_head_kv, int64_t head_dim, Act* out) {
   const Buffer& cache = static_cast<KvRef*>(kv->handle)->layers[static_cast<size_t>(layer)];
   const uint64_t kv_dim = static_cast<uint64_t>(kv->kv_dim), n_ctx = static_cast<uint64_t>(kv->n_ctx);
@@ -403,10 +421,9 @@ void VulkanBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Ac
   const uint64_t per_token = static_cast<uint64_t>(n_head) * n_ctx * sizeof(float);
   const uint64_t chunk = std::max<uint64_t>(1, std::min<uint64_t>(n, (uint64_t{64} << 20) / per_token));
   if (scores_.size < chunk * per_token) {
-    dev_->flush();
+    MOELITE_TRY(dev_->flush());
     dev_->free(&scores_);
-    remember(dev_->alloc(chunk * per_token, &scores_));
-    if (!scores_.buffer) return;
+    MOELITE_TRY(dev_->alloc(chunk * per_token, &scores_));
   }
   for (uint64_t t0 = 0; t0 < n; t0 += chunk) {
     const uint64_t m = std::min(chunk, n - t0);
@@ -418,9 +435,10 @@ void VulkanBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Ac
     dev_->dispatch("attention", 0, {{&qr->buf}, {&cache}, {&o->buf}, {&scores_}}, &pc, sizeof pc,
                    static_cast<uint32_t>(m * static_cast<uint64_t>(n_head)));
   }
+  return MOELITE_OK;
 }
 
-void VulkanBackend::route(const Act& logits, int32_t k, bool renormalize, Routing* r) {
+Status VulkanBackend::route(const Act& logits, int32_t k, bool renormalize, Routing* r) {
   const uint64_t n = static_cast<uint64_t>(logits.rows), nk = n * static_cast<uint64_t>(k);
   r->n_tokens = static_cast<int32_t>(n);
   r->k = k;
@@ -429,117 +447,118 @@ void VulkanBackend::route(const Act& logits, int32_t k, bool renormalize, Routin
   // One buffer read back at once (a read-back releases the submission's temporaries): all ids,
   // then all weights.
   Buffer out;
-  const Status st = dev_->temp(nullptr, 2 * nk * sizeof(float), &out);
-  remember(st);
-  if (st != MOELITE_OK) return;
+  MOELITE_TRY(dev_->temp(nullptr, 2 * nk * sizeof(float), &out));
   const ActRef* lr = ref(logits);
   struct { uint32_t l_off, n_expert, k, n, renorm; } pc{static_cast<uint32_t>(lr->off), static_cast<uint32_t>(logits.cols),
                                                         static_cast<uint32_t>(k), static_cast<uint32_t>(n), renormalize ? 1u : 0u};
   dev_->dispatch("route", 0, {{&lr->buf}, {&out}}, &pc, sizeof pc, groups_for(n));
   // Only the chosen experts come back.
   std::vector<uint32_t> host(2 * nk);
-  remember(dev_->download(out, 0, host.data(), host.size() * sizeof(uint32_t)));
+  MOELITE_TRY(dev_->download(out, 0, host.data(), host.size() * sizeof(uint32_t)));
   memcpy(r->ids.data(), host.data(), nk * sizeof(int32_t));
   memcpy(r->weights.data(), host.data() + nk, nk * sizeof(float));
+  return MOELITE_OK;
 }
 
-Status VulkanBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, ExpertSource* experts, Act* out) {
-  MOELITE_TRY(error_);
-  temp_weights_.clear();
-  const int32_t n = r.n_tokens, k = r.k;
-  const int64_t n_embd = x.cols;
-  experts->on_routing(layer, r);
-  const ExpertGroups groups(r);
-  const std::vector<int32_t>& order = groups.order();
+// ---- routed experts
 
+Status VulkanBackend::moe_begin(const Act& x, const FfnKind& kind, int64_t n_out_rows) {
+  temp_weights_.clear();
+  pending_.clear();
+  pass_reads_host_ = false;
+  pass_x_ = x;
+  pass_kind_ = kind;
   // Per (token, slot) expert outputs, combined in slot order at the end (kept across the
   // submissions of a budgeted layer, so not a temporary).
-  const uint64_t y_bytes = std::max<uint64_t>(1, static_cast<uint64_t>(n * k * n_embd)) * sizeof(float);
+  const uint64_t y_bytes = std::max<uint64_t>(1, static_cast<uint64_t>(n_out_rows * x.cols)) * sizeof(float);
   if (ffn_out_.size < y_bytes) {
     MOELITE_TRY(dev_->flush());
     dev_->free(&ffn_out_);
     MOELITE_TRY(dev_->alloc(y_bytes, &ffn_out_));
   }
-  const Buffer& y = ffn_out_;
-  const ActRef* xr = ref(x);
-  const bool keep = experts->all_resident();
-  auto run_expert = [&](int32_t e, const ExpertWeights& w) -> Status {
-    std::vector<int32_t> maps, out_rows;  // the token rows read, the (token, slot) rows written
-    groups.rows(e, &maps, &out_rows);
-    const uint32_t m = static_cast<uint32_t>(maps.size());
+  return MOELITE_OK;
+}
+
+// Where a task's matrix is read from: the device tier (discrete devices, budgeted experts), the
+// zero-copy slot pool (unified memory), a copy kept across calls (resident experts) or a copy for
+// this submission.
+Status VulkanBackend::expert_matrix(const ExpertTask& task, int chunk, const DevWeight** out) {
+  if (!task.resident) pass_reads_host_ = true;
+  if (!task.resident && !dev_->facts().unified_memory) return tier_chunk(task, chunk, out);
+  const WeightView& w = chunk == 0 ? task.w.gate : (chunk == 1 ? task.w.up : task.w.down);
+  return device_weight(w, task.resident, out);
+}
+
+Status VulkanBackend::expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) {
+  const ActRef* xr = ref(pass_x_);
+  const uint64_t n_embd = static_cast<uint64_t>(pass_x_.cols);
+  pending_.clear();
+  for (int32_t i = 0; i < n_tasks; ++i) {
+    const ExpertTask& task = tasks[i];
+    const uint32_t m = static_cast<uint32_t>(task.n_rows);
+    const int64_t n_ff = task.w.gate.rows;
     // Row maps (inputs, then outputs): gate/up gather the tokens into rows 0..m-1; down reads
     // those rows and scatters to the (token, slot) rows.
-    std::vector<int32_t> local(m);
-    for (uint32_t i = 0; i < m; ++i) local[i] = static_cast<int32_t>(i);
-    std::vector<int32_t> in_maps = maps, out_maps = local;
-    in_maps.insert(in_maps.end(), local.begin(), local.end());
-    out_maps.insert(out_maps.end(), out_rows.begin(), out_rows.end());
-    // Discrete devices with a budget: the device tier. Resident experts are cached; zero-copy
-    // slots (unified memory) are read in place.
-    const DevWeight* tier[3] = {nullptr, nullptr, nullptr};
-    if (!keep && !dev_->facts().unified_memory) {
-      MOELITE_TRY(experts->wait_down(layer, e));  // all three chunks go to the device at once
-      if (!tier_expert(layer, e, w, experts->pool_slots(), tier)) return error_;
-    }
-    const DevWeight* g = tier[0] ? tier[0] : device_weight(w.gate, keep);
-    const DevWeight* u = tier[1] ? tier[1] : device_weight(w.up, keep);
-    MOELITE_TRY(error_);
-    const int64_t n_ff = w.gate.rows;
-    Buffer gbuf, ubuf, min, mout;
-    MOELITE_TRY(dev_->temp(nullptr, static_cast<uint64_t>(m) * static_cast<uint64_t>(n_ff) * sizeof(float), &gbuf));
-    MOELITE_TRY(dev_->temp(nullptr, static_cast<uint64_t>(m) * static_cast<uint64_t>(n_ff) * sizeof(float), &ubuf));
-    MOELITE_TRY(dev_->temp(in_maps.data(), in_maps.size() * sizeof(int32_t), &min));
-    MOELITE_TRY(dev_->temp(out_maps.data(), out_maps.size() * sizeof(int32_t), &mout));
-    matmul_dev(*g, xr->buf, xr->off, static_cast<uint64_t>(n_embd), gbuf, 0, static_cast<uint64_t>(n_ff), m, nullptr, &min, m);
-    matmul_dev(*u, xr->buf, xr->off, static_cast<uint64_t>(n_embd), ubuf, 0, static_cast<uint64_t>(n_ff), m, nullptr, &min, m);
+    std::vector<int32_t> in_maps(task.x_rows, task.x_rows + m), out_maps(m);
+    for (uint32_t r = 0; r < m; ++r) out_maps[r] = static_cast<int32_t>(r);
+    in_maps.insert(in_maps.end(), out_maps.begin(), out_maps.end());
+    out_maps.insert(out_maps.end(), task.out_rows, task.out_rows + m);
+    const DevWeight *g, *u;
+    MOELITE_TRY(expert_matrix(task, 0, &g));
+    MOELITE_TRY(expert_matrix(task, 1, &u));
+    const Buffer *gb = nullptr, *ub = nullptr;
+    if (task.w.gate_bias) MOELITE_TRY(host_floats(task.w.gate_bias, static_cast<size_t>(n_ff), &gb));
+    if (task.w.up_bias) MOELITE_TRY(host_floats(task.w.up_bias, static_cast<size_t>(n_ff), &ub));
+    PendingExpert pe;
+    const uint64_t h_bytes = static_cast<uint64_t>(m) * static_cast<uint64_t>(n_ff) * sizeof(float);
+    MOELITE_TRY(dev_->temp(nullptr, h_bytes, &pe.h));
+    MOELITE_TRY(dev_->temp(nullptr, h_bytes, &pe.up));
+    MOELITE_TRY(dev_->temp(in_maps.data(), in_maps.size() * sizeof(int32_t), &pe.in_map));
+    MOELITE_TRY(dev_->temp(out_maps.data(), out_maps.size() * sizeof(int32_t), &pe.out_map));
+    matmul_dev(*g, xr->buf, xr->off, n_embd, pe.h, 0, static_cast<uint64_t>(n_ff), m, gb, &pe.in_map, m);
+    matmul_dev(*u, xr->buf, xr->off, n_embd, pe.up, 0, static_cast<uint64_t>(n_ff), m, ub, &pe.in_map, m);
     const uint64_t cnt = static_cast<uint64_t>(m) * static_cast<uint64_t>(n_ff);
-    struct { uint32_t x_off, y_off, n, cols, mode; } pc{0, 0, static_cast<uint32_t>(cnt), static_cast<uint32_t>(n_ff), 2};
-    dev_->dispatch("add", 0, {{&gbuf}, {&ubuf}}, &pc, sizeof pc, groups_for(cnt));
-    MOELITE_TRY(experts->wait_down(layer, e));
-    const DevWeight* d = tier[2] ? tier[2] : device_weight(w.down, keep);
-    MOELITE_TRY(error_);
-    matmul_dev(*d, gbuf, 0, static_cast<uint64_t>(n_ff), y, 0, static_cast<uint64_t>(n_embd), m, nullptr, &mout, m);
-    return MOELITE_OK;
-  };
-  if (experts->all_resident()) {
-    for (std::vector<int32_t> pending = order; !pending.empty();) {
-      int32_t e;
-      ExpertWeights w;
-      MOELITE_TRY(experts->acquire_next(layer, &pending, &e, &w));
-      MOELITE_TRY(run_expert(e, w));
-    }
-  } else {
-    // Each group's experts stay pinned until the device has run on them: with zero-copy slots
-    // it reads them in place, and a released slot may be refilled by the next load.
-    const size_t group = static_cast<size_t>(std::max(1, experts->capacity(layer)));
-    for (size_t g0 = 0; g0 < order.size(); g0 += group) {
-      std::vector<int32_t> pending(order.begin() + static_cast<std::ptrdiff_t>(g0),
-                                   order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), g0 + group)));
-      MOELITE_TRY(experts->prepare(layer, pending));
-      std::vector<int32_t> done;
-      Status st = MOELITE_OK;
-      bool source_released = false;  // a failed acquire_next releases what was still pending
-      while (!pending.empty() && st == MOELITE_OK) {
-        int32_t e;
-        ExpertWeights w;
-        st = experts->acquire_next(layer, &pending, &e, &w);
-        if (st != MOELITE_OK) {
-          source_released = true;
-          break;
-        }
-        done.push_back(e);
-        st = run_expert(e, w);
-        // Start the device on this expert while the next one is still loading or transferring.
-        if (st == MOELITE_OK && !pending.empty()) st = dev_->submit();
-      }
-      if (st == MOELITE_OK) st = dev_->flush();
-      for (TierSlot& t : tier_) t.in_use = false;  // the device has run on them
-      for (int32_t e : done) experts->release(layer, e);
-      if (!source_released)
-        for (int32_t e : pending) experts->release(layer, e);
-      MOELITE_TRY(st);
-    }
+    const AddPush pc{0, 0, static_cast<uint32_t>(cnt), static_cast<uint32_t>(n_ff), activation_mode(pass_kind_),
+                     pass_kind_.alpha, pass_kind_.limit};
+    dev_->dispatch("add", 0, {{&pe.h}, {&pe.up}}, &pc, sizeof pc, groups_for(cnt));
+    pending_.push_back(pe);
   }
+  return MOELITE_OK;
+}
+
+Status VulkanBackend::expert_down(const ExpertTask* tasks, int32_t n_tasks) {
+  if (pending_.size() != static_cast<size_t>(n_tasks))
+    return fail(MOELITE_ERR_INTERNAL, "vulkan: expert_down of %d tasks after a gate/up of %zu", n_tasks, pending_.size());
+  const uint64_t n_embd = static_cast<uint64_t>(pass_x_.cols);
+  for (int32_t i = 0; i < n_tasks; ++i) {
+    const ExpertTask& task = tasks[i];
+    const PendingExpert& pe = pending_[static_cast<size_t>(i)];
+    const uint32_t m = static_cast<uint32_t>(task.n_rows);
+    const DevWeight* d;
+    MOELITE_TRY(expert_matrix(task, 2, &d));
+    const Buffer* db = nullptr;
+    if (task.w.down_bias) MOELITE_TRY(host_floats(task.w.down_bias, static_cast<size_t>(n_embd), &db));
+    matmul_dev(*d, pe.h, 0, static_cast<uint64_t>(task.w.gate.rows), ffn_out_, 0, n_embd, m, db, &pe.out_map, m);
+  }
+  pending_.clear();
+  // A budgeted expert's work starts at once, so the device computes it while the next expert is
+  // still being read from storage or copied to the device tier.
+  if (n_tasks > 0 && !tasks[0].resident) MOELITE_TRY(dev_->submit());
+  return MOELITE_OK;
+}
+
+Status VulkanBackend::expert_group_end() {
+  // Resident experts are device copies: nothing to wait for until a result is read back.
+  if (!pass_reads_host_) return MOELITE_OK;
+  pass_reads_host_ = false;
+  const Status st = dev_->flush();
+  for (TierSlot& t : tier_) t.in_use = false;  // the device has run on them
+  return st;
+}
+
+Status VulkanBackend::moe_combine(const Routing& r, Act* out) {
+  const int32_t n = r.n_tokens, k = r.k;
+  const int64_t n_embd = out->cols;
   // Combine in slot order: weights then ids (as floats) per token.
   std::vector<float> rw(static_cast<size_t>(2 * n * k));
   for (int32_t t = 0; t < n; ++t)
@@ -553,27 +572,31 @@ Status VulkanBackend::moe_ffn(int32_t layer, const Act& x, const Routing& r, Exp
   const uint64_t total = static_cast<uint64_t>(n) * static_cast<uint64_t>(n_embd);
   struct { uint32_t o_off, cols, k, n; } pc{static_cast<uint32_t>(o->off), static_cast<uint32_t>(n_embd), static_cast<uint32_t>(k),
                                             static_cast<uint32_t>(n)};
-  dev_->dispatch("combine", 0, {{&y}, {&rb}, {&o->buf}}, &pc, sizeof pc, groups_for(total));
-  return error_;
+  dev_->dispatch("combine", 0, {{&ffn_out_}, {&rb}, {&o->buf}}, &pc, sizeof pc, groups_for(total));
+  return MOELITE_OK;
 }
 
-void VulkanBackend::dense_ffn(const ExpertWeights& w, const float* gate_inp, const Act& x, Act* out) {
-  const DevWeight *g = device_weight(w.gate, true), *u = device_weight(w.up, true), *d = device_weight(w.down, true);
-  if (!g || !u || !d) return;
+Status VulkanBackend::dense_ffn(const ExpertWeights& w, const FfnKind& kind, const float* gate_inp, const Act& x, Act* out) {
+  const DevWeight *g, *u, *d;
+  MOELITE_TRY(device_weight(w.gate, true, &g));
+  MOELITE_TRY(device_weight(w.up, true, &u));
+  MOELITE_TRY(device_weight(w.down, true, &d));
   const int64_t n_ff = w.gate.rows;
+  const Buffer *gbias = nullptr, *ubias = nullptr, *dbias = nullptr;
+  if (w.gate_bias) MOELITE_TRY(host_floats(w.gate_bias, static_cast<size_t>(n_ff), &gbias));
+  if (w.up_bias) MOELITE_TRY(host_floats(w.up_bias, static_cast<size_t>(n_ff), &ubias));
+  if (w.down_bias) MOELITE_TRY(host_floats(w.down_bias, static_cast<size_t>(out->cols), &dbias));
   const uint64_t cnt = static_cast<uint64_t>(x.rows) * static_cast<uint64_t>(n_ff);
   Buffer gbuf, ubuf;
-  Status st = dev_->temp(nullptr, cnt * sizeof(float), &gbuf);
-  if (st == MOELITE_OK) st = dev_->temp(nullptr, cnt * sizeof(float), &ubuf);
-  remember(st);
-  if (st != MOELITE_OK) return;
+  MOELITE_TRY(dev_->temp(nullptr, cnt * sizeof(float), &gbuf));
+  MOELITE_TRY(dev_->temp(nullptr, cnt * sizeof(float), &ubuf));
   const ActRef *xr = ref(x), *o = ref(*out);
-  matmul_dev(*g, xr->buf, xr->off, static_cast<uint64_t>(x.cols), gbuf, 0, static_cast<uint64_t>(n_ff), x.rows, nullptr, nullptr, 0);
-  matmul_dev(*u, xr->buf, xr->off, static_cast<uint64_t>(x.cols), ubuf, 0, static_cast<uint64_t>(n_ff), x.rows, nullptr, nullptr, 0);
-  struct { uint32_t x_off, y_off, n, cols, mode; } pc{0, 0, static_cast<uint32_t>(cnt), static_cast<uint32_t>(n_ff), 2};
+  matmul_dev(*g, xr->buf, xr->off, static_cast<uint64_t>(x.cols), gbuf, 0, static_cast<uint64_t>(n_ff), x.rows, gbias, nullptr, 0);
+  matmul_dev(*u, xr->buf, xr->off, static_cast<uint64_t>(x.cols), ubuf, 0, static_cast<uint64_t>(n_ff), x.rows, ubias, nullptr, 0);
+  const AddPush pc{0, 0, static_cast<uint32_t>(cnt), static_cast<uint32_t>(n_ff), activation_mode(kind), kind.alpha, kind.limit};
   dev_->dispatch("add", 0, {{&gbuf}, {&ubuf}}, &pc, sizeof pc, groups_for(cnt));
-  matmul_dev(*d, gbuf, 0, static_cast<uint64_t>(n_ff), o->buf, o->off, static_cast<uint64_t>(out->cols), x.rows, nullptr, nullptr, 0);
-  if (!gate_inp) return;
+  matmul_dev(*d, gbuf, 0, static_cast<uint64_t>(n_ff), o->buf, o->off, static_cast<uint64_t>(out->cols), x.rows, dbias, nullptr, 0);
+  if (!gate_inp) return MOELITE_OK;
   // The shared expert's gate: sigmoid(gate_inp . x) per token, gate_inp as a one-row F32 weight.
   WeightView gw;
   gw.type = TensorType::F32;
@@ -581,15 +604,15 @@ void VulkanBackend::dense_ffn(const ExpertWeights& w, const float* gate_inp, con
   gw.rows = 1;
   gw.row_bytes = static_cast<uint64_t>(x.cols) * sizeof(float);
   gw.data = reinterpret_cast<const uint8_t*>(gate_inp);
-  const DevWeight* gd = device_weight(gw, true);
+  const DevWeight* gd;
+  MOELITE_TRY(device_weight(gw, true, &gd));
   Buffer gate;
-  remember(dev_->temp(nullptr, static_cast<uint64_t>(x.rows) * sizeof(float), &gate));
-  if (!gd || !gate.buffer) return;
+  MOELITE_TRY(dev_->temp(nullptr, static_cast<uint64_t>(x.rows) * sizeof(float), &gate));
   matmul_dev(*gd, xr->buf, xr->off, static_cast<uint64_t>(x.cols), gate, 0, 1, x.rows, nullptr, nullptr, 0);
   const uint64_t total = static_cast<uint64_t>(out->rows * out->cols);
-  struct { uint32_t x_off, y_off, n, cols, mode; } sc{static_cast<uint32_t>(o->off), 0, static_cast<uint32_t>(total),
-                                                      static_cast<uint32_t>(out->cols), 1};
+  const AddPush sc{static_cast<uint32_t>(o->off), 0, static_cast<uint32_t>(total), static_cast<uint32_t>(out->cols), 1, 0.0f, 0.0f};
   dev_->dispatch("add", 0, {{&o->buf}, {&gate}}, &sc, sizeof sc, groups_for(total));
+  return MOELITE_OK;
 }
 
 }  // namespace moelite::vk

@@ -25,30 +25,41 @@ class VulkanBackend final : public Backend {
   static Status create(bool allow_cpu, std::unique_ptr<Backend>* out);
   ~VulkanBackend() override;
 
+  BackendKind kind() const override { return BackendKind::Vulkan; }
   const char* name() const override { return name_.c_str(); }
   int32_t n_threads() const override { return 1; }
 
   void* alloc_shared(uint64_t bytes) override;
   void free_shared(void* p) override;
-  Status place_weight(WeightView* w) override;
+  void set_expert_pool(int64_t slots) override { tier_slots_ = slots; }
+  Status place_weight(const WeightView& w) override;
   Status check_weight(const WeightView& w) override;
   Status alloc_act(int64_t rows, int64_t cols, Act* out) override;
   void free_act(Act* a) override;
   Act view_rows(const Act& a, int64_t row0, int64_t n) override;
-  void read_rows(const Act& a, int64_t row0, int64_t n, float* dst) override;
+  Status read_rows(const Act& a, int64_t row0, int64_t n, float* dst) override;
   Status alloc_kv(int32_t n_layers, int32_t n_ctx, int64_t kv_dim, KvCache* out) override;
   void free_kv(KvCache* kv) override;
+  Status sync() override;
 
-  void get_rows(const WeightView& table, const int32_t* tokens, int32_t n, Act* out) override;
-  void rms_norm(const Act& x, const float* w, int64_t group, float eps, Act* out) override;
-  void matmul(const WeightView& w, const Act& x, const float* bias, Act* out) override;
-  void add(Act* x, const Act& y) override;
-  void rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) override;
-  void attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0,
-                 int32_t n_head, int32_t n_head_kv, int64_t head_dim, Act* out) override;
-  void route(const Act& logits, int32_t k, bool renormalize, Routing* r) override;
-  Status moe_ffn(int32_t layer, const Act& x, const Routing& r, ExpertSource* experts, Act* out) override;
-  void dense_ffn(const ExpertWeights& w, const float* gate_inp, const Act& x, Act* out) override;
+  Status get_rows(const WeightView& table, const int32_t* tokens, int32_t n, Act* out) override;
+  Status rms_norm(const Act& x, const float* w, int64_t group, float eps, Act* out) override;
+  Status matmul(const WeightView& w, const Act& x, const float* bias, Act* out) override;
+  Status add(Act* x, const Act& y) override;
+  Status rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) override;
+  Status attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0,
+                   int32_t n_head, int32_t n_head_kv, int64_t head_dim, Act* out) override;
+  Status route(const Act& logits, int32_t k, bool renormalize, Routing* r) override;
+  Status dense_ffn(const ExpertWeights& w, const FfnKind& kind, const float* gate_inp, const Act& x,
+                   Act* out) override;
+
+  Status moe_begin(const Act& x, const FfnKind& kind, int64_t n_out_rows) override;
+  Status expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) override;
+  Status expert_down(const ExpertTask* tasks, int32_t n_tasks) override;
+  Status expert_group_end() override;
+  Status moe_combine(const Routing& r, Act* out) override;
+  // Zero-copy slots are read in place by work that runs after expert_down returns.
+  bool reads_experts_until_group_end() const override { return true; }
 
  private:
   // An activation: a device buffer and an offset in floats (views share the base's buffer).
@@ -75,24 +86,25 @@ class VulkanBackend final : public Backend {
 
   explicit VulkanBackend(std::unique_ptr<Device> dev);
   static ActRef* ref(const Act& a) { return static_cast<ActRef*>(a.handle); }
-  // Device copy of host weight bytes: placed (owned for the backend's life), cached (keyed by the
-  // host address, for weights whose host bytes never change: resident experts, gate vectors), or
-  // temporary (this submission only: experts from the budgeted store's reused slots).
-  enum class Keep { Placed, Cached, Temporary };
+  // Device copy of host weight bytes: cached (keyed by the host address, for weights whose host
+  // bytes never change: placed dense weights, resident experts, gate vectors) or temporary (this
+  // submission only: experts from the budgeted store's reused slots).
+  enum class Keep { Cached, Temporary };
   Status upload_weight(const WeightView& w, Keep keep, DevWeight** out);
-  const DevWeight* device_weight(const WeightView& w, bool keep);
-  const Buffer& host_floats(const float* p, size_t n);  // norm weights, biases: uploaded once
+  Status device_weight(const WeightView& w, bool keep, const DevWeight** out);
+  // Norm weights, biases: uploaded once, found again by host address (null p: a dummy buffer).
+  Status host_floats(const float* p, size_t n, const Buffer** out);
+  // One matrix (0 gate, 1 up, 2 down) of a routed expert, wherever the device reads it from.
+  Status expert_matrix(const ExpertTask& task, int chunk, const DevWeight** out);
   // The weight as a view of shared memory (zero copy), or null if its bytes are not there.
   const DevWeight* shared_weight(const WeightView& w);
   // out rows (or mapped rows) = W x rows; maps: device int buffer [in rows..., out rows...].
   void matmul_dev(const DevWeight& w, const Buffer& x, uint64_t x_off, uint64_t x_stride, const Buffer& y,
                   uint64_t y_off, uint64_t y_stride, int64_t n, const Buffer* bias, const Buffer* maps, uint32_t map_n);
-  void remember(Status st);
 
   std::unique_ptr<Device> dev_;
   std::string name_;
   Buffer dummy_;
-  std::vector<std::unique_ptr<DevWeight>> placed_;
   std::unordered_map<const void*, std::unique_ptr<DevWeight>> weight_cache_;
   std::vector<std::unique_ptr<DevWeight>> temp_weights_;  // freed after the next flush
   std::unordered_map<const void*, Buffer> float_cache_;
@@ -110,14 +122,24 @@ class VulkanBackend final : public Backend {
   struct TierSlot {
     int32_t layer = -1, expert = -1;
     Buffer chunk[3];           // gate, up, down
+    bool has[3] = {false, false, false};  // chunks copied in for (layer, expert)
     uint64_t last_use = 0;
     bool in_use = false;       // read by work recorded since the last submission
   };
   std::vector<TierSlot> tier_;
   uint64_t tier_clock_ = 0, tier_hits_ = 0, tier_loads_ = 0;
-  // The expert's matrices in the device tier (loading them on a miss), or false on failure.
-  bool tier_expert(int32_t layer, int32_t expert, const ExpertWeights& w, int64_t pool_slots, const DevWeight* out[3]);
-  Status error_ = MOELITE_OK;  // first failure of an operation that cannot return one
+  int64_t tier_slots_ = 0;  // the expert store's slot count (set_expert_pool)
+  // One matrix of the expert in the device tier, copied in on a miss; gate and up are copied at
+  // expert_gate_up and down at expert_down, so the down copy overlaps the gate/up compute.
+  Status tier_chunk(const ExpertTask& task, int chunk, const DevWeight** out);
+  // The routed-expert pass in progress.
+  Act pass_x_;
+  FfnKind pass_kind_;
+  bool pass_reads_host_ = false;  // a budgeted expert's bytes were used since the last group end
+  struct PendingExpert {
+    Buffer h, up, in_map, out_map;  // h = act(gate, up) rows, kept for expert_down
+  };
+  std::vector<PendingExpert> pending_;
 };
 
 }  // namespace moelite::vk

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/status.h"
+#include "base/status.h"
 
 namespace moelite {
 

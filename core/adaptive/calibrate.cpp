@@ -168,7 +168,7 @@ struct Hits {
 
 }  // namespace
 
-Status calibrate(Model& m, const std::vector<int32_t>& tokens, const CalibrateOptions& o, Profile* out) {
+Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens, const CalibrateOptions& o, Profile* out) {
   const HParams& hp = m.hp;
   const int32_t L = hp.n_layer, E = hp.n_expert, k = hp.n_expert_used, D = hp.n_embd, V = hp.n_vocab;
   if (tokens.size() < 2) return fail(MOELITE_ERR_INVALID_ARGUMENT, "calibration needs at least two tokens");
@@ -176,7 +176,7 @@ Status calibrate(Model& m, const std::vector<int32_t>& tokens, const CalibrateOp
   if (!(o.holdout > 0.0 && o.holdout < 1.0)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the held-out share must lie in (0, 1)");
   if (!(o.fd_alpha > 0.0 && o.fd_alpha < 1.0)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the finite-difference alpha must lie in (0, 1)");
   if (o.stride < 1 || o.stride >= std::max(2, L)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the predictor stride must lie in [1, n_layer)");
-  if (m.gating.mode != GatingMode::Exact)
+  if (rt.gating.mode != GatingMode::Exact)
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "calibrate a model loaded with exact gating (the profile describes the exact routing)");
 
   // A last window of one token has nothing to score: it is left out.
@@ -199,7 +199,7 @@ Status calibrate(Model& m, const std::vector<int32_t>& tokens, const CalibrateOp
   co.n_ctx = o.window;
   co.n_batch = o.window;
   std::unique_ptr<Context> ctx;
-  MOELITE_TRY(Context::create(m, co, &ctx));
+  MOELITE_TRY(Context::create(m, rt, co, &ctx));
   Hooks hooks(m, &rec);
   ctx->set_hooks(&hooks);
 

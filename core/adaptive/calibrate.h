@@ -11,6 +11,7 @@
 
 #include "core/adaptive/profile.h"
 #include "core/model.h"
+#include "core/runtime.h"
 
 namespace moelite {
 
@@ -27,6 +28,7 @@ struct CalibrateOptions {
 // MOELITE_ERR_INVALID_ARGUMENT for fewer than two tokens, a model loaded with non-exact gating,
 // or bad options; evaluation errors pass through. The model must not be evaluated by other
 // contexts meanwhile.
-Status calibrate(Model& m, const std::vector<int32_t>& tokens, const CalibrateOptions& options, Profile* out);
+Status calibrate(const Model& m, Runtime& runtime, const std::vector<int32_t>& tokens, const CalibrateOptions& options,
+                 Profile* out);
 
 }  // namespace moelite

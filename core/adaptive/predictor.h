@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "core/expert_cache/policy.h"
-#include "core/status.h"
+#include "base/status.h"
 
 namespace moelite {
 
@@ -35,8 +35,10 @@ class ExpertPredictor {
   // Whether after_token needs the final hidden state.
   virtual bool wants_final() const { return false; }
   // Layer `layer`'s routing is in s.routing (after gating); `hidden` holds the batch's MoE inputs
-  // (n_tokens x n_embd) when wants_hidden(). Appends predictions for later layers.
-  virtual void after_layer(Model& m, EvalState& s, int32_t layer, const float* hidden, std::vector<Prediction>* out) = 0;
+  // (n_tokens x n_embd) when wants_hidden(). Appends predictions for later layers; fails only
+  // when a backend operation it uses fails.
+  [[nodiscard]] virtual Status after_layer(const Model& m, EvalState& s, int32_t layer, const float* hidden,
+                                           std::vector<Prediction>* out) = 0;
   // After the last layer: `final_state` is the batch's last token's hidden state after the output
   // norm (n_embd floats). Appends predictions for the next token's layers.
   virtual void after_token(const float* final_state, std::vector<Prediction>* out) {}
@@ -48,6 +50,9 @@ class ExpertPredictor {
 Status make_predictor(const std::string& name, int32_t depth, const Model& m, const Profile* profile,
                       std::unique_ptr<ExpertPredictor>* out);
 const char* predictor_names();
+// MOELITE_ERR_INVALID_ARGUMENT unless every name of the list is a known predictor (what a model
+// or profile must offer is checked by make_predictor at load).
+Status check_predictor_name(const std::string& name);
 
 // The names of a predictor list ("learned,first-layer" -> learned, first-layer; one name -> itself).
 std::vector<std::string> predictor_list(const std::string& names);

@@ -72,18 +72,19 @@ class NextGate final : public ExpertPredictor {
  public:
   explicit NextGate(int32_t depth) : depth_(depth) {}
   const char* name() const override { return "next-gate"; }
-  void after_layer(Model& m, EvalState& s, int32_t l, const float*, std::vector<Prediction>* out) override {
+  Status after_layer(const Model& m, EvalState& s, int32_t l, const float*, std::vector<Prediction>* out) override {
     Backend& be = *s.backend;
     const HParams& hp = m.hp;
     Act x = s.rows(s.x), tmp = s.rows(s.proj), logits = s.rows(s.router_logits);
     for (int32_t d = 1; d <= depth_ && l + d < hp.n_layer; ++d) {
       const LayerWeights& next = m.layers[static_cast<size_t>(l + d)];
-      be.rms_norm(x, next.ffn_norm.data(), hp.n_embd, hp.rms_eps, &tmp);
-      be.matmul(next.router, tmp, nullptr, &logits);
+      MOELITE_TRY(be.rms_norm(x, next.ffn_norm.data(), hp.n_embd, hp.rms_eps, &tmp));
+      MOELITE_TRY(be.matmul(next.router, tmp, nullptr, &logits));
       Routing guess;
-      be.route(logits, hp.n_expert_used, false, &guess);
+      MOELITE_TRY(be.route(logits, hp.n_expert_used, false, &guess));
       for (size_t i = 0; i < guess.ids.size(); ++i) out->push_back({{l + d, guess.ids[i]}, guess.weights[i]});
     }
+    return MOELITE_OK;
   }
 
  private:
@@ -95,14 +96,16 @@ class Learned final : public ExpertPredictor {
   Learned(const Profile& p, int32_t k) : maps_(p.learned), stride_(p.learned_stride), k_(k) {}
   const char* name() const override { return "learned"; }
   bool wants_hidden() const override { return true; }
-  void after_layer(Model& m, EvalState& s, int32_t l, const float* hidden, std::vector<Prediction>* out) override {
-    if (l >= static_cast<int32_t>(maps_.size()) || maps_[static_cast<size_t>(l)].empty() || l + stride_ >= m.hp.n_layer) return;
+  Status after_layer(const Model& m, EvalState& s, int32_t l, const float* hidden, std::vector<Prediction>* out) override {
+    if (l >= static_cast<int32_t>(maps_.size()) || maps_[static_cast<size_t>(l)].empty() || l + stride_ >= m.hp.n_layer)
+      return MOELITE_OK;
     const LinearMap& map = maps_[static_cast<size_t>(l)];
     scores_.resize(static_cast<size_t>(map.rows));
     for (int32_t t = 0; t < s.n_tokens; ++t) {
       map.apply(hidden + static_cast<size_t>(t) * static_cast<size_t>(map.n_in), scores_.data());
       push_top(scores_.data(), map.rows, k_, l + stride_, out);
     }
+    return MOELITE_OK;
   }
 
  private:
@@ -116,7 +119,9 @@ class FirstLayer final : public ExpertPredictor {
   FirstLayer(const Profile& p, int32_t k) : map_(p.first_layer), k_(k) {}
   const char* name() const override { return "first-layer"; }
   bool wants_final() const override { return true; }
-  void after_layer(Model&, EvalState&, int32_t, const float*, std::vector<Prediction>*) override {}
+  Status after_layer(const Model&, EvalState&, int32_t, const float*, std::vector<Prediction>*) override {
+    return MOELITE_OK;
+  }
   void after_token(const float* final_state, std::vector<Prediction>* out) override {
     scores_.resize(static_cast<size_t>(map_.rows));
     map_.apply(final_state, scores_.data());
@@ -139,7 +144,7 @@ class Correlation final : public ExpertPredictor {
     }
   }
   const char* name() const override { return "correlation"; }
-  void after_layer(Model& m, EvalState& s, int32_t l, const float*, std::vector<Prediction>* out) override {
+  Status after_layer(const Model& m, EvalState& s, int32_t l, const float*, std::vector<Prediction>* out) override {
     const Routing& r = s.routing;
     // Learn online from the transition that just completed (layer l-1 -> l) of the same tokens.
     if (l > 0 && prev_layer_ == l - 1 && prev_ids_.size() == r.ids.size() && prev_k_ == r.k)
@@ -148,12 +153,13 @@ class Correlation final : public ExpertPredictor {
     prev_ids_ = r.ids;
     prev_k_ = r.k;
     prev_layer_ = l;
-    if (l + 1 >= m.hp.n_layer) return;
+    if (l + 1 >= m.hp.n_layer) return MOELITE_OK;
     scores_.resize(static_cast<size_t>(n_));
     for (int32_t t = 0; t < r.n_tokens; ++t) {
       tables_[static_cast<size_t>(l)].scores(r.ids.data() + t * r.k, r.k, scores_.data());
       push_top(scores_.data(), n_, k_, l + 1, out);
     }
+    return MOELITE_OK;
   }
 
  private:
@@ -167,9 +173,10 @@ class Correlation final : public ExpertPredictor {
 class PreGate final : public ExpertPredictor {
  public:
   const char* name() const override { return "pregate"; }
-  void after_layer(Model&, EvalState& s, int32_t l, const float*, std::vector<Prediction>* out) override {
-    if (!s.has_next_routing) return;
-    for (size_t i = 0; i < s.next_routing.ids.size(); ++i) out->push_back({{l + 1, s.next_routing.ids[i]}, 1.0f});
+  Status after_layer(const Model&, EvalState& s, int32_t l, const float*, std::vector<Prediction>* out) override {
+    if (s.has_next_routing)
+      for (size_t i = 0; i < s.next_routing.ids.size(); ++i) out->push_back({{l + 1, s.next_routing.ids[i]}, 1.0f});
+    return MOELITE_OK;
   }
 };
 
@@ -186,8 +193,9 @@ class Composite final : public ExpertPredictor {
   bool wants_final() const override {
     return std::any_of(parts_.begin(), parts_.end(), [](const auto& p) { return p->wants_final(); });
   }
-  void after_layer(Model& m, EvalState& s, int32_t l, const float* hidden, std::vector<Prediction>* out) override {
-    for (auto& p : parts_) p->after_layer(m, s, l, p->wants_hidden() ? hidden : nullptr, out);
+  Status after_layer(const Model& m, EvalState& s, int32_t l, const float* hidden, std::vector<Prediction>* out) override {
+    for (auto& p : parts_) MOELITE_TRY(p->after_layer(m, s, l, p->wants_hidden() ? hidden : nullptr, out));
+    return MOELITE_OK;
   }
   void after_token(const float* final_state, std::vector<Prediction>* out) override {
     for (auto& p : parts_)
@@ -203,6 +211,19 @@ class Composite final : public ExpertPredictor {
 
 const char* predictor_names() {
   return "none, next-gate, first-layer, learned, correlation, pregate, or a comma-separated list of them";
+}
+
+Status check_predictor_name(const std::string& name) {
+  if (name == "none") return MOELITE_OK;
+  const std::vector<std::string> names = predictor_list(name);
+  for (const std::string& one : names) {
+    const bool known = one == "next-gate" || one == "correlation" || one == "pregate" || one == "learned" ||
+                       one == "first-layer" || (one == "none" && names.size() == 1);
+    if (!known)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown expert predictor '%s' in '%s' (available: %s)", one.c_str(),
+                  name.c_str(), predictor_names());
+  }
+  return MOELITE_OK;
 }
 
 Status make_predictor(const std::string& name, int32_t depth, const Model& m, const Profile* profile,

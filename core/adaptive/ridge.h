@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/adaptive/profile.h"
-#include "core/status.h"
+#include "base/status.h"
 
 namespace moelite {
 

@@ -9,34 +9,37 @@
 
 namespace moelite {
 
-Status setup_adaptive(Model& m, const LoadOptions& opts) {
-  m.routed_tokens.assign(static_cast<size_t>(m.hp.n_layer), 0);
-  m.routed_experts.assign(static_cast<size_t>(m.hp.n_layer), 0);
+Status setup_adaptive(const Model& m, const LoadOptions& opts, std::unique_ptr<Profile>* profile,
+                      GatingConfig* gating) {
   if (!opts.profile_path.empty()) {
     auto p = std::make_unique<Profile>();
     MOELITE_TRY(Profile::load(opts.profile_path, p.get()));
     MOELITE_TRY(p->check_model(m.hp));
-    m.profile = std::move(p);
+    *profile = std::move(p);
   }
   if (!(opts.gating_threshold >= 0.0f) || !std::isfinite(opts.gating_threshold))
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "the gating threshold must be a finite number >= 0");
-  m.gating.mode = opts.gating;
-  m.gating.threshold = opts.gating_threshold;
+  gating->mode = opts.gating;
+  gating->threshold = opts.gating_threshold;
   if (opts.gating == GatingMode::Sensitivity) {
-    if (!m.profile)
+    if (!*profile)
       return fail(MOELITE_ERR_BAD_PROFILE, "sensitivity gating needs a calibration profile with per-layer "
                   "sensitivities (moelite calibrate; moelite_model_params_set_profile)");
-    for (const LayerProfile& lp : m.profile->layers) m.gating.sensitivity.push_back(lp.sensitivity);
+    for (const LayerProfile& lp : (*profile)->layers) gating->sensitivity.push_back(lp.sensitivity);
   }
   return MOELITE_OK;
 }
 
-Status plan_expert_store(const Model& m, const LoadOptions& opts, ExpertStoreOptions* so) {
+Status check_cache_allocation(const std::string& name) {
+  if (name != "auto" && name != "global" && name != "uniform" && name != "dp")
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown cache allocation '%s' (available: auto, global, uniform, dp)", name.c_str());
+  return MOELITE_OK;
+}
+
+Status plan_expert_store(const Model& m, const Profile* p, const LoadOptions& opts, ExpertStoreOptions* so) {
   const std::string& mode = opts.expert_per_layer && opts.cache_allocation == "auto" ? std::string("uniform") : opts.cache_allocation;
-  if (mode != "auto" && mode != "global" && mode != "uniform" && mode != "dp")
-    return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown cache allocation '%s' (available: auto, global, uniform, dp)", mode.c_str());
+  MOELITE_TRY(check_cache_allocation(mode));
   so->per_layer = mode == "uniform";
-  const Profile* p = m.profile.get();
   const HParams& hp = m.hp;
   if (p) {
     for (const LayerProfile& lp : p->layers)

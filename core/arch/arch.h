@@ -23,7 +23,7 @@ struct ArchDescriptor {
   Status (*read_hparams)(const gguf::Reader& gguf, const ArchDescriptor& arch, HParams* hp);
   Status (*bind_layer)(TensorBinder& binder, const ArchDescriptor& arch, const HParams& hp,
                        int32_t layer, LayerWeights* out);
-  Status (*forward_layer)(Model& model, EvalState& state, int32_t layer);
+  Status (*forward_layer)(const Model& model, EvalState& state, int32_t layer);
 };
 
 // nullptr if the architecture is not supported.
@@ -35,6 +35,6 @@ const char* supported_arch_list();
 Status standard_read_hparams(const gguf::Reader& gguf, const ArchDescriptor& arch, HParams* hp);
 Status standard_bind_layer(TensorBinder& binder, const ArchDescriptor& arch, const HParams& hp,
                            int32_t layer, LayerWeights* out);
-Status standard_forward_layer(Model& model, EvalState& state, int32_t layer);
+Status standard_forward_layer(const Model& model, EvalState& state, int32_t layer);
 
 }  // namespace moelite

@@ -5,9 +5,9 @@
 #include <cinttypes>
 #include <string>
 
-#include "core/adaptive/predictor.h"
 #include "core/arch/arch.h"
 #include "core/eval.h"
+#include "core/moe/moe_layer.h"
 #include "core/tensor_binder.h"
 
 namespace moelite {
@@ -50,23 +50,6 @@ Status optional_float(const gguf::Reader& g, const std::string& key, double fall
 constexpr int64_t kMaxDim = 1 << 20;  // sanity bound for widths, far above any real model
 
 std::string blk(int32_t layer, const char* suffix) { return "blk." + std::to_string(layer) + "." + suffix; }
-
-// Decode-sized batches only: a prefill batch needs most experts anyway.
-constexpr int32_t kMaxPredictTokens = 4;
-
-// Host copy of the first n_tokens rows of `a` into `buf`.
-const float* host_rows(EvalState& s, const Act& a, std::vector<float>* buf) {
-  buf->resize(static_cast<size_t>(s.n_tokens) * static_cast<size_t>(a.cols));
-  s.backend->read_rows(a, 0, s.n_tokens, buf->data());
-  return buf->data();
-}
-
-// Routing from router weights `w` on the MoE input `xn`.
-void route_with(Model& m, EvalState& s, const WeightView& w, const Act& xn, Routing* out) {
-  Act logits = s.rows(s.router_logits);
-  s.backend->matmul(w, xn, nullptr, &logits);
-  s.backend->route(logits, m.hp.n_expert_used, m.hp.norm_topk, out);
-}
 
 }  // namespace
 
@@ -175,7 +158,7 @@ Status standard_bind_layer(TensorBinder& b, const ArchDescriptor& arch, const HP
   return MOELITE_OK;
 }
 
-Status standard_forward_layer(Model& m, EvalState& s, int32_t l) {
+Status standard_forward_layer(const Model& m, EvalState& s, int32_t l) {
   Backend& be = *s.backend;
   const HParams& hp = m.hp;
   const LayerWeights& w = m.layers[static_cast<size_t>(l)];
@@ -183,57 +166,33 @@ Status standard_forward_layer(Model& m, EvalState& s, int32_t l) {
   Act attn = s.rows(s.attn), proj = s.rows(s.proj);
 
   // Attention.
-  be.rms_norm(x, w.attn_norm.data(), hp.n_embd, hp.rms_eps, &xn);
-  be.matmul(w.wq, xn, w.bq.empty() ? nullptr : w.bq.data(), &q);
-  be.matmul(w.wk, xn, w.bk.empty() ? nullptr : w.bk.data(), &k);
-  be.matmul(w.wv, xn, w.bv.empty() ? nullptr : w.bv.data(), &v);
+  MOELITE_TRY(be.rms_norm(x, w.attn_norm.data(), hp.n_embd, hp.rms_eps, &xn));
+  MOELITE_TRY(be.matmul(w.wq, xn, w.bq.empty() ? nullptr : w.bq.data(), &q));
+  MOELITE_TRY(be.matmul(w.wk, xn, w.bk.empty() ? nullptr : w.bk.data(), &k));
+  MOELITE_TRY(be.matmul(w.wv, xn, w.bv.empty() ? nullptr : w.bv.data(), &v));
   if (hp.qk_norm == QkNorm::PerHead) {
-    be.rms_norm(q, w.q_norm.data(), hp.head_dim, hp.rms_eps, &q);
-    be.rms_norm(k, w.k_norm.data(), hp.head_dim, hp.rms_eps, &k);
+    MOELITE_TRY(be.rms_norm(q, w.q_norm.data(), hp.head_dim, hp.rms_eps, &q));
+    MOELITE_TRY(be.rms_norm(k, w.k_norm.data(), hp.head_dim, hp.rms_eps, &k));
   } else if (hp.qk_norm == QkNorm::Whole) {
-    be.rms_norm(q, w.q_norm.data(), q.cols, hp.rms_eps, &q);
-    be.rms_norm(k, w.k_norm.data(), k.cols, hp.rms_eps, &k);
+    MOELITE_TRY(be.rms_norm(q, w.q_norm.data(), q.cols, hp.rms_eps, &q));
+    MOELITE_TRY(be.rms_norm(k, w.k_norm.data(), k.cols, hp.rms_eps, &k));
   }
-  be.rope(&q, hp.head_dim, hp.rope, s.positions.data());
-  be.rope(&k, hp.head_dim, hp.rope, s.positions.data());
-  be.attention(&s.kv, l, q, k, v, s.pos0, hp.n_head, hp.n_head_kv, hp.head_dim, &attn);
-  be.matmul(w.wo, attn, nullptr, &proj);
-  be.add(&x, proj);
+  MOELITE_TRY(be.rope(&q, hp.head_dim, hp.rope, s.positions.data()));
+  MOELITE_TRY(be.rope(&k, hp.head_dim, hp.rope, s.positions.data()));
+  MOELITE_TRY(be.attention(&s.kv, l, q, k, v, s.pos0, hp.n_head, hp.n_head_kv, hp.head_dim, &attn));
+  MOELITE_TRY(be.matmul(w.wo, attn, nullptr, &proj));
+  MOELITE_TRY(be.add(&x, proj));
 
-  // Mixture of experts.
+  // Mixture of experts (+ the shared expert).
   Act moe = s.rows(s.moe_out);
-  be.rms_norm(x, w.ffn_norm.data(), hp.n_embd, hp.rms_eps, &xn);
-  if (s.hooks) s.hooks->on_moe_input(l, host_rows(s, x, &s.host_a), host_rows(s, xn, &s.host_b), s.n_tokens);
-  // Pre-gated models chose this layer's experts at the previous layer.
-  if (s.has_next_routing) std::swap(s.routing, s.next_routing);
-  else route_with(m, s, w.router, xn, &s.routing);
-  s.has_next_routing = w.pregate.valid();
-  if (s.has_next_routing) route_with(m, s, w.pregate, xn, &s.next_routing);
-  const int64_t kept = apply_gating(m.gating, l, &s.routing);
-  {
-    std::lock_guard<std::mutex> lock(m.gating_stats_mutex);
-    m.routed_tokens[static_cast<size_t>(l)] += static_cast<uint64_t>(s.n_tokens);
-    m.routed_experts[static_cast<size_t>(l)] += static_cast<uint64_t>(kept);
-  }
-  if (s.hooks) s.hooks->on_routing(l, &s.routing);
-  if (hp.expert_weights_scale != 1.0f)
-    for (float& w_j : s.routing.weights) w_j *= hp.expert_weights_scale;
-  if (s.on_route)
-    s.on_route(l, s.pos0, s.n_tokens, s.routing.k, s.routing.ids.data(), s.routing.weights.data(), s.route_user);
-  if (m.predictor && s.n_tokens <= kMaxPredictTokens) {
-    std::vector<Prediction> guesses;
-    const float* hidden = m.predictor->wants_hidden() ? host_rows(s, xn, &s.host_b) : nullptr;
-    m.predictor->after_layer(m, s, l, hidden, &guesses);
-    if (!guesses.empty()) m.experts->hint(guesses, l);
-  }
-  MOELITE_TRY(be.moe_ffn(l, xn, s.routing, m.experts.get(), &moe));
+  MOELITE_TRY(be.rms_norm(x, w.ffn_norm.data(), hp.n_embd, hp.rms_eps, &xn));
+  MOELITE_TRY(moe_forward(m, s, l, x, xn, &moe));
   if (w.has_shared) {
     Act shared = s.rows(s.shared_out);
-    be.dense_ffn(w.shared, w.shared_gate.empty() ? nullptr : w.shared_gate.data(), xn, &shared);
-    be.add(&moe, shared);
+    MOELITE_TRY(be.dense_ffn(w.shared, m.expert_ffn, w.shared_gate.empty() ? nullptr : w.shared_gate.data(), xn, &shared));
+    MOELITE_TRY(be.add(&moe, shared));
   }
-  be.add(&x, moe);
-  return MOELITE_OK;
+  return be.add(&x, moe);
 }
 
 }  // namespace moelite

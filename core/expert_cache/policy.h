@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/status.h"
+#include "base/status.h"
 
 namespace moelite {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/expert_cache/policy.h"
-#include "core/status.h"
+#include "base/status.h"
 
 namespace moelite {
 

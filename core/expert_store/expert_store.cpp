@@ -57,9 +57,10 @@ uint64_t ExpertStore::minimum_budget(const Model& model, bool per_layer, uint64_
   return *slot_bytes * per_pool * (per_layer ? static_cast<uint64_t>(model.hp.n_layer) : 1);
 }
 
-Status ExpertStore::create(const Model& model, const std::string& path, const ExpertStoreOptions& opts,
+Status ExpertStore::create(const Model& model, Backend& backend, const ExpertStoreOptions& opts,
                            std::unique_ptr<ExpertStore>* out) {
-  std::unique_ptr<ExpertStore> s(new ExpertStore(model));
+  std::unique_ptr<ExpertStore> s(new ExpertStore(model, backend));
+  const std::string& path = model.path;
   MOELITE_TRY(make_policy(opts.policy, &s->policy_));
   s->policy_name_ = opts.policy;
   s->per_layer_ = opts.per_layer;
@@ -133,7 +134,7 @@ Status ExpertStore::create(const Model& model, const std::string& path, const Ex
   }
 
   // Slots in memory the backend computes on in place when it has such (unified-memory GPUs).
-  s->pool_ = static_cast<uint8_t*>(model.backend->alloc_shared(n_slots * s->slot_bytes_));
+  s->pool_ = static_cast<uint8_t*>(backend.alloc_shared(n_slots * s->slot_bytes_));
   s->pool_shared_ = s->pool_ != nullptr;
   if (!s->pool_) s->pool_ = pool_alloc(n_slots * s->slot_bytes_);
   if (!s->pool_)
@@ -171,7 +172,7 @@ ExpertStore::~ExpertStore() {
   }
   work_cv_.notify_all();
   for (auto& t : loaders_) t.join();
-  if (pool_shared_) model_.backend->free_shared(pool_);
+  if (pool_shared_) backend_.free_shared(pool_);
   else pool_free(pool_);
 }
 
@@ -252,11 +253,6 @@ void ExpertStore::on_routing(int32_t layer, const Routing& routing) {
       ++it;
     }
   }
-}
-
-void ExpertStore::prefetch(int32_t layer, int32_t expert) {
-  std::lock_guard<std::mutex> lock(mu_);
-  prefetch_locked(layer, expert);
 }
 
 void ExpertStore::prefetch_locked(int32_t layer, int32_t expert) {

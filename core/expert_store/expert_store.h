@@ -2,10 +2,11 @@
 // exceeds the budget; missing experts are read from the model file (the storage tier) by loader
 // threads, demand loads before speculative ones, each expert in three chunks (gate, up, down).
 //
-// Tiers: storage (the GGUF file) -> host slots (this class). A GPU backend adds a device tier by
-// giving the store device-visible slot memory (unified-memory devices use the host slots as is).
+// Tiers: storage (the GGUF file) -> host slots (this class). On a unified-memory GPU the slot pool
+// is the backend's device-visible memory (zero copy); a discrete GPU backend keeps a device tier
+// of its own, filled from these slots.
 //
-// Exactness: a slot holds the expert's bytes exactly as stored in the file, and the backend adds
+// Exactness: a slot holds the expert's bytes exactly as stored in the file, and core/moe/ adds
 // expert outputs in top-k order, so results are bitwise identical whatever the budget.
 #pragma once
 #include <condition_variable>
@@ -20,6 +21,7 @@
 
 #include "backends/backend.h"
 #include "core/expert_cache/policy.h"
+#include "core/expert_store/expert_source.h"
 #include "core/model.h"
 #include "platforms/platform.h"
 
@@ -62,7 +64,9 @@ class ExpertStore final : public ExpertSource {
   ~ExpertStore() override;
   // Plans slots from the budget; MOELITE_ERR_BUDGET_TOO_SMALL (with the minimum in the message)
   // when fewer than top-k + 1 experts fit.
-  static Status create(const Model& model, const std::string& path, const ExpertStoreOptions& opts,
+  // Experts are read from model.path; the slot pool lives in `backend`'s shared memory where it
+  // offers some (the backend must outlive the store).
+  static Status create(const Model& model, Backend& backend, const ExpertStoreOptions& opts,
                        std::unique_ptr<ExpertStore>* out);
 
   bool all_resident() const override { return false; }
@@ -76,10 +80,6 @@ class ExpertStore final : public ExpertSource {
   void release(int32_t layer, int32_t expert) override;
   Status wait_down(int32_t layer, int32_t expert) override;
   void hint(const std::vector<Prediction>& predictions, int32_t upcoming_layer) override;
-
-  // Speculative load (a predictor's guess); ignored when no slot can be freed without evicting
-  // something pinned or more recently needed.
-  void prefetch(int32_t layer, int32_t expert);
 
   uint64_t slot_bytes() const { return slot_bytes_; }
   uint64_t pool_bytes() const { return slot_bytes_ * slots_.size(); }
@@ -121,7 +121,7 @@ class ExpertStore final : public ExpertSource {
     bool demand;
   };
 
-  ExpertStore(const Model& model) : model_(model) {}
+  ExpertStore(const Model& model, Backend& backend) : model_(model), backend_(backend) {}
   static uint64_t key(int32_t layer, int32_t expert) { return (uint64_t(uint32_t(layer)) << 32) | uint32_t(expert); }
   // Under mu_: a slot to load into (free, or the policy's victim among unpinned ready slots);
   // -1 if none.
@@ -138,6 +138,7 @@ class ExpertStore final : public ExpertSource {
   static void chunk_regions(const Model& model, uint64_t region[3]);  // back to Free, keeping its memory
 
   const Model& model_;
+  Backend& backend_;
   platform::File file_;
   std::string policy_name_;
   std::unique_ptr<CachePolicy> policy_;

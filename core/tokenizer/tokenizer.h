@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/gguf.h"
-#include "core/status.h"
+#include "base/status.h"
 
 namespace moelite {
 

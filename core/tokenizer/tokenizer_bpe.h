@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/gguf.h"
-#include "core/status.h"
+#include "base/status.h"
 #include "core/tokenizer/pretokenize.h"
 #include "core/tokenizer/vocab.h"
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/gguf.h"
-#include "core/status.h"
+#include "base/status.h"
 #include "core/tokenizer/tokenizer.h"
 
 namespace moelite {

@@ -1,4 +1,4 @@
-#include "core/status.h"
+#include "base/status.h"
 
 #include <atomic>
 #include <cstdarg>

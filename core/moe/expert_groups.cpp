@@ -1,7 +1,7 @@
 #include <algorithm>
 #include <climits>
 
-#include "backends/backend.h"
+#include "core/moe/expert_groups.h"
 
 namespace moelite {
 

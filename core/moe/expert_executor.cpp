@@ -1,0 +1,126 @@
+#include "core/moe/expert_executor.h"
+
+#include <algorithm>
+
+#include "core/moe/expert_groups.h"
+
+namespace moelite {
+
+namespace {
+
+// The experts of one group that this pass holds (acquired and not yet released), released on
+// every path out, errors included.
+class HeldExperts {
+ public:
+  HeldExperts(ExpertSource& source, int32_t layer) : source_(source), layer_(layer) {}
+  ~HeldExperts() { release_all(); }
+  void add(int32_t expert) { held_.push_back(expert); }
+  void release(int32_t expert) {
+    source_.release(layer_, expert);
+    held_.erase(std::find(held_.begin(), held_.end(), expert));
+  }
+  void release_all() {
+    for (int32_t e : held_) source_.release(layer_, e);
+    held_.clear();
+  }
+
+ private:
+  ExpertSource& source_;
+  int32_t layer_;
+  std::vector<int32_t> held_;
+};
+
+// Row lists of the tasks built so far (the tasks point into them).
+struct TaskRows {
+  std::vector<int32_t> x_rows, out_rows;
+};
+
+ExpertTask make_task(const ExpertGroups& groups, int32_t layer, int32_t expert, const ExpertWeights& w,
+                     bool resident, TaskRows* rows) {
+  groups.rows(expert, &rows->x_rows, &rows->out_rows);
+  ExpertTask t;
+  t.layer = layer;
+  t.expert = expert;
+  t.w = w;
+  t.resident = resident;
+  t.x_rows = rows->x_rows.data();
+  t.out_rows = rows->out_rows.data();
+  t.n_rows = static_cast<int32_t>(rows->x_rows.size());
+  return t;
+}
+
+// Everything resident: one pass over all of the layer's experts, which balances threads best.
+Status run_resident(Backend& be, ExpertSource& source, int32_t layer, const ExpertGroups& groups) {
+  const std::vector<int32_t>& order = groups.order();
+  std::vector<TaskRows> rows(order.size());
+  std::vector<ExpertTask> tasks;
+  tasks.reserve(order.size());
+  for (std::vector<int32_t> pending = order; !pending.empty();) {
+    int32_t e;
+    ExpertWeights w;
+    MOELITE_TRY(source.acquire_next(layer, &pending, &e, &w));
+    tasks.push_back(make_task(groups, layer, e, w, true, &rows[tasks.size()]));
+  }
+  const int32_t n = static_cast<int32_t>(tasks.size());
+  if (n > 0) {
+    MOELITE_TRY(be.expert_gate_up(tasks.data(), n));
+    MOELITE_TRY(be.expert_down(tasks.data(), n));
+  }
+  return be.expert_group_end();
+}
+
+// Budgeted experts: groups of at most capacity() experts; within a group each expert runs as soon
+// as its gate and up matrices are in, so computation overlaps the loads still in flight.
+Status run_group(Backend& be, ExpertSource& source, int32_t layer, const ExpertGroups& groups,
+                 std::vector<int32_t> pending) {
+  MOELITE_TRY(source.prepare(layer, pending));
+  HeldExperts held(source, layer);
+  const bool hold_to_end = be.reads_experts_until_group_end();
+  Status st = MOELITE_OK;
+  while (!pending.empty()) {
+    int32_t e;
+    ExpertWeights w;
+    st = source.acquire_next(layer, &pending, &e, &w);
+    if (st != MOELITE_OK) {
+      pending.clear();  // the source released what was still pending
+      break;
+    }
+    held.add(e);
+    TaskRows rows;
+    const ExpertTask task = make_task(groups, layer, e, w, false, &rows);
+    st = be.expert_gate_up(&task, 1);
+    if (st == MOELITE_OK) st = source.wait_down(layer, e);
+    if (st == MOELITE_OK) st = be.expert_down(&task, 1);
+    if (st != MOELITE_OK) break;
+    if (!hold_to_end) held.release(e);
+  }
+  // The group ends on every path, so a device is done with the slots before they are released.
+  const Status end = be.expert_group_end();
+  if (st == MOELITE_OK) st = end;
+  held.release_all();
+  for (int32_t p : pending) source.release(layer, p);
+  return st;
+}
+
+}  // namespace
+
+Status run_routed_experts(Backend& be, ExpertSource& source, int32_t layer, const FfnKind& kind, const Act& x,
+                          const Routing& r, Act* out) {
+  source.on_routing(layer, r);
+  const ExpertGroups groups(r);
+  MOELITE_TRY(be.moe_begin(x, kind, static_cast<int64_t>(r.n_tokens) * r.k));
+  if (source.all_resident()) {
+    MOELITE_TRY(run_resident(be, source, layer, groups));
+  } else {
+    const std::vector<int32_t>& order = groups.order();
+    const size_t group = static_cast<size_t>(std::max(1, source.capacity(layer)));
+    for (size_t g0 = 0; g0 < order.size(); g0 += group) {
+      const auto first = order.begin() + static_cast<std::ptrdiff_t>(g0);
+      const auto last = order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), g0 + group));
+      MOELITE_TRY(run_group(be, source, layer, groups, std::vector<int32_t>(first, last)));
+    }
+  }
+  return be.moe_combine(r, out);
+}
+
+}  // namespace moelite

@@ -1,0 +1,64 @@
+#include "core/moe/moe_layer.h"
+
+#include "core/adaptive/predictor.h"
+#include "core/expert_store/expert_source.h"
+#include "core/moe/expert_executor.h"
+#include "core/runtime.h"
+
+namespace moelite {
+
+namespace {
+
+// Decode-sized batches only: a prefill batch needs most experts anyway.
+constexpr int32_t kMaxPredictTokens = 4;
+
+// Host copy of the first n_tokens rows of `a` into `buf`.
+Status host_rows(EvalState& s, const Act& a, std::vector<float>* buf, const float** out) {
+  buf->resize(static_cast<size_t>(s.n_tokens) * static_cast<size_t>(a.cols));
+  MOELITE_TRY(s.backend->read_rows(a, 0, s.n_tokens, buf->data()));
+  *out = buf->data();
+  return MOELITE_OK;
+}
+
+// Routing from router weights `w` on the MoE input `xn`.
+Status route_with(const Model& m, EvalState& s, const WeightView& w, const Act& xn, Routing* out) {
+  Act logits = s.rows(s.router_logits);
+  MOELITE_TRY(s.backend->matmul(w, xn, nullptr, &logits));
+  return s.backend->route(logits, m.hp.n_expert_used, m.hp.norm_topk, out);
+}
+
+}  // namespace
+
+Status moe_forward(const Model& m, EvalState& s, int32_t l, const Act& x, const Act& xn, Act* out) {
+  Runtime& rt = *s.runtime;
+  const LayerWeights& w = m.layers[static_cast<size_t>(l)];
+  if (s.hooks) {
+    const float *x_host, *xn_host;
+    MOELITE_TRY(host_rows(s, x, &s.host_a, &x_host));
+    MOELITE_TRY(host_rows(s, xn, &s.host_b, &xn_host));
+    s.hooks->on_moe_input(l, x_host, xn_host, s.n_tokens);
+  }
+  // Pre-gated models chose this layer's experts at the previous layer.
+  if (s.has_next_routing) std::swap(s.routing, s.next_routing);
+  else MOELITE_TRY(route_with(m, s, w.router, xn, &s.routing));
+  s.has_next_routing = w.pregate.valid();
+  if (s.has_next_routing) MOELITE_TRY(route_with(m, s, w.pregate, xn, &s.next_routing));
+
+  const int64_t kept = apply_gating(rt.gating, l, &s.routing);
+  rt.routed.add(l, static_cast<uint64_t>(s.n_tokens), static_cast<uint64_t>(kept));
+  if (s.hooks) s.hooks->on_routing(l, &s.routing);
+  if (m.hp.expert_weights_scale != 1.0f)
+    for (float& w_j : s.routing.weights) w_j *= m.hp.expert_weights_scale;
+  if (s.on_route)
+    s.on_route(l, s.pos0, s.n_tokens, s.routing.k, s.routing.ids.data(), s.routing.weights.data(), s.route_user);
+  if (rt.predictor && s.n_tokens <= kMaxPredictTokens) {
+    std::vector<Prediction> guesses;
+    const float* hidden = nullptr;
+    if (rt.predictor->wants_hidden()) MOELITE_TRY(host_rows(s, xn, &s.host_b, &hidden));
+    MOELITE_TRY(rt.predictor->after_layer(m, s, l, hidden, &guesses));
+    if (!guesses.empty()) rt.experts->hint(guesses, l);
+  }
+  return run_routed_experts(*s.backend, *rt.experts, l, m.expert_ffn, xn, s.routing, out);
+}
+
+}  // namespace moelite

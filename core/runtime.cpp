@@ -1,0 +1,91 @@
+#include "core/runtime.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "core/adaptive/predictor.h"
+#include "core/adaptive/profile.h"
+#include "core/adaptive/setup.h"
+#include "core/expert_store/expert_store.h"
+
+namespace moelite {
+
+void RoutingCounters::reset(int32_t n_layer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  tokens_.assign(static_cast<size_t>(n_layer), 0);
+  experts_.assign(static_cast<size_t>(n_layer), 0);
+}
+
+void RoutingCounters::add(int32_t layer, uint64_t tokens, uint64_t experts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  tokens_[static_cast<size_t>(layer)] += tokens;
+  experts_[static_cast<size_t>(layer)] += experts;
+}
+
+void RoutingCounters::totals(int32_t layer, uint64_t* tokens, uint64_t* experts) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  *tokens = *experts = 0;
+  for (size_t l = 0; l < tokens_.size(); ++l) {
+    if (layer >= 0 && static_cast<size_t>(layer) != l) continue;
+    *tokens += tokens_[l];
+    *experts += experts_[l];
+  }
+}
+
+Runtime::~Runtime() {
+  predictor.reset();
+  experts.reset();
+  backend.reset();
+}
+
+namespace {
+
+Status place_dense_weights(const Model& m, Backend& be) {
+  MOELITE_TRY(be.place_weight(m.tok_embd));
+  if (m.output.data != m.tok_embd.data) MOELITE_TRY(be.place_weight(m.output));
+  for (const LayerWeights& lw : m.layers) {
+    for (const WeightView* v : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.router}) MOELITE_TRY(be.place_weight(*v));
+    if (lw.pregate.valid()) MOELITE_TRY(be.place_weight(lw.pregate));
+    if (lw.has_shared)
+      for (const WeightView* v : {&lw.shared.gate, &lw.shared.up, &lw.shared.down}) MOELITE_TRY(be.place_weight(*v));
+    const ExpertWeights e0 = lw.experts.expert(0);
+    for (const WeightView* v : {&e0.gate, &e0.up, &e0.down}) MOELITE_TRY(be.check_weight(*v));
+  }
+  return MOELITE_OK;
+}
+
+}  // namespace
+
+Status Runtime::create(const Model& m, const LoadOptions& opts, std::unique_ptr<Runtime>* out) {
+  auto rt = std::make_unique<Runtime>();
+  const int32_t threads = opts.n_threads > 0 ? opts.n_threads : platform::physical_core_count();
+  MOELITE_TRY(create_backend(opts.backend, threads, &rt->backend));
+  rt->backend_kind = rt->backend->kind();
+  MOELITE_TRY(place_dense_weights(m, *rt->backend));
+  rt->routed.reset(m.hp.n_layer);
+  MOELITE_TRY(setup_adaptive(m, opts, &rt->profile, &rt->gating));
+  if (opts.expert_budget_bytes > 0) {
+    ExpertStoreOptions so;
+    so.budget_bytes = opts.expert_budget_bytes;
+    so.policy = opts.expert_policy;
+    so.per_layer = opts.expert_per_layer;
+    MOELITE_TRY(plan_expert_store(m, rt->profile.get(), opts, &so));
+    if (const char* t = getenv("MOELITE_IO_THREADS")) so.io_threads = std::max(1, atoi(t));
+    std::unique_ptr<ExpertStore> store;
+    MOELITE_TRY(ExpertStore::create(m, *rt->backend, so, &store));
+    rt->store = store.get();
+    rt->backend->set_expert_pool(store->pool_slots());
+    rt->expert_budget = opts.expert_budget_bytes;
+    rt->experts = std::move(store);
+    MOELITE_TRY(make_predictor(opts.expert_predictor, opts.predictor_depth, m, rt->profile.get(), &rt->predictor));
+  } else {
+    rt->experts = std::make_unique<ResidentExperts>(&m.layers);
+    // Without a budget nothing loads, so a predictor has nothing to do; a bad name still fails.
+    std::unique_ptr<ExpertPredictor> unused;
+    MOELITE_TRY(make_predictor(opts.expert_predictor, opts.predictor_depth, m, rt->profile.get(), &unused));
+  }
+  *out = std::move(rt);
+  return MOELITE_OK;
+}
+
+}  // namespace moelite

@@ -1,0 +1,57 @@
+// What executes a Model: the backend, the source of routed-expert weights (resident views or the
+// memory-budgeted store), the calibration profile, the predictor, the gating rule and the routing
+// counters. One Runtime per loaded model, shared by all of its contexts.
+//
+// Threading: contexts of one model evaluate one at a time (eval_mutex), since they share the
+// backend's threads and scratch and the store's pins. The counters have their own lock so stats
+// can be read while another thread evaluates. The Model itself is never written after load.
+#pragma once
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "backends/backend.h"
+#include "core/adaptive/gating.h"
+#include "core/model.h"
+
+namespace moelite {
+
+class ExpertSource;
+class ExpertStore;
+class ExpertPredictor;
+struct Profile;
+
+// Experts routed per layer after gating, and the (token, layer) pairs they serve.
+class RoutingCounters {
+ public:
+  void reset(int32_t n_layer);
+  void add(int32_t layer, uint64_t tokens, uint64_t experts);
+  // Sums over `layer` (-1: all layers).
+  void totals(int32_t layer, uint64_t* tokens, uint64_t* experts) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<uint64_t> tokens_, experts_;
+};
+
+struct Runtime {
+  // Declaration order is destruction order reversed: the predictor and the store go before the
+  // backend whose shared memory the store's slots may live in.
+  std::unique_ptr<Backend> backend;
+  BackendKind backend_kind = BackendKind::Cpu;
+  std::unique_ptr<Profile> profile;  // null without a calibration profile
+  std::unique_ptr<ExpertSource> experts;
+  ExpertStore* store = nullptr;      // the same object as `experts` when a budget is set
+  std::unique_ptr<ExpertPredictor> predictor;  // null: no prediction (no budget, or none asked)
+  GatingConfig gating;
+  RoutingCounters routed;
+  uint64_t expert_budget = 0;
+  std::mutex eval_mutex;
+
+  ~Runtime();
+  // Creates the backend, places the model's dense weights on it, and sets up the expert source,
+  // profile, gating and predictor from `opts`.
+  static Status create(const Model& model, const LoadOptions& opts, std::unique_ptr<Runtime>* out);
+};
+
+}  // namespace moelite
