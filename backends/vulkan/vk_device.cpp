@@ -256,7 +256,22 @@ int32_t Device::memory_type(uint32_t bits, VkMemoryPropertyFlags want) const {
   return -1;
 }
 
+namespace {
+std::atomic<int64_t> g_fail_countdown{0};
+}  // namespace
+
+void Device::fail_nth_operation_for_testing(int64_t n) { g_fail_countdown.store(n); }
+
+Status Device::injected_failure(const char* what) {
+  int64_t left = g_fail_countdown.load();
+  while (left > 0 && !g_fail_countdown.compare_exchange_weak(left, left - 1)) {
+  }
+  if (left != 1) return MOELITE_OK;
+  return fail(MOELITE_ERR_OUT_OF_MEMORY, "vulkan: %s failed (injected by a test)", what);
+}
+
 Status Device::alloc_with(uint64_t bytes, VkMemoryPropertyFlags props, Buffer* out) {
+  MOELITE_TRY(injected_failure("a buffer allocation"));
   Buffer b;
   b.size = std::max<uint64_t>(bytes, 16);
   VkBufferCreateInfo bci{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
@@ -465,6 +480,10 @@ Status Device::temp(const void* data, uint64_t bytes, Buffer* out) {
 
 Status Device::download(const Buffer& src, uint64_t offset, void* dst, uint64_t bytes) {
   if (bytes == 0) return MOELITE_OK;
+  if (const Status st = injected_failure("a read-back"); st != MOELITE_OK) {
+    (void)flush();  // what was recorded still runs, so the device is idle as after a real failure
+    return fail(st, "vulkan: a read-back failed (injected by a test)");
+  }
   if (src.mapped) {
     // Copied out before the submission's temporaries (src may be one) are released.
     const Status st = submit_and_wait();
@@ -527,10 +546,11 @@ void Device::dispatch(const char* name, uint32_t spec, const std::vector<Binding
   if (gx == 0 || gy == 0 || gz == 0) return;
   if (sets_used_ >= kSetsPerPool) flush();
   Pipeline* p = pipeline(name, spec, static_cast<uint32_t>(bindings.size()));
-  if (!p) {
-    // Surfaces at the next submission (a read-back or the layer's moe_ffn).
+  Status st = p ? injected_failure("recording a dispatch") : fail(MOELITE_ERR_INTERNAL, "vulkan: shader '%s' is not in this build", name);
+  if (st != MOELITE_OK) {
+    // Surfaces at the next submission (a read-back, a group end or the backend's sync()).
     if (error_ == MOELITE_OK) {
-      error_ = fail(MOELITE_ERR_INTERNAL, "vulkan: shader '%s' is not in this build", name);
+      error_ = st;
       error_msg_ = last_error_message();
     }
     return;
@@ -578,7 +598,15 @@ Status Device::submit() {
   if (!recording_) return MOELITE_OK;
   recording_ = false;
   Frame& f = frames_[current_];
-  VK_TRY(vkEndCommandBuffer(f.cmd), "vkEndCommandBuffer");
+  // Work that cannot be submitted is discarded, never run later: the temporaries it reads are
+  // released with the failed call's cleanup.
+  auto discard = [&](Status st) {
+    vkResetCommandBuffer(f.cmd, 0);
+    return st;
+  };
+  VkResult end = vkEndCommandBuffer(f.cmd);
+  if (end != VK_SUCCESS) return discard(vk_fail(end, "vkEndCommandBuffer"));
+  if (const Status st = injected_failure("a submission"); st != MOELITE_OK) return discard(st);
   VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
   si.commandBufferCount = 1;
   si.pCommandBuffers = &f.cmd;
@@ -596,7 +624,7 @@ Status Device::submit() {
     for (const PendingTransfer& t : transfers_)
       if (t.value <= wait_value_) vkWaitForFences(device_, 1, &t.fence, VK_TRUE, UINT64_MAX);
   }
-  VK_TRY(vkQueueSubmit(queue_, 1, &si, f.fence), "vkQueueSubmit");
+  if (const VkResult r = vkQueueSubmit(queue_, 1, &si, f.fence); r != VK_SUCCESS) return discard(vk_fail(r, "vkQueueSubmit"));
   f.in_flight = true;
   wait_value_ = 0;
   // The next recording goes into a frame that is not in flight.

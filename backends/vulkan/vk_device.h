@@ -50,6 +50,10 @@ class Device {
 
   const DeviceFacts& facts() const { return facts_; }
   static uint64_t validation_messages();
+  // Test hook (tests/test_backend_faults.cpp): the n-th fallible device operation from now on
+  // (an allocation, a recorded dispatch, a submission or a read-back) fails as a real failure
+  // would; 0 turns it off. Process-wide.
+  static void fail_nth_operation_for_testing(int64_t n);
 
   // Device-local memory, host-visible when the device has such memory (then `mapped` is set).
   Status alloc(uint64_t bytes, Buffer* out);
@@ -130,6 +134,7 @@ class Device {
   std::vector<Frame> frames_;
   size_t current_ = 0;
   Status new_frame();
+  Status injected_failure(const char* what);  // MOELITE_OK unless fail_nth_operation_for_testing chose this one
   VkDescriptorPool desc_pool_ = VK_NULL_HANDLE;
   VkPipelineCache pipeline_cache_ = VK_NULL_HANDLE;
   VkPhysicalDeviceMemoryProperties mem_props_{};

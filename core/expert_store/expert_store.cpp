@@ -176,6 +176,13 @@ ExpertStore::~ExpertStore() {
   else pool_free(pool_);
 }
 
+size_t ExpertStore::pinned_slots() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const Slot& s : slots_) n += s.pins > 0 ? 1 : 0;
+  return n;
+}
+
 ExpertWeights ExpertStore::view(const Slot& s) const {
   ExpertWeights w = model_.layers[static_cast<size_t>(s.layer)].experts.expert(s.expert);
   const ChunkPlan& p = plans_[static_cast<size_t>(s.layer)];

@@ -82,6 +82,8 @@ class ExpertStore final : public ExpertSource {
   void hint(const std::vector<Prediction>& predictions, int32_t upcoming_layer) override;
 
   uint64_t slot_bytes() const { return slot_bytes_; }
+  // Slots lent out now (pinned by a layer being computed): 0 whenever no evaluation runs.
+  size_t pinned_slots() const;
   uint64_t pool_bytes() const { return slot_bytes_ * slots_.size(); }
   size_t n_slots() const { return slots_.size(); }
   // Bytes of slot memory holding an expert at some point (the store's peak footprint).
