@@ -41,9 +41,7 @@ Status create_backend(BackendKind kind, int32_t n_threads, std::unique_ptr<Backe
 #endif
     case BackendKind::Cuda:
       return fail(MOELITE_ERR_BACKEND_UNAVAILABLE,
-                  "the CUDA backend is not part of this build of moelite (%s); use the CPU backend",
-                  MOELITE_CUDA_TOOLKIT_FOUND ? "CUDA toolkit found, backend not implemented yet"
-                                             : "built without the CUDA toolkit");
+                  "this build of moelite has no CUDA backend; use the CPU or Vulkan backend");
   }
   return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown backend %d", static_cast<int>(kind));
 }

@@ -2,7 +2,7 @@
 
 #include <cinttypes>
 
-#include "backends/cpu/quant.h"
+#include "base/quant_ref.h"
 #include "platforms/platform.h"
 
 namespace moelite {
@@ -102,7 +102,7 @@ Status TensorBinder::floats(const std::string& name, int64_t n, std::vector<floa
   if (static_cast<int64_t>(t->n_elements) != n || t->ne[0] != n)
     return fail(MOELITE_ERR_BAD_SHAPE, "tensor '%s' has shape %s, expected {%lld}", name.c_str(),
                 shape_str(*t).c_str(), (long long)n);
-  cpu::DequantRowFn dequant = cpu::kernels_scalar().dequant[static_cast<uint32_t>(t->type)];
+  DequantRowFn dequant = dequant_row_fn(t->type);
   if (!dequant)
     return fail(MOELITE_ERR_UNSUPPORTED_TYPE, "tensor '%s' uses unsupported type %s", name.c_str(),
                 type_name(t->type));

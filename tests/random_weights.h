@@ -11,8 +11,8 @@
 
 namespace moelite::test {
 
-using moelite::cpu::fp32_to_bf16;
-using moelite::cpu::fp32_to_fp16;
+using moelite::fp32_to_bf16;
+using moelite::fp32_to_fp16;
 
 inline size_t weight_row_bytes(TensorType t, int64_t n) {
   uint64_t b = 0;

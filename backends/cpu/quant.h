@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "base/quant_ref.h"
 #include "base/types.h"
 
 namespace moelite::cpu {
@@ -20,8 +21,6 @@ TensorType dot_type(TensorType weight);
 // Bytes of one activation row of n elements in dot_type(weight) (n a multiple of the block size).
 size_t activation_row_bytes(TensorType weight, int64_t n);
 
-// y = dequantized(src), n elements (a multiple of the type's block size).
-using DequantRowFn = void (*)(const void* src, float* y, int64_t n);
 // dst = quantized(x) in a dot type (Q8_0 / Q8_1 / Q8_K; F32 is a plain copy).
 using QuantizeRowFn = void (*)(const float* x, void* dst, int64_t n);
 // *out = sum_i w[i] * a[i] over n elements; w one row in the weight type, a in its dot type.
@@ -72,46 +71,8 @@ const KernelTable* kernels_avx512();
 // choice (for testing and benchmarking).
 const KernelTable& kernels_best();
 
-// fp16 / bf16 conversions (scalar, exact: round-to-nearest-even for the narrowing ones).
-float fp16_to_fp32(uint16_t h);
-uint16_t fp32_to_fp16(float f);
-float bf16_to_fp32(uint16_t h);
-uint16_t fp32_to_bf16(float f);
-
-
-// ---- GGUF block layouts (bit-exact with ggml). Every member is a byte array, so the structs have
-// alignment 1 and can overlay any byte offset of a mapped file (GGUF rows are not aligned to
-// anything larger than 2, and blocks of 34 or 110 bytes follow each other). fp16 fields are read
-// with load_fp16() below. Q8_K is an activation format that only moelite produces, in buffers of
-// its own; its float scale and int16 sums are still read with memcpy or unaligned loads.
-namespace blocks {
-constexpr int kQK = 32;    // elements per block of the legacy types
-constexpr int kQKK = 256;  // elements per super-block of the K-quants
-
-struct Q4_0 { uint8_t d[2]; uint8_t qs[16]; };  // x = d * (nibble - 8); low nibbles 0..15, high 16..31
-struct Q4_1 { uint8_t d[2]; uint8_t m[2]; uint8_t qs[16]; };  // x = d * nibble + m
-struct Q5_0 { uint8_t d[2]; uint8_t qh[4]; uint8_t qs[16]; }; // 5th bit j of element j in qh (LE u32)
-struct Q5_1 { uint8_t d[2]; uint8_t m[2]; uint8_t qh[4]; uint8_t qs[16]; };
-struct Q8_0 { uint8_t d[2]; int8_t qs[32]; };
-struct Q8_1 { uint8_t d[2]; uint8_t s[2]; int8_t qs[32]; };    // s = d * sum(qs)
-struct Q2_K { uint8_t scales[16]; uint8_t qs[64]; uint8_t d[2]; uint8_t dmin[2]; };
-struct Q3_K { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; uint8_t d[2]; };
-struct Q4_K { uint8_t d[2]; uint8_t dmin[2]; uint8_t scales[12]; uint8_t qs[128]; };
-struct Q5_K { uint8_t d[2]; uint8_t dmin[2]; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; };
-struct Q6_K { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint8_t d[2]; };
-struct Q8_K { uint8_t d[4]; int8_t qs[256]; uint8_t bsums[32]; };  // f32 d; int16 sums of 16 qs
-
-static_assert(sizeof(Q4_0) == 18 && sizeof(Q4_1) == 20 && sizeof(Q5_0) == 22 && sizeof(Q5_1) == 24);
-static_assert(sizeof(Q8_0) == 34 && sizeof(Q8_1) == 36);
-static_assert(sizeof(Q2_K) == 84 && sizeof(Q3_K) == 110 && sizeof(Q4_K) == 144);
-static_assert(sizeof(Q5_K) == 176 && sizeof(Q6_K) == 210 && sizeof(Q8_K) == 292);
-}  // namespace blocks
-
-// Unpacked K-quant scales, shared by the scalar reference and the SIMD kernels so the bit
-// twiddling lives in one place.
-// Q4_K / Q5_K: 8 six-bit scales and 8 six-bit mins packed in 12 bytes.
-void unpack_scales_q4k(const uint8_t packed[12], uint8_t sc[8], uint8_t mn[8]);
-// Q3_K: 16 six-bit scales packed in 12 bytes, returned with the -32 offset applied.
-void unpack_scales_q3k(const uint8_t packed[12], int8_t sc[16]);
+// The block layouts, conversions and reference dequantizers live in base/ (shared with core and
+// every backend); the CPU kernels use them unqualified.
+using moelite::DequantRowFn;
 
 }  // namespace moelite::cpu

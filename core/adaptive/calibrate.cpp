@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "backends/cpu/quant.h"
+#include "base/quant_ref.h"
 #include "core/adaptive/predictor.h"
 #include "core/adaptive/ridge.h"
 #include "core/context.h"
@@ -148,7 +148,7 @@ LinearMap as_linear_map(const WeightView& w) {
   m.rows = static_cast<int32_t>(w.rows);
   m.n_in = static_cast<int32_t>(w.cols);
   m.w.assign(static_cast<size_t>(w.rows * (w.cols + 1)), 0.0f);
-  cpu::DequantRowFn dq = cpu::kernels_scalar().dequant[static_cast<uint32_t>(w.type)];
+  DequantRowFn dq = dequant_row_fn(w.type);
   for (int64_t r = 0; r < w.rows; ++r) dq(w.data + r * w.row_bytes, m.w.data() + r * (w.cols + 1), w.cols);
   return m;
 }

@@ -1,0 +1,70 @@
+# The layering the build enforces: which directories' headers each layer may include.
+#   base/      status, tensor types, quant block layouts and reference dequantizers (like ggml-base)
+#   platforms/ the OS layer
+#   backends/  backend.h is the interface; each backend includes only base/, platforms/, the
+#              interface and its own directory; the registry alone sees every backend
+#   core/      base/, platforms/ and the backend interface -- never a backend's internals
+#   samples/   the public header (the CLI's trace tools also use core/expert_cache/)
+# Runs at configure time (a violation stops the build) and as the ctest `layering`.
+# Usage: cmake -DSOURCE_DIR=... -P check_layering.cmake   (or include() with SOURCE_DIR set)
+if(NOT SOURCE_DIR)
+  set(SOURCE_DIR ${CMAKE_CURRENT_LIST_DIR}/..)
+endif()
+set(_rules
+  "base/|base/"
+  "platforms/|base/,platforms/"
+  "backends/backend.h|base/"
+  "backends/cpu/|base/,platforms/,backends/backend.h,backends/cpu/"
+  "backends/vulkan/|base/,platforms/,backends/backend.h,backends/vulkan/"
+  "backends/backend_registry.cpp|base/,backends/"
+  "core/|base/,platforms/,backends/backend.h,core/"
+  "samples/|samples/,core/expert_cache/")
+set(_violations "")
+file(GLOB_RECURSE _files RELATIVE ${SOURCE_DIR} ${SOURCE_DIR}/base/* ${SOURCE_DIR}/platforms/* ${SOURCE_DIR}/backends/*
+     ${SOURCE_DIR}/core/* ${SOURCE_DIR}/samples/*)
+foreach(f ${_files})
+  if(NOT f MATCHES "\\.(c|cc|cpp|h|hpp)$")
+    continue()
+  endif()
+  set(_allowed "")
+  set(_best 0)
+  foreach(rule ${_rules})
+    string(REPLACE "|" ";" parts "${rule}")
+    string(REPLACE "," ";" parts "${parts}")
+    list(GET parts 0 prefix)
+    list(SUBLIST parts 1 -1 allowed)
+    string(LENGTH "${prefix}" len)
+    string(SUBSTRING "${f}" 0 ${len} head)
+    if(head STREQUAL prefix AND len GREATER _best)
+      set(_best ${len})
+      set(_allowed "${allowed}")
+    endif()
+  endforeach()
+  if(_best EQUAL 0)
+    continue()
+  endif()
+  file(STRINGS ${SOURCE_DIR}/${f} includes REGEX "^[ \t]*#[ \t]*include[ \t]+\"")
+  foreach(line ${includes})
+    string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]+\"([^\"]+)\".*" "\\1" inc "${line}")
+    if(inc STREQUAL "moelite.h" OR NOT inc MATCHES "/")
+      continue()  # the public header, or a file beside this one
+    endif()
+    set(ok FALSE)
+    foreach(a ${_allowed})
+      string(LENGTH "${a}" alen)
+      string(SUBSTRING "${inc}" 0 ${alen} ihead)
+      if(ihead STREQUAL a)
+        set(ok TRUE)
+      endif()
+    endforeach()
+    if(NOT ok)
+      list(APPEND _violations "${f} includes \"${inc}\"")
+    endif()
+  endforeach()
+endforeach()
+if(_violations)
+  string(REPLACE ";" "\n  " msg "${_violations}")
+  message(FATAL_ERROR "layering violations:\n  ${msg}")
+else()
+  message(STATUS "layering: base <- platforms <- backends <- core respected")
+endif()
