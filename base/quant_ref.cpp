@@ -43,9 +43,9 @@ uint16_t fp32_to_fp16(float f) {
   if (abs < 0x38800000u) {
     // Result is subnormal (or zero): count in units of 2^-24. 2^-25 exactly ties to 0.
     if (abs <= 0x33000000u) return sign;
-    const uint32_t e = abs >> 23;                   // 102..112
+    const uint32_t e = abs >> 23;  // 102..112
     const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - e;                 // 14..24
+    const uint32_t shift = 126 - e;  // 14..24
     uint32_t r = m >> shift;
     const uint32_t rem = m & ((1u << shift) - 1);
     const uint32_t half = 1u << (shift - 1);
@@ -75,7 +75,6 @@ uint16_t fp32_to_bf16(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-
 float load_fp16(const uint8_t p[2]) {
   uint16_t h;
   std::memcpy(&h, p, 2);
@@ -95,7 +94,6 @@ int q8k_bsum(const Q8_K& b, int g) {
   std::memcpy(&s, b.bsums + 2 * g, 2);
   return s;
 }
-
 
 void unpack_scales_q4k(const uint8_t q[12], uint8_t sc[8], uint8_t mn[8]) {
   // Bytes 0..3: low 6 bits = scale 0..3, top 2 bits = high bits of scale 4..7.
@@ -118,7 +116,6 @@ void unpack_scales_q3k(const uint8_t q[12], int8_t sc[16]) {
     sc[j] = static_cast<int8_t>((low | (high << 4)) - 32);
   }
 }
-
 
 // ---- per-block unpacking into integer codes -------------------------------------------------
 // Each returns the codes of one block in element order, so dequant and dot share them.
@@ -154,8 +151,7 @@ void codes_q5(const uint8_t qs[16], const uint8_t qh_bytes[4], int q[32]) {
 void codes_q2_k(const Q2_K& b, uint8_t q[256]) {
   for (int half = 0; half < 2; ++half)
     for (int s = 0; s < 4; ++s)
-      for (int l = 0; l < 32; ++l)
-        q[128 * half + 32 * s + l] = (b.qs[32 * half + l] >> (2 * s)) & 3;
+      for (int l = 0; l < 32; ++l) q[128 * half + 32 * s + l] = (b.qs[32 * half + l] >> (2 * s)) & 3;
 }
 // Q3_K: signed codes -4..3 = 2 low bits from qs (layout as Q2_K) minus 4 when the hmask bit is 0.
 // hmask bit k of byte l belongs to element 32*k + l.
@@ -182,10 +178,8 @@ void codes_q4_k(const Q4_K& b, uint8_t q[256]) {
 void codes_q5_k(const Q5_K& b, uint8_t q[256]) {
   for (int c = 0; c < 4; ++c)
     for (int l = 0; l < 32; ++l) {
-      q[64 * c + l] = static_cast<uint8_t>((b.qs[32 * c + l] & 0x0f) |
-                                           (((b.qh[l] >> (2 * c)) & 1) << 4));
-      q[64 * c + 32 + l] = static_cast<uint8_t>((b.qs[32 * c + l] >> 4) |
-                                                (((b.qh[l] >> (2 * c + 1)) & 1) << 4));
+      q[64 * c + l] = static_cast<uint8_t>((b.qs[32 * c + l] & 0x0f) | (((b.qh[l] >> (2 * c)) & 1) << 4));
+      q[64 * c + 32 + l] = static_cast<uint8_t>((b.qs[32 * c + l] >> 4) | (((b.qh[l] >> (2 * c + 1)) & 1) << 4));
     }
 }
 // Q6_K: signed codes -32..31. Per 128-element half h (ql += 64h, qh += 32h), for l < 32:
@@ -343,25 +337,40 @@ void dequant_q8_1(const void* src, float* y, int64_t n) {
   }
 }
 
-
 DequantRowFn dequant_row_fn(TensorType t) {
   switch (t) {
-    case TensorType::F32: return dequant_f32;
-    case TensorType::F16: return dequant_f16;
-    case TensorType::BF16: return dequant_bf16;
-    case TensorType::Q4_0: return dequant_q4_0;
-    case TensorType::Q4_1: return dequant_q4_1;
-    case TensorType::Q5_0: return dequant_q5_0;
-    case TensorType::Q5_1: return dequant_q5_1;
-    case TensorType::Q8_0: return dequant_q8_0;
-    case TensorType::Q2_K: return dequant_q2_k;
-    case TensorType::Q3_K: return dequant_q3_k;
-    case TensorType::Q4_K: return dequant_q4_k;
-    case TensorType::Q5_K: return dequant_q5_k;
-    case TensorType::Q6_K: return dequant_q6_k;
-    case TensorType::Q8_K: return dequant_q8_k;
-    case TensorType::Q8_1: return dequant_q8_1;
-    default: return nullptr;
+    case TensorType::F32:
+      return dequant_f32;
+    case TensorType::F16:
+      return dequant_f16;
+    case TensorType::BF16:
+      return dequant_bf16;
+    case TensorType::Q4_0:
+      return dequant_q4_0;
+    case TensorType::Q4_1:
+      return dequant_q4_1;
+    case TensorType::Q5_0:
+      return dequant_q5_0;
+    case TensorType::Q5_1:
+      return dequant_q5_1;
+    case TensorType::Q8_0:
+      return dequant_q8_0;
+    case TensorType::Q2_K:
+      return dequant_q2_k;
+    case TensorType::Q3_K:
+      return dequant_q3_k;
+    case TensorType::Q4_K:
+      return dequant_q4_k;
+    case TensorType::Q5_K:
+      return dequant_q5_k;
+    case TensorType::Q6_K:
+      return dequant_q6_k;
+    case TensorType::Q8_K:
+      return dequant_q8_k;
+    case TensorType::Q8_1:
+      return dequant_q8_1;
+    default:
+      return nullptr;
   }
 }
 

@@ -20,7 +20,6 @@ uint16_t fp32_to_fp16(float f);
 float bf16_to_fp32(uint16_t h);
 uint16_t fp32_to_bf16(float f);
 
-
 // ---- GGUF block layouts (bit-exact with ggml). Every member is a byte array, so the structs have
 // alignment 1 and can overlay any byte offset of a mapped file (GGUF rows are not aligned to
 // anything larger than 2, and blocks of 34 or 110 bytes follow each other). fp16 fields are read
@@ -30,18 +29,71 @@ namespace blocks {
 constexpr int kQK = 32;    // elements per block of the legacy types
 constexpr int kQKK = 256;  // elements per super-block of the K-quants
 
-struct Q4_0 { uint8_t d[2]; uint8_t qs[16]; };  // x = d * (nibble - 8); low nibbles 0..15, high 16..31
-struct Q4_1 { uint8_t d[2]; uint8_t m[2]; uint8_t qs[16]; };  // x = d * nibble + m
-struct Q5_0 { uint8_t d[2]; uint8_t qh[4]; uint8_t qs[16]; }; // 5th bit j of element j in qh (LE u32)
-struct Q5_1 { uint8_t d[2]; uint8_t m[2]; uint8_t qh[4]; uint8_t qs[16]; };
-struct Q8_0 { uint8_t d[2]; int8_t qs[32]; };
-struct Q8_1 { uint8_t d[2]; uint8_t s[2]; int8_t qs[32]; };    // s = d * sum(qs)
-struct Q2_K { uint8_t scales[16]; uint8_t qs[64]; uint8_t d[2]; uint8_t dmin[2]; };
-struct Q3_K { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; uint8_t d[2]; };
-struct Q4_K { uint8_t d[2]; uint8_t dmin[2]; uint8_t scales[12]; uint8_t qs[128]; };
-struct Q5_K { uint8_t d[2]; uint8_t dmin[2]; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; };
-struct Q6_K { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint8_t d[2]; };
-struct Q8_K { uint8_t d[4]; int8_t qs[256]; uint8_t bsums[32]; };  // f32 d; int16 sums of 16 qs
+struct Q4_0 {
+  uint8_t d[2];
+  uint8_t qs[16];
+};  // x = d * (nibble - 8); low nibbles 0..15, high 16..31
+struct Q4_1 {
+  uint8_t d[2];
+  uint8_t m[2];
+  uint8_t qs[16];
+};  // x = d * nibble + m
+struct Q5_0 {
+  uint8_t d[2];
+  uint8_t qh[4];
+  uint8_t qs[16];
+};  // 5th bit j of element j in qh (LE u32)
+struct Q5_1 {
+  uint8_t d[2];
+  uint8_t m[2];
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+struct Q8_0 {
+  uint8_t d[2];
+  int8_t qs[32];
+};
+struct Q8_1 {
+  uint8_t d[2];
+  uint8_t s[2];
+  int8_t qs[32];
+};  // s = d * sum(qs)
+struct Q2_K {
+  uint8_t scales[16];
+  uint8_t qs[64];
+  uint8_t d[2];
+  uint8_t dmin[2];
+};
+struct Q3_K {
+  uint8_t hmask[32];
+  uint8_t qs[64];
+  uint8_t scales[12];
+  uint8_t d[2];
+};
+struct Q4_K {
+  uint8_t d[2];
+  uint8_t dmin[2];
+  uint8_t scales[12];
+  uint8_t qs[128];
+};
+struct Q5_K {
+  uint8_t d[2];
+  uint8_t dmin[2];
+  uint8_t scales[12];
+  uint8_t qh[32];
+  uint8_t qs[128];
+};
+struct Q6_K {
+  uint8_t ql[128];
+  uint8_t qh[64];
+  int8_t scales[16];
+  uint8_t d[2];
+};
+struct Q8_K {
+  uint8_t d[4];
+  int8_t qs[256];
+  uint8_t bsums[32];
+};  // f32 d; int16 sums of 16 qs
 
 static_assert(sizeof(Q4_0) == 18 && sizeof(Q4_1) == 20 && sizeof(Q5_0) == 22 && sizeof(Q5_1) == 24);
 static_assert(sizeof(Q8_0) == 34 && sizeof(Q8_1) == 36);
@@ -55,7 +107,6 @@ static_assert(sizeof(Q5_K) == 176 && sizeof(Q6_K) == 210 && sizeof(Q8_K) == 292)
 void unpack_scales_q4k(const uint8_t packed[12], uint8_t sc[8], uint8_t mn[8]);
 // Q3_K: 16 six-bit scales packed in 12 bytes, returned with the -32 offset applied.
 void unpack_scales_q3k(const uint8_t packed[12], int8_t sc[16]);
-
 
 // Loads and stores of the byte-array fields above.
 float load_fp16(const uint8_t p[2]);

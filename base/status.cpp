@@ -65,8 +65,7 @@ void log_msg(moelite_log_level level, const char* fmt, ...) {
 
 }  // namespace moelite
 
-extern "C" MOELITE_API void moelite_set_log_callback(moelite_log_fn fn, void* user_data,
-                                                     moelite_log_level min_level) {
+extern "C" MOELITE_API void moelite_set_log_callback(moelite_log_fn fn, void* user_data, moelite_log_level min_level) {
   using namespace moelite;
   LogSink& s = sink();
   std::lock_guard<std::mutex> lock(s.mu);

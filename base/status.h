@@ -18,10 +18,10 @@ const char* last_error_message();
 void log_msg(moelite_log_level level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 bool log_enabled(moelite_log_level level);
 
-#define MOELITE_TRY(expr)                     \
-  do {                                        \
-    ::moelite::Status _st = (expr);           \
-    if (_st != MOELITE_OK) return _st;        \
+#define MOELITE_TRY(expr)              \
+  do {                                 \
+    ::moelite::Status _st = (expr);    \
+    if (_st != MOELITE_OK) return _st; \
   } while (0)
 
 }  // namespace moelite

@@ -11,9 +11,9 @@
 #include "core/adaptive/setup.h"
 #include "core/arch/arch.h"
 #include "core/context.h"
+#include "core/expert_cache/policy.h"
 #include "core/expert_store/expert_store.h"
 #include "core/generate.h"
-#include "core/expert_cache/policy.h"
 #include "core/model.h"
 #include "core/runtime.h"
 #include "moelite.h"
@@ -52,7 +52,8 @@ MOELITE_API unsigned moelite_version_number(void) { return MOELITE_VERSION_NUMBE
 MOELITE_API const char* moelite_version_string(void) {
 #define MOELITE_STR2(x) #x
 #define MOELITE_STR(x) MOELITE_STR2(x)
-  return MOELITE_STR(MOELITE_VERSION_MAJOR) "." MOELITE_STR(MOELITE_VERSION_MINOR) "." MOELITE_STR(MOELITE_VERSION_PATCH);
+  return MOELITE_STR(MOELITE_VERSION_MAJOR) "." MOELITE_STR(MOELITE_VERSION_MINOR) "." MOELITE_STR(
+      MOELITE_VERSION_PATCH);
 }
 
 MOELITE_API const char* moelite_status_name(moelite_status s) {
@@ -95,7 +96,9 @@ MOELITE_API const char* moelite_status_name(moelite_status s) {
 
 // ---- model parameters
 
-MOELITE_API moelite_model_params* moelite_model_params_create(void) { return new (std::nothrow) moelite_model_params(); }
+MOELITE_API moelite_model_params* moelite_model_params_create(void) {
+  return new (std::nothrow) moelite_model_params();
+}
 MOELITE_API void moelite_model_params_free(moelite_model_params* p) { delete p; }
 
 MOELITE_API moelite_status moelite_model_params_set_threads(moelite_model_params* p, int32_t n) {
@@ -188,8 +191,8 @@ MOELITE_API moelite_status moelite_model_params_set_vocab_only(moelite_model_par
   return MOELITE_OK;
 }
 
-MOELITE_API moelite_status moelite_model_params_set_progress_callback(moelite_model_params* p,
-                                                                      moelite_progress_fn fn, void* user) {
+MOELITE_API moelite_status moelite_model_params_set_progress_callback(moelite_model_params* p, moelite_progress_fn fn,
+                                                                      void* user) {
   if (!p) return null_arg(__func__, "params");
   p->opts.progress = fn;
   p->opts.progress_user = user;
@@ -228,29 +231,52 @@ MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_
   const moelite::ExpertStore* store = rt ? rt->store : nullptr;
   const moelite::HParams& hp = m.hp;
   switch (key) {
-    case MOELITE_MODEL_N_LAYERS: return hp.n_layer;
-    case MOELITE_MODEL_N_EXPERTS: return hp.n_expert;
-    case MOELITE_MODEL_N_EXPERTS_USED: return hp.n_expert_used;
-    case MOELITE_MODEL_N_SHARED_EXPERTS: return m.layers.empty() ? 0 : (m.layers[0].has_shared ? 1 : 0);
-    case MOELITE_MODEL_N_VOCAB: return hp.n_vocab;
-    case MOELITE_MODEL_N_EMBD: return hp.n_embd;
-    case MOELITE_MODEL_N_HEAD: return hp.n_head;
-    case MOELITE_MODEL_N_HEAD_KV: return hp.n_head_kv;
-    case MOELITE_MODEL_HEAD_DIM: return hp.head_dim;
-    case MOELITE_MODEL_N_FF_EXPERT: return hp.n_ff_expert;
-    case MOELITE_MODEL_N_FF_SHARED: return hp.n_ff_shared;
-    case MOELITE_MODEL_N_CTX_TRAIN: return hp.n_ctx_train;
-    case MOELITE_MODEL_EXPERT_BYTES: return static_cast<int64_t>(m.expert_bytes);
-    case MOELITE_MODEL_DENSE_BYTES: return static_cast<int64_t>(m.dense_bytes);
-    case MOELITE_MODEL_N_PARAMS: return static_cast<int64_t>(m.n_params);
-    case MOELITE_MODEL_N_ACTIVE_PARAMS: return static_cast<int64_t>(m.n_active_params);
-    case MOELITE_MODEL_THREADS: return rt ? rt->backend->n_threads() : 0;
-    case MOELITE_MODEL_BACKEND: return rt ? static_cast<int64_t>(rt->backend_kind) : -1;
-    case MOELITE_MODEL_ACTIVE_BYTES: return static_cast<int64_t>(m.active_bytes);
-    case MOELITE_MODEL_EXPERT_BUDGET: return rt ? static_cast<int64_t>(rt->expert_budget) : 0;
-    case MOELITE_MODEL_EXPERT_POOL_BYTES: return store ? static_cast<int64_t>(store->pool_bytes()) : 0;
-    case MOELITE_MODEL_EXPERT_PEAK_BYTES: return store ? static_cast<int64_t>(store->peak_bytes()) : 0;
-    case MOELITE_MODEL_EXPERT_SLOTS: return store ? static_cast<int64_t>(store->n_slots()) : m.hp.n_layer * int64_t{m.hp.n_expert};
+    case MOELITE_MODEL_N_LAYERS:
+      return hp.n_layer;
+    case MOELITE_MODEL_N_EXPERTS:
+      return hp.n_expert;
+    case MOELITE_MODEL_N_EXPERTS_USED:
+      return hp.n_expert_used;
+    case MOELITE_MODEL_N_SHARED_EXPERTS:
+      return m.layers.empty() ? 0 : (m.layers[0].has_shared ? 1 : 0);
+    case MOELITE_MODEL_N_VOCAB:
+      return hp.n_vocab;
+    case MOELITE_MODEL_N_EMBD:
+      return hp.n_embd;
+    case MOELITE_MODEL_N_HEAD:
+      return hp.n_head;
+    case MOELITE_MODEL_N_HEAD_KV:
+      return hp.n_head_kv;
+    case MOELITE_MODEL_HEAD_DIM:
+      return hp.head_dim;
+    case MOELITE_MODEL_N_FF_EXPERT:
+      return hp.n_ff_expert;
+    case MOELITE_MODEL_N_FF_SHARED:
+      return hp.n_ff_shared;
+    case MOELITE_MODEL_N_CTX_TRAIN:
+      return hp.n_ctx_train;
+    case MOELITE_MODEL_EXPERT_BYTES:
+      return static_cast<int64_t>(m.expert_bytes);
+    case MOELITE_MODEL_DENSE_BYTES:
+      return static_cast<int64_t>(m.dense_bytes);
+    case MOELITE_MODEL_N_PARAMS:
+      return static_cast<int64_t>(m.n_params);
+    case MOELITE_MODEL_N_ACTIVE_PARAMS:
+      return static_cast<int64_t>(m.n_active_params);
+    case MOELITE_MODEL_THREADS:
+      return rt ? rt->backend->n_threads() : 0;
+    case MOELITE_MODEL_BACKEND:
+      return rt ? static_cast<int64_t>(rt->backend_kind) : -1;
+    case MOELITE_MODEL_ACTIVE_BYTES:
+      return static_cast<int64_t>(m.active_bytes);
+    case MOELITE_MODEL_EXPERT_BUDGET:
+      return rt ? static_cast<int64_t>(rt->expert_budget) : 0;
+    case MOELITE_MODEL_EXPERT_POOL_BYTES:
+      return store ? static_cast<int64_t>(store->pool_bytes()) : 0;
+    case MOELITE_MODEL_EXPERT_PEAK_BYTES:
+      return store ? static_cast<int64_t>(store->peak_bytes()) : 0;
+    case MOELITE_MODEL_EXPERT_SLOTS:
+      return store ? static_cast<int64_t>(store->n_slots()) : m.hp.n_layer * int64_t{m.hp.n_expert};
   }
   return -1;
 }
@@ -258,7 +284,8 @@ MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_
 MOELITE_API moelite_status moelite_model_expert_stats(const moelite_model* model, int32_t layer,
                                                       moelite_expert_stats* out) {
   if (!model) return null_arg(__func__, "model");
-  if (!out || out->struct_size < sizeof(size_t)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: out->struct_size must be set", __func__);
+  if (!out || out->struct_size < sizeof(size_t))
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: out->struct_size must be set", __func__);
   const moelite::Model& m = *model->impl;
   const moelite::Runtime* rt = model->runtime.get();
   if (layer < -1 || layer >= m.hp.n_layer) return fail(MOELITE_ERR_INVALID_ARGUMENT, "layer %d out of range", layer);
@@ -302,7 +329,9 @@ struct moelite_calibrate_params {
   moelite::CalibrateOptions opts;
 };
 
-MOELITE_API moelite_calibrate_params* moelite_calibrate_params_create(void) { return new (std::nothrow) moelite_calibrate_params(); }
+MOELITE_API moelite_calibrate_params* moelite_calibrate_params_create(void) {
+  return new (std::nothrow) moelite_calibrate_params();
+}
 MOELITE_API void moelite_calibrate_params_free(moelite_calibrate_params* p) { delete p; }
 
 MOELITE_API moelite_status moelite_calibrate_params_set_window(moelite_calibrate_params* p, int32_t window) {
@@ -326,8 +355,8 @@ MOELITE_API moelite_status moelite_calibrate_params_set_holdout(moelite_calibrat
   return MOELITE_OK;
 }
 
-MOELITE_API moelite_status moelite_calibrate_params_set_progress_callback(moelite_calibrate_params* p, moelite_progress_fn fn,
-                                                                          void* user_data) {
+MOELITE_API moelite_status moelite_calibrate_params_set_progress_callback(moelite_calibrate_params* p,
+                                                                          moelite_progress_fn fn, void* user_data) {
   if (!p) return null_arg(__func__, "params");
   p->opts.progress = fn;
   p->opts.progress_user = user_data;
@@ -341,10 +370,12 @@ MOELITE_API moelite_status moelite_calibrate(moelite_model* model, const int32_t
   if (!profile_path || !*profile_path) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: profile_path is empty", __func__);
   const moelite::Model& m = *model->impl;
   if (!model->runtime) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the model was loaded vocabulary-only");
-  if (n_tokens < 2) return fail(MOELITE_ERR_INVALID_ARGUMENT, "calibration needs at least two tokens, got %d", n_tokens);
+  if (n_tokens < 2)
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "calibration needs at least two tokens, got %d", n_tokens);
   for (int32_t i = 0; i < n_tokens; ++i)
     if (tokens[i] < 0 || tokens[i] >= m.hp.n_vocab)
-      return fail(MOELITE_ERR_BAD_TOKEN, "token %d at index %d is outside the vocabulary [0, %d)", tokens[i], i, m.hp.n_vocab);
+      return fail(MOELITE_ERR_BAD_TOKEN, "token %d at index %d is outside the vocabulary [0, %d)", tokens[i], i,
+                  m.hp.n_vocab);
   const moelite::CalibrateOptions opts = params ? params->opts : moelite::CalibrateOptions();
   moelite::Profile profile;
   MOELITE_TRY(moelite::calibrate(m, *model->runtime, std::vector<int32_t>(tokens, tokens + n_tokens), opts, &profile));
@@ -363,7 +394,9 @@ MOELITE_API const char* moelite_supported_archs(void) { return moelite::supporte
 
 // ---- context parameters
 
-MOELITE_API moelite_context_params* moelite_context_params_create(void) { return new (std::nothrow) moelite_context_params(); }
+MOELITE_API moelite_context_params* moelite_context_params_create(void) {
+  return new (std::nothrow) moelite_context_params();
+}
 MOELITE_API void moelite_context_params_free(moelite_context_params* p) { delete p; }
 
 MOELITE_API moelite_status moelite_context_params_set_n_ctx(moelite_context_params* p, int32_t n_ctx) {
@@ -417,7 +450,8 @@ MOELITE_API moelite_status moelite_context_create(moelite_model* model, const mo
 
 MOELITE_API void moelite_context_free(moelite_context* c) { delete c; }
 
-MOELITE_API moelite_status moelite_eval(moelite_context* c, const int32_t* tokens, int32_t n_tokens, int32_t logits_all) {
+MOELITE_API moelite_status moelite_eval(moelite_context* c, const int32_t* tokens, int32_t n_tokens,
+                                        int32_t logits_all) {
   if (!c) return null_arg(__func__, "ctx");
   if (!tokens) return null_arg(__func__, "tokens");
   try {
@@ -427,7 +461,9 @@ MOELITE_API moelite_status moelite_eval(moelite_context* c, const int32_t* token
   }
 }
 
-MOELITE_API const float* moelite_get_logits(const moelite_context* c, int32_t i) { return c ? c->impl->logits(i) : nullptr; }
+MOELITE_API const float* moelite_get_logits(const moelite_context* c, int32_t i) {
+  return c ? c->impl->logits(i) : nullptr;
+}
 MOELITE_API int32_t moelite_kv_length(const moelite_context* c) { return c ? c->impl->length() : 0; }
 MOELITE_API int32_t moelite_context_n_ctx(const moelite_context* c) { return c ? c->impl->n_ctx() : 0; }
 MOELITE_API void moelite_kv_reset(moelite_context* c) {
@@ -468,8 +504,9 @@ MOELITE_API moelite_status moelite_tokenize(const moelite_model* model, const ch
   if (!n_tokens) return null_arg(__func__, "n_tokens");
   if (capacity < 0 || (!tokens && capacity > 0)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "bad token buffer");
   try {
-    std::vector<int32_t> ids = tok->tokenize(std::string(text ? text : "", text_len),
-                                             flags & MOELITE_TOKENIZE_ADD_SPECIAL, flags & MOELITE_TOKENIZE_PARSE_SPECIAL);
+    std::vector<int32_t> ids =
+        tok->tokenize(std::string(text ? text : "", text_len), flags & MOELITE_TOKENIZE_ADD_SPECIAL,
+                      flags & MOELITE_TOKENIZE_PARSE_SPECIAL);
     if (ids.size() > static_cast<size_t>(INT32_MAX)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "text too long");
     *n_tokens = static_cast<int32_t>(ids.size());
     if (ids.size() > static_cast<size_t>(capacity))
@@ -492,8 +529,8 @@ MOELITE_API moelite_status moelite_detokenize(const moelite_model* model, const 
     if (tokens[i] < 0 || tokens[i] >= tok->n_tokens())
       return fail(MOELITE_ERR_BAD_TOKEN, "token %d at index %d is outside the vocabulary [0, %d)", tokens[i], i,
                   tok->n_tokens());
-  std::string out = tok->detokenize(std::vector<int32_t>(tokens, tokens + n_tokens),
-                                    flags & MOELITE_DETOKENIZE_RENDER_SPECIAL);
+  std::string out =
+      tok->detokenize(std::vector<int32_t>(tokens, tokens + n_tokens), flags & MOELITE_DETOKENIZE_RENDER_SPECIAL);
   return copy_out(out, text, capacity, text_len);
 }
 
@@ -523,10 +560,12 @@ MOELITE_API moelite_status moelite_chat_format(const moelite_model* model, const
   }
   const moelite::Model& m = *model->impl;
   if (m.chat_template == moelite::ChatTemplate::Plain)
-    moelite::log_msg(MOELITE_LOG_WARN, "no known chat template in the model; formatting as plain 'role: content' lines");
+    moelite::log_msg(MOELITE_LOG_WARN,
+                     "no known chat template in the model; formatting as plain 'role: content' lines");
   std::string eos;
   if (m.tokenizer && m.tokenizer->eos() >= 0) eos = m.tokenizer->text(m.tokenizer->eos());
-  return copy_out(moelite::format_chat(m.chat_template, msgs, add_assistant_prompt != 0, eos), text, capacity, text_len);
+  return copy_out(moelite::format_chat(m.chat_template, msgs, add_assistant_prompt != 0, eos), text, capacity,
+                  text_len);
 }
 
 MOELITE_API const char* moelite_chat_template_kind(const moelite_model* m) {
@@ -540,12 +579,12 @@ MOELITE_API moelite_generate_params* moelite_generate_params_create(void) {
 }
 MOELITE_API void moelite_generate_params_free(moelite_generate_params* p) { delete p; }
 
-#define GEN_SETTER(name, type, check, assign)                                            \
+#define GEN_SETTER(name, type, check, assign)                                                         \
   MOELITE_API moelite_status moelite_generate_params_set_##name(moelite_generate_params* p, type v) { \
-    if (!p) return null_arg(__func__, "params");                                          \
-    if (!(check)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: value out of range", __func__); \
-    assign;                                                                               \
-    return MOELITE_OK;                                                                    \
+    if (!p) return null_arg(__func__, "params");                                                      \
+    if (!(check)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: value out of range", __func__);      \
+    assign;                                                                                           \
+    return MOELITE_OK;                                                                                \
   }
 GEN_SETTER(max_tokens, int32_t, v >= 0, p->opts.max_tokens = v)
 GEN_SETTER(temperature, float, v >= 0.0f && v == v, p->opts.sampler.temperature = v)

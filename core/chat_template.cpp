@@ -4,20 +4,25 @@ namespace moelite {
 
 ChatTemplate detect_chat_template(const std::string& src) {
   auto has = [&](const char* s) { return src.find(s) != std::string::npos; };
-  if (has("<|im_start|>")) return ChatTemplate::ChatML;            // Qwen1.5/2/3 (MoE too)
+  if (has("<|im_start|>")) return ChatTemplate::ChatML;  // Qwen1.5/2/3 (MoE too)
   if (has("<|start_header_id|>")) return ChatTemplate::Llama3;
   if (has("<|user|>") && has("<|assistant|>")) return ChatTemplate::Tulu;  // OLMoE-Instruct
-  if (has("[INST]")) return ChatTemplate::Mistral;                  // Mixtral-Instruct
+  if (has("[INST]")) return ChatTemplate::Mistral;                         // Mixtral-Instruct
   return ChatTemplate::Plain;
 }
 
 const char* chat_template_name(ChatTemplate t) {
   switch (t) {
-    case ChatTemplate::ChatML: return "chatml";
-    case ChatTemplate::Mistral: return "mistral";
-    case ChatTemplate::Llama3: return "llama3";
-    case ChatTemplate::Tulu: return "tulu";
-    case ChatTemplate::Plain: return "plain";
+    case ChatTemplate::ChatML:
+      return "chatml";
+    case ChatTemplate::Mistral:
+      return "mistral";
+    case ChatTemplate::Llama3:
+      return "llama3";
+    case ChatTemplate::Tulu:
+      return "tulu";
+    case ChatTemplate::Plain:
+      return "plain";
   }
   return "plain";
 }

@@ -24,7 +24,8 @@ Context::~Context() {
   if (state_.kv.handle) be->free_kv(&state_.kv);
 }
 
-Status Context::create(const Model& model, Runtime& runtime, const ContextOptions& opts, std::unique_ptr<Context>* out) {
+Status Context::create(const Model& model, Runtime& runtime, const ContextOptions& opts,
+                       std::unique_ptr<Context>* out) {
   if (model.vocab_only)
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "the model was loaded vocabulary-only; contexts need its weights");
   std::unique_ptr<Context> c(new (std::nothrow) Context(model, runtime));
@@ -44,7 +45,8 @@ Status Context::create(const Model& model, Runtime& runtime, const ContextOption
   const int64_t q_dim = int64_t{hp.n_head} * hp.head_dim, kv_dim = int64_t{hp.n_head_kv} * hp.head_dim;
   const int64_t v_dim = int64_t{hp.n_head_kv} * hp.head_dim_v;
   if (v_dim != kv_dim)
-    return fail(MOELITE_ERR_NOT_IMPLEMENTED, "value head size %d differs from key head size %d", hp.head_dim_v, hp.head_dim);
+    return fail(MOELITE_ERR_NOT_IMPLEMENTED, "value head size %d differs from key head size %d", hp.head_dim_v,
+                hp.head_dim);
   MOELITE_TRY(be.alloc_act(nb, hp.n_embd, &s.x));
   MOELITE_TRY(be.alloc_act(nb, hp.n_embd, &s.xn));
   MOELITE_TRY(be.alloc_act(nb, q_dim, &s.q));
@@ -66,10 +68,11 @@ Status Context::eval(const int32_t* tokens, int32_t n_tokens, bool logits_all) {
   if (n_tokens <= 0 || !tokens) return fail(MOELITE_ERR_INVALID_ARGUMENT, "eval needs at least one token");
   for (int32_t i = 0; i < n_tokens; ++i)
     if (tokens[i] < 0 || tokens[i] >= hp.n_vocab)
-      return fail(MOELITE_ERR_BAD_TOKEN, "token %d at index %d is outside the vocabulary [0, %d)", tokens[i], i, hp.n_vocab);
+      return fail(MOELITE_ERR_BAD_TOKEN, "token %d at index %d is outside the vocabulary [0, %d)", tokens[i], i,
+                  hp.n_vocab);
   if (n_tokens > n_ctx_ - n_past_)
-    return fail(MOELITE_ERR_CONTEXT_FULL, "%d tokens do not fit: %d of %d context positions are used",
-                n_tokens, n_past_, n_ctx_);
+    return fail(MOELITE_ERR_CONTEXT_FULL, "%d tokens do not fit: %d of %d context positions are used", n_tokens,
+                n_past_, n_ctx_);
 
   std::vector<float> out(static_cast<size_t>(logits_all ? n_tokens : 1) * static_cast<size_t>(hp.n_vocab));
   const int32_t start = n_past_;

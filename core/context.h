@@ -9,7 +9,7 @@
 namespace moelite {
 
 struct ContextOptions {
-  int32_t n_ctx = 0;    // 0: min(training context, 4096)
+  int32_t n_ctx = 0;  // 0: min(training context, 4096)
   int32_t n_batch = 512;
   moelite_abort_fn abort = nullptr;
   void* abort_user = nullptr;

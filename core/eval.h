@@ -24,9 +24,9 @@ class ForwardHooks {
 
 struct EvalState {
   Runtime* runtime = nullptr;
-  Backend* backend = nullptr;   // runtime->backend
+  Backend* backend = nullptr;  // runtime->backend
   KvCache kv;
-  int32_t n_batch = 0;          // rows allocated in each scratch Act
+  int32_t n_batch = 0;  // rows allocated in each scratch Act
   // The batch being computed.
   int32_t n_tokens = 0;
   int32_t pos0 = 0;
@@ -38,7 +38,7 @@ struct EvalState {
   Routing next_routing;
   bool has_next_routing = false;
   ForwardHooks* hooks = nullptr;
-  std::vector<float> host_a, host_b;  // host copies of activations for predictors and hooks
+  std::vector<float> host_a, host_b;      // host copies of activations for predictors and hooks
   moelite_routing_fn on_route = nullptr;  // observer of every layer's routing (may be null)
   void* route_user = nullptr;
 

@@ -69,7 +69,8 @@ Status generate(Context& ctx, const std::string& prompt, const GenerateOptions& 
   std::vector<int32_t> tokens = tok.tokenize(prompt, /*add_special=*/true, /*parse_special=*/true);
   if (tokens.empty()) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the prompt has no tokens");
   if (static_cast<int32_t>(tokens.size()) > ctx.n_ctx())
-    return fail(MOELITE_ERR_CONTEXT_FULL, "the prompt has %zu tokens, the context holds %d", tokens.size(), ctx.n_ctx());
+    return fail(MOELITE_ERR_CONTEXT_FULL, "the prompt has %zu tokens, the context holds %d", tokens.size(),
+                ctx.n_ctx());
 
   // Reuse the cached prefix; at least one token is evaluated so there are logits to sample from.
   const std::vector<int32_t>& cached = ctx.tokens();

@@ -32,9 +32,9 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <new>
 #include <stdexcept>
-#include <cstring>
 #include <utility>
 
 namespace moelite::gguf {
@@ -42,19 +42,31 @@ namespace moelite::gguf {
 namespace {
 
 constexpr uint64_t kMaxCount = uint64_t(1) << 40;  // counts/lengths above this are corrupt, not truncation
-constexpr uint64_t kMaxKeyLength = 65535;           // GGUF spec limit for keys
-constexpr uint64_t kMaxTensorName = 1024;           // ggml uses 64; stay lenient
-constexpr int kMaxArrayDepth = 8;                   // nested arrays deeper than this are corrupt
+constexpr uint64_t kMaxKeyLength = 65535;          // GGUF spec limit for keys
+constexpr uint64_t kMaxTensorName = 1024;          // ggml uses 64; stay lenient
+constexpr int kMaxArrayDepth = 8;                  // nested arrays deeper than this are corrupt
 constexpr uint32_t kDefaultAlignment = 32;
 constexpr size_t kBufferSize = 64 * 1024;
 
 size_t scalar_size(ValueType t) {
   switch (t) {
-    case ValueType::UINT8: case ValueType::INT8: case ValueType::BOOL: return 1;
-    case ValueType::UINT16: case ValueType::INT16: return 2;
-    case ValueType::UINT32: case ValueType::INT32: case ValueType::FLOAT32: return 4;
-    case ValueType::UINT64: case ValueType::INT64: case ValueType::FLOAT64: return 8;
-    default: return 0;
+    case ValueType::UINT8:
+    case ValueType::INT8:
+    case ValueType::BOOL:
+      return 1;
+    case ValueType::UINT16:
+    case ValueType::INT16:
+      return 2;
+    case ValueType::UINT32:
+    case ValueType::INT32:
+    case ValueType::FLOAT32:
+      return 4;
+    case ValueType::UINT64:
+    case ValueType::INT64:
+    case ValueType::FLOAT64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
@@ -83,14 +95,25 @@ uint64_t load_le(const uint8_t* p, size_t n) {
 void decode_scalar(ValueType t, const uint8_t* p, Value* v) {
   uint64_t bits = load_le(p, scalar_size(t));
   switch (t) {
-    case ValueType::UINT8: case ValueType::UINT16: case ValueType::UINT32: case ValueType::UINT64:
+    case ValueType::UINT8:
+    case ValueType::UINT16:
+    case ValueType::UINT32:
+    case ValueType::UINT64:
     case ValueType::BOOL:
       v->u = bits;
       break;
-    case ValueType::INT8: v->i = static_cast<int8_t>(bits); break;
-    case ValueType::INT16: v->i = static_cast<int16_t>(bits); break;
-    case ValueType::INT32: v->i = static_cast<int32_t>(bits); break;
-    case ValueType::INT64: v->i = static_cast<int64_t>(bits); break;
+    case ValueType::INT8:
+      v->i = static_cast<int8_t>(bits);
+      break;
+    case ValueType::INT16:
+      v->i = static_cast<int16_t>(bits);
+      break;
+    case ValueType::INT32:
+      v->i = static_cast<int32_t>(bits);
+      break;
+    case ValueType::INT64:
+      v->i = static_cast<int64_t>(bits);
+      break;
     case ValueType::FLOAT32: {
       uint32_t b32 = static_cast<uint32_t>(bits);
       float f;
@@ -104,21 +127,29 @@ void decode_scalar(ValueType t, const uint8_t* p, Value* v) {
       v->f = d;
       break;
     }
-    default: break;
+    default:
+      break;
   }
 }
 
 bool is_int_type(ValueType t) {
   switch (t) {
-    case ValueType::UINT8: case ValueType::INT8: case ValueType::UINT16: case ValueType::INT16:
-    case ValueType::UINT32: case ValueType::INT32: case ValueType::UINT64: case ValueType::INT64:
+    case ValueType::UINT8:
+    case ValueType::INT8:
+    case ValueType::UINT16:
+    case ValueType::INT16:
+    case ValueType::UINT32:
+    case ValueType::INT32:
+    case ValueType::UINT64:
+    case ValueType::INT64:
       return true;
-    default: return false;
+    default:
+      return false;
   }
 }
 bool is_unsigned_type(ValueType t) {
-  return t == ValueType::UINT8 || t == ValueType::UINT16 || t == ValueType::UINT32 ||
-         t == ValueType::UINT64 || t == ValueType::BOOL;
+  return t == ValueType::UINT8 || t == ValueType::UINT16 || t == ValueType::UINT32 || t == ValueType::UINT64 ||
+         t == ValueType::BOOL;
 }
 bool is_float_type(ValueType t) { return t == ValueType::FLOAT32 || t == ValueType::FLOAT64; }
 
@@ -142,7 +173,10 @@ std::string printable(const std::string& s) {
 
 bool checked_round_up(uint64_t x, uint64_t align, uint64_t* out) {
   uint64_t r = x % align;
-  if (r == 0) { *out = x; return true; }
+  if (r == 0) {
+    *out = x;
+    return true;
+  }
   uint64_t add = align - r;
   if (x > UINT64_MAX - add) return false;
   *out = x + add;
@@ -153,19 +187,32 @@ bool checked_round_up(uint64_t x, uint64_t align, uint64_t* out) {
 
 const char* value_type_name(ValueType t) {
   switch (t) {
-    case ValueType::UINT8: return "uint8";
-    case ValueType::INT8: return "int8";
-    case ValueType::UINT16: return "uint16";
-    case ValueType::INT16: return "int16";
-    case ValueType::UINT32: return "uint32";
-    case ValueType::INT32: return "int32";
-    case ValueType::FLOAT32: return "float32";
-    case ValueType::BOOL: return "bool";
-    case ValueType::STRING: return "string";
-    case ValueType::ARRAY: return "array";
-    case ValueType::UINT64: return "uint64";
-    case ValueType::INT64: return "int64";
-    case ValueType::FLOAT64: return "float64";
+    case ValueType::UINT8:
+      return "uint8";
+    case ValueType::INT8:
+      return "int8";
+    case ValueType::UINT16:
+      return "uint16";
+    case ValueType::INT16:
+      return "int16";
+    case ValueType::UINT32:
+      return "uint32";
+    case ValueType::INT32:
+      return "int32";
+    case ValueType::FLOAT32:
+      return "float32";
+    case ValueType::BOOL:
+      return "bool";
+    case ValueType::STRING:
+      return "string";
+    case ValueType::ARRAY:
+      return "array";
+    case ValueType::UINT64:
+      return "uint64";
+    case ValueType::INT64:
+      return "int64";
+    case ValueType::FLOAT64:
+      return "float64";
   }
   return "unknown";
 }
@@ -176,7 +223,10 @@ bool Value::is_integer() const { return is_int_type(type); }
 bool Value::is_float() const { return is_float_type(type); }
 
 bool Value::as_int(int64_t* out) const {
-  if (type == ValueType::BOOL) { *out = u ? 1 : 0; return true; }
+  if (type == ValueType::BOOL) {
+    *out = u ? 1 : 0;
+    return true;
+  }
   if (!is_int_type(type)) return false;
   if (is_unsigned_type(type)) {
     if (u > static_cast<uint64_t>(INT64_MAX)) return false;
@@ -188,7 +238,10 @@ bool Value::as_int(int64_t* out) const {
 }
 
 bool Value::as_double(double* out) const {
-  if (is_float_type(type)) { *out = f; return true; }
+  if (is_float_type(type)) {
+    *out = f;
+    return true;
+  }
   if (!is_int_type(type)) return false;
   *out = is_unsigned_type(type) ? static_cast<double>(u) : static_cast<double>(i);
   return true;
@@ -242,8 +295,8 @@ class Parser {
 
   Status truncated(const char* what, uint64_t need) {
     return fail(MOELITE_ERR_GGUF_TRUNCATED,
-                "'%s': %s%s%s at offset %" PRIu64 " needs %" PRIu64
-                " bytes but the file ends at %" PRIu64 " (file truncated?)",
+                "'%s': %s%s%s at offset %" PRIu64 " needs %" PRIu64 " bytes but the file ends at %" PRIu64
+                " (file truncated?)",
                 path(), ctx_.c_str(), ctx_.empty() ? "" : ": ", what, pos_, need, size_);
   }
 
@@ -290,14 +343,15 @@ class Parser {
   // Checks that `count` items of at least `min_size` bytes each can fit in the rest of the file.
   Status check_count(uint64_t count, uint64_t min_size, const char* what) {
     if (count > kMaxCount)
-      return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': %s%s%s count %" PRIu64 " at offset %" PRIu64
-                  " is impossible (limit %" PRIu64 ")", path(), ctx_.c_str(),
-                  ctx_.empty() ? "" : ": ", what, count, pos_, kMaxCount);
+      return fail(MOELITE_ERR_GGUF_CORRUPT,
+                  "'%s': %s%s%s count %" PRIu64 " at offset %" PRIu64 " is impossible (limit %" PRIu64 ")", path(),
+                  ctx_.c_str(), ctx_.empty() ? "" : ": ", what, count, pos_, kMaxCount);
     // count <= 2^40 and min_size <= 33, so the product cannot overflow.
     uint64_t need = count * min_size;
     if (need > remaining())
-      return fail(MOELITE_ERR_GGUF_TRUNCATED, "'%s': %s%s%s count %" PRIu64 " needs at least %" PRIu64
-                  " bytes after offset %" PRIu64 " but only %" PRIu64 " remain (file truncated?)",
+      return fail(MOELITE_ERR_GGUF_TRUNCATED,
+                  "'%s': %s%s%s count %" PRIu64 " needs at least %" PRIu64 " bytes after offset %" PRIu64
+                  " but only %" PRIu64 " remain (file truncated?)",
                   path(), ctx_.c_str(), ctx_.empty() ? "" : ": ", what, count, need, pos_, remaining());
     return MOELITE_OK;
   }
@@ -307,9 +361,9 @@ class Parser {
     uint64_t len;
     MOELITE_TRY(read_u64(&len, what));
     if (len > max_len)
-      return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': %s%s%s at offset %" PRIu64 " has length %" PRIu64
-                  " (limit %" PRIu64 ")", path(), ctx_.c_str(), ctx_.empty() ? "" : ": ", what,
-                  start, len, max_len);
+      return fail(MOELITE_ERR_GGUF_CORRUPT,
+                  "'%s': %s%s%s at offset %" PRIu64 " has length %" PRIu64 " (limit %" PRIu64 ")", path(), ctx_.c_str(),
+                  ctx_.empty() ? "" : ": ", what, start, len, max_len);
     if (len > remaining()) return truncated(what, len);
     s->resize(static_cast<size_t>(len));
     return read(s->data(), len, what);
@@ -323,8 +377,8 @@ class Parser {
       size_t n = static_cast<size_t>(size_);
       if (n) MOELITE_TRY(file_.read_at(0, magic, n));
       if (std::memcmp(magic, kMagic, n) == 0)
-        return fail(MOELITE_ERR_GGUF_TRUNCATED, "'%s': file is %s (%" PRIu64 " bytes), no GGUF header",
-                    path(), n == 0 ? "empty" : "too short", size_);
+        return fail(MOELITE_ERR_GGUF_TRUNCATED, "'%s': file is %s (%" PRIu64 " bytes), no GGUF header", path(),
+                    n == 0 ? "empty" : "too short", size_);
       return fail(MOELITE_ERR_GGUF_BAD_MAGIC, "'%s': not a GGUF file (%" PRIu64 " bytes)", path(), size_);
     }
     MOELITE_TRY(read(magic, 4, "magic"));
@@ -336,8 +390,8 @@ class Parser {
       else if (std::memcmp(magic, "FUGG", 4) == 0)
         hint = " (byte-swapped magic)";
       return fail(MOELITE_ERR_GGUF_BAD_MAGIC,
-                  "'%s': not a GGUF file: magic bytes %02x %02x %02x %02x, expected 47 47 55 46 (\"GGUF\")%s",
-                  path(), magic[0], magic[1], magic[2], magic[3], hint);
+                  "'%s': not a GGUF file: magic bytes %02x %02x %02x %02x, expected 47 47 55 46 (\"GGUF\")%s", path(),
+                  magic[0], magic[1], magic[2], magic[3], hint);
     }
     uint32_t version;
     MOELITE_TRY(read_u32(&version, "version"));
@@ -346,13 +400,12 @@ class Parser {
       if (swapped >= 1 && swapped <= 3)
         return fail(MOELITE_ERR_GGUF_BAD_VERSION,
                     "'%s': GGUF file is big-endian (version field reads %u byte-swapped); "
-                    "only little-endian files are supported", path(), swapped);
+                    "only little-endian files are supported",
+                    path(), swapped);
       if (version == 1)
         return fail(MOELITE_ERR_GGUF_BAD_VERSION,
-                    "'%s': GGUF version 1 is obsolete and not supported (need 2 or 3); re-convert the model",
-                    path());
-      return fail(MOELITE_ERR_GGUF_BAD_VERSION, "'%s': unsupported GGUF version %u (need 2 or 3)",
-                  path(), version);
+                    "'%s': GGUF version 1 is obsolete and not supported (need 2 or 3); re-convert the model", path());
+      return fail(MOELITE_ERR_GGUF_BAD_VERSION, "'%s': unsupported GGUF version %u (need 2 or 3)", path(), version);
     }
     r_->version_ = version;
     return MOELITE_OK;
@@ -367,20 +420,20 @@ class Parser {
       uint64_t at = pos_;
       MOELITE_TRY(read(b, scalar_size(t), value_type_name(t)));
       if (t == ValueType::BOOL && b[0] > 1)
-        return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': %s: bool value %u at offset %" PRIu64
-                    " (must be 0 or 1)", path(), ctx_.c_str(), b[0], at);
+        return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': %s: bool value %u at offset %" PRIu64 " (must be 0 or 1)", path(),
+                    ctx_.c_str(), b[0], at);
       decode_scalar(t, b, v);
       return MOELITE_OK;
     }
     if (depth >= kMaxArrayDepth)
-      return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': %s: arrays nested deeper than %d at offset %" PRIu64,
-                  path(), ctx_.c_str(), kMaxArrayDepth, pos_);
+      return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': %s: arrays nested deeper than %d at offset %" PRIu64, path(),
+                  ctx_.c_str(), kMaxArrayDepth, pos_);
     uint64_t at = pos_;
     uint32_t et;
     MOELITE_TRY(read_u32(&et, "array element type"));
     if (!valid_value_type(et))
-      return fail(MOELITE_ERR_GGUF_UNKNOWN_TYPE, "'%s': %s: unknown array element type %u at offset %" PRIu64,
-                  path(), ctx_.c_str(), et, at);
+      return fail(MOELITE_ERR_GGUF_UNKNOWN_TYPE, "'%s': %s: unknown array element type %u at offset %" PRIu64, path(),
+                  ctx_.c_str(), et, at);
     v->elem_type = static_cast<ValueType>(et);
     MOELITE_TRY(read_u64(&v->count, "array count"));
     MOELITE_TRY(check_count(v->count, min_encoded_size(v->elem_type), "array"));
@@ -404,8 +457,9 @@ class Parser {
       if (v->elem_type == ValueType::BOOL) {
         for (size_t k = 0; k < v->raw.size(); ++k)
           if (v->raw[k] > 1)
-            return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': %s: bool array element %zu is %u at offset %" PRIu64
-                        " (must be 0 or 1)", path(), ctx_.c_str(), k, v->raw[k], data_at + k);
+            return fail(MOELITE_ERR_GGUF_CORRUPT,
+                        "'%s': %s: bool array element %zu is %u at offset %" PRIu64 " (must be 0 or 1)", path(),
+                        ctx_.c_str(), k, v->raw[k], data_at + k);
       }
     }
     return MOELITE_OK;
@@ -427,15 +481,15 @@ class Parser {
       KeyValue kv;
       MOELITE_TRY(read_string(&kv.key, kMaxKeyLength, "key"));
       if (kv.key.empty())
-        return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': %s at offset %" PRIu64 " has an empty key",
-                    path(), ctx_.c_str(), at);
+        return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': %s at offset %" PRIu64 " has an empty key", path(), ctx_.c_str(),
+                    at);
       ctx_ = "metadata key '" + printable(kv.key) + "'";
       uint64_t type_at = pos_;
       uint32_t t;
       MOELITE_TRY(read_u32(&t, "value type"));
       if (!valid_value_type(t))
-        return fail(MOELITE_ERR_GGUF_UNKNOWN_TYPE, "'%s': %s: unknown value type %u at offset %" PRIu64,
-                    path(), ctx_.c_str(), t, type_at);
+        return fail(MOELITE_ERR_GGUF_UNKNOWN_TYPE, "'%s': %s: unknown value type %u at offset %" PRIu64, path(),
+                    ctx_.c_str(), t, type_at);
       MOELITE_TRY(read_value(static_cast<ValueType>(t), &kv.value, 0));
       r_->kv_.push_back(std::move(kv));
     }
@@ -447,18 +501,18 @@ class Parser {
     std::sort(idx.begin(), idx.end());
     for (size_t k = 1; k < idx.size(); ++k)
       if (idx[k].first == idx[k - 1].first)
-        return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': duplicate metadata key '%s' (entries #%zu and #%zu)",
-                    path(), printable(idx[k].first).c_str(), idx[k - 1].second, idx[k].second);
+        return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': duplicate metadata key '%s' (entries #%zu and #%zu)", path(),
+                    printable(idx[k].first).c_str(), idx[k - 1].second, idx[k].second);
 
     r_->alignment_ = kDefaultAlignment;
     if (const Value* a = r_->find("general.alignment")) {
       int64_t v = 0;
       if (!a->as_int(&v) || a->type == ValueType::BOOL)
-        return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': general.alignment has type %s, expected an integer",
-                    path(), value_type_name(a->type));
+        return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': general.alignment has type %s, expected an integer", path(),
+                    value_type_name(a->type));
       if (v <= 0 || (v & (v - 1)) != 0)
-        return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': general.alignment is %" PRId64
-                    ", must be a nonzero power of two", path(), v);
+        return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': general.alignment is %" PRId64 ", must be a nonzero power of two",
+                    path(), v);
       r_->alignment_ = static_cast<uint64_t>(v);
     }
     return MOELITE_OK;
@@ -477,14 +531,14 @@ class Parser {
       TensorInfo ti;
       MOELITE_TRY(read_string(&ti.name, kMaxTensorName, "name"));
       if (ti.name.empty())
-        return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': %s at offset %" PRIu64 " has an empty name",
-                    path(), ctx_.c_str(), at);
+        return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': %s at offset %" PRIu64 " has an empty name", path(), ctx_.c_str(),
+                    at);
       ctx_ = "tensor '" + printable(ti.name) + "'";
       uint64_t dims_at = pos_;
       MOELITE_TRY(read_u32(&ti.n_dims, "n_dims"));
       if (ti.n_dims < 1 || ti.n_dims > static_cast<uint32_t>(kMaxDims))
-        return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': %s: n_dims %u at offset %" PRIu64 " (must be 1..%d)",
-                    path(), ctx_.c_str(), ti.n_dims, dims_at, kMaxDims);
+        return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': %s: n_dims %u at offset %" PRIu64 " (must be 1..%d)", path(),
+                    ctx_.c_str(), ti.n_dims, dims_at, kMaxDims);
       int64_t n_el = 1;
       for (uint32_t d = 0; d < ti.n_dims; ++d) {
         uint64_t ne_at = pos_;
@@ -492,12 +546,12 @@ class Parser {
         MOELITE_TRY(read_u64(&raw, "dimension"));
         int64_t ne = static_cast<int64_t>(raw);
         if (ne < 0)
-          return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': %s: ne[%u] = %" PRId64 " at offset %" PRIu64
-                      " is negative", path(), ctx_.c_str(), d, ne, ne_at);
+          return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': %s: ne[%u] = %" PRId64 " at offset %" PRIu64 " is negative",
+                      path(), ctx_.c_str(), d, ne, ne_at);
         ti.ne[d] = ne;
         if (__builtin_mul_overflow(n_el, ne, &n_el))
-          return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': %s: element count overflows int64 at ne[%u] = %" PRId64,
-                      path(), ctx_.c_str(), d, ne);
+          return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': %s: element count overflows int64 at ne[%u] = %" PRId64, path(),
+                      ctx_.c_str(), d, ne);
       }
       ti.n_elements = static_cast<uint64_t>(n_el);
       uint64_t type_at = pos_;
@@ -505,18 +559,18 @@ class Parser {
       MOELITE_TRY(read_u32(&type, "type"));
       const TypeInfo* info = type_info(type);
       if (!info)
-        return fail(MOELITE_ERR_GGUF_UNKNOWN_TYPE, "'%s': %s: unknown tensor type id %u at offset %" PRIu64,
-                    path(), ctx_.c_str(), type, type_at);
+        return fail(MOELITE_ERR_GGUF_UNKNOWN_TYPE, "'%s': %s: unknown tensor type id %u at offset %" PRIu64, path(),
+                    ctx_.c_str(), type, type_at);
       ti.type = static_cast<TensorType>(type);
       uint64_t off_at = pos_;
       MOELITE_TRY(read_u64(&ti.offset, "offset"));
       if (ti.offset % r_->alignment_ != 0)
-        return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': %s: data offset %" PRIu64 " (at file offset %" PRIu64
+        return fail(MOELITE_ERR_GGUF_CORRUPT,
+                    "'%s': %s: data offset %" PRIu64 " (at file offset %" PRIu64
                     ") is not a multiple of the alignment %" PRIu64,
                     path(), ctx_.c_str(), ti.offset, off_at, r_->alignment_);
       if (static_cast<uint64_t>(ti.ne[0]) % info->block_size != 0)
-        return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': %s: ne[0] = %" PRId64
-                    " is not a multiple of the %s block size %u",
+        return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': %s: ne[0] = %" PRId64 " is not a multiple of the %s block size %u",
                     path(), ctx_.c_str(), ti.ne[0], info->name, info->block_size);
       if (!type_row_bytes(ti.type, static_cast<uint64_t>(ti.ne[0]), &ti.row_bytes))
         return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': %s: row size overflows", path(), ctx_.c_str());
@@ -533,31 +587,34 @@ class Parser {
     std::sort(idx.begin(), idx.end());
     for (size_t k = 1; k < idx.size(); ++k)
       if (idx[k].first == idx[k - 1].first)
-        return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': duplicate tensor name '%s' (tensor infos #%zu and #%zu)",
-                    path(), printable(idx[k].first).c_str(), idx[k - 1].second, idx[k].second);
+        return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': duplicate tensor name '%s' (tensor infos #%zu and #%zu)", path(),
+                    printable(idx[k].first).c_str(), idx[k - 1].second, idx[k].second);
     return MOELITE_OK;
   }
 
   Status validate_tensors() {
     uint64_t header_end = pos_;
     if (!checked_round_up(header_end, r_->alignment_, &r_->data_offset_))
-      return fail(MOELITE_ERR_GGUF_CORRUPT, "'%s': data section offset overflows (header ends at %" PRIu64
-                  ", alignment %" PRIu64 ")", path(), header_end, r_->alignment_);
+      return fail(MOELITE_ERR_GGUF_CORRUPT,
+                  "'%s': data section offset overflows (header ends at %" PRIu64 ", alignment %" PRIu64 ")", path(),
+                  header_end, r_->alignment_);
     auto& ts = r_->tensors_;
     if (ts.empty()) return MOELITE_OK;  // metadata-only file: the padding may be absent
     if (r_->data_offset_ > size_)
-      return fail(MOELITE_ERR_GGUF_TRUNCATED, "'%s': file ends at %" PRIu64
-                  ", before the tensor data section at offset %" PRIu64 " (file truncated?)",
+      return fail(MOELITE_ERR_GGUF_TRUNCATED,
+                  "'%s': file ends at %" PRIu64 ", before the tensor data section at offset %" PRIu64
+                  " (file truncated?)",
                   path(), size_, r_->data_offset_);
     for (TensorInfo& t : ts) {
       uint64_t end = 0;
       bool overflow = __builtin_add_overflow(r_->data_offset_, t.offset, &t.file_offset) ||
                       __builtin_add_overflow(t.file_offset, t.size_bytes, &end);
       if (overflow || end > size_)
-        return fail(MOELITE_ERR_GGUF_OUT_OF_BOUNDS, "'%s': tensor '%s': data [offset %" PRIu64 ", size %" PRIu64
+        return fail(MOELITE_ERR_GGUF_OUT_OF_BOUNDS,
+                    "'%s': tensor '%s': data [offset %" PRIu64 ", size %" PRIu64
                     "] ends past the end of the file (size %" PRIu64 ")",
-                    path(), printable(t.name).c_str(), overflow ? r_->data_offset_ : t.file_offset,
-                    t.size_bytes, size_);
+                    path(), printable(t.name).c_str(), overflow ? r_->data_offset_ : t.file_offset, t.size_bytes,
+                    size_);
     }
     std::vector<size_t> order;
     order.reserve(ts.size());
@@ -570,10 +627,11 @@ class Parser {
       const TensorInfo& p = ts[order[k - 1]];
       const TensorInfo& c = ts[order[k]];
       if (p.file_offset + p.size_bytes > c.file_offset)
-        return fail(MOELITE_ERR_GGUF_OVERLAP, "'%s': tensor '%s' data [offset %" PRIu64 ", size %" PRIu64
+        return fail(MOELITE_ERR_GGUF_OVERLAP,
+                    "'%s': tensor '%s' data [offset %" PRIu64 ", size %" PRIu64
                     "] overlaps tensor '%s' data [offset %" PRIu64 ", size %" PRIu64 "]",
-                    path(), printable(p.name).c_str(), p.file_offset, p.size_bytes,
-                    printable(c.name).c_str(), c.file_offset, c.size_bytes);
+                    path(), printable(p.name).c_str(), p.file_offset, p.size_bytes, printable(c.name).c_str(),
+                    c.file_offset, c.size_bytes);
     }
     return MOELITE_OK;
   }

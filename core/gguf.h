@@ -17,8 +17,19 @@
 namespace moelite::gguf {
 
 enum class ValueType : uint32_t {
-  UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5, FLOAT32 = 6, BOOL = 7,
-  STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,
+  UINT8 = 0,
+  INT8 = 1,
+  UINT16 = 2,
+  INT16 = 3,
+  UINT32 = 4,
+  INT32 = 5,
+  FLOAT32 = 6,
+  BOOL = 7,
+  STRING = 8,
+  ARRAY = 9,
+  UINT64 = 10,
+  INT64 = 11,
+  FLOAT64 = 12,
 };
 const char* value_type_name(ValueType t);
 
@@ -28,10 +39,10 @@ const char* value_type_name(ValueType t);
 // (tokenizer files do not use them).
 struct Value {
   ValueType type = ValueType::UINT8;
-  uint64_t u = 0;   // unsigned scalars and bool
-  int64_t i = 0;    // signed scalars
-  double f = 0.0;   // float scalars
-  std::string str;  // STRING
+  uint64_t u = 0;                          // unsigned scalars and bool
+  int64_t i = 0;                           // signed scalars
+  double f = 0.0;                          // float scalars
+  std::string str;                         // STRING
   ValueType elem_type = ValueType::UINT8;  // ARRAY
   uint64_t count = 0;                      // ARRAY
   std::vector<uint8_t> raw;                // ARRAY of numeric/bool
@@ -61,11 +72,11 @@ struct TensorInfo {
   uint32_t n_dims = 0;
   int64_t ne[kMaxDims] = {1, 1, 1, 1};  // ne[0] innermost (contiguous)
   TensorType type = TensorType::F32;
-  uint64_t offset = 0;        // relative to the start of the data section, as stored
-  uint64_t file_offset = 0;   // absolute offset in the file
-  uint64_t size_bytes = 0;    // bytes of data
+  uint64_t offset = 0;       // relative to the start of the data section, as stored
+  uint64_t file_offset = 0;  // absolute offset in the file
+  uint64_t size_bytes = 0;   // bytes of data
   uint64_t n_elements = 0;
-  uint64_t row_bytes = 0;     // bytes of one ne[0] row
+  uint64_t row_bytes = 0;  // bytes of one ne[0] row
 };
 
 class Reader {

@@ -68,11 +68,12 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
     return fail(MOELITE_ERR_MISSING_METADATA, "general.architecture must be a string");
   m->arch = find_arch(arch_name);
   if (!m->arch)
-    return fail(MOELITE_ERR_UNSUPPORTED_ARCH, "architecture '%s' is not supported; supported: %s",
-                arch_name.c_str(), supported_arch_list());
+    return fail(MOELITE_ERR_UNSUPPORTED_ARCH, "architecture '%s' is not supported; supported: %s", arch_name.c_str(),
+                supported_arch_list());
   m->hp.arch = arch_name;
   if (arch_name == "llama" && !g.find("llama.expert_count"))
-    return fail(MOELITE_ERR_UNSUPPORTED_ARCH, "this 'llama' model has no experts (llama.expert_count); "
+    return fail(MOELITE_ERR_UNSUPPORTED_ARCH,
+                "this 'llama' model has no experts (llama.expert_count); "
                 "moelite runs Mixture-of-Experts models only");
   const ArchDescriptor& arch = *m->arch;
   MOELITE_TRY((arch.read_hparams ? arch.read_hparams : standard_read_hparams)(g, arch, &m->hp));
@@ -97,14 +98,16 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
   // Layers.
   m->layers.resize(static_cast<size_t>(hp.n_layer));
   for (int32_t l = 0; l < hp.n_layer; ++l) {
-    MOELITE_TRY((arch.bind_layer ? arch.bind_layer : standard_bind_layer)(b, arch, hp, l, &m->layers[static_cast<size_t>(l)]));
+    MOELITE_TRY(
+        (arch.bind_layer ? arch.bind_layer : standard_bind_layer)(b, arch, hp, l, &m->layers[static_cast<size_t>(l)]));
     MOELITE_TRY(report_progress(opts, 0.95f * static_cast<float>(l + 1) / static_cast<float>(hp.n_layer)));
   }
   if (hp.n_ff_expert == 0) {
     const LayerExperts& e0 = m->layers[0].experts;
     hp.n_ff_expert = static_cast<int32_t>(e0.split.empty() ? e0.gate.rows : e0.split[0].gate.rows);
   }
-  if (hp.n_ff_shared == 0 && m->layers[0].has_shared) hp.n_ff_shared = static_cast<int32_t>(m->layers[0].shared.gate.rows);
+  if (hp.n_ff_shared == 0 && m->layers[0].has_shared)
+    hp.n_ff_shared = static_cast<int32_t>(m->layers[0].shared.gate.rows);
 
   // Sizes: routed experts vs everything else, and the parameters one token reads.
   uint64_t type_bytes[kTensorTypeIdLimit] = {};
@@ -135,11 +138,10 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
   m->n_params = total_params;
   m->n_active_params += dense_params;
 
-
   MOELITE_TRY(report_progress(opts, 1.0f));
   log_msg(MOELITE_LOG_INFO, "loaded %s '%s': %d layers, %d experts (top-%d), %.1f MiB experts + %.1f MiB dense",
-          hp.arch.c_str(), hp.name.c_str(), hp.n_layer, hp.n_expert, hp.n_expert_used,
-          m->expert_bytes / 1048576.0, m->dense_bytes / 1048576.0);
+          hp.arch.c_str(), hp.name.c_str(), hp.n_layer, hp.n_expert, hp.n_expert_used, m->expert_bytes / 1048576.0,
+          m->dense_bytes / 1048576.0);
   *out = std::move(m);
   return MOELITE_OK;
 }

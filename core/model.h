@@ -29,18 +29,18 @@ struct HParams {
   int32_t n_embd = 0;
   int32_t n_head = 0;
   int32_t n_head_kv = 0;
-  int32_t head_dim = 0;      // key/query head size
-  int32_t head_dim_v = 0;    // value head size
+  int32_t head_dim = 0;    // key/query head size
+  int32_t head_dim_v = 0;  // value head size
   int32_t n_rot = 0;
   int32_t n_expert = 0;
   int32_t n_expert_used = 0;
   int32_t n_ff_expert = 0;
-  int32_t n_ff_shared = 0;   // 0 without a shared expert
+  int32_t n_ff_shared = 0;  // 0 without a shared expert
   int32_t n_ctx_train = 0;
   int32_t n_vocab = 0;
   float rms_eps = 1e-6f;
   RopeParams rope;
-  bool norm_topk = false;    // renormalise the top-k router weights to sum 1
+  bool norm_topk = false;             // renormalise the top-k router weights to sum 1
   float expert_weights_scale = 1.0f;  // applied to the (renormalised) router weights
   QkNorm qk_norm = QkNorm::None;
 };
@@ -48,7 +48,7 @@ struct HParams {
 // Routed experts of one layer, as stored: either three 3-D tensors (one expert a contiguous slice)
 // or, in old Mixtral files, one 2-D tensor per expert and matrix.
 struct LayerExperts {
-  WeightView gate, up, down;   // merged layout: views of expert 0; rows/cols per expert
+  WeightView gate, up, down;                                 // merged layout: views of expert 0; rows/cols per expert
   uint64_t gate_stride = 0, up_stride = 0, down_stride = 0;  // bytes between experts
   std::vector<ExpertWeights> split;                          // split layout, one per expert
   ExpertWeights expert(int32_t e) const;
@@ -58,12 +58,12 @@ struct LayerWeights {
   std::vector<float> attn_norm, ffn_norm, q_norm, k_norm;
   std::vector<float> bq, bk, bv;  // empty when the model has no attention biases
   WeightView wq, wk, wv, wo;
-  WeightView router;              // ffn_gate_inp: n_expert rows of n_embd
-  WeightView pregate;             // ffn_pregate_inp (pre-gated models): routes layer l+1 from layer
-                                  // l's MoE input; invalid when absent
+  WeightView router;   // ffn_gate_inp: n_expert rows of n_embd
+  WeightView pregate;  // ffn_pregate_inp (pre-gated models): routes layer l+1 from layer
+                       // l's MoE input; invalid when absent
   LayerExperts experts;
   bool has_shared = false;
-  ExpertWeights shared;           // the shared expert (qwen2moe)
+  ExpertWeights shared;            // the shared expert (qwen2moe)
   std::vector<float> shared_gate;  // ffn_gate_inp_shexp, n_embd floats (empty: no gate)
 };
 
@@ -72,7 +72,7 @@ struct LoadOptions {
   BackendKind backend = BackendKind::Auto;
   uint64_t expert_budget_bytes = 0;  // 0: experts resident in the file mapping
   std::string expert_policy = "lru";
-  bool expert_per_layer = false;          // kept for the API: the same as cache_allocation "uniform"
+  bool expert_per_layer = false;  // kept for the API: the same as cache_allocation "uniform"
   // How the budget's slots are divided: "auto" (the profile's DP allocation when a profile is
   // given and every layer's minimum fits, else one global pool), "global", "uniform", "dp".
   std::string cache_allocation = "auto";
@@ -102,7 +102,7 @@ struct Model {
 
   std::unique_ptr<Tokenizer> tokenizer;  // null when the file has no tokenizer metadata
   ChatTemplate chat_template = ChatTemplate::Plain;
-  bool vocab_only = false;               // tokenizer only: no weights, no runtime
+  bool vocab_only = false;  // tokenizer only: no weights, no runtime
 
   uint64_t expert_bytes = 0, dense_bytes = 0;
   uint64_t n_params = 0, n_active_params = 0;

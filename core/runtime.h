@@ -41,7 +41,7 @@ struct Runtime {
   BackendKind backend_kind = BackendKind::Cpu;
   std::unique_ptr<Profile> profile;  // null without a calibration profile
   std::unique_ptr<ExpertSource> experts;
-  ExpertStore* store = nullptr;      // the same object as `experts` when a budget is set
+  ExpertStore* store = nullptr;                // the same object as `experts` when a budget is set
   std::unique_ptr<ExpertPredictor> predictor;  // null: no prediction (no budget, or none asked)
   GatingConfig gating;
   RoutingCounters routed;

@@ -40,7 +40,8 @@ std::vector<std::pair<int32_t, float>> Sampler::distribution(const float* logits
   for (int32_t i = 0; i < n_vocab; ++i) cand[static_cast<size_t>(i)] = {i, logits[i]};
 
   if (p_.repeat_penalty != 1.0f && p_.repeat_last_n != 0) {
-    const size_t n = p_.repeat_last_n < 0 ? history.size() : std::min(history.size(), static_cast<size_t>(p_.repeat_last_n));
+    const size_t n =
+        p_.repeat_last_n < 0 ? history.size() : std::min(history.size(), static_cast<size_t>(p_.repeat_last_n));
     std::unordered_set<int32_t> recent(history.end() - static_cast<std::ptrdiff_t>(n), history.end());
     for (int32_t t : recent) {
       if (t < 0 || t >= n_vocab) continue;
@@ -48,7 +49,9 @@ std::vector<std::pair<int32_t, float>> Sampler::distribution(const float* logits
       l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
     }
   }
-  auto by_logit = [](const auto& a, const auto& b) { return a.second > b.second || (a.second == b.second && a.first < b.first); };
+  auto by_logit = [](const auto& a, const auto& b) {
+    return a.second > b.second || (a.second == b.second && a.first < b.first);
+  };
   if (p_.temperature <= 0.0f) {
     auto best = std::min_element(cand.begin(), cand.end(), by_logit);
     return {{best->first, 1.0f}};

@@ -7,10 +7,10 @@
 namespace moelite {
 
 struct SamplerParams {
-  float temperature = 0.8f;  // <= 0: greedy (argmax)
-  int32_t top_k = 40;        // <= 0: off
-  float top_p = 0.95f;       // >= 1: off
-  float min_p = 0.05f;       // <= 0: off; keep tokens with p >= min_p * p_max
+  float temperature = 0.8f;     // <= 0: greedy (argmax)
+  int32_t top_k = 40;           // <= 0: off
+  float top_p = 0.95f;          // >= 1: off
+  float min_p = 0.05f;          // <= 0: off; keep tokens with p >= min_p * p_max
   float repeat_penalty = 1.0f;  // 1: off; llama.cpp's rule: logit > 0 ? logit / r : logit * r
   int32_t repeat_last_n = 64;   // how many recent tokens the penalty looks at
   uint64_t seed = 0x5eed;

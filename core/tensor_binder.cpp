@@ -18,8 +18,8 @@ std::string shape_str(const gguf::TensorInfo& t) {
 Status TensorBinder::lookup(const std::string& name, bool required, const gguf::TensorInfo** out) {
   *out = gguf_.find_tensor(name);
   if (!*out && required)
-    return fail(MOELITE_ERR_MISSING_TENSOR, "tensor '%s' is required by architecture '%s' but absent",
-                name.c_str(), model_.hp.arch.c_str());
+    return fail(MOELITE_ERR_MISSING_TENSOR, "tensor '%s' is required by architecture '%s' but absent", name.c_str(),
+                model_.hp.arch.c_str());
   return MOELITE_OK;
 }
 
@@ -30,7 +30,9 @@ Status TensorBinder::data_of(const gguf::TensorInfo& info, const uint8_t** out, 
     *out = model_.mapping.data() + info.file_offset;
   } else {
     void* p = platform::aligned_alloc_bytes(static_cast<size_t>(info.size_bytes), 64);
-    if (!p) return fail(MOELITE_ERR_OUT_OF_MEMORY, "no memory for tensor '%s' (%" PRIu64 " bytes)", info.name.c_str(), info.size_bytes);
+    if (!p)
+      return fail(MOELITE_ERR_OUT_OF_MEMORY, "no memory for tensor '%s' (%" PRIu64 " bytes)", info.name.c_str(),
+                  info.size_bytes);
     model_.owned.push_back(p);
     MOELITE_TRY(gguf_.file().read_at(info.file_offset, p, info.size_bytes));
     *out = static_cast<const uint8_t*>(p);
@@ -54,7 +56,8 @@ Status TensorBinder::bind_matrix(const std::string& name, int64_t cols, int64_t 
   if (!ti->computable)
     return fail(MOELITE_ERR_UNSUPPORTED_TYPE,
                 "tensor '%s' uses type %s, which moelite cannot compute with (supported: F32, F16, BF16, "
-                "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)", name.c_str(), ti->name);
+                "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)",
+                name.c_str(), ti->name);
   out->type = t->type;
   out->cols = cols;
   out->rows = rows;
@@ -71,8 +74,8 @@ Status TensorBinder::expert_matrix(const std::string& name, int64_t cols, int64_
   return bind_matrix(name, cols, rows, true, true, out);
 }
 
-Status TensorBinder::matrix_stack(const std::string& name, int64_t cols, int64_t rows, int64_t n,
-                                  WeightView* out, uint64_t* stride) {
+Status TensorBinder::matrix_stack(const std::string& name, int64_t cols, int64_t rows, int64_t n, WeightView* out,
+                                  uint64_t* stride) {
   const gguf::TensorInfo* t;
   MOELITE_TRY(lookup(name, true, &t));
   if (t->n_dims != 3 || t->ne[0] != cols || (rows >= 0 && t->ne[1] != rows) || t->ne[2] != n)
@@ -100,12 +103,11 @@ Status TensorBinder::floats(const std::string& name, int64_t n, std::vector<floa
     return MOELITE_OK;
   }
   if (static_cast<int64_t>(t->n_elements) != n || t->ne[0] != n)
-    return fail(MOELITE_ERR_BAD_SHAPE, "tensor '%s' has shape %s, expected {%lld}", name.c_str(),
-                shape_str(*t).c_str(), (long long)n);
+    return fail(MOELITE_ERR_BAD_SHAPE, "tensor '%s' has shape %s, expected {%lld}", name.c_str(), shape_str(*t).c_str(),
+                (long long)n);
   DequantRowFn dequant = dequant_row_fn(t->type);
   if (!dequant)
-    return fail(MOELITE_ERR_UNSUPPORTED_TYPE, "tensor '%s' uses unsupported type %s", name.c_str(),
-                type_name(t->type));
+    return fail(MOELITE_ERR_UNSUPPORTED_TYPE, "tensor '%s' uses unsupported type %s", name.c_str(), type_name(t->type));
   std::vector<uint8_t> bytes(static_cast<size_t>(t->size_bytes));
   MOELITE_TRY(gguf_.file().read_at(t->file_offset, bytes.data(), t->size_bytes));
   bound_bytes_ += t->size_bytes;

@@ -25,8 +25,7 @@ class TensorBinder {
   // A 2-D matrix with ne = {cols, rows}. Missing: MOELITE_ERR_MISSING_TENSOR (when required;
   // otherwise OK with an invalid view). Wrong shape: MOELITE_ERR_BAD_SHAPE. A type without
   // kernels: MOELITE_ERR_UNSUPPORTED_TYPE.
-  Status matrix(const std::string& name, int64_t cols, int64_t rows, WeightView* out,
-                bool required = true);
+  Status matrix(const std::string& name, int64_t cols, int64_t rows, WeightView* out, bool required = true);
   // A 3-D stack of n matrices ne = {cols, rows, n}; `out` describes matrix 0 and *stride the
   // bytes from one matrix to the next. rows may be -1 to accept any (read back from out->rows).
   Status matrix_stack(const std::string& name, int64_t cols, int64_t rows, int64_t n, WeightView* out,
@@ -45,8 +44,7 @@ class TensorBinder {
 
  private:
   Status lookup(const std::string& name, bool required, const gguf::TensorInfo** out);
-  Status bind_matrix(const std::string& name, int64_t cols, int64_t rows, bool required, bool expert,
-                     WeightView* out);
+  Status bind_matrix(const std::string& name, int64_t cols, int64_t rows, bool required, bool expert, WeightView* out);
   Status data_of(const gguf::TensorInfo& info, const uint8_t** out, bool expert = false);
 
   Model& model_;

@@ -33,13 +33,13 @@ extern "C" {
 #endif
 
 #if defined(_WIN32)
-#  if defined(MOELITE_BUILDING)
-#    define MOELITE_API __declspec(dllexport)
-#  else
-#    define MOELITE_API
-#  endif
+#if defined(MOELITE_BUILDING)
+#define MOELITE_API __declspec(dllexport)
 #else
-#  define MOELITE_API __attribute__((visibility("default")))
+#define MOELITE_API
+#endif
+#else
+#define MOELITE_API __attribute__((visibility("default")))
 #endif
 
 /* ------------------------------------------------------------------------------------------ */
@@ -50,14 +50,13 @@ extern "C" {
 #define MOELITE_VERSION_MINOR 1
 #define MOELITE_VERSION_PATCH 0
 /** The version this header belongs to, as MAJOR*10000 + MINOR*100 + PATCH. */
-#define MOELITE_VERSION_NUMBER \
-  (MOELITE_VERSION_MAJOR * 10000 + MOELITE_VERSION_MINOR * 100 + MOELITE_VERSION_PATCH)
+#define MOELITE_VERSION_NUMBER (MOELITE_VERSION_MAJOR * 10000 + MOELITE_VERSION_MINOR * 100 + MOELITE_VERSION_PATCH)
 
 /** Version of the library actually linked, same encoding as MOELITE_VERSION_NUMBER.
  *  Compare with MOELITE_VERSION_NUMBER to detect a header/library mismatch. */
 MOELITE_API unsigned moelite_version_number(void);
 /** The linked library's version as "MAJOR.MINOR.PATCH"; static storage, never NULL. */
-MOELITE_API const char *moelite_version_string(void);
+MOELITE_API const char* moelite_version_string(void);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Errors                                                                                       */
@@ -65,44 +64,44 @@ MOELITE_API const char *moelite_version_string(void);
 
 typedef enum moelite_status {
   MOELITE_OK = 0,
-  MOELITE_ERR_INVALID_ARGUMENT = 1,   /* NULL handle, out-of-range value, bad option */
-  MOELITE_ERR_OUT_OF_MEMORY = 2,      /* an allocation failed */
-  MOELITE_ERR_FILE_NOT_FOUND = 3,     /* the path does not exist or cannot be opened */
-  MOELITE_ERR_IO = 4,                 /* a read, map or stat failed, or returned fewer bytes */
-  MOELITE_ERR_BUFFER_TOO_SMALL = 5,   /* an output buffer is too small; the size needed is
-                                         returned through the function's length argument */
-  MOELITE_ERR_GGUF_BAD_MAGIC = 10,    /* not a GGUF file */
-  MOELITE_ERR_GGUF_BAD_VERSION = 11,  /* GGUF version other than 2 or 3 */
-  MOELITE_ERR_GGUF_TRUNCATED = 12,    /* the file ends inside the header, metadata or tensor data */
-  MOELITE_ERR_GGUF_CORRUPT = 13,      /* absurd count or length, bad string, duplicate name,
-                                         bad alignment, bad dimensions */
-  MOELITE_ERR_GGUF_UNKNOWN_TYPE = 14, /* unknown metadata value type or tensor type id */
-  MOELITE_ERR_GGUF_OUT_OF_BOUNDS = 15,/* a tensor's data lies (partly) outside the file */
-  MOELITE_ERR_GGUF_OVERLAP = 16,      /* two tensors' data overlap */
-  MOELITE_ERR_UNSUPPORTED_ARCH = 20,  /* general.architecture is not one moelite implements */
-  MOELITE_ERR_UNSUPPORTED_TYPE = 21,  /* a weight uses a quantization type moelite lacks */
-  MOELITE_ERR_MISSING_TENSOR = 22,    /* a tensor the architecture needs is absent */
-  MOELITE_ERR_BAD_SHAPE = 23,         /* a tensor's shape disagrees with the hyperparameters */
-  MOELITE_ERR_MISSING_METADATA = 24,  /* a required metadata key is absent or mistyped */
-  MOELITE_ERR_BAD_METADATA = 25,      /* a metadata value is out of range or inconsistent */
-  MOELITE_ERR_BACKEND_UNAVAILABLE = 30,/* the requested compute backend is not built/present */
-  MOELITE_ERR_BUDGET_TOO_SMALL = 31,  /* expert memory budget below the minimum working set */
-  MOELITE_ERR_NOT_IMPLEMENTED = 32,   /* a recognised request this build cannot serve yet */
-  MOELITE_ERR_BAD_PROFILE = 33,       /* a calibration profile is malformed, of an unsupported
-                                         version, or made for another model */
-  MOELITE_ERR_CONTEXT_FULL = 40,      /* the batch would run past the context length */
-  MOELITE_ERR_BAD_TOKEN = 41,         /* a token id outside [0, n_vocab) */
-  MOELITE_ERR_ABORTED = 42,           /* the abort callback asked to stop */
-  MOELITE_ERR_CANCELLED = 43,         /* the progress callback asked to stop loading */
-  MOELITE_ERR_INTERNAL = 99           /* a bug in moelite; please report it */
+  MOELITE_ERR_INVALID_ARGUMENT = 1,     /* NULL handle, out-of-range value, bad option */
+  MOELITE_ERR_OUT_OF_MEMORY = 2,        /* an allocation failed */
+  MOELITE_ERR_FILE_NOT_FOUND = 3,       /* the path does not exist or cannot be opened */
+  MOELITE_ERR_IO = 4,                   /* a read, map or stat failed, or returned fewer bytes */
+  MOELITE_ERR_BUFFER_TOO_SMALL = 5,     /* an output buffer is too small; the size needed is
+                                           returned through the function's length argument */
+  MOELITE_ERR_GGUF_BAD_MAGIC = 10,      /* not a GGUF file */
+  MOELITE_ERR_GGUF_BAD_VERSION = 11,    /* GGUF version other than 2 or 3 */
+  MOELITE_ERR_GGUF_TRUNCATED = 12,      /* the file ends inside the header, metadata or tensor data */
+  MOELITE_ERR_GGUF_CORRUPT = 13,        /* absurd count or length, bad string, duplicate name,
+                                           bad alignment, bad dimensions */
+  MOELITE_ERR_GGUF_UNKNOWN_TYPE = 14,   /* unknown metadata value type or tensor type id */
+  MOELITE_ERR_GGUF_OUT_OF_BOUNDS = 15,  /* a tensor's data lies (partly) outside the file */
+  MOELITE_ERR_GGUF_OVERLAP = 16,        /* two tensors' data overlap */
+  MOELITE_ERR_UNSUPPORTED_ARCH = 20,    /* general.architecture is not one moelite implements */
+  MOELITE_ERR_UNSUPPORTED_TYPE = 21,    /* a weight uses a quantization type moelite lacks */
+  MOELITE_ERR_MISSING_TENSOR = 22,      /* a tensor the architecture needs is absent */
+  MOELITE_ERR_BAD_SHAPE = 23,           /* a tensor's shape disagrees with the hyperparameters */
+  MOELITE_ERR_MISSING_METADATA = 24,    /* a required metadata key is absent or mistyped */
+  MOELITE_ERR_BAD_METADATA = 25,        /* a metadata value is out of range or inconsistent */
+  MOELITE_ERR_BACKEND_UNAVAILABLE = 30, /* the requested compute backend is not built/present */
+  MOELITE_ERR_BUDGET_TOO_SMALL = 31,    /* expert memory budget below the minimum working set */
+  MOELITE_ERR_NOT_IMPLEMENTED = 32,     /* a recognised request this build cannot serve yet */
+  MOELITE_ERR_BAD_PROFILE = 33,         /* a calibration profile is malformed, of an unsupported
+                                           version, or made for another model */
+  MOELITE_ERR_CONTEXT_FULL = 40,        /* the batch would run past the context length */
+  MOELITE_ERR_BAD_TOKEN = 41,           /* a token id outside [0, n_vocab) */
+  MOELITE_ERR_ABORTED = 42,             /* the abort callback asked to stop */
+  MOELITE_ERR_CANCELLED = 43,           /* the progress callback asked to stop loading */
+  MOELITE_ERR_INTERNAL = 99             /* a bug in moelite; please report it */
 } moelite_status;
 
 /** Short constant name of a status ("MOELITE_ERR_IO"); static storage, never NULL. */
-MOELITE_API const char *moelite_status_name(moelite_status status);
+MOELITE_API const char* moelite_status_name(moelite_status status);
 
 /** Message describing the most recent failure on the calling thread ("" if none yet).
  *  The pointer is valid until the next moelite call on the same thread. Thread-safe. */
-MOELITE_API const char *moelite_last_error(void);
+MOELITE_API const char* moelite_last_error(void);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Logging                                                                                      */
@@ -118,12 +117,11 @@ typedef enum moelite_log_level {
 
 /** Receives one complete line of log text, without a trailing newline. May be called from any
  *  thread that runs moelite work, so it must be thread-safe. The text is valid during the call. */
-typedef void (*moelite_log_fn)(moelite_log_level level, const char *text, void *user_data);
+typedef void (*moelite_log_fn)(moelite_log_level level, const char* text, void* user_data);
 
 /** Installs the process-wide log sink. NULL restores the default (stderr, WARN and above).
  *  Messages below min_level are not formatted at all. Thread-safe. */
-MOELITE_API void moelite_set_log_callback(moelite_log_fn fn, void *user_data,
-                                          moelite_log_level min_level);
+MOELITE_API void moelite_set_log_callback(moelite_log_fn fn, void* user_data, moelite_log_level min_level);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Model loading                                                                                */
@@ -143,39 +141,35 @@ typedef enum moelite_backend {
 /** Called during loading with progress in [0, 1]. Return 0 to cancel the load (the load then
  *  fails with MOELITE_ERR_CANCELLED and releases everything it allocated), non-zero to go on.
  *  Runs on the loading thread. */
-typedef int (*moelite_progress_fn)(float progress, void *user_data);
+typedef int (*moelite_progress_fn)(float progress, void* user_data);
 
 /** Creates a parameter object holding the defaults: backend AUTO, threads = number of physical
  *  cores, all experts resident (no budget), mmap on, no progress callback.
  *  Returns NULL only when out of memory. Free with moelite_model_params_free(). */
-MOELITE_API moelite_model_params *moelite_model_params_create(void);
-MOELITE_API void moelite_model_params_free(moelite_model_params *params);
+MOELITE_API moelite_model_params* moelite_model_params_create(void);
+MOELITE_API void moelite_model_params_free(moelite_model_params* params);
 
 /** Number of compute threads (>= 1); 0 restores the default (physical cores).
  *  MOELITE_ERR_INVALID_ARGUMENT for a negative value. */
-MOELITE_API moelite_status moelite_model_params_set_threads(moelite_model_params *params,
-                                                            int32_t n_threads);
+MOELITE_API moelite_status moelite_model_params_set_threads(moelite_model_params* params, int32_t n_threads);
 /** Compute backend. Asking for a backend this build or machine lacks makes moelite_model_load
  *  fail with MOELITE_ERR_BACKEND_UNAVAILABLE and a message saying why. MOELITE_BACKEND_VULKAN
  *  takes the best Vulkan device, CPU implementations included (environment MOELITE_VK_DEVICE=N
  *  forces device N). */
-MOELITE_API moelite_status moelite_model_params_set_backend(moelite_model_params *params,
-                                                            moelite_backend backend);
+MOELITE_API moelite_status moelite_model_params_set_backend(moelite_model_params* params, moelite_backend backend);
 /** Bytes of memory the routed-expert weights may occupy. 0 (default): every expert stays in the
  *  file mapping (the OS pages it in). Any other value: experts are read from the model file on
  *  demand into a pool of expert slots that never exceeds `budget_bytes`, bypassing the OS page
  *  cache where the file system allows (O_DIRECT). Loading fails with MOELITE_ERR_BUDGET_TOO_SMALL,
  *  stating the minimum, when fewer than top-k + 1 experts fit. Results do not depend on the
  *  budget (bitwise), only speed does. */
-MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_params *params,
-                                                                  uint64_t budget_bytes);
+MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_params* params, uint64_t budget_bytes);
 /** Replacement policy of the expert store: "lru" (default), "lfu", "decay" (decayed frequency),
  *  "static" (a hot set: the profile's most used experts; without a profile, the most used so
  *  far) or "belady" (evict the expert needed furthest ahead, as far as predictions reveal; without
  *  a predictor, LRU among the unknown). The string is copied.
  *  MOELITE_ERR_INVALID_ARGUMENT for NULL; an unknown name fails at load time. */
-MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_params *params,
-                                                                  const char *policy);
+MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_params* params, const char* policy);
 /** Expert prediction feeding the store's prefetch queue (used with a budget; loads then overlap
  *  computation). Only speeds up loading: results are unchanged. The string is copied; an unknown
  *  name, or one whose requirements are missing, fails at load.
@@ -190,20 +184,19 @@ MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_
  *                 one is given and updated online;
  *   "pregate"     the exact next-layer routing of models with pre-gate routers
  *                 (blk.N.ffn_pregate_inp.weight; Pre-gated MoE, Read-ME). */
-MOELITE_API moelite_status moelite_model_params_set_expert_predictor(moelite_model_params *params,
-                                                                     const char *predictor);
+MOELITE_API moelite_status moelite_model_params_set_expert_predictor(moelite_model_params* params,
+                                                                     const char* predictor);
 /** Layers ahead the "next-gate" predictor looks (>= 1, default 1). Guesses for a deeper layer are
  *  loaded only once every nearer guessed expert is resident, so they never delay nearer ones.
  *  MOELITE_ERR_INVALID_ARGUMENT for a value below 1. */
-MOELITE_API moelite_status moelite_model_params_set_predictor_depth(moelite_model_params *params,
-                                                                    int32_t depth);
+MOELITE_API moelite_status moelite_model_params_set_predictor_depth(moelite_model_params* params, int32_t depth);
 /** A calibration profile written by moelite_calibrate / `moelite calibrate` (NULL or "" for
  *  none; the path is copied). With a profile and an expert budget the store's slots are divided
  *  among layers by a DP allocation over the profile's hit curves and predictor accuracy, the
  *  "static" policy keeps the profile's most used experts, and sensitivity gating and the learned
  *  predictors can be used. At load: MOELITE_ERR_FILE_NOT_FOUND if it cannot be opened,
  *  MOELITE_ERR_BAD_PROFILE if it is malformed or was made for another model. */
-MOELITE_API moelite_status moelite_model_params_set_profile(moelite_model_params *params, const char *path);
+MOELITE_API moelite_status moelite_model_params_set_profile(moelite_model_params* params, const char* path);
 /** Adaptive top-k gating. `mode`: "exact" (default: the model's own top-k; results never depend
  *  on the budget), "sensitivity" (AdapMoE: after top-k and renormalisation, the lowest-weight
  *  experts are dropped while (sum of dropped weights)^2 * S_l < threshold, S_l being layer l's
@@ -212,12 +205,11 @@ MOELITE_API moelite_status moelite_model_params_set_profile(moelite_model_params
  *  k. Changes results (fewer experts computed and loaded); moelite_expert_stats counts the
  *  experts used. MOELITE_ERR_INVALID_ARGUMENT for an unknown mode or a negative or non-finite
  *  threshold. */
-MOELITE_API moelite_status moelite_model_params_set_gating(moelite_model_params *params, const char *mode,
+MOELITE_API moelite_status moelite_model_params_set_gating(moelite_model_params* params, const char* mode,
                                                            float threshold);
 /** 0 (default): one pool of expert slots shared by all layers. 1: equal per-layer quotas (each
  *  layer evicts only its own experts). */
-MOELITE_API moelite_status moelite_model_params_set_expert_per_layer(moelite_model_params *params,
-                                                                     int32_t per_layer);
+MOELITE_API moelite_status moelite_model_params_set_expert_per_layer(moelite_model_params* params, int32_t per_layer);
 /** How the expert budget's slots are divided among layers (the string is copied; an unknown name
  *  fails at load with MOELITE_ERR_INVALID_ARGUMENT):
  *   "auto"    (default) "dp" when a profile is set and the budget holds every layer's minimum
@@ -228,30 +220,27 @@ MOELITE_API moelite_status moelite_model_params_set_expert_per_layer(moelite_mod
  *             profile's measured hit curves and the chosen predictor's accuracy (a knapsack
  *             solved exactly by dynamic programming). Needs a profile (MOELITE_ERR_BAD_PROFILE)
  *             and a budget of top-k + 1 slots per layer (MOELITE_ERR_BUDGET_TOO_SMALL). */
-MOELITE_API moelite_status moelite_model_params_set_cache_allocation(moelite_model_params *params,
-                                                                     const char *allocation);
+MOELITE_API moelite_status moelite_model_params_set_cache_allocation(moelite_model_params* params,
+                                                                     const char* allocation);
 /** 1 (default): map the file and compute on the mapping. 0: read weights into owned memory. */
-MOELITE_API moelite_status moelite_model_params_set_use_mmap(moelite_model_params *params,
-                                                             int32_t use_mmap);
+MOELITE_API moelite_status moelite_model_params_set_use_mmap(moelite_model_params* params, int32_t use_mmap);
 /** 1: load only the tokenizer (no weights, no backend): tokenize/detokenize/chat formatting work,
  *  contexts cannot be created (MOELITE_ERR_INVALID_ARGUMENT). Vocabulary-only GGUF files, which
  *  hold tokenizer metadata and no tensors, can only be opened this way. Default 0. */
-MOELITE_API moelite_status moelite_model_params_set_vocab_only(moelite_model_params *params,
-                                                               int32_t vocab_only);
+MOELITE_API moelite_status moelite_model_params_set_vocab_only(moelite_model_params* params, int32_t vocab_only);
 /** Progress callback (NULL to remove) and the pointer handed back to it. */
-MOELITE_API moelite_status moelite_model_params_set_progress_callback(moelite_model_params *params,
-                                                                      moelite_progress_fn fn,
-                                                                      void *user_data);
+MOELITE_API moelite_status moelite_model_params_set_progress_callback(moelite_model_params* params,
+                                                                      moelite_progress_fn fn, void* user_data);
 
 /** Loads the GGUF model at `path`. `params` may be NULL for the defaults; it is only read
  *  during the call. On success *out_model receives a model the caller frees with
  *  moelite_model_free(). Every malformed or unsupported input gets its specific status (see
  *  moelite_status); nothing is leaked on failure. */
-MOELITE_API moelite_status moelite_model_load(const char *path, const moelite_model_params *params,
-                                              moelite_model **out_model);
+MOELITE_API moelite_status moelite_model_load(const char* path, const moelite_model_params* params,
+                                              moelite_model** out_model);
 
 /** Frees a model. All contexts created from it must have been freed first. NULL is a no-op. */
-MOELITE_API void moelite_model_free(moelite_model *model);
+MOELITE_API void moelite_model_free(moelite_model* model);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Model queries                                                                                */
@@ -259,9 +248,9 @@ MOELITE_API void moelite_model_free(moelite_model *model);
 
 typedef enum moelite_model_key {
   MOELITE_MODEL_N_LAYERS = 0,
-  MOELITE_MODEL_N_EXPERTS = 1,          /* routed experts per MoE layer */
-  MOELITE_MODEL_N_EXPERTS_USED = 2,     /* top-k of the router */
-  MOELITE_MODEL_N_SHARED_EXPERTS = 3,   /* 0 or 1 for the architectures supported now */
+  MOELITE_MODEL_N_EXPERTS = 1,        /* routed experts per MoE layer */
+  MOELITE_MODEL_N_EXPERTS_USED = 2,   /* top-k of the router */
+  MOELITE_MODEL_N_SHARED_EXPERTS = 3, /* 0 or 1 for the architectures supported now */
   MOELITE_MODEL_N_VOCAB = 4,
   MOELITE_MODEL_N_EMBD = 5,
   MOELITE_MODEL_N_HEAD = 6,
@@ -286,26 +275,26 @@ typedef enum moelite_model_key {
 } moelite_model_key;
 
 /** Value of a numeric property, or -1 if the key is unknown or the model is NULL. Thread-safe. */
-MOELITE_API int64_t moelite_model_get(const moelite_model *model, moelite_model_key key);
+MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_key key);
 /** general.architecture ("qwen3moe", ...); owned by the model. NULL for a NULL model. */
-MOELITE_API const char *moelite_model_arch(const moelite_model *model);
+MOELITE_API const char* moelite_model_arch(const moelite_model* model);
 /** general.name, or "" if absent; owned by the model. */
-MOELITE_API const char *moelite_model_name(const moelite_model *model);
+MOELITE_API const char* moelite_model_name(const moelite_model* model);
 /** Name of the weight type that holds most expert bytes ("Q4_K", ...); owned by the library. */
-MOELITE_API const char *moelite_model_expert_type(const moelite_model *model);
+MOELITE_API const char* moelite_model_expert_type(const moelite_model* model);
 /** Name of the backend in use ("cpu", ...) with the SIMD level, e.g. "cpu (avx512)". */
-MOELITE_API const char *moelite_model_backend_name(const moelite_model *model);
+MOELITE_API const char* moelite_model_backend_name(const moelite_model* model);
 
 /** Comma-separated list of the architectures this build supports; static storage. */
-MOELITE_API const char *moelite_supported_archs(void);
+MOELITE_API const char* moelite_supported_archs(void);
 
 /** Counters of the expert store (all zero when every expert is resident). Set struct_size to
  *  sizeof(moelite_expert_stats); fields that do not fit are not written. */
 typedef struct moelite_expert_stats {
   size_t struct_size;
-  uint64_t activations;       /* experts asked for by routing (one per expert and batch) */
-  uint64_t hits;              /* ... that were resident or already loading */
-  uint64_t misses;            /* ... that had to be loaded on demand */
+  uint64_t activations; /* experts asked for by routing (one per expert and batch) */
+  uint64_t hits;        /* ... that were resident or already loading */
+  uint64_t misses;      /* ... that had to be loaded on demand */
   uint64_t prefetches_issued;
   uint64_t prefetches_used;
   uint64_t prefetches_wasted; /* speculative loads evicted or dropped before use */
@@ -323,10 +312,10 @@ typedef struct moelite_expert_stats {
 
 /** Cumulative expert-store counters of one layer, or of all layers for layer = -1. Thread-safe.
  *  MOELITE_ERR_INVALID_ARGUMENT for a bad layer or a NULL/undersized out. */
-MOELITE_API moelite_status moelite_model_expert_stats(const moelite_model *model, int32_t layer,
-                                                      moelite_expert_stats *out);
+MOELITE_API moelite_status moelite_model_expert_stats(const moelite_model* model, int32_t layer,
+                                                      moelite_expert_stats* out);
 /** Zeroes the counters (e.g. between a warm-up and a measurement). */
-MOELITE_API void moelite_model_reset_expert_stats(moelite_model *model);
+MOELITE_API void moelite_model_reset_expert_stats(moelite_model* model);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Calibration                                                                                  */
@@ -337,18 +326,17 @@ typedef struct moelite_calibrate_params moelite_calibrate_params;
 /** Defaults: windows of 256 tokens, learned predictors 1 layer ahead, 25 % of the tokens held
  *  out of predictor fitting (their accuracy is measured there), finite-difference alpha 0.9, no
  *  progress callback. Returns NULL only when out of memory. */
-MOELITE_API moelite_calibrate_params *moelite_calibrate_params_create(void);
-MOELITE_API void moelite_calibrate_params_free(moelite_calibrate_params *params);
+MOELITE_API moelite_calibrate_params* moelite_calibrate_params_create(void);
+MOELITE_API void moelite_calibrate_params_free(moelite_calibrate_params* params);
 /** Tokens per evaluation window (>= 2); each window is evaluated from an empty cache. */
-MOELITE_API moelite_status moelite_calibrate_params_set_window(moelite_calibrate_params *params, int32_t window);
+MOELITE_API moelite_status moelite_calibrate_params_set_window(moelite_calibrate_params* params, int32_t window);
 /** Layers ahead the learned predictors look (>= 1). */
-MOELITE_API moelite_status moelite_calibrate_params_set_stride(moelite_calibrate_params *params, int32_t stride);
+MOELITE_API moelite_status moelite_calibrate_params_set_stride(moelite_calibrate_params* params, int32_t stride);
 /** Share of the tokens kept out of predictor fitting, in (0, 1). */
-MOELITE_API moelite_status moelite_calibrate_params_set_holdout(moelite_calibrate_params *params, double share);
+MOELITE_API moelite_status moelite_calibrate_params_set_holdout(moelite_calibrate_params* params, double share);
 /** Progress in [0, 1] after every window; returning 0 cancels (MOELITE_ERR_CANCELLED). */
-MOELITE_API moelite_status moelite_calibrate_params_set_progress_callback(moelite_calibrate_params *params,
-                                                                          moelite_progress_fn fn,
-                                                                          void *user_data);
+MOELITE_API moelite_status moelite_calibrate_params_set_progress_callback(moelite_calibrate_params* params,
+                                                                          moelite_progress_fn fn, void* user_data);
 
 /** Runs `model` over `n_tokens` tokens of a corpus and writes a calibration profile to
  *  `profile_path` (JSON, plus `profile_path`.bin with predictor weights): per-layer sensitivity
@@ -361,8 +349,8 @@ MOELITE_API moelite_status moelite_calibrate_params_set_progress_callback(moelit
  *  may evaluate meanwhile. `params` may be NULL. Existing files are replaced only once complete.
  *  Errors: MOELITE_ERR_INVALID_ARGUMENT (fewer than 2 tokens, bad tokens, non-exact gating),
  *  MOELITE_ERR_IO (cannot write), MOELITE_ERR_CANCELLED, and evaluation errors. */
-MOELITE_API moelite_status moelite_calibrate(moelite_model *model, const int32_t *tokens, int32_t n_tokens,
-                                             const moelite_calibrate_params *params, const char *profile_path);
+MOELITE_API moelite_status moelite_calibrate(moelite_model* model, const int32_t* tokens, int32_t n_tokens,
+                                             const moelite_calibrate_params* params, const char* profile_path);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Contexts: a KV cache plus the scratch memory of one inference stream                         */
@@ -373,22 +361,19 @@ typedef struct moelite_context_params moelite_context_params;
 
 /** Polled between layers during evaluation; return non-zero to abort. Runs on the calling
  *  thread of moelite_eval. */
-typedef int (*moelite_abort_fn)(void *user_data);
+typedef int (*moelite_abort_fn)(void* user_data);
 
 /** Defaults: n_ctx = min(model's training context, 4096), n_batch = 512, no abort callback.
  *  Returns NULL only when out of memory. */
-MOELITE_API moelite_context_params *moelite_context_params_create(void);
-MOELITE_API void moelite_context_params_free(moelite_context_params *params);
+MOELITE_API moelite_context_params* moelite_context_params_create(void);
+MOELITE_API void moelite_context_params_free(moelite_context_params* params);
 /** Maximum tokens the KV cache holds (>= 1; 0 restores the default). */
-MOELITE_API moelite_status moelite_context_params_set_n_ctx(moelite_context_params *params,
-                                                            int32_t n_ctx);
+MOELITE_API moelite_status moelite_context_params_set_n_ctx(moelite_context_params* params, int32_t n_ctx);
 /** Largest number of tokens computed in one forward pass (>= 1); longer inputs to moelite_eval
  *  are split. Scratch memory grows with it. */
-MOELITE_API moelite_status moelite_context_params_set_n_batch(moelite_context_params *params,
-                                                              int32_t n_batch);
-MOELITE_API moelite_status moelite_context_params_set_abort_callback(moelite_context_params *params,
-                                                                     moelite_abort_fn fn,
-                                                                     void *user_data);
+MOELITE_API moelite_status moelite_context_params_set_n_batch(moelite_context_params* params, int32_t n_batch);
+MOELITE_API moelite_status moelite_context_params_set_abort_callback(moelite_context_params* params,
+                                                                     moelite_abort_fn fn, void* user_data);
 
 /** Observes routing: called once per MoE layer of every forward pass with the experts chosen for
  *  the batch's `n_tokens` tokens (sequence positions pos0 .. pos0 + n_tokens - 1):
@@ -396,41 +381,39 @@ MOELITE_API moelite_status moelite_context_params_set_abort_callback(moelite_con
  *  applied (after renormalisation and adaptive gating; a slot dropped by adaptive gating has
  *  expert -1 and weight 0). The arrays are valid during the call only. Runs on the
  *  thread calling moelite_eval; for traces, profiling and calibration. */
-typedef void (*moelite_routing_fn)(int32_t layer, int32_t pos0, int32_t n_tokens, int32_t k,
-                                   const int32_t *experts, const float *weights, void *user_data);
-MOELITE_API moelite_status moelite_context_params_set_routing_callback(moelite_context_params *params,
-                                                                       moelite_routing_fn fn,
-                                                                       void *user_data);
+typedef void (*moelite_routing_fn)(int32_t layer, int32_t pos0, int32_t n_tokens, int32_t k, const int32_t* experts,
+                                   const float* weights, void* user_data);
+MOELITE_API moelite_status moelite_context_params_set_routing_callback(moelite_context_params* params,
+                                                                       moelite_routing_fn fn, void* user_data);
 
 /** Creates a context for `model` (which must outlive it). `params` may be NULL for defaults.
  *  Free with moelite_context_free(). */
-MOELITE_API moelite_status moelite_context_create(moelite_model *model,
-                                                  const moelite_context_params *params,
-                                                  moelite_context **out_ctx);
-MOELITE_API void moelite_context_free(moelite_context *ctx);
+MOELITE_API moelite_status moelite_context_create(moelite_model* model, const moelite_context_params* params,
+                                                  moelite_context** out_ctx);
+MOELITE_API void moelite_context_free(moelite_context* ctx);
 
 /** Appends `n_tokens` tokens to the sequence and runs the model on them.
  *  `logits_all` non-zero keeps the logits of every token of this call, zero only the last one's.
  *  Errors: MOELITE_ERR_BAD_TOKEN, MOELITE_ERR_CONTEXT_FULL (nothing is evaluated), I/O errors
  *  from the expert store, MOELITE_ERR_ABORTED. After any error the context is as it was before
  *  the call (the sequence length is unchanged), so the caller can retry or go on. */
-MOELITE_API moelite_status moelite_eval(moelite_context *ctx, const int32_t *tokens,
-                                        int32_t n_tokens, int32_t logits_all);
+MOELITE_API moelite_status moelite_eval(moelite_context* ctx, const int32_t* tokens, int32_t n_tokens,
+                                        int32_t logits_all);
 
 /** Logits (n_vocab floats) of token `i` of the last successful moelite_eval: with logits_all,
  *  0 <= i < n_tokens; otherwise only the last token's (i = 0 or -1). Negative i counts from the end.
  *  Returns NULL for an index that has no logits. Owned by the context; valid until the next
  *  moelite_eval, moelite_kv_* or moelite_context_free on it. */
-MOELITE_API const float *moelite_get_logits(const moelite_context *ctx, int32_t i);
+MOELITE_API const float* moelite_get_logits(const moelite_context* ctx, int32_t i);
 
 /** Tokens currently held in the KV cache. */
-MOELITE_API int32_t moelite_kv_length(const moelite_context *ctx);
+MOELITE_API int32_t moelite_kv_length(const moelite_context* ctx);
 /** Context length chosen at creation. */
-MOELITE_API int32_t moelite_context_n_ctx(const moelite_context *ctx);
+MOELITE_API int32_t moelite_context_n_ctx(const moelite_context* ctx);
 /** Forgets the whole sequence. */
-MOELITE_API void moelite_kv_reset(moelite_context *ctx);
+MOELITE_API void moelite_kv_reset(moelite_context* ctx);
 /** Keeps the first n_keep tokens and forgets the rest (n_keep clamped to [0, length]). */
-MOELITE_API void moelite_kv_truncate(moelite_context *ctx, int32_t n_keep);
+MOELITE_API void moelite_kv_truncate(moelite_context* ctx, int32_t n_keep);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Tokens and text                                                                              */
@@ -440,41 +423,39 @@ MOELITE_API void moelite_kv_truncate(moelite_context *ctx, int32_t n_keep);
  * MOELITE_ERR_MISSING_METADATA when the model file carries no tokenizer. */
 
 enum {
-  MOELITE_TOKENIZE_ADD_SPECIAL = 1,   /* add BOS/EOS as the model's metadata asks */
-  MOELITE_TOKENIZE_PARSE_SPECIAL = 2  /* text like "<|im_start|>" becomes that control token;
-                                         without it, such text is tokenized as plain text */
+  MOELITE_TOKENIZE_ADD_SPECIAL = 1,  /* add BOS/EOS as the model's metadata asks */
+  MOELITE_TOKENIZE_PARSE_SPECIAL = 2 /* text like "<|im_start|>" becomes that control token;
+                                        without it, such text is tokenized as plain text */
 };
 
 /** Tokenizes `text_len` bytes of `text` (any bytes; need not be NUL-terminated or valid UTF-8)
  *  into `tokens` (room for `capacity` ids). *n_tokens receives the count; when it exceeds
  *  `capacity` the call returns MOELITE_ERR_BUFFER_TOO_SMALL and nothing useful is in `tokens`,
  *  so call again with a buffer of *n_tokens. `tokens` may be NULL when capacity is 0. */
-MOELITE_API moelite_status moelite_tokenize(const moelite_model *model, const char *text,
-                                            size_t text_len, uint32_t flags, int32_t *tokens,
-                                            int32_t capacity, int32_t *n_tokens);
+MOELITE_API moelite_status moelite_tokenize(const moelite_model* model, const char* text, size_t text_len,
+                                            uint32_t flags, int32_t* tokens, int32_t capacity, int32_t* n_tokens);
 
 enum {
-  MOELITE_DETOKENIZE_RENDER_SPECIAL = 1  /* include the text of control tokens (BOS, <|im_end|>) */
+  MOELITE_DETOKENIZE_RENDER_SPECIAL = 1 /* include the text of control tokens (BOS, <|im_end|>) */
 };
 
 /** The bytes `n_tokens` tokens stand for, written to `text` (room for `capacity` bytes, not
  *  NUL-terminated). *text_len receives the length; MOELITE_ERR_BUFFER_TOO_SMALL when it exceeds
  *  capacity. A single token's bytes may be an incomplete UTF-8 sequence; moelite_generate's
  *  streaming callback never splits characters. MOELITE_ERR_BAD_TOKEN for an id out of range. */
-MOELITE_API moelite_status moelite_detokenize(const moelite_model *model, const int32_t *tokens,
-                                              int32_t n_tokens, uint32_t flags, char *text,
-                                              size_t capacity, size_t *text_len);
+MOELITE_API moelite_status moelite_detokenize(const moelite_model* model, const int32_t* tokens, int32_t n_tokens,
+                                              uint32_t flags, char* text, size_t capacity, size_t* text_len);
 
 /** Beginning/end-of-sequence token ids, -1 if the vocabulary has none. */
-MOELITE_API int32_t moelite_token_bos(const moelite_model *model);
-MOELITE_API int32_t moelite_token_eos(const moelite_model *model);
+MOELITE_API int32_t moelite_token_bos(const moelite_model* model);
+MOELITE_API int32_t moelite_token_eos(const moelite_model* model);
 /** 1 if generation stops at `token` (EOS, end-of-turn and similar control tokens), else 0. */
-MOELITE_API int32_t moelite_token_is_end(const moelite_model *model, int32_t token);
+MOELITE_API int32_t moelite_token_is_end(const moelite_model* model, int32_t token);
 
 /** One chat message: role ("system", "user", "assistant") and content, both NUL-terminated. */
 typedef struct moelite_chat_message {
-  const char *role;
-  const char *content;
+  const char* role;
+  const char* content;
 } moelite_chat_message;
 
 /** Formats messages with the model's chat template (tokenizer.chat_template), recognised as
@@ -482,12 +463,11 @@ typedef struct moelite_chat_message {
  *  absent template falls back to plain "role: content" lines with a logged warning.
  *  `add_assistant_prompt` appends the opening of the assistant's reply. Output like
  *  moelite_detokenize (length in *text_len, MOELITE_ERR_BUFFER_TOO_SMALL when too small). */
-MOELITE_API moelite_status moelite_chat_format(const moelite_model *model,
-                                               const moelite_chat_message *messages,
-                                               size_t n_messages, int32_t add_assistant_prompt,
-                                               char *text, size_t capacity, size_t *text_len);
+MOELITE_API moelite_status moelite_chat_format(const moelite_model* model, const moelite_chat_message* messages,
+                                               size_t n_messages, int32_t add_assistant_prompt, char* text,
+                                               size_t capacity, size_t* text_len);
 /** The template family moelite recognised: "chatml", "mistral", "llama3", "tulu" or "plain". */
-MOELITE_API const char *moelite_chat_template_kind(const moelite_model *model);
+MOELITE_API const char* moelite_chat_template_kind(const moelite_model* model);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Generation                                                                                   */
@@ -498,28 +478,28 @@ typedef struct moelite_generate_params moelite_generate_params;
 /** Receives generated text as it is produced: `len` bytes at `piece`, never splitting a UTF-8
  *  character and never containing (the start of) a stop string. Return non-zero to continue,
  *  0 to stop generation (stop reason MOELITE_STOP_CALLBACK). Runs on the generating thread. */
-typedef int (*moelite_piece_fn)(const char *piece, size_t len, void *user_data);
+typedef int (*moelite_piece_fn)(const char* piece, size_t len, void* user_data);
 
 /** Defaults: max_tokens 256, temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat penalty
  *  1.0 (off) over the last 64 tokens, seed 0x5eed, no stop strings, no callback. Temperature 0
  *  means greedy decoding. The same seed and inputs give the same text. */
-MOELITE_API moelite_generate_params *moelite_generate_params_create(void);
-MOELITE_API void moelite_generate_params_free(moelite_generate_params *params);
-MOELITE_API moelite_status moelite_generate_params_set_max_tokens(moelite_generate_params *p, int32_t n);
-MOELITE_API moelite_status moelite_generate_params_set_temperature(moelite_generate_params *p, float t);
-MOELITE_API moelite_status moelite_generate_params_set_top_k(moelite_generate_params *p, int32_t k);
-MOELITE_API moelite_status moelite_generate_params_set_top_p(moelite_generate_params *p, float top_p);
-MOELITE_API moelite_status moelite_generate_params_set_min_p(moelite_generate_params *p, float min_p);
-MOELITE_API moelite_status moelite_generate_params_set_repeat_penalty(moelite_generate_params *p,
-                                                                      float penalty, int32_t last_n);
-MOELITE_API moelite_status moelite_generate_params_set_seed(moelite_generate_params *p, uint64_t seed);
+MOELITE_API moelite_generate_params* moelite_generate_params_create(void);
+MOELITE_API void moelite_generate_params_free(moelite_generate_params* params);
+MOELITE_API moelite_status moelite_generate_params_set_max_tokens(moelite_generate_params* p, int32_t n);
+MOELITE_API moelite_status moelite_generate_params_set_temperature(moelite_generate_params* p, float t);
+MOELITE_API moelite_status moelite_generate_params_set_top_k(moelite_generate_params* p, int32_t k);
+MOELITE_API moelite_status moelite_generate_params_set_top_p(moelite_generate_params* p, float top_p);
+MOELITE_API moelite_status moelite_generate_params_set_min_p(moelite_generate_params* p, float min_p);
+MOELITE_API moelite_status moelite_generate_params_set_repeat_penalty(moelite_generate_params* p, float penalty,
+                                                                      int32_t last_n);
+MOELITE_API moelite_status moelite_generate_params_set_seed(moelite_generate_params* p, uint64_t seed);
 /** Adds a stop string (copied). Generation ends before it; the stop string is not emitted. */
-MOELITE_API moelite_status moelite_generate_params_add_stop(moelite_generate_params *p, const char *stop);
-MOELITE_API moelite_status moelite_generate_params_set_callback(moelite_generate_params *p,
-                                                                moelite_piece_fn fn, void *user_data);
+MOELITE_API moelite_status moelite_generate_params_add_stop(moelite_generate_params* p, const char* stop);
+MOELITE_API moelite_status moelite_generate_params_set_callback(moelite_generate_params* p, moelite_piece_fn fn,
+                                                                void* user_data);
 
 typedef enum moelite_stop_reason {
-  MOELITE_STOP_END_TOKEN = 0,   /* the model produced an end-of-generation token */
+  MOELITE_STOP_END_TOKEN = 0, /* the model produced an end-of-generation token */
   MOELITE_STOP_MAX_TOKENS = 1,
   MOELITE_STOP_STRING = 2,
   MOELITE_STOP_CALLBACK = 3,
@@ -530,10 +510,10 @@ typedef enum moelite_stop_reason {
  *  before the call; moelite fills only the fields that fit, so older callers keep working. */
 typedef struct moelite_generate_stats {
   size_t struct_size;
-  int32_t n_prompt_tokens;       /* prompt tokens evaluated by this call (after cache reuse) */
-  int32_t n_cached_tokens;       /* prompt tokens reused from the context's KV cache */
+  int32_t n_prompt_tokens; /* prompt tokens evaluated by this call (after cache reuse) */
+  int32_t n_cached_tokens; /* prompt tokens reused from the context's KV cache */
   int32_t n_generated_tokens;
-  int32_t stop_reason;           /* a moelite_stop_reason */
+  int32_t stop_reason; /* a moelite_stop_reason */
   double prompt_seconds;
   double generate_seconds;
   double time_to_first_token_seconds;
@@ -547,10 +527,8 @@ typedef struct moelite_generate_stats {
  *  that resends the conversation only pays for the new turn. The generated tokens stay in the
  *  cache. `params` may be NULL for defaults; `stats` may be NULL. The abort callback of the
  *  context is honoured (MOELITE_ERR_ABORTED). Errors leave the context usable. */
-MOELITE_API moelite_status moelite_generate(moelite_context *ctx, const char *prompt,
-                                            size_t prompt_len,
-                                            const moelite_generate_params *params,
-                                            moelite_generate_stats *stats);
+MOELITE_API moelite_status moelite_generate(moelite_context* ctx, const char* prompt, size_t prompt_len,
+                                            const moelite_generate_params* params, moelite_generate_stats* stats);
 
 #ifdef __cplusplus
 }

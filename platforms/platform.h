@@ -73,10 +73,10 @@ struct CpuFeatures {
 };
 const CpuFeatures& cpu_features();
 
-int physical_core_count();          // >= 1
-uint64_t current_rss_bytes();       // 0 if unknown
-uint64_t peak_rss_bytes();          // 0 if unknown
-double now_seconds();               // monotonic
+int physical_core_count();     // >= 1
+uint64_t current_rss_bytes();  // 0 if unknown
+uint64_t peak_rss_bytes();     // 0 if unknown
+double now_seconds();          // monotonic
 
 // Memory aligned to `alignment` (a power of two) for SIMD and direct I/O; nullptr on failure.
 void* aligned_alloc_bytes(size_t size, size_t alignment);

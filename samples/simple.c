@@ -8,27 +8,27 @@
 
 #include "moelite.h"
 
-static int32_t argmax(const float *v, int64_t n) {
+static int32_t argmax(const float* v, int64_t n) {
   int32_t best = 0;
   for (int64_t i = 1; i < n; ++i)
     if (v[i] > v[best]) best = (int32_t)i;
   return best;
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s MODEL.gguf [N_TOKENS]\n", argv[0]);
     return 2;
   }
   int n_new = argc > 2 ? atoi(argv[2]) : 16;
 
-  moelite_model *model = NULL;
+  moelite_model* model = NULL;
   moelite_status st = moelite_model_load(argv[1], NULL, &model); /* NULL: default parameters */
   if (st != MOELITE_OK) {
     fprintf(stderr, "load failed: %s: %s\n", moelite_status_name(st), moelite_last_error());
     return 1;
   }
-  moelite_context *ctx = NULL;
+  moelite_context* ctx = NULL;
   st = moelite_context_create(model, NULL, &ctx);
   if (st != MOELITE_OK) {
     fprintf(stderr, "context failed: %s: %s\n", moelite_status_name(st), moelite_last_error());

@@ -8,22 +8,22 @@
 
 #include "moelite.h"
 
-static int on_piece(const char *piece, size_t len, void *user_data) {
-  size_t *total = (size_t *)user_data;
+static int on_piece(const char* piece, size_t len, void* user_data) {
+  size_t* total = (size_t*)user_data;
   fwrite(piece, 1, len, stdout);
   fflush(stdout);
   *total += len;
   return 1; /* 0 would stop generation here */
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   if (argc < 3) {
     fprintf(stderr, "usage: %s MODEL.gguf PROMPT [MAX_TOKENS]\n", argv[0]);
     return 2;
   }
-  moelite_model *model = NULL;
-  moelite_context *ctx = NULL;
-  moelite_generate_params *gen = NULL;
+  moelite_model* model = NULL;
+  moelite_context* ctx = NULL;
+  moelite_generate_params* gen = NULL;
   size_t streamed = 0;
   moelite_status st = moelite_model_load(argv[1], NULL, &model);
   if (st == MOELITE_OK) st = moelite_context_create(model, NULL, &ctx);

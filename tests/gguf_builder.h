@@ -19,15 +19,33 @@ namespace moelite::testing_gguf {
 // Little-endian byte writer.
 struct Bytes {
   std::vector<uint8_t> b;
-  Bytes& u8(uint8_t v) { b.push_back(v); return *this; }
+  Bytes& u8(uint8_t v) {
+    b.push_back(v);
+    return *this;
+  }
   Bytes& u16(uint16_t v) { return le(v, 2); }
   Bytes& u32(uint32_t v) { return le(v, 4); }
   Bytes& u64(uint64_t v) { return le(v, 8); }
   Bytes& i64(int64_t v) { return le(static_cast<uint64_t>(v), 8); }
-  Bytes& f32(float f) { uint32_t x; std::memcpy(&x, &f, 4); return u32(x); }
-  Bytes& f64(double f) { uint64_t x; std::memcpy(&x, &f, 8); return u64(x); }
-  Bytes& str(const std::string& s) { u64(s.size()); b.insert(b.end(), s.begin(), s.end()); return *this; }
-  Bytes& raw(const std::vector<uint8_t>& v) { b.insert(b.end(), v.begin(), v.end()); return *this; }
+  Bytes& f32(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    return u32(x);
+  }
+  Bytes& f64(double f) {
+    uint64_t x;
+    std::memcpy(&x, &f, 8);
+    return u64(x);
+  }
+  Bytes& str(const std::string& s) {
+    u64(s.size());
+    b.insert(b.end(), s.begin(), s.end());
+    return *this;
+  }
+  Bytes& raw(const std::vector<uint8_t>& v) {
+    b.insert(b.end(), v.begin(), v.end());
+    return *this;
+  }
   Bytes& le(uint64_t v, int n) {
     for (int k = 0; k < n; ++k) b.push_back(static_cast<uint8_t>(v >> (8 * k)));
     return *this;
@@ -36,15 +54,26 @@ struct Bytes {
 
 // GGUF metadata value type ids.
 enum : uint32_t {
-  kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
-  kStr = 8, kArr = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+  kU8 = 0,
+  kI8 = 1,
+  kU16 = 2,
+  kI16 = 3,
+  kU32 = 4,
+  kI32 = 5,
+  kF32 = 6,
+  kBool = 7,
+  kStr = 8,
+  kArr = 9,
+  kU64 = 10,
+  kI64 = 11,
+  kF64 = 12,
 };
 
 struct TensorSpec {
   std::string name;
-  std::vector<int64_t> ne;   // n_dims = ne.size(), written as given
-  uint32_t type = 0;         // tensor type id, written as given
-  uint64_t offset = UINT64_MAX;  // UINT64_MAX: next aligned offset after the previous tensor
+  std::vector<int64_t> ne;           // n_dims = ne.size(), written as given
+  uint32_t type = 0;                 // tensor type id, written as given
+  uint64_t offset = UINT64_MAX;      // UINT64_MAX: next aligned offset after the previous tensor
   uint64_t data_bytes = UINT64_MAX;  // UINT64_MAX: computed from type and ne; 0: write no data
 };
 
@@ -55,7 +84,7 @@ class GgufBuilder {
   int64_t n_tensors_override = -1;  // >= 0: written instead of the real count
   uint64_t n_kv_override = 0;
   bool use_n_kv_override = false;
-  uint64_t alignment = 32;  // used for layout; add general.alignment yourself to change the file's
+  uint64_t alignment = 32;      // used for layout; add general.alignment yourself to change the file's
   bool pad_after_last = false;  // pad the file after the last tensor's data to the alignment
 
   // Each key-value is appended as pre-encoded bytes (key string + type + value).
@@ -66,9 +95,13 @@ class GgufBuilder {
   void kv_u8(const std::string& k, uint8_t v) { kvs.push_back(Bytes().str(k).u32(kU8).u8(v).b); }
   void kv_i8(const std::string& k, int8_t v) { kvs.push_back(Bytes().str(k).u32(kI8).u8(static_cast<uint8_t>(v)).b); }
   void kv_u16(const std::string& k, uint16_t v) { kvs.push_back(Bytes().str(k).u32(kU16).u16(v).b); }
-  void kv_i16(const std::string& k, int16_t v) { kvs.push_back(Bytes().str(k).u32(kI16).u16(static_cast<uint16_t>(v)).b); }
+  void kv_i16(const std::string& k, int16_t v) {
+    kvs.push_back(Bytes().str(k).u32(kI16).u16(static_cast<uint16_t>(v)).b);
+  }
   void kv_u32(const std::string& k, uint32_t v) { kvs.push_back(Bytes().str(k).u32(kU32).u32(v).b); }
-  void kv_i32(const std::string& k, int32_t v) { kvs.push_back(Bytes().str(k).u32(kI32).u32(static_cast<uint32_t>(v)).b); }
+  void kv_i32(const std::string& k, int32_t v) {
+    kvs.push_back(Bytes().str(k).u32(kI32).u32(static_cast<uint32_t>(v)).b);
+  }
   void kv_u64(const std::string& k, uint64_t v) { kvs.push_back(Bytes().str(k).u32(kU64).u64(v).b); }
   void kv_i64(const std::string& k, int64_t v) { kvs.push_back(Bytes().str(k).u32(kI64).i64(v).b); }
   void kv_f32(const std::string& k, float v) { kvs.push_back(Bytes().str(k).u32(kF32).f32(v).b); }
@@ -94,8 +127,8 @@ class GgufBuilder {
     kvs.push_back(b.b);
   }
 
-  void tensor(const std::string& name, std::vector<int64_t> ne, uint32_t type,
-              uint64_t offset = UINT64_MAX, uint64_t data_bytes = UINT64_MAX) {
+  void tensor(const std::string& name, std::vector<int64_t> ne, uint32_t type, uint64_t offset = UINT64_MAX,
+              uint64_t data_bytes = UINT64_MAX) {
     tensors.push_back({name, std::move(ne), type, offset, data_bytes});
   }
 
@@ -164,8 +197,8 @@ class TempFile {
     static std::atomic<int> counter{0};
     std::string d = dir.empty() ? "/tmp/" : dir;
     if (d.back() != '/') d += '/';
-    path_ = d + "moelite_test_" + tag + "_" + std::to_string(::getpid()) + "_" +
-            std::to_string(counter.fetch_add(1)) + ".gguf";
+    path_ = d + "moelite_test_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter.fetch_add(1)) +
+            ".gguf";
   }
   TempFile(const std::string& dir, const std::vector<uint8_t>& bytes) : TempFile(dir) { write(bytes); }
   ~TempFile() { std::remove(path_.c_str()); }

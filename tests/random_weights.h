@@ -23,13 +23,24 @@ inline size_t weight_row_bytes(TensorType t, int64_t n) {
 // Offsets of fp16 scale fields inside one block, so random bytes can be given sane scales.
 inline std::vector<int> fp16_field_offsets(TensorType t) {
   switch (t) {
-    case TensorType::Q4_0: case TensorType::Q5_0: case TensorType::Q8_0: return {0};
-    case TensorType::Q4_1: case TensorType::Q5_1: return {0, 2};
-    case TensorType::Q2_K: return {80, 82};
-    case TensorType::Q3_K: return {108};
-    case TensorType::Q4_K: case TensorType::Q5_K: return {0, 2};
-    case TensorType::Q6_K: return {208};
-    default: return {};
+    case TensorType::Q4_0:
+    case TensorType::Q5_0:
+    case TensorType::Q8_0:
+      return {0};
+    case TensorType::Q4_1:
+    case TensorType::Q5_1:
+      return {0, 2};
+    case TensorType::Q2_K:
+      return {80, 82};
+    case TensorType::Q3_K:
+      return {108};
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+      return {0, 2};
+    case TensorType::Q6_K:
+      return {208};
+    default:
+      return {};
   }
 }
 

@@ -4,13 +4,13 @@
 // linear map, and the correlation table against hand-computed probabilities.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <functional>
 #include <random>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "core/adaptive/allocation.h"
@@ -55,8 +55,12 @@ TEST(Gating, SensitivityDropsTheTailWhileItsSquaredWeightTimesSIsBelowT) {
   // Top-4 weights 0.4 0.3 0.2 0.1 (slots in another order), S = 2.
   const std::vector<float> w = {0.2f, 0.4f, 0.1f, 0.3f};
   // Dropping {0.1}: 0.01 * 2 = 0.02; {0.1, 0.2}: 0.09 * 2 = 0.18; {0.1, 0.2, 0.3}: 0.36 * 2 = 0.72.
-  struct Case { float t; int32_t kept; };
-  for (Case c : {Case{0.0f, 4}, Case{0.019f, 4}, Case{0.021f, 3}, Case{0.17f, 3}, Case{0.19f, 2}, Case{0.71f, 2}, Case{0.73f, 1}, Case{100.0f, 1}})
+  struct Case {
+    float t;
+    int32_t kept;
+  };
+  for (Case c : {Case{0.0f, 4}, Case{0.019f, 4}, Case{0.021f, 3}, Case{0.17f, 3}, Case{0.19f, 2}, Case{0.71f, 2},
+                 Case{0.73f, 1}, Case{100.0f, 1}})
     EXPECT_EQ(gating_keep_count(GatingMode::Sensitivity, c.t, 2.0, w.data(), 4), c.kept) << "T = " << c.t;
   // Applied: T = 0.19 keeps 0.4 and 0.3 (slots 1 and 3), rescaled to the old sum 1.0.
   GatingConfig cfg;
@@ -264,8 +268,8 @@ TEST(Json, ParsesDocuments) {
 }
 
 TEST(Json, RejectsMalformedTextWithTheLine) {
-  const char* bad[] = {"", "{", "[1,]", "{\"a\" 1}", "{\"a\":1,}", "01", "1.", "-", "+1", "nan", "\"\\x\"",
-                       "\"\\ud800\"", "[1] 2", "{\"a\":tru}", "\"a\nb\"", "[1e]"};
+  const char* bad[] = {"",   "{",   "[1,]",    "{\"a\" 1}",   "{\"a\":1,}", "01",          "1.",       "-",
+                       "+1", "nan", "\"\\x\"", "\"\\ud800\"", "[1] 2",      "{\"a\":tru}", "\"a\nb\"", "[1e]"};
   for (const char* text : bad) {
     json::Value v;
     std::string err;
@@ -425,7 +429,8 @@ TEST(Ridge, RecoversAKnownLinearMap) {
     for (float& v : x) v = g(rng);
     for (int32_t o = 0; o < n_out; ++o) {
       double acc = b[static_cast<size_t>(o)];
-      for (int32_t i = 0; i < n_in; ++i) acc += double(a[static_cast<size_t>(o * n_in + i)]) * x[static_cast<size_t>(i)];
+      for (int32_t i = 0; i < n_in; ++i)
+        acc += double(a[static_cast<size_t>(o * n_in + i)]) * x[static_cast<size_t>(i)];
       y[static_cast<size_t>(o)] = static_cast<float>(acc);
     }
     ridge.add(x.data(), y.data());
@@ -433,13 +438,15 @@ TEST(Ridge, RecoversAKnownLinearMap) {
   LinearMap m;
   ASSERT_EQ(ridge.solve(1e-12, &m), MOELITE_OK);
   for (int32_t o = 0; o < n_out; ++o) {
-    for (int32_t i = 0; i < n_in; ++i) EXPECT_NEAR(m.w[static_cast<size_t>(o * (n_in + 1) + i)], a[static_cast<size_t>(o * n_in + i)], 1e-4);
+    for (int32_t i = 0; i < n_in; ++i)
+      EXPECT_NEAR(m.w[static_cast<size_t>(o * (n_in + 1) + i)], a[static_cast<size_t>(o * n_in + i)], 1e-4);
     EXPECT_NEAR(m.w[static_cast<size_t>(o * (n_in + 1) + n_in)], b[static_cast<size_t>(o)], 1e-4);
   }
   // apply() computes W [x, 1].
   std::vector<float> x = {1, 0, 0, 0, 0}, out(3);
   m.apply(x.data(), out.data());
-  for (int32_t o = 0; o < n_out; ++o) EXPECT_NEAR(out[static_cast<size_t>(o)], a[static_cast<size_t>(o * n_in)] + b[static_cast<size_t>(o)], 1e-4);
+  for (int32_t o = 0; o < n_out; ++o)
+    EXPECT_NEAR(out[static_cast<size_t>(o)], a[static_cast<size_t>(o * n_in)] + b[static_cast<size_t>(o)], 1e-4);
   RidgeAccumulator empty(2, 2);
   EXPECT_EQ(empty.solve(1e-3, &m), MOELITE_ERR_INVALID_ARGUMENT);
 }

@@ -59,8 +59,9 @@ std::vector<int32_t> corpus_tokens(moelite_model* model, size_t bytes) {
   text.resize(static_cast<size_t>(in.gcount()));
   std::vector<int32_t> tokens(text.size() + 8);
   int32_t n = 0;
-  EXPECT_EQ(moelite_tokenize(model, text.data(), text.size(), 0, tokens.data(), static_cast<int32_t>(tokens.size()), &n),
-            MOELITE_OK);
+  EXPECT_EQ(
+      moelite_tokenize(model, text.data(), text.size(), 0, tokens.data(), static_cast<int32_t>(tokens.size()), &n),
+      MOELITE_OK);
   tokens.resize(static_cast<size_t>(n));
   return tokens;
 }
@@ -97,7 +98,8 @@ class AdaptiveApi : public testing::Test {
     ASSERT_GT(tokens_.size(), 600u);
     moelite_calibrate_params* cp = moelite_calibrate_params_create();
     ASSERT_EQ(moelite_calibrate_params_set_window(cp, 128), MOELITE_OK);
-    ASSERT_EQ(moelite_calibrate(l.model, tokens_.data(), 512, cp, profile_.c_str()), MOELITE_OK) << moelite_last_error();
+    ASSERT_EQ(moelite_calibrate(l.model, tokens_.data(), 512, cp, profile_.c_str()), MOELITE_OK)
+        << moelite_last_error();
     moelite_calibrate_params_free(cp);
     total_ = static_cast<uint64_t>(moelite_model_get(l.model, MOELITE_MODEL_EXPERT_BYTES));
     tokens_.assign(tokens_.begin() + 512, tokens_.begin() + 560);  // evaluation text: not calibration text
@@ -125,8 +127,8 @@ TEST_F(AdaptiveApi, EveryPredictorAndTheDpAllocationLeaveLogitsBitwiseUnchanged)
     int32_t depth;
     bool profile;
   };
-  const Variant variants[] = {{"next-gate", 1, false}, {"next-gate", 3, false}, {"correlation", 1, false},
-                              {"none", 1, true},       {"next-gate", 2, true},  {"learned", 1, true},
+  const Variant variants[] = {{"next-gate", 1, false},  {"next-gate", 3, false}, {"correlation", 1, false},
+                              {"none", 1, true},        {"next-gate", 2, true},  {"learned", 1, true},
                               {"first-layer", 1, true}, {"correlation", 1, true}};
   for (uint64_t budget : {total_ / 4, total_ / 2}) {
     for (const Variant& v : variants) {
@@ -154,7 +156,8 @@ TEST_F(AdaptiveApi, EveryPredictorAndTheDpAllocationLeaveLogitsBitwiseUnchanged)
         // names some of the experts used (chance is 2 of 16 per layer).
         // first-layer only predicts layer 0 (of the next token).
         moelite_expert_stats covered = s;
-        if (strcmp(v.predictor, "first-layer") == 0) ASSERT_EQ(moelite_model_expert_stats(l.model, 0, &covered), MOELITE_OK);
+        if (strcmp(v.predictor, "first-layer") == 0)
+          ASSERT_EQ(moelite_model_expert_stats(l.model, 0, &covered), MOELITE_OK);
         EXPECT_GT(covered.predicted, covered.activations / 20) << v.predictor;
         EXPECT_GT(s.predictions, 0u);
         EXPECT_GT(s.prefetches_issued, 0u);

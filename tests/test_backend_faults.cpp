@@ -36,8 +36,8 @@ std::string model_path() {
   return e && *e ? e : std::string(MOELITE_SOURCE_DIR) + "/models/moelite-tiny-qwen3moe-Q8_0.gguf";
 }
 
-const char* const kOps[] = {"get_rows", "rms_norm",       "matmul",     "add",      "rope",
-                            "attention", "route",         "read_rows",  "dense_ffn", "moe_begin",
+const char* const kOps[] = {"get_rows",       "rms_norm",    "matmul",           "add",         "rope",
+                            "attention",      "route",       "read_rows",        "dense_ffn",   "moe_begin",
                             "expert_gate_up", "expert_down", "expert_group_end", "moe_combine", "sync"};
 
 // Forwards every operation to a real backend; the `fail_at`-th call of operation `op` fails.
@@ -104,7 +104,8 @@ class FaultyBackend final : public Backend {
     MOELITE_TRY(check("route"));
     return inner_->route(logits, k, renormalize, r);
   }
-  Status dense_ffn(const ExpertWeights& w, const FfnKind& kind, const float* gate_inp, const Act& x, Act* out) override {
+  Status dense_ffn(const ExpertWeights& w, const FfnKind& kind, const float* gate_inp, const Act& x,
+                   Act* out) override {
     MOELITE_TRY(check("dense_ffn"));
     return inner_->dense_ffn(w, kind, gate_inp, x, out);
   }
@@ -256,7 +257,8 @@ TEST(VulkanDeviceFaults, AnyFailingDeviceOperationSurfacesFromEval) {
       setenv("MOELITE_VK_AS_DISCRETE", discrete, 1);
       Engine clean, e;
       std::string why;
-      const bool ok = load(BackendKind::Vulkan, budget, false, &clean, &why) && load(BackendKind::Vulkan, budget, false, &e, &why);
+      const bool ok =
+          load(BackendKind::Vulkan, budget, false, &clean, &why) && load(BackendKind::Vulkan, budget, false, &e, &why);
       unsetenv("MOELITE_VK_AS_DISCRETE");
       if (!ok) GTEST_SKIP() << why;
       const std::vector<float> want_prefix = eval_logits(*clean.ctx, kPrefix);

@@ -15,32 +15,31 @@
 static int g_failures = 0;
 static int g_checks = 0;
 
-#define CHECK(cond)                                                       \
-  do {                                                                    \
-    ++g_checks;                                                           \
-    if (!(cond)) {                                                        \
-      ++g_failures;                                                       \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__, #cond, \
-              moelite_last_error());                                      \
-    }                                                                     \
+#define CHECK(cond)                                                                                                   \
+  do {                                                                                                                \
+    ++g_checks;                                                                                                       \
+    if (!(cond)) {                                                                                                    \
+      ++g_failures;                                                                                                   \
+      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__, #cond, moelite_last_error()); \
+    }                                                                                                                 \
   } while (0)
 
 static int g_abort_after = -1;
-static int abort_cb(void *user) {
-  int *calls = (int *)user;
+static int abort_cb(void* user) {
+  int* calls = (int*)user;
   return ++*calls > g_abort_after;
 }
 
 static int g_progress_calls = 0;
 static float g_last_progress = -1.0f;
-static int progress_cb(float p, void *user) {
+static int progress_cb(float p, void* user) {
   (void)user;
   ++g_progress_calls;
   if (p < g_last_progress) ++g_failures; /* progress must not go backwards */
   g_last_progress = p;
   return 1;
 }
-static int cancel_cb(float p, void *user) {
+static int cancel_cb(float p, void* user) {
   (void)p;
   (void)user;
   return 0;
@@ -53,8 +52,8 @@ typedef struct {
   int stop_after; /* stop when this many pieces arrived (0: never) */
 } capture;
 
-static int capture_cb(const char *piece, size_t len, void *user) {
-  capture *c = (capture *)user;
+static int capture_cb(const char* piece, size_t len, void* user) {
+  capture* c = (capture*)user;
   if (c->len + len < sizeof c->text) {
     memcpy(c->text + c->len, piece, len);
     c->len += len;
@@ -64,18 +63,18 @@ static int capture_cb(const char *piece, size_t len, void *user) {
 }
 
 static int g_log_lines = 0;
-static void log_cb(moelite_log_level level, const char *text, void *user) {
+static void log_cb(moelite_log_level level, const char* text, void* user) {
   (void)level;
   (void)user;
   if (text && strlen(text) > 0) ++g_log_lines;
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s MODEL.gguf\n", argv[0]);
     return 2;
   }
-  const char *path = argv[1];
+  const char* path = argv[1];
 
   /* Version: header and library agree. */
   CHECK(moelite_version_number() == MOELITE_VERSION_NUMBER);
@@ -84,14 +83,14 @@ int main(int argc, char **argv) {
   CHECK(strstr(moelite_supported_archs(), "qwen3moe") != NULL);
 
   /* Errors with specific codes, output untouched. */
-  moelite_model *model = (moelite_model *)0x1;
+  moelite_model* model = (moelite_model*)0x1;
   CHECK(moelite_model_load("/nonexistent/dir/model.gguf", NULL, &model) == MOELITE_ERR_FILE_NOT_FOUND);
-  CHECK(model == (moelite_model *)0x1);
+  CHECK(model == (moelite_model*)0x1);
   CHECK(strstr(moelite_last_error(), "/nonexistent/dir/model.gguf") != NULL);
   CHECK(moelite_model_load(NULL, NULL, &model) == MOELITE_ERR_INVALID_ARGUMENT);
   CHECK(moelite_model_load(path, NULL, NULL) == MOELITE_ERR_INVALID_ARGUMENT);
 
-  moelite_model_params *mp = moelite_model_params_create();
+  moelite_model_params* mp = moelite_model_params_create();
   CHECK(mp != NULL);
   CHECK(moelite_model_params_set_threads(mp, -1) == MOELITE_ERR_INVALID_ARGUMENT);
   CHECK(moelite_model_params_set_threads(mp, 2) == MOELITE_OK);
@@ -129,10 +128,10 @@ int main(int argc, char **argv) {
   CHECK(moelite_model_arch(model) != NULL && strlen(moelite_model_arch(model)) > 0);
 
   /* Context. */
-  moelite_context_params *cp = moelite_context_params_create();
+  moelite_context_params* cp = moelite_context_params_create();
   CHECK(moelite_context_params_set_n_ctx(cp, 16) == MOELITE_OK);
   CHECK(moelite_context_params_set_n_batch(cp, 0) == MOELITE_ERR_INVALID_ARGUMENT);
-  moelite_context *ctx = NULL;
+  moelite_context* ctx = NULL;
   CHECK(moelite_context_create(model, cp, &ctx) == MOELITE_OK);
   CHECK(moelite_context_n_ctx(ctx) == 16);
   CHECK(moelite_get_logits(ctx, -1) == NULL); /* nothing evaluated yet */
@@ -140,9 +139,9 @@ int main(int argc, char **argv) {
   int32_t prompt[6] = {1, 7, 3, 11, 5, 2};
   CHECK(moelite_eval(ctx, prompt, 6, 1) == MOELITE_OK);
   CHECK(moelite_kv_length(ctx) == 6);
-  float *batch = (float *)malloc(sizeof(float) * 6 * (size_t)n_vocab);
+  float* batch = (float*)malloc(sizeof(float) * 6 * (size_t)n_vocab);
   for (int i = 0; i < 6; ++i) {
-    const float *row = moelite_get_logits(ctx, i);
+    const float* row = moelite_get_logits(ctx, i);
     CHECK(row != NULL);
     if (row) memcpy(batch + (size_t)i * n_vocab, row, sizeof(float) * (size_t)n_vocab);
   }
@@ -159,7 +158,7 @@ int main(int argc, char **argv) {
   int same = 1;
   for (int i = 0; i < 6; ++i) {
     CHECK(moelite_eval(ctx, &prompt[i], 1, 0) == MOELITE_OK);
-    const float *row = moelite_get_logits(ctx, -1);
+    const float* row = moelite_get_logits(ctx, -1);
     if (!row || memcmp(row, batch + (size_t)i * n_vocab, sizeof(float) * (size_t)n_vocab) != 0) same = 0;
   }
   CHECK(same);
@@ -180,7 +179,7 @@ int main(int argc, char **argv) {
   moelite_kv_truncate(ctx, 3);
   CHECK(moelite_kv_length(ctx) == 3);
   CHECK(moelite_eval(ctx, &prompt[3], 1, 0) == MOELITE_OK);
-  const float *again = moelite_get_logits(ctx, -1);
+  const float* again = moelite_get_logits(ctx, -1);
   CHECK(again && memcmp(again, batch + 3 * (size_t)n_vocab, sizeof(float) * (size_t)n_vocab) == 0);
   moelite_context_free(ctx);
 
@@ -193,14 +192,14 @@ int main(int argc, char **argv) {
   CHECK(moelite_kv_length(ctx) == 0);
   g_abort_after = 1000000;
   CHECK(moelite_eval(ctx, prompt, 6, 0) == MOELITE_OK);
-  const float *after = moelite_get_logits(ctx, -1);
+  const float* after = moelite_get_logits(ctx, -1);
   CHECK(after && memcmp(after, batch + 5 * (size_t)n_vocab, sizeof(float) * (size_t)n_vocab) == 0);
   moelite_context_free(ctx);
   moelite_context_params_free(cp);
 
   /* Text: tokenization with the two-call buffer convention, exact detokenization. */
   {
-    const char *text = "Hello world, the end.";
+    const char* text = "Hello world, the end.";
     int32_t n = 0;
     CHECK(moelite_tokenize(model, text, strlen(text), 0, NULL, 0, &n) == MOELITE_ERR_BUFFER_TOO_SMALL);
     CHECK(n > 0 && n <= (int32_t)strlen(text));
@@ -214,8 +213,9 @@ int main(int argc, char **argv) {
     ids[0] = (int32_t)n_vocab;
     CHECK(moelite_detokenize(model, ids, 1, 0, back, sizeof back, &blen) == MOELITE_ERR_BAD_TOKEN);
     /* Control-token text is one token only when special parsing is asked for. */
-    const char *im = "<|im_start|>";
-    CHECK(moelite_tokenize(model, im, strlen(im), MOELITE_TOKENIZE_PARSE_SPECIAL, ids, 64, &n2) == MOELITE_OK && n2 == 1);
+    const char* im = "<|im_start|>";
+    CHECK(moelite_tokenize(model, im, strlen(im), MOELITE_TOKENIZE_PARSE_SPECIAL, ids, 64, &n2) == MOELITE_OK &&
+          n2 == 1);
     CHECK(moelite_token_is_end(model, moelite_token_eos(model)) == 1);
     CHECK(moelite_tokenize(model, im, strlen(im), 0, ids, 64, &n2) == MOELITE_OK && n2 > 1);
     CHECK(strcmp(moelite_chat_template_kind(model), "chatml") == 0);
@@ -223,15 +223,15 @@ int main(int argc, char **argv) {
     char chat[256];
     size_t clen = 0;
     CHECK(moelite_chat_format(model, msgs, 2, 1, chat, sizeof chat, &clen) == MOELITE_OK);
-    const char *expect = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n";
+    const char* expect = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n";
     CHECK(clen == strlen(expect) && memcmp(chat, expect, clen) == 0);
   }
 
   /* Generation: seeded reproducibility, stats, the callback stopping it, prefix reuse. */
   {
-    moelite_context *g = NULL;
+    moelite_context* g = NULL;
     CHECK(moelite_context_create(model, NULL, &g) == MOELITE_OK);
-    moelite_generate_params *gp = moelite_generate_params_create();
+    moelite_generate_params* gp = moelite_generate_params_create();
     capture a, b, c;
     memset(&a, 0, sizeof a);
     memset(&b, 0, sizeof b);
@@ -243,7 +243,7 @@ int main(int argc, char **argv) {
     moelite_generate_stats st1;
     memset(&st1, 0, sizeof st1);
     st1.struct_size = sizeof st1;
-    const char *prompt = "Once upon a time";
+    const char* prompt = "Once upon a time";
     CHECK(moelite_generate(g, prompt, strlen(prompt), gp, &st1) == MOELITE_OK);
     CHECK(st1.n_generated_tokens >= 1 && st1.n_generated_tokens <= 12);
     CHECK(st1.n_prompt_tokens > 0 && st1.n_cached_tokens == 0);
@@ -267,7 +267,7 @@ int main(int argc, char **argv) {
     /* An old caller whose stats struct is shorter gets only what fits. */
     unsigned char small[sizeof(size_t) + 2 * sizeof(int32_t) + 8];
     memset(small, 0xAB, sizeof small);
-    moelite_generate_stats *old = (moelite_generate_stats *)(void *)small;
+    moelite_generate_stats* old = (moelite_generate_stats*)(void*)small;
     old->struct_size = sizeof(size_t) + 2 * sizeof(int32_t);
     moelite_generate_params_set_callback(gp, NULL, NULL);
     CHECK(moelite_generate(g, prompt, strlen(prompt), gp, old) == MOELITE_OK);
@@ -278,14 +278,14 @@ int main(int argc, char **argv) {
 
   /* Vocabulary-only loading: tokenizer yes, contexts no. */
   {
-    moelite_model_params *vp = moelite_model_params_create();
+    moelite_model_params* vp = moelite_model_params_create();
     moelite_model_params_set_vocab_only(vp, 1);
-    moelite_model *vm = NULL;
+    moelite_model* vm = NULL;
     CHECK(moelite_model_load(path, vp, &vm) == MOELITE_OK);
     moelite_model_params_free(vp);
     int32_t ids[8], n3 = 0;
     CHECK(moelite_tokenize(vm, "Hi", 2, 0, ids, 8, &n3) == MOELITE_OK && n3 >= 1);
-    moelite_context *vc = NULL;
+    moelite_context* vc = NULL;
     CHECK(moelite_context_create(vm, NULL, &vc) == MOELITE_ERR_INVALID_ARGUMENT && vc == NULL);
     moelite_model_free(vm);
   }
@@ -293,7 +293,7 @@ int main(int argc, char **argv) {
   /* Unavailable backend: a specific error, not a crash. */
   mp = moelite_model_params_create();
   moelite_model_params_set_backend(mp, MOELITE_BACKEND_CUDA);
-  moelite_model *m2 = NULL;
+  moelite_model* m2 = NULL;
   CHECK(moelite_model_load(path, mp, &m2) == MOELITE_ERR_BACKEND_UNAVAILABLE);
   CHECK(m2 == NULL);
   moelite_model_params_free(mp);

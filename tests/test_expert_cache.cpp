@@ -455,9 +455,15 @@ TEST(TraceReplay, MutatedTracesNeverCrash) {
     for (int i = 0; i < edits && !s.empty(); ++i) {
       const size_t at = rng() % s.size();
       switch (rng() % 3) {
-        case 0: s[at] = alphabet[rng() % alphabet.size()]; break;
-        case 1: s.erase(at, 1 + rng() % 3); break;
-        default: s.insert(at, 1, alphabet[rng() % alphabet.size()]); break;
+        case 0:
+          s[at] = alphabet[rng() % alphabet.size()];
+          break;
+        case 1:
+          s.erase(at, 1 + rng() % 3);
+          break;
+        default:
+          s.insert(at, 1, alphabet[rng() % alphabet.size()]);
+          break;
       }
     }
     Trace t;
@@ -595,7 +601,10 @@ TEST(TraceReplay, StaticMatchesItsDefinitionOnRandomTraces) {
         st->on_access(cands.back(), last[cands.back().packed()]);
       }
     if (cands.empty()) continue;
-    auto count = [&](ExpertKey k) { auto it = counts.find(k.packed()); return it == counts.end() ? 0 : it->second; };
+    auto count = [&](ExpertKey k) {
+      auto it = counts.find(k.packed());
+      return it == counts.end() ? 0 : it->second;
+    };
     auto hot = [&](ExpertKey k) {
       if (count(k) == 0) return false;
       size_t above = 0;

@@ -84,7 +84,11 @@ TEST(ExpertStore, LogitsAreBitwiseIdenticalForEveryBudget) {
   for (uint64_t budget : {total, total / 2, total / 4, minimum, minimum * layers}) {
     if (budget < minimum) budget = minimum;
     for (int variant = 0; variant < 7; ++variant) {
-      const char* policy = variant == 1 ? "lfu" : variant == 4 ? "decay" : variant == 5 ? "static" : variant == 6 ? "belady" : "lru";
+      const char* policy = variant == 1   ? "lfu"
+                           : variant == 4 ? "decay"
+                           : variant == 5 ? "static"
+                           : variant == 6 ? "belady"
+                                          : "lru";
       const bool per_layer = variant == 2;
       const char* predictor = variant == 3 || variant == 6 ? "next-gate" : "none";
       if (per_layer && budget < minimum * layers) continue;
@@ -99,7 +103,8 @@ TEST(ExpertStore, LogitsAreBitwiseIdenticalForEveryBudget) {
       for (size_t i = 0; i < kTokens.size(); ++i) {
         ASSERT_EQ(moelite_eval(l.ctx, &kTokens[i], 1, 0), MOELITE_OK);
         EXPECT_EQ(memcmp(moelite_get_logits(l.ctx, -1), want.data() + i * (want.size() / kTokens.size()),
-                         want.size() / kTokens.size() * sizeof(float)), 0);
+                         want.size() / kTokens.size() * sizeof(float)),
+                  0);
       }
     }
   }
@@ -137,8 +142,9 @@ TEST(ExpertStore, BudgetIsAHardLimitAndCountersAddUp) {
     EXPECT_EQ(s.activations, s.hits + s.misses);
     EXPECT_GT(s.misses, 0u);
     // Every miss read at least the expert's bytes (aligned reads may read a little more).
-    EXPECT_GE(s.bytes_read, s.misses * (total / static_cast<uint64_t>(moelite_model_get(l.model, MOELITE_MODEL_N_LAYERS) *
-                                                                     moelite_model_get(l.model, MOELITE_MODEL_N_EXPERTS))));
+    EXPECT_GE(s.bytes_read,
+              s.misses * (total / static_cast<uint64_t>(moelite_model_get(l.model, MOELITE_MODEL_N_LAYERS) *
+                                                        moelite_model_get(l.model, MOELITE_MODEL_N_EXPERTS))));
     // Per-layer counters sum to the total.
     uint64_t act = 0;
     for (int32_t layer = 0; layer < moelite_model_get(l.model, MOELITE_MODEL_N_LAYERS); ++layer) {

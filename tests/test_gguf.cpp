@@ -1,8 +1,8 @@
 // GGUF reader: a valid file round-trips every metadata type and tensor info; each malformation
 // gives its specific status (and never crashes); every truncation and random corruption of a
 // valid file is rejected or survived without undefined behaviour.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "core/gguf.h"
 #include "base/status.h"
+#include "core/gguf.h"
 #include "tests/gguf_builder.h"
 
 namespace {
@@ -78,9 +78,9 @@ GgufBuilder full_builder() {
   g.kv_raw(Bytes().str("t.arr_u64").u32(kArr).u32(kU64).u64(2).u64(UINT64_MAX).u64(9).b);
   g.kv_raw(Bytes().str("t.arr_empty").u32(kArr).u32(kU8).u64(0).b);
   g.kv_raw(nested_kv("t.nested"));
-  g.tensor("token_embd.weight", {4, 3}, 0);                       // F32, 48 bytes
-  g.tensor("blk.0.ffn_up_exps.weight", {64, 2, 2}, 2);            // Q4_0, 4 rows * 36
-  g.tensor("blk.0.ffn_down_exps.weight", {256, 1, 2}, 12);        // Q4_K, 2 rows * 144
+  g.tensor("token_embd.weight", {4, 3}, 0);                 // F32, 48 bytes
+  g.tensor("blk.0.ffn_up_exps.weight", {64, 2, 2}, 2);      // Q4_0, 4 rows * 36
+  g.tensor("blk.0.ffn_down_exps.weight", {256, 1, 2}, 12);  // Q4_K, 2 rows * 144
   return g;
 }
 
@@ -125,13 +125,20 @@ TEST(GgufReader, ValidFileRoundTripsMetadata) {
 
   int64_t i = 0;
   double d = 0;
-  ASSERT_TRUE(r->get_int("t.u8", &i)); EXPECT_EQ(i, 200);
-  ASSERT_TRUE(r->get_int("t.i8", &i)); EXPECT_EQ(i, -5);
-  ASSERT_TRUE(r->get_int("t.u16", &i)); EXPECT_EQ(i, 60000);
-  ASSERT_TRUE(r->get_int("t.i16", &i)); EXPECT_EQ(i, -30000);
-  ASSERT_TRUE(r->get_int("t.u32", &i)); EXPECT_EQ(i, 4000000000LL);
-  ASSERT_TRUE(r->get_int("t.i32", &i)); EXPECT_EQ(i, -2000000000LL);
-  ASSERT_TRUE(r->get_int("t.i64", &i)); EXPECT_EQ(i, INT64_MIN);
+  ASSERT_TRUE(r->get_int("t.u8", &i));
+  EXPECT_EQ(i, 200);
+  ASSERT_TRUE(r->get_int("t.i8", &i));
+  EXPECT_EQ(i, -5);
+  ASSERT_TRUE(r->get_int("t.u16", &i));
+  EXPECT_EQ(i, 60000);
+  ASSERT_TRUE(r->get_int("t.i16", &i));
+  EXPECT_EQ(i, -30000);
+  ASSERT_TRUE(r->get_int("t.u32", &i));
+  EXPECT_EQ(i, 4000000000LL);
+  ASSERT_TRUE(r->get_int("t.i32", &i));
+  EXPECT_EQ(i, -2000000000LL);
+  ASSERT_TRUE(r->get_int("t.i64", &i));
+  EXPECT_EQ(i, INT64_MIN);
   EXPECT_FALSE(r->get_int("t.u64", &i)) << "UINT64_MAX does not fit int64";
   EXPECT_EQ(r->find("t.u64")->type, ValueType::UINT64);
   EXPECT_EQ(r->find("t.u64")->u, UINT64_MAX);
@@ -139,13 +146,17 @@ TEST(GgufReader, ValidFileRoundTripsMetadata) {
   EXPECT_FALSE(r->get_int("general.architecture", &i));
   EXPECT_FALSE(r->get_int("t.bool", &i));
 
-  ASSERT_TRUE(r->get_float("t.f32", &d)); EXPECT_EQ(d, 1.5);
-  ASSERT_TRUE(r->get_float("t.f64", &d)); EXPECT_EQ(d, -2.25);
-  ASSERT_TRUE(r->get_float("t.i16", &d)); EXPECT_EQ(d, -30000.0);
+  ASSERT_TRUE(r->get_float("t.f32", &d));
+  EXPECT_EQ(d, 1.5);
+  ASSERT_TRUE(r->get_float("t.f64", &d));
+  EXPECT_EQ(d, -2.25);
+  ASSERT_TRUE(r->get_float("t.i16", &d));
+  EXPECT_EQ(d, -30000.0);
   EXPECT_FALSE(r->get_float("general.architecture", &d));
 
   bool b = false;
-  ASSERT_TRUE(r->get_bool("t.bool", &b)); EXPECT_TRUE(b);
+  ASSERT_TRUE(r->get_bool("t.bool", &b));
+  EXPECT_TRUE(b);
   EXPECT_FALSE(r->get_bool("t.u8", &b));
   EXPECT_FALSE(r->get_string("t.u8", &s));
 
@@ -158,7 +169,8 @@ TEST(GgufReader, ValidFileRoundTripsMetadata) {
   EXPECT_FALSE(v->is_float());
   EXPECT_TRUE(r->find("t.f64")->is_float());
   EXPECT_FALSE(r->find("t.bool")->is_integer());
-  ASSERT_TRUE(r->find("t.bool")->as_int(&i)); EXPECT_EQ(i, 1);
+  ASSERT_TRUE(r->find("t.bool")->as_int(&i));
+  EXPECT_EQ(i, 1);
 
   const Value* tok = r->find("tokenizer.ggml.tokens");
   ASSERT_NE(tok, nullptr);
@@ -175,23 +187,30 @@ TEST(GgufReader, ValidFileRoundTripsMetadata) {
   EXPECT_EQ(ai->elem_type, ValueType::INT32);
   EXPECT_EQ(ai->count, 3u);
   EXPECT_EQ(ai->raw.size(), 12u);
-  ASSERT_TRUE(ai->array_int(0, &i)); EXPECT_EQ(i, -1);
-  ASSERT_TRUE(ai->array_int(2, &i)); EXPECT_EQ(i, 7);
-  ASSERT_TRUE(ai->array_double(2, &d)); EXPECT_EQ(d, 7.0);
+  ASSERT_TRUE(ai->array_int(0, &i));
+  EXPECT_EQ(i, -1);
+  ASSERT_TRUE(ai->array_int(2, &i));
+  EXPECT_EQ(i, 7);
+  ASSERT_TRUE(ai->array_double(2, &d));
+  EXPECT_EQ(d, 7.0);
   EXPECT_FALSE(ai->array_int(3, &i));
 
   const Value* af = r->find("t.arr_f32");
-  ASSERT_TRUE(af->array_double(1, &d)); EXPECT_EQ(d, -3.0);
+  ASSERT_TRUE(af->array_double(1, &d));
+  EXPECT_EQ(d, -3.0);
   EXPECT_FALSE(af->array_int(1, &i));
 
   const Value* ab = r->find("t.arr_bool");
   EXPECT_EQ(ab->elem_type, ValueType::BOOL);
-  ASSERT_TRUE(ab->array_int(1, &i)); EXPECT_EQ(i, 0);
-  ASSERT_TRUE(ab->array_int(2, &i)); EXPECT_EQ(i, 1);
+  ASSERT_TRUE(ab->array_int(1, &i));
+  EXPECT_EQ(i, 0);
+  ASSERT_TRUE(ab->array_int(2, &i));
+  EXPECT_EQ(i, 1);
 
   const Value* au = r->find("t.arr_u64");
   EXPECT_FALSE(au->array_int(0, &i));
-  ASSERT_TRUE(au->array_int(1, &i)); EXPECT_EQ(i, 9);
+  ASSERT_TRUE(au->array_int(1, &i));
+  EXPECT_EQ(i, 9);
 
   const Value* ae = r->find("t.arr_empty");
   EXPECT_EQ(ae->count, 0u);
@@ -202,7 +221,8 @@ TEST(GgufReader, ValidFileRoundTripsMetadata) {
   EXPECT_EQ(n->elem_type, ValueType::ARRAY);
   ASSERT_EQ(n->nested.size(), 2u);
   EXPECT_EQ(n->nested[0].elem_type, ValueType::INT32);
-  ASSERT_TRUE(n->nested[0].array_int(1, &i)); EXPECT_EQ(i, 2);
+  ASSERT_TRUE(n->nested[0].array_int(1, &i));
+  EXPECT_EQ(i, 2);
   EXPECT_EQ(n->nested[1].elem_type, ValueType::STRING);
   ASSERT_EQ(n->nested[1].strings.size(), 1u);
   EXPECT_EQ(n->nested[1].strings[0], "x");
@@ -260,8 +280,7 @@ TEST(GgufReader, ValidFileRoundTripsTensorInfos) {
   const TensorInfo* e = r->find_tensor("token_embd.weight");
   std::vector<uint8_t> data(e->size_bytes);
   ASSERT_EQ(r->file().read_at(e->file_offset, data.data(), data.size()), MOELITE_OK);
-  for (size_t k = 0; k < data.size(); ++k)
-    ASSERT_EQ(data[k], static_cast<uint8_t>((e->file_offset + k) * 131 + 7));
+  for (size_t k = 0; k < data.size(); ++k) ASSERT_EQ(data[k], static_cast<uint8_t>((e->file_offset + k) * 131 + 7));
 }
 
 TEST(GgufReader, AcceptsVersion2AndPaddedFiles) {
@@ -431,9 +450,10 @@ TEST(GgufReader, AbsurdStringLengths) {
 TEST(GgufReader, AbsurdArrayCounts) {
   for (uint32_t et : {kU8, kI32, kF64, kBool, kStr, kArr}) {
     EXPECT_EQ(open_bytes(with_kv(Bytes().str("k").u32(kArr).u32(et).u64(uint64_t(1) << 62).b)),
-              MOELITE_ERR_GGUF_CORRUPT) << "elem type " << et;
-    EXPECT_EQ(open_bytes(with_kv(Bytes().str("k").u32(kArr).u32(et).u64(100000).b)),
-              MOELITE_ERR_GGUF_TRUNCATED) << "elem type " << et;
+              MOELITE_ERR_GGUF_CORRUPT)
+        << "elem type " << et;
+    EXPECT_EQ(open_bytes(with_kv(Bytes().str("k").u32(kArr).u32(et).u64(100000).b)), MOELITE_ERR_GGUF_TRUNCATED)
+        << "elem type " << et;
   }
   // Nested array with an absurd inner count.
   EXPECT_EQ(open_bytes(with_kv(Bytes().str("k").u32(kArr).u32(kArr).u64(1).u32(kU8).u64(UINT64_MAX).b)),
@@ -570,7 +590,8 @@ TEST(GgufReader, TensorBeyondEndOfFile) {
   EXPECT_EQ(open_bytes(bytes), MOELITE_ERR_GGUF_OUT_OF_BOUNDS);
   EXPECT_NE(last_error().find("tensor 'blk.3.ffn_up_exps.weight': data [offset"), std::string::npos) << last_error();
   EXPECT_NE(last_error().find("ends past the end of the file (size " + std::to_string(bytes.size()) + ")"),
-            std::string::npos) << last_error();
+            std::string::npos)
+      << last_error();
 
   // Offset far out, and an offset so large that data_offset + offset overflows.
   g = one_tensor({8}, 0);
@@ -587,7 +608,7 @@ TEST(GgufReader, OverlappingTensors) {
   EXPECT_EQ(open_bytes(g.build()), MOELITE_ERR_GGUF_OVERLAP);
   EXPECT_NE(last_error().find("overlaps"), std::string::npos) << last_error();
 
-  g = one_tensor({16}, 0, 32);  // [32, 96)
+  g = one_tensor({16}, 0, 32);      // [32, 96)
   g.tensor("partial", {16}, 0, 0);  // [0, 64), listed second: order in the file must not matter
   g.tensor("after", {8}, 0, 96);
   EXPECT_EQ(open_bytes(g.build()), MOELITE_ERR_GGUF_OVERLAP);
@@ -620,9 +641,15 @@ TEST(GgufReader, RandomByteFlipsNeverCrash) {
     for (int k = 0; k < flips; ++k) {
       size_t pos = static_cast<size_t>(rng() % header);  // the header is where parsing happens
       switch (rng() % 3) {
-        case 0: bytes[pos] ^= static_cast<uint8_t>(1u << (rng() % 8)); break;
-        case 1: bytes[pos] = static_cast<uint8_t>(rng()); break;
-        default: bytes[pos] = (rng() & 1) ? 0xFF : 0x00; break;
+        case 0:
+          bytes[pos] ^= static_cast<uint8_t>(1u << (rng() % 8));
+          break;
+        case 1:
+          bytes[pos] = static_cast<uint8_t>(rng());
+          break;
+        default:
+          bytes[pos] = (rng() & 1) ? 0xFF : 0x00;
+          break;
       }
     }
     if (rng() % 8 == 0) bytes.resize(static_cast<size_t>(rng() % bytes.size()));
@@ -673,7 +700,9 @@ TEST(GgufReader, ManySmallKeysStayBounded) {
 // reader must not size anything from the claim (no multi-GB reservation, no OUT_OF_MEMORY) and
 // must fail on the first bogus entry.
 TEST(GgufReader, LargeClaimedCountsInBigFileDoNotAllocate) {
-  struct Case { uint64_t n_tensors, n_kv; };
+  struct Case {
+    uint64_t n_tensors, n_kv;
+  };
   for (Case c : {Case{0, 250000000}, Case{100000000, 0}}) {
     Bytes b;
     b.raw({'G', 'G', 'U', 'F'}).u32(3).u64(c.n_tensors).u64(c.n_kv);

@@ -63,9 +63,9 @@ TEST(Fp16Conversion, KnownValues) {
   EXPECT_EQ(h(-0.0f), 0x8000);
   EXPECT_EQ(h(65504.0f), 0x7BFF);
   EXPECT_EQ(h(0.1f), 0x2E66);
-  EXPECT_EQ(h(std::ldexp(1.0f, -14)), 0x0400);       // smallest normal
-  EXPECT_EQ(h(std::ldexp(1.0f, -24)), 0x0001);       // smallest subnormal
-  EXPECT_EQ(h(std::ldexp(1023.0f, -24)), 0x03FF);    // largest subnormal
+  EXPECT_EQ(h(std::ldexp(1.0f, -14)), 0x0400);     // smallest normal
+  EXPECT_EQ(h(std::ldexp(1.0f, -24)), 0x0001);     // smallest subnormal
+  EXPECT_EQ(h(std::ldexp(1023.0f, -24)), 0x03FF);  // largest subnormal
   EXPECT_EQ(fp16_to_fp32(0x3C00), 1.0f);
   EXPECT_EQ(fp16_to_fp32(0x7BFF), 65504.0f);
   EXPECT_EQ(fp16_to_fp32(0x0001), std::ldexp(1.0f, -24));
@@ -77,19 +77,19 @@ TEST(Fp16Conversion, KnownValues) {
 }
 
 TEST(Fp16Conversion, RoundsToNearestEven) {
-  EXPECT_EQ(h(1.0f + std::ldexp(1.0f, -11)), 0x3C00);      // tie, 0x3C00 is even
-  EXPECT_EQ(h(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3C02);  // tie, 0x3C01 is odd: up
+  EXPECT_EQ(h(1.0f + std::ldexp(1.0f, -11)), 0x3C00);                          // tie, 0x3C00 is even
+  EXPECT_EQ(h(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3C02);                      // tie, 0x3C01 is odd: up
   EXPECT_EQ(h(1.0f + std::ldexp(1.0f, -11) + std::ldexp(1.0f, -20)), 0x3C01);  // above tie
-  EXPECT_EQ(h(65519.0f), 0x7BFF);                          // below the midpoint to 65536
-  EXPECT_EQ(h(65520.0f), 0x7C00);                          // midpoint: even is infinity
+  EXPECT_EQ(h(65519.0f), 0x7BFF);                                              // below the midpoint to 65536
+  EXPECT_EQ(h(65520.0f), 0x7C00);                                              // midpoint: even is infinity
   EXPECT_EQ(h(1e9f), 0x7C00);
   EXPECT_EQ(h(-INFINITY), 0xFC00);
-  EXPECT_EQ(h(std::ldexp(1.0f, -25)), 0x0000);             // tie between 0 and 1 unit: 0
+  EXPECT_EQ(h(std::ldexp(1.0f, -25)), 0x0000);  // tie between 0 and 1 unit: 0
   EXPECT_EQ(h(std::ldexp(1.5f, -25)), 0x0001);
-  EXPECT_EQ(h(std::ldexp(3.0f, -25)), 0x0002);             // 1.5 units: tie to even 2
-  EXPECT_EQ(h(std::ldexp(5.0f, -25)), 0x0002);             // 2.5 units: tie to even 2
+  EXPECT_EQ(h(std::ldexp(3.0f, -25)), 0x0002);  // 1.5 units: tie to even 2
+  EXPECT_EQ(h(std::ldexp(5.0f, -25)), 0x0002);  // 2.5 units: tie to even 2
   EXPECT_EQ(h(std::ldexp(1.0f, -26)), 0x0000);
-  EXPECT_EQ(h(std::ldexp(2047.0f, -25)), 0x0400);          // 1023.5 units: up into the normals
+  EXPECT_EQ(h(std::ldexp(2047.0f, -25)), 0x0400);  // 1023.5 units: up into the normals
   const uint16_t nan = h(NAN);
   EXPECT_EQ(nan & 0x7C00, 0x7C00);
   EXPECT_NE(nan & 0x03FF, 0);
@@ -124,8 +124,8 @@ TEST(QuantKnownVectors, Q4_0) {
   for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>(j | ((15 - j) << 4));
   auto y = dequant(kernels_scalar(), TensorType::Q4_0, &b, 32);
   for (int j = 0; j < 16; ++j) {
-    EXPECT_EQ(y[j], (j - 8) * 0.5f) << j;             // low nibbles: elements 0..15
-    EXPECT_EQ(y[16 + j], (7 - j) * 0.5f) << j;        // high nibbles: elements 16..31
+    EXPECT_EQ(y[j], (j - 8) * 0.5f) << j;       // low nibbles: elements 0..15
+    EXPECT_EQ(y[16 + j], (7 - j) * 0.5f) << j;  // high nibbles: elements 16..31
   }
   EXPECT_EQ(y[0], -4.0f);
   EXPECT_EQ(y[15], 3.5f);
@@ -209,7 +209,7 @@ TEST(QuantKnownVectors, Q3_K) {
   for (int j = 0; j < 16; ++j) raw[j] = 20 + j * 3;  // 20..65 capped below
   raw[15] = 63;
   pack_q3k_scales(raw, b.scales);
-  std::memset(b.qs, 0xE4, 64);   // low code = bit-pair index s, as in Q2_K
+  std::memset(b.qs, 0xE4, 64);  // low code = bit-pair index s, as in Q2_K
   std::memset(b.hmask, 0, 32);
   for (int l = 0; l < 32; ++l) b.hmask[l] = 0x01 | (l == 5 ? 0x80 : 0);  // elements 0..31 and 229
   put_fp16(b.d, 0.5f);
@@ -247,10 +247,10 @@ TEST(QuantKnownVectors, Q4_KScaleBits) {
   put_fp16(b.dmin, 1.0f);
   std::memset(b.qs, 0x21, 128);  // low nibble 1, high nibble 2
   auto y = dequant(kernels_scalar(), TensorType::Q4_K, &b, 256);
-  EXPECT_EQ(y[0], 1.0f);          // sub-block 0: 1 * 1
-  EXPECT_EQ(y[32], 0.0f);         // sub-block 1: scale 0
-  EXPECT_EQ(y[128], 19.0f);       // sub-block 4: 19 * 1 (low nibble)
-  EXPECT_EQ(y[160], -50.0f);      // sub-block 5: 0 * 2 - 50
+  EXPECT_EQ(y[0], 1.0f);      // sub-block 0: 1 * 1
+  EXPECT_EQ(y[32], 0.0f);     // sub-block 1: scale 0
+  EXPECT_EQ(y[128], 19.0f);   // sub-block 4: 19 * 1 (low nibble)
+  EXPECT_EQ(y[160], -50.0f);  // sub-block 5: 0 * 2 - 50
 }
 
 TEST(QuantKnownVectors, Q4_K) {
@@ -260,8 +260,7 @@ TEST(QuantKnownVectors, Q4_K) {
   put_fp16(b.d, 1.0f);
   put_fp16(b.dmin, 2.0f);
   for (int c = 0; c < 4; ++c)
-    for (int l = 0; l < 32; ++l)
-      b.qs[32 * c + l] = static_cast<uint8_t>((l & 15) | ((15 - (l & 15)) << 4));
+    for (int l = 0; l < 32; ++l) b.qs[32 * c + l] = static_cast<uint8_t>((l & 15) | ((15 - (l & 15)) << 4));
   auto y = dequant(kernels_scalar(), TensorType::Q4_K, &b, 256);
   for (int c = 0; c < 4; ++c)
     for (int l = 0; l < 32; ++l) {
@@ -283,7 +282,7 @@ TEST(QuantKnownVectors, Q5_K) {
   for (int c = 0; c < 4; ++c)
     for (int l = 0; l < 32; ++l) {
       const int qh = l % 2 ? 0xA5 : 0x5A;
-      const int lo = (l & 15) | (((qh >> (2 * c)) & 1) << 4);          // bit 2c: sub-block 2c
+      const int lo = (l & 15) | (((qh >> (2 * c)) & 1) << 4);             // bit 2c: sub-block 2c
       const int hi = (15 - (l & 15)) | (((qh >> (2 * c + 1)) & 1) << 4);  // bit 2c+1
       EXPECT_EQ(y[64 * c + l], 0.5f * sc[2 * c] * lo - 1.0f * mn[2 * c]);
       EXPECT_EQ(y[64 * c + 32 + l], 0.5f * sc[2 * c + 1] * hi - 1.0f * mn[2 * c + 1]);
@@ -316,7 +315,7 @@ TEST(QuantKnownVectors, Q6_K) {
 
 TEST(QuantKnownVectors, Q8_0QuantizerRoundsHalfAwayFromZero) {
   float x[32] = {};
-  x[0] = 127.0f;   // amax 127 -> d = 1, so codes equal the rounded inputs
+  x[0] = 127.0f;  // amax 127 -> d = 1, so codes equal the rounded inputs
   x[1] = 2.5f;
   x[2] = -2.5f;
   x[3] = 0.49f;
@@ -348,9 +347,9 @@ TEST(QuantKnownVectors, Q8_KQuantizer) {
   // Largest magnitude, positive: it maps to -127, so d is negative. 127/64 makes iscale = -64
   // exactly, so the products below are exact and the ties are real ties.
   x[77] = 127.0f / 64.0f;
-  x[78] = 0.5f;           // -32 exactly
-  x[79] = 2.5f / 64.0f;   // -2.5 -> ties to even: -2
-  x[80] = 3.5f / 64.0f;   // -3.5 -> ties to even: -4
+  x[78] = 0.5f;          // -32 exactly
+  x[79] = 2.5f / 64.0f;  // -2.5 -> ties to even: -2
+  x[80] = 3.5f / 64.0f;  // -3.5 -> ties to even: -4
   Q8_K b;
   kernels_scalar().quantize_act[tid(TensorType::Q8_K)](x.data(), &b, 256);
   float d;
@@ -397,8 +396,7 @@ std::vector<float> random_activations(int64_t n, std::mt19937& rng) {
   return x;
 }
 
-std::vector<uint8_t> quantize_act(const KernelTable& k, TensorType weight, const float* x,
-                                  int64_t n) {
+std::vector<uint8_t> quantize_act(const KernelTable& k, TensorType weight, const float* x, int64_t n) {
   std::vector<uint8_t> a(activation_row_bytes(weight, n));
   EXPECT_GT(a.size(), 0u);
   k.quantize_act[tid(dot_type(weight))](x, a.data(), n);
@@ -650,7 +648,6 @@ TEST(QuantKernelsSimd, ActivationQuantizersMatchScalarBitExactly) {
     }
   }
 }
-
 
 // ---- (e) multi-row dot products ---------------------------------------------------------------
 

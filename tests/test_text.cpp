@@ -9,7 +9,8 @@ using moelite::ChatTemplate;
 using moelite::StreamFilter;
 
 namespace {
-std::string feed(StreamFilter& f, const std::vector<std::string>& chunks, bool* stopped, std::vector<std::string>* pieces) {
+std::string feed(StreamFilter& f, const std::vector<std::string>& chunks, bool* stopped,
+                 std::vector<std::string>* pieces) {
   std::string all;
   *stopped = false;
   for (const auto& c : chunks) {
@@ -85,13 +86,14 @@ TEST(ChatTemplate, DetectsFamilies) {
 }
 
 TEST(ChatTemplate, FormatsEachFamily) {
-  const std::vector<moelite::ChatMessage> msgs = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello!"},
-                                                  {"user", "Bye"}};
+  const std::vector<moelite::ChatMessage> msgs = {
+      {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello!"}, {"user", "Bye"}};
   EXPECT_EQ(moelite::format_chat(ChatTemplate::ChatML, msgs, true, "<|endoftext|>"),
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!"
             "<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n");
-  EXPECT_EQ(moelite::format_chat(ChatTemplate::Llama3, {{"user", "Hi"}}, true, ""),
-            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(
+      moelite::format_chat(ChatTemplate::Llama3, {{"user", "Hi"}}, true, ""),
+      "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
   EXPECT_EQ(moelite::format_chat(ChatTemplate::Mistral, msgs, true, "</s>"),
             "[INST] Be brief.\n\nHi [/INST] Hello!</s>[INST] Bye [/INST]");
   EXPECT_EQ(moelite::format_chat(ChatTemplate::Tulu, msgs, true, "<|endoftext|>"),

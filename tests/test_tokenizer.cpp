@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "core/gguf.h"
 #include "base/status.h"
+#include "core/gguf.h"
 #include "core/tokenizer/pretokenize.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/tokenizer/unicode.h"
@@ -148,7 +148,7 @@ TEST(TokenizerSpecial, GptEndOfText) {
   ASSERT_EQ(parsed.size(), 3u);
   EXPECT_EQ(parsed[0], 15496);  // "Hello"
   EXPECT_EQ(parsed[1], 50256);
-  EXPECT_EQ(parsed[2], 995);    // " world"
+  EXPECT_EQ(parsed[2], 995);  // " world"
   auto plain = tok->tokenize(text, false, false);
   EXPECT_GT(plain.size(), 3u);
   for (int32_t id : plain) EXPECT_NE(id, 50256);
@@ -191,7 +191,7 @@ TEST(TokenizerSpecial, SpmControlTokensAndSpacePrefix) {
   EXPECT_TRUE(tok->tokenize("", false, false).empty());
   // Pieces: '▁' -> ' ', byte tokens -> their byte, control / unknown only when special.
   EXPECT_EQ(tok->token_to_piece(15043, false), " Hello");
-  EXPECT_EQ(tok->token_to_piece(3 + 0x0A, false), "\n");   // <0x0A>
+  EXPECT_EQ(tok->token_to_piece(3 + 0x0A, false), "\n");    // <0x0A>
   EXPECT_EQ(tok->token_to_piece(3 + 0xE2, false), "\xE2");  // a partial UTF-8 byte, as is
   EXPECT_EQ(tok->token_to_piece(1, false), "");
   EXPECT_EQ(tok->token_to_piece(1, true), "<s>");
@@ -217,9 +217,18 @@ TEST(TokenizerRobustness, InvalidUtf8NeverCrashes) {
   auto spm = load_tokenizer(kVocabDir + "ggml-vocab-llama-spm.gguf");
   auto gpt = load_tokenizer(kVocabDir + "ggml-vocab-gpt-2.gguf");
   ASSERT_TRUE(spm && gpt);
-  const std::vector<std::string> cases = {"\xff", "\xC3", "a\xE2\x82", "\xE2\x82" "a", "\x80\x80\x80",
-                                          "\xF0\x9F\x98", "\xF8\x88\x80\x80\x80", std::string("a\0b", 3),
-                                          "\xED\xA0\x80", "\xF4\x90\x80\x80", "ok \xC0\xAF end"};
+  const std::vector<std::string> cases = {"\xff",
+                                          "\xC3",
+                                          "a\xE2\x82",
+                                          "\xE2\x82"
+                                          "a",
+                                          "\x80\x80\x80",
+                                          "\xF0\x9F\x98",
+                                          "\xF8\x88\x80\x80\x80",
+                                          std::string("a\0b", 3),
+                                          "\xED\xA0\x80",
+                                          "\xF4\x90\x80\x80",
+                                          "ok \xC0\xAF end"};
   for (const std::string& s : cases) {
     for (bool special : {false, true}) {
       auto a = spm->tokenize(s, special, special);
@@ -231,8 +240,18 @@ TEST(TokenizerRobustness, InvalidUtf8NeverCrashes) {
     }
   }
   // Byte-level BPE sees invalid sequences as U+FFFD, one per bad byte (llama.cpp).
-  EXPECT_EQ(gpt->detokenize(gpt->tokenize("a\xff" "b", false, false), false), "a\xEF\xBF\xBD" "b");
-  EXPECT_EQ(gpt->detokenize(gpt->tokenize("\xE2\x82" "a", false, false), false), "\xEF\xBF\xBD\xEF\xBF\xBD" "a");
+  EXPECT_EQ(gpt->detokenize(gpt->tokenize("a\xff"
+                                          "b",
+                                          false, false),
+                            false),
+            "a\xEF\xBF\xBD"
+            "b");
+  EXPECT_EQ(gpt->detokenize(gpt->tokenize("\xE2\x82"
+                                          "a",
+                                          false, false),
+                            false),
+            "\xEF\xBF\xBD\xEF\xBF\xBD"
+            "a");
 
   std::mt19937 rng(1234);
   for (int iter = 0; iter < 3000; ++iter) {
@@ -252,13 +271,14 @@ TEST(TokenizerRobustness, RandomValidUtf8RoundTrips) {
   auto gpt = load_tokenizer(kVocabDir + "ggml-vocab-gpt-2.gguf");
   ASSERT_TRUE(spm && gpt);
   std::mt19937 rng(99);
-  const uint32_t pools[][2] = {{0x20, 0x7E}, {0x09, 0x0D}, {0xA0, 0x24F}, {0x370, 0x4FF}, {0x3000, 0x30FF},
+  const uint32_t pools[][2] = {{0x20, 0x7E},     {0x09, 0x0D},       {0xA0, 0x24F},    {0x370, 0x4FF}, {0x3000, 0x30FF},
                                {0x4E00, 0x4FFF}, {0x1F300, 0x1F64F}, {0x2000, 0x206F}, {0x660, 0x669}};
   for (int iter = 0; iter < 2000; ++iter) {
     std::vector<uint32_t> cps(rng() % 24);
     for (uint32_t& cp : cps) {
       const auto& p = pools[rng() % 9];
-      do cp = p[0] + rng() % (p[1] - p[0] + 1); while (cp >= 0xD800 && cp < 0xE000);
+      do cp = p[0] + rng() % (p[1] - p[0] + 1);
+      while (cp >= 0xD800 && cp < 0xE000);
     }
     std::string s = moelite::unicode::encode_utf8(cps);
     ASSERT_EQ(gpt->detokenize(gpt->tokenize(s, false, false), false), s);
@@ -268,13 +288,14 @@ TEST(TokenizerRobustness, RandomValidUtf8RoundTrips) {
 
 // Large input: correctness (round trip) and speed (reported; bound generous for sanitizer builds).
 TEST(TokenizerSpeed, OneMegabyteOfEnglish) {
-  static const char* kWords[] = {"the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with",
-                                 "be", "by", "on", "not", "he", "I", "this", "are", "or", "his", "from", "at",
-                                 "which", "but", "have", "an", "had", "they", "you", "were", "their", "one",
-                                 "all", "we", "can", "her", "has", "there", "been", "if", "more", "when", "will",
-                                 "would", "who", "so", "no", "tokenizer", "mixture", "experts", "Lisbon", "quickly",
-                                 "don't", "it's", "we'll", "1984", "3.14159", "(see", "below)", "\"quoted\"",
-                                 "e-mail", "naïve", "café", "ünïcödé", "2024-05-01", "$100", "well-known", "—"};
+  static const char* kWords[] = {
+      "the",     "of",         "and",    "to",      "in",    "is",      "that",       "for",  "it",         "as",
+      "was",     "with",       "be",     "by",      "on",    "not",     "he",         "I",    "this",       "are",
+      "or",      "his",        "from",   "at",      "which", "but",     "have",       "an",   "had",        "they",
+      "you",     "were",       "their",  "one",     "all",   "we",      "can",        "her",  "has",        "there",
+      "been",    "if",         "more",   "when",    "will",  "would",   "who",        "so",   "no",         "tokenizer",
+      "mixture", "experts",    "Lisbon", "quickly", "don't", "it's",    "we'll",      "1984", "3.14159",    "(see",
+      "below)",  "\"quoted\"", "e-mail", "naïve",   "café",  "ünïcödé", "2024-05-01", "$100", "well-known", "—"};
   std::mt19937 rng(7);
   std::string text;
   while (text.size() < (1u << 20)) {
@@ -288,8 +309,8 @@ TEST(TokenizerSpeed, OneMegabyteOfEnglish) {
     auto t0 = std::chrono::steady_clock::now();
     auto ids = tok->tokenize(text, false, true);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("[ speed    ] %s: %zu bytes -> %zu tokens in %.3f s (%.2f MB/s)\n", name, text.size(), ids.size(),
-                secs, text.size() / secs / 1e6);
+    std::printf("[ speed    ] %s: %zu bytes -> %zu tokens in %.3f s (%.2f MB/s)\n", name, text.size(), ids.size(), secs,
+                text.size() / secs / 1e6);
     RecordProperty(std::string(name) + "_seconds_per_MB", std::to_string(secs * (1 << 20) / text.size()));
     EXPECT_LT(secs, 30.0);
     EXPECT_EQ(tok->detokenize(ids, false), text);
@@ -332,24 +353,25 @@ TEST(TokenizerUnicode, Categories) {
   EXPECT_EQ(category('A'), Lu);
   EXPECT_EQ(category('z'), Ll);
   EXPECT_EQ(category('5'), Nd);
-  EXPECT_EQ(category(0x0663), Nd);   // ARABIC-INDIC DIGIT THREE
-  EXPECT_EQ(category(0x2165), Nl);   // ROMAN NUMERAL SIX
-  EXPECT_EQ(category(0x00BD), No);   // ½
+  EXPECT_EQ(category(0x0663), Nd);  // ARABIC-INDIC DIGIT THREE
+  EXPECT_EQ(category(0x2165), Nl);  // ROMAN NUMERAL SIX
+  EXPECT_EQ(category(0x00BD), No);  // ½
   EXPECT_EQ(category('!'), Po);
   EXPECT_EQ(category('$'), Sc);
-  EXPECT_EQ(category(0x20AC), Sc);   // €
-  EXPECT_EQ(category(0x0301), Mn);   // combining acute
+  EXPECT_EQ(category(0x20AC), Sc);  // €
+  EXPECT_EQ(category(0x0301), Mn);  // combining acute
   EXPECT_EQ(category(0x4E00), Lo);
   EXPECT_EQ(category(0x1F999), So);  // 🦙
   EXPECT_EQ(category(0x0378), Cn);   // unassigned
   EXPECT_EQ(category(0x110000), Cn);
   EXPECT_TRUE(is_letter(0x00E9));
-  EXPECT_TRUE(is_number(0x00B2));    // superscript two is \p{N}
+  EXPECT_TRUE(is_number(0x00B2));  // superscript two is \p{N}
   EXPECT_FALSE(is_letter('_'));
   for (uint32_t cp : {0x09u, 0x0Au, 0x0Bu, 0x0Cu, 0x0Du, 0x20u, 0x85u, 0xA0u, 0x1680u, 0x2000u, 0x200Au, 0x2028u,
                       0x2029u, 0x202Fu, 0x205Fu, 0x3000u})
     EXPECT_TRUE(is_whitespace(cp)) << std::hex << cp;
-  for (uint32_t cp : {0x08u, 0x1Cu, 0x200Bu, 0x180Eu, 0xFEFFu, 0x61u}) EXPECT_FALSE(is_whitespace(cp)) << std::hex << cp;
+  for (uint32_t cp : {0x08u, 0x1Cu, 0x200Bu, 0x180Eu, 0xFEFFu, 0x61u})
+    EXPECT_FALSE(is_whitespace(cp)) << std::hex << cp;
   // The flat BMP table and the run table agree everywhere.
   for (uint32_t cp = 0; cp < 0x10000; cp += 7) {
     uint16_t f = flags(cp);
@@ -365,8 +387,12 @@ TEST(TokenizerUnicode, DecodeIsTotal) {
   EXPECT_EQ(decode_utf8("a\xC3\xA9\xE2\x82\xAC\xF0\x9F\xA6\x99"), (std::vector<uint32_t>{'a', 0xE9, 0x20AC, 0x1F999}));
   EXPECT_EQ(decode_utf8("\xff"), (std::vector<uint32_t>{R}));
   EXPECT_EQ(decode_utf8("\xC3"), (std::vector<uint32_t>{R}));
-  EXPECT_EQ(decode_utf8("\xE2\x82" "a"), (std::vector<uint32_t>{R, R, 'a'}));  // one byte at a time
-  EXPECT_EQ(decode_utf8("\x80" "b"), (std::vector<uint32_t>{R, 'b'}));
+  EXPECT_EQ(decode_utf8("\xE2\x82"
+                        "a"),
+            (std::vector<uint32_t>{R, R, 'a'}));  // one byte at a time
+  EXPECT_EQ(decode_utf8("\x80"
+                        "b"),
+            (std::vector<uint32_t>{R, 'b'}));
   EXPECT_TRUE(decode_utf8("").empty());
 }
 
@@ -392,9 +418,9 @@ TEST(TokenizerPretok, Gpt2) {
   EXPECT_EQ(split("Hello world", P), (Pieces{"Hello", " world"}));
   EXPECT_EQ(split("I'm you're they've he'll she'd it's can't", P),
             (Pieces{"I", "'m", " you", "'re", " they", "'ve", " he", "'ll", " she", "'d", " it", "'s", " can", "'t"}));
-  EXPECT_EQ(split("I'M", P), (Pieces{"I", "'", "M"}));  // contractions are case-sensitive
-  EXPECT_EQ(split("a  b", P), (Pieces{"a", " ", " b"}));  // \s+(?!\S) leaves one space to the word
-  EXPECT_EQ(split("a   \n", P), (Pieces{"a", "   \n"}));  // trailing whitespace stays together
+  EXPECT_EQ(split("I'M", P), (Pieces{"I", "'", "M"}));          // contractions are case-sensitive
+  EXPECT_EQ(split("a  b", P), (Pieces{"a", " ", " b"}));        // \s+(?!\S) leaves one space to the word
+  EXPECT_EQ(split("a   \n", P), (Pieces{"a", "   \n"}));        // trailing whitespace stays together
   EXPECT_EQ(split("12345 abc", P), (Pieces{"12345", " abc"}));  // digits unbounded
   EXPECT_EQ(split("hello!!! world?", P), (Pieces{"hello", "!!!", " world", "?"}));
   EXPECT_EQ(split("x\ty", P), (Pieces{"x", "\t", "y"}));
@@ -406,12 +432,12 @@ TEST(TokenizerPretok, Gpt2) {
 TEST(TokenizerPretok, Llama3) {
   const auto P = PreTokenizer::Llama3;
   EXPECT_EQ(split("I'M YOU'RE we'Ll", P), (Pieces{"I", "'M", " YOU", "'RE", " we", "'Ll"}));  // (?i:...)
-  EXPECT_EQ(split("1234567", P), (Pieces{"123", "456", "7"}));  // \p{N}{1,3}
-  EXPECT_EQ(split(" 123", P), (Pieces{" ", "123"}));              // numbers take no space
+  EXPECT_EQ(split("1234567", P), (Pieces{"123", "456", "7"}));                                // \p{N}{1,3}
+  EXPECT_EQ(split(" 123", P), (Pieces{" ", "123"}));                                          // numbers take no space
   EXPECT_EQ(split("hello world", P), (Pieces{"hello", " world"}));
   EXPECT_EQ(split("\tfoo (bar)", P), (Pieces{"\tfoo", " (", "bar", ")"}));  // [^\r\n\p{L}\p{N}]?\p{L}+
   EXPECT_EQ(split("a\n\nb", P), (Pieces{"a", "\n\n", "b"}));
-  EXPECT_EQ(split("a  \n  b", P), (Pieces{"a", "  \n", " ", " b"}));  // \s*[\r\n]+ then \s+(?!\S)
+  EXPECT_EQ(split("a  \n  b", P), (Pieces{"a", "  \n", " ", " b"}));      // \s*[\r\n]+ then \s+(?!\S)
   EXPECT_EQ(split("foo!!\n\nbar", P), (Pieces{"foo", "!!\n\n", "bar"}));  // punctuation keeps newlines
   EXPECT_EQ(split("$100", P), (Pieces{"$", "100"}));
   EXPECT_EQ(split("'xyz", P), (Pieces{"'xyz"}));  // not a contraction: the quote leads the word
@@ -430,7 +456,7 @@ TEST(TokenizerPretok, Qwen2) {
 TEST(TokenizerPretok, DeepseekLlm) {
   const auto P = PreTokenizer::DeepseekLlm;
   EXPECT_EQ(split("Hello World 123", P), (Pieces{"Hello", " World", " ", "123"}));
-  EXPECT_EQ(split("12345", P), (Pieces{"12345"}));  // \p{N}+: no grouping
+  EXPECT_EQ(split("12345", P), (Pieces{"12345"}));        // \p{N}+: no grouping
   EXPECT_EQ(split("a\nb", P), (Pieces{"a", "\n", "b"}));  // [\r\n] alone
   EXPECT_EQ(split("hi, there!", P), (Pieces{"hi", ",", " there", "!"}));
   EXPECT_EQ(split("word   ", P), (Pieces{"word", "   "}));  // \s+$
@@ -457,11 +483,11 @@ TEST(TokenizerPretok, DefaultStarcoderFalcon) {
 
 TEST(TokenizerPretok, PiecesCoverTheInput) {
   std::mt19937 rng(11);
-  const char* alphabet[] = {"a", "Z", " ", "  ", "\n", "\r\n", "\t", "'", "'s", "'LL", "1", "42", "!", "?!", "é",
-                            "中", "😀", "\xC2\xA0", "\xE3\x80\x80", "_", "$", "\xCC\x81", "\xff"};
-  for (PreTokenizer p : {PreTokenizer::Default, PreTokenizer::Gpt2, PreTokenizer::Llama3, PreTokenizer::Qwen2,
-                         PreTokenizer::DeepseekLlm, PreTokenizer::DeepseekCoder, PreTokenizer::Deepseek3,
-                         PreTokenizer::Starcoder, PreTokenizer::Falcon}) {
+  const char* alphabet[] = {"a", "Z",  " ", "  ", "\n", "\r\n",     "\t",           "'", "'s", "'LL",      "1",   "42",
+                            "!", "?!", "é", "中", "😀",  "\xC2\xA0", "\xE3\x80\x80", "_", "$",  "\xCC\x81", "\xff"};
+  for (PreTokenizer p :
+       {PreTokenizer::Default, PreTokenizer::Gpt2, PreTokenizer::Llama3, PreTokenizer::Qwen2, PreTokenizer::DeepseekLlm,
+        PreTokenizer::DeepseekCoder, PreTokenizer::Deepseek3, PreTokenizer::Starcoder, PreTokenizer::Falcon}) {
     for (int i = 0; i < 300; ++i) {
       std::string s;
       for (int k = rng() % 30; k > 0; --k) s += alphabet[rng() % (sizeof(alphabet) / sizeof(alphabet[0]))];
@@ -478,11 +504,16 @@ TEST(TokenizerPretok, PiecesCoverTheInput) {
 
 TEST(TokenizerPretok, Names) {
   PreTokenizer p;
-  const std::pair<const char*, PreTokenizer> known[] = {
-      {"default", PreTokenizer::Default},  {"gpt-2", PreTokenizer::Gpt2},          {"gpt2", PreTokenizer::Gpt2},
-      {"olmo", PreTokenizer::Gpt2},        {"llama-bpe", PreTokenizer::Llama3},    {"llama3", PreTokenizer::Llama3},
-      {"qwen2", PreTokenizer::Qwen2},      {"deepseek-llm", PreTokenizer::DeepseekLlm},
-      {"deepseek-v3", PreTokenizer::Deepseek3}, {"starcoder", PreTokenizer::Starcoder}};
+  const std::pair<const char*, PreTokenizer> known[] = {{"default", PreTokenizer::Default},
+                                                        {"gpt-2", PreTokenizer::Gpt2},
+                                                        {"gpt2", PreTokenizer::Gpt2},
+                                                        {"olmo", PreTokenizer::Gpt2},
+                                                        {"llama-bpe", PreTokenizer::Llama3},
+                                                        {"llama3", PreTokenizer::Llama3},
+                                                        {"qwen2", PreTokenizer::Qwen2},
+                                                        {"deepseek-llm", PreTokenizer::DeepseekLlm},
+                                                        {"deepseek-v3", PreTokenizer::Deepseek3},
+                                                        {"starcoder", PreTokenizer::Starcoder}};
   for (const auto& k : known) {
     ASSERT_TRUE(moelite::pre_tokenizer_from_name(k.first, &p)) << k.first;
     EXPECT_EQ(p, k.second) << k.first;

@@ -6,8 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <deque>
 #include <cstdlib>
+#include <deque>
 #include <memory>
 #include <random>
 #include <vector>
@@ -37,9 +37,9 @@ bool make(Pair* p) {
   return true;
 }
 
-#define NEED_VULKAN(p)                                                                   \
-  Pair p;                                                                                \
-  if (!make(&p)) GTEST_SKIP() << "no Vulkan device: " << last_error_message();           \
+#define NEED_VULKAN(p)                                                         \
+  Pair p;                                                                      \
+  if (!make(&p)) GTEST_SKIP() << "no Vulkan device: " << last_error_message(); \
   const uint64_t validation_before = vk::Device::validation_messages();
 
 #define NO_VALIDATION_MESSAGES() EXPECT_EQ(vk::Device::validation_messages(), validation_before)
@@ -164,7 +164,8 @@ TEST_P(VulkanShaderPaths, MatmulAndGetRowsForEveryWeightTypeMatchTheScalarDequan
     // Reference: the scalar dequantization, products in float64.
     std::vector<float> deq(static_cast<size_t>(rows * cols));
     for (int64_t r = 0; r < rows; ++r)
-      cpu::kernels_scalar().dequant[static_cast<uint32_t>(t)](bytes.data() + r * w.row_bytes, deq.data() + r * cols, cols);
+      cpu::kernels_scalar().dequant[static_cast<uint32_t>(t)](bytes.data() + r * w.row_bytes, deq.data() + r * cols,
+                                                              cols);
     const std::vector<float> x = randv(static_cast<size_t>(n * cols), rng, -2, 2);
     // Float arrays handed to operations are model weights: they must outlive the backend.
     keep.push_back(randv(rows, rng));
@@ -173,7 +174,8 @@ TEST_P(VulkanShaderPaths, MatmulAndGetRowsForEveryWeightTypeMatchTheScalarDequan
     for (int64_t t2 = 0; t2 < n; ++t2)
       for (int64_t r = 0; r < rows; ++r) {
         double acc = bias[static_cast<size_t>(r)];
-        for (int64_t c = 0; c < cols; ++c) acc += double(deq[static_cast<size_t>(r * cols + c)]) * x[static_cast<size_t>(t2 * cols + c)];
+        for (int64_t c = 0; c < cols; ++c)
+          acc += double(deq[static_cast<size_t>(r * cols + c)]) * x[static_cast<size_t>(t2 * cols + c)];
         want[static_cast<size_t>(t2 * rows + r)] = acc;
       }
     ASSERT_EQ(p.vk->place_weight(w), MOELITE_OK);
@@ -188,7 +190,8 @@ TEST_P(VulkanShaderPaths, MatmulAndGetRowsForEveryWeightTypeMatchTheScalarDequan
     const std::vector<float> got = ga.get();
     for (int i = 0; i < 3; ++i)
       for (int64_t c = 0; c < cols; ++c)
-        ASSERT_EQ(got[static_cast<size_t>(i * cols + c)], deq[static_cast<size_t>(ids[i] * cols + c)]) << "row " << ids[i] << " col " << c;
+        ASSERT_EQ(got[static_cast<size_t>(i * cols + c)], deq[static_cast<size_t>(ids[i] * cols + c)])
+            << "row " << ids[i] << " col " << c;
   }
   NO_VALIDATION_MESSAGES();
 }
@@ -206,7 +209,8 @@ TEST(VulkanOps, WeightsBeyondTheStorageBufferRangeAreSplitByRows) {
   if (!ok) GTEST_SKIP() << "no Vulkan device";
   std::mt19937 rng(8);
   const int64_t rows = 300, cols = 64, n = 2;
-  const std::vector<float> wv = randv(static_cast<size_t>(rows * cols), rng), x = randv(static_cast<size_t>(n * cols), rng);
+  const std::vector<float> wv = randv(static_cast<size_t>(rows * cols), rng),
+                           x = randv(static_cast<size_t>(n * cols), rng);
   WeightView w;
   w.type = TensorType::F32;
   w.rows = rows;
@@ -221,7 +225,8 @@ TEST(VulkanOps, WeightsBeyondTheStorageBufferRangeAreSplitByRows) {
   for (int64_t t = 0; t < n; ++t)
     for (int64_t r = 0; r < rows; ++r) {
       double acc = 0;
-      for (int64_t c = 0; c < cols; ++c) acc += double(wv[static_cast<size_t>(r * cols + c)]) * x[static_cast<size_t>(t * cols + c)];
+      for (int64_t c = 0; c < cols; ++c)
+        acc += double(wv[static_cast<size_t>(r * cols + c)]) * x[static_cast<size_t>(t * cols + c)];
       want[static_cast<size_t>(t * rows + r)] = acc;
     }
   EXPECT_LT(max_rel(ya.get(), want), 2e-6);
@@ -229,14 +234,16 @@ TEST(VulkanOps, WeightsBeyondTheStorageBufferRangeAreSplitByRows) {
   ASSERT_EQ(p.vk->get_rows(w, ids, 3, &ga.a), MOELITE_OK);
   const std::vector<float> got = ga.get();
   for (int i = 0; i < 3; ++i)
-    for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(got[static_cast<size_t>(i * cols + c)], wv[static_cast<size_t>(ids[i] * cols + c)]);
+    for (int64_t c = 0; c < cols; ++c)
+      ASSERT_EQ(got[static_cast<size_t>(i * cols + c)], wv[static_cast<size_t>(ids[i] * cols + c)]);
 }
 
 TEST(VulkanOps, FloatOpsMatchTheCpuBackend) {
   NEED_VULKAN(p);
   std::mt19937 rng(5);
   const int64_t n = 5, head_dim = 32, n_head = 4, n_head_kv = 2, cols = head_dim * n_head;
-  const std::vector<float> xv = randv(static_cast<size_t>(n * cols), rng, -3, 3), yv = randv(static_cast<size_t>(n * cols), rng);
+  const std::vector<float> xv = randv(static_cast<size_t>(n * cols), rng, -3, 3),
+                           yv = randv(static_cast<size_t>(n * cols), rng);
   const std::vector<float> wn = randv(static_cast<size_t>(cols), rng, 0.5f, 1.5f);
   auto both = [&](const std::function<void(Backend*, HostAct&, HostAct&)>& op) {
     HostAct vx(p.vk.get(), n, cols), vy(p.vk.get(), n, cols), cx(p.cpu.get(), n, cols), cy(p.cpu.get(), n, cols);
@@ -245,11 +252,17 @@ TEST(VulkanOps, FloatOpsMatchTheCpuBackend) {
     op(p.cpu.get(), cx, cy);
     return std::make_pair(vx.get(), widen(cx.get()));
   };
-  auto r = both([&](Backend* b, HostAct& x, HostAct& y) { ASSERT_EQ(b->rms_norm(x.a, wn.data(), cols, 1e-6f, &y.a), MOELITE_OK); ASSERT_EQ(b->add(&x.a, y.a), MOELITE_OK); });
+  auto r = both([&](Backend* b, HostAct& x, HostAct& y) {
+    ASSERT_EQ(b->rms_norm(x.a, wn.data(), cols, 1e-6f, &y.a), MOELITE_OK);
+    ASSERT_EQ(b->add(&x.a, y.a), MOELITE_OK);
+  });
   EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "rms_norm + add";
-  r = both([&](Backend* b, HostAct& x, HostAct&) { ASSERT_EQ(b->rms_norm(x.a, wn.data(), head_dim, 1e-6f, &x.a), MOELITE_OK); });
+  r = both([&](Backend* b, HostAct& x, HostAct&) {
+    ASSERT_EQ(b->rms_norm(x.a, wn.data(), head_dim, 1e-6f, &x.a), MOELITE_OK);
+  });
   EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "per-head rms_norm in place";
-  r = both([&](Backend* b, HostAct& x, HostAct&) { ASSERT_EQ(b->rms_norm(x.a, nullptr, cols, 1e-5f, &x.a), MOELITE_OK); });
+  r = both(
+      [&](Backend* b, HostAct& x, HostAct&) { ASSERT_EQ(b->rms_norm(x.a, nullptr, cols, 1e-5f, &x.a), MOELITE_OK); });
   EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "rms_norm without weights";
   const int32_t pos[] = {0, 1, 7, 100, 3000};
   for (RopeStyle style : {RopeStyle::Normal, RopeStyle::Neox}) {
@@ -379,7 +392,8 @@ TEST(VulkanOps, ExpertAndSharedFfnsMatchTheCpuBackend) {
       ex.w.push_back(w);
     }
     ExpertWeights shared{matrix(ff, d), matrix(ff, d), matrix(d, ff)};
-    if (biased) shared.gate_bias = floats(ff, 0.5f), shared.up_bias = floats(ff, 0.5f), shared.down_bias = floats(d, 0.5f);
+    if (biased)
+      shared.gate_bias = floats(ff, 0.5f), shared.up_bias = floats(ff, 0.5f), shared.down_bias = floats(d, 0.5f);
     for (const bool resident : {true, false}) {
       ex.resident = resident;
       std::vector<std::vector<float>> moe, dense;

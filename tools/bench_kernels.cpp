@@ -28,17 +28,40 @@ std::vector<uint8_t> make_weights(TensorType t, int64_t rows, int64_t cols, std:
   const uint16_t scale = fp32_to_fp16(0.01f);
   int off[2] = {-1, -1};
   switch (t) {
-    case TensorType::Q4_0: case TensorType::Q5_0: case TensorType::Q8_0: off[0] = 0; break;
-    case TensorType::Q4_1: case TensorType::Q5_1: case TensorType::Q4_K: case TensorType::Q5_K:
-      off[0] = 0; off[1] = 2; break;
-    case TensorType::Q2_K: off[0] = 80; off[1] = 82; break;
-    case TensorType::Q3_K: off[0] = 108; break;
-    case TensorType::Q6_K: off[0] = 208; break;
-    case TensorType::F32: for (size_t i = 0; i + 4 <= w.size(); i += 4) { float f = 0.5f; std::memcpy(&w[i], &f, 4); } break;
-    case TensorType::F16: case TensorType::BF16:
+    case TensorType::Q4_0:
+    case TensorType::Q5_0:
+    case TensorType::Q8_0:
+      off[0] = 0;
+      break;
+    case TensorType::Q4_1:
+    case TensorType::Q5_1:
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+      off[0] = 0;
+      off[1] = 2;
+      break;
+    case TensorType::Q2_K:
+      off[0] = 80;
+      off[1] = 82;
+      break;
+    case TensorType::Q3_K:
+      off[0] = 108;
+      break;
+    case TensorType::Q6_K:
+      off[0] = 208;
+      break;
+    case TensorType::F32:
+      for (size_t i = 0; i + 4 <= w.size(); i += 4) {
+        float f = 0.5f;
+        std::memcpy(&w[i], &f, 4);
+      }
+      break;
+    case TensorType::F16:
+    case TensorType::BF16:
       for (size_t i = 0; i + 2 <= w.size(); i += 2) std::memcpy(&w[i], &scale, 2);
       break;
-    default: break;
+    default:
+      break;
   }
   if (info->block_size > 1)
     for (size_t b = 0; b < w.size() / info->block_bytes; ++b)
@@ -53,10 +76,9 @@ int main(int argc, char** argv) {
   const int64_t rows = argc > 1 ? std::atoll(argv[1]) : 2048;
   const int64_t cols = argc > 2 ? std::atoll(argv[2]) : 2048;
   std::mt19937 rng(1);
-  const TensorType types[] = {TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K, TensorType::Q5_K,
-                              TensorType::F16,  TensorType::F32,  TensorType::BF16, TensorType::Q4_0,
-                              TensorType::Q3_K, TensorType::Q2_K, TensorType::Q5_0, TensorType::Q4_1,
-                              TensorType::Q5_1};
+  const TensorType types[] = {TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K, TensorType::Q5_K, TensorType::F16,
+                              TensorType::F32,  TensorType::BF16, TensorType::Q4_0, TensorType::Q3_K, TensorType::Q2_K,
+                              TensorType::Q5_0, TensorType::Q4_1, TensorType::Q5_1};
   std::vector<const KernelTable*> tables = {&kernels_scalar()};
   if (kernels_avx2()) tables.push_back(kernels_avx2());
   if (kernels_avx512()) tables.push_back(kernels_avx512());

@@ -108,9 +108,7 @@ void CpuBackend::free_act(Act* a) {
   *a = Act{};
 }
 
-Act CpuBackend::view_rows(const Act& a, int64_t row0, int64_t n) {
-  return Act{rows_of(a) + row0 * a.cols, n, a.cols};
-}
+Act CpuBackend::view_rows(const Act& a, int64_t row0, int64_t n) { return Act{rows_of(a) + row0 * a.cols, n, a.cols}; }
 
 Status CpuBackend::read_rows(const Act& a, int64_t row0, int64_t n, float* dst) {
   memcpy(dst, rows_of(a) + row0 * a.cols, static_cast<size_t>(n * a.cols) * sizeof(float));
@@ -188,8 +186,8 @@ Status CpuBackend::quantize_rows(const float* x, int64_t rows, int64_t cols, Ten
   return MOELITE_OK;
 }
 
-void CpuBackend::matmul_rows(const WeightView& w, const uint8_t* act, size_t act_stride, int64_t n,
-                             float* out, int64_t out_stride) {
+void CpuBackend::matmul_rows(const WeightView& w, const uint8_t* act, size_t act_stride, int64_t n, float* out,
+                             int64_t out_stride) {
   VecDotMultiFn dot = k_.vec_dot_multi[static_cast<uint32_t>(w.type)];
   const int64_t rc = row_chunk(w.rows, pool_.size());
   const int64_t n_rc = (w.rows + rc - 1) / rc;
@@ -216,8 +214,8 @@ Status CpuBackend::matmul(const WeightView& w, const Act& x, const float* bias, 
   const uint8_t* act;
   MOELITE_TRY(quantize_rows(rows_of(x), x.rows, x.cols, w.type, &qbuf_, &act));
   const TensorType dt = dot_type(w.type);
-  const size_t stride = dt == TensorType::F32 ? static_cast<size_t>(x.cols) * sizeof(float)
-                                              : activation_row_bytes(w.type, x.cols);
+  const size_t stride =
+      dt == TensorType::F32 ? static_cast<size_t>(x.cols) * sizeof(float) : activation_row_bytes(w.type, x.cols);
   float* y = rows_of(*out);
   matmul_rows(w, act, stride, x.rows, y, out->cols);
   if (bias) {
@@ -246,8 +244,8 @@ Status CpuBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const int
   return MOELITE_OK;
 }
 
-Status CpuBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v,
-                           int32_t pos0, int32_t n_head, int32_t n_head_kv, int64_t head_dim, Act* out) {
+Status CpuBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0,
+                             int32_t n_head, int32_t n_head_kv, int64_t head_dim, Act* out) {
   auto* s = static_cast<KvStorage*>(kv->handle);
   const int64_t kv_dim = kv->kv_dim;
   float* k_layer = s->k + static_cast<int64_t>(layer) * kv->n_ctx * kv_dim;
@@ -262,8 +260,8 @@ Status CpuBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act
   float* od = rows_of(*out);
   pool_.parallel_for(n * n_head, [&](int64_t task, int thread) {
     const int64_t t = task / n_head, h = task % n_head;
-    attend_head(qd + t * q.cols + h * head_dim, k_layer, v_layer, kv_dim, (h / group) * head_dim,
-                head_dim, pos0 + static_cast<int32_t>(t) + 1, scale, attn_scores_[thread].data(),
+    attend_head(qd + t * q.cols + h * head_dim, k_layer, v_layer, kv_dim, (h / group) * head_dim, head_dim,
+                pos0 + static_cast<int32_t>(t) + 1, scale, attn_scores_[thread].data(),
                 od + t * out->cols + h * head_dim, k_.vec_dot[static_cast<uint32_t>(TensorType::F32)]);
   });
   return MOELITE_OK;
@@ -293,7 +291,8 @@ Status CpuBackend::route(const Act& logits, int32_t k, bool renormalize, Routing
 
 std::vector<CpuBackend::FfnJob> CpuBackend::jobs_of(const ExpertTask* tasks, int32_t n) {
   std::vector<FfnJob> jobs(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) jobs[static_cast<size_t>(i)] = {&tasks[i].w, tasks[i].x_rows, tasks[i].out_rows, tasks[i].n_rows};
+  for (int32_t i = 0; i < n; ++i)
+    jobs[static_cast<size_t>(i)] = {&tasks[i].w, tasks[i].x_rows, tasks[i].out_rows, tasks[i].n_rows};
   return jobs;
 }
 
@@ -350,18 +349,21 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
     uint8_t* dst = buf->data();
     for (size_t j = 0; j < jobs.size(); ++j)
       for (int64_t i = 0; i < jobs[j].n_rows; ++i)
-        memcpy(dst + static_cast<size_t>(h_offset_[j] + i) * stride, src + static_cast<size_t>(jobs[j].x_rows[i]) * stride,
-               stride);
+        memcpy(dst + static_cast<size_t>(h_offset_[j] + i) * stride,
+               src + static_cast<size_t>(jobs[j].x_rows[i]) * stride, stride);
     *out = dst;
     return MOELITE_OK;
   };
   const uint8_t *xg_gate, *xg_up;
   MOELITE_TRY(gather(xq_gate, gate_stride, &ffn_xg_gate_, &xg_gate));
-  if (xq_up == xq_gate && up_stride == gate_stride) xg_up = xg_gate;
-  else MOELITE_TRY(gather(xq_up, up_stride, &ffn_xg_up_, &xg_up));
+  if (xq_up == xq_gate && up_stride == gate_stride)
+    xg_up = xg_gate;
+  else
+    MOELITE_TRY(gather(xq_up, up_stride, &ffn_xg_up_, &xg_up));
 
   // h = act(gate x, up x) for every routed row of every job.
-  const std::vector<Task> tasks = split_rows(jobs, [](const FfnJob& j) { return j.w->gate.rows; }, pool_.size());
+  const std::vector<Task> tasks = split_rows(
+      jobs, [](const FfnJob& j) { return j.w->gate.rows; }, pool_.size());
   pool_.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
     const Task& task = tasks[static_cast<size_t>(ti)];
     const FfnJob& job = jobs[static_cast<size_t>(task.job)];
@@ -399,8 +401,8 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
   const int64_t n_ff_max = n_ff_max_, h_rows = h_rows_;
   // Quantize h for the down projections.
   const TensorType down_type = jobs[0].w->down.type;
-  const size_t hq_stride =
-      dot_type(down_type) == TensorType::F32 ? static_cast<size_t>(n_ff_max) * sizeof(float) : activation_row_bytes(down_type, n_ff_max);
+  const size_t hq_stride = dot_type(down_type) == TensorType::F32 ? static_cast<size_t>(n_ff_max) * sizeof(float)
+                                                                  : activation_row_bytes(down_type, n_ff_max);
   const uint8_t* hq = reinterpret_cast<const uint8_t*>(h);
   if (dot_type(down_type) != TensorType::F32) {
     // Jobs with a shorter n_ff are quantized per job so each row is exactly that job's length.
@@ -417,7 +419,8 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
   }
 
   // results[out_row] = down h.
-  const std::vector<Task> tasks = split_rows(jobs, [](const FfnJob& j) { return j.w->down.rows; }, pool_.size());
+  const std::vector<Task> tasks = split_rows(
+      jobs, [](const FfnJob& j) { return j.w->down.rows; }, pool_.size());
   pool_.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
     const Task& task = tasks[static_cast<size_t>(ti)];
     const FfnJob& job = jobs[static_cast<size_t>(task.job)];
@@ -475,7 +478,8 @@ Status CpuBackend::moe_combine(const Routing& r, Act* out) {
   return MOELITE_OK;
 }
 
-Status CpuBackend::dense_ffn(const ExpertWeights& w, const FfnKind& kind, const float* gate_inp, const Act& x, Act* out) {
+Status CpuBackend::dense_ffn(const ExpertWeights& w, const FfnKind& kind, const float* gate_inp, const Act& x,
+                             Act* out) {
   std::vector<int32_t> rows(static_cast<size_t>(x.rows));
   for (int32_t t = 0; t < x.rows; ++t) rows[static_cast<size_t>(t)] = t;
   const std::vector<FfnJob> jobs{{&w, rows.data(), rows.data(), x.rows}};

@@ -39,11 +39,10 @@ class CpuBackend final : public Backend {
   Status matmul(const WeightView& w, const Act& x, const float* bias, Act* out) override;
   Status add(Act* x, const Act& y) override;
   Status rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) override;
-  Status attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0,
-                   int32_t n_head, int32_t n_head_kv, int64_t head_dim, Act* out) override;
+  Status attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0, int32_t n_head,
+                   int32_t n_head_kv, int64_t head_dim, Act* out) override;
   Status route(const Act& logits, int32_t k, bool renormalize, Routing* r) override;
-  Status dense_ffn(const ExpertWeights& w, const FfnKind& kind, const float* gate_inp, const Act& x,
-                   Act* out) override;
+  Status dense_ffn(const ExpertWeights& w, const FfnKind& kind, const float* gate_inp, const Act& x, Act* out) override;
 
   Status moe_begin(const Act& x, const FfnKind& kind, int64_t n_out_rows) override;
   Status expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) override;

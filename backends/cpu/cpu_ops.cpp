@@ -55,18 +55,16 @@ void top_k(const float* p, int32_t n, int32_t k, int32_t* ids, float* weights) {
   int32_t order[1024];
   int32_t m = std::min<int32_t>(n, 1024);
   std::iota(order, order + m, 0);
-  std::partial_sort(order, order + k, order + m, [p](int32_t a, int32_t b) {
-    return p[a] > p[b] || (p[a] == p[b] && a < b);
-  });
+  std::partial_sort(order, order + k, order + m,
+                    [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
   for (int32_t j = 0; j < k; ++j) {
     ids[j] = order[j];
     weights[j] = p[order[j]];
   }
 }
 
-void attend_head(const float* q, const float* k_cache, const float* v_cache, int64_t kv_dim,
-                 int64_t kv_offset, int64_t head_dim, int32_t n_pos, float scale, float* scores,
-                 float* out, VecDotFn dot_f32) {
+void attend_head(const float* q, const float* k_cache, const float* v_cache, int64_t kv_dim, int64_t kv_offset,
+                 int64_t head_dim, int32_t n_pos, float scale, float* scores, float* out, VecDotFn dot_f32) {
   float mx = -INFINITY;
   for (int32_t p = 0; p < n_pos; ++p) {
     float dot;

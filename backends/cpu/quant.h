@@ -39,11 +39,11 @@ using VecDotMultiFn = void (*)(int64_t n, float* out, const void* w_row, const v
 constexpr int kMultiDot = 4;
 
 struct KernelTable {
-  const char* isa;                                 // "scalar", "avx2", "avx512"
-  DequantRowFn dequant[kTensorTypeIdLimit];        // by weight type; nullptr if unsupported
-  QuantizeRowFn quantize_act[kTensorTypeIdLimit];  // by dot type (F32, Q8_0, Q8_1, Q8_K)
-  VecDotFn vec_dot[kTensorTypeIdLimit];            // by weight type
-  VecDotMultiFn vec_dot_multi[kTensorTypeIdLimit]; // by weight type; set wherever vec_dot is
+  const char* isa;                                  // "scalar", "avx2", "avx512"
+  DequantRowFn dequant[kTensorTypeIdLimit];         // by weight type; nullptr if unsupported
+  QuantizeRowFn quantize_act[kTensorTypeIdLimit];   // by dot type (F32, Q8_0, Q8_1, Q8_K)
+  VecDotFn vec_dot[kTensorTypeIdLimit];             // by weight type
+  VecDotMultiFn vec_dot_multi[kTensorTypeIdLimit];  // by weight type; set wherever vec_dot is
 };
 
 // Multi-dot as a loop over one vec_dot: the fallback for types without a blocked kernel.

@@ -141,8 +141,7 @@ void dot_q4_1(int64_t n, float* out, const void* w, const void* a) {
   for (int64_t i = 0; i < n / kQK; ++i) {
     int q[32];
     codes_q4_1(x[i], q);
-    s += load_fp16(x[i].d) * load_fp16(y[i].d) * int_dot(q, y[i].qs, 32) +
-         load_fp16(x[i].m) * load_fp16(y[i].s);
+    s += load_fp16(x[i].d) * load_fp16(y[i].d) * int_dot(q, y[i].qs, 32) + load_fp16(x[i].m) * load_fp16(y[i].s);
   }
   *out = s;
 }
@@ -165,8 +164,7 @@ void dot_q5_1(int64_t n, float* out, const void* w, const void* a) {
   for (int64_t i = 0; i < n / kQK; ++i) {
     int q[32];
     codes_q5(x[i].qs, x[i].qh, q);
-    s += load_fp16(x[i].d) * load_fp16(y[i].d) * int_dot(q, y[i].qs, 32) +
-         load_fp16(x[i].m) * load_fp16(y[i].s);
+    s += load_fp16(x[i].d) * load_fp16(y[i].d) * int_dot(q, y[i].qs, 32) + load_fp16(x[i].m) * load_fp16(y[i].s);
   }
   *out = s;
 }
@@ -174,8 +172,7 @@ void dot_q8_0(int64_t n, float* out, const void* w, const void* a) {
   const Q8_0* x = static_cast<const Q8_0*>(w);
   const Q8_0* y = static_cast<const Q8_0*>(a);
   float s = 0.0f;
-  for (int64_t i = 0; i < n / kQK; ++i)
-    s += load_fp16(x[i].d) * load_fp16(y[i].d) * int_dot(x[i].qs, y[i].qs, 32);
+  for (int64_t i = 0; i < n / kQK; ++i) s += load_fp16(x[i].d) * load_fp16(y[i].d) * int_dot(x[i].qs, y[i].qs, 32);
   *out = s;
 }
 
@@ -239,8 +236,7 @@ void dot_q6_k(int64_t n, float* out, const void* w, const void* a) {
     int8_t q[256];
     codes_q6_k(x[i], q);
     int scaled = 0;
-    for (int g = 0; g < 16; ++g)
-      scaled += x[i].scales[g] * int_dot(q + 16 * g, y[i].qs + 16 * g, 16);
+    for (int g = 0; g < 16; ++g) scaled += x[i].scales[g] * int_dot(q + 16 * g, y[i].qs + 16 * g, 16);
     s += load_fp16(x[i].d) * q8k_d(y[i]) * scaled;
   }
   *out = s;
@@ -283,11 +279,21 @@ const KernelTable& kernels_scalar() {
 
 TensorType dot_type(TensorType weight) {
   switch (weight) {
-    case TensorType::Q4_0: case TensorType::Q5_0: case TensorType::Q8_0: return TensorType::Q8_0;
-    case TensorType::Q4_1: case TensorType::Q5_1: return TensorType::Q8_1;
-    case TensorType::Q2_K: case TensorType::Q3_K: case TensorType::Q4_K: case TensorType::Q5_K:
-    case TensorType::Q6_K: return TensorType::Q8_K;
-    default: return TensorType::F32;
+    case TensorType::Q4_0:
+    case TensorType::Q5_0:
+    case TensorType::Q8_0:
+      return TensorType::Q8_0;
+    case TensorType::Q4_1:
+    case TensorType::Q5_1:
+      return TensorType::Q8_1;
+    case TensorType::Q2_K:
+    case TensorType::Q3_K:
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+    case TensorType::Q6_K:
+      return TensorType::Q8_K;
+    default:
+      return TensorType::F32;
   }
 }
 

@@ -9,8 +9,8 @@ namespace moelite::vk {
 
 namespace {
 
-constexpr uint32_t kGroup = 64;           // local size of the element-wise shaders
-constexpr uint32_t kMaxGroupsX = 65535;   // the guaranteed maxComputeWorkGroupCount[0]
+constexpr uint32_t kGroup = 64;          // local size of the element-wise shaders
+constexpr uint32_t kMaxGroupsX = 65535;  // the guaranteed maxComputeWorkGroupCount[0]
 
 uint32_t groups_for(uint64_t n) { return static_cast<uint32_t>((n + kGroup - 1) / kGroup); }
 
@@ -25,9 +25,19 @@ uint32_t activation_mode(const FfnKind& kind) { return kind.activation == FfnAct
 
 bool computable(TensorType t) {
   switch (t) {
-    case TensorType::F32: case TensorType::F16: case TensorType::BF16: case TensorType::Q4_0: case TensorType::Q4_1:
-    case TensorType::Q5_0: case TensorType::Q5_1: case TensorType::Q8_0: case TensorType::Q2_K: case TensorType::Q3_K:
-    case TensorType::Q4_K: case TensorType::Q5_K: case TensorType::Q6_K:
+    case TensorType::F32:
+    case TensorType::F16:
+    case TensorType::BF16:
+    case TensorType::Q4_0:
+    case TensorType::Q4_1:
+    case TensorType::Q5_0:
+    case TensorType::Q5_1:
+    case TensorType::Q8_0:
+    case TensorType::Q2_K:
+    case TensorType::Q3_K:
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+    case TensorType::Q6_K:
       return true;
     default:
       return false;
@@ -55,7 +65,8 @@ VulkanBackend::~VulkanBackend() {
   for (TierSlot& t : tier_)
     for (Buffer& b : t.chunk) dev_->free(&b);
   if (!tier_.empty())
-    log_msg(MOELITE_LOG_INFO, "vulkan: device expert tier: %" PRIu64 " hits, %" PRIu64 " loads over the transfer queue", tier_hits_, tier_loads_);
+    log_msg(MOELITE_LOG_INFO, "vulkan: device expert tier: %" PRIu64 " hits, %" PRIu64 " loads over the transfer queue",
+            tier_hits_, tier_loads_);
   auto free_weight = [&](DevWeight& w) {
     for (auto& c : w.chunks) dev_->free(&c.buf);
   };
@@ -171,7 +182,8 @@ Status VulkanBackend::tier_chunk(const ExpertTask& task, int chunk, const DevWei
 
 Status VulkanBackend::check_weight(const WeightView& w) {
   if (!computable(w.type))
-    return fail(MOELITE_ERR_UNSUPPORTED_TYPE, "the Vulkan backend has no kernels for weight type %s", type_name(w.type));
+    return fail(MOELITE_ERR_UNSUPPORTED_TYPE, "the Vulkan backend has no kernels for weight type %s",
+                type_name(w.type));
   return MOELITE_OK;
 }
 
@@ -199,8 +211,10 @@ Status VulkanBackend::upload_weight(const WeightView& w, Keep keep, DevWeight** 
     dw->chunks.push_back(c);
   }
   *out = dw.get();
-  if (keep == Keep::Cached) weight_cache_[w.data] = std::move(dw);
-  else temp_weights_.push_back(std::move(dw));
+  if (keep == Keep::Cached)
+    weight_cache_[w.data] = std::move(dw);
+  else
+    temp_weights_.push_back(std::move(dw));
   return MOELITE_OK;
 }
 
@@ -288,7 +302,8 @@ Status VulkanBackend::alloc_kv(int32_t n_layers, int32_t n_ctx, int64_t kv_dim, 
   auto kv = std::make_unique<KvRef>();
   for (int32_t l = 0; l < n_layers; ++l) {
     Buffer b;
-    const Status st = dev_->alloc(2ull * static_cast<uint64_t>(n_ctx) * static_cast<uint64_t>(kv_dim) * sizeof(float), &b);
+    const Status st =
+        dev_->alloc(2ull * static_cast<uint64_t>(n_ctx) * static_cast<uint64_t>(kv_dim) * sizeof(float), &b);
     if (st != MOELITE_OK) {
       for (Buffer& x : kv->layers) dev_->free(&x);
       return st;
@@ -314,21 +329,24 @@ Status VulkanBackend::get_rows(const WeightView& table, const int32_t* tokens, i
   const DevWeight* w;
   MOELITE_TRY(device_weight(table, true, &w));
   const ActRef* o = ref(*out);
-  struct { uint32_t w_off, row_bytes, cols, y_off, y_stride; } pc{0, static_cast<uint32_t>(w->row_bytes),
-                                                                  static_cast<uint32_t>(w->cols), 0,
-                                                                  static_cast<uint32_t>(out->cols)};
+  struct {
+    uint32_t w_off, row_bytes, cols, y_off, y_stride;
+  } pc{0, static_cast<uint32_t>(w->row_bytes), static_cast<uint32_t>(w->cols), 0, static_cast<uint32_t>(out->cols)};
   // One dispatch per chunk the tokens' rows lie in (one chunk unless the table was split).
   for (const auto& c : w->chunks) {
     for (int32_t t = 0; t < n; ++t) {
       if (tokens[t] < c.row0 || tokens[t] >= c.row0 + c.rows) continue;
       const bool whole = w->chunks.size() == 1;
       std::vector<int32_t> ids;
-      if (whole) ids.assign(tokens, tokens + n);
-      else ids.push_back(tokens[t] - static_cast<int32_t>(c.row0));
+      if (whole)
+        ids.assign(tokens, tokens + n);
+      else
+        ids.push_back(tokens[t] - static_cast<int32_t>(c.row0));
       Buffer ib;
       MOELITE_TRY(dev_->temp(ids.data(), ids.size() * sizeof(int32_t), &ib));
       pc.w_off = static_cast<uint32_t>(c.offset);
-      pc.y_off = static_cast<uint32_t>(o->off + (whole ? 0 : static_cast<uint64_t>(t) * static_cast<uint64_t>(out->cols)));
+      pc.y_off =
+          static_cast<uint32_t>(o->off + (whole ? 0 : static_cast<uint64_t>(t) * static_cast<uint64_t>(out->cols)));
       dev_->dispatch("get_rows", static_cast<uint32_t>(w->type), {{&c.buf}, {&ib}, {&o->buf}}, &pc, sizeof pc,
                      groups_for(static_cast<uint64_t>(w->cols)), static_cast<uint32_t>(ids.size()));
       if (whole) return MOELITE_OK;
@@ -342,9 +360,15 @@ Status VulkanBackend::rms_norm(const Act& x, const float* w, int64_t group, floa
   const Buffer* wbp;
   MOELITE_TRY(host_floats(w, static_cast<size_t>(group), &wbp));
   const Buffer& wb = *wbp;
-  struct { uint32_t x_off, y_off, cols, group, has_w; float eps; } pc{
-      static_cast<uint32_t>(xr->off), static_cast<uint32_t>(o->off), static_cast<uint32_t>(x.cols), static_cast<uint32_t>(group),
-      w ? 1u : 0u, eps};
+  struct {
+    uint32_t x_off, y_off, cols, group, has_w;
+    float eps;
+  } pc{static_cast<uint32_t>(xr->off),
+       static_cast<uint32_t>(o->off),
+       static_cast<uint32_t>(x.cols),
+       static_cast<uint32_t>(group),
+       w ? 1u : 0u,
+       eps};
   dev_->dispatch("rms_norm", 0, {{&xr->buf}, {&o->buf}, {&wb}}, &pc, sizeof pc,
                  static_cast<uint32_t>(x.rows * (x.cols / group)));
   return MOELITE_OK;
@@ -356,12 +380,17 @@ void VulkanBackend::matmul_dev(const DevWeight& w, const Buffer& x, uint64_t x_o
   for (const auto& c : w.chunks) {
     for (int64_t r0 = 0; r0 < c.rows; r0 += kMaxGroupsX) {
       const uint32_t rows = static_cast<uint32_t>(std::min<int64_t>(kMaxGroupsX, c.rows - r0));
-      struct { uint32_t w_off, row_bytes, cols, row0, x_off, x_stride, y_off, y_stride, flags, map_n, y_col0; } pc{
-          static_cast<uint32_t>(c.offset), static_cast<uint32_t>(w.row_bytes), static_cast<uint32_t>(w.cols), static_cast<uint32_t>(r0),
-          static_cast<uint32_t>(x_off), static_cast<uint32_t>(x_stride), static_cast<uint32_t>(y_off),
-          static_cast<uint32_t>(y_stride), (bias ? 1u : 0u) | (maps ? 6u : 0u), map_n, static_cast<uint32_t>(c.row0)};
-      dev_->dispatch(dev_->facts().use_subgroups ? "matmul_subgroup" : "matmul", static_cast<uint32_t>(w.type), {{&c.buf}, {&x}, {&y}, {bias ? bias : &dummy_}, {maps ? maps : &dummy_}},
-                     &pc, sizeof pc, rows, static_cast<uint32_t>(n));
+      struct {
+        uint32_t w_off, row_bytes, cols, row0, x_off, x_stride, y_off, y_stride, flags, map_n, y_col0;
+      } pc{static_cast<uint32_t>(c.offset),     static_cast<uint32_t>(w.row_bytes),
+           static_cast<uint32_t>(w.cols),       static_cast<uint32_t>(r0),
+           static_cast<uint32_t>(x_off),        static_cast<uint32_t>(x_stride),
+           static_cast<uint32_t>(y_off),        static_cast<uint32_t>(y_stride),
+           (bias ? 1u : 0u) | (maps ? 6u : 0u), map_n,
+           static_cast<uint32_t>(c.row0)};
+      dev_->dispatch(dev_->facts().use_subgroups ? "matmul_subgroup" : "matmul", static_cast<uint32_t>(w.type),
+                     {{&c.buf}, {&x}, {&y}, {bias ? bias : &dummy_}, {maps ? maps : &dummy_}}, &pc, sizeof pc, rows,
+                     static_cast<uint32_t>(n));
     }
   }
 }
@@ -372,16 +401,21 @@ Status VulkanBackend::matmul(const WeightView& w, const Act& x, const float* bia
   const ActRef *xr = ref(x), *o = ref(*out);
   const Buffer* b = nullptr;
   if (bias) MOELITE_TRY(host_floats(bias, static_cast<size_t>(w.rows), &b));
-  matmul_dev(*dw, xr->buf, xr->off, static_cast<uint64_t>(x.cols), o->buf, o->off, static_cast<uint64_t>(out->cols), x.rows, b,
-             nullptr, 0);
+  matmul_dev(*dw, xr->buf, xr->off, static_cast<uint64_t>(x.cols), o->buf, o->off, static_cast<uint64_t>(out->cols),
+             x.rows, b, nullptr, 0);
   return MOELITE_OK;
 }
 
 Status VulkanBackend::add(Act* x, const Act& y) {
   const ActRef *xr = ref(*x), *yr = ref(y);
   const uint64_t n = static_cast<uint64_t>(x->rows * x->cols);
-  const AddPush pc{static_cast<uint32_t>(xr->off), static_cast<uint32_t>(yr->off), static_cast<uint32_t>(n),
-                   static_cast<uint32_t>(x->cols), 0, 0.0f, 0.0f};
+  const AddPush pc{static_cast<uint32_t>(xr->off),
+                   static_cast<uint32_t>(yr->off),
+                   static_cast<uint32_t>(n),
+                   static_cast<uint32_t>(x->cols),
+                   0,
+                   0.0f,
+                   0.0f};
   dev_->dispatch("add", 0, {{&xr->buf}, {&yr->buf}}, &pc, sizeof pc, groups_for(n));
   return MOELITE_OK;
 }
@@ -399,23 +433,30 @@ Status VulkanBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const 
   Buffer angles;
   MOELITE_TRY(dev_->temp(cs.data(), cs.size() * sizeof(float), &angles));
   const ActRef* xr = ref(*x);
-  const uint64_t pairs = static_cast<uint64_t>(x->rows) * static_cast<uint64_t>(x->cols / head_dim) * static_cast<uint64_t>(half);
-  struct { uint32_t x_off, cols, head_dim, n_rot, neox, n_pairs_total; } pc{
-      static_cast<uint32_t>(xr->off), static_cast<uint32_t>(x->cols), static_cast<uint32_t>(head_dim),
-      static_cast<uint32_t>(p.n_rot), p.style == RopeStyle::Neox ? 1u : 0u, static_cast<uint32_t>(pairs)};
+  const uint64_t pairs =
+      static_cast<uint64_t>(x->rows) * static_cast<uint64_t>(x->cols / head_dim) * static_cast<uint64_t>(half);
+  struct {
+    uint32_t x_off, cols, head_dim, n_rot, neox, n_pairs_total;
+  } pc{static_cast<uint32_t>(xr->off), static_cast<uint32_t>(x->cols),       static_cast<uint32_t>(head_dim),
+       static_cast<uint32_t>(p.n_rot), p.style == RopeStyle::Neox ? 1u : 0u, static_cast<uint32_t>(pairs)};
   dev_->dispatch("rope", 0, {{&xr->buf}, {&angles}}, &pc, sizeof pc, groups_for(pairs));
   return MOELITE_OK;
 }
 
 Status VulkanBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0,
-                              int32_t n_head, int32_t n_head_kv, int64_t head_dim, Act* out) {
+                                int32_t n_head, int32_t n_head_kv, int64_t head_dim, Act* out) {
   const Buffer& cache = static_cast<KvRef*>(kv->handle)->layers[static_cast<size_t>(layer)];
   const uint64_t kv_dim = static_cast<uint64_t>(kv->kv_dim), n_ctx = static_cast<uint64_t>(kv->n_ctx);
   const ActRef *qr = ref(q), *kr = ref(k), *vr = ref(v), *o = ref(*out);
   const uint64_t n = static_cast<uint64_t>(q.rows);
-  struct { uint32_t k_off, v_off, kv_dim, n, cache_k, cache_v; } st{
-      static_cast<uint32_t>(kr->off), static_cast<uint32_t>(vr->off), static_cast<uint32_t>(kv_dim), static_cast<uint32_t>(n),
-      static_cast<uint32_t>(static_cast<uint64_t>(pos0) * kv_dim), static_cast<uint32_t>((n_ctx + static_cast<uint64_t>(pos0)) * kv_dim)};
+  struct {
+    uint32_t k_off, v_off, kv_dim, n, cache_k, cache_v;
+  } st{static_cast<uint32_t>(kr->off),
+       static_cast<uint32_t>(vr->off),
+       static_cast<uint32_t>(kv_dim),
+       static_cast<uint32_t>(n),
+       static_cast<uint32_t>(static_cast<uint64_t>(pos0) * kv_dim),
+       static_cast<uint32_t>((n_ctx + static_cast<uint64_t>(pos0)) * kv_dim)};
   dev_->dispatch("kv_store", 0, {{&kr->buf}, {&vr->buf}, {&cache}}, &st, sizeof st, groups_for(n * kv_dim));
   // Scores scratch: a chunk of tokens at a time, so any context length fits the storage range.
   const uint64_t per_token = static_cast<uint64_t>(n_head) * n_ctx * sizeof(float);
@@ -427,11 +468,20 @@ Status VulkanBackend::attention(KvCache* kv, int32_t layer, const Act& q, const 
   }
   for (uint64_t t0 = 0; t0 < n; t0 += chunk) {
     const uint64_t m = std::min(chunk, n - t0);
-    struct { uint32_t q_off, o_off, cache_k, cache_v, kv_dim, head_dim, n_head, n_head_kv, pos0, n_ctx; float scale; } pc{
-        static_cast<uint32_t>(qr->off + t0 * static_cast<uint64_t>(q.cols)), static_cast<uint32_t>(o->off + t0 * static_cast<uint64_t>(out->cols)),
-        0, static_cast<uint32_t>(n_ctx * kv_dim), static_cast<uint32_t>(kv_dim), static_cast<uint32_t>(head_dim),
-        static_cast<uint32_t>(n_head), static_cast<uint32_t>(n_head_kv), static_cast<uint32_t>(pos0 + static_cast<int64_t>(t0)),
-        static_cast<uint32_t>(n_ctx), 1.0f / std::sqrt(static_cast<float>(head_dim))};
+    struct {
+      uint32_t q_off, o_off, cache_k, cache_v, kv_dim, head_dim, n_head, n_head_kv, pos0, n_ctx;
+      float scale;
+    } pc{static_cast<uint32_t>(qr->off + t0 * static_cast<uint64_t>(q.cols)),
+         static_cast<uint32_t>(o->off + t0 * static_cast<uint64_t>(out->cols)),
+         0,
+         static_cast<uint32_t>(n_ctx * kv_dim),
+         static_cast<uint32_t>(kv_dim),
+         static_cast<uint32_t>(head_dim),
+         static_cast<uint32_t>(n_head),
+         static_cast<uint32_t>(n_head_kv),
+         static_cast<uint32_t>(pos0 + static_cast<int64_t>(t0)),
+         static_cast<uint32_t>(n_ctx),
+         1.0f / std::sqrt(static_cast<float>(head_dim))};
     dev_->dispatch("attention", 0, {{&qr->buf}, {&cache}, {&o->buf}, {&scores_}}, &pc, sizeof pc,
                    static_cast<uint32_t>(m * static_cast<uint64_t>(n_head)));
   }
@@ -449,8 +499,10 @@ Status VulkanBackend::route(const Act& logits, int32_t k, bool renormalize, Rout
   Buffer out;
   MOELITE_TRY(dev_->temp(nullptr, 2 * nk * sizeof(float), &out));
   const ActRef* lr = ref(logits);
-  struct { uint32_t l_off, n_expert, k, n, renorm; } pc{static_cast<uint32_t>(lr->off), static_cast<uint32_t>(logits.cols),
-                                                        static_cast<uint32_t>(k), static_cast<uint32_t>(n), renormalize ? 1u : 0u};
+  struct {
+    uint32_t l_off, n_expert, k, n, renorm;
+  } pc{static_cast<uint32_t>(lr->off), static_cast<uint32_t>(logits.cols), static_cast<uint32_t>(k),
+       static_cast<uint32_t>(n), renormalize ? 1u : 0u};
   dev_->dispatch("route", 0, {{&lr->buf}, {&out}}, &pc, sizeof pc, groups_for(n));
   // Only the chosen experts come back.
   std::vector<uint32_t> host(2 * nk);
@@ -518,8 +570,13 @@ Status VulkanBackend::expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) {
     matmul_dev(*g, xr->buf, xr->off, n_embd, pe.h, 0, static_cast<uint64_t>(n_ff), m, gb, &pe.in_map, m);
     matmul_dev(*u, xr->buf, xr->off, n_embd, pe.up, 0, static_cast<uint64_t>(n_ff), m, ub, &pe.in_map, m);
     const uint64_t cnt = static_cast<uint64_t>(m) * static_cast<uint64_t>(n_ff);
-    const AddPush pc{0, 0, static_cast<uint32_t>(cnt), static_cast<uint32_t>(n_ff), activation_mode(pass_kind_),
-                     pass_kind_.alpha, pass_kind_.limit};
+    const AddPush pc{0,
+                     0,
+                     static_cast<uint32_t>(cnt),
+                     static_cast<uint32_t>(n_ff),
+                     activation_mode(pass_kind_),
+                     pass_kind_.alpha,
+                     pass_kind_.limit};
     dev_->dispatch("add", 0, {{&pe.h}, {&pe.up}}, &pc, sizeof pc, groups_for(cnt));
     pending_.push_back(pe);
   }
@@ -528,7 +585,8 @@ Status VulkanBackend::expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) {
 
 Status VulkanBackend::expert_down(const ExpertTask* tasks, int32_t n_tasks) {
   if (pending_.size() != static_cast<size_t>(n_tasks))
-    return fail(MOELITE_ERR_INTERNAL, "vulkan: expert_down of %d tasks after a gate/up of %zu", n_tasks, pending_.size());
+    return fail(MOELITE_ERR_INTERNAL, "vulkan: expert_down of %d tasks after a gate/up of %zu", n_tasks,
+                pending_.size());
   const uint64_t n_embd = static_cast<uint64_t>(pass_x_.cols);
   for (int32_t i = 0; i < n_tasks; ++i) {
     const ExpertTask& task = tasks[i];
@@ -570,13 +628,16 @@ Status VulkanBackend::moe_combine(const Routing& r, Act* out) {
   MOELITE_TRY(dev_->temp(rw.data(), rw.size() * sizeof(float), &rb));
   const ActRef* o = ref(*out);
   const uint64_t total = static_cast<uint64_t>(n) * static_cast<uint64_t>(n_embd);
-  struct { uint32_t o_off, cols, k, n; } pc{static_cast<uint32_t>(o->off), static_cast<uint32_t>(n_embd), static_cast<uint32_t>(k),
-                                            static_cast<uint32_t>(n)};
+  struct {
+    uint32_t o_off, cols, k, n;
+  } pc{static_cast<uint32_t>(o->off), static_cast<uint32_t>(n_embd), static_cast<uint32_t>(k),
+       static_cast<uint32_t>(n)};
   dev_->dispatch("combine", 0, {{&ffn_out_}, {&rb}, {&o->buf}}, &pc, sizeof pc, groups_for(total));
   return MOELITE_OK;
 }
 
-Status VulkanBackend::dense_ffn(const ExpertWeights& w, const FfnKind& kind, const float* gate_inp, const Act& x, Act* out) {
+Status VulkanBackend::dense_ffn(const ExpertWeights& w, const FfnKind& kind, const float* gate_inp, const Act& x,
+                                Act* out) {
   const DevWeight *g, *u, *d;
   MOELITE_TRY(device_weight(w.gate, true, &g));
   MOELITE_TRY(device_weight(w.up, true, &u));
@@ -591,11 +652,15 @@ Status VulkanBackend::dense_ffn(const ExpertWeights& w, const FfnKind& kind, con
   MOELITE_TRY(dev_->temp(nullptr, cnt * sizeof(float), &gbuf));
   MOELITE_TRY(dev_->temp(nullptr, cnt * sizeof(float), &ubuf));
   const ActRef *xr = ref(x), *o = ref(*out);
-  matmul_dev(*g, xr->buf, xr->off, static_cast<uint64_t>(x.cols), gbuf, 0, static_cast<uint64_t>(n_ff), x.rows, gbias, nullptr, 0);
-  matmul_dev(*u, xr->buf, xr->off, static_cast<uint64_t>(x.cols), ubuf, 0, static_cast<uint64_t>(n_ff), x.rows, ubias, nullptr, 0);
-  const AddPush pc{0, 0, static_cast<uint32_t>(cnt), static_cast<uint32_t>(n_ff), activation_mode(kind), kind.alpha, kind.limit};
+  matmul_dev(*g, xr->buf, xr->off, static_cast<uint64_t>(x.cols), gbuf, 0, static_cast<uint64_t>(n_ff), x.rows, gbias,
+             nullptr, 0);
+  matmul_dev(*u, xr->buf, xr->off, static_cast<uint64_t>(x.cols), ubuf, 0, static_cast<uint64_t>(n_ff), x.rows, ubias,
+             nullptr, 0);
+  const AddPush pc{
+      0, 0, static_cast<uint32_t>(cnt), static_cast<uint32_t>(n_ff), activation_mode(kind), kind.alpha, kind.limit};
   dev_->dispatch("add", 0, {{&gbuf}, {&ubuf}}, &pc, sizeof pc, groups_for(cnt));
-  matmul_dev(*d, gbuf, 0, static_cast<uint64_t>(n_ff), o->buf, o->off, static_cast<uint64_t>(out->cols), x.rows, dbias, nullptr, 0);
+  matmul_dev(*d, gbuf, 0, static_cast<uint64_t>(n_ff), o->buf, o->off, static_cast<uint64_t>(out->cols), x.rows, dbias,
+             nullptr, 0);
   if (!gate_inp) return MOELITE_OK;
   // The shared expert's gate: sigmoid(gate_inp . x) per token, gate_inp as a one-row F32 weight.
   WeightView gw;
@@ -610,7 +675,8 @@ Status VulkanBackend::dense_ffn(const ExpertWeights& w, const FfnKind& kind, con
   MOELITE_TRY(dev_->temp(nullptr, static_cast<uint64_t>(x.rows) * sizeof(float), &gate));
   matmul_dev(*gd, xr->buf, xr->off, static_cast<uint64_t>(x.cols), gate, 0, 1, x.rows, nullptr, nullptr, 0);
   const uint64_t total = static_cast<uint64_t>(out->rows * out->cols);
-  const AddPush sc{static_cast<uint32_t>(o->off), 0, static_cast<uint32_t>(total), static_cast<uint32_t>(out->cols), 1, 0.0f, 0.0f};
+  const AddPush sc{
+      static_cast<uint32_t>(o->off), 0, static_cast<uint32_t>(total), static_cast<uint32_t>(out->cols), 1, 0.0f, 0.0f};
   dev_->dispatch("add", 0, {{&o->buf}, {&gate}}, &sc, sizeof sc, groups_for(total));
   return MOELITE_OK;
 }

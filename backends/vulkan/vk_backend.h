@@ -47,11 +47,10 @@ class VulkanBackend final : public Backend {
   Status matmul(const WeightView& w, const Act& x, const float* bias, Act* out) override;
   Status add(Act* x, const Act& y) override;
   Status rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) override;
-  Status attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0,
-                   int32_t n_head, int32_t n_head_kv, int64_t head_dim, Act* out) override;
+  Status attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0, int32_t n_head,
+                   int32_t n_head_kv, int64_t head_dim, Act* out) override;
   Status route(const Act& logits, int32_t k, bool renormalize, Routing* r) override;
-  Status dense_ffn(const ExpertWeights& w, const FfnKind& kind, const float* gate_inp, const Act& x,
-                   Act* out) override;
+  Status dense_ffn(const ExpertWeights& w, const FfnKind& kind, const float* gate_inp, const Act& x, Act* out) override;
 
   Status moe_begin(const Act& x, const FfnKind& kind, int64_t n_out_rows) override;
   Status expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) override;
@@ -121,10 +120,10 @@ class VulkanBackend final : public Backend {
   // filled on the transfer queue; an expert stays there across tokens until evicted (LRU).
   struct TierSlot {
     int32_t layer = -1, expert = -1;
-    Buffer chunk[3];           // gate, up, down
+    Buffer chunk[3];                      // gate, up, down
     bool has[3] = {false, false, false};  // chunks copied in for (layer, expert)
     uint64_t last_use = 0;
-    bool in_use = false;       // read by work recorded since the last submission
+    bool in_use = false;  // read by work recorded since the last submission
   };
   std::vector<TierSlot> tier_;
   uint64_t tier_clock_ = 0, tier_hits_ = 0, tier_loads_ = 0;

@@ -17,8 +17,8 @@ constexpr uint32_t kSetsPerPool = 4096;  // descriptor sets between two flushes
 std::atomic<uint64_t> g_validation_messages{0};
 
 VKAPI_ATTR VkBool32 VKAPI_CALL on_validation(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
-                                            VkDebugUtilsMessageTypeFlagsEXT, const VkDebugUtilsMessengerCallbackDataEXT* data,
-                                            void*) {
+                                             VkDebugUtilsMessageTypeFlagsEXT,
+                                             const VkDebugUtilsMessengerCallbackDataEXT* data, void*) {
   if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
     g_validation_messages++;
     log_msg(MOELITE_LOG_ERROR, "vulkan validation: %s", data->pMessage ? data->pMessage : "");
@@ -32,19 +32,24 @@ Status vk_fail(VkResult r, const char* what) {
               "vulkan: %s failed (VkResult %d)", what, static_cast<int>(r));
 }
 
-#define VK_TRY(call, what)                         \
-  do {                                             \
-    VkResult _r = (call);                          \
+#define VK_TRY(call, what)                          \
+  do {                                              \
+    VkResult _r = (call);                           \
     if (_r != VK_SUCCESS) return vk_fail(_r, what); \
   } while (0)
 
 int rank(VkPhysicalDeviceType t) {
   switch (t) {
-    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return 0;
-    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return 1;
-    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return 2;
-    case VK_PHYSICAL_DEVICE_TYPE_CPU: return 3;
-    default: return 4;
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU:
+      return 0;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU:
+      return 1;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU:
+      return 2;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU:
+      return 3;
+    default:
+      return 4;
   }
 }
 
@@ -77,15 +82,17 @@ Status Device::init(bool allow_cpu) {
   }
   VkResult r = vkCreateInstance(&ici, nullptr, &instance_);
   if (r != VK_SUCCESS)
-    return fail(MOELITE_ERR_BACKEND_UNAVAILABLE, "vulkan: no usable Vulkan driver (vkCreateInstance: %d%s)", static_cast<int>(r),
-                validate ? "; is vulkan-validationlayers installed?" : "");
+    return fail(MOELITE_ERR_BACKEND_UNAVAILABLE, "vulkan: no usable Vulkan driver (vkCreateInstance: %d%s)",
+                static_cast<int>(r), validate ? "; is vulkan-validationlayers installed?" : "");
   if (validate) {
     VkDebugUtilsMessengerCreateInfoEXT mci{VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
-    mci.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
+    mci.messageSeverity =
+        VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
     mci.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
                       VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
     mci.pfnUserCallback = on_validation;
-    auto create = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(vkGetInstanceProcAddr(instance_, "vkCreateDebugUtilsMessengerEXT"));
+    auto create = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(
+        vkGetInstanceProcAddr(instance_, "vkCreateDebugUtilsMessengerEXT"));
     if (create) create(instance_, &mci, nullptr, &messenger_);
   }
 
@@ -108,7 +115,8 @@ Status Device::init(bool allow_cpu) {
       if (best >= 0) vkGetPhysicalDeviceProperties(devices[static_cast<size_t>(best)], &bp);
       if (best < 0 || rank(p.deviceType) < rank(bp.deviceType)) best = i;
     }
-    if (best < 0) return fail(MOELITE_ERR_BACKEND_UNAVAILABLE, "vulkan: only CPU implementations of Vulkan are present");
+    if (best < 0)
+      return fail(MOELITE_ERR_BACKEND_UNAVAILABLE, "vulkan: only CPU implementations of Vulkan are present");
   }
   physical_ = devices[static_cast<size_t>(best)];
   VkPhysicalDeviceProperties props;
@@ -118,7 +126,8 @@ Status Device::init(bool allow_cpu) {
   facts_.max_storage_range = props.limits.maxStorageBufferRange;
   // Tests shrink the range to exercise the split of large tensors on small models.
   if (const char* range = getenv("MOELITE_VK_MAX_BUFFER"))
-    facts_.max_storage_range = std::min<uint64_t>(facts_.max_storage_range, std::max(4096ull, strtoull(range, nullptr, 10)));
+    facts_.max_storage_range =
+        std::min<uint64_t>(facts_.max_storage_range, std::max(4096ull, strtoull(range, nullptr, 10)));
   vkGetPhysicalDeviceMemoryProperties(physical_, &mem_props_);
   for (uint32_t i = 0; i < mem_props_.memoryTypeCount; ++i) {
     const VkMemoryPropertyFlags f = mem_props_.memoryTypes[i].propertyFlags;
@@ -157,18 +166,20 @@ Status Device::init(bool allow_cpu) {
   int compute = -1, transfer = -1;
   for (uint32_t i = 0; i < nq; ++i) {
     if ((qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) && compute < 0) compute = static_cast<int>(i);
-    if ((qf[i].queueFlags & VK_QUEUE_TRANSFER_BIT) && !(qf[i].queueFlags & (VK_QUEUE_COMPUTE_BIT | VK_QUEUE_GRAPHICS_BIT)) &&
-        transfer < 0)
+    if ((qf[i].queueFlags & VK_QUEUE_TRANSFER_BIT) &&
+        !(qf[i].queueFlags & (VK_QUEUE_COMPUTE_BIT | VK_QUEUE_GRAPHICS_BIT)) && transfer < 0)
       transfer = static_cast<int>(i);
   }
-  if (compute < 0) return fail(MOELITE_ERR_BACKEND_UNAVAILABLE, "vulkan: device '%s' has no compute queue", props.deviceName);
+  if (compute < 0)
+    return fail(MOELITE_ERR_BACKEND_UNAVAILABLE, "vulkan: device '%s' has no compute queue", props.deviceName);
   facts_.dedicated_transfer_queue = transfer >= 0;
   queue_family_ = static_cast<uint32_t>(compute);
   transfer_family_ = transfer >= 0 ? static_cast<uint32_t>(transfer) : queue_family_;
   // A second queue of the compute family serves transfers when there is no transfer family.
   const uint32_t compute_queues = transfer < 0 && qf[queue_family_].queueCount > 1 ? 2 : 1;
   const float priorities[2] = {1.0f, 1.0f};
-  VkDeviceQueueCreateInfo qci[2] = {{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO}, {VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO}};
+  VkDeviceQueueCreateInfo qci[2] = {{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO},
+                                    {VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO}};
   qci[0].queueFamilyIndex = queue_family_;
   qci[0].queueCount = compute_queues;
   qci[0].pQueuePriorities = priorities;
@@ -214,12 +225,15 @@ Status Device::init(bool allow_cpu) {
   VK_TRY(vkCreateDescriptorPool(device_, &dpi, nullptr, &desc_pool_), "vkCreateDescriptorPool");
   VkPipelineCacheCreateInfo pci{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
   VK_TRY(vkCreatePipelineCache(device_, &pci, nullptr, &pipeline_cache_), "vkCreatePipelineCache");
-  log_msg(MOELITE_LOG_INFO, "vulkan: %s (%s memory, max storage range %" PRIu64 " MiB, fp16 %d, int8 %d, subgroups %d x %u; "
+  log_msg(MOELITE_LOG_INFO,
+          "vulkan: %s (%s memory, max storage range %" PRIu64
+          " MiB, fp16 %d, int8 %d, subgroups %d x %u; "
           "transfers on %s, %s)",
-          facts_.name.c_str(), facts_.unified_memory ? "unified" : "discrete", facts_.max_storage_range >> 20, facts_.fp16,
-          facts_.int8, facts_.subgroups, facts_.subgroup_size,
+          facts_.name.c_str(), facts_.unified_memory ? "unified" : "discrete", facts_.max_storage_range >> 20,
+          facts_.fp16, facts_.int8, facts_.subgroups, facts_.subgroup_size,
           facts_.dedicated_transfer_queue ? "a dedicated transfer queue"
-                                          : transfer_queue_ == queue_ ? "the compute queue" : "a second compute-family queue",
+          : transfer_queue_ == queue_     ? "the compute queue"
+                                          : "a second compute-family queue",
           facts_.timeline_semaphores ? "timeline semaphores" : "fences");
   return MOELITE_OK;
 }
@@ -244,7 +258,8 @@ Device::~Device() {
     vkDestroyDevice(device_, nullptr);
   }
   if (messenger_) {
-    auto destroy = reinterpret_cast<PFN_vkDestroyDebugUtilsMessengerEXT>(vkGetInstanceProcAddr(instance_, "vkDestroyDebugUtilsMessengerEXT"));
+    auto destroy = reinterpret_cast<PFN_vkDestroyDebugUtilsMessengerEXT>(
+        vkGetInstanceProcAddr(instance_, "vkDestroyDebugUtilsMessengerEXT"));
     if (destroy) destroy(instance_, messenger_, nullptr);
   }
   if (instance_) vkDestroyInstance(instance_, nullptr);
@@ -296,7 +311,8 @@ Status Device::alloc_with(uint64_t bytes, VkMemoryPropertyFlags props, Buffer* o
   }
   vkBindBufferMemory(device_, b.buffer, b.memory, 0);
   const bool staging = (props & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) != 0;
-  if ((mem_props_.memoryTypes[type].propertyFlags & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) && (staging || !as_discrete_)) {
+  if ((mem_props_.memoryTypes[type].propertyFlags & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) &&
+      (staging || !as_discrete_)) {
     r = vkMapMemory(device_, b.memory, 0, VK_WHOLE_SIZE, 0, &b.mapped);
     if (r != VK_SUCCESS) {
       free(&b);
@@ -309,10 +325,11 @@ Status Device::alloc_with(uint64_t bytes, VkMemoryPropertyFlags props, Buffer* o
 
 Status Device::alloc(uint64_t bytes, Buffer* out) {
   if (bytes > facts_.max_storage_range)
-    return fail(MOELITE_ERR_NOT_IMPLEMENTED, "vulkan: a buffer of %" PRIu64 " bytes exceeds the device's storage range of %" PRIu64,
-                bytes, facts_.max_storage_range);
-  const VkMemoryPropertyFlags unified = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT |
-                                        VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    return fail(MOELITE_ERR_NOT_IMPLEMENTED,
+                "vulkan: a buffer of %" PRIu64 " bytes exceeds the device's storage range of %" PRIu64, bytes,
+                facts_.max_storage_range);
+  const VkMemoryPropertyFlags unified =
+      VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
   if (facts_.unified_memory) return alloc_with(bytes, unified, out);
   return alloc_with(bytes, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, out);
 }
@@ -339,7 +356,8 @@ void full_barrier(VkCommandBuffer cmd) {
   mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
                      VK_ACCESS_TRANSFER_WRITE_BIT;
   vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-                       VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0, nullptr, 0, nullptr);
+                       VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0, nullptr, 0,
+                       nullptr);
 }
 }  // namespace
 
@@ -393,7 +411,8 @@ Status Device::alloc_device(uint64_t bytes, Buffer* out) {
 
 Status Device::transfer(const Buffer& dst, const void* src, uint64_t bytes) {
   PendingTransfer t{};
-  MOELITE_TRY(alloc_with(bytes, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, &t.staging));
+  MOELITE_TRY(
+      alloc_with(bytes, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, &t.staging));
   memcpy(t.staging.mapped, src, bytes);
   VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
   cai.commandPool = transfer_pool_;
@@ -472,7 +491,7 @@ Status Device::write_new(const Buffer& dst, const void* src, uint64_t bytes) {
 Status Device::temp(const void* data, uint64_t bytes, Buffer* out) {
   Buffer b;
   MOELITE_TRY(alloc((bytes + 3) / 4 * 4, &b));  // shaders read whole 32-bit words
-  staging_.push_back(b);  // freed with the staging buffers, after the work that reads it
+  staging_.push_back(b);                        // freed with the staging buffers, after the work that reads it
   if (data) MOELITE_TRY(write_new(b, data, bytes));
   *out = b;
   return MOELITE_OK;
@@ -514,7 +533,8 @@ Device::Pipeline* Device::pipeline(const char* name, uint32_t spec, uint32_t n_b
   Pipeline p;
   p.n_bindings = n_bindings;
   std::vector<VkDescriptorSetLayoutBinding> binds(n_bindings);
-  for (uint32_t i = 0; i < n_bindings; ++i) binds[i] = {i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+  for (uint32_t i = 0; i < n_bindings; ++i)
+    binds[i] = {i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
   VkDescriptorSetLayoutCreateInfo dl{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
   dl.bindingCount = n_bindings;
   dl.pBindings = binds.data();
@@ -534,7 +554,13 @@ Device::Pipeline* Device::pipeline(const char* name, uint32_t spec, uint32_t n_b
   VkSpecializationMapEntry entry{0, 0, 4};
   VkSpecializationInfo si{1, &entry, 4, &spec};
   VkComputePipelineCreateInfo cpi{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
-  cpi.stage = {VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO, nullptr, 0, VK_SHADER_STAGE_COMPUTE_BIT, module, "main", &si};
+  cpi.stage = {VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+               nullptr,
+               0,
+               VK_SHADER_STAGE_COMPUTE_BIT,
+               module,
+               "main",
+               &si};
   cpi.layout = p.layout;
   vkCreateComputePipelines(device_, pipeline_cache_, 1, &cpi, nullptr, &p.pipeline);
   vkDestroyShaderModule(device_, module, nullptr);
@@ -546,7 +572,8 @@ void Device::dispatch(const char* name, uint32_t spec, const std::vector<Binding
   if (gx == 0 || gy == 0 || gz == 0) return;
   if (sets_used_ >= kSetsPerPool) flush();
   Pipeline* p = pipeline(name, spec, static_cast<uint32_t>(bindings.size()));
-  Status st = p ? injected_failure("recording a dispatch") : fail(MOELITE_ERR_INTERNAL, "vulkan: shader '%s' is not in this build", name);
+  Status st = p ? injected_failure("recording a dispatch")
+                : fail(MOELITE_ERR_INTERNAL, "vulkan: shader '%s' is not in this build", name);
   if (st != MOELITE_OK) {
     // Surfaces at the next submission (a read-back, a group end or the backend's sync()).
     if (error_ == MOELITE_OK) {
@@ -624,7 +651,8 @@ Status Device::submit() {
     for (const PendingTransfer& t : transfers_)
       if (t.value <= wait_value_) vkWaitForFences(device_, 1, &t.fence, VK_TRUE, UINT64_MAX);
   }
-  if (const VkResult r = vkQueueSubmit(queue_, 1, &si, f.fence); r != VK_SUCCESS) return discard(vk_fail(r, "vkQueueSubmit"));
+  if (const VkResult r = vkQueueSubmit(queue_, 1, &si, f.fence); r != VK_SUCCESS)
+    return discard(vk_fail(r, "vkQueueSubmit"));
   f.in_flight = true;
   wait_value_ = 0;
   // The next recording goes into a frame that is not in flight.

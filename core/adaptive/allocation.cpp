@@ -23,14 +23,15 @@ Status allocate_cache(const std::vector<AllocationLayer>& layers, int64_t budget
     minimum += int64_t{a.min_size} * a.unit_cost;
   }
   if (budget_units < minimum)
-    return fail(MOELITE_ERR_BUDGET_TOO_SMALL, "cache allocation: the minimum sizes need %" PRId64 " units, the budget is %" PRId64,
-                minimum, budget_units);
+    return fail(MOELITE_ERR_BUDGET_TOO_SMALL,
+                "cache allocation: the minimum sizes need %" PRId64 " units, the budget is %" PRId64, minimum,
+                budget_units);
   // Only the units above the minimum are distributed.
   const int64_t spare = budget_units - minimum;
   const int64_t width = spare + 1;
   if (n > 0 && static_cast<double>(width) * static_cast<double>(n) > double(1 << 28))
-    return fail(MOELITE_ERR_INVALID_ARGUMENT, "cache allocation: %zu layers x %" PRId64 " units is too large a table; use coarser units",
-                n, width);
+    return fail(MOELITE_ERR_INVALID_ARGUMENT,
+                "cache allocation: %zu layers x %" PRId64 " units is too large a table; use coarser units", n, width);
   constexpr double kInf = std::numeric_limits<double>::infinity();
   // best[u]: least loss of the layers so far using exactly u spare units; choice[l][u]: extra size.
   std::vector<double> best(static_cast<size_t>(width), kInf), next(static_cast<size_t>(width));

@@ -16,8 +16,8 @@ namespace moelite {
 struct AllocationLayer {
   int32_t min_size = 0;
   int32_t max_size = 0;
-  int64_t unit_cost = 1;          // memory units one cached expert of this layer takes
-  std::vector<double> loss;       // max_size - min_size + 1 values
+  int64_t unit_cost = 1;     // memory units one cached expert of this layer takes
+  std::vector<double> loss;  // max_size - min_size + 1 values
 };
 
 // Fills sizes[l] minimising sum_l loss_l(sizes[l]) subject to sum_l sizes[l] * unit_cost_l <=

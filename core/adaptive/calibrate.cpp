@@ -29,12 +29,12 @@ void rms_normed(const float* x, const float* w, int64_t n, float eps, float* out
 // What one exact pass records, per (token, layer).
 struct Record {
   int32_t n_layer = 0, k = 0, d = 0;
-  int64_t capture_limit = 0;                  // tokens whose hidden states are kept
-  std::vector<int32_t> ids;                   // [token][layer][k]
-  std::vector<float> weights;                 // same, after renormalisation, before the scale
-  std::vector<float> x_mid, xn;               // [token][layer][d]: residual after attention, MoE input
-  std::vector<float> final_state;             // [token][d], output-normed
-  std::vector<uint8_t> window_last;           // 1 for a window's last token (no successor)
+  int64_t capture_limit = 0;         // tokens whose hidden states are kept
+  std::vector<int32_t> ids;          // [token][layer][k]
+  std::vector<float> weights;        // same, after renormalisation, before the scale
+  std::vector<float> x_mid, xn;      // [token][layer][d]: residual after attention, MoE input
+  std::vector<float> final_state;    // [token][d], output-normed
+  std::vector<uint8_t> window_last;  // 1 for a window's last token (no successor)
 };
 
 // Observes exact passes (recording) or perturbs one layer's tail weight (sensitivity passes).
@@ -70,7 +70,8 @@ class Hooks final : public ForwardHooks {
       const size_t L = static_cast<size_t>(rec_->n_layer);
       for (int32_t t = 0; t < r->n_tokens; ++t) {
         const size_t at = (static_cast<size_t>(base_ + t) * L + static_cast<size_t>(layer)) * static_cast<size_t>(k);
-        std::copy(r->ids.begin() + t * k, r->ids.begin() + (t + 1) * k, rec_->ids.begin() + static_cast<std::ptrdiff_t>(at));
+        std::copy(r->ids.begin() + t * k, r->ids.begin() + (t + 1) * k,
+                  rec_->ids.begin() + static_cast<std::ptrdiff_t>(at));
         std::copy(r->weights.begin() + t * k, r->weights.begin() + (t + 1) * k,
                   rec_->weights.begin() + static_cast<std::ptrdiff_t>(at));
       }
@@ -168,16 +169,21 @@ struct Hits {
 
 }  // namespace
 
-Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens, const CalibrateOptions& o, Profile* out) {
+Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens, const CalibrateOptions& o,
+                 Profile* out) {
   const HParams& hp = m.hp;
   const int32_t L = hp.n_layer, E = hp.n_expert, k = hp.n_expert_used, D = hp.n_embd, V = hp.n_vocab;
   if (tokens.size() < 2) return fail(MOELITE_ERR_INVALID_ARGUMENT, "calibration needs at least two tokens");
   if (o.window < 2) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the calibration window must be at least 2 tokens");
-  if (!(o.holdout > 0.0 && o.holdout < 1.0)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the held-out share must lie in (0, 1)");
-  if (!(o.fd_alpha > 0.0 && o.fd_alpha < 1.0)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the finite-difference alpha must lie in (0, 1)");
-  if (o.stride < 1 || o.stride >= std::max(2, L)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the predictor stride must lie in [1, n_layer)");
+  if (!(o.holdout > 0.0 && o.holdout < 1.0))
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "the held-out share must lie in (0, 1)");
+  if (!(o.fd_alpha > 0.0 && o.fd_alpha < 1.0))
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "the finite-difference alpha must lie in (0, 1)");
+  if (o.stride < 1 || o.stride >= std::max(2, L))
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "the predictor stride must lie in [1, n_layer)");
   if (rt.gating.mode != GatingMode::Exact)
-    return fail(MOELITE_ERR_INVALID_ARGUMENT, "calibrate a model loaded with exact gating (the profile describes the exact routing)");
+    return fail(MOELITE_ERR_INVALID_ARGUMENT,
+                "calibrate a model loaded with exact gating (the profile describes the exact routing)");
 
   // A last window of one token has nothing to score: it is left out.
   int64_t n = static_cast<int64_t>(tokens.size());
@@ -247,8 +253,10 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
   auto slot = [&](int64_t t, int32_t l) { return static_cast<size_t>((t * L + l) * k); };
   for (int32_t l = 0; l < L; ++l) {
     LayerProfile& lp = p.layers[static_cast<size_t>(l)];
-    lp.sensitivity = sq_drop[static_cast<size_t>(l)] > 0 ? kl_drop[static_cast<size_t>(l)] / sq_drop[static_cast<size_t>(l)] : 0.0;
-    lp.sensitivity_fd = sq_fd[static_cast<size_t>(l)] > 0 ? kl_fd[static_cast<size_t>(l)] / sq_fd[static_cast<size_t>(l)] : 0.0;
+    lp.sensitivity =
+        sq_drop[static_cast<size_t>(l)] > 0 ? kl_drop[static_cast<size_t>(l)] / sq_drop[static_cast<size_t>(l)] : 0.0;
+    lp.sensitivity_fd =
+        sq_fd[static_cast<size_t>(l)] > 0 ? kl_fd[static_cast<size_t>(l)] / sq_fd[static_cast<size_t>(l)] : 0.0;
     lp.expert_counts.assign(static_cast<size_t>(E), 0);
     double tail = 0.0;
     for (int64_t t = 0; t < n; ++t) {
@@ -271,8 +279,9 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
     int64_t kept = 0, reduced = 0;
     for (int64_t t = 0; t < n; ++t)
       for (int32_t l = 0; l < L; ++l) {
-        const int32_t c = gating_keep_count(GatingMode::Sensitivity, static_cast<float>(T), p.layers[static_cast<size_t>(l)].sensitivity,
-                                            rec.weights.data() + slot(t, l), k);
+        const int32_t c =
+            gating_keep_count(GatingMode::Sensitivity, static_cast<float>(T),
+                              p.layers[static_cast<size_t>(l)].sensitivity, rec.weights.data() + slot(t, l), k);
         kept += c;
         reduced += c < k;
       }
@@ -292,14 +301,16 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
       e.token = t;
       e.layer = l;
       for (int32_t j = 0; j < k; ++j)
-        if (rec.ids[slot(t, l) + static_cast<size_t>(j)] >= 0) e.experts.push_back(rec.ids[slot(t, l) + static_cast<size_t>(j)]);
+        if (rec.ids[slot(t, l) + static_cast<size_t>(j)] >= 0)
+          e.experts.push_back(rec.ids[slot(t, l) + static_cast<size_t>(j)]);
       trace.entries.push_back(std::move(e));
     }
   for (LayerProfile& lp : p.layers) lp.hit_curve.assign(static_cast<size_t>(E) + 1, 0.0);
   for (int32_t c = k; c <= E; ++c) {
     ReplayResult r;
     MOELITE_TRY(replay(trace, "lru", c, false, &r));
-    for (int32_t l = 0; l < L; ++l) p.layers[static_cast<size_t>(l)].hit_curve[static_cast<size_t>(c)] = r.per_layer_hit_rate[static_cast<size_t>(l)];
+    for (int32_t l = 0; l < L; ++l)
+      p.layers[static_cast<size_t>(l)].hit_curve[static_cast<size_t>(c)] = r.per_layer_hit_rate[static_cast<size_t>(l)];
   }
 
   // Predictors: fitted on the first (1 - holdout) of the captured tokens, scored on the rest.
@@ -309,7 +320,8 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
   auto multi_hot = [&](int64_t t, int32_t l, std::vector<float>* y) {
     std::fill(y->begin(), y->end(), 0.0f);
     for (int32_t j = 0; j < k; ++j)
-      if (rec.ids[slot(t, l) + static_cast<size_t>(j)] >= 0) (*y)[static_cast<size_t>(rec.ids[slot(t, l) + static_cast<size_t>(j)])] = 1.0f;
+      if (rec.ids[slot(t, l) + static_cast<size_t>(j)] >= 0)
+        (*y)[static_cast<size_t>(rec.ids[slot(t, l) + static_cast<size_t>(j)])] = 1.0f;
   };
   const double nan = std::numeric_limits<double>::quiet_NaN();
   std::vector<float> y(static_cast<size_t>(E)), scores(static_cast<size_t>(E));
@@ -367,7 +379,8 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
       const LinearMap router = as_linear_map(next.router);
       Hits h;
       for (int64_t t = n_train; t < cap; ++t) {
-        rms_normed(rec.x_mid.data() + static_cast<size_t>((t * L + l) * D), next.ffn_norm.data(), D, hp.rms_eps, normed.data());
+        rms_normed(rec.x_mid.data() + static_cast<size_t>((t * L + l) * D), next.ffn_norm.data(), D, hp.rms_eps,
+                   normed.data());
         router.apply(normed.data(), scores.data());
         h.add(top_indices(scores.data(), E, k), rec.ids.data() + slot(t, l + 1), k);
       }

@@ -16,10 +16,10 @@
 namespace moelite {
 
 struct CalibrateOptions {
-  int32_t window = 256;         // tokens per evaluation window (each from an empty cache)
-  int32_t stride = 1;           // learned predictors look this many layers ahead
-  double holdout = 0.25;        // share of the tokens kept out of predictor fitting
-  double fd_alpha = 0.9;        // finite-difference check: the tail weight scaled by this
+  int32_t window = 256;            // tokens per evaluation window (each from an empty cache)
+  int32_t stride = 1;              // learned predictors look this many layers ahead
+  double holdout = 0.25;           // share of the tokens kept out of predictor fitting
+  double fd_alpha = 0.9;           // finite-difference check: the tail weight scaled by this
   std::vector<double> thresholds;  // gating table; empty: a log grid 1e-4 .. 1
   moelite_progress_fn progress = nullptr;
   void* progress_user = nullptr;

@@ -6,18 +6,25 @@
 namespace moelite {
 
 bool parse_gating_mode(const std::string& name, GatingMode* out) {
-  if (name == "exact") *out = GatingMode::Exact;
-  else if (name == "sensitivity") *out = GatingMode::Sensitivity;
-  else if (name == "score") *out = GatingMode::Score;
-  else return false;
+  if (name == "exact")
+    *out = GatingMode::Exact;
+  else if (name == "sensitivity")
+    *out = GatingMode::Sensitivity;
+  else if (name == "score")
+    *out = GatingMode::Score;
+  else
+    return false;
   return true;
 }
 
 const char* gating_mode_name(GatingMode mode) {
   switch (mode) {
-    case GatingMode::Sensitivity: return "sensitivity";
-    case GatingMode::Score: return "score";
-    default: return "exact";
+    case GatingMode::Sensitivity:
+      return "sensitivity";
+    case GatingMode::Score:
+      return "score";
+    default:
+      return "exact";
   }
 }
 

@@ -22,9 +22,8 @@ std::vector<int32_t> top_indices(const float* scores, int32_t n, int32_t k) {
   std::vector<int32_t> idx(static_cast<size_t>(n));
   std::iota(idx.begin(), idx.end(), 0);
   k = std::min(k, n);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
-    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
-  });
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [&](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); });
   idx.resize(static_cast<size_t>(k));
   return idx;
 }
@@ -64,8 +63,7 @@ namespace {
 
 // Predictions are made per decode token (a few at most); a prefill batch needs most experts anyway.
 void push_top(const float* scores, int32_t n, int32_t k, int32_t layer, std::vector<Prediction>* out) {
-  for (int32_t e : top_indices(scores, n, k))
-    out->push_back({{layer, e}, std::clamp(scores[e], 0.0f, 1.0f)});
+  for (int32_t e : top_indices(scores, n, k)) out->push_back({{layer, e}, std::clamp(scores[e], 0.0f, 1.0f)});
 }
 
 class NextGate final : public ExpertPredictor {
@@ -96,7 +94,8 @@ class Learned final : public ExpertPredictor {
   Learned(const Profile& p, int32_t k) : maps_(p.learned), stride_(p.learned_stride), k_(k) {}
   const char* name() const override { return "learned"; }
   bool wants_hidden() const override { return true; }
-  Status after_layer(const Model& m, EvalState& s, int32_t l, const float* hidden, std::vector<Prediction>* out) override {
+  Status after_layer(const Model& m, EvalState& s, int32_t l, const float* hidden,
+                     std::vector<Prediction>* out) override {
     if (l >= static_cast<int32_t>(maps_.size()) || maps_[static_cast<size_t>(l)].empty() || l + stride_ >= m.hp.n_layer)
       return MOELITE_OK;
     const LinearMap& map = maps_[static_cast<size_t>(l)];
@@ -193,7 +192,8 @@ class Composite final : public ExpertPredictor {
   bool wants_final() const override {
     return std::any_of(parts_.begin(), parts_.end(), [](const auto& p) { return p->wants_final(); });
   }
-  Status after_layer(const Model& m, EvalState& s, int32_t l, const float* hidden, std::vector<Prediction>* out) override {
+  Status after_layer(const Model& m, EvalState& s, int32_t l, const float* hidden,
+                     std::vector<Prediction>* out) override {
     for (auto& p : parts_) MOELITE_TRY(p->after_layer(m, s, l, p->wants_hidden() ? hidden : nullptr, out));
     return MOELITE_OK;
   }
@@ -251,13 +251,16 @@ Status make_predictor(const std::string& name, int32_t depth, const Model& m, co
     bool any = false;
     for (const LayerWeights& lw : m.layers) any = any || lw.pregate.valid();
     if (!any)
-      return fail(MOELITE_ERR_INVALID_ARGUMENT, "predictor 'pregate' needs a model with pre-gate routers "
+      return fail(MOELITE_ERR_INVALID_ARGUMENT,
+                  "predictor 'pregate' needs a model with pre-gate routers "
                   "(blk.N.ffn_pregate_inp.weight); this one has none");
     *out = std::make_unique<PreGate>();
   } else if (name == "learned" || name == "first-layer") {
     if (!profile)
-      return fail(MOELITE_ERR_BAD_PROFILE, "predictor '%s' needs a calibration profile with its fitted weights "
-                  "(moelite calibrate; moelite_model_params_set_profile)", name.c_str());
+      return fail(MOELITE_ERR_BAD_PROFILE,
+                  "predictor '%s' needs a calibration profile with its fitted weights "
+                  "(moelite calibrate; moelite_model_params_set_profile)",
+                  name.c_str());
     if (name == "learned") {
       bool any = false;
       for (const LinearMap& lm : profile->learned) any = any || !lm.empty();

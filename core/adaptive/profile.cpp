@@ -62,7 +62,8 @@ Status write_file(const std::string& path, const void* data, size_t size) {
 
 Status read_whole(const std::string& path, std::string* out) {
   FILE* f = fopen(path.c_str(), "rb");
-  if (!f) return fail(MOELITE_ERR_FILE_NOT_FOUND, "cannot open calibration profile '%s': %s", path.c_str(), strerror(errno));
+  if (!f)
+    return fail(MOELITE_ERR_FILE_NOT_FOUND, "cannot open calibration profile '%s': %s", path.c_str(), strerror(errno));
   char buf[65536];
   size_t got;
   while ((got = fread(buf, 1, sizeof buf, f)) > 0) out->append(buf, got);
@@ -110,9 +111,12 @@ class Fields {
       return bad(path_, std::string("'") + what + "' must be an array of " + std::to_string(n) + " numbers");
     out->clear();
     for (const json::Value& x : v.array) {
-      if (x.kind == json::Value::Kind::Null) out->push_back(std::numeric_limits<double>::quiet_NaN());
-      else if (x.is_number()) out->push_back(x.number);
-      else return bad(path_, std::string("'") + what + "' must hold numbers");
+      if (x.kind == json::Value::Kind::Null)
+        out->push_back(std::numeric_limits<double>::quiet_NaN());
+      else if (x.is_number())
+        out->push_back(x.number);
+      else
+        return bad(path_, std::string("'") + what + "' must hold numbers");
     }
     return MOELITE_OK;
   }
@@ -137,7 +141,8 @@ Status Profile::save(const std::string& path) const {
   for (size_t l = 0; l < correlation.size(); ++l)
     if (!correlation[l].empty()) add("correlation." + std::to_string(l), n_expert, n_expert, correlation[l]);
   const std::string weights_path = path + ".bin";
-  std::string weights_name = weights_path.substr(weights_path.find_last_of('/') == std::string::npos ? 0 : weights_path.find_last_of('/') + 1);
+  std::string weights_name =
+      weights_path.substr(weights_path.find_last_of('/') == std::string::npos ? 0 : weights_path.find_last_of('/') + 1);
   if (!refs.empty()) {
     std::string bytes(kWeightsMagic, 4);
     const uint32_t version = kVersion;
@@ -156,9 +161,9 @@ Status Profile::save(const std::string& path) const {
     const LayerProfile& lp = layers[l];
     o << "    {\"layer\": " << l << ", \"sensitivity\": " << json::number(lp.sensitivity)
       << ", \"sensitivity_fd\": " << json::number(lp.sensitivity_fd)
-      << ", \"mean_tail_weight\": " << json::number(lp.mean_tail_weight) << ",\n     \"expert_counts\": "
-      << join(lp.expert_counts) << ",\n     \"hit_curve\": " << join(lp.hit_curve) << "}"
-      << (l + 1 < layers.size() ? ",\n" : "\n");
+      << ", \"mean_tail_weight\": " << json::number(lp.mean_tail_weight)
+      << ",\n     \"expert_counts\": " << join(lp.expert_counts) << ",\n     \"hit_curve\": " << join(lp.hit_curve)
+      << "}" << (l + 1 < layers.size() ? ",\n" : "\n");
   }
   o << "  ],\n  \"gating\": [";
   for (size_t i = 0; i < gating.size(); ++i)
@@ -276,7 +281,8 @@ Status Profile::load(const std::string& path, Profile* out) {
         weights_file->string.find('/') != std::string::npos)
       return bad(path, "'weights_file' must name a file beside the profile");
     const size_t slash = path.find_last_of('/');
-    const std::string wpath = (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) + weights_file->string;
+    const std::string wpath =
+        (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) + weights_file->string;
     std::string blob;
     if (read_whole(wpath, &blob) != MOELITE_OK) return bad(path, "its weights file '" + wpath + "' cannot be read");
     if (blob.size() < 8 || memcmp(blob.data(), kWeightsMagic, 4) != 0)
@@ -327,7 +333,8 @@ Status Profile::load(const std::string& path, Profile* out) {
       } else if (layer_of("learned.", p.learned.size())) {
         MOELITE_TRY(linear(&p.learned[layer]));
       } else if (layer_of("correlation.", p.correlation.size())) {
-        if (t.rows != p.n_expert || t.cols != p.n_expert) return bad(path, "tensor '" + t.name + "' must be n_expert x n_expert");
+        if (t.rows != p.n_expert || t.cols != p.n_expert)
+          return bad(path, "tensor '" + t.name + "' must be n_expert x n_expert");
         p.correlation[layer] = std::move(data);
       } else {
         return bad(path, "unknown tensor '" + t.name + "'");

@@ -34,7 +34,7 @@ struct LayerProfile {
   // its finite-difference counterpart.
   double sensitivity = 0.0;
   double sensitivity_fd = 0.0;
-  double mean_tail_weight = 0.0;       // mean weight of the lowest-weight top-k expert
+  double mean_tail_weight = 0.0;        // mean weight of the lowest-weight top-k expert
   std::vector<uint64_t> expert_counts;  // tokens routed to each expert
   // hit_curve[c]: hit rate of a cache of c experts holding only this layer's experts (LRU),
   // replaying the calibration routing; c = 0..n_expert (0 below top-k, where it cannot run).
@@ -63,9 +63,9 @@ struct Profile {
 
   // Predictor weights.
   int32_t learned_stride = 1;
-  LinearMap first_layer;                         // next token's layer-0 experts from the final state
-  std::vector<LinearMap> learned;                // [l]: layer l + stride's experts from layer l's MoE input
-  std::vector<std::vector<float>> correlation;   // [l]: n_expert x n_expert counts, layer l -> l + 1
+  LinearMap first_layer;                        // next token's layer-0 experts from the final state
+  std::vector<LinearMap> learned;               // [l]: layer l + stride's experts from layer l's MoE input
+  std::vector<std::vector<float>> correlation;  // [l]: n_expert x n_expert counts, layer l -> l + 1
 
   // Writes PROFILE (and PROFILE.bin when there are weights), each through a temporary file renamed
   // into place, so an existing profile is never left half-written.

@@ -5,7 +5,8 @@
 namespace moelite {
 
 RidgeAccumulator::RidgeAccumulator(int32_t n_in, int32_t n_out)
-    : n_in_(n_in), n_out_(n_out),
+    : n_in_(n_in),
+      n_out_(n_out),
       xtx_(static_cast<size_t>(n_in + 1) * static_cast<size_t>(n_in + 1), 0.0),
       xty_(static_cast<size_t>(n_in + 1) * static_cast<size_t>(n_out), 0.0) {}
 

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/adaptive/profile.h"
 #include "base/status.h"
+#include "core/adaptive/profile.h"
 
 namespace moelite {
 

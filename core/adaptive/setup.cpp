@@ -23,7 +23,8 @@ Status setup_adaptive(const Model& m, const LoadOptions& opts, std::unique_ptr<P
   gating->threshold = opts.gating_threshold;
   if (opts.gating == GatingMode::Sensitivity) {
     if (!*profile)
-      return fail(MOELITE_ERR_BAD_PROFILE, "sensitivity gating needs a calibration profile with per-layer "
+      return fail(MOELITE_ERR_BAD_PROFILE,
+                  "sensitivity gating needs a calibration profile with per-layer "
                   "sensitivities (moelite calibrate; moelite_model_params_set_profile)");
     for (const LayerProfile& lp : (*profile)->layers) gating->sensitivity.push_back(lp.sensitivity);
   }
@@ -32,12 +33,14 @@ Status setup_adaptive(const Model& m, const LoadOptions& opts, std::unique_ptr<P
 
 Status check_cache_allocation(const std::string& name) {
   if (name != "auto" && name != "global" && name != "uniform" && name != "dp")
-    return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown cache allocation '%s' (available: auto, global, uniform, dp)", name.c_str());
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown cache allocation '%s' (available: auto, global, uniform, dp)",
+                name.c_str());
   return MOELITE_OK;
 }
 
 Status plan_expert_store(const Model& m, const Profile* p, const LoadOptions& opts, ExpertStoreOptions* so) {
-  const std::string& mode = opts.expert_per_layer && opts.cache_allocation == "auto" ? std::string("uniform") : opts.cache_allocation;
+  const std::string& mode =
+      opts.expert_per_layer && opts.cache_allocation == "auto" ? std::string("uniform") : opts.cache_allocation;
   MOELITE_TRY(check_cache_allocation(mode));
   so->per_layer = mode == "uniform";
   const HParams& hp = m.hp;
@@ -55,20 +58,27 @@ Status plan_expert_store(const Model& m, const Profile* p, const LoadOptions& op
     curves = p->layers[l].hit_curve.size() == static_cast<size_t>(hp.n_expert) + 1;
   if (!curves) {
     if (mode == "auto") return MOELITE_OK;
-    return fail(MOELITE_ERR_BAD_PROFILE, "the DP cache allocation needs a calibration profile with per-layer hit curves");
+    return fail(MOELITE_ERR_BAD_PROFILE,
+                "the DP cache allocation needs a calibration profile with per-layer hit curves");
   }
   uint64_t slot_bytes = 0;
   ExpertStore::minimum_budget(m, true, &slot_bytes);
   const int32_t k = hp.n_expert_used;
-  const int64_t slots = static_cast<int64_t>(std::min<uint64_t>(opts.expert_budget_bytes / slot_bytes,
-                                                                 uint64_t(hp.n_layer) * uint64_t(hp.n_expert + 1)));
+  const int64_t slots = static_cast<int64_t>(
+      std::min<uint64_t>(opts.expert_budget_bytes / slot_bytes, uint64_t(hp.n_layer) * uint64_t(hp.n_expert + 1)));
   const int32_t min_q = k + 1, max_q = std::max(k + 1, hp.n_expert);
   if (slots < int64_t{hp.n_layer} * min_q) {
     if (mode == "dp")
-      return fail(MOELITE_ERR_BUDGET_TOO_SMALL, "the DP cache allocation needs %d slots per layer (%" PRIu64 " bytes in all); "
-                  "the budget holds %" PRId64 " slots", min_q, uint64_t(hp.n_layer) * uint64_t(min_q) * slot_bytes, slots);
-    log_msg(MOELITE_LOG_INFO, "expert store: the budget holds %" PRId64 " slots, fewer than %d per layer; "
-            "one global pool instead of the profile's per-layer allocation", slots, min_q);
+      return fail(MOELITE_ERR_BUDGET_TOO_SMALL,
+                  "the DP cache allocation needs %d slots per layer (%" PRIu64
+                  " bytes in all); "
+                  "the budget holds %" PRId64 " slots",
+                  min_q, uint64_t(hp.n_layer) * uint64_t(min_q) * slot_bytes, slots);
+    log_msg(MOELITE_LOG_INFO,
+            "expert store: the budget holds %" PRId64
+            " slots, fewer than %d per layer; "
+            "one global pool instead of the profile's per-layer allocation",
+            slots, min_q);
     return MOELITE_OK;
   }
   // Prediction takes loads off the critical path in proportion to its measured accuracy (of the
@@ -98,7 +108,8 @@ Status plan_expert_store(const Model& m, const Profile* p, const LoadOptions& op
   so->layer_slots = sizes;
   std::string text;
   for (int32_t q : sizes) text += (text.empty() ? "" : " ") + std::to_string(q);
-  log_msg(MOELITE_LOG_INFO, "expert store: per-layer slots from the profile's DP allocation: %s (expected %.3f on-demand loads/token)",
+  log_msg(MOELITE_LOG_INFO,
+          "expert store: per-layer slots from the profile's DP allocation: %s (expected %.3f on-demand loads/token)",
           text.c_str(), loss);
   return MOELITE_OK;
 }

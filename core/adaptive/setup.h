@@ -1,16 +1,15 @@
 // Applies a calibration profile and the adaptive options to a runtime being created: gating, the
 // expert store's per-layer allocation and hot set, and the predictor.
 #pragma once
-#include "core/expert_store/expert_store.h"
 #include "core/adaptive/profile.h"
+#include "core/expert_store/expert_store.h"
 #include "core/model.h"
 
 namespace moelite {
 
 // Reads the profile (if any) and sets the gating rule. MOELITE_ERR_BAD_PROFILE for a profile of
 // another model or sensitivity gating without one.
-Status setup_adaptive(const Model& m, const LoadOptions& opts, std::unique_ptr<Profile>* profile,
-                      GatingConfig* gating);
+Status setup_adaptive(const Model& m, const LoadOptions& opts, std::unique_ptr<Profile>* profile, GatingConfig* gating);
 
 // Store options from the cache allocation and the profile: one global pool, equal per-layer
 // quotas, or quotas from the DP allocation over the profile's hit curves and predictor accuracy;

@@ -14,15 +14,15 @@ class TensorBinder;
 struct EvalState;
 
 struct ArchDescriptor {
-  const char* name;              // general.architecture
+  const char* name;  // general.architecture
   RopeStyle rope_style;
-  bool norm_topk;                // renormalise top-k weights
+  bool norm_topk;  // renormalise top-k weights
   QkNorm qk_norm;
-  bool shared_expert;            // ffn_*_shexp with a sigmoid gate (qwen2moe)
+  bool shared_expert;  // ffn_*_shexp with a sigmoid gate (qwen2moe)
   // Hooks; nullptr selects the standard implementation in core/arch/standard.cpp.
   Status (*read_hparams)(const gguf::Reader& gguf, const ArchDescriptor& arch, HParams* hp);
-  Status (*bind_layer)(TensorBinder& binder, const ArchDescriptor& arch, const HParams& hp,
-                       int32_t layer, LayerWeights* out);
+  Status (*bind_layer)(TensorBinder& binder, const ArchDescriptor& arch, const HParams& hp, int32_t layer,
+                       LayerWeights* out);
   Status (*forward_layer)(const Model& model, EvalState& state, int32_t layer);
 };
 
@@ -33,8 +33,8 @@ const char* supported_arch_list();
 
 // The standard pieces, used by the descriptors and available to new architectures.
 Status standard_read_hparams(const gguf::Reader& gguf, const ArchDescriptor& arch, HParams* hp);
-Status standard_bind_layer(TensorBinder& binder, const ArchDescriptor& arch, const HParams& hp,
-                           int32_t layer, LayerWeights* out);
+Status standard_bind_layer(TensorBinder& binder, const ArchDescriptor& arch, const HParams& hp, int32_t layer,
+                           LayerWeights* out);
 Status standard_forward_layer(const Model& model, EvalState& state, int32_t layer);
 
 }  // namespace moelite

@@ -15,12 +15,11 @@ namespace moelite {
 namespace {
 
 // A required positive integer key "{arch}.suffix".
-Status required_int(const gguf::Reader& g, const std::string& arch, const char* suffix, int64_t lo,
-                    int64_t hi, int32_t* out) {
+Status required_int(const gguf::Reader& g, const std::string& arch, const char* suffix, int64_t lo, int64_t hi,
+                    int32_t* out) {
   const std::string key = arch + "." + suffix;
   int64_t v;
-  if (!g.find(key))
-    return fail(MOELITE_ERR_MISSING_METADATA, "metadata key '%s' is required but absent", key.c_str());
+  if (!g.find(key)) return fail(MOELITE_ERR_MISSING_METADATA, "metadata key '%s' is required but absent", key.c_str());
   if (!g.get_int(key, &v))
     return fail(MOELITE_ERR_MISSING_METADATA, "metadata key '%s' must be an integer", key.c_str());
   if (v < lo || v > hi)
@@ -30,8 +29,8 @@ Status required_int(const gguf::Reader& g, const std::string& arch, const char* 
   return MOELITE_OK;
 }
 
-Status optional_int(const gguf::Reader& g, const std::string& arch, const char* suffix, int64_t lo,
-                    int64_t hi, int32_t fallback, int32_t* out) {
+Status optional_int(const gguf::Reader& g, const std::string& arch, const char* suffix, int64_t lo, int64_t hi,
+                    int32_t fallback, int32_t* out) {
   if (!g.find(arch + "." + suffix)) {
     *out = fallback;
     return MOELITE_OK;
@@ -60,16 +59,17 @@ Status standard_read_hparams(const gguf::Reader& g, const ArchDescriptor& arch, 
   MOELITE_TRY(required_int(g, a, "attention.head_count", 1, 4096, &hp->n_head));
   MOELITE_TRY(optional_int(g, a, "attention.head_count_kv", 1, 4096, hp->n_head, &hp->n_head_kv));
   if (hp->n_head % hp->n_head_kv != 0)
-    return fail(MOELITE_ERR_BAD_METADATA, "head_count %d is not a multiple of head_count_kv %d",
-                hp->n_head, hp->n_head_kv);
+    return fail(MOELITE_ERR_BAD_METADATA, "head_count %d is not a multiple of head_count_kv %d", hp->n_head,
+                hp->n_head_kv);
   if (hp->n_embd % hp->n_head != 0 && !g.find(a + ".attention.key_length"))
-    return fail(MOELITE_ERR_BAD_METADATA, "embedding_length %d is not a multiple of head_count %d and "
-                "attention.key_length is absent", hp->n_embd, hp->n_head);
+    return fail(MOELITE_ERR_BAD_METADATA,
+                "embedding_length %d is not a multiple of head_count %d and "
+                "attention.key_length is absent",
+                hp->n_embd, hp->n_head);
   MOELITE_TRY(optional_int(g, a, "attention.key_length", 1, 65536, hp->n_embd / hp->n_head, &hp->head_dim));
   MOELITE_TRY(optional_int(g, a, "attention.value_length", 1, 65536, hp->head_dim, &hp->head_dim_v));
   MOELITE_TRY(optional_int(g, a, "rope.dimension_count", 2, hp->head_dim, hp->head_dim, &hp->n_rot));
-  if (hp->n_rot % 2 != 0)
-    return fail(MOELITE_ERR_BAD_METADATA, "rope.dimension_count %d must be even", hp->n_rot);
+  if (hp->n_rot % 2 != 0) return fail(MOELITE_ERR_BAD_METADATA, "rope.dimension_count %d must be even", hp->n_rot);
   MOELITE_TRY(optional_int(g, a, "context_length", 1, 1 << 24, 4096, &hp->n_ctx_train));
   MOELITE_TRY(required_int(g, a, "expert_count", 1, 65536, &hp->n_expert));
   MOELITE_TRY(required_int(g, a, "expert_used_count", 1, hp->n_expert, &hp->n_expert_used));
@@ -96,8 +96,7 @@ Status standard_read_hparams(const gguf::Reader& g, const ArchDescriptor& arch, 
   return MOELITE_OK;
 }
 
-Status standard_bind_layer(TensorBinder& b, const ArchDescriptor& arch, const HParams& hp, int32_t l,
-                           LayerWeights* w) {
+Status standard_bind_layer(TensorBinder& b, const ArchDescriptor& arch, const HParams& hp, int32_t l, LayerWeights* w) {
   const int64_t n_embd = hp.n_embd, q_dim = int64_t{hp.n_head} * hp.head_dim;
   const int64_t k_dim = int64_t{hp.n_head_kv} * hp.head_dim, v_dim = int64_t{hp.n_head_kv} * hp.head_dim_v;
   MOELITE_TRY(b.floats(blk(l, "attn_norm.weight"), n_embd, &w->attn_norm));
@@ -127,7 +126,8 @@ Status standard_bind_layer(TensorBinder& b, const ArchDescriptor& arch, const HP
   if (b.has(blk(l, "ffn_gate_exps.weight"))) {
     MOELITE_TRY(b.matrix_stack(blk(l, "ffn_gate_exps.weight"), n_embd, n_ff, hp.n_expert, &ex.gate, &ex.gate_stride));
     MOELITE_TRY(b.matrix_stack(blk(l, "ffn_up_exps.weight"), n_embd, ex.gate.rows, hp.n_expert, &ex.up, &ex.up_stride));
-    MOELITE_TRY(b.matrix_stack(blk(l, "ffn_down_exps.weight"), ex.gate.rows, n_embd, hp.n_expert, &ex.down, &ex.down_stride));
+    MOELITE_TRY(
+        b.matrix_stack(blk(l, "ffn_down_exps.weight"), ex.gate.rows, n_embd, hp.n_expert, &ex.down, &ex.down_stride));
   } else if (b.has(blk(l, "ffn_gate.0.weight"))) {
     // Old Mixtral files: one tensor per expert and matrix.
     const int64_t ff = n_ff > 0 ? n_ff : b.dim(blk(l, "ffn_gate.0.weight"), 1);
@@ -189,7 +189,8 @@ Status standard_forward_layer(const Model& m, EvalState& s, int32_t l) {
   MOELITE_TRY(moe_forward(m, s, l, x, xn, &moe));
   if (w.has_shared) {
     Act shared = s.rows(s.shared_out);
-    MOELITE_TRY(be.dense_ffn(w.shared, m.expert_ffn, w.shared_gate.empty() ? nullptr : w.shared_gate.data(), xn, &shared));
+    MOELITE_TRY(
+        be.dense_ffn(w.shared, m.expert_ffn, w.shared_gate.empty() ? nullptr : w.shared_gate.data(), xn, &shared));
     MOELITE_TRY(be.add(&moe, shared));
   }
   return be.add(&x, moe);

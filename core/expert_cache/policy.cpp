@@ -192,7 +192,8 @@ void CachePolicy::set_frequencies(const std::vector<uint64_t>& counts, int32_t n
     for (size_t i = 0; i < counts.size(); ++i)
       if (counts[i])
         table[ExpertKey{static_cast<int32_t>(i / static_cast<size_t>(n_experts)),
-                        static_cast<int32_t>(i % static_cast<size_t>(n_experts))}.packed()] = counts[i];
+                        static_cast<int32_t>(i % static_cast<size_t>(n_experts))}
+                  .packed()] = counts[i];
   set_frequency_table(table, hot_size);
 }
 
@@ -205,14 +206,19 @@ Status make_policy(const std::string& name, const PolicyOptions& options, std::u
   // Checked for every name, so a bad option is reported even when the policy would ignore it.
   if (!(options.half_life > 0) || !std::isfinite(options.half_life))
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "decay half-life %g must be a positive number", options.half_life);
-  if (name == "lru") out->reset(new Lru);
-  else if (name == "lfu") out->reset(new Lfu);
-  else if (name == "decay") out->reset(new Decay(options.half_life));
-  else if (name == "static") out->reset(new Static);
-  else if (name == "belady") out->reset(new Belady(options.lookahead));
+  if (name == "lru")
+    out->reset(new Lru);
+  else if (name == "lfu")
+    out->reset(new Lfu);
+  else if (name == "decay")
+    out->reset(new Decay(options.half_life));
+  else if (name == "static")
+    out->reset(new Static);
+  else if (name == "belady")
+    out->reset(new Belady(options.lookahead));
   else
-    return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown expert cache policy '%s' (available: lru, lfu, decay, static, belady)",
-                name.c_str());
+    return fail(MOELITE_ERR_INVALID_ARGUMENT,
+                "unknown expert cache policy '%s' (available: lru, lfu, decay, static, belady)", name.c_str());
   return MOELITE_OK;
 }
 

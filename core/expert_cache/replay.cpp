@@ -168,11 +168,12 @@ Status parse_trace(const std::string& text, Trace* out) {
       return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace line %zu is not a JSON object", line_no);
     if (!arrays.count("experts")) {
       if (nums.count("n_layers") || nums.count("n_experts") || nums.count("top_k")) {  // header
-        const std::pair<const char*, double> fields[] = {{"n_layers", kMaxLayers}, {"n_experts", kMaxExperts}, {"top_k", kMaxExperts}};
+        const std::pair<const char*, double> fields[] = {
+            {"n_layers", kMaxLayers}, {"n_experts", kMaxExperts}, {"top_k", kMaxExperts}};
         for (const auto& [name, limit] : fields)
           if (nums.count(name) && !whole_below(nums[name], limit + 1))
-            return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace line %zu: header \"%s\" must be an integer in [0, %.0f]", line_no,
-                        name, limit);
+            return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace line %zu: header \"%s\" must be an integer in [0, %.0f]",
+                        line_no, name, limit);
         if (nums.count("n_layers")) t.n_layers = static_cast<int32_t>(nums["n_layers"]);
         if (nums.count("n_experts")) t.n_experts = static_cast<int32_t>(nums["n_experts"]);
         if (nums.count("top_k")) t.top_k = static_cast<int32_t>(nums["top_k"]);
@@ -186,7 +187,8 @@ Status parse_trace(const std::string& text, Trace* out) {
     if (!(std::fabs(token) <= kMaxToken) || token != std::floor(token))
       return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace line %zu: token %g is not an integer", line_no, token);
     if (!whole_below(layer, kMaxLayers))
-      return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace line %zu: layer %g is not an integer in [0, %.0f)", line_no, layer, kMaxLayers);
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace line %zu: layer %g is not an integer in [0, %.0f)", line_no,
+                  layer, kMaxLayers);
     TraceEntry e;
     e.token = static_cast<int64_t>(token);
     e.layer = static_cast<int32_t>(layer);
@@ -214,10 +216,12 @@ Status parse_capacity(const std::string& text, const Trace& trace, bool global, 
   char* end = nullptr;
   const bool percent = !text.empty() && text.back() == '%';
   const std::string number = percent ? text.substr(0, text.size() - 1) : text;
-  const double v = number.empty() || std::isspace(static_cast<unsigned char>(number[0])) ? -1 : strtod(number.c_str(), &end);
-  if (!end || *end || !(v >= 0) || !std::isfinite(v) || (percent && v > 100) || (!percent && (v != std::floor(v) || v > 1e15)))
-    return fail(MOELITE_ERR_INVALID_ARGUMENT, "capacity '%s' is neither a whole count of experts nor a percentage (0-100%%)",
-                text.c_str());
+  const double v =
+      number.empty() || std::isspace(static_cast<unsigned char>(number[0])) ? -1 : strtod(number.c_str(), &end);
+  if (!end || *end || !(v >= 0) || !std::isfinite(v) || (percent && v > 100) ||
+      (!percent && (v != std::floor(v) || v > 1e15)))
+    return fail(MOELITE_ERR_INVALID_ARGUMENT,
+                "capacity '%s' is neither a whole count of experts nor a percentage (0-100%%)", text.c_str());
   if (percent) {
     const double pool = global ? double(trace.n_layers) * trace.n_experts : double(trace.n_experts);
     // floor(P% x pool), computed as P x pool / 100 so that 29% of 100 is 29, not 28.999...
@@ -237,8 +241,8 @@ Status replay(const Trace& trace, const std::string& policy_name, int64_t capaci
   if (capacity < 0) return fail(MOELITE_ERR_INVALID_ARGUMENT, "capacity %lld is negative", (long long)capacity);
   for (const TraceEntry& e : trace.entries)
     if (e.layer < 0 || e.layer >= trace.n_layers)
-      return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace entry of token %lld has layer %d outside [0, %d)", (long long)e.token,
-                  e.layer, trace.n_layers);
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace entry of token %lld has layer %d outside [0, %d)",
+                  (long long)e.token, e.layer, trace.n_layers);
   const size_t n_caches = global ? 1 : static_cast<size_t>(trace.n_layers);
   std::vector<std::unique_ptr<CachePolicy>> policies(n_caches);
   for (auto& p : policies) MOELITE_TRY(make_policy(policy_name, options, &p));

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "core/expert_cache/policy.h"
 #include "base/status.h"
+#include "core/expert_cache/policy.h"
 
 namespace moelite {
 

@@ -2,12 +2,11 @@
 
 #include "platforms/batch_read.h"
 
+#include <unistd.h>
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstring>
-#include <unistd.h>
-
 
 namespace moelite {
 
@@ -74,12 +73,12 @@ Status ExpertStore::create(const Model& model, Backend& backend, const ExpertSto
   // Never more slots than experts: a budget above the model's needs is not allocated.
   const uint64_t n_experts_total = static_cast<uint64_t>(model.hp.n_layer) * static_cast<uint64_t>(model.hp.n_expert);
   const uint64_t n_layers = static_cast<uint64_t>(model.hp.n_layer);
-  uint64_t n_slots = std::min(opts.budget_bytes / s->slot_bytes_,
-                              n_experts_total + kReserveSlots * (opts.per_layer ? n_layers : 1));
+  uint64_t n_slots =
+      std::min(opts.budget_bytes / s->slot_bytes_, n_experts_total + kReserveSlots * (opts.per_layer ? n_layers : 1));
   if (opts.per_layer && !opts.layer_slots.empty()) {
     if (opts.layer_slots.size() != n_layers)
-      return fail(MOELITE_ERR_INVALID_ARGUMENT, "per-layer expert slots: %zu values for %d layers", opts.layer_slots.size(),
-                  model.hp.n_layer);
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "per-layer expert slots: %zu values for %d layers",
+                  opts.layer_slots.size(), model.hp.n_layer);
     uint64_t sum = 0;
     for (int32_t q : opts.layer_slots) {
       if (q < model.hp.n_expert_used + kReserveSlots)
@@ -88,8 +87,9 @@ Status ExpertStore::create(const Model& model, Backend& backend, const ExpertSto
       sum += static_cast<uint64_t>(q);
     }
     if (sum * s->slot_bytes_ > opts.budget_bytes)
-      return fail(MOELITE_ERR_BUDGET_TOO_SMALL, "per-layer quotas of %" PRIu64 " slots need %" PRIu64 " bytes, over the budget of %" PRIu64,
-                  sum, sum * s->slot_bytes_, opts.budget_bytes);
+      return fail(MOELITE_ERR_BUDGET_TOO_SMALL,
+                  "per-layer quotas of %" PRIu64 " slots need %" PRIu64 " bytes, over the budget of %" PRIu64, sum,
+                  sum * s->slot_bytes_, opts.budget_bytes);
     s->quota_ = opts.layer_slots;
     n_slots = sum;
   } else if (opts.per_layer) {
@@ -128,7 +128,8 @@ Status ExpertStore::create(const Model& model, Backend& backend, const ExpertSto
           if (chunk_of(we, c).file_offset != p.file_offset[c] + p.stride[c] * static_cast<uint64_t>(e))
             return fail(MOELITE_ERR_NOT_IMPLEMENTED,
                         "layer %zu stores its experts as separate, unevenly spaced tensors; the expert store "
-                        "needs them evenly spaced (re-convert the model, or load without a budget)", l);
+                        "needs them evenly spaced (re-convert the model, or load without a budget)",
+                        l);
       }
     }
   }
@@ -157,10 +158,12 @@ Status ExpertStore::create(const Model& model, Backend& backend, const ExpertSto
   s->slot_ever_used_.assign(s->slots_.size(), false);
   s->stats_.resize(model.layers.size());
   s->reader_name_ = platform::BatchReader::create(8)->name();  // what the loaders will get
-  for (int32_t t = 0; t < std::max(1, opts.io_threads); ++t) s->loaders_.emplace_back([p = s.get()] { p->loader_main(); });
-  log_msg(MOELITE_LOG_INFO, "expert store: %zu slots of %" PRIu64 " bytes (%.1f MiB of a %.1f MiB budget), %s, policy %s, %s",
-          s->slots_.size(), s->slot_bytes_, s->pool_bytes() / 1048576.0, opts.budget_bytes / 1048576.0, s->io_mode().c_str(),
-          s->policy_name_.c_str(), opts.per_layer ? "per-layer quotas" : "global pool");
+  for (int32_t t = 0; t < std::max(1, opts.io_threads); ++t)
+    s->loaders_.emplace_back([p = s.get()] { p->loader_main(); });
+  log_msg(MOELITE_LOG_INFO,
+          "expert store: %zu slots of %" PRIu64 " bytes (%.1f MiB of a %.1f MiB budget), %s, policy %s, %s",
+          s->slots_.size(), s->slot_bytes_, s->pool_bytes() / 1048576.0, opts.budget_bytes / 1048576.0,
+          s->io_mode().c_str(), s->policy_name_.c_str(), opts.per_layer ? "per-layer quotas" : "global pool");
   *out = std::move(s);
   return MOELITE_OK;
 }
@@ -172,8 +175,10 @@ ExpertStore::~ExpertStore() {
   }
   work_cv_.notify_all();
   for (auto& t : loaders_) t.join();
-  if (pool_shared_) backend_.free_shared(pool_);
-  else pool_free(pool_);
+  if (pool_shared_)
+    backend_.free_shared(pool_);
+  else
+    pool_free(pool_);
 }
 
 size_t ExpertStore::pinned_slots() const {
@@ -198,7 +203,7 @@ int32_t ExpertStore::take_slot_locked(int32_t layer) {
   std::vector<int32_t> spare, used;  // evictable slots: unused speculative loads, then the rest
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
-    if (s.owner >= 0 && s.owner != layer) continue;  // another layer's quota
+    if (s.owner >= 0 && s.owner != layer) continue;     // another layer's quota
     if (s.state == SlotState::Failed && s.pins == 0) {  // a failed load nobody waits for any more
       where_.erase(key(s.layer, s.expert));
       clear_slot(&s);
@@ -211,7 +216,8 @@ int32_t ExpertStore::take_slot_locked(int32_t layer) {
   const std::vector<int32_t>& pool = spare.empty() ? used : spare;
   if (pool.empty()) return -1;
   std::vector<ExpertKey> candidates;
-  for (int32_t i : pool) candidates.push_back({slots_[static_cast<size_t>(i)].layer, slots_[static_cast<size_t>(i)].expert});
+  for (int32_t i : pool)
+    candidates.push_back({slots_[static_cast<size_t>(i)].layer, slots_[static_cast<size_t>(i)].expert});
   const int32_t victim = pool[policy_->choose_victim(candidates, clock_)];
   Slot& v = slots_[static_cast<size_t>(victim)];
   if (v.speculative) stats_[static_cast<size_t>(v.layer)].prefetches_wasted++;
@@ -246,8 +252,9 @@ void ExpertStore::on_routing(int32_t layer, const Routing& routing) {
   scored_layer_ = layer;
   scored_.swap(guessed);
   guessed.clear();
-  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), [&](const Prediction& p) { return p.key.layer <= layer; }),
-                 waiting_.end());
+  waiting_.erase(
+      std::remove_if(waiting_.begin(), waiting_.end(), [&](const Prediction& p) { return p.key.layer <= layer; }),
+      waiting_.end());
   // Early preemption: queued speculative loads of this layer that the routing does not use.
   for (auto it = spec_q_.begin(); it != spec_q_.end();) {
     Slot& s = slots_[static_cast<size_t>(it->slot)];

@@ -46,17 +46,17 @@ struct ExpertStoreOptions {
 
 // Cumulative counters of one layer (all layers: sum them).
 struct ExpertLayerStats {
-  uint64_t activations = 0;         // expert uses by tokens' routing
-  uint64_t hits = 0;                // experts already resident (or arriving) when asked for
-  uint64_t misses = 0;              // demand loads
+  uint64_t activations = 0;  // expert uses by tokens' routing
+  uint64_t hits = 0;         // experts already resident (or arriving) when asked for
+  uint64_t misses = 0;       // demand loads
   uint64_t prefetches_issued = 0;
   uint64_t prefetches_used = 0;
-  uint64_t prefetches_wasted = 0;   // evicted or dropped before use
+  uint64_t prefetches_wasted = 0;  // evicted or dropped before use
   uint64_t bytes_read = 0;
-  double wait_seconds = 0;          // time compute waited for loads
-  uint64_t predicted = 0;           // activations a predictor had named beforehand (accuracy)
-  uint64_t predictions = 0;         // distinct experts predicted for this layer
-  uint64_t ready_when_needed = 0;   // activations whose expert was fully loaded when asked for (timeliness)
+  double wait_seconds = 0;         // time compute waited for loads
+  uint64_t predicted = 0;          // activations a predictor had named beforehand (accuracy)
+  uint64_t predictions = 0;        // distinct experts predicted for this layer
+  uint64_t ready_when_needed = 0;  // activations whose expert was fully loaded when asked for (timeliness)
 };
 
 class ExpertStore final : public ExpertSource {
@@ -150,31 +150,31 @@ class ExpertStore final : public ExpertSource {
   std::string reader_name_ = "pread";
   int32_t capacity_ = 0;  // experts one layer may hold at once
   struct ChunkPlan {
-    uint64_t file_offset[3];   // gate, up, down of expert 0
-    uint64_t stride[3];        // bytes between experts
+    uint64_t file_offset[3];  // gate, up, down of expert 0
+    uint64_t stride[3];       // bytes between experts
     uint64_t bytes[3];
-    uint64_t slot_offset[3];   // where each chunk's aligned read lands in the slot
+    uint64_t slot_offset[3];  // where each chunk's aligned read lands in the slot
   };
   std::vector<ChunkPlan> plans_;  // per layer
   std::vector<Slot> slots_;
   uint8_t* pool_ = nullptr;
-  bool pool_shared_ = false;  // the backend's device-visible memory (zero-copy slots)
+  bool pool_shared_ = false;                     // the backend's device-visible memory (zero-copy slots)
   std::unordered_map<uint64_t, int32_t> where_;  // (layer, expert) -> slot
 
   mutable std::mutex mu_;
-  std::condition_variable ready_cv_;   // a slot changed state
-  std::condition_variable work_cv_;    // a request was queued
+  std::condition_variable ready_cv_;  // a slot changed state
+  std::condition_variable work_cv_;   // a request was queued
   std::deque<Request> demand_q_, spec_q_;
   std::vector<std::thread> loaders_;
   bool stop_ = false;
   uint64_t clock_ = 0;
   std::vector<ExpertLayerStats> stats_;
   std::vector<bool> slot_ever_used_;
-  std::vector<int32_t> quota_;         // per-layer mode: slots of each layer
-  std::vector<Prediction> waiting_;    // predictions not issued yet, by layer then confidence
-  int32_t waiting_for_ = -1;           // the layer whose prepare() they wait for (-1: none)
-  std::vector<ExpertKey> issued_;      // predictions of the current hint already issued
-  int32_t scored_layer_ = -1;          // the layer being computed and what was predicted for it
+  std::vector<int32_t> quota_;       // per-layer mode: slots of each layer
+  std::vector<Prediction> waiting_;  // predictions not issued yet, by layer then confidence
+  int32_t waiting_for_ = -1;         // the layer whose prepare() they wait for (-1: none)
+  std::vector<ExpertKey> issued_;    // predictions of the current hint already issued
+  int32_t scored_layer_ = -1;        // the layer being computed and what was predicted for it
   std::vector<int32_t> scored_;
   std::vector<std::vector<int32_t>> predicted_;  // per layer: experts predicted since its last prepare
 };

@@ -35,8 +35,8 @@ struct TaskRows {
   std::vector<int32_t> x_rows, out_rows;
 };
 
-ExpertTask make_task(const ExpertGroups& groups, int32_t layer, int32_t expert, const ExpertWeights& w,
-                     bool resident, TaskRows* rows) {
+ExpertTask make_task(const ExpertGroups& groups, int32_t layer, int32_t expert, const ExpertWeights& w, bool resident,
+                     TaskRows* rows) {
   groups.rows(expert, &rows->x_rows, &rows->out_rows);
   ExpertTask t;
   t.layer = layer;

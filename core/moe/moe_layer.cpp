@@ -39,8 +39,10 @@ Status moe_forward(const Model& m, EvalState& s, int32_t l, const Act& x, const 
     s.hooks->on_moe_input(l, x_host, xn_host, s.n_tokens);
   }
   // Pre-gated models chose this layer's experts at the previous layer.
-  if (s.has_next_routing) std::swap(s.routing, s.next_routing);
-  else MOELITE_TRY(route_with(m, s, w.router, xn, &s.routing));
+  if (s.has_next_routing)
+    std::swap(s.routing, s.next_routing);
+  else
+    MOELITE_TRY(route_with(m, s, w.router, xn, &s.routing));
   s.has_next_routing = w.pregate.valid();
   if (s.has_next_routing) MOELITE_TRY(route_with(m, s, w.pregate, xn, &s.next_routing));
 

@@ -56,8 +56,8 @@ size_t run(const uint32_t* c, size_t q, size_t end, Pred pred) {
 size_t ws_tail(const uint32_t* c, size_t p, size_t end, bool plain_ws) {
   if (!ws(c[p])) return 0;
   size_t r = run(c, p, end, ws);
-  if (r == end) return r - p;          // followed by nothing: the whole run
-  if (r - p > 1) return r - p - 1;     // leave the last space to the next word
+  if (r == end) return r - p;       // followed by nothing: the whole run
+  if (r - p > 1) return r - p - 1;  // leave the last space to the next word
   return plain_ws ? r - p : 0;
 }
 
@@ -141,23 +141,26 @@ size_t ws_opt_run(const uint32_t* c, size_t p, size_t end, Pred pred) {
 
 // The character classes of the DeepSeek regexes (code point ranges as written there).
 constexpr Range kDeepseekLetters[] = {
-    {0x41, 0x5A}, {0x61, 0x7A}, {0xB5, 0xB5}, {0xC0, 0xD6}, {0xD8, 0xF6}, {0xF8, 0x1BA}, {0x1BC, 0x1BF},
-    {0x1C4, 0x293}, {0x295, 0x2AF}, {0x370, 0x373}, {0x376, 0x377}, {0x37B, 0x37D}, {0x37F, 0x37F},
-    {0x386, 0x386}, {0x388, 0x38A}, {0x38C, 0x38C}, {0x38E, 0x3A1}, {0x3A3, 0x3F5}, {0x3F7, 0x481},
-    {0x48A, 0x52F}, {0x531, 0x556}, {0x10A0, 0x10C5}, {0x13A0, 0x13F5}, {0x13F8, 0x13FD}, {0x1C90, 0x1CBA},
-    {0x1CBD, 0x1CBF}, {0x1D00, 0x1D2B}, {0x1D6B, 0x1D77}, {0x1D79, 0x1D9A}, {0x1E00, 0x1F15}, {0x1F18, 0x1F1D},
-    {0x1F20, 0x1F45}, {0x1F48, 0x1F4D}, {0x1F50, 0x1F57}, {0x1F59, 0x1F59}, {0x1F5B, 0x1F5B}, {0x1F5D, 0x1F5D},
-    {0x1F5F, 0x1F7D}, {0x1F80, 0x1FB4}, {0x1FB6, 0x1FBC}, {0x1FBE, 0x1FBE}, {0x1FC2, 0x1FC4}, {0x1FC6, 0x1FCC},
-    {0x1FD0, 0x1FD3}, {0x1FD6, 0x1FDB}, {0x1FE0, 0x1FEC}, {0x1FF2, 0x1FF4}, {0x1FF6, 0x1FFC}, {0x2102, 0x2102},
-    {0x2107, 0x2107}, {0x210A, 0x2113}, {0x2115, 0x2115}, {0x2119, 0x211D}, {0x2124, 0x2124}, {0x2126, 0x2126},
-    {0x2128, 0x2128}, {0x212A, 0x212D}, {0x212F, 0x2134}, {0x2139, 0x2139}, {0x213C, 0x213F}, {0x2145, 0x2149},
-    {0x214E, 0x214E}, {0x2183, 0x2184}, {0x2C00, 0x2C7B}, {0x2C7E, 0x2CE4}, {0x2CEB, 0x2CEE}, {0x2CF2, 0x2CF3},
-    {0xA640, 0xA66D}, {0xA680, 0xA69B}, {0xA722, 0xA76F}, {0xA771, 0xA787}, {0xA78B, 0xA78E}, {0xAB70, 0xABBF},
-    {0xFB00, 0xFB06}, {0xFB13, 0xFB17}, {0xFF21, 0xFF3A}, {0xFF41, 0xFF5A}, {0x10400, 0x1044F},
-    {0x104B0, 0x104D3}, {0x104D8, 0x104FB}, {0x10C80, 0x10CB2}, {0x10CC0, 0x10CF2}, {0x118A0, 0x118DF},
-    {0x1E900, 0x1E943},
+    {0x41, 0x5A},       {0x61, 0x7A},       {0xB5, 0xB5},       {0xC0, 0xD6},       {0xD8, 0xF6},
+    {0xF8, 0x1BA},      {0x1BC, 0x1BF},     {0x1C4, 0x293},     {0x295, 0x2AF},     {0x370, 0x373},
+    {0x376, 0x377},     {0x37B, 0x37D},     {0x37F, 0x37F},     {0x386, 0x386},     {0x388, 0x38A},
+    {0x38C, 0x38C},     {0x38E, 0x3A1},     {0x3A3, 0x3F5},     {0x3F7, 0x481},     {0x48A, 0x52F},
+    {0x531, 0x556},     {0x10A0, 0x10C5},   {0x13A0, 0x13F5},   {0x13F8, 0x13FD},   {0x1C90, 0x1CBA},
+    {0x1CBD, 0x1CBF},   {0x1D00, 0x1D2B},   {0x1D6B, 0x1D77},   {0x1D79, 0x1D9A},   {0x1E00, 0x1F15},
+    {0x1F18, 0x1F1D},   {0x1F20, 0x1F45},   {0x1F48, 0x1F4D},   {0x1F50, 0x1F57},   {0x1F59, 0x1F59},
+    {0x1F5B, 0x1F5B},   {0x1F5D, 0x1F5D},   {0x1F5F, 0x1F7D},   {0x1F80, 0x1FB4},   {0x1FB6, 0x1FBC},
+    {0x1FBE, 0x1FBE},   {0x1FC2, 0x1FC4},   {0x1FC6, 0x1FCC},   {0x1FD0, 0x1FD3},   {0x1FD6, 0x1FDB},
+    {0x1FE0, 0x1FEC},   {0x1FF2, 0x1FF4},   {0x1FF6, 0x1FFC},   {0x2102, 0x2102},   {0x2107, 0x2107},
+    {0x210A, 0x2113},   {0x2115, 0x2115},   {0x2119, 0x211D},   {0x2124, 0x2124},   {0x2126, 0x2126},
+    {0x2128, 0x2128},   {0x212A, 0x212D},   {0x212F, 0x2134},   {0x2139, 0x2139},   {0x213C, 0x213F},
+    {0x2145, 0x2149},   {0x214E, 0x214E},   {0x2183, 0x2184},   {0x2C00, 0x2C7B},   {0x2C7E, 0x2CE4},
+    {0x2CEB, 0x2CEE},   {0x2CF2, 0x2CF3},   {0xA640, 0xA66D},   {0xA680, 0xA69B},   {0xA722, 0xA76F},
+    {0xA771, 0xA787},   {0xA78B, 0xA78E},   {0xAB70, 0xABBF},   {0xFB00, 0xFB06},   {0xFB13, 0xFB17},
+    {0xFF21, 0xFF3A},   {0xFF41, 0xFF5A},   {0x10400, 0x1044F}, {0x104B0, 0x104D3}, {0x104D8, 0x104FB},
+    {0x10C80, 0x10CB2}, {0x10CC0, 0x10CF2}, {0x118A0, 0x118DF}, {0x1E900, 0x1E943},
 };
-constexpr Range kDeepseekPunct[] = {{0x21, 0x2F}, {0x3A, 0x7E}, {0xFF01, 0xFF0F}, {0xFF1A, 0xFF5E}, {0x2018, 0x201F}, {0x3000, 0x3002}};
+constexpr Range kDeepseekPunct[] = {{0x21, 0x2F},     {0x3A, 0x7E},     {0xFF01, 0xFF0F},
+                                    {0xFF1A, 0xFF5E}, {0x2018, 0x201F}, {0x3000, 0x3002}};
 constexpr Range kDeepseekCjk[] = {{0x4E00, 0x9FA5}, {0x800, 0x4E00}, {0xAC00, 0xD7FF}};
 constexpr Range kDeepseek3Cjk[] = {{0x4E00, 0x9FA5}, {0x3040, 0x309F}, {0x30A0, 0x30FF}};
 
@@ -177,7 +180,7 @@ size_t match_ds3_cjk(const uint32_t* c, size_t p, size_t end) {  // [一-龥぀-
   return run(c, p, end, [](uint32_t cp) { return in_ranges(kDeepseek3Cjk, cp); }) - p;
 }
 size_t match_ws_letters(const uint32_t* c, size_t p, size_t end) { return ws_opt_run(c, p, end, letter); }  // \s?\p{L}+
-size_t match_ws_puncts(const uint32_t* c, size_t p, size_t end) { return ws_opt_run(c, p, end, punct); }   // \s?\p{P}+
+size_t match_ws_puncts(const uint32_t* c, size_t p, size_t end) { return ws_opt_run(c, p, end, punct); }    // \s?\p{P}+
 
 // DeepSeek-V3:
 // [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|
@@ -185,7 +188,8 @@ size_t match_ws_puncts(const uint32_t* c, size_t p, size_t end) { return ws_opt_
 size_t match_deepseek3(const uint32_t* c, size_t p, size_t end) {
   auto ascii_alpha = [](uint32_t cp) { return (cp >= 'A' && cp <= 'Z') || (cp >= 'a' && cp <= 'z'); };
   auto ascii_punct = [](uint32_t cp) {
-    return (cp >= 0x21 && cp <= 0x2F) || (cp >= 0x3A && cp <= 0x40) || (cp >= 0x5B && cp <= 0x60) || (cp >= 0x7B && cp <= 0x7E);
+    return (cp >= 0x21 && cp <= 0x2F) || (cp >= 0x3A && cp <= 0x40) || (cp >= 0x5B && cp <= 0x60) ||
+           (cp >= 0x7B && cp <= 0x7E);
   };
   auto letter_mark = [](uint32_t cp) { return (flags(cp) & (unicode::kLetter | unicode::kMark)) != 0; };
   auto punct_sym = [](uint32_t cp) { return (flags(cp) & (unicode::kPunct | unicode::kSymbol)) != 0; };
@@ -249,9 +253,12 @@ const Spec kSpecs[] = {
     {PreTokenizer::Gpt2, "gpt2", {match_gpt2}},
     {PreTokenizer::Llama3, "llama3", {match_llama3<3>}},
     {PreTokenizer::Qwen2, "qwen2", {match_llama3<1>}},
-    {PreTokenizer::DeepseekLlm, "deepseek-llm",
+    {PreTokenizer::DeepseekLlm,
+     "deepseek-llm",
      {match_crlf1, match_ds_letters, match_ds_punct, match_ws_at_end, match_ds_cjk, match_numbers}},
-    {PreTokenizer::DeepseekCoder, "deepseek-coder", {match_crlf1, match_ws_letters, match_ws_puncts, match_ds_cjk, match_number1}},
+    {PreTokenizer::DeepseekCoder,
+     "deepseek-coder",
+     {match_crlf1, match_ws_letters, match_ws_puncts, match_ds_cjk, match_number1}},
     {PreTokenizer::Deepseek3, "deepseek-v3", {match_number3, match_ds3_cjk, match_deepseek3}},
     {PreTokenizer::Starcoder, "starcoder", {match_number1, match_gpt2}},
     {PreTokenizer::Falcon, "falcon", {match_punct_run<true>, match_gpt2, match_3digits}},
@@ -270,21 +277,41 @@ struct NameMap {
 // tokenizer.ggml.pre values (llama.cpp's llama_vocab::load) for the regex families above.
 const NameMap kNames[] = {
     {"default", PreTokenizer::Default},
-    {"gpt-2", PreTokenizer::Gpt2}, {"gpt2", PreTokenizer::Gpt2}, {"phi-2", PreTokenizer::Gpt2},
-    {"olmo", PreTokenizer::Gpt2}, {"mpt", PreTokenizer::Gpt2}, {"jais", PreTokenizer::Gpt2},
-    {"trillion", PreTokenizer::Gpt2}, {"jina-es", PreTokenizer::Gpt2}, {"jina-de", PreTokenizer::Gpt2},
-    {"jina-v2-es", PreTokenizer::Gpt2}, {"jina-v2-de", PreTokenizer::Gpt2}, {"gigachat", PreTokenizer::Gpt2},
-    {"roberta-bpe", PreTokenizer::Gpt2}, {"exaone4", PreTokenizer::Gpt2},
-    {"llama3", PreTokenizer::Llama3}, {"llama-v3", PreTokenizer::Llama3}, {"llama-bpe", PreTokenizer::Llama3},
-    {"falcon3", PreTokenizer::Llama3}, {"pixtral", PreTokenizer::Llama3}, {"dbrx", PreTokenizer::Llama3},
+    {"gpt-2", PreTokenizer::Gpt2},
+    {"gpt2", PreTokenizer::Gpt2},
+    {"phi-2", PreTokenizer::Gpt2},
+    {"olmo", PreTokenizer::Gpt2},
+    {"mpt", PreTokenizer::Gpt2},
+    {"jais", PreTokenizer::Gpt2},
+    {"trillion", PreTokenizer::Gpt2},
+    {"jina-es", PreTokenizer::Gpt2},
+    {"jina-de", PreTokenizer::Gpt2},
+    {"jina-v2-es", PreTokenizer::Gpt2},
+    {"jina-v2-de", PreTokenizer::Gpt2},
+    {"gigachat", PreTokenizer::Gpt2},
+    {"roberta-bpe", PreTokenizer::Gpt2},
+    {"exaone4", PreTokenizer::Gpt2},
+    {"llama3", PreTokenizer::Llama3},
+    {"llama-v3", PreTokenizer::Llama3},
+    {"llama-bpe", PreTokenizer::Llama3},
+    {"falcon3", PreTokenizer::Llama3},
+    {"pixtral", PreTokenizer::Llama3},
+    {"dbrx", PreTokenizer::Llama3},
     {"smaug-bpe", PreTokenizer::Llama3},
-    {"qwen2", PreTokenizer::Qwen2}, {"deepseek-r1-qwen", PreTokenizer::Qwen2}, {"stablelm2", PreTokenizer::Qwen2},
-    {"megrez", PreTokenizer::Qwen2}, {"hunyuan", PreTokenizer::Qwen2},
+    {"qwen2", PreTokenizer::Qwen2},
+    {"deepseek-r1-qwen", PreTokenizer::Qwen2},
+    {"stablelm2", PreTokenizer::Qwen2},
+    {"megrez", PreTokenizer::Qwen2},
+    {"hunyuan", PreTokenizer::Qwen2},
     {"deepseek-llm", PreTokenizer::DeepseekLlm},
     {"deepseek-coder", PreTokenizer::DeepseekCoder},
     {"deepseek-v3", PreTokenizer::Deepseek3},
-    {"starcoder", PreTokenizer::Starcoder}, {"refact", PreTokenizer::Starcoder}, {"command-r", PreTokenizer::Starcoder},
-    {"smollm", PreTokenizer::Starcoder}, {"codeshell", PreTokenizer::Starcoder}, {"exaone", PreTokenizer::Starcoder},
+    {"starcoder", PreTokenizer::Starcoder},
+    {"refact", PreTokenizer::Starcoder},
+    {"command-r", PreTokenizer::Starcoder},
+    {"smollm", PreTokenizer::Starcoder},
+    {"codeshell", PreTokenizer::Starcoder},
+    {"exaone", PreTokenizer::Starcoder},
     {"minerva-7b", PreTokenizer::Starcoder},
     {"falcon", PreTokenizer::Falcon},
 };

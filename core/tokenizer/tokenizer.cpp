@@ -35,7 +35,8 @@ class GgufTokenizer final : public Tokenizer {
         log_msg(MOELITE_LOG_WARN, "tokenizer: tokenizer.ggml.pre is missing; using the 'default' pre-tokenizer");
         pre_ = PreTokenizer::Default;
       } else if (!pre_tokenizer_from_name(pre_name, &pre_)) {
-        log_msg(MOELITE_LOG_WARN, "tokenizer: unknown pre-tokenizer '%s'; using the GPT-2 pre-tokenizer", pre_name.c_str());
+        log_msg(MOELITE_LOG_WARN, "tokenizer: unknown pre-tokenizer '%s'; using the GPT-2 pre-tokenizer",
+                pre_name.c_str());
         pre_ = PreTokenizer::Gpt2;
       }
       ignore_merges_ = has_pre && pre_name_is_llama3(pre_name);
@@ -108,9 +109,7 @@ class GgufTokenizer final : public Tokenizer {
   int32_t n_tokens() const override { return v_.n(); }
   int32_t bos() const override { return v_.bos; }
   int32_t eos() const override { return v_.eos; }
-  bool is_end_of_generation(int32_t token) const override {
-    return token >= 0 && token < v_.n() && v_.eog[token] != 0;
-  }
+  bool is_end_of_generation(int32_t token) const override { return token >= 0 && token < v_.n() && v_.eog[token] != 0; }
   TokenAttr attr(int32_t token) const override {
     return token >= 0 && token < v_.n() ? v_.attr[token] : TokenAttr::Unused;
   }

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "core/gguf.h"
 #include "base/status.h"
+#include "core/gguf.h"
 
 namespace moelite {
 
@@ -47,8 +47,8 @@ class Tokenizer {
   virtual int32_t eos() const = 0;
   virtual bool is_end_of_generation(int32_t token) const = 0;  // eos, eot, eom ... ids
   virtual TokenAttr attr(int32_t token) const = 0;
-  virtual const std::string& text(int32_t token) const = 0;    // the vocabulary string as stored
-  virtual const char* kind() const = 0;                        // "llama (spm)" / "gpt2 (bpe: qwen2)"
+  virtual const std::string& text(int32_t token) const = 0;  // the vocabulary string as stored
+  virtual const char* kind() const = 0;                      // "llama (spm)" / "gpt2 (bpe: qwen2)"
 };
 
 }  // namespace moelite

@@ -85,8 +85,8 @@ void BpeModel::tokenize_word(const Vocab& v, const std::string& word, std::vecto
   for (size_t off = 0; off < word.size();) {
     size_t len = std::min(unicode::utf8_len(static_cast<uint8_t>(word[off])), word.size() - off);
     int idx = static_cast<int>(symbols.size());
-    symbols.push_back({idx - 1, off + len == word.size() ? -1 : idx + 1, off, len,
-                       lookup(std::string_view(word.data() + off, len))});
+    symbols.push_back(
+        {idx - 1, off + len == word.size() ? -1 : idx + 1, off, len, lookup(std::string_view(word.data() + off, len))});
     off += len;
   }
   std::priority_queue<Bigram, std::vector<Bigram>, BigramOrder> queue;

@@ -9,8 +9,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/gguf.h"
 #include "base/status.h"
+#include "core/gguf.h"
 #include "core/tokenizer/pretokenize.h"
 #include "core/tokenizer/vocab.h"
 

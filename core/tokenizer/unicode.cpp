@@ -8,28 +8,54 @@ namespace {
 
 uint16_t flags_of_category(Category c) {
   switch (c) {
-    case Lu: case Ll: case Lt: case Lm: case Lo: return kLetter;
-    case Mn: case Mc: case Me: return kMark;
-    case Nd: case Nl: case No: return kNumber;
-    case Pc: case Pd: case Ps: case Pe: case Pi: case Pf: case Po: return kPunct;
-    case Sm: case Sc: case Sk: case So: return kSymbol;
-    case Zs: case Zl: case Zp: return kSeparator;
-    default: return kOther;
+    case Lu:
+    case Ll:
+    case Lt:
+    case Lm:
+    case Lo:
+      return kLetter;
+    case Mn:
+    case Mc:
+    case Me:
+      return kMark;
+    case Nd:
+    case Nl:
+    case No:
+      return kNumber;
+    case Pc:
+    case Pd:
+    case Ps:
+    case Pe:
+    case Pi:
+    case Pf:
+    case Po:
+      return kPunct;
+    case Sm:
+    case Sc:
+    case Sk:
+    case So:
+      return kSymbol;
+    case Zs:
+    case Zl:
+    case Zp:
+      return kSeparator;
+    default:
+      return kOther;
   }
 }
 
 // White_Space (PropList.txt); this is what \s means in the tokenizers' regexes.
 bool white_space(uint32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
-         cp == 0x205F || cp == 0x3000;
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
 Category category_slow(uint32_t cp) {
   if (cp > kMaxCodePoint) return Cn;
   const CategoryRun* begin = kCategoryRuns;
   const CategoryRun* end = kCategoryRuns + kCategoryRunCount;
-  const CategoryRun* it = std::upper_bound(begin, end, cp, [](uint32_t v, const CategoryRun& r) { return v < r.first; });
+  const CategoryRun* it =
+      std::upper_bound(begin, end, cp, [](uint32_t v, const CategoryRun& r) { return v < r.first; });
   return it == begin ? Cn : static_cast<Category>((it - 1)->category);
 }
 

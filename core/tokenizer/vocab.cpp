@@ -15,12 +15,18 @@ constexpr const char* kTypes = "tokenizer.ggml.token_type";
 
 TokenAttr attr_from_type(int64_t t) {
   switch (t) {
-    case 1: return TokenAttr::Normal;
-    case 2: return TokenAttr::Unknown;
-    case 3: return TokenAttr::Control;
-    case 4: return TokenAttr::UserDefined;
-    case 6: return TokenAttr::Byte;
-    default: return TokenAttr::Unused;  // 5, and undefined types: never rendered
+    case 1:
+      return TokenAttr::Normal;
+    case 2:
+      return TokenAttr::Unknown;
+    case 3:
+      return TokenAttr::Control;
+    case 4:
+      return TokenAttr::UserDefined;
+    case 6:
+      return TokenAttr::Byte;
+    default:
+      return TokenAttr::Unused;  // 5, and undefined types: never rendered
   }
 }
 
@@ -46,14 +52,42 @@ bool array_int(const gguf::Value& a, uint64_t k, int64_t* out) {
 }
 
 // Token texts llama.cpp treats as end of turn / end of generation.
-const char* const kEotTexts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                                 "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]",
-                                 "<\xEF\xBD\x9C" "end\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>",
+const char* const kEotTexts[] = {"<|eot_id|>",
+                                 "<|im_end|>",
+                                 "<|end|>",
+                                 "<end_of_turn>",
+                                 "<|endoftext|>",
+                                 "<|end_of_text|>",
+                                 "<EOT>",
+                                 "_<EOT>",
+                                 "[EOT]",
+                                 "<\xEF\xBD\x9C"
+                                 "end\xE2\x96\x81"
+                                 "of\xE2\x96\x81"
+                                 "sentence\xEF\xBD\x9C>",
                                  "<end_of_utterance>"};
-const char* const kEogTexts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-                                 "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]",
-                                 "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
-                                 "<\xEF\xBD\x9C" "end\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>"};
+const char* const kEogTexts[] = {"<|eot_id|>",
+                                 "<|im_end|>",
+                                 "<|end|>",
+                                 "<|return|>",
+                                 "<|call|>",
+                                 "<|flush|>",
+                                 "<|calls|>",
+                                 "<end_of_turn>",
+                                 "<|endoftext|>",
+                                 "</s>",
+                                 "<|eom_id|>",
+                                 "<EOT>",
+                                 "_<EOT>",
+                                 "[EOT]",
+                                 "[EOS]",
+                                 "<|end_of_text|>",
+                                 "<end_of_utterance>",
+                                 "<eos>",
+                                 "<\xEF\xBD\x9C"
+                                 "end\xE2\x96\x81"
+                                 "of\xE2\x96\x81"
+                                 "sentence\xEF\xBD\x9C>"};
 
 template <size_t N>
 bool in_list(const char* const (&list)[N], const std::string& s) {
@@ -99,7 +133,10 @@ int parse_byte_token(const std::string& t) {  // "<0xHH>" -> HH, else -1
   int v = 0;
   for (int k = 3; k < 5; ++k) {
     char c = t[k];
-    int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
+    int d = (c >= '0' && c <= '9')   ? c - '0'
+            : (c >= 'A' && c <= 'F') ? c - 'A' + 10
+            : (c >= 'a' && c <= 'f') ? c - 'a' + 10
+                                     : -1;
     if (d < 0) return -1;
     v = v * 16 + d;
   }
@@ -231,7 +268,8 @@ void finish_vocab(Vocab* v) {
   const int32_t nt = v->n();
   for (int32_t id = 0; id < nt; ++id) {
     TokenAttr a = v->attr[id];
-    if (a == TokenAttr::Control || a == TokenAttr::UserDefined || a == TokenAttr::Unknown) v->special_cache.push_back(id);
+    if (a == TokenAttr::Control || a == TokenAttr::UserDefined || a == TokenAttr::Unknown)
+      v->special_cache.push_back(id);
   }
   std::stable_sort(v->special_cache.begin(), v->special_cache.end(),
                    [&](int32_t a, int32_t b) { return v->text[a].size() > v->text[b].size(); });
@@ -296,8 +334,8 @@ std::vector<Fragment> partition_special(const Vocab& v, const std::string& text,
       int32_t id = v.find(std::string_view(text.data() + i, len));
       if (id < 0) continue;
       TokenAttr a = v.attr[id];
-      bool eligible = a == TokenAttr::UserDefined ||
-                      (parse_special && (a == TokenAttr::Control || a == TokenAttr::Unknown));
+      bool eligible =
+          a == TokenAttr::UserDefined || (parse_special && (a == TokenAttr::Control || a == TokenAttr::Unknown));
       if (eligible) found.push_back(id);
     }
   }
@@ -305,7 +343,8 @@ std::vector<Fragment> partition_special(const Vocab& v, const std::string& text,
   std::sort(found.begin(), found.end());
   found.erase(std::unique(found.begin(), found.end()), found.end());
   // Same order as the special cache: longest first, ties by id.
-  std::stable_sort(found.begin(), found.end(), [&](int32_t a, int32_t b) { return v.text[a].size() > v.text[b].size(); });
+  std::stable_sort(found.begin(), found.end(),
+                   [&](int32_t a, int32_t b) { return v.text[a].size() > v.text[b].size(); });
 
   std::vector<Fragment> next;
   for (int32_t id : found) {

@@ -7,8 +7,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/gguf.h"
 #include "base/status.h"
+#include "core/gguf.h"
 #include "core/tokenizer/tokenizer.h"
 
 namespace moelite {
@@ -17,7 +17,7 @@ enum class VocabKind { Spm, Bpe };
 
 struct Vocab {
   VocabKind kind = VocabKind::Spm;
-  std::vector<std::string> text;    // as stored (empty strings replaced by "[EMPTY_<id>]")
+  std::vector<std::string> text;  // as stored (empty strings replaced by "[EMPTY_<id>]")
   std::vector<float> score;
   std::vector<TokenAttr> attr;
   std::unordered_map<std::string_view, int32_t> to_id;  // views into `text` (never resized after load)
@@ -25,10 +25,10 @@ struct Vocab {
   int32_t bos = -1, eos = -1, unk = -1, pad = -1, eot = -1, eom = -1;
   bool add_bos = false, add_eos = false, add_space_prefix = false;
 
-  std::vector<uint8_t> eog;            // per token: ends generation
-  std::vector<int32_t> special_cache;  // control / user-defined / unknown ids, longest text first
+  std::vector<uint8_t> eog;                    // per token: ends generation
+  std::vector<int32_t> special_cache;          // control / user-defined / unknown ids, longest text first
   std::vector<uint32_t> special_lengths[256];  // per first byte: distinct special text lengths
-  std::vector<std::string> piece;      // bytes of each token (as token_to_piece with special=true)
+  std::vector<std::string> piece;              // bytes of each token (as token_to_piece with special=true)
 
   int32_t n() const { return static_cast<int32_t>(text.size()); }
   int32_t find(std::string_view s) const {

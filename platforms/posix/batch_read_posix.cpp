@@ -77,8 +77,9 @@ class UringReader final : public BatchReader {
       ++completed;
       const ReadRange& r = ranges[i];
       // Short reads (and errors, to get errno's message) finish synchronously.
-      Status st = res >= 0 && static_cast<uint64_t>(res) >= r.needed ? (*read += static_cast<uint64_t>(res), MOELITE_OK)
-                                                                     : pread_rest(r, res > 0 ? static_cast<uint64_t>(res) : 0, read);
+      Status st = res >= 0 && static_cast<uint64_t>(res) >= r.needed
+                      ? (*read += static_cast<uint64_t>(res), MOELITE_OK)
+                      : pread_rest(r, res > 0 ? static_cast<uint64_t>(res) : 0, read);
       if (st != MOELITE_OK && status == MOELITE_OK) status = st;  // keep draining the ring
       if (st == MOELITE_OK) on_done(i);
     }

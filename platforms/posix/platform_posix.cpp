@@ -89,8 +89,8 @@ Status File::read_at(uint64_t offset, void* dst, uint64_t n) const {
     ssize_t got = ::pread(fd_, p, chunk, static_cast<off_t>(offset));
     if (got < 0) {
       if (errno == EINTR) continue;
-      return fail(MOELITE_ERR_IO, "read of '%s' at offset %llu failed: %s", path_.c_str(),
-                  (unsigned long long)offset, strerror(errno));
+      return fail(MOELITE_ERR_IO, "read of '%s' at offset %llu failed: %s", path_.c_str(), (unsigned long long)offset,
+                  strerror(errno));
     }
     if (got == 0)
       return fail(MOELITE_ERR_IO, "read of '%s' at offset %llu hit end of file", path_.c_str(),
@@ -119,8 +119,7 @@ Mapping& Mapping::operator=(Mapping&& o) noexcept {
 Status Mapping::map(const File& file, Mapping* out) {
   if (file.size() == 0) return fail(MOELITE_ERR_IO, "cannot map empty file '%s'", file.path().c_str());
   void* addr = mmap(nullptr, file.size(), PROT_READ, MAP_SHARED, file.native_handle(), 0);
-  if (addr == MAP_FAILED)
-    return fail(MOELITE_ERR_IO, "mmap of '%s' failed: %s", file.path().c_str(), strerror(errno));
+  if (addr == MAP_FAILED) return fail(MOELITE_ERR_IO, "mmap of '%s' failed: %s", file.path().c_str(), strerror(errno));
   Mapping m;
   m.addr_ = addr;
   m.size_ = file.size();

@@ -1,8 +1,8 @@
+#include <unistd.h>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <unistd.h>
 
 #include "cli.h"
 
@@ -75,7 +75,8 @@ int tokenize_file(moelite_model* model, const std::string& path, std::vector<int
   int32_t n = 0;
   moelite_status st = moelite_tokenize(model, text.data(), text.size(), 0, nullptr, 0, &n);
   out->assign(static_cast<size_t>(n), 0);
-  if (st == MOELITE_ERR_BUFFER_TOO_SMALL || st == MOELITE_OK) st = moelite_tokenize(model, text.data(), text.size(), 0, out->data(), n, &n);
+  if (st == MOELITE_ERR_BUFFER_TOO_SMALL || st == MOELITE_OK)
+    st = moelite_tokenize(model, text.data(), text.size(), 0, out->data(), n, &n);
   return st == MOELITE_OK ? 0 : report(st, ("tokenizing " + path).c_str());
 }
 
@@ -119,13 +120,20 @@ bool parse_budget(const std::string& text, const std::string& path, uint64_t* ou
     return true;
   }
   double scale = 1;
-  if (unit == "" || unit == "B") scale = 1;
-  else if (unit == "K" || unit == "KB") scale = 1e3;
-  else if (unit == "KiB") scale = 1024.0;
-  else if (unit == "M" || unit == "MB") scale = 1e6;
-  else if (unit == "MiB") scale = 1048576.0;
-  else if (unit == "G" || unit == "GB") scale = 1e9;
-  else if (unit == "GiB") scale = 1073741824.0;
+  if (unit == "" || unit == "B")
+    scale = 1;
+  else if (unit == "K" || unit == "KB")
+    scale = 1e3;
+  else if (unit == "KiB")
+    scale = 1024.0;
+  else if (unit == "M" || unit == "MB")
+    scale = 1e6;
+  else if (unit == "MiB")
+    scale = 1048576.0;
+  else if (unit == "G" || unit == "GB")
+    scale = 1e9;
+  else if (unit == "GiB")
+    scale = 1073741824.0;
   else {
     *err = "unknown size unit '" + unit + "' in --budget";
     return false;
@@ -151,9 +159,12 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only) {
   moelite_status st = moelite_model_params_set_threads(p, static_cast<int32_t>(threads));
   std::string backend = args.get("--backend", "auto");
   moelite_backend kind = MOELITE_BACKEND_AUTO;
-  if (backend == "cpu") kind = MOELITE_BACKEND_CPU;
-  else if (backend == "vulkan") kind = MOELITE_BACKEND_VULKAN;
-  else if (backend == "cuda") kind = MOELITE_BACKEND_CUDA;
+  if (backend == "cpu")
+    kind = MOELITE_BACKEND_CPU;
+  else if (backend == "vulkan")
+    kind = MOELITE_BACKEND_VULKAN;
+  else if (backend == "cuda")
+    kind = MOELITE_BACKEND_CUDA;
   else if (backend != "auto") {
     moelite_model_params_free(p);
     return usage_error("--backend must be auto, cpu, vulkan or cuda");
@@ -177,13 +188,17 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only) {
     moelite_model_params_free(p);
     return usage_error(err);
   }
-  if (st == MOELITE_OK && args.has("--predict-depth")) st = moelite_model_params_set_predictor_depth(p, static_cast<int32_t>(depth));
-  if (st == MOELITE_OK && args.has("--allocation")) st = moelite_model_params_set_cache_allocation(p, args.get("--allocation").c_str());
-  if (st == MOELITE_OK && args.has("--profile")) st = moelite_model_params_set_profile(p, args.get("--profile").c_str());
+  if (st == MOELITE_OK && args.has("--predict-depth"))
+    st = moelite_model_params_set_predictor_depth(p, static_cast<int32_t>(depth));
+  if (st == MOELITE_OK && args.has("--allocation"))
+    st = moelite_model_params_set_cache_allocation(p, args.get("--allocation").c_str());
+  if (st == MOELITE_OK && args.has("--profile"))
+    st = moelite_model_params_set_profile(p, args.get("--profile").c_str());
   if (st == MOELITE_OK && (args.has("--gating") || args.has("--threshold")))
     st = moelite_model_params_set_gating(p, args.get("--gating", "exact").c_str(), static_cast<float>(threshold));
   if (st == MOELITE_OK && args.has("--per-layer")) st = moelite_model_params_set_expert_per_layer(p, 1);
-  if (st == MOELITE_OK && args.has("--policy")) st = moelite_model_params_set_expert_policy(p, args.get("--policy").c_str());
+  if (st == MOELITE_OK && args.has("--policy"))
+    st = moelite_model_params_set_expert_policy(p, args.get("--policy").c_str());
   if (st == MOELITE_OK && isatty(STDERR_FILENO) && !vocab_only)
     st = moelite_model_params_set_progress_callback(p, progress_bar, nullptr);
   if (st == MOELITE_OK) st = moelite_model_load(path.c_str(), p, out);

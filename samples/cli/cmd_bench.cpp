@@ -138,7 +138,9 @@ int cmd_bench(int argc, char** argv) {
     const moelite_expert_stats& ls = best_layers[static_cast<size_t>(l)];
     const double a = ls.activations ? double(ls.activations) : 1.0;
     char buf[256];
-    snprintf(buf, sizeof buf, "%s{\"layer\": %d, \"hit_rate\": %.4f, \"accuracy\": %.4f, \"timeliness\": %.4f, \"on_demand_loads_per_token\": %.4f}",
+    snprintf(buf, sizeof buf,
+             "%s{\"layer\": %d, \"hit_rate\": %.4f, \"accuracy\": %.4f, \"timeliness\": %.4f, "
+             "\"on_demand_loads_per_token\": %.4f}",
              l ? ", " : "", l, double(ls.hits) / a, double(ls.predicted) / a, double(ls.ready_when_needed) / a,
              n_gen > 0 ? double(ls.misses) / double(n_gen) : 0.0);
     layers_json += buf;
@@ -156,12 +158,15 @@ int cmd_bench(int argc, char** argv) {
   }
   if (args.has("--json")) {
     printf("{\"model\": \"%s\", \"arch\": \"%s\", \"expert_type\": \"%s\", \"backend\": \"%s\", \"threads\": %" PRId64
-           ", \"n_prompt\": %" PRId64 ", \"n_gen\": %" PRId64 ", \"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f"
-           ", \"decode_ms_per_token\": %.3f, \"active_bytes_per_token\": %" PRId64 ", \"decode_weight_gb_s\": %.3f"
+           ", \"n_prompt\": %" PRId64 ", \"n_gen\": %" PRId64
+           ", \"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f"
+           ", \"decode_ms_per_token\": %.3f, \"active_bytes_per_token\": %" PRId64
+           ", \"decode_weight_gb_s\": %.3f"
            ", \"dram_read_gb_s\": %.2f, \"decode_bound_tok_s\": %.3f, \"decode_fraction_of_bound\": %.3f"
            ", \"expert_bytes\": %" PRId64 ", \"dense_bytes\": %" PRId64 ", \"peak_rss_bytes\": %" PRIu64
            ", \"expert_budget_bytes\": %" PRId64 ", \"expert_store_pool_bytes\": %" PRId64
-           ", \"expert_store_peak_bytes\": %" PRId64 ", \"expert_slots\": %" PRId64 ", \"policy\": \"%s\""
+           ", \"expert_store_peak_bytes\": %" PRId64 ", \"expert_slots\": %" PRId64
+           ", \"policy\": \"%s\""
            ", \"hit_rate\": %.4f, \"stall_fraction\": %.4f, \"bytes_read_per_token\": %.0f"
            ", \"misses_per_token\": %.3f, \"storage_read_gb_s\": %.3f, \"budget_bound_tok_s\": %.3f"
            ", \"decode_fraction_of_budget_bound\": %.3f, \"predictor\": \"%s\", \"prefetch_accuracy\": %.4f"
@@ -170,20 +175,22 @@ int cmd_bench(int argc, char** argv) {
            ", \"allocation\": \"%s\", \"text\": %s, \"layers\": %s}\n",
            json_escape(path).c_str(), moelite_model_arch(model), moelite_model_expert_type(model),
            json_escape(moelite_model_backend_name(model)).c_str(), moelite_model_get(model, MOELITE_MODEL_THREADS),
-           n_prompt, n_gen, prefill_tps, decode_tps, n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, active,
-           decode_gbs, dram_gbs, bound_tps, efficiency, moelite_model_get(model, MOELITE_MODEL_EXPERT_BYTES),
+           n_prompt, n_gen, prefill_tps, decode_tps, n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, active, decode_gbs,
+           dram_gbs, bound_tps, efficiency, moelite_model_get(model, MOELITE_MODEL_EXPERT_BYTES),
            moelite_model_get(model, MOELITE_MODEL_DENSE_BYTES), peak_rss, budget,
-           moelite_model_get(model, MOELITE_MODEL_EXPERT_POOL_BYTES), moelite_model_get(model, MOELITE_MODEL_EXPERT_PEAK_BYTES),
+           moelite_model_get(model, MOELITE_MODEL_EXPERT_POOL_BYTES),
+           moelite_model_get(model, MOELITE_MODEL_EXPERT_PEAK_BYTES),
            moelite_model_get(model, MOELITE_MODEL_EXPERT_SLOTS), policy.c_str(), hit_rate, stall, read_per_token,
            n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0, storage_gbs, budget_bound_tps,
-           budget_bound_tps > 0 ? decode_tps / budget_bound_tps : 0.0, json_escape(predictor).c_str(), accuracy, precision,
-           timeliness, n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0, experts_per_token,
+           budget_bound_tps > 0 ? decode_tps / budget_bound_tps : 0.0, json_escape(predictor).c_str(), accuracy,
+           precision, timeliness, n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0, experts_per_token,
            json_escape(args.get("--gating", "exact")).c_str(), args.get("--threshold", "0").c_str(),
-           json_escape(args.get("--profile")).c_str(), json_escape(args.get("--allocation", args.has("--per-layer") ? "uniform" : "auto")).c_str(),
+           json_escape(args.get("--profile")).c_str(),
+           json_escape(args.get("--allocation", args.has("--per-layer") ? "uniform" : "auto")).c_str(),
            args.has("-f") ? ("\"" + json_escape(args.get("-f")) + "\"").c_str() : "null", layers_json.c_str());
   } else {
-    printf("model     %s (%s, experts %s)\nbackend   %s, %" PRId64 " threads\n", path.c_str(), moelite_model_arch(model),
-           moelite_model_expert_type(model), moelite_model_backend_name(model),
+    printf("model     %s (%s, experts %s)\nbackend   %s, %" PRId64 " threads\n", path.c_str(),
+           moelite_model_arch(model), moelite_model_expert_type(model), moelite_model_backend_name(model),
            moelite_model_get(model, MOELITE_MODEL_THREADS));
     printf("prefill   %" PRId64 " tokens: %.2f tok/s\n", n_prompt, prefill_tps);
     printf("decode    %" PRId64 " tokens: %.2f tok/s (%.2f ms/token, %.2f GB/s of weights)\n", n_gen, decode_tps,
@@ -192,15 +199,17 @@ int cmd_bench(int argc, char** argv) {
       printf("bound     %.2f tok/s at %.1f GB/s DRAM read (%.1f MB/token): decode at %.0f%% of it\n", bound_tps,
              dram_gbs, active / 1e6, 100.0 * efficiency);
     if (budget > 0)
-      printf("experts   budget %.1f MiB (%" PRId64 " slots, %s): hit rate %.3f, %.2f MB read/token, stalled %.0f%% of decode\n",
+      printf("experts   budget %.1f MiB (%" PRId64
+             " slots, %s): hit rate %.3f, %.2f MB read/token, stalled %.0f%% of decode\n",
              budget / 1048576.0, moelite_model_get(model, MOELITE_MODEL_EXPERT_SLOTS), policy.c_str(), hit_rate,
              read_per_token / 1e6, 100.0 * stall);
     if (budget > 0 && predictor != "none")
       printf("predict   %s: accuracy %.3f, precision %.3f, timeliness %.3f, %.3f on-demand loads/token\n",
-             predictor.c_str(), accuracy, precision, timeliness, n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0);
+             predictor.c_str(), accuracy, precision, timeliness,
+             n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0);
     if (experts_per_token > 0 && args.has("--gating"))
-      printf("gating    %s, threshold %s: %.3f experts/token\n", args.get("--gating").c_str(), args.get("--threshold", "0").c_str(),
-             experts_per_token);
+      printf("gating    %s, threshold %s: %.3f experts/token\n", args.get("--gating").c_str(),
+             args.get("--threshold", "0").c_str(), experts_per_token);
     if (budget_bound_tps > 0)
       printf("bound     %.2f tok/s under the budget (storage %.2f GB/s): decode at %.0f%% of it\n", budget_bound_tps,
              storage_gbs, 100.0 * decode_tps / budget_bound_tps);

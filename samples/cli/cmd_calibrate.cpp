@@ -1,10 +1,10 @@
 // `moelite calibrate`: measures a model on a corpus and writes the calibration profile that
 // adaptive gating (--gating sensitivity), the learned predictors and the per-layer cache
 // allocation read (--profile).
+#include <unistd.h>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
-#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -32,7 +32,8 @@ int cmd_calibrate(int argc, char** argv) {
     moelite_model_free(model);
     return rc;
   }
-  if (max_tokens > 0 && static_cast<int64_t>(tokens.size()) > max_tokens) tokens.resize(static_cast<size_t>(max_tokens));
+  if (max_tokens > 0 && static_cast<int64_t>(tokens.size()) > max_tokens)
+    tokens.resize(static_cast<size_t>(max_tokens));
 
   moelite_calibrate_params* cp = moelite_calibrate_params_create();
   moelite_status st = cp ? MOELITE_OK : MOELITE_ERR_OUT_OF_MEMORY;
@@ -50,8 +51,8 @@ int cmd_calibrate(int argc, char** argv) {
   moelite_model_free(model);
   if (st != MOELITE_OK) return report(st, "calibrating");
   if (args.has("--json"))
-    printf("{\"profile\": \"%s\", \"tokens\": %zu, \"layers\": %" PRId64 ", \"seconds\": %.3f}\n", json_escape(out).c_str(),
-           tokens.size(), layers, seconds);
+    printf("{\"profile\": \"%s\", \"tokens\": %zu, \"layers\": %" PRId64 ", \"seconds\": %.3f}\n",
+           json_escape(out).c_str(), tokens.size(), layers, seconds);
   else
     printf("wrote %s: %zu tokens, %" PRId64 " layers, %.1f s\n", out.c_str(), tokens.size(), layers, seconds);
   return 0;

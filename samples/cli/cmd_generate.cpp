@@ -1,10 +1,10 @@
 // `moelite run` (one completion, streamed) and `moelite chat` (interactive, multi-turn).
+#include <unistd.h>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "cli.h"
@@ -145,7 +145,8 @@ int cmd_chat(int argc, char** argv) {
     size_t len = 0;
     moelite_status st = moelite_chat_format(s.model, msgs.data(), msgs.size(), 1, nullptr, 0, &len);
     std::string prompt(len, '\0');
-    if (st == MOELITE_ERR_BUFFER_TOO_SMALL) st = moelite_chat_format(s.model, msgs.data(), msgs.size(), 1, prompt.data(), len, &len);
+    if (st == MOELITE_ERR_BUFFER_TOO_SMALL)
+      st = moelite_chat_format(s.model, msgs.data(), msgs.size(), 1, prompt.data(), len, &len);
     if (st != MOELITE_OK) return report(st, "formatting the chat");
     // The reply is captured as it streams so the next turn can include it.
     struct Capture {
@@ -190,8 +191,8 @@ int cmd_tokenize(int argc, char** argv) {
                    (args.has("--parse-special") ? MOELITE_TOKENIZE_PARSE_SPECIAL : 0);
   int32_t n = 0;
   std::vector<int32_t> ids(text.size() + 8);
-  moelite_status st = moelite_tokenize(model, text.data(), text.size(), flags, ids.data(),
-                                       static_cast<int32_t>(ids.size()), &n);
+  moelite_status st =
+      moelite_tokenize(model, text.data(), text.size(), flags, ids.data(), static_cast<int32_t>(ids.size()), &n);
   if (st == MOELITE_ERR_BUFFER_TOO_SMALL) {
     ids.resize(static_cast<size_t>(n));
     st = moelite_tokenize(model, text.data(), text.size(), flags, ids.data(), n, &n);

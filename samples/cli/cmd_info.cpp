@@ -15,15 +15,24 @@ int cmd_info(int argc, char** argv) {
     const char* key;
     moelite_model_key id;
   } rows[] = {
-      {"n_layers", MOELITE_MODEL_N_LAYERS},       {"n_experts", MOELITE_MODEL_N_EXPERTS},
-      {"n_experts_used", MOELITE_MODEL_N_EXPERTS_USED}, {"n_shared_experts", MOELITE_MODEL_N_SHARED_EXPERTS},
-      {"n_vocab", MOELITE_MODEL_N_VOCAB},         {"n_embd", MOELITE_MODEL_N_EMBD},
-      {"n_head", MOELITE_MODEL_N_HEAD},           {"n_head_kv", MOELITE_MODEL_N_HEAD_KV},
-      {"head_dim", MOELITE_MODEL_HEAD_DIM},       {"n_ff_expert", MOELITE_MODEL_N_FF_EXPERT},
-      {"n_ff_shared", MOELITE_MODEL_N_FF_SHARED}, {"n_ctx_train", MOELITE_MODEL_N_CTX_TRAIN},
-      {"n_params", MOELITE_MODEL_N_PARAMS},       {"n_active_params", MOELITE_MODEL_N_ACTIVE_PARAMS},
-      {"expert_bytes", MOELITE_MODEL_EXPERT_BYTES}, {"dense_bytes", MOELITE_MODEL_DENSE_BYTES},
-      {"active_bytes_per_token", MOELITE_MODEL_ACTIVE_BYTES}, {"threads", MOELITE_MODEL_THREADS},
+      {"n_layers", MOELITE_MODEL_N_LAYERS},
+      {"n_experts", MOELITE_MODEL_N_EXPERTS},
+      {"n_experts_used", MOELITE_MODEL_N_EXPERTS_USED},
+      {"n_shared_experts", MOELITE_MODEL_N_SHARED_EXPERTS},
+      {"n_vocab", MOELITE_MODEL_N_VOCAB},
+      {"n_embd", MOELITE_MODEL_N_EMBD},
+      {"n_head", MOELITE_MODEL_N_HEAD},
+      {"n_head_kv", MOELITE_MODEL_N_HEAD_KV},
+      {"head_dim", MOELITE_MODEL_HEAD_DIM},
+      {"n_ff_expert", MOELITE_MODEL_N_FF_EXPERT},
+      {"n_ff_shared", MOELITE_MODEL_N_FF_SHARED},
+      {"n_ctx_train", MOELITE_MODEL_N_CTX_TRAIN},
+      {"n_params", MOELITE_MODEL_N_PARAMS},
+      {"n_active_params", MOELITE_MODEL_N_ACTIVE_PARAMS},
+      {"expert_bytes", MOELITE_MODEL_EXPERT_BYTES},
+      {"dense_bytes", MOELITE_MODEL_DENSE_BYTES},
+      {"active_bytes_per_token", MOELITE_MODEL_ACTIVE_BYTES},
+      {"threads", MOELITE_MODEL_THREADS},
   };
   if (args.has("--json")) {
     printf("{\"arch\": \"%s\", \"name\": \"%s\", \"expert_type\": \"%s\", \"backend\": \"%s\"",

@@ -69,7 +69,8 @@ int cmd_perplexity(int argc, char** argv) {
     const double experts_per_token = es.routed_tokens ? double(es.routed_experts) / double(es.routed_tokens) : 0.0;
     if (args.has("--json"))
       printf("{\"perplexity\": %.6f, \"tokens_scored\": %" PRId64 ", \"n_tokens\": %d, \"ctx\": %" PRId64
-             ", \"mean_nll\": %.6f, \"experts_per_token\": %.4f, \"top_k\": %" PRId64 ", \"gating\": \"%s\""
+             ", \"mean_nll\": %.6f, \"experts_per_token\": %.4f, \"top_k\": %" PRId64
+             ", \"gating\": \"%s\""
              ", \"threshold\": %s}\n",
              ppl, scored, n, n_ctx, nll / static_cast<double>(scored), experts_per_token,
              moelite_model_get(model, MOELITE_MODEL_N_EXPERTS_USED), json_escape(args.get("--gating", "exact")).c_str(),

@@ -40,7 +40,8 @@ int cmd_trace_replay(int argc, char** argv) {
   std::string text;
   if (!read_file(args.get("-f"), &text)) return usage_error("cannot read '" + args.get("-f") + "'");
   moelite::Trace trace;
-  if (moelite::parse_trace(text, &trace) != MOELITE_OK) return report(MOELITE_ERR_INVALID_ARGUMENT, "reading the trace");
+  if (moelite::parse_trace(text, &trace) != MOELITE_OK)
+    return report(MOELITE_ERR_INVALID_ARGUMENT, "reading the trace");
   const bool global = args.has("--global");
   int64_t capacity = 0;
   if (moelite::parse_capacity(args.get("--capacity"), trace, global, &capacity) != MOELITE_OK)
@@ -68,12 +69,13 @@ int cmd_trace_replay(int argc, char** argv) {
     if (results.size() > 1) printf("[");
     for (size_t i = 0; i < results.size(); ++i) {
       const auto& r = results[i];
-      printf("%s{\"policy\": \"%s\", \"capacity\": %lld, \"global\": %s, \"hit_rate\": %.6f, \"loads\": %llu, "
-             "\"loads_per_token\": %.4f, \"accesses\": %llu, \"tokens\": %llu, \"belady_hit_rate\": %.6f, "
-             "\"belady_loads_per_token\": %.4f, \"per_layer_hit_rate\": [",
-             i ? ", " : "", r.policy.c_str(), (long long)r.capacity, r.global ? "true" : "false", r.hit_rate(),
-             (unsigned long long)r.loads, r.loads_per_token(), (unsigned long long)r.accesses,
-             (unsigned long long)r.tokens, bound.hit_rate(), bound.loads_per_token());
+      printf(
+          "%s{\"policy\": \"%s\", \"capacity\": %lld, \"global\": %s, \"hit_rate\": %.6f, \"loads\": %llu, "
+          "\"loads_per_token\": %.4f, \"accesses\": %llu, \"tokens\": %llu, \"belady_hit_rate\": %.6f, "
+          "\"belady_loads_per_token\": %.4f, \"per_layer_hit_rate\": [",
+          i ? ", " : "", r.policy.c_str(), (long long)r.capacity, r.global ? "true" : "false", r.hit_rate(),
+          (unsigned long long)r.loads, r.loads_per_token(), (unsigned long long)r.accesses,
+          (unsigned long long)r.tokens, bound.hit_rate(), bound.loads_per_token());
       for (size_t l = 0; l < r.per_layer_hit_rate.size(); ++l) printf("%s%.4f", l ? ", " : "", r.per_layer_hit_rate[l]);
       printf("]}");
     }
@@ -91,8 +93,10 @@ int cmd_trace_replay(int argc, char** argv) {
       printf("%s\n", note);
     };
     for (const auto& r : results) row(r, "");
-    if (which != "all" && (which != "belady" || options.lookahead)) row(bound, "  <- bound: belady with the whole future known");
-    else printf("(belady, with the whole trace as its future, is the bound)\n");
+    if (which != "all" && (which != "belady" || options.lookahead))
+      row(bound, "  <- bound: belady with the whole future known");
+    else
+      printf("(belady, with the whole trace as its future, is the bound)\n");
   }
   return 0;
 }

@@ -59,8 +59,8 @@ inline __m256i dot_u8(__m256i w, __m256i a) {
 inline __m256i bits_to_bytes(const uint8_t p[4]) {
   uint32_t x;
   std::memcpy(&x, p, 4);
-  const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i shuf =
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
   const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(x)), shuf);
   const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
   return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
@@ -100,8 +100,7 @@ void dot_f32(int64_t n, float* out, const void* w, const void* a) {
 void dot_f16(int64_t n, float* out, const void* w, const void* a) {
   const uint8_t* x = static_cast<const uint8_t*>(w);
   *out = dot_float_row(
-      n, static_cast<const float*>(a),
-      [x](int64_t i) { return _mm256_cvtph_ps(load128(x + 2 * i)); },
+      n, static_cast<const float*>(a), [x](int64_t i) { return _mm256_cvtph_ps(load128(x + 2 * i)); },
       [x](int64_t i) { return fp16(x + 2 * i); });
 }
 void dot_bf16(int64_t n, float* out, const void* w, const void* a) {
@@ -131,8 +130,7 @@ void dot_q8_0(int64_t n, float* out, const void* w, const void* a) {
     const __m256i p0 = dot_s8(load256(x[i].qs), load256(y[i].qs));
     const __m256i p1 = dot_s8(load256(x[i + 1].qs), load256(y[i + 1].qs));
     acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i].d) * fp16(y[i].d)), _mm256_cvtepi32_ps(p0), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i + 1].d) * fp16(y[i + 1].d)),
-                           _mm256_cvtepi32_ps(p1), acc1);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i + 1].d) * fp16(y[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
   }
   for (; i < nb; ++i) {
     const __m256i p = dot_s8(load256(x[i].qs), load256(y[i].qs));
@@ -152,8 +150,7 @@ void dot_q4_0(int64_t n, float* out, const void* w, const void* a) {
     const __m256i p0 = dot_s8(_mm256_sub_epi8(nibbles(x[i].qs), eight), load256(y[i].qs));
     const __m256i p1 = dot_s8(_mm256_sub_epi8(nibbles(x[i + 1].qs), eight), load256(y[i + 1].qs));
     acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i].d) * fp16(y[i].d)), _mm256_cvtepi32_ps(p0), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i + 1].d) * fp16(y[i + 1].d)),
-                           _mm256_cvtepi32_ps(p1), acc1);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i + 1].d) * fp16(y[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
   }
   for (; i < nb; ++i) {
     const __m256i p = dot_s8(_mm256_sub_epi8(nibbles(x[i].qs), eight), load256(y[i].qs));
@@ -205,10 +202,8 @@ inline __m128i q4k_scales_mins(const uint8_t p[12]) {
   uint32_t a[3];
   std::memcpy(a, p, 12);
   const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
-  return _mm_setr_epi32(static_cast<int>(a[0] & m6),
-                        static_cast<int>((a[2] & m4) | (((a[0] >> 6) & m2) << 4)),
-                        static_cast<int>(a[1] & m6),
-                        static_cast<int>(((a[2] >> 4) & m4) | (((a[1] >> 6) & m2) << 4)));
+  return _mm_setr_epi32(static_cast<int>(a[0] & m6), static_cast<int>((a[2] & m4) | (((a[0] >> 6) & m2) << 4)),
+                        static_cast<int>(a[1] & m6), static_cast<int>(((a[2] >> 4) & m4) | (((a[1] >> 6) & m2) << 4)));
 }
 // Q3_K packed scales -> 16 int8 scales with the -32 offset applied (see unpack_scales_q3k).
 inline __m128i q3k_scales(const uint8_t p[12]) {
@@ -231,8 +226,7 @@ inline __m256i scale_all(__m256i sc8, int j) {
 inline __m256i scale_pair(__m256i sc8, int k) {
   const short lo = static_cast<short>(0x0100 + 0x0202 * (2 * k));
   const short hi = static_cast<short>(0x0100 + 0x0202 * (2 * k + 1));
-  return _mm256_shuffle_epi8(sc8, _mm256_setr_epi16(lo, lo, lo, lo, lo, lo, lo, lo,
-                                                    hi, hi, hi, hi, hi, hi, hi, hi));
+  return _mm256_shuffle_epi8(sc8, _mm256_setr_epi16(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi));
 }
 
 template <bool kFive, typename Block>
@@ -268,7 +262,8 @@ void dot_q45_k(int64_t n, float* out, const void* w, const void* a) {
         hbits = _mm256_srli_epi16(hbits, 2);
       }
       const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load256(q8 + 64 * c)), scale_all(sc, 2 * c));
-      const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load256(q8 + 64 * c + 32)), scale_all(sc, 2 * c + 1));
+      const __m256i p1 =
+          _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load256(q8 + 64 * c + 32)), scale_all(sc, 2 * c + 1));
       sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i].d) * da), _mm256_cvtepi32_ps(sumi), acc);
@@ -293,8 +288,8 @@ void dot_q6_k(int64_t n, float* out, const void* w, const void* a) {
       const uint8_t* ql = x[i].ql + 64 * h;
       const int8_t* q8 = y[i].qs + 128 * h;
       const __m256i ql0 = load256(ql), ql1 = load256(ql + 32), qh = load256(x[i].qh + 32 * h);
-      const __m256i sc = _mm256_broadcastsi128_si256(
-          _mm_cvtepi8_epi16(h == 0 ? sc_bytes : _mm_srli_si128(sc_bytes, 8)));
+      const __m256i sc =
+          _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h == 0 ? sc_bytes : _mm_srli_si128(sc_bytes, 8)));
       const __m256i q0 = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
       const __m256i q1 = _mm256_or_si256(_mm256_and_si256(ql1, m4),
                                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
@@ -328,8 +323,8 @@ void dot_q3_k(int64_t n, float* out, const void* w, const void* a) {
     for (int h = 0; h < 2; ++h) {
       __m256i q = load256(x[i].qs + 32 * h);
       const int8_t* q8 = y[i].qs + 128 * h;
-      const __m256i sc = _mm256_broadcastsi128_si256(
-          _mm_cvtepi8_epi16(h == 0 ? sc_bytes : _mm_srli_si128(sc_bytes, 8)));
+      const __m256i sc =
+          _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h == 0 ? sc_bytes : _mm_srli_si128(sc_bytes, 8)));
 #pragma GCC unroll 4
       for (int s = 0; s < 4; ++s) {
         const __m256i u = _mm256_or_si256(_mm256_and_si256(q, m3), _mm256_slli_epi16(_mm256_and_si256(hm, one), 2));
@@ -362,12 +357,11 @@ void dot_q2_k(int64_t n, float* out, const void* w, const void* a) {
     for (int h = 0; h < 2; ++h) {
       __m256i q = load256(x[i].qs + 32 * h);
       const int8_t* q8 = y[i].qs + 128 * h;
-      const __m256i sc = _mm256_broadcastsi128_si256(
-          _mm_cvtepu8_epi16(h == 0 ? scl : _mm_srli_si128(scl, 8)));
+      const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(h == 0 ? scl : _mm_srli_si128(scl, 8)));
 #pragma GCC unroll 4
       for (int s = 0; s < 4; ++s) {
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(q, m3), load256(q8 + 32 * s)),
-                                            scale_pair(sc, s));
+        const __m256i p =
+            _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(q, m3), load256(q8 + 32 * s)), scale_pair(sc, s));
         sumi = _mm256_add_epi32(sumi, p);
         q = _mm256_srli_epi16(q, 2);
       }
@@ -463,7 +457,8 @@ void quantize_q8_k(const float* x, void* dst, int64_t n) {
         __m256 v[4];
         for (int k = 0; k < 4; ++k) {
           // cvtps rounds to nearest even (MXCSR default), as nearbyint does in the reference.
-          const __m256i r = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8 * k), is)), cap);
+          const __m256i r =
+              _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8 * k), is)), cap);
           v[k] = _mm256_cvtepi32_ps(r);
         }
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(b[i].qs + j), pack_i8(v[0], v[1], v[2], v[3]));

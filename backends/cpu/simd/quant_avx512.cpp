@@ -40,9 +40,7 @@ inline __m512i load512(const void* p) { return _mm512_loadu_si512(p); }
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1); }
-inline __m512 join_scales(float lo, float hi) {
-  return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1);
-}
+inline __m512 join_scales(float lo, float hi) { return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1); }
 
 // Every kernel below takes K activation rows (a, a + stride, ...) and is written once for all K:
 // the weight block is loaded and decoded once, then each row runs exactly the operation
@@ -61,10 +59,18 @@ void dot_one(int64_t n, float* out, const void* w, const void* a) {
 template <template <int> class Fn>
 void dot_multi(int64_t n, float* out, const void* w, const void* a, size_t stride, int count) {
   switch (count) {
-    case 1: Fn<1>::run(n, out, w, a, stride); break;
-    case 2: Fn<2>::run(n, out, w, a, stride); break;
-    case 3: Fn<3>::run(n, out, w, a, stride); break;
-    default: Fn<4>::run(n, out, w, a, stride); break;
+    case 1:
+      Fn<1>::run(n, out, w, a, stride);
+      break;
+    case 2:
+      Fn<2>::run(n, out, w, a, stride);
+      break;
+    case 3:
+      Fn<3>::run(n, out, w, a, stride);
+      break;
+    default:
+      Fn<4>::run(n, out, w, a, stride);
+      break;
   }
 }
 static_assert(kMultiDot == 4, "dot_multi dispatches counts 1..4");
@@ -100,7 +106,8 @@ void dot_float_rows(int64_t n, float* out, const void* a, size_t stride, Load lo
   }
 #pragma GCC unroll 4
   for (int j = 0; j < K; ++j)
-    out[j] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[j][0], acc[j][1]), _mm512_add_ps(acc[j][2], acc[j][3])));
+    out[j] =
+        _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[j][0], acc[j][1]), _mm512_add_ps(acc[j][2], acc[j][3])));
 }
 
 template <int K>
@@ -114,9 +121,8 @@ template <int K>
 struct DotF16 {
   static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
     const uint8_t* x = static_cast<const uint8_t*>(w);
-    dot_float_rows<K>(n, out, a, stride, [x](int64_t i, __mmask16 m) {
-      return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + 2 * i));
-    });
+    dot_float_rows<K>(n, out, a, stride,
+                      [x](int64_t i, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + 2 * i)); });
   }
 };
 template <int K>
@@ -205,10 +211,8 @@ inline __m128i q4k_scales_mins(const uint8_t p[12]) {
   uint32_t a[3];
   std::memcpy(a, p, 12);
   const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
-  return _mm_setr_epi32(static_cast<int>(a[0] & m6),
-                        static_cast<int>((a[2] & m4) | (((a[0] >> 6) & m2) << 4)),
-                        static_cast<int>(a[1] & m6),
-                        static_cast<int>(((a[2] >> 4) & m4) | (((a[1] >> 6) & m2) << 4)));
+  return _mm_setr_epi32(static_cast<int>(a[0] & m6), static_cast<int>((a[2] & m4) | (((a[0] >> 6) & m2) << 4)),
+                        static_cast<int>(a[1] & m6), static_cast<int>(((a[2] >> 4) & m4) | (((a[1] >> 6) & m2) << 4)));
 }
 
 // Index vector for permutexvar_epi16: 256-bit half h of the result repeats int16 lane (lo, hi).
@@ -289,8 +293,10 @@ struct DotQ45K {
     }
   };
 };
-template <int K> using DotQ4K = DotQ45K<false, Q4_K>::Rows<K>;
-template <int K> using DotQ5K = DotQ45K<true, Q5_K>::Rows<K>;
+template <int K>
+using DotQ4K = DotQ45K<false, Q4_K>::Rows<K>;
+template <int K>
+using DotQ5K = DotQ45K<true, Q5_K>::Rows<K>;
 
 // Q6_K. Per 128-element half, the 64 ql bytes' low nibbles are elements 0..63 in order and the
 // high nibbles elements 64..127; qh supplies bit pairs (0,2) and (4,6) for the two halves.
