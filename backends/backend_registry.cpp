@@ -28,9 +28,7 @@ Status create_backend(BackendKind kind, int32_t n_threads, std::unique_ptr<Backe
       out->reset(new cpu::CpuBackend(n_threads));
       return MOELITE_OK;
     }
-    case BackendKind::Cpu:
-      out->reset(new cpu::CpuBackend(n_threads));
-      return MOELITE_OK;
+    case BackendKind::Cpu: out->reset(new cpu::CpuBackend(n_threads)); return MOELITE_OK;
     case BackendKind::Vulkan:
 #if MOELITE_HAVE_VULKAN
       return vk::VulkanBackend::create(true, out);

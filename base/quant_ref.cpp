@@ -284,24 +284,13 @@ void dequant_q3_k(const void* src, float* y, int64_t n) {
     }
   }
 }
-void dequant_q4_k(const void* src, float* y, int64_t n) {
-  const Q4_K* b = static_cast<const Q4_K*>(src);
+// Q4_K and Q5_K differ only in how a block's codes are stored.
+template <typename Block, void (*Codes)(const Block&, uint8_t*)>
+void dequant_q45_k(const void* src, float* y, int64_t n) {
+  const Block* b = static_cast<const Block*>(src);
   for (int64_t i = 0; i < n / kQKK; ++i, y += kQKK) {
     uint8_t q[256], sc[8], mn[8];
-    codes_q4_k(b[i], q);
-    unpack_scales_q4k(b[i].scales, sc, mn);
-    const float d = load_fp16(b[i].d), dmin = load_fp16(b[i].dmin);
-    for (int s = 0; s < 8; ++s) {
-      const float dl = d * sc[s], ml = dmin * mn[s];
-      for (int l = 0; l < 32; ++l) y[32 * s + l] = dl * q[32 * s + l] - ml;
-    }
-  }
-}
-void dequant_q5_k(const void* src, float* y, int64_t n) {
-  const Q5_K* b = static_cast<const Q5_K*>(src);
-  for (int64_t i = 0; i < n / kQKK; ++i, y += kQKK) {
-    uint8_t q[256], sc[8], mn[8];
-    codes_q5_k(b[i], q);
+    Codes(b[i], q);
     unpack_scales_q4k(b[i].scales, sc, mn);
     const float d = load_fp16(b[i].d), dmin = load_fp16(b[i].dmin);
     for (int s = 0; s < 8; ++s) {
@@ -339,38 +328,22 @@ void dequant_q8_1(const void* src, float* y, int64_t n) {
 
 DequantRowFn dequant_row_fn(TensorType t) {
   switch (t) {
-    case TensorType::F32:
-      return dequant_f32;
-    case TensorType::F16:
-      return dequant_f16;
-    case TensorType::BF16:
-      return dequant_bf16;
-    case TensorType::Q4_0:
-      return dequant_q4_0;
-    case TensorType::Q4_1:
-      return dequant_q4_1;
-    case TensorType::Q5_0:
-      return dequant_q5_0;
-    case TensorType::Q5_1:
-      return dequant_q5_1;
-    case TensorType::Q8_0:
-      return dequant_q8_0;
-    case TensorType::Q2_K:
-      return dequant_q2_k;
-    case TensorType::Q3_K:
-      return dequant_q3_k;
-    case TensorType::Q4_K:
-      return dequant_q4_k;
-    case TensorType::Q5_K:
-      return dequant_q5_k;
-    case TensorType::Q6_K:
-      return dequant_q6_k;
-    case TensorType::Q8_K:
-      return dequant_q8_k;
-    case TensorType::Q8_1:
-      return dequant_q8_1;
-    default:
-      return nullptr;
+    case TensorType::F32: return dequant_f32;
+    case TensorType::F16: return dequant_f16;
+    case TensorType::BF16: return dequant_bf16;
+    case TensorType::Q4_0: return dequant_q4_0;
+    case TensorType::Q4_1: return dequant_q4_1;
+    case TensorType::Q5_0: return dequant_q5_0;
+    case TensorType::Q5_1: return dequant_q5_1;
+    case TensorType::Q8_0: return dequant_q8_0;
+    case TensorType::Q2_K: return dequant_q2_k;
+    case TensorType::Q3_K: return dequant_q3_k;
+    case TensorType::Q4_K: return dequant_q45_k<Q4_K, codes_q4_k>;
+    case TensorType::Q5_K: return dequant_q45_k<Q5_K, codes_q5_k>;
+    case TensorType::Q6_K: return dequant_q6_k;
+    case TensorType::Q8_K: return dequant_q8_k;
+    case TensorType::Q8_1: return dequant_q8_1;
+    default: return nullptr;
   }
 }
 

@@ -5,6 +5,7 @@
 
 namespace moelite {
 
+// clang-format off: a table of ids, kept compact
 enum class TensorType : uint32_t {
   F32 = 0,
   F16 = 1,
@@ -39,6 +40,7 @@ enum class TensorType : uint32_t {
   TQ2_0 = 35,
   MXFP4 = 39,
 };
+// clang-format on
 constexpr uint32_t kTensorTypeIdLimit = 40;  // ids are < this
 
 struct TypeInfo {

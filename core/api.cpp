@@ -59,8 +59,7 @@ MOELITE_API const char* moelite_version_string(void) {
 MOELITE_API const char* moelite_status_name(moelite_status s) {
   switch (s) {
 #define CASE(x) \
-  case x:       \
-    return #x;
+  case x: return #x;
     CASE(MOELITE_OK)
     CASE(MOELITE_ERR_INVALID_ARGUMENT)
     CASE(MOELITE_ERR_OUT_OF_MEMORY)
@@ -231,50 +230,28 @@ MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_
   const moelite::ExpertStore* store = rt ? rt->store : nullptr;
   const moelite::HParams& hp = m.hp;
   switch (key) {
-    case MOELITE_MODEL_N_LAYERS:
-      return hp.n_layer;
-    case MOELITE_MODEL_N_EXPERTS:
-      return hp.n_expert;
-    case MOELITE_MODEL_N_EXPERTS_USED:
-      return hp.n_expert_used;
-    case MOELITE_MODEL_N_SHARED_EXPERTS:
-      return m.layers.empty() ? 0 : (m.layers[0].has_shared ? 1 : 0);
-    case MOELITE_MODEL_N_VOCAB:
-      return hp.n_vocab;
-    case MOELITE_MODEL_N_EMBD:
-      return hp.n_embd;
-    case MOELITE_MODEL_N_HEAD:
-      return hp.n_head;
-    case MOELITE_MODEL_N_HEAD_KV:
-      return hp.n_head_kv;
-    case MOELITE_MODEL_HEAD_DIM:
-      return hp.head_dim;
-    case MOELITE_MODEL_N_FF_EXPERT:
-      return hp.n_ff_expert;
-    case MOELITE_MODEL_N_FF_SHARED:
-      return hp.n_ff_shared;
-    case MOELITE_MODEL_N_CTX_TRAIN:
-      return hp.n_ctx_train;
-    case MOELITE_MODEL_EXPERT_BYTES:
-      return static_cast<int64_t>(m.expert_bytes);
-    case MOELITE_MODEL_DENSE_BYTES:
-      return static_cast<int64_t>(m.dense_bytes);
-    case MOELITE_MODEL_N_PARAMS:
-      return static_cast<int64_t>(m.n_params);
-    case MOELITE_MODEL_N_ACTIVE_PARAMS:
-      return static_cast<int64_t>(m.n_active_params);
-    case MOELITE_MODEL_THREADS:
-      return rt ? rt->backend->n_threads() : 0;
-    case MOELITE_MODEL_BACKEND:
-      return rt ? static_cast<int64_t>(rt->backend_kind) : -1;
-    case MOELITE_MODEL_ACTIVE_BYTES:
-      return static_cast<int64_t>(m.active_bytes);
-    case MOELITE_MODEL_EXPERT_BUDGET:
-      return rt ? static_cast<int64_t>(rt->expert_budget) : 0;
-    case MOELITE_MODEL_EXPERT_POOL_BYTES:
-      return store ? static_cast<int64_t>(store->pool_bytes()) : 0;
-    case MOELITE_MODEL_EXPERT_PEAK_BYTES:
-      return store ? static_cast<int64_t>(store->peak_bytes()) : 0;
+    case MOELITE_MODEL_N_LAYERS: return hp.n_layer;
+    case MOELITE_MODEL_N_EXPERTS: return hp.n_expert;
+    case MOELITE_MODEL_N_EXPERTS_USED: return hp.n_expert_used;
+    case MOELITE_MODEL_N_SHARED_EXPERTS: return m.layers.empty() ? 0 : (m.layers[0].has_shared ? 1 : 0);
+    case MOELITE_MODEL_N_VOCAB: return hp.n_vocab;
+    case MOELITE_MODEL_N_EMBD: return hp.n_embd;
+    case MOELITE_MODEL_N_HEAD: return hp.n_head;
+    case MOELITE_MODEL_N_HEAD_KV: return hp.n_head_kv;
+    case MOELITE_MODEL_HEAD_DIM: return hp.head_dim;
+    case MOELITE_MODEL_N_FF_EXPERT: return hp.n_ff_expert;
+    case MOELITE_MODEL_N_FF_SHARED: return hp.n_ff_shared;
+    case MOELITE_MODEL_N_CTX_TRAIN: return hp.n_ctx_train;
+    case MOELITE_MODEL_EXPERT_BYTES: return static_cast<int64_t>(m.expert_bytes);
+    case MOELITE_MODEL_DENSE_BYTES: return static_cast<int64_t>(m.dense_bytes);
+    case MOELITE_MODEL_N_PARAMS: return static_cast<int64_t>(m.n_params);
+    case MOELITE_MODEL_N_ACTIVE_PARAMS: return static_cast<int64_t>(m.n_active_params);
+    case MOELITE_MODEL_THREADS: return rt ? rt->backend->n_threads() : 0;
+    case MOELITE_MODEL_BACKEND: return rt ? static_cast<int64_t>(rt->backend_kind) : -1;
+    case MOELITE_MODEL_ACTIVE_BYTES: return static_cast<int64_t>(m.active_bytes);
+    case MOELITE_MODEL_EXPERT_BUDGET: return rt ? static_cast<int64_t>(rt->expert_budget) : 0;
+    case MOELITE_MODEL_EXPERT_POOL_BYTES: return store ? static_cast<int64_t>(store->pool_bytes()) : 0;
+    case MOELITE_MODEL_EXPERT_PEAK_BYTES: return store ? static_cast<int64_t>(store->peak_bytes()) : 0;
     case MOELITE_MODEL_EXPERT_SLOTS:
       return store ? static_cast<int64_t>(store->n_slots()) : m.hp.n_layer * int64_t{m.hp.n_expert};
   }

@@ -13,16 +13,11 @@ ChatTemplate detect_chat_template(const std::string& src) {
 
 const char* chat_template_name(ChatTemplate t) {
   switch (t) {
-    case ChatTemplate::ChatML:
-      return "chatml";
-    case ChatTemplate::Mistral:
-      return "mistral";
-    case ChatTemplate::Llama3:
-      return "llama3";
-    case ChatTemplate::Tulu:
-      return "tulu";
-    case ChatTemplate::Plain:
-      return "plain";
+    case ChatTemplate::ChatML: return "chatml";
+    case ChatTemplate::Mistral: return "mistral";
+    case ChatTemplate::Llama3: return "llama3";
+    case ChatTemplate::Tulu: return "tulu";
+    case ChatTemplate::Plain: return "plain";
   }
   return "plain";
 }

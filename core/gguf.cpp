@@ -52,21 +52,16 @@ size_t scalar_size(ValueType t) {
   switch (t) {
     case ValueType::UINT8:
     case ValueType::INT8:
-    case ValueType::BOOL:
-      return 1;
+    case ValueType::BOOL: return 1;
     case ValueType::UINT16:
-    case ValueType::INT16:
-      return 2;
+    case ValueType::INT16: return 2;
     case ValueType::UINT32:
     case ValueType::INT32:
-    case ValueType::FLOAT32:
-      return 4;
+    case ValueType::FLOAT32: return 4;
     case ValueType::UINT64:
     case ValueType::INT64:
-    case ValueType::FLOAT64:
-      return 8;
-    default:
-      return 0;
+    case ValueType::FLOAT64: return 8;
+    default: return 0;
   }
 }
 
@@ -99,21 +94,11 @@ void decode_scalar(ValueType t, const uint8_t* p, Value* v) {
     case ValueType::UINT16:
     case ValueType::UINT32:
     case ValueType::UINT64:
-    case ValueType::BOOL:
-      v->u = bits;
-      break;
-    case ValueType::INT8:
-      v->i = static_cast<int8_t>(bits);
-      break;
-    case ValueType::INT16:
-      v->i = static_cast<int16_t>(bits);
-      break;
-    case ValueType::INT32:
-      v->i = static_cast<int32_t>(bits);
-      break;
-    case ValueType::INT64:
-      v->i = static_cast<int64_t>(bits);
-      break;
+    case ValueType::BOOL: v->u = bits; break;
+    case ValueType::INT8: v->i = static_cast<int8_t>(bits); break;
+    case ValueType::INT16: v->i = static_cast<int16_t>(bits); break;
+    case ValueType::INT32: v->i = static_cast<int32_t>(bits); break;
+    case ValueType::INT64: v->i = static_cast<int64_t>(bits); break;
     case ValueType::FLOAT32: {
       uint32_t b32 = static_cast<uint32_t>(bits);
       float f;
@@ -127,8 +112,7 @@ void decode_scalar(ValueType t, const uint8_t* p, Value* v) {
       v->f = d;
       break;
     }
-    default:
-      break;
+    default: break;
   }
 }
 
@@ -141,10 +125,8 @@ bool is_int_type(ValueType t) {
     case ValueType::UINT32:
     case ValueType::INT32:
     case ValueType::UINT64:
-    case ValueType::INT64:
-      return true;
-    default:
-      return false;
+    case ValueType::INT64: return true;
+    default: return false;
   }
 }
 bool is_unsigned_type(ValueType t) {
@@ -187,32 +169,19 @@ bool checked_round_up(uint64_t x, uint64_t align, uint64_t* out) {
 
 const char* value_type_name(ValueType t) {
   switch (t) {
-    case ValueType::UINT8:
-      return "uint8";
-    case ValueType::INT8:
-      return "int8";
-    case ValueType::UINT16:
-      return "uint16";
-    case ValueType::INT16:
-      return "int16";
-    case ValueType::UINT32:
-      return "uint32";
-    case ValueType::INT32:
-      return "int32";
-    case ValueType::FLOAT32:
-      return "float32";
-    case ValueType::BOOL:
-      return "bool";
-    case ValueType::STRING:
-      return "string";
-    case ValueType::ARRAY:
-      return "array";
-    case ValueType::UINT64:
-      return "uint64";
-    case ValueType::INT64:
-      return "int64";
-    case ValueType::FLOAT64:
-      return "float64";
+    case ValueType::UINT8: return "uint8";
+    case ValueType::INT8: return "int8";
+    case ValueType::UINT16: return "uint16";
+    case ValueType::INT16: return "int16";
+    case ValueType::UINT32: return "uint32";
+    case ValueType::INT32: return "int32";
+    case ValueType::FLOAT32: return "float32";
+    case ValueType::BOOL: return "bool";
+    case ValueType::STRING: return "string";
+    case ValueType::ARRAY: return "array";
+    case ValueType::UINT64: return "uint64";
+    case ValueType::INT64: return "int64";
+    case ValueType::FLOAT64: return "float64";
   }
   return "unknown";
 }

@@ -16,21 +16,12 @@
 
 namespace moelite::gguf {
 
+// clang-format off: a table of ids, kept compact
 enum class ValueType : uint32_t {
-  UINT8 = 0,
-  INT8 = 1,
-  UINT16 = 2,
-  INT16 = 3,
-  UINT32 = 4,
-  INT32 = 5,
-  FLOAT32 = 6,
-  BOOL = 7,
-  STRING = 8,
-  ARRAY = 9,
-  UINT64 = 10,
-  INT64 = 11,
-  FLOAT64 = 12,
+  UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5, FLOAT32 = 6, BOOL = 7,
+  STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,
 };
+// clang-format on
 const char* value_type_name(ValueType t);
 
 // One metadata value. Scalars live in the union-like fields, strings in `str`; arrays keep their

@@ -60,13 +60,9 @@ class Parser {
   bool value(Value* v, int depth) {
     if (depth > kMaxDepth) return err("nesting deeper than 64 levels");
     switch (peek()) {
-      case '{':
-        return object(v, depth);
-      case '[':
-        return array(v, depth);
-      case '"':
-        v->kind = Value::Kind::String;
-        return string(&v->string);
+      case '{': return object(v, depth);
+      case '[': return array(v, depth);
+      case '"': v->kind = Value::Kind::String; return string(&v->string);
       case 't':
         v->kind = Value::Kind::Bool;
         v->boolean = true;
@@ -75,12 +71,8 @@ class Parser {
         v->kind = Value::Kind::Bool;
         v->boolean = false;
         return literal("false");
-      case 'n':
-        v->kind = Value::Kind::Null;
-        return literal("null");
-      default:
-        v->kind = Value::Kind::Number;
-        return number(&v->number);
+      case 'n': v->kind = Value::Kind::Null; return literal("null");
+      default: v->kind = Value::Kind::Number; return number(&v->number);
     }
   }
 
@@ -173,30 +165,14 @@ class Parser {
       if (i_ >= s_.size()) return err("unterminated string");
       const char e = s_[i_++];
       switch (e) {
-        case '"':
-          out->push_back('"');
-          break;
-        case '\\':
-          out->push_back('\\');
-          break;
-        case '/':
-          out->push_back('/');
-          break;
-        case 'b':
-          out->push_back('\b');
-          break;
-        case 'f':
-          out->push_back('\f');
-          break;
-        case 'n':
-          out->push_back('\n');
-          break;
-        case 'r':
-          out->push_back('\r');
-          break;
-        case 't':
-          out->push_back('\t');
-          break;
+        case '"': out->push_back('"'); break;
+        case '\\': out->push_back('\\'); break;
+        case '/': out->push_back('/'); break;
+        case 'b': out->push_back('\b'); break;
+        case 'f': out->push_back('\f'); break;
+        case 'n': out->push_back('\n'); break;
+        case 'r': out->push_back('\r'); break;
+        case 't': out->push_back('\t'); break;
         case 'u': {
           uint32_t cp;
           if (!hex4(&cp)) return false;
@@ -212,8 +188,7 @@ class Parser {
           unicode::append_utf8(out, cp);
           break;
         }
-        default:
-          return err("bad escape in a string");
+        default: return err("bad escape in a string");
       }
     }
   }

@@ -25,22 +25,15 @@ inline std::vector<int> fp16_field_offsets(TensorType t) {
   switch (t) {
     case TensorType::Q4_0:
     case TensorType::Q5_0:
-    case TensorType::Q8_0:
-      return {0};
+    case TensorType::Q8_0: return {0};
     case TensorType::Q4_1:
-    case TensorType::Q5_1:
-      return {0, 2};
-    case TensorType::Q2_K:
-      return {80, 82};
-    case TensorType::Q3_K:
-      return {108};
+    case TensorType::Q5_1: return {0, 2};
+    case TensorType::Q2_K: return {80, 82};
+    case TensorType::Q3_K: return {108};
     case TensorType::Q4_K:
-    case TensorType::Q5_K:
-      return {0, 2};
-    case TensorType::Q6_K:
-      return {208};
-    default:
-      return {};
+    case TensorType::Q5_K: return {0, 2};
+    case TensorType::Q6_K: return {208};
+    default: return {};
   }
 }
 

@@ -455,15 +455,9 @@ TEST(TraceReplay, MutatedTracesNeverCrash) {
     for (int i = 0; i < edits && !s.empty(); ++i) {
       const size_t at = rng() % s.size();
       switch (rng() % 3) {
-        case 0:
-          s[at] = alphabet[rng() % alphabet.size()];
-          break;
-        case 1:
-          s.erase(at, 1 + rng() % 3);
-          break;
-        default:
-          s.insert(at, 1, alphabet[rng() % alphabet.size()]);
-          break;
+        case 0: s[at] = alphabet[rng() % alphabet.size()]; break;
+        case 1: s.erase(at, 1 + rng() % 3); break;
+        default: s.insert(at, 1, alphabet[rng() % alphabet.size()]); break;
       }
     }
     Trace t;

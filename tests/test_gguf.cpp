@@ -641,15 +641,9 @@ TEST(GgufReader, RandomByteFlipsNeverCrash) {
     for (int k = 0; k < flips; ++k) {
       size_t pos = static_cast<size_t>(rng() % header);  // the header is where parsing happens
       switch (rng() % 3) {
-        case 0:
-          bytes[pos] ^= static_cast<uint8_t>(1u << (rng() % 8));
-          break;
-        case 1:
-          bytes[pos] = static_cast<uint8_t>(rng());
-          break;
-        default:
-          bytes[pos] = (rng() & 1) ? 0xFF : 0x00;
-          break;
+        case 0: bytes[pos] ^= static_cast<uint8_t>(1u << (rng() % 8)); break;
+        case 1: bytes[pos] = static_cast<uint8_t>(rng()); break;
+        default: bytes[pos] = (rng() & 1) ? 0xFF : 0x00; break;
       }
     }
     if (rng() % 8 == 0) bytes.resize(static_cast<size_t>(rng() % bytes.size()));

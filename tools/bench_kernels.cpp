@@ -30,9 +30,7 @@ std::vector<uint8_t> make_weights(TensorType t, int64_t rows, int64_t cols, std:
   switch (t) {
     case TensorType::Q4_0:
     case TensorType::Q5_0:
-    case TensorType::Q8_0:
-      off[0] = 0;
-      break;
+    case TensorType::Q8_0: off[0] = 0; break;
     case TensorType::Q4_1:
     case TensorType::Q5_1:
     case TensorType::Q4_K:
@@ -44,12 +42,8 @@ std::vector<uint8_t> make_weights(TensorType t, int64_t rows, int64_t cols, std:
       off[0] = 80;
       off[1] = 82;
       break;
-    case TensorType::Q3_K:
-      off[0] = 108;
-      break;
-    case TensorType::Q6_K:
-      off[0] = 208;
-      break;
+    case TensorType::Q3_K: off[0] = 108; break;
+    case TensorType::Q6_K: off[0] = 208; break;
     case TensorType::F32:
       for (size_t i = 0; i + 4 <= w.size(); i += 4) {
         float f = 0.5f;
@@ -60,8 +54,7 @@ std::vector<uint8_t> make_weights(TensorType t, int64_t rows, int64_t cols, std:
     case TensorType::BF16:
       for (size_t i = 0; i + 2 <= w.size(); i += 2) std::memcpy(&w[i], &scale, 2);
       break;
-    default:
-      break;
+    default: break;
   }
   if (info->block_size > 1)
     for (size_t b = 0; b < w.size() / info->block_bytes; ++b)

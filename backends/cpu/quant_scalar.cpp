@@ -281,19 +281,15 @@ TensorType dot_type(TensorType weight) {
   switch (weight) {
     case TensorType::Q4_0:
     case TensorType::Q5_0:
-    case TensorType::Q8_0:
-      return TensorType::Q8_0;
+    case TensorType::Q8_0: return TensorType::Q8_0;
     case TensorType::Q4_1:
-    case TensorType::Q5_1:
-      return TensorType::Q8_1;
+    case TensorType::Q5_1: return TensorType::Q8_1;
     case TensorType::Q2_K:
     case TensorType::Q3_K:
     case TensorType::Q4_K:
     case TensorType::Q5_K:
-    case TensorType::Q6_K:
-      return TensorType::Q8_K;
-    default:
-      return TensorType::F32;
+    case TensorType::Q6_K: return TensorType::Q8_K;
+    default: return TensorType::F32;
   }
 }
 

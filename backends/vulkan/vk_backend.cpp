@@ -37,10 +37,8 @@ bool computable(TensorType t) {
     case TensorType::Q3_K:
     case TensorType::Q4_K:
     case TensorType::Q5_K:
-    case TensorType::Q6_K:
-      return true;
-    default:
-      return false;
+    case TensorType::Q6_K: return true;
+    default: return false;
   }
 }
 

@@ -3,10 +3,12 @@
 // over a KV cache in device memory, routing on the device with only the chosen experts read back).
 //
 // Memory: dense weights are uploaded at load (tensors beyond maxStorageBufferRange are split by
-// rows); resident experts are uploaded on first use and kept; experts from the memory-budgeted
-// store are copied per use from its host slots (on unified-memory devices a plain copy into mapped
-// memory). Activations and KV caches live in device memory; only routing decisions and logits
-// come back. Work is recorded into one command buffer and submitted when the host needs a result.
+// rows) and found again by host address; resident experts are uploaded on first use and kept;
+// experts from the memory-budgeted store are read in place from its slots on unified-memory
+// devices (zero copy) and go through a device tier of expert slots on discrete ones. Activations
+// and KV caches live in device memory; only routing decisions and logits come back. Work is
+// recorded into command buffers and submitted when the host needs a result, at the end of a
+// budgeted expert, or at sync().
 #pragma once
 #include <map>
 #include <memory>
@@ -109,7 +111,7 @@ class VulkanBackend final : public Backend {
   std::unordered_map<const void*, Buffer> float_cache_;
   std::map<std::pair<ActRef*, uint64_t>, std::unique_ptr<ActRef>> views_;
   Buffer scores_;   // attention scratch
-  Buffer ffn_out_;  // moe_ffn's per-(token, slot) outputs
+  Buffer ffn_out_;  // the routed-expert pass's per-(token, slot) outputs
   struct Shared {
     Buffer buf;
     uint8_t* host = nullptr;  // 4096-aligned start handed out

@@ -19,12 +19,9 @@ bool parse_gating_mode(const std::string& name, GatingMode* out) {
 
 const char* gating_mode_name(GatingMode mode) {
   switch (mode) {
-    case GatingMode::Sensitivity:
-      return "sensitivity";
-    case GatingMode::Score:
-      return "score";
-    default:
-      return "exact";
+    case GatingMode::Sensitivity: return "sensitivity";
+    case GatingMode::Score: return "score";
+    default: return "exact";
   }
 }
 

@@ -2,7 +2,7 @@
 
 namespace moelite {
 
-// See docs/ARCHITECTURE.md and ../shared/docs/moe-archs.md for the facts behind these traits.
+// See docs/ARCHITECTURE.md and docs/moe-archs.md for the facts behind these traits.
 extern const ArchDescriptor kArch_olmoe = {
     /*name=*/"olmoe",
     /*rope_style=*/RopeStyle::Neox,

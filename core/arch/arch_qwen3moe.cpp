@@ -2,7 +2,7 @@
 
 namespace moelite {
 
-// See docs/ARCHITECTURE.md and ../shared/docs/moe-archs.md for the facts behind these traits.
+// See docs/ARCHITECTURE.md and docs/moe-archs.md for the facts behind these traits.
 extern const ArchDescriptor kArch_qwen3moe = {
     /*name=*/"qwen3moe",
     /*rope_style=*/RopeStyle::Neox,

@@ -12,35 +12,28 @@ uint16_t flags_of_category(Category c) {
     case Ll:
     case Lt:
     case Lm:
-    case Lo:
-      return kLetter;
+    case Lo: return kLetter;
     case Mn:
     case Mc:
-    case Me:
-      return kMark;
+    case Me: return kMark;
     case Nd:
     case Nl:
-    case No:
-      return kNumber;
+    case No: return kNumber;
     case Pc:
     case Pd:
     case Ps:
     case Pe:
     case Pi:
     case Pf:
-    case Po:
-      return kPunct;
+    case Po: return kPunct;
     case Sm:
     case Sc:
     case Sk:
-    case So:
-      return kSymbol;
+    case So: return kSymbol;
     case Zs:
     case Zl:
-    case Zp:
-      return kSeparator;
-    default:
-      return kOther;
+    case Zp: return kSeparator;
+    default: return kOther;
   }
 }
 

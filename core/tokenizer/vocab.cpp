@@ -15,18 +15,12 @@ constexpr const char* kTypes = "tokenizer.ggml.token_type";
 
 TokenAttr attr_from_type(int64_t t) {
   switch (t) {
-    case 1:
-      return TokenAttr::Normal;
-    case 2:
-      return TokenAttr::Unknown;
-    case 3:
-      return TokenAttr::Control;
-    case 4:
-      return TokenAttr::UserDefined;
-    case 6:
-      return TokenAttr::Byte;
-    default:
-      return TokenAttr::Unused;  // 5, and undefined types: never rendered
+    case 1: return TokenAttr::Normal;
+    case 2: return TokenAttr::Unknown;
+    case 3: return TokenAttr::Control;
+    case 4: return TokenAttr::UserDefined;
+    case 6: return TokenAttr::Byte;
+    default: return TokenAttr::Unused;  // 5, and undefined types: never rendered
   }
 }
 
@@ -286,9 +280,7 @@ void finish_vocab(Vocab* v) {
     switch (v->attr[id]) {
       case TokenAttr::Control:
       case TokenAttr::Unknown:
-      case TokenAttr::UserDefined:
-        p = t;
-        break;
+      case TokenAttr::UserDefined: p = t; break;
       case TokenAttr::Normal:
         if (v->kind == VocabKind::Spm) {
           // '▁' (U+2581) stands for a space.
@@ -313,8 +305,7 @@ void finish_vocab(Vocab* v) {
         }
         break;
       }
-      case TokenAttr::Unused:
-        break;
+      case TokenAttr::Unused: break;
     }
   }
 }

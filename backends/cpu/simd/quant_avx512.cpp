@@ -59,18 +59,10 @@ void dot_one(int64_t n, float* out, const void* w, const void* a) {
 template <template <int> class Fn>
 void dot_multi(int64_t n, float* out, const void* w, const void* a, size_t stride, int count) {
   switch (count) {
-    case 1:
-      Fn<1>::run(n, out, w, a, stride);
-      break;
-    case 2:
-      Fn<2>::run(n, out, w, a, stride);
-      break;
-    case 3:
-      Fn<3>::run(n, out, w, a, stride);
-      break;
-    default:
-      Fn<4>::run(n, out, w, a, stride);
-      break;
+    case 1: Fn<1>::run(n, out, w, a, stride); break;
+    case 2: Fn<2>::run(n, out, w, a, stride); break;
+    case 3: Fn<3>::run(n, out, w, a, stride); break;
+    default: Fn<4>::run(n, out, w, a, stride); break;
   }
 }
 static_assert(kMultiDot == 4, "dot_multi dispatches counts 1..4");
