@@ -125,7 +125,8 @@ Status Context::eval_batch(const int32_t* tokens, int32_t n, bool logits_all, fl
     MOELITE_TRY(be.read_rows(x, 0, n, s.host_a.data()));
     s.hooks->on_final(s.host_a.data(), n);
   }
-  if (runtime_.predictor && runtime_.predictor->wants_final() && n <= 4) MOELITE_TRY(predict_next_token(n));
+  if (runtime_.predictor && runtime_.predictor->wants_final() && n <= kMaxPredictTokens)
+    MOELITE_TRY(predict_next_token(n));
   // Work a device backend recorded and ran without being waited for fails here at the latest.
   if (!logits_out) return be.sync();
 

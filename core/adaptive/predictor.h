@@ -26,6 +26,9 @@ struct Model;
 struct EvalState;
 struct Profile;
 
+// Predictions are made for decode-sized batches only: a prefill batch needs most experts anyway.
+constexpr int32_t kMaxPredictTokens = 4;
+
 class ExpertPredictor {
  public:
   virtual ~ExpertPredictor() = default;

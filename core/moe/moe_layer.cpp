@@ -9,9 +9,6 @@ namespace moelite {
 
 namespace {
 
-// Decode-sized batches only: a prefill batch needs most experts anyway.
-constexpr int32_t kMaxPredictTokens = 4;
-
 // Host copy of the first n_tokens rows of `a` into `buf`.
 Status host_rows(EvalState& s, const Act& a, std::vector<float>* buf, const float** out) {
   buf->resize(static_cast<size_t>(s.n_tokens) * static_cast<size_t>(a.cols));
