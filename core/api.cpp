@@ -247,7 +247,7 @@ MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_
     case MOELITE_MODEL_N_PARAMS: return static_cast<int64_t>(m.n_params);
     case MOELITE_MODEL_N_ACTIVE_PARAMS: return static_cast<int64_t>(m.n_active_params);
     case MOELITE_MODEL_THREADS: return rt ? rt->backend->n_threads() : 0;
-    case MOELITE_MODEL_BACKEND: return rt ? static_cast<int64_t>(rt->backend_kind) : -1;
+    case MOELITE_MODEL_BACKEND: return rt ? static_cast<int64_t>(rt->backend->kind()) : -1;
     case MOELITE_MODEL_ACTIVE_BYTES: return static_cast<int64_t>(m.active_bytes);
     case MOELITE_MODEL_EXPERT_BUDGET: return rt ? static_cast<int64_t>(rt->expert_budget) : 0;
     case MOELITE_MODEL_EXPERT_POOL_BYTES: return store ? static_cast<int64_t>(store->pool_bytes()) : 0;

@@ -60,7 +60,6 @@ Status Runtime::create(const Model& m, const LoadOptions& opts, std::unique_ptr<
   auto rt = std::make_unique<Runtime>();
   const int32_t threads = opts.n_threads > 0 ? opts.n_threads : platform::physical_core_count();
   MOELITE_TRY(create_backend(opts.backend, threads, &rt->backend));
-  rt->backend_kind = rt->backend->kind();
   MOELITE_TRY(place_dense_weights(m, *rt->backend));
   rt->routed.reset(m.hp.n_layer);
   MOELITE_TRY(setup_adaptive(m, opts, &rt->profile, &rt->gating));

@@ -38,7 +38,6 @@ struct Runtime {
   // Declaration order is destruction order reversed: the predictor and the store go before the
   // backend whose shared memory the store's slots may live in.
   std::unique_ptr<Backend> backend;
-  BackendKind backend_kind = BackendKind::Cpu;
   std::unique_ptr<Profile> profile;  // null without a calibration profile
   std::unique_ptr<ExpertSource> experts;
   ExpertStore* store = nullptr;                // the same object as `experts` when a budget is set

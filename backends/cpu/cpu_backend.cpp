@@ -213,9 +213,7 @@ void CpuBackend::matmul_rows(const WeightView& w, const uint8_t* act, size_t act
 Status CpuBackend::matmul(const WeightView& w, const Act& x, const float* bias, Act* out) {
   const uint8_t* act;
   MOELITE_TRY(quantize_rows(rows_of(x), x.rows, x.cols, w.type, &qbuf_, &act));
-  const TensorType dt = dot_type(w.type);
-  const size_t stride =
-      dt == TensorType::F32 ? static_cast<size_t>(x.cols) * sizeof(float) : activation_row_bytes(w.type, x.cols);
+  const size_t stride = activation_row_bytes(w.type, x.cols);  // 4 * cols for float activations
   float* y = rows_of(*out);
   matmul_rows(w, act, stride, x.rows, y, out->cols);
   if (bias) {
@@ -323,10 +321,7 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
   const uint8_t *xq_gate, *xq_up;
   MOELITE_TRY(quantized_input(x, gate_type, input, &xq_gate));
   MOELITE_TRY(quantized_input(x, up_type, input, &xq_up));
-  auto stride_of = [&](TensorType t, int64_t cols) {
-    return dot_type(t) == TensorType::F32 ? static_cast<size_t>(cols) * sizeof(float) : activation_row_bytes(t, cols);
-  };
-  const size_t gate_stride = stride_of(gate_type, n_embd), up_stride = stride_of(up_type, n_embd);
+  const size_t gate_stride = activation_row_bytes(gate_type, n_embd), up_stride = activation_row_bytes(up_type, n_embd);
 
   // h rows: one per (job, routed row), n_ff_max floats each.
   n_ff_max_ = 0;
@@ -401,8 +396,7 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
   const int64_t n_ff_max = n_ff_max_, h_rows = h_rows_;
   // Quantize h for the down projections.
   const TensorType down_type = jobs[0].w->down.type;
-  const size_t hq_stride = dot_type(down_type) == TensorType::F32 ? static_cast<size_t>(n_ff_max) * sizeof(float)
-                                                                  : activation_row_bytes(down_type, n_ff_max);
+  const size_t hq_stride = activation_row_bytes(down_type, n_ff_max);
   const uint8_t* hq = reinterpret_cast<const uint8_t*>(h);
   if (dot_type(down_type) != TensorType::F32) {
     // Jobs with a shorter n_ff are quantized per job so each row is exactly that job's length.

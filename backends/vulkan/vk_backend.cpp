@@ -105,20 +105,24 @@ void VulkanBackend::free_shared(void* p) {
     }
 }
 
+const VulkanBackend::DevWeight* VulkanBackend::buffer_view(const WeightView& w, const Buffer& buf, uint64_t offset) {
+  auto dw = std::make_unique<DevWeight>();
+  dw->type = w.type;
+  dw->row_bytes = w.row_bytes;
+  dw->cols = w.cols;
+  DevWeight::Chunk c;
+  c.buf = buf;
+  c.offset = offset;
+  c.rows = w.rows;
+  dw->chunks.push_back(c);
+  temp_weights_.push_back(std::move(dw));
+  return temp_weights_.back().get();
+}
+
 const VulkanBackend::DevWeight* VulkanBackend::shared_weight(const WeightView& w) {
   for (const Shared& sh : shared_) {
     if (w.data < sh.host || w.data + w.row_bytes * static_cast<uint64_t>(w.rows) > sh.host + sh.bytes) continue;
-    auto dw = std::make_unique<DevWeight>();
-    dw->type = w.type;
-    dw->row_bytes = w.row_bytes;
-    dw->cols = w.cols;
-    DevWeight::Chunk c;
-    c.buf = sh.buf;
-    c.offset = static_cast<uint64_t>(w.data - static_cast<const uint8_t*>(sh.buf.mapped));
-    c.rows = w.rows;
-    dw->chunks.push_back(c);
-    temp_weights_.push_back(std::move(dw));
-    return temp_weights_.back().get();
+    return buffer_view(w, sh.buf, static_cast<uint64_t>(w.data - static_cast<const uint8_t*>(sh.buf.mapped)));
   }
   return nullptr;
 }
@@ -165,16 +169,7 @@ Status VulkanBackend::tier_chunk(const ExpertTask& task, int chunk, const DevWei
   }
   slot->last_use = ++tier_clock_;
   slot->in_use = true;
-  auto dw = std::make_unique<DevWeight>();
-  dw->type = view.type;
-  dw->row_bytes = view.row_bytes;
-  dw->cols = view.cols;
-  DevWeight::Chunk ch;
-  ch.buf = slot->chunk[chunk];
-  ch.rows = view.rows;
-  dw->chunks.push_back(ch);
-  temp_weights_.push_back(std::move(dw));
-  *out = temp_weights_.back().get();
+  *out = buffer_view(view, slot->chunk[chunk], 0);
   return MOELITE_OK;
 }
 

@@ -97,6 +97,8 @@ class VulkanBackend final : public Backend {
   Status host_floats(const float* p, size_t n, const Buffer** out);
   // One matrix (0 gate, 1 up, 2 down) of a routed expert, wherever the device reads it from.
   Status expert_matrix(const ExpertTask& task, int chunk, const DevWeight** out);
+  // `w`'s rows as they lie in `buf` from `offset` on, valid until the next moe_begin.
+  const DevWeight* buffer_view(const WeightView& w, const Buffer& buf, uint64_t offset);
   // The weight as a view of shared memory (zero copy), or null if its bytes are not there.
   const DevWeight* shared_weight(const WeightView& w);
   // out rows (or mapped rows) = W x rows; maps: device int buffer [in rows..., out rows...].
