@@ -1,29 +1,13 @@
 // Shared pieces of the `moelite` command-line tool: argument parsing, model loading, errors.
 #pragma once
 #include <cstdint>
-#include <map>
 #include <string>
 #include <vector>
 
 #include "moelite.h"
+#include "options.h"
 
 namespace cli {
-
-// Parsed "-x value" / "--long value" / "--flag" arguments of one subcommand.
-class Args {
- public:
-  // `flags` lists options that take no value. Returns false (with a message) on a stray value.
-  bool parse(int argc, char** argv, const std::vector<std::string>& flags, std::string* error);
-  bool has(const std::string& name) const { return values_.count(name) != 0; }
-  std::string get(const std::string& name, const std::string& fallback = "") const;
-  // Integer option; false with a message if present but not an integer.
-  bool get_int(const std::string& name, int64_t fallback, int64_t* out, std::string* error) const;
-  // Finite number option; false with a message if present but not one.
-  bool get_double(const std::string& name, double fallback, double* out, std::string* error) const;
-
- private:
-  std::map<std::string, std::string> values_;
-};
 
 // Prints "moelite: error: NAME: message" for a failed status and returns exit code 1.
 int report(moelite_status status, const char* what);
@@ -39,7 +23,10 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only = false);
 // Sampling and stopping options shared by `run` and `chat` (-n, --temp, --top-k, --top-p,
 // --min-p, --repeat-penalty, --repeat-last-n, --seed, --stop). Returns 0 or an exit code.
 int generate_params_from_args(const Args& args, moelite_generate_params* p);
-extern const std::vector<std::string> kGenerateFlags;
+
+// Flushes stdout and reports a failed write (a full disk, a closed pipe, /dev/full) as exit code 1:
+// output that did not arrive is a failure, not a success.
+int finish_output(int exit_code);
 
 // The tokens of a text file's bytes as given (no BOS/EOS, no special-token parsing), as
 // `perplexity`, `calibrate` and `trace record` read their corpus. Returns 0 or an exit code.

@@ -3,71 +3,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "cli.h"
 
 namespace cli {
-
-bool Args::parse(int argc, char** argv, const std::vector<std::string>& flags, std::string* error) {
-  for (int i = 0; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.size() < 2 || a[0] != '-') {
-      *error = "unexpected argument '" + a + "'";
-      return false;
-    }
-    // Model-loading switches every command accepts (see load_model).
-    bool is_flag = a == "--no-mmap" || a == "--per-layer" || a == "--verbose";
-    for (const auto& f : flags) is_flag = is_flag || f == a;
-    if (is_flag) {
-      values_[a] = "1";
-    } else if (i + 1 < argc) {
-      values_[a] = argv[++i];
-    } else {
-      *error = "option '" + a + "' needs a value";
-      return false;
-    }
-  }
-  return true;
-}
-
-std::string Args::get(const std::string& name, const std::string& fallback) const {
-  auto it = values_.find(name);
-  return it == values_.end() ? fallback : it->second;
-}
-
-bool Args::get_int(const std::string& name, int64_t fallback, int64_t* out, std::string* error) const {
-  auto it = values_.find(name);
-  if (it == values_.end()) {
-    *out = fallback;
-    return true;
-  }
-  char* end = nullptr;
-  errno = 0;
-  long long v = strtoll(it->second.c_str(), &end, 10);
-  if (errno || end == it->second.c_str() || *end != '\0') {
-    *error = "option '" + name + "' expects an integer, got '" + it->second + "'";
-    return false;
-  }
-  *out = v;
-  return true;
-}
-
-bool Args::get_double(const std::string& name, double fallback, double* out, std::string* error) const {
-  auto it = values_.find(name);
-  if (it == values_.end()) {
-    *out = fallback;
-    return true;
-  }
-  char* end = nullptr;
-  errno = 0;
-  const double v = strtod(it->second.c_str(), &end);
-  if (errno || end == it->second.c_str() || *end != '\0' || !std::isfinite(v)) {
-    *error = "option '" + name + "' expects a number, got '" + it->second + "'";
-    return false;
-  }
-  *out = v;
-  return true;
-}
 
 int tokenize_file(moelite_model* model, const std::string& path, std::vector<int32_t>* out) {
   std::string text;
@@ -90,6 +30,15 @@ int usage_error(const std::string& message) {
   return 2;
 }
 
+int finish_output(int exit_code) {
+  const bool failed = fflush(stdout) != 0 || ferror(stdout);
+  if (failed && exit_code == 0) {  // a failing command has said what went wrong already
+    fprintf(stderr, "moelite: error: writing the output failed: %s\n", strerror(errno ? errno : EIO));
+    return 1;
+  }
+  return exit_code;
+}
+
 int progress_bar(float p, void*) {
   const int width = 30, filled = static_cast<int>(p * width + 0.5f);
   fprintf(stderr, "\r[%.*s%*s] %3d%%", filled, "##############################", width - filled, "",
@@ -100,45 +49,30 @@ int progress_bar(float p, void*) {
 }
 
 namespace {
-// "2GiB", "512MiB", "1.5G", "123456" -> bytes; "25%" -> share of the model's expert bytes.
+// --budget as bytes; a share ("25%") is of the model's expert bytes, read from the file first.
 bool parse_budget(const std::string& text, const std::string& path, uint64_t* out, std::string* err) {
-  char* end = nullptr;
-  const double v = strtod(text.c_str(), &end);
-  std::string unit(end ? end : "");
-  if (end == text.c_str() || v < 0) {
-    *err = "--budget expects a size like 2GiB, 512MiB or 25%, got '" + text + "'";
-    return false;
-  }
-  if (unit == "%") {
-    moelite_model* probe = nullptr;  // a mapped load reads no weights: cheap
-    if (moelite_model_load(path.c_str(), nullptr, &probe) != MOELITE_OK) {
-      *err = std::string("cannot read the model to size --budget: ") + moelite_last_error();
-      return false;
-    }
-    *out = static_cast<uint64_t>(v / 100.0 * static_cast<double>(moelite_model_get(probe, MOELITE_MODEL_EXPERT_BYTES)));
-    moelite_model_free(probe);
+  SizeArg size;
+  if (!parse_size("--budget", text, &size, err)) return false;
+  if (!size.percent) {
+    *out = static_cast<uint64_t>(size.value);
     return true;
   }
-  double scale = 1;
-  if (unit == "" || unit == "B")
-    scale = 1;
-  else if (unit == "K" || unit == "KB")
-    scale = 1e3;
-  else if (unit == "KiB")
-    scale = 1024.0;
-  else if (unit == "M" || unit == "MB")
-    scale = 1e6;
-  else if (unit == "MiB")
-    scale = 1048576.0;
-  else if (unit == "G" || unit == "GB")
-    scale = 1e9;
-  else if (unit == "GiB")
-    scale = 1073741824.0;
-  else {
-    *err = "unknown size unit '" + unit + "' in --budget";
+  moelite_model_params* params = moelite_model_params_create();
+  moelite_model* probe = nullptr;  // a mapped load reads no weights: cheap
+  moelite_status st = params ? moelite_model_params_set_threads(params, 1) : MOELITE_ERR_OUT_OF_MEMORY;
+  if (st == MOELITE_OK) st = moelite_model_load(path.c_str(), params, &probe);
+  moelite_model_params_free(params);
+  if (st != MOELITE_OK) {
+    *err = std::string("cannot read the model to size --budget: ") + moelite_last_error();
     return false;
   }
-  *out = static_cast<uint64_t>(v * scale);
+  const double expert_bytes = static_cast<double>(moelite_model_get(probe, MOELITE_MODEL_EXPERT_BYTES));
+  moelite_model_free(probe);
+  *out = static_cast<uint64_t>(size.value / 100.0 * expert_bytes);
+  if (*out == 0) {
+    *err = "--budget " + text + " of this model's experts is 0 bytes";
+    return false;
+  }
   return true;
 }
 }  // namespace

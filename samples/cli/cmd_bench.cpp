@@ -31,10 +31,25 @@ uint64_t peak_rss_bytes() {
 // Prefill: one batch of -p random tokens from an empty cache. Decode: -n single-token steps after
 // it. Each measured -r times (best run reported) after one untimed warm-up that faults the weights
 // in, so the numbers are compute and memory speed, not first-touch page faults.
+namespace {
+const Command kBenchCommand = {"bench", "-m MODEL [-p N] [-n N] [-r N] [-f TEXT] [--json] [options]",
+                               "Prefill and decode speed (best of -r runs after a warm-up), with the memory and "
+                               "storage bounds.",
+                               with_groups({{{"-p"}, "N", "prompt tokens (default 128)"},
+                                            {{"-n"}, "N", "decoded tokens (default 32)"},
+                                            {{"-r"}, "N", "measured runs (default 1)"},
+                                            {{"-f"}, "TEXT", "take prompt and decoded tokens from a text file"},
+                                            {{"--seed"}, "S", "seed of the random tokens (default 42)"},
+                                            {{"--json"}, "", "print JSON"},
+                                            {{"--no-warmup"}, "", "no untimed warm-up run"},
+                                            {{"--no-membw"}, "", "skip the DRAM and storage bandwidth probes"}},
+                                           {&model_options()})};
+}  // namespace
+
 int cmd_bench(int argc, char** argv) {
   Args args;
+  if (int rc = 0; !parse_command_line(argc, argv, kBenchCommand, &args, &rc)) return rc;
   std::string err;
-  if (!args.parse(argc, argv, {"--json", "--no-mmap", "--no-warmup", "--no-membw"}, &err)) return usage_error(err);
   int64_t n_prompt, n_gen, reps, seed;
   if (!args.get_int("-p", 128, &n_prompt, &err) || !args.get_int("-n", 32, &n_gen, &err) ||
       !args.get_int("-r", 1, &reps, &err) || !args.get_int("--seed", 42, &seed, &err))

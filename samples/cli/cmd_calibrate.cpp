@@ -12,10 +12,24 @@
 
 namespace cli {
 
+namespace {
+const Command kCalibrateCommand = {"calibrate", "-m MODEL -f CORPUS -o PROFILE [options]",
+                                   "Sensitivities, hit curves and predictors for adaptive gating, prefetch and "
+                                   "cache allocation.",
+                                   with_groups({{{"-f"}, "CORPUS", "text file to calibrate on (required)"},
+                                                {{"-o"}, "PROFILE", "profile to write (required)"},
+                                                {{"--ctx"}, "N", "window in tokens (default 256)"},
+                                                {{"--max-tokens"}, "N", "use at most N tokens, 0 = all"},
+                                                {{"--stride"}, "S", "predictor training stride (default 1)"},
+                                                {{"--holdout"}, "H", "held-out share (default 0.25)"},
+                                                {{"--json"}, "", "print JSON"}},
+                                               {&model_options()})};
+}  // namespace
+
 int cmd_calibrate(int argc, char** argv) {
   Args args;
+  if (int rc = 0; !parse_command_line(argc, argv, kCalibrateCommand, &args, &rc)) return rc;
   std::string err;
-  if (!args.parse(argc, argv, {"--json"}, &err)) return usage_error(err);
   if (!args.has("-f")) return usage_error("missing -f CORPUS (a text file)");
   if (!args.has("-o")) return usage_error("missing -o PROFILE");
   int64_t window, max_tokens, stride;

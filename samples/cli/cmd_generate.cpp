@@ -1,5 +1,6 @@
 // `moelite run` (one completion, streamed) and `moelite chat` (interactive, multi-turn).
 #include <unistd.h>
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -11,9 +12,27 @@
 
 namespace cli {
 
-const std::vector<std::string> kGenerateFlags = {"--no-mmap", "--json"};
-
 namespace {
+
+const Command kRunCommand = {"run", "-m MODEL (-p PROMPT | -f FILE) [options]", "Streams a completion of the prompt.",
+                             with_groups({{{"-p"}, "PROMPT", "the prompt"},
+                                          {{"-f"}, "FILE", "read the prompt from a file"},
+                                          {{"-c"}, "CTX", "context length (default: the model's, at most 4096)"}},
+                                         {&generate_options(), &model_options()})};
+const Command kChatCommand = {
+    "chat", "-m MODEL [--system TEXT] [options]",
+    "Interactive multi-turn chat with the model's chat template. When the conversation outgrows the context, the "
+    "oldest turns are dropped (the system prompt is kept) and a note says so.",
+    with_groups({{{"--system"}, "TEXT", "system prompt"},
+                 {{"-c"}, "CTX", "context length (default: the model's, at most 4096)"}},
+                {&generate_options(), &model_options()})};
+const Command kTokenizeCommand = {"tokenize", "-m MODEL (-p TEXT | -f FILE) [--add-special] [--parse-special]",
+                                  "Prints the token ids of a text.",
+                                  with_groups({{{"-p"}, "TEXT", "the text"},
+                                               {{"-f"}, "FILE", "read the text from a file"},
+                                               {{"--add-special"}, "", "add BOS/EOS as the model does"},
+                                               {{"--parse-special"}, "", "turn special-token text into its ids"}},
+                                              {&model_options()})};
 
 bool parse_float(const Args& a, const char* name, float* out, std::string* err) {
   if (!a.has(name)) return true;
@@ -27,10 +46,10 @@ bool parse_float(const Args& a, const char* name, float* out, std::string* err) 
   return true;
 }
 
+// Streams a piece to stdout; stops the generation (returns 0) when stdout cannot take it, since
+// nobody will read the rest.
 int print_piece(const char* piece, size_t len, void*) {
-  fwrite(piece, 1, len, stdout);
-  fflush(stdout);
-  return 1;
+  return fwrite(piece, 1, len, stdout) == len && fflush(stdout) == 0 ? 1 : 0;
 }
 
 void print_stats(const moelite_generate_stats& s) {
@@ -87,14 +106,14 @@ int generate_params_from_args(const Args& a, moelite_generate_params* p) {
   if (st == MOELITE_OK) st = moelite_generate_params_set_min_p(p, min_p);
   if (st == MOELITE_OK) st = moelite_generate_params_set_repeat_penalty(p, rep, static_cast<int32_t>(last_n));
   if (st == MOELITE_OK) st = moelite_generate_params_set_seed(p, static_cast<uint64_t>(seed));
-  if (st == MOELITE_OK && a.has("--stop")) st = moelite_generate_params_add_stop(p, a.get("--stop").c_str());
+  for (const std::string& stop : a.get_all("--stop"))
+    if (st == MOELITE_OK) st = moelite_generate_params_add_stop(p, stop.c_str());
   return st == MOELITE_OK ? 0 : report(st, "generation options");
 }
 
 int cmd_run(int argc, char** argv) {
   Args args;
-  std::string err;
-  if (!args.parse(argc, argv, kGenerateFlags, &err)) return usage_error(err);
+  if (int rc = 0; !parse_command_line(argc, argv, kRunCommand, &args, &rc)) return rc;
   if (!args.has("-p") && !args.has("-f")) return usage_error("missing -p PROMPT (or -f FILE)");
   std::string prompt = args.get("-p");
   if (args.has("-f")) {
@@ -106,21 +125,88 @@ int cmd_run(int argc, char** argv) {
   stats.struct_size = sizeof stats;
   moelite_status st = moelite_generate(s.ctx, prompt.data(), prompt.size(), s.gen, &stats);
   if (st != MOELITE_OK) return report(st, "generating");
+  if (stats.stop_reason == MOELITE_STOP_CALLBACK) return finish_output(0);  // stdout is gone: says so, exit 1
   print_stats(stats);
   return 0;
 }
 
+namespace {
+
+// Tokens of a formatted prompt as moelite_generate will count them; -1 on failure.
+int32_t count_prompt_tokens(moelite_model* model, const std::string& text) {
+  int32_t n = 0;
+  const moelite_status st = moelite_tokenize(
+      model, text.data(), text.size(), MOELITE_TOKENIZE_ADD_SPECIAL | MOELITE_TOKENIZE_PARSE_SPECIAL, nullptr, 0, &n);
+  return st == MOELITE_OK || st == MOELITE_ERR_BUFFER_TOO_SMALL ? n : -1;
+}
+
+struct Conversation {
+  std::vector<std::string> roles, contents;
+  size_t n_fixed = 0;  // leading messages never dropped (the system prompt)
+
+  moelite_status format(moelite_model* model, std::string* out) const {
+    std::vector<moelite_chat_message> msgs;
+    for (size_t i = 0; i < roles.size(); ++i) msgs.push_back({roles[i].c_str(), contents[i].c_str()});
+    size_t len = 0;
+    moelite_status st = moelite_chat_format(model, msgs.data(), msgs.size(), 1, nullptr, 0, &len);
+    out->assign(len, '\0');
+    if (st == MOELITE_ERR_BUFFER_TOO_SMALL)
+      st = moelite_chat_format(model, msgs.data(), msgs.size(), 1, out->data(), len, &len);
+    return st;
+  }
+};
+
+// Formats the conversation so that it and `reply_room` tokens fit the context, dropping the
+// oldest turns after the fixed ones (a user message with its answer at a time). Says on stderr
+// what it dropped. MOELITE_ERR_CONTEXT_FULL when even the newest message alone does not fit.
+moelite_status fit_conversation(moelite_model* model, int32_t n_ctx, int32_t reply_room, Conversation* c,
+                                std::string* prompt) {
+  size_t dropped = 0;
+  for (;;) {
+    if (moelite_status st = c->format(model, prompt)) return st;
+    const int32_t n = count_prompt_tokens(model, *prompt);
+    if (n < 0) return MOELITE_ERR_INTERNAL;
+    if (n + reply_room <= n_ctx || c->roles.size() <= c->n_fixed + 1) {
+      if (dropped)
+        fprintf(stderr, "[context full: dropped the %zu oldest message%s; %d of %d tokens in use]\n", dropped,
+                dropped == 1 ? "" : "s", n, n_ctx);
+      if (n >= n_ctx) {
+        fprintf(stderr, "[this message has %d tokens with the conversation's fixed part; the context holds %d]\n", n,
+                n_ctx);
+        return MOELITE_ERR_CONTEXT_FULL;
+      }
+      return MOELITE_OK;
+    }
+    // Drop the oldest turn: a user message and the answer that follows it.
+    size_t end = c->n_fixed + 1;
+    if (end < c->roles.size() - 1 && c->roles[end] == "assistant") ++end;
+    c->roles.erase(c->roles.begin() + static_cast<std::ptrdiff_t>(c->n_fixed),
+                   c->roles.begin() + static_cast<std::ptrdiff_t>(end));
+    c->contents.erase(c->contents.begin() + static_cast<std::ptrdiff_t>(c->n_fixed),
+                      c->contents.begin() + static_cast<std::ptrdiff_t>(end));
+    dropped += end - c->n_fixed;
+  }
+}
+
+}  // namespace
+
 int cmd_chat(int argc, char** argv) {
   Args args;
+  if (int rc = 0; !parse_command_line(argc, argv, kChatCommand, &args, &rc)) return rc;
   std::string err;
-  if (!args.parse(argc, argv, kGenerateFlags, &err)) return usage_error(err);
+  int64_t max_tokens = 256;
+  if (!args.get_int("-n", 256, &max_tokens, &err)) return usage_error(err);
   Session s;
   if (int rc = open_session(args, &s)) return rc;
   const bool interactive = isatty(STDIN_FILENO);
-  std::vector<std::string> roles, contents;
+  const int32_t n_ctx = moelite_context_n_ctx(s.ctx);
+  // Room kept for the answer when old turns must go: the -n limit, but at most half the context.
+  const int32_t reply_room = static_cast<int32_t>(std::min<int64_t>(std::max<int64_t>(max_tokens, 0), n_ctx / 2));
+  Conversation conv;
   if (args.has("--system")) {
-    roles.push_back("system");
-    contents.push_back(args.get("--system"));
+    conv.roles.push_back("system");
+    conv.contents.push_back(args.get("--system"));
+    conv.n_fixed = 1;
   }
   if (std::string(moelite_chat_template_kind(s.model)) == "plain") moelite_generate_params_add_stop(s.gen, "\nuser:");
   if (interactive)
@@ -132,21 +218,21 @@ int cmd_chat(int argc, char** argv) {
     if (!std::getline(std::cin, line)) break;
     if (line == "/exit") break;
     if (line == "/reset") {
-      roles.resize(args.has("--system") ? 1 : 0);
-      contents.resize(roles.size());
+      conv.roles.resize(conv.n_fixed);
+      conv.contents.resize(conv.n_fixed);
       moelite_kv_reset(s.ctx);
       continue;
     }
     if (line.empty()) continue;
-    roles.push_back("user");
-    contents.push_back(line);
-    std::vector<moelite_chat_message> msgs;
-    for (size_t i = 0; i < roles.size(); ++i) msgs.push_back({roles[i].c_str(), contents[i].c_str()});
-    size_t len = 0;
-    moelite_status st = moelite_chat_format(s.model, msgs.data(), msgs.size(), 1, nullptr, 0, &len);
-    std::string prompt(len, '\0');
-    if (st == MOELITE_ERR_BUFFER_TOO_SMALL)
-      st = moelite_chat_format(s.model, msgs.data(), msgs.size(), 1, prompt.data(), len, &len);
+    conv.roles.push_back("user");
+    conv.contents.push_back(line);
+    std::string prompt;
+    moelite_status st = fit_conversation(s.model, n_ctx, reply_room, &conv, &prompt);
+    if (st == MOELITE_ERR_CONTEXT_FULL) {  // this message cannot be answered; the chat goes on
+      conv.roles.pop_back();
+      conv.contents.pop_back();
+      continue;
+    }
     if (st != MOELITE_OK) return report(st, "formatting the chat");
     // The reply is captured as it streams so the next turn can include it.
     struct Capture {
@@ -156,27 +242,27 @@ int cmd_chat(int argc, char** argv) {
         s.gen,
         [](const char* piece, size_t n, void* user) {
           static_cast<Capture*>(user)->text.append(piece, n);
-          fwrite(piece, 1, n, stdout);
-          fflush(stdout);
-          return 1;
+          return print_piece(piece, n, nullptr);
         },
         &cap);
     moelite_generate_stats stats{};
     stats.struct_size = sizeof stats;
     st = moelite_generate(s.ctx, prompt.data(), prompt.size(), s.gen, &stats);
     if (st != MOELITE_OK) return report(st, "generating");
+    if (stats.stop_reason == MOELITE_STOP_CALLBACK) return finish_output(0);  // stdout is gone: says so, exit 1
     printf("\n");
+    if (stats.stop_reason == MOELITE_STOP_CONTEXT_FULL)
+      fprintf(stderr, "[the answer filled the context; older turns will be dropped]\n");
     print_stats(stats);  // on stderr: the conversation on stdout stays clean
-    roles.push_back("assistant");
-    contents.push_back(cap.text);
+    conv.roles.push_back("assistant");
+    conv.contents.push_back(cap.text);
   }
   return 0;
 }
 
 int cmd_tokenize(int argc, char** argv) {
   Args args;
-  std::string err;
-  if (!args.parse(argc, argv, {"--add-special", "--parse-special"}, &err)) return usage_error(err);
+  if (int rc = 0; !parse_command_line(argc, argv, kTokenizeCommand, &args, &rc)) return rc;
   std::string text;
   if (args.has("-f")) {
     if (!read_file(args.get("-f"), &text)) return usage_error("cannot read '" + args.get("-f") + "'");

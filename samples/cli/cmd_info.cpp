@@ -5,10 +5,16 @@
 
 namespace cli {
 
+namespace {
+const Command kInfoCommand = {"info", "-m MODEL [--json] [options]",
+                              "The model's facts: architecture, experts, bytes, backend.",
+                              with_groups({{{"--json"}, "", "print JSON"}}, {&model_options()})};
+}  // namespace
+
 int cmd_info(int argc, char** argv) {
   Args args;
+  if (int rc = 0; !parse_command_line(argc, argv, kInfoCommand, &args, &rc)) return rc;
   std::string err;
-  if (!args.parse(argc, argv, {"--json", "--no-mmap"}, &err)) return usage_error(err);
   moelite_model* model = nullptr;
   if (int rc = load_model(args, &model)) return rc;
   struct Row {
@@ -33,6 +39,8 @@ int cmd_info(int argc, char** argv) {
       {"dense_bytes", MOELITE_MODEL_DENSE_BYTES},
       {"active_bytes_per_token", MOELITE_MODEL_ACTIVE_BYTES},
       {"threads", MOELITE_MODEL_THREADS},
+      {"expert_budget", MOELITE_MODEL_EXPERT_BUDGET},  // 0: every expert resident
+      {"expert_pool_bytes", MOELITE_MODEL_EXPERT_POOL_BYTES},
   };
   if (args.has("--json")) {
     printf("{\"arch\": \"%s\", \"name\": \"%s\", \"expert_type\": \"%s\", \"backend\": \"%s\"",

@@ -6,10 +6,19 @@
 namespace cli {
 
 // Evaluates --tokens as one prompt from an empty cache and writes every token's logits.
+namespace {
+const Command kLogitsCommand = {"logits", "-m MODEL --tokens 1,2,3 --out FILE [options]",
+                                "Writes float32 logits, n_tokens x n_vocab, row-major.",
+                                with_groups({{{"--tokens"}, "IDS", "comma-separated token ids (required)"},
+                                             {{"--out"}, "FILE", "output file (required)"},
+                                             {{"-b"}, "N", "batch size (default 512)"}},
+                                            {&model_options()})};
+}  // namespace
+
 int cmd_logits(int argc, char** argv) {
   Args args;
+  if (int rc = 0; !parse_command_line(argc, argv, kLogitsCommand, &args, &rc)) return rc;
   std::string err;
-  if (!args.parse(argc, argv, {"--no-mmap"}, &err)) return usage_error(err);
   std::vector<int32_t> tokens;
   if (!args.has("--tokens")) return usage_error("missing --tokens 1,2,3");
   if (!parse_tokens(args.get("--tokens"), &tokens, &err)) return usage_error(err);

@@ -13,10 +13,19 @@ namespace cli {
 // windows of --ctx tokens, each evaluated from an empty cache; every token after a window's first
 // is scored by the log-probability the model gave it. A last partial window counts when it holds
 // at least two tokens.
+namespace {
+const Command kPerplexityCommand = {"perplexity", "-m MODEL -f TEXT [--ctx 256] [--json] [options]",
+                                    "Windowed perplexity of a text.",
+                                    with_groups({{{"-f"}, "TEXT", "text file (required)"},
+                                                 {{"--ctx"}, "N", "window in tokens (default 256)"},
+                                                 {{"--json"}, "", "print JSON"}},
+                                                {&model_options()})};
+}  // namespace
+
 int cmd_perplexity(int argc, char** argv) {
   Args args;
+  if (int rc = 0; !parse_command_line(argc, argv, kPerplexityCommand, &args, &rc)) return rc;
   std::string err;
-  if (!args.parse(argc, argv, {"--json", "--no-mmap"}, &err)) return usage_error(err);
   int64_t n_ctx;
   if (!args.get_int("--ctx", 256, &n_ctx, &err)) return usage_error(err);
   if (n_ctx < 2) return usage_error("--ctx must be at least 2");

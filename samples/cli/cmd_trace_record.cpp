@@ -42,10 +42,20 @@ void on_route(int32_t layer, int32_t pos0, int32_t n_tokens, int32_t k, const in
 
 // Either a text file evaluated in consecutive windows of --ctx tokens (like `perplexity`), or a
 // prompt followed by -n generated tokens (prefill and decode routing both recorded).
+namespace {
+const Command kTraceRecordCommand = {"trace record", "-m MODEL (-f TEXT | -p PROMPT [-n N]) -o TRACE [options]",
+                                     "Records the routing (layer, token, experts, weights) as JSON lines.",
+                                     with_groups({{{"-o"}, "TRACE", "trace file to write (required)"},
+                                                  {{"-f"}, "TEXT", "text file to evaluate"},
+                                                  {{"-p"}, "PROMPT", "prompt to generate from"},
+                                                  {{"--ctx"}, "N", "window for -f in tokens (default 256)"}},
+                                                 {&model_options(), &generate_options()})};
+}  // namespace
+
 int cmd_trace_record(int argc, char** argv) {
   Args args;
+  if (int rc = 0; !parse_command_line(argc, argv, kTraceRecordCommand, &args, &rc)) return rc;
   std::string err;
-  if (!args.parse(argc, argv, {"--no-mmap"}, &err)) return usage_error(err);
   const std::string out_path = args.get("-o");
   if (out_path.empty()) return usage_error("missing -o TRACE.jsonl");
   if (args.has("-f") == args.has("-p")) return usage_error("give exactly one of -f TEXT_FILE or -p PROMPT");

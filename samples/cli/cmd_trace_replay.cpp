@@ -11,10 +11,23 @@
 
 namespace cli {
 
+namespace {
+const Command kTraceReplayCommand = {"trace replay",
+                                     "-f TRACE --capacity N|P% [options]",
+                                     "Cache policies on a recorded routing trace, Belady as the bound.",
+                                     {{{"-f"}, "TRACE", "trace file (required)"},
+                                      {{"--capacity"}, "N|P%", "cache capacity in experts or share (required)"},
+                                      {{"--global"}, "", "one pool for all layers"},
+                                      {{"--policy"}, "NAME", "lru, lfu, decay, static, belady or all"},
+                                      {{"--half-life"}, "H", "half-life of the decay policy"},
+                                      {{"--lookahead"}, "N", "prefetch lookahead"},
+                                      {{"--json"}, "", "print JSON"}}};
+}  // namespace
+
 int cmd_trace_replay(int argc, char** argv) {
   Args args;
+  if (int rc = 0; !parse_command_line(argc, argv, kTraceReplayCommand, &args, &rc)) return rc;
   std::string err;
-  if (!args.parse(argc, argv, {"--json", "--global"}, &err)) return usage_error(err);
   if (!args.has("-f")) return usage_error("missing -f TRACE.jsonl");
   if (!args.has("--capacity")) return usage_error("missing --capacity N or P%");
   const std::string which = args.get("--policy", "lru");

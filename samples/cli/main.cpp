@@ -24,6 +24,7 @@ static void print_help() {
       "  chat    -m MODEL [--system TEXT] [sampling options]  interactive multi-turn chat\n"
       "  tokenize -m MODEL (-p TEXT | -f FILE) [--add-special] [--parse-special]  token ids\n"
       "  version                                        library version\n\n"
+      "'moelite COMMAND --help' lists the options of a command.\n\n"
       "common options: -t/--threads N, --backend auto|cpu|vulkan|cuda, --no-mmap, --verbose (log what loads),\n"
       "                --budget SIZE|P%, --policy lru|lfu|decay|static|belady, --per-layer,\n"
       "                --allocation auto|global|uniform|dp,\n"
@@ -32,7 +33,13 @@ static void print_help() {
       moelite_version_string());
 }
 
-int main(int argc, char** argv) {
+static int dispatch(int argc, char** argv);
+
+// Every command's result goes through finish_output: text that could not be written (a full disk,
+// a closed pipe, `> /dev/full`) turns a success into exit status 1.
+int main(int argc, char** argv) { return cli::finish_output(dispatch(argc, argv)); }
+
+static int dispatch(int argc, char** argv) {
   if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
     print_help();
     return argc < 2 ? 2 : 0;

@@ -1,0 +1,93 @@
+"""The CLI refuses what it does not understand: unknown options, misplaced values and sizes that
+would silently mean "no budget" are usage errors (exit 2) naming the problem; output that cannot
+be written is a failure (exit 1); `chat` keeps going when the conversation outgrows the context.
+Each case here ran with exit status 0 and the option ignored before the hardening issue."""
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BIN = os.environ.get("MOELITE_BIN", os.path.join(ROOT, "build", "bin", "moelite"))
+MODEL = os.path.join(ROOT, "models", "moelite-tiny-qwen3moe-Q8_0.gguf")
+
+
+def cli(*args, stdin=None, stdout=subprocess.PIPE):
+    return subprocess.run([BIN, *args], stdout=stdout, stderr=subprocess.PIPE, input=stdin, timeout=300,
+                          text=True)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "-m", MODEL, "--budjet", "25%", "-p", "x"], "unknown option '--budjet'.*did you mean --budget"),
+    (["run", "-m", MODEL, "--temperature", "0.1", "-p", "x"], "unknown option '--temperature'.*did you mean --temp"),
+    (["info", "-m", MODEL, "stray"], "unexpected argument 'stray'"),
+    (["info", "-m", MODEL, "--json", "yes"], "unexpected argument 'yes'.*--json takes no value"),
+    (["info", "-m", MODEL, "--json=1"], "'--json' takes no value"),
+    (["run", "-m", MODEL, "--budget", "--policy", "lru", "-p", "x"], "'--budget' needs a value.*got option '--policy'"),
+    (["run", "-m", MODEL, "-p"], "'-p' needs a value"),
+    (["info", "-m", MODEL, "-t", "99999999999"], "'-t' is out of range"),
+    (["trace", "replay", "-f", "x", "--capacity", "4", "--budget", "1G"], "unknown option '--budget'"),
+])
+def test_bad_command_lines_are_usage_errors(args, message):
+    r = cli(*args)
+    assert r.returncode == 2, r.stderr
+    assert re.search(message, r.stderr), r.stderr
+
+
+@pytest.mark.parametrize("budget", ["nan", "inf", "1e30", "0", "0.4", "0%", "-5%", "101%", "12XB", "", "0x10",
+                                    "infinity", "25 %"])
+def test_budgets_that_meant_no_budget_are_refused(budget):
+    r = cli("info", "-m", MODEL, "--budget", budget)
+    assert r.returncode == 2, (budget, r.stderr)
+    assert "--budget" in r.stderr
+
+
+@pytest.mark.parametrize("budget, share", [("25%", 0.25), ("1.5MiB", None), ("3000000", None)])
+def test_good_budgets_are_accepted(budget, share):
+    r = cli("info", "-m", MODEL, "--budget", budget, "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    expected = int(share * info["expert_bytes"]) if share else {"1.5MiB": 1572864, "3000000": 3000000}[budget]
+    assert info["expert_budget"] == expected
+    assert 0 < info["expert_pool_bytes"] <= expected
+
+
+@pytest.mark.parametrize("command", [["info"], ["run"], ["chat"], ["bench"], ["logits"], ["tokenize"],
+                                     ["perplexity"], ["calibrate"], ["trace", "record"], ["trace", "replay"]])
+def test_every_command_has_help(command):
+    r = cli(*command, "--help")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("usage: moelite " + " ".join(command)), r.stdout
+    assert "--help" in r.stdout
+
+
+@pytest.mark.parametrize("args", [["info", "-m", MODEL, "--json"], ["tokenize", "-m", MODEL, "-p", "hello"],
+                                  ["run", "-m", MODEL, "-p", "The open() function returns", "-n", "8"]])
+def test_unwritable_stdout_is_a_failure(args):
+    with open("/dev/full", "w") as full:
+        r = cli(*args, stdout=full)
+    assert r.returncode == 1, r.stderr
+    assert "writing the output failed" in r.stderr
+
+
+def test_chat_drops_old_turns_instead_of_failing_when_the_context_fills():
+    # 256-token context, 200-token answers: the second question used to end the chat with
+    # MOELITE_ERR_CONTEXT_FULL.
+    questions = "What does open() return?\nAnd list.append?\nWhat about dict.get?\nAnd str.join?\n"
+    r = cli("chat", "-m", MODEL, "-c", "256", "-n", "200", "--seed", "3", "--system", "Answer about Python.",
+            stdin=questions)
+    assert r.returncode == 0, r.stderr
+    assert "CONTEXT_FULL" not in r.stderr
+    assert "context full: dropped the 2 oldest messages" in r.stderr
+    assert r.stderr.count("generated") == 4, r.stderr  # every question got an answer
+
+
+def test_chat_skips_a_message_longer_than_the_context_and_goes_on():
+    long_message = "word " * 400
+    r = cli("chat", "-m", MODEL, "-c", "128", "-n", "8", stdin=long_message + "\nShort question?\n")
+    assert r.returncode == 0, r.stderr
+    assert "the context holds 128" in r.stderr
+    assert r.stderr.count("generated") == 1, r.stderr
