@@ -128,13 +128,24 @@ int cmd_bench(int argc, char** argv) {
   const std::string path = args.has("-m") ? args.get("-m") : args.get("--model");
   // The decode bound: active weight bytes per token over the measured DRAM read bandwidth with
   // the same number of threads.
-  const uint64_t peak_rss = peak_rss_bytes();  // before the bandwidth probe allocates its buffer
+  const uint64_t peak_rss = peak_rss_bytes();  // before the bandwidth probes allocate their buffers
   const int threads = static_cast<int>(moelite_model_get(model, MOELITE_MODEL_THREADS));
+  const int64_t budget = moelite_model_get(model, MOELITE_MODEL_EXPERT_BUDGET);
+  const std::string arch = moelite_model_arch(model), expert_type = moelite_model_expert_type(model),
+                    backend_name = moelite_model_backend_name(model);
+  const int64_t expert_bytes = moelite_model_get(model, MOELITE_MODEL_EXPERT_BYTES),
+                dense_bytes = moelite_model_get(model, MOELITE_MODEL_DENSE_BYTES),
+                pool_bytes = moelite_model_get(model, MOELITE_MODEL_EXPERT_POOL_BYTES),
+                store_peak_bytes = moelite_model_get(model, MOELITE_MODEL_EXPERT_PEAK_BYTES),
+                expert_slots = moelite_model_get(model, MOELITE_MODEL_EXPERT_SLOTS);
+  // The probes below allocate buffers of their own (1 GiB for DRAM). The model goes first, so that
+  // under a memory cap that fits the budget the peak is the larger of the two, not their sum.
+  moelite_context_free(ctx);
+  moelite_model_free(model);
   const double dram_gbs = args.has("--no-membw") ? 0.0 : measure_read_bandwidth(threads, size_t{1} << 30);
   const double bound_tps = dram_gbs > 0 ? dram_gbs * 1e9 / static_cast<double>(active) : 0.0;
   const double efficiency = bound_tps > 0 ? decode_tps / bound_tps : 0.0;
   // Expert store (decode only, best run): hit rate, share of decode time spent waiting for loads.
-  const int64_t budget = moelite_model_get(model, MOELITE_MODEL_EXPERT_BUDGET);
   const double hit_rate = best_stats.activations ? double(best_stats.hits) / double(best_stats.activations) : 1.0;
   const double stall = best_decode > 0 && n_gen > 0 ? best_stats.wait_seconds / best_decode : 0.0;
   const double read_per_token = n_gen > 0 ? double(best_stats.bytes_read) / double(n_gen) : 0.0;
@@ -188,25 +199,20 @@ int cmd_bench(int argc, char** argv) {
            ", \"prefetch_precision\": %.4f, \"timeliness\": %.4f, \"on_demand_loads_per_token\": %.3f"
            ", \"experts_per_token\": %.4f, \"gating\": \"%s\", \"threshold\": %s, \"profile\": \"%s\""
            ", \"allocation\": \"%s\", \"text\": %s, \"layers\": %s}\n",
-           json_escape(path).c_str(), moelite_model_arch(model), moelite_model_expert_type(model),
-           json_escape(moelite_model_backend_name(model)).c_str(), moelite_model_get(model, MOELITE_MODEL_THREADS),
-           n_prompt, n_gen, prefill_tps, decode_tps, n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, active, decode_gbs,
-           dram_gbs, bound_tps, efficiency, moelite_model_get(model, MOELITE_MODEL_EXPERT_BYTES),
-           moelite_model_get(model, MOELITE_MODEL_DENSE_BYTES), peak_rss, budget,
-           moelite_model_get(model, MOELITE_MODEL_EXPERT_POOL_BYTES),
-           moelite_model_get(model, MOELITE_MODEL_EXPERT_PEAK_BYTES),
-           moelite_model_get(model, MOELITE_MODEL_EXPERT_SLOTS), policy.c_str(), hit_rate, stall, read_per_token,
-           n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0, storage_gbs, budget_bound_tps,
-           budget_bound_tps > 0 ? decode_tps / budget_bound_tps : 0.0, json_escape(predictor).c_str(), accuracy,
-           precision, timeliness, n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0, experts_per_token,
-           json_escape(args.get("--gating", "exact")).c_str(), args.get("--threshold", "0").c_str(),
+           json_escape(path).c_str(), arch.c_str(), expert_type.c_str(), json_escape(backend_name).c_str(),
+           static_cast<int64_t>(threads), n_prompt, n_gen, prefill_tps, decode_tps,
+           n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, active, decode_gbs, dram_gbs, bound_tps, efficiency,
+           expert_bytes, dense_bytes, peak_rss, budget, pool_bytes, store_peak_bytes, expert_slots, policy.c_str(),
+           hit_rate, stall, read_per_token, n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0, storage_gbs,
+           budget_bound_tps, budget_bound_tps > 0 ? decode_tps / budget_bound_tps : 0.0, json_escape(predictor).c_str(),
+           accuracy, precision, timeliness, n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0,
+           experts_per_token, json_escape(args.get("--gating", "exact")).c_str(), args.get("--threshold", "0").c_str(),
            json_escape(args.get("--profile")).c_str(),
            json_escape(args.get("--allocation", args.has("--per-layer") ? "uniform" : "auto")).c_str(),
            args.has("-f") ? ("\"" + json_escape(args.get("-f")) + "\"").c_str() : "null", layers_json.c_str());
   } else {
-    printf("model     %s (%s, experts %s)\nbackend   %s, %" PRId64 " threads\n", path.c_str(),
-           moelite_model_arch(model), moelite_model_expert_type(model), moelite_model_backend_name(model),
-           moelite_model_get(model, MOELITE_MODEL_THREADS));
+    printf("model     %s (%s, experts %s)\nbackend   %s, %" PRId64 " threads\n", path.c_str(), arch.c_str(),
+           expert_type.c_str(), backend_name.c_str(), static_cast<int64_t>(threads));
     printf("prefill   %" PRId64 " tokens: %.2f tok/s\n", n_prompt, prefill_tps);
     printf("decode    %" PRId64 " tokens: %.2f tok/s (%.2f ms/token, %.2f GB/s of weights)\n", n_gen, decode_tps,
            n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, decode_gbs);
@@ -216,8 +222,7 @@ int cmd_bench(int argc, char** argv) {
     if (budget > 0)
       printf("experts   budget %.1f MiB (%" PRId64
              " slots, %s): hit rate %.3f, %.2f MB read/token, stalled %.0f%% of decode\n",
-             budget / 1048576.0, moelite_model_get(model, MOELITE_MODEL_EXPERT_SLOTS), policy.c_str(), hit_rate,
-             read_per_token / 1e6, 100.0 * stall);
+             budget / 1048576.0, expert_slots, policy.c_str(), hit_rate, read_per_token / 1e6, 100.0 * stall);
     if (budget > 0 && predictor != "none")
       printf("predict   %s: accuracy %.3f, precision %.3f, timeliness %.3f, %.3f on-demand loads/token\n",
              predictor.c_str(), accuracy, precision, timeliness,
@@ -230,8 +235,6 @@ int cmd_bench(int argc, char** argv) {
              storage_gbs, 100.0 * decode_tps / budget_bound_tps);
     printf("peak RSS  %.1f MiB\n", peak_rss / 1048576.0);
   }
-  moelite_context_free(ctx);
-  moelite_model_free(model);
   return 0;
 }
 

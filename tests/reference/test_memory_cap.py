@@ -1,0 +1,80 @@
+"""Runs under a cgroup (v1) memory cap, as a host app with a hard limit would: `moelite bench
+--budget` must finish within a cap that fits the model's dense weights, the expert budget and the
+bench's own bandwidth-probe buffer one after the other. Its 1 GiB DRAM probe used to be allocated
+while the model was still loaded, so the process was OOM-killed under such a cap. Skips where
+cgroup v1 memory control is not writable (not root, cgroup v2 only)."""
+import os
+import signal
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BIN = os.environ.get("MOELITE_BIN", os.path.join(ROOT, "build", "bin", "moelite"))
+MODEL = os.path.join(ROOT, "models", "moelite-tiny-qwen3moe-Q8_0.gguf")
+CGROUP_ROOT = "/sys/fs/cgroup/memory"
+
+
+@pytest.fixture
+def memory_cgroup():
+    if not os.access(CGROUP_ROOT, os.W_OK):
+        pytest.skip("cgroup v1 memory controller not writable here")
+    path = os.path.join(CGROUP_ROOT, "moelite-test-" + uuid.uuid4().hex[:8])
+    os.mkdir(path)
+    try:
+        yield path
+    finally:
+        for _ in range(50):
+            try:
+                os.rmdir(path)
+                break
+            except OSError:
+                subprocess.run(["sleep", "0.1"])
+
+
+def run_capped(cgroup, limit_bytes, args):
+    with open(os.path.join(cgroup, "memory.limit_in_bytes"), "w") as f:
+        f.write(str(limit_bytes))
+    swap = os.path.join(cgroup, "memory.memsw.limit_in_bytes")
+    if os.path.exists(swap):
+        with open(swap, "w") as f:
+            f.write(str(limit_bytes))
+
+    def enter():
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+
+    r = subprocess.run([BIN, *args], capture_output=True, text=True, preexec_fn=enter, timeout=600)
+    peak = int(open(os.path.join(cgroup, "memory.max_usage_in_bytes")).read())
+    return r, peak
+
+
+def make_model():
+    # 440 MB of Q8_0 experts, small dense part: the 300 MiB budget dominates the model's memory.
+    tmp = os.path.join(os.environ.get("MOELITE_TEST_TMP", "/tmp/moelite-ref-tests"), "memory-cap")
+    os.makedirs(tmp, exist_ok=True)
+    path = os.path.join(tmp, "qwen3moe-440MB-Q8_0.gguf")
+    if not os.path.exists(path):
+        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_tiny_model.py"), "--arch", "qwen3moe",
+                        "--type", "Q8_0", "--n-embd", "1024", "--n-layer", "4", "--n-expert", "32",
+                        "--n-expert-used", "4", "--n-ff-exp", "1024", "--n-head", "8", "--n-head-kv", "4",
+                        "--seed", "3", "--out", path + ".part", "--quiet"], check=True)
+        os.rename(path + ".part", path)
+    return path
+
+
+def test_bench_with_budget_fits_a_cap_that_fits_the_budget(memory_cgroup):
+    # 300 MiB of expert slots plus ~30 MiB of the rest while the model runs; 1 GiB for the DRAM
+    # probe after. A 1244 MiB cap fits either phase, not both at once.
+    model = make_model()
+    cap = 1244 << 20
+    r, peak = run_capped(memory_cgroup, cap,
+                         ["bench", "-m", model, "--budget", "300MiB", "-p", "16", "-n", "8", "--json"])
+    assert r.returncode != -signal.SIGKILL, "OOM-killed under the cap: peak %d MiB" % (peak >> 20)
+    assert r.returncode == 0, r.stderr
+    print("peak %d MiB under a %d MiB cap" % (peak >> 20, cap >> 20))
+    assert peak <= cap
+    assert '"dram_read_gb_s": 0.00' not in r.stdout  # the probe ran
