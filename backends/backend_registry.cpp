@@ -25,10 +25,9 @@ Status create_backend(BackendKind kind, int32_t n_threads, std::unique_ptr<Backe
         clear_error();
       }
 #endif
-      out->reset(new cpu::CpuBackend(n_threads));
-      return MOELITE_OK;
+      return cpu::CpuBackend::create(n_threads, out);
     }
-    case BackendKind::Cpu: out->reset(new cpu::CpuBackend(n_threads)); return MOELITE_OK;
+    case BackendKind::Cpu: return cpu::CpuBackend::create(n_threads, out);
     case BackendKind::Vulkan:
 #if MOELITE_HAVE_VULKAN
       return vk::VulkanBackend::create(true, out);

@@ -66,6 +66,7 @@ MOELITE_API const char* moelite_status_name(moelite_status s) {
     CASE(MOELITE_ERR_FILE_NOT_FOUND)
     CASE(MOELITE_ERR_IO)
     CASE(MOELITE_ERR_BUFFER_TOO_SMALL)
+    CASE(MOELITE_ERR_SYSTEM_LIMIT)
     CASE(MOELITE_ERR_GGUF_BAD_MAGIC)
     CASE(MOELITE_ERR_GGUF_BAD_VERSION)
     CASE(MOELITE_ERR_GGUF_TRUNCATED)
@@ -102,7 +103,8 @@ MOELITE_API void moelite_model_params_free(moelite_model_params* p) { delete p; 
 
 MOELITE_API moelite_status moelite_model_params_set_threads(moelite_model_params* p, int32_t n) {
   if (!p) return null_arg(__func__, "params");
-  if (n < 0) return fail(MOELITE_ERR_INVALID_ARGUMENT, "thread count %d is negative", n);
+  if (n < 0 || n > MOELITE_MAX_THREADS)
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "thread count %d is outside 0..%d", n, MOELITE_MAX_THREADS);
   p->opts.n_threads = n;
   return MOELITE_OK;
 }

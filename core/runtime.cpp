@@ -69,7 +69,7 @@ Status Runtime::create(const Model& m, const LoadOptions& opts, std::unique_ptr<
     so.policy = opts.expert_policy;
     so.per_layer = opts.expert_per_layer;
     MOELITE_TRY(plan_expert_store(m, rt->profile.get(), opts, &so));
-    if (const char* t = getenv("MOELITE_IO_THREADS")) so.io_threads = std::max(1, atoi(t));
+    if (const char* t = getenv("MOELITE_IO_THREADS")) so.io_threads = std::min(64, std::max(1, atoi(t)));
     std::unique_ptr<ExpertStore> store;
     MOELITE_TRY(ExpertStore::create(m, *rt->backend, so, &store));
     rt->store = store.get();

@@ -70,6 +70,8 @@ typedef enum moelite_status {
   MOELITE_ERR_IO = 4,                   /* a read, map or stat failed, or returned fewer bytes */
   MOELITE_ERR_BUFFER_TOO_SMALL = 5,     /* an output buffer is too small; the size needed is
                                            returned through the function's length argument */
+  MOELITE_ERR_SYSTEM_LIMIT = 6,         /* the OS refused a thread or another resource (ulimit -u,
+                                           cgroup pids.max); the message says which */
   MOELITE_ERR_GGUF_BAD_MAGIC = 10,      /* not a GGUF file */
   MOELITE_ERR_GGUF_BAD_VERSION = 11,    /* GGUF version other than 2 or 3 */
   MOELITE_ERR_GGUF_TRUNCATED = 12,      /* the file ends inside the header, metadata or tensor data */
@@ -149,8 +151,11 @@ typedef int (*moelite_progress_fn)(float progress, void* user_data);
 MOELITE_API moelite_model_params* moelite_model_params_create(void);
 MOELITE_API void moelite_model_params_free(moelite_model_params* params);
 
-/** Number of compute threads (>= 1); 0 restores the default (physical cores).
- *  MOELITE_ERR_INVALID_ARGUMENT for a negative value. */
+/** Most compute threads a model may use (more would only contend; larger counts are refused). */
+#define MOELITE_MAX_THREADS 512
+/** Number of compute threads, 1..MOELITE_MAX_THREADS; 0 restores the default (physical cores).
+ *  MOELITE_ERR_INVALID_ARGUMENT outside that range. If the OS refuses to start one of them,
+ *  moelite_model_load fails with MOELITE_ERR_SYSTEM_LIMIT (no thread is left behind). */
 MOELITE_API moelite_status moelite_model_params_set_threads(moelite_model_params* params, int32_t n_threads);
 /** Compute backend. Asking for a backend this build or machine lacks makes moelite_model_load
  *  fail with MOELITE_ERR_BACKEND_UNAVAILABLE and a message saying why. MOELITE_BACKEND_VULKAN

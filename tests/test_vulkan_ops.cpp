@@ -33,7 +33,7 @@ struct Pair {
 // The Vulkan backend on any device, including CPU implementations; skips when there is none.
 bool make(Pair* p) {
   if (vk::VulkanBackend::create(true, &p->vk) != MOELITE_OK) return false;
-  p->cpu = std::make_unique<cpu::CpuBackend>(1);
+  if (cpu::CpuBackend::create(1, &p->cpu) != MOELITE_OK) return false;
   return true;
 }
 

@@ -74,9 +74,16 @@ std::vector<Task> split_rows(const std::vector<Job>& jobs, RowsOf rows_of_job, i
 
 }  // namespace
 
-CpuBackend::CpuBackend(int32_t n_threads)
-    : k_(kernels_best()), pool_(n_threads), name_(std::string("cpu (") + kernels_best().isa + ")") {
-  attn_scores_.resize(static_cast<size_t>(pool_.size()));
+CpuBackend::CpuBackend(std::unique_ptr<ThreadPool> pool)
+    : k_(kernels_best()), pool_(std::move(pool)), name_(std::string("cpu (") + kernels_best().isa + ")") {
+  attn_scores_.resize(static_cast<size_t>(pool_->size()));
+}
+
+Status CpuBackend::create(int32_t n_threads, std::unique_ptr<Backend>* out) {
+  std::unique_ptr<ThreadPool> pool;
+  MOELITE_TRY(ThreadPool::create(n_threads, &pool));
+  out->reset(new CpuBackend(std::move(pool)));
+  return MOELITE_OK;
 }
 
 CpuBackend::~CpuBackend() = default;
@@ -160,7 +167,7 @@ Status CpuBackend::rms_norm(const Act& x, const float* w, int64_t group, float e
   if (total * group < 16384) {
     for (int64_t g = 0; g < total; ++g) body(g, 0);
   } else {
-    pool_.parallel_for(total, body);
+    pool_->parallel_for(total, body);
   }
   return MOELITE_OK;
 }
@@ -180,7 +187,7 @@ Status CpuBackend::quantize_rows(const float* x, int64_t rows, int64_t cols, Ten
   if (rows < 4) {
     for (int64_t r = 0; r < rows; ++r) body(r, 0);
   } else {
-    pool_.parallel_for(rows, body);
+    pool_->parallel_for(rows, body);
   }
   *out = dst;
   return MOELITE_OK;
@@ -189,10 +196,10 @@ Status CpuBackend::quantize_rows(const float* x, int64_t rows, int64_t cols, Ten
 void CpuBackend::matmul_rows(const WeightView& w, const uint8_t* act, size_t act_stride, int64_t n, float* out,
                              int64_t out_stride) {
   VecDotMultiFn dot = k_.vec_dot_multi[static_cast<uint32_t>(w.type)];
-  const int64_t rc = row_chunk(w.rows, pool_.size());
+  const int64_t rc = row_chunk(w.rows, pool_->size());
   const int64_t n_rc = (w.rows + rc - 1) / rc;
   const int64_t n_tc = (n + kTokenChunk - 1) / kTokenChunk;
-  pool_.parallel_for(n_rc * n_tc, [&](int64_t task, int) {
+  pool_->parallel_for(n_rc * n_tc, [&](int64_t task, int) {
     const int64_t r0 = (task % n_rc) * rc, r1 = std::min(w.rows, r0 + rc);
     const int64_t t0 = (task / n_rc) * kTokenChunk, t1 = std::min(n, t0 + kTokenChunk);
     for (int64_t r = r0; r < r1; ++r) {
@@ -256,7 +263,7 @@ Status CpuBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const float* qd = rows_of(q);
   float* od = rows_of(*out);
-  pool_.parallel_for(n * n_head, [&](int64_t task, int thread) {
+  pool_->parallel_for(n * n_head, [&](int64_t task, int thread) {
     const int64_t t = task / n_head, h = task % n_head;
     attend_head(qd + t * q.cols + h * head_dim, k_layer, v_layer, kv_dim, (h / group) * head_dim, head_dim,
                 pos0 + static_cast<int32_t>(t) + 1, scale, attn_scores_[thread].data(),
@@ -358,8 +365,8 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
 
   // h = act(gate x, up x) for every routed row of every job.
   const std::vector<Task> tasks = split_rows(
-      jobs, [](const FfnJob& j) { return j.w->gate.rows; }, pool_.size());
-  pool_.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
+      jobs, [](const FfnJob& j) { return j.w->gate.rows; }, pool_->size());
+  pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
     const Task& task = tasks[static_cast<size_t>(ti)];
     const FfnJob& job = jobs[static_cast<size_t>(task.job)];
     const WeightView &gw = job.w->gate, &uw = job.w->up;
@@ -406,7 +413,7 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
     std::vector<int64_t> row_ff(static_cast<size_t>(h_rows));
     for (size_t j = 0; j < jobs.size(); ++j)
       for (int64_t i = 0; i < jobs[j].n_rows; ++i) row_ff[static_cast<size_t>(h_offset_[j] + i)] = jobs[j].w->gate.rows;
-    pool_.parallel_for(h_rows, [&](int64_t r, int) {
+    pool_->parallel_for(h_rows, [&](int64_t r, int) {
       quantize(h + r * n_ff_max, dst + static_cast<size_t>(r) * hq_stride, row_ff[static_cast<size_t>(r)]);
     });
     hq = dst;
@@ -414,8 +421,8 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
 
   // results[out_row] = down h.
   const std::vector<Task> tasks = split_rows(
-      jobs, [](const FfnJob& j) { return j.w->down.rows; }, pool_.size());
-  pool_.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
+      jobs, [](const FfnJob& j) { return j.w->down.rows; }, pool_->size());
+  pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
     const Task& task = tasks[static_cast<size_t>(ti)];
     const FfnJob& job = jobs[static_cast<size_t>(task.job)];
     const WeightView& dw = job.w->down;

@@ -17,12 +17,17 @@ namespace moelite::cpu {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int32_t n_threads);
+  // MOELITE_ERR_SYSTEM_LIMIT when the OS refuses one of the compute threads.
+  [[nodiscard]] static Status create(int32_t n_threads, std::unique_ptr<Backend>* out);
   ~CpuBackend() override;
 
+ private:
+  explicit CpuBackend(std::unique_ptr<ThreadPool> pool);
+
+ public:
   BackendKind kind() const override { return BackendKind::Cpu; }
   const char* name() const override { return name_.c_str(); }
-  int32_t n_threads() const override { return pool_.size(); }
+  int32_t n_threads() const override { return pool_->size(); }
 
   Status place_weight(const WeightView& w) override;
   Status check_weight(const WeightView& w) override;
@@ -79,7 +84,7 @@ class CpuBackend final : public Backend {
   static std::vector<FfnJob> jobs_of(const ExpertTask* tasks, int32_t n);
 
   const KernelTable& k_;
-  ThreadPool pool_;
+  std::unique_ptr<ThreadPool> pool_;
   std::string name_;
   std::vector<uint8_t> qbuf_, qbuf2_;
   std::vector<uint8_t> ffn_xg_gate_, ffn_xg_up_;  // activations gathered per expert job

@@ -1,5 +1,7 @@
 #include "backends/cpu/threadpool.h"
 
+#include <new>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define MOELITE_CPU_RELAX() _mm_pause()
@@ -17,25 +19,52 @@ namespace {
 constexpr int kSpinIterations = 20000;
 }  // namespace
 
-ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
-  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_main(i); });
+Status ThreadPool::create(int n_threads, std::unique_ptr<ThreadPool>* out) {
+  std::unique_ptr<ThreadPool> pool(new (std::nothrow) ThreadPool(n_threads < 1 ? 1 : n_threads));
+  if (!pool) return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory for the thread pool");
+  try {
+    pool->workers_.reserve(static_cast<size_t>(pool->n_threads_ - 1));
+    for (int i = 1; i < pool->n_threads_; ++i) pool->workers_.emplace_back([p = pool.get(), i] { p->worker_main(i); });
+  } catch (const std::bad_alloc&) {
+    pool->stop_and_join();
+    return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory starting %d compute threads", pool->n_threads_);
+  } catch (const std::exception& e) {
+    const size_t started = pool->workers_.size();
+    pool->stop_and_join();
+    pool->workers_.clear();
+    return fail(MOELITE_ERR_SYSTEM_LIMIT,
+                "the system refused compute thread %zu of %d (%s): lower the thread count or raise the process "
+                "limit (ulimit -u, cgroup pids.max)",
+                started + 2, pool->n_threads_, e.what());
+  }
+  *out = std::move(pool);
+  return MOELITE_OK;
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_and_join(); }
+
+void ThreadPool::stop_and_join() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_.store(true);
     generation_.fetch_add(1);
   }
   cv_.notify_all();
-  for (auto& t : workers_) t.join();
+  for (auto& t : workers_)
+    if (t.joinable()) t.join();
 }
 
 void ThreadPool::run_tasks(int thread) {
   for (;;) {
     int64_t task = next_task_.fetch_add(1, std::memory_order_relaxed);
     if (task >= n_tasks_) break;
-    (*fn_)(task, thread);
+    try {
+      (*fn_)(task, thread);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mu_);
+      if (!error_) error_ = std::current_exception();
+      next_task_.store(n_tasks_, std::memory_order_relaxed);  // skip the rest
+    }
   }
 }
 
@@ -86,6 +115,11 @@ void ThreadPool::parallel_for(int64_t n_tasks, const TaskFn& fn) {
     }
   }
   fn_ = nullptr;
+  if (error_) {
+    std::exception_ptr e = error_;
+    error_ = nullptr;
+    std::rethrow_exception(e);
+  }
 }
 
 }  // namespace moelite::cpu

@@ -5,17 +5,24 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "base/status.h"
 
 namespace moelite::cpu {
 
 class ThreadPool {
  public:
-  // n_threads counts the calling thread: n_threads - 1 workers are started.
-  explicit ThreadPool(int n_threads);
+  // n_threads counts the calling thread: n_threads - 1 workers are started. When the OS refuses a
+  // thread (ulimit -u, cgroup pids.max, out of memory for its stack), the workers already running
+  // are stopped and joined before MOELITE_ERR_SYSTEM_LIMIT returns: nothing is left waiting on a
+  // pool that was never finished.
+  [[nodiscard]] static Status create(int n_threads, std::unique_ptr<ThreadPool>* out);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -24,11 +31,15 @@ class ThreadPool {
 
   // Calls fn(task, thread_index) for every task in [0, n_tasks), spread over all threads
   // (the caller works too), and returns when all calls have returned. Tasks are handed out
-  // dynamically; callers must not depend on which thread runs which task.
+  // dynamically; callers must not depend on which thread runs which task. If fn throws, the
+  // remaining tasks are skipped, every thread finishes, and the first exception is rethrown here
+  // (never on a worker, where it would terminate the process).
   using TaskFn = std::function<void(int64_t task, int thread)>;
   void parallel_for(int64_t n_tasks, const TaskFn& fn);
 
  private:
+  explicit ThreadPool(int n_threads) : n_threads_(n_threads) {}
+  void stop_and_join();
   void worker_main(int index);
   void run_tasks(int thread);
 
@@ -42,6 +53,8 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
   int64_t n_tasks_ = 0;
   const TaskFn* fn_ = nullptr;
+  std::mutex error_mu_;
+  std::exception_ptr error_;  // the first exception a task threw in the current parallel_for
 };
 
 }  // namespace moelite::cpu

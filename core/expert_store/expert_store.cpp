@@ -158,8 +158,13 @@ Status ExpertStore::create(const Model& model, Backend& backend, const ExpertSto
   s->slot_ever_used_.assign(s->slots_.size(), false);
   s->stats_.resize(model.layers.size());
   s->reader_name_ = platform::BatchReader::create(8)->name();  // what the loaders will get
-  for (int32_t t = 0; t < std::max(1, opts.io_threads); ++t)
-    s->loaders_.emplace_back([p = s.get()] { p->loader_main(); });
+  try {
+    for (int32_t t = 0; t < std::max(1, opts.io_threads); ++t)
+      s->loaders_.emplace_back([p = s.get()] { p->loader_main(); });
+  } catch (const std::exception& e) {  // the store's destructor stops and joins those started
+    return fail(MOELITE_ERR_SYSTEM_LIMIT, "the system refused expert loader thread %zu of %d (%s)",
+                s->loaders_.size() + 1, std::max(1, opts.io_threads), e.what());
+  }
   log_msg(MOELITE_LOG_INFO,
           "expert store: %zu slots of %" PRIu64 " bytes (%.1f MiB of a %.1f MiB budget), %s, policy %s, %s",
           s->slots_.size(), s->slot_bytes_, s->pool_bytes() / 1048576.0, opts.budget_bytes / 1048576.0,

@@ -91,3 +91,35 @@ def test_chat_skips_a_message_longer_than_the_context_and_goes_on():
     assert r.returncode == 0, r.stderr
     assert "the context holds 128" in r.stderr
     assert r.stderr.count("generated") == 1, r.stderr
+
+
+def test_absurd_thread_count_is_refused():
+    r = cli("info", "-m", MODEL, "-t", "100000")
+    assert r.returncode == 1, r.stderr
+    assert "MOELITE_ERR_INVALID_ARGUMENT" in r.stderr and "outside 0..512" in r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as an unprivileged user with a process limit")
+def test_thread_refused_by_the_os_is_an_error_not_a_hang():
+    # `-t 100` under `ulimit -u 30` as an unprivileged user used to hang moelite_model_load for ever.
+    # Binary and model are copied where user nobody can reach them.
+    import resource
+    import shutil
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="moelite-nproc-", dir="/tmp")
+    os.chmod(tmp, 0o755)
+    binary, model = os.path.join(tmp, "moelite"), os.path.join(tmp, "model.gguf")
+    shutil.copy(BIN, binary)
+    shutil.copy(MODEL, model)
+    os.chmod(model, 0o644)
+
+    def as_limited_nobody():
+        os.setgid(65534)
+        os.setuid(65534)
+        resource.setrlimit(resource.RLIMIT_NPROC, (30, 30))
+
+    r = subprocess.run([binary, "info", "-m", model, "-t", "100", "--backend", "cpu"], capture_output=True, text=True,
+                       preexec_fn=as_limited_nobody, timeout=60)
+    shutil.rmtree(tmp)
+    assert r.returncode == 1, r.stderr
+    assert "MOELITE_ERR_SYSTEM_LIMIT" in r.stderr and "refused compute thread" in r.stderr, r.stderr
