@@ -8,7 +8,10 @@
 namespace moelite {
 
 namespace {
-thread_local std::string t_last_error;
+// Fixed buffers, no allocation: fail() runs on out-of-memory paths and inside the C API's last
+// catch, where a throwing allocation would escape through the C ABI. Longer texts are truncated.
+constexpr size_t kMessageBytes = 2048;
+thread_local char t_last_error[kMessageBytes];
 
 struct LogSink {
   std::mutex mu;
@@ -21,29 +24,22 @@ LogSink& sink() {
 }
 std::atomic<int> g_min_level{MOELITE_LOG_WARN};
 
-std::string vformat(const char* fmt, va_list ap) {
-  va_list ap2;
-  va_copy(ap2, ap);
-  int n = vsnprintf(nullptr, 0, fmt, ap2);
-  va_end(ap2);
-  if (n < 0) return fmt;
-  std::string s(static_cast<size_t>(n), '\0');
-  vsnprintf(s.data(), s.size() + 1, fmt, ap);
-  return s;
+void vformat(char* out, const char* fmt, va_list ap) {
+  if (vsnprintf(out, kMessageBytes, fmt, ap) < 0) snprintf(out, kMessageBytes, "%s", fmt);
 }
 }  // namespace
 
 Status fail(Status status, const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  t_last_error = vformat(fmt, ap);
+  vformat(t_last_error, fmt, ap);
   va_end(ap);
-  log_msg(MOELITE_LOG_DEBUG, "error %d: %s", static_cast<int>(status), t_last_error.c_str());
+  log_msg(MOELITE_LOG_DEBUG, "error %d: %s", static_cast<int>(status), t_last_error);
   return status;
 }
 
-void clear_error() { t_last_error.clear(); }
-const char* last_error_message() { return t_last_error.c_str(); }
+void clear_error() { t_last_error[0] = '\0'; }
+const char* last_error_message() { return t_last_error; }
 
 bool log_enabled(moelite_log_level level) { return level >= g_min_level.load(std::memory_order_relaxed); }
 
@@ -51,15 +47,16 @@ void log_msg(moelite_log_level level, const char* fmt, ...) {
   if (!log_enabled(level)) return;
   va_list ap;
   va_start(ap, fmt);
-  std::string text = vformat(fmt, ap);
+  char text[kMessageBytes];
+  vformat(text, fmt, ap);
   va_end(ap);
   LogSink& s = sink();
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.fn) {
-    s.fn(level, text.c_str(), s.user);
+    s.fn(level, text, s.user);
   } else {
     static const char* names[] = {"debug", "info", "warn", "error"};
-    fprintf(stderr, "moelite %s: %s\n", names[level < 4 ? level : 3], text.c_str());
+    fprintf(stderr, "moelite %s: %s\n", names[level < 4 ? level : 3], text);
   }
 }
 

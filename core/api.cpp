@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <system_error>
 
 #include "core/adaptive/calibrate.h"
 #include "core/adaptive/predictor.h"
@@ -42,6 +43,23 @@ using moelite::fail;
 namespace {
 moelite_status null_arg(const char* fn, const char* what) {
   return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, what);
+}
+
+// Every API function that returns a status runs its body through this: no C++ exception may
+// leave moelite through the C ABI. fail() formats into a fixed buffer, so it cannot throw here.
+template <class Body>
+moelite_status guarded(const char* fn, Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return fail(MOELITE_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  } catch (const std::system_error& e) {  // threads, mutexes: the OS refused a resource
+    return fail(MOELITE_ERR_SYSTEM_LIMIT, "%s: %s", fn, e.what());
+  } catch (const std::exception& e) {
+    return fail(MOELITE_ERR_INTERNAL, "%s: unexpected error: %s", fn, e.what());
+  } catch (...) {
+    return fail(MOELITE_ERR_INTERNAL, "%s: unexpected exception", fn);
+  }
 }
 }  // namespace
 
@@ -102,125 +120,171 @@ MOELITE_API moelite_model_params* moelite_model_params_create(void) {
 MOELITE_API void moelite_model_params_free(moelite_model_params* p) { delete p; }
 
 MOELITE_API moelite_status moelite_model_params_set_threads(moelite_model_params* p, int32_t n) {
-  if (!p) return null_arg(__func__, "params");
-  if (n < 0 || n > MOELITE_MAX_THREADS)
-    return fail(MOELITE_ERR_INVALID_ARGUMENT, "thread count %d is outside 0..%d", n, MOELITE_MAX_THREADS);
-  p->opts.n_threads = n;
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (n < 0 || n > MOELITE_MAX_THREADS)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "thread count %d is outside 0..%d", n, MOELITE_MAX_THREADS);
+    p->opts.n_threads = n;
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_model_params_set_backend(moelite_model_params* p, moelite_backend b) {
-  if (!p) return null_arg(__func__, "params");
-  if (b < MOELITE_BACKEND_AUTO || b > MOELITE_BACKEND_CUDA)
-    return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown backend %d", static_cast<int>(b));
-  p->opts.backend = static_cast<moelite::BackendKind>(b);
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (b < MOELITE_BACKEND_AUTO || b > MOELITE_BACKEND_CUDA)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown backend %d", static_cast<int>(b));
+    p->opts.backend = static_cast<moelite::BackendKind>(b);
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_params* p, uint64_t bytes) {
-  if (!p) return null_arg(__func__, "params");
-  p->opts.expert_budget_bytes = bytes;
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (bytes > (uint64_t{1} << 62))
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "an expert budget of %llu bytes is larger than any memory",
+                  static_cast<unsigned long long>(bytes));
+    p->opts.expert_budget_bytes = bytes;
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_params* p, const char* policy) {
-  if (!p) return null_arg(__func__, "params");
-  if (!policy) return null_arg(__func__, "policy");
-  std::unique_ptr<moelite::CachePolicy> check;
-  MOELITE_TRY(moelite::make_policy(policy, &check));
-  p->opts.expert_policy = policy;
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (!policy) return null_arg(api_fn, "policy");
+    std::unique_ptr<moelite::CachePolicy> check;
+    MOELITE_TRY(moelite::make_policy(policy, &check));
+    p->opts.expert_policy = policy;
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_model_params_set_expert_predictor(moelite_model_params* p, const char* predictor) {
-  if (!p) return null_arg(__func__, "params");
-  if (!predictor) return null_arg(__func__, "predictor");
-  MOELITE_TRY(moelite::check_predictor_name(predictor));
-  p->opts.expert_predictor = predictor;
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (!predictor) return null_arg(api_fn, "predictor");
+    MOELITE_TRY(moelite::check_predictor_name(predictor));
+    p->opts.expert_predictor = predictor;
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_model_params_set_predictor_depth(moelite_model_params* p, int32_t depth) {
-  if (!p) return null_arg(__func__, "params");
-  if (depth < 1) return fail(MOELITE_ERR_INVALID_ARGUMENT, "predictor depth %d must be at least 1", depth);
-  p->opts.predictor_depth = depth;
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (depth < 1) return fail(MOELITE_ERR_INVALID_ARGUMENT, "predictor depth %d must be at least 1", depth);
+    p->opts.predictor_depth = depth;
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_model_params_set_profile(moelite_model_params* p, const char* path) {
-  if (!p) return null_arg(__func__, "params");
-  p->opts.profile_path = path ? path : "";
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    p->opts.profile_path = path ? path : "";
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_model_params_set_gating(moelite_model_params* p, const char* mode, float threshold) {
-  if (!p) return null_arg(__func__, "params");
-  if (!mode) return null_arg(__func__, "mode");
-  moelite::GatingMode m;
-  if (!moelite::parse_gating_mode(mode, &m))
-    return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown gating mode '%s' (available: exact, sensitivity, score)", mode);
-  if (!(threshold >= 0.0f) || !std::isfinite(threshold))
-    return fail(MOELITE_ERR_INVALID_ARGUMENT, "the gating threshold must be a finite number >= 0");
-  p->opts.gating = m;
-  p->opts.gating_threshold = threshold;
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (!mode) return null_arg(api_fn, "mode");
+    moelite::GatingMode m;
+    if (!moelite::parse_gating_mode(mode, &m))
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown gating mode '%s' (available: exact, sensitivity, score)",
+                  mode);
+    if (!(threshold >= 0.0f) || !std::isfinite(threshold))
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "the gating threshold must be a finite number >= 0");
+    p->opts.gating = m;
+    p->opts.gating_threshold = threshold;
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_model_params_set_cache_allocation(moelite_model_params* p, const char* allocation) {
-  if (!p) return null_arg(__func__, "params");
-  if (!allocation) return null_arg(__func__, "allocation");
-  MOELITE_TRY(moelite::check_cache_allocation(allocation));
-  p->opts.cache_allocation = allocation;
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (!allocation) return null_arg(api_fn, "allocation");
+    MOELITE_TRY(moelite::check_cache_allocation(allocation));
+    p->opts.cache_allocation = allocation;
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_model_params_set_expert_per_layer(moelite_model_params* p, int32_t per_layer) {
-  if (!p) return null_arg(__func__, "params");
-  p->opts.expert_per_layer = per_layer != 0;
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    p->opts.expert_per_layer = per_layer != 0;
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_model_params_set_use_mmap(moelite_model_params* p, int32_t use_mmap) {
-  if (!p) return null_arg(__func__, "params");
-  p->opts.use_mmap = use_mmap != 0;
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    p->opts.use_mmap = use_mmap != 0;
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_model_params_set_vocab_only(moelite_model_params* p, int32_t vocab_only) {
-  if (!p) return null_arg(__func__, "params");
-  p->opts.vocab_only = vocab_only != 0;
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    p->opts.vocab_only = vocab_only != 0;
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_model_params_set_progress_callback(moelite_model_params* p, moelite_progress_fn fn,
                                                                       void* user) {
-  if (!p) return null_arg(__func__, "params");
-  p->opts.progress = fn;
-  p->opts.progress_user = user;
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    p->opts.progress = fn;
+    p->opts.progress_user = user;
+    return MOELITE_OK;
+  });
 }
 
 // ---- models
 
 MOELITE_API moelite_status moelite_model_load(const char* path, const moelite_model_params* params,
                                               moelite_model** out) {
-  if (!path) return null_arg(__func__, "path");
-  if (!out) return null_arg(__func__, "out_model");
-  moelite::clear_error();
-  moelite::LoadOptions opts = params ? params->opts : moelite::LoadOptions{};
-  try {
-    std::unique_ptr<moelite::Model> m;
-    MOELITE_TRY(moelite::Model::load(path, opts, &m));
-    std::unique_ptr<moelite::Runtime> rt;
-    if (!m->vocab_only) MOELITE_TRY(moelite::Runtime::create(*m, opts, &rt));
-    auto* handle = new moelite_model{std::move(m), std::move(rt)};
-    *out = handle;
-    return MOELITE_OK;
-  } catch (const std::bad_alloc&) {
-    return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory while loading '%s'", path);
-  } catch (const std::exception& e) {
-    return fail(MOELITE_ERR_INTERNAL, "unexpected error while loading '%s': %s", path, e.what());
-  }
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!path) return null_arg(api_fn, "path");
+    if (!out) return null_arg(api_fn, "out_model");
+    moelite::clear_error();
+    moelite::LoadOptions opts = params ? params->opts : moelite::LoadOptions{};
+    try {
+      std::unique_ptr<moelite::Model> m;
+      MOELITE_TRY(moelite::Model::load(path, opts, &m));
+      std::unique_ptr<moelite::Runtime> rt;
+      if (!m->vocab_only) MOELITE_TRY(moelite::Runtime::create(*m, opts, &rt));
+      auto* handle = new moelite_model{std::move(m), std::move(rt)};
+      *out = handle;
+      return MOELITE_OK;
+    } catch (const std::bad_alloc&) {
+      return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory while loading '%s'", path);
+    } catch (const std::exception& e) {
+      return fail(MOELITE_ERR_INTERNAL, "unexpected error while loading '%s': %s", path, e.what());
+    }
+  });
 }
 
 MOELITE_API void moelite_model_free(moelite_model* m) { delete m; }
@@ -262,44 +326,51 @@ MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_
 
 MOELITE_API moelite_status moelite_model_expert_stats(const moelite_model* model, int32_t layer,
                                                       moelite_expert_stats* out) {
-  if (!model) return null_arg(__func__, "model");
-  if (!out || out->struct_size < sizeof(size_t))
-    return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: out->struct_size must be set", __func__);
-  const moelite::Model& m = *model->impl;
-  const moelite::Runtime* rt = model->runtime.get();
-  if (layer < -1 || layer >= m.hp.n_layer) return fail(MOELITE_ERR_INVALID_ARGUMENT, "layer %d out of range", layer);
-  moelite_expert_stats total;
-  memset(&total, 0, sizeof total);
-  total.struct_size = out->struct_size;
-  if (rt && rt->store) {
-    const auto per_layer = rt->store->stats();
-    for (int32_t l = 0; l < m.hp.n_layer; ++l) {
-      if (layer >= 0 && l != layer) continue;
-      const moelite::ExpertLayerStats& s = per_layer[static_cast<size_t>(l)];
-      total.activations += s.activations;
-      total.hits += s.hits;
-      total.misses += s.misses;
-      total.prefetches_issued += s.prefetches_issued;
-      total.prefetches_used += s.prefetches_used;
-      total.prefetches_wasted += s.prefetches_wasted;
-      total.bytes_read += s.bytes_read;
-      total.wait_seconds += s.wait_seconds;
-      total.predicted += s.predicted;
-      total.predictions += s.predictions;
-      total.ready_when_needed += s.ready_when_needed;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!model) return null_arg(api_fn, "model");
+    if (!out || out->struct_size < sizeof(size_t))
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: out->struct_size must be set", api_fn);
+    const moelite::Model& m = *model->impl;
+    const moelite::Runtime* rt = model->runtime.get();
+    if (layer < -1 || layer >= m.hp.n_layer) return fail(MOELITE_ERR_INVALID_ARGUMENT, "layer %d out of range", layer);
+    moelite_expert_stats total;
+    memset(&total, 0, sizeof total);
+    total.struct_size = out->struct_size;
+    if (rt && rt->store) {
+      const auto per_layer = rt->store->stats();
+      for (int32_t l = 0; l < m.hp.n_layer; ++l) {
+        if (layer >= 0 && l != layer) continue;
+        const moelite::ExpertLayerStats& s = per_layer[static_cast<size_t>(l)];
+        total.activations += s.activations;
+        total.hits += s.hits;
+        total.misses += s.misses;
+        total.prefetches_issued += s.prefetches_issued;
+        total.prefetches_used += s.prefetches_used;
+        total.prefetches_wasted += s.prefetches_wasted;
+        total.bytes_read += s.bytes_read;
+        total.wait_seconds += s.wait_seconds;
+        total.predicted += s.predicted;
+        total.predictions += s.predictions;
+        total.ready_when_needed += s.ready_when_needed;
+      }
     }
-  }
-  if (rt) rt->routed.totals(layer, &total.routed_tokens, &total.routed_experts);
-  memcpy(out, &total, std::min(out->struct_size, sizeof total));
-  return MOELITE_OK;
+    if (rt) rt->routed.totals(layer, &total.routed_tokens, &total.routed_experts);
+    memcpy(out, &total, std::min(out->struct_size, sizeof total));
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API void moelite_model_reset_expert_stats(moelite_model* model) {
   if (!model) return;
   moelite::Runtime* rt = model->runtime.get();
   if (!rt) return;
-  if (rt->store) rt->store->reset_stats();
-  rt->routed.reset(model->impl->hp.n_layer);
+  try {
+    if (rt->store) rt->store->reset_stats();
+    rt->routed.reset(model->impl->hp.n_layer);
+  } catch (...) {  // no status to return; the counters keep their values
+    fail(MOELITE_ERR_OUT_OF_MEMORY, "moelite_model_reset_expert_stats: could not reset the counters");
+  }
 }
 
 // ---- calibration
@@ -314,51 +385,68 @@ MOELITE_API moelite_calibrate_params* moelite_calibrate_params_create(void) {
 MOELITE_API void moelite_calibrate_params_free(moelite_calibrate_params* p) { delete p; }
 
 MOELITE_API moelite_status moelite_calibrate_params_set_window(moelite_calibrate_params* p, int32_t window) {
-  if (!p) return null_arg(__func__, "params");
-  if (window < 2) return fail(MOELITE_ERR_INVALID_ARGUMENT, "calibration window %d must be at least 2", window);
-  p->opts.window = window;
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (window < 2) return fail(MOELITE_ERR_INVALID_ARGUMENT, "calibration window %d must be at least 2", window);
+    p->opts.window = window;
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_calibrate_params_set_stride(moelite_calibrate_params* p, int32_t stride) {
-  if (!p) return null_arg(__func__, "params");
-  if (stride < 1) return fail(MOELITE_ERR_INVALID_ARGUMENT, "predictor stride %d must be at least 1", stride);
-  p->opts.stride = stride;
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (stride < 1) return fail(MOELITE_ERR_INVALID_ARGUMENT, "predictor stride %d must be at least 1", stride);
+    p->opts.stride = stride;
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_calibrate_params_set_holdout(moelite_calibrate_params* p, double share) {
-  if (!p) return null_arg(__func__, "params");
-  if (!(share > 0.0 && share < 1.0)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the held-out share must lie in (0, 1)");
-  p->opts.holdout = share;
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (!(share > 0.0 && share < 1.0))
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "the held-out share must lie in (0, 1)");
+    p->opts.holdout = share;
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_calibrate_params_set_progress_callback(moelite_calibrate_params* p,
                                                                           moelite_progress_fn fn, void* user_data) {
-  if (!p) return null_arg(__func__, "params");
-  p->opts.progress = fn;
-  p->opts.progress_user = user_data;
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    p->opts.progress = fn;
+    p->opts.progress_user = user_data;
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_calibrate(moelite_model* model, const int32_t* tokens, int32_t n_tokens,
                                              const moelite_calibrate_params* params, const char* profile_path) {
-  if (!model) return null_arg(__func__, "model");
-  if (!tokens && n_tokens > 0) return null_arg(__func__, "tokens");
-  if (!profile_path || !*profile_path) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: profile_path is empty", __func__);
-  const moelite::Model& m = *model->impl;
-  if (!model->runtime) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the model was loaded vocabulary-only");
-  if (n_tokens < 2)
-    return fail(MOELITE_ERR_INVALID_ARGUMENT, "calibration needs at least two tokens, got %d", n_tokens);
-  for (int32_t i = 0; i < n_tokens; ++i)
-    if (tokens[i] < 0 || tokens[i] >= m.hp.n_vocab)
-      return fail(MOELITE_ERR_BAD_TOKEN, "token %d at index %d is outside the vocabulary [0, %d)", tokens[i], i,
-                  m.hp.n_vocab);
-  const moelite::CalibrateOptions opts = params ? params->opts : moelite::CalibrateOptions();
-  moelite::Profile profile;
-  MOELITE_TRY(moelite::calibrate(m, *model->runtime, std::vector<int32_t>(tokens, tokens + n_tokens), opts, &profile));
-  return profile.save(profile_path);
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!model) return null_arg(api_fn, "model");
+    if (!tokens && n_tokens > 0) return null_arg(api_fn, "tokens");
+    if (!profile_path || !*profile_path) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: profile_path is empty", api_fn);
+    const moelite::Model& m = *model->impl;
+    if (!model->runtime) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the model was loaded vocabulary-only");
+    if (n_tokens < 2)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "calibration needs at least two tokens, got %d", n_tokens);
+    for (int32_t i = 0; i < n_tokens; ++i)
+      if (tokens[i] < 0 || tokens[i] >= m.hp.n_vocab)
+        return fail(MOELITE_ERR_BAD_TOKEN, "token %d at index %d is outside the vocabulary [0, %d)", tokens[i], i,
+                    m.hp.n_vocab);
+    const moelite::CalibrateOptions opts = params ? params->opts : moelite::CalibrateOptions();
+    moelite::Profile profile;
+    MOELITE_TRY(
+        moelite::calibrate(m, *model->runtime, std::vector<int32_t>(tokens, tokens + n_tokens), opts, &profile));
+    return profile.save(profile_path);
+  });
 }
 
 MOELITE_API const char* moelite_model_arch(const moelite_model* m) { return m ? m->impl->hp.arch.c_str() : nullptr; }
@@ -379,65 +467,83 @@ MOELITE_API moelite_context_params* moelite_context_params_create(void) {
 MOELITE_API void moelite_context_params_free(moelite_context_params* p) { delete p; }
 
 MOELITE_API moelite_status moelite_context_params_set_n_ctx(moelite_context_params* p, int32_t n_ctx) {
-  if (!p) return null_arg(__func__, "params");
-  if (n_ctx < 0) return fail(MOELITE_ERR_INVALID_ARGUMENT, "n_ctx %d is negative", n_ctx);
-  p->opts.n_ctx = n_ctx;
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (n_ctx < 0) return fail(MOELITE_ERR_INVALID_ARGUMENT, "n_ctx %d is negative", n_ctx);
+    p->opts.n_ctx = n_ctx;
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_context_params_set_n_batch(moelite_context_params* p, int32_t n_batch) {
-  if (!p) return null_arg(__func__, "params");
-  if (n_batch < 1) return fail(MOELITE_ERR_INVALID_ARGUMENT, "n_batch %d must be at least 1", n_batch);
-  p->opts.n_batch = n_batch;
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (n_batch < 1) return fail(MOELITE_ERR_INVALID_ARGUMENT, "n_batch %d must be at least 1", n_batch);
+    p->opts.n_batch = n_batch;
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_context_params_set_abort_callback(moelite_context_params* p, moelite_abort_fn fn,
                                                                      void* user) {
-  if (!p) return null_arg(__func__, "params");
-  p->opts.abort = fn;
-  p->opts.abort_user = user;
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    p->opts.abort = fn;
+    p->opts.abort_user = user;
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_context_params_set_routing_callback(moelite_context_params* p, moelite_routing_fn fn,
                                                                        void* user) {
-  if (!p) return null_arg(__func__, "params");
-  p->opts.on_route = fn;
-  p->opts.route_user = user;
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    p->opts.on_route = fn;
+    p->opts.route_user = user;
+    return MOELITE_OK;
+  });
 }
 
 // ---- contexts
 
 MOELITE_API moelite_status moelite_context_create(moelite_model* model, const moelite_context_params* params,
                                                   moelite_context** out) {
-  if (!model) return null_arg(__func__, "model");
-  if (!out) return null_arg(__func__, "out_ctx");
-  moelite::ContextOptions opts = params ? params->opts : moelite::ContextOptions{};
-  try {
-    if (!model->runtime)
-      return fail(MOELITE_ERR_INVALID_ARGUMENT, "the model was loaded vocabulary-only; contexts need its weights");
-    std::unique_ptr<moelite::Context> c;
-    MOELITE_TRY(moelite::Context::create(*model->impl, *model->runtime, opts, &c));
-    *out = new moelite_context{std::move(c)};
-    return MOELITE_OK;
-  } catch (const std::bad_alloc&) {
-    return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory while creating a context");
-  }
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!model) return null_arg(api_fn, "model");
+    if (!out) return null_arg(api_fn, "out_ctx");
+    moelite::ContextOptions opts = params ? params->opts : moelite::ContextOptions{};
+    try {
+      if (!model->runtime)
+        return fail(MOELITE_ERR_INVALID_ARGUMENT, "the model was loaded vocabulary-only; contexts need its weights");
+      std::unique_ptr<moelite::Context> c;
+      MOELITE_TRY(moelite::Context::create(*model->impl, *model->runtime, opts, &c));
+      *out = new moelite_context{std::move(c)};
+      return MOELITE_OK;
+    } catch (const std::bad_alloc&) {
+      return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory while creating a context");
+    }
+  });
 }
 
 MOELITE_API void moelite_context_free(moelite_context* c) { delete c; }
 
 MOELITE_API moelite_status moelite_eval(moelite_context* c, const int32_t* tokens, int32_t n_tokens,
                                         int32_t logits_all) {
-  if (!c) return null_arg(__func__, "ctx");
-  if (!tokens) return null_arg(__func__, "tokens");
-  try {
-    return c->impl->eval(tokens, n_tokens, logits_all != 0);
-  } catch (const std::bad_alloc&) {
-    return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory during evaluation");
-  }
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!c) return null_arg(api_fn, "ctx");
+    if (!tokens) return null_arg(api_fn, "tokens");
+    try {
+      return c->impl->eval(tokens, n_tokens, logits_all != 0);
+    } catch (const std::bad_alloc&) {
+      return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory during evaluation");
+    }
+  });
 }
 
 MOELITE_API const float* moelite_get_logits(const moelite_context* c, int32_t i) {
@@ -477,40 +583,46 @@ moelite_status copy_out(const std::string& text, char* buf, size_t capacity, siz
 
 MOELITE_API moelite_status moelite_tokenize(const moelite_model* model, const char* text, size_t text_len,
                                             uint32_t flags, int32_t* tokens, int32_t capacity, int32_t* n_tokens) {
-  const moelite::Tokenizer* tok = nullptr;
-  MOELITE_TRY(tokenizer_of(model, __func__, &tok));
-  if (!text && text_len) return null_arg(__func__, "text");
-  if (!n_tokens) return null_arg(__func__, "n_tokens");
-  if (capacity < 0 || (!tokens && capacity > 0)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "bad token buffer");
-  try {
-    std::vector<int32_t> ids =
-        tok->tokenize(std::string(text ? text : "", text_len), flags & MOELITE_TOKENIZE_ADD_SPECIAL,
-                      flags & MOELITE_TOKENIZE_PARSE_SPECIAL);
-    if (ids.size() > static_cast<size_t>(INT32_MAX)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "text too long");
-    *n_tokens = static_cast<int32_t>(ids.size());
-    if (ids.size() > static_cast<size_t>(capacity))
-      return fail(MOELITE_ERR_BUFFER_TOO_SMALL, "%zu tokens do not fit a buffer of %d", ids.size(), capacity);
-    std::copy(ids.begin(), ids.end(), tokens);
-    return MOELITE_OK;
-  } catch (const std::bad_alloc&) {
-    return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory while tokenizing");
-  }
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    const moelite::Tokenizer* tok = nullptr;
+    MOELITE_TRY(tokenizer_of(model, api_fn, &tok));
+    if (!text && text_len) return null_arg(api_fn, "text");
+    if (!n_tokens) return null_arg(api_fn, "n_tokens");
+    if (capacity < 0 || (!tokens && capacity > 0)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "bad token buffer");
+    try {
+      std::vector<int32_t> ids =
+          tok->tokenize(std::string(text ? text : "", text_len), flags & MOELITE_TOKENIZE_ADD_SPECIAL,
+                        flags & MOELITE_TOKENIZE_PARSE_SPECIAL);
+      if (ids.size() > static_cast<size_t>(INT32_MAX)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "text too long");
+      *n_tokens = static_cast<int32_t>(ids.size());
+      if (ids.size() > static_cast<size_t>(capacity))
+        return fail(MOELITE_ERR_BUFFER_TOO_SMALL, "%zu tokens do not fit a buffer of %d", ids.size(), capacity);
+      std::copy(ids.begin(), ids.end(), tokens);
+      return MOELITE_OK;
+    } catch (const std::bad_alloc&) {
+      return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory while tokenizing");
+    }
+  });
 }
 
 MOELITE_API moelite_status moelite_detokenize(const moelite_model* model, const int32_t* tokens, int32_t n_tokens,
                                               uint32_t flags, char* text, size_t capacity, size_t* text_len) {
-  const moelite::Tokenizer* tok = nullptr;
-  MOELITE_TRY(tokenizer_of(model, __func__, &tok));
-  if ((!tokens && n_tokens > 0) || n_tokens < 0) return fail(MOELITE_ERR_INVALID_ARGUMENT, "bad token array");
-  if (!text_len) return null_arg(__func__, "text_len");
-  if (!text && capacity > 0) return null_arg(__func__, "text");
-  for (int32_t i = 0; i < n_tokens; ++i)
-    if (tokens[i] < 0 || tokens[i] >= tok->n_tokens())
-      return fail(MOELITE_ERR_BAD_TOKEN, "token %d at index %d is outside the vocabulary [0, %d)", tokens[i], i,
-                  tok->n_tokens());
-  std::string out =
-      tok->detokenize(std::vector<int32_t>(tokens, tokens + n_tokens), flags & MOELITE_DETOKENIZE_RENDER_SPECIAL);
-  return copy_out(out, text, capacity, text_len);
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    const moelite::Tokenizer* tok = nullptr;
+    MOELITE_TRY(tokenizer_of(model, api_fn, &tok));
+    if ((!tokens && n_tokens > 0) || n_tokens < 0) return fail(MOELITE_ERR_INVALID_ARGUMENT, "bad token array");
+    if (!text_len) return null_arg(api_fn, "text_len");
+    if (!text && capacity > 0) return null_arg(api_fn, "text");
+    for (int32_t i = 0; i < n_tokens; ++i)
+      if (tokens[i] < 0 || tokens[i] >= tok->n_tokens())
+        return fail(MOELITE_ERR_BAD_TOKEN, "token %d at index %d is outside the vocabulary [0, %d)", tokens[i], i,
+                    tok->n_tokens());
+    std::string out =
+        tok->detokenize(std::vector<int32_t>(tokens, tokens + n_tokens), flags & MOELITE_DETOKENIZE_RENDER_SPECIAL);
+    return copy_out(out, text, capacity, text_len);
+  });
 }
 
 MOELITE_API int32_t moelite_token_bos(const moelite_model* m) {
@@ -527,24 +639,27 @@ MOELITE_API int32_t moelite_token_is_end(const moelite_model* m, int32_t token) 
 MOELITE_API moelite_status moelite_chat_format(const moelite_model* model, const moelite_chat_message* messages,
                                                size_t n_messages, int32_t add_assistant_prompt, char* text,
                                                size_t capacity, size_t* text_len) {
-  if (!model) return null_arg(__func__, "model");
-  if (!messages && n_messages) return null_arg(__func__, "messages");
-  if (!text_len) return null_arg(__func__, "text_len");
-  if (!text && capacity > 0) return null_arg(__func__, "text");
-  std::vector<moelite::ChatMessage> msgs;
-  for (size_t i = 0; i < n_messages; ++i) {
-    if (!messages[i].role || !messages[i].content)
-      return fail(MOELITE_ERR_INVALID_ARGUMENT, "message %zu has a NULL role or content", i);
-    msgs.push_back({messages[i].role, messages[i].content});
-  }
-  const moelite::Model& m = *model->impl;
-  if (m.chat_template == moelite::ChatTemplate::Plain)
-    moelite::log_msg(MOELITE_LOG_WARN,
-                     "no known chat template in the model; formatting as plain 'role: content' lines");
-  std::string eos;
-  if (m.tokenizer && m.tokenizer->eos() >= 0) eos = m.tokenizer->text(m.tokenizer->eos());
-  return copy_out(moelite::format_chat(m.chat_template, msgs, add_assistant_prompt != 0, eos), text, capacity,
-                  text_len);
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!model) return null_arg(api_fn, "model");
+    if (!messages && n_messages) return null_arg(api_fn, "messages");
+    if (!text_len) return null_arg(api_fn, "text_len");
+    if (!text && capacity > 0) return null_arg(api_fn, "text");
+    std::vector<moelite::ChatMessage> msgs;
+    for (size_t i = 0; i < n_messages; ++i) {
+      if (!messages[i].role || !messages[i].content)
+        return fail(MOELITE_ERR_INVALID_ARGUMENT, "message %zu has a NULL role or content", i);
+      msgs.push_back({messages[i].role, messages[i].content});
+    }
+    const moelite::Model& m = *model->impl;
+    if (m.chat_template == moelite::ChatTemplate::Plain)
+      moelite::log_msg(MOELITE_LOG_WARN,
+                       "no known chat template in the model; formatting as plain 'role: content' lines");
+    std::string eos;
+    if (m.tokenizer && m.tokenizer->eos() >= 0) eos = m.tokenizer->text(m.tokenizer->eos());
+    return copy_out(moelite::format_chat(m.chat_template, msgs, add_assistant_prompt != 0, eos), text, capacity,
+                    text_len);
+  });
 }
 
 MOELITE_API const char* moelite_chat_template_kind(const moelite_model* m) {
@@ -566,7 +681,7 @@ MOELITE_API void moelite_generate_params_free(moelite_generate_params* p) { dele
     return MOELITE_OK;                                                                                \
   }
 GEN_SETTER(max_tokens, int32_t, v >= 0, p->opts.max_tokens = v)
-GEN_SETTER(temperature, float, v >= 0.0f && v == v, p->opts.sampler.temperature = v)
+GEN_SETTER(temperature, float, v >= 0.0f && std::isfinite(v), p->opts.sampler.temperature = v)
 GEN_SETTER(top_k, int32_t, v >= 0, p->opts.sampler.top_k = v)
 GEN_SETTER(top_p, float, v > 0.0f && v <= 1.0f, p->opts.sampler.top_p = v)
 GEN_SETTER(min_p, float, v >= 0.0f && v <= 1.0f, p->opts.sampler.min_p = v)
@@ -575,59 +690,71 @@ GEN_SETTER(seed, uint64_t, true, p->opts.sampler.seed = v)
 
 MOELITE_API moelite_status moelite_generate_params_set_repeat_penalty(moelite_generate_params* p, float penalty,
                                                                       int32_t last_n) {
-  if (!p) return null_arg(__func__, "params");
-  if (!(penalty > 0.0f) || last_n < -1)
-    return fail(MOELITE_ERR_INVALID_ARGUMENT, "repeat penalty must be > 0 and last_n >= -1");
-  p->opts.sampler.repeat_penalty = penalty;
-  p->opts.sampler.repeat_last_n = last_n;
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (!(penalty > 0.0f) || last_n < -1)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "repeat penalty must be > 0 and last_n >= -1");
+    p->opts.sampler.repeat_penalty = penalty;
+    p->opts.sampler.repeat_last_n = last_n;
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_generate_params_add_stop(moelite_generate_params* p, const char* stop) {
-  if (!p) return null_arg(__func__, "params");
-  if (!stop || !*stop) return fail(MOELITE_ERR_INVALID_ARGUMENT, "a stop string must be non-empty");
-  p->opts.stops.emplace_back(stop);
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (!stop || !*stop) return fail(MOELITE_ERR_INVALID_ARGUMENT, "a stop string must be non-empty");
+    p->opts.stops.emplace_back(stop);
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_generate_params_set_callback(moelite_generate_params* p, moelite_piece_fn fn,
                                                                 void* user) {
-  if (!p) return null_arg(__func__, "params");
-  p->opts.on_piece = fn;
-  p->opts.user = user;
-  return MOELITE_OK;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    p->opts.on_piece = fn;
+    p->opts.user = user;
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_generate(moelite_context* ctx, const char* prompt, size_t prompt_len,
                                             const moelite_generate_params* params, moelite_generate_stats* stats) {
-  if (!ctx) return null_arg(__func__, "ctx");
-  if (!prompt && prompt_len) return null_arg(__func__, "prompt");
-  if (stats && stats->struct_size < sizeof(size_t))
-    return fail(MOELITE_ERR_INVALID_ARGUMENT, "stats->struct_size must be set to sizeof(moelite_generate_stats)");
-  moelite::GenerateOptions opts = params ? params->opts : moelite::GenerateOptions{};
-  moelite::GenerateResult r;
-  moelite_status st;
-  try {
-    st = moelite::generate(*ctx->impl, std::string(prompt ? prompt : "", prompt_len), opts, &r);
-  } catch (const std::bad_alloc&) {
-    st = fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory during generation");
-  }
-  if (stats) {
-    moelite_generate_stats full;
-    memset(&full, 0, sizeof full);
-    full.struct_size = stats->struct_size;
-    full.n_prompt_tokens = r.n_prompt;
-    full.n_cached_tokens = r.n_cached;
-    full.n_generated_tokens = r.n_generated;
-    full.stop_reason = r.stop;
-    full.prompt_seconds = r.prompt_seconds;
-    full.generate_seconds = r.generate_seconds;
-    full.time_to_first_token_seconds = r.ttft_seconds;
-    full.prompt_tokens_per_second = r.prompt_seconds > 0 ? r.n_prompt / r.prompt_seconds : 0.0;
-    full.generated_tokens_per_second = r.generate_seconds > 0 ? r.n_generated / r.generate_seconds : 0.0;
-    memcpy(stats, &full, std::min(stats->struct_size, sizeof full));
-  }
-  return st;
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!ctx) return null_arg(api_fn, "ctx");
+    if (!prompt && prompt_len) return null_arg(api_fn, "prompt");
+    if (stats && stats->struct_size < sizeof(size_t))
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "stats->struct_size must be set to sizeof(moelite_generate_stats)");
+    moelite::GenerateOptions opts = params ? params->opts : moelite::GenerateOptions{};
+    moelite::GenerateResult r;
+    moelite_status st;
+    try {
+      st = moelite::generate(*ctx->impl, std::string(prompt ? prompt : "", prompt_len), opts, &r);
+    } catch (const std::bad_alloc&) {
+      st = fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory during generation");
+    }
+    if (stats) {
+      moelite_generate_stats full;
+      memset(&full, 0, sizeof full);
+      full.struct_size = stats->struct_size;
+      full.n_prompt_tokens = r.n_prompt;
+      full.n_cached_tokens = r.n_cached;
+      full.n_generated_tokens = r.n_generated;
+      full.stop_reason = r.stop;
+      full.prompt_seconds = r.prompt_seconds;
+      full.generate_seconds = r.generate_seconds;
+      full.time_to_first_token_seconds = r.ttft_seconds;
+      full.prompt_tokens_per_second = r.prompt_seconds > 0 ? r.n_prompt / r.prompt_seconds : 0.0;
+      full.generated_tokens_per_second = r.generate_seconds > 0 ? r.n_generated / r.generate_seconds : 0.0;
+      memcpy(stats, &full, std::min(stats->struct_size, sizeof full));
+    }
+    return st;
+  });
 }
 
 }  // extern "C"

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <new>
 #include <string>
 
 #include "core/adaptive/predictor.h"
@@ -81,7 +82,12 @@ Status Context::eval(const int32_t* tokens, int32_t n_tokens, bool logits_all) {
     const int32_t n = std::min(opts_.n_batch, n_tokens - done);
     const bool last = done + n == n_tokens;
     float* dst = logits_all ? out.data() + static_cast<size_t>(done) * hp.n_vocab : (last ? out.data() : nullptr);
-    Status st = eval_batch(tokens + done, n, logits_all, dst);
+    Status st;
+    try {
+      st = eval_batch(tokens + done, n, logits_all, dst);
+    } catch (const std::bad_alloc&) {  // cleaned up below like any other failure
+      st = fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory during evaluation");
+    }
     if (st != MOELITE_OK) {
       // Let a device finish (or drop) what was recorded before the failure, so the next call
       // starts clean; the first failure's message is the one reported.

@@ -235,6 +235,16 @@ int32_t ExpertStore::take_slot_locked(int32_t layer) {
 int32_t ExpertStore::start_load_locked(int32_t layer, int32_t expert, bool demand) {
   const int32_t i = take_slot_locked(layer);
   if (i < 0) return -1;
+  // The map and queue insertions can throw (bad_alloc). They come before the slot changes state,
+  // and the first is undone if the second throws: a failure must not leave a slot 'Loading' that
+  // no loader will ever read (its waiters would wait for ever).
+  where_[key(layer, expert)] = i;
+  try {
+    (demand ? demand_q_ : spec_q_).push_back({i, demand});
+  } catch (...) {
+    where_.erase(key(layer, expert));
+    throw;
+  }
   Slot& s = slots_[static_cast<size_t>(i)];
   s.layer = layer;
   s.expert = expert;
@@ -243,8 +253,6 @@ int32_t ExpertStore::start_load_locked(int32_t layer, int32_t expert, bool deman
   s.speculative = !demand;
   s.error = MOELITE_OK;
   slot_ever_used_[static_cast<size_t>(i)] = true;
-  where_[key(layer, expert)] = i;
-  (demand ? demand_q_ : spec_q_).push_back({i, demand});
   work_cv_.notify_one();
   return i;
 }
@@ -323,6 +331,24 @@ void ExpertStore::issue_predictions_locked() {
 
 Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) {
   std::unique_lock<std::mutex> lock(mu_);
+  // On every way out but success (an error, or an exception such as bad_alloc from a container),
+  // the pins this call took are given back: the caller releases nothing it was not handed.
+  size_t pinned = 0;
+  struct Unpin {
+    ExpertStore* store;
+    int32_t layer;
+    const std::vector<int32_t>& experts;
+    const size_t& pinned;
+    bool done = false;
+    ~Unpin() {
+      if (done) return;
+      for (size_t i = 0; i < pinned; ++i) {
+        auto it = store->where_.find(key(layer, experts[i]));
+        if (it != store->where_.end() && store->slots_[static_cast<size_t>(it->second)].pins > 0)
+          store->slots_[static_cast<size_t>(it->second)].pins--;
+      }
+    }
+  } unpin{this, layer, experts, pinned};
   ExpertLayerStats& st = stats_[static_cast<size_t>(layer)];
   for (int32_t e : experts) {
     st.activations++;
@@ -344,6 +370,7 @@ Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) 
         st.prefetches_used++;
       }
       st.hits++;
+      ++pinned;
       continue;
     }
     st.misses++;
@@ -357,7 +384,9 @@ Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) 
       ready_cv_.wait(lock);
       st.wait_seconds += platform::now_seconds() - t0;
     }
+    ++pinned;
   }
+  unpin.done = true;
   // This layer's experts are pinned now, so speculative loads for later ones cannot evict them.
   if (waiting_for_ == layer) {
     waiting_for_ = -1;
@@ -425,7 +454,12 @@ void ExpertStore::release(int32_t layer, int32_t expert) {
   Slot& s = slots_[static_cast<size_t>(it->second)];
   if (s.pins > 0) s.pins--;
   s.last_use = ++clock_;
-  policy_->on_access({layer, expert}, clock_);
+  // Release runs on error paths and from destructors, so it must not throw. A policy that could
+  // not record this access (out of memory) only ranks the expert worse: speed, not results.
+  try {
+    policy_->on_access({layer, expert}, clock_);
+  } catch (...) {
+  }
 }
 
 void ExpertStore::loader_main() {

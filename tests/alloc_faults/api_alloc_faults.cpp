@@ -1,0 +1,319 @@
+// Allocation failures through the public C API. This program replaces the global operator new so
+// that the Nth allocation made by the calling thread after arming throws std::bad_alloc, and sweeps
+// N over every allocation of each API call: load (mapped and budgeted), context creation, eval,
+// generate, tokenize, detokenize, chat formatting and calibration. Each call must return a status
+// (never let the exception through the C ABI, never crash), name the problem, and leave what it
+// was given usable: the same call without the fault afterwards gives the clean run's results
+// bitwise. Worker threads are not armed (the counters are thread-local), so the faults land on the
+// API's own thread, where an escaping exception would cross into C.
+//
+// Usage: api_alloc_faults MODEL [WORK_DIR]. Prints one line per operation: allocations, faults
+// injected, statuses seen. MOELITE_ALLOC_FAULTS_ALL=1 fails every allocation index instead of a
+// sample; MOELITE_ALLOC_FAULTS_TRACE=N prints the stack of the failed allocation N.
+#include <execinfo.h>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "moelite.h"
+
+namespace {
+thread_local long t_countdown = -1;  // allocations left before the fault; -1: unarmed
+thread_local bool t_fired = false;
+thread_local long t_count = 0;  // allocations since arming (for sizing the sweep)
+
+// MOELITE_ALLOC_FAULTS_TRACE=N prints the stack of allocation N when it is failed (for addr2line).
+void print_stack_if_asked(long n) {
+  const char* want = getenv("MOELITE_ALLOC_FAULTS_TRACE");
+  if (!want || atol(want) != n) return;
+  void* frames[40];
+  backtrace_symbols_fd(frames, backtrace(frames, 40), 2);
+}
+
+void* allocate(size_t n, bool nothrow) {
+  if (t_countdown >= 0) {
+    ++t_count;
+    if (t_countdown-- == 0) {
+      t_fired = true;
+      print_stack_if_asked(t_count - 1);
+      if (nothrow) return nullptr;
+      throw std::bad_alloc();
+    }
+  }
+  void* p = malloc(n ? n : 1);
+  if (!p && !nothrow) throw std::bad_alloc();
+  return p;
+}
+void* allocate_aligned(size_t n, std::align_val_t al, bool nothrow) {
+  if (t_countdown >= 0) {
+    ++t_count;
+    if (t_countdown-- == 0) {
+      t_fired = true;
+      if (nothrow) return nullptr;
+      throw std::bad_alloc();
+    }
+  }
+  const size_t a = static_cast<size_t>(al);
+  void* p = aligned_alloc(a, (n + a - 1) / a * a);
+  if (!p && !nothrow) throw std::bad_alloc();
+  return p;
+}
+}  // namespace
+
+void* operator new(size_t n) { return allocate(n, false); }
+void* operator new[](size_t n) { return allocate(n, false); }
+void* operator new(size_t n, const std::nothrow_t&) noexcept { return allocate(n, true); }
+void* operator new[](size_t n, const std::nothrow_t&) noexcept { return allocate(n, true); }
+void* operator new(size_t n, std::align_val_t a) { return allocate_aligned(n, a, false); }
+void* operator new[](size_t n, std::align_val_t a) { return allocate_aligned(n, a, false); }
+void operator delete(void* p) noexcept { free(p); }
+void operator delete[](void* p) noexcept { free(p); }
+void operator delete(void* p, size_t) noexcept { free(p); }
+void operator delete[](void* p, size_t) noexcept { free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { free(p); }
+void operator delete(void* p, size_t, std::align_val_t) noexcept { free(p); }
+void operator delete[](void* p, size_t, std::align_val_t) noexcept { free(p); }
+
+namespace {
+
+int g_failures = 0;
+#define CHECK(cond, ...)                                              \
+  do {                                                                \
+    if (!(cond)) {                                                    \
+      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                   \
+      fprintf(stderr, "\n");                                          \
+      ++g_failures;                                                   \
+    }                                                                 \
+  } while (0)
+
+// The allocation indices to fail: all of the first 100, then every ~12 % further, to the end.
+// MOELITE_ALLOC_FAULTS_ALL=1: every allocation (slow; for a thorough run by hand).
+std::vector<long> sweep_points(long total) {
+  std::vector<long> points;
+  if (getenv("MOELITE_ALLOC_FAULTS_ALL")) {
+    for (long n = 0; n < total; ++n) points.push_back(n);
+    return points;
+  }
+  for (long n = 0; n < total; n = n < 100 ? n + 1 : n + std::max(1L, n / 8)) points.push_back(n);
+  return points;
+}
+
+long g_current_n = -1;
+// What an operation returns when a *_params_create gave NULL (it has no status of its own).
+constexpr moelite_status kNullHandle = static_cast<moelite_status>(-1);  // the allocation being failed, for messages
+
+// Runs `op` with the Nth allocation failing for every N of the sweep; `op` returns its status and
+// must undo its own effects (free what it created). `check_clean` then runs it unarmed.
+void sweep(const char* name, const std::function<moelite_status()>& op, const std::function<void()>& check_clean) {
+  t_countdown = 1L << 40, t_count = 0, t_fired = false;  // count a clean run's allocations
+  moelite_status clean = op();
+  t_countdown = -1;
+  const long total = t_count;
+  CHECK(clean == MOELITE_OK, "%s: clean run failed: %s", name, moelite_last_error());
+  std::map<std::string, int> seen;
+  int injected = 0;
+  for (long n : sweep_points(total)) {
+    t_countdown = n, t_count = 0, t_fired = false, g_current_n = n;
+    moelite_status st = op();
+    t_countdown = -1;
+    if (!t_fired) continue;
+    ++injected;
+    if (st == kNullHandle) {  // a create function returned NULL, as documented: nothing to check
+      seen["NULL from *_create"]++;
+      continue;
+    }
+    seen[moelite_status_name(st)]++;
+    // A fault may be absorbed (a fallback path) and give OK; if not, it must be reported as such.
+    if (st != MOELITE_OK) {
+      CHECK(st == MOELITE_ERR_OUT_OF_MEMORY || st == MOELITE_ERR_SYSTEM_LIMIT, "%s: allocation %ld failed -> %s (%s)",
+            name, n, moelite_status_name(st), moelite_last_error());
+      CHECK(moelite_last_error()[0] != '\0', "%s: no message for allocation %ld", name, n);
+    }
+    check_clean();
+  }
+  std::string statuses;
+  for (const auto& kv : seen) statuses += " " + kv.first + "=" + std::to_string(kv.second);
+  printf("%-28s %6ld allocations, %4d faults injected:%s\n", name, total, injected, statuses.c_str());
+  fflush(stdout);
+}
+
+moelite_model* load(const char* path, uint64_t budget) {
+  moelite_model_params* p = moelite_model_params_create();
+  moelite_model_params_set_threads(p, 2);
+  if (budget) {
+    moelite_model_params_set_expert_budget(p, budget);
+    moelite_model_params_set_expert_predictor(p, "next-gate");
+  }
+  moelite_model* m = nullptr;
+  moelite_status st = moelite_model_load(path, p, &m);
+  moelite_model_params_free(p);
+  return st == MOELITE_OK ? m : nullptr;
+}
+
+std::vector<float> eval_logits(moelite_context* c, const std::vector<int32_t>& tokens, int32_t n_vocab) {
+  moelite_kv_reset(c);
+  if (moelite_eval(c, tokens.data(), static_cast<int32_t>(tokens.size()), 0) != MOELITE_OK) return {};
+  const float* l = moelite_get_logits(c, -1);
+  return std::vector<float>(l, l + n_vocab);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s MODEL [WORK_DIR]\n", argv[0]);
+    return 2;
+  }
+  const char* path = argv[1];
+  const std::string work = argc > 2 ? argv[2] : "/tmp";
+  moelite_model* model = load(path, 0);
+  if (!model) {
+    fprintf(stderr, "cannot load %s: %s\n", path, moelite_last_error());
+    return 1;
+  }
+  const int32_t n_vocab = static_cast<int32_t>(moelite_model_get(model, MOELITE_MODEL_N_VOCAB));
+  const uint64_t budget = static_cast<uint64_t>(moelite_model_get(model, MOELITE_MODEL_EXPERT_BYTES)) / 2;
+  const std::vector<int32_t> tokens = {1, 17, 42, 99, 5, 250, 7, 3};
+  moelite_context* ctx = nullptr;
+  moelite_context_create(model, nullptr, &ctx);
+  const std::vector<float> reference = eval_logits(ctx, tokens, n_vocab);
+  if (reference.empty()) {
+    fprintf(stderr, "clean eval failed: %s\n", moelite_last_error());
+    return 1;
+  }
+
+  for (uint64_t b : {uint64_t{0}, budget}) {
+    sweep(
+        b ? "load (budget)" : "load",
+        [&] {
+          moelite_model_params* p = moelite_model_params_create();
+          if (!p) return kNullHandle;
+          moelite_status st = moelite_model_params_set_threads(p, 2);
+          if (st == MOELITE_OK && b) st = moelite_model_params_set_expert_budget(p, b);
+          if (st == MOELITE_OK && b) st = moelite_model_params_set_expert_predictor(p, "next-gate");
+          moelite_model* m = nullptr;
+          if (st == MOELITE_OK) st = moelite_model_load(path, p, &m);
+          moelite_model_params_free(p);
+          moelite_model_free(m);
+          return st;
+        },
+        [] {});
+  }
+
+  sweep(
+      "context_create",
+      [&] {
+        moelite_context* c = nullptr;
+        moelite_status st = moelite_context_create(model, nullptr, &c);
+        moelite_context_free(c);
+        return st;
+      },
+      [] {});
+
+  for (uint64_t b : {uint64_t{0}, budget}) {
+    moelite_model* m = b ? load(path, b) : model;
+    moelite_context* c = nullptr;
+    CHECK(m && moelite_context_create(m, nullptr, &c) == MOELITE_OK, "setup: %s", moelite_last_error());
+    if (!c) continue;
+    sweep(
+        b ? "eval (budget)" : "eval",
+        [&] {
+          moelite_kv_reset(c);
+          return moelite_eval(c, tokens.data(), static_cast<int32_t>(tokens.size()), 0);
+        },
+        [&] {
+          const std::vector<float> again = eval_logits(c, tokens, n_vocab);
+          CHECK(again == reference, "eval after a fault at allocation %ld differs from the clean run", g_current_n);
+        });
+    moelite_context_free(c);
+    if (b) moelite_model_free(m);
+  }
+
+  {
+    moelite_generate_params* gp = moelite_generate_params_create();
+    moelite_generate_params_set_max_tokens(gp, 6);
+    moelite_generate_params_set_temperature(gp, 0.0f);
+    std::string out;
+    moelite_generate_params_set_callback(
+        gp,
+        [](const char* piece, size_t n, void* user) {
+          static_cast<std::string*>(user)->append(piece, n);
+          return 1;
+        },
+        &out);
+    auto gen = [&] {
+      out.clear();
+      moelite_kv_reset(ctx);
+      return moelite_generate(ctx, "The open() function returns", 27, gp, nullptr);
+    };
+    gen();
+    const std::string clean = out;
+    sweep("generate", gen, [&] {
+      gen();
+      CHECK(out == clean, "generate after a fault gave '%s', clean '%s'", out.c_str(), clean.c_str());
+    });
+    moelite_generate_params_free(gp);
+  }
+
+  {
+    const char* text = "def main():\n    return open('x').read()  # héllo";
+    std::vector<int32_t> ids(256);
+    int32_t n = 0;
+    moelite_tokenize(model, text, strlen(text), MOELITE_TOKENIZE_ADD_SPECIAL, ids.data(), 256, &n);
+    const std::vector<int32_t> clean_ids(ids.begin(), ids.begin() + n);
+    sweep(
+        "tokenize",
+        [&] {
+          int32_t k = 0;
+          return moelite_tokenize(model, text, strlen(text), MOELITE_TOKENIZE_ADD_SPECIAL, ids.data(), 256, &k);
+        },
+        [&] {
+          int32_t k = 0;
+          moelite_tokenize(model, text, strlen(text), MOELITE_TOKENIZE_ADD_SPECIAL, ids.data(), 256, &k);
+          CHECK(std::vector<int32_t>(ids.begin(), ids.begin() + k) == clean_ids, "tokenize differs after a fault");
+        });
+    char buf[1024];
+    size_t len = 0;
+    sweep(
+        "detokenize", [&] { return moelite_detokenize(model, clean_ids.data(), n, 0, buf, sizeof buf, &len); },
+        [&] {
+          CHECK(moelite_detokenize(model, clean_ids.data(), n, 0, buf, sizeof buf, &len) == MOELITE_OK,
+                "detokenize after a fault");
+        });
+    const moelite_chat_message msgs[] = {{"system", "Be brief."}, {"user", "What does open() return?"}};
+    sweep(
+        "chat_format", [&] { return moelite_chat_format(model, msgs, 2, 1, buf, sizeof buf, &len); },
+        [&] { CHECK(moelite_chat_format(model, msgs, 2, 1, buf, sizeof buf, &len) == MOELITE_OK, "chat_format"); });
+  }
+
+  {
+    std::vector<int32_t> corpus;
+    for (int i = 0; i < 24; ++i) corpus.push_back((i * 37 + 11) % n_vocab);
+    moelite_calibrate_params* cp = moelite_calibrate_params_create();
+    moelite_calibrate_params_set_window(cp, 8);
+    const std::string profile = work + "/alloc-faults.profile";
+    sweep(
+        "calibrate",
+        [&] {
+          return moelite_calibrate(model, corpus.data(), static_cast<int32_t>(corpus.size()), cp, profile.c_str());
+        },
+        [&] {
+          const std::vector<float> again = eval_logits(ctx, tokens, n_vocab);
+          CHECK(again == reference, "the model's results changed after a failed calibration");
+        });
+    moelite_calibrate_params_free(cp);
+    remove(profile.c_str());
+  }
+
+  moelite_context_free(ctx);
+  moelite_model_free(model);
+  printf("%s\n", g_failures ? "FAILED" : "all allocation faults handled");
+  return g_failures ? 1 : 0;
+}
