@@ -79,9 +79,9 @@ Status Runtime::create(const Model& m, const LoadOptions& opts, std::unique_ptr<
     MOELITE_TRY(make_predictor(opts.expert_predictor, opts.predictor_depth, m, rt->profile.get(), &rt->predictor));
   } else {
     rt->experts = std::make_unique<ResidentExperts>(&m.layers);
-    // Without a budget nothing loads, so a predictor has nothing to do; a bad name still fails.
-    std::unique_ptr<ExpertPredictor> unused;
-    MOELITE_TRY(make_predictor(opts.expert_predictor, opts.predictor_depth, m, rt->profile.get(), &unused));
+    // Without a budget nothing loads, so a predictor has nothing to do (and is not built: its
+    // tables can be large); a bad name or a missing fit still fails.
+    MOELITE_TRY(make_predictor(opts.expert_predictor, opts.predictor_depth, m, rt->profile.get(), nullptr));
   }
   *out = std::move(rt);
   return MOELITE_OK;

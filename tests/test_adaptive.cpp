@@ -242,6 +242,33 @@ TEST(Allocation, RefusesImpossibleBudgetsAndBadInput) {
   EXPECT_EQ(allocate_cache(layers, 10, &sizes), MOELITE_ERR_INVALID_ARGUMENT);
 }
 
+// A model and profile of hostile sizes (64 layers, 4096 experts, a budget of a million slots) used
+// to start a programme of hours and a 1 GiB choice table at load; it is refused at once now.
+TEST(Allocation, RefusesProgrammesTooLargeToSolveAtLoad) {
+  std::vector<AllocationLayer> layers(64);
+  for (AllocationLayer& a : layers) {
+    a.min_size = 9;
+    a.max_size = 4096;
+    a.loss.assign(static_cast<size_t>(a.max_size - a.min_size + 1), 1.0);
+  }
+  EXPECT_TRUE(allocation_too_large(layers, 1 << 20));
+  std::vector<int32_t> sizes;
+  EXPECT_EQ(allocate_cache(layers, 1 << 20, &sizes), MOELITE_ERR_INVALID_ARGUMENT);
+  // Few states but many sizes per state: bounded by the steps.
+  layers.resize(2);
+  EXPECT_FALSE(allocation_too_large(layers, 64 * 9));
+  EXPECT_TRUE(allocation_too_large(layers, int64_t{1} << 19));
+  // Real shapes still solve (48 layers, 128 experts, half the slots).
+  std::vector<AllocationLayer> real(48);
+  for (AllocationLayer& a : real) {
+    a.min_size = 9;
+    a.max_size = 128;
+    for (int32_t c = a.min_size; c <= a.max_size; ++c) a.loss.push_back(1.0 / c);
+  }
+  EXPECT_FALSE(allocation_too_large(real, 48 * 64));
+  EXPECT_EQ(allocate_cache(real, 48 * 64, &sizes), MOELITE_OK);
+}
+
 TEST(Allocation, ExpectedDemandLoads) {
   EXPECT_DOUBLE_EQ(expected_demand_loads(8, 0.5, 0.0), 4.0);
   EXPECT_DOUBLE_EQ(expected_demand_loads(8, 0.5, 0.75), 1.0);
@@ -472,4 +499,26 @@ TEST(Predictors, CorrelationTableGivesSmoothedConditionalProbabilities) {
   EXPECT_EQ(top_indices(s.data(), 3, 2), (std::vector<int32_t>{1, 2}));
   const float ties[] = {0.5f, 0.7f, 0.7f, 0.1f};
   EXPECT_EQ(top_indices(ties, 4, 3), (std::vector<int32_t>{1, 2, 0}));
+}
+
+// The correlation predictor's tables grow with experts squared: a 157 KB file declaring 4096
+// experts used to allocate hundreds of MB for them, even without a budget. Refused beyond the
+// limit (with or without building), sized in 64 bits (4096^2 x 63 layers overflows 32 bits).
+TEST(CorrelationPredictor, RefusesTablesBeyondTheLimit) {
+  EXPECT_EQ(correlation_table_bytes(64, 4096), uint64_t{63} * 4096 * 4096 * 4);
+  EXPECT_EQ(correlation_table_bytes(1, 4096), 0u);
+  Model m;
+  m.hp.n_layer = 64;
+  m.hp.n_expert = 4096;
+  m.hp.n_expert_used = 8;
+  std::unique_ptr<ExpertPredictor> p;
+  EXPECT_EQ(make_predictor("correlation", 1, m, nullptr, &p), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(p, nullptr);
+  EXPECT_EQ(make_predictor("correlation", 1, m, nullptr, nullptr), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(last_error_message()).find("MiB"), std::string::npos);
+  m.hp.n_expert = 128;
+  m.hp.n_layer = 48;
+  EXPECT_EQ(make_predictor("correlation", 1, m, nullptr, nullptr), MOELITE_OK);
+  EXPECT_EQ(make_predictor("correlation", 1, m, nullptr, &p), MOELITE_OK);
+  EXPECT_NE(p, nullptr);
 }

@@ -11,6 +11,24 @@ double expected_demand_loads(double used_per_token, double hit_rate, double accu
   return used_per_token * (1.0 - h) * (1.0 - a);
 }
 
+namespace {
+// States and inner steps of the programme (the units above the layers' minimum sizes).
+void programme_size(const std::vector<AllocationLayer>& layers, int64_t budget_units, double* cells, double* steps) {
+  int64_t minimum = 0;
+  for (const AllocationLayer& a : layers) minimum += int64_t{a.min_size} * a.unit_cost;
+  const double width = static_cast<double>(std::max<int64_t>(0, budget_units - minimum)) + 1.0;
+  *cells = width * static_cast<double>(layers.size());
+  *steps = 0.0;
+  for (const AllocationLayer& a : layers) *steps += width * (static_cast<double>(a.max_size - a.min_size) + 1.0);
+}
+}  // namespace
+
+bool allocation_too_large(const std::vector<AllocationLayer>& layers, int64_t budget_units) {
+  double cells = 0, steps = 0;
+  programme_size(layers, budget_units, &cells, &steps);
+  return cells > static_cast<double>(kMaxAllocationCells) || steps > static_cast<double>(kMaxAllocationSteps);
+}
+
 Status allocate_cache(const std::vector<AllocationLayer>& layers, int64_t budget_units, std::vector<int32_t>* sizes,
                       double* total_loss) {
   const size_t n = layers.size();
@@ -29,9 +47,11 @@ Status allocate_cache(const std::vector<AllocationLayer>& layers, int64_t budget
   // Only the units above the minimum are distributed.
   const int64_t spare = budget_units - minimum;
   const int64_t width = spare + 1;
-  if (n > 0 && static_cast<double>(width) * static_cast<double>(n) > double(1 << 28))
+  if (allocation_too_large(layers, budget_units))
     return fail(MOELITE_ERR_INVALID_ARGUMENT,
-                "cache allocation: %zu layers x %" PRId64 " units is too large a table; use coarser units", n, width);
+                "cache allocation: %zu layers x %" PRId64 " units is too large a programme (limits: %" PRId64
+                " states, %" PRId64 " steps)",
+                n, width, kMaxAllocationCells, kMaxAllocationSteps);
   constexpr double kInf = std::numeric_limits<double>::infinity();
   // best[u]: least loss of the layers so far using exactly u spare units; choice[l][u]: extra size.
   std::vector<double> best(static_cast<size_t>(width), kInf), next(static_cast<size_t>(width));

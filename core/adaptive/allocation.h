@@ -20,10 +20,18 @@ struct AllocationLayer {
   std::vector<double> loss;  // max_size - min_size + 1 values
 };
 
+// Bounds of the programme, so that a model and profile of hostile (or merely huge) sizes cannot
+// make loading take hours or gigabytes: at most kMaxAllocationCells (layer, units) states kept
+// (4 bytes each) and kMaxAllocationSteps inner steps (about a second).
+constexpr int64_t kMaxAllocationCells = int64_t{1} << 24;
+constexpr int64_t kMaxAllocationSteps = int64_t{1} << 30;
+// True when allocate_cache would refuse these inputs for their size.
+bool allocation_too_large(const std::vector<AllocationLayer>& layers, int64_t budget_units);
+
 // Fills sizes[l] minimising sum_l loss_l(sizes[l]) subject to sum_l sizes[l] * unit_cost_l <=
 // budget_units. Ties go to the allocation found first in layer order with the smaller size.
 // MOELITE_ERR_BUDGET_TOO_SMALL when even the minimum sizes exceed the budget;
-// MOELITE_ERR_INVALID_ARGUMENT for inconsistent inputs or a table over 2^28 cells.
+// MOELITE_ERR_INVALID_ARGUMENT for inconsistent inputs or a programme beyond the bounds above.
 Status allocate_cache(const std::vector<AllocationLayer>& layers, int64_t budget_units, std::vector<int32_t>* sizes,
                       double* total_loss = nullptr);
 

@@ -402,7 +402,9 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
 
   // correlation: co-activation counts of consecutive layers; scored on held-out tokens with the
   // table of the training tokens, saved with the counts of all tokens (the live table's seed).
-  {
+  if (correlation_table_bytes(L, E) > kMaxCorrelationBytes) {
+    log_msg(MOELITE_LOG_WARN, "calibrate: %d experts x %d layers is too many for correlation tables; skipped", E, L);
+  } else {
     std::vector<double>& acc = p.accuracy["correlation"];
     acc.assign(static_cast<size_t>(L), nan);
     p.correlation.assign(static_cast<size_t>(std::max(0, L - 1)), {});

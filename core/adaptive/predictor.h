@@ -49,7 +49,9 @@ class ExpertPredictor {
 
 // "none" gives a null predictor. Learned predictors need a profile holding their weights;
 // "pregate" needs a model with pre-gate routers. MOELITE_ERR_INVALID_ARGUMENT naming the
-// available predictors for an unknown name, MOELITE_ERR_BAD_PROFILE for a missing fit.
+// available predictors for an unknown name, or for correlation tables beyond
+// kMaxCorrelationBytes; MOELITE_ERR_BAD_PROFILE for a missing fit. With out == nullptr the same
+// checks run and nothing is built (a model without a budget has no use for a predictor).
 Status make_predictor(const std::string& name, int32_t depth, const Model& m, const Profile* profile,
                       std::unique_ptr<ExpertPredictor>* out);
 const char* predictor_names();
@@ -65,6 +67,14 @@ std::vector<int32_t> top_indices(const float* scores, int32_t n, int32_t k);
 
 // Klotski's co-activation table between two consecutive layers: counts[i * E + j] = tokens that
 // used expert i in the first layer and j in the second.
+//
+// The tables of a model take (layers - 1) x experts^2 floats, which a hostile or merely huge
+// model can make enormous (4096 experts, 64 layers: 4 GiB). Beyond kMaxCorrelationBytes the
+// correlation predictor is refused at load and left out of calibration; real models need a few MiB
+// (128 experts x 48 layers: 3 MiB; 256 x 61: 15 MiB).
+constexpr uint64_t kMaxCorrelationBytes = uint64_t{64} << 20;
+uint64_t correlation_table_bytes(int32_t n_layer, int32_t n_expert);
+
 class CorrelationTable {
  public:
   CorrelationTable() = default;

@@ -28,11 +28,23 @@ std::vector<int32_t> top_indices(const float* scores, int32_t n, int32_t k) {
   return idx;
 }
 
+uint64_t correlation_table_bytes(int32_t n_layer, int32_t n_expert) {
+  return static_cast<uint64_t>(std::max(0, n_layer - 1)) * static_cast<uint64_t>(n_expert) *
+         static_cast<uint64_t>(n_expert) * sizeof(float);
+}
+
+namespace {
+// Index of counts[i][j], in size_t: i * n overflows int32 from 46341 experts on.
+size_t cell(int32_t i, int32_t j, int32_t n) {
+  return static_cast<size_t>(i) * static_cast<size_t>(n) + static_cast<size_t>(j);
+}
+}  // namespace
+
 CorrelationTable::CorrelationTable(int32_t n_expert, std::vector<float> counts)
     : n_(n_expert), counts_(std::move(counts)), row_sum_(static_cast<size_t>(n_expert), 0.0f) {
   counts_.resize(static_cast<size_t>(n_) * static_cast<size_t>(n_), 0.0f);
   for (int32_t i = 0; i < n_; ++i)
-    for (int32_t j = 0; j < n_; ++j) row_sum_[static_cast<size_t>(i)] += counts_[static_cast<size_t>(i * n_ + j)];
+    for (int32_t j = 0; j < n_; ++j) row_sum_[static_cast<size_t>(i)] += counts_[cell(i, j, n_)];
 }
 
 void CorrelationTable::add(const int32_t* from, int32_t n_from, const int32_t* to, int32_t n_to) {
@@ -40,7 +52,7 @@ void CorrelationTable::add(const int32_t* from, int32_t n_from, const int32_t* t
     if (from[a] < 0 || from[a] >= n_) continue;
     for (int32_t b = 0; b < n_to; ++b) {
       if (to[b] < 0 || to[b] >= n_) continue;
-      counts_[static_cast<size_t>(from[a] * n_ + to[b])] += 1.0f;
+      counts_[cell(from[a], to[b], n_)] += 1.0f;
       row_sum_[static_cast<size_t>(from[a])] += 1.0f;
     }
   }
@@ -53,7 +65,7 @@ void CorrelationTable::scores(const int32_t* from, int32_t n_from, float* out) c
     if (from[a] < 0 || from[a] >= n_) continue;
     ++used;
     const float denom = row_sum_[static_cast<size_t>(from[a])] + static_cast<float>(n_);
-    for (int32_t j = 0; j < n_; ++j) out[j] += (counts_[static_cast<size_t>(from[a] * n_ + j)] + 1.0f) / denom;
+    for (int32_t j = 0; j < n_; ++j) out[j] += (counts_[cell(from[a], j, n_)] + 1.0f) / denom;
   }
   if (used > 1)
     for (int32_t j = 0; j < n_; ++j) out[j] /= static_cast<float>(used);
@@ -229,7 +241,7 @@ Status check_predictor_name(const std::string& name) {
 Status make_predictor(const std::string& name, int32_t depth, const Model& m, const Profile* profile,
                       std::unique_ptr<ExpertPredictor>* out) {
   const int32_t k = m.hp.n_expert_used;
-  out->reset();
+  if (out) out->reset();
   if (name == "none") return MOELITE_OK;
   if (name.find(',') != std::string::npos) {
     std::vector<std::unique_ptr<ExpertPredictor>> parts;
@@ -237,16 +249,24 @@ Status make_predictor(const std::string& name, int32_t depth, const Model& m, co
       std::unique_ptr<ExpertPredictor> part;
       if (one == "none" || one.empty())
         return fail(MOELITE_ERR_INVALID_ARGUMENT, "predictor list '%s' names '%s'", name.c_str(), one.c_str());
-      MOELITE_TRY(make_predictor(one, depth, m, profile, &part));
+      MOELITE_TRY(make_predictor(one, depth, m, profile, out ? &part : nullptr));
       parts.push_back(std::move(part));
     }
-    *out = std::make_unique<Composite>(std::move(parts));
+    if (out) *out = std::make_unique<Composite>(std::move(parts));
     return MOELITE_OK;
   }
+  // Built only when asked for: the checks below are what a load without a budget still runs.
+  std::unique_ptr<ExpertPredictor> built;
   if (name == "next-gate") {
-    *out = std::make_unique<NextGate>(std::max(1, depth));
+    if (out) built = std::make_unique<NextGate>(std::max(1, depth));
   } else if (name == "correlation") {
-    *out = std::make_unique<Correlation>(m, profile);
+    const uint64_t bytes = correlation_table_bytes(m.hp.n_layer, m.hp.n_expert);
+    if (bytes > kMaxCorrelationBytes)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT,
+                  "predictor 'correlation' would need %.0f MiB of co-activation tables for %d experts x %d layers "
+                  "(the limit is %.0f MiB); use next-gate or learned",
+                  bytes / 1048576.0, m.hp.n_expert, m.hp.n_layer, kMaxCorrelationBytes / 1048576.0);
+    if (out) built = std::make_unique<Correlation>(m, profile);
   } else if (name == "pregate") {
     bool any = false;
     for (const LayerWeights& lw : m.layers) any = any || lw.pregate.valid();
@@ -254,7 +274,7 @@ Status make_predictor(const std::string& name, int32_t depth, const Model& m, co
       return fail(MOELITE_ERR_INVALID_ARGUMENT,
                   "predictor 'pregate' needs a model with pre-gate routers "
                   "(blk.N.ffn_pregate_inp.weight); this one has none");
-    *out = std::make_unique<PreGate>();
+    if (out) built = std::make_unique<PreGate>();
   } else if (name == "learned" || name == "first-layer") {
     if (!profile)
       return fail(MOELITE_ERR_BAD_PROFILE,
@@ -265,16 +285,17 @@ Status make_predictor(const std::string& name, int32_t depth, const Model& m, co
       bool any = false;
       for (const LinearMap& lm : profile->learned) any = any || !lm.empty();
       if (!any) return fail(MOELITE_ERR_BAD_PROFILE, "the calibration profile holds no learned predictor weights");
-      *out = std::make_unique<Learned>(*profile, k);
+      if (out) built = std::make_unique<Learned>(*profile, k);
     } else {
       if (profile->first_layer.empty())
         return fail(MOELITE_ERR_BAD_PROFILE, "the calibration profile holds no first-layer predictor weights");
-      *out = std::make_unique<FirstLayer>(*profile, k);
+      if (out) built = std::make_unique<FirstLayer>(*profile, k);
     }
   } else {
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown expert predictor '%s' (available: %s)", name.c_str(),
                 predictor_names());
   }
+  if (out) *out = std::move(built);
   return MOELITE_OK;
 }
 

@@ -101,6 +101,16 @@ Status plan_expert_store(const Model& m, const Profile* p, const LoadOptions& op
       a.loss.push_back(expected_demand_loads(k, hit, accuracy));
     }
   }
+  if (allocation_too_large(layers, slots)) {
+    if (mode == "dp")
+      return fail(MOELITE_ERR_INVALID_ARGUMENT,
+                  "the DP cache allocation over %d layers x %" PRId64
+                  " slots is too large to solve at load; use --allocation global or uniform",
+                  hp.n_layer, slots);
+    log_msg(MOELITE_LOG_INFO, "expert store: %d layers x %" PRId64 " slots is too large for the DP; one global pool",
+            hp.n_layer, slots);
+    return MOELITE_OK;
+  }
   std::vector<int32_t> sizes;
   double loss = 0.0;
   MOELITE_TRY(allocate_cache(layers, slots, &sizes, &loss));
