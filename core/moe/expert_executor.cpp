@@ -8,26 +8,45 @@ namespace moelite {
 
 namespace {
 
-// The experts of one group that this pass holds (acquired and not yet released), released on
-// every path out, errors included.
-class HeldExperts {
+// What one group of a pass holds of the source: experts prepared and not yet acquired (pending)
+// and experts acquired and not yet released (held). On every way out, errors and exceptions (an
+// allocation failing mid-group) included, the backend's group is ended first (a device must be done
+// with the slots) and then both are given back: no pin outlives the pass, or the pool would shrink
+// until no expert could load.
+class GroupLease {
  public:
-  HeldExperts(ExpertSource& source, int32_t layer) : source_(source), layer_(layer) {}
-  ~HeldExperts() { release_all(); }
+  GroupLease(Backend& be, ExpertSource& source, int32_t layer, std::vector<int32_t>* pending)
+      : be_(be), source_(source), layer_(layer), pending_(pending) {
+    held_.reserve(pending->size());  // so that add() cannot throw between acquire and record
+  }
+  ~GroupLease() {
+    if (!ended_) (void)be_.expert_group_end();
+    release_all();
+    for (int32_t p : *pending_) source_.release(layer_, p);
+    pending_->clear();
+  }
   void add(int32_t expert) { held_.push_back(expert); }
   void release(int32_t expert) {
     source_.release(layer_, expert);
     held_.erase(std::find(held_.begin(), held_.end(), expert));
   }
+  Status end_group() {
+    ended_ = true;
+    return be_.expert_group_end();
+  }
+
+ private:
   void release_all() {
     for (int32_t e : held_) source_.release(layer_, e);
     held_.clear();
   }
 
- private:
+  Backend& be_;
   ExpertSource& source_;
   int32_t layer_;
+  std::vector<int32_t>* pending_;
   std::vector<int32_t> held_;
+  bool ended_ = false;
 };
 
 // Row lists of the tasks built so far (the tasks point into them).
@@ -74,7 +93,7 @@ Status run_resident(Backend& be, ExpertSource& source, int32_t layer, const Expe
 Status run_group(Backend& be, ExpertSource& source, int32_t layer, const ExpertGroups& groups,
                  std::vector<int32_t> pending) {
   MOELITE_TRY(source.prepare(layer, pending));
-  HeldExperts held(source, layer);
+  GroupLease lease(be, source, layer, &pending);
   const bool hold_to_end = be.reads_experts_until_group_end();
   Status st = MOELITE_OK;
   while (!pending.empty()) {
@@ -85,21 +104,17 @@ Status run_group(Backend& be, ExpertSource& source, int32_t layer, const ExpertG
       pending.clear();  // the source released what was still pending
       break;
     }
-    held.add(e);
+    lease.add(e);
     TaskRows rows;
     const ExpertTask task = make_task(groups, layer, e, w, false, &rows);
     st = be.expert_gate_up(&task, 1);
     if (st == MOELITE_OK) st = source.wait_down(layer, e);
     if (st == MOELITE_OK) st = be.expert_down(&task, 1);
     if (st != MOELITE_OK) break;
-    if (!hold_to_end) held.release(e);
+    if (!hold_to_end) lease.release(e);
   }
-  // The group ends on every path, so a device is done with the slots before they are released.
-  const Status end = be.expert_group_end();
-  if (st == MOELITE_OK) st = end;
-  held.release_all();
-  for (int32_t p : pending) source.release(layer, p);
-  return st;
+  const Status end = lease.end_group();
+  return st != MOELITE_OK ? st : end;  // the lease gives back what is still held or pending
 }
 
 }  // namespace

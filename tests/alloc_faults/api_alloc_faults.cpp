@@ -9,7 +9,8 @@
 //
 // Usage: api_alloc_faults MODEL [WORK_DIR]. Prints one line per operation: allocations, faults
 // injected, statuses seen. MOELITE_ALLOC_FAULTS_ALL=1 fails every allocation index instead of a
-// sample; MOELITE_ALLOC_FAULTS_TRACE=N prints the stack of the failed allocation N.
+// sample; MOELITE_ALLOC_FAULTS_TRACE=N prints the stack of the failed allocation N;
+// MOELITE_ALLOC_FAULTS_ONLY=NAME sweeps only the operation of that name.
 #include <execinfo.h>
 #include <cstdio>
 #include <cstdlib>
@@ -112,6 +113,7 @@ constexpr moelite_status kNullHandle = static_cast<moelite_status>(-1);  // the 
 // Runs `op` with the Nth allocation failing for every N of the sweep; `op` returns its status and
 // must undo its own effects (free what it created). `check_clean` then runs it unarmed.
 void sweep(const char* name, const std::function<moelite_status()>& op, const std::function<void()>& check_clean) {
+  if (const char* only = getenv("MOELITE_ALLOC_FAULTS_ONLY"); only && strcmp(only, name) != 0) return;
   t_countdown = 1L << 40, t_count = 0, t_fired = false;  // count a clean run's allocations
   moelite_status clean = op();
   t_countdown = -1;
