@@ -368,6 +368,7 @@ Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) 
       continue;
     }
     st.misses++;
+    const double since = platform::now_seconds();
     while (start_load_locked(layer, e, true) < 0) {
       // Every slot this layer may use is pinned or still loading a guess: wait for a load to land.
       const bool loading = std::any_of(slots_.begin(), slots_.end(), [&](const Slot& sl) {
@@ -378,7 +379,7 @@ Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) 
         waited = fail(MOELITE_ERR_INTERNAL, "expert store: no slot free for layer %d expert %d", layer, e);
       } else {
         const double t0 = platform::now_seconds();
-        waited = wait_for_change(ready_cv_, lock, t0, layer, e);
+        waited = wait_for_change(ready_cv_, lock, since, layer, e);
         st.wait_seconds += platform::now_seconds() - t0;
       }
       if (waited != MOELITE_OK) {
