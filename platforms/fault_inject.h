@@ -11,12 +11,12 @@
 namespace moelite::platform::fault {
 
 enum class Kind : int {
-  kOpen = 0,        // File::open
-  kRead,            // File::read_at and the batch reader's pread
-  kMmap,            // Mapping::map
-  kAlloc,           // aligned_alloc_bytes (weights read into memory, the expert pool)
-  kUringSubmit,     // io_uring_submit: fails as the kernel would (-EIO), nothing submitted
-  kUringComplete,   // an io_uring completion carries -EIO
+  kOpen = 0,       // File::open
+  kRead,           // File::read_at and the batch reader's pread
+  kMmap,           // Mapping::map
+  kAlloc,          // aligned_alloc_bytes (weights read into memory, the expert pool)
+  kUringSubmit,    // io_uring_submit: fails as the kernel would (-EIO), nothing submitted
+  kUringComplete,  // an io_uring completion carries -EIO
   kCount
 };
 constexpr int kKindCount = static_cast<int>(Kind::kCount);

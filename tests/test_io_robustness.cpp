@@ -260,8 +260,7 @@ TEST(IoRobustness, BatchReaderSurvivesAFailedSubmission) {
   ASSERT_EQ(f.read_at(0, expect.data(), expect.size()), MOELITE_OK);
   auto ranges_into = [&](uint8_t* dst) {
     std::vector<moelite::platform::ReadRange> r;
-    for (int i = 0; i < 3; ++i)
-      r.push_back({f.native_handle(), uint64_t(i) * 4096, dst + i * 4096, 4096, 4096});
+    for (int i = 0; i < 3; ++i) r.push_back({f.native_handle(), uint64_t(i) * 4096, dst + i * 4096, 4096, 4096});
     return r;
   };
   for (const fault::Kind k : {fault::Kind::kUringSubmit, fault::Kind::kUringComplete}) {
@@ -272,7 +271,8 @@ TEST(IoRobustness, BatchReaderSurvivesAFailedSubmission) {
       fault::arm(k, 1);
       std::string msg;  // error messages are per thread
       auto fut = std::async(std::launch::async, [&] {
-        const moelite::Status st = reader->read_all(ranges_into(doomed.data()), [](size_t) {}, &n);
+        const moelite::Status st = reader->read_all(
+            ranges_into(doomed.data()), [](size_t) {}, &n);
         msg = moelite_last_error();
         return st;
       });
@@ -286,7 +286,9 @@ TEST(IoRobustness, BatchReaderSurvivesAFailedSubmission) {
     }
     uint64_t n = 0;
     std::vector<bool> done(3, false);
-    ASSERT_EQ(reader->read_all(ranges_into(got.data()), [&](size_t i) { done[i] = true; }, &n), MOELITE_OK)
+    ASSERT_EQ(reader->read_all(
+                  ranges_into(got.data()), [&](size_t i) { done[i] = true; }, &n),
+              MOELITE_OK)
         << moelite_last_error();
     EXPECT_EQ(got, expect);
     EXPECT_EQ(done, std::vector<bool>(3, true));

@@ -5,8 +5,8 @@
 
 #include <unistd.h>
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cinttypes>
 #include <cstring>
 

@@ -70,7 +70,7 @@ class UringReader final : public BatchReader {
                   uint64_t* read) override {
     *read = 0;
     if (!ring_ok_ && !rebuild()) return read_with_pread(ranges, on_done, read);
-    size_t prepared = 0;    // ranges given a submission-queue entry
+    size_t prepared = 0;     // ranges given a submission-queue entry
     size_t unsubmitted = 0;  // of those, entries the kernel has not taken yet
     size_t in_flight = 0, completed = 0;
     int busy_retries = 0;
@@ -99,17 +99,15 @@ class UringReader final : public BatchReader {
             // anything is in flight, else back off briefly and retry, for a bounded time.
             if (in_flight == 0) {
               if (++busy_retries > kMaxBusyRetries) {
-                status = fail(MOELITE_ERR_IO, "io_uring submission kept failing: %s",
-                              strerror(rc < 0 ? -rc : EAGAIN));
+                status = fail(MOELITE_ERR_IO, "io_uring submission kept failing: %s", strerror(rc < 0 ? -rc : EAGAIN));
               } else {
                 usleep(1000);
               }
               continue;
             }
           } else {
-            status = injected
-                         ? fail(MOELITE_ERR_IO, "io_uring submission failed: injected fault (uring_submit)")
-                         : fail(MOELITE_ERR_IO, "io_uring submission failed: %s", strerror(-rc));
+            status = injected ? fail(MOELITE_ERR_IO, "io_uring submission failed: injected fault (uring_submit)")
+                              : fail(MOELITE_ERR_IO, "io_uring submission failed: %s", strerror(-rc));
           }
         }
       }
@@ -142,8 +140,10 @@ class UringReader final : public BatchReader {
         // Short reads (and errors, to get errno's message) finish synchronously.
         st = pread_rest(r, res > 0 ? static_cast<uint64_t>(res) : 0, read);
       }
-      if (st == MOELITE_OK) on_done(i);
-      else status = st;  // keep draining the ring
+      if (st == MOELITE_OK)
+        on_done(i);
+      else
+        status = st;  // keep draining the ring
     }
     if (unsubmitted > 0) {
       // Entries the kernel never took would be submitted by the next call, into buffers that may
