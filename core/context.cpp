@@ -109,8 +109,12 @@ Status Context::eval(const int32_t* tokens, int32_t n_tokens, bool logits_all) {
 
 // Contexts of one model take turns (Runtime::eval_mutex). A context whose turn is far off (another
 // one is prefilling a long prompt) must still honour its abort callback, so the lock is polled
-// rather than waited for. Polling also keeps the lock a plain std::mutex for everyone else.
+// rather than waited for (only by contexts that have a callback; the others block as before).
 Status Context::lock_abortable(std::unique_lock<std::mutex>* lock) {
+  if (!opts_.abort) {
+    lock->lock();  // nothing to poll: block
+    return MOELITE_OK;
+  }
   if (lock->try_lock()) return MOELITE_OK;
   for (;;) {
     if (opts_.abort && opts_.abort(opts_.abort_user))

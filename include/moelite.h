@@ -371,8 +371,12 @@ MOELITE_API moelite_status moelite_calibrate(moelite_model* model, const int32_t
 typedef struct moelite_context moelite_context;
 typedef struct moelite_context_params moelite_context_params;
 
-/** Polled between layers during evaluation; return non-zero to abort. Runs on the calling
- *  thread of moelite_eval. */
+/** Polled between layers during evaluation, and every 10 ms while the evaluation waits: for
+ *  another context of the same model to finish its evaluation (contexts of one model take turns),
+ *  or for expert reads from storage (with a budget). Return non-zero to abort: moelite_eval then
+ *  returns MOELITE_ERR_ABORTED and the context keeps its sequence. Runs on the calling thread of
+ *  moelite_eval. A read that does not complete within the I/O timeout
+ *  (environment MOELITE_IO_TIMEOUT, seconds, default 120) fails the evaluation with MOELITE_ERR_IO. */
 typedef int (*moelite_abort_fn)(void* user_data);
 
 /** Defaults: n_ctx = min(model's training context, 4096), n_batch = 512, no abort callback.
