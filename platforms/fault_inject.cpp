@@ -11,7 +11,8 @@ namespace moelite::platform::fault {
 
 namespace {
 
-const char* const kNames[kKindCount] = {"open", "read", "mmap", "alloc", "uring_submit", "uring_complete"};
+const char* const kNames[kKindCount] = {"open",         "read",           "mmap",      "alloc",
+                                        "uring_submit", "uring_complete", "uring_busy"};
 
 std::atomic<int> g_armed_kind{-1};
 std::atomic<int64_t> g_armed_n{0};

@@ -17,12 +17,13 @@ enum class Kind : int {
   kAlloc,          // aligned_alloc_bytes (weights read into memory, the expert pool)
   kUringSubmit,    // io_uring_submit: fails as the kernel would (-EIO), nothing submitted
   kUringComplete,  // an io_uring completion carries -EIO
+  kUringBusy,      // io_uring_submit answers -EAGAIN once (transient: the reader must retry)
   kCount
 };
 constexpr int kKindCount = static_cast<int>(Kind::kCount);
 
 const char* kind_name(Kind k);
-// "open", "read", "mmap", "alloc", "uring_submit", "uring_complete"; false if unknown.
+// "open", "read", "mmap", "alloc", "uring_submit", "uring_complete", "uring_busy"; false if unknown.
 bool parse_kind(const char* name, Kind* out);
 
 // The n-th call (1-based, counted from now) of `k` fails; n <= 0 disarms. Resets the counters.

@@ -286,6 +286,14 @@ TEST(IoRobustness, BatchReaderSurvivesAFailedSubmission) {
     }
     uint64_t n = 0;
     std::vector<bool> done(3, false);
+    fault::arm(fault::Kind::kUringBusy, 1);  // a transient refusal on the way: retried
+    ASSERT_EQ(reader->read_all(ranges_into(got.data()), [&](size_t i) { done[i] = true; }, &n), MOELITE_OK)
+        << moelite_last_error();
+    EXPECT_TRUE(fault::fired());
+    fault::disarm();
+    EXPECT_EQ(got, expect);
+    got.assign(got.size(), 0);
+    done.assign(3, false);
     ASSERT_EQ(reader->read_all(
                   ranges_into(got.data()), [&](size_t i) { done[i] = true; }, &n),
               MOELITE_OK)

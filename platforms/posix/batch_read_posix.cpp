@@ -89,7 +89,9 @@ class UringReader final : public BatchReader {
         }
         if (unsubmitted > 0) {
           const bool injected = fault::should_fail(fault::Kind::kUringSubmit);
-          const int rc = injected ? -EIO : io_uring_submit(&ring_);
+          const int rc = injected                                      ? -EIO
+                         : fault::should_fail(fault::Kind::kUringBusy) ? -EAGAIN
+                                                                       : io_uring_submit(&ring_);
           if (rc > 0) {
             unsubmitted -= std::min(unsubmitted, static_cast<size_t>(rc));
             in_flight += static_cast<size_t>(rc);
