@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 
 namespace moelite {
@@ -32,8 +33,12 @@ void vformat(char* out, const char* fmt, va_list ap) {
 Status fail(Status status, const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vformat(t_last_error, fmt, ap);
+  // Into a scratch buffer first: the arguments often include the previous message itself
+  // (fail(st, "%s: %s", what, last_error_message())).
+  thread_local char scratch[kMessageBytes];
+  vformat(scratch, fmt, ap);
   va_end(ap);
+  memcpy(t_last_error, scratch, kMessageBytes);
   log_msg(MOELITE_LOG_DEBUG, "error %d: %s", static_cast<int>(status), t_last_error);
   return status;
 }

@@ -1,10 +1,13 @@
 #include "core/context.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cinttypes>
 #include <new>
 #include <string>
+#include <thread>
 
+#include "core/abort_scope.h"
 #include "core/adaptive/predictor.h"
 #include "core/arch/arch.h"
 #include "core/expert_store/expert_source.h"
@@ -77,7 +80,10 @@ Status Context::eval(const int32_t* tokens, int32_t n_tokens, bool logits_all) {
 
   std::vector<float> out(static_cast<size_t>(logits_all ? n_tokens : 1) * static_cast<size_t>(hp.n_vocab));
   const int32_t start = n_past_;
-  std::lock_guard<std::mutex> lock(runtime_.eval_mutex);
+  // Waits below (this lock, the expert store's loads) poll this context's abort callback.
+  AbortScope abort_scope(opts_.abort, opts_.abort_user);
+  std::unique_lock<std::mutex> lock(runtime_.eval_mutex, std::defer_lock);
+  MOELITE_TRY(lock_abortable(&lock));
   for (int32_t done = 0; done < n_tokens;) {
     const int32_t n = std::min(opts_.n_batch, n_tokens - done);
     const bool last = done + n == n_tokens;
@@ -105,6 +111,26 @@ Status Context::eval(const int32_t* tokens, int32_t n_tokens, bool logits_all) {
   logits_rows_ = logits_all ? n_tokens : 1;
   logits_all_ = logits_all;
   return MOELITE_OK;
+}
+
+// Contexts of one model take turns (Runtime::eval_mutex). A context whose turn is far off (another
+// one is prefilling a long prompt) must still honour its abort callback, so the lock is polled
+// rather than waited for (only by contexts that have a callback; the others block as before).
+Status Context::lock_abortable(std::unique_lock<std::mutex>* lock) {
+  if (!opts_.abort) {
+    lock->lock();  // nothing to poll: block
+    return MOELITE_OK;
+  }
+  if (lock->try_lock()) return MOELITE_OK;
+  for (;;) {
+    if (opts_.abort && opts_.abort(opts_.abort_user))
+      return fail(MOELITE_ERR_ABORTED, "evaluation aborted by the abort callback while waiting for another context");
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(kAbortPollSeconds);
+    while (std::chrono::steady_clock::now() < until) {
+      if (lock->try_lock()) return MOELITE_OK;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
 }
 
 Status Context::eval_batch(const int32_t* tokens, int32_t n, bool logits_all, float* logits_out) {

@@ -1,5 +1,6 @@
 // An inference stream over a model: KV cache, scratch activations, the logits of the last batch.
 #pragma once
+#include <mutex>
 #include <vector>
 
 #include "core/eval.h"
@@ -39,6 +40,7 @@ class Context {
  private:
   Context(const Model& model, Runtime& runtime) : model_(model), runtime_(runtime) {}
   Status eval_batch(const int32_t* tokens, int32_t n, bool logits_all, float* logits_out);
+  Status lock_abortable(std::unique_lock<std::mutex>* lock);
   Status predict_next_token(int32_t n);
 
   const Model& model_;

@@ -79,7 +79,10 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
   MOELITE_TRY((arch.read_hparams ? arch.read_hparams : standard_read_hparams)(g, arch, &m->hp));
   MOELITE_TRY(report_progress(opts, 0.0f));
 
-  if (opts.use_mmap) MOELITE_TRY(platform::Mapping::map(g.file(), &m->mapping));
+  // With a budget the file is not mapped at all: the store reads experts with pread/io_uring, and
+  // the dense weights are read into memory, so a file that shrinks under a running model gives
+  // MOELITE_ERR_IO from those reads instead of SIGBUS from a mapped page (include/moelite.h).
+  if (opts.use_mmap && opts.expert_budget_bytes == 0) MOELITE_TRY(platform::Mapping::map(g.file(), &m->mapping));
 
   // Global tensors.
   TensorBinder b(*m);

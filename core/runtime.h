@@ -3,7 +3,8 @@
 // counters. One Runtime per loaded model, shared by all of its contexts.
 //
 // Threading: contexts of one model evaluate one at a time (eval_mutex), since they share the
-// backend's threads and scratch and the store's pins. The counters have their own lock so stats
+// backend's threads and scratch and the store's pins. Context::eval takes the lock by polling
+// try_lock, so a waiting context still honours its abort callback. The counters have their own lock so stats
 // can be read while another thread evaluates. The Model itself is never written after load.
 #pragma once
 #include <memory>

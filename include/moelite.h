@@ -227,7 +227,19 @@ MOELITE_API moelite_status moelite_model_params_set_expert_per_layer(moelite_mod
  *             and a budget of top-k + 1 slots per layer (MOELITE_ERR_BUDGET_TOO_SMALL). */
 MOELITE_API moelite_status moelite_model_params_set_cache_allocation(moelite_model_params* params,
                                                                      const char* allocation);
-/** 1 (default): map the file and compute on the mapping. 0: read weights into owned memory. */
+/** 1 (default): map the file and compute on the mapping. 0: read weights into owned memory.
+ *  With an expert budget the file is never mapped, whatever this says: experts are read into
+ *  the store's slots and the dense weights into owned memory.
+ *
+ *  A model file that is truncated or rewritten while it is loaded: reading past its new end is
+ *  reported, never a crash. Without a mapping (use_mmap 0, or an expert budget) every read of the
+ *  file -- expert loads, and weights read at load -- checks its length, and moelite_eval returns
+ *  MOELITE_ERR_IO with a message naming the file and offset; the context keeps its sequence.
+ *  With a mapping (the default without a budget), touching a mapped page beyond the file's new
+ *  end raises SIGBUS at the OS level; moelite does not install signal handlers (they belong to
+ *  the application), so such a process is killed. Applications that cannot rule out a file
+ *  changing underneath them set use_mmap 0 (CLI: --no-mmap) or a budget. Rewriting a mapped file
+ *  in place changes the weights silently; replace files by renaming a new one over them. */
 MOELITE_API moelite_status moelite_model_params_set_use_mmap(moelite_model_params* params, int32_t use_mmap);
 /** 1: load only the tokenizer (no weights, no backend): tokenize/detokenize/chat formatting work,
  *  contexts cannot be created (MOELITE_ERR_INVALID_ARGUMENT). Vocabulary-only GGUF files, which
@@ -364,8 +376,12 @@ MOELITE_API moelite_status moelite_calibrate(moelite_model* model, const int32_t
 typedef struct moelite_context moelite_context;
 typedef struct moelite_context_params moelite_context_params;
 
-/** Polled between layers during evaluation; return non-zero to abort. Runs on the calling
- *  thread of moelite_eval. */
+/** Polled between layers during evaluation, and every 10 ms while the evaluation waits: for
+ *  another context of the same model to finish its evaluation (contexts of one model take turns),
+ *  or for expert reads from storage (with a budget). Return non-zero to abort: moelite_eval then
+ *  returns MOELITE_ERR_ABORTED and the context keeps its sequence. Runs on the calling thread of
+ *  moelite_eval. A read that does not complete within the I/O timeout
+ *  (environment MOELITE_IO_TIMEOUT, seconds, default 120) fails the evaluation with MOELITE_ERR_IO. */
 typedef int (*moelite_abort_fn)(void* user_data);
 
 /** Defaults: n_ctx = min(model's training context, 4096), n_batch = 512, no abort callback.

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Builds and runs the whole test suite. With --sanitize, in a separate build tree under
-# AddressSanitizer + UndefinedBehaviorSanitizer.
+# AddressSanitizer + UndefinedBehaviorSanitizer. With --tsan, a focused job under
+# ThreadSanitizer in build-tsan: only the concurrency test (contexts of one model evaluating at
+# once with a budget, predictors and the io_uring store; aborts from other threads) is built and
+# run (ctest label "tsan"), so it stays within minutes on two cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install_deps.sh --test
@@ -11,6 +14,14 @@ if [[ "${1:-}" == "--sanitize" ]]; then
   build=build-asan
   flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOELITE_SANITIZE=ON -DMOELITE_TESTS=ON)
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+elif [[ "${1:-}" == "--tsan" ]]; then
+  # Vulkan off: the job is about core's threads (contexts, store loaders, thread pool), and
+  # Mesa's own threads would only add noise and build time. halt_on_error: any race fails.
+  export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=4"
+  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOELITE_TSAN=ON -DMOELITE_VULKAN=OFF >/dev/null
+  cmake --build build-tsan --target moelite_concurrency
+  ctest --test-dir build-tsan --output-on-failure --no-tests=error -L tsan
+  exit 0
 fi
 cmake -S . -B "$build" -G Ninja "${flags[@]}" >/dev/null
 cmake --build "$build"

@@ -1,10 +1,12 @@
 #include "core/expert_store/expert_store.h"
 
+#include "core/abort_scope.h"
 #include "platforms/batch_read.h"
 
 #include <unistd.h>
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cinttypes>
 #include <cstring>
 
@@ -24,6 +26,28 @@ uint64_t round_down(uint64_t v, uint64_t a) { return v / a * a; }
 constexpr uint64_t kAlign = platform::kDirectIoAlignment;
 
 WeightView& chunk_of(ExpertWeights& w, int c) { return c == 0 ? w.gate : c == 1 ? w.up : w.down; }
+
+// One bounded, abortable wait for some slot to change state. Wakes at least every
+// kAbortPollSeconds to poll the evaluation's abort callback (called with the store unlocked: it is
+// user code and may read statistics), and fails once `since` lies further back than the I/O
+// timeout, so a hung device cannot hang the caller. The caller re-checks its condition after an
+// OK, as after any condition-variable wait.
+Status wait_for_change(std::condition_variable& cv, std::unique_lock<std::mutex>& lock, double since, int32_t layer,
+                       int32_t expert) {
+  cv.wait_for(lock, std::chrono::duration<double>(kAbortPollSeconds));
+  lock.unlock();
+  const bool abort = abort_requested();
+  lock.lock();
+  if (abort)
+    return fail(MOELITE_ERR_ABORTED, "evaluation aborted by the abort callback while waiting for expert %d of layer %d",
+                expert, layer);
+  if (platform::now_seconds() - since > io_timeout_seconds())
+    return fail(MOELITE_ERR_IO,
+                "expert %d of layer %d was not read within the I/O timeout of %.0f s (MOELITE_IO_TIMEOUT): the "
+                "storage is not answering",
+                expert, layer, io_timeout_seconds());
+  return MOELITE_OK;
+}
 
 }  // namespace
 
@@ -340,13 +364,14 @@ Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) 
     const std::vector<int32_t>& experts;
     const size_t& pinned;
     bool done = false;
-    ~Unpin() {
+    ~Unpin() {  // runs before `lock` is released
       if (done) return;
       for (size_t i = 0; i < pinned; ++i) {
         auto it = store->where_.find(key(layer, experts[i]));
         if (it != store->where_.end() && store->slots_[static_cast<size_t>(it->second)].pins > 0)
           store->slots_[static_cast<size_t>(it->second)].pins--;
       }
+      store->ready_cv_.notify_all();
     }
   } unpin{this, layer, experts, pinned};
   ExpertLayerStats& st = stats_[static_cast<size_t>(layer)];
@@ -374,15 +399,23 @@ Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) 
       continue;
     }
     st.misses++;
+    const double since = platform::now_seconds();
     while (start_load_locked(layer, e, true) < 0) {
       // Every slot this layer may use is pinned or still loading a guess: wait for a load to land.
       const bool loading = std::any_of(slots_.begin(), slots_.end(), [&](const Slot& sl) {
         return sl.state == SlotState::Loading && sl.pins == 0 && (sl.owner < 0 || sl.owner == layer);
       });
-      if (!loading) return fail(MOELITE_ERR_INTERNAL, "expert store: no slot free for layer %d expert %d", layer, e);
-      const double t0 = platform::now_seconds();
-      ready_cv_.wait(lock);
-      st.wait_seconds += platform::now_seconds() - t0;
+      Status waited = MOELITE_OK;
+      if (!loading) {
+        waited = fail(MOELITE_ERR_INTERNAL, "expert store: no slot free for layer %d expert %d", layer, e);
+      } else {
+        const double t0 = platform::now_seconds();
+        waited = wait_for_change(ready_cv_, lock, since, layer, e);
+        st.wait_seconds += platform::now_seconds() - t0;
+      }
+      // The caller learns of no expert of this call: `unpin` gives back those pinned so far (their
+      // loads go on and land as unpinned, evictable slots).
+      if (waited != MOELITE_OK) return waited;
     }
     ++pinned;
   }
@@ -398,6 +431,7 @@ Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) 
 Status ExpertStore::acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert, ExpertWeights* out) {
   std::unique_lock<std::mutex> lock(mu_);
   double waited = 0;
+  const double since = platform::now_seconds();
   for (;;) {
     for (size_t i = 0; i < pending->size(); ++i) {
       const int32_t e = (*pending)[i];
@@ -413,34 +447,52 @@ Status ExpertStore::acquire_next(int32_t layer, std::vector<int32_t>* pending, i
       if (s.state == SlotState::Failed) {
         const Status err = s.error;
         const std::string msg = s.error_msg;
-        // Unpin everything still pending; failed slots become free again for a retry.
-        for (int32_t p : *pending) {
-          const int32_t idx = where_.at(key(layer, p));
-          Slot& ps = slots_[static_cast<size_t>(idx)];
-          if (--ps.pins <= 0 && ps.state == SlotState::Failed) {
-            where_.erase(key(layer, p));
-            clear_slot(&ps);
-          }
-        }
-        pending->clear();
-        ready_cv_.notify_all();
+        release_pending_locked(layer, pending);
         return fail(err, "%s", msg.c_str());
       }
     }
     const double t0 = platform::now_seconds();
-    ready_cv_.wait(lock);
+    const Status st = wait_for_change(ready_cv_, lock, since, layer, pending->empty() ? -1 : pending->front());
     waited += platform::now_seconds() - t0;
+    if (st != MOELITE_OK) {
+      stats_[static_cast<size_t>(layer)].wait_seconds += waited;
+      const std::string msg = last_error_message();
+      release_pending_locked(layer, pending);
+      return fail(st, "%s", msg.c_str());
+    }
   }
+}
+
+// Unpins every expert still pending (an acquire that ends in an error hands none of them out);
+// failed slots become free again for a retry, slots still loading finish as unpinned slots.
+void ExpertStore::release_pending_locked(int32_t layer, std::vector<int32_t>* pending) {
+  for (int32_t p : *pending) {
+    const int32_t idx = where_.at(key(layer, p));
+    Slot& ps = slots_[static_cast<size_t>(idx)];
+    if (ps.pins > 0) ps.pins--;
+    if (ps.pins == 0 && ps.state == SlotState::Failed) {
+      where_.erase(key(layer, p));
+      clear_slot(&ps);
+    }
+  }
+  pending->clear();
+  ready_cv_.notify_all();
 }
 
 Status ExpertStore::wait_down(int32_t layer, int32_t expert) {
   std::unique_lock<std::mutex> lock(mu_);
   Slot& s = slots_[static_cast<size_t>(where_.at(key(layer, expert)))];
   double waited = 0;
+  const double since = platform::now_seconds();
   while (s.state == SlotState::Loading) {
     const double t0 = platform::now_seconds();
-    ready_cv_.wait(lock);
+    const Status st = wait_for_change(ready_cv_, lock, since, layer, expert);
     waited += platform::now_seconds() - t0;
+    if (st != MOELITE_OK) {
+      // The caller still holds the expert and releases it; its load lands in an unpinned slot.
+      stats_[static_cast<size_t>(layer)].wait_seconds += waited;
+      return st;
+    }
   }
   stats_[static_cast<size_t>(layer)].wait_seconds += waited;
   if (s.state == SlotState::Failed) return fail(s.error, "%s", s.error_msg.c_str());

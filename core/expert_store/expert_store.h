@@ -133,6 +133,7 @@ class ExpertStore final : public ExpertSource {
   // Issues waiting predictions nearest layer first; a deeper layer's only once every nearer
   // predicted expert is resident (loaded), so deep guesses never delay near ones.
   void issue_predictions_locked();
+  void release_pending_locked(int32_t layer, std::vector<int32_t>* pending);
   void loader_main();
   Status load(platform::BatchReader& reader, int32_t slot_index, int32_t layer, int32_t expert);
   ExpertWeights view(const Slot& s) const;

@@ -5,7 +5,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cinttypes>
+
+#include "platforms/fault_inject.h"
 
 #if MOELITE_HAVE_URING
 #include <liburing.h>
@@ -17,6 +20,8 @@ namespace {
 
 // Finishes range `r` from `done` bytes on with pread (also the whole fallback path).
 Status pread_rest(const ReadRange& r, uint64_t done, uint64_t* total) {
+  if (done < r.needed && fault::should_fail(fault::Kind::kRead))
+    return fail(MOELITE_ERR_IO, "read at offset %" PRIu64 " failed: injected fault (read)", r.offset + done);
   while (done < r.needed) {
     ssize_t got = ::pread(r.fd, static_cast<uint8_t*>(r.dst) + done, static_cast<size_t>(r.len - done),
                           static_cast<off_t>(r.offset + done));
@@ -45,49 +50,130 @@ class PreadReader final : public BatchReader {
 };
 
 #if MOELITE_HAVE_URING
+// Invariant on every return: no read this call submitted is still in flight, so the caller may
+// reuse (or free) the destination buffers at once. Submission errors end the call after the
+// reads already submitted have completed; the ring is then rebuilt, since reads that were queued
+// but never submitted still sit in its submission queue.
 class UringReader final : public BatchReader {
  public:
-  ~UringReader() override { io_uring_queue_exit(&ring_); }
-  bool init(unsigned depth) { return io_uring_queue_init(depth, &ring_, 0) == 0; }
+  ~UringReader() override {
+    if (ring_ok_) io_uring_queue_exit(&ring_);
+  }
+  bool init(unsigned depth) {
+    depth_ = depth;
+    ring_ok_ = io_uring_queue_init(depth, &ring_, 0) == 0;
+    return ring_ok_;
+  }
   const char* name() const override { return "io_uring"; }
 
   Status read_all(const std::vector<ReadRange>& ranges, const std::function<void(size_t)>& on_done,
                   uint64_t* read) override {
     *read = 0;
-    size_t submitted = 0, completed = 0;
+    if (!ring_ok_ && !rebuild()) return read_with_pread(ranges, on_done, read);
+    size_t prepared = 0;     // ranges given a submission-queue entry
+    size_t unsubmitted = 0;  // of those, entries the kernel has not taken yet
+    size_t in_flight = 0, completed = 0;
+    int busy_retries = 0;
     Status status = MOELITE_OK;
-    while (completed < ranges.size()) {
-      // Keep as many ranges in flight as the ring holds.
-      while (submitted < ranges.size()) {
-        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-        if (!sqe) break;
-        const ReadRange& r = ranges[submitted];
-        io_uring_prep_read(sqe, r.fd, r.dst, static_cast<unsigned>(r.len), r.offset);
-        io_uring_sqe_set_data64(sqe, submitted);
-        ++submitted;
+    while (completed < prepared || (status == MOELITE_OK && completed < ranges.size())) {
+      if (status == MOELITE_OK) {
+        // Keep as many ranges in flight as the ring holds.
+        while (prepared < ranges.size()) {
+          io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+          if (!sqe) break;
+          const ReadRange& r = ranges[prepared];
+          io_uring_prep_read(sqe, r.fd, r.dst, static_cast<unsigned>(r.len), r.offset);
+          io_uring_sqe_set_data64(sqe, prepared);
+          ++prepared;
+          ++unsubmitted;
+        }
+        if (unsubmitted > 0) {
+          const bool injected = fault::should_fail(fault::Kind::kUringSubmit);
+          const int rc = injected                                      ? -EIO
+                         : fault::should_fail(fault::Kind::kUringBusy) ? -EAGAIN
+                                                                       : io_uring_submit(&ring_);
+          if (rc > 0) {
+            unsubmitted -= std::min(unsubmitted, static_cast<size_t>(rc));
+            in_flight += static_cast<size_t>(rc);
+            busy_retries = 0;
+          } else if (rc == -EAGAIN || rc == -EBUSY || rc == -EINTR || rc == 0) {
+            // The kernel is short of resources (or completions must be reaped first): reap if
+            // anything is in flight, else back off briefly and retry, for a bounded time.
+            if (in_flight == 0) {
+              if (++busy_retries > kMaxBusyRetries) {
+                status = fail(MOELITE_ERR_IO, "io_uring submission kept failing: %s", strerror(rc < 0 ? -rc : EAGAIN));
+              } else {
+                usleep(1000);
+              }
+              continue;
+            }
+          } else {
+            status = injected ? fail(MOELITE_ERR_IO, "io_uring submission failed: injected fault (uring_submit)")
+                              : fail(MOELITE_ERR_IO, "io_uring submission failed: %s", strerror(-rc));
+          }
+        }
       }
-      io_uring_submit(&ring_);
+      if (in_flight == 0) break;  // nothing to reap: done, or failed before anything was submitted
       io_uring_cqe* cqe = nullptr;
-      int rc = io_uring_wait_cqe(&ring_, &cqe);
-      if (rc == -EINTR) continue;
-      if (rc < 0) return fail(MOELITE_ERR_IO, "io_uring wait failed: %s", strerror(-rc));
+      const int rc = io_uring_wait_cqe(&ring_, &cqe);
+      if (rc == -EINTR || rc == -EAGAIN) continue;
+      if (rc < 0) {
+        // Reads are in flight into the caller's buffers: never return before they complete.
+        if (status == MOELITE_OK) status = fail(MOELITE_ERR_IO, "io_uring wait failed: %s", strerror(-rc));
+        usleep(1000);
+        continue;
+      }
       const size_t i = static_cast<size_t>(io_uring_cqe_get_data64(cqe));
-      const int res = cqe->res;
+      int res = cqe->res;
       io_uring_cqe_seen(&ring_, cqe);
+      --in_flight;
       ++completed;
+      const bool injected = fault::should_fail(fault::Kind::kUringComplete);
+      if (status != MOELITE_OK) continue;  // draining after a failure
       const ReadRange& r = ranges[i];
-      // Short reads (and errors, to get errno's message) finish synchronously.
-      Status st = res >= 0 && static_cast<uint64_t>(res) >= r.needed
-                      ? (*read += static_cast<uint64_t>(res), MOELITE_OK)
-                      : pread_rest(r, res > 0 ? static_cast<uint64_t>(res) : 0, read);
-      if (st != MOELITE_OK && status == MOELITE_OK) status = st;  // keep draining the ring
-      if (st == MOELITE_OK) on_done(i);
+      Status st;
+      if (injected) {
+        st = fail(MOELITE_ERR_IO, "io_uring read at offset %" PRIu64 " failed: injected fault (uring_complete)",
+                  r.offset);
+      } else if (res >= 0 && static_cast<uint64_t>(res) >= r.needed) {
+        *read += static_cast<uint64_t>(res);
+        st = MOELITE_OK;
+      } else {
+        // Short reads (and errors, to get errno's message) finish synchronously.
+        st = pread_rest(r, res > 0 ? static_cast<uint64_t>(res) : 0, read);
+      }
+      if (st == MOELITE_OK)
+        on_done(i);
+      else
+        status = st;  // keep draining the ring
+    }
+    if (unsubmitted > 0) {
+      // Entries the kernel never took would be submitted by the next call, into buffers that may
+      // be reused by then: drop the ring and start a fresh one next time.
+      io_uring_queue_exit(&ring_);
+      ring_ok_ = false;
     }
     return status;
   }
 
  private:
+  static constexpr int kMaxBusyRetries = 1000;  // ~1 s of 1 ms back-offs with nothing in flight
+  bool rebuild() {
+    ring_ok_ = io_uring_queue_init(depth_, &ring_, 0) == 0;
+    return ring_ok_;
+  }
+  static Status read_with_pread(const std::vector<ReadRange>& ranges, const std::function<void(size_t)>& on_done,
+                                uint64_t* read) {
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      MOELITE_TRY(pread_rest(ranges[i], 0, read));
+      on_done(i);
+    }
+    return MOELITE_OK;
+  }
+
   io_uring ring_{};
+  bool ring_ok_ = false;
+  unsigned depth_ = 8;
 };
 #endif
 

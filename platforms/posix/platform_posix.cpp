@@ -1,5 +1,7 @@
 #include "platforms/platform.h"
 
+#include "platforms/fault_inject.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -58,6 +60,8 @@ void File::drop_cache(uint64_t offset, uint64_t n) const {
 }
 
 Status File::open(const std::string& path, File* out) {
+  if (fault::should_fail(fault::Kind::kOpen))
+    return fail(MOELITE_ERR_IO, "cannot open '%s': injected fault (open)", path.c_str());
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int e = errno;
@@ -84,6 +88,9 @@ Status File::open(const std::string& path, File* out) {
 
 Status File::read_at(uint64_t offset, void* dst, uint64_t n) const {
   uint8_t* p = static_cast<uint8_t*>(dst);
+  if (n > 0 && fault::should_fail(fault::Kind::kRead))
+    return fail(MOELITE_ERR_IO, "read of '%s' at offset %llu failed: injected fault (read)", path_.c_str(),
+                (unsigned long long)offset);
   while (n > 0) {
     size_t chunk = n > (1u << 30) ? (1u << 30) : static_cast<size_t>(n);
     ssize_t got = ::pread(fd_, p, chunk, static_cast<off_t>(offset));
@@ -118,6 +125,8 @@ Mapping& Mapping::operator=(Mapping&& o) noexcept {
 
 Status Mapping::map(const File& file, Mapping* out) {
   if (file.size() == 0) return fail(MOELITE_ERR_IO, "cannot map empty file '%s'", file.path().c_str());
+  if (fault::should_fail(fault::Kind::kMmap))
+    return fail(MOELITE_ERR_IO, "mmap of '%s' failed: injected fault (mmap)", file.path().c_str());
   void* addr = mmap(nullptr, file.size(), PROT_READ, MAP_SHARED, file.native_handle(), 0);
   if (addr == MAP_FAILED) return fail(MOELITE_ERR_IO, "mmap of '%s' failed: %s", file.path().c_str(), strerror(errno));
   Mapping m;
@@ -195,6 +204,7 @@ double now_seconds() {
 
 void* aligned_alloc_bytes(size_t size, size_t alignment) {
   void* p = nullptr;
+  if (fault::should_fail(fault::Kind::kAlloc)) return nullptr;  // callers report OUT_OF_MEMORY
   if (size == 0) size = alignment;
   if (posix_memalign(&p, alignment, size) != 0) return nullptr;
   return p;

@@ -1,0 +1,177 @@
+// Several contexts of one model evaluating at once, through the public C API only: the job that
+// tools/test.sh --tsan runs under ThreadSanitizer (and the plain build runs too). The model has an
+// expert budget (the store's loader threads, io_uring where available), predictors that hint
+// the store and learn online, and the counters are read while contexts evaluate; one context is
+// aborted from another thread again and again, and one waits for the evaluation lock while it is
+// aborted. Every result is checked bitwise against a resident, single-threaded run.
+//
+// Usage: moelite_concurrency MODEL.gguf   (exit 0 on success; prints what failed otherwise)
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "moelite.h"
+
+namespace {
+
+std::mutex g_report_mu;
+std::atomic<int> g_failures{0};
+
+void check(bool ok, const std::string& what) {
+  if (ok) return;
+  std::lock_guard<std::mutex> lock(g_report_mu);
+  fprintf(stderr, "FAIL: %s\n", what.c_str());
+  g_failures++;
+}
+
+moelite_model* load(const char* path, uint64_t budget) {
+  moelite_model_params* p = moelite_model_params_create();
+  moelite_model_params_set_threads(p, 2);
+  moelite_model_params_set_backend(p, MOELITE_BACKEND_CPU);
+  if (budget) {
+    moelite_model_params_set_expert_budget(p, budget);
+    moelite_model_params_set_expert_predictor(p, "next-gate,correlation");
+    moelite_model_params_set_predictor_depth(p, 2);
+  }
+  moelite_model* m = nullptr;
+  const moelite_status st = moelite_model_load(path, p, &m);
+  moelite_model_params_free(p);
+  check(st == MOELITE_OK, std::string("load: ") + moelite_last_error());
+  return m;
+}
+
+moelite_context* context(moelite_model* m, moelite_abort_fn abort, void* user) {
+  moelite_context_params* cp = moelite_context_params_create();
+  moelite_context_params_set_n_ctx(cp, 256);
+  moelite_context_params_set_n_batch(cp, 16);
+  moelite_context_params_set_abort_callback(cp, abort, user);
+  moelite_context* c = nullptr;
+  const moelite_status st = moelite_context_create(m, cp, &c);
+  moelite_context_params_free(cp);
+  check(st == MOELITE_OK, std::string("context: ") + moelite_last_error());
+  return c;
+}
+
+std::vector<int32_t> prompt(int seed, int n) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back(1 + (seed * 131 + i * 37) % 250);
+  return t;
+}
+
+// Evaluates `toks` from an empty cache (prompt in one call, then one token at a time) and
+// returns the last logits.
+bool run(moelite_context* c, const std::vector<int32_t>& toks, int32_t n_vocab, std::vector<float>* out) {
+  moelite_kv_reset(c);
+  const int32_t half = static_cast<int32_t>(toks.size()) / 2;
+  if (moelite_eval(c, toks.data(), half, 0) != MOELITE_OK) return false;
+  for (size_t i = static_cast<size_t>(half); i < toks.size(); ++i)
+    if (moelite_eval(c, &toks[i], 1, 0) != MOELITE_OK) return false;
+  const float* l = moelite_get_logits(c, -1);
+  out->assign(l, l + n_vocab);
+  return true;
+}
+
+int abort_when_set(void* user) { return static_cast<std::atomic<bool>*>(user)->load() ? 1 : 0; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s MODEL.gguf\n", argv[0]);
+    return 2;
+  }
+  const char* path = argv[1];
+  constexpr int kWorkers = 3, kRounds = 3, kTokens = 12;
+
+  // References: resident, one context, one thread.
+  moelite_model* ref_model = load(path, 0);
+  if (!ref_model) return 1;
+  const int32_t n_vocab = static_cast<int32_t>(moelite_model_get(ref_model, MOELITE_MODEL_N_VOCAB));
+  const uint64_t budget = static_cast<uint64_t>(moelite_model_get(ref_model, MOELITE_MODEL_EXPERT_BYTES)) / 4;
+  std::vector<std::vector<float>> ref(kWorkers + 1);
+  {
+    moelite_context* c = context(ref_model, nullptr, nullptr);
+    for (int w = 0; w <= kWorkers; ++w) check(run(c, prompt(w, kTokens), n_vocab, &ref[w]), "reference run");
+    moelite_context_free(c);
+  }
+  moelite_model_free(ref_model);
+
+  moelite_model* m = load(path, budget);
+  if (!m) return 1;
+  std::atomic<bool> done{false};
+
+  // Workers: each its own context and prompt, several rounds, bitwise against the reference.
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w)
+    threads.emplace_back([&, w] {
+      moelite_context* c = context(m, nullptr, nullptr);
+      for (int r = 0; r < kRounds; ++r) {
+        std::vector<float> got;
+        const bool ok = run(c, prompt(w, kTokens), n_vocab, &got);
+        check(ok, "worker " + std::to_string(w) + ": " + moelite_last_error());
+        check(!ok || got == ref[w], "worker " + std::to_string(w) + " round " + std::to_string(r) + ": logits differ");
+      }
+      moelite_context_free(c);
+    });
+
+  // Statistics read while contexts evaluate.
+  std::thread stats([&] {
+    while (!done) {
+      moelite_expert_stats s;
+      memset(&s, 0, sizeof(s));
+      s.struct_size = sizeof(s);
+      check(moelite_model_expert_stats(m, -1, &s) == MOELITE_OK, "expert stats");
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+
+  // One context aborted from another thread at varying moments: every call ends in OK or
+  // MOELITE_ERR_ABORTED, an aborted call leaves the sequence as it was, and a clean run after
+  // the aborts is exact.
+  std::thread aborted([&] {
+    std::atomic<bool> stop{false};
+    moelite_context* c = context(m, abort_when_set, &stop);
+    const std::vector<int32_t> toks = prompt(kWorkers, kTokens);
+    int n_aborted = 0;
+    for (int i = 0; i < 12; ++i) {
+      stop = false;
+      std::thread aborter([&stop, i] {
+        std::this_thread::sleep_for(std::chrono::microseconds(300 * i));
+        stop = true;
+      });
+      moelite_kv_reset(c);
+      const moelite_status st = moelite_eval(c, toks.data(), static_cast<int32_t>(toks.size()), 0);
+      aborter.join();
+      check(st == MOELITE_OK || st == MOELITE_ERR_ABORTED,
+            std::string("aborted context: ") + moelite_status_name(st) + ": " + moelite_last_error());
+      if (st == MOELITE_ERR_ABORTED) {
+        ++n_aborted;
+        check(moelite_kv_length(c) == 0, "an aborted eval changed the sequence");
+      }
+    }
+    check(n_aborted > 0, "no evaluation was ever aborted");
+    stop = false;
+    std::vector<float> got;
+    check(run(c, toks, n_vocab, &got), std::string("clean run after aborts: ") + moelite_last_error());
+    check(got == ref[kWorkers], "logits after aborts differ");
+    moelite_context_free(c);
+  });
+
+  for (std::thread& t : threads) t.join();
+  aborted.join();
+  done = true;
+  stats.join();
+  moelite_model_free(m);
+  if (g_failures) {
+    fprintf(stderr, "%d failure(s)\n", g_failures.load());
+    return 1;
+  }
+  printf("concurrency: %d contexts x %d rounds exact, aborts honoured\n", kWorkers, kRounds);
+  return 0;
+}

@@ -1,0 +1,304 @@
+// What the storage and the caller can do to a running evaluation, and what moelite answers:
+//  - the model file shrinks under a budgeted (unmapped) model: MOELITE_ERR_IO, no SIGBUS;
+//  - a read stalls: the abort callback still stops the evaluation at once (MOELITE_ERR_ABORTED),
+//    and without an abort the I/O timeout does (MOELITE_ERR_IO);
+//  - another context of the model holds the evaluation lock: the abort callback still works;
+//  - the io_uring reader fails a submission: it returns an error instead of waiting for reads
+//    that were never submitted, and its next batch reads the right bytes.
+// After each, the context's next evaluation gives bitwise the logits of an undisturbed run.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "moelite.h"
+#include "platforms/batch_read.h"
+#include "platforms/fault_inject.h"
+#include "platforms/platform.h"
+
+namespace fault = moelite::platform::fault;
+
+namespace {
+
+std::string model_path() { return std::string(MOELITE_SOURCE_DIR) + "/models/moelite-tiny-qwen3moe-Q8_0.gguf"; }
+std::string tmp_dir() { return std::string(MOELITE_BINARY_DIR) + "/test-tmp"; }
+double now() { return moelite::platform::now_seconds(); }
+
+moelite_model* load(uint64_t budget, int32_t use_mmap, const std::string& path = model_path()) {
+  moelite_model_params* p = moelite_model_params_create();
+  moelite_model_params_set_threads(p, 2);
+  moelite_model_params_set_backend(p, MOELITE_BACKEND_CPU);
+  if (budget) moelite_model_params_set_expert_budget(p, budget);
+  moelite_model_params_set_use_mmap(p, use_mmap);
+  moelite_model* m = nullptr;
+  EXPECT_EQ(moelite_model_load(path.c_str(), p, &m), MOELITE_OK) << moelite_last_error();
+  moelite_model_params_free(p);
+  return m;
+}
+
+moelite_context* context(moelite_model* m, moelite_abort_fn abort = nullptr, void* user = nullptr) {
+  moelite_context_params* cp = moelite_context_params_create();
+  moelite_context_params_set_n_ctx(cp, 1024);
+  moelite_context_params_set_abort_callback(cp, abort, user);
+  moelite_context* c = nullptr;
+  EXPECT_EQ(moelite_context_create(m, cp, &c), MOELITE_OK) << moelite_last_error();
+  moelite_context_params_free(cp);
+  return c;
+}
+
+std::vector<int32_t> tokens(int32_t n) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = 1 + (i * 37) % 200;
+  return t;
+}
+
+std::vector<float> logits_of(moelite_context* c, moelite_model* m) {
+  const float* l = moelite_get_logits(c, -1);
+  return std::vector<float>(l, l + moelite_model_get(m, MOELITE_MODEL_N_VOCAB));
+}
+
+// The logits of `toks` on a resident, mapped model: the independent reference.
+std::vector<float> reference(const std::vector<int32_t>& toks) {
+  moelite_model* m = load(0, 1);
+  moelite_context* c = context(m);
+  EXPECT_EQ(moelite_eval(c, toks.data(), static_cast<int32_t>(toks.size()), 0), MOELITE_OK);
+  std::vector<float> l = logits_of(c, m);
+  moelite_context_free(c);
+  moelite_model_free(m);
+  return l;
+}
+
+uint64_t quarter_of_experts() {
+  moelite_model* m = load(0, 1);
+  const uint64_t b = static_cast<uint64_t>(moelite_model_get(m, MOELITE_MODEL_EXPERT_BYTES)) / 4;
+  moelite_model_free(m);
+  return b;
+}
+
+int abort_when_set(void* user) { return static_cast<std::atomic<bool>*>(user)->load() ? 1 : 0; }
+
+}  // namespace
+
+// Before: a budget still mapped the file for the dense weights, so the first matmul after the
+// truncation raised SIGBUS.
+TEST(IoRobustness, TruncatedFileGivesIoErrorWithBudgetAndNoMmap) {
+  const std::vector<int32_t> toks = tokens(8);
+  const std::vector<float> ref = reference(toks);
+  for (const int32_t use_mmap : {1, 0}) {
+    SCOPED_TRACE(use_mmap ? "budget" : "budget, no mmap");
+    const std::string copy = tmp_dir() + "/truncated-" + std::to_string(getpid()) + ".gguf";
+    std::filesystem::copy_file(model_path(), copy, std::filesystem::copy_options::overwrite_existing);
+    moelite_model* m = load(quarter_of_experts(), use_mmap, copy);
+    moelite_context* c = context(m);
+    ASSERT_EQ(moelite_eval(c, toks.data(), 8, 0), MOELITE_OK) << moelite_last_error();
+    EXPECT_EQ(logits_of(c, m), ref);
+    std::filesystem::resize_file(copy, 4096);  // the header survives, every tensor is gone
+    moelite_kv_reset(c);
+    for (int i = 0; i < 2; ++i) {  // and again: the failed slots are retried, and fail again
+      EXPECT_EQ(moelite_eval(c, toks.data(), 8, 0), MOELITE_ERR_IO);
+      EXPECT_NE(strstr(moelite_last_error(), copy.c_str()), nullptr) << moelite_last_error();
+      EXPECT_EQ(moelite_kv_length(c), 0);
+    }
+    // The file is whole again: the same context is exact.
+    std::filesystem::copy_file(model_path(), copy, std::filesystem::copy_options::overwrite_existing);
+    ASSERT_EQ(moelite_eval(c, toks.data(), 8, 0), MOELITE_OK) << moelite_last_error();
+    EXPECT_EQ(logits_of(c, m), ref);
+    moelite_context_free(c);
+    moelite_model_free(m);
+    std::filesystem::remove(copy);
+  }
+}
+
+// Without a mapping and without a budget nothing is read after loading: a truncation is harmless.
+TEST(IoRobustness, TruncatedFileIsHarmlessWhenEverythingWasRead) {
+  const std::vector<int32_t> toks = tokens(8);
+  const std::vector<float> ref = reference(toks);
+  const std::string copy = tmp_dir() + "/truncated-nommap-" + std::to_string(getpid()) + ".gguf";
+  std::filesystem::copy_file(model_path(), copy, std::filesystem::copy_options::overwrite_existing);
+  moelite_model* m = load(0, 0, copy);
+  moelite_context* c = context(m);
+  std::filesystem::resize_file(copy, 4096);
+  ASSERT_EQ(moelite_eval(c, toks.data(), 8, 0), MOELITE_OK) << moelite_last_error();
+  EXPECT_EQ(logits_of(c, m), ref);
+  moelite_context_free(c);
+  moelite_model_free(m);
+  std::filesystem::remove(copy);
+}
+
+// A read that stalls (a device that stops answering): the abort callback ends the wait for the
+// expert at once. Before: the wait ignored the callback until the read came back.
+TEST(IoRobustness, AbortEndsAWaitForAStalledRead) {
+  const std::vector<int32_t> toks = tokens(8);
+  const std::vector<float> ref = reference(toks);
+  for (const char* io : {"pread", "io_uring"}) {
+    SCOPED_TRACE(io);
+    setenv("MOELITE_IO", io, 1);  // read by each loader thread as it starts
+    moelite_model* m = load(quarter_of_experts(), 1);
+    std::atomic<bool> stop{false};
+    moelite_context* c = context(m, abort_when_set, &stop);
+    constexpr double kStall = 3.0;
+    fault::arm_stall(std::string(io) == "pread" ? fault::Kind::kRead : fault::Kind::kUringComplete, 1, kStall);
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      stop = true;
+    });
+    const double t0 = now();
+    const moelite_status st = moelite_eval(c, toks.data(), 8, 0);
+    const double took = now() - t0;
+    aborter.join();
+    EXPECT_TRUE(fault::fired());
+    EXPECT_EQ(st, MOELITE_ERR_ABORTED) << moelite_last_error();
+    EXPECT_NE(strstr(moelite_last_error(), "waiting for expert"), nullptr) << moelite_last_error();
+    EXPECT_LT(took, kStall / 2) << "the abort waited for the stalled read";
+    EXPECT_EQ(moelite_kv_length(c), 0);
+    fault::disarm();
+    unsetenv("MOELITE_IO");
+    stop = false;
+    moelite_kv_reset(c);
+    // The stalled read completes in the background; the next evaluation waits for it and is exact.
+    ASSERT_EQ(moelite_eval(c, toks.data(), 8, 0), MOELITE_OK) << moelite_last_error();
+    EXPECT_EQ(logits_of(c, m), ref);
+    moelite_context_free(c);
+    moelite_model_free(m);
+  }
+}
+
+// Without an abort callback, a stalled read ends in MOELITE_ERR_IO after the I/O timeout.
+TEST(IoRobustness, StalledReadTimesOut) {
+  const std::vector<int32_t> toks = tokens(8);
+  const std::vector<float> ref = reference(toks);
+  setenv("MOELITE_IO", "pread", 1);  // read by each loader thread as it starts
+  moelite_model* m = load(quarter_of_experts(), 1);
+  moelite_context* c = context(m);
+  setenv("MOELITE_IO_TIMEOUT", "0.3", 1);
+  fault::arm_stall(fault::Kind::kRead, 1, 2.0);
+  const double t0 = now();
+  const moelite_status st = moelite_eval(c, toks.data(), 8, 0);
+  const double took = now() - t0;
+  unsetenv("MOELITE_IO_TIMEOUT");
+  EXPECT_TRUE(fault::fired());
+  EXPECT_EQ(st, MOELITE_ERR_IO) << moelite_last_error();
+  EXPECT_NE(strstr(moelite_last_error(), "I/O timeout"), nullptr) << moelite_last_error();
+  EXPECT_LT(took, 1.5);
+  fault::disarm();
+  unsetenv("MOELITE_IO");
+  moelite_kv_reset(c);
+  ASSERT_EQ(moelite_eval(c, toks.data(), 8, 0), MOELITE_OK) << moelite_last_error();
+  EXPECT_EQ(logits_of(c, m), ref);
+  moelite_context_free(c);
+  moelite_model_free(m);
+}
+
+// Two contexts of one model: A evaluates (and, through its abort callback, holds the evaluation
+// lock until B is done); B waits for the lock and is aborted from a third thread. Before: B
+// waited for the lock without looking at its callback, so it returned only after A finished.
+TEST(IoRobustness, AbortWhileWaitingForAnotherContext) {
+  const std::vector<int32_t> toks = tokens(8);
+  const std::vector<float> ref = reference(toks);
+  moelite_model* m = load(quarter_of_experts(), 1);
+  struct Holder {
+    std::atomic<bool> inside{false}, release{false};
+  } holder;
+  auto hold = [](void* user) -> int {
+    auto* h = static_cast<Holder*>(user);
+    h->inside = true;
+    while (!h->release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return 0;
+  };
+  std::atomic<bool> stop_b{false};
+  moelite_context* a = context(m, hold, &holder);
+  moelite_context* b = context(m, abort_when_set, &stop_b);
+  const std::vector<int32_t> long_prompt = tokens(512);
+  auto a_done = std::async(std::launch::async, [&] { return moelite_eval(a, long_prompt.data(), 512, 0); });
+  while (!holder.inside) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto b_done = std::async(std::launch::async, [&] {
+    const double t0 = now();
+    const moelite_status st = moelite_eval(b, toks.data(), 8, 0);
+    return std::make_pair(st, std::make_pair(now() - t0, std::string(moelite_last_error())));
+  });
+  std::thread third([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    stop_b = true;
+  });
+  const bool b_returned = b_done.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  holder.release = true;  // never leave A (and the test) hanging
+  third.join();
+  ASSERT_TRUE(b_returned) << "the aborted context kept waiting for the evaluation lock";
+  const auto [st, info] = b_done.get();
+  EXPECT_EQ(st, MOELITE_ERR_ABORTED) << info.second;
+  EXPECT_LT(info.first, 1.0);
+  EXPECT_NE(info.second.find("another context"), std::string::npos) << info.second;
+  EXPECT_EQ(a_done.get(), MOELITE_OK) << moelite_last_error();
+  // B is usable and exact.
+  stop_b = false;
+  EXPECT_EQ(moelite_kv_length(b), 0);
+  ASSERT_EQ(moelite_eval(b, toks.data(), 8, 0), MOELITE_OK) << moelite_last_error();
+  EXPECT_EQ(logits_of(b, m), ref);
+  moelite_context_free(a);
+  moelite_context_free(b);
+  moelite_model_free(m);
+}
+
+// A failed io_uring submission: before, the reader ignored it and waited for completions of
+// reads that were never submitted (forever); the entries left in the ring would also have been
+// submitted by the next call, into buffers that no longer expected them.
+TEST(IoRobustness, BatchReaderSurvivesAFailedSubmission) {
+  auto reader = moelite::platform::BatchReader::create(8);
+  if (std::string(reader->name()) != "io_uring") GTEST_SKIP() << "no io_uring in this build or kernel";
+  moelite::platform::File f;
+  ASSERT_EQ(moelite::platform::File::open(model_path(), &f), MOELITE_OK);
+  std::vector<uint8_t> expect(3 * 4096), got(3 * 4096, 0);
+  ASSERT_EQ(f.read_at(0, expect.data(), expect.size()), MOELITE_OK);
+  auto ranges_into = [&](uint8_t* dst) {
+    std::vector<moelite::platform::ReadRange> r;
+    for (int i = 0; i < 3; ++i) r.push_back({f.native_handle(), uint64_t(i) * 4096, dst + i * 4096, 4096, 4096});
+    return r;
+  };
+  for (const fault::Kind k : {fault::Kind::kUringSubmit, fault::Kind::kUringComplete}) {
+    SCOPED_TRACE(fault::kind_name(k));
+    {
+      std::vector<uint8_t> doomed(3 * 4096, 0);
+      uint64_t n = 0;
+      fault::arm(k, 1);
+      std::string msg;  // error messages are per thread
+      auto fut = std::async(std::launch::async, [&] {
+        const moelite::Status st = reader->read_all(
+            ranges_into(doomed.data()), [](size_t) {}, &n);
+        msg = moelite_last_error();
+        return st;
+      });
+      ASSERT_EQ(fut.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "the reader hangs";
+      EXPECT_EQ(fut.get(), MOELITE_ERR_IO);
+      EXPECT_NE(msg.find("injected fault"), std::string::npos) << msg;
+      fault::disarm();
+      doomed.assign(doomed.size(), 0xAB);  // nothing may land here any more
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      for (uint8_t v : doomed) ASSERT_EQ(v, 0xAB) << "a read landed after read_all returned";
+    }
+    uint64_t n = 0;
+    std::vector<bool> done(3, false);
+    fault::arm(fault::Kind::kUringBusy, 1);  // a transient refusal on the way: retried
+    ASSERT_EQ(reader->read_all(ranges_into(got.data()), [&](size_t i) { done[i] = true; }, &n), MOELITE_OK)
+        << moelite_last_error();
+    EXPECT_TRUE(fault::fired());
+    fault::disarm();
+    EXPECT_EQ(got, expect);
+    got.assign(got.size(), 0);
+    done.assign(3, false);
+    ASSERT_EQ(reader->read_all(
+                  ranges_into(got.data()), [&](size_t i) { done[i] = true; }, &n),
+              MOELITE_OK)
+        << moelite_last_error();
+    EXPECT_EQ(got, expect);
+    EXPECT_EQ(done, std::vector<bool>(3, true));
+  }
+}
