@@ -12,6 +12,7 @@ shift || true
 targets=("$@")
 ((${#targets[@]})) || targets=(fuzz_gguf_load fuzz_tokenizer fuzz_chat_template fuzz_profile fuzz_trace)
 jobs=${MOELITE_FUZZ_JOBS:-1}
+bash tools/install_deps.sh --test
 
 if [[ ! -f build-fuzz/CMakeCache.txt ]]; then
   CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOELITE_FUZZ=ON \
