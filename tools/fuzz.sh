@@ -30,13 +30,21 @@ for t in "${targets[@]}"; do
   log=build-fuzz/logs/$t.log
   echo "== $t: ${secs}s x $jobs"
   rc=0
+  rm -f "$log.rc"
   args=(-max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1
         -artifact_prefix="build-fuzz/artifacts/$t-" "$work" "tests/fuzz/corpus/$t")
-  if ((jobs > 1)); then
-    # -fork keeps going after nothing and reports the merged coverage; crashes still fail the run.
-    build-fuzz/bin/$t -fork="$jobs" "${args[@]}" >"$log" 2>&1 || rc=$?
-  else
-    build-fuzz/bin/$t "${args[@]}" >"$log" 2>&1 || rc=$?
+  TIMEFORMAT='%U %S'
+  cpu=$( { time {
+    if ((jobs > 1)); then
+      # -fork runs the jobs as child processes and merges their coverage; a crash still fails.
+      build-fuzz/bin/$t -fork="$jobs" "${args[@]}" >"$log" 2>&1 || echo "rc=$?" >"$log.rc"
+    else
+      build-fuzz/bin/$t "${args[@]}" >"$log" 2>&1 || echo "rc=$?" >"$log.rc"
+    fi
+  } ; } 2>&1 | awk '{printf "%.0f", $1 + $2}')
+  if [[ -f $log.rc ]]; then
+    rc=$(sed 's/rc=//' "$log.rc")
+    rm -f "$log.rc"
   fi
   execs=$(grep -h 'stat::number_of_executed_units' "$log" | awk '{s += $2} END {print s + 0}')
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | awk '{print $2}')
@@ -45,7 +53,7 @@ for t in "${targets[@]}"; do
     echo "FAILED ($rc): see $log"
     grep -m3 -E 'ERROR|SUMMARY|Test unit written' "$log" || tail -5 "$log"
   fi
-  summary+=("$(printf '%-20s %6ss  execs %10s  cov %6s  %s' "$t" "$secs" "${execs:-?}" "${cov:-?}" \
+  summary+=("$(printf '%-20s %6ss  cpu %6ss  execs %10s  cov %6s  %s' "$t" "$secs" "$cpu" "${execs:-?}" "${cov:-?}" \
     "$( ((rc == 0)) && echo ok || echo FAILED)")")
 done
 printf '%s\n' "${summary[@]}"
