@@ -238,7 +238,7 @@ MOELITE_API moelite_status moelite_model_params_set_progress_callback(moelite_mo
  * leave a wide margin over real models (largest known in brackets):
  *   layers (block_count)                 MOELITE_MAX_LAYERS        [94, Qwen3-235B-A22B]
  *   routed experts per layer             MOELITE_MAX_EXPERTS       [512, Qwen3-Next]
- *   experts used per token (top-k)       1 .. expert_count         [22]
+ *   experts used per token (top-k)       1 .. expert_count         [10, Qwen3-Next]
  *   embedding width, feed-forward widths MOELITE_MAX_WIDTH         [7168 / 18432, DeepSeek-V3]
  *   attention heads (query and kv)       MOELITE_MAX_HEADS         [128, DeepSeek-V3]
  *   head dimension (key and value)       MOELITE_MAX_HEAD_DIM      [576, MLA]
@@ -246,8 +246,9 @@ MOELITE_API moelite_status moelite_model_params_set_progress_callback(moelite_mo
  *   vocabulary (tokens, embedding rows)  MOELITE_MAX_VOCAB         [262144, Gemma 3]
  *   BPE merges                           MOELITE_MAX_VOCAB
  * In the GGUF header itself no string or array is allocated ahead of the bytes that hold it: a
- * length or count must fit in the rest of the file (and be below 2^40). Calibration profiles and
- * routing traces have their own bounds (MOELITE_ERR_BAD_PROFILE, docs/fuzzing.md). */
+ * length or count must fit in the rest of the file (and be below 2^40). Calibration profiles
+ * take the same layer, expert and width limits (MOELITE_ERR_BAD_PROFILE), and their weight
+ * tensors must fit, together, in the weights file. */
 #define MOELITE_MAX_LAYERS 1024
 #define MOELITE_MAX_EXPERTS 4096
 #define MOELITE_MAX_WIDTH 262144

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 
@@ -721,7 +721,8 @@ TEST(ReplayOrdered, MatchesNaiveReferenceOnRandomTraces) {
         const ReplayResult want = naive_replay(t, policy, capacity, global);
         ReplayResult got;
         ASSERT_EQ(replay(t, policy, capacity, global, &got), MOELITE_OK) << last_error_message();
-        ASSERT_EQ(got.hits, want.hits) << policy << " capacity " << capacity << " global " << global << " iter " << iter;
+        ASSERT_EQ(got.hits, want.hits) << policy << " capacity " << capacity << " global " << global << " iter "
+                                       << iter;
         ASSERT_EQ(got.loads, want.loads);
         ASSERT_EQ(got.per_layer_hit_rate, want.per_layer_hit_rate);
       }

@@ -158,9 +158,8 @@ TEST(ModelLimits, DefaultHeadDimensionIsBounded) {
   s.n_head = 1;
   expect_refused(s, "head dimension", std::to_string(MOELITE_MAX_HEAD_DIM));
   std::string err;
-  EXPECT_EQ(load(build_model(ModelSpec{}, [](GgufBuilder& g) {
-                   g.kv_u32("llama.attention.key_length", MOELITE_MAX_HEAD_DIM + 1);
-                 }),
+  EXPECT_EQ(load(build_model(ModelSpec{},
+                             [](GgufBuilder& g) { g.kv_u32("llama.attention.key_length", MOELITE_MAX_HEAD_DIM + 1); }),
                  &err),
             MOELITE_ERR_BAD_METADATA);
   EXPECT_NE(err.find("attention.key_length"), std::string::npos) << err;

@@ -46,7 +46,6 @@ Status optional_float(const gguf::Reader& g, const std::string& key, double fall
   return MOELITE_OK;
 }
 
-
 std::string blk(int32_t layer, const char* suffix) { return "blk." + std::to_string(layer) + "." + suffix; }
 
 }  // namespace
@@ -65,7 +64,8 @@ Status standard_read_hparams(const gguf::Reader& g, const ArchDescriptor& arch, 
                 "embedding_length %d is not a multiple of head_count %d and "
                 "attention.key_length is absent",
                 hp->n_embd, hp->n_head);
-  MOELITE_TRY(optional_int(g, a, "attention.key_length", 1, MOELITE_MAX_HEAD_DIM, hp->n_embd / hp->n_head, &hp->head_dim));
+  MOELITE_TRY(
+      optional_int(g, a, "attention.key_length", 1, MOELITE_MAX_HEAD_DIM, hp->n_embd / hp->n_head, &hp->head_dim));
   if (hp->head_dim > MOELITE_MAX_HEAD_DIM)  // the default n_embd / n_head was not range-checked
     return fail(MOELITE_ERR_BAD_METADATA, "head dimension %d (embedding_length / head_count) is above %d", hp->head_dim,
                 MOELITE_MAX_HEAD_DIM);

@@ -45,8 +45,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::fprintf(stderr, "content of a '%s' message is missing from the prompt\n", m.role.c_str());
         std::abort();
       }
-  for (ChatTemplate t : {ChatTemplate::ChatML, ChatTemplate::Mistral, ChatTemplate::Llama3, ChatTemplate::Tulu,
-                         ChatTemplate::Plain})
+  for (ChatTemplate t :
+       {ChatTemplate::ChatML, ChatTemplate::Mistral, ChatTemplate::Llama3, ChatTemplate::Tulu, ChatTemplate::Plain})
     (void)moelite::format_chat(t, messages, opts & 2, eos);
   return 0;
 }

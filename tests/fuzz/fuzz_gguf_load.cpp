@@ -15,12 +15,14 @@ void use_text(moelite_model* m) {
   const char text[] = "Hello, world <|im_end|> \xC3\xA9\xF0\x9F\x98\x80";
   int32_t toks[64];
   int32_t n = 0;
-  moelite_status st = moelite_tokenize(m, text, sizeof text - 1, MOELITE_TOKENIZE_ADD_SPECIAL | MOELITE_TOKENIZE_PARSE_SPECIAL, toks, 64, &n);
+  moelite_status st = moelite_tokenize(m, text, sizeof text - 1,
+                                       MOELITE_TOKENIZE_ADD_SPECIAL | MOELITE_TOKENIZE_PARSE_SPECIAL, toks, 64, &n);
   check(st, "tokenize");
   if (st == MOELITE_OK && n > 0) {
     char out[512];
     size_t len = 0;
-    check(moelite_detokenize(m, toks, n < 64 ? n : 64, MOELITE_DETOKENIZE_RENDER_SPECIAL, out, sizeof out, &len), "detokenize");
+    check(moelite_detokenize(m, toks, n < 64 ? n : 64, MOELITE_DETOKENIZE_RENDER_SPECIAL, out, sizeof out, &len),
+          "detokenize");
   }
   moelite_chat_message msgs[2] = {{"system", "be brief"}, {"user", "hi"}};
   char out[512];

@@ -77,8 +77,8 @@ std::vector<std::string> split(const std::string& s, char sep, size_t max_parts)
   return out;
 }
 
-const char* const kPre[] = {"default", "llama3", "qwen2", "gpt-2", "deepseek-llm", "deepseek-coder", "deepseek-v3",
-                            "starcoder", "olmo", "refact", "unknown-pre"};
+const char* const kPre[] = {"default",     "llama3",    "qwen2", "gpt-2",  "deepseek-llm", "deepseek-coder",
+                            "deepseek-v3", "starcoder", "olmo",  "refact", "unknown-pre"};
 
 void built_vocab(const uint8_t* data, size_t size) {
   if (size < 3) return;
