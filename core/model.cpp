@@ -90,8 +90,9 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
   HParams& hp = m->hp;
   const gguf::TensorInfo* emb = g.find_tensor("token_embd.weight");
   if (!emb) return fail(MOELITE_ERR_MISSING_TENSOR, "tensor 'token_embd.weight' is absent");
-  if (emb->ne[1] < 1 || emb->ne[1] > (1 << 24))
-    return fail(MOELITE_ERR_BAD_SHAPE, "token_embd.weight has an implausible vocabulary of %" PRId64, emb->ne[1]);
+  if (emb->ne[1] < 1 || emb->ne[1] > MOELITE_MAX_VOCAB)
+    return fail(MOELITE_ERR_BAD_SHAPE, "token_embd.weight has a vocabulary of %" PRId64 " tokens, outside [1, %d]",
+                emb->ne[1], MOELITE_MAX_VOCAB);
   hp.n_vocab = static_cast<int32_t>(emb->ne[1]);
   MOELITE_TRY(b.matrix("token_embd.weight", hp.n_embd, hp.n_vocab, &m->tok_embd));
   MOELITE_TRY(b.floats("output_norm.weight", hp.n_embd, &m->output_norm));

@@ -249,6 +249,31 @@ MOELITE_API moelite_status moelite_model_params_set_vocab_only(moelite_model_par
 MOELITE_API moelite_status moelite_model_params_set_progress_callback(moelite_model_params* params,
                                                                       moelite_progress_fn fn, void* user_data);
 
+/* Limits. Every count a model file controls is checked before anything is sized from it, in
+ * 64-bit arithmetic; a file beyond a limit is refused with MOELITE_ERR_BAD_METADATA (a key) or
+ * MOELITE_ERR_BAD_SHAPE (a tensor) and a message naming the field and the limit. The limits
+ * leave a wide margin over real models (largest known in brackets):
+ *   layers (block_count)                 MOELITE_MAX_LAYERS        [94, Qwen3-235B-A22B]
+ *   routed experts per layer             MOELITE_MAX_EXPERTS       [512, Qwen3-Next]
+ *   experts used per token (top-k)       1 .. expert_count         [10, Qwen3-Next]
+ *   embedding width, feed-forward widths MOELITE_MAX_WIDTH         [7168 / 18432, DeepSeek-V3]
+ *   attention heads (query and kv)       MOELITE_MAX_HEADS         [128, DeepSeek-V3]
+ *   head dimension (key and value)       MOELITE_MAX_HEAD_DIM      [576, MLA]
+ *   training context length              MOELITE_MAX_CONTEXT       [1M]
+ *   vocabulary (tokens, embedding rows)  MOELITE_MAX_VOCAB         [262144, Gemma 3]
+ *   BPE merges                           MOELITE_MAX_VOCAB
+ * In the GGUF header itself no string or array is allocated ahead of the bytes that hold it: a
+ * length or count must fit in the rest of the file (and be below 2^40). Calibration profiles
+ * take the same layer, expert and width limits (MOELITE_ERR_BAD_PROFILE), and their weight
+ * tensors must fit, together, in the weights file. */
+#define MOELITE_MAX_LAYERS 1024
+#define MOELITE_MAX_EXPERTS 4096
+#define MOELITE_MAX_WIDTH 262144
+#define MOELITE_MAX_HEADS 1024
+#define MOELITE_MAX_HEAD_DIM 4096
+#define MOELITE_MAX_CONTEXT 16777216
+#define MOELITE_MAX_VOCAB 16777216
+
 /** Loads the GGUF model at `path`. `params` may be NULL for the defaults; it is only read
  *  during the call. On success *out_model receives a model the caller frees with
  *  moelite_model_free(). Every malformed or unsupported input gets its specific status (see

@@ -378,6 +378,46 @@ TEST(Profile, RoundTrips) {
   std::remove((path + ".bin").c_str());
 }
 
+// Found by fuzz_profile: expert_counts and hit_curve are optional when reading, but a profile
+// without them was saved with empty arrays, which the reader (rightly) refuses.
+TEST(Profile, OptionalArraysStayOptionalThroughSave) {
+  const std::string path = temp_path("optional.json");
+  Profile p = sample_profile();
+  p.layers[0].expert_counts.clear();
+  p.layers[1].hit_curve.clear();
+  ASSERT_EQ(p.save(path), MOELITE_OK) << last_error_message();
+  Profile q;
+  ASSERT_EQ(Profile::load(path, &q), MOELITE_OK) << last_error_message();
+  EXPECT_TRUE(q.layers[0].expert_counts.empty());
+  EXPECT_EQ(q.layers[0].hit_curve, (std::vector<double>{0, 0, 0.5, 0.75, 1.0}));
+  EXPECT_EQ(q.layers[1].expert_counts, (std::vector<uint64_t>{10, 20, 30, 41}));
+  EXPECT_TRUE(q.layers[1].hit_curve.empty());
+  std::remove(path.c_str());
+  std::remove((path + ".bin").c_str());
+}
+
+// A tensor list naming the same bytes again and again would copy the weights file once per entry;
+// the listed sizes may not add up to more than the file holds.
+TEST(Profile, TensorsListingMoreBytesThanTheFileAreRefused) {
+  const std::string path = temp_path("dup.json");
+  ASSERT_EQ(sample_profile().save(path), MOELITE_OK);
+  std::string text;
+  {
+    std::ifstream in(path, std::ios::binary);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t at = text.find("{\"name\": \"first_layer\"");
+  ASSERT_NE(at, std::string::npos) << text;
+  const std::string entry = text.substr(at, text.find('}', at) + 1 - at);
+  text.insert(at, entry + ", ");  // first_layer listed twice: its bytes counted twice
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+  Profile q;
+  EXPECT_EQ(Profile::load(path, &q), MOELITE_ERR_BAD_PROFILE);
+  EXPECT_NE(std::string(last_error_message()).find("listed twice"), std::string::npos) << last_error_message();
+  std::remove(path.c_str());
+  std::remove((path + ".bin").c_str());
+}
+
 TEST(Profile, EveryMalformationIsRefusedWithItsOwnStatus) {
   const std::string path = temp_path("bad.json");
   ASSERT_EQ(sample_profile().save(path), MOELITE_OK);

@@ -2,8 +2,10 @@
 // plus Belady's optimality against brute force.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 
@@ -611,5 +613,118 @@ TEST(TraceReplay, StaticMatchesItsDefinitionOnRandomTraces) {
       if (hi < hw || (hi == hw && last[cands[i].packed()] < last[cands[want].packed()])) want = i;
     }
     EXPECT_EQ(st->choose_victim(cands, 20000), want) << trial;
+  }
+}
+
+// ---- replay's ordered residents (near-linear replay) against a naive reference
+
+namespace {
+
+// The rules of docs/ARCHITECTURE.md ("Trace replay") and policy.h, implemented the slow and obvious
+// way: on every miss each unpinned resident is scored from scratch (Belady scans the rest of the
+// trace for the next use) and the smallest (primary, last use) is evicted.
+ReplayResult naive_replay(const Trace& trace, const std::string& policy, int64_t capacity, bool global) {
+  struct Access {
+    uint64_t key;
+    size_t cache;
+  };
+  std::vector<Access> acc;
+  for (const TraceEntry& e : trace.entries)
+    for (int32_t x : e.experts)
+      acc.push_back({ExpertKey{e.layer, x}.packed(), global ? size_t{0} : static_cast<size_t>(e.layer)});
+  const size_t n_caches = global ? 1 : static_cast<size_t>(trace.n_layers);
+  std::vector<std::map<uint64_t, uint64_t>> total(n_caches);  // whole-trace counts (static's hot set)
+  for (const Access& a : acc) total[a.cache][a.key]++;
+  auto hot = [&](size_t c, uint64_t key) {
+    const uint64_t n = total[c][key];
+    int64_t above = 0;
+    for (const auto& kv : total[c]) above += kv.second > n;
+    return n > 0 && above < capacity;
+  };
+  std::vector<std::vector<uint64_t>> resident(n_caches);
+  std::map<uint64_t, uint64_t> last, count;
+  ReplayResult r;
+  std::vector<uint64_t> layer_hits(static_cast<size_t>(trace.n_layers)), layer_acc(layer_hits.size());
+  uint64_t t = 0;
+  for (const TraceEntry& e : trace.entries) {
+    std::vector<uint64_t> pinned;
+    for (int32_t x : e.experts) pinned.push_back(ExpertKey{e.layer, x}.packed());
+    for (int32_t x : e.experts) {
+      const uint64_t key = ExpertKey{e.layer, x}.packed();
+      std::vector<uint64_t>& res = resident[global ? 0 : static_cast<size_t>(e.layer)];
+      const size_t c = global ? 0 : static_cast<size_t>(e.layer);
+      r.accesses++;
+      layer_acc[static_cast<size_t>(e.layer)]++;
+      if (std::find(res.begin(), res.end(), key) != res.end()) {
+        r.hits++;
+        layer_hits[static_cast<size_t>(e.layer)]++;
+      } else {
+        r.loads++;
+        if (static_cast<int64_t>(res.size()) >= capacity) {
+          size_t best = SIZE_MAX;
+          std::pair<double, uint64_t> best_rank;
+          for (size_t i = 0; i < res.size(); ++i) {
+            if (std::find(pinned.begin(), pinned.end(), res[i]) != pinned.end()) continue;
+            double primary = 0;
+            if (policy == "lfu") primary = static_cast<double>(count[res[i]]);
+            if (policy == "static") primary = hot(c, res[i]) ? 1 : 0;
+            if (policy == "belady") {
+              uint64_t next = UINT64_MAX;
+              for (uint64_t u = t + 1; u < acc.size() && next == UINT64_MAX; ++u)
+                if (acc[u].key == res[i]) next = u;
+              primary = -static_cast<double>(next);
+            }
+            const std::pair<double, uint64_t> rank{primary, last[res[i]]};
+            if (best == SIZE_MAX || rank < best_rank) {
+              best = i;
+              best_rank = rank;
+            }
+          }
+          res.erase(res.begin() + static_cast<std::ptrdiff_t>(best));
+        }
+        res.push_back(key);
+      }
+      last[key] = t;
+      count[key]++;
+      ++t;
+    }
+  }
+  for (size_t l = 0; l < layer_acc.size(); ++l)
+    r.per_layer_hit_rate.push_back(layer_acc[l] ? double(layer_hits[l]) / double(layer_acc[l]) : 0.0);
+  return r;
+}
+
+}  // namespace
+
+TEST(ReplayOrdered, MatchesNaiveReferenceOnRandomTraces) {
+  std::mt19937 rng(2024);
+  for (int iter = 0; iter < 60; ++iter) {
+    Trace t;
+    t.n_layers = 1 + static_cast<int32_t>(rng() % 3);
+    t.n_experts = 2 + static_cast<int32_t>(rng() % 10);
+    t.top_k = 1 + static_cast<int32_t>(rng() % std::min(3, t.n_experts));
+    // Skewed expert choice, so frequencies differ and hot sets matter.
+    const int n_tokens = 20 + static_cast<int>(rng() % 60);
+    for (int tok = 0; tok < n_tokens; ++tok)
+      for (int32_t l = 0; l < t.n_layers; ++l) {
+        TraceEntry e{tok, l, {}};
+        while (static_cast<int32_t>(e.experts.size()) < t.top_k) {
+          const int32_t x = static_cast<int32_t>(std::min(rng() % t.n_experts, rng() % t.n_experts));
+          if (std::find(e.experts.begin(), e.experts.end(), x) == e.experts.end()) e.experts.push_back(x);
+        }
+        std::sort(e.experts.begin(), e.experts.end());
+        t.entries.push_back(e);
+      }
+    for (bool global : {false, true})
+      for (const char* policy : {"lru", "lfu", "static", "belady"}) {
+        const int64_t capacity = t.top_k + static_cast<int64_t>(rng() % (global ? 3 * t.n_experts : t.n_experts));
+        const ReplayResult want = naive_replay(t, policy, capacity, global);
+        ReplayResult got;
+        ASSERT_EQ(replay(t, policy, capacity, global, &got), MOELITE_OK) << last_error_message();
+        ASSERT_EQ(got.hits, want.hits) << policy << " capacity " << capacity << " global " << global << " iter "
+                                       << iter;
+        ASSERT_EQ(got.loads, want.loads);
+        ASSERT_EQ(got.per_layer_hit_rate, want.per_layer_hit_rate);
+      }
   }
 }

@@ -8,7 +8,9 @@ if [[ "${1:-}" == "--test" ]]; then
   # Tests run the Vulkan backend for real on lavapipe (Mesa's CPU Vulkan), under the Khronos
   # validation layer.
   pkgs+=(libgtest-dev python3-numpy python3-pytest python3-venv python3-pip python3-setuptools
-         mesa-vulkan-drivers vulkan-validationlayers)
+         mesa-vulkan-drivers vulkan-validationlayers
+         # tools/fuzz.sh: clang with libFuzzer (its runtime is in libclang-rt-14-dev).
+         clang libclang-rt-14-dev)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <vector>
 
 namespace moelite::cpu {
 
@@ -51,15 +52,16 @@ void softmax_row(float* x, int64_t n) {
 }
 
 void top_k(const float* p, int32_t n, int32_t k, int32_t* ids, float* weights) {
-  // n is the expert count (<= a few hundred): a partial selection sort is simplest and exact.
-  int32_t order[1024];
-  int32_t m = std::min<int32_t>(n, 1024);
-  std::iota(order, order + m, 0);
-  std::partial_sort(order, order + k, order + m,
+  // Any expert count the loader accepts (MOELITE_MAX_EXPERTS): the order lives in a per-thread
+  // buffer that grows to the largest n seen, so routing never allocates per token.
+  thread_local std::vector<int32_t> order;
+  if (order.size() < static_cast<size_t>(n)) order.resize(static_cast<size_t>(n));
+  std::iota(order.begin(), order.begin() + n, 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.begin() + n,
                     [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
   for (int32_t j = 0; j < k; ++j) {
-    ids[j] = order[j];
-    weights[j] = p[order[j]];
+    ids[j] = order[static_cast<size_t>(j)];
+    weights[j] = p[ids[j]];
   }
 }
 

@@ -161,9 +161,12 @@ Status Profile::save(const std::string& path) const {
     const LayerProfile& lp = layers[l];
     o << "    {\"layer\": " << l << ", \"sensitivity\": " << json::number(lp.sensitivity)
       << ", \"sensitivity_fd\": " << json::number(lp.sensitivity_fd)
-      << ", \"mean_tail_weight\": " << json::number(lp.mean_tail_weight)
-      << ",\n     \"expert_counts\": " << join(lp.expert_counts) << ",\n     \"hit_curve\": " << join(lp.hit_curve)
-      << "}" << (l + 1 < layers.size() ? ",\n" : "\n");
+      << ", \"mean_tail_weight\": " << json::number(lp.mean_tail_weight);
+    // Both are optional when reading (a profile may lack them); an empty one is left out, since
+    // the reader takes a present array only at its full length.
+    if (!lp.expert_counts.empty()) o << ",\n     \"expert_counts\": " << join(lp.expert_counts);
+    if (!lp.hit_curve.empty()) o << ",\n     \"hit_curve\": " << join(lp.hit_curve);
+    o << "}" << (l + 1 < layers.size() ? ",\n" : "\n");
   }
   o << "  ],\n  \"gating\": [";
   for (size_t i = 0; i < gating.size(); ++i)
@@ -209,13 +212,13 @@ Status Profile::load(const std::string& path, Profile* out) {
   if (!arch || !arch->is_string()) return bad(path, "'model.arch' must be a string");
   p.arch = arch->string;
   int64_t v;
-  MOELITE_TRY(f.integer(*model, "n_layer", 1, 4096, &v));
+  MOELITE_TRY(f.integer(*model, "n_layer", 1, MOELITE_MAX_LAYERS, &v));
   p.n_layer = static_cast<int32_t>(v);
-  MOELITE_TRY(f.integer(*model, "n_expert", 1, 65536, &v));
+  MOELITE_TRY(f.integer(*model, "n_expert", 1, MOELITE_MAX_EXPERTS, &v));
   p.n_expert = static_cast<int32_t>(v);
   MOELITE_TRY(f.integer(*model, "n_expert_used", 1, p.n_expert, &v));
   p.n_expert_used = static_cast<int32_t>(v);
-  MOELITE_TRY(f.integer(*model, "n_embd", 1, 1 << 20, &v));
+  MOELITE_TRY(f.integer(*model, "n_embd", 1, MOELITE_MAX_WIDTH, &v));
   p.n_embd = static_cast<int32_t>(v);
   if (const json::Value* cal = root.find("calibration")) {
     if (cal->find("tokens")) MOELITE_TRY(f.integer(*cal, "tokens", 0, INT64_MAX / 2, &p.n_tokens));
@@ -293,6 +296,9 @@ Status Profile::load(const std::string& path, Profile* out) {
     const uint64_t data_bytes = blob.size() - 8;
     p.learned.resize(static_cast<size_t>(p.n_layer));
     p.correlation.resize(static_cast<size_t>(std::max(0, p.n_layer - 1)));
+    // The tensors a profile writes never share bytes, so their sizes add up to at most the file's:
+    // checking that keeps the copying linear in the file however often a tensor list repeats itself.
+    uint64_t listed_bytes = 0;
     for (const json::Value& jt : tensors->array) {
       if (!jt.is_object()) return bad(path, "'tensors' rows must be objects");
       const json::Value* name = jt.find("name");
@@ -307,6 +313,9 @@ Status Profile::load(const std::string& path, Profile* out) {
       const uint64_t bytes = static_cast<uint64_t>(t.rows) * static_cast<uint64_t>(t.cols) * sizeof(float);
       if (t.offset % sizeof(float) != 0 || t.offset > data_bytes || bytes > data_bytes - t.offset)
         return bad(path, "tensor '" + t.name + "' lies outside '" + wpath + "' (truncated weights file?)");
+      listed_bytes += bytes;
+      if (listed_bytes > data_bytes)
+        return bad(path, "its tensors list more bytes than '" + wpath + "' holds (a tensor listed twice?)");
       std::vector<float> data(static_cast<size_t>(t.rows * t.cols));
       memcpy(data.data(), blob.data() + 8 + t.offset, bytes);
       for (float x : data)

@@ -46,18 +46,16 @@ Status optional_float(const gguf::Reader& g, const std::string& key, double fall
   return MOELITE_OK;
 }
 
-constexpr int64_t kMaxDim = 1 << 20;  // sanity bound for widths, far above any real model
-
 std::string blk(int32_t layer, const char* suffix) { return "blk." + std::to_string(layer) + "." + suffix; }
 
 }  // namespace
 
 Status standard_read_hparams(const gguf::Reader& g, const ArchDescriptor& arch, HParams* hp) {
   const std::string a = arch.name;
-  MOELITE_TRY(required_int(g, a, "block_count", 1, 4096, &hp->n_layer));
-  MOELITE_TRY(required_int(g, a, "embedding_length", 1, kMaxDim, &hp->n_embd));
-  MOELITE_TRY(required_int(g, a, "attention.head_count", 1, 4096, &hp->n_head));
-  MOELITE_TRY(optional_int(g, a, "attention.head_count_kv", 1, 4096, hp->n_head, &hp->n_head_kv));
+  MOELITE_TRY(required_int(g, a, "block_count", 1, MOELITE_MAX_LAYERS, &hp->n_layer));
+  MOELITE_TRY(required_int(g, a, "embedding_length", 1, MOELITE_MAX_WIDTH, &hp->n_embd));
+  MOELITE_TRY(required_int(g, a, "attention.head_count", 1, MOELITE_MAX_HEADS, &hp->n_head));
+  MOELITE_TRY(optional_int(g, a, "attention.head_count_kv", 1, MOELITE_MAX_HEADS, hp->n_head, &hp->n_head_kv));
   if (hp->n_head % hp->n_head_kv != 0)
     return fail(MOELITE_ERR_BAD_METADATA, "head_count %d is not a multiple of head_count_kv %d", hp->n_head,
                 hp->n_head_kv);
@@ -66,15 +64,19 @@ Status standard_read_hparams(const gguf::Reader& g, const ArchDescriptor& arch, 
                 "embedding_length %d is not a multiple of head_count %d and "
                 "attention.key_length is absent",
                 hp->n_embd, hp->n_head);
-  MOELITE_TRY(optional_int(g, a, "attention.key_length", 1, 65536, hp->n_embd / hp->n_head, &hp->head_dim));
-  MOELITE_TRY(optional_int(g, a, "attention.value_length", 1, 65536, hp->head_dim, &hp->head_dim_v));
+  MOELITE_TRY(
+      optional_int(g, a, "attention.key_length", 1, MOELITE_MAX_HEAD_DIM, hp->n_embd / hp->n_head, &hp->head_dim));
+  if (hp->head_dim > MOELITE_MAX_HEAD_DIM)  // the default n_embd / n_head was not range-checked
+    return fail(MOELITE_ERR_BAD_METADATA, "head dimension %d (embedding_length / head_count) is above %d", hp->head_dim,
+                MOELITE_MAX_HEAD_DIM);
+  MOELITE_TRY(optional_int(g, a, "attention.value_length", 1, MOELITE_MAX_HEAD_DIM, hp->head_dim, &hp->head_dim_v));
   MOELITE_TRY(optional_int(g, a, "rope.dimension_count", 2, hp->head_dim, hp->head_dim, &hp->n_rot));
   if (hp->n_rot % 2 != 0) return fail(MOELITE_ERR_BAD_METADATA, "rope.dimension_count %d must be even", hp->n_rot);
-  MOELITE_TRY(optional_int(g, a, "context_length", 1, 1 << 24, 4096, &hp->n_ctx_train));
-  MOELITE_TRY(required_int(g, a, "expert_count", 1, 65536, &hp->n_expert));
+  MOELITE_TRY(optional_int(g, a, "context_length", 1, MOELITE_MAX_CONTEXT, 4096, &hp->n_ctx_train));
+  MOELITE_TRY(required_int(g, a, "expert_count", 1, MOELITE_MAX_EXPERTS, &hp->n_expert));
   MOELITE_TRY(required_int(g, a, "expert_used_count", 1, hp->n_expert, &hp->n_expert_used));
-  MOELITE_TRY(optional_int(g, a, "expert_feed_forward_length", 1, kMaxDim, 0, &hp->n_ff_expert));
-  MOELITE_TRY(optional_int(g, a, "expert_shared_feed_forward_length", 1, kMaxDim, 0, &hp->n_ff_shared));
+  MOELITE_TRY(optional_int(g, a, "expert_feed_forward_length", 1, MOELITE_MAX_WIDTH, 0, &hp->n_ff_expert));
+  MOELITE_TRY(optional_int(g, a, "expert_shared_feed_forward_length", 1, MOELITE_MAX_WIDTH, 0, &hp->n_ff_shared));
   const std::string eps_key = a + ".attention.layer_norm_rms_epsilon";
   if (!g.find(eps_key))
     return fail(MOELITE_ERR_MISSING_METADATA, "metadata key '%s' is required but absent", eps_key.c_str());

@@ -51,6 +51,10 @@ class Lru final : public Tracked {
   size_t choose_victim(const std::vector<ExpertKey>& c, uint64_t) override {
     return argmin(c, [](ExpertKey) { return 0; });
   }
+  bool stable_rank(ExpertKey k, Rank* out) const override {
+    *out = {0, info(k).last};
+    return true;
+  }
 };
 
 // Counts survive eviction: frequency is a property of the expert, not of its residency.
@@ -63,6 +67,11 @@ class Lfu final : public Tracked {
   }
   size_t choose_victim(const std::vector<ExpertKey>& c, uint64_t) override {
     return argmin(c, [&](ExpertKey k) { return counts_[k.packed()]; });
+  }
+  bool stable_rank(ExpertKey k, Rank* out) const override {
+    auto it = counts_.find(k.packed());
+    *out = {static_cast<double>(it == counts_.end() ? 0 : it->second), info(k).last};
+    return true;
   }
 
  private:
@@ -120,11 +129,23 @@ class Static final : public Tracked {
       return it != counts_.end() && it->second >= threshold ? 1 : 0;
     });
   }
+  // Stable once the counts are given and the hot set has a fixed size (then the threshold is fixed).
+  bool stable_rank(ExpertKey k, Rank* out) const override {
+    if (learning_ || hot_size_ == 0) return false;
+    if (!fixed_threshold_valid_) {
+      fixed_threshold_ = hot_threshold(hot_size_);
+      fixed_threshold_valid_ = true;
+    }
+    auto it = counts_.find(k.packed());
+    *out = {it != counts_.end() && it->second >= fixed_threshold_ ? 1.0 : 0.0, info(k).last};
+    return true;
+  }
 
  protected:
   void set_frequency_table(const std::unordered_map<uint64_t, uint64_t>& counts, size_t hot_size) override {
     learning_ = false;
     hot_size_ = hot_size;
+    fixed_threshold_valid_ = false;
     counts_.clear();
     keys_with_count_.clear();
     for (const auto& [key, n] : counts) bump(key, n);
@@ -155,6 +176,8 @@ class Static final : public Tracked {
   }
   bool learning_ = true;
   size_t hot_size_ = 0;
+  mutable uint64_t fixed_threshold_ = 0;
+  mutable bool fixed_threshold_valid_ = false;
   std::unordered_map<uint64_t, uint64_t> counts_;
   std::map<uint64_t, uint64_t, std::greater<uint64_t>> keys_with_count_;  // count -> keys with it
 };
@@ -169,6 +192,14 @@ class Belady final : public Tracked {
   size_t choose_victim(const std::vector<ExpertKey>& c, uint64_t now) override {
     // argmin of the negated next use = argmax of next use; ties (e.g. both never) to LRU.
     return argmin(c, [&](ExpertKey k) { return -static_cast<double>(next_use(k, now)); });
+  }
+  // Without a window a resident key's next use is the first one after its last use (any use in
+  // between would have been an access of it), so it only changes when the key is accessed.
+  bool stable_rank(ExpertKey k, Rank* out) const override {
+    if (lookahead_) return false;
+    const uint64_t last = info(k).last;
+    *out = {-static_cast<double>(next_use(k, last)), last};
+    return true;
   }
 
  private:

@@ -39,6 +39,17 @@ class CachePolicy {
   ExpertKey victim(const std::vector<ExpertKey>& candidates, uint64_t now) {
     return candidates[choose_victim(candidates, now)];
   }
+  // A key's rank for callers that keep the residents ordered (trace replay): the policy's victim
+  // among any candidates is the one with the smallest (primary, last). Only policies whose rank of
+  // a key changes solely when that key is inserted, accessed or evicted give it (lru, lfu, static
+  // with given counts, belady without a lookahead window); the others return false and must be
+  // asked through choose_victim. Last uses are distinct, so the order is total.
+  struct Rank {
+    double primary = 0;
+    uint64_t last = 0;
+    bool operator<(const Rank& o) const { return primary < o.primary || (primary == o.primary && last < o.last); }
+  };
+  virtual bool stable_rank(ExpertKey key, Rank* out) const { return false; }
   // What is known of the future: for each key, the sorted logical times it will be used (from the
   // trace itself in replay, from predictions in a live store). Only Belady looks at it.
   virtual void set_future(const std::unordered_map<uint64_t, std::vector<uint64_t>>* future) {}

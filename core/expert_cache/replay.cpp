@@ -264,13 +264,29 @@ Status replay(const Trace& trace, const std::string& policy_name, int64_t capaci
     policies[c]->set_future(&future);
   }
 
-  // Residents per cache: a vector (the candidate list is rebuilt from it on every miss, so it must
-  // be cheap to walk) plus each key's index in it for O(1) lookup and swap-removal. Its order
-  // depends only on the trace, so results are deterministic; it never decides a victim anyway,
-  // since every policy breaks ties by last use and no two keys share one.
+  // Residents per cache: a vector plus each key's index in it for O(1) lookup and swap-removal.
+  // Policies whose rank of a key changes only when that key is used (CachePolicy::stable_rank:
+  // lru, lfu, static, belady without a window) also keep the residents ordered by rank, so a miss
+  // finds its victim in O(log capacity) (the first unpinned key in order: at most top-k are
+  // pinned) instead of walking a candidate list of every resident, which made long traces with
+  // large capacities quadratic. The others (decay, windowed belady) rank by the current time and
+  // get the candidate list. Either way the victim is the policy's own choice: ranks are total
+  // orders (last uses are distinct), so the vector's order never decides anything.
   struct Residents {
     std::vector<ExpertKey> keys;
     std::unordered_map<uint64_t, size_t> index;
+    std::set<std::pair<CachePolicy::Rank, uint64_t>> ordered;  // (rank, key) when ranks are stable
+    std::unordered_map<uint64_t, CachePolicy::Rank> rank_of;
+  };
+  CachePolicy::Rank probe;
+  const bool ordered = policies[0]->stable_rank(ExpertKey{}, &probe);
+  auto rerank = [&](Residents& res, CachePolicy& policy, ExpertKey k) {
+    auto it = res.rank_of.find(k.packed());
+    if (it != res.rank_of.end()) res.ordered.erase({it->second, k.packed()});
+    CachePolicy::Rank rank;
+    policy.stable_rank(k, &rank);
+    res.rank_of[k.packed()] = rank;
+    res.ordered.insert({rank, k.packed()});
   };
   std::vector<Residents> resident(n_caches);
   std::vector<uint64_t> layer_hits(static_cast<size_t>(trace.n_layers)), layer_acc(static_cast<size_t>(trace.n_layers));
@@ -297,12 +313,29 @@ Status replay(const Trace& trace, const std::string& policy_name, int64_t capaci
       } else {
         r.loads++;
         if (static_cast<int64_t>(res.keys.size()) >= capacity) {
-          candidates.clear();
-          for (const ExpertKey& p : res.keys)
-            if (!pinned.count(p.packed())) candidates.push_back(p);
-          if (candidates.empty())  // cannot happen: capacity >= the entry's experts, one not resident yet
+          ExpertKey victim;
+          bool found = false;
+          if (ordered) {
+            for (auto it = res.ordered.begin(); it != res.ordered.end() && !found; ++it)
+              if (!pinned.count(it->second)) {
+                victim = res.keys[res.index[it->second]];
+                found = true;
+              }
+          } else {
+            candidates.clear();
+            for (const ExpertKey& p : res.keys)
+              if (!pinned.count(p.packed())) candidates.push_back(p);
+            if (!candidates.empty()) {
+              victim = policies[c]->victim(candidates, t);
+              found = true;
+            }
+          }
+          if (!found)  // cannot happen: capacity >= the entry's experts, one not resident yet
             return fail(MOELITE_ERR_INTERNAL, "replay: no evictable expert at access %llu", (unsigned long long)t);
-          const ExpertKey victim = policies[c]->victim(candidates, t);
+          if (ordered) {
+            res.ordered.erase({res.rank_of[victim.packed()], victim.packed()});
+            res.rank_of.erase(victim.packed());
+          }
           const size_t at = res.index[victim.packed()];
           res.keys[at] = res.keys.back();
           res.index[res.keys[at].packed()] = at;
@@ -315,6 +348,7 @@ Status replay(const Trace& trace, const std::string& policy_name, int64_t capaci
         policies[c]->on_insert(k, t);
       }
       policies[c]->on_access(k, t++);
+      if (ordered) rerank(resident[c], *policies[c], k);
     }
   }
   r.tokens = tokens.size();

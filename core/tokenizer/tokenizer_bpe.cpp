@@ -52,8 +52,9 @@ Status BpeModel::load(const gguf::Reader& g, const Vocab& v) {
   if (!merges) return fail(MOELITE_ERR_MISSING_METADATA, "tokenizer: %s is missing (needed by a gpt2 tokenizer)", key);
   if (merges->type != gguf::ValueType::ARRAY || merges->elem_type != gguf::ValueType::STRING)
     return fail(MOELITE_ERR_MISSING_METADATA, "tokenizer: %s is not an array of strings", key);
-  if (merges->strings.size() > static_cast<size_t>(INT32_MAX / 2))
-    return fail(MOELITE_ERR_BAD_METADATA, "tokenizer: %s has too many entries", key);
+  if (merges->strings.size() > static_cast<size_t>(MOELITE_MAX_VOCAB))
+    return fail(MOELITE_ERR_BAD_METADATA, "tokenizer: %s has %zu entries, above the limit of %d", key,
+                merges->strings.size(), MOELITE_MAX_VOCAB);
 
   const int32_t n = v.n();
   ids_.reserve(n + merges->strings.size() / 8);

@@ -147,8 +147,9 @@ Status load_vocab(const gguf::Reader& g, VocabKind kind, bool add_bos_default, V
     return fail(MOELITE_ERR_MISSING_METADATA, "tokenizer: %s is not an array of strings", kTokens);
   const size_t n = tokens->strings.size();
   if (n == 0) return fail(MOELITE_ERR_BAD_METADATA, "tokenizer: %s is empty", kTokens);
-  if (n > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
-    return fail(MOELITE_ERR_BAD_METADATA, "tokenizer: %zu tokens are too many", n);
+  if (n > static_cast<size_t>(MOELITE_MAX_VOCAB))
+    return fail(MOELITE_ERR_BAD_METADATA, "tokenizer: %s has %zu tokens, above the limit of %d", kTokens, n,
+                MOELITE_MAX_VOCAB);
 
   const gguf::Value* scores = g.find(kScores);
   if (scores) {

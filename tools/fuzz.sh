@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (tests/fuzz) with clang in build-fuzz and runs each for a fixed
+# time, starting from its seed corpus in tests/fuzz/corpus (which includes every crash found so
+# far, so each run is also a regression test). Fails on any crash, leak, timeout or OOM; the
+# reproducer is left in build-fuzz/artifacts/.
+#   tools/fuzz.sh [seconds-per-target] [target...]     (default 20 s, every target)
+# Environment: MOELITE_FUZZ_JOBS=N runs N fuzzing processes per target (default 1).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-20}
+shift || true
+targets=("$@")
+((${#targets[@]})) || targets=(fuzz_gguf_load fuzz_tokenizer fuzz_chat_template fuzz_profile fuzz_trace)
+jobs=${MOELITE_FUZZ_JOBS:-1}
+bash tools/install_deps.sh --test
+
+if [[ ! -f build-fuzz/CMakeCache.txt ]]; then
+  CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOELITE_FUZZ=ON \
+    -DMOELITE_TESTS=OFF -DMOELITE_VULKAN=OFF >/dev/null
+fi
+cmake --build build-fuzz --target fuzz_all
+
+mkdir -p build-fuzz/artifacts build-fuzz/logs
+export TMPDIR=${TMPDIR:-/tmp}
+summary=()
+status=0
+for t in "${targets[@]}"; do
+  work=build-fuzz/corpus/$t  # new inputs go here, the repository's seeds stay as they are
+  mkdir -p "$work"
+  log=build-fuzz/logs/$t.log
+  echo "== $t: ${secs}s x $jobs"
+  rc=0
+  rm -f "$log.rc"
+  args=(-max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1
+        -artifact_prefix="build-fuzz/artifacts/$t-" "$work" "tests/fuzz/corpus/$t")
+  TIMEFORMAT='%U %S'
+  cpu=$( { time {
+    if ((jobs > 1)); then
+      # -fork runs the jobs as child processes and merges their coverage; a crash still fails.
+      build-fuzz/bin/$t -fork="$jobs" "${args[@]}" >"$log" 2>&1 || echo "rc=$?" >"$log.rc"
+    else
+      build-fuzz/bin/$t "${args[@]}" >"$log" 2>&1 || echo "rc=$?" >"$log.rc"
+    fi
+  } ; } 2>&1 | awk '{printf "%.0f", $1 + $2}')
+  if [[ -f $log.rc ]]; then
+    rc=$(sed 's/rc=//' "$log.rc")
+    rm -f "$log.rc"
+  fi
+  execs=$(grep -h 'stat::number_of_executed_units' "$log" | awk '{s += $2} END {print s + 0}')
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | awk '{print $2}')
+  if ((rc != 0)); then
+    status=1
+    echo "FAILED ($rc): see $log"
+    grep -m3 -E 'ERROR|SUMMARY|Test unit written' "$log" || tail -5 "$log"
+  fi
+  summary+=("$(printf '%-20s %6ss  cpu %6ss  execs %10s  cov %6s  %s' "$t" "$secs" "$cpu" "${execs:-?}" "${cov:-?}" \
+    "$( ((rc == 0)) && echo ok || echo FAILED)")")
+done
+printf '%s\n' "${summary[@]}"
+exit $status
