@@ -470,7 +470,8 @@ MOELITE_API moelite_status moelite_context_params_set_n_ctx(moelite_context_para
   const char* const api_fn = __func__;
   return guarded(api_fn, [&]() -> moelite_status {
     if (!p) return null_arg(api_fn, "params");
-    if (n_ctx < 0) return fail(MOELITE_ERR_INVALID_ARGUMENT, "n_ctx %d is negative", n_ctx);
+    if (n_ctx < 0 || n_ctx > MOELITE_MAX_CONTEXT)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "n_ctx %d is outside 0..%d", n_ctx, MOELITE_MAX_CONTEXT);
     p->opts.n_ctx = n_ctx;
     return MOELITE_OK;
   });

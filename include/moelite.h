@@ -167,7 +167,7 @@ MOELITE_API moelite_status moelite_model_params_set_backend(moelite_model_params
  *  demand into a pool of expert slots that never exceeds `budget_bytes`, bypassing the OS page
  *  cache where the file system allows (O_DIRECT). Loading fails with MOELITE_ERR_BUDGET_TOO_SMALL,
  *  stating the minimum, when fewer than top-k + 1 experts fit. Results do not depend on the
- *  budget (bitwise), only speed does. */
+ *  budget (bitwise), only speed does. MOELITE_ERR_INVALID_ARGUMENT above 2^62 bytes. */
 MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_params* params, uint64_t budget_bytes);
 /** Replacement policy of the expert store: "lru" (default), "lfu", "decay" (decayed frequency),
  *  "static" (a hot set: the profile's most used experts; without a profile, the most used so
@@ -413,7 +413,9 @@ typedef int (*moelite_abort_fn)(void* user_data);
  *  Returns NULL only when out of memory. */
 MOELITE_API moelite_context_params* moelite_context_params_create(void);
 MOELITE_API void moelite_context_params_free(moelite_context_params* params);
-/** Maximum tokens the KV cache holds (>= 1; 0 restores the default). */
+/** Maximum tokens the KV cache holds, 1..MOELITE_MAX_CONTEXT; 0 restores the default.
+ *  MOELITE_ERR_INVALID_ARGUMENT outside that range; a cache the memory cannot hold makes
+ *  moelite_context_create fail with MOELITE_ERR_OUT_OF_MEMORY. */
 MOELITE_API moelite_status moelite_context_params_set_n_ctx(moelite_context_params* params, int32_t n_ctx);
 /** Largest number of tokens computed in one forward pass (>= 1); longer inputs to moelite_eval
  *  are split. Scratch memory grows with it. */
