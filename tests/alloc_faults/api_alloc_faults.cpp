@@ -36,33 +36,29 @@ void print_stack_if_asked(long n) {
   backtrace_symbols_fd(frames, backtrace(frames, 40), 2);
 }
 
-void* allocate(size_t n, bool nothrow) {
-  if (t_countdown >= 0) {
-    ++t_count;
-    if (t_countdown-- == 0) {
-      t_fired = true;
-      print_stack_if_asked(t_count - 1);
-      if (nothrow) return nullptr;
-      throw std::bad_alloc();
-    }
-  }
-  void* p = malloc(n ? n : 1);
+// True when this allocation is the one to fail (and records that it was).
+bool fault_now() {
+  if (t_countdown < 0) return false;
+  ++t_count;
+  if (t_countdown-- != 0) return false;
+  t_fired = true;
+  print_stack_if_asked(t_count - 1);
+  return true;
+}
+
+void* checked(void* p, bool nothrow) {
   if (!p && !nothrow) throw std::bad_alloc();
   return p;
 }
+
+void* allocate(size_t n, bool nothrow) {
+  if (fault_now()) return checked(nullptr, nothrow);
+  return checked(malloc(n ? n : 1), nothrow);
+}
 void* allocate_aligned(size_t n, std::align_val_t al, bool nothrow) {
-  if (t_countdown >= 0) {
-    ++t_count;
-    if (t_countdown-- == 0) {
-      t_fired = true;
-      if (nothrow) return nullptr;
-      throw std::bad_alloc();
-    }
-  }
+  if (fault_now()) return checked(nullptr, nothrow);
   const size_t a = static_cast<size_t>(al);
-  void* p = aligned_alloc(a, (n + a - 1) / a * a);
-  if (!p && !nothrow) throw std::bad_alloc();
-  return p;
+  return checked(aligned_alloc(a, (n + a - 1) / a * a), nothrow);
 }
 }  // namespace
 
