@@ -131,14 +131,13 @@ MOELITE_API moelite_status moelite_model_params_set_threads(moelite_model_params
 }
 
 MOELITE_API moelite_status moelite_model_params_set_backend(moelite_model_params* p, moelite_backend b) {
-  const char* const api_fn = __func__;
-  return guarded(api_fn, [&]() -> moelite_status {
-    if (!p) return null_arg(api_fn, "params");
-    if (b < MOELITE_BACKEND_AUTO || b > MOELITE_BACKEND_CUDA)
-      return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown backend %d", static_cast<int>(b));
-    p->opts.backend = static_cast<moelite::BackendKind>(b);
-    return MOELITE_OK;
-  });
+  // Not through guarded(): nothing here can throw, and reading an out-of-range enum value back
+  // from a lambda's capture is undefined behaviour (UBSan reports it) where the parameter is not.
+  if (!p) return null_arg(__func__, "params");
+  if (b < MOELITE_BACKEND_AUTO || b > MOELITE_BACKEND_CUDA)
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown backend %d", static_cast<int>(b));
+  p->opts.backend = static_cast<moelite::BackendKind>(b);
+  return MOELITE_OK;
 }
 
 MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_params* p, uint64_t bytes) {
