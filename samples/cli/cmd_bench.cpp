@@ -52,7 +52,7 @@ int cmd_bench(int argc, char** argv) {
   std::string err;
   int64_t n_prompt, n_gen, reps, seed;
   if (!args.get_int("-p", 128, &n_prompt, &err) || !args.get_int("-n", 32, &n_gen, &err) ||
-      !args.get_int("-r", 1, &reps, &err) || !args.get_int("--seed", 42, &seed, &err))
+      !args.get_int("-r", 1, &reps, &err) || !args.get_int("--seed", 42, &seed, &err, INT64_MIN, INT64_MAX))
     return usage_error(err);
   if (n_prompt < 1 || n_gen < 0 || reps < 1) return usage_error("-p must be >= 1, -n >= 0, -r >= 1");
 

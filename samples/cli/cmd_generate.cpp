@@ -34,18 +34,6 @@ const Command kTokenizeCommand = {"tokenize", "-m MODEL (-p TEXT | -f FILE) [--a
                                                {{"--parse-special"}, "", "turn special-token text into its ids"}},
                                               {&model_options()})};
 
-bool parse_float(const Args& a, const char* name, float* out, std::string* err) {
-  if (!a.has(name)) return true;
-  char* end = nullptr;
-  std::string v = a.get(name);
-  *out = strtof(v.c_str(), &end);
-  if (end == v.c_str() || *end) {
-    *err = std::string("option '") + name + "' expects a number, got '" + v + "'";
-    return false;
-  }
-  return true;
-}
-
 // Streams a piece to stdout; stops the generation (returns 0) when stdout cannot take it, since
 // nobody will read the rest.
 int print_piece(const char* piece, size_t len, void*) {
@@ -93,18 +81,20 @@ int open_session(const Args& args, Session* s) {
 int generate_params_from_args(const Args& a, moelite_generate_params* p) {
   std::string err;
   int64_t n, top_k, last_n, seed;
-  float temp = 0.8f, top_p = 0.95f, min_p = 0.05f, rep = 1.0f;
+  double temp, top_p, min_p, rep;
   if (!a.get_int("-n", 256, &n, &err) || !a.get_int("--top-k", 40, &top_k, &err) ||
-      !a.get_int("--repeat-last-n", 64, &last_n, &err) || !a.get_int("--seed", 0x5eed, &seed, &err) ||
-      !parse_float(a, "--temp", &temp, &err) || !parse_float(a, "--top-p", &top_p, &err) ||
-      !parse_float(a, "--min-p", &min_p, &err) || !parse_float(a, "--repeat-penalty", &rep, &err))
+      !a.get_int("--repeat-last-n", 64, &last_n, &err) ||
+      !a.get_int("--seed", 0x5eed, &seed, &err, INT64_MIN, INT64_MAX) ||  // a 64-bit seed
+      !a.get_double("--temp", 0.8, &temp, &err) || !a.get_double("--top-p", 0.95, &top_p, &err) ||
+      !a.get_double("--min-p", 0.05, &min_p, &err) || !a.get_double("--repeat-penalty", 1.0, &rep, &err))
     return usage_error(err);
   moelite_status st = moelite_generate_params_set_max_tokens(p, static_cast<int32_t>(n));
-  if (st == MOELITE_OK) st = moelite_generate_params_set_temperature(p, temp);
+  if (st == MOELITE_OK) st = moelite_generate_params_set_temperature(p, static_cast<float>(temp));
   if (st == MOELITE_OK) st = moelite_generate_params_set_top_k(p, static_cast<int32_t>(top_k));
-  if (st == MOELITE_OK) st = moelite_generate_params_set_top_p(p, top_p);
-  if (st == MOELITE_OK) st = moelite_generate_params_set_min_p(p, min_p);
-  if (st == MOELITE_OK) st = moelite_generate_params_set_repeat_penalty(p, rep, static_cast<int32_t>(last_n));
+  if (st == MOELITE_OK) st = moelite_generate_params_set_top_p(p, static_cast<float>(top_p));
+  if (st == MOELITE_OK) st = moelite_generate_params_set_min_p(p, static_cast<float>(min_p));
+  if (st == MOELITE_OK)
+    st = moelite_generate_params_set_repeat_penalty(p, static_cast<float>(rep), static_cast<int32_t>(last_n));
   if (st == MOELITE_OK) st = moelite_generate_params_set_seed(p, static_cast<uint64_t>(seed));
   for (const std::string& stop : a.get_all("--stop"))
     if (st == MOELITE_OK) st = moelite_generate_params_add_stop(p, stop.c_str());

@@ -155,7 +155,8 @@ std::vector<std::string> Args::get_all(const std::string& name) const {
   return it == values_.end() ? std::vector<std::string>{} : it->second;
 }
 
-bool Args::get_int(const std::string& name, int64_t fallback, int64_t* out, std::string* error) const {
+bool Args::get_int(const std::string& name, int64_t fallback, int64_t* out, std::string* error, int64_t min,
+                   int64_t max) const {
   if (!has(name)) {
     *out = fallback;
     return true;
@@ -168,8 +169,8 @@ bool Args::get_int(const std::string& name, int64_t fallback, int64_t* out, std:
     *error = "option '" + name + "' expects an integer, got '" + v + "'";
     return false;
   }
-  // Every integer option ends up in an int32_t: refuse what would wrap around.
-  if (parsed < INT32_MIN || parsed > INT32_MAX) {
+  // Refuse what would wrap around in the int32_t (or other type) the value ends up in.
+  if (parsed < min || parsed > max) {
     *error = "option '" + name + "' is out of range: '" + v + "'";
     return false;
   }

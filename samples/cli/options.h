@@ -48,8 +48,10 @@ class Args {
   std::string get(const std::string& name, const std::string& fallback = "") const;
   // Every value given for the option, in order (for repeatable options such as --stop).
   std::vector<std::string> get_all(const std::string& name) const;
-  // Integer option; false with a message if present but not an integer in the int32_t range.
-  bool get_int(const std::string& name, int64_t fallback, int64_t* out, std::string* error) const;
+  // Integer option; false with a message if present but not an integer in [min, max] (by default
+  // the int32_t range, where almost every integer option ends up).
+  bool get_int(const std::string& name, int64_t fallback, int64_t* out, std::string* error, int64_t min = INT32_MIN,
+               int64_t max = INT32_MAX) const;
   // Finite number option; false with a message if present but not one.
   bool get_double(const std::string& name, double fallback, double* out, std::string* error) const;
 

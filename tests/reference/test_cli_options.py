@@ -123,3 +123,10 @@ def test_thread_refused_by_the_os_is_an_error_not_a_hang():
     shutil.rmtree(tmp)
     assert r.returncode == 1, r.stderr
     assert "MOELITE_ERR_SYSTEM_LIMIT" in r.stderr and "refused compute thread" in r.stderr, r.stderr
+
+
+def test_seeds_keep_their_64_bits_and_sampling_numbers_must_be_finite():
+    r = cli("run", "-m", MODEL, "-p", "The open() function returns", "-n", "2", "--seed", "5000000000")
+    assert r.returncode == 0, r.stderr
+    r = cli("run", "-m", MODEL, "-p", "x", "-n", "2", "--temp", "nan")
+    assert r.returncode == 2 and "'--temp' expects a number" in r.stderr, r.stderr
