@@ -137,6 +137,14 @@ uint32_t decode_one(const char* text, size_t size, size_t* pos) {
     }
     cp = (cp << 6) | (s[p + k] & 0x3F);
   }
+  // Well-formed UTF-8 only (Unicode 15, table 3-7): an overlong form would let "\xC1\xB3" pass
+  // for 's' and smuggle ASCII past a byte-level filter; a surrogate or a value beyond U+10FFFF
+  // is no code point. llama.cpp accepts all three; its output for valid text is unchanged.
+  static constexpr uint32_t kMinForLength[5] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < kMinForLength[n] || (cp >= 0xD800 && cp <= 0xDFFF) || cp > kMaxCodePoint) {
+    *pos = p + 1;
+    return kReplacement;
+  }
   *pos = p + n;
   return cp;
 }

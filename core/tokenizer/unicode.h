@@ -77,8 +77,9 @@ inline bool is_whitespace(uint32_t cp) { return flags(cp) & kWhitespace; }
 // as llama.cpp's unicode_len_utf8.
 size_t utf8_len(uint8_t lead);
 
-// Decodes one code point at text[*pos]; advances *pos. Invalid sequences (stray continuation
-// byte, truncated sequence, bad lead byte) give U+FFFD and advance one byte.
+// Decodes one code point at text[*pos]; advances *pos. Ill-formed sequences (stray continuation
+// byte, truncated sequence, bad lead byte, overlong form, surrogate, beyond U+10FFFF) give
+// U+FFFD and advance one byte.
 uint32_t decode_one(const char* text, size_t size, size_t* pos);
 std::vector<uint32_t> decode_utf8(const std::string& text);
 void append_utf8(std::string* out, uint32_t cp);  // cp > U+10FFFF is written as U+FFFD
