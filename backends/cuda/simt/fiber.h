@@ -2,7 +2,7 @@
 // On x86-64 and aarch64 (ELF) the switch is a few lines of assembly in fiber.cpp that save only
 // what the calling convention says a callee must preserve; glibc's swapcontext would also make a
 // sigprocmask system call per switch, and the emulator switches millions of times per test.
-// Elsewhere the switch falls back to ucontext.
+// Elsewhere (or with -DMOELITE_SIMT_FORCE_UCONTEXT, to test it) the switch falls back to ucontext.
 //
 // Under AddressSanitizer every switch is announced with __sanitizer_start_switch_fiber /
 // __sanitizer_finish_switch_fiber, so ASan knows which stack is live (no false stack-overflow or
@@ -21,7 +21,7 @@
 #define MOELITE_SIMT_ASAN 0
 #endif
 
-#if (defined(__x86_64__) || defined(__aarch64__)) && defined(__ELF__)
+#if (defined(__x86_64__) || defined(__aarch64__)) && defined(__ELF__) && !defined(MOELITE_SIMT_FORCE_UCONTEXT)
 #define MOELITE_SIMT_ASM_SWITCH 1
 #else
 #define MOELITE_SIMT_ASM_SWITCH 0
@@ -55,6 +55,11 @@ void free_stack(Stack* stack);
 // Before a stack whose fiber was abandoned mid-run is reused: under ASan the abandoned frames' redzones
 // are still poisoned and would be reported as errors in the next fiber; elsewhere nothing to do.
 void forget_abandoned_frames(const Stack& stack);
+
+// Just before a fiber's entry function leaves for good: under ASan, clears the redzones of the
+// entry's frame, which stay poisoned because the entry never returns and would otherwise be reported
+// in the next fiber that runs on this stack; elsewhere nothing to do.
+void forget_entry_frame(const Stack& stack);
 
 // A suspended execution: a fiber, or the launching code's own stack.
 struct Context {

@@ -6,7 +6,8 @@
 //
 // A fiber abandoned by a deadlock or a kernel fault is never resumed: its stack is reused by the next
 // block and the C++ objects on it are never destroyed. Kernels therefore must not hold resources
-// (heap memory, locks) across synchronisation points.
+// (heap memory, locks) across synchronisation points. Nor may they synchronise inside a catch handler:
+// the C++ runtime keeps one list of exceptions being handled per OS thread, not per fiber.
 #include "backends/cuda/simt/simt.h"
 
 #include <cstdio>
@@ -132,15 +133,25 @@ void suspend_current(Emulator* e) {
   fiber::switch_to(&self->context, to);
 }
 
-// A fault that makes the block meaningless to continue (bad mask, lanes disagreeing): record it and
-// leave the block for good. The remaining fibers are abandoned.
-[[noreturn]] void abort_block(Emulator* e, std::string message) {
+// A fault that makes the block meaningless to continue (bad mask, lanes disagreeing). Kept apart from
+// abandon_block() so the message's temporaries are destroyed before the fiber is left for good.
+void record_fault(Emulator* e, std::string message) {
   if (e->fault.empty()) e->fault = std::move(message);
+}
+
+// Leaves the block for good after record_fault(): the remaining fibers are abandoned.
+[[noreturn]] void abandon_block(Emulator* e) {
   e->abandoned_fibers = true;
   SimThread* self = e->current;
   e->current = nullptr;
   fiber::switch_to(&self->context, &e->launcher);
   std::abort();  // nothing resumes an abandoned fiber
+}
+
+std::string hex32(unsigned v) {
+  char text[16];
+  snprintf(text, sizeof text, "0x%08x", v);
+  return text;
 }
 
 // ---- warp exchanges -----------------------------------------------------------------------------
@@ -215,27 +226,24 @@ uint64_t warp_exchange(WarpOp op, unsigned mask, uint64_t value, int arg, int wi
   SimThread* self = e->current;
   WarpExchange& w = e->warps[self->warp];
   if (width <= 0 || width > static_cast<int>(kWarpSize) || (width & (width - 1)) != 0) {
-    abort_block(e, "SIMT emulator: " + std::string(warp_op_name(op)) + " with width " + std::to_string(width) +
-                       " (must be a power of two <= 32) in " + describe_block(e));
+    record_fault(e, "SIMT emulator: " + std::string(warp_op_name(op)) + " with width " + std::to_string(width) +
+                        " (must be a power of two <= 32) in " + describe_block(e));
+    abandon_block(e);
   }
   if (mask != kFullMask && mask != w.live) {
-    abort_block(
-        e, "SIMT emulator: unsupported mask 0x" +
-               [&] {
-                 char hex[16];
-                 snprintf(hex, sizeof hex, "%08x", mask);
-                 return std::string(hex);
-               }() +
-               " in " + warp_op_name(op) + " (warp " + std::to_string(self->warp) + " of " + describe_block(e) +
-               "): a mask must be 0xffffffff or exactly the warp's live lanes");
+    record_fault(e, "SIMT emulator: unsupported mask " + hex32(mask) + " in " + warp_op_name(op) + " (warp " +
+                        std::to_string(self->warp) + " of " + describe_block(e) + ", live lanes " + hex32(w.live) +
+                        "): a mask must be 0xffffffff or exactly the warp's live lanes");
+    abandon_block(e);
   }
   if (w.arrived == 0) {
     w.op = op;
     w.width = width;
   } else if (w.op != op || w.width != width) {
-    abort_block(e, "SIMT emulator: lanes of warp " + std::to_string(self->warp) + " in " + describe_block(e) +
-                       " meet at different warp operations (" + warp_op_name(w.op) + " and " + warp_op_name(op) +
-                       ", or different widths)");
+    record_fault(e, "SIMT emulator: lanes of warp " + std::to_string(self->warp) + " in " + describe_block(e) +
+                        " meet at different warp operations (" + warp_op_name(w.op) + " and " + warp_op_name(op) +
+                        ", or different widths)");
+    abandon_block(e);
   }
   const unsigned lane = self->lane;
   w.value[lane] = value;
@@ -289,6 +297,7 @@ void fiber_main() {
   }
   retire_current(e);
   SimThread* self = e->current;
+  fiber::forget_entry_frame(e->stacks[self->linear]);
   SimThread* next = pop_ready(e);
   e->current = next;
   fiber::exit_to(&self->context, next ? &next->context : &e->launcher);
