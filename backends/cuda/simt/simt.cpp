@@ -285,7 +285,9 @@ void retire_current(Emulator* e) {
   if (e->barrier_arrived != 0 && e->barrier_arrived == e->live_threads) release_barrier(e, nullptr);
 }
 
-void fiber_main() {
+// The whole life of one emulated thread. noexcept: nothing may unwind past a fiber's first frame (there
+// is no caller there), so a failure even to record the kernel's exception terminates.
+void fiber_main() noexcept {
   fiber::on_entry();
   Emulator* e = t_active;
   try {
@@ -307,12 +309,17 @@ void fiber_main() {
 // ---- launch -------------------------------------------------------------------------------------
 
 Status prepare_stacks(Emulator* e, unsigned n) {
+  try {
+    e->stacks.reserve(n);
+  } catch (const std::bad_alloc&) {
+    return fail(MOELITE_ERR_OUT_OF_MEMORY, "SIMT emulator: out of memory for %u fiber stacks", n);
+  }
   while (e->stacks.size() < n) {
     fiber::Stack s;
     if (!fiber::allocate_stack(kStackBytes, &s)) {
       return fail(MOELITE_ERR_OUT_OF_MEMORY, "SIMT emulator: cannot map a %zu-byte fiber stack", kStackBytes);
     }
-    e->stacks.push_back(s);
+    e->stacks.push_back(s);  // no reallocation: reserved above
   }
   return MOELITE_OK;
 }
