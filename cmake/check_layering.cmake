@@ -16,6 +16,7 @@ set(_rules
   "backends/backend.h|base/"
   "backends/cpu/|base/,platforms/,backends/backend.h,backends/cpu/"
   "backends/vulkan/|base/,platforms/,backends/backend.h,backends/vulkan/"
+  "backends/cuda/|base/,platforms/,backends/backend.h,backends/cuda/"
   "backends/backend_registry.cpp|base/,backends/"
   "core/|base/,platforms/,backends/backend.h,core/"
   "samples/|samples/,core/expert_cache/")

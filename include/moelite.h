@@ -91,6 +91,8 @@ typedef enum moelite_status {
   MOELITE_ERR_NOT_IMPLEMENTED = 32,     /* a recognised request this build cannot serve yet */
   MOELITE_ERR_BAD_PROFILE = 33,         /* a calibration profile is malformed, of an unsupported
                                            version, or made for another model */
+  MOELITE_ERR_BACKEND = 34,             /* a compute backend failed: a device error, or a kernel fault
+                                           such as a deadlock found by the SIMT emulator */
   MOELITE_ERR_CONTEXT_FULL = 40,        /* the batch would run past the context length */
   MOELITE_ERR_BAD_TOKEN = 41,           /* a token id outside [0, n_vocab) */
   MOELITE_ERR_ABORTED = 42,             /* the abort callback asked to stop */

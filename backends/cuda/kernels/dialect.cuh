@@ -67,9 +67,11 @@ inline uint32_t float_to_bits(float f) {
   return u;
 }
 inline void atomic_add_f32(float* p, float v) {
-  float cur = __atomic_load_n(p, __ATOMIC_RELAXED);
-  while (!__atomic_compare_exchange_n(p, &cur, cur + v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-  }
+  // The generic __atomic builtins: the _n forms accept only integers and pointers.
+  float cur;
+  __atomic_load(p, &cur, __ATOMIC_RELAXED);
+  float next = cur + v;
+  while (!__atomic_compare_exchange(p, &cur, &next, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) next = cur + v;
 }
 }  // namespace moelite::cuda_kernels
 
