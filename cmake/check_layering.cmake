@@ -24,7 +24,7 @@ set(_violations "")
 file(GLOB_RECURSE _files RELATIVE ${SOURCE_DIR} ${SOURCE_DIR}/base/* ${SOURCE_DIR}/platforms/* ${SOURCE_DIR}/backends/*
      ${SOURCE_DIR}/core/* ${SOURCE_DIR}/samples/*)
 foreach(f ${_files})
-  if(NOT f MATCHES "\\.(c|cc|cpp|h|hpp)$")
+  if(NOT f MATCHES "\\.(c|cc|cpp|h|hpp|cu|cuh|inc)$")
     continue()
   endif()
   set(_allowed "")

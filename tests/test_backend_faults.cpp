@@ -24,6 +24,9 @@
 #if MOELITE_HAVE_VULKAN
 #include "backends/vulkan/vk_device.h"
 #endif
+#if MOELITE_HAVE_CUDA
+#include "backends/cuda/gpu_runtime.h"
+#endif
 
 using namespace moelite;
 
@@ -153,6 +156,8 @@ struct Engine {
 // the runtime's backend in a FaultyBackend when `wrap`. False (with a skip reason) when the
 // backend is not available here.
 bool load(BackendKind kind, bool budget, bool wrap, Engine* e, std::string* why) {
+  // The CUDA backend runs on the emulated device (integrated unless the caller set "discrete").
+  if (kind == BackendKind::Cuda && !getenv("MOELITE_CUDA_EMULATOR")) setenv("MOELITE_CUDA_EMULATOR", "1", 1);
   LoadOptions o;
   o.n_threads = 2;
   o.backend = kind;
@@ -239,9 +244,12 @@ TEST_P(BackendFaults, EveryOperationsFailureReachesEvalAndLeavesTheSequenceUncha
 
 INSTANTIATE_TEST_SUITE_P(Backends, BackendFaults,
                          ::testing::Values(Case{BackendKind::Cpu, false}, Case{BackendKind::Cpu, true},
-                                           Case{BackendKind::Vulkan, false}, Case{BackendKind::Vulkan, true}),
+                                           Case{BackendKind::Vulkan, false}, Case{BackendKind::Vulkan, true},
+                                           Case{BackendKind::Cuda, false}, Case{BackendKind::Cuda, true}),
                          [](const ::testing::TestParamInfo<Case>& i) {
-                           return std::string(i.param.kind == BackendKind::Cpu ? "cpu" : "vulkan") +
+                           return std::string(i.param.kind == BackendKind::Cpu      ? "cpu"
+                                              : i.param.kind == BackendKind::Vulkan ? "vulkan"
+                                                                                    : "cuda_emulated") +
                                   (i.param.budget ? "_budget" : "_resident");
                          });
 
@@ -284,6 +292,50 @@ TEST(VulkanDeviceFaults, AnyFailingDeviceOperationSurfacesFromEval) {
         EXPECT_EQ(eval_logits(*e.ctx, kMore), want_more);
       }
       EXPECT_GE(failed, 5);
+    }
+  }
+}
+#endif
+
+#if MOELITE_HAVE_CUDA
+// Failures inside the (emulated) CUDA device: the n-th allocation fails at once, or the n-th copy
+// or kernel fails when it runs -- after the host has moved on, as a GPU fault does -- and must
+// still surface from eval, leave the sequence unchanged and the next evaluation exact.
+TEST(CudaDeviceFaults, AnyFailingDeviceOperationSurfacesFromEval) {
+  for (const bool budget : {false, true}) {
+    for (const char* device : {"integrated", "discrete"}) {
+      if (!budget && device[0] == 'd') continue;  // resident weights are uploaded the same way
+      SCOPED_TRACE(std::string(budget ? "budget " : "resident ") + device);
+      setenv("MOELITE_CUDA_EMULATOR", device, 1);
+      Engine clean, e;
+      std::string why;
+      ASSERT_TRUE(load(BackendKind::Cuda, budget, false, &clean, &why) &&
+                  load(BackendKind::Cuda, budget, false, &e, &why))
+          << why;
+      unsetenv("MOELITE_CUDA_EMULATOR");
+      const std::vector<float> want_prefix = eval_logits(*clean.ctx, kPrefix);
+      const std::vector<float> want_more = eval_logits(*clean.ctx, kMore);
+      int failed = 0;
+      for (int64_t nth = 1; nth <= 2000; nth += 29) {
+        SCOPED_TRACE("device operation " + std::to_string(nth));
+        e.ctx->truncate(0);
+        ASSERT_EQ(eval_logits(*e.ctx, kPrefix), want_prefix);
+        cuda::emu_fail_nth_operation_for_testing(nth);
+        const Status st = e.ctx->eval(kMore.data(), static_cast<int32_t>(kMore.size()), true);
+        cuda::emu_fail_nth_operation_for_testing(0);
+        if (st == MOELITE_OK) {
+          // Fewer device operations than nth: the whole evaluation ran, and exactly.
+          EXPECT_EQ(std::vector<float>(e.ctx->logits(0), e.ctx->logits(0) + want_more.size()), want_more);
+          break;
+        }
+        ++failed;
+        EXPECT_TRUE(st == MOELITE_ERR_OUT_OF_MEMORY || st == MOELITE_ERR_BACKEND) << moelite_status_name(st);
+        EXPECT_NE(strstr(last_error_message(), "injected"), nullptr) << last_error_message();
+        EXPECT_EQ(e.ctx->length(), static_cast<int32_t>(kPrefix.size()));
+        expect_nothing_pinned(e);
+        EXPECT_EQ(eval_logits(*e.ctx, kMore), want_more);
+      }
+      EXPECT_GE(failed, 8);
     }
   }
 }

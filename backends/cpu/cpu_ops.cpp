@@ -1,5 +1,7 @@
 #include "backends/cpu/cpu_ops.h"
 
+#include "base/rope_angles.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -19,13 +21,7 @@ void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* y
 }
 
 void rope_angles(const RopeParams& p, int32_t pos, float* cos_out, float* sin_out) {
-  const int32_t half = p.n_rot / 2;
-  for (int32_t i = 0; i < half; ++i) {
-    // Computed in double so long contexts keep precision.
-    const double theta = pos * std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_rot);
-    cos_out[i] = static_cast<float>(std::cos(theta));
-    sin_out[i] = static_cast<float>(std::sin(theta));
-  }
+  moelite::rope_angles(static_cast<double>(p.freq_base), p.n_rot, pos, cos_out, sin_out);
 }
 
 void rope_apply(float* head, const RopeParams& p, const float* cos_v, const float* sin_v) {

@@ -1,5 +1,7 @@
 #include "backends/vulkan/vk_backend.h"
 
+#include "base/rope_angles.h"
+
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -417,12 +419,14 @@ Status VulkanBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const 
   // Angles in double on the host, as the CPU backend computes them.
   const int32_t half = p.n_rot / 2;
   std::vector<float> cs(static_cast<size_t>(x->rows) * static_cast<size_t>(half) * 2);
-  for (int64_t t = 0; t < x->rows; ++t)
+  std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
+  for (int64_t t = 0; t < x->rows; ++t) {
+    rope_angles(static_cast<double>(p.freq_base), p.n_rot, positions[t], c.data(), s.data());
     for (int32_t i = 0; i < half; ++i) {
-      const double theta = positions[t] * std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_rot);
-      cs[static_cast<size_t>((t * half + i) * 2)] = static_cast<float>(std::cos(theta));
-      cs[static_cast<size_t>((t * half + i) * 2 + 1)] = static_cast<float>(std::sin(theta));
+      cs[static_cast<size_t>((t * half + i) * 2)] = c[static_cast<size_t>(i)];
+      cs[static_cast<size_t>((t * half + i) * 2 + 1)] = s[static_cast<size_t>(i)];
     }
+  }
   Buffer angles;
   MOELITE_TRY(dev_->temp(cs.data(), cs.size() * sizeof(float), &angles));
   const ActRef* xr = ref(*x);

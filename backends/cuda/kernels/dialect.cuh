@@ -12,10 +12,10 @@
 
 #if defined(__CUDACC__)
 
-#define MK_GLOBAL __global__
+#define MK_GLOBAL static __global__  // internal linkage: each kernel TU has its own copy
 #define MK_DEVICE __device__ __forceinline__
 #define MK_SHARED(type, name, count) __shared__ type name[count]
-#define MK_DYNAMIC_SHARED(type, name) \
+#define MK_DYNAMIC_SHARED(type, name)           \
   extern __shared__ float4 moelite_dyn_smem_[]; \
   type* name = reinterpret_cast<type*>(moelite_dyn_smem_)
 
@@ -31,11 +31,12 @@ MK_DEVICE void atomic_add_f32(float* p, float v) { atomicAdd(p, v); }
 
 #else  // the SIMT emulator
 
+#include <cmath>
 #include <cstring>
 
 #include "backends/cuda/simt/simt.h"
 
-#define MK_GLOBAL
+#define MK_GLOBAL static
 #define MK_DEVICE inline
 // One block runs at a time on an OS thread, so a thread_local array is exactly the block's shared memory.
 #define MK_SHARED(type, name, count) static thread_local type name[count]

@@ -1,0 +1,568 @@
+#include "backends/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "base/rope_angles.h"
+
+namespace moelite::cuda {
+namespace {
+
+constexpr size_t kArenaChunk = size_t(4) << 20;
+constexpr size_t kArenaAlign = 256;
+
+float* floats(const Act& a) { return static_cast<float*>(a.handle); }
+
+WeightArg arg_of(const WeightView& w, const void* dev) {
+  WeightArg a;
+  a.type = w.type;
+  a.data = static_cast<const uint8_t*>(dev);
+  a.row_bytes = w.row_bytes;
+  a.rows = w.rows;
+  a.cols = w.cols;
+  return a;
+}
+
+}  // namespace
+
+Status CudaBackend::create(std::unique_ptr<Backend>* out) {
+  const char* emu = std::getenv("MOELITE_CUDA_EMULATOR");
+  if (emu && *emu && std::strcmp(emu, "0") != 0) {
+    const bool discrete = std::strcmp(emu, "discrete") == 0;
+    if (!discrete && std::strcmp(emu, "1") != 0 && std::strcmp(emu, "integrated") != 0)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "MOELITE_CUDA_EMULATOR=%s: expected 1, integrated, discrete or 0", emu);
+    return create_with(open_emulated_runtime(!discrete), out);
+  }
+  std::unique_ptr<GpuRuntime> rt;
+  MOELITE_TRY(open_cuda_runtime(&rt));
+  return create_with(std::move(rt), out);
+}
+
+Status CudaBackend::create_with(std::unique_ptr<GpuRuntime> rt, std::unique_ptr<Backend>* out) {
+  std::unique_ptr<CudaBackend> b(new CudaBackend(std::move(rt)));
+  MOELITE_TRY(b->init());
+  *out = std::move(b);
+  return MOELITE_OK;
+}
+
+CudaBackend::CudaBackend(std::unique_ptr<GpuRuntime> rt) : rt_(std::move(rt)), k_(&rt_->kernels()) {
+  uploads_.pinned = true;
+}
+
+Status CudaBackend::init() {
+  const DeviceInfo& d = rt_->info();
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "cuda (%s, sm_%d%d%s)", d.name.c_str(), d.cc_major, d.cc_minor,
+                d.integrated ? ", zero-copy experts" : "");
+  name_ = buf;
+  log_msg(MOELITE_LOG_INFO, "cuda: %s, compute capability %d.%d, %llu MiB%s%s", d.name.c_str(), d.cc_major, d.cc_minor,
+          (unsigned long long)(d.total_memory >> 20),
+          d.integrated ? ", unified memory: budgeted experts are read in place (zero copy)"
+                       : ", discrete: budgeted experts go through a device tier",
+          d.emulated ? " [SIMT emulator]" : "");
+  MOELITE_TRY(rt_->stream_create(&compute_));
+  MOELITE_TRY(rt_->stream_create(&copy_));
+  MOELITE_TRY(rt_->event_create(&compute_point_));
+  return MOELITE_OK;
+}
+
+CudaBackend::~CudaBackend() {
+  if (tier_hits_ + tier_loads_ > 0)
+    log_msg(MOELITE_LOG_INFO, "cuda: device expert tier of %zu slots: %llu hits, %llu loads over the copy stream",
+            tier_.size(), (unsigned long long)tier_hits_, (unsigned long long)tier_loads_);
+  if (compute_) (void)rt_->stream_sync(compute_);
+  if (copy_) (void)rt_->stream_sync(copy_);
+  for (auto& [host, w] : weights_) rt_->device_free(w.dev);
+  arena_free(&uploads_);
+  arena_free(&scratch_);
+  rt_->device_free(scores_);
+  rt_->device_free(pass_out_);
+  for (TierSlot& s : tier_)
+    for (int c = 0; c < 3; ++c) {
+      rt_->device_free(s.chunk[c]);
+      if (s.copied[c]) rt_->event_destroy(s.copied[c]);
+    }
+  for (SharedBlock& b : shared_) rt_->host_free_mapped(b.host);
+  if (compute_point_) rt_->event_destroy(compute_point_);
+  if (copy_) rt_->stream_destroy(copy_);
+  if (compute_) rt_->stream_destroy(compute_);
+}
+
+// ---- memory
+
+Status CudaBackend::arena_take(Arena* a, size_t bytes, void** host, void** dev) {
+  bytes = (std::max<size_t>(bytes, 1) + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
+  for (Arena::Chunk& c : a->chunks)
+    if (c.size - c.used >= bytes) {
+      *host = c.host ? c.host + c.used : nullptr;
+      *dev = c.dev + c.used;
+      c.used += bytes;
+      return MOELITE_OK;
+    }
+  Arena::Chunk c;
+  c.size = std::max(bytes, kArenaChunk);
+  void *h = nullptr, *d = nullptr;
+  if (a->pinned) {
+    MOELITE_TRY(rt_->host_alloc_mapped(c.size, &h, &d));
+  } else {
+    MOELITE_TRY(rt_->device_alloc(c.size, &d));
+  }
+  c.host = static_cast<uint8_t*>(h);
+  c.dev = static_cast<uint8_t*>(d);
+  c.used = bytes;
+  a->chunks.push_back(c);
+  *host = c.host;
+  *dev = c.dev;
+  return MOELITE_OK;
+}
+
+void CudaBackend::arena_free(Arena* a) {
+  for (Arena::Chunk& c : a->chunks) {
+    if (a->pinned)
+      rt_->host_free_mapped(c.host);
+    else
+      rt_->device_free(c.dev);
+  }
+  a->chunks.clear();
+}
+
+Status CudaBackend::upload(const void* src, size_t bytes, const void** dev) {
+  void *h, *d;
+  MOELITE_TRY(arena_take(&uploads_, bytes, &h, &d));
+  std::memcpy(h, src, bytes);
+  *dev = d;
+  return MOELITE_OK;
+}
+
+void* CudaBackend::alloc_shared(uint64_t bytes) {
+  void *h = nullptr, *d = nullptr;
+  if (rt_->host_alloc_mapped(bytes, &h, &d) != MOELITE_OK) {
+    clear_error();
+    return nullptr;  // the store falls back to ordinary memory; experts are then copied in
+  }
+  shared_.push_back({static_cast<uint8_t*>(h), static_cast<uint8_t*>(d), bytes});
+  return h;
+}
+
+void CudaBackend::free_shared(void* p) {
+  for (size_t i = 0; i < shared_.size(); ++i)
+    if (shared_[i].host == p) {
+      (void)rt_->stream_sync(copy_);
+      (void)rt_->stream_sync(compute_);
+      rt_->host_free_mapped(p);
+      shared_.erase(shared_.begin() + static_cast<long>(i));
+      return;
+    }
+}
+
+const uint8_t* CudaBackend::shared_device_address(const uint8_t* host) const {
+  for (const SharedBlock& b : shared_)
+    if (host >= b.host && host < b.host + b.bytes) return b.dev + (host - b.host);
+  return nullptr;
+}
+
+Status CudaBackend::check_weight(const WeightView& w) {
+  if (!k_->supports(w.type))
+    return fail(MOELITE_ERR_UNSUPPORTED_TYPE, "the CUDA backend has no kernel for weight type %s", type_name(w.type));
+  return MOELITE_OK;
+}
+
+Status CudaBackend::place_weight(const WeightView& w) {
+  MOELITE_TRY(check_weight(w));
+  WeightArg a;
+  return device_weight(w, &a);
+}
+
+Status CudaBackend::device_weight(const WeightView& w, WeightArg* out) {
+  if (!w.valid()) return fail(MOELITE_ERR_INTERNAL, "CUDA backend: a weight without host bytes");
+  auto it = weights_.find(w.data);
+  if (it == weights_.end() || it->second.bytes < w.bytes()) {
+    if (it != weights_.end()) {  // the same address seen with fewer rows before: replace the copy
+      rt_->device_free(it->second.dev);
+      weights_.erase(it);
+    }
+    MOELITE_TRY(check_weight(w));
+    DevBytes d;
+    d.bytes = w.bytes();
+    MOELITE_TRY(rt_->device_alloc(d.bytes, &d.dev));
+    if (Status st = rt_->copy_async(d.dev, w.data, d.bytes, compute_); st != MOELITE_OK) {
+      rt_->device_free(d.dev);
+      return st;
+    }
+    it = weights_.emplace(w.data, d).first;
+    unconfirmed_.push_back(w.data);
+  }
+  *out = arg_of(w, it->second.dev);
+  return MOELITE_OK;
+}
+
+Status CudaBackend::device_floats(const float* p, size_t n, const float** out) {
+  *out = nullptr;
+  if (!p) return MOELITE_OK;
+  WeightView v;
+  v.type = TensorType::F32;
+  v.cols = static_cast<int64_t>(n);
+  v.rows = 1;
+  v.row_bytes = n * sizeof(float);
+  v.data = reinterpret_cast<const uint8_t*>(p);
+  WeightArg a;
+  MOELITE_TRY(device_weight(v, &a));
+  *out = reinterpret_cast<const float*>(a.data);
+  return MOELITE_OK;
+}
+
+Status CudaBackend::alloc_act(int64_t rows, int64_t cols, Act* out) {
+  if (rows <= 0 || cols <= 0) return fail(MOELITE_ERR_INVALID_ARGUMENT, "empty activation");
+  void* p;
+  MOELITE_TRY(rt_->device_alloc(static_cast<size_t>(rows) * static_cast<size_t>(cols) * sizeof(float), &p));
+  *out = Act{p, rows, cols};
+  return MOELITE_OK;
+}
+
+void CudaBackend::free_act(Act* a) {
+  rt_->device_free(a->handle);
+  *a = Act{};
+}
+
+Act CudaBackend::view_rows(const Act& a, int64_t row0, int64_t n) { return Act{floats(a) + row0 * a.cols, n, a.cols}; }
+
+Status CudaBackend::read_rows(const Act& a, int64_t row0, int64_t n, float* dst) {
+  MOELITE_TRY(
+      rt_->copy_async(dst, floats(a) + row0 * a.cols, static_cast<size_t>(n * a.cols) * sizeof(float), compute_));
+  return sync();
+}
+
+Status CudaBackend::alloc_kv(int32_t n_layers, int32_t n_ctx, int64_t kv_dim, KvCache* out) {
+  auto kv = std::make_unique<KvRef>();
+  const size_t bytes = static_cast<size_t>(n_ctx) * static_cast<size_t>(kv_dim) * sizeof(float);
+  for (int32_t l = 0; l < n_layers; ++l)
+    for (std::vector<float*>* side : {&kv->k, &kv->v}) {
+      void* p;
+      if (Status st = rt_->device_alloc(bytes, &p); st != MOELITE_OK) {
+        KvCache partial{kv.release(), n_layers, n_ctx, kv_dim};
+        free_kv(&partial);
+        return st;
+      }
+      side->push_back(static_cast<float*>(p));
+    }
+  *out = KvCache{kv.release(), n_layers, n_ctx, kv_dim};
+  return MOELITE_OK;
+}
+
+void CudaBackend::free_kv(KvCache* kv) {
+  auto* ref = static_cast<KvRef*>(kv->handle);
+  if (ref) {
+    for (float* p : ref->k) rt_->device_free(p);
+    for (float* p : ref->v) rt_->device_free(p);
+    delete ref;
+  }
+  *kv = KvCache{};
+}
+
+Status CudaBackend::wait(StreamHandle s) {
+  const Status st = rt_->stream_sync(s);
+  if (st != MOELITE_OK) forget_unconfirmed_copies();
+  return st;
+}
+
+void CudaBackend::forget_unconfirmed_copies() {
+  for (const void* host : unconfirmed_) {
+    auto it = weights_.find(host);
+    if (it == weights_.end()) continue;
+    rt_->device_free(it->second.dev);
+    weights_.erase(it);
+  }
+  unconfirmed_.clear();
+  for (TierSlot& slot : tier_) {
+    slot.layer = slot.expert = -1;
+    for (bool& h : slot.has) h = false;
+  }
+}
+
+Status CudaBackend::sync() {
+  Status st = wait(copy_);
+  const Status compute = wait(compute_);
+  if (st == MOELITE_OK) st = compute;
+  arena_reset(&uploads_);  // nothing queued reads the uploads any more
+  if (st == MOELITE_OK) unconfirmed_.clear();
+  return st;
+}
+
+// ---- dense operations
+
+Status CudaBackend::get_rows(const WeightView& table, const int32_t* tokens, int32_t n, Act* out) {
+  WeightArg w;
+  MOELITE_TRY(device_weight(table, &w));
+  const void* ids;
+  MOELITE_TRY(upload(tokens, static_cast<size_t>(n) * sizeof(int32_t), &ids));
+  return k_->get_rows(compute_, w, static_cast<const int32_t*>(ids), n, floats(*out));
+}
+
+Status CudaBackend::rms_norm(const Act& x, const float* w, int64_t group, float eps, Act* out) {
+  const float* dw;
+  MOELITE_TRY(device_floats(w, static_cast<size_t>(group), &dw));
+  return k_->rms_norm(compute_, floats(x), dw, x.rows, x.cols, group, eps, floats(*out));
+}
+
+Status CudaBackend::matmul_rows(const WeightArg& w, const float* x, int64_t x_stride, const int32_t* x_map, float* y,
+                                int64_t y_stride, const int32_t* y_map, int64_t n, const float* bias) {
+  MatmulArgs a;
+  a.w = w;
+  a.x = x;
+  a.x_stride = x_stride;
+  a.x_map = x_map;
+  a.y = y;
+  a.y_stride = y_stride;
+  a.y_map = y_map;
+  a.n_tok = n;
+  a.bias = bias;
+  return k_->matmul(compute_, a);
+}
+
+Status CudaBackend::matmul(const WeightView& w, const Act& x, const float* bias, Act* out) {
+  WeightArg dw;
+  MOELITE_TRY(device_weight(w, &dw));
+  const float* db;
+  MOELITE_TRY(device_floats(bias, static_cast<size_t>(w.rows), &db));
+  return matmul_rows(dw, floats(x), x.cols, nullptr, floats(*out), out->cols, nullptr, x.rows, db);
+}
+
+Status CudaBackend::add(Act* x, const Act& y) { return k_->add(compute_, floats(*x), floats(y), x->rows * x->cols); }
+
+Status CudaBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) {
+  const int32_t half = p.n_rot / 2;
+  std::vector<float> cs(static_cast<size_t>(x->rows) * static_cast<size_t>(half) * 2);
+  std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
+  for (int64_t t = 0; t < x->rows; ++t) {
+    rope_angles(static_cast<double>(p.freq_base), p.n_rot, positions[t], c.data(), s.data());
+    for (int32_t i = 0; i < half; ++i) {
+      cs[static_cast<size_t>((t * half + i) * 2)] = c[static_cast<size_t>(i)];
+      cs[static_cast<size_t>((t * half + i) * 2 + 1)] = s[static_cast<size_t>(i)];
+    }
+  }
+  const void* angles;
+  MOELITE_TRY(upload(cs.data(), cs.size() * sizeof(float), &angles));
+  return k_->rope(compute_, floats(*x), x->rows, x->cols, head_dim, p.n_rot, p.style == RopeStyle::Neox,
+                  static_cast<const float*>(angles));
+}
+
+Status CudaBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0,
+                              int32_t n_head, int32_t n_head_kv, int64_t head_dim, Act* out) {
+  auto* ref = static_cast<KvRef*>(kv->handle);
+  float* ck = ref->k[static_cast<size_t>(layer)];
+  float* cv = ref->v[static_cast<size_t>(layer)];
+  const size_t row_bytes = static_cast<size_t>(kv->kv_dim) * sizeof(float);
+  MOELITE_TRY(rt_->copy_async(ck + pos0 * kv->kv_dim, floats(k), static_cast<size_t>(k.rows) * row_bytes, compute_));
+  MOELITE_TRY(rt_->copy_async(cv + pos0 * kv->kv_dim, floats(v), static_cast<size_t>(v.rows) * row_bytes, compute_));
+  const size_t need = static_cast<size_t>(q.rows) * static_cast<size_t>(n_head) * static_cast<size_t>(kv->n_ctx);
+  if (need > scores_floats_) {
+    rt_->device_free(scores_);
+    scores_ = nullptr;
+    scores_floats_ = 0;
+    void* p;
+    MOELITE_TRY(rt_->device_alloc(need * sizeof(float), &p));
+    scores_ = static_cast<float*>(p);
+    scores_floats_ = need;
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  return k_->attention(compute_, floats(q), ck, cv, floats(*out), scores_, static_cast<int32_t>(q.rows), pos0, n_head,
+                       n_head_kv, head_dim, kv->kv_dim, kv->n_ctx, scale);
+}
+
+Status CudaBackend::route(const Act& logits, int32_t k, bool renormalize, Routing* r) {
+  const size_t n = static_cast<size_t>(logits.rows) * static_cast<size_t>(k);
+  void *ids_h, *ids_d, *w_h, *w_d;
+  MOELITE_TRY(arena_take(&uploads_, n * sizeof(int32_t), &ids_h, &ids_d));
+  MOELITE_TRY(arena_take(&uploads_, n * sizeof(float), &w_h, &w_d));
+  MOELITE_TRY(k_->route(compute_, floats(logits), logits.rows, static_cast<int32_t>(logits.cols), k, renormalize,
+                        static_cast<int32_t*>(ids_d), static_cast<float*>(w_d)));
+  // Only the chosen ids and weights come back, through pinned memory the kernel wrote.
+  MOELITE_TRY(wait(compute_));
+  r->n_tokens = static_cast<int32_t>(logits.rows);
+  r->k = k;
+  r->ids.assign(static_cast<int32_t*>(ids_h), static_cast<int32_t*>(ids_h) + n);
+  r->weights.assign(static_cast<float*>(w_h), static_cast<float*>(w_h) + n);
+  return MOELITE_OK;
+}
+
+Status CudaBackend::ffn_first_half(const ExpertWeights& w, const WeightArg& gate, const WeightArg& up, const float* x,
+                                   int64_t x_stride, const int32_t* x_map, int64_t n, float* h) {
+  const int64_t ff = gate.rows;
+  const float *gb, *ub;
+  MOELITE_TRY(device_floats(w.gate_bias, static_cast<size_t>(ff), &gb));
+  MOELITE_TRY(device_floats(w.up_bias, static_cast<size_t>(up.rows), &ub));
+  float *g, *u;
+  MOELITE_TRY(scratch(static_cast<size_t>(n * ff), &g));
+  MOELITE_TRY(scratch(static_cast<size_t>(n * ff), &u));
+  MOELITE_TRY(matmul_rows(gate, x, x_stride, x_map, g, ff, nullptr, n, gb));
+  MOELITE_TRY(matmul_rows(up, x, x_stride, x_map, u, ff, nullptr, n, ub));
+  return k_->ffn_act(compute_, g, u, h, n * ff, pass_kind_.activation == FfnActivation::SwiGLU ? 0 : 1,
+                     pass_kind_.alpha, pass_kind_.limit);
+}
+
+Status CudaBackend::dense_ffn(const ExpertWeights& w, const FfnKind& kind, const float* gate_inp, const Act& x,
+                              Act* out) {
+  arena_reset(&scratch_);  // in stream order behind every earlier use
+  pass_kind_ = kind;
+  WeightArg gate, up, down;
+  MOELITE_TRY(device_weight(w.gate, &gate));
+  MOELITE_TRY(device_weight(w.up, &up));
+  MOELITE_TRY(device_weight(w.down, &down));
+  float* h;
+  MOELITE_TRY(scratch(static_cast<size_t>(x.rows * gate.rows), &h));
+  MOELITE_TRY(ffn_first_half(w, gate, up, floats(x), x.cols, nullptr, x.rows, h));
+  const float* db;
+  MOELITE_TRY(device_floats(w.down_bias, static_cast<size_t>(down.rows), &db));
+  MOELITE_TRY(matmul_rows(down, h, gate.rows, nullptr, floats(*out), out->cols, nullptr, x.rows, db));
+  if (!gate_inp) return MOELITE_OK;
+  const float* gi;
+  MOELITE_TRY(device_floats(gate_inp, static_cast<size_t>(x.cols), &gi));
+  WeightArg gw;
+  gw.type = TensorType::F32;
+  gw.data = reinterpret_cast<const uint8_t*>(gi);
+  gw.row_bytes = static_cast<uint64_t>(x.cols) * sizeof(float);
+  gw.rows = 1;
+  gw.cols = x.cols;
+  float* s;
+  MOELITE_TRY(scratch(static_cast<size_t>(x.rows), &s));
+  MOELITE_TRY(matmul_rows(gw, floats(x), x.cols, nullptr, s, 1, nullptr, x.rows, nullptr));
+  return k_->sigmoid_scale(compute_, floats(*out), s, out->rows, out->cols);
+}
+
+// ---- routed experts
+
+Status CudaBackend::moe_begin(const Act& x, const FfnKind& kind, int64_t n_out_rows) {
+  arena_reset(&scratch_);
+  pending_.clear();
+  pass_x_ = floats(x);
+  pass_cols_ = x.cols;
+  pass_kind_ = kind;
+  const int64_t need = n_out_rows * x.cols;
+  if (need > pass_rows_) {
+    rt_->device_free(pass_out_);
+    pass_out_ = nullptr;
+    pass_rows_ = 0;
+    void* p;
+    MOELITE_TRY(rt_->device_alloc(static_cast<size_t>(need) * sizeof(float), &p));
+    pass_out_ = static_cast<float*>(p);
+    pass_rows_ = need;
+  }
+  return MOELITE_OK;
+}
+
+Status CudaBackend::wait_for_copy(EventHandle e) { return rt_->stream_wait(compute_, e); }
+
+Status CudaBackend::tier_matrix(const ExpertTask& t, int which, WeightArg* out) {
+  const WeightView& w = which == 0 ? t.w.gate : which == 1 ? t.w.up : t.w.down;
+  if (tier_.empty()) tier_.resize(static_cast<size_t>(std::max<int64_t>(tier_slots_, 1)));
+  TierSlot* slot = nullptr;
+  for (TierSlot& s : tier_)
+    if (s.layer == t.layer && s.expert == t.expert) slot = &s;
+  if (!slot) {
+    // Least recently used slot. Work queued so far may still read it: the copy stream waits for
+    // the compute stream's current point before overwriting.
+    slot = &*std::min_element(tier_.begin(), tier_.end(),
+                              [](const TierSlot& a, const TierSlot& b) { return a.last_use < b.last_use; });
+    slot->layer = t.layer;
+    slot->expert = t.expert;
+    for (bool& h : slot->has) h = false;
+    MOELITE_TRY(rt_->event_record(compute_point_, compute_));
+    MOELITE_TRY(rt_->stream_wait(copy_, compute_point_));
+  }
+  slot->last_use = ++tier_clock_;
+  ++(slot->has[which] ? tier_hits_ : tier_loads_);
+  if (!slot->has[which]) {
+    if (slot->capacity[which] < w.bytes()) {
+      rt_->device_free(slot->chunk[which]);  // waits for the device, so no reader is left
+      slot->chunk[which] = nullptr;
+      slot->capacity[which] = 0;
+      void* p;
+      MOELITE_TRY(rt_->device_alloc(w.bytes(), &p));
+      slot->chunk[which] = static_cast<uint8_t*>(p);
+      slot->capacity[which] = w.bytes();
+    }
+    if (!slot->copied[which]) MOELITE_TRY(rt_->event_create(&slot->copied[which]));
+    MOELITE_TRY(rt_->copy_async(slot->chunk[which], w.data, w.bytes(), copy_));
+    MOELITE_TRY(rt_->event_record(slot->copied[which], copy_));
+    slot->has[which] = true;
+  }
+  // Compute waits only for the copy of the matrix it reads.
+  MOELITE_TRY(wait_for_copy(slot->copied[which]));
+  *out = arg_of(w, slot->chunk[which]);
+  return MOELITE_OK;
+}
+
+Status CudaBackend::expert_matrix(const ExpertTask& t, int which, WeightArg* out) {
+  const WeightView& w = which == 0 ? t.w.gate : which == 1 ? t.w.up : t.w.down;
+  MOELITE_TRY(check_weight(w));
+  if (t.resident) return device_weight(w, out);
+  if (rt_->info().integrated) {
+    if (const uint8_t* dev = shared_device_address(w.data)) {
+      *out = arg_of(w, dev);  // zero copy: the kernel reads the store's slot
+      return MOELITE_OK;
+    }
+  }
+  return tier_matrix(t, which, out);
+}
+
+Status CudaBackend::expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) {
+  pending_.clear();
+  for (int32_t i = 0; i < n_tasks; ++i) {
+    const ExpertTask& t = tasks[i];
+    WeightArg gate, up;
+    MOELITE_TRY(expert_matrix(t, 0, &gate));
+    MOELITE_TRY(expert_matrix(t, 1, &up));
+    if (!t.resident && !rt_->info().integrated) {  // start the down copy now: it overlaps gate/up
+      WeightArg down;
+      MOELITE_TRY(expert_matrix(t, 2, &down));
+    }
+    const void* map;
+    MOELITE_TRY(upload(t.x_rows, static_cast<size_t>(t.n_rows) * sizeof(int32_t), &map));
+    PendingTask p;
+    p.ff = gate.rows;
+    MOELITE_TRY(scratch(static_cast<size_t>(t.n_rows * p.ff), &p.h));
+    MOELITE_TRY(ffn_first_half(t.w, gate, up, pass_x_, pass_cols_, static_cast<const int32_t*>(map), t.n_rows, p.h));
+    pending_.push_back(p);
+  }
+  return MOELITE_OK;
+}
+
+Status CudaBackend::expert_down(const ExpertTask* tasks, int32_t n_tasks) {
+  if (static_cast<size_t>(n_tasks) != pending_.size())
+    return fail(MOELITE_ERR_INTERNAL, "CUDA backend: expert_down for %d tasks after expert_gate_up for %zu", n_tasks,
+                pending_.size());
+  for (int32_t i = 0; i < n_tasks; ++i) {
+    const ExpertTask& t = tasks[i];
+    WeightArg down;
+    MOELITE_TRY(expert_matrix(t, 2, &down));
+    const float* db;
+    MOELITE_TRY(device_floats(t.w.down_bias, static_cast<size_t>(down.rows), &db));
+    const void* map;
+    MOELITE_TRY(upload(t.out_rows, static_cast<size_t>(t.n_rows) * sizeof(int32_t), &map));
+    const PendingTask& p = pending_[static_cast<size_t>(i)];
+    MOELITE_TRY(
+        matmul_rows(down, p.h, p.ff, nullptr, pass_out_, pass_cols_, static_cast<const int32_t*>(map), t.n_rows, db));
+  }
+  return MOELITE_OK;
+}
+
+Status CudaBackend::expert_group_end() {
+  // When this returns the store may refill the group's slots: every copy out of them (discrete)
+  // and every kernel reading them in place (integrated) must have run.
+  MOELITE_TRY(wait(copy_));
+  if (rt_->info().integrated) return wait(compute_);
+  return MOELITE_OK;
+}
+
+Status CudaBackend::moe_combine(const Routing& r, Act* out) {
+  const size_t n = static_cast<size_t>(r.n_tokens) * static_cast<size_t>(r.k);
+  const void *ids, *w;
+  MOELITE_TRY(upload(r.ids.data(), n * sizeof(int32_t), &ids));
+  MOELITE_TRY(upload(r.weights.data(), n * sizeof(float), &w));
+  return k_->combine(compute_, pass_out_, static_cast<const int32_t*>(ids), static_cast<const float*>(w), r.n_tokens,
+                     r.k, out->cols, floats(*out));
+}
+
+}  // namespace moelite::cuda

@@ -1,0 +1,167 @@
+// The CUDA backend: every operation of backends/backend.h as CUDA kernels (kernels/), run on a
+// GPU through the CUDA runtime or on the CPU through the SIMT emulator (MOELITE_CUDA_EMULATOR),
+// behind the same GpuRuntime interface (gpu_runtime.h).
+//
+// Memory: dense weights, norm vectors and biases are uploaded at first use and found again by host
+// address; activations, the KV cache (one buffer per layer for keys and one for values) and
+// scratch live in device memory; per-call inputs (token ids, row maps, RoPE angles, routing) go
+// through a pinned, device-mapped upload arena; only routing decisions and read-back rows come
+// back. Routed experts: resident ones are uploaded on first use and kept; the budgeted store's
+// slots are pinned, mapped host memory (alloc_shared) that an integrated GPU reads in place (zero
+// copy) and a discrete GPU copies into a device tier of as many expert slots as the store has, on
+// a copy stream, with events so a kernel waits only for the matrix it reads.
+#pragma once
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/cuda/gpu_runtime.h"
+
+namespace moelite::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  // A GPU through the CUDA runtime, or the emulated device when MOELITE_CUDA_EMULATOR is set
+  // ("1"/"integrated" or "discrete"). MOELITE_ERR_BACKEND_UNAVAILABLE with the reason otherwise.
+  static Status create(std::unique_ptr<Backend>* out);
+  static Status create_with(std::unique_ptr<GpuRuntime> rt, std::unique_ptr<Backend>* out);
+  ~CudaBackend() override;
+
+  BackendKind kind() const override { return BackendKind::Cuda; }
+  const char* name() const override { return name_.c_str(); }
+  int32_t n_threads() const override { return 1; }
+
+  void* alloc_shared(uint64_t bytes) override;
+  void free_shared(void* p) override;
+  void set_expert_pool(int64_t slots) override { tier_slots_ = slots; }
+  Status place_weight(const WeightView& w) override;
+  Status check_weight(const WeightView& w) override;
+  Status alloc_act(int64_t rows, int64_t cols, Act* out) override;
+  void free_act(Act* a) override;
+  Act view_rows(const Act& a, int64_t row0, int64_t n) override;
+  Status read_rows(const Act& a, int64_t row0, int64_t n, float* dst) override;
+  Status alloc_kv(int32_t n_layers, int32_t n_ctx, int64_t kv_dim, KvCache* out) override;
+  void free_kv(KvCache* kv) override;
+  Status sync() override;
+
+  Status get_rows(const WeightView& table, const int32_t* tokens, int32_t n, Act* out) override;
+  Status rms_norm(const Act& x, const float* w, int64_t group, float eps, Act* out) override;
+  Status matmul(const WeightView& w, const Act& x, const float* bias, Act* out) override;
+  Status add(Act* x, const Act& y) override;
+  Status rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) override;
+  Status attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0, int32_t n_head,
+                   int32_t n_head_kv, int64_t head_dim, Act* out) override;
+  Status route(const Act& logits, int32_t k, bool renormalize, Routing* r) override;
+  Status dense_ffn(const ExpertWeights& w, const FfnKind& kind, const float* gate_inp, const Act& x, Act* out) override;
+
+  Status moe_begin(const Act& x, const FfnKind& kind, int64_t n_out_rows) override;
+  Status expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) override;
+  Status expert_down(const ExpertTask* tasks, int32_t n_tasks) override;
+  Status expert_group_end() override;
+  Status moe_combine(const Routing& r, Act* out) override;
+  // Zero-copy slots are read in place, and tier copies read the slots, after expert_down returns.
+  bool reads_experts_until_group_end() const override { return true; }
+
+ private:
+  explicit CudaBackend(std::unique_ptr<GpuRuntime> rt);
+  Status init();
+
+  // Device memory the backend owns, grown on demand and reused (bump allocation, reset at points
+  // where every queued use of it is in stream order behind the new one).
+  struct Arena {
+    struct Chunk {
+      uint8_t* host = nullptr;  // pinned arenas only
+      uint8_t* dev = nullptr;
+      size_t size = 0, used = 0;
+    };
+    std::vector<Chunk> chunks;
+    bool pinned = false;
+  };
+  Status arena_take(Arena* a, size_t bytes, void** host, void** dev);
+  void arena_reset(Arena* a) {
+    for (auto& c : a->chunks) c.used = 0;
+  }
+  void arena_free(Arena* a);
+  // Host data for one call (ids, maps, angles), readable by kernels queued until the next full sync.
+  Status upload(const void* src, size_t bytes, const void** dev);
+  Status scratch(size_t floats, float** dev) {
+    void* h;
+    void* d;
+    MOELITE_TRY(arena_take(&scratch_, floats * sizeof(float), &h, &d));
+    *dev = static_cast<float*>(d);
+    return MOELITE_OK;
+  }
+
+  // A host weight's device copy, uploaded on first use (placed dense weights, resident experts).
+  Status device_weight(const WeightView& w, WeightArg* out);
+  Status device_floats(const float* p, size_t n, const float** out);  // norm vectors, biases (null: null)
+  // A routed expert's matrix (0 gate, 1 up, 2 down) wherever the device reads it from.
+  Status expert_matrix(const ExpertTask& t, int which, WeightArg* out);
+  const uint8_t* shared_device_address(const uint8_t* host) const;  // zero-copy alias, or null
+  Status tier_matrix(const ExpertTask& t, int which, WeightArg* out);
+  Status wait_for_copy(EventHandle e);
+  // Waits for a stream. On a device error nothing filled since the last successful full sync can
+  // be trusted: the device tier is emptied and weights uploaded since then are dropped, so the
+  // next evaluation uploads them again and is exact.
+  Status wait(StreamHandle s);
+  void forget_unconfirmed_copies();
+  Status matmul_rows(const WeightArg& w, const float* x, int64_t x_stride, const int32_t* x_map, float* y,
+                     int64_t y_stride, const int32_t* y_map, int64_t n, const float* bias);
+  Status ffn_first_half(const ExpertWeights& w, const WeightArg& gate, const WeightArg& up, const float* x,
+                        int64_t x_stride, const int32_t* x_map, int64_t n, float* h);
+
+  std::unique_ptr<GpuRuntime> rt_;
+  const KernelTable* k_ = nullptr;
+  std::string name_;
+  StreamHandle compute_ = nullptr, copy_ = nullptr;
+
+  struct DevBytes {
+    void* dev = nullptr;
+    size_t bytes = 0;
+  };
+  std::unordered_map<const void*, DevBytes> weights_;  // host address -> device copy
+  std::vector<const void*> unconfirmed_;               // weights uploaded since the last full sync
+  Arena uploads_, scratch_;
+
+  struct KvRef {
+    std::vector<float*> k, v;  // per layer: n_ctx x kv_dim floats
+  };
+  float* scores_ = nullptr;  // attention scratch
+  size_t scores_floats_ = 0;
+
+  struct SharedBlock {
+    uint8_t* host = nullptr;
+    uint8_t* dev = nullptr;
+    uint64_t bytes = 0;
+  };
+  std::vector<SharedBlock> shared_;
+
+  // Discrete GPUs: a device tier of expert slots, as many as the store's host slots.
+  struct TierSlot {
+    int32_t layer = -1, expert = -1;
+    uint8_t* chunk[3] = {nullptr, nullptr, nullptr};
+    size_t capacity[3] = {0, 0, 0};
+    bool has[3] = {false, false, false};
+    EventHandle copied[3] = {nullptr, nullptr, nullptr};
+    uint64_t last_use = 0;
+  };
+  std::vector<TierSlot> tier_;
+  int64_t tier_slots_ = 0;
+  uint64_t tier_clock_ = 0, tier_hits_ = 0, tier_loads_ = 0;  // matrices found in / copied into the tier
+  EventHandle compute_point_ = nullptr;
+
+  // The routed-expert pass in progress.
+  const float* pass_x_ = nullptr;
+  int64_t pass_cols_ = 0, pass_rows_ = 0;
+  FfnKind pass_kind_;
+  float* pass_out_ = nullptr;
+  struct PendingTask {
+    float* h = nullptr;
+    int64_t ff = 0;
+  };
+  std::vector<PendingTask> pending_;
+};
+
+}  // namespace moelite::cuda

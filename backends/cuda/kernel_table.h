@@ -1,0 +1,62 @@
+// The CUDA backend's kernels as a table of launch functions. The same kernel source is compiled
+// twice: by nvcc for a GPU (kernels_cuda.cu) and by the host compiler for the SIMT emulator
+// (kernels_emu.cpp); each fills one table, and the backend computes through whichever its runtime
+// (gpu_runtime.h) hands it. Pointers are device pointers; `stream` is the runtime's stream handle.
+// A launcher returns a Status for what it can tell at launch (bad configuration, unsupported type);
+// failures while the kernel runs are reported by the runtime's next synchronisation.
+#pragma once
+#include <cstdint>
+
+#include "base/status.h"
+#include "base/types.h"
+
+namespace moelite::cuda {
+
+using StreamHandle = void*;
+
+struct WeightArg {  // a weight matrix in device memory, in its file format
+  TensorType type = TensorType::F32;
+  const uint8_t* data = nullptr;
+  uint64_t row_bytes = 0;
+  int64_t rows = 0, cols = 0;
+};
+
+struct MatmulArgs {
+  WeightArg w;
+  const float* x = nullptr;
+  int64_t x_stride = 0;            // floats between input rows
+  const int32_t* x_map = nullptr;  // input row of token t (null: t)
+  float* y = nullptr;
+  int64_t y_stride = 0;
+  const int32_t* y_map = nullptr;
+  int64_t n_tok = 0;
+  const float* bias = nullptr;  // w.rows floats or null
+};
+
+struct KernelTable {
+  const char* name;  // "cuda" or "simt emulator"
+  bool (*supports)(TensorType t);
+  Status (*matmul)(StreamHandle s, const MatmulArgs& a);
+  Status (*get_rows)(StreamHandle s, const WeightArg& table, const int32_t* tokens, int64_t n, float* out);
+  Status (*rms_norm)(StreamHandle s, const float* x, const float* w, int64_t rows, int64_t cols, int64_t group,
+                     float eps, float* y);
+  Status (*rope)(StreamHandle s, float* x, int64_t rows, int64_t cols, int64_t head_dim, int32_t n_rot, bool neox,
+                 const float* cos_sin);
+  Status (*attention)(StreamHandle s, const float* q, const float* cache_k, const float* cache_v, float* out,
+                      float* scores, int32_t n_tok, int32_t pos0, int32_t n_head, int32_t n_head_kv, int64_t head_dim,
+                      int64_t kv_dim, int32_t n_ctx, float scale);
+  Status (*route)(StreamHandle s, const float* logits, int64_t n_tok, int32_t n_expert, int32_t k, bool renorm,
+                  int32_t* ids, float* weights);
+  Status (*add)(StreamHandle s, float* x, const float* y, int64_t n);
+  Status (*ffn_act)(StreamHandle s, const float* g, const float* u, float* h, int64_t n, int mode, float alpha,
+                    float limit);
+  Status (*sigmoid_scale)(StreamHandle s, float* x, const float* gate, int64_t rows, int64_t cols);
+  Status (*combine)(StreamHandle s, const float* outputs, const int32_t* ids, const float* weights, int64_t n_tok,
+                    int32_t k, int64_t cols, float* out);
+};
+
+// The emulator's table (always built) and the GPU's (only in builds with the CUDA toolkit).
+const KernelTable& emulator_kernels();
+const KernelTable& gpu_kernels();
+
+}  // namespace moelite::cuda

@@ -1,0 +1,62 @@
+// Element-wise kernels: embedding rows, residual add, the FFN activations, the shared expert's
+// sigmoid gate and the weighted combine of expert outputs. One thread per element (grid-stride).
+#pragma once
+#include "backends/cuda/kernels/dequant.cuh"
+
+namespace moelite::cuda_kernels {
+
+MK_DEVICE int64_t global_thread() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
+MK_DEVICE int64_t grid_threads() { return int64_t(gridDim.x) * blockDim.x; }
+
+// out[t] = dequant(table row tokens[t]).
+template <int T>
+MK_GLOBAL void get_rows_kernel(const uint8_t* table, uint64_t row_bytes, int64_t cols, const int32_t* tokens, int64_t n,
+                               float* out) {
+  for (int64_t i = global_thread(); i < n * cols; i += grid_threads()) {
+    const int64_t t = i / cols, c = i % cols;
+    out[i] = dq<T>(table + uint64_t(tokens[t]) * row_bytes, c);
+  }
+}
+
+MK_GLOBAL void add_kernel(float* x, const float* y, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) x[i] += y[i];
+}
+
+MK_DEVICE float sigmoid_f(float v) { return 1.0f / (1.0f + expf(-v)); }
+
+// h = act(g, u) for n elements; mode 0: SwiGLU silu(g) * u; mode 1: gpt-oss's clamped SwiGLU.
+MK_GLOBAL void ffn_act_kernel(const float* g, const float* u, float* h, int64_t n, int mode, float alpha, float limit) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
+    if (mode == 0) {
+      const float gv = g[i];
+      h[i] = gv / (1.0f + expf(-gv)) * u[i];
+    } else {
+      const float gv = fminf(g[i], limit);
+      const float uv = fminf(fmaxf(u[i], -limit), limit);
+      h[i] = gv * sigmoid_f(alpha * gv) * (uv + 1.0f);
+    }
+  }
+}
+
+// x[t] *= sigmoid(s[t]) for rows of `cols` (the shared expert's gate).
+MK_GLOBAL void sigmoid_scale_kernel(float* x, const float* s, int64_t rows, int64_t cols) {
+  for (int64_t i = global_thread(); i < rows * cols; i += grid_threads()) x[i] *= sigmoid_f(s[i / cols]);
+}
+
+// out[t] = sum over slots j in order of weights[t*k+j] * outputs[t*k+j], dropped slots (id < 0)
+// skipped: the same order as the CPU backend, independent of the order experts ran in.
+MK_GLOBAL void combine_kernel(const float* outputs, const int32_t* ids, const float* weights, int64_t n_tok, int32_t k,
+                              int64_t cols, float* out) {
+  for (int64_t i = global_thread(); i < n_tok * cols; i += grid_threads()) {
+    const int64_t t = i / cols, c = i % cols;
+    float acc = 0.0f;
+    for (int32_t j = 0; j < k; ++j) {
+      const int64_t s = t * k + j;
+      if (ids[s] < 0) continue;
+      acc += weights[s] * outputs[s * cols + c];
+    }
+    out[i] = acc;
+  }
+}
+
+}  // namespace moelite::cuda_kernels

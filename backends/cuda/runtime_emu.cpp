@@ -1,0 +1,219 @@
+// The emulated CUDA device (MOELITE_CUDA_EMULATOR): device memory is host memory, kernels run
+// through the SIMT emulator, and streams are queues drained only when something waits for them
+// (see gpu_runtime.h), so missing synchronisation shows up as wrong results in tests.
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "backends/cuda/emu_launch.h"
+#include "backends/cuda/gpu_runtime.h"
+
+namespace moelite::cuda {
+namespace {
+
+constexpr uint64_t kEmulatedMemory = uint64_t(16) << 30;  // what the emulated device reports
+constexpr size_t kAlign = 256;                            // cudaMalloc's alignment
+
+std::atomic<int64_t> g_fail_countdown{0};  // emu_fail_nth_operation_for_testing
+bool injected_fault() {
+  int64_t left = g_fail_countdown.load();
+  while (left > 0 && !g_fail_countdown.compare_exchange_weak(left, left - 1)) {
+  }
+  return left == 1;
+}
+
+class EmuRuntime;
+
+struct EmuStream {
+  EmuRuntime* owner = nullptr;
+  std::deque<std::function<Status()>> queue;
+  uint64_t enqueued = 0, executed = 0;
+  Status error = MOELITE_OK;  // first failure since the last synchronisation reported it
+  std::string message;
+};
+
+struct EmuEvent {
+  EmuStream* stream = nullptr;
+  uint64_t position = 0;  // the stream's work up to here precedes the event
+};
+
+class EmuRuntime final : public GpuRuntime {
+ public:
+  explicit EmuRuntime(bool integrated) {
+    info_.name = integrated ? "SIMT emulator (integrated, unified memory)" : "SIMT emulator (discrete)";
+    info_.cc_major = 8;
+    info_.cc_minor = 7;
+    info_.integrated = integrated;
+    info_.emulated = true;
+    info_.total_memory = kEmulatedMemory;
+    info_.multiprocessors = 1;
+  }
+  ~EmuRuntime() override {
+    for (EmuStream* s : streams_) delete s;
+    for (void* p : allocations_) std::free(p);
+  }
+
+  const DeviceInfo& info() const override { return info_; }
+  const KernelTable& kernels() const override { return emulator_kernels(); }
+
+  Status device_alloc(size_t bytes, void** out) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    if (injected_fault())
+      return fail(MOELITE_ERR_OUT_OF_MEMORY, "emulated CUDA device: injected failure of an allocation of %zu bytes",
+                  bytes);
+    if (bytes > kEmulatedMemory - std::min(used_, kEmulatedMemory))
+      return fail(MOELITE_ERR_OUT_OF_MEMORY, "emulated CUDA device: %zu bytes do not fit in its %llu GiB", bytes,
+                  (unsigned long long)(kEmulatedMemory >> 30));
+    void* p = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+    if (!p) return fail(MOELITE_ERR_OUT_OF_MEMORY, "emulated CUDA device: allocation of %zu bytes", bytes);
+    allocations_.insert(p);
+    sizes_[p] = bytes;
+    used_ += bytes;
+    *out = p;
+    return MOELITE_OK;
+  }
+  void device_free(void* p) override {
+    if (!p) return;
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    drain_all();  // as cudaFree: nothing queued may still use it
+    used_ -= sizes_[p];
+    sizes_.erase(p);
+    allocations_.erase(p);
+    std::free(p);
+  }
+  Status host_alloc_mapped(size_t bytes, void** host, void** device) override {
+    void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    if (!p) return fail(MOELITE_ERR_OUT_OF_MEMORY, "emulated CUDA device: pinned host allocation of %zu bytes", bytes);
+    *host = *device = p;  // unified addressing: one address for both
+    return MOELITE_OK;
+  }
+  void host_free_mapped(void* host) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    drain_all();
+    std::free(host);
+  }
+
+  Status stream_create(StreamHandle* out) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    auto* s = new EmuStream();
+    s->owner = this;
+    streams_.insert(s);
+    *out = s;
+    return MOELITE_OK;
+  }
+  void stream_destroy(StreamHandle h) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    auto* s = static_cast<EmuStream*>(h);
+    run_until(s, s->enqueued);  // queued work completes, as with cudaStreamDestroy
+    streams_.erase(s);
+    delete s;
+  }
+  Status event_create(EventHandle* out) override {
+    *out = new EmuEvent();
+    return MOELITE_OK;
+  }
+  void event_destroy(EventHandle e) override { delete static_cast<EmuEvent*>(e); }
+
+  Status copy_async(void* dst, const void* src, size_t bytes, StreamHandle s) override {
+    return enqueue(s, [dst, src, bytes] {
+      std::memmove(dst, src, bytes);
+      return MOELITE_OK;
+    });
+  }
+  Status event_record(EventHandle e, StreamHandle s) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    auto* ev = static_cast<EmuEvent*>(e);
+    ev->stream = static_cast<EmuStream*>(s);
+    ev->position = ev->stream->enqueued;
+    return MOELITE_OK;
+  }
+  Status stream_wait(StreamHandle s, EventHandle e) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    const EmuEvent ev = *static_cast<EmuEvent*>(e);  // the event as recorded now
+    if (!ev.stream) return MOELITE_OK;
+    return enqueue(s, [this, ev] {
+      run_until(ev.stream, ev.position);
+      return MOELITE_OK;
+    });
+  }
+  Status event_sync(EventHandle e) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    auto* ev = static_cast<EmuEvent*>(e);
+    if (!ev->stream) return MOELITE_OK;
+    run_until(ev->stream, ev->position);
+    return take_error(ev->stream);
+  }
+  Status stream_sync(StreamHandle h) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    auto* s = static_cast<EmuStream*>(h);
+    run_until(s, s->enqueued);
+    return take_error(s);
+  }
+
+  Status enqueue(StreamHandle h, std::function<Status()> op) {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    auto* s = static_cast<EmuStream*>(h);
+    if (!s || !streams_.count(s)) return fail(MOELITE_ERR_INTERNAL, "emulated CUDA device: unknown stream");
+    if (injected_fault())  // the operation does not run, and says so when the stream is drained
+      op = [] { return fail(MOELITE_ERR_BACKEND, "emulated CUDA device: injected fault in a queued operation"); };
+    s->queue.push_back(std::move(op));
+    ++s->enqueued;
+    return MOELITE_OK;
+  }
+
+ private:
+  void run_until(EmuStream* s, uint64_t position) {
+    while (s->executed < position && !s->queue.empty()) {
+      std::function<Status()> op = std::move(s->queue.front());
+      s->queue.pop_front();
+      ++s->executed;
+      const Status st = op();
+      if (st != MOELITE_OK && s->error == MOELITE_OK) {
+        s->error = st;
+        s->message = last_error_message();
+      }
+    }
+  }
+  void drain_all() {
+    for (EmuStream* s : streams_) run_until(s, s->enqueued);
+  }
+  Status take_error(EmuStream* s) {
+    const Status st = s->error;
+    if (st == MOELITE_OK) return MOELITE_OK;
+    s->error = MOELITE_OK;
+    return fail(st, "%s", s->message.c_str());
+  }
+
+  DeviceInfo info_;
+  std::recursive_mutex mu_;
+  std::set<EmuStream*> streams_;
+  std::set<void*> allocations_;
+  std::map<void*, size_t> sizes_;
+  uint64_t used_ = 0;
+};
+
+}  // namespace
+
+Status emu_enqueue_kernel(StreamHandle s, simt::Dim3 grid, simt::Dim3 block, size_t shared_bytes,
+                          const char* kernel_name, std::function<void()> body) {
+  auto* stream = static_cast<EmuStream*>(s);
+  if (!stream) return fail(MOELITE_ERR_INTERNAL, "emulated CUDA device: launch of %s on no stream", kernel_name);
+  std::string name(kernel_name);
+  return stream->owner->enqueue(s, [grid, block, shared_bytes, name, body = std::move(body)] {
+    const Status st = simt::launch(grid, block, shared_bytes, body);
+    if (st != MOELITE_OK) return fail(st, "kernel %s: %s", name.c_str(), last_error_message());
+    return MOELITE_OK;
+  });
+}
+
+void emu_fail_nth_operation_for_testing(int64_t n) { g_fail_countdown.store(n); }
+
+std::unique_ptr<GpuRuntime> open_emulated_runtime(bool integrated) { return std::make_unique<EmuRuntime>(integrated); }
+
+}  // namespace moelite::cuda

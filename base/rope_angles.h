@@ -1,0 +1,11 @@
+// Rotary-embedding angles, shared by every backend so they all rotate by the same floats.
+#pragma once
+#include <cstdint>
+
+namespace moelite {
+
+// cos/sin of pos * freq_base^(-2i/n_rot) for i < n_rot/2, computed in double (long contexts keep
+// their precision) and rounded to float once.
+void rope_angles(double freq_base, int32_t n_rot, int32_t pos, float* cos_out, float* sin_out);
+
+}  // namespace moelite

@@ -1,0 +1,315 @@
+// Every operation of the CUDA backend against a CPU reference (llama.cpp's test-backend-ops
+// pattern), run through the SIMT emulator: the kernels' own source, compiled for the CPU, on an
+// emulated device whose streams run only when waited for. Matrix products and row lookups for
+// every weight type against the scalar dequantization in float64, at shapes with tails (odd rows,
+// float rows not a multiple of 32, token counts around the 8-token chunk); norms, RoPE, attention,
+// routing and the expert FFNs against the CPU backend's float paths; a token's result bitwise the
+// same in any batch; both device kinds (integrated: zero-copy expert slots; discrete: device tier).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/quant.h"
+#include "core/moe/expert_executor.h"
+#include "tests/backend_ops_util.h"
+#include "tests/random_weights.h"
+#if MOELITE_HAVE_CUDA
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/gpu_runtime.h"
+#endif
+
+using namespace moelite;
+using namespace moelite::test;
+
+#if MOELITE_HAVE_CUDA
+namespace {
+
+struct Pair {
+  std::unique_ptr<Backend> gpu, cpu;
+};
+
+Pair make(bool integrated) {
+  Pair p;
+  EXPECT_EQ(cuda::CudaBackend::create_with(cuda::open_emulated_runtime(integrated), &p.gpu), MOELITE_OK);
+  EXPECT_EQ(cpu::CpuBackend::create(1, &p.cpu), MOELITE_OK);
+  return p;
+}
+
+// A weight of `rows` random rows of type t (cols elements each), kept for the process's life (a
+// backend finds its device copy by host address, as of a model's weights).
+WeightView random_matrix(TensorType t, int64_t rows, int64_t cols, std::mt19937& rng) {
+  static std::deque<std::vector<uint8_t>> kept;
+  std::vector<uint8_t> bytes;
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<uint8_t> row = test::random_weights(t, cols, rng);
+    bytes.insert(bytes.end(), row.begin(), row.end());
+  }
+  kept.push_back(std::move(bytes));
+  WeightView w;
+  w.type = t;
+  w.cols = cols;
+  w.rows = rows;
+  w.row_bytes = kept.back().size() / static_cast<size_t>(rows);
+  w.data = kept.back().data();
+  return w;
+}
+
+std::vector<float> dequantized(const WeightView& w) {
+  std::vector<float> deq(static_cast<size_t>(w.rows * w.cols));
+  for (int64_t r = 0; r < w.rows; ++r)
+    cpu::kernels_scalar().dequant[static_cast<uint32_t>(w.type)](w.data + r * w.row_bytes, deq.data() + r * w.cols,
+                                                                 w.cols);
+  return deq;
+}
+
+// The weight's dequantized values as an F32 weight (kept, like random_matrix's).
+WeightView as_f32(const WeightView& w) {
+  static std::deque<std::vector<float>> kept;
+  kept.push_back(dequantized(w));
+  WeightView f = w;
+  f.type = TensorType::F32;
+  f.row_bytes = static_cast<uint64_t>(w.cols) * sizeof(float);
+  f.data = reinterpret_cast<const uint8_t*>(kept.back().data());
+  return f;
+}
+
+}  // namespace
+
+class CudaDevices : public testing::TestWithParam<bool> {};
+
+TEST_P(CudaDevices, MatmulAndGetRowsForEveryWeightTypeMatchTheScalarDequantization) {
+  Pair p = make(GetParam());
+  std::mt19937 rng(11);
+  std::deque<std::vector<float>> keep;
+  for (TensorType t : kTypes) {
+    SCOPED_TRACE(type_name(t));
+    const bool is_float = t == TensorType::F32 || t == TensorType::F16 || t == TensorType::BF16;
+    // Rows not a multiple of the 4 rows per block; float rows with a partial last 32-column chunk.
+    for (const int64_t cols : is_float ? std::vector<int64_t>{100, 512} : std::vector<int64_t>{256, 1024 + 256}) {
+      const int64_t rows = 9, n = 11;  // tokens: one full chunk of 8 and a partial one
+      const WeightView w = random_matrix(t, rows, cols, rng);
+      const std::vector<float> deq = dequantized(w);
+      const std::vector<float> x = randv(static_cast<size_t>(n * cols), rng, -2, 2);
+      keep.push_back(randv(rows, rng));
+      const std::vector<float>& bias = keep.back();
+      std::vector<double> want(static_cast<size_t>(n * rows));
+      for (int64_t tok = 0; tok < n; ++tok)
+        for (int64_t r = 0; r < rows; ++r) {
+          double acc = bias[static_cast<size_t>(r)];
+          for (int64_t c = 0; c < cols; ++c)
+            acc += double(deq[static_cast<size_t>(r * cols + c)]) * x[static_cast<size_t>(tok * cols + c)];
+          want[static_cast<size_t>(tok * rows + r)] = acc;
+        }
+      ASSERT_EQ(p.gpu->place_weight(w), MOELITE_OK);
+      HostAct xa(p.gpu.get(), n, cols), ya(p.gpu.get(), n, rows);
+      xa.set(x);
+      ASSERT_EQ(p.gpu->matmul(w, xa.a, bias.data(), &ya.a), MOELITE_OK);
+      const std::vector<float> batched = ya.get();
+      EXPECT_LT(max_rel(batched, want), 2e-6) << cols << " columns";
+      // Each token alone gives bitwise the batch's result (decode = prefill).
+      for (int64_t tok : {int64_t(0), int64_t(9)}) {
+        Act xv = p.gpu->view_rows(xa.a, tok, 1);
+        HostAct one(p.gpu.get(), 1, rows);
+        ASSERT_EQ(p.gpu->matmul(w, xv, bias.data(), &one.a), MOELITE_OK);
+        const std::vector<float> got = one.get();
+        for (int64_t r = 0; r < rows; ++r)
+          ASSERT_EQ(got[static_cast<size_t>(r)], batched[static_cast<size_t>(tok * rows + r)]) << "token " << tok;
+      }
+      // get_rows: dequantization is exact.
+      const int32_t ids[] = {4, 0, 8};
+      HostAct ga(p.gpu.get(), 3, cols);
+      ASSERT_EQ(p.gpu->get_rows(w, ids, 3, &ga.a), MOELITE_OK);
+      const std::vector<float> got = ga.get();
+      for (int i = 0; i < 3; ++i)
+        for (int64_t c = 0; c < cols; ++c)
+          ASSERT_EQ(got[static_cast<size_t>(i * cols + c)], deq[static_cast<size_t>(ids[i] * cols + c)])
+              << "row " << ids[i] << " col " << c;
+    }
+  }
+  ASSERT_EQ(p.gpu->sync(), MOELITE_OK);
+}
+
+TEST_P(CudaDevices, FloatOpsMatchTheCpuBackend) {
+  Pair p = make(GetParam());
+  std::mt19937 rng(5);
+  const int64_t n = 5, head_dim = 32, n_head = 4, cols = head_dim * n_head;
+  const std::vector<float> xv = randv(static_cast<size_t>(n * cols), rng, -3, 3),
+                           yv = randv(static_cast<size_t>(n * cols), rng);
+  static const std::vector<float> wn = randv(static_cast<size_t>(cols), rng, 0.5f, 1.5f);
+  auto both = [&](const std::function<void(Backend*, HostAct&, HostAct&)>& op) {
+    HostAct gx(p.gpu.get(), n, cols), gy(p.gpu.get(), n, cols), cx(p.cpu.get(), n, cols), cy(p.cpu.get(), n, cols);
+    gx.set(xv), gy.set(yv), cx.set(xv), cy.set(yv);
+    op(p.gpu.get(), gx, gy);
+    op(p.cpu.get(), cx, cy);
+    return std::make_pair(gx.get(), widen(cx.get()));
+  };
+  auto r = both([&](Backend* b, HostAct& x, HostAct& y) {
+    ASSERT_EQ(b->rms_norm(x.a, wn.data(), cols, 1e-6f, &y.a), MOELITE_OK);
+    ASSERT_EQ(b->add(&x.a, y.a), MOELITE_OK);
+  });
+  EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "rms_norm + add";
+  r = both([&](Backend* b, HostAct& x, HostAct&) {
+    ASSERT_EQ(b->rms_norm(x.a, wn.data(), head_dim, 1e-6f, &x.a), MOELITE_OK);
+  });
+  EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "per-head rms_norm in place";
+  r = both(
+      [&](Backend* b, HostAct& x, HostAct&) { ASSERT_EQ(b->rms_norm(x.a, nullptr, cols, 1e-5f, &x.a), MOELITE_OK); });
+  EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "rms_norm without weights";
+  const int32_t pos[] = {0, 1, 7, 100, 3000};
+  for (RopeStyle style : {RopeStyle::Normal, RopeStyle::Neox}) {
+    RopeParams rp;
+    rp.style = style;
+    rp.n_rot = 24;  // fewer than head_dim: the tail stays
+    rp.freq_base = 10000.0f;
+    r = both([&](Backend* b, HostAct& x, HostAct&) { ASSERT_EQ(b->rope(&x.a, head_dim, rp, pos), MOELITE_OK); });
+    EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "rope " << static_cast<int>(style);
+  }
+}
+
+TEST_P(CudaDevices, AttentionOverTwoBatchesMatchesTheCpuBackend) {
+  Pair p = make(GetParam());
+  const int32_t n_head = 4, n_head_kv = 2, head_dim = 16, n_ctx = 300;
+  const int64_t q_dim = n_head * head_dim, kv_dim = n_head_kv * head_dim;
+  std::vector<std::vector<float>> outs;
+  for (Backend* b : {p.gpu.get(), p.cpu.get()}) {
+    KvCache kv;
+    ASSERT_EQ(b->alloc_kv(2, n_ctx, kv_dim, &kv), MOELITE_OK);
+    std::mt19937 r2(3);
+    std::vector<float> all;
+    // A prompt of 200 (more positions than the kernel's 128 threads), then 5 more tokens.
+    for (int32_t pos0 : {0, 200}) {
+      const int64_t n = pos0 == 0 ? 200 : 5;
+      HostAct q(b, n, q_dim), k(b, n, kv_dim), v(b, n, kv_dim), o(b, n, q_dim);
+      q.set(randv(static_cast<size_t>(n * q_dim), r2, -2, 2));
+      k.set(randv(static_cast<size_t>(n * kv_dim), r2, -2, 2));
+      v.set(randv(static_cast<size_t>(n * kv_dim), r2));
+      ASSERT_EQ(b->attention(&kv, 1, q.a, k.a, v.a, pos0, n_head, n_head_kv, head_dim, &o.a), MOELITE_OK);
+      const std::vector<float> got = o.get();
+      all.insert(all.end(), got.begin(), got.end());
+    }
+    b->free_kv(&kv);
+    outs.push_back(all);
+  }
+  EXPECT_LT(max_rel(outs[0], widen(outs[1])), 1e-5);
+}
+
+TEST_P(CudaDevices, RoutingMatchesTheCpuBackend) {
+  Pair p = make(GetParam());
+  std::mt19937 rng(2);
+  const int64_t n = 70, n_expert = 16;  // more tokens than one 64-thread block
+  std::vector<float> logits = randv(static_cast<size_t>(n * n_expert), rng, -3, 3);
+  logits[3] = logits[5];  // a tie: the lower id wins
+  for (bool renorm : {false, true}) {
+    Routing rg, rc;
+    HostAct lg(p.gpu.get(), n, n_expert), lc(p.cpu.get(), n, n_expert);
+    lg.set(logits);
+    lc.set(logits);
+    ASSERT_EQ(p.gpu->route(lg.a, 4, renorm, &rg), MOELITE_OK);
+    ASSERT_EQ(p.cpu->route(lc.a, 4, renorm, &rc), MOELITE_OK);
+    EXPECT_EQ(rg.ids, rc.ids);
+    ASSERT_EQ(rg.weights.size(), rc.weights.size());
+    for (size_t i = 0; i < rg.weights.size(); ++i) EXPECT_NEAR(rg.weights[i], rc.weights[i], 2e-7) << i;
+  }
+}
+
+TEST_P(CudaDevices, ExpertAndSharedFfnsMatchTheCpuBackend) {
+  // Both activations (SwiGLU; gpt-oss's clamped SwiGLU with per-expert biases), resident and as
+  // budgeted experts (a source that is not all-resident: zero-copy reads on the integrated device,
+  // the device tier on the discrete one), with quantized and float weights.
+  Pair p = make(GetParam());
+  std::mt19937 rng(4);
+  const int64_t n = 4, d = 256, ff = 96;
+  const int32_t n_expert = 5, k = 2;
+  std::deque<std::vector<float>> store;
+  auto floats = [&](int64_t count, float scale) {
+    store.push_back(randv(static_cast<size_t>(count), rng, -scale, scale));
+    return store.back().data();
+  };
+  Routing r;
+  r.n_tokens = static_cast<int32_t>(n);
+  r.k = k;
+  r.ids = {3, 1, 1, 4, 0, -1, 3, 2};  // token 2 uses one expert (a slot dropped by gating)
+  r.weights = {0.6f, 0.4f, 0.7f, 0.3f, 1.0f, 0.0f, 0.5f, 0.5f};
+  const std::vector<float> x = randv(static_cast<size_t>(n * d), rng, -2, 2);
+  static const std::vector<float> gate_inp = randv(static_cast<size_t>(d), rng);
+  for (const TensorType type : {TensorType::F32, TensorType::Q4_K}) {
+    for (const FfnActivation act : {FfnActivation::SwiGLU, FfnActivation::SwiGLUClamped}) {
+      SCOPED_TRACE(testing::Message() << type_name(type) << " activation " << static_cast<int>(act));
+      const bool biased = act == FfnActivation::SwiGLUClamped;
+      FfnKind kind;
+      kind.activation = act;
+      kind.limit = 0.5f;  // small enough that the clamp is exercised
+      // The reference is the CPU backend on float copies of the same (dequantized) weights: its
+      // float path, with no activation quantization, so quantized weights compare tightly too.
+      FakeExperts ex, ex_ref;
+      // Down rows of ff = 96 columns: Q4_K needs 256, so down stays F32.
+      auto expert = [&](ExpertWeights* ref) {
+        ExpertWeights w{random_matrix(type, ff, d, rng), random_matrix(type, ff, d, rng),
+                        random_matrix(TensorType::F32, d, ff, rng)};
+        if (biased) {
+          w.gate_bias = floats(ff, 0.5f);
+          w.up_bias = floats(ff, 0.5f);
+          w.down_bias = floats(d, 0.5f);
+        }
+        *ref = w;
+        ref->gate = as_f32(w.gate);
+        ref->up = as_f32(w.up);
+        return w;
+      };
+      for (int32_t e = 0; e < n_expert; ++e) {
+        ExpertWeights ref;
+        ex.w.push_back(expert(&ref));
+        ex_ref.w.push_back(ref);
+      }
+      ExpertWeights shared_ref;
+      const ExpertWeights shared = expert(&shared_ref);
+      std::vector<float> gpu_resident;
+      for (const bool resident : {true, false}) {
+        ex.resident = ex_ref.resident = resident;
+        std::vector<std::vector<float>> moe, dense;
+        for (Backend* b : {p.gpu.get(), p.cpu.get()}) {
+          const bool gpu = b == p.gpu.get();
+          HostAct xa(b, n, d), o(b, n, d), s(b, n, d);
+          xa.set(x);
+          FakeExperts& source = gpu ? ex : ex_ref;
+          ASSERT_EQ(run_routed_experts(*b, source, 0, kind, xa.a, r, &o.a), MOELITE_OK) << last_error_message();
+          moe.push_back(o.get());
+          ASSERT_EQ(b->dense_ffn(gpu ? shared : shared_ref, kind, gate_inp.data(), xa.a, &s.a), MOELITE_OK);
+          dense.push_back(s.get());
+          ASSERT_EQ(source.held, 0) << "every expert is released";
+        }
+        EXPECT_LT(max_rel(moe[0], widen(moe[1])), 1e-5) << " resident " << resident;
+        EXPECT_LT(max_rel(dense[0], widen(dense[1])), 1e-5);
+        if (resident)
+          gpu_resident = moe[0];
+        else
+          EXPECT_EQ(moe[0], gpu_resident) << "budgeted experts give bitwise the resident result";
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(CudaOps, CudaDevices, testing::Values(true, false),
+                         [](const testing::TestParamInfo<bool>& i) { return i.param ? "integrated" : "discrete"; });
+
+TEST(CudaOps, WithoutADeviceTheBackendIsUnavailableWithAReason) {
+  unsetenv("MOELITE_CUDA_EMULATOR");
+  std::unique_ptr<Backend> b;
+  const Status st = cuda::CudaBackend::create(&b);
+  if (st == MOELITE_OK) GTEST_SKIP() << "this machine has a CUDA device: " << b->name();
+  EXPECT_EQ(st, MOELITE_ERR_BACKEND_UNAVAILABLE);
+  const std::string msg = last_error_message();
+  EXPECT_NE(msg.find("CUDA"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("MOELITE_CUDA_EMULATOR"), std::string::npos) << msg;
+  setenv("MOELITE_CUDA_EMULATOR", "sideways", 1);
+  EXPECT_EQ(cuda::CudaBackend::create(&b), MOELITE_ERR_INVALID_ARGUMENT);
+  unsetenv("MOELITE_CUDA_EMULATOR");
+}
+
+#else
+TEST(CudaOps, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
+#endif
