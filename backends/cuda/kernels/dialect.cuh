@@ -1,7 +1,7 @@
 // The dialect the CUDA kernels are written in: plain CUDA C++ where nvcc compiles them
 // (kernels_cuda.cu), and the same source on the CPU through the SIMT emulator (simt/simt.h) where
 // a host compiler does (kernels_emu.cpp). The kernels use only what is defined here:
-//   MK_GLOBAL / MK_DEVICE               function qualifiers
+//   MK_GLOBAL / MK_DEVICE               kernel / device-function qualifiers
 //   MK_SHARED(type, name, count)        a static shared-memory array of the block
 //   MK_DYNAMIC_SHARED(type, name)       the block's dynamic shared memory as type*
 //   threadIdx, blockIdx, blockDim, gridDim, __syncthreads(), __syncwarp()
@@ -12,7 +12,9 @@
 
 #if defined(__CUDACC__)
 
-#define MK_GLOBAL static __global__  // internal linkage: each kernel TU has its own copy
+// Kernels are device functions; kernels_gpu.cu gives each an extern "C" __global__ entry point
+// (found by name in the embedded fatbin, see runtime_cuda.cpp).
+#define MK_GLOBAL static __device__ __forceinline__
 #define MK_DEVICE __device__ __forceinline__
 #define MK_SHARED(type, name, count) __shared__ type name[count]
 #define MK_DYNAMIC_SHARED(type, name)           \

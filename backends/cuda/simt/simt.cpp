@@ -104,10 +104,11 @@ struct Emulator {
   }
 };
 
-// Owns the OS thread's emulator; the hot paths read the raw pointer below instead (initial-exec TLS
-// needs no __tls_get_addr call in a shared library, and it is set only while a launch runs).
+// Owns the OS thread's emulator; the hot paths read the raw pointer below instead (set only while a
+// launch runs). Not initial-exec TLS: that would mark libmoelite STATIC_TLS, and dlopen() (Python's
+// ctypes) can then fail with "cannot allocate memory in static TLS block".
 thread_local std::unique_ptr<Emulator> t_owner;
-__attribute__((tls_model("initial-exec"))) thread_local Emulator* t_active = nullptr;
+thread_local Emulator* t_active = nullptr;
 
 const Dim3 kZeroDim{0, 0, 0};
 

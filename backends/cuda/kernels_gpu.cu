@@ -1,0 +1,82 @@
+// The GPU's kernels: compiled by nvcc into a fatbin (machine code for each architecture built plus
+// PTX), which the build embeds in the library and runtime_cuda.cpp loads through the CUDA driver.
+// Each kernel of kernels/*.cuh gets an extern "C" entry point named moelite_<kernel>[_<type id>],
+// the name kernels_gpu.cpp launches it by; the static_asserts keep each entry's parameters those of
+// its kernel, which is what the host side packs.
+#include <type_traits>
+
+#include "backends/cuda/kernels/attention.cuh"
+#include "backends/cuda/kernels/elementwise.cuh"
+#include "backends/cuda/kernels/matmul.cuh"
+#include "backends/cuda/kernels/norm_rope.cuh"
+
+using namespace moelite::cuda_kernels;
+
+#define SAME_PARAMS(entry, kernel) \
+  static_assert(std::is_same_v<decltype(&entry), decltype(&kernel)>, "entry point and kernel differ")
+
+#define MATMUL_ENTRY(T)                                                                                           \
+  extern "C" __global__ void moelite_matmul_kernel_##T(                                                           \
+      const uint8_t* w, uint64_t row_bytes, int64_t rows, int64_t cols, const float* x, int64_t x_stride,         \
+      const int32_t* x_map, float* y, int64_t y_stride, const int32_t* y_map, int64_t n_tok, const float* bias) { \
+    matmul_kernel<T>(w, row_bytes, rows, cols, x, x_stride, x_map, y, y_stride, y_map, n_tok, bias);              \
+  }                                                                                                               \
+  SAME_PARAMS(moelite_matmul_kernel_##T, matmul_kernel<T>);                                                       \
+  extern "C" __global__ void moelite_get_rows_kernel_##T(const uint8_t* table, uint64_t row_bytes, int64_t cols,  \
+                                                         const int32_t* tokens, int64_t n, float* out) {          \
+    get_rows_kernel<T>(table, row_bytes, cols, tokens, n, out);                                                   \
+  }                                                                                                               \
+  SAME_PARAMS(moelite_get_rows_kernel_##T, get_rows_kernel<T>);
+
+MATMUL_ENTRY(0)
+MATMUL_ENTRY(1)
+MATMUL_ENTRY(2)
+MATMUL_ENTRY(3)
+MATMUL_ENTRY(6)
+MATMUL_ENTRY(7)
+MATMUL_ENTRY(8)
+MATMUL_ENTRY(10)
+MATMUL_ENTRY(11)
+MATMUL_ENTRY(12)
+MATMUL_ENTRY(13)
+MATMUL_ENTRY(14)
+MATMUL_ENTRY(30)
+
+extern "C" __global__ void moelite_add_kernel(float* x, const float* y, int64_t n) { add_kernel(x, y, n); }
+SAME_PARAMS(moelite_add_kernel, add_kernel);
+extern "C" __global__ void moelite_ffn_act_kernel(const float* g, const float* u, float* h, int64_t n, int mode,
+                                                  float alpha, float limit) {
+  ffn_act_kernel(g, u, h, n, mode, alpha, limit);
+}
+SAME_PARAMS(moelite_ffn_act_kernel, ffn_act_kernel);
+extern "C" __global__ void moelite_sigmoid_scale_kernel(float* x, const float* s, int64_t rows, int64_t cols) {
+  sigmoid_scale_kernel(x, s, rows, cols);
+}
+SAME_PARAMS(moelite_sigmoid_scale_kernel, sigmoid_scale_kernel);
+extern "C" __global__ void moelite_combine_kernel(const float* outputs, const int32_t* ids, const float* weights,
+                                                  int64_t n_tok, int32_t k, int64_t cols, float* out) {
+  combine_kernel(outputs, ids, weights, n_tok, k, cols, out);
+}
+SAME_PARAMS(moelite_combine_kernel, combine_kernel);
+extern "C" __global__ void moelite_rms_norm_kernel(const float* x, const float* w, int64_t cols, int64_t group,
+                                                   float eps, float* y) {
+  rms_norm_kernel(x, w, cols, group, eps, y);
+}
+SAME_PARAMS(moelite_rms_norm_kernel, rms_norm_kernel);
+extern "C" __global__ void moelite_rope_kernel(float* x, int64_t rows, int64_t cols, int64_t head_dim, int32_t n_rot,
+                                               int neox, const float* cos_sin) {
+  rope_kernel(x, rows, cols, head_dim, n_rot, neox, cos_sin);
+}
+SAME_PARAMS(moelite_rope_kernel, rope_kernel);
+extern "C" __global__ void moelite_attention_kernel(const float* q, const float* cache_k, const float* cache_v,
+                                                    float* out, float* scores, int32_t pos0, int32_t n_head,
+                                                    int32_t n_head_kv, int64_t head_dim, int64_t kv_dim, int32_t n_ctx,
+                                                    float scale) {
+  attention_kernel(q, cache_k, cache_v, out, scores, pos0, n_head, n_head_kv, head_dim, kv_dim, n_ctx, scale);
+}
+SAME_PARAMS(moelite_attention_kernel, attention_kernel);
+extern "C" __global__ void moelite_route_kernel(const float* logits, int64_t n_tok, int32_t n_expert, int32_t k,
+                                                int renorm, int32_t* ids, float* weights) {
+  route_kernel(logits, n_tok, n_expert, k, renorm, ids, weights);
+}
+SAME_PARAMS(moelite_route_kernel, route_kernel);
