@@ -172,7 +172,7 @@ TEST_P(CudaDevices, FloatOpsMatchTheCpuBackend) {
 
 TEST_P(CudaDevices, AttentionOverTwoBatchesMatchesTheCpuBackend) {
   Pair p = make(GetParam());
-  const int32_t n_head = 4, n_head_kv = 2, head_dim = 16, n_ctx = 300;
+  const int32_t n_head = 4, n_head_kv = 2, head_dim = 16, n_ctx = 700;
   const int64_t q_dim = n_head * head_dim, kv_dim = n_head_kv * head_dim;
   std::vector<std::vector<float>> outs;
   for (Backend* b : {p.gpu.get(), p.cpu.get()}) {
@@ -180,9 +180,9 @@ TEST_P(CudaDevices, AttentionOverTwoBatchesMatchesTheCpuBackend) {
     ASSERT_EQ(b->alloc_kv(2, n_ctx, kv_dim, &kv), MOELITE_OK);
     std::mt19937 r2(3);
     std::vector<float> all;
-    // A prompt of 200 (more positions than the kernel's 128 threads), then 5 more tokens.
-    for (int32_t pos0 : {0, 200}) {
-      const int64_t n = pos0 == 0 ? 200 : 5;
+    // A prompt of 600 (three chunks of the split attention, ten slices of 64 tokens), then 5 more.
+    for (int32_t pos0 : {0, 600}) {
+      const int64_t n = pos0 == 0 ? 600 : 5;
       HostAct q(b, n, q_dim), k(b, n, kv_dim), v(b, n, kv_dim), o(b, n, q_dim);
       q.set(randv(static_cast<size_t>(n * q_dim), r2, -2, 2));
       k.set(randv(static_cast<size_t>(n * kv_dim), r2, -2, 2));
@@ -195,6 +195,40 @@ TEST_P(CudaDevices, AttentionOverTwoBatchesMatchesTheCpuBackend) {
     outs.push_back(all);
   }
   EXPECT_LT(max_rel(outs[0], widen(outs[1])), 1e-5);
+}
+
+TEST_P(CudaDevices, AttentionOfAPositionIsTheSameInAnyBatch) {
+  // The split depends only on positions: token 300 attends bitwise alike whether it comes in a
+  // prompt of 400 or alone after a prompt of 300.
+  Pair p = make(GetParam());
+  const int32_t n_head = 2, n_head_kv = 1, head_dim = 32, n_ctx = 512;
+  const int64_t q_dim = n_head * head_dim, kv_dim = n_head_kv * head_dim;
+  std::mt19937 rng(8);
+  const std::vector<float> q = randv(static_cast<size_t>(400 * q_dim), rng, -2, 2),
+                           k = randv(static_cast<size_t>(400 * kv_dim), rng, -2, 2),
+                           v = randv(static_cast<size_t>(400 * kv_dim), rng);
+  auto rows = [](const std::vector<float>& a, int64_t cols, int64_t r0, int64_t n) {
+    return std::vector<float>(a.begin() + r0 * cols, a.begin() + (r0 + n) * cols);
+  };
+  Backend* b = p.gpu.get();
+  std::vector<std::vector<float>> token300;
+  for (const int64_t split : {int64_t(400), int64_t(300)}) {
+    KvCache kv;
+    ASSERT_EQ(b->alloc_kv(1, n_ctx, kv_dim, &kv), MOELITE_OK);
+    std::vector<float> got;
+    for (int64_t r0 = 0; r0 < 400; r0 += split) {
+      const int64_t n = std::min<int64_t>(split, 400 - r0);
+      HostAct qa(b, n, q_dim), ka(b, n, kv_dim), va(b, n, kv_dim), o(b, n, q_dim);
+      qa.set(rows(q, q_dim, r0, n)), ka.set(rows(k, kv_dim, r0, n)), va.set(rows(v, kv_dim, r0, n));
+      ASSERT_EQ(b->attention(&kv, 0, qa.a, ka.a, va.a, static_cast<int32_t>(r0), n_head, n_head_kv, head_dim, &o.a),
+                MOELITE_OK);
+      const std::vector<float> out = o.get();
+      got.insert(got.end(), out.begin(), out.end());
+    }
+    b->free_kv(&kv);
+    token300.push_back(rows(got, q_dim, 300, 1));
+  }
+  EXPECT_EQ(token300[0], token300[1]);
 }
 
 TEST_P(CudaDevices, RoutingMatchesTheCpuBackend) {

@@ -77,7 +77,7 @@ CudaBackend::~CudaBackend() {
   for (auto& [host, w] : weights_) rt_->device_free(w.dev);
   arena_free(&uploads_);
   arena_free(&scratch_);
-  rt_->device_free(scores_);
+  rt_->device_free(attn_partial_);
   rt_->device_free(pass_out_);
   for (TierSlot& s : tier_)
     for (int c = 0; c < 3; ++c) {
@@ -356,19 +356,29 @@ Status CudaBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Ac
   const size_t row_bytes = static_cast<size_t>(kv->kv_dim) * sizeof(float);
   MOELITE_TRY(rt_->copy_async(ck + pos0 * kv->kv_dim, floats(k), static_cast<size_t>(k.rows) * row_bytes, compute_));
   MOELITE_TRY(rt_->copy_async(cv + pos0 * kv->kv_dim, floats(v), static_cast<size_t>(v.rows) * row_bytes, compute_));
-  const size_t need = static_cast<size_t>(q.rows) * static_cast<size_t>(n_head) * static_cast<size_t>(kv->n_ctx);
-  if (need > scores_floats_) {
-    rt_->device_free(scores_);
-    scores_ = nullptr;
-    scores_floats_ = 0;
+  // Tokens in slices, so the chunks' partial results stay small however long the prompt.
+  constexpr int64_t kSlice = 64;
+  const int64_t slice = std::min<int64_t>(q.rows, kSlice);
+  const size_t need = static_cast<size_t>(slice) * static_cast<size_t>(n_head) *
+                      static_cast<size_t>(attention_chunks(pos0 + static_cast<int32_t>(q.rows))) *
+                      static_cast<size_t>(head_dim + 2);
+  if (need > attn_partial_floats_) {
+    rt_->device_free(attn_partial_);
+    attn_partial_ = nullptr;
+    attn_partial_floats_ = 0;
     void* p;
     MOELITE_TRY(rt_->device_alloc(need * sizeof(float), &p));
-    scores_ = static_cast<float*>(p);
-    scores_floats_ = need;
+    attn_partial_ = static_cast<float*>(p);
+    attn_partial_floats_ = need;
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  return k_->attention(compute_, floats(q), ck, cv, floats(*out), scores_, static_cast<int32_t>(q.rows), pos0, n_head,
-                       n_head_kv, head_dim, kv->kv_dim, kv->n_ctx, scale);
+  const int64_t q_dim = static_cast<int64_t>(n_head) * head_dim;
+  for (int64_t t0 = 0; t0 < q.rows; t0 += slice) {
+    const int32_t n = static_cast<int32_t>(std::min(slice, q.rows - t0));
+    MOELITE_TRY(k_->attention(compute_, floats(q) + t0 * q_dim, ck, cv, floats(*out) + t0 * q_dim, attn_partial_, n,
+                              pos0 + static_cast<int32_t>(t0), n_head, n_head_kv, head_dim, kv->kv_dim, scale));
+  }
+  return MOELITE_OK;
 }
 
 Status CudaBackend::route(const Act& logits, int32_t k, bool renormalize, Routing* r) {

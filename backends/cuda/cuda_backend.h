@@ -128,8 +128,8 @@ class CudaBackend final : public Backend {
   struct KvRef {
     std::vector<float*> k, v;  // per layer: n_ctx x kv_dim floats
   };
-  float* scores_ = nullptr;  // attention scratch
-  size_t scores_floats_ = 0;
+  float* attn_partial_ = nullptr;  // the split attention's per-chunk results
+  size_t attn_partial_floats_ = 0;
 
   struct SharedBlock {
     uint8_t* host = nullptr;

@@ -42,9 +42,12 @@ struct KernelTable {
                      float eps, float* y);
   Status (*rope)(StreamHandle s, float* x, int64_t rows, int64_t cols, int64_t head_dim, int32_t n_rot, bool neox,
                  const float* cos_sin);
+  // Causal attention of n_tok tokens (the first at position pos0) over the cache, split into
+  // chunks of positions; `partial` holds n_tok * n_head * attention_chunks(pos0 + n_tok) *
+  // (head_dim + 2) floats.
   Status (*attention)(StreamHandle s, const float* q, const float* cache_k, const float* cache_v, float* out,
-                      float* scores, int32_t n_tok, int32_t pos0, int32_t n_head, int32_t n_head_kv, int64_t head_dim,
-                      int64_t kv_dim, int32_t n_ctx, float scale);
+                      float* partial, int32_t n_tok, int32_t pos0, int32_t n_head, int32_t n_head_kv, int64_t head_dim,
+                      int64_t kv_dim, float scale);
   Status (*route)(StreamHandle s, const float* logits, int64_t n_tok, int32_t n_expert, int32_t k, bool renorm,
                   int32_t* ids, float* weights);
   Status (*add)(StreamHandle s, float* x, const float* y, int64_t n);
@@ -54,6 +57,10 @@ struct KernelTable {
   Status (*combine)(StreamHandle s, const float* outputs, const int32_t* ids, const float* weights, int64_t n_tok,
                     int32_t k, int64_t cols, float* out);
 };
+
+// Positions per chunk of the split attention, and the chunks a context of n_pos positions needs.
+constexpr int32_t kAttentionChunk = 256;
+inline int32_t attention_chunks(int32_t n_pos) { return (n_pos + kAttentionChunk - 1) / kAttentionChunk; }
 
 // The emulator's table (always built) and the GPU's (only in builds with the CUDA toolkit).
 const KernelTable& emulator_kernels();

@@ -88,13 +88,14 @@ const Driver* load_driver(std::string* why) {
     return false;                                                    \
   }
     LOAD(cuInit)
-    LOAD(cuDriverGetVersion) LOAD(cuDeviceGetCount) LOAD(cuDeviceGet) LOAD(cuDeviceGetName) LOAD(cuDeviceGetAttribute)
-        LOAD(cuDeviceTotalMem_v2) LOAD(cuDevicePrimaryCtxRetain) LOAD(cuDevicePrimaryCtxRelease_v2)
-            LOAD(cuCtxSetCurrent) LOAD(cuMemAlloc_v2) LOAD(cuMemFree_v2) LOAD(cuMemHostAlloc) LOAD(cuMemFreeHost)
-                LOAD(cuMemHostGetDevicePointer_v2) LOAD(cuMemcpyAsync) LOAD(cuStreamCreate) LOAD(cuStreamDestroy_v2)
-                    LOAD(cuStreamSynchronize) LOAD(cuStreamWaitEvent) LOAD(cuEventCreate) LOAD(cuEventDestroy_v2)
-                        LOAD(cuEventRecord) LOAD(cuEventSynchronize) LOAD(cuModuleLoadData) LOAD(cuModuleUnload)
-                            LOAD(cuModuleGetFunction) LOAD(cuLaunchKernel) LOAD(cuGetErrorString)
+    LOAD(cuDriverGetVersion)
+    LOAD(cuDeviceGetCount) LOAD(cuDeviceGet) LOAD(cuDeviceGetName) LOAD(cuDeviceGetAttribute) LOAD(cuDeviceTotalMem_v2)
+        LOAD(cuDevicePrimaryCtxRetain) LOAD(cuDevicePrimaryCtxRelease_v2) LOAD(cuCtxSetCurrent) LOAD(cuMemAlloc_v2)
+            LOAD(cuMemFree_v2) LOAD(cuMemHostAlloc) LOAD(cuMemFreeHost) LOAD(cuMemHostGetDevicePointer_v2)
+                LOAD(cuMemcpyAsync) LOAD(cuStreamCreate) LOAD(cuStreamDestroy_v2) LOAD(cuStreamSynchronize)
+                    LOAD(cuStreamWaitEvent) LOAD(cuEventCreate) LOAD(cuEventDestroy_v2) LOAD(cuEventRecord)
+                        LOAD(cuEventSynchronize) LOAD(cuModuleLoadData) LOAD(cuModuleUnload) LOAD(cuModuleGetFunction)
+                            LOAD(cuLaunchKernel) LOAD(cuGetErrorString)
 #undef LOAD
                                 return true;  // the library stays loaded for the process's life
   }();

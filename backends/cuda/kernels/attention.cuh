@@ -1,5 +1,7 @@
 // Causal attention over the device KV cache, and the router.
 #pragma once
+#include <math.h>
+
 #include "backends/cuda/kernels/dialect.cuh"
 
 namespace moelite::cuda_kernels {
@@ -17,42 +19,83 @@ MK_DEVICE float block_reduce(float v, bool is_max, float* partial) {
   return r;
 }
 
-// One block per (token, query head): scores against cache positions [0, pos0 + t] (GQA: kv head
-// h / (n_head / n_head_kv)), softmax, weighted sum of values. Scores go to global scratch
-// (n_ctx floats per block) so any context length fits.
-MK_GLOBAL void attention_kernel(const float* q, const float* cache_k, const float* cache_v, float* out, float* scores,
-                                int32_t pos0, int32_t n_head, int32_t n_head_kv, int64_t head_dim, int64_t kv_dim,
-                                int32_t n_ctx, float scale) {
-  MK_SHARED(float, partial, kAttnThreads / 32);
+// Causal attention, split over the positions (flash-decoding): a long context is cut into chunks
+// of kAttnChunk positions, each (token, head, chunk) is one block, and a second kernel merges the
+// chunks. A decoding token over a long context thus spreads over many blocks instead of one. The
+// chunking depends only on positions, never on the batch, so a token's result is the same in any
+// batch. Scores stay in shared memory.
+constexpr int kAttnChunk = 256;
+
+// Block (t * n_head + h, c): positions [c * kAttnChunk, ...) of [0, pos0 + t] (GQA: kv head
+// h / (n_head / n_head_kv)). Writes the chunk's max score m, sum of exp(score - m) s, and
+// o[d] = sum of exp(score - m) * v[d] into partial[((t * n_head + h) * n_chunks + c) * (head_dim + 2)]
+// as (m, s, o...); a chunk past the token's last position writes (-inf, 0, 0...).
+MK_GLOBAL void attention_chunk_kernel(const float* q, const float* cache_k, const float* cache_v, float* partial,
+                                      int32_t pos0, int32_t n_head, int32_t n_head_kv, int64_t head_dim,
+                                      int64_t kv_dim, float scale) {
+  MK_SHARED(float, scores, kAttnChunk);
+  MK_SHARED(float, reduce, kAttnThreads / 32);
   const int32_t t = int32_t(blockIdx.x) / n_head, h = int32_t(blockIdx.x) % n_head;
+  const int32_t n_chunks = int32_t(gridDim.y), c = int32_t(blockIdx.y);
   const int64_t kv_off = int64_t(h / (n_head / n_head_kv)) * head_dim;
-  const int32_t n_pos = pos0 + t + 1;
-  const float* qh = q + (int64_t(t) * n_head + h) * head_dim;
-  float* s = scores + int64_t(blockIdx.x) * n_ctx;
+  const int32_t first = c * kAttnChunk, n_pos = pos0 + t + 1;
+  const int32_t count = n_pos - first < kAttnChunk ? n_pos - first : kAttnChunk;
+  float* out = partial + ((int64_t(t) * n_head + h) * n_chunks + c) * (head_dim + 2);
   const int tid = int(threadIdx.x);
-  float mx = -3.402823466e38f;
-  for (int32_t p = tid; p < n_pos; p += kAttnThreads) {
-    const float* kp = cache_k + int64_t(p) * kv_dim + kv_off;
-    float d = 0.0f;
-    for (int64_t c = 0; c < head_dim; ++c) d += qh[c] * kp[c];
-    d *= scale;
-    s[p] = d;
-    mx = fmaxf(mx, d);
+  if (count <= 0) {  // the whole block agrees: no barrier is skipped by some threads only
+    for (int64_t d = tid; d < head_dim + 2; d += kAttnThreads) out[d] = d == 0 ? -INFINITY : 0.0f;
+    return;
   }
-  mx = block_reduce(mx, true, partial);
+  const float* qh = q + (int64_t(t) * n_head + h) * head_dim;
+  float mx = -3.402823466e38f;
+  for (int32_t j = tid; j < count; j += kAttnThreads) {
+    const float* kp = cache_k + int64_t(first + j) * kv_dim + kv_off;
+    float dot = 0.0f;
+    for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * kp[d];
+    dot *= scale;
+    scores[j] = dot;
+    mx = fmaxf(mx, dot);
+  }
+  mx = block_reduce(mx, true, reduce);
   float sum = 0.0f;
-  for (int32_t p = tid; p < n_pos; p += kAttnThreads) {
-    const float e = expf(s[p] - mx);
-    s[p] = e;
+  for (int32_t j = tid; j < count; j += kAttnThreads) {
+    const float e = expf(scores[j] - mx);
+    scores[j] = e;
     sum += e;
   }
-  sum = block_reduce(sum, false, partial);  // its barriers also make every s[p] visible below
-  const float inv = 1.0f / sum;
-  float* o = out + (int64_t(t) * n_head + h) * head_dim;
-  for (int64_t c = tid; c < head_dim; c += kAttnThreads) {
+  sum = block_reduce(sum, false, reduce);  // its barriers also make every scores[j] visible below
+  if (tid == 0) {
+    out[0] = mx;
+    out[1] = sum;
+  }
+  for (int64_t d = tid; d < head_dim; d += kAttnThreads) {
     float acc = 0.0f;
-    for (int32_t p = 0; p < n_pos; ++p) acc += s[p] * cache_v[int64_t(p) * kv_dim + kv_off + c];
-    o[c] = acc * inv;
+    for (int32_t j = 0; j < count; ++j) acc += scores[j] * cache_v[int64_t(first + j) * kv_dim + kv_off + d];
+    out[2 + d] = acc;
+  }
+}
+
+// One block per (token, head): out = sum_c exp(m_c - M) o_c / sum_c exp(m_c - M) s_c, M = max m_c,
+// the chunks taken in order.
+MK_GLOBAL void attention_merge_kernel(const float* partial, int32_t n_chunks, int32_t n_head, int64_t head_dim,
+                                      float* out) {
+  const float* p = partial + int64_t(blockIdx.x) * n_chunks * (head_dim + 2);
+  float m = -INFINITY;
+  for (int32_t c = 0; c < n_chunks; ++c) m = fmaxf(m, p[c * (head_dim + 2)]);
+  float denom = 0.0f;
+  for (int32_t c = 0; c < n_chunks; ++c) {
+    const float* pc = p + c * (head_dim + 2);
+    if (pc[1] > 0.0f) denom += expf(pc[0] - m) * pc[1];
+  }
+  const float inv = 1.0f / denom;
+  float* o = out + int64_t(blockIdx.x) * head_dim;
+  for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int32_t c = 0; c < n_chunks; ++c) {
+      const float* pc = p + c * (head_dim + 2);
+      if (pc[1] > 0.0f) acc += expf(pc[0] - m) * pc[2 + d];
+    }
+    o[d] = acc * inv;
   }
 }
 
