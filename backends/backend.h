@@ -146,6 +146,13 @@ class Backend {
   [[nodiscard]] virtual Status alloc_kv(int32_t n_layers, int32_t n_ctx, int64_t kv_dim, KvCache* out) = 0;
   virtual void free_kv(KvCache* kv) = 0;
 
+  // Measures the device's own memory bandwidth in GB/s (bytes read plus bytes written per second by a
+  // copy within device memory) for benchmarks' decode bounds; MOELITE_ERR_NOT_IMPLEMENTED where the
+  // device is the host's memory (the CPU backend: measure DRAM instead). Waits for the device.
+  [[nodiscard]] virtual Status measure_memory_bandwidth(double* gb_per_s) {
+    return fail(MOELITE_ERR_NOT_IMPLEMENTED, "%s computes in host memory: measure DRAM bandwidth", name());
+  }
+
   // Waits for all recorded work and returns the first error of any of it since the last sync()
   // (MOELITE_OK when everything ran). Core calls it before an evaluation reports success.
   [[nodiscard]] virtual Status sync() = 0;

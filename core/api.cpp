@@ -459,6 +459,17 @@ MOELITE_API const char* moelite_model_backend_name(const moelite_model* m) {
 }
 MOELITE_API const char* moelite_supported_archs(void) { return moelite::supported_arch_list(); }
 
+MOELITE_API moelite_status moelite_model_measure_device_bandwidth(moelite_model* model, double* gb_per_s) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!model) return null_arg(api_fn, "model");
+    if (!gb_per_s) return null_arg(api_fn, "gb_per_s");
+    if (!model->runtime) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: a vocabulary-only model has no device", api_fn);
+    std::lock_guard<std::mutex> lock(model->runtime->eval_mutex);  // the backend is shared by the contexts
+    return model->runtime->backend->measure_memory_bandwidth(gb_per_s);
+  });
+}
+
 // ---- context parameters
 
 MOELITE_API moelite_context_params* moelite_context_params_create(void) {

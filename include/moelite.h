@@ -329,6 +329,16 @@ MOELITE_API const char* moelite_model_expert_type(const moelite_model* model);
 /** Name of the backend in use ("cpu", ...) with the SIMD level, e.g. "cpu (avx512)". */
 MOELITE_API const char* moelite_model_backend_name(const moelite_model* model);
 
+/** Measures the memory bandwidth of the device the model computes on, in GB/s (bytes read plus
+ *  bytes written per second by copies within device memory; the best of five rounds of 256 MiB
+ *  copies on a GPU), for benchmarks that relate decode speed to the device's bound. Takes about a
+ *  second and briefly allocates twice 256 MiB of device memory. Waits for evaluations of the
+ *  model's contexts to finish and blocks them meanwhile (thread-safe).
+ *  Errors: MOELITE_ERR_INVALID_ARGUMENT (NULL model or out, vocabulary-only model),
+ *  MOELITE_ERR_NOT_IMPLEMENTED when the backend computes in host memory (the CPU backend; measure
+ *  DRAM bandwidth instead) or cannot measure, MOELITE_ERR_OUT_OF_MEMORY, MOELITE_ERR_BACKEND. */
+MOELITE_API moelite_status moelite_model_measure_device_bandwidth(moelite_model* model, double* gb_per_s);
+
 /** Comma-separated list of the architectures this build supports; static storage. */
 MOELITE_API const char* moelite_supported_archs(void);
 

@@ -123,6 +123,14 @@ int main(int argc, char** argv) {
   CHECK(moelite_model_get(model, MOELITE_MODEL_DENSE_BYTES) > 0);
   CHECK(moelite_model_get(model, MOELITE_MODEL_N_ACTIVE_PARAMS) < moelite_model_get(model, MOELITE_MODEL_N_PARAMS));
   CHECK(moelite_model_get(model, MOELITE_MODEL_THREADS) == 2);
+  /* The CPU backend computes in host memory: no device bandwidth to measure. */
+  double gbs = -1.0;
+  if (strncmp(moelite_model_backend_name(model), "cpu", 3) == 0) {
+    CHECK(moelite_model_measure_device_bandwidth(model, &gbs) == MOELITE_ERR_NOT_IMPLEMENTED);
+    CHECK(gbs == -1.0 && strstr(moelite_last_error(), "DRAM") != NULL);
+  }
+  CHECK(moelite_model_measure_device_bandwidth(model, NULL) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_model_measure_device_bandwidth(NULL, &gbs) == MOELITE_ERR_INVALID_ARGUMENT);
   CHECK(moelite_model_get(NULL, MOELITE_MODEL_N_VOCAB) == -1);
   CHECK(moelite_model_get(model, (moelite_model_key)9999) == -1);
   CHECK(moelite_model_arch(model) != NULL && strlen(moelite_model_arch(model)) > 0);

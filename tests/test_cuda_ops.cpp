@@ -327,6 +327,14 @@ TEST_P(CudaDevices, ExpertAndSharedFfnsMatchTheCpuBackend) {
   }
 }
 
+TEST_P(CudaDevices, DeviceBandwidthIsMeasured) {
+  Pair p = make(GetParam());
+  double gbs = 0.0;
+  ASSERT_EQ(p.gpu->measure_memory_bandwidth(&gbs), MOELITE_OK) << last_error_message();
+  EXPECT_GT(gbs, 0.01);  // emulated: host memcpy speed
+  EXPECT_EQ(p.cpu->measure_memory_bandwidth(&gbs), MOELITE_ERR_NOT_IMPLEMENTED);
+}
+
 INSTANTIATE_TEST_SUITE_P(CudaOps, CudaDevices, testing::Values(true, false),
                          [](const testing::TestParamInfo<bool>& i) { return i.param ? "integrated" : "discrete"; });
 

@@ -1,6 +1,7 @@
 #include "backends/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -288,6 +289,29 @@ Status CudaBackend::sync() {
   arena_reset(&uploads_);  // nothing queued reads the uploads any more
   if (st == MOELITE_OK) unconfirmed_.clear();
   return st;
+}
+
+Status CudaBackend::measure_memory_bandwidth(double* gb_per_s) {
+  // Device-to-device copies of a buffer larger than any cache, timed on the host around a
+  // synchronisation: the best of a few rounds, counting each byte read and written.
+  const size_t bytes = rt_->info().emulated ? size_t{64} << 20 : size_t{256} << 20;
+  MOELITE_TRY(sync());
+  void *a = nullptr, *b = nullptr;
+  MOELITE_TRY(rt_->device_alloc(bytes, &a));
+  Status st = rt_->device_alloc(bytes, &b);
+  double best = 0.0;
+  for (int round = 0; round < 5 && st == MOELITE_OK; ++round) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 4 && st == MOELITE_OK; ++i) st = rt_->copy_async(i % 2 ? a : b, i % 2 ? b : a, bytes, compute_);
+    if (st == MOELITE_OK) st = rt_->stream_sync(compute_);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (st == MOELITE_OK && s > 0) best = std::max(best, 4.0 * 2.0 * static_cast<double>(bytes) / s / 1e9);
+  }
+  rt_->device_free(b);
+  rt_->device_free(a);
+  MOELITE_TRY(st);
+  *gb_per_s = best;
+  return MOELITE_OK;
 }
 
 // ---- dense operations

@@ -45,6 +45,7 @@ class CudaBackend final : public Backend {
   Status alloc_kv(int32_t n_layers, int32_t n_ctx, int64_t kv_dim, KvCache* out) override;
   void free_kv(KvCache* kv) override;
   Status sync() override;
+  Status measure_memory_bandwidth(double* gb_per_s) override;
 
   Status get_rows(const WeightView& table, const int32_t* tokens, int32_t n, Act* out) override;
   Status rms_norm(const Act& x, const float* w, int64_t group, float eps, Act* out) override;

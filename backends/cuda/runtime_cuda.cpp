@@ -89,7 +89,8 @@ const Driver* load_driver(std::string* why) {
   }
     LOAD(cuInit)
     LOAD(cuDriverGetVersion)
-    LOAD(cuDeviceGetCount) LOAD(cuDeviceGet) LOAD(cuDeviceGetName) LOAD(cuDeviceGetAttribute) LOAD(cuDeviceTotalMem_v2)
+    LOAD(cuDeviceGetCount)
+    LOAD(cuDeviceGet) LOAD(cuDeviceGetName) LOAD(cuDeviceGetAttribute) LOAD(cuDeviceTotalMem_v2)
         LOAD(cuDevicePrimaryCtxRetain) LOAD(cuDevicePrimaryCtxRelease_v2) LOAD(cuCtxSetCurrent) LOAD(cuMemAlloc_v2)
             LOAD(cuMemFree_v2) LOAD(cuMemHostAlloc) LOAD(cuMemFreeHost) LOAD(cuMemHostGetDevicePointer_v2)
                 LOAD(cuMemcpyAsync) LOAD(cuStreamCreate) LOAD(cuStreamDestroy_v2) LOAD(cuStreamSynchronize)

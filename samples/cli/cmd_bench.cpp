@@ -138,12 +138,18 @@ int cmd_bench(int argc, char** argv) {
                 pool_bytes = moelite_model_get(model, MOELITE_MODEL_EXPERT_POOL_BYTES),
                 store_peak_bytes = moelite_model_get(model, MOELITE_MODEL_EXPERT_PEAK_BYTES),
                 expert_slots = moelite_model_get(model, MOELITE_MODEL_EXPERT_SLOTS);
+  // A GPU's decode is bound by its own memory: measured in the same run, through the model's backend
+  // (NOT_IMPLEMENTED for the CPU backend, whose bound is the DRAM probe below).
+  double device_gbs = 0.0;
+  if (!args.has("--no-membw") && moelite_model_measure_device_bandwidth(model, &device_gbs) != MOELITE_OK)
+    device_gbs = 0.0;
   // The probes below allocate buffers of their own (1 GiB for DRAM). The model goes first, so that
   // under a memory cap that fits the budget the peak is the larger of the two, not their sum.
   moelite_context_free(ctx);
   moelite_model_free(model);
   const double dram_gbs = args.has("--no-membw") ? 0.0 : measure_read_bandwidth(threads, size_t{1} << 30);
-  const double bound_tps = dram_gbs > 0 ? dram_gbs * 1e9 / static_cast<double>(active) : 0.0;
+  const double bound_gbs = device_gbs > 0 ? device_gbs : dram_gbs;  // the memory the weights stream from
+  const double bound_tps = bound_gbs > 0 ? bound_gbs * 1e9 / static_cast<double>(active) : 0.0;
   const double efficiency = bound_tps > 0 ? decode_tps / bound_tps : 0.0;
   // Expert store (decode only, best run): hit rate, share of decode time spent waiting for loads.
   const double hit_rate = best_stats.activations ? double(best_stats.hits) / double(best_stats.activations) : 1.0;
@@ -177,8 +183,8 @@ int cmd_bench(int argc, char** argv) {
   const double storage_gbs =
       budget > 0 && !args.has("--no-membw") ? measure_storage_bandwidth(path, size_t{512} << 20, 2) : 0.0;
   double budget_bound_tps = 0.0;
-  if (budget > 0 && dram_gbs > 0 && storage_gbs > 0) {
-    const double t_mem = static_cast<double>(active) / (dram_gbs * 1e9);
+  if (budget > 0 && bound_gbs > 0 && storage_gbs > 0) {
+    const double t_mem = static_cast<double>(active) / (bound_gbs * 1e9);
     const double t_io = read_per_token / (storage_gbs * 1e9);
     budget_bound_tps = 1.0 / std::max(t_mem, t_io);
   }
@@ -188,7 +194,8 @@ int cmd_bench(int argc, char** argv) {
            ", \"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f"
            ", \"decode_ms_per_token\": %.3f, \"active_bytes_per_token\": %" PRId64
            ", \"decode_weight_gb_s\": %.3f"
-           ", \"dram_read_gb_s\": %.2f, \"decode_bound_tok_s\": %.3f, \"decode_fraction_of_bound\": %.3f"
+           ", \"dram_read_gb_s\": %.2f, \"device_memory_gb_s\": %.2f, \"bound_memory\": \"%s\""
+           ", \"decode_bound_tok_s\": %.3f, \"decode_fraction_of_bound\": %.3f"
            ", \"expert_bytes\": %" PRId64 ", \"dense_bytes\": %" PRId64 ", \"peak_rss_bytes\": %" PRIu64
            ", \"expert_budget_bytes\": %" PRId64 ", \"expert_store_pool_bytes\": %" PRId64
            ", \"expert_store_peak_bytes\": %" PRId64 ", \"expert_slots\": %" PRId64
@@ -201,12 +208,13 @@ int cmd_bench(int argc, char** argv) {
            ", \"allocation\": \"%s\", \"text\": %s, \"layers\": %s}\n",
            json_escape(path).c_str(), arch.c_str(), expert_type.c_str(), json_escape(backend_name).c_str(),
            static_cast<int64_t>(threads), n_prompt, n_gen, prefill_tps, decode_tps,
-           n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, active, decode_gbs, dram_gbs, bound_tps, efficiency,
-           expert_bytes, dense_bytes, peak_rss, budget, pool_bytes, store_peak_bytes, expert_slots, policy.c_str(),
-           hit_rate, stall, read_per_token, n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0, storage_gbs,
-           budget_bound_tps, budget_bound_tps > 0 ? decode_tps / budget_bound_tps : 0.0, json_escape(predictor).c_str(),
-           accuracy, precision, timeliness, n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0,
-           experts_per_token, json_escape(args.get("--gating", "exact")).c_str(), args.get("--threshold", "0").c_str(),
+           n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, active, decode_gbs, dram_gbs, device_gbs,
+           device_gbs > 0 ? "device" : "dram", bound_tps, efficiency, expert_bytes, dense_bytes, peak_rss, budget,
+           pool_bytes, store_peak_bytes, expert_slots, policy.c_str(), hit_rate, stall, read_per_token,
+           n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0, storage_gbs, budget_bound_tps,
+           budget_bound_tps > 0 ? decode_tps / budget_bound_tps : 0.0, json_escape(predictor).c_str(), accuracy,
+           precision, timeliness, n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0, experts_per_token,
+           json_escape(args.get("--gating", "exact")).c_str(), args.get("--threshold", "0").c_str(),
            json_escape(args.get("--profile")).c_str(),
            json_escape(args.get("--allocation", args.has("--per-layer") ? "uniform" : "auto")).c_str(),
            args.has("-f") ? ("\"" + json_escape(args.get("-f")) + "\"").c_str() : "null", layers_json.c_str());
@@ -216,9 +224,9 @@ int cmd_bench(int argc, char** argv) {
     printf("prefill   %" PRId64 " tokens: %.2f tok/s\n", n_prompt, prefill_tps);
     printf("decode    %" PRId64 " tokens: %.2f tok/s (%.2f ms/token, %.2f GB/s of weights)\n", n_gen, decode_tps,
            n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, decode_gbs);
-    if (dram_gbs > 0)
-      printf("bound     %.2f tok/s at %.1f GB/s DRAM read (%.1f MB/token): decode at %.0f%% of it\n", bound_tps,
-             dram_gbs, active / 1e6, 100.0 * efficiency);
+    if (bound_gbs > 0)
+      printf("bound     %.2f tok/s at %.1f GB/s %s (%.1f MB/token): decode at %.0f%% of it\n", bound_tps, bound_gbs,
+             device_gbs > 0 ? "device memory (copy)" : "DRAM read", active / 1e6, 100.0 * efficiency);
     if (budget > 0)
       printf("experts   budget %.1f MiB (%" PRId64
              " slots, %s): hit rate %.3f, %.2f MB read/token, stalled %.0f%% of decode\n",

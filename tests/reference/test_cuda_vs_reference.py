@@ -114,7 +114,10 @@ def test_cuda_bench_and_the_shipped_model():
     cpu = np.fromfile(cpu_out, dtype="<f4").reshape(len(TOKENS), -1)
     os.remove(cpu_out)
     assert nmse(cuda_logits(SHIPPED), cpu.astype(np.float64)) < LOOSE
-    r = run(["bench", "-m", SHIPPED, "-p", "8", "-n", "4", "-r", "1", "--json", "--no-membw"])
+    r = run(["bench", "-m", SHIPPED, "-p", "8", "-n", "4", "-r", "1", "--json"])
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout.strip().splitlines()[-1])
     assert d["backend"].startswith("cuda") and d["decode_tok_s"] > 0 and d["prefill_tok_s"] > 0
+    # The decode bound comes from the device's own memory, measured in the same run.
+    assert d["bound_memory"] == "device" and d["device_memory_gb_s"] > 0, d
+    assert d["decode_bound_tok_s"] > 0 and 0 < d["decode_fraction_of_bound"], d

@@ -31,8 +31,8 @@ constexpr int kAttnChunk = 256;
 // o[d] = sum of exp(score - m) * v[d] into partial[((t * n_head + h) * n_chunks + c) * (head_dim + 2)]
 // as (m, s, o...); a chunk past the token's last position writes (-inf, 0, 0...).
 MK_GLOBAL void attention_chunk_kernel(const float* q, const float* cache_k, const float* cache_v, float* partial,
-                                      int32_t pos0, int32_t n_head, int32_t n_head_kv, int64_t head_dim,
-                                      int64_t kv_dim, float scale) {
+                                      int32_t pos0, int32_t n_head, int32_t n_head_kv, int64_t head_dim, int64_t kv_dim,
+                                      float scale) {
   MK_SHARED(float, scores, kAttnChunk);
   MK_SHARED(float, reduce, kAttnThreads / 32);
   const int32_t t = int32_t(blockIdx.x) / n_head, h = int32_t(blockIdx.x) % n_head;

@@ -345,6 +345,13 @@ class Model:
         """Backend in use with its SIMD level, e.g. "cpu (avx512)"."""
         return self._str(_c.moelite_model_backend_name)
 
+    def measure_device_bandwidth(self):
+        """Memory bandwidth of the GPU the model computes on, in GB/s (copies within device memory;
+        about a second). Raises MoeliteError (NOT_IMPLEMENTED) for the CPU backend."""
+        gbs = ctypes.c_double(0.0)
+        _check(_c.moelite_model_measure_device_bandwidth(self._handle(), ctypes.byref(gbs)))
+        return gbs.value
+
     @property
     def chat_template_kind(self):
         """Recognised chat template family: chatml, mistral, llama3, tulu or plain."""

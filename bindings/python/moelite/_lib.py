@@ -140,6 +140,7 @@ _decl("moelite_model_arch", c_char_p, _p)
 _decl("moelite_model_name", c_char_p, _p)
 _decl("moelite_model_expert_type", c_char_p, _p)
 _decl("moelite_model_backend_name", c_char_p, _p)
+_decl("moelite_model_measure_device_bandwidth", _status, _p, POINTER(c_double))
 _decl("moelite_supported_archs", c_char_p)
 
 _decl("moelite_context_params_create", _p)

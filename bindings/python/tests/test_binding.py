@@ -200,6 +200,9 @@ def test_model_properties(model, tiny):
     assert model.n_active_params < model.n_params
     assert model.threads == 2
     assert model.backend == "cpu" and model.backend_name.startswith("cpu")
+    with pytest.raises(moelite.MoeliteError) as e:  # the CPU computes in host memory
+        model.measure_device_bandwidth()
+    assert "DRAM" in str(e.value)
     info = model.info()
     assert info["n_vocab"] == model.n_vocab and info["arch"] == model.arch
     if t is None:
