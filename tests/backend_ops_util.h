@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -88,5 +89,98 @@ class FakeExperts final : public ExpertSource {
   }
   void release(int32_t, int32_t) override { held -= resident ? 0 : 1; }
 };
+
+// Floats handed to a backend as model data (norm weights, biases) must outlive it, since a GPU
+// backend finds its copy by host address: kept for the process's life.
+inline const std::vector<float>& kept_floats(std::vector<float> v) {
+  static std::deque<std::vector<float>> kept;
+  kept.push_back(std::move(v));
+  return kept.back();
+}
+
+// RMSNorm (with a residual add), per-head RMSNorm in place, RMSNorm without weights and RoPE in
+// both pairings (with a tail of unrotated dimensions) on `dev`, against the CPU backend.
+inline void expect_float_ops_match_cpu(Backend* dev, Backend* cpu) {
+  std::mt19937 rng(5);
+  const int64_t n = 5, head_dim = 32, n_head = 4, cols = head_dim * n_head;
+  const std::vector<float> xv = randv(static_cast<size_t>(n * cols), rng, -3, 3),
+                           yv = randv(static_cast<size_t>(n * cols), rng);
+  const std::vector<float>& wn = kept_floats(randv(static_cast<size_t>(cols), rng, 0.5f, 1.5f));
+  auto both = [&](const std::function<void(Backend*, HostAct&, HostAct&)>& op) {
+    HostAct dx(dev, n, cols), dy(dev, n, cols), cx(cpu, n, cols), cy(cpu, n, cols);
+    dx.set(xv), dy.set(yv), cx.set(xv), cy.set(yv);
+    op(dev, dx, dy);
+    op(cpu, cx, cy);
+    return std::make_pair(dx.get(), widen(cx.get()));
+  };
+  auto r = both([&](Backend* b, HostAct& x, HostAct& y) {
+    ASSERT_EQ(b->rms_norm(x.a, wn.data(), cols, 1e-6f, &y.a), MOELITE_OK);
+    ASSERT_EQ(b->add(&x.a, y.a), MOELITE_OK);
+  });
+  EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "rms_norm + add";
+  r = both([&](Backend* b, HostAct& x, HostAct&) {
+    ASSERT_EQ(b->rms_norm(x.a, wn.data(), head_dim, 1e-6f, &x.a), MOELITE_OK);
+  });
+  EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "per-head rms_norm in place";
+  r = both(
+      [&](Backend* b, HostAct& x, HostAct&) { ASSERT_EQ(b->rms_norm(x.a, nullptr, cols, 1e-5f, &x.a), MOELITE_OK); });
+  EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "rms_norm without weights";
+  const int32_t pos[] = {0, 1, 7, 100, 3000};
+  for (RopeStyle style : {RopeStyle::Normal, RopeStyle::Neox}) {
+    RopeParams rp;
+    rp.style = style;
+    rp.n_rot = 24;  // fewer than head_dim: the tail stays
+    rp.freq_base = 10000.0f;
+    r = both([&](Backend* b, HostAct& x, HostAct&) { ASSERT_EQ(b->rope(&x.a, head_dim, rp, pos), MOELITE_OK); });
+    EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "rope " << static_cast<int>(style);
+  }
+}
+
+// Causal GQA attention of a prompt of `prompt` tokens and then 5 more (attending to all before
+// them), on `dev` against the CPU backend.
+inline void expect_attention_matches_cpu(Backend* dev, Backend* cpu, int32_t prompt, int32_t n_ctx) {
+  const int32_t n_head = 4, n_head_kv = 2, head_dim = 16;
+  const int64_t q_dim = n_head * head_dim, kv_dim = n_head_kv * head_dim;
+  std::vector<std::vector<float>> outs;
+  for (Backend* b : {dev, cpu}) {
+    KvCache kv;
+    ASSERT_EQ(b->alloc_kv(2, n_ctx, kv_dim, &kv), MOELITE_OK);
+    std::mt19937 rng(3);
+    std::vector<float> all;
+    for (int32_t pos0 : {0, prompt}) {
+      const int64_t n = pos0 == 0 ? prompt : 5;
+      HostAct q(b, n, q_dim), k(b, n, kv_dim), v(b, n, kv_dim), o(b, n, q_dim);
+      q.set(randv(static_cast<size_t>(n * q_dim), rng, -2, 2));
+      k.set(randv(static_cast<size_t>(n * kv_dim), rng, -2, 2));
+      v.set(randv(static_cast<size_t>(n * kv_dim), rng));
+      ASSERT_EQ(b->attention(&kv, 1, q.a, k.a, v.a, pos0, n_head, n_head_kv, head_dim, &o.a), MOELITE_OK);
+      const std::vector<float> got = o.get();
+      all.insert(all.end(), got.begin(), got.end());
+    }
+    b->free_kv(&kv);
+    outs.push_back(all);
+  }
+  EXPECT_LT(max_rel(outs[0], widen(outs[1])), 1e-5);
+}
+
+// Routing of n tokens over 16 experts, top-4 with a tie (the lower id wins), with and without
+// renormalisation, on `dev` against the CPU backend.
+inline void expect_routing_matches_cpu(Backend* dev, Backend* cpu, int64_t n) {
+  std::mt19937 rng(2);
+  const int64_t n_expert = 16;
+  std::vector<float> logits = randv(static_cast<size_t>(n * n_expert), rng, -3, 3);
+  logits[3] = logits[5];
+  for (bool renorm : {false, true}) {
+    Routing rd, rc;
+    HostAct ld(dev, n, n_expert), lc(cpu, n, n_expert);
+    ld.set(logits);
+    lc.set(logits);
+    ASSERT_EQ(dev->route(ld.a, 4, renorm, &rd), MOELITE_OK);
+    ASSERT_EQ(cpu->route(lc.a, 4, renorm, &rc), MOELITE_OK);
+    EXPECT_EQ(rd.ids, rc.ids);
+    ASSERT_EQ(rd.weights.size(), rc.weights.size());
+    for (size_t i = 0; i < rd.weights.size(); ++i) EXPECT_NEAR(rd.weights[i], rc.weights[i], 2e-7) << i;
+  }
+}
 
 }  // namespace moelite::test

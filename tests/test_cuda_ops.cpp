@@ -135,66 +135,13 @@ TEST_P(CudaDevices, MatmulAndGetRowsForEveryWeightTypeMatchTheScalarDequantizati
 
 TEST_P(CudaDevices, FloatOpsMatchTheCpuBackend) {
   Pair p = make(GetParam());
-  std::mt19937 rng(5);
-  const int64_t n = 5, head_dim = 32, n_head = 4, cols = head_dim * n_head;
-  const std::vector<float> xv = randv(static_cast<size_t>(n * cols), rng, -3, 3),
-                           yv = randv(static_cast<size_t>(n * cols), rng);
-  static const std::vector<float> wn = randv(static_cast<size_t>(cols), rng, 0.5f, 1.5f);
-  auto both = [&](const std::function<void(Backend*, HostAct&, HostAct&)>& op) {
-    HostAct gx(p.gpu.get(), n, cols), gy(p.gpu.get(), n, cols), cx(p.cpu.get(), n, cols), cy(p.cpu.get(), n, cols);
-    gx.set(xv), gy.set(yv), cx.set(xv), cy.set(yv);
-    op(p.gpu.get(), gx, gy);
-    op(p.cpu.get(), cx, cy);
-    return std::make_pair(gx.get(), widen(cx.get()));
-  };
-  auto r = both([&](Backend* b, HostAct& x, HostAct& y) {
-    ASSERT_EQ(b->rms_norm(x.a, wn.data(), cols, 1e-6f, &y.a), MOELITE_OK);
-    ASSERT_EQ(b->add(&x.a, y.a), MOELITE_OK);
-  });
-  EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "rms_norm + add";
-  r = both([&](Backend* b, HostAct& x, HostAct&) {
-    ASSERT_EQ(b->rms_norm(x.a, wn.data(), head_dim, 1e-6f, &x.a), MOELITE_OK);
-  });
-  EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "per-head rms_norm in place";
-  r = both(
-      [&](Backend* b, HostAct& x, HostAct&) { ASSERT_EQ(b->rms_norm(x.a, nullptr, cols, 1e-5f, &x.a), MOELITE_OK); });
-  EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "rms_norm without weights";
-  const int32_t pos[] = {0, 1, 7, 100, 3000};
-  for (RopeStyle style : {RopeStyle::Normal, RopeStyle::Neox}) {
-    RopeParams rp;
-    rp.style = style;
-    rp.n_rot = 24;  // fewer than head_dim: the tail stays
-    rp.freq_base = 10000.0f;
-    r = both([&](Backend* b, HostAct& x, HostAct&) { ASSERT_EQ(b->rope(&x.a, head_dim, rp, pos), MOELITE_OK); });
-    EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "rope " << static_cast<int>(style);
-  }
+  expect_float_ops_match_cpu(p.gpu.get(), p.cpu.get());
 }
 
 TEST_P(CudaDevices, AttentionOverTwoBatchesMatchesTheCpuBackend) {
+  // A prompt of 600: three chunks of the split attention, ten slices of 64 tokens.
   Pair p = make(GetParam());
-  const int32_t n_head = 4, n_head_kv = 2, head_dim = 16, n_ctx = 700;
-  const int64_t q_dim = n_head * head_dim, kv_dim = n_head_kv * head_dim;
-  std::vector<std::vector<float>> outs;
-  for (Backend* b : {p.gpu.get(), p.cpu.get()}) {
-    KvCache kv;
-    ASSERT_EQ(b->alloc_kv(2, n_ctx, kv_dim, &kv), MOELITE_OK);
-    std::mt19937 r2(3);
-    std::vector<float> all;
-    // A prompt of 600 (three chunks of the split attention, ten slices of 64 tokens), then 5 more.
-    for (int32_t pos0 : {0, 600}) {
-      const int64_t n = pos0 == 0 ? 600 : 5;
-      HostAct q(b, n, q_dim), k(b, n, kv_dim), v(b, n, kv_dim), o(b, n, q_dim);
-      q.set(randv(static_cast<size_t>(n * q_dim), r2, -2, 2));
-      k.set(randv(static_cast<size_t>(n * kv_dim), r2, -2, 2));
-      v.set(randv(static_cast<size_t>(n * kv_dim), r2));
-      ASSERT_EQ(b->attention(&kv, 1, q.a, k.a, v.a, pos0, n_head, n_head_kv, head_dim, &o.a), MOELITE_OK);
-      const std::vector<float> got = o.get();
-      all.insert(all.end(), got.begin(), got.end());
-    }
-    b->free_kv(&kv);
-    outs.push_back(all);
-  }
-  EXPECT_LT(max_rel(outs[0], widen(outs[1])), 1e-5);
+  expect_attention_matches_cpu(p.gpu.get(), p.cpu.get(), 600, 700);
 }
 
 TEST_P(CudaDevices, AttentionOfAPositionIsTheSameInAnyBatch) {
@@ -233,21 +180,7 @@ TEST_P(CudaDevices, AttentionOfAPositionIsTheSameInAnyBatch) {
 
 TEST_P(CudaDevices, RoutingMatchesTheCpuBackend) {
   Pair p = make(GetParam());
-  std::mt19937 rng(2);
-  const int64_t n = 70, n_expert = 16;  // more tokens than one 64-thread block
-  std::vector<float> logits = randv(static_cast<size_t>(n * n_expert), rng, -3, 3);
-  logits[3] = logits[5];  // a tie: the lower id wins
-  for (bool renorm : {false, true}) {
-    Routing rg, rc;
-    HostAct lg(p.gpu.get(), n, n_expert), lc(p.cpu.get(), n, n_expert);
-    lg.set(logits);
-    lc.set(logits);
-    ASSERT_EQ(p.gpu->route(lg.a, 4, renorm, &rg), MOELITE_OK);
-    ASSERT_EQ(p.cpu->route(lc.a, 4, renorm, &rc), MOELITE_OK);
-    EXPECT_EQ(rg.ids, rc.ids);
-    ASSERT_EQ(rg.weights.size(), rc.weights.size());
-    for (size_t i = 0; i < rg.weights.size(); ++i) EXPECT_NEAR(rg.weights[i], rc.weights[i], 2e-7) << i;
-  }
+  expect_routing_matches_cpu(p.gpu.get(), p.cpu.get(), 70);  // more tokens than one 64-thread block
 }
 
 TEST_P(CudaDevices, ExpertAndSharedFfnsMatchTheCpuBackend) {

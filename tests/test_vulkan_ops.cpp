@@ -190,87 +190,19 @@ TEST(VulkanOps, WeightsBeyondTheStorageBufferRangeAreSplitByRows) {
 
 TEST(VulkanOps, FloatOpsMatchTheCpuBackend) {
   NEED_VULKAN(p);
-  std::mt19937 rng(5);
-  const int64_t n = 5, head_dim = 32, n_head = 4, n_head_kv = 2, cols = head_dim * n_head;
-  const std::vector<float> xv = randv(static_cast<size_t>(n * cols), rng, -3, 3),
-                           yv = randv(static_cast<size_t>(n * cols), rng);
-  const std::vector<float> wn = randv(static_cast<size_t>(cols), rng, 0.5f, 1.5f);
-  auto both = [&](const std::function<void(Backend*, HostAct&, HostAct&)>& op) {
-    HostAct vx(p.vk.get(), n, cols), vy(p.vk.get(), n, cols), cx(p.cpu.get(), n, cols), cy(p.cpu.get(), n, cols);
-    vx.set(xv), vy.set(yv), cx.set(xv), cy.set(yv);
-    op(p.vk.get(), vx, vy);
-    op(p.cpu.get(), cx, cy);
-    return std::make_pair(vx.get(), widen(cx.get()));
-  };
-  auto r = both([&](Backend* b, HostAct& x, HostAct& y) {
-    ASSERT_EQ(b->rms_norm(x.a, wn.data(), cols, 1e-6f, &y.a), MOELITE_OK);
-    ASSERT_EQ(b->add(&x.a, y.a), MOELITE_OK);
-  });
-  EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "rms_norm + add";
-  r = both([&](Backend* b, HostAct& x, HostAct&) {
-    ASSERT_EQ(b->rms_norm(x.a, wn.data(), head_dim, 1e-6f, &x.a), MOELITE_OK);
-  });
-  EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "per-head rms_norm in place";
-  r = both(
-      [&](Backend* b, HostAct& x, HostAct&) { ASSERT_EQ(b->rms_norm(x.a, nullptr, cols, 1e-5f, &x.a), MOELITE_OK); });
-  EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "rms_norm without weights";
-  const int32_t pos[] = {0, 1, 7, 100, 3000};
-  for (RopeStyle style : {RopeStyle::Normal, RopeStyle::Neox}) {
-    RopeParams rp;
-    rp.style = style;
-    rp.n_rot = 24;  // fewer than head_dim: the tail stays
-    rp.freq_base = 10000.0f;
-    r = both([&](Backend* b, HostAct& x, HostAct&) { ASSERT_EQ(b->rope(&x.a, head_dim, rp, pos), MOELITE_OK); });
-    EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "rope " << static_cast<int>(style);
-  }
+  expect_float_ops_match_cpu(p.vk.get(), p.cpu.get());
   NO_VALIDATION_MESSAGES();
 }
 
 TEST(VulkanOps, AttentionOverTwoBatchesMatchesTheCpuBackend) {
   NEED_VULKAN(p);
-  std::mt19937 rng(9);
-  const int32_t n_head = 4, n_head_kv = 2, head_dim = 16, n_ctx = 40;
-  const int64_t q_dim = n_head * head_dim, kv_dim = n_head_kv * head_dim;
-  std::vector<std::vector<float>> outs;
-  for (Backend* b : {p.vk.get(), p.cpu.get()}) {
-    KvCache kv;
-    ASSERT_EQ(b->alloc_kv(2, n_ctx, kv_dim, &kv), MOELITE_OK);
-    std::mt19937 r2(3);
-    std::vector<float> all;
-    for (int32_t pos0 : {0, 7}) {  // a prompt of 7, then 5 more tokens attending to all 12
-      const int64_t n = pos0 == 0 ? 7 : 5;
-      HostAct q(b, n, q_dim), k(b, n, kv_dim), v(b, n, kv_dim), o(b, n, q_dim);
-      q.set(randv(static_cast<size_t>(n * q_dim), r2, -2, 2));
-      k.set(randv(static_cast<size_t>(n * kv_dim), r2, -2, 2));
-      v.set(randv(static_cast<size_t>(n * kv_dim), r2));
-      ASSERT_EQ(b->attention(&kv, 1, q.a, k.a, v.a, pos0, n_head, n_head_kv, head_dim, &o.a), MOELITE_OK);
-      const std::vector<float> got = o.get();
-      all.insert(all.end(), got.begin(), got.end());
-    }
-    b->free_kv(&kv);
-    outs.push_back(all);
-  }
-  EXPECT_LT(max_rel(outs[0], widen(outs[1])), 1e-5);
+  expect_attention_matches_cpu(p.vk.get(), p.cpu.get(), 7, 40);
   NO_VALIDATION_MESSAGES();
 }
 
 TEST(VulkanOps, RoutingMatchesTheCpuBackend) {
   NEED_VULKAN(p);
-  std::mt19937 rng(2);
-  const int64_t n = 6, n_expert = 16;
-  std::vector<float> logits = randv(static_cast<size_t>(n * n_expert), rng, -3, 3);
-  logits[3] = logits[5];  // a tie: the lower id wins
-  for (bool renorm : {false, true}) {
-    Routing rv, rc;
-    HostAct lv(p.vk.get(), n, n_expert), lc(p.cpu.get(), n, n_expert);
-    lv.set(logits);
-    lc.set(logits);
-    ASSERT_EQ(p.vk->route(lv.a, 4, renorm, &rv), MOELITE_OK);
-    ASSERT_EQ(p.cpu->route(lc.a, 4, renorm, &rc), MOELITE_OK);
-    EXPECT_EQ(rv.ids, rc.ids);
-    ASSERT_EQ(rv.weights.size(), rc.weights.size());
-    for (size_t i = 0; i < rv.weights.size(); ++i) EXPECT_NEAR(rv.weights[i], rc.weights[i], 2e-7) << i;
-  }
+  expect_routing_matches_cpu(p.vk.get(), p.cpu.get(), 6);
   NO_VALIDATION_MESSAGES();
 }
 

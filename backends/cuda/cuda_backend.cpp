@@ -356,16 +356,7 @@ Status CudaBackend::matmul(const WeightView& w, const Act& x, const float* bias,
 Status CudaBackend::add(Act* x, const Act& y) { return k_->add(compute_, floats(*x), floats(y), x->rows * x->cols); }
 
 Status CudaBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) {
-  const int32_t half = p.n_rot / 2;
-  std::vector<float> cs(static_cast<size_t>(x->rows) * static_cast<size_t>(half) * 2);
-  std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
-  for (int64_t t = 0; t < x->rows; ++t) {
-    rope_angles(static_cast<double>(p.freq_base), p.n_rot, positions[t], c.data(), s.data());
-    for (int32_t i = 0; i < half; ++i) {
-      cs[static_cast<size_t>((t * half + i) * 2)] = c[static_cast<size_t>(i)];
-      cs[static_cast<size_t>((t * half + i) * 2 + 1)] = s[static_cast<size_t>(i)];
-    }
-  }
+  const std::vector<float> cs = rope_cos_sin_table(static_cast<double>(p.freq_base), p.n_rot, positions, x->rows);
   const void* angles;
   MOELITE_TRY(upload(cs.data(), cs.size() * sizeof(float), &angles));
   return k_->rope(compute_, floats(*x), x->rows, x->cols, head_dim, p.n_rot, p.style == RopeStyle::Neox,

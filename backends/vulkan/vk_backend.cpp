@@ -418,15 +418,7 @@ Status VulkanBackend::add(Act* x, const Act& y) {
 Status VulkanBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) {
   // Angles in double on the host, as the CPU backend computes them.
   const int32_t half = p.n_rot / 2;
-  std::vector<float> cs(static_cast<size_t>(x->rows) * static_cast<size_t>(half) * 2);
-  std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
-  for (int64_t t = 0; t < x->rows; ++t) {
-    rope_angles(static_cast<double>(p.freq_base), p.n_rot, positions[t], c.data(), s.data());
-    for (int32_t i = 0; i < half; ++i) {
-      cs[static_cast<size_t>((t * half + i) * 2)] = c[static_cast<size_t>(i)];
-      cs[static_cast<size_t>((t * half + i) * 2 + 1)] = s[static_cast<size_t>(i)];
-    }
-  }
+  const std::vector<float> cs = rope_cos_sin_table(static_cast<double>(p.freq_base), p.n_rot, positions, x->rows);
   Buffer angles;
   MOELITE_TRY(dev_->temp(cs.data(), cs.size() * sizeof(float), &angles));
   const ActRef* xr = ref(*x);
