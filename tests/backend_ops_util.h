@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/cpu/quant.h"
 #include "core/expert_store/expert_source.h"
+#include "tests/random_weights.h"
 
 namespace moelite::test {
 
@@ -89,6 +91,48 @@ class FakeExperts final : public ExpertSource {
   }
   void release(int32_t, int32_t) override { held -= resident ? 0 : 1; }
 };
+
+// A weight of `rows` random rows of type t (cols elements each), kept for the process's life (a
+// GPU backend finds its device copy by host address, as it does a model's weights).
+inline WeightView random_matrix(TensorType t, int64_t rows, int64_t cols, std::mt19937& rng) {
+  static std::deque<std::vector<uint8_t>> kept;
+  std::vector<uint8_t> bytes;
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<uint8_t> row = random_weights(t, cols, rng);
+    bytes.insert(bytes.end(), row.begin(), row.end());
+  }
+  kept.push_back(std::move(bytes));
+  WeightView w;
+  w.type = t;
+  w.cols = cols;
+  w.rows = rows;
+  w.row_bytes = kept.back().size() / static_cast<size_t>(rows);
+  w.data = kept.back().data();
+  return w;
+}
+
+// The weight's values by the scalar reference dequantization.
+inline std::vector<float> dequantized(const WeightView& w) {
+  std::vector<float> deq(static_cast<size_t>(w.rows * w.cols));
+  for (int64_t r = 0; r < w.rows; ++r)
+    cpu::kernels_scalar().dequant[static_cast<uint32_t>(w.type)](w.data + r * w.row_bytes, deq.data() + r * w.cols,
+                                                                 w.cols);
+  return deq;
+}
+
+// want[t][r] = bias[r] + sum_c deq[r][c] x[t][c], in float64: the reference of a matrix product.
+inline std::vector<double> reference_product(const std::vector<float>& deq, const std::vector<float>& x,
+                                             const std::vector<float>& bias, int64_t rows, int64_t cols, int64_t n) {
+  std::vector<double> want(static_cast<size_t>(n * rows));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t r = 0; r < rows; ++r) {
+      double acc = bias[static_cast<size_t>(r)];
+      for (int64_t c = 0; c < cols; ++c)
+        acc += double(deq[static_cast<size_t>(r * cols + c)]) * x[static_cast<size_t>(t * cols + c)];
+      want[static_cast<size_t>(t * rows + r)] = acc;
+    }
+  return want;
+}
 
 // Floats handed to a backend as model data (norm weights, biases) must outlive it, since a GPU
 // backend finds its copy by host address: kept for the process's life.

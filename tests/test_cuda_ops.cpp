@@ -39,33 +39,6 @@ Pair make(bool integrated) {
   return p;
 }
 
-// A weight of `rows` random rows of type t (cols elements each), kept for the process's life (a
-// backend finds its device copy by host address, as of a model's weights).
-WeightView random_matrix(TensorType t, int64_t rows, int64_t cols, std::mt19937& rng) {
-  static std::deque<std::vector<uint8_t>> kept;
-  std::vector<uint8_t> bytes;
-  for (int64_t r = 0; r < rows; ++r) {
-    const std::vector<uint8_t> row = test::random_weights(t, cols, rng);
-    bytes.insert(bytes.end(), row.begin(), row.end());
-  }
-  kept.push_back(std::move(bytes));
-  WeightView w;
-  w.type = t;
-  w.cols = cols;
-  w.rows = rows;
-  w.row_bytes = kept.back().size() / static_cast<size_t>(rows);
-  w.data = kept.back().data();
-  return w;
-}
-
-std::vector<float> dequantized(const WeightView& w) {
-  std::vector<float> deq(static_cast<size_t>(w.rows * w.cols));
-  for (int64_t r = 0; r < w.rows; ++r)
-    cpu::kernels_scalar().dequant[static_cast<uint32_t>(w.type)](w.data + r * w.row_bytes, deq.data() + r * w.cols,
-                                                                 w.cols);
-  return deq;
-}
-
 // The weight's dequantized values as an F32 weight (kept, like random_matrix's).
 WeightView as_f32(const WeightView& w) {
   static std::deque<std::vector<float>> kept;
@@ -84,7 +57,6 @@ class CudaDevices : public testing::TestWithParam<bool> {};
 TEST_P(CudaDevices, MatmulAndGetRowsForEveryWeightTypeMatchTheScalarDequantization) {
   Pair p = make(GetParam());
   std::mt19937 rng(11);
-  std::deque<std::vector<float>> keep;
   for (TensorType t : kTypes) {
     SCOPED_TRACE(type_name(t));
     const bool is_float = t == TensorType::F32 || t == TensorType::F16 || t == TensorType::BF16;
@@ -94,16 +66,8 @@ TEST_P(CudaDevices, MatmulAndGetRowsForEveryWeightTypeMatchTheScalarDequantizati
       const WeightView w = random_matrix(t, rows, cols, rng);
       const std::vector<float> deq = dequantized(w);
       const std::vector<float> x = randv(static_cast<size_t>(n * cols), rng, -2, 2);
-      keep.push_back(randv(rows, rng));
-      const std::vector<float>& bias = keep.back();
-      std::vector<double> want(static_cast<size_t>(n * rows));
-      for (int64_t tok = 0; tok < n; ++tok)
-        for (int64_t r = 0; r < rows; ++r) {
-          double acc = bias[static_cast<size_t>(r)];
-          for (int64_t c = 0; c < cols; ++c)
-            acc += double(deq[static_cast<size_t>(r * cols + c)]) * x[static_cast<size_t>(tok * cols + c)];
-          want[static_cast<size_t>(tok * rows + r)] = acc;
-        }
+      const std::vector<float>& bias = kept_floats(randv(rows, rng));
+      const std::vector<double> want = reference_product(deq, x, bias, rows, cols, n);
       ASSERT_EQ(p.gpu->place_weight(w), MOELITE_OK);
       HostAct xa(p.gpu.get(), n, cols), ya(p.gpu.get(), n, rows);
       xa.set(x);

@@ -287,7 +287,9 @@ TEST(IoRobustness, BatchReaderSurvivesAFailedSubmission) {
     uint64_t n = 0;
     std::vector<bool> done(3, false);
     fault::arm(fault::Kind::kUringBusy, 1);  // a transient refusal on the way: retried
-    ASSERT_EQ(reader->read_all(ranges_into(got.data()), [&](size_t i) { done[i] = true; }, &n), MOELITE_OK)
+    ASSERT_EQ(reader->read_all(
+                  ranges_into(got.data()), [&](size_t i) { done[i] = true; }, &n),
+              MOELITE_OK)
         << moelite_last_error();
     EXPECT_TRUE(fault::fired());
     fault::disarm();

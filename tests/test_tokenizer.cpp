@@ -400,11 +400,11 @@ TEST(TokenizerUnicode, DecodeIsTotal) {
 TEST(TokenizerUnicode, DecodeRejectsIllFormed) {
   using moelite::unicode::decode_utf8;
   const uint32_t R = 0xFFFD;
-  EXPECT_EQ(decode_utf8("\xC1\xB3"), (std::vector<uint32_t>{R, R}));              // overlong 's'
-  EXPECT_EQ(decode_utf8("\xC0\xAF"), (std::vector<uint32_t>{R, R}));              // overlong '/'
-  EXPECT_EQ(decode_utf8("\xE0\x9A\x8D"), (std::vector<uint32_t>{R, R, R}));       // overlong U+068D
+  EXPECT_EQ(decode_utf8("\xC1\xB3"), (std::vector<uint32_t>{R, R}));                // overlong 's'
+  EXPECT_EQ(decode_utf8("\xC0\xAF"), (std::vector<uint32_t>{R, R}));                // overlong '/'
+  EXPECT_EQ(decode_utf8("\xE0\x9A\x8D"), (std::vector<uint32_t>{R, R, R}));         // overlong U+068D
   EXPECT_EQ(decode_utf8("\xF0\x8F\xBF\xBF"), (std::vector<uint32_t>{R, R, R, R}));  // overlong U+FFFF
-  EXPECT_EQ(decode_utf8("\xED\xA0\x80"), (std::vector<uint32_t>{R, R, R}));       // surrogate D800
+  EXPECT_EQ(decode_utf8("\xED\xA0\x80"), (std::vector<uint32_t>{R, R, R}));         // surrogate D800
   EXPECT_EQ(decode_utf8("\xF4\x90\x80\x80"), (std::vector<uint32_t>{R, R, R, R}));  // U+110000
   // The smallest and largest value of each length still decode.
   EXPECT_EQ(decode_utf8("\xC2\x80\xDF\xBF\xE0\xA0\x80\xED\x9F\xBF\xEE\x80\x80\xF0\x90\x80\x80\xF4\x8F\xBF\xBF"),

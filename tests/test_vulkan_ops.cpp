@@ -97,37 +97,14 @@ TEST_P(VulkanShaderPaths, MatmulAndGetRowsForEveryWeightTypeMatchTheScalarDequan
   const uint64_t validation_before = vk::Device::validation_messages();
   std::mt19937 rng(11);
   const int64_t cols = 512, rows = 9, n = 3;
-  std::vector<std::vector<float>> keep;
   for (TensorType t : kTypes) {
     SCOPED_TRACE(type_name(t));
-    std::vector<uint8_t> bytes;
-    for (int64_t r = 0; r < rows; ++r) {
-      const std::vector<uint8_t> row = test::random_weights(t, cols, rng);
-      bytes.insert(bytes.end(), row.begin(), row.end());
-    }
-    WeightView w;
-    w.type = t;
-    w.cols = cols;
-    w.rows = rows;
-    w.row_bytes = bytes.size() / rows;
-    w.data = bytes.data();
+    const WeightView w = random_matrix(t, rows, cols, rng);
     // Reference: the scalar dequantization, products in float64.
-    std::vector<float> deq(static_cast<size_t>(rows * cols));
-    for (int64_t r = 0; r < rows; ++r)
-      cpu::kernels_scalar().dequant[static_cast<uint32_t>(t)](bytes.data() + r * w.row_bytes, deq.data() + r * cols,
-                                                              cols);
+    const std::vector<float> deq = dequantized(w);
     const std::vector<float> x = randv(static_cast<size_t>(n * cols), rng, -2, 2);
-    // Float arrays handed to operations are model weights: they must outlive the backend.
-    keep.push_back(randv(rows, rng));
-    const std::vector<float>& bias = keep.back();
-    std::vector<double> want(static_cast<size_t>(n * rows));
-    for (int64_t t2 = 0; t2 < n; ++t2)
-      for (int64_t r = 0; r < rows; ++r) {
-        double acc = bias[static_cast<size_t>(r)];
-        for (int64_t c = 0; c < cols; ++c)
-          acc += double(deq[static_cast<size_t>(r * cols + c)]) * x[static_cast<size_t>(t2 * cols + c)];
-        want[static_cast<size_t>(t2 * rows + r)] = acc;
-      }
+    const std::vector<float>& bias = kept_floats(randv(rows, rng));
+    const std::vector<double> want = reference_product(deq, x, bias, rows, cols, n);
     ASSERT_EQ(p.vk->place_weight(w), MOELITE_OK);
     HostAct xa(p.vk.get(), n, cols), ya(p.vk.get(), n, rows);
     xa.set(x);
