@@ -64,6 +64,21 @@ def test_cuda_logits_match_reference(arch, wtype):
     assert (got.argmax(axis=1) == ref.argmax(axis=1)).all()
 
 
+@pytest.mark.parametrize("variant", ["tied", "per-expert-tensors", "gqa1", "pregate", "long-context"])
+def test_cuda_layout_variants(variant):
+    """Tied output, the old per-expert Mixtral layout, one KV head, a pre-gated router, and a
+    prompt longer than one chunk of the split attention, against the float64 reference."""
+    extra = {"tied": ["--tied"], "per-expert-tensors": ["--per-expert-tensors"], "gqa1": ["--n-head-kv", "1"],
+             "pregate": ["--pregate", "--n-layer", "3"], "long-context": ["--ctx", "1024"]}[variant]
+    arch = "llama" if variant == "per-expert-tensors" else "qwen3moe"
+    model = make_model("cuda-variant-" + variant, arch, "Q4_K", *extra)
+    tokens = TOKENS * 31 if variant == "long-context" else TOKENS  # 310 positions: two chunks
+    got = cuda_logits(model, tokens=tokens)
+    assert nmse(got, reference_logits(model, tokens=tokens, quantize=False)) < TIGHT_FLOAT
+    if variant == "pregate":  # routing from the pre-gate of the layer before
+        np.testing.assert_array_equal(got, cuda_logits(model, extra=["--budget", "40%", "--predictor", "pregate"]))
+
+
 @pytest.mark.parametrize("device", ["integrated", "discrete"])
 @pytest.mark.parametrize("arch,wtype", [("qwen2moe", "Q4_K"), ("olmoe", "Q5_0"), ("llama", "Q6_K"),
                                         ("qwen3moe", "BF16")])
