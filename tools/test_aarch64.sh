@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Cross-builds moelite for 64-bit ARM Linux (the Jetson build: CUDA kernels for sm_87 embedded)
+# with Debian's g++-aarch64-linux-gnu and runs a subset of the tests under qemu-user with an
+# ARMv8.0 core (cortex-a53) and the newest qemu models (max): the C API test on the shipped model,
+# the SIMT emulator (its aarch64 context switch) and the CUDA kernels through it, and the CUDA
+# backend end to end on an emulated discrete GPU against the x86-64 build's result.
+#   tools/test_aarch64.sh            (after tools/test.sh, which leaves build/bin/moelite)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/install_deps.sh --test
+missing=()
+for p in g++-aarch64-linux-gnu qemu-user; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  [[ $(id -u) -eq 0 ]] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+cmake -S . -B build-aarch64 -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake \
+  -DCMAKE_BUILD_TYPE=Release -DMOELITE_TESTS=ON -DMOELITE_VULKAN=OFF \
+  -DMOELITE_CUDA_ARCHITECTURES="87-real;87-virtual" >/dev/null
+cmake --build build-aarch64 --target moelite_tests test_c_api moelite_cli
+run() { qemu-aarch64 -L /usr/aarch64-linux-gnu "$@"; }
+model=models/moelite-tiny-qwen3moe-Q8_0.gguf
+tokens=1,17,250,3,99,42,7,300,511,0
+for cpu in cortex-a53 max; do
+  echo "== qemu-aarch64 -cpu $cpu"
+  export QEMU_CPU=$cpu
+  run build-aarch64/bin/test_c_api "$model"
+  run build-aarch64/bin/moelite_tests --gtest_brief=1 --gtest_filter='Simt*:CudaOps*:QuantKernels*'
+done
+unset QEMU_CPU
+# The CUDA backend end to end on ARM (emulated discrete GPU, budget): the same logits as the
+# x86-64 build up to float rounding (aarch64 compilers fuse multiply-adds).
+MOELITE_CUDA_EMULATOR=discrete run build-aarch64/bin/moelite logits -m "$model" --tokens "$tokens" \
+  --backend cuda --budget 40% --out build-aarch64/cuda.f32
+MOELITE_CUDA_EMULATOR=discrete build/bin/moelite logits -m "$model" --tokens "$tokens" --backend cuda \
+  --out build-aarch64/cuda-x86.f32
+/usr/bin/python3 - <<'PY'
+import numpy as np
+a = np.fromfile("build-aarch64/cuda.f32", "<f4").astype(np.float64)
+b = np.fromfile("build-aarch64/cuda-x86.f32", "<f4").astype(np.float64)
+err = ((a - b) ** 2).sum() / (b ** 2).sum()
+print("aarch64 vs x86-64 CUDA (emulated) logits: nmse %.3e" % err)
+assert a.shape == b.shape and err < 1e-9, err
+PY
