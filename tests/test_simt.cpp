@@ -9,8 +9,10 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -480,3 +482,114 @@ TEST(Simt, SpeedOfSwitchesAndWarpReductions) {
 }
 
 }  // namespace
+
+// ---- shared-memory race checking (simt/shared_array.h) ---------------------------------------
+
+namespace {
+
+// Runs `body` as a kernel of `blocks` x `threads`; the status and the message of a fault.
+std::pair<moelite_status, std::string> run_kernel(unsigned threads, const std::function<void()>& body,
+                                                  unsigned blocks = 1) {
+  const moelite_status st = simt::launch(Dim3(blocks), Dim3(threads), 0, body);
+  return {st, st == MOELITE_OK ? std::string() : std::string(moelite::last_error_message())};
+}
+
+}  // namespace
+
+TEST(SimtSharedMemory, AMissingBarrierIsARace) {
+  std::vector<int> out(64);
+  // Thread 0 writes, everyone reads: without __syncthreads the readers race with the writer,
+  // whichever order the emulator runs them in.
+  auto racy = run_kernel(64, [&] {
+    MK_SHARED(int, value, 1);
+    if (threadIdx.x == 0) value[0] = 42;
+    out[threadIdx.x] = value[0];
+  });
+  EXPECT_EQ(racy.first, MOELITE_ERR_BACKEND);
+  EXPECT_NE(racy.second.find("shared-memory race: write then read"), std::string::npos) << racy.second;
+  auto fine = run_kernel(64, [&] {
+    MK_SHARED(int, value, 1);
+    if (threadIdx.x == 0) value[0] = 42;
+    __syncthreads();
+    out[threadIdx.x] = value[0];
+  });
+  EXPECT_EQ(fine.first, MOELITE_OK) << fine.second;
+  for (int v : out) EXPECT_EQ(v, 42);
+  // The next launch is unaffected by the earlier fault.
+  EXPECT_EQ(run_kernel(32, [] {}).first, MOELITE_OK);
+}
+
+TEST(SimtSharedMemory, OverwritingWhatOthersStillReadIsARace) {
+  // Everyone reads element 0, then thread 5 overwrites it: a second barrier is needed in between
+  // (the pattern of reusing a reduction's scratch).
+  auto racy = run_kernel(64, [] {
+    MK_SHARED(float, scratch, 1);
+    if (threadIdx.x == 0) scratch[0] = 1.0f;
+    __syncthreads();
+    const float v = scratch[0];
+    if (threadIdx.x == 5) scratch[0] = v + 1.0f;
+  });
+  EXPECT_EQ(racy.first, MOELITE_ERR_BACKEND);
+  EXPECT_NE(racy.second.find("read then write"), std::string::npos) << racy.second;
+  auto fine = run_kernel(64, [] {
+    MK_SHARED(float, scratch, 1);
+    if (threadIdx.x == 0) scratch[0] = 1.0f;
+    __syncthreads();
+    const float v = scratch[0];
+    __syncthreads();
+    if (threadIdx.x == 5) scratch[0] = v + 1.0f;
+  });
+  EXPECT_EQ(fine.first, MOELITE_OK) << fine.second;
+  auto two_writers = run_kernel(64, [] {
+    MK_SHARED(int, slot, 1);
+    if (threadIdx.x < 2) slot[0] = static_cast<int>(threadIdx.x);
+  });
+  EXPECT_NE(two_writers.second.find("two writes"), std::string::npos) << two_writers.second;
+}
+
+TEST(SimtSharedMemory, SyncwarpOrdersLanesOfOneWarpOnly) {
+  auto within_warp = run_kernel(64, [] {
+    MK_SHARED(int, per_warp, 2);
+    if (threadIdx.x % 32 == 0) per_warp[threadIdx.x / 32] = 7;
+    __syncwarp();
+    const int v = per_warp[threadIdx.x / 32];
+    (void)v;
+  });
+  EXPECT_EQ(within_warp.first, MOELITE_OK) << within_warp.second;
+  auto across_warps = run_kernel(64, [] {
+    MK_SHARED(int, per_warp, 2);
+    if (threadIdx.x % 32 == 0) per_warp[threadIdx.x / 32] = 7;
+    __syncwarp();
+    const int v = per_warp[1 - threadIdx.x / 32];  // the other warp's slot: needs __syncthreads
+    (void)v;
+  });
+  EXPECT_EQ(across_warps.first, MOELITE_ERR_BACKEND);
+  EXPECT_NE(across_warps.second.find("race"), std::string::npos) << across_warps.second;
+}
+
+TEST(SimtSharedMemory, BlocksAndLaunchesStartClean) {
+  // Each block writes then reads its own values after a barrier: no state of an earlier block or
+  // launch counts against it.
+  for (int launch = 0; launch < 2; ++launch) {
+    auto r = run_kernel(
+        32,
+        [] {
+          MK_SHARED(int, v, 32);
+          v[threadIdx.x] = static_cast<int>(blockIdx.x);
+          __syncthreads();
+          const int mine = v[(threadIdx.x + 1) % 32];
+          (void)mine;
+        },
+        4);
+    EXPECT_EQ(r.first, MOELITE_OK) << r.second;
+  }
+}
+
+TEST(SimtSharedMemory, AnIndexOutOfBoundsIsAFault) {
+  auto r = run_kernel(32, [] {
+    MK_SHARED(int, v, 8);
+    v[threadIdx.x] = 1;  // threads 8..31 are past the end
+  });
+  EXPECT_EQ(r.first, MOELITE_ERR_BACKEND);
+  EXPECT_NE(r.second.find("out of bounds"), std::string::npos) << r.second;
+}

@@ -8,7 +8,9 @@ namespace moelite::cuda_kernels {
 
 constexpr int kAttnThreads = 128;
 
-MK_DEVICE float block_reduce(float v, bool is_max, float* partial) {
+// `partial` is the block's shared array of kAttnThreads / 32 floats.
+template <class SharedFloats>
+MK_DEVICE float block_reduce(float v, bool is_max, SharedFloats& partial) {
   v = is_max ? warp_max(v) : warp_sum(v);
   const int tid = int(threadIdx.x);
   __syncthreads();  // partial may still be read from the previous reduction

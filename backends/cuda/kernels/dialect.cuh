@@ -36,12 +36,14 @@ MK_DEVICE void atomic_add_f32(float* p, float v) { atomicAdd(p, v); }
 #include <cmath>
 #include <cstring>
 
+#include "backends/cuda/simt/shared_array.h"
 #include "backends/cuda/simt/simt.h"
 
 #define MK_GLOBAL static
 #define MK_DEVICE inline
-// One block runs at a time on an OS thread, so a thread_local array is exactly the block's shared memory.
-#define MK_SHARED(type, name, count) static thread_local type name[count]
+// One block runs at a time on an OS thread, so a thread_local array is exactly the block's shared
+// memory; SharedArray checks every access for races and bounds (simt/shared_array.h).
+#define MK_SHARED(type, name, count) static thread_local ::moelite::simt::SharedArray<type, count> name
 #define MK_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::moelite::simt::dynamic_shared())
 #define threadIdx (::moelite::simt::thread_idx())
 #define blockIdx (::moelite::simt::block_idx())

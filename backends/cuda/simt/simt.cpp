@@ -69,6 +69,7 @@ struct WarpExchange {
   uint64_t value[kWarpSize] = {};
   int arg[kWarpSize] = {};  // source lane, lane mask or delta, per lane
   uint64_t result[kWarpSize] = {};
+  uint64_t sync_epoch = 0;  // counts completed __syncwarp (shared-memory race checking)
 };
 
 // Everything an OS thread needs to run launches; created on its first launch and kept (stacks,
@@ -95,6 +96,8 @@ struct Emulator {
   unsigned live_threads = 0;  // threads of the block that have not returned
   uint16_t barrier_waiters[kMaxThreadsPerBlock];
   unsigned barrier_arrived = 0;
+  // Shared-memory race checking: a new value at every block start and completed block barrier.
+  uint64_t epoch_counter = 0, block_epoch = 0;
 
   std::string fault;              // first kernel fault of the block ("kernel threw: ...", bad mask)
   bool abandoned_fibers = false;  // a fiber was left suspended: its stack holds stale frames
@@ -214,6 +217,7 @@ void complete_warp_exchange(Emulator* e, unsigned warp, unsigned running_lane) {
     push_ready(e, first_thread + l);
   }
   w.arrived = 0;
+  if (w.op == WarpOp::kSyncWarp) ++w.sync_epoch;
 }
 
 std::string describe_block(const Emulator* e) {
@@ -271,6 +275,7 @@ void release_barrier(Emulator* e, const SimThread* running) {
     push_ready(e, t.linear);
   }
   e->barrier_arrived = 0;
+  e->block_epoch = ++e->epoch_counter;
 }
 
 // ---- thread life --------------------------------------------------------------------------------
@@ -395,6 +400,7 @@ std::string describe_deadlock(const Emulator* e) {
 bool run_block(Emulator* e) {
   e->ready_head = e->ready_tail = 0;
   e->barrier_arrived = 0;
+  e->block_epoch = ++e->epoch_counter;
   e->live_threads = e->n_threads;
   for (unsigned w = 0; w < e->n_warps; ++w) {
     const unsigned lanes = e->n_threads - w * kWarpSize;
@@ -492,6 +498,23 @@ unsigned lane_id() {
 void* dynamic_shared() {
   const Emulator* e = t_active;
   return e ? e->dynamic_shared : nullptr;
+}
+
+SyncClock sync_clock() {
+  SyncClock c;
+  const Emulator* e = t_active;
+  if (!e || !e->current) return c;
+  c.block_epoch = e->block_epoch;
+  c.warp_epoch = e->warps[e->current->warp].sync_epoch;
+  c.thread = e->current->linear;
+  c.warp = e->current->warp;
+  c.valid = true;
+  return c;
+}
+
+void report_kernel_fault(const char* message) {
+  Emulator* e = t_active;
+  if (e && e->fault.empty()) e->fault = "SIMT emulator: " + describe_block(e) + ": " + message;
 }
 
 void sync_threads() {

@@ -46,7 +46,7 @@ const Dim3& thread_idx();
 const Dim3& block_idx();
 const Dim3& block_dim();
 const Dim3& grid_dim();
-unsigned lane_id();  // linear thread id % 32
+unsigned lane_id();      // linear thread id % 32
 void* dynamic_shared();  // the block's dynamic shared memory (16-byte aligned)
 
 void sync_threads();
@@ -54,11 +54,24 @@ void sync_warp(unsigned mask);
 
 // Warp exchange of a 32-bit value (the kernels use float, int32_t, uint32_t); T is trivially
 // copyable and at most 8 bytes.
-uint64_t shfl_bits(unsigned mask, uint64_t v, int src_lane, int width);      // from lane src_lane (within width)
+uint64_t shfl_bits(unsigned mask, uint64_t v, int src_lane, int width);  // from lane src_lane (within width)
 uint64_t shfl_xor_bits(unsigned mask, uint64_t v, int lane_mask, int width);
 uint64_t shfl_down_bits(unsigned mask, uint64_t v, unsigned delta, int width);
 uint64_t shfl_up_bits(unsigned mask, uint64_t v, unsigned delta, int width);
 unsigned ballot(unsigned mask, bool pred);
+
+// Shared-memory race checking (shared_array.h): where the calling thread stands in its block's
+// synchronisation order.
+struct SyncClock {
+  uint64_t block_epoch = 0;  // new at every block start and every completed __syncthreads
+  uint64_t warp_epoch = 0;   // new at every completed __syncwarp of the thread's warp
+  unsigned thread = 0, warp = 0;
+  bool valid = false;  // false outside a kernel
+};
+SyncClock sync_clock();
+// Records a fault found while the block runs (the first one is kept); the block runs on and
+// launch() returns MOELITE_ERR_BACKEND with the message.
+void report_kernel_fault(const char* message);
 
 template <class T>
 inline uint64_t to_bits(T v) {
