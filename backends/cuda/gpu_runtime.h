@@ -1,5 +1,5 @@
 // What the CUDA backend needs of a device: memory, streams, events and a kernel table. Two
-// implementations: the CUDA runtime on a real GPU (runtime_cuda.cu, builds with the toolkit) and an
+// implementations: the CUDA driver on a real GPU (runtime_cuda.cpp, built with nvcc present) and an
 // emulated device on the host (runtime_emu.cpp, always built), which runs the same kernel source
 // through the SIMT emulator and models device memory, streams and events -- so everything above
 // this interface is tested in CI without a GPU.
@@ -68,8 +68,8 @@ std::unique_ptr<GpuRuntime> open_emulated_runtime(bool integrated);
 // (0: none). An allocation fails at once with MOELITE_ERR_OUT_OF_MEMORY; a copy or kernel is queued
 // and fails when it runs, so the failure surfaces at the next synchronisation, as a GPU fault does.
 void emu_fail_nth_operation_for_testing(int64_t n);
-// The first usable CUDA device; MOELITE_ERR_BACKEND_UNAVAILABLE with the reason otherwise (not
-// built with the toolkit, no driver, no device, compute capability below 7.5).
+// The first usable CUDA device; MOELITE_ERR_BACKEND_UNAVAILABLE with the reason otherwise (built
+// without nvcc, no driver, no device, compute capability below 7.5, kernels that do not load).
 Status open_cuda_runtime(std::unique_ptr<GpuRuntime>* out);
 
 }  // namespace moelite::cuda

@@ -1,7 +1,7 @@
 // The CUDA backend's kernels as a table of launch functions. The same kernel source is compiled
-// twice: by nvcc for a GPU (kernels_cuda.cu) and by the host compiler for the SIMT emulator
-// (kernels_emu.cpp); each fills one table, and the backend computes through whichever its runtime
-// (gpu_runtime.h) hands it. Pointers are device pointers; `stream` is the runtime's stream handle.
+// twice: by nvcc into the fatbin a GPU runs (kernels_gpu.cu; launched by kernels_gpu.cpp) and by
+// the host compiler for the SIMT emulator (kernels_emu.cpp); each side fills one table, and the
+// backend computes through whichever its runtime (gpu_runtime.h) hands it. Pointers are device pointers; `stream` is the runtime's stream handle.
 // A launcher returns a Status for what it can tell at launch (bad configuration, unsupported type);
 // failures while the kernel runs are reported by the runtime's next synchronisation.
 #pragma once

@@ -1,5 +1,5 @@
 // The dialect the CUDA kernels are written in: plain CUDA C++ where nvcc compiles them
-// (kernels_cuda.cu), and the same source on the CPU through the SIMT emulator (simt/simt.h) where
+// (kernels_gpu.cu, into a fatbin), and the same source on the CPU through the SIMT emulator (simt/) where
 // a host compiler does (kernels_emu.cpp). The kernels use only what is defined here:
 //   MK_GLOBAL / MK_DEVICE               kernel / device-function qualifiers
 //   MK_SHARED(type, name, count)        a static shared-memory array of the block
