@@ -482,6 +482,7 @@ std::vector<const KernelTable*> simd_tables() {
   std::vector<const KernelTable*> v;
   if (const KernelTable* t = kernels_avx2()) v.push_back(t);
   if (const KernelTable* t = kernels_avx512()) v.push_back(t);
+  if (const KernelTable* t = kernels_neon()) v.push_back(t);
   return v;
 }
 

@@ -67,6 +67,7 @@ const KernelTable& kernels_scalar();
 // scalar table has a kernel).
 const KernelTable* kernels_avx2();
 const KernelTable* kernels_avx512();
+const KernelTable* kernels_neon();  // AArch64 (ARMv8.0 NEON)
 // Best table for this CPU. The environment variable MOELITE_ISA=scalar|avx2|avx512 caps the
 // choice (for testing and benchmarking).
 const KernelTable& kernels_best();

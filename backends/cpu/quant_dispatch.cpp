@@ -8,15 +8,18 @@
 namespace moelite::cpu {
 
 #if !MOELITE_X86
-// The SIMD files are only compiled for x86-64; elsewhere there is just the scalar table.
+// The x86 SIMD files are only compiled for x86-64.
 const KernelTable* kernels_avx2() { return nullptr; }
 const KernelTable* kernels_avx512() { return nullptr; }
+#endif
+#if !defined(__aarch64__)
+const KernelTable* kernels_neon() { return nullptr; }
 #endif
 
 namespace {
 int isa_rank(const char* name) {
   if (std::strcmp(name, "scalar") == 0) return 0;
-  if (std::strcmp(name, "avx2") == 0) return 1;
+  if (std::strcmp(name, "avx2") == 0 || std::strcmp(name, "neon") == 0) return 1;
   if (std::strcmp(name, "avx512") == 0) return 2;
   return 99;
 }
@@ -30,6 +33,8 @@ const KernelTable& kernels_best() {
       if (const KernelTable* t = kernels_avx512()) return t;
     if (cap >= 1)
       if (const KernelTable* t = kernels_avx2()) return t;
+    if (cap >= 1)
+      if (const KernelTable* t = kernels_neon()) return t;
     return &kernels_scalar();
   }();
   return *best;
