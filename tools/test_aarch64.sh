@@ -3,7 +3,8 @@
 # with Debian's g++-aarch64-linux-gnu and runs a subset of the tests under qemu-user with an
 # ARMv8.0 core (cortex-a53) and the newest qemu models (max): the C API test on the shipped model,
 # the SIMT emulator (its aarch64 context switch) and the CUDA kernels through it, and the CUDA
-# backend end to end on an emulated discrete GPU against the x86-64 build's result.
+# backend end to end on an emulated discrete GPU against the x86-64 build's result; the quant kernels
+# (the NEON table against the scalar one).
 #   tools/test_aarch64.sh            (after tools/test.sh, which leaves build/bin/moelite)
 set -euo pipefail
 cd "$(dirname "$0")/.."
