@@ -22,7 +22,7 @@ fi
 cmake -S . -B build-aarch64 -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake \
   -DCMAKE_BUILD_TYPE=Release -DMOELITE_TESTS=ON -DMOELITE_VULKAN=OFF \
   -DMOELITE_CUDA_ARCHITECTURES="87-real;87-virtual" >/dev/null
-cmake --build build-aarch64 --target moelite_tests test_c_api moelite_cli
+cmake --build build-aarch64 --target moelite moelite_static moelite_tests test_c_api moelite_cli
 run() { qemu-aarch64 -L /usr/aarch64-linux-gnu "$@"; }
 model=models/moelite-tiny-qwen3moe-Q8_0.gguf
 tokens=1,17,250,3,99,42,7,300,511,0
@@ -47,3 +47,13 @@ err = ((a - b) ** 2).sum() / (b ** 2).sum()
 print("aarch64 vs x86-64 CUDA (emulated) logits: nmse %.3e" % err)
 assert a.shape == b.shape and err < 1e-9, err
 PY
+# Every architecture x weight type under qemu on each dispatch path (cortex-a53: neon, cortex-a76:
+# dotprod, max: i8mm) against the numpy reference and the x86-64 build, plus budget and batching
+# exactness on ARM.
+MOELITE_BIN="$PWD/build/bin/moelite" MOELITE_BIN_AARCH64="$PWD/build-aarch64/bin/moelite" \
+  MOELITE_TEST_TMP="$PWD/build-aarch64/ref-tests" \
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/reference/test_aarch64_vs_reference.py
+# The Jetson sample cross-built against the installed aarch64 package, answering from the shipped
+# model under qemu (ARMv8.2 with dot products, like Orin's Cortex-A78AE).
+QEMU_CPU=cortex-a76 bash tests/jetson_sample/run.sh build-aarch64 "$PWD/build-aarch64/jetson" "$model" \
+  --cross "$PWD/cmake/toolchains/aarch64-linux-gnu.cmake" qemu-aarch64 -L /usr/aarch64-linux-gnu
