@@ -66,11 +66,11 @@ const KernelTable* kernels_i8mm() {
   static const KernelTable table = [base] {
     KernelTable t = *base;
     t.isa = "i8mm";
-    // vec_dot and its multi-dot are set together (set_vec_dot), so each pair is consistent.
-    set_vec_dot<dot_one<DotQ8_0, IsaI8mm>>(t, TensorType::Q8_0, dot_multi<DotQ8_0, IsaI8mm>);
-    set_vec_dot<dot_one<DotQ4_0, IsaI8mm>>(t, TensorType::Q4_0, dot_multi<DotQ4_0, IsaI8mm>);
-    set_vec_dot<dot_one<DotQ4K, IsaI8mm>>(t, TensorType::Q4_K, dot_multi<DotQ4K, IsaI8mm>);
-    set_vec_dot<dot_one<DotQ6K, IsaI8mm>>(t, TensorType::Q6_K, dot_multi<DotQ6K, IsaI8mm>);
+    // vec_dot (the K = 1 instance: SDOT) and its multi-dot come from the same kernel.
+    set_kernel<DotQ8_0, IsaI8mm>(t, TensorType::Q8_0);
+    set_kernel<DotQ4_0, IsaI8mm>(t, TensorType::Q4_0);
+    set_kernel<DotQ4K, IsaI8mm>(t, TensorType::Q4_K);
+    set_kernel<DotQ6K, IsaI8mm>(t, TensorType::Q6_K);
     return t;
   }();
   return &table;

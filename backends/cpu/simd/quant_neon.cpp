@@ -177,9 +177,9 @@ constexpr uint32_t id(TensorType t) { return static_cast<uint32_t>(t); }
 KernelTable make_table() {
   KernelTable t = kernels_scalar();  // dequantization stays scalar
   t.isa = "neon";
-  set_vec_dot<dot_one<DotF32, IsaNeon>>(t, TensorType::F32, dot_multi<DotF32, IsaNeon>);
-  set_vec_dot<dot_one<DotF16, IsaNeon>>(t, TensorType::F16, dot_multi<DotF16, IsaNeon>);
-  set_vec_dot<dot_one<DotBf16, IsaNeon>>(t, TensorType::BF16, dot_multi<DotBf16, IsaNeon>);
+  set_kernel<DotF32, IsaNeon>(t, TensorType::F32);
+  set_kernel<DotF16, IsaNeon>(t, TensorType::F16);
+  set_kernel<DotBf16, IsaNeon>(t, TensorType::BF16);
   set_quantized_kernels<IsaNeon>(t);
   t.quantize_act[id(TensorType::Q8_0)] = quantize_q8_0;
   t.quantize_act[id(TensorType::Q8_1)] = quantize_q8_1;

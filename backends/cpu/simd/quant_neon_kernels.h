@@ -508,19 +508,24 @@ struct DotQ6K {
   }
 };
 
-// Every quantized weight type's vec_dot / vec_dot_multi with one ISA policy.
+// A type's vec_dot (K = 1) and multi-dot from one kernel and one ISA, always set together.
+template <template <class, int> class Fn, class Isa>
+void set_kernel(KernelTable& t, TensorType type) {
+  set_vec_dot<dot_one<Fn, Isa>>(t, type, dot_multi<Fn, Isa>);
+}
+// Every quantized weight type with one ISA policy.
 template <class Isa>
 void set_quantized_kernels(KernelTable& t) {
-  set_vec_dot<dot_one<DotQ8_0, Isa>>(t, TensorType::Q8_0, dot_multi<DotQ8_0, Isa>);
-  set_vec_dot<dot_one<DotQ4_0, Isa>>(t, TensorType::Q4_0, dot_multi<DotQ4_0, Isa>);
-  set_vec_dot<dot_one<DotQ5_0, Isa>>(t, TensorType::Q5_0, dot_multi<DotQ5_0, Isa>);
-  set_vec_dot<dot_one<DotQ4_1, Isa>>(t, TensorType::Q4_1, dot_multi<DotQ4_1, Isa>);
-  set_vec_dot<dot_one<DotQ5_1, Isa>>(t, TensorType::Q5_1, dot_multi<DotQ5_1, Isa>);
-  set_vec_dot<dot_one<DotQ2K, Isa>>(t, TensorType::Q2_K, dot_multi<DotQ2K, Isa>);
-  set_vec_dot<dot_one<DotQ3K, Isa>>(t, TensorType::Q3_K, dot_multi<DotQ3K, Isa>);
-  set_vec_dot<dot_one<DotQ4K, Isa>>(t, TensorType::Q4_K, dot_multi<DotQ4K, Isa>);
-  set_vec_dot<dot_one<DotQ5K, Isa>>(t, TensorType::Q5_K, dot_multi<DotQ5K, Isa>);
-  set_vec_dot<dot_one<DotQ6K, Isa>>(t, TensorType::Q6_K, dot_multi<DotQ6K, Isa>);
+  set_kernel<DotQ8_0, Isa>(t, TensorType::Q8_0);
+  set_kernel<DotQ4_0, Isa>(t, TensorType::Q4_0);
+  set_kernel<DotQ5_0, Isa>(t, TensorType::Q5_0);
+  set_kernel<DotQ4_1, Isa>(t, TensorType::Q4_1);
+  set_kernel<DotQ5_1, Isa>(t, TensorType::Q5_1);
+  set_kernel<DotQ2K, Isa>(t, TensorType::Q2_K);
+  set_kernel<DotQ3K, Isa>(t, TensorType::Q3_K);
+  set_kernel<DotQ4K, Isa>(t, TensorType::Q4_K);
+  set_kernel<DotQ5K, Isa>(t, TensorType::Q5_K);
+  set_kernel<DotQ6K, Isa>(t, TensorType::Q6_K);
 }
 
 }  // namespace
