@@ -69,7 +69,9 @@ struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512vnni = false, avx512bf16 = false;
-  bool neon = false, dotprod = false;
+  // AArch64: neon always; dotprod (SDOT, ARMv8.2) and i8mm (SMMLA, ARMv8.6) read from the
+  // kernel's hwcaps at run time on Linux.
+  bool neon = false, dotprod = false, i8mm = false;
 };
 const CpuFeatures& cpu_features();
 

@@ -8,12 +8,14 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "backends/cpu/quant.h"
+#include "platforms/platform.h"
 #include "tests/random_weights.h"
 
 namespace moelite::cpu {
@@ -483,7 +485,38 @@ std::vector<const KernelTable*> simd_tables() {
   if (const KernelTable* t = kernels_avx2()) v.push_back(t);
   if (const KernelTable* t = kernels_avx512()) v.push_back(t);
   if (const KernelTable* t = kernels_neon()) v.push_back(t);
+  if (const KernelTable* t = kernels_dotprod()) v.push_back(t);
+  if (const KernelTable* t = kernels_i8mm()) v.push_back(t);
   return v;
+}
+
+// Each table exists exactly where the CPU reports its instructions (under qemu: cortex-a53 ->
+// neon; cortex-a76 -> neon, dotprod; max -> neon, dotprod, i8mm), and MOELITE_ISA's ranks cap
+// the choice: the best table at or below the cap, never one above it.
+TEST(QuantKernelsSimd, DispatchFollowsFeaturesAndCap) {
+  const platform::CpuFeatures& f = platform::cpu_features();
+#if defined(__aarch64__)
+  ASSERT_NE(kernels_neon(), nullptr);
+  EXPECT_EQ(kernels_dotprod() != nullptr, f.dotprod);
+  EXPECT_EQ(kernels_i8mm() != nullptr, f.dotprod && f.i8mm);
+  const char* best = f.i8mm && f.dotprod ? "i8mm" : f.dotprod ? "dotprod" : "neon";
+  EXPECT_STREQ(kernels_capped(nullptr).isa, best);
+  EXPECT_STREQ(kernels_capped("bogus").isa, best);
+  EXPECT_STREQ(kernels_capped("i8mm").isa, best);
+  EXPECT_STREQ(kernels_capped("dotprod").isa, f.dotprod ? "dotprod" : "neon");
+  EXPECT_STREQ(kernels_capped("neon").isa, "neon");
+#else
+  EXPECT_EQ(kernels_neon(), nullptr);
+  EXPECT_EQ(kernels_dotprod(), nullptr);
+  EXPECT_EQ(kernels_i8mm(), nullptr);
+  (void)f;
+#endif
+  EXPECT_STREQ(kernels_capped("scalar").isa, "scalar");
+  const char* env = std::getenv("MOELITE_ISA");
+  EXPECT_STREQ(kernels_best().isa, kernels_capped(env).isa);
+  std::string names;
+  for (const KernelTable* t : simd_tables()) names += std::string(" ") + t->isa;
+  std::printf("CPU kernel tables:%s; kernels_best: %s\n", names.empty() ? " (none)" : names.c_str(), kernels_best().isa);
 }
 
 TEST(QuantKernelsSimd, TablesAreCompleteWhereScalarIs) {

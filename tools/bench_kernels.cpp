@@ -75,6 +75,8 @@ int main(int argc, char** argv) {
   std::vector<const KernelTable*> tables = {&kernels_scalar()};
   if (kernels_avx2()) tables.push_back(kernels_avx2());
   if (kernels_avx512()) tables.push_back(kernels_avx512());
+  for (const KernelTable* t : {kernels_neon(), kernels_dotprod(), kernels_i8mm()})
+    if (t) tables.push_back(t);
   std::vector<float> x(cols);
   for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
   std::printf("%lld x %lld, single thread, GB/s of weight bytes\n%-6s", (long long)rows, (long long)cols, "type");

@@ -26,9 +26,11 @@ cmake --build build-aarch64 --target moelite moelite_static moelite_tests test_c
 run() { qemu-aarch64 -L /usr/aarch64-linux-gnu "$@"; }
 model=models/moelite-tiny-qwen3moe-Q8_0.gguf
 tokens=1,17,250,3,99,42,7,300,511,0
-for cpu in cortex-a53 max; do
+for cpu in cortex-a53 cortex-a76 max; do
+  # cortex-a53: ARMv8.0 (neon table); cortex-a76: + SDOT (dotprod); max: + SMMLA (i8mm).
   echo "== qemu-aarch64 -cpu $cpu"
   export QEMU_CPU=$cpu
+  run build-aarch64/bin/moelite info -m "$model" | grep -E '^backend'
   run build-aarch64/bin/test_c_api "$model"
   run build-aarch64/bin/moelite_tests --gtest_brief=1 --gtest_filter='Simt*:CudaOps*:QuantKernels*'
 done

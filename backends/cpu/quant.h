@@ -39,7 +39,7 @@ using VecDotMultiFn = void (*)(int64_t n, float* out, const void* w_row, const v
 constexpr int kMultiDot = 4;
 
 struct KernelTable {
-  const char* isa;                                  // "scalar", "avx2", "avx512"
+  const char* isa;                                  // "scalar", "avx2", "avx512", "neon", "dotprod", "i8mm"
   DequantRowFn dequant[kTensorTypeIdLimit];         // by weight type; nullptr if unsupported
   QuantizeRowFn quantize_act[kTensorTypeIdLimit];   // by dot type (F32, Q8_0, Q8_1, Q8_K)
   VecDotFn vec_dot[kTensorTypeIdLimit];             // by weight type
@@ -67,10 +67,17 @@ const KernelTable& kernels_scalar();
 // scalar table has a kernel).
 const KernelTable* kernels_avx2();
 const KernelTable* kernels_avx512();
-const KernelTable* kernels_neon();  // AArch64 (ARMv8.0 NEON)
-// Best table for this CPU. The environment variable MOELITE_ISA=scalar|avx2|avx512 caps the
-// choice (for testing and benchmarking).
+const KernelTable* kernels_neon();     // AArch64 (ARMv8.0 NEON): always there on AArch64
+const KernelTable* kernels_dotprod();  // AArch64 with SDOT (ARMv8.2 dotprod), checked at run time
+const KernelTable* kernels_i8mm();     // AArch64 with SMMLA (ARMv8.6 i8mm) and SDOT
+// Best table for this CPU: avx512 > avx2 on x86-64, i8mm > dotprod > neon on AArch64, else
+// scalar. The environment variable MOELITE_ISA=scalar|avx2|avx512|neon|dotprod|i8mm caps the
+// choice (for testing and benchmarking); it is read once.
 const KernelTable& kernels_best();
+// The best table whose rank is at most that of the ISA named `cap` (ranks: scalar 0, avx2 and
+// neon 1, avx512 and dotprod 2, i8mm 3); a null or unknown name caps nothing. kernels_best() is
+// kernels_capped(getenv("MOELITE_ISA")).
+const KernelTable& kernels_capped(const char* cap);
 
 // The block layouts, conversions and reference dequantizers live in base/ (shared with core and
 // every backend); the CPU kernels use them unqualified.

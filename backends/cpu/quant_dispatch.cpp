@@ -13,31 +13,38 @@ const KernelTable* kernels_avx2() { return nullptr; }
 const KernelTable* kernels_avx512() { return nullptr; }
 #endif
 #if !defined(__aarch64__)
+// The NEON files are only compiled for AArch64.
 const KernelTable* kernels_neon() { return nullptr; }
+const KernelTable* kernels_dotprod() { return nullptr; }
+const KernelTable* kernels_i8mm() { return nullptr; }
 #endif
 
 namespace {
 int isa_rank(const char* name) {
   if (std::strcmp(name, "scalar") == 0) return 0;
   if (std::strcmp(name, "avx2") == 0 || std::strcmp(name, "neon") == 0) return 1;
-  if (std::strcmp(name, "avx512") == 0) return 2;
+  if (std::strcmp(name, "avx512") == 0 || std::strcmp(name, "dotprod") == 0) return 2;
+  if (std::strcmp(name, "i8mm") == 0) return 3;
   return 99;
 }
 }  // namespace
 
+const KernelTable& kernels_capped(const char* cap_name) {
+  const int cap = cap_name ? isa_rank(cap_name) : 99;
+  // Only one architecture's tables are non-null, so x86-64 and AArch64 never mix.
+  const struct {
+    int rank;
+    const KernelTable* (*get)();
+  } order[] = {{3, kernels_i8mm}, {2, kernels_avx512}, {2, kernels_dotprod}, {1, kernels_avx2}, {1, kernels_neon}};
+  for (const auto& o : order)
+    if (cap >= o.rank)
+      if (const KernelTable* t = o.get()) return *t;
+  return kernels_scalar();
+}
+
 const KernelTable& kernels_best() {
-  static const KernelTable* best = [] {
-    const char* env = std::getenv("MOELITE_ISA");
-    const int cap = env ? isa_rank(env) : 99;
-    if (cap >= 2)
-      if (const KernelTable* t = kernels_avx512()) return t;
-    if (cap >= 1)
-      if (const KernelTable* t = kernels_avx2()) return t;
-    if (cap >= 1)
-      if (const KernelTable* t = kernels_neon()) return t;
-    return &kernels_scalar();
-  }();
-  return *best;
+  static const KernelTable& best = kernels_capped(std::getenv("MOELITE_ISA"));
+  return best;
 }
 
 }  // namespace moelite::cpu

@@ -11,6 +11,16 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+// Values from the Linux uapi (arch/arm64/include/uapi/asm/hwcap.h), for older C libraries.
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1 << 13)
+#endif
+#endif
 
 #include <fstream>
 #include <set>
@@ -152,8 +162,20 @@ const CpuFeatures& cpu_features() {
     f.avx512bf16 = __builtin_cpu_supports("avx512bf16");
 #elif defined(__aarch64__)
     f.neon = true;
+#if defined(__linux__)
+    // What the running CPU has (the kernel's view), not what the compiler targeted: the
+    // dotprod and i8mm tables are compiled in regardless and must only be picked where they run.
+    const unsigned long hwcap = getauxval(AT_HWCAP), hwcap2 = getauxval(AT_HWCAP2);
+    f.dotprod = (hwcap & HWCAP_ASIMDDP) != 0;
+    f.i8mm = (hwcap2 & HWCAP2_I8MM) != 0;
+#else
+    // Elsewhere only what the build targets is known to be there.
 #if defined(__ARM_FEATURE_DOTPROD)
     f.dotprod = true;
+#endif
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+    f.i8mm = true;
+#endif
 #endif
 #endif
     return f;

@@ -1,0 +1,532 @@
+// The integer dot products of the AArch64 tables, written once and instantiated by each of
+// quant_neon.cpp (ARMv8.0), quant_dotprod_neon.cpp (sdot) and quant_i8mm_neon.cpp (smmla) with an
+// `Isa` policy that supplies the int8 multiply-accumulate:
+//   Isa::dot16(acc, w, a)   int32x4 += 16 int8 products w*a (lanes hold partial sums: only the
+//                           lane total is ever used, so the lane layout may differ per ISA)
+//   Isa::kPairs             whether Isa::pair_sums (two activation rows at once) exists.
+// Everything here has internal linkage on purpose: every file that includes this header is
+// compiled with its own -march, and a shared (comdat) inline function could otherwise be taken
+// from the sdot-compiled file by the linker and run on an ARMv8.0 core.
+//
+// Structure of every kernel: weight codes are decoded into int8x16 "chunks" in element order,
+// four groups (16 or 32 elements, one scale each) at a time; unit_sums() turns them into one
+// int32 lane per group for each of K activation rows (exact integer sums); the group scales are
+// then applied in integers (K-quants) or in float per 32-element block (legacy types). A kernel
+// is written once for K rows (the weight block is decoded once and shared), and each row runs
+// the same float operations whatever K is, so vec_dot_multi is bit-identical to vec_dot — also
+// across ISAs that compute the exact integer sums differently (i8mm vs sdot).
+#pragma once
+#include <arm_neon.h>
+
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "backends/cpu/quant.h"
+
+namespace moelite::cpu {
+namespace {
+
+using namespace blocks;
+
+// ---- loads and conversions --------------------------------------------------------------------
+
+inline int8x16_t load_s8(const void* p) { return vld1q_s8(static_cast<const int8_t*>(p)); }
+inline uint8x16_t load_u8(const void* p) { return vld1q_u8(static_cast<const uint8_t*>(p)); }
+inline int8x16_t as_s8(uint8x16_t v) { return vreinterpretq_s8_u8(v); }
+// fp16 -> fp32 in hardware (FCVT is ARMv8.0): exact, like fp16_to_fp32.
+inline float fp16(const uint8_t p[2]) {
+  __fp16 h;
+  std::memcpy(&h, p, 2);
+  return h;
+}
+inline float f32(const uint8_t p[4]) {
+  float f;
+  std::memcpy(&f, p, 4);
+  return f;
+}
+// The fp16 fields of `count` (<= 4) consecutive blocks, `stride` bytes apart, as 4 floats; lanes
+// past count are 0 so a partial group of blocks adds exact zeros.
+inline float32x4_t fp16x4(const uint8_t* first, size_t stride, int count) {
+  uint16_t h[4] = {0, 0, 0, 0};
+  for (int k = 0; k < count; ++k) std::memcpy(&h[k], first + k * stride, 2);
+  return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h)));
+}
+// Q8_K's 16 int16 group sums (any alignment: loaded as bytes).
+inline int16x8x2_t q8k_bsums(const Q8_K& b) {
+  return {{vreinterpretq_s16_u8(load_u8(b.bsums)), vreinterpretq_s16_u8(load_u8(b.bsums + 16))}};
+}
+// Scales of groups 4u..4u+3 from 16 int16 scales (s[0]: groups 0..7, s[1]: 8..15).
+inline int32x4_t scales4(const int16x8_t s[2], int u) {
+  const int16x8_t h = s[u / 2];
+  return (u % 2) ? vmovl_high_s16(h) : vmovl_s16(vget_low_s16(h));
+}
+// sum_i a[i] * b[i] over 8 int16 pairs (products fit int32; the total is exact).
+inline int dot8_s16(int16x8_t a, int16x8_t b) {
+  return vaddvq_s32(vmlal_high_s16(vmull_s16(vget_low_s16(a), vget_low_s16(b)), a, b));
+}
+
+template <typename Block>
+inline const Block* act_row(const void* a, size_t stride, int j) {
+  return reinterpret_cast<const Block*>(static_cast<const uint8_t*>(a) + static_cast<size_t>(j) * stride);
+}
+
+// ---- ISA policies -------------------------------------------------------------------------------
+
+// ARMv8.0: widening multiplies. An int8 weight times an activation in [-127, 127] is at most
+// 128 * 127 in magnitude, so two such products (vmull + vmlal) still fit int16; the pairwise
+// widening add then moves them to int32.
+struct IsaNeon {
+  static constexpr bool kPairs = false;
+  static int32x4_t dot16(int32x4_t acc, int8x16_t w, int8x16_t a) {
+    const int16x8_t p = vmlal_high_s8(vmull_s8(vget_low_s8(w), vget_low_s8(a)), w, a);
+    return vpadalq_s16(acc, p);
+  }
+};
+
+#if defined(__ARM_FEATURE_DOTPROD)
+// ARMv8.2 sdot: four 4-element int8 dot products accumulated into int32 lanes, one instruction.
+struct IsaDotprod {
+  static constexpr bool kPairs = false;
+  static int32x4_t dot16(int32x4_t acc, int8x16_t w, int8x16_t a) { return vdotq_s32(acc, w, a); }
+};
+#endif
+
+// ---- group sums -------------------------------------------------------------------------------
+
+// One activation row: lane g = sum over group g (G chunks of 16) of w*a, for g < ng (<= 4);
+// lanes >= ng are 0 and their activations are never read. Group g's activations start at
+// a + g * stride, its chunks follow each other.
+template <class Isa, int G>
+inline int32x4_t row_sums(const int8x16_t* w, const int8_t* a, size_t stride, int ng) {
+  int32x4_t p[4];
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g) {
+    p[g] = vdupq_n_s32(0);
+    if (g < ng) {
+#pragma GCC unroll 2
+      for (int c = 0; c < G; ++c) p[g] = Isa::dot16(p[g], w[g * G + c], load_s8(a + g * stride + 16 * c));
+    }
+  }
+  // Pairwise adds reduce the four partial-sum vectors to one lane each.
+  return vpaddq_s32(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]));
+}
+
+// K activation rows (a[j]): out[j] as row_sums. Policies with pair_sums take rows two at a time.
+template <class Isa, int K, int G>
+inline void unit_sums(const int8x16_t* w, const int8_t* const* a, size_t stride, int ng, int32x4_t* out) {
+  int j = 0;
+  if constexpr (Isa::kPairs)
+    for (; j + 2 <= K; j += 2) Isa::template pair_sums<G>(w, a[j], a[j + 1], stride, ng, out + j);
+#pragma GCC unroll 4
+  for (; j < K; ++j) out[j] = row_sums<Isa, G>(w, a[j], stride, ng);
+}
+
+// ---- kernel entry points ----------------------------------------------------------------------
+
+// Fn<Isa, K>::run(n, out, w, a, stride) computes K rows; vec_dot is its K = 1 instance.
+template <template <class, int> class Fn, class Isa>
+void dot_one(int64_t n, float* out, const void* w, const void* a) {
+  Fn<Isa, 1>::run(n, out, w, a, 0);
+}
+template <template <class, int> class Fn, class Isa>
+void dot_multi(int64_t n, float* out, const void* w, const void* a, size_t stride, int count) {
+  switch (count) {
+    case 1: Fn<Isa, 1>::run(n, out, w, a, stride); break;
+    case 2: Fn<Isa, 2>::run(n, out, w, a, stride); break;
+    case 3: Fn<Isa, 3>::run(n, out, w, a, stride); break;
+    default: Fn<Isa, 4>::run(n, out, w, a, stride); break;
+  }
+}
+static_assert(kMultiDot == 4, "dot_multi dispatches counts 1..4");
+
+// ---- 32-element block types -------------------------------------------------------------------
+// Decoders: the block's 32 codes as two int8x16 chunks (elements 0..15, 16..31).
+
+// Element j < 16 is the low nibble of byte j, element j >= 16 the high nibble of byte j - 16.
+inline void nibbles(const uint8_t qs[16], int8x16_t w[2]) {
+  const uint8x16_t q = load_u8(qs);
+  w[0] = as_s8(vandq_u8(q, vdupq_n_u8(0x0f)));
+  w[1] = as_s8(vshrq_n_u8(q, 4));
+}
+// Adds the 5th bit of Q5_0/Q5_1 codes: bit j of the little-endian u32 qh is bit 4 of element j.
+inline void add_fifth_bits(const uint8_t qh_bytes[4], int8x16_t w[2]) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, 4);
+  const uint8x8_t bytes = vreinterpret_u8_u32(vdup_n_u32(qh));
+  const uint8x16_t bit = vreinterpretq_u8_u64(vdupq_n_u64(0x8040201008040201ull));  // 1, 2, 4, .. per lane
+  // Lane j of chunk c reads byte 2c + j / 8 of qh and tests bit j % 8.
+  const uint8x16_t b0 = vcombine_u8(vdup_lane_u8(bytes, 0), vdup_lane_u8(bytes, 1));
+  const uint8x16_t b1 = vcombine_u8(vdup_lane_u8(bytes, 2), vdup_lane_u8(bytes, 3));
+  const uint8x16_t sixteen = vdupq_n_u8(0x10);
+  w[0] = vorrq_s8(w[0], as_s8(vandq_u8(vtstq_u8(b0, bit), sixteen)));
+  w[1] = vorrq_s8(w[1], as_s8(vandq_u8(vtstq_u8(b1, bit), sixteen)));
+}
+
+struct DecQ8_0 {
+  using Block = Q8_0;
+  using Act = Q8_0;
+  static void codes(const Block& b, int8x16_t w[2]) {
+    w[0] = load_s8(b.qs);
+    w[1] = load_s8(b.qs + 16);
+  }
+};
+struct DecQ4_0 {
+  using Block = Q4_0;
+  using Act = Q8_0;
+  static void codes(const Block& b, int8x16_t w[2]) {
+    nibbles(b.qs, w);
+    w[0] = vsubq_s8(w[0], vdupq_n_s8(8));
+    w[1] = vsubq_s8(w[1], vdupq_n_s8(8));
+  }
+};
+struct DecQ5_0 {
+  using Block = Q5_0;
+  using Act = Q8_0;
+  static void codes(const Block& b, int8x16_t w[2]) {
+    nibbles(b.qs, w);
+    add_fifth_bits(b.qh, w);
+    w[0] = vsubq_s8(w[0], vdupq_n_s8(16));
+    w[1] = vsubq_s8(w[1], vdupq_n_s8(16));
+  }
+};
+// Q4_1 / Q5_1: unsigned codes; the min term m * s is added per block (Act = Q8_1).
+struct DecQ4_1 {
+  using Block = Q4_1;
+  using Act = Q8_1;
+  static void codes(const Block& b, int8x16_t w[2]) { nibbles(b.qs, w); }
+};
+struct DecQ5_1 {
+  using Block = Q5_1;
+  using Act = Q8_1;
+  static void codes(const Block& b, int8x16_t w[2]) {
+    nibbles(b.qs, w);
+    add_fifth_bits(b.qh, w);
+  }
+};
+
+// Four blocks per step: their four exact integer sums land in one int32x4 per row, so the float
+// scaling is one multiply and one fused multiply-add for four blocks. Row j keeps one float lane
+// per block position (block i in lane i % 4), reduced once at the end.
+template <class Dec>
+struct DotBlocks {
+  using Block = typename Dec::Block;
+  using Act = typename Dec::Act;
+  static constexpr bool kMin = std::is_same_v<Act, Q8_1>;  // Q4_1 / Q5_1: + m * s per block
+
+  template <class Isa, int K>
+  struct Rows {
+    // Blocks i .. i + ng - 1 (ng <= 4).
+    __attribute__((always_inline)) static inline void step(const Block* x, const Act* const* y, int64_t i, int ng,
+                                                           float32x4_t* acc, float32x4_t* acc_m) {
+      int8x16_t w[8];
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) {
+        if (g < ng) {
+          Dec::codes(x[i + g], w + 2 * g);
+        } else {
+          w[2 * g] = w[2 * g + 1] = vdupq_n_s8(0);
+        }
+      }
+      const int8_t* ap[K];
+      for (int j = 0; j < K; ++j) ap[j] = y[j][i].qs;
+      int32x4_t s[K];
+      unit_sums<Isa, K, 2>(w, ap, sizeof(Act), ng, s);
+      const float32x4_t dw = fp16x4(x[i].d, sizeof(Block), ng);
+#pragma GCC unroll 4
+      for (int j = 0; j < K; ++j) {
+        const float32x4_t d = vmulq_f32(dw, fp16x4(y[j][i].d, sizeof(Act), ng));
+        acc[j] = vfmaq_f32(acc[j], d, vcvtq_f32_s32(s[j]));
+      }
+      if constexpr (kMin) {
+        const float32x4_t m = fp16x4(x[i].m, sizeof(Block), ng);
+#pragma GCC unroll 4
+        for (int j = 0; j < K; ++j) acc_m[j] = vfmaq_f32(acc_m[j], m, fp16x4(y[j][i].s, sizeof(Act), ng));
+      }
+    }
+
+    static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
+      const Block* x = static_cast<const Block*>(w);
+      const Act* y[K];
+      float32x4_t acc[K], acc_m[K];
+      for (int j = 0; j < K; ++j) {
+        y[j] = act_row<Act>(a, stride, j);
+        acc[j] = acc_m[j] = vdupq_n_f32(0.0f);
+      }
+      const int64_t nb = n / kQK;
+      int64_t i = 0;
+      for (; i + 4 <= nb; i += 4) step(x, y, i, 4, acc, acc_m);
+      if (i < nb) step(x, y, i, static_cast<int>(nb - i), acc, acc_m);
+#pragma GCC unroll 4
+      for (int j = 0; j < K; ++j) out[j] = kMin ? vaddvq_f32(acc[j]) + vaddvq_f32(acc_m[j]) : vaddvq_f32(acc[j]);
+    }
+  };
+};
+template <class Isa, int K>
+using DotQ8_0 = DotBlocks<DecQ8_0>::Rows<Isa, K>;
+template <class Isa, int K>
+using DotQ4_0 = DotBlocks<DecQ4_0>::Rows<Isa, K>;
+template <class Isa, int K>
+using DotQ5_0 = DotBlocks<DecQ5_0>::Rows<Isa, K>;
+template <class Isa, int K>
+using DotQ4_1 = DotBlocks<DecQ4_1>::Rows<Isa, K>;
+template <class Isa, int K>
+using DotQ5_1 = DotBlocks<DecQ5_1>::Rows<Isa, K>;
+
+// ---- K-quants -----------------------------------------------------------------------------------
+// Per super-block and row: sumi = sum_g scale_g * (group sum), all in int32 (bounded by 2^28 for
+// every type), then one float step sum = fma(d * da, sumi, sum), as the scalar reference does.
+// NEON multiplies signed by signed, so Q3_K and Q6_K use their signed codes directly (no bsum
+// offset correction as on x86); the mins of Q2_K/Q4_K/Q5_K come from the activation's bsums.
+
+// The float step of one super-block for row j, kept in one place so every kernel rounds alike.
+inline void kquant_step(float d, float dmin, float da, int sumi, int mins, float& acc, float& acc_m) {
+  acc = std::fma(d * da, static_cast<float>(sumi), acc);
+  acc_m = std::fma(dmin * da, static_cast<float>(mins), acc_m);
+}
+
+// Per super-block state shared by the K-quant kernels: K row pointers and integer accumulators.
+template <int K>
+struct SuperRows {
+  const Q8_K* y[K];
+  float acc[K], acc_m[K];
+  int32x4_t isum[K];
+  SuperRows(const void* a, size_t stride) {
+    for (int j = 0; j < K; ++j) {
+      y[j] = act_row<Q8_K>(a, stride, j);
+      acc[j] = acc_m[j] = 0.0f;
+    }
+  }
+  void begin() {
+    for (int j = 0; j < K; ++j) isum[j] = vdupq_n_s32(0);
+  }
+  // Adds the four groups of the current unit: activations at qs + offset, groups `stride` apart.
+  template <class Isa, int G>
+  __attribute__((always_inline)) void add_unit(const int8x16_t* w, int64_t i, int offset, int32x4_t sc) {
+    const int8_t* ap[K];
+    for (int j = 0; j < K; ++j) ap[j] = y[j][i].qs + offset;
+    int32x4_t s[K];
+    unit_sums<Isa, K, G>(w, ap, 16 * G, 4, s);
+#pragma GCC unroll 4
+    for (int j = 0; j < K; ++j) isum[j] = vmlaq_s32(isum[j], s[j], sc);
+  }
+  void finish(float* out) const {
+    for (int j = 0; j < K; ++j) out[j] = acc[j] - acc_m[j];
+  }
+};
+
+// Q4_K/Q5_K packed scales -> bytes 0..7 scales, 8..15 mins (see unpack_scales_q4k), built with
+// 32-bit masks and shifts (four bytes per operation) instead of a loop over bytes.
+inline uint8x16_t q4k_scales_mins(const uint8_t p[12]) {
+  uint32_t a[3];
+  std::memcpy(a, p, 12);
+  const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+  const uint32_t v[4] = {a[0] & m6, (a[2] & m4) | (((a[0] >> 6) & m2) << 4), a[1] & m6,
+                         ((a[2] >> 4) & m4) | (((a[1] >> 6) & m2) << 4)};
+  return vreinterpretq_u8_u32(vld1q_u32(v));
+}
+// Q3_K packed scales -> 16 int8 scales with the -32 offset applied (see unpack_scales_q3k).
+inline int8x16_t q3k_scales(const uint8_t p[12]) {
+  uint32_t a[3];
+  std::memcpy(a, p, 12);
+  const uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
+  const uint32_t v[4] = {(a[0] & m4) | ((a[2] & m2) << 4), (a[1] & m4) | (((a[2] >> 2) & m2) << 4),
+                         ((a[0] >> 4) & m4) | (((a[2] >> 4) & m2) << 4), ((a[1] >> 4) & m4) | (((a[2] >> 6) & m2) << 4)};
+  return vsubq_s8(vreinterpretq_s8_u32(vld1q_u32(v)), vdupq_n_s8(32));
+}
+inline void widen_scales(int8x16_t s8, int16x8_t out[2]) {
+  out[0] = vmovl_s8(vget_low_s8(s8));
+  out[1] = vmovl_high_s8(s8);
+}
+
+// Q4_K / Q5_K: sub-blocks of 32; the 32-byte chunk c of qs holds sub-block 2c in its low nibbles
+// and 2c + 1 in its high nibbles; Q5_K's qh[l] bit 2c (2c + 1) is the 5th bit of element l of
+// sub-block 2c (2c + 1). A unit is half a super-block: sub-blocks 4u .. 4u + 3.
+template <bool kFive, class Block>
+struct DotQ45K {
+  template <class Isa, int K>
+  struct Rows {
+    static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
+      const Block* x = static_cast<const Block*>(w);
+      SuperRows<K> r(a, stride);
+      const uint8x16_t m4 = vdupq_n_u8(0x0f), sixteen = vdupq_n_u8(0x10);
+      for (int64_t i = 0; i < n / kQKK; ++i) {
+        const uint8x16_t sm = q4k_scales_mins(x[i].scales);
+        const int16x8_t sc[2] = {vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(sm))), vdupq_n_s16(0)};
+        const int16x8_t mins = vreinterpretq_s16_u16(vmovl_high_u8(sm));
+        uint8x16_t qh[2] = {vdupq_n_u8(0), vdupq_n_u8(0)};
+        if constexpr (kFive) qh[0] = load_u8(x[i].qh), qh[1] = load_u8(x[i].qh + 16);
+        r.begin();
+#pragma GCC unroll 2
+        for (int u = 0; u < 2; ++u) {
+          int8x16_t q[8];
+#pragma GCC unroll 2
+          for (int cc = 0; cc < 2; ++cc) {
+            const int c = 2 * u + cc;
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; ++h) {
+              const uint8x16_t bytes = load_u8(x[i].qs + 32 * c + 16 * h);
+              uint8x16_t lo = vandq_u8(bytes, m4), hi = vshrq_n_u8(bytes, 4);
+              if constexpr (kFive) {
+                lo = vorrq_u8(lo, vandq_u8(vtstq_u8(qh[h], vdupq_n_u8(1 << (2 * c))), sixteen));
+                hi = vorrq_u8(hi, vandq_u8(vtstq_u8(qh[h], vdupq_n_u8(2 << (2 * c))), sixteen));
+              }
+              q[4 * cc + h] = as_s8(lo);      // sub-block 2c, elements 16h ..
+              q[4 * cc + 2 + h] = as_s8(hi);  // sub-block 2c + 1
+            }
+          }
+          r.template add_unit<Isa, 2>(q, i, 128 * u, scales4(sc, u));
+        }
+        const float d = fp16(x[i].d), dmin = fp16(x[i].dmin);
+#pragma GCC unroll 4
+        for (int j = 0; j < K; ++j) {
+          const Q8_K& b = r.y[j][i];
+          const int16x8x2_t bs = q8k_bsums(b);
+          // Sub-block sums of the activations: adjacent pairs of the 16-element group sums.
+          const int mn = dot8_s16(mins, vpaddq_s16(bs.val[0], bs.val[1]));
+          kquant_step(d, dmin, f32(b.d), vaddvq_s32(r.isum[j]), mn, r.acc[j], r.acc_m[j]);
+        }
+      }
+      r.finish(out);
+    }
+  };
+};
+template <class Isa, int K>
+using DotQ4K = DotQ45K<false, Q4_K>::Rows<Isa, K>;
+template <class Isa, int K>
+using DotQ5K = DotQ45K<true, Q5_K>::Rows<Isa, K>;
+
+// Q2_K / Q3_K: groups of 16; per 128-element half h the 32 bytes qs[32h ..] hold elements
+// 128h + 32s + l in bit pair s of byte l. A unit covers bit pairs s, s + 1 (64 elements).
+// Q3_K's 3rd bit: bit 4h + s of hmask[l]; the code is low2 - 4 unless it is set.
+template <bool kThree, class Block>
+struct DotQ23K {
+  template <class Isa, int K>
+  struct Rows {
+    static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
+      const Block* x = static_cast<const Block*>(w);
+      SuperRows<K> r(a, stride);
+      const uint8x16_t m3 = vdupq_n_u8(3), one = vdupq_n_u8(1);
+      for (int64_t i = 0; i < n / kQKK; ++i) {
+        int16x8_t sc[2];
+        int16x8x2_t mins{};
+        uint8x16_t hm[2] = {vdupq_n_u8(0), vdupq_n_u8(0)};
+        if constexpr (kThree) {
+          widen_scales(q3k_scales(x[i].scales), sc);
+          hm[0] = load_u8(x[i].hmask);
+          hm[1] = load_u8(x[i].hmask + 16);
+        } else {
+          const uint8x16_t raw = load_u8(x[i].scales);
+          widen_scales(as_s8(vandq_u8(raw, vdupq_n_u8(0x0f))), sc);
+          widen_scales(as_s8(vshrq_n_u8(raw, 4)), mins.val);
+        }
+        r.begin();
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          uint8x16_t q[2] = {load_u8(x[i].qs + 32 * h), load_u8(x[i].qs + 32 * h + 16)};
+#pragma GCC unroll 2
+          for (int half_unit = 0; half_unit < 2; ++half_unit) {
+            int8x16_t codes[4];
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; ++k) {  // bit pair s = 2 * half_unit + k / 2, bytes 16 * (k % 2) ..
+              uint8x16_t c = vandq_u8(q[k % 2], m3);
+              if constexpr (kThree) {
+                c = vorrq_u8(c, vshlq_n_u8(vandq_u8(hm[k % 2], one), 2));  // low2 + 4 * hbit
+                c = vreinterpretq_u8_s8(vsubq_s8(as_s8(c), vdupq_n_s8(4)));
+                if (k % 2) hm[0] = vshrq_n_u8(hm[0], 1), hm[1] = vshrq_n_u8(hm[1], 1);
+              }
+              codes[k] = as_s8(c);
+              if (k % 2) q[0] = vshrq_n_u8(q[0], 2), q[1] = vshrq_n_u8(q[1], 2);
+            }
+            const int u = 2 * h + half_unit;
+            r.template add_unit<Isa, 1>(codes, i, 64 * u, scales4(sc, u));
+          }
+        }
+        const float d = fp16(x[i].d);
+        float dmin = 0.0f;
+        if constexpr (!kThree) dmin = fp16(x[i].dmin);
+#pragma GCC unroll 4
+        for (int j = 0; j < K; ++j) {
+          const Q8_K& b = r.y[j][i];
+          int mn = 0;
+          if constexpr (!kThree) {
+            const int16x8x2_t bs = q8k_bsums(b);
+            mn = dot8_s16(mins.val[0], bs.val[0]) + dot8_s16(mins.val[1], bs.val[1]);
+          }
+          kquant_step(d, dmin, f32(b.d), vaddvq_s32(r.isum[j]), mn, r.acc[j], r.acc_m[j]);
+        }
+      }
+      r.finish(out);
+    }
+  };
+};
+template <class Isa, int K>
+using DotQ2K = DotQ23K<false, Q2_K>::Rows<Isa, K>;
+template <class Isa, int K>
+using DotQ3K = DotQ23K<true, Q3_K>::Rows<Isa, K>;
+
+// Q6_K: signed codes (6 bits - 32), groups of 16. Per 128-element half h (ql += 64h, qh += 32h):
+// elements l and l + 32 take the low nibbles of ql[l], ql[l + 32] with qh[l] bits 0-1 and 2-3;
+// elements l + 64 and l + 96 the high nibbles with bits 4-5 and 6-7. Unit 2h + 1 is the high
+// nibbles. The 2 high bits are moved to bits 4-5 with one shift and one mask.
+template <class Isa, int K>
+struct DotQ6K {
+  static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
+    const Q6_K* x = static_cast<const Q6_K*>(w);
+    SuperRows<K> r(a, stride);
+    const uint8x16_t m4 = vdupq_n_u8(0x0f), m30 = vdupq_n_u8(0x30);
+    const int8x16_t off = vdupq_n_s8(32);
+    for (int64_t i = 0; i < n / kQKK; ++i) {
+      int16x8_t sc[2];
+      widen_scales(load_s8(x[i].scales), sc);
+      r.begin();
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        uint8x16_t ql[4], qh[2];
+        for (int k = 0; k < 4; ++k) ql[k] = load_u8(x[i].ql + 64 * h + 16 * k);
+        for (int k = 0; k < 2; ++k) qh[k] = load_u8(x[i].qh + 32 * h + 16 * k);
+        int8x16_t q[4];
+        // Unit 2h: chunk k is elements 16k .. of the half: ql[k] low nibble, qh[k % 2] bits
+        // (0-1) for k < 2, (2-3) for k >= 2.
+        for (int k = 0; k < 4; ++k) {
+          const uint8x16_t hb = k < 2 ? vshlq_n_u8(qh[k % 2], 4) : vshlq_n_u8(qh[k % 2], 2);
+          q[k] = vsubq_s8(as_s8(vorrq_u8(vandq_u8(ql[k], m4), vandq_u8(hb, m30))), off);
+        }
+        r.template add_unit<Isa, 1>(q, i, 128 * h, scales4(sc, 2 * h));
+        // Unit 2h + 1: high nibbles, qh bits (4-5) for k < 2, (6-7) for k >= 2.
+        for (int k = 0; k < 4; ++k) {
+          const uint8x16_t hb = k < 2 ? qh[k % 2] : vshrq_n_u8(qh[k % 2], 2);
+          q[k] = vsubq_s8(as_s8(vorrq_u8(vshrq_n_u8(ql[k], 4), vandq_u8(hb, m30))), off);
+        }
+        r.template add_unit<Isa, 1>(q, i, 128 * h + 64, scales4(sc, 2 * h + 1));
+      }
+      const float d = fp16(x[i].d);
+#pragma GCC unroll 4
+      for (int j = 0; j < K; ++j) kquant_step(d, 0.0f, f32(r.y[j][i].d), vaddvq_s32(r.isum[j]), 0, r.acc[j], r.acc_m[j]);
+    }
+    r.finish(out);
+  }
+};
+
+// A type's vec_dot (K = 1) and multi-dot from one kernel and one ISA, always set together.
+template <template <class, int> class Fn, class Isa>
+void set_kernel(KernelTable& t, TensorType type) {
+  set_vec_dot<dot_one<Fn, Isa>>(t, type, dot_multi<Fn, Isa>);
+}
+// Every quantized weight type with one ISA policy.
+template <class Isa>
+void set_quantized_kernels(KernelTable& t) {
+  set_kernel<DotQ8_0, Isa>(t, TensorType::Q8_0);
+  set_kernel<DotQ4_0, Isa>(t, TensorType::Q4_0);
+  set_kernel<DotQ5_0, Isa>(t, TensorType::Q5_0);
+  set_kernel<DotQ4_1, Isa>(t, TensorType::Q4_1);
+  set_kernel<DotQ5_1, Isa>(t, TensorType::Q5_1);
+  set_kernel<DotQ2K, Isa>(t, TensorType::Q2_K);
+  set_kernel<DotQ3K, Isa>(t, TensorType::Q3_K);
+  set_kernel<DotQ4K, Isa>(t, TensorType::Q4_K);
+  set_kernel<DotQ5K, Isa>(t, TensorType::Q5_K);
+  set_kernel<DotQ6K, Isa>(t, TensorType::Q6_K);
+}
+
+}  // namespace
+}  // namespace moelite::cpu
