@@ -162,8 +162,8 @@ MOELITE_API void moelite_model_params_free(moelite_model_params* params);
 /** Number of compute threads, 1..MOELITE_MAX_THREADS; 0 restores the default: physical cores, or
  *  on a heterogeneous CPU (big.LITTLE) the big cores among those the process may use
  *  (sched_getaffinity), see MOELITE_PLATFORM_BIG_CORES. On such a CPU the CPU backend's worker
- *  threads are restricted to the big cores whatever the count; the calling thread is never
- *  re-pinned.
+ *  threads are restricted to the big cores unless more threads than big cores are asked for;
+ *  the calling thread is never re-pinned.
  *  MOELITE_ERR_INVALID_ARGUMENT outside that range. If the OS refuses to start one of them,
  *  moelite_model_load fails with MOELITE_ERR_SYSTEM_LIMIT (no thread is left behind). */
 MOELITE_API moelite_status moelite_model_params_set_threads(moelite_model_params* params, int32_t n_threads);
@@ -344,7 +344,8 @@ typedef enum moelite_model_key {
   MOELITE_MODEL_ACTIVE_BYTES = 18,      /* weight bytes read to compute one token: dense weights
                                            (one embedding row, not the table) plus top-k experts
                                            of average size in every layer */
-  MOELITE_MODEL_EXPERT_BUDGET = 19,     /* the budget set at load (0: all resident) */
+  MOELITE_MODEL_EXPERT_BUDGET = 19,     /* the budget in use, set or chosen by budget auto (0: none,
+                                           all resident in the file mapping) */
   MOELITE_MODEL_EXPERT_POOL_BYTES = 20, /* bytes of the expert slot pool (<= budget) */
   MOELITE_MODEL_EXPERT_PEAK_BYTES = 21, /* slot bytes that have held an expert so far */
   MOELITE_MODEL_EXPERT_SLOTS = 22,      /* experts the pool holds at once */
