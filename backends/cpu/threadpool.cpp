@@ -1,8 +1,8 @@
 #include "backends/cpu/threadpool.h"
 
-#include "platforms/system_info.h"
-
 #include <new>
+
+#include "platforms/system_info.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
