@@ -342,6 +342,11 @@ MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_
       return rt && rt->budget_auto ? static_cast<int64_t>(rt->auto_budget.context) : 0;
     case MOELITE_MODEL_BUDGET_AUTO_HEADROOM:
       return rt && rt->budget_auto ? static_cast<int64_t>(rt->auto_budget.headroom) : 0;
+    case MOELITE_MODEL_EXPERT_MIN_BUDGET: {
+      if (m.vocab_only || m.layers.empty()) return 0;
+      uint64_t slot_bytes = 0;
+      return static_cast<int64_t>(moelite::ExpertStore::minimum_budget(m, store && store->per_layer(), &slot_bytes));
+    }
     case MOELITE_MODEL_EXPERTS_ALL_FIT:
       if (!rt) return 0;
       return !store || store->n_slots() >= static_cast<uint64_t>(m.hp.n_layer) * static_cast<uint64_t>(m.hp.n_expert)

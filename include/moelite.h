@@ -354,8 +354,11 @@ typedef enum moelite_model_key {
                                            (min of MemAvailable and the cgroup's room); else 0 */
   MOELITE_MODEL_BUDGET_AUTO_CONTEXT_BYTES = 25, /* budget auto: KV cache + scratch set aside */
   MOELITE_MODEL_BUDGET_AUTO_HEADROOM = 26,      /* budget auto: headroom set aside */
-  MOELITE_MODEL_EXPERTS_ALL_FIT = 27    /* 1 when every expert can be resident at once (no budget,
+  MOELITE_MODEL_EXPERTS_ALL_FIT = 27,   /* 1 when every expert can be resident at once (no budget,
                                            or a pool with a slot for each); 0 when experts stream */
+  MOELITE_MODEL_EXPERT_MIN_BUDGET = 28  /* the smallest expert budget this model loads with: the
+                                           store's minimum working set (top-k + 1 expert slots; in
+                                           every layer with per-layer pools). 0 vocabulary-only */
 } moelite_model_key;
 
 /** Value of a numeric property, or -1 if the key is unknown or the model is NULL. Thread-safe. */

@@ -347,6 +347,19 @@ int main(int argc, char** argv) {
     }
     moelite_model_free(am);
   }
+  /* The minimum working set: loads at exactly that budget, not one byte below. */
+  {
+    const int64_t minimum = moelite_model_get(model, MOELITE_MODEL_EXPERT_MIN_BUDGET);
+    CHECK(minimum > 0);
+    moelite_model* am = NULL;
+    CHECK(moelite_model_params_set_expert_budget(mp, (uint64_t)minimum - 1) == MOELITE_OK);
+    CHECK(moelite_model_load(path, mp, &am) == MOELITE_ERR_BUDGET_TOO_SMALL && am == NULL);
+    CHECK(moelite_model_params_set_expert_budget(mp, (uint64_t)minimum) == MOELITE_OK);
+    CHECK(moelite_model_load(path, mp, &am) == MOELITE_OK);
+    CHECK(moelite_model_get(am, MOELITE_MODEL_EXPERT_MIN_BUDGET) == minimum);
+    CHECK(moelite_model_get(am, MOELITE_MODEL_EXPERTS_ALL_FIT) == 0);
+    moelite_model_free(am);
+  }
   /* The last budget setter wins: a fixed budget replaces auto... */
   CHECK(moelite_model_params_set_expert_budget(mp, 1 << 20) == MOELITE_OK);
   {

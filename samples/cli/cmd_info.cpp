@@ -137,6 +137,7 @@ int cmd_info(int argc, char** argv) {
       {"expert_budget", MOELITE_MODEL_EXPERT_BUDGET},  // 0: every expert resident
       {"expert_pool_bytes", MOELITE_MODEL_EXPERT_POOL_BYTES},
       {"expert_slots", MOELITE_MODEL_EXPERT_SLOTS},
+      {"expert_min_budget", MOELITE_MODEL_EXPERT_MIN_BUDGET},
       {"experts_all_fit", MOELITE_MODEL_EXPERTS_ALL_FIT},
       {"budget_auto", MOELITE_MODEL_BUDGET_AUTO},
       {"budget_auto_available", MOELITE_MODEL_BUDGET_AUTO_ROOM},

@@ -186,7 +186,7 @@ _KEYS = {
     "n_active_params": 15, "threads": 16, "backend_id": 17, "active_bytes": 18,
     "expert_budget": 19, "expert_pool_bytes": 20, "expert_peak_bytes": 21, "expert_slots": 22,
     "budget_auto": 23, "budget_auto_room": 24, "budget_auto_context_bytes": 25, "budget_auto_headroom": 26,
-    "experts_all_fit": 27,
+    "experts_all_fit": 27, "expert_min_budget": 28,
 }
 
 
