@@ -213,4 +213,13 @@ class Backend {
 // MOELITE_ERR_BACKEND_UNAVAILABLE and a message saying why.
 [[nodiscard]] Status create_backend(BackendKind kind, int32_t n_threads, std::unique_ptr<Backend>* out);
 
+// What BackendKind::Auto picks on this machine and why (the backends tried before it and the
+// reason each was passed over). Runs the same code as create_backend(Auto) -- the one place that
+// decides -- and drops the backend it created; GPU probes are cached per process.
+struct AutoBackendChoice {
+  BackendKind kind = BackendKind::Cpu;
+  std::string reason;
+};
+AutoBackendChoice explain_auto_backend();
+
 }  // namespace moelite

@@ -149,6 +149,22 @@ MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_
       return fail(MOELITE_ERR_INVALID_ARGUMENT, "an expert budget of %llu bytes is larger than any memory",
                   static_cast<unsigned long long>(bytes));
     p->opts.expert_budget_bytes = bytes;
+    p->opts.expert_budget_auto = false;  // the last of the two budget setters wins
+    return MOELITE_OK;
+  });
+}
+
+MOELITE_API moelite_status moelite_model_params_set_expert_budget_auto(moelite_model_params* p,
+                                                                       uint64_t headroom_bytes) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (headroom_bytes > MOELITE_MAX_BUDGET_HEADROOM)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "a budget headroom of %llu bytes is larger than any memory",
+                  static_cast<unsigned long long>(headroom_bytes));
+    p->opts.expert_budget_auto = true;
+    p->opts.expert_budget_bytes = 0;
+    p->opts.budget_headroom_bytes = headroom_bytes;
     return MOELITE_OK;
   });
 }
@@ -320,6 +336,22 @@ MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_
     case MOELITE_MODEL_EXPERT_PEAK_BYTES: return store ? static_cast<int64_t>(store->peak_bytes()) : 0;
     case MOELITE_MODEL_EXPERT_SLOTS:
       return store ? static_cast<int64_t>(store->n_slots()) : m.hp.n_layer * int64_t{m.hp.n_expert};
+    case MOELITE_MODEL_BUDGET_AUTO: return rt && rt->budget_auto ? 1 : 0;
+    case MOELITE_MODEL_BUDGET_AUTO_ROOM: return rt && rt->budget_auto ? static_cast<int64_t>(rt->auto_budget.room) : 0;
+    case MOELITE_MODEL_BUDGET_AUTO_CONTEXT_BYTES:
+      return rt && rt->budget_auto ? static_cast<int64_t>(rt->auto_budget.context) : 0;
+    case MOELITE_MODEL_BUDGET_AUTO_HEADROOM:
+      return rt && rt->budget_auto ? static_cast<int64_t>(rt->auto_budget.headroom) : 0;
+    case MOELITE_MODEL_EXPERT_MIN_BUDGET: {
+      if (m.vocab_only || m.layers.empty()) return 0;
+      uint64_t slot_bytes = 0;
+      return static_cast<int64_t>(moelite::ExpertStore::minimum_budget(m, store && store->per_layer(), &slot_bytes));
+    }
+    case MOELITE_MODEL_EXPERTS_ALL_FIT:
+      if (!rt) return 0;
+      return !store || store->n_slots() >= static_cast<uint64_t>(m.hp.n_layer) * static_cast<uint64_t>(m.hp.n_expert)
+                 ? 1
+                 : 0;
   }
   return -1;
 }

@@ -28,6 +28,21 @@ Context::~Context() {
   if (state_.kv.handle) be->free_kv(&state_.kv);
 }
 
+uint64_t Context::estimate_bytes(const HParams& hp, const ContextOptions& opts) {
+  // Mirrors create() below: the same n_ctx and n_batch defaults and the same activations.
+  const uint64_t n_ctx = static_cast<uint64_t>(opts.n_ctx > 0 ? opts.n_ctx : std::min(hp.n_ctx_train, 4096));
+  const uint64_t nb = static_cast<uint64_t>(std::max<int64_t>(1, std::min<int64_t>(opts.n_batch, n_ctx)));
+  const uint64_t q_dim = uint64_t(hp.n_head) * uint64_t(hp.head_dim), kv_dim = uint64_t(hp.n_head_kv) * uint64_t(hp.head_dim);
+  const uint64_t v_dim = uint64_t(hp.n_head_kv) * uint64_t(hp.head_dim_v);
+  const uint64_t act_floats = nb * (5 * uint64_t(hp.n_embd) + q_dim + kv_dim + v_dim + uint64_t(hp.n_head) * uint64_t(hp.head_dim_v) +
+                                    uint64_t(hp.n_expert)) +
+                              std::min<uint64_t>(nb, kHeadRows) * uint64_t(hp.n_vocab);
+  const uint64_t kv_floats = 2 * uint64_t(hp.n_layer) * n_ctx * kv_dim;
+  // Gate and up outputs of a batch's routed experts (the CPU backend's per-call scratch).
+  const uint64_t expert_floats = 2 * nb * uint64_t(hp.n_expert_used) * uint64_t(hp.n_ff_expert);
+  return (act_floats + kv_floats + expert_floats) * sizeof(float);
+}
+
 Status Context::create(const Model& model, Runtime& runtime, const ContextOptions& opts,
                        std::unique_ptr<Context>* out) {
   if (model.vocab_only)

@@ -23,6 +23,9 @@ class Context {
   ~Context();
   // The context reads `model` and evaluates through `runtime`; both must outlive it.
   static Status create(const Model& model, Runtime& runtime, const ContextOptions& opts, std::unique_ptr<Context>* out);
+  // Host bytes create() allocates for these options (KV cache + scratch activations), plus an
+  // allowance for the CPU backend's per-batch expert intermediates: what budget "auto" sets aside.
+  static uint64_t estimate_bytes(const HParams& hp, const ContextOptions& opts);
 
   // Evaluates tokens appended to the sequence; on any error the sequence is unchanged.
   Status eval(const int32_t* tokens, int32_t n_tokens, bool logits_all);

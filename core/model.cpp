@@ -7,6 +7,7 @@
 #include "core/arch/arch.h"
 #include "core/expert_store/expert_source.h"
 #include "core/tensor_binder.h"
+#include "platforms/system_info.h"
 
 namespace moelite {
 
@@ -42,6 +43,8 @@ Status report_progress(const LoadOptions& o, float p) {
 Status Model::load(const std::string& path, const LoadOptions& opts, std::unique_ptr<Model>* out) {
   auto m = std::make_unique<Model>();
   m->path = path;
+  const bool budgeted = opts.expert_budget_bytes > 0 || opts.expert_budget_auto;
+  if (opts.expert_budget_auto) m->memory_room_at_load = platform::read_memory_info().room_bytes();
   MOELITE_TRY(gguf::Reader::open(path, &m->gguf));
   const gguf::Reader& g = *m->gguf;
 
@@ -82,11 +85,11 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
   // With a budget the file is not mapped at all: the store reads experts with pread/io_uring, and
   // the dense weights are read into memory, so a file that shrinks under a running model gives
   // MOELITE_ERR_IO from those reads instead of SIGBUS from a mapped page (include/moelite.h).
-  if (opts.use_mmap && opts.expert_budget_bytes == 0) MOELITE_TRY(platform::Mapping::map(g.file(), &m->mapping));
+  if (opts.use_mmap && !budgeted) MOELITE_TRY(platform::Mapping::map(g.file(), &m->mapping));
 
   // Global tensors.
   TensorBinder b(*m);
-  b.set_lazy_experts(opts.expert_budget_bytes > 0);
+  b.set_lazy_experts(budgeted);
   HParams& hp = m->hp;
   const gguf::TensorInfo* emb = g.find_tensor("token_embd.weight");
   if (!emb) return fail(MOELITE_ERR_MISSING_TENSOR, "tensor 'token_embd.weight' is absent");

@@ -71,6 +71,10 @@ struct LoadOptions {
   int32_t n_threads = 0;  // 0: physical cores
   BackendKind backend = BackendKind::Auto;
   uint64_t expert_budget_bytes = 0;  // 0: experts resident in the file mapping
+  // Budget "auto" (core/budget_auto.h): sized at load from the memory left; loads like a budget
+  // (no mapping, experts read on demand). The last of set_expert_budget / _auto wins.
+  bool expert_budget_auto = false;
+  uint64_t budget_headroom_bytes = 0;  // 0: max(64 MiB, 10 % of the room)
   std::string expert_policy = "lru";
   bool expert_per_layer = false;  // kept for the API: the same as cache_allocation "uniform"
   // How the budget's slots are divided: "auto" (the profile's DP allocation when a profile is
@@ -107,11 +111,14 @@ struct Model {
   uint64_t expert_bytes = 0, dense_bytes = 0;
   uint64_t n_params = 0, n_active_params = 0;
   uint64_t active_bytes = 0;  // see MOELITE_MODEL_ACTIVE_BYTES
+  // Budget "auto" only: min(MemAvailable, cgroup room) when loading started, before any weight
+  // was read, so the dense weights are subtracted once (core/budget_auto.h).
+  uint64_t memory_room_at_load = 0;
   TensorType expert_type = TensorType::F32;
 
   ~Model();
   // Reads, validates and binds everything; the weights are not placed on any backend yet
-  // (Runtime::create does that). With opts.expert_budget_bytes > 0 routed experts are located in
+  // (Runtime::create does that). With a budget (or budget auto) routed experts are located in
   // the file but never touched through the mapping.
   static Status load(const std::string& path, const LoadOptions& opts, std::unique_ptr<Model>* out);
 };

@@ -7,6 +7,7 @@
 #include "core/adaptive/profile.h"
 #include "core/adaptive/setup.h"
 #include "core/expert_store/expert_store.h"
+#include "platforms/system_info.h"
 
 namespace moelite {
 
@@ -58,23 +59,32 @@ Status place_dense_weights(const Model& m, Backend& be) {
 
 Status Runtime::create(const Model& m, const LoadOptions& opts, std::unique_ptr<Runtime>* out) {
   auto rt = std::make_unique<Runtime>();
-  const int32_t threads = opts.n_threads > 0 ? opts.n_threads : platform::physical_core_count();
+  // Default: the big cores on a big.LITTLE CPU (the pool is pinned to them), else physical cores.
+  const int32_t threads = opts.n_threads > 0 ? opts.n_threads : platform::default_thread_count();
   MOELITE_TRY(create_backend(opts.backend, threads, &rt->backend));
   MOELITE_TRY(place_dense_weights(m, *rt->backend));
   rt->routed.reset(m.hp.n_layer);
   MOELITE_TRY(setup_adaptive(m, opts, &rt->profile, &rt->gating));
-  if (opts.expert_budget_bytes > 0) {
+  LoadOptions eff = opts;  // the budget actually used, for the store and its planning
+  if (opts.expert_budget_auto) {
+    const bool shared_device =
+        rt->backend->kind() != BackendKind::Cpu && platform::read_system_info().unified_memory;
+    MOELITE_TRY(choose_auto_budget(m, opts, shared_device, &rt->auto_budget));
+    rt->budget_auto = true;
+    eff.expert_budget_bytes = rt->auto_budget.budget;
+  }
+  if (eff.expert_budget_bytes > 0) {
     ExpertStoreOptions so;
-    so.budget_bytes = opts.expert_budget_bytes;
+    so.budget_bytes = eff.expert_budget_bytes;
     so.policy = opts.expert_policy;
     so.per_layer = opts.expert_per_layer;
-    MOELITE_TRY(plan_expert_store(m, rt->profile.get(), opts, &so));
+    MOELITE_TRY(plan_expert_store(m, rt->profile.get(), eff, &so));
     if (const char* t = getenv("MOELITE_IO_THREADS")) so.io_threads = std::min(64, std::max(1, atoi(t)));
     std::unique_ptr<ExpertStore> store;
     MOELITE_TRY(ExpertStore::create(m, *rt->backend, so, &store));
     rt->store = store.get();
     rt->backend->set_expert_pool(store->pool_slots());
-    rt->expert_budget = opts.expert_budget_bytes;
+    rt->expert_budget = eff.expert_budget_bytes;
     rt->experts = std::move(store);
     MOELITE_TRY(make_predictor(opts.expert_predictor, opts.predictor_depth, m, rt->profile.get(), &rt->predictor));
   } else {

@@ -13,6 +13,7 @@
 
 #include "backends/backend.h"
 #include "core/adaptive/gating.h"
+#include "core/budget_auto.h"
 #include "core/model.h"
 
 namespace moelite {
@@ -46,6 +47,8 @@ struct Runtime {
   GatingConfig gating;
   RoutingCounters routed;
   uint64_t expert_budget = 0;
+  bool budget_auto = false;  // expert_budget was sized by budget "auto"
+  AutoBudget auto_budget;    // its inputs and result (budget_auto.h)
   std::mutex eval_mutex;
 
   ~Runtime();

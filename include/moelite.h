@@ -135,8 +135,11 @@ typedef struct moelite_model moelite_model;
 typedef struct moelite_model_params moelite_model_params;
 
 typedef enum moelite_backend {
-  MOELITE_BACKEND_AUTO = 0, /* the best backend present: Vulkan on a GPU (not on a CPU
-                               implementation such as lavapipe) if built and found, else CPU */
+  MOELITE_BACKEND_AUTO = 0, /* the best backend present: CUDA on an NVIDIA GPU (Jetson's
+                               included) if built and found, else Vulkan on a GPU (not on a CPU
+                               implementation such as lavapipe) if built and found, else CPU;
+                               MOELITE_PLATFORM_AUTO_BACKEND and moelite_platform_describe_json
+                               say which and why */
   MOELITE_BACKEND_CPU = 1,
   MOELITE_BACKEND_VULKAN = 2,
   MOELITE_BACKEND_CUDA = 3
@@ -148,14 +151,19 @@ typedef enum moelite_backend {
 typedef int (*moelite_progress_fn)(float progress, void* user_data);
 
 /** Creates a parameter object holding the defaults: backend AUTO, threads = number of physical
- *  cores, all experts resident (no budget), mmap on, no progress callback.
+ *  cores (the big cores on a big.LITTLE CPU), all experts resident (no budget), mmap on, no
+ *  progress callback.
  *  Returns NULL only when out of memory. Free with moelite_model_params_free(). */
 MOELITE_API moelite_model_params* moelite_model_params_create(void);
 MOELITE_API void moelite_model_params_free(moelite_model_params* params);
 
 /** Most compute threads a model may use (more would only contend; larger counts are refused). */
 #define MOELITE_MAX_THREADS 512
-/** Number of compute threads, 1..MOELITE_MAX_THREADS; 0 restores the default (physical cores).
+/** Number of compute threads, 1..MOELITE_MAX_THREADS; 0 restores the default: physical cores, or
+ *  on a heterogeneous CPU (big.LITTLE) the big cores among those the process may use
+ *  (sched_getaffinity), see MOELITE_PLATFORM_BIG_CORES. On such a CPU the CPU backend's worker
+ *  threads are restricted to the big cores unless more threads than big cores are asked for;
+ *  the calling thread is never re-pinned.
  *  MOELITE_ERR_INVALID_ARGUMENT outside that range. If the OS refuses to start one of them,
  *  moelite_model_load fails with MOELITE_ERR_SYSTEM_LIMIT (no thread is left behind). */
 MOELITE_API moelite_status moelite_model_params_set_threads(moelite_model_params* params, int32_t n_threads);
@@ -169,8 +177,32 @@ MOELITE_API moelite_status moelite_model_params_set_backend(moelite_model_params
  *  demand into a pool of expert slots that never exceeds `budget_bytes`, bypassing the OS page
  *  cache where the file system allows (O_DIRECT). Loading fails with MOELITE_ERR_BUDGET_TOO_SMALL,
  *  stating the minimum, when fewer than top-k + 1 experts fit. Results do not depend on the
- *  budget (bitwise), only speed does. MOELITE_ERR_INVALID_ARGUMENT above 2^62 bytes. */
+ *  budget (bitwise), only speed does. MOELITE_ERR_INVALID_ARGUMENT above 2^62 bytes.
+ *  Replaces an earlier moelite_model_params_set_expert_budget_auto (the last call wins). */
 MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_params* params, uint64_t budget_bytes);
+/** Most headroom moelite_model_params_set_expert_budget_auto accepts (2^62 bytes). */
+#define MOELITE_MAX_BUDGET_HEADROOM ((uint64_t)1 << 62)
+/** Sizes the expert budget at load from the memory the process may take at that moment:
+ *
+ *    room   = min(MemAvailable, cgroup memory limit - cgroup usage)   (MOELITE_PLATFORM_MEM_AVAILABLE_BYTES)
+ *    budget = room - dense (non-expert) weights - KV cache and scratch of one context with default
+ *             parameters - headroom_bytes
+ *
+ *  `headroom_bytes` is memory left for everything else (the application, allocator slack, larger
+ *  contexts than the default); 0 takes the default, max(64 MiB, 10 % of room). The dense weights
+ *  count twice with a GPU backend on unified memory (Jetson), whose device copy lives in the same
+ *  DRAM. If the result holds every expert, the budget is that pool's size and every expert stays
+ *  resident once read (MOELITE_MODEL_EXPERTS_ALL_FIT = 1). The model loads as with a budget: the
+ *  file is not mapped, dense weights are read into memory, experts are read on demand; results are
+ *  bitwise those of a resident load. After loading, MOELITE_MODEL_EXPERT_BUDGET is the chosen
+ *  budget and MOELITE_MODEL_BUDGET_AUTO_* give the terms of the sum.
+ *  Replaces an earlier moelite_model_params_set_expert_budget (the last call wins).
+ *  Errors: MOELITE_ERR_INVALID_ARGUMENT for NULL params or headroom_bytes above
+ *  MOELITE_MAX_BUDGET_HEADROOM; at load, MOELITE_ERR_BUDGET_TOO_SMALL when the budget would be below
+ *  the store's minimum working set (top-k + 1 expert slots), with every term in the message.
+ *  Parameter objects are not thread-safe (see the top of this header). */
+MOELITE_API moelite_status moelite_model_params_set_expert_budget_auto(moelite_model_params* params,
+                                                                       uint64_t headroom_bytes);
 /** Replacement policy of the expert store: "lru" (default), "lfu", "decay" (decayed frequency),
  *  "static" (a hot set: the profile's most used experts; without a profile, the most used so
  *  far) or "belady" (evict the expert needed furthest ahead, as far as predictions reveal; without
@@ -312,10 +344,21 @@ typedef enum moelite_model_key {
   MOELITE_MODEL_ACTIVE_BYTES = 18,      /* weight bytes read to compute one token: dense weights
                                            (one embedding row, not the table) plus top-k experts
                                            of average size in every layer */
-  MOELITE_MODEL_EXPERT_BUDGET = 19,     /* the budget set at load (0: all resident) */
+  MOELITE_MODEL_EXPERT_BUDGET = 19,     /* the budget in use, set or chosen by budget auto (0: none,
+                                           all resident in the file mapping) */
   MOELITE_MODEL_EXPERT_POOL_BYTES = 20, /* bytes of the expert slot pool (<= budget) */
   MOELITE_MODEL_EXPERT_PEAK_BYTES = 21, /* slot bytes that have held an expert so far */
-  MOELITE_MODEL_EXPERT_SLOTS = 22       /* experts the pool holds at once */
+  MOELITE_MODEL_EXPERT_SLOTS = 22,      /* experts the pool holds at once */
+  MOELITE_MODEL_BUDGET_AUTO = 23,       /* 1 if the budget was sized by set_expert_budget_auto */
+  MOELITE_MODEL_BUDGET_AUTO_ROOM = 24,  /* budget auto: bytes available when loading started
+                                           (min of MemAvailable and the cgroup's room); else 0 */
+  MOELITE_MODEL_BUDGET_AUTO_CONTEXT_BYTES = 25, /* budget auto: KV cache + scratch set aside */
+  MOELITE_MODEL_BUDGET_AUTO_HEADROOM = 26,      /* budget auto: headroom set aside */
+  MOELITE_MODEL_EXPERTS_ALL_FIT = 27,   /* 1 when every expert can be resident at once (no budget,
+                                           or a pool with a slot for each); 0 when experts stream */
+  MOELITE_MODEL_EXPERT_MIN_BUDGET = 28  /* the smallest expert budget this model loads with: the
+                                           store's minimum working set (top-k + 1 expert slots; in
+                                           every layer with per-layer pools). 0 vocabulary-only */
 } moelite_model_key;
 
 /** Value of a numeric property, or -1 if the key is unknown or the model is NULL. Thread-safe. */
@@ -370,6 +413,51 @@ MOELITE_API moelite_status moelite_model_expert_stats(const moelite_model* model
                                                       moelite_expert_stats* out);
 /** Zeroes the counters (e.g. between a warm-up and a measurement). */
 MOELITE_API void moelite_model_reset_expert_stats(moelite_model* model);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Platform: what this process runs on                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Read from /proc and /sys on Linux (Android included); fields this OS does not report are 0.
+ * Every call reads afresh (memory changes; a few small files, microseconds), except where noted.
+ * Thread-safe; needs no model. */
+typedef enum moelite_platform_field {
+  MOELITE_PLATFORM_MEM_TOTAL_BYTES = 0,     /* MemTotal */
+  MOELITE_PLATFORM_MEM_AVAILABLE_BYTES = 1, /* what the process may still take: min(MemAvailable,
+                                               cgroup limit - cgroup usage), the tightest cgroup
+                                               (v1 or v2) from the process's own up to the root */
+  MOELITE_PLATFORM_CGROUP_LIMIT_BYTES = 2,  /* that cgroup's limit; 0 when none */
+  MOELITE_PLATFORM_CGROUP_USAGE_BYTES = 3,  /* that cgroup's usage (page cache included) */
+  MOELITE_PLATFORM_IS_JETSON = 4,           /* 1 on NVIDIA Jetson (Tegra), else 0 */
+  MOELITE_PLATFORM_UNIFIED_MEMORY = 5,      /* 1 when the GPU shares the CPU's DRAM (Jetson) */
+  MOELITE_PLATFORM_CPUS_ONLINE = 6,         /* logical CPUs online */
+  MOELITE_PLATFORM_CPUS_ALLOWED = 7,        /* ... of which this process may use (affinity) */
+  MOELITE_PLATFORM_BIG_CORES = 8,           /* big cores among the allowed on a heterogeneous CPU
+                                               (capacity more than 10 % above the slowest allowed
+                                               CPU's: all but the little cluster); 0 when the
+                                               allowed CPUs are alike */
+  MOELITE_PLATFORM_DEFAULT_THREADS = 9,     /* threads a model uses by default */
+  MOELITE_PLATFORM_AUTO_BACKEND = 10,       /* the moelite_backend that MOELITE_BACKEND_AUTO picks.
+                                               The first call probes the GPUs (milliseconds to a
+                                               second); later ones reuse the probe's verdict */
+  MOELITE_PLATFORM_HAS_CUDA = 11,           /* 1 if this build contains the CUDA backend */
+  MOELITE_PLATFORM_HAS_VULKAN = 12          /* 1 if this build contains the Vulkan backend */
+} moelite_platform_field;
+
+/** Value of a platform field; -1 for an unknown field. Thread-safe, never fails otherwise. */
+MOELITE_API int64_t moelite_platform_get(moelite_platform_field field);
+
+/** The platform as one JSON object, NUL-terminated, into `buf` (room for `buf_size` bytes):
+ *  kind ("jetson", "linux-arm", "x86-desktop", "linux-other"), model (board or product name),
+ *  tegra_release, unified_memory, cpu {model, arch, online, allowed, capacity per CPU id,
+ *  big_cores, heterogeneous, default_threads}, memory {total, available (MemAvailable),
+ *  cgroup_version, cgroup_limit, cgroup_usage, room (= MOELITE_PLATFORM_MEM_AVAILABLE_BYTES)},
+ *  backends {cpu, cuda, vulkan: built in}, auto_backend {name, reason}. Byte counts are numbers.
+ *  *needed (may be NULL) receives the size including the NUL. MOELITE_ERR_BUFFER_TOO_SMALL when
+ *  buf_size is smaller (buf is then untouched; buf may be NULL with buf_size 0 to ask the size).
+ *  The text can differ between calls (memory changes), so size the second call's buffer with
+ *  some slack or loop. Thread-safe; probes GPUs like MOELITE_PLATFORM_AUTO_BACKEND. */
+MOELITE_API moelite_status moelite_platform_describe_json(char* buf, size_t buf_size, size_t* needed);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Calibration                                                                                  */

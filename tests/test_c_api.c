@@ -298,6 +298,131 @@ int main(int argc, char** argv) {
     moelite_model_free(vm);
   }
 
+  /* Budget auto: argument errors, an impossible headroom, the chosen budget and its terms, the
+   * last of the two budget setters winning, and logits bitwise equal to the resident model's. */
+  CHECK(moelite_model_params_set_expert_budget_auto(NULL, 0) == MOELITE_ERR_INVALID_ARGUMENT);
+  mp = moelite_model_params_create();
+  moelite_model_params_set_threads(mp, 2);
+  CHECK(moelite_model_params_set_expert_budget_auto(mp, MOELITE_MAX_BUDGET_HEADROOM + 1) ==
+        MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_model_params_set_expert_budget_auto(mp, UINT64_MAX) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_model_params_set_expert_budget_auto(mp, MOELITE_MAX_BUDGET_HEADROOM) == MOELITE_OK);
+  {
+    moelite_model* am = NULL;
+    CHECK(moelite_model_load(path, mp, &am) == MOELITE_ERR_BUDGET_TOO_SMALL && am == NULL);
+    CHECK(strstr(moelite_last_error(), "minimum working set") != NULL);
+    CHECK(strstr(moelite_last_error(), "headroom") != NULL);
+  }
+  CHECK(moelite_model_params_set_expert_budget_auto(mp, 0) == MOELITE_OK);
+  {
+    moelite_model* am = NULL;
+    CHECK(moelite_model_load(path, mp, &am) == MOELITE_OK);
+    if (am) {
+      const int64_t budget = moelite_model_get(am, MOELITE_MODEL_EXPERT_BUDGET);
+      const int64_t room = moelite_model_get(am, MOELITE_MODEL_BUDGET_AUTO_ROOM);
+      const int64_t headroom = moelite_model_get(am, MOELITE_MODEL_BUDGET_AUTO_HEADROOM);
+      CHECK(moelite_model_get(am, MOELITE_MODEL_BUDGET_AUTO) == 1);
+      CHECK(budget > 0 && room > budget);
+      CHECK(headroom >= ((int64_t)64 << 20) && headroom >= room / 10 - 1);
+      CHECK(moelite_model_get(am, MOELITE_MODEL_BUDGET_AUTO_CONTEXT_BYTES) > 0);
+      /* A tiny model on any machine that runs the tests: every expert fits. */
+      CHECK(moelite_model_get(am, MOELITE_MODEL_EXPERTS_ALL_FIT) == 1);
+      CHECK(moelite_model_get(am, MOELITE_MODEL_EXPERT_SLOTS) >=
+            moelite_model_get(am, MOELITE_MODEL_N_LAYERS) * moelite_model_get(am, MOELITE_MODEL_N_EXPERTS));
+      /* Same logits as the resident model, bit for bit. */
+      moelite_context *ra = NULL, *rb = NULL;
+      const int32_t toks[4] = {1, 2, 3, 4};
+      CHECK(moelite_context_create(model, NULL, &ra) == MOELITE_OK);
+      CHECK(moelite_context_create(am, NULL, &rb) == MOELITE_OK);
+      if (ra && rb) {
+        CHECK(moelite_eval(ra, toks, 4, 1) == MOELITE_OK);
+        CHECK(moelite_eval(rb, toks, 4, 1) == MOELITE_OK);
+        for (int32_t i = 0; i < 4; ++i) {
+          const float *la = moelite_get_logits(ra, i), *lb = moelite_get_logits(rb, i);
+          CHECK(la && lb && memcmp(la, lb, (size_t)n_vocab * sizeof(float)) == 0);
+        }
+      }
+      moelite_context_free(ra);
+      moelite_context_free(rb);
+    }
+    moelite_model_free(am);
+  }
+  /* The minimum working set: loads at exactly that budget, not one byte below. */
+  {
+    const int64_t minimum = moelite_model_get(model, MOELITE_MODEL_EXPERT_MIN_BUDGET);
+    CHECK(minimum > 0);
+    moelite_model* am = NULL;
+    CHECK(moelite_model_params_set_expert_budget(mp, (uint64_t)minimum - 1) == MOELITE_OK);
+    CHECK(moelite_model_load(path, mp, &am) == MOELITE_ERR_BUDGET_TOO_SMALL && am == NULL);
+    CHECK(moelite_model_params_set_expert_budget(mp, (uint64_t)minimum) == MOELITE_OK);
+    CHECK(moelite_model_load(path, mp, &am) == MOELITE_OK);
+    CHECK(moelite_model_get(am, MOELITE_MODEL_EXPERT_MIN_BUDGET) == minimum);
+    CHECK(moelite_model_get(am, MOELITE_MODEL_EXPERTS_ALL_FIT) == 0);
+    moelite_model_free(am);
+  }
+  /* The last budget setter wins: a fixed budget replaces auto... */
+  CHECK(moelite_model_params_set_expert_budget(mp, 1 << 20) == MOELITE_OK);
+  {
+    moelite_model* am = NULL;
+    CHECK(moelite_model_load(path, mp, &am) == MOELITE_OK);
+    CHECK(moelite_model_get(am, MOELITE_MODEL_BUDGET_AUTO) == 0);
+    CHECK(moelite_model_get(am, MOELITE_MODEL_EXPERT_BUDGET) == (1 << 20));
+    CHECK(moelite_model_get(am, MOELITE_MODEL_BUDGET_AUTO_ROOM) == 0);
+    moelite_model_free(am);
+  }
+  /* ... and auto replaces a fixed budget. */
+  CHECK(moelite_model_params_set_expert_budget_auto(mp, (uint64_t)100 << 20) == MOELITE_OK);
+  {
+    moelite_model* am = NULL;
+    CHECK(moelite_model_load(path, mp, &am) == MOELITE_OK);
+    CHECK(moelite_model_get(am, MOELITE_MODEL_BUDGET_AUTO) == 1);
+    CHECK(moelite_model_get(am, MOELITE_MODEL_BUDGET_AUTO_HEADROOM) == ((int64_t)100 << 20));
+    CHECK(moelite_model_get(am, MOELITE_MODEL_EXPERT_BUDGET) != (1 << 20));
+    moelite_model_free(am);
+  }
+  moelite_model_params_free(mp);
+  CHECK(moelite_model_get(model, MOELITE_MODEL_BUDGET_AUTO) == 0);
+  CHECK(moelite_model_get(model, MOELITE_MODEL_EXPERTS_ALL_FIT) == 1); /* resident */
+
+  /* Platform queries. */
+  {
+    const int64_t total = moelite_platform_get(MOELITE_PLATFORM_MEM_TOTAL_BYTES);
+    const int64_t avail = moelite_platform_get(MOELITE_PLATFORM_MEM_AVAILABLE_BYTES);
+    CHECK(total > 0 && avail > 0 && avail <= total);
+    const int64_t limit = moelite_platform_get(MOELITE_PLATFORM_CGROUP_LIMIT_BYTES);
+    CHECK(limit >= 0);
+    if (limit > 0) CHECK(avail <= limit);
+    const int64_t jetson = moelite_platform_get(MOELITE_PLATFORM_IS_JETSON);
+    CHECK(jetson == 0 || jetson == 1);
+    CHECK(moelite_platform_get(MOELITE_PLATFORM_UNIFIED_MEMORY) == jetson);
+    const int64_t online = moelite_platform_get(MOELITE_PLATFORM_CPUS_ONLINE);
+    const int64_t allowed = moelite_platform_get(MOELITE_PLATFORM_CPUS_ALLOWED);
+    const int64_t big = moelite_platform_get(MOELITE_PLATFORM_BIG_CORES);
+    CHECK(online >= 1 && allowed >= 1 && big >= 0 && big < allowed);
+    CHECK(moelite_platform_get(MOELITE_PLATFORM_DEFAULT_THREADS) >= 1);
+    const int64_t be = moelite_platform_get(MOELITE_PLATFORM_AUTO_BACKEND);
+    CHECK(be >= MOELITE_BACKEND_CPU && be <= MOELITE_BACKEND_CUDA);
+    if (moelite_platform_get(MOELITE_PLATFORM_HAS_CUDA) == 0 && moelite_platform_get(MOELITE_PLATFORM_HAS_VULKAN) == 0)
+      CHECK(be == MOELITE_BACKEND_CPU);
+    CHECK(moelite_platform_get((moelite_platform_field)999) == -1);
+
+    size_t needed = 0;
+    CHECK(moelite_platform_describe_json(NULL, 0, &needed) == MOELITE_ERR_BUFFER_TOO_SMALL && needed > 2);
+    CHECK(moelite_platform_describe_json(NULL, 16, &needed) == MOELITE_ERR_INVALID_ARGUMENT);
+    char small[8];
+    memset(small, 'x', sizeof small);
+    CHECK(moelite_platform_describe_json(small, sizeof small, NULL) == MOELITE_ERR_BUFFER_TOO_SMALL);
+    CHECK(small[0] == 'x' && small[7] == 'x'); /* untouched */
+    char* text = (char*)malloc(needed + 4096);
+    size_t got = 0;
+    CHECK(text && moelite_platform_describe_json(text, needed + 4096, &got) == MOELITE_OK);
+    if (text) {
+      CHECK(text[0] == '{' && strlen(text) + 1 == got && text[got - 2] == '}');
+      CHECK(strstr(text, "\"kind\"") && strstr(text, "\"auto_backend\"") && strstr(text, "\"room\""));
+    }
+    free(text);
+  }
+
   /* Unavailable backend: a specific error, not a crash. */
   mp = moelite_model_params_create();
   moelite_model_params_set_backend(mp, MOELITE_BACKEND_CUDA);

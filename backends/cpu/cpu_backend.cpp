@@ -8,6 +8,7 @@
 
 #include "backends/cpu/cpu_ops.h"
 #include "platforms/platform.h"
+#include "platforms/system_info.h"
 
 namespace moelite::cpu {
 
@@ -81,7 +82,10 @@ CpuBackend::CpuBackend(std::unique_ptr<ThreadPool> pool)
 
 Status CpuBackend::create(int32_t n_threads, std::unique_ptr<Backend>* out) {
   std::unique_ptr<ThreadPool> pool;
-  MOELITE_TRY(ThreadPool::create(n_threads, &pool));
+  // On big.LITTLE CPUs the workers stay on the big cores (empty on homogeneous CPUs: unpinned).
+  // Asked for more threads than there are big cores, the caller wants the little ones too: no pin.
+  const std::vector<int>& big = platform::big_cores();
+  MOELITE_TRY(ThreadPool::create(n_threads, &pool, n_threads <= static_cast<int32_t>(big.size()) ? big : std::vector<int>{}));
   out->reset(new CpuBackend(std::move(pool)));
   return MOELITE_OK;
 }

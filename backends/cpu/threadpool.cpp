@@ -2,6 +2,8 @@
 
 #include <new>
 
+#include "platforms/system_info.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define MOELITE_CPU_RELAX() _mm_pause()
@@ -19,10 +21,11 @@ namespace {
 constexpr int kSpinIterations = 20000;
 }  // namespace
 
-Status ThreadPool::create(int n_threads, std::unique_ptr<ThreadPool>* out) {
+Status ThreadPool::create(int n_threads, std::unique_ptr<ThreadPool>* out, std::vector<int> pin_cpus) {
   std::unique_ptr<ThreadPool> pool(new (std::nothrow) ThreadPool(n_threads < 1 ? 1 : n_threads));
   if (!pool) return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory for the thread pool");
   try {
+    pool->pin_cpus_ = std::move(pin_cpus);
     pool->workers_.reserve(static_cast<size_t>(pool->n_threads_ - 1));
     for (int i = 1; i < pool->n_threads_; ++i) pool->workers_.emplace_back([p = pool.get(), i] { p->worker_main(i); });
   } catch (const std::bad_alloc&) {
@@ -69,6 +72,8 @@ void ThreadPool::run_tasks(int thread) {
 }
 
 void ThreadPool::worker_main(int index) {
+  if (!platform::pin_current_thread(pin_cpus_))
+    log_msg(MOELITE_LOG_DEBUG, "compute thread %d could not be pinned to the big cores", index);
   uint64_t seen = 0;
   for (;;) {
     uint64_t gen = generation_.load(std::memory_order_acquire);

@@ -22,12 +22,20 @@ class ThreadPool {
   // thread (ulimit -u, cgroup pids.max, out of memory for its stack), the workers already running
   // are stopped and joined before MOELITE_ERR_SYSTEM_LIMIT returns: nothing is left waiting on a
   // pool that was never finished.
-  [[nodiscard]] static Status create(int n_threads, std::unique_ptr<ThreadPool>* out);
+  //
+  // `pin_cpus` non-empty: every worker restricts itself to these CPUs (the big cores of a
+  // big.LITTLE CPU, platform::big_cores()), so no worker lands on a little core that would hold
+  // each fork-join region back. The calling thread belongs to the application and is left alone.
+  // A CPU the OS refuses (outside a cgroup cpuset) leaves that worker unpinned: pinning is a
+  // speed hint, never a reason to fail.
+  [[nodiscard]] static Status create(int n_threads, std::unique_ptr<ThreadPool>* out,
+                                     std::vector<int> pin_cpus = {});
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return n_threads_; }
+  const std::vector<int>& pinned_cpus() const { return pin_cpus_; }
 
   // Calls fn(task, thread_index) for every task in [0, n_tasks), spread over all threads
   // (the caller works too), and returns when all calls have returned. Tasks are handed out
@@ -44,6 +52,7 @@ class ThreadPool {
   void run_tasks(int thread);
 
   int n_threads_;
+  std::vector<int> pin_cpus_;
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -101,10 +101,10 @@ class ExpertStore final : public ExpertSource {
   bool per_layer() const { return per_layer_; }
   // Slots of each layer's quota (per-layer mode; empty otherwise).
   const std::vector<int32_t>& layer_slots() const { return quota_; }
-
- private:
   // Slots kept free beyond one group so a group can load while the previous one is released.
   static constexpr int32_t kReserveSlots = 1;
+
+ private:
   enum class SlotState { Free, Loading, Ready, Failed };
   struct Slot {
     uint8_t* mem = nullptr;

@@ -20,6 +20,9 @@ int usage_error(const std::string& message);
 // printing the error.
 int load_model(const Args& args, moelite_model** out, bool vocab_only = false);
 
+// The expert budget in one line: none, a fixed size, or auto with the terms it was sized from.
+std::string budget_summary(const moelite_model* model);
+
 // Sampling and stopping options shared by `run` and `chat` (-n, --temp, --top-k, --top-p,
 // --min-p, --repeat-penalty, --repeat-last-n, --seed, --stop). Returns 0 or an exit code.
 int generate_params_from_args(const Args& args, moelite_generate_params* p);
@@ -42,8 +45,11 @@ bool read_file(const std::string& path, std::string* out);
 
 // Best-of-5 read bandwidth in GB/s streaming `bytes` with `threads` threads (membw.cpp).
 double measure_read_bandwidth(int threads, size_t bytes);
-// O_DIRECT read speed of a file in GB/s with `threads` concurrent readers (membw.cpp).
+// O_DIRECT read speed of a file in GB/s with `threads` concurrent readers (storage_bw.cpp).
 double measure_storage_bandwidth(const std::string& path, size_t bytes, int threads);
+// The same on a directory's file system: writes a scratch file of `bytes` there, measures, removes
+// it. 0 when the directory is not writable.
+double measure_directory_storage_bandwidth(const std::string& dir, size_t bytes, int threads);
 
 int cmd_info(int argc, char** argv);
 int cmd_logits(int argc, char** argv);

@@ -106,7 +106,23 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only) {
   if (st == MOELITE_OK) st = moelite_model_params_set_backend(p, kind);
   if (st == MOELITE_OK && args.has("--no-mmap")) st = moelite_model_params_set_use_mmap(p, 0);
   if (st == MOELITE_OK && vocab_only) st = moelite_model_params_set_vocab_only(p, 1);
-  if (st == MOELITE_OK && args.has("--budget")) {
+  if (args.has("--budget-headroom") && args.get("--budget") != "auto") {
+    moelite_model_params_free(p);
+    return usage_error("--budget-headroom goes with --budget auto");
+  }
+  if (st == MOELITE_OK && args.get("--budget") == "auto") {
+    // 0: the library's default headroom, max(64 MiB, 10% of the available memory).
+    uint64_t headroom = 0;
+    SizeArg size;
+    if (args.has("--budget-headroom")) {
+      if (!parse_size("--budget-headroom", args.get("--budget-headroom"), &size, &err) || size.percent) {
+        moelite_model_params_free(p);
+        return usage_error(err.empty() ? "--budget-headroom takes a size in bytes (512MiB), not a share" : err);
+      }
+      headroom = static_cast<uint64_t>(size.value);
+    }
+    st = moelite_model_params_set_expert_budget_auto(p, headroom);
+  } else if (st == MOELITE_OK && args.has("--budget")) {
     uint64_t budget = 0;
     if (!parse_budget(args.get("--budget"), path, &budget, &err)) {
       moelite_model_params_free(p);
@@ -138,6 +154,27 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only) {
   if (st == MOELITE_OK) st = moelite_model_load(path.c_str(), p, out);
   moelite_model_params_free(p);
   return st == MOELITE_OK ? 0 : report(st, ("loading " + path).c_str());
+}
+
+std::string budget_summary(const moelite_model* model) {
+  const int64_t budget = moelite_model_get(model, MOELITE_MODEL_EXPERT_BUDGET);
+  const bool all = moelite_model_get(model, MOELITE_MODEL_EXPERTS_ALL_FIT) == 1;
+  char buf[512];
+  if (budget == 0) return "none: every expert resident (file mapping)";
+  if (moelite_model_get(model, MOELITE_MODEL_BUDGET_AUTO) != 1) {
+    snprintf(buf, sizeof buf, "%.1f MiB%s", budget / 1048576.0, all ? " (every expert fits)" : "");
+    return buf;
+  }
+  const double mib = 1048576.0;
+  const int64_t room = moelite_model_get(model, MOELITE_MODEL_BUDGET_AUTO_ROOM),
+                dense = moelite_model_get(model, MOELITE_MODEL_DENSE_BYTES),
+                context = moelite_model_get(model, MOELITE_MODEL_BUDGET_AUTO_CONTEXT_BYTES),
+                headroom = moelite_model_get(model, MOELITE_MODEL_BUDGET_AUTO_HEADROOM);
+  snprintf(buf, sizeof buf,
+           "auto: %.1f MiB, %s (%.1f MiB available - %.1f dense - %.1f KV cache and scratch - %.1f headroom = %.1f MiB)",
+           budget / mib, all ? "every expert resident" : "experts stream", room / mib, dense / mib, context / mib,
+           headroom / mib, (room - dense - context - headroom) / mib);
+  return buf;
 }
 
 bool parse_tokens(const std::string& text, std::vector<int32_t>* out, std::string* error) {

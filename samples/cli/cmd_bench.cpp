@@ -131,6 +131,8 @@ int cmd_bench(int argc, char** argv) {
   const uint64_t peak_rss = peak_rss_bytes();  // before the bandwidth probes allocate their buffers
   const int threads = static_cast<int>(moelite_model_get(model, MOELITE_MODEL_THREADS));
   const int64_t budget = moelite_model_get(model, MOELITE_MODEL_EXPERT_BUDGET);
+  const int64_t budget_auto = moelite_model_get(model, MOELITE_MODEL_BUDGET_AUTO);
+  const std::string budget_text = budget_summary(model);
   const std::string arch = moelite_model_arch(model), expert_type = moelite_model_expert_type(model),
                     backend_name = moelite_model_backend_name(model);
   const int64_t expert_bytes = moelite_model_get(model, MOELITE_MODEL_EXPERT_BYTES),
@@ -205,7 +207,8 @@ int cmd_bench(int argc, char** argv) {
            ", \"decode_fraction_of_budget_bound\": %.3f, \"predictor\": \"%s\", \"prefetch_accuracy\": %.4f"
            ", \"prefetch_precision\": %.4f, \"timeliness\": %.4f, \"on_demand_loads_per_token\": %.3f"
            ", \"experts_per_token\": %.4f, \"gating\": \"%s\", \"threshold\": %s, \"profile\": \"%s\""
-           ", \"allocation\": \"%s\", \"text\": %s, \"layers\": %s}\n",
+           ", \"allocation\": \"%s\", \"budget_auto\": %" PRId64 ", \"budget_summary\": \"%s\", \"text\": %s"
+           ", \"layers\": %s}\n",
            json_escape(path).c_str(), arch.c_str(), expert_type.c_str(), json_escape(backend_name).c_str(),
            static_cast<int64_t>(threads), n_prompt, n_gen, prefill_tps, decode_tps,
            n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, active, decode_gbs, dram_gbs, device_gbs,
@@ -216,11 +219,12 @@ int cmd_bench(int argc, char** argv) {
            precision, timeliness, n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0, experts_per_token,
            json_escape(args.get("--gating", "exact")).c_str(), args.get("--threshold", "0").c_str(),
            json_escape(args.get("--profile")).c_str(),
-           json_escape(args.get("--allocation", args.has("--per-layer") ? "uniform" : "auto")).c_str(),
-           args.has("-f") ? ("\"" + json_escape(args.get("-f")) + "\"").c_str() : "null", layers_json.c_str());
+           json_escape(args.get("--allocation", args.has("--per-layer") ? "uniform" : "auto")).c_str(), budget_auto,
+           json_escape(budget_text).c_str(), args.has("-f") ? ("\"" + json_escape(args.get("-f")) + "\"").c_str() : "null", layers_json.c_str());
   } else {
     printf("model     %s (%s, experts %s)\nbackend   %s, %" PRId64 " threads\n", path.c_str(), arch.c_str(),
            expert_type.c_str(), backend_name.c_str(), static_cast<int64_t>(threads));
+    printf("budget    %s\n", budget_text.c_str());
     printf("prefill   %" PRId64 " tokens: %.2f tok/s\n", n_prompt, prefill_tps);
     printf("decode    %" PRId64 " tokens: %.2f tok/s (%.2f ms/token, %.2f GB/s of weights)\n", n_gen, decode_tps,
            n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, decode_gbs);

@@ -10,7 +10,8 @@ static void print_help() {
       "moelite %s — Mixture-of-Experts inference under a memory budget\n\n"
       "usage: moelite COMMAND [options]\n\n"
       "commands:\n"
-      "  info    -m MODEL [--json]                      model facts (arch, experts, bytes)\n"
+      "  info    -m MODEL [--json]                      model facts (arch, experts, bytes, budget)\n"
+      "  info    --platform [-m MODEL] [--json]         this machine: board, cores, memory, cgroup, backends, storage\n"
       "  perplexity -m MODEL -f TEXT [--ctx 256] [--json]  windowed perplexity of a text\n"
       "  trace record -m MODEL (-f TEXT | -p PROMPT -n N) -o TRACE   routing as JSON lines\n"
       "  trace replay -f TRACE --capacity N|P% [--global] [--policy lru|lfu|decay|static|belady|all]\n"
@@ -26,7 +27,7 @@ static void print_help() {
       "  version                                        library version\n\n"
       "'moelite COMMAND --help' lists the options of a command.\n\n"
       "common options: -t/--threads N, --backend auto|cpu|vulkan|cuda, --no-mmap, --verbose (log what loads),\n"
-      "                --budget SIZE|P%, --policy lru|lfu|decay|static|belady, --per-layer,\n"
+      "                --budget SIZE|P%|auto, --budget-headroom SIZE, --policy lru|lfu|decay|static|belady, --per-layer,\n"
       "                --allocation auto|global|uniform|dp,\n"
       "                --predictor none|next-gate|first-layer|learned|correlation|pregate, --predict-depth D,\n"
       "                --profile PROFILE, --gating exact|sensitivity|score, --threshold T\n",

@@ -17,7 +17,11 @@ const std::vector<Option>& model_options() {
       {{"--backend"}, "NAME", "auto, cpu, vulkan or cuda (default auto)"},
       {{"--no-mmap"}, "", "read the weights into memory instead of mapping the file"},
       {{"--verbose"}, "", "log what loads"},
-      {{"--budget"}, "SIZE", "memory for routed experts: 2GiB, 512MiB, 1.5G, 123456 (bytes) or 25% of the experts"},
+      {{"--budget"}, "SIZE",
+       "memory for routed experts: 2GiB, 512MiB, 1.5G, 123456 (bytes), 25% of the experts, or auto (what memory "
+       "is free at load, less the dense weights, KV cache and --budget-headroom)"},
+      {{"--budget-headroom"}, "SIZE",
+       "with --budget auto: memory left for everything else (default: 10% of the available memory, at least 64 MiB)"},
       {{"--policy"}, "NAME", "expert cache policy: lru, lfu, decay, static or belady"},
       {{"--per-layer"}, "", "per-layer expert pools instead of one global pool"},
       {{"--allocation"}, "NAME", "cache allocation across layers: auto, global, uniform or dp"},

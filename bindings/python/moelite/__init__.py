@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 __all__ = [
     "__version__", "version_number", "library_path", "supported_archs", "Status", "StopReason",
-    "MoeliteError", "Model", "Context", "set_log_callback",
+    "MoeliteError", "Model", "Context", "set_log_callback", "platform_info", "platform_memory_available",
 ]
 
 __version__ = _c.moelite_version_string().decode("ascii")
@@ -184,7 +184,32 @@ _KEYS = {
     "n_embd": 5, "n_head": 6, "n_head_kv": 7, "head_dim": 8, "n_ff_expert": 9,
     "n_ff_shared": 10, "n_ctx_train": 11, "expert_bytes": 12, "dense_bytes": 13, "n_params": 14,
     "n_active_params": 15, "threads": 16, "backend_id": 17, "active_bytes": 18,
+    "expert_budget": 19, "expert_pool_bytes": 20, "expert_peak_bytes": 21, "expert_slots": 22,
+    "budget_auto": 23, "budget_auto_room": 24, "budget_auto_context_bytes": 25, "budget_auto_headroom": 26,
+    "experts_all_fit": 27, "expert_min_budget": 28,
 }
+
+
+def platform_memory_available():
+    """Bytes this process may still allocate: min(MemAvailable, cgroup limit - usage)
+    (moelite_platform_get(MOELITE_PLATFORM_MEM_AVAILABLE_BYTES))."""
+    return int(_c.moelite_platform_get(1))
+
+
+def platform_info():
+    """The machine as a dict (moelite_platform_describe_json): kind, model, cpu (big cores,
+    capacities), memory (total, available, cgroup, room), backends built in, auto_backend."""
+    import json
+    needed = ctypes.c_size_t(0)
+    st = _c.moelite_platform_describe_json(None, 0, ctypes.byref(needed))
+    for _ in range(4):
+        cap = needed.value + 4096  # slack: memory figures may grow between the two calls
+        buf = ctypes.create_string_buffer(cap)
+        st = _c.moelite_platform_describe_json(buf, cap, ctypes.byref(needed))
+        if st != Status.ERR_BUFFER_TOO_SMALL:
+            break
+    _check(st)
+    return json.loads(buf.value.decode("utf-8"))
 
 
 def _key_property(name, key):
@@ -200,7 +225,7 @@ class Model:
 
     Model(path, threads=None, backend="auto", vocab_only=False, use_mmap=True,
           expert_budget=None, progress=None, policy=None, predictor=None, predictor_depth=None,
-          profile=None, gating=None, threshold=0.0, allocation=None)
+          profile=None, gating=None, threshold=0.0, allocation=None, budget_headroom=None)
 
     backend: "auto", "cpu", "vulkan", "cuda" (or the moelite_backend int). threads: None for the
     library default (physical cores). vocab_only: load only the tokenizer (tokenize/detokenize/
@@ -209,13 +234,16 @@ class Model:
     predictor, predictor_depth, profile (a calibration profile path), gating ("exact",
     "sensitivity", "score") with threshold, and allocation ("auto", "global", "uniform", "dp")
     are the expert-store and adaptive options of include/moelite.h, None meaning the default.
+    expert_budget="auto" sizes the budget at load from the memory available then
+    (moelite_model_params_set_expert_budget_auto), leaving budget_headroom bytes (None: the
+    library's default, max(64 MiB, 10 % of the available memory)).
 
     Use as a context manager or call close(); close() first closes the model's live contexts.
     """
 
     def __init__(self, path, threads=None, backend="auto", vocab_only=False, use_mmap=True,
                  expert_budget=None, progress=None, policy=None, predictor=None, predictor_depth=None,
-                 profile=None, gating=None, threshold=0.0, allocation=None):
+                 profile=None, gating=None, threshold=0.0, allocation=None, budget_headroom=None):
         self._ptr = None
         self._contexts = weakref.WeakSet()
         self._free = _c.moelite_model_free  # kept for __del__ during interpreter shutdown
@@ -238,7 +266,12 @@ class Model:
             _check(_c.moelite_model_params_set_backend(params, backend_id))
             _check(_c.moelite_model_params_set_use_mmap(params, 1 if use_mmap else 0))
             _check(_c.moelite_model_params_set_vocab_only(params, 1 if vocab_only else 0))
-            if expert_budget is not None:
+            if isinstance(expert_budget, str) and expert_budget == "auto":
+                _check(_c.moelite_model_params_set_expert_budget_auto(
+                    params, 0 if budget_headroom is None else int(budget_headroom)))
+            elif budget_headroom is not None:
+                raise ValueError("budget_headroom goes with expert_budget='auto'")
+            elif expert_budget is not None:
                 _check(_c.moelite_model_params_set_expert_budget(params, int(expert_budget)))
             for setter, value in ((_c.moelite_model_params_set_expert_policy, policy),
                                   (_c.moelite_model_params_set_expert_predictor, predictor),

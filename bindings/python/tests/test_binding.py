@@ -10,6 +10,7 @@ tools/make_tiny_model.py), MOELITE_TEST_TMP (optional scratch directory).
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 
@@ -217,6 +218,34 @@ def test_model_properties(model, tiny):
     # Q8_0 stores 32 weights in 34 bytes; the experts are gate, up (n_ff x n_embd) and down.
     n_expert_weights = t["n_layer"] * t["n_expert"] * 3 * t["n_ff_exp"] * t["n_embd"]
     assert model.expert_bytes == n_expert_weights // 32 * 34
+
+def test_platform_and_budget_auto(model, tiny):
+    info = moelite.platform_info()
+    assert info["kind"] in ("jetson", "linux-arm", "x86-desktop", "linux-other")
+    assert 0 < moelite.platform_memory_available() <= info["memory"]["total"]
+    assert info["auto_backend"]["name"] in ("cpu", "vulkan", "cuda")
+    with moelite.Model(tiny[0], threads=2, expert_budget="auto") as m:
+        assert m.budget_auto == 1 and m.expert_budget > 0 and m.experts_all_fit == 1
+        assert m.budget_auto_headroom == max(64 << 20, m.budget_auto_room // 10)
+        with moelite.Context(m) as a, moelite.Context(model) as b:
+            a.eval([1, 2, 3], logits_all=True)
+            b.eval([1, 2, 3], logits_all=True)
+
+            def raw(x):  # bitwise, not float equality
+                return x.tobytes() if hasattr(x, "tobytes") else struct.pack("%df" % len(x), *x)
+            for i in range(3):
+                assert raw(a.logits(i)) == raw(b.logits(i))
+    with moelite.Model(tiny[0], threads=2, expert_budget="auto", budget_headroom=100 << 20) as m:
+        assert m.budget_auto_headroom == 100 << 20
+    with pytest.raises(moelite.MoeliteError) as e:
+        moelite.Model(tiny[0], expert_budget="auto", budget_headroom=1 << 61)
+    assert e.value.status == moelite.Status.ERR_BUDGET_TOO_SMALL
+    with pytest.raises(moelite.MoeliteError) as e:
+        moelite.Model(tiny[0], expert_budget="auto", budget_headroom=(1 << 62) + 1)
+    assert e.value.status == moelite.Status.ERR_INVALID_ARGUMENT
+    with pytest.raises(ValueError):
+        moelite.Model(tiny[0], expert_budget=1 << 20, budget_headroom=1)
+
 
 def test_special_tokens_match_file(model, vocab):
     assert (model.bos, model.eos) == (vocab.bos, vocab.eos)

@@ -1,0 +1,188 @@
+// Platform detection on fake /proc and /sys trees (tests/data/platform/): each fixture's known
+// facts must come out of the readers, garbage must give defaults, and the big-core choice must
+// follow capacities and the allowed CPU set.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+#include "backends/cpu/threadpool.h"
+#include "platforms/platform.h"
+#include "platforms/system_info.h"
+
+namespace mp = moelite::platform;
+
+namespace {
+std::string fixture(const char* name) { return std::string(MOELITE_SOURCE_DIR) + "/tests/data/platform/" + name; }
+constexpr uint64_t kKiB = 1024;
+}  // namespace
+
+TEST(PlatformInfo, JetsonOrinNano) {
+  const mp::SystemInfo s = mp::read_system_info(fixture("jetson-orin-nano"));
+  EXPECT_EQ(s.kind, mp::PlatformKind::Jetson);
+  EXPECT_STREQ(mp::platform_kind_name(s.kind), "jetson");
+  EXPECT_EQ(s.model, "NVIDIA Jetson Orin Nano Developer Kit");
+  EXPECT_EQ(s.tegra_release.rfind("# R36 (release), REVISION: 3.0", 0), 0u) << s.tegra_release;
+  EXPECT_TRUE(s.unified_memory);
+  EXPECT_TRUE(s.cpu.arm);
+  EXPECT_FALSE(s.cpu.x86);
+  EXPECT_EQ(s.cpu.model_name, "6x Cortex-A78AE");
+  EXPECT_EQ(s.cpu.online, (std::vector<int>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(s.cpu.capacity, std::vector<uint64_t>(6, 1024));
+  EXPECT_EQ(s.memory.total_bytes, 7802128 * kKiB);
+  EXPECT_EQ(s.memory.available_bytes, 5933452 * kKiB);
+  // The limit sits on user.slice, two levels above the process's own scope.
+  EXPECT_EQ(s.memory.cgroup_version, 2);
+  EXPECT_EQ(s.memory.cgroup_limit_bytes, uint64_t{4} << 30);
+  EXPECT_EQ(s.memory.cgroup_usage_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(s.memory.room_bytes(), uint64_t{3} << 30);  // 3 GiB of cgroup room < 5.66 GiB MemAvailable
+  // Homogeneous: no core is preferred.
+  EXPECT_TRUE(mp::select_big_cores(s.cpu.capacity, s.cpu.online).empty());
+}
+
+TEST(PlatformInfo, BigLittleArm) {
+  const mp::SystemInfo s = mp::read_system_info(fixture("arm-big-little"));
+  EXPECT_EQ(s.kind, mp::PlatformKind::LinuxArm);
+  EXPECT_STREQ(mp::platform_kind_name(s.kind), "linux-arm");
+  EXPECT_EQ(s.model, "Radxa ROCK 5B");
+  EXPECT_TRUE(s.tegra_release.empty());
+  EXPECT_FALSE(s.unified_memory);
+  EXPECT_EQ(s.cpu.model_name, "4x Cortex-A55 + 3x Cortex-A76");  // CPU 7 is offline
+  EXPECT_EQ(s.cpu.online, (std::vector<int>{0, 1, 2, 3, 4, 5, 6}));
+  ASSERT_EQ(s.cpu.capacity.size(), 8u);
+  EXPECT_EQ(s.cpu.capacity[0], 530u);
+  EXPECT_EQ(s.cpu.capacity[6], 1024u);
+  EXPECT_EQ(s.cpu.capacity[7], 0u);  // offline: not read
+  EXPECT_EQ(s.memory.total_bytes, 16139300 * kKiB);
+  EXPECT_EQ(s.memory.available_bytes, 14680064 * kKiB);
+  EXPECT_EQ(s.memory.cgroup_version, 1);
+  EXPECT_EQ(s.memory.cgroup_limit_bytes, uint64_t{2} << 30);
+  EXPECT_EQ(s.memory.cgroup_usage_bytes, uint64_t{512} << 20);
+  EXPECT_EQ(s.memory.room_bytes(), uint64_t{1536} << 20);
+  EXPECT_EQ(mp::select_big_cores(s.cpu.capacity, s.cpu.online), (std::vector<int>{4, 5, 6}));
+}
+
+TEST(PlatformInfo, X86Desktop) {
+  const mp::SystemInfo s = mp::read_system_info(fixture("x86-desktop"));
+  EXPECT_EQ(s.kind, mp::PlatformKind::X86Desktop);
+  EXPECT_STREQ(mp::platform_kind_name(s.kind), "x86-desktop");
+  EXPECT_EQ(s.model, "MS-7C91");
+  EXPECT_FALSE(s.unified_memory);
+  EXPECT_TRUE(s.cpu.x86);
+  EXPECT_EQ(s.cpu.model_name, "AMD Ryzen 7 5800X 8-Core Processor");
+  EXPECT_EQ(s.cpu.capacity, std::vector<uint64_t>(8, 4850000));  // cpufreq fallback
+  EXPECT_EQ(s.memory.cgroup_version, 0);                          // memory.max is "max"
+  EXPECT_EQ(s.memory.cgroup_limit_bytes, 0u);
+  EXPECT_EQ(s.memory.room_bytes(), 28000000 * kKiB);
+  EXPECT_TRUE(mp::select_big_cores(s.cpu.capacity, s.cpu.online).empty());
+}
+
+TEST(PlatformInfo, HostileFilesGiveDefaults) {
+  const mp::SystemInfo s = mp::read_system_info(fixture("hostile"));
+  EXPECT_EQ(s.memory.total_bytes, 0u);
+  EXPECT_EQ(s.memory.available_bytes, 0u);
+  EXPECT_EQ(s.memory.cgroup_limit_bytes, 0u);
+  EXPECT_EQ(s.model, "");
+  EXPECT_EQ(s.cpu.online, (std::vector<int>{0}));  // the lists are garbage; cpu0/ exists
+  EXPECT_EQ(s.cpu.capacity, (std::vector<uint64_t>{0}));
+  EXPECT_TRUE(mp::select_big_cores(s.cpu.capacity, s.cpu.online).empty());
+  EXPECT_NE(s.kind, mp::PlatformKind::Jetson);
+}
+
+TEST(PlatformInfo, MissingRootGivesDefaults) {
+  const mp::SystemInfo s = mp::read_system_info("/nonexistent/moelite-platform-root");
+  EXPECT_EQ(s.memory.total_bytes, 0u);
+  EXPECT_EQ(s.memory.room_bytes(), 0u);
+  EXPECT_TRUE(s.cpu.online.empty());
+  EXPECT_TRUE(s.cpu.capacity.empty());
+  EXPECT_FALSE(s.unified_memory);
+}
+
+TEST(PlatformInfo, ThisMachineHasMemoryAndCpus) {
+  const mp::SystemInfo s = mp::read_system_info();
+  EXPECT_GT(s.memory.total_bytes, 0u);
+  EXPECT_GT(s.memory.room_bytes(), 0u);
+  EXPECT_LE(s.memory.room_bytes(), s.memory.total_bytes);
+  EXPECT_FALSE(s.cpu.online.empty());
+  EXPECT_FALSE(mp::allowed_cpus().empty());
+  EXPECT_GE(mp::default_thread_count(), 1);
+}
+
+TEST(PlatformInfo, CpuLists) {
+  EXPECT_EQ(mp::parse_cpu_list("0-3,6,8-9\n"), (std::vector<int>{0, 1, 2, 3, 6, 8, 9}));
+  EXPECT_EQ(mp::parse_cpu_list("5"), (std::vector<int>{5}));
+  EXPECT_EQ(mp::parse_cpu_list("1,1,0"), (std::vector<int>{0, 1}));
+  EXPECT_TRUE(mp::parse_cpu_list("").empty());
+  EXPECT_TRUE(mp::parse_cpu_list("3-1").empty());
+  EXPECT_TRUE(mp::parse_cpu_list("-1").empty());
+  EXPECT_EQ(mp::parse_cpu_list("0-1,x,4"), (std::vector<int>{0, 1}));  // stops at the bad item
+}
+
+TEST(PlatformInfo, BigCoreSelection) {
+  const std::vector<uint64_t> big_little = {530, 530, 530, 530, 1024, 1024, 1024, 1024};
+  const std::vector<int> all = {0, 1, 2, 3, 4, 5, 6, 7};
+  EXPECT_EQ(mp::select_big_cores(big_little, all), (std::vector<int>{4, 5, 6, 7}));
+  // taskset / cgroup cpuset: only the allowed ones count.
+  EXPECT_EQ(mp::select_big_cores(big_little, {0, 1, 5}), (std::vector<int>{5}));
+  EXPECT_TRUE(mp::select_big_cores(big_little, {0, 1, 2}).empty());  // only little ones allowed: all alike
+  EXPECT_TRUE(mp::select_big_cores(big_little, {6, 7}).empty());     // only big ones: nothing to avoid
+  // Tri-cluster phone (1 prime + 3 big + 4 little): prime and big are kept.
+  const std::vector<uint64_t> tri = {325, 325, 325, 325, 870, 870, 870, 1024};
+  EXPECT_EQ(mp::select_big_cores(tri, all), (std::vector<int>{4, 5, 6, 7}));
+  // Unknown capacity of an allowed CPU, or an id beyond the table: no choice.
+  EXPECT_TRUE(mp::select_big_cores({530, 0, 1024}, {0, 1, 2}).empty());
+  EXPECT_TRUE(mp::select_big_cores({530, 1024}, {0, 1, 9}).empty());
+  EXPECT_TRUE(mp::select_big_cores({}, {}).empty());
+  EXPECT_TRUE(mp::select_big_cores(std::vector<uint64_t>(4, 1024), {0, 1, 2, 3}).empty());
+}
+
+// The CPU backend's pool: workers confined to the given CPUs; unpinned (the process's whole
+// allowed set) when the list is empty, as on homogeneous machines.
+namespace {
+std::vector<int> worker_affinities(int n_threads, std::vector<int> pin, std::vector<std::vector<int>>* seen) {
+  std::unique_ptr<moelite::cpu::ThreadPool> pool;
+  EXPECT_EQ(moelite::cpu::ThreadPool::create(n_threads, &pool, pin), MOELITE_OK);
+  std::mutex mu;
+  // Enough tasks, each long enough, that every worker takes some.
+  pool->parallel_for(256, [&](int64_t, int thread) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (thread == 0) return;  // the caller: never re-pinned
+    std::vector<int> cpus = mp::allowed_cpus();
+    std::lock_guard<std::mutex> lock(mu);
+    seen->push_back(cpus);
+  });
+  return pool->pinned_cpus();
+}
+}  // namespace
+
+TEST(PlatformInfo, ThreadPoolPinsWorkersToTheGivenCpus) {
+  const std::vector<int> allowed = mp::allowed_cpus();
+  ASSERT_FALSE(allowed.empty());
+  std::vector<std::vector<int>> seen;
+  EXPECT_EQ(worker_affinities(3, {allowed.front()}, &seen), (std::vector<int>{allowed.front()}));
+  ASSERT_FALSE(seen.empty());
+  for (const auto& s : seen) EXPECT_EQ(s, (std::vector<int>{allowed.front()}));
+  // The caller's own affinity is untouched.
+  EXPECT_EQ(mp::allowed_cpus(), allowed);
+
+  seen.clear();
+  EXPECT_TRUE(worker_affinities(3, {}, &seen).empty());
+  ASSERT_FALSE(seen.empty());
+  for (const auto& s : seen) EXPECT_EQ(s, allowed);
+}
+
+TEST(PlatformInfo, ThisMachineDefaultThreads) {
+  // Homogeneous machines keep the old default; heterogeneous ones use their big cores.
+  if (mp::big_cores().empty())
+    EXPECT_EQ(mp::default_thread_count(), mp::physical_core_count());
+  else
+    EXPECT_EQ(mp::default_thread_count(), static_cast<int>(mp::big_cores().size()));
+}
+
+TEST(PlatformInfo, BigCoresIgnoreFrequencyBinning) {
+  // cpufreq fallback: equal cores whose maximum frequencies differ by binning are not big.LITTLE.
+  EXPECT_TRUE(mp::select_big_cores({2400000, 2400000, 2304000, 2304000}, {0, 1, 2, 3}).empty());
+  // A hybrid x86 (P-cores 4.9 GHz, E-cores 3.6 GHz): the P-cores.
+  EXPECT_EQ(mp::select_big_cores({4900000, 4900000, 3600000, 3600000}, {0, 1, 2, 3}), (std::vector<int>{0, 1}));
+}
