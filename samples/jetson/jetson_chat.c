@@ -157,7 +157,7 @@ static moelite_status open_session(const options* o, uint64_t explicit_budget, s
   s->budget = budget > 0 ? (uint64_t)budget : (uint64_t)experts;
   printf("[model %s | backend %s | experts %.1f MiB, budget %.1f MiB%s]\n", moelite_model_name(s->model),
          moelite_model_backend_name(s->model), experts / MIB, s->budget / MIB,
-         budget > 0 ? "" : " (all resident)");
+         moelite_model_get(s->model, MOELITE_MODEL_EXPERTS_ALL_FIT) > 0 ? " (every expert fits)" : "");
   return MOELITE_OK;
 }
 
@@ -230,14 +230,16 @@ static moelite_status format_prompt(const moelite_model* model, const conversati
   for (;;) {
     char* text = malloc(capacity);
     if (!text) return MOELITE_ERR_OUT_OF_MEMORY;
-    moelite_status st = moelite_chat_format(model, c->messages, c->n, 1, text, capacity, &len);
+    /* The formatted text is not NUL-terminated: keep a byte for the terminator. */
+    moelite_status st = moelite_chat_format(model, c->messages, c->n, 1, text, capacity - 1, &len);
     if (st == MOELITE_OK) {
+      text[len] = '\0';
       *out = text;
       return MOELITE_OK;
     }
     free(text);
     if (st != MOELITE_ERR_BUFFER_TOO_SMALL) return st;
-    capacity = len + 1;
+    capacity = len + 2;
   }
 }
 
