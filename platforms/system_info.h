@@ -66,6 +66,13 @@ std::vector<int> select_big_cores(const std::vector<uint64_t>& capacity, const s
 std::vector<int> allowed_cpus();
 // select_big_cores() for this process, computed once (the machine does not change under it).
 const std::vector<int>& big_cores();
+// The allowed CPUs that are not big cores: where background threads that mostly wait (the expert
+// store's loaders, which issue reads and sleep until they complete) run on a heterogeneous CPU,
+// so they never preempt compute workers pinned to the big cores. Empty when the CPU is
+// homogeneous. Pure, like select_big_cores.
+std::vector<int> select_little_cores(const std::vector<int>& big, const std::vector<int>& allowed);
+// select_little_cores() for this process, computed once.
+const std::vector<int>& little_cores();
 // Default compute threads: the number of big cores on a heterogeneous CPU, else
 // physical_core_count() (as before this existed).
 int default_thread_count();

@@ -127,6 +127,10 @@ TEST(PlatformInfo, BigCoreSelection) {
   EXPECT_EQ(mp::select_big_cores(big_little, {0, 1, 5}), (std::vector<int>{5}));
   EXPECT_TRUE(mp::select_big_cores(big_little, {0, 1, 2}).empty());  // only little ones allowed: all alike
   EXPECT_TRUE(mp::select_big_cores(big_little, {6, 7}).empty());     // only big ones: nothing to avoid
+  // The expert loaders' cores: the allowed rest on a heterogeneous CPU, none on a homogeneous one.
+  EXPECT_EQ(mp::select_little_cores(mp::select_big_cores(big_little, all), all), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(mp::select_little_cores({5}, {0, 1, 5}), (std::vector<int>{0, 1}));
+  EXPECT_TRUE(mp::select_little_cores({}, all).empty());
   // Tri-cluster phone (1 prime + 3 big + 4 little): prime and big are kept.
   const std::vector<uint64_t> tri = {325, 325, 325, 325, 870, 870, 870, 1024};
   EXPECT_EQ(mp::select_big_cores(tri, all), (std::vector<int>{4, 5, 6, 7}));

@@ -2,6 +2,7 @@
 
 #include "core/abort_scope.h"
 #include "platforms/batch_read.h"
+#include "platforms/system_info.h"
 
 #include <unistd.h>
 #include <algorithm>
@@ -515,6 +516,9 @@ void ExpertStore::release(int32_t layer, int32_t expert) {
 }
 
 void ExpertStore::loader_main() {
+  // On big.LITTLE the compute workers own the big cores; a loader mostly waits for its reads, so
+  // it lives on the little ones (a refusal, e.g. by a cpuset, just leaves it unpinned).
+  platform::pin_current_thread(platform::little_cores());
   std::unique_ptr<platform::BatchReader> reader = platform::BatchReader::create(8);
   for (;;) {
     Request r;

@@ -350,6 +350,19 @@ const std::vector<int>& big_cores() {
   return cores;
 }
 
+std::vector<int> select_little_cores(const std::vector<int>& big, const std::vector<int>& allowed) {
+  if (big.empty()) return {};
+  std::vector<int> little;
+  for (int cpu : allowed)
+    if (std::find(big.begin(), big.end(), cpu) == big.end()) little.push_back(cpu);
+  return little;
+}
+
+const std::vector<int>& little_cores() {
+  static const std::vector<int> cores = select_little_cores(big_cores(), allowed_cpus());
+  return cores;
+}
+
 int default_thread_count() {
   const std::vector<int>& big = big_cores();
   return big.empty() ? physical_core_count() : static_cast<int>(big.size());
