@@ -22,9 +22,29 @@ struct KvStorage {
 
 // Row-chunk size for splitting a matrix of `rows` outputs over `threads`: several chunks per
 // thread so dynamic scheduling evens out, but chunks long enough that a task is not all overhead.
-int64_t row_chunk(int64_t rows, int threads) {
-  int64_t chunk = rows / (static_cast<int64_t>(threads) * 4);
-  return std::clamp<int64_t>(chunk, 1, 64);
+// `step` rows are computed together (kTileRows where the kernel table has a tile for the weight
+// type, else 1), so chunks are a multiple of it and only a matrix's last row can be left alone.
+int64_t row_chunk(int64_t rows, int threads, int step) {
+  const int64_t chunk = std::clamp<int64_t>(rows / (static_cast<int64_t>(threads) * 4), 1, 64);
+  return (chunk + step - 1) / step * step;
+}
+
+// Rows per step of the matmul loops: pairs where the table has a tile kernel for the type.
+int row_step(const KernelTable& k, TensorType type) { return k.tile[static_cast<uint32_t>(type)] ? kTileRows : 1; }
+
+// Weight rows r .. r + nr - 1 (nr <= kTileRows) of w against `count` (<= kMultiDot) activation
+// rows `act_stride` bytes apart: o[i][j] = dot(row r + i, activation j). A pair goes through the
+// table's tile kernel where there is one, anything else through one multi-dot per row; both are
+// bit-identical to vec_dot, so the pairing never changes results.
+inline void dot_rows(const KernelTable& k, const WeightView& w, int64_t r, int nr, const uint8_t* act,
+                     size_t act_stride, int count, float (*o)[kMultiDot]) {
+  const uint8_t* wrow = w.data + static_cast<uint64_t>(r) * w.row_bytes;
+  const uint32_t type = static_cast<uint32_t>(w.type);
+  if (nr == kTileRows && k.tile[type]) {
+    k.tile[type](w.cols, o[0], kMultiDot, wrow, w.row_bytes, act, act_stride, count);
+    return;
+  }
+  for (int i = 0; i < nr; ++i) k.vec_dot_multi[type](w.cols, o[i], wrow + i * w.row_bytes, act, act_stride, count);
 }
 
 // Weight rows stream from DRAM once per token in decode. The hardware prefetchers lose the stream
@@ -37,6 +57,14 @@ int g_prefetch_rows = [] {
 
 inline void prefetch_row(const uint8_t* p, uint64_t bytes) {
   for (uint64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 0);
+}
+// At row r of a task ending at r1 that computes `step` rows at a time: the rows `kPrefetchRows`
+// ahead that the next steps will need (those inside the task).
+inline void prefetch_ahead(const WeightView& w, int64_t r, int64_t r1, int step) {
+  const int64_t p0 = r + g_prefetch_rows;
+  if (p0 >= r1) return;
+  const int64_t np = std::min<int64_t>(step, r1 - p0);
+  prefetch_row(w.data + static_cast<uint64_t>(p0) * w.row_bytes, static_cast<uint64_t>(np) * w.row_bytes);
 }
 
 // Scratch growth that reports a failed allocation instead of throwing.
@@ -62,11 +90,11 @@ struct Task {
 };
 
 template <typename Job, typename RowsOf>
-std::vector<Task> split_rows(const std::vector<Job>& jobs, RowsOf rows_of_job, int threads) {
+std::vector<Task> split_rows(const std::vector<Job>& jobs, RowsOf rows_of_job, int threads, int step) {
   std::vector<Task> tasks;
   for (size_t j = 0; j < jobs.size(); ++j) {
     const int64_t rows = rows_of_job(jobs[j]);
-    const int64_t rc = row_chunk(rows, threads);
+    const int64_t rc = row_chunk(rows, threads, step);
     for (int64_t r0 = 0; r0 < rows; r0 += rc) tasks.push_back({static_cast<int32_t>(j), r0, std::min(rows, r0 + rc)});
   }
   return tasks;
@@ -195,23 +223,24 @@ Status CpuBackend::quantize_rows(const float* x, int64_t rows, int64_t cols, Ten
 
 void CpuBackend::matmul_rows(const WeightView& w, const uint8_t* act, size_t act_stride, int64_t n, float* out,
                              int64_t out_stride) {
-  VecDotMultiFn dot = k_.vec_dot_multi[static_cast<uint32_t>(w.type)];
-  const int64_t rc = row_chunk(w.rows, pool_->size());
+  const int step = row_step(k_, w.type);
+  const int64_t rc = row_chunk(w.rows, pool_->size(), step);
   const int64_t n_rc = (w.rows + rc - 1) / rc;
   const int64_t n_tc = (n + kTokenChunk - 1) / kTokenChunk;
   pool_->parallel_for(n_rc * n_tc, [&](int64_t task, int) {
     const int64_t r0 = (task % n_rc) * rc, r1 = std::min(w.rows, r0 + rc);
     const int64_t t0 = (task / n_rc) * kTokenChunk, t1 = std::min(n, t0 + kTokenChunk);
-    for (int64_t r = r0; r < r1; ++r) {
-      const uint8_t* wrow = w.data + static_cast<uint64_t>(r) * w.row_bytes;
-      if (r + g_prefetch_rows < r1) prefetch_row(wrow + g_prefetch_rows * w.row_bytes, w.row_bytes);
-      // kMultiDot tokens per call decode the weight row once per group; the result of each
+    for (int64_t r = r0; r < r1; r += step) {
+      const int nr = static_cast<int>(std::min<int64_t>(step, r1 - r));
+      prefetch_ahead(w, r, r1, step);
+      // kMultiDot tokens per call decode the weight row(s) once per group; the result of each
       // token is bit-identical to a single vec_dot, so batching never changes the output.
       for (int64_t t = t0; t < t1; t += kMultiDot) {
         const int count = static_cast<int>(std::min<int64_t>(kMultiDot, t1 - t));
-        float o[kMultiDot];
-        dot(w.cols, o, wrow, act + t * act_stride, act_stride, count);
-        for (int j = 0; j < count; ++j) out[(t + j) * out_stride + r] = o[j];
+        float o[kTileRows][kMultiDot];
+        dot_rows(k_, w, r, nr, act + t * act_stride, act_stride, count, o);
+        for (int i = 0; i < nr; ++i)
+          for (int j = 0; j < count; ++j) out[(t + j) * out_stride + r + i] = o[i][j];
       }
     }
   });
@@ -364,33 +393,34 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
     MOELITE_TRY(gather(xq_up, up_stride, &ffn_xg_up_, &xg_up));
 
   // h = act(gate x, up x) for every routed row of every job.
+  // Rows in pairs where either projection has a tile kernel (dot_rows runs the other as
+  // multi-dots); tasks then hold even row counts.
+  const int step = std::max(row_step(k_, gate_type), row_step(k_, up_type));
   const std::vector<Task> tasks = split_rows(
-      jobs, [](const FfnJob& j) { return j.w->gate.rows; }, pool_->size());
+      jobs, [](const FfnJob& j) { return j.w->gate.rows; }, pool_->size(), step);
   pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
     const Task& task = tasks[static_cast<size_t>(ti)];
     const FfnJob& job = jobs[static_cast<size_t>(task.job)];
     const WeightView &gw = job.w->gate, &uw = job.w->up;
-    VecDotMultiFn gdot = k_.vec_dot_multi[static_cast<uint32_t>(gw.type)];
-    VecDotMultiFn udot = k_.vec_dot_multi[static_cast<uint32_t>(uw.type)];
     const int64_t base = h_offset_[static_cast<size_t>(task.job)];
     float* hj = h + base * n_ff_max;
-    for (int64_t r = task.r0; r < task.r1; ++r) {
-      const uint8_t* grow_ = gw.data + static_cast<uint64_t>(r) * gw.row_bytes;
-      const uint8_t* urow = uw.data + static_cast<uint64_t>(r) * uw.row_bytes;
-      if (r + g_prefetch_rows < task.r1) {
-        prefetch_row(grow_ + g_prefetch_rows * gw.row_bytes, gw.row_bytes);
-        prefetch_row(urow + g_prefetch_rows * uw.row_bytes, uw.row_bytes);
-      }
-      const float gb = job.w->gate_bias ? job.w->gate_bias[r] : 0.0f;
-      const float ub = job.w->up_bias ? job.w->up_bias[r] : 0.0f;
+    for (int64_t r = task.r0; r < task.r1; r += step) {
+      const int nr = static_cast<int>(std::min<int64_t>(step, task.r1 - r));
+      prefetch_ahead(gw, r, task.r1, step);
+      prefetch_ahead(uw, r, task.r1, step);
       for (int64_t i = 0; i < job.n_rows; i += kMultiDot) {
         const int count = static_cast<int>(std::min<int64_t>(kMultiDot, job.n_rows - i));
-        float g[kMultiDot], u[kMultiDot];
-        gdot(gw.cols, g, grow_, xg_gate + static_cast<size_t>(base + i) * gate_stride, gate_stride, count);
-        udot(uw.cols, u, urow, xg_up + static_cast<size_t>(base + i) * up_stride, up_stride, count);
-        if (job.w->gate_bias || job.w->up_bias)
-          for (int j = 0; j < count; ++j) g[j] += gb, u[j] += ub;
-        for (int j = 0; j < count; ++j) hj[(i + j) * n_ff_max + r] = ffn_activation(kind, g[j], u[j]);
+        float g[kTileRows][kMultiDot], u[kTileRows][kMultiDot];
+        dot_rows(k_, gw, r, nr, xg_gate + static_cast<size_t>(base + i) * gate_stride, gate_stride, count, g);
+        dot_rows(k_, uw, r, nr, xg_up + static_cast<size_t>(base + i) * up_stride, up_stride, count, u);
+        for (int ri = 0; ri < nr; ++ri) {
+          if (job.w->gate_bias || job.w->up_bias) {
+            const float gb = job.w->gate_bias ? job.w->gate_bias[r + ri] : 0.0f;
+            const float ub = job.w->up_bias ? job.w->up_bias[r + ri] : 0.0f;
+            for (int j = 0; j < count; ++j) g[ri][j] += gb, u[ri][j] += ub;
+          }
+          for (int j = 0; j < count; ++j) hj[(i + j) * n_ff_max + r + ri] = ffn_activation(kind, g[ri][j], u[ri][j]);
+        }
       }
     }
   });
@@ -420,25 +450,26 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
   }
 
   // results[out_row] = down h.
+  const int step = row_step(k_, down_type);
   const std::vector<Task> tasks = split_rows(
-      jobs, [](const FfnJob& j) { return j.w->down.rows; }, pool_->size());
+      jobs, [](const FfnJob& j) { return j.w->down.rows; }, pool_->size(), step);
   pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
     const Task& task = tasks[static_cast<size_t>(ti)];
     const FfnJob& job = jobs[static_cast<size_t>(task.job)];
     const WeightView& dw = job.w->down;
-    VecDotMultiFn ddot = k_.vec_dot_multi[static_cast<uint32_t>(dw.type)];
     const int64_t base = h_offset_[static_cast<size_t>(task.job)];
-    for (int64_t r = task.r0; r < task.r1; ++r) {
-      const uint8_t* drow = dw.data + static_cast<uint64_t>(r) * dw.row_bytes;
-      if (r + g_prefetch_rows < task.r1) prefetch_row(drow + g_prefetch_rows * dw.row_bytes, dw.row_bytes);
-      const float db = job.w->down_bias ? job.w->down_bias[r] : 0.0f;
+    for (int64_t r = task.r0; r < task.r1; r += step) {
+      const int nr = static_cast<int>(std::min<int64_t>(step, task.r1 - r));
+      prefetch_ahead(dw, r, task.r1, step);
       for (int64_t i = 0; i < job.n_rows; i += kMultiDot) {
         const int count = static_cast<int>(std::min<int64_t>(kMultiDot, job.n_rows - i));
-        float o[kMultiDot];
-        ddot(dw.cols, o, drow, hq + static_cast<size_t>(base + i) * hq_stride, hq_stride, count);
-        if (job.w->down_bias)
-          for (int j = 0; j < count; ++j) o[j] += db;
-        for (int j = 0; j < count; ++j) results[static_cast<int64_t>(job.out_rows[i + j]) * n_embd + r] = o[j];
+        float o[kTileRows][kMultiDot];
+        dot_rows(k_, dw, r, nr, hq + static_cast<size_t>(base + i) * hq_stride, hq_stride, count, o);
+        for (int ri = 0; ri < nr; ++ri) {
+          if (job.w->down_bias)
+            for (int j = 0; j < count; ++j) o[ri][j] += job.w->down_bias[r + ri];
+          for (int j = 0; j < count; ++j) results[static_cast<int64_t>(job.out_rows[i + j]) * n_embd + r + ri] = o[ri][j];
+        }
       }
     }
   });
