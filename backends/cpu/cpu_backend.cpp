@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <type_traits>
 
 #include "backends/cpu/cpu_ops.h"
 #include "platforms/platform.h"
@@ -32,19 +33,40 @@ int64_t row_chunk(int64_t rows, int threads, int step) {
 // Rows per step of the matmul loops: pairs where the table has a tile kernel for the type.
 int row_step(const KernelTable& k, TensorType type) { return k.tile[static_cast<uint32_t>(type)] ? kTileRows : 1; }
 
-// Weight rows r .. r + nr - 1 (nr <= kTileRows) of w against `count` (<= kMultiDot) activation
+// The dot kernels of one weight matrix, looked up once per task. rows<NR>(r, ...) computes
+// weight rows r .. r + NR - 1 (NR = 1 or kTileRows) against `count` (<= kMultiDot) activation
 // rows `act_stride` bytes apart: o[i][j] = dot(row r + i, activation j). A pair goes through the
-// table's tile kernel where there is one, anything else through one multi-dot per row; both are
-// bit-identical to vec_dot, so the pairing never changes results.
-inline void dot_rows(const KernelTable& k, const WeightView& w, int64_t r, int nr, const uint8_t* act,
-                     size_t act_stride, int count, float (*o)[kMultiDot]) {
-  const uint8_t* wrow = w.data + static_cast<uint64_t>(r) * w.row_bytes;
-  const uint32_t type = static_cast<uint32_t>(w.type);
-  if (nr == kTileRows && k.tile[type]) {
-    k.tile[type](w.cols, o[0], kMultiDot, wrow, w.row_bytes, act, act_stride, count);
-    return;
+// table's tile kernel where there is one, else one multi-dot per row; both are bit-identical to
+// vec_dot, so the pairing never changes results.
+struct RowDots {
+  const WeightView& w;
+  VecDotMultiFn multi;
+  VecDotTileFn tile;
+  RowDots(const KernelTable& k, const WeightView& wv)
+      : w(wv), multi(k.vec_dot_multi[static_cast<uint32_t>(wv.type)]), tile(k.tile[static_cast<uint32_t>(wv.type)]) {}
+  const uint8_t* row(int64_t r) const { return w.data + static_cast<uint64_t>(r) * w.row_bytes; }
+  template <int NR>
+  void rows(int64_t r, const uint8_t* act, size_t act_stride, int count, float (*o)[kMultiDot]) const {
+    if constexpr (NR == kTileRows) {
+      if (tile) {
+        tile(w.cols, o[0], kMultiDot, row(r), w.row_bytes, act, act_stride, count);
+        return;
+      }
+    }
+    for (int i = 0; i < NR; ++i) multi(w.cols, o[i], row(r + i), act, act_stride, count);
   }
-  for (int i = 0; i < nr; ++i) k.vec_dot_multi[type](w.cols, o[i], wrow + i * w.row_bytes, act, act_stride, count);
+};
+
+// Calls body(std::integral_constant<int, NR>(), r) for the rows [r0, r1) of a task: NR = 1 per
+// row, or pairs (NR = kTileRows) where step is kTileRows, with a lone last row when odd. The row
+// count NR is a compile-time constant in the body, so the single-row path of tables without
+// tiles is the plain loop it was before tiles.
+template <class Body>
+inline void for_rows(int64_t r0, int64_t r1, int step, Body&& body) {
+  int64_t r = r0;
+  if (step == kTileRows)
+    for (; r + kTileRows <= r1; r += kTileRows) body(std::integral_constant<int, kTileRows>(), r);
+  for (; r < r1; ++r) body(std::integral_constant<int, 1>(), r);
 }
 
 // Weight rows stream from DRAM once per token in decode. The hardware prefetchers lose the stream
@@ -58,13 +80,12 @@ int g_prefetch_rows = [] {
 inline void prefetch_row(const uint8_t* p, uint64_t bytes) {
   for (uint64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 0);
 }
-// At row r of a task ending at r1 that computes `step` rows at a time: the rows `kPrefetchRows`
-// ahead that the next steps will need (those inside the task).
-inline void prefetch_ahead(const WeightView& w, int64_t r, int64_t r1, int step) {
-  const int64_t p0 = r + g_prefetch_rows;
-  if (p0 >= r1) return;
-  const int64_t np = std::min<int64_t>(step, r1 - p0);
-  prefetch_row(w.data + static_cast<uint64_t>(p0) * w.row_bytes, static_cast<uint64_t>(np) * w.row_bytes);
+// At rows r .. r + nr - 1 of a task ending at r1: the nr rows `kPrefetchRows` ahead (the second of
+// a pair may lie past the task or the matrix: a prefetch never faults).
+inline void prefetch_ahead(const WeightView& w, int64_t r, int64_t r1, int nr) {
+  if (r + g_prefetch_rows < r1)
+    prefetch_row(w.data + static_cast<uint64_t>(r + g_prefetch_rows) * w.row_bytes,
+                 static_cast<uint64_t>(nr) * w.row_bytes);
 }
 
 // Scratch growth that reports a failed allocation instead of throwing.
@@ -223,6 +244,7 @@ Status CpuBackend::quantize_rows(const float* x, int64_t rows, int64_t cols, Ten
 
 void CpuBackend::matmul_rows(const WeightView& w, const uint8_t* act, size_t act_stride, int64_t n, float* out,
                              int64_t out_stride) {
+  const RowDots dots(k_, w);
   const int step = row_step(k_, w.type);
   const int64_t rc = row_chunk(w.rows, pool_->size(), step);
   const int64_t n_rc = (w.rows + rc - 1) / rc;
@@ -230,19 +252,19 @@ void CpuBackend::matmul_rows(const WeightView& w, const uint8_t* act, size_t act
   pool_->parallel_for(n_rc * n_tc, [&](int64_t task, int) {
     const int64_t r0 = (task % n_rc) * rc, r1 = std::min(w.rows, r0 + rc);
     const int64_t t0 = (task / n_rc) * kTokenChunk, t1 = std::min(n, t0 + kTokenChunk);
-    for (int64_t r = r0; r < r1; r += step) {
-      const int nr = static_cast<int>(std::min<int64_t>(step, r1 - r));
-      prefetch_ahead(w, r, r1, step);
+    for_rows(r0, r1, step, [&](auto nr_c, int64_t r) {
+      constexpr int NR = decltype(nr_c)::value;
+      prefetch_ahead(w, r, r1, NR);
       // kMultiDot tokens per call decode the weight row(s) once per group; the result of each
       // token is bit-identical to a single vec_dot, so batching never changes the output.
       for (int64_t t = t0; t < t1; t += kMultiDot) {
         const int count = static_cast<int>(std::min<int64_t>(kMultiDot, t1 - t));
-        float o[kTileRows][kMultiDot];
-        dot_rows(k_, w, r, nr, act + t * act_stride, act_stride, count, o);
-        for (int i = 0; i < nr; ++i)
+        float o[NR][kMultiDot];
+        dots.rows<NR>(r, act + t * act_stride, act_stride, count, o);
+        for (int i = 0; i < NR; ++i)
           for (int j = 0; j < count; ++j) out[(t + j) * out_stride + r + i] = o[i][j];
       }
-    }
+    });
   });
 }
 
@@ -402,18 +424,19 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
     const Task& task = tasks[static_cast<size_t>(ti)];
     const FfnJob& job = jobs[static_cast<size_t>(task.job)];
     const WeightView &gw = job.w->gate, &uw = job.w->up;
+    const RowDots gdots(k_, gw), udots(k_, uw);
     const int64_t base = h_offset_[static_cast<size_t>(task.job)];
     float* hj = h + base * n_ff_max;
-    for (int64_t r = task.r0; r < task.r1; r += step) {
-      const int nr = static_cast<int>(std::min<int64_t>(step, task.r1 - r));
-      prefetch_ahead(gw, r, task.r1, step);
-      prefetch_ahead(uw, r, task.r1, step);
+    for_rows(task.r0, task.r1, step, [&](auto nr_c, int64_t r) {
+      constexpr int NR = decltype(nr_c)::value;
+      prefetch_ahead(gw, r, task.r1, NR);
+      prefetch_ahead(uw, r, task.r1, NR);
       for (int64_t i = 0; i < job.n_rows; i += kMultiDot) {
         const int count = static_cast<int>(std::min<int64_t>(kMultiDot, job.n_rows - i));
-        float g[kTileRows][kMultiDot], u[kTileRows][kMultiDot];
-        dot_rows(k_, gw, r, nr, xg_gate + static_cast<size_t>(base + i) * gate_stride, gate_stride, count, g);
-        dot_rows(k_, uw, r, nr, xg_up + static_cast<size_t>(base + i) * up_stride, up_stride, count, u);
-        for (int ri = 0; ri < nr; ++ri) {
+        float g[NR][kMultiDot], u[NR][kMultiDot];
+        gdots.rows<NR>(r, xg_gate + static_cast<size_t>(base + i) * gate_stride, gate_stride, count, g);
+        udots.rows<NR>(r, xg_up + static_cast<size_t>(base + i) * up_stride, up_stride, count, u);
+        for (int ri = 0; ri < NR; ++ri) {
           if (job.w->gate_bias || job.w->up_bias) {
             const float gb = job.w->gate_bias ? job.w->gate_bias[r + ri] : 0.0f;
             const float ub = job.w->up_bias ? job.w->up_bias[r + ri] : 0.0f;
@@ -422,7 +445,7 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
           for (int j = 0; j < count; ++j) hj[(i + j) * n_ff_max + r + ri] = ffn_activation(kind, g[ri][j], u[ri][j]);
         }
       }
-    }
+    });
   });
   return MOELITE_OK;
 }
@@ -457,21 +480,22 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
     const Task& task = tasks[static_cast<size_t>(ti)];
     const FfnJob& job = jobs[static_cast<size_t>(task.job)];
     const WeightView& dw = job.w->down;
+    const RowDots ddots(k_, dw);
     const int64_t base = h_offset_[static_cast<size_t>(task.job)];
-    for (int64_t r = task.r0; r < task.r1; r += step) {
-      const int nr = static_cast<int>(std::min<int64_t>(step, task.r1 - r));
-      prefetch_ahead(dw, r, task.r1, step);
+    for_rows(task.r0, task.r1, step, [&](auto nr_c, int64_t r) {
+      constexpr int NR = decltype(nr_c)::value;
+      prefetch_ahead(dw, r, task.r1, NR);
       for (int64_t i = 0; i < job.n_rows; i += kMultiDot) {
         const int count = static_cast<int>(std::min<int64_t>(kMultiDot, job.n_rows - i));
-        float o[kTileRows][kMultiDot];
-        dot_rows(k_, dw, r, nr, hq + static_cast<size_t>(base + i) * hq_stride, hq_stride, count, o);
-        for (int ri = 0; ri < nr; ++ri) {
+        float o[NR][kMultiDot];
+        ddots.rows<NR>(r, hq + static_cast<size_t>(base + i) * hq_stride, hq_stride, count, o);
+        for (int ri = 0; ri < NR; ++ri) {
           if (job.w->down_bias)
             for (int j = 0; j < count; ++j) o[ri][j] += job.w->down_bias[r + ri];
           for (int j = 0; j < count; ++j) results[static_cast<int64_t>(job.out_rows[i + j]) * n_embd + r + ri] = o[ri][j];
         }
       }
-    }
+    });
   });
   return MOELITE_OK;
 }

@@ -28,47 +28,31 @@
 namespace moelite::cpu {
 namespace {
 
-inline int64x2_t as_s64(int8x16_t v) { return vreinterpretq_s64_s8(v); }
-inline int8x16_t zip_lo(int64x2_t a, int64x2_t b) { return vreinterpretq_s8_s64(vzip1q_s64(a, b)); }
-inline int8x16_t zip_hi(int64x2_t a, int64x2_t b) { return vreinterpretq_s8_s64(vzip2q_s64(a, b)); }
-
 struct IsaI8mm : IsaDotprod {
   static constexpr bool kTile = true;
 
-  // Weight rows w0, w1 (chunks in element order, G per group, ng <= 4 groups) against K
-  // activation rows a[j] (group g at a[j] + g * stride): t[p][g] = [w0.a(2p), w0.a(2p+1),
-  // w1.a(2p), w1.a(2p+1)] summed over group g, or [w0.a(2p), -, w1.a(2p), -] for a lone last row;
-  // zero for g >= ng (whose activations are never read).
+  // One group of G 16-byte chunks of two weight rows, given as their 64-bit zips (wl[c]: bytes
+  // 0..7 of row 0 then of row 1, wh[c]: bytes 8..15; the tile's 2x8 operand), against K activation
+  // rows whose group starts at a[j]: t[p] += [w0.a(2p), w0.a(2p+1), w1.a(2p), w1.a(2p+1)], or
+  // [w0.a(2p), -, w1.a(2p), -] for a lone last row.
   template <int K, int G>
-  static void tile_groups(const int8x16_t* w0, const int8x16_t* w1, const int8_t* const* a, size_t stride, int ng,
-                          int32x4_t (*t)[4]) {
-    constexpr int P = pairs_of(K);
-#pragma GCC unroll 4
-    for (int g = 0; g < 4; ++g) {
+  __attribute__((always_inline)) static inline void tile_group(const int8x16_t* wl, const int8x16_t* wh,
+                                                               const int8_t* const* a, int32x4_t* t) {
 #pragma GCC unroll 2
-      for (int p = 0; p < P; ++p) t[p][g] = vdupq_n_s32(0);
-      if (g < ng) {
-#pragma GCC unroll 2
-        for (int c = 0; c < G; ++c) {
-          const int64x2_t x0 = as_s64(w0[g * G + c]), x1 = as_s64(w1[g * G + c]);
-          // Tile rows: bytes 0..7 (then 8..15) of weight rows 0 and 1.
-          const int8x16_t wlo = zip_lo(x0, x1), whi = zip_hi(x0, x1);
-          const size_t off = g * stride + 16 * c;
-#pragma GCC unroll 2
-          for (int p = 0; p < P; ++p) {
-            if (2 * p + 1 < K) {
-              // Tile columns: the same bytes of activation rows 2p and 2p + 1.
-              const int64x2_t y0 = as_s64(load_s8(a[2 * p] + off)), y1 = as_s64(load_s8(a[2 * p + 1] + off));
-              t[p][g] = vmmlaq_s32(t[p][g], wlo, zip_lo(y0, y1));
-              t[p][g] = vmmlaq_s32(t[p][g], whi, zip_hi(y0, y1));
-            } else {
-              // Columns bytes 0..7 and 8..15 of the one row: lanes 0 and 2 get the low halves'
-              // products; then the swapped row puts the high halves' products there too.
-              const int8x16_t y = load_s8(a[2 * p] + off);
-              t[p][g] = vmmlaq_s32(t[p][g], wlo, y);
-              t[p][g] = vmmlaq_s32(t[p][g], whi, vextq_s8(y, y, 8));
-            }
-          }
+    for (int c = 0; c < G; ++c) {
+      for (int p = 0; p < pairs_of(K); ++p) {
+        if (2 * p + 1 < K) {
+          // The 8x2 operand: the same bytes of activation rows 2p and 2p + 1.
+          const int64x2_t y0 = vreinterpretq_s64_s8(load_s8(a[2 * p] + 16 * c));
+          const int64x2_t y1 = vreinterpretq_s64_s8(load_s8(a[2 * p + 1] + 16 * c));
+          t[p] = vmmlaq_s32(t[p], wl[c], vreinterpretq_s8_s64(vzip1q_s64(y0, y1)));
+          t[p] = vmmlaq_s32(t[p], wh[c], vreinterpretq_s8_s64(vzip2q_s64(y0, y1)));
+        } else {
+          // Columns bytes 0..7 and 8..15 of the one row: lanes 0 and 2 get the low halves'
+          // products; then the halves swapped put the high halves' products there too.
+          const int8x16_t y = load_s8(a[2 * p] + 16 * c);
+          t[p] = vmmlaq_s32(t[p], wl[c], y);
+          t[p] = vmmlaq_s32(t[p], wh[c], vextq_s8(y, y, 8));
         }
       }
     }

@@ -3,8 +3,8 @@
 // `Isa` policy that supplies the int8 multiply-accumulate:
 //   Isa::dot16(acc, w, a)   int32x4 += 16 int8 products w*a (lanes hold partial sums: only the
 //                           lane total is ever used, so the lane layout may differ per ISA)
-//   Isa::kTile              whether Isa::tile_groups (two weight rows x two activation rows per
-//                           instruction, see tile_sums) exists; only the i8mm policy has it.
+//   Isa::kTile              whether Isa::tile_group (two weight rows x two activation rows per
+//                           instruction, see unit_sums) exists; only the i8mm policy has it.
 // Everything here has internal linkage on purpose: every file that includes this header is
 // compiled with its own -march, and a shared (comdat) inline function could otherwise be taken
 // from the sdot-compiled file by the linker and run on an ARMv8.0 core.
@@ -115,18 +115,56 @@ inline int32x4_t row_sums(const int8x16_t* w, const int8_t* a, size_t stride, in
   return vpaddq_s32(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]));
 }
 
+// ---- two weight rows (tiles) ------------------------------------------------------------------
+// A tile policy's 2x8 operand is 8 bytes of each of the two weight rows: the 64-bit zips of their
+// chunks, zip_lo (bytes 0..7 of row 0, then of row 1) and zip_hi (bytes 8..15).
+
 // Activation row pairs of a tile: rows 2p and 2p + 1, the last one alone when K is odd.
 constexpr int pairs_of(int K) { return (K + 1) / 2; }
 
+inline uint8x16_t zip_lo(uint8x16_t a, uint8x16_t b) {
+  return vreinterpretq_u8_u64(vzip1q_u64(vreinterpretq_u64_u8(a), vreinterpretq_u64_u8(b)));
+}
+inline uint8x16_t zip_hi(uint8x16_t a, uint8x16_t b) {
+  return vreinterpretq_u8_u64(vzip2q_u64(vreinterpretq_u64_u8(a), vreinterpretq_u64_u8(b)));
+}
+inline int8x16_t zip_lo(int8x16_t a, int8x16_t b) { return as_s8(zip_lo(vreinterpretq_u8_s8(a), vreinterpretq_u8_s8(b))); }
+inline int8x16_t zip_hi(int8x16_t a, int8x16_t b) { return as_s8(zip_hi(vreinterpretq_u8_s8(a), vreinterpretq_u8_s8(b))); }
+// In a tiled K-quant kernel the two weight rows' bytes are zipped as loaded, and the decoder then
+// works on the two zips (v[0] = zip_lo, v[1] = zip_hi) as it would on two rows. Every decoding
+// step of those kernels is bytewise (masks, shifts by a constant, or, subtract), so this gives
+// the zips of the decoded chunks directly: the tile's operands, with no zip per decoded chunk.
+template <bool kZip, class V>
+inline void zip_rows(V v[2]) {
+  if constexpr (kZip) {
+    const V lo = zip_lo(v[0], v[1]), hi = zip_hi(v[0], v[1]);
+    v[0] = lo;
+    v[1] = hi;
+  }
+}
+
 // R weight rows (w[r]: that row's chunks) and K activation rows (a[j]): out[r][j] as row_sums.
-// Two weight rows with a tile policy go through Isa::tile_groups, which gives, per activation
+// Two weight rows with a tile policy go through Isa::tile_group, which gives, per activation
 // pair p and group g, t[p][g] = [w0.a(2p), w0.a(2p+1), w1.a(2p), w1.a(2p+1)] (for a lone last
 // row [w0.a, -, w1.a, -]); a 4x4 transpose per pair turns that into one lane per group.
 template <class Isa, int R, int K, int G>
 inline void unit_sums(const int8x16_t* const* w, const int8_t* const* a, size_t stride, int ng, int32x4_t (*out)[K]) {
   if constexpr (R == 2 && Isa::kTile) {
     int32x4_t t[pairs_of(K)][4];
-    Isa::template tile_groups<K, G>(w[0], w[1], a, stride, ng, t);
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) {
+      for (int p = 0; p < pairs_of(K); ++p) t[p][g] = vdupq_n_s32(0);
+      if (g < ng) {
+        int8x16_t wl[G], wh[G];
+        for (int c = 0; c < G; ++c) wl[c] = zip_lo(w[0][g * G + c], w[1][g * G + c]), wh[c] = zip_hi(w[0][g * G + c], w[1][g * G + c]);
+        const int8_t* ag[K];
+        for (int j = 0; j < K; ++j) ag[j] = a[j] + g * stride;
+        int32x4_t tg[pairs_of(K)];
+        for (int p = 0; p < pairs_of(K); ++p) tg[p] = vdupq_n_s32(0);
+        Isa::template tile_group<K, G>(wl, wh, ag, tg);
+        for (int p = 0; p < pairs_of(K); ++p) t[p][g] = tg[p];
+      }
+    }
     for (int p = 0; p < pairs_of(K); ++p) {
       const int32x4_t lo01 = vtrn1q_s32(t[p][0], t[p][1]), lo23 = vtrn1q_s32(t[p][2], t[p][3]);
       out[0][2 * p] = vreinterpretq_s32_s64(vtrn1q_s64(vreinterpretq_s64_s32(lo01), vreinterpretq_s64_s32(lo23)));
@@ -351,9 +389,10 @@ inline void kquant_step(float d, float dmin, float da, int sumi, int mins, float
 // Per super-block state shared by the K-quant kernels: R weight and K activation row pointers,
 // float accumulators per (weight row, activation row) and the exact integer sums of the current
 // super-block. Those are kept per pair with one lane per group (isum, reduced at the end), or
-// with a tile policy and two weight rows in the tile's own layout: one vector per activation pair
-// with one lane per (weight row, activation row), the group scales multiplied in lane by lane
-// (no transpose needed, since a super-block only needs each pair's total).
+// with a tile policy and two weight rows (kTiled) in the tile's own layout: one vector per
+// activation pair with one lane per (weight row, activation row), the group scales multiplied in
+// lane by lane (no transpose needed, since a super-block only needs each pair's total). kTiled
+// kernels decode zipped rows (zip_rows), so add_unit's w[0], w[1] are the zip_lo / zip_hi chunks.
 template <class Isa, int R, int K>
 struct SuperRows {
   static constexpr bool kTiled = R == 2 && Isa::kTile;
@@ -383,17 +422,22 @@ struct SuperRows {
     const int8_t* ap[K];
     for (int j = 0; j < K; ++j) ap[j] = y[j][i].qs + offset;
     if constexpr (kTiled) {
-      int32x4_t t[P][4];
-      Isa::template tile_groups<K, G>(w[0], w[1], ap, 16 * G, 4, t);
       // Scales of group g in the tile's lanes: [s0g, s0g, s1g, s1g].
       const int32x4_t z[2] = {vzip1q_s32(sc[0], sc[1]), vzip2q_s32(sc[0], sc[1])};
       int32x4_t sg[4];
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) sg[2 * h] = vzip1q_s32(z[h], z[h]), sg[2 * h + 1] = vzip2q_s32(z[h], z[h]);
-#pragma GCC unroll 2
-      for (int p = 0; p < P; ++p)
+      // One group at a time, so only that group's weights and P accumulators are live.
 #pragma GCC unroll 4
-        for (int g = 0; g < 4; ++g) tsum[p] = vmlaq_s32(tsum[p], t[p][g], sg[g]);
+      for (int g = 0; g < 4; ++g) {
+        const int8_t* ag[K];
+        for (int j = 0; j < K; ++j) ag[j] = ap[j] + 16 * G * g;
+        int32x4_t t[P];
+        for (int p = 0; p < P; ++p) t[p] = vdupq_n_s32(0);
+        Isa::template tile_group<K, G>(w[0] + G * g, w[1] + G * g, ag, t);
+#pragma GCC unroll 2
+        for (int p = 0; p < P; ++p) tsum[p] = vmlaq_s32(tsum[p], t[p], sg[g]);
+      }
     } else {
       int32x4_t s[R][K];
       unit_sums<Isa, R, K, G>(w, ap, 16 * G, 4, s);
@@ -461,19 +505,21 @@ struct DotQ45K {
       const Block* x[R];
       for (int r = 0; r < R; ++r) x[r] = weight_row<Block>(w, w_stride, r);
       SuperRows<Isa, R, K> rows(a, stride);
+      constexpr bool kZip = SuperRows<Isa, R, K>::kTiled;
       const uint8x16_t m4 = vdupq_n_u8(0x0f), sixteen = vdupq_n_u8(0x10);
       for (int64_t i = 0; i < n / kQKK; ++i) {
         int16x8_t sc[R][2], mins[R];
-        uint8x16_t qh[R][2];
+        uint8x16_t qh[2][R];  // [h][row], or [h][zip] when tiled
 #pragma GCC unroll 2
         for (int r = 0; r < R; ++r) {
           const uint8x16_t sm = q4k_scales_mins(x[r][i].scales);
           sc[r][0] = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(sm)));
           sc[r][1] = vdupq_n_s16(0);
           mins[r] = vreinterpretq_s16_u16(vmovl_high_u8(sm));
-          qh[r][0] = qh[r][1] = vdupq_n_u8(0);
-          if constexpr (kFive) qh[r][0] = load_u8(x[r][i].qh), qh[r][1] = load_u8(x[r][i].qh + 16);
+          qh[0][r] = qh[1][r] = vdupq_n_u8(0);
+          if constexpr (kFive) qh[0][r] = load_u8(x[r][i].qh), qh[1][r] = load_u8(x[r][i].qh + 16);
         }
+        if constexpr (kFive) zip_rows<kZip>(qh[0]), zip_rows<kZip>(qh[1]);
         rows.begin();
 #pragma GCC unroll 2
         for (int u = 0; u < 2; ++u) {
@@ -481,25 +527,26 @@ struct DotQ45K {
           const int8x16_t* qp[R];
           int32x4_t scu[R];
 #pragma GCC unroll 2
-          for (int r = 0; r < R; ++r) {
+          for (int cc = 0; cc < 2; ++cc) {
+            const int c = 2 * u + cc;
 #pragma GCC unroll 2
-            for (int cc = 0; cc < 2; ++cc) {
-              const int c = 2 * u + cc;
+            for (int h = 0; h < 2; ++h) {
+              uint8x16_t bytes[R];
+              for (int r = 0; r < R; ++r) bytes[r] = load_u8(x[r][i].qs + 32 * c + 16 * h);
+              zip_rows<kZip>(bytes);
 #pragma GCC unroll 2
-              for (int h = 0; h < 2; ++h) {
-                const uint8x16_t bytes = load_u8(x[r][i].qs + 32 * c + 16 * h);
-                uint8x16_t lo = vandq_u8(bytes, m4), hi = vshrq_n_u8(bytes, 4);
+              for (int r = 0; r < R; ++r) {
+                uint8x16_t lo = vandq_u8(bytes[r], m4), hi = vshrq_n_u8(bytes[r], 4);
                 if constexpr (kFive) {
-                  lo = vorrq_u8(lo, vandq_u8(vtstq_u8(qh[r][h], vdupq_n_u8(1 << (2 * c))), sixteen));
-                  hi = vorrq_u8(hi, vandq_u8(vtstq_u8(qh[r][h], vdupq_n_u8(2 << (2 * c))), sixteen));
+                  lo = vorrq_u8(lo, vandq_u8(vtstq_u8(qh[h][r], vdupq_n_u8(1 << (2 * c))), sixteen));
+                  hi = vorrq_u8(hi, vandq_u8(vtstq_u8(qh[h][r], vdupq_n_u8(2 << (2 * c))), sixteen));
                 }
                 q[r][4 * cc + h] = as_s8(lo);      // sub-block 2c, elements 16h ..
                 q[r][4 * cc + 2 + h] = as_s8(hi);  // sub-block 2c + 1
               }
             }
-            qp[r] = q[r];
-            scu[r] = scales4(sc[r], u);
           }
+          for (int r = 0; r < R; ++r) qp[r] = q[r], scu[r] = scales4(sc[r], u);
           rows.template add_unit<2>(qp, i, 128 * u, scu);
         }
         float d[R], dmin[R];
@@ -541,11 +588,12 @@ struct DotQ23K {
       const Block* x[R];
       for (int r = 0; r < R; ++r) x[r] = weight_row<Block>(w, w_stride, r);
       SuperRows<Isa, R, K> rows(a, stride);
+      constexpr bool kZip = SuperRows<Isa, R, K>::kTiled;
       const uint8x16_t m3 = vdupq_n_u8(3), one = vdupq_n_u8(1);
       for (int64_t i = 0; i < n / kQKK; ++i) {
         int16x8_t sc[R][2];
         int16x8x2_t mins[R] = {};
-        uint8x16_t hm[R][2];
+        uint8x16_t hm[R][2];  // [row or zip][k % 2]
 #pragma GCC unroll 2
         for (int r = 0; r < R; ++r) {
           hm[r][0] = hm[r][1] = vdupq_n_u8(0);
@@ -559,11 +607,25 @@ struct DotQ23K {
             widen_scales(as_s8(vshrq_n_u8(raw, 4)), mins[r].val);
           }
         }
+        if constexpr (kThree && kZip) {
+          for (int k = 0; k < 2; ++k) {
+            uint8x16_t v[2] = {hm[0][k], hm[1][k]};
+            zip_rows<kZip>(v);
+            hm[0][k] = v[0], hm[1][k] = v[1];
+          }
+        }
         rows.begin();
 #pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {
           uint8x16_t q[R][2];
           for (int r = 0; r < R; ++r) q[r][0] = load_u8(x[r][i].qs + 32 * h), q[r][1] = load_u8(x[r][i].qs + 32 * h + 16);
+          if constexpr (kZip) {
+            for (int k = 0; k < 2; ++k) {
+              uint8x16_t v[2] = {q[0][k], q[1][k]};
+              zip_rows<kZip>(v);
+              q[0][k] = v[0], q[1][k] = v[1];
+            }
+          }
 #pragma GCC unroll 2
           for (int half_unit = 0; half_unit < 2; ++half_unit) {
             int8x16_t codes[R][4];
@@ -631,6 +693,7 @@ struct DotQ6K {
     const Q6_K* x[R];
     for (int r = 0; r < R; ++r) x[r] = weight_row<Q6_K>(w, w_stride, r);
     SuperRows<Isa, R, K> rows(a, stride);
+    constexpr bool kZip = SuperRows<Isa, R, K>::kTiled;
     const uint8x16_t m4 = vdupq_n_u8(0x0f), m30 = vdupq_n_u8(0x30);
     const int8x16_t off = vdupq_n_s8(32);
     for (int64_t i = 0; i < n / kQKK; ++i) {
@@ -639,14 +702,28 @@ struct DotQ6K {
       rows.begin();
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
-        uint8x16_t ql[R][4], qh[R][2];
+        uint8x16_t ql[R][4], qh[R][2];  // [row or zip][k]
         int8x16_t q[R][4];
         const int8x16_t* qp[R];
         int32x4_t scu[R];
-#pragma GCC unroll 2
         for (int r = 0; r < R; ++r) {
           for (int k = 0; k < 4; ++k) ql[r][k] = load_u8(x[r][i].ql + 64 * h + 16 * k);
           for (int k = 0; k < 2; ++k) qh[r][k] = load_u8(x[r][i].qh + 32 * h + 16 * k);
+        }
+        if constexpr (kZip) {
+          for (int k = 0; k < 4; ++k) {
+            uint8x16_t v[2] = {ql[0][k], ql[1][k]};
+            zip_rows<kZip>(v);
+            ql[0][k] = v[0], ql[1][k] = v[1];
+          }
+          for (int k = 0; k < 2; ++k) {
+            uint8x16_t v[2] = {qh[0][k], qh[1][k]};
+            zip_rows<kZip>(v);
+            qh[0][k] = v[0], qh[1][k] = v[1];
+          }
+        }
+#pragma GCC unroll 2
+        for (int r = 0; r < R; ++r) {
           // Unit 2h: chunk k is elements 16k .. of the half: ql[k] low nibble, qh[k % 2] bits
           // (0-1) for k < 2, (2-3) for k >= 2.
           for (int k = 0; k < 4; ++k) {
