@@ -745,9 +745,9 @@ TEST(QuantKernelsMulti, BitIdenticalToVecDotOfSameTable) {
 
 // ---- (f) two-weight-row tiles ------------------------------------------------------------------
 
-// Tiles are optional, only where vec_dot is; the i8mm table has SMMLA tiles for the types that
-// dominate Qwen3-style GGUFs, and no other table has any (the drivers take the tile path only where
-// a table has a real kernel, so x86 keeps its multi-dot path).
+// Tiles are optional, only where vec_dot is; the i8mm table has SMMLA tiles for every quantized
+// type, and no other table has any (the drivers take the tile path only where a table has a real
+// kernel, so x86 and the other AArch64 tables keep their multi-dot path).
 TEST(QuantKernelsTile, PresentOnlyWhereExpected) {
   for (const KernelTable* t : all_tables())
     for (uint32_t i = 0; i < kTensorTypeIdLimit; ++i) {
@@ -755,8 +755,8 @@ TEST(QuantKernelsTile, PresentOnlyWhereExpected) {
       if (std::strcmp(t->isa, "i8mm") != 0) EXPECT_EQ(t->tile[i], nullptr) << t->isa << " " << i;
     }
   if (const KernelTable* t = kernels_i8mm())
-    for (TensorType type : {TensorType::Q8_0, TensorType::Q4_0, TensorType::Q4_K, TensorType::Q6_K})
-      EXPECT_NE(t->tile[tid(type)], nullptr) << type_name(type);
+    for (TensorType type : kWeightTypes)
+      EXPECT_EQ(t->tile[tid(type)] != nullptr, type_info(tid(type))->block_size > 1) << type_name(type);
 }
 
 // Checks `tile` against k's vec_dot bit for bit (every weight row x activation row of counts 1..4)
