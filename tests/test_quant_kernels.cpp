@@ -743,5 +743,100 @@ TEST(QuantKernelsMulti, BitIdenticalToVecDotOfSameTable) {
   }
 }
 
+// ---- (f) two-weight-row tiles ------------------------------------------------------------------
+
+// Tiles are optional, only where vec_dot is; the i8mm table has SMMLA tiles for every quantized
+// type, and no other table has any (the drivers take the tile path only where a table has a real
+// kernel, so x86 and the other AArch64 tables keep their multi-dot path).
+TEST(QuantKernelsTile, PresentOnlyWhereExpected) {
+  for (const KernelTable* t : all_tables())
+    for (uint32_t i = 0; i < kTensorTypeIdLimit; ++i) {
+      if (t->tile[i]) EXPECT_NE(t->vec_dot[i], nullptr) << t->isa << " " << i;
+      if (std::strcmp(t->isa, "i8mm") != 0) EXPECT_EQ(t->tile[i], nullptr) << t->isa << " " << i;
+    }
+  if (const KernelTable* t = kernels_i8mm())
+    for (TensorType type : kWeightTypes)
+      EXPECT_EQ(t->tile[tid(type)] != nullptr, type_info(tid(type))->block_size > 1) << type_name(type);
+}
+
+// Checks `tile` against k's vec_dot bit for bit (every weight row x activation row of counts 1..4)
+// and against the scalar reference within the SIMD tolerance. Weight rows start at an odd offset
+// with an odd stride between them (as consecutive rows of a mapped file may), activation rows too;
+// the output rows are out_stride = kMultiDot + 1 apart and nothing outside [r][0, count) is written.
+void check_tile(const KernelTable& k, TensorType t, VecDotTileFn tile, uint32_t seed) {
+  const KernelTable& ref = kernels_scalar();
+  std::mt19937 rng(seed);
+  for (int64_t n : test_lengths(t)) {
+    SCOPED_TRACE(std::string(k.isa) + " " + type_name(t) + " n=" + std::to_string(n));
+    const size_t off = 1, wb = row_bytes(t, n), w_stride = wb + 5;
+    std::vector<uint8_t> w_buf(off + w_stride * kTileRows);
+    std::vector<std::vector<float>> wf;
+    for (int r = 0; r < kTileRows; ++r) {
+      const auto w = random_weights(t, n, rng);
+      std::memcpy(w_buf.data() + off + r * w_stride, w.data(), wb);
+      wf.push_back(dequant(ref, t, w.data(), n));
+    }
+    const size_t a_bytes = activation_row_bytes(t, n), a_stride = a_bytes + 3;
+    std::vector<uint8_t> a_buf(off + a_stride * kMultiDot);
+    std::vector<std::vector<float>> af;
+    for (int j = 0; j < kMultiDot; ++j) {
+      auto x = random_activations(n, rng);
+      auto a = quantize_act(k, t, x.data(), n);
+      std::memcpy(a_buf.data() + off + j * a_stride, a.data(), a_bytes);
+      af.push_back(dequant(ref, dot_type(t), a.data(), n));
+    }
+    const uint8_t* w0 = w_buf.data() + off;
+    const uint8_t* a0 = a_buf.data() + off;
+    constexpr size_t kOutStride = kMultiDot + 1;
+    for (int count = 1; count <= kMultiDot; ++count) {
+      float got[kTileRows * kOutStride];
+      for (float& g : got) g = -1234.5f;
+      tile(n, got, kOutStride, w0, w_stride, a0, a_stride, count);
+      for (int r = 0; r < kTileRows; ++r)
+        for (size_t j = 0; j < kOutStride; ++j) {
+          const float g = got[r * kOutStride + j];
+          if (j >= static_cast<size_t>(count)) {
+            EXPECT_EQ(g, -1234.5f) << "wrote past count " << count << " in row " << r;
+            continue;
+          }
+          const uint8_t* wr = w0 + r * w_stride;
+          const uint8_t* aj = a0 + j * a_stride;
+          float expect = 0, scalar = 0;
+          k.vec_dot[tid(t)](n, &expect, wr, aj);
+          uint32_t eb, gb;
+          std::memcpy(&eb, &expect, 4);
+          std::memcpy(&gb, &g, 4);
+          EXPECT_EQ(gb, eb) << "count " << count << " w row " << r << " a row " << j << ": " << g << " vs " << expect;
+          ref.vec_dot[tid(t)](n, &scalar, wr, aj);
+          EXPECT_NEAR(g, scalar, 1e-5 * abs_dot(wf[r], af[j]) + 1e-30) << "count " << count << " w row " << r;
+        }
+    }
+  }
+}
+
+TEST(QuantKernelsTile, BitIdenticalToVecDotOfSameTable) {
+  int checked = 0;
+  for (const KernelTable* k : all_tables())
+    for (TensorType t : kWeightTypes)
+      if (VecDotTileFn tile = k->tile[tid(t)]) {
+        check_tile(*k, t, tile, 11 + tid(t));
+        ++checked;
+      }
+  std::printf("tile kernels checked: %d\n", checked);
+}
+
+// The loop reference (vec_dot_tile_loop) through the same check, so the check itself (layout,
+// strides, count handling) runs on every machine, tiles or not.
+void scalar_dot_q4_k(int64_t n, float* out, const void* w, const void* a) {
+  kernels_scalar().vec_dot[tid(TensorType::Q4_K)](n, out, w, a);
+}
+void scalar_dot_q8_0(int64_t n, float* out, const void* w, const void* a) {
+  kernels_scalar().vec_dot[tid(TensorType::Q8_0)](n, out, w, a);
+}
+TEST(QuantKernelsTile, LoopReferenceMatchesVecDot) {
+  check_tile(kernels_scalar(), TensorType::Q4_K, vec_dot_tile_loop<scalar_dot_q4_k>, 5);
+  check_tile(kernels_scalar(), TensorType::Q8_0, vec_dot_tile_loop<scalar_dot_q8_0>, 6);
+}
+
 }  // namespace
 }  // namespace moelite::cpu

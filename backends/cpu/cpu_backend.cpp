@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <type_traits>
 
 #include "backends/cpu/cpu_ops.h"
 #include "platforms/platform.h"
@@ -23,9 +24,50 @@ struct KvStorage {
 
 // Row-chunk size for splitting a matrix of `rows` outputs over `threads`: several chunks per
 // thread so dynamic scheduling evens out, but chunks long enough that a task is not all overhead.
-int64_t row_chunk(int64_t rows, int threads) {
-  int64_t chunk = rows / (static_cast<int64_t>(threads) * 4);
-  return std::clamp<int64_t>(chunk, 1, 64);
+// `step` rows are computed together (kTileRows where the kernel table has a tile for the weight
+// type, else 1), so chunks are a multiple of it and only a matrix's last row can be left alone.
+int64_t row_chunk(int64_t rows, int threads, int step) {
+  const int64_t chunk = std::clamp<int64_t>(rows / (static_cast<int64_t>(threads) * 4), 1, 64);
+  return (chunk + step - 1) / step * step;
+}
+
+// Rows per step of the matmul loops: pairs where the table has a tile kernel for the type.
+int row_step(const KernelTable& k, TensorType type) { return k.tile[static_cast<uint32_t>(type)] ? kTileRows : 1; }
+
+// The dot kernels of one weight matrix, looked up once per task. rows<NR>(r, ...) computes
+// weight rows r .. r + NR - 1 (NR = 1 or kTileRows) against `count` (<= kMultiDot) activation
+// rows `act_stride` bytes apart: o[i][j] = dot(row r + i, activation j). A pair goes through the
+// table's tile kernel where there is one, else one multi-dot per row; both are bit-identical to
+// vec_dot, so the pairing never changes results.
+struct RowDots {
+  const WeightView& w;
+  VecDotMultiFn multi;
+  VecDotTileFn tile;
+  RowDots(const KernelTable& k, const WeightView& wv)
+      : w(wv), multi(k.vec_dot_multi[static_cast<uint32_t>(wv.type)]), tile(k.tile[static_cast<uint32_t>(wv.type)]) {}
+  const uint8_t* row(int64_t r) const { return w.data + static_cast<uint64_t>(r) * w.row_bytes; }
+  template <int NR>
+  void rows(int64_t r, const uint8_t* act, size_t act_stride, int count, float (*o)[kMultiDot]) const {
+    if constexpr (NR == kTileRows) {
+      if (tile) {
+        tile(w.cols, o[0], kMultiDot, row(r), w.row_bytes, act, act_stride, count);
+        return;
+      }
+    }
+    for (int i = 0; i < NR; ++i) multi(w.cols, o[i], row(r + i), act, act_stride, count);
+  }
+};
+
+// Calls body(std::integral_constant<int, NR>(), r) for the rows [r0, r1) of a task: NR = 1 per
+// row, or pairs (NR = kTileRows) where step is kTileRows, with a lone last row when odd. The row
+// count NR is a compile-time constant in the body, so the single-row path of tables without
+// tiles is the plain loop it was before tiles.
+template <class Body>
+inline void for_rows(int64_t r0, int64_t r1, int step, Body&& body) {
+  int64_t r = r0;
+  if (step == kTileRows)
+    for (; r + kTileRows <= r1; r += kTileRows) body(std::integral_constant<int, kTileRows>(), r);
+  for (; r < r1; ++r) body(std::integral_constant<int, 1>(), r);
 }
 
 // Weight rows stream from DRAM once per token in decode. The hardware prefetchers lose the stream
@@ -38,6 +80,13 @@ int g_prefetch_rows = [] {
 
 inline void prefetch_row(const uint8_t* p, uint64_t bytes) {
   for (uint64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 0);
+}
+// At rows r .. r + nr - 1 of a task ending at r1: the nr rows `kPrefetchRows` ahead (the second of
+// a pair may lie past the task or the matrix: a prefetch never faults).
+inline void prefetch_ahead(const WeightView& w, int64_t r, int64_t r1, int nr) {
+  if (r + g_prefetch_rows < r1)
+    prefetch_row(w.data + static_cast<uint64_t>(r + g_prefetch_rows) * w.row_bytes,
+                 static_cast<uint64_t>(nr) * w.row_bytes);
 }
 
 // Scratch growth that reports a failed allocation instead of throwing.
@@ -63,11 +112,11 @@ struct Task {
 };
 
 template <typename Job, typename RowsOf>
-std::vector<Task> split_rows(const std::vector<Job>& jobs, RowsOf rows_of_job, int threads) {
+std::vector<Task> split_rows(const std::vector<Job>& jobs, RowsOf rows_of_job, int threads, int step) {
   std::vector<Task> tasks;
   for (size_t j = 0; j < jobs.size(); ++j) {
     const int64_t rows = rows_of_job(jobs[j]);
-    const int64_t rc = row_chunk(rows, threads);
+    const int64_t rc = row_chunk(rows, threads, step);
     for (int64_t r0 = 0; r0 < rows; r0 += rc) tasks.push_back({static_cast<int32_t>(j), r0, std::min(rows, r0 + rc)});
   }
   return tasks;
@@ -199,25 +248,27 @@ Status CpuBackend::quantize_rows(const float* x, int64_t rows, int64_t cols, Ten
 
 void CpuBackend::matmul_rows(const WeightView& w, const uint8_t* act, size_t act_stride, int64_t n, float* out,
                              int64_t out_stride) {
-  VecDotMultiFn dot = k_.vec_dot_multi[static_cast<uint32_t>(w.type)];
-  const int64_t rc = row_chunk(w.rows, pool_->size());
+  const RowDots dots(k_, w);
+  const int step = row_step(k_, w.type);
+  const int64_t rc = row_chunk(w.rows, pool_->size(), step);
   const int64_t n_rc = (w.rows + rc - 1) / rc;
   const int64_t n_tc = (n + kTokenChunk - 1) / kTokenChunk;
   pool_->parallel_for(n_rc * n_tc, [&](int64_t task, int) {
     const int64_t r0 = (task % n_rc) * rc, r1 = std::min(w.rows, r0 + rc);
     const int64_t t0 = (task / n_rc) * kTokenChunk, t1 = std::min(n, t0 + kTokenChunk);
-    for (int64_t r = r0; r < r1; ++r) {
-      const uint8_t* wrow = w.data + static_cast<uint64_t>(r) * w.row_bytes;
-      if (r + g_prefetch_rows < r1) prefetch_row(wrow + g_prefetch_rows * w.row_bytes, w.row_bytes);
-      // kMultiDot tokens per call decode the weight row once per group; the result of each
+    for_rows(r0, r1, step, [&](auto nr_c, int64_t r) {
+      constexpr int NR = decltype(nr_c)::value;
+      prefetch_ahead(w, r, r1, NR);
+      // kMultiDot tokens per call decode the weight row(s) once per group; the result of each
       // token is bit-identical to a single vec_dot, so batching never changes the output.
       for (int64_t t = t0; t < t1; t += kMultiDot) {
         const int count = static_cast<int>(std::min<int64_t>(kMultiDot, t1 - t));
-        float o[kMultiDot];
-        dot(w.cols, o, wrow, act + t * act_stride, act_stride, count);
-        for (int j = 0; j < count; ++j) out[(t + j) * out_stride + r] = o[j];
+        float o[NR][kMultiDot];
+        dots.rows<NR>(r, act + t * act_stride, act_stride, count, o);
+        for (int i = 0; i < NR; ++i)
+          for (int j = 0; j < count; ++j) out[(t + j) * out_stride + r + i] = o[i][j];
       }
-    }
+    });
   });
 }
 
@@ -368,35 +419,37 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
     MOELITE_TRY(gather(xq_up, up_stride, &ffn_xg_up_, &xg_up));
 
   // h = act(gate x, up x) for every routed row of every job.
+  // Rows in pairs where either projection has a tile kernel (dot_rows runs the other as
+  // multi-dots); tasks then hold even row counts.
+  const int step = std::max(row_step(k_, gate_type), row_step(k_, up_type));
   const std::vector<Task> tasks = split_rows(
-      jobs, [](const FfnJob& j) { return j.w->gate.rows; }, pool_->size());
+      jobs, [](const FfnJob& j) { return j.w->gate.rows; }, pool_->size(), step);
   pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
     const Task& task = tasks[static_cast<size_t>(ti)];
     const FfnJob& job = jobs[static_cast<size_t>(task.job)];
     const WeightView &gw = job.w->gate, &uw = job.w->up;
-    VecDotMultiFn gdot = k_.vec_dot_multi[static_cast<uint32_t>(gw.type)];
-    VecDotMultiFn udot = k_.vec_dot_multi[static_cast<uint32_t>(uw.type)];
+    const RowDots gdots(k_, gw), udots(k_, uw);
     const int64_t base = h_offset_[static_cast<size_t>(task.job)];
     float* hj = h + base * n_ff_max;
-    for (int64_t r = task.r0; r < task.r1; ++r) {
-      const uint8_t* grow_ = gw.data + static_cast<uint64_t>(r) * gw.row_bytes;
-      const uint8_t* urow = uw.data + static_cast<uint64_t>(r) * uw.row_bytes;
-      if (r + g_prefetch_rows < task.r1) {
-        prefetch_row(grow_ + g_prefetch_rows * gw.row_bytes, gw.row_bytes);
-        prefetch_row(urow + g_prefetch_rows * uw.row_bytes, uw.row_bytes);
-      }
-      const float gb = job.w->gate_bias ? job.w->gate_bias[r] : 0.0f;
-      const float ub = job.w->up_bias ? job.w->up_bias[r] : 0.0f;
+    for_rows(task.r0, task.r1, step, [&](auto nr_c, int64_t r) {
+      constexpr int NR = decltype(nr_c)::value;
+      prefetch_ahead(gw, r, task.r1, NR);
+      prefetch_ahead(uw, r, task.r1, NR);
       for (int64_t i = 0; i < job.n_rows; i += kMultiDot) {
         const int count = static_cast<int>(std::min<int64_t>(kMultiDot, job.n_rows - i));
-        float g[kMultiDot], u[kMultiDot];
-        gdot(gw.cols, g, grow_, xg_gate + static_cast<size_t>(base + i) * gate_stride, gate_stride, count);
-        udot(uw.cols, u, urow, xg_up + static_cast<size_t>(base + i) * up_stride, up_stride, count);
-        if (job.w->gate_bias || job.w->up_bias)
-          for (int j = 0; j < count; ++j) g[j] += gb, u[j] += ub;
-        for (int j = 0; j < count; ++j) hj[(i + j) * n_ff_max + r] = ffn_activation(kind, g[j], u[j]);
+        float g[NR][kMultiDot], u[NR][kMultiDot];
+        gdots.rows<NR>(r, xg_gate + static_cast<size_t>(base + i) * gate_stride, gate_stride, count, g);
+        udots.rows<NR>(r, xg_up + static_cast<size_t>(base + i) * up_stride, up_stride, count, u);
+        for (int ri = 0; ri < NR; ++ri) {
+          if (job.w->gate_bias || job.w->up_bias) {
+            const float gb = job.w->gate_bias ? job.w->gate_bias[r + ri] : 0.0f;
+            const float ub = job.w->up_bias ? job.w->up_bias[r + ri] : 0.0f;
+            for (int j = 0; j < count; ++j) g[ri][j] += gb, u[ri][j] += ub;
+          }
+          for (int j = 0; j < count; ++j) hj[(i + j) * n_ff_max + r + ri] = ffn_activation(kind, g[ri][j], u[ri][j]);
+        }
       }
-    }
+    });
   });
   return MOELITE_OK;
 }
@@ -424,27 +477,29 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
   }
 
   // results[out_row] = down h.
+  const int step = row_step(k_, down_type);
   const std::vector<Task> tasks = split_rows(
-      jobs, [](const FfnJob& j) { return j.w->down.rows; }, pool_->size());
+      jobs, [](const FfnJob& j) { return j.w->down.rows; }, pool_->size(), step);
   pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
     const Task& task = tasks[static_cast<size_t>(ti)];
     const FfnJob& job = jobs[static_cast<size_t>(task.job)];
     const WeightView& dw = job.w->down;
-    VecDotMultiFn ddot = k_.vec_dot_multi[static_cast<uint32_t>(dw.type)];
+    const RowDots ddots(k_, dw);
     const int64_t base = h_offset_[static_cast<size_t>(task.job)];
-    for (int64_t r = task.r0; r < task.r1; ++r) {
-      const uint8_t* drow = dw.data + static_cast<uint64_t>(r) * dw.row_bytes;
-      if (r + g_prefetch_rows < task.r1) prefetch_row(drow + g_prefetch_rows * dw.row_bytes, dw.row_bytes);
-      const float db = job.w->down_bias ? job.w->down_bias[r] : 0.0f;
+    for_rows(task.r0, task.r1, step, [&](auto nr_c, int64_t r) {
+      constexpr int NR = decltype(nr_c)::value;
+      prefetch_ahead(dw, r, task.r1, NR);
       for (int64_t i = 0; i < job.n_rows; i += kMultiDot) {
         const int count = static_cast<int>(std::min<int64_t>(kMultiDot, job.n_rows - i));
-        float o[kMultiDot];
-        ddot(dw.cols, o, drow, hq + static_cast<size_t>(base + i) * hq_stride, hq_stride, count);
-        if (job.w->down_bias)
-          for (int j = 0; j < count; ++j) o[j] += db;
-        for (int j = 0; j < count; ++j) results[static_cast<int64_t>(job.out_rows[i + j]) * n_embd + r] = o[j];
+        float o[NR][kMultiDot];
+        ddots.rows<NR>(r, hq + static_cast<size_t>(base + i) * hq_stride, hq_stride, count, o);
+        for (int ri = 0; ri < NR; ++ri) {
+          if (job.w->down_bias)
+            for (int j = 0; j < count; ++j) o[ri][j] += job.w->down_bias[r + ri];
+          for (int j = 0; j < count; ++j) results[static_cast<int64_t>(job.out_rows[i + j]) * n_embd + r + ri] = o[ri][j];
+        }
       }
-    }
+    });
   });
   return MOELITE_OK;
 }

@@ -37,6 +37,17 @@ using VecDotMultiFn = void (*)(int64_t n, float* out, const void* w_row, const v
 // Activation rows per multi-dot call: 4 weight decodes share the register file with 4 sets of
 // accumulators without spilling on AVX-512 (32 registers).
 constexpr int kMultiDot = 4;
+// Two weight rows against the same activation rows (a "tile"), for ISAs whose int8 instruction
+// computes a 2x2 block of dot products (AArch64 SMMLA: rows = 2 weight rows, columns = 2
+// activation rows, so every product is wanted):
+//   out[r * out_stride + j] = dot(w_rows + r * w_stride, a_rows + j * a_stride)
+// for r < kTileRows and j < count, 1 <= count <= kMultiDot. Each output is bit-identical to the
+// table's vec_dot of that (weight row, activation row) pair, like multi-dot. w_stride and
+// a_stride are in bytes, out_stride in floats. Optional: nullptr where a table has no kernel that
+// beats two multi-dots, and then the drivers call vec_dot_multi once per weight row.
+using VecDotTileFn = void (*)(int64_t n, float* out, size_t out_stride, const void* w_rows, size_t w_stride,
+                              const void* a_rows, size_t a_stride, int count);
+constexpr int kTileRows = 2;
 
 struct KernelTable {
   const char* isa;                                  // "scalar", "avx2", "avx512", "neon", "dotprod", "i8mm"
@@ -44,6 +55,7 @@ struct KernelTable {
   QuantizeRowFn quantize_act[kTensorTypeIdLimit];   // by dot type (F32, Q8_0, Q8_1, Q8_K)
   VecDotFn vec_dot[kTensorTypeIdLimit];             // by weight type
   VecDotMultiFn vec_dot_multi[kTensorTypeIdLimit];  // by weight type; set wherever vec_dot is
+  VecDotTileFn tile[kTensorTypeIdLimit];            // by weight type; nullptr: no tile kernel
 };
 
 // Multi-dot as a loop over one vec_dot: the fallback for types without a blocked kernel.
@@ -52,12 +64,26 @@ void vec_dot_multi_loop(int64_t n, float* out, const void* w_row, const void* a_
   const uint8_t* a = static_cast<const uint8_t*>(a_rows);
   for (int j = 0; j < count; ++j) kDot(n, out + j, w_row, a + static_cast<size_t>(j) * a_stride);
 }
-// Sets a table's vec_dot and its multi-dot together, so a table can never pair a kernel with
-// another table's multi-dot (which would break the bit-identity above).
+// Tile as a loop over one vec_dot: the reference the tests compare tile kernels with. No table
+// sets it (the drivers only take the tile path where a table has a real kernel).
 template <VecDotFn kDot>
-void set_vec_dot(KernelTable& t, TensorType type, VecDotMultiFn multi = vec_dot_multi_loop<kDot>) {
+void vec_dot_tile_loop(int64_t n, float* out, size_t out_stride, const void* w_rows, size_t w_stride,
+                       const void* a_rows, size_t a_stride, int count) {
+  const uint8_t* w = static_cast<const uint8_t*>(w_rows);
+  const uint8_t* a = static_cast<const uint8_t*>(a_rows);
+  for (int r = 0; r < kTileRows; ++r)
+    for (int j = 0; j < count; ++j)
+      kDot(n, out + r * out_stride + j, w + r * w_stride, a + static_cast<size_t>(j) * a_stride);
+}
+// Sets a table's vec_dot, its multi-dot and its tile (nullptr: none) together, so a table can
+// never pair a kernel with another table's multi-dot or tile (which would break the bit-identity
+// above), e.g. when it starts as a copy of another table.
+template <VecDotFn kDot>
+void set_vec_dot(KernelTable& t, TensorType type, VecDotMultiFn multi = vec_dot_multi_loop<kDot>,
+                 VecDotTileFn tile = nullptr) {
   t.vec_dot[static_cast<uint32_t>(type)] = kDot;
   t.vec_dot_multi[static_cast<uint32_t>(type)] = multi;
+  t.tile[static_cast<uint32_t>(type)] = tile;
 }
 
 // The readable scalar reference: every other table is tested against it.

@@ -51,18 +51,20 @@ inline void dot_float_rows(int64_t n, float* out, const void* a, size_t stride, 
 }
 
 // Weights through byte loads: a row may start at any offset of a mapped file.
-template <class Isa, int K>
+template <class Isa, int R, int K>
 struct DotF32 {
-  static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
+  static_assert(R == 1, "no float tiles");
+  static void run(int64_t n, float* out, size_t, const void* w, size_t, const void* a, size_t stride) {
     const uint8_t* x = static_cast<const uint8_t*>(w);
     dot_float_rows<K>(
         n, out, a, stride, [x](int64_t i) { return vreinterpretq_f32_u8(vld1q_u8(x + 4 * i)); },
         [x](int64_t i) { return f32(x + 4 * i); });
   }
 };
-template <class Isa, int K>
+template <class Isa, int R, int K>
 struct DotF16 {
-  static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
+  static_assert(R == 1, "no float tiles");
+  static void run(int64_t n, float* out, size_t, const void* w, size_t, const void* a, size_t stride) {
     const uint8_t* x = static_cast<const uint8_t*>(w);
     dot_float_rows<K>(
         n, out, a, stride, [x](int64_t i) { return vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(x + 2 * i))); },
@@ -70,9 +72,10 @@ struct DotF16 {
   }
 };
 // bf16 is the top half of an fp32: widening shift left by 16.
-template <class Isa, int K>
+template <class Isa, int R, int K>
 struct DotBf16 {
-  static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
+  static_assert(R == 1, "no float tiles");
+  static void run(int64_t n, float* out, size_t, const void* w, size_t, const void* a, size_t stride) {
     const uint8_t* x = static_cast<const uint8_t*>(w);
     dot_float_rows<K>(
         n, out, a, stride,
