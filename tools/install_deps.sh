@@ -3,7 +3,7 @@
 # Packages already present are skipped, so this is cheap to run every time.
 set -euo pipefail
 # libvulkan-dev + glslc build the Vulkan backend; the CPU backend needs neither.
-pkgs=(g++ cmake ninja-build pkg-config liburing-dev libvulkan-dev glslc)
+pkgs=(g++ cmake ninja-build pkg-config liburing-dev libvulkan-dev glslc libmimalloc-dev)
 if [[ "${1:-}" == "--test" ]]; then
   # Tests run the Vulkan backend for real on lavapipe (Mesa's CPU Vulkan), under the Khronos
   # validation layer.

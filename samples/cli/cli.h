@@ -39,6 +39,8 @@ int tokenize_file(moelite_model* model, const std::string& path, std::vector<int
 bool parse_tokens(const std::string& text, std::vector<int32_t>* out, std::string* error);
 
 std::string json_escape(const std::string& s);
+// The process allocator: "mimalloc X.Y.Z" when the executable was linked with it, else "libc".
+std::string process_allocator();
 
 // The whole file's bytes, unchanged; false if it cannot be read.
 bool read_file(const std::string& path, std::string* out);

@@ -61,7 +61,7 @@ static int dispatch(int argc, char** argv) {
                                      : std::string("trace needs a subcommand: record or replay"));
   }
   if (!strcmp(cmd, "version")) {
-    printf("%s\n", moelite_version_string());
+    printf("%s\nallocator %s\n", moelite_version_string(), cli::process_allocator().c_str());
     return 0;
   }
   return cli::usage_error(std::string("unknown command '") + cmd + "'");
