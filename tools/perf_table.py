@@ -1,0 +1,138 @@
+#!/usr/bin/python3
+"""The performance table: moelite against llama.cpp (when a llama-bench binary is given) on the same
+GGUF file in one run, resident and under expert budgets, prefill and decode. Writes JSON and a
+Markdown table.
+
+    /usr/bin/python3 tools/perf_table.py -m MODEL [--llama-bench PATH] [-t 2] [-p 64] [-n 32]
+        [--budgets 25%,50%] [--policies lru,lfu] [--rounds 2] [--json F] [--md F]
+
+llama.cpp is the peer: build it yourself outside this repository and pass its llama-bench (or set
+LLAMA_BENCH). moelite does not build or ship it. The two engines run alternately, `--rounds`
+times, and each keeps its best, so slow drift of the machine's bandwidth hits both alike. Only
+ratios within one run mean anything: machines of one kind differ, and their bandwidths drift.
+
+Budgeted rows are moelite's alone (llama.cpp has no expert budget; under a memory cap its mmap
+pages experts through the page cache), reported against the storage bound moelite's bench
+measures (decode_fraction_of_budget_bound).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def moelite_bench(cli, model, threads, n_prompt, n_gen, extra=()):
+    cmd = [cli, "bench", "-m", model, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen), "-r", "2",
+           "--json", *extra]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit("moelite bench failed: %s\n%s" % (" ".join(cmd), r.stderr))
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def llama_bench(binary, model, threads, n_prompt, n_gen):
+    """llama-bench's JSON: one record per test (prompt processing, then generation)."""
+    cmd = [binary, "-m", model, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen), "-r", "3", "-o", "json"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit("llama-bench failed: %s\n%s" % (" ".join(cmd), r.stderr[-2000:]))
+    out = {"build_commit": None}
+    for rec in json.loads(r.stdout):
+        out["build_commit"] = rec.get("build_commit")
+        if rec.get("n_prompt", 0) > 0 and rec.get("n_gen", 0) == 0:
+            out["prefill_tok_s"] = rec["avg_ts"]
+        elif rec.get("n_gen", 0) > 0 and rec.get("n_prompt", 0) == 0:
+            out["decode_tok_s"] = rec["avg_ts"]
+    return out
+
+
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("--moelite", default=os.path.join(ROOT, "build", "bin", "moelite"))
+    ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH"))
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-p", "--prompt", type=int, default=64)
+    ap.add_argument("-n", "--gen", type=int, default=32)
+    ap.add_argument("--budgets", default="25%,50%")
+    ap.add_argument("--policies", default="lru,lfu")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json")
+    ap.add_argument("--md")
+    a = ap.parse_args()
+
+    resident, peer = None, None
+    for _ in range(a.rounds):  # alternate the engines; keep each one's best
+        m = moelite_bench(a.moelite, a.model, a.threads, a.prompt, a.gen, ["--no-membw"] if resident else [])
+        if resident is None:
+            resident = m
+        else:
+            for k in ("prefill_tok_s", "decode_tok_s"):
+                resident[k] = max(resident[k], m[k])
+        if a.llama_bench:
+            p = llama_bench(a.llama_bench, a.model, a.threads, a.prompt, a.gen)
+            peer = p if peer is None else {k: max(peer.get(k, 0), p.get(k, 0)) if k != "build_commit" else v
+                                           for k, v in p.items()}
+    budgeted = []
+    for budget in filter(None, a.budgets.split(",")):
+        for policy in filter(None, a.policies.split(",")):
+            b = moelite_bench(a.moelite, a.model, a.threads, a.prompt, a.gen, ["--budget", budget, "--policy", policy])
+            budgeted.append({"budget": budget, "policy": policy, "decode_tok_s": b["decode_tok_s"],
+                             "prefill_tok_s": b["prefill_tok_s"], "hit_rate": b["hit_rate"],
+                             "storage_read_gb_s": b["storage_read_gb_s"],
+                             "budget_bound_tok_s": b["budget_bound_tok_s"],
+                             "decode_fraction_of_budget_bound": b["decode_fraction_of_budget_bound"],
+                             "peak_rss_bytes": b["peak_rss_bytes"]})
+    report = {
+        "cpu": cpu_name(), "threads": a.threads, "model": os.path.basename(a.model), "n_prompt": a.prompt,
+        "n_gen": a.gen,
+        "moelite": {k: resident[k] for k in ("backend", "prefill_tok_s", "decode_tok_s", "decode_bound_tok_s",
+                                             "decode_fraction_of_bound", "dram_read_gb_s")},
+        "llama_cpp": peer,
+        "decode_ratio": resident["decode_tok_s"] / peer["decode_tok_s"] if peer else None,
+        "prefill_ratio": resident["prefill_tok_s"] / peer["prefill_tok_s"] if peer else None,
+        "budgeted": budgeted,
+    }
+    md = ["| engine | prefill %d tok/s | decode tok/s | decode vs llama.cpp | prefill vs llama.cpp |" % a.prompt,
+          "|---|---|---|---|---|"]
+    mo = report["moelite"]
+    if peer:
+        md.append("| llama.cpp (%s) | %.1f | %.2f | 1.00 | 1.00 |" % (peer["build_commit"], peer["prefill_tok_s"],
+                                                                     peer["decode_tok_s"]))
+    md.append("| moelite %s | %.1f | %.2f | %s | %s |" % (
+        mo["backend"], mo["prefill_tok_s"], mo["decode_tok_s"],
+        "%.2f" % report["decode_ratio"] if peer else "-", "%.2f" % report["prefill_ratio"] if peer else "-"))
+    md += ["", "moelite decode at %.0f %% of its DRAM bound (%.1f GB/s measured)." % (
+        100 * mo["decode_fraction_of_bound"], mo["dram_read_gb_s"])]
+    if budgeted:
+        md += ["", "| budget | policy | decode tok/s | hit rate | storage GB/s | bound tok/s | fraction of bound |",
+               "|---|---|---|---|---|---|---|"]
+        for b in budgeted:
+            md.append("| %s | %s | %.2f | %.3f | %.2f | %.2f | %.2f |" % (
+                b["budget"], b["policy"], b["decode_tok_s"], b["hit_rate"], b["storage_read_gb_s"],
+                b["budget_bound_tok_s"], b["decode_fraction_of_budget_bound"]))
+    md.insert(0, "%s, %d threads, %s (-p %d, -n %d)\n" % (report["cpu"], a.threads, report["model"], a.prompt, a.gen))
+    text = "\n".join(md)
+    print(text)
+    print(json.dumps(report))
+    if a.json:
+        json.dump(report, open(a.json, "w"), indent=1)
+    if a.md:
+        open(a.md, "w").write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
