@@ -218,12 +218,24 @@ MOELITE_API moelite_status moelite_model_params_set_gating(moelite_model_params*
     if (!mode) return null_arg(api_fn, "mode");
     moelite::GatingMode m;
     if (!moelite::parse_gating_mode(mode, &m))
-      return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown gating mode '%s' (available: exact, sensitivity, score)",
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown gating mode '%s' (available: exact, sensitivity, score, cache-aware)",
                   mode);
     if (!(threshold >= 0.0f) || !std::isfinite(threshold))
       return fail(MOELITE_ERR_INVALID_ARGUMENT, "the gating threshold must be a finite number >= 0");
     p->opts.gating = m;
     p->opts.gating_threshold = threshold;
+    return MOELITE_OK;
+  });
+}
+
+MOELITE_API moelite_status moelite_model_params_set_gating_penalty(moelite_model_params* p, float penalty) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (!(penalty >= 1.0f) || !std::isfinite(penalty))
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "the gating penalty must be a finite number >= 1 (got %g)",
+                  static_cast<double>(penalty));
+    p->opts.gating_penalty = penalty;
     return MOELITE_OK;
   });
 }

@@ -39,6 +39,7 @@ struct EvalState {
   bool has_next_routing = false;
   ForwardHooks* hooks = nullptr;
   std::vector<float> host_a, host_b;      // host copies of activations for predictors and hooks
+  std::vector<uint8_t> residency;         // cache-aware gating: the layer's experts resident at routing
   moelite_routing_fn on_route = nullptr;  // observer of every layer's routing (may be null)
   void* route_user = nullptr;
 

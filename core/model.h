@@ -85,6 +85,7 @@ struct LoadOptions {
   std::string profile_path;               // calibration profile ("" : none)
   GatingMode gating = GatingMode::Exact;
   float gating_threshold = 0.0f;
+  float gating_penalty = kDefaultGatingPenalty;  // cache-aware: threshold factor for non-resident experts
   bool use_mmap = true;
   bool vocab_only = false;
   moelite_progress_fn progress = nullptr;

@@ -239,13 +239,32 @@ MOELITE_API moelite_status moelite_model_params_set_profile(moelite_model_params
 /** Adaptive top-k gating. `mode`: "exact" (default: the model's own top-k; results never depend
  *  on the budget), "sensitivity" (AdapMoE: after top-k and renormalisation, the lowest-weight
  *  experts are dropped while (sum of dropped weights)^2 * S_l < threshold, S_l being layer l's
- *  sensitivity from the profile, which is then required) or "score" (drop experts whose weight is
- *  below threshold). Both keep at least one expert and rescale the kept weights to the sum of all
- *  k. Changes results (fewer experts computed and loaded); moelite_expert_stats counts the
- *  experts used. MOELITE_ERR_INVALID_ARGUMENT for an unknown mode or a negative or non-finite
- *  threshold. */
+ *  sensitivity from the profile, which is then required), "cache-aware" (sensitivity gating in
+ *  which an expert that is not resident in the expert store when its layer is routed -- one whose
+ *  use would be a read from storage -- is dropped while that predicted loss is below
+ *  threshold x penalty instead, see moelite_model_params_set_gating_penalty; needs the profile
+ *  too) or "score" (drop experts whose weight is below threshold). All keep at least one expert
+ *  (the highest-weight one) and rescale the kept weights to the sum of all k. Changes results
+ *  (fewer experts computed and loaded); moelite_expert_stats counts the experts used.
+ *  "cache-aware" results depend on the store's state, hence on the budget, policy, allocation,
+ *  the earlier evaluations and how tokens are split into batches: an approximate mode. They are
+ *  deterministic for a given sequence of evaluations without a predictor (with one, speculative
+ *  loads land asynchronously and may change them). Without an expert budget every expert is
+ *  resident and "cache-aware" gives the "sensitivity" results bit for bit.
+ *  MOELITE_ERR_INVALID_ARGUMENT for an unknown mode or a negative or non-finite threshold; at
+ *  load, MOELITE_ERR_BAD_PROFILE for "sensitivity" or "cache-aware" without a profile. */
 MOELITE_API moelite_status moelite_model_params_set_gating(moelite_model_params* params, const char* mode,
                                                            float threshold);
+/** Cache-aware gating's penalty P >= 1 (default 4): a non-resident expert may be dropped at up to
+ *  P times the predicted loss allowed for a resident one. The threshold prices predicted loss
+ *  against the time dropping an expert saves, in units of one resident expert's computation t_c;
+ *  dropping a non-resident one also saves its read t_r, so P = 1 + t_r / t_c. A decode step is
+ *  memory bound, so t_r / t_c is about memory bandwidth over storage bandwidth: `moelite bench`
+ *  reports 1 + dram_read_gb_s / storage_read_gb_s as suggested_gating_penalty. The default is a
+ *  fixed factor (t_r = 3 t_c), not a measurement, so results do not depend on timing. P = 1 is
+ *  sensitivity gating. Ignored by other modes. MOELITE_ERR_INVALID_ARGUMENT below 1 or not
+ *  finite. */
+MOELITE_API moelite_status moelite_model_params_set_gating_penalty(moelite_model_params* params, float penalty);
 /** 0 (default): one pool of expert slots shared by all layers. 1: equal per-layer quotas (each
  *  layer evicts only its own experts). */
 MOELITE_API moelite_status moelite_model_params_set_expert_per_layer(moelite_model_params* params, int32_t per_layer);

@@ -119,6 +119,85 @@ TEST(Gating, ScoreKeepsAtLeastTheTopExpertAndBreaksTiesByLowerSlot) {
   EXPECT_EQ(rt.ids, (std::vector<int32_t>{10, 11, -1}));
 }
 
+// Cache-aware gating against a fake residency oracle (the per-expert mask the store would give).
+TEST(Gating, CacheAwareRaisesTheThresholdOfNonResidentExpertsOnly) {
+  // Top-4 weights 0.4 0.3 0.2 0.1 in slots 1 3 0 2 (ids 11 13 10 12), S = 2: dropping {0.1}
+  // costs 0.02, {0.1, 0.2} 0.18, {0.1, 0.2, 0.3} 0.72. T = 0.05, penalty 4: bound 0.05 for a
+  // resident expert, 0.2 for one that would be read from storage.
+  const std::vector<float> w = {0.2f, 0.4f, 0.1f, 0.3f};
+  const uint8_t all[4] = {1, 1, 1, 1}, none[4] = {0, 0, 0, 0};
+  const uint8_t only_02_out[4] = {0, 1, 1, 1};  // slot 0 (weight 0.2) not resident
+  const uint8_t only_01_out[4] = {1, 1, 0, 1};  // slot 2 (weight 0.1) not resident
+  EXPECT_EQ(gating_keep_count_cache_aware(0.05f, 4.0f, 2.0, w.data(), 4, all), 3);   // = sensitivity
+  EXPECT_EQ(gating_keep_count_cache_aware(0.05f, 4.0f, 2.0, w.data(), 4, nullptr), 3);
+  EXPECT_EQ(gating_keep_count(GatingMode::Sensitivity, 0.05f, 2.0, w.data(), 4), 3);
+  EXPECT_EQ(gating_keep_count_cache_aware(0.05f, 4.0f, 2.0, w.data(), 4, none), 2);  // 0.18 < 0.2
+  EXPECT_EQ(gating_keep_count_cache_aware(0.05f, 4.0f, 2.0, w.data(), 4, only_02_out), 2);
+  // 0.2 resident: 0.18 >= 0.05 keeps it; its non-resident neighbour 0.1 had gone anyway.
+  EXPECT_EQ(gating_keep_count_cache_aware(0.05f, 4.0f, 2.0, w.data(), 4, only_01_out), 3);
+  // The first expert is always kept, however absent and whatever the threshold.
+  EXPECT_EQ(gating_keep_count_cache_aware(1e30f, 1e30f, 2.0, w.data(), 4, none), 1);
+  // Threshold 0 keeps all, resident or not (no loss is below 0).
+  EXPECT_EQ(gating_keep_count_cache_aware(0.0f, 4.0f, 2.0, w.data(), 4, none), 4);
+  // Penalty 1 is sensitivity gating whatever the residency.
+  for (float t : {0.0f, 0.019f, 0.021f, 0.19f, 0.73f})
+    EXPECT_EQ(gating_keep_count_cache_aware(t, 1.0f, 2.0, w.data(), 4, none),
+              gating_keep_count(GatingMode::Sensitivity, t, 2.0, w.data(), 4));
+
+  // Applied through the layer's residency mask (indexed by expert id).
+  GatingConfig cfg;
+  cfg.mode = GatingMode::CacheAware;
+  cfg.threshold = 0.05f;
+  cfg.penalty = 4.0f;
+  cfg.sensitivity = {2.0};
+  std::vector<uint8_t> mask(16, 1);
+  Routing resident = routing_of(4, w), sens = routing_of(4, w);
+  EXPECT_EQ(apply_gating(cfg, 0, &resident, &mask), 3);
+  GatingConfig sc = cfg;
+  sc.mode = GatingMode::Sensitivity;
+  EXPECT_EQ(apply_gating(sc, 0, &sens), 3);
+  EXPECT_EQ(resident.ids, sens.ids);
+  EXPECT_EQ(resident.weights, sens.weights);
+  // No mask (no budget): sensitivity, bit for bit.
+  Routing unbudgeted = routing_of(4, w);
+  EXPECT_EQ(apply_gating(cfg, 0, &unbudgeted), 3);
+  EXPECT_EQ(unbudgeted.weights, sens.weights);
+  mask.assign(16, 0);
+  Routing absent = routing_of(4, w);
+  EXPECT_EQ(apply_gating(cfg, 0, &absent, &mask), 2);
+  EXPECT_EQ(absent.ids, (std::vector<int32_t>{-1, 11, -1, 13}));
+  EXPECT_FLOAT_EQ(absent.weights[1], 0.4f / 0.7f);
+  // What a token keeps is marked resident for the rest of the batch.
+  EXPECT_EQ(mask[11], 1);
+  EXPECT_EQ(mask[13], 1);
+  EXPECT_EQ(mask[10], 0);
+}
+
+TEST(Gating, CacheAwareCountsAnExpertKeptEarlierInTheBatchAsResident) {
+  // Two tokens, top-2, S = 1, T = 0.01, penalty 100: a non-resident tail weight below 1 goes, a
+  // resident one of 0.2 stays (0.04 >= 0.01). Token 0 routes experts 3, 5; token 1 experts 7, 5.
+  GatingConfig cfg;
+  cfg.mode = GatingMode::CacheAware;
+  cfg.threshold = 0.01f;
+  cfg.penalty = 100.0f;
+  cfg.sensitivity = {1.0};
+  Routing r;
+  r.k = 2;
+  r.n_tokens = 2;
+  r.ids = {3, 5, 7, 5};
+  r.weights = {0.8f, 0.2f, 0.8f, 0.2f};
+  std::vector<uint8_t> mask(8, 0);
+  mask[5] = 0;
+  EXPECT_EQ(apply_gating(cfg, 0, &r, &mask), 2);  // both drop 5: nobody loads it
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{3, -1, 7, -1}));
+  // Expert 5 resident for token 1 only because token 0 kept it: the second token keeps it too.
+  r.ids = {5, 3, 7, 5};
+  r.weights = {0.8f, 0.2f, 0.8f, 0.2f};
+  mask.assign(8, 0);
+  EXPECT_EQ(apply_gating(cfg, 0, &r, &mask), 3);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{5, -1, 7, 5}));
+}
+
 TEST(Gating, ModeNames) {
   GatingMode m;
   EXPECT_TRUE(parse_gating_mode("sensitivity", &m));
@@ -126,6 +205,10 @@ TEST(Gating, ModeNames) {
   EXPECT_TRUE(parse_gating_mode("score", &m));
   EXPECT_TRUE(parse_gating_mode("exact", &m));
   EXPECT_FALSE(parse_gating_mode("topk", &m));
+  EXPECT_TRUE(parse_gating_mode("cache-aware", &m));
+  EXPECT_EQ(m, GatingMode::CacheAware);
+  EXPECT_STREQ(gating_mode_name(GatingMode::CacheAware), "cache-aware");
+  EXPECT_FALSE(parse_gating_mode("cache_aware", &m));
   EXPECT_STREQ(gating_mode_name(GatingMode::Score), "score");
 }
 

@@ -27,6 +27,7 @@ struct Params {
   std::string profile;
   const char* gating = "exact";
   float threshold = 0.0f;
+  float penalty = 0.0f;  // 0: the default
 };
 
 struct Loaded {
@@ -46,6 +47,7 @@ moelite_status load(const Params& p, Loaded* out) {
   moelite_model_params_set_predictor_depth(mp, p.depth);
   moelite_model_params_set_profile(mp, p.profile.c_str());
   moelite_status st = moelite_model_params_set_gating(mp, p.gating, p.threshold);
+  if (st == MOELITE_OK && p.penalty > 0) st = moelite_model_params_set_gating_penalty(mp, p.penalty);
   if (st == MOELITE_OK) st = moelite_model_load(kModel.c_str(), mp, &out->model);
   moelite_model_params_free(mp);
   if (st == MOELITE_OK) st = moelite_context_create(out->model, nullptr, &out->ctx);
@@ -206,13 +208,89 @@ TEST_F(AdaptiveApi, GatingUsesFewerExpertsAndChangesResultsOnlyWhenAsked) {
   EXPECT_EQ(memcmp(same.data(), want.data(), want.size() * sizeof(float)), 0);
 }
 
+TEST_F(AdaptiveApi, CacheAwareGatingIsSensitivityWithoutABudgetAndLoadsLessWithOne) {
+  // No budget: every expert is resident, so cache-aware is sensitivity gating bit for bit
+  // (batched prompt and decode), whatever the penalty.
+  for (float t : {0.003f, 0.01f, 0.05f}) {
+    Params sp;
+    sp.gating = "sensitivity";
+    sp.threshold = t;
+    sp.profile = profile_;
+    Loaded s;
+    ASSERT_EQ(load(sp, &s), MOELITE_OK) << moelite_last_error();
+    const std::vector<float> want = run(s, tokens_);
+    Params cp = sp;
+    cp.gating = "cache-aware";
+    cp.penalty = 50.0f;
+    Loaded c;
+    ASSERT_EQ(load(cp, &c), MOELITE_OK) << moelite_last_error();
+    const std::vector<float> got = run(c, tokens_);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << "T = " << t;
+    moelite_expert_stats a = {sizeof a}, b = {sizeof b};
+    ASSERT_EQ(moelite_model_expert_stats(s.model, -1, &a), MOELITE_OK);
+    ASSERT_EQ(moelite_model_expert_stats(c.model, -1, &b), MOELITE_OK);
+    EXPECT_EQ(a.routed_experts, b.routed_experts);
+  }
+  // A budget: at the same threshold cache-aware reads no more experts from storage than
+  // sensitivity gating (here: strictly fewer), and the same sequence of evaluations gives the
+  // same result again (no predictor: the store's state is a function of the evaluations).
+  const uint64_t budget = total_ / 4;
+  auto measure = [&](const char* mode, float penalty, std::vector<float>* logits, moelite_expert_stats* st) {
+    Params p;
+    p.budget = budget;
+    p.gating = mode;
+    p.threshold = 0.01f;
+    p.penalty = penalty;
+    p.profile = profile_;
+    Loaded l;
+    ASSERT_EQ(load(p, &l), MOELITE_OK) << moelite_last_error();
+    *logits = run(l, tokens_);
+    st->struct_size = sizeof *st;
+    ASSERT_EQ(moelite_model_expert_stats(l.model, -1, st), MOELITE_OK);
+  };
+  std::vector<float> sens, aware, again, unit;
+  moelite_expert_stats ss, as, as2, us;
+  measure("sensitivity", 0.0f, &sens, &ss);
+  measure("cache-aware", 0.0f, &aware, &as);
+  measure("cache-aware", 0.0f, &again, &as2);
+  measure("cache-aware", 1.0f, &unit, &us);
+  EXPECT_LT(as.misses, ss.misses);
+  EXPECT_LT(as.routed_experts, ss.routed_experts);
+  EXPECT_GE(as.routed_experts, as.routed_tokens);
+  EXPECT_EQ(as.prefetches_issued, 0u);
+  ASSERT_EQ(aware.size(), again.size());
+  EXPECT_EQ(memcmp(aware.data(), again.data(), aware.size() * sizeof(float)), 0);
+  EXPECT_EQ(as.misses, as2.misses);
+  // Penalty 1 is sensitivity gating, budget or not.
+  ASSERT_EQ(unit.size(), sens.size());
+  EXPECT_EQ(memcmp(unit.data(), sens.data(), sens.size() * sizeof(float)), 0);
+  EXPECT_EQ(us.misses, ss.misses);
+}
+
 TEST_F(AdaptiveApi, BadInputsGetTheirOwnStatus) {
   moelite_model_params* mp = moelite_model_params_create();
   EXPECT_EQ(moelite_model_params_set_gating(mp, "topk", 0.1f), MOELITE_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(moelite_model_params_set_gating(mp, "score", -1.0f), MOELITE_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(moelite_model_params_set_gating(mp, "score", NAN), MOELITE_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(moelite_model_params_set_predictor_depth(mp, 0), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_model_params_set_gating(mp, "cache-aware", 0.01f), MOELITE_OK);
+  EXPECT_EQ(moelite_model_params_set_gating(mp, "cache-aware", -0.5f), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_model_params_set_gating(mp, "cache-aware", INFINITY), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_model_params_set_gating(mp, "Cache-Aware", 0.01f), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_model_params_set_gating_penalty(mp, 0.5f), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_model_params_set_gating_penalty(mp, NAN), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_model_params_set_gating_penalty(mp, INFINITY), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_model_params_set_gating_penalty(nullptr, 2.0f), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_model_params_set_gating_penalty(mp, 1.0f), MOELITE_OK);
   moelite_model_params_free(mp);
+  Params aware;
+  aware.gating = "cache-aware";
+  aware.threshold = 0.01f;
+  aware.budget = total_ / 4;
+  Loaded aware_no_profile;
+  EXPECT_EQ(load(aware, &aware_no_profile), MOELITE_ERR_BAD_PROFILE);
+  EXPECT_NE(strstr(moelite_last_error(), "cache-aware"), nullptr) << moelite_last_error();
 
   Params p;
   p.gating = "sensitivity";

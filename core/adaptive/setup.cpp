@@ -21,11 +21,15 @@ Status setup_adaptive(const Model& m, const LoadOptions& opts, std::unique_ptr<P
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "the gating threshold must be a finite number >= 0");
   gating->mode = opts.gating;
   gating->threshold = opts.gating_threshold;
-  if (opts.gating == GatingMode::Sensitivity) {
+  if (!(opts.gating_penalty >= 1.0f) || !std::isfinite(opts.gating_penalty))
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "the gating penalty must be a finite number >= 1");
+  gating->penalty = opts.gating_penalty;
+  if (opts.gating == GatingMode::Sensitivity || opts.gating == GatingMode::CacheAware) {
     if (!*profile)
       return fail(MOELITE_ERR_BAD_PROFILE,
-                  "sensitivity gating needs a calibration profile with per-layer "
-                  "sensitivities (moelite calibrate; moelite_model_params_set_profile)");
+                  "%s gating needs a calibration profile with per-layer "
+                  "sensitivities (moelite calibrate; moelite_model_params_set_profile)",
+                  gating_mode_name(opts.gating));
     for (const LayerProfile& lp : (*profile)->layers) gating->sensitivity.push_back(lp.sensitivity);
   }
   return MOELITE_OK;

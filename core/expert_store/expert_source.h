@@ -27,6 +27,13 @@ class ExpertSource {
   // True when every expert is always in memory at a fixed address (a layer's experts may then
   // run in one pass, and a device backend may keep its copies).
   virtual bool all_resident() const { return false; }
+  // Whether expert `expert` of `layer` is in memory or already being loaded (using it needs no
+  // new read from storage). Thread-safe; a snapshot that loads and evictions may change at once.
+  virtual bool resident_or_loading(int32_t layer, int32_t expert) const { return true; }
+  // The same for every expert of `layer` under one lock: (*mask)[e] for e < n_expert, 1 or 0.
+  virtual void residency(int32_t layer, int32_t n_expert, std::vector<uint8_t>* mask) const {
+    mask->assign(static_cast<size_t>(n_expert), 1);
+  }
   // Most experts of `layer` that can be held at once.
   virtual int32_t capacity(int32_t layer) const = 0;
   // Experts the source keeps in memory at once over all layers (its slot pool; 0 when unbounded).

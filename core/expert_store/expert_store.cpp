@@ -282,6 +282,24 @@ int32_t ExpertStore::start_load_locked(int32_t layer, int32_t expert, bool deman
   return i;
 }
 
+bool ExpertStore::present_locked(int32_t layer, int32_t expert) const {
+  const auto it = where_.find(key(layer, expert));
+  if (it == where_.end()) return false;
+  const SlotState st = slots_[static_cast<size_t>(it->second)].state;
+  return st == SlotState::Ready || st == SlotState::Loading;
+}
+
+bool ExpertStore::resident_or_loading(int32_t layer, int32_t expert) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return present_locked(layer, expert);
+}
+
+void ExpertStore::residency(int32_t layer, int32_t n_expert, std::vector<uint8_t>* mask) const {
+  mask->assign(static_cast<size_t>(std::max(0, n_expert)), 0);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int32_t e = 0; e < n_expert; ++e) (*mask)[static_cast<size_t>(e)] = present_locked(layer, e) ? 1 : 0;
+}
+
 void ExpertStore::on_routing(int32_t layer, const Routing& routing) {
   std::lock_guard<std::mutex> lock(mu_);
   // What was predicted for this layer is final now: score it in prepare().
@@ -421,6 +439,19 @@ Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) 
     ++pinned;
   }
   unpin.done = true;
+  // The policy sees the accesses here, in the caller's (routing) order, not at release: experts
+  // are released in the order their loads land, which varies from run to run, and the cache's
+  // state (hence misses, and cache-aware gating) must be a function of the evaluations alone. The
+  // clock ticks once per access and nowhere else, for the same reason. Pinned experts cannot be
+  // evicted, so recording the access before the computation changes no victim choice otherwise.
+  // A policy that could not record an access (out of memory) only ranks the expert worse.
+  for (int32_t e : experts) {
+    ++clock_;
+    try {
+      policy_->on_access({layer, e}, clock_);
+    } catch (...) {
+    }
+  }
   // This layer's experts are pinned now, so speculative loads for later ones cannot evict them.
   if (waiting_for_ == layer) {
     waiting_for_ = -1;
@@ -506,13 +537,7 @@ void ExpertStore::release(int32_t layer, int32_t expert) {
   if (it == where_.end()) return;
   Slot& s = slots_[static_cast<size_t>(it->second)];
   if (s.pins > 0) s.pins--;
-  s.last_use = ++clock_;
-  // Release runs on error paths and from destructors, so it must not throw. A policy that could
-  // not record this access (out of memory) only ranks the expert worse: speed, not results.
-  try {
-    policy_->on_access({layer, expert}, clock_);
-  } catch (...) {
-  }
+  s.last_use = clock_;
 }
 
 void ExpertStore::loader_main() {
@@ -541,7 +566,7 @@ void ExpertStore::loader_main() {
       s.state = st == MOELITE_OK ? SlotState::Ready : SlotState::Failed;
       s.chunks_ready = st == MOELITE_OK ? 3 : 0;
       s.error = st;
-      s.last_use = ++clock_;
+      s.last_use = clock_;
       s.error_msg = msg;  // error messages are per thread: hand it to the waiting one
       // A deeper layer's guesses may have been waiting for this load.
       if (waiting_for_ < 0 && !waiting_.empty()) issue_predictions_locked();

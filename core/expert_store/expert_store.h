@@ -74,6 +74,11 @@ class ExpertStore final : public ExpertSource {
     return per_layer_ ? quota_[static_cast<size_t>(layer)] - kReserveSlots : capacity_;
   }
   int64_t pool_slots() const override { return static_cast<int64_t>(slots_.size()); }
+  // Resident or loading: the expert has a slot that is Ready or Loading (a failed read is not).
+  // Without a predictor the state at routing time is a function of the evaluations so far
+  // (every demand load has landed by then); speculative loads land asynchronously.
+  bool resident_or_loading(int32_t layer, int32_t expert) const override;
+  void residency(int32_t layer, int32_t n_expert, std::vector<uint8_t>* mask) const override;
   void on_routing(int32_t layer, const Routing& routing) override;
   Status prepare(int32_t layer, const std::vector<int32_t>& experts) override;
   Status acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert, ExpertWeights* out) override;
@@ -128,6 +133,7 @@ class ExpertStore final : public ExpertSource {
   // Under mu_: a slot to load into (free, or the policy's victim among unpinned ready slots);
   // -1 if none.
   int32_t take_slot_locked(int32_t layer);
+  bool present_locked(int32_t layer, int32_t expert) const;
   int32_t start_load_locked(int32_t layer, int32_t expert, bool demand);
   void prefetch_locked(int32_t layer, int32_t expert);
   // Issues waiting predictions nearest layer first; a deeper layer's only once every nearer

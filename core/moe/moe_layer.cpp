@@ -43,7 +43,14 @@ Status moe_forward(const Model& m, EvalState& s, int32_t l, const Act& x, const 
   s.has_next_routing = w.pregate.valid();
   if (s.has_next_routing) MOELITE_TRY(route_with(m, s, w.pregate, xn, &s.next_routing));
 
-  const int64_t kept = apply_gating(rt.gating, l, &s.routing);
+  // Cache-aware gating asks the store what is resident now (after the previous layer's loads);
+  // with every expert resident it is sensitivity gating.
+  std::vector<uint8_t>* resident = nullptr;
+  if (rt.gating.mode == GatingMode::CacheAware && !rt.experts->all_resident()) {
+    rt.experts->residency(l, m.hp.n_expert, &s.residency);
+    resident = &s.residency;
+  }
+  const int64_t kept = apply_gating(rt.gating, l, &s.routing, resident);
   rt.routed.add(l, static_cast<uint64_t>(s.n_tokens), static_cast<uint64_t>(kept));
   if (s.hooks) s.hooks->on_routing(l, &s.routing);
   if (m.hp.expert_weights_scale != 1.0f)

@@ -133,8 +133,9 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only) {
   if (st == MOELITE_OK && args.has("--predictor"))
     st = moelite_model_params_set_expert_predictor(p, args.get("--predictor").c_str());
   int64_t depth = 1;
-  double threshold = 0.0;
-  if (!args.get_int("--predict-depth", 1, &depth, &err) || !args.get_double("--threshold", 0.0, &threshold, &err)) {
+  double threshold = 0.0, penalty = 4.0;
+  if (!args.get_int("--predict-depth", 1, &depth, &err) || !args.get_double("--threshold", 0.0, &threshold, &err) ||
+      !args.get_double("--gating-penalty", 4.0, &penalty, &err)) {
     moelite_model_params_free(p);
     return usage_error(err);
   }
@@ -146,6 +147,8 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only) {
     st = moelite_model_params_set_profile(p, args.get("--profile").c_str());
   if (st == MOELITE_OK && (args.has("--gating") || args.has("--threshold")))
     st = moelite_model_params_set_gating(p, args.get("--gating", "exact").c_str(), static_cast<float>(threshold));
+  if (st == MOELITE_OK && args.has("--gating-penalty"))
+    st = moelite_model_params_set_gating_penalty(p, static_cast<float>(penalty));
   if (st == MOELITE_OK && args.has("--per-layer")) st = moelite_model_params_set_expert_per_layer(p, 1);
   if (st == MOELITE_OK && args.has("--policy"))
     st = moelite_model_params_set_expert_policy(p, args.get("--policy").c_str());

@@ -2,6 +2,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
@@ -190,6 +191,13 @@ int cmd_bench(int argc, char** argv) {
     const double t_io = read_per_token / (storage_gbs * 1e9);
     budget_bound_tps = 1.0 / std::max(t_mem, t_io);
   }
+  // Expert reads from storage per decoded token (budget only): demand loads plus speculative loads
+  // started, each one expert read. And cache-aware gating's penalty as this machine measures it:
+  // 1 + t_read / t_compute of one expert, a decode step being memory bound (include/moelite.h).
+  char loads_json[64] = "null", penalty_json[64] = "null";
+  if (budget > 0 && n_gen > 0)
+    snprintf(loads_json, sizeof loads_json, "%.4f", double(best_stats.misses + best_stats.prefetches_issued) / double(n_gen));
+  if (storage_gbs > 0 && bound_gbs > 0) snprintf(penalty_json, sizeof penalty_json, "%.2f", 1.0 + bound_gbs / storage_gbs);
   if (args.has("--json")) {
     printf("{\"model\": \"%s\", \"arch\": \"%s\", \"expert_type\": \"%s\", \"backend\": \"%s\", \"threads\": %" PRId64
            ", \"n_prompt\": %" PRId64 ", \"n_gen\": %" PRId64
@@ -206,7 +214,9 @@ int cmd_bench(int argc, char** argv) {
            ", \"misses_per_token\": %.3f, \"storage_read_gb_s\": %.3f, \"budget_bound_tok_s\": %.3f"
            ", \"decode_fraction_of_budget_bound\": %.3f, \"predictor\": \"%s\", \"prefetch_accuracy\": %.4f"
            ", \"prefetch_precision\": %.4f, \"timeliness\": %.4f, \"on_demand_loads_per_token\": %.3f"
-           ", \"experts_per_token\": %.4f, \"gating\": \"%s\", \"threshold\": %s, \"profile\": \"%s\""
+           ", \"loads_per_token\": %s, \"suggested_gating_penalty\": %s"
+           ", \"experts_per_token\": %.4f, \"gating\": \"%s\", \"threshold\": %s, \"gating_penalty\": %s"
+           ", \"profile\": \"%s\""
            ", \"allocation\": \"%s\", \"budget_auto\": %" PRId64 ", \"budget_summary\": \"%s\", \"text\": %s"
            ", \"layers\": %s}\n",
            json_escape(path).c_str(), arch.c_str(), expert_type.c_str(), json_escape(backend_name).c_str(),
@@ -216,8 +226,9 @@ int cmd_bench(int argc, char** argv) {
            pool_bytes, store_peak_bytes, expert_slots, policy.c_str(), hit_rate, stall, read_per_token,
            n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0, storage_gbs, budget_bound_tps,
            budget_bound_tps > 0 ? decode_tps / budget_bound_tps : 0.0, json_escape(predictor).c_str(), accuracy,
-           precision, timeliness, n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0, experts_per_token,
-           json_escape(args.get("--gating", "exact")).c_str(), args.get("--threshold", "0").c_str(),
+           precision, timeliness, n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0, loads_json, penalty_json,
+           experts_per_token, json_escape(args.get("--gating", "exact")).c_str(), args.get("--threshold", "0").c_str(),
+           args.get("--gating-penalty", "4").c_str(),
            json_escape(args.get("--profile")).c_str(),
            json_escape(args.get("--allocation", args.has("--per-layer") ? "uniform" : "auto")).c_str(), budget_auto,
            json_escape(budget_text).c_str(), args.has("-f") ? ("\"" + json_escape(args.get("-f")) + "\"").c_str() : "null", layers_json.c_str());
@@ -240,8 +251,12 @@ int cmd_bench(int argc, char** argv) {
              predictor.c_str(), accuracy, precision, timeliness,
              n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0);
     if (experts_per_token > 0 && args.has("--gating"))
-      printf("gating    %s, threshold %s: %.3f experts/token\n", args.get("--gating").c_str(),
-             args.get("--threshold", "0").c_str(), experts_per_token);
+      printf("gating    %s, threshold %s: %.3f experts/token%s\n", args.get("--gating").c_str(),
+             args.get("--threshold", "0").c_str(), experts_per_token,
+             budget > 0 ? (", " + std::string(loads_json) + " expert loads/token").c_str() : "");
+    if (strcmp(penalty_json, "null") != 0)
+      printf("penalty   cache-aware gating penalty suggested by this machine: %s (1 + memory / storage bandwidth)\n",
+             penalty_json);
     if (budget_bound_tps > 0)
       printf("bound     %.2f tok/s under the budget (storage %.2f GB/s): decode at %.0f%% of it\n", budget_bound_tps,
              storage_gbs, 100.0 * decode_tps / budget_bound_tps);

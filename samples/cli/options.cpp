@@ -28,8 +28,11 @@ const std::vector<Option>& model_options() {
       {{"--predictor"}, "NAME", "none, next-gate, first-layer, learned, correlation or pregate"},
       {{"--predict-depth"}, "D", "layers ahead the predictor looks"},
       {{"--profile"}, "FILE", "calibration profile (moelite calibrate)"},
-      {{"--gating"}, "MODE", "exact, sensitivity or score"},
+      {{"--gating"}, "MODE", "exact, sensitivity, cache-aware or score"},
       {{"--threshold"}, "T", "gating threshold"},
+      {{"--gating-penalty"}, "P",
+       "cache-aware gating: threshold factor for experts not resident in the store (>= 1, default 4; "
+       "bench suggests 1 + DRAM / storage bandwidth)"},
   };
   return options;
 }

@@ -521,6 +521,24 @@ def test_sensitivity_gating_matches_reference(case):
 
 
 @needs_engine
+@pytest.mark.parametrize("case", [GATING_CASES[0], GATING_CASES[3]], ids=lambda c: c[0])
+def test_cache_aware_gating_without_budget_is_sensitivity(case):
+    """no budget: every expert is resident, so cache-aware gating (any penalty) is the reference's
+    sensitivity gating, and the engine's sensitivity logits bit for bit"""
+    model = gating_model(case)
+    ref = RF.ReferenceModel(model)
+    sens = [0.5 * 3.0 ** il for il in range(ref.n_layer)]
+    gating, want, st = sensitivity_setup(ref, TOKENS_LONG, sens)
+    check_not_vacuous(st, ref.n_expert_used)
+    prof = write_profile(os.path.join(TMP, "adaptive-ca-%s.profile.json" % case[0]), ref, sens)
+    opts = ["--threshold", repr(gating[1]), "--profile", prof]
+    aware = engine_logits(model, TOKENS_LONG, ["--gating", "cache-aware", "--gating-penalty", "50", *opts])
+    assert nmse(aware, want) < TIGHT_FLOAT
+    sensitivity = engine_logits(model, TOKENS_LONG, ["--gating", "sensitivity", *opts])
+    assert np.array_equal(aware.view(np.uint32), sensitivity.view(np.uint32))
+
+
+@needs_engine
 @pytest.mark.parametrize("edit", ["format", "n_layer", "n_expert", "layers"])
 def test_profile_for_another_model_is_rejected(edit):
     model = gating_model(GATING_CASES[0])

@@ -225,14 +225,16 @@ class Model:
 
     Model(path, threads=None, backend="auto", vocab_only=False, use_mmap=True,
           expert_budget=None, progress=None, policy=None, predictor=None, predictor_depth=None,
-          profile=None, gating=None, threshold=0.0, allocation=None, budget_headroom=None)
+          profile=None, gating=None, threshold=0.0, allocation=None, budget_headroom=None,
+          gating_penalty=None)
 
     backend: "auto", "cpu", "vulkan", "cuda" (or the moelite_backend int). threads: None for the
     library default (physical cores). vocab_only: load only the tokenizer (tokenize/detokenize/
     chat_format work, contexts cannot be created). progress: optional callable(float) -> bool,
     returning False cancels the load (MoeliteError ERR_CANCELLED). expert_budget (bytes), policy,
     predictor, predictor_depth, profile (a calibration profile path), gating ("exact",
-    "sensitivity", "score") with threshold, and allocation ("auto", "global", "uniform", "dp")
+    "sensitivity", "score", "cache-aware") with threshold (and gating_penalty, cache-aware's
+    factor for non-resident experts, None: 4), and allocation ("auto", "global", "uniform", "dp")
     are the expert-store and adaptive options of include/moelite.h, None meaning the default.
     expert_budget="auto" sizes the budget at load from the memory available then
     (moelite_model_params_set_expert_budget_auto), leaving budget_headroom bytes (None: the
@@ -243,7 +245,8 @@ class Model:
 
     def __init__(self, path, threads=None, backend="auto", vocab_only=False, use_mmap=True,
                  expert_budget=None, progress=None, policy=None, predictor=None, predictor_depth=None,
-                 profile=None, gating=None, threshold=0.0, allocation=None, budget_headroom=None):
+                 profile=None, gating=None, threshold=0.0, allocation=None, budget_headroom=None,
+                 gating_penalty=None):
         self._ptr = None
         self._contexts = weakref.WeakSet()
         self._free = _c.moelite_model_free  # kept for __del__ during interpreter shutdown
@@ -284,6 +287,8 @@ class Model:
                 _check(_c.moelite_model_params_set_profile(params, _as_bytes(str(profile), "profile")))
             if gating is not None:
                 _check(_c.moelite_model_params_set_gating(params, _as_bytes(gating, "gating"), float(threshold)))
+            if gating_penalty is not None:
+                _check(_c.moelite_model_params_set_gating_penalty(params, float(gating_penalty)))
             if progress is not None:
                 def _progress(p, _user):
                     try:
