@@ -25,13 +25,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run_json(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit("failed: %s\n%s" % (" ".join(cmd), r.stderr))
-    return json.loads(r.stdout.strip().splitlines()[-1])
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from adaptive_report import run_json  # noqa: E402
 
 
 def interpolate(points, x):

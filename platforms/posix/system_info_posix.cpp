@@ -53,6 +53,19 @@ std::string trim(std::string s) {
   return s.substr(b, s.find_last_not_of(ws) - b + 1);
 }
 
+// The lines of a text file, without their '\n' (a last line without one included).
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t eol = text.find('\n', pos);
+    if (eol == std::string::npos) eol = text.size();
+    lines.push_back(text.substr(pos, eol - pos));
+    pos = eol + 1;
+  }
+  return lines;
+}
+
 // A non-negative decimal integer filling the whole (trimmed) text; false for anything else
 // ("max", "-1", "12abc", overflow).
 bool parse_u64(const std::string& text, uint64_t* out) {
@@ -77,12 +90,7 @@ bool read_u64(const std::string& path, uint64_t* out) {
 // "Key:   1234 kB" lines of /proc/meminfo, in bytes.
 std::map<std::string, uint64_t> parse_meminfo(const std::string& text) {
   std::map<std::string, uint64_t> kv;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t eol = text.find('\n', pos);
-    if (eol == std::string::npos) eol = text.size();
-    const std::string line = text.substr(pos, eol - pos);
-    pos = eol + 1;
+  for (const std::string& line : split_lines(text)) {
     const size_t colon = line.find(':');
     if (colon == std::string::npos) continue;
     std::string value = trim(line.substr(colon + 1));
@@ -133,12 +141,7 @@ void tightest_cgroup(const std::string& mount, std::string path, const char* lim
 void read_cgroups(const std::string& root, MemoryInfo* mem) {
   std::string text;
   if (!read_text(join(root, "/proc/self/cgroup"), &text)) return;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t eol = text.find('\n', pos);
-    if (eol == std::string::npos) eol = text.size();
-    const std::string line = text.substr(pos, eol - pos);
-    pos = eol + 1;
+  for (const std::string& line : split_lines(text)) {
     // "hierarchy-id:controllers:path"; v2 is "0::path".
     const size_t c1 = line.find(':');
     const size_t c2 = c1 == std::string::npos ? std::string::npos : line.find(':', c1 + 1);
@@ -160,12 +163,7 @@ void read_cgroups(const std::string& root, MemoryInfo* mem) {
 // Per-CPU blocks of /proc/cpuinfo as key -> value maps, in order.
 std::vector<std::map<std::string, std::string>> parse_cpuinfo(const std::string& text) {
   std::vector<std::map<std::string, std::string>> blocks(1);
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t eol = text.find('\n', pos);
-    if (eol == std::string::npos) eol = text.size();
-    const std::string line = text.substr(pos, eol - pos);
-    pos = eol + 1;
+  for (const std::string& line : split_lines(text)) {
     if (trim(line).empty()) {
       if (!blocks.back().empty()) blocks.emplace_back();
       continue;

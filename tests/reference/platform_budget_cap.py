@@ -22,25 +22,15 @@ CGROUP_ROOT = "/sys/fs/cgroup/memory"
 SKIP = 77
 MiB = 1 << 20
 
+sys.path.insert(0, HERE)
+# The same synthetic model as the memory-cap tests: 4 layers x 32 experts of Q8_0 (about 440 MB),
+# a dense part of a few MiB.
+from test_memory_cap import make_model  # noqa: E402
+
 
 def skip(reason):
     print("SKIP: " + reason)
     sys.exit(SKIP)
-
-
-def make_model():
-    # The same synthetic model as test_memory_cap.py: 4 layers x 32 experts of Q8_0 (about 440 MB),
-    # a dense part of a few MiB.
-    tmp = os.path.join(os.environ.get("MOELITE_TEST_TMP", "/tmp/moelite-ref-tests"), "memory-cap")
-    os.makedirs(tmp, exist_ok=True)
-    path = os.path.join(tmp, "qwen3moe-440MB-Q8_0.gguf")
-    if not os.path.exists(path):
-        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_tiny_model.py"), "--arch", "qwen3moe",
-                        "--type", "Q8_0", "--n-embd", "1024", "--n-layer", "4", "--n-expert", "32",
-                        "--n-expert-used", "4", "--n-ff-exp", "1024", "--n-head", "8", "--n-head-kv", "4",
-                        "--seed", "3", "--out", path + ".part", "--quiet"], check=True)
-        os.rename(path + ".part", path)
-    return path
 
 
 def model_facts(model):
