@@ -3,12 +3,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <functional>
-#include <string>
-#include <system_error>
-#include <thread>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <string>
+#include <thread>
 
 #include "base/quant_ref.h"
 #include "core/adaptive/predictor.h"
@@ -125,7 +124,8 @@ class Hooks final : public ForwardHooks {
 };
 
 // Runs fn(0) .. fn(n - 1) on up to n_threads threads (the caller's included); each index once.
-// Where the OS refuses a thread, the threads already running (or the caller alone) do the rest.
+// Where a thread cannot be started, the threads already running (or the caller alone) do the
+// rest. fn must not throw (the predictor tasks catch their own std::bad_alloc).
 template <class Fn>
 void parallel_for(int n_threads, int64_t n, const Fn& fn) {
   std::atomic<int64_t> next{0};
@@ -136,7 +136,7 @@ void parallel_for(int n_threads, int64_t n, const Fn& fn) {
   for (int t = 1; t < n_threads && t < n; ++t) {
     try {
       threads.emplace_back(work);
-    } catch (const std::system_error&) {
+    } catch (...) {  // std::system_error, or std::bad_alloc for the thread's state: fewer threads
       break;
     }
   }
