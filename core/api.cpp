@@ -459,6 +459,19 @@ MOELITE_API moelite_status moelite_calibrate_params_set_holdout(moelite_calibrat
   });
 }
 
+MOELITE_API moelite_status moelite_calibrate_params_set_sensitivity_tokens(moelite_calibrate_params* p,
+                                                                           int64_t tokens) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (tokens < -1)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "sensitivity tokens %lld must be -1 (default), 0 (all) or positive",
+                  static_cast<long long>(tokens));
+    p->opts.sensitivity_tokens = tokens;
+    return MOELITE_OK;
+  });
+}
+
 MOELITE_API moelite_status moelite_calibrate_params_set_progress_callback(moelite_calibrate_params* p,
                                                                           moelite_progress_fn fn, void* user_data) {
   const char* const api_fn = __func__;

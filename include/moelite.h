@@ -495,7 +495,14 @@ MOELITE_API moelite_status moelite_calibrate_params_set_window(moelite_calibrate
 MOELITE_API moelite_status moelite_calibrate_params_set_stride(moelite_calibrate_params* params, int32_t stride);
 /** Share of the tokens kept out of predictor fitting, in (0, 1). */
 MOELITE_API moelite_status moelite_calibrate_params_set_holdout(moelite_calibrate_params* params, double share);
-/** Progress in [0, 1] after every window; returning 0 cancels (MOELITE_ERR_CANCELLED). */
+/** Tokens the sensitivity passes run on (the 2 x n_layers perturbed forward passes per window
+ *  that measure S_l): whole windows evenly spread over the corpus, as many as cover `tokens`.
+ *  -1 (the default): max(4096, 196608 / n_layers), which keeps those passes near 393216
+ *  token-passes whatever the depth; 0: every window. Everything else uses every token. */
+MOELITE_API moelite_status moelite_calibrate_params_set_sensitivity_tokens(moelite_calibrate_params* params,
+                                                                           int64_t tokens);
+/** Progress in [0, 1] after every forward pass, in proportion to the work (forward passes, then
+ *  the fitting); returning 0 cancels (MOELITE_ERR_CANCELLED). */
 MOELITE_API moelite_status moelite_calibrate_params_set_progress_callback(moelite_calibrate_params* params,
                                                                           moelite_progress_fn fn, void* user_data);
 
@@ -505,8 +512,10 @@ MOELITE_API moelite_status moelite_calibrate_params_set_progress_callback(moelit
  *  dropped, over the squared dropped weight; also by a 10 % finite difference), expert use
  *  counts, experts per token under sensitivity gating at a grid of thresholds, per-layer LRU
  *  hit-rate curves against cache size, and the first-layer, learned and correlation predictors
- *  with every predictor's held-out accuracy per layer. Costs (1 + 2 x n_layers) forward passes
- *  per window. The model must have been loaded with exact gating, and no other context of it
+ *  with every predictor's held-out accuracy per layer. Costs one forward pass per window, plus
+ *  2 x n_layers more (and a KL divergence over the vocabulary each) on the windows of the
+ *  sensitivity sample (moelite_calibrate_params_set_sensitivity_tokens), plus the ridge fits
+ *  (O(n_embd^2) per captured token and layer, on the backend's threads). The model must have been loaded with exact gating, and no other context of it
  *  may evaluate meanwhile. `params` may be NULL. Existing files are replaced only once complete.
  *  Errors: MOELITE_ERR_INVALID_ARGUMENT (fewer than 2 tokens, bad tokens, non-exact gating),
  *  MOELITE_ERR_IO (cannot write), MOELITE_ERR_CANCELLED, and evaluation errors. */

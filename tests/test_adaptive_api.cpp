@@ -361,6 +361,43 @@ TEST_F(AdaptiveApi, BadInputsGetTheirOwnStatus) {
 #include "core/model.h"
 #include "core/runtime.h"
 
+// The sensitivity sample: whole windows, recorded in the profile; the progress callback rises
+// steadily to 1.
+TEST_F(AdaptiveApi, SensitivitySampleIsRecordedAndProgressRisesToOne) {
+  Loaded l;
+  ASSERT_EQ(load(Params(), &l), MOELITE_OK);
+  std::vector<int32_t> corpus = corpus_tokens(l.model, 2000);
+  ASSERT_GE(corpus.size(), 256u);
+  const std::string path = testing::TempDir() + "moelite-sample-" + std::to_string(getpid()) + ".json";
+  auto read = [&] {
+    std::ifstream f(path);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  moelite_calibrate_params* cp = moelite_calibrate_params_create();
+  EXPECT_EQ(moelite_calibrate_params_set_sensitivity_tokens(cp, -2), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_calibrate_params_set_sensitivity_tokens(nullptr, 0), MOELITE_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(moelite_calibrate_params_set_window(cp, 64), MOELITE_OK);
+  ASSERT_EQ(moelite_calibrate_params_set_sensitivity_tokens(cp, 65), MOELITE_OK);  // two windows
+  std::vector<float> seen;
+  auto record = [](float p, void* user) {
+    static_cast<std::vector<float>*>(user)->push_back(p);
+    return 1;
+  };
+  ASSERT_EQ(moelite_calibrate_params_set_progress_callback(cp, record, &seen), MOELITE_OK);
+  ASSERT_EQ(moelite_calibrate(l.model, corpus.data(), 256, cp, path.c_str()), MOELITE_OK) << moelite_last_error();
+  EXPECT_NE(read().find("\"sensitivity_tokens\": 128"), std::string::npos) << read();
+  ASSERT_GT(seen.size(), 4u);
+  for (size_t i = 1; i < seen.size(); ++i) EXPECT_GE(seen[i], seen[i - 1]);
+  EXPECT_EQ(seen.back(), 1.0f);
+  EXPECT_LT(seen[seen.size() - 2], 1.0f);
+  ASSERT_EQ(moelite_calibrate_params_set_sensitivity_tokens(cp, 0), MOELITE_OK);  // every window
+  ASSERT_EQ(moelite_calibrate(l.model, corpus.data(), 256, cp, path.c_str()), MOELITE_OK);
+  EXPECT_NE(read().find("\"sensitivity_tokens\": 256"), std::string::npos);
+  moelite_calibrate_params_free(cp);
+  std::remove(path.c_str());
+  std::remove((path + ".bin").c_str());
+}
+
 TEST(ExpertStorePredictions, DeeperGuessesWaitForNearerOnesToBeResident) {
   moelite::LoadOptions o;
   o.n_threads = 1;

@@ -728,3 +728,49 @@ TEST(ReplayOrdered, MatchesNaiveReferenceOnRandomTraces) {
       }
   }
 }
+
+// The one-pass LRU hit curves (calibration's) equal one replay per capacity, on skewed random
+// traces with pinned multi-expert entries, per layer; repeats within an entry are hits.
+TEST(TraceReplay, LruHitCurvesEqualReplayAtEveryCapacity) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 6; ++trial) {
+    Trace t;
+    t.n_layers = 1 + trial % 3;
+    t.n_experts = 8 + 4 * trial;
+    t.top_k = 1 + trial % 4;
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    for (int64_t tok = 0; tok < 400; ++tok)
+      for (int32_t l = 0; l < t.n_layers; ++l) {
+        TraceEntry e;
+        e.token = tok;
+        e.layer = l;
+        while (static_cast<int32_t>(e.experts.size()) < t.top_k) {
+          // skewed: low ids far more often, so every depth occurs
+          const int32_t x = static_cast<int32_t>(std::pow(u(rng), 2.5) * t.n_experts);
+          if (std::find(e.experts.begin(), e.experts.end(), x) == e.experts.end()) e.experts.push_back(x);
+        }
+        t.entries.push_back(e);
+      }
+    std::vector<std::vector<double>> curves;
+    ASSERT_EQ(lru_hit_curves(t, &curves), MOELITE_OK);
+    ASSERT_EQ(curves.size(), static_cast<size_t>(t.n_layers));
+    for (int64_t c = t.top_k; c <= t.n_experts; ++c) {
+      ReplayResult r;
+      ASSERT_EQ(replay(t, "lru", c, false, &r), MOELITE_OK);
+      for (int32_t l = 0; l < t.n_layers; ++l)
+        EXPECT_DOUBLE_EQ(curves[static_cast<size_t>(l)][static_cast<size_t>(c)], r.per_layer_hit_rate[static_cast<size_t>(l)])
+            << "trial " << trial << " layer " << l << " capacity " << c;
+    }
+  }
+  Trace dup;
+  dup.n_layers = 1;
+  dup.n_experts = 4;
+  dup.entries.push_back({0, 0, {2, 2}});
+  std::vector<std::vector<double>> curves;
+  ASSERT_EQ(lru_hit_curves(dup, &curves), MOELITE_OK);
+  EXPECT_DOUBLE_EQ(curves[0][2], 0.5);  // the repeat hits, as replay counts it
+  dup.entries.push_back({1, 3, {0}});
+  EXPECT_EQ(lru_hit_curves(dup, &curves), MOELITE_ERR_INVALID_ARGUMENT);
+  dup.entries.back() = {1, 0, {7}};
+  EXPECT_EQ(lru_hit_curves(dup, &curves), MOELITE_ERR_INVALID_ARGUMENT);
+}

@@ -1,8 +1,13 @@
 #include "core/adaptive/calibrate.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <string>
+#include <thread>
 
 #include "base/quant_ref.h"
 #include "core/adaptive/predictor.h"
@@ -118,27 +123,80 @@ class Hooks final : public ForwardHooks {
   double alpha_ = 1.0, dropped_sq_ = 0.0;
 };
 
-// log-softmax of each row, in double.
-void log_softmax_rows(const float* logits, int32_t rows, int32_t n_vocab, std::vector<double>* out) {
-  out->resize(static_cast<size_t>(rows) * static_cast<size_t>(n_vocab));
-  for (int32_t r = 0; r < rows; ++r) {
+// Runs fn(0) .. fn(n - 1) on up to n_threads threads (the caller's included); each index once.
+// Where a thread cannot be started, the threads already running (or the caller alone) do the
+// rest. fn must not throw (the predictor tasks catch their own std::bad_alloc).
+template <class Fn>
+void parallel_for(int n_threads, int64_t n, const Fn& fn) {
+  std::atomic<int64_t> next{0};
+  auto work = [&] {
+    for (int64_t i; (i = next.fetch_add(1)) < n;) fn(i);
+  };
+  std::vector<std::thread> threads;
+  for (int t = 1; t < n_threads && t < n; ++t) {
+    try {
+      threads.emplace_back(work);
+    } catch (...) {  // std::system_error, or std::bad_alloc for the thread's state: fewer threads
+      break;
+    }
+  }
+  work();
+  for (std::thread& t : threads) t.join();
+}
+
+// The reference distribution of a window's rows, kept in the form the KL needs: P (probabilities),
+// and per row sum_v P_v log P_v and sum_v P_v (1 up to rounding).
+struct RefDist {
+  int32_t rows = 0, n_vocab = 0;
+  std::vector<double> p, plogp, psum;
+};
+
+void reference_dist(const float* logits, int32_t rows, int32_t n_vocab, int n_threads, RefDist* out) {
+  out->rows = rows;
+  out->n_vocab = n_vocab;
+  out->p.resize(static_cast<size_t>(rows) * static_cast<size_t>(n_vocab));
+  out->plogp.assign(static_cast<size_t>(rows), 0.0);
+  out->psum.assign(static_cast<size_t>(rows), 0.0);
+  parallel_for(n_threads, rows, [&](int64_t r) {
     const float* l = logits + static_cast<size_t>(r) * n_vocab;
+    double* p = out->p.data() + static_cast<size_t>(r) * n_vocab;
     double mx = l[0];
     for (int32_t v = 1; v < n_vocab; ++v) mx = std::max(mx, static_cast<double>(l[v]));
     double sum = 0.0;
-    for (int32_t v = 0; v < n_vocab; ++v) sum += std::exp(l[v] - mx);
-    const double lse = mx + std::log(sum);
-    double* o = out->data() + static_cast<size_t>(r) * n_vocab;
-    for (int32_t v = 0; v < n_vocab; ++v) o[v] = l[v] - lse;
-  }
+    for (int32_t v = 0; v < n_vocab; ++v) sum += (p[v] = std::exp(l[v] - mx));
+    const double lse = mx + std::log(sum), inv = 1.0 / sum;
+    double plogp = 0.0, psum = 0.0;
+    for (int32_t v = 0; v < n_vocab; ++v) {
+      p[v] *= inv;
+      plogp += p[v] * (l[v] - lse);
+      psum += p[v];
+    }
+    out->plogp[static_cast<size_t>(r)] = plogp;
+    out->psum[static_cast<size_t>(r)] = psum;
+  });
 }
 
-// sum over rows of KL(P || Q) with P given as log-probabilities.
-double kl_sum(const std::vector<double>& logp, const float* q_logits, int32_t rows, int32_t n_vocab) {
-  std::vector<double> logq;
-  log_softmax_rows(q_logits, rows, n_vocab, &logq);
-  double kl = 0.0;
-  for (size_t i = 0; i < logp.size(); ++i) kl += std::exp(logp[i]) * (logp[i] - logq[i]);
+// sum over rows of KL(P || Q), Q given as logits: per row
+//   sum_v P_v (log P_v - log Q_v) = sum_v P_v log P_v - sum_v P_v q_v + lse(q) sum_v P_v,
+// one exp per logit (the log-sum-exp of q) and no row of log Q stored; in double, as before.
+double kl_sum(const RefDist& ref, const float* q_logits, int n_threads, std::vector<double>* row_kl) {
+  const int32_t V = ref.n_vocab;
+  row_kl->assign(static_cast<size_t>(ref.rows), 0.0);
+  parallel_for(n_threads, ref.rows, [&](int64_t r) {
+    const float* q = q_logits + static_cast<size_t>(r) * V;
+    const double* p = ref.p.data() + static_cast<size_t>(r) * V;
+    double mx = q[0];
+    for (int32_t v = 1; v < V; ++v) mx = std::max(mx, static_cast<double>(q[v]));
+    double sum = 0.0, pq = 0.0;
+    for (int32_t v = 0; v < V; ++v) {
+      sum += std::exp(q[v] - mx);
+      pq += p[v] * q[v];
+    }
+    const double lse = mx + std::log(sum);
+    (*row_kl)[static_cast<size_t>(r)] = ref.plogp[static_cast<size_t>(r)] - pq + lse * ref.psum[static_cast<size_t>(r)];
+  });
+  double kl = 0.0;  // summed in row order: the same for any thread count
+  for (double v : *row_kl) kl += v;
   return kl;
 }
 
@@ -168,6 +226,10 @@ struct Hits {
 };
 
 }  // namespace
+
+int64_t default_sensitivity_tokens(int32_t n_layer) {
+  return std::max<int64_t>(kMinSensitivityTokens, kSensitivityTokenPasses / (2 * std::max(1, n_layer)));
+}
 
 Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens, const CalibrateOptions& o,
                  Profile* out) {
@@ -201,6 +263,40 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
   rec.final_state.assign(static_cast<size_t>(rec.capture_limit * D), 0.0f);
   rec.window_last.assign(static_cast<size_t>(n), 0);
 
+  using Clock = std::chrono::steady_clock;
+  auto seconds_since = [](Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  const int n_threads = std::max(1, rt.backend->n_threads());
+
+  // The windows, and those the sensitivity passes run on: evenly spread over the corpus, enough
+  // of them for o.sensitivity_tokens (all when that covers the corpus).
+  std::vector<int64_t> starts;
+  for (int64_t w0 = 0; w0 < n; w0 += o.window) {
+    if (std::min<int64_t>(o.window, n - w0) < 2 && w0 > 0) break;
+    starts.push_back(w0);
+  }
+  const int64_t n_windows = static_cast<int64_t>(starts.size());
+  const int64_t sens_budget = o.sensitivity_tokens < 0 ? default_sensitivity_tokens(L) : o.sensitivity_tokens;
+  int64_t n_sens = 0;
+  if (k >= 2)
+    n_sens = sens_budget == 0 || sens_budget >= n
+                 ? n_windows
+                 : std::clamp<int64_t>((sens_budget + o.window - 1) / o.window, 1, n_windows);
+  std::vector<uint8_t> sens_window(static_cast<size_t>(n_windows), 0);
+  for (int64_t j = 0; j < n_sens; ++j) sens_window[static_cast<size_t>(j * n_windows / n_sens)] = 1;
+
+  // Progress in forward passes (the sensitivity passes cost a little more: the KL), plus the
+  // fitting afterwards, guessed at a twentieth of the passes.
+  const double pass_units = static_cast<double>(n_windows + 2 * L * n_sens);
+  const double total_units = pass_units * 1.05 + 1.0;
+  double done_units = 0.0;
+  auto report = [&](double units) {
+    done_units += units;
+    return !o.progress ||
+           o.progress(static_cast<float>(std::min(1.0, done_units / total_units)), o.progress_user) != 0;
+  };
+
   ContextOptions co;
   co.n_ctx = o.window;
   co.n_batch = o.window;
@@ -213,32 +309,54 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
   // dropped (alpha 0) or scaled by fd_alpha, and the squared weight removed.
   std::vector<double> kl_drop(static_cast<size_t>(L)), sq_drop(static_cast<size_t>(L)), kl_fd(static_cast<size_t>(L)),
       sq_fd(static_cast<size_t>(L));
-  const int64_t n_windows = (n + o.window - 1) / o.window;
-  std::vector<double> logp;
-  for (int64_t w0 = 0, wi = 0; w0 < n; w0 += o.window, ++wi) {
+  RefDist ref;
+  std::vector<double> row_kl;
+  int64_t sens_tokens = 0;
+  double t_ref = 0.0, t_pass = 0.0, t_kl = 0.0;
+  auto cancelled = [&]() {
+    ctx->set_hooks(nullptr);
+    return fail(MOELITE_ERR_CANCELLED, "calibration cancelled by the progress callback");
+  };
+  for (int64_t wi = 0; wi < n_windows; ++wi) {
+    const int64_t w0 = starts[static_cast<size_t>(wi)];
     const int32_t len = static_cast<int32_t>(std::min<int64_t>(o.window, n - w0));
-    if (len < 2 && w0 > 0) break;
+    const bool sens = sens_window[static_cast<size_t>(wi)] != 0;
+    Clock::time_point t0 = Clock::now();
     ctx->truncate(0);
     hooks.record(w0);
-    MOELITE_TRY(ctx->eval(tokens.data() + w0, len, true));
-    log_softmax_rows(ctx->logits(0), len, V, &logp);
-    for (int32_t l = 0; l < L && k >= 2; ++l) {
+    // Only the sensitivity windows need the logits of every row.
+    MOELITE_TRY(ctx->eval(tokens.data() + w0, len, sens));
+    t_ref += seconds_since(t0);
+    if (!report(1.0)) return cancelled();
+    if (!sens) continue;
+    t0 = Clock::now();
+    reference_dist(ctx->logits(0), len, V, n_threads, &ref);
+    t_kl += seconds_since(t0);
+    sens_tokens += len;
+    for (int32_t l = 0; l < L; ++l) {
       for (int pass = 0; pass < 2; ++pass) {
+        t0 = Clock::now();
         ctx->truncate(0);
         hooks.perturb(l, pass == 0 ? 0.0 : o.fd_alpha);
         MOELITE_TRY(ctx->eval(tokens.data() + w0, len, true));
-        const double kl = kl_sum(logp, ctx->logits(0), len, V);
+        t_pass += seconds_since(t0);
+        t0 = Clock::now();
+        const double kl = kl_sum(ref, ctx->logits(0), n_threads, &row_kl);
+        t_kl += seconds_since(t0);
         (pass == 0 ? kl_drop : kl_fd)[static_cast<size_t>(l)] += kl;
         (pass == 0 ? sq_drop : sq_fd)[static_cast<size_t>(l)] += hooks.dropped_sq();
+        if (!report(1.0)) return cancelled();
       }
-    }
-    if (o.progress && !o.progress(static_cast<float>(wi + 1) / static_cast<float>(n_windows + 1), o.progress_user)) {
-      ctx->set_hooks(nullptr);
-      return fail(MOELITE_ERR_CANCELLED, "calibration cancelled by the progress callback");
     }
   }
   ctx->set_hooks(nullptr);
   ctx.reset();
+  log_msg(MOELITE_LOG_INFO,
+          "calibrate: %lld windows of %d tokens, %lld with sensitivity passes (%lld tokens); reference passes %.2f s, "
+          "sensitivity passes %.2f s, KL %.2f s",
+          static_cast<long long>(n_windows), o.window, static_cast<long long>(n_sens),
+          static_cast<long long>(sens_tokens), t_ref, t_pass, t_kl);
+  const Clock::time_point t_post = Clock::now();
 
   Profile p;
   p.arch = hp.arch;
@@ -248,6 +366,7 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
   p.n_embd = D;
   p.n_tokens = n;
   p.window = o.window;
+  p.sensitivity_tokens = sens_tokens;
   p.learned_stride = o.stride;
   p.layers.resize(static_cast<size_t>(L));
   auto slot = [&](int64_t t, int32_t l) { return static_cast<size_t>((t * L + l) * k); };
@@ -305,13 +424,17 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
           e.experts.push_back(rec.ids[slot(t, l) + static_cast<size_t>(j)]);
       trace.entries.push_back(std::move(e));
     }
-  for (LayerProfile& lp : p.layers) lp.hit_curve.assign(static_cast<size_t>(E) + 1, 0.0);
-  for (int32_t c = k; c <= E; ++c) {
-    ReplayResult r;
-    MOELITE_TRY(replay(trace, "lru", c, false, &r));
-    for (int32_t l = 0; l < L; ++l)
-      p.layers[static_cast<size_t>(l)].hit_curve[static_cast<size_t>(c)] = r.per_layer_hit_rate[static_cast<size_t>(l)];
+  // One stack-distance pass gives every capacity (what `replay(trace, "lru", c)` gives per c);
+  // below top-k, where replay cannot run, the curve stays 0.
+  std::vector<std::vector<double>> curves;
+  MOELITE_TRY(lru_hit_curves(trace, &curves));
+  for (int32_t l = 0; l < L; ++l) {
+    std::vector<double>& curve = p.layers[static_cast<size_t>(l)].hit_curve;
+    curve.assign(static_cast<size_t>(E) + 1, 0.0);
+    for (int32_t c = k; c <= E; ++c) curve[static_cast<size_t>(c)] = curves[static_cast<size_t>(l)][static_cast<size_t>(c)];
   }
+  const double t_curves = seconds_since(t_post);
+  if (!report(pass_units * 0.01)) return fail(MOELITE_ERR_CANCELLED, "calibration cancelled by the progress callback");
 
   // Predictors: fitted on the first (1 - holdout) of the captured tokens, scored on the rest.
   const int64_t cap = rec.capture_limit;
@@ -324,57 +447,67 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
         (*y)[static_cast<size_t>(rec.ids[slot(t, l) + static_cast<size_t>(j)])] = 1.0f;
   };
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  std::vector<float> y(static_cast<size_t>(E)), scores(static_cast<size_t>(E));
+
+  // The fits and scorings below are independent per layer: tasks spread over the backend's
+  // threads, each writing only its own outputs (the accuracy rows are created beforehand).
+  std::vector<std::function<Status()>> tasks;
 
   // learned: layer l's MoE input -> layer l + stride's experts.
   p.learned.assign(static_cast<size_t>(L), LinearMap());
   std::vector<double>& acc_learned = p.accuracy["learned"];
   acc_learned.assign(static_cast<size_t>(L), nan);
-  for (int32_t l = 0; l + o.stride < L; ++l) {
-    RidgeAccumulator ridge(D, E);
-    for (int64_t t = 0; t < n_train; ++t) {
-      multi_hot(t, l + o.stride, &y);
-      ridge.add(xn_at(t, l), y.data());
-    }
-    MOELITE_TRY(ridge.solve(1e-3, &p.learned[static_cast<size_t>(l)]));
-    Hits h;
-    for (int64_t t = n_train; t < cap; ++t) {
-      p.learned[static_cast<size_t>(l)].apply(xn_at(t, l), scores.data());
-      h.add(top_indices(scores.data(), E, k), rec.ids.data() + slot(t, l + o.stride), k);
-    }
-    acc_learned[static_cast<size_t>(l + o.stride)] = h.share();
-  }
+  for (int32_t l = 0; l + o.stride < L; ++l)
+    tasks.push_back([&, l]() -> Status {
+      std::vector<float> y(static_cast<size_t>(E)), scores(static_cast<size_t>(E));
+      RidgeAccumulator ridge(D, E);
+      for (int64_t t = 0; t < n_train; ++t) {
+        multi_hot(t, l + o.stride, &y);
+        ridge.add(xn_at(t, l), y.data());
+      }
+      MOELITE_TRY(ridge.solve(1e-3, &p.learned[static_cast<size_t>(l)]));
+      Hits h;
+      for (int64_t t = n_train; t < cap; ++t) {
+        p.learned[static_cast<size_t>(l)].apply(xn_at(t, l), scores.data());
+        h.add(top_indices(scores.data(), E, k), rec.ids.data() + slot(t, l + o.stride), k);
+      }
+      acc_learned[static_cast<size_t>(l + o.stride)] = h.share();
+      return MOELITE_OK;
+    });
 
   // first-layer: this token's final state -> the next token's layer-0 experts (within a window).
-  {
+  std::vector<double>& acc_first = p.accuracy["first-layer"];
+  acc_first.assign(static_cast<size_t>(L), nan);
+  tasks.push_back([&]() -> Status {
+    std::vector<float> y(static_cast<size_t>(E)), scores(static_cast<size_t>(E));
     RidgeAccumulator ridge(D, E);
     for (int64_t t = 0; t + 1 < n_train; ++t) {
       if (rec.window_last[static_cast<size_t>(t)]) continue;
       multi_hot(t + 1, 0, &y);
       ridge.add(rec.final_state.data() + static_cast<size_t>(t) * D, y.data());
     }
-    std::vector<double>& acc = p.accuracy["first-layer"];
-    acc.assign(static_cast<size_t>(L), nan);
-    if (ridge.samples() > 0) {
-      MOELITE_TRY(ridge.solve(1e-3, &p.first_layer));
-      Hits h;
-      for (int64_t t = n_train; t + 1 < cap; ++t) {
-        if (rec.window_last[static_cast<size_t>(t)]) continue;
-        p.first_layer.apply(rec.final_state.data() + static_cast<size_t>(t) * D, scores.data());
-        h.add(top_indices(scores.data(), E, k), rec.ids.data() + slot(t + 1, 0), k);
-      }
-      acc[0] = h.share();
+    if (ridge.samples() == 0) return MOELITE_OK;
+    MOELITE_TRY(ridge.solve(1e-3, &p.first_layer));
+    Hits h;
+    for (int64_t t = n_train; t + 1 < cap; ++t) {
+      if (rec.window_last[static_cast<size_t>(t)]) continue;
+      p.first_layer.apply(rec.final_state.data() + static_cast<size_t>(t) * D, scores.data());
+      h.add(top_indices(scores.data(), E, k), rec.ids.data() + slot(t + 1, 0), k);
     }
-  }
+    acc_first[0] = h.share();
+    return MOELITE_OK;
+  });
 
   // next-gate (depth 1) and pregate: routers applied on the host, as the live predictors do on the backend.
-  {
-    std::vector<double>& acc_ng = p.accuracy["next-gate"];
-    acc_ng.assign(static_cast<size_t>(L), nan);
-    std::vector<double> acc_pg(static_cast<size_t>(L), nan);
-    bool any_pregate = false;
-    std::vector<float> normed(static_cast<size_t>(D));
-    for (int32_t l = 0; l + 1 < L; ++l) {
+  std::vector<double>& acc_ng = p.accuracy["next-gate"];
+  acc_ng.assign(static_cast<size_t>(L), nan);
+  std::vector<double> acc_pg(static_cast<size_t>(L), nan);
+  bool any_pregate = false;
+  for (int32_t l = 0; l + 1 < L; ++l) {
+    const WeightView& pg = m.layers[static_cast<size_t>(l)].pregate;
+    const bool has_pregate = pg.valid() && pg.data;
+    any_pregate = any_pregate || has_pregate;
+    tasks.push_back([&, l, has_pregate]() -> Status {
+      std::vector<float> normed(static_cast<size_t>(D)), scores(static_cast<size_t>(E));
       const LayerWeights& next = m.layers[static_cast<size_t>(l + 1)];
       const LinearMap router = as_linear_map(next.router);
       Hits h;
@@ -385,10 +518,8 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
         h.add(top_indices(scores.data(), E, k), rec.ids.data() + slot(t, l + 1), k);
       }
       acc_ng[static_cast<size_t>(l + 1)] = h.share();
-      const WeightView& pg = m.layers[static_cast<size_t>(l)].pregate;
-      if (pg.valid() && pg.data) {
-        any_pregate = true;
-        const LinearMap pre = as_linear_map(pg);
+      if (has_pregate) {
+        const LinearMap pre = as_linear_map(m.layers[static_cast<size_t>(l)].pregate);
         Hits hp_hits;
         for (int64_t t = n_train; t < cap; ++t) {
           pre.apply(xn_at(t, l), scores.data());
@@ -396,9 +527,26 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
         }
         acc_pg[static_cast<size_t>(l + 1)] = hp_hits.share();
       }
-    }
-    if (any_pregate) p.accuracy["pregate"] = acc_pg;
+      return MOELITE_OK;
+    });
   }
+  std::vector<Status> task_status(tasks.size(), MOELITE_OK);
+  std::vector<std::string> task_error(tasks.size());
+  parallel_for(n_threads, static_cast<int64_t>(tasks.size()), [&](int64_t i) {
+    const size_t at = static_cast<size_t>(i);
+    try {
+      task_status[at] = tasks[at]();
+      if (task_status[at] != MOELITE_OK) task_error[at] = last_error_message();  // this thread's message
+    } catch (const std::bad_alloc&) {
+      task_status[at] = MOELITE_ERR_OUT_OF_MEMORY;
+      task_error[at] = "out of memory fitting the predictors";
+    }
+  });
+  for (size_t i = 0; i < tasks.size(); ++i)
+    if (task_status[i] != MOELITE_OK) return fail(task_status[i], "%s", task_error[i].c_str());
+  if (any_pregate) p.accuracy["pregate"] = acc_pg;
+  const double t_predictors = seconds_since(t_post) - t_curves;
+  if (!report(pass_units * 0.04)) return fail(MOELITE_ERR_CANCELLED, "calibration cancelled by the progress callback");
 
   // correlation: co-activation counts of consecutive layers; scored on held-out tokens with the
   // table of the training tokens, saved with the counts of all tokens (the live table's seed).
@@ -409,6 +557,7 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
     acc.assign(static_cast<size_t>(L), nan);
     p.correlation.assign(static_cast<size_t>(std::max(0, L - 1)), {});
     const int64_t split = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(n) * (1.0 - o.holdout)));
+    std::vector<float> scores(static_cast<size_t>(E));
     for (int32_t l = 0; l + 1 < L; ++l) {
       CorrelationTable table(E, {});
       for (int64_t t = 0; t < split; ++t) table.add(rec.ids.data() + slot(t, l), k, rec.ids.data() + slot(t, l + 1), k);
@@ -422,6 +571,8 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
       p.correlation[static_cast<size_t>(l)] = table.counts();
     }
   }
+  log_msg(MOELITE_LOG_INFO, "calibrate: hit curves %.2f s, predictors %.2f s (%d threads), the rest %.2f s", t_curves,
+          t_predictors, n_threads, seconds_since(t_post) - t_curves - t_predictors);
   if (o.progress) o.progress(1.0f, o.progress_user);
   *out = std::move(p);
   return MOELITE_OK;

@@ -155,7 +155,9 @@ Status Profile::save(const std::string& path) const {
   o << "{\n  \"format\": \"" << kFormat << "\",\n  \"version\": " << kVersion << ",\n";
   o << "  \"model\": {\"arch\": " << json::quote(arch) << ", \"n_layer\": " << n_layer << ", \"n_expert\": " << n_expert
     << ", \"n_expert_used\": " << n_expert_used << ", \"n_embd\": " << n_embd << "},\n";
-  o << "  \"calibration\": {\"tokens\": " << n_tokens << ", \"window\": " << window << "},\n";
+  o << "  \"calibration\": {\"tokens\": " << n_tokens << ", \"window\": " << window;
+  if (sensitivity_tokens > 0) o << ", \"sensitivity_tokens\": " << sensitivity_tokens;
+  o << "},\n";
   o << "  \"layers\": [\n";
   for (size_t l = 0; l < layers.size(); ++l) {
     const LayerProfile& lp = layers[l];
@@ -226,6 +228,8 @@ Status Profile::load(const std::string& path, Profile* out) {
       MOELITE_TRY(f.integer(*cal, "window", 0, 1 << 24, &v));
       p.window = static_cast<int32_t>(v);
     }
+    if (cal->find("sensitivity_tokens"))
+      MOELITE_TRY(f.integer(*cal, "sensitivity_tokens", 0, INT64_MAX / 2, &p.sensitivity_tokens));
   }
 
   const json::Value* layers = root.find("layers");

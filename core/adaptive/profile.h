@@ -55,6 +55,7 @@ struct Profile {
   int32_t n_layer = 0, n_expert = 0, n_expert_used = 0, n_embd = 0;
   int64_t n_tokens = 0;  // calibration tokens
   int32_t window = 0;
+  int64_t sensitivity_tokens = 0;  // of those, the tokens the sensitivities were measured on (0: not recorded)
   std::vector<LayerProfile> layers;
   std::vector<GatingPoint> gating;
   // Held-out prediction accuracy per predictor name and target layer: the share of the experts a

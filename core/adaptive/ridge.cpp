@@ -8,24 +8,40 @@ RidgeAccumulator::RidgeAccumulator(int32_t n_in, int32_t n_out)
     : n_in_(n_in),
       n_out_(n_out),
       xtx_(static_cast<size_t>(n_in + 1) * static_cast<size_t>(n_in + 1), 0.0),
-      xty_(static_cast<size_t>(n_in + 1) * static_cast<size_t>(n_out), 0.0) {}
+      xty_(static_cast<size_t>(n_in + 1) * static_cast<size_t>(n_out), 0.0),
+      bx_(static_cast<size_t>(kBlock) * static_cast<size_t>(n_in + 1)),
+      by_(static_cast<size_t>(kBlock) * static_cast<size_t>(n_out)) {}
 
 void RidgeAccumulator::add(const float* x, const float* y) {
   const size_t d = static_cast<size_t>(n_in_) + 1;
-  std::vector<double> v(d);
-  for (int32_t i = 0; i < n_in_; ++i) v[static_cast<size_t>(i)] = x[i];
+  double* v = bx_.data() + static_cast<size_t>(nb_) * d;
+  for (int32_t i = 0; i < n_in_; ++i) v[i] = x[i];
   v[d - 1] = 1.0;  // bias input
-  for (size_t i = 0; i < d; ++i) {
-    const double vi = v[i];
-    double* row = xtx_.data() + i * d;
-    for (size_t j = i; j < d; ++j) row[j] += vi * v[j];
-    double* ty = xty_.data() + i * static_cast<size_t>(n_out_);
-    for (int32_t o = 0; o < n_out_; ++o) ty[o] += vi * y[o];
-  }
-  ++n_;
+  double* t = by_.data() + static_cast<size_t>(nb_) * static_cast<size_t>(n_out_);
+  for (int32_t o = 0; o < n_out_; ++o) t[o] = y[o];
+  if (++nb_ == kBlock) flush();
 }
 
-Status RidgeAccumulator::solve(double lambda_scale, LinearMap* out) const {
+void RidgeAccumulator::flush() {
+  const size_t d = static_cast<size_t>(n_in_) + 1, no = static_cast<size_t>(n_out_);
+  for (size_t i = 0; i < d; ++i) {
+    double* row = xtx_.data() + i * d;
+    double* ty = xty_.data() + i * no;
+    for (int32_t b = 0; b < nb_; ++b) {
+      const double* v = bx_.data() + static_cast<size_t>(b) * d;
+      const double* y = by_.data() + static_cast<size_t>(b) * no;
+      const double vi = v[i];
+      if (vi == 0.0) continue;
+      for (size_t j = i; j < d; ++j) row[j] += vi * v[j];
+      for (size_t o = 0; o < no; ++o) ty[o] += vi * y[o];
+    }
+  }
+  n_ += nb_;
+  nb_ = 0;
+}
+
+Status RidgeAccumulator::solve(double lambda_scale, LinearMap* out) {
+  flush();
   if (n_ == 0) return fail(MOELITE_ERR_INVALID_ARGUMENT, "ridge regression without samples");
   const size_t d = static_cast<size_t>(n_in_) + 1;
   std::vector<double> a(d * d);

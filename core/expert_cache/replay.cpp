@@ -358,4 +358,51 @@ Status replay(const Trace& trace, const std::string& policy_name, int64_t capaci
   return MOELITE_OK;
 }
 
+Status lru_hit_curves(const Trace& trace, std::vector<std::vector<double>>* out) {
+  const size_t L = static_cast<size_t>(std::max(0, trace.n_layers)), E = static_cast<size_t>(std::max(0, trace.n_experts));
+  // Per layer: experts by recency, most recent first (only those used so far), and how many
+  // accesses found their expert at each depth.
+  std::vector<std::vector<int32_t>> stack(L);
+  std::vector<std::vector<uint64_t>> at_depth(L, std::vector<uint64_t>(E + 1, 0));
+  std::vector<uint64_t> accesses(L, 0);
+  std::vector<int32_t> moved;
+  for (const TraceEntry& e : trace.entries) {
+    if (e.layer < 0 || static_cast<size_t>(e.layer) >= L)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace entry of token %lld has layer %d outside [0, %d)",
+                  (long long)e.token, e.layer, trace.n_layers);
+    std::vector<int32_t>& st = stack[static_cast<size_t>(e.layer)];
+    std::vector<uint64_t>& hist = at_depth[static_cast<size_t>(e.layer)];
+    moved.clear();
+    for (int32_t x : e.experts) {
+      if (x < 0 || static_cast<size_t>(x) >= E)
+        return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace entry of token %lld names expert %d outside [0, %d)",
+                    (long long)e.token, x, trace.n_experts);
+      accesses[static_cast<size_t>(e.layer)]++;
+      if (std::find(moved.begin(), moved.end(), x) != moved.end()) {  // a repeat within the entry: resident
+        hist[0]++;
+        continue;
+      }
+      // Depth in the stack as it was before this entry: the entry's experts found so far were
+      // only marked, not moved, so the positions are the old ones.
+      const auto it = std::find(st.begin(), st.end(), x);
+      hist[it == st.end() ? E : static_cast<size_t>(it - st.begin())]++;
+      moved.push_back(x);
+    }
+    // The entry's experts become the most recent, the last accessed on top.
+    std::vector<int32_t> next(moved.rbegin(), moved.rend());
+    for (int32_t x : st)
+      if (std::find(moved.begin(), moved.end(), x) == moved.end()) next.push_back(x);
+    st = std::move(next);
+  }
+  out->assign(L, std::vector<double>(E + 1, 0.0));
+  for (size_t l = 0; l < L; ++l) {
+    uint64_t hits = 0;
+    for (size_t c = 1; c <= E; ++c) {
+      hits += at_depth[l][c - 1];
+      (*out)[l][c] = accesses[l] ? static_cast<double>(hits) / static_cast<double>(accesses[l]) : 0.0;
+    }
+  }
+  return MOELITE_OK;
+}
+
 }  // namespace moelite

@@ -49,4 +49,13 @@ struct ReplayResult {
 Status replay(const Trace& trace, const std::string& policy, int64_t capacity, bool global, ReplayResult* out,
               const PolicyOptions& options = PolicyOptions{});
 
+// Per-layer LRU hit rates at every capacity in one pass (Mattson's stack algorithm): LRU with a
+// token's experts pinned together keeps, at any capacity c >= the experts of one entry, exactly
+// the c most recently used experts of the layer, so an access hits at capacity c iff fewer than c
+// other experts of its layer were used after its last use (counted before the entry's own
+// accesses). out[l][c] for c = 0..n_experts equals replay(trace, "lru", c, false) where that runs
+// (c >= the largest entry); rates below that are filled in by the same rule. O(accesses x
+// n_experts) instead of one replay per capacity.
+Status lru_hit_curves(const Trace& trace, std::vector<std::vector<double>>* out);
+
 }  // namespace moelite

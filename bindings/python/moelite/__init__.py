@@ -306,9 +306,10 @@ class Model:
             del progress_ref
         self.vocab_only = bool(vocab_only)
 
-    def calibrate(self, tokens, profile_path, window=256, stride=1, holdout=0.25):
+    def calibrate(self, tokens, profile_path, window=256, stride=1, holdout=0.25, sensitivity_tokens=-1):
         """Writes a calibration profile of this model on `tokens` (a corpus's token ids) to
-        profile_path (moelite_calibrate): per-layer sensitivities, hit curves, fitted predictors."""
+        profile_path (moelite_calibrate): per-layer sensitivities, hit curves, fitted predictors.
+        sensitivity_tokens: tokens the sensitivity passes run on (-1: the default sample, 0: all)."""
         arr = (ctypes.c_int32 * max(len(tokens), 1))(*[int(t) for t in tokens])
         params = _c.moelite_calibrate_params_create()
         if not params:
@@ -317,6 +318,7 @@ class Model:
             _check(_c.moelite_calibrate_params_set_window(params, int(window)))
             _check(_c.moelite_calibrate_params_set_stride(params, int(stride)))
             _check(_c.moelite_calibrate_params_set_holdout(params, float(holdout)))
+            _check(_c.moelite_calibrate_params_set_sensitivity_tokens(params, int(sensitivity_tokens)))
             _check(_c.moelite_calibrate(self._handle(), arr, len(tokens), params,
                                         _as_bytes(str(profile_path), "profile_path")))
         finally:
