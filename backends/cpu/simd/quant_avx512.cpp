@@ -155,8 +155,30 @@ inline __m128 fp16x4(const Q8_0* b) {
   return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(v)));
 }
 
+// 4 blocks as two vectors whose 128-bit lane k holds bytes 0..15 (lo) resp. 16..31 (hi) of block
+// k, so two chained vpdpbusd leave each block's sum in 4 int32 lanes (lane group k) and the float
+// work (convert, scale, accumulate) is one vector per 4 blocks instead of two.
+struct Quad {
+  __m512i lo, hi;
+};
+inline Quad load_quad(const Q8_0* b) {
+  const __m512i t01 = join(load256(b[0].qs), load256(b[1].qs));  // [b0 lo, b0 hi, b1 lo, b1 hi]
+  const __m512i t23 = join(load256(b[2].qs), load256(b[3].qs));
+  return {_mm512_shuffle_i64x2(t01, t23, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_i64x2(t01, t23, _MM_SHUFFLE(3, 1, 3, 1))};
+}
+inline Quad xor_quad(Quad q, __m512i v) { return {_mm512_xor_si512(q.lo, v), _mm512_xor_si512(q.hi, v)}; }
+// -128 * (per lane group, the sum of the signed bytes of q): the bias of an operand taken to
+// unsigned by xor 0x80, taken back out.
+inline __m512i neg_bias_quad(Quad q, __m512i bias) {
+  const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, q.lo), bias, q.hi);
+  return _mm512_sub_epi32(_mm512_setzero_si512(), s);
+}
+
 template <int NR, int K>
 struct Q8Tile {
+  // The bias goes on the side with fewer vectors per call: the activations' when K <= NR (each
+  // weight vector is xored, each activation's -128 * sum is formed once), else the weights'.
+  static constexpr bool kBiasWeights = K <= NR;
   static void run(int64_t n, float* out, size_t out_stride, const void* w, size_t w_stride, const void* a,
                   size_t a_stride) {
     const Q8_0* x[NR];
@@ -168,52 +190,59 @@ struct Q8Tile {
       for (int j = 0; j < K; ++j) acc[r][j] = _mm512_setzero_ps();
     const int64_t nb = n / kQK;
     const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
-    const __m512i idx01 = join(_mm256_set1_epi32(0), _mm256_set1_epi32(1));
-    const __m512i idx23 = join(_mm256_set1_epi32(2), _mm256_set1_epi32(3));
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     int64_t i = 0;
     for (; i + 4 <= nb; i += 4) {
-      __m512i wu[NR][2];
-      __m512 dw[NR][2];
+      Quad wq[NR];
+      __m512i wc[NR];
+      __m512 dw[NR];
 #pragma GCC unroll 2
       for (int r = 0; r < NR; ++r) {
         const Q8_0* b = x[r] + i;
-        wu[r][0] = _mm512_xor_si512(join(load256(b[0].qs), load256(b[1].qs)), bias);
-        wu[r][1] = _mm512_xor_si512(join(load256(b[2].qs), load256(b[3].qs)), bias);
-        const __m512 d = _mm512_zextps128_ps512(fp16x4(b));
-        dw[r][0] = _mm512_permutexvar_ps(idx01, d);
-        dw[r][1] = _mm512_permutexvar_ps(idx23, d);
+        const Quad q = load_quad(b);
+        if constexpr (kBiasWeights) {
+          wq[r] = xor_quad(q, bias);
+        } else {
+          wq[r] = q;
+          wc[r] = neg_bias_quad(q, bias);
+        }
+        dw[r] = _mm512_permutexvar_ps(spread, _mm512_zextps128_ps512(fp16x4(b)));
       }
 #pragma GCC unroll 4
       for (int j = 0; j < K; ++j) {
         const Q8_0* b = y[j] + i;
-        const __m512i a0 = join(load256(b[0].qs), load256(b[1].qs));
-        const __m512i a1 = join(load256(b[2].qs), load256(b[3].qs));
-        // -128 * (sum of each lane's 4 activations): the bias of w + 128 taken back out.
-        const __m512i c0 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, a0));
-        const __m512i c1 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, a1));
-        const __m512 d = _mm512_zextps128_ps512(fp16x4(b));
-        const __m512 da0 = _mm512_permutexvar_ps(idx01, d), da1 = _mm512_permutexvar_ps(idx23, d);
+        const Quad q = load_quad(b);
+        Quad aq = q;
+        __m512i ac = _mm512_setzero_si512();
+        if constexpr (kBiasWeights)
+          ac = neg_bias_quad(q, bias);
+        else
+          aq = xor_quad(q, bias);
+        const __m512 da = _mm512_permutexvar_ps(spread, _mm512_zextps128_ps512(fp16x4(b)));
 #pragma GCC unroll 2
         for (int r = 0; r < NR; ++r) {
-          const __m512i p0 = _mm512_dpbusd_epi32(c0, wu[r][0], a0);
-          const __m512i p1 = _mm512_dpbusd_epi32(c1, wu[r][1], a1);
-          acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw[r][0], da0), _mm512_cvtepi32_ps(p0), acc[r][j]);
-          acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw[r][1], da1), _mm512_cvtepi32_ps(p1), acc[r][j]);
+          __m512i p;
+          if constexpr (kBiasWeights)
+            p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ac, wq[r].lo, aq.lo), wq[r].hi, aq.hi);
+          else
+            p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(wc[r], aq.lo, wq[r].lo), aq.hi, wq[r].hi);
+          acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw[r], da), _mm512_cvtepi32_ps(p), acc[r][j]);
         }
       }
     }
     for (; i < nb; ++i) {
-      // Single blocks in the low half; the high half multiplies zeros.
+      // Single blocks in lane group 0 (lo: bytes 0..15, hi: 16..31); the other lanes multiply zeros.
 #pragma GCC unroll 4
       for (int j = 0; j < K; ++j) {
-        const __m512i av = _mm512_zextsi256_si512(load256(y[j][i].qs));
-        const __m512i c = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, av));
+        const Quad av = {_mm512_zextsi128_si512(load128(y[j][i].qs)), _mm512_zextsi128_si512(load128(y[j][i].qs + 16))};
+        const __m512i c = neg_bias_quad(av, bias);
         const float da = fp16(y[j][i].d);
 #pragma GCC unroll 2
         for (int r = 0; r < NR; ++r) {
-          const __m512i wv = _mm512_xor_si512(_mm512_zextsi256_si512(load256(x[r][i].qs)), bias);
-          const __m512i p = _mm512_dpbusd_epi32(c, wv, av);
-          acc[r][j] = _mm512_fmadd_ps(join_scales(fp16(x[r][i].d) * da, 0.0f), _mm512_cvtepi32_ps(p), acc[r][j]);
+          const Quad wv = xor_quad({_mm512_zextsi128_si512(load128(x[r][i].qs)), _mm512_zextsi128_si512(load128(x[r][i].qs + 16))}, bias);
+          // The zero lanes of w ^ 0x80 are 128s against zero activations: they add nothing.
+          const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(c, wv.lo, av.lo), wv.hi, av.hi);
+          acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(fp16(x[r][i].d) * da), _mm512_cvtepi32_ps(p), acc[r][j]);
         }
       }
     }
