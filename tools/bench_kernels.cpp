@@ -106,6 +106,9 @@ int main(int argc, char** argv) {
           // Batched (prefill): kMultiDot activation rows per weight row (pair), GB/s counts each
           // weight byte once, so it is kMultiDot times the work of mode 0 per byte.
           int64_t r = 0;
+          if (VecDotTileFn tile4 = k->tile4[static_cast<uint32_t>(t)])
+            for (; r + kQuadRows <= rows; r += kQuadRows)
+              tile4(cols, &out[r * kMultiDot], kMultiDot, w.data() + r * rb, rb, a.data(), 0, kMultiDot);
           if (tile)
             for (; r + kTileRows <= rows; r += kTileRows)
               tile(cols, &out[r * kMultiDot], kMultiDot, w.data() + r * rb, rb, a.data(), 0, kMultiDot);

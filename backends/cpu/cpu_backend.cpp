@@ -31,8 +31,27 @@ int64_t row_chunk(int64_t rows, int threads, int step) {
   return (chunk + step - 1) / step * step;
 }
 
-// Rows per step of the matmul loops: pairs where the table has a tile kernel for the type.
-int row_step(const KernelTable& k, TensorType type) { return k.tile[static_cast<uint32_t>(type)] ? kTileRows : 1; }
+// Rows per step of the matmul loops: fours or pairs where the table has such a tile for the type.
+// With a single activation row (decode) the weights stream from DRAM and the kernel's speed
+// matters less than how well the hardware prefetcher follows the reads. On x86 decode takes one
+// row at a time: on Zen 4 one thread streaming a 136 MB Q8_0 matrix made 24.3 GB/s row by row,
+// 22.5 with the avx512 2-row tile (rows apart), 21.8 with the 4-row one, and decode of the
+// OLMoE-shaped model 49.1 vs 47.0 tok/s (tiles are what batches use: 4 activation rows per call
+// 16.4 -> 18.6 GB/s of weights with the 4-row tile). AArch64 keeps its SMMLA tiles in decode.
+// MOELITE_DECODE_TILES=0/1 overrides.
+int g_decode_tiles = [] {
+  if (const char* e = getenv("MOELITE_DECODE_TILES")) return atoi(e);
+#if defined(__x86_64__) || defined(__i386__)
+  return 0;
+#else
+  return 1;
+#endif
+}();
+int row_step(const KernelTable& k, TensorType type, int64_t max_tokens = 2) {
+  if (max_tokens <= 1 && !g_decode_tiles) return 1;
+  if (k.tile4[static_cast<uint32_t>(type)]) return kQuadRows;
+  return k.tile[static_cast<uint32_t>(type)] ? kTileRows : 1;
+}
 
 // The dot kernels of one weight matrix, looked up once per task. rows<NR>(r, dr, ...) computes
 // weight rows r, r + dr, ... (NR = 1 or kTileRows rows, dr apart) against `count` (<= kMultiDot)
@@ -42,9 +61,12 @@ int row_step(const KernelTable& k, TensorType type) { return k.tile[static_cast<
 struct RowDots {
   const WeightView& w;
   VecDotMultiFn multi;
-  VecDotTileFn tile;
+  VecDotTileFn tile, tile4;
   RowDots(const KernelTable& k, const WeightView& wv)
-      : w(wv), multi(k.vec_dot_multi[static_cast<uint32_t>(wv.type)]), tile(k.tile[static_cast<uint32_t>(wv.type)]) {}
+      : w(wv),
+        multi(k.vec_dot_multi[static_cast<uint32_t>(wv.type)]),
+        tile(k.tile[static_cast<uint32_t>(wv.type)]),
+        tile4(k.tile4[static_cast<uint32_t>(wv.type)]) {}
   const uint8_t* row(int64_t r) const { return w.data + static_cast<uint64_t>(r) * w.row_bytes; }
   template <int NR>
   void rows(int64_t r, int64_t dr, const uint8_t* act, size_t act_stride, int count, float (*o)[kMultiDot]) const {
@@ -54,13 +76,20 @@ struct RowDots {
         return;
       }
     }
+    if constexpr (NR == kQuadRows) {
+      if (tile4) {
+        tile4(w.cols, o[0], kMultiDot, row(r), static_cast<size_t>(dr) * w.row_bytes, act, act_stride, count);
+        return;
+      }
+    }
     for (int i = 0; i < NR; ++i) multi(w.cols, o[i], row(r + i * dr), act, act_stride, count);
   }
 };
 
 // Calls body(std::integral_constant<int, NR>(), r, dr) for the rows [r0, r1) of a task: NR = 1
-// per row, or (step kTileRows = 2) pairs of rows half the task apart, r0 + i with r0 + h + i
-// (h = half the task's rows), plus a lone last row when the count is odd. Pairs of distant rows
+// per row, or (step kTileRows = 2 / kQuadRows = 4) groups of rows a part of the task apart:
+// r0 + i, r0 + h + i, ... (h = the task's rows / step), plus lone last rows when the count is not
+// a multiple of the step. Pairs of distant rows
 // are two sequential streams through the weights; pairs of adjacent rows interleave two streams
 // one row apart, which the AMD Zen 4 hardware prefetcher follows badly (one thread streaming a
 // 136 MB Q8_0 matrix from DRAM through the 2-row tile: 8.9 GB/s with adjacent rows, 23-28 GB/s
@@ -70,10 +99,13 @@ template <class Body>
 inline void for_rows(int64_t r0, int64_t r1, int step, Body&& body) {
   int64_t r = r0;
   if (step == kTileRows) {
-    static_assert(kTileRows == 2, "pairs of rows");
-    const int64_t h = (r1 - r0) / 2;
+    const int64_t h = (r1 - r0) / kTileRows;
     for (int64_t i = 0; i < h; ++i) body(std::integral_constant<int, kTileRows>(), r0 + i, h);
-    r = r0 + 2 * h;
+    r = r0 + kTileRows * h;
+  } else if (step == kQuadRows) {
+    const int64_t h = (r1 - r0) / kQuadRows;
+    for (int64_t i = 0; i < h; ++i) body(std::integral_constant<int, kQuadRows>(), r0 + i, h);
+    r = r0 + kQuadRows * h;
   }
   for (; r < r1; ++r) body(std::integral_constant<int, 1>(), r, int64_t{0});
 }
@@ -266,7 +298,7 @@ Status CpuBackend::quantize_rows(const float* x, int64_t rows, int64_t cols, Ten
 void CpuBackend::matmul_rows(const WeightView& w, const uint8_t* act, size_t act_stride, int64_t n, float* out,
                              int64_t out_stride) {
   const RowDots dots(k_, w);
-  const int step = row_step(k_, w.type);
+  const int step = row_step(k_, w.type, n);
   const int64_t rc = row_chunk(w.rows, pool_->size(), step);
   const int64_t n_rc = (w.rows + rc - 1) / rc;
   const int64_t n_tc = (n + kTokenChunk - 1) / kTokenChunk;
@@ -438,7 +470,9 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
   // h = act(gate x, up x) for every routed row of every job.
   // Rows in pairs where either projection has a tile kernel (dot_rows runs the other as
   // multi-dots); tasks then hold even row counts.
-  const int step = std::max(row_step(k_, gate_type), row_step(k_, up_type));
+  int64_t max_tokens = 0;
+  for (const FfnJob& j : jobs) max_tokens = std::max(max_tokens, j.n_rows);
+  const int step = std::max(row_step(k_, gate_type, max_tokens), row_step(k_, up_type, max_tokens));
   const std::vector<Task> tasks = split_rows(
       jobs, [](const FfnJob& j) { return j.w->gate.rows; }, pool_->size(), step);
   pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
@@ -494,7 +528,9 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
   }
 
   // results[out_row] = down h.
-  const int step = row_step(k_, down_type);
+  int64_t max_tokens = 0;
+  for (const FfnJob& j : jobs) max_tokens = std::max(max_tokens, j.n_rows);
+  const int step = row_step(k_, down_type, max_tokens);
   const std::vector<Task> tasks = split_rows(
       jobs, [](const FfnJob& j) { return j.w->down.rows; }, pool_->size(), step);
   pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {

@@ -196,7 +196,7 @@ struct Q8Tile {
       Quad wq[NR];
       __m512i wc[NR];
       __m512 dw[NR];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
       for (int r = 0; r < NR; ++r) {
         const Q8_0* b = x[r] + i;
         const Quad q = load_quad(b);
@@ -219,7 +219,7 @@ struct Q8Tile {
         else
           aq = xor_quad(q, bias);
         const __m512 da = _mm512_permutexvar_ps(spread, _mm512_zextps128_ps512(fp16x4(b)));
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int r = 0; r < NR; ++r) {
           __m512i p;
           if constexpr (kBiasWeights)
@@ -270,6 +270,15 @@ void tile_q8_0(int64_t n, float* out, size_t out_stride, const void* w, size_t w
   }
 }
 static_assert(kTileRows == 2, "tile_q8_0 computes pairs of weight rows");
+void tile4_q8_0(int64_t n, float* out, size_t out_stride, const void* w, size_t w_stride, const void* a,
+                size_t a_stride, int count) {
+  switch (count) {
+    case 1: Q8Tile<kQuadRows, 1>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
+    case 2: Q8Tile<kQuadRows, 2>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
+    case 3: Q8Tile<kQuadRows, 3>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
+    default: Q8Tile<kQuadRows, 4>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
+  }
+}
 
 // ---- K-quants -------------------------------------------------------------------------------
 
@@ -422,7 +431,7 @@ KernelTable make_table(const KernelTable& base) {
   set_vec_dot<dot_one<DotF32>>(t, TensorType::F32, dot_multi<DotF32>);
   set_vec_dot<dot_one<DotF16>>(t, TensorType::F16, dot_multi<DotF16>);
   set_vec_dot<dot_one<DotBf16>>(t, TensorType::BF16, dot_multi<DotBf16>);
-  set_vec_dot<dot_q8_0>(t, TensorType::Q8_0, dot_multi_q8_0, tile_q8_0);
+  set_vec_dot<dot_q8_0>(t, TensorType::Q8_0, dot_multi_q8_0, tile_q8_0, tile4_q8_0);
   set_vec_dot<dot_one<DotQ4K>>(t, TensorType::Q4_K, dot_multi<DotQ4K>);
   set_vec_dot<dot_one<DotQ5K>>(t, TensorType::Q5_K, dot_multi<DotQ5K>);
   set_vec_dot<dot_one<DotQ6K>>(t, TensorType::Q6_K, dot_multi<DotQ6K>);
