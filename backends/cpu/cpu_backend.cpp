@@ -521,9 +521,16 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
     std::vector<int64_t> row_ff(static_cast<size_t>(h_rows));
     for (size_t j = 0; j < jobs.size(); ++j)
       for (int64_t i = 0; i < jobs[j].n_rows; ++i) row_ff[static_cast<size_t>(h_offset_[j] + i)] = jobs[j].w->gate.rows;
-    pool_->parallel_for(h_rows, [&](int64_t r, int) {
+    auto body = [&](int64_t r, int) {
       quantize(h + r * n_ff_max, dst + static_cast<size_t>(r) * hq_stride, row_ff[static_cast<size_t>(r)]);
-    });
+    };
+    // Decode quantizes top-k rows of n_ff (8 x 1024 floats: a few microseconds): not worth a
+    // fork/join of the pool.
+    if (h_rows * n_ff_max <= 16384) {
+      for (int64_t r = 0; r < h_rows; ++r) body(r, 0);
+    } else {
+      pool_->parallel_for(h_rows, body);
+    }
     hq = dst;
   }
 
