@@ -746,13 +746,19 @@ TEST(QuantKernelsMulti, BitIdenticalToVecDotOfSameTable) {
 // ---- (f) two-weight-row tiles ------------------------------------------------------------------
 
 // Tiles are optional, only where vec_dot is; the i8mm table has SMMLA tiles for every quantized
-// type, and no other table has any (the drivers take the tile path only where a table has a real
-// kernel, so x86 and the other AArch64 tables keep their multi-dot path).
+// type, the avx512 table one for Q8_0 (two weight rows per VNNI pass), and no other table has any
+// (the drivers take the tile path only where a table has a real kernel).
 TEST(QuantKernelsTile, PresentOnlyWhereExpected) {
   for (const KernelTable* t : all_tables())
     for (uint32_t i = 0; i < kTensorTypeIdLimit; ++i) {
       if (t->tile[i]) EXPECT_NE(t->vec_dot[i], nullptr) << t->isa << " " << i;
-      if (std::strcmp(t->isa, "i8mm") != 0) EXPECT_EQ(t->tile[i], nullptr) << t->isa << " " << i;
+      const bool may_have = std::strcmp(t->isa, "i8mm") == 0 ||
+                            (std::strcmp(t->isa, "avx512") == 0 && i == tid(TensorType::Q8_0));
+      if (!may_have) EXPECT_EQ(t->tile[i], nullptr) << t->isa << " " << i;
+      // Four-row tiles: only the avx512 Q8_0 kernel, and only beside a two-row one.
+      if (t->tile4[i]) EXPECT_NE(t->tile[i], nullptr) << t->isa << " " << i;
+      if (std::strcmp(t->isa, "avx512") != 0 || i != tid(TensorType::Q8_0))
+        EXPECT_EQ(t->tile4[i], nullptr) << t->isa << " " << i;
     }
   if (const KernelTable* t = kernels_i8mm())
     for (TensorType type : kWeightTypes)
@@ -763,15 +769,15 @@ TEST(QuantKernelsTile, PresentOnlyWhereExpected) {
 // and against the scalar reference within the SIMD tolerance. Weight rows start at an odd offset
 // with an odd stride between them (as consecutive rows of a mapped file may), activation rows too;
 // the output rows are out_stride = kMultiDot + 1 apart and nothing outside [r][0, count) is written.
-void check_tile(const KernelTable& k, TensorType t, VecDotTileFn tile, uint32_t seed) {
+void check_tile(const KernelTable& k, TensorType t, VecDotTileFn tile, uint32_t seed, int tile_rows = kTileRows) {
   const KernelTable& ref = kernels_scalar();
   std::mt19937 rng(seed);
   for (int64_t n : test_lengths(t)) {
-    SCOPED_TRACE(std::string(k.isa) + " " + type_name(t) + " n=" + std::to_string(n));
+    SCOPED_TRACE(std::string(k.isa) + " " + type_name(t) + " n=" + std::to_string(n) + " rows=" + std::to_string(tile_rows));
     const size_t off = 1, wb = row_bytes(t, n), w_stride = wb + 5;
-    std::vector<uint8_t> w_buf(off + w_stride * kTileRows);
+    std::vector<uint8_t> w_buf(off + w_stride * tile_rows);
     std::vector<std::vector<float>> wf;
-    for (int r = 0; r < kTileRows; ++r) {
+    for (int r = 0; r < tile_rows; ++r) {
       const auto w = random_weights(t, n, rng);
       std::memcpy(w_buf.data() + off + r * w_stride, w.data(), wb);
       wf.push_back(dequant(ref, t, w.data(), n));
@@ -789,10 +795,10 @@ void check_tile(const KernelTable& k, TensorType t, VecDotTileFn tile, uint32_t 
     const uint8_t* a0 = a_buf.data() + off;
     constexpr size_t kOutStride = kMultiDot + 1;
     for (int count = 1; count <= kMultiDot; ++count) {
-      float got[kTileRows * kOutStride];
+      float got[kQuadRows * kOutStride];
       for (float& g : got) g = -1234.5f;
       tile(n, got, kOutStride, w0, w_stride, a0, a_stride, count);
-      for (int r = 0; r < kTileRows; ++r)
+      for (int r = 0; r < tile_rows; ++r)
         for (size_t j = 0; j < kOutStride; ++j) {
           const float g = got[r * kOutStride + j];
           if (j >= static_cast<size_t>(count)) {
@@ -817,11 +823,16 @@ void check_tile(const KernelTable& k, TensorType t, VecDotTileFn tile, uint32_t 
 TEST(QuantKernelsTile, BitIdenticalToVecDotOfSameTable) {
   int checked = 0;
   for (const KernelTable* k : all_tables())
-    for (TensorType t : kWeightTypes)
+    for (TensorType t : kWeightTypes) {
       if (VecDotTileFn tile = k->tile[tid(t)]) {
         check_tile(*k, t, tile, 11 + tid(t));
         ++checked;
       }
+      if (VecDotTileFn tile4 = k->tile4[tid(t)]) {
+        check_tile(*k, t, tile4, 31 + tid(t), kQuadRows);
+        ++checked;
+      }
+    }
   std::printf("tile kernels checked: %d\n", checked);
 }
 

@@ -2,7 +2,8 @@
 // activation row (the decode matvec), reported as weight bytes streamed per second.
 // Not part of the build; compile against the static library, e.g.
 //   g++ -O2 -std=c++17 -I. tools/bench_kernels.cpp build/lib/libmoelite.a -lpthread
-// Usage: bench_kernels [rows] [cols]
+// Usage: bench_kernels [rows] [cols] [mode]   (mode 1: row pairs through the table's tile, if any;
+//   mode 2: 4 activation rows per call, tile or multi-dot)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -68,6 +69,8 @@ std::vector<uint8_t> make_weights(TensorType t, int64_t rows, int64_t cols, std:
 int main(int argc, char** argv) {
   const int64_t rows = argc > 1 ? std::atoll(argv[1]) : 2048;
   const int64_t cols = argc > 2 ? std::atoll(argv[2]) : 2048;
+  // mode 0: one vec_dot per row; 1: the drivers' decode path (tile on row pairs where there is one)
+  const int mode = argc > 3 ? std::atoi(argv[3]) : 0;
   std::mt19937 rng(1);
   const TensorType types[] = {TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K, TensorType::Q5_K, TensorType::F16,
                               TensorType::F32,  TensorType::BF16, TensorType::Q4_0, TensorType::Q3_K, TensorType::Q2_K,
@@ -79,7 +82,8 @@ int main(int argc, char** argv) {
     if (t) tables.push_back(t);
   std::vector<float> x(cols);
   for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
-  std::printf("%lld x %lld, single thread, GB/s of weight bytes\n%-6s", (long long)rows, (long long)cols, "type");
+  std::printf("%lld x %lld, single thread, GB/s of weight bytes (%s)\n%-6s", (long long)rows, (long long)cols,
+              mode == 2 ? "4 activation rows" : mode ? "tile path" : "vec_dot", "type");
   for (auto* t : tables) std::printf("%10s", t->isa);
   std::printf("\n");
   for (TensorType t : types) {
@@ -90,12 +94,33 @@ int main(int argc, char** argv) {
       std::vector<uint8_t> a(activation_row_bytes(t, cols) + 64);
       k->quantize_act[static_cast<uint32_t>(dot_type(t))](x.data(), a.data(), cols);
       VecDotFn dot = k->vec_dot[static_cast<uint32_t>(t)];
-      std::vector<float> out(rows);
+      VecDotTileFn tile = k->tile[static_cast<uint32_t>(t)];
+      std::vector<float> out(rows * kMultiDot);
       double best = 1e30;
       const int reps = k == &kernels_scalar() ? 3 : 15;
       for (int rep = 0; rep < reps; ++rep) {
         auto t0 = std::chrono::steady_clock::now();
-        for (int64_t r = 0; r < rows; ++r) dot(cols, &out[r], w.data() + r * rb, a.data());
+        if (mode == 0) {
+          for (int64_t r = 0; r < rows; ++r) dot(cols, &out[r], w.data() + r * rb, a.data());
+        } else if (mode == 2) {
+          // Batched (prefill): kMultiDot activation rows per weight row (pair), GB/s counts each
+          // weight byte once, so it is kMultiDot times the work of mode 0 per byte.
+          int64_t r = 0;
+          if (VecDotTileFn tile4 = k->tile4[static_cast<uint32_t>(t)])
+            for (; r + kQuadRows <= rows; r += kQuadRows)
+              tile4(cols, &out[r * kMultiDot], kMultiDot, w.data() + r * rb, rb, a.data(), 0, kMultiDot);
+          if (tile)
+            for (; r + kTileRows <= rows; r += kTileRows)
+              tile(cols, &out[r * kMultiDot], kMultiDot, w.data() + r * rb, rb, a.data(), 0, kMultiDot);
+          for (; r < rows; ++r)
+            k->vec_dot_multi[static_cast<uint32_t>(t)](cols, &out[r * kMultiDot], w.data() + r * rb, a.data(), 0, kMultiDot);
+        } else {
+          // The drivers' decode path: row pairs through the tile where the table has one.
+          int64_t r = 0;
+          if (tile)
+            for (; r + kTileRows <= rows; r += kTileRows) tile(cols, &out[r], 1, w.data() + r * rb, rb, a.data(), 0, 1);
+          for (; r < rows; ++r) dot(cols, &out[r], w.data() + r * rb, a.data());
+        }
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (s < best) best = s;
       }

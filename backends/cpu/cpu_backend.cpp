@@ -31,62 +31,111 @@ int64_t row_chunk(int64_t rows, int threads, int step) {
   return (chunk + step - 1) / step * step;
 }
 
-// Rows per step of the matmul loops: pairs where the table has a tile kernel for the type.
-int row_step(const KernelTable& k, TensorType type) { return k.tile[static_cast<uint32_t>(type)] ? kTileRows : 1; }
+// Rows per step of the matmul loops: fours or pairs where the table has such a tile for the type.
+// With a single activation row (decode) the weights stream from DRAM and the kernel's speed
+// matters less than how well the hardware prefetcher follows the reads. On x86 decode takes one
+// row at a time: on Zen 4 one thread streaming a 136 MB Q8_0 matrix made 24.3 GB/s row by row,
+// 22.5 with the avx512 2-row tile (rows apart), 21.8 with the 4-row one, and decode of the
+// OLMoE-shaped model 49.1 vs 47.0 tok/s (tiles are what batches use: 4 activation rows per call
+// 16.4 -> 18.6 GB/s of weights with the 4-row tile). AArch64 keeps its SMMLA tiles in decode.
+// MOELITE_DECODE_TILES=0/1 overrides.
+int g_decode_tiles = [] {
+  if (const char* e = getenv("MOELITE_DECODE_TILES")) return atoi(e);
+#if defined(__x86_64__) || defined(__i386__)
+  return 0;
+#else
+  return 1;
+#endif
+}();
+int row_step(const KernelTable& k, TensorType type, int64_t max_tokens = 2) {
+  if (max_tokens <= 1 && !g_decode_tiles) return 1;
+  if (k.tile4[static_cast<uint32_t>(type)]) return kQuadRows;
+  return k.tile[static_cast<uint32_t>(type)] ? kTileRows : 1;
+}
 
-// The dot kernels of one weight matrix, looked up once per task. rows<NR>(r, ...) computes
-// weight rows r .. r + NR - 1 (NR = 1 or kTileRows) against `count` (<= kMultiDot) activation
-// rows `act_stride` bytes apart: o[i][j] = dot(row r + i, activation j). A pair goes through the
-// table's tile kernel where there is one, else one multi-dot per row; both are bit-identical to
-// vec_dot, so the pairing never changes results.
+// The dot kernels of one weight matrix, looked up once per task. rows<NR>(r, dr, ...) computes
+// weight rows r, r + dr, ... (NR = 1 or kTileRows rows, dr apart) against `count` (<= kMultiDot)
+// activation rows `act_stride` bytes apart: o[i][j] = dot(row r + i * dr, activation j). A pair
+// goes through the table's tile kernel where there is one, else one multi-dot per row; both are
+// bit-identical to vec_dot, so the pairing never changes results.
 struct RowDots {
   const WeightView& w;
   VecDotMultiFn multi;
-  VecDotTileFn tile;
+  VecDotTileFn tile, tile4;
   RowDots(const KernelTable& k, const WeightView& wv)
-      : w(wv), multi(k.vec_dot_multi[static_cast<uint32_t>(wv.type)]), tile(k.tile[static_cast<uint32_t>(wv.type)]) {}
+      : w(wv),
+        multi(k.vec_dot_multi[static_cast<uint32_t>(wv.type)]),
+        tile(k.tile[static_cast<uint32_t>(wv.type)]),
+        tile4(k.tile4[static_cast<uint32_t>(wv.type)]) {}
   const uint8_t* row(int64_t r) const { return w.data + static_cast<uint64_t>(r) * w.row_bytes; }
   template <int NR>
-  void rows(int64_t r, const uint8_t* act, size_t act_stride, int count, float (*o)[kMultiDot]) const {
+  void rows(int64_t r, int64_t dr, const uint8_t* act, size_t act_stride, int count, float (*o)[kMultiDot]) const {
     if constexpr (NR == kTileRows) {
       if (tile) {
-        tile(w.cols, o[0], kMultiDot, row(r), w.row_bytes, act, act_stride, count);
+        tile(w.cols, o[0], kMultiDot, row(r), static_cast<size_t>(dr) * w.row_bytes, act, act_stride, count);
         return;
       }
     }
-    for (int i = 0; i < NR; ++i) multi(w.cols, o[i], row(r + i), act, act_stride, count);
+    if constexpr (NR == kQuadRows) {
+      if (tile4) {
+        tile4(w.cols, o[0], kMultiDot, row(r), static_cast<size_t>(dr) * w.row_bytes, act, act_stride, count);
+        return;
+      }
+    }
+    for (int i = 0; i < NR; ++i) multi(w.cols, o[i], row(r + i * dr), act, act_stride, count);
   }
 };
 
-// Calls body(std::integral_constant<int, NR>(), r) for the rows [r0, r1) of a task: NR = 1 per
-// row, or pairs (NR = kTileRows) where step is kTileRows, with a lone last row when odd. The row
-// count NR is a compile-time constant in the body, so the single-row path of tables without
-// tiles is the plain loop it was before tiles.
+// Calls body(std::integral_constant<int, NR>(), r, dr) for the rows [r0, r1) of a task: NR = 1
+// per row, or (step kTileRows = 2 / kQuadRows = 4) groups of rows a part of the task apart:
+// r0 + i, r0 + h + i, ... (h = the task's rows / step), plus lone last rows when the count is not
+// a multiple of the step. Pairs of distant rows
+// are two sequential streams through the weights; pairs of adjacent rows interleave two streams
+// one row apart, which the AMD Zen 4 hardware prefetcher follows badly (one thread streaming a
+// 136 MB Q8_0 matrix from DRAM through the 2-row tile: 8.9 GB/s with adjacent rows, 23-28 GB/s
+// with distant ones, 23-27 GB/s one row at a time). The row count NR is a compile-time constant
+// in the body, so the single-row path of tables without tiles is the plain loop.
 template <class Body>
 inline void for_rows(int64_t r0, int64_t r1, int step, Body&& body) {
   int64_t r = r0;
-  if (step == kTileRows)
-    for (; r + kTileRows <= r1; r += kTileRows) body(std::integral_constant<int, kTileRows>(), r);
-  for (; r < r1; ++r) body(std::integral_constant<int, 1>(), r);
+  if (step == kTileRows) {
+    const int64_t h = (r1 - r0) / kTileRows;
+    for (int64_t i = 0; i < h; ++i) body(std::integral_constant<int, kTileRows>(), r0 + i, h);
+    r = r0 + kTileRows * h;
+  } else if (step == kQuadRows) {
+    const int64_t h = (r1 - r0) / kQuadRows;
+    for (int64_t i = 0; i < h; ++i) body(std::integral_constant<int, kQuadRows>(), r0 + i, h);
+    r = r0 + kQuadRows * h;
+  }
+  for (; r < r1; ++r) body(std::integral_constant<int, 1>(), r, int64_t{0});
 }
 
-// Weight rows stream from DRAM once per token in decode. The hardware prefetchers lose the stream
-// at every 4 KiB page boundary of the file mapping, so each task also asks for the row it will need
-// `kPrefetchRows` rows ahead, keeping enough misses in flight to approach full bandwidth.
+// Weight rows stream from DRAM once per token in decode. On Intel Xeons the hardware prefetchers
+// lose the stream at every 4 KiB page boundary of the file mapping, so each task also asks for the
+// rows it will need `g_prefetch_rows` rows ahead, keeping enough misses in flight to approach full
+// bandwidth. On AMD Zen 4 every software prefetch tried costs bandwidth instead (one thread
+// streaming Q8_0 rows from DRAM: 23-27 GB/s without, 20-22 GB/s with whole rows 2 ahead, 19-21
+// GB/s with only the lines at page starts; decode of the OLMoE-shaped model 41 vs 35 tok/s), so
+// the default there is 0. MOELITE_PREFETCH_ROWS overrides both.
 int g_prefetch_rows = [] {
-  const char* e = getenv("MOELITE_PREFETCH_ROWS");
-  return e ? atoi(e) : 2;
+  if (const char* e = getenv("MOELITE_PREFETCH_ROWS")) return atoi(e);
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+  if (__builtin_cpu_is("amd")) return 0;
+#endif
+  return 2;
 }();
 
 inline void prefetch_row(const uint8_t* p, uint64_t bytes) {
   for (uint64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 0);
 }
-// At rows r .. r + nr - 1 of a task ending at r1: the nr rows `kPrefetchRows` ahead (the second of
-// a pair may lie past the task or the matrix: a prefetch never faults).
-inline void prefetch_ahead(const WeightView& w, int64_t r, int64_t r1, int nr) {
-  if (r + g_prefetch_rows < r1)
-    prefetch_row(w.data + static_cast<uint64_t>(r + g_prefetch_rows) * w.row_bytes,
-                 static_cast<uint64_t>(nr) * w.row_bytes);
+// At row r of a task ending at r1, rows dr apart (see for_rows): the nr rows `g_prefetch_rows`
+// ahead of r, r + dr, ... (a prefetch past the task or the matrix never faults).
+inline void prefetch_ahead(const WeightView& w, int64_t r, int64_t dr, int64_t r1, int nr) {
+  if (g_prefetch_rows <= 0) return;
+  for (int i = 0; i < nr; ++i) {
+    const int64_t p = r + i * dr + g_prefetch_rows;
+    if (p < r1) prefetch_row(w.data + static_cast<uint64_t>(p) * w.row_bytes, w.row_bytes);
+  }
 }
 
 // Scratch growth that reports a failed allocation instead of throwing.
@@ -249,24 +298,24 @@ Status CpuBackend::quantize_rows(const float* x, int64_t rows, int64_t cols, Ten
 void CpuBackend::matmul_rows(const WeightView& w, const uint8_t* act, size_t act_stride, int64_t n, float* out,
                              int64_t out_stride) {
   const RowDots dots(k_, w);
-  const int step = row_step(k_, w.type);
+  const int step = row_step(k_, w.type, n);
   const int64_t rc = row_chunk(w.rows, pool_->size(), step);
   const int64_t n_rc = (w.rows + rc - 1) / rc;
   const int64_t n_tc = (n + kTokenChunk - 1) / kTokenChunk;
   pool_->parallel_for(n_rc * n_tc, [&](int64_t task, int) {
     const int64_t r0 = (task % n_rc) * rc, r1 = std::min(w.rows, r0 + rc);
     const int64_t t0 = (task / n_rc) * kTokenChunk, t1 = std::min(n, t0 + kTokenChunk);
-    for_rows(r0, r1, step, [&](auto nr_c, int64_t r) {
+    for_rows(r0, r1, step, [&](auto nr_c, int64_t r, int64_t dr) {
       constexpr int NR = decltype(nr_c)::value;
-      prefetch_ahead(w, r, r1, NR);
+      prefetch_ahead(w, r, dr, r1, NR);
       // kMultiDot tokens per call decode the weight row(s) once per group; the result of each
       // token is bit-identical to a single vec_dot, so batching never changes the output.
       for (int64_t t = t0; t < t1; t += kMultiDot) {
         const int count = static_cast<int>(std::min<int64_t>(kMultiDot, t1 - t));
         float o[NR][kMultiDot];
-        dots.rows<NR>(r, act + t * act_stride, act_stride, count, o);
+        dots.rows<NR>(r, dr, act + t * act_stride, act_stride, count, o);
         for (int i = 0; i < NR; ++i)
-          for (int j = 0; j < count; ++j) out[(t + j) * out_stride + r + i] = o[i][j];
+          for (int j = 0; j < count; ++j) out[(t + j) * out_stride + r + i * dr] = o[i][j];
       }
     });
   });
@@ -421,7 +470,9 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
   // h = act(gate x, up x) for every routed row of every job.
   // Rows in pairs where either projection has a tile kernel (dot_rows runs the other as
   // multi-dots); tasks then hold even row counts.
-  const int step = std::max(row_step(k_, gate_type), row_step(k_, up_type));
+  int64_t max_tokens = 0;
+  for (const FfnJob& j : jobs) max_tokens = std::max(max_tokens, j.n_rows);
+  const int step = std::max(row_step(k_, gate_type, max_tokens), row_step(k_, up_type, max_tokens));
   const std::vector<Task> tasks = split_rows(
       jobs, [](const FfnJob& j) { return j.w->gate.rows; }, pool_->size(), step);
   pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
@@ -431,22 +482,22 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
     const RowDots gdots(k_, gw), udots(k_, uw);
     const int64_t base = h_offset_[static_cast<size_t>(task.job)];
     float* hj = h + base * n_ff_max;
-    for_rows(task.r0, task.r1, step, [&](auto nr_c, int64_t r) {
+    for_rows(task.r0, task.r1, step, [&](auto nr_c, int64_t r, int64_t dr) {
       constexpr int NR = decltype(nr_c)::value;
-      prefetch_ahead(gw, r, task.r1, NR);
-      prefetch_ahead(uw, r, task.r1, NR);
+      prefetch_ahead(gw, r, dr, task.r1, NR);
+      prefetch_ahead(uw, r, dr, task.r1, NR);
       for (int64_t i = 0; i < job.n_rows; i += kMultiDot) {
         const int count = static_cast<int>(std::min<int64_t>(kMultiDot, job.n_rows - i));
         float g[NR][kMultiDot], u[NR][kMultiDot];
-        gdots.rows<NR>(r, xg_gate + static_cast<size_t>(base + i) * gate_stride, gate_stride, count, g);
-        udots.rows<NR>(r, xg_up + static_cast<size_t>(base + i) * up_stride, up_stride, count, u);
+        gdots.rows<NR>(r, dr, xg_gate + static_cast<size_t>(base + i) * gate_stride, gate_stride, count, g);
+        udots.rows<NR>(r, dr, xg_up + static_cast<size_t>(base + i) * up_stride, up_stride, count, u);
         for (int ri = 0; ri < NR; ++ri) {
           if (job.w->gate_bias || job.w->up_bias) {
-            const float gb = job.w->gate_bias ? job.w->gate_bias[r + ri] : 0.0f;
-            const float ub = job.w->up_bias ? job.w->up_bias[r + ri] : 0.0f;
+            const float gb = job.w->gate_bias ? job.w->gate_bias[r + ri * dr] : 0.0f;
+            const float ub = job.w->up_bias ? job.w->up_bias[r + ri * dr] : 0.0f;
             for (int j = 0; j < count; ++j) g[ri][j] += gb, u[ri][j] += ub;
           }
-          for (int j = 0; j < count; ++j) hj[(i + j) * n_ff_max + r + ri] = ffn_activation(kind, g[ri][j], u[ri][j]);
+          for (int j = 0; j < count; ++j) hj[(i + j) * n_ff_max + r + ri * dr] = ffn_activation(kind, g[ri][j], u[ri][j]);
         }
       }
     });
@@ -470,14 +521,23 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
     std::vector<int64_t> row_ff(static_cast<size_t>(h_rows));
     for (size_t j = 0; j < jobs.size(); ++j)
       for (int64_t i = 0; i < jobs[j].n_rows; ++i) row_ff[static_cast<size_t>(h_offset_[j] + i)] = jobs[j].w->gate.rows;
-    pool_->parallel_for(h_rows, [&](int64_t r, int) {
+    auto body = [&](int64_t r, int) {
       quantize(h + r * n_ff_max, dst + static_cast<size_t>(r) * hq_stride, row_ff[static_cast<size_t>(r)]);
-    });
+    };
+    // Decode quantizes top-k rows of n_ff (8 x 1024 floats: a few microseconds): not worth a
+    // fork/join of the pool.
+    if (h_rows * n_ff_max <= 16384) {
+      for (int64_t r = 0; r < h_rows; ++r) body(r, 0);
+    } else {
+      pool_->parallel_for(h_rows, body);
+    }
     hq = dst;
   }
 
   // results[out_row] = down h.
-  const int step = row_step(k_, down_type);
+  int64_t max_tokens = 0;
+  for (const FfnJob& j : jobs) max_tokens = std::max(max_tokens, j.n_rows);
+  const int step = row_step(k_, down_type, max_tokens);
   const std::vector<Task> tasks = split_rows(
       jobs, [](const FfnJob& j) { return j.w->down.rows; }, pool_->size(), step);
   pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
@@ -486,17 +546,17 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
     const WeightView& dw = job.w->down;
     const RowDots ddots(k_, dw);
     const int64_t base = h_offset_[static_cast<size_t>(task.job)];
-    for_rows(task.r0, task.r1, step, [&](auto nr_c, int64_t r) {
+    for_rows(task.r0, task.r1, step, [&](auto nr_c, int64_t r, int64_t dr) {
       constexpr int NR = decltype(nr_c)::value;
-      prefetch_ahead(dw, r, task.r1, NR);
+      prefetch_ahead(dw, r, dr, task.r1, NR);
       for (int64_t i = 0; i < job.n_rows; i += kMultiDot) {
         const int count = static_cast<int>(std::min<int64_t>(kMultiDot, job.n_rows - i));
         float o[NR][kMultiDot];
-        ddots.rows<NR>(r, hq + static_cast<size_t>(base + i) * hq_stride, hq_stride, count, o);
+        ddots.rows<NR>(r, dr, hq + static_cast<size_t>(base + i) * hq_stride, hq_stride, count, o);
         for (int ri = 0; ri < NR; ++ri) {
           if (job.w->down_bias)
-            for (int j = 0; j < count; ++j) o[ri][j] += job.w->down_bias[r + ri];
-          for (int j = 0; j < count; ++j) results[static_cast<int64_t>(job.out_rows[i + j]) * n_embd + r + ri] = o[ri][j];
+            for (int j = 0; j < count; ++j) o[ri][j] += job.w->down_bias[r + ri * dr];
+          for (int j = 0; j < count; ++j) results[static_cast<int64_t>(job.out_rows[i + j]) * n_embd + r + ri * dr] = o[ri][j];
         }
       }
     });

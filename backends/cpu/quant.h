@@ -48,6 +48,10 @@ constexpr int kMultiDot = 4;
 using VecDotTileFn = void (*)(int64_t n, float* out, size_t out_stride, const void* w_rows, size_t w_stride,
                               const void* a_rows, size_t a_stride, int count);
 constexpr int kTileRows = 2;
+// Optional four-row tile (same signature and contract as `tile`, kQuadRows weight rows): where a
+// table has one the drivers take rows four at a time, so each activation vector loaded and
+// prepared in a call feeds four weight rows (the avx512 Q8_0 kernel).
+constexpr int kQuadRows = 4;
 
 struct KernelTable {
   const char* isa;                                  // "scalar", "avx2", "avx512", "neon", "dotprod", "i8mm"
@@ -56,6 +60,7 @@ struct KernelTable {
   VecDotFn vec_dot[kTensorTypeIdLimit];             // by weight type
   VecDotMultiFn vec_dot_multi[kTensorTypeIdLimit];  // by weight type; set wherever vec_dot is
   VecDotTileFn tile[kTensorTypeIdLimit];            // by weight type; nullptr: no tile kernel
+  VecDotTileFn tile4[kTensorTypeIdLimit];           // by weight type; nullptr: no four-row tile
 };
 
 // Multi-dot as a loop over one vec_dot: the fallback for types without a blocked kernel.
@@ -75,15 +80,16 @@ void vec_dot_tile_loop(int64_t n, float* out, size_t out_stride, const void* w_r
     for (int j = 0; j < count; ++j)
       kDot(n, out + r * out_stride + j, w + r * w_stride, a + static_cast<size_t>(j) * a_stride);
 }
-// Sets a table's vec_dot, its multi-dot and its tile (nullptr: none) together, so a table can
+// Sets a table's vec_dot, its multi-dot and its tiles (nullptr: none) together, so a table can
 // never pair a kernel with another table's multi-dot or tile (which would break the bit-identity
 // above), e.g. when it starts as a copy of another table.
 template <VecDotFn kDot>
 void set_vec_dot(KernelTable& t, TensorType type, VecDotMultiFn multi = vec_dot_multi_loop<kDot>,
-                 VecDotTileFn tile = nullptr) {
+                 VecDotTileFn tile = nullptr, VecDotTileFn tile4 = nullptr) {
   t.vec_dot[static_cast<uint32_t>(type)] = kDot;
   t.vec_dot_multi[static_cast<uint32_t>(type)] = multi;
   t.tile[static_cast<uint32_t>(type)] = tile;
+  t.tile4[static_cast<uint32_t>(type)] = tile4;
 }
 
 // The readable scalar reference: every other table is tested against it.

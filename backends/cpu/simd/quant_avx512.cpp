@@ -130,70 +130,155 @@ struct DotBf16 {
 
 // ---- Q8_0 -----------------------------------------------------------------------------------
 
-// Signed x signed int8 by sign transfer: |w| is the unsigned operand of vpdpbusd and a takes
-// w's sign. |w| and the sign mask depend on the weights only and are shared by all rows.
-struct SignedWeights {
-  __m512i abs;
-  __mmask64 neg;
-};
-inline SignedWeights prep_s8(__m512i w) { return {_mm512_abs_epi8(w), _mm512_movepi8_mask(w)}; }
-// 16 int32 partial sums of w*a over 64 signed bytes.
-inline __m512i dot_s8(const SignedWeights& w, __m512i a) {
-  const __m512i a_signed = _mm512_mask_sub_epi8(a, w.neg, _mm512_setzero_si512(), a);
-  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), w.abs, a_signed);
-}
+// One kernel, Q8Tile<NR, K>, gives vec_dot (1 x 1), multi-dot (1 x K) and the tile (2 x K): NR
+// weight rows against K activation rows, every (row, activation) pair with an accumulator of its
+// own and the same operation sequence, so all three are bit-identical by construction.
+//
+// Signed x signed int8 without per-row sign fix-ups: vpdpbusd takes the weights biased to
+// unsigned (w + 128 = w ^ 0x80, one xor per weight vector) against the signed activations, and
+// starts from -128 * sum(a), which depends on the activation only (one vpdpbusd against a vector
+// of 128s per activation vector, shared by all NR rows). The int32 lane sums are exact, so they
+// equal those of any other exact method.
+//
+// Per 4 blocks (two 512-bit vectors of 2 blocks each) and pair (r, j):
+//   acc += (dw_k * da_k spread over the 8 lanes of block k) * float(lane sums), blocks 0-1 first,
+// and one horizontal reduction per pair at the end. The scale products are exact-order
+// independent (one float multiply each), so where they are formed does not matter.
 
-// The fp16 scales of 4 consecutive 34-byte blocks as 4 floats (exact conversions).
+// The fp16 scales of 4 consecutive 34-byte blocks as 4 floats: assembled in a general register
+// (scalar loads and shifts, no vector inserts), one vcvtph2ps.
 inline __m128 fp16x4(const Q8_0* b) {
   uint16_t h[4];
   for (int k = 0; k < 4; ++k) std::memcpy(&h[k], b[k].d, 2);
-  return _mm_cvtph_ps(_mm_setr_epi16(static_cast<short>(h[0]), static_cast<short>(h[1]), static_cast<short>(h[2]),
-                                     static_cast<short>(h[3]), 0, 0, 0, 0));
+  const uint64_t v = static_cast<uint64_t>(h[0]) | static_cast<uint64_t>(h[1]) << 16 |
+                     static_cast<uint64_t>(h[2]) << 32 | static_cast<uint64_t>(h[3]) << 48;
+  return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(v)));
 }
 
-template <int K>
-struct DotQ8_0 {
-  static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
-    const Q8_0* x = static_cast<const Q8_0*>(w);
+// 4 blocks as two vectors whose 128-bit lane k holds bytes 0..15 (lo) resp. 16..31 (hi) of block
+// k, so two chained vpdpbusd leave each block's sum in 4 int32 lanes (lane group k) and the float
+// work (convert, scale, accumulate) is one vector per 4 blocks instead of two.
+struct Quad {
+  __m512i lo, hi;
+};
+inline Quad load_quad(const Q8_0* b) {
+  const __m512i t01 = join(load256(b[0].qs), load256(b[1].qs));  // [b0 lo, b0 hi, b1 lo, b1 hi]
+  const __m512i t23 = join(load256(b[2].qs), load256(b[3].qs));
+  return {_mm512_shuffle_i64x2(t01, t23, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_i64x2(t01, t23, _MM_SHUFFLE(3, 1, 3, 1))};
+}
+inline Quad xor_quad(Quad q, __m512i v) { return {_mm512_xor_si512(q.lo, v), _mm512_xor_si512(q.hi, v)}; }
+// -128 * (per lane group, the sum of the signed bytes of q): the bias of an operand taken to
+// unsigned by xor 0x80, taken back out.
+inline __m512i neg_bias_quad(Quad q, __m512i bias) {
+  const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, q.lo), bias, q.hi);
+  return _mm512_sub_epi32(_mm512_setzero_si512(), s);
+}
+
+template <int NR, int K>
+struct Q8Tile {
+  // The bias goes on the side with fewer vectors per call: the activations' when K <= NR (each
+  // weight vector is xored, each activation's -128 * sum is formed once), else the weights'.
+  static constexpr bool kBiasWeights = K <= NR;
+  static void run(int64_t n, float* out, size_t out_stride, const void* w, size_t w_stride, const void* a,
+                  size_t a_stride) {
+    const Q8_0* x[NR];
     const Q8_0* y[K];
-    __m512 acc0[K], acc1[K];
-    for (int j = 0; j < K; ++j) {
-      y[j] = act_row<Q8_0>(a, stride, j);
-      acc0[j] = acc1[j] = _mm512_setzero_ps();
-    }
+    __m512 acc[NR][K];
+    for (int r = 0; r < NR; ++r) x[r] = act_row<Q8_0>(w, w_stride, r);
+    for (int j = 0; j < K; ++j) y[j] = act_row<Q8_0>(a, a_stride, j);
+    for (int r = 0; r < NR; ++r)
+      for (int j = 0; j < K; ++j) acc[r][j] = _mm512_setzero_ps();
     const int64_t nb = n / kQK;
-    const __m512i idx01 = join(_mm256_set1_epi32(0), _mm256_set1_epi32(1));
-    const __m512i idx23 = join(_mm256_set1_epi32(2), _mm256_set1_epi32(3));
+    const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     int64_t i = 0;
     for (; i + 4 <= nb; i += 4) {
-      const SignedWeights w0 = prep_s8(join(load256(x[i].qs), load256(x[i + 1].qs)));
-      const SignedWeights w1 = prep_s8(join(load256(x[i + 2].qs), load256(x[i + 3].qs)));
-      const __m128 dw = fp16x4(x + i);
+      Quad wq[NR];
+      __m512i wc[NR];
+      __m512 dw[NR];
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        const Q8_0* b = x[r] + i;
+        const Quad q = load_quad(b);
+        if constexpr (kBiasWeights) {
+          wq[r] = xor_quad(q, bias);
+        } else {
+          wq[r] = q;
+          wc[r] = neg_bias_quad(q, bias);
+        }
+        dw[r] = _mm512_permutexvar_ps(spread, _mm512_zextps128_ps512(fp16x4(b)));
+      }
 #pragma GCC unroll 4
       for (int j = 0; j < K; ++j) {
         const Q8_0* b = y[j] + i;
-        const __m512i p0 = dot_s8(w0, join(load256(b[0].qs), load256(b[1].qs)));
-        const __m512i p1 = dot_s8(w1, join(load256(b[2].qs), load256(b[3].qs)));
-        // The 4 block scale products dw_k * da_k in one multiply, then spread to 8 lanes each.
-        const __m512 d = _mm512_zextps128_ps512(_mm_mul_ps(dw, fp16x4(b)));
-        acc0[j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx01, d), _mm512_cvtepi32_ps(p0), acc0[j]);
-        acc1[j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx23, d), _mm512_cvtepi32_ps(p1), acc1[j]);
+        const Quad q = load_quad(b);
+        Quad aq = q;
+        __m512i ac = _mm512_setzero_si512();
+        if constexpr (kBiasWeights)
+          ac = neg_bias_quad(q, bias);
+        else
+          aq = xor_quad(q, bias);
+        const __m512 da = _mm512_permutexvar_ps(spread, _mm512_zextps128_ps512(fp16x4(b)));
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r) {
+          __m512i p;
+          if constexpr (kBiasWeights)
+            p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ac, wq[r].lo, aq.lo), wq[r].hi, aq.hi);
+          else
+            p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(wc[r], aq.lo, wq[r].lo), aq.hi, wq[r].hi);
+          acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw[r], da), _mm512_cvtepi32_ps(p), acc[r][j]);
+        }
       }
     }
     for (; i < nb; ++i) {
-      // Single blocks in the low half; the high half multiplies zeros.
-      const SignedWeights wv = prep_s8(_mm512_zextsi256_si512(load256(x[i].qs)));
-      const float d = fp16(x[i].d);
+      // Single blocks in lane group 0 (lo: bytes 0..15, hi: 16..31); the other lanes multiply zeros.
 #pragma GCC unroll 4
       for (int j = 0; j < K; ++j) {
-        const __m512i p = dot_s8(wv, _mm512_zextsi256_si512(load256(y[j][i].qs)));
-        acc0[j] = _mm512_fmadd_ps(join_scales(d * fp16(y[j][i].d), 0.0f), _mm512_cvtepi32_ps(p), acc0[j]);
+        const Quad av = {_mm512_zextsi128_si512(load128(y[j][i].qs)), _mm512_zextsi128_si512(load128(y[j][i].qs + 16))};
+        const __m512i c = neg_bias_quad(av, bias);
+        const float da = fp16(y[j][i].d);
+#pragma GCC unroll 2
+        for (int r = 0; r < NR; ++r) {
+          const Quad wv = xor_quad({_mm512_zextsi128_si512(load128(x[r][i].qs)), _mm512_zextsi128_si512(load128(x[r][i].qs + 16))}, bias);
+          // The zero lanes of w ^ 0x80 are 128s against zero activations: they add nothing.
+          const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(c, wv.lo, av.lo), wv.hi, av.hi);
+          acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(fp16(x[r][i].d) * da), _mm512_cvtepi32_ps(p), acc[r][j]);
+        }
       }
     }
-#pragma GCC unroll 4
-    for (int j = 0; j < K; ++j) out[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j]));
+    for (int r = 0; r < NR; ++r)
+      for (int j = 0; j < K; ++j) out[r * out_stride + j] = _mm512_reduce_add_ps(acc[r][j]);
   }
 };
+
+void dot_q8_0(int64_t n, float* out, const void* w, const void* a) { Q8Tile<1, 1>::run(n, out, 1, w, 0, a, 0); }
+void dot_multi_q8_0(int64_t n, float* out, const void* w, const void* a, size_t stride, int count) {
+  switch (count) {
+    case 1: Q8Tile<1, 1>::run(n, out, 1, w, 0, a, stride); break;
+    case 2: Q8Tile<1, 2>::run(n, out, 1, w, 0, a, stride); break;
+    case 3: Q8Tile<1, 3>::run(n, out, 1, w, 0, a, stride); break;
+    default: Q8Tile<1, 4>::run(n, out, 1, w, 0, a, stride); break;
+  }
+}
+void tile_q8_0(int64_t n, float* out, size_t out_stride, const void* w, size_t w_stride, const void* a,
+               size_t a_stride, int count) {
+  switch (count) {
+    case 1: Q8Tile<kTileRows, 1>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
+    case 2: Q8Tile<kTileRows, 2>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
+    case 3: Q8Tile<kTileRows, 3>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
+    default: Q8Tile<kTileRows, 4>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
+  }
+}
+static_assert(kTileRows == 2, "tile_q8_0 computes pairs of weight rows");
+void tile4_q8_0(int64_t n, float* out, size_t out_stride, const void* w, size_t w_stride, const void* a,
+                size_t a_stride, int count) {
+  switch (count) {
+    case 1: Q8Tile<kQuadRows, 1>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
+    case 2: Q8Tile<kQuadRows, 2>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
+    case 3: Q8Tile<kQuadRows, 3>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
+    default: Q8Tile<kQuadRows, 4>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
+  }
+}
 
 // ---- K-quants -------------------------------------------------------------------------------
 
@@ -346,7 +431,7 @@ KernelTable make_table(const KernelTable& base) {
   set_vec_dot<dot_one<DotF32>>(t, TensorType::F32, dot_multi<DotF32>);
   set_vec_dot<dot_one<DotF16>>(t, TensorType::F16, dot_multi<DotF16>);
   set_vec_dot<dot_one<DotBf16>>(t, TensorType::BF16, dot_multi<DotBf16>);
-  set_vec_dot<dot_one<DotQ8_0>>(t, TensorType::Q8_0, dot_multi<DotQ8_0>);
+  set_vec_dot<dot_q8_0>(t, TensorType::Q8_0, dot_multi_q8_0, tile_q8_0, tile4_q8_0);
   set_vec_dot<dot_one<DotQ4K>>(t, TensorType::Q4_K, dot_multi<DotQ4K>);
   set_vec_dot<dot_one<DotQ5K>>(t, TensorType::Q5_K, dot_multi<DotQ5K>);
   set_vec_dot<dot_one<DotQ6K>>(t, TensorType::Q6_K, dot_multi<DotQ6K>);
