@@ -26,16 +26,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-from adaptive_report import run_json  # noqa: E402
-
-
-def interpolate(points, x):
-    """y at x on the piecewise-linear curve through (x, y) points (sorted by x), None outside"""
-    pts = sorted(points)
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-        if x0 <= x <= x1:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return None
+from adaptive_report import interpolate, run_json  # noqa: E402
 
 
 def main():
