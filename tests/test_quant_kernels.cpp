@@ -759,6 +759,15 @@ TEST(QuantKernelsTile, PresentOnlyWhereExpected) {
       if (t->tile4[i]) EXPECT_NE(t->tile[i], nullptr) << t->isa << " " << i;
       if (std::strcmp(t->isa, "avx512") != 0 || i != tid(TensorType::Q8_0))
         EXPECT_EQ(t->tile4[i], nullptr) << t->isa << " " << i;
+      // Prepared tiles: only the avx512 Q8_0 one, a complete set of entries, at a size the
+      // drivers group rows by.
+      const PreparedTile& p = t->prepared[i];
+      if (p.tile) {
+        EXPECT_TRUE(p.prepare && p.prepared_bytes) << t->isa << " " << i;
+        EXPECT_TRUE(p.rows == kTileRows || p.rows == kQuadRows) << t->isa << " " << i;
+      }
+      if (std::strcmp(t->isa, "avx512") != 0 || i != tid(TensorType::Q8_0))
+        EXPECT_EQ(p.tile, nullptr) << t->isa << " " << i;
     }
   if (const KernelTable* t = kernels_i8mm())
     for (TensorType type : kWeightTypes)
@@ -769,7 +778,10 @@ TEST(QuantKernelsTile, PresentOnlyWhereExpected) {
 // and against the scalar reference within the SIMD tolerance. Weight rows start at an odd offset
 // with an odd stride between them (as consecutive rows of a mapped file may), activation rows too;
 // the output rows are out_stride = kMultiDot + 1 apart and nothing outside [r][0, count) is written.
-void check_tile(const KernelTable& k, TensorType t, VecDotTileFn tile, uint32_t seed, int tile_rows = kTileRows) {
+// With `prepared`, the activation rows are first put through its prepare (into rows at an odd
+// offset and stride) and the tile reads those, while vec_dot still reads the plain rows.
+void check_tile(const KernelTable& k, TensorType t, VecDotTileFn tile, uint32_t seed, int tile_rows = kTileRows,
+                const PreparedTile* prepared = nullptr) {
   const KernelTable& ref = kernels_scalar();
   std::mt19937 rng(seed);
   for (int64_t n : test_lengths(t)) {
@@ -793,11 +805,20 @@ void check_tile(const KernelTable& k, TensorType t, VecDotTileFn tile, uint32_t 
     }
     const uint8_t* w0 = w_buf.data() + off;
     const uint8_t* a0 = a_buf.data() + off;
+    std::vector<uint8_t> p_buf;
+    const uint8_t* tile_a = a0;
+    size_t tile_a_stride = a_stride;
+    if (prepared) {
+      tile_a_stride = prepared->prepared_bytes(n) + 7;
+      p_buf.assign(off + tile_a_stride * kMultiDot, 0xA5);  // garbage around the rows
+      for (int j = 0; j < kMultiDot; ++j) prepared->prepare(a0 + j * a_stride, n, p_buf.data() + off + j * tile_a_stride);
+      tile_a = p_buf.data() + off;
+    }
     constexpr size_t kOutStride = kMultiDot + 1;
     for (int count = 1; count <= kMultiDot; ++count) {
       float got[kQuadRows * kOutStride];
       for (float& g : got) g = -1234.5f;
-      tile(n, got, kOutStride, w0, w_stride, a0, a_stride, count);
+      tile(n, got, kOutStride, w0, w_stride, tile_a, tile_a_stride, count);
       for (int r = 0; r < tile_rows; ++r)
         for (size_t j = 0; j < kOutStride; ++j) {
           const float g = got[r * kOutStride + j];
@@ -830,6 +851,10 @@ TEST(QuantKernelsTile, BitIdenticalToVecDotOfSameTable) {
       }
       if (VecDotTileFn tile4 = k->tile4[tid(t)]) {
         check_tile(*k, t, tile4, 31 + tid(t), kQuadRows);
+        ++checked;
+      }
+      if (const PreparedTile& p = k->prepared[tid(t)]; p.tile) {
+        check_tile(*k, t, p.tile, 51 + tid(t), p.rows, &p);
         ++checked;
       }
     }

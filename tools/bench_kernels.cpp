@@ -3,13 +3,15 @@
 // Not part of the build; compile against the static library, e.g.
 //   g++ -O2 -std=c++17 -I. tools/bench_kernels.cpp build/lib/libmoelite.a -lpthread
 // Usage: bench_kernels [rows] [cols] [mode]   (mode 1: row pairs through the table's tile, if any;
-//   mode 2: 4 activation rows per call, tile or multi-dot)
+//   mode 2: 4 activation rows per call, tile or multi-dot; mode 3: activations prepared once, then
+//   the table's prepared tile, ACTS=n activation rows per weight row group, default 4)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
+#include <algorithm>
 
 #include "backends/cpu/quant.h"
 
@@ -83,7 +85,7 @@ int main(int argc, char** argv) {
   std::vector<float> x(cols);
   for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
   std::printf("%lld x %lld, single thread, GB/s of weight bytes (%s)\n%-6s", (long long)rows, (long long)cols,
-              mode == 2 ? "4 activation rows" : mode ? "tile path" : "vec_dot", "type");
+              mode == 3 ? "4 prepared activation rows" : mode == 2 ? "4 activation rows" : mode ? "tile path" : "vec_dot", "type");
   for (auto* t : tables) std::printf("%10s", t->isa);
   std::printf("\n");
   for (TensorType t : types) {
@@ -102,6 +104,23 @@ int main(int argc, char** argv) {
         auto t0 = std::chrono::steady_clock::now();
         if (mode == 0) {
           for (int64_t r = 0; r < rows; ++r) dot(cols, &out[r], w.data() + r * rb, a.data());
+        } else if (mode == 3) {
+          // Batched through the prepared tile (where the table has one); GB/s counts each weight
+          // byte once, like mode 2.
+          const PreparedTile& p = k->prepared[static_cast<uint32_t>(t)];
+          if (!p.tile) break;
+          static std::vector<uint8_t> prep;
+          const size_t pb = p.prepared_bytes(cols);
+          // ACTS=n: n activation rows per weight row group, kMultiDot per call (prefill of an expert
+          // with n tokens).
+          const int acts = getenv("ACTS") ? atoi(getenv("ACTS")) : kMultiDot;
+          prep.resize(pb * acts);
+          for (int j = 0; j < acts; ++j) p.prepare(a.data(), cols, prep.data() + j * pb);
+          int64_t r = 0;
+          for (; r + p.rows <= rows; r += p.rows)
+            for (int j = 0; j < acts; j += kMultiDot)
+              p.tile(cols, &out[r * kMultiDot], kMultiDot, w.data() + r * rb, rb, prep.data() + j * pb, pb,
+                     std::min(kMultiDot, acts - j));
         } else if (mode == 2) {
           // Batched (prefill): kMultiDot activation rows per weight row (pair), GB/s counts each
           // weight byte once, so it is kMultiDot times the work of mode 0 per byte.

@@ -13,6 +13,19 @@
 
 namespace moelite::cpu {
 
+// Activation rows as a dot kernel reads them: `stride` bytes apart, and where the table has a
+// prepared tile for the weight type and the batch uses it, the same rows in the prepared layout.
+struct ActRows {
+  const uint8_t* data;
+  size_t stride;
+  const uint8_t* prepared = nullptr;
+  size_t prepared_stride = 0;
+  ActRows at(int64_t row) const {
+    return {data + static_cast<size_t>(row) * stride, stride,
+            prepared ? prepared + static_cast<size_t>(row) * prepared_stride : nullptr, prepared_stride};
+  }
+};
+
 namespace {
 
 float* rows_of(const Act& a) { return static_cast<float*>(a.handle); }
@@ -54,35 +67,43 @@ int row_step(const KernelTable& k, TensorType type, int64_t max_tokens = 2) {
 }
 
 // The dot kernels of one weight matrix, looked up once per task. rows<NR>(r, dr, ...) computes
-// weight rows r, r + dr, ... (NR = 1 or kTileRows rows, dr apart) against `count` (<= kMultiDot)
-// activation rows `act_stride` bytes apart: o[i][j] = dot(row r + i * dr, activation j). A pair
-// goes through the table's tile kernel where there is one, else one multi-dot per row; both are
-// bit-identical to vec_dot, so the pairing never changes results.
+// weight rows r, r + dr, ... (NR = 1, kTileRows or kQuadRows rows, dr apart) against `count`
+// (<= kMultiDot) activation rows: o[i][j] = dot(row r + i * dr, activation j). A group goes
+// through the table's prepared tile where the activations were prepared for it, else its tile
+// kernel of that size where there is one, else one multi-dot per row; all are bit-identical to
+// vec_dot, so the grouping never changes results.
 struct RowDots {
   const WeightView& w;
   VecDotMultiFn multi;
   VecDotTileFn tile, tile4;
+  const PreparedTile& prepared;
   RowDots(const KernelTable& k, const WeightView& wv)
       : w(wv),
         multi(k.vec_dot_multi[static_cast<uint32_t>(wv.type)]),
         tile(k.tile[static_cast<uint32_t>(wv.type)]),
-        tile4(k.tile4[static_cast<uint32_t>(wv.type)]) {}
+        tile4(k.tile4[static_cast<uint32_t>(wv.type)]),
+        prepared(k.prepared[static_cast<uint32_t>(wv.type)]) {}
   const uint8_t* row(int64_t r) const { return w.data + static_cast<uint64_t>(r) * w.row_bytes; }
   template <int NR>
-  void rows(int64_t r, int64_t dr, const uint8_t* act, size_t act_stride, int count, float (*o)[kMultiDot]) const {
+  void rows(int64_t r, int64_t dr, const ActRows& a, int count, float (*o)[kMultiDot]) const {
+    const size_t w_stride = static_cast<size_t>(dr) * w.row_bytes;
+    if (a.prepared && NR == prepared.rows) {
+      prepared.tile(w.cols, o[0], kMultiDot, row(r), w_stride, a.prepared, a.prepared_stride, count);
+      return;
+    }
     if constexpr (NR == kTileRows) {
       if (tile) {
-        tile(w.cols, o[0], kMultiDot, row(r), static_cast<size_t>(dr) * w.row_bytes, act, act_stride, count);
+        tile(w.cols, o[0], kMultiDot, row(r), w_stride, a.data, a.stride, count);
         return;
       }
     }
     if constexpr (NR == kQuadRows) {
       if (tile4) {
-        tile4(w.cols, o[0], kMultiDot, row(r), static_cast<size_t>(dr) * w.row_bytes, act, act_stride, count);
+        tile4(w.cols, o[0], kMultiDot, row(r), w_stride, a.data, a.stride, count);
         return;
       }
     }
-    for (int i = 0; i < NR; ++i) multi(w.cols, o[i], row(r + i * dr), act, act_stride, count);
+    for (int i = 0; i < NR; ++i) multi(w.cols, o[i], row(r + i * dr), a.data, a.stride, count);
   }
 };
 
@@ -148,6 +169,12 @@ Status grow(std::vector<T>* v, size_t n) {
     return fail(MOELITE_ERR_OUT_OF_MEMORY, "CPU backend scratch of %zu elements", n);
   }
   return MOELITE_OK;
+}
+
+// Whether a batch whose row groups are `step` rows takes the prepared tile of `type`.
+bool use_prepared(const KernelTable& k, TensorType type, int step) {
+  const PreparedTile& p = k.prepared[static_cast<uint32_t>(type)];
+  return p.tile && p.rows == step;
 }
 
 // Tokens per task in batched products: the activations of one chunk stay in L2 while each weight
@@ -295,10 +322,35 @@ Status CpuBackend::quantize_rows(const float* x, int64_t rows, int64_t cols, Ten
   return MOELITE_OK;
 }
 
-void CpuBackend::matmul_rows(const WeightView& w, const uint8_t* act, size_t act_stride, int64_t n, float* out,
-                             int64_t out_stride) {
+Status CpuBackend::prepare_rows(TensorType weight_type, int step, const uint8_t* act, size_t stride, int64_t rows,
+                                int64_t cols, std::vector<uint8_t>* buf, ActRows* out, const int64_t* row_cols) {
+  *out = ActRows{act, stride};
+  if (!use_prepared(k_, weight_type, step)) return MOELITE_OK;
+  const PreparedTile& p = k_.prepared[static_cast<uint32_t>(weight_type)];
+  const size_t pstride = p.prepared_bytes(cols);
+  MOELITE_TRY(grow(buf, pstride * static_cast<size_t>(rows)));
+  uint8_t* dst = buf->data();
+  // Row r holds row_cols[r] <= cols elements where given (jobs of different n_ff in one call): the
+  // prepared layout depends on the length, so each row is prepared at the length it is used with.
+  auto body = [&](int64_t r, int) {
+    p.prepare(act + static_cast<size_t>(r) * stride, row_cols ? row_cols[r] : cols, dst + static_cast<size_t>(r) * pstride);
+  };
+  if (rows < 16) {
+    for (int64_t r = 0; r < rows; ++r) body(r, 0);
+  } else {
+    pool_->parallel_for(rows, body);
+  }
+  out->prepared = dst;
+  out->prepared_stride = pstride;
+  return MOELITE_OK;
+}
+
+Status CpuBackend::matmul_rows(const WeightView& w, const uint8_t* act, size_t act_stride, int64_t n, float* out,
+                               int64_t out_stride) {
   const RowDots dots(k_, w);
   const int step = row_step(k_, w.type, n);
+  ActRows a;
+  MOELITE_TRY(prepare_rows(w.type, step, act, act_stride, n, w.cols, &prep_a_, &a));
   const int64_t rc = row_chunk(w.rows, pool_->size(), step);
   const int64_t n_rc = (w.rows + rc - 1) / rc;
   const int64_t n_tc = (n + kTokenChunk - 1) / kTokenChunk;
@@ -313,12 +365,13 @@ void CpuBackend::matmul_rows(const WeightView& w, const uint8_t* act, size_t act
       for (int64_t t = t0; t < t1; t += kMultiDot) {
         const int count = static_cast<int>(std::min<int64_t>(kMultiDot, t1 - t));
         float o[NR][kMultiDot];
-        dots.rows<NR>(r, dr, act + t * act_stride, act_stride, count, o);
+        dots.rows<NR>(r, dr, a.at(t), count, o);
         for (int i = 0; i < NR; ++i)
           for (int j = 0; j < count; ++j) out[(t + j) * out_stride + r + i * dr] = o[i][j];
       }
     });
   });
+  return MOELITE_OK;
 }
 
 Status CpuBackend::matmul(const WeightView& w, const Act& x, const float* bias, Act* out) {
@@ -326,7 +379,7 @@ Status CpuBackend::matmul(const WeightView& w, const Act& x, const float* bias, 
   MOELITE_TRY(quantize_rows(rows_of(x), x.rows, x.cols, w.type, &qbuf_, &act));
   const size_t stride = activation_row_bytes(w.type, x.cols);  // 4 * cols for float activations
   float* y = rows_of(*out);
-  matmul_rows(w, act, stride, x.rows, y, out->cols);
+  MOELITE_TRY(matmul_rows(w, act, stride, x.rows, y, out->cols));
   if (bias) {
     for (int64_t t = 0; t < x.rows; ++t)
       for (int64_t r = 0; r < w.rows; ++r) y[t * out->cols + r] += bias[r];
@@ -473,6 +526,12 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
   int64_t max_tokens = 0;
   for (const FfnJob& j : jobs) max_tokens = std::max(max_tokens, j.n_rows);
   const int step = std::max(row_step(k_, gate_type, max_tokens), row_step(k_, up_type, max_tokens));
+  ActRows ag, au;
+  MOELITE_TRY(prepare_rows(gate_type, step, xg_gate, gate_stride, h_rows, n_embd, &prep_a_, &ag));
+  if (xg_up == xg_gate && up_type == gate_type)
+    au = ag;
+  else
+    MOELITE_TRY(prepare_rows(up_type, step, xg_up, up_stride, h_rows, n_embd, &prep_b_, &au));
   const std::vector<Task> tasks = split_rows(
       jobs, [](const FfnJob& j) { return j.w->gate.rows; }, pool_->size(), step);
   pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
@@ -489,8 +548,8 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
       for (int64_t i = 0; i < job.n_rows; i += kMultiDot) {
         const int count = static_cast<int>(std::min<int64_t>(kMultiDot, job.n_rows - i));
         float g[NR][kMultiDot], u[NR][kMultiDot];
-        gdots.rows<NR>(r, dr, xg_gate + static_cast<size_t>(base + i) * gate_stride, gate_stride, count, g);
-        udots.rows<NR>(r, dr, xg_up + static_cast<size_t>(base + i) * up_stride, up_stride, count, u);
+        gdots.rows<NR>(r, dr, ag.at(base + i), count, g);
+        udots.rows<NR>(r, dr, au.at(base + i), count, u);
         for (int ri = 0; ri < NR; ++ri) {
           if (job.w->gate_bias || job.w->up_bias) {
             const float gb = job.w->gate_bias ? job.w->gate_bias[r + ri * dr] : 0.0f;
@@ -513,14 +572,14 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
   const TensorType down_type = jobs[0].w->down.type;
   const size_t hq_stride = activation_row_bytes(down_type, n_ff_max);
   const uint8_t* hq = reinterpret_cast<const uint8_t*>(h);
+  std::vector<int64_t> row_ff(static_cast<size_t>(h_rows));
+  for (size_t j = 0; j < jobs.size(); ++j)
+    for (int64_t i = 0; i < jobs[j].n_rows; ++i) row_ff[static_cast<size_t>(h_offset_[j] + i)] = jobs[j].w->gate.rows;
   if (dot_type(down_type) != TensorType::F32) {
     // Jobs with a shorter n_ff are quantized per job so each row is exactly that job's length.
     MOELITE_TRY(grow(&qbuf2_, hq_stride * static_cast<size_t>(h_rows)));
     QuantizeRowFn quantize = k_.quantize_act[static_cast<uint32_t>(dot_type(down_type))];
     uint8_t* dst = qbuf2_.data();
-    std::vector<int64_t> row_ff(static_cast<size_t>(h_rows));
-    for (size_t j = 0; j < jobs.size(); ++j)
-      for (int64_t i = 0; i < jobs[j].n_rows; ++i) row_ff[static_cast<size_t>(h_offset_[j] + i)] = jobs[j].w->gate.rows;
     auto body = [&](int64_t r, int) {
       quantize(h + r * n_ff_max, dst + static_cast<size_t>(r) * hq_stride, row_ff[static_cast<size_t>(r)]);
     };
@@ -538,6 +597,8 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
   int64_t max_tokens = 0;
   for (const FfnJob& j : jobs) max_tokens = std::max(max_tokens, j.n_rows);
   const int step = row_step(k_, down_type, max_tokens);
+  ActRows ad;
+  MOELITE_TRY(prepare_rows(down_type, step, hq, hq_stride, h_rows, n_ff_max, &prep_a_, &ad, row_ff.data()));
   const std::vector<Task> tasks = split_rows(
       jobs, [](const FfnJob& j) { return j.w->down.rows; }, pool_->size(), step);
   pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
@@ -552,7 +613,7 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
       for (int64_t i = 0; i < job.n_rows; i += kMultiDot) {
         const int count = static_cast<int>(std::min<int64_t>(kMultiDot, job.n_rows - i));
         float o[NR][kMultiDot];
-        ddots.rows<NR>(r, dr, hq + static_cast<size_t>(base + i) * hq_stride, hq_stride, count, o);
+        ddots.rows<NR>(r, dr, ad.at(base + i), count, o);
         for (int ri = 0; ri < NR; ++ri) {
           if (job.w->down_bias)
             for (int j = 0; j < count; ++j) o[ri][j] += job.w->down_bias[r + ri * dr];

@@ -15,6 +15,8 @@
 
 namespace moelite::cpu {
 
+struct ActRows;  // activation rows as the dot kernels read them (cpu_backend.cpp)
+
 class CpuBackend final : public Backend {
  public:
   // MOELITE_ERR_SYSTEM_LIMIT when the OS refuses one of the compute threads.
@@ -79,8 +81,13 @@ class CpuBackend final : public Backend {
   // Quantizes the rows of x into `type`'s dot format, returns a pointer to row-major rows.
   Status quantize_rows(const float* x, int64_t rows, int64_t cols, TensorType weight_type, std::vector<uint8_t>* buf,
                        const uint8_t** out);
-  void matmul_rows(const WeightView& w, const uint8_t* act, size_t act_stride, int64_t n, float* out,
-                   int64_t out_stride);
+  Status matmul_rows(const WeightView& w, const uint8_t* act, size_t act_stride, int64_t n, float* out,
+                     int64_t out_stride);
+  // *out = the activation rows (act, stride) and, where batches of `step`-row groups of
+  // weight_type take the kernels' prepared tile, the same rows prepared into *buf (row r at
+  // row_cols[r] elements where given, else cols).
+  Status prepare_rows(TensorType weight_type, int step, const uint8_t* act, size_t stride, int64_t rows, int64_t cols,
+                      std::vector<uint8_t>* buf, ActRows* out, const int64_t* row_cols = nullptr);
   static std::vector<FfnJob> jobs_of(const ExpertTask* tasks, int32_t n);
 
   const KernelTable& k_;
@@ -88,6 +95,7 @@ class CpuBackend final : public Backend {
   std::string name_;
   std::vector<uint8_t> qbuf_, qbuf2_;
   std::vector<uint8_t> ffn_xg_gate_, ffn_xg_up_;  // activations gathered per expert job
+  std::vector<uint8_t> prep_a_, prep_b_;  // activations in the kernels' prepared layout (prefill)
   std::vector<float> ffn_h_, ffn_y_;
   // The routed-expert pass in progress (moe_begin .. moe_combine).
   struct MoePass {

@@ -53,6 +53,23 @@ constexpr int kTileRows = 2;
 // prepared in a call feeds four weight rows (the avx512 Q8_0 kernel).
 constexpr int kQuadRows = 4;
 
+// Optional tile over prepared activations, for batched products (prefill): the activation rows
+// are first put, once per batch, into a layout of the table's own (prepare), so a tile call does
+// only the weight decoding and the multiply-adds; the activation side (shuffles, scale
+// spreading, bias sums) is done once per token instead of once per group of weight rows.
+//   prepare(a_row, n, out): one activation row in the dot type -> prepared_bytes(n) bytes.
+//   tile: the VecDotTileFn contract with `rows` weight rows and prepared activation rows
+//     (a_stride apart, in bytes). Each output is bit-identical to the table's vec_dot of that
+//     weight row and the activation row that was prepared.
+using PrepareActFn = void (*)(const void* a_row, int64_t n, void* out);
+using PreparedBytesFn = size_t (*)(int64_t n);
+struct PreparedTile {
+  PrepareActFn prepare = nullptr;
+  PreparedBytesFn prepared_bytes = nullptr;
+  VecDotTileFn tile = nullptr;  // nullptr: no prepared path for the type
+  int rows = 0;                 // weight rows per call: kTileRows or kQuadRows
+};
+
 struct KernelTable {
   const char* isa;                                  // "scalar", "avx2", "avx512", "neon", "dotprod", "i8mm"
   DequantRowFn dequant[kTensorTypeIdLimit];         // by weight type; nullptr if unsupported
@@ -61,6 +78,7 @@ struct KernelTable {
   VecDotMultiFn vec_dot_multi[kTensorTypeIdLimit];  // by weight type; set wherever vec_dot is
   VecDotTileFn tile[kTensorTypeIdLimit];            // by weight type; nullptr: no tile kernel
   VecDotTileFn tile4[kTensorTypeIdLimit];           // by weight type; nullptr: no four-row tile
+  PreparedTile prepared[kTensorTypeIdLimit];        // by weight type; tile == nullptr: none
 };
 
 // Multi-dot as a loop over one vec_dot: the fallback for types without a blocked kernel.
@@ -90,6 +108,10 @@ void set_vec_dot(KernelTable& t, TensorType type, VecDotMultiFn multi = vec_dot_
   t.vec_dot_multi[static_cast<uint32_t>(type)] = multi;
   t.tile[static_cast<uint32_t>(type)] = tile;
   t.tile4[static_cast<uint32_t>(type)] = tile4;
+  t.prepared[static_cast<uint32_t>(type)] = PreparedTile{};  // set after its vec_dot (set_prepared)
+}
+inline void set_prepared(KernelTable& t, TensorType type, const PreparedTile& prepared) {
+  t.prepared[static_cast<uint32_t>(type)] = prepared;
 }
 
 // The readable scalar reference: every other table is tested against it.

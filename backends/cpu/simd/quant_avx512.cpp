@@ -174,25 +174,37 @@ inline __m512i neg_bias_quad(Quad q, __m512i bias) {
   return _mm512_sub_epi32(_mm512_setzero_si512(), s);
 }
 
-template <int NR, int K>
+// Prepared activations (the `prepared` tile): the activation side of the loop below done once
+// per token instead of once per group of weight rows. Row layout (n = 32 * nb):
+//   per 4 blocks, 256 bytes: the Quad (lo 64, hi 64), -128 * its lane sums (16 int32) and the
+//     4 scales spread over their lane groups (16 floats): the ac, aq and da of the loop below;
+//   per remaining block, 64 bytes: qs (32), -128 * the lane sums of its zero-extended halves
+//     (4 int32: lanes 0-3 of the tail's c), the scale (float), padding.
+// The int32 lanes and float operations are those of the plain path, so results are the same bits.
+constexpr size_t kPrepQuadBytes = 256, kPrepTailBytes = 64;
+
+template <int NR, int K, bool kPrepared = false>
 struct Q8Tile {
   // The bias goes on the side with fewer vectors per call: the activations' when K <= NR (each
   // weight vector is xored, each activation's -128 * sum is formed once), else the weights'.
-  static constexpr bool kBiasWeights = K <= NR;
+  // Prepared activations carry it already.
+  static constexpr bool kBiasWeights = K <= NR || kPrepared;
   static void run(int64_t n, float* out, size_t out_stride, const void* w, size_t w_stride, const void* a,
                   size_t a_stride) {
     const Q8_0* x[NR];
     const Q8_0* y[K];
+    const uint8_t* yp[K];
     __m512 acc[NR][K];
     for (int r = 0; r < NR; ++r) x[r] = act_row<Q8_0>(w, w_stride, r);
-    for (int j = 0; j < K; ++j) y[j] = act_row<Q8_0>(a, a_stride, j);
+    for (int j = 0; j < K; ++j) y[j] = act_row<Q8_0>(a, a_stride, j), yp[j] = act_row<uint8_t>(a, a_stride, j);
     for (int r = 0; r < NR; ++r)
       for (int j = 0; j < K; ++j) acc[r][j] = _mm512_setzero_ps();
     const int64_t nb = n / kQK;
     const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
     const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     int64_t i = 0;
-    for (; i + 4 <= nb; i += 4) {
+    size_t off = 0;  // into prepared rows
+    for (; i + 4 <= nb; i += 4, off += kPrepQuadBytes) {
       Quad wq[NR];
       __m512i wc[NR];
       __m512 dw[NR];
@@ -210,15 +222,24 @@ struct Q8Tile {
       }
 #pragma GCC unroll 4
       for (int j = 0; j < K; ++j) {
-        const Q8_0* b = y[j] + i;
-        const Quad q = load_quad(b);
-        Quad aq = q;
+        Quad aq;
         __m512i ac = _mm512_setzero_si512();
-        if constexpr (kBiasWeights)
-          ac = neg_bias_quad(q, bias);
-        else
-          aq = xor_quad(q, bias);
-        const __m512 da = _mm512_permutexvar_ps(spread, _mm512_zextps128_ps512(fp16x4(b)));
+        __m512 da;
+        if constexpr (kPrepared) {
+          const uint8_t* p = yp[j] + off;
+          aq = {load512(p), load512(p + 64)};
+          ac = load512(p + 128);
+          da = _mm512_loadu_ps(p + 192);
+        } else {
+          const Q8_0* b = y[j] + i;
+          const Quad q = load_quad(b);
+          aq = q;
+          if constexpr (kBiasWeights)
+            ac = neg_bias_quad(q, bias);
+          else
+            aq = xor_quad(q, bias);
+          da = _mm512_permutexvar_ps(spread, _mm512_zextps128_ps512(fp16x4(b)));
+        }
 #pragma GCC unroll 4
         for (int r = 0; r < NR; ++r) {
           __m512i p;
@@ -230,13 +251,23 @@ struct Q8Tile {
         }
       }
     }
-    for (; i < nb; ++i) {
+    for (; i < nb; ++i, off += kPrepTailBytes) {
       // Single blocks in lane group 0 (lo: bytes 0..15, hi: 16..31); the other lanes multiply zeros.
 #pragma GCC unroll 4
       for (int j = 0; j < K; ++j) {
-        const Quad av = {_mm512_zextsi128_si512(load128(y[j][i].qs)), _mm512_zextsi128_si512(load128(y[j][i].qs + 16))};
-        const __m512i c = neg_bias_quad(av, bias);
-        const float da = fp16(y[j][i].d);
+        Quad av;
+        __m512i c;
+        float da;
+        if constexpr (kPrepared) {
+          const uint8_t* p = yp[j] + off;
+          av = {_mm512_zextsi128_si512(load128(p)), _mm512_zextsi128_si512(load128(p + 16))};
+          c = _mm512_zextsi128_si512(load128(p + 32));
+          da = f32(p + 48);
+        } else {
+          av = {_mm512_zextsi128_si512(load128(y[j][i].qs)), _mm512_zextsi128_si512(load128(y[j][i].qs + 16))};
+          c = neg_bias_quad(av, bias);
+          da = fp16(y[j][i].d);
+        }
 #pragma GCC unroll 2
         for (int r = 0; r < NR; ++r) {
           const Quad wv = xor_quad({_mm512_zextsi128_si512(load128(x[r][i].qs)), _mm512_zextsi128_si512(load128(x[r][i].qs + 16))}, bias);
@@ -250,6 +281,34 @@ struct Q8Tile {
       for (int j = 0; j < K; ++j) out[r * out_stride + j] = _mm512_reduce_add_ps(acc[r][j]);
   }
 };
+
+size_t prepared_bytes_q8_0(int64_t n) {
+  const int64_t nb = n / kQK;
+  return static_cast<size_t>(nb / 4) * kPrepQuadBytes + static_cast<size_t>(nb % 4) * kPrepTailBytes;
+}
+void prepare_q8_0(const void* a_row, int64_t n, void* out) {
+  const Q8_0* y = static_cast<const Q8_0*>(a_row);
+  uint8_t* o = static_cast<uint8_t*>(out);
+  const int64_t nb = n / kQK;
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  int64_t i = 0;
+  for (; i + 4 <= nb; i += 4, o += kPrepQuadBytes) {
+    const Quad q = load_quad(y + i);
+    _mm512_storeu_si512(o, q.lo);
+    _mm512_storeu_si512(o + 64, q.hi);
+    _mm512_storeu_si512(o + 128, neg_bias_quad(q, bias));
+    _mm512_storeu_ps(o + 192, _mm512_permutexvar_ps(spread, _mm512_zextps128_ps512(fp16x4(y + i))));
+  }
+  for (; i < nb; ++i, o += kPrepTailBytes) {
+    const Quad av = {_mm512_zextsi128_si512(load128(y[i].qs)), _mm512_zextsi128_si512(load128(y[i].qs + 16))};
+    std::memcpy(o, y[i].qs, 32);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 32), _mm512_castsi512_si128(neg_bias_quad(av, bias)));
+    const float da = fp16(y[i].d);
+    std::memcpy(o + 48, &da, 4);
+    std::memset(o + 52, 0, kPrepTailBytes - 52);
+  }
+}
 
 void dot_q8_0(int64_t n, float* out, const void* w, const void* a) { Q8Tile<1, 1>::run(n, out, 1, w, 0, a, 0); }
 void dot_multi_q8_0(int64_t n, float* out, const void* w, const void* a, size_t stride, int count) {
@@ -277,6 +336,15 @@ void tile4_q8_0(int64_t n, float* out, size_t out_stride, const void* w, size_t 
     case 2: Q8Tile<kQuadRows, 2>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
     case 3: Q8Tile<kQuadRows, 3>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
     default: Q8Tile<kQuadRows, 4>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
+  }
+}
+void tile4_prepared_q8_0(int64_t n, float* out, size_t out_stride, const void* w, size_t w_stride, const void* a,
+                         size_t a_stride, int count) {
+  switch (count) {
+    case 1: Q8Tile<kQuadRows, 1, true>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
+    case 2: Q8Tile<kQuadRows, 2, true>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
+    case 3: Q8Tile<kQuadRows, 3, true>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
+    default: Q8Tile<kQuadRows, 4, true>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
   }
 }
 
@@ -432,6 +500,7 @@ KernelTable make_table(const KernelTable& base) {
   set_vec_dot<dot_one<DotF16>>(t, TensorType::F16, dot_multi<DotF16>);
   set_vec_dot<dot_one<DotBf16>>(t, TensorType::BF16, dot_multi<DotBf16>);
   set_vec_dot<dot_q8_0>(t, TensorType::Q8_0, dot_multi_q8_0, tile_q8_0, tile4_q8_0);
+  set_prepared(t, TensorType::Q8_0, {prepare_q8_0, prepared_bytes_q8_0, tile4_prepared_q8_0, kQuadRows});
   set_vec_dot<dot_one<DotQ4K>>(t, TensorType::Q4_K, dot_multi<DotQ4K>);
   set_vec_dot<dot_one<DotQ5K>>(t, TensorType::Q5_K, dot_multi<DotQ5K>);
   set_vec_dot<dot_one<DotQ6K>>(t, TensorType::Q6_K, dot_multi<DotQ6K>);
