@@ -356,8 +356,7 @@ MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_
       return rt && rt->budget_auto ? static_cast<int64_t>(rt->auto_budget.headroom) : 0;
     case MOELITE_MODEL_EXPERT_MIN_BUDGET: {
       if (m.vocab_only || m.layers.empty()) return 0;
-      uint64_t slot_bytes = 0;
-      return static_cast<int64_t>(moelite::ExpertStore::minimum_budget(m, store && store->per_layer(), &slot_bytes));
+      return static_cast<int64_t>(moelite::ExpertStore::limits(m, store && store->per_layer()).minimum);
     }
     case MOELITE_MODEL_EXPERTS_ALL_FIT:
       if (!rt) return 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cinttypes>
 
+#include "core/adaptive/setup.h"
 #include "core/context.h"
 #include "core/expert_store/expert_store.h"
 #include "core/model.h"
@@ -31,14 +32,11 @@ Status size_auto_budget(const AutoBudgetInputs& in, AutoBudget* out) {
 
 Status choose_auto_budget(const Model& m, const LoadOptions& opts, bool dense_copied_to_shared_device,
                           AutoBudget* out) {
-  const bool per_layer = opts.expert_per_layer || opts.cache_allocation == "uniform";
-  uint64_t slot_bytes = 0;
+  // The limits the store will be planned and created with (one definition: setup.h).
+  const ExpertStore::Limits limits = planned_store_limits(m, opts);
   AutoBudgetInputs in;
-  in.minimum = ExpertStore::minimum_budget(m, per_layer, &slot_bytes);
-  const uint64_t n_experts = uint64_t(m.hp.n_layer) * uint64_t(m.hp.n_expert);
-  // The store's own cap: one slot per expert plus its reserve slots (expert_store.cpp).
-  const uint64_t reserve = uint64_t(ExpertStore::kReserveSlots) * (per_layer ? uint64_t(m.hp.n_layer) : 1);
-  in.all_experts = slot_bytes * (n_experts + reserve);
+  in.minimum = limits.minimum;
+  in.all_experts = limits.cap;
   in.room = m.memory_room_at_load;
   in.dense = m.dense_bytes * (dense_copied_to_shared_device ? 2 : 1);
   in.context = Context::estimate_bytes(m.hp, ContextOptions{});

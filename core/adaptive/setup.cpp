@@ -42,9 +42,19 @@ Status check_cache_allocation(const std::string& name) {
   return MOELITE_OK;
 }
 
+std::string effective_cache_allocation(const LoadOptions& opts) {
+  return opts.expert_per_layer && opts.cache_allocation == "auto" ? std::string("uniform") : opts.cache_allocation;
+}
+
+ExpertStore::Limits planned_store_limits(const Model& m, const LoadOptions& opts) {
+  const std::string mode = effective_cache_allocation(opts);
+  ExpertStore::Limits l = ExpertStore::limits(m, mode == "uniform" || mode == "dp");
+  l.cap = ExpertStore::limits(m, mode != "global").cap;
+  return l;
+}
+
 Status plan_expert_store(const Model& m, const Profile* p, const LoadOptions& opts, ExpertStoreOptions* so) {
-  const std::string& mode =
-      opts.expert_per_layer && opts.cache_allocation == "auto" ? std::string("uniform") : opts.cache_allocation;
+  const std::string mode = effective_cache_allocation(opts);
   MOELITE_TRY(check_cache_allocation(mode));
   so->per_layer = mode == "uniform";
   const HParams& hp = m.hp;
@@ -65,12 +75,12 @@ Status plan_expert_store(const Model& m, const Profile* p, const LoadOptions& op
     return fail(MOELITE_ERR_BAD_PROFILE,
                 "the DP cache allocation needs a calibration profile with per-layer hit curves");
   }
-  uint64_t slot_bytes = 0;
-  ExpertStore::minimum_budget(m, true, &slot_bytes);
+  const ExpertStore::Limits limits = ExpertStore::limits(m, true);
+  const uint64_t slot_bytes = limits.slot_bytes;
   const int32_t k = hp.n_expert_used;
-  const int64_t slots = static_cast<int64_t>(
-      std::min<uint64_t>(opts.expert_budget_bytes / slot_bytes, uint64_t(hp.n_layer) * uint64_t(hp.n_expert + 1)));
-  const int32_t min_q = k + 1, max_q = std::max(k + 1, hp.n_expert);
+  const int64_t slots = static_cast<int64_t>(std::min(opts.expert_budget_bytes, limits.cap) / slot_bytes);
+  // Each layer's quota: at least the store's per-layer minimum (ExpertStore::create checks it).
+  const int32_t min_q = k + ExpertStore::kReserveSlots, max_q = std::max(min_q, hp.n_expert);
   if (slots < int64_t{hp.n_layer} * min_q) {
     if (mode == "dp")
       return fail(MOELITE_ERR_BUDGET_TOO_SMALL,

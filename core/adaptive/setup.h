@@ -18,6 +18,14 @@ Status setup_adaptive(const Model& m, const LoadOptions& opts, std::unique_ptr<P
 // MOELITE_ERR_INVALID_ARGUMENT.
 // MOELITE_ERR_INVALID_ARGUMENT unless `name` is auto, global, uniform or dp.
 Status check_cache_allocation(const std::string& name);
+// The allocation the store is planned with: "auto" with per-layer quotas asked for
+// (expert_per_layer) is "uniform"; any other name as given.
+std::string effective_cache_allocation(const LoadOptions& opts);
+// The smallest budget plan_expert_store + ExpertStore::create accept for these options, and the
+// most they allocate: what the auto budget must respect. Per-layer minimums for "uniform" and
+// "dp" ("auto" falls back to one global pool when per-layer quotas do not fit); the per-layer cap
+// wherever quotas may be per layer (all but "global").
+ExpertStore::Limits planned_store_limits(const Model& m, const LoadOptions& opts);
 Status plan_expert_store(const Model& m, const Profile* profile, const LoadOptions& opts, ExpertStoreOptions* so);
 
 }  // namespace moelite

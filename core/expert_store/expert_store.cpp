@@ -73,12 +73,16 @@ void ExpertStore::chunk_regions(const Model& model, uint64_t region[3]) {
   }
 }
 
-uint64_t ExpertStore::minimum_budget(const Model& model, bool per_layer, uint64_t* slot_bytes) {
+ExpertStore::Limits ExpertStore::limits(const Model& model, bool per_layer) {
   uint64_t region[3];
   chunk_regions(model, region);
-  *slot_bytes = region[0] + region[1] + region[2];
-  const uint64_t per_pool = static_cast<uint64_t>(model.hp.n_expert_used + kReserveSlots);
-  return *slot_bytes * per_pool * (per_layer ? static_cast<uint64_t>(model.hp.n_layer) : 1);
+  Limits l;
+  l.slot_bytes = region[0] + region[1] + region[2];
+  const uint64_t pools = per_layer ? static_cast<uint64_t>(model.hp.n_layer) : 1;
+  l.minimum = l.slot_bytes * static_cast<uint64_t>(model.hp.n_expert_used + kReserveSlots) * pools;
+  const uint64_t n_experts = static_cast<uint64_t>(model.hp.n_layer) * static_cast<uint64_t>(model.hp.n_expert);
+  l.cap = l.slot_bytes * (n_experts + static_cast<uint64_t>(kReserveSlots) * pools);
+  return l;
 }
 
 Status ExpertStore::create(const Model& model, Backend& backend, const ExpertStoreOptions& opts,
@@ -88,7 +92,9 @@ Status ExpertStore::create(const Model& model, Backend& backend, const ExpertSto
   MOELITE_TRY(make_policy(opts.policy, &s->policy_));
   s->policy_name_ = opts.policy;
   s->per_layer_ = opts.per_layer;
-  const uint64_t minimum = minimum_budget(model, opts.per_layer, &s->slot_bytes_);
+  const Limits limit = limits(model, opts.per_layer);
+  s->slot_bytes_ = limit.slot_bytes;
+  const uint64_t minimum = limit.minimum;
   if (opts.budget_bytes < minimum)
     return fail(MOELITE_ERR_BUDGET_TOO_SMALL,
                 "an expert budget of %" PRIu64 " bytes is below the minimum working set of %" PRIu64
@@ -96,10 +102,8 @@ Status ExpertStore::create(const Model& model, Backend& backend, const ExpertSto
                 opts.budget_bytes, minimum, model.hp.n_expert_used, kReserveSlots,
                 opts.per_layer ? ", in every layer's quota" : "", s->slot_bytes_);
   // Never more slots than experts: a budget above the model's needs is not allocated.
-  const uint64_t n_experts_total = static_cast<uint64_t>(model.hp.n_layer) * static_cast<uint64_t>(model.hp.n_expert);
   const uint64_t n_layers = static_cast<uint64_t>(model.hp.n_layer);
-  uint64_t n_slots =
-      std::min(opts.budget_bytes / s->slot_bytes_, n_experts_total + kReserveSlots * (opts.per_layer ? n_layers : 1));
+  uint64_t n_slots = std::min(opts.budget_bytes, limit.cap) / s->slot_bytes_;
   if (opts.per_layer && !opts.layer_slots.empty()) {
     if (opts.layer_slots.size() != n_layers)
       return fail(MOELITE_ERR_INVALID_ARGUMENT, "per-layer expert slots: %zu values for %d layers",

@@ -102,7 +102,16 @@ class ExpertStore final : public ExpertSource {
   std::vector<ExpertLayerStats> stats() const;
   void reset_stats();
   const std::string& policy_name() const { return policy_name_; }
-  static uint64_t minimum_budget(const Model& model, bool per_layer, uint64_t* slot_bytes);
+  // The store's size limits for a model, decided here only (the auto budget and the DP allocation
+  // ask the same): the bytes of one slot, the smallest budget create() accepts (n_expert_used +
+  // kReserveSlots slots, in every layer's quota when per layer) and the most it allocates (a slot
+  // per expert plus each pool's reserve).
+  struct Limits {
+    uint64_t slot_bytes = 0;
+    uint64_t minimum = 0;
+    uint64_t cap = 0;
+  };
+  static Limits limits(const Model& model, bool per_layer);
   bool per_layer() const { return per_layer_; }
   // Slots of each layer's quota (per-layer mode; empty otherwise).
   const std::vector<int32_t>& layer_slots() const { return quota_; }
