@@ -116,24 +116,23 @@ struct RowDots {
 // Calls body(std::integral_constant<int, NR>(), r, dr) for the rows [r0, r1) of a task: NR = 1
 // per row, or (step kTileRows = 2 / kQuadRows = 4) groups of rows a part of the task apart:
 // r0 + i, r0 + h + i, ... (h = the task's rows / step), plus lone last rows when the count is not
-// a multiple of the step. Pairs of distant rows
-// are two sequential streams through the weights; pairs of adjacent rows interleave two streams
-// one row apart, which the AMD Zen 4 hardware prefetcher follows badly (one thread streaming a
-// 136 MB Q8_0 matrix from DRAM through the 2-row tile: 8.9 GB/s with adjacent rows, 23-28 GB/s
-// with distant ones, 23-27 GB/s one row at a time). The row count NR is a compile-time constant
-// in the body, so the single-row path of tables without tiles is the plain loop.
+// a multiple of the step. Groups of distant rows are `step` sequential streams through the
+// weights; groups of adjacent rows interleave streams one row apart, which the AMD Zen 4 hardware
+// prefetcher follows badly (one thread streaming a 136 MB Q8_0 matrix from DRAM through the 2-row
+// tile: 8.9 GB/s with adjacent rows, 23-28 GB/s with distant ones, 23-27 GB/s one row at a time).
+// The row count NR is a compile-time constant in the body, so the single-row path of tables
+// without tiles is the plain loop.
+template <int NR, class Body>
+inline int64_t for_row_groups(int64_t r0, int64_t r1, Body& body) {
+  const int64_t h = (r1 - r0) / NR;
+  for (int64_t i = 0; i < h; ++i) body(std::integral_constant<int, NR>(), r0 + i, h);
+  return r0 + NR * h;
+}
 template <class Body>
 inline void for_rows(int64_t r0, int64_t r1, int step, Body&& body) {
   int64_t r = r0;
-  if (step == kTileRows) {
-    const int64_t h = (r1 - r0) / kTileRows;
-    for (int64_t i = 0; i < h; ++i) body(std::integral_constant<int, kTileRows>(), r0 + i, h);
-    r = r0 + kTileRows * h;
-  } else if (step == kQuadRows) {
-    const int64_t h = (r1 - r0) / kQuadRows;
-    for (int64_t i = 0; i < h; ++i) body(std::integral_constant<int, kQuadRows>(), r0 + i, h);
-    r = r0 + kQuadRows * h;
-  }
+  if (step == kTileRows) r = for_row_groups<kTileRows>(r0, r1, body);
+  if (step == kQuadRows) r = for_row_groups<kQuadRows>(r0, r1, body);
   for (; r < r1; ++r) body(std::integral_constant<int, 1>(), r, int64_t{0});
 }
 
@@ -186,6 +185,14 @@ bool use_prepared(const KernelTable& k, TensorType type, int step) {
 // Tokens per task in batched products: the activations of one chunk stay in L2 while each weight
 // row is reused from L1 across them.
 constexpr int64_t kTokenChunk = 32;
+
+// The most activation rows any job of a call has (1: a decode step).
+template <typename Job>
+int64_t max_rows_of(const std::vector<Job>& jobs) {
+  int64_t most = 0;
+  for (const Job& j : jobs) most = std::max(most, j.n_rows);
+  return most;
+}
 
 // A chunk of one job's output rows: the unit of work the pool schedules.
 struct Task {
@@ -533,8 +540,7 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
   // h = act(gate x, up x) for every routed row of every job.
   // Rows in pairs where either projection has a tile kernel (dot_rows runs the other as
   // multi-dots); tasks then hold even row counts.
-  int64_t max_tokens = 0;
-  for (const FfnJob& j : jobs) max_tokens = std::max(max_tokens, j.n_rows);
+  const int64_t max_tokens = max_rows_of(jobs);
   const int step = std::max(row_step(k_, gate_type, max_tokens), row_step(k_, up_type, max_tokens));
   ActRows ag, au;
   MOELITE_TRY(prepare_rows(gate_type, step, xg_gate, gate_stride, h_rows, n_embd, &prep_a_, &ag));
@@ -604,9 +610,7 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
   }
 
   // results[out_row] = down h.
-  int64_t max_tokens = 0;
-  for (const FfnJob& j : jobs) max_tokens = std::max(max_tokens, j.n_rows);
-  const int step = row_step(k_, down_type, max_tokens);
+  const int step = row_step(k_, down_type, max_rows_of(jobs));
   ActRows ad;
   MOELITE_TRY(prepare_rows(down_type, step, hq, hq_stride, h_rows, n_ff_max, &prep_a_, &ad, row_ff.data()));
   const std::vector<Task> tasks = split_rows(
