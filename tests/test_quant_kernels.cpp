@@ -752,22 +752,22 @@ TEST(QuantKernelsTile, PresentOnlyWhereExpected) {
   for (const KernelTable* t : all_tables())
     for (uint32_t i = 0; i < kTensorTypeIdLimit; ++i) {
       if (t->tile[i]) EXPECT_NE(t->vec_dot[i], nullptr) << t->isa << " " << i;
-      const bool may_have = std::strcmp(t->isa, "i8mm") == 0 ||
-                            (std::strcmp(t->isa, "avx512") == 0 && i == tid(TensorType::Q8_0));
+      // avx512's row tiles: the VNNI kernels of Q8_0 and Q4_0.
+      const bool avx512_tiled =
+          std::strcmp(t->isa, "avx512") == 0 && (i == tid(TensorType::Q8_0) || i == tid(TensorType::Q4_0));
+      const bool may_have = std::strcmp(t->isa, "i8mm") == 0 || avx512_tiled;
       if (!may_have) EXPECT_EQ(t->tile[i], nullptr) << t->isa << " " << i;
-      // Four-row tiles: only the avx512 Q8_0 kernel, and only beside a two-row one.
+      // Four-row tiles: only those avx512 kernels, and only beside a two-row one.
       if (t->tile4[i]) EXPECT_NE(t->tile[i], nullptr) << t->isa << " " << i;
-      if (std::strcmp(t->isa, "avx512") != 0 || i != tid(TensorType::Q8_0))
-        EXPECT_EQ(t->tile4[i], nullptr) << t->isa << " " << i;
-      // Prepared tiles: only the avx512 Q8_0 one, a complete set of entries, at a size the
-      // drivers group rows by.
+      if (!avx512_tiled) EXPECT_EQ(t->tile4[i], nullptr) << t->isa << " " << i;
+      // Prepared tiles: only beside those avx512 kernels, a complete set of entries, at a size
+      // the drivers group rows by.
       const PreparedTile& p = t->prepared[i];
       if (p.tile) {
         EXPECT_TRUE(p.prepare && p.prepared_bytes) << t->isa << " " << i;
         EXPECT_TRUE(p.rows == kTileRows || p.rows == kQuadRows) << t->isa << " " << i;
       }
-      if (std::strcmp(t->isa, "avx512") != 0 || i != tid(TensorType::Q8_0))
-        EXPECT_EQ(p.tile, nullptr) << t->isa << " " << i;
+      if (!avx512_tiled) EXPECT_EQ(p.tile, nullptr) << t->isa << " " << i;
     }
   if (const KernelTable* t = kernels_i8mm())
     for (TensorType type : kWeightTypes)

@@ -147,7 +147,8 @@ struct DotBf16 {
 
 // The fp16 scales of 4 consecutive 34-byte blocks as 4 floats: assembled in a general register
 // (scalar loads and shifts, no vector inserts), one vcvtph2ps.
-inline __m128 fp16x4(const Q8_0* b) {
+template <typename Block>
+inline __m128 fp16x4(const Block* b) {
   uint16_t h[4];
   for (int k = 0; k < 4; ++k) std::memcpy(&h[k], b[k].d, 2);
   const uint64_t v = static_cast<uint64_t>(h[0]) | static_cast<uint64_t>(h[1]) << 16 |
@@ -310,43 +311,125 @@ void prepare_q8_0(const void* a_row, int64_t n, void* out) {
   }
 }
 
-void dot_q8_0(int64_t n, float* out, const void* w, const void* a) { Q8Tile<1, 1>::run(n, out, 1, w, 0, a, 0); }
-void dot_multi_q8_0(int64_t n, float* out, const void* w, const void* a, size_t stride, int count) {
-  switch (count) {
-    case 1: Q8Tile<1, 1>::run(n, out, 1, w, 0, a, stride); break;
-    case 2: Q8Tile<1, 2>::run(n, out, 1, w, 0, a, stride); break;
-    case 3: Q8Tile<1, 3>::run(n, out, 1, w, 0, a, stride); break;
-    default: Q8Tile<1, 4>::run(n, out, 1, w, 0, a, stride); break;
-  }
-}
-void tile_q8_0(int64_t n, float* out, size_t out_stride, const void* w, size_t w_stride, const void* a,
-               size_t a_stride, int count) {
-  switch (count) {
-    case 1: Q8Tile<kTileRows, 1>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
-    case 2: Q8Tile<kTileRows, 2>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
-    case 3: Q8Tile<kTileRows, 3>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
-    default: Q8Tile<kTileRows, 4>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
-  }
-}
-static_assert(kTileRows == 2, "tile_q8_0 computes pairs of weight rows");
-void tile4_q8_0(int64_t n, float* out, size_t out_stride, const void* w, size_t w_stride, const void* a,
+// Entry points of a row-tile kernel Tile<NR, K, kPrepared>::run: vec_dot (1 x 1), multi-dot
+// (1 x count), the tiles (NR x count), each dispatching count 1..kMultiDot to its instance.
+template <template <int, int, bool> class Tile, int NR, bool kPrepared = false>
+void tile_entry(int64_t n, float* out, size_t out_stride, const void* w, size_t w_stride, const void* a,
                 size_t a_stride, int count) {
   switch (count) {
-    case 1: Q8Tile<kQuadRows, 1>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
-    case 2: Q8Tile<kQuadRows, 2>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
-    case 3: Q8Tile<kQuadRows, 3>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
-    default: Q8Tile<kQuadRows, 4>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
+    case 1: Tile<NR, 1, kPrepared>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
+    case 2: Tile<NR, 2, kPrepared>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
+    case 3: Tile<NR, 3, kPrepared>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
+    default: Tile<NR, 4, kPrepared>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
   }
 }
-void tile4_prepared_q8_0(int64_t n, float* out, size_t out_stride, const void* w, size_t w_stride, const void* a,
-                         size_t a_stride, int count) {
-  switch (count) {
-    case 1: Q8Tile<kQuadRows, 1, true>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
-    case 2: Q8Tile<kQuadRows, 2, true>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
-    case 3: Q8Tile<kQuadRows, 3, true>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
-    default: Q8Tile<kQuadRows, 4, true>::run(n, out, out_stride, w, w_stride, a, a_stride); break;
-  }
+template <template <int, int, bool> class Tile>
+void tile_dot(int64_t n, float* out, const void* w, const void* a) {
+  Tile<1, 1, false>::run(n, out, 1, w, 0, a, 0);
 }
+template <template <int, int, bool> class Tile>
+void tile_multi(int64_t n, float* out, const void* w, const void* a, size_t stride, int count) {
+  tile_entry<Tile, 1>(n, out, 1, w, 0, a, stride, count);
+}
+static_assert(kMultiDot == 4, "tile_entry dispatches counts 1..4");
+
+// ---- Q4_0 -----------------------------------------------------------------------------------
+
+// Q4Tile<NR, K, kPrepared>: Q8Tile's scheme for Q4_0 weights (x = d * (q - 8), q a nibble)
+// against Q8_0 activations. The nibbles are unsigned already, so vpdpbusd takes them as they are
+// and the accumulator starts at -8 * the activation's lane sums: Q8Tile's -128 * sum shifted right
+// by 4 (exact, a multiple of 128), so prepared Q8_0 activations serve both types. Per 4 blocks one
+// vector holds the blocks' 16 bytes (128-bit lane k = block k): its low nibbles are elements
+// 0..15 (the Quad's lo), its high nibbles 16..31 (hi), the activations' Quad layout. Same
+// accumulators, operation order and reduction for vec_dot, multi-dot, tiles and prepared, so all
+// are bit-identical.
+inline Quad load_quad_q4(const Q4_0* b) {
+  __m512i v = _mm512_castsi128_si512(load128(b[0].qs));
+  v = _mm512_inserti32x4(v, load128(b[1].qs), 1);
+  v = _mm512_inserti32x4(v, load128(b[2].qs), 2);
+  v = _mm512_inserti32x4(v, load128(b[3].qs), 3);
+  const __m512i m = _mm512_set1_epi8(0x0F);
+  return {_mm512_and_si512(v, m), _mm512_and_si512(_mm512_srli_epi16(v, 4), m)};
+}
+
+template <int NR, int K, bool kPrepared = false>
+struct Q4Tile {
+  static void run(int64_t n, float* out, size_t out_stride, const void* w, size_t w_stride, const void* a,
+                  size_t a_stride) {
+    const Q4_0* x[NR];
+    const Q8_0* y[K];
+    const uint8_t* yp[K];
+    __m512 acc[NR][K];
+    for (int r = 0; r < NR; ++r) x[r] = act_row<Q4_0>(w, w_stride, r);
+    for (int j = 0; j < K; ++j) y[j] = act_row<Q8_0>(a, a_stride, j), yp[j] = act_row<uint8_t>(a, a_stride, j);
+    for (int r = 0; r < NR; ++r)
+      for (int j = 0; j < K; ++j) acc[r][j] = _mm512_setzero_ps();
+    const int64_t nb = n / kQK;
+    const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    int64_t i = 0;
+    size_t off = 0;  // into prepared rows
+    for (; i + 4 <= nb; i += 4, off += kPrepQuadBytes) {
+      Quad wq[NR];
+      __m512 dw[NR];
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        wq[r] = load_quad_q4(x[r] + i);
+        dw[r] = _mm512_permutexvar_ps(spread, _mm512_zextps128_ps512(fp16x4(x[r] + i)));
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < K; ++j) {
+        Quad aq;
+        __m512i ac;
+        __m512 da;
+        if constexpr (kPrepared) {
+          const uint8_t* p = yp[j] + off;
+          aq = {load512(p), load512(p + 64)};
+          ac = _mm512_srai_epi32(load512(p + 128), 4);
+          da = _mm512_loadu_ps(p + 192);
+        } else {
+          aq = load_quad(y[j] + i);
+          ac = _mm512_srai_epi32(neg_bias_quad(aq, bias), 4);
+          da = _mm512_permutexvar_ps(spread, _mm512_zextps128_ps512(fp16x4(y[j] + i)));
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r) {
+          const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ac, wq[r].lo, aq.lo), wq[r].hi, aq.hi);
+          acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw[r], da), _mm512_cvtepi32_ps(p), acc[r][j]);
+        }
+      }
+    }
+    for (; i < nb; ++i, off += kPrepTailBytes) {
+      // Single blocks in lane group 0; the other lanes multiply zeros.
+#pragma GCC unroll 4
+      for (int j = 0; j < K; ++j) {
+        Quad av;
+        __m512i c;
+        float da;
+        if constexpr (kPrepared) {
+          const uint8_t* p = yp[j] + off;
+          av = {_mm512_zextsi128_si512(load128(p)), _mm512_zextsi128_si512(load128(p + 16))};
+          c = _mm512_srai_epi32(_mm512_zextsi128_si512(load128(p + 32)), 4);
+          da = f32(p + 48);
+        } else {
+          av = {_mm512_zextsi128_si512(load128(y[j][i].qs)), _mm512_zextsi128_si512(load128(y[j][i].qs + 16))};
+          c = _mm512_srai_epi32(neg_bias_quad(av, bias), 4);
+          da = fp16(y[j][i].d);
+        }
+#pragma GCC unroll 2
+        for (int r = 0; r < NR; ++r) {
+          const __m512i v = _mm512_zextsi128_si512(load128(x[r][i].qs));
+          const Quad wv = {_mm512_and_si512(v, low), _mm512_and_si512(_mm512_srli_epi16(v, 4), low)};
+          const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(c, wv.lo, av.lo), wv.hi, av.hi);
+          acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(fp16(x[r][i].d) * da), _mm512_cvtepi32_ps(p), acc[r][j]);
+        }
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int j = 0; j < K; ++j) out[r * out_stride + j] = _mm512_reduce_add_ps(acc[r][j]);
+  }
+};
 
 // ---- K-quants -------------------------------------------------------------------------------
 
@@ -499,8 +582,13 @@ KernelTable make_table(const KernelTable& base) {
   set_vec_dot<dot_one<DotF32>>(t, TensorType::F32, dot_multi<DotF32>);
   set_vec_dot<dot_one<DotF16>>(t, TensorType::F16, dot_multi<DotF16>);
   set_vec_dot<dot_one<DotBf16>>(t, TensorType::BF16, dot_multi<DotBf16>);
-  set_vec_dot<dot_q8_0>(t, TensorType::Q8_0, dot_multi_q8_0, tile_q8_0, tile4_q8_0);
-  set_prepared(t, TensorType::Q8_0, {prepare_q8_0, prepared_bytes_q8_0, tile4_prepared_q8_0, kQuadRows});
+  set_vec_dot<tile_dot<Q8Tile>>(t, TensorType::Q8_0, tile_multi<Q8Tile>, tile_entry<Q8Tile, kTileRows>,
+                                 tile_entry<Q8Tile, kQuadRows>);
+  set_prepared(t, TensorType::Q8_0, {prepare_q8_0, prepared_bytes_q8_0, tile_entry<Q8Tile, kQuadRows, true>, kQuadRows});
+  // Q4_0 reads the same (prepared) Q8_0 activations.
+  set_vec_dot<tile_dot<Q4Tile>>(t, TensorType::Q4_0, tile_multi<Q4Tile>, tile_entry<Q4Tile, kTileRows>,
+                                tile_entry<Q4Tile, kQuadRows>);
+  set_prepared(t, TensorType::Q4_0, {prepare_q8_0, prepared_bytes_q8_0, tile_entry<Q4Tile, kQuadRows, true>, kQuadRows});
   set_vec_dot<dot_one<DotQ4K>>(t, TensorType::Q4_K, dot_multi<DotQ4K>);
   set_vec_dot<dot_one<DotQ5K>>(t, TensorType::Q5_K, dot_multi<DotQ5K>);
   set_vec_dot<dot_one<DotQ6K>>(t, TensorType::Q6_K, dot_multi<DotQ6K>);
