@@ -548,77 +548,112 @@ void ExpertStore::loader_main() {
   // On big.LITTLE the compute workers own the big cores; a loader mostly waits for its reads, so
   // it lives on the little ones (a refusal, e.g. by a cpuset, just leaves it unpinned).
   platform::pin_current_thread(platform::little_cores());
-  std::unique_ptr<platform::BatchReader> reader = platform::BatchReader::create(8);
+  std::unique_ptr<platform::BatchReader> reader = platform::BatchReader::create(3 * kMaxBatchExperts);
+  std::vector<Load> batch;
+  batch.reserve(kMaxBatchExperts);
   for (;;) {
-    Request r;
-    int32_t layer, expert;
+    batch.clear();
     {
       std::unique_lock<std::mutex> lock(mu_);
       work_cv_.wait(lock, [&] { return stop_ || !demand_q_.empty() || !spec_q_.empty(); });
       if (stop_) return;
-      std::deque<Request>& q = demand_q_.empty() ? spec_q_ : demand_q_;  // demand before speculation
-      r = q.front();
-      q.pop_front();
-      layer = slots_[static_cast<size_t>(r.slot)].layer;
-      expert = slots_[static_cast<size_t>(r.slot)].expert;
+      // Demand before speculation; every demand load queued so far in one submission (up to
+      // kMaxBatchExperts). A routing queues its misses together and wakes every loader, but on a
+      // machine whose cores all compute, the first loader to get a CPU can be the only one for a
+      // few milliseconds (a trace of a 2-core decode at a 50 % budget: the second of two misses
+      // started 1-2 ms after the first). Speculative loads go one at a time.
+      std::deque<Request>& q = demand_q_.empty() ? spec_q_ : demand_q_;
+      const size_t take = &q == &demand_q_ ? kMaxBatchExperts : 1;
+      while (!q.empty() && batch.size() < take) {
+        const Slot& s = slots_[static_cast<size_t>(q.front().slot)];
+        batch.push_back({q.front().slot, s.layer, s.expert});  // reserved: cannot throw
+        q.pop_front();
+      }
     }
-    const Status st = load(*reader, r.slot, layer, expert);
-    std::string msg = st == MOELITE_OK ? std::string() : last_error_message();
-    {
+    try {
+      load_batch(*reader, batch);
+    } catch (...) {  // out of memory for the batch's bookkeeping: its experts fail, the loader lives
       std::lock_guard<std::mutex> lock(mu_);
-      Slot& s = slots_[static_cast<size_t>(r.slot)];
-      s.state = st == MOELITE_OK ? SlotState::Ready : SlotState::Failed;
-      s.chunks_ready = st == MOELITE_OK ? 3 : 0;
-      s.error = st;
-      s.last_use = clock_;
-      s.error_msg = msg;  // error messages are per thread: hand it to the waiting one
-      // A deeper layer's guesses may have been waiting for this load.
-      if (waiting_for_ < 0 && !waiting_.empty()) issue_predictions_locked();
+      for (const Load& l : batch) {
+        Slot& s = slots_[static_cast<size_t>(l.slot)];
+        s.state = SlotState::Failed;
+        s.chunks_ready = 0;
+        s.error = MOELITE_ERR_OUT_OF_MEMORY;
+        try {
+          s.error_msg = "out of memory starting an expert read";
+        } catch (...) {
+        }
+      }
     }
     ready_cv_.notify_all();
   }
 }
 
-Status ExpertStore::load(platform::BatchReader& reader, int32_t slot_index, int32_t layer, int32_t expert) {
-  const ChunkPlan& p = plans_[static_cast<size_t>(layer)];
-  uint8_t* mem = slots_[static_cast<size_t>(slot_index)].mem;
-  // The three chunks go out together; with direct I/O each is widened to aligned blocks (the file
-  // may end inside the last one, hence `needed`).
-  std::vector<platform::ReadRange> ranges(3);
-  for (int c = 0; c < 3; ++c) {
-    const uint64_t off = p.file_offset[c] + p.stride[c] * static_cast<uint64_t>(expert);
-    uint64_t begin = off, end = off + p.bytes[c];
-    if (file_.is_direct()) {
-      begin = round_down(off, kAlign);
-      end = round_up(end, kAlign);
+void ExpertStore::load_batch(platform::BatchReader& reader, const std::vector<Load>& loads) {
+  const size_t n = loads.size();
+  // The three chunks of every expert go out together; with direct I/O each is widened to aligned
+  // blocks (the file may end inside the last one, hence `needed`).
+  std::vector<platform::ReadRange> ranges(3 * n);
+  for (size_t k = 0; k < n; ++k) {
+    const ChunkPlan& p = plans_[static_cast<size_t>(loads[k].layer)];
+    uint8_t* mem = slots_[static_cast<size_t>(loads[k].slot)].mem;
+    for (int c = 0; c < 3; ++c) {
+      const uint64_t off = p.file_offset[c] + p.stride[c] * static_cast<uint64_t>(loads[k].expert);
+      uint64_t begin = off, end = off + p.bytes[c];
+      if (file_.is_direct()) {
+        begin = round_down(off, kAlign);
+        end = round_up(end, kAlign);
+      }
+      ranges[3 * k + static_cast<size_t>(c)] = {file_.native_handle(), begin, mem + p.slot_offset[c], end - begin,
+                                                off + p.bytes[c] - begin};
     }
-    ranges[static_cast<size_t>(c)] = {file_.native_handle(), begin, mem + p.slot_offset[c], end - begin,
-                                      off + p.bytes[c] - begin};
   }
-  // gate/up are usable before down arrives: publish how many leading chunks are complete.
-  bool done[3] = {false, false, false};
-  auto on_done = [&](size_t i) {
-    done[i] = true;
-    if (!file_.is_direct()) file_.drop_cache(ranges[i].offset, ranges[i].len);
+  // gate/up are usable before down arrives: publish how many leading chunks of an expert are in.
+  std::vector<uint8_t> done(3 * n, 0);
+  auto chunks_in = [&](size_t k) {
     int32_t prefix = 0;
-    while (prefix < 3 && done[prefix]) ++prefix;
+    while (prefix < 3 && done[3 * k + static_cast<size_t>(prefix)]) ++prefix;
+    return prefix;
+  };
+  auto on_done = [&](size_t i) {
+    done[i] = 1;
+    if (!file_.is_direct()) file_.drop_cache(ranges[i].offset, ranges[i].len);
+    const size_t k = i / 3;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      Slot& s = slots_[static_cast<size_t>(slot_index)];
-      s.chunks_ready = std::min(prefix, 2);  // the third is announced with the Ready state
+      Slot& s = slots_[static_cast<size_t>(loads[k].slot)];
+      s.chunks_ready = std::min(chunks_in(k), 2);  // the third is announced with the Ready state
     }
     ready_cv_.notify_all();
   };
   uint64_t total = 0;
   const Status st = reader.read_all(ranges, on_done, &total);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_[static_cast<size_t>(layer)].bytes_read += total;
+  const std::string why = st == MOELITE_OK ? std::string() : last_error_message();
+  std::lock_guard<std::mutex> lock(mu_);
+  // Bytes read go to the layer of the batch's experts (a routing's misses share one); a batch over
+  // several layers counts each completed expert's requested bytes to its own.
+  const bool one_layer =
+      std::all_of(loads.begin(), loads.end(), [&](const Load& l) { return l.layer == loads[0].layer; });
+  if (one_layer && n > 0) stats_[static_cast<size_t>(loads[0].layer)].bytes_read += total;
+  for (size_t k = 0; k < n; ++k) {
+    if (!one_layer)
+      for (size_t c = 0; c < 3; ++c)
+        if (done[3 * k + c]) stats_[static_cast<size_t>(loads[k].layer)].bytes_read += ranges[3 * k + c].len;
+    Slot& s = slots_[static_cast<size_t>(loads[k].slot)];
+    // An expert whose three reads all landed is good even when another read of the batch failed;
+    // the others fail with the batch's error (and are read again at their next use).
+    const bool ok = chunks_in(k) == 3;
+    s.state = ok ? SlotState::Ready : SlotState::Failed;
+    s.chunks_ready = ok ? 3 : 0;
+    s.error = ok ? MOELITE_OK : (st != MOELITE_OK ? st : MOELITE_ERR_IO);
+    s.last_use = clock_;
+    s.error_msg = ok ? std::string()
+                     : "reading expert " + std::to_string(loads[k].expert) + " of layer " +
+                           std::to_string(loads[k].layer) +
+                           " from '" + file_.path() + "': " + why;
   }
-  if (st != MOELITE_OK)
-    return fail(st, "reading expert %d of layer %d from '%s': %s", expert, layer, file_.path().c_str(),
-                last_error_message());
-  return MOELITE_OK;
+  // A deeper layer's guesses may have been waiting for these loads.
+  if (waiting_for_ < 0 && !waiting_.empty()) issue_predictions_locked();
 }
 
 uint64_t ExpertStore::peak_bytes() const {

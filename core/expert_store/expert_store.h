@@ -150,7 +150,15 @@ class ExpertStore final : public ExpertSource {
   void issue_predictions_locked();
   void release_pending_locked(int32_t layer, std::vector<int32_t>* pending);
   void loader_main();
-  Status load(platform::BatchReader& reader, int32_t slot_index, int32_t layer, int32_t expert);
+  // One loader's batch: the experts of `loads` read in one submission; each slot's state is
+  // settled on its own (Ready, or Failed with the error).
+  struct Load {
+    int32_t slot, layer, expert;
+  };
+  void load_batch(platform::BatchReader& reader, const std::vector<Load>& loads);
+  // Demand loads a loader takes in one submission: a routing's misses all start at once, even
+  // when the other loaders wait for a CPU behind the compute threads.
+  static constexpr size_t kMaxBatchExperts = 4;
   ExpertWeights view(const Slot& s) const;
   static void clear_slot(Slot* s);
   static void chunk_regions(const Model& model, uint64_t region[3]);  // back to Free, keeping its memory
