@@ -397,6 +397,7 @@ MOELITE_API moelite_status moelite_model_expert_stats(const moelite_model* model
         total.predictions += s.predictions;
         total.ready_when_needed += s.ready_when_needed;
       }
+      if (layer < 0) total.read_busy_seconds = rt->store->read_busy_seconds();
     }
     if (rt) rt->routed.totals(layer, &total.routed_tokens, &total.routed_experts);
     memcpy(out, &total, std::min(out->struct_size, sizeof total));

@@ -424,6 +424,9 @@ typedef struct moelite_expert_stats {
   uint64_t routed_tokens;     /* (token, layer) pairs routed, budget or not */
   uint64_t routed_experts;    /* experts they used after adaptive gating (= routed_tokens x top-k
                                  in exact mode) */
+  double read_busy_seconds;   /* wall time with at least one storage read in flight, store-wide
+                                 (layer -1 only; 0 in a layer's record): bytes_read over it is the
+                                 read speed the store achieved while reading */
 } moelite_expert_stats;
 
 /** Cumulative expert-store counters of one layer, or of all layers for layer = -1. Thread-safe.

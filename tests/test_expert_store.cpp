@@ -3,6 +3,8 @@
 // context, and counter consistency. The model is the repository's shipped default (qwen3moe).
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -130,7 +132,10 @@ TEST(ExpertStore, BudgetIsAHardLimitAndCountersAddUp) {
   for (uint64_t budget : {minimum, minimum + 1, total / 3}) {
     Loaded l;
     ASSERT_EQ(load(kModel, budget, &l), MOELITE_OK);
+    moelite_model_reset_expert_stats(l.model);
+    const auto t0 = std::chrono::steady_clock::now();
     logits_of(l);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const int64_t pool = moelite_model_get(l.model, MOELITE_MODEL_EXPERT_POOL_BYTES);
     const int64_t peak = moelite_model_get(l.model, MOELITE_MODEL_EXPERT_PEAK_BYTES);
     EXPECT_GT(peak, 0);
@@ -154,9 +159,13 @@ TEST(ExpertStore, BudgetIsAHardLimitAndCountersAddUp) {
       act += ls.activations;
     }
     EXPECT_EQ(act, s.activations);
+    // Reads were in flight for some of the evaluation's time, never more than all of it.
+    EXPECT_GT(s.read_busy_seconds, 0.0);
+    EXPECT_LE(s.read_busy_seconds, wall);
     moelite_model_reset_expert_stats(l.model);
     ASSERT_EQ(moelite_model_expert_stats(l.model, -1, &s), MOELITE_OK);
     EXPECT_EQ(s.activations, 0u);
+    EXPECT_EQ(s.read_busy_seconds, 0.0);
   }
 }
 

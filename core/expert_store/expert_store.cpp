@@ -569,6 +569,7 @@ void ExpertStore::loader_main() {
         batch.push_back({q.front().slot, s.layer, s.expert});  // reserved: cannot throw
         q.pop_front();
       }
+      if (batches_in_flight_++ == 0) busy_since_ = platform::now_seconds();
     }
     try {
       load_batch(*reader, batch);
@@ -585,8 +586,17 @@ void ExpertStore::loader_main() {
         }
       }
     }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--batches_in_flight_ == 0) busy_seconds_ += platform::now_seconds() - busy_since_;
+    }
     ready_cv_.notify_all();
   }
+}
+
+double ExpertStore::read_busy_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return busy_seconds_ + (batches_in_flight_ > 0 ? platform::now_seconds() - busy_since_ : 0.0);
 }
 
 void ExpertStore::load_batch(platform::BatchReader& reader, const std::vector<Load>& loads) {
@@ -671,6 +681,8 @@ std::vector<ExpertLayerStats> ExpertStore::stats() const {
 void ExpertStore::reset_stats() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& s : stats_) s = ExpertLayerStats{};
+  busy_seconds_ = 0.0;
+  busy_since_ = platform::now_seconds();
 }
 
 }  // namespace moelite

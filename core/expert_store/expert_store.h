@@ -100,6 +100,8 @@ class ExpertStore final : public ExpertSource {
            (pool_shared_ ? ", slots in device-visible memory" : "");
   }
   std::vector<ExpertLayerStats> stats() const;
+  // Wall time with at least one batch of reads in flight since the last reset_stats().
+  double read_busy_seconds() const;
   void reset_stats();
   const std::string& policy_name() const { return policy_name_; }
   // The store's size limits for a model, decided here only (the auto budget and the DP allocation
@@ -189,6 +191,8 @@ class ExpertStore final : public ExpertSource {
   std::condition_variable ready_cv_;  // a slot changed state
   std::condition_variable work_cv_;   // a request was queued
   std::deque<Request> demand_q_, spec_q_;
+  int32_t batches_in_flight_ = 0;  // read-busy time: batches being read, since when, how long
+  double busy_since_ = 0.0, busy_seconds_ = 0.0;
   std::vector<std::thread> loaders_;
   bool stop_ = false;
   uint64_t clock_ = 0;
