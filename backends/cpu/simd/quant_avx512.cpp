@@ -184,6 +184,41 @@ inline __m512i neg_bias_quad(Quad q, __m512i bias) {
 // The int32 lanes and float operations are those of the plain path, so results are the same bits.
 constexpr size_t kPrepQuadBytes = 256, kPrepTailBytes = 64;
 
+// The activation side of 4 blocks of one activation row: the Quad, -128 * its lane sums (formed
+// only when kBias) and the scales spread over their lane groups, read from a prepared row (`p`) or
+// formed from the Q8_0 blocks (`b`).
+struct ActQuad {
+  Quad q;
+  __m512i neg128;
+  __m512 d;
+};
+template <bool kPrepared, bool kBias = true>
+inline ActQuad act_quad(const uint8_t* p, const Q8_0* b, __m512i bias, __m512i spread) {
+  if constexpr (kPrepared) {
+    return {{load512(p), load512(p + 64)}, load512(p + 128), _mm512_loadu_ps(p + 192)};
+  } else {
+    const Quad q = load_quad(b);
+    return {q, kBias ? neg_bias_quad(q, bias) : _mm512_setzero_si512(),
+            _mm512_permutexvar_ps(spread, _mm512_zextps128_ps512(fp16x4(b)))};
+  }
+}
+// One remaining block: its halves in lane group 0, -128 * their lane sums, the scale.
+struct ActBlock {
+  Quad q;
+  __m512i neg128;
+  float d;
+};
+template <bool kPrepared>
+inline ActBlock act_block(const uint8_t* p, const Q8_0* b, __m512i bias) {
+  if constexpr (kPrepared) {
+    return {{_mm512_zextsi128_si512(load128(p)), _mm512_zextsi128_si512(load128(p + 16))},
+            _mm512_zextsi128_si512(load128(p + 32)), f32(p + 48)};
+  } else {
+    const Quad q = {_mm512_zextsi128_si512(load128(b->qs)), _mm512_zextsi128_si512(load128(b->qs + 16))};
+    return {q, neg_bias_quad(q, bias), fp16(b->d)};
+  }
+}
+
 template <int NR, int K, bool kPrepared = false>
 struct Q8Tile {
   // The bias goes on the side with fewer vectors per call: the activations' when K <= NR (each
@@ -223,32 +258,16 @@ struct Q8Tile {
       }
 #pragma GCC unroll 4
       for (int j = 0; j < K; ++j) {
-        Quad aq;
-        __m512i ac = _mm512_setzero_si512();
-        __m512 da;
-        if constexpr (kPrepared) {
-          const uint8_t* p = yp[j] + off;
-          aq = {load512(p), load512(p + 64)};
-          ac = load512(p + 128);
-          da = _mm512_loadu_ps(p + 192);
-        } else {
-          const Q8_0* b = y[j] + i;
-          const Quad q = load_quad(b);
-          aq = q;
-          if constexpr (kBiasWeights)
-            ac = neg_bias_quad(q, bias);
-          else
-            aq = xor_quad(q, bias);
-          da = _mm512_permutexvar_ps(spread, _mm512_zextps128_ps512(fp16x4(b)));
-        }
+        const ActQuad a = act_quad<kPrepared, kBiasWeights>(yp[j] + off, y[j] + i, bias, spread);
+        const Quad aq = kBiasWeights ? a.q : xor_quad(a.q, bias);
 #pragma GCC unroll 4
         for (int r = 0; r < NR; ++r) {
           __m512i p;
           if constexpr (kBiasWeights)
-            p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ac, wq[r].lo, aq.lo), wq[r].hi, aq.hi);
+            p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a.neg128, wq[r].lo, aq.lo), wq[r].hi, aq.hi);
           else
             p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(wc[r], aq.lo, wq[r].lo), aq.hi, wq[r].hi);
-          acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw[r], da), _mm512_cvtepi32_ps(p), acc[r][j]);
+          acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw[r], a.d), _mm512_cvtepi32_ps(p), acc[r][j]);
         }
       }
     }
@@ -256,25 +275,13 @@ struct Q8Tile {
       // Single blocks in lane group 0 (lo: bytes 0..15, hi: 16..31); the other lanes multiply zeros.
 #pragma GCC unroll 4
       for (int j = 0; j < K; ++j) {
-        Quad av;
-        __m512i c;
-        float da;
-        if constexpr (kPrepared) {
-          const uint8_t* p = yp[j] + off;
-          av = {_mm512_zextsi128_si512(load128(p)), _mm512_zextsi128_si512(load128(p + 16))};
-          c = _mm512_zextsi128_si512(load128(p + 32));
-          da = f32(p + 48);
-        } else {
-          av = {_mm512_zextsi128_si512(load128(y[j][i].qs)), _mm512_zextsi128_si512(load128(y[j][i].qs + 16))};
-          c = neg_bias_quad(av, bias);
-          da = fp16(y[j][i].d);
-        }
+        const ActBlock a = act_block<kPrepared>(yp[j] + off, y[j] + i, bias);
 #pragma GCC unroll 2
         for (int r = 0; r < NR; ++r) {
           const Quad wv = xor_quad({_mm512_zextsi128_si512(load128(x[r][i].qs)), _mm512_zextsi128_si512(load128(x[r][i].qs + 16))}, bias);
           // The zero lanes of w ^ 0x80 are 128s against zero activations: they add nothing.
-          const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(c, wv.lo, av.lo), wv.hi, av.hi);
-          acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(fp16(x[r][i].d) * da), _mm512_cvtepi32_ps(p), acc[r][j]);
+          const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a.neg128, wv.lo, a.q.lo), wv.hi, a.q.hi);
+          acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(fp16(x[r][i].d) * a.d), _mm512_cvtepi32_ps(p), acc[r][j]);
         }
       }
     }
@@ -380,23 +387,12 @@ struct Q4Tile {
       }
 #pragma GCC unroll 4
       for (int j = 0; j < K; ++j) {
-        Quad aq;
-        __m512i ac;
-        __m512 da;
-        if constexpr (kPrepared) {
-          const uint8_t* p = yp[j] + off;
-          aq = {load512(p), load512(p + 64)};
-          ac = _mm512_srai_epi32(load512(p + 128), 4);
-          da = _mm512_loadu_ps(p + 192);
-        } else {
-          aq = load_quad(y[j] + i);
-          ac = _mm512_srai_epi32(neg_bias_quad(aq, bias), 4);
-          da = _mm512_permutexvar_ps(spread, _mm512_zextps128_ps512(fp16x4(y[j] + i)));
-        }
+        const ActQuad a = act_quad<kPrepared>(yp[j] + off, y[j] + i, bias, spread);
+        const __m512i neg8 = _mm512_srai_epi32(a.neg128, 4);
 #pragma GCC unroll 4
         for (int r = 0; r < NR; ++r) {
-          const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ac, wq[r].lo, aq.lo), wq[r].hi, aq.hi);
-          acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw[r], da), _mm512_cvtepi32_ps(p), acc[r][j]);
+          const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(neg8, wq[r].lo, a.q.lo), wq[r].hi, a.q.hi);
+          acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw[r], a.d), _mm512_cvtepi32_ps(p), acc[r][j]);
         }
       }
     }
@@ -404,25 +400,14 @@ struct Q4Tile {
       // Single blocks in lane group 0; the other lanes multiply zeros.
 #pragma GCC unroll 4
       for (int j = 0; j < K; ++j) {
-        Quad av;
-        __m512i c;
-        float da;
-        if constexpr (kPrepared) {
-          const uint8_t* p = yp[j] + off;
-          av = {_mm512_zextsi128_si512(load128(p)), _mm512_zextsi128_si512(load128(p + 16))};
-          c = _mm512_srai_epi32(_mm512_zextsi128_si512(load128(p + 32)), 4);
-          da = f32(p + 48);
-        } else {
-          av = {_mm512_zextsi128_si512(load128(y[j][i].qs)), _mm512_zextsi128_si512(load128(y[j][i].qs + 16))};
-          c = _mm512_srai_epi32(neg_bias_quad(av, bias), 4);
-          da = fp16(y[j][i].d);
-        }
+        const ActBlock a = act_block<kPrepared>(yp[j] + off, y[j] + i, bias);
+        const __m512i neg8 = _mm512_srai_epi32(a.neg128, 4);
 #pragma GCC unroll 2
         for (int r = 0; r < NR; ++r) {
           const __m512i v = _mm512_zextsi128_si512(load128(x[r][i].qs));
           const Quad wv = {_mm512_and_si512(v, low), _mm512_and_si512(_mm512_srli_epi16(v, 4), low)};
-          const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(c, wv.lo, av.lo), wv.hi, av.hi);
-          acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(fp16(x[r][i].d) * da), _mm512_cvtepi32_ps(p), acc[r][j]);
+          const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(neg8, wv.lo, a.q.lo), wv.hi, a.q.hi);
+          acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(fp16(x[r][i].d) * a.d), _mm512_cvtepi32_ps(p), acc[r][j]);
         }
       }
     }
