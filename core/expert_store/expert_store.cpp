@@ -280,6 +280,7 @@ int32_t ExpertStore::start_load_locked(int32_t layer, int32_t expert, bool deman
   s.state = SlotState::Loading;
   s.pins = demand ? 1 : 0;
   s.speculative = !demand;
+  s.orphaned = false;
   s.error = MOELITE_OK;
   slot_ever_used_[static_cast<size_t>(i)] = true;
   work_cv_.notify_one();
@@ -506,6 +507,7 @@ void ExpertStore::release_pending_locked(int32_t layer, std::vector<int32_t>* pe
     const int32_t idx = where_.at(key(layer, p));
     Slot& ps = slots_[static_cast<size_t>(idx)];
     if (ps.pins > 0) ps.pins--;
+    if (ps.state == SlotState::Loading) ps.orphaned = true;
     if (ps.pins == 0 && ps.state == SlotState::Failed) {
       where_.erase(key(layer, p));
       clear_slot(&ps);
@@ -541,6 +543,8 @@ void ExpertStore::release(int32_t layer, int32_t expert) {
   if (it == where_.end()) return;
   Slot& s = slots_[static_cast<size_t>(it->second)];
   if (s.pins > 0) s.pins--;
+  // Only an evaluation that failed gives back an expert still loading (its down chunk).
+  if (s.state == SlotState::Loading) s.orphaned = true;
   s.last_use = clock_;
 }
 
@@ -653,6 +657,16 @@ void ExpertStore::load_batch(platform::BatchReader& reader, const std::vector<Lo
     // An expert whose three reads all landed is good even when another read of the batch failed;
     // the others fail with the batch's error (and are read again at their next use).
     const bool ok = chunks_in(k) == 3;
+    if (!ok && s.orphaned && s.pins > 0) {
+      // The read was started for an evaluation that has failed since, and a later one now waits
+      // for it: that one gets a read of its own (the file may have been mended in between)
+      // instead of the old read's error.
+      s.orphaned = false;
+      s.chunks_ready = 0;
+      demand_q_.push_back({loads[k].slot, true});
+      work_cv_.notify_one();
+      continue;
+    }
     s.state = ok ? SlotState::Ready : SlotState::Failed;
     s.chunks_ready = ok ? 3 : 0;
     s.error = ok ? MOELITE_OK : (st != MOELITE_OK ? st : MOELITE_ERR_IO);

@@ -128,6 +128,7 @@ class ExpertStore final : public ExpertSource {
     SlotState state = SlotState::Free;
     int32_t pins = 0;
     bool speculative = false;  // loaded by prefetch and not used yet
+    bool orphaned = false;     // still loading for an evaluation that failed and let it go
     int32_t chunks_ready = 0;  // gate, up, down arrive in that order
     int32_t owner = -1;        // the layer whose quota the slot belongs to (-1: global pool)
     Status error = MOELITE_OK;
