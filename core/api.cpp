@@ -1,5 +1,6 @@
 // The C API: argument checks, translation to the C++ core, and nothing else.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -30,17 +31,30 @@ struct moelite_generate_params {
 };
 // The immutable model and the runtime that executes it (null for a vocabulary-only load). The
 // runtime is declared second so it is destroyed first: its store and backend refer to the model.
+//
+// Lifetime: the handle is reference counted. The application's moelite_model_load holds one
+// reference and every context holds one, so the model lives until the later of
+// moelite_model_free and the last moelite_context_free, whatever the order (bindings whose
+// finalizers run in any order rely on this).
 struct moelite_model {
   std::unique_ptr<moelite::Model> impl;
   std::unique_ptr<moelite::Runtime> runtime;
+  std::atomic<int64_t> refs{1};
 };
 struct moelite_context {
   std::unique_ptr<moelite::Context> impl;
+  moelite_model* owner = nullptr;  // one reference, dropped after impl is destroyed
 };
 
 using moelite::fail;
 
 namespace {
+void release_model(moelite_model* m) noexcept {
+  // acq_rel: the thread that destroys the model sees every write other holders made before
+  // dropping their reference.
+  if (m && m->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete m;
+}
+
 moelite_status null_arg(const char* fn, const char* what) {
   return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, what);
 }
@@ -315,7 +329,7 @@ MOELITE_API moelite_status moelite_model_load(const char* path, const moelite_mo
   });
 }
 
-MOELITE_API void moelite_model_free(moelite_model* m) { delete m; }
+MOELITE_API void moelite_model_free(moelite_model* m) { release_model(m); }
 
 MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_key key) {
   if (!model) return -1;
@@ -591,7 +605,9 @@ MOELITE_API moelite_status moelite_context_create(moelite_model* model, const mo
         return fail(MOELITE_ERR_INVALID_ARGUMENT, "the model was loaded vocabulary-only; contexts need its weights");
       std::unique_ptr<moelite::Context> c;
       MOELITE_TRY(moelite::Context::create(*model->impl, *model->runtime, opts, &c));
-      *out = new moelite_context{std::move(c)};
+      auto* handle = new moelite_context{std::move(c), model};
+      model->refs.fetch_add(1, std::memory_order_relaxed);
+      *out = handle;
       return MOELITE_OK;
     } catch (const std::bad_alloc&) {
       return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory while creating a context");
@@ -599,7 +615,12 @@ MOELITE_API moelite_status moelite_context_create(moelite_model* model, const mo
   });
 }
 
-MOELITE_API void moelite_context_free(moelite_context* c) { delete c; }
+MOELITE_API void moelite_context_free(moelite_context* c) {
+  if (!c) return;
+  moelite_model* owner = c->owner;
+  delete c;  // the context first: it reads the model until its destructor returns
+  release_model(owner);
+}
 
 MOELITE_API moelite_status moelite_eval(moelite_context* c, const int32_t* tokens, int32_t n_tokens,
                                         int32_t logits_all) {

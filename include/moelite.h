@@ -334,7 +334,11 @@ MOELITE_API moelite_status moelite_model_params_set_progress_callback(moelite_mo
 MOELITE_API moelite_status moelite_model_load(const char* path, const moelite_model_params* params,
                                               moelite_model** out_model);
 
-/** Frees a model. All contexts created from it must have been freed first. NULL is a no-op. */
+/** Releases the caller's reference to a model. Contexts hold references of their own, so the
+ *  contexts and the model may be freed in any order: the model's memory, threads and file are
+ *  released when the last of them is freed (until then a context keeps working). The handle must
+ *  not be used by the caller after this call. NULL is a no-op. Thread-safe against concurrent
+ *  moelite_context_free of its contexts. */
 MOELITE_API void moelite_model_free(moelite_model* model);
 
 /* ------------------------------------------------------------------------------------------ */
@@ -565,7 +569,8 @@ typedef void (*moelite_routing_fn)(int32_t layer, int32_t pos0, int32_t n_tokens
 MOELITE_API moelite_status moelite_context_params_set_routing_callback(moelite_context_params* params,
                                                                        moelite_routing_fn fn, void* user_data);
 
-/** Creates a context for `model` (which must outlive it). `params` may be NULL for defaults.
+/** Creates a context for `model`. The context holds a reference to the model (see
+ *  moelite_model_free), so the model may be freed first. `params` may be NULL for defaults.
  *  Free with moelite_context_free(). */
 MOELITE_API moelite_status moelite_context_create(moelite_model* model, const moelite_context_params* params,
                                                   moelite_context** out_ctx);
