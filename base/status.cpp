@@ -13,6 +13,17 @@ namespace {
 // catch, where a throwing allocation would escape through the C ABI. Longer texts are truncated.
 constexpr size_t kMessageBytes = 2048;
 thread_local char t_last_error[kMessageBytes];
+// ApiErrorScope's copy of the message as it was when the outermost API call began.
+thread_local int t_api_depth = 0;
+thread_local bool t_saved = false;
+thread_local char t_saved_error[kMessageBytes];
+
+void save_before_write() {
+  if (t_api_depth > 0 && !t_saved) {
+    memcpy(t_saved_error, t_last_error, kMessageBytes);
+    t_saved = true;
+  }
+}
 
 struct LogSink {
   std::mutex mu;
@@ -38,12 +49,25 @@ Status fail(Status status, const char* fmt, ...) {
   thread_local char scratch[kMessageBytes];
   vformat(scratch, fmt, ap);
   va_end(ap);
+  save_before_write();
   memcpy(t_last_error, scratch, kMessageBytes);
   log_msg(MOELITE_LOG_DEBUG, "error %d: %s", static_cast<int>(status), t_last_error);
   return status;
 }
 
-void clear_error() { t_last_error[0] = '\0'; }
+void clear_error() {
+  save_before_write();
+  t_last_error[0] = '\0';
+}
+
+ApiErrorScope::ApiErrorScope() {
+  if (t_api_depth++ == 0) t_saved = false;
+}
+
+ApiErrorScope::~ApiErrorScope() {
+  if (--t_api_depth == 0 && t_saved && !failed_) memcpy(t_last_error, t_saved_error, kMessageBytes);
+  if (t_api_depth == 0) t_saved = false;
+}
 const char* last_error_message() { return t_last_error; }
 
 bool log_enabled(moelite_log_level level) { return level >= g_min_level.load(std::memory_order_relaxed); }

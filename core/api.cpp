@@ -15,65 +15,42 @@
 #include "core/context.h"
 #include "core/expert_cache/policy.h"
 #include "core/expert_store/expert_store.h"
-#include "core/generate.h"
+#include "core/chat_template.h"
 #include "core/model.h"
 #include "core/runtime.h"
+#include "core/api_internal.h"
 #include "moelite.h"
 
-struct moelite_model_params {
-  moelite::LoadOptions opts;
-};
-struct moelite_context_params {
-  moelite::ContextOptions opts;
-};
-struct moelite_generate_params {
-  moelite::GenerateOptions opts;
-};
-// The immutable model and the runtime that executes it (null for a vocabulary-only load). The
-// runtime is declared second so it is destroyed first: its store and backend refer to the model.
-//
-// Lifetime: the handle is reference counted. The application's moelite_model_load holds one
-// reference and every context holds one, so the model lives until the later of
-// moelite_model_free and the last moelite_context_free, whatever the order (bindings whose
-// finalizers run in any order rely on this).
-struct moelite_model {
-  std::unique_ptr<moelite::Model> impl;
-  std::unique_ptr<moelite::Runtime> runtime;
-  std::atomic<int64_t> refs{1};
-};
-struct moelite_context {
-  std::unique_ptr<moelite::Context> impl;
-  moelite_model* owner = nullptr;  // one reference, dropped after impl is destroyed
-};
-
+using moelite::api::copy_out;
+using moelite::api::guarded;
+using moelite::api::null_arg;
+using moelite::api::release_model;
+using moelite::api::tokenizer_of;
 using moelite::fail;
 
 namespace {
-void release_model(moelite_model* m) noexcept {
-  // acq_rel: the thread that destroys the model sees every write other holders made before
-  // dropping their reference.
-  if (m && m->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete m;
-}
-
-moelite_status null_arg(const char* fn, const char* what) {
-  return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, what);
-}
-
-// Every API function that returns a status runs its body through this: no C++ exception may
-// leave moelite through the C ABI. fail() formats into a fixed buffer, so it cannot throw here.
-template <class Body>
-moelite_status guarded(const char* fn, Body&& body) noexcept {
-  try {
-    return body();
-  } catch (const std::bad_alloc&) {
-    return fail(MOELITE_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-  } catch (const std::system_error& e) {  // threads, mutexes: the OS refused a resource
-    return fail(MOELITE_ERR_SYSTEM_LIMIT, "%s: %s", fn, e.what());
-  } catch (const std::exception& e) {
-    return fail(MOELITE_ERR_INTERNAL, "%s: unexpected error: %s", fn, e.what());
-  } catch (...) {
-    return fail(MOELITE_ERR_INTERNAL, "%s: unexpected exception", fn);
+// The per-layer store counters summed over `layer` (-1: all) into the public struct.
+moelite_expert_stats sum_expert_stats(const std::vector<moelite::ExpertLayerStats>& per_layer, int32_t layer,
+                                      size_t struct_size) {
+  moelite_expert_stats total;
+  memset(&total, 0, sizeof total);
+  total.struct_size = struct_size;
+  for (size_t l = 0; l < per_layer.size(); ++l) {
+    if (layer >= 0 && static_cast<size_t>(layer) != l) continue;
+    const moelite::ExpertLayerStats& s = per_layer[l];
+    total.activations += s.activations;
+    total.hits += s.hits;
+    total.misses += s.misses;
+    total.prefetches_issued += s.prefetches_issued;
+    total.prefetches_used += s.prefetches_used;
+    total.prefetches_wasted += s.prefetches_wasted;
+    total.bytes_read += s.bytes_read;
+    total.wait_seconds += s.wait_seconds;
+    total.predicted += s.predicted;
+    total.predictions += s.predictions;
+    total.ready_when_needed += s.ready_when_needed;
   }
+  return total;
 }
 }  // namespace
 
@@ -120,7 +97,7 @@ MOELITE_API const char* moelite_status_name(moelite_status s) {
     CASE(MOELITE_ERR_CONTEXT_FULL)
     CASE(MOELITE_ERR_BAD_TOKEN)
     CASE(MOELITE_ERR_ABORTED)
-    CASE(MOELITE_ERR_CANCELLED)
+    CASE(MOELITE_ERR_PROGRESS_ABORTED)
     CASE(MOELITE_ERR_INTERNAL)
 #undef CASE
   }
@@ -163,7 +140,8 @@ MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_
       return fail(MOELITE_ERR_INVALID_ARGUMENT, "an expert budget of %llu bytes is larger than any memory",
                   static_cast<unsigned long long>(bytes));
     p->opts.expert_budget_bytes = bytes;
-    p->opts.expert_budget_auto = false;  // the last of the two budget setters wins
+    p->opts.expert_budget_auto = false;  // the last of the budget setters wins
+    p->opts.expert_budget_fraction = 0;
     return MOELITE_OK;
   });
 }
@@ -178,12 +156,41 @@ MOELITE_API moelite_status moelite_model_params_set_expert_budget_auto(moelite_m
                   static_cast<unsigned long long>(headroom_bytes));
     p->opts.expert_budget_auto = true;
     p->opts.expert_budget_bytes = 0;
+    p->opts.expert_budget_fraction = 0;
     p->opts.budget_headroom_bytes = headroom_bytes;
     return MOELITE_OK;
   });
 }
 
-MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_params* p, const char* policy) {
+MOELITE_API moelite_status moelite_model_params_set_expert_budget_fraction(moelite_model_params* p,
+                                                                           double fraction) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (!(fraction > 0.0 && fraction <= 1.0))
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "the budget fraction %g is outside (0, 1]", fraction);
+    p->opts.expert_budget_fraction = fraction;
+    p->opts.expert_budget_bytes = 0;
+    p->opts.expert_budget_auto = false;
+    return MOELITE_OK;
+  });
+}
+
+MOELITE_API moelite_status moelite_model_params_set_chat_template(moelite_model_params* p, const char* chat_template) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    std::string option = chat_template ? chat_template : "";
+    if (!option.empty()) {
+      moelite::ChatTemplate t;
+      MOELITE_TRY(moelite::chat_template_from_option(option, &t));
+    }
+    p->opts.chat_template = std::move(option);
+    return MOELITE_OK;
+  });
+}
+
+MOELITE_API moelite_status moelite_model_params_set_cache_policy(moelite_model_params* p, const char* policy) {
   const char* const api_fn = __func__;
   return guarded(api_fn, [&]() -> moelite_status {
     if (!p) return null_arg(api_fn, "params");
@@ -195,7 +202,7 @@ MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_
   });
 }
 
-MOELITE_API moelite_status moelite_model_params_set_expert_predictor(moelite_model_params* p, const char* predictor) {
+MOELITE_API moelite_status moelite_model_params_set_predictor(moelite_model_params* p, const char* predictor) {
   const char* const api_fn = __func__;
   return guarded(api_fn, [&]() -> moelite_status {
     if (!p) return null_arg(api_fn, "params");
@@ -204,6 +211,13 @@ MOELITE_API moelite_status moelite_model_params_set_expert_predictor(moelite_mod
     p->opts.expert_predictor = predictor;
     return MOELITE_OK;
   });
+}
+
+MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_params* p, const char* policy) {
+  return moelite_model_params_set_cache_policy(p, policy);
+}
+MOELITE_API moelite_status moelite_model_params_set_expert_predictor(moelite_model_params* p, const char* predictor) {
+  return moelite_model_params_set_predictor(p, predictor);
 }
 
 MOELITE_API moelite_status moelite_model_params_set_predictor_depth(moelite_model_params* p, int32_t depth) {
@@ -311,7 +325,6 @@ MOELITE_API moelite_status moelite_model_load(const char* path, const moelite_mo
   return guarded(api_fn, [&]() -> moelite_status {
     if (!path) return null_arg(api_fn, "path");
     if (!out) return null_arg(api_fn, "out_model");
-    moelite::clear_error();
     moelite::LoadOptions opts = params ? params->opts : moelite::LoadOptions{};
     try {
       std::unique_ptr<moelite::Model> m;
@@ -329,7 +342,10 @@ MOELITE_API moelite_status moelite_model_load(const char* path, const moelite_mo
   });
 }
 
-MOELITE_API void moelite_model_free(moelite_model* m) { release_model(m); }
+MOELITE_API void moelite_model_free(moelite_model* m) {
+  moelite::ApiErrorScope scope;  // teardown never changes moelite_last_error()
+  release_model(m);
+}
 
 MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_key key) {
   if (!model) return -1;
@@ -391,28 +407,10 @@ MOELITE_API moelite_status moelite_model_expert_stats(const moelite_model* model
     const moelite::Model& m = *model->impl;
     const moelite::Runtime* rt = model->runtime.get();
     if (layer < -1 || layer >= m.hp.n_layer) return fail(MOELITE_ERR_INVALID_ARGUMENT, "layer %d out of range", layer);
-    moelite_expert_stats total;
-    memset(&total, 0, sizeof total);
-    total.struct_size = out->struct_size;
-    if (rt && rt->store) {
-      const auto per_layer = rt->store->stats();
-      for (int32_t l = 0; l < m.hp.n_layer; ++l) {
-        if (layer >= 0 && l != layer) continue;
-        const moelite::ExpertLayerStats& s = per_layer[static_cast<size_t>(l)];
-        total.activations += s.activations;
-        total.hits += s.hits;
-        total.misses += s.misses;
-        total.prefetches_issued += s.prefetches_issued;
-        total.prefetches_used += s.prefetches_used;
-        total.prefetches_wasted += s.prefetches_wasted;
-        total.bytes_read += s.bytes_read;
-        total.wait_seconds += s.wait_seconds;
-        total.predicted += s.predicted;
-        total.predictions += s.predictions;
-        total.ready_when_needed += s.ready_when_needed;
-      }
-      if (layer < 0) total.read_busy_seconds = rt->store->read_busy_seconds();
-    }
+    moelite_expert_stats total = sum_expert_stats(rt && rt->store ? rt->store->stats()
+                                                                  : std::vector<moelite::ExpertLayerStats>(),
+                                                  layer, out->struct_size);
+    if (layer < 0 && rt && rt->store) total.read_busy_seconds = rt->store->read_busy_seconds();
     if (rt) rt->routed.totals(layer, &total.routed_tokens, &total.routed_experts);
     memcpy(out, &total, std::min(out->struct_size, sizeof total));
     return MOELITE_OK;
@@ -505,7 +503,8 @@ MOELITE_API moelite_status moelite_calibrate(moelite_model* model, const int32_t
     if (!tokens && n_tokens > 0) return null_arg(api_fn, "tokens");
     if (!profile_path || !*profile_path) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: profile_path is empty", api_fn);
     const moelite::Model& m = *model->impl;
-    if (!model->runtime) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the model was loaded vocabulary-only");
+    if (!model->runtime)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "the model was loaded vocabulary-only or by moelite_model_inspect");
     if (n_tokens < 2)
       return fail(MOELITE_ERR_INVALID_ARGUMENT, "calibration needs at least two tokens, got %d", n_tokens);
     for (int32_t i = 0; i < n_tokens; ++i)
@@ -535,7 +534,7 @@ MOELITE_API moelite_status moelite_model_measure_device_bandwidth(moelite_model*
   return guarded(api_fn, [&]() -> moelite_status {
     if (!model) return null_arg(api_fn, "model");
     if (!gb_per_s) return null_arg(api_fn, "gb_per_s");
-    if (!model->runtime) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: a vocabulary-only model has no device", api_fn);
+    if (!model->runtime) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: a vocabulary-only or inspected model has no device", api_fn);
     std::lock_guard<std::mutex> lock(model->runtime->eval_mutex);  // the backend is shared by the contexts
     return model->runtime->backend->measure_memory_bandwidth(gb_per_s);
   });
@@ -602,7 +601,8 @@ MOELITE_API moelite_status moelite_context_create(moelite_model* model, const mo
     moelite::ContextOptions opts = params ? params->opts : moelite::ContextOptions{};
     try {
       if (!model->runtime)
-        return fail(MOELITE_ERR_INVALID_ARGUMENT, "the model was loaded vocabulary-only; contexts need its weights");
+        return fail(MOELITE_ERR_INVALID_ARGUMENT,
+                    "the model was loaded vocabulary-only or by moelite_model_inspect; contexts need its weights");
       std::unique_ptr<moelite::Context> c;
       MOELITE_TRY(moelite::Context::create(*model->impl, *model->runtime, opts, &c));
       auto* handle = new moelite_context{std::move(c), model};
@@ -617,6 +617,7 @@ MOELITE_API moelite_status moelite_context_create(moelite_model* model, const mo
 
 MOELITE_API void moelite_context_free(moelite_context* c) {
   if (!c) return;
+  moelite::ApiErrorScope scope;
   moelite_model* owner = c->owner;
   delete c;  // the context first: it reads the model until its destructor returns
   release_model(owner);
@@ -639,37 +640,72 @@ MOELITE_API moelite_status moelite_eval(moelite_context* c, const int32_t* token
 MOELITE_API const float* moelite_get_logits(const moelite_context* c, int32_t i) {
   return c ? c->impl->logits(i) : nullptr;
 }
-MOELITE_API int32_t moelite_kv_length(const moelite_context* c) { return c ? c->impl->length() : 0; }
+MOELITE_API int32_t moelite_context_kv_length(const moelite_context* c) { return c ? c->impl->length() : 0; }
 MOELITE_API int32_t moelite_context_n_ctx(const moelite_context* c) { return c ? c->impl->n_ctx() : 0; }
-MOELITE_API void moelite_kv_reset(moelite_context* c) {
+MOELITE_API void moelite_context_kv_reset(moelite_context* c) {
+  moelite::ApiErrorScope scope;
   if (c) c->impl->truncate(0);
 }
-MOELITE_API void moelite_kv_truncate(moelite_context* c, int32_t n_keep) {
+MOELITE_API void moelite_context_kv_truncate(moelite_context* c, int32_t n_keep) {
+  moelite::ApiErrorScope scope;
   if (c) c->impl->truncate(n_keep);
+}
+MOELITE_API int32_t moelite_kv_length(const moelite_context* c) { return moelite_context_kv_length(c); }
+MOELITE_API void moelite_kv_reset(moelite_context* c) { moelite_context_kv_reset(c); }
+MOELITE_API void moelite_kv_truncate(moelite_context* c, int32_t n_keep) { moelite_context_kv_truncate(c, n_keep); }
+
+MOELITE_API moelite_status moelite_context_set_abort_callback(moelite_context* c, moelite_abort_fn fn, void* user) {
+  if (!c) return null_arg(__func__, "ctx");
+  c->impl->set_abort(fn, user);
+  return MOELITE_OK;
+}
+
+MOELITE_API moelite_status moelite_context_get_tokens(const moelite_context* c, int32_t* tokens, int32_t capacity,
+                                                      int32_t* n_tokens) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!c) return null_arg(api_fn, "ctx");
+    if (!n_tokens) return null_arg(api_fn, "n_tokens");
+    if (capacity < 0 || (!tokens && capacity > 0)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: bad token buffer", api_fn);
+    const std::vector<int32_t>& held = c->impl->tokens();
+    *n_tokens = static_cast<int32_t>(held.size());
+    if (held.size() > static_cast<size_t>(capacity))
+      return fail(MOELITE_ERR_BUFFER_TOO_SMALL, "%zu tokens do not fit a buffer of %d", held.size(), capacity);
+    std::copy(held.begin(), held.end(), tokens);
+    return MOELITE_OK;
+  });
+}
+
+MOELITE_API moelite_status moelite_context_expert_stats(const moelite_context* c, int32_t layer,
+                                                        moelite_expert_stats* out) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!c) return null_arg(api_fn, "ctx");
+    if (!out || out->struct_size < sizeof(size_t))
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: out->struct_size must be set", api_fn);
+    const int32_t n_layer = c->impl->model().hp.n_layer;
+    if (layer < -1 || layer >= n_layer) return fail(MOELITE_ERR_INVALID_ARGUMENT, "layer %d out of range", layer);
+    const moelite::ExpertCounters& k = c->impl->counters();
+    std::vector<moelite::ExpertLayerStats> store = k.store;
+    store.resize(static_cast<size_t>(n_layer));
+    moelite_expert_stats total = sum_expert_stats(store, layer, out->struct_size);
+    for (int32_t l = 0; l < n_layer; ++l) {
+      if ((layer >= 0 && l != layer) || static_cast<size_t>(l) >= k.routed_tokens.size()) continue;
+      total.routed_tokens += k.routed_tokens[static_cast<size_t>(l)];
+      total.routed_experts += k.routed_experts[static_cast<size_t>(l)];
+    }
+    if (layer < 0) total.read_busy_seconds = k.read_busy_seconds;
+    memcpy(out, &total, std::min(out->struct_size, sizeof total));
+    return MOELITE_OK;
+  });
+}
+
+MOELITE_API void moelite_context_reset_expert_stats(moelite_context* c) {
+  if (c) c->impl->reset_counters();
 }
 
 // ---- tokens and text
 
-namespace {
-
-moelite_status tokenizer_of(const moelite_model* model, const char* fn, const moelite::Tokenizer** out) {
-  if (!model) return null_arg(fn, "model");
-  if (!model->impl->tokenizer)
-    return fail(MOELITE_ERR_MISSING_METADATA, "%s: the model file has no tokenizer (tokenizer.ggml.*)", fn);
-  *out = model->impl->tokenizer.get();
-  return MOELITE_OK;
-}
-
-// Copies `text` out following the BUFFER_TOO_SMALL convention.
-moelite_status copy_out(const std::string& text, char* buf, size_t capacity, size_t* len) {
-  *len = text.size();
-  if (text.size() > capacity)
-    return fail(MOELITE_ERR_BUFFER_TOO_SMALL, "output needs %zu bytes, the buffer has %zu", text.size(), capacity);
-  if (!text.empty()) memcpy(buf, text.data(), text.size());
-  return MOELITE_OK;
-}
-
-}  // namespace
 
 MOELITE_API moelite_status moelite_tokenize(const moelite_model* model, const char* text, size_t text_len,
                                             uint32_t flags, int32_t* tokens, int32_t capacity, int32_t* n_tokens) {
@@ -754,97 +790,6 @@ MOELITE_API moelite_status moelite_chat_format(const moelite_model* model, const
 
 MOELITE_API const char* moelite_chat_template_kind(const moelite_model* m) {
   return m ? moelite::chat_template_name(m->impl->chat_template) : nullptr;
-}
-
-// ---- generation
-
-MOELITE_API moelite_generate_params* moelite_generate_params_create(void) {
-  return new (std::nothrow) moelite_generate_params();
-}
-MOELITE_API void moelite_generate_params_free(moelite_generate_params* p) { delete p; }
-
-#define GEN_SETTER(name, type, check, assign)                                                         \
-  MOELITE_API moelite_status moelite_generate_params_set_##name(moelite_generate_params* p, type v) { \
-    if (!p) return null_arg(__func__, "params");                                                      \
-    if (!(check)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: value out of range", __func__);      \
-    assign;                                                                                           \
-    return MOELITE_OK;                                                                                \
-  }
-GEN_SETTER(max_tokens, int32_t, v >= 0, p->opts.max_tokens = v)
-GEN_SETTER(temperature, float, v >= 0.0f && std::isfinite(v), p->opts.sampler.temperature = v)
-GEN_SETTER(top_k, int32_t, v >= 0, p->opts.sampler.top_k = v)
-GEN_SETTER(top_p, float, v > 0.0f && v <= 1.0f, p->opts.sampler.top_p = v)
-GEN_SETTER(min_p, float, v >= 0.0f && v <= 1.0f, p->opts.sampler.min_p = v)
-GEN_SETTER(seed, uint64_t, true, p->opts.sampler.seed = v)
-#undef GEN_SETTER
-
-MOELITE_API moelite_status moelite_generate_params_set_repeat_penalty(moelite_generate_params* p, float penalty,
-                                                                      int32_t last_n) {
-  const char* const api_fn = __func__;
-  return guarded(api_fn, [&]() -> moelite_status {
-    if (!p) return null_arg(api_fn, "params");
-    if (!(penalty > 0.0f) || last_n < -1)
-      return fail(MOELITE_ERR_INVALID_ARGUMENT, "repeat penalty must be > 0 and last_n >= -1");
-    p->opts.sampler.repeat_penalty = penalty;
-    p->opts.sampler.repeat_last_n = last_n;
-    return MOELITE_OK;
-  });
-}
-
-MOELITE_API moelite_status moelite_generate_params_add_stop(moelite_generate_params* p, const char* stop) {
-  const char* const api_fn = __func__;
-  return guarded(api_fn, [&]() -> moelite_status {
-    if (!p) return null_arg(api_fn, "params");
-    if (!stop || !*stop) return fail(MOELITE_ERR_INVALID_ARGUMENT, "a stop string must be non-empty");
-    p->opts.stops.emplace_back(stop);
-    return MOELITE_OK;
-  });
-}
-
-MOELITE_API moelite_status moelite_generate_params_set_callback(moelite_generate_params* p, moelite_piece_fn fn,
-                                                                void* user) {
-  const char* const api_fn = __func__;
-  return guarded(api_fn, [&]() -> moelite_status {
-    if (!p) return null_arg(api_fn, "params");
-    p->opts.on_piece = fn;
-    p->opts.user = user;
-    return MOELITE_OK;
-  });
-}
-
-MOELITE_API moelite_status moelite_generate(moelite_context* ctx, const char* prompt, size_t prompt_len,
-                                            const moelite_generate_params* params, moelite_generate_stats* stats) {
-  const char* const api_fn = __func__;
-  return guarded(api_fn, [&]() -> moelite_status {
-    if (!ctx) return null_arg(api_fn, "ctx");
-    if (!prompt && prompt_len) return null_arg(api_fn, "prompt");
-    if (stats && stats->struct_size < sizeof(size_t))
-      return fail(MOELITE_ERR_INVALID_ARGUMENT, "stats->struct_size must be set to sizeof(moelite_generate_stats)");
-    moelite::GenerateOptions opts = params ? params->opts : moelite::GenerateOptions{};
-    moelite::GenerateResult r;
-    moelite_status st;
-    try {
-      st = moelite::generate(*ctx->impl, std::string(prompt ? prompt : "", prompt_len), opts, &r);
-    } catch (const std::bad_alloc&) {
-      st = fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory during generation");
-    }
-    if (stats) {
-      moelite_generate_stats full;
-      memset(&full, 0, sizeof full);
-      full.struct_size = stats->struct_size;
-      full.n_prompt_tokens = r.n_prompt;
-      full.n_cached_tokens = r.n_cached;
-      full.n_generated_tokens = r.n_generated;
-      full.stop_reason = r.stop;
-      full.prompt_seconds = r.prompt_seconds;
-      full.generate_seconds = r.generate_seconds;
-      full.time_to_first_token_seconds = r.ttft_seconds;
-      full.prompt_tokens_per_second = r.prompt_seconds > 0 ? r.n_prompt / r.prompt_seconds : 0.0;
-      full.generated_tokens_per_second = r.generate_seconds > 0 ? r.n_generated / r.generate_seconds : 0.0;
-      memcpy(stats, &full, std::min(stats->struct_size, sizeof full));
-    }
-    return st;
-  });
 }
 
 }  // extern "C"

@@ -22,49 +22,121 @@ const char* chat_template_name(ChatTemplate t) {
   return "plain";
 }
 
-std::string format_chat(ChatTemplate t, const std::vector<ChatMessage>& msgs, bool add_assistant,
-                        const std::string& eos_text) {
-  std::string out;
+bool parse_chat_template_name(const std::string& name, ChatTemplate* out) {
+  for (ChatTemplate t : {ChatTemplate::ChatML, ChatTemplate::Mistral, ChatTemplate::Llama3, ChatTemplate::Tulu,
+                         ChatTemplate::Plain}) {
+    if (name == chat_template_name(t)) {
+      *out = t;
+      return true;
+    }
+  }
+  return false;
+}
+
+Status chat_template_from_option(const std::string& option, ChatTemplate* out) {
+  if (parse_chat_template_name(option, out)) return MOELITE_OK;
+  const ChatTemplate t = detect_chat_template(option);
+  if (t == ChatTemplate::Plain)
+    return fail(MOELITE_ERR_INVALID_ARGUMENT,
+                "chat template not recognised: give a family (chatml, mistral, llama3, tulu, plain) or a template "
+                "source that uses one of their markers (<|im_start|>, [INST], <|start_header_id|>, <|user|>)");
+  *out = t;
+  return MOELITE_OK;
+}
+
+void ChatText::add_template(const std::string& s) {
+  if (s.empty()) return;
+  const size_t begin = text.size();
+  text += s;
+  if (!template_ranges.empty() && template_ranges.back().second == begin) {
+    template_ranges.back().second = text.size();  // adjacent template text: one range
+  } else {
+    template_ranges.emplace_back(begin, text.size());
+  }
+}
+
+ChatText format_chat_ranges(ChatTemplate t, const std::vector<ChatMessage>& msgs, bool add_assistant,
+                            const std::string& eos_text) {
+  // Roles come from the caller too, so they are message text, never template.
+  ChatText out;
+  auto tpl = [&](const std::string& s) { out.add_template(s); };
+  auto msg = [&](const std::string& s) { out.add_message_text(s); };
   switch (t) {
     case ChatTemplate::ChatML:
-      for (const auto& m : msgs) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-      if (add_assistant) out += "<|im_start|>assistant\n";
+      for (const auto& m : msgs) {
+        tpl("<|im_start|>");
+        msg(m.role);
+        tpl("\n");
+        msg(m.content);
+        tpl("<|im_end|>\n");
+      }
+      if (add_assistant) tpl("<|im_start|>assistant\n");
       break;
     case ChatTemplate::Llama3:
-      for (const auto& m : msgs)
-        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + m.content + "<|eot_id|>";
-      if (add_assistant) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+      for (const auto& m : msgs) {
+        tpl("<|start_header_id|>");
+        msg(m.role);
+        tpl("<|end_header_id|>\n\n");
+        msg(m.content);
+        tpl("<|eot_id|>");
+      }
+      if (add_assistant) tpl("<|start_header_id|>assistant<|end_header_id|>\n\n");
       break;
     case ChatTemplate::Tulu:
       for (size_t i = 0; i < msgs.size(); ++i) {
         const auto& m = msgs[i];
         if (m.role == "assistant") {
-          out += "<|assistant|>\n" + m.content + eos_text + (i + 1 < msgs.size() ? "\n" : "");
+          tpl("<|assistant|>\n");
+          msg(m.content);
+          tpl(eos_text + (i + 1 < msgs.size() ? "\n" : ""));
         } else {
-          out += "<|" + m.role + "|>\n" + m.content + "\n";
+          // <|system|> and <|user|> are tokens of their own: the template writes them whole. Other
+          // roles stay text, so a role cannot smuggle in a marker.
+          if (m.role == "system" || m.role == "user") {
+            tpl("<|" + m.role + "|>\n");
+          } else {
+            tpl("<|");
+            msg(m.role);
+            tpl("|>\n");
+          }
+          msg(m.content);
+          tpl("\n");
         }
       }
-      if (add_assistant) out += "<|assistant|>\n";
+      if (add_assistant) tpl("<|assistant|>\n");
       break;
     case ChatTemplate::Mistral: {
       // The system message has no slot of its own: it opens the first user turn. BOS comes from
       // the tokenizer, so it is not written here.
-      std::string system;
+      std::vector<const std::string*> system;
       for (const auto& m : msgs) {
         if (m.role == "system") {
-          system += (system.empty() ? "" : "\n\n") + m.content;
+          system.push_back(&m.content);
         } else if (m.role == "user") {
-          out += "[INST] " + (system.empty() ? "" : system + "\n\n") + m.content + " [/INST]";
+          tpl("[INST] ");
+          for (const std::string* s : system) {
+            msg(*s);
+            tpl("\n\n");
+          }
           system.clear();
+          msg(m.content);
+          tpl(" [/INST]");
         } else {
-          out += " " + m.content + eos_text;
+          tpl(" ");
+          msg(m.content);
+          tpl(eos_text);
         }
       }
       break;
     }
     case ChatTemplate::Plain:
-      for (const auto& m : msgs) out += m.role + ": " + m.content + "\n";
-      if (add_assistant) out += "assistant: ";
+      for (const auto& m : msgs) {
+        msg(m.role);
+        tpl(": ");
+        msg(m.content);
+        tpl("\n");
+      }
+      if (add_assistant) tpl("assistant: ");
       break;
   }
   return out;

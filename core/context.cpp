@@ -82,6 +82,49 @@ Status Context::create(const Model& model, Runtime& runtime, const ContextOption
   return MOELITE_OK;
 }
 
+ExpertCounters ExpertCounters::take(const Runtime& runtime, int32_t n_layer) {
+  ExpertCounters c;
+  if (runtime.store) {
+    c.store = runtime.store->stats();
+    c.read_busy_seconds = runtime.store->read_busy_seconds();
+  } else {
+    c.store.assign(static_cast<size_t>(n_layer), ExpertLayerStats{});
+  }
+  runtime.routed.snapshot(&c.routed_tokens, &c.routed_experts);
+  return c;
+}
+
+void ExpertCounters::accrue(const ExpertCounters& before, const ExpertCounters& after) {
+  auto add = [](auto& into, auto b, auto a) { into += a >= b ? a - b : a; };
+  const size_t n = after.store.size();
+  if (store.size() < n) store.resize(n);
+  for (size_t l = 0; l < n && l < before.store.size(); ++l) {
+    const ExpertLayerStats &b = before.store[l], &a = after.store[l];
+    ExpertLayerStats& t = store[l];
+    add(t.activations, b.activations, a.activations);
+    add(t.hits, b.hits, a.hits);
+    add(t.misses, b.misses, a.misses);
+    add(t.prefetches_issued, b.prefetches_issued, a.prefetches_issued);
+    add(t.prefetches_used, b.prefetches_used, a.prefetches_used);
+    add(t.prefetches_wasted, b.prefetches_wasted, a.prefetches_wasted);
+    add(t.bytes_read, b.bytes_read, a.bytes_read);
+    add(t.wait_seconds, b.wait_seconds, a.wait_seconds);
+    add(t.predicted, b.predicted, a.predicted);
+    add(t.predictions, b.predictions, a.predictions);
+    add(t.ready_when_needed, b.ready_when_needed, a.ready_when_needed);
+  }
+  const size_t nr = after.routed_tokens.size();
+  if (routed_tokens.size() < nr) routed_tokens.resize(nr, 0);
+  if (routed_experts.size() < nr) routed_experts.resize(nr, 0);
+  for (size_t l = 0; l < nr && l < before.routed_tokens.size(); ++l) {
+    add(routed_tokens[l], before.routed_tokens[l], after.routed_tokens[l]);
+    add(routed_experts[l], before.routed_experts[l], after.routed_experts[l]);
+  }
+  add(read_busy_seconds, before.read_busy_seconds, after.read_busy_seconds);
+}
+
+void Context::reset_counters() { counters_ = ExpertCounters{}; }
+
 Status Context::eval(const int32_t* tokens, int32_t n_tokens, bool logits_all) {
   const HParams& hp = model_.hp;
   if (n_tokens <= 0 || !tokens) return fail(MOELITE_ERR_INVALID_ARGUMENT, "eval needs at least one token");
@@ -99,6 +142,18 @@ Status Context::eval(const int32_t* tokens, int32_t n_tokens, bool logits_all) {
   AbortScope abort_scope(opts_.abort, opts_.abort_user);
   std::unique_lock<std::mutex> lock(runtime_.eval_mutex, std::defer_lock);
   MOELITE_TRY(lock_abortable(&lock));
+  // Contexts evaluate one at a time, so what the counters gain meanwhile is this context's.
+  const ExpertCounters before = ExpertCounters::take(runtime_, hp.n_layer);
+  struct Accrue {
+    Context* self;
+    const ExpertCounters& before;
+    ~Accrue() {
+      try {
+        self->counters_.accrue(before, ExpertCounters::take(self->runtime_, self->model_.hp.n_layer));
+      } catch (...) {  // out of memory: the context's counters miss this evaluation
+      }
+    }
+  } accrue{this, before};
   for (int32_t done = 0; done < n_tokens;) {
     const int32_t n = std::min(opts_.n_batch, n_tokens - done);
     const bool last = done + n == n_tokens;

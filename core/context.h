@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/eval.h"
+#include "core/expert_store/expert_store.h"
 #include "core/model.h"
 #include "core/runtime.h"
 
@@ -16,6 +17,18 @@ struct ContextOptions {
   void* abort_user = nullptr;
   moelite_routing_fn on_route = nullptr;
   void* route_user = nullptr;
+};
+
+// Expert-store and routing counters as they stood at one moment, or accrued over a context's
+// evaluations (per layer).
+struct ExpertCounters {
+  std::vector<ExpertLayerStats> store;
+  std::vector<uint64_t> routed_tokens, routed_experts;
+  double read_busy_seconds = 0;
+
+  static ExpertCounters take(const Runtime& runtime, int32_t n_layer);
+  // Adds after - before (a counter that went down was reset meanwhile: its new value is added).
+  void accrue(const ExpertCounters& before, const ExpertCounters& after);
 };
 
 class Context {
@@ -37,6 +50,13 @@ class Context {
   int32_t n_ctx() const { return n_ctx_; }
   void truncate(int32_t n_keep);
   const Model& model() const { return model_; }
+  void set_abort(moelite_abort_fn fn, void* user) {
+    opts_.abort = fn;
+    opts_.abort_user = user;
+  }
+  // What the store and the router counted during this context's evaluations.
+  const ExpertCounters& counters() const { return counters_; }
+  void reset_counters();
   // Internal observers of every forward pass (calibration); null to remove.
   void set_hooks(ForwardHooks* hooks) { state_.hooks = hooks; }
 
@@ -56,6 +76,7 @@ class Context {
   std::vector<float> logits_;
   int32_t logits_rows_ = 0;
   bool logits_all_ = false;
+  ExpertCounters counters_;
 };
 
 }  // namespace moelite

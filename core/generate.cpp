@@ -65,12 +65,25 @@ std::string StreamFilter::flush() {
 Status generate(Context& ctx, const std::string& prompt, const GenerateOptions& opts, GenerateResult* res) {
   const Model& model = ctx.model();
   if (!model.tokenizer) return fail(MOELITE_ERR_MISSING_METADATA, "the model has no tokenizer; generation needs one");
+  return generate_tokens(ctx, model.tokenizer->tokenize(prompt, /*add_special=*/true, opts.parse_special), opts, res);
+}
+
+Status generate_tokens(Context& ctx, const std::vector<int32_t>& tokens, const GenerateOptions& opts,
+                       GenerateResult* res) {
+  const Model& model = ctx.model();
+  if (!model.tokenizer) return fail(MOELITE_ERR_MISSING_METADATA, "the model has no tokenizer; generation needs one");
   const Tokenizer& tok = *model.tokenizer;
-  std::vector<int32_t> tokens = tok.tokenize(prompt, /*add_special=*/true, /*parse_special=*/true);
+  res->stop = MOELITE_STOP_ERROR;
   if (tokens.empty()) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the prompt has no tokens");
-  if (static_cast<int32_t>(tokens.size()) > ctx.n_ctx())
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= model.hp.n_vocab)
+      return fail(MOELITE_ERR_BAD_TOKEN, "prompt token %d at index %zu is outside the vocabulary [0, %d)", tokens[i], i,
+                  model.hp.n_vocab);
+  if (static_cast<int32_t>(tokens.size()) > ctx.n_ctx()) {
+    res->stop = MOELITE_STOP_CONTEXT_FULL;
     return fail(MOELITE_ERR_CONTEXT_FULL, "the prompt has %zu tokens, the context holds %d", tokens.size(),
                 ctx.n_ctx());
+  }
 
   // Reuse the cached prefix; at least one token is evaluated so there are logits to sample from.
   const std::vector<int32_t>& cached = ctx.tokens();
@@ -89,26 +102,42 @@ Status generate(Context& ctx, const std::string& prompt, const GenerateOptions& 
   Sampler sampler(opts.sampler);
   StreamFilter filter(opts.stops);
   std::vector<int32_t> history = tokens;
-  auto emit = [&](const std::string& text) {
-    if (text.empty()) return true;
+  // Hands released text to the callbacks; false when one of them asked to stop.
+  auto emit = [&](int32_t token, const std::string& text) {
     res->text += text;
-    return !opts.on_piece || opts.on_piece(text.data(), text.size(), opts.user) != 0;
+    bool go_on = true;
+    if (opts.on_token) go_on = opts.on_token(token, text.data(), text.size(), opts.token_user) != 0;
+    if (!text.empty() && opts.on_piece) go_on = opts.on_piece(text.data(), text.size(), opts.user) != 0 && go_on;
+    return go_on;
   };
   res->stop = MOELITE_STOP_MAX_TOKENS;
   bool ended_by_filter = false;
+  Status status = MOELITE_OK;
   for (int32_t i = 0; i < opts.max_tokens; ++i) {
-    const int32_t next = sampler.sample(ctx.logits(-1), model.hp.n_vocab, history);
+    int32_t next = -1;
+    const Sampler::Outcome outcome = sampler.pick(ctx.logits(-1), model.hp.n_vocab, history, &next);
     if (i == 0) res->ttft_seconds = platform::now_seconds() - t0;
+    if (outcome == Sampler::Outcome::Stopped) {
+      res->stop = MOELITE_STOP_ABORTED;
+      break;
+    }
+    if (outcome == Sampler::Outcome::NoCandidate) {
+      res->stop = MOELITE_STOP_ERROR;
+      status = fail(MOELITE_ERR_INVALID_ARGUMENT,
+                    "no token can be sampled: the logit bias or the logits callback banned every token");
+      break;
+    }
     if (tok.is_end_of_generation(next)) {
       res->stop = MOELITE_STOP_END_TOKEN;
       break;
     }
     history.push_back(next);
+    res->tokens.push_back(next);
     ++res->n_generated;
     bool stopped = false;
     const std::string text = filter.push(tok.token_to_piece(next, false), &stopped);
-    if (!emit(text)) {
-      res->stop = MOELITE_STOP_CALLBACK;
+    if (!emit(next, text)) {
+      res->stop = MOELITE_STOP_ABORTED;
       ended_by_filter = true;
       break;
     }
@@ -120,13 +149,24 @@ Status generate(Context& ctx, const std::string& prompt, const GenerateOptions& 
     if (i + 1 == opts.max_tokens) break;
     if (ctx.length() >= ctx.n_ctx()) {
       res->stop = MOELITE_STOP_CONTEXT_FULL;
+      status = fail(MOELITE_ERR_CONTEXT_FULL,
+                    "generation reached the end of the context (%d tokens) after %d tokens; the text so far was "
+                    "delivered",
+                    ctx.n_ctx(), res->n_generated);
       break;
     }
-    MOELITE_TRY(ctx.eval(&next, 1, false));
+    status = ctx.eval(&next, 1, false);
+    if (status != MOELITE_OK) {
+      res->stop = MOELITE_STOP_ERROR;
+      break;
+    }
   }
-  if (!ended_by_filter) emit(filter.flush());
+  if (!ended_by_filter) {
+    const std::string rest = filter.flush();
+    if (!rest.empty()) emit(-1, rest);
+  }
   res->generate_seconds = platform::now_seconds() - t1;
-  return MOELITE_OK;
+  return status;
 }
 
 }  // namespace moelite

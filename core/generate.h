@@ -14,18 +14,28 @@ struct GenerateOptions {
   int32_t max_tokens = 256;
   SamplerParams sampler;
   std::vector<std::string> stops;
+  bool parse_special = true;  // text prompts: control-token text becomes control tokens
   moelite_piece_fn on_piece = nullptr;
   void* user = nullptr;
+  moelite_token_fn on_token = nullptr;
+  void* token_user = nullptr;
 };
 
 struct GenerateResult {
   int32_t n_prompt = 0, n_cached = 0, n_generated = 0;
   moelite_stop_reason stop = MOELITE_STOP_MAX_TOKENS;
   double prompt_seconds = 0, generate_seconds = 0, ttft_seconds = 0;
-  std::string text;  // everything emitted
+  std::string text;             // everything emitted
+  std::vector<int32_t> tokens;  // the generated ids (the end token excluded)
 };
 
+// Generates after `prompt`, tokenized with BOS/EOS as the vocabulary asks and special tokens
+// parsed when opts.parse_special.
 Status generate(Context& ctx, const std::string& prompt, const GenerateOptions& opts, GenerateResult* result);
+// The same from token ids (the whole sequence: the cached prefix it shares is reused). Fails with
+// MOELITE_ERR_CONTEXT_FULL (stop reason CONTEXT_FULL) when generation reached the context's end.
+Status generate_tokens(Context& ctx, const std::vector<int32_t>& tokens, const GenerateOptions& opts,
+                       GenerateResult* result);
 
 // Splits streamed bytes into pieces that never end inside a UTF-8 character and never contain the
 // beginning of a stop string; used by generate() and unit-tested on its own.

@@ -34,7 +34,7 @@ uint64_t params_of(const WeightView& w) { return w.valid() ? static_cast<uint64_
 
 Status report_progress(const LoadOptions& o, float p) {
   if (o.progress && !o.progress(p, o.progress_user))
-    return fail(MOELITE_ERR_CANCELLED, "model loading cancelled by the progress callback");
+    return fail(MOELITE_ERR_PROGRESS_ABORTED, "model loading cancelled by the progress callback");
   return MOELITE_OK;
 }
 
@@ -43,7 +43,10 @@ Status report_progress(const LoadOptions& o, float p) {
 Status Model::load(const std::string& path, const LoadOptions& opts, std::unique_ptr<Model>* out) {
   auto m = std::make_unique<Model>();
   m->path = path;
-  const bool budgeted = opts.expert_budget_bytes > 0 || opts.expert_budget_auto;
+  // Inspection binds like a budgeted load (experts lazy) but maps the file instead of reading the
+  // dense weights, so nothing is read beyond the header and a few small norm vectors.
+  const bool budgeted = !opts.inspect_only && (opts.expert_budget_bytes > 0 || opts.expert_budget_auto || opts.expert_budget_fraction > 0);
+  m->inspect_only = opts.inspect_only;
   if (opts.expert_budget_auto) m->memory_room_at_load = platform::read_memory_info().room_bytes();
   MOELITE_TRY(gguf::Reader::open(path, &m->gguf));
   const gguf::Reader& g = *m->gguf;
@@ -52,6 +55,7 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
   if (g.find("tokenizer.ggml.model")) MOELITE_TRY(Tokenizer::from_gguf(g, &m->tokenizer));
   std::string chat_src;
   if (g.get_string("tokenizer.chat_template", &chat_src)) m->chat_template = detect_chat_template(chat_src);
+  if (!opts.chat_template.empty()) MOELITE_TRY(chat_template_from_option(opts.chat_template, &m->chat_template));
   if (opts.vocab_only) {
     if (!m->tokenizer)
       return fail(MOELITE_ERR_MISSING_METADATA, "'%s' has no tokenizer (tokenizer.ggml.model)", path.c_str());
@@ -85,11 +89,11 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
   // With a budget the file is not mapped at all: the store reads experts with pread/io_uring, and
   // the dense weights are read into memory, so a file that shrinks under a running model gives
   // MOELITE_ERR_IO from those reads instead of SIGBUS from a mapped page (include/moelite.h).
-  if (opts.use_mmap && !budgeted) MOELITE_TRY(platform::Mapping::map(g.file(), &m->mapping));
+  if ((opts.use_mmap || opts.inspect_only) && !budgeted) MOELITE_TRY(platform::Mapping::map(g.file(), &m->mapping));
 
   // Global tensors.
   TensorBinder b(*m);
-  b.set_lazy_experts(budgeted);
+  b.set_lazy_experts(budgeted || opts.inspect_only);
   HParams& hp = m->hp;
   const gguf::TensorInfo* emb = g.find_tensor("token_embd.weight");
   if (!emb) return fail(MOELITE_ERR_MISSING_TENSOR, "tensor 'token_embd.weight' is absent");

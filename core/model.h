@@ -74,6 +74,7 @@ struct LoadOptions {
   // Budget "auto" (core/budget_auto.h): sized at load from the memory left; loads like a budget
   // (no mapping, experts read on demand). The last of set_expert_budget / _auto wins.
   bool expert_budget_auto = false;
+  double expert_budget_fraction = 0;  // > 0: the budget is this share of the expert bytes
   uint64_t budget_headroom_bytes = 0;  // 0: max(64 MiB, 10 % of the room)
   std::string expert_policy = "lru";
   bool expert_per_layer = false;  // kept for the API: the same as cache_allocation "uniform"
@@ -88,6 +89,12 @@ struct LoadOptions {
   float gating_penalty = kDefaultGatingPenalty;  // cache-aware: threshold factor for non-resident experts
   bool use_mmap = true;
   bool vocab_only = false;
+  // Weights bound but not read (the file mapped, experts lazy) and no runtime: the model's facts,
+  // metadata and tokenizer without the cost of a load (moelite_model_inspect).
+  bool inspect_only = false;
+  // Overrides tokenizer.chat_template: a family name ("chatml", ...) or a template source to
+  // recognise (core/chat_template.h). Empty: the file's template.
+  std::string chat_template;
   moelite_progress_fn progress = nullptr;
   void* progress_user = nullptr;
 };
@@ -107,7 +114,8 @@ struct Model {
 
   std::unique_ptr<Tokenizer> tokenizer;  // null when the file has no tokenizer metadata
   ChatTemplate chat_template = ChatTemplate::Plain;
-  bool vocab_only = false;  // tokenizer only: no weights, no runtime
+  bool vocab_only = false;    // tokenizer only: no weights, no runtime
+  bool inspect_only = false;  // weights bound, never read; no runtime
 
   uint64_t expert_bytes = 0, dense_bytes = 0;
   uint64_t n_params = 0, n_active_params = 0;

@@ -23,6 +23,12 @@ void RoutingCounters::add(int32_t layer, uint64_t tokens, uint64_t experts) {
   experts_[static_cast<size_t>(layer)] += experts;
 }
 
+void RoutingCounters::snapshot(std::vector<uint64_t>* tokens, std::vector<uint64_t>* experts) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  *tokens = tokens_;
+  *experts = experts_;
+}
+
 void RoutingCounters::totals(int32_t layer, uint64_t* tokens, uint64_t* experts) const {
   std::lock_guard<std::mutex> lock(mu_);
   *tokens = *experts = 0;
@@ -72,6 +78,10 @@ Status Runtime::create(const Model& m, const LoadOptions& opts, std::unique_ptr<
     MOELITE_TRY(choose_auto_budget(m, opts, shared_device, &rt->auto_budget));
     rt->budget_auto = true;
     eff.expert_budget_bytes = rt->auto_budget.budget;
+  } else if (opts.expert_budget_fraction > 0) {
+    // At least one byte, so a tiny share still loads budgeted (and is refused as too small).
+    eff.expert_budget_bytes =
+        std::max<uint64_t>(1, static_cast<uint64_t>(opts.expert_budget_fraction * static_cast<double>(m.expert_bytes)));
   }
   if (eff.expert_budget_bytes > 0) {
     ExpertStoreOptions so;

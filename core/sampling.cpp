@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <unordered_set>
 
 namespace moelite {
@@ -49,6 +50,12 @@ std::vector<std::pair<int32_t, float>> Sampler::distribution(const float* logits
       l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
     }
   }
+  // Banned or masked tokens (-infinity) and NaN logits are never candidates: with a temperature
+  // their probability would be 0 or NaN, and rounding could still draw one.
+  cand.erase(std::remove_if(cand.begin(), cand.end(),
+                            [](const auto& c) { return !(c.second > -std::numeric_limits<float>::infinity()); }),
+             cand.end());
+  if (cand.empty()) return {};
   auto by_logit = [](const auto& a, const auto& b) {
     return a.second > b.second || (a.second == b.second && a.first < b.first);
   };
@@ -95,8 +102,37 @@ std::vector<std::pair<int32_t, float>> Sampler::distribution(const float* logits
   return out;
 }
 
+void SamplerParams::set_bias(int32_t token, float bias) {
+  auto it = std::find_if(logit_bias.begin(), logit_bias.end(), [&](const auto& e) { return e.first == token; });
+  if (it != logit_bias.end()) logit_bias.erase(it);
+  if (bias != 0.0f) logit_bias.emplace_back(token, bias);
+}
+
+Sampler::Outcome Sampler::pick(const float* logits, int32_t n_vocab, const std::vector<int32_t>& history,
+                               int32_t* token) {
+  *token = -1;
+  const float* use = logits;
+  if (!p_.logit_bias.empty() || p_.on_logits) {
+    scratch_.assign(logits, logits + n_vocab);
+    for (const auto& [t, b] : p_.logit_bias)
+      if (t >= 0 && t < n_vocab) scratch_[static_cast<size_t>(t)] += b;
+    if (p_.on_logits && p_.on_logits(scratch_.data(), n_vocab, history.data(), static_cast<int32_t>(history.size()),
+                                     p_.logits_user) == 0)
+      return Outcome::Stopped;
+    use = scratch_.data();
+  }
+  const auto dist = distribution(use, n_vocab, history);
+  if (dist.empty()) return Outcome::NoCandidate;
+  *token = draw(dist);
+  return Outcome::Token;
+}
+
 int32_t Sampler::sample(const float* logits, int32_t n_vocab, const std::vector<int32_t>& history) {
   const auto dist = distribution(logits, n_vocab, history);
+  return dist.empty() ? -1 : draw(dist);
+}
+
+int32_t Sampler::draw(const std::vector<std::pair<int32_t, float>>& dist) {
   if (dist.size() == 1) return dist[0].first;
   double u = rng_.uniform(), acc = 0.0;
   for (const auto& [token, prob] : dist) {

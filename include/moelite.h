@@ -8,8 +8,10 @@
  *
  *  - Errors. Functions that can fail return a moelite_status. MOELITE_OK (0) is success; any
  *    other value names the failure, and moelite_last_error() returns a human-readable message
- *    for the most recent failure *on the calling thread*. A failing call leaves its output
- *    arguments untouched and never aborts the process.
+ *    for the most recent failure *on the calling thread*; successful calls never change it. A
+ *    failing call never aborts the process and leaves its output arguments untouched, with two
+ *    exceptions stated where they apply: MOELITE_ERR_BUFFER_TOO_SMALL writes the size needed,
+ *    and the generation functions fill their stats (what was done before the failure).
  *  - Ownership. Handles (moelite_model, moelite_context, ...) are opaque. Whoever receives a
  *    handle from a *_create / *_load function owns it and releases it with the matching *_free
  *    function. *_free accepts NULL. Pointers returned by getters stay owned by the library and
@@ -21,6 +23,11 @@
  *  - ABI. Options are set through setters on opaque parameter objects and queries go through
  *    keys, so new options and new queries are added without changing any existing signature.
  *    Enum values are stable and only ever appended.
+ *  - Names. moelite_<object>_<verb>: moelite_model_*, moelite_context_*, moelite_sampler_*,
+ *    moelite_token_*; parameter setters moelite_<object>_params_set_*. The expert store's
+ *    options are "cache" options (policy, allocation). "Aborted" always means that a callback of
+ *    the application asked to stop. Names replaced by this scheme still work for one release
+ *    and are marked MOELITE_DEPRECATED (a compiler warning names the replacement).
  */
 #ifndef MOELITE_H
 #define MOELITE_H
@@ -40,6 +47,12 @@ extern "C" {
 #endif
 #else
 #define MOELITE_API __attribute__((visibility("default")))
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define MOELITE_DEPRECATED(replacement) __attribute__((deprecated("use " replacement)))
+#else
+#define MOELITE_DEPRECATED(replacement)
 #endif
 
 /* ------------------------------------------------------------------------------------------ */
@@ -95,16 +108,20 @@ typedef enum moelite_status {
                                            such as a deadlock found by the SIMT emulator */
   MOELITE_ERR_CONTEXT_FULL = 40,        /* the batch would run past the context length */
   MOELITE_ERR_BAD_TOKEN = 41,           /* a token id outside [0, n_vocab) */
-  MOELITE_ERR_ABORTED = 42,             /* the abort callback asked to stop */
-  MOELITE_ERR_CANCELLED = 43,           /* the progress callback asked to stop loading */
-  MOELITE_ERR_INTERNAL = 99             /* a bug in moelite; please report it */
+  MOELITE_ERR_ABORTED = 42,             /* the abort callback asked to stop an evaluation */
+  MOELITE_ERR_PROGRESS_ABORTED = 43,    /* a progress callback asked to stop loading or calibrating */
+  MOELITE_ERR_INTERNAL = 99,            /* a bug in moelite; please report it */
+  /* Deprecated spelling of MOELITE_ERR_PROGRESS_ABORTED (same value). */
+  MOELITE_ERR_CANCELLED MOELITE_DEPRECATED("MOELITE_ERR_PROGRESS_ABORTED") = 43
 } moelite_status;
 
 /** Short constant name of a status ("MOELITE_ERR_IO"); static storage, never NULL. */
 MOELITE_API const char* moelite_status_name(moelite_status status);
 
-/** Message describing the most recent failure on the calling thread ("" if none yet).
- *  The pointer is valid until the next moelite call on the same thread. Thread-safe. */
+/** Message describing the most recent failure on the calling thread ("" if none yet). The text
+ *  and the pointer stay valid until the next *failing* moelite call on the same thread:
+ *  successful calls (and calls on other threads) never change it, so it may be read after other
+ *  calls, e.g. in the same printf as moelite_status_name(). Thread-safe. */
 MOELITE_API const char* moelite_last_error(void);
 
 /* ------------------------------------------------------------------------------------------ */
@@ -203,11 +220,22 @@ MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_
  *  Parameter objects are not thread-safe (see the top of this header). */
 MOELITE_API moelite_status moelite_model_params_set_expert_budget_auto(moelite_model_params* params,
                                                                        uint64_t headroom_bytes);
+/** The expert budget as a share of the model's routed-expert bytes (MOELITE_MODEL_EXPERT_BYTES,
+ *  which moelite_model_inspect tells without loading): budget = fraction x expert bytes, rounded
+ *  down, decided at load. 1.0 gives every expert a slot (all stay resident once read). A share
+ *  whose budget is below the minimum working set fails the load with MOELITE_ERR_BUDGET_TOO_SMALL
+ *  (MOELITE_MODEL_EXPERT_MIN_BUDGET of moelite_model_inspect is that minimum). Replaces an earlier
+ *  set_expert_budget or set_expert_budget_auto (the last call wins).
+ *  MOELITE_ERR_INVALID_ARGUMENT unless 0 < fraction <= 1 (NaN included). */
+MOELITE_API moelite_status moelite_model_params_set_expert_budget_fraction(moelite_model_params* params,
+                                                                           double fraction);
 /** Replacement policy of the expert store: "lru" (default), "lfu", "decay" (decayed frequency),
  *  "static" (a hot set: the profile's most used experts; without a profile, the most used so
  *  far) or "belady" (evict the expert needed furthest ahead, as far as predictions reveal; without
  *  a predictor, LRU among the unknown). The string is copied.
- *  MOELITE_ERR_INVALID_ARGUMENT for NULL; an unknown name fails at load time. */
+ *  MOELITE_ERR_INVALID_ARGUMENT for NULL or an unknown name. */
+MOELITE_API moelite_status moelite_model_params_set_cache_policy(moelite_model_params* params, const char* policy);
+MOELITE_DEPRECATED("moelite_model_params_set_cache_policy")
 MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_params* params, const char* policy);
 /** Expert prediction feeding the store's prefetch queue (used with a budget; loads then overlap
  *  computation). Only speeds up loading: results are unchanged. The string is copied; an unknown
@@ -223,6 +251,8 @@ MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_
  *                 one is given and updated online;
  *   "pregate"     the exact next-layer routing of models with pre-gate routers
  *                 (blk.N.ffn_pregate_inp.weight; Pre-gated MoE, Read-ME). */
+MOELITE_API moelite_status moelite_model_params_set_predictor(moelite_model_params* params, const char* predictor);
+MOELITE_DEPRECATED("moelite_model_params_set_predictor")
 MOELITE_API moelite_status moelite_model_params_set_expert_predictor(moelite_model_params* params,
                                                                      const char* predictor);
 /** Layers ahead the "next-gate" predictor looks (>= 1, default 1). Guesses for a deeper layer are
@@ -265,8 +295,9 @@ MOELITE_API moelite_status moelite_model_params_set_gating(moelite_model_params*
  *  sensitivity gating. Ignored by other modes. MOELITE_ERR_INVALID_ARGUMENT below 1 or not
  *  finite. */
 MOELITE_API moelite_status moelite_model_params_set_gating_penalty(moelite_model_params* params, float penalty);
-/** 0 (default): one pool of expert slots shared by all layers. 1: equal per-layer quotas (each
- *  layer evicts only its own experts). */
+/** Deprecated: 1 is moelite_model_params_set_cache_allocation(params, "uniform"), 0 undoes that
+ *  (one shared pool). */
+MOELITE_DEPRECATED("moelite_model_params_set_cache_allocation(params, \"uniform\")")
 MOELITE_API moelite_status moelite_model_params_set_expert_per_layer(moelite_model_params* params, int32_t per_layer);
 /** How the expert budget's slots are divided among layers (the string is copied; an unknown name
  *  fails at load with MOELITE_ERR_INVALID_ARGUMENT):
@@ -301,6 +332,12 @@ MOELITE_API moelite_status moelite_model_params_set_vocab_only(moelite_model_par
 /** Progress callback (NULL to remove) and the pointer handed back to it. */
 MOELITE_API moelite_status moelite_model_params_set_progress_callback(moelite_model_params* params,
                                                                       moelite_progress_fn fn, void* user_data);
+/** The chat template to use instead of the file's tokenizer.chat_template: a family name
+ *  ("chatml", "mistral", "llama3", "tulu", "plain") or a template source (Jinja, as in GGUF files)
+ *  whose family moelite recognises by its markers; moelite formats every family natively and
+ *  runs no Jinja. NULL or "" restores the file's template. The string is copied.
+ *  MOELITE_ERR_INVALID_ARGUMENT when the text is neither a family name nor a recognised source. */
+MOELITE_API moelite_status moelite_model_params_set_chat_template(moelite_model_params* params, const char* chat_template);
 
 /* Limits. Every count a model file controls is checked before anything is sized from it, in
  * 64-bit arithmetic; a file beyond a limit is refused with MOELITE_ERR_BAD_METADATA (a key) or
@@ -333,6 +370,16 @@ MOELITE_API moelite_status moelite_model_params_set_progress_callback(moelite_mo
  *  moelite_status); nothing is leaked on failure. */
 MOELITE_API moelite_status moelite_model_load(const char* path, const moelite_model_params* params,
                                               moelite_model** out_model);
+
+/** Reads what a model file is without loading it: the header, the metadata and the tokenizer
+ *  are read and the tensors checked against the architecture (every status of moelite_model_load
+ *  for a bad file), but no weight is read, no backend is created and no budget applies. The
+ *  result answers moelite_model_get (sizes, MOELITE_MODEL_EXPERT_MIN_BUDGET, the hyperparameters;
+ *  runtime keys such as THREADS or EXPERT_BUDGET give 0), the metadata getters, the token and
+ *  chat functions; moelite_context_create refuses it (MOELITE_ERR_INVALID_ARGUMENT). Free it with
+ *  moelite_model_free. Costs a map of the file and reading its metadata (milliseconds for a model
+ *  of many gigabytes on a fast disk). */
+MOELITE_API moelite_status moelite_model_inspect(const char* path, moelite_model** out_model);
 
 /** Releases the caller's reference to a model. Contexts hold references of their own, so the
  *  contexts and the model may be freed in any order: the model's memory, threads and file are
@@ -394,6 +441,20 @@ MOELITE_API const char* moelite_model_name(const moelite_model* model);
 MOELITE_API const char* moelite_model_expert_type(const moelite_model* model);
 /** Name of the backend in use ("cpu", ...) with the SIMD level, e.g. "cpu (avx512)". */
 MOELITE_API const char* moelite_model_backend_name(const moelite_model* model);
+
+/** Metadata of the GGUF file (every key-value pair, tokenizer arrays included), in file order.
+ *  moelite_model_meta_count: the number of pairs (0 for NULL). moelite_model_meta_key: the key of
+ *  pair i, owned by the model, NULL when i is out of range. Thread-safe. */
+MOELITE_API int32_t moelite_model_meta_count(const moelite_model* model);
+MOELITE_API const char* moelite_model_meta_key(const moelite_model* model, int32_t i);
+/** The value of metadata `key` as text into `buf` (room for `capacity` bytes, NUL-terminated):
+ *  strings as stored, integers in decimal, floats with round-trip precision, booleans as "true" /
+ *  "false", arrays as a JSON array (strings JSON-escaped). *len receives the text's length without
+ *  the NUL. MOELITE_ERR_MISSING_METADATA when the key is absent; MOELITE_ERR_BUFFER_TOO_SMALL when
+ *  length + 1 exceeds capacity (buf untouched, *len written; buf may be NULL with capacity 0 to
+ *  ask the size). Thread-safe. */
+MOELITE_API moelite_status moelite_model_meta_value(const moelite_model* model, const char* key, char* buf,
+                                                    size_t capacity, size_t* len);
 
 /** Measures the memory bandwidth of the device the model computes on, in GB/s (bytes read plus
  *  bytes written per second by copies within device memory; the best of five rounds of 256 MiB
@@ -576,27 +637,58 @@ MOELITE_API moelite_status moelite_context_create(moelite_model* model, const mo
                                                   moelite_context** out_ctx);
 MOELITE_API void moelite_context_free(moelite_context* ctx);
 
+/** Replaces the context's abort callback (NULL removes it); see moelite_abort_fn. Must not be
+ *  called while the context evaluates (the one-thread-at-a-time rule of contexts): the callback
+ *  itself is how another thread stops an evaluation. MOELITE_ERR_INVALID_ARGUMENT for NULL ctx. */
+MOELITE_API moelite_status moelite_context_set_abort_callback(moelite_context* ctx, moelite_abort_fn fn,
+                                                              void* user_data);
+
 /** Appends `n_tokens` tokens to the sequence and runs the model on them.
  *  `logits_all` non-zero keeps the logits of every token of this call, zero only the last one's.
  *  Errors: MOELITE_ERR_BAD_TOKEN, MOELITE_ERR_CONTEXT_FULL (nothing is evaluated), I/O errors
  *  from the expert store, MOELITE_ERR_ABORTED. After any error the context is as it was before
- *  the call (the sequence length is unchanged), so the caller can retry or go on. */
+ *  the call (the sequence length is unchanged, the logits of the previous call still readable),
+ *  so the caller can retry or go on. */
 MOELITE_API moelite_status moelite_eval(moelite_context* ctx, const int32_t* tokens, int32_t n_tokens,
                                         int32_t logits_all);
 
-/** Logits (n_vocab floats) of token `i` of the last successful moelite_eval: with logits_all,
+/** Logits (n_vocab floats) of token `i` of the last successful evaluation: with logits_all,
  *  0 <= i < n_tokens; otherwise only the last token's (i = 0 or -1). Negative i counts from the end.
  *  Returns NULL for an index that has no logits. Owned by the context; valid until the next
- *  moelite_eval, moelite_kv_* or moelite_context_free on it. */
+ *  moelite_eval, moelite_generate, moelite_generate_tokens, moelite_context_kv_reset /
+ *  _kv_truncate or moelite_context_free on it (after a generation call they are those of its last
+ *  evaluation). */
 MOELITE_API const float* moelite_get_logits(const moelite_context* ctx, int32_t i);
 
-/** Tokens currently held in the KV cache. */
-MOELITE_API int32_t moelite_kv_length(const moelite_context* ctx);
-/** Context length chosen at creation. */
+/** Tokens currently held in the KV cache (0 for NULL). */
+MOELITE_API int32_t moelite_context_kv_length(const moelite_context* ctx);
+/** Context length chosen at creation (0 for NULL). */
 MOELITE_API int32_t moelite_context_n_ctx(const moelite_context* ctx);
-/** Forgets the whole sequence. */
-MOELITE_API void moelite_kv_reset(moelite_context* ctx);
-/** Keeps the first n_keep tokens and forgets the rest (n_keep clamped to [0, length]). */
+/** Forgets the whole sequence. NULL is a no-op. */
+MOELITE_API void moelite_context_kv_reset(moelite_context* ctx);
+/** Keeps the first n_keep tokens and forgets the rest (n_keep clamped to [0, length]). NULL is a
+ *  no-op. */
+MOELITE_API void moelite_context_kv_truncate(moelite_context* ctx, int32_t n_keep);
+/** The token ids the KV cache holds, in order (moelite_context_kv_length of them), into `tokens`
+ *  (room for `capacity`). *n_tokens receives the count; MOELITE_ERR_BUFFER_TOO_SMALL when it
+ *  exceeds capacity (tokens untouched). After moelite_generate the cache holds the prompt and the
+ *  generated tokens except the last one, which was sampled but not evaluated. */
+MOELITE_API moelite_status moelite_context_get_tokens(const moelite_context* ctx, int32_t* tokens, int32_t capacity,
+                                                      int32_t* n_tokens);
+/** Expert-store counters of this context's evaluations alone (moelite_model_expert_stats counts
+ *  every context of the model): what changed in the store while this context evaluated, by
+ *  layer or for all layers (layer -1). Speculative loads that finish or are wasted after its
+ *  evaluation returned count for the model only. struct_size as for moelite_model_expert_stats.
+ *  Thread-safety as for the context. MOELITE_ERR_INVALID_ARGUMENT for a bad layer, NULL or an
+ *  undersized out. */
+MOELITE_API moelite_status moelite_context_expert_stats(const moelite_context* ctx, int32_t layer,
+                                                        moelite_expert_stats* out);
+/** Zeroes this context's counters (not the model's). NULL is a no-op. */
+MOELITE_API void moelite_context_reset_expert_stats(moelite_context* ctx);
+
+MOELITE_DEPRECATED("moelite_context_kv_length") MOELITE_API int32_t moelite_kv_length(const moelite_context* ctx);
+MOELITE_DEPRECATED("moelite_context_kv_reset") MOELITE_API void moelite_kv_reset(moelite_context* ctx);
+MOELITE_DEPRECATED("moelite_context_kv_truncate")
 MOELITE_API void moelite_kv_truncate(moelite_context* ctx, int32_t n_keep);
 
 /* ------------------------------------------------------------------------------------------ */
@@ -636,22 +728,55 @@ MOELITE_API int32_t moelite_token_eos(const moelite_model* model);
 /** 1 if generation stops at `token` (EOS, end-of-turn and similar control tokens), else 0. */
 MOELITE_API int32_t moelite_token_is_end(const moelite_model* model, int32_t token);
 
+/** Token attributes (tokenizer.ggml.token_type), as bit flags. */
+enum {
+  MOELITE_TOKEN_ATTR_NORMAL = 1,
+  MOELITE_TOKEN_ATTR_UNKNOWN = 2,      /* the unknown token */
+  MOELITE_TOKEN_ATTR_CONTROL = 4,      /* a control token (BOS, <|im_start|>): renders as nothing
+                                          unless MOELITE_DETOKENIZE_RENDER_SPECIAL */
+  MOELITE_TOKEN_ATTR_USER_DEFINED = 8, /* an added token matched in text like a word */
+  MOELITE_TOKEN_ATTR_UNUSED = 16,
+  MOELITE_TOKEN_ATTR_BYTE = 32,        /* a byte token such as <0x0A> */
+  MOELITE_TOKEN_ATTR_END = 64          /* generation stops at it (moelite_token_is_end) */
+};
+/** The MOELITE_TOKEN_ATTR_* flags of `token`; 0 for an id out of range, a NULL model or one
+ *  without a tokenizer. Thread-safe. */
+MOELITE_API uint32_t moelite_token_attrs(const moelite_model* model, int32_t token);
+/** The vocabulary string of `token` as stored in the file (e.g. "<|im_end|>", "\u0120the" for
+ *  byte-level BPE); NUL-terminated, owned by the model. NULL for an id out of range. Use
+ *  moelite_detokenize for the bytes a token stands for. Thread-safe. */
+MOELITE_API const char* moelite_token_text(const moelite_model* model, int32_t token);
+
 /** One chat message: role ("system", "user", "assistant") and content, both NUL-terminated. */
 typedef struct moelite_chat_message {
   const char* role;
   const char* content;
 } moelite_chat_message;
 
-/** Formats messages with the model's chat template (tokenizer.chat_template), recognised as
- *  one of the common families (ChatML/Qwen, Mistral [INST], Llama-3, OLMoE/Tulu). An unknown or
- *  absent template falls back to plain "role: content" lines with a logged warning.
- *  `add_assistant_prompt` appends the opening of the assistant's reply. Output like
- *  moelite_detokenize (length in *text_len, MOELITE_ERR_BUFFER_TOO_SMALL when too small). */
+/** Formats messages with the model's chat template (tokenizer.chat_template, or the one set with
+ *  moelite_model_params_set_chat_template), recognised as one of the common families
+ *  (ChatML/Qwen, Mistral [INST], Llama-3, OLMoE/Tulu). An unknown or absent template falls back to
+ *  plain "role: content" lines with a logged warning. `add_assistant_prompt` appends the opening
+ *  of the assistant's reply. Output like moelite_detokenize (length in *text_len,
+ *  MOELITE_ERR_BUFFER_TOO_SMALL when too small). The text is for display and logs: to evaluate a
+ *  conversation use moelite_chat_tokenize, which keeps message content from becoming markers. */
 MOELITE_API moelite_status moelite_chat_format(const moelite_model* model, const moelite_chat_message* messages,
                                                size_t n_messages, int32_t add_assistant_prompt, char* text,
                                                size_t capacity, size_t* text_len);
 /** The template family moelite recognised: "chatml", "mistral", "llama3", "tulu" or "plain". */
 MOELITE_API const char* moelite_chat_template_kind(const moelite_model* model);
+
+/** Formats messages like moelite_chat_format and tokenizes the result so that message content is
+ *  always text: control and other special tokens are recognised only where the template wrote
+ *  them, so content (or a role) that spells "<|im_end|>" or "[INST]" becomes the tokens of those
+ *  characters, never a turn marker. BOS/EOS are added as the vocabulary asks. This is what chat
+ *  front-ends must evaluate: the text of moelite_chat_format tokenized with
+ *  MOELITE_TOKENIZE_PARSE_SPECIAL would turn such content into real markers (prompt injection).
+ *  Output like moelite_tokenize (count in *n_tokens, MOELITE_ERR_BUFFER_TOO_SMALL when it exceeds
+ *  capacity). Thread-safe. */
+MOELITE_API moelite_status moelite_chat_tokenize(const moelite_model* model, const moelite_chat_message* messages,
+                                                 size_t n_messages, int32_t add_assistant_prompt, int32_t* tokens,
+                                                 int32_t capacity, int32_t* n_tokens);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Generation                                                                                   */
@@ -659,35 +784,90 @@ MOELITE_API const char* moelite_chat_template_kind(const moelite_model* model);
 
 typedef struct moelite_generate_params moelite_generate_params;
 
-/** Receives generated text as it is produced: `len` bytes at `piece`, never splitting a UTF-8
- *  character and never containing (the start of) a stop string. Return non-zero to continue,
- *  0 to stop generation (stop reason MOELITE_STOP_CALLBACK). Runs on the generating thread. */
+/** Receives generated text as it is produced: `len` (>= 1) bytes at `piece`, never splitting a
+ *  UTF-8 character and never containing (the start of) a stop string. Return non-zero to
+ *  continue, 0 to stop generation (stop reason MOELITE_STOP_ABORTED). Runs on the generating
+ *  thread; the bytes are valid during the call. */
 typedef int (*moelite_piece_fn)(const char* piece, size_t len, void* user_data);
 
+/** Receives each generated token as it is produced, in order, before the next one is computed:
+ *  its id and the text it released to the stream (what the piece callback receives at that
+ *  token; len may be 0 while an unfinished UTF-8 character or a possible stop string is held
+ *  back). Text still held back at the end comes in one last call with token -1. The
+ *  end-of-generation token is not reported (stop reason MOELITE_STOP_END_TOKEN). Return non-zero
+ *  to continue, 0 to stop (MOELITE_STOP_ABORTED). Runs on the generating thread. */
+typedef int (*moelite_token_fn)(int32_t token, const char* text, size_t len, void* user_data);
+
+/** Sees the logits of each step before a token is drawn and may change them in place: `logits`
+ *  (n_vocab floats, the logit bias already added) is a copy the callback owns during the call;
+ *  a token set to -INFINITY is never drawn (masking, e.g. for constrained decoding). `history`
+ *  holds the n_history tokens of the sequence so far (prompt, then generated). Runs before the
+ *  repetition penalty, temperature and filters. Return non-zero to continue, 0 to stop
+ *  (MOELITE_STOP_ABORTED; with a moelite_sampler, MOELITE_ERR_ABORTED). Runs on the calling
+ *  thread. */
+typedef int (*moelite_logits_fn)(float* logits, int32_t n_vocab, const int32_t* history, int32_t n_history,
+                                 void* user_data);
+
 /** Defaults: max_tokens 256, temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat penalty
- *  1.0 (off) over the last 64 tokens, seed 0x5eed, no stop strings, no callback. Temperature 0
- *  means greedy decoding. The same seed and inputs give the same text. */
+ *  1.0 (off) over the last 64 tokens, seed 0x5eed, no stop strings, no logit bias, no callbacks,
+ *  parse_special on. Temperature 0 means greedy decoding. The same seed and inputs give the same
+ *  text. Returns NULL only when out of memory.
+ *  Every setter fails with MOELITE_ERR_INVALID_ARGUMENT for a NULL object or a value outside its
+ *  stated range, and then leaves the object unchanged. */
 MOELITE_API moelite_generate_params* moelite_generate_params_create(void);
 MOELITE_API void moelite_generate_params_free(moelite_generate_params* params);
+/** Most tokens generated, >= 0 (0: evaluate the prompt only). */
 MOELITE_API moelite_status moelite_generate_params_set_max_tokens(moelite_generate_params* p, int32_t n);
+/** Softmax temperature, finite and >= 0; 0 is greedy (the highest logit, lowest id on ties). */
 MOELITE_API moelite_status moelite_generate_params_set_temperature(moelite_generate_params* p, float t);
+/** Keep the k most likely tokens, >= 0; 0 turns the filter off. */
 MOELITE_API moelite_status moelite_generate_params_set_top_k(moelite_generate_params* p, int32_t k);
+/** Keep the smallest set of most likely tokens whose probability reaches top_p, in (0, 1]; 1 off. */
 MOELITE_API moelite_status moelite_generate_params_set_top_p(moelite_generate_params* p, float top_p);
+/** Drop tokens less likely than min_p times the most likely one, in [0, 1]; 0 off. */
 MOELITE_API moelite_status moelite_generate_params_set_min_p(moelite_generate_params* p, float min_p);
+/** Repetition penalty (finite, > 0; 1 off) on the tokens among the last `last_n` of the sequence
+ *  (prompt included): a logit l > 0 becomes l / penalty, else l x penalty. last_n >= -1: -1 the
+ *  whole sequence, 0 none. */
 MOELITE_API moelite_status moelite_generate_params_set_repeat_penalty(moelite_generate_params* p, float penalty,
                                                                       int32_t last_n);
+/** Seed of the sampler's generator (any value). */
 MOELITE_API moelite_status moelite_generate_params_set_seed(moelite_generate_params* p, uint64_t seed);
-/** Adds a stop string (copied). Generation ends before it; the stop string is not emitted. */
+/** Adds a stop string (non-empty, copied). Generation ends before it; the stop string is not
+ *  emitted. */
 MOELITE_API moelite_status moelite_generate_params_add_stop(moelite_generate_params* p, const char* stop);
+/** Adds `bias` to token `token`'s logit at every step (-INFINITY bans it; other values finite).
+ *  Setting a token again replaces its bias; bias 0 removes it. `token` >= 0; a token outside the
+ *  model's vocabulary is ignored at generation. */
+MOELITE_API moelite_status moelite_generate_params_set_logit_bias(moelite_generate_params* p, int32_t token,
+                                                                  float bias);
+/** Removes every logit bias. */
+MOELITE_API moelite_status moelite_generate_params_clear_logit_bias(moelite_generate_params* p);
+/** Text prompts of moelite_generate: non-zero (default) tokenizes control-token text such as
+ *  "<|im_start|>" as those tokens (a prompt formatted by the application); 0 tokenizes it as text.
+ *  Prompts holding untrusted text must not be built by string concatenation with it on: use
+ *  moelite_chat_tokenize + moelite_generate_tokens. */
+MOELITE_API moelite_status moelite_generate_params_set_parse_special(moelite_generate_params* p, int32_t parse_special);
+/** The text callback (NULL removes it) and its user pointer. */
 MOELITE_API moelite_status moelite_generate_params_set_callback(moelite_generate_params* p, moelite_piece_fn fn,
                                                                 void* user_data);
+/** The token callback (NULL removes it) and its user pointer; it may be set beside the text one. */
+MOELITE_API moelite_status moelite_generate_params_set_token_callback(moelite_generate_params* p, moelite_token_fn fn,
+                                                                      void* user_data);
+/** The logits callback (NULL removes it) and its user pointer; also used by a moelite_sampler made
+ *  from these parameters. */
+MOELITE_API moelite_status moelite_generate_params_set_logits_callback(moelite_generate_params* p,
+                                                                       moelite_logits_fn fn, void* user_data);
 
 typedef enum moelite_stop_reason {
-  MOELITE_STOP_END_TOKEN = 0, /* the model produced an end-of-generation token */
+  MOELITE_STOP_END_TOKEN = 0,    /* the model produced an end-of-generation token */
   MOELITE_STOP_MAX_TOKENS = 1,
   MOELITE_STOP_STRING = 2,
-  MOELITE_STOP_CALLBACK = 3,
-  MOELITE_STOP_CONTEXT_FULL = 4
+  MOELITE_STOP_ABORTED = 3,      /* a piece, token or logits callback returned 0 */
+  MOELITE_STOP_CONTEXT_FULL = 4, /* the context is full; the call returned MOELITE_ERR_CONTEXT_FULL */
+  MOELITE_STOP_ERROR = 5,        /* the call failed (see its status) */
+  /* Deprecated spelling of MOELITE_STOP_ABORTED (same value). */
+  MOELITE_STOP_CALLBACK MOELITE_DEPRECATED("MOELITE_STOP_ABORTED") = 3
 } moelite_stop_reason;
 
 /** Timing and counts of one generation call. Set struct_size = sizeof(moelite_generate_stats)
@@ -705,14 +885,61 @@ typedef struct moelite_generate_stats {
   double generated_tokens_per_second;
 } moelite_generate_stats;
 
-/** Generates a continuation of `prompt` (prompt_len bytes; tokenized with ADD_SPECIAL and
- *  PARSE_SPECIAL). The prompt is the whole sequence: the context's KV cache is reused for the
- *  longest prefix it shares with the prompt's tokens and recomputed after it, so multi-turn chat
- *  that resends the conversation only pays for the new turn. The generated tokens stay in the
- *  cache. `params` may be NULL for defaults; `stats` may be NULL. The abort callback of the
- *  context is honoured (MOELITE_ERR_ABORTED). Errors leave the context usable. */
+/** Generates a continuation of `prompt` (prompt_len bytes; tokenized with ADD_SPECIAL, and with
+ *  PARSE_SPECIAL unless moelite_generate_params_set_parse_special(p, 0)). The prompt is the whole
+ *  sequence: the context's KV cache is reused for the longest prefix it shares with the prompt's
+ *  tokens and recomputed after it, so multi-turn chat that resends the conversation only pays for
+ *  the new turn. The generated tokens stay in the cache (the last one only once evaluated: see
+ *  moelite_context_get_tokens). `params` may be NULL for defaults; `stats` may be NULL.
+ *
+ *  Returns MOELITE_OK when generation ended by an end token, max_tokens, a stop string or a
+ *  callback (stats->stop_reason says which). Errors: MOELITE_ERR_CONTEXT_FULL when the prompt
+ *  does not fit (nothing evaluated) or generation reached the end of the context (the text so
+ *  far was delivered; stop reason MOELITE_STOP_CONTEXT_FULL); MOELITE_ERR_ABORTED from the
+ *  context's abort callback; MOELITE_ERR_INVALID_ARGUMENT when bias or the logits callback left
+ *  no token to draw; evaluation errors (I/O, backend). On any error `stats` is still filled
+ *  with what was done (stop reason MOELITE_STOP_ERROR unless a more specific one applies), and
+ *  the context keeps the tokens evaluated before the error: the reused prefix, the prompt if its
+ *  evaluation succeeded, and the generated tokens evaluated so far (moelite_context_kv_length
+ *  tells how many); it stays usable. The abort callback of the context is honoured. */
 MOELITE_API moelite_status moelite_generate(moelite_context* ctx, const char* prompt, size_t prompt_len,
                                             const moelite_generate_params* params, moelite_generate_stats* stats);
+
+/** moelite_generate from token ids (`n_tokens` >= 1, each in [0, n_vocab)): the prompt is taken
+ *  as given, nothing is added. With moelite_chat_tokenize this is the safe way to run a chat.
+ *  MOELITE_ERR_BAD_TOKEN for an id out of range (nothing evaluated); otherwise as
+ *  moelite_generate. */
+MOELITE_API moelite_status moelite_generate_tokens(moelite_context* ctx, const int32_t* tokens, int32_t n_tokens,
+                                                   const moelite_generate_params* params,
+                                                   moelite_generate_stats* stats);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Samplers: the token choice of generation, for applications that drive moelite_eval          */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct moelite_sampler moelite_sampler;
+
+/** Creates a sampler from the sampling settings of `params` (temperature, top_k, top_p, min_p,
+ *  repetition penalty, seed, logit bias, logits callback; copied, so params may be freed). The
+ *  sampler keeps a history of accepted tokens for the repetition penalty and the logits
+ *  callback. A loop of moelite_sampler_sample and moelite_eval, after accepting the prompt's
+ *  tokens, draws exactly the tokens moelite_generate draws with the same params (same seed).
+ *  `params` NULL: the defaults. A sampler is used by one thread at a time. */
+MOELITE_API moelite_status moelite_sampler_create(const moelite_generate_params* params, moelite_sampler** out);
+MOELITE_API void moelite_sampler_free(moelite_sampler* sampler);
+/** Appends tokens to the sampler's history (e.g. the prompt). Ids are not checked here. */
+MOELITE_API moelite_status moelite_sampler_accept(moelite_sampler* sampler, const int32_t* tokens, int32_t n_tokens);
+/** Draws a token from the logits of row `i` of ctx's last evaluation (as moelite_get_logits; -1
+ *  the last) and accepts it into the history. MOELITE_ERR_INVALID_ARGUMENT when the row has no
+ *  logits or no token is left to draw (all banned or masked); MOELITE_ERR_ABORTED when the logits
+ *  callback returned 0. *out_token is written on success only. */
+MOELITE_API moelite_status moelite_sampler_sample(moelite_sampler* sampler, const moelite_context* ctx, int32_t i,
+                                                  int32_t* out_token);
+/** The same from any `n_vocab` (>= 1) logits, e.g. modified by the application. */
+MOELITE_API moelite_status moelite_sampler_sample_logits(moelite_sampler* sampler, const float* logits,
+                                                         int32_t n_vocab, int32_t* out_token);
+/** Forgets the history and restarts the generator from the seed. NULL is a no-op. */
+MOELITE_API void moelite_sampler_reset(moelite_sampler* sampler);
 
 #ifdef __cplusplus
 }

@@ -43,7 +43,7 @@ moelite_status load(const Params& p, Loaded* out) {
   moelite_model_params* mp = moelite_model_params_create();
   moelite_model_params_set_threads(mp, 2);
   moelite_model_params_set_expert_budget(mp, p.budget);
-  moelite_model_params_set_expert_predictor(mp, p.predictor);
+  moelite_model_params_set_predictor(mp, p.predictor);
   moelite_model_params_set_predictor_depth(mp, p.depth);
   moelite_model_params_set_profile(mp, p.profile.c_str());
   moelite_status st = moelite_model_params_set_gating(mp, p.gating, p.threshold);

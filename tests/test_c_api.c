@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
 
   /* A cancelled load fails cleanly. */
   CHECK(moelite_model_params_set_progress_callback(mp, cancel_cb, NULL) == MOELITE_OK);
-  CHECK(moelite_model_load(path, mp, &model) == MOELITE_ERR_CANCELLED);
+  CHECK(moelite_model_load(path, mp, &model) == MOELITE_ERR_PROGRESS_ABORTED);
   CHECK(moelite_model_params_set_progress_callback(mp, progress_cb, NULL) == MOELITE_OK);
 
   moelite_set_log_callback(log_cb, NULL, MOELITE_LOG_INFO);
@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
 
   int32_t prompt[6] = {1, 7, 3, 11, 5, 2};
   CHECK(moelite_eval(ctx, prompt, 6, 1) == MOELITE_OK);
-  CHECK(moelite_kv_length(ctx) == 6);
+  CHECK(moelite_context_kv_length(ctx) == 6);
   float* batch = (float*)malloc(sizeof(float) * 6 * (size_t)n_vocab);
   for (int i = 0; i < 6; ++i) {
     const float* row = moelite_get_logits(ctx, i);
@@ -161,8 +161,8 @@ int main(int argc, char** argv) {
 
   /* Token-by-token evaluation reproduces the batch: every row is computed by the same kernels
    * in the same order, so the results are bitwise equal. */
-  moelite_kv_reset(ctx);
-  CHECK(moelite_kv_length(ctx) == 0);
+  moelite_context_kv_reset(ctx);
+  CHECK(moelite_context_kv_length(ctx) == 0);
   int same = 1;
   for (int i = 0; i < 6; ++i) {
     CHECK(moelite_eval(ctx, &prompt[i], 1, 0) == MOELITE_OK);
@@ -176,16 +176,16 @@ int main(int argc, char** argv) {
   CHECK(moelite_eval(ctx, bad, 2, 0) == MOELITE_ERR_BAD_TOKEN);
   bad[1] = -5;
   CHECK(moelite_eval(ctx, bad, 2, 0) == MOELITE_ERR_BAD_TOKEN);
-  CHECK(moelite_kv_length(ctx) == 6);
+  CHECK(moelite_context_kv_length(ctx) == 6);
   int32_t many[11] = {0};
   CHECK(moelite_eval(ctx, many, 11, 0) == MOELITE_ERR_CONTEXT_FULL);
-  CHECK(moelite_kv_length(ctx) == 6);
+  CHECK(moelite_context_kv_length(ctx) == 6);
   CHECK(moelite_eval(ctx, many, 0, 0) == MOELITE_ERR_INVALID_ARGUMENT);
   CHECK(moelite_eval(NULL, many, 1, 0) == MOELITE_ERR_INVALID_ARGUMENT);
 
   /* Truncate back to 3 tokens and re-evaluate token 3: same logits as the first time. */
-  moelite_kv_truncate(ctx, 3);
-  CHECK(moelite_kv_length(ctx) == 3);
+  moelite_context_kv_truncate(ctx, 3);
+  CHECK(moelite_context_kv_length(ctx) == 3);
   CHECK(moelite_eval(ctx, &prompt[3], 1, 0) == MOELITE_OK);
   const float* again = moelite_get_logits(ctx, -1);
   CHECK(again && memcmp(again, batch + 3 * (size_t)n_vocab, sizeof(float) * (size_t)n_vocab) == 0);
@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
   CHECK(moelite_context_params_set_abort_callback(cp, abort_cb, &calls) == MOELITE_OK);
   CHECK(moelite_context_create(model, cp, &ctx) == MOELITE_OK);
   CHECK(moelite_eval(ctx, prompt, 3, 0) == MOELITE_ERR_ABORTED);
-  CHECK(moelite_kv_length(ctx) == 0);
+  CHECK(moelite_context_kv_length(ctx) == 0);
   g_abort_after = 1000000;
   CHECK(moelite_eval(ctx, prompt, 6, 0) == MOELITE_OK);
   const float* after = moelite_get_logits(ctx, -1);
@@ -256,8 +256,8 @@ int main(int argc, char** argv) {
     CHECK(st1.n_generated_tokens >= 1 && st1.n_generated_tokens <= 12);
     CHECK(st1.n_prompt_tokens > 0 && st1.n_cached_tokens == 0);
     CHECK(st1.stop_reason == MOELITE_STOP_MAX_TOKENS || st1.stop_reason == MOELITE_STOP_END_TOKEN);
-    CHECK(moelite_kv_length(g) == st1.n_prompt_tokens + st1.n_generated_tokens - 1 ||
-          moelite_kv_length(g) == st1.n_prompt_tokens + st1.n_generated_tokens);
+    CHECK(moelite_context_kv_length(g) == st1.n_prompt_tokens + st1.n_generated_tokens - 1 ||
+          moelite_context_kv_length(g) == st1.n_prompt_tokens + st1.n_generated_tokens);
     /* Same prompt again: the prompt's tokens come from the cache except the last one. */
     moelite_generate_params_set_callback(gp, capture_cb, &b);
     moelite_generate_stats st2;
@@ -271,7 +271,7 @@ int main(int argc, char** argv) {
     moelite_generate_params_set_callback(gp, capture_cb, &c);
     st2.struct_size = sizeof st2;
     CHECK(moelite_generate(g, prompt, strlen(prompt), gp, &st2) == MOELITE_OK);
-    CHECK(c.pieces == 1 && st2.stop_reason == MOELITE_STOP_CALLBACK);
+    CHECK(c.pieces == 1 && st2.stop_reason == MOELITE_STOP_ABORTED);
     /* An old caller whose stats struct is shorter gets only what fits. */
     unsigned char small[sizeof(size_t) + 2 * sizeof(int32_t) + 8];
     memset(small, 0xAB, sizeof small);

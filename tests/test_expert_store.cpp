@@ -35,10 +35,10 @@ moelite_status load(const std::string& path, uint64_t budget, Loaded* out, const
   moelite_model_params* p = moelite_model_params_create();
   moelite_model_params_set_threads(p, 2);
   moelite_model_params_set_expert_budget(p, budget);
-  moelite_model_params_set_expert_per_layer(p, per_layer ? 1 : 0);
+  moelite_model_params_set_cache_allocation(p, per_layer ? "uniform" : "auto");
   // Unknown names are refused by their setters, before any load.
-  moelite_status st = moelite_model_params_set_expert_policy(p, policy);
-  if (st == MOELITE_OK) st = moelite_model_params_set_expert_predictor(p, predictor);
+  moelite_status st = moelite_model_params_set_cache_policy(p, policy);
+  if (st == MOELITE_OK) st = moelite_model_params_set_predictor(p, predictor);
   if (st == MOELITE_OK) st = moelite_model_load(path.c_str(), p, &out->model);
   moelite_model_params_free(p);
   if (st == MOELITE_OK) st = moelite_context_create(out->model, nullptr, &out->ctx);
@@ -101,7 +101,7 @@ TEST(ExpertStore, LogitsAreBitwiseIdenticalForEveryBudget) {
       EXPECT_EQ(memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
           << "budget " << budget << " " << policy << (per_layer ? " per-layer " : " ") << predictor;
       // And again from a warm store, token by token.
-      moelite_kv_reset(l.ctx);
+      moelite_context_kv_reset(l.ctx);
       for (size_t i = 0; i < kTokens.size(); ++i) {
         ASSERT_EQ(moelite_eval(l.ctx, &kTokens[i], 1, 0), MOELITE_OK);
         EXPECT_EQ(memcmp(moelite_get_logits(l.ctx, -1), want.data() + i * (want.size() / kTokens.size()),
@@ -202,7 +202,7 @@ TEST(ExpertStore, ReadFailuresSurfaceAsErrorsAndTheContextSurvives) {
   ASSERT_EQ(truncate(copy.c_str(), static_cast<off_t>(bytes.size() / 3)), 0);
   EXPECT_EQ(moelite_eval(l.ctx, kTokens.data(), static_cast<int32_t>(kTokens.size()), 1), MOELITE_ERR_IO);
   EXPECT_NE(strstr(moelite_last_error(), "expert"), nullptr) << moelite_last_error();
-  EXPECT_EQ(moelite_kv_length(l.ctx), 0);
+  EXPECT_EQ(moelite_context_kv_length(l.ctx), 0);
   // Restore the file: the same context now evaluates correctly.
   std::ofstream(copy, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   const std::vector<float> got = logits_of(l);

@@ -102,11 +102,11 @@ TEST(IoRobustness, TruncatedFileGivesIoErrorWithBudgetAndNoMmap) {
     ASSERT_EQ(moelite_eval(c, toks.data(), 8, 0), MOELITE_OK) << moelite_last_error();
     EXPECT_EQ(logits_of(c, m), ref);
     std::filesystem::resize_file(copy, 4096);  // the header survives, every tensor is gone
-    moelite_kv_reset(c);
+    moelite_context_kv_reset(c);
     for (int i = 0; i < 2; ++i) {  // and again: the failed slots are retried, and fail again
       EXPECT_EQ(moelite_eval(c, toks.data(), 8, 0), MOELITE_ERR_IO);
       EXPECT_NE(strstr(moelite_last_error(), copy.c_str()), nullptr) << moelite_last_error();
-      EXPECT_EQ(moelite_kv_length(c), 0);
+      EXPECT_EQ(moelite_context_kv_length(c), 0);
     }
     // The file is whole again: the same context is exact.
     std::filesystem::copy_file(model_path(), copy, std::filesystem::copy_options::overwrite_existing);
@@ -159,11 +159,11 @@ TEST(IoRobustness, AbortEndsAWaitForAStalledRead) {
     EXPECT_EQ(st, MOELITE_ERR_ABORTED) << moelite_last_error();
     EXPECT_NE(strstr(moelite_last_error(), "waiting for expert"), nullptr) << moelite_last_error();
     EXPECT_LT(took, kStall / 2) << "the abort waited for the stalled read";
-    EXPECT_EQ(moelite_kv_length(c), 0);
+    EXPECT_EQ(moelite_context_kv_length(c), 0);
     fault::disarm();
     unsetenv("MOELITE_IO");
     stop = false;
-    moelite_kv_reset(c);
+    moelite_context_kv_reset(c);
     // The stalled read completes in the background; the next evaluation waits for it and is exact.
     ASSERT_EQ(moelite_eval(c, toks.data(), 8, 0), MOELITE_OK) << moelite_last_error();
     EXPECT_EQ(logits_of(c, m), ref);
@@ -191,7 +191,7 @@ TEST(IoRobustness, StalledReadTimesOut) {
   EXPECT_LT(took, 1.5);
   fault::disarm();
   unsetenv("MOELITE_IO");
-  moelite_kv_reset(c);
+  moelite_context_kv_reset(c);
   ASSERT_EQ(moelite_eval(c, toks.data(), 8, 0), MOELITE_OK) << moelite_last_error();
   EXPECT_EQ(logits_of(c, m), ref);
   moelite_context_free(c);
@@ -240,7 +240,7 @@ TEST(IoRobustness, AbortWhileWaitingForAnotherContext) {
   EXPECT_EQ(a_done.get(), MOELITE_OK) << moelite_last_error();
   // B is usable and exact.
   stop_b = false;
-  EXPECT_EQ(moelite_kv_length(b), 0);
+  EXPECT_EQ(moelite_context_kv_length(b), 0);
   ASSERT_EQ(moelite_eval(b, toks.data(), 8, 0), MOELITE_OK) << moelite_last_error();
   EXPECT_EQ(logits_of(b, m), ref);
   moelite_context_free(a);

@@ -98,7 +98,7 @@ LoadSetup budgeted() { return LoadSetup{reference().expert_bytes / 4, 1}; }
 // reference's.
 ::testing::AssertionResult exact_after_reset(moelite_context* c) {
   const Reference& ref = reference();
-  moelite_kv_reset(c);
+  moelite_context_kv_reset(c);
   const moelite_status st = moelite_eval(c, ref.tokens.data(), static_cast<int32_t>(ref.tokens.size()), 0);
   if (st != MOELITE_OK)
     return ::testing::AssertionFailure() << "clean eval failed: " << moelite_status_name(st) << ": "

@@ -315,7 +315,7 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
   double t_ref = 0.0, t_pass = 0.0, t_kl = 0.0;
   auto cancelled = [&]() {
     ctx->set_hooks(nullptr);
-    return fail(MOELITE_ERR_CANCELLED, "calibration cancelled by the progress callback");
+    return fail(MOELITE_ERR_PROGRESS_ABORTED, "calibration cancelled by the progress callback");
   };
   for (int64_t wi = 0; wi < n_windows; ++wi) {
     const int64_t w0 = starts[static_cast<size_t>(wi)];
@@ -434,7 +434,7 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
     for (int32_t c = k; c <= E; ++c) curve[static_cast<size_t>(c)] = curves[static_cast<size_t>(l)][static_cast<size_t>(c)];
   }
   const double t_curves = seconds_since(t_post);
-  if (!report(pass_units * 0.01)) return fail(MOELITE_ERR_CANCELLED, "calibration cancelled by the progress callback");
+  if (!report(pass_units * 0.01)) return fail(MOELITE_ERR_PROGRESS_ABORTED, "calibration cancelled by the progress callback");
 
   // Predictors: fitted on the first (1 - holdout) of the captured tokens, scored on the rest.
   const int64_t cap = rec.capture_limit;
@@ -546,7 +546,7 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
     if (task_status[i] != MOELITE_OK) return fail(task_status[i], "%s", task_error[i].c_str());
   if (any_pregate) p.accuracy["pregate"] = acc_pg;
   const double t_predictors = seconds_since(t_post) - t_curves;
-  if (!report(pass_units * 0.04)) return fail(MOELITE_ERR_CANCELLED, "calibration cancelled by the progress callback");
+  if (!report(pass_units * 0.04)) return fail(MOELITE_ERR_PROGRESS_ABORTED, "calibration cancelled by the progress callback");
 
   // correlation: co-activation counts of consecutive layers; scored on held-out tokens with the
   // table of the training tokens, saved with the counts of all tokens (the live table's seed).

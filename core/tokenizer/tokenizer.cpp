@@ -49,10 +49,19 @@ class GgufTokenizer final : public Tokenizer {
   }
 
   std::vector<int32_t> tokenize(const std::string& text, bool add_special, bool parse_special) const override {
+    return tokenize_fragments(text, add_special, partition_special(v_, text, parse_special));
+  }
+
+  std::vector<int32_t> tokenize_trusted(const std::string& text, bool add_special,
+                                        const ByteRanges& trusted) const override {
+    return tokenize_fragments(text, add_special, partition_special(v_, text, true, &trusted));
+  }
+
+  std::vector<int32_t> tokenize_fragments(const std::string& text, bool add_special,
+                                          const std::vector<Fragment>& frags) const {
     std::vector<int32_t> out;
     out.reserve(text.size() / 3 + 2);
     if (add_special && v_.add_bos && v_.bos >= 0) out.push_back(v_.bos);
-    const std::vector<Fragment> frags = partition_special(v_, text, parse_special);
     bool prev_special = true;  // SPM: a space goes before the first word and after special tokens
     std::string buf;
     for (const Fragment& f : frags) {

@@ -4,12 +4,16 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
 #include "core/gguf.h"
 
 namespace moelite {
+
+// Byte ranges [first, second) of a text, sorted and disjoint.
+using ByteRanges = std::vector<std::pair<size_t, size_t>>;
 
 enum class TokenAttr : uint8_t { Normal = 1, Unknown = 2, Control = 3, UserDefined = 4, Unused = 5, Byte = 6 };
 
@@ -30,6 +34,11 @@ class Tokenizer {
   // matched either way, as llama.cpp and HF tokenizers do. Invalid UTF-8 reaches byte-level BPE
   // as U+FFFD (llama.cpp), SentencePiece as <0xNN> byte tokens.
   virtual std::vector<int32_t> tokenize(const std::string& text, bool add_special, bool parse_special) const = 0;
+  // As tokenize(), but special tokens of any kind are recognised only inside the `trusted` byte
+  // ranges; all other text is plain text (chat formatting: the template's markers are trusted,
+  // message content is not).
+  virtual std::vector<int32_t> tokenize_trusted(const std::string& text, bool add_special,
+                                                const ByteRanges& trusted) const = 0;
 
   // The bytes a token stands for (byte-level BPE bytes decoded, SentencePiece '▁' -> ' ', byte
   // tokens <0xNN> -> that byte). Control and unknown tokens give "" unless `special` is true

@@ -311,11 +311,25 @@ void finish_vocab(Vocab* v) {
   }
 }
 
-std::vector<Fragment> partition_special(const Vocab& v, const std::string& text, bool parse_special) {
+namespace {
+// True when [off, off + len) lies inside one of the sorted, disjoint `ranges`.
+bool inside_ranges(const ByteRanges& ranges, size_t off, size_t len) {
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), off,
+                             [](size_t o, const std::pair<size_t, size_t>& r) { return o < r.first; });
+  if (it == ranges.begin()) return false;
+  --it;
+  return off >= it->first && off + len <= it->second;
+}
+}  // namespace
+
+std::vector<Fragment> partition_special(const Vocab& v, const std::string& text, bool parse_special,
+                                        const ByteRanges* trusted) {
   std::vector<Fragment> frags;
   if (text.empty()) return frags;
   frags.push_back({-1, 0, text.size()});
   if (v.special_cache.empty()) return frags;
+  if (trusted && trusted->empty()) return frags;
+  auto allowed = [&](size_t off, size_t len) { return !trusted || inside_ranges(*trusted, off, len); };
 
   // Which special tokens occur at all (one pass over the text, a hash probe per candidate length).
   std::vector<int32_t> found;
@@ -326,8 +340,9 @@ std::vector<Fragment> partition_special(const Vocab& v, const std::string& text,
       int32_t id = v.find(std::string_view(text.data() + i, len));
       if (id < 0) continue;
       TokenAttr a = v.attr[id];
-      bool eligible =
-          a == TokenAttr::UserDefined || (parse_special && (a == TokenAttr::Control || a == TokenAttr::Unknown));
+      bool eligible = trusted ? allowed(i, len)
+                              : a == TokenAttr::UserDefined ||
+                                    (parse_special && (a == TokenAttr::Control || a == TokenAttr::Unknown));
       if (eligible) found.push_back(id);
     }
   }
@@ -348,14 +363,18 @@ std::vector<Fragment> partition_special(const Vocab& v, const std::string& text,
         continue;
       }
       const size_t end = f.off + f.len;
-      size_t base = f.off;
+      size_t base = f.off, from = f.off;
       std::string_view hay(text.data(), end);
       for (;;) {
-        size_t m = hay.find(st, base);
+        size_t m = hay.find(st, from);
         if (m == std::string_view::npos) break;
+        if (!allowed(m, st.size())) {  // untrusted text: stays plain, look further on
+          from = m + 1;
+          continue;
+        }
         if (m > base) next.push_back({-1, base, m - base});
         next.push_back({id, m, st.size()});
-        base = m + st.size();
+        base = from = m + st.size();
       }
       if (base < end) next.push_back({-1, base, end - base});
     }

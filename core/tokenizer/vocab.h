@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -52,7 +53,14 @@ struct Fragment {
 // Splits `text` at occurrences of special tokens as llama.cpp's tokenizer_st_partition does:
 // longest special texts first, each over all remaining raw fragments. Control and unknown tokens
 // take part only when parse_special; user-defined tokens always do (as in llama.cpp / HF).
-std::vector<Fragment> partition_special(const Vocab& v, const std::string& text, bool parse_special);
+//
+// `trusted` (optional): byte ranges [first, second) of `text` that may hold special tokens. When
+// given, a special token of any kind (control, unknown, user-defined) becomes that token only if
+// its text lies entirely inside one range, and text elsewhere is always plain text: chat
+// formatting passes the template's own markers as trusted and message content as untrusted, so
+// content that spells "<|im_end|>" cannot open a turn of its own.
+std::vector<Fragment> partition_special(const Vocab& v, const std::string& text, bool parse_special,
+                                        const ByteRanges* trusted = nullptr);
 
 // SentencePiece BPE (llama.cpp llm_tokenizer_spm) over already-escaped text ('▁' for spaces).
 // byte_tokens: the <0xNN> token of each byte (-1: none). by_word: merge each '▁'-started word on

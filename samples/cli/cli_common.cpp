@@ -131,7 +131,7 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only) {
     st = moelite_model_params_set_expert_budget(p, budget);
   }
   if (st == MOELITE_OK && args.has("--predictor"))
-    st = moelite_model_params_set_expert_predictor(p, args.get("--predictor").c_str());
+    st = moelite_model_params_set_predictor(p, args.get("--predictor").c_str());
   int64_t depth = 1;
   double threshold = 0.0, penalty = 4.0;
   if (!args.get_int("--predict-depth", 1, &depth, &err) || !args.get_double("--threshold", 0.0, &threshold, &err) ||
@@ -149,9 +149,10 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only) {
     st = moelite_model_params_set_gating(p, args.get("--gating", "exact").c_str(), static_cast<float>(threshold));
   if (st == MOELITE_OK && args.has("--gating-penalty"))
     st = moelite_model_params_set_gating_penalty(p, static_cast<float>(penalty));
-  if (st == MOELITE_OK && args.has("--per-layer")) st = moelite_model_params_set_expert_per_layer(p, 1);
+  if (st == MOELITE_OK && args.has("--per-layer") && !args.has("--allocation"))
+    st = moelite_model_params_set_cache_allocation(p, "uniform");
   if (st == MOELITE_OK && args.has("--policy"))
-    st = moelite_model_params_set_expert_policy(p, args.get("--policy").c_str());
+    st = moelite_model_params_set_cache_policy(p, args.get("--policy").c_str());
   if (st == MOELITE_OK && isatty(STDERR_FILENO) && !vocab_only)
     st = moelite_model_params_set_progress_callback(p, progress_bar, nullptr);
   if (st == MOELITE_OK) st = moelite_model_load(path.c_str(), p, out);

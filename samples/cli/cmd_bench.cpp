@@ -98,7 +98,7 @@ int cmd_bench(int argc, char** argv) {
   std::vector<moelite_expert_stats> best_layers(static_cast<size_t>(n_layers));
   const int64_t runs = reps + (args.has("--no-warmup") ? 0 : 1);
   for (int64_t r = 0; r < runs && st == MOELITE_OK; ++r) {
-    moelite_kv_reset(ctx);
+    moelite_context_kv_reset(ctx);
     double t0 = now();
     st = moelite_eval(ctx, prompt.data(), static_cast<int32_t>(n_prompt), 0);
     double t1 = now();

@@ -115,33 +115,26 @@ int cmd_run(int argc, char** argv) {
   stats.struct_size = sizeof stats;
   moelite_status st = moelite_generate(s.ctx, prompt.data(), prompt.size(), s.gen, &stats);
   if (st != MOELITE_OK) return report(st, "generating");
-  if (stats.stop_reason == MOELITE_STOP_CALLBACK) return finish_output(0);  // stdout is gone: says so, exit 1
+  if (stats.stop_reason == MOELITE_STOP_ABORTED) return finish_output(0);  // stdout is gone: says so, exit 1
   print_stats(stats);
   return 0;
 }
 
 namespace {
 
-// Tokens of a formatted prompt as moelite_generate will count them; -1 on failure.
-int32_t count_prompt_tokens(moelite_model* model, const std::string& text) {
-  int32_t n = 0;
-  const moelite_status st = moelite_tokenize(
-      model, text.data(), text.size(), MOELITE_TOKENIZE_ADD_SPECIAL | MOELITE_TOKENIZE_PARSE_SPECIAL, nullptr, 0, &n);
-  return st == MOELITE_OK || st == MOELITE_ERR_BUFFER_TOO_SMALL ? n : -1;
-}
-
 struct Conversation {
   std::vector<std::string> roles, contents;
   size_t n_fixed = 0;  // leading messages never dropped (the system prompt)
 
-  moelite_status format(moelite_model* model, std::string* out) const {
+  // The conversation's tokens: typed text stays text (a message spelling "<|im_end|>" is not a
+  // turn marker), markers come from the template only.
+  moelite_status tokenize(moelite_model* model, std::vector<int32_t>* out) const {
     std::vector<moelite_chat_message> msgs;
     for (size_t i = 0; i < roles.size(); ++i) msgs.push_back({roles[i].c_str(), contents[i].c_str()});
-    size_t len = 0;
-    moelite_status st = moelite_chat_format(model, msgs.data(), msgs.size(), 1, nullptr, 0, &len);
-    out->assign(len, '\0');
-    if (st == MOELITE_ERR_BUFFER_TOO_SMALL)
-      st = moelite_chat_format(model, msgs.data(), msgs.size(), 1, out->data(), len, &len);
+    int32_t n = 0;
+    moelite_status st = moelite_chat_tokenize(model, msgs.data(), msgs.size(), 1, nullptr, 0, &n);
+    out->assign(static_cast<size_t>(n), 0);
+    if (st == MOELITE_ERR_BUFFER_TOO_SMALL) st = moelite_chat_tokenize(model, msgs.data(), msgs.size(), 1, out->data(), n, &n);
     return st;
   }
 };
@@ -150,12 +143,11 @@ struct Conversation {
 // oldest turns after the fixed ones (a user message with its answer at a time). Says on stderr
 // what it dropped. MOELITE_ERR_CONTEXT_FULL when even the newest message alone does not fit.
 moelite_status fit_conversation(moelite_model* model, int32_t n_ctx, int32_t reply_room, Conversation* c,
-                                std::string* prompt) {
+                                std::vector<int32_t>* prompt) {
   size_t dropped = 0;
   for (;;) {
-    if (moelite_status st = c->format(model, prompt)) return st;
-    const int32_t n = count_prompt_tokens(model, *prompt);
-    if (n < 0) return MOELITE_ERR_INTERNAL;
+    if (moelite_status st = c->tokenize(model, prompt)) return st;
+    const int32_t n = static_cast<int32_t>(prompt->size());
     if (n + reply_room <= n_ctx || c->roles.size() <= c->n_fixed + 1) {
       if (dropped)
         fprintf(stderr, "[context full: dropped the %zu oldest message%s; %d of %d tokens in use]\n", dropped,
@@ -210,13 +202,13 @@ int cmd_chat(int argc, char** argv) {
     if (line == "/reset") {
       conv.roles.resize(conv.n_fixed);
       conv.contents.resize(conv.n_fixed);
-      moelite_kv_reset(s.ctx);
+      moelite_context_kv_reset(s.ctx);
       continue;
     }
     if (line.empty()) continue;
     conv.roles.push_back("user");
     conv.contents.push_back(line);
-    std::string prompt;
+    std::vector<int32_t> prompt;
     moelite_status st = fit_conversation(s.model, n_ctx, reply_room, &conv, &prompt);
     if (st == MOELITE_ERR_CONTEXT_FULL) {  // this message cannot be answered; the chat goes on
       conv.roles.pop_back();
@@ -237,11 +229,12 @@ int cmd_chat(int argc, char** argv) {
         &cap);
     moelite_generate_stats stats{};
     stats.struct_size = sizeof stats;
-    st = moelite_generate(s.ctx, prompt.data(), prompt.size(), s.gen, &stats);
-    if (st != MOELITE_OK) return report(st, "generating");
-    if (stats.stop_reason == MOELITE_STOP_CALLBACK) return finish_output(0);  // stdout is gone: says so, exit 1
+    st = moelite_generate_tokens(s.ctx, prompt.data(), static_cast<int32_t>(prompt.size()), s.gen, &stats);
+    // A full context ends this answer (what it said so far stands); older turns go next time.
+    if (st != MOELITE_OK && st != MOELITE_ERR_CONTEXT_FULL) return report(st, "generating");
+    if (stats.stop_reason == MOELITE_STOP_ABORTED) return finish_output(0);  // stdout is gone: says so, exit 1
     printf("\n");
-    if (stats.stop_reason == MOELITE_STOP_CONTEXT_FULL)
+    if (st == MOELITE_ERR_CONTEXT_FULL)
       fprintf(stderr, "[the answer filled the context; older turns will be dropped]\n");
     print_stats(stats);  // on stderr: the conversation on stdout stays clean
     conv.roles.push_back("assistant");

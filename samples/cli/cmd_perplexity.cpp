@@ -57,7 +57,7 @@ int cmd_perplexity(int argc, char** argv) {
   for (int64_t w0 = 0; st == MOELITE_OK && w0 + 1 < n; w0 += n_ctx) {
     const int32_t len = static_cast<int32_t>(std::min<int64_t>(n_ctx, n - w0));
     if (len < 2) break;
-    moelite_kv_reset(ctx);
+    moelite_context_kv_reset(ctx);
     st = moelite_eval(ctx, tokens.data() + w0, len, 1);
     evaluated += len;
     for (int32_t i = 0; st == MOELITE_OK && i + 1 < len; ++i) {

@@ -82,7 +82,7 @@ int cmd_trace_record(int argc, char** argv) {
     }
     const int64_t n = static_cast<int64_t>(tokens.size());
     for (int64_t w0 = 0; st == MOELITE_OK && w0 < n; w0 += n_ctx) {
-      moelite_kv_reset(ctx);
+      moelite_context_kv_reset(ctx);
       rec.base = w0;
       st = moelite_eval(ctx, tokens.data() + w0, static_cast<int32_t>(std::min<int64_t>(n_ctx, n - w0)), 0);
     }

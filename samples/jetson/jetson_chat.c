@@ -225,28 +225,29 @@ static int on_piece(const char* piece, size_t len, void* user_data) {
   return 1;
 }
 
-static moelite_status format_prompt(const moelite_model* model, const conversation* c, char** out) {
-  size_t capacity = 4096, len = 0;
+/* The conversation as tokens. moelite_chat_tokenize keeps what the user typed as text: a message
+ * that spells a template marker ("<|im_end|>") cannot start a turn of its own. */
+static moelite_status tokenize_prompt(const moelite_model* model, const conversation* c, int32_t** out, int32_t* n) {
+  int32_t capacity = 1024;
   for (;;) {
-    char* text = malloc(capacity);
-    if (!text) return MOELITE_ERR_OUT_OF_MEMORY;
-    /* The formatted text is not NUL-terminated: keep a byte for the terminator. */
-    moelite_status st = moelite_chat_format(model, c->messages, c->n, 1, text, capacity - 1, &len);
+    int32_t* ids = malloc((size_t)capacity * sizeof *ids);
+    if (!ids) return MOELITE_ERR_OUT_OF_MEMORY;
+    moelite_status st = moelite_chat_tokenize(model, c->messages, c->n, 1, ids, capacity, n);
     if (st == MOELITE_OK) {
-      text[len] = '\0';
-      *out = text;
+      *out = ids;
       return MOELITE_OK;
     }
-    free(text);
+    free(ids);
     if (st != MOELITE_ERR_BUFFER_TOO_SMALL) return st;
-    capacity = len + 2;
+    capacity = *n;
   }
 }
 
-/* One turn: format the conversation, stream the reply, print the turn's numbers. */
+/* One turn: tokenize the conversation, stream the reply, print the turn's numbers. */
 static moelite_status answer(const options* o, session* s, conversation* c) {
-  char* prompt = NULL;
-  moelite_status st = format_prompt(s->model, c, &prompt);
+  int32_t* prompt = NULL;
+  int32_t n_prompt = 0;
+  moelite_status st = tokenize_prompt(s->model, c, &prompt, &n_prompt);
   if (st != MOELITE_OK) return st;
   moelite_generate_params* gen = moelite_generate_params_create();
   reply r = {0};
@@ -257,16 +258,20 @@ static moelite_status answer(const options* o, session* s, conversation* c) {
   memset(&before, 0, sizeof before);
   memset(&after, 0, sizeof after);
   before.struct_size = after.struct_size = sizeof before;
-  moelite_model_expert_stats(s->model, -1, &before);
+  /* This context's own counters: other contexts of the model would not disturb them. */
+  moelite_context_expert_stats(s->ctx, -1, &before);
 
   st = gen ? MOELITE_OK : MOELITE_ERR_OUT_OF_MEMORY;
   if (st == MOELITE_OK) st = moelite_generate_params_set_max_tokens(gen, o->max_tokens);
   if (st == MOELITE_OK) st = moelite_generate_params_set_temperature(gen, 0.0f); /* greedy: reproducible */
   if (st == MOELITE_OK) st = moelite_generate_params_set_callback(gen, on_piece, &r);
   printf("assistant: ");
-  if (st == MOELITE_OK) st = moelite_generate(s->ctx, prompt, strlen(prompt), gen, &stats);
+  if (st == MOELITE_OK) st = moelite_generate_tokens(s->ctx, prompt, n_prompt, gen, &stats);
   printf("\n");
-  moelite_model_expert_stats(s->model, -1, &after);
+  moelite_context_expert_stats(s->ctx, -1, &after);
+  /* A full context ends the answer early; what was said stands, and the next turn starts over. */
+  const int context_full = st == MOELITE_ERR_CONTEXT_FULL && stats.stop_reason == MOELITE_STOP_CONTEXT_FULL;
+  if (context_full) st = MOELITE_OK;
   if (st == MOELITE_OK) {
     const uint64_t asked = after.activations - before.activations;
     const uint64_t hits = after.hits - before.hits;
@@ -279,10 +284,10 @@ static moelite_status answer(const options* o, session* s, conversation* c) {
     else
       printf(" | experts all resident");
     printf("]\n");
-    if (stats.stop_reason == MOELITE_STOP_CONTEXT_FULL) {
+    if (context_full) {
       printf("[context full: forgetting the conversation]\n");
       truncate_conversation(c, 1);
-      moelite_kv_reset(s->ctx);
+      moelite_context_kv_reset(s->ctx);
     } else {
       st = add_message(c, "assistant", r.text ? r.text : "");
     }
@@ -317,7 +322,7 @@ int main(int argc, char** argv) {
     if (strcmp(line, "/quit") == 0) break;
     if (strcmp(line, "/reset") == 0) {
       truncate_conversation(&c, 1);
-      moelite_kv_reset(s.ctx);
+      moelite_context_kv_reset(s.ctx);
       continue;
     }
     const int64_t available = available_now(&o);

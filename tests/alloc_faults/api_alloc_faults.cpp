@@ -147,7 +147,7 @@ moelite_model* load(const char* path, uint64_t budget) {
   moelite_model_params_set_threads(p, 2);
   if (budget) {
     moelite_model_params_set_expert_budget(p, budget);
-    moelite_model_params_set_expert_predictor(p, "next-gate");
+    moelite_model_params_set_predictor(p, "next-gate");
   }
   moelite_model* m = nullptr;
   moelite_status st = moelite_model_load(path, p, &m);
@@ -156,7 +156,7 @@ moelite_model* load(const char* path, uint64_t budget) {
 }
 
 std::vector<float> eval_logits(moelite_context* c, const std::vector<int32_t>& tokens, int32_t n_vocab) {
-  moelite_kv_reset(c);
+  moelite_context_kv_reset(c);
   if (moelite_eval(c, tokens.data(), static_cast<int32_t>(tokens.size()), 0) != MOELITE_OK) return {};
   const float* l = moelite_get_logits(c, -1);
   return std::vector<float>(l, l + n_vocab);
@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
           if (!p) return kNullHandle;
           moelite_status st = moelite_model_params_set_threads(p, 2);
           if (st == MOELITE_OK && b) st = moelite_model_params_set_expert_budget(p, b);
-          if (st == MOELITE_OK && b) st = moelite_model_params_set_expert_predictor(p, "next-gate");
+          if (st == MOELITE_OK && b) st = moelite_model_params_set_predictor(p, "next-gate");
           moelite_model* m = nullptr;
           if (st == MOELITE_OK) st = moelite_model_load(path, p, &m);
           moelite_model_params_free(p);
@@ -223,7 +223,7 @@ int main(int argc, char** argv) {
     sweep(
         b ? "eval (budget)" : "eval",
         [&] {
-          moelite_kv_reset(c);
+          moelite_context_kv_reset(c);
           return moelite_eval(c, tokens.data(), static_cast<int32_t>(tokens.size()), 0);
         },
         [&] {
@@ -248,7 +248,7 @@ int main(int argc, char** argv) {
         &out);
     auto gen = [&] {
       out.clear();
-      moelite_kv_reset(ctx);
+      moelite_context_kv_reset(ctx);
       return moelite_generate(ctx, "The open() function returns", 27, gp, nullptr);
     };
     gen();

@@ -36,7 +36,7 @@ moelite_model* load(const char* path, uint64_t budget) {
   moelite_model_params_set_backend(p, MOELITE_BACKEND_CPU);
   if (budget) {
     moelite_model_params_set_expert_budget(p, budget);
-    moelite_model_params_set_expert_predictor(p, "next-gate,correlation");
+    moelite_model_params_set_predictor(p, "next-gate,correlation");
     moelite_model_params_set_predictor_depth(p, 2);
   }
   moelite_model* m = nullptr;
@@ -67,7 +67,7 @@ std::vector<int32_t> prompt(int seed, int n) {
 // Evaluates `toks` from an empty cache (prompt in one call, then one token at a time) and
 // returns the last logits.
 bool run(moelite_context* c, const std::vector<int32_t>& toks, int32_t n_vocab, std::vector<float>* out) {
-  moelite_kv_reset(c);
+  moelite_context_kv_reset(c);
   const int32_t half = static_cast<int32_t>(toks.size()) / 2;
   if (moelite_eval(c, toks.data(), half, 0) != MOELITE_OK) return false;
   for (size_t i = static_cast<size_t>(half); i < toks.size(); ++i)
@@ -145,14 +145,14 @@ int main(int argc, char** argv) {
         std::this_thread::sleep_for(std::chrono::microseconds(300 * i));
         stop = true;
       });
-      moelite_kv_reset(c);
+      moelite_context_kv_reset(c);
       const moelite_status st = moelite_eval(c, toks.data(), static_cast<int32_t>(toks.size()), 0);
       aborter.join();
       check(st == MOELITE_OK || st == MOELITE_ERR_ABORTED,
             std::string("aborted context: ") + moelite_status_name(st) + ": " + moelite_last_error());
       if (st == MOELITE_ERR_ABORTED) {
         ++n_aborted;
-        check(moelite_kv_length(c) == 0, "an aborted eval changed the sequence");
+        check(moelite_context_kv_length(c) == 0, "an aborted eval changed the sequence");
       }
     }
     check(n_aborted > 0, "no evaluation was ever aborted");
