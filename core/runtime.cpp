@@ -79,9 +79,11 @@ Status Runtime::create(const Model& m, const LoadOptions& opts, std::unique_ptr<
     rt->budget_auto = true;
     eff.expert_budget_bytes = rt->auto_budget.budget;
   } else if (opts.expert_budget_fraction > 0) {
-    // At least one byte, so a tiny share still loads budgeted (and is refused as too small).
-    eff.expert_budget_bytes =
-        std::max<uint64_t>(1, static_cast<uint64_t>(opts.expert_budget_fraction * static_cast<double>(m.expert_bytes)));
+    // A share of what holding every expert takes (the expert bytes plus slot alignment and the
+    // store's reserve), so 1.0 keeps them all. At least one byte: a tiny share still loads
+    // budgeted, and is refused as too small.
+    const double all = static_cast<double>(planned_store_limits(m, opts).cap);
+    eff.expert_budget_bytes = std::max<uint64_t>(1, static_cast<uint64_t>(opts.expert_budget_fraction * all));
   }
   if (eff.expert_budget_bytes > 0) {
     ExpertStoreOptions so;

@@ -220,9 +220,11 @@ MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_
  *  Parameter objects are not thread-safe (see the top of this header). */
 MOELITE_API moelite_status moelite_model_params_set_expert_budget_auto(moelite_model_params* params,
                                                                        uint64_t headroom_bytes);
-/** The expert budget as a share of the model's routed-expert bytes (MOELITE_MODEL_EXPERT_BYTES,
- *  which moelite_model_inspect tells without loading): budget = fraction x expert bytes, rounded
- *  down, decided at load. 1.0 gives every expert a slot (all stay resident once read). A share
+/** The expert budget as a share of what keeping every routed expert in memory takes: budget =
+ *  fraction x (the expert bytes, MOELITE_MODEL_EXPERT_BYTES, plus the store's slot alignment and
+ *  its one reserve slot), rounded down, decided at load. 1.0 gives every expert a slot (all stay
+ *  resident once read); 0.25 holds about a quarter of them. moelite_model_inspect tells the
+ *  expert bytes without loading. A share
  *  whose budget is below the minimum working set fails the load with MOELITE_ERR_BUDGET_TOO_SMALL
  *  (MOELITE_MODEL_EXPERT_MIN_BUDGET of moelite_model_inspect is that minimum). Replaces an earlier
  *  set_expert_budget or set_expert_budget_auto (the last call wins).

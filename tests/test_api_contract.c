@@ -1,0 +1,624 @@
+/* The promises of include/moelite.h that issue 19 added or corrected, each checked from a plain
+ * C99 program against the shipped model. Expectations come from the header's text and from
+ * independent computations (the argmax of raw logits, counts of tokens, identities between two
+ * API paths), never from earlier outputs of the engine.
+ *
+ *   test_api_contract MODEL.gguf
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moelite.h"
+
+static int g_failures = 0, g_checks = 0;
+#define CHECK(cond)                                                                                                 \
+  do {                                                                                                              \
+    ++g_checks;                                                                                                     \
+    if (!(cond)) {                                                                                                  \
+      ++g_failures;                                                                                                 \
+      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__, #cond, moelite_last_error()); \
+    }                                                                                                               \
+  } while (0)
+
+static const char* g_path;
+
+static moelite_model* load(double budget_fraction) {
+  moelite_model_params* mp = moelite_model_params_create();
+  moelite_model_params_set_threads(mp, 2);
+  if (budget_fraction > 0) moelite_model_params_set_expert_budget_fraction(mp, budget_fraction);
+  moelite_model* m = NULL;
+  CHECK(moelite_model_load(g_path, mp, &m) == MOELITE_OK);
+  moelite_model_params_free(mp);
+  return m;
+}
+
+static moelite_context* context(moelite_model* m, int32_t n_ctx) {
+  moelite_context_params* cp = moelite_context_params_create();
+  if (n_ctx) moelite_context_params_set_n_ctx(cp, n_ctx);
+  moelite_context* c = NULL;
+  CHECK(moelite_context_create(m, cp, &c) == MOELITE_OK);
+  moelite_context_params_free(cp);
+  return c;
+}
+
+static int32_t tokenize(const moelite_model* m, const char* text, uint32_t flags, int32_t* ids, int32_t cap) {
+  int32_t n = 0;
+  CHECK(moelite_tokenize(m, text, strlen(text), flags, ids, cap, &n) == MOELITE_OK);
+  return n;
+}
+
+/* Bans every end-of-generation token, so generation lengths are set by the test alone. */
+static void ban_end_tokens(const moelite_model* m, moelite_generate_params* g) {
+  const int32_t n_vocab = (int32_t)moelite_model_get(m, MOELITE_MODEL_N_VOCAB);
+  for (int32_t t = 0; t < n_vocab; ++t)
+    if (moelite_token_attrs(m, t) & MOELITE_TOKEN_ATTR_END) moelite_generate_params_set_logit_bias(g, t, -INFINITY);
+}
+
+/* ---- last error: only failing calls change it */
+static void test_last_error_is_stable(void) {
+  moelite_model* m = NULL;
+  CHECK(moelite_model_load("/nonexistent/last-error.gguf", NULL, &m) == MOELITE_ERR_FILE_NOT_FOUND);
+  char saved[2048];
+  snprintf(saved, sizeof saved, "%s", moelite_last_error());
+  CHECK(strstr(saved, "/nonexistent/last-error.gguf") != NULL);
+  /* Successful calls whose insides fail and recover: the AUTO backend probes GPUs, a budgeted load
+   * tries O_DIRECT, evaluation, generation, tokenizing, freeing. */
+  m = load(0.5);
+  moelite_context* c = context(m, 64);
+  int32_t ids[64];
+  const int32_t n = tokenize(m, "Hello world", MOELITE_TOKENIZE_ADD_SPECIAL, ids, 64);
+  CHECK(moelite_eval(c, ids, n, 0) == MOELITE_OK);
+  moelite_generate_params* g = moelite_generate_params_create();
+  moelite_generate_params_set_max_tokens(g, 3);
+  CHECK(moelite_generate(c, "Hi", 2, g, NULL) == MOELITE_OK);
+  moelite_generate_params_free(g);
+  moelite_context_free(c);
+  moelite_model_free(m);
+  CHECK(strcmp(moelite_last_error(), saved) == 0);
+  /* ... and status name and message may be read in either order. */
+  const moelite_status st = moelite_model_load("/nonexistent/x.gguf", NULL, &m);
+  char line[4096];
+  snprintf(line, sizeof line, "%s %s", moelite_status_name(st), moelite_last_error());
+  CHECK(strstr(line, "MOELITE_ERR_FILE_NOT_FOUND") && strstr(line, "/nonexistent/x.gguf"));
+}
+
+/* ---- lifetimes: a context keeps its model alive */
+static void test_free_order(void) {
+  moelite_model* m = load(0);
+  moelite_context* c = context(m, 32);
+  moelite_model_free(m); /* the application's reference only */
+  int32_t ids[8] = {1, 2, 3, 4};
+  CHECK(moelite_eval(c, ids, 4, 0) == MOELITE_OK);
+  CHECK(moelite_get_logits(c, -1) != NULL);
+  moelite_context_free(c); /* the model goes with its last context (ASan checks the order) */
+}
+
+/* ---- outputs untouched on failure (and the two documented exceptions) */
+static void test_outputs_untouched(void) {
+  moelite_model* const sentinel = (moelite_model*)0x1;
+  moelite_model* m = sentinel;
+  CHECK(moelite_model_inspect("/nonexistent/inspect.gguf", &m) == MOELITE_ERR_FILE_NOT_FOUND && m == sentinel);
+  m = load(0);
+  moelite_model_params* vp = moelite_model_params_create();
+  moelite_model_params_set_vocab_only(vp, 1);
+  moelite_model* vocab = NULL;
+  CHECK(moelite_model_load(g_path, vp, &vocab) == MOELITE_OK);
+  moelite_model_params_free(vp);
+  moelite_context* c = (moelite_context*)0x2;
+  CHECK(moelite_context_create(vocab, NULL, &c) == MOELITE_ERR_INVALID_ARGUMENT && c == (moelite_context*)0x2);
+
+  int32_t ids[4] = {-7, -7, -7, -7}, n = -9;
+  CHECK(moelite_tokenize(m, "Hello there world", 17, 0, ids, 1, &n) == MOELITE_ERR_BUFFER_TOO_SMALL);
+  CHECK(n > 1 && ids[1] == -7); /* the size needed is written (documented), the rest untouched */
+
+  char buf[8] = "XXXXXXX";
+  size_t len = 12345;
+  CHECK(moelite_model_meta_value(m, "no.such.key", buf, sizeof buf, &len) == MOELITE_ERR_MISSING_METADATA);
+  CHECK(len == 12345 && strcmp(buf, "XXXXXXX") == 0);
+  CHECK(moelite_model_meta_value(m, "general.architecture", buf, 3, &len) == MOELITE_ERR_BUFFER_TOO_SMALL);
+  CHECK(len == strlen(moelite_model_arch(m)) && strcmp(buf, "XXXXXXX") == 0);
+
+  moelite_expert_stats es;
+  memset(&es, 0x5a, sizeof es);
+  es.struct_size = sizeof es;
+  CHECK(moelite_model_expert_stats(m, 9999, &es) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(es.activations == 0x5a5a5a5a5a5a5a5aull);
+
+  moelite_sampler* s = NULL;
+  moelite_generate_params* g = moelite_generate_params_create();
+  const float banned[3] = {-INFINITY, -INFINITY, -INFINITY};
+  CHECK(moelite_sampler_create(g, &s) == MOELITE_OK);
+  int32_t tok = 77;
+  CHECK(moelite_sampler_sample_logits(s, banned, 3, &tok) == MOELITE_ERR_INVALID_ARGUMENT && tok == 77);
+  moelite_sampler_free(s);
+
+  /* Setters: a value out of range leaves the object as it was (generation still greedy). */
+  CHECK(moelite_generate_params_set_temperature(g, -1.0f) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_generate_params_set_temperature(g, NAN) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_generate_params_set_top_p(g, 0.0f) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_generate_params_set_top_p(g, 1.5f) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_generate_params_set_min_p(g, -0.1f) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_generate_params_set_top_k(g, -1) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_generate_params_set_max_tokens(g, -1) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_generate_params_set_repeat_penalty(g, 0.0f, 64) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_generate_params_set_repeat_penalty(g, INFINITY, 64) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_generate_params_set_repeat_penalty(g, 1.1f, -2) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_generate_params_set_logit_bias(g, -1, 1.0f) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_generate_params_set_logit_bias(g, 3, INFINITY) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_generate_params_set_logit_bias(g, 3, NAN) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_generate_params_add_stop(g, "") == MOELITE_ERR_INVALID_ARGUMENT);
+  moelite_model_params* mp = moelite_model_params_create();
+  CHECK(moelite_model_params_set_expert_budget_fraction(mp, 0.0) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_model_params_set_expert_budget_fraction(mp, 1.5) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_model_params_set_expert_budget_fraction(mp, NAN) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_model_params_set_chat_template(mp, "{{ no known markers }}") == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_model_params_set_cache_policy(mp, "nonsense") == MOELITE_ERR_INVALID_ARGUMENT);
+  moelite_model_params_free(mp);
+  moelite_generate_params_free(g);
+  moelite_model_free(vocab);
+  moelite_model_free(m);
+}
+
+/* ---- inspection: the facts of a load without loading */
+static void test_inspect(void) {
+  moelite_model* full = load(0);
+  moelite_model* info = NULL;
+  CHECK(moelite_model_inspect(g_path, &info) == MOELITE_OK);
+  if (!info) return;
+  const moelite_model_key same[] = {MOELITE_MODEL_N_LAYERS,      MOELITE_MODEL_N_EXPERTS,   MOELITE_MODEL_N_EXPERTS_USED,
+                                    MOELITE_MODEL_N_VOCAB,       MOELITE_MODEL_N_EMBD,      MOELITE_MODEL_EXPERT_BYTES,
+                                    MOELITE_MODEL_DENSE_BYTES,   MOELITE_MODEL_N_PARAMS,    MOELITE_MODEL_ACTIVE_BYTES,
+                                    MOELITE_MODEL_EXPERT_MIN_BUDGET};
+  for (size_t i = 0; i < sizeof same / sizeof same[0]; ++i)
+    CHECK(moelite_model_get(info, same[i]) == moelite_model_get(full, same[i]));
+  CHECK(moelite_model_get(info, MOELITE_MODEL_EXPERT_MIN_BUDGET) > 0);
+  CHECK(moelite_model_get(info, MOELITE_MODEL_THREADS) == 0);
+  CHECK(strcmp(moelite_model_arch(info), moelite_model_arch(full)) == 0);
+  CHECK(strcmp(moelite_chat_template_kind(info), moelite_chat_template_kind(full)) == 0);
+  moelite_context* c = NULL;
+  CHECK(moelite_context_create(info, NULL, &c) == MOELITE_ERR_INVALID_ARGUMENT && c == NULL);
+  int32_t ids[16];
+  CHECK(tokenize(info, "Hello", 0, ids, 16) > 0);
+
+  /* The minimum it reports is the minimum a budgeted load accepts. */
+  const int64_t min_budget = moelite_model_get(info, MOELITE_MODEL_EXPERT_MIN_BUDGET);
+  moelite_model_params* mp = moelite_model_params_create();
+  moelite_model* m = NULL;
+  moelite_model_params_set_expert_budget(mp, (uint64_t)min_budget - 1);
+  CHECK(moelite_model_load(g_path, mp, &m) == MOELITE_ERR_BUDGET_TOO_SMALL && m == NULL);
+  moelite_model_params_set_expert_budget(mp, (uint64_t)min_budget);
+  CHECK(moelite_model_load(g_path, mp, &m) == MOELITE_OK);
+  moelite_model_free(m);
+  moelite_model_params_free(mp);
+  moelite_model_free(info);
+  moelite_model_free(full);
+}
+
+/* ---- budget as a fraction: the budget is the share of the expert bytes, results unchanged */
+static void test_budget_fraction(void) {
+  moelite_model* resident = load(0);
+  moelite_model* half = load(0.5);
+  const int64_t expert_bytes = moelite_model_get(resident, MOELITE_MODEL_EXPERT_BYTES);
+  /* Half of what every expert takes: the expert bytes plus at most a slot's alignment each and
+   * one reserve slot. */
+  const int64_t budget = moelite_model_get(half, MOELITE_MODEL_EXPERT_BUDGET);
+  const int64_t n_experts = moelite_model_get(resident, MOELITE_MODEL_N_EXPERTS) * moelite_model_get(resident, MOELITE_MODEL_N_LAYERS);
+  const int64_t slot = moelite_model_get(half, MOELITE_MODEL_EXPERT_POOL_BYTES) / moelite_model_get(half, MOELITE_MODEL_EXPERT_SLOTS);
+  CHECK(budget >= expert_bytes / 2 && budget <= (expert_bytes + (n_experts + 1) * slot) / 2 + 1);
+  CHECK(moelite_model_get(half, MOELITE_MODEL_EXPERTS_ALL_FIT) == 0);
+  moelite_context *a = context(resident, 64), *b = context(half, 64);
+  int32_t ids[64];
+  const int32_t n = tokenize(resident, "The quick brown fox jumps over the lazy dog", MOELITE_TOKENIZE_ADD_SPECIAL, ids, 64);
+  CHECK(moelite_eval(a, ids, n, 0) == MOELITE_OK && moelite_eval(b, ids, n, 0) == MOELITE_OK);
+  const int64_t n_vocab = moelite_model_get(resident, MOELITE_MODEL_N_VOCAB);
+  CHECK(memcmp(moelite_get_logits(a, -1), moelite_get_logits(b, -1), sizeof(float) * (size_t)n_vocab) == 0);
+  moelite_context_free(a);
+  moelite_context_free(b);
+  moelite_model_free(half);
+  moelite_model_params* mp = moelite_model_params_create();
+  moelite_model* m = NULL;
+  CHECK(moelite_model_params_set_expert_budget_fraction(mp, 1e-9) == MOELITE_OK);
+  CHECK(moelite_model_load(g_path, mp, &m) == MOELITE_ERR_BUDGET_TOO_SMALL);
+  CHECK(moelite_model_params_set_expert_budget_fraction(mp, 1.0) == MOELITE_OK);
+  CHECK(moelite_model_load(g_path, mp, &m) == MOELITE_OK);
+  CHECK(moelite_model_get(m, MOELITE_MODEL_EXPERTS_ALL_FIT) == 1);
+  moelite_model_free(m);
+  moelite_model_params_free(mp);
+  moelite_model_free(resident);
+}
+
+/* ---- metadata and token attributes */
+static void test_metadata_and_tokens(void) {
+  moelite_model* m = load(0);
+  const int32_t count = moelite_model_meta_count(m);
+  CHECK(count > 5);
+  CHECK(moelite_model_meta_key(m, count) == NULL && moelite_model_meta_key(m, -1) == NULL);
+  int found_arch = 0;
+  for (int32_t i = 0; i < count; ++i) found_arch |= strcmp(moelite_model_meta_key(m, i), "general.architecture") == 0;
+  CHECK(found_arch);
+  char buf[256];
+  size_t len = 0;
+  CHECK(moelite_model_meta_value(m, "general.architecture", buf, sizeof buf, &len) == MOELITE_OK);
+  CHECK(strcmp(buf, moelite_model_arch(m)) == 0 && len == strlen(buf));
+  char key[128];
+  snprintf(key, sizeof key, "%s.block_count", moelite_model_arch(m));
+  CHECK(moelite_model_meta_value(m, key, buf, sizeof buf, &len) == MOELITE_OK);
+  CHECK(atoll(buf) == moelite_model_get(m, MOELITE_MODEL_N_LAYERS));
+  /* Size query, then the token list as a JSON array whose first entry is token 0's text. */
+  CHECK(moelite_model_meta_value(m, "tokenizer.ggml.tokens", NULL, 0, &len) == MOELITE_ERR_BUFFER_TOO_SMALL);
+  char* tokens = malloc(len + 1);
+  CHECK(moelite_model_meta_value(m, "tokenizer.ggml.tokens", tokens, len + 1, &len) == MOELITE_OK);
+  CHECK(tokens[0] == '[' && tokens[len - 1] == ']' && strlen(tokens) == len);
+  free(tokens);
+
+  const int32_t n_vocab = (int32_t)moelite_model_get(m, MOELITE_MODEL_N_VOCAB);
+  int agree = 1, n_control = 0;
+  for (int32_t t = 0; t < n_vocab; ++t) {
+    const uint32_t a = moelite_token_attrs(m, t);
+    agree &= ((a & MOELITE_TOKEN_ATTR_END) != 0) == (moelite_token_is_end(m, t) != 0);
+    agree &= moelite_token_text(m, t) != NULL;
+    n_control += (a & MOELITE_TOKEN_ATTR_CONTROL) != 0;
+  }
+  CHECK(agree && n_control > 0);
+  CHECK(moelite_token_attrs(m, n_vocab) == 0 && moelite_token_attrs(m, -1) == 0 && moelite_token_text(m, n_vocab) == NULL);
+  const int32_t eos = moelite_token_eos(m);
+  if (eos >= 0) CHECK(moelite_token_attrs(m, eos) & MOELITE_TOKEN_ATTR_END);
+  /* <|im_end|> of the shipped ChatML model: one control token, spelled as stored. */
+  int32_t ids[8];
+  if (tokenize(m, "<|im_end|>", MOELITE_TOKENIZE_PARSE_SPECIAL, ids, 8) == 1) {
+    CHECK(strcmp(moelite_token_text(m, ids[0]), "<|im_end|>") == 0);
+    CHECK(moelite_token_attrs(m, ids[0]) & MOELITE_TOKEN_ATTR_CONTROL);
+  }
+  moelite_model_free(m);
+}
+
+/* ---- context: tokens held, per-context stats, abort callback after creation */
+static int g_abort_calls = 0;
+static int abort_always(void* user) {
+  (void)user;
+  ++g_abort_calls;
+  return 1;
+}
+
+static void test_context_queries(void) {
+  moelite_model* m = load(0.25);
+  moelite_context *a = context(m, 128), *b = context(m, 128);
+  int32_t ids[128], held[128], n_held = 0;
+  const int32_t n = tokenize(m, "Functions are objects in Python", MOELITE_TOKENIZE_ADD_SPECIAL, ids, 128);
+  moelite_model_reset_expert_stats(m);
+  CHECK(moelite_eval(a, ids, n, 0) == MOELITE_OK);
+  CHECK(moelite_eval(b, ids, 3, 0) == MOELITE_OK);
+  CHECK(moelite_eval(a, ids, 2, 0) == MOELITE_OK);
+  CHECK(moelite_context_get_tokens(a, held, 128, &n_held) == MOELITE_OK && n_held == n + 2);
+  CHECK(memcmp(held, ids, (size_t)n * sizeof *ids) == 0 && held[n] == ids[0] && held[n + 1] == ids[1]);
+  int32_t small[2] = {-3, -3};
+  CHECK(moelite_context_get_tokens(a, small, 2, &n_held) == MOELITE_ERR_BUFFER_TOO_SMALL && n_held == n + 2);
+  CHECK(small[0] == -3);
+
+  moelite_expert_stats sa, sb, sm;
+  memset(&sa, 0, sizeof sa);
+  sa.struct_size = sb.struct_size = sm.struct_size = sizeof sa;
+  CHECK(moelite_context_expert_stats(a, -1, &sa) == MOELITE_OK);
+  CHECK(moelite_context_expert_stats(b, -1, &sb) == MOELITE_OK);
+  CHECK(moelite_model_expert_stats(m, -1, &sm) == MOELITE_OK);
+  CHECK(sa.activations > 0 && sb.activations > 0);
+  CHECK(sa.activations + sb.activations == sm.activations); /* contexts take turns: nothing lost */
+  CHECK(sa.hits + sa.misses == sa.activations && sb.hits + sb.misses == sb.activations);
+  const int64_t layers = moelite_model_get(m, MOELITE_MODEL_N_LAYERS), k = moelite_model_get(m, MOELITE_MODEL_N_EXPERTS_USED);
+  CHECK(sa.routed_tokens == (uint64_t)((n + 2) * layers) && sa.routed_experts == sa.routed_tokens * (uint64_t)k);
+  uint64_t per_layer = 0;
+  for (int32_t l = 0; l < layers; ++l) {
+    moelite_expert_stats s;
+    s.struct_size = sizeof s;
+    CHECK(moelite_context_expert_stats(a, l, &s) == MOELITE_OK);
+    per_layer += s.activations;
+  }
+  CHECK(per_layer == sa.activations);
+  CHECK(moelite_context_expert_stats(a, (int32_t)layers, &sa) == MOELITE_ERR_INVALID_ARGUMENT);
+  moelite_context_reset_expert_stats(a);
+  CHECK(moelite_context_expert_stats(a, -1, &sa) == MOELITE_OK && sa.activations == 0 && sa.routed_tokens == 0);
+
+  /* The abort callback, set after creation: the evaluation stops, the sequence is unchanged. */
+  const int32_t before = moelite_context_kv_length(a);
+  CHECK(moelite_context_set_abort_callback(a, abort_always, NULL) == MOELITE_OK);
+  CHECK(moelite_eval(a, ids, 2, 0) == MOELITE_ERR_ABORTED && g_abort_calls > 0);
+  CHECK(moelite_context_kv_length(a) == before);
+  CHECK(moelite_context_set_abort_callback(a, NULL, NULL) == MOELITE_OK);
+  CHECK(moelite_eval(a, ids, 2, 0) == MOELITE_OK && moelite_context_kv_length(a) == before + 2);
+  moelite_context_free(a);
+  moelite_context_free(b);
+  moelite_model_free(m);
+}
+
+/* ---- sampling: a sampler loop draws what generate draws */
+typedef struct {
+  int32_t ids[512];
+  int n;
+  char text[8192];
+  size_t len;
+  int final_calls;
+} token_log;
+
+static int log_token(int32_t token, const char* text, size_t len, void* user) {
+  token_log* l = (token_log*)user;
+  if (token < 0) {
+    ++l->final_calls;
+  } else if (l->n < 512) {
+    l->ids[l->n++] = token;
+  }
+  if (l->len + len < sizeof l->text) {
+    memcpy(l->text + l->len, text, len);
+    l->len += len;
+  }
+  return 1;
+}
+
+typedef struct {
+  char text[8192];
+  size_t len;
+} text_log;
+static int log_piece(const char* piece, size_t len, void* user) {
+  text_log* l = (text_log*)user;
+  if (l->len + len < sizeof l->text) {
+    memcpy(l->text + l->len, piece, len);
+    l->len += len;
+  }
+  return 1;
+}
+
+static void test_sampler_matches_generate(void) {
+  moelite_model* m = load(0);
+  moelite_context* c = context(m, 256);
+  moelite_generate_params* g = moelite_generate_params_create();
+  moelite_generate_params_set_temperature(g, 0.9f);
+  moelite_generate_params_set_top_k(g, 20);
+  moelite_generate_params_set_repeat_penalty(g, 1.1f, 32);
+  moelite_generate_params_set_seed(g, 1234);
+  moelite_generate_params_set_max_tokens(g, 24);
+  ban_end_tokens(m, g);
+  static token_log tl;
+  static text_log pl;
+  memset(&tl, 0, sizeof tl);
+  memset(&pl, 0, sizeof pl);
+  moelite_generate_params_set_token_callback(g, log_token, &tl);
+  moelite_generate_params_set_callback(g, log_piece, &pl);
+  int32_t prompt[64];
+  const int32_t n = tokenize(m, "The module", MOELITE_TOKENIZE_ADD_SPECIAL, prompt, 64);
+  moelite_generate_stats st;
+  st.struct_size = sizeof st;
+  CHECK(moelite_generate_tokens(c, prompt, n, g, &st) == MOELITE_OK);
+  CHECK(st.n_generated_tokens == 24 && tl.n == 24 && st.stop_reason == MOELITE_STOP_MAX_TOKENS);
+  /* The token callback's texts are the piece callback's stream, byte for byte. */
+  CHECK(tl.len == pl.len && memcmp(tl.text, pl.text, tl.len) == 0);
+  CHECK(moelite_get_logits(c, -1) != NULL); /* those of generation's last evaluation */
+  /* The cache holds the prompt and the generated tokens but the last (sampled, not evaluated). */
+  int32_t held[256], n_held = 0;
+  CHECK(moelite_context_get_tokens(c, held, 256, &n_held) == MOELITE_OK && n_held == n + 23);
+  CHECK(memcmp(held + n, tl.ids, 23 * sizeof(int32_t)) == 0);
+
+  moelite_context_kv_reset(c);
+  moelite_sampler* s = NULL;
+  CHECK(moelite_sampler_create(g, &s) == MOELITE_OK);
+  CHECK(moelite_sampler_accept(s, prompt, n) == MOELITE_OK);
+  CHECK(moelite_eval(c, prompt, n, 0) == MOELITE_OK);
+  int same = 1;
+  for (int i = 0; i < 24; ++i) {
+    int32_t t = -1;
+    CHECK(moelite_sampler_sample(s, c, -1, &t) == MOELITE_OK);
+    same &= t == tl.ids[i];
+    if (i + 1 < 24) CHECK(moelite_eval(c, &t, 1, 0) == MOELITE_OK);
+  }
+  CHECK(same);
+  /* After a reset the sampler draws the same again from the same logits. */
+  moelite_sampler_reset(s);
+  moelite_sampler_free(s);
+  moelite_generate_params_free(g);
+  moelite_context_free(c);
+  moelite_model_free(m);
+}
+
+/* ---- logit bias and the logits callback, against the raw logits */
+typedef struct {
+  int32_t allowed[4];
+  int n_allowed;
+  int calls;
+  int32_t last_history;
+  int stop_at;
+} mask_state;
+
+static int mask_logits(float* logits, int32_t n_vocab, const int32_t* history, int32_t n_history, void* user) {
+  mask_state* s = (mask_state*)user;
+  ++s->calls;
+  s->last_history = n_history;
+  (void)history;
+  for (int32_t t = 0; t < n_vocab; ++t) {
+    int ok = 0;
+    for (int i = 0; i < s->n_allowed; ++i) ok |= t == s->allowed[i];
+    if (!ok) logits[t] = -INFINITY;
+  }
+  return s->stop_at == 0 || s->calls < s->stop_at;
+}
+
+static int32_t argmax_except(const float* l, int32_t n, int32_t skip) {
+  int32_t best = -1;
+  for (int32_t t = 0; t < n; ++t)
+    if (t != skip && (best < 0 || l[t] > l[best])) best = t;
+  return best;
+}
+
+static void test_bias_and_logits_callback(void) {
+  moelite_model* m = load(0);
+  const int32_t n_vocab = (int32_t)moelite_model_get(m, MOELITE_MODEL_N_VOCAB);
+  moelite_context* c = context(m, 256);
+  int32_t prompt[64];
+  const int32_t n = tokenize(m, "Lists are", MOELITE_TOKENIZE_ADD_SPECIAL, prompt, 64);
+  CHECK(moelite_eval(c, prompt, n, 0) == MOELITE_OK);
+  float* raw = malloc(sizeof(float) * (size_t)n_vocab);
+  memcpy(raw, moelite_get_logits(c, -1), sizeof(float) * (size_t)n_vocab);
+  const int32_t first = argmax_except(raw, n_vocab, -1), second = argmax_except(raw, n_vocab, first);
+
+  moelite_generate_params* g = moelite_generate_params_create();
+  moelite_generate_params_set_temperature(g, 0.0f);
+  moelite_generate_params_set_max_tokens(g, 1);
+  static token_log tl;
+  memset(&tl, 0, sizeof tl);
+  moelite_generate_params_set_token_callback(g, log_token, &tl);
+  CHECK(moelite_generate_tokens(c, prompt, n, g, NULL) == MOELITE_OK);
+  if (!moelite_token_is_end(m, first)) CHECK(tl.n == 1 && tl.ids[0] == first);
+  moelite_generate_params_set_logit_bias(g, first, -INFINITY);
+  memset(&tl, 0, sizeof tl);
+  CHECK(moelite_generate_tokens(c, prompt, n, g, NULL) == MOELITE_OK);
+  if (!moelite_token_is_end(m, second)) CHECK(tl.n == 1 && tl.ids[0] == second);
+  /* A positive bias lifts a chosen token to the top. */
+  const int32_t lifted = argmax_except(raw, n_vocab, first) == 5 ? 6 : 5;
+  moelite_generate_params_clear_logit_bias(g);
+  moelite_generate_params_set_logit_bias(g, lifted, raw[first] - raw[lifted] + 1.0f);
+  memset(&tl, 0, sizeof tl);
+  CHECK(moelite_generate_tokens(c, prompt, n, g, NULL) == MOELITE_OK);
+  if (!moelite_token_is_end(m, lifted)) CHECK(tl.n == 1 && tl.ids[0] == lifted);
+  /* Bias 0 removes it again. */
+  moelite_generate_params_set_logit_bias(g, lifted, 0.0f);
+  memset(&tl, 0, sizeof tl);
+  CHECK(moelite_generate_tokens(c, prompt, n, g, NULL) == MOELITE_OK);
+  if (!moelite_token_is_end(m, first)) CHECK(tl.n == 1 && tl.ids[0] == first);
+
+  /* The logits callback masks all but a few tokens; sampling with a temperature stays inside. */
+  mask_state ms = {{11, 42, 97, 300}, 4, 0, 0, 0};
+  moelite_generate_params_set_temperature(g, 1.5f);
+  moelite_generate_params_set_top_k(g, 0);
+  moelite_generate_params_set_min_p(g, 0.0f);
+  moelite_generate_params_set_max_tokens(g, 12);
+  moelite_generate_params_set_logits_callback(g, mask_logits, &ms);
+  memset(&tl, 0, sizeof tl);
+  moelite_generate_stats st;
+  st.struct_size = sizeof st;
+  CHECK(moelite_generate_tokens(c, prompt, n, g, &st) == MOELITE_OK);
+  int inside = tl.n == 12;
+  for (int i = 0; i < tl.n; ++i) inside &= tl.ids[i] == 11 || tl.ids[i] == 42 || tl.ids[i] == 97 || tl.ids[i] == 300;
+  CHECK(inside && ms.calls == 12 && ms.last_history == n + 11);
+  /* Returning 0 stops generation (OK, stop reason ABORTED). */
+  ms.calls = 0;
+  ms.stop_at = 3;
+  CHECK(moelite_generate_tokens(c, prompt, n, g, &st) == MOELITE_OK);
+  CHECK(st.stop_reason == MOELITE_STOP_ABORTED && st.n_generated_tokens == 2);
+  /* Everything masked: no token to draw, an error with the stats filled. */
+  ms.n_allowed = 0;
+  ms.stop_at = 0;
+  st.n_prompt_tokens = -1;
+  CHECK(moelite_generate_tokens(c, prompt, n, g, &st) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(st.stop_reason == MOELITE_STOP_ERROR && st.n_generated_tokens == 0 && st.n_prompt_tokens >= 0);
+  free(raw);
+  moelite_generate_params_free(g);
+  moelite_context_free(c);
+  moelite_model_free(m);
+}
+
+/* ---- generation's end states: a full context, an abort, bad ids, parse_special */
+static int g_abort_after_polls = 0;
+static int abort_later(void* user) {
+  int* polls = (int*)user;
+  return ++*polls > g_abort_after_polls;
+}
+
+static void test_generation_end_states(void) {
+  moelite_model* m = load(0);
+  const int32_t layers = (int32_t)moelite_model_get(m, MOELITE_MODEL_N_LAYERS);
+  int32_t prompt[64];
+  const int32_t n = tokenize(m, "A dictionary", MOELITE_TOKENIZE_ADD_SPECIAL, prompt, 64);
+  moelite_context* c = context(m, n + 3);
+  moelite_generate_params* g = moelite_generate_params_create();
+  moelite_generate_params_set_max_tokens(g, 50);
+  ban_end_tokens(m, g);
+  moelite_generate_stats st;
+  st.struct_size = sizeof st;
+  CHECK(moelite_generate_tokens(c, prompt, n, g, &st) == MOELITE_ERR_CONTEXT_FULL);
+  CHECK(st.stop_reason == MOELITE_STOP_CONTEXT_FULL && st.n_generated_tokens == 4);
+  CHECK(moelite_context_kv_length(c) == n + 3);
+  moelite_context_free(c);
+
+  /* Abort during the third generated token's evaluation: the cache keeps the prompt and the two
+   * generated tokens evaluated before; the stats say three were generated. Polls: one per layer. */
+  c = context(m, 256);
+  int polls = 0;
+  g_abort_after_polls = layers * 3 + layers / 2; /* the prompt (one batch) + 2 tokens, then mid-token */
+  moelite_context_set_abort_callback(c, abort_later, &polls);
+  CHECK(moelite_generate_tokens(c, prompt, n, g, &st) == MOELITE_ERR_ABORTED);
+  CHECK(st.stop_reason == MOELITE_STOP_ERROR && st.n_generated_tokens == 3 && st.n_prompt_tokens == n);
+  CHECK(moelite_context_kv_length(c) == n + 2);
+  moelite_context_set_abort_callback(c, NULL, NULL);
+
+  int32_t bad[2] = {prompt[0], (int32_t)moelite_model_get(m, MOELITE_MODEL_N_VOCAB)};
+  const int32_t len_before = moelite_context_kv_length(c);
+  CHECK(moelite_generate_tokens(c, bad, 2, g, &st) == MOELITE_ERR_BAD_TOKEN);
+  CHECK(moelite_context_kv_length(c) == len_before && st.stop_reason == MOELITE_STOP_ERROR);
+  CHECK(moelite_generate_tokens(c, prompt, 0, g, &st) == MOELITE_ERR_INVALID_ARGUMENT);
+
+  /* parse_special: the same text is one control token, or the characters that spell it. */
+  moelite_generate_params_set_max_tokens(g, 0);
+  moelite_context_kv_reset(c);
+  CHECK(moelite_generate(c, "<|im_start|>", 12, g, &st) == MOELITE_OK);
+  const int32_t parsed = st.n_prompt_tokens;
+  moelite_context_kv_reset(c);
+  CHECK(moelite_generate_params_set_parse_special(g, 0) == MOELITE_OK);
+  CHECK(moelite_generate(c, "<|im_start|>", 12, g, &st) == MOELITE_OK);
+  int32_t as_text[32];
+  const int32_t n_text = tokenize(m, "<|im_start|>", MOELITE_TOKENIZE_ADD_SPECIAL, as_text, 32);
+  const int32_t n_parsed = tokenize(m, "<|im_start|>", MOELITE_TOKENIZE_ADD_SPECIAL | MOELITE_TOKENIZE_PARSE_SPECIAL, as_text, 32);
+  CHECK(parsed == n_parsed && st.n_prompt_tokens == n_text && n_text > n_parsed);
+  moelite_generate_params_free(g);
+  moelite_context_free(c);
+  moelite_model_free(m);
+}
+
+/* ---- the names replaced in this release still work */
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+static void test_deprecated_aliases(void) {
+  moelite_model_params* mp = moelite_model_params_create();
+  CHECK(moelite_model_params_set_expert_policy(mp, "lfu") == MOELITE_OK);
+  CHECK(moelite_model_params_set_expert_policy(mp, "nope") == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_model_params_set_expert_predictor(mp, "none") == MOELITE_OK);
+  CHECK(moelite_model_params_set_expert_per_layer(mp, 0) == MOELITE_OK);
+  moelite_model_params_free(mp);
+  CHECK(MOELITE_ERR_CANCELLED == MOELITE_ERR_PROGRESS_ABORTED && MOELITE_STOP_CALLBACK == MOELITE_STOP_ABORTED);
+  moelite_model* m = load(0);
+  moelite_context* c = context(m, 32);
+  int32_t ids[3] = {1, 2, 3};
+  CHECK(moelite_eval(c, ids, 3, 0) == MOELITE_OK);
+  CHECK(moelite_kv_length(c) == 3);
+  moelite_kv_truncate(c, 1);
+  CHECK(moelite_context_kv_length(c) == 1);
+  moelite_kv_reset(c);
+  CHECK(moelite_context_kv_length(c) == 0);
+  moelite_context_free(c);
+  moelite_model_free(m);
+}
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s MODEL.gguf\n", argv[0]);
+    return 2;
+  }
+  g_path = argv[1];
+  moelite_set_log_callback(NULL, NULL, MOELITE_LOG_ERROR);
+  test_last_error_is_stable();
+  test_free_order();
+  test_outputs_untouched();
+  test_inspect();
+  test_budget_fraction();
+  test_metadata_and_tokens();
+  test_context_queries();
+  test_sampler_matches_generate();
+  test_bias_and_logits_callback();
+  test_generation_end_states();
+  test_deprecated_aliases();
+  printf("%d checks, %d failed\n", g_checks, g_failures);
+  return g_failures ? 1 : 0;
+}
