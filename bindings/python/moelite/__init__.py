@@ -899,6 +899,7 @@ class _Generation:
         self.params = None
         self.done = False
         self.abandoned = False
+        self.returned = False  # set by the worker once moelite_generate has returned
         self.error: Optional[BaseException] = None
         self.got_piece = False
         self._stop_lock = threading.Lock()
@@ -965,6 +966,7 @@ class _Generation:
             self.params = None
             self.guard.leave()
             self.queue.put(("done", st, msg, stats, exc))
+            self.returned = True
 
     def finish(self, item: tuple) -> None:
         """Records the worker's result: the context's last_stats, or the error to raise."""
@@ -992,7 +994,9 @@ class _Generation:
             if self.done or self.worker is None:
                 self.done = True
                 return
-            if self._is_finalizing() and self.worker.is_alive():
+            if self._is_finalizing() and not self.returned:
+                # Not worker.is_alive(): finalization deletes the other threads' states, so a
+                # thread parked in C already counts as dead.
                 self.abandoned = True  # see the class comment
                 return
             self.stopped.set()
