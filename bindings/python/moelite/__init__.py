@@ -11,12 +11,35 @@ library path.
         for piece in ctx.generate("Once upon a time", max_tokens=64, temperature=0):
             print(piece, end="", flush=True)
         print(ctx.last_stats)
+
+Lifetimes. Models are reference counted by the library: a context holds a reference to its
+model, so the model's and the contexts' handles may be released in any order (finalizers at
+interpreter exit run in no particular order). A Context also keeps its Model object alive.
+Model.close() and Context.close() release memory deterministically; without them the garbage
+collector does it.
+
+Exit. Callbacks (abort, routing, progress, log and generate()'s streaming) are Python functions
+called from C. A thread other than the main thread must not be inside the library when the
+interpreter finalizes: a thread calling back into Python then is stopped by CPython in the
+middle of C++ code (the process aborts) or blocks forever. An atexit hook therefore stops
+every streaming generation, makes every callback of another thread ask the library to stop
+(abort callbacks answer "abort", progress callbacks "cancel") and waits, bounded, until those
+calls have returned; see _ExitGuard.
 """
+from __future__ import annotations
+
+import atexit
+import os
 import ctypes
+import dataclasses
 import enum
+import json
 import queue
+import sys
 import threading
+import warnings
 import weakref
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
 from . import _lib
 from ._lib import lib as _c
@@ -28,19 +51,24 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 __all__ = [
     "__version__", "version_number", "library_path", "supported_archs", "Status", "StopReason",
-    "MoeliteError", "Model", "Context", "set_log_callback", "platform_info", "platform_memory_available",
+    "MoeliteError", "Model", "Context", "ExpertStats", "PlatformField", "TokenizeFlag",
+    "DetokenizeFlag", "set_log_callback", "platform_get", "platform_describe_json", "platform_info",
+    "platform_memory_available",
 ]
 
-__version__ = _c.moelite_version_string().decode("ascii")
-library_path = _lib.library_path
+__version__: str = _c.moelite_version_string().decode("ascii")
+library_path: str = _lib.library_path
+
+PathLike = Union[str, bytes, "os.PathLike[str]"]
+TextLike = Union[str, bytes, bytearray, memoryview]
 
 
-def version_number():
+def version_number() -> int:
     """The linked library's version as MAJOR*10000 + MINOR*100 + PATCH."""
     return int(_c.moelite_version_number())
 
 
-def supported_archs():
+def supported_archs() -> List[str]:
     """Architectures this build of the library implements, e.g. ['qwen2moe', 'qwen3moe', ...]
     (the library's comma-separated list, split outside parentheses)."""
     s = _c.moelite_supported_archs().decode("utf-8")
@@ -99,28 +127,58 @@ class StopReason(enum.IntEnum):
     CONTEXT_FULL = 4
 
 
+class TokenizeFlag(enum.IntFlag):
+    """Flags of moelite_tokenize (Model.tokenize(flags=...))."""
+    NONE = 0
+    ADD_SPECIAL = 1    # add BOS/EOS as the model's metadata asks
+    PARSE_SPECIAL = 2  # text like "<|im_start|>" becomes that control token
+
+
+class DetokenizeFlag(enum.IntFlag):
+    """Flags of moelite_detokenize (Model.detokenize(flags=...))."""
+    NONE = 0
+    RENDER_SPECIAL = 1  # include the text of control tokens (BOS, <|im_end|>)
+
+
+class PlatformField(enum.IntEnum):
+    """moelite_platform_field: the keys of platform_get()."""
+    MEM_TOTAL_BYTES = 0
+    MEM_AVAILABLE_BYTES = 1
+    CGROUP_LIMIT_BYTES = 2
+    CGROUP_USAGE_BYTES = 3
+    IS_JETSON = 4
+    UNIFIED_MEMORY = 5
+    CPUS_ONLINE = 6
+    CPUS_ALLOWED = 7
+    BIG_CORES = 8
+    DEFAULT_THREADS = 9
+    AUTO_BACKEND = 10
+    HAS_CUDA = 11
+    HAS_VULKAN = 12
+
+
 class MoeliteError(Exception):
     """A moelite call failed. `.status` is the moelite_status (int), `.status_name` its C name
     ("MOELITE_ERR_FILE_NOT_FOUND") and `.message` the library's moelite_last_error() text."""
 
-    def __init__(self, status, message=""):
+    def __init__(self, status: int, message: str = ""):
         self.status = int(status)
         self.status_name = _c.moelite_status_name(self.status).decode("ascii", "replace")
         self.message = message
         super().__init__("%s: %s" % (self.status_name, message) if message else self.status_name)
 
 
-def _last_error():
+def _last_error() -> str:
     return _c.moelite_last_error().decode("utf-8", "replace")
 
 
-def _check(status):
+def _check(status: int) -> None:
     # moelite_last_error() is per thread: read it right after the failing call, on its thread.
     if status != 0:
         raise MoeliteError(status, _last_error())
 
 
-def _as_bytes(text, what="text"):
+def _as_bytes(text: Any, what: str = "text") -> bytes:
     if isinstance(text, str):
         return text.encode("utf-8")
     if isinstance(text, (bytes, bytearray, memoryview)):
@@ -128,7 +186,7 @@ def _as_bytes(text, what="text"):
     raise TypeError("%s must be str or bytes, not %s" % (what, type(text).__name__))
 
 
-def _token_array(tokens):
+def _token_array(tokens: Iterable[int]):
     tokens = list(tokens)
     for t in tokens:
         if not isinstance(t, int) and not (hasattr(t, "__index__")):
@@ -137,7 +195,7 @@ def _token_array(tokens):
     return arr, len(tokens)
 
 
-def _two_call_text(call, guess):
+def _two_call_text(call, guess: int) -> bytes:
     """Runs a moelite function with the (buffer, capacity, *len) two-call convention."""
     cap = max(int(guess), 16)
     n = ctypes.c_size_t(0)
@@ -152,21 +210,103 @@ def _two_call_text(call, guess):
     raise MoeliteError(Status.ERR_INTERNAL, "buffer size kept growing")  # pragma: no cover
 
 
+# ---- process exit ------------------------------------------------------------------------------
+
+class _ExitGuard:
+    """Keeps threads other than the main thread out of libmoelite once the interpreter exits.
+
+    Why: every C call that can call back into Python (eval and generate through the abort,
+    routing and piece callbacks; model loading and calibration with a progress callback) must
+    have returned before CPython finalizes. A thread that re-enters Python after that point is
+    terminated by CPython inside the library's C++ frames (the process aborts, "FATAL: exception
+    not rethrown") or, in newer CPythons, blocks forever, and a finalizer that joins it hangs.
+
+    How: such calls are counted (enter/leave). The atexit hook, which runs before finalization
+    while every thread can still run, sets `exiting`, stops every streaming generation (waking a
+    worker parked between two pieces) and waits until the count is zero. From then on the
+    callbacks of threads other than the main thread answer "stop" without calling user code
+    (abort -> 1, progress -> 0 (cancel), piece -> 0), so each call returns within about one
+    layer's computation; new calls from other threads and new generations are refused with
+    RuntimeError. The main thread may still evaluate (its callbacks keep working). The wait is
+    bounded (EXIT_WAIT_SECONDS) so a user callback that blocks cannot hang the exit."""
+
+    EXIT_WAIT_SECONDS = 30.0
+
+    def __init__(self) -> None:
+        self.exiting = False
+        self.cond = threading.Condition(threading.Lock())
+        self.in_flight = 0
+        self.generations: "weakref.WeakSet[_Generation]" = weakref.WeakSet()
+        self.main_ident = threading.main_thread().ident
+        self.get_ident = threading.get_ident
+
+    def stopping(self) -> bool:
+        """True in a callback that must answer "stop": the process exits and this is not the
+        main thread. Uses only attributes of self (safe while modules are torn down)."""
+        return self.exiting and self.get_ident() != self.main_ident
+
+    def enter(self, generation: bool = False) -> None:
+        with self.cond:
+            if self.exiting and (generation or threading.get_ident() != self.main_ident):
+                raise RuntimeError("moelite: the interpreter is exiting; no new %s starts"
+                                   % ("generation" if generation else "evaluation on this thread"))
+            self.in_flight += 1
+
+    def leave(self) -> None:
+        with self.cond:
+            self.in_flight -= 1
+            if self.in_flight <= 0:
+                self.cond.notify_all()
+
+    def at_exit(self) -> None:
+        with self.cond:
+            self.exiting = True
+            gens = list(self.generations)
+        deadline = _monotonic() + self.EXIT_WAIT_SECONDS
+        for g in gens:
+            try:
+                g.stop(timeout=max(0.0, deadline - _monotonic()))
+            except BaseException:  # noqa: BLE001 - never fail the exit
+                pass
+        with self.cond:
+            self.cond.wait_for(lambda: self.in_flight <= 0, timeout=max(0.0, deadline - _monotonic()))
+        # Library threads (loaders, pools) may log at any time: stop calling Python for that.
+        global _log_callback_ref
+        if _log_callback_ref is not None:
+            _c.moelite_set_log_callback(_lib.LOG_FN(), None, 2)
+            _log_callback_ref = None
+
+
+def _monotonic() -> float:
+    import time
+    return time.monotonic()
+
+
+_exit_guard = _ExitGuard()
+atexit.register(_exit_guard.at_exit)
+
+
+# ---- logging -----------------------------------------------------------------------------------
+
 _log_callback_ref = None  # keeps the installed ctypes log callback alive
 
 
-def set_log_callback(fn, min_level=2):
+def set_log_callback(fn: Optional[Callable[[int, str], Any]], min_level: int = 2) -> None:
     """Routes library log lines to fn(level: int, text: str); None restores the default sink
     (stderr, WARN and above). Levels: 0 debug, 1 info, 2 warn, 3 error, 4 none. fn may be called
-    from the library's worker threads and must not raise (exceptions are swallowed)."""
+    from the library's worker threads and must not raise (exceptions are swallowed). At
+    interpreter exit the default sink is restored."""
     global _log_callback_ref
     if fn is None:
         _c.moelite_set_log_callback(_lib.LOG_FN(), None, int(min_level))
         _log_callback_ref = None
         return
+    guard = _exit_guard
 
     def _cb(level, text, _user):
         try:
+            if guard.stopping():
+                return
             fn(int(level), text.decode("utf-8", "replace") if text else "")
         except BaseException:  # noqa: BLE001 - never let an exception unwind into C
             pass
@@ -174,6 +314,43 @@ def set_log_callback(fn, min_level=2):
     ref = _lib.LOG_FN(_cb)
     _c.moelite_set_log_callback(ref, None, int(min_level))
     _log_callback_ref = ref  # replaced only after the library stopped using the old one
+
+
+# ---- platform ----------------------------------------------------------------------------------
+
+def platform_get(field: Union[PlatformField, int]) -> int:
+    """moelite_platform_get: one PlatformField of the machine this process runs on (read afresh
+    each call; 0 where the OS does not report it; -1 for an unknown field). Needs no model."""
+    return int(_c.moelite_platform_get(int(field)))
+
+
+def platform_memory_available() -> int:
+    """Bytes this process may still allocate: min(MemAvailable, cgroup limit - usage)
+    (moelite_platform_get(MOELITE_PLATFORM_MEM_AVAILABLE_BYTES))."""
+    return platform_get(PlatformField.MEM_AVAILABLE_BYTES)
+
+
+def platform_describe_json() -> str:
+    """The platform as the library's JSON text (moelite_platform_describe_json). The text can
+    differ between calls (memory figures change). Raises MoeliteError on failure."""
+    needed = ctypes.c_size_t(0)
+    st = _c.moelite_platform_describe_json(None, 0, ctypes.byref(needed))
+    if st not in (Status.OK, Status.ERR_BUFFER_TOO_SMALL):
+        _check(st)
+    for _ in range(8):
+        cap = needed.value + 4096  # slack: memory figures may grow between the two calls
+        buf = ctypes.create_string_buffer(cap)
+        st = _c.moelite_platform_describe_json(buf, cap, ctypes.byref(needed))
+        if st != Status.ERR_BUFFER_TOO_SMALL:
+            break
+    _check(st)
+    return buf.value.decode("utf-8")
+
+
+def platform_info() -> Dict[str, Any]:
+    """The machine as a dict (moelite_platform_describe_json): kind, model, cpu (big cores,
+    capacities), memory (total, available, cgroup, room), backends built in, auto_backend."""
+    return json.loads(platform_describe_json())
 
 
 _BACKENDS = {"auto": 0, "cpu": 1, "vulkan": 2, "cuda": 3}
@@ -190,65 +367,105 @@ _KEYS = {
 }
 
 
-def platform_memory_available():
-    """Bytes this process may still allocate: min(MemAvailable, cgroup limit - usage)
-    (moelite_platform_get(MOELITE_PLATFORM_MEM_AVAILABLE_BYTES))."""
-    return int(_c.moelite_platform_get(1))
-
-
-def platform_info():
-    """The machine as a dict (moelite_platform_describe_json): kind, model, cpu (big cores,
-    capacities), memory (total, available, cgroup, room), backends built in, auto_backend."""
-    import json
-    needed = ctypes.c_size_t(0)
-    st = _c.moelite_platform_describe_json(None, 0, ctypes.byref(needed))
-    for _ in range(4):
-        cap = needed.value + 4096  # slack: memory figures may grow between the two calls
-        buf = ctypes.create_string_buffer(cap)
-        st = _c.moelite_platform_describe_json(buf, cap, ctypes.byref(needed))
-        if st != Status.ERR_BUFFER_TOO_SMALL:
-            break
-    _check(st)
-    return json.loads(buf.value.decode("utf-8"))
-
-
-def _key_property(name, key):
-    def get(self):
+def _key_property(name: str, key: int) -> property:
+    def get(self) -> int:
         return int(_c.moelite_model_get(self._handle(), key))
     get.__name__ = name
-    get.__doc__ = "moelite_model_get(%s) (-1 when unknown)" % name
+    get.__doc__ = ("moelite_model_get(MOELITE_MODEL_%s) (-1 when the library does not know the "
+                   "key). Raises ValueError on a closed model." % name.upper())
     return property(get)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertStats:
+    """moelite_expert_stats: cumulative expert-store counters of one layer or of all layers.
+
+    All zero except routed_tokens/routed_experts when every expert is resident (no budget).
+    Identities the library keeps: hits + misses == activations; routed_experts ==
+    routed_tokens x top-k with exact gating; read_busy_seconds is store-wide (0 in a layer's
+    record)."""
+    activations: int        # experts asked for by routing (one per expert and batch)
+    hits: int               # ... that were resident or already loading
+    misses: int             # ... that had to be loaded on demand
+    prefetches_issued: int
+    prefetches_used: int
+    prefetches_wasted: int  # speculative loads evicted or dropped before use
+    bytes_read: int         # from storage
+    wait_seconds: float     # time computation waited for loads
+    predicted: int          # activations whose expert a predictor named beforehand
+    predictions: int        # distinct experts predicted
+    ready_when_needed: int  # activations whose expert was fully loaded when asked for
+    routed_tokens: int      # (token, layer) pairs routed, budget or not
+    routed_experts: int     # experts they used after adaptive gating
+    read_busy_seconds: float  # wall time with a storage read in flight (all layers only)
+
+    @classmethod
+    def _from_c(cls, s: "_lib.ExpertStats") -> "ExpertStats":
+        return cls(**{f.name: getattr(s, f.name) for f in dataclasses.fields(cls)})
+
+    def as_dict(self) -> Dict[str, Union[int, float]]:
+        return dataclasses.asdict(self)
+
+
+def _progress_thunk(fn: Callable[[float], Any], box: list):
+    """A PROGRESS_FN calling fn(progress); False cancels. An exception raised by fn cancels too
+    and is kept in box[0] to be raised by the caller once the C call returned."""
+    guard = _exit_guard
+
+    def _progress(p, _user):
+        try:
+            if box[0] is not None or guard.stopping():
+                return 0
+            return 0 if fn(float(p)) is False else 1
+        except BaseException as e:  # noqa: BLE001 - never unwind into C; re-raised after the call
+            if box[0] is None:
+                box[0] = e
+            return 0
+    return _lib.PROGRESS_FN(_progress)
 
 
 class Model:
     """A loaded GGUF model (moelite_model). Immutable and thread-safe once loaded.
 
-    Model(path, threads=None, backend="auto", vocab_only=False, use_mmap=True,
-          expert_budget=None, progress=None, policy=None, predictor=None, predictor_depth=None,
-          profile=None, gating=None, threshold=0.0, allocation=None, budget_headroom=None,
-          gating_penalty=None)
-
     backend: "auto", "cpu", "vulkan", "cuda" (or the moelite_backend int). threads: None for the
     library default (physical cores). vocab_only: load only the tokenizer (tokenize/detokenize/
-    chat_format work, contexts cannot be created). progress: optional callable(float) -> bool,
-    returning False cancels the load (MoeliteError ERR_CANCELLED). expert_budget (bytes), policy,
-    predictor, predictor_depth, profile (a calibration profile path), gating ("exact",
-    "sensitivity", "score", "cache-aware") with threshold (and gating_penalty, cache-aware's
-    factor for non-resident experts, None: 4), and allocation ("auto", "global", "uniform", "dp")
-    are the expert-store and adaptive options of include/moelite.h, None meaning the default.
-    expert_budget="auto" sizes the budget at load from the memory available then
-    (moelite_model_params_set_expert_budget_auto), leaving budget_headroom bytes (None: the
-    library's default, max(64 MiB, 10 % of the available memory)).
+    chat_format work, contexts cannot be created). use_mmap: False reads the weights into owned
+    memory instead of computing on the file mapping.
+    progress: optional callable(float) -> bool called on the loading thread with progress in
+    [0, 1]; returning False cancels the load (MoeliteError ERR_CANCELLED); an exception raised by
+    it cancels the load too and is re-raised by Model() itself.
 
-    Use as a context manager or call close(); close() first closes the model's live contexts.
+    Expert store: expert_budget (bytes; "auto" sizes it at load from the memory available then,
+    leaving budget_headroom bytes, None: max(64 MiB, 10 % of the room)), policy ("lru", "lfu",
+    "decay", "static", "belady"), predictor ("none", "next-gate", "first-layer", "learned",
+    "correlation", "pregate") with predictor_depth (next-gate's layers ahead), profile (a
+    calibration profile path), gating ("exact", "sensitivity", "cache-aware", "score") with
+    threshold and gating_penalty (cache-aware's factor for non-resident experts, None: 4),
+    allocation ("auto", "global", "uniform", "dp") and expert_per_layer (True: equal per-layer
+    quotas). None always means the library default; the meaning of each option is that of the
+    moelite_model_params_set_* function of include/moelite.h.
+
+    Errors: MoeliteError with the status of moelite_model_load or of the setter that refused a
+    value (e.g. ERR_INVALID_ARGUMENT for threads=-1, ERR_FILE_NOT_FOUND, ERR_BAD_PROFILE,
+    ERR_BUDGET_TOO_SMALL); ValueError for an unknown backend name or budget_headroom without
+    expert_budget="auto".
+
+    Lifetime: close() (or the `with` block) closes the model's contexts still open and then
+    releases the model. Without close() the handle is released when the object is collected;
+    a Context keeps its Model object alive, and the library keeps the model's memory until its
+    last context is freed, so collection order never matters.
     """
 
-    def __init__(self, path, threads=None, backend="auto", vocab_only=False, use_mmap=True,
-                 expert_budget=None, progress=None, policy=None, predictor=None, predictor_depth=None,
-                 profile=None, gating=None, threshold=0.0, allocation=None, budget_headroom=None,
-                 gating_penalty=None):
+    def __init__(self, path: PathLike, threads: Optional[int] = None, backend: Union[str, int] = "auto",
+                 vocab_only: bool = False, use_mmap: bool = True,
+                 expert_budget: Union[int, str, None] = None,
+                 progress: Optional[Callable[[float], Any]] = None, policy: Optional[str] = None,
+                 predictor: Optional[str] = None, predictor_depth: Optional[int] = None,
+                 profile: Optional[PathLike] = None, gating: Optional[str] = None, threshold: float = 0.0,
+                 allocation: Optional[str] = None, budget_headroom: Optional[int] = None,
+                 gating_penalty: Optional[float] = None, expert_per_layer: Optional[bool] = None):
         self._ptr = None
-        self._contexts = weakref.WeakSet()
+        self._contexts: "weakref.WeakSet[Context]" = weakref.WeakSet()
         self._free = _c.moelite_model_free  # kept for __del__ during interpreter shutdown
         self.path = path
         bpath = _as_bytes(path if isinstance(path, (str, bytes)) else str(path), "path")
@@ -262,7 +479,7 @@ class Model:
         params = _c.moelite_model_params_create()
         if not params:
             raise MemoryError("moelite_model_params_create failed")
-        progress_ref = None
+        progress_ref, box = None, [None]
         try:
             if threads is not None:
                 _check(_c.moelite_model_params_set_threads(params, int(threads)))
@@ -289,116 +506,163 @@ class Model:
                 _check(_c.moelite_model_params_set_gating(params, _as_bytes(gating, "gating"), float(threshold)))
             if gating_penalty is not None:
                 _check(_c.moelite_model_params_set_gating_penalty(params, float(gating_penalty)))
-            if progress is not None:
-                def _progress(p, _user):
-                    try:
-                        r = progress(float(p))
-                        return 0 if r is False else 1
-                    except BaseException:  # noqa: BLE001 - a raising callback cancels the load
-                        return 0
-                progress_ref = _lib.PROGRESS_FN(_progress)  # alive for the whole load call
-                _check(_c.moelite_model_params_set_progress_callback(params, progress_ref, None))
+            if expert_per_layer is not None:
+                _check(_c.moelite_model_params_set_expert_per_layer(params, 1 if expert_per_layer else 0))
             out = ctypes.c_void_p()
-            _check(_c.moelite_model_load(bpath, params, ctypes.byref(out)))
+            if progress is not None:
+                progress_ref = _progress_thunk(progress, box)  # alive for the whole load call
+                _check(_c.moelite_model_params_set_progress_callback(params, progress_ref, None))
+                _exit_guard.enter()
+                try:
+                    st = int(_c.moelite_model_load(bpath, params, ctypes.byref(out)))
+                    msg = _last_error() if st else ""
+                finally:
+                    _exit_guard.leave()
+            else:
+                st = int(_c.moelite_model_load(bpath, params, ctypes.byref(out)))
+                msg = _last_error() if st else ""
+            if box[0] is not None:  # the progress callback raised: the load is cancelled
+                if st == 0:
+                    self._free(out.value)
+                raise box[0]
+            if st != 0:
+                raise MoeliteError(st, msg)
             self._ptr = out.value
         finally:
             _c.moelite_model_params_free(params)
-            del progress_ref
+            del progress_ref, box
         self.vocab_only = bool(vocab_only)
 
-    def calibrate(self, tokens, profile_path, window=256, stride=1, holdout=0.25, sensitivity_tokens=-1):
+    def calibrate(self, tokens: Sequence[int], profile_path: PathLike, window: int = 256, stride: int = 1,
+                  holdout: float = 0.25, sensitivity_tokens: int = -1,
+                  progress: Optional[Callable[[float], Any]] = None) -> None:
         """Writes a calibration profile of this model on `tokens` (a corpus's token ids) to
-        profile_path (moelite_calibrate): per-layer sensitivities, hit curves, fitted predictors.
-        sensitivity_tokens: tokens the sensitivity passes run on (-1: the default sample, 0: all)."""
-        arr = (ctypes.c_int32 * max(len(tokens), 1))(*[int(t) for t in tokens])
+        profile_path (moelite_calibrate; plus profile_path + ".bin"): per-layer sensitivities,
+        hit curves, fitted predictors. window: tokens per evaluation window (>= 2); stride:
+        layers ahead the learned predictors look (>= 1); holdout: share of tokens kept out of
+        fitting, in (0, 1); sensitivity_tokens: tokens the sensitivity passes run on (-1: the
+        default sample, 0: all). progress: callable(float) -> bool after every forward pass;
+        False cancels (MoeliteError ERR_CANCELLED), an exception cancels and is re-raised.
+
+        The model must have been loaded with exact gating and no context of it may evaluate
+        meanwhile. Errors: MoeliteError ERR_INVALID_ARGUMENT (bad parameter, fewer than 2 tokens,
+        bad tokens, non-exact gating), ERR_IO (cannot write), ERR_CANCELLED, evaluation errors;
+        existing files are replaced only once complete."""
+        arr, n = _token_array(tokens)
         params = _c.moelite_calibrate_params_create()
         if not params:
             raise MemoryError("moelite_calibrate_params_create failed")
+        box, progress_ref = [None], None
         try:
             _check(_c.moelite_calibrate_params_set_window(params, int(window)))
             _check(_c.moelite_calibrate_params_set_stride(params, int(stride)))
             _check(_c.moelite_calibrate_params_set_holdout(params, float(holdout)))
             _check(_c.moelite_calibrate_params_set_sensitivity_tokens(params, int(sensitivity_tokens)))
-            _check(_c.moelite_calibrate(self._handle(), arr, len(tokens), params,
-                                        _as_bytes(str(profile_path), "profile_path")))
+            if progress is not None:
+                progress_ref = _progress_thunk(progress, box)
+                _check(_c.moelite_calibrate_params_set_progress_callback(params, progress_ref, None))
+            h = self._handle()
+            path = _as_bytes(str(profile_path), "profile_path")
+            _exit_guard.enter()
+            try:
+                st = int(_c.moelite_calibrate(h, arr, n, params, path))
+                msg = _last_error() if st else ""
+            finally:
+                _exit_guard.leave()
+            if box[0] is not None:
+                raise box[0]
+            if st != 0:
+                raise MoeliteError(st, msg)
         finally:
             _c.moelite_calibrate_params_free(params)
+            del progress_ref, box
 
     # ---- lifetime ----
-    def _handle(self):
+    def _handle(self) -> int:
         if not self._ptr:
             raise ValueError("the model is closed")
         return self._ptr
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
+        """True after close()."""
         return not self._ptr
 
-    def close(self):
-        """Frees the model, after closing every context still open on it. Idempotent."""
+    def close(self) -> None:
+        """Closes every context still open on this model (stopping their generations), then
+        releases the model. Idempotent."""
         if not self._ptr:
             return
         for ctx in list(self._contexts):
             ctx.close()
-        ptr, self._ptr = self._ptr, None
-        self._free(ptr)
+        self._release()
 
-    def __enter__(self):
+    def _release(self) -> None:
+        # Only this object's reference: the library keeps the model for contexts still open.
+        ptr, self._ptr = self._ptr, None
+        if ptr:
+            self._free(ptr)
+
+    def __enter__(self) -> "Model":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> None:
         self.close()
 
     def __del__(self):
+        # Not close(): a finalizer must not touch the contexts. In a garbage cycle they may be
+        # finalized in any order and the WeakSet is already empty; the library's reference
+        # counting keeps the model for them.
         try:
-            self.close()
+            self._release()
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         if not self._ptr:
             return "<moelite.Model closed>"
         return "<moelite.Model %s %r n_vocab=%d>" % (self.arch, self.name, self.n_vocab)
 
     # ---- properties ----
-    def _str(self, fn):
+    def _str(self, fn) -> Optional[str]:
         s = fn(self._handle())
         return s.decode("utf-8", "replace") if s is not None else None
 
     @property
-    def arch(self):
+    def arch(self) -> str:
         """general.architecture, e.g. "qwen3moe"."""
         return self._str(_c.moelite_model_arch)
 
     @property
-    def name(self):
+    def name(self) -> str:
         """general.name ("" if absent)."""
         return self._str(_c.moelite_model_name)
 
     @property
-    def expert_type(self):
+    def expert_type(self) -> str:
         """Weight type holding most expert bytes, e.g. "Q4_K"."""
         return self._str(_c.moelite_model_expert_type)
 
     @property
-    def backend_name(self):
+    def backend_name(self) -> str:
         """Backend in use with its SIMD level, e.g. "cpu (avx512)"."""
         return self._str(_c.moelite_model_backend_name)
 
-    def measure_device_bandwidth(self):
+    def measure_device_bandwidth(self) -> float:
         """Memory bandwidth of the GPU the model computes on, in GB/s (copies within device memory;
-        about a second). Raises MoeliteError (NOT_IMPLEMENTED) for the CPU backend."""
+        about a second). Raises MoeliteError: ERR_NOT_IMPLEMENTED for the CPU backend,
+        ERR_INVALID_ARGUMENT for a vocabulary-only model, ERR_OUT_OF_MEMORY, ERR_BACKEND."""
         gbs = ctypes.c_double(0.0)
         _check(_c.moelite_model_measure_device_bandwidth(self._handle(), ctypes.byref(gbs)))
         return gbs.value
 
     @property
-    def chat_template_kind(self):
+    def chat_template_kind(self) -> str:
         """Recognised chat template family: chatml, mistral, llama3, tulu or plain."""
         return self._str(_c.moelite_chat_template_kind)
 
     @property
-    def backend(self):
+    def backend(self) -> Union[str, int]:
         """The backend actually chosen, as a name ("cpu", ...)."""
         b = self.backend_id
         for k, v in _BACKENDS.items():
@@ -407,36 +671,71 @@ class Model:
         return b
 
     @property
-    def bos(self):
+    def bos(self) -> int:
         """BOS token id, -1 if none."""
         return int(_c.moelite_token_bos(self._handle()))
 
     @property
-    def eos(self):
+    def eos(self) -> int:
         """EOS token id, -1 if none."""
         return int(_c.moelite_token_eos(self._handle()))
 
-    def is_end_token(self, token):
-        """True if generation stops at `token` (EOS, end-of-turn...)."""
+    def token_is_end(self, token: int) -> bool:
+        """True if generation stops at `token` (EOS, end-of-turn and similar control tokens;
+        moelite_token_is_end). False for ids outside the vocabulary."""
         return bool(_c.moelite_token_is_end(self._handle(), int(token)))
 
-    def info(self):
+    def is_end_token(self, token: int) -> bool:
+        """Deprecated alias of token_is_end() (the C name is moelite_token_is_end)."""
+        warnings.warn("Model.is_end_token() is deprecated; use Model.token_is_end()",
+                      DeprecationWarning, stacklevel=2)
+        return self.token_is_end(token)
+
+    def info(self) -> Dict[str, Any]:
         """All numeric properties and names as a dict."""
         d = {k: getattr(self, k) for k in _KEYS}
         d.update(arch=self.arch, name=self.name, expert_type=self.expert_type,
                  backend_name=self.backend_name, backend=self.backend)
         return d
 
+    # ---- expert store statistics ----
+    def expert_stats(self, layer: int = -1) -> ExpertStats:
+        """Cumulative expert-store counters of one layer, or of all layers for layer=-1
+        (moelite_model_expert_stats). Thread-safe. MoeliteError ERR_INVALID_ARGUMENT for a
+        layer outside [-1, n_layers)."""
+        s = _lib.ExpertStats()
+        s.struct_size = ctypes.sizeof(_lib.ExpertStats)
+        _check(_c.moelite_model_expert_stats(self._handle(), int(layer), ctypes.byref(s)))
+        return ExpertStats._from_c(s)
+
+    def expert_stats_per_layer(self) -> List[ExpertStats]:
+        """expert_stats(l) for every layer l (each read separately: counters of a model that
+        is evaluating meanwhile may move between layers)."""
+        return [self.expert_stats(layer) for layer in range(self.n_layers)]
+
+    def reset_expert_stats(self) -> None:
+        """Zeroes the expert-store counters (moelite_model_reset_expert_stats), e.g. between a
+        warm-up and a measurement."""
+        _c.moelite_model_reset_expert_stats(self._handle())
+
     # ---- text ----
-    def tokenize(self, text, add_special=False, parse_special=False):
-        """Token ids (list of int) of `text` (str, UTF-8 encoded, or raw bytes)."""
+    def tokenize(self, text: TextLike, add_special: bool = False, parse_special: bool = False, *,
+                 flags: Union[TokenizeFlag, int] = 0) -> List[int]:
+        """Token ids (list of int) of `text` (str, UTF-8 encoded, or raw bytes; any bytes).
+        add_special adds BOS/EOS as the model's metadata asks (TokenizeFlag.ADD_SPECIAL);
+        parse_special turns text like "<|im_start|>" into that control token
+        (TokenizeFlag.PARSE_SPECIAL). `flags` is OR-ed with them. Raises ValueError for unknown
+        flag bits, MoeliteError ERR_MISSING_METADATA for a model file without a tokenizer."""
         data = _as_bytes(text)
-        flags = (1 if add_special else 0) | (2 if parse_special else 0)
+        flags = int(flags)
+        if flags & ~int(TokenizeFlag.ADD_SPECIAL | TokenizeFlag.PARSE_SPECIAL):
+            raise ValueError("unknown tokenize flags 0x%x" % flags)
+        flags |= (TokenizeFlag.ADD_SPECIAL if add_special else 0) | (TokenizeFlag.PARSE_SPECIAL if parse_special else 0)
         cap = len(data) + 8
         n = ctypes.c_int32(0)
         for _ in range(4):
             buf = (ctypes.c_int32 * cap)()
-            st = _c.moelite_tokenize(self._handle(), data, len(data), flags, buf, cap, ctypes.byref(n))
+            st = _c.moelite_tokenize(self._handle(), data, len(data), int(flags), buf, cap, ctypes.byref(n))
             if st == Status.ERR_BUFFER_TOO_SMALL and n.value > cap:
                 cap = n.value
                 continue
@@ -444,21 +743,32 @@ class Model:
             return list(buf[: n.value])
         raise MoeliteError(Status.ERR_INTERNAL, "token count kept growing")  # pragma: no cover
 
-    def detokenize_bytes(self, tokens, special=False):
-        """The bytes the tokens stand for (may end inside a UTF-8 character)."""
+    def detokenize_bytes(self, tokens: Iterable[int], special: bool = False, *,
+                         flags: Union[DetokenizeFlag, int] = 0) -> bytes:
+        """The bytes the tokens stand for (may end inside a UTF-8 character). special (or
+        flags=DetokenizeFlag.RENDER_SPECIAL) includes the text of control tokens. Raises
+        MoeliteError ERR_BAD_TOKEN for an id out of range, ValueError for unknown flag bits."""
         arr, n = _token_array(tokens)
-        flags = 1 if special else 0
+        flags = int(flags)
+        if flags & ~int(DetokenizeFlag.RENDER_SPECIAL):
+            raise ValueError("unknown detokenize flags 0x%x" % flags)
+        flags |= int(DetokenizeFlag.RENDER_SPECIAL) if special else 0
         h = self._handle()
         return _two_call_text(
             lambda buf, cap, plen: _c.moelite_detokenize(h, arr, n, flags, buf, cap, plen),
             16 * n + 16)
 
-    def detokenize(self, tokens, special=False, errors="replace"):
-        """The text the tokens stand for, decoded as UTF-8 (invalid bytes -> U+FFFD by default)."""
-        return self.detokenize_bytes(tokens, special).decode("utf-8", errors)
+    def detokenize(self, tokens: Iterable[int], special: bool = False, errors: str = "replace", *,
+                   flags: Union[DetokenizeFlag, int] = 0) -> str:
+        """The text the tokens stand for, decoded as UTF-8 (invalid bytes -> U+FFFD by default).
+        Same flags and errors as detokenize_bytes()."""
+        return self.detokenize_bytes(tokens, special, flags=flags).decode("utf-8", errors)
 
-    def chat_format(self, messages, add_assistant_prompt=True):
-        """Formats [{"role": ..., "content": ...}, ...] with the model's chat template -> str."""
+    def chat_format(self, messages: Iterable[Mapping[str, TextLike]], add_assistant_prompt: bool = True) -> str:
+        """Formats [{"role": ..., "content": ...}, ...] with the model's chat template
+        (moelite_chat_format; an unknown template falls back to "role: content" lines) -> str.
+        add_assistant_prompt appends the opening of the assistant's reply. TypeError for a
+        message that is not such a mapping, ValueError for text containing NUL."""
         msgs = list(messages)
         keep = []  # the encoded strings must outlive the call
         arr = (_lib.ChatMessage * max(len(msgs), 1))()
@@ -488,78 +798,158 @@ del _name, _key
 
 
 class _CtxState:
-    """What the context's abort callback reads; holds no reference to the Context (no cycle)."""
+    """What a context's C callbacks read; holds no reference to the Context (no cycle).
 
-    def __init__(self, user_abort):
+    `pending` is the first exception a callback (the user's abort or routing function) raised
+    during the current eval/generate call: the callback cannot unwind through C, so it stores
+    the exception, the abort callback then answers "abort", and the Python caller re-raises it
+    once the C call returned."""
+
+    def __init__(self, user_abort, user_routing):
         self.cancel = threading.Event()
         self.user_abort = user_abort
+        self.user_routing = user_routing
+        self.pending: Optional[BaseException] = None
+
+    def begin(self) -> None:
+        self.cancel.clear()
+        self.pending = None
+
+    def fail(self, exc: BaseException) -> None:
+        if self.pending is None:
+            self.pending = exc
+
+    def take(self) -> Optional[BaseException]:
+        exc, self.pending = self.pending, None
+        return exc
 
 
-def _make_abort_callback(state):
+def _make_abort_callback(state: _CtxState, guard: _ExitGuard):
     def _abort(_user):
-        if state.cancel.is_set():
-            return 1
-        if state.user_abort is not None:
-            try:
-                return 1 if state.user_abort() else 0
-            except BaseException:  # noqa: BLE001 - a raising abort callback aborts
+        try:
+            if state.pending is not None or state.cancel.is_set() or guard.stopping():
                 return 1
-        return 0
+            if state.user_abort is not None and state.user_abort():
+                return 1
+            return 0
+        except BaseException as e:  # noqa: BLE001 - never unwind into C; re-raised after the call
+            state.fail(e)
+            return 1
     return _lib.ABORT_FN(_abort)
 
+
+def _make_routing_callback(state: _CtxState, guard: _ExitGuard):
+    np = _np
+
+    def _routing(layer, pos0, n_tokens, k, experts, weights, _user):
+        try:
+            if state.pending is not None or guard.stopping():
+                return
+            n = n_tokens * k
+            if np is not None:
+                if n > 0:
+                    e = np.ctypeslib.as_array(experts, shape=(n,)).reshape(n_tokens, k).copy()
+                    w = np.ctypeslib.as_array(weights, shape=(n,)).reshape(n_tokens, k).copy()
+                else:
+                    e = np.zeros((n_tokens, k), np.int32)
+                    w = np.zeros((n_tokens, k), np.float32)
+            else:
+                e = [list(experts[t * k:(t + 1) * k]) for t in range(n_tokens)]
+                w = [list(weights[t * k:(t + 1) * k]) for t in range(n_tokens)]
+            state.user_routing(int(layer), int(pos0), e, w)
+        except BaseException as exc:  # noqa: BLE001 - never unwind into C; re-raised after the call
+            state.fail(exc)
+    return _lib.ROUTING_FN(_routing)
 
 
 class _Generation:
     """One moelite_generate call running on a helper thread, handing pieces to the iterator.
 
-    The worker runs at most one piece ahead of the consumer: after queuing a piece, the piece
-    callback waits until the consumer has taken the previous one (`demand`). So an iterator that
-    is abandoned without being closed leaves a paused generation, never a runaway one, and stop()
-    (from the iterator's close/break, Context.close or any other call on the context) makes the
-    callback return 0, aborts a prompt evaluation in progress and joins the worker."""
+    Why a thread: moelite_generate pushes text through a piece callback and returns only when
+    the generation ends, while a Python iterator pulls; without a helper thread generate() could
+    not yield pieces as they come (sampling stays in the library, so the binding does not
+    re-implement generation on the caller's thread).
 
-    def __init__(self, ctx):
+    The worker (a daemon thread) runs at most one piece ahead of the consumer: after queuing a
+    piece, the piece callback waits until the consumer has taken the previous one (`demand`).
+    So an iterator abandoned without being closed leaves a paused generation, never a runaway
+    one. stop() (from the iterator's close/break/exception, Context.close, Model.close, any other
+    call on the context, or the atexit hook of _ExitGuard) makes the piece callback return 0,
+    aborts a prompt evaluation in progress through the abort callback and joins the worker:
+    bounded by one forward pass.
+
+    Exit: the worker is registered with _exit_guard, whose atexit hook stops it before the
+    interpreter finalizes. Should stop() still find it alive during finalization (the hook
+    timed out or was removed), it neither wakes nor joins it -- a thread frozen by finalization
+    can be neither joined nor safely resumed -- and marks the generation `abandoned`: the
+    context then leaks its handle instead of freeing memory a parked thread still uses."""
+
+    _is_finalizing = staticmethod(sys.is_finalizing)
+    _current_thread = staticmethod(threading.current_thread)
+
+    def __init__(self, ctx: "Context"):
         self.ctx_ref = weakref.ref(ctx)
-        self.ctx_state = ctx._state
+        self.state = ctx._state
         self.ctx_lock = ctx._lock
-        self.queue = queue.SimpleQueue()
+        self.guard = _exit_guard
+        self.queue: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()
         self.demand = threading.Semaphore(0)
         self.stopped = threading.Event()
-        self.worker = None
+        self.worker: Optional[threading.Thread] = None
         self.params = None
         self.done = False
-        self.error = None
+        self.abandoned = False
+        self.returned = False  # set by the worker once moelite_generate has returned
+        self.error: Optional[BaseException] = None
         self.got_piece = False
         self._stop_lock = threading.Lock()
 
-        stopped, q, demand = self.stopped, self.queue, self.demand
+        stopped, q, demand, guard = self.stopped, self.queue, self.demand, self.guard
 
         def _on_piece(ptr, length, _user):
             try:
-                if stopped.is_set():
+                if stopped.is_set() or guard.exiting:
                     return 0
                 q.put(("piece", ctypes.string_at(ptr, length) if length else b""))
                 self.got_piece = True
                 demand.acquire()
-                return 0 if stopped.is_set() else 1
+                return 0 if (stopped.is_set() or guard.exiting) else 1
             except BaseException:  # noqa: BLE001 - never unwind into C
                 return 0
 
         self.piece_ref = _lib.PIECE_FN(_on_piece)  # alive as long as this object (past the join)
 
-    def start(self, data, params):
-        ctx = self.ctx_ref()
-        self.params = params
-        self.worker = threading.Thread(target=self._work, args=(ctx._ptr, data),
-                                       name="moelite-generate", daemon=True)
-        ctx._active = self
-        self.ctx_state.cancel.clear()
-        self.worker.start()
+    def on_worker(self) -> bool:
+        return self.worker is not None and self.worker is self._current_thread()
 
-    def _work(self, ptr, data):
+    def start(self, data: bytes, params) -> None:
+        """Starts the worker; frees `params` if it cannot. RuntimeError once the interpreter exits."""
+        ctx = self.ctx_ref()
+        try:
+            self.guard.enter(generation=True)
+        except BaseException:
+            _c.moelite_generate_params_free(params)
+            raise
+        try:
+            self.params = params
+            self.worker = threading.Thread(target=self._work, args=(ctx._ptr, data),
+                                           name="moelite-generate", daemon=True)
+            with self.guard.cond:
+                self.guard.generations.add(self)
+            ctx._active = self
+            self.state.begin()
+            self.worker.start()
+        except BaseException:
+            ctx._active = None
+            self.worker, self.done, self.params = None, True, None
+            _c.moelite_generate_params_free(params)
+            self.guard.leave()
+            raise
+
+    def _work(self, ptr: int, data: bytes) -> None:
         stats = _lib.GenerateStats()
         stats.struct_size = ctypes.sizeof(_lib.GenerateStats)
-        st, msg = int(Status.ERR_INTERNAL), "generation did not run"
+        st, msg, exc = int(Status.ERR_INTERNAL), "generation did not run", None
         try:
             with self.ctx_lock:
                 ctx = self.ctx_ref()
@@ -570,21 +960,26 @@ class _Generation:
                     st = int(_c.moelite_generate(ptr, data, len(data), self.params,
                                                  ctypes.byref(stats)))
                     msg = _last_error() if st != 0 else ""  # same thread as the failing call
+                    exc = self.state.take()
         finally:
             _c.moelite_generate_params_free(self.params)
             self.params = None
-            self.queue.put(("done", st, msg, stats))
+            self.guard.leave()
+            self.queue.put(("done", st, msg, stats, exc))
+            self.returned = True
 
-    def finish(self, item):
+    def finish(self, item: tuple) -> None:
         """Records the worker's result: the context's last_stats, or the error to raise."""
         if self.done:
             return
         self.done = True
-        _, st, msg, stats = item
-        if self.worker is not None and self.worker is not threading.current_thread():
+        _, st, msg, stats, exc = item
+        if self.worker is not None and not self.on_worker():
             self.worker.join()
         ctx = self.ctx_ref()
-        if st == 0:
+        if exc is not None:
+            self.error = exc  # raised by the user's abort or routing callback
+        elif st == 0:
             if ctx is not None:
                 ctx.last_stats = Context._stats_dict(stats)
         elif not (self.stopped.is_set() and st == Status.ERR_ABORTED):
@@ -592,22 +987,30 @@ class _Generation:
         if ctx is not None and ctx._active is self:
             ctx._active = None
 
-    def stop(self):
-        """Idempotent; safe from the consumer's thread or another one, not from the worker."""
+    def stop(self, timeout: Optional[float] = None) -> None:
+        """Idempotent; safe from the consumer's thread or another one, not from the worker.
+        With a timeout the worker may still run on return (then `done` stays False)."""
         with self._stop_lock:
             if self.done or self.worker is None:
                 self.done = True
+                return
+            if self._is_finalizing() and not self.returned:
+                # Not worker.is_alive(): finalization deletes the other threads' states, so a
+                # thread parked in C already counts as dead.
+                self.abandoned = True  # see the class comment
                 return
             self.stopped.set()
             if not self.got_piece:
                 # Still evaluating the prompt (possibly long): abort it. Once pieces flow, the
                 # worker is at most one token away from the callback, which now answers 0, so
                 # the call ends normally (STOP_CALLBACK) and its stats are kept.
-                self.ctx_state.cancel.set()
+                self.state.cancel.set()
             self.demand.release()
-            if self.worker is not threading.current_thread():
-                self.worker.join()
-            self.ctx_state.cancel.clear()
+            if not self.on_worker():
+                self.worker.join(timeout)
+                if self.worker.is_alive():
+                    return
+            self.state.cancel.clear()
             leftovers = []
             while True:
                 try:
@@ -619,30 +1022,51 @@ class _Generation:
                     self.finish(item)
             self.queue.put(("stopped",))  # wakes a consumer blocked in get()
 
+
 _STATS_FIELDS = [f[0] for f in _lib.GenerateStats._fields_ if f[0] != "struct_size"]
+
+RoutingCallback = Callable[[int, int, Any, Any], Any]
 
 
 class Context:
     """One inference stream (KV cache + scratch) on a Model; use from one thread at a time.
 
-    Context(model, n_ctx=None, n_batch=None, abort=None)
+    n_ctx: tokens the KV cache holds (None: min(training context, 4096)); n_batch: most tokens
+    per forward pass (None: 512). Errors: MoeliteError ERR_INVALID_ARGUMENT (bad value, or a
+    vocabulary-only model), ERR_OUT_OF_MEMORY; ValueError for a closed model.
 
-    The context keeps its model alive; Model.close() closes the model's contexts first.
-    abort: optional callable() -> bool polled between layers; True aborts eval/generate with
-    MoeliteError ERR_ABORTED (the context stays as it was before the call).
+    abort: optional callable() -> bool polled between layers (and every 10 ms while waiting for
+    another context of the model or for expert reads); True aborts eval/generate with
+    MoeliteError ERR_ABORTED. routing: optional callable(layer, pos0, experts, weights) called
+    once per MoE layer of every forward pass; experts/weights have shape (n_tokens, k) (numpy
+    int32/float32 arrays when numpy is importable, else lists of lists) for the tokens at
+    positions pos0.. in top-k order, weights as applied (an expert dropped by adaptive gating is
+    -1 with weight 0). Both run on the thread that evaluates: the caller's for eval(), the
+    generation's helper thread for generate(). An exception raised by either aborts the call and
+    is re-raised by eval() / the generate() iterator in place of a MoeliteError (so a
+    KeyboardInterrupt or SystemExit is not swallowed); the context is then as before the call
+    for eval(), usable for generate().
+
+    Lifetime: the context keeps its Model object alive (and the library keeps the model's memory
+    for it). Model.close() closes the model's contexts first. close() stops a generation in
+    progress and frees the context; otherwise the garbage collector does, in any order
+    relative to the model.
     """
 
-    def __init__(self, model, n_ctx=None, n_batch=None, abort=None):
+    def __init__(self, model: Model, n_ctx: Optional[int] = None, n_batch: Optional[int] = None,
+                 abort: Optional[Callable[[], Any]] = None, routing: Optional[RoutingCallback] = None):
         if not isinstance(model, Model):
             raise TypeError("model must be a moelite.Model")
         self._ptr = None
-        self._free = _c.moelite_context_free
+        self._free = _c.moelite_context_free  # kept for __del__ during interpreter shutdown
         self.model = model
-        self.last_stats = None
+        self.last_stats: Optional[Dict[str, Any]] = None
         self._lock = threading.RLock()
-        self._active = None  # the _Generation in progress, if any
-        self._state = _CtxState(abort)
-        self._abort_ref = _make_abort_callback(self._state)  # alive as long as the context
+        self._active: Optional[_Generation] = None  # the generation in progress, if any
+        self._n_vocab = model.n_vocab  # ValueError for a closed model
+        self._state = _CtxState(abort, routing)
+        self._abort_ref = _make_abort_callback(self._state, _exit_guard)  # alive as long as the context
+        self._routing_ref = _make_routing_callback(self._state, _exit_guard) if routing is not None else None
         params = _c.moelite_context_params_create()
         if not params:
             raise MemoryError("moelite_context_params_create failed")
@@ -652,6 +1076,8 @@ class Context:
             if n_batch is not None:
                 _check(_c.moelite_context_params_set_n_batch(params, int(n_batch)))
             _check(_c.moelite_context_params_set_abort_callback(params, self._abort_ref, None))
+            if self._routing_ref is not None:
+                _check(_c.moelite_context_params_set_routing_callback(params, self._routing_ref, None))
             out = ctypes.c_void_p()
             _check(_c.moelite_context_create(model._handle(), params, ctypes.byref(out)))
             self._ptr = out.value
@@ -660,79 +1086,103 @@ class Context:
         model._contexts.add(self)
 
     # ---- lifetime ----
-    def _handle(self):
+    def _handle(self) -> int:
         if not self._ptr:
             raise ValueError("the context is closed")
         return self._ptr
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
+        """True after close() (or after Model.close())."""
         return not self._ptr
 
-    def close(self):
+    def close(self) -> None:
         """Frees the context (stopping a generation in progress first). Idempotent."""
-        self._preempt()
+        gen = self._active
+        if gen is not None and not gen.on_worker():
+            gen.stop()
+            if gen.abandoned:
+                self._ptr = None  # deliberately leaked: a parked worker still uses it
+                return
         with self._lock:
             if not self._ptr:
                 return
             ptr, self._ptr = self._ptr, None
             self._free(ptr)
 
-    def __enter__(self):
+    def __enter__(self) -> "Context":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> None:
         self.close()
 
     def __del__(self):
         try:
             self.close()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         if not self._ptr:
             return "<moelite.Context closed>"
         return "<moelite.Context n_ctx=%d kv_length=%d>" % (self.n_ctx, self.kv_length)
 
     # ---- KV cache ----
     @property
-    def n_ctx(self):
+    def n_ctx(self) -> int:
         """Maximum tokens the KV cache holds."""
         self._preempt()
         with self._lock:
             return int(_c.moelite_context_n_ctx(self._handle()))
 
     @property
-    def kv_length(self):
+    def kv_length(self) -> int:
         """Tokens currently held in the KV cache."""
         self._preempt()
         with self._lock:
             return int(_c.moelite_kv_length(self._handle()))
 
-    def reset(self):
+    def reset(self) -> None:
         """Forgets the whole sequence."""
         self._preempt()
         with self._lock:
             _c.moelite_kv_reset(self._handle())
 
-    def truncate(self, n_keep):
+    def truncate(self, n_keep: int) -> None:
         """Keeps the first n_keep tokens (clamped to [0, kv_length])."""
         self._preempt()
         with self._lock:
             _c.moelite_kv_truncate(self._handle(), int(n_keep))
 
     # ---- evaluation ----
-    def eval(self, tokens, logits_all=False):
-        """Appends `tokens` to the sequence and runs the model on them. On error (MoeliteError:
-        ERR_BAD_TOKEN, ERR_CONTEXT_FULL, ERR_ABORTED...) the context is unchanged."""
+    def eval(self, tokens: Iterable[int], logits_all: bool = False) -> None:
+        """Appends `tokens` to the sequence and runs the model on them; logits_all keeps the
+        logits of every token (else only the last one's). On error the context is unchanged:
+        MoeliteError (ERR_BAD_TOKEN, ERR_CONTEXT_FULL, ERR_ABORTED, ERR_IO...), or the exception
+        the abort/routing callback raised. RuntimeError on a thread other than the main thread
+        once the interpreter exits."""
         arr, n = _token_array(tokens)
         self._preempt()
         with self._lock:
-            self._state.cancel.clear()
-            _check(_c.moelite_eval(self._handle(), arr, n, 1 if logits_all else 0))
+            h = self._handle()
+            state = self._state
+            before = int(_c.moelite_kv_length(h))
+            _exit_guard.enter()
+            try:
+                state.begin()
+                st = int(_c.moelite_eval(h, arr, n, 1 if logits_all else 0))
+                msg = _last_error() if st else ""
+            finally:
+                _exit_guard.leave()
+            exc = state.take()
+            if exc is not None:
+                if st == 0:  # raised in the last layer's callback: undo, as an abort would
+                    _c.moelite_kv_truncate(h, before)
+                raise exc
+            if st != 0:
+                raise MoeliteError(st, msg)
 
-    def logits(self, i=-1):
+    def logits(self, i: int = -1):
         """Logits (n_vocab floats) of token i of the last eval (negative i counts from the end;
         without logits_all only the last token has logits). A numpy float32 array when numpy is
         importable, else a list of floats. Always a copy. IndexError if token i has no logits."""
@@ -741,15 +1191,17 @@ class Context:
             ptr = _c.moelite_get_logits(self._handle(), int(i))
             if not ptr:
                 raise IndexError("no logits for token index %d of the last eval" % i)
-            n = self.model.n_vocab
+            n = self._n_vocab
             if _np is not None:
                 return _np.ctypeslib.as_array(ptr, shape=(n,)).copy()
             return ptr[:n]
 
     # ---- generation ----
-    def generate(self, prompt, max_tokens=None, temperature=None, top_k=None, top_p=None,
-                 min_p=None, repeat_penalty=None, repeat_last_n=None, seed=None, stop=None,
-                 as_bytes=False):
+    def generate(self, prompt: TextLike, max_tokens: Optional[int] = None, temperature: Optional[float] = None,
+                 top_k: Optional[int] = None, top_p: Optional[float] = None, min_p: Optional[float] = None,
+                 repeat_penalty: Optional[float] = None, repeat_last_n: Optional[int] = None,
+                 seed: Optional[int] = None, stop: Union[TextLike, Sequence[TextLike], None] = None,
+                 as_bytes: bool = False) -> Iterator[Union[str, bytes]]:
         """Generates a continuation of `prompt` (str or bytes; the whole sequence: the KV cache's
         shared prefix is reused). Returns an iterator of str pieces yielded as they are produced
         (pieces never split a UTF-8 character nor contain a stop string). None for a parameter
@@ -759,11 +1211,15 @@ class Context:
         decoded on its own with errors="replace" otherwise).
 
         Generation starts on the first next() and runs on a helper thread at most one piece ahead
-        of the consumer. Leaving the loop early (break, or close() on the iterator) stops it; an
-        iterator abandoned without being closed is stopped by the next call on this context.
+        of the consumer. Leaving the loop early (break, an exception, or close() on the iterator)
+        stops it; an iterator abandoned without being closed is stopped by the next call on this
+        context, by Context.close()/Model.close(), or at interpreter exit.
         `self.last_stats` is None while a generation runs and then holds the dict of
         moelite_generate_stats (also after an early stop; not after an error or a stop during
-        the prompt evaluation). Errors raise MoeliteError; the context stays usable."""
+        the prompt evaluation). Errors raise MoeliteError (or the exception the abort/routing
+        callback raised) from the iterator; the context stays usable. ValueError for an empty
+        stop string or one containing NUL; ValueError for a closed context; RuntimeError from
+        the first next() once the interpreter exits."""
         data = _as_bytes(prompt, "prompt")
         stops = [stop] if isinstance(stop, (str, bytes)) else list(stop or [])
         stops = [_as_bytes(s, "stop string") for s in stops]
@@ -834,7 +1290,7 @@ class Context:
     def _preempt(self):
         """Stops a generation left suspended by its consumer before running another call."""
         gen = self._active
-        if gen is not None and gen.worker is not threading.current_thread():
+        if gen is not None and not gen.on_worker():
             gen.stop()
 
     @staticmethod

@@ -73,6 +73,8 @@ ABORT_FN = CFUNCTYPE(c_int, c_void_p)
 # `piece` is declared as c_void_p (not c_char_p) because it is not NUL-terminated: read it with
 # ctypes.string_at(piece, length).
 PIECE_FN = CFUNCTYPE(c_int, c_void_p, c_size_t, c_void_p)
+# moelite_routing_fn(layer, pos0, n_tokens, k, experts, weights, user_data)
+ROUTING_FN = CFUNCTYPE(None, c_int32, c_int32, c_int32, c_int32, POINTER(c_int32), POINTER(c_float), c_void_p)
 
 
 class ChatMessage(Structure):
@@ -91,6 +93,27 @@ class GenerateStats(Structure):
         ("time_to_first_token_seconds", c_double),
         ("prompt_tokens_per_second", c_double),
         ("generated_tokens_per_second", c_double),
+    ]
+
+
+class ExpertStats(Structure):
+    """moelite_expert_stats, field for field (include/moelite.h)."""
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("activations", c_uint64),
+        ("hits", c_uint64),
+        ("misses", c_uint64),
+        ("prefetches_issued", c_uint64),
+        ("prefetches_used", c_uint64),
+        ("prefetches_wasted", c_uint64),
+        ("bytes_read", c_uint64),
+        ("wait_seconds", c_double),
+        ("predicted", c_uint64),
+        ("predictions", c_uint64),
+        ("ready_when_needed", c_uint64),
+        ("routed_tokens", c_uint64),
+        ("routed_experts", c_uint64),
+        ("read_busy_seconds", c_double),
     ]
 
 
@@ -128,12 +151,14 @@ _decl("moelite_model_params_set_profile", _status, _p, c_char_p)
 _decl("moelite_model_params_set_gating", _status, _p, c_char_p, c_float)
 _decl("moelite_model_params_set_gating_penalty", _status, _p, c_float)
 _decl("moelite_model_params_set_cache_allocation", _status, _p, c_char_p)
+_decl("moelite_model_params_set_expert_per_layer", _status, _p, c_int32)
 _decl("moelite_calibrate_params_create", _p)
 _decl("moelite_calibrate_params_free", None, _p)
 _decl("moelite_calibrate_params_set_window", _status, _p, c_int32)
 _decl("moelite_calibrate_params_set_stride", _status, _p, c_int32)
 _decl("moelite_calibrate_params_set_holdout", _status, _p, c_double)
 _decl("moelite_calibrate_params_set_sensitivity_tokens", _status, _p, c_int64)
+_decl("moelite_calibrate_params_set_progress_callback", _status, _p, PROGRESS_FN, c_void_p)
 _decl("moelite_calibrate", _status, _p, POINTER(c_int32), c_int32, _p, c_char_p)
 _decl("moelite_model_params_set_vocab_only", _status, _p, c_int32)
 _decl("moelite_model_params_set_progress_callback", _status, _p, PROGRESS_FN, c_void_p)
@@ -147,12 +172,15 @@ _decl("moelite_model_expert_type", c_char_p, _p)
 _decl("moelite_model_backend_name", c_char_p, _p)
 _decl("moelite_model_measure_device_bandwidth", _status, _p, POINTER(c_double))
 _decl("moelite_supported_archs", c_char_p)
+_decl("moelite_model_expert_stats", _status, _p, c_int32, POINTER(ExpertStats))
+_decl("moelite_model_reset_expert_stats", None, _p)
 
 _decl("moelite_context_params_create", _p)
 _decl("moelite_context_params_free", None, _p)
 _decl("moelite_context_params_set_n_ctx", _status, _p, c_int32)
 _decl("moelite_context_params_set_n_batch", _status, _p, c_int32)
 _decl("moelite_context_params_set_abort_callback", _status, _p, ABORT_FN, c_void_p)
+_decl("moelite_context_params_set_routing_callback", _status, _p, ROUTING_FN, c_void_p)
 _decl("moelite_context_create", _status, _p, _p, POINTER(c_void_p))
 _decl("moelite_context_free", None, _p)
 _decl("moelite_eval", _status, _p, POINTER(c_int32), c_int32, c_int32)

@@ -132,7 +132,7 @@ def greedy_reference(model, prompt, n):
         out = []
         for i in range(n):
             t = int(np.argmax(ctx.logits()))
-            if model.is_end_token(t):
+            if model.token_is_end(t):
                 break
             out.append(t)
             if i + 1 < n:
@@ -250,9 +250,9 @@ def test_platform_and_budget_auto(model, tiny):
 def test_special_tokens_match_file(model, vocab):
     assert (model.bos, model.eos) == (vocab.bos, vocab.eos)
     assert model.n_vocab == len(vocab.tokens)
-    assert model.is_end_token(vocab.eos)
+    assert model.token_is_end(vocab.eos)
     normal = next(i for i, ty in enumerate(vocab.types) if ty == 1)
-    assert not model.is_end_token(normal)
+    assert not model.token_is_end(normal)
 
 
 def test_closed_model_and_context_manager(tiny):
