@@ -640,6 +640,7 @@ MOELITE_API moelite_status moelite_eval(moelite_context* c, const int32_t* token
 MOELITE_API const float* moelite_get_logits(const moelite_context* c, int32_t i) {
   return c ? c->impl->logits(i) : nullptr;
 }
+MOELITE_API moelite_model* moelite_context_model(const moelite_context* c) { return c ? c->owner : nullptr; }
 MOELITE_API int32_t moelite_context_kv_length(const moelite_context* c) { return c ? c->impl->length() : 0; }
 MOELITE_API int32_t moelite_context_n_ctx(const moelite_context* c) { return c ? c->impl->n_ctx() : 0; }
 MOELITE_API void moelite_context_kv_reset(moelite_context* c) {
@@ -778,7 +779,7 @@ MOELITE_API moelite_status moelite_chat_format(const moelite_model* model, const
       msgs.push_back({messages[i].role, messages[i].content});
     }
     const moelite::Model& m = *model->impl;
-    if (m.chat_template == moelite::ChatTemplate::Plain)
+    if (m.chat_template == moelite::ChatTemplate::Plain && !m.chat_template_chosen)
       moelite::log_msg(MOELITE_LOG_WARN,
                        "no known chat template in the model; formatting as plain 'role: content' lines");
     std::string eos;

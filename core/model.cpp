@@ -55,7 +55,10 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
   if (g.find("tokenizer.ggml.model")) MOELITE_TRY(Tokenizer::from_gguf(g, &m->tokenizer));
   std::string chat_src;
   if (g.get_string("tokenizer.chat_template", &chat_src)) m->chat_template = detect_chat_template(chat_src);
-  if (!opts.chat_template.empty()) MOELITE_TRY(chat_template_from_option(opts.chat_template, &m->chat_template));
+  if (!opts.chat_template.empty()) {
+    MOELITE_TRY(chat_template_from_option(opts.chat_template, &m->chat_template));
+    m->chat_template_chosen = true;
+  }
   if (opts.vocab_only) {
     if (!m->tokenizer)
       return fail(MOELITE_ERR_MISSING_METADATA, "'%s' has no tokenizer (tokenizer.ggml.model)", path.c_str());

@@ -114,6 +114,7 @@ struct Model {
 
   std::unique_ptr<Tokenizer> tokenizer;  // null when the file has no tokenizer metadata
   ChatTemplate chat_template = ChatTemplate::Plain;
+  bool chat_template_chosen = false;  // set by the application (LoadOptions::chat_template)
   bool vocab_only = false;    // tokenizer only: no weights, no runtime
   bool inspect_only = false;  // weights bound, never read; no runtime
 

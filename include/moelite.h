@@ -662,6 +662,9 @@ MOELITE_API moelite_status moelite_eval(moelite_context* ctx, const int32_t* tok
  *  evaluation). */
 MOELITE_API const float* moelite_get_logits(const moelite_context* ctx, int32_t i);
 
+/** The model `ctx` evaluates (NULL for NULL). Borrowed: valid while the context lives, even after
+ *  the application's moelite_model_free (the context holds a reference); not to be freed. */
+MOELITE_API moelite_model* moelite_context_model(const moelite_context* ctx);
 /** Tokens currently held in the KV cache (0 for NULL). */
 MOELITE_API int32_t moelite_context_kv_length(const moelite_context* ctx);
 /** Context length chosen at creation (0 for NULL). */

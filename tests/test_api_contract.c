@@ -88,7 +88,9 @@ static void test_last_error_is_stable(void) {
 static void test_free_order(void) {
   moelite_model* m = load(0);
   moelite_context* c = context(m, 32);
+  CHECK(moelite_context_model(c) == m && moelite_context_model(NULL) == NULL);
   moelite_model_free(m); /* the application's reference only */
+  CHECK(moelite_model_get(moelite_context_model(c), MOELITE_MODEL_N_LAYERS) > 0); /* borrowed, still valid */
   int32_t ids[8] = {1, 2, 3, 4};
   CHECK(moelite_eval(c, ids, 4, 0) == MOELITE_OK);
   CHECK(moelite_get_logits(c, -1) != NULL);
@@ -291,6 +293,14 @@ static void test_context_queries(void) {
   CHECK(moelite_eval(a, ids, n, 0) == MOELITE_OK);
   CHECK(moelite_eval(b, ids, 3, 0) == MOELITE_OK);
   CHECK(moelite_eval(a, ids, 2, 0) == MOELITE_OK);
+  /* A failed evaluation leaves the previous logits readable (and unchanged). */
+  const int64_t n_vocab = moelite_model_get(m, MOELITE_MODEL_N_VOCAB);
+  float* last = malloc(sizeof(float) * (size_t)n_vocab);
+  memcpy(last, moelite_get_logits(a, -1), sizeof(float) * (size_t)n_vocab);
+  int32_t bad = (int32_t)n_vocab;
+  CHECK(moelite_eval(a, &bad, 1, 0) == MOELITE_ERR_BAD_TOKEN);
+  CHECK(moelite_get_logits(a, -1) && memcmp(moelite_get_logits(a, -1), last, sizeof(float) * (size_t)n_vocab) == 0);
+  free(last);
   CHECK(moelite_context_get_tokens(a, held, 128, &n_held) == MOELITE_OK && n_held == n + 2);
   CHECK(memcmp(held, ids, (size_t)n * sizeof *ids) == 0 && held[n] == ids[0] && held[n + 1] == ids[1]);
   int32_t small[2] = {-3, -3};
