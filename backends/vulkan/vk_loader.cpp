@@ -17,8 +17,10 @@ struct Loader {
 void* open_library(const char* name, std::string* error) {
   void* lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
-    const char* why = dlerror();
-    *error += std::string(error->empty() ? "" : "; ") + name + ": " + (why ? why : "unknown error");
+    const char* why = dlerror();  // names the file, as a rule
+    std::string reason = why ? why : "unknown error";
+    if (reason.find(name) == std::string::npos) reason = std::string(name) + ": " + reason;
+    *error += (error->empty() ? "" : "; ") + reason;
   }
   return lib;
 }
