@@ -101,10 +101,12 @@ Status Device::init(bool allow_cpu) {
     ici.enabledExtensionCount = 1;
     ici.ppEnabledExtensionNames = exts;
   }
-  VkResult r = vkCreateInstance(&ici, nullptr, &instance_);
+  MOELITE_TRY(fn_.load_global());
+  VkResult r = fn_.vkCreateInstance(&ici, nullptr, &instance_);
   if (r != VK_SUCCESS)
     return fail(MOELITE_ERR_BACKEND_UNAVAILABLE, "vulkan: no usable Vulkan driver (vkCreateInstance: %d%s)",
                 static_cast<int>(r), validate ? "; is vulkan-validationlayers installed?" : "");
+  MOELITE_TRY(fn_.load_instance(instance_));
   if (validate) {
     VkDebugUtilsMessengerCreateInfoEXT mci{VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
     mci.messageSeverity =
@@ -112,15 +114,13 @@ Status Device::init(bool allow_cpu) {
     mci.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
                       VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
     mci.pfnUserCallback = on_validation;
-    auto create = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(
-        vkGetInstanceProcAddr(instance_, "vkCreateDebugUtilsMessengerEXT"));
-    if (create) create(instance_, &mci, nullptr, &messenger_);
+    if (fn_.vkCreateDebugUtilsMessengerEXT) fn_.vkCreateDebugUtilsMessengerEXT(instance_, &mci, nullptr, &messenger_);
   }
 
   uint32_t n = 0;
-  vkEnumeratePhysicalDevices(instance_, &n, nullptr);
+  fn_.vkEnumeratePhysicalDevices(instance_, &n, nullptr);
   std::vector<VkPhysicalDevice> devices(n);
-  if (n) vkEnumeratePhysicalDevices(instance_, &n, devices.data());
+  if (n) fn_.vkEnumeratePhysicalDevices(instance_, &n, devices.data());
   pin_drivers_for_leak_checking();
   if (devices.empty()) return fail(MOELITE_ERR_BACKEND_UNAVAILABLE, "vulkan: no Vulkan device found");
   int best = -1;
@@ -131,10 +131,10 @@ Status Device::init(bool allow_cpu) {
   } else {
     for (int i = 0; i < static_cast<int>(devices.size()); ++i) {
       VkPhysicalDeviceProperties p;
-      vkGetPhysicalDeviceProperties(devices[static_cast<size_t>(i)], &p);
+      fn_.vkGetPhysicalDeviceProperties(devices[static_cast<size_t>(i)], &p);
       if (!allow_cpu && p.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU) continue;
       VkPhysicalDeviceProperties bp;
-      if (best >= 0) vkGetPhysicalDeviceProperties(devices[static_cast<size_t>(best)], &bp);
+      if (best >= 0) fn_.vkGetPhysicalDeviceProperties(devices[static_cast<size_t>(best)], &bp);
       if (best < 0 || rank(p.deviceType) < rank(bp.deviceType)) best = i;
     }
     if (best < 0)
@@ -142,7 +142,7 @@ Status Device::init(bool allow_cpu) {
   }
   physical_ = devices[static_cast<size_t>(best)];
   VkPhysicalDeviceProperties props;
-  vkGetPhysicalDeviceProperties(physical_, &props);
+  fn_.vkGetPhysicalDeviceProperties(physical_, &props);
   facts_.name = props.deviceName;
   facts_.type = props.deviceType;
   facts_.max_storage_range = props.limits.maxStorageBufferRange;
@@ -150,7 +150,7 @@ Status Device::init(bool allow_cpu) {
   if (const char* range = getenv("MOELITE_VK_MAX_BUFFER"))
     facts_.max_storage_range =
         std::min<uint64_t>(facts_.max_storage_range, std::max(4096ull, strtoull(range, nullptr, 10)));
-  vkGetPhysicalDeviceMemoryProperties(physical_, &mem_props_);
+  fn_.vkGetPhysicalDeviceMemoryProperties(physical_, &mem_props_);
   for (uint32_t i = 0; i < mem_props_.memoryTypeCount; ++i) {
     const VkMemoryPropertyFlags f = mem_props_.memoryTypes[i].propertyFlags;
     if ((f & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) && (f & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) &&
@@ -167,14 +167,14 @@ Status Device::init(bool allow_cpu) {
   s8.pNext = &f16;
   VkPhysicalDeviceFeatures2 feats{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
   feats.pNext = &s8;
-  vkGetPhysicalDeviceFeatures2(physical_, &feats);
+  fn_.vkGetPhysicalDeviceFeatures2(physical_, &feats);
   facts_.fp16 = f16.shaderFloat16;
   facts_.int8 = f16.shaderInt8;
   facts_.storage8 = s8.storageBuffer8BitAccess;
   VkPhysicalDeviceSubgroupProperties sub{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
   VkPhysicalDeviceProperties2 props2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
   props2.pNext = &sub;
-  vkGetPhysicalDeviceProperties2(physical_, &props2);
+  fn_.vkGetPhysicalDeviceProperties2(physical_, &props2);
   facts_.subgroups = (sub.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) != 0 &&
                      (sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0;
   const char* portable = getenv("MOELITE_VK_PORTABLE");  // tests run both shader paths
@@ -182,9 +182,9 @@ Status Device::init(bool allow_cpu) {
   facts_.subgroup_size = sub.subgroupSize;
 
   uint32_t nq = 0;
-  vkGetPhysicalDeviceQueueFamilyProperties(physical_, &nq, nullptr);
+  fn_.vkGetPhysicalDeviceQueueFamilyProperties(physical_, &nq, nullptr);
   std::vector<VkQueueFamilyProperties> qf(nq);
-  vkGetPhysicalDeviceQueueFamilyProperties(physical_, &nq, qf.data());
+  fn_.vkGetPhysicalDeviceQueueFamilyProperties(physical_, &nq, qf.data());
   int compute = -1, transfer = -1;
   for (uint32_t i = 0; i < nq; ++i) {
     if ((qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) && compute < 0) compute = static_cast<int>(i);
@@ -211,7 +211,7 @@ Status Device::init(bool allow_cpu) {
   VkPhysicalDeviceTimelineSemaphoreFeatures tl{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES};
   VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
   f2.pNext = &tl;
-  if (props.apiVersion >= VK_API_VERSION_1_2) vkGetPhysicalDeviceFeatures2(physical_, &f2);
+  if (props.apiVersion >= VK_API_VERSION_1_2) fn_.vkGetPhysicalDeviceFeatures2(physical_, &f2);
   facts_.timeline_semaphores = tl.timelineSemaphore;
   VkPhysicalDeviceTimelineSemaphoreFeatures enable_tl{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES};
   enable_tl.timelineSemaphore = VK_TRUE;
@@ -219,34 +219,40 @@ Status Device::init(bool allow_cpu) {
   dci.queueCreateInfoCount = transfer >= 0 ? 2 : 1;
   dci.pQueueCreateInfos = qci;
   if (facts_.timeline_semaphores) dci.pNext = &enable_tl;
-  VK_TRY(vkCreateDevice(physical_, &dci, nullptr, &device_), "vkCreateDevice");
-  vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
-  vkGetDeviceQueue(device_, transfer_family_, transfer >= 0 ? 0 : compute_queues - 1, &transfer_queue_);
+  VK_TRY(fn_.vkCreateDevice(physical_, &dci, nullptr, &device_), "vkCreateDevice");
+  if (Status st = fn_.load_device(device_); st != MOELITE_OK) {
+    if (fn_.vkDestroyDevice) fn_.vkDestroyDevice(device_, nullptr);
+    device_ = VK_NULL_HANDLE;  // the destructor skips the device's objects (there are none yet)
+    return st;
+  }
+  if (!fn_.vkWaitSemaphores || !fn_.vkGetSemaphoreCounterValue) facts_.timeline_semaphores = false;
+  fn_.vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
+  fn_.vkGetDeviceQueue(device_, transfer_family_, transfer >= 0 ? 0 : compute_queues - 1, &transfer_queue_);
   VkCommandPoolCreateInfo tpi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
   tpi.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT;
   tpi.queueFamilyIndex = transfer_family_;
-  VK_TRY(vkCreateCommandPool(device_, &tpi, nullptr, &transfer_pool_), "vkCreateCommandPool");
+  VK_TRY(fn_.vkCreateCommandPool(device_, &tpi, nullptr, &transfer_pool_), "vkCreateCommandPool");
   if (facts_.timeline_semaphores) {
     VkSemaphoreTypeCreateInfo sti{VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO};
     sti.semaphoreType = VK_SEMAPHORE_TYPE_TIMELINE;
     VkSemaphoreCreateInfo sci{VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO};
     sci.pNext = &sti;
-    VK_TRY(vkCreateSemaphore(device_, &sci, nullptr, &timeline_), "vkCreateSemaphore");
+    VK_TRY(fn_.vkCreateSemaphore(device_, &sci, nullptr, &timeline_), "vkCreateSemaphore");
   }
 
   VkCommandPoolCreateInfo cpi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
   cpi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
   cpi.queueFamilyIndex = queue_family_;
-  VK_TRY(vkCreateCommandPool(device_, &cpi, nullptr, &cmd_pool_), "vkCreateCommandPool");
+  VK_TRY(fn_.vkCreateCommandPool(device_, &cpi, nullptr, &cmd_pool_), "vkCreateCommandPool");
   MOELITE_TRY(new_frame());
   VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, kSetsPerPool * kMaxBindings};
   VkDescriptorPoolCreateInfo dpi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
   dpi.maxSets = kSetsPerPool;
   dpi.poolSizeCount = 1;
   dpi.pPoolSizes = &ps;
-  VK_TRY(vkCreateDescriptorPool(device_, &dpi, nullptr, &desc_pool_), "vkCreateDescriptorPool");
+  VK_TRY(fn_.vkCreateDescriptorPool(device_, &dpi, nullptr, &desc_pool_), "vkCreateDescriptorPool");
   VkPipelineCacheCreateInfo pci{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
-  VK_TRY(vkCreatePipelineCache(device_, &pci, nullptr, &pipeline_cache_), "vkCreatePipelineCache");
+  VK_TRY(fn_.vkCreatePipelineCache(device_, &pci, nullptr, &pipeline_cache_), "vkCreatePipelineCache");
   log_msg(MOELITE_LOG_INFO,
           "vulkan: %s (%s memory, max storage range %" PRIu64
           " MiB, fp16 %d, int8 %d, subgroups %d x %u; "
@@ -263,28 +269,25 @@ Status Device::init(bool allow_cpu) {
 Device::~Device() {
   if (device_) {
     if (recording_) flush();
-    vkDeviceWaitIdle(device_);
+    fn_.vkDeviceWaitIdle(device_);
     for (Buffer& b : staging_) free(&b);
     reclaim_transfers(true);
-    if (timeline_) vkDestroySemaphore(device_, timeline_, nullptr);
-    vkDestroyCommandPool(device_, transfer_pool_, nullptr);
+    if (timeline_) fn_.vkDestroySemaphore(device_, timeline_, nullptr);
+    fn_.vkDestroyCommandPool(device_, transfer_pool_, nullptr);
     for (auto& kv : pipelines_) {
-      vkDestroyPipeline(device_, kv.second.pipeline, nullptr);
-      vkDestroyPipelineLayout(device_, kv.second.layout, nullptr);
-      vkDestroyDescriptorSetLayout(device_, kv.second.set_layout, nullptr);
+      fn_.vkDestroyPipeline(device_, kv.second.pipeline, nullptr);
+      fn_.vkDestroyPipelineLayout(device_, kv.second.layout, nullptr);
+      fn_.vkDestroyDescriptorSetLayout(device_, kv.second.set_layout, nullptr);
     }
-    vkDestroyPipelineCache(device_, pipeline_cache_, nullptr);
-    vkDestroyDescriptorPool(device_, desc_pool_, nullptr);
-    for (Frame& f : frames_) vkDestroyFence(device_, f.fence, nullptr);
-    vkDestroyCommandPool(device_, cmd_pool_, nullptr);
-    vkDestroyDevice(device_, nullptr);
+    fn_.vkDestroyPipelineCache(device_, pipeline_cache_, nullptr);
+    fn_.vkDestroyDescriptorPool(device_, desc_pool_, nullptr);
+    for (Frame& f : frames_) fn_.vkDestroyFence(device_, f.fence, nullptr);
+    fn_.vkDestroyCommandPool(device_, cmd_pool_, nullptr);
+    fn_.vkDestroyDevice(device_, nullptr);
   }
-  if (messenger_) {
-    auto destroy = reinterpret_cast<PFN_vkDestroyDebugUtilsMessengerEXT>(
-        vkGetInstanceProcAddr(instance_, "vkDestroyDebugUtilsMessengerEXT"));
-    if (destroy) destroy(instance_, messenger_, nullptr);
-  }
-  if (instance_) vkDestroyInstance(instance_, nullptr);
+  if (messenger_ && fn_.vkDestroyDebugUtilsMessengerEXT)
+    fn_.vkDestroyDebugUtilsMessengerEXT(instance_, messenger_, nullptr);
+  if (instance_ && fn_.vkDestroyInstance) fn_.vkDestroyInstance(instance_, nullptr);
 }
 
 int32_t Device::memory_type(uint32_t bits, VkMemoryPropertyFlags want) const {
@@ -315,27 +318,27 @@ Status Device::alloc_with(uint64_t bytes, VkMemoryPropertyFlags props, Buffer* o
   bci.size = b.size;
   bci.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
   bci.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
-  VK_TRY(vkCreateBuffer(device_, &bci, nullptr, &b.buffer), "vkCreateBuffer");
+  VK_TRY(fn_.vkCreateBuffer(device_, &bci, nullptr, &b.buffer), "vkCreateBuffer");
   VkMemoryRequirements req;
-  vkGetBufferMemoryRequirements(device_, b.buffer, &req);
+  fn_.vkGetBufferMemoryRequirements(device_, b.buffer, &req);
   const int32_t type = memory_type(req.memoryTypeBits, props);
   if (type < 0) {
-    vkDestroyBuffer(device_, b.buffer, nullptr);
+    fn_.vkDestroyBuffer(device_, b.buffer, nullptr);
     return fail(MOELITE_ERR_BACKEND_UNAVAILABLE, "vulkan: no memory type with properties 0x%x", props);
   }
   VkMemoryAllocateInfo mai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
   mai.allocationSize = req.size;
   mai.memoryTypeIndex = static_cast<uint32_t>(type);
-  VkResult r = vkAllocateMemory(device_, &mai, nullptr, &b.memory);
+  VkResult r = fn_.vkAllocateMemory(device_, &mai, nullptr, &b.memory);
   if (r != VK_SUCCESS) {
-    vkDestroyBuffer(device_, b.buffer, nullptr);
+    fn_.vkDestroyBuffer(device_, b.buffer, nullptr);
     return vk_fail(r, "vkAllocateMemory");
   }
-  vkBindBufferMemory(device_, b.buffer, b.memory, 0);
+  fn_.vkBindBufferMemory(device_, b.buffer, b.memory, 0);
   const bool staging = (props & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) != 0;
   if ((mem_props_.memoryTypes[type].propertyFlags & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) &&
       (staging || !as_discrete_)) {
-    r = vkMapMemory(device_, b.memory, 0, VK_WHOLE_SIZE, 0, &b.mapped);
+    r = fn_.vkMapMemory(device_, b.memory, 0, VK_WHOLE_SIZE, 0, &b.mapped);
     if (r != VK_SUCCESS) {
       free(&b);
       return vk_fail(r, "vkMapMemory");
@@ -357,9 +360,9 @@ Status Device::alloc(uint64_t bytes, Buffer* out) {
 }
 
 void Device::free(Buffer* b) {
-  if (b->mapped) vkUnmapMemory(device_, b->memory);
-  if (b->buffer) vkDestroyBuffer(device_, b->buffer, nullptr);
-  if (b->memory) vkFreeMemory(device_, b->memory, nullptr);
+  if (b->mapped) fn_.vkUnmapMemory(device_, b->memory);
+  if (b->buffer) fn_.vkDestroyBuffer(device_, b->buffer, nullptr);
+  if (b->memory) fn_.vkFreeMemory(device_, b->memory, nullptr);
   *b = Buffer();
 }
 
@@ -367,19 +370,19 @@ void Device::begin_if_needed() {
   if (recording_) return;
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-  vkBeginCommandBuffer(frames_[current_].cmd, &bi);
+  fn_.vkBeginCommandBuffer(frames_[current_].cmd, &bi);
   recording_ = true;
 }
 
 namespace {
-void full_barrier(VkCommandBuffer cmd) {
+void full_barrier(const Functions& fn, VkCommandBuffer cmd) {
   VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
   mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
   mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
                      VK_ACCESS_TRANSFER_WRITE_BIT;
-  vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-                       VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0, nullptr, 0,
-                       nullptr);
+  fn.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                          VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0, nullptr,
+                          0, nullptr);
 }
 }  // namespace
 
@@ -395,9 +398,9 @@ Status Device::upload(const Buffer& dst, uint64_t offset, const void* src, uint6
   memcpy(staging.mapped, src, bytes);
   begin_if_needed();
   VkCommandBuffer cmd = frames_[current_].cmd;
-  full_barrier(cmd);
+  full_barrier(fn_, cmd);
   VkBufferCopy region{0, offset, bytes};
-  vkCmdCopyBuffer(cmd, staging.buffer, dst.buffer, 1, &region);
+  fn_.vkCmdCopyBuffer(cmd, staging.buffer, dst.buffer, 1, &region);
   staging_.push_back(staging);
   return MOELITE_OK;
 }
@@ -414,19 +417,19 @@ Status Device::alloc_device(uint64_t bytes, Buffer* out) {
   bci.sharingMode = VK_SHARING_MODE_CONCURRENT;
   bci.queueFamilyIndexCount = 2;
   bci.pQueueFamilyIndices = families;
-  VK_TRY(vkCreateBuffer(device_, &bci, nullptr, &b.buffer), "vkCreateBuffer");
+  VK_TRY(fn_.vkCreateBuffer(device_, &bci, nullptr, &b.buffer), "vkCreateBuffer");
   VkMemoryRequirements req;
-  vkGetBufferMemoryRequirements(device_, b.buffer, &req);
+  fn_.vkGetBufferMemoryRequirements(device_, b.buffer, &req);
   const int32_t type = memory_type(req.memoryTypeBits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
   VkMemoryAllocateInfo mai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
   mai.allocationSize = req.size;
   mai.memoryTypeIndex = static_cast<uint32_t>(std::max(type, 0));
-  VkResult r = type < 0 ? VK_ERROR_OUT_OF_DEVICE_MEMORY : vkAllocateMemory(device_, &mai, nullptr, &b.memory);
+  VkResult r = type < 0 ? VK_ERROR_OUT_OF_DEVICE_MEMORY : fn_.vkAllocateMemory(device_, &mai, nullptr, &b.memory);
   if (r != VK_SUCCESS) {
-    vkDestroyBuffer(device_, b.buffer, nullptr);
+    fn_.vkDestroyBuffer(device_, b.buffer, nullptr);
     return vk_fail(r, "vkAllocateMemory");
   }
-  vkBindBufferMemory(device_, b.buffer, b.memory, 0);
+  fn_.vkBindBufferMemory(device_, b.buffer, b.memory, 0);
   *out = b;
   return MOELITE_OK;
 }
@@ -440,17 +443,17 @@ Status Device::transfer(const Buffer& dst, const void* src, uint64_t bytes) {
   cai.commandPool = transfer_pool_;
   cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
   cai.commandBufferCount = 1;
-  VkResult r = vkAllocateCommandBuffers(device_, &cai, &t.cmd);
+  VkResult r = fn_.vkAllocateCommandBuffers(device_, &cai, &t.cmd);
   if (r != VK_SUCCESS) {
     free(&t.staging);
     return vk_fail(r, "vkAllocateCommandBuffers");
   }
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-  vkBeginCommandBuffer(t.cmd, &bi);
+  fn_.vkBeginCommandBuffer(t.cmd, &bi);
   VkBufferCopy region{0, 0, bytes};
-  vkCmdCopyBuffer(t.cmd, t.staging.buffer, dst.buffer, 1, &region);
-  vkEndCommandBuffer(t.cmd);
+  fn_.vkCmdCopyBuffer(t.cmd, t.staging.buffer, dst.buffer, 1, &region);
+  fn_.vkEndCommandBuffer(t.cmd);
   t.value = ++transfer_value_;
   VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
   si.commandBufferCount = 1;
@@ -464,12 +467,12 @@ Status Device::transfer(const Buffer& dst, const void* src, uint64_t bytes) {
     si.pSignalSemaphores = &timeline_;
   } else {
     VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
-    vkCreateFence(device_, &fci, nullptr, &t.fence);
+    fn_.vkCreateFence(device_, &fci, nullptr, &t.fence);
   }
-  r = vkQueueSubmit(transfer_queue_, 1, &si, t.fence);
+  r = fn_.vkQueueSubmit(transfer_queue_, 1, &si, t.fence);
   if (r != VK_SUCCESS) {
-    vkFreeCommandBuffers(device_, transfer_pool_, 1, &t.cmd);
-    if (t.fence) vkDestroyFence(device_, t.fence, nullptr);
+    fn_.vkFreeCommandBuffers(device_, transfer_pool_, 1, &t.cmd);
+    if (t.fence) fn_.vkDestroyFence(device_, t.fence, nullptr);
     free(&t.staging);
     return vk_fail(r, "vkQueueSubmit (transfer)");
   }
@@ -480,23 +483,23 @@ Status Device::transfer(const Buffer& dst, const void* src, uint64_t bytes) {
 
 void Device::reclaim_transfers(bool all) {
   uint64_t done = 0;
-  if (timeline_ && !all) vkGetSemaphoreCounterValue(device_, timeline_, &done);
+  if (timeline_ && !all) fn_.vkGetSemaphoreCounterValue(device_, timeline_, &done);
   for (auto it = transfers_.begin(); it != transfers_.end();) {
-    bool finished = all || (timeline_ ? it->value <= done : vkGetFenceStatus(device_, it->fence) == VK_SUCCESS);
-    if (all && !timeline_ && it->fence) vkWaitForFences(device_, 1, &it->fence, VK_TRUE, UINT64_MAX);
+    bool finished = all || (timeline_ ? it->value <= done : fn_.vkGetFenceStatus(device_, it->fence) == VK_SUCCESS);
+    if (all && !timeline_ && it->fence) fn_.vkWaitForFences(device_, 1, &it->fence, VK_TRUE, UINT64_MAX);
     if (all && timeline_) {
       VkSemaphoreWaitInfo wi{VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO};
       wi.semaphoreCount = 1;
       wi.pSemaphores = &timeline_;
       wi.pValues = &it->value;
-      vkWaitSemaphores(device_, &wi, UINT64_MAX);
+      fn_.vkWaitSemaphores(device_, &wi, UINT64_MAX);
     }
     if (!finished) {
       ++it;
       continue;
     }
-    vkFreeCommandBuffers(device_, transfer_pool_, 1, &it->cmd);
-    if (it->fence) vkDestroyFence(device_, it->fence, nullptr);
+    fn_.vkFreeCommandBuffers(device_, transfer_pool_, 1, &it->cmd);
+    if (it->fence) fn_.vkDestroyFence(device_, it->fence, nullptr);
     free(&it->staging);
     it = transfers_.erase(it);
   }
@@ -536,9 +539,9 @@ Status Device::download(const Buffer& src, uint64_t offset, void* dst, uint64_t 
   MOELITE_TRY(alloc_with(bytes, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, &staging));
   begin_if_needed();
   VkCommandBuffer cmd = frames_[current_].cmd;
-  full_barrier(cmd);
+  full_barrier(fn_, cmd);
   VkBufferCopy region{offset, 0, bytes};
-  vkCmdCopyBuffer(cmd, src.buffer, staging.buffer, 1, &region);
+  fn_.vkCmdCopyBuffer(cmd, src.buffer, staging.buffer, 1, &region);
   const Status st = submit_and_wait();
   if (st == MOELITE_OK) memcpy(dst, staging.mapped, bytes);
   free(&staging);
@@ -560,19 +563,19 @@ Device::Pipeline* Device::pipeline(const char* name, uint32_t spec, uint32_t n_b
   VkDescriptorSetLayoutCreateInfo dl{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
   dl.bindingCount = n_bindings;
   dl.pBindings = binds.data();
-  vkCreateDescriptorSetLayout(device_, &dl, nullptr, &p.set_layout);
+  fn_.vkCreateDescriptorSetLayout(device_, &dl, nullptr, &p.set_layout);
   VkPushConstantRange pcr{VK_SHADER_STAGE_COMPUTE_BIT, 0, 128};
   VkPipelineLayoutCreateInfo pl{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
   pl.setLayoutCount = 1;
   pl.pSetLayouts = &p.set_layout;
   pl.pushConstantRangeCount = 1;
   pl.pPushConstantRanges = &pcr;
-  vkCreatePipelineLayout(device_, &pl, nullptr, &p.layout);
+  fn_.vkCreatePipelineLayout(device_, &pl, nullptr, &p.layout);
   VkShaderModuleCreateInfo smi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
   smi.codeSize = blob->words * 4;
   smi.pCode = blob->code;
   VkShaderModule module;
-  vkCreateShaderModule(device_, &smi, nullptr, &module);
+  fn_.vkCreateShaderModule(device_, &smi, nullptr, &module);
   VkSpecializationMapEntry entry{0, 0, 4};
   VkSpecializationInfo si{1, &entry, 4, &spec};
   VkComputePipelineCreateInfo cpi{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
@@ -584,8 +587,8 @@ Device::Pipeline* Device::pipeline(const char* name, uint32_t spec, uint32_t n_b
                "main",
                &si};
   cpi.layout = p.layout;
-  vkCreateComputePipelines(device_, pipeline_cache_, 1, &cpi, nullptr, &p.pipeline);
-  vkDestroyShaderModule(device_, module, nullptr);
+  fn_.vkCreateComputePipelines(device_, pipeline_cache_, 1, &cpi, nullptr, &p.pipeline);
+  fn_.vkDestroyShaderModule(device_, module, nullptr);
   return &(pipelines_[key] = p);
 }
 
@@ -610,7 +613,7 @@ void Device::dispatch(const char* name, uint32_t spec, const std::vector<Binding
   ai.descriptorSetCount = 1;
   ai.pSetLayouts = &p->set_layout;
   VkDescriptorSet set;
-  vkAllocateDescriptorSets(device_, &ai, &set);
+  fn_.vkAllocateDescriptorSets(device_, &ai, &set);
   ++sets_used_;
   std::vector<VkDescriptorBufferInfo> infos(bindings.size());
   std::vector<VkWriteDescriptorSet> writes(bindings.size());
@@ -623,13 +626,13 @@ void Device::dispatch(const char* name, uint32_t spec, const std::vector<Binding
     writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
     writes[i].pBufferInfo = &infos[i];
   }
-  vkUpdateDescriptorSets(device_, static_cast<uint32_t>(writes.size()), writes.data(), 0, nullptr);
+  fn_.vkUpdateDescriptorSets(device_, static_cast<uint32_t>(writes.size()), writes.data(), 0, nullptr);
   VkCommandBuffer cmd = frames_[current_].cmd;
-  full_barrier(cmd);
-  vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->pipeline);
-  vkCmdBindDescriptorSets(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0, 1, &set, 0, nullptr);
-  if (push_bytes) vkCmdPushConstants(cmd, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
-  vkCmdDispatch(cmd, gx, gy, gz);
+  full_barrier(fn_, cmd);
+  fn_.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->pipeline);
+  fn_.vkCmdBindDescriptorSets(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0, 1, &set, 0, nullptr);
+  if (push_bytes) fn_.vkCmdPushConstants(cmd, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
+  fn_.vkCmdDispatch(cmd, gx, gy, gz);
 }
 
 Status Device::flush() {
@@ -650,10 +653,10 @@ Status Device::submit() {
   // Work that cannot be submitted is discarded, never run later: the temporaries it reads are
   // released with the failed call's cleanup.
   auto discard = [&](Status st) {
-    vkResetCommandBuffer(f.cmd, 0);
+    fn_.vkResetCommandBuffer(f.cmd, 0);
     return st;
   };
-  VkResult end = vkEndCommandBuffer(f.cmd);
+  VkResult end = fn_.vkEndCommandBuffer(f.cmd);
   if (end != VK_SUCCESS) return discard(vk_fail(end, "vkEndCommandBuffer"));
   if (const Status st = injected_failure("a submission"); st != MOELITE_OK) return discard(st);
   VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
@@ -671,9 +674,9 @@ Status Device::submit() {
     si.pWaitDstStageMask = &wait_stage;
   } else if (wait_value_ > 0) {
     for (const PendingTransfer& t : transfers_)
-      if (t.value <= wait_value_) vkWaitForFences(device_, 1, &t.fence, VK_TRUE, UINT64_MAX);
+      if (t.value <= wait_value_) fn_.vkWaitForFences(device_, 1, &t.fence, VK_TRUE, UINT64_MAX);
   }
-  if (const VkResult r = vkQueueSubmit(queue_, 1, &si, f.fence); r != VK_SUCCESS)
+  if (const VkResult r = fn_.vkQueueSubmit(queue_, 1, &si, f.fence); r != VK_SUCCESS)
     return discard(vk_fail(r, "vkQueueSubmit"));
   f.in_flight = true;
   wait_value_ = 0;
@@ -691,9 +694,9 @@ Status Device::new_frame() {
   cai.commandPool = cmd_pool_;
   cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
   cai.commandBufferCount = 1;
-  VK_TRY(vkAllocateCommandBuffers(device_, &cai, &f.cmd), "vkAllocateCommandBuffers");
+  VK_TRY(fn_.vkAllocateCommandBuffers(device_, &cai, &f.cmd), "vkAllocateCommandBuffers");
   VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
-  VK_TRY(vkCreateFence(device_, &fci, nullptr, &f.fence), "vkCreateFence");
+  VK_TRY(fn_.vkCreateFence(device_, &fci, nullptr, &f.fence), "vkCreateFence");
   frames_.push_back(f);
   current_ = frames_.size() - 1;
   return MOELITE_OK;
@@ -705,8 +708,8 @@ Status Device::submit_and_wait() {
     st = fail(error_, "%s (the work recorded since the last submission was discarded)", error_msg_.c_str());
     error_ = MOELITE_OK;
     if (recording_) {
-      vkEndCommandBuffer(frames_[current_].cmd);
-      vkResetCommandBuffer(frames_[current_].cmd, 0);
+      fn_.vkEndCommandBuffer(frames_[current_].cmd);
+      fn_.vkResetCommandBuffer(frames_[current_].cmd, 0);
       recording_ = false;
     }
   } else {
@@ -714,13 +717,13 @@ Status Device::submit_and_wait() {
   }
   for (Frame& f : frames_) {
     if (!f.in_flight) continue;
-    const VkResult r = vkWaitForFences(device_, 1, &f.fence, VK_TRUE, UINT64_MAX);
+    const VkResult r = fn_.vkWaitForFences(device_, 1, &f.fence, VK_TRUE, UINT64_MAX);
     if (r != VK_SUCCESS && st == MOELITE_OK) st = vk_fail(r, "vkWaitForFences");
-    vkResetFences(device_, 1, &f.fence);
-    vkResetCommandBuffer(f.cmd, 0);
+    fn_.vkResetFences(device_, 1, &f.fence);
+    fn_.vkResetCommandBuffer(f.cmd, 0);
     f.in_flight = false;
   }
-  vkResetDescriptorPool(device_, desc_pool_, 0);
+  fn_.vkResetDescriptorPool(device_, desc_pool_, 0);
   sets_used_ = 0;
   wait_value_ = 0;
   reclaim_transfers(false);

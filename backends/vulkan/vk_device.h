@@ -2,14 +2,13 @@
 // compute pipelines from the embedded SPIR-V, and one command stream that records dispatches and
 // is submitted only when the host needs a result (a read-back) or a staging buffer must be reused.
 #pragma once
-#include <vulkan/vulkan.h>
-
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "backends/vulkan/vk_loader.h"
 #include "base/status.h"
 
 namespace moelite::vk {
@@ -104,6 +103,7 @@ class Device {
   int32_t memory_type(uint32_t type_bits, VkMemoryPropertyFlags want) const;
   Status alloc_with(uint64_t bytes, VkMemoryPropertyFlags props, Buffer* out);
 
+  Functions fn_;  // the Vulkan functions, loaded at run time (vk_loader.h)
   VkInstance instance_ = VK_NULL_HANDLE;
   VkDebugUtilsMessengerEXT messenger_ = VK_NULL_HANDLE;
   VkPhysicalDevice physical_ = VK_NULL_HANDLE;
