@@ -203,7 +203,13 @@ def test_generator_without_atexit_hook_is_abandoned_not_joined(tmp_path):
         ctx = moelite.Context(m, n_ctx=128)
         it = ctx.generate(PROMPT, max_tokens=100, temperature=0)
         next(it)
-        time.sleep(0.5)  # the helper thread parks in the piece callback
+        # Wait until the helper thread has queued its next piece (it then parks in the piece
+        # callback): a fixed sleep alone was not enough on a loaded machine, where the thread
+        # could still be evaluating -- calling the abort callback -- when finalization began.
+        deadline = time.monotonic() + 20
+        while ctx._active.queue.empty() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
         print("end")
     """, ["end"])
 
@@ -277,7 +283,7 @@ def test_exception_mid_stream_caught_then_context_reused(tmp_path):
         print("stopped early:", ctx.last_stats["stop_reason_name"])
         text = "".join(ctx.generate(PROMPT, max_tokens=3, temperature=0))
         print("again:", ctx.last_stats["n_generated_tokens"] >= 1)
-    """, ["caught stop here", "stopped early: callback", "again: True"])
+    """, ["caught stop here", "stopped early: aborted", "again: True"])
 
 
 # ---- KeyboardInterrupt-like exceptions from callbacks ----------------------------------------------
