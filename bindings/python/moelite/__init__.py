@@ -18,12 +18,12 @@ interpreter exit run in no particular order). A Context also keeps its Model obj
 Model.close() and Context.close() release memory deterministically; without them the garbage
 collector does it.
 
-Exit. Callbacks (abort, routing, progress, log and generate()'s streaming) are Python functions
+Exit. Callbacks (abort, routing, progress, log, logits, and generate()'s streaming) are Python functions
 called from C. A thread other than the main thread must not be inside the library when the
 interpreter finalizes: a thread calling back into Python then is stopped by CPython in the
 middle of C++ code (the process aborts) or blocks forever. An atexit hook therefore stops
 every streaming generation, makes every callback of another thread ask the library to stop
-(abort callbacks answer "abort", progress callbacks "cancel") and waits, bounded, until those
+(abort callbacks answer "abort", progress callbacks "cancel", logits callbacks "stop") and waits, bounded, until those
 calls have returned; see _ExitGuard.
 """
 from __future__ import annotations
