@@ -18,12 +18,12 @@ interpreter exit run in no particular order). A Context also keeps its Model obj
 Model.close() and Context.close() release memory deterministically; without them the garbage
 collector does it.
 
-Exit. Callbacks (abort, routing, progress, log and generate()'s streaming) are Python functions
+Exit. Callbacks (abort, routing, progress, log, logits, and generate()'s streaming) are Python functions
 called from C. A thread other than the main thread must not be inside the library when the
 interpreter finalizes: a thread calling back into Python then is stopped by CPython in the
 middle of C++ code (the process aborts) or blocks forever. An atexit hook therefore stops
 every streaming generation, makes every callback of another thread ask the library to stop
-(abort callbacks answer "abort", progress callbacks "cancel") and waits, bounded, until those
+(abort callbacks answer "abort", progress callbacks "cancel", logits callbacks "stop") and waits, bounded, until those
 calls have returned; see _ExitGuard.
 """
 from __future__ import annotations
@@ -39,7 +39,9 @@ import sys
 import threading
 import warnings
 import weakref
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
+from collections.abc import Mapping as _AbcMapping
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple,
+                    Union)
 
 from . import _lib
 from ._lib import lib as _c
@@ -51,8 +53,8 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 __all__ = [
     "__version__", "version_number", "library_path", "supported_archs", "Status", "StopReason",
-    "MoeliteError", "Model", "Context", "ExpertStats", "PlatformField", "TokenizeFlag",
-    "DetokenizeFlag", "set_log_callback", "platform_get", "platform_describe_json", "platform_info",
+    "MoeliteError", "Model", "Context", "Sampler", "Metadata", "ExpertStats", "PlatformField",
+    "TokenizeFlag", "DetokenizeFlag", "TokenAttr", "set_log_callback", "platform_get", "platform_describe_json", "platform_info",
     "platform_memory_available",
 ]
 
@@ -60,6 +62,7 @@ __version__: str = _c.moelite_version_string().decode("ascii")
 library_path: str = _lib.library_path
 
 PathLike = Union[str, bytes, "os.PathLike[str]"]
+_MISSING: Any = object()  # "no default given"
 TextLike = Union[str, bytes, bytearray, memoryview]
 
 
@@ -84,8 +87,34 @@ def supported_archs() -> List[str]:
     return [a for a in out if a]
 
 
-class Status(enum.IntEnum):
-    """moelite_status values (include/moelite.h)."""
+# Deprecated enum aliases: (enum class name, alias) -> canonical member name. Reading one through
+# the class (Status.ERR_CANCELLED, Status["ERR_CANCELLED"]) gives the canonical member (an IntEnum
+# alias has the same value and identity) and emits a DeprecationWarning, like the C compiler's
+# warning for the MOELITE_DEPRECATED enumerators of include/moelite.h.
+_DEPRECATED_ALIASES: Dict[tuple, str] = {}
+
+
+class _DeprecatedAliasMeta(enum.EnumMeta):
+    def _warn_alias(cls, name: str) -> None:
+        canonical = _DEPRECATED_ALIASES.get((type.__getattribute__(cls, "__name__"), name))
+        if canonical is not None:
+            owner = type.__getattribute__(cls, "__name__")
+            warnings.warn("moelite.%s.%s is deprecated; use moelite.%s.%s" % (owner, name, owner, canonical),
+                          DeprecationWarning, stacklevel=3)
+
+    def __getattribute__(cls, name):
+        if name[:1] != "_" and _DEPRECATED_ALIASES:
+            type(cls)._warn_alias(cls, name)
+        return super().__getattribute__(name)
+
+    def __getitem__(cls, name):
+        type(cls)._warn_alias(cls, name)
+        return super().__getitem__(name)
+
+
+class Status(enum.IntEnum, metaclass=_DeprecatedAliasMeta):
+    """moelite_status values (include/moelite.h). ERR_CANCELLED is a deprecated alias of
+    ERR_PROGRESS_ABORTED (same value; reading it warns with DeprecationWarning)."""
     OK = 0
     ERR_INVALID_ARGUMENT = 1
     ERR_OUT_OF_MEMORY = 2
@@ -114,17 +143,24 @@ class Status(enum.IntEnum):
     ERR_CONTEXT_FULL = 40
     ERR_BAD_TOKEN = 41
     ERR_ABORTED = 42
-    ERR_CANCELLED = 43
+    ERR_PROGRESS_ABORTED = 43  # a progress callback asked to stop loading or calibrating
     ERR_INTERNAL = 99
+    ERR_CANCELLED = 43  # deprecated alias of ERR_PROGRESS_ABORTED
 
 
-class StopReason(enum.IntEnum):
-    """moelite_stop_reason: why a generate() call ended."""
-    END_TOKEN = 0
+class StopReason(enum.IntEnum, metaclass=_DeprecatedAliasMeta):
+    """moelite_stop_reason: why a generation ended. CALLBACK is a deprecated alias of ABORTED."""
+    END_TOKEN = 0     # the model produced an end-of-generation token
     MAX_TOKENS = 1
-    STRING = 2
-    CALLBACK = 3
-    CONTEXT_FULL = 4
+    STRING = 2        # a stop string
+    ABORTED = 3       # a piece, token or logits callback asked to stop (an early break included)
+    CONTEXT_FULL = 4  # the context is full (the call failed with ERR_CONTEXT_FULL)
+    ERROR = 5         # the call failed (see the exception)
+    CALLBACK = 3      # deprecated alias of ABORTED
+
+
+_DEPRECATED_ALIASES.update({("Status", "ERR_CANCELLED"): "ERR_PROGRESS_ABORTED",
+                            ("StopReason", "CALLBACK"): "ABORTED"})
 
 
 class TokenizeFlag(enum.IntFlag):
@@ -138,6 +174,18 @@ class DetokenizeFlag(enum.IntFlag):
     """Flags of moelite_detokenize (Model.detokenize(flags=...))."""
     NONE = 0
     RENDER_SPECIAL = 1  # include the text of control tokens (BOS, <|im_end|>)
+
+
+class TokenAttr(enum.IntFlag):
+    """MOELITE_TOKEN_ATTR_* bit flags of a token (Model.token_attrs(); tokenizer.ggml.token_type)."""
+    NONE = 0
+    NORMAL = 1
+    UNKNOWN = 2       # the unknown token
+    CONTROL = 4       # a control token (BOS, <|im_start|>): renders as nothing unless RENDER_SPECIAL
+    USER_DEFINED = 8  # an added token matched in text like a word
+    UNUSED = 16
+    BYTE = 32         # a byte token such as <0x0A>
+    END = 64          # generation stops at it (Model.token_is_end)
 
 
 class PlatformField(enum.IntEnum):
@@ -159,12 +207,15 @@ class PlatformField(enum.IntEnum):
 
 class MoeliteError(Exception):
     """A moelite call failed. `.status` is the moelite_status (int), `.status_name` its C name
-    ("MOELITE_ERR_FILE_NOT_FOUND") and `.message` the library's moelite_last_error() text."""
+    ("MOELITE_ERR_FILE_NOT_FOUND") and `.message` the library's moelite_last_error() text.
+    `.stats` is None, except for a failed generation: the dict of its moelite_generate_stats
+    (what was done before the failure; see Context.generate)."""
 
-    def __init__(self, status: int, message: str = ""):
+    def __init__(self, status: int, message: str = "", stats: Optional[Dict[str, Any]] = None):
         self.status = int(status)
         self.status_name = _c.moelite_status_name(self.status).decode("ascii", "replace")
         self.message = message
+        self.stats = stats
         super().__init__("%s: %s" % (self.status_name, message) if message else self.status_name)
 
 
@@ -432,18 +483,30 @@ class Model:
     chat_format work, contexts cannot be created). use_mmap: False reads the weights into owned
     memory instead of computing on the file mapping.
     progress: optional callable(float) -> bool called on the loading thread with progress in
-    [0, 1]; returning False cancels the load (MoeliteError ERR_CANCELLED); an exception raised by
-    it cancels the load too and is re-raised by Model() itself.
+    [0, 1]; returning False cancels the load (MoeliteError ERR_PROGRESS_ABORTED); an exception
+    raised by it cancels the load too and is re-raised by Model() itself.
+
+    Model.inspect(path) reads a file's header, metadata and tokenizer without loading weights.
+
+    chat_template: a template family ("chatml", "mistral", "llama3", "tulu", "plain") or a
+    template source (Jinja text as in GGUF files) used instead of the file's
+    tokenizer.chat_template (moelite_model_params_set_chat_template; MoeliteError
+    ERR_INVALID_ARGUMENT for text that is neither).
 
     Expert store: expert_budget (bytes; "auto" sizes it at load from the memory available then,
-    leaving budget_headroom bytes, None: max(64 MiB, 10 % of the room)), policy ("lru", "lfu",
+    leaving budget_headroom bytes, None: max(64 MiB, 10 % of the room)), or budget_fraction (a
+    share in (0, 1] of what holding every expert takes: 1.0 keeps them all resident once read;
+    ERR_INVALID_ARGUMENT outside that range, ERR_BUDGET_TOO_SMALL below the minimum working
+    set), policy ("lru", "lfu",
     "decay", "static", "belady"), predictor ("none", "next-gate", "first-layer", "learned",
     "correlation", "pregate") with predictor_depth (next-gate's layers ahead), profile (a
     calibration profile path), gating ("exact", "sensitivity", "cache-aware", "score") with
     threshold and gating_penalty (cache-aware's factor for non-resident experts, None: 4),
-    allocation ("auto", "global", "uniform", "dp") and expert_per_layer (True: equal per-layer
-    quotas). None always means the library default; the meaning of each option is that of the
-    moelite_model_params_set_* function of include/moelite.h.
+    allocation ("auto", "global", "uniform", "dp"). expert_per_layer=True is a deprecated
+    spelling of allocation="uniform" (DeprecationWarning; ValueError when allocation is given
+    too). None always means the library default; the meaning of each option is that of the
+    moelite_model_params_set_* function of include/moelite.h (policy: set_cache_policy,
+    predictor: set_predictor).
 
     Errors: MoeliteError with the status of moelite_model_load or of the setter that refused a
     value (e.g. ERR_INVALID_ARGUMENT for threads=-1, ERR_FILE_NOT_FOUND, ERR_BAD_PROFILE,
@@ -463,11 +526,22 @@ class Model:
                  predictor: Optional[str] = None, predictor_depth: Optional[int] = None,
                  profile: Optional[PathLike] = None, gating: Optional[str] = None, threshold: float = 0.0,
                  allocation: Optional[str] = None, budget_headroom: Optional[int] = None,
-                 gating_penalty: Optional[float] = None, expert_per_layer: Optional[bool] = None):
+                 gating_penalty: Optional[float] = None, expert_per_layer: Optional[bool] = None,
+                 budget_fraction: Optional[float] = None, chat_template: Optional[TextLike] = None):
         self._ptr = None
         self._contexts: "weakref.WeakSet[Context]" = weakref.WeakSet()
         self._free = _c.moelite_model_free  # kept for __del__ during interpreter shutdown
         self.path = path
+        self.inspected = False
+        if expert_per_layer is not None:
+            warnings.warn("Model(expert_per_layer=...) is deprecated; use allocation=\"uniform\"",
+                          DeprecationWarning, stacklevel=2)
+            if allocation is not None:
+                raise ValueError("give allocation or the deprecated expert_per_layer, not both")
+            if expert_per_layer:
+                allocation = "uniform"
+        if budget_fraction is not None and (expert_budget is not None or budget_headroom is not None):
+            raise ValueError("give expert_budget or budget_fraction, not both")
         bpath = _as_bytes(path if isinstance(path, (str, bytes)) else str(path), "path")
         if isinstance(backend, str):
             if backend.lower() not in _BACKENDS:
@@ -493,8 +567,15 @@ class Model:
                 raise ValueError("budget_headroom goes with expert_budget='auto'")
             elif expert_budget is not None:
                 _check(_c.moelite_model_params_set_expert_budget(params, int(expert_budget)))
-            for setter, value in ((_c.moelite_model_params_set_expert_policy, policy),
-                                  (_c.moelite_model_params_set_expert_predictor, predictor),
+            if budget_fraction is not None:
+                _check(_c.moelite_model_params_set_expert_budget_fraction(params, float(budget_fraction)))
+            if chat_template is not None:
+                tpl = _as_bytes(chat_template, "chat_template")
+                if b"\0" in tpl:
+                    raise ValueError("chat_template cannot contain NUL")
+                _check(_c.moelite_model_params_set_chat_template(params, tpl))
+            for setter, value in ((_c.moelite_model_params_set_cache_policy, policy),
+                                  (_c.moelite_model_params_set_predictor, predictor),
                                   (_c.moelite_model_params_set_cache_allocation, allocation)):
                 if value is not None:
                     _check(setter(params, _as_bytes(value, "option")))
@@ -506,8 +587,6 @@ class Model:
                 _check(_c.moelite_model_params_set_gating(params, _as_bytes(gating, "gating"), float(threshold)))
             if gating_penalty is not None:
                 _check(_c.moelite_model_params_set_gating_penalty(params, float(gating_penalty)))
-            if expert_per_layer is not None:
-                _check(_c.moelite_model_params_set_expert_per_layer(params, 1 if expert_per_layer else 0))
             out = ctypes.c_void_p()
             if progress is not None:
                 progress_ref = _progress_thunk(progress, box)  # alive for the whole load call
@@ -532,6 +611,29 @@ class Model:
             _c.moelite_model_params_free(params)
             del progress_ref, box
         self.vocab_only = bool(vocab_only)
+
+    @classmethod
+    def inspect(cls, path: PathLike) -> "Model":
+        """Reads what a model file is without loading it (moelite_model_inspect): header,
+        metadata and tokenizer, tensors checked against the architecture, no weight read, no
+        backend, no budget. The result answers the size and hyperparameter properties
+        (expert_bytes, expert_min_budget, n_layers...; runtime ones such as threads or
+        expert_budget are 0), metadata, tokens and chat functions; `inspected` is True and
+        Context() refuses it (MoeliteError ERR_INVALID_ARGUMENT). Raises MoeliteError with every
+        status Model() gives for a bad file (ERR_FILE_NOT_FOUND, ERR_GGUF_*, ERR_MISSING_TENSOR,
+        ...). Close it like a loaded model (close(), `with`, or the garbage collector)."""
+        self = cls.__new__(cls)
+        self._ptr = None
+        self._contexts = weakref.WeakSet()
+        self._free = _c.moelite_model_free
+        self.path = path
+        self.inspected = True
+        self.vocab_only = False
+        bpath = _as_bytes(path if isinstance(path, (str, bytes)) else str(path), "path")
+        out = ctypes.c_void_p()
+        _check(_c.moelite_model_inspect(bpath, ctypes.byref(out)))
+        self._ptr = out.value
+        return self
 
     def calibrate(self, tokens: Sequence[int], profile_path: PathLike, window: int = 256, stride: int = 1,
                   holdout: float = 0.25, sensitivity_tokens: int = -1,
@@ -767,29 +869,133 @@ class Model:
     def chat_format(self, messages: Iterable[Mapping[str, TextLike]], add_assistant_prompt: bool = True) -> str:
         """Formats [{"role": ..., "content": ...}, ...] with the model's chat template
         (moelite_chat_format; an unknown template falls back to "role: content" lines) -> str.
-        add_assistant_prompt appends the opening of the assistant's reply. TypeError for a
-        message that is not such a mapping, ValueError for text containing NUL."""
-        msgs = list(messages)
-        keep = []  # the encoded strings must outlive the call
-        arr = (_lib.ChatMessage * max(len(msgs), 1))()
-        for i, m in enumerate(msgs):
-            try:
-                role, content = m["role"], m["content"]
-            except (KeyError, TypeError):
-                raise TypeError("each message must be a mapping with 'role' and 'content'") from None
-            r, c = _as_bytes(role, "role"), _as_bytes(content, "content")
-            if b"\0" in r or b"\0" in c:
-                raise ValueError("chat messages cannot contain NUL characters")
-            keep += [r, c]
-            arr[i].role, arr[i].content = r, c
+        add_assistant_prompt appends the opening of the assistant's reply. The text is for
+        display and logs: to evaluate a conversation use chat_tokenize() (or Context.chat()),
+        since tokenizing this text with parse_special would turn message content such as
+        "<|im_end|>" into real turn markers. TypeError for a message that is not such a
+        mapping, ValueError for text containing NUL."""
+        arr, n, keep = _chat_array(messages)
         h = self._handle()
-        guess = sum(len(k) for k in keep) + 64 * len(msgs) + 64
+        guess = sum(len(k) for k in keep) + 64 * n + 64
         out = _two_call_text(
-            lambda buf, cap, plen: _c.moelite_chat_format(h, arr, len(msgs),
-                                                          1 if add_assistant_prompt else 0,
+            lambda buf, cap, plen: _c.moelite_chat_format(h, arr, n, 1 if add_assistant_prompt else 0,
                                                           buf, cap, plen),
             guess)
         return out.decode("utf-8", "replace")
+
+    def chat_tokenize(self, messages: Iterable[Mapping[str, TextLike]],
+                      add_assistant_prompt: bool = True) -> List[int]:
+        """The token ids of the conversation formatted as chat_format() formats it, tokenized so
+        that message content (and roles) is always text (moelite_chat_tokenize): control tokens
+        come only from the template, so content that spells "<|im_end|>" or "[INST]" becomes
+        the tokens of those characters, never a turn marker. BOS/EOS are added as the
+        vocabulary asks. Evaluate these ids (Context.generate(ids), Context.chat()) to run a
+        chat with untrusted content. Same TypeError/ValueError as chat_format(); MoeliteError
+        ERR_MISSING_METADATA for a model without a tokenizer."""
+        arr, n, keep = _chat_array(messages)
+        h = self._handle()
+        add = 1 if add_assistant_prompt else 0
+        cap = sum(len(k) for k in keep) + 32 * n + 64
+        count = ctypes.c_int32(0)
+        for _ in range(4):
+            buf = (ctypes.c_int32 * cap)()
+            st = _c.moelite_chat_tokenize(h, arr, n, add, buf, cap, ctypes.byref(count))
+            if st == Status.ERR_BUFFER_TOO_SMALL and count.value > cap:
+                cap = count.value
+                continue
+            _check(st)
+            return list(buf[: count.value])
+        raise MoeliteError(Status.ERR_INTERNAL, "token count kept growing")  # pragma: no cover
+
+    # ---- vocabulary ----
+    def token_attrs(self, token: int) -> "TokenAttr":
+        """The TokenAttr flags of `token` (moelite_token_attrs): NORMAL, CONTROL, BYTE, END...
+        TokenAttr.NONE (0) for an id outside the vocabulary or a model without a tokenizer."""
+        return TokenAttr(int(_c.moelite_token_attrs(self._handle(), int(token))))
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary string of `token` as stored in the file (moelite_token_text), e.g.
+        "<|im_end|>" or "\u0120the" for byte-level BPE (decoded as UTF-8, invalid bytes
+        replaced); detokenize() gives the text a token stands for. IndexError for an id outside
+        the vocabulary."""
+        t = _c.moelite_token_text(self._handle(), int(token))
+        if t is None:
+            raise IndexError("token %d is outside the vocabulary" % int(token))
+        return t.decode("utf-8", "replace")
+
+    # ---- file metadata ----
+    def meta_keys(self) -> List[str]:
+        """The GGUF metadata keys, in file order (moelite_model_meta_count/_key)."""
+        h = self._handle()
+        keys = []
+        for i in range(int(_c.moelite_model_meta_count(h))):
+            k = _c.moelite_model_meta_key(h, i)
+            if k is not None:
+                keys.append(k.decode("utf-8", "replace"))
+        return keys
+
+    def meta(self, key: str, default: Any = _MISSING) -> Any:
+        """The value of metadata `key` as the library's text (moelite_model_meta_value): strings
+        as stored, integers in decimal, floats with round-trip precision, booleans "true" /
+        "false", arrays as a JSON array (json.loads() parses it). KeyError when the key is
+        absent unless a default is given."""
+        h = self._handle()
+        bkey = _as_bytes(key, "key")
+        n = ctypes.c_size_t(0)
+        st = _c.moelite_model_meta_value(h, bkey, None, 0, ctypes.byref(n))
+        if st == Status.ERR_MISSING_METADATA:
+            if default is _MISSING:
+                raise KeyError(key)
+            return default
+        if st not in (Status.OK, Status.ERR_BUFFER_TOO_SMALL):
+            _check(st)
+        data = _two_call_text(lambda buf, cap, plen: _c.moelite_model_meta_value(h, bkey, buf, cap, plen),
+                              n.value + 1)
+        return data.decode("utf-8", "replace")
+
+    @property
+    def metadata(self) -> "Metadata":
+        """A read-only mapping over the GGUF metadata: keys in file order, values as meta()."""
+        return Metadata(self)
+
+
+class Metadata(_AbcMapping):
+    """Read-only, live view of a model's GGUF metadata (Model.metadata): `m[key]` is
+    Model.meta(key) (text; KeyError when absent), iteration gives the keys in file order. Values
+    are read on access; the view keeps its Model object alive."""
+
+    def __init__(self, model: "Model"):
+        self._model = model
+
+    def __getitem__(self, key: str) -> str:
+        return self._model.meta(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._model.meta_keys())
+
+    def __len__(self) -> int:
+        return int(_c.moelite_model_meta_count(self._model._handle()))
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._model.meta(key, None) is not None
+
+
+def _chat_array(messages: Iterable[Mapping[str, TextLike]]):
+    """(moelite_chat_message array, count, the encoded strings that must outlive the call)."""
+    msgs = list(messages)
+    keep: List[bytes] = []
+    arr = (_lib.ChatMessage * max(len(msgs), 1))()
+    for i, m in enumerate(msgs):
+        try:
+            role, content = m["role"], m["content"]
+        except (KeyError, TypeError):
+            raise TypeError("each message must be a mapping with 'role' and 'content'") from None
+        r, c = _as_bytes(role, "role"), _as_bytes(content, "content")
+        if b"\0" in r or b"\0" in c:
+            raise ValueError("chat messages cannot contain NUL characters")
+        keep += [r, c]
+        arr[i].role, arr[i].content = r, c
+    return arr, len(msgs), keep
 
 
 for _name, _key in _KEYS.items():
@@ -862,13 +1068,89 @@ def _make_routing_callback(state: _CtxState, guard: _ExitGuard):
     return _lib.ROUTING_FN(_routing)
 
 
+LogitsCallback = Callable[[Any, Any], Any]
+
+
+def _make_logits_callback(fn: LogitsCallback, sink: "_CtxState", guard: _ExitGuard):
+    """A LOGITS_FN calling fn(logits, history) -> truthy to continue. logits: a writable numpy
+    float32 view (n_vocab,) of the library's copy (a ctypes float array without numpy), valid
+    during the call only; history: the sequence's token ids so far (a numpy int32 copy, else a
+    list). A falsy result stops; an exception stops too and is kept in sink to be re-raised once
+    the C call returned."""
+    np = _np
+
+    def _logits(ptr, n_vocab, history, n_history, _user):
+        try:
+            if sink.pending is not None or guard.stopping():
+                return 0
+            if np is not None:
+                view = np.ctypeslib.as_array(ptr, shape=(int(n_vocab),))
+                hist = (np.ctypeslib.as_array(history, shape=(int(n_history),)).copy() if n_history > 0
+                        else np.zeros(0, np.int32))
+            else:
+                view = (ctypes.c_float * int(n_vocab)).from_address(ctypes.addressof(ptr.contents))
+                hist = list(history[:n_history]) if n_history > 0 else []
+            return 1 if fn(view, hist) else 0
+        except BaseException as exc:  # noqa: BLE001 - never unwind into C; re-raised after the call
+            sink.fail(exc)
+            return 0
+    return _lib.LOGITS_FN(_logits)
+
+
+def _generate_params(opts: Mapping[str, Any], stops: Sequence[bytes] = (),
+                     logit_bias: Optional[Mapping[int, float]] = None, parse_special: Optional[bool] = None,
+                     piece_ref=None, token_ref=None, logits_ref=None):
+    """A moelite_generate_params from the Python options (None: the library default); the
+    caller frees it. Raises MoeliteError (a setter refused a value) after freeing it."""
+    p = _c.moelite_generate_params_create()
+    if not p:
+        raise MemoryError("moelite_generate_params_create failed")
+    try:
+        o = opts
+        if o.get("max_tokens") is not None:
+            _check(_c.moelite_generate_params_set_max_tokens(p, int(o["max_tokens"])))
+        if o.get("temperature") is not None:
+            _check(_c.moelite_generate_params_set_temperature(p, float(o["temperature"])))
+        if o.get("top_k") is not None:
+            _check(_c.moelite_generate_params_set_top_k(p, int(o["top_k"])))
+        if o.get("top_p") is not None:
+            _check(_c.moelite_generate_params_set_top_p(p, float(o["top_p"])))
+        if o.get("min_p") is not None:
+            _check(_c.moelite_generate_params_set_min_p(p, float(o["min_p"])))
+        if o.get("repeat_penalty") is not None or o.get("repeat_last_n") is not None:
+            pen = 1.0 if o.get("repeat_penalty") is None else float(o["repeat_penalty"])
+            last_n = 64 if o.get("repeat_last_n") is None else int(o["repeat_last_n"])
+            _check(_c.moelite_generate_params_set_repeat_penalty(p, pen, last_n))
+        if o.get("seed") is not None:
+            _check(_c.moelite_generate_params_set_seed(p, int(o["seed"]) & 0xFFFFFFFFFFFFFFFF))
+        for s in stops:
+            _check(_c.moelite_generate_params_add_stop(p, s))
+        for token, bias in (logit_bias or {}).items():
+            _check(_c.moelite_generate_params_set_logit_bias(p, int(token), float(bias)))
+        if parse_special is not None:
+            _check(_c.moelite_generate_params_set_parse_special(p, 1 if parse_special else 0))
+        if piece_ref is not None:
+            _check(_c.moelite_generate_params_set_callback(p, piece_ref, None))
+        if token_ref is not None:
+            _check(_c.moelite_generate_params_set_token_callback(p, token_ref, None))
+        if logits_ref is not None:
+            _check(_c.moelite_generate_params_set_logits_callback(p, logits_ref, None))
+    except BaseException:
+        _c.moelite_generate_params_free(p)
+        raise
+    return p
+
+
 class _Generation:
-    """One moelite_generate call running on a helper thread, handing pieces to the iterator.
+    """One moelite_generate / moelite_generate_tokens call running on a helper thread, handing
+    pieces (or (token, text) pairs) to the iterator.
 
     Why a thread: moelite_generate pushes text through a piece callback and returns only when
     the generation ends, while a Python iterator pulls; without a helper thread generate() could
-    not yield pieces as they come (sampling stays in the library, so the binding does not
-    re-implement generation on the caller's thread).
+    not yield pieces as they come. A Sampler + eval loop on the caller's thread could pull
+    tokens, but it would re-implement in Python what the library's call does besides sampling
+    (reuse of the cached prefix, the stop-string and UTF-8 hold-back of the text stream, end
+    tokens, the context-full check, stats), so generation stays one library call.
 
     The worker (a daemon thread) runs at most one piece ahead of the consumer: after queuing a
     piece, the piece callback waits until the consumer has taken the previous one (`demand`).
@@ -887,7 +1169,8 @@ class _Generation:
     _is_finalizing = staticmethod(sys.is_finalizing)
     _current_thread = staticmethod(threading.current_thread)
 
-    def __init__(self, ctx: "Context"):
+    def __init__(self, ctx: "Context", yield_tokens: bool = False,
+                 logits: Optional[LogitsCallback] = None):
         self.ctx_ref = weakref.ref(ctx)
         self.state = ctx._state
         self.ctx_lock = ctx._lock
@@ -902,6 +1185,7 @@ class _Generation:
         self.returned = False  # set by the worker once moelite_generate has returned
         self.error: Optional[BaseException] = None
         self.got_piece = False
+        self.ran = False  # the C call ran (its stats are filled, whatever its status)
         self._stop_lock = threading.Lock()
 
         stopped, q, demand, guard = self.stopped, self.queue, self.demand, self.guard
@@ -917,12 +1201,26 @@ class _Generation:
             except BaseException:  # noqa: BLE001 - never unwind into C
                 return 0
 
-        self.piece_ref = _lib.PIECE_FN(_on_piece)  # alive as long as this object (past the join)
+        def _on_token(token, ptr, length, _user):
+            try:
+                if stopped.is_set() or guard.exiting:
+                    return 0
+                q.put(("token", int(token), ctypes.string_at(ptr, length) if length else b""))
+                self.got_piece = True
+                demand.acquire()
+                return 0 if (stopped.is_set() or guard.exiting) else 1
+            except BaseException:  # noqa: BLE001 - never unwind into C
+                return 0
+
+        # Alive as long as this object (past the join). One of the two streams the consumer.
+        self.piece_ref = None if yield_tokens else _lib.PIECE_FN(_on_piece)
+        self.token_ref = _lib.TOKEN_FN(_on_token) if yield_tokens else None
+        self.logits_ref = _make_logits_callback(logits, self.state, guard) if logits is not None else None
 
     def on_worker(self) -> bool:
         return self.worker is not None and self.worker is self._current_thread()
 
-    def start(self, data: bytes, params) -> None:
+    def start(self, data: Union[bytes, Tuple[Any, int]], params) -> None:
         """Starts the worker; frees `params` if it cannot. RuntimeError once the interpreter exits."""
         ctx = self.ctx_ref()
         try:
@@ -946,7 +1244,7 @@ class _Generation:
             self.guard.leave()
             raise
 
-    def _work(self, ptr: int, data: bytes) -> None:
+    def _work(self, ptr: int, data: Union[bytes, Tuple[Any, int]]) -> None:
         stats = _lib.GenerateStats()
         stats.struct_size = ctypes.sizeof(_lib.GenerateStats)
         st, msg, exc = int(Status.ERR_INTERNAL), "generation did not run", None
@@ -957,8 +1255,13 @@ class _Generation:
                     st, msg = int(Status.ERR_INVALID_ARGUMENT), "the context is closed"
                 else:
                     del ctx
-                    st = int(_c.moelite_generate(ptr, data, len(data), self.params,
-                                                 ctypes.byref(stats)))
+                    if isinstance(data, bytes):
+                        st = int(_c.moelite_generate(ptr, data, len(data), self.params,
+                                                     ctypes.byref(stats)))
+                    else:
+                        st = int(_c.moelite_generate_tokens(ptr, data[0], data[1], self.params,
+                                                            ctypes.byref(stats)))
+                    self.ran = True
                     msg = _last_error() if st != 0 else ""  # same thread as the failing call
                     exc = self.state.take()
         finally:
@@ -977,13 +1280,14 @@ class _Generation:
         if self.worker is not None and not self.on_worker():
             self.worker.join()
         ctx = self.ctx_ref()
+        # The library fills the stats on failure too (what was done before it).
+        d = Context._stats_dict(stats) if self.ran else None
+        if ctx is not None and d is not None:
+            ctx.last_stats = d
         if exc is not None:
-            self.error = exc  # raised by the user's abort or routing callback
-        elif st == 0:
-            if ctx is not None:
-                ctx.last_stats = Context._stats_dict(stats)
-        elif not (self.stopped.is_set() and st == Status.ERR_ABORTED):
-            self.error = MoeliteError(st, msg)  # an abort we caused is not an error
+            self.error = exc  # raised by the user's abort, routing or logits callback
+        elif st != 0 and not (self.stopped.is_set() and st == Status.ERR_ABORTED):
+            self.error = MoeliteError(st, msg, d)  # an abort we caused is not an error
         if ctx is not None and ctx._active is self:
             ctx._active = None
 
@@ -1003,7 +1307,7 @@ class _Generation:
             if not self.got_piece:
                 # Still evaluating the prompt (possibly long): abort it. Once pieces flow, the
                 # worker is at most one token away from the callback, which now answers 0, so
-                # the call ends normally (STOP_CALLBACK) and its stats are kept.
+                # the call ends normally (STOP_ABORTED) and its stats are kept.
                 self.state.cancel.set()
             self.demand.release()
             if not self.on_worker():
@@ -1037,7 +1341,7 @@ class Context:
 
     abort: optional callable() -> bool polled between layers (and every 10 ms while waiting for
     another context of the model or for expert reads); True aborts eval/generate with
-    MoeliteError ERR_ABORTED. routing: optional callable(layer, pos0, experts, weights) called
+    MoeliteError ERR_ABORTED. It can be replaced later through the `abort` property. routing: optional callable(layer, pos0, experts, weights) called
     once per MoE layer of every forward pass; experts/weights have shape (n_tokens, k) (numpy
     int32/float32 arrays when numpy is importable, else lists of lists) for the tokens at
     positions pos0.. in top-k order, weights as applied (an expert dropped by adaptive gating is
@@ -1075,11 +1379,17 @@ class Context:
                 _check(_c.moelite_context_params_set_n_ctx(params, int(n_ctx)))
             if n_batch is not None:
                 _check(_c.moelite_context_params_set_n_batch(params, int(n_batch)))
-            _check(_c.moelite_context_params_set_abort_callback(params, self._abort_ref, None))
             if self._routing_ref is not None:
                 _check(_c.moelite_context_params_set_routing_callback(params, self._routing_ref, None))
             out = ctypes.c_void_p()
             _check(_c.moelite_context_create(model._handle(), params, ctypes.byref(out)))
+            # The binding's own abort callback is always installed: it also stops generations
+            # and calls at exit; Context.abort only swaps the user function it consults.
+            st = int(_c.moelite_context_set_abort_callback(out.value, self._abort_ref, None))
+            if st != 0:
+                msg = _last_error()
+                _c.moelite_context_free(out.value)
+                raise MoeliteError(st, msg)
             self._ptr = out.value
         finally:
             _c.moelite_context_params_free(params)
@@ -1137,22 +1447,75 @@ class Context:
 
     @property
     def kv_length(self) -> int:
-        """Tokens currently held in the KV cache."""
+        """Tokens currently held in the KV cache (moelite_context_kv_length)."""
         self._preempt()
         with self._lock:
-            return int(_c.moelite_kv_length(self._handle()))
+            return int(_c.moelite_context_kv_length(self._handle()))
 
     def reset(self) -> None:
-        """Forgets the whole sequence."""
+        """Forgets the whole sequence (moelite_context_kv_reset)."""
         self._preempt()
         with self._lock:
-            _c.moelite_kv_reset(self._handle())
+            _c.moelite_context_kv_reset(self._handle())
 
     def truncate(self, n_keep: int) -> None:
-        """Keeps the first n_keep tokens (clamped to [0, kv_length])."""
+        """Keeps the first n_keep tokens (clamped to [0, kv_length]; moelite_context_kv_truncate)."""
         self._preempt()
         with self._lock:
-            _c.moelite_kv_truncate(self._handle(), int(n_keep))
+            _c.moelite_context_kv_truncate(self._handle(), int(n_keep))
+
+    def tokens(self) -> List[int]:
+        """The token ids the KV cache holds, in order (moelite_context_get_tokens): what eval()
+        appended, or after generate() the prompt and the generated tokens but the last one
+        (sampled, not evaluated)."""
+        self._preempt()
+        with self._lock:
+            h = self._handle()
+            cap = max(int(_c.moelite_context_kv_length(h)), 1)
+            n = ctypes.c_int32(0)
+            buf = (ctypes.c_int32 * cap)()
+            _check(_c.moelite_context_get_tokens(h, buf, cap, ctypes.byref(n)))
+            return list(buf[: n.value])
+
+    # ---- abort callback ----
+    @property
+    def abort(self) -> Optional[Callable[[], Any]]:
+        """The user's abort function (None: none). Assigning replaces it for the next calls
+        (moelite_context_set_abort_callback's role; the binding's C callback stays installed
+        and consults it). Assigning while a generation of this context is suspended stops that
+        generation first; the context is for one thread at a time, so do not assign it from
+        another thread during an eval (to stop an eval from another thread, make the function
+        return True)."""
+        return self._state.user_abort
+
+    @abort.setter
+    def abort(self, fn: Optional[Callable[[], Any]]) -> None:
+        if fn is not None and not callable(fn):
+            raise TypeError("abort must be callable or None")
+        self._preempt()
+        with self._lock:
+            self._handle()
+            self._state.user_abort = fn
+
+    # ---- expert store statistics of this context ----
+    def expert_stats(self, layer: int = -1) -> "ExpertStats":
+        """Expert-store counters of this context's evaluations alone, of one layer or of all
+        layers (layer -1) (moelite_context_expert_stats); Model.expert_stats() counts every
+        context of the model. Speculative loads that complete or are wasted after an evaluation
+        returned count for the model only. MoeliteError ERR_INVALID_ARGUMENT for a layer outside
+        [-1, n_layers)."""
+        self._preempt()
+        with self._lock:
+            s = _lib.ExpertStats()
+            s.struct_size = ctypes.sizeof(_lib.ExpertStats)
+            _check(_c.moelite_context_expert_stats(self._handle(), int(layer), ctypes.byref(s)))
+            return ExpertStats._from_c(s)
+
+    def reset_expert_stats(self) -> None:
+        """Zeroes this context's counters, not the model's (moelite_context_reset_expert_stats)."""
+        self._preempt()
+        with self._lock:
+            _c.moelite_context_reset_expert_stats(self._handle())
 
     # ---- evaluation ----
     def eval(self, tokens: Iterable[int], logits_all: bool = False) -> None:
@@ -1166,7 +1529,7 @@ class Context:
         with self._lock:
             h = self._handle()
             state = self._state
-            before = int(_c.moelite_kv_length(h))
+            before = int(_c.moelite_context_kv_length(h))
             _exit_guard.enter()
             try:
                 state.begin()
@@ -1177,7 +1540,7 @@ class Context:
             exc = state.take()
             if exc is not None:
                 if st == 0:  # raised in the last layer's callback: undo, as an abort would
-                    _c.moelite_kv_truncate(h, before)
+                    _c.moelite_context_kv_truncate(h, before)
                 raise exc
             if st != 0:
                 raise MoeliteError(st, msg)
@@ -1197,85 +1560,118 @@ class Context:
             return ptr[:n]
 
     # ---- generation ----
-    def generate(self, prompt: TextLike, max_tokens: Optional[int] = None, temperature: Optional[float] = None,
-                 top_k: Optional[int] = None, top_p: Optional[float] = None, min_p: Optional[float] = None,
-                 repeat_penalty: Optional[float] = None, repeat_last_n: Optional[int] = None,
-                 seed: Optional[int] = None, stop: Union[TextLike, Sequence[TextLike], None] = None,
-                 as_bytes: bool = False) -> Iterator[Union[str, bytes]]:
-        """Generates a continuation of `prompt` (str or bytes; the whole sequence: the KV cache's
-        shared prefix is reused). Returns an iterator of str pieces yielded as they are produced
-        (pieces never split a UTF-8 character nor contain a stop string). None for a parameter
-        means the library default (max_tokens 256, temperature 0.8, top_k 40, top_p 0.95,
-        min_p 0.05, repeat_penalty 1.0 over 64, seed 0x5eed). temperature 0 is greedy.
-        as_bytes=True yields the pieces as the library's bytes instead of str (each piece is
-        decoded on its own with errors="replace" otherwise).
+    def generate(self, prompt: Union[TextLike, Sequence[int]], max_tokens: Optional[int] = None,
+                 temperature: Optional[float] = None, top_k: Optional[int] = None, top_p: Optional[float] = None,
+                 min_p: Optional[float] = None, repeat_penalty: Optional[float] = None,
+                 repeat_last_n: Optional[int] = None, seed: Optional[int] = None,
+                 stop: Union[TextLike, Sequence[TextLike], None] = None, as_bytes: bool = False, *,
+                 parse_special: Optional[bool] = None, logit_bias: Optional[Mapping[int, float]] = None,
+                 logits: Optional[LogitsCallback] = None,
+                 yield_tokens: bool = False) -> Iterator[Union[str, bytes, Tuple[int, Union[str, bytes]]]]:
+        """Generates a continuation of `prompt`, which is the whole sequence (the KV cache's
+        shared prefix is reused):
+          - text (str or bytes): moelite_generate; tokenized with BOS/EOS as the vocabulary asks,
+            and control-token text such as "<|im_start|>" becomes those tokens unless
+            parse_special=False. Never build a prompt by pasting untrusted text into a template:
+            use chat() or chat_tokenize() + generate(ids);
+          - a sequence of token ids (list, tuple, numpy array): moelite_generate_tokens, taken
+            as given (nothing added); MoeliteError ERR_BAD_TOKEN for an id outside the
+            vocabulary, ERR_INVALID_ARGUMENT for an empty list.
 
-        Generation starts on the first next() and runs on a helper thread at most one piece ahead
-        of the consumer. Leaving the loop early (break, an exception, or close() on the iterator)
-        stops it; an iterator abandoned without being closed is stopped by the next call on this
-        context, by Context.close()/Model.close(), or at interpreter exit.
-        `self.last_stats` is None while a generation runs and then holds the dict of
-        moelite_generate_stats (also after an early stop; not after an error or a stop during
-        the prompt evaluation). Errors raise MoeliteError (or the exception the abort/routing
-        callback raised) from the iterator; the context stays usable. ValueError for an empty
-        stop string or one containing NUL; ValueError for a closed context; RuntimeError from
-        the first next() once the interpreter exits."""
-        data = _as_bytes(prompt, "prompt")
+        Returns an iterator of str pieces yielded as they are produced (pieces never split a
+        UTF-8 character nor contain a stop string). as_bytes=True yields the library's bytes
+        instead (each piece is decoded on its own with errors="replace" otherwise).
+        yield_tokens=True yields (token_id, text) pairs instead, one per generated token in
+        order (moelite_token_fn): text is what that token released to the stream, possibly ""
+        while an unfinished character or a possible stop string is held back; text still held
+        back at the end comes in a last pair with token -1. The end token is not yielded.
+
+        Sampling: None for a parameter means the library default (max_tokens 256, temperature
+        0.8, top_k 40, top_p 0.95, min_p 0.05, repeat_penalty 1.0 over 64, seed 0x5eed);
+        temperature 0 is greedy. logit_bias: {token_id: bias} added to those logits at every
+        step (-inf bans the token; ids outside the vocabulary are ignored). logits: optional
+        callable(logits, history) -> truthy to continue, called on the generating thread before
+        each token is drawn (after the logit bias, before the repetition penalty, temperature
+        and filters) with a writable numpy float32 view of the n_vocab logits (valid during the
+        call only; set an entry to -inf to mask a token) and the sequence's token ids so far (a
+        numpy int32 copy: prompt, then generated). A falsy return (None included) stops the
+        generation (stop reason ABORTED); an exception stops it and is re-raised by the
+        iterator.
+
+        Generation starts on the first next() and runs on a helper thread at most one piece (or
+        pair) ahead of the consumer. Leaving the loop early (break, an exception, or close() on
+        the iterator) stops it (stop reason ABORTED); an iterator abandoned without being closed
+        is stopped by the next call on this context, by Context.close()/Model.close(), or at
+        interpreter exit.
+
+        Results and errors: `self.last_stats` is None while a generation runs and then holds
+        the dict of moelite_generate_stats (stop_reason, stop_reason_name, token counts,
+        timings), also after an early stop and after a failure (the library fills the stats with
+        what was done before it). A failure raises MoeliteError from the iterator, with the same
+        dict as `.stats`: ERR_CONTEXT_FULL when the prompt does not fit (nothing evaluated) or
+        when generation reached the end of the context -- then every piece was yielded before
+        the exception, stats["stop_reason"] is StopReason.CONTEXT_FULL and
+        stats["n_generated_tokens"] says how many tokens came; ERR_ABORTED from the abort
+        callback; ERR_INVALID_ARGUMENT when the logit bias or the logits callback left no token
+        to draw; evaluation errors (ERR_IO...). An exception raised by the abort, routing or
+        logits callback is re-raised instead of the MoeliteError. After any error the context
+        keeps what it evaluated (see tokens()) and stays usable. Raised by generate() itself:
+        ValueError for an empty stop string or one containing NUL, or for a closed context;
+        TypeError for a prompt that is neither text nor integers. RuntimeError from the first
+        next() once the interpreter exits."""
+        if isinstance(prompt, (str, bytes, bytearray, memoryview)):
+            data: Union[bytes, Tuple[Any, int]] = _as_bytes(prompt, "prompt")
+        else:
+            try:
+                data = _token_array(prompt)
+            except TypeError:
+                raise TypeError("prompt must be text (str/bytes) or a sequence of token ids, not %s"
+                                % type(prompt).__name__) from None
         stops = [stop] if isinstance(stop, (str, bytes)) else list(stop or [])
         stops = [_as_bytes(s, "stop string") for s in stops]
         for s in stops:
             if not s or b"\0" in s:
                 raise ValueError("stop strings must be non-empty and contain no NUL")
+        if logits is not None and not callable(logits):
+            raise TypeError("logits must be callable")
         opts = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                     min_p=min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                     seed=seed)
+        bias = dict(logit_bias) if logit_bias is not None else None
         self._handle()  # fail now, not on first next(), for a closed context
-        return self._generate(data, opts, stops, bool(as_bytes))
+        return self._generate(data, opts, stops, bool(as_bytes), bias, parse_special, logits,
+                              bool(yield_tokens))
 
-    def _make_generate_params(self, o, stops, piece_ref):
-        p = _c.moelite_generate_params_create()
-        if not p:
-            raise MemoryError("moelite_generate_params_create failed")
-        try:
-            if o["max_tokens"] is not None:
-                _check(_c.moelite_generate_params_set_max_tokens(p, int(o["max_tokens"])))
-            if o["temperature"] is not None:
-                _check(_c.moelite_generate_params_set_temperature(p, float(o["temperature"])))
-            if o["top_k"] is not None:
-                _check(_c.moelite_generate_params_set_top_k(p, int(o["top_k"])))
-            if o["top_p"] is not None:
-                _check(_c.moelite_generate_params_set_top_p(p, float(o["top_p"])))
-            if o["min_p"] is not None:
-                _check(_c.moelite_generate_params_set_min_p(p, float(o["min_p"])))
-            if o["repeat_penalty"] is not None or o["repeat_last_n"] is not None:
-                pen = 1.0 if o["repeat_penalty"] is None else float(o["repeat_penalty"])
-                last_n = 64 if o["repeat_last_n"] is None else int(o["repeat_last_n"])
-                _check(_c.moelite_generate_params_set_repeat_penalty(p, pen, last_n))
-            if o["seed"] is not None:
-                _check(_c.moelite_generate_params_set_seed(p, int(o["seed"]) & 0xFFFFFFFFFFFFFFFF))
-            for s in stops:
-                _check(_c.moelite_generate_params_add_stop(p, s))
-            _check(_c.moelite_generate_params_set_callback(p, piece_ref, None))
-        except BaseException:
-            _c.moelite_generate_params_free(p)
-            raise
-        return p
+    def chat(self, messages: Iterable[Mapping[str, TextLike]], add_assistant_prompt: bool = True,
+             **kwargs: Any) -> Iterator[Union[str, bytes, Tuple[int, Union[str, bytes]]]]:
+        """Generates the assistant's reply to a conversation: generate(model.chat_tokenize(
+        messages, add_assistant_prompt), **kwargs). The conversation is tokenized so that
+        message content never becomes control tokens (moelite_chat_tokenize) and generated from
+        those ids (moelite_generate_tokens). The whole conversation is the sequence, so
+        resending it with a new turn reuses the cached prefix. Same iterator, options and errors
+        as generate() (parse_special does not apply)."""
+        if "parse_special" in kwargs:
+            raise TypeError("chat() takes no parse_special: the conversation is tokenized by the template")
+        ids = self.model.chat_tokenize(messages, add_assistant_prompt)
+        return self.generate(ids, **kwargs)
 
-    def _generate(self, data, opts, stops, as_bytes):
+    def _generate(self, data, opts, stops, as_bytes, bias, parse_special, logits, yield_tokens):
         self._preempt()
         with self._lock:
             self._handle()
             self.last_stats = None
-            gen = _Generation(self)
-            params = self._make_generate_params(opts, stops, gen.piece_ref)
+            gen = _Generation(self, yield_tokens, logits)
+            params = _generate_params(opts, stops, bias, parse_special, gen.piece_ref, gen.token_ref,
+                                      gen.logits_ref)
         gen.start(data, params)
         try:
             while True:
                 item = gen.queue.get()
                 kind = item[0]
-                if kind == "piece":
+                if kind == "piece" or kind == "token":
                     gen.demand.release()  # let the worker compute the next piece meanwhile
-                    yield item[1] if as_bytes else item[1].decode("utf-8", "replace")
+                    text = item[-1] if as_bytes else item[-1].decode("utf-8", "replace")
+                    yield (item[1], text) if kind == "token" else text
                     if gen.stopped.is_set():  # preempted by another call on this context
                         return
                     continue
@@ -1301,3 +1697,142 @@ class Context:
         except ValueError:
             d["stop_reason_name"] = str(d["stop_reason"])
         return d
+
+
+class Sampler:
+    """The token choice of generation, for loops that drive Context.eval() themselves
+    (moelite_sampler_*). Built from the same sampling settings as Context.generate()
+    (temperature, top_k, top_p, min_p, repeat_penalty/repeat_last_n, seed, logit_bias, logits;
+    None: the library default). It keeps a history of accepted tokens (for the repetition
+    penalty and the logits callback): accept() the prompt's tokens, eval() them, then repeat
+    sample() + eval([token]). With the same settings and seed such a loop draws exactly the
+    tokens generate() draws.
+
+        s = moelite.Sampler(temperature=0.8, seed=1)
+        s.accept(ids); ctx.eval(ids)
+        for _ in range(n):
+            t = s.sample(ctx)
+            if model.token_is_end(t): break
+            ctx.eval([t])
+
+    logits: callable(logits, history) -> truthy to continue, called on the thread that calls
+    sample()/sample_logits() with a writable numpy float32 view of the logits (after the logit
+    bias; valid during the call) and the history (numpy int32 copy); a falsy return makes the
+    call raise MoeliteError ERR_ABORTED, an exception it raises is re-raised instead.
+
+    A sampler is for one thread at a time. Lifetime: close() (or `with`) frees it, else the
+    garbage collector; it holds no reference to any context or model. Errors: MoeliteError
+    ERR_INVALID_ARGUMENT for a value outside its range (as the moelite_generate_params_set_*
+    setters), TypeError for a logits argument that is not callable."""
+
+    def __init__(self, temperature: Optional[float] = None, top_k: Optional[int] = None,
+                 top_p: Optional[float] = None, min_p: Optional[float] = None,
+                 repeat_penalty: Optional[float] = None, repeat_last_n: Optional[int] = None,
+                 seed: Optional[int] = None, logit_bias: Optional[Mapping[int, float]] = None,
+                 logits: Optional[LogitsCallback] = None):
+        self._ptr = None
+        self._free = _c.moelite_sampler_free  # kept for __del__ during interpreter shutdown
+        self._lock = threading.Lock()
+        if logits is not None and not callable(logits):
+            raise TypeError("logits must be callable")
+        self._state = _CtxState(None, None)  # collects the logits callback's exception
+        self._logits_ref = _make_logits_callback(logits, self._state, _exit_guard) if logits is not None else None
+        opts = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                    repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed)
+        params = _generate_params(opts, (), logit_bias, None, logits_ref=self._logits_ref)
+        try:
+            out = ctypes.c_void_p()
+            _check(_c.moelite_sampler_create(params, ctypes.byref(out)))
+            self._ptr = out.value
+        finally:
+            _c.moelite_generate_params_free(params)
+
+    def _handle(self) -> int:
+        if not self._ptr:
+            raise ValueError("the sampler is closed")
+        return self._ptr
+
+    @property
+    def closed(self) -> bool:
+        return not self._ptr
+
+    def close(self) -> None:
+        """Frees the sampler. Idempotent."""
+        with self._lock:
+            ptr, self._ptr = self._ptr, None
+            if ptr:
+                self._free(ptr)
+
+    def __enter__(self) -> "Sampler":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
+    def accept(self, tokens: Iterable[int]) -> None:
+        """Appends tokens to the history (e.g. the prompt's); ids are not checked here."""
+        arr, n = _token_array(tokens)
+        with self._lock:
+            _check(_c.moelite_sampler_accept(self._handle(), arr, n))
+
+    def reset(self) -> None:
+        """Forgets the history and restarts the random generator from the seed."""
+        with self._lock:
+            _c.moelite_sampler_reset(self._handle())
+
+    def _call(self, fn) -> int:
+        out = ctypes.c_int32(-1)
+        guarded = self._logits_ref is not None  # calls back into Python: keep exit safe
+        if guarded:
+            _exit_guard.enter()
+        try:
+            self._state.begin()
+            st = int(fn(ctypes.byref(out)))
+            msg = _last_error() if st else ""
+        finally:
+            if guarded:
+                _exit_guard.leave()
+        exc = self._state.take()
+        if exc is not None:
+            raise exc
+        if st != 0:
+            raise MoeliteError(st, msg)
+        return int(out.value)
+
+    def sample(self, ctx: "Context", i: int = -1) -> int:
+        """Draws a token from the logits of row i of ctx's last evaluation (as Context.logits;
+        -1 the last) and accepts it into the history. MoeliteError ERR_INVALID_ARGUMENT when
+        that row has no logits or no token is left to draw (all banned or masked), ERR_ABORTED
+        when the logits callback returned a falsy value; ValueError for a closed sampler or
+        context."""
+        if not isinstance(ctx, Context):
+            raise TypeError("ctx must be a moelite.Context")
+        ctx._preempt()
+        with ctx._lock, self._lock:
+            h, s = ctx._handle(), self._handle()
+            return self._call(lambda out: _c.moelite_sampler_sample(s, h, int(i), out))
+
+    def sample_logits(self, logits: Any) -> int:
+        """Draws a token from any logits (a sequence of n_vocab >= 1 floats, e.g. Context.logits()
+        modified by the application) and accepts it into the history. Same errors as sample();
+        ValueError for empty logits."""
+        if _np is not None:
+            arr = _np.ascontiguousarray(logits, dtype=_np.float32).reshape(-1)
+            n = int(arr.shape[0])
+            ptr = arr.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        else:
+            vals = [float(x) for x in logits]
+            n = len(vals)
+            arr = (ctypes.c_float * max(n, 1))(*vals)
+            ptr = ctypes.cast(arr, ctypes.POINTER(ctypes.c_float))
+        if n < 1:
+            raise ValueError("logits must hold at least one value")
+        with self._lock:
+            s = self._handle()
+            return self._call(lambda out: _c.moelite_sampler_sample_logits(s, ptr, n, out))

@@ -139,12 +139,12 @@ def test_budget_keys_and_min_budget(model, resident_logits):
     assert e.value.status == moelite.Status.ERR_BUDGET_TOO_SMALL
     # per-layer pools: the minimum (top-k + 1 slots) holds in every layer
     per_layer_min = n_layer * lo
-    with moelite.Model(MODEL, threads=2, expert_budget=per_layer_min, expert_per_layer=True) as m:
+    with moelite.Model(MODEL, threads=2, expert_budget=per_layer_min, allocation="uniform") as m:
         assert m.expert_min_budget == per_layer_min
         assert m.expert_slots == n_layer * (k + 1)
         decode_checks_bitwise(m, resident_logits)
     with pytest.raises(moelite.MoeliteError) as e:
-        moelite.Model(MODEL, threads=2, expert_budget=per_layer_min - 1, expert_per_layer=True)
+        moelite.Model(MODEL, threads=2, expert_budget=per_layer_min - 1, allocation="uniform")
     assert e.value.status == moelite.Status.ERR_BUDGET_TOO_SMALL
     with moelite.Model(MODEL, threads=2, expert_budget=1 << 40) as m:  # more than every expert
         assert m.experts_all_fit == 1 and m.expert_slots >= n_layer * n_exp
@@ -186,14 +186,14 @@ def test_vocab_only_and_progress(model):
     assert seen and all(0.0 <= p <= 1.0 for p in seen) and seen == sorted(seen)
     with pytest.raises(moelite.MoeliteError) as e:
         moelite.Model(MODEL, threads=1, progress=lambda p: False)
-    assert e.value.status == moelite.Status.ERR_CANCELLED
+    assert e.value.status == moelite.Status.ERR_PROGRESS_ABORTED
 
     class Stop(Exception):
         pass
 
     def raising(p):
         raise Stop()
-    with pytest.raises(Stop):  # the callback's own exception, not ERR_CANCELLED
+    with pytest.raises(Stop):  # the callback's own exception, not ERR_PROGRESS_ABORTED
         moelite.Model(MODEL, threads=1, progress=raising)
 
 
@@ -380,7 +380,7 @@ def test_calibrate_params_and_progress(model, tmp_path):
         assert e.value.status == moelite.Status.ERR_INVALID_ARGUMENT, kw
     with pytest.raises(moelite.MoeliteError) as e:
         model.calibrate(toks, out, window=32, progress=lambda p: False)
-    assert e.value.status == moelite.Status.ERR_CANCELLED and not os.path.exists(out)
+    assert e.value.status == moelite.Status.ERR_PROGRESS_ABORTED and not os.path.exists(out)
     seen = []
     model.calibrate(toks, out, window=32, stride=2, holdout=0.5, sensitivity_tokens=0, progress=seen.append)
     assert seen and all(0.0 <= p <= 1.0 for p in seen) and seen == sorted(seen)

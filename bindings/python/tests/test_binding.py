@@ -154,15 +154,46 @@ def test_version_matches_header():
     assert "qwen3moe" in moelite.supported_archs()
 
 
+def _header_enum_with_deprecations(h, typedef):
+    """{name: value} of the canonical enumerators and {alias: canonical} of those the header
+    marks MOELITE_DEPRECATED("MOELITE_<canonical>") (same value), comments removed."""
+    body = h[h.index("typedef enum %s" % typedef):h.index("} %s;" % typedef)]
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+    canonical, deprecated = {}, {}
+    for name, repl, v in re.findall(r'MOELITE_(\w+)\s*(?:MOELITE_DEPRECATED\("([^"]*)"\))?\s*=\s*(\d+)', body):
+        if repl:
+            deprecated[name] = (repl, int(v))
+        else:
+            canonical[name] = int(v)
+    aliases = {}
+    for name, (repl, v) in deprecated.items():
+        target = repl[len("MOELITE_"):]
+        assert canonical[target] == v  # an alias names a canonical enumerator of the same value
+        aliases[name] = target
+    return canonical, aliases
+
+
 def test_status_enum_and_names_match_header():
     h = _header_text()
-    body = h[h.index("typedef enum moelite_status"):h.index("} moelite_status;")]
-    values = dict((name, int(v)) for name, v in re.findall(r"MOELITE_(\w+)\s*=\s*(\d+)", body))
-    assert len(values) >= 20
-    assert {s.name: int(s) for s in moelite.Status} == values
+    values, aliases = _header_enum_with_deprecations(h, "moelite_status")
+    assert len(values) >= 20 and aliases == {"ERR_CANCELLED": "ERR_PROGRESS_ABORTED"}
+    assert {s.name: int(s) for s in moelite.Status} == values  # iteration: canonical only
+    members = dict(moelite.Status.__members__)
+    assert {n: int(m) for n, m in members.items()} == dict(values, **{a: values[t] for a, t in aliases.items()})
+    for alias, target in aliases.items():
+        assert members[alias] is members[target]
     for name, v in values.items():
         e = moelite.MoeliteError(v, "x")
         assert e.status == v and e.status_name == "MOELITE_" + name
+
+
+def test_stop_reasons_match_header():
+    values, aliases = _header_enum_with_deprecations(_header_text(), "moelite_stop_reason")
+    values = {k[len("STOP_"):]: v for k, v in values.items()}
+    aliases = {k[len("STOP_"):]: v[len("STOP_"):] for k, v in aliases.items()}
+    assert {s.name: int(s) for s in moelite.StopReason} == values
+    assert values["ABORTED"] == 3 and values["ERROR"] == 5 and aliases == {"CALLBACK": "ABORTED"}
+    assert moelite.StopReason.__members__["CALLBACK"] is moelite.StopReason.ABORTED
 
 
 def test_missing_file_maps_to_file_not_found(tmp_path):
@@ -537,7 +568,7 @@ def test_generate_early_break_stops(model):
         if len(got) == 2:
             break
     st = ctx.last_stats
-    assert st is not None and st["stop_reason"] == moelite.StopReason.CALLBACK
+    assert st is not None and st["stop_reason"] == moelite.StopReason.ABORTED
     # The worker runs at most one piece ahead; tokens without text (control, unused) emit no
     # piece, so the token count can be a little larger than the pieces taken.
     assert st["n_generated_tokens"] < 100
@@ -548,13 +579,13 @@ def test_generate_early_break_stops(model):
     next(it)
     ctx.reset()
     assert ctx.kv_length == 0
-    assert ctx.last_stats["stop_reason"] == moelite.StopReason.CALLBACK
+    assert ctx.last_stats["stop_reason"] == moelite.StopReason.ABORTED
     assert list(it) == []
     # explicit close() on the iterator
     it = ctx.generate(PROMPT, max_tokens=200, temperature=0)
     next(it)
     it.close()
-    assert ctx.last_stats["stop_reason"] == moelite.StopReason.CALLBACK
+    assert ctx.last_stats["stop_reason"] == moelite.StopReason.ABORTED
     # the context works normally afterwards
     list(ctx.generate(PROMPT, max_tokens=5, temperature=0))
     assert ctx.last_stats["n_generated_tokens"] >= 1

@@ -203,7 +203,13 @@ def test_generator_without_atexit_hook_is_abandoned_not_joined(tmp_path):
         ctx = moelite.Context(m, n_ctx=128)
         it = ctx.generate(PROMPT, max_tokens=100, temperature=0)
         next(it)
-        time.sleep(0.5)  # the helper thread parks in the piece callback
+        # Wait until the helper thread has queued its next piece (it then parks in the piece
+        # callback): a fixed sleep alone was not enough on a loaded machine, where the thread
+        # could still be evaluating -- calling the abort callback -- when finalization began.
+        deadline = time.monotonic() + 20
+        while ctx._active.queue.empty() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
         print("end")
     """, ["end"])
 
@@ -277,7 +283,7 @@ def test_exception_mid_stream_caught_then_context_reused(tmp_path):
         print("stopped early:", ctx.last_stats["stop_reason_name"])
         text = "".join(ctx.generate(PROMPT, max_tokens=3, temperature=0))
         print("again:", ctx.last_stats["n_generated_tokens"] >= 1)
-    """, ["caught stop here", "stopped early: callback", "again: True"])
+    """, ["caught stop here", "stopped early: aborted", "again: True"])
 
 
 # ---- KeyboardInterrupt-like exceptions from callbacks ----------------------------------------------
@@ -396,3 +402,47 @@ def test_models_and_contexts_alive_at_shutdown(tmp_path):
         vocab_only = moelite.Model(MODEL, vocab_only=True)
         print("end")
     """, ["end"])
+
+
+def test_generator_with_logits_callback_suspended_at_exit(tmp_path):
+    # The logits callback runs on the helper thread before every token: at exit it must answer
+    # "stop" without calling user code, like the abort and piece callbacks.
+    check(tmp_path, """
+        m = moelite.Model(MODEL, threads=2)
+        ctx = moelite.Context(m, n_ctx=256)
+        calls = []
+        def mask(logits, history):
+            calls.append(len(history))
+            logits[:10] = float("-inf")
+            return True
+        it = ctx.chat([{"role": "user", "content": "hi"}], max_tokens=200, temperature=0.5,
+                      logits=mask, yield_tokens=True)
+        tok, text = next(it)
+        print("first token ok", tok >= 10, len(calls) >= 1)
+    """, ["first token ok True True"])
+
+
+def test_daemon_thread_in_sampler_loop_at_exit(tmp_path):
+    # A daemon thread drawing tokens with a Python logits callback and evaluating at exit.
+    check(tmp_path, """
+        m = moelite.Model(MODEL, threads=2)
+        started = threading.Event()
+        def work():
+            ctx = moelite.Context(m, n_ctx=4096)
+            s = moelite.Sampler(temperature=1.0, logits=lambda lg, h: started.set() or True)
+            ids = m.tokenize(PROMPT, add_special=True)
+            s.accept(ids)
+            ctx.eval(ids)
+            try:
+                while True:
+                    t = s.sample(ctx)
+                    ctx.eval([t])
+                    if ctx.kv_length > 4000:
+                        ctx.reset()
+                        ctx.eval(ids)
+            except (RuntimeError, moelite.MoeliteError):
+                pass  # refused or aborted once the interpreter exits
+        threading.Thread(target=work, daemon=True).start()
+        started.wait(30)
+        print("sampling")
+    """, ["sampling"])
