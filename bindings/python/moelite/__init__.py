@@ -1072,10 +1072,11 @@ LogitsCallback = Callable[[Any, Any], Any]
 
 
 def _make_logits_callback(fn: LogitsCallback, sink: "_CtxState", guard: _ExitGuard):
-    """A LOGITS_FN calling fn(logits, history) -> truthy to continue. logits: a writable numpy
+    """A LOGITS_FN calling fn(logits, history); returning False stops, anything else (None
+    included: a masking function need not return anything) continues. logits: a writable numpy
     float32 view (n_vocab,) of the library's copy (a ctypes float array without numpy), valid
     during the call only; history: the sequence's token ids so far (a numpy int32 copy, else a
-    list). A falsy result stops; an exception stops too and is kept in sink to be re-raised once
+    list). An exception stops too and is kept in sink to be re-raised once
     the C call returned."""
     np = _np
 
@@ -1090,7 +1091,7 @@ def _make_logits_callback(fn: LogitsCallback, sink: "_CtxState", guard: _ExitGua
             else:
                 view = (ctypes.c_float * int(n_vocab)).from_address(ctypes.addressof(ptr.contents))
                 hist = list(history[:n_history]) if n_history > 0 else []
-            return 1 if fn(view, hist) else 0
+            return 0 if fn(view, hist) is False else 1
         except BaseException as exc:  # noqa: BLE001 - never unwind into C; re-raised after the call
             sink.fail(exc)
             return 0
@@ -1590,12 +1591,12 @@ class Context:
         0.8, top_k 40, top_p 0.95, min_p 0.05, repeat_penalty 1.0 over 64, seed 0x5eed);
         temperature 0 is greedy. logit_bias: {token_id: bias} added to those logits at every
         step (-inf bans the token; ids outside the vocabulary are ignored). logits: optional
-        callable(logits, history) -> truthy to continue, called on the generating thread before
+        callable(logits, history), called on the generating thread before
         each token is drawn (after the logit bias, before the repetition penalty, temperature
         and filters) with a writable numpy float32 view of the n_vocab logits (valid during the
         call only; set an entry to -inf to mask a token) and the sequence's token ids so far (a
-        numpy int32 copy: prompt, then generated). A falsy return (None included) stops the
-        generation (stop reason ABORTED); an exception stops it and is re-raised by the
+        numpy int32 copy: prompt, then generated). Returning False stops the generation (stop
+        reason ABORTED); any other return, None included, goes on; an exception stops it and is re-raised by the
         iterator.
 
         Generation starts on the first next() and runs on a helper thread at most one piece (or
@@ -1715,9 +1716,9 @@ class Sampler:
             if model.token_is_end(t): break
             ctx.eval([t])
 
-    logits: callable(logits, history) -> truthy to continue, called on the thread that calls
+    logits: callable(logits, history), called on the thread that calls
     sample()/sample_logits() with a writable numpy float32 view of the logits (after the logit
-    bias; valid during the call) and the history (numpy int32 copy); a falsy return makes the
+    bias; valid during the call) and the history (numpy int32 copy); returning False makes the
     call raise MoeliteError ERR_ABORTED, an exception it raises is re-raised instead.
 
     A sampler is for one thread at a time. Lifetime: close() (or `with`) frees it, else the
@@ -1809,7 +1810,7 @@ class Sampler:
         """Draws a token from the logits of row i of ctx's last evaluation (as Context.logits;
         -1 the last) and accepts it into the history. MoeliteError ERR_INVALID_ARGUMENT when
         that row has no logits or no token is left to draw (all banned or masked), ERR_ABORTED
-        when the logits callback returned a falsy value; ValueError for a closed sampler or
+        when the logits callback returned False; ValueError for a closed sampler or
         context."""
         if not isinstance(ctx, Context):
             raise TypeError("ctx must be a moelite.Context")

@@ -196,10 +196,10 @@ def test_logits_callback_masks_to_a_set(model, end_tokens):
                                            min_p=0.0, seed=5, yield_tokens=True) if t >= 0]
         assert not set(free) <= set(allowed)
 
-        # a falsy return stops (ABORTED), after the number of calls it allowed
+        # returning False stops (ABORTED), after the number of calls it allowed; None goes on
         calls = []
         list(ctx.generate(prompt, max_tokens=20, temperature=0, logit_bias={t: -math.inf for t in end_tokens},
-                          logits=lambda lg, h: calls.append(1) or len(calls) < 4))
+                          logits=lambda lg, h: calls.append(1) or (None if len(calls) < 4 else False)))
         assert ctx.last_stats["stop_reason"] == moelite.StopReason.ABORTED
         assert len(calls) == 4 and ctx.last_stats["n_generated_tokens"] == 3
 
