@@ -377,10 +377,11 @@ MOELITE_API moelite_status moelite_model_load(const char* path, const moelite_mo
  *  are read and the tensors checked against the architecture (every status of moelite_model_load
  *  for a bad file), but no weight is read, no backend is created and no budget applies. The
  *  result answers moelite_model_get (sizes, MOELITE_MODEL_EXPERT_MIN_BUDGET, the hyperparameters;
- *  runtime keys such as THREADS or EXPERT_BUDGET give 0), the metadata getters, the token and
+ *  the runtime keys THREADS, EXPERT_BUDGET, EXPERT_POOL_BYTES and the BUDGET_AUTO_* give 0 and
+ *  BACKEND -1), the metadata getters, the token and
  *  chat functions; moelite_context_create refuses it (MOELITE_ERR_INVALID_ARGUMENT). Free it with
- *  moelite_model_free. Costs a map of the file and reading its metadata (milliseconds for a model
- *  of many gigabytes on a fast disk). */
+ *  moelite_model_free. Costs a map of the file, reading its metadata, building the tokenizer and
+ *  touching the norm vectors of each layer: no more reads grow with the weights' size. */
 MOELITE_API moelite_status moelite_model_inspect(const char* path, moelite_model** out_model);
 
 /** Releases the caller's reference to a model. Contexts hold references of their own, so the
