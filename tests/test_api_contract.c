@@ -12,15 +12,7 @@
 
 #include "moelite.h"
 
-static int g_failures = 0, g_checks = 0;
-#define CHECK(cond)                                                                                                 \
-  do {                                                                                                              \
-    ++g_checks;                                                                                                     \
-    if (!(cond)) {                                                                                                  \
-      ++g_failures;                                                                                                 \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__, #cond, moelite_last_error()); \
-    }                                                                                                               \
-  } while (0)
+#include "c_check.h"
 
 static const char* g_path;
 

@@ -9,23 +9,15 @@ Uses the shipped model (models/moelite-tiny-qwen3moe-Q8_0.gguf, or MOELITE_EXIT_
 """
 import json
 import math
-import os
-import sys
 import warnings
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.normpath(os.path.join(HERE, os.pardir, os.pardir, os.pardir))
-sys.path.insert(0, os.path.normpath(os.path.join(HERE, os.pardir)))
+from support import MODEL, GGUFReader
 
 import moelite  # noqa: E402
 
 np = pytest.importorskip("numpy")
-sys.path.insert(0, os.path.join(REPO, "tools", "gguf"))
-from moelite_gguf.reader import GGUFReader  # noqa: E402
-
-MODEL = os.environ.get("MOELITE_EXIT_TEST_MODEL") or os.path.join(REPO, "models", "moelite-tiny-qwen3moe-Q8_0.gguf")
 TOKENS = [(37 * i + 11) % 1500 + 100 for i in range(24)]
 PROMPT = "The module"
 

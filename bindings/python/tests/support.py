@@ -1,0 +1,18 @@
+"""What the binding's test modules share: the repository's paths, the model they load, and the
+repo's own Python GGUF reader (tools/gguf) as an independent view of the model file."""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PKG_DIR = os.path.normpath(os.path.join(HERE, os.pardir))
+REPO = os.path.normpath(os.path.join(PKG_DIR, os.pardir, os.pardir))
+if PKG_DIR not in sys.path:
+    sys.path.insert(0, PKG_DIR)
+_GGUF_TOOLS = os.path.join(REPO, "tools", "gguf")
+if _GGUF_TOOLS not in sys.path:
+    sys.path.insert(0, _GGUF_TOOLS)
+
+from moelite_gguf.reader import GGUFReader  # noqa: E402,F401
+
+MODEL = os.environ.get("MOELITE_EXIT_TEST_MODEL") or os.path.join(REPO, "models", "moelite-tiny-qwen3moe-Q8_0.gguf")
+HEADER = os.path.join(REPO, "include", "moelite.h")
