@@ -46,7 +46,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::abort();
       }
   for (ChatTemplate t :
-       {ChatTemplate::ChatML, ChatTemplate::Mistral, ChatTemplate::Llama3, ChatTemplate::Tulu, ChatTemplate::Plain})
-    (void)moelite::format_chat(t, messages, opts & 2, eos);
+       {ChatTemplate::ChatML, ChatTemplate::Mistral, ChatTemplate::Llama3, ChatTemplate::Tulu, ChatTemplate::Plain}) {
+    // The template's ranges are sorted, disjoint, non-empty and inside the text, and what lies
+    // outside them is message text only: every byte of it comes from some role or content.
+    const moelite::ChatText chat = moelite::format_chat_ranges(t, messages, opts & 2, eos);
+    size_t prev_end = 0, outside = 0;
+    for (const auto& [b, e] : chat.template_ranges) {
+      if (b < prev_end || e <= b || e > chat.text.size()) {
+        std::fprintf(stderr, "bad template range [%zu, %zu) after %zu in %zu bytes\n", b, e, prev_end, chat.text.size());
+        std::abort();
+      }
+      outside += b - prev_end;
+      prev_end = e;
+    }
+    outside += chat.text.size() - prev_end;
+    size_t message_bytes = 0;
+    for (const ChatMessage& m : messages) message_bytes += m.role.size() + m.content.size();
+    if (outside > message_bytes) {
+      std::fprintf(stderr, "%zu bytes outside the template's ranges, messages hold %zu\n", outside, message_bytes);
+      std::abort();
+    }
+  }
   return 0;
 }

@@ -5,6 +5,7 @@
 //   odd:  a vocabulary built from the input (tokens, types, scores, BPE merges, pre-tokenizer name,
 //         special ids) written as a GGUF, loaded (vocab builder, merges, special-token cache) and
 //         then used on the rest of the input.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -63,6 +64,20 @@ void exercise(const Tokenizer& t, const std::string& text, bool check_round_trip
     }
     for (int32_t id : ids) (void)t.token_to_piece(id, flags & 1);
   }
+  // Chat tokenization's trusted ranges: the whole text trusted is ordinary special parsing;
+  // ranges cut at arbitrary places (from the text's own bytes) must never break the tokenizer.
+  if (t.tokenize_trusted(text, false, {{0, text.size()}}) != t.tokenize(text, false, true)) {
+    std::fprintf(stderr, "a fully trusted text tokenized differently from parse_special\n");
+    std::abort();
+  }
+  moelite::ByteRanges ranges;
+  for (size_t at = 0; at + 1 < text.size() && ranges.size() < 16; at += 1 + static_cast<uint8_t>(text[at]) % 7) {
+    const size_t end = std::min(text.size(), at + 1 + static_cast<uint8_t>(text[at + 1]) % 23);
+    ranges.emplace_back(at, end);
+    at = end;
+  }
+  for (int32_t id : t.tokenize_trusted(text, true, ranges))
+    if (id < 0 || id >= t.n_tokens()) std::abort();
 }
 
 std::vector<std::string> split(const std::string& s, char sep, size_t max_parts) {
