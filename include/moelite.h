@@ -240,8 +240,10 @@ MOELITE_API moelite_status moelite_model_params_set_cache_policy(moelite_model_p
 MOELITE_DEPRECATED("moelite_model_params_set_cache_policy")
 MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_params* params, const char* policy);
 /** Expert prediction feeding the store's prefetch queue (used with a budget; loads then overlap
- *  computation). Only speeds up loading: results are unchanged. The string is copied; an unknown
- *  name, or one whose requirements are missing, fails at load.
+ *  computation). Only speeds up loading: results are unchanged. The string is copied. An unknown
+ *  name is refused here (MOELITE_ERR_INVALID_ARGUMENT); one whose requirements are missing fails at
+ *  load: MOELITE_ERR_BAD_PROFILE without the profile it needs, MOELITE_ERR_INVALID_ARGUMENT for
+ *  "pregate" on a model without pre-gate routers.
  *   "none"        (default) no prediction;
  *   "next-gate"   layers l+1 .. l+depth's routers applied to layer l's hidden state (see
  *                 moelite_model_params_set_predictor_depth); no profile needed;
@@ -302,7 +304,7 @@ MOELITE_API moelite_status moelite_model_params_set_gating_penalty(moelite_model
 MOELITE_DEPRECATED("moelite_model_params_set_cache_allocation(params, \"uniform\")")
 MOELITE_API moelite_status moelite_model_params_set_expert_per_layer(moelite_model_params* params, int32_t per_layer);
 /** How the expert budget's slots are divided among layers (the string is copied; an unknown name
- *  fails at load with MOELITE_ERR_INVALID_ARGUMENT):
+ *  is refused here with MOELITE_ERR_INVALID_ARGUMENT):
  *   "auto"    (default) "dp" when a profile is set and the budget holds every layer's minimum
  *             (top-k + 1 slots), else "global" ("uniform" if set_expert_per_layer(1) was called);
  *   "global"  one pool shared by all layers;
@@ -498,7 +500,7 @@ typedef struct moelite_expert_stats {
 } moelite_expert_stats;
 
 /** Cumulative expert-store counters of one layer, or of all layers for layer = -1. Thread-safe.
- *  MOELITE_ERR_INVALID_ARGUMENT for a bad layer or a NULL/undersized out. */
+ *  MOELITE_ERR_INVALID_ARGUMENT for a bad layer, a NULL out or a struct_size below sizeof(size_t). */
 MOELITE_API moelite_status moelite_model_expert_stats(const moelite_model* model, int32_t layer,
                                                       moelite_expert_stats* out);
 /** Zeroes the counters (e.g. between a warm-up and a measurement). */
@@ -588,7 +590,8 @@ MOELITE_API moelite_status moelite_calibrate_params_set_progress_callback(moelit
  *  sensitivity sample (moelite_calibrate_params_set_sensitivity_tokens), plus the ridge fits
  *  (O(n_embd^2) per captured token and layer, on the backend's threads). The model must have been loaded with exact gating, and no other context of it
  *  may evaluate meanwhile. `params` may be NULL. Existing files are replaced only once complete.
- *  Errors: MOELITE_ERR_INVALID_ARGUMENT (fewer than 2 tokens, bad tokens, non-exact gating),
+ *  Errors: MOELITE_ERR_INVALID_ARGUMENT (fewer than 2 tokens, non-exact gating), MOELITE_ERR_BAD_TOKEN
+ *  (a token outside the vocabulary),
  *  MOELITE_ERR_IO (cannot write), MOELITE_ERR_CANCELLED, and evaluation errors. */
 MOELITE_API moelite_status moelite_calibrate(moelite_model* model, const int32_t* tokens, int32_t n_tokens,
                                              const moelite_calibrate_params* params, const char* profile_path);
@@ -685,8 +688,8 @@ MOELITE_API moelite_status moelite_context_get_tokens(const moelite_context* ctx
  *  every context of the model): what changed in the store while this context evaluated, by
  *  layer or for all layers (layer -1). Speculative loads that finish or are wasted after its
  *  evaluation returned count for the model only. struct_size as for moelite_model_expert_stats.
- *  Thread-safety as for the context. MOELITE_ERR_INVALID_ARGUMENT for a bad layer, NULL or an
- *  undersized out. */
+ *  Thread-safety as for the context. MOELITE_ERR_INVALID_ARGUMENT for a bad layer, a NULL out or a
+ *  struct_size below sizeof(size_t). */
 MOELITE_API moelite_status moelite_context_expert_stats(const moelite_context* ctx, int32_t layer,
                                                         moelite_expert_stats* out);
 /** Zeroes this context's counters (not the model's). NULL is a no-op. */

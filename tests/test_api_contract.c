@@ -6,6 +6,8 @@
  *   test_api_contract MODEL.gguf
  */
 #include <math.h>
+#include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -574,6 +576,268 @@ static void test_generation_end_states(void) {
   moelite_model_free(m);
 }
 
+
+/* ---- gaps found by listing every promise against the tests */
+static int g_abort_polls = 0, g_abort_at = 0;
+static int abort_at_poll(void* user) {
+  (void)user;
+  return ++g_abort_polls > g_abort_at;
+}
+
+typedef struct {
+  const char* path;
+  char message[512];
+} thread_error;
+
+static void* fail_on_thread(void* arg) {
+  thread_error* t = (thread_error*)arg;
+  moelite_model* m = NULL;
+  for (int i = 0; i < 50; ++i) {
+    (void)moelite_model_load(t->path, NULL, &m);
+    snprintf(t->message, sizeof t->message, "%s", moelite_last_error());
+    if (!strstr(t->message, t->path)) break; /* another thread's message leaked in */
+  }
+  return NULL;
+}
+
+typedef struct {
+  int calls;
+  int32_t biased;
+  float raw_biased, seen_biased;
+} bias_probe;
+static int probe_bias(float* logits, int32_t n_vocab, const int32_t* history, int32_t n_history, void* user) {
+  (void)n_vocab;
+  (void)history;
+  (void)n_history;
+  bias_probe* p = (bias_probe*)user;
+  if (p->calls++ == 0) p->seen_biased = logits[p->biased];
+  return 1;
+}
+
+static int stop_at_second(int32_t token, const char* text, size_t len, void* user) {
+  (void)text;
+  (void)len;
+  int* seen = (int*)user;
+  if (token >= 0) ++*seen;
+  return *seen < 2;
+}
+
+static int g_log_lines = 0, g_log_newlines = 0, g_log_below = 0;
+static moelite_log_level g_log_min = MOELITE_LOG_DEBUG;
+static void count_log(moelite_log_level level, const char* text, void* user) {
+  (void)user;
+  ++g_log_lines;
+  g_log_newlines += strchr(text, '\n') != NULL;
+  g_log_below += level < g_log_min;
+}
+
+static void test_gaps(void) {
+  moelite_model* m = load(0);
+  const int32_t n_vocab = (int32_t)moelite_model_get(m, MOELITE_MODEL_N_VOCAB);
+  const int32_t layers = (int32_t)moelite_model_get(m, MOELITE_MODEL_N_LAYERS);
+  int32_t prompt[64];
+  const int32_t n = tokenize(m, "Tuples are immutable", MOELITE_TOKENIZE_ADD_SPECIAL, prompt, 64);
+
+  /* A failure in the middle of an evaluation (the abort fires in its second batch, after the
+   * first has run) leaves the previous logits readable and unchanged. */
+  moelite_context_params* cp = moelite_context_params_create();
+  moelite_context_params_set_n_batch(cp, 2);
+  moelite_context_params_set_abort_callback(cp, abort_at_poll, NULL);
+  moelite_context* c = NULL;
+  g_abort_at = 1 << 30;
+  CHECK(moelite_context_create(m, cp, &c) == MOELITE_OK);
+  CHECK(moelite_eval(c, prompt, 2, 0) == MOELITE_OK);
+  float* before = malloc(sizeof(float) * (size_t)n_vocab);
+  memcpy(before, moelite_get_logits(c, -1), sizeof(float) * (size_t)n_vocab);
+  g_abort_polls = 0;
+  g_abort_at = layers + 1; /* one batch of 2 tokens, then a layer into the next */
+  CHECK(moelite_eval(c, prompt + 2, 4, 1) == MOELITE_ERR_ABORTED);
+  CHECK(moelite_context_kv_length(c) == 2);
+  CHECK(memcmp(moelite_get_logits(c, -1), before, sizeof(float) * (size_t)n_vocab) == 0);
+  CHECK(moelite_get_logits(c, 1) == NULL); /* the previous call kept one row */
+  g_abort_at = 1 << 30;
+  free(before);
+
+  /* A prompt that does not fit: CONTEXT_FULL and nothing evaluated (the cache keeps what it had). */
+  moelite_context_free(c);
+  moelite_context_params_set_n_ctx(cp, 8);
+  CHECK(moelite_context_create(m, cp, &c) == MOELITE_OK);
+  CHECK(moelite_eval(c, prompt, 3, 0) == MOELITE_OK);
+  int32_t long_prompt[9] = {0};
+  for (int i = 0; i < 9; ++i) long_prompt[i] = prompt[i % n];
+  moelite_generate_stats st;
+  st.struct_size = sizeof st;
+  CHECK(moelite_generate_tokens(c, long_prompt, 9, NULL, &st) == MOELITE_ERR_CONTEXT_FULL);
+  CHECK(st.stop_reason == MOELITE_STOP_CONTEXT_FULL && st.n_prompt_tokens == 0 && moelite_context_kv_length(c) == 3);
+  moelite_context_free(c);
+  moelite_context_params_free(cp);
+
+  /* moelite_last_error is per thread: two threads failing at once each read their own text. */
+  pthread_t ta, tb;
+  thread_error ea = {"/nonexistent/thread-a.gguf", ""}, eb = {"/nonexistent/thread-b.gguf", ""};
+  CHECK(pthread_create(&ta, NULL, fail_on_thread, &ea) == 0);
+  CHECK(pthread_create(&tb, NULL, fail_on_thread, &eb) == 0);
+  pthread_join(ta, NULL);
+  pthread_join(tb, NULL);
+  CHECK(strstr(ea.message, ea.path) && !strstr(ea.message, eb.path));
+  CHECK(strstr(eb.message, eb.path) && !strstr(eb.message, ea.path));
+
+  /* A failed setter leaves the object as it was: still greedy, twice the same tokens. */
+  c = context(m, 128);
+  moelite_generate_params* g = moelite_generate_params_create();
+  moelite_generate_params_set_temperature(g, 0.0f);
+  moelite_generate_params_set_max_tokens(g, 8);
+  ban_end_tokens(m, g);
+  CHECK(moelite_generate_params_set_temperature(g, -3.0f) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_generate_params_set_max_tokens(g, -3) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_generate_params_set_temperature(NULL, 0.5f) == MOELITE_ERR_INVALID_ARGUMENT);
+  static token_log first_run, second_run;
+  memset(&first_run, 0, sizeof first_run);
+  memset(&second_run, 0, sizeof second_run);
+  moelite_generate_params_set_token_callback(g, log_token, &first_run);
+  CHECK(moelite_generate_tokens(c, prompt, n, g, NULL) == MOELITE_OK);
+  moelite_generate_params_set_seed(g, 999); /* greedy: the seed must not matter */
+  moelite_generate_params_set_token_callback(g, log_token, &second_run);
+  CHECK(moelite_generate_tokens(c, prompt, n, g, NULL) == MOELITE_OK);
+  CHECK(first_run.n == 8 && second_run.n == 8 && memcmp(first_run.ids, second_run.ids, sizeof(int32_t) * 8) == 0);
+
+  /* The logits callback sees the bias already added; a bias for a token past the vocabulary is
+   * ignored (same tokens as without it). */
+  moelite_context_kv_reset(c);
+  CHECK(moelite_eval(c, prompt, n, 0) == MOELITE_OK);
+  bias_probe probe = {0, 17, moelite_get_logits(c, -1)[17], 0};
+  moelite_generate_params_set_logit_bias(g, 17, 5.0f);
+  moelite_generate_params_set_logits_callback(g, probe_bias, &probe);
+  moelite_generate_params_set_max_tokens(g, 1);
+  CHECK(moelite_generate_tokens(c, prompt, n, g, NULL) == MOELITE_OK);
+  CHECK(probe.calls == 1 && probe.seen_biased == probe.raw_biased + 5.0f);
+  moelite_generate_params_set_logits_callback(g, NULL, NULL);
+  moelite_generate_params_set_logit_bias(g, 17, 0.0f);
+  moelite_generate_params_set_max_tokens(g, 8);
+  CHECK(moelite_generate_params_set_logit_bias(g, n_vocab + 5, 10.0f) == MOELITE_OK);
+  memset(&second_run, 0, sizeof second_run);
+  CHECK(moelite_generate_tokens(c, prompt, n, g, NULL) == MOELITE_OK);
+  CHECK(second_run.n == 8 && memcmp(first_run.ids, second_run.ids, sizeof(int32_t) * 8) == 0);
+
+  /* The token callback stops generation by returning 0; the end token is never reported. */
+  int seen = 0;
+  moelite_generate_params_set_token_callback(g, stop_at_second, &seen);
+  CHECK(moelite_generate_tokens(c, prompt, n, g, &st) == MOELITE_OK);
+  CHECK(st.stop_reason == MOELITE_STOP_ABORTED && seen == 2 && st.n_generated_tokens == 2);
+  moelite_generate_params_clear_logit_bias(g);
+  const int32_t eos = moelite_token_eos(m);
+  if (eos >= 0) {
+    seen = 0;
+    moelite_generate_params_set_logit_bias(g, eos, 1000.0f);
+    CHECK(moelite_generate_tokens(c, prompt, n, g, &st) == MOELITE_OK);
+    CHECK(st.stop_reason == MOELITE_STOP_END_TOKEN && st.n_generated_tokens == 0 && seen == 0);
+  }
+  moelite_generate_params_free(g);
+  moelite_context_free(c);
+
+  /* BUFFER_TOO_SMALL gives the exact size the next call needs, and leaves the buffer alone. */
+  char tiny[2] = {'#', '#'};
+  size_t need = 0, got = 0;
+  CHECK(moelite_detokenize(m, prompt, n, 0, tiny, 1, &need) == MOELITE_ERR_BUFFER_TOO_SMALL && tiny[0] == '#');
+  char* text = malloc(need);
+  CHECK(moelite_detokenize(m, prompt, n, 0, text, need, &got) == MOELITE_OK && got == need);
+  free(text);
+  const moelite_chat_message msgs[] = {{"user", "How are sets hashed?"}};
+  CHECK(moelite_chat_format(m, msgs, 1, 1, NULL, 0, &need) == MOELITE_ERR_BUFFER_TOO_SMALL && need > 0);
+  text = malloc(need);
+  CHECK(moelite_chat_format(m, msgs, 1, 1, text, need, &got) == MOELITE_OK && got == need);
+  free(text);
+  int32_t n_chat = 0, one[1] = {-4};
+  CHECK(moelite_chat_tokenize(m, msgs, 1, 1, one, 1, &n_chat) == MOELITE_ERR_BUFFER_TOO_SMALL && one[0] == -4);
+  int32_t* ids = malloc(sizeof(int32_t) * (size_t)n_chat);
+  int32_t n_again = 0;
+  CHECK(moelite_chat_tokenize(m, msgs, 1, 1, ids, n_chat, &n_again) == MOELITE_OK && n_again == n_chat);
+  free(ids);
+
+  /* Ranges and limits of the other setters. */
+  moelite_context_params* bad = moelite_context_params_create();
+  CHECK(moelite_context_params_set_n_ctx(bad, -1) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_context_params_set_n_ctx(bad, MOELITE_MAX_CONTEXT + 1) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_context_params_set_n_ctx(bad, 0) == MOELITE_OK);
+  moelite_context_params_free(bad);
+  moelite_model_params* mp = moelite_model_params_create();
+  CHECK(moelite_model_params_set_expert_budget(mp, ((uint64_t)1 << 62) + 1) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_model_params_set_cache_allocation(mp, "random") == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_model_params_set_predictor(mp, "psychic") == MOELITE_ERR_INVALID_ARGUMENT);
+  /* A chat template given as source is recognised; NULL restores the file's. */
+  CHECK(moelite_model_params_set_chat_template(mp, "{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}") ==
+        MOELITE_OK);
+  moelite_model* mistral = NULL;
+  CHECK(moelite_model_load(g_path, mp, &mistral) == MOELITE_OK);
+  CHECK(mistral && strcmp(moelite_chat_template_kind(mistral), "mistral") == 0);
+  moelite_model_free(mistral);
+  CHECK(moelite_model_params_set_chat_template(mp, NULL) == MOELITE_OK);
+  moelite_model* file_template = NULL;
+  CHECK(moelite_model_load(g_path, mp, &file_template) == MOELITE_OK);
+  CHECK(file_template && strcmp(moelite_chat_template_kind(file_template), moelite_chat_template_kind(m)) == 0);
+  moelite_model_free(file_template);
+  moelite_model_params_free(mp);
+
+  /* Inspection: a bad file gets its load status; the runtime keys are empty. */
+  moelite_model* info = NULL;
+  CHECK(moelite_model_inspect("/etc/passwd", &info) == MOELITE_ERR_GGUF_BAD_MAGIC && info == NULL);
+  CHECK(moelite_model_inspect(g_path, &info) == MOELITE_OK);
+  CHECK(moelite_model_get(info, MOELITE_MODEL_BACKEND) == -1 && moelite_model_get(info, MOELITE_MODEL_EXPERT_POOL_BYTES) == 0);
+  moelite_model_free(info);
+
+  /* Expert stats: a struct_size that holds only the first counter gets only that one. */
+  moelite_model* budgeted = load(0.5);
+  c = context(budgeted, 64);
+  CHECK(moelite_eval(c, prompt, n, 0) == MOELITE_OK);
+  moelite_expert_stats partial;
+  memset(&partial, 0x5a, sizeof partial);
+  partial.struct_size = offsetof(moelite_expert_stats, hits);
+  CHECK(moelite_model_expert_stats(budgeted, -1, &partial) == MOELITE_OK);
+  CHECK(partial.activations > 0 && partial.activations != 0x5a5a5a5a5a5a5a5aull && partial.hits == 0x5a5a5a5a5a5a5a5aull);
+  memset(&partial, 0x5a, sizeof partial);
+  partial.struct_size = offsetof(moelite_expert_stats, hits);
+  CHECK(moelite_context_expert_stats(c, -1, &partial) == MOELITE_OK && partial.hits == 0x5a5a5a5a5a5a5a5aull);
+  partial.struct_size = 0;
+  CHECK(moelite_model_expert_stats(budgeted, -1, &partial) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_model_expert_stats(budgeted, -1, NULL) == MOELITE_ERR_INVALID_ARGUMENT);
+  moelite_context_free(c);
+  moelite_model_free(budgeted);
+
+  /* Logging: whole lines without a newline; nothing below the minimum level arrives. */
+  g_log_min = MOELITE_LOG_DEBUG;
+  moelite_set_log_callback(count_log, NULL, MOELITE_LOG_DEBUG);
+  moelite_model* logged = load(0);
+  CHECK(g_log_lines > 0 && g_log_newlines == 0);
+  moelite_model_free(logged);
+  g_log_lines = 0;
+  g_log_min = MOELITE_LOG_ERROR;
+  moelite_set_log_callback(count_log, NULL, MOELITE_LOG_ERROR);
+  logged = load(0);
+  CHECK(g_log_below == 0);
+  moelite_model_free(logged);
+  moelite_set_log_callback(NULL, NULL, MOELITE_LOG_ERROR);
+
+  /* NULL handles: frees are no-ops, getters answer their documented empty values. */
+  moelite_model_params_free(NULL);
+  moelite_context_params_free(NULL);
+  moelite_generate_params_free(NULL);
+  moelite_sampler_free(NULL);
+  moelite_sampler_reset(NULL);
+  moelite_model_free(NULL);
+  moelite_context_free(NULL);
+  moelite_context_kv_reset(NULL);
+  moelite_context_kv_truncate(NULL, 3);
+  moelite_context_reset_expert_stats(NULL);
+  CHECK(moelite_context_kv_length(NULL) == 0 && moelite_context_n_ctx(NULL) == 0);
+  CHECK(moelite_model_arch(NULL) == NULL && moelite_model_get(NULL, MOELITE_MODEL_N_LAYERS) == -1);
+  CHECK(moelite_model_meta_count(NULL) == 0 && moelite_model_meta_key(NULL, 0) == NULL);
+  CHECK(moelite_token_attrs(NULL, 0) == 0 && moelite_token_text(NULL, 0) == NULL);
+  CHECK(moelite_get_logits(NULL, -1) == NULL && moelite_context_model(NULL) == NULL);
+  CHECK(strcmp(moelite_status_name((moelite_status)999), "MOELITE_ERR_UNKNOWN") == 0);
+  CHECK(moelite_context_set_abort_callback(NULL, NULL, NULL) == MOELITE_ERR_INVALID_ARGUMENT);
+  moelite_model_free(m);
+}
+
 /* ---- the names replaced in this release still work */
 #if defined(__GNUC__)
 #pragma GCC diagnostic push
@@ -620,6 +884,7 @@ int main(int argc, char** argv) {
   test_sampler_matches_generate();
   test_bias_and_logits_callback();
   test_generation_end_states();
+  test_gaps();
   test_deprecated_aliases();
   printf("%d checks, %d failed\n", g_checks, g_failures);
   return g_failures ? 1 : 0;

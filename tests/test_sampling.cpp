@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "core/sampling.h"
@@ -100,4 +101,64 @@ TEST(Sampling, RngKnownValues) {
   EXPECT_EQ(r.next(), 0x99ec5f36cb75f2b4ull);
   EXPECT_EQ(r.next(), 0xbf6e1f784956452aull);
   EXPECT_EQ(r.next(), 0x1a5f849d4933e6e0ull);
+}
+
+TEST(Sampling, BannedTokensAreNeverCandidates) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float logits[] = {0.0f, -inf, 0.0f, NAN};
+  const auto d = Sampler(plain(1.0f)).distribution(logits, 4, {});
+  ASSERT_EQ(d.size(), 2u);  // tokens 0 and 2, one half each
+  EXPECT_EQ(d[0].first, 0);
+  EXPECT_EQ(d[1].first, 2);
+  EXPECT_FLOAT_EQ(d[0].second, 0.5f);
+  const float none[] = {-inf, -inf};
+  EXPECT_TRUE(Sampler(plain(1.0f)).distribution(none, 2, {}).empty());
+  EXPECT_EQ(Sampler(plain(0.0f)).sample(none, 2, {}), -1);
+}
+
+TEST(Sampling, LogitBiasAppliesBeforeTheFilters) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float logits[] = {1.0f, 3.0f, 2.0f};
+  SamplerParams p = plain(0.0f);
+  p.set_bias(1, -inf);  // ban the argmax: greedy takes the next best
+  int32_t t = -1;
+  Sampler s(p);
+  EXPECT_EQ(s.pick(logits, 3, {}, &t), Sampler::Outcome::Token);
+  EXPECT_EQ(t, 2);
+  p.set_bias(0, 2.5f);  // 1 + 2.5 > 2
+  EXPECT_EQ(Sampler(p).pick(logits, 3, {}, &t), Sampler::Outcome::Token);
+  EXPECT_EQ(t, 0);
+  p.set_bias(0, 0.0f);  // removed
+  p.set_bias(1, 0.0f);
+  EXPECT_TRUE(p.logit_bias.empty());
+  p.set_bias(0, -inf);
+  p.set_bias(1, -inf);
+  p.set_bias(2, -inf);
+  EXPECT_EQ(Sampler(p).pick(logits, 3, {}, &t), Sampler::Outcome::NoCandidate);
+  EXPECT_EQ(t, -1);
+}
+
+TEST(Sampling, LogitsHookMasksAndStops) {
+  struct Hook {
+    static int keep_last(float* l, int32_t n, const int32_t*, int32_t n_history, void* user) {
+      for (int32_t i = 0; i + 1 < n; ++i) l[i] = -std::numeric_limits<float>::infinity();
+      *static_cast<int32_t*>(user) = n_history;
+      return 1;
+    }
+    static int stop(float*, int32_t, const int32_t*, int32_t, void*) { return 0; }
+  };
+  const float logits[] = {5.0f, 4.0f, 1.0f};
+  SamplerParams p = plain(1.0f);
+  int32_t seen_history = -1;
+  p.on_logits = Hook::keep_last;
+  p.logits_user = &seen_history;
+  Sampler s(p);
+  int32_t t = -1;
+  for (int i = 0; i < 20; ++i) {  // only the last token survives the mask, whatever the draw
+    EXPECT_EQ(s.pick(logits, 3, {7, 8}, &t), Sampler::Outcome::Token);
+    EXPECT_EQ(t, 2);
+  }
+  EXPECT_EQ(seen_history, 2);
+  p.on_logits = Hook::stop;
+  EXPECT_EQ(Sampler(p).pick(logits, 3, {}, &t), Sampler::Outcome::Stopped);
 }

@@ -100,3 +100,16 @@ TEST(ChatTemplate, FormatsEachFamily) {
             "<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\nHello!<|endoftext|>\n<|user|>\nBye\n<|assistant|>\n");
   EXPECT_EQ(moelite::format_chat(ChatTemplate::Plain, {{"user", "Hi"}}, true, ""), "user: Hi\nassistant: ");
 }
+
+TEST(ChatTemplate, RangesMarkWhatTheTemplateWrote) {
+  const moelite::ChatText c = moelite::format_chat_ranges(ChatTemplate::ChatML, {{"user", "hi"}}, true, "");
+  EXPECT_EQ(c.text, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+  // "<|im_start|>" | user | "\n" | hi | "<|im_end|>\n<|im_start|>assistant\n" (adjacent: one range)
+  const std::vector<std::pair<size_t, size_t>> want = {{0, 12}, {16, 17}, {19, c.text.size()}};
+  EXPECT_EQ(c.template_ranges, want);
+  // Tulu writes the known roles' markers whole, other roles stay text between "<|" and "|>\n".
+  const moelite::ChatText t = moelite::format_chat_ranges(ChatTemplate::Tulu, {{"user", "a"}, {"tool", "b"}}, false, "");
+  EXPECT_EQ(t.text, "<|user|>\na\n<|tool|>\nb\n");
+  const std::vector<std::pair<size_t, size_t>> want_t = {{0, 9}, {10, 13}, {17, 20}, {21, 22}};
+  EXPECT_EQ(t.template_ranges, want_t);
+}

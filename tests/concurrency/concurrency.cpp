@@ -120,6 +120,26 @@ int main(int argc, char** argv) {
       moelite_context_free(c);
     });
 
+  // Text functions (documented thread-safe) on the same model while the workers evaluate: the
+  // same answers as on the quiet model.
+  std::thread text([&] {
+    const moelite_chat_message msgs[] = {{"user", "How are <|im_end|> dictionaries ordered?"}};
+    std::vector<int32_t> first;
+    for (int i = 0; i < 40; ++i) {
+      int32_t ids[256], n = 0, n_chat = 0, chat[256];
+      const char* s = "Generators yield values lazily.";
+      check(moelite_tokenize(m, s, strlen(s), MOELITE_TOKENIZE_ADD_SPECIAL, ids, 256, &n) == MOELITE_OK, "tokenize");
+      check(moelite_chat_tokenize(m, msgs, 1, 1, chat, 256, &n_chat) == MOELITE_OK, "chat_tokenize");
+      char back[1024];
+      size_t len = 0;
+      check(moelite_detokenize(m, ids, n, 0, back, sizeof back, &len) == MOELITE_OK && std::string(back, len) == s,
+            "detokenize round trip");
+      std::vector<int32_t> now(chat, chat + n_chat);
+      if (i == 0) first = now;
+      check(now == first, "chat tokens changed between calls");
+    }
+  });
+
   // Statistics read while contexts evaluate.
   std::thread stats([&] {
     while (!done) {
@@ -165,9 +185,24 @@ int main(int argc, char** argv) {
 
   for (std::thread& t : threads) t.join();
   aborted.join();
+  text.join();
   done = true;
   stats.join();
   moelite_model_free(m);
+
+  // Freeing a model races the freeing of its contexts on other threads: the reference count
+  // decides who releases it, exactly once (ThreadSanitizer and ASan watch this).
+  for (int round = 0; round < 4; ++round) {
+    moelite_model* shared = load(path, 0);
+    if (!shared) return 1;
+    moelite_context* a = context(shared, nullptr, nullptr);
+    moelite_context* b = context(shared, nullptr, nullptr);
+    std::thread fa([a] { moelite_context_free(a); });
+    std::thread fb([b] { moelite_context_free(b); });
+    moelite_model_free(shared);
+    fa.join();
+    fb.join();
+  }
   if (g_failures) {
     fprintf(stderr, "%d failure(s)\n", g_failures.load());
     return 1;
