@@ -817,6 +817,40 @@ static void test_gaps(void) {
   moelite_model_free(logged);
   moelite_set_log_callback(NULL, NULL, MOELITE_LOG_ERROR);
 
+  /* Documented defaults. Context: n_ctx = min(training context, 4096). Generation: a sampler
+   * made from NULL params draws what one with the documented values draws. */
+  c = context(m, 0);
+  const int64_t train = moelite_model_get(m, MOELITE_MODEL_N_CTX_TRAIN);
+  CHECK(moelite_context_n_ctx(c) == (train < 4096 ? train : 4096));
+  moelite_context_free(c);
+  moelite_generate_params* documented = moelite_generate_params_create();
+  moelite_generate_params_set_max_tokens(documented, 256);
+  moelite_generate_params_set_temperature(documented, 0.8f);
+  moelite_generate_params_set_top_k(documented, 40);
+  moelite_generate_params_set_top_p(documented, 0.95f);
+  moelite_generate_params_set_min_p(documented, 0.05f);
+  moelite_generate_params_set_repeat_penalty(documented, 1.0f, 64);
+  moelite_generate_params_set_seed(documented, 0x5eed);
+  moelite_sampler *by_default = NULL, *by_value = NULL;
+  CHECK(moelite_sampler_create(NULL, &by_default) == MOELITE_OK);
+  CHECK(moelite_sampler_create(documented, &by_value) == MOELITE_OK);
+  float* flat = malloc(sizeof(float) * 64);
+  int same_draws = 1;
+  for (int i = 0; i < 200; ++i) {
+    for (int t = 0; t < 64; ++t) flat[t] = (float)((t * 37 + i * 11) % 64) / 16.0f; /* varied, smooth */
+    int32_t a = -1, b = -2;
+    moelite_sampler_sample_logits(by_default, flat, 64, &a);
+    moelite_sampler_sample_logits(by_value, flat, 64, &b);
+    same_draws &= a == b;
+  }
+  CHECK(same_draws);
+  int32_t out = -9;
+  CHECK(moelite_sampler_sample_logits(by_value, flat, 0, &out) == MOELITE_ERR_INVALID_ARGUMENT && out == -9);
+  free(flat);
+  moelite_sampler_free(by_default);
+  moelite_sampler_free(by_value);
+  moelite_generate_params_free(documented);
+
   /* NULL handles: frees are no-ops, getters answer their documented empty values. */
   moelite_model_params_free(NULL);
   moelite_context_params_free(NULL);
