@@ -412,7 +412,7 @@ MOELITE_API moelite_status moelite_model_expert_stats(const moelite_model* model
                                                   layer, out->struct_size);
     if (layer < 0 && rt && rt->store) total.read_busy_seconds = rt->store->read_busy_seconds();
     if (rt) rt->routed.totals(layer, &total.routed_tokens, &total.routed_experts);
-    memcpy(out, &total, std::min(out->struct_size, sizeof total));
+    memcpy(out, &total, moelite::api::expert_stats_bytes(out->struct_size));
     return MOELITE_OK;
   });
 }
@@ -696,7 +696,7 @@ MOELITE_API moelite_status moelite_context_expert_stats(const moelite_context* c
       total.routed_experts += k.routed_experts[static_cast<size_t>(l)];
     }
     if (layer < 0) total.read_busy_seconds = k.read_busy_seconds;
-    memcpy(out, &total, std::min(out->struct_size, sizeof total));
+    memcpy(out, &total, moelite::api::expert_stats_bytes(out->struct_size));
     return MOELITE_OK;
   });
 }

@@ -33,7 +33,7 @@ moelite_status fill_stats(const moelite::GenerateResult& r, moelite_generate_sta
   full.time_to_first_token_seconds = r.ttft_seconds;
   full.prompt_tokens_per_second = r.prompt_seconds > 0 ? r.n_prompt / r.prompt_seconds : 0.0;
   full.generated_tokens_per_second = r.generate_seconds > 0 ? r.n_generated / r.generate_seconds : 0.0;
-  memcpy(stats, &full, std::min(stats->struct_size, sizeof full));
+  memcpy(stats, &full, moelite::api::generate_stats_bytes(stats->struct_size));
   return MOELITE_OK;
 }
 

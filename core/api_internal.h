@@ -3,6 +3,7 @@
 // core/api*.cpp include it.
 #pragma once
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -96,6 +97,44 @@ inline moelite_status copy_out(const std::string& text, char* buf, size_t capaci
     return moelite::fail(MOELITE_ERR_BUFFER_TOO_SMALL, "output needs %zu bytes, the buffer has %zu", text.size(), capacity);
   if (!text.empty()) memcpy(buf, text.data(), text.size());
   return MOELITE_OK;
+}
+
+// Versioned output structs (moelite_expert_stats, moelite_generate_stats): the bytes to copy for a
+// caller's struct_size, ending at the last field that lies wholly within it, so a struct_size
+// that is not a field boundary never gets half a field.
+#define MOELITE_FIELD_END(T, f) (offsetof(T, f) + sizeof(static_cast<T*>(nullptr)->f))
+template <size_t N>
+size_t whole_fields(size_t struct_size, const size_t (&field_ends)[N]) {
+  size_t bytes = 0;
+  for (size_t end : field_ends)
+    if (end <= struct_size && end > bytes) bytes = end;
+  return bytes;
+}
+inline size_t expert_stats_bytes(size_t struct_size) {
+  using S = moelite_expert_stats;
+  static const size_t ends[] = {
+      MOELITE_FIELD_END(S, struct_size),       MOELITE_FIELD_END(S, activations),    MOELITE_FIELD_END(S, hits),
+      MOELITE_FIELD_END(S, misses),            MOELITE_FIELD_END(S, prefetches_issued),
+      MOELITE_FIELD_END(S, prefetches_used),   MOELITE_FIELD_END(S, prefetches_wasted),
+      MOELITE_FIELD_END(S, bytes_read),        MOELITE_FIELD_END(S, wait_seconds),   MOELITE_FIELD_END(S, predicted),
+      MOELITE_FIELD_END(S, predictions),       MOELITE_FIELD_END(S, ready_when_needed),
+      MOELITE_FIELD_END(S, routed_tokens),     MOELITE_FIELD_END(S, routed_experts),
+      MOELITE_FIELD_END(S, read_busy_seconds)};
+  return whole_fields(struct_size, ends);
+}
+inline size_t generate_stats_bytes(size_t struct_size) {
+  using S = moelite_generate_stats;
+  static const size_t ends[] = {MOELITE_FIELD_END(S, struct_size),
+                                MOELITE_FIELD_END(S, n_prompt_tokens),
+                                MOELITE_FIELD_END(S, n_cached_tokens),
+                                MOELITE_FIELD_END(S, n_generated_tokens),
+                                MOELITE_FIELD_END(S, stop_reason),
+                                MOELITE_FIELD_END(S, prompt_seconds),
+                                MOELITE_FIELD_END(S, generate_seconds),
+                                MOELITE_FIELD_END(S, time_to_first_token_seconds),
+                                MOELITE_FIELD_END(S, prompt_tokens_per_second),
+                                MOELITE_FIELD_END(S, generated_tokens_per_second)};
+  return whole_fields(struct_size, ends);
 }
 
 }  // namespace moelite::api

@@ -115,7 +115,8 @@ typedef enum moelite_status {
   MOELITE_ERR_CANCELLED MOELITE_DEPRECATED("MOELITE_ERR_PROGRESS_ABORTED") = 43
 } moelite_status;
 
-/** Short constant name of a status ("MOELITE_ERR_IO"); static storage, never NULL. */
+/** Short constant name of a status ("MOELITE_ERR_IO"); "MOELITE_ERR_UNKNOWN" for a value that is
+ *  not a moelite_status; static storage, never NULL. */
 MOELITE_API const char* moelite_status_name(moelite_status status);
 
 /** Message describing the most recent failure on the calling thread ("" if none yet). The text
@@ -163,7 +164,7 @@ typedef enum moelite_backend {
 } moelite_backend;
 
 /** Called during loading with progress in [0, 1]. Return 0 to cancel the load (the load then
- *  fails with MOELITE_ERR_CANCELLED and releases everything it allocated), non-zero to go on.
+ *  fails with MOELITE_ERR_PROGRESS_ABORTED and releases everything it allocated), non-zero to go on.
  *  Runs on the loading thread. */
 typedef int (*moelite_progress_fn)(float progress, void* user_data);
 
@@ -254,7 +255,8 @@ MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_
  *   "correlation" a co-activation table of consecutive layers (Klotski), seeded by a profile when
  *                 one is given and updated online;
  *   "pregate"     the exact next-layer routing of models with pre-gate routers
- *                 (blk.N.ffn_pregate_inp.weight; Pre-gated MoE, Read-ME). */
+ *                 (blk.N.ffn_pregate_inp.weight; Pre-gated MoE, Read-ME).
+ *  Several names separated by commas ("learned,first-layer") combine their guesses. */
 MOELITE_API moelite_status moelite_model_params_set_predictor(moelite_model_params* params, const char* predictor);
 MOELITE_DEPRECATED("moelite_model_params_set_predictor")
 MOELITE_API moelite_status moelite_model_params_set_expert_predictor(moelite_model_params* params,
@@ -475,7 +477,8 @@ MOELITE_API moelite_status moelite_model_measure_device_bandwidth(moelite_model*
 MOELITE_API const char* moelite_supported_archs(void);
 
 /** Counters of the expert store (all zero when every expert is resident). Set struct_size to
- *  sizeof(moelite_expert_stats); fields that do not fit are not written. */
+ *  sizeof(moelite_expert_stats) (of the header the caller was built with): moelite writes only the
+ *  fields that lie wholly within struct_size, so older callers keep working. */
 typedef struct moelite_expert_stats {
   size_t struct_size;
   uint64_t activations; /* experts asked for by routing (one per expert and batch) */
@@ -575,7 +578,7 @@ MOELITE_API moelite_status moelite_calibrate_params_set_holdout(moelite_calibrat
 MOELITE_API moelite_status moelite_calibrate_params_set_sensitivity_tokens(moelite_calibrate_params* params,
                                                                            int64_t tokens);
 /** Progress in [0, 1] after every forward pass, in proportion to the work (forward passes, then
- *  the fitting); returning 0 cancels (MOELITE_ERR_CANCELLED). */
+ *  the fitting); returning 0 stops (MOELITE_ERR_PROGRESS_ABORTED). */
 MOELITE_API moelite_status moelite_calibrate_params_set_progress_callback(moelite_calibrate_params* params,
                                                                           moelite_progress_fn fn, void* user_data);
 
@@ -592,7 +595,7 @@ MOELITE_API moelite_status moelite_calibrate_params_set_progress_callback(moelit
  *  may evaluate meanwhile. `params` may be NULL. Existing files are replaced only once complete.
  *  Errors: MOELITE_ERR_INVALID_ARGUMENT (fewer than 2 tokens, non-exact gating), MOELITE_ERR_BAD_TOKEN
  *  (a token outside the vocabulary),
- *  MOELITE_ERR_IO (cannot write), MOELITE_ERR_CANCELLED, and evaluation errors. */
+ *  MOELITE_ERR_IO (cannot write), MOELITE_ERR_PROGRESS_ABORTED, and evaluation errors. */
 MOELITE_API moelite_status moelite_calibrate(moelite_model* model, const int32_t* tokens, int32_t n_tokens,
                                              const moelite_calibrate_params* params, const char* profile_path);
 
@@ -753,7 +756,8 @@ enum {
 MOELITE_API uint32_t moelite_token_attrs(const moelite_model* model, int32_t token);
 /** The vocabulary string of `token` as stored in the file (e.g. "<|im_end|>", "\u0120the" for
  *  byte-level BPE); NUL-terminated, owned by the model. NULL for an id out of range. Use
- *  moelite_detokenize for the bytes a token stands for. Thread-safe. */
+ *  moelite_detokenize for the bytes a token stands for. NULL too for a NULL model or one without a
+ *  tokenizer. Thread-safe. */
 MOELITE_API const char* moelite_token_text(const moelite_model* model, int32_t token);
 
 /** One chat message: role ("system", "user", "assistant") and content, both NUL-terminated. */
@@ -880,7 +884,8 @@ typedef enum moelite_stop_reason {
 } moelite_stop_reason;
 
 /** Timing and counts of one generation call. Set struct_size = sizeof(moelite_generate_stats)
- *  before the call; moelite fills only the fields that fit, so older callers keep working. */
+ *  before the call; moelite writes only the fields that lie wholly within struct_size, so older
+ *  callers keep working. MOELITE_ERR_INVALID_ARGUMENT when struct_size is below sizeof(size_t). */
 typedef struct moelite_generate_stats {
   size_t struct_size;
   int32_t n_prompt_tokens; /* prompt tokens evaluated by this call (after cache reuse) */

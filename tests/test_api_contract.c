@@ -662,13 +662,19 @@ static void test_gaps(void) {
   moelite_context_free(c);
   moelite_context_params_set_n_ctx(cp, 8);
   CHECK(moelite_context_create(m, cp, &c) == MOELITE_OK);
-  CHECK(moelite_eval(c, prompt, 3, 0) == MOELITE_OK);
+  /* The cache holds tokens the long prompt does not start with: a prompt that was looked at
+   * (prefix reuse truncates the cache) would have changed them. */
+  const int32_t held_before[3] = {prompt[2], prompt[1], prompt[0]};
+  CHECK(moelite_eval(c, held_before, 3, 0) == MOELITE_OK);
   int32_t long_prompt[9] = {0};
   for (int i = 0; i < 9; ++i) long_prompt[i] = prompt[i % n];
   moelite_generate_stats st;
   st.struct_size = sizeof st;
   CHECK(moelite_generate_tokens(c, long_prompt, 9, NULL, &st) == MOELITE_ERR_CONTEXT_FULL);
   CHECK(st.stop_reason == MOELITE_STOP_CONTEXT_FULL && st.n_prompt_tokens == 0 && moelite_context_kv_length(c) == 3);
+  int32_t held_after[8], n_held_after = 0;
+  CHECK(moelite_context_get_tokens(c, held_after, 8, &n_held_after) == MOELITE_OK && n_held_after == 3 &&
+        memcmp(held_after, held_before, sizeof held_before) == 0);
   moelite_context_free(c);
   moelite_context_params_free(cp);
 
@@ -779,8 +785,8 @@ static void test_gaps(void) {
   moelite_model_params_free(mp);
 
   /* Inspection: a bad file gets its load status; the runtime keys are empty. */
-  moelite_model* info = NULL;
-  CHECK(moelite_model_inspect("/etc/passwd", &info) == MOELITE_ERR_GGUF_BAD_MAGIC && info == NULL);
+  moelite_model* info = (moelite_model*)0x3;
+  CHECK(moelite_model_inspect("/etc/passwd", &info) == MOELITE_ERR_GGUF_BAD_MAGIC && info == (moelite_model*)0x3);
   CHECK(moelite_model_inspect(g_path, &info) == MOELITE_OK);
   CHECK(moelite_model_get(info, MOELITE_MODEL_BACKEND) == -1 && moelite_model_get(info, MOELITE_MODEL_EXPERT_POOL_BYTES) == 0);
   moelite_model_free(info);
@@ -797,6 +803,20 @@ static void test_gaps(void) {
   memset(&partial, 0x5a, sizeof partial);
   partial.struct_size = offsetof(moelite_expert_stats, hits);
   CHECK(moelite_context_expert_stats(c, -1, &partial) == MOELITE_OK && partial.hits == 0x5a5a5a5a5a5a5a5aull);
+  /* A struct_size inside a field: that field is not written at all (no half field). */
+  memset(&partial, 0x5a, sizeof partial);
+  partial.struct_size = offsetof(moelite_expert_stats, hits) + 3;
+  CHECK(moelite_model_expert_stats(budgeted, -1, &partial) == MOELITE_OK && partial.hits == 0x5a5a5a5a5a5a5a5aull);
+  moelite_generate_stats gs;
+  memset(&gs, 0x5a, sizeof gs);
+  gs.struct_size = offsetof(moelite_generate_stats, n_cached_tokens) + 2;
+  moelite_generate_params* two = moelite_generate_params_create();
+  moelite_generate_params_set_max_tokens(two, 2);
+  CHECK(moelite_generate_tokens(c, prompt, n, two, &gs) == MOELITE_OK);
+  moelite_generate_params_free(two);
+  CHECK(gs.n_prompt_tokens >= 0 && gs.n_prompt_tokens < 1000 && gs.n_cached_tokens == 0x5a5a5a5a);
+  gs.struct_size = 0;
+  CHECK(moelite_generate_tokens(c, prompt, n, NULL, &gs) == MOELITE_ERR_INVALID_ARGUMENT);
   partial.struct_size = 0;
   CHECK(moelite_model_expert_stats(budgeted, -1, &partial) == MOELITE_ERR_INVALID_ARGUMENT);
   CHECK(moelite_model_expert_stats(budgeted, -1, NULL) == MOELITE_ERR_INVALID_ARGUMENT);
@@ -851,6 +871,41 @@ static void test_gaps(void) {
   moelite_sampler_free(by_value);
   moelite_generate_params_free(documented);
 
+  /* The logits callback runs before the repetition penalty: a token already in the history is
+   * seen unpenalised (raw + bias). */
+  {
+    moelite_context* pc = context(m, 128);
+    CHECK(moelite_eval(pc, prompt, n, 0) == MOELITE_OK);
+    const int32_t repeated = prompt[n - 1];
+    bias_probe pen = {0, repeated, moelite_get_logits(pc, -1)[repeated], 0};
+    moelite_generate_params* pg = moelite_generate_params_create();
+    moelite_generate_params_set_repeat_penalty(pg, 3.0f, -1);
+    moelite_generate_params_set_max_tokens(pg, 1);
+    moelite_generate_params_set_logits_callback(pg, probe_bias, &pen);
+    CHECK(moelite_generate_tokens(pc, prompt, n, pg, NULL) == MOELITE_OK);
+    CHECK(pen.calls == 1 && pen.seen_biased == pen.raw_biased);
+    /* After a generation call, the logits are those of its last evaluation: the same as
+     * evaluating that cached sequence again. */
+    moelite_generate_params_set_logits_callback(pg, NULL, NULL);
+    moelite_generate_params_set_max_tokens(pg, 4);
+    ban_end_tokens(m, pg);
+    CHECK(moelite_generate_tokens(pc, prompt, n, pg, NULL) == MOELITE_OK);
+    float* after_gen = malloc(sizeof(float) * (size_t)n_vocab);
+    memcpy(after_gen, moelite_get_logits(pc, -1), sizeof(float) * (size_t)n_vocab);
+    int32_t seq[128], n_seq = 0;
+    CHECK(moelite_context_get_tokens(pc, seq, 128, &n_seq) == MOELITE_OK && n_seq == n + 3);
+    moelite_context_kv_reset(pc);
+    CHECK(moelite_eval(pc, seq, n_seq, 0) == MOELITE_OK);
+    CHECK(memcmp(after_gen, moelite_get_logits(pc, -1), sizeof(float) * (size_t)n_vocab) == 0);
+    free(after_gen);
+    moelite_expert_stats es0;
+    es0.struct_size = 0;
+    CHECK(moelite_context_expert_stats(pc, -1, &es0) == MOELITE_ERR_INVALID_ARGUMENT);
+    CHECK(moelite_context_expert_stats(pc, -1, NULL) == MOELITE_ERR_INVALID_ARGUMENT);
+    moelite_generate_params_free(pg);
+    moelite_context_free(pc);
+  }
+
   /* NULL handles: frees are no-ops, getters answer their documented empty values. */
   moelite_model_params_free(NULL);
   moelite_context_params_free(NULL);
@@ -870,6 +925,35 @@ static void test_gaps(void) {
   CHECK(strcmp(moelite_status_name((moelite_status)999), "MOELITE_ERR_UNKNOWN") == 0);
   CHECK(moelite_context_set_abort_callback(NULL, NULL, NULL) == MOELITE_ERR_INVALID_ARGUMENT);
   moelite_model_free(m);
+}
+
+/* ---- enum values are part of the ABI: pinned here, so a renumbering fails */
+static void test_enum_values_are_pinned(void) {
+  const struct {
+    long value, pinned;
+  } v[] = {{MOELITE_OK, 0}, {MOELITE_ERR_INVALID_ARGUMENT, 1}, {MOELITE_ERR_OUT_OF_MEMORY, 2},
+           {MOELITE_ERR_FILE_NOT_FOUND, 3}, {MOELITE_ERR_IO, 4}, {MOELITE_ERR_BUFFER_TOO_SMALL, 5},
+           {MOELITE_ERR_SYSTEM_LIMIT, 6}, {MOELITE_ERR_GGUF_BAD_MAGIC, 10}, {MOELITE_ERR_GGUF_BAD_VERSION, 11},
+           {MOELITE_ERR_GGUF_TRUNCATED, 12}, {MOELITE_ERR_GGUF_CORRUPT, 13}, {MOELITE_ERR_GGUF_UNKNOWN_TYPE, 14},
+           {MOELITE_ERR_GGUF_OUT_OF_BOUNDS, 15}, {MOELITE_ERR_GGUF_OVERLAP, 16}, {MOELITE_ERR_UNSUPPORTED_ARCH, 20},
+           {MOELITE_ERR_UNSUPPORTED_TYPE, 21}, {MOELITE_ERR_MISSING_TENSOR, 22}, {MOELITE_ERR_BAD_SHAPE, 23},
+           {MOELITE_ERR_MISSING_METADATA, 24}, {MOELITE_ERR_BAD_METADATA, 25}, {MOELITE_ERR_BACKEND_UNAVAILABLE, 30},
+           {MOELITE_ERR_BUDGET_TOO_SMALL, 31}, {MOELITE_ERR_NOT_IMPLEMENTED, 32}, {MOELITE_ERR_BAD_PROFILE, 33},
+           {MOELITE_ERR_BACKEND, 34}, {MOELITE_ERR_CONTEXT_FULL, 40}, {MOELITE_ERR_BAD_TOKEN, 41},
+           {MOELITE_ERR_ABORTED, 42}, {MOELITE_ERR_PROGRESS_ABORTED, 43}, {MOELITE_ERR_INTERNAL, 99},
+           {MOELITE_STOP_END_TOKEN, 0}, {MOELITE_STOP_MAX_TOKENS, 1}, {MOELITE_STOP_STRING, 2},
+           {MOELITE_STOP_ABORTED, 3}, {MOELITE_STOP_CONTEXT_FULL, 4}, {MOELITE_STOP_ERROR, 5},
+           {MOELITE_BACKEND_AUTO, 0}, {MOELITE_BACKEND_CPU, 1}, {MOELITE_BACKEND_VULKAN, 2}, {MOELITE_BACKEND_CUDA, 3},
+           {MOELITE_LOG_DEBUG, 0}, {MOELITE_LOG_NONE, 4}, {MOELITE_TOKENIZE_ADD_SPECIAL, 1},
+           {MOELITE_TOKENIZE_PARSE_SPECIAL, 2}, {MOELITE_DETOKENIZE_RENDER_SPECIAL, 1},
+           {MOELITE_TOKEN_ATTR_NORMAL, 1}, {MOELITE_TOKEN_ATTR_UNKNOWN, 2}, {MOELITE_TOKEN_ATTR_CONTROL, 4},
+           {MOELITE_TOKEN_ATTR_USER_DEFINED, 8}, {MOELITE_TOKEN_ATTR_UNUSED, 16}, {MOELITE_TOKEN_ATTR_BYTE, 32},
+           {MOELITE_TOKEN_ATTR_END, 64}, {MOELITE_MODEL_N_LAYERS, 0}, {MOELITE_MODEL_EXPERT_BYTES, 12},
+           {MOELITE_MODEL_EXPERT_BUDGET, 19}, {MOELITE_MODEL_EXPERT_MIN_BUDGET, 28},
+           {MOELITE_PLATFORM_MEM_TOTAL_BYTES, 0}, {MOELITE_PLATFORM_HAS_VULKAN, 12}};
+  int pinned = 1;
+  for (size_t i = 0; i < sizeof v / sizeof v[0]; ++i) pinned &= v[i].value == v[i].pinned;
+  CHECK(pinned);
 }
 
 /* ---- the names replaced in this release still work */
@@ -919,6 +1003,7 @@ int main(int argc, char** argv) {
   test_bias_and_logits_callback();
   test_generation_end_states();
   test_gaps();
+  test_enum_values_are_pinned();
   test_deprecated_aliases();
   printf("%d checks, %d failed\n", g_checks, g_failures);
   return g_failures ? 1 : 0;

@@ -122,9 +122,14 @@ int main(int argc, char** argv) {
 
   // Text functions (documented thread-safe) on the same model while the workers evaluate: the
   // same answers as on the quiet model.
+  const moelite_chat_message msgs[] = {{"user", "How are <|im_end|> dictionaries ordered?"}};
+  std::vector<int32_t> quiet_chat(256);
+  {
+    int32_t n_quiet = 0;
+    check(moelite_chat_tokenize(m, msgs, 1, 1, quiet_chat.data(), 256, &n_quiet) == MOELITE_OK, "chat_tokenize");
+    quiet_chat.resize(static_cast<size_t>(n_quiet));
+  }
   std::thread text([&] {
-    const moelite_chat_message msgs[] = {{"user", "How are <|im_end|> dictionaries ordered?"}};
-    std::vector<int32_t> first;
     for (int i = 0; i < 40; ++i) {
       int32_t ids[256], n = 0, n_chat = 0, chat[256];
       const char* s = "Generators yield values lazily.";
@@ -134,9 +139,7 @@ int main(int argc, char** argv) {
       size_t len = 0;
       check(moelite_detokenize(m, ids, n, 0, back, sizeof back, &len) == MOELITE_OK && std::string(back, len) == s,
             "detokenize round trip");
-      std::vector<int32_t> now(chat, chat + n_chat);
-      if (i == 0) first = now;
-      check(now == first, "chat tokens changed between calls");
+      check(std::vector<int32_t>(chat, chat + n_chat) == quiet_chat, "chat tokens differ from the quiet model's");
     }
   });
 
