@@ -519,3 +519,26 @@ def test_deprecated_aliases_warn_and_work(model):
             moelite.Model(MODEL, expert_per_layer=True, allocation="global")
     with pytest.warns(DeprecationWarning):
         assert model.is_end_token(model.eos) is True
+
+
+def test_model_without_tokenizer(tmp_path):
+    """A model file without tokenizer metadata loads and evaluates, and every text function
+    answers MISSING_METADATA (the header's rule for the "Tokens and text" section)."""
+    import sys as _sys
+    from support import REPO
+    _sys.path.insert(0, REPO + "/tests/reference")
+    from gguf_edit import rewrite
+    src = GGUFReader(MODEL)
+    path = rewrite(MODEL, str(tmp_path / "no-tokenizer.gguf"),
+                   drop_keys=[k for k in src.metadata if k.startswith("tokenizer.")])
+    with moelite.Model(path, threads=1) as m:
+        with moelite.Context(m, n_ctx=32) as ctx:
+            ctx.eval(TOKENS[:4])  # weights work without a tokenizer
+            assert len(ctx.logits()) == m.n_vocab
+            for call in (lambda: m.tokenize("hello"), lambda: m.detokenize([1, 2]),
+                         lambda: m.chat_tokenize([{"role": "user", "content": "hi"}]),
+                         lambda: list(ctx.generate("hi", max_tokens=2))):
+                with pytest.raises(moelite.MoeliteError) as e:
+                    call()
+                assert e.value.status == moelite.Status.ERR_MISSING_METADATA
+            assert m.token_attrs(1) == moelite.TokenAttr(0)
