@@ -340,7 +340,9 @@ std::vector<Fragment> partition_special(const Vocab& v, const std::string& text,
       int32_t id = v.find(std::string_view(text.data() + i, len));
       if (id < 0) continue;
       TokenAttr a = v.attr[id];
-      bool eligible = trusted ? allowed(i, len)
+      // The text may belong to an ordinary token of the same length: only special ones split.
+      const bool special = a == TokenAttr::UserDefined || a == TokenAttr::Control || a == TokenAttr::Unknown;
+      bool eligible = trusted ? special && allowed(i, len)
                               : a == TokenAttr::UserDefined ||
                                     (parse_special && (a == TokenAttr::Control || a == TokenAttr::Unknown));
       if (eligible) found.push_back(id);
