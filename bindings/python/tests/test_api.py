@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 
-from support import HEADER, MODEL, GGUFReader
+from support import HEADER, MODEL
 
 import moelite  # noqa: E402
 
@@ -34,18 +34,6 @@ def header_anon_enum(prefix):
     with open(HEADER, encoding="utf-8") as f:
         h = f.read()
     return {name: int(v) for name, v in re.findall(r"MOELITE_%s_(\w+)\s*=\s*(\d+)" % prefix, h)}
-
-
-@pytest.fixture(scope="module")
-def gguf():
-    return GGUFReader(MODEL)
-
-
-@pytest.fixture(scope="module")
-def model():
-    m = moelite.Model(MODEL, threads=2)
-    yield m
-    m.close()
 
 
 @pytest.fixture(scope="module")

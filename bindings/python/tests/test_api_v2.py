@@ -23,18 +23,6 @@ PROMPT = "The module"
 
 
 @pytest.fixture(scope="module")
-def gguf():
-    return GGUFReader(MODEL)
-
-
-@pytest.fixture(scope="module")
-def model():
-    m = moelite.Model(MODEL, threads=2)
-    yield m
-    m.close()
-
-
-@pytest.fixture(scope="module")
 def end_tokens(model):
     return [t for t in range(model.n_vocab) if model.token_attrs(t) & moelite.TokenAttr.END]
 
