@@ -956,6 +956,78 @@ static void test_enum_values_are_pinned(void) {
   CHECK(pinned);
 }
 
+/* ---- store options and the repetition penalty's window */
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+static void test_store_options_and_penalty_window(void) {
+  moelite_model* info = NULL;
+  CHECK(moelite_model_inspect(g_path, &info) == MOELITE_OK);
+  const uint64_t min_global = (uint64_t)moelite_model_get(info, MOELITE_MODEL_EXPERT_MIN_BUDGET);
+  const uint64_t big = (uint64_t)moelite_model_get(info, MOELITE_MODEL_EXPERT_BYTES) / 2;
+  moelite_model_free(info);
+  moelite_model_params* mp = moelite_model_params_create();
+  moelite_model* m = NULL;
+  /* Needs a profile: "dp" allocation and the fitted predictors fail at load with BAD_PROFILE. */
+  moelite_model_params_set_expert_budget(mp, big);
+  CHECK(moelite_model_params_set_cache_allocation(mp, "dp") == MOELITE_OK);
+  CHECK(moelite_model_load(g_path, mp, &m) == MOELITE_ERR_BAD_PROFILE && m == NULL);
+  CHECK(moelite_model_params_set_cache_allocation(mp, "auto") == MOELITE_OK);
+  CHECK(moelite_model_params_set_predictor(mp, "first-layer") == MOELITE_OK);
+  CHECK(moelite_model_load(g_path, mp, &m) == MOELITE_ERR_BAD_PROFILE && m == NULL);
+  CHECK(moelite_model_params_set_predictor(mp, "none") == MOELITE_OK);
+  /* The deprecated per-layer switch is the "uniform" allocation: the global minimum is too
+   * small for per-layer quotas, and both refuse it alike; with room, both give the same slots. */
+  moelite_model_params_set_expert_budget(mp, min_global);
+  CHECK(moelite_model_params_set_cache_allocation(mp, "uniform") == MOELITE_OK);
+  const moelite_status uniform_min = moelite_model_load(g_path, mp, &m);
+  if (uniform_min == MOELITE_OK) moelite_model_free(m);
+  m = NULL;
+  moelite_model_params_set_cache_allocation(mp, "auto");
+  CHECK(moelite_model_params_set_expert_per_layer(mp, 1) == MOELITE_OK);
+  const moelite_status per_layer_min = moelite_model_load(g_path, mp, &m);
+  if (per_layer_min == MOELITE_OK) moelite_model_free(m);
+  CHECK(uniform_min == per_layer_min);
+  moelite_model_params_set_expert_budget(mp, big);
+  moelite_model *a = NULL, *b = NULL;
+  CHECK(moelite_model_load(g_path, mp, &a) == MOELITE_OK);
+  moelite_model_params_set_expert_per_layer(mp, 0);
+  moelite_model_params_set_cache_allocation(mp, "uniform");
+  CHECK(moelite_model_load(g_path, mp, &b) == MOELITE_OK);
+  CHECK(a && b && moelite_model_get(a, MOELITE_MODEL_EXPERT_SLOTS) == moelite_model_get(b, MOELITE_MODEL_EXPERT_SLOTS));
+  CHECK(a && b && moelite_model_get(a, MOELITE_MODEL_EXPERT_MIN_BUDGET) == moelite_model_get(b, MOELITE_MODEL_EXPERT_MIN_BUDGET));
+  CHECK(b && moelite_model_get(b, MOELITE_MODEL_EXPERT_MIN_BUDGET) > (int64_t)min_global); /* quotas in every layer */
+  moelite_model_free(a);
+  moelite_model_free(b);
+  moelite_model_params_free(mp);
+
+  /* The repetition penalty's window: last_n 0 looks at nothing (draws like no penalty); -1
+   * looks at the whole history, so a token accepted long ago is still penalised. */
+  float logits[8] = {3.0f, 2.9f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  moelite_generate_params* g = moelite_generate_params_create();
+  moelite_generate_params_set_temperature(g, 0.0f);
+  moelite_sampler* s = NULL;
+  int32_t t = -1;
+  const int32_t old_then_recent[6] = {0, 5, 6, 7, 5, 6}; /* token 0 six tokens back */
+  moelite_generate_params_set_repeat_penalty(g, 2.0f, 0);
+  CHECK(moelite_sampler_create(g, &s) == MOELITE_OK && moelite_sampler_accept(s, old_then_recent, 6) == MOELITE_OK);
+  CHECK(moelite_sampler_sample_logits(s, logits, 8, &t) == MOELITE_OK && t == 0); /* unpenalised */
+  moelite_sampler_free(s);
+  moelite_generate_params_set_repeat_penalty(g, 2.0f, 3);
+  CHECK(moelite_sampler_create(g, &s) == MOELITE_OK && moelite_sampler_accept(s, old_then_recent, 6) == MOELITE_OK);
+  CHECK(moelite_sampler_sample_logits(s, logits, 8, &t) == MOELITE_OK && t == 0); /* token 0 outside the window */
+  moelite_sampler_free(s);
+  moelite_generate_params_set_repeat_penalty(g, 2.0f, -1);
+  CHECK(moelite_sampler_create(g, &s) == MOELITE_OK && moelite_sampler_accept(s, old_then_recent, 6) == MOELITE_OK);
+  CHECK(moelite_sampler_sample_logits(s, logits, 8, &t) == MOELITE_OK && t == 1); /* 3 / 2 < 2.9 */
+  moelite_sampler_free(s);
+  moelite_generate_params_free(g);
+}
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
 /* ---- the names replaced in this release still work */
 #if defined(__GNUC__)
 #pragma GCC diagnostic push
@@ -1004,6 +1076,7 @@ int main(int argc, char** argv) {
   test_generation_end_states();
   test_gaps();
   test_enum_values_are_pinned();
+  test_store_options_and_penalty_window();
   test_deprecated_aliases();
   printf("%d checks, %d failed\n", g_checks, g_failures);
   return g_failures ? 1 : 0;
