@@ -19,8 +19,8 @@ using moelite::api::tokenizer_of;
 
 namespace {
 
-moelite_status fill_stats(const moelite::GenerateResult& r, moelite_generate_stats* stats) {
-  if (!stats) return MOELITE_OK;
+void fill_stats(const moelite::GenerateResult& r, moelite_generate_stats* stats) {
+  if (!stats) return;
   moelite_generate_stats full;
   memset(&full, 0, sizeof full);
   full.struct_size = stats->struct_size;
@@ -34,7 +34,6 @@ moelite_status fill_stats(const moelite::GenerateResult& r, moelite_generate_sta
   full.prompt_tokens_per_second = r.prompt_seconds > 0 ? r.n_prompt / r.prompt_seconds : 0.0;
   full.generated_tokens_per_second = r.generate_seconds > 0 ? r.n_generated / r.generate_seconds : 0.0;
   memcpy(stats, &full, moelite::api::generate_stats_bytes(stats->struct_size));
-  return MOELITE_OK;
 }
 
 // Runs one generation call (text or tokens) and fills stats whatever the outcome: the header
@@ -177,7 +176,7 @@ MOELITE_API moelite_status moelite_sampler_create(const moelite_generate_params*
   return guarded(api_fn, [&]() -> moelite_status {
     if (!out) return null_arg(api_fn, "out");
     const moelite::SamplerParams sp = params ? params->opts.sampler : moelite::SamplerParams{};
-    *out = new moelite_sampler{moelite::Sampler(sp), sp, {}};
+    *out = new moelite_sampler{moelite::Sampler(sp), {}};
     return MOELITE_OK;
   });
 }
@@ -229,7 +228,7 @@ MOELITE_API moelite_status moelite_sampler_sample(moelite_sampler* s, const moel
 
 MOELITE_API void moelite_sampler_reset(moelite_sampler* s) {
   if (!s) return;
-  s->impl = moelite::Sampler(s->params);
+  s->impl = moelite::Sampler(s->impl.params());
   s->history.clear();
 }
 

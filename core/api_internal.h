@@ -140,7 +140,6 @@ inline size_t generate_stats_bytes(size_t struct_size) {
 }  // namespace moelite::api
 
 struct moelite_sampler {
-  moelite::Sampler impl;
-  moelite::SamplerParams params;  // for reset
+  moelite::Sampler impl;  // its params() restart it on reset
   std::vector<int32_t> history;
 };

@@ -82,13 +82,13 @@ Status Context::create(const Model& model, Runtime& runtime, const ContextOption
   return MOELITE_OK;
 }
 
-ExpertCounters ExpertCounters::take(const Runtime& runtime, int32_t n_layer) {
+ExpertCounters ExpertCounters::take(const Runtime& runtime) {
   ExpertCounters c;
+  // Without a store only the routing counters move (the context's store counters stay empty and
+  // read as zeros), so a resident evaluation copies nothing else.
   if (runtime.store) {
     c.store = runtime.store->stats();
     c.read_busy_seconds = runtime.store->read_busy_seconds();
-  } else {
-    c.store.assign(static_cast<size_t>(n_layer), ExpertLayerStats{});
   }
   runtime.routed.snapshot(&c.routed_tokens, &c.routed_experts);
   return c;
@@ -143,13 +143,13 @@ Status Context::eval(const int32_t* tokens, int32_t n_tokens, bool logits_all) {
   std::unique_lock<std::mutex> lock(runtime_.eval_mutex, std::defer_lock);
   MOELITE_TRY(lock_abortable(&lock));
   // Contexts evaluate one at a time, so what the counters gain meanwhile is this context's.
-  const ExpertCounters before = ExpertCounters::take(runtime_, hp.n_layer);
+  const ExpertCounters before = ExpertCounters::take(runtime_);
   struct Accrue {
     Context* self;
     const ExpertCounters& before;
     ~Accrue() {
       try {
-        self->counters_.accrue(before, ExpertCounters::take(self->runtime_, self->model_.hp.n_layer));
+        self->counters_.accrue(before, ExpertCounters::take(self->runtime_));
       } catch (...) {  // out of memory: the context's counters miss this evaluation
       }
     }

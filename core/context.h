@@ -26,7 +26,7 @@ struct ExpertCounters {
   std::vector<uint64_t> routed_tokens, routed_experts;
   double read_busy_seconds = 0;
 
-  static ExpertCounters take(const Runtime& runtime, int32_t n_layer);
+  static ExpertCounters take(const Runtime& runtime);
   // Adds after - before (a counter that went down was reset meanwhile: its new value is added).
   void accrue(const ExpertCounters& before, const ExpertCounters& after);
 };
