@@ -75,6 +75,8 @@ Status generate_tokens(Context& ctx, const std::vector<int32_t>& tokens, const G
   const Tokenizer& tok = *model.tokenizer;
   res->stop = MOELITE_STOP_ERROR;
   if (tokens.empty()) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the prompt has no tokens");
+  // Context::eval checks ids too, but only after the cached prefix below was truncated: a bad id
+  // must fail with the cache untouched.
   for (size_t i = 0; i < tokens.size(); ++i)
     if (tokens[i] < 0 || tokens[i] >= model.hp.n_vocab)
       return fail(MOELITE_ERR_BAD_TOKEN, "prompt token %d at index %zu is outside the vocabulary [0, %d)", tokens[i], i,
