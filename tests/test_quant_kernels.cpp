@@ -760,14 +760,19 @@ TEST(QuantKernelsTile, PresentOnlyWhereExpected) {
       // Four-row tiles: only those avx512 kernels, and only beside a two-row one.
       if (t->tile4[i]) EXPECT_NE(t->tile[i], nullptr) << t->isa << " " << i;
       if (!avx512_tiled) EXPECT_EQ(t->tile4[i], nullptr) << t->isa << " " << i;
-      // Prepared tiles: only beside those avx512 kernels, a complete set of entries, at a size
-      // the drivers group rows by.
+      // Prepared tiles: beside those avx512 kernels (four rows) and the avx2 Q8_0/Q4_0 multi-dots
+      // (one row), a complete set of entries, at a size the drivers group rows by: the table's
+      // own tile size for the type (1 where it has no tile).
       const PreparedTile& p = t->prepared[i];
+      const bool avx2_prepared = std::strcmp(t->isa, "avx2") == 0 &&
+                                 (i == tid(TensorType::Q8_0) || i == tid(TensorType::Q4_0));
       if (p.tile) {
         EXPECT_TRUE(p.prepare && p.prepared_bytes) << t->isa << " " << i;
-        EXPECT_TRUE(p.rows == kTileRows || p.rows == kQuadRows) << t->isa << " " << i;
+        const int own_step = t->tile4[i] ? kQuadRows : t->tile[i] ? kTileRows : 1;
+        EXPECT_EQ(p.rows, own_step) << t->isa << " " << i;
       }
-      if (!avx512_tiled) EXPECT_EQ(p.tile, nullptr) << t->isa << " " << i;
+      if (!avx512_tiled && !avx2_prepared) EXPECT_EQ(p.tile, nullptr) << t->isa << " " << i;
+      if (avx512_tiled || avx2_prepared) EXPECT_NE(p.tile, nullptr) << t->isa << " " << i;
     }
   if (const KernelTable* t = kernels_i8mm())
     for (TensorType type : kWeightTypes)

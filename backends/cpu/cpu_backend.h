@@ -96,6 +96,7 @@ class CpuBackend final : public Backend {
   std::vector<uint8_t> qbuf_, qbuf2_;
   std::vector<uint8_t> ffn_xg_gate_, ffn_xg_up_;  // activations gathered per expert job
   std::vector<uint8_t> prep_a_, prep_b_;  // activations in the kernels' prepared layout (prefill)
+  std::vector<int64_t> row_ff_;           // ffn_down: each h row's length (its job's n_ff)
   std::vector<float> ffn_h_, ffn_y_;
   // The routed-expert pass in progress (moe_begin .. moe_combine).
   struct MoePass {

@@ -59,7 +59,8 @@ constexpr int kQuadRows = 4;
 // spreading, bias sums) is done once per token instead of once per group of weight rows.
 //   prepare(a_row, n, out): one activation row in the dot type -> prepared_bytes(n) bytes.
 //   tile: the VecDotTileFn contract with `rows` weight rows and prepared activation rows
-//     (a_stride apart, in bytes). Each output is bit-identical to the table's vec_dot of that
+//     (a_stride apart, in bytes); with rows = 1 (tables without row tiles, e.g. avx2) it is a
+//     multi-dot over prepared rows and w_stride is unused. Each output is bit-identical to the table's vec_dot of that
 //     weight row and the activation row that was prepared.
 using PrepareActFn = void (*)(const void* a_row, int64_t n, void* out);
 using PreparedBytesFn = size_t (*)(int64_t n);
@@ -67,7 +68,7 @@ struct PreparedTile {
   PrepareActFn prepare = nullptr;
   PreparedBytesFn prepared_bytes = nullptr;
   VecDotTileFn tile = nullptr;  // nullptr: no prepared path for the type
-  int rows = 0;                 // weight rows per call: kTileRows or kQuadRows
+  int rows = 0;                 // weight rows per call: 1 (no tile), kTileRows or kQuadRows
 };
 
 struct KernelTable {

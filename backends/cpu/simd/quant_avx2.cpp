@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "backends/cpu/quant.h"
+#include "backends/cpu/simd/rows_entry.h"
 #include "platforms/platform.h"
 
 namespace moelite::cpu {
@@ -120,43 +121,101 @@ void dot_bf16(int64_t n, float* out, const void* w, const void* a) {
 
 // ---- 32-element block types -----------------------------------------------------------------
 
-void dot_q8_0(int64_t n, float* out, const void* w, const void* a) {
-  const Q8_0* x = static_cast<const Q8_0*>(w);
-  const Q8_0* y = static_cast<const Q8_0*>(a);
+// Q8_0 and Q4_0 against Q8_0 activations, written once for K = 1..4 activation rows (see
+// rows_entry.h): each weight block is loaded and decoded once (codes, |codes|, scale), then every
+// activation row runs the K = 1 sequence in accumulators of its own, two per row (even and odd
+// blocks, so consecutive FMAs do not wait on each other). vec_dot, multi-dot and the prepared
+// entry are therefore bit-identical. Per block and row: the sign trick's maddubs + madd (8 int32
+// lane sums), a conversion, and one FMA by dw * da.
+//
+// Batched products (prefill) spend most of their time here, and at 4 rows per call the weight
+// side is a small part of it: what is left per (block, row) is the activation side. A prepared
+// activation row (prepare_q8_0_avx2) holds the int8 codes of all blocks and then their scales as
+// floats, so the fp16 conversion of da is done once per token instead of once per weight row.
+struct Q8Codes {
+  using Block = Q8_0;
+  static __m256i codes(const Q8_0& b) { return load256(b.qs); }
+};
+struct Q4Codes {
+  using Block = Q4_0;
+  static __m256i codes(const Q4_0& b) { return _mm256_sub_epi8(nibbles(b.qs), _mm256_set1_epi8(8)); }
+};
+// One activation row: plain Q8_0 blocks, or the prepared layout (nb x 32 codes, then nb floats).
+struct PlainQ8Row {
+  const Q8_0* y = nullptr;
+  void init(const void* row, int64_t /*nb*/) { y = static_cast<const Q8_0*>(row); }
+  __m256i codes(int64_t i) const { return load256(y[i].qs); }
+  __m256 scale(int64_t i) const { return _mm256_set1_ps(fp16(y[i].d)); }
+};
+struct PreparedQ8Row {
+  const uint8_t* q = nullptr;
+  const uint8_t* d = nullptr;
+  void init(const void* row, int64_t nb) {
+    q = static_cast<const uint8_t*>(row);
+    d = q + 32 * nb;
+  }
+  __m256i codes(int64_t i) const { return load256(q + 32 * i); }
+  // A broadcast from memory is a load alone, no shuffle on the vector pipes.
+  __m256 scale(int64_t i) const { return _mm256_broadcast_ss(reinterpret_cast<const float*>(d + 4 * i)); }
+};
+size_t prepared_bytes_q8_0_avx2(int64_t n) { return static_cast<size_t>(n / kQK) * (32 + 4); }
+void prepare_q8_0_avx2(const void* a_row, int64_t n, void* out) {
+  const Q8_0* y = static_cast<const Q8_0*>(a_row);
   const int64_t nb = n / kQK;
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-  int64_t i = 0;
-  for (; i + 2 <= nb; i += 2) {
-    const __m256i p0 = dot_s8(load256(x[i].qs), load256(y[i].qs));
-    const __m256i p1 = dot_s8(load256(x[i + 1].qs), load256(y[i + 1].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i].d) * fp16(y[i].d)), _mm256_cvtepi32_ps(p0), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i + 1].d) * fp16(y[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
+  uint8_t* q = static_cast<uint8_t*>(out);
+  uint8_t* d = q + 32 * nb;
+  for (int64_t i = 0; i < nb; ++i) {
+    std::memcpy(q + 32 * i, y[i].qs, 32);
+    const float f = fp16(y[i].d);
+    std::memcpy(d + 4 * i, &f, 4);
   }
-  for (; i < nb; ++i) {
-    const __m256i p = dot_s8(load256(x[i].qs), load256(y[i].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i].d) * fp16(y[i].d)), _mm256_cvtepi32_ps(p), acc0);
-  }
-  *out = hsum(_mm256_add_ps(acc0, acc1));
 }
 
-void dot_q4_0(int64_t n, float* out, const void* w, const void* a) {
-  const Q4_0* x = static_cast<const Q4_0*>(w);
-  const Q8_0* y = static_cast<const Q8_0*>(a);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-  const __m256i eight = _mm256_set1_epi8(8);
-  const int64_t nb = n / kQK;
-  int64_t i = 0;
-  for (; i + 2 <= nb; i += 2) {
-    const __m256i p0 = dot_s8(_mm256_sub_epi8(nibbles(x[i].qs), eight), load256(y[i].qs));
-    const __m256i p1 = dot_s8(_mm256_sub_epi8(nibbles(x[i + 1].qs), eight), load256(y[i + 1].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i].d) * fp16(y[i].d)), _mm256_cvtepi32_ps(p0), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i + 1].d) * fp16(y[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
-  }
-  for (; i < nb; ++i) {
-    const __m256i p = dot_s8(_mm256_sub_epi8(nibbles(x[i].qs), eight), load256(y[i].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i].d) * fp16(y[i].d)), _mm256_cvtepi32_ps(p), acc0);
-  }
-  *out = hsum(_mm256_add_ps(acc0, acc1));
+template <class W, class Act>
+struct Q8Dot {
+  template <int K>
+  struct Rows {
+    static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
+      const auto* x = static_cast<const typename W::Block*>(w);
+      const int64_t nb = n / kQK;
+      Act y[K];
+      __m256 acc[2][K];
+      for (int j = 0; j < K; ++j) {
+        y[j].init(act_row<uint8_t>(a, stride, j), nb);
+        acc[0][j] = acc[1][j] = _mm256_setzero_ps();
+      }
+      const __m256i ones = _mm256_set1_epi16(1);
+      auto block = [&](int64_t i, int h) {
+        const __m256i q = W::codes(x[i]);
+        const __m256i qa = _mm256_sign_epi8(q, q);
+        // dw * da as a vector product of broadcasts: the same single rounding as a scalar product.
+        const __m256 dw = _mm256_set1_ps(fp16(x[i].d));
+#pragma GCC unroll 4
+        for (int j = 0; j < K; ++j) {
+          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(y[j].codes(i), q)), ones);
+          acc[h][j] = _mm256_fmadd_ps(_mm256_mul_ps(dw, y[j].scale(i)), _mm256_cvtepi32_ps(p), acc[h][j]);
+        }
+      };
+      int64_t i = 0;
+      for (; i + 2 <= nb; i += 2) {
+        block(i, 0);
+        block(i + 1, 1);
+      }
+      if (i < nb) block(i, 0);
+#pragma GCC unroll 4
+      for (int j = 0; j < K; ++j) out[j] = hsum(_mm256_add_ps(acc[0][j], acc[1][j]));
+    }
+  };
+};
+template <int K>
+using DotQ8_0 = Q8Dot<Q8Codes, PlainQ8Row>::Rows<K>;
+template <int K>
+using DotQ4_0 = Q8Dot<Q4Codes, PlainQ8Row>::Rows<K>;
+// The prepared entry: one weight row (PreparedTile::rows = 1) against `count` prepared rows.
+template <class W>
+void prepared_q8_rows(int64_t n, float* out, size_t /*out_stride*/, const void* w, size_t /*w_stride*/,
+                      const void* a, size_t a_stride, int count) {
+  dot_multi<Q8Dot<W, PreparedQ8Row>::template Rows>(n, out, w, a, a_stride, count);
 }
 
 void dot_q5_0(int64_t n, float* out, const void* w, const void* a) {
@@ -229,84 +288,128 @@ inline __m256i scale_pair(__m256i sc8, int k) {
   return _mm256_shuffle_epi8(sc8, _mm256_setr_epi16(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi));
 }
 
+// Q4_K / Q5_K and Q6_K for K = 1..4 activation rows: the codes and scales of each 32-byte chunk
+// are decoded once and serve every row. Integer sums are exact, so only the float operations'
+// order matters for bit-identity, and per row it is that of K = 1.
 template <bool kFive, typename Block>
-void dot_q45_k(int64_t n, float* out, const void* w, const void* a) {
-  const Block* x = static_cast<const Block*>(w);
-  const Q8_K* y = static_cast<const Q8_K*>(a);
-  const __m256i m4 = _mm256_set1_epi8(0x0f);
-  __m256 acc = _mm256_setzero_ps();
-  __m128 acc_m = _mm_setzero_ps();
-  for (int64_t i = 0; i < n / kQKK; ++i) {
-    const float da = f32(y[i].d);
-    const __m256i sm = _mm256_cvtepu8_epi16(q4k_scales_mins(x[i].scales));
-    // Mins: sum_j min_j * (bsum_{2j} + bsum_{2j+1}).
-    const __m256i bs = load256(y[i].bsums);
-    const __m128i bs_pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-    const __m128i pm = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs_pairs);
-    acc_m = _mm_fmadd_ps(_mm_set1_ps(fp16(x[i].dmin) * da), _mm_cvtepi32_ps(pm), acc_m);
-
-    const __m256i sc = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
-    const int8_t* q8 = y[i].qs;
-    __m256i hbits = _mm256_setzero_si256();
-    if constexpr (kFive) hbits = load256(x[i].qh);
-    __m256i sumi = _mm256_setzero_si256();
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {
-      const __m256i q = load256(x[i].qs + 32 * c);
-      __m256i lo = _mm256_and_si256(q, m4);
-      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-      if constexpr (kFive) {
-        const __m256i one = _mm256_set1_epi8(1);
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(hbits, one), 4));
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 1), one), 4));
-        hbits = _mm256_srli_epi16(hbits, 2);
+struct DotQ45K {
+  template <int K>
+  struct Rows {
+    static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
+      const Block* x = static_cast<const Block*>(w);
+      const Q8_K* y[K];
+      __m256 acc[K];
+      __m128 acc_m[K];
+      for (int j = 0; j < K; ++j) {
+        y[j] = act_row<Q8_K>(a, stride, j);
+        acc[j] = _mm256_setzero_ps();
+        acc_m[j] = _mm_setzero_ps();
       }
-      const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load256(q8 + 64 * c)), scale_all(sc, 2 * c));
-      const __m256i p1 =
-          _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load256(q8 + 64 * c + 32)), scale_all(sc, 2 * c + 1));
-      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+      const __m256i m4 = _mm256_set1_epi8(0x0f);
+      for (int64_t i = 0; i < n / kQKK; ++i) {
+        const __m256i sm = _mm256_cvtepu8_epi16(q4k_scales_mins(x[i].scales));
+        const __m128i mins = _mm256_extracti128_si256(sm, 1);
+        const __m256i sc = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
+        const float d = fp16(x[i].d), dmin = fp16(x[i].dmin);
+        __m256i hbits = _mm256_setzero_si256();
+        if constexpr (kFive) hbits = load256(x[i].qh);
+        __m256i sumi[K];
+        for (int j = 0; j < K; ++j) sumi[j] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          const __m256i q = load256(x[i].qs + 32 * c);
+          __m256i lo = _mm256_and_si256(q, m4);
+          __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+          if constexpr (kFive) {
+            const __m256i one = _mm256_set1_epi8(1);
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(hbits, one), 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 1), one), 4));
+            hbits = _mm256_srli_epi16(hbits, 2);
+          }
+          const __m256i s0 = scale_all(sc, 2 * c), s1 = scale_all(sc, 2 * c + 1);
+#pragma GCC unroll 4
+          for (int j = 0; j < K; ++j) {
+            const int8_t* q8 = y[j][i].qs + 64 * c;
+            const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load256(q8)), s0);
+            const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load256(q8 + 32)), s1);
+            sumi[j] = _mm256_add_epi32(sumi[j], _mm256_add_epi32(p0, p1));
+          }
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < K; ++j) {
+          const float da = f32(y[j][i].d);
+          // Mins: sum_g min_g * (bsum_{2g} + bsum_{2g+1}).
+          const __m256i bs = load256(y[j][i].bsums);
+          const __m128i bs_pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+          const __m128i pm = _mm_madd_epi16(mins, bs_pairs);
+          acc_m[j] = _mm_fmadd_ps(_mm_set1_ps(dmin * da), _mm_cvtepi32_ps(pm), acc_m[j]);
+          acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * da), _mm256_cvtepi32_ps(sumi[j]), acc[j]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < K; ++j) {
+        __m128 m = _mm_add_ps(acc_m[j], _mm_movehl_ps(acc_m[j], acc_m[j]));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        out[j] = hsum(acc[j]) - _mm_cvtss_f32(m);
+      }
     }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i].d) * da), _mm256_cvtepi32_ps(sumi), acc);
-  }
-  __m128 m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-  m = _mm_add_ss(m, _mm_movehdup_ps(m));
-  *out = hsum(acc) - _mm_cvtss_f32(m);
-}
+  };
+};
+template <int K>
+using DotQ4K = DotQ45K<false, Q4_K>::Rows<K>;
+template <int K>
+using DotQ5K = DotQ45K<true, Q5_K>::Rows<K>;
 
-void dot_q6_k(int64_t n, float* out, const void* w, const void* a) {
-  const Q6_K* x = static_cast<const Q6_K*>(w);
-  const Q8_K* y = static_cast<const Q8_K*>(a);
-  const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n / kQKK; ++i) {
-    const __m128i sc_bytes = load128(x[i].scales);
-    // Codes are stored +32; subtract 32 * sum_g scale_g * bsum_g once per super-block.
-    const __m256i off = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc_bytes), load256(y[i].bsums));
-    __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      const uint8_t* ql = x[i].ql + 64 * h;
-      const int8_t* q8 = y[i].qs + 128 * h;
-      const __m256i ql0 = load256(ql), ql1 = load256(ql + 32), qh = load256(x[i].qh + 32 * h);
-      const __m256i sc =
-          _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h == 0 ? sc_bytes : _mm_srli_si128(sc_bytes, 8)));
-      const __m256i q0 = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
-      const __m256i q1 = _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
-      const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
-      const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
-      const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(q0, load256(q8)), scale_pair(sc, 0));
-      const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(q1, load256(q8 + 32)), scale_pair(sc, 1));
-      const __m256i p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(q2, load256(q8 + 64)), scale_pair(sc, 2));
-      const __m256i p3 = _mm256_madd_epi16(_mm256_maddubs_epi16(q3, load256(q8 + 96)), scale_pair(sc, 3));
-      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)));
+template <int K>
+struct DotQ6K {
+  static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
+    const Q6_K* x = static_cast<const Q6_K*>(w);
+    const Q8_K* y[K];
+    __m256 acc[K];
+    for (int j = 0; j < K; ++j) {
+      y[j] = act_row<Q8_K>(a, stride, j);
+      acc[j] = _mm256_setzero_ps();
     }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i].d) * f32(y[i].d)), _mm256_cvtepi32_ps(sumi), acc);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3);
+    for (int64_t i = 0; i < n / kQKK; ++i) {
+      const __m128i sc_bytes = load128(x[i].scales);
+      const __m256i sc16 = _mm256_cvtepi8_epi16(sc_bytes);
+      __m256i sumi[K];
+      // Codes are stored +32; subtract 32 * sum_g scale_g * bsum_g once per super-block.
+#pragma GCC unroll 4
+      for (int j = 0; j < K; ++j)
+        sumi[j] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, load256(y[j][i].bsums)), 5));
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* ql = x[i].ql + 64 * h;
+        const __m256i ql0 = load256(ql), ql1 = load256(ql + 32), qh = load256(x[i].qh + 32 * h);
+        const __m256i sc =
+            _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h == 0 ? sc_bytes : _mm_srli_si128(sc_bytes, 8)));
+        const __m256i q[4] = {
+            _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4)),
+            _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4))};
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          const __m256i s = scale_pair(sc, c);
+#pragma GCC unroll 4
+          for (int j = 0; j < K; ++j) {
+            const int8_t* q8 = y[j][i].qs + 128 * h + 32 * c;
+            sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(_mm256_maddubs_epi16(q[c], load256(q8)), s));
+          }
+        }
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < K; ++j)
+        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i].d) * f32(y[j][i].d)), _mm256_cvtepi32_ps(sumi[j]), acc[j]);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < K; ++j) out[j] = hsum(acc[j]);
   }
-  *out = hsum(acc);
-}
+};
 
 void dot_q3_k(int64_t n, float* out, const void* w, const void* a) {
   const Q3_K* x = static_cast<const Q3_K*>(w);
@@ -489,16 +592,19 @@ KernelTable make_table() {
   set_vec_dot<dot_f32>(t, TensorType::F32);
   set_vec_dot<dot_f16>(t, TensorType::F16);
   set_vec_dot<dot_bf16>(t, TensorType::BF16);
-  set_vec_dot<dot_q8_0>(t, TensorType::Q8_0);
-  set_vec_dot<dot_q4_0>(t, TensorType::Q4_0);
+  set_vec_dot<dot_one<DotQ8_0>>(t, TensorType::Q8_0, dot_multi<DotQ8_0>);
+  set_prepared(t, TensorType::Q8_0, {prepare_q8_0_avx2, prepared_bytes_q8_0_avx2, prepared_q8_rows<Q8Codes>, 1});
+  // Q4_0 reads the same (prepared) Q8_0 activations.
+  set_vec_dot<dot_one<DotQ4_0>>(t, TensorType::Q4_0, dot_multi<DotQ4_0>);
+  set_prepared(t, TensorType::Q4_0, {prepare_q8_0_avx2, prepared_bytes_q8_0_avx2, prepared_q8_rows<Q4Codes>, 1});
   set_vec_dot<dot_q5_0>(t, TensorType::Q5_0);
   set_vec_dot<dot_q_1<Q4_1, false>>(t, TensorType::Q4_1);
   set_vec_dot<dot_q_1<Q5_1, true>>(t, TensorType::Q5_1);
   set_vec_dot<dot_q2_k>(t, TensorType::Q2_K);
   set_vec_dot<dot_q3_k>(t, TensorType::Q3_K);
-  set_vec_dot<dot_q45_k<false, Q4_K>>(t, TensorType::Q4_K);
-  set_vec_dot<dot_q45_k<true, Q5_K>>(t, TensorType::Q5_K);
-  set_vec_dot<dot_q6_k>(t, TensorType::Q6_K);
+  set_vec_dot<dot_one<DotQ4K>>(t, TensorType::Q4_K, dot_multi<DotQ4K>);
+  set_vec_dot<dot_one<DotQ5K>>(t, TensorType::Q5_K, dot_multi<DotQ5K>);
+  set_vec_dot<dot_one<DotQ6K>>(t, TensorType::Q6_K, dot_multi<DotQ6K>);
   t.quantize_act[id(TensorType::Q8_0)] = quantize_q8_0;
   t.quantize_act[id(TensorType::Q8_1)] = quantize_q8_1;
   t.quantize_act[id(TensorType::Q8_K)] = quantize_q8_k;

@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "backends/cpu/quant.h"
+#include "backends/cpu/simd/rows_entry.h"
 #include "platforms/platform.h"
 
 namespace moelite::cpu {
@@ -42,30 +43,10 @@ inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const
 inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1); }
 inline __m512 join_scales(float lo, float hi) { return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1); }
 
-// Every kernel below takes K activation rows (a, a + stride, ...) and is written once for all K:
-// the weight block is loaded and decoded once, then each row runs exactly the operation
-// sequence of the K = 1 instance in accumulators of its own. vec_dot is the K = 1 instance, so
-// the multi-row entries are bit-identical to it by construction, not just close.
-template <typename Block>
-inline const Block* act_row(const void* a, size_t stride, int j) {
-  return reinterpret_cast<const Block*>(static_cast<const uint8_t*>(a) + static_cast<size_t>(j) * stride);
-}
-
-// Entry points from a template kernel Fn<K>(n, out, w, a, stride).
-template <template <int> class Fn>
-void dot_one(int64_t n, float* out, const void* w, const void* a) {
-  Fn<1>::run(n, out, w, a, 0);
-}
-template <template <int> class Fn>
-void dot_multi(int64_t n, float* out, const void* w, const void* a, size_t stride, int count) {
-  switch (count) {
-    case 1: Fn<1>::run(n, out, w, a, stride); break;
-    case 2: Fn<2>::run(n, out, w, a, stride); break;
-    case 3: Fn<3>::run(n, out, w, a, stride); break;
-    default: Fn<4>::run(n, out, w, a, stride); break;
-  }
-}
-static_assert(kMultiDot == 4, "dot_multi dispatches counts 1..4");
+// Every kernel below takes K activation rows and is written once for all K (rows_entry.h makes
+// vec_dot and multi-dot of it): the weight block is loaded and decoded once, then each row runs
+// exactly the operation sequence of the K = 1 instance in accumulators of its own. vec_dot is the
+// K = 1 instance, so the multi-row entries are bit-identical to it by construction, not just close.
 
 // ---- float types ----------------------------------------------------------------------------
 
@@ -185,15 +166,18 @@ inline __m512i neg_bias_quad(Quad q, __m512i bias) {
 constexpr size_t kPrepQuadBytes = 256, kPrepTailBytes = 64;
 
 // The activation side of 4 blocks of one activation row: the Quad, -128 * its lane sums (formed
-// only when kBias) and the scales spread over their lane groups, read from a prepared row (`p`) or
-// formed from the Q8_0 blocks (`b`).
+// only when kBias) and the scales spread over their lane groups, read from a prepared row or
+// formed from the Q8_0 blocks of a plain one.
 struct ActQuad {
   Quad q;
   __m512i neg128;
   __m512 d;
 };
+// `row` is the activation row, prepared or plain: blocks i.. of it, at byte `off` when prepared.
 template <bool kPrepared, bool kBias = true>
-inline ActQuad act_quad(const uint8_t* p, const Q8_0* b, __m512i bias, __m512i spread) {
+inline ActQuad act_quad(const uint8_t* row, size_t off, int64_t i, __m512i bias, __m512i spread) {
+  const uint8_t* p = row + off;
+  const Q8_0* b = reinterpret_cast<const Q8_0*>(row) + i;
   if constexpr (kPrepared) {
     return {{load512(p), load512(p + 64)}, load512(p + 128), _mm512_loadu_ps(p + 192)};
   } else {
@@ -209,7 +193,9 @@ struct ActBlock {
   float d;
 };
 template <bool kPrepared>
-inline ActBlock act_block(const uint8_t* p, const Q8_0* b, __m512i bias) {
+inline ActBlock act_block(const uint8_t* row, size_t off, int64_t i, __m512i bias) {
+  const uint8_t* p = row + off;
+  const Q8_0* b = reinterpret_cast<const Q8_0*>(row) + i;
   if constexpr (kPrepared) {
     return {{_mm512_zextsi128_si512(load128(p)), _mm512_zextsi128_si512(load128(p + 16))},
             _mm512_zextsi128_si512(load128(p + 32)), f32(p + 48)};
@@ -228,11 +214,10 @@ struct Q8Tile {
   static void run(int64_t n, float* out, size_t out_stride, const void* w, size_t w_stride, const void* a,
                   size_t a_stride) {
     const Q8_0* x[NR];
-    const Q8_0* y[K];
-    const uint8_t* yp[K];
+    const uint8_t* y[K];  // plain Q8_0 rows or prepared rows
     __m512 acc[NR][K];
     for (int r = 0; r < NR; ++r) x[r] = act_row<Q8_0>(w, w_stride, r);
-    for (int j = 0; j < K; ++j) y[j] = act_row<Q8_0>(a, a_stride, j), yp[j] = act_row<uint8_t>(a, a_stride, j);
+    for (int j = 0; j < K; ++j) y[j] = act_row<uint8_t>(a, a_stride, j);
     for (int r = 0; r < NR; ++r)
       for (int j = 0; j < K; ++j) acc[r][j] = _mm512_setzero_ps();
     const int64_t nb = n / kQK;
@@ -258,7 +243,7 @@ struct Q8Tile {
       }
 #pragma GCC unroll 4
       for (int j = 0; j < K; ++j) {
-        const ActQuad a = act_quad<kPrepared, kBiasWeights>(yp[j] + off, y[j] + i, bias, spread);
+        const ActQuad a = act_quad<kPrepared, kBiasWeights>(y[j], off, i, bias, spread);
         const Quad aq = kBiasWeights ? a.q : xor_quad(a.q, bias);
 #pragma GCC unroll 4
         for (int r = 0; r < NR; ++r) {
@@ -275,7 +260,7 @@ struct Q8Tile {
       // Single blocks in lane group 0 (lo: bytes 0..15, hi: 16..31); the other lanes multiply zeros.
 #pragma GCC unroll 4
       for (int j = 0; j < K; ++j) {
-        const ActBlock a = act_block<kPrepared>(yp[j] + off, y[j] + i, bias);
+        const ActBlock a = act_block<kPrepared>(y[j], off, i, bias);
 #pragma GCC unroll 2
         for (int r = 0; r < NR; ++r) {
           const Quad wv = xor_quad({_mm512_zextsi128_si512(load128(x[r][i].qs)), _mm512_zextsi128_si512(load128(x[r][i].qs + 16))}, bias);
@@ -364,11 +349,10 @@ struct Q4Tile {
   static void run(int64_t n, float* out, size_t out_stride, const void* w, size_t w_stride, const void* a,
                   size_t a_stride) {
     const Q4_0* x[NR];
-    const Q8_0* y[K];
-    const uint8_t* yp[K];
+    const uint8_t* y[K];  // plain Q8_0 rows or prepared rows
     __m512 acc[NR][K];
     for (int r = 0; r < NR; ++r) x[r] = act_row<Q4_0>(w, w_stride, r);
-    for (int j = 0; j < K; ++j) y[j] = act_row<Q8_0>(a, a_stride, j), yp[j] = act_row<uint8_t>(a, a_stride, j);
+    for (int j = 0; j < K; ++j) y[j] = act_row<uint8_t>(a, a_stride, j);
     for (int r = 0; r < NR; ++r)
       for (int j = 0; j < K; ++j) acc[r][j] = _mm512_setzero_ps();
     const int64_t nb = n / kQK;
@@ -387,7 +371,7 @@ struct Q4Tile {
       }
 #pragma GCC unroll 4
       for (int j = 0; j < K; ++j) {
-        const ActQuad a = act_quad<kPrepared>(yp[j] + off, y[j] + i, bias, spread);
+        const ActQuad a = act_quad<kPrepared>(y[j], off, i, bias, spread);
         const __m512i neg8 = _mm512_srai_epi32(a.neg128, 4);
 #pragma GCC unroll 4
         for (int r = 0; r < NR; ++r) {
@@ -400,7 +384,7 @@ struct Q4Tile {
       // Single blocks in lane group 0; the other lanes multiply zeros.
 #pragma GCC unroll 4
       for (int j = 0; j < K; ++j) {
-        const ActBlock a = act_block<kPrepared>(yp[j] + off, y[j] + i, bias);
+        const ActBlock a = act_block<kPrepared>(y[j], off, i, bias);
         const __m512i neg8 = _mm512_srai_epi32(a.neg128, 4);
 #pragma GCC unroll 2
         for (int r = 0; r < NR; ++r) {
