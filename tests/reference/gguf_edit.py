@@ -11,8 +11,9 @@ from moelite_gguf.reader import GGUFReader  # noqa: E402
 from moelite_gguf.writer import GGUFWriter  # noqa: E402
 
 
-def rewrite(src, dst, drop_keys=(), set_keys=None, drop_tensors=(), retype=None, reshape=None):
-    """Copies a GGUF through the independent reader/writer with the given edits."""
+def rewrite(src, dst, drop_keys=(), set_keys=None, drop_tensors=(), retype=None, reshape=None, requantize=None):
+    """Copies a GGUF through the independent reader/writer with the given edits. retype relabels a
+    tensor's bytes (for error tests); requantize {name: type} converts its values to another type."""
     r = GGUFReader(src)
     w = GGUFWriter(dst)
     for key, value in r.metadata.items():
@@ -35,6 +36,10 @@ def rewrite(src, dst, drop_keys=(), set_keys=None, drop_tensors=(), retype=None,
         if retype and name in retype:
             ttype, nb = retype[name]
             raw = raw[:nb]
+        if requantize and name in requantize:
+            values = Q.dequantize(raw, ttype, int(np.prod(ne)))
+            ttype = Q.type_id(requantize[name])
+            raw = bytes(Q.quantize(values, ttype))
         w.add_tensor(name, ne, ttype, raw)
     w.write()
     return dst

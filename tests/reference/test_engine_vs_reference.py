@@ -171,6 +171,23 @@ def test_batch_splitting_does_not_change_results():
     np.testing.assert_array_equal(whole, split)
 
 
+def test_mixed_expert_types_match_reference_and_batching():
+    """Up projections in Q4_0 beside Q8_0 gate and down: two weight types of one activation format,
+    so the CPU drivers quantize (and, on tables with a prepared path, prepare) the activations once
+    for both. The logits follow the reference, and prefill in one batch, in batches of 3 and token
+    by token give the same bits."""
+    base = make_model("olmoe-Q8_0", "olmoe", "Q8_0")
+    n_layer = GGUFReader(base).metadata["olmoe.block_count"]
+    mixed = rewrite(base, os.path.join(TMP, "olmoe-Q8_0-up-Q4_0.gguf"),
+                    requantize={"blk.%d.ffn_up_exps.weight" % il: "Q4_0" for il in range(n_layer)})
+    assert GGUFReader(mixed).tensors["blk.0.ffn_up_exps.weight"]["type"] == 2  # Q4_0
+    whole = engine_logits(mixed)
+    assert nmse(whole, reference_logits(mixed)) < TIGHT_QUANT
+    assert nmse(whole, engine_logits(base)) > 1e-6  # the requantized weights do change the model
+    np.testing.assert_array_equal(whole, engine_logits(mixed, extra=("-b", "3")))
+    np.testing.assert_array_equal(whole, engine_logits(mixed, extra=("-b", "1")))
+
+
 def tensor_span(path, name):
     r = GGUFReader(path)
     t = r.tensors[name]
