@@ -13,6 +13,7 @@
 
 #include "backends/cpu/quant.h"
 #include "backends/cpu/simd/rows_entry.h"
+#include "backends/cpu/simd/x86_kquant.h"
 #include "platforms/platform.h"
 
 namespace moelite::cpu {
@@ -254,16 +255,6 @@ void dot_q_1(int64_t n, float* out, const void* w, const void* a) {
 
 // ---- K-quants -------------------------------------------------------------------------------
 
-// Q4_K/Q5_K packed scales -> bytes 0..7 scales, 8..15 mins (see unpack_scales_q4k).
-inline __m128i q4k_scales_mins(const uint8_t p[12]) {
-  // Built in registers: storing four u32 and reloading them as one vector would stall on
-  // store forwarding (measured: a third of the Q4_K throughput).
-  uint32_t a[3];
-  std::memcpy(a, p, 12);
-  const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
-  return _mm_setr_epi32(static_cast<int>(a[0] & m6), static_cast<int>((a[2] & m4) | (((a[0] >> 6) & m2) << 4)),
-                        static_cast<int>(a[1] & m6), static_cast<int>(((a[2] >> 4) & m4) | (((a[1] >> 6) & m2) << 4)));
-}
 // Q3_K packed scales -> 16 int8 scales with the -32 offset applied (see unpack_scales_q3k).
 inline __m128i q3k_scales(const uint8_t p[12]) {
   uint32_t a[3];
@@ -338,19 +329,13 @@ struct DotQ45K {
 #pragma GCC unroll 4
         for (int j = 0; j < K; ++j) {
           const float da = f32(y[j][i].d);
-          // Mins: sum_g min_g * (bsum_{2g} + bsum_{2g+1}).
-          const __m256i bs = load256(y[j][i].bsums);
-          const __m128i bs_pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-          const __m128i pm = _mm_madd_epi16(mins, bs_pairs);
-          acc_m[j] = _mm_fmadd_ps(_mm_set1_ps(dmin * da), _mm_cvtepi32_ps(pm), acc_m[j]);
+          acc_m[j] = q4k_mins_fma(acc_m[j], mins, y[j][i].bsums, dmin * da);
           acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * da), _mm256_cvtepi32_ps(sumi[j]), acc[j]);
         }
       }
 #pragma GCC unroll 4
       for (int j = 0; j < K; ++j) {
-        __m128 m = _mm_add_ps(acc_m[j], _mm_movehl_ps(acc_m[j], acc_m[j]));
-        m = _mm_add_ss(m, _mm_movehdup_ps(m));
-        out[j] = hsum(acc[j]) - _mm_cvtss_f32(m);
+        out[j] = hsum(acc[j]) - hsum128(acc_m[j]);
       }
     }
   };

@@ -20,6 +20,7 @@
 
 #include "backends/cpu/quant.h"
 #include "backends/cpu/simd/rows_entry.h"
+#include "backends/cpu/simd/x86_kquant.h"
 #include "platforms/platform.h"
 
 namespace moelite::cpu {
@@ -402,16 +403,6 @@ struct Q4Tile {
 
 // ---- K-quants -------------------------------------------------------------------------------
 
-// Q4_K/Q5_K packed scales -> bytes 0..7 scales, 8..15 mins (see unpack_scales_q4k). Built in
-// registers to avoid a store-forwarding stall.
-inline __m128i q4k_scales_mins(const uint8_t p[12]) {
-  uint32_t a[3];
-  std::memcpy(a, p, 12);
-  const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
-  return _mm_setr_epi32(static_cast<int>(a[0] & m6), static_cast<int>((a[2] & m4) | (((a[0] >> 6) & m2) << 4)),
-                        static_cast<int>(a[1] & m6), static_cast<int>(((a[2] >> 4) & m4) | (((a[1] >> 6) & m2) << 4)));
-}
-
 // Index vector for permutexvar_epi16: 256-bit half h of the result repeats int16 lane (lo, hi).
 inline __m512i halves_idx(int lo, int hi) {
   return join(_mm256_set1_epi16(static_cast<short>(lo)), _mm256_set1_epi16(static_cast<short>(hi)));
@@ -470,10 +461,7 @@ struct DotQ45K {
         for (int j = 0; j < K; ++j) {
           const Q8_K& b = y[j][i];
           const float da = f32(b.d);
-          const __m256i bs = load256(b.bsums);
-          const __m128i bs_pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-          const __m128i pm = _mm_madd_epi16(mins, bs_pairs);
-          acc_m[j] = _mm_fmadd_ps(_mm_set1_ps(dmin * da), _mm_cvtepi32_ps(pm), acc_m[j]);
+          acc_m[j] = q4k_mins_fma(acc_m[j], mins, b.bsums, dmin * da);
           __m512i sumi = _mm512_setzero_si512();
 #pragma GCC unroll 4
           for (int c = 0; c < 4; ++c)
@@ -483,9 +471,7 @@ struct DotQ45K {
       }
 #pragma GCC unroll 4
       for (int j = 0; j < K; ++j) {
-        __m128 m = _mm_add_ps(acc_m[j], _mm_movehl_ps(acc_m[j], acc_m[j]));
-        m = _mm_add_ss(m, _mm_movehdup_ps(m));
-        out[j] = _mm512_reduce_add_ps(acc[j]) - _mm_cvtss_f32(m);
+        out[j] = _mm512_reduce_add_ps(acc[j]) - hsum128(acc_m[j]);
       }
     }
   };
