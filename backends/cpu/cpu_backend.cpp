@@ -546,8 +546,10 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
   MOELITE_TRY(prepare_rows(gate_type, step, xg_gate, gate_stride, h_rows, n_embd, &prep_a_, &ag));
   // Gate and up share prepared rows where they read the same activations through the same
   // prepare (one type, or two types of one dot format such as Q8_0 with Q4_0).
-  const PreparedTile &pg = k_.prepared[static_cast<uint32_t>(gate_type)], &pu = k_.prepared[static_cast<uint32_t>(up_type)];
-  if (xg_up == xg_gate && (up_type == gate_type || (pg.tile && pu.tile && pg.prepare == pu.prepare && pg.rows == pu.rows)))
+  const PreparedTile& pg = k_.prepared[static_cast<uint32_t>(gate_type)];
+  const PreparedTile& pu = k_.prepared[static_cast<uint32_t>(up_type)];
+  const bool same_prepare = pg.tile && pu.tile && pg.prepare == pu.prepare && pg.rows == pu.rows;
+  if (xg_up == xg_gate && (up_type == gate_type || same_prepare))
     au = ActRows{xg_up, up_stride, ag.prepared, ag.prepared_stride};
   else
     MOELITE_TRY(prepare_rows(up_type, step, xg_up, up_stride, h_rows, n_embd, &prep_b_, &au));
@@ -594,13 +596,12 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
   // Each h row's length (its job's n_ff), for quantizing and preparing it: only quantized down
   // weights read it, so float ones skip building it.
   const bool quantized = dot_type(down_type) != TensorType::F32;
+  const int64_t* row_ff = nullptr;
   if (quantized) {
     MOELITE_TRY(grow(&row_ff_, static_cast<size_t>(h_rows)));
     for (size_t j = 0; j < jobs.size(); ++j)
       for (int64_t i = 0; i < jobs[j].n_rows; ++i) row_ff_[static_cast<size_t>(h_offset_[j] + i)] = jobs[j].w->gate.rows;
-  }
-  const int64_t* row_ff = row_ff_.data();
-  if (quantized) {
+    row_ff = row_ff_.data();
     // Jobs with a shorter n_ff are quantized per job so each row is exactly that job's length.
     MOELITE_TRY(grow(&qbuf2_, hq_stride * static_cast<size_t>(h_rows)));
     QuantizeRowFn quantize = k_.quantize_act[static_cast<uint32_t>(dot_type(down_type))];
@@ -621,7 +622,7 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
   // results[out_row] = down h.
   const int step = row_step(k_, down_type, max_rows_of(jobs));
   ActRows ad;
-  MOELITE_TRY(prepare_rows(down_type, step, hq, hq_stride, h_rows, n_ff_max, &prep_a_, &ad, quantized ? row_ff : nullptr));
+  MOELITE_TRY(prepare_rows(down_type, step, hq, hq_stride, h_rows, n_ff_max, &prep_a_, &ad, row_ff));
   const std::vector<Task> tasks = split_rows(
       jobs, [](const FfnJob& j) { return j.w->down.rows; }, pool_->size(), step);
   pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {

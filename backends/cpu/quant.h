@@ -60,8 +60,8 @@ constexpr int kQuadRows = 4;
 //   prepare(a_row, n, out): one activation row in the dot type -> prepared_bytes(n) bytes.
 //   tile: the VecDotTileFn contract with `rows` weight rows and prepared activation rows
 //     (a_stride apart, in bytes); with rows = 1 (tables without row tiles, e.g. avx2) it is a
-//     multi-dot over prepared rows and w_stride is unused. Each output is bit-identical to the table's vec_dot of that
-//     weight row and the activation row that was prepared.
+//     multi-dot over prepared rows and w_stride is unused. Each output is bit-identical to the
+//     table's vec_dot of that weight row and the activation row that was prepared.
 using PrepareActFn = void (*)(const void* a_row, int64_t n, void* out);
 using PreparedBytesFn = size_t (*)(int64_t n);
 struct PreparedTile {
