@@ -34,11 +34,18 @@ def moelite_bench(cli, model, threads, n_prompt, n_gen, extra=()):
 
 
 def llama_bench(binary, model, threads, n_prompt, n_gen):
-    """llama-bench's JSON: one record per test (prompt processing, then generation)."""
+    """llama-bench's JSON: one record per test (prompt processing, then generation). A failing peer
+    (llama.cpp c392e5094 aborts on Q4_0 MoE files in its repack path) is reported, not fatal: the
+    result is {"error": its message}."""
     cmd = [binary, "-m", model, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen), "-r", "3", "-o", "json"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
-        sys.exit("llama-bench failed: %s\n%s" % (" ".join(cmd), r.stderr[-2000:]))
+        lines = [ln.strip() for ln in r.stderr.splitlines() if ln.strip()]
+        # Its own message (GGML_ASSERT, error: ...) rather than the debugger's noise after it.
+        own = [ln for ln in lines if any(w in ln.lower() for w in ("assert", "error", "abort", "failed"))]
+        print("llama-bench failed (%d): %s" % (r.returncode, " ".join(cmd)), file=sys.stderr)
+        why = (own or lines or ["exit status %d" % r.returncode])[0]
+        return {"build_commit": None, "error": why}
     out = {"build_commit": None}
     for rec in json.loads(r.stdout):
         out["build_commit"] = rec.get("build_commit")
@@ -82,10 +89,15 @@ def main():
         else:
             for k in ("prefill_tok_s", "decode_tok_s"):
                 resident[k] = max(resident[k], m[k])
-        if a.llama_bench:
+        if a.llama_bench and not (peer and "error" in peer):
             p = llama_bench(a.llama_bench, a.model, a.threads, a.prompt, a.gen)
-            peer = p if peer is None else {k: max(peer.get(k, 0), p.get(k, 0)) if k != "build_commit" else v
-                                           for k, v in p.items()}
+            if peer is None or "error" in p:
+                peer = p
+            else:
+                peer = {k: max(peer.get(k, 0), v) if k != "build_commit" else v for k, v in p.items()}
+    failed_peer = peer if peer and "error" in peer else None
+    if failed_peer:
+        peer = None
     budgeted = []
     for budget in filter(None, a.budgets.split(",")):
         for policy in filter(None, a.policies.split(",")):
@@ -101,7 +113,7 @@ def main():
         "n_gen": a.gen,
         "moelite": {k: resident[k] for k in ("backend", "prefill_tok_s", "decode_tok_s", "decode_bound_tok_s",
                                              "decode_fraction_of_bound", "dram_read_gb_s")},
-        "llama_cpp": peer,
+        "llama_cpp": peer or failed_peer,
         "decode_ratio": resident["decode_tok_s"] / peer["decode_tok_s"] if peer else None,
         "prefill_ratio": resident["prefill_tok_s"] / peer["prefill_tok_s"] if peer else None,
         "budgeted": budgeted,
@@ -112,6 +124,8 @@ def main():
     if peer:
         md.append("| llama.cpp (%s) | %.1f | %.2f | 1.00 | 1.00 |" % (peer["build_commit"], peer["prefill_tok_s"],
                                                                      peer["decode_tok_s"]))
+    elif failed_peer:
+        md.append("| llama.cpp: failed (%s) | - | - | - | - |" % failed_peer["error"].replace("|", "/")[:160])
     md.append("| moelite %s | %.1f | %.2f | %s | %s |" % (
         mo["backend"], mo["prefill_tok_s"], mo["decode_tok_s"],
         "%.2f" % report["decode_ratio"] if peer else "-", "%.2f" % report["prefill_ratio"] if peer else "-"))

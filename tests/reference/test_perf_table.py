@@ -1,0 +1,63 @@
+"""tools/perf_table.py against stand-in peers: a llama-bench that prints its JSON (the ratios are
+moelite's numbers over the peer's) and one that aborts as llama.cpp c392e5094 does on Q4_0 MoE
+files (reported in the table and the JSON, not fatal). moelite itself runs on the shipped model."""
+import json
+import os
+import stat
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BIN = os.environ.get("MOELITE_BIN", os.path.join(ROOT, "build", "bin", "moelite"))
+MODEL = os.path.join(ROOT, "models", "moelite-tiny-qwen3moe-Q8_0.gguf")
+TMP = os.path.join(os.environ.get("MOELITE_TEST_TMP", "/tmp/moelite-ref-tests"), "perf_table")
+
+GOOD_PEER = """#!/bin/sh
+cat <<'JSON'
+[{"build_commit": "peer1", "n_prompt": 8, "n_gen": 0, "avg_ts": 50.0},
+ {"build_commit": "peer1", "n_prompt": 0, "n_gen": 4, "avg_ts": 10.0}]
+JSON
+"""
+FAILING_PEER = """#!/bin/sh
+echo "llama_model_load: loading" >&2
+echo "ggml-cpu-aarch64.cpp:4012: GGML_ASSERT(params->wsize >= x) failed" >&2
+echo "ptrace: Operation not permitted." >&2
+kill -ABRT $$
+"""
+
+
+def peer(name, text):
+    os.makedirs(TMP, exist_ok=True)
+    path = os.path.join(TMP, name)
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+    return path
+
+
+def run_table(peer_path):
+    out_json = os.path.join(TMP, os.path.basename(peer_path) + ".json")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "perf_table.py"), "-m", MODEL, "--moelite", BIN,
+                        "--llama-bench", peer_path, "-p", "8", "-n", "4", "--budgets", "", "--rounds", "1",
+                        "--json", out_json], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout, json.load(open(out_json))
+
+
+def test_ratios_are_moelite_over_the_peer():
+    text, report = run_table(peer("good-peer", GOOD_PEER))
+    assert report["llama_cpp"] == {"build_commit": "peer1", "prefill_tok_s": 50.0, "decode_tok_s": 10.0}
+    m = report["moelite"]
+    assert m["prefill_tok_s"] > 0 and m["decode_tok_s"] > 0
+    assert abs(report["prefill_ratio"] - m["prefill_tok_s"] / 50.0) < 1e-12
+    assert abs(report["decode_ratio"] - m["decode_tok_s"] / 10.0) < 1e-12
+    assert "| llama.cpp (peer1) | 50.0 | 10.00 | 1.00 | 1.00 |" in text
+
+
+def test_a_failing_peer_is_reported_not_fatal():
+    text, report = run_table(peer("failing-peer", FAILING_PEER))
+    assert report["llama_cpp"]["error"].startswith("ggml-cpu-aarch64.cpp:4012: GGML_ASSERT")
+    assert report["decode_ratio"] is None and report["prefill_ratio"] is None
+    assert report["moelite"]["decode_tok_s"] > 0
+    assert "| llama.cpp: failed (ggml-cpu-aarch64.cpp:4012: GGML_ASSERT" in text
