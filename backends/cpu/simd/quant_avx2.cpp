@@ -142,8 +142,6 @@ struct Q4Codes {
   static __m256i codes(const Q4_0& b) { return _mm256_sub_epi8(nibbles(b.qs), _mm256_set1_epi8(8)); }
 };
 // One activation row: plain Q8_0 blocks, or the prepared layout (nb x 32 codes, then nb floats).
-// No member initializers: the kernels hold an array of these, and zeroing it costs a `rep stos`
-// per call (6 % of prefill time in a profile).
 struct PlainQ8Row {
   const Q8_0* y;
   void init(const void* row, int64_t /*nb*/) { y = static_cast<const Q8_0*>(row); }
@@ -182,13 +180,16 @@ struct Q8Dot {
       const auto* x = static_cast<const typename W::Block*>(w);
       const int64_t nb = n / kQK;
       Act y[K];
-      __m256 acc[2][K];
+      // Two arrays, and every loop over them unrolled: otherwise GCC keeps them in memory and
+      // zeroes them with `rep stos` on every call.
+      __m256 even[K], odd[K];
+#pragma GCC unroll 4
       for (int j = 0; j < K; ++j) {
         y[j].init(act_row<uint8_t>(a, stride, j), nb);
-        acc[0][j] = acc[1][j] = _mm256_setzero_ps();
+        even[j] = odd[j] = _mm256_setzero_ps();
       }
       const __m256i ones = _mm256_set1_epi16(1);
-      auto block = [&](int64_t i, int h) {
+      auto block = [&](int64_t i, __m256(&acc)[K]) {
         const __m256i q = W::codes(x[i]);
         const __m256i qa = _mm256_sign_epi8(q, q);
         // dw * da as a vector product of broadcasts: the same single rounding as a scalar product.
@@ -196,17 +197,17 @@ struct Q8Dot {
 #pragma GCC unroll 4
         for (int j = 0; j < K; ++j) {
           const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(y[j].codes(i), q)), ones);
-          acc[h][j] = _mm256_fmadd_ps(_mm256_mul_ps(dw, y[j].scale(i)), _mm256_cvtepi32_ps(p), acc[h][j]);
+          acc[j] = _mm256_fmadd_ps(_mm256_mul_ps(dw, y[j].scale(i)), _mm256_cvtepi32_ps(p), acc[j]);
         }
       };
       int64_t i = 0;
       for (; i + 2 <= nb; i += 2) {
-        block(i, 0);
-        block(i + 1, 1);
+        block(i, even);
+        block(i + 1, odd);
       }
-      if (i < nb) block(i, 0);
+      if (i < nb) block(i, even);
 #pragma GCC unroll 4
-      for (int j = 0; j < K; ++j) out[j] = hsum(_mm256_add_ps(acc[0][j], acc[1][j]));
+      for (int j = 0; j < K; ++j) out[j] = hsum(_mm256_add_ps(even[j], odd[j]));
     }
   };
 };
@@ -293,6 +294,7 @@ struct DotQ45K {
       const Q8_K* y[K];
       __m256 acc[K];
       __m128 acc_m[K];
+#pragma GCC unroll 4  // every loop over the accumulators unrolled, or they stay in memory
       for (int j = 0; j < K; ++j) {
         y[j] = act_row<Q8_K>(a, stride, j);
         acc[j] = _mm256_setzero_ps();
@@ -307,6 +309,7 @@ struct DotQ45K {
         __m256i hbits = _mm256_setzero_si256();
         if constexpr (kFive) hbits = load256(x[i].qh);
         __m256i sumi[K];
+#pragma GCC unroll 4
         for (int j = 0; j < K; ++j) sumi[j] = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int c = 0; c < 4; ++c) {
@@ -353,6 +356,7 @@ struct DotQ6K {
     const Q6_K* x = static_cast<const Q6_K*>(w);
     const Q8_K* y[K];
     __m256 acc[K];
+#pragma GCC unroll 4
     for (int j = 0; j < K; ++j) {
       y[j] = act_row<Q8_K>(a, stride, j);
       acc[j] = _mm256_setzero_ps();
