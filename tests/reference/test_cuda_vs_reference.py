@@ -19,7 +19,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_engine_vs_reference import (ARCHS, BIN, LOOSE, TIGHT_FLOAT, TMP, TOKENS, TYPES,  # noqa: E402
+from test_engine_vs_reference import (BIN, DEVICE_MATRIX, LOOSE, TIGHT_FLOAT, TMP, TOKENS,  # noqa: E402
                                       engine_logits, make_model, nmse, reference_logits)
 
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -50,8 +50,7 @@ def cuda_logits(model, device="integrated", extra=(), tokens=TOKENS):
     return np.fromfile(out, dtype="<f4").reshape(len(tokens), -1)
 
 
-@pytest.mark.parametrize("wtype", TYPES)
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch,wtype", DEVICE_MATRIX)
 def test_cuda_logits_match_reference(arch, wtype):
     model = make_model("%s-%s" % (arch, wtype), arch, wtype)
     got = cuda_logits(model)

@@ -21,7 +21,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_engine_vs_reference import (ARCHS, BIN, LOOSE, TIGHT_FLOAT, TOKENS, TYPES, engine_logits,  # noqa: E402
+from test_engine_vs_reference import (BIN, DEVICE_MATRIX, LOOSE, TIGHT_FLOAT, TOKENS, engine_logits,  # noqa: E402
                                       make_model, nmse, reference_logits)
 
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -51,8 +51,7 @@ def vulkan_logits(model, tokens=TOKENS, extra=()):
     return np.fromfile(out, dtype="<f4").reshape(len(tokens), -1)
 
 
-@pytest.mark.parametrize("wtype", TYPES)
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch,wtype", DEVICE_MATRIX)
 def test_vulkan_logits_match_reference(arch, wtype):
     model = make_model("%s-%s" % (arch, wtype), arch, wtype)
     vk = vulkan_logits(model)
