@@ -339,12 +339,13 @@ std::vector<Fragment> partition_special(const Vocab& v, const std::string& text,
       if (len > text.size() - i) continue;
       int32_t id = v.find(std::string_view(text.data() + i, len));
       if (id < 0) continue;
-      TokenAttr a = v.attr[id];
+      const TokenAttr a = v.attr[id];
       // The text may belong to an ordinary token of the same length: only special ones split.
+      // Trusted text splits them only inside its trusted ranges; other text always at user-defined
+      // tokens, and at control and unknown ones where special parsing is on.
       const bool special = a == TokenAttr::UserDefined || a == TokenAttr::Control || a == TokenAttr::Unknown;
-      bool eligible = trusted ? special && allowed(i, len)
-                              : a == TokenAttr::UserDefined ||
-                                    (parse_special && (a == TokenAttr::Control || a == TokenAttr::Unknown));
+      const bool eligible =
+          special && (trusted ? allowed(i, len) : a == TokenAttr::UserDefined || parse_special);
       if (eligible) found.push_back(id);
     }
   }
