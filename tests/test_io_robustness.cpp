@@ -3,6 +3,8 @@
 //  - a read stalls: the abort callback still stops the evaluation at once (MOELITE_ERR_ABORTED),
 //    and without an abort the I/O timeout does (MOELITE_ERR_IO);
 //  - another context of the model holds the evaluation lock: the abort callback still works;
+//  - a loader reads several experts in one batch and a later one stalls: the first is handed out
+//    whole (down included) as soon as its own reads land;
 //  - the io_uring reader fails a submission: it returns an error instead of waiting for reads
 //    that were never submitted, and its next batch reads the right bytes.
 // After each, the context's next evaluation gives bitwise the logits of an undisturbed run.
@@ -20,6 +22,9 @@
 #include <thread>
 #include <vector>
 
+#include "core/expert_store/expert_store.h"
+#include "core/model.h"
+#include "core/runtime.h"
 #include "moelite.h"
 #include "platforms/batch_read.h"
 #include "platforms/fault_inject.h"
@@ -303,4 +308,47 @@ TEST(IoRobustness, BatchReaderSurvivesAFailedSubmission) {
     EXPECT_EQ(got, expect);
     EXPECT_EQ(done, std::vector<bool>(3, true));
   }
+}
+
+// A routing's misses are read in one batch, and the backend computes each expert as it lands.
+// The down projection must not wait for the rest of the batch: with the second expert's first
+// read stalled, the first expert is handed out and its down chunk waited for long before the
+// stall ends. (Before: an expert became Ready only when its whole batch had landed, so the
+// compute of a layer's misses queued up behind its last read.)
+TEST(IoRobustness, AnExpertIsWholeWhenItsReadsLandNotWhenItsBatchDoes) {
+  setenv("MOELITE_IO", "pread", 1);   // reads in submission order: the 4th is expert 1's gate
+  setenv("MOELITE_IO_THREADS", "1", 1);  // one loader takes both misses in one batch
+  moelite::LoadOptions o;
+  o.n_threads = 1;
+  o.backend = moelite::BackendKind::Cpu;
+  o.expert_budget_bytes = quarter_of_experts();
+  std::unique_ptr<moelite::Model> model;
+  ASSERT_EQ(moelite::Model::load(model_path(), o, &model), MOELITE_OK) << moelite_last_error();
+  std::unique_ptr<moelite::Runtime> rt;
+  ASSERT_EQ(moelite::Runtime::create(*model, o, &rt), MOELITE_OK) << moelite_last_error();
+  unsetenv("MOELITE_IO_THREADS");
+  moelite::ExpertStore& store = *rt->store;
+  constexpr double kStall = 2.0;
+  fault::arm_stall(fault::Kind::kRead, 4, kStall);
+  const double t0 = now();
+  ASSERT_EQ(store.prepare(0, {0, 1}), MOELITE_OK) << moelite_last_error();
+  std::vector<int32_t> pending = {0, 1};
+  int32_t got = -1;
+  moelite::ExpertWeights w;
+  ASSERT_EQ(store.acquire_next(0, &pending, &got, &w), MOELITE_OK) << moelite_last_error();
+  EXPECT_EQ(got, 0);
+  ASSERT_EQ(store.wait_down(0, got), MOELITE_OK) << moelite_last_error();
+  const double first_whole = now() - t0;
+  store.release(0, got);
+  ASSERT_EQ(store.acquire_next(0, &pending, &got, &w), MOELITE_OK) << moelite_last_error();
+  EXPECT_EQ(got, 1);
+  ASSERT_EQ(store.wait_down(0, got), MOELITE_OK) << moelite_last_error();
+  const double second_whole = now() - t0;
+  store.release(0, got);
+  EXPECT_TRUE(fault::fired());
+  fault::disarm();
+  unsetenv("MOELITE_IO");
+  EXPECT_LT(first_whole, kStall / 2) << "the first expert waited for its batch's stalled read";
+  EXPECT_GE(second_whole, kStall * 0.9);
+  EXPECT_EQ(store.pinned_slots(), 0u);
 }

@@ -570,7 +570,7 @@ void ExpertStore::loader_main() {
       const size_t take = &q == &demand_q_ ? kMaxBatchExperts : 1;
       while (!q.empty() && batch.size() < take) {
         const Slot& s = slots_[static_cast<size_t>(q.front().slot)];
-        batch.push_back({q.front().slot, s.layer, s.expert});  // reserved: cannot throw
+        batch.push_back({q.front().slot, s.layer, s.expert, false});  // reserved: cannot throw
         q.pop_front();
       }
       if (batches_in_flight_++ == 0) busy_since_ = platform::now_seconds();
@@ -580,6 +580,7 @@ void ExpertStore::loader_main() {
     } catch (...) {  // out of memory for the batch's bookkeeping: its experts fail, the loader lives
       std::lock_guard<std::mutex> lock(mu_);
       for (const Load& l : batch) {
+        if (l.settled) continue;  // landed, and may hold another expert by now
         Slot& s = slots_[static_cast<size_t>(l.slot)];
         s.state = SlotState::Failed;
         s.chunks_ready = 0;
@@ -603,7 +604,7 @@ double ExpertStore::read_busy_seconds() const {
   return busy_seconds_ + (batches_in_flight_ > 0 ? platform::now_seconds() - busy_since_ : 0.0);
 }
 
-void ExpertStore::load_batch(platform::BatchReader& reader, const std::vector<Load>& loads) {
+void ExpertStore::load_batch(platform::BatchReader& reader, std::vector<Load>& loads) {
   const size_t n = loads.size();
   // The three chunks of every expert go out together; with direct I/O each is widened to aligned
   // blocks (the file may end inside the last one, hence `needed`).
@@ -636,7 +637,17 @@ void ExpertStore::load_batch(platform::BatchReader& reader, const std::vector<Lo
     {
       std::lock_guard<std::mutex> lock(mu_);
       Slot& s = slots_[static_cast<size_t>(loads[k].slot)];
-      s.chunks_ready = std::min(chunks_in(k), 2);  // the third is announced with the Ready state
+      const int32_t in = chunks_in(k);
+      if (in < 3) {
+        s.chunks_ready = in;
+      } else {  // the whole expert is in: Ready now, whatever the rest of the batch does
+        s.state = SlotState::Ready;
+        s.chunks_ready = 3;
+        s.error = MOELITE_OK;
+        s.orphaned = false;
+        s.last_use = clock_;
+        loads[k].settled = true;
+      }
     }
     ready_cv_.notify_all();
   };
@@ -653,28 +664,29 @@ void ExpertStore::load_batch(platform::BatchReader& reader, const std::vector<Lo
     if (!one_layer)
       for (size_t c = 0; c < 3; ++c)
         if (done[3 * k + c]) stats_[static_cast<size_t>(loads[k].layer)].bytes_read += ranges[3 * k + c].len;
+    // An expert whose three reads all landed was settled Ready as they did (even when another read
+    // of the batch failed), and its slot may have been evicted and reused since. The others fail
+    // with the batch's error (and are read again at their next use).
+    if (loads[k].settled) continue;
     Slot& s = slots_[static_cast<size_t>(loads[k].slot)];
-    // An expert whose three reads all landed is good even when another read of the batch failed;
-    // the others fail with the batch's error (and are read again at their next use).
-    const bool ok = chunks_in(k) == 3;
-    if (!ok && s.orphaned && s.pins > 0) {
+    if (s.orphaned && s.pins > 0) {
       // The read was started for an evaluation that has failed since, and a later one now waits
       // for it: that one gets a read of its own (the file may have been mended in between)
       // instead of the old read's error.
       s.orphaned = false;
       s.chunks_ready = 0;
       demand_q_.push_back({loads[k].slot, true});
+      loads[k].settled = true;
       work_cv_.notify_one();
       continue;
     }
-    s.state = ok ? SlotState::Ready : SlotState::Failed;
-    s.chunks_ready = ok ? 3 : 0;
-    s.error = ok ? MOELITE_OK : (st != MOELITE_OK ? st : MOELITE_ERR_IO);
+    s.state = SlotState::Failed;
+    s.chunks_ready = 0;
+    s.error = st != MOELITE_OK ? st : MOELITE_ERR_IO;
     s.last_use = clock_;
-    s.error_msg = ok ? std::string()
-                     : "reading expert " + std::to_string(loads[k].expert) + " of layer " +
-                           std::to_string(loads[k].layer) +
-                           " from '" + file_.path() + "': " + why;
+    loads[k].settled = true;
+    s.error_msg = "reading expert " + std::to_string(loads[k].expert) + " of layer " + std::to_string(loads[k].layer) +
+                  " from '" + file_.path() + "': " + why;
   }
   // A deeper layer's guesses may have been waiting for these loads.
   if (waiting_for_ < 0 && !waiting_.empty()) issue_predictions_locked();

@@ -157,8 +157,11 @@ class ExpertStore final : public ExpertSource {
   // settled on its own (Ready, or Failed with the error).
   struct Load {
     int32_t slot, layer, expert;
+    bool settled;  // its slot's state is final (Ready, or requeued); the slot may be reused since
   };
-  void load_batch(platform::BatchReader& reader, const std::vector<Load>& loads);
+  // Each expert is settled as soon as its three reads land, not when the whole batch has: the
+  // backend computes it while the batch's later experts are still read.
+  void load_batch(platform::BatchReader& reader, std::vector<Load>& loads);
   // Demand loads a loader takes in one submission: a routing's misses all start at once, even
   // when the other loaders wait for a CPU behind the compute threads.
   static constexpr size_t kMaxBatchExperts = 4;
