@@ -5,6 +5,7 @@ Markdown table.
 
     /usr/bin/python3 tools/perf_table.py -m MODEL [--llama-bench PATH] [-t 2] [-p 64] [-n 32]
         [--budgets 25%,50%] [--policies lru,lfu] [--rounds 2] [--json F] [--md F]
+        [--throttle 1.0,1.5]
 
 llama.cpp is the peer: build it yourself outside this repository and pass its llama-bench (or set
 LLAMA_BENCH). moelite does not build or ship it. The two engines run alternately, `--rounds`
@@ -13,7 +14,10 @@ ratios within one run mean anything: machines of one kind differ, and their band
 
 Budgeted rows are moelite's alone (llama.cpp has no expert budget; under a memory cap its mmap
 pages experts through the page cache), reported against the storage bound moelite's bench
-measures (decode_fraction_of_budget_bound).
+measures (decode_fraction_of_budget_bound). That bound divides by a measured storage speed, which
+a drifting or bursting virtual disk makes unreliable; `--throttle R,...` (root) repeats the
+budgeted rows on a RAM-backed device capped at R GB/s (tools/throttled_storage.py), where the bound
+is known: min(DRAM bound, R / bytes read per token).
 """
 import argparse
 import json
@@ -24,10 +28,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def moelite_bench(cli, model, threads, n_prompt, n_gen, extra=()):
+def moelite_bench(cli, model, threads, n_prompt, n_gen, extra=(), preexec_fn=None):
     cmd = [cli, "bench", "-m", model, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen), "-r", "2",
            "--json", *extra]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=preexec_fn)
     if r.returncode != 0:
         sys.exit("moelite bench failed: %s\n%s" % (" ".join(cmd), r.stderr))
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -79,6 +83,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json")
     ap.add_argument("--md")
+    ap.add_argument("--throttle", default="", help="GB/s,...: budgeted rows again on a device capped at each speed")
     a = ap.parse_args()
 
     resident, peer = None, None
@@ -99,15 +104,26 @@ def main():
     if failed_peer:
         peer = None
     budgeted = []
-    for budget in filter(None, a.budgets.split(",")):
-        for policy in filter(None, a.policies.split(",")):
-            b = moelite_bench(a.moelite, a.model, a.threads, a.prompt, a.gen, ["--budget", budget, "--policy", policy])
-            budgeted.append({"budget": budget, "policy": policy, "decode_tok_s": b["decode_tok_s"],
-                             "prefill_tok_s": b["prefill_tok_s"], "hit_rate": b["hit_rate"],
-                             "storage_read_gb_s": b["storage_read_gb_s"],
-                             "budget_bound_tok_s": b["budget_bound_tok_s"],
-                             "decode_fraction_of_budget_bound": b["decode_fraction_of_budget_bound"],
-                             "peak_rss_bytes": b["peak_rss_bytes"]})
+
+    def budgeted_rows(model, storage, extra=(), preexec_fn=None):
+        for budget in filter(None, a.budgets.split(",")):
+            for policy in filter(None, a.policies.split(",")):
+                b = moelite_bench(a.moelite, model, a.threads, a.prompt, a.gen,
+                                  ["--budget", budget, "--policy", policy, *extra], preexec_fn)
+                budgeted.append({"storage": storage, "budget": budget, "policy": policy,
+                                 "decode_tok_s": b["decode_tok_s"], "prefill_tok_s": b["prefill_tok_s"],
+                                 "hit_rate": b["hit_rate"], "bytes_read_per_token": b["bytes_read_per_token"],
+                                 "storage_read_gb_s": b["storage_read_gb_s"],
+                                 "storage_probe_gb_s": b["storage_probe_gb_s"], "store_read_gb_s": b["store_read_gb_s"],
+                                 "budget_bound_tok_s": b["budget_bound_tok_s"],
+                                 "decode_fraction_of_budget_bound": b["decode_fraction_of_budget_bound"],
+                                 "peak_rss_bytes": b["peak_rss_bytes"]})
+
+    budgeted_rows(a.model, "the machine's disk (measured)")
+    for rate in filter(None, a.throttle.split(",")):
+        from throttled_storage import ThrottledStorage
+        with ThrottledStorage(a.model, float(rate)) as dev:
+            budgeted_rows(dev.model, "capped at %s GB/s" % rate, ["--storage-gb-s", rate], dev.enter)
     report = {
         "cpu": cpu_name(), "threads": a.threads, "model": os.path.basename(a.model), "n_prompt": a.prompt,
         "n_gen": a.gen,
@@ -132,12 +148,13 @@ def main():
     md += ["", "moelite decode at %.0f %% of its DRAM bound (%.1f GB/s measured)." % (
         100 * mo["decode_fraction_of_bound"], mo["dram_read_gb_s"])]
     if budgeted:
-        md += ["", "| budget | policy | decode tok/s | hit rate | storage GB/s | bound tok/s | fraction of bound |",
-               "|---|---|---|---|---|---|---|"]
+        md += ["", "| storage | budget | policy | decode tok/s | hit rate | MB read/token | storage GB/s | bound tok/s "
+               "| fraction of bound |", "|---|---|---|---|---|---|---|---|---|"]
         for b in budgeted:
-            md.append("| %s | %s | %.2f | %.3f | %.2f | %.2f | %.2f |" % (
-                b["budget"], b["policy"], b["decode_tok_s"], b["hit_rate"], b["storage_read_gb_s"],
-                b["budget_bound_tok_s"], b["decode_fraction_of_budget_bound"]))
+            md.append("| %s | %s | %s | %.2f | %.3f | %.1f | %.2f | %.2f | %.2f |" % (
+                b["storage"], b["budget"], b["policy"], b["decode_tok_s"], b["hit_rate"],
+                b["bytes_read_per_token"] / 1e6, b["storage_read_gb_s"], b["budget_bound_tok_s"],
+                b["decode_fraction_of_budget_bound"]))
     md.insert(0, "%s, %d threads, %s (-p %d, -n %d)\n" % (report["cpu"], a.threads, report["model"], a.prompt, a.gen))
     text = "\n".join(md)
     print(text)
