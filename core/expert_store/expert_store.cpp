@@ -575,8 +575,9 @@ void ExpertStore::loader_main() {
       }
       if (batches_in_flight_++ == 0) busy_since_ = platform::now_seconds();
     }
+    bool busy = true;
     try {
-      load_batch(*reader, batch);
+      load_batch(*reader, batch, &busy);
     } catch (...) {  // out of memory for the batch's bookkeeping: its experts fail, the loader lives
       std::lock_guard<std::mutex> lock(mu_);
       for (const Load& l : batch) {
@@ -593,10 +594,16 @@ void ExpertStore::loader_main() {
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (--batches_in_flight_ == 0) busy_seconds_ += platform::now_seconds() - busy_since_;
+      end_busy_locked(&busy);
     }
     ready_cv_.notify_all();
   }
+}
+
+void ExpertStore::end_busy_locked(bool* busy) {
+  if (!*busy) return;
+  *busy = false;
+  if (--batches_in_flight_ == 0) busy_seconds_ += platform::now_seconds() - busy_since_;
 }
 
 double ExpertStore::read_busy_seconds() const {
@@ -604,7 +611,7 @@ double ExpertStore::read_busy_seconds() const {
   return busy_seconds_ + (batches_in_flight_ > 0 ? platform::now_seconds() - busy_since_ : 0.0);
 }
 
-void ExpertStore::load_batch(platform::BatchReader& reader, std::vector<Load>& loads) {
+void ExpertStore::load_batch(platform::BatchReader& reader, std::vector<Load>& loads, bool* busy) {
   const size_t n = loads.size();
   // The three chunks of every expert go out together; with direct I/O each is widened to aligned
   // blocks (the file may end inside the last one, hence `needed`).
@@ -630,17 +637,22 @@ void ExpertStore::load_batch(platform::BatchReader& reader, std::vector<Load>& l
     while (prefix < 3 && done[3 * k + static_cast<size_t>(prefix)]) ++prefix;
     return prefix;
   };
+  size_t reads_left = ranges.size();
   auto on_done = [&](size_t i) {
     done[i] = 1;
     if (!file_.is_direct()) file_.drop_cache(ranges[i].offset, ranges[i].len);
     const size_t k = i / 3;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (--reads_left == 0) end_busy_locked(busy);
       Slot& s = slots_[static_cast<size_t>(loads[k].slot)];
       const int32_t in = chunks_in(k);
       if (in < 3) {
         s.chunks_ready = in;
       } else {  // the whole expert is in: Ready now, whatever the rest of the batch does
+        // Its bytes count now, before anyone can see it Ready: an evaluation that returns has
+        // its reads in the counters (the per-context stats take their difference).
+        for (size_t c = 0; c < 3; ++c) stats_[static_cast<size_t>(loads[k].layer)].bytes_read += ranges[3 * k + c].len;
         s.state = SlotState::Ready;
         s.chunks_ready = 3;
         s.error = MOELITE_OK;
@@ -651,23 +663,18 @@ void ExpertStore::load_batch(platform::BatchReader& reader, std::vector<Load>& l
     }
     ready_cv_.notify_all();
   };
-  uint64_t total = 0;
+  uint64_t total = 0;  // what the reader got; the counters count requested bytes of landed reads
   const Status st = reader.read_all(ranges, on_done, &total);
   const std::string why = st == MOELITE_OK ? std::string() : last_error_message();
   std::lock_guard<std::mutex> lock(mu_);
-  // Bytes read go to the layer of the batch's experts (a routing's misses share one); a batch over
-  // several layers counts each completed expert's requested bytes to its own.
-  const bool one_layer =
-      std::all_of(loads.begin(), loads.end(), [&](const Load& l) { return l.layer == loads[0].layer; });
-  if (one_layer && n > 0) stats_[static_cast<size_t>(loads[0].layer)].bytes_read += total;
   for (size_t k = 0; k < n; ++k) {
-    if (!one_layer)
-      for (size_t c = 0; c < 3; ++c)
-        if (done[3 * k + c]) stats_[static_cast<size_t>(loads[k].layer)].bytes_read += ranges[3 * k + c].len;
     // An expert whose three reads all landed was settled Ready as they did (even when another read
-    // of the batch failed), and its slot may have been evicted and reused since. The others fail
-    // with the batch's error (and are read again at their next use).
+    // of the batch failed), its bytes counted, and its slot may have been evicted and reused
+    // since. The others fail with the batch's error (and are read again at their next use); the
+    // chunks of theirs that did land count as read.
     if (loads[k].settled) continue;
+    for (size_t c = 0; c < 3; ++c)
+      if (done[3 * k + c]) stats_[static_cast<size_t>(loads[k].layer)].bytes_read += ranges[3 * k + c].len;
     Slot& s = slots_[static_cast<size_t>(loads[k].slot)];
     if (s.orphaned && s.pins > 0) {
       // The read was started for an evaluation that has failed since, and a later one now waits

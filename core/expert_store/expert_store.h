@@ -161,7 +161,11 @@ class ExpertStore final : public ExpertSource {
   };
   // Each expert is settled as soon as its three reads land, not when the whole batch has: the
   // backend computes it while the batch's later experts are still read.
-  void load_batch(platform::BatchReader& reader, std::vector<Load>& loads);
+  // `busy` is the batch's share of the read-busy time, open until its last read lands: ended
+  // there (under the lock that makes that expert Ready), so an evaluation that has all it needs
+  // never sees its reads as still in flight.
+  void load_batch(platform::BatchReader& reader, std::vector<Load>& loads, bool* busy);
+  void end_busy_locked(bool* busy);
   // Demand loads a loader takes in one submission: a routing's misses all start at once, even
   // when the other loaders wait for a CPU behind the compute threads.
   static constexpr size_t kMaxBatchExperts = 4;
