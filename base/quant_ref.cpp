@@ -126,6 +126,12 @@ void codes_q4_0(const Q4_0& b, int8_t q[32]) {
     q[j + 16] = static_cast<int8_t>((b.qs[j] >> 4) - 8);
   }
 }
+void codes_mxfp4(const MXFP4& b, int8_t q[32]) {
+  for (int j = 0; j < 16; ++j) {
+    q[j] = kMxfp4Values[b.qs[j] & 0x0f];
+    q[j + 16] = kMxfp4Values[b.qs[j] >> 4];
+  }
+}
 void codes_q4_1(const Q4_1& b, int q[32]) {
   for (int j = 0; j < 16; ++j) {
     q[j] = b.qs[j] & 0x0f;
@@ -222,6 +228,15 @@ void dequant_q4_0(const void* src, float* y, int64_t n) {
     int8_t q[32];
     codes_q4_0(b[i], q);
     const float d = load_fp16(b[i].d);
+    for (int j = 0; j < 32; ++j) y[j] = q[j] * d;
+  }
+}
+void dequant_mxfp4(const void* src, float* y, int64_t n) {
+  const MXFP4* b = static_cast<const MXFP4*>(src);
+  for (int64_t i = 0; i < n / kQK; ++i, y += kQK) {
+    int8_t q[32];
+    codes_mxfp4(b[i], q);
+    const float d = mxfp4_half_scale(b[i].e);
     for (int j = 0; j < 32; ++j) y[j] = q[j] * d;
   }
 }
@@ -343,6 +358,7 @@ DequantRowFn dequant_row_fn(TensorType t) {
     case TensorType::Q6_K: return dequant_q6_k;
     case TensorType::Q8_K: return dequant_q8_k;
     case TensorType::Q8_1: return dequant_q8_1;
+    case TensorType::MXFP4: return dequant_mxfp4;
     default: return nullptr;
   }
 }

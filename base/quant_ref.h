@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "base/types.h"
 
@@ -94,12 +95,33 @@ struct Q8_K {
   int8_t qs[256];
   uint8_t bsums[32];
 };  // f32 d; int16 sums of 16 qs
+// MXFP4 (OCP microscaling, gpt-oss's experts): 32 E2M1 values sharing one E8M0 exponent. Byte j
+// holds element j in its low nibble and element j + 16 in its high one (as Q4_0). A code's value
+// is kMxfp4Values[code] * 2^(e - 128): the table holds the E2M1 values doubled (0, 0.5, 1, 1.5, 2,
+// 3, 4, 6 and their negatives, times 2) so they are integers, and the exponent is one less.
+struct MXFP4 {
+  uint8_t e;
+  uint8_t qs[16];
+};
 
 static_assert(sizeof(Q4_0) == 18 && sizeof(Q4_1) == 20 && sizeof(Q5_0) == 22 && sizeof(Q5_1) == 24);
 static_assert(sizeof(Q8_0) == 34 && sizeof(Q8_1) == 36);
 static_assert(sizeof(Q2_K) == 84 && sizeof(Q3_K) == 110 && sizeof(Q4_K) == 144);
 static_assert(sizeof(Q5_K) == 176 && sizeof(Q6_K) == 210 && sizeof(Q8_K) == 292);
+static_assert(sizeof(MXFP4) == 17);
+constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 }  // namespace blocks
+
+// 2^(e - 128) as a float, for every E8M0 byte: e = 0 and 1 give the subnormals 2^-128 and 2^-127
+// (the MXFP4 block scale; with the doubled value table it is the format's 2^(e - 127)). Built from
+// its bits, not with ldexp, so every kernel table computes the same float: exponent field e - 1
+// for e >= 2; below that bit 21 (2^-128) or bit 22 (2^-127) of a subnormal.
+inline float mxfp4_half_scale(uint8_t e) {
+  const uint32_t bits = e < 2 ? uint32_t{0x00200000} << e : static_cast<uint32_t>(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
 
 // Unpacked K-quant scales, shared by the scalar reference and the SIMD kernels so the bit
 // twiddling lives in one place.
@@ -124,5 +146,6 @@ void codes_q3_k(const blocks::Q3_K& b, int8_t q[256]);
 void codes_q4_k(const blocks::Q4_K& b, uint8_t q[256]);
 void codes_q5_k(const blocks::Q5_K& b, uint8_t q[256]);
 void codes_q6_k(const blocks::Q6_K& b, int8_t q[256]);
+void codes_mxfp4(const blocks::MXFP4& b, int8_t q[32]);  // the doubled values, kMxfp4Values
 
 }  // namespace moelite

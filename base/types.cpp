@@ -24,7 +24,7 @@ constexpr TypeInfo kTypes[kTensorTypeIdLimit] = {
     /*32*/ {nullptr, 0, 0, false},      /*33*/ {nullptr, 0, 0, false},
     /*34*/ {"TQ1_0", 256, 54, false},   /*35*/ {"TQ2_0", 256, 66, false},
     /*36*/ {nullptr, 0, 0, false},      /*37*/ {nullptr, 0, 0, false},
-    /*38*/ {nullptr, 0, 0, false},      /*39*/ {"MXFP4", 32, 17, false},
+    /*38*/ {nullptr, 0, 0, false},      /*39*/ {"MXFP4", 32, 17, true},
 };
 }  // namespace
 

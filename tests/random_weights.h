@@ -57,6 +57,11 @@ inline std::vector<uint8_t> random_weights(TensorType t, int64_t n, std::mt19937
   std::uniform_int_distribution<int> byte(0, 255);
   for (auto& b : buf) b = static_cast<uint8_t>(byte(rng));
   const TypeInfo* info = type_info(static_cast<uint32_t>(t));
+  if (t == TensorType::MXFP4) {  // E8M0 exponents of scales 2^-10 .. 2^-3, like a model's
+    for (size_t blk = 0; blk < buf.size() / info->block_bytes; ++blk)
+      buf[blk * info->block_bytes] = static_cast<uint8_t>(117 + byte(rng) % 8);
+    return buf;
+  }
   std::uniform_real_distribution<float> scale(0.001f, 0.05f);
   for (size_t blk = 0; blk < buf.size() / info->block_bytes; ++blk)
     for (int off : fp16_field_offsets(t)) {

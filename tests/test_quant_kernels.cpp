@@ -31,7 +31,7 @@ constexpr uint32_t tid(TensorType t) { return static_cast<uint32_t>(t); }
 const TensorType kWeightTypes[] = {
     TensorType::F32,  TensorType::F16,  TensorType::BF16, TensorType::Q4_0, TensorType::Q4_1,
     TensorType::Q5_0, TensorType::Q5_1, TensorType::Q8_0, TensorType::Q2_K, TensorType::Q3_K,
-    TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K,
+    TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K, TensorType::MXFP4,
 };
 
 uint16_t h(float f) { return fp32_to_fp16(f); }
@@ -119,6 +119,27 @@ TEST(Fp16Conversion, Bf16) {
 }
 
 // ---- (c) known vectors of the block formats -------------------------------------------------
+
+// MXFP4 from the format's definition, not from the kernels' table: an E2M1 code is sign (bit 3),
+// exponent (bits 2-1, bias 1) and mantissa (bit 0), subnormal at exponent 0; the block's E8M0
+// byte E scales by 2^(E - 127). Every code, at the smallest, a middle and the largest exponent.
+TEST(QuantKnownVectors, Mxfp4) {
+  auto e2m1 = [](int code) {
+    const int sign = code >> 3, exp = (code >> 1) & 3, man = code & 1;
+    const double mag = exp == 0 ? 0.5 * man : std::ldexp(1.0 + 0.5 * man, exp - 1);
+    return sign ? -mag : mag;
+  };
+  for (int e : {0, 1, 2, 120, 127, 128, 200, 254}) {
+    MXFP4 b;
+    b.e = static_cast<uint8_t>(e);
+    for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+    auto y = dequant(kernels_scalar(), TensorType::MXFP4, &b, 32);
+    for (int j = 0; j < 16; ++j) {
+      EXPECT_EQ(y[j], static_cast<float>(std::ldexp(e2m1(j), e - 127))) << "e " << e << " low " << j;
+      EXPECT_EQ(y[16 + j], static_cast<float>(std::ldexp(e2m1(15 - j), e - 127))) << "e " << e << " high " << j;
+    }
+  }
+}
 
 TEST(QuantKnownVectors, Q4_0) {
   Q4_0 b;
@@ -577,6 +598,7 @@ TEST(QuantKernelsSimd, DotWithExtremeCodes) {
               const size_t o = i % info->block_bytes;
               scale_byte |= o == static_cast<size_t>(off) || o == static_cast<size_t>(off) + 1;
             }
+            scale_byte |= t == TensorType::MXFP4 && i % info->block_bytes == 0;  // its E8M0 byte
             if (!scale_byte) w[i] = fill;
           }
           std::vector<float> x(n, sign);
@@ -760,12 +782,13 @@ TEST(QuantKernelsTile, PresentOnlyWhereExpected) {
       // Four-row tiles: only those avx512 kernels, and only beside a two-row one.
       if (t->tile4[i]) EXPECT_NE(t->tile[i], nullptr) << t->isa << " " << i;
       if (!avx512_tiled) EXPECT_EQ(t->tile4[i], nullptr) << t->isa << " " << i;
-      // Prepared tiles: beside those avx512 kernels (four rows) and the avx2 Q8_0/Q4_0 multi-dots
-      // (one row), a complete set of entries, at a size the drivers group rows by: the table's
-      // own tile size for the type (1 where it has no tile).
+      // Prepared tiles: beside those avx512 kernels (four rows) and the avx2 Q8_0/Q4_0/MXFP4
+      // multi-dots (one row; avx512 keeps avx2's for MXFP4), a complete set of entries, at a size
+      // the drivers group rows by: the table's own tile size for the type (1 where it has no tile).
       const PreparedTile& p = t->prepared[i];
-      const bool avx2_prepared = std::strcmp(t->isa, "avx2") == 0 &&
-                                 (i == tid(TensorType::Q8_0) || i == tid(TensorType::Q4_0));
+      const bool avx2_prepared =
+          (std::strcmp(t->isa, "avx2") == 0 && (i == tid(TensorType::Q8_0) || i == tid(TensorType::Q4_0))) ||
+          ((std::strcmp(t->isa, "avx2") == 0 || std::strcmp(t->isa, "avx512") == 0) && i == tid(TensorType::MXFP4));
       if (p.tile) {
         EXPECT_TRUE(p.prepare && p.prepared_bytes) << t->isa << " " << i;
         const int own_step = t->tile4[i] ? kQuadRows : t->tile[i] ? kTileRows : 1;

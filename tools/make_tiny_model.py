@@ -38,7 +38,8 @@ ARCHS = ("llama", "qwen2moe", "qwen3moe", "olmoe")
 
 # llama_ftype values for general.file_type
 FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9,
-             "Q2_K": 10, "Q3_K": 11, "Q4_K": 14, "Q5_K": 16, "Q6_K": 18, "BF16": 32}
+             "Q2_K": 10, "Q3_K": 11, "Q4_K": 14, "Q5_K": 16, "Q6_K": 18, "BF16": 32,
+             "MXFP4": 38}  # LLAMA_FTYPE_MOSTLY_MXFP4_MOE
 
 CHUNK_ELEMS = 1 << 21
 

@@ -3,7 +3,7 @@
 //
 // Dot products consume activations in the weight type's "dot type" (as ggml does):
 //   F32, F16, BF16 weights        -> F32 activations (no activation quantization)
-//   Q4_0, Q5_0, Q8_0 weights      -> Q8_0 activations (32 int8 + fp16 scale per block)
+//   Q4_0, Q5_0, Q8_0, MXFP4       -> Q8_0 activations (32 int8 + fp16 scale per block)
 //   Q4_1, Q5_1 weights            -> Q8_1 activations (32 int8 + fp16 scale + fp16 d*sum)
 //   Q2_K..Q6_K weights            -> Q8_K activations (256 int8 + f32 scale + 16 int16 sums)
 // Block layouts are bit-exact with GGUF/ggml so weights are used straight from the file.

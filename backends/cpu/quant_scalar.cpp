@@ -132,6 +132,19 @@ void dot_q4_0(int64_t n, float* out, const void* w, const void* a) {
   }
   *out = s;
 }
+// MXFP4 against Q8_0 activations: the block's integer values (doubled E2M1) times the int8 codes,
+// then the two scales.
+void dot_mxfp4(int64_t n, float* out, const void* w, const void* a) {
+  const MXFP4* x = static_cast<const MXFP4*>(w);
+  const Q8_0* y = static_cast<const Q8_0*>(a);
+  float s = 0.0f;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    int8_t q[32];
+    codes_mxfp4(x[i], q);
+    s += mxfp4_half_scale(x[i].e) * load_fp16(y[i].d) * int_dot(q, y[i].qs, 32);
+  }
+  *out = s;
+}
 // Q4_1/Q5_1: sum (d*q + m) * (da*a) = d*da*sum(q*a) + m * (da*sum(a)); the last factor is the
 // activation block's stored s.
 void dot_q4_1(int64_t n, float* out, const void* w, const void* a) {
@@ -267,6 +280,7 @@ KernelTable make_scalar_table() {
   set_vec_dot<dot_q45_k<Q4_K, codes_q4_k>>(t, TensorType::Q4_K);
   set_vec_dot<dot_q45_k<Q5_K, codes_q5_k>>(t, TensorType::Q5_K);
   set_vec_dot<dot_q6_k>(t, TensorType::Q6_K);
+  set_vec_dot<dot_mxfp4>(t, TensorType::MXFP4);
   return t;
 }
 
@@ -281,7 +295,8 @@ TensorType dot_type(TensorType weight) {
   switch (weight) {
     case TensorType::Q4_0:
     case TensorType::Q5_0:
-    case TensorType::Q8_0: return TensorType::Q8_0;
+    case TensorType::Q8_0:
+    case TensorType::MXFP4: return TensorType::Q8_0;
     case TensorType::Q4_1:
     case TensorType::Q5_1: return TensorType::Q8_1;
     case TensorType::Q2_K:

@@ -21,7 +21,7 @@ final RMSNorm and output (tied to token_embd when output.weight is absent).
 
 --quantize-activations emulates ggml's quantization of the activation row before each matmul
 with a quantized weight (the vec_dot_type of the weight type):
-  Q4_0, Q5_0, Q8_0 -> Q8_0 (quantize_row_q8_0_ref): per 32 block amax, d = amax/127 (fp32),
+  Q4_0, Q5_0, Q8_0, MXFP4 -> Q8_0 (quantize_row_q8_0_ref): per 32 block amax, d = amax/127 (fp32),
       id = d ? 1/d : 0, q = roundf(x*id) (half away from zero); d stored and used as fp16.
   Q4_1, Q5_1 -> Q8_1 (quantize_row_q8_1_ref): as Q8_0, plus s = fp16(sum(q) * d_fp32);
       the weight-min term of the dot uses s (m * s), as ggml_vec_dot_q4_1_q8_1 does.
@@ -100,7 +100,7 @@ def quantize_activations(x, wtype):
         # moelite keeps float activations for float weights (ggml would round them to the
         # weight's type; moelite's choice is the more exact one, documented in backends/cpu/quant.h).
         return np.asarray(x, np.float64), None
-    if wtype in (Q.Q4_0, Q.Q5_0, Q.Q8_0):
+    if wtype in (Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.MXFP4):
         d16, q, _ = Q.q8_0_blocks(x32)
         xd = q.astype(np.float64) * d16.astype(np.float64)[:, None]
         return xd.reshape(T, n), None

@@ -36,7 +36,7 @@ def u8(*v):
 
 RMSE_MAX = {Q.F32: 0.0, Q.F16: 1e-3, Q.BF16: 4e-3, Q.Q8_0: 0.01, Q.Q6_K: 0.035, Q.Q5_0: 0.06,
             Q.Q5_1: 0.06, Q.Q5_K: 0.06, Q.Q4_0: 0.11, Q.Q4_1: 0.11, Q.Q4_K: 0.11, Q.Q3_K: 0.25,
-            Q.Q2_K: 0.45}
+            Q.Q2_K: 0.45, Q.MXFP4: 0.14}  # MXFP4: 0.117 (E2M1 steps are coarse near the top)
 
 
 def test_quant_round_trip_all_types():
@@ -62,7 +62,7 @@ def test_block_sizes_match_ggml():
     expect = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q4_0": (32, 18), "Q4_1": (32, 20),
               "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34), "Q8_1": (32, 36),
               "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176),
-              "Q6_K": (256, 210), "Q8_K": (256, 292)}
+              "Q6_K": (256, 210), "Q8_K": (256, 292), "MXFP4": (32, 17)}
     for name, v in expect.items():
         assert (Q.block_size(name), Q.type_size(name)) == v, name
     assert Q.TYPE_BY_NAME["BF16"] == 30 and Q.TYPE_BY_NAME["Q6_K"] == 14 and Q.TYPE_BY_NAME["Q8_0"] == 8
@@ -474,3 +474,19 @@ if __name__ == "__main__":
             traceback.print_exc()
     print("%d failed, %.1fs total" % (fails, time.time() - t0))
     sys.exit(1 if fails else 0)
+
+
+def test_mxfp4_decodes_e2m1_bit_fields():
+    """MXFP4 against values written out by hand (the OCP spec's E2M1 table, not derived by the code
+    under test): one block at exponent 127 (scale 1), one at 128 (scale 2), one at 0 (2^-127)."""
+    e2m1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+    raw = b""
+    for e in (127, 128, 0):
+        raw += bytes([e]) + bytes([j | ((15 - j) << 4) for j in range(16)])
+    y = Q.dequantize(np.frombuffer(raw, np.uint8), "MXFP4")
+    for b, scale in enumerate((1.0, 2.0, 2.0 ** -127)):
+        want = [v * scale for v in e2m1] + [v * scale for v in reversed(e2m1)]
+        assert y[32 * b:32 * (b + 1)].tolist() == [np.float32(w) for w in want], b
+    # Quantizing those values back gives the same codes (the quantizer picks the nearest value).
+    x = np.array(e2m1 * 2, np.float32)
+    assert np.array_equal(Q.dequantize(Q.quantize(x, "MXFP4"), "MXFP4")[:16], x[:16])

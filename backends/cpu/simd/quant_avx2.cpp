@@ -4,7 +4,7 @@
 // Integer dot products use maddubs (u8 x s8 -> pairs summed into s16) then madd (s16 x s16 ->
 // s32). Weight codes are made unsigned where the format allows (K-quants: the constant offset
 // of Q3_K/Q6_K is removed afterwards with the activation's bsums), so maddubs applies directly;
-// signed x signed (Q8_0, Q4_0, Q5_0) uses the sign-transfer trick |w| * (a * sign(w)).
+// signed x signed (Q8_0, Q4_0, Q5_0, MXFP4) uses the sign-transfer trick |w| * (a * sign(w)).
 // Activation int8s are in [-127, 127] (the quantizers never produce -128), which keeps
 // sign(w) * a in range and every maddubs pair sum below the int16 saturation point.
 #include <immintrin.h>
@@ -136,10 +136,21 @@ void dot_bf16(int64_t n, float* out, const void* w, const void* a) {
 struct Q8Codes {
   using Block = Q8_0;
   static __m256i codes(const Q8_0& b) { return load256(b.qs); }
+  static float scale(const Q8_0& b) { return fp16(b.d); }
 };
 struct Q4Codes {
   using Block = Q4_0;
   static __m256i codes(const Q4_0& b) { return _mm256_sub_epi8(nibbles(b.qs), _mm256_set1_epi8(8)); }
+  static float scale(const Q4_0& b) { return fp16(b.d); }
+};
+// MXFP4: a nibble indexes the (doubled) E2M1 values, one table lookup per byte lane.
+struct Mxfp4Codes {
+  using Block = MXFP4;
+  static __m256i codes(const MXFP4& b) {
+    const __m128i values = load128(kMxfp4Values);
+    return _mm256_shuffle_epi8(_mm256_set_m128i(values, values), nibbles(b.qs));
+  }
+  static float scale(const MXFP4& b) { return mxfp4_half_scale(b.e); }
 };
 // One activation row: plain Q8_0 blocks, or the prepared layout (nb x 32 codes, then nb floats).
 struct PlainQ8Row {
@@ -193,7 +204,7 @@ struct Q8Dot {
         const __m256i q = W::codes(x[i]);
         const __m256i qa = _mm256_sign_epi8(q, q);
         // dw * da as a vector product of broadcasts: the same single rounding as a scalar product.
-        const __m256 dw = _mm256_set1_ps(fp16(x[i].d));
+        const __m256 dw = _mm256_set1_ps(W::scale(x[i]));
 #pragma GCC unroll 4
         for (int j = 0; j < K; ++j) {
           const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(y[j].codes(i), q)), ones);
@@ -215,6 +226,8 @@ template <int K>
 using DotQ8_0 = Q8Dot<Q8Codes, PlainQ8Row>::Rows<K>;
 template <int K>
 using DotQ4_0 = Q8Dot<Q4Codes, PlainQ8Row>::Rows<K>;
+template <int K>
+using DotMxfp4 = Q8Dot<Mxfp4Codes, PlainQ8Row>::Rows<K>;
 // The prepared entry: one weight row (PreparedTile::rows = 1) against `count` prepared rows.
 template <class W>
 void prepared_q8_rows(int64_t n, float* out, size_t /*out_stride*/, const void* w, size_t /*w_stride*/,
@@ -588,6 +601,8 @@ KernelTable make_table() {
   // Q4_0 reads the same (prepared) Q8_0 activations.
   set_vec_dot<dot_one<DotQ4_0>>(t, TensorType::Q4_0, dot_multi<DotQ4_0>);
   set_prepared(t, TensorType::Q4_0, {prepare_q8_0_avx2, prepared_bytes_q8_0_avx2, prepared_q8_rows<Q4Codes>, 1});
+  set_vec_dot<dot_one<DotMxfp4>>(t, TensorType::MXFP4, dot_multi<DotMxfp4>);
+  set_prepared(t, TensorType::MXFP4, {prepare_q8_0_avx2, prepared_bytes_q8_0_avx2, prepared_q8_rows<Mxfp4Codes>, 1});
   set_vec_dot<dot_q5_0>(t, TensorType::Q5_0);
   set_vec_dot<dot_q_1<Q4_1, false>>(t, TensorType::Q4_1);
   set_vec_dot<dot_q_1<Q5_1, true>>(t, TensorType::Q5_1);

@@ -77,6 +77,7 @@ const KernelTable* kernels_i8mm() {
     set_kernel_tile<DotQ8_0, IsaDotprod, IsaI8mm>(t, TensorType::Q8_0);
     set_kernel_tile<DotQ4_0, IsaDotprod, IsaI8mm>(t, TensorType::Q4_0);
     set_kernel_tile<DotQ5_0, IsaDotprod, IsaI8mm>(t, TensorType::Q5_0);
+    set_kernel_tile<DotMxfp4, IsaDotprod, IsaI8mm>(t, TensorType::MXFP4);
     set_kernel_tile<DotQ4_1, IsaDotprod, IsaI8mm>(t, TensorType::Q4_1);
     set_kernel_tile<DotQ5_1, IsaDotprod, IsaI8mm>(t, TensorType::Q5_1);
     set_kernel_tile<DotQ2K, IsaDotprod, IsaI8mm>(t, TensorType::Q2_K);

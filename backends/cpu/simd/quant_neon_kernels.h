@@ -242,9 +242,17 @@ inline void add_fifth_bits(const uint8_t qh_bytes[4], int8x16_t w[2]) {
   w[1] = vorrq_s8(w[1], as_s8(vandq_u8(vtstq_u8(b1, bit), sixteen)));
 }
 
+// Each decoder's block scales, `count` consecutive blocks from `first` (the rest 0): fp16 `d` for
+// every type but MXFP4.
+template <class Block>
+inline float32x4_t fp16_scales(const Block* first, int count) {
+  return fp16x4(first->d, sizeof(Block), count);
+}
+
 struct DecQ8_0 {
   using Block = Q8_0;
   using Act = Q8_0;
+  static float32x4_t scales(const Block* first, int count) { return fp16_scales(first, count); }
   static void codes(const Block& b, int8x16_t w[2]) {
     w[0] = load_s8(b.qs);
     w[1] = load_s8(b.qs + 16);
@@ -253,15 +261,33 @@ struct DecQ8_0 {
 struct DecQ4_0 {
   using Block = Q4_0;
   using Act = Q8_0;
+  static float32x4_t scales(const Block* first, int count) { return fp16_scales(first, count); }
   static void codes(const Block& b, int8x16_t w[2]) {
     nibbles(b.qs, w);
     w[0] = vsubq_s8(w[0], vdupq_n_s8(8));
     w[1] = vsubq_s8(w[1], vdupq_n_s8(8));
   }
 };
+// MXFP4: a nibble indexes the (doubled) E2M1 values; the scale is the E8M0 byte's 2^(e - 128).
+struct DecMxfp4 {
+  using Block = MXFP4;
+  using Act = Q8_0;
+  static float32x4_t scales(const Block* first, int count) {
+    float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int k = 0; k < count; ++k) f[k] = mxfp4_half_scale(first[k].e);
+    return vld1q_f32(f);
+  }
+  static void codes(const Block& b, int8x16_t w[2]) {
+    nibbles(b.qs, w);
+    const int8x16_t values = vld1q_s8(kMxfp4Values);
+    w[0] = vqtbl1q_s8(values, vreinterpretq_u8_s8(w[0]));
+    w[1] = vqtbl1q_s8(values, vreinterpretq_u8_s8(w[1]));
+  }
+};
 struct DecQ5_0 {
   using Block = Q5_0;
   using Act = Q8_0;
+  static float32x4_t scales(const Block* first, int count) { return fp16_scales(first, count); }
   static void codes(const Block& b, int8x16_t w[2]) {
     nibbles(b.qs, w);
     add_fifth_bits(b.qh, w);
@@ -273,11 +299,13 @@ struct DecQ5_0 {
 struct DecQ4_1 {
   using Block = Q4_1;
   using Act = Q8_1;
+  static float32x4_t scales(const Block* first, int count) { return fp16_scales(first, count); }
   static void codes(const Block& b, int8x16_t w[2]) { nibbles(b.qs, w); }
 };
 struct DecQ5_1 {
   using Block = Q5_1;
   using Act = Q8_1;
+  static float32x4_t scales(const Block* first, int count) { return fp16_scales(first, count); }
   static void codes(const Block& b, int8x16_t w[2]) {
     nibbles(b.qs, w);
     add_fifth_bits(b.qh, w);
@@ -321,7 +349,7 @@ struct DotBlocks {
       for (int j = 0; j < K; ++j) da[j] = fp16x4(y[j][i].d, sizeof(Act), ng);
 #pragma GCC unroll 2
       for (int r = 0; r < R; ++r) {
-        const float32x4_t dw = fp16x4(x[r][i].d, sizeof(Block), ng);
+        const float32x4_t dw = Dec::scales(&x[r][i], ng);
 #pragma GCC unroll 4
         for (int j = 0; j < K; ++j) {
           const float32x4_t d = vmulq_f32(dw, da[j]);
@@ -369,6 +397,8 @@ template <class Isa, int R, int K>
 using DotQ4_0 = DotBlocks<DecQ4_0>::Rows<Isa, R, K>;
 template <class Isa, int R, int K>
 using DotQ5_0 = DotBlocks<DecQ5_0>::Rows<Isa, R, K>;
+template <class Isa, int R, int K>
+using DotMxfp4 = DotBlocks<DecMxfp4>::Rows<Isa, R, K>;
 template <class Isa, int R, int K>
 using DotQ4_1 = DotBlocks<DecQ4_1>::Rows<Isa, R, K>;
 template <class Isa, int R, int K>
@@ -777,6 +807,7 @@ void set_quantized_kernels(KernelTable& t) {
   set_kernel<DotQ8_0, Isa>(t, TensorType::Q8_0);
   set_kernel<DotQ4_0, Isa>(t, TensorType::Q4_0);
   set_kernel<DotQ5_0, Isa>(t, TensorType::Q5_0);
+  set_kernel<DotMxfp4, Isa>(t, TensorType::MXFP4);
   set_kernel<DotQ4_1, Isa>(t, TensorType::Q4_1);
   set_kernel<DotQ5_1, Isa>(t, TensorType::Q5_1);
   set_kernel<DotQ2K, Isa>(t, TensorType::Q2_K);

@@ -16,13 +16,14 @@ import numpy as np
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 = 0, 1, 2, 3, 6, 7, 8, 9
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K = 10, 11, 12, 13, 14, 15
 BF16 = 30
+MXFP4 = 39
 
 QK_K = 256
 
 TYPE_NAMES = {
     F32: "F32", F16: "F16", BF16: "BF16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0",
     Q5_1: "Q5_1", Q8_0: "Q8_0", Q8_1: "Q8_1", Q2_K: "Q2_K", Q3_K: "Q3_K", Q4_K: "Q4_K",
-    Q5_K: "Q5_K", Q6_K: "Q6_K", Q8_K: "Q8_K",
+    Q5_K: "Q5_K", Q6_K: "Q6_K", Q8_K: "Q8_K", MXFP4: "MXFP4",
 }
 TYPE_BY_NAME = {v: k for k, v in TYPE_NAMES.items()}
 
@@ -41,6 +42,7 @@ BLOCK = {
     Q5_K: (256, 176), # fp16 d; fp16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]
     Q6_K: (256, 210), # u8 ql[128]; u8 qh[64]; i8 scales[16]; fp16 d
     Q8_K: (256, 292), # f32 d; i8 qs[256]; i16 bsums[16]
+    MXFP4: (32, 17),  # u8 e (E8M0); u8 qs[16] (E2M1 codes: element j low nibble, j + 16 high)
 }
 
 
@@ -552,14 +554,55 @@ def _dq_q6_k(raw, n):
     return (dl[..., None] * q.reshape(nb, 16, 16).astype(np.float32)).reshape(-1)
 
 
+# ----------------------------------------------------------------------------- MXFP4
+# OCP microscaling FP4: value = E2M1(code) * 2^(e - 127). An E2M1 code is sign (bit 3), exponent
+# (bits 2-1, bias 1) and mantissa (bit 0); exponent 0 is subnormal (0 or 0.5).
+
+def _e2m1_magnitudes():
+    return np.array([(0.5 * (c & 1)) if (c >> 1) == 0 else 2.0 ** ((c >> 1) - 1) * (1 + 0.5 * (c & 1))
+                     for c in range(8)], np.float32)
+
+
+def _e8m0_scale(e):
+    """2^(e - 127) as float32 for E8M0 bytes (e = 0 is the subnormal 2^-127)."""
+    return np.ldexp(np.float64(1.0), e.astype(np.int64) - 127).astype(np.float32)
+
+
+def _q_mxfp4(x):
+    xb = _blocks(x, 32)
+    amax = np.max(np.abs(xb), axis=1)
+    # The smallest exponent whose scale brings amax within E2M1's largest magnitude, 6.
+    with np.errstate(divide="ignore"):
+        e = np.where(amax > 0, np.ceil(np.log2(amax / 6.0)) + 127, 0)
+    e = np.clip(e, 0, 254).astype(np.uint8)
+    scaled = xb / _e8m0_scale(e)[:, None]
+    mags = _e2m1_magnitudes()
+    code = np.argmin(np.abs(np.abs(scaled)[..., None] - mags), axis=-1).astype(np.uint8)
+    code |= np.where((scaled < 0) & (code != 0), 8, 0).astype(np.uint8)
+    out = np.empty((xb.shape[0], 17), np.uint8)
+    out[:, 0] = e
+    out[:, 1:] = code[:, :16] | (code[:, 16:] << 4)
+    return out.reshape(-1)
+
+
+def _dq_mxfp4(raw, n):
+    b = raw.reshape(-1, 17)
+    qs = b[:, 1:]
+    code = np.concatenate([qs & 0xF, qs >> 4], axis=1)
+    mags = _e2m1_magnitudes()
+    v = np.where(code >= 8, -mags[code & 7], mags[code & 7]).astype(np.float32)
+    return (v * _e8m0_scale(b[:, 0])[:, None]).astype(np.float32).reshape(-1)
+
+
 _QUANT = {F32: _q_f32, F16: _q_f16, BF16: _q_bf16, Q4_0: _q_q4_0, Q4_1: _q_q4_1,
           Q5_0: _q_q5_0, Q5_1: _q_q5_1, Q8_0: _q_q8_0, Q8_1: _q_q8_1, Q2_K: _q_q2_k,
-          Q3_K: _q_q3_k, Q4_K: _q_q4_k, Q5_K: _q_q5_k, Q6_K: _q_q6_k, Q8_K: _q_q8_k}
+          Q3_K: _q_q3_k, Q4_K: _q_q4_k, Q5_K: _q_q5_k, Q6_K: _q_q6_k, Q8_K: _q_q8_k, MXFP4: _q_mxfp4}
 _DEQUANT = {F32: _dq_f32, F16: _dq_f16, BF16: _dq_bf16, Q4_0: _dq_q4_0, Q4_1: _dq_q4_1,
             Q5_0: _dq_q5_0, Q5_1: _dq_q5_1, Q8_0: _dq_q8_0, Q8_1: _dq_q8_1, Q2_K: _dq_q2_k,
-            Q3_K: _dq_q3_k, Q4_K: _dq_q4_k, Q5_K: _dq_q5_k, Q6_K: _dq_q6_k, Q8_K: _dq_q8_k}
+            Q3_K: _dq_q3_k, Q4_K: _dq_q4_k, Q5_K: _dq_q5_k, Q6_K: _dq_q6_k, Q8_K: _dq_q8_k,
+            MXFP4: _dq_mxfp4}
 
-QUANT_TYPES = [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
+QUANT_TYPES = [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4]
 
 
 def quantize(x, t):
