@@ -47,6 +47,9 @@ std::vector<uint8_t> make_weights(TensorType t, int64_t rows, int64_t cols, std:
       break;
     case TensorType::Q3_K: off[0] = 108; break;
     case TensorType::Q6_K: off[0] = 208; break;
+    case TensorType::MXFP4:  // E8M0 byte: scale 2^-7
+      for (size_t b = 0; b < w.size() / info->block_bytes; ++b) w[b * info->block_bytes] = 121;
+      break;
     case TensorType::F32:
       for (size_t i = 0; i + 4 <= w.size(); i += 4) {
         float f = 0.5f;
@@ -76,7 +79,7 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1);
   const TensorType types[] = {TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K, TensorType::Q5_K, TensorType::F16,
                               TensorType::F32,  TensorType::BF16, TensorType::Q4_0, TensorType::Q3_K, TensorType::Q2_K,
-                              TensorType::Q5_0, TensorType::Q4_1, TensorType::Q5_1};
+                              TensorType::Q5_0, TensorType::Q4_1, TensorType::Q5_1, TensorType::MXFP4};
   std::vector<const KernelTable*> tables = {&kernels_scalar()};
   if (kernels_avx2()) tables.push_back(kernels_avx2());
   if (kernels_avx512()) tables.push_back(kernels_avx512());
