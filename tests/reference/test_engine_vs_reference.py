@@ -269,3 +269,24 @@ def test_device_backends_refuse_mxfp4_by_name(backend):
         pytest.skip(r.stderr.strip())
     assert r.returncode != 0
     assert "MOELITE_ERR_UNSUPPORTED_TYPE" in r.stderr and "MXFP4" in r.stderr, r.stderr
+
+
+def test_auto_backend_gives_way_to_the_cpu_for_mxfp4():
+    """`--backend auto` promises a backend that runs the model. With the Vulkan device forced into
+    auto's choice (MOELITE_VK_DEVICE=0: lavapipe), a Q8_0 model runs on Vulkan, and an MXFP4 model,
+    which Vulkan cannot compute, runs on the CPU with the reference's logits."""
+    env = dict(os.environ, MOELITE_VK_DEVICE="0")
+    q8 = make_model("qwen3moe-Q8_0", "qwen3moe", "Q8_0")
+    r = subprocess.run([BIN, "info", "-m", q8], capture_output=True, text=True, env=env)
+    if r.returncode != 0 or "vulkan" not in r.stdout:
+        pytest.skip("no Vulkan device for auto to pick: " + r.stdout[-200:] + r.stderr[-200:])
+    mx = make_model("qwen3moe-MXFP4", "qwen3moe", "MXFP4")
+    r = subprocess.run([BIN, "info", "-m", mx, "--verbose"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "backend                    cpu" in r.stdout and "no kernels for weight type MXFP4" in r.stderr
+    out = mx + ".auto.f32"
+    r = subprocess.run([BIN, "logits", "-m", mx, "--tokens", ",".join(map(str, TOKENS)), "--out", out],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    got = np.fromfile(out, dtype="<f4").reshape(len(TOKENS), -1)
+    assert nmse(got, reference_logits(mx)) < TIGHT_QUANT
