@@ -27,10 +27,13 @@ TMP = os.path.join(os.environ.get("MOELITE_TEST_TMP", "/tmp/moelite-ref-tests"),
 def usable():
     if os.geteuid() != 0 or not shutil.which("mkfs.ext4") or not shutil.which("findmnt"):
         return False
+    if not os.path.exists("/dev/loop-control") or shutil.disk_usage("/dev/shm").free < (1 << 30):
+        return False  # a container without loop devices, or a small /dev/shm
     return os.path.isdir("/sys/fs/cgroup/blkio") or os.path.exists("/sys/fs/cgroup/cgroup.controllers")
 
 
-pytestmark = pytest.mark.skipif(not usable(), reason="needs root, mkfs.ext4 and a cgroup I/O controller")
+pytestmark = pytest.mark.skipif(not usable(), reason="needs root, loop devices, 1 GiB in /dev/shm, mkfs.ext4 "
+                                                     "and a cgroup I/O controller")
 
 READ_DIRECT = """
 import mmap, os, sys, time
