@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 CGROUP_V1_BLKIO = "/sys/fs/cgroup/blkio"
 CGROUP_V2 = "/sys/fs/cgroup"
@@ -110,7 +111,16 @@ class ThrottledStorage:
             except OSError as e:
                 print("throttled_storage: cgroup %s left behind: %s" % (self.cgroup, e), file=sys.stderr)
         if self.mount:
-            subprocess.run(["umount", self.mount], capture_output=True)
+            # A mount can be busy for a moment after its last reader exits; a lazy unmount then
+            # detaches it anyway (the loop device goes once nothing uses it).
+            for _ in range(10):
+                if subprocess.run(["umount", self.mount], capture_output=True).returncode == 0:
+                    break
+                time.sleep(0.2)
+            else:
+                r = subprocess.run(["umount", "-l", self.mount], capture_output=True, text=True)
+                print("throttled_storage: %s was busy; lazy unmount: %s" % (self.mount, r.returncode == 0 and "done"
+                                                                             or r.stderr.strip()), file=sys.stderr)
             try:
                 os.rmdir(self.mount)
             except OSError:
