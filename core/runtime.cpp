@@ -68,19 +68,7 @@ Status Runtime::create(const Model& m, const LoadOptions& opts, std::unique_ptr<
   // Default: the big cores on a big.LITTLE CPU (the pool is pinned to them), else physical cores.
   const int32_t threads = opts.n_threads > 0 ? opts.n_threads : platform::default_thread_count();
   MOELITE_TRY(create_backend(opts.backend, threads, &rt->backend));
-  Status placed = place_dense_weights(m, *rt->backend);
-  if (placed == MOELITE_ERR_UNSUPPORTED_TYPE && opts.backend == BackendKind::Auto &&
-      rt->backend->kind() != BackendKind::Cpu) {
-    // "auto" promises a backend that runs the model: a GPU backend without kernels for one of
-    // its weight types (MXFP4 on Vulkan and CUDA, for now) gives way to the CPU, which has them
-    // all. Asked for by name, the device's refusal stands.
-    log_msg(MOELITE_LOG_INFO, "backend auto: %s; the CPU backend runs this model", last_error_message());
-    clear_error();
-    rt->backend.reset();
-    MOELITE_TRY(create_backend(BackendKind::Cpu, threads, &rt->backend));
-    placed = place_dense_weights(m, *rt->backend);
-  }
-  MOELITE_TRY(placed);
+  MOELITE_TRY(place_dense_weights(m, *rt->backend));
   rt->routed.reset(m.hp.n_layer);
   MOELITE_TRY(setup_adaptive(m, opts, &rt->profile, &rt->gating));
   LoadOptions eff = opts;  // the budget actually used, for the store and its planning

@@ -157,10 +157,7 @@ typedef enum moelite_backend {
                                included) if built and found, else Vulkan on a GPU (not on a CPU
                                implementation such as lavapipe) if built and found, else CPU;
                                MOELITE_PLATFORM_AUTO_BACKEND and moelite_platform_describe_json
-                               say which and why. A model with a weight type that GPU backend
-                               has no kernels for (MXFP4 on Vulkan and CUDA, for now) loads on
-                               the CPU instead (logged at INFO); named explicitly, such a backend
-                               fails the load with MOELITE_ERR_UNSUPPORTED_TYPE */
+                               say which and why */
   MOELITE_BACKEND_CPU = 1,
   MOELITE_BACKEND_VULKAN = 2,
   MOELITE_BACKEND_CUDA = 3

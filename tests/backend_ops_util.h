@@ -68,7 +68,7 @@ inline std::vector<double> widen(const std::vector<float>& v) { return std::vect
 
 const TensorType kTypes[] = {TensorType::F32,  TensorType::F16,  TensorType::BF16, TensorType::Q4_0, TensorType::Q4_1,
                              TensorType::Q5_0, TensorType::Q5_1, TensorType::Q8_0, TensorType::Q2_K, TensorType::Q3_K,
-                             TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K};
+                             TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K, TensorType::MXFP4};
 
 // Experts held in memory, handed out as the resident source does or, with resident = false, as a
 // budgeted source of two experts at a time (groups, pins and releases counted).

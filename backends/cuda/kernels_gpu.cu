@@ -41,6 +41,7 @@ MATMUL_ENTRY(12)
 MATMUL_ENTRY(13)
 MATMUL_ENTRY(14)
 MATMUL_ENTRY(30)
+MATMUL_ENTRY(39)
 
 extern "C" __global__ void moelite_add_kernel(float* x, const float* y, int64_t n) { add_kernel(x, y, n); }
 SAME_PARAMS(moelite_add_kernel, add_kernel);

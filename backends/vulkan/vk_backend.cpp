@@ -39,7 +39,8 @@ bool computable(TensorType t) {
     case TensorType::Q3_K:
     case TensorType::Q4_K:
     case TensorType::Q5_K:
-    case TensorType::Q6_K: return true;
+    case TensorType::Q6_K:
+    case TensorType::MXFP4: return true;
     default: return false;
   }
 }

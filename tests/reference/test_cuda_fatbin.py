@@ -12,7 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FATBIN = os.environ.get("MOELITE_CUDA_FATBIN", "")
 # The weight types the kernels support (launchers.inc's with_type), as GGUF type ids.
-TYPE_IDS = [0, 1, 30, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14]
+TYPE_IDS = [0, 1, 30, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 39]
 
 pytestmark = pytest.mark.skipif(not os.path.exists(FATBIN), reason="this build has no CUDA fatbin (no nvcc)")
 

@@ -21,6 +21,7 @@ enum WeightTypeId : int {
   kQ5_K = 13,
   kQ6_K = 14,
   kBF16 = 30,
+  kMXFP4 = 39,
 };
 
 MK_DEVICE uint32_t u8(const uint8_t* p) { return p[0]; }
@@ -105,6 +106,10 @@ template <>
 struct Layout<kQ6_K> {
   static constexpr int block = 256, bytes = 210;
 };
+template <>
+struct Layout<kMXFP4> {
+  static constexpr int block = 32, bytes = 17;
+};
 
 template <int T>
 MK_DEVICE float dq(const uint8_t* row, int64_t i) {
@@ -114,6 +119,20 @@ MK_DEVICE float dq(const uint8_t* row, int64_t i) {
   if constexpr (T == kQ8_0) {
     const uint8_t* b = row + (i >> 5) * 34;
     return float(i8(b + 2 + (i & 31))) * f16(b);
+  }
+  if constexpr (T == kMXFP4) {
+    // E2M1 code (low nibble: element j < 16, high: j >= 16) as the doubled value in [-12, 12],
+    // times the E8M0 byte's 2^(e - 128) built from its bits (subnormal for e < 2), as
+    // base/quant_ref.h's kMxfp4Values and mxfp4_half_scale.
+    const uint32_t j = uint32_t(i & 31);
+    const uint8_t* b = row + (i >> 5) * 17;
+    const uint32_t byte = b[1 + (j & 15u)];
+    const uint32_t code = j < 16 ? (byte & 15u) : (byte >> 4);
+    const uint32_t m = code & 7u;
+    const int32_t doubled = m < 5 ? int32_t(m) : m == 5 ? 6 : m == 6 ? 8 : 12;
+    const uint32_t e = b[0];
+    const float scale = bits_to_float(e < 2 ? (0x00200000u << e) : ((e - 1u) << 23));
+    return float(code & 8u ? -doubled : doubled) * scale;
   }
   if constexpr (T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ5_1) {
     // 4-bit codes: element j < 16 is the low nibble of byte j, element j >= 16 the high nibble of j - 16.

@@ -13,7 +13,7 @@ float wf16(uint off) { return unpackHalf2x16(wu16(off)).x; }
 int wi8(uint off) { return int(wbyte(off) << 24) >> 24; }
 
 const uint T_F32 = 0u, T_F16 = 1u, T_Q4_0 = 2u, T_Q4_1 = 3u, T_Q5_0 = 6u, T_Q5_1 = 7u, T_Q8_0 = 8u;
-const uint T_Q2_K = 10u, T_Q3_K = 11u, T_Q4_K = 12u, T_Q5_K = 13u, T_Q6_K = 14u, T_BF16 = 30u;
+const uint T_Q2_K = 10u, T_Q3_K = 11u, T_Q4_K = 12u, T_Q5_K = 13u, T_Q6_K = 14u, T_BF16 = 30u, T_MXFP4 = 39u;
 
 // Q4_K / Q5_K: six-bit scale and min of sub-block s (0..7) from the 12 packed bytes at p.
 void scale_min_k4(uint p, uint s, out float sc, out float mn) {
@@ -30,6 +30,19 @@ float dq(uint row, uint i) {
   if (WTYPE == T_F32) return uintBitsToFloat(W[(row >> 2) + i]);
   if (WTYPE == T_F16) return wf16(row + 2u * i);
   if (WTYPE == T_BF16) return uintBitsToFloat(wu16(row + 2u * i) << 16);
+  if (WTYPE == T_MXFP4) {
+    // E2M1 code (low nibble: element j < 16, high: j >= 16) as the doubled value in [-12, 12],
+    // times the E8M0 byte's 2^(e - 128) built from its bits (subnormal for e < 2).
+    const uint j = i & 31u;
+    const uint b = row + (i >> 5) * 17u;
+    const uint byte = wbyte(b + 1u + (j & 15u));
+    const uint code = j < 16u ? (byte & 15u) : (byte >> 4);
+    const uint m = code & 7u;
+    const int doubled = m < 5u ? int(m) : m == 5u ? 6 : m == 6u ? 8 : 12;
+    const uint e = wbyte(b);
+    const float scale = uintBitsToFloat(e < 2u ? (0x00200000u << e) : ((e - 1u) << 23));
+    return float((code & 8u) != 0u ? -doubled : doubled) * scale;
+  }
   if (WTYPE == T_Q4_0 || WTYPE == T_Q4_1 || WTYPE == T_Q5_0 || WTYPE == T_Q5_1 || WTYPE == T_Q8_0) {
     const uint j = i & 31u;
     if (WTYPE == T_Q8_0) {
