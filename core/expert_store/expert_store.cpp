@@ -645,14 +645,14 @@ void ExpertStore::load_batch(platform::BatchReader& reader, std::vector<Load>& l
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (--reads_left == 0) end_busy_locked(busy);
+      // A landed read counts now, before its expert can be seen Ready: an evaluation that returns
+      // has its reads in the counters (the per-context stats take their difference).
+      stats_[static_cast<size_t>(loads[k].layer)].bytes_read += ranges[i].len;
       Slot& s = slots_[static_cast<size_t>(loads[k].slot)];
       const int32_t in = chunks_in(k);
       if (in < 3) {
         s.chunks_ready = in;
       } else {  // the whole expert is in: Ready now, whatever the rest of the batch does
-        // Its bytes count now, before anyone can see it Ready: an evaluation that returns has
-        // its reads in the counters (the per-context stats take their difference).
-        for (size_t c = 0; c < 3; ++c) stats_[static_cast<size_t>(loads[k].layer)].bytes_read += ranges[3 * k + c].len;
         s.state = SlotState::Ready;
         s.chunks_ready = 3;
         s.error = MOELITE_OK;
@@ -669,12 +669,9 @@ void ExpertStore::load_batch(platform::BatchReader& reader, std::vector<Load>& l
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t k = 0; k < n; ++k) {
     // An expert whose three reads all landed was settled Ready as they did (even when another read
-    // of the batch failed), its bytes counted, and its slot may have been evicted and reused
-    // since. The others fail with the batch's error (and are read again at their next use); the
-    // chunks of theirs that did land count as read.
+    // of the batch failed), and its slot may have been evicted and reused since. The others fail
+    // with the batch's error (and are read again at their next use).
     if (loads[k].settled) continue;
-    for (size_t c = 0; c < 3; ++c)
-      if (done[3 * k + c]) stats_[static_cast<size_t>(loads[k].layer)].bytes_read += ranges[3 * k + c].len;
     Slot& s = slots_[static_cast<size_t>(loads[k].slot)];
     if (s.orphaned && s.pins > 0) {
       // The read was started for an evaluation that has failed since, and a later one now waits

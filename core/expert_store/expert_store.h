@@ -157,7 +157,7 @@ class ExpertStore final : public ExpertSource {
   // settled on its own (Ready, or Failed with the error).
   struct Load {
     int32_t slot, layer, expert;
-    bool settled;  // its slot's state is final (Ready, or requeued); the slot may be reused since
+    bool settled;  // its slot's state is final (Ready, Failed or requeued); the slot may be reused since
   };
   // Each expert is settled as soon as its three reads land, not when the whole batch has: the
   // backend computes it while the batch's later experts are still read.
