@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "base/rope_angles.h"
 #include "base/status.h"
 #include "base/types.h"
 
@@ -55,6 +56,7 @@ struct RopeParams {
   RopeStyle style = RopeStyle::Normal;
   int32_t n_rot = 0;  // rotated dimensions per head (<= head_dim)
   float freq_base = 10000.0f;
+  RopeScaling scaling;  // context extension (YaRN); none by default (base/rope_angles.h)
 };
 
 // Router output for a batch: for token t, slot j: expert ids[t*k + j] with weight w[t*k + j].
@@ -100,11 +102,26 @@ struct ExpertTask {
   int32_t n_rows = 0;
 };
 
+// Each layer's cache holds its last `slots[l]` positions: position p lives in slot p % slots[l].
+// A layer that attends to everything holds the whole context (slots = n_ctx); a sliding-window
+// layer holds only its window plus one batch, which is what bounds a long context's cache.
 struct KvCache {
   void* handle = nullptr;
   int32_t n_layers = 0;
-  int32_t n_ctx = 0;
+  int32_t n_ctx = 0;  // positions a sequence may have
   int64_t kv_dim = 0;
+  std::vector<int32_t> slots;  // per layer, 1 <= slots[l] <= n_ctx
+};
+
+// How a layer attends, beyond causal softmax(q.k * scale) v over every earlier position.
+struct AttentionSpec {
+  float scale = 0.0f;  // 0: 1 / sqrt(head_dim)
+  // > 0: the query at position p sees only keys at positions (p - window, p] (sliding window);
+  // the layer's cache must hold at least window - 1 + (the batch's tokens) slots.
+  int32_t window = 0;
+  // n_head host floats that live as long as the model, or null: head h's "sink" logit joins its
+  // softmax denominator and weighs no value (gpt-oss), so a head can attend to nothing.
+  const float* sinks = nullptr;
 };
 
 enum class BackendKind { Auto = 0, Cpu = 1, Vulkan = 2, Cuda = 3 };
@@ -140,10 +157,11 @@ class Backend {
   // Copies rows [row0, row0 + n) of `a` to host floats (n * cols); waits for the device.
   [[nodiscard]] virtual Status read_rows(const Act& a, int64_t row0, int64_t n, float* dst) = 0;
 
-  // A KV cache of n_layers x n_ctx positions of kv_dim floats each for keys and for values.
-  // Each context owns one; the backend is shared by all contexts of a model (which evaluate one
-  // at a time, see core/runtime.h).
-  [[nodiscard]] virtual Status alloc_kv(int32_t n_layers, int32_t n_ctx, int64_t kv_dim, KvCache* out) = 0;
+  // A KV cache for sequences of up to n_ctx positions: layer l holds slots[l] positions (see
+  // KvCache) of kv_dim floats each for keys and for values. Each context owns one; the backend is
+  // shared by all contexts of a model (which evaluate one at a time, see core/runtime.h).
+  [[nodiscard]] virtual Status alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim,
+                                        KvCache* out) = 0;
   virtual void free_kv(KvCache* kv) = 0;
 
   // Measures the device's own memory bandwidth in GB/s (bytes read plus bytes written per second by a
@@ -171,10 +189,11 @@ class Backend {
   // Rotates the first n_rot dims of each head_dim-sized head of x; token t is at positions[t].
   [[nodiscard]] virtual Status rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) = 0;
   // Writes the k and v rows of a batch into the cache of `layer` at positions pos0.. and attends:
-  // out[t] for query heads q[t] over cache positions [0, pos0 + t] (causal), GQA by n_head_kv.
+  // out[t] for query heads q[t] over cache positions [0, pos0 + t] (causal; `spec` may narrow it to
+  // a window and add sinks), GQA by n_head_kv.
   [[nodiscard]] virtual Status attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v,
                                          int32_t pos0, int32_t n_head, int32_t n_head_kv, int64_t head_dim,
-                                         Act* out) = 0;
+                                         const AttentionSpec& spec, Act* out) = 0;
   // softmax over each row of `logits` (n_tokens x n_expert), top-k (ties to the lower id),
   // optional renormalisation of the k weights to sum 1. Fills `r` on the host.
   [[nodiscard]] virtual Status route(const Act& logits, int32_t k, bool renormalize, Routing* r) = 0;

@@ -1,8 +1,9 @@
 # The layering the build enforces: which directories' headers each layer may include.
 #   base/      status, tensor types, quant block layouts and reference dequantizers (like ggml-base)
 #   platforms/ the OS layer
-#   backends/  backend.h is the interface; each backend includes only base/, platforms/, the
-#              interface and its own directory; the registry alone sees every backend
+#   backends/  backend.h is the interface (kv_layout.h: the KV cache's slot rule, part of it); each
+#              backend includes only base/, platforms/, the interface and its own directory; the
+#              registry alone sees every backend
 #   core/      base/, platforms/ and the backend interface -- never a backend's internals
 #   samples/   the public header (the CLI's trace tools also use core/expert_cache/)
 # Runs at configure time (a violation stops the build) and as the ctest `layering`.
@@ -14,9 +15,10 @@ set(_rules
   "base/|base/"
   "platforms/|base/,platforms/"
   "backends/backend.h|base/"
-  "backends/cpu/|base/,platforms/,backends/backend.h,backends/cpu/"
-  "backends/vulkan/|base/,platforms/,backends/backend.h,backends/vulkan/"
-  "backends/cuda/|base/,platforms/,backends/backend.h,backends/cuda/"
+  "backends/kv_layout.h|base/,backends/backend.h"
+  "backends/cpu/|base/,platforms/,backends/backend.h,backends/kv_layout.h,backends/cpu/"
+  "backends/vulkan/|base/,platforms/,backends/backend.h,backends/kv_layout.h,backends/vulkan/"
+  "backends/cuda/|base/,platforms/,backends/backend.h,backends/kv_layout.h,backends/cuda/"
   "backends/backend_registry.cpp|base/,backends/"
   "core/|base/,platforms/,backends/backend.h,core/"
   "samples/|samples/,core/expert_cache/")

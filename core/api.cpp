@@ -388,6 +388,12 @@ MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_
       if (m.vocab_only || m.layers.empty()) return 0;
       return static_cast<int64_t>(moelite::ExpertStore::limits(m, store && store->per_layer()).minimum);
     }
+    case MOELITE_MODEL_SLIDING_WINDOW: return hp.max_window();
+    case MOELITE_MODEL_N_WINDOWED_LAYERS: {
+      int64_t n = 0;
+      for (int32_t l = 0; l < hp.n_layer; ++l) n += hp.window_of(l) > 0 ? 1 : 0;
+      return n;
+    }
     case MOELITE_MODEL_EXPERTS_ALL_FIT:
       if (!rt) return 0;
       return !store || store->n_slots() >= static_cast<uint64_t>(m.hp.n_layer) * static_cast<uint64_t>(m.hp.n_expert)
@@ -643,6 +649,7 @@ MOELITE_API const float* moelite_get_logits(const moelite_context* c, int32_t i)
 MOELITE_API moelite_model* moelite_context_model(const moelite_context* c) { return c ? c->owner : nullptr; }
 MOELITE_API int32_t moelite_context_kv_length(const moelite_context* c) { return c ? c->impl->length() : 0; }
 MOELITE_API int32_t moelite_context_n_ctx(const moelite_context* c) { return c ? c->impl->n_ctx() : 0; }
+MOELITE_API uint64_t moelite_context_kv_bytes(const moelite_context* c) { return c ? c->impl->kv_bytes() : 0; }
 MOELITE_API void moelite_context_kv_reset(moelite_context* c) {
   moelite::ApiErrorScope scope;
   if (c) c->impl->truncate(0);

@@ -37,10 +37,33 @@ uint64_t Context::estimate_bytes(const HParams& hp, const ContextOptions& opts) 
   const uint64_t act_floats = nb * (5 * uint64_t(hp.n_embd) + q_dim + kv_dim + v_dim + uint64_t(hp.n_head) * uint64_t(hp.head_dim_v) +
                                     uint64_t(hp.n_expert)) +
                               std::min<uint64_t>(nb, kHeadRows) * uint64_t(hp.n_vocab);
-  const uint64_t kv_floats = 2 * uint64_t(hp.n_layer) * n_ctx * kv_dim;
+  uint64_t kv_positions = 0;
+  for (const int32_t slots : kv_slots(hp, static_cast<int32_t>(n_ctx), static_cast<int32_t>(nb)))
+    kv_positions += uint64_t(slots);
+  const uint64_t kv_floats = 2 * kv_positions * kv_dim;
   // Gate and up outputs of a batch's routed experts (the CPU backend's per-call scratch).
   const uint64_t expert_floats = 2 * nb * uint64_t(hp.n_expert_used) * uint64_t(hp.n_ff_expert);
   return (act_floats + kv_floats + expert_floats) * sizeof(float);
+}
+
+std::vector<int32_t> Context::kv_slots(const HParams& hp, int32_t n_ctx, int32_t n_batch) {
+  // A windowed layer's batch reads back window - 1 positions before its first token while writing
+  // n_batch: the ring holds both, and never more than the context. All windowed layers get the
+  // largest window's ring, so one record of which position each slot holds serves them all.
+  const int32_t window = hp.max_window();
+  const int32_t ring = window > 0 ? static_cast<int32_t>(std::min<int64_t>(n_ctx, int64_t{window} - 1 + n_batch)) : n_ctx;
+  std::vector<int32_t> slots(static_cast<size_t>(hp.n_layer), n_ctx);
+  for (int32_t l = 0; l < hp.n_layer; ++l)
+    if (hp.window_of(l) > 0) slots[static_cast<size_t>(l)] = ring;
+  return slots;
+}
+
+bool Context::ring_serves(int32_t n_keep) const {
+  if (ring_pos_.empty()) return true;
+  const int32_t slots = static_cast<int32_t>(ring_pos_.size());
+  for (int32_t p = std::max(0, n_keep - ring_window_ + 1); p < n_keep; ++p)
+    if (ring_pos_[static_cast<size_t>(p % slots)] != p) return false;
+  return true;
 }
 
 Status Context::create(const Model& model, Runtime& runtime, const ContextOptions& opts,
@@ -77,7 +100,13 @@ Status Context::create(const Model& model, Runtime& runtime, const ContextOption
   MOELITE_TRY(be.alloc_act(nb, hp.n_embd, &s.moe_out));
   MOELITE_TRY(be.alloc_act(nb, hp.n_embd, &s.shared_out));
   MOELITE_TRY(be.alloc_act(std::min<int64_t>(nb, kHeadRows), hp.n_vocab, &s.head_out));
-  MOELITE_TRY(be.alloc_kv(hp.n_layer, c->n_ctx_, kv_dim, &s.kv));
+  const std::vector<int32_t> slots = kv_slots(hp, c->n_ctx_, c->opts_.n_batch);
+  MOELITE_TRY(be.alloc_kv(c->n_ctx_, slots, kv_dim, &s.kv));
+  for (int32_t l = 0; l < hp.n_layer; ++l)
+    if (hp.window_of(l) > 0) {
+      c->ring_window_ = std::max(c->ring_window_, hp.window_of(l));
+      c->ring_pos_.assign(static_cast<size_t>(slots[static_cast<size_t>(l)]), -1);
+    }
   *out = std::move(c);
   return MOELITE_OK;
 }
@@ -158,6 +187,11 @@ Status Context::eval(const int32_t* tokens, int32_t n_tokens, bool logits_all) {
     const int32_t n = std::min(opts_.n_batch, n_tokens - done);
     const bool last = done + n == n_tokens;
     float* dst = logits_all ? out.data() + static_cast<size_t>(done) * hp.n_vocab : (last ? out.data() : nullptr);
+    // Recorded before the batch runs: a failure part way may have overwritten these slots in some
+    // windowed layers, and the rollback below must assume it did.
+    if (!ring_pos_.empty())
+      for (int32_t p = n_past_; p < n_past_ + n; ++p)
+        ring_pos_[static_cast<size_t>(p) % ring_pos_.size()] = p;
     Status st;
     try {
       st = eval_batch(tokens + done, n, logits_all, dst);
@@ -170,7 +204,11 @@ Status Context::eval(const int32_t* tokens, int32_t n_tokens, bool logits_all) {
       const std::string msg = last_error_message();
       (void)state_.backend->sync();
       fail(st, "%s", msg.c_str());
-      n_past_ = start;  // cache rows past n_past_ are dead; the sequence is as before the call
+      n_past_ = start;  // cache rows past n_past_ are dead; the sequence is as before the call...
+      if (!ring_serves(n_past_)) {  // ...unless earlier batches of this call moved a window's ring past it
+        n_past_ = 0;
+        tokens_.clear();
+      }
       return st;
     }
     n_past_ += n;
@@ -270,6 +308,7 @@ const float* Context::logits(int32_t i) const {
 
 void Context::truncate(int32_t n_keep) {
   n_past_ = std::clamp(n_keep, 0, n_past_);
+  if (!ring_serves(n_past_)) n_past_ = 0;  // a window's ring no longer holds what the next token reads
   tokens_.resize(static_cast<size_t>(n_past_));
   logits_.clear();
   logits_rows_ = 0;

@@ -48,7 +48,17 @@ class Context {
   // The tokens whose keys and values the cache holds, in order (length() of them).
   const std::vector<int32_t>& tokens() const { return tokens_; }
   int32_t n_ctx() const { return n_ctx_; }
+  // Bytes of keys and values the cache holds for all layers (what create() allocated).
+  uint64_t kv_bytes() const {
+    uint64_t positions = 0;
+    for (int32_t slots : state_.kv.slots) positions += static_cast<uint64_t>(slots);
+    return 2 * positions * static_cast<uint64_t>(state_.kv.kv_dim) * sizeof(float);
+  }
+  // Keeps the first n_keep tokens (clamped to [0, length()]). With sliding-window layers, a cut
+  // back past what their ring still holds keeps nothing: length() says what was kept.
   void truncate(int32_t n_keep);
+  // Positions each layer's cache holds for these settings: n_ctx, or a windowed layer's ring.
+  static std::vector<int32_t> kv_slots(const HParams& hp, int32_t n_ctx, int32_t n_batch);
   const Model& model() const { return model_; }
   void set_abort(moelite_abort_fn fn, void* user) {
     opts_.abort = fn;
@@ -65,6 +75,8 @@ class Context {
   Status eval_batch(const int32_t* tokens, int32_t n, bool logits_all, float* logits_out);
   Status lock_abortable(std::unique_lock<std::mutex>* lock);
   Status predict_next_token(int32_t n);
+  // Whether every sliding-window ring still holds the positions the token at n_keep will read.
+  bool ring_serves(int32_t n_keep) const;
 
   const Model& model_;
   Runtime& runtime_;
@@ -72,6 +84,9 @@ class Context {
   int32_t n_ctx_ = 0;
   int32_t n_past_ = 0;
   std::vector<int32_t> tokens_;
+  // Sliding-window models: the position each ring slot holds (-1: none), and the largest window.
+  std::vector<int32_t> ring_pos_;
+  int32_t ring_window_ = 0;
   EvalState state_;
   std::vector<float> logits_;
   int32_t logits_rows_ = 0;

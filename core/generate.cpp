@@ -93,6 +93,7 @@ Status generate_tokens(Context& ctx, const std::vector<int32_t>& tokens, const G
   while (reuse < cached.size() && reuse < tokens.size() && cached[reuse] == tokens[reuse]) ++reuse;
   if (reuse == tokens.size()) --reuse;
   ctx.truncate(static_cast<int32_t>(reuse));
+  reuse = static_cast<size_t>(ctx.length());  // a sliding-window cache may keep less than asked
   res->n_cached = static_cast<int32_t>(reuse);
   res->n_prompt = static_cast<int32_t>(tokens.size() - reuse);
 

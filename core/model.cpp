@@ -15,6 +15,9 @@ ExpertWeights LayerExperts::expert(int32_t e) const {
   if (!split.empty()) return split[static_cast<size_t>(e)];
   ExpertWeights w{gate, up, down};
   const uint64_t i = static_cast<uint64_t>(e);
+  if (!gate_bias.empty()) w.gate_bias = gate_bias.data() + i * static_cast<uint64_t>(gate.rows);
+  if (!up_bias.empty()) w.up_bias = up_bias.data() + i * static_cast<uint64_t>(up.rows);
+  if (!down_bias.empty()) w.down_bias = down_bias.data() + i * static_cast<uint64_t>(down.rows);
   w.gate.file_offset += gate_stride * i;
   w.up.file_offset += up_stride * i;
   w.down.file_offset += down_stride * i;
@@ -86,6 +89,7 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
                 "this 'llama' model has no experts (llama.expert_count); "
                 "moelite runs Mixture-of-Experts models only");
   const ArchDescriptor& arch = *m->arch;
+  m->expert_ffn.activation = arch.expert_activation;
   MOELITE_TRY((arch.read_hparams ? arch.read_hparams : standard_read_hparams)(g, arch, &m->hp));
   MOELITE_TRY(report_progress(opts, 0.0f));
 

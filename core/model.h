@@ -40,9 +40,21 @@ struct HParams {
   int32_t n_vocab = 0;
   float rms_eps = 1e-6f;
   RopeParams rope;
+  RopeParams rope_windowed;           // sliding-window layers' (a different base in some models)
   bool norm_topk = false;             // renormalise the top-k router weights to sum 1
   float expert_weights_scale = 1.0f;  // applied to the (renormalised) router weights
   QkNorm qk_norm = QkNorm::None;
+  // Sliding-window attention (gpt-oss): layer l's queries see only their last attn_window[l]
+  // positions (0: all). Empty when no layer has a window.
+  std::vector<int32_t> attn_window;
+  int32_t window_of(int32_t layer) const {
+    return attn_window.empty() ? 0 : attn_window[static_cast<size_t>(layer)];
+  }
+  int32_t max_window() const {
+    int32_t w = 0;
+    for (int32_t x : attn_window) w = x > w ? x : w;
+    return w;
+  }
 };
 
 // Routed experts of one layer, as stored: either three 3-D tensors (one expert a contiguous slice)
@@ -51,14 +63,19 @@ struct LayerExperts {
   WeightView gate, up, down;                                 // merged layout: views of expert 0; rows/cols per expert
   uint64_t gate_stride = 0, up_stride = 0, down_stride = 0;  // bytes between experts
   std::vector<ExpertWeights> split;                          // split layout, one per expert
+  // Per-expert output biases (gpt-oss), n_expert x rows each, resident for the model's life: an
+  // expert the store loads gets its bytes from the file and its biases from here. Empty: none.
+  std::vector<float> gate_bias, up_bias, down_bias;
   ExpertWeights expert(int32_t e) const;
 };
 
 struct LayerWeights {
   std::vector<float> attn_norm, ffn_norm, q_norm, k_norm;
-  std::vector<float> bq, bk, bv;  // empty when the model has no attention biases
+  std::vector<float> bq, bk, bv, bo;  // empty when the model has no attention biases
+  std::vector<float> sinks;           // n_head attention-sink logits (gpt-oss); empty: none
   WeightView wq, wk, wv, wo;
   WeightView router;   // ffn_gate_inp: n_expert rows of n_embd
+  std::vector<float> router_bias;  // n_expert floats (gpt-oss); empty: none
   WeightView pregate;  // ffn_pregate_inp (pre-gated models): routes layer l+1 from layer
                        // l's MoE input; invalid when absent
   LayerExperts experts;

@@ -96,23 +96,33 @@ Status TensorBinder::matrix_stack(const std::string& name, int64_t cols, int64_t
 }
 
 Status TensorBinder::floats(const std::string& name, int64_t n, std::vector<float>* out, bool required) {
+  return float_table(name, n, 1, out, required);
+}
+
+Status TensorBinder::float_table(const std::string& name, int64_t cols, int64_t rows, std::vector<float>* out,
+                                 bool required) {
   const gguf::TensorInfo* t;
   MOELITE_TRY(lookup(name, required, &t));
   if (!t) {
     out->clear();
     return MOELITE_OK;
   }
-  if (static_cast<int64_t>(t->n_elements) != n || t->ne[0] != n)
-    return fail(MOELITE_ERR_BAD_SHAPE, "tensor '%s' has shape %s, expected {%lld}", name.c_str(), shape_str(*t).c_str(),
-                (long long)n);
+  if (static_cast<int64_t>(t->n_elements) != cols * rows || t->ne[0] != cols) {
+    if (rows == 1)
+      return fail(MOELITE_ERR_BAD_SHAPE, "tensor '%s' has shape %s, expected {%lld}", name.c_str(),
+                  shape_str(*t).c_str(), (long long)cols);
+    return fail(MOELITE_ERR_BAD_SHAPE, "tensor '%s' has shape %s, expected {%lld, %lld}", name.c_str(),
+                shape_str(*t).c_str(), (long long)cols, (long long)rows);
+  }
   DequantRowFn dequant = dequant_row_fn(t->type);
   if (!dequant)
     return fail(MOELITE_ERR_UNSUPPORTED_TYPE, "tensor '%s' uses unsupported type %s", name.c_str(), type_name(t->type));
   std::vector<uint8_t> bytes(static_cast<size_t>(t->size_bytes));
   MOELITE_TRY(gguf_.file().read_at(t->file_offset, bytes.data(), t->size_bytes));
   bound_bytes_ += t->size_bytes;
-  out->resize(static_cast<size_t>(n));
-  dequant(bytes.data(), out->data(), n);
+  out->resize(static_cast<size_t>(cols * rows));
+  for (int64_t r = 0; r < rows; ++r)
+    dequant(bytes.data() + static_cast<uint64_t>(r) * t->row_bytes, out->data() + r * cols, cols);
   return MOELITE_OK;
 }
 

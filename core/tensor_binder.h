@@ -32,6 +32,9 @@ class TensorBinder {
                       uint64_t* stride);
   // A vector of n values of any supported type, dequantized to floats (norm weights, biases).
   Status floats(const std::string& name, int64_t n, std::vector<float>* out, bool required = true);
+  // A 2-D table ne = {cols, rows} of any supported type as rows * cols floats (per-expert biases).
+  Status float_table(const std::string& name, int64_t cols, int64_t rows, std::vector<float>* out,
+                     bool required = true);
 
   // Routed-expert tensors bound from now on are not read or touched (the expert store reads
   // them itself): their views carry the file offset, and data only when the file is mapped.

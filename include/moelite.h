@@ -433,9 +433,13 @@ typedef enum moelite_model_key {
   MOELITE_MODEL_BUDGET_AUTO_HEADROOM = 26,      /* budget auto: headroom set aside */
   MOELITE_MODEL_EXPERTS_ALL_FIT = 27,   /* 1 when every expert can be resident at once (no budget,
                                            or a pool with a slot for each); 0 when experts stream */
-  MOELITE_MODEL_EXPERT_MIN_BUDGET = 28  /* the smallest expert budget this model loads with: the
+  MOELITE_MODEL_EXPERT_MIN_BUDGET = 28, /* the smallest expert budget this model loads with: the
                                            store's minimum working set (top-k + 1 expert slots; in
                                            every layer with per-layer pools). 0 vocabulary-only */
+  MOELITE_MODEL_SLIDING_WINDOW = 29,    /* positions a sliding-window layer attends to (gpt-oss:
+                                           attention.sliding_window); 0 without such layers */
+  MOELITE_MODEL_N_WINDOWED_LAYERS = 30  /* layers that attend through that window; their KV cache
+                                           holds window - 1 + n_batch positions, not n_ctx */
 } moelite_model_key;
 
 /** Value of a numeric property, or -1 if the key is unknown or the model is NULL. Thread-safe. */
@@ -676,10 +680,16 @@ MOELITE_API moelite_model* moelite_context_model(const moelite_context* ctx);
 MOELITE_API int32_t moelite_context_kv_length(const moelite_context* ctx);
 /** Context length chosen at creation (0 for NULL). */
 MOELITE_API int32_t moelite_context_n_ctx(const moelite_context* ctx);
+/** Bytes of the context's KV cache, keys and values of every layer, allocated at creation and
+ *  fixed for its life (0 for NULL). Full-attention layers hold n_ctx positions; sliding-window
+ *  layers (MOELITE_MODEL_N_WINDOWED_LAYERS) only their window plus one batch. */
+MOELITE_API uint64_t moelite_context_kv_bytes(const moelite_context* ctx);
 /** Forgets the whole sequence. NULL is a no-op. */
 MOELITE_API void moelite_context_kv_reset(moelite_context* ctx);
 /** Keeps the first n_keep tokens and forgets the rest (n_keep clamped to [0, length]). NULL is a
- *  no-op. */
+ *  no-op. On a model with sliding-window layers, whose cache keeps only the last window - 1 +
+ *  n_batch positions, a cut further back than that ring still reaches forgets the whole sequence:
+ *  read moelite_context_kv_length afterwards (moelite_generate does, and re-evaluates the prompt). */
 MOELITE_API void moelite_context_kv_truncate(moelite_context* ctx, int32_t n_keep);
 /** The token ids the KV cache holds, in order (moelite_context_kv_length of them), into `tokens`
  *  (room for `capacity`). *n_tokens receives the count; MOELITE_ERR_BUFFER_TOO_SMALL when it

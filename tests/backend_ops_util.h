@@ -180,31 +180,77 @@ inline void expect_float_ops_match_cpu(Backend* dev, Backend* cpu) {
   }
 }
 
-// Causal GQA attention of a prompt of `prompt` tokens and then 5 more (attending to all before
-// them), on `dev` against the CPU backend.
-inline void expect_attention_matches_cpu(Backend* dev, Backend* cpu, int32_t prompt, int32_t n_ctx) {
-  const int32_t n_head = 4, n_head_kv = 2, head_dim = 16;
-  const int64_t q_dim = n_head * head_dim, kv_dim = n_head_kv * head_dim;
-  std::vector<std::vector<float>> outs;
-  for (Backend* b : {dev, cpu}) {
-    KvCache kv;
-    ASSERT_EQ(b->alloc_kv(2, n_ctx, kv_dim, &kv), MOELITE_OK);
-    std::mt19937 rng(3);
-    std::vector<float> all;
-    for (int32_t pos0 : {0, prompt}) {
-      const int64_t n = pos0 == 0 ? prompt : 5;
-      HostAct q(b, n, q_dim), k(b, n, kv_dim), v(b, n, kv_dim), o(b, n, q_dim);
-      q.set(randv(static_cast<size_t>(n * q_dim), rng, -2, 2));
-      k.set(randv(static_cast<size_t>(n * kv_dim), rng, -2, 2));
-      v.set(randv(static_cast<size_t>(n * kv_dim), rng));
-      ASSERT_EQ(b->attention(&kv, 1, q.a, k.a, v.a, pos0, n_head, n_head_kv, head_dim, &o.a), MOELITE_OK);
-      const std::vector<float> got = o.get();
-      all.insert(all.end(), got.begin(), got.end());
-    }
-    b->free_kv(&kv);
-    outs.push_back(all);
+// Attention of one query head in double, written from the definition: the query at `pos` sees
+// positions [max(0, pos - window + 1), pos] (all of [0, pos] for window 0) of keys/values stored
+// one row per position; the sink (if any) joins the softmax denominator.
+inline void naive_attention_head(const std::vector<float>& q_head, const std::vector<float>& keys,
+                                 const std::vector<float>& values, int64_t kv_dim, int64_t kv_off, int64_t head_dim,
+                                 int32_t pos, int32_t window, const float* sink, double scale, double* out) {
+  const int32_t first = window > 0 ? std::max(0, pos - window + 1) : 0;
+  std::vector<double> w;
+  double mx = sink ? *sink : -INFINITY;
+  for (int32_t p = first; p <= pos; ++p) {
+    double d = 0;
+    for (int64_t c = 0; c < head_dim; ++c) d += double{q_head[static_cast<size_t>(c)]} * keys[static_cast<size_t>(p * kv_dim + kv_off + c)];
+    w.push_back(d * scale);
+    mx = std::max(mx, w.back());
   }
-  EXPECT_LT(max_rel(outs[0], widen(outs[1])), 1e-5);
+  double sum = sink ? std::exp(*sink - mx) : 0.0;
+  for (double& x : w) sum += (x = std::exp(x - mx));
+  for (int64_t c = 0; c < head_dim; ++c) {
+    double acc = 0;
+    for (int32_t p = first; p <= pos; ++p)
+      acc += w[static_cast<size_t>(p - first)] * values[static_cast<size_t>(p * kv_dim + kv_off + c)];
+    out[c] = acc / sum;
+  }
+}
+
+// Causal GQA attention of a prompt of `prompt` tokens and then batches of 5 more, each attending to
+// what came before, on `dev` and on the CPU backend, both against the definition in double: once
+// over the whole context, once with a sliding window of 8 and per-head sinks in a cache of only
+// window - 1 + prompt slots, which the later batches wrap around more than once.
+inline void expect_attention_matches_cpu(Backend* dev, Backend* cpu, int32_t prompt, int32_t n_ctx) {
+  const int32_t n_head = 4, n_head_kv = 2, head_dim = 16, window = 8, n_total = std::min(n_ctx, 2 * prompt + 20);
+  const int64_t q_dim = n_head * head_dim, kv_dim = n_head_kv * head_dim;
+  const float sinks[n_head] = {0.5f, -1.0f, 2.0f, -30.0f};
+  std::mt19937 rng(3);
+  const std::vector<float> q_all = randv(static_cast<size_t>(n_total * q_dim), rng, -2, 2);
+  const std::vector<float> k_all = randv(static_cast<size_t>(n_total * kv_dim), rng, -2, 2);
+  const std::vector<float> v_all = randv(static_cast<size_t>(n_total * kv_dim), rng);
+  auto rows = [](const std::vector<float>& a, int64_t cols, int64_t r0, int64_t n) {
+    return std::vector<float>(a.begin() + r0 * cols, a.begin() + (r0 + n) * cols);
+  };
+  for (const bool windowed : {false, true}) {
+    AttentionSpec spec;
+    if (windowed) spec.window = window, spec.sinks = sinks;
+    const int32_t slots = windowed ? std::min(n_ctx, window - 1 + prompt) : n_ctx;
+    std::vector<double> want(static_cast<size_t>(n_total * q_dim));
+    for (int32_t t = 0; t < n_total; ++t)
+      for (int32_t h = 0; h < n_head; ++h) {
+        std::vector<float> qh(q_all.begin() + t * q_dim + h * head_dim, q_all.begin() + t * q_dim + (h + 1) * head_dim);
+        naive_attention_head(qh, k_all, v_all, kv_dim, (h / (n_head / n_head_kv)) * head_dim, head_dim, t,
+                             spec.window, windowed ? &sinks[h] : nullptr, 1.0 / std::sqrt(double{head_dim}),
+                             want.data() + static_cast<size_t>(t * q_dim + h * head_dim));
+      }
+    for (Backend* b : {dev, cpu}) {
+      KvCache kv;
+      ASSERT_EQ(b->alloc_kv(n_ctx, {n_ctx, slots}, kv_dim, &kv), MOELITE_OK);
+      std::vector<float> got;
+      for (int32_t pos0 = 0; pos0 < n_total;) {
+        const int32_t n = std::min(pos0 == 0 ? prompt : 5, n_total - pos0);
+        HostAct q(b, n, q_dim), k(b, n, kv_dim), v(b, n, kv_dim), o(b, n, q_dim);
+        q.set(rows(q_all, q_dim, pos0, n));
+        k.set(rows(k_all, kv_dim, pos0, n));
+        v.set(rows(v_all, kv_dim, pos0, n));
+        ASSERT_EQ(b->attention(&kv, 1, q.a, k.a, v.a, pos0, n_head, n_head_kv, head_dim, spec, &o.a), MOELITE_OK);
+        const std::vector<float> out = o.get();
+        got.insert(got.end(), out.begin(), out.end());
+        pos0 += n;
+      }
+      b->free_kv(&kv);
+      EXPECT_LT(max_rel(got, want), 1e-5) << b->name() << (windowed ? " window + sinks" : " full");
+    }
+  }
 }
 
 // Routing of n tokens over 16 experts, top-4 with a tie (the lower id wins), with and without

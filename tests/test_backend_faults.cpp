@@ -69,8 +69,8 @@ class FaultyBackend final : public Backend {
     MOELITE_TRY(check("read_rows"));
     return inner_->read_rows(a, row0, n, dst);
   }
-  Status alloc_kv(int32_t n_layers, int32_t n_ctx, int64_t kv_dim, KvCache* out) override {
-    return inner_->alloc_kv(n_layers, n_ctx, kv_dim, out);
+  Status alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, KvCache* out) override {
+    return inner_->alloc_kv(n_ctx, slots, kv_dim, out);
   }
   void free_kv(KvCache* kv) override { inner_->free_kv(kv); }
   Status sync() override {
@@ -99,9 +99,9 @@ class FaultyBackend final : public Backend {
     return inner_->rope(x, head_dim, p, positions);
   }
   Status attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0, int32_t n_head,
-                   int32_t n_head_kv, int64_t head_dim, Act* out) override {
+                   int32_t n_head_kv, int64_t head_dim, const AttentionSpec& spec, Act* out) override {
     MOELITE_TRY(check("attention"));
-    return inner_->attention(kv, layer, q, k, v, pos0, n_head, n_head_kv, head_dim, out);
+    return inner_->attention(kv, layer, q, k, v, pos0, n_head, n_head_kv, head_dim, spec, out);
   }
   Status route(const Act& logits, int32_t k, bool renormalize, Routing* r) override {
     MOELITE_TRY(check("route"));

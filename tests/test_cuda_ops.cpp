@@ -102,7 +102,7 @@ TEST_P(CudaDevices, FloatOpsMatchTheCpuBackend) {
   expect_float_ops_match_cpu(p.gpu.get(), p.cpu.get());
 }
 
-TEST_P(CudaDevices, AttentionOverTwoBatchesMatchesTheCpuBackend) {
+TEST_P(CudaDevices, AttentionWholeAndWindowedWithSinksMatchesTheDefinition) {
   // A prompt of 600: three chunks of the split attention, ten slices of 64 tokens.
   Pair p = make(GetParam());
   expect_attention_matches_cpu(p.gpu.get(), p.cpu.get(), 600, 700);
@@ -125,13 +125,14 @@ TEST_P(CudaDevices, AttentionOfAPositionIsTheSameInAnyBatch) {
   std::vector<std::vector<float>> token300;
   for (const int64_t split : {int64_t(400), int64_t(300)}) {
     KvCache kv;
-    ASSERT_EQ(b->alloc_kv(1, n_ctx, kv_dim, &kv), MOELITE_OK);
+    ASSERT_EQ(b->alloc_kv(n_ctx, {n_ctx}, kv_dim, &kv), MOELITE_OK);
     std::vector<float> got;
     for (int64_t r0 = 0; r0 < 400; r0 += split) {
       const int64_t n = std::min<int64_t>(split, 400 - r0);
       HostAct qa(b, n, q_dim), ka(b, n, kv_dim), va(b, n, kv_dim), o(b, n, q_dim);
       qa.set(rows(q, q_dim, r0, n)), ka.set(rows(k, kv_dim, r0, n)), va.set(rows(v, kv_dim, r0, n));
-      ASSERT_EQ(b->attention(&kv, 0, qa.a, ka.a, va.a, static_cast<int32_t>(r0), n_head, n_head_kv, head_dim, &o.a),
+      ASSERT_EQ(b->attention(&kv, 0, qa.a, ka.a, va.a, static_cast<int32_t>(r0), n_head, n_head_kv, head_dim,
+                            AttentionSpec{}, &o.a),
                 MOELITE_OK);
       const std::vector<float> out = o.get();
       got.insert(got.end(), out.begin(), out.end());

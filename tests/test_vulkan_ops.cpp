@@ -171,7 +171,7 @@ TEST(VulkanOps, FloatOpsMatchTheCpuBackend) {
   NO_VALIDATION_MESSAGES();
 }
 
-TEST(VulkanOps, AttentionOverTwoBatchesMatchesTheCpuBackend) {
+TEST(VulkanOps, AttentionWholeAndWindowedWithSinksMatchesTheDefinition) {
   NEED_VULKAN(p);
   expect_attention_matches_cpu(p.vk.get(), p.cpu.get(), 7, 40);
   NO_VALIDATION_MESSAGES();

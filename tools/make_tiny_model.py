@@ -15,6 +15,13 @@ Tensor types follow llama.cpp: 2-D/3-D matmul weights (attn q/k/v/output, expert
 experts, token_embd, output) get --type; norms, biases and the routers (ffn_gate_inp,
 ffn_gate_inp_shexp) are F32.
 
+gpt-oss files carry what llama.cpp's openai-moe model reads: q/k/v/output biases, attn_sinks,
+post_attention_norm (in place of ffn_norm), a router bias, per-expert gate/up/down biases (F32,
+gate/up biases wide enough that the clamped SwiGLU's limit of 7 is reached), attention.sliding_window
+(--window) with the default pattern of 2 unless --window-pattern, and --yarn FACTOR's rope scaling.
+--expert-type gives the routed experts a type of their own (real gpt-oss files: MXFP4 experts,
+Q8_0 elsewhere).
+
 --pregate adds, for every layer N but the last, blk.N.ffn_pregate_inp.weight: a second router
 (same shape, type and init scale as ffn_gate_inp) that Pre-gated MoE / Read-ME style engines apply
 at layer N to choose layer N+1's experts one layer ahead (see tests/reference/reference_forward.py).
@@ -34,7 +41,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ggu
 from moelite_gguf import GGUFWriter, GGUFValueType, quants as Q  # noqa: E402
 from moelite_gguf.byte_chars import byte_chars  # noqa: E402
 
-ARCHS = ("llama", "qwen2moe", "qwen3moe", "olmoe")
+ARCHS = ("llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss")
 
 # llama_ftype values for general.file_type
 FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9,
@@ -104,20 +111,33 @@ def build_specs(a):
             s.append(Spec(p + "attn_q_norm.weight", [H * HD], F, "norm"))
             s.append(Spec(p + "attn_k_norm.weight", [HKV * HD], F, "norm"))
         s.append(Spec(p + "attn_output.weight", [H * HD, E], qt, "mat", inv(H * HD)))
-        s.append(Spec(p + "ffn_norm.weight", [E], F, "norm"))
+        if arch == "gpt-oss":
+            for nm, n in (("q", H * HD), ("k", HKV * HD), ("v", HKV * HD), ("output", E)):
+                s.append(Spec(p + "attn_%s.bias" % nm, [n], F, "mat", 0.1))
+            s.append(Spec(p + "attn_sinks.weight", [H], F, "mat", 1.0))
+            s.append(Spec(p + "post_attention_norm.weight", [E], F, "norm"))
+        else:
+            s.append(Spec(p + "ffn_norm.weight", [E], F, "norm"))
         s.append(Spec(p + "ffn_gate_inp.weight", [E, NE], F, "mat", a.router_scale * inv(E)))
+        if arch == "gpt-oss":
+            s.append(Spec(p + "ffn_gate_inp.bias", [NE], F, "mat", 0.5))
         if a.pregate and il + 1 < a.n_layer:
             # routes layer il+1 from layer il's MoE input; its own name gives it its own stream
             s.append(Spec(p + "ffn_pregate_inp.weight", [E, NE], F, "mat", a.router_scale * inv(E)))
         mats = [("gate", [E, FF], inv(E)), ("up", [E, FF], inv(E)), ("down", [FF, E], inv(FF))]
+        et = a.expert_type or qt
         if a.per_expert_tensors:
             for kind, ne, std in mats:
                 for e in range(NE):
-                    s.append(Spec(p + "ffn_%s.%d.weight" % (kind, e), ne, qt, "mat", std,
+                    s.append(Spec(p + "ffn_%s.%d.weight" % (kind, e), ne, et, "mat", std,
                                   seed_name=p + "ffn_%s_exps.weight" % kind, expert=e))
         else:
             for kind, ne, std in mats:
-                s.append(Spec(p + "ffn_%s_exps.weight" % kind, ne + [NE], qt, "mat", std))
+                s.append(Spec(p + "ffn_%s_exps.weight" % kind, ne + [NE], et, "mat", std))
+        if arch == "gpt-oss":
+            s.append(Spec(p + "ffn_gate_exps.bias", [FF, NE], F, "mat", 3.0))
+            s.append(Spec(p + "ffn_up_exps.bias", [FF, NE], F, "mat", 3.0))
+            s.append(Spec(p + "ffn_down_exps.bias", [E, NE], F, "mat", 0.1))
         if arch == "qwen2moe":
             s.append(Spec(p + "ffn_gate_inp_shexp.weight", [E], F, "mat", inv(E)))
             s.append(Spec(p + "ffn_gate_shexp.weight", [E, FS], qt, "mat", inv(E)))
@@ -133,7 +153,7 @@ def add_metadata(w, a):
     arch = a.arch
     w.add_string("general.architecture", arch)
     w.add_string("general.name", a.name or "moelite-tiny-%s-%s-seed%d" % (arch, a.type, a.seed))
-    w.add_uint32("general.file_type", FILE_TYPE[a.type])
+    w.add_uint32("general.file_type", FILE_TYPE[a.expert_type or a.type])
     if a.type not in ("F32", "F16", "BF16"):
         w.add_uint32("general.quantization_version", 2)
     k = arch + "."
@@ -146,7 +166,7 @@ def add_metadata(w, a):
         w.add_uint32(k + "expert_shared_feed_forward_length", a.n_ff_shexp)
     w.add_uint32(k + "attention.head_count", a.n_head)
     w.add_uint32(k + "attention.head_count_kv", a.n_head_kv)
-    if arch == "qwen3moe" or a.head_dim != a.n_embd // a.n_head:
+    if arch in ("qwen3moe", "gpt-oss") or a.head_dim != a.n_embd // a.n_head:
         w.add_uint32(k + "attention.key_length", a.head_dim)
         w.add_uint32(k + "attention.value_length", a.head_dim)
     w.add_float32(k + "rope.freq_base", a.rope_base)
@@ -155,6 +175,14 @@ def add_metadata(w, a):
     w.add_float32(k + "attention.layer_norm_rms_epsilon", a.eps)
     w.add_uint32(k + "expert_count", a.n_expert)
     w.add_uint32(k + "expert_used_count", a.n_expert_used)
+    if arch == "gpt-oss":
+        w.add_uint32(k + "attention.sliding_window", a.window)
+        if a.window_pattern is not None:
+            w.add_uint32(k + "attention.sliding_window_pattern", a.window_pattern)
+    if a.yarn:
+        w.add_string(k + "rope.scaling.type", "yarn")
+        w.add_float32(k + "rope.scaling.factor", a.yarn)
+        w.add_uint32(k + "rope.scaling.original_context_length", a.yarn_orig_ctx)
 
 
 _COMMON = ("th he in er an re on at en nd ti es or te of ed is it al ar st to nt ng se ha as ou io le ve co me "
@@ -222,6 +250,13 @@ def parse_args(argv=None):
     p.add_argument("--router-scale", type=float, default=2.0,
                    help="router weight std = scale/sqrt(n_embd) (larger: more decisive routing)")
     p.add_argument("--tied", action="store_true", help="omit output.weight (tied to token_embd)")
+    p.add_argument("--expert-type", default=None, type=str.upper, choices=[Q.TYPE_NAMES[t] for t in Q.QUANT_TYPES],
+                   help="type of the routed experts (default: --type)")
+    p.add_argument("--window", type=int, default=8, help="gpt-oss: attention.sliding_window")
+    p.add_argument("--window-pattern", type=int, default=None,
+                   help="gpt-oss: attention.sliding_window_pattern (absent: llama.cpp's default 2)")
+    p.add_argument("--yarn", type=float, default=0.0, help="rope.scaling.type yarn with this factor")
+    p.add_argument("--yarn-orig-ctx", type=int, default=64, help="rope.scaling.original_context_length")
     p.add_argument("--per-expert-tensors", action="store_true",
                    help="old Mixtral layout blk.N.ffn_{gate,up,down}.E.weight (llama only)")
     p.add_argument("--pregate", action="store_true",
@@ -255,11 +290,10 @@ def main(argv=None):
     a = parse_args(argv)
     t0 = time.time()
     specs = build_specs(a)
-    bs = Q.block_size(a.type)
     for sp in specs:
-        if sp.ttype == a.type and sp.ne[0] % bs:
+        if sp.ttype != "F32" and sp.ne[0] % Q.block_size(sp.ttype):
             raise SystemExit("tensor %s: ne0=%d is not a multiple of the %s block size %d; choose other sizes"
-                             % (sp.name, sp.ne[0], a.type, bs))
+                             % (sp.name, sp.ne[0], sp.ttype, Q.block_size(sp.ttype)))
     w = GGUFWriter(a.out)
     add_metadata(w, a)
     add_tokenizer(w, a.vocab)

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "backends/cpu/cpu_ops.h"
+#include "backends/kv_layout.h"
 #include "platforms/platform.h"
 #include "platforms/system_info.h"
 
@@ -30,9 +31,13 @@ namespace {
 
 float* rows_of(const Act& a) { return static_cast<float*>(a.handle); }
 
+// One allocation per layer and side: a sliding-window layer holds fewer positions than the rest.
 struct KvStorage {
-  float* k = nullptr;
-  float* v = nullptr;
+  std::vector<float*> k, v;
+  ~KvStorage() {
+    for (float* p : k) platform::aligned_free(p);
+    for (float* p : v) platform::aligned_free(p);
+  }
 };
 
 // Row-chunk size for splitting `rows` outputs (of one matrix, or of all the jobs of a call) over
@@ -268,32 +273,27 @@ Status CpuBackend::read_rows(const Act& a, int64_t row0, int64_t n, float* dst) 
   return MOELITE_OK;
 }
 
-Status CpuBackend::alloc_kv(int32_t n_layers, int32_t n_ctx, int64_t kv_dim, KvCache* out) {
-  const size_t bytes = static_cast<size_t>(n_layers) * n_ctx * kv_dim * sizeof(float);
-  auto* s = new (std::nothrow) KvStorage;
+Status CpuBackend::alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, KvCache* out) {
+  std::unique_ptr<KvStorage> s(new (std::nothrow) KvStorage);
   if (!s) return fail(MOELITE_ERR_OUT_OF_MEMORY, "KV cache");
-  s->k = static_cast<float*>(platform::aligned_alloc_bytes(bytes, 64));
-  s->v = static_cast<float*>(platform::aligned_alloc_bytes(bytes, 64));
-  if (!s->k || !s->v) {
-    platform::aligned_free(s->k);
-    platform::aligned_free(s->v);
-    delete s;
-    return fail(MOELITE_ERR_OUT_OF_MEMORY, "KV cache of %zu bytes", 2 * bytes);
+  for (const int32_t n : slots) {
+    const size_t bytes = static_cast<size_t>(n) * static_cast<size_t>(kv_dim) * sizeof(float);
+    for (std::vector<float*>* side : {&s->k, &s->v}) {
+      side->push_back(static_cast<float*>(platform::aligned_alloc_bytes(bytes, 64)));
+      if (!side->back()) return fail(MOELITE_ERR_OUT_OF_MEMORY, "KV cache layer of %zu bytes", bytes);
+    }
   }
-  out->handle = s;
-  out->n_layers = n_layers;
+  *out = KvCache{};
+  out->handle = s.release();
+  out->n_layers = static_cast<int32_t>(slots.size());
   out->n_ctx = n_ctx;
   out->kv_dim = kv_dim;
+  out->slots = slots;
   return MOELITE_OK;
 }
 
 void CpuBackend::free_kv(KvCache* kv) {
-  auto* s = static_cast<KvStorage*>(kv->handle);
-  if (s) {
-    platform::aligned_free(s->k);
-    platform::aligned_free(s->v);
-    delete s;
-  }
+  delete static_cast<KvStorage*>(kv->handle);
   *kv = KvCache{};
 }
 
@@ -424,23 +424,31 @@ Status CpuBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const int
 }
 
 Status CpuBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0,
-                             int32_t n_head, int32_t n_head_kv, int64_t head_dim, Act* out) {
+                             int32_t n_head, int32_t n_head_kv, int64_t head_dim, const AttentionSpec& spec,
+                             Act* out) {
+  const int64_t n = q.rows;
+  MOELITE_TRY(kv_check_batch(*kv, layer, pos0, n, spec));
   auto* s = static_cast<KvStorage*>(kv->handle);
   const int64_t kv_dim = kv->kv_dim;
-  float* k_layer = s->k + static_cast<int64_t>(layer) * kv->n_ctx * kv_dim;
-  float* v_layer = s->v + static_cast<int64_t>(layer) * kv->n_ctx * kv_dim;
-  const int64_t n = q.rows;
-  memcpy(k_layer + pos0 * kv_dim, rows_of(k), static_cast<size_t>(n * kv_dim) * sizeof(float));
-  memcpy(v_layer + pos0 * kv_dim, rows_of(v), static_cast<size_t>(n * kv_dim) * sizeof(float));
-  for (auto& sc : attn_scores_) MOELITE_TRY(grow(&sc, static_cast<size_t>(kv->n_ctx)));
+  const int32_t slots = kv->slots[static_cast<size_t>(layer)];
+  float* k_layer = s->k[static_cast<size_t>(layer)];
+  float* v_layer = s->v[static_cast<size_t>(layer)];
+  for (int64_t t = 0; t < n; ++t) {  // row by row: a window's ring wraps
+    const int64_t slot = kv_slot(pos0 + t, slots);
+    memcpy(k_layer + slot * kv_dim, rows_of(k) + t * kv_dim, static_cast<size_t>(kv_dim) * sizeof(float));
+    memcpy(v_layer + slot * kv_dim, rows_of(v) + t * kv_dim, static_cast<size_t>(kv_dim) * sizeof(float));
+  }
+  for (auto& sc : attn_scores_) MOELITE_TRY(grow(&sc, static_cast<size_t>(slots)));
   const int32_t group = n_head / n_head_kv;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const float scale = spec.scale > 0.0f ? spec.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
   const float* qd = rows_of(q);
   float* od = rows_of(*out);
   pool_->parallel_for(n * n_head, [&](int64_t task, int thread) {
     const int64_t t = task / n_head, h = task % n_head;
-    attend_head(qd + t * q.cols + h * head_dim, k_layer, v_layer, kv_dim, (h / group) * head_dim, head_dim,
-                pos0 + static_cast<int32_t>(t) + 1, scale, attn_scores_[thread].data(),
+    const int32_t pos = pos0 + static_cast<int32_t>(t);
+    AttendRange range{kv_first_visible(pos, spec.window), pos + 1, slots};
+    attend_head(qd + t * q.cols + h * head_dim, k_layer, v_layer, kv_dim, (h / group) * head_dim, head_dim, range,
+                scale, spec.sinks ? spec.sinks[h] : -INFINITY, attn_scores_[thread].data(),
                 od + t * out->cols + h * head_dim, k_.vec_dot[static_cast<uint32_t>(TensorType::F32)]);
   });
   return MOELITE_OK;

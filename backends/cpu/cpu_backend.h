@@ -37,7 +37,7 @@ class CpuBackend final : public Backend {
   void free_act(Act* a) override;
   Act view_rows(const Act& a, int64_t row0, int64_t n) override;
   Status read_rows(const Act& a, int64_t row0, int64_t n, float* dst) override;
-  Status alloc_kv(int32_t n_layers, int32_t n_ctx, int64_t kv_dim, KvCache* out) override;
+  Status alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, KvCache* out) override;
   void free_kv(KvCache* kv) override;
   Status sync() override { return MOELITE_OK; }  // every operation completes before it returns
 
@@ -47,7 +47,7 @@ class CpuBackend final : public Backend {
   Status add(Act* x, const Act& y) override;
   Status rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) override;
   Status attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0, int32_t n_head,
-                   int32_t n_head_kv, int64_t head_dim, Act* out) override;
+                   int32_t n_head_kv, int64_t head_dim, const AttentionSpec& spec, Act* out) override;
   Status route(const Act& logits, int32_t k, bool renormalize, Routing* r) override;
   Status dense_ffn(const ExpertWeights& w, const FfnKind& kind, const float* gate_inp, const Act& x, Act* out) override;
 

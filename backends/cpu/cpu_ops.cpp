@@ -1,5 +1,6 @@
 #include "backends/cpu/cpu_ops.h"
 
+#include "backends/kv_layout.h"
 #include "base/rope_angles.h"
 
 #include <algorithm>
@@ -21,7 +22,7 @@ void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* y
 }
 
 void rope_angles(const RopeParams& p, int32_t pos, float* cos_out, float* sin_out) {
-  moelite::rope_angles(static_cast<double>(p.freq_base), p.n_rot, pos, cos_out, sin_out);
+  moelite::rope_angles(static_cast<double>(p.freq_base), p.n_rot, p.scaling, pos, cos_out, sin_out);
 }
 
 void rope_apply(float* head, const RopeParams& p, const float* cos_v, const float* sin_v) {
@@ -62,24 +63,26 @@ void top_k(const float* p, int32_t n, int32_t k, int32_t* ids, float* weights) {
 }
 
 void attend_head(const float* q, const float* k_cache, const float* v_cache, int64_t kv_dim, int64_t kv_offset,
-                 int64_t head_dim, int32_t n_pos, float scale, float* scores, float* out, VecDotFn dot_f32) {
-  float mx = -INFINITY;
-  for (int32_t p = 0; p < n_pos; ++p) {
+                 int64_t head_dim, const AttendRange& range, float scale, float sink, float* scores, float* out,
+                 VecDotFn dot_f32) {
+  const int32_t n = range.end - range.first;
+  float mx = sink;  // -inf without a sink
+  for (int32_t j = 0; j < n; ++j) {
     float dot;
-    dot_f32(head_dim, &dot, k_cache + p * kv_dim + kv_offset, q);
-    scores[p] = dot * scale;
-    mx = std::max(mx, scores[p]);
+    dot_f32(head_dim, &dot, k_cache + kv_slot(range.first + j, range.slots) * kv_dim + kv_offset, q);
+    scores[j] = dot * scale;
+    mx = std::max(mx, scores[j]);
   }
-  double sum = 0.0;
-  for (int32_t p = 0; p < n_pos; ++p) {
-    scores[p] = std::exp(scores[p] - mx);
-    sum += scores[p];
+  double sum = std::isinf(sink) ? 0.0 : std::exp(double{sink} - mx);
+  for (int32_t j = 0; j < n; ++j) {
+    scores[j] = std::exp(scores[j] - mx);
+    sum += scores[j];
   }
   const float inv = static_cast<float>(1.0 / sum);
   for (int64_t d = 0; d < head_dim; ++d) out[d] = 0.0f;
-  for (int32_t p = 0; p < n_pos; ++p) {
-    const float w = scores[p] * inv;
-    const float* v = v_cache + p * kv_dim + kv_offset;
+  for (int32_t j = 0; j < n; ++j) {
+    const float w = scores[j] * inv;
+    const float* v = v_cache + kv_slot(range.first + j, range.slots) * kv_dim + kv_offset;
     for (int64_t d = 0; d < head_dim; ++d) out[d] += w * v[d];
   }
 }

@@ -22,11 +22,18 @@ void softmax_row(float* x, int64_t n);
 // Top-k of probabilities p[0..n): ids in descending probability, ties to the lower index.
 void top_k(const float* p, int32_t n, int32_t k, int32_t* ids, float* weights);
 
-// Attention of one query head over positions [0, n_pos) of a cache laid out as
-// [position][kv_dim] with this head's kv slice at column `kv_offset`. `scores` has n_pos floats.
+// The positions one query reads: [first, end), position p at slot p % slots of the cache.
+struct AttendRange {
+  int32_t first = 0, end = 0, slots = 1;
+};
+
+// Attention of one query head over the positions of `range` in a cache laid out as
+// [slot][kv_dim] with this head's kv slice at column `kv_offset`; `sink` (-inf for none) is a logit
+// that joins the softmax denominator and weighs no value. `scores` has end - first floats.
 // `dot` is an F32 dot-product kernel (the scalar table's for the reference, a SIMD one for speed).
 void attend_head(const float* q, const float* k_cache, const float* v_cache, int64_t kv_dim, int64_t kv_offset,
-                 int64_t head_dim, int32_t n_pos, float scale, float* scores, float* out, VecDotFn dot);
+                 int64_t head_dim, const AttendRange& range, float scale, float sink, float* scores, float* out,
+                 VecDotFn dot);
 
 inline float silu(float x) { return x / (1.0f + __builtin_expf(-x)); }
 inline float sigmoid(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backends/kv_layout.h"
 #include "base/rope_angles.h"
 
 namespace moelite::cuda {
@@ -235,20 +236,26 @@ Status CudaBackend::read_rows(const Act& a, int64_t row0, int64_t n, float* dst)
   return sync();
 }
 
-Status CudaBackend::alloc_kv(int32_t n_layers, int32_t n_ctx, int64_t kv_dim, KvCache* out) {
-  auto kv = std::make_unique<KvRef>();
-  const size_t bytes = static_cast<size_t>(n_ctx) * static_cast<size_t>(kv_dim) * sizeof(float);
-  for (int32_t l = 0; l < n_layers; ++l)
+Status CudaBackend::alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, KvCache* out) {
+  KvCache made;
+  made.handle = new KvRef;
+  made.n_layers = static_cast<int32_t>(slots.size());
+  made.n_ctx = n_ctx;
+  made.kv_dim = kv_dim;
+  made.slots = slots;
+  auto* kv = static_cast<KvRef*>(made.handle);
+  for (const int32_t n : slots) {
+    const size_t bytes = static_cast<size_t>(n) * static_cast<size_t>(kv_dim) * sizeof(float);
     for (std::vector<float*>* side : {&kv->k, &kv->v}) {
       void* p;
       if (Status st = rt_->device_alloc(bytes, &p); st != MOELITE_OK) {
-        KvCache partial{kv.release(), n_layers, n_ctx, kv_dim};
-        free_kv(&partial);
+        free_kv(&made);
         return st;
       }
       side->push_back(static_cast<float*>(p));
     }
-  *out = KvCache{kv.release(), n_layers, n_ctx, kv_dim};
+  }
+  *out = std::move(made);
   return MOELITE_OK;
 }
 
@@ -356,7 +363,7 @@ Status CudaBackend::matmul(const WeightView& w, const Act& x, const float* bias,
 Status CudaBackend::add(Act* x, const Act& y) { return k_->add(compute_, floats(*x), floats(y), x->rows * x->cols); }
 
 Status CudaBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) {
-  const std::vector<float> cs = rope_cos_sin_table(static_cast<double>(p.freq_base), p.n_rot, positions, x->rows);
+  const std::vector<float> cs = rope_cos_sin_table(static_cast<double>(p.freq_base), p.n_rot, p.scaling, positions, x->rows);
   const void* angles;
   MOELITE_TRY(upload(cs.data(), cs.size() * sizeof(float), &angles));
   return k_->rope(compute_, floats(*x), x->rows, x->cols, head_dim, p.n_rot, p.style == RopeStyle::Neox,
@@ -364,13 +371,25 @@ Status CudaBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const in
 }
 
 Status CudaBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0,
-                              int32_t n_head, int32_t n_head_kv, int64_t head_dim, Act* out) {
+                              int32_t n_head, int32_t n_head_kv, int64_t head_dim, const AttentionSpec& spec,
+                              Act* out) {
+  MOELITE_TRY(kv_check_batch(*kv, layer, pos0, q.rows, spec));
   auto* ref = static_cast<KvRef*>(kv->handle);
   float* ck = ref->k[static_cast<size_t>(layer)];
   float* cv = ref->v[static_cast<size_t>(layer)];
+  const int32_t slots = kv->slots[static_cast<size_t>(layer)];
   const size_t row_bytes = static_cast<size_t>(kv->kv_dim) * sizeof(float);
-  MOELITE_TRY(rt_->copy_async(ck + pos0 * kv->kv_dim, floats(k), static_cast<size_t>(k.rows) * row_bytes, compute_));
-  MOELITE_TRY(rt_->copy_async(cv + pos0 * kv->kv_dim, floats(v), static_cast<size_t>(v.rows) * row_bytes, compute_));
+  // The batch's rows in at most two runs: a sliding-window layer's ring may wrap once.
+  for (int64_t r0 = 0; r0 < k.rows;) {
+    const int64_t slot = kv_slot(pos0 + r0, slots), run = std::min<int64_t>(k.rows - r0, slots - slot);
+    MOELITE_TRY(rt_->copy_async(ck + slot * kv->kv_dim, floats(k) + r0 * kv->kv_dim, static_cast<size_t>(run) * row_bytes,
+                                compute_));
+    MOELITE_TRY(rt_->copy_async(cv + slot * kv->kv_dim, floats(v) + r0 * kv->kv_dim, static_cast<size_t>(run) * row_bytes,
+                                compute_));
+    r0 += run;
+  }
+  const float* sinks;
+  MOELITE_TRY(device_floats(spec.sinks, static_cast<size_t>(n_head), &sinks));
   // Tokens in slices, so the chunks' partial results stay small however long the prompt.
   constexpr int64_t kSlice = 64;
   const int64_t slice = std::min<int64_t>(q.rows, kSlice);
@@ -386,12 +405,13 @@ Status CudaBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Ac
     attn_partial_ = static_cast<float*>(p);
     attn_partial_floats_ = need;
   }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const float scale = spec.scale > 0.0f ? spec.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
   const int64_t q_dim = static_cast<int64_t>(n_head) * head_dim;
   for (int64_t t0 = 0; t0 < q.rows; t0 += slice) {
     const int32_t n = static_cast<int32_t>(std::min(slice, q.rows - t0));
     MOELITE_TRY(k_->attention(compute_, floats(q) + t0 * q_dim, ck, cv, floats(*out) + t0 * q_dim, attn_partial_, n,
-                              pos0 + static_cast<int32_t>(t0), n_head, n_head_kv, head_dim, kv->kv_dim, scale));
+                              pos0 + static_cast<int32_t>(t0), n_head, n_head_kv, head_dim, kv->kv_dim, slots,
+                              std::max(0, spec.window), sinks, scale));
   }
   return MOELITE_OK;
 }

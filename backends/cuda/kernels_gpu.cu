@@ -72,13 +72,13 @@ SAME_PARAMS(moelite_rope_kernel, rope_kernel);
 extern "C" __global__ void moelite_attention_chunk_kernel(const float* q, const float* cache_k, const float* cache_v,
                                                           float* partial, int32_t pos0, int32_t n_head,
                                                           int32_t n_head_kv, int64_t head_dim, int64_t kv_dim,
-                                                          float scale) {
-  attention_chunk_kernel(q, cache_k, cache_v, partial, pos0, n_head, n_head_kv, head_dim, kv_dim, scale);
+                                                          int32_t slots, int32_t window, float scale) {
+  attention_chunk_kernel(q, cache_k, cache_v, partial, pos0, n_head, n_head_kv, head_dim, kv_dim, slots, window, scale);
 }
 SAME_PARAMS(moelite_attention_chunk_kernel, attention_chunk_kernel);
 extern "C" __global__ void moelite_attention_merge_kernel(const float* partial, int32_t n_chunks, int32_t n_head,
-                                                          int64_t head_dim, float* out) {
-  attention_merge_kernel(partial, n_chunks, n_head, head_dim, out);
+                                                          int64_t head_dim, const float* sinks, float* out) {
+  attention_merge_kernel(partial, n_chunks, n_head, head_dim, sinks, out);
 }
 SAME_PARAMS(moelite_attention_merge_kernel, attention_merge_kernel);
 extern "C" __global__ void moelite_route_kernel(const float* logits, int64_t n_tok, int32_t n_expert, int32_t k,

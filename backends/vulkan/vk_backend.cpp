@@ -1,5 +1,6 @@
 #include "backends/vulkan/vk_backend.h"
 
+#include "backends/kv_layout.h"
 #include "base/rope_angles.h"
 
 #include <algorithm>
@@ -294,19 +295,23 @@ Status VulkanBackend::read_rows(const Act& a, int64_t row0, int64_t n, float* ds
 
 Status VulkanBackend::sync() { return dev_->flush(); }
 
-Status VulkanBackend::alloc_kv(int32_t n_layers, int32_t n_ctx, int64_t kv_dim, KvCache* out) {
+Status VulkanBackend::alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, KvCache* out) {
   auto kv = std::make_unique<KvRef>();
-  for (int32_t l = 0; l < n_layers; ++l) {
+  for (const int32_t n : slots) {  // keys at [0, n * kv_dim), values after them
     Buffer b;
-    const Status st =
-        dev_->alloc(2ull * static_cast<uint64_t>(n_ctx) * static_cast<uint64_t>(kv_dim) * sizeof(float), &b);
+    const Status st = dev_->alloc(2ull * static_cast<uint64_t>(n) * static_cast<uint64_t>(kv_dim) * sizeof(float), &b);
     if (st != MOELITE_OK) {
       for (Buffer& x : kv->layers) dev_->free(&x);
       return st;
     }
     kv->layers.push_back(b);
   }
-  *out = {kv.release(), n_layers, n_ctx, kv_dim};
+  *out = KvCache{};
+  out->handle = kv.release();
+  out->n_layers = static_cast<int32_t>(slots.size());
+  out->n_ctx = n_ctx;
+  out->kv_dim = kv_dim;
+  out->slots = slots;
   return MOELITE_OK;
 }
 
@@ -419,7 +424,7 @@ Status VulkanBackend::add(Act* x, const Act& y) {
 Status VulkanBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) {
   // Angles in double on the host, as the CPU backend computes them.
   const int32_t half = p.n_rot / 2;
-  const std::vector<float> cs = rope_cos_sin_table(static_cast<double>(p.freq_base), p.n_rot, positions, x->rows);
+  const std::vector<float> cs = rope_cos_sin_table(static_cast<double>(p.freq_base), p.n_rot, p.scaling, positions, x->rows);
   Buffer angles;
   MOELITE_TRY(dev_->temp(cs.data(), cs.size() * sizeof(float), &angles));
   const ActRef* xr = ref(*x);
@@ -434,22 +439,23 @@ Status VulkanBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const 
 }
 
 Status VulkanBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0,
-                                int32_t n_head, int32_t n_head_kv, int64_t head_dim, Act* out) {
-  const Buffer& cache = static_cast<KvRef*>(kv->handle)->layers[static_cast<size_t>(layer)];
-  const uint64_t kv_dim = static_cast<uint64_t>(kv->kv_dim), n_ctx = static_cast<uint64_t>(kv->n_ctx);
-  const ActRef *qr = ref(q), *kr = ref(k), *vr = ref(v), *o = ref(*out);
+                                int32_t n_head, int32_t n_head_kv, int64_t head_dim, const AttentionSpec& spec,
+                                Act* out) {
   const uint64_t n = static_cast<uint64_t>(q.rows);
+  MOELITE_TRY(kv_check_batch(*kv, layer, pos0, q.rows, spec));
+  const Buffer& cache = static_cast<KvRef*>(kv->handle)->layers[static_cast<size_t>(layer)];
+  const uint64_t kv_dim = static_cast<uint64_t>(kv->kv_dim);
+  const uint64_t slots = static_cast<uint64_t>(kv->slots[static_cast<size_t>(layer)]);
+  const ActRef *qr = ref(q), *kr = ref(k), *vr = ref(v), *o = ref(*out);
+  const Buffer* sinks;
+  MOELITE_TRY(host_floats(spec.sinks, static_cast<size_t>(n_head), &sinks));
   struct {
-    uint32_t k_off, v_off, kv_dim, n, cache_k, cache_v;
-  } st{static_cast<uint32_t>(kr->off),
-       static_cast<uint32_t>(vr->off),
-       static_cast<uint32_t>(kv_dim),
-       static_cast<uint32_t>(n),
-       static_cast<uint32_t>(static_cast<uint64_t>(pos0) * kv_dim),
-       static_cast<uint32_t>((n_ctx + static_cast<uint64_t>(pos0)) * kv_dim)};
+    uint32_t k_off, v_off, kv_dim, n, pos0, slots;
+  } st{static_cast<uint32_t>(kr->off), static_cast<uint32_t>(vr->off), static_cast<uint32_t>(kv_dim),
+       static_cast<uint32_t>(n),       static_cast<uint32_t>(pos0),     static_cast<uint32_t>(slots)};
   dev_->dispatch("kv_store", 0, {{&kr->buf}, {&vr->buf}, {&cache}}, &st, sizeof st, groups_for(n * kv_dim));
   // Scores scratch: a chunk of tokens at a time, so any context length fits the storage range.
-  const uint64_t per_token = static_cast<uint64_t>(n_head) * n_ctx * sizeof(float);
+  const uint64_t per_token = static_cast<uint64_t>(n_head) * slots * sizeof(float);
   const uint64_t chunk = std::max<uint64_t>(1, std::min<uint64_t>(n, (uint64_t{64} << 20) / per_token));
   if (scores_.size < chunk * per_token) {
     MOELITE_TRY(dev_->flush());
@@ -459,20 +465,21 @@ Status VulkanBackend::attention(KvCache* kv, int32_t layer, const Act& q, const 
   for (uint64_t t0 = 0; t0 < n; t0 += chunk) {
     const uint64_t m = std::min(chunk, n - t0);
     struct {
-      uint32_t q_off, o_off, cache_k, cache_v, kv_dim, head_dim, n_head, n_head_kv, pos0, n_ctx;
+      uint32_t q_off, o_off, cache_v, kv_dim, head_dim, n_head, n_head_kv, pos0, slots, window, has_sinks;
       float scale;
     } pc{static_cast<uint32_t>(qr->off + t0 * static_cast<uint64_t>(q.cols)),
          static_cast<uint32_t>(o->off + t0 * static_cast<uint64_t>(out->cols)),
-         0,
-         static_cast<uint32_t>(n_ctx * kv_dim),
+         static_cast<uint32_t>(slots * kv_dim),
          static_cast<uint32_t>(kv_dim),
          static_cast<uint32_t>(head_dim),
          static_cast<uint32_t>(n_head),
          static_cast<uint32_t>(n_head_kv),
          static_cast<uint32_t>(pos0 + static_cast<int64_t>(t0)),
-         static_cast<uint32_t>(n_ctx),
-         1.0f / std::sqrt(static_cast<float>(head_dim))};
-    dev_->dispatch("attention", 0, {{&qr->buf}, {&cache}, {&o->buf}, {&scores_}}, &pc, sizeof pc,
+         static_cast<uint32_t>(slots),
+         static_cast<uint32_t>(std::max(0, spec.window)),
+         spec.sinks ? 1u : 0u,
+         spec.scale > 0.0f ? spec.scale : 1.0f / std::sqrt(static_cast<float>(head_dim))};
+    dev_->dispatch("attention", 0, {{&qr->buf}, {&cache}, {&o->buf}, {&scores_}, {sinks}}, &pc, sizeof pc,
                    static_cast<uint32_t>(m * static_cast<uint64_t>(n_head)));
   }
   return MOELITE_OK;

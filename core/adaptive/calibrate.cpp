@@ -200,15 +200,18 @@ double kl_sum(const RefDist& ref, const float* q_logits, int n_threads, std::vec
   return kl;
 }
 
-// A router (or pre-gate) as a linear map without bias, for predicting offline as the learned
-// predictors do.
-LinearMap as_linear_map(const WeightView& w) {
+// A router (or pre-gate) as a linear map with its bias (if any), for predicting offline as the
+// learned predictors do.
+LinearMap as_linear_map(const WeightView& w, const std::vector<float>& bias = {}) {
   LinearMap m;
   m.rows = static_cast<int32_t>(w.rows);
   m.n_in = static_cast<int32_t>(w.cols);
   m.w.assign(static_cast<size_t>(w.rows * (w.cols + 1)), 0.0f);
   DequantRowFn dq = dequant_row_fn(w.type);
-  for (int64_t r = 0; r < w.rows; ++r) dq(w.data + r * w.row_bytes, m.w.data() + r * (w.cols + 1), w.cols);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    dq(w.data + r * w.row_bytes, m.w.data() + r * (w.cols + 1), w.cols);
+    if (!bias.empty()) m.w[static_cast<size_t>(r * (w.cols + 1) + w.cols)] = bias[static_cast<size_t>(r)];
+  }
   return m;
 }
 
@@ -509,7 +512,7 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
     tasks.push_back([&, l, has_pregate]() -> Status {
       std::vector<float> normed(static_cast<size_t>(D)), scores(static_cast<size_t>(E));
       const LayerWeights& next = m.layers[static_cast<size_t>(l + 1)];
-      const LinearMap router = as_linear_map(next.router);
+      const LinearMap router = as_linear_map(next.router, next.router_bias);
       Hits h;
       for (int64_t t = n_train; t < cap; ++t) {
         rms_normed(rec.x_mid.data() + static_cast<size_t>((t * L + l) * D), next.ffn_norm.data(), D, hp.rms_eps,

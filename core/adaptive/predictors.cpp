@@ -89,7 +89,7 @@ class NextGate final : public ExpertPredictor {
     for (int32_t d = 1; d <= depth_ && l + d < hp.n_layer; ++d) {
       const LayerWeights& next = m.layers[static_cast<size_t>(l + d)];
       MOELITE_TRY(be.rms_norm(x, next.ffn_norm.data(), hp.n_embd, hp.rms_eps, &tmp));
-      MOELITE_TRY(be.matmul(next.router, tmp, nullptr, &logits));
+      MOELITE_TRY(be.matmul(next.router, tmp, next.router_bias.empty() ? nullptr : next.router_bias.data(), &logits));
       Routing guess;
       MOELITE_TRY(be.route(logits, hp.n_expert_used, false, &guess));
       for (size_t i = 0; i < guess.ids.size(); ++i) out->push_back({{l + d, guess.ids[i]}, guess.weights[i]});

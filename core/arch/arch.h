@@ -19,6 +19,7 @@ struct ArchDescriptor {
   bool norm_topk;  // renormalise top-k weights
   QkNorm qk_norm;
   bool shared_expert;  // ffn_*_shexp with a sigmoid gate (qwen2moe)
+  FfnActivation expert_activation;  // how routed experts combine gate and up
   // Hooks; nullptr selects the standard implementation in core/arch/standard.cpp.
   Status (*read_hparams)(const gguf::Reader& gguf, const ArchDescriptor& arch, HParams* hp);
   Status (*bind_layer)(TensorBinder& binder, const ArchDescriptor& arch, const HParams& hp, int32_t layer,
@@ -36,5 +37,13 @@ Status standard_read_hparams(const gguf::Reader& gguf, const ArchDescriptor& arc
 Status standard_bind_layer(TensorBinder& binder, const ArchDescriptor& arch, const HParams& hp, int32_t layer,
                            LayerWeights* out);
 Status standard_forward_layer(const Model& model, EvalState& state, int32_t layer);
+// Pieces of the standard binder and reader for architectures that differ only in part:
+// attn_norm, q/k/v/output with their optional biases and the arch's q/k norms;
+Status bind_attention(TensorBinder& binder, const ArchDescriptor& arch, const HParams& hp, int32_t layer,
+                      LayerWeights* out);
+// the routed experts' matrices, merged (ffn_*_exps) or one tensor per expert;
+Status bind_routed_experts(TensorBinder& binder, const HParams& hp, int32_t layer, LayerExperts* out);
+// `{arch}.rope.scaling.*` (none, linear or YaRN).
+Status read_rope_scaling(const gguf::Reader& gguf, const std::string& arch, int32_t n_ctx_train, RopeScaling* out);
 
 }  // namespace moelite

@@ -9,6 +9,7 @@ extern const ArchDescriptor kArch_olmoe = {
     /*norm_topk=*/false,
     /*qk_norm=*/QkNorm::Whole,
     /*shared_expert=*/false,
+    /*expert_activation=*/FfnActivation::SwiGLU,
     /*read_hparams=*/nullptr,
     /*bind_layer=*/nullptr,
     /*forward_layer=*/nullptr,

@@ -9,6 +9,7 @@ extern const ArchDescriptor kArch_qwen2moe = {
     /*norm_topk=*/false,
     /*qk_norm=*/QkNorm::None,
     /*shared_expert=*/true,
+    /*expert_activation=*/FfnActivation::SwiGLU,
     /*read_hparams=*/nullptr,
     /*bind_layer=*/nullptr,
     /*forward_layer=*/nullptr,

@@ -9,6 +9,7 @@ extern const ArchDescriptor kArch_qwen3moe = {
     /*norm_topk=*/true,
     /*qk_norm=*/QkNorm::PerHead,
     /*shared_expert=*/false,
+    /*expert_activation=*/FfnActivation::SwiGLU,
     /*read_hparams=*/nullptr,
     /*bind_layer=*/nullptr,
     /*forward_layer=*/nullptr,

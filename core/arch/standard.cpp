@@ -1,8 +1,11 @@
-// The pre-norm MoE transformer block shared by llama (Mixtral), qwen2moe, qwen3moe and olmoe:
-//   x += Wo · attention(rope(qk_norm(Wq·n(x) [+bq])), rope(qk_norm(Wk·n(x) [+bk])), Wv·n(x) [+bv])
+// The pre-norm MoE transformer block shared by llama (Mixtral), qwen2moe, qwen3moe, olmoe and
+// gpt-oss:
+//   x += Wo · attention(rope(qk_norm(Wq·n(x) [+bq])), rope(qk_norm(Wk·n(x) [+bk])), Wv·n(x) [+bv]) [+bo]
+//        (attention with the layer's sliding window and sinks, if any)
 //   x += sum_j w_j · expert_j(n'(x)) [+ sigmoid(g·n'(x)) · shared(n'(x))]
 #include <algorithm>
 #include <cinttypes>
+#include <cmath>
 #include <string>
 
 #include "core/arch/arch.h"
@@ -48,7 +51,50 @@ Status optional_float(const gguf::Reader& g, const std::string& key, double fall
 
 std::string blk(int32_t layer, const char* suffix) { return "blk." + std::to_string(layer) + "." + suffix; }
 
+// YaRN's magnitude factor for a scale s and a multiplier m: 1 + 0.1 m ln s (1 for s <= 1).
+double yarn_mscale(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
+
 }  // namespace
+
+Status read_rope_scaling(const gguf::Reader& g, const std::string& a, int32_t n_ctx_train, RopeScaling* out) {
+  RopeScaling sc;
+  std::string type = "none";
+  const std::string type_key = a + ".rope.scaling.type";
+  if (g.find(type_key) && !g.get_string(type_key, &type))
+    return fail(MOELITE_ERR_BAD_METADATA, "metadata key '%s' must be a string", type_key.c_str());
+  float factor = 0.0f;
+  MOELITE_TRY(optional_float(g, a + ".rope.scaling.factor", 0.0, &factor));
+  if (factor == 0.0f) MOELITE_TRY(optional_float(g, a + ".rope.scale_linear", 0.0, &factor));  // older key
+  if (type == "none" || factor == 0.0f || factor == 1.0f) {
+    *out = sc;  // nothing to scale
+    return MOELITE_OK;
+  }
+  if (!(factor > 1.0f && factor <= 1024.0f))
+    return fail(MOELITE_ERR_BAD_METADATA, "rope.scaling.factor %g is outside (1, 1024]", static_cast<double>(factor));
+  sc.factor = factor;
+  if (type == "linear") {
+    sc.type = RopeScalingType::Linear;
+  } else if (type == "yarn") {
+    sc.type = RopeScalingType::Yarn;
+    MOELITE_TRY(optional_int(g, a, "rope.scaling.original_context_length", 1, MOELITE_MAX_CONTEXT, n_ctx_train,
+                             &sc.n_ctx_orig));
+    MOELITE_TRY(optional_float(g, a + ".rope.scaling.yarn_beta_fast", 32.0, &sc.beta_fast));
+    MOELITE_TRY(optional_float(g, a + ".rope.scaling.yarn_beta_slow", 1.0, &sc.beta_slow));
+    float log_mul = 0.0f;
+    MOELITE_TRY(optional_float(g, a + ".rope.scaling.yarn_log_multiplier", 0.0, &log_mul));
+    // With a log multiplier (DeepSeek's mscale_all_dim) the magnitude is mscale(s, 1) / mscale(s, m)
+    // rather than mscale(s, 1); rope_angles applies mscale(s, 1), so the rest goes in attn_factor.
+    if (log_mul != 0.0f) sc.attn_factor = static_cast<float>(1.0 / yarn_mscale(factor, log_mul));
+  } else {
+    return fail(MOELITE_ERR_UNSUPPORTED_ARCH, "rope.scaling.type '%s' is not supported (none, linear, yarn)",
+                type.c_str());
+  }
+  float attn_factor = 1.0f;
+  MOELITE_TRY(optional_float(g, a + ".rope.scaling.attn_factor", 1.0, &attn_factor));
+  sc.attn_factor *= attn_factor;
+  *out = sc;
+  return MOELITE_OK;
+}
 
 Status standard_read_hparams(const gguf::Reader& g, const ArchDescriptor& arch, HParams* hp) {
   const std::string a = arch.name;
@@ -84,6 +130,8 @@ Status standard_read_hparams(const gguf::Reader& g, const ArchDescriptor& arch, 
   hp->rope.style = arch.rope_style;
   hp->rope.n_rot = hp->n_rot;
   MOELITE_TRY(optional_float(g, a + ".rope.freq_base", 10000.0, &hp->rope.freq_base));
+  MOELITE_TRY(read_rope_scaling(g, a, hp->n_ctx_train, &hp->rope.scaling));
+  hp->rope_windowed = hp->rope;
   // The architecture fixes the renormalisation; files that state it (DeepSeek-style keys) win.
   hp->norm_topk = arch.norm_topk;
   bool norm = hp->norm_topk;
@@ -98,7 +146,7 @@ Status standard_read_hparams(const gguf::Reader& g, const ArchDescriptor& arch, 
   return MOELITE_OK;
 }
 
-Status standard_bind_layer(TensorBinder& b, const ArchDescriptor& arch, const HParams& hp, int32_t l, LayerWeights* w) {
+Status bind_attention(TensorBinder& b, const ArchDescriptor& arch, const HParams& hp, int32_t l, LayerWeights* w) {
   const int64_t n_embd = hp.n_embd, q_dim = int64_t{hp.n_head} * hp.head_dim;
   const int64_t k_dim = int64_t{hp.n_head_kv} * hp.head_dim, v_dim = int64_t{hp.n_head_kv} * hp.head_dim_v;
   MOELITE_TRY(b.floats(blk(l, "attn_norm.weight"), n_embd, &w->attn_norm));
@@ -110,6 +158,7 @@ Status standard_bind_layer(TensorBinder& b, const ArchDescriptor& arch, const HP
   MOELITE_TRY(b.floats(blk(l, "attn_q.bias"), q_dim, &w->bq, false));
   MOELITE_TRY(b.floats(blk(l, "attn_k.bias"), k_dim, &w->bk, false));
   MOELITE_TRY(b.floats(blk(l, "attn_v.bias"), v_dim, &w->bv, false));
+  MOELITE_TRY(b.floats(blk(l, "attn_output.bias"), n_embd, &w->bo, false));
   if (arch.qk_norm == QkNorm::PerHead) {
     MOELITE_TRY(b.floats(blk(l, "attn_q_norm.weight"), hp.head_dim, &w->q_norm));
     MOELITE_TRY(b.floats(blk(l, "attn_k_norm.weight"), hp.head_dim, &w->k_norm));
@@ -117,20 +166,21 @@ Status standard_bind_layer(TensorBinder& b, const ArchDescriptor& arch, const HP
     MOELITE_TRY(b.floats(blk(l, "attn_q_norm.weight"), q_dim, &w->q_norm));
     MOELITE_TRY(b.floats(blk(l, "attn_k_norm.weight"), k_dim, &w->k_norm));
   }
-  MOELITE_TRY(b.floats(blk(l, "ffn_norm.weight"), n_embd, &w->ffn_norm));
-  MOELITE_TRY(b.matrix(blk(l, "ffn_gate_inp.weight"), n_embd, hp.n_expert, &w->router));
-  // Pre-gated models (Pre-gated MoE, Read-ME): layer l routes layer l+1 from its own MoE input.
-  if (l + 1 < hp.n_layer)
-    MOELITE_TRY(b.matrix(blk(l, "ffn_pregate_inp.weight"), n_embd, hp.n_expert, &w->pregate, false));
+  return MOELITE_OK;
+}
 
-  LayerExperts& ex = w->experts;
+Status bind_routed_experts(TensorBinder& b, const HParams& hp, int32_t l, LayerExperts* out) {
+  LayerExperts& ex = *out;
+  const int64_t n_embd = hp.n_embd;
   const int64_t n_ff = hp.n_ff_expert > 0 ? hp.n_ff_expert : -1;
   if (b.has(blk(l, "ffn_gate_exps.weight"))) {
     MOELITE_TRY(b.matrix_stack(blk(l, "ffn_gate_exps.weight"), n_embd, n_ff, hp.n_expert, &ex.gate, &ex.gate_stride));
     MOELITE_TRY(b.matrix_stack(blk(l, "ffn_up_exps.weight"), n_embd, ex.gate.rows, hp.n_expert, &ex.up, &ex.up_stride));
     MOELITE_TRY(
         b.matrix_stack(blk(l, "ffn_down_exps.weight"), ex.gate.rows, n_embd, hp.n_expert, &ex.down, &ex.down_stride));
-  } else if (b.has(blk(l, "ffn_gate.0.weight"))) {
+    return MOELITE_OK;
+  }
+  if (b.has(blk(l, "ffn_gate.0.weight"))) {
     // Old Mixtral files: one tensor per expert and matrix.
     const int64_t ff = n_ff > 0 ? n_ff : b.dim(blk(l, "ffn_gate.0.weight"), 1);
     for (int32_t e = 0; e < hp.n_expert; ++e) {
@@ -144,10 +194,21 @@ Status standard_bind_layer(TensorBinder& b, const ArchDescriptor& arch, const HP
         return fail(MOELITE_ERR_UNSUPPORTED_TYPE, "layer %d: experts use different weight types", l);
       ex.split.push_back(ew);
     }
-  } else {
-    return fail(MOELITE_ERR_MISSING_TENSOR, "layer %d has no routed experts (neither '%s' nor '%s')", l,
-                blk(l, "ffn_gate_exps.weight").c_str(), blk(l, "ffn_gate.0.weight").c_str());
+    return MOELITE_OK;
   }
+  return fail(MOELITE_ERR_MISSING_TENSOR, "layer %d has no routed experts (neither '%s' nor '%s')", l,
+              blk(l, "ffn_gate_exps.weight").c_str(), blk(l, "ffn_gate.0.weight").c_str());
+}
+
+Status standard_bind_layer(TensorBinder& b, const ArchDescriptor& arch, const HParams& hp, int32_t l, LayerWeights* w) {
+  const int64_t n_embd = hp.n_embd;
+  MOELITE_TRY(bind_attention(b, arch, hp, l, w));
+  MOELITE_TRY(b.floats(blk(l, "ffn_norm.weight"), n_embd, &w->ffn_norm));
+  MOELITE_TRY(b.matrix(blk(l, "ffn_gate_inp.weight"), n_embd, hp.n_expert, &w->router));
+  // Pre-gated models (Pre-gated MoE, Read-ME): layer l routes layer l+1 from its own MoE input.
+  if (l + 1 < hp.n_layer)
+    MOELITE_TRY(b.matrix(blk(l, "ffn_pregate_inp.weight"), n_embd, hp.n_expert, &w->pregate, false));
+  MOELITE_TRY(bind_routed_experts(b, hp, l, &w->experts));
 
   if (arch.shared_expert && b.has(blk(l, "ffn_gate_shexp.weight"))) {
     const int64_t ff = hp.n_ff_shared > 0 ? hp.n_ff_shared : b.dim(blk(l, "ffn_gate_shexp.weight"), 1);
@@ -179,10 +240,14 @@ Status standard_forward_layer(const Model& m, EvalState& s, int32_t l) {
     MOELITE_TRY(be.rms_norm(q, w.q_norm.data(), q.cols, hp.rms_eps, &q));
     MOELITE_TRY(be.rms_norm(k, w.k_norm.data(), k.cols, hp.rms_eps, &k));
   }
-  MOELITE_TRY(be.rope(&q, hp.head_dim, hp.rope, s.positions.data()));
-  MOELITE_TRY(be.rope(&k, hp.head_dim, hp.rope, s.positions.data()));
-  MOELITE_TRY(be.attention(&s.kv, l, q, k, v, s.pos0, hp.n_head, hp.n_head_kv, hp.head_dim, &attn));
-  MOELITE_TRY(be.matmul(w.wo, attn, nullptr, &proj));
+  AttentionSpec spec;
+  spec.window = hp.window_of(l);
+  spec.sinks = w.sinks.empty() ? nullptr : w.sinks.data();
+  const RopeParams& rope = spec.window > 0 ? hp.rope_windowed : hp.rope;
+  MOELITE_TRY(be.rope(&q, hp.head_dim, rope, s.positions.data()));
+  MOELITE_TRY(be.rope(&k, hp.head_dim, rope, s.positions.data()));
+  MOELITE_TRY(be.attention(&s.kv, l, q, k, v, s.pos0, hp.n_head, hp.n_head_kv, hp.head_dim, spec, &attn));
+  MOELITE_TRY(be.matmul(w.wo, attn, w.bo.empty() ? nullptr : w.bo.data(), &proj));
   MOELITE_TRY(be.add(&x, proj));
 
   // Mixture of experts (+ the shared expert).

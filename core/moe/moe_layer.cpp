@@ -17,10 +17,11 @@ Status host_rows(EvalState& s, const Act& a, std::vector<float>* buf, const floa
   return MOELITE_OK;
 }
 
-// Routing from router weights `w` on the MoE input `xn`.
-Status route_with(const Model& m, EvalState& s, const WeightView& w, const Act& xn, Routing* out) {
+// Routing from router weights `w` (and bias, may be empty) on the MoE input `xn`.
+Status route_with(const Model& m, EvalState& s, const WeightView& w, const std::vector<float>& bias, const Act& xn,
+                  Routing* out) {
   Act logits = s.rows(s.router_logits);
-  MOELITE_TRY(s.backend->matmul(w, xn, nullptr, &logits));
+  MOELITE_TRY(s.backend->matmul(w, xn, bias.empty() ? nullptr : bias.data(), &logits));
   return s.backend->route(logits, m.hp.n_expert_used, m.hp.norm_topk, out);
 }
 
@@ -39,9 +40,9 @@ Status moe_forward(const Model& m, EvalState& s, int32_t l, const Act& x, const 
   if (s.has_next_routing)
     std::swap(s.routing, s.next_routing);
   else
-    MOELITE_TRY(route_with(m, s, w.router, xn, &s.routing));
+    MOELITE_TRY(route_with(m, s, w.router, w.router_bias, xn, &s.routing));
   s.has_next_routing = w.pregate.valid();
-  if (s.has_next_routing) MOELITE_TRY(route_with(m, s, w.pregate, xn, &s.next_routing));
+  if (s.has_next_routing) MOELITE_TRY(route_with(m, s, w.pregate, {}, xn, &s.next_routing));
 
   // Cache-aware gating asks the store what is resident now (after the previous layer's loads);
   // with every expert resident it is sensitivity gating.

@@ -73,6 +73,22 @@ size_t match_gpt2(const uint32_t* c, size_t p, size_t end) {
   return ws_tail(c, p, end, false);
 }
 
+// \s*[\r\n]+|\s+(?!\S)|\s+ : the whitespace alternatives that end the Llama-3 family's regexes.
+size_t whitespace_tail(const uint32_t* c, size_t p, size_t end) {
+  if (!ws(c[p])) return 0;
+  // \s*[\r\n]+ : the whitespace run up to (and including) its last \r or \n.
+  size_t r = p, last_crlf = 0;
+  bool has_crlf = false;
+  for (; r < end && ws(c[r]); ++r) {
+    if (crlf(c[r])) {
+      last_crlf = r;
+      has_crlf = true;
+    }
+  }
+  if (has_crlf) return last_crlf + 1 - p;
+  return ws_tail(c, p, end, true);
+}
+
 // Llama-3 / Qwen2:
 // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,K}| ?[^\s\p{L}\p{N}]+[\r\n]*|
 // \s*[\r\n]+|\s+(?!\S)|\s+
@@ -92,18 +108,50 @@ size_t match_llama3(const uint32_t* c, size_t p, size_t end) {
     q = run(c, q, end, other);
     return run(c, q, end, crlf) - p;
   }
-  if (!ws(cp)) return 0;
-  // \s*[\r\n]+ : the whitespace run up to (and including) its last \r or \n.
-  size_t r = p, last_crlf = 0;
-  bool has_crlf = false;
-  for (; r < end && ws(c[r]); ++r) {
-    if (crlf(c[r])) {
-      last_crlf = r;
-      has_crlf = true;
+  return whitespace_tail(c, p, end);
+}
+
+// GPT-4o / o200k (gpt-oss, Llama 4), as llama.cpp evaluates it. Its regex is
+//   [^\r\n\p{L}\p{N}]?U*W+C? | [^\r\n\p{L}\p{N}]?U+W*C? | \p{N}{1,3} | ?[^\s\p{L}\p{N}]+[\r\n/]* |
+//   \s*[\r\n]+ | \s+(?!\S) | \s+
+// with C = 's|'t|'re|'ve|'m|'ll|'d in either case. tokenizer.json's U and W are upper- and
+// lower-case letters (and marks), but llama.cpp writes them as "a letter but a-z" and "a letter
+// but A-Z" and runs std::regex on a copy of the text where every non-ASCII letter is one stand-in
+// character: case is told apart for ASCII only, and marks are not letters. Following llama.cpp is
+// what gives its token ids (Hugging Face splits "ÉCOLE" whole; llama.cpp and this, "É" + "COLE").
+inline bool not_ascii_lower(uint32_t cp) { return letter(cp) && !(cp >= 'a' && cp <= 'z'); }  // U
+inline bool not_ascii_upper(uint32_t cp) { return letter(cp) && !(cp >= 'A' && cp <= 'Z'); }  // W
+
+size_t match_gpt4o(const uint32_t* c, size_t p, size_t end) {
+  const uint32_t cp = c[p];
+  // The optional leading character: taking it is tried first, and leaving it can only succeed
+  // when it is not there (a leading character is no letter, so U and W cannot start on it).
+  const size_t s = (!crlf(cp) && !letter(cp) && !number(cp)) ? p + 1 : p;
+  // U*W+C?: U* takes its whole run, then gives back one character at a time until W+ can start.
+  const size_t u_end = run(c, s, end, not_ascii_lower);
+  for (size_t q = u_end;; --q) {
+    if (q < end && not_ascii_upper(c[q])) {
+      const size_t e = run(c, q, end, not_ascii_upper);
+      return e + contraction(c, e, end, true) - p;
     }
+    if (q == s) break;
   }
-  if (has_crlf) return last_crlf + 1 - p;
-  return ws_tail(c, p, end, true);
+  // U+W*C?
+  if (u_end > s) {
+    const size_t e = run(c, u_end, end, not_ascii_upper);
+    return e + contraction(c, e, end, true) - p;
+  }
+  if (number(cp)) {
+    size_t q = p;
+    while (q < end && q - p < 3 && number(c[q])) ++q;
+    return q - p;
+  }
+  size_t q = p + (cp == ' ' ? 1 : 0);
+  if (q < end && other(c[q])) {
+    q = run(c, q, end, other);
+    return run(c, q, end, [](uint32_t x) { return crlf(x) || x == '/'; }) - p;
+  }
+  return whitespace_tail(c, p, end);
 }
 
 // [\p{P}\$\+<=>\^~\|]+  (llama.cpp "default", first pass); Falcon adds '`'.
@@ -262,6 +310,7 @@ const Spec kSpecs[] = {
     {PreTokenizer::Deepseek3, "deepseek-v3", {match_number3, match_ds3_cjk, match_deepseek3}},
     {PreTokenizer::Starcoder, "starcoder", {match_number1, match_gpt2}},
     {PreTokenizer::Falcon, "falcon", {match_punct_run<true>, match_gpt2, match_3digits}},
+    {PreTokenizer::Gpt4o, "gpt-4o", {match_gpt4o}},
 };
 
 const Spec& spec(PreTokenizer p) {
@@ -314,6 +363,9 @@ const NameMap kNames[] = {
     {"exaone", PreTokenizer::Starcoder},
     {"minerva-7b", PreTokenizer::Starcoder},
     {"falcon", PreTokenizer::Falcon},
+    {"gpt-4o", PreTokenizer::Gpt4o},
+    {"llama4", PreTokenizer::Gpt4o},
+    {"minimax-m2", PreTokenizer::Gpt4o},
 };
 
 }  // namespace

@@ -24,6 +24,7 @@ enum class PreTokenizer {
   Deepseek3,      // "deepseek-v3"
   Starcoder,      // "starcoder", "refact", "command-r", "smollm", ...: single digits, then GPT-2
   Falcon,         // "falcon"
+  Gpt4o,          // "gpt-4o" (gpt-oss's o200k), "llama4", "minimax-m2": case-aware words (ASCII), \p{N}{1,3}
 };
 
 // Maps tokenizer.ggml.pre to a pre-tokenizer; false for names this build does not know.

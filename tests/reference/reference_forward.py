@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Independent numpy (float64) reference forward for MoE GGUF models.
 
-Architectures: llama (Mixtral-style MoE), qwen2moe, qwen3moe, olmoe.
+Architectures: llama (Mixtral-style MoE), qwen2moe, qwen3moe, olmoe, gpt-oss.
 
     /usr/bin/python3 tests/reference/reference_forward.py MODEL.gguf --tokens 1,2,3 \
         --out logits.f32 [--quantize-activations] [--gating exact|score|sensitivity \
@@ -18,6 +18,22 @@ q/k RMSNorm before splitting into heads; GQA; causal softmax attention, scale 1/
 router softmax over all experts, top-k (ties -> lower index), renormalised for llama and
 qwen3moe only; SwiGLU experts; qwen2moe shared expert scaled by sigmoid(gate_inp_shexp . x);
 final RMSNorm and output (tied to token_embd when output.weight is absent).
+
+gpt-oss (as llama.cpp's openai-moe): NeoX RoPE; q/k/v and output biases; per-head sinks
+(blk.N.attn_sinks.weight): softmax over [scores..., sink] with the sink's column dropped;
+sliding window attention.sliding_window (W) on layers with il % P < P - 1, P =
+attention.sliding_window_pattern (default 2; 0: every layer): a query at p sees keys at
+p - W < pos <= p; rope.freq_base_swa (if present) for those layers; post_attention_norm as the
+MoE's input norm; router logits = W x + b, the top k logits (ties -> lower index), weights =
+softmax over those k logits; experts g = Wg x + bg, u = Wu x + bu, g' = min(g, 7),
+u' = clip(u, -7, 7), h = g' * sigmoid(1.702 g') * (u' + 1), out = Wd h + bd.
+
+RoPE scaling (rope.scaling.type): "linear": theta / factor; "yarn" (factor s, original context
+n_orig, beta_fast 32, beta_slow 1 unless the file says): for pair i of n_rot, with
+dim(b) = n_rot * ln(n_orig / (2 pi b)) / (2 ln base), low = max(0, floor(dim(beta_fast))),
+high = min(n_rot - 1, ceil(dim(beta_slow))), keep = 1 - clip((i - low) / max(0.001, high - low), 0, 1):
+theta = theta/s * (1 - keep) + theta * keep, and cos/sin are scaled by
+attn_factor * (1 + 0.1 ln s).
 
 --quantize-activations emulates ggml's quantization of the activation row before each matmul
 with a quantized weight (the vec_dot_type of the weight type):
@@ -73,7 +89,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "gguf"))
 from moelite_gguf import GGUFReader, quants as Q  # noqa: E402
 
-ARCHS = ("llama", "qwen2moe", "qwen3moe", "olmoe")
+ARCHS = ("llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss")
 
 
 def rms_norm(x, w, eps):
@@ -208,8 +224,23 @@ class ReferenceModel:
         self.n_expert = int(md[k + "expert_count"])
         self.n_expert_used = int(md[k + "expert_used_count"])
         self.neox = arch != "llama"
-        # Fixed per architecture, unless the file states it (DeepSeek-style keys).
-        self.renorm = bool(md.get(arch + ".expert_weights_norm", arch in ("llama", "qwen3moe")))
+        # Fixed per architecture, unless the file states it (DeepSeek-style keys). gpt-oss's softmax
+        # over the k picked logits sums to 1 like a renormalised one (route()).
+        self.renorm = bool(md.get(arch + ".expert_weights_norm", arch in ("llama", "qwen3moe", "gpt-oss")))
+        self.rope_base_swa = float(md.get(k + "rope.freq_base_swa", self.rope_base))
+        self.window = [0] * self.n_layer
+        if arch == "gpt-oss":
+            W = int(md[k + "attention.sliding_window"])
+            P = int(md.get(k + "attention.sliding_window_pattern", 2))
+            self.window = [W if P == 0 or il % P < P - 1 else 0 for il in range(self.n_layer)]
+        self.scaling = md.get(k + "rope.scaling.type", "none")
+        self.factor = float(md.get(k + "rope.scaling.factor", 0.0) or 1.0)
+        if self.factor == 1.0:
+            self.scaling = "none"
+        self.n_orig = int(md.get(k + "rope.scaling.original_context_length", md.get(k + "context_length", 4096)))
+        self.beta_fast = float(md.get(k + "rope.scaling.yarn_beta_fast", 32.0))
+        self.beta_slow = float(md.get(k + "rope.scaling.yarn_beta_slow", 1.0))
+        self.attn_factor = float(md.get(k + "rope.scaling.attn_factor", 1.0))
         self.weights_scale = float(md.get(arch + ".expert_weights_scale", 1.0))
         self._cache = {}
 
@@ -253,13 +284,26 @@ class ReferenceModel:
         return "blk.%d.ffn_%s.%d.weight" % (il, kind, e), None
 
     # ---------------------------------------------------------------- blocks
-    def rope(self, x, pos):
+    def rope(self, x, pos, base=None):
         """x [T, nh, hd], pos [T]"""
         nr = self.n_rot
         half = nr // 2
-        inv = self.rope_base ** (-2.0 * np.arange(half) / nr)
-        ang = pos[:, None].astype(np.float64) * inv[None, :]
-        c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        base = base or self.rope_base
+        i = np.arange(half)
+        ang = pos[:, None].astype(np.float64) * (base ** (-2.0 * i / nr))[None, :]
+        mag = 1.0
+        if self.scaling == "linear":
+            ang = ang / self.factor
+        elif self.scaling == "yarn":
+            dim = lambda b: nr * np.log(self.n_orig / (2 * np.pi * b)) / (2 * np.log(base))  # noqa: E731
+            low = max(0.0, np.floor(dim(self.beta_fast)))
+            high = min(nr - 1.0, np.ceil(dim(self.beta_slow)))
+            keep = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
+            ang = (ang / self.factor) * (1.0 - keep)[None, :] + ang * keep[None, :]
+            mag = self.attn_factor * (1.0 + 0.1 * np.log(self.factor))
+        elif self.scaling != "none":
+            raise ValueError("rope scaling " + self.scaling)
+        c, s = mag * np.cos(ang)[:, None, :], mag * np.sin(ang)[:, None, :]
         out = x.copy()
         if self.neox:
             a, b = x[..., :half], x[..., half:nr]
@@ -290,35 +334,60 @@ class ReferenceModel:
         if self.arch == "qwen3moe":
             q = rms_norm(q, self.w(p + "attn_q_norm.weight"), self.eps)
             k = rms_norm(k, self.w(p + "attn_k_norm.weight"), self.eps)
-        q = self.rope(q, pos)
-        k = self.rope(k, pos)
+        W = self.window[il]
+        base = self.rope_base_swa if W else self.rope_base
+        q = self.rope(q, pos, base)
+        k = self.rope(k, pos, base)
         g = H // HKV
         kk = np.repeat(k, g, axis=1)               # q head h uses kv head h // g
         vv = np.repeat(v, g, axis=1)
         scores = np.einsum("thd,shd->hts", q, kk) / np.sqrt(HD)
         mask = pos[None, :] > pos[:, None]          # key position after query position
+        if W:
+            mask |= pos[None, :] <= pos[:, None] - W  # key W or more positions before the query
         scores = np.where(mask[None], -np.inf, scores)
+        sinks = p + "attn_sinks.weight"
+        if self.has(sinks):                         # one more column per head, dropped after the softmax
+            sink = np.broadcast_to(self.w(sinks)[:, None, None], (H, T, 1))
+            scores = np.concatenate([scores, sink], axis=-1)
         scores -= scores.max(axis=-1, keepdims=True)
         pr = np.exp(scores)
         pr /= pr.sum(axis=-1, keepdims=True)
+        pr = pr[..., :T]
         o = np.einsum("hts,shd->thd", pr, vv).reshape(T, H * HD)
-        return self.matmul(p + "attn_output.weight", o)
+        out = self.matmul(p + "attn_output.weight", o)
+        if self.has(p + "attn_output.bias"):
+            out += self.w(p + "attn_output.bias")
+        return out
 
     def route(self, il, x, router=None, gating=None, alpha=None, stats=None):
         """x [T, n_embd] -> weights [T, n_expert] for layer il's experts, at most top-k non-zero
         (exactly top-k unless gating drops some). router: the router tensor (default layer il's
         ffn_gate_inp; the previous layer's ffn_pregate_inp for pre-gated routing). gating: see
         check_gating; alpha: perturb the lowest slot (step 4). stats: filled as forward()'s."""
-        router = router or "blk.%d.ffn_gate_inp.weight" % il
+        bias = None
+        if router is None:
+            router = "blk.%d.ffn_gate_inp.weight" % il
+            if self.has("blk.%d.ffn_gate_inp.bias" % il):
+                bias = self.w("blk.%d.ffn_gate_inp.bias" % il)
         logits = x @ self.w(router).T
-        logits -= logits.max(axis=-1, keepdims=True)
-        p = np.exp(logits)
-        p /= p.sum(axis=-1, keepdims=True)
-        top = np.argsort(-p, axis=-1, kind="stable")[:, : self.n_expert_used]
-        wts = np.zeros_like(p)
-        sel = np.take_along_axis(p, top, axis=-1)
-        if self.renorm:
-            sel = sel / sel.sum(axis=-1, keepdims=True)
+        if bias is not None:
+            logits = logits + bias
+        if self.arch == "gpt-oss":                  # top-k logits, then a softmax over those k
+            top = np.argsort(-logits, axis=-1, kind="stable")[:, : self.n_expert_used]
+            sel = np.take_along_axis(logits, top, axis=-1)
+            sel = np.exp(sel - sel.max(axis=-1, keepdims=True))
+            sel /= sel.sum(axis=-1, keepdims=True)
+            wts = np.zeros_like(logits)
+        else:
+            logits -= logits.max(axis=-1, keepdims=True)
+            p = np.exp(logits)
+            p /= p.sum(axis=-1, keepdims=True)
+            top = np.argsort(-p, axis=-1, kind="stable")[:, : self.n_expert_used]
+            wts = np.zeros_like(p)
+            sel = np.take_along_axis(p, top, axis=-1)
+            if self.renorm:
+                sel = sel / sel.sum(axis=-1, keepdims=True)
         if stats is not None:
             stats.setdefault("topk", {})[il] = sel
         sel, kept = apply_gating(sel, gating, il)
@@ -348,7 +417,13 @@ class ReferenceModel:
             xe = x[rows]
             g = self.matmul(*self._mm("gate", il, e, xe))
             u = self.matmul(*self._mm("up", il, e, xe))
-            d = self.matmul(*self._mm("down", il, e, silu(g) * u))
+            if self.arch == "gpt-oss":
+                g = np.minimum(g + self.w(p + "ffn_gate_exps.bias")[e], 7.0)
+                u = np.clip(u + self.w(p + "ffn_up_exps.bias")[e], -7.0, 7.0)
+                d = self.matmul(*self._mm("down", il, e, g * sigmoid(1.702 * g) * (u + 1.0)))
+                d += self.w(p + "ffn_down_exps.bias")[e]
+            else:
+                d = self.matmul(*self._mm("down", il, e, silu(g) * u))
             out[rows] += wts[rows, e][:, None] * d
         if self.has(p + "ffn_gate_shexp.weight"):
             g = self.matmul(p + "ffn_gate_shexp.weight", x)
@@ -387,7 +462,8 @@ class ReferenceModel:
         for il in range(self.n_layer):
             p = "blk.%d." % il
             h = h + self.attention(il, rms_norm(h, self.w(p + "attn_norm.weight"), self.eps), pos)
-            xn = rms_norm(h, self.w(p + "ffn_norm.weight"), self.eps)
+            ffn_norm = "post_attention_norm.weight" if self.arch == "gpt-oss" else "ffn_norm.weight"
+            xn = rms_norm(h, self.w(p + ffn_norm), self.eps)
             wts = pregated if pregated is not None else self._route(il, xn, None, gating, perturb, st)
             pre = self.pregate_name(il)
             pregated = self._route(il + 1, xn, pre, gating, perturb, st) if pre else None

@@ -45,7 +45,7 @@ REF = os.path.join(HERE, "reference_forward.py")
 BIN = os.environ.get("MOELITE_BIN", os.path.join(ROOT, "build", "bin", "moelite"))
 TMP = os.environ.get("MOELITE_TEST_TMP", "/tmp/moelite-ref-tests")
 
-ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe"]
+ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss"]
 TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 # MXFP4 (gpt-oss's experts) is computed by every backend, but only GGUF files of gpt-oss carry it:
@@ -61,7 +61,7 @@ if os.environ.get("MOELITE_TEST_SANITIZED") == "1":
                                                         for t in ("Q8_0", "Q4_K")]
 else:
     DEVICE_MATRIX = [(a, t) for a in ARCHS for t in TYPES]
-DEVICE_MATRIX += [("qwen3moe", "MXFP4")]
+DEVICE_MATRIX += [("qwen3moe", "MXFP4"), ("gpt-oss", "MXFP4")]
 FLOAT_TYPES = ("F32", "F16", "BF16")
 TIGHT_FLOAT = 1e-9
 TIGHT_QUANT = 5e-4
@@ -182,6 +182,43 @@ def test_batch_splitting_does_not_change_results():
     whole = engine_logits(model)
     split = engine_logits(model, extra=("-b", "3"))
     np.testing.assert_array_equal(whole, split)
+
+
+# gpt-oss's own paths: the tiny files have a window of 8 on layer 0 (pattern 2: layer 1 attends
+# to everything), sinks, biases, and gate/up biases wide enough to reach the clamp of 7.
+LONG = [(i * 37 + 11) % 512 for i in range(40)]
+
+
+@pytest.mark.parametrize("variant", ["plain", "yarn", "pattern0", "real-types"])
+def test_gpt_oss_variants_match_reference(variant):
+    """Sliding windows shorter than the prompt (40 tokens, window 8), YaRN (factor 4 over an original
+    context of 16, so the ramp between extrapolated and interpolated pairs falls inside n_rot), every
+    layer windowed (pattern 0), and the types real files use (MXFP4 experts, Q8_0 elsewhere)."""
+    extra = {"plain": (), "yarn": ("--yarn", "4", "--yarn-orig-ctx", "16"), "pattern0": ("--window-pattern", "0"),
+             "real-types": ("--expert-type", "MXFP4")}[variant]
+    wtype = "Q8_0" if variant == "real-types" else "F32"
+    model = make_model("gpt-oss-%s-%s" % (variant, wtype), "gpt-oss", wtype, *extra)
+    err = nmse(engine_logits(model, tokens=LONG), reference_logits(model, tokens=LONG))
+    assert err < tight(wtype), "%s: nmse %.3e" % (variant, err)
+
+
+def test_gpt_oss_window_ring_batches_and_truncation():
+    """A windowed layer keeps window - 1 + n_batch positions: with batches of 3 the ring (10 slots)
+    wraps several times over 40 tokens, and token-by-token decoding wraps it 4 times; both give the
+    bits of one whole batch."""
+    model = make_model("gpt-oss-plain-F32", "gpt-oss", "F32")
+    whole = engine_logits(model, tokens=LONG)
+    np.testing.assert_array_equal(whole, engine_logits(model, tokens=LONG, extra=("-b", "3")))
+    np.testing.assert_array_equal(whole, engine_logits(model, tokens=LONG, extra=("-b", "1")))
+
+
+def test_yarn_on_a_standard_arch():
+    """rope.scaling is read by every architecture, not only gpt-oss (Qwen3 files with YaRN exist)."""
+    model = make_model("qwen3moe-yarn-F32", "qwen3moe", "F32", "--yarn", "4", "--yarn-orig-ctx", "16")
+    plain = make_model("qwen3moe-F32", "qwen3moe", "F32")
+    ref = reference_logits(model, tokens=LONG)
+    assert nmse(engine_logits(model, tokens=LONG), ref) < TIGHT_FLOAT
+    assert nmse(reference_logits(plain, tokens=LONG), ref) > 1e-4  # the scaling does change the model
 
 
 def test_mixed_expert_types_match_reference_and_batching():

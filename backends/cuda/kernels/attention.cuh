@@ -28,20 +28,23 @@ MK_DEVICE float block_reduce(float v, bool is_max, SharedFloats& partial) {
 // batch. Scores stay in shared memory.
 constexpr int kAttnChunk = 256;
 
-// Block (t * n_head + h, c): positions [c * kAttnChunk, ...) of [0, pos0 + t] (GQA: kv head
+// Block (t * n_head + h, c): positions [c * kAttnChunk, ...) of those the token sees -- [0, pos0 + t],
+// or its sliding window when window > 0 -- (position j in cache slot j % slots; GQA: kv head
 // h / (n_head / n_head_kv)). Writes the chunk's max score m, sum of exp(score - m) s, and
 // o[d] = sum of exp(score - m) * v[d] into partial[((t * n_head + h) * n_chunks + c) * (head_dim + 2)]
-// as (m, s, o...); a chunk past the token's last position writes (-inf, 0, 0...).
+// as (m, s, o...); a chunk outside the token's positions writes (-inf, 0, 0...).
 MK_GLOBAL void attention_chunk_kernel(const float* q, const float* cache_k, const float* cache_v, float* partial,
                                       int32_t pos0, int32_t n_head, int32_t n_head_kv, int64_t head_dim, int64_t kv_dim,
-                                      float scale) {
+                                      int32_t slots, int32_t window, float scale) {
   MK_SHARED(float, scores, kAttnChunk);
   MK_SHARED(float, reduce, kAttnThreads / 32);
   const int32_t t = int32_t(blockIdx.x) / n_head, h = int32_t(blockIdx.x) % n_head;
   const int32_t n_chunks = int32_t(gridDim.y), c = int32_t(blockIdx.y);
   const int64_t kv_off = int64_t(h / (n_head / n_head_kv)) * head_dim;
-  const int32_t first = c * kAttnChunk, n_pos = pos0 + t + 1;
-  const int32_t count = n_pos - first < kAttnChunk ? n_pos - first : kAttnChunk;
+  const int32_t n_pos = pos0 + t + 1, visible = window > 0 && n_pos > window ? n_pos - window : 0;
+  const int32_t first = c * kAttnChunk > visible ? c * kAttnChunk : visible;
+  const int32_t end = (c + 1) * kAttnChunk < n_pos ? (c + 1) * kAttnChunk : n_pos;
+  const int32_t count = end - first;
   float* out = partial + ((int64_t(t) * n_head + h) * n_chunks + c) * (head_dim + 2);
   const int tid = int(threadIdx.x);
   if (count <= 0) {  // the whole block agrees: no barrier is skipped by some threads only
@@ -51,7 +54,7 @@ MK_GLOBAL void attention_chunk_kernel(const float* q, const float* cache_k, cons
   const float* qh = q + (int64_t(t) * n_head + h) * head_dim;
   float mx = -3.402823466e38f;
   for (int32_t j = tid; j < count; j += kAttnThreads) {
-    const float* kp = cache_k + int64_t(first + j) * kv_dim + kv_off;
+    const float* kp = cache_k + int64_t((first + j) % slots) * kv_dim + kv_off;
     float dot = 0.0f;
     for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * kp[d];
     dot *= scale;
@@ -72,19 +75,20 @@ MK_GLOBAL void attention_chunk_kernel(const float* q, const float* cache_k, cons
   }
   for (int64_t d = tid; d < head_dim; d += kAttnThreads) {
     float acc = 0.0f;
-    for (int32_t j = 0; j < count; ++j) acc += scores[j] * cache_v[int64_t(first + j) * kv_dim + kv_off + d];
+    for (int32_t j = 0; j < count; ++j) acc += scores[j] * cache_v[int64_t((first + j) % slots) * kv_dim + kv_off + d];
     out[2 + d] = acc;
   }
 }
 
-// One block per (token, head): out = sum_c exp(m_c - M) o_c / sum_c exp(m_c - M) s_c, M = max m_c,
-// the chunks taken in order.
+// One block per (token, head): out = sum_c exp(m_c - M) o_c / (sum_c exp(m_c - M) s_c + exp(sink - M)),
+// M = max(m_c, sink), the chunks taken in order; without sinks (null) the sink term is absent.
 MK_GLOBAL void attention_merge_kernel(const float* partial, int32_t n_chunks, int32_t n_head, int64_t head_dim,
-                                      float* out) {
+                                      const float* sinks, float* out) {
   const float* p = partial + int64_t(blockIdx.x) * n_chunks * (head_dim + 2);
-  float m = -INFINITY;
+  const float sink = sinks ? sinks[int32_t(blockIdx.x) % n_head] : -INFINITY;
+  float m = sink;
   for (int32_t c = 0; c < n_chunks; ++c) m = fmaxf(m, p[c * (head_dim + 2)]);
-  float denom = 0.0f;
+  float denom = sinks ? expf(sink - m) : 0.0f;
   for (int32_t c = 0; c < n_chunks; ++c) {
     const float* pc = p + c * (head_dim + 2);
     if (pc[1] > 0.0f) denom += expf(pc[0] - m) * pc[1];

@@ -1,13 +1,16 @@
 #version 450
-// Copies a batch's k and v rows into the cache of one layer at positions pos0 ...
+// Copies a batch's k and v rows into the cache of one layer: position pos0 + r goes to slot
+// (pos0 + r) % slots (a sliding-window layer's ring wraps), keys first, values after all key slots.
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer Kbuf { float K[]; };
 layout(std430, binding = 1) readonly buffer Vbuf { float V[]; };
 layout(std430, binding = 2) buffer Cbuf { float C[]; };
-layout(push_constant) uniform P { uint k_off, v_off, kv_dim, n, cache_k, cache_v; } p;  // cache offsets of row pos0
+layout(push_constant) uniform P { uint k_off, v_off, kv_dim, n, pos0, slots; } p;
 void main() {
   const uint i = gl_GlobalInvocationID.x;
   if (i >= p.n * p.kv_dim) return;
-  C[p.cache_k + i] = K[p.k_off + i];
-  C[p.cache_v + i] = V[p.v_off + i];
+  const uint r = i / p.kv_dim, c = i % p.kv_dim;
+  const uint dst = ((p.pos0 + r) % p.slots) * p.kv_dim + c;
+  C[dst] = K[p.k_off + i];
+  C[p.slots * p.kv_dim + dst] = V[p.v_off + i];
 }

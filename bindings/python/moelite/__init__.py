@@ -414,7 +414,7 @@ _KEYS = {
     "n_active_params": 15, "threads": 16, "backend_id": 17, "active_bytes": 18,
     "expert_budget": 19, "expert_pool_bytes": 20, "expert_peak_bytes": 21, "expert_slots": 22,
     "budget_auto": 23, "budget_auto_room": 24, "budget_auto_context_bytes": 25, "budget_auto_headroom": 26,
-    "experts_all_fit": 27, "expert_min_budget": 28,
+    "experts_all_fit": 27, "expert_min_budget": 28, "sliding_window": 29, "n_windowed_layers": 30,
 }
 
 
@@ -1447,6 +1447,13 @@ class Context:
             return int(_c.moelite_context_n_ctx(self._handle()))
 
     @property
+    def kv_bytes(self) -> int:
+        """Bytes of the KV cache, all layers, keys and values (moelite_context_kv_bytes)."""
+        self._preempt()
+        with self._lock:
+            return int(_c.moelite_context_kv_bytes(self._handle()))
+
+    @property
     def kv_length(self) -> int:
         """Tokens currently held in the KV cache (moelite_context_kv_length)."""
         self._preempt()
@@ -1460,7 +1467,9 @@ class Context:
             _c.moelite_context_kv_reset(self._handle())
 
     def truncate(self, n_keep: int) -> None:
-        """Keeps the first n_keep tokens (clamped to [0, kv_length]; moelite_context_kv_truncate)."""
+        """Keeps the first n_keep tokens (clamped to [0, kv_length]; moelite_context_kv_truncate).
+        A sliding-window model may keep none (its cache's ring no longer reaches back): read
+        kv_length afterwards."""
         self._preempt()
         with self._lock:
             _c.moelite_context_kv_truncate(self._handle(), int(n_keep))

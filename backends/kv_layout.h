@@ -1,0 +1,36 @@
+// The KV cache's position-to-slot rule and the checks every backend's attention makes, in one
+// place so the backends cannot disagree (see KvCache and AttentionSpec in backends/backend.h).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#include "backends/backend.h"
+
+namespace moelite {
+
+// The slot of position `pos` in a layer that holds `slots` positions.
+inline int64_t kv_slot(int64_t pos, int32_t slots) { return pos % slots; }
+
+// The first position the query at `pos` sees (window 0: all of them).
+inline int32_t kv_first_visible(int32_t pos, int32_t window) { return window > 0 ? std::max(0, pos - window + 1) : 0; }
+
+// Whether writing a batch of n positions pos0.. into `layer` leaves every position its queries
+// read in the cache, and the layer and positions exist.
+inline Status kv_check_batch(const KvCache& kv, int32_t layer, int32_t pos0, int64_t n, const AttentionSpec& spec) {
+  if (layer < 0 || layer >= kv.n_layers || static_cast<size_t>(layer) >= kv.slots.size())
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "attention: layer %d is outside the cache's %d layers", layer, kv.n_layers);
+  if (pos0 < 0 || n < 1 || pos0 + n > kv.n_ctx)
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "attention: positions %d..%lld are outside the cache's %d", pos0,
+                static_cast<long long>(pos0 + n - 1), kv.n_ctx);
+  const int32_t slots = kv.slots[static_cast<size_t>(layer)];
+  // The batch's first query reads back to pos0 - window + 1 while its last write lands on
+  // pos0 + n - 1: both must be in the cache at once.
+  const int64_t span = spec.window > 0 ? std::min<int64_t>(pos0 + n, int64_t{spec.window} - 1 + n) : pos0 + n;
+  if (span > slots)
+    return fail(MOELITE_ERR_INVALID_ARGUMENT,
+                "attention: layer %d holds %d positions, a batch of %lld at %d with window %d needs %lld", layer, slots,
+                static_cast<long long>(n), pos0, spec.window, static_cast<long long>(span));
+  return MOELITE_OK;
+}
+
+}  // namespace moelite
