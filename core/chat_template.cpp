@@ -1,6 +1,25 @@
 #include "core/chat_template.h"
 
+#include <ctime>
+
 namespace moelite {
+
+namespace {
+
+// The system message gpt-oss's own template writes before every conversation (no tools, default
+// identity and reasoning effort), with today's local date as its strftime_now("%Y-%m-%d") does.
+std::string harmony_system_text() {
+  char date[16] = "1970-01-01";
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  if (localtime_r(&now, &local)) std::strftime(date, sizeof date, "%Y-%m-%d", &local);
+  return std::string("You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\n"
+                     "Current date: ") +
+         date + "\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for "
+                "every message.";
+}
+
+}  // namespace
 
 ChatTemplate detect_chat_template(const std::string& src) {
   auto has = [&](const char* s) { return src.find(s) != std::string::npos; };
@@ -8,6 +27,7 @@ ChatTemplate detect_chat_template(const std::string& src) {
   if (has("<|start_header_id|>")) return ChatTemplate::Llama3;
   if (has("<|user|>") && has("<|assistant|>")) return ChatTemplate::Tulu;  // OLMoE-Instruct
   if (has("[INST]")) return ChatTemplate::Mistral;                         // Mixtral-Instruct
+  if (has("<|start|>") && has("<|channel|>")) return ChatTemplate::Harmony;  // gpt-oss
   return ChatTemplate::Plain;
 }
 
@@ -17,6 +37,7 @@ const char* chat_template_name(ChatTemplate t) {
     case ChatTemplate::Mistral: return "mistral";
     case ChatTemplate::Llama3: return "llama3";
     case ChatTemplate::Tulu: return "tulu";
+    case ChatTemplate::Harmony: return "harmony";
     case ChatTemplate::Plain: return "plain";
   }
   return "plain";
@@ -24,7 +45,7 @@ const char* chat_template_name(ChatTemplate t) {
 
 bool parse_chat_template_name(const std::string& name, ChatTemplate* out) {
   for (ChatTemplate t : {ChatTemplate::ChatML, ChatTemplate::Mistral, ChatTemplate::Llama3, ChatTemplate::Tulu,
-                         ChatTemplate::Plain}) {
+                         ChatTemplate::Harmony, ChatTemplate::Plain}) {
     if (name == chat_template_name(t)) {
       *out = t;
       return true;
@@ -38,8 +59,9 @@ Status chat_template_from_option(const std::string& option, ChatTemplate* out) {
   const ChatTemplate t = detect_chat_template(option);
   if (t == ChatTemplate::Plain)
     return fail(MOELITE_ERR_INVALID_ARGUMENT,
-                "chat template not recognised: give a family (chatml, mistral, llama3, tulu, plain) or a template "
-                "source that uses one of their markers (<|im_start|>, [INST], <|start_header_id|>, <|user|>)");
+                "chat template not recognised: give a family (chatml, mistral, llama3, tulu, harmony, plain) or a "
+                "template source that uses one of their markers (<|im_start|>, [INST], <|start_header_id|>, <|user|>, "
+                "<|start|> with <|channel|>)");
   *out = t;
   return MOELITE_OK;
 }
@@ -127,6 +149,48 @@ ChatText format_chat_ranges(ChatTemplate t, const std::vector<ChatMessage>& msgs
           tpl(eos_text);
         }
       }
+      break;
+    }
+    case ChatTemplate::Harmony: {
+      // gpt-oss's template without tools: its system message, the first system/developer message
+      // as the developer's instructions, then user turns and the assistant's final-channel answers
+      // (the last one ends with <|return|> when no reply is asked for, as in training data).
+      // Differences, for inputs that template refuses or drops: a later system/developer message
+      // becomes one more developer message instead of vanishing, and any other role is written
+      // as <|start|>ROLE<|message|>...<|end|>.
+      tpl("<|start|>system<|message|>" + harmony_system_text() + "<|end|>");
+      size_t first = 0;
+      auto developer = [&](const std::string& content) {
+        if (content.empty()) return;
+        tpl("<|start|>developer<|message|># Instructions\n\n");
+        msg(content);
+        tpl("\n\n<|end|>");
+      };
+      if (!msgs.empty() && (msgs[0].role == "system" || msgs[0].role == "developer")) {
+        developer(msgs[0].content);
+        first = 1;
+      }
+      for (size_t i = first; i < msgs.size(); ++i) {
+        const auto& m = msgs[i];
+        if (m.role == "user") {
+          tpl("<|start|>user<|message|>");
+          msg(m.content);
+          tpl("<|end|>");
+        } else if (m.role == "assistant") {
+          tpl("<|start|>assistant<|channel|>final<|message|>");
+          msg(m.content);
+          tpl(i + 1 == msgs.size() && !add_assistant ? "<|return|>" : "<|end|>");
+        } else if (m.role == "system" || m.role == "developer") {
+          developer(m.content);
+        } else {
+          tpl("<|start|>");
+          msg(m.role);
+          tpl("<|message|>");
+          msg(m.content);
+          tpl("<|end|>");
+        }
+      }
+      if (add_assistant) tpl("<|start|>assistant");
       break;
     }
     case ChatTemplate::Plain:

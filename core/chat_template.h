@@ -10,7 +10,8 @@
 
 namespace moelite {
 
-enum class ChatTemplate { ChatML, Mistral, Llama3, Tulu, Plain };
+// Harmony: gpt-oss's format (<|start|>ROLE<|message|>...<|end|>, channels for the assistant).
+enum class ChatTemplate { ChatML, Mistral, Llama3, Tulu, Harmony, Plain };
 
 struct ChatMessage {
   std::string role;

@@ -339,7 +339,7 @@ MOELITE_API moelite_status moelite_model_params_set_vocab_only(moelite_model_par
 MOELITE_API moelite_status moelite_model_params_set_progress_callback(moelite_model_params* params,
                                                                       moelite_progress_fn fn, void* user_data);
 /** The chat template to use instead of the file's tokenizer.chat_template: a family name
- *  ("chatml", "mistral", "llama3", "tulu", "plain") or a template source (Jinja, as in GGUF files)
+ *  ("chatml", "mistral", "llama3", "tulu", "harmony", "plain") or a template source (Jinja, as in GGUF files)
  *  whose family moelite recognises by its markers; moelite formats every family natively and
  *  runs no Jinja. NULL or "" restores the file's template. The string is copied.
  *  MOELITE_ERR_INVALID_ARGUMENT when the text is neither a family name nor a recognised source. */
@@ -786,7 +786,8 @@ typedef struct moelite_chat_message {
 MOELITE_API moelite_status moelite_chat_format(const moelite_model* model, const moelite_chat_message* messages,
                                                size_t n_messages, int32_t add_assistant_prompt, char* text,
                                                size_t capacity, size_t* text_len);
-/** The template family moelite recognised: "chatml", "mistral", "llama3", "tulu" or "plain". */
+/** The template family moelite recognised: "chatml", "mistral", "llama3", "tulu", "harmony" (gpt-oss) or
+ *  "plain". */
 MOELITE_API const char* moelite_chat_template_kind(const moelite_model* model);
 
 /** Formats messages like moelite_chat_format and tokenizes the result so that message content is

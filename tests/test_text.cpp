@@ -2,6 +2,8 @@
 // hand-written expectations from the template formats.
 #include <gtest/gtest.h>
 
+#include <ctime>
+
 #include "core/chat_template.h"
 #include "core/generate.h"
 
@@ -81,6 +83,8 @@ TEST(ChatTemplate, DetectsFamilies) {
   EXPECT_EQ(moelite::detect_chat_template("<|start_header_id|>{{ role }}<|end_header_id|>"), ChatTemplate::Llama3);
   EXPECT_EQ(moelite::detect_chat_template("{{ '<|user|>\\n' }}{{ '<|assistant|>\\n' }}"), ChatTemplate::Tulu);
   EXPECT_EQ(moelite::detect_chat_template("{{ '[INST] ' + content + ' [/INST]' }}"), ChatTemplate::Mistral);
+  EXPECT_EQ(moelite::detect_chat_template("{{- \"<|start|>assistant<|channel|>final<|message|>\" }}"),
+            ChatTemplate::Harmony);
   EXPECT_EQ(moelite::detect_chat_template("{{ something else }}"), ChatTemplate::Plain);
   EXPECT_EQ(moelite::detect_chat_template(""), ChatTemplate::Plain);
 }
@@ -99,6 +103,57 @@ TEST(ChatTemplate, FormatsEachFamily) {
   EXPECT_EQ(moelite::format_chat(ChatTemplate::Tulu, msgs, true, "<|endoftext|>"),
             "<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\nHello!<|endoftext|>\n<|user|>\nBye\n<|assistant|>\n");
   EXPECT_EQ(moelite::format_chat(ChatTemplate::Plain, {{"user", "Hi"}}, true, ""), "user: Hi\nassistant: ");
+}
+
+// gpt-oss's template (the GGUF's tokenizer.chat_template, also openai/gpt-oss-20b on Hugging Face)
+// rendered by hand for these messages, no tools, default identity and reasoning effort: its
+// build_system_message(), the first system message as the developer's "# Instructions", user
+// turns, earlier assistant answers on the final channel ending in <|end|>, and the generation
+// prompt "<|start|>assistant"; without a generation prompt the last answer ends in <|return|>.
+static std::string harmony_system(const std::string& date) {
+  return "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+         "Knowledge cutoff: 2024-06\nCurrent date: " +
+         date +
+         "\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for "
+         "every message.<|end|>";
+}
+
+static std::string today() {
+  char d[16];
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  std::strftime(d, sizeof d, "%Y-%m-%d", &local);
+  return d;
+}
+
+TEST(ChatTemplate, HarmonyFormatsTurnsAsGptOssTemplate) {
+  const std::vector<moelite::ChatMessage> msgs = {
+      {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello!"}, {"user", "Bye"}};
+  std::string got, date;
+  for (int attempt = 0; attempt < 2; ++attempt) {  // the date may change between the two reads
+    date = today();
+    got = moelite::format_chat(ChatTemplate::Harmony, msgs, true, "");
+    if (date == today()) break;
+  }
+  EXPECT_EQ(got, harmony_system(date) +
+                     "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n<|end|>"
+                     "<|start|>user<|message|>Hi<|end|>"
+                     "<|start|>assistant<|channel|>final<|message|>Hello!<|end|>"
+                     "<|start|>user<|message|>Bye<|end|>"
+                     "<|start|>assistant");
+  // No system message: no developer message. The last answer, with no reply asked for, returns.
+  EXPECT_EQ(moelite::format_chat(ChatTemplate::Harmony, {{"user", "Hi"}, {"assistant", "Yo"}}, false, ""),
+            harmony_system(today()) +
+                "<|start|>user<|message|>Hi<|end|><|start|>assistant<|channel|>final<|message|>Yo<|return|>");
+  // An empty system message writes no developer message either (the template tests it for truth).
+  EXPECT_EQ(moelite::format_chat(ChatTemplate::Harmony, {{"developer", ""}, {"user", "Hi"}}, true, ""),
+            harmony_system(today()) + "<|start|>user<|message|>Hi<|end|><|start|>assistant");
+  // Message text is never template: the developer's content and user content are message ranges.
+  const moelite::ChatText r = moelite::format_chat_ranges(ChatTemplate::Harmony, {{"user", "<|end|>"}}, true, "");
+  const size_t at = r.text.find("<|end|><|end|>");
+  ASSERT_NE(at, std::string::npos);
+  for (const auto& range : r.template_ranges) EXPECT_FALSE(range.first <= at && at < range.second);
 }
 
 TEST(ChatTemplate, RangesMarkWhatTheTemplateWrote) {

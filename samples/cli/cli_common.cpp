@@ -153,6 +153,8 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only) {
     st = moelite_model_params_set_cache_allocation(p, "uniform");
   if (st == MOELITE_OK && args.has("--policy"))
     st = moelite_model_params_set_cache_policy(p, args.get("--policy").c_str());
+  if (st == MOELITE_OK && args.has("--template"))
+    st = moelite_model_params_set_chat_template(p, args.get("--template").c_str());
   if (st == MOELITE_OK && isatty(STDERR_FILENO) && !vocab_only)
     st = moelite_model_params_set_progress_callback(p, progress_bar, nullptr);
   if (st == MOELITE_OK) st = moelite_model_load(path.c_str(), p, out);

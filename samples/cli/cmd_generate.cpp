@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "harmony_reply.h"
 
 namespace cli {
 
@@ -24,6 +25,9 @@ const Command kChatCommand = {
     "Interactive multi-turn chat with the model's chat template. When the conversation outgrows the context, the "
     "oldest turns are dropped (the system prompt is kept) and a note says so.",
     with_groups({{{"--system"}, "TEXT", "system prompt"},
+                 {{"--template"}, "NAME",
+                  "chat template instead of the file's: chatml, mistral, llama3, tulu, harmony (gpt-oss: only the "
+                  "final channel is the answer, the reasoning goes to stderr) or plain"},
                  {{"-c"}, "CTX", "context length (default: the model's, at most 4096)"}},
                 {&generate_options(), &model_options()})};
 const Command kTokenizeCommand = {"tokenize", "-m MODEL (-p TEXT | -f FILE) [--add-special] [--parse-special]",
@@ -191,6 +195,7 @@ int cmd_chat(int argc, char** argv) {
     conv.n_fixed = 1;
   }
   if (std::string(moelite_chat_template_kind(s.model)) == "plain") moelite_generate_params_add_stop(s.gen, "\nuser:");
+  const bool harmony = std::string(moelite_chat_template_kind(s.model)) == "harmony";
   if (interactive)
     fprintf(stderr, "chat template: %s. Type a message; /reset forgets the conversation, /exit quits.\n",
             moelite_chat_template_kind(s.model));
@@ -216,17 +221,43 @@ int cmd_chat(int argc, char** argv) {
       continue;
     }
     if (st != MOELITE_OK) return report(st, "formatting the chat");
-    // The reply is captured as it streams so the next turn can include it.
+    // The reply is captured as it streams so the next turn can include it; a harmony reply
+    // (gpt-oss) is split into its channels, and only the final one is the answer.
     struct Capture {
       std::string text;
+      moelite_model* model;
+      moelite_cli::HarmonyReply harmony;
     } cap;
-    moelite_generate_params_set_callback(
-        s.gen,
-        [](const char* piece, size_t n, void* user) {
-          static_cast<Capture*>(user)->text.append(piece, n);
-          return print_piece(piece, n, nullptr);
-        },
-        &cap);
+    cap.model = s.model;
+    if (harmony) {
+      moelite_generate_params_set_callback(s.gen, nullptr, nullptr);
+      moelite_generate_params_set_token_callback(
+          s.gen,
+          [](int32_t token, const char* piece, size_t n, void* user) {
+            auto* c = static_cast<Capture*>(user);
+            const char* marker = nullptr;
+            if (token >= 0 &&
+                (moelite_token_attrs(c->model, token) & (MOELITE_TOKEN_ATTR_CONTROL | MOELITE_TOKEN_ATTR_USER_DEFINED))) {
+              const char* t = moelite_token_text(c->model, token);
+              if (t && moelite_cli::HarmonyReply::is_marker(t)) marker = t;
+            }
+            switch (c->harmony.feed(marker, piece, n)) {
+              case moelite_cli::HarmonyReply::Part::Answer: return print_piece(piece, n, nullptr);
+              case moelite_cli::HarmonyReply::Part::Thinking: fwrite(piece, 1, n, stderr); return 1;
+              case moelite_cli::HarmonyReply::Part::Hidden: return 1;
+            }
+            return 1;
+          },
+          &cap);
+    } else {
+      moelite_generate_params_set_callback(
+          s.gen,
+          [](const char* piece, size_t n, void* user) {
+            static_cast<Capture*>(user)->text.append(piece, n);
+            return print_piece(piece, n, nullptr);
+          },
+          &cap);
+    }
     moelite_generate_stats stats{};
     stats.struct_size = sizeof stats;
     st = moelite_generate_tokens(s.ctx, prompt.data(), static_cast<int32_t>(prompt.size()), s.gen, &stats);
@@ -238,7 +269,7 @@ int cmd_chat(int argc, char** argv) {
       fprintf(stderr, "[the answer filled the context; older turns will be dropped]\n");
     print_stats(stats);  // on stderr: the conversation on stdout stays clean
     conv.roles.push_back("assistant");
-    conv.contents.push_back(cap.text);
+    conv.contents.push_back(harmony ? cap.harmony.answer() : cap.text);
   }
   return 0;
 }

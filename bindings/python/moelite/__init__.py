@@ -488,7 +488,7 @@ class Model:
 
     Model.inspect(path) reads a file's header, metadata and tokenizer without loading weights.
 
-    chat_template: a template family ("chatml", "mistral", "llama3", "tulu", "plain") or a
+    chat_template: a template family ("chatml", "mistral", "llama3", "tulu", "harmony", "plain") or a
     template source (Jinja text as in GGUF files) used instead of the file's
     tokenizer.chat_template (moelite_model_params_set_chat_template; MoeliteError
     ERR_INVALID_ARGUMENT for text that is neither).
