@@ -133,16 +133,30 @@ void dot_bf16(int64_t n, float* out, const void* w, const void* a) {
 // side is a small part of it: what is left per (block, row) is the activation side. A prepared
 // activation row (prepare_q8_0_avx2) holds the int8 codes of all blocks and then their scales as
 // floats, so the fp16 conversion of da is done once per token instead of once per weight row.
+// Each weight format gives its block's signed codes and its scale broadcast to 8 lanes.
+template <class B>
+__m256 fp16_scale(const B& b) {
+  return _mm256_set1_ps(fp16(b.d));
+}
 struct Q8Codes {
   using Block = Q8_0;
   static __m256i codes(const Q8_0& b) { return load256(b.qs); }
-  static float scale(const Q8_0& b) { return fp16(b.d); }
+  static __m256 scale(const Q8_0& b) { return fp16_scale(b); }
 };
 struct Q4Codes {
   using Block = Q4_0;
   static __m256i codes(const Q4_0& b) { return _mm256_sub_epi8(nibbles(b.qs), _mm256_set1_epi8(8)); }
-  static float scale(const Q4_0& b) { return fp16(b.d); }
+  static __m256 scale(const Q4_0& b) { return fp16_scale(b); }
 };
+// mxfp4_half_scale of every E8M0 byte: the scale is one broadcast load instead of a compare,
+// shifts, a select and a move to the vector unit per 32 weights.
+struct Mxfp4ScaleTable {
+  float v[256];
+  Mxfp4ScaleTable() {
+    for (int e = 0; e < 256; ++e) v[e] = mxfp4_half_scale(static_cast<uint8_t>(e));
+  }
+};
+const Mxfp4ScaleTable kMxfp4Scales;
 // MXFP4: a nibble indexes the (doubled) E2M1 values, one table lookup per byte lane.
 struct Mxfp4Codes {
   using Block = MXFP4;
@@ -150,7 +164,7 @@ struct Mxfp4Codes {
     const __m128i values = load128(kMxfp4Values);
     return _mm256_shuffle_epi8(_mm256_set_m128i(values, values), nibbles(b.qs));
   }
-  static float scale(const MXFP4& b) { return mxfp4_half_scale(b.e); }
+  static __m256 scale(const MXFP4& b) { return _mm256_broadcast_ss(&kMxfp4Scales.v[b.e]); }
 };
 // One activation row: plain Q8_0 blocks, or the prepared layout (nb x 32 codes, then nb floats).
 struct PlainQ8Row {
@@ -204,7 +218,7 @@ struct Q8Dot {
         const __m256i q = W::codes(x[i]);
         const __m256i qa = _mm256_sign_epi8(q, q);
         // dw * da as a vector product of broadcasts: the same single rounding as a scalar product.
-        const __m256 dw = _mm256_set1_ps(W::scale(x[i]));
+        const __m256 dw = W::scale(x[i]);
 #pragma GCC unroll 4
         for (int j = 0; j < K; ++j) {
           const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(y[j].codes(i), q)), ones);
