@@ -92,6 +92,11 @@ Status read_rope_scaling(const gguf::Reader& g, const std::string& a, int32_t n_
   float attn_factor = 1.0f;
   MOELITE_TRY(optional_float(g, a + ".rope.scaling.attn_factor", 1.0, &attn_factor));
   sc.attn_factor *= attn_factor;
+  // A hostile file must not turn the angles into NaN: every factor positive and finite.
+  for (const float v : {sc.beta_fast, sc.beta_slow, sc.attn_factor})
+    if (!(v > 0.0f && v < 1e30f))
+      return fail(MOELITE_ERR_BAD_METADATA, "%s.rope.scaling: a YaRN beta or attention factor (%g) is not a positive number",
+                  a.c_str(), static_cast<double>(v));
   *out = sc;
   return MOELITE_OK;
 }

@@ -251,17 +251,7 @@ size_t match_deepseek3(const uint32_t* c, size_t p, size_t end) {
     q = run(c, q, end, punct_sym);
     return run(c, q, end, crlf) - p;
   }
-  if (!ws(cp)) return 0;
-  size_t r = p, last_crlf = 0;
-  bool has_crlf = false;
-  for (; r < end && ws(c[r]); ++r) {
-    if (crlf(c[r])) {
-      last_crlf = r;
-      has_crlf = true;
-    }
-  }
-  if (has_crlf) return last_crlf + 1 - p;
-  return ws_tail(c, p, end, true);
+  return whitespace_tail(c, p, end);
 }
 
 // One regex pass: every piece is split into matches and the gaps between them.

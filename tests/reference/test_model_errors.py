@@ -140,3 +140,39 @@ def test_user_file_is_untouched_after_failure(base_model):
     before = open(p, "rb").read()
     load_error(p)
     assert open(p, "rb").read() == before
+
+
+@pytest.mark.parametrize("keys,status,word", [
+    ({"rope.scaling.type": ("yarn", 8), "rope.scaling.factor": (0.5, 6)}, "MOELITE_ERR_BAD_METADATA", "factor"),
+    ({"rope.scaling.type": ("longrope", 8), "rope.scaling.factor": (4.0, 6)}, "MOELITE_ERR_UNSUPPORTED_ARCH",
+     "longrope"),
+    ({"rope.scaling.type": ("yarn", 8), "rope.scaling.factor": (4.0, 6), "rope.scaling.yarn_beta_fast": (-1.0, 6)},
+     "MOELITE_ERR_BAD_METADATA", "beta"),
+])
+def test_bad_rope_scaling(base_model, keys, status, word):
+    """rope.scaling is read for every architecture: a factor below 1, an unknown type and a negative
+    YaRN beta are refused, not turned into NaN angles."""
+    p = rewrite(base_model, out("rope-" + word), set_keys={"qwen2moe." + k: v for k, v in keys.items()})
+    err = load_error(p)
+    assert status in err and word in err
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_model():
+    os.makedirs(TMP, exist_ok=True)
+    path = os.path.join(TMP, "base-gpt-oss-Q8_0.gguf")
+    subprocess.run([PY, MAKE, "--arch", "gpt-oss", "--type", "Q8_0", "--seed", "5", "--out", path, "--quiet"],
+                   check=True)
+    return path
+
+
+def test_gpt_oss_needs_its_window_and_sinks(gpt_oss_model):
+    err = load_error(rewrite(gpt_oss_model, out("gpt-oss-no-window"), drop_keys=["gpt-oss.attention.sliding_window"]))
+    assert "MOELITE_ERR_MISSING_METADATA" in err and "sliding_window" in err
+    err = load_error(rewrite(gpt_oss_model, out("gpt-oss-no-sinks"), drop_tensors=["blk.1.attn_sinks.weight"]))
+    assert "MOELITE_ERR_MISSING_TENSOR" in err and "attn_sinks" in err
+    err = load_error(rewrite(gpt_oss_model, out("gpt-oss-no-bias"), drop_tensors=["blk.0.ffn_down_exps.bias"]))
+    assert "MOELITE_ERR_MISSING_TENSOR" in err and "ffn_down_exps.bias" in err
+    err = load_error(rewrite(gpt_oss_model, out("gpt-oss-bad-window"),
+                             set_keys={"gpt-oss.attention.sliding_window": (0, 4)}))
+    assert "MOELITE_ERR_BAD_METADATA" in err and "sliding_window" in err
