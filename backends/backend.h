@@ -186,6 +186,8 @@ class Backend {
   [[nodiscard]] virtual Status matmul(const WeightView& w, const Act& x, const float* bias, Act* out) = 0;
   // x += y.
   [[nodiscard]] virtual Status add(Act* x, const Act& y) = 0;
+  // x *= s (Granite's embedding and residual multipliers).
+  [[nodiscard]] virtual Status scale(Act* x, float s) = 0;
   // Rotates the first n_rot dims of each head_dim-sized head of x; token t is at positions[t].
   [[nodiscard]] virtual Status rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) = 0;
   // Writes the k and v rows of a batch into the cache of `layer` at positions pos0.. and attends:

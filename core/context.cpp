@@ -254,6 +254,7 @@ Status Context::eval_batch(const int32_t* tokens, int32_t n, bool logits_all, fl
   Act x = s.rows(s.x);
   s.has_next_routing = false;
   MOELITE_TRY(be.get_rows(m.tok_embd, tokens, n, &x));
+  if (hp.embedding_scale != 1.0f) MOELITE_TRY(be.scale(&x, hp.embedding_scale));
   auto forward = m.arch->forward_layer ? m.arch->forward_layer : standard_forward_layer;
   for (int32_t l = 0; l < hp.n_layer; ++l) {
     if (opts_.abort && opts_.abort(opts_.abort_user))
@@ -278,7 +279,12 @@ Status Context::eval_batch(const int32_t* tokens, int32_t n, bool logits_all, fl
     Act head = be.view_rows(s.head_out, 0, rows);
     MOELITE_TRY(be.rms_norm(xr, m.output_norm.data(), hp.n_embd, hp.rms_eps, &xn));
     MOELITE_TRY(be.matmul(m.output, xn, nullptr, &head));
-    MOELITE_TRY(be.read_rows(head, 0, rows, logits_out + static_cast<size_t>(r0 - first) * hp.n_vocab));
+    float* dst = logits_out + static_cast<size_t>(r0 - first) * hp.n_vocab;
+    MOELITE_TRY(be.read_rows(head, 0, rows, dst));
+    if (hp.logit_scale != 1.0f) {  // as llama.cpp: times the float 1 / logit_scale
+      const float inv = 1.0f / hp.logit_scale;
+      for (size_t i = 0; i < static_cast<size_t>(rows) * static_cast<size_t>(hp.n_vocab); ++i) dst[i] *= inv;
+    }
   }
   return be.sync();
 }

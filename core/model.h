@@ -44,6 +44,10 @@ struct HParams {
   bool norm_topk = false;             // renormalise the top-k router weights to sum 1
   float expert_weights_scale = 1.0f;  // applied to the (renormalised) router weights
   QkNorm qk_norm = QkNorm::None;
+  // Granite's multipliers (1 where a model has none): the token embeddings, each block's attention
+  // and MoE outputs before they join the residual stream, and the logits (divided by logit_scale).
+  float embedding_scale = 1.0f, residual_scale = 1.0f, logit_scale = 1.0f;
+  float attention_scale = 0.0f;  // 0: 1 / sqrt(head_dim)
   // Sliding-window attention (gpt-oss): layer l's queries see only their last attn_window[l]
   // positions (0: all). Empty when no layer has a window.
   std::vector<int32_t> attn_window;

@@ -169,6 +169,11 @@ inline void expect_float_ops_match_cpu(Backend* dev, Backend* cpu) {
   r = both(
       [&](Backend* b, HostAct& x, HostAct&) { ASSERT_EQ(b->rms_norm(x.a, nullptr, cols, 1e-5f, &x.a), MOELITE_OK); });
   EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "rms_norm without weights";
+  r = both([&](Backend* b, HostAct& x, HostAct&) { ASSERT_EQ(b->scale(&x.a, 0.22f), MOELITE_OK); });
+  std::vector<double> scaled(xv.size());
+  for (size_t i = 0; i < xv.size(); ++i) scaled[i] = double{xv[i] * 0.22f};
+  EXPECT_EQ(r.first, std::vector<float>(scaled.begin(), scaled.end())) << "scale";  // one rounding: exact
+  EXPECT_EQ(widen(r.first), r.second) << "scale";
   const int32_t pos[] = {0, 1, 7, 100, 3000};
   for (RopeStyle style : {RopeStyle::Normal, RopeStyle::Neox}) {
     RopeParams rp;
@@ -177,6 +182,12 @@ inline void expect_float_ops_match_cpu(Backend* dev, Backend* cpu) {
     rp.freq_base = 10000.0f;
     r = both([&](Backend* b, HostAct& x, HostAct&) { ASSERT_EQ(b->rope(&x.a, head_dim, rp, pos), MOELITE_OK); });
     EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "rope " << static_cast<int>(style);
+    rp.scaling.type = RopeScalingType::Yarn;  // the shared angle table carries the scaling too
+    rp.scaling.factor = 8.0f;
+    rp.scaling.n_ctx_orig = 64;
+    r = both([&](Backend* b, HostAct& x, HostAct&) { ASSERT_EQ(b->rope(&x.a, head_dim, rp, pos), MOELITE_OK); });
+    EXPECT_LT(max_rel(r.first, r.second), 1e-6) << "yarn rope " << static_cast<int>(style);
+    rp.scaling = RopeScaling{};
   }
 }
 

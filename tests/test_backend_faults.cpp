@@ -103,6 +103,10 @@ class FaultyBackend final : public Backend {
     MOELITE_TRY(check("attention"));
     return inner_->attention(kv, layer, q, k, v, pos0, n_head, n_head_kv, head_dim, spec, out);
   }
+  Status scale(Act* x, float s) override {
+    MOELITE_TRY(check("scale"));
+    return inner_->scale(x, s);
+  }
   Status route(const Act& logits, int32_t k, bool renormalize, Routing* r) override {
     MOELITE_TRY(check("route"));
     return inner_->route(logits, k, renormalize, r);

@@ -22,6 +22,10 @@ gate/up biases wide enough that the clamped SwiGLU's limit of 7 is reached), att
 --expert-type gives the routed experts a type of their own (real gpt-oss files: MXFP4 experts,
 Q8_0 elsewhere).
 
+granitemoe files carry logit_scale, residual_scale, embedding_scale and attention.scale (values
+like Granite 3.0's, scaled to the tiny shapes) and, with --granite-shared, a shared expert without
+a gate (ffn_*_shexp, expert_shared_feed_forward_length).
+
 --pregate adds, for every layer N but the last, blk.N.ffn_pregate_inp.weight: a second router
 (same shape, type and init scale as ffn_gate_inp) that Pre-gated MoE / Read-ME style engines apply
 at layer N to choose layer N+1's experts one layer ahead (see tests/reference/reference_forward.py).
@@ -41,7 +45,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ggu
 from moelite_gguf import GGUFWriter, GGUFValueType, quants as Q  # noqa: E402
 from moelite_gguf.byte_chars import byte_chars  # noqa: E402
 
-ARCHS = ("llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss")
+ARCHS = ("llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss", "granitemoe")
 
 # llama_ftype values for general.file_type
 FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9,
@@ -138,6 +142,10 @@ def build_specs(a):
             s.append(Spec(p + "ffn_gate_exps.bias", [FF, NE], F, "mat", 3.0))
             s.append(Spec(p + "ffn_up_exps.bias", [FF, NE], F, "mat", 3.0))
             s.append(Spec(p + "ffn_down_exps.bias", [E, NE], F, "mat", 0.1))
+        if arch == "granitemoe" and a.granite_shared:
+            s.append(Spec(p + "ffn_gate_shexp.weight", [E, FS], qt, "mat", inv(E)))
+            s.append(Spec(p + "ffn_up_shexp.weight", [E, FS], qt, "mat", inv(E)))
+            s.append(Spec(p + "ffn_down_shexp.weight", [FS, E], qt, "mat", inv(FS)))
         if arch == "qwen2moe":
             s.append(Spec(p + "ffn_gate_inp_shexp.weight", [E], F, "mat", inv(E)))
             s.append(Spec(p + "ffn_gate_shexp.weight", [E, FS], qt, "mat", inv(E)))
@@ -162,15 +170,20 @@ def add_metadata(w, a):
     w.add_uint32(k + "embedding_length", a.n_embd)
     w.add_uint32(k + "feed_forward_length", a.n_ff_exp)
     w.add_uint32(k + "expert_feed_forward_length", a.n_ff_exp)
-    if arch == "qwen2moe":
+    if arch == "qwen2moe" or (arch == "granitemoe" and a.granite_shared):
         w.add_uint32(k + "expert_shared_feed_forward_length", a.n_ff_shexp)
+    if arch == "granitemoe":
+        w.add_float32(k + "logit_scale", 6.0)
+        w.add_float32(k + "residual_scale", 0.22)
+        w.add_float32(k + "embedding_scale", 12.0)
+        w.add_float32(k + "attention.scale", 0.09)
     w.add_uint32(k + "attention.head_count", a.n_head)
     w.add_uint32(k + "attention.head_count_kv", a.n_head_kv)
     if arch in ("qwen3moe", "gpt-oss") or a.head_dim != a.n_embd // a.n_head:
         w.add_uint32(k + "attention.key_length", a.head_dim)
         w.add_uint32(k + "attention.value_length", a.head_dim)
     w.add_float32(k + "rope.freq_base", a.rope_base)
-    if arch == "llama":
+    if arch in ("llama", "granitemoe"):
         w.add_uint32(k + "rope.dimension_count", a.head_dim)
     w.add_float32(k + "attention.layer_norm_rms_epsilon", a.eps)
     w.add_uint32(k + "expert_count", a.n_expert)
@@ -252,6 +265,7 @@ def parse_args(argv=None):
     p.add_argument("--tied", action="store_true", help="omit output.weight (tied to token_embd)")
     p.add_argument("--expert-type", default=None, type=str.upper, choices=[Q.TYPE_NAMES[t] for t in Q.QUANT_TYPES],
                    help="type of the routed experts (default: --type)")
+    p.add_argument("--granite-shared", action="store_true", help="granitemoe: add the shared expert (no gate)")
     p.add_argument("--window", type=int, default=8, help="gpt-oss: attention.sliding_window")
     p.add_argument("--window-pattern", type=int, default=None,
                    help="gpt-oss: attention.sliding_window_pattern (absent: llama.cpp's default 2)")

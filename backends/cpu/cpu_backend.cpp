@@ -412,6 +412,13 @@ Status CpuBackend::add(Act* x, const Act& y) {
   return MOELITE_OK;
 }
 
+Status CpuBackend::scale(Act* x, float s) {
+  float* a = rows_of(*x);
+  const int64_t n = x->rows * x->cols;
+  for (int64_t i = 0; i < n; ++i) a[i] *= s;
+  return MOELITE_OK;
+}
+
 Status CpuBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) {
   const int64_t heads = x->cols / head_dim;
   float* data = rows_of(*x);

@@ -52,6 +52,7 @@ struct KernelTable {
   Status (*route)(StreamHandle s, const float* logits, int64_t n_tok, int32_t n_expert, int32_t k, bool renorm,
                   int32_t* ids, float* weights);
   Status (*add)(StreamHandle s, float* x, const float* y, int64_t n);
+  Status (*scale)(StreamHandle s, float* x, float v, int64_t n);
   Status (*ffn_act)(StreamHandle s, const float* g, const float* u, float* h, int64_t n, int mode, float alpha,
                     float limit);
   Status (*sigmoid_scale)(StreamHandle s, float* x, const float* gate, int64_t rows, int64_t cols);

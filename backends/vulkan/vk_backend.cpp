@@ -421,6 +421,15 @@ Status VulkanBackend::add(Act* x, const Act& y) {
   return MOELITE_OK;
 }
 
+Status VulkanBackend::scale(Act* x, float s) {
+  const ActRef* xr = ref(*x);
+  const uint64_t n = static_cast<uint64_t>(x->rows * x->cols);
+  const AddPush pc{static_cast<uint32_t>(xr->off), 0, static_cast<uint32_t>(n), static_cast<uint32_t>(x->cols), 4, s,
+                   0.0f};
+  dev_->dispatch("add", 0, {{&xr->buf}, {&dummy_}}, &pc, sizeof pc, groups_for(n));
+  return MOELITE_OK;
+}
+
 Status VulkanBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) {
   // Angles in double on the host, as the CPU backend computes them.
   const int32_t half = p.n_rot / 2;

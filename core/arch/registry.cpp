@@ -9,10 +9,11 @@ extern const ArchDescriptor kArch_qwen2moe;
 extern const ArchDescriptor kArch_qwen3moe;
 extern const ArchDescriptor kArch_olmoe;
 extern const ArchDescriptor kArch_gpt_oss;
+extern const ArchDescriptor kArch_granitemoe;
 
 namespace {
 // A new architecture is one file defining its descriptor plus one line here.
-const ArchDescriptor* const kArchs[] = {&kArch_llama, &kArch_qwen2moe, &kArch_qwen3moe, &kArch_olmoe, &kArch_gpt_oss};
+const ArchDescriptor* const kArchs[] = {&kArch_llama, &kArch_qwen2moe, &kArch_qwen3moe, &kArch_olmoe, &kArch_gpt_oss, &kArch_granitemoe};
 }  // namespace
 
 const ArchDescriptor* find_arch(const std::string& name) {
@@ -21,6 +22,6 @@ const ArchDescriptor* find_arch(const std::string& name) {
   return nullptr;
 }
 
-const char* supported_arch_list() { return "llama (Mixtral-style, with experts), qwen2moe, qwen3moe, olmoe, gpt-oss"; }
+const char* supported_arch_list() { return "llama (Mixtral-style, with experts), qwen2moe, qwen3moe, olmoe, gpt-oss, granitemoe"; }
 
 }  // namespace moelite

@@ -3,6 +3,8 @@
 //   x += Wo · attention(rope(qk_norm(Wq·n(x) [+bq])), rope(qk_norm(Wk·n(x) [+bk])), Wv·n(x) [+bv]) [+bo]
 //        (attention with the layer's sliding window and sinks, if any)
 //   x += sum_j w_j · expert_j(n'(x)) [+ sigmoid(g·n'(x)) · shared(n'(x))]
+// (Granite: both additions times residual_scale, the embeddings times embedding_scale, the
+// logits divided by logit_scale.)
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -246,6 +248,7 @@ Status standard_forward_layer(const Model& m, EvalState& s, int32_t l) {
     MOELITE_TRY(be.rms_norm(k, w.k_norm.data(), k.cols, hp.rms_eps, &k));
   }
   AttentionSpec spec;
+  spec.scale = hp.attention_scale;
   spec.window = hp.window_of(l);
   spec.sinks = w.sinks.empty() ? nullptr : w.sinks.data();
   const RopeParams& rope = spec.window > 0 ? hp.rope_windowed : hp.rope;
@@ -253,6 +256,7 @@ Status standard_forward_layer(const Model& m, EvalState& s, int32_t l) {
   MOELITE_TRY(be.rope(&k, hp.head_dim, rope, s.positions.data()));
   MOELITE_TRY(be.attention(&s.kv, l, q, k, v, s.pos0, hp.n_head, hp.n_head_kv, hp.head_dim, spec, &attn));
   MOELITE_TRY(be.matmul(w.wo, attn, w.bo.empty() ? nullptr : w.bo.data(), &proj));
+  if (hp.residual_scale != 1.0f) MOELITE_TRY(be.scale(&proj, hp.residual_scale));
   MOELITE_TRY(be.add(&x, proj));
 
   // Mixture of experts (+ the shared expert).
@@ -265,6 +269,7 @@ Status standard_forward_layer(const Model& m, EvalState& s, int32_t l) {
         be.dense_ffn(w.shared, m.expert_ffn, w.shared_gate.empty() ? nullptr : w.shared_gate.data(), xn, &shared));
     MOELITE_TRY(be.add(&moe, shared));
   }
+  if (hp.residual_scale != 1.0f) MOELITE_TRY(be.scale(&moe, hp.residual_scale));
   return be.add(&x, moe);
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Independent numpy (float64) reference forward for MoE GGUF models.
 
-Architectures: llama (Mixtral-style MoE), qwen2moe, qwen3moe, olmoe, gpt-oss.
+Architectures: llama (Mixtral-style MoE), qwen2moe, qwen3moe, olmoe, gpt-oss, granitemoe.
 
     /usr/bin/python3 tests/reference/reference_forward.py MODEL.gguf --tokens 1,2,3 \
         --out logits.f32 [--quantize-activations] [--gating exact|score|sensitivity \
@@ -27,6 +27,12 @@ p - W < pos <= p; rope.freq_base_swa (if present) for those layers; post_attenti
 MoE's input norm; router logits = W x + b, the top k logits (ties -> lower index), weights =
 softmax over those k logits; experts g = Wg x + bg, u = Wu x + bu, g' = min(g, 7),
 u' = clip(u, -7, 7), h = g' * sigmoid(1.702 g') * (u' + 1), out = Wd h + bd.
+
+granitemoe (as llama.cpp's granite model): adjacent-pair RoPE; embeddings times embedding_scale;
+attention scores times attention.scale instead of 1/sqrt(head_dim); the attention output and the
+MoE output (plus a shared expert without a gate, ffn_*_shexp) times residual_scale before each is
+added to the residual stream; top-k weights renormalised; logits times 1/logit_scale. A key that
+is absent or 0 means no scaling.
 
 RoPE scaling (rope.scaling.type): "linear": theta / factor; "yarn" (factor s, original context
 n_orig, beta_fast 32, beta_slow 1 unless the file says): for pair i of n_rot, with
@@ -89,7 +95,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "gguf"))
 from moelite_gguf import GGUFReader, quants as Q  # noqa: E402
 
-ARCHS = ("llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss")
+ARCHS = ("llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss", "granitemoe")
 
 
 def rms_norm(x, w, eps):
@@ -223,10 +229,13 @@ class ReferenceModel:
         self.eps = float(md[k + "attention.layer_norm_rms_epsilon"])
         self.n_expert = int(md[k + "expert_count"])
         self.n_expert_used = int(md[k + "expert_used_count"])
-        self.neox = arch != "llama"
+        self.neox = arch not in ("llama", "granitemoe")
+        g = lambda key: float(md.get(k + key, 0.0) or 0.0)  # noqa: E731  (0: not set)
+        self.embedding_scale, self.residual_scale = g("embedding_scale") or 1.0, g("residual_scale") or 1.0
+        self.logit_scale, self.attention_scale = g("logit_scale") or 1.0, g("attention.scale") or None
         # Fixed per architecture, unless the file states it (DeepSeek-style keys). gpt-oss's softmax
         # over the k picked logits sums to 1 like a renormalised one (route()).
-        self.renorm = bool(md.get(arch + ".expert_weights_norm", arch in ("llama", "qwen3moe", "gpt-oss")))
+        self.renorm = bool(md.get(arch + ".expert_weights_norm", arch in ("llama", "qwen3moe", "gpt-oss", "granitemoe")))
         self.rope_base_swa = float(md.get(k + "rope.freq_base_swa", self.rope_base))
         self.window = [0] * self.n_layer
         if arch == "gpt-oss":
@@ -341,7 +350,7 @@ class ReferenceModel:
         g = H // HKV
         kk = np.repeat(k, g, axis=1)               # q head h uses kv head h // g
         vv = np.repeat(v, g, axis=1)
-        scores = np.einsum("thd,shd->hts", q, kk) / np.sqrt(HD)
+        scores = np.einsum("thd,shd->hts", q, kk) * (self.attention_scale or 1.0 / np.sqrt(HD))
         mask = pos[None, :] > pos[:, None]          # key position after query position
         if W:
             mask |= pos[None, :] <= pos[:, None] - W  # key W or more positions before the query
@@ -429,8 +438,9 @@ class ReferenceModel:
             g = self.matmul(p + "ffn_gate_shexp.weight", x)
             u = self.matmul(p + "ffn_up_shexp.weight", x)
             d = self.matmul(p + "ffn_down_shexp.weight", silu(g) * u)
-            gate = sigmoid(x @ self.w(p + "ffn_gate_inp_shexp.weight"))
-            out += gate[:, None] * d
+            if self.has(p + "ffn_gate_inp_shexp.weight"):   # qwen2moe's gate; granitemoe has none
+                d = sigmoid(x @ self.w(p + "ffn_gate_inp_shexp.weight"))[:, None] * d
+            out += d
         return out
 
     def _mm(self, kind, il, e, x):
@@ -457,17 +467,17 @@ class ReferenceModel:
         st = {}
         tokens = np.asarray(tokens, dtype=np.int64)
         pos = np.arange(tokens.size)
-        h = self.w("token_embd.weight")[tokens].copy()
+        h = self.w("token_embd.weight")[tokens] * self.embedding_scale
         pregated = None             # layer il's routing when layer il-1 computed it
         for il in range(self.n_layer):
             p = "blk.%d." % il
-            h = h + self.attention(il, rms_norm(h, self.w(p + "attn_norm.weight"), self.eps), pos)
+            h = h + self.residual_scale * self.attention(il, rms_norm(h, self.w(p + "attn_norm.weight"), self.eps), pos)
             ffn_norm = "post_attention_norm.weight" if self.arch == "gpt-oss" else "ffn_norm.weight"
             xn = rms_norm(h, self.w(p + ffn_norm), self.eps)
             wts = pregated if pregated is not None else self._route(il, xn, None, gating, perturb, st)
             pre = self.pregate_name(il)
             pregated = self._route(il + 1, xn, pre, gating, perturb, st) if pre else None
-            h = h + self.moe(il, xn, record, wts)
+            h = h + self.residual_scale * self.moe(il, xn, record, wts)
         if stats is not None:
             stats["kept"] = np.stack([st["kept"][il] for il in range(self.n_layer)])
             stats["topk"] = np.stack([st["topk"][il] for il in range(self.n_layer)])
@@ -475,7 +485,7 @@ class ReferenceModel:
                 stats["dropped"] = st["dropped"]
         h = rms_norm(h, self.w("output_norm.weight"), self.eps)
         out = "output.weight" if self.has("output.weight") else "token_embd.weight"
-        return self.matmul(out, h)
+        return self.matmul(out, h) / self.logit_scale
 
     def _route(self, il, x, router, gating, perturb, stats):
         alpha = perturb[1] if perturb is not None and perturb[0] == il else None

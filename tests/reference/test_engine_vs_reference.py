@@ -45,7 +45,9 @@ REF = os.path.join(HERE, "reference_forward.py")
 BIN = os.environ.get("MOELITE_BIN", os.path.join(ROOT, "build", "bin", "moelite"))
 TMP = os.environ.get("MOELITE_TEST_TMP", "/tmp/moelite-ref-tests")
 
-ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss"]
+ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss", "granitemoe"]
+# Architectures that add a block but no kernels: a few types each where runs are slow (devices, qemu).
+BLOCK_ONLY_ARCHS = ("gpt-oss", "granitemoe")
 TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 # MXFP4 (gpt-oss's experts) is computed by every backend, but only GGUF files of gpt-oss carry it:
@@ -56,13 +58,12 @@ TOKENS = [1, 17, 250, 3, 99, 42, 7, 300, 511, 0]
 # emulator). Under the sanitizers (MOELITE_TEST_SANITIZED=1, set by the sanitized build's ctest)
 # every type runs on one arch and two types on the others, so each kernel and each arch path still
 # runs under ASan + UBSan; the plain build runs the whole matrix.
-# gpt-oss adds no kernels, only its block: three types of it on the devices.
 if os.environ.get("MOELITE_TEST_SANITIZED") == "1":
     DEVICE_MATRIX = [("qwen3moe", t) for t in TYPES] + [(a, t) for a in ARCHS if a != "qwen3moe"
                                                         for t in ("Q8_0", "Q4_K")]
 else:
-    DEVICE_MATRIX = [(a, t) for a in ARCHS if a != "gpt-oss" for t in TYPES] + [("gpt-oss", t) for t in
-                                                                               ("F16", "Q8_0", "Q4_K")]
+    DEVICE_MATRIX = [(a, t) for a in ARCHS if a not in BLOCK_ONLY_ARCHS for t in TYPES] + [
+        (a, t) for a in BLOCK_ONLY_ARCHS for t in ("F16", "Q8_0", "Q4_K")]
 DEVICE_MATRIX += [("qwen3moe", "MXFP4"), ("gpt-oss", "MXFP4")]
 FLOAT_TYPES = ("F32", "F16", "BF16")
 TIGHT_FLOAT = 1e-9
@@ -212,6 +213,16 @@ def test_gpt_oss_window_ring_batches_and_truncation():
     whole = engine_logits(model, tokens=LONG)
     np.testing.assert_array_equal(whole, engine_logits(model, tokens=LONG, extra=("-b", "3")))
     np.testing.assert_array_equal(whole, engine_logits(model, tokens=LONG, extra=("-b", "1")))
+
+
+def test_granitemoe_shared_expert_matches_reference():
+    """Granite MoE Shared: the shared expert joins the routed ones without a gate, inside the
+    residual multiplier."""
+    model = make_model("granitemoe-shared-Q4_K", "granitemoe", "Q4_K", "--granite-shared")
+    err = nmse(engine_logits(model), reference_logits(model))
+    assert err < TIGHT_QUANT, "nmse %.3e" % err
+    plain = make_model("granitemoe-Q4_K", "granitemoe", "Q4_K")
+    assert nmse(reference_logits(plain), reference_logits(model)) > 1e-4  # the shared expert counts
 
 
 def test_yarn_on_a_standard_arch():
