@@ -188,6 +188,9 @@ class Backend {
   [[nodiscard]] virtual Status add(Act* x, const Act& y) = 0;
   // x *= s (Granite's embedding and residual multipliers).
   [[nodiscard]] virtual Status scale(Act* x, float s) = 0;
+  // x[t] += bias for every row t; `bias` has x->cols host floats that live as long as the model
+  // (norms with a bias: phimoe).
+  [[nodiscard]] virtual Status add_bias(Act* x, const float* bias) = 0;
   // Rotates the first n_rot dims of each head_dim-sized head of x; token t is at positions[t].
   [[nodiscard]] virtual Status rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) = 0;
   // Writes the k and v rows of a batch into the cache of `layer` at positions pos0.. and attends:

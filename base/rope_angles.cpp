@@ -31,7 +31,8 @@ void rope_angles(double freq_base, int32_t n_rot, const RopeScaling& scaling, in
     magnitude *= 1.0 + 0.1 * std::log(factor);
   }
   for (int32_t i = 0; i < n_rot / 2; ++i) {
-    const double extrapolated = pos * std::pow(freq_base, -2.0 * i / n_rot);
+    double extrapolated = pos * std::pow(freq_base, -2.0 * i / n_rot);
+    if (scaling.freq_factors) extrapolated /= scaling.freq_factors[i];
     double theta = extrapolated / factor;
     if (yarn) {
       const double keep = 1.0 - std::clamp((i - low) / std::max(0.001, high - low), 0.0, 1.0);

@@ -18,6 +18,9 @@ struct RopeScaling {
   float beta_fast = 32.0f;    // YaRN: rotations per original context above which nothing is interpolated
   float beta_slow = 1.0f;     // YaRN: ... below which everything is
   float attn_factor = 1.0f;   // magnitude factor on cos and sin (rope.scaling.attn_factor)
+  // LongRoPE (Phi-3 / PhiMoE): n_rot/2 divisors of the angles, one per pair, or null. Host floats
+  // that outlive every use (the model's).
+  const float* freq_factors = nullptr;
 };
 
 // cos/sin of the angle of pair i < n_rot/2 at `pos`: pos * freq_base^(-2i/n_rot), scaled as

@@ -100,6 +100,10 @@ Status Context::create(const Model& model, Runtime& runtime, const ContextOption
   MOELITE_TRY(be.alloc_act(nb, hp.n_embd, &s.moe_out));
   MOELITE_TRY(be.alloc_act(nb, hp.n_embd, &s.shared_out));
   MOELITE_TRY(be.alloc_act(std::min<int64_t>(nb, kHeadRows), hp.n_vocab, &s.head_out));
+  s.rope = hp.rope;
+  s.rope_windowed = hp.rope_windowed;
+  const std::vector<float>& factors = c->n_ctx_ > hp.rope_n_ctx_orig ? hp.rope_factors_long : hp.rope_factors_short;
+  if (!factors.empty()) s.rope.scaling.freq_factors = s.rope_windowed.scaling.freq_factors = factors.data();
   const std::vector<int32_t> slots = kv_slots(hp, c->n_ctx_, c->opts_.n_batch);
   MOELITE_TRY(be.alloc_kv(c->n_ctx_, slots, kv_dim, &s.kv));
   for (int32_t l = 0; l < hp.n_layer; ++l)
@@ -278,7 +282,8 @@ Status Context::eval_batch(const int32_t* tokens, int32_t n, bool logits_all, fl
     Act xr = be.view_rows(s.x, r0, rows), xn = be.view_rows(s.xn, r0, rows);
     Act head = be.view_rows(s.head_out, 0, rows);
     MOELITE_TRY(be.rms_norm(xr, m.output_norm.data(), hp.n_embd, hp.rms_eps, &xn));
-    MOELITE_TRY(be.matmul(m.output, xn, nullptr, &head));
+    if (!m.output_norm_b.empty()) MOELITE_TRY(be.add_bias(&xn, m.output_norm_b.data()));
+    MOELITE_TRY(be.matmul(m.output, xn, m.output_b.empty() ? nullptr : m.output_b.data(), &head));
     float* dst = logits_out + static_cast<size_t>(r0 - first) * hp.n_vocab;
     MOELITE_TRY(be.read_rows(head, 0, rows, dst));
     if (hp.logit_scale != 1.0f) {  // as llama.cpp: times the float 1 / logit_scale

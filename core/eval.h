@@ -27,6 +27,8 @@ struct EvalState {
   Backend* backend = nullptr;  // runtime->backend
   KvCache kv;
   int32_t n_batch = 0;  // rows allocated in each scratch Act
+  // The rotary embedding of this context: the model's, with the LongRoPE factors its length picks.
+  RopeParams rope, rope_windowed;
   // The batch being computed.
   int32_t n_tokens = 0;
   int32_t pos0 = 0;

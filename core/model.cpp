@@ -111,6 +111,17 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
   MOELITE_TRY(b.matrix("token_embd.weight", hp.n_embd, hp.n_vocab, &m->tok_embd));
   MOELITE_TRY(b.floats("output_norm.weight", hp.n_embd, &m->output_norm));
   MOELITE_TRY(b.matrix("output.weight", hp.n_embd, hp.n_vocab, &m->output, false));
+  // Biases of the output norm and head (phimoe's); optional everywhere.
+  MOELITE_TRY(b.floats("output_norm.bias", hp.n_embd, &m->output_norm_b, false));
+  MOELITE_TRY(b.floats("output.bias", hp.n_vocab, &m->output_b, false));
+  if (arch.rope_factors) {
+    MOELITE_TRY(b.floats("rope_factors_long.weight", hp.n_rot / 2, &hp.rope_factors_long, false));
+    MOELITE_TRY(b.floats("rope_factors_short.weight", hp.n_rot / 2, &hp.rope_factors_short, false));
+    for (const std::vector<float>* f : {&hp.rope_factors_long, &hp.rope_factors_short})
+      for (float v : *f)
+        if (!(v > 0.0f && v < 1e30f))
+          return fail(MOELITE_ERR_BAD_METADATA, "a LongRoPE factor (%g) is not a positive number", static_cast<double>(v));
+  }
   if (!m->output.valid()) m->output = m->tok_embd;  // tied embeddings
 
   // Layers.

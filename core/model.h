@@ -41,6 +41,10 @@ struct HParams {
   float rms_eps = 1e-6f;
   RopeParams rope;
   RopeParams rope_windowed;           // sliding-window layers' (a different base in some models)
+  // LongRoPE (phimoe): per-pair angle divisors; a context longer than rope_n_ctx_orig uses the
+  // long ones, others the short ones (as llama.cpp). Empty: none.
+  std::vector<float> rope_factors_long, rope_factors_short;
+  int32_t rope_n_ctx_orig = 0;
   bool norm_topk = false;             // renormalise the top-k router weights to sum 1
   float expert_weights_scale = 1.0f;  // applied to the (renormalised) router weights
   QkNorm qk_norm = QkNorm::None;
@@ -75,6 +79,7 @@ struct LayerExperts {
 
 struct LayerWeights {
   std::vector<float> attn_norm, ffn_norm, q_norm, k_norm;
+  std::vector<float> attn_norm_b, ffn_norm_b;  // norms with a bias (phimoe); empty: none
   std::vector<float> bq, bk, bv, bo;  // empty when the model has no attention biases
   std::vector<float> sinks;           // n_head attention-sink logits (gpt-oss); empty: none
   WeightView wq, wk, wv, wo;
@@ -130,6 +135,7 @@ struct Model {
 
   WeightView tok_embd, output;
   std::vector<float> output_norm;
+  std::vector<float> output_norm_b, output_b;  // phimoe's; empty: none
   std::vector<LayerWeights> layers;
   FfnKind expert_ffn;  // how the routed (and shared) experts combine gate and up
 

@@ -174,6 +174,11 @@ inline void expect_float_ops_match_cpu(Backend* dev, Backend* cpu) {
   for (size_t i = 0; i < xv.size(); ++i) scaled[i] = double{xv[i] * 0.22f};
   EXPECT_EQ(r.first, std::vector<float>(scaled.begin(), scaled.end())) << "scale";  // one rounding: exact
   EXPECT_EQ(widen(r.first), r.second) << "scale";
+  r = both([&](Backend* b, HostAct& x, HostAct&) { ASSERT_EQ(b->add_bias(&x.a, wn.data()), MOELITE_OK); });
+  std::vector<float> biased(xv.size());
+  for (size_t i = 0; i < xv.size(); ++i) biased[i] = xv[i] + wn[i % static_cast<size_t>(cols)];
+  EXPECT_EQ(r.first, biased) << "add_bias";  // one rounding: exact
+  EXPECT_EQ(widen(r.first), r.second) << "add_bias";
   const int32_t pos[] = {0, 1, 7, 100, 3000};
   for (RopeStyle style : {RopeStyle::Normal, RopeStyle::Neox}) {
     RopeParams rp;

@@ -107,6 +107,10 @@ class FaultyBackend final : public Backend {
     MOELITE_TRY(check("scale"));
     return inner_->scale(x, s);
   }
+  Status add_bias(Act* x, const float* bias) override {
+    MOELITE_TRY(check("add_bias"));
+    return inner_->add_bias(x, bias);
+  }
   Status route(const Act& logits, int32_t k, bool renormalize, Routing* r) override {
     MOELITE_TRY(check("route"));
     return inner_->route(logits, k, renormalize, r);

@@ -26,6 +26,10 @@ granitemoe files carry logit_scale, residual_scale, embedding_scale and attentio
 like Granite 3.0's, scaled to the tiny shapes) and, with --granite-shared, a shared expert without
 a gate (ffn_*_shexp, expert_shared_feed_forward_length).
 
+phimoe files carry biases on every norm, q/k/v/output and the output head, LongRoPE factors
+(rope_factors_long in [1, 8], rope_factors_short in [1, 1.5]) with rope.scaling.attn_factor and
+rope.scaling.original_context_length = --yarn-orig-ctx, as llama.cpp's converter writes them.
+
 --pregate adds, for every layer N but the last, blk.N.ffn_pregate_inp.weight: a second router
 (same shape, type and init scale as ffn_gate_inp) that Pre-gated MoE / Read-ME style engines apply
 at layer N to choose layer N+1's experts one layer ahead (see tests/reference/reference_forward.py).
@@ -45,7 +49,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ggu
 from moelite_gguf import GGUFWriter, GGUFValueType, quants as Q  # noqa: E402
 from moelite_gguf.byte_chars import byte_chars  # noqa: E402
 
-ARCHS = ("llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss", "granitemoe")
+ARCHS = ("llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss", "granitemoe", "phimoe")
 
 # llama_ftype values for general.file_type
 FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9,
@@ -72,6 +76,8 @@ class Spec:
         v = g.standard_normal(shape, dtype=np.float32)
         if self.init == "norm":
             return np.float32(1.0) + np.float32(0.1) * v
+        if self.init == "factor":  # LongRoPE divisors rising from 1 to std over the pairs
+            return np.linspace(1.0, self.std, shape[-1], dtype=np.float32).reshape(shape)
         return v * np.float32(self.std)
 
     def chunks(self, seed):
@@ -98,6 +104,9 @@ def build_specs(a):
     s = []
     inv = lambda n: 1.0 / np.sqrt(n)  # noqa: E731
     s.append(Spec("token_embd.weight", [E, a.vocab], qt, "mat", 1.0))
+    if arch == "phimoe":
+        s.append(Spec("rope_factors_long.weight", [HD // 2], F, "factor", 8.0))
+        s.append(Spec("rope_factors_short.weight", [HD // 2], F, "factor", 1.5))
     for il in range(a.n_layer):
         p = "blk.%d." % il
         s.append(Spec(p + "attn_norm.weight", [E], F, "norm"))
@@ -115,6 +124,11 @@ def build_specs(a):
             s.append(Spec(p + "attn_q_norm.weight", [H * HD], F, "norm"))
             s.append(Spec(p + "attn_k_norm.weight", [HKV * HD], F, "norm"))
         s.append(Spec(p + "attn_output.weight", [H * HD, E], qt, "mat", inv(H * HD)))
+        if arch == "phimoe":
+            s.append(Spec(p + "attn_norm.bias", [E], F, "mat", 0.1))
+            for nm, n in (("q", H * HD), ("k", HKV * HD), ("v", HKV * HD), ("output", E)):
+                s.append(Spec(p + "attn_%s.bias" % nm, [n], F, "mat", 0.1))
+            s.append(Spec(p + "ffn_norm.bias", [E], F, "mat", 0.1))
         if arch == "gpt-oss":
             for nm, n in (("q", H * HD), ("k", HKV * HD), ("v", HKV * HD), ("output", E)):
                 s.append(Spec(p + "attn_%s.bias" % nm, [n], F, "mat", 0.1))
@@ -152,8 +166,12 @@ def build_specs(a):
             s.append(Spec(p + "ffn_up_shexp.weight", [E, FS], qt, "mat", inv(E)))
             s.append(Spec(p + "ffn_down_shexp.weight", [FS, E], qt, "mat", inv(FS)))
     s.append(Spec("output_norm.weight", [E], F, "norm"))
+    if arch == "phimoe":
+        s.append(Spec("output_norm.bias", [E], F, "mat", 0.1))
     if not a.tied:
         s.append(Spec("output.weight", [E, a.vocab], qt, "mat", inv(E)))
+        if arch == "phimoe":
+            s.append(Spec("output.bias", [a.vocab], F, "mat", 0.5))
     return s
 
 
@@ -192,6 +210,11 @@ def add_metadata(w, a):
         w.add_uint32(k + "attention.sliding_window", a.window)
         if a.window_pattern is not None:
             w.add_uint32(k + "attention.sliding_window_pattern", a.window_pattern)
+    if arch == "phimoe":  # as convert_hf_to_gguf writes Phi-3's LongRoPE: no type, an attention factor
+        w.add_uint32(k + "rope.scaling.original_context_length", a.yarn_orig_ctx)
+        scale = a.ctx / a.yarn_orig_ctx
+        w.add_float32(k + "rope.scaling.attn_factor",
+                      float(np.sqrt(1 + np.log(scale) / np.log(a.yarn_orig_ctx))) if scale > 1 else 1.0)
     if a.yarn:
         w.add_string(k + "rope.scaling.type", "yarn")
         w.add_float32(k + "rope.scaling.factor", a.yarn)

@@ -419,6 +419,13 @@ Status CpuBackend::scale(Act* x, float s) {
   return MOELITE_OK;
 }
 
+Status CpuBackend::add_bias(Act* x, const float* bias) {
+  float* a = rows_of(*x);
+  for (int64_t t = 0; t < x->rows; ++t)
+    for (int64_t c = 0; c < x->cols; ++c) a[t * x->cols + c] += bias[c];
+  return MOELITE_OK;
+}
+
 Status CpuBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) {
   const int64_t heads = x->cols / head_dim;
   float* data = rows_of(*x);

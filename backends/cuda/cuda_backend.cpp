@@ -362,6 +362,11 @@ Status CudaBackend::matmul(const WeightView& w, const Act& x, const float* bias,
 
 Status CudaBackend::add(Act* x, const Act& y) { return k_->add(compute_, floats(*x), floats(y), x->rows * x->cols); }
 Status CudaBackend::scale(Act* x, float s) { return k_->scale(compute_, floats(*x), s, x->rows * x->cols); }
+Status CudaBackend::add_bias(Act* x, const float* bias) {
+  const float* b;
+  MOELITE_TRY(device_floats(bias, static_cast<size_t>(x->cols), &b));
+  return k_->add_bias(compute_, floats(*x), b, x->rows, x->cols);
+}
 
 Status CudaBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) {
   const std::vector<float> cs = rope_cos_sin_table(static_cast<double>(p.freq_base), p.n_rot, p.scaling, positions, x->rows);

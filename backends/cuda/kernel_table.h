@@ -53,6 +53,7 @@ struct KernelTable {
                   int32_t* ids, float* weights);
   Status (*add)(StreamHandle s, float* x, const float* y, int64_t n);
   Status (*scale)(StreamHandle s, float* x, float v, int64_t n);
+  Status (*add_bias)(StreamHandle s, float* x, const float* bias, int64_t rows, int64_t cols);
   Status (*ffn_act)(StreamHandle s, const float* g, const float* u, float* h, int64_t n, int mode, float alpha,
                     float limit);
   Status (*sigmoid_scale)(StreamHandle s, float* x, const float* gate, int64_t rows, int64_t cols);

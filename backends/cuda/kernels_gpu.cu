@@ -47,6 +47,10 @@ extern "C" __global__ void moelite_add_kernel(float* x, const float* y, int64_t 
 SAME_PARAMS(moelite_add_kernel, add_kernel);
 extern "C" __global__ void moelite_scale_kernel(float* x, float s, int64_t n) { scale_kernel(x, s, n); }
 SAME_PARAMS(moelite_scale_kernel, scale_kernel);
+extern "C" __global__ void moelite_add_bias_kernel(float* x, const float* bias, int64_t rows, int64_t cols) {
+  add_bias_kernel(x, bias, rows, cols);
+}
+SAME_PARAMS(moelite_add_bias_kernel, add_bias_kernel);
 extern "C" __global__ void moelite_ffn_act_kernel(const float* g, const float* u, float* h, int64_t n, int mode,
                                                   float alpha, float limit) {
   ffn_act_kernel(g, u, h, n, mode, alpha, limit);

@@ -430,6 +430,17 @@ Status VulkanBackend::scale(Act* x, float s) {
   return MOELITE_OK;
 }
 
+Status VulkanBackend::add_bias(Act* x, const float* bias) {
+  const ActRef* xr = ref(*x);
+  const Buffer* b;
+  MOELITE_TRY(host_floats(bias, static_cast<size_t>(x->cols), &b));
+  const uint64_t n = static_cast<uint64_t>(x->rows * x->cols);
+  const AddPush pc{static_cast<uint32_t>(xr->off), 0, static_cast<uint32_t>(n), static_cast<uint32_t>(x->cols), 5, 0.0f,
+                   0.0f};
+  dev_->dispatch("add", 0, {{&xr->buf}, {b}}, &pc, sizeof pc, groups_for(n));
+  return MOELITE_OK;
+}
+
 Status VulkanBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) {
   // Angles in double on the host, as the CPU backend computes them.
   const int32_t half = p.n_rot / 2;

@@ -49,6 +49,7 @@ class VulkanBackend final : public Backend {
   Status matmul(const WeightView& w, const Act& x, const float* bias, Act* out) override;
   Status add(Act* x, const Act& y) override;
   Status scale(Act* x, float s) override;
+  Status add_bias(Act* x, const float* bias) override;
   Status rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) override;
   Status attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0, int32_t n_head,
                    int32_t n_head_kv, int64_t head_dim, const AttentionSpec& spec, Act* out) override;

@@ -20,6 +20,7 @@ struct ArchDescriptor {
   QkNorm qk_norm;
   bool shared_expert;  // ffn_*_shexp with a sigmoid gate (qwen2moe)
   FfnActivation expert_activation;  // how routed experts combine gate and up
+  bool rope_factors;                // LongRoPE: rope_factors_long/short.weight (n_rot/2 each), if present
   // Hooks; nullptr selects the standard implementation in core/arch/standard.cpp.
   Status (*read_hparams)(const gguf::Reader& gguf, const ArchDescriptor& arch, HParams* hp);
   Status (*bind_layer)(TensorBinder& binder, const ArchDescriptor& arch, const HParams& hp, int32_t layer,

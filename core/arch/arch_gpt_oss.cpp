@@ -73,6 +73,7 @@ extern const ArchDescriptor kArch_gpt_oss = {
     /*qk_norm=*/QkNorm::None,
     /*shared_expert=*/false,
     /*expert_activation=*/FfnActivation::SwiGLUClamped,
+    /*rope_factors=*/false,
     /*read_hparams=*/read_gpt_oss,
     /*bind_layer=*/bind_gpt_oss,
     /*forward_layer=*/nullptr,

@@ -55,6 +55,7 @@ extern const ArchDescriptor kArch_granitemoe = {
     /*qk_norm=*/QkNorm::None,
     /*shared_expert=*/true,  // Granite MoE Shared: ffn_*_shexp, added without a gate
     /*expert_activation=*/FfnActivation::SwiGLU,
+    /*rope_factors=*/false,
     /*read_hparams=*/read_granitemoe,
     /*bind_layer=*/bind_granitemoe,
     /*forward_layer=*/nullptr,

@@ -10,6 +10,7 @@ extern const ArchDescriptor kArch_llama = {
     /*qk_norm=*/QkNorm::None,
     /*shared_expert=*/false,
     /*expert_activation=*/FfnActivation::SwiGLU,
+    /*rope_factors=*/false,
     /*read_hparams=*/nullptr,
     /*bind_layer=*/nullptr,
     /*forward_layer=*/nullptr,

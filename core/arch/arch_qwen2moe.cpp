@@ -10,6 +10,7 @@ extern const ArchDescriptor kArch_qwen2moe = {
     /*qk_norm=*/QkNorm::None,
     /*shared_expert=*/true,
     /*expert_activation=*/FfnActivation::SwiGLU,
+    /*rope_factors=*/false,
     /*read_hparams=*/nullptr,
     /*bind_layer=*/nullptr,
     /*forward_layer=*/nullptr,

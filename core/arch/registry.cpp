@@ -10,10 +10,12 @@ extern const ArchDescriptor kArch_qwen3moe;
 extern const ArchDescriptor kArch_olmoe;
 extern const ArchDescriptor kArch_gpt_oss;
 extern const ArchDescriptor kArch_granitemoe;
+extern const ArchDescriptor kArch_phimoe;
 
 namespace {
 // A new architecture is one file defining its descriptor plus one line here.
-const ArchDescriptor* const kArchs[] = {&kArch_llama, &kArch_qwen2moe, &kArch_qwen3moe, &kArch_olmoe, &kArch_gpt_oss, &kArch_granitemoe};
+const ArchDescriptor* const kArchs[] = {&kArch_llama, &kArch_qwen2moe, &kArch_qwen3moe, &kArch_olmoe, &kArch_gpt_oss, &kArch_granitemoe,
+                                         &kArch_phimoe};
 }  // namespace
 
 const ArchDescriptor* find_arch(const std::string& name) {
@@ -22,6 +24,6 @@ const ArchDescriptor* find_arch(const std::string& name) {
   return nullptr;
 }
 
-const char* supported_arch_list() { return "llama (Mixtral-style, with experts), qwen2moe, qwen3moe, olmoe, gpt-oss, granitemoe"; }
+const char* supported_arch_list() { return "llama (Mixtral-style, with experts), qwen2moe, qwen3moe, olmoe, gpt-oss, granitemoe, phimoe"; }
 
 }  // namespace moelite

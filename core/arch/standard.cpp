@@ -60,6 +60,9 @@ double yarn_mscale(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 *
 
 Status read_rope_scaling(const gguf::Reader& g, const std::string& a, int32_t n_ctx_train, RopeScaling* out) {
   RopeScaling sc;
+  // rope.scaling.attn_factor scales cos and sin whatever the type, none included (Phi-3 files
+  // carry it alone, beside their LongRoPE factors).
+  MOELITE_TRY(optional_float(g, a + ".rope.scaling.attn_factor", 1.0, &sc.attn_factor));
   std::string type = "none";
   const std::string type_key = a + ".rope.scaling.type";
   if (g.find(type_key) && !g.get_string(type_key, &type))
@@ -67,33 +70,28 @@ Status read_rope_scaling(const gguf::Reader& g, const std::string& a, int32_t n_
   float factor = 0.0f;
   MOELITE_TRY(optional_float(g, a + ".rope.scaling.factor", 0.0, &factor));
   if (factor == 0.0f) MOELITE_TRY(optional_float(g, a + ".rope.scale_linear", 0.0, &factor));  // older key
-  if (type == "none" || factor == 0.0f || factor == 1.0f) {
-    *out = sc;  // nothing to scale
-    return MOELITE_OK;
+  if (type != "none" && factor != 0.0f && factor != 1.0f) {
+    if (!(factor > 1.0f && factor <= 1024.0f))
+      return fail(MOELITE_ERR_BAD_METADATA, "rope.scaling.factor %g is outside (1, 1024]", static_cast<double>(factor));
+    sc.factor = factor;
+    if (type == "linear") {
+      sc.type = RopeScalingType::Linear;
+    } else if (type == "yarn") {
+      sc.type = RopeScalingType::Yarn;
+      MOELITE_TRY(optional_int(g, a, "rope.scaling.original_context_length", 1, MOELITE_MAX_CONTEXT, n_ctx_train,
+                               &sc.n_ctx_orig));
+      MOELITE_TRY(optional_float(g, a + ".rope.scaling.yarn_beta_fast", 32.0, &sc.beta_fast));
+      MOELITE_TRY(optional_float(g, a + ".rope.scaling.yarn_beta_slow", 1.0, &sc.beta_slow));
+      float log_mul = 0.0f;
+      MOELITE_TRY(optional_float(g, a + ".rope.scaling.yarn_log_multiplier", 0.0, &log_mul));
+      // With a log multiplier (DeepSeek's mscale_all_dim) the magnitude is mscale(s, 1) / mscale(s, m)
+      // rather than mscale(s, 1); rope_angles applies mscale(s, 1), so the rest goes in attn_factor.
+      if (log_mul != 0.0f) sc.attn_factor *= static_cast<float>(1.0 / yarn_mscale(factor, log_mul));
+    } else {
+      return fail(MOELITE_ERR_UNSUPPORTED_ARCH, "rope.scaling.type '%s' is not supported (none, linear, yarn)",
+                  type.c_str());
+    }
   }
-  if (!(factor > 1.0f && factor <= 1024.0f))
-    return fail(MOELITE_ERR_BAD_METADATA, "rope.scaling.factor %g is outside (1, 1024]", static_cast<double>(factor));
-  sc.factor = factor;
-  if (type == "linear") {
-    sc.type = RopeScalingType::Linear;
-  } else if (type == "yarn") {
-    sc.type = RopeScalingType::Yarn;
-    MOELITE_TRY(optional_int(g, a, "rope.scaling.original_context_length", 1, MOELITE_MAX_CONTEXT, n_ctx_train,
-                             &sc.n_ctx_orig));
-    MOELITE_TRY(optional_float(g, a + ".rope.scaling.yarn_beta_fast", 32.0, &sc.beta_fast));
-    MOELITE_TRY(optional_float(g, a + ".rope.scaling.yarn_beta_slow", 1.0, &sc.beta_slow));
-    float log_mul = 0.0f;
-    MOELITE_TRY(optional_float(g, a + ".rope.scaling.yarn_log_multiplier", 0.0, &log_mul));
-    // With a log multiplier (DeepSeek's mscale_all_dim) the magnitude is mscale(s, 1) / mscale(s, m)
-    // rather than mscale(s, 1); rope_angles applies mscale(s, 1), so the rest goes in attn_factor.
-    if (log_mul != 0.0f) sc.attn_factor = static_cast<float>(1.0 / yarn_mscale(factor, log_mul));
-  } else {
-    return fail(MOELITE_ERR_UNSUPPORTED_ARCH, "rope.scaling.type '%s' is not supported (none, linear, yarn)",
-                type.c_str());
-  }
-  float attn_factor = 1.0f;
-  MOELITE_TRY(optional_float(g, a + ".rope.scaling.attn_factor", 1.0, &attn_factor));
-  sc.attn_factor *= attn_factor;
   // A hostile file must not turn the angles into NaN: every factor positive and finite.
   for (const float v : {sc.beta_fast, sc.beta_slow, sc.attn_factor})
     if (!(v > 0.0f && v < 1e30f))
@@ -138,6 +136,8 @@ Status standard_read_hparams(const gguf::Reader& g, const ArchDescriptor& arch, 
   hp->rope.n_rot = hp->n_rot;
   MOELITE_TRY(optional_float(g, a + ".rope.freq_base", 10000.0, &hp->rope.freq_base));
   MOELITE_TRY(read_rope_scaling(g, a, hp->n_ctx_train, &hp->rope.scaling));
+  MOELITE_TRY(optional_int(g, a, "rope.scaling.original_context_length", 1, MOELITE_MAX_CONTEXT, hp->n_ctx_train,
+                           &hp->rope_n_ctx_orig));
   hp->rope_windowed = hp->rope;
   // The architecture fixes the renormalisation; files that state it (DeepSeek-style keys) win.
   hp->norm_topk = arch.norm_topk;
@@ -237,6 +237,7 @@ Status standard_forward_layer(const Model& m, EvalState& s, int32_t l) {
 
   // Attention.
   MOELITE_TRY(be.rms_norm(x, w.attn_norm.data(), hp.n_embd, hp.rms_eps, &xn));
+  if (!w.attn_norm_b.empty()) MOELITE_TRY(be.add_bias(&xn, w.attn_norm_b.data()));
   MOELITE_TRY(be.matmul(w.wq, xn, w.bq.empty() ? nullptr : w.bq.data(), &q));
   MOELITE_TRY(be.matmul(w.wk, xn, w.bk.empty() ? nullptr : w.bk.data(), &k));
   MOELITE_TRY(be.matmul(w.wv, xn, w.bv.empty() ? nullptr : w.bv.data(), &v));
@@ -251,7 +252,7 @@ Status standard_forward_layer(const Model& m, EvalState& s, int32_t l) {
   spec.scale = hp.attention_scale;
   spec.window = hp.window_of(l);
   spec.sinks = w.sinks.empty() ? nullptr : w.sinks.data();
-  const RopeParams& rope = spec.window > 0 ? hp.rope_windowed : hp.rope;
+  const RopeParams& rope = spec.window > 0 ? s.rope_windowed : s.rope;
   MOELITE_TRY(be.rope(&q, hp.head_dim, rope, s.positions.data()));
   MOELITE_TRY(be.rope(&k, hp.head_dim, rope, s.positions.data()));
   MOELITE_TRY(be.attention(&s.kv, l, q, k, v, s.pos0, hp.n_head, hp.n_head_kv, hp.head_dim, spec, &attn));
@@ -262,6 +263,7 @@ Status standard_forward_layer(const Model& m, EvalState& s, int32_t l) {
   // Mixture of experts (+ the shared expert).
   Act moe = s.rows(s.moe_out);
   MOELITE_TRY(be.rms_norm(x, w.ffn_norm.data(), hp.n_embd, hp.rms_eps, &xn));
+  if (!w.ffn_norm_b.empty()) MOELITE_TRY(be.add_bias(&xn, w.ffn_norm_b.data()));
   MOELITE_TRY(moe_forward(m, s, l, x, xn, &moe));
   if (w.has_shared) {
     Act shared = s.rows(s.shared_out);

@@ -11,7 +11,10 @@ const Command kLogitsCommand = {"logits", "-m MODEL --tokens 1,2,3 --out FILE [o
                                 "Writes float32 logits, n_tokens x n_vocab, row-major.",
                                 with_groups({{{"--tokens"}, "IDS", "comma-separated token ids (required)"},
                                              {{"--out"}, "FILE", "output file (required)"},
-                                             {{"-b"}, "N", "batch size (default 512)"}},
+                                             {{"-b"}, "N", "batch size (default 512)"},
+                                             {{"-c"}, "CTX",
+                                              "context length (default: the tokens'; it matters for LongRoPE models, "
+                                              "whose rotation depends on it)"}},
                                             {&model_options()})};
 }  // namespace
 
@@ -24,15 +27,16 @@ int cmd_logits(int argc, char** argv) {
   if (!parse_tokens(args.get("--tokens"), &tokens, &err)) return usage_error(err);
   std::string out_path = args.get("--out");
   if (out_path.empty()) return usage_error("missing --out FILE");
-  int64_t n_batch;
+  int64_t n_batch, n_ctx;
   if (!args.get_int("-b", 512, &n_batch, &err)) return usage_error(err);
+  if (!args.get_int("-c", static_cast<int64_t>(tokens.size()), &n_ctx, &err)) return usage_error(err);
 
   moelite_model* model = nullptr;
   if (int rc = load_model(args, &model)) return rc;
   int rc = 0;
   moelite_context* ctx = nullptr;
   moelite_context_params* cp = moelite_context_params_create();
-  moelite_status st = moelite_context_params_set_n_ctx(cp, static_cast<int32_t>(tokens.size()));
+  moelite_status st = moelite_context_params_set_n_ctx(cp, static_cast<int32_t>(n_ctx));
   if (st == MOELITE_OK) st = moelite_context_params_set_n_batch(cp, static_cast<int32_t>(n_batch));
   if (st == MOELITE_OK) st = moelite_context_create(model, cp, &ctx);
   moelite_context_params_free(cp);

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Independent numpy (float64) reference forward for MoE GGUF models.
 
-Architectures: llama (Mixtral-style MoE), qwen2moe, qwen3moe, olmoe, gpt-oss, granitemoe.
+Architectures: llama (Mixtral-style MoE), qwen2moe, qwen3moe, olmoe, gpt-oss, granitemoe, phimoe.
 
     /usr/bin/python3 tests/reference/reference_forward.py MODEL.gguf --tokens 1,2,3 \
         --out logits.f32 [--quantize-activations] [--gating exact|score|sensitivity \
@@ -33,6 +33,12 @@ attention scores times attention.scale instead of 1/sqrt(head_dim); the attentio
 MoE output (plus a shared expert without a gate, ffn_*_shexp) times residual_scale before each is
 added to the residual stream; top-k weights renormalised; logits times 1/logit_scale. A key that
 is absent or 0 means no scaling.
+
+phimoe (as llama.cpp's phi3 graph): every norm is rms_norm(x) * w + b when the file has the bias
+(attn_norm, ffn_norm, output_norm); q/k/v, output and head biases; NeoX RoPE whose angles are
+divided per pair by rope_factors_long (a context longer than rope.scaling.original_context_length,
+n_ctx = --n-ctx, default the file's context_length) or rope_factors_short; top-k renormalised.
+rope.scaling.attn_factor multiplies cos and sin whatever the scaling type (none included).
 
 RoPE scaling (rope.scaling.type): "linear": theta / factor; "yarn" (factor s, original context
 n_orig, beta_fast 32, beta_slow 1 unless the file says): for pair i of n_rot, with
@@ -95,7 +101,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "gguf"))
 from moelite_gguf import GGUFReader, quants as Q  # noqa: E402
 
-ARCHS = ("llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss", "granitemoe")
+ARCHS = ("llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss", "granitemoe", "phimoe")
 
 
 def rms_norm(x, w, eps):
@@ -211,7 +217,7 @@ def perturb_lowest(sel, alpha):
 
 
 class ReferenceModel:
-    def __init__(self, path, quantize_acts=False):
+    def __init__(self, path, quantize_acts=False, n_ctx=None):
         self.r = r = GGUFReader(path)
         self.qa = quantize_acts
         md = r.metadata
@@ -235,7 +241,7 @@ class ReferenceModel:
         self.logit_scale, self.attention_scale = g("logit_scale") or 1.0, g("attention.scale") or None
         # Fixed per architecture, unless the file states it (DeepSeek-style keys). gpt-oss's softmax
         # over the k picked logits sums to 1 like a renormalised one (route()).
-        self.renorm = bool(md.get(arch + ".expert_weights_norm", arch in ("llama", "qwen3moe", "gpt-oss", "granitemoe")))
+        self.renorm = bool(md.get(arch + ".expert_weights_norm", arch in ("llama", "qwen3moe", "gpt-oss", "granitemoe", "phimoe")))
         self.rope_base_swa = float(md.get(k + "rope.freq_base_swa", self.rope_base))
         self.window = [0] * self.n_layer
         if arch == "gpt-oss":
@@ -250,6 +256,11 @@ class ReferenceModel:
         self.beta_fast = float(md.get(k + "rope.scaling.yarn_beta_fast", 32.0))
         self.beta_slow = float(md.get(k + "rope.scaling.yarn_beta_slow", 1.0))
         self.attn_factor = float(md.get(k + "rope.scaling.attn_factor", 1.0))
+        self.freq_factors = None
+        n_ctx = n_ctx or int(md.get(k + "context_length", 4096))
+        which = "rope_factors_long.weight" if n_ctx > self.n_orig else "rope_factors_short.weight"
+        if arch == "phimoe" and which in r:
+            self.freq_factors = r.get(which).astype(np.float64)
         self.weights_scale = float(md.get(arch + ".expert_weights_scale", 1.0))
         self._cache = {}
 
@@ -300,7 +311,9 @@ class ReferenceModel:
         base = base or self.rope_base
         i = np.arange(half)
         ang = pos[:, None].astype(np.float64) * (base ** (-2.0 * i / nr))[None, :]
-        mag = 1.0
+        if self.freq_factors is not None:
+            ang = ang / self.freq_factors[None, :]
+        mag = self.attn_factor
         if self.scaling == "linear":
             ang = ang / self.factor
         elif self.scaling == "yarn":
@@ -309,7 +322,7 @@ class ReferenceModel:
             high = min(nr - 1.0, np.ceil(dim(self.beta_slow)))
             keep = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
             ang = (ang / self.factor) * (1.0 - keep)[None, :] + ang * keep[None, :]
-            mag = self.attn_factor * (1.0 + 0.1 * np.log(self.factor))
+            mag = self.attn_factor * (1.0 + 0.1 * np.log(self.factor))  # attn_factor as set above
         elif self.scaling != "none":
             raise ValueError("rope scaling " + self.scaling)
         c, s = mag * np.cos(ang)[:, None, :], mag * np.sin(ang)[:, None, :]
@@ -471,9 +484,8 @@ class ReferenceModel:
         pregated = None             # layer il's routing when layer il-1 computed it
         for il in range(self.n_layer):
             p = "blk.%d." % il
-            h = h + self.residual_scale * self.attention(il, rms_norm(h, self.w(p + "attn_norm.weight"), self.eps), pos)
-            ffn_norm = "post_attention_norm.weight" if self.arch == "gpt-oss" else "ffn_norm.weight"
-            xn = rms_norm(h, self.w(p + ffn_norm), self.eps)
+            h = h + self.residual_scale * self.attention(il, self.norm(h, p + "attn_norm"), pos)
+            xn = self.norm(h, p + ("post_attention_norm" if self.arch == "gpt-oss" else "ffn_norm"))
             wts = pregated if pregated is not None else self._route(il, xn, None, gating, perturb, st)
             pre = self.pregate_name(il)
             pregated = self._route(il + 1, xn, pre, gating, perturb, st) if pre else None
@@ -483,9 +495,17 @@ class ReferenceModel:
             stats["topk"] = np.stack([st["topk"][il] for il in range(self.n_layer)])
             if "dropped" in st:
                 stats["dropped"] = st["dropped"]
-        h = rms_norm(h, self.w("output_norm.weight"), self.eps)
+        h = self.norm(h, "output_norm")
         out = "output.weight" if self.has("output.weight") else "token_embd.weight"
-        return self.matmul(out, h) / self.logit_scale
+        logits = self.matmul(out, h)
+        if out == "output.weight" and self.has("output.bias"):
+            logits += self.w("output.bias")
+        return logits / self.logit_scale
+
+    def norm(self, x, name):
+        """RMSNorm with NAME.weight, plus NAME.bias when the file has one"""
+        y = rms_norm(x, self.w(name + ".weight"), self.eps)
+        return y + self.w(name + ".bias") if self.has(name + ".bias") else y
 
     def _route(self, il, x, router, gating, perturb, stats):
         alpha = perturb[1] if perturb is not None and perturb[0] == il else None
@@ -529,9 +549,11 @@ def main(argv=None):
     ap.add_argument("--sensitivity", default=None, help="S_0,S_1,... per layer (sensitivity gating)")
     ap.add_argument("--profile", default=None, help="read S_l from a moelite-profile JSON instead")
     ap.add_argument("--perturb", default=None, help="LAYER,ALPHA: scale the lowest top-k weight")
+    ap.add_argument("--n-ctx", type=int, default=None,
+                    help="the context length the engine runs with (picks phimoe's LongRoPE factors)")
     a = ap.parse_args(argv)
     toks = [int(t) for t in a.tokens.split(",") if t.strip()]
-    m = ReferenceModel(a.model, a.quantize_activations)
+    m = ReferenceModel(a.model, a.quantize_activations, a.n_ctx)
     perturb = None
     if a.perturb:
         layer, alpha = a.perturb.split(",")

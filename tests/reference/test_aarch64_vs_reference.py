@@ -73,7 +73,7 @@ def test_dispatch_follows_the_cpu(cpu):
 # ISA: two types of each suffice.
 @pytest.mark.parametrize("arch,wtype", [(a, t) for a in ARCHS if a not in BLOCK_ONLY_ARCHS for t in TYPES]
                          + [("qwen3moe", "MXFP4"), ("gpt-oss", "MXFP4"), ("gpt-oss", "Q8_0"), ("granitemoe", "Q4_K"),
-                            ("granitemoe", "Q8_0")])
+                            ("granitemoe", "Q8_0"), ("phimoe", "Q4_K")])
 def test_aarch64_logits_match_reference_and_x86(arch, wtype, cpu):
     model = make_model("%s-%s" % (arch, wtype), arch, wtype)
     got = arm_logits(model, cpu)

@@ -45,9 +45,9 @@ REF = os.path.join(HERE, "reference_forward.py")
 BIN = os.environ.get("MOELITE_BIN", os.path.join(ROOT, "build", "bin", "moelite"))
 TMP = os.environ.get("MOELITE_TEST_TMP", "/tmp/moelite-ref-tests")
 
-ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss", "granitemoe"]
+ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss", "granitemoe", "phimoe"]
 # Architectures that add a block but no kernels: a few types each where runs are slow (devices, qemu).
-BLOCK_ONLY_ARCHS = ("gpt-oss", "granitemoe")
+BLOCK_ONLY_ARCHS = ("gpt-oss", "granitemoe", "phimoe")
 TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 # MXFP4 (gpt-oss's experts) is computed by every backend, but only GGUF files of gpt-oss carry it:
@@ -105,9 +105,11 @@ def engine_logits(model, tokens=TOKENS, extra=(), threads=2, isa=None):
     return np.fromfile(out, dtype="<f4").reshape(len(tokens), -1)
 
 
-def reference_logits(model, quantize=True, tokens=TOKENS):
+def reference_logits(model, quantize=True, tokens=TOKENS, n_ctx=None):
+    """n_ctx: the engine's context length (moelite logits' default: the tokens'), which picks phimoe's
+    LongRoPE factors."""
     out = model + (".refq.f32" if quantize else ".ref.f32")
-    run([PY, REF, model, "--tokens", ",".join(map(str, tokens)), "--out", out]
+    run([PY, REF, model, "--tokens", ",".join(map(str, tokens)), "--out", out, "--n-ctx", str(n_ctx or len(tokens))]
         + (["--quantize-activations"] if quantize else []))
     return np.fromfile(out, dtype="<f4").reshape(len(tokens), -1)
 
@@ -223,6 +225,17 @@ def test_granitemoe_shared_expert_matches_reference():
     assert err < TIGHT_QUANT, "nmse %.3e" % err
     plain = make_model("granitemoe-Q4_K", "granitemoe", "Q4_K")
     assert nmse(reference_logits(plain), reference_logits(model)) > 1e-4  # the shared expert counts
+
+
+def test_phimoe_context_length_picks_the_longrope_factors():
+    """A context longer than rope.scaling.original_context_length (64 in the tiny files) rotates by the
+    long factors, a shorter one by the short factors; both match the reference, and differ."""
+    model = make_model("phimoe-F32", "phimoe", "F32")
+    long_ctx = engine_logits(model, tokens=LONG, extra=("-c", "512"))
+    short_ctx = engine_logits(model, tokens=LONG, extra=("-c", "48"))
+    assert nmse(long_ctx, reference_logits(model, tokens=LONG, n_ctx=512)) < TIGHT_FLOAT
+    assert nmse(short_ctx, reference_logits(model, tokens=LONG, n_ctx=48)) < TIGHT_FLOAT
+    assert nmse(short_ctx, long_ctx) > 1e-4
 
 
 def test_yarn_on_a_standard_arch():

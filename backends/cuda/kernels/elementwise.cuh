@@ -26,6 +26,10 @@ MK_GLOBAL void scale_kernel(float* x, float s, int64_t n) {
   for (int64_t i = global_thread(); i < n; i += grid_threads()) x[i] *= s;
 }
 
+MK_GLOBAL void add_bias_kernel(float* x, const float* bias, int64_t rows, int64_t cols) {
+  for (int64_t i = global_thread(); i < rows * cols; i += grid_threads()) x[i] += bias[i % cols];
+}
+
 MK_DEVICE float sigmoid_f(float v) { return 1.0f / (1.0f + expf(-v)); }
 
 // h = act(g, u) for n elements; mode 0: SwiGLU silu(g) * u; mode 1: gpt-oss's clamped SwiGLU.
