@@ -27,13 +27,16 @@ BIN = os.environ.get("MOELITE_BIN", os.path.join(ROOT, "build", "bin", "moelite"
 TMP = os.path.join(os.environ.get("MOELITE_TEST_TMP", "/tmp/moelite-ref-tests"), "errors")
 
 
+def generated(arch, wtype):
+    os.makedirs(TMP, exist_ok=True)
+    path = os.path.join(TMP, "base-%s-%s.gguf" % (arch, wtype))
+    subprocess.run([PY, MAKE, "--arch", arch, "--type", wtype, "--seed", "5", "--out", path, "--quiet"], check=True)
+    return path
+
+
 @pytest.fixture(scope="module")
 def base_model():
-    os.makedirs(TMP, exist_ok=True)
-    path = os.path.join(TMP, "base-qwen2moe-Q4_K.gguf")
-    subprocess.run([PY, MAKE, "--arch", "qwen2moe", "--type", "Q4_K", "--seed", "5", "--out", path, "--quiet"],
-                   check=True)
-    return path
+    return generated("qwen2moe", "Q4_K")
 
 
 def load_error(path):
@@ -159,11 +162,7 @@ def test_bad_rope_scaling(base_model, keys, status, word):
 
 @pytest.fixture(scope="module")
 def gpt_oss_model():
-    os.makedirs(TMP, exist_ok=True)
-    path = os.path.join(TMP, "base-gpt-oss-Q8_0.gguf")
-    subprocess.run([PY, MAKE, "--arch", "gpt-oss", "--type", "Q8_0", "--seed", "5", "--out", path, "--quiet"],
-                   check=True)
-    return path
+    return generated("gpt-oss", "Q8_0")
 
 
 def test_gpt_oss_needs_its_window_and_sinks(gpt_oss_model):
