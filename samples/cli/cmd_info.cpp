@@ -128,6 +128,8 @@ int cmd_info(int argc, char** argv) {
       {"n_ff_expert", MOELITE_MODEL_N_FF_EXPERT},
       {"n_ff_shared", MOELITE_MODEL_N_FF_SHARED},
       {"n_ctx_train", MOELITE_MODEL_N_CTX_TRAIN},
+      {"sliding_window", MOELITE_MODEL_SLIDING_WINDOW},  // 0: every layer attends to everything
+      {"n_windowed_layers", MOELITE_MODEL_N_WINDOWED_LAYERS},
       {"n_params", MOELITE_MODEL_N_PARAMS},
       {"n_active_params", MOELITE_MODEL_N_ACTIVE_PARAMS},
       {"expert_bytes", MOELITE_MODEL_EXPERT_BYTES},
