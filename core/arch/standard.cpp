@@ -1,10 +1,10 @@
-// The pre-norm MoE transformer block shared by llama (Mixtral), qwen2moe, qwen3moe, olmoe and
-// gpt-oss:
+// The pre-norm MoE transformer block shared by every supported architecture (llama/Mixtral,
+// qwen2moe, qwen3moe, olmoe, gpt-oss, granitemoe, phimoe):
 //   x += Wo · attention(rope(qk_norm(Wq·n(x) [+bq])), rope(qk_norm(Wk·n(x) [+bk])), Wv·n(x) [+bv]) [+bo]
 //        (attention with the layer's sliding window and sinks, if any)
-//   x += sum_j w_j · expert_j(n'(x)) [+ sigmoid(g·n'(x)) · shared(n'(x))]
-// (Granite: both additions times residual_scale, the embeddings times embedding_scale, the
-// logits divided by logit_scale.)
+//   x += sum_j w_j · expert_j(n'(x)) [+ [sigmoid(g·n'(x)) ·] shared(n'(x))]
+// where n and n' are RMSNorms [+ their bias]. Granite: both additions times residual_scale, the
+// embeddings times embedding_scale, the logits divided by logit_scale.
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
