@@ -661,7 +661,9 @@ MOELITE_API moelite_status moelite_context_set_abort_callback(moelite_context* c
  *  Errors: MOELITE_ERR_BAD_TOKEN, MOELITE_ERR_CONTEXT_FULL (nothing is evaluated), I/O errors
  *  from the expert store, MOELITE_ERR_ABORTED. After any error the context is as it was before
  *  the call (the sequence length is unchanged, the logits of the previous call still readable),
- *  so the caller can retry or go on. */
+ *  so the caller can retry or go on. One exception: on a model with sliding-window layers, a call
+ *  that fails after its first batch may have moved the window's ring past the old sequence, which
+ *  is then forgotten (kv_length 0; the logits stay readable). */
 MOELITE_API moelite_status moelite_eval(moelite_context* ctx, const int32_t* tokens, int32_t n_tokens,
                                         int32_t logits_all);
 
