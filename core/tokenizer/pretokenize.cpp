@@ -34,9 +34,10 @@ inline bool crlf(uint32_t cp) { return cp == '\r' || cp == '\n'; }
 inline bool other(uint32_t cp) { return !(flags(cp) & (unicode::kWhitespace | unicode::kLetter | unicode::kNumber)); }
 inline uint32_t lower_ascii(uint32_t cp) { return (cp >= 'A' && cp <= 'Z') ? cp + 32 : cp; }
 
-// 's|'t|'re|'ve|'m|'ll|'d, optionally ASCII-case-insensitive.
+// 's|'t|'re|'ve|'m|'ll|'d, optionally ASCII-case-insensitive; p may be `end` (gpt-4o tries a
+// contraction after a word that ends the piece).
 size_t contraction(const uint32_t* c, size_t p, size_t end, bool icase) {
-  if (c[p] != '\'' || p + 1 >= end) return 0;
+  if (p + 1 >= end || c[p] != '\'') return 0;
   uint32_t a = icase ? lower_ascii(c[p + 1]) : c[p + 1];
   if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
   if (p + 2 >= end) return 0;
