@@ -274,8 +274,16 @@ Status CpuBackend::read_rows(const Act& a, int64_t row0, int64_t n, float* dst) 
 }
 
 Status CpuBackend::alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, KvCache* out) {
+  KvCache made;  // everything that can throw before the allocations that must not leak
+  made.n_layers = static_cast<int32_t>(slots.size());
+  made.n_ctx = n_ctx;
+  made.kv_dim = kv_dim;
+  made.slots = slots;
   std::unique_ptr<KvStorage> s(new (std::nothrow) KvStorage);
   if (!s) return fail(MOELITE_ERR_OUT_OF_MEMORY, "KV cache");
+  // Room for every pointer first: a push_back that threw after its allocation would leak it.
+  s->k.reserve(slots.size());
+  s->v.reserve(slots.size());
   for (const int32_t n : slots) {
     const size_t bytes = static_cast<size_t>(n) * static_cast<size_t>(kv_dim) * sizeof(float);
     for (std::vector<float*>* side : {&s->k, &s->v}) {
@@ -283,12 +291,8 @@ Status CpuBackend::alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, in
       if (!side->back()) return fail(MOELITE_ERR_OUT_OF_MEMORY, "KV cache layer of %zu bytes", bytes);
     }
   }
-  *out = KvCache{};
-  out->handle = s.release();
-  out->n_layers = static_cast<int32_t>(slots.size());
-  out->n_ctx = n_ctx;
-  out->kv_dim = kv_dim;
-  out->slots = slots;
+  made.handle = s.release();
+  *out = std::move(made);
   return MOELITE_OK;
 }
 

@@ -237,24 +237,28 @@ Status CudaBackend::read_rows(const Act& a, int64_t row0, int64_t n, float* dst)
 }
 
 Status CudaBackend::alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, KvCache* out) {
-  KvCache made;
-  made.handle = new KvRef;
+  KvCache made;  // everything that can throw comes before the first device allocation
   made.n_layers = static_cast<int32_t>(slots.size());
   made.n_ctx = n_ctx;
   made.kv_dim = kv_dim;
   made.slots = slots;
-  auto* kv = static_cast<KvRef*>(made.handle);
+  auto kv = std::make_unique<KvRef>();
+  kv->k.reserve(slots.size());  // so that no push_back can throw after its allocation
+  kv->v.reserve(slots.size());
   for (const int32_t n : slots) {
     const size_t bytes = static_cast<size_t>(n) * static_cast<size_t>(kv_dim) * sizeof(float);
     for (std::vector<float*>* side : {&kv->k, &kv->v}) {
       void* p;
       if (Status st = rt_->device_alloc(bytes, &p); st != MOELITE_OK) {
-        free_kv(&made);
+        KvCache partial;
+        partial.handle = kv.release();
+        free_kv(&partial);
         return st;
       }
       side->push_back(static_cast<float*>(p));
     }
   }
+  made.handle = kv.release();
   *out = std::move(made);
   return MOELITE_OK;
 }

@@ -296,7 +296,13 @@ Status VulkanBackend::read_rows(const Act& a, int64_t row0, int64_t n, float* ds
 Status VulkanBackend::sync() { return dev_->flush(); }
 
 Status VulkanBackend::alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, KvCache* out) {
+  KvCache made;  // everything that can throw comes before the first device allocation
+  made.n_layers = static_cast<int32_t>(slots.size());
+  made.n_ctx = n_ctx;
+  made.kv_dim = kv_dim;
+  made.slots = slots;
   auto kv = std::make_unique<KvRef>();
+  kv->layers.reserve(slots.size());  // so that no push_back can throw after its allocation
   for (const int32_t n : slots) {  // keys at [0, n * kv_dim), values after them
     Buffer b;
     const Status st = dev_->alloc(2ull * static_cast<uint64_t>(n) * static_cast<uint64_t>(kv_dim) * sizeof(float), &b);
@@ -306,12 +312,8 @@ Status VulkanBackend::alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots,
     }
     kv->layers.push_back(b);
   }
-  *out = KvCache{};
-  out->handle = kv.release();
-  out->n_layers = static_cast<int32_t>(slots.size());
-  out->n_ctx = n_ctx;
-  out->kv_dim = kv_dim;
-  out->slots = slots;
+  made.handle = kv.release();
+  *out = std::move(made);
   return MOELITE_OK;
 }
 
