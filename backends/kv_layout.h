@@ -3,10 +3,22 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "backends/backend.h"
 
 namespace moelite {
+
+// A cache's description without its storage: what alloc_kv fills in before it allocates, so the
+// copy of `slots` (which may throw) comes before anything that could leak.
+inline KvCache kv_cache_shape(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim) {
+  KvCache c;
+  c.n_layers = static_cast<int32_t>(slots.size());
+  c.n_ctx = n_ctx;
+  c.kv_dim = kv_dim;
+  c.slots = slots;
+  return c;
+}
 
 // The slot of position `pos` in a layer that holds `slots` positions.
 inline int64_t kv_slot(int64_t pos, int32_t slots) { return pos % slots; }

@@ -274,11 +274,7 @@ Status CpuBackend::read_rows(const Act& a, int64_t row0, int64_t n, float* dst) 
 }
 
 Status CpuBackend::alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, KvCache* out) {
-  KvCache made;  // everything that can throw before the allocations that must not leak
-  made.n_layers = static_cast<int32_t>(slots.size());
-  made.n_ctx = n_ctx;
-  made.kv_dim = kv_dim;
-  made.slots = slots;
+  KvCache made = kv_cache_shape(n_ctx, slots, kv_dim);  // may throw; nothing is allocated yet
   std::unique_ptr<KvStorage> s(new (std::nothrow) KvStorage);
   if (!s) return fail(MOELITE_ERR_OUT_OF_MEMORY, "KV cache");
   // Room for every pointer first: a push_back that threw after its allocation would leak it.

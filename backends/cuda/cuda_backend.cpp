@@ -237,11 +237,7 @@ Status CudaBackend::read_rows(const Act& a, int64_t row0, int64_t n, float* dst)
 }
 
 Status CudaBackend::alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, KvCache* out) {
-  KvCache made;  // everything that can throw comes before the first device allocation
-  made.n_layers = static_cast<int32_t>(slots.size());
-  made.n_ctx = n_ctx;
-  made.kv_dim = kv_dim;
-  made.slots = slots;
+  KvCache made = kv_cache_shape(n_ctx, slots, kv_dim);  // may throw; nothing is allocated yet
   auto kv = std::make_unique<KvRef>();
   kv->k.reserve(slots.size());  // so that no push_back can throw after its allocation
   kv->v.reserve(slots.size());
