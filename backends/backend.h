@@ -105,17 +105,25 @@ struct ExpertTask {
 // Each layer's cache holds its last `slots[l]` positions: position p lives in slot p % slots[l].
 // A layer that attends to everything holds the whole context (slots = n_ctx); a sliding-window
 // layer holds only its window plus one batch, which is what bounds a long context's cache.
+// A keys-only cache (values = false) stores no value rows: each head's value is the first
+// AttentionSpec::head_dim_v floats of its key row. That is multi-head latent attention (DeepSeek)
+// after absorption, where one shared row [latent | rope key] serves every head as key and value,
+// and it is why such a cache is several times smaller than K and V of the same heads.
 struct KvCache {
   void* handle = nullptr;
   int32_t n_layers = 0;
   int32_t n_ctx = 0;  // positions a sequence may have
-  int64_t kv_dim = 0;
+  int64_t kv_dim = 0;  // floats of one position's key row (and value row, if stored)
+  bool values = true;
   std::vector<int32_t> slots;  // per layer, 1 <= slots[l] <= n_ctx
 };
 
 // How a layer attends, beyond causal softmax(q.k * scale) v over every earlier position.
 struct AttentionSpec {
   float scale = 0.0f;  // 0: 1 / sqrt(head_dim)
+  // Floats of a value head and of each output head; 0: head_dim. Below head_dim only with a
+  // keys-only cache (the value is the key row's first head_dim_v floats).
+  int64_t head_dim_v = 0;
   // > 0: the query at position p sees only keys at positions (p - window, p] (sliding window);
   // the layer's cache must hold at least window - 1 + (the batch's tokens) slots.
   int32_t window = 0;
@@ -158,10 +166,10 @@ class Backend {
   [[nodiscard]] virtual Status read_rows(const Act& a, int64_t row0, int64_t n, float* dst) = 0;
 
   // A KV cache for sequences of up to n_ctx positions: layer l holds slots[l] positions (see
-  // KvCache) of kv_dim floats each for keys and for values. Each context owns one; the backend is
-  // shared by all contexts of a model (which evaluate one at a time, see core/runtime.h).
+  // KvCache) of kv_dim floats each for keys and, if `values`, for values. Each context owns one; the
+  // backend is shared by all contexts of a model (which evaluate one at a time, see core/runtime.h).
   [[nodiscard]] virtual Status alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim,
-                                        KvCache* out) = 0;
+                                        bool values, KvCache* out) = 0;
   virtual void free_kv(KvCache* kv) = 0;
 
   // Measures the device's own memory bandwidth in GB/s (bytes read plus bytes written per second by a
@@ -191,11 +199,18 @@ class Backend {
   // x[t] += bias for every row t; `bias` has x->cols host floats that live as long as the model
   // (norms with a bias: phimoe).
   [[nodiscard]] virtual Status add_bias(Act* x, const float* bias) = 0;
+  // Copies column blocks: for g < n_groups and c < width,
+  //   out[t, g * out_stride + out_offset + c] = x[t, g * x_stride + x_offset + c]
+  // for every row t of x (out has at least as many rows). Gathers one head's slice of every
+  // token, or lays pieces side by side (MLA's [latent | rope key] rows). x and out differ.
+  [[nodiscard]] virtual Status copy_columns(const Act& x, int64_t x_stride, int64_t x_offset, int32_t n_groups,
+                                            int64_t width, Act* out, int64_t out_stride, int64_t out_offset) = 0;
   // Rotates the first n_rot dims of each head_dim-sized head of x; token t is at positions[t].
   [[nodiscard]] virtual Status rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) = 0;
   // Writes the k and v rows of a batch into the cache of `layer` at positions pos0.. and attends:
   // out[t] for query heads q[t] over cache positions [0, pos0 + t] (causal; `spec` may narrow it to
-  // a window and add sinks), GQA by n_head_kv.
+  // a window and add sinks), GQA by n_head_kv. With a keys-only cache `v` is not read and each
+  // value is the first spec.head_dim_v floats of its key; out has n_head * head_dim_v columns.
   [[nodiscard]] virtual Status attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v,
                                          int32_t pos0, int32_t n_head, int32_t n_head_kv, int64_t head_dim,
                                          const AttentionSpec& spec, Act* out) = 0;

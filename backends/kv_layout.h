@@ -11,8 +11,9 @@ namespace moelite {
 
 // A cache's description without its storage: what alloc_kv fills in before it allocates, so the
 // copy of `slots` (which may throw) comes before anything that could leak.
-inline KvCache kv_cache_shape(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim) {
+inline KvCache kv_cache_shape(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, bool values) {
   KvCache c;
+  c.values = values;
   c.n_layers = static_cast<int32_t>(slots.size());
   c.n_ctx = n_ctx;
   c.kv_dim = kv_dim;
@@ -42,6 +43,18 @@ inline Status kv_check_batch(const KvCache& kv, int32_t layer, int32_t pos0, int
     return fail(MOELITE_ERR_INVALID_ARGUMENT,
                 "attention: layer %d holds %d positions, a batch of %lld at %d with window %d needs %lld", layer, slots,
                 static_cast<long long>(n), pos0, spec.window, static_cast<long long>(span));
+  return MOELITE_OK;
+}
+
+// The floats of a value head: head_dim with stored values; with a keys-only cache the stated
+// spec.head_dim_v, which the key row must cover.
+inline Status kv_value_width(const KvCache& kv, const AttentionSpec& spec, int64_t head_dim, int64_t* out) {
+  if (kv.values ? (spec.head_dim_v != 0 && spec.head_dim_v != head_dim)
+                : (spec.head_dim_v < 1 || spec.head_dim_v > head_dim))
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "attention: value width %lld with head_dim %lld and a %s cache",
+                static_cast<long long>(spec.head_dim_v), static_cast<long long>(head_dim),
+                kv.values ? "key-and-value" : "keys-only");
+  *out = kv.values ? head_dim : spec.head_dim_v;
   return MOELITE_OK;
 }
 

@@ -25,6 +25,8 @@ Context::~Context() {
   for (Act* a : {&state_.x, &state_.xn, &state_.q, &state_.k, &state_.v, &state_.attn, &state_.proj,
                  &state_.router_logits, &state_.moe_out, &state_.shared_out, &state_.head_out})
     if (a->handle) be->free_act(a);
+  for (Act* a : state_.mla.all())
+    if (a->handle) be->free_act(a);
   if (state_.kv.handle) be->free_kv(&state_.kv);
 }
 
@@ -35,15 +37,38 @@ uint64_t Context::estimate_bytes(const HParams& hp, const ContextOptions& opts) 
   const uint64_t q_dim = uint64_t(hp.n_head) * uint64_t(hp.head_dim), kv_dim = uint64_t(hp.n_head_kv) * uint64_t(hp.head_dim);
   const uint64_t v_dim = uint64_t(hp.n_head_kv) * uint64_t(hp.head_dim_v);
   const uint64_t act_floats = nb * (5 * uint64_t(hp.n_embd) + q_dim + kv_dim + v_dim + uint64_t(hp.n_head) * uint64_t(hp.head_dim_v) +
-                                    uint64_t(hp.n_expert)) +
+                                    uint64_t(hp.n_expert) + mla_scratch_floats(hp)) +
                               std::min<uint64_t>(nb, kHeadRows) * uint64_t(hp.n_vocab);
   uint64_t kv_positions = 0;
   for (const int32_t slots : kv_slots(hp, static_cast<int32_t>(n_ctx), static_cast<int32_t>(nb)))
     kv_positions += uint64_t(slots);
-  const uint64_t kv_floats = 2 * kv_positions * kv_dim;
+  const uint64_t kv_floats = hp.mla() ? kv_positions * uint64_t(kv_row_floats(hp)) : 2 * kv_positions * kv_dim;
   // Gate and up outputs of a batch's routed experts (the CPU backend's per-call scratch).
   const uint64_t expert_floats = 2 * nb * uint64_t(hp.n_expert_used) * uint64_t(hp.n_ff_expert);
   return (act_floats + kv_floats + expert_floats) * sizeof(float);
+}
+
+// One cached position's floats per layer: a key row plus a value row, or MLA's single shared row.
+int64_t Context::kv_row_floats(const HParams& hp) {
+  return hp.mla() ? int64_t{hp.kv_lora_rank} + hp.n_rot : int64_t{hp.n_head_kv} * hp.head_dim;
+}
+
+namespace {
+
+// Widths of MlaScratch's activations, in its order (zero for other architectures).
+std::vector<int64_t> mla_widths(const HParams& hp) {
+  if (!hp.mla()) return {};
+  const int64_t H = hp.n_head, r = hp.kv_lora_rank, rot = hp.n_rot;
+  return {std::max<int64_t>(1, hp.q_lora_rank), H * hp.head_dim, H * rot, r + rot, r, rot, r + rot, H * (r + rot),
+          H * r, hp.qk_nope(), r, r, hp.head_dim_v};
+}
+
+}  // namespace
+
+uint64_t Context::mla_scratch_floats(const HParams& hp) {
+  uint64_t n = 0;
+  for (int64_t w : mla_widths(hp)) n += static_cast<uint64_t>(w);
+  return n;
 }
 
 std::vector<int32_t> Context::kv_slots(const HParams& hp, int32_t n_ctx, int32_t n_batch) {
@@ -86,7 +111,7 @@ Status Context::create(const Model& model, Runtime& runtime, const ContextOption
   const int64_t nb = s.n_batch;
   const int64_t q_dim = int64_t{hp.n_head} * hp.head_dim, kv_dim = int64_t{hp.n_head_kv} * hp.head_dim;
   const int64_t v_dim = int64_t{hp.n_head_kv} * hp.head_dim_v;
-  if (v_dim != kv_dim)
+  if (v_dim != kv_dim && !hp.mla())
     return fail(MOELITE_ERR_NOT_IMPLEMENTED, "value head size %d differs from key head size %d", hp.head_dim_v,
                 hp.head_dim);
   MOELITE_TRY(be.alloc_act(nb, hp.n_embd, &s.x));
@@ -100,12 +125,17 @@ Status Context::create(const Model& model, Runtime& runtime, const ContextOption
   MOELITE_TRY(be.alloc_act(nb, hp.n_embd, &s.moe_out));
   MOELITE_TRY(be.alloc_act(nb, hp.n_embd, &s.shared_out));
   MOELITE_TRY(be.alloc_act(std::min<int64_t>(nb, kHeadRows), hp.n_vocab, &s.head_out));
+  {
+    const std::vector<int64_t> widths = mla_widths(hp);
+    const std::vector<Act*> acts = s.mla.all();
+    for (size_t i = 0; i < widths.size(); ++i) MOELITE_TRY(be.alloc_act(nb, widths[i], acts[i]));
+  }
   s.rope = hp.rope;
   s.rope_windowed = hp.rope_windowed;
   const std::vector<float>& factors = c->n_ctx_ > hp.rope_n_ctx_orig ? hp.rope_factors_long : hp.rope_factors_short;
   if (!factors.empty()) s.rope.scaling.freq_factors = s.rope_windowed.scaling.freq_factors = factors.data();
   const std::vector<int32_t> slots = kv_slots(hp, c->n_ctx_, c->opts_.n_batch);
-  MOELITE_TRY(be.alloc_kv(c->n_ctx_, slots, kv_dim, &s.kv));
+  MOELITE_TRY(be.alloc_kv(c->n_ctx_, slots, kv_row_floats(hp), !hp.mla(), &s.kv));
   for (int32_t l = 0; l < hp.n_layer; ++l)
     if (hp.window_of(l) > 0) {
       c->ring_window_ = std::max(c->ring_window_, hp.window_of(l));

@@ -52,13 +52,18 @@ class Context {
   uint64_t kv_bytes() const {
     uint64_t positions = 0;
     for (int32_t slots : state_.kv.slots) positions += static_cast<uint64_t>(slots);
-    return 2 * positions * static_cast<uint64_t>(state_.kv.kv_dim) * sizeof(float);
+    return (state_.kv.values ? 2 : 1) * positions * static_cast<uint64_t>(state_.kv.kv_dim) * sizeof(float);
   }
   // Keeps the first n_keep tokens (clamped to [0, length()]). With sliding-window layers, a cut
   // back past what their ring still holds keeps nothing: length() says what was kept.
   void truncate(int32_t n_keep);
   // Positions each layer's cache holds for these settings: n_ctx, or a windowed layer's ring.
   static std::vector<int32_t> kv_slots(const HParams& hp, int32_t n_ctx, int32_t n_batch);
+  // Floats of one cached position's key row (also of its value row, unless the model uses MLA's
+  // keys-only cache).
+  static int64_t kv_row_floats(const HParams& hp);
+  // Floats per batch row of the MLA scratch (0 for other architectures).
+  static uint64_t mla_scratch_floats(const HParams& hp);
   const Model& model() const { return model_; }
   void set_abort(moelite_abort_fn fn, void* user) {
     opts_.abort = fn;

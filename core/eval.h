@@ -22,6 +22,16 @@ class ForwardHooks {
   virtual void on_final(const float* x, int32_t n_tokens) {}
 };
 
+// Multi-head latent attention's scratch (deepseek2; see core/arch/arch_deepseek2.cpp), n_batch
+// rows each; unallocated for other architectures.
+struct MlaScratch {
+  Act qa, q, q_pe, kv_a, latent, k_pe, keys, queries, attn_latent, in_nope, in_latent, out_latent, out_v;
+  std::vector<Act*> all() {
+    return {&qa, &q, &q_pe, &kv_a, &latent, &k_pe, &keys, &queries, &attn_latent, &in_nope, &in_latent, &out_latent,
+            &out_v};
+  }
+};
+
 struct EvalState {
   Runtime* runtime = nullptr;
   Backend* backend = nullptr;  // runtime->backend
@@ -35,6 +45,7 @@ struct EvalState {
   std::vector<int32_t> positions;
   // Scratch, n_batch rows each; layers use views of the first n_tokens rows.
   Act x, xn, q, k, v, attn, proj, router_logits, moe_out, shared_out, head_out;
+  MlaScratch mla;
   Routing routing;
   // Pre-gated models: layer l+1's routing, computed at layer l from l's MoE input.
   Routing next_routing;

@@ -131,16 +131,17 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
         (arch.bind_layer ? arch.bind_layer : standard_bind_layer)(b, arch, hp, l, &m->layers[static_cast<size_t>(l)]));
     MOELITE_TRY(report_progress(opts, 0.95f * static_cast<float>(l + 1) / static_cast<float>(hp.n_layer)));
   }
+  const LayerWeights& first_moe = m->layers[static_cast<size_t>(hp.n_dense_lead)];
   if (hp.n_ff_expert == 0) {
-    const LayerExperts& e0 = m->layers[0].experts;
+    const LayerExperts& e0 = first_moe.experts;
     hp.n_ff_expert = static_cast<int32_t>(e0.split.empty() ? e0.gate.rows : e0.split[0].gate.rows);
   }
-  if (hp.n_ff_shared == 0 && m->layers[0].has_shared)
-    hp.n_ff_shared = static_cast<int32_t>(m->layers[0].shared.gate.rows);
+  if (hp.n_ff_shared == 0 && first_moe.has_shared) hp.n_ff_shared = static_cast<int32_t>(first_moe.shared.gate.rows);
 
   // Sizes: routed experts vs everything else, and the parameters one token reads.
   uint64_t type_bytes[kTensorTypeIdLimit] = {};
   for (const LayerWeights& lw : m->layers) {
+    if (!lw.experts.present()) continue;  // a leading dense block
     for (int32_t e = 0; e < hp.n_expert; ++e) {
       ExpertWeights ew = lw.experts.expert(e);
       for (const WeightView* v : {&ew.gate, &ew.up, &ew.down}) {

@@ -21,6 +21,11 @@ struct ArchDescriptor;
 
 enum class QkNorm { None, PerHead /* qwen3moe */, Whole /* olmoe */ };
 
+// How router logits become expert scores (GGUF expert_gating_func): softmax over all experts, or
+// each expert's own sigmoid (DeepSeek-V3). Selection may add a bias and limit itself to the best
+// expert groups; the weights are always the unbiased scores of the picked experts.
+enum class ExpertGatingFunc { Softmax = 1, Sigmoid = 2 };
+
 // Every number comes from GGUF metadata or tensor shapes; nothing is assumed per model name.
 struct HParams {
   std::string arch;
@@ -52,6 +57,21 @@ struct HParams {
   // and MoE outputs before they join the residual stream, and the logits (divided by logit_scale).
   float embedding_scale = 1.0f, residual_scale = 1.0f, logit_scale = 1.0f;
   float attention_scale = 0.0f;  // 0: 1 / sqrt(head_dim)
+  // Multi-head latent attention (deepseek2; kv_lora_rank 0: plain attention). Keys are
+  // [qk_nope | n_rot] = head_dim floats per head, values head_dim_v; the cache keeps one row of
+  // kv_lora_rank + n_rot floats per position (see core/arch/arch_deepseek2.cpp).
+  int32_t kv_lora_rank = 0;
+  int32_t q_lora_rank = 0;  // 0: q straight from attn_q
+  bool mla() const { return kv_lora_rank > 0; }
+  int32_t qk_nope() const { return head_dim - n_rot; }
+  // Layers [0, n_dense_lead) have a dense FFN (ffn_{gate,up,down}, n_ff_dense wide) and no experts.
+  int32_t n_dense_lead = 0;
+  int32_t n_ff_dense = 0;
+  bool is_moe_layer(int32_t layer) const { return layer >= n_dense_lead; }
+  ExpertGatingFunc gating_func = ExpertGatingFunc::Softmax;
+  // Group-limited routing: experts in n_expert_groups equal groups, each scored by the sum of its
+  // two best (biased) scores; only the n_group_used best groups' experts may be picked. 0: none.
+  int32_t n_expert_groups = 0, n_group_used = 0;
   // Sliding-window attention (gpt-oss): layer l's queries see only their last attn_window[l]
   // positions (0: all). Empty when no layer has a window.
   std::vector<int32_t> attn_window;
@@ -75,6 +95,21 @@ struct LayerExperts {
   // expert the store loads gets its bytes from the file and its biases from here. Empty: none.
   std::vector<float> gate_bias, up_bias, down_bias;
   ExpertWeights expert(int32_t e) const;
+  // False in a layer without routed experts (deepseek2's leading dense blocks).
+  bool present() const { return gate.rows > 0 || !split.empty(); }
+};
+
+// Multi-head latent attention weights of one layer (deepseek2).
+struct MlaWeights {
+  WeightView wq_a;                // attn_q_a (q_lora_rank rows); invalid: q straight from wq
+  std::vector<float> q_a_norm;    // q_lora_rank floats
+  WeightView wq;                  // attn_q or attn_q_b: n_head * head_dim rows, each head [nope | rope]
+  WeightView wkv_a;               // attn_kv_a_mqa: kv_lora_rank + n_rot rows, [latent | rope key]
+  std::vector<float> kv_a_norm;   // kv_lora_rank floats
+  // Per head: k_b[h] (kv_lora_rank rows of qk_nope) turns the head's no-rope query into latent
+  // space; v_b[h] (head_dim_v rows of kv_lora_rank) turns its attention output back. Views of
+  // attn_k_b/attn_v_b, or of the old fused attn_kv_b (v_b) and its transposed copy (k_b).
+  std::vector<WeightView> k_b, v_b;
 };
 
 struct LayerWeights {
@@ -90,6 +125,10 @@ struct LayerWeights {
   LayerExperts experts;
   bool has_shared = false;
   ExpertWeights shared;            // the shared expert (qwen2moe)
+  std::vector<float> exp_probs_b;  // n_expert selection biases (DeepSeek-V3); empty: none
+  MlaWeights mla;                  // deepseek2 only
+  bool has_dense = false;          // a leading dense block: `dense` instead of router and experts
+  ExpertWeights dense;
   std::vector<float> shared_gate;  // ffn_gate_inp_shexp, n_embd floats (empty: no gate)
 };
 

@@ -51,10 +51,16 @@ Status place_dense_weights(const Model& m, Backend& be) {
   MOELITE_TRY(be.place_weight(m.tok_embd));
   if (m.output.data != m.tok_embd.data) MOELITE_TRY(be.place_weight(m.output));
   for (const LayerWeights& lw : m.layers) {
-    for (const WeightView* v : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.router}) MOELITE_TRY(be.place_weight(*v));
-    if (lw.pregate.valid()) MOELITE_TRY(be.place_weight(lw.pregate));
-    if (lw.has_shared)
-      for (const WeightView* v : {&lw.shared.gate, &lw.shared.up, &lw.shared.down}) MOELITE_TRY(be.place_weight(*v));
+    // Every dense matrix the layer has (MLA's instead of q/k/v, a dense FFN instead of experts).
+    for (const WeightView* v : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.router, &lw.pregate, &lw.mla.wq_a, &lw.mla.wq,
+                                &lw.mla.wkv_a})
+      if (v->valid()) MOELITE_TRY(be.place_weight(*v));
+    for (const std::vector<WeightView>* heads : {&lw.mla.k_b, &lw.mla.v_b})
+      for (const WeightView& v : *heads) MOELITE_TRY(be.place_weight(v));
+    for (const ExpertWeights* f : {&lw.shared, &lw.dense})
+      if (f->gate.valid())
+        for (const WeightView* v : {&f->gate, &f->up, &f->down}) MOELITE_TRY(be.place_weight(*v));
+    if (!lw.experts.present()) continue;
     const ExpertWeights e0 = lw.experts.expert(0);
     for (const WeightView* v : {&e0.gate, &e0.up, &e0.down}) MOELITE_TRY(be.check_weight(*v));
   }

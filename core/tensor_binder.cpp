@@ -74,8 +74,17 @@ Status TensorBinder::expert_matrix(const std::string& name, int64_t cols, int64_
   return bind_matrix(name, cols, rows, true, true, out);
 }
 
+Status TensorBinder::owned_floats(size_t n, float** out) {
+  model_.owned.push_back(nullptr);  // first, so that nothing allocated can leak if it throws
+  void* p = platform::aligned_alloc_bytes(n * sizeof(float), 64);
+  if (!p) return fail(MOELITE_ERR_OUT_OF_MEMORY, "no memory for %zu derived weights", n);
+  model_.owned.back() = p;
+  *out = static_cast<float*>(p);
+  return MOELITE_OK;
+}
+
 Status TensorBinder::matrix_stack(const std::string& name, int64_t cols, int64_t rows, int64_t n, WeightView* out,
-                                  uint64_t* stride) {
+                                  uint64_t* stride, bool expert) {
   const gguf::TensorInfo* t;
   MOELITE_TRY(lookup(name, true, &t));
   if (t->n_dims != 3 || t->ne[0] != cols || (rows >= 0 && t->ne[1] != rows) || t->ne[2] != n)
@@ -92,7 +101,7 @@ Status TensorBinder::matrix_stack(const std::string& name, int64_t cols, int64_t
   out->row_bytes = t->row_bytes;
   out->file_offset = t->file_offset;
   *stride = t->row_bytes * static_cast<uint64_t>(t->ne[1]);
-  return data_of(*t, &out->data, true);
+  return data_of(*t, &out->data, expert);
 }
 
 Status TensorBinder::floats(const std::string& name, int64_t n, std::vector<float>* out, bool required) {

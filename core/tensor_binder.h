@@ -28,8 +28,11 @@ class TensorBinder {
   Status matrix(const std::string& name, int64_t cols, int64_t rows, WeightView* out, bool required = true);
   // A 3-D stack of n matrices ne = {cols, rows, n}; `out` describes matrix 0 and *stride the
   // bytes from one matrix to the next. rows may be -1 to accept any (read back from out->rows).
+  // Routed experts' stacks honour set_lazy_experts; a dense stack (expert false) is always read.
   Status matrix_stack(const std::string& name, int64_t cols, int64_t rows, int64_t n, WeightView* out,
-                      uint64_t* stride);
+                      uint64_t* stride, bool expert = true);
+  // n floats the model owns (freed with it), for weights derived at load.
+  Status owned_floats(size_t n, float** out);
   // A vector of n values of any supported type, dequantized to floats (norm weights, biases).
   Status floats(const std::string& name, int64_t n, std::vector<float>* out, bool required = true);
   // A 2-D table ne = {cols, rows} of any supported type as rows * cols floats (per-expert biases).

@@ -250,7 +250,7 @@ inline void expect_attention_matches_cpu(Backend* dev, Backend* cpu, int32_t pro
       }
     for (Backend* b : {dev, cpu}) {
       KvCache kv;
-      ASSERT_EQ(b->alloc_kv(n_ctx, {n_ctx, slots}, kv_dim, &kv), MOELITE_OK);
+      ASSERT_EQ(b->alloc_kv(n_ctx, {n_ctx, slots}, kv_dim, true, &kv), MOELITE_OK);
       std::vector<float> got;
       for (int32_t pos0 = 0; pos0 < n_total;) {
         const int32_t n = std::min(pos0 == 0 ? prompt : 5, n_total - pos0);

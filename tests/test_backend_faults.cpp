@@ -69,8 +69,9 @@ class FaultyBackend final : public Backend {
     MOELITE_TRY(check("read_rows"));
     return inner_->read_rows(a, row0, n, dst);
   }
-  Status alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, KvCache* out) override {
-    return inner_->alloc_kv(n_ctx, slots, kv_dim, out);
+  Status alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, bool values,
+                  KvCache* out) override {
+    return inner_->alloc_kv(n_ctx, slots, kv_dim, values, out);
   }
   void free_kv(KvCache* kv) override { inner_->free_kv(kv); }
   Status sync() override {
@@ -93,6 +94,11 @@ class FaultyBackend final : public Backend {
   Status add(Act* x, const Act& y) override {
     MOELITE_TRY(check("add"));
     return inner_->add(x, y);
+  }
+  Status copy_columns(const Act& x, int64_t x_stride, int64_t x_offset, int32_t n_groups, int64_t width, Act* out,
+                      int64_t out_stride, int64_t out_offset) override {
+    MOELITE_TRY(check("copy_columns"));
+    return inner_->copy_columns(x, x_stride, x_offset, n_groups, width, out, out_stride, out_offset);
   }
   Status rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) override {
     MOELITE_TRY(check("rope"));

@@ -125,7 +125,7 @@ TEST_P(CudaDevices, AttentionOfAPositionIsTheSameInAnyBatch) {
   std::vector<std::vector<float>> token300;
   for (const int64_t split : {int64_t(400), int64_t(300)}) {
     KvCache kv;
-    ASSERT_EQ(b->alloc_kv(n_ctx, {n_ctx}, kv_dim, &kv), MOELITE_OK);
+    ASSERT_EQ(b->alloc_kv(n_ctx, {n_ctx}, kv_dim, true, &kv), MOELITE_OK);
     std::vector<float> got;
     for (int64_t r0 = 0; r0 < 400; r0 += split) {
       const int64_t n = std::min<int64_t>(split, 400 - r0);

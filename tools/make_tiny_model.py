@@ -30,6 +30,17 @@ phimoe files carry biases on every norm, q/k/v/output and the output head, LongR
 (rope_factors_long in [1, 8], rope_factors_short in [1, 1.5]) with rope.scaling.attn_factor and
 rope.scaling.original_context_length = --yarn-orig-ctx, as llama.cpp's converter writes them.
 
+deepseek2 files carry multi-head latent attention as llama.cpp's converter writes it for MLA:
+attn_q (or attn_q_a, attn_q_a_norm, attn_q_b with --q-lora), attn_kv_a_mqa, attn_kv_a_norm, and
+attn_k_b/attn_v_b (per-head 3-D stacks; --fused-kv-b: the older attn_kv_b instead), key/value_length
+for the latent cache and key/value_length_mla per head, head_count_kv 1 (the fused layout: the per-head
+lengths and head_count_kv = n_head); --dense-lead leading dense blocks (ffn_gate/up/down,
+feed_forward_length --n-ff-dense); --n-shared shared experts; routing keys expert_gating_func
+(--gating), exp_probs_b.bias (--probs-bias), expert_group_count/used (--expert-groups/--groups-used),
+expert_weights_norm/scale; --yarn-log-mul writes rope.scaling.yarn_log_multiplier (0.1 x
+mscale_all_dim, as the converter does). Tensors whose rows do not fit the type's block fall back to
+Q8_0 (or F16), as llama.cpp's quantizer does.
+
 --pregate adds, for every layer N but the last, blk.N.ffn_pregate_inp.weight: a second router
 (same shape, type and init scale as ffn_gate_inp) that Pre-gated MoE / Read-ME style engines apply
 at layer N to choose layer N+1's experts one layer ahead (see tests/reference/reference_forward.py).
@@ -49,7 +60,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ggu
 from moelite_gguf import GGUFWriter, GGUFValueType, quants as Q  # noqa: E402
 from moelite_gguf.byte_chars import byte_chars  # noqa: E402
 
-ARCHS = ("llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss", "granitemoe", "phimoe")
+ARCHS = ("llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss", "granitemoe", "phimoe", "deepseek2")
 
 # llama_ftype values for general.file_type
 FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9,
@@ -97,6 +108,54 @@ class Spec:
             yield Q.quantize(self._values(seed, c, (r, ne[0])), self.ttype)
 
 
+def fit_type(t, ne0):
+    """t, or the type llama.cpp's quantizer would fall back to for rows of ne0 values"""
+    if t in ("F32", "F16", "BF16") or ne0 % Q.block_size(t) == 0:
+        return t
+    return "Q8_0" if ne0 % 32 == 0 else "F16"
+
+
+def deepseek2_layer(a, il, s):
+    """one deepseek2 block's tensors (see the module docstring)"""
+    qt, F = a.type, "F32"
+    E, H, NE, FF = a.n_embd, a.n_head, a.n_expert, a.n_ff_exp
+    nope, rot, dv, r = a.qk_nope, a.qk_rope, a.v_head, a.kv_lora
+    inv = lambda n: 1.0 / np.sqrt(n)  # noqa: E731
+    p = "blk.%d." % il
+    s.append(Spec(p + "attn_norm.weight", [E], F, "norm"))
+    if a.q_lora:
+        s.append(Spec(p + "attn_q_a.weight", [E, a.q_lora], fit_type(qt, E), "mat", inv(E)))
+        s.append(Spec(p + "attn_q_a_norm.weight", [a.q_lora], F, "norm"))
+        s.append(Spec(p + "attn_q_b.weight", [a.q_lora, H * (nope + rot)], fit_type(qt, a.q_lora), "mat", inv(a.q_lora)))
+    else:
+        s.append(Spec(p + "attn_q.weight", [E, H * (nope + rot)], qt, "mat", inv(E)))
+    s.append(Spec(p + "attn_kv_a_mqa.weight", [E, r + rot], qt, "mat", inv(E)))
+    s.append(Spec(p + "attn_kv_a_norm.weight", [r], F, "norm"))
+    if a.fused_kv_b:
+        s.append(Spec(p + "attn_kv_b.weight", [r, H * (nope + dv)], fit_type(qt, r), "mat", inv(r)))
+    else:
+        s.append(Spec(p + "attn_k_b.weight", [nope, r, H], fit_type(qt, nope), "mat", inv(nope)))
+        s.append(Spec(p + "attn_v_b.weight", [r, dv, H], fit_type(qt, r), "mat", inv(r)))
+    s.append(Spec(p + "attn_output.weight", [H * dv, E], fit_type(qt, H * dv), "mat", inv(H * dv)))
+    s.append(Spec(p + "ffn_norm.weight", [E], F, "norm"))
+    if il < a.dense_lead:
+        s.append(Spec(p + "ffn_gate.weight", [E, a.n_ff_dense], qt, "mat", inv(E)))
+        s.append(Spec(p + "ffn_up.weight", [E, a.n_ff_dense], qt, "mat", inv(E)))
+        s.append(Spec(p + "ffn_down.weight", [a.n_ff_dense, E], fit_type(qt, a.n_ff_dense), "mat", inv(a.n_ff_dense)))
+        return
+    s.append(Spec(p + "ffn_gate_inp.weight", [E, NE], F, "mat", a.router_scale * inv(E)))
+    if a.probs_bias:
+        s.append(Spec(p + "exp_probs_b.bias", [NE], F, "mat", 0.3))
+    et = a.expert_type or qt
+    for kind, ne, std in (("gate", [E, FF], inv(E)), ("up", [E, FF], inv(E)), ("down", [FF, E], inv(FF))):
+        s.append(Spec(p + "ffn_%s_exps.weight" % kind, ne + [NE], et, "mat", std))
+    if a.n_shared:
+        FS = a.n_shared * FF
+        s.append(Spec(p + "ffn_gate_shexp.weight", [E, FS], qt, "mat", inv(E)))
+        s.append(Spec(p + "ffn_up_shexp.weight", [E, FS], qt, "mat", inv(E)))
+        s.append(Spec(p + "ffn_down_shexp.weight", [FS, E], fit_type(qt, FS), "mat", inv(FS)))
+
+
 def build_specs(a):
     arch, qt, F = a.arch, a.type, "F32"
     E, H, HKV, HD = a.n_embd, a.n_head, a.n_head_kv, a.head_dim
@@ -109,6 +168,9 @@ def build_specs(a):
         s.append(Spec("rope_factors_short.weight", [HD // 2], F, "factor", 1.5))
     for il in range(a.n_layer):
         p = "blk.%d." % il
+        if arch == "deepseek2":
+            deepseek2_layer(a, il, s)
+            continue
         s.append(Spec(p + "attn_norm.weight", [E], F, "norm"))
         s.append(Spec(p + "attn_q.weight", [E, H * HD], qt, "mat", inv(E)))
         s.append(Spec(p + "attn_k.weight", [E, HKV * HD], qt, "mat", inv(E)))
@@ -186,7 +248,7 @@ def add_metadata(w, a):
     w.add_uint32(k + "block_count", a.n_layer)
     w.add_uint32(k + "context_length", a.ctx)
     w.add_uint32(k + "embedding_length", a.n_embd)
-    w.add_uint32(k + "feed_forward_length", a.n_ff_exp)
+    w.add_uint32(k + "feed_forward_length", a.n_ff_dense if arch == "deepseek2" else a.n_ff_exp)
     w.add_uint32(k + "expert_feed_forward_length", a.n_ff_exp)
     if arch == "qwen2moe" or (arch == "granitemoe" and a.granite_shared):
         w.add_uint32(k + "expert_shared_feed_forward_length", a.n_ff_shexp)
@@ -196,13 +258,37 @@ def add_metadata(w, a):
         w.add_float32(k + "embedding_scale", 12.0)
         w.add_float32(k + "attention.scale", 0.09)
     w.add_uint32(k + "attention.head_count", a.n_head)
-    w.add_uint32(k + "attention.head_count_kv", a.n_head_kv)
-    if arch in ("qwen3moe", "gpt-oss") or a.head_dim != a.n_embd // a.n_head:
+    if arch == "deepseek2":
+        w.add_uint32(k + "attention.head_count_kv", a.n_head if a.fused_kv_b else 1)
+        w.add_uint32(k + "attention.q_lora_rank", a.q_lora)
+        w.add_uint32(k + "attention.kv_lora_rank", a.kv_lora)
+        if a.fused_kv_b:
+            w.add_uint32(k + "attention.key_length", a.qk_nope + a.qk_rope)
+            w.add_uint32(k + "attention.value_length", a.v_head)
+        else:
+            w.add_uint32(k + "attention.key_length", a.kv_lora + a.qk_rope)
+            w.add_uint32(k + "attention.value_length", a.kv_lora)
+            w.add_uint32(k + "attention.key_length_mla", a.qk_nope + a.qk_rope)
+            w.add_uint32(k + "attention.value_length_mla", a.v_head)
+        w.add_uint32(k + "rope.dimension_count", a.qk_rope)
+        w.add_uint32(k + "leading_dense_block_count", a.dense_lead)
+        w.add_uint32(k + "expert_shared_count", a.n_shared)
+        w.add_float32(k + "expert_weights_scale", a.weights_scale)
+        w.add_bool(k + "expert_weights_norm", a.weights_norm)
+        w.add_uint32(k + "expert_gating_func", 2 if a.gating == "sigmoid" else 1)
+        if a.expert_groups:
+            w.add_uint32(k + "expert_group_count", a.expert_groups)
+            w.add_uint32(k + "expert_group_used_count", a.groups_used)
+    else:
+        w.add_uint32(k + "attention.head_count_kv", a.n_head_kv)
+    if arch == "deepseek2":
+        pass  # key/value lengths above
+    elif arch in ("qwen3moe", "gpt-oss") or a.head_dim != a.n_embd // a.n_head:
         w.add_uint32(k + "attention.key_length", a.head_dim)
         w.add_uint32(k + "attention.value_length", a.head_dim)
     w.add_float32(k + "rope.freq_base", a.rope_base)
     if arch in ("llama", "granitemoe"):
-        w.add_uint32(k + "rope.dimension_count", a.head_dim)
+        w.add_uint32(k + "rope.dimension_count", a.head_dim)  # deepseek2's is written above
     w.add_float32(k + "attention.layer_norm_rms_epsilon", a.eps)
     w.add_uint32(k + "expert_count", a.n_expert)
     w.add_uint32(k + "expert_used_count", a.n_expert_used)
@@ -219,6 +305,8 @@ def add_metadata(w, a):
         w.add_string(k + "rope.scaling.type", "yarn")
         w.add_float32(k + "rope.scaling.factor", a.yarn)
         w.add_uint32(k + "rope.scaling.original_context_length", a.yarn_orig_ctx)
+        if a.yarn_log_mul:
+            w.add_float32(k + "rope.scaling.yarn_log_multiplier", 0.1 * a.yarn_log_mul)
 
 
 _COMMON = ("th he in er an re on at en nd ti es or te of ed is it al ar st to nt ng se ha as ou io le ve co me "
@@ -294,6 +382,24 @@ def parse_args(argv=None):
                    help="gpt-oss: attention.sliding_window_pattern (absent: llama.cpp's default 2)")
     p.add_argument("--yarn", type=float, default=0.0, help="rope.scaling.type yarn with this factor")
     p.add_argument("--yarn-orig-ctx", type=int, default=64, help="rope.scaling.original_context_length")
+    g = p.add_argument_group("deepseek2")
+    g.add_argument("--q-lora", type=int, default=0, help="q low-rank path of this rank (0: attn_q)")
+    g.add_argument("--kv-lora", type=int, default=256, help="attention.kv_lora_rank")
+    g.add_argument("--qk-nope", type=int, default=64, help="per-head key dims without rope")
+    g.add_argument("--qk-rope", type=int, default=32, help="per-head rope dims (rope.dimension_count)")
+    g.add_argument("--v-head", type=int, default=64, help="per-head value dims")
+    g.add_argument("--fused-kv-b", action="store_true", help="the older attn_kv_b instead of attn_k_b/attn_v_b")
+    g.add_argument("--dense-lead", type=int, default=1, help="leading_dense_block_count")
+    g.add_argument("--n-ff-dense", type=int, default=512, help="the dense blocks' feed_forward_length")
+    g.add_argument("--n-shared", type=int, default=1, help="expert_shared_count")
+    g.add_argument("--gating", choices=("softmax", "sigmoid"), default="softmax", help="expert_gating_func")
+    g.add_argument("--probs-bias", action="store_true", help="exp_probs_b.bias (selection bias)")
+    g.add_argument("--expert-groups", type=int, default=0, help="expert_group_count")
+    g.add_argument("--groups-used", type=int, default=0, help="expert_group_used_count")
+    g.add_argument("--weights-norm", action="store_true", help="expert_weights_norm")
+    g.add_argument("--weights-scale", type=float, default=1.0, help="expert_weights_scale")
+    g.add_argument("--yarn-log-mul", type=float, default=0.0,
+                   help="mscale_all_dim (written x 0.1 as rope.scaling.yarn_log_multiplier)")
     p.add_argument("--per-expert-tensors", action="store_true",
                    help="old Mixtral layout blk.N.ffn_{gate,up,down}.E.weight (llama only)")
     p.add_argument("--pregate", action="store_true",

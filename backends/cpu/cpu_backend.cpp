@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "backends/cpu/cpu_ops.h"
+#include "backends/column_copy.h"
 #include "backends/kv_layout.h"
 #include "platforms/platform.h"
 #include "platforms/system_info.h"
@@ -273,8 +274,9 @@ Status CpuBackend::read_rows(const Act& a, int64_t row0, int64_t n, float* dst) 
   return MOELITE_OK;
 }
 
-Status CpuBackend::alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, KvCache* out) {
-  KvCache made = kv_cache_shape(n_ctx, slots, kv_dim);  // may throw; nothing is allocated yet
+Status CpuBackend::alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, bool values,
+                            KvCache* out) {
+  KvCache made = kv_cache_shape(n_ctx, slots, kv_dim, values);  // may throw; nothing is allocated yet
   std::unique_ptr<KvStorage> s(new (std::nothrow) KvStorage);
   if (!s) return fail(MOELITE_ERR_OUT_OF_MEMORY, "KV cache");
   // Room for every pointer first: a push_back that threw after its allocation would leak it.
@@ -283,6 +285,7 @@ Status CpuBackend::alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, in
   for (const int32_t n : slots) {
     const size_t bytes = static_cast<size_t>(n) * static_cast<size_t>(kv_dim) * sizeof(float);
     for (std::vector<float*>* side : {&s->k, &s->v}) {
+      if (side == &s->v && !values) continue;
       side->push_back(static_cast<float*>(platform::aligned_alloc_bytes(bytes, 64)));
       if (!side->back()) return fail(MOELITE_ERR_OUT_OF_MEMORY, "KV cache layer of %zu bytes", bytes);
     }
@@ -437,20 +440,35 @@ Status CpuBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const int
   return MOELITE_OK;
 }
 
+Status CpuBackend::copy_columns(const Act& x, int64_t x_stride, int64_t x_offset, int32_t n_groups, int64_t width,
+                                Act* out, int64_t out_stride, int64_t out_offset) {
+  MOELITE_TRY(check_copy_columns(x, x_stride, x_offset, n_groups, width, *out, out_stride, out_offset));
+  const float* src = rows_of(x);
+  float* dst = rows_of(*out);
+  for (int64_t t = 0; t < x.rows; ++t)
+    for (int32_t g = 0; g < n_groups; ++g)
+      memcpy(dst + t * out->cols + g * out_stride + out_offset, src + t * x.cols + g * x_stride + x_offset,
+             static_cast<size_t>(width) * sizeof(float));
+  return MOELITE_OK;
+}
+
 Status CpuBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0,
                              int32_t n_head, int32_t n_head_kv, int64_t head_dim, const AttentionSpec& spec,
                              Act* out) {
   const int64_t n = q.rows;
   MOELITE_TRY(kv_check_batch(*kv, layer, pos0, n, spec));
+  int64_t head_dim_v = 0;
+  MOELITE_TRY(kv_value_width(*kv, spec, head_dim, &head_dim_v));
   auto* s = static_cast<KvStorage*>(kv->handle);
   const int64_t kv_dim = kv->kv_dim;
   const int32_t slots = kv->slots[static_cast<size_t>(layer)];
   float* k_layer = s->k[static_cast<size_t>(layer)];
-  float* v_layer = s->v[static_cast<size_t>(layer)];
+  float* v_layer = kv->values ? s->v[static_cast<size_t>(layer)] : k_layer;  // keys-only: values lead each key
   for (int64_t t = 0; t < n; ++t) {  // row by row: a window's ring wraps
     const int64_t slot = kv_slot(pos0 + t, slots);
     memcpy(k_layer + slot * kv_dim, rows_of(k) + t * kv_dim, static_cast<size_t>(kv_dim) * sizeof(float));
-    memcpy(v_layer + slot * kv_dim, rows_of(v) + t * kv_dim, static_cast<size_t>(kv_dim) * sizeof(float));
+    if (kv->values)
+      memcpy(v_layer + slot * kv_dim, rows_of(v) + t * kv_dim, static_cast<size_t>(kv_dim) * sizeof(float));
   }
   for (auto& sc : attn_scores_) MOELITE_TRY(grow(&sc, static_cast<size_t>(slots)));
   const int32_t group = n_head / n_head_kv;
@@ -461,9 +479,9 @@ Status CpuBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act
     const int64_t t = task / n_head, h = task % n_head;
     const int32_t pos = pos0 + static_cast<int32_t>(t);
     AttendRange range{kv_first_visible(pos, spec.window), pos + 1, slots};
-    attend_head(qd + t * q.cols + h * head_dim, k_layer, v_layer, kv_dim, (h / group) * head_dim, head_dim, range,
-                scale, spec.sinks ? spec.sinks[h] : -INFINITY, attn_scores_[thread].data(),
-                od + t * out->cols + h * head_dim, k_.vec_dot[static_cast<uint32_t>(TensorType::F32)]);
+    attend_head(qd + t * q.cols + h * head_dim, k_layer, v_layer, kv_dim, (h / group) * head_dim, head_dim,
+                head_dim_v, range, scale, spec.sinks ? spec.sinks[h] : -INFINITY, attn_scores_[thread].data(),
+                od + t * out->cols + h * head_dim_v, k_.vec_dot[static_cast<uint32_t>(TensorType::F32)]);
   });
   return MOELITE_OK;
 }

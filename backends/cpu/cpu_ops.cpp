@@ -63,7 +63,7 @@ void top_k(const float* p, int32_t n, int32_t k, int32_t* ids, float* weights) {
 }
 
 void attend_head(const float* q, const float* k_cache, const float* v_cache, int64_t kv_dim, int64_t kv_offset,
-                 int64_t head_dim, const AttendRange& range, float scale, float sink, float* scores, float* out,
+                 int64_t head_dim, int64_t head_dim_v, const AttendRange& range, float scale, float sink, float* scores, float* out,
                  VecDotFn dot_f32) {
   const int32_t n = range.end - range.first;
   float mx = sink;  // -inf without a sink
@@ -79,11 +79,11 @@ void attend_head(const float* q, const float* k_cache, const float* v_cache, int
     sum += scores[j];
   }
   const float inv = static_cast<float>(1.0 / sum);
-  for (int64_t d = 0; d < head_dim; ++d) out[d] = 0.0f;
+  for (int64_t d = 0; d < head_dim_v; ++d) out[d] = 0.0f;
   for (int32_t j = 0; j < n; ++j) {
     const float w = scores[j] * inv;
     const float* v = v_cache + kv_slot(range.first + j, range.slots) * kv_dim + kv_offset;
-    for (int64_t d = 0; d < head_dim; ++d) out[d] += w * v[d];
+    for (int64_t d = 0; d < head_dim_v; ++d) out[d] += w * v[d];
   }
 }
 

@@ -32,7 +32,7 @@ struct AttendRange {
 // that joins the softmax denominator and weighs no value. `scores` has end - first floats.
 // `dot` is an F32 dot-product kernel (the scalar table's for the reference, a SIMD one for speed).
 void attend_head(const float* q, const float* k_cache, const float* v_cache, int64_t kv_dim, int64_t kv_offset,
-                 int64_t head_dim, const AttendRange& range, float scale, float sink, float* scores, float* out,
+                 int64_t head_dim, int64_t head_dim_v, const AttendRange& range, float scale, float sink, float* scores, float* out,
                  VecDotFn dot);
 
 inline float silu(float x) { return x / (1.0f + __builtin_expf(-x)); }

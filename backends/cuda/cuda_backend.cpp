@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backends/column_copy.h"
 #include "backends/kv_layout.h"
 #include "base/rope_angles.h"
 
@@ -236,14 +237,16 @@ Status CudaBackend::read_rows(const Act& a, int64_t row0, int64_t n, float* dst)
   return sync();
 }
 
-Status CudaBackend::alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, KvCache* out) {
-  KvCache made = kv_cache_shape(n_ctx, slots, kv_dim);  // may throw; nothing is allocated yet
+Status CudaBackend::alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, bool values,
+                             KvCache* out) {
+  KvCache made = kv_cache_shape(n_ctx, slots, kv_dim, values);  // may throw; nothing is allocated yet
   auto kv = std::make_unique<KvRef>();
   kv->k.reserve(slots.size());  // so that no push_back can throw after its allocation
   kv->v.reserve(slots.size());
   for (const int32_t n : slots) {
     const size_t bytes = static_cast<size_t>(n) * static_cast<size_t>(kv_dim) * sizeof(float);
     for (std::vector<float*>* side : {&kv->k, &kv->v}) {
+      if (side == &kv->v && !values) continue;
       void* p;
       if (Status st = rt_->device_alloc(bytes, &p); st != MOELITE_OK) {
         KvCache partial;
@@ -376,13 +379,22 @@ Status CudaBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const in
                   static_cast<const float*>(angles));
 }
 
+Status CudaBackend::copy_columns(const Act& x, int64_t x_stride, int64_t x_offset, int32_t n_groups, int64_t width,
+                                 Act* out, int64_t out_stride, int64_t out_offset) {
+  MOELITE_TRY(check_copy_columns(x, x_stride, x_offset, n_groups, width, *out, out_stride, out_offset));
+  return k_->copy_columns(compute_, floats(x), x.cols, x_stride, x_offset, floats(*out), out->cols, out_stride,
+                          out_offset, x.rows, n_groups, width);
+}
+
 Status CudaBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0,
                               int32_t n_head, int32_t n_head_kv, int64_t head_dim, const AttentionSpec& spec,
                               Act* out) {
   MOELITE_TRY(kv_check_batch(*kv, layer, pos0, q.rows, spec));
+  int64_t head_dim_v = 0;
+  MOELITE_TRY(kv_value_width(*kv, spec, head_dim, &head_dim_v));
   auto* ref = static_cast<KvRef*>(kv->handle);
   float* ck = ref->k[static_cast<size_t>(layer)];
-  float* cv = ref->v[static_cast<size_t>(layer)];
+  float* cv = kv->values ? ref->v[static_cast<size_t>(layer)] : ck;  // keys-only: values lead each key
   const int32_t slots = kv->slots[static_cast<size_t>(layer)];
   const size_t row_bytes = static_cast<size_t>(kv->kv_dim) * sizeof(float);
   // The batch's rows in at most two runs: a sliding-window layer's ring may wrap once.
@@ -390,8 +402,9 @@ Status CudaBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Ac
     const int64_t slot = kv_slot(pos0 + r0, slots), run = std::min<int64_t>(k.rows - r0, slots - slot);
     MOELITE_TRY(rt_->copy_async(ck + slot * kv->kv_dim, floats(k) + r0 * kv->kv_dim, static_cast<size_t>(run) * row_bytes,
                                 compute_));
-    MOELITE_TRY(rt_->copy_async(cv + slot * kv->kv_dim, floats(v) + r0 * kv->kv_dim, static_cast<size_t>(run) * row_bytes,
-                                compute_));
+    if (kv->values)
+      MOELITE_TRY(rt_->copy_async(cv + slot * kv->kv_dim, floats(v) + r0 * kv->kv_dim,
+                                  static_cast<size_t>(run) * row_bytes, compute_));
     r0 += run;
   }
   const float* sinks;
@@ -401,7 +414,7 @@ Status CudaBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Ac
   const int64_t slice = std::min<int64_t>(q.rows, kSlice);
   const size_t need = static_cast<size_t>(slice) * static_cast<size_t>(n_head) *
                       static_cast<size_t>(attention_chunks(pos0 + static_cast<int32_t>(q.rows))) *
-                      static_cast<size_t>(head_dim + 2);
+                      static_cast<size_t>(head_dim_v + 2);
   if (need > attn_partial_floats_) {
     rt_->device_free(attn_partial_);
     attn_partial_ = nullptr;
@@ -412,11 +425,11 @@ Status CudaBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Ac
     attn_partial_floats_ = need;
   }
   const float scale = spec.scale > 0.0f ? spec.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
-  const int64_t q_dim = static_cast<int64_t>(n_head) * head_dim;
+  const int64_t q_dim = static_cast<int64_t>(n_head) * head_dim, o_dim = static_cast<int64_t>(n_head) * head_dim_v;
   for (int64_t t0 = 0; t0 < q.rows; t0 += slice) {
     const int32_t n = static_cast<int32_t>(std::min(slice, q.rows - t0));
-    MOELITE_TRY(k_->attention(compute_, floats(q) + t0 * q_dim, ck, cv, floats(*out) + t0 * q_dim, attn_partial_, n,
-                              pos0 + static_cast<int32_t>(t0), n_head, n_head_kv, head_dim, kv->kv_dim, slots,
+    MOELITE_TRY(k_->attention(compute_, floats(q) + t0 * q_dim, ck, cv, floats(*out) + t0 * o_dim, attn_partial_, n,
+                              pos0 + static_cast<int32_t>(t0), n_head, n_head_kv, head_dim, head_dim_v, kv->kv_dim, slots,
                               std::max(0, spec.window), sinks, scale));
   }
   return MOELITE_OK;

@@ -42,7 +42,8 @@ class CudaBackend final : public Backend {
   void free_act(Act* a) override;
   Act view_rows(const Act& a, int64_t row0, int64_t n) override;
   Status read_rows(const Act& a, int64_t row0, int64_t n, float* dst) override;
-  Status alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, KvCache* out) override;
+  Status alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, bool values,
+                  KvCache* out) override;
   void free_kv(KvCache* kv) override;
   Status sync() override;
   Status measure_memory_bandwidth(double* gb_per_s) override;
@@ -53,6 +54,8 @@ class CudaBackend final : public Backend {
   Status add(Act* x, const Act& y) override;
   Status scale(Act* x, float s) override;
   Status add_bias(Act* x, const float* bias) override;
+  Status copy_columns(const Act& x, int64_t x_stride, int64_t x_offset, int32_t n_groups, int64_t width, Act* out,
+                        int64_t out_stride, int64_t out_offset) override;
   Status rope(Act* x, int64_t head_dim, const RopeParams& p, const int32_t* positions) override;
   Status attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0, int32_t n_head,
                    int32_t n_head_kv, int64_t head_dim, const AttentionSpec& spec, Act* out) override;

@@ -45,10 +45,15 @@ struct KernelTable {
   // Causal attention of n_tok tokens (the first at position pos0) over the cache (position j in
   // slot j % slots; window > 0: each token sees its last `window` positions; sinks: n_head device
   // floats or null), split into chunks of positions; `partial` holds
-  // n_tok * n_head * attention_chunks(pos0 + n_tok) * (head_dim + 2) floats.
+  // n_tok * n_head * attention_chunks(pos0 + n_tok) * (head_dim_v + 2) floats. A value is the first
+  // head_dim_v floats of its kv head's row in cache_v (cache_k itself for a keys-only cache).
   Status (*attention)(StreamHandle s, const float* q, const float* cache_k, const float* cache_v, float* out,
                       float* partial, int32_t n_tok, int32_t pos0, int32_t n_head, int32_t n_head_kv, int64_t head_dim,
-                      int64_t kv_dim, int32_t slots, int32_t window, const float* sinks, float scale);
+                      int64_t head_dim_v, int64_t kv_dim, int32_t slots, int32_t window, const float* sinks,
+                      float scale);
+  Status (*copy_columns)(StreamHandle s, const float* x, int64_t x_cols, int64_t x_stride, int64_t x_offset,
+                         float* out, int64_t out_cols, int64_t out_stride, int64_t out_offset, int64_t rows,
+                         int32_t n_groups, int64_t width);
   Status (*route)(StreamHandle s, const float* logits, int64_t n_tok, int32_t n_expert, int32_t k, bool renorm,
                   int32_t* ids, float* weights);
   Status (*add)(StreamHandle s, float* x, const float* y, int64_t n);

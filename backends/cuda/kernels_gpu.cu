@@ -51,6 +51,13 @@ extern "C" __global__ void moelite_add_bias_kernel(float* x, const float* bias, 
   add_bias_kernel(x, bias, rows, cols);
 }
 SAME_PARAMS(moelite_add_bias_kernel, add_bias_kernel);
+extern "C" __global__ void moelite_copy_columns_kernel(const float* x, int64_t x_cols, int64_t x_stride,
+                                                       int64_t x_offset, float* out, int64_t out_cols,
+                                                       int64_t out_stride, int64_t out_offset, int64_t rows,
+                                                       int32_t n_groups, int64_t width) {
+  copy_columns_kernel(x, x_cols, x_stride, x_offset, out, out_cols, out_stride, out_offset, rows, n_groups, width);
+}
+SAME_PARAMS(moelite_copy_columns_kernel, copy_columns_kernel);
 extern "C" __global__ void moelite_ffn_act_kernel(const float* g, const float* u, float* h, int64_t n, int mode,
                                                   float alpha, float limit) {
   ffn_act_kernel(g, u, h, n, mode, alpha, limit);
@@ -77,9 +84,10 @@ extern "C" __global__ void moelite_rope_kernel(float* x, int64_t rows, int64_t c
 SAME_PARAMS(moelite_rope_kernel, rope_kernel);
 extern "C" __global__ void moelite_attention_chunk_kernel(const float* q, const float* cache_k, const float* cache_v,
                                                           float* partial, int32_t pos0, int32_t n_head,
-                                                          int32_t n_head_kv, int64_t head_dim, int64_t kv_dim,
-                                                          int32_t slots, int32_t window, float scale) {
-  attention_chunk_kernel(q, cache_k, cache_v, partial, pos0, n_head, n_head_kv, head_dim, kv_dim, slots, window, scale);
+                                                          int32_t n_head_kv, int64_t head_dim, int64_t head_dim_v,
+                                                          int64_t kv_dim, int32_t slots, int32_t window, float scale) {
+  attention_chunk_kernel(q, cache_k, cache_v, partial, pos0, n_head, n_head_kv, head_dim, head_dim_v, kv_dim, slots,
+                         window, scale);
 }
 SAME_PARAMS(moelite_attention_chunk_kernel, attention_chunk_kernel);
 extern "C" __global__ void moelite_attention_merge_kernel(const float* partial, int32_t n_chunks, int32_t n_head,

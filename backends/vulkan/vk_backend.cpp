@@ -1,5 +1,6 @@
 #include "backends/vulkan/vk_backend.h"
 
+#include "backends/column_copy.h"
 #include "backends/kv_layout.h"
 #include "base/rope_angles.h"
 
@@ -295,13 +296,14 @@ Status VulkanBackend::read_rows(const Act& a, int64_t row0, int64_t n, float* ds
 
 Status VulkanBackend::sync() { return dev_->flush(); }
 
-Status VulkanBackend::alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, KvCache* out) {
-  KvCache made = kv_cache_shape(n_ctx, slots, kv_dim);  // may throw; nothing is allocated yet
+Status VulkanBackend::alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, bool values,
+                               KvCache* out) {
+  KvCache made = kv_cache_shape(n_ctx, slots, kv_dim, values);  // may throw; nothing is allocated yet
   auto kv = std::make_unique<KvRef>();
   kv->layers.reserve(slots.size());  // so that no push_back can throw after its allocation
-  for (const int32_t n : slots) {  // keys at [0, n * kv_dim), values after them
+  for (const int32_t n : slots) {  // keys at [0, n * kv_dim), values (if any) after them
     Buffer b;
-    const Status st = dev_->alloc(2ull * static_cast<uint64_t>(n) * static_cast<uint64_t>(kv_dim) * sizeof(float), &b);
+    const Status st = dev_->alloc((values ? 2ull : 1ull) * static_cast<uint64_t>(n) * static_cast<uint64_t>(kv_dim) * sizeof(float), &b);
     if (st != MOELITE_OK) {
       for (Buffer& x : kv->layers) dev_->free(&x);
       return st;
@@ -456,21 +458,39 @@ Status VulkanBackend::rope(Act* x, int64_t head_dim, const RopeParams& p, const 
   return MOELITE_OK;
 }
 
+Status VulkanBackend::copy_columns(const Act& x, int64_t x_stride, int64_t x_offset, int32_t n_groups, int64_t width,
+                                   Act* out, int64_t out_stride, int64_t out_offset) {
+  MOELITE_TRY(check_copy_columns(x, x_stride, x_offset, n_groups, width, *out, out_stride, out_offset));
+  const ActRef *xr = ref(x), *o = ref(*out);
+  const uint64_t n = static_cast<uint64_t>(x.rows) * static_cast<uint64_t>(n_groups) * static_cast<uint64_t>(width);
+  struct {
+    uint32_t x_base, x_cols, x_stride, x_offset, o_base, o_cols, o_stride, o_offset, n_groups, width, n;
+  } pc{static_cast<uint32_t>(xr->off),   static_cast<uint32_t>(x.cols),       static_cast<uint32_t>(x_stride),
+       static_cast<uint32_t>(x_offset),  static_cast<uint32_t>(o->off),       static_cast<uint32_t>(out->cols),
+       static_cast<uint32_t>(out_stride), static_cast<uint32_t>(out_offset), static_cast<uint32_t>(n_groups),
+       static_cast<uint32_t>(width),     static_cast<uint32_t>(n)};
+  dev_->dispatch("copy_columns", 0, {{&xr->buf}, {&o->buf}}, &pc, sizeof pc, groups_for(n));
+  return MOELITE_OK;
+}
+
 Status VulkanBackend::attention(KvCache* kv, int32_t layer, const Act& q, const Act& k, const Act& v, int32_t pos0,
                                 int32_t n_head, int32_t n_head_kv, int64_t head_dim, const AttentionSpec& spec,
                                 Act* out) {
   const uint64_t n = static_cast<uint64_t>(q.rows);
   MOELITE_TRY(kv_check_batch(*kv, layer, pos0, q.rows, spec));
+  int64_t head_dim_v = 0;
+  MOELITE_TRY(kv_value_width(*kv, spec, head_dim, &head_dim_v));
   const Buffer& cache = static_cast<KvRef*>(kv->handle)->layers[static_cast<size_t>(layer)];
   const uint64_t kv_dim = static_cast<uint64_t>(kv->kv_dim);
   const uint64_t slots = static_cast<uint64_t>(kv->slots[static_cast<size_t>(layer)]);
-  const ActRef *qr = ref(q), *kr = ref(k), *vr = ref(v), *o = ref(*out);
+  const ActRef *qr = ref(q), *kr = ref(k), *vr = ref(kv->values ? v : k), *o = ref(*out);
   const Buffer* sinks;
   MOELITE_TRY(host_floats(spec.sinks, static_cast<size_t>(n_head), &sinks));
   struct {
-    uint32_t k_off, v_off, kv_dim, n, pos0, slots;
+    uint32_t k_off, v_off, kv_dim, n, pos0, slots, has_v;
   } st{static_cast<uint32_t>(kr->off), static_cast<uint32_t>(vr->off), static_cast<uint32_t>(kv_dim),
-       static_cast<uint32_t>(n),       static_cast<uint32_t>(pos0),     static_cast<uint32_t>(slots)};
+       static_cast<uint32_t>(n),       static_cast<uint32_t>(pos0),     static_cast<uint32_t>(slots),
+       kv->values ? 1u : 0u};
   dev_->dispatch("kv_store", 0, {{&kr->buf}, {&vr->buf}, {&cache}}, &st, sizeof st, groups_for(n * kv_dim));
   // Scores scratch: a chunk of tokens at a time, so any context length fits the storage range.
   const uint64_t per_token = static_cast<uint64_t>(n_head) * slots * sizeof(float);
@@ -483,13 +503,14 @@ Status VulkanBackend::attention(KvCache* kv, int32_t layer, const Act& q, const 
   for (uint64_t t0 = 0; t0 < n; t0 += chunk) {
     const uint64_t m = std::min(chunk, n - t0);
     struct {
-      uint32_t q_off, o_off, cache_v, kv_dim, head_dim, n_head, n_head_kv, pos0, slots, window, has_sinks;
+      uint32_t q_off, o_off, cache_v, kv_dim, head_dim, head_dim_v, n_head, n_head_kv, pos0, slots, window, has_sinks;
       float scale;
     } pc{static_cast<uint32_t>(qr->off + t0 * static_cast<uint64_t>(q.cols)),
          static_cast<uint32_t>(o->off + t0 * static_cast<uint64_t>(out->cols)),
-         static_cast<uint32_t>(slots * kv_dim),
+         static_cast<uint32_t>(kv->values ? slots * kv_dim : 0),
          static_cast<uint32_t>(kv_dim),
          static_cast<uint32_t>(head_dim),
+         static_cast<uint32_t>(head_dim_v),
          static_cast<uint32_t>(n_head),
          static_cast<uint32_t>(n_head_kv),
          static_cast<uint32_t>(pos0 + static_cast<int64_t>(t0)),

@@ -81,13 +81,14 @@ Status plan_expert_store(const Model& m, const Profile* p, const LoadOptions& op
   const int64_t slots = static_cast<int64_t>(std::min(opts.expert_budget_bytes, limits.cap) / slot_bytes);
   // Each layer's quota: at least the store's per-layer minimum (ExpertStore::create checks it).
   const int32_t min_q = k + ExpertStore::kReserveSlots, max_q = std::max(min_q, hp.n_expert);
-  if (slots < int64_t{hp.n_layer} * min_q) {
+  const int32_t moe_layers = hp.n_layer - hp.n_dense_lead;  // dense blocks get no slots
+  if (slots < int64_t{moe_layers} * min_q) {
     if (mode == "dp")
       return fail(MOELITE_ERR_BUDGET_TOO_SMALL,
                   "the DP cache allocation needs %d slots per layer (%" PRIu64
                   " bytes in all); "
                   "the budget holds %" PRId64 " slots",
-                  min_q, uint64_t(hp.n_layer) * uint64_t(min_q) * slot_bytes, slots);
+                  min_q, uint64_t(moe_layers) * uint64_t(min_q) * slot_bytes, slots);
     log_msg(MOELITE_LOG_INFO,
             "expert store: the budget holds %" PRId64
             " slots, fewer than %d per layer; "
@@ -105,6 +106,11 @@ Status plan_expert_store(const Model& m, const Profile* p, const LoadOptions& op
   std::vector<AllocationLayer> layers(static_cast<size_t>(hp.n_layer));
   for (int32_t l = 0; l < hp.n_layer; ++l) {
     AllocationLayer& a = layers[static_cast<size_t>(l)];
+    if (!hp.is_moe_layer(l)) {
+      a.min_size = a.max_size = 0;
+      a.loss.push_back(0.0);
+      continue;
+    }
     a.min_size = min_q;
     a.max_size = max_q;
     double accuracy = 0.0;

@@ -65,6 +65,7 @@ void ExpertStore::clear_slot(Slot* s) {
 void ExpertStore::chunk_regions(const Model& model, uint64_t region[3]) {
   region[0] = region[1] = region[2] = 0;
   for (const LayerWeights& lw : model.layers) {
+    if (!lw.experts.present()) continue;
     ExpertWeights w = lw.experts.expert(0);
     for (int c = 0; c < 3; ++c) {
       const WeightView& v = chunk_of(w, c);
@@ -78,9 +79,11 @@ ExpertStore::Limits ExpertStore::limits(const Model& model, bool per_layer) {
   chunk_regions(model, region);
   Limits l;
   l.slot_bytes = region[0] + region[1] + region[2];
-  const uint64_t pools = per_layer ? static_cast<uint64_t>(model.hp.n_layer) : 1;
+  // Leading dense blocks (deepseek2) have no experts and get no slots.
+  const uint64_t moe_layers = static_cast<uint64_t>(model.hp.n_layer - model.hp.n_dense_lead);
+  const uint64_t pools = per_layer ? moe_layers : 1;
   l.minimum = l.slot_bytes * static_cast<uint64_t>(model.hp.n_expert_used + kReserveSlots) * pools;
-  const uint64_t n_experts = static_cast<uint64_t>(model.hp.n_layer) * static_cast<uint64_t>(model.hp.n_expert);
+  const uint64_t n_experts = moe_layers * static_cast<uint64_t>(model.hp.n_expert);
   l.cap = l.slot_bytes * (n_experts + static_cast<uint64_t>(kReserveSlots) * pools);
   return l;
 }
@@ -109,7 +112,13 @@ Status ExpertStore::create(const Model& model, Backend& backend, const ExpertSto
       return fail(MOELITE_ERR_INVALID_ARGUMENT, "per-layer expert slots: %zu values for %d layers",
                   opts.layer_slots.size(), model.hp.n_layer);
     uint64_t sum = 0;
-    for (int32_t q : opts.layer_slots) {
+    for (size_t l = 0; l < opts.layer_slots.size(); ++l) {
+      const int32_t q = opts.layer_slots[l];
+      if (!model.hp.is_moe_layer(static_cast<int32_t>(l))) {
+        if (q != 0)
+          return fail(MOELITE_ERR_INVALID_ARGUMENT, "per-layer expert slots: layer %zu is a dense block, given %d", l, q);
+        continue;
+      }
       if (q < model.hp.n_expert_used + kReserveSlots)
         return fail(MOELITE_ERR_BUDGET_TOO_SMALL, "a per-layer quota of %d expert slots is below the minimum of %d", q,
                     model.hp.n_expert_used + kReserveSlots);
@@ -122,8 +131,10 @@ Status ExpertStore::create(const Model& model, Backend& backend, const ExpertSto
     s->quota_ = opts.layer_slots;
     n_slots = sum;
   } else if (opts.per_layer) {
-    n_slots = n_slots / n_layers * n_layers;  // uniform quotas
-    s->quota_.assign(n_layers, static_cast<int32_t>(n_slots / n_layers));
+    const uint64_t moe_layers = n_layers - static_cast<uint64_t>(model.hp.n_dense_lead);
+    n_slots = n_slots / moe_layers * moe_layers;  // uniform quotas over the layers with experts
+    s->quota_.assign(n_layers, static_cast<int32_t>(n_slots / moe_layers));
+    for (int32_t l = 0; l < model.hp.n_dense_lead; ++l) s->quota_[static_cast<size_t>(l)] = 0;
   }
 
   // Storage tier: the model file itself, bypassing the page cache where the file system allows.
@@ -174,7 +185,7 @@ Status ExpertStore::create(const Model& model, Backend& backend, const ExpertSto
   for (size_t i = 0, layer = 0, used = 0; i < s->slots_.size(); ++i) {
     s->slots_[i].mem = s->pool_ + i * s->slot_bytes_;
     if (!opts.per_layer) continue;
-    if (used == static_cast<size_t>(s->quota_[layer])) {
+    while (used == static_cast<size_t>(s->quota_[layer])) {  // the next layer with slots left
       ++layer;
       used = 0;
     }

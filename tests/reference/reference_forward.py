@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Independent numpy (float64) reference forward for MoE GGUF models.
 
-Architectures: llama (Mixtral-style MoE), qwen2moe, qwen3moe, olmoe, gpt-oss, granitemoe, phimoe.
+Architectures: llama (Mixtral-style MoE), qwen2moe, qwen3moe, olmoe, gpt-oss, granitemoe, phimoe,
+deepseek2.
 
     /usr/bin/python3 tests/reference/reference_forward.py MODEL.gguf --tokens 1,2,3 \
         --out logits.f32 [--quantize-activations] [--gating exact|score|sensitivity \
@@ -39,6 +40,26 @@ phimoe (as llama.cpp's phi3 graph): every norm is rms_norm(x) * w + b when the f
 divided per pair by rope_factors_long (a context longer than rope.scaling.original_context_length,
 n_ctx = --n-ctx, default the file's context_length) or rope_factors_short; top-k renormalised.
 rope.scaling.attn_factor multiplies cos and sin whatever the scaling type (none included).
+
+deepseek2 (DeepSeek-V2/V3 as their Hugging Face modeling code defines it): multi-head latent
+attention in its decompressed form: q = Wq x, or Wq_b rms(Wq_a x) (q_a_norm); per head
+q = [q_nope | q_rope] (key_length_mla or key_length = nope + n_rot, n_rot = rope.dimension_count);
+[c | k_rope] = Wkv_a x, c = rms(c) (kv_a_norm, kv_lora_rank wide), k_rope one rope key shared by all
+heads; per head k = [K_b,h^T c | rope(k_rope)], v = V_b,h c with K_b,h (kv_lora_rank x nope) and
+V_b,h (value_length_mla x kv_lora_rank) from attn_k_b/attn_v_b or the fused attn_kv_b (per head
+nope key rows then value rows); adjacent-pair rope on the rope dims only; softmax scale
+m^2 / sqrt(nope + n_rot) and cos/sin times a, where for YaRN with mscale_all_dim L (the file's
+yarn_log_multiplier / 0.1): a = attn_factor, m = attn_factor * (1 + 0.1 L ln s); without L (or
+without YaRN, s = 1): a = m = attn_factor * (1 + 0.1 ln s). With --quantize-activations and a
+quantized attn_k_b/attn_kv_b the attention is computed absorbed (q_nope_h through K_b,h into latent
+space, scores against c, output through V_b,h) so that the quantized activations are the engine's.
+leading_dense_block_count dense SwiGLU blocks (ffn_gate/up/down) first; then MoE blocks whose shared
+experts (ffn_*_shexp, no gate) are added; routing: scores = softmax (expert_gating_func 1 or absent)
+or sigmoid (2) of the logits; selection = scores + exp_probs_b.bias (if present); with
+expert_group_count G > 1, groups of n_expert/G consecutive experts scored by the sum of their two
+best selection values, all but the expert_group_used_count best groups (ties -> lower group)
+excluded; top-k selection values (ties -> lower index); weights = the picked unbiased scores,
+divided by max(sum, 2^-14) when expert_weights_norm; times expert_weights_scale.
 
 RoPE scaling (rope.scaling.type): "linear": theta / factor; "yarn" (factor s, original context
 n_orig, beta_fast 32, beta_slow 1 unless the file says): for pair i of n_rot, with
@@ -101,7 +122,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "gguf"))
 from moelite_gguf import GGUFReader, quants as Q  # noqa: E402
 
-ARCHS = ("llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss", "granitemoe", "phimoe")
+ARCHS = ("llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss", "granitemoe", "phimoe", "deepseek2")
 
 
 def rms_norm(x, w, eps):
@@ -262,6 +283,26 @@ class ReferenceModel:
         if arch == "phimoe" and which in r:
             self.freq_factors = r.get(which).astype(np.float64)
         self.weights_scale = float(md.get(arch + ".expert_weights_scale", 1.0))
+        self.rope_mag = None          # cos/sin magnitude when not the generic one (deepseek2)
+        self.dense_lead, self.sigmoid, self.groups, self.groups_used = 0, False, 0, 0
+        if arch == "deepseek2":
+            self.neox = False
+            self.head_dim = int(md.get(k + "attention.key_length_mla", md.get(k + "attention.key_length")))
+            self.v_head = int(md.get(k + "attention.value_length_mla", md.get(k + "attention.value_length")))
+            self.n_rot = int(md[k + "rope.dimension_count"])
+            self.nope = self.head_dim - self.n_rot
+            self.kv_lora = int(md[k + "attention.kv_lora_rank"])
+            self.dense_lead = int(md.get(k + "leading_dense_block_count", 0))
+            self.sigmoid = int(md.get(k + "expert_gating_func", 1)) == 2
+            self.groups = int(md.get(k + "expert_group_count", 0))
+            self.groups_used = int(md.get(k + "expert_group_used_count", 0))
+            L = float(md.get(k + "rope.scaling.yarn_log_multiplier", 0.0)) / 0.1
+            s_ = self.factor if self.scaling == "yarn" else 1.0
+            if self.scaling == "yarn" and L != 0.0:
+                self.rope_mag, m = self.attn_factor, self.attn_factor * (1.0 + 0.1 * L * np.log(s_))
+            else:
+                self.rope_mag = m = self.attn_factor * (1.0 + 0.1 * np.log(s_))
+            self.attention_scale = m * m / np.sqrt(self.head_dim)
         self._cache = {}
 
     # ---------------------------------------------------------------- weights
@@ -325,6 +366,8 @@ class ReferenceModel:
             mag = self.attn_factor * (1.0 + 0.1 * np.log(self.factor))  # attn_factor as set above
         elif self.scaling != "none":
             raise ValueError("rope scaling " + self.scaling)
+        if self.rope_mag is not None:
+            mag = self.rope_mag
         c, s = mag * np.cos(ang)[:, None, :], mag * np.sin(ang)[:, None, :]
         out = x.copy()
         if self.neox:
@@ -337,7 +380,62 @@ class ReferenceModel:
             out[..., 1:nr:2] = a * s + b * c
         return out
 
+    def _quantized(self, name):
+        return self.qa and Q.TYPE_NAMES[self.r.type_of(name)] not in ("F32", "F16", "BF16")
+
+    def attention_mla(self, il, h, pos):
+        """deepseek2's multi-head latent attention (see the module docstring)"""
+        p = "blk.%d." % il
+        T, H, nope, rot, dv, r = h.shape[0], self.n_head, self.nope, self.n_rot, self.v_head, self.kv_lora
+        if self.has(p + "attn_q_a.weight"):
+            q = self.matmul(p + "attn_q_b.weight",
+                            rms_norm(self.matmul(p + "attn_q_a.weight", h), self.w(p + "attn_q_a_norm.weight"), self.eps))
+        else:
+            q = self.matmul(p + "attn_q.weight", h)
+        q = q.reshape(T, H, nope + rot)
+        kva = self.matmul(p + "attn_kv_a_mqa.weight", h)
+        c = rms_norm(kva[:, :r], self.w(p + "attn_kv_a_norm.weight"), self.eps)          # [T, r]
+        kr = self.rope(kva[:, None, r:], pos)                                              # [T, 1, rot]
+        qr = self.rope(q[..., nope:], pos)                                                 # [T, H, rot]
+        fused = not self.has(p + "attn_k_b.weight")
+        kb_name = p + ("attn_kv_b.weight" if fused else "attn_k_b.weight")
+        if fused:   # numpy [H * (nope + dv), r] -> per head nope key rows, then dv value rows
+            kvb = self.w(p + "attn_kv_b.weight").reshape(H, nope + dv, r)
+            kb, vb = kvb[:, :nope, :].transpose(0, 2, 1), kvb[:, nope:, :]                # [H, r, nope], [H, dv, r]
+        else:       # attn_k_b ne {nope, r, H} -> [H, r, nope]; attn_v_b ne {r, dv, H} -> [H, dv, r]
+            kb = np.stack([self.w(p + "attn_k_b.weight", i) for i in range(H)])
+            vb = np.stack([self.w(p + "attn_v_b.weight", i) for i in range(H)])
+        mask = pos[None, :] > pos[:, None]
+        if self._quantized(kb_name):
+            # Absorbed: each head's query into latent space (the fused file's K_b is used as
+            # dequantized floats, unquantized activations; attn_k_b's quantizes them), then out of it.
+            q_abs = np.stack([q[:, i, :nope] @ kb[i].T if fused else self.matmul(p + "attn_k_b.weight", q[:, i, :nope], i)
+                              for i in range(H)], axis=1)                                  # [T, H, r]
+            scores = np.einsum("thr,sr->hts", q_abs, c) + np.einsum("thd,sd->hts", qr, kr[:, 0, :])
+        else:
+            k_nope = np.einsum("tr,hrn->thn", c, kb)                                       # [T, H, nope]
+            k = np.concatenate([k_nope, np.broadcast_to(kr, (T, H, rot))], axis=-1)
+            scores = np.einsum("thd,shd->hts", np.concatenate([q[..., :nope], qr], axis=-1), k)
+        scores = np.where(mask[None], -np.inf, scores * self.attention_scale)
+        scores -= scores.max(axis=-1, keepdims=True)
+        pr = np.exp(scores)
+        pr /= pr.sum(axis=-1, keepdims=True)
+        if self._quantized(kb_name):
+            o_lat = np.einsum("hts,sr->thr", pr, c)                                        # [T, H, r]
+            if fused:
+                per = nope + dv
+                o = np.concatenate([self.matmul(p + "attn_kv_b.weight", o_lat[:, i])[:, i * per + nope:(i + 1) * per]
+                                    for i in range(H)], axis=-1)
+            else:
+                o = np.concatenate([self.matmul(p + "attn_v_b.weight", o_lat[:, i], i) for i in range(H)], axis=-1)
+        else:
+            v = np.einsum("tr,hvr->thv", c, vb)                                            # [T, H, dv]
+            o = np.einsum("hts,shv->thv", pr, v).reshape(T, H * dv)
+        return self.matmul(p + "attn_output.weight", o)
+
     def attention(self, il, h, pos):
+        if self.arch == "deepseek2":
+            return self.attention_mla(il, h, pos)
         p = "blk.%d." % il
         T = h.shape[0]
         H, HKV, HD = self.n_head, self.n_head_kv, self.head_dim
@@ -395,7 +493,30 @@ class ReferenceModel:
         logits = x @ self.w(router).T
         if bias is not None:
             logits = logits + bias
-        if self.arch == "gpt-oss":                  # top-k logits, then a softmax over those k
+        if self.arch == "deepseek2":                # scores, biased (grouped) selection, unbiased weights
+            if self.sigmoid:
+                p = 1.0 / (1.0 + np.exp(-logits))
+            else:
+                p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+                p /= p.sum(axis=-1, keepdims=True)
+            choose = p.copy()
+            pb = "blk.%d.exp_probs_b.bias" % il
+            if router == "blk.%d.ffn_gate_inp.weight" % il and self.has(pb):
+                choose = choose + self.w(pb)
+            if self.groups > 1:
+                T_, G = choose.shape[0], self.groups
+                grp = choose.reshape(T_, G, -1)
+                gscore = np.sort(grp, axis=-1)[..., -2:].sum(axis=-1)                     # [T, G]
+                best = np.argsort(-gscore, axis=-1, kind="stable")[:, : self.groups_used]
+                keep = np.zeros((T_, G), bool)
+                np.put_along_axis(keep, best, True, axis=-1)
+                choose = np.where(np.repeat(keep, grp.shape[-1], axis=-1), choose, -np.inf)
+            top = np.argsort(-choose, axis=-1, kind="stable")[:, : self.n_expert_used]
+            wts = np.zeros_like(p)
+            sel = np.take_along_axis(p, top, axis=-1)
+            if self.renorm:
+                sel = sel / np.maximum(sel.sum(axis=-1, keepdims=True), 2.0 ** -14)
+        elif self.arch == "gpt-oss":                  # top-k logits, then a softmax over those k
             top = np.argsort(-logits, axis=-1, kind="stable")[:, : self.n_expert_used]
             sel = np.take_along_axis(logits, top, axis=-1)
             sel = np.exp(sel - sel.max(axis=-1, keepdims=True))
@@ -486,6 +607,12 @@ class ReferenceModel:
             p = "blk.%d." % il
             h = h + self.residual_scale * self.attention(il, self.norm(h, p + "attn_norm"), pos)
             xn = self.norm(h, p + ("post_attention_norm" if self.arch == "gpt-oss" else "ffn_norm"))
+            if il < self.dense_lead:                 # deepseek2's leading dense blocks
+                g, u = self.matmul(p + "ffn_gate.weight", xn), self.matmul(p + "ffn_up.weight", xn)
+                h = h + self.matmul(p + "ffn_down.weight", silu(g) * u)
+                st.setdefault("kept", {})[il] = np.zeros(tokens.size, np.int64)
+                st.setdefault("topk", {})[il] = np.zeros((tokens.size, self.n_expert_used))
+                continue
             wts = pregated if pregated is not None else self._route(il, xn, None, gating, perturb, st)
             pre = self.pregate_name(il)
             pregated = self._route(il + 1, xn, pre, gating, perturb, st) if pre else None

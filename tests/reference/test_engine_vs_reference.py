@@ -45,9 +45,9 @@ REF = os.path.join(HERE, "reference_forward.py")
 BIN = os.environ.get("MOELITE_BIN", os.path.join(ROOT, "build", "bin", "moelite"))
 TMP = os.environ.get("MOELITE_TEST_TMP", "/tmp/moelite-ref-tests")
 
-ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss", "granitemoe", "phimoe"]
+ARCHS = ["llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss", "granitemoe", "phimoe", "deepseek2"]
 # Architectures that add a block but no kernels: a few types each where runs are slow (devices, qemu).
-BLOCK_ONLY_ARCHS = ("gpt-oss", "granitemoe", "phimoe")
+BLOCK_ONLY_ARCHS = ("gpt-oss", "granitemoe", "phimoe", "deepseek2")
 TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 # MXFP4 (gpt-oss's experts) is computed by every backend, but only GGUF files of gpt-oss carry it:
@@ -236,6 +236,57 @@ def test_phimoe_context_length_picks_the_longrope_factors():
     assert nmse(long_ctx, reference_logits(model, tokens=LONG, n_ctx=512)) < TIGHT_FLOAT
     assert nmse(short_ctx, reference_logits(model, tokens=LONG, n_ctx=48)) < TIGHT_FLOAT
     assert nmse(short_ctx, long_ctx) > 1e-4
+
+
+DEEPSEEK2_V3 = ("--q-lora", "256", "--gating", "sigmoid", "--probs-bias", "--expert-groups", "4", "--groups-used", "2",
+                "--weights-norm", "--weights-scale", "2.5", "--dense-lead", "2", "--n-layer", "3")
+DEEPSEEK2_VARIANTS = {
+    "lite": (),  # DeepSeek-V2-Lite's shape: attn_q, softmax routing, one dense block, one shared expert
+    "v3": DEEPSEEK2_V3,  # q low-rank path, sigmoid scores, selection bias, expert groups, renormalised, scaled
+    "fused-kv-b": ("--fused-kv-b",),  # the older attn_kv_b (key part transposed at load)
+    "yarn-log-mul": ("--yarn", "4", "--yarn-orig-ctx", "16", "--yarn-log-mul", "0.707"),  # V2's mscale_all_dim
+    "yarn": ("--yarn", "4", "--yarn-orig-ctx", "16"),  # YaRN without a log multiplier
+    "no-dense-two-shared": ("--dense-lead", "0", "--n-shared", "2"),
+}
+
+
+@pytest.mark.parametrize("wtype", ["F32", "Q8_0", "Q4_K"])
+@pytest.mark.parametrize("variant", sorted(DEEPSEEK2_VARIANTS))
+def test_deepseek2_variants_match_reference(variant, wtype):
+    """Multi-head latent attention (computed absorbed, against the reference's decompressed form in
+    float and its absorbed form where the quantized activations must match) over 40 tokens, with each
+    routing and rope variant DeepSeek-V2/V3 files carry."""
+    model = make_model("deepseek2-%s-%s" % (variant, wtype), "deepseek2", wtype, *DEEPSEEK2_VARIANTS[variant])
+    eng = engine_logits(model, tokens=LONG)
+    err = nmse(eng, reference_logits(model, tokens=LONG))
+    assert err < tight(wtype), "%s %s: nmse %.3e" % (variant, wtype, err)
+    assert nmse(eng, reference_logits(model, quantize=False, tokens=LONG)) < LOOSE
+
+
+def test_deepseek2_variants_differ():
+    """The options the variants test change the model (the reference is not blind to them)."""
+    lite = reference_logits(make_model("deepseek2-lite-F32", "deepseek2", "F32"), tokens=LONG)
+    for variant in ("v3", "yarn-log-mul", "yarn", "no-dense-two-shared"):
+        other = reference_logits(make_model("deepseek2-%s-F32" % variant, "deepseek2", "F32",
+                                            *DEEPSEEK2_VARIANTS[variant]), tokens=LONG)
+        assert nmse(other, lite) > 1e-4, variant
+    yarn = reference_logits(make_model("deepseek2-yarn-F32", "deepseek2", "F32", *DEEPSEEK2_VARIANTS["yarn"]),
+                            tokens=LONG)
+    log_mul = reference_logits(make_model("deepseek2-yarn-log-mul-F32", "deepseek2", "F32",
+                                          *DEEPSEEK2_VARIANTS["yarn-log-mul"]), tokens=LONG)
+    assert nmse(yarn, log_mul) > 1e-6
+
+
+def test_deepseek2_batches_and_budget_give_the_same_bits():
+    """The latent cache across batches of 3 and token by token, and the expert store with leading
+    dense blocks (no experts, no slots) under a small budget: the bits of one whole batch."""
+    model = make_model("deepseek2-v3-Q8_0", "deepseek2", "Q8_0", *DEEPSEEK2_V3)
+    whole = engine_logits(model, tokens=LONG)
+    np.testing.assert_array_equal(whole, engine_logits(model, tokens=LONG, extra=("-b", "3")))
+    np.testing.assert_array_equal(whole, engine_logits(model, tokens=LONG, extra=("-b", "1")))
+    np.testing.assert_array_equal(whole, engine_logits(model, tokens=LONG, extra=("--budget", "40%")))
+    np.testing.assert_array_equal(
+        whole, engine_logits(model, tokens=LONG, extra=("--budget", "60%", "--allocation", "uniform")))
 
 
 def test_yarn_on_a_standard_arch():

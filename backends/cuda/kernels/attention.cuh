@@ -31,11 +31,13 @@ constexpr int kAttnChunk = 256;
 // Block (t * n_head + h, c): positions [c * kAttnChunk, ...) of those the token sees -- [0, pos0 + t],
 // or its sliding window when window > 0 -- (position j in cache slot j % slots; GQA: kv head
 // h / (n_head / n_head_kv)). Writes the chunk's max score m, sum of exp(score - m) s, and
-// o[d] = sum of exp(score - m) * v[d] into partial[((t * n_head + h) * n_chunks + c) * (head_dim + 2)]
-// as (m, s, o...); a chunk outside the token's positions writes (-inf, 0, 0...).
+// o[d] = sum of exp(score - m) * v[d] (d < head_dim_v: a value is the first head_dim_v floats of its
+// kv head's row in cache_v, which is cache_k for a keys-only cache) into
+// partial[((t * n_head + h) * n_chunks + c) * (head_dim_v + 2)] as (m, s, o...); a chunk outside
+// the token's positions writes (-inf, 0, 0...).
 MK_GLOBAL void attention_chunk_kernel(const float* q, const float* cache_k, const float* cache_v, float* partial,
-                                      int32_t pos0, int32_t n_head, int32_t n_head_kv, int64_t head_dim, int64_t kv_dim,
-                                      int32_t slots, int32_t window, float scale) {
+                                      int32_t pos0, int32_t n_head, int32_t n_head_kv, int64_t head_dim,
+                                      int64_t head_dim_v, int64_t kv_dim, int32_t slots, int32_t window, float scale) {
   MK_SHARED(float, scores, kAttnChunk);
   MK_SHARED(float, reduce, kAttnThreads / 32);
   const int32_t t = int32_t(blockIdx.x) / n_head, h = int32_t(blockIdx.x) % n_head;
@@ -45,10 +47,10 @@ MK_GLOBAL void attention_chunk_kernel(const float* q, const float* cache_k, cons
   const int32_t first = c * kAttnChunk > visible ? c * kAttnChunk : visible;
   const int32_t end = (c + 1) * kAttnChunk < n_pos ? (c + 1) * kAttnChunk : n_pos;
   const int32_t count = end - first;
-  float* out = partial + ((int64_t(t) * n_head + h) * n_chunks + c) * (head_dim + 2);
+  float* out = partial + ((int64_t(t) * n_head + h) * n_chunks + c) * (head_dim_v + 2);
   const int tid = int(threadIdx.x);
   if (count <= 0) {  // the whole block agrees: no barrier is skipped by some threads only
-    for (int64_t d = tid; d < head_dim + 2; d += kAttnThreads) out[d] = d == 0 ? -INFINITY : 0.0f;
+    for (int64_t d = tid; d < head_dim_v + 2; d += kAttnThreads) out[d] = d == 0 ? -INFINITY : 0.0f;
     return;
   }
   const float* qh = q + (int64_t(t) * n_head + h) * head_dim;
@@ -73,7 +75,7 @@ MK_GLOBAL void attention_chunk_kernel(const float* q, const float* cache_k, cons
     out[0] = mx;
     out[1] = sum;
   }
-  for (int64_t d = tid; d < head_dim; d += kAttnThreads) {
+  for (int64_t d = tid; d < head_dim_v; d += kAttnThreads) {
     float acc = 0.0f;
     for (int32_t j = 0; j < count; ++j) acc += scores[j] * cache_v[int64_t((first + j) % slots) * kv_dim + kv_off + d];
     out[2 + d] = acc;
@@ -82,6 +84,7 @@ MK_GLOBAL void attention_chunk_kernel(const float* q, const float* cache_k, cons
 
 // One block per (token, head): out = sum_c exp(m_c - M) o_c / (sum_c exp(m_c - M) s_c + exp(sink - M)),
 // M = max(m_c, sink), the chunks taken in order; without sinks (null) the sink term is absent.
+// head_dim here is the value width (the output head's floats).
 MK_GLOBAL void attention_merge_kernel(const float* partial, int32_t n_chunks, int32_t n_head, int64_t head_dim,
                                       const float* sinks, float* out) {
   const float* p = partial + int64_t(blockIdx.x) * n_chunks * (head_dim + 2);

@@ -30,6 +30,17 @@ MK_GLOBAL void add_bias_kernel(float* x, const float* bias, int64_t rows, int64_
   for (int64_t i = global_thread(); i < rows * cols; i += grid_threads()) x[i] += bias[i % cols];
 }
 
+// out[t, g * out_stride + out_offset + c] = x[t, g * x_stride + x_offset + c] (Backend::copy_columns).
+MK_GLOBAL void copy_columns_kernel(const float* x, int64_t x_cols, int64_t x_stride, int64_t x_offset, float* out,
+                                   int64_t out_cols, int64_t out_stride, int64_t out_offset, int64_t rows,
+                                   int32_t n_groups, int64_t width) {
+  const int64_t per_row = int64_t(n_groups) * width;
+  for (int64_t i = global_thread(); i < rows * per_row; i += grid_threads()) {
+    const int64_t t = i / per_row, g = (i % per_row) / width, c = i % width;
+    out[t * out_cols + g * out_stride + out_offset + c] = x[t * x_cols + g * x_stride + x_offset + c];
+  }
+}
+
 MK_DEVICE float sigmoid_f(float v) { return 1.0f / (1.0f + expf(-v)); }
 
 // h = act(g, u) for n elements; mode 0: SwiGLU silu(g) * u; mode 1: gpt-oss's clamped SwiGLU.

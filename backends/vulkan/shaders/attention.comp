@@ -2,7 +2,8 @@
 // Causal attention for one (token, query head) per workgroup: scores against the positions the
 // query sees ([0, pos] or its sliding window (pos - window, pos]; position j in slot j % slots, GQA:
 // kv head h / (n_head / n_head_kv)), softmax with the head's sink logit in the denominator when
-// there is one, weighted sum of values. Scores go to a scratch buffer so any context length fits.
+// there is one, weighted sum of values (head_dim_v floats of each; with a keys-only cache,
+// cache_v 0, they are the first head_dim_v floats of the key row). Scores go to a scratch buffer so any context length fits.
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer Qbuf { float Q[]; };
 layout(std430, binding = 1) readonly buffer Cbuf { float C[]; };
@@ -10,7 +11,7 @@ layout(std430, binding = 2) writeonly buffer Obuf { float O[]; };
 layout(std430, binding = 3) buffer Sbuf { float S[]; };
 layout(std430, binding = 4) readonly buffer Sinkbuf { float SINK[]; };
 layout(push_constant) uniform P {
-  uint q_off, o_off, cache_v, kv_dim, head_dim, n_head, n_head_kv, pos0, slots, window, has_sinks;
+  uint q_off, o_off, cache_v, kv_dim, head_dim, head_dim_v, n_head, n_head_kv, pos0, slots, window, has_sinks;
   float scale;
 } p;
 shared float red[64];
@@ -53,10 +54,10 @@ void main() {
   const float inv = 1.0 / (red[0] + (sink ? exp(SINK[h] - mx) : 0.0));
   memoryBarrierBuffer();
   barrier();
-  for (uint c = tid; c < p.head_dim; c += 64u) {
+  for (uint c = tid; c < p.head_dim_v; c += 64u) {
     float acc = 0.0;
     for (uint j = 0u; j < n_pos; ++j)
       acc += S[sb + j] * C[p.cache_v + ((first + j) % p.slots) * p.kv_dim + kvh * p.head_dim + c];
-    O[p.o_off + t * p.n_head * p.head_dim + h * p.head_dim + c] = acc * inv;
+    O[p.o_off + t * p.n_head * p.head_dim_v + h * p.head_dim_v + c] = acc * inv;
   }
 }
