@@ -357,7 +357,14 @@ MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_
     case MOELITE_MODEL_N_LAYERS: return hp.n_layer;
     case MOELITE_MODEL_N_EXPERTS: return hp.n_expert;
     case MOELITE_MODEL_N_EXPERTS_USED: return hp.n_expert_used;
-    case MOELITE_MODEL_N_SHARED_EXPERTS: return m.layers.empty() ? 0 : (m.layers[0].has_shared ? 1 : 0);
+    case MOELITE_MODEL_N_SHARED_EXPERTS:
+      if (m.layers.empty() || !m.layers[static_cast<size_t>(hp.n_dense_lead)].has_shared) return 0;
+      // DeepSeek's shared experts are one FFN of expert_shared_count experts' width.
+      return hp.n_ff_expert > 0 && hp.arch == "deepseek2" ? hp.n_ff_shared / hp.n_ff_expert : 1;
+    case MOELITE_MODEL_N_DENSE_LAYERS: return hp.n_dense_lead;
+    case MOELITE_MODEL_KV_BYTES_PER_TOKEN:
+      return static_cast<int64_t>(moelite::Context::kv_row_floats(hp)) * (hp.mla() ? 1 : 2) * hp.n_layer *
+             static_cast<int64_t>(sizeof(float));
     case MOELITE_MODEL_N_VOCAB: return hp.n_vocab;
     case MOELITE_MODEL_N_EMBD: return hp.n_embd;
     case MOELITE_MODEL_N_HEAD: return hp.n_head;
@@ -377,7 +384,7 @@ MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_
     case MOELITE_MODEL_EXPERT_POOL_BYTES: return store ? static_cast<int64_t>(store->pool_bytes()) : 0;
     case MOELITE_MODEL_EXPERT_PEAK_BYTES: return store ? static_cast<int64_t>(store->peak_bytes()) : 0;
     case MOELITE_MODEL_EXPERT_SLOTS:
-      return store ? static_cast<int64_t>(store->n_slots()) : m.hp.n_layer * int64_t{m.hp.n_expert};
+      return store ? static_cast<int64_t>(store->n_slots()) : m.hp.n_moe_layers() * int64_t{m.hp.n_expert};
     case MOELITE_MODEL_BUDGET_AUTO: return rt && rt->budget_auto ? 1 : 0;
     case MOELITE_MODEL_BUDGET_AUTO_ROOM: return rt && rt->budget_auto ? static_cast<int64_t>(rt->auto_budget.room) : 0;
     case MOELITE_MODEL_BUDGET_AUTO_CONTEXT_BYTES:
@@ -396,7 +403,7 @@ MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_
     }
     case MOELITE_MODEL_EXPERTS_ALL_FIT:
       if (!rt) return 0;
-      return !store || store->n_slots() >= static_cast<uint64_t>(m.hp.n_layer) * static_cast<uint64_t>(m.hp.n_expert)
+      return !store || store->n_slots() >= static_cast<uint64_t>(m.hp.n_moe_layers()) * static_cast<uint64_t>(m.hp.n_expert)
                  ? 1
                  : 0;
   }

@@ -68,6 +68,7 @@ struct HParams {
   int32_t n_dense_lead = 0;
   int32_t n_ff_dense = 0;
   bool is_moe_layer(int32_t layer) const { return layer >= n_dense_lead; }
+  int32_t n_moe_layers() const { return n_layer - n_dense_lead; }
   ExpertGatingFunc gating_func = ExpertGatingFunc::Softmax;
   // Group-limited routing: experts in n_expert_groups equal groups, each scored by the sum of its
   // two best (biased) scores; only the n_group_used best groups' experts may be picked. 0: none.

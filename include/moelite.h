@@ -403,7 +403,7 @@ typedef enum moelite_model_key {
   MOELITE_MODEL_N_LAYERS = 0,
   MOELITE_MODEL_N_EXPERTS = 1,        /* routed experts per MoE layer */
   MOELITE_MODEL_N_EXPERTS_USED = 2,   /* top-k of the router */
-  MOELITE_MODEL_N_SHARED_EXPERTS = 3, /* 0 or 1 for the architectures supported now */
+  MOELITE_MODEL_N_SHARED_EXPERTS = 3, /* 0 or 1; deepseek2: expert_shared_count */
   MOELITE_MODEL_N_VOCAB = 4,
   MOELITE_MODEL_N_EMBD = 5,
   MOELITE_MODEL_N_HEAD = 6,
@@ -438,8 +438,14 @@ typedef enum moelite_model_key {
                                            every layer with per-layer pools). 0 vocabulary-only */
   MOELITE_MODEL_SLIDING_WINDOW = 29,    /* positions a sliding-window layer attends to (gpt-oss:
                                            attention.sliding_window); 0 without such layers */
-  MOELITE_MODEL_N_WINDOWED_LAYERS = 30  /* layers that attend through that window; their KV cache
+  MOELITE_MODEL_N_WINDOWED_LAYERS = 30, /* layers that attend through that window; their KV cache
                                            holds window - 1 + n_batch positions, not n_ctx */
+  MOELITE_MODEL_N_DENSE_LAYERS = 31,    /* leading layers with a dense FFN and no experts (deepseek2:
+                                           leading_dense_block_count); they take no expert slots */
+  MOELITE_MODEL_KV_BYTES_PER_TOKEN = 32 /* KV-cache bytes one position takes in all full-attention
+                                           layers together: keys and values, or with multi-head
+                                           latent attention (deepseek2) one shared latent + rope-key
+                                           row per layer */
 } moelite_model_key;
 
 /** Value of a numeric property, or -1 if the key is unknown or the model is NULL. Thread-safe. */

@@ -269,6 +269,74 @@ inline void expect_attention_matches_cpu(Backend* dev, Backend* cpu, int32_t pro
   }
 }
 
+// Multi-head latent attention's form (deepseek2): a keys-only cache of one shared row per position
+// (n_head_kv 1), each head's value the first head_dim_v floats of that row; a prompt and then
+// batches of 5, on `dev` and the CPU backend, against the definition in double.
+inline void expect_latent_attention_matches_cpu(Backend* dev, Backend* cpu, int32_t prompt, int32_t n_ctx) {
+  const int32_t n_head = 4, row = 24, head_dim_v = 16, n_total = std::min(n_ctx, 2 * prompt + 20);
+  const int64_t q_dim = n_head * row, o_dim = n_head * head_dim_v;
+  std::mt19937 rng(5);
+  const std::vector<float> q_all = randv(static_cast<size_t>(n_total * q_dim), rng, -2, 2);
+  const std::vector<float> k_all = randv(static_cast<size_t>(n_total * row), rng, -2, 2);
+  const double scale = 0.3;
+  std::vector<double> want(static_cast<size_t>(n_total * o_dim)), full(static_cast<size_t>(row));
+  for (int32_t t = 0; t < n_total; ++t)
+    for (int32_t h = 0; h < n_head; ++h) {
+      std::vector<float> qh(q_all.begin() + t * q_dim + h * row, q_all.begin() + t * q_dim + (h + 1) * row);
+      naive_attention_head(qh, k_all, k_all, row, 0, row, t, 0, nullptr, scale, full.data());
+      std::copy(full.begin(), full.begin() + head_dim_v, want.begin() + t * o_dim + h * head_dim_v);
+    }
+  for (Backend* b : {dev, cpu}) {
+    KvCache kv;
+    ASSERT_EQ(b->alloc_kv(n_ctx, {n_ctx}, row, false, &kv), MOELITE_OK);
+    AttentionSpec spec;
+    spec.scale = static_cast<float>(scale);
+    spec.head_dim_v = head_dim_v;
+    std::vector<float> got;
+    for (int32_t pos0 = 0; pos0 < n_total;) {
+      const int32_t n = std::min(pos0 == 0 ? prompt : 5, n_total - pos0);
+      HostAct q(b, n, q_dim), k(b, n, row), o(b, n, o_dim);
+      q.set(std::vector<float>(q_all.begin() + pos0 * q_dim, q_all.begin() + (pos0 + n) * q_dim));
+      k.set(std::vector<float>(k_all.begin() + pos0 * row, k_all.begin() + (pos0 + n) * row));
+      ASSERT_EQ(b->attention(&kv, 0, q.a, k.a, k.a, pos0, n_head, 1, row, spec, &o.a), MOELITE_OK);
+      const std::vector<float> out = o.get();
+      got.insert(got.end(), out.begin(), out.end());
+      pos0 += n;
+    }
+    // A value width the keys-only cache cannot serve, and one a key-and-value cache must not get.
+    HostAct q(b, 1, q_dim), k(b, 1, row), o(b, 1, o_dim);
+    AttentionSpec too_wide = spec;
+    too_wide.head_dim_v = row + 1;
+    EXPECT_EQ(b->attention(&kv, 0, q.a, k.a, k.a, 0, n_head, 1, row, too_wide, &o.a), MOELITE_ERR_INVALID_ARGUMENT);
+    b->free_kv(&kv);
+    EXPECT_LT(max_rel(got, want), 1e-5) << b->name() << " keys-only cache";
+  }
+}
+
+// copy_columns gathering one head of four (a column slice of every row) and scattering four
+// groups into a wider row at a stride and offset, on `dev` against the definition; bad bounds fail.
+inline void expect_copy_columns_match_definition(Backend* b) {
+  std::mt19937 rng(4);
+  const int64_t n = 5;
+  const std::vector<float> x = randv(static_cast<size_t>(n * 24), rng);
+  HostAct src(b, n, 24), head(b, n, 6), wide(b, n, 40);
+  src.set(x);
+  ASSERT_EQ(b->copy_columns(src.a, 0, 12, 1, 6, &head.a, 0, 0), MOELITE_OK);  // head 2 of 4 (6 wide)
+  wide.set(std::vector<float>(static_cast<size_t>(n * 40), -7.0f));
+  ASSERT_EQ(b->copy_columns(src.a, 6, 2, 4, 3, &wide.a, 10, 5), MOELITE_OK);  // 4 groups of 3
+  const std::vector<float> got_head = head.get(), got_wide = wide.get();
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t c = 0; c < 6; ++c) EXPECT_EQ(got_head[t * 6 + c], x[t * 24 + 12 + c]) << t << "," << c;
+    for (int64_t c = 0; c < 40; ++c) {
+      const int64_t g = c / 10, in = c % 10 - 5;
+      const float want = (in >= 0 && in < 3) ? x[t * 24 + g * 6 + 2 + in] : -7.0f;
+      EXPECT_EQ(got_wide[t * 40 + c], want) << t << "," << c;
+    }
+  }
+  EXPECT_EQ(b->copy_columns(src.a, 6, 2, 4, 5, &wide.a, 10, 5), MOELITE_ERR_INVALID_ARGUMENT);  // source too narrow
+  EXPECT_EQ(b->copy_columns(src.a, 0, 0, 1, 6, &src.a, 0, 6), MOELITE_ERR_INVALID_ARGUMENT);    // in place
+}
+
 // Routing of n tokens over 16 experts, top-4 with a tie (the lower id wins), with and without
 // renormalisation, on `dev` against the CPU backend.
 inline void expect_routing_matches_cpu(Backend* dev, Backend* cpu, int64_t n) {

@@ -143,6 +143,17 @@ TEST_P(CudaDevices, AttentionOfAPositionIsTheSameInAnyBatch) {
   EXPECT_EQ(token300[0], token300[1]);
 }
 
+TEST_P(CudaDevices, LatentAttentionFromAKeysOnlyCacheMatchesTheDefinition) {
+  // A prompt of 300: two chunks of the split attention.
+  Pair p = make(GetParam());
+  expect_latent_attention_matches_cpu(p.gpu.get(), p.cpu.get(), 300, 340);
+}
+
+TEST_P(CudaDevices, CopyColumnsMatchesTheDefinition) {
+  Pair p = make(GetParam());
+  expect_copy_columns_match_definition(p.gpu.get());
+}
+
 TEST_P(CudaDevices, RoutingMatchesTheCpuBackend) {
   Pair p = make(GetParam());
   expect_routing_matches_cpu(p.gpu.get(), p.cpu.get(), 70);  // more tokens than one 64-thread block

@@ -177,6 +177,19 @@ TEST(VulkanOps, AttentionWholeAndWindowedWithSinksMatchesTheDefinition) {
   NO_VALIDATION_MESSAGES();
 }
 
+TEST(VulkanOps, LatentAttentionFromAKeysOnlyCacheMatchesTheDefinition) {
+  NEED_VULKAN(p);
+  expect_latent_attention_matches_cpu(p.vk.get(), p.cpu.get(), 7, 40);
+  NO_VALIDATION_MESSAGES();
+}
+
+TEST(VulkanOps, CopyColumnsMatchesTheDefinition) {
+  NEED_VULKAN(p);
+  expect_copy_columns_match_definition(p.vk.get());
+  expect_copy_columns_match_definition(p.cpu.get());
+  NO_VALIDATION_MESSAGES();
+}
+
 TEST(VulkanOps, RoutingMatchesTheCpuBackend) {
   NEED_VULKAN(p);
   expect_routing_matches_cpu(p.vk.get(), p.cpu.get(), 6);

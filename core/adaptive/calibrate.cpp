@@ -336,7 +336,7 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
     reference_dist(ctx->logits(0), len, V, n_threads, &ref);
     t_kl += seconds_since(t0);
     sens_tokens += len;
-    for (int32_t l = 0; l < L; ++l) {
+    for (int32_t l = hp.n_dense_lead; l < L; ++l) {  // leading dense blocks have no routing to perturb
       for (int pass = 0; pass < 2; ++pass) {
         t0 = Clock::now();
         ctx->truncate(0);
@@ -400,15 +400,16 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
     g.threshold = T;
     int64_t kept = 0, reduced = 0;
     for (int64_t t = 0; t < n; ++t)
-      for (int32_t l = 0; l < L; ++l) {
+      for (int32_t l = hp.n_dense_lead; l < L; ++l) {
         const int32_t c =
             gating_keep_count(GatingMode::Sensitivity, static_cast<float>(T),
                               p.layers[static_cast<size_t>(l)].sensitivity, rec.weights.data() + slot(t, l), k);
         kept += c;
         reduced += c < k;
       }
-    g.experts_per_token = static_cast<double>(kept) / static_cast<double>(n * L);
-    g.share_reduced = static_cast<double>(reduced) / static_cast<double>(n * L);
+    const double routed = static_cast<double>(n) * static_cast<double>(hp.n_moe_layers());
+    g.experts_per_token = static_cast<double>(kept) / routed;
+    g.share_reduced = static_cast<double>(reduced) / routed;
     p.gating.push_back(g);
   }
 
@@ -459,7 +460,7 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
   p.learned.assign(static_cast<size_t>(L), LinearMap());
   std::vector<double>& acc_learned = p.accuracy["learned"];
   acc_learned.assign(static_cast<size_t>(L), nan);
-  for (int32_t l = 0; l + o.stride < L; ++l)
+  for (int32_t l = hp.n_dense_lead; l + o.stride < L; ++l)  // from and to layers with routing
     tasks.push_back([&, l]() -> Status {
       std::vector<float> y(static_cast<size_t>(E)), scores(static_cast<size_t>(E));
       RidgeAccumulator ridge(D, E);
@@ -477,15 +478,17 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
       return MOELITE_OK;
     });
 
-  // first-layer: this token's final state -> the next token's layer-0 experts (within a window).
+  // first-layer: this token's final state -> the next token's experts in the first layer that has
+  // them (layer 0, or the first after deepseek2's leading dense blocks), within a window.
   std::vector<double>& acc_first = p.accuracy["first-layer"];
+  const int32_t first_moe = hp.n_dense_lead;
   acc_first.assign(static_cast<size_t>(L), nan);
   tasks.push_back([&]() -> Status {
     std::vector<float> y(static_cast<size_t>(E)), scores(static_cast<size_t>(E));
     RidgeAccumulator ridge(D, E);
     for (int64_t t = 0; t + 1 < n_train; ++t) {
       if (rec.window_last[static_cast<size_t>(t)]) continue;
-      multi_hot(t + 1, 0, &y);
+      multi_hot(t + 1, first_moe, &y);
       ridge.add(rec.final_state.data() + static_cast<size_t>(t) * D, y.data());
     }
     if (ridge.samples() == 0) return MOELITE_OK;
@@ -494,9 +497,9 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
     for (int64_t t = n_train; t + 1 < cap; ++t) {
       if (rec.window_last[static_cast<size_t>(t)]) continue;
       p.first_layer.apply(rec.final_state.data() + static_cast<size_t>(t) * D, scores.data());
-      h.add(top_indices(scores.data(), E, k), rec.ids.data() + slot(t + 1, 0), k);
+      h.add(top_indices(scores.data(), E, k), rec.ids.data() + slot(t + 1, first_moe), k);
     }
-    acc_first[0] = h.share();
+    acc_first[static_cast<size_t>(first_moe)] = h.share();
     return MOELITE_OK;
   });
 
@@ -505,7 +508,7 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
   acc_ng.assign(static_cast<size_t>(L), nan);
   std::vector<double> acc_pg(static_cast<size_t>(L), nan);
   bool any_pregate = false;
-  for (int32_t l = 0; l + 1 < L; ++l) {
+  for (int32_t l = hp.n_dense_lead; l + 1 < L; ++l) {  // a dense block records no MoE input
     const WeightView& pg = m.layers[static_cast<size_t>(l)].pregate;
     const bool has_pregate = pg.valid() && pg.data;
     any_pregate = any_pregate || has_pregate;
@@ -561,7 +564,7 @@ Status calibrate(const Model& m, Runtime& rt, const std::vector<int32_t>& tokens
     p.correlation.assign(static_cast<size_t>(std::max(0, L - 1)), {});
     const int64_t split = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(n) * (1.0 - o.holdout)));
     std::vector<float> scores(static_cast<size_t>(E));
-    for (int32_t l = 0; l + 1 < L; ++l) {
+    for (int32_t l = hp.n_dense_lead; l + 1 < L; ++l) {
       CorrelationTable table(E, {});
       for (int64_t t = 0; t < split; ++t) table.add(rec.ids.data() + slot(t, l), k, rec.ids.data() + slot(t, l + 1), k);
       Hits h;

@@ -127,7 +127,8 @@ class Learned final : public ExpertPredictor {
 
 class FirstLayer final : public ExpertPredictor {
  public:
-  FirstLayer(const Profile& p, int32_t k) : map_(p.first_layer), k_(k) {}
+  // layer: the first layer with experts (after deepseek2's leading dense blocks).
+  FirstLayer(const Profile& p, int32_t k, int32_t layer) : map_(p.first_layer), k_(k), layer_(layer) {}
   const char* name() const override { return "first-layer"; }
   bool wants_final() const override { return true; }
   Status after_layer(const Model&, EvalState&, int32_t, const float*, std::vector<Prediction>*) override {
@@ -136,12 +137,12 @@ class FirstLayer final : public ExpertPredictor {
   void after_token(const float* final_state, std::vector<Prediction>* out) override {
     scores_.resize(static_cast<size_t>(map_.rows));
     map_.apply(final_state, scores_.data());
-    push_top(scores_.data(), map_.rows, k_, 0, out);
+    push_top(scores_.data(), map_.rows, k_, layer_, out);
   }
 
  private:
   LinearMap map_;
-  int32_t k_;
+  int32_t k_, layer_;
   std::vector<float> scores_;
 };
 
@@ -289,7 +290,7 @@ Status make_predictor(const std::string& name, int32_t depth, const Model& m, co
     } else {
       if (profile->first_layer.empty())
         return fail(MOELITE_ERR_BAD_PROFILE, "the calibration profile holds no first-layer predictor weights");
-      if (out) built = std::make_unique<FirstLayer>(*profile, k);
+      if (out) built = std::make_unique<FirstLayer>(*profile, k, m.hp.n_dense_lead);
     }
   } else {
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "unknown expert predictor '%s' (available: %s)", name.c_str(),

@@ -130,6 +130,8 @@ int cmd_info(int argc, char** argv) {
       {"n_ctx_train", MOELITE_MODEL_N_CTX_TRAIN},
       {"sliding_window", MOELITE_MODEL_SLIDING_WINDOW},  // 0: every layer attends to everything
       {"n_windowed_layers", MOELITE_MODEL_N_WINDOWED_LAYERS},
+      {"n_dense_layers", MOELITE_MODEL_N_DENSE_LAYERS},  // leading layers without experts
+      {"kv_bytes_per_token", MOELITE_MODEL_KV_BYTES_PER_TOKEN},
       {"n_params", MOELITE_MODEL_N_PARAMS},
       {"n_active_params", MOELITE_MODEL_N_ACTIVE_PARAMS},
       {"expert_bytes", MOELITE_MODEL_EXPERT_BYTES},

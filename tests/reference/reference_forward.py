@@ -610,8 +610,8 @@ class ReferenceModel:
             if il < self.dense_lead:                 # deepseek2's leading dense blocks
                 g, u = self.matmul(p + "ffn_gate.weight", xn), self.matmul(p + "ffn_up.weight", xn)
                 h = h + self.matmul(p + "ffn_down.weight", silu(g) * u)
-                st.setdefault("kept", {})[il] = np.zeros(tokens.size, np.int64)
-                st.setdefault("topk", {})[il] = np.zeros((tokens.size, self.n_expert_used))
+                st.setdefault("kept", {})[il] = np.full(tokens.size, self.n_expert_used, np.int64)  # nothing to drop
+                st.setdefault("topk", {})[il] = np.full((tokens.size, self.n_expert_used), np.nan)
                 continue
             wts = pregated if pregated is not None else self._route(il, xn, None, gating, perturb, st)
             pre = self.pregate_name(il)

@@ -447,6 +447,27 @@ def test_pregate_prediction_under_a_budget():
     assert min(prof["predictor_accuracy"]["next-gate"][1:]) < 1.0
 
 
+@needs_engine
+def test_deepseek2_dense_blocks_calibrate_and_predict_under_a_budget():
+    """deepseek2 with two leading dense blocks (no routing, no expert slots): calibration measures
+    nothing for them and predicts the first layer that routes; every predictor, with the profile's
+    DP allocation, keeps a budgeted token-by-token run bitwise equal to the resident one."""
+    model = make_model("deepseek2-dense2-Q8_0", "deepseek2", "Q8_0", "--dense-lead", "2", "--n-layer", "4",
+                       "--gating", "sigmoid", "--probs-bias", "--weights-norm")
+    prof_path = os.path.join(TMP, "adaptive-deepseek2-dense2.profile.json")
+    prof = calibrate(model, corpus_file(), prof_path)
+    sens = profile_values(prof, "sensitivity")
+    assert sens[0] == sens[1] == 0.0 and min(sens[2:]) > 0.0
+    first = prof["predictor_accuracy"]["first-layer"]
+    assert first[0] is None and first[1] is None and first[2] is not None
+    assert all(a is None for a in prof["predictor_accuracy"]["next-gate"][:3])
+    want = engine_logits(model, TOKENS_LONG, ["-b", "1"])
+    for pred in ["next-gate", "first-layer", "learned", "correlation"]:
+        got = engine_logits(model, TOKENS_LONG, ["-b", "1", "--budget", "50%", "--predictor", pred,
+                                                 "--profile", prof_path, "--allocation", "dp"])
+        assert np.array_equal(got, want), pred
+
+
 # ============================================================== engine: adaptive gating (ii)
 
 SCORE_T = 0.3
@@ -457,6 +478,11 @@ GATING_CASES = [  # (name, arch, extra make_tiny_model args)
     ("qwen2moe", "qwen2moe", ()),                                   # + shared expert
     ("qwen3moe-k4", "qwen3moe", ("--n-expert-used", "4", "--n-layer", "3")),  # several drops
     ("olmoe-k4", "olmoe", ("--n-expert-used", "4")),
+    # sigmoid scores, a selection bias, expert groups, renormalised and scaled: gating acts on the
+    # final weights whatever the gating function
+    ("deepseek2-v3", "deepseek2", ("--q-lora", "256", "--gating", "sigmoid", "--probs-bias", "--expert-groups", "4",
+                                   "--groups-used", "2", "--weights-norm", "--weights-scale", "2.5",
+                                   "--dense-lead", "0")),
 ]
 
 

@@ -175,3 +175,41 @@ def test_gpt_oss_needs_its_window_and_sinks(gpt_oss_model):
     err = load_error(rewrite(gpt_oss_model, out("gpt-oss-bad-window"),
                              set_keys={"gpt-oss.attention.sliding_window": (0, 4)}))
     assert "MOELITE_ERR_BAD_METADATA" in err and "sliding_window" in err
+
+
+@pytest.fixture(scope="module")
+def deepseek2_model():
+    return generated("deepseek2", "Q8_0")
+
+
+D2 = "deepseek2."
+U32, F32, STR = 4, 6, 8
+
+
+@pytest.mark.parametrize("edit,status,word", [
+    (dict(drop_keys=[D2 + "attention.kv_lora_rank"]), "MOELITE_ERR_MISSING_METADATA", "kv_lora_rank"),
+    (dict(drop_keys=[D2 + "rope.dimension_count"]), "MOELITE_ERR_MISSING_METADATA", "rope.dimension_count"),
+    (dict(drop_keys=[D2 + "attention.value_length_mla"]), "MOELITE_ERR_MISSING_METADATA", "value_length_mla"),
+    (dict(set_keys={D2 + "attention.kv_lora_rank": (1 << 30, U32)}), "MOELITE_ERR_BAD_METADATA", "kv_lora_rank"),
+    (dict(set_keys={D2 + "rope.dimension_count": (96, U32)}), "MOELITE_ERR_BAD_METADATA", "rope.dimension_count"),
+    (dict(set_keys={D2 + "expert_gating_func": (7, U32)}), "MOELITE_ERR_UNSUPPORTED_ARCH", "expert_gating_func"),
+    (dict(set_keys={D2 + "leading_dense_block_count": (2, U32)}), "MOELITE_ERR_BAD_METADATA", "leading_dense"),
+    (dict(set_keys={D2 + "expert_group_count": (3, U32), D2 + "expert_group_used_count": (1, U32)}),
+     "MOELITE_ERR_BAD_METADATA", "groups"),
+    (dict(set_keys={D2 + "expert_group_count": (4, U32), D2 + "expert_group_used_count": (4, U32)}),
+     "MOELITE_ERR_BAD_METADATA", "groups"),
+    (dict(set_keys={D2 + "rope.scaling.type": ("yarn", STR), D2 + "rope.scaling.factor": (4.0, F32),
+                    D2 + "rope.scaling.yarn_log_multiplier": (float("nan"), F32)}), "MOELITE_ERR_BAD_METADATA",
+     "yarn_log_multiplier"),
+    (dict(drop_tensors=["blk.1.attn_k_b.weight", "blk.1.attn_v_b.weight"]), "MOELITE_ERR_MISSING_TENSOR", "attn_kv_b"),
+    (dict(drop_tensors=["blk.0.ffn_up.weight"]), "MOELITE_ERR_MISSING_TENSOR", "ffn_up"),
+    (dict(drop_tensors=["blk.1.ffn_up_shexp.weight"]), "MOELITE_ERR_MISSING_TENSOR", "ffn_up_shexp"),
+    (dict(reshape={"blk.1.attn_k_b.weight": [64, 128, 4]}), "MOELITE_ERR_BAD_SHAPE", "attn_k_b"),
+    (dict(set_keys={D2 + "attention.q_lora_rank": (256, U32)}), "MOELITE_ERR_MISSING_TENSOR", "attn_q_a"),
+])
+def test_deepseek2_defects(deepseek2_model, edit, status, word):
+    """Each of MLA's and DeepSeek routing's keys and tensors, missing or out of range: the documented
+    status, a message naming what is wrong, never a crash."""
+    name = "deepseek2-" + word.replace(".", "-") + "-" + str(abs(hash(str(sorted(edit.items())))) % 10000)
+    err = load_error(rewrite(deepseek2_model, out(name), **edit))
+    assert status in err and word in err, err

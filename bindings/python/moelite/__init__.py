@@ -415,6 +415,7 @@ _KEYS = {
     "expert_budget": 19, "expert_pool_bytes": 20, "expert_peak_bytes": 21, "expert_slots": 22,
     "budget_auto": 23, "budget_auto_room": 24, "budget_auto_context_bytes": 25, "budget_auto_headroom": 26,
     "experts_all_fit": 27, "expert_min_budget": 28, "sliding_window": 29, "n_windowed_layers": 30,
+    "n_dense_layers": 31, "kv_bytes_per_token": 32,
 }
 
 
