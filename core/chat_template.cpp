@@ -28,6 +28,8 @@ ChatTemplate detect_chat_template(const std::string& src) {
   if (has("<|user|>") && has("<|assistant|>")) return ChatTemplate::Tulu;  // OLMoE-Instruct
   if (has("[INST]")) return ChatTemplate::Mistral;                         // Mixtral-Instruct
   if (has("<|start|>") && has("<|channel|>")) return ChatTemplate::Harmony;  // gpt-oss
+  if (has("'Assistant: ' + message['content'] + eos_token")) return ChatTemplate::DeepSeek2;
+  if (has("<｜Assistant｜>") && has("<｜User｜>") && has("<｜end▁of▁sentence｜>")) return ChatTemplate::DeepSeek3;
   return ChatTemplate::Plain;
 }
 
@@ -38,6 +40,8 @@ const char* chat_template_name(ChatTemplate t) {
     case ChatTemplate::Llama3: return "llama3";
     case ChatTemplate::Tulu: return "tulu";
     case ChatTemplate::Harmony: return "harmony";
+    case ChatTemplate::DeepSeek2: return "deepseek2";
+    case ChatTemplate::DeepSeek3: return "deepseek3";
     case ChatTemplate::Plain: return "plain";
   }
   return "plain";
@@ -45,7 +49,7 @@ const char* chat_template_name(ChatTemplate t) {
 
 bool parse_chat_template_name(const std::string& name, ChatTemplate* out) {
   for (ChatTemplate t : {ChatTemplate::ChatML, ChatTemplate::Mistral, ChatTemplate::Llama3, ChatTemplate::Tulu,
-                         ChatTemplate::Harmony, ChatTemplate::Plain}) {
+                         ChatTemplate::Harmony, ChatTemplate::DeepSeek2, ChatTemplate::DeepSeek3, ChatTemplate::Plain}) {
     if (name == chat_template_name(t)) {
       *out = t;
       return true;
@@ -59,9 +63,10 @@ Status chat_template_from_option(const std::string& option, ChatTemplate* out) {
   const ChatTemplate t = detect_chat_template(option);
   if (t == ChatTemplate::Plain)
     return fail(MOELITE_ERR_INVALID_ARGUMENT,
-                "chat template not recognised: give a family (chatml, mistral, llama3, tulu, harmony, plain) or a "
-                "template source that uses one of their markers (<|im_start|>, [INST], <|start_header_id|>, <|user|>, "
-                "<|start|> with <|channel|>)");
+                "chat template not recognised: give a family (chatml, mistral, llama3, tulu, harmony, deepseek2, "
+                "deepseek3, plain) or a template source that uses one of their markers (<|im_start|>, [INST], "
+                "<|start_header_id|>, <|user|>, <|start|> with <|channel|>, 'Assistant: ' + message['content'] + "
+                "eos_token, <｜User｜> with <｜Assistant｜>)");
   *out = t;
   return MOELITE_OK;
 }
@@ -193,6 +198,51 @@ ChatText format_chat_ranges(ChatTemplate t, const std::vector<ChatMessage>& msgs
       if (add_assistant) tpl("<|start|>assistant");
       break;
     }
+    case ChatTemplate::DeepSeek2: {
+      // DeepSeek-V2-Chat's template (as llama.cpp formats it): system text, "User: " turns,
+      // "Assistant: " answers ending in EOS, the prompt "Assistant:". Another role is written
+      // like a user turn under its own name rather than dropped.
+      const std::string eos = eos_text.empty() ? "<｜end▁of▁sentence｜>" : eos_text;
+      for (const auto& m : msgs) {
+        if (m.role == "system") {
+          msg(m.content);
+          tpl("\n\n");
+        } else if (m.role == "assistant") {
+          tpl("Assistant: ");
+          msg(m.content);
+          tpl(eos);
+        } else {
+          if (m.role == "user") {
+            tpl("User: ");
+          } else {
+            msg(m.role);
+            tpl(": ");
+          }
+          msg(m.content);
+          tpl("\n\n");
+        }
+      }
+      if (add_assistant) tpl("Assistant:");
+      break;
+    }
+    case ChatTemplate::DeepSeek3:
+      // DeepSeek-V3's template without tools: system text first, <｜User｜> turns, <｜Assistant｜>
+      // answers ending in <｜end▁of▁sentence｜>. Another role is a user turn (not dropped).
+      for (const auto& m : msgs) {
+        if (m.role == "system") {
+          msg(m.content);
+          tpl("\n\n");
+        } else if (m.role == "assistant") {
+          tpl("<｜Assistant｜>");
+          msg(m.content);
+          tpl("<｜end▁of▁sentence｜>");
+        } else {
+          tpl("<｜User｜>");
+          msg(m.content);
+        }
+      }
+      if (add_assistant) tpl("<｜Assistant｜>");
+      break;
     case ChatTemplate::Plain:
       for (const auto& m : msgs) {
         msg(m.role);

@@ -11,7 +11,9 @@
 namespace moelite {
 
 // Harmony: gpt-oss's format (<|start|>ROLE<|message|>...<|end|>, channels for the assistant).
-enum class ChatTemplate { ChatML, Mistral, Llama3, Tulu, Harmony, Plain };
+// DeepSeek2: "User: ...\n\nAssistant: ..." (DeepSeek-V2/V2-Lite-Chat); DeepSeek3: <｜User｜> and
+// <｜Assistant｜> markers (DeepSeek-V3, R1 and their distillations).
+enum class ChatTemplate { ChatML, Mistral, Llama3, Tulu, Harmony, DeepSeek2, DeepSeek3, Plain };
 
 struct ChatMessage {
   std::string role;

@@ -339,7 +339,8 @@ MOELITE_API moelite_status moelite_model_params_set_vocab_only(moelite_model_par
 MOELITE_API moelite_status moelite_model_params_set_progress_callback(moelite_model_params* params,
                                                                       moelite_progress_fn fn, void* user_data);
 /** The chat template to use instead of the file's tokenizer.chat_template: a family name
- *  ("chatml", "mistral", "llama3", "tulu", "harmony", "plain") or a template source (Jinja, as in GGUF files)
+ *  ("chatml", "mistral", "llama3", "tulu", "harmony", "deepseek2", "deepseek3", "plain") or a template source
+ *  (Jinja, as in GGUF files)
  *  whose family moelite recognises by its markers; moelite formats every family natively and
  *  runs no Jinja. NULL or "" restores the file's template. The string is copied.
  *  MOELITE_ERR_INVALID_ARGUMENT when the text is neither a family name nor a recognised source. */
@@ -786,7 +787,8 @@ typedef struct moelite_chat_message {
 
 /** Formats messages with the model's chat template (tokenizer.chat_template, or the one set with
  *  moelite_model_params_set_chat_template), recognised as one of the common families
- *  (ChatML/Qwen, Mistral [INST], Llama-3, OLMoE/Tulu). An unknown or absent template falls back to
+ *  (ChatML/Qwen, Mistral [INST], Llama-3, OLMoE/Tulu, gpt-oss harmony, DeepSeek-V2, DeepSeek-V3).
+ *  An unknown or absent template falls back to
  *  plain "role: content" lines with a logged warning. `add_assistant_prompt` appends the opening
  *  of the assistant's reply. Output like moelite_detokenize (length in *text_len,
  *  MOELITE_ERR_BUFFER_TOO_SMALL when too small). The text is for display and logs: to evaluate a
@@ -794,8 +796,8 @@ typedef struct moelite_chat_message {
 MOELITE_API moelite_status moelite_chat_format(const moelite_model* model, const moelite_chat_message* messages,
                                                size_t n_messages, int32_t add_assistant_prompt, char* text,
                                                size_t capacity, size_t* text_len);
-/** The template family moelite recognised: "chatml", "mistral", "llama3", "tulu", "harmony" (gpt-oss) or
- *  "plain". */
+/** The template family moelite recognised: "chatml", "mistral", "llama3", "tulu", "harmony" (gpt-oss),
+ *  "deepseek2", "deepseek3" or "plain". */
 MOELITE_API const char* moelite_chat_template_kind(const moelite_model* model);
 
 /** Formats messages like moelite_chat_format and tokenizes the result so that message content is

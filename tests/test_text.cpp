@@ -85,6 +85,12 @@ TEST(ChatTemplate, DetectsFamilies) {
   EXPECT_EQ(moelite::detect_chat_template("{{ '[INST] ' + content + ' [/INST]' }}"), ChatTemplate::Mistral);
   EXPECT_EQ(moelite::detect_chat_template("{{- \"<|start|>assistant<|channel|>final<|message|>\" }}"),
             ChatTemplate::Harmony);
+  // DeepSeek-V2-Lite-Chat's and DeepSeek-V3's templates (excerpts of the Hugging Face sources).
+  EXPECT_EQ(moelite::detect_chat_template("{{ 'Assistant: ' + message['content'] + eos_token }}"),
+            ChatTemplate::DeepSeek2);
+  EXPECT_EQ(moelite::detect_chat_template("{{'<｜User｜>' + message['content']}}{{'<｜Assistant｜>' + content + "
+                                          "'<｜end▁of▁sentence｜>'}}"),
+            ChatTemplate::DeepSeek3);
   EXPECT_EQ(moelite::detect_chat_template("{{ something else }}"), ChatTemplate::Plain);
   EXPECT_EQ(moelite::detect_chat_template(""), ChatTemplate::Plain);
 }
@@ -103,6 +109,13 @@ TEST(ChatTemplate, FormatsEachFamily) {
   EXPECT_EQ(moelite::format_chat(ChatTemplate::Tulu, msgs, true, "<|endoftext|>"),
             "<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\nHello!<|endoftext|>\n<|user|>\nBye\n<|assistant|>\n");
   EXPECT_EQ(moelite::format_chat(ChatTemplate::Plain, {{"user", "Hi"}}, true, ""), "user: Hi\nassistant: ");
+  // DeepSeek-V2-Chat's template rendered by hand for these messages (its bos_token aside, which the
+  // tokenizer adds): system text + "\n\n", "User: " turns + "\n\n", "Assistant: " + answer + EOS.
+  EXPECT_EQ(moelite::format_chat(ChatTemplate::DeepSeek2, msgs, true, "<｜end▁of▁sentence｜>"),
+            "Be brief.\n\nUser: Hi\n\nAssistant: Hello!<｜end▁of▁sentence｜>User: Bye\n\nAssistant:");
+  // DeepSeek-V3's template: system prompt first, then the turns' markers with nothing between them.
+  EXPECT_EQ(moelite::format_chat(ChatTemplate::DeepSeek3, msgs, true, ""),
+            "Be brief.\n\n<｜User｜>Hi<｜Assistant｜>Hello!<｜end▁of▁sentence｜><｜User｜>Bye<｜Assistant｜>");
 }
 
 // gpt-oss's template (the GGUF's tokenizer.chat_template, also openai/gpt-oss-20b on Hugging Face)

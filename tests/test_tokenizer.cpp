@@ -528,7 +528,9 @@ TEST(TokenizerPretok, Names) {
                                                         {"qwen2", PreTokenizer::Qwen2},
                                                         {"deepseek-llm", PreTokenizer::DeepseekLlm},
                                                         {"deepseek-v3", PreTokenizer::Deepseek3},
-                                                        {"starcoder", PreTokenizer::Starcoder}};
+                                                        {"starcoder", PreTokenizer::Starcoder},
+                                                        {"glm4", PreTokenizer::Llama3},
+                                                        {"chatglm-bpe", PreTokenizer::Llama3}};
   for (const auto& k : known) {
     ASSERT_TRUE(moelite::pre_tokenizer_from_name(k.first, &p)) << k.first;
     EXPECT_EQ(p, k.second) << k.first;
@@ -536,6 +538,7 @@ TEST(TokenizerPretok, Names) {
   EXPECT_FALSE(moelite::pre_tokenizer_from_name("no-such-pre", &p));
   EXPECT_TRUE(moelite::pre_name_is_llama3("llama-bpe"));
   EXPECT_FALSE(moelite::pre_name_is_llama3("qwen2"));
+  EXPECT_FALSE(moelite::pre_name_is_llama3("glm4"));  // llama3's regex, but its merges are not ignored
 }
 
 }  // namespace

@@ -1,9 +1,9 @@
 // Architectures: what distinguishes one MoE family from another.
 //
-// The four supported now share one pre-norm transformer block and differ only in the traits
-// below. An architecture with a different block (DeepSeek's MLA and grouped sigmoid routing,
-// gpt-oss's sinks and sliding windows) adds a file that fills the hooks: its own hyperparameter
-// reader, tensor binder and layer forward, without touching the others.
+// Most share one pre-norm transformer block and differ only in the traits below. An architecture
+// with a different block (deepseek2's latent attention, dense blocks and grouped sigmoid routing)
+// adds a file that fills the hooks: its own hyperparameter reader, tensor binder and layer
+// forward, without touching the others.
 #pragma once
 #include "backends/backend.h"
 #include "core/model.h"
@@ -30,7 +30,7 @@ struct ArchDescriptor {
 
 // nullptr if the architecture is not supported.
 const ArchDescriptor* find_arch(const std::string& name);
-// "llama (with experts), qwen2moe, qwen3moe, olmoe"
+// "llama (Mixtral-style, with experts), qwen2moe, ..., deepseek2"
 const char* supported_arch_list();
 
 // The standard pieces, used by the descriptors and available to new architectures.

@@ -17,6 +17,7 @@
 // (no gate) and routing by softmax or sigmoid scores (expert_gating_func), a selection bias
 // (exp_probs_b) that picks but does not weigh, optional group-limited selection, optional
 // renormalisation, then expert_weights_scale. Normal (adjacent-pair) rope on the rope dims.
+// Multi-token-prediction blocks (nextn_predict_layers, GLM) are left out of the forward pass.
 // Facts as llama.cpp's deepseek2 model reads them (docs/moe-archs.md).
 #include <cmath>
 #include <string>
@@ -86,6 +87,11 @@ Status read_mla_scaling(const gguf::Reader& g, const std::string& a, HParams* hp
 Status read_deepseek2(const gguf::Reader& g, const ArchDescriptor& arch, HParams* hp) {
   const std::string a = arch.name;
   MOELITE_TRY(standard_read_hparams(g, arch, hp));
+  // GLM-4.x files append multi-token-prediction blocks after the model's own (block_count counts
+  // them): they draft tokens for speculative decoding and are not part of the forward pass.
+  int32_t nextn = 0;
+  MOELITE_TRY(int_key(g, a + ".nextn_predict_layers", 0, hp->n_layer - 1, 0, &nextn));
+  hp->n_layer -= nextn;
   // Files converted for MLA state the latent cache's widths in key_length/value_length and the
   // per-head sizes in the *_mla keys; older files state the per-head sizes directly.
   const bool mla_keys = g.find(a + ".attention.key_length_mla") || g.find(a + ".attention.value_length_mla");

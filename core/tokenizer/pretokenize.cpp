@@ -338,6 +338,8 @@ const NameMap kNames[] = {
     {"pixtral", PreTokenizer::Llama3},
     {"dbrx", PreTokenizer::Llama3},
     {"smaug-bpe", PreTokenizer::Llama3},
+    {"glm4", PreTokenizer::Llama3},  // GLM-4 (and the GLM-4.x-Flash deepseek2 files): llama3's regex
+    {"chatglm-bpe", PreTokenizer::Llama3},
     {"qwen2", PreTokenizer::Qwen2},
     {"deepseek-r1-qwen", PreTokenizer::Qwen2},
     {"stablelm2", PreTokenizer::Qwen2},

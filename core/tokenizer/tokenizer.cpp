@@ -41,6 +41,8 @@ class GgufTokenizer final : public Tokenizer {
       }
       ignore_merges_ = has_pre && pre_name_is_llama3(pre_name);
       MOELITE_TRY(load_vocab(g, VocabKind::Bpe, /*add_bos_default=*/ignore_merges_, &v_));
+      // GLM-4's tokenizer adds no BOS whatever the file says (llama.cpp drops its BOS id too).
+      if (pre_name == "glm4" || pre_name == "chatglm-bpe") v_.add_bos = false;
       MOELITE_TRY(bpe_.load(g, v_));
       kind_ = std::string("gpt2 (bpe: ") + pre_tokenizer_name(pre_) + ")";
     }

@@ -27,7 +27,7 @@ const Command kChatCommand = {
     with_groups({{{"--system"}, "TEXT", "system prompt"},
                  {{"--template"}, "NAME",
                   "chat template instead of the file's: chatml, mistral, llama3, tulu, harmony (gpt-oss: only the "
-                  "final channel is the answer, the reasoning goes to stderr) or plain"},
+                  "final channel is the answer, the reasoning goes to stderr), deepseek2, deepseek3 or plain"},
                  {{"-c"}, "CTX", "context length (default: the model's, at most 4096)"}},
                 {&generate_options(), &model_options()})};
 const Command kTokenizeCommand = {"tokenize", "-m MODEL (-p TEXT | -f FILE) [--add-special] [--parse-special]",

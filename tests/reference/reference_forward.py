@@ -286,6 +286,8 @@ class ReferenceModel:
         self.rope_mag = None          # cos/sin magnitude when not the generic one (deepseek2)
         self.dense_lead, self.sigmoid, self.groups, self.groups_used = 0, False, 0, 0
         if arch == "deepseek2":
+            self.n_layer -= int(md.get(k + "nextn_predict_layers", 0))  # GLM's draft blocks: not the model
+            self.window = [0] * self.n_layer
             self.neox = False
             self.head_dim = int(md.get(k + "attention.key_length_mla", md.get(k + "attention.key_length")))
             self.v_head = int(md.get(k + "attention.value_length_mla", md.get(k + "attention.value_length")))

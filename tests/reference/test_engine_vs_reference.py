@@ -289,6 +289,20 @@ def test_deepseek2_batches_and_budget_give_the_same_bits():
         whole, engine_logits(model, tokens=LONG, extra=("--budget", "60%", "--allocation", "uniform")))
 
 
+def test_deepseek2_multi_token_prediction_blocks_are_not_run():
+    """GLM-4.x files count their draft (multi-token prediction) blocks in block_count and name them in
+    nextn_predict_layers: a 3-block file saying 1 is the 2-block model (same seed, same tensors by
+    name), bit for bit, and matches the reference of the 2-block file."""
+    two = make_model("deepseek2-2l-F32", "deepseek2", "F32", "--n-layer", "2")
+    three = make_model("deepseek2-3l-F32", "deepseek2", "F32", "--n-layer", "3")
+    with_mtp = rewrite(three, os.path.join(TMP, "deepseek2-3l-mtp1-F32.gguf"),
+                       set_keys={"deepseek2.nextn_predict_layers": (1, 4)})
+    got = engine_logits(with_mtp, tokens=LONG)
+    np.testing.assert_array_equal(got, engine_logits(two, tokens=LONG))
+    assert nmse(got, reference_logits(two, tokens=LONG)) < TIGHT_FLOAT
+    assert nmse(engine_logits(three, tokens=LONG), got) > 1e-4  # the third block does change the model
+
+
 def test_yarn_on_a_standard_arch():
     """rope.scaling is read by every architecture, not only gpt-oss (Qwen3 files with YaRN exist)."""
     model = make_model("qwen3moe-yarn-F32", "qwen3moe", "F32", "--yarn", "4", "--yarn-orig-ctx", "16")

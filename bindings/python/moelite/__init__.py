@@ -761,7 +761,7 @@ class Model:
 
     @property
     def chat_template_kind(self) -> str:
-        """Recognised chat template family: chatml, mistral, llama3, tulu or plain."""
+        """Recognised chat template family: chatml, mistral, llama3, tulu, harmony, deepseek2, deepseek3 or plain."""
         return self._str(_c.moelite_chat_template_kind)
 
     @property
