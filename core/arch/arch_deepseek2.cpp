@@ -122,8 +122,18 @@ Status read_deepseek2(const gguf::Reader& g, const ArchDescriptor& arch, HParams
   hp->n_ff_shared = n_shared * hp->n_ff_expert;
   int32_t gating = 0;
   MOELITE_TRY(int_key(g, a + ".expert_gating_func", 0, 1000, 0, &gating));
-  if (gating == 0 || gating == 1) {
-    hp->gating_func = ExpertGatingFunc::Softmax;  // absent (DeepSeek-V2 files) means softmax
+  if (gating == 0) {
+    // Absent: softmax, as DeepSeek-V2/V2.5 files were converted before the key existed -- except
+    // GLM-4.7-Flash files that lack it: sigmoid-gated, recognised as llama.cpp recognises them (47
+    // or 48 layers and a 154880-token vocabulary), so that they compute what llama.cpp computes.
+    int64_t n_vocab = 0;
+    const gguf::Value* tokens = g.find("tokenizer.ggml.tokens");
+    if (tokens && tokens->type == gguf::ValueType::ARRAY) n_vocab = static_cast<int64_t>(tokens->count);
+    if (g.find(a + ".vocab_size")) g.get_int(a + ".vocab_size", &n_vocab);
+    const bool glm47_flash = (hp->n_layer == 47 || hp->n_layer == 48) && n_vocab == 154880;
+    hp->gating_func = glm47_flash ? ExpertGatingFunc::Sigmoid : ExpertGatingFunc::Softmax;
+  } else if (gating == 1) {
+    hp->gating_func = ExpertGatingFunc::Softmax;
   } else if (gating == 2) {
     hp->gating_func = ExpertGatingFunc::Sigmoid;
   } else {

@@ -69,11 +69,11 @@ def test_dispatch_follows_the_cpu(cpu):
 
 # Every arch x type, and MXFP4 (whose NEON decoder serves all three tables) on one arch.
 @pytest.mark.parametrize("cpu", sorted(CPUS))
-# gpt-oss's and Granite's own code (sinks, windows, biases, multipliers) is the same C++ on every
+# gpt-oss's, Granite's, PhiMoE's and DeepSeek's own code (sinks, windows, biases, multipliers, MLA) is the same C++ on every
 # ISA: two types of each suffice.
 @pytest.mark.parametrize("arch,wtype", [(a, t) for a in ARCHS if a not in BLOCK_ONLY_ARCHS for t in TYPES]
                          + [("qwen3moe", "MXFP4"), ("gpt-oss", "MXFP4"), ("gpt-oss", "Q8_0"), ("granitemoe", "Q4_K"),
-                            ("granitemoe", "Q8_0"), ("phimoe", "Q4_K")])
+                            ("granitemoe", "Q8_0"), ("phimoe", "Q4_K"), ("deepseek2", "Q4_K"), ("deepseek2", "Q8_0")])
 def test_aarch64_logits_match_reference_and_x86(arch, wtype, cpu):
     model = make_model("%s-%s" % (arch, wtype), arch, wtype)
     got = arm_logits(model, cpu)

@@ -23,6 +23,7 @@ Why the tolerances are what they are (normalised MSE = sum((a-b)^2) / sum(b^2) o
 
 Environment: MOELITE_BIN (the moelite CLI), MOELITE_TEST_TMP (scratch directory).
 """
+import json
 import os
 import shutil
 import subprocess
@@ -63,7 +64,7 @@ if os.environ.get("MOELITE_TEST_SANITIZED") == "1":
                                                         for t in ("Q8_0", "Q4_K")]
 else:
     DEVICE_MATRIX = [(a, t) for a in ARCHS if a not in BLOCK_ONLY_ARCHS for t in TYPES] + [
-        (a, t) for a in BLOCK_ONLY_ARCHS for t in ("F16", "Q8_0", "Q4_K")]
+        (a, t) for a in BLOCK_ONLY_ARCHS for t in ("F32", "F16", "Q8_0", "Q4_K")]
 DEVICE_MATRIX += [("qwen3moe", "MXFP4"), ("gpt-oss", "MXFP4")]
 FLOAT_TYPES = ("F32", "F16", "BF16")
 TIGHT_FLOAT = 1e-9
@@ -287,6 +288,47 @@ def test_deepseek2_batches_and_budget_give_the_same_bits():
     np.testing.assert_array_equal(whole, engine_logits(model, tokens=LONG, extra=("--budget", "40%")))
     np.testing.assert_array_equal(
         whole, engine_logits(model, tokens=LONG, extra=("--budget", "60%", "--allocation", "uniform")))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_perplexity_command_matches_reference(arch):
+    """`moelite perplexity` on a tiny model of each architecture: windows of 16 tokens, every token
+    after a window's first scored; the reference's mean negative log-likelihood from its own logits."""
+    model = make_model("%s-F32" % arch, arch, "F32")
+    text = os.path.join(TMP, "ppl-text.txt")
+    with open(text, "w") as f:
+        f.write("the cat sat on the mat and then it ran to the other side of the room where the dog was "
+                "sleeping near the fire while the rain fell outside on the roof of the old house")
+    toks = [int(t) for t in run([BIN, "tokenize", "-m", model, "-f", text]).stdout.split()]
+    out = json.loads(run([BIN, "perplexity", "-m", model, "-f", text, "--ctx", "16", "--json", "-t", "2"]).stdout)
+    nll, scored = 0.0, 0
+    for w0 in range(0, len(toks), 16):
+        win = toks[w0:w0 + 16]
+        if len(win) < 2:
+            continue
+        logits = reference_logits(model, tokens=win).astype(np.float64)
+        logp = logits - logits.max(axis=1, keepdims=True)
+        logp -= np.log(np.exp(logp).sum(axis=1, keepdims=True))
+        nll -= sum(logp[i, win[i + 1]] for i in range(len(win) - 1))
+        scored += len(win) - 1
+    assert out["tokens_scored"] == scored and out["n_tokens"] == len(toks)
+    assert abs(out["mean_nll"] - nll / scored) < 1e-5 * max(1.0, nll / scored), (out["mean_nll"], nll / scored)
+
+
+def test_deepseek2_gating_defaults():
+    """Without expert_gating_func a deepseek2 file is softmax-gated (DeepSeek-V2 files predate the key),
+    except the GLM-4.7-Flash files llama.cpp recognises by 47/48 layers and a 154880-token vocabulary,
+    which are sigmoid-gated: the same logits as the file stating 1 or 2."""
+    base = make_model("deepseek2-47l-F32", "deepseek2", "F32", "--n-layer", "47", "--n-embd", "64", "--n-head", "2",
+                      "--kv-lora", "64", "--n-ff-exp", "64", "--n-ff-dense", "64")
+    key = "deepseek2.expert_gating_func"
+    edit = lambda name, **kw: rewrite(base, os.path.join(TMP, name + ".gguf"), **kw)  # noqa: E731
+    softmax = engine_logits(edit("d2-47-softmax", set_keys={key: (1, 4)}))
+    sigmoid = engine_logits(edit("d2-47-sigmoid", set_keys={key: (2, 4)}))
+    assert nmse(softmax, sigmoid.astype(np.float64)) > 1e-6
+    np.testing.assert_array_equal(engine_logits(edit("d2-47-absent", drop_keys=[key])), softmax)
+    glm = edit("d2-47-glm", drop_keys=[key], set_keys={"deepseek2.vocab_size": (154880, 4)})
+    np.testing.assert_array_equal(engine_logits(glm), sigmoid)
 
 
 def test_deepseek2_multi_token_prediction_blocks_are_not_run():
