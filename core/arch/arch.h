@@ -42,7 +42,8 @@ Status standard_forward_layer(const Model& model, EvalState& state, int32_t laye
 // attn_norm, q/k/v/output with their optional biases and the arch's q/k norms;
 Status bind_attention(TensorBinder& binder, const ArchDescriptor& arch, const HParams& hp, int32_t layer,
                       LayerWeights* out);
-// the routed experts' matrices, merged (ffn_*_exps) or one tensor per expert;
+// the routed experts' matrices: stacked per kind (ffn_*_exps), gate and up stacked together
+// (ffn_gate_up_exps), or one tensor per expert;
 Status bind_routed_experts(TensorBinder& binder, const HParams& hp, int32_t layer, LayerExperts* out);
 // `{arch}.rope.scaling.*` (none, linear or YaRN).
 Status read_rope_scaling(const gguf::Reader& gguf, const std::string& arch, int32_t n_ctx_train, RopeScaling* out);

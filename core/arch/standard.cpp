@@ -180,6 +180,26 @@ Status bind_routed_experts(TensorBinder& b, const HParams& hp, int32_t l, LayerE
   LayerExperts& ex = *out;
   const int64_t n_embd = hp.n_embd;
   const int64_t n_ff = hp.n_ff_expert > 0 ? hp.n_ff_expert : -1;
+  if (b.has(blk(l, "ffn_gate_up_exps.weight"))) {
+    // Gate and up merged per expert (newer conversions): expert e's gate is rows [0, n_ff) of its
+    // slice, its up rows [n_ff, 2 n_ff); both views step by the whole slice.
+    WeightView both;
+    uint64_t stride;
+    MOELITE_TRY(b.matrix_stack(blk(l, "ffn_gate_up_exps.weight"), n_embd, n_ff > 0 ? 2 * n_ff : -1, hp.n_expert, &both,
+                               &stride));
+    if (both.rows % 2 != 0)
+      return fail(MOELITE_ERR_BAD_SHAPE, "layer %d: ffn_gate_up_exps has an odd row count %lld", l,
+                  static_cast<long long>(both.rows));
+    ex.gate = ex.up = both;
+    ex.gate.rows = ex.up.rows = both.rows / 2;
+    const uint64_t half = static_cast<uint64_t>(ex.gate.rows) * both.row_bytes;
+    ex.up.file_offset += half;
+    if (ex.up.data) ex.up.data += half;
+    ex.gate_stride = ex.up_stride = stride;
+    MOELITE_TRY(
+        b.matrix_stack(blk(l, "ffn_down_exps.weight"), ex.gate.rows, n_embd, hp.n_expert, &ex.down, &ex.down_stride));
+    return MOELITE_OK;
+  }
   if (b.has(blk(l, "ffn_gate_exps.weight"))) {
     MOELITE_TRY(b.matrix_stack(blk(l, "ffn_gate_exps.weight"), n_embd, n_ff, hp.n_expert, &ex.gate, &ex.gate_stride));
     MOELITE_TRY(b.matrix_stack(blk(l, "ffn_up_exps.weight"), n_embd, ex.gate.rows, hp.n_expert, &ex.up, &ex.up_stride));

@@ -560,8 +560,7 @@ class ReferenceModel:
             if rows.size == 0:
                 continue
             xe = x[rows]
-            g = self.matmul(*self._mm("gate", il, e, xe))
-            u = self.matmul(*self._mm("up", il, e, xe))
+            g, u = self.expert_gate_up(il, e, xe)
             if self.arch == "gpt-oss":
                 g = np.minimum(g + self.w(p + "ffn_gate_exps.bias")[e], 7.0)
                 u = np.clip(u + self.w(p + "ffn_up_exps.bias")[e], -7.0, 7.0)
@@ -582,6 +581,16 @@ class ReferenceModel:
     def _mm(self, kind, il, e, x):
         name, idx = self.expert(kind, il, e)
         return name, x, idx
+
+    def expert_gate_up(self, il, e, x):
+        """(gate, up) projections of expert e: from ffn_gate_exps/ffn_up_exps, or from the merged
+        ffn_gate_up_exps whose slice holds the gate rows, then the up rows"""
+        merged = "blk.%d.ffn_gate_up_exps.weight" % il
+        if self.has(merged):
+            y = self.matmul(merged, x, e)
+            half = y.shape[1] // 2
+            return y[:, :half], y[:, half:]
+        return self.matmul(*self._mm("gate", il, e, x)), self.matmul(*self._mm("up", il, e, x))
 
     def pregate_name(self, il):
         """the tensor that routes layer il+1 from layer il's MoE input, or None"""

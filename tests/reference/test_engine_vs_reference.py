@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools", "gguf"))
 from moelite_gguf.reader import GGUFReader  # noqa: E402
 
 sys.path.insert(0, HERE)
-from gguf_edit import rewrite  # noqa: E402
+from gguf_edit import merge_gate_up, rewrite  # noqa: E402
 
 PY = sys.executable
 MAKE = os.path.join(ROOT, "tools", "make_tiny_model.py")
@@ -313,6 +313,20 @@ def test_perplexity_command_matches_reference(arch):
         scored += len(win) - 1
     assert out["tokens_scored"] == scored and out["n_tokens"] == len(toks)
     assert abs(out["mean_nll"] - nll / scored) < 1e-5 * max(1.0, nll / scored), (out["mean_nll"], nll / scored)
+
+
+@pytest.mark.parametrize("arch,wtype", [("deepseek2", "Q4_K"), ("qwen3moe", "Q8_0"), ("gpt-oss", "F32")])
+def test_merged_gate_up_experts_compute_the_same(arch, wtype):
+    """ffn_gate_up_exps (gate and up of an expert in one slice, as newer conversions store them, and
+    llama.cpp reads for deepseek2) holds the same bytes as the separate tensors: the same logits, bit
+    for bit, resident and from the expert store."""
+    base = make_model("%s-%s" % (arch, wtype), arch, wtype)
+    merged = merge_gate_up(base, os.path.join(TMP, "%s-%s-gate-up.gguf" % (arch, wtype)))
+    assert "blk.0.ffn_up_exps.weight" not in GGUFReader(merged).tensors
+    want = engine_logits(base)
+    np.testing.assert_array_equal(engine_logits(merged), want)
+    assert nmse(want, reference_logits(merged)) < tight(wtype)  # the reference reads the merged layout too
+    np.testing.assert_array_equal(engine_logits(merged, extra=("--budget", "60%")), want)
 
 
 def test_deepseek2_gating_defaults():
