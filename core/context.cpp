@@ -55,8 +55,9 @@ int64_t Context::kv_row_floats(const HParams& hp) {
 
 namespace {
 
-// Widths of MlaScratch's activations, in its order (zero for other architectures).
-std::vector<int64_t> mla_widths(const HParams& hp) {
+// Widths of MlaScratch's activations, in its order (all zero for other architectures: none is
+// allocated).
+std::array<int64_t, MlaScratch::kCount> mla_widths(const HParams& hp) {
   if (!hp.mla()) return {};
   const int64_t H = hp.n_head, r = hp.kv_lora_rank, rot = hp.n_rot;
   return {std::max<int64_t>(1, hp.q_lora_rank), H * hp.head_dim, H * rot, r + rot, r, rot, r + rot, H * (r + rot),
@@ -125,9 +126,9 @@ Status Context::create(const Model& model, Runtime& runtime, const ContextOption
   MOELITE_TRY(be.alloc_act(nb, hp.n_embd, &s.moe_out));
   MOELITE_TRY(be.alloc_act(nb, hp.n_embd, &s.shared_out));
   MOELITE_TRY(be.alloc_act(std::min<int64_t>(nb, kHeadRows), hp.n_vocab, &s.head_out));
-  {
-    const std::vector<int64_t> widths = mla_widths(hp);
-    const std::vector<Act*> acts = s.mla.all();
+  if (hp.mla()) {
+    const std::array<int64_t, MlaScratch::kCount> widths = mla_widths(hp);
+    const std::array<Act*, MlaScratch::kCount> acts = s.mla.all();
     for (size_t i = 0; i < widths.size(); ++i) MOELITE_TRY(be.alloc_act(nb, widths[i], acts[i]));
   }
   s.rope = hp.rope;

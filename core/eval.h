@@ -1,5 +1,6 @@
 // Per-context evaluation state: the KV cache and the scratch activations of one forward pass.
 #pragma once
+#include <array>
 #include <vector>
 
 #include "backends/backend.h"
@@ -25,8 +26,10 @@ class ForwardHooks {
 // Multi-head latent attention's scratch (deepseek2; see core/arch/arch_deepseek2.cpp), n_batch
 // rows each; unallocated for other architectures.
 struct MlaScratch {
+  static constexpr size_t kCount = 13;
   Act qa, q, q_pe, kv_a, latent, k_pe, keys, queries, attn_latent, in_nope, in_latent, out_latent, out_v;
-  std::vector<Act*> all() {
+  // Every activation, in this order; allocates nothing (the context's destructor walks it).
+  std::array<Act*, kCount> all() {
     return {&qa, &q, &q_pe, &kv_a, &latent, &k_pe, &keys, &queries, &attn_latent, &in_nope, &in_latent, &out_latent,
             &out_v};
   }

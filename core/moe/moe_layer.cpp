@@ -18,17 +18,19 @@ Status host_rows(EvalState& s, const Act& a, std::vector<float>* buf, const floa
   return MOELITE_OK;
 }
 
-// Routing from router weights `w` (and bias, may be empty) on the MoE input `xn`.
-// Softmax routing runs on the backend; sigmoid scores, selection biases and expert groups
-// (DeepSeek-V3) on the host, from the logits.
+// Routing from router weights `w` (and bias, may be empty) on the MoE input `xn`; `selection_bias`
+// (may be empty) is the layer's exp_probs_b, which only its own router uses. Softmax routing runs
+// on the backend; sigmoid scores, selection biases and expert groups (DeepSeek-V3) on the host,
+// from the logits.
 Status route_with(const Model& m, EvalState& s, const WeightView& w, const std::vector<float>& bias, const Act& xn,
-                  const LayerWeights& lw, Routing* out) {
+                  const std::vector<float>& selection_bias, Routing* out) {
   Act logits = s.rows(s.router_logits);
   MOELITE_TRY(s.backend->matmul(w, xn, bias.empty() ? nullptr : bias.data(), &logits));
-  if (!needs_scored_routing(m.hp, lw)) return s.backend->route(logits, m.hp.n_expert_used, m.hp.norm_topk, out);
+  if (!needs_scored_routing(m.hp, selection_bias))
+    return s.backend->route(logits, m.hp.n_expert_used, m.hp.norm_topk, out);
   const float* host;
   MOELITE_TRY(host_rows(s, logits, &s.host_a, &host));
-  route_scores(m.hp, host, s.n_tokens, lw.exp_probs_b.empty() ? nullptr : lw.exp_probs_b.data(), out);
+  route_scores(m.hp, host, s.n_tokens, selection_bias.empty() ? nullptr : selection_bias.data(), out);
   return MOELITE_OK;
 }
 
@@ -47,9 +49,9 @@ Status moe_forward(const Model& m, EvalState& s, int32_t l, const Act& x, const 
   if (s.has_next_routing)
     std::swap(s.routing, s.next_routing);
   else
-    MOELITE_TRY(route_with(m, s, w.router, w.router_bias, xn, w, &s.routing));
+    MOELITE_TRY(route_with(m, s, w.router, w.router_bias, xn, w.exp_probs_b, &s.routing));
   s.has_next_routing = w.pregate.valid();
-  if (s.has_next_routing) MOELITE_TRY(route_with(m, s, w.pregate, {}, xn, m.layers[static_cast<size_t>(l) + 1], &s.next_routing));
+  if (s.has_next_routing) MOELITE_TRY(route_with(m, s, w.pregate, {}, xn, {}, &s.next_routing));
 
   // Cache-aware gating asks the store what is resident now (after the previous layer's loads);
   // with every expert resident it is sensitivity gating.

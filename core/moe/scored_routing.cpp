@@ -7,8 +7,8 @@
 
 namespace moelite {
 
-bool needs_scored_routing(const HParams& hp, const LayerWeights& w) {
-  return hp.gating_func != ExpertGatingFunc::Softmax || hp.n_expert_groups > 1 || !w.exp_probs_b.empty();
+bool needs_scored_routing(const HParams& hp, const std::vector<float>& selection_bias) {
+  return hp.gating_func != ExpertGatingFunc::Softmax || hp.n_expert_groups > 1 || !selection_bias.empty();
 }
 
 namespace {

@@ -2,14 +2,16 @@
 // sigmoid scores, a selection bias, group-limited selection (DeepSeek-V3's router).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "backends/backend.h"
 #include "core/model.h"
 
 namespace moelite {
 
-// Whether a layer's routing needs route_scores() rather than Backend::route.
-bool needs_scored_routing(const HParams& hp, const LayerWeights& w);
+// Whether routing with this selection bias (may be empty) needs route_scores() rather than
+// Backend::route.
+bool needs_scored_routing(const HParams& hp, const std::vector<float>& selection_bias);
 
 // For each of n tokens: scores = softmax or sigmoid of its n_expert logits; selection scores =
 // scores + bias (bias may be null); with expert groups, every expert outside the n_group_used
