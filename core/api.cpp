@@ -363,8 +363,7 @@ MOELITE_API int64_t moelite_model_get(const moelite_model* model, moelite_model_
       return hp.n_ff_expert > 0 && hp.arch == "deepseek2" ? hp.n_ff_shared / hp.n_ff_expert : 1;
     case MOELITE_MODEL_N_DENSE_LAYERS: return hp.n_dense_lead;
     case MOELITE_MODEL_KV_BYTES_PER_TOKEN:
-      return static_cast<int64_t>(moelite::Context::kv_row_floats(hp)) * (hp.mla() ? 1 : 2) * hp.n_layer *
-             static_cast<int64_t>(sizeof(float));
+      return moelite::Context::kv_position_floats(hp) * hp.n_layer * static_cast<int64_t>(sizeof(float));
     case MOELITE_MODEL_N_VOCAB: return hp.n_vocab;
     case MOELITE_MODEL_N_EMBD: return hp.n_embd;
     case MOELITE_MODEL_N_HEAD: return hp.n_head;

@@ -42,7 +42,7 @@ uint64_t Context::estimate_bytes(const HParams& hp, const ContextOptions& opts) 
   uint64_t kv_positions = 0;
   for (const int32_t slots : kv_slots(hp, static_cast<int32_t>(n_ctx), static_cast<int32_t>(nb)))
     kv_positions += uint64_t(slots);
-  const uint64_t kv_floats = hp.mla() ? kv_positions * uint64_t(kv_row_floats(hp)) : 2 * kv_positions * kv_dim;
+  const uint64_t kv_floats = kv_positions * uint64_t(kv_position_floats(hp));
   // Gate and up outputs of a batch's routed experts (the CPU backend's per-call scratch).
   const uint64_t expert_floats = 2 * nb * uint64_t(hp.n_expert_used) * uint64_t(hp.n_ff_expert);
   return (act_floats + kv_floats + expert_floats) * sizeof(float);

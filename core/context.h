@@ -62,6 +62,9 @@ class Context {
   // Floats of one cached position's key row (also of its value row, unless the model uses MLA's
   // keys-only cache).
   static int64_t kv_row_floats(const HParams& hp);
+  // Floats one cached position takes in one full-attention layer: the key row and the value row,
+  // or MLA's single row.
+  static int64_t kv_position_floats(const HParams& hp) { return kv_row_floats(hp) * (hp.mla() ? 1 : 2); }
   // Floats per batch row of the MLA scratch (0 for other architectures).
   static uint64_t mla_scratch_floats(const HParams& hp);
   const Model& model() const { return model_; }

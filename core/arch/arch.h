@@ -45,6 +45,12 @@ Status bind_attention(TensorBinder& binder, const ArchDescriptor& arch, const HP
 // the routed experts' matrices: stacked per kind (ffn_*_exps), gate and up stacked together
 // (ffn_gate_up_exps), or one tensor per expert;
 Status bind_routed_experts(TensorBinder& binder, const HParams& hp, int32_t layer, LayerExperts* out);
+// The integer key "{arch}.suffix" in [lo, hi]: required (MISSING_METADATA when absent or not an
+// integer), or optional (fallback when absent); BAD_METADATA outside the range.
+Status required_int(const gguf::Reader& gguf, const std::string& arch, const char* suffix, int64_t lo, int64_t hi,
+                    int32_t* out);
+Status optional_int(const gguf::Reader& gguf, const std::string& arch, const char* suffix, int64_t lo, int64_t hi,
+                    int32_t fallback, int32_t* out);
 // `{arch}.rope.scaling.*` (none, linear or YaRN).
 Status read_rope_scaling(const gguf::Reader& gguf, const std::string& arch, int32_t n_ctx_train, RopeScaling* out);
 

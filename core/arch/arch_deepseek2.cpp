@@ -34,23 +34,6 @@ namespace {
 
 std::string blk(int32_t layer, const char* suffix) { return "blk." + std::to_string(layer) + "." + suffix; }
 
-// An optional integer key in [lo, hi]; absent: fallback.
-Status int_key(const gguf::Reader& g, const std::string& key, int64_t lo, int64_t hi, int64_t fallback, int32_t* out) {
-  int64_t v = fallback;
-  if (g.find(key) && !g.get_int(key, &v))
-    return fail(MOELITE_ERR_MISSING_METADATA, "metadata key '%s' must be an integer", key.c_str());
-  if (v < lo || v > hi)
-    return fail(MOELITE_ERR_BAD_METADATA, "metadata key '%s' = %lld is outside [%lld, %lld]", key.c_str(),
-                static_cast<long long>(v), static_cast<long long>(lo), static_cast<long long>(hi));
-  *out = static_cast<int32_t>(v);
-  return MOELITE_OK;
-}
-
-Status required_key(const gguf::Reader& g, const std::string& key) {
-  if (!g.find(key)) return fail(MOELITE_ERR_MISSING_METADATA, "metadata key '%s' is required but absent", key.c_str());
-  return MOELITE_OK;
-}
-
 Status float_key(const gguf::Reader& g, const std::string& key, double fallback, double* out) {
   *out = fallback;
   if (g.find(key) && (!g.get_float(key, out) || !std::isfinite(*out)))
@@ -90,38 +73,35 @@ Status read_deepseek2(const gguf::Reader& g, const ArchDescriptor& arch, HParams
   // GLM-4.x files append multi-token-prediction blocks after the model's own (block_count counts
   // them): they draft tokens for speculative decoding and are not part of the forward pass.
   int32_t nextn = 0;
-  MOELITE_TRY(int_key(g, a + ".nextn_predict_layers", 0, hp->n_layer - 1, 0, &nextn));
+  MOELITE_TRY(optional_int(g, a, "nextn_predict_layers", 0, hp->n_layer - 1, 0, &nextn));
   hp->n_layer -= nextn;
   // Files converted for MLA state the latent cache's widths in key_length/value_length and the
   // per-head sizes in the *_mla keys; older files state the per-head sizes directly.
   const bool mla_keys = g.find(a + ".attention.key_length_mla") || g.find(a + ".attention.value_length_mla");
   if (mla_keys) {
-    MOELITE_TRY(required_key(g, a + ".attention.key_length_mla"));
-    MOELITE_TRY(required_key(g, a + ".attention.value_length_mla"));
-    MOELITE_TRY(int_key(g, a + ".attention.key_length_mla", 2, MOELITE_MAX_HEAD_DIM, 0, &hp->head_dim));
-    MOELITE_TRY(int_key(g, a + ".attention.value_length_mla", 1, MOELITE_MAX_HEAD_DIM, 0, &hp->head_dim_v));
+    MOELITE_TRY(required_int(g, a, "attention.key_length_mla", 2, MOELITE_MAX_HEAD_DIM, &hp->head_dim));
+    MOELITE_TRY(required_int(g, a, "attention.value_length_mla", 1, MOELITE_MAX_HEAD_DIM, &hp->head_dim_v));
   }
-  MOELITE_TRY(required_key(g, a + ".rope.dimension_count"));
-  MOELITE_TRY(int_key(g, a + ".rope.dimension_count", 2, hp->head_dim - 1, 0, &hp->n_rot));
+  MOELITE_TRY(required_int(g, a, "rope.dimension_count", 2, hp->head_dim - 1, &hp->n_rot));
   if (hp->n_rot % 2 != 0) return fail(MOELITE_ERR_BAD_METADATA, "rope.dimension_count %d must be even", hp->n_rot);
   hp->rope.n_rot = hp->n_rot;
-  MOELITE_TRY(required_key(g, a + ".attention.kv_lora_rank"));
-  MOELITE_TRY(int_key(g, a + ".attention.kv_lora_rank", 1, MOELITE_MAX_HEAD_DIM - hp->n_rot, 0, &hp->kv_lora_rank));
-  MOELITE_TRY(int_key(g, a + ".attention.q_lora_rank", 0, MOELITE_MAX_WIDTH, 0, &hp->q_lora_rank));
+  MOELITE_TRY(required_int(g, a, "attention.kv_lora_rank", 1, MOELITE_MAX_HEAD_DIM - hp->n_rot, &hp->kv_lora_rank));
+  MOELITE_TRY(optional_int(g, a, "attention.q_lora_rank", 0, MOELITE_MAX_WIDTH, 0, &hp->q_lora_rank));
   if (hp->n_head_kv != hp->n_head && hp->n_head_kv != 1)
     return fail(MOELITE_ERR_BAD_METADATA, "deepseek2: head_count_kv %d (MLA shares one latent among all heads)",
                 hp->n_head_kv);
-  MOELITE_TRY(int_key(g, a + ".leading_dense_block_count", 0, hp->n_layer - 1, 0, &hp->n_dense_lead));
+  MOELITE_TRY(optional_int(g, a, "leading_dense_block_count", 0, hp->n_layer - 1, 0, &hp->n_dense_lead));
   if (hp->n_dense_lead > 0) {
-    MOELITE_TRY(required_key(g, a + ".feed_forward_length"));
-    MOELITE_TRY(int_key(g, a + ".feed_forward_length", 1, MOELITE_MAX_WIDTH, 0, &hp->n_ff_dense));
+    MOELITE_TRY(required_int(g, a, "feed_forward_length", 1, MOELITE_MAX_WIDTH, &hp->n_ff_dense));
   }
-  MOELITE_TRY(required_key(g, a + ".expert_feed_forward_length"));
+  if (!g.find(a + ".expert_feed_forward_length"))  // read by the standard reader, optional there
+    return fail(MOELITE_ERR_MISSING_METADATA, "metadata key '%s.expert_feed_forward_length' is required but absent",
+                a.c_str());
   int32_t n_shared = 0;
-  MOELITE_TRY(int_key(g, a + ".expert_shared_count", 0, 64, 0, &n_shared));
+  MOELITE_TRY(optional_int(g, a, "expert_shared_count", 0, 64, 0, &n_shared));
   hp->n_ff_shared = n_shared * hp->n_ff_expert;
   int32_t gating = 0;
-  MOELITE_TRY(int_key(g, a + ".expert_gating_func", 0, 1000, 0, &gating));
+  MOELITE_TRY(optional_int(g, a, "expert_gating_func", 0, 1000, 0, &gating));
   if (gating == 0) {
     // Absent: softmax, as DeepSeek-V2/V2.5 files were converted before the key existed -- except
     // GLM-4.7-Flash files that lack it: sigmoid-gated, recognised as llama.cpp recognises them (47
@@ -139,8 +119,8 @@ Status read_deepseek2(const gguf::Reader& g, const ArchDescriptor& arch, HParams
   } else {
     return fail(MOELITE_ERR_UNSUPPORTED_ARCH, "expert_gating_func %d is not supported (1 softmax, 2 sigmoid)", gating);
   }
-  MOELITE_TRY(int_key(g, a + ".expert_group_count", 0, hp->n_expert, 0, &hp->n_expert_groups));
-  MOELITE_TRY(int_key(g, a + ".expert_group_used_count", 0, hp->n_expert, 0, &hp->n_group_used));
+  MOELITE_TRY(optional_int(g, a, "expert_group_count", 0, hp->n_expert, 0, &hp->n_expert_groups));
+  MOELITE_TRY(optional_int(g, a, "expert_group_used_count", 0, hp->n_expert, 0, &hp->n_group_used));
   if (hp->n_expert_groups > 1) {
     const int32_t per_group = hp->n_expert / hp->n_expert_groups;
     if (hp->n_expert % hp->n_expert_groups != 0 || per_group < 2 || hp->n_group_used < 1 ||

@@ -17,9 +17,7 @@
 
 namespace moelite {
 
-namespace {
-
-// A required positive integer key "{arch}.suffix".
+// A required integer key "{arch}.suffix" in [lo, hi] (declared in arch.h).
 Status required_int(const gguf::Reader& g, const std::string& arch, const char* suffix, int64_t lo, int64_t hi,
                     int32_t* out) {
   const std::string key = arch + "." + suffix;
@@ -42,6 +40,8 @@ Status optional_int(const gguf::Reader& g, const std::string& arch, const char* 
   }
   return required_int(g, arch, suffix, lo, hi, out);
 }
+
+namespace {
 
 Status optional_float(const gguf::Reader& g, const std::string& key, double fallback, float* out) {
   double v = fallback;
