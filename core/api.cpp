@@ -580,6 +580,17 @@ MOELITE_API moelite_status moelite_context_params_set_n_batch(moelite_context_pa
   });
 }
 
+MOELITE_API moelite_status moelite_context_params_set_n_seq(moelite_context_params* p, int32_t n_seq) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (n_seq < 1 || n_seq > MOELITE_MAX_SEQUENCES)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "n_seq %d is outside 1..%d", n_seq, MOELITE_MAX_SEQUENCES);
+    p->opts.n_seq = n_seq;
+    return MOELITE_OK;
+  });
+}
+
 MOELITE_API moelite_status moelite_context_params_set_abort_callback(moelite_context_params* p, moelite_abort_fn fn,
                                                                      void* user) {
   const char* const api_fn = __func__;
@@ -646,6 +657,35 @@ MOELITE_API moelite_status moelite_eval(moelite_context* c, const int32_t* token
     } catch (const std::bad_alloc&) {
       return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory during evaluation");
     }
+  });
+}
+
+MOELITE_API moelite_status moelite_eval_batch(moelite_context* c, const int32_t* tokens, const int32_t* seq_ids,
+                                              const uint8_t* want_logits, int32_t n_tokens) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!c) return null_arg(api_fn, "ctx");
+    if (!tokens) return null_arg(api_fn, "tokens");
+    try {
+      return c->impl->eval_seqs(tokens, seq_ids, want_logits, n_tokens);
+    } catch (const std::bad_alloc&) {
+      return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory during evaluation");
+    }
+  });
+}
+
+MOELITE_API int32_t moelite_context_n_seq(const moelite_context* c) { return c ? c->impl->n_seq() : 0; }
+MOELITE_API int32_t moelite_context_seq_length(const moelite_context* c, int32_t seq) {
+  return c && seq >= 0 && seq < c->impl->n_seq() ? c->impl->length(seq) : 0;
+}
+MOELITE_API moelite_status moelite_context_seq_truncate(moelite_context* c, int32_t seq, int32_t n_keep) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!c) return null_arg(api_fn, "ctx");
+    if (seq < 0 || seq >= c->impl->n_seq())
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "sequence id %d is outside 0..%d", seq, c->impl->n_seq() - 1);
+    c->impl->truncate(n_keep, seq);
+    return MOELITE_OK;
   });
 }
 

@@ -27,7 +27,16 @@ Context::~Context() {
     if (a->handle) be->free_act(a);
   for (Act* a : state_.mla.all())
     if (a->handle) be->free_act(a);
-  if (state_.kv.handle) be->free_kv(&state_.kv);
+  for (Sequence& q : seqs_)
+    if (q.kv.handle) be->free_kv(&q.kv);
+}
+
+uint64_t Context::kv_bytes() const {
+  uint64_t floats = 0;
+  for (const Sequence& q : seqs_)
+    for (int32_t slots : q.kv.slots)
+      floats += (q.kv.values ? 2 : 1) * static_cast<uint64_t>(slots) * static_cast<uint64_t>(q.kv.kv_dim);
+  return floats * sizeof(float);
 }
 
 uint64_t Context::estimate_bytes(const HParams& hp, const ContextOptions& opts) {
@@ -42,7 +51,7 @@ uint64_t Context::estimate_bytes(const HParams& hp, const ContextOptions& opts) 
   uint64_t kv_positions = 0;
   for (const int32_t slots : kv_slots(hp, static_cast<int32_t>(n_ctx), static_cast<int32_t>(nb)))
     kv_positions += uint64_t(slots);
-  const uint64_t kv_floats = kv_positions * uint64_t(kv_position_floats(hp));
+  const uint64_t kv_floats = kv_positions * uint64_t(kv_position_floats(hp)) * uint64_t(std::max(1, opts.n_seq));
   // Gate and up outputs of a batch's routed experts (the CPU backend's per-call scratch).
   const uint64_t expert_floats = 2 * nb * uint64_t(hp.n_expert_used) * uint64_t(hp.n_ff_expert);
   return (act_floats + kv_floats + expert_floats) * sizeof(float);
@@ -84,11 +93,11 @@ std::vector<int32_t> Context::kv_slots(const HParams& hp, int32_t n_ctx, int32_t
   return slots;
 }
 
-bool Context::ring_serves(int32_t n_keep) const {
-  if (ring_pos_.empty()) return true;
-  const int32_t slots = static_cast<int32_t>(ring_pos_.size());
+bool Context::ring_serves(const Sequence& seq, int32_t n_keep) const {
+  if (seq.ring_pos.empty()) return true;
+  const int32_t slots = static_cast<int32_t>(seq.ring_pos.size());
   for (int32_t p = std::max(0, n_keep - ring_window_ + 1); p < n_keep; ++p)
-    if (ring_pos_[static_cast<size_t>(p % slots)] != p) return false;
+    if (seq.ring_pos[static_cast<size_t>(p % slots)] != p) return false;
   return true;
 }
 
@@ -135,13 +144,18 @@ Status Context::create(const Model& model, Runtime& runtime, const ContextOption
   s.rope_windowed = hp.rope_windowed;
   const std::vector<float>& factors = c->n_ctx_ > hp.rope_n_ctx_orig ? hp.rope_factors_long : hp.rope_factors_short;
   if (!factors.empty()) s.rope.scaling.freq_factors = s.rope_windowed.scaling.freq_factors = factors.data();
+  if (opts.n_seq < 1 || opts.n_seq > kMaxSequences)
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "n_seq %d is outside 1..%d", opts.n_seq, kMaxSequences);
   const std::vector<int32_t> slots = kv_slots(hp, c->n_ctx_, c->opts_.n_batch);
-  MOELITE_TRY(be.alloc_kv(c->n_ctx_, slots, kv_row_floats(hp), !hp.mla(), &s.kv));
-  for (int32_t l = 0; l < hp.n_layer; ++l)
-    if (hp.window_of(l) > 0) {
-      c->ring_window_ = std::max(c->ring_window_, hp.window_of(l));
-      c->ring_pos_.assign(static_cast<size_t>(slots[static_cast<size_t>(l)]), -1);
-    }
+  c->seqs_.resize(static_cast<size_t>(opts.n_seq));
+  for (Sequence& q : c->seqs_) {
+    MOELITE_TRY(be.alloc_kv(c->n_ctx_, slots, kv_row_floats(hp), !hp.mla(), &q.kv));
+    for (int32_t l = 0; l < hp.n_layer; ++l)
+      if (hp.window_of(l) > 0) {
+        c->ring_window_ = std::max(c->ring_window_, hp.window_of(l));
+        q.ring_pos.assign(static_cast<size_t>(slots[static_cast<size_t>(l)]), -1);
+      }
+  }
   *out = std::move(c);
   return MOELITE_OK;
 }
@@ -190,18 +204,54 @@ void ExpertCounters::accrue(const ExpertCounters& before, const ExpertCounters& 
 void Context::reset_counters() { counters_ = ExpertCounters{}; }
 
 Status Context::eval(const int32_t* tokens, int32_t n_tokens, bool logits_all) {
+  if (n_tokens <= 0 || !tokens) return fail(MOELITE_ERR_INVALID_ARGUMENT, "eval needs at least one token");
+  std::vector<uint8_t> want;
+  if (logits_all) want.assign(static_cast<size_t>(n_tokens), 1);
+  MOELITE_TRY(eval_seqs(tokens, nullptr, logits_all ? want.data() : nullptr, n_tokens));
+  logits_row_of_.clear();  // eval()'s indexing: every token's row, or only the last one's
+  return MOELITE_OK;
+}
+
+Status Context::eval_seqs(const int32_t* tokens, const int32_t* seq_ids, const uint8_t* want_logits,
+                          int32_t n_tokens) {
   const HParams& hp = model_.hp;
   if (n_tokens <= 0 || !tokens) return fail(MOELITE_ERR_INVALID_ARGUMENT, "eval needs at least one token");
-  for (int32_t i = 0; i < n_tokens; ++i)
+  const int32_t n_seq = this->n_seq();
+  auto seq_of = [&](int32_t i) { return seq_ids ? seq_ids[i] : 0; };
+  std::vector<int32_t> count(static_cast<size_t>(n_seq), 0);
+  for (int32_t i = 0; i < n_tokens; ++i) {
     if (tokens[i] < 0 || tokens[i] >= hp.n_vocab)
       return fail(MOELITE_ERR_BAD_TOKEN, "token %d at index %d is outside the vocabulary [0, %d)", tokens[i], i,
                   hp.n_vocab);
-  if (n_tokens > n_ctx_ - n_past_)
-    return fail(MOELITE_ERR_CONTEXT_FULL, "%d tokens do not fit: %d of %d context positions are used", n_tokens,
-                n_past_, n_ctx_);
+    if (seq_of(i) < 0 || seq_of(i) >= n_seq)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "sequence id %d at index %d is outside 0..%d", seq_of(i), i, n_seq - 1);
+    ++count[static_cast<size_t>(seq_of(i))];
+  }
+  for (int32_t q = 0; q < n_seq; ++q) {
+    const int32_t have = seqs_[static_cast<size_t>(q)].n_past, add = count[static_cast<size_t>(q)];
+    if (add > n_ctx_ - have)
+      return fail(MOELITE_ERR_CONTEXT_FULL, "%d tokens do not fit sequence %d: %d of %d context positions are used",
+                  add, q, have, n_ctx_);
+  }
+  // Each sequence's tokens side by side, sequences in id order (a counting sort keeps the given
+  // order within a sequence). A token's logits row is its place among the wanted ones in this order.
+  std::vector<int32_t> first(static_cast<size_t>(n_seq) + 1, 0), order(static_cast<size_t>(n_tokens));
+  for (int32_t q = 0; q < n_seq; ++q) first[static_cast<size_t>(q) + 1] = first[static_cast<size_t>(q)] + count[static_cast<size_t>(q)];
+  {
+    std::vector<int32_t> next(first.begin(), first.end() - 1);
+    for (int32_t i = 0; i < n_tokens; ++i) order[static_cast<size_t>(next[static_cast<size_t>(seq_of(i))]++)] = i;
+  }
+  std::vector<int32_t> row_of(static_cast<size_t>(n_tokens), -1);
+  int32_t n_rows = 0;
+  for (int32_t j = 0; j < n_tokens; ++j) {
+    const int32_t i = order[static_cast<size_t>(j)], q = seq_of(i);
+    const bool last_of_seq = j + 1 == first[static_cast<size_t>(q) + 1];
+    if (want_logits ? want_logits[i] != 0 : last_of_seq) row_of[static_cast<size_t>(i)] = n_rows++;
+  }
+  std::vector<float> out(static_cast<size_t>(n_rows) * static_cast<size_t>(hp.n_vocab));
+  std::vector<int32_t> start(static_cast<size_t>(n_seq));
+  for (int32_t q = 0; q < n_seq; ++q) start[static_cast<size_t>(q)] = seqs_[static_cast<size_t>(q)].n_past;
 
-  std::vector<float> out(static_cast<size_t>(logits_all ? n_tokens : 1) * static_cast<size_t>(hp.n_vocab));
-  const int32_t start = n_past_;
   // Waits below (this lock, the expert store's loads) poll this context's abort callback.
   AbortScope abort_scope(opts_.abort, opts_.abort_user);
   std::unique_lock<std::mutex> lock(runtime_.eval_mutex, std::defer_lock);
@@ -218,18 +268,32 @@ Status Context::eval(const int32_t* tokens, int32_t n_tokens, bool logits_all) {
       }
     }
   } accrue{this, before};
+  std::vector<int32_t> batch_tokens, head_rows;
+  int32_t rows_done = 0;
   for (int32_t done = 0; done < n_tokens;) {
     const int32_t n = std::min(opts_.n_batch, n_tokens - done);
-    const bool last = done + n == n_tokens;
-    float* dst = logits_all ? out.data() + static_cast<size_t>(done) * hp.n_vocab : (last ? out.data() : nullptr);
-    // Recorded before the batch runs: a failure part way may have overwritten these slots in some
-    // windowed layers, and the rollback below must assume it did.
-    if (!ring_pos_.empty())
-      for (int32_t p = n_past_; p < n_past_ + n; ++p)
-        ring_pos_[static_cast<size_t>(p) % ring_pos_.size()] = p;
+    EvalState& s = state_;
+    batch_tokens.clear();
+    head_rows.clear();
+    s.positions.clear();
+    s.segments.clear();
+    for (int32_t j = done; j < done + n; ++j) {
+      const int32_t i = order[static_cast<size_t>(j)], q = seq_of(i), row = j - done;
+      Sequence& seq = seqs_[static_cast<size_t>(q)];
+      if (s.segments.empty() || s.segments.back().kv != &seq.kv)
+        s.segments.push_back(AttentionSegment{&seq.kv, row, 0, seq.n_past});
+      const int32_t pos = s.segments.back().pos0 + s.segments.back().n++;
+      batch_tokens.push_back(tokens[i]);
+      s.positions.push_back(pos);
+      if (row_of[static_cast<size_t>(i)] >= 0) head_rows.push_back(row);
+      // Recorded before the batch runs: a failure part way may have overwritten these slots in
+      // some windowed layers, and the rollback below must assume it did.
+      if (!seq.ring_pos.empty()) seq.ring_pos[static_cast<size_t>(pos) % seq.ring_pos.size()] = pos;
+    }
     Status st;
     try {
-      st = eval_batch(tokens + done, n, logits_all, dst);
+      st = eval_batch(batch_tokens.data(), n, head_rows.data(), static_cast<int32_t>(head_rows.size()),
+                      out.data() + static_cast<size_t>(rows_done) * static_cast<size_t>(hp.n_vocab));
     } catch (const std::bad_alloc&) {  // cleaned up below like any other failure
       st = fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory during evaluation");
     }
@@ -239,20 +303,29 @@ Status Context::eval(const int32_t* tokens, int32_t n_tokens, bool logits_all) {
       const std::string msg = last_error_message();
       (void)state_.backend->sync();
       fail(st, "%s", msg.c_str());
-      n_past_ = start;  // cache rows past n_past_ are dead; the sequence is as before the call...
-      if (!ring_serves(n_past_)) {  // ...unless earlier batches of this call moved a window's ring past it
-        n_past_ = 0;
-        tokens_.clear();
+      for (int32_t q = 0; q < n_seq; ++q) {
+        Sequence& seq = seqs_[static_cast<size_t>(q)];
+        seq.n_past = start[static_cast<size_t>(q)];  // cache rows past n_past are dead; the sequence is as before...
+        if (!ring_serves(seq, seq.n_past)) {  // ...unless earlier batches of this call moved a window's ring past it
+          seq.n_past = 0;
+          seq.tokens.clear();
+        }
       }
       return st;
     }
-    n_past_ += n;
+    for (const AttentionSegment& g : s.segments)
+      for (Sequence& seq : seqs_)
+        if (&seq.kv == g.kv) seq.n_past += g.n;
+    rows_done += static_cast<int32_t>(head_rows.size());
     done += n;
   }
-  tokens_.insert(tokens_.end(), tokens, tokens + n_tokens);
+  for (int32_t j = 0; j < n_tokens; ++j) {
+    const int32_t i = order[static_cast<size_t>(j)];
+    seqs_[static_cast<size_t>(seq_of(i))].tokens.push_back(tokens[i]);
+  }
   logits_ = std::move(out);
-  logits_rows_ = logits_all ? n_tokens : 1;
-  logits_all_ = logits_all;
+  logits_rows_ = n_rows;
+  logits_row_of_ = std::move(row_of);
   return MOELITE_OK;
 }
 
@@ -276,15 +349,14 @@ Status Context::lock_abortable(std::unique_lock<std::mutex>* lock) {
   }
 }
 
-Status Context::eval_batch(const int32_t* tokens, int32_t n, bool logits_all, float* logits_out) {
+Status Context::eval_batch(const int32_t* tokens, int32_t n, const int32_t* head_rows, int32_t n_head,
+                           float* logits_out) {
   const Model& m = model_;
   const HParams& hp = m.hp;
   EvalState& s = state_;
   Backend& be = *s.backend;
   s.n_tokens = n;
-  s.pos0 = n_past_;
-  s.positions.resize(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) s.positions[static_cast<size_t>(i)] = n_past_ + i;
+  s.pos0 = s.positions.front();
 
   Act x = s.rows(s.x);
   s.has_next_routing = false;
@@ -304,23 +376,25 @@ Status Context::eval_batch(const int32_t* tokens, int32_t n, bool logits_all, fl
   if (runtime_.predictor && runtime_.predictor->wants_final() && n <= kMaxPredictTokens)
     MOELITE_TRY(predict_next_token(n));
   // Work a device backend recorded and ran without being waited for fails here at the latest.
-  if (!logits_out) return be.sync();
+  if (n_head == 0) return be.sync();
 
-  // Output head, only on the rows whose logits are wanted.
-  const int32_t first = logits_all ? 0 : n - 1;
-  for (int32_t r0 = first; r0 < n; r0 += kHeadRows) {
-    const int32_t rows = std::min(kHeadRows, n - r0);
+  // Output head, only on the rows whose logits are wanted: runs of adjacent rows at a time.
+  for (int32_t j = 0; j < n_head;) {
+    const int32_t r0 = head_rows[j];
+    int32_t rows = 1;
+    while (j + rows < n_head && rows < kHeadRows && head_rows[j + rows] == r0 + rows) ++rows;
     Act xr = be.view_rows(s.x, r0, rows), xn = be.view_rows(s.xn, r0, rows);
     Act head = be.view_rows(s.head_out, 0, rows);
     MOELITE_TRY(be.rms_norm(xr, m.output_norm.data(), hp.n_embd, hp.rms_eps, &xn));
     if (!m.output_norm_b.empty()) MOELITE_TRY(be.add_bias(&xn, m.output_norm_b.data()));
     MOELITE_TRY(be.matmul(m.output, xn, m.output_b.empty() ? nullptr : m.output_b.data(), &head));
-    float* dst = logits_out + static_cast<size_t>(r0 - first) * hp.n_vocab;
+    float* dst = logits_out + static_cast<size_t>(j) * hp.n_vocab;
     MOELITE_TRY(be.read_rows(head, 0, rows, dst));
     if (hp.logit_scale != 1.0f) {  // as llama.cpp: times the float 1 / logit_scale
       const float inv = 1.0f / hp.logit_scale;
       for (size_t i = 0; i < static_cast<size_t>(rows) * static_cast<size_t>(hp.n_vocab); ++i) dst[i] *= inv;
     }
+    j += rows;
   }
   return be.sync();
 }
@@ -343,17 +417,22 @@ Status Context::predict_next_token(int32_t n) {
 
 const float* Context::logits(int32_t i) const {
   if (logits_rows_ == 0) return nullptr;
-  if (i < 0) i += logits_rows_;
-  if (i < 0 || i >= logits_rows_) return nullptr;
-  return logits_.data() + static_cast<size_t>(i) * static_cast<size_t>(model_.hp.n_vocab);
+  const int32_t n = logits_row_of_.empty() ? logits_rows_ : static_cast<int32_t>(logits_row_of_.size());
+  if (i < 0) i += n;
+  if (i < 0 || i >= n) return nullptr;
+  const int32_t row = logits_row_of_.empty() ? i : logits_row_of_[static_cast<size_t>(i)];
+  if (row < 0) return nullptr;
+  return logits_.data() + static_cast<size_t>(row) * static_cast<size_t>(model_.hp.n_vocab);
 }
 
-void Context::truncate(int32_t n_keep) {
-  n_past_ = std::clamp(n_keep, 0, n_past_);
-  if (!ring_serves(n_past_)) n_past_ = 0;  // a window's ring no longer holds what the next token reads
-  tokens_.resize(static_cast<size_t>(n_past_));
+void Context::truncate(int32_t n_keep, int32_t seq_id) {
+  Sequence& seq = seqs_[static_cast<size_t>(seq_id)];
+  seq.n_past = std::clamp(n_keep, 0, seq.n_past);
+  if (!ring_serves(seq, seq.n_past)) seq.n_past = 0;  // a window's ring no longer holds what the next token reads
+  seq.tokens.resize(static_cast<size_t>(seq.n_past));
   logits_.clear();
   logits_rows_ = 0;
+  logits_row_of_.clear();
 }
 
 }  // namespace moelite

@@ -10,9 +10,12 @@
 
 namespace moelite {
 
+constexpr int32_t kMaxSequences = MOELITE_MAX_SEQUENCES;
+
 struct ContextOptions {
   int32_t n_ctx = 0;  // 0: min(training context, 4096)
   int32_t n_batch = 512;
+  int32_t n_seq = 1;  // sequences, each with its own KV cache of n_ctx positions
   moelite_abort_fn abort = nullptr;
   void* abort_user = nullptr;
   moelite_routing_fn on_route = nullptr;
@@ -40,23 +43,29 @@ class Context {
   // allowance for the CPU backend's per-batch expert intermediates: what budget "auto" sets aside.
   static uint64_t estimate_bytes(const HParams& hp, const ContextOptions& opts);
 
-  // Evaluates tokens appended to the sequence; on any error the sequence is unchanged.
+  // Evaluates tokens appended to sequence 0; on any error the sequence is unchanged.
   Status eval(const int32_t* tokens, int32_t n_tokens, bool logits_all);
+  // Evaluates tokens of several sequences in one pass: token i is appended to sequence
+  // seq_ids[i] (null: all to sequence 0), each sequence's tokens in the order given. Logits are
+  // kept for the tokens with want_logits[i] != 0 (null: the last token of each sequence). Tokens
+  // of all sequences share each layer's matrix products and expert reads; attention stays within
+  // a sequence, so each sequence's logits are bitwise those of evaluating it alone. On any error
+  // every sequence is as before the call.
+  Status eval_seqs(const int32_t* tokens, const int32_t* seq_ids, const uint8_t* want_logits, int32_t n_tokens);
+  // After eval(): token i's logits (logits_all), or the last token's (i = 0 or -1). After
+  // eval_seqs(): batch token i's logits, null unless they were wanted. Negative i counts from the end.
   const float* logits(int32_t i) const;
 
-  int32_t length() const { return n_past_; }
-  // The tokens whose keys and values the cache holds, in order (length() of them).
-  const std::vector<int32_t>& tokens() const { return tokens_; }
+  int32_t n_seq() const { return static_cast<int32_t>(seqs_.size()); }
+  int32_t length(int32_t seq = 0) const { return seqs_[static_cast<size_t>(seq)].n_past; }
+  // The tokens whose keys and values the sequence's cache holds, in order (length() of them).
+  const std::vector<int32_t>& tokens(int32_t seq = 0) const { return seqs_[static_cast<size_t>(seq)].tokens; }
   int32_t n_ctx() const { return n_ctx_; }
-  // Bytes of keys and values the cache holds for all layers (what create() allocated).
-  uint64_t kv_bytes() const {
-    uint64_t positions = 0;
-    for (int32_t slots : state_.kv.slots) positions += static_cast<uint64_t>(slots);
-    return (state_.kv.values ? 2 : 1) * positions * static_cast<uint64_t>(state_.kv.kv_dim) * sizeof(float);
-  }
+  // Bytes of keys and values the caches hold for all layers and sequences (what create() allocated).
+  uint64_t kv_bytes() const;
   // Keeps the first n_keep tokens (clamped to [0, length()]). With sliding-window layers, a cut
   // back past what their ring still holds keeps nothing: length() says what was kept.
-  void truncate(int32_t n_keep);
+  void truncate(int32_t n_keep, int32_t seq = 0);
   // Positions each layer's cache holds for these settings: n_ctx, or a windowed layer's ring.
   static std::vector<int32_t> kv_slots(const HParams& hp, int32_t n_ctx, int32_t n_batch);
   // Floats of one cached position's key row (also of its value row, unless the model uses MLA's
@@ -80,25 +89,32 @@ class Context {
 
  private:
   Context(const Model& model, Runtime& runtime) : model_(model), runtime_(runtime) {}
-  Status eval_batch(const int32_t* tokens, int32_t n, bool logits_all, float* logits_out);
+  // One sequence's cache, its length and tokens.
+  struct Sequence {
+    KvCache kv;
+    int32_t n_past = 0;
+    std::vector<int32_t> tokens;
+    std::vector<int32_t> ring_pos;  // sliding-window models: the position each ring slot holds (-1: none)
+  };
+  // Runs one forward pass over state_.segments' rows; the logits of rows head_rows[0..n_head)
+  // (ascending) go to logits_out, one after another.
+  Status eval_batch(const int32_t* tokens, int32_t n, const int32_t* head_rows, int32_t n_head, float* logits_out);
   Status lock_abortable(std::unique_lock<std::mutex>* lock);
   Status predict_next_token(int32_t n);
   // Whether every sliding-window ring still holds the positions the token at n_keep will read.
-  bool ring_serves(int32_t n_keep) const;
+  bool ring_serves(const Sequence& seq, int32_t n_keep) const;
 
   const Model& model_;
   Runtime& runtime_;
   ContextOptions opts_;
   int32_t n_ctx_ = 0;
-  int32_t n_past_ = 0;
-  std::vector<int32_t> tokens_;
-  // Sliding-window models: the position each ring slot holds (-1: none), and the largest window.
-  std::vector<int32_t> ring_pos_;
-  int32_t ring_window_ = 0;
+  std::vector<Sequence> seqs_;
+  int32_t ring_window_ = 0;  // sliding-window models: the largest window
   EvalState state_;
   std::vector<float> logits_;
   int32_t logits_rows_ = 0;
-  bool logits_all_ = false;
+  // After eval_seqs: the row of logits_ of each batch token (-1: none); empty after eval().
+  std::vector<int32_t> logits_row_of_;
   ExpertCounters counters_;
 };
 

@@ -35,17 +35,25 @@ struct MlaScratch {
   }
 };
 
+// Consecutive batch rows [row0, row0 + n) of one sequence, at positions pos0.., attending to that
+// sequence's cache. A batch of several sequences is ordered so each sequence's rows are adjacent:
+// every other operation works row by row, so only attention needs to know where sequences begin.
+struct AttentionSegment {
+  KvCache* kv = nullptr;
+  int32_t row0 = 0, n = 0, pos0 = 0;
+};
+
 struct EvalState {
   Runtime* runtime = nullptr;
   Backend* backend = nullptr;  // runtime->backend
-  KvCache kv;
   int32_t n_batch = 0;  // rows allocated in each scratch Act
   // The rotary embedding of this context: the model's, with the LongRoPE factors its length picks.
   RopeParams rope, rope_windowed;
   // The batch being computed.
   int32_t n_tokens = 0;
-  int32_t pos0 = 0;
-  std::vector<int32_t> positions;
+  int32_t pos0 = 0;                  // position of the batch's first row (the routing callback's)
+  std::vector<int32_t> positions;    // of every row
+  std::vector<AttentionSegment> segments;
   // Scratch, n_batch rows each; layers use views of the first n_tokens rows.
   Act x, xn, q, k, v, attn, proj, router_logits, moe_out, shared_out, head_out;
   MlaScratch mla;
@@ -61,5 +69,11 @@ struct EvalState {
 
   Act rows(const Act& a) const { return backend->view_rows(a, 0, n_tokens); }
 };
+
+// Writes the batch's k and v rows into each sequence's cache and attends (Backend::attention),
+// one call per segment: out rows are q's rows attended within their own sequence.
+[[nodiscard]] Status attend_segments(EvalState& s, int32_t layer, const Act& q, const Act& k, const Act& v,
+                                     int32_t n_head, int32_t n_head_kv, int64_t head_dim, const AttentionSpec& spec,
+                                     Act* out);
 
 }  // namespace moelite

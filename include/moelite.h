@@ -636,6 +636,15 @@ MOELITE_API moelite_status moelite_context_params_set_n_ctx(moelite_context_para
 /** Largest number of tokens computed in one forward pass (>= 1); longer inputs to moelite_eval
  *  are split. Scratch memory grows with it. */
 MOELITE_API moelite_status moelite_context_params_set_n_batch(moelite_context_params* params, int32_t n_batch);
+
+/** Most sequences one context holds (moelite_context_params_set_n_seq). */
+#define MOELITE_MAX_SEQUENCES 256
+/** Sequences the context holds, 1..MOELITE_MAX_SEQUENCES (default 1). Each sequence has its own
+ *  KV cache of n_ctx positions, allocated at creation (moelite_context_kv_bytes counts them all,
+ *  and budget "auto" sets them aside), so memory grows linearly with n_seq.
+ *  moelite_eval_batch evaluates tokens of several sequences in one pass; the other functions of
+ *  a context act on sequence 0. MOELITE_ERR_INVALID_ARGUMENT outside the range. */
+MOELITE_API moelite_status moelite_context_params_set_n_seq(moelite_context_params* params, int32_t n_seq);
 MOELITE_API moelite_status moelite_context_params_set_abort_callback(moelite_context_params* params,
                                                                      moelite_abort_fn fn, void* user_data);
 
@@ -674,8 +683,31 @@ MOELITE_API moelite_status moelite_context_set_abort_callback(moelite_context* c
 MOELITE_API moelite_status moelite_eval(moelite_context* ctx, const int32_t* tokens, int32_t n_tokens,
                                         int32_t logits_all);
 
-/** Logits (n_vocab floats) of token `i` of the last successful evaluation: with logits_all,
- *  0 <= i < n_tokens; otherwise only the last token's (i = 0 or -1). Negative i counts from the end.
+/** Evaluates tokens of several sequences in one forward pass: token i is appended to sequence
+ *  seq_ids[i] (0 <= id < n_seq; NULL puts every token in sequence 0), at the position after that
+ *  sequence's tokens so far; a sequence's tokens are taken in the order given, and tokens of
+ *  different sequences may be interleaved in any way. `want_logits[i]` non-zero keeps token i's
+ *  logits; NULL keeps those of the last token of each sequence named in the batch.
+ *
+ *  What it is for: the tokens of all sequences share each layer's matrix products, and each
+ *  routed expert is read (from storage, with a budget) and applied once per layer for all tokens
+ *  routed to it, so decoding n sequences together costs far less than n separate evaluations.
+ *  Exact: each sequence's logits are bitwise those of evaluating it alone (attention stays within
+ *  a sequence; every other operation computes a token the same way in any batch), unless
+ *  cache-aware adaptive gating is on (its choices depend on what is resident).
+ *
+ *  Errors: MOELITE_ERR_BAD_TOKEN, MOELITE_ERR_INVALID_ARGUMENT (a sequence id out of range, or
+ *  n_tokens < 1), MOELITE_ERR_CONTEXT_FULL (a sequence's tokens do not fit its cache; nothing is
+ *  evaluated), and everything moelite_eval reports. After any error every sequence is as it was
+ *  before the call (with sliding-window layers, see moelite_eval). Logits: moelite_get_logits(ctx,
+ *  i) with i the index in this batch. Thread-safety: as moelite_eval. */
+MOELITE_API moelite_status moelite_eval_batch(moelite_context* ctx, const int32_t* tokens, const int32_t* seq_ids,
+                                              const uint8_t* want_logits, int32_t n_tokens);
+
+/** Logits (n_vocab floats) of token `i` of the last successful evaluation. After moelite_eval:
+ *  with logits_all, 0 <= i < n_tokens; otherwise only the last token's (i = 0 or -1). After
+ *  moelite_eval_batch: token i of the batch, NULL unless its logits were wanted. Negative i counts
+ *  from the end.
  *  Returns NULL for an index that has no logits. Owned by the context; valid until the next
  *  moelite_eval, moelite_generate, moelite_generate_tokens, moelite_context_kv_reset /
  *  _kv_truncate or moelite_context_free on it (after a generation call they are those of its last
@@ -700,6 +732,15 @@ MOELITE_API void moelite_context_kv_reset(moelite_context* ctx);
  *  n_batch positions, a cut further back than that ring still reaches forgets the whole sequence:
  *  read moelite_context_kv_length afterwards (moelite_generate does, and re-evaluates the prompt). */
 MOELITE_API void moelite_context_kv_truncate(moelite_context* ctx, int32_t n_keep);
+/** Sequences the context holds (moelite_context_params_set_n_seq; 0 for NULL). */
+MOELITE_API int32_t moelite_context_n_seq(const moelite_context* ctx);
+/** Tokens held in sequence `seq`'s KV cache (0 for NULL or a sequence id out of range). */
+MOELITE_API int32_t moelite_context_seq_length(const moelite_context* ctx, int32_t seq);
+/** Keeps the first n_keep tokens of sequence `seq` (clamped to [0, length]) and forgets the rest;
+ *  n_keep 0 resets it. The other sequences are untouched; the logits of the last evaluation are
+ *  dropped, as with moelite_context_kv_truncate. MOELITE_ERR_INVALID_ARGUMENT for NULL ctx or a
+ *  sequence id out of range. */
+MOELITE_API moelite_status moelite_context_seq_truncate(moelite_context* ctx, int32_t seq, int32_t n_keep);
 /** The token ids the KV cache holds, in order (moelite_context_kv_length of them), into `tokens`
  *  (room for `capacity`). *n_tokens receives the count; MOELITE_ERR_BUFFER_TOO_SMALL when it
  *  exceeds capacity (tokens untouched). After moelite_generate the cache holds the prompt and the

@@ -280,7 +280,7 @@ Status forward_deepseek2(const Model& model, EvalState& s, int32_t l) {
   AttentionSpec spec;
   spec.scale = hp.attention_scale;
   spec.head_dim_v = r;
-  MOELITE_TRY(be.attention(&s.kv, l, queries, keys, keys, s.pos0, hp.n_head, 1, row, spec, &o));
+  MOELITE_TRY(attend_segments(s, l, queries, keys, keys, hp.n_head, 1, row, spec, &o));
   // Back from latent space per head, then the output projection.
   MOELITE_TRY(per_head_matmul(be, m.v_b, o, r, &in_latent, &out_v, &attn, hp.head_dim_v, 0));
   MOELITE_TRY(be.matmul(w.wo, attn, nullptr, &proj));

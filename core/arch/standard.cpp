@@ -275,7 +275,7 @@ Status standard_forward_layer(const Model& m, EvalState& s, int32_t l) {
   const RopeParams& rope = spec.window > 0 ? s.rope_windowed : s.rope;
   MOELITE_TRY(be.rope(&q, hp.head_dim, rope, s.positions.data()));
   MOELITE_TRY(be.rope(&k, hp.head_dim, rope, s.positions.data()));
-  MOELITE_TRY(be.attention(&s.kv, l, q, k, v, s.pos0, hp.n_head, hp.n_head_kv, hp.head_dim, spec, &attn));
+  MOELITE_TRY(attend_segments(s, l, q, k, v, hp.n_head, hp.n_head_kv, hp.head_dim, spec, &attn));
   MOELITE_TRY(be.matmul(w.wo, attn, w.bo.empty() ? nullptr : w.bo.data(), &proj));
   if (hp.residual_scale != 1.0f) MOELITE_TRY(be.scale(&proj, hp.residual_scale));
   MOELITE_TRY(be.add(&x, proj));

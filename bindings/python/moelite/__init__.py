@@ -1338,7 +1338,8 @@ class Context:
     """One inference stream (KV cache + scratch) on a Model; use from one thread at a time.
 
     n_ctx: tokens the KV cache holds (None: min(training context, 4096)); n_batch: most tokens
-    per forward pass (None: 512). Errors: MoeliteError ERR_INVALID_ARGUMENT (bad value, or a
+    per forward pass (None: 512); n_seq: sequences the context holds, each with its own KV cache
+    of n_ctx tokens (None: 1; see eval_batch; the other methods act on sequence 0). Errors: MoeliteError ERR_INVALID_ARGUMENT (bad value, or a
     vocabulary-only model), ERR_OUT_OF_MEMORY; ValueError for a closed model.
 
     abort: optional callable() -> bool polled between layers (and every 10 ms while waiting for
@@ -1360,7 +1361,8 @@ class Context:
     """
 
     def __init__(self, model: Model, n_ctx: Optional[int] = None, n_batch: Optional[int] = None,
-                 abort: Optional[Callable[[], Any]] = None, routing: Optional[RoutingCallback] = None):
+                 abort: Optional[Callable[[], Any]] = None, routing: Optional[RoutingCallback] = None,
+                 n_seq: Optional[int] = None):
         if not isinstance(model, Model):
             raise TypeError("model must be a moelite.Model")
         self._ptr = None
@@ -1381,6 +1383,8 @@ class Context:
                 _check(_c.moelite_context_params_set_n_ctx(params, int(n_ctx)))
             if n_batch is not None:
                 _check(_c.moelite_context_params_set_n_batch(params, int(n_batch)))
+            if n_seq is not None:
+                _check(_c.moelite_context_params_set_n_seq(params, int(n_seq)))
             if self._routing_ref is not None:
                 _check(_c.moelite_context_params_set_routing_callback(params, self._routing_ref, None))
             out = ctypes.c_void_p()
@@ -1556,9 +1560,71 @@ class Context:
             if st != 0:
                 raise MoeliteError(st, msg)
 
+    def eval_batch(self, tokens: Sequence[int], seq_ids: Sequence[int],
+                   want_logits: Optional[Sequence[bool]] = None) -> None:
+        """Evaluates tokens of several sequences in one forward pass (moelite_eval_batch): token i
+        is appended to sequence seq_ids[i]; want_logits[i] keeps its logits (None: the last token
+        of each sequence in the batch), read with logits(i). Each sequence's logits are bitwise
+        those of evaluating it alone. On error every sequence is as before the call; errors as
+        eval(), plus ERR_INVALID_ARGUMENT for a sequence id out of range."""
+        arr, n = _token_array(tokens)
+        ids = list(seq_ids)
+        if len(ids) != n:
+            raise ValueError("seq_ids must have one id per token")
+        id_arr = (ctypes.c_int32 * max(n, 1))(*ids)
+        want_arr = None
+        if want_logits is not None:
+            flags = [1 if w else 0 for w in want_logits]
+            if len(flags) != n:
+                raise ValueError("want_logits must have one flag per token")
+            want_arr = (ctypes.c_uint8 * max(n, 1))(*flags)
+        self._preempt()
+        with self._lock:
+            h = self._handle()
+            state = self._state
+            before = [int(_c.moelite_context_seq_length(h, q)) for q in range(int(_c.moelite_context_n_seq(h)))]
+            _exit_guard.enter()
+            try:
+                state.begin()
+                st = int(_c.moelite_eval_batch(h, arr, id_arr, want_arr, n))
+                msg = _last_error() if st else ""
+            finally:
+                _exit_guard.leave()
+            exc = state.take()
+            if exc is not None:
+                if st == 0:  # raised in the last layer's callback: undo, as an abort would
+                    for q, length in enumerate(before):
+                        _c.moelite_context_seq_truncate(h, q, length)
+                raise exc
+            if st != 0:
+                raise MoeliteError(st, msg)
+
+    @property
+    def n_seq(self) -> int:
+        """Sequences the context holds (moelite_context_n_seq)."""
+        self._preempt()
+        with self._lock:
+            return int(_c.moelite_context_n_seq(self._handle()))
+
+    def seq_length(self, seq: int) -> int:
+        """Tokens held in sequence seq's KV cache (moelite_context_seq_length)."""
+        self._preempt()
+        with self._lock:
+            h = self._handle()
+            if not 0 <= int(seq) < int(_c.moelite_context_n_seq(h)):
+                raise IndexError("sequence %d is out of range" % seq)
+            return int(_c.moelite_context_seq_length(h, int(seq)))
+
+    def seq_truncate(self, seq: int, n_keep: int) -> None:
+        """Keeps the first n_keep tokens of sequence seq (0 resets it; moelite_context_seq_truncate)."""
+        self._preempt()
+        with self._lock:
+            _check(_c.moelite_context_seq_truncate(self._handle(), int(seq), int(n_keep)))
+
     def logits(self, i: int = -1):
-        """Logits (n_vocab floats) of token i of the last eval (negative i counts from the end;
-        without logits_all only the last token has logits). A numpy float32 array when numpy is
+        """Logits (n_vocab floats) of token i of the last eval or eval_batch (negative i counts
+        from the end; without logits_all only the last token has logits; after eval_batch i is
+        the batch index and only wanted tokens have logits). A numpy float32 array when numpy is
         importable, else a list of floats. Always a copy. IndexError if token i has no logits."""
         self._preempt()
         with self._lock:

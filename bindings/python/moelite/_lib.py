@@ -9,7 +9,7 @@ import glob
 import os
 import sys
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char_p, c_double, c_float, c_int, c_int32,
-                    c_int64, c_size_t, c_uint, c_uint32, c_uint64, c_void_p)
+                    c_int64, c_size_t, c_uint, c_uint32, c_uint64, c_uint8, c_void_p)
 
 __all__ = ["lib", "library_path", "find_library"]
 
@@ -189,12 +189,17 @@ _decl("moelite_context_params_create", _p)
 _decl("moelite_context_params_free", None, _p)
 _decl("moelite_context_params_set_n_ctx", _status, _p, c_int32)
 _decl("moelite_context_params_set_n_batch", _status, _p, c_int32)
+_decl("moelite_context_params_set_n_seq", _status, _p, c_int32)
 _decl("moelite_context_params_set_routing_callback", _status, _p, ROUTING_FN, c_void_p)
 _decl("moelite_context_create", _status, _p, _p, POINTER(c_void_p))
 _decl("moelite_context_free", None, _p)
 _decl("moelite_context_set_abort_callback", _status, _p, ABORT_FN, c_void_p)
 _decl("moelite_eval", _status, _p, POINTER(c_int32), c_int32, c_int32)
+_decl("moelite_eval_batch", _status, _p, POINTER(c_int32), POINTER(c_int32), POINTER(c_uint8), c_int32)
 _decl("moelite_get_logits", POINTER(c_float), _p, c_int32)
+_decl("moelite_context_n_seq", c_int32, _p)
+_decl("moelite_context_seq_length", c_int32, _p, c_int32)
+_decl("moelite_context_seq_truncate", _status, _p, c_int32, c_int32)
 _decl("moelite_context_kv_length", c_int32, _p)
 _decl("moelite_context_n_ctx", c_int32, _p)
 _decl("moelite_context_kv_bytes", c_uint64, _p)
