@@ -117,6 +117,23 @@ Status run_group(Backend& be, ExpertSource& source, int32_t layer, const ExpertG
   return st != MOELITE_OK ? st : end;  // the lease gives back what is still held or pending
 }
 
+// The order of a layer's experts when they take several groups (a batch of many tokens, often of
+// several sequences, routes to more experts than the source holds at once). Experts already in
+// memory go first: in a later group the loads before them would evict them unused. The experts to
+// load follow, those serving the fewest tokens first, so the layer leaves in memory the ones most
+// of its tokens used, which the sequences' next tokens are likeliest to route to again.
+std::vector<int32_t> group_schedule(ExpertSource& source, int32_t layer, const ExpertGroups& groups) {
+  std::vector<int32_t> order = groups.order();
+  std::vector<uint8_t> resident;
+  source.residency(layer, order.back() + 1, &resident);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    const bool ra = resident[static_cast<size_t>(a)] != 0, rb = resident[static_cast<size_t>(b)] != 0;
+    if (ra != rb) return ra;
+    return !ra && groups.uses(a) < groups.uses(b);
+  });
+  return order;
+}
+
 }  // namespace
 
 Status run_routed_experts(Backend& be, ExpertSource& source, int32_t layer, const FfnKind& kind, const Act& x,
@@ -127,8 +144,10 @@ Status run_routed_experts(Backend& be, ExpertSource& source, int32_t layer, cons
   if (source.all_resident()) {
     MOELITE_TRY(run_resident(be, source, layer, groups));
   } else {
-    const std::vector<int32_t>& order = groups.order();
     const size_t group = static_cast<size_t>(std::max(1, source.capacity(layer)));
+    // One group: the source hands out what is in memory first anyway (acquire_next).
+    const std::vector<int32_t> order =
+        groups.order().size() > group ? group_schedule(source, layer, groups) : groups.order();
     for (size_t g0 = 0; g0 < order.size(); g0 += group) {
       const auto first = order.begin() + static_cast<std::ptrdiff_t>(g0);
       const auto last = order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), g0 + group));

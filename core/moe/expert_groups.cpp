@@ -25,4 +25,10 @@ void ExpertGroups::rows(int32_t expert, std::vector<int32_t>* x_rows, std::vecto
   }
 }
 
+int32_t ExpertGroups::uses(int32_t expert) const {
+  const auto range = std::equal_range(pairs_.begin(), pairs_.end(), std::make_pair(expert, INT32_MIN),
+                                      [](const auto& a, const auto& b) { return a.first < b.first; });
+  return static_cast<int32_t>(range.second - range.first);
+}
+
 }  // namespace moelite

@@ -15,6 +15,8 @@ class ExpertGroups {
   explicit ExpertGroups(const Routing& r);
   const std::vector<int32_t>& order() const { return order_; }
   void rows(int32_t expert, std::vector<int32_t>* x_rows, std::vector<int32_t>* out_rows) const;
+  // How many (token, slot) pairs the expert serves.
+  int32_t uses(int32_t expert) const;
 
  private:
   int32_t k_;

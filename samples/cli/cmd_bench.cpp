@@ -30,15 +30,20 @@ uint64_t peak_rss_bytes() {
 }  // namespace
 
 // Prefill: one batch of -p random tokens from an empty cache. Decode: -n single-token steps after
-// it. Each measured -r times (best run reported) after one untimed warm-up that faults the weights
+// it. With --n-seq N, N sequences (each its own tokens) are prefilled one after another and then
+// decode together: each step evaluates one token of every sequence in one moelite_eval_batch, so
+// the tokens share each layer's weight reads and each expert's load. Each measured -r times (best run reported) after one untimed warm-up that faults the weights
 // in, so the numbers are compute and memory speed, not first-touch page faults.
 namespace {
-const Command kBenchCommand = {"bench", "-m MODEL [-p N] [-n N] [-r N] [-f TEXT] [--json] [options]",
+const Command kBenchCommand = {"bench", "-m MODEL [-p N] [-n N] [-r N] [--n-seq N] [-f TEXT] [--json] [options]",
                                "Prefill and decode speed (best of -r runs after a warm-up), with the memory and "
                                "storage bounds.",
                                with_groups({{{"-p"}, "N", "prompt tokens (default 128)"},
                                             {{"-n"}, "N", "decoded tokens (default 32)"},
                                             {{"-r"}, "N", "measured runs (default 1)"},
+                                            {{"--n-seq"}, "N",
+                                             "sequences decoding together, one token of each per step (default 1); "
+                                             "tok/s then counts all of them"},
                                             {{"-f"}, "TEXT", "take prompt and decoded tokens from a text file"},
                                             {{"--seed"}, "S", "seed of the random tokens (default 42)"},
                                             {{"--json"}, "", "print JSON"},
@@ -54,8 +59,9 @@ int cmd_bench(int argc, char** argv) {
   Args args;
   if (int rc = 0; !parse_command_line(argc, argv, kBenchCommand, &args, &rc)) return rc;
   std::string err;
-  int64_t n_prompt, n_gen, reps, seed;
+  int64_t n_prompt, n_gen, reps, seed, n_seq;
   if (!args.get_int("-p", 128, &n_prompt, &err) || !args.get_int("-n", 32, &n_gen, &err) ||
+      !args.get_int("--n-seq", 1, &n_seq, &err, 1, MOELITE_MAX_SEQUENCES) ||
       !args.get_int("-r", 1, &reps, &err) || !args.get_int("--seed", 42, &seed, &err, INT64_MIN, INT64_MAX))
     return usage_error(err);
   if (n_prompt < 1 || n_gen < 0 || reps < 1) return usage_error("-p must be >= 1, -n >= 0, -r >= 1");
@@ -69,7 +75,8 @@ int cmd_bench(int argc, char** argv) {
   const int64_t n_vocab = moelite_model_get(model, MOELITE_MODEL_N_VOCAB);
   std::mt19937 rng(static_cast<uint32_t>(seed));
   std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(n_vocab - 1));
-  std::vector<int32_t> prompt(static_cast<size_t>(n_prompt)), gen(static_cast<size_t>(n_gen));
+  // Sequence q's prompt and decoded tokens: prompt[q * n_prompt ..], gen[q * n_gen ..].
+  std::vector<int32_t> prompt(static_cast<size_t>(n_prompt * n_seq)), gen(static_cast<size_t>(n_gen * n_seq));
   for (auto& t : prompt) t = pick(rng);
   for (auto& t : gen) t = pick(rng);
   // -f TEXT: prompt and decoded tokens come from a text instead (decode is teacher-forced), so
@@ -84,14 +91,20 @@ int cmd_bench(int argc, char** argv) {
       moelite_model_free(model);
       return usage_error("-f: the text has " + std::to_string(text.size()) + " tokens, fewer than -p + -n");
     }
-    std::copy(text.begin(), text.begin() + n_prompt, prompt.begin());
-    std::copy(text.begin() + n_prompt, text.begin() + n_prompt + n_gen, gen.begin());
+    // Sequence q reads the text from its own offset, spread over the text.
+    const int64_t span = n_prompt + n_gen, room = static_cast<int64_t>(text.size()) - span;
+    for (int64_t q = 0; q < n_seq; ++q) {
+      const auto at = text.begin() + (n_seq > 1 ? room * q / (n_seq - 1) : 0);
+      std::copy(at, at + n_prompt, prompt.begin() + q * n_prompt);
+      std::copy(at + n_prompt, at + span, gen.begin() + q * n_gen);
+    }
   }
 
   moelite_context* ctx = nullptr;
   moelite_context_params* cp = moelite_context_params_create();
   moelite_status st = moelite_context_params_set_n_ctx(cp, static_cast<int32_t>(n_prompt + n_gen));
-  if (st == MOELITE_OK) st = moelite_context_params_set_n_batch(cp, static_cast<int32_t>(n_prompt));
+  if (st == MOELITE_OK) st = moelite_context_params_set_n_batch(cp, static_cast<int32_t>(std::max(n_prompt, n_seq)));
+  if (st == MOELITE_OK) st = moelite_context_params_set_n_seq(cp, static_cast<int32_t>(n_seq));
   if (st == MOELITE_OK) st = moelite_context_create(model, cp, &ctx);
   moelite_context_params_free(cp);
   if (st != MOELITE_OK) {
@@ -104,13 +117,24 @@ int cmd_bench(int argc, char** argv) {
   const int32_t n_layers = static_cast<int32_t>(moelite_model_get(model, MOELITE_MODEL_N_LAYERS));
   std::vector<moelite_expert_stats> best_layers(static_cast<size_t>(n_layers));
   const int64_t runs = reps + (args.has("--no-warmup") ? 0 : 1);
+  std::vector<int32_t> step_tokens(static_cast<size_t>(n_seq)), step_seqs(static_cast<size_t>(n_seq)),
+      prompt_seqs(static_cast<size_t>(n_prompt));
+  for (int64_t q = 0; q < n_seq; ++q) step_seqs[static_cast<size_t>(q)] = static_cast<int32_t>(q);
   for (int64_t r = 0; r < runs && st == MOELITE_OK; ++r) {
-    moelite_context_kv_reset(ctx);
+    for (int32_t q = 0; q < n_seq; ++q) (void)moelite_context_seq_truncate(ctx, q, 0);
     double t0 = now();
-    st = moelite_eval(ctx, prompt.data(), static_cast<int32_t>(n_prompt), 0);
+    for (int64_t q = 0; q < n_seq && st == MOELITE_OK; ++q) {
+      std::fill(prompt_seqs.begin(), prompt_seqs.end(), static_cast<int32_t>(q));
+      st = moelite_eval_batch(ctx, prompt.data() + q * n_prompt, prompt_seqs.data(), nullptr,
+                              static_cast<int32_t>(n_prompt));
+    }
     double t1 = now();
     moelite_model_reset_expert_stats(model);
-    for (int64_t i = 0; i < n_gen && st == MOELITE_OK; ++i) st = moelite_eval(ctx, &gen[static_cast<size_t>(i)], 1, 0);
+    for (int64_t i = 0; i < n_gen && st == MOELITE_OK; ++i) {
+      for (int64_t q = 0; q < n_seq; ++q) step_tokens[static_cast<size_t>(q)] = gen[static_cast<size_t>(q * n_gen + i)];
+      st = n_seq == 1 ? moelite_eval(ctx, step_tokens.data(), 1, 0)
+                      : moelite_eval_batch(ctx, step_tokens.data(), step_seqs.data(), nullptr, static_cast<int32_t>(n_seq));
+    }
     double t2 = now();
     if (r == 0 && runs > reps) continue;  // warm-up
     best_prefill = std::min(best_prefill, t1 - t0);
@@ -129,8 +153,10 @@ int cmd_bench(int argc, char** argv) {
     moelite_model_free(model);
     return report(st, "benchmark");
   }
-  const double prefill_tps = n_prompt / best_prefill;
-  const double decode_tps = n_gen > 0 ? n_gen / best_decode : 0.0;
+  // Tokens per second of all sequences together; per sequence, that over n_seq.
+  const double prefill_tps = double(n_prompt * n_seq) / best_prefill;
+  const double decode_tps = n_gen > 0 ? double(n_gen * n_seq) / best_decode : 0.0;
+  const int64_t n_generated = n_gen * n_seq;
   const int64_t active = moelite_model_get(model, MOELITE_MODEL_ACTIVE_BYTES);
   const double decode_gbs = decode_tps * static_cast<double>(active) / 1e9;
   const std::string path = args.has("-m") ? args.get("-m") : args.get("--model");
@@ -159,12 +185,14 @@ int cmd_bench(int argc, char** argv) {
   moelite_model_free(model);
   const double dram_gbs = args.has("--no-membw") ? 0.0 : measure_read_bandwidth(threads, size_t{1} << 30);
   const double bound_gbs = device_gbs > 0 ? device_gbs : dram_gbs;  // the memory the weights stream from
-  const double bound_tps = bound_gbs > 0 ? bound_gbs * 1e9 / static_cast<double>(active) : 0.0;
+  // A step reads at least one token's active bytes, so n_seq sequences decode at most n_seq times
+  // one sequence's bound (a loose bound for n_seq > 1: their experts overlap).
+  const double bound_tps = bound_gbs > 0 ? double(n_seq) * bound_gbs * 1e9 / static_cast<double>(active) : 0.0;
   const double efficiency = bound_tps > 0 ? decode_tps / bound_tps : 0.0;
   // Expert store (decode only, best run): hit rate, share of decode time spent waiting for loads.
   const double hit_rate = best_stats.activations ? double(best_stats.hits) / double(best_stats.activations) : 1.0;
   const double stall = best_decode > 0 && n_gen > 0 ? best_stats.wait_seconds / best_decode : 0.0;
-  const double read_per_token = n_gen > 0 ? double(best_stats.bytes_read) / double(n_gen) : 0.0;
+  const double read_per_token = n_gen > 0 ? double(best_stats.bytes_read) / double(n_generated) : 0.0;
   const std::string policy = budget > 0 ? args.get("--policy", "lru") : "resident";
   // Prediction (decode, best run): share of the experts used that were predicted, that were fully
   // loaded when needed, and experts computed per token and layer (adaptive gating).
@@ -184,7 +212,7 @@ int cmd_bench(int argc, char** argv) {
              "%s{\"layer\": %d, \"hit_rate\": %.4f, \"accuracy\": %.4f, \"timeliness\": %.4f, "
              "\"on_demand_loads_per_token\": %.4f}",
              l ? ", " : "", l, double(ls.hits) / a, double(ls.predicted) / a, double(ls.ready_when_needed) / a,
-             n_gen > 0 ? double(ls.misses) / double(n_gen) : 0.0);
+             n_gen > 0 ? double(ls.misses) / double(n_generated) : 0.0);
     layers_json += buf;
   }
   layers_json += "]";
@@ -205,21 +233,22 @@ int cmd_bench(int argc, char** argv) {
                                                    : 0.0;
   double budget_bound_tps = 0.0;
   if (budget > 0 && bound_gbs > 0 && storage_gbs > 0) {
+    // Per step: at least one token's active bytes from memory, and what the step read from storage.
     const double t_mem = static_cast<double>(active) / (bound_gbs * 1e9);
-    const double t_io = read_per_token / (storage_gbs * 1e9);
-    budget_bound_tps = 1.0 / std::max(t_mem, t_io);
+    const double t_io = read_per_token * double(n_seq) / (storage_gbs * 1e9);
+    budget_bound_tps = double(n_seq) / std::max(t_mem, t_io);
   }
   // Expert reads from storage per decoded token (budget only): demand loads plus speculative loads
   // started, each one expert read. And cache-aware gating's penalty as this machine measures it:
   // 1 + t_read / t_compute of one expert, a decode step being memory bound (include/moelite.h).
   char loads_json[64] = "null", penalty_json[64] = "null";
   if (budget > 0 && n_gen > 0)
-    snprintf(loads_json, sizeof loads_json, "%.4f", double(best_stats.misses + best_stats.prefetches_issued) / double(n_gen));
+    snprintf(loads_json, sizeof loads_json, "%.4f", double(best_stats.misses + best_stats.prefetches_issued) / double(n_generated));
   if (storage_gbs > 0 && bound_gbs > 0) snprintf(penalty_json, sizeof penalty_json, "%.2f", 1.0 + bound_gbs / storage_gbs);
   if (args.has("--json")) {
     printf("{\"model\": \"%s\", \"arch\": \"%s\", \"expert_type\": \"%s\", \"backend\": \"%s\", \"threads\": %" PRId64
-           ", \"n_prompt\": %" PRId64 ", \"n_gen\": %" PRId64
-           ", \"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f"
+           ", \"n_prompt\": %" PRId64 ", \"n_gen\": %" PRId64 ", \"n_seq\": %" PRId64
+           ", \"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f, \"decode_tok_s_per_seq\": %.3f"
            ", \"decode_ms_per_token\": %.3f, \"active_bytes_per_token\": %" PRId64
            ", \"decode_weight_gb_s\": %.3f"
            ", \"dram_read_gb_s\": %.2f, \"device_memory_gb_s\": %.2f, \"bound_memory\": \"%s\""
@@ -239,14 +268,14 @@ int cmd_bench(int argc, char** argv) {
            ", \"allocation\": \"%s\", \"budget_auto\": %" PRId64 ", \"budget_summary\": \"%s\", \"text\": %s"
            ", \"layers\": %s}\n",
            json_escape(path).c_str(), arch.c_str(), expert_type.c_str(), json_escape(backend_name).c_str(),
-           static_cast<int64_t>(threads), n_prompt, n_gen, prefill_tps, decode_tps,
+           static_cast<int64_t>(threads), n_prompt, n_gen, n_seq, prefill_tps, decode_tps, decode_tps / double(n_seq),
            n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, active, decode_gbs, dram_gbs, device_gbs,
            device_gbs > 0 ? "device" : "dram", bound_tps, efficiency, expert_bytes, dense_bytes, peak_rss, budget,
            pool_bytes, store_peak_bytes, expert_slots, policy.c_str(), hit_rate, stall, read_per_token,
-           n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0, storage_gbs, probe_gbs, store_gbs,
+           n_gen > 0 ? double(best_stats.misses) / double(n_generated) : 0.0, storage_gbs, probe_gbs, store_gbs,
            given_storage_gbs > 0 ? "true" : "false", budget_bound_tps,
            budget_bound_tps > 0 ? decode_tps / budget_bound_tps : 0.0, json_escape(predictor).c_str(), accuracy,
-           precision, timeliness, n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0, loads_json, penalty_json,
+           precision, timeliness, n_gen > 0 ? double(best_stats.misses) / double(n_generated) : 0.0, loads_json, penalty_json,
            experts_per_token, json_escape(args.get("--gating", "exact")).c_str(), args.get("--threshold", "0").c_str(),
            args.get("--gating-penalty", "4").c_str(),
            json_escape(args.get("--profile")).c_str(),
@@ -257,8 +286,12 @@ int cmd_bench(int argc, char** argv) {
            expert_type.c_str(), backend_name.c_str(), static_cast<int64_t>(threads));
     printf("budget    %s\n", budget_text.c_str());
     printf("prefill   %" PRId64 " tokens: %.2f tok/s\n", n_prompt, prefill_tps);
-    printf("decode    %" PRId64 " tokens: %.2f tok/s (%.2f ms/token, %.2f GB/s of weights)\n", n_gen, decode_tps,
-           n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, decode_gbs);
+    if (n_seq > 1)
+      printf("decode    %" PRId64 " sequences x %" PRId64 " tokens: %.2f tok/s in all, %.2f per sequence (%.2f ms/step)\n",
+             n_seq, n_gen, decode_tps, decode_tps / double(n_seq), n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0);
+    else
+      printf("decode    %" PRId64 " tokens: %.2f tok/s (%.2f ms/token, %.2f GB/s of weights)\n", n_gen, decode_tps,
+             n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, decode_gbs);
     if (bound_gbs > 0)
       printf("bound     %.2f tok/s at %.1f GB/s %s (%.1f MB/token): decode at %.0f%% of it\n", bound_tps, bound_gbs,
              device_gbs > 0 ? "device memory (copy)" : "DRAM read", active / 1e6, 100.0 * efficiency);
@@ -269,7 +302,7 @@ int cmd_bench(int argc, char** argv) {
     if (budget > 0 && predictor != "none")
       printf("predict   %s: accuracy %.3f, precision %.3f, timeliness %.3f, %.3f on-demand loads/token\n",
              predictor.c_str(), accuracy, precision, timeliness,
-             n_gen > 0 ? double(best_stats.misses) / double(n_gen) : 0.0);
+             n_gen > 0 ? double(best_stats.misses) / double(n_generated) : 0.0);
     if (experts_per_token > 0 && args.has("--gating"))
       printf("gating    %s, threshold %s: %.3f experts/token%s\n", args.get("--gating").c_str(),
              args.get("--threshold", "0").c_str(), experts_per_token,
