@@ -19,7 +19,8 @@ static void print_help() {
       "  calibrate -m MODEL -f CORPUS -o PROFILE [--ctx 256] [--max-tokens N] [--stride S] [--holdout H] [--json]\n"
       "          sensitivities, hit curves and predictors for adaptive gating, prefetch and cache allocation\n"
       "  logits  -m MODEL --tokens 1,2,3 --out FILE     float32 logits, n_tokens x n_vocab, row-major\n"
-      "  bench   -m MODEL [-p N] [-n N] [-r N] [-f TEXT] [--json]  prefill and decode speed\n"
+      "  bench   -m MODEL [-p N] [-n N] [-r N] [--n-seq N] [-f TEXT] [--json]  prefill and decode speed\n"
+      "  batch   -m MODEL -f REQUESTS.jsonl [-o OUT.jsonl] [--n-seq N]  many requests decoded together\n"
       "  run     -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
       "          [--repeat-penalty R] [--seed S] [--stop STR] [-c CTX]   stream a completion\n"
       "  chat    -m MODEL [--system TEXT] [sampling options]  interactive multi-turn chat\n"
@@ -50,6 +51,7 @@ static int dispatch(int argc, char** argv) {
   if (!strcmp(cmd, "logits")) return cli::cmd_logits(argc - 2, argv + 2);
   if (!strcmp(cmd, "bench")) return cli::cmd_bench(argc - 2, argv + 2);
   if (!strcmp(cmd, "run")) return cli::cmd_run(argc - 2, argv + 2);
+  if (!strcmp(cmd, "batch")) return cli::cmd_batch(argc - 2, argv + 2);
   if (!strcmp(cmd, "chat")) return cli::cmd_chat(argc - 2, argv + 2);
   if (!strcmp(cmd, "tokenize")) return cli::cmd_tokenize(argc - 2, argv + 2);
   if (!strcmp(cmd, "perplexity")) return cli::cmd_perplexity(argc - 2, argv + 2);

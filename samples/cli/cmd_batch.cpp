@@ -1,0 +1,364 @@
+// `moelite batch`: many requests from a JSON-lines file, decoded together.
+//
+// Up to --n-seq requests are in flight at once, each in its own sequence of one context; every
+// step evaluates one token of each decoding request plus prompt chunks of newly admitted ones in
+// a single moelite_eval_batch, so all of them share each layer's weight reads and each expert's
+// load (continuous batching). A request's tokens do not depend on what it was batched with: its
+// logits are bitwise those of running it alone and its sampler is seeded from --seed and its line,
+// so the output is the same for any --n-seq.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+#include "json_value.h"
+
+namespace cli {
+
+namespace {
+
+const Command kBatchCommand = {
+    "batch", "-m MODEL -f REQUESTS.jsonl [-o OUT.jsonl] [--n-seq N] [options]",
+    "Completes JSON-lines requests ({\"prompt\": ...} or {\"messages\": [...]}, optional \"id\", \"max_tokens\"), "
+    "decoding up to --n-seq of them together; writes one JSON line per request, in input order.",
+    with_groups({{{"-f"}, "FILE", "requests, one JSON object per line"},
+                 {{"-o"}, "FILE", "where results go (default: standard output)"},
+                 {{"--n-seq"}, "N|auto",
+                  "requests decoded together (default auto: as many as there are requests, at most 16, whose KV "
+                  "caches fit in 90 % of the memory free after loading)"},
+                 {{"-c", "--ctx"}, "N", "context positions of each request (default 2048)"},
+                 {{"-b", "--batch"}, "N", "most tokens per forward pass (default 512)"}},
+                {&model_options(), &generate_options()})};
+
+struct Request {
+  std::string id_json = "null";  // the request's "id" as JSON, echoed back
+  std::vector<int32_t> prompt;
+  int32_t max_tokens = 0;
+  std::string error;  // a request that cannot run is answered with this
+};
+
+struct Result {
+  bool done = false;
+  std::string line;
+};
+
+// One sequence of the context and the request it serves.
+struct Slot {
+  int64_t request = -1;
+  size_t fed = 0;                 // prompt tokens evaluated so far
+  std::vector<int32_t> generated;  // sampled tokens
+  moelite_sampler* sampler = nullptr;
+};
+
+double now() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+std::string number_json(double x) {
+  char buf[32];
+  snprintf(buf, sizeof buf, "%.17g", x);
+  return buf;
+}
+
+// Reads one request line. Errors in a line answer that request, never the whole run.
+Request read_request(moelite_model* model, const std::string& line, int64_t index, int32_t default_max) {
+  Request r;
+  r.max_tokens = default_max;
+  JsonValue v;
+  std::string err;
+  if (!parse_json(line, &v, &err)) {
+    r.error = "line " + std::to_string(index + 1) + ": " + err;
+    return r;
+  }
+  if (v.kind != JsonValue::Kind::Object) {
+    r.error = "line " + std::to_string(index + 1) + ": expected an object";
+    return r;
+  }
+  if (const JsonValue* id = v.find("id")) {
+    if (id->kind == JsonValue::Kind::String) r.id_json = "\"" + json_escape(id->text) + "\"";
+    else if (id->kind == JsonValue::Kind::Number) r.id_json = number_json(id->number);
+  }
+  if (const JsonValue* mt = v.find("max_tokens")) {
+    if (mt->kind != JsonValue::Kind::Number || mt->number < 0 || mt->number > 1e9 || mt->number != std::floor(mt->number)) {
+      r.error = "\"max_tokens\" must be a whole number >= 0";
+      return r;
+    }
+    r.max_tokens = static_cast<int32_t>(mt->number);
+  }
+  const JsonValue* prompt = v.find("prompt");
+  const JsonValue* messages = v.find("messages");
+  moelite_status st = MOELITE_OK;
+  int32_t n = 0;
+  if (prompt && prompt->kind == JsonValue::Kind::String) {
+    const std::string& text = prompt->text;
+    st = moelite_tokenize(model, text.data(), text.size(), MOELITE_TOKENIZE_ADD_SPECIAL, nullptr, 0, &n);
+    if (st == MOELITE_ERR_BUFFER_TOO_SMALL || st == MOELITE_OK) {
+      r.prompt.assign(static_cast<size_t>(n), 0);
+      st = moelite_tokenize(model, text.data(), text.size(), MOELITE_TOKENIZE_ADD_SPECIAL, r.prompt.data(), n, &n);
+    }
+  } else if (messages && messages->kind == JsonValue::Kind::Array) {
+    std::vector<moelite_chat_message> msgs;
+    for (const JsonValue& m : messages->items) {
+      const JsonValue* role = m.find("role");
+      const JsonValue* content = m.find("content");
+      if (!role || !content || role->kind != JsonValue::Kind::String || content->kind != JsonValue::Kind::String) {
+        r.error = "each message needs string \"role\" and \"content\"";
+        return r;
+      }
+      msgs.push_back({role->text.c_str(), content->text.c_str()});
+    }
+    st = moelite_chat_tokenize(model, msgs.data(), msgs.size(), 1, nullptr, 0, &n);
+    if (st == MOELITE_ERR_BUFFER_TOO_SMALL || st == MOELITE_OK) {
+      r.prompt.assign(static_cast<size_t>(n), 0);
+      st = moelite_chat_tokenize(model, msgs.data(), msgs.size(), 1, r.prompt.data(), n, &n);
+    }
+  } else {
+    r.error = "a request needs a string \"prompt\" or an array \"messages\"";
+    return r;
+  }
+  if (st != MOELITE_OK) r.error = std::string("tokenizing: ") + moelite_last_error();
+  else if (r.prompt.empty()) r.error = "the prompt has no tokens";
+  return r;
+}
+
+std::string detokenize(moelite_model* model, const std::vector<int32_t>& tokens) {
+  size_t len = 0;
+  moelite_status st = moelite_detokenize(model, tokens.data(), static_cast<int32_t>(tokens.size()), 0, nullptr, 0, &len);
+  if (st != MOELITE_OK && st != MOELITE_ERR_BUFFER_TOO_SMALL) return "";
+  std::string text(len, '\0');
+  if (moelite_detokenize(model, tokens.data(), static_cast<int32_t>(tokens.size()), 0, text.data(), len, &len) != MOELITE_OK)
+    return "";
+  text.resize(len);
+  return text;
+}
+
+// --n-seq auto: as many sequences as there are requests, at most kAutoMaxSequences (decoding more
+// at once gains little on a CPU: the table in docs/ARCHITECTURE.md), and no more than whose KV
+// caches (each n_ctx positions, allocated when the context is made) fit in 90 % of the memory the
+// process may still take after the model loaded. Says what it chose and why on stderr.
+constexpr int64_t kAutoMaxSequences = 16;
+
+int plan_sequences(moelite_model* model, int32_t n_ctx, int64_t n_requests, int64_t* out) {
+  moelite_context_params* cp = moelite_context_params_create();
+  moelite_context* probe = nullptr;
+  moelite_status st = moelite_context_params_set_n_ctx(cp, n_ctx);
+  if (st == MOELITE_OK) st = moelite_context_create(model, cp, &probe);
+  moelite_context_params_free(cp);
+  if (st != MOELITE_OK) return report(st, "creating context");
+  const uint64_t kv = moelite_context_kv_bytes(probe);  // one sequence's cache
+  moelite_context_free(probe);
+  const int64_t room = moelite_platform_get(MOELITE_PLATFORM_MEM_AVAILABLE_BYTES);
+  int64_t by_memory = kAutoMaxSequences;
+  if (room > 0 && kv > 0) by_memory = static_cast<int64_t>(static_cast<double>(room) * 0.9 / static_cast<double>(kv));
+  *out = std::max<int64_t>(1, std::min({n_requests, kAutoMaxSequences, by_memory}));
+  fprintf(stderr, "moelite batch: %" PRId64 " sequences at once (%" PRId64 " requests, at most %" PRId64
+          ", KV cache %.1f MiB each, %.0f MiB free)\n", *out, n_requests, kAutoMaxSequences, kv / 1048576.0,
+          room > 0 ? room / 1048576.0 : -1.0);
+  return 0;
+}
+
+}  // namespace
+
+int cmd_batch(int argc, char** argv) {
+  Args args;
+  if (int rc = 0; !parse_command_line(argc, argv, kBatchCommand, &args, &rc)) return rc;
+  if (!args.has("-f")) return usage_error("missing -f REQUESTS.jsonl");
+  std::string err;
+  int64_t n_seq = 0, n_ctx, n_batch, max_tokens, seed;
+  const bool auto_seq = args.get("--n-seq", "auto") == "auto";
+  if ((!auto_seq && !args.get_int("--n-seq", 8, &n_seq, &err, 1, MOELITE_MAX_SEQUENCES)) ||
+      !args.get_int("-c", 2048, &n_ctx, &err, 1, MOELITE_MAX_CONTEXT) ||
+      !args.get_int("-b", 512, &n_batch, &err, 1, INT32_MAX) || !args.get_int("-n", 256, &max_tokens, &err, 0, INT32_MAX) ||
+      !args.get_int("--seed", 0x5eed, &seed, &err, INT64_MIN, INT64_MAX))
+    return usage_error(err);
+  std::string input;
+  if (!read_file(args.get("-f"), &input)) return usage_error("cannot read '" + args.get("-f") + "'");
+  FILE* out = stdout;
+  if (args.has("-o")) {
+    out = fopen(args.get("-o").c_str(), "w");
+    if (!out) return usage_error("cannot write '" + args.get("-o") + "'");
+  }
+  std::unique_ptr<FILE, int (*)(FILE*)> out_guard(out == stdout ? nullptr : out, fclose);
+
+  moelite_model* model = nullptr;
+  if (int rc = load_model(args, &model)) return rc;
+  std::unique_ptr<moelite_model, void (*)(moelite_model*)> model_guard(model, moelite_model_free);
+  moelite_generate_params* gp = moelite_generate_params_create();
+  std::unique_ptr<moelite_generate_params, void (*)(moelite_generate_params*)> gp_guard(gp, moelite_generate_params_free);
+  if (int rc = generate_params_from_args(args, gp)) return rc;
+
+  std::vector<Request> requests;
+  for (size_t pos = 0; pos < input.size();) {
+    size_t end = input.find('\n', pos);
+    if (end == std::string::npos) end = input.size();
+    const std::string line = input.substr(pos, end - pos);
+    pos = end + 1;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are not requests
+    requests.push_back(read_request(model, line, static_cast<int64_t>(requests.size()), static_cast<int32_t>(max_tokens)));
+  }
+
+  if (auto_seq) {
+    if (int rc = plan_sequences(model, static_cast<int32_t>(n_ctx), static_cast<int64_t>(requests.size()), &n_seq))
+      return rc;
+  }
+  moelite_context_params* cp = moelite_context_params_create();
+  moelite_status st = moelite_context_params_set_n_ctx(cp, static_cast<int32_t>(n_ctx));
+  if (st == MOELITE_OK) st = moelite_context_params_set_n_batch(cp, static_cast<int32_t>(n_batch));
+  if (st == MOELITE_OK) st = moelite_context_params_set_n_seq(cp, static_cast<int32_t>(n_seq));
+  moelite_context* ctx = nullptr;
+  if (st == MOELITE_OK) st = moelite_context_create(model, cp, &ctx);
+  moelite_context_params_free(cp);
+  if (st != MOELITE_OK) return report(st, "creating context");
+  std::unique_ptr<moelite_context, void (*)(moelite_context*)> ctx_guard(ctx, moelite_context_free);
+
+  std::vector<Result> results(requests.size());
+  std::vector<Slot> slots(static_cast<size_t>(n_seq));
+  size_t next_request = 0, next_output = 0, finished = 0;
+  uint64_t tokens_generated = 0;
+  const bool show_progress = isatty(STDERR_FILENO) != 0;
+  const double t_start = now();
+
+  auto finish = [&](int64_t index, const std::string& line) {
+    results[static_cast<size_t>(index)] = {true, line};
+    ++finished;
+    // Results go out in input order, as soon as every earlier one is out.
+    while (next_output < results.size() && results[next_output].done) {
+      fprintf(out, "%s\n", results[next_output].line.c_str());
+      results[next_output].line.clear();
+      ++next_output;
+    }
+    fflush(out);
+  };
+  const std::vector<std::string> stops = args.get_all("--stop");
+  // The text of a slot's tokens (without a final end token), cut before the first stop string.
+  auto slot_text = [&](const Slot& s, bool* stopped) {
+    std::vector<int32_t> shown = s.generated;
+    if (!shown.empty() && moelite_token_is_end(model, shown.back())) shown.pop_back();
+    std::string text = detokenize(model, shown);
+    *stopped = false;
+    for (const std::string& stop : stops) {
+      const size_t at = text.find(stop);
+      if (at != std::string::npos) {
+        text.resize(at);
+        *stopped = true;
+      }
+    }
+    return text;
+  };
+  auto finish_slot = [&](Slot& s, const char* stop) {
+    const Request& r = requests[static_cast<size_t>(s.request)];
+    bool stopped = false;
+    const std::string text = slot_text(s, &stopped);
+    finish(s.request, "{\"id\": " + r.id_json + ", \"index\": " + std::to_string(s.request) + ", \"text\": \"" +
+                          json_escape(text) + "\", \"prompt_tokens\": " +
+                          std::to_string(r.prompt.size()) + ", \"generated_tokens\": " +
+                          std::to_string(s.generated.size()) + ", \"stop\": \"" + stop + "\"}");
+    moelite_sampler_free(s.sampler);
+    s = Slot{};
+  };
+  struct SlotCleanup {
+    std::vector<Slot>& slots;
+    ~SlotCleanup() {
+      for (Slot& s : slots) moelite_sampler_free(s.sampler);
+    }
+  } cleanup{slots};
+
+  std::vector<int32_t> tokens, seqs, slot_of;
+  std::vector<uint8_t> want;
+  while (finished < requests.size()) {
+    // Admit waiting requests into free sequences.
+    for (size_t q = 0; q < slots.size() && next_request < requests.size(); ++q) {
+      if (slots[q].request >= 0) continue;
+      const int64_t index = static_cast<int64_t>(next_request++);
+      const Request& r = requests[static_cast<size_t>(index)];
+      if (!r.error.empty() || r.prompt.size() >= static_cast<size_t>(n_ctx)) {
+        const std::string why = r.error.empty() ? "the prompt's " + std::to_string(r.prompt.size()) +
+                                                      " tokens do not fit the context (-c " + std::to_string(n_ctx) + ")"
+                                                : r.error;
+        finish(index, "{\"id\": " + r.id_json + ", \"index\": " + std::to_string(index) + ", \"error\": \"" +
+                          json_escape(why) + "\"}");
+        --q;  // the slot is still free
+        continue;
+      }
+      Slot& s = slots[q];
+      s.request = index;
+      // Each request's sampler: the run's settings with a seed of its own, from --seed and its line.
+      if (moelite_generate_params_set_seed(gp, static_cast<uint64_t>(seed) + static_cast<uint64_t>(index)) != MOELITE_OK ||
+          moelite_sampler_create(gp, &s.sampler) != MOELITE_OK)
+        return report(MOELITE_ERR_OUT_OF_MEMORY, "creating a sampler");
+      (void)moelite_sampler_accept(s.sampler, r.prompt.data(), static_cast<int32_t>(r.prompt.size()));
+      (void)moelite_context_seq_truncate(ctx, static_cast<int32_t>(q), 0);
+      if (r.max_tokens == 0) finish_slot(s, "length");
+    }
+    // One step: the next token of every decoding request first (they never wait), then prompt
+    // chunks of the others in the room left.
+    tokens.clear();
+    seqs.clear();
+    want.clear();
+    slot_of.clear();
+    for (size_t q = 0; q < slots.size(); ++q) {
+      Slot& s = slots[q];
+      if (s.request < 0 || s.generated.empty()) continue;
+      tokens.push_back(s.generated.back());
+      seqs.push_back(static_cast<int32_t>(q));
+      want.push_back(1);
+      slot_of.push_back(static_cast<int32_t>(q));
+    }
+    for (size_t q = 0; q < slots.size() && tokens.size() < static_cast<size_t>(n_batch); ++q) {
+      Slot& s = slots[q];
+      if (s.request < 0 || !s.generated.empty()) continue;
+      const std::vector<int32_t>& p = requests[static_cast<size_t>(s.request)].prompt;
+      while (s.fed < p.size() && tokens.size() < static_cast<size_t>(n_batch)) {
+        tokens.push_back(p[s.fed++]);
+        seqs.push_back(static_cast<int32_t>(q));
+        want.push_back(s.fed == p.size() ? 1 : 0);
+        slot_of.push_back(static_cast<int32_t>(q));
+      }
+    }
+    if (tokens.empty()) continue;
+    st = moelite_eval_batch(ctx, tokens.data(), seqs.data(), want.data(), static_cast<int32_t>(tokens.size()));
+    if (st != MOELITE_OK) return report(st, "evaluating");
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (!want[i]) continue;
+      Slot& s = slots[static_cast<size_t>(slot_of[i])];
+      int32_t token = 0;
+      st = moelite_sampler_sample(s.sampler, ctx, static_cast<int32_t>(i), &token);
+      if (st != MOELITE_OK) return report(st, "sampling");
+      s.generated.push_back(token);
+      ++tokens_generated;
+      const Request& r = requests[static_cast<size_t>(s.request)];
+      bool stopped = false;
+      if (!stops.empty()) (void)slot_text(s, &stopped);
+      if (stopped) finish_slot(s, "stop");
+      else if (moelite_token_is_end(model, token)) finish_slot(s, "end");
+      else if (s.generated.size() >= static_cast<size_t>(r.max_tokens)) finish_slot(s, "length");
+      else if (moelite_context_seq_length(ctx, slot_of[i]) + 1 >= n_ctx) finish_slot(s, "context");
+    }
+    if (show_progress) {
+      const double dt = now() - t_start;
+      fprintf(stderr, "\r%zu/%zu requests, %" PRIu64 " tokens, %.1f tok/s   ", finished, requests.size(),
+              tokens_generated, dt > 0 ? double(tokens_generated) / dt : 0.0);
+    }
+  }
+  if (show_progress) fprintf(stderr, "\n");
+  const double dt = now() - t_start;
+  fprintf(stderr, "moelite batch: %zu requests, %" PRIu64 " tokens generated in %.2f s (%.2f tok/s, %" PRId64
+          " sequences at once)\n", requests.size(), tokens_generated, dt, dt > 0 ? double(tokens_generated) / dt : 0.0,
+          n_seq);
+  if (out != stdout) {
+    if (fflush(out) != 0 || ferror(out)) return report(MOELITE_ERR_IO, "writing the results");
+    return 0;
+  }
+  return finish_output(0);
+}
+
+}  // namespace cli
