@@ -142,6 +142,15 @@ class Backend {
   virtual const char* name() const = 0;
   virtual int32_t n_threads() const = 0;
 
+  // Another instance of this backend for a context that evaluates while others do: it computes
+  // with the weights placed on this one (which must outlive it) and has its own threads and
+  // scratch, so two instances may run operations at the same time. MOELITE_ERR_NOT_IMPLEMENTED
+  // where the device has one command stream (Vulkan, CUDA): the contexts of such a backend take
+  // turns on the one instance.
+  [[nodiscard]] virtual Status create_peer(std::unique_ptr<Backend>* out) {
+    return fail(MOELITE_ERR_NOT_IMPLEMENTED, "%s: contexts take turns on one instance", name());
+  }
+
   // ---- memory
   // Host memory this backend computes on in place (a unified-memory GPU's host-visible device
   // memory), for the expert store's slot pool: `bytes` at a 4096-aligned address, or null when the
@@ -171,6 +180,14 @@ class Backend {
   [[nodiscard]] virtual Status alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim,
                                         bool values, KvCache* out) = 0;
   virtual void free_kv(KvCache* kv) = 0;
+  // Copies slots [slot0, slot0 + n) of `layer`'s cache to host floats: n * kv_dim key floats to
+  // `keys` and, if the cache stores values, as many to `values` (else unused). Waits for the
+  // device. Saving a context's state (core/session.*).
+  [[nodiscard]] virtual Status read_kv(const KvCache& kv, int32_t layer, int32_t slot0, int32_t n, float* keys,
+                                       float* values) = 0;
+  // The reverse: host rows into those slots (restoring a saved state). Waits for the device.
+  [[nodiscard]] virtual Status write_kv(KvCache* kv, int32_t layer, int32_t slot0, int32_t n, const float* keys,
+                                        const float* values) = 0;
 
   // Measures the device's own memory bandwidth in GB/s (bytes read plus bytes written per second by a
   // copy within device memory) for benchmarks' decode bounds; MOELITE_ERR_NOT_IMPLEMENTED where the

@@ -46,6 +46,16 @@ inline Status kv_check_batch(const KvCache& kv, int32_t layer, int32_t pos0, int
   return MOELITE_OK;
 }
 
+// Whether slots [slot0, slot0 + n) of `layer` exist (read_kv / write_kv).
+inline Status kv_check_slots(const KvCache& kv, int32_t layer, int32_t slot0, int32_t n) {
+  if (layer < 0 || layer >= kv.n_layers || static_cast<size_t>(layer) >= kv.slots.size())
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "KV copy: layer %d is outside the cache's %d layers", layer, kv.n_layers);
+  if (slot0 < 0 || n < 0 || int64_t{slot0} + n > kv.slots[static_cast<size_t>(layer)])
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "KV copy: slots %d..+%d are outside layer %d's %d", slot0, n, layer,
+                kv.slots[static_cast<size_t>(layer)]);
+  return MOELITE_OK;
+}
+
 // The floats of a value head: head_dim with stored values; with a keys-only cache the stated
 // spec.head_dim_v, which the key row must cover.
 inline Status kv_value_width(const KvCache& kv, const AttentionSpec& spec, int64_t head_dim, int64_t* out) {

@@ -98,6 +98,8 @@ MOELITE_API const char* moelite_status_name(moelite_status s) {
     CASE(MOELITE_ERR_BAD_TOKEN)
     CASE(MOELITE_ERR_ABORTED)
     CASE(MOELITE_ERR_PROGRESS_ABORTED)
+    CASE(MOELITE_ERR_BAD_SESSION)
+    CASE(MOELITE_ERR_SESSION_MISMATCH)
     CASE(MOELITE_ERR_INTERNAL)
 #undef CASE
   }
@@ -671,6 +673,24 @@ MOELITE_API moelite_status moelite_eval_batch(moelite_context* c, const int32_t*
     } catch (const std::bad_alloc&) {
       return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory during evaluation");
     }
+  });
+}
+
+MOELITE_API moelite_status moelite_context_save(const moelite_context* c, const char* path) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!c) return null_arg(api_fn, "ctx");
+    if (!path) return null_arg(api_fn, "path");
+    return c->impl->save(path);
+  });
+}
+
+MOELITE_API moelite_status moelite_context_load(moelite_context* c, const char* path) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!c) return null_arg(api_fn, "ctx");
+    if (!path) return null_arg(api_fn, "path");
+    return c->impl->load(path);
   });
 }
 

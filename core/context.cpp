@@ -114,6 +114,19 @@ Status Context::create(const Model& model, Runtime& runtime, const ContextOption
   EvalState& s = c->state_;
   s.runtime = &runtime;
   s.backend = runtime.backend.get();
+  // With every expert resident nothing of the runtime changes during an evaluation but locked
+  // counters, so a context with a backend instance of its own evaluates while others do. With a
+  // budget the store's slots, loads and predictors serve every context: they take turns
+  // (Runtime::eval_mutex), as do contexts of a backend with one command stream (no create_peer).
+  if (runtime.experts->all_resident()) {
+    std::unique_ptr<Backend> peer;
+    if (runtime.backend->create_peer(&peer) == MOELITE_OK) {
+      c->own_backend_ = std::move(peer);
+      s.backend = c->own_backend_.get();
+    }
+  }
+  s.routed_tokens.assign(static_cast<size_t>(hp.n_layer), 0);
+  s.routed_experts.assign(static_cast<size_t>(hp.n_layer), 0);
   s.on_route = opts.on_route;
   s.route_user = opts.route_user;
   s.n_batch = c->opts_.n_batch;
@@ -168,7 +181,6 @@ ExpertCounters ExpertCounters::take(const Runtime& runtime) {
     c.store = runtime.store->stats();
     c.read_busy_seconds = runtime.store->read_busy_seconds();
   }
-  runtime.routed.snapshot(&c.routed_tokens, &c.routed_experts);
   return c;
 }
 
@@ -191,17 +203,16 @@ void ExpertCounters::accrue(const ExpertCounters& before, const ExpertCounters& 
     add(t.predictions, b.predictions, a.predictions);
     add(t.ready_when_needed, b.ready_when_needed, a.ready_when_needed);
   }
-  const size_t nr = after.routed_tokens.size();
-  if (routed_tokens.size() < nr) routed_tokens.resize(nr, 0);
-  if (routed_experts.size() < nr) routed_experts.resize(nr, 0);
-  for (size_t l = 0; l < nr && l < before.routed_tokens.size(); ++l) {
-    add(routed_tokens[l], before.routed_tokens[l], after.routed_tokens[l]);
-    add(routed_experts[l], before.routed_experts[l], after.routed_experts[l]);
-  }
   add(read_busy_seconds, before.read_busy_seconds, after.read_busy_seconds);
 }
 
-void Context::reset_counters() { counters_ = ExpertCounters{}; }
+void Context::reset_counters() {
+  counters_ = ExpertCounters{};
+  std::fill(state_.routed_tokens.begin(), state_.routed_tokens.end(), 0);
+  std::fill(state_.routed_experts.begin(), state_.routed_experts.end(), 0);
+  counters_.routed_tokens = state_.routed_tokens;
+  counters_.routed_experts = state_.routed_experts;
+}
 
 Status Context::eval(const int32_t* tokens, int32_t n_tokens, bool logits_all) {
   if (n_tokens <= 0 || !tokens) return fail(MOELITE_ERR_INVALID_ARGUMENT, "eval needs at least one token");
@@ -255,8 +266,9 @@ Status Context::eval_seqs(const int32_t* tokens, const int32_t* seq_ids, const u
   // Waits below (this lock, the expert store's loads) poll this context's abort callback.
   AbortScope abort_scope(opts_.abort, opts_.abort_user);
   std::unique_lock<std::mutex> lock(runtime_.eval_mutex, std::defer_lock);
-  MOELITE_TRY(lock_abortable(&lock));
-  // Contexts evaluate one at a time, so what the counters gain meanwhile is this context's.
+  if (!own_backend_) MOELITE_TRY(lock_abortable(&lock));
+  // Contexts that share the store evaluate one at a time, so what its counters gain meanwhile is
+  // this context's (a context of its own evaluates with every expert resident: no store).
   const ExpertCounters before = ExpertCounters::take(runtime_);
   struct Accrue {
     Context* self;
@@ -264,6 +276,8 @@ Status Context::eval_seqs(const int32_t* tokens, const int32_t* seq_ids, const u
     ~Accrue() {
       try {
         self->counters_.accrue(before, ExpertCounters::take(self->runtime_));
+        self->counters_.routed_tokens = self->state_.routed_tokens;
+        self->counters_.routed_experts = self->state_.routed_experts;
       } catch (...) {  // out of memory: the context's counters miss this evaluation
       }
     }

@@ -1,6 +1,7 @@
 // An inference stream over a model: KV cache, scratch activations, the logits of the last batch.
 #pragma once
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/eval.h"
@@ -22,13 +23,14 @@ struct ContextOptions {
   void* route_user = nullptr;
 };
 
-// Expert-store and routing counters as they stood at one moment, or accrued over a context's
-// evaluations (per layer).
+// Expert-store counters as they stood at one moment, or accrued over a context's evaluations (per
+// layer), and the context's routing counters.
 struct ExpertCounters {
   std::vector<ExpertLayerStats> store;
   std::vector<uint64_t> routed_tokens, routed_experts;
   double read_busy_seconds = 0;
 
+  // The store's counters now (the routing counters are the context's own: EvalState).
   static ExpertCounters take(const Runtime& runtime);
   // Adds after - before (a counter that went down was reset meanwhile: its new value is added).
   void accrue(const ExpertCounters& before, const ExpertCounters& after);
@@ -83,7 +85,16 @@ class Context {
   }
   // What the store and the router counted during this context's evaluations.
   const ExpertCounters& counters() const { return counters_; }
+  // Whether the context has a backend instance of its own and evaluates while other contexts of
+  // the model do (resident experts on a backend with create_peer); otherwise contexts take turns.
+  bool evaluates_concurrently() const { return own_backend_ != nullptr; }
   void reset_counters();
+  // Saved state (core/session.cpp): every sequence's tokens and cache rows, written atomically to
+  // a versioned file (zstd-compressed where libzstd is present). load() checks the whole file
+  // (format, checksum, model, shapes) before it changes anything; it then replaces every sequence
+  // (those the file lacks are reset). A device failure while writing the rows back resets them all.
+  Status save(const std::string& path) const;
+  Status load(const std::string& path);
   // Internal observers of every forward pass (calibration); null to remove.
   void set_hooks(ForwardHooks* hooks) { state_.hooks = hooks; }
 
@@ -103,9 +114,15 @@ class Context {
   Status predict_next_token(int32_t n);
   // Whether every sliding-window ring still holds the positions the token at n_keep will read.
   bool ring_serves(const Sequence& seq, int32_t n_keep) const;
+  // The first position whose cache rows layer l still holds for the sequence: 0 for a full
+  // layer, for a windowed layer's ring the start of the positions it holds before n_past.
+  int32_t first_held(const Sequence& seq, int32_t layer) const;
 
   const Model& model_;
   Runtime& runtime_;
+  // This context's own backend instance (see evaluates_concurrently), or null: the runtime's.
+  // Declared before state_, whose activations and caches it allocated, so it outlives them.
+  std::unique_ptr<Backend> own_backend_;
   ContextOptions opts_;
   int32_t n_ctx_ = 0;
   std::vector<Sequence> seqs_;

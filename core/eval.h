@@ -64,6 +64,9 @@ struct EvalState {
   ForwardHooks* hooks = nullptr;
   std::vector<float> host_a, host_b;      // host copies of activations for predictors and hooks
   std::vector<uint8_t> residency;         // cache-aware gating: the layer's experts resident at routing
+  // Per layer: tokens routed and experts they kept in this context's passes (its expert stats;
+  // the runtime's counters sum every context).
+  std::vector<uint64_t> routed_tokens, routed_experts;
   moelite_routing_fn on_route = nullptr;  // observer of every layer's routing (may be null)
   void* route_user = nullptr;
 

@@ -18,6 +18,11 @@
  *    are valid for as long as the text says.
  *  - Threads. A moelite_model is immutable after loading: any number of threads may query it and
  *    create contexts from it concurrently. A moelite_context must be used by one thread at a time.
+ *    Contexts of one model evaluate at the same time from different threads when every expert is
+ *    resident (no expert budget) and the backend is the CPU's: each context then has its own
+ *    worker threads and scratch. With an expert budget (the store's memory and loads serve every
+ *    context) or a GPU backend (one command stream) they take turns, each evaluation waiting for
+ *    the one before. Either way results are those of a context alone.
  *    Parameter objects are plain data owned by the caller; do not share one between threads while
  *    it is being modified.
  *  - ABI. Options are set through setters on opaque parameter objects and queries go through
@@ -110,6 +115,10 @@ typedef enum moelite_status {
   MOELITE_ERR_BAD_TOKEN = 41,           /* a token id outside [0, n_vocab) */
   MOELITE_ERR_ABORTED = 42,             /* the abort callback asked to stop an evaluation */
   MOELITE_ERR_PROGRESS_ABORTED = 43,    /* a progress callback asked to stop loading or calibrating */
+  MOELITE_ERR_BAD_SESSION = 50,         /* a saved session is not one, is truncated or corrupt, or of
+                                           an unsupported version */
+  MOELITE_ERR_SESSION_MISMATCH = 51,    /* a saved session was made by another model, or holds more
+                                           sequences or positions than the context */
   MOELITE_ERR_INTERNAL = 99,            /* a bug in moelite; please report it */
   /* Deprecated spelling of MOELITE_ERR_PROGRESS_ABORTED (same value). */
   MOELITE_ERR_CANCELLED MOELITE_DEPRECATED("MOELITE_ERR_PROGRESS_ABORTED") = 43
@@ -618,7 +627,8 @@ typedef struct moelite_context moelite_context;
 typedef struct moelite_context_params moelite_context_params;
 
 /** Polled between layers during evaluation, and every 10 ms while the evaluation waits: for
- *  another context of the same model to finish its evaluation (contexts of one model take turns),
+ *  another context of the same model to finish its evaluation (when contexts take turns, see
+ *  Threads at the top),
  *  or for expert reads from storage (with a budget). Return non-zero to abort: moelite_eval then
  *  returns MOELITE_ERR_ABORTED and the context keeps its sequence. Runs on the calling thread of
  *  moelite_eval. A read that does not complete within the I/O timeout
@@ -732,6 +742,28 @@ MOELITE_API void moelite_context_kv_reset(moelite_context* ctx);
  *  n_batch positions, a cut further back than that ring still reaches forgets the whole sequence:
  *  read moelite_context_kv_length afterwards (moelite_generate does, and re-evaluates the prompt). */
 MOELITE_API void moelite_context_kv_truncate(moelite_context* ctx, int32_t n_keep);
+/** Saves the context's state -- every sequence's tokens and KV cache rows -- to `path`, so that
+ *  moelite_context_load can restore it later instead of evaluating the prompt again. The file is
+ *  versioned, compressed with zstd when the system's libzstd.so.1 can be loaded (else stored
+ *  uncompressed, still loadable), checksummed, and written atomically: into a temporary file beside
+ *  `path`, flushed, then renamed over it, so `path` is either its old self or the whole new file.
+ *  Windowed layers save only the positions their ring still holds. Errors: MOELITE_ERR_IO (the
+ *  directory is not writable, the disk is full; `path` unchanged), MOELITE_ERR_OUT_OF_MEMORY,
+ *  device errors reading the cache. Thread-safety: as moelite_eval (one thread per context). */
+MOELITE_API moelite_status moelite_context_save(const moelite_context* ctx, const char* path);
+/** Restores a state saved by moelite_context_save into `ctx`: each saved sequence gets its tokens
+ *  and cache rows back (sequences the file does not hold are reset), so evaluation goes on exactly
+ *  as it would have without the interruption (the logits are bitwise those of the uninterrupted
+ *  run on the same backend). The whole file is checked before the context changes:
+ *  MOELITE_ERR_FILE_NOT_FOUND; MOELITE_ERR_BAD_SESSION (not a session, truncated, corrupt, an
+ *  unsupported version); MOELITE_ERR_SESSION_MISMATCH (saved with another model -- a fingerprint of
+ *  its tensors and weights --, or more sequences or positions than this context holds);
+ *  MOELITE_ERR_NOT_IMPLEMENTED (a compressed file and no libzstd). In all of those the context is
+ *  unchanged. A device error while writing the rows back leaves every sequence empty. The last
+ *  evaluation's logits are dropped. The context may differ from the saving one in n_batch, n_seq
+ *  (enough for the file's sequences), n_ctx (enough for its positions) and backend (its rows are
+ *  then those another backend computed: equal within float rounding, not bitwise). */
+MOELITE_API moelite_status moelite_context_load(moelite_context* ctx, const char* path);
 /** Sequences the context holds (moelite_context_params_set_n_seq; 0 for NULL). */
 MOELITE_API int32_t moelite_context_n_seq(const moelite_context* ctx);
 /** Tokens held in sequence `seq`'s KV cache (0 for NULL or a sequence id out of range). */

@@ -43,6 +43,15 @@ class File {
   bool direct_ = false;
 };
 
+// Writes `pieces` one after another to `path` atomically: into a new temporary file beside it,
+// flushed to storage, then renamed over `path`. On any failure the temporary file is removed and
+// `path` is as it was (a reader never sees a partial file). MOELITE_ERR_IO with the reason.
+struct WritePiece {
+  const void* data;
+  size_t size;
+};
+Status write_file_atomic(const std::string& path, const WritePiece* pieces, size_t n_pieces);
+
 // Alignment of offsets, sizes and buffers for direct I/O (the common logical block size bound).
 constexpr uint64_t kDirectIoAlignment = 4096;
 

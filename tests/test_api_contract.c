@@ -924,6 +924,26 @@ static void test_gaps(void) {
   CHECK(moelite_get_logits(NULL, -1) == NULL && moelite_context_model(NULL) == NULL);
   CHECK(strcmp(moelite_status_name((moelite_status)999), "MOELITE_ERR_UNKNOWN") == 0);
   CHECK(moelite_context_set_abort_callback(NULL, NULL, NULL) == MOELITE_ERR_INVALID_ARGUMENT);
+  /* Several sequences and sessions: NULL handles and arguments. */
+  const int32_t one_token = 1, seq0 = 0;
+  CHECK(moelite_eval_batch(NULL, &one_token, &seq0, NULL, 1) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_context_params_set_n_seq(NULL, 2) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_context_n_seq(NULL) == 0 && moelite_context_seq_length(NULL, 0) == 0);
+  CHECK(moelite_context_seq_truncate(NULL, 0, 0) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_context_save(NULL, "x.session") == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_context_load(NULL, "x.session") == MOELITE_ERR_INVALID_ARGUMENT);
+  {
+    moelite_context* sc = NULL;
+    CHECK(moelite_context_create(m, NULL, &sc) == MOELITE_OK);
+    CHECK(moelite_eval_batch(sc, NULL, &seq0, NULL, 1) == MOELITE_ERR_INVALID_ARGUMENT);
+    CHECK(moelite_eval_batch(sc, &one_token, &seq0, NULL, 0) == MOELITE_ERR_INVALID_ARGUMENT);
+    CHECK(moelite_context_n_seq(sc) == 1 && moelite_context_seq_length(sc, 5) == 0);
+    CHECK(moelite_context_save(sc, NULL) == MOELITE_ERR_INVALID_ARGUMENT);
+    CHECK(moelite_context_load(sc, NULL) == MOELITE_ERR_INVALID_ARGUMENT);
+    CHECK(moelite_context_load(sc, "/nonexistent/dir/x.session") == MOELITE_ERR_FILE_NOT_FOUND);
+    CHECK(moelite_context_save(sc, "/nonexistent/dir/x.session") == MOELITE_ERR_IO);
+    moelite_context_free(sc);
+  }
   moelite_model_free(m);
 }
 
@@ -940,7 +960,8 @@ static void test_enum_values_are_pinned(void) {
            {MOELITE_ERR_MISSING_METADATA, 24}, {MOELITE_ERR_BAD_METADATA, 25}, {MOELITE_ERR_BACKEND_UNAVAILABLE, 30},
            {MOELITE_ERR_BUDGET_TOO_SMALL, 31}, {MOELITE_ERR_NOT_IMPLEMENTED, 32}, {MOELITE_ERR_BAD_PROFILE, 33},
            {MOELITE_ERR_BACKEND, 34}, {MOELITE_ERR_CONTEXT_FULL, 40}, {MOELITE_ERR_BAD_TOKEN, 41},
-           {MOELITE_ERR_ABORTED, 42}, {MOELITE_ERR_PROGRESS_ABORTED, 43}, {MOELITE_ERR_INTERNAL, 99},
+           {MOELITE_ERR_ABORTED, 42}, {MOELITE_ERR_PROGRESS_ABORTED, 43}, {MOELITE_ERR_BAD_SESSION, 50},
+           {MOELITE_ERR_SESSION_MISMATCH, 51}, {MOELITE_ERR_INTERNAL, 99},
            {MOELITE_STOP_END_TOKEN, 0}, {MOELITE_STOP_MAX_TOKENS, 1}, {MOELITE_STOP_STRING, 2},
            {MOELITE_STOP_ABORTED, 3}, {MOELITE_STOP_CONTEXT_FULL, 4}, {MOELITE_STOP_ERROR, 5},
            {MOELITE_BACKEND_AUTO, 0}, {MOELITE_BACKEND_CPU, 1}, {MOELITE_BACKEND_VULKAN, 2}, {MOELITE_BACKEND_CUDA, 3},

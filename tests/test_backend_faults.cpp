@@ -74,6 +74,15 @@ class FaultyBackend final : public Backend {
     return inner_->alloc_kv(n_ctx, slots, kv_dim, values, out);
   }
   void free_kv(KvCache* kv) override { inner_->free_kv(kv); }
+  Status read_kv(const KvCache& kv, int32_t layer, int32_t slot0, int32_t n, float* keys, float* values) override {
+    MOELITE_TRY(check("read_kv"));
+    return inner_->read_kv(kv, layer, slot0, n, keys, values);
+  }
+  Status write_kv(KvCache* kv, int32_t layer, int32_t slot0, int32_t n, const float* keys,
+                  const float* values) override {
+    MOELITE_TRY(check("write_kv"));
+    return inner_->write_kv(kv, layer, slot0, n, keys, values);
+  }
   Status sync() override {
     const Status st = inner_->sync();  // the device is drained even when the sync "fails"
     MOELITE_TRY(check("sync"));

@@ -300,6 +300,27 @@ void CpuBackend::free_kv(KvCache* kv) {
   *kv = KvCache{};
 }
 
+Status CpuBackend::read_kv(const KvCache& kv, int32_t layer, int32_t slot0, int32_t n, float* keys, float* values) {
+  MOELITE_TRY(kv_check_slots(kv, layer, slot0, n));
+  const auto* s = static_cast<const KvStorage*>(kv.handle);
+  const size_t off = static_cast<size_t>(slot0) * static_cast<size_t>(kv.kv_dim);
+  const size_t count = static_cast<size_t>(n) * static_cast<size_t>(kv.kv_dim);
+  std::copy_n(s->k[static_cast<size_t>(layer)] + off, count, keys);
+  if (kv.values) std::copy_n(s->v[static_cast<size_t>(layer)] + off, count, values);
+  return MOELITE_OK;
+}
+
+Status CpuBackend::write_kv(KvCache* kv, int32_t layer, int32_t slot0, int32_t n, const float* keys,
+                            const float* values) {
+  MOELITE_TRY(kv_check_slots(*kv, layer, slot0, n));
+  auto* s = static_cast<KvStorage*>(kv->handle);
+  const size_t off = static_cast<size_t>(slot0) * static_cast<size_t>(kv->kv_dim);
+  const size_t count = static_cast<size_t>(n) * static_cast<size_t>(kv->kv_dim);
+  std::copy_n(keys, count, s->k[static_cast<size_t>(layer)] + off);
+  if (kv->values) std::copy_n(values, count, s->v[static_cast<size_t>(layer)] + off);
+  return MOELITE_OK;
+}
+
 Status CpuBackend::get_rows(const WeightView& table, const int32_t* tokens, int32_t n, Act* out) {
   DequantRowFn dequant = k_.dequant[static_cast<uint32_t>(table.type)];
   for (int32_t t = 0; t < n; ++t)

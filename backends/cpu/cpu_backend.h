@@ -30,6 +30,9 @@ class CpuBackend final : public Backend {
   BackendKind kind() const override { return BackendKind::Cpu; }
   const char* name() const override { return name_.c_str(); }
   int32_t n_threads() const override { return pool_->size(); }
+  // Weights are read from their host bytes, so an instance with a pool of its own computes with
+  // them as this one does.
+  Status create_peer(std::unique_ptr<Backend>* out) override { return create(n_threads(), out); }
 
   Status place_weight(const WeightView& w) override;
   Status check_weight(const WeightView& w) override;
@@ -40,6 +43,8 @@ class CpuBackend final : public Backend {
   Status alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, bool values,
                   KvCache* out) override;
   void free_kv(KvCache* kv) override;
+  Status read_kv(const KvCache& kv, int32_t layer, int32_t slot0, int32_t n, float* keys, float* values) override;
+  Status write_kv(KvCache* kv, int32_t layer, int32_t slot0, int32_t n, const float* keys, const float* values) override;
   Status sync() override { return MOELITE_OK; }  // every operation completes before it returns
 
   Status get_rows(const WeightView& table, const int32_t* tokens, int32_t n, Act* out) override;

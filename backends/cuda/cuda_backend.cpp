@@ -237,6 +237,27 @@ Status CudaBackend::read_rows(const Act& a, int64_t row0, int64_t n, float* dst)
   return sync();
 }
 
+Status CudaBackend::read_kv(const KvCache& kv, int32_t layer, int32_t slot0, int32_t n, float* keys, float* values) {
+  MOELITE_TRY(kv_check_slots(kv, layer, slot0, n));
+  const auto* ref = static_cast<const KvRef*>(kv.handle);
+  const size_t off = static_cast<size_t>(slot0) * static_cast<size_t>(kv.kv_dim);
+  const size_t bytes = static_cast<size_t>(n) * static_cast<size_t>(kv.kv_dim) * sizeof(float);
+  MOELITE_TRY(rt_->copy_async(keys, ref->k[static_cast<size_t>(layer)] + off, bytes, compute_));
+  if (kv.values) MOELITE_TRY(rt_->copy_async(values, ref->v[static_cast<size_t>(layer)] + off, bytes, compute_));
+  return sync();
+}
+
+Status CudaBackend::write_kv(KvCache* kv, int32_t layer, int32_t slot0, int32_t n, const float* keys,
+                             const float* values) {
+  MOELITE_TRY(kv_check_slots(*kv, layer, slot0, n));
+  const auto* ref = static_cast<const KvRef*>(kv->handle);
+  const size_t off = static_cast<size_t>(slot0) * static_cast<size_t>(kv->kv_dim);
+  const size_t bytes = static_cast<size_t>(n) * static_cast<size_t>(kv->kv_dim) * sizeof(float);
+  MOELITE_TRY(rt_->copy_async(ref->k[static_cast<size_t>(layer)] + off, keys, bytes, compute_));
+  if (kv->values) MOELITE_TRY(rt_->copy_async(ref->v[static_cast<size_t>(layer)] + off, values, bytes, compute_));
+  return sync();  // the host rows may be freed once this returns
+}
+
 Status CudaBackend::alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, bool values,
                              KvCache* out) {
   KvCache made = kv_cache_shape(n_ctx, slots, kv_dim, values);  // may throw; nothing is allocated yet

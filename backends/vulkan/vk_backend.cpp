@@ -524,6 +524,28 @@ Status VulkanBackend::attention(KvCache* kv, int32_t layer, const Act& q, const 
   return MOELITE_OK;
 }
 
+// A layer's buffer holds its slots' keys, then (if stored) as many values.
+Status VulkanBackend::read_kv(const KvCache& kv, int32_t layer, int32_t slot0, int32_t n, float* keys,
+                              float* values) {
+  MOELITE_TRY(kv_check_slots(kv, layer, slot0, n));
+  const Buffer& b = static_cast<KvRef*>(kv.handle)->layers[static_cast<size_t>(layer)];
+  const uint64_t row = static_cast<uint64_t>(kv.kv_dim) * sizeof(float), count = static_cast<uint64_t>(n) * row;
+  const uint64_t off = static_cast<uint64_t>(slot0) * row, values_at = static_cast<uint64_t>(kv.slots[static_cast<size_t>(layer)]) * row;
+  MOELITE_TRY(dev_->download(b, off, keys, count));
+  return kv.values ? dev_->download(b, values_at + off, values, count) : MOELITE_OK;
+}
+
+Status VulkanBackend::write_kv(KvCache* kv, int32_t layer, int32_t slot0, int32_t n, const float* keys,
+                               const float* values) {
+  MOELITE_TRY(kv_check_slots(*kv, layer, slot0, n));
+  const Buffer& b = static_cast<KvRef*>(kv->handle)->layers[static_cast<size_t>(layer)];
+  const uint64_t row = static_cast<uint64_t>(kv->kv_dim) * sizeof(float), count = static_cast<uint64_t>(n) * row;
+  const uint64_t off = static_cast<uint64_t>(slot0) * row, values_at = static_cast<uint64_t>(kv->slots[static_cast<size_t>(layer)]) * row;
+  MOELITE_TRY(dev_->upload(b, off, keys, count));
+  if (kv->values) MOELITE_TRY(dev_->upload(b, values_at + off, values, count));
+  return dev_->flush();
+}
+
 Status VulkanBackend::route(const Act& logits, int32_t k, bool renormalize, Routing* r) {
   const uint64_t n = static_cast<uint64_t>(logits.rows), nk = n * static_cast<uint64_t>(k);
   r->n_tokens = static_cast<int32_t>(n);

@@ -43,6 +43,8 @@ class VulkanBackend final : public Backend {
   Status alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim, bool values,
                   KvCache* out) override;
   void free_kv(KvCache* kv) override;
+  Status read_kv(const KvCache& kv, int32_t layer, int32_t slot0, int32_t n, float* keys, float* values) override;
+  Status write_kv(KvCache* kv, int32_t layer, int32_t slot0, int32_t n, const float* keys, const float* values) override;
   Status sync() override;
 
   Status get_rows(const WeightView& table, const int32_t* tokens, int32_t n, Act* out) override;

@@ -9,6 +9,7 @@
 
 #include "core/json.h"
 #include "core/model.h"
+#include "platforms/platform.h"
 
 namespace moelite {
 
@@ -41,23 +42,6 @@ std::string join(const std::vector<uint64_t>& v) {
   std::string o = "[";
   for (size_t i = 0; i < v.size(); ++i) o += (i ? ", " : "") + std::to_string(v[i]);
   return o + "]";
-}
-
-Status write_file(const std::string& path, const void* data, size_t size) {
-  const std::string tmp = path + ".tmp";
-  FILE* f = fopen(tmp.c_str(), "wb");
-  if (!f) return fail(MOELITE_ERR_IO, "cannot write '%s': %s", tmp.c_str(), strerror(errno));
-  const bool ok = fwrite(data, 1, size, f) == size;
-  const bool closed = fclose(f) == 0;
-  if (!ok || !closed) {
-    remove(tmp.c_str());
-    return fail(MOELITE_ERR_IO, "writing '%s' failed", tmp.c_str());
-  }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    remove(tmp.c_str());
-    return fail(MOELITE_ERR_IO, "cannot rename '%s' to '%s': %s", tmp.c_str(), path.c_str(), strerror(errno));
-  }
-  return MOELITE_OK;
 }
 
 Status read_whole(const std::string& path, std::string* out) {
@@ -148,7 +132,8 @@ Status Profile::save(const std::string& path) const {
     const uint32_t version = kVersion;
     bytes.append(reinterpret_cast<const char*>(&version), 4);
     bytes.append(reinterpret_cast<const char*>(blob.data()), blob.size() * sizeof(float));
-    MOELITE_TRY(write_file(weights_path, bytes.data(), bytes.size()));
+    const platform::WritePiece piece{bytes.data(), bytes.size()};
+    MOELITE_TRY(platform::write_file_atomic(weights_path, &piece, 1));
   }
 
   std::ostringstream o;
@@ -188,7 +173,8 @@ Status Profile::save(const std::string& path) const {
       << ", \"cols\": " << refs[t].cols << ", \"offset\": " << refs[t].offset << "}";
   o << (refs.empty() ? "]\n}\n" : "\n  ]\n}\n");
   const std::string text = o.str();
-  return write_file(path, text.data(), text.size());
+  const platform::WritePiece piece{text.data(), text.size()};
+  return platform::write_file_atomic(path, &piece, 1);
 }
 
 Status Profile::load(const std::string& path, Profile* out) {

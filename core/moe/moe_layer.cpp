@@ -62,6 +62,8 @@ Status moe_forward(const Model& m, EvalState& s, int32_t l, const Act& x, const 
   }
   const int64_t kept = apply_gating(rt.gating, l, &s.routing, resident);
   rt.routed.add(l, static_cast<uint64_t>(s.n_tokens), static_cast<uint64_t>(kept));
+  s.routed_tokens[static_cast<size_t>(l)] += static_cast<uint64_t>(s.n_tokens);
+  s.routed_experts[static_cast<size_t>(l)] += static_cast<uint64_t>(kept);
   if (s.hooks) s.hooks->on_routing(l, &s.routing);
   if (m.hp.expert_weights_scale != 1.0f)
     for (float& w_j : s.routing.weights) w_j *= m.hp.expert_weights_scale;

@@ -22,7 +22,9 @@
 #endif
 #endif
 
+#include <atomic>
 #include <fstream>
+#include <string>
 #include <set>
 #include <utility>
 
@@ -93,6 +95,36 @@ Status File::open(const std::string& path, File* out) {
   f.size_ = static_cast<uint64_t>(sb.st_size);
   f.path_ = path;
   *out = std::move(f);
+  return MOELITE_OK;
+}
+
+Status write_file_atomic(const std::string& path, const WritePiece* pieces, size_t n_pieces) {
+  // A name of this process and call: two writers of one path never share a temporary file.
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = path + ".tmp-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return fail(MOELITE_ERR_IO, "cannot write '%s': %s", tmp.c_str(), strerror(errno));
+  int err = 0;
+  for (size_t i = 0; i < n_pieces && !err; ++i) {
+    const char* p = static_cast<const char*>(pieces[i].data);
+    for (size_t left = pieces[i].size; left > 0 && !err;) {
+      const ssize_t got = ::write(fd, p, left);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        err = got < 0 ? errno : EIO;
+        break;
+      }
+      p += got;
+      left -= static_cast<size_t>(got);
+    }
+  }
+  if (!err && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && !err) err = errno;
+  if (!err && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (err) {
+    ::unlink(tmp.c_str());
+    return fail(MOELITE_ERR_IO, "writing '%s' failed: %s", path.c_str(), strerror(err));
+  }
   return MOELITE_OK;
 }
 

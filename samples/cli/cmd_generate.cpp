@@ -18,7 +18,10 @@ namespace {
 const Command kRunCommand = {"run", "-m MODEL (-p PROMPT | -f FILE) [options]", "Streams a completion of the prompt.",
                              with_groups({{{"-p"}, "PROMPT", "the prompt"},
                                           {{"-f"}, "FILE", "read the prompt from a file"},
-                                          {{"-c"}, "CTX", "context length (default: the model's, at most 4096)"}},
+                                          {{"-c"}, "CTX", "context length (default: the model's, at most 4096)"},
+                                          {{"--session"}, "FILE",
+                                           "restore the KV cache from FILE when it exists (a prompt that starts with "
+                                           "the saved tokens skips them) and save it there afterwards"}},
                                          {&generate_options(), &model_options()})};
 const Command kChatCommand = {
     "chat", "-m MODEL [--system TEXT] [options]",
@@ -28,7 +31,9 @@ const Command kChatCommand = {
                  {{"--template"}, "NAME",
                   "chat template instead of the file's: chatml, mistral, llama3, tulu, harmony (gpt-oss: only the "
                   "final channel is the answer, the reasoning goes to stderr), deepseek2, deepseek3 or plain"},
-                 {{"-c"}, "CTX", "context length (default: the model's, at most 4096)"}},
+                 {{"-c"}, "CTX", "context length (default: the model's, at most 4096)"},
+                 {{"--session"}, "FILE",
+                  "restore the conversation's KV cache from FILE when it exists and save it after each answer"}},
                 {&generate_options(), &model_options()})};
 const Command kTokenizeCommand = {"tokenize", "-m MODEL (-p TEXT | -f FILE) [--add-special] [--parse-special]",
                                   "Prints the token ids of a text.",
@@ -77,7 +82,22 @@ int open_session(const Args& args, Session* s) {
   if (!s->gen) return report(MOELITE_ERR_OUT_OF_MEMORY, "params");
   if (int rc = generate_params_from_args(args, s->gen)) return rc;
   moelite_generate_params_set_callback(s->gen, print_piece, nullptr);
+  if (args.has("--session")) {
+    const std::string path = args.get("--session");
+    st = moelite_context_load(s->ctx, path.c_str());
+    if (st == MOELITE_OK)
+      fprintf(stderr, "[session: %d tokens restored from %s]\n", moelite_context_kv_length(s->ctx), path.c_str());
+    else if (st != MOELITE_ERR_FILE_NOT_FOUND)  // a missing file is a new session
+      return report(st, "restoring the session");
+  }
   return 0;
+}
+
+// Saves the context to --session FILE, if given.
+int save_session(const Args& args, const Session& s) {
+  if (!args.has("--session")) return 0;
+  const moelite_status st = moelite_context_save(s.ctx, args.get("--session").c_str());
+  return st == MOELITE_OK ? 0 : report(st, "saving the session");
 }
 
 }  // namespace
@@ -121,7 +141,7 @@ int cmd_run(int argc, char** argv) {
   if (st != MOELITE_OK) return report(st, "generating");
   if (stats.stop_reason == MOELITE_STOP_ABORTED) return finish_output(0);  // stdout is gone: says so, exit 1
   print_stats(stats);
-  return 0;
+  return save_session(args, s);
 }
 
 namespace {
@@ -270,6 +290,7 @@ int cmd_chat(int argc, char** argv) {
     print_stats(stats);  // on stderr: the conversation on stdout stays clean
     conv.roles.push_back("assistant");
     conv.contents.push_back(harmony ? cap.harmony.answer() : cap.text);
+    if (int rc = save_session(args, s)) return rc;
   }
   return 0;
 }

@@ -3,7 +3,9 @@
 // expert budget (the store's loader threads, io_uring where available), predictors that hint
 // the store and learn online, and the counters are read while contexts evaluate; one context is
 // aborted from another thread again and again, and one waits for the evaluation lock while it is
-// aborted. Every result is checked bitwise against a resident, single-threaded run.
+// aborted. Then contexts of a resident model evaluate at the same time (shown by one waiting inside
+// an evaluation for another's to finish). Every result is checked bitwise against a resident,
+// single-threaded run.
 //
 // Usage: moelite_concurrency MODEL.gguf   (exit 0 on success; prints what failed otherwise)
 #include <atomic>
@@ -46,11 +48,13 @@ moelite_model* load(const char* path, uint64_t budget) {
   return m;
 }
 
-moelite_context* context(moelite_model* m, moelite_abort_fn abort, void* user) {
+moelite_context* context(moelite_model* m, moelite_abort_fn abort, void* user, moelite_routing_fn route = nullptr,
+                         void* route_user = nullptr) {
   moelite_context_params* cp = moelite_context_params_create();
   moelite_context_params_set_n_ctx(cp, 256);
   moelite_context_params_set_n_batch(cp, 16);
   moelite_context_params_set_abort_callback(cp, abort, user);
+  moelite_context_params_set_routing_callback(cp, route, route_user);
   moelite_context* c = nullptr;
   const moelite_status st = moelite_context_create(m, cp, &c);
   moelite_context_params_free(cp);
@@ -78,6 +82,22 @@ bool run(moelite_context* c, const std::vector<int32_t>& toks, int32_t n_vocab, 
 }
 
 int abort_when_set(void* user) { return static_cast<std::atomic<bool>*>(user)->load() ? 1 : 0; }
+
+// Holds one context inside its first MoE layer until another context has finished an evaluation.
+struct OverlapGate {
+  std::atomic<bool> other_done{false}, overlapped{false};
+  bool waited = false;  // touched by the held context's thread only
+};
+
+void hold_until_other_done(int32_t, int32_t, int32_t, int32_t, const int32_t*, const float*, void* user) {
+  auto* g = static_cast<OverlapGate*>(user);
+  if (g->waited) return;
+  g->waited = true;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!g->other_done && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  g->overlapped = g->other_done.load();
+}
 
 }  // namespace
 
@@ -192,6 +212,45 @@ int main(int argc, char** argv) {
   done = true;
   stats.join();
   moelite_model_free(m);
+
+  // Every expert resident on the CPU: contexts evaluate at the same time, each on a backend
+  // instance of its own. That they overlap is shown, not assumed: context A waits inside its first
+  // MoE layer until context B has run a whole evaluation, which B could not if they took turns (A
+  // would give up after 60 s and the check fails). Then workers as above, bitwise.
+  {
+    moelite_model* res = load(path, 0);
+    if (!res) return 1;
+    OverlapGate gate;
+    moelite_context* a = context(res, nullptr, nullptr, hold_until_other_done, &gate);
+    moelite_context* b = context(res, nullptr, nullptr);
+    std::thread ta([&] {
+      std::vector<float> got;
+      check(run(a, prompt(0, kTokens), n_vocab, &got) && got == ref[0], "held context: logits differ");
+    });
+    std::thread tb([&] {
+      std::vector<float> got;
+      check(run(b, prompt(1, kTokens), n_vocab, &got) && got == ref[1], "free context: logits differ");
+      gate.other_done = true;
+    });
+    ta.join();
+    tb.join();
+    check(gate.overlapped.load(), "contexts of a resident model did not evaluate at the same time");
+    moelite_context_free(a);
+    moelite_context_free(b);
+    std::vector<std::thread> parallel;
+    for (int w = 0; w < kWorkers; ++w)
+      parallel.emplace_back([&, w] {
+        moelite_context* c = context(res, nullptr, nullptr);
+        for (int r = 0; r < kRounds; ++r) {
+          std::vector<float> got;
+          const bool ok = run(c, prompt(w, kTokens), n_vocab, &got);
+          check(ok && got == ref[w], "parallel worker " + std::to_string(w) + ": logits differ");
+        }
+        moelite_context_free(c);
+      });
+    for (std::thread& t : parallel) t.join();
+    moelite_model_free(res);
+  }
 
   // Freeing a model races the freeing of its contexts on other threads: the reference count
   // decides who releases it, exactly once (ThreadSanitizer and ASan watch this).

@@ -144,6 +144,8 @@ class Status(enum.IntEnum, metaclass=_DeprecatedAliasMeta):
     ERR_BAD_TOKEN = 41
     ERR_ABORTED = 42
     ERR_PROGRESS_ABORTED = 43  # a progress callback asked to stop loading or calibrating
+    ERR_BAD_SESSION = 50  # a saved session is not one, truncated, corrupt or of another version
+    ERR_SESSION_MISMATCH = 51  # a saved session of another model, or larger than the context
     ERR_INTERNAL = 99
     ERR_CANCELLED = 43  # deprecated alias of ERR_PROGRESS_ABORTED
 
@@ -1598,6 +1600,19 @@ class Context:
                 raise exc
             if st != 0:
                 raise MoeliteError(st, msg)
+
+    def save(self, path: PathLike) -> None:
+        """Saves every sequence's tokens and KV cache to `path`, atomically (moelite_context_save)."""
+        self._preempt()
+        with self._lock:
+            _check(_c.moelite_context_save(self._handle(), os.fsencode(os.fspath(path))))
+
+    def load(self, path: PathLike) -> None:
+        """Restores a state saved with save() (moelite_context_load); the context is unchanged on
+        ERR_FILE_NOT_FOUND, ERR_BAD_SESSION or ERR_SESSION_MISMATCH."""
+        self._preempt()
+        with self._lock:
+            _check(_c.moelite_context_load(self._handle(), os.fsencode(os.fspath(path))))
 
     @property
     def n_seq(self) -> int:

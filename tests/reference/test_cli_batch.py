@@ -1,0 +1,115 @@
+"""`moelite batch`: JSON-lines requests decoded together. A request's output must not depend on what
+it was batched with (its logits are those of running it alone and its sampler is seeded from --seed
+and its line), so the results of --n-seq 4 must equal those of --n-seq 1 line for line, and a
+request's text must equal `moelite run` on the same prompt with the same seed. Bad lines are
+answered in place; results come out in input order. Also `moelite bench --n-seq`'s JSON."""
+import json
+import os
+import subprocess
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BIN = os.environ.get("MOELITE_BIN", os.path.join(ROOT, "build", "bin", "moelite"))
+TMP = os.path.join(os.environ.get("MOELITE_TEST_TMP", "/tmp/moelite-ref-tests"), "cli-batch")
+MODEL = os.path.join(ROOT, "models", "moelite-tiny-qwen3moe-Q8_0.gguf")
+
+REQUESTS = [
+    {"id": "first", "prompt": "def fibonacci(n):", "max_tokens": 24},
+    {"id": 7, "prompt": "import os\n", "max_tokens": 5},
+    {"prompt": "The Python standard library", "max_tokens": 40},
+    "this line is not JSON",
+    {"id": "chat", "messages": [{"role": "user", "content": "What is a list comprehension?"}], "max_tokens": 16},
+    {"id": "no prompt", "max_tokens": 3},
+    {"id": "zero", "prompt": "x", "max_tokens": 0},
+    {"id": "last", "prompt": "class Point:\n    def __init__(self", "max_tokens": 30},
+]
+
+
+def write_requests():
+    os.makedirs(TMP, exist_ok=True)
+    path = os.path.join(TMP, "requests.jsonl")
+    with open(path, "w") as f:
+        for r in REQUESTS:
+            f.write((r if isinstance(r, str) else json.dumps(r)) + "\n\n")  # blank lines are skipped
+    return path
+
+
+def batch(n_seq, *extra):
+    out = os.path.join(TMP, "out-%d.jsonl" % n_seq)
+    r = subprocess.run([BIN, "batch", "-m", MODEL, "-t", "2", "-f", write_requests(), "-o", out, "--n-seq", str(n_seq),
+                        "-c", "256", "-b", "16", "--temp", "0.8", "--seed", "11", *extra], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "requests" in r.stderr
+    return [json.loads(line) for line in open(out)]
+
+
+def test_results_do_not_depend_on_the_batch():
+    one, four = batch(1), batch(4)
+    assert one == four
+    assert [r["index"] for r in four] == list(range(len(REQUESTS)))
+    assert [r.get("id") for r in four] == ["first", 7, None, None, "chat", "no prompt", "zero", "last"]
+    assert "error" in four[3] and "line 4" in four[3]["error"]
+    assert "error" in four[5] and "prompt" in four[5]["error"]
+    assert four[6]["generated_tokens"] == 0 and four[6]["text"] == ""
+    assert four[1]["generated_tokens"] <= 5
+    for r in (four[0], four[2], four[4], four[7]):
+        assert r["stop"] in ("end", "length") and 0 < r["generated_tokens"]
+        assert r["generated_tokens"] <= REQUESTS[r["index"]]["max_tokens"]
+        assert (r["stop"] == "length") == (r["generated_tokens"] == REQUESTS[r["index"]]["max_tokens"])
+
+
+def test_a_request_equals_moelite_run():
+    results = batch(4)
+    # Request 0 has the sampler seed 11 + 0: the same draws as `run --seed 11`.
+    r = subprocess.run([BIN, "run", "-m", MODEL, "-t", "2", "-p", REQUESTS[0]["prompt"], "-n", "24", "--temp", "0.8",
+                        "--seed", "11"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == results[0]["text"]
+
+
+def test_stop_strings_cut_the_text():
+    results = batch(2, "--stop", "(")
+    for r in results:
+        if "text" in r:
+            assert "(" not in r["text"]
+    assert any(r.get("stop") == "stop" for r in results)
+
+
+def test_bad_arguments():
+    for args, message in ((["--n-seq", "0"], "--n-seq"), (["--n-seq", "257"], "--n-seq"), ([], "-f")):
+        full = [BIN, "batch", "-m", MODEL, *args] + ([] if "-f" == message else ["-f", write_requests()])
+        r = subprocess.run(full, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_bench_reports_all_sequences():
+    r = subprocess.run([BIN, "bench", "-m", MODEL, "-t", "2", "-p", "8", "-n", "4", "--n-seq", "3", "--no-membw",
+                        "--json"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    assert d["n_seq"] == 3
+    assert abs(d["decode_tok_s_per_seq"] * 3 - d["decode_tok_s"]) < 1e-2 * d["decode_tok_s"]
+
+
+def test_run_reuses_a_saved_session():
+    session = os.path.join(TMP, "run.session")
+    if os.path.exists(session):
+        os.remove(session)
+    os.makedirs(TMP, exist_ok=True)
+    args = [BIN, "run", "-m", MODEL, "-t", "2", "-p", "def fibonacci(n):\n    if n < 2:", "-n", "10", "--temp", "0",
+            "--session", session]
+    first = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert "(0 cached)" in first.stderr and os.path.getsize(session) > 0
+    second = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    assert "restored" in second.stderr and "(0 cached)" not in second.stderr
+    assert second.stdout == first.stdout  # the restored cache gives the same greedy answer
+    with open(session, "r+b") as f:  # a corrupt session is an error, not a silent recompute
+        f.seek(60)
+        b = f.read(1)
+        f.seek(60)
+        f.write(bytes([b[0] ^ 0xFF]))
+    bad = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "MOELITE_ERR_BAD_SESSION" in bad.stderr, bad.stderr
