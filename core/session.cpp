@@ -84,6 +84,7 @@ class Writer {
     memcpy(out_->data() + at, &v, sizeof v);
   }
   void bytes(const void* p, size_t n) {
+    if (n == 0) return;  // p may be null (an empty vector's data)
     const size_t at = out_->size();
     out_->resize(at + n);
     memcpy(out_->data() + at, p, n);
@@ -317,8 +318,8 @@ Status Context::load(const std::string& path) {
       // Copied out of the byte stream: its floats need not be aligned.
       keys.resize(static_cast<size_t>(n - first) * row);
       vals.resize(shape.values ? keys.size() : 0);
-      memcpy(keys.data(), s.keys[static_cast<size_t>(l)], keys.size() * sizeof(float));
-      if (shape.values) memcpy(vals.data(), s.values[static_cast<size_t>(l)], vals.size() * sizeof(float));
+      if (!keys.empty()) memcpy(keys.data(), s.keys[static_cast<size_t>(l)], keys.size() * sizeof(float));
+      if (!vals.empty()) memcpy(vals.data(), s.values[static_cast<size_t>(l)], vals.size() * sizeof(float));
       for (int32_t p = first; p < n;) {
         const int32_t slot = p % slots, run = std::min(n - p, slots - slot);
         const size_t at = static_cast<size_t>(p - first) * row;
@@ -336,7 +337,7 @@ Status Context::load(const std::string& path) {
         for (int32_t p = first; p < n; ++p) seq.ring_pos[static_cast<size_t>(p % slots)] = p;
     }
     seq.tokens.resize(s.length);
-    memcpy(seq.tokens.data(), s.tokens, size_t{s.length} * 4);
+    if (s.length > 0) memcpy(seq.tokens.data(), s.tokens, size_t{s.length} * 4);
     seq.n_past = static_cast<int32_t>(s.length);
   }
   return MOELITE_OK;

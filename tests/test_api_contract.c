@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "moelite.h"
 
@@ -942,6 +943,29 @@ static void test_gaps(void) {
     CHECK(moelite_context_load(sc, NULL) == MOELITE_ERR_INVALID_ARGUMENT);
     CHECK(moelite_context_load(sc, "/nonexistent/dir/x.session") == MOELITE_ERR_FILE_NOT_FOUND);
     CHECK(moelite_context_save(sc, "/nonexistent/dir/x.session") == MOELITE_ERR_IO);
+    /* A round trip through a file (under the sanitizers too): the restored context goes on exactly
+       as the saved one, and a second sequence decodes beside it. */
+    const int32_t toks[6] = {3, 17, 99, 5, 42, 7}, seq_ids[2] = {0, 1}, two[2] = {7, 7};
+    char session_path[512];
+    const char* tmpdir = getenv("TMPDIR");
+    snprintf(session_path, sizeof session_path, "%s/moelite-api-contract-%ld.session", tmpdir ? tmpdir : "/tmp",
+             (long)getpid());
+    CHECK(moelite_eval(sc, toks, 5, 0) == MOELITE_OK);
+    CHECK(moelite_context_save(sc, session_path) == MOELITE_OK);
+    moelite_context_params* two_seq = moelite_context_params_create();
+    CHECK(moelite_context_params_set_n_seq(two_seq, 2) == MOELITE_OK);
+    CHECK(moelite_context_params_set_n_seq(two_seq, 0) == MOELITE_ERR_INVALID_ARGUMENT);
+    moelite_context* rc = NULL;
+    CHECK(moelite_context_create(m, two_seq, &rc) == MOELITE_OK && moelite_context_n_seq(rc) == 2);
+    moelite_context_params_free(two_seq);
+    CHECK(moelite_context_load(rc, session_path) == MOELITE_OK && moelite_context_seq_length(rc, 0) == 5);
+    CHECK(moelite_eval(sc, toks + 5, 1, 0) == MOELITE_OK);
+    CHECK(moelite_eval_batch(rc, two, seq_ids, NULL, 2) == MOELITE_OK);
+    const int64_t nv = moelite_model_get(m, MOELITE_MODEL_N_VOCAB);
+    CHECK(memcmp(moelite_get_logits(sc, -1), moelite_get_logits(rc, 0), (size_t)nv * sizeof(float)) == 0);
+    CHECK(moelite_context_seq_length(rc, 1) == 1 && moelite_context_seq_truncate(rc, 2, 0) == MOELITE_ERR_INVALID_ARGUMENT);
+    remove(session_path);
+    moelite_context_free(rc);
     moelite_context_free(sc);
   }
   moelite_model_free(m);
