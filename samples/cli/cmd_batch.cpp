@@ -19,9 +19,11 @@
 #include <vector>
 
 #include "cli.h"
-#include "json_value.h"
+#include "core/json.h"  // the library's strict JSON reader (the CLI links the static archive)
 
 namespace cli {
+
+namespace json = moelite::json;
 
 namespace {
 
@@ -63,58 +65,52 @@ double now() {
   return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
-std::string number_json(double x) {
-  char buf[32];
-  snprintf(buf, sizeof buf, "%.17g", x);
-  return buf;
-}
-
 // Reads one request line. Errors in a line answer that request, never the whole run.
 Request read_request(moelite_model* model, const std::string& line, int64_t index, int32_t default_max) {
   Request r;
   r.max_tokens = default_max;
-  JsonValue v;
+  json::Value v;
   std::string err;
-  if (!parse_json(line, &v, &err)) {
-    r.error = "line " + std::to_string(index + 1) + ": " + err;
+  if (!json::parse(line, &v, &err)) {
+    r.error = "line " + std::to_string(index + 1) + " is not JSON (" + err + ")";
     return r;
   }
-  if (v.kind != JsonValue::Kind::Object) {
+  if (!v.is_object()) {
     r.error = "line " + std::to_string(index + 1) + ": expected an object";
     return r;
   }
-  if (const JsonValue* id = v.find("id")) {
-    if (id->kind == JsonValue::Kind::String) r.id_json = "\"" + json_escape(id->text) + "\"";
-    else if (id->kind == JsonValue::Kind::Number) r.id_json = number_json(id->number);
+  if (const json::Value* id = v.find("id")) {
+    if (id->is_string()) r.id_json = json::quote(id->string);
+    else if (id->is_number()) r.id_json = json::number(id->number);
   }
-  if (const JsonValue* mt = v.find("max_tokens")) {
-    if (mt->kind != JsonValue::Kind::Number || mt->number < 0 || mt->number > 1e9 || mt->number != std::floor(mt->number)) {
+  if (const json::Value* mt = v.find("max_tokens")) {
+    if (!mt->is_number() || mt->number < 0 || mt->number > 1e9 || mt->number != std::floor(mt->number)) {
       r.error = "\"max_tokens\" must be a whole number >= 0";
       return r;
     }
     r.max_tokens = static_cast<int32_t>(mt->number);
   }
-  const JsonValue* prompt = v.find("prompt");
-  const JsonValue* messages = v.find("messages");
+  const json::Value* prompt = v.find("prompt");
+  const json::Value* messages = v.find("messages");
   moelite_status st = MOELITE_OK;
   int32_t n = 0;
-  if (prompt && prompt->kind == JsonValue::Kind::String) {
-    const std::string& text = prompt->text;
+  if (prompt && prompt->is_string()) {
+    const std::string& text = prompt->string;
     st = moelite_tokenize(model, text.data(), text.size(), MOELITE_TOKENIZE_ADD_SPECIAL, nullptr, 0, &n);
     if (st == MOELITE_ERR_BUFFER_TOO_SMALL || st == MOELITE_OK) {
       r.prompt.assign(static_cast<size_t>(n), 0);
       st = moelite_tokenize(model, text.data(), text.size(), MOELITE_TOKENIZE_ADD_SPECIAL, r.prompt.data(), n, &n);
     }
-  } else if (messages && messages->kind == JsonValue::Kind::Array) {
+  } else if (messages && messages->is_array()) {
     std::vector<moelite_chat_message> msgs;
-    for (const JsonValue& m : messages->items) {
-      const JsonValue* role = m.find("role");
-      const JsonValue* content = m.find("content");
-      if (!role || !content || role->kind != JsonValue::Kind::String || content->kind != JsonValue::Kind::String) {
+    for (const json::Value& m : messages->array) {
+      const json::Value* role = m.find("role");
+      const json::Value* content = m.find("content");
+      if (!role || !content || !role->is_string() || !content->is_string()) {
         r.error = "each message needs string \"role\" and \"content\"";
         return r;
       }
-      msgs.push_back({role->text.c_str(), content->text.c_str()});
+      msgs.push_back({role->string.c_str(), content->string.c_str()});
     }
     st = moelite_chat_tokenize(model, msgs.data(), msgs.size(), 1, nullptr, 0, &n);
     if (st == MOELITE_ERR_BUFFER_TOO_SMALL || st == MOELITE_OK) {

@@ -1542,22 +1542,29 @@ class Context:
         the abort/routing callback raised. RuntimeError on a thread other than the main thread
         once the interpreter exits."""
         arr, n = _token_array(tokens)
+        self._evaluate(lambda h: _c.moelite_eval(h, arr, n, 1 if logits_all else 0))
+
+    def _evaluate(self, call) -> None:
+        """Runs call(handle), an evaluation, with the callbacks armed. An exception a callback raised
+        replaces the status; raised in the last layer's callback the call succeeded, so every
+        sequence is cut back to its length before it, as an abort would leave it."""
         self._preempt()
         with self._lock:
             h = self._handle()
             state = self._state
-            before = int(_c.moelite_context_kv_length(h))
+            before = [int(_c.moelite_context_seq_length(h, q)) for q in range(int(_c.moelite_context_n_seq(h)))]
             _exit_guard.enter()
             try:
                 state.begin()
-                st = int(_c.moelite_eval(h, arr, n, 1 if logits_all else 0))
+                st = int(call(h))
                 msg = _last_error() if st else ""
             finally:
                 _exit_guard.leave()
             exc = state.take()
             if exc is not None:
-                if st == 0:  # raised in the last layer's callback: undo, as an abort would
-                    _c.moelite_context_kv_truncate(h, before)
+                if st == 0:
+                    for q, length in enumerate(before):
+                        _c.moelite_context_seq_truncate(h, q, length)
                 raise exc
             if st != 0:
                 raise MoeliteError(st, msg)
@@ -1580,26 +1587,7 @@ class Context:
             if len(flags) != n:
                 raise ValueError("want_logits must have one flag per token")
             want_arr = (ctypes.c_uint8 * max(n, 1))(*flags)
-        self._preempt()
-        with self._lock:
-            h = self._handle()
-            state = self._state
-            before = [int(_c.moelite_context_seq_length(h, q)) for q in range(int(_c.moelite_context_n_seq(h)))]
-            _exit_guard.enter()
-            try:
-                state.begin()
-                st = int(_c.moelite_eval_batch(h, arr, id_arr, want_arr, n))
-                msg = _last_error() if st else ""
-            finally:
-                _exit_guard.leave()
-            exc = state.take()
-            if exc is not None:
-                if st == 0:  # raised in the last layer's callback: undo, as an abort would
-                    for q, length in enumerate(before):
-                        _c.moelite_context_seq_truncate(h, q, length)
-                raise exc
-            if st != 0:
-                raise MoeliteError(st, msg)
+        self._evaluate(lambda h: _c.moelite_eval_batch(h, arr, id_arr, want_arr, n))
 
     def save(self, path: PathLike) -> None:
         """Saves every sequence's tokens and KV cache to `path`, atomically (moelite_context_save)."""

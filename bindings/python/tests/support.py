@@ -16,3 +16,15 @@ from moelite_gguf.reader import GGUFReader  # noqa: E402,F401
 
 MODEL = os.environ.get("MOELITE_EXIT_TEST_MODEL") or os.path.join(REPO, "models", "moelite-tiny-qwen3moe-Q8_0.gguf")
 HEADER = os.path.join(REPO, "include", "moelite.h")
+
+
+def tiny_model(name, *args):
+    """A model made by tools/make_tiny_model.py with `args`, cached under MOELITE_TEST_TMP by name."""
+    import subprocess
+    tmp = os.environ.get("MOELITE_TEST_TMP", "/tmp/moelite-py-tests")
+    os.makedirs(tmp, exist_ok=True)
+    path = os.path.join(tmp, "py-%s.gguf" % name)
+    if not os.path.exists(path):
+        subprocess.run([sys.executable, os.path.join(REPO, "tools", "make_tiny_model.py"), *args, "--out", path,
+                        "--quiet"], check=True)
+    return path

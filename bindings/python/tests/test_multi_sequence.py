@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from support import REPO
+from support import REPO, tiny_model
 
 import moelite
 
@@ -23,12 +23,7 @@ DECODE_STEPS = 6
 
 
 def _tiny(name, *args):
-    os.makedirs(TMP, exist_ok=True)
-    path = os.path.join(TMP, "py-multiseq-%s.gguf" % name)
-    if not os.path.exists(path):
-        subprocess.run([sys.executable, os.path.join(REPO, "tools", "make_tiny_model.py"), *args, "--out", path,
-                        "--quiet"], check=True)
-    return path
+    return tiny_model("multiseq-" + name, *args)
 
 
 MODELS = {

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from support import PKG_DIR, REPO
+from support import PKG_DIR, REPO, tiny_model
 
 import moelite
 
@@ -19,12 +19,7 @@ TMP = os.path.join(os.environ.get("MOELITE_TEST_TMP", "/tmp/moelite-py-tests"), 
 
 
 def _tiny(name, *args):
-    os.makedirs(TMP, exist_ok=True)
-    path = os.path.join(TMP, "%s.gguf" % name)
-    if not os.path.exists(path):
-        subprocess.run([sys.executable, os.path.join(REPO, "tools", "make_tiny_model.py"), *args, "--out", path,
-                        "--quiet"], check=True)
-    return path
+    return tiny_model("sessions-" + name, *args)
 
 
 MODELS = {
