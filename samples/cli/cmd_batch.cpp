@@ -271,29 +271,31 @@ int cmd_batch(int argc, char** argv) {
   std::vector<int32_t> tokens, seqs, slot_of;
   std::vector<uint8_t> want;
   while (finished < requests.size()) {
-    // Admit waiting requests into free sequences.
-    for (size_t q = 0; q < slots.size() && next_request < requests.size(); ++q) {
-      if (slots[q].request >= 0) continue;
-      const int64_t index = static_cast<int64_t>(next_request++);
-      const Request& r = requests[static_cast<size_t>(index)];
-      if (!r.error.empty() || r.prompt.size() >= static_cast<size_t>(n_ctx)) {
-        const std::string why = r.error.empty() ? "the prompt's " + std::to_string(r.prompt.size()) +
-                                                      " tokens do not fit the context (-c " + std::to_string(n_ctx) + ")"
-                                                : r.error;
-        finish(index, "{\"id\": " + r.id_json + ", \"index\": " + std::to_string(index) + ", \"error\": \"" +
-                          json_escape(why) + "\"}");
-        --q;  // the slot is still free
-        continue;
+    // Admit waiting requests into free sequences; a request that cannot run (or asks for no
+    // tokens) is answered at once and the sequence takes the next one.
+    for (size_t q = 0; q < slots.size(); ++q) {
+      while (slots[q].request < 0 && next_request < requests.size()) {
+        const int64_t index = static_cast<int64_t>(next_request++);
+        const Request& r = requests[static_cast<size_t>(index)];
+        if (!r.error.empty() || r.prompt.size() >= static_cast<size_t>(n_ctx)) {
+          const std::string why = r.error.empty() ? "the prompt's " + std::to_string(r.prompt.size()) +
+                                                        " tokens do not fit the context (-c " + std::to_string(n_ctx) + ")"
+                                                  : r.error;
+          finish(index, "{\"id\": " + r.id_json + ", \"index\": " + std::to_string(index) + ", \"error\": \"" +
+                            json_escape(why) + "\"}");
+          continue;
+        }
+        Slot& s = slots[q];
+        s.request = index;
+        // Each request's sampler: the run's settings with a seed of its own, from --seed and its line.
+        if (moelite_generate_params_set_seed(gp, static_cast<uint64_t>(seed) + static_cast<uint64_t>(index)) !=
+                MOELITE_OK ||
+            moelite_sampler_create(gp, &s.sampler) != MOELITE_OK)
+          return report(MOELITE_ERR_OUT_OF_MEMORY, "creating a sampler");
+        (void)moelite_sampler_accept(s.sampler, r.prompt.data(), static_cast<int32_t>(r.prompt.size()));
+        (void)moelite_context_seq_truncate(ctx, static_cast<int32_t>(q), 0);
+        if (r.max_tokens == 0) finish_slot(s, "length");
       }
-      Slot& s = slots[q];
-      s.request = index;
-      // Each request's sampler: the run's settings with a seed of its own, from --seed and its line.
-      if (moelite_generate_params_set_seed(gp, static_cast<uint64_t>(seed) + static_cast<uint64_t>(index)) != MOELITE_OK ||
-          moelite_sampler_create(gp, &s.sampler) != MOELITE_OK)
-        return report(MOELITE_ERR_OUT_OF_MEMORY, "creating a sampler");
-      (void)moelite_sampler_accept(s.sampler, r.prompt.data(), static_cast<int32_t>(r.prompt.size()));
-      (void)moelite_context_seq_truncate(ctx, static_cast<int32_t>(q), 0);
-      if (r.max_tokens == 0) finish_slot(s, "length");
     }
     // One step: the next token of every decoding request first (they never wait), then prompt
     // chunks of the others in the room left.
