@@ -16,6 +16,7 @@ from support import PKG_DIR, REPO, tiny_model
 import moelite
 
 TMP = os.path.join(os.environ.get("MOELITE_TEST_TMP", "/tmp/moelite-py-tests"), "sessions")
+os.makedirs(TMP, exist_ok=True)
 
 
 def _tiny(name, *args):
