@@ -763,10 +763,11 @@ MOELITE_API moelite_status moelite_context_expert_stats(const moelite_context* c
     std::vector<moelite::ExpertLayerStats> store = k.store;
     store.resize(static_cast<size_t>(n_layer));
     moelite_expert_stats total = sum_expert_stats(store, layer, out->struct_size);
+    const std::vector<uint64_t>&tokens = c->impl->routed_tokens(), &experts = c->impl->routed_experts();
     for (int32_t l = 0; l < n_layer; ++l) {
-      if ((layer >= 0 && l != layer) || static_cast<size_t>(l) >= k.routed_tokens.size()) continue;
-      total.routed_tokens += k.routed_tokens[static_cast<size_t>(l)];
-      total.routed_experts += k.routed_experts[static_cast<size_t>(l)];
+      if (layer >= 0 && l != layer) continue;
+      total.routed_tokens += tokens[static_cast<size_t>(l)];
+      total.routed_experts += experts[static_cast<size_t>(l)];
     }
     if (layer < 0) total.read_busy_seconds = k.read_busy_seconds;
     memcpy(out, &total, moelite::api::expert_stats_bytes(out->struct_size));

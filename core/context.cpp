@@ -210,8 +210,6 @@ void Context::reset_counters() {
   counters_ = ExpertCounters{};
   std::fill(state_.routed_tokens.begin(), state_.routed_tokens.end(), 0);
   std::fill(state_.routed_experts.begin(), state_.routed_experts.end(), 0);
-  counters_.routed_tokens = state_.routed_tokens;
-  counters_.routed_experts = state_.routed_experts;
 }
 
 Status Context::eval(const int32_t* tokens, int32_t n_tokens, bool logits_all) {
@@ -276,8 +274,6 @@ Status Context::eval_seqs(const int32_t* tokens, const int32_t* seq_ids, const u
     ~Accrue() {
       try {
         self->counters_.accrue(before, ExpertCounters::take(self->runtime_));
-        self->counters_.routed_tokens = self->state_.routed_tokens;
-        self->counters_.routed_experts = self->state_.routed_experts;
       } catch (...) {  // out of memory: the context's counters miss this evaluation
       }
     }
@@ -294,8 +290,8 @@ Status Context::eval_seqs(const int32_t* tokens, const int32_t* seq_ids, const u
     for (int32_t j = done; j < done + n; ++j) {
       const int32_t i = order[static_cast<size_t>(j)], q = seq_of(i), row = j - done;
       Sequence& seq = seqs_[static_cast<size_t>(q)];
-      if (s.segments.empty() || s.segments.back().kv != &seq.kv)
-        s.segments.push_back(AttentionSegment{&seq.kv, row, 0, seq.n_past});
+      if (s.segments.empty() || s.segments.back().seq != q)
+        s.segments.push_back(AttentionSegment{q, &seq.kv, row, 0, seq.n_past});
       const int32_t pos = s.segments.back().pos0 + s.segments.back().n++;
       batch_tokens.push_back(tokens[i]);
       s.positions.push_back(pos);
@@ -327,9 +323,7 @@ Status Context::eval_seqs(const int32_t* tokens, const int32_t* seq_ids, const u
       }
       return st;
     }
-    for (const AttentionSegment& g : s.segments)
-      for (Sequence& seq : seqs_)
-        if (&seq.kv == g.kv) seq.n_past += g.n;
+    for (const AttentionSegment& g : s.segments) seqs_[static_cast<size_t>(g.seq)].n_past += g.n;
     rows_done += static_cast<int32_t>(head_rows.size());
     done += n;
   }

@@ -24,13 +24,11 @@ struct ContextOptions {
 };
 
 // Expert-store counters as they stood at one moment, or accrued over a context's evaluations (per
-// layer), and the context's routing counters.
+// layer). The context's routing counters are its EvalState's (Context::routed_tokens).
 struct ExpertCounters {
   std::vector<ExpertLayerStats> store;
-  std::vector<uint64_t> routed_tokens, routed_experts;
   double read_busy_seconds = 0;
 
-  // The store's counters now (the routing counters are the context's own: EvalState).
   static ExpertCounters take(const Runtime& runtime);
   // Adds after - before (a counter that went down was reset meanwhile: its new value is added).
   void accrue(const ExpertCounters& before, const ExpertCounters& after);
@@ -83,8 +81,10 @@ class Context {
     opts_.abort = fn;
     opts_.abort_user = user;
   }
-  // What the store and the router counted during this context's evaluations.
+  // What the store and the router counted during this context's evaluations (per layer).
   const ExpertCounters& counters() const { return counters_; }
+  const std::vector<uint64_t>& routed_tokens() const { return state_.routed_tokens; }
+  const std::vector<uint64_t>& routed_experts() const { return state_.routed_experts; }
   // Whether the context has a backend instance of its own and evaluates while other contexts of
   // the model do (resident experts on a backend with create_peer); otherwise contexts take turns.
   bool evaluates_concurrently() const { return own_backend_ != nullptr; }

@@ -39,6 +39,7 @@ struct MlaScratch {
 // sequence's cache. A batch of several sequences is ordered so each sequence's rows are adjacent:
 // every other operation works row by row, so only attention needs to know where sequences begin.
 struct AttentionSegment {
+  int32_t seq = 0;  // the context's sequence
   KvCache* kv = nullptr;
   int32_t row0 = 0, n = 0, pos0 = 0;
 };

@@ -23,12 +23,6 @@ void RoutingCounters::add(int32_t layer, uint64_t tokens, uint64_t experts) {
   experts_[static_cast<size_t>(layer)] += experts;
 }
 
-void RoutingCounters::snapshot(std::vector<uint64_t>* tokens, std::vector<uint64_t>* experts) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  *tokens = tokens_;
-  *experts = experts_;
-}
-
 void RoutingCounters::totals(int32_t layer, uint64_t* tokens, uint64_t* experts) const {
   std::lock_guard<std::mutex> lock(mu_);
   *tokens = *experts = 0;

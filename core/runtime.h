@@ -30,8 +30,6 @@ class RoutingCounters {
   void add(int32_t layer, uint64_t tokens, uint64_t experts);
   // Sums over `layer` (-1: all layers).
   void totals(int32_t layer, uint64_t* tokens, uint64_t* experts) const;
-  // Per-layer copies of both counters.
-  void snapshot(std::vector<uint64_t>* tokens, std::vector<uint64_t>* experts) const;
 
  private:
   mutable std::mutex mu_;
