@@ -150,6 +150,9 @@ class Backend {
   [[nodiscard]] virtual Status create_peer(std::unique_ptr<Backend>* out) {
     return fail(MOELITE_ERR_NOT_IMPLEMENTED, "%s: contexts take turns on one instance", name());
   }
+  // Peers evaluating at the same time share the machine's cores: the next operations use at most
+  // `n` of this instance's threads (clamped to 1..n_threads(); n_threads() gives them all back).
+  virtual void limit_threads(int32_t n) {}
 
   // ---- memory
   // Host memory this backend computes on in place (a unified-memory GPU's host-visible device

@@ -554,6 +554,25 @@ MOELITE_API moelite_status moelite_model_measure_device_bandwidth(moelite_model*
   });
 }
 
+MOELITE_API moelite_status moelite_model_trace_begin(moelite_model* model, const char* path) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!model) return null_arg(api_fn, "model");
+    if (!path) return null_arg(api_fn, "path");
+    if (!model->runtime) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: a vocabulary-only or inspected model runs nothing to trace", api_fn);
+    return model->runtime->begin_trace(path);
+  });
+}
+
+MOELITE_API moelite_status moelite_model_trace_end(moelite_model* model) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!model) return null_arg(api_fn, "model");
+    if (!model->runtime) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: no trace of this model is being recorded", api_fn);
+    return model->runtime->end_trace();
+  });
+}
+
 // ---- context parameters
 
 MOELITE_API moelite_context_params* moelite_context_params_create(void) {
@@ -759,7 +778,7 @@ MOELITE_API moelite_status moelite_context_expert_stats(const moelite_context* c
       return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: out->struct_size must be set", api_fn);
     const int32_t n_layer = c->impl->model().hp.n_layer;
     if (layer < -1 || layer >= n_layer) return fail(MOELITE_ERR_INVALID_ARGUMENT, "layer %d out of range", layer);
-    const moelite::ExpertCounters& k = c->impl->counters();
+    const moelite::ExpertCounters k = c->impl->counters();
     std::vector<moelite::ExpertLayerStats> store = k.store;
     store.resize(static_cast<size_t>(n_layer));
     moelite_expert_stats total = sum_expert_stats(store, layer, out->struct_size);

@@ -10,6 +10,7 @@
 #include "core/abort_scope.h"
 #include "core/adaptive/predictor.h"
 #include "core/arch/arch.h"
+#include "core/trace.h"
 #include "core/expert_store/expert_source.h"
 
 namespace moelite {
@@ -114,11 +115,22 @@ Status Context::create(const Model& model, Runtime& runtime, const ContextOption
   EvalState& s = c->state_;
   s.runtime = &runtime;
   s.backend = runtime.backend.get();
+  s.experts = runtime.experts.get();
+  if (runtime.store) {
+    c->store_client_ = runtime.store->open_client(&c->store_client_id_);
+    s.experts = c->store_client_.get();
+  }
   // With every expert resident nothing of the runtime changes during an evaluation but locked
   // counters, so a context with a backend instance of its own evaluates while others do. With a
-  // budget the store's slots, loads and predictors serve every context: they take turns
-  // (Runtime::eval_mutex), as do contexts of a backend with one command stream (no create_peer).
-  if (runtime.experts->all_resident()) {
+  // budget the store is shared: it admits each context's groups so that all of them can load
+  // (ExpertStore::open_client), and keeps each context's counters. Contexts still take turns
+  // (Runtime::eval_mutex) when a predictor hints the store (its guesses, their scoring and the
+  // predictor's online state follow one evaluation's layers) or cache-aware gating reads which
+  // experts are resident (a result would depend on another context's loads between two layers),
+  // and on a backend with one command stream (no create_peer).
+  const bool store_is_shared_safely =
+      runtime.store && !runtime.predictor && runtime.gating.mode != GatingMode::CacheAware;
+  if (runtime.experts->all_resident() || store_is_shared_safely) {
     std::unique_ptr<Backend> peer;
     if (runtime.backend->create_peer(&peer) == MOELITE_OK) {
       c->own_backend_ = std::move(peer);
@@ -173,12 +185,12 @@ Status Context::create(const Model& model, Runtime& runtime, const ContextOption
   return MOELITE_OK;
 }
 
-ExpertCounters ExpertCounters::take(const Runtime& runtime) {
+ExpertCounters ExpertCounters::take(const Runtime& runtime, int32_t client) {
   ExpertCounters c;
   // Without a store only the routing counters move (the context's store counters stay empty and
   // read as zeros), so a resident evaluation copies nothing else.
   if (runtime.store) {
-    c.store = runtime.store->stats();
+    c.store = runtime.store->client_stats(client);
     c.read_busy_seconds = runtime.store->read_busy_seconds();
   }
   return c;
@@ -188,8 +200,9 @@ void ExpertCounters::accrue(const ExpertCounters& before, const ExpertCounters& 
   auto add = [](auto& into, auto b, auto a) { into += a >= b ? a - b : a; };
   const size_t n = after.store.size();
   if (store.size() < n) store.resize(n);
-  for (size_t l = 0; l < n && l < before.store.size(); ++l) {
-    const ExpertLayerStats &b = before.store[l], &a = after.store[l];
+  const ExpertLayerStats none{};
+  for (size_t l = 0; l < n; ++l) {
+    const ExpertLayerStats &b = l < before.store.size() ? before.store[l] : none, &a = after.store[l];
     ExpertLayerStats& t = store[l];
     add(t.activations, b.activations, a.activations);
     add(t.hits, b.hits, a.hits);
@@ -206,8 +219,16 @@ void ExpertCounters::accrue(const ExpertCounters& before, const ExpertCounters& 
   add(read_busy_seconds, before.read_busy_seconds, after.read_busy_seconds);
 }
 
+ExpertCounters Context::counters() const {
+  ExpertCounters c;
+  c.accrue(counters_baseline_, ExpertCounters::take(runtime_, store_client_id_));
+  c.read_busy_seconds = read_busy_seconds_;
+  return c;
+}
+
 void Context::reset_counters() {
-  counters_ = ExpertCounters{};
+  counters_baseline_ = ExpertCounters::take(runtime_, store_client_id_);
+  read_busy_seconds_ = 0;
   std::fill(state_.routed_tokens.begin(), state_.routed_tokens.end(), 0);
   std::fill(state_.routed_experts.begin(), state_.routed_experts.end(), 0);
 }
@@ -263,21 +284,39 @@ Status Context::eval_seqs(const int32_t* tokens, const int32_t* seq_ids, const u
 
   // Waits below (this lock, the expert store's loads) poll this context's abort callback.
   AbortScope abort_scope(opts_.abort, opts_.abort_user);
+  state_.trace = std::atomic_load(&runtime_.trace);
+  const double trace_start = state_.trace ? TraceRecorder::now_us() : 0.0;
+  struct TraceEval {
+    EvalState& s;
+    double start;
+    int32_t n;
+    ~TraceEval() {
+      if (s.trace) s.trace->complete("evaluate", "context", "evaluation", start, TraceRecorder::now_us(), {{"tokens", n}});
+    }
+  } trace_eval{state_, trace_start, n_tokens};
   std::unique_lock<std::mutex> lock(runtime_.eval_mutex, std::defer_lock);
   if (!own_backend_) MOELITE_TRY(lock_abortable(&lock));
-  // Contexts that share the store evaluate one at a time, so what its counters gain meanwhile is
-  // this context's (a context of its own evaluates with every expert resident: no store).
-  const ExpertCounters before = ExpertCounters::take(runtime_);
-  struct Accrue {
-    Context* self;
-    const ExpertCounters& before;
-    ~Accrue() {
-      try {
-        self->counters_.accrue(before, ExpertCounters::take(self->runtime_));
-      } catch (...) {  // out of memory: the context's counters miss this evaluation
-      }
+  // Contexts evaluating at once split the cores (eval_batch sets this one's share per layer).
+  struct Concurrent {
+    std::atomic<int32_t>* count;
+    explicit Concurrent(std::atomic<int32_t>* c) : count(c) {
+      if (count) count->fetch_add(1);
     }
-  } accrue{this, before};
+    ~Concurrent() {
+      if (count) count->fetch_sub(1);
+    }
+  } concurrent(own_backend_ ? &runtime_.concurrent_evaluations : nullptr);
+  // The store keeps this context's counters apart from other contexts' (its client); the read-busy
+  // time is the storage's, shared with contexts evaluating at the same time.
+  struct AccrueBusy {
+    Context* self;
+    double before;
+    ~AccrueBusy() {
+      if (!self->runtime_.store) return;
+      const double after = self->runtime_.store->read_busy_seconds();
+      self->read_busy_seconds_ += after >= before ? after - before : after;  // lower: reset meanwhile
+    }
+  } accrue_busy{this, runtime_.store ? runtime_.store->read_busy_seconds() : 0.0};
   std::vector<int32_t> batch_tokens, head_rows;
   int32_t rows_done = 0;
   for (int32_t done = 0; done < n_tokens;) {
@@ -374,6 +413,10 @@ Status Context::eval_batch(const int32_t* tokens, int32_t n, const int32_t* head
   for (int32_t l = 0; l < hp.n_layer; ++l) {
     if (opts_.abort && opts_.abort(opts_.abort_user))
       return fail(MOELITE_ERR_ABORTED, "evaluation aborted by the abort callback at layer %d", l);
+    // Each layer takes this context's share of the threads as it stands now: all of them alone,
+    // an equal part while other contexts evaluate (a pool each would oversubscribe the cores).
+    if (own_backend_)
+      be.limit_threads(std::max(1, be.n_threads() / std::max(1, runtime_.concurrent_evaluations.load())));
     MOELITE_TRY(forward(m, s, l));
   }
   if (s.hooks) {
@@ -419,7 +462,7 @@ Status Context::predict_next_token(int32_t n) {
   MOELITE_TRY(be.read_rows(normed, 0, 1, s.host_b.data()));
   std::vector<Prediction> guesses;
   runtime_.predictor->after_token(s.host_b.data(), &guesses);
-  if (!guesses.empty()) runtime_.experts->hint(guesses, -1);
+  if (!guesses.empty()) s.experts->hint(guesses, -1);
   return MOELITE_OK;
 }
 

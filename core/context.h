@@ -23,13 +23,14 @@ struct ContextOptions {
   void* route_user = nullptr;
 };
 
-// Expert-store counters as they stood at one moment, or accrued over a context's evaluations (per
-// layer). The context's routing counters are its EvalState's (Context::routed_tokens).
+// Expert-store counters as they stood at one moment, or the difference of two such (per layer).
+// The context's routing counters are its EvalState's (Context::routed_tokens).
 struct ExpertCounters {
   std::vector<ExpertLayerStats> store;
   double read_busy_seconds = 0;
 
-  static ExpertCounters take(const Runtime& runtime);
+  // The store's counters of `client` (the context's) and the store's read-busy time.
+  static ExpertCounters take(const Runtime& runtime, int32_t client);
   // Adds after - before (a counter that went down was reset meanwhile: its new value is added).
   void accrue(const ExpertCounters& before, const ExpertCounters& after);
 };
@@ -81,12 +82,15 @@ class Context {
     opts_.abort = fn;
     opts_.abort_user = user;
   }
-  // What the store and the router counted during this context's evaluations (per layer).
-  const ExpertCounters& counters() const { return counters_; }
+  // What the store counted for this context since its creation or reset_counters() (per layer;
+  // read_busy_seconds: the storage's busy time during its evaluations).
+  ExpertCounters counters() const;
   const std::vector<uint64_t>& routed_tokens() const { return state_.routed_tokens; }
   const std::vector<uint64_t>& routed_experts() const { return state_.routed_experts; }
   // Whether the context has a backend instance of its own and evaluates while other contexts of
-  // the model do (resident experts on a backend with create_peer); otherwise contexts take turns.
+  // the model do: on a backend with create_peer, with every expert resident or with a budget when
+  // nothing makes an evaluation's result or its guesses depend on the store's state between its
+  // layers (no predictor, no cache-aware gating). Otherwise contexts take turns.
   bool evaluates_concurrently() const { return own_backend_ != nullptr; }
   void reset_counters();
   // Saved state (core/session.cpp): every sequence's tokens and cache rows, written atomically to
@@ -123,6 +127,9 @@ class Context {
   // This context's own backend instance (see evaluates_concurrently), or null: the runtime's.
   // Declared before state_, whose activations and caches it allocated, so it outlives them.
   std::unique_ptr<Backend> own_backend_;
+  // Under a budget: this context's client of the store (state_.experts), and its id.
+  std::unique_ptr<ExpertSource> store_client_;
+  int32_t store_client_id_ = -1;
   ContextOptions opts_;
   int32_t n_ctx_ = 0;
   std::vector<Sequence> seqs_;
@@ -132,7 +139,8 @@ class Context {
   int32_t logits_rows_ = 0;
   // After eval_seqs: the row of logits_ of each batch token (-1: none); empty after eval().
   std::vector<int32_t> logits_row_of_;
-  ExpertCounters counters_;
+  ExpertCounters counters_baseline_;  // the store's counters of this context at the last reset
+  double read_busy_seconds_ = 0;      // accrued over evaluations since then
 };
 
 }  // namespace moelite

@@ -1,6 +1,7 @@
 // Per-context evaluation state: the KV cache and the scratch activations of one forward pass.
 #pragma once
 #include <array>
+#include <memory>
 #include <vector>
 
 #include "backends/backend.h"
@@ -9,6 +10,8 @@
 namespace moelite {
 
 struct Runtime;
+class ExpertSource;
+class TraceRecorder;
 
 // Internal observers of a forward pass (calibration): host copies of hidden states, and a last
 // chance to change a layer's routing (sensitivity measurements). Not part of the public API.
@@ -47,6 +50,11 @@ struct AttentionSegment {
 struct EvalState {
   Runtime* runtime = nullptr;
   Backend* backend = nullptr;  // runtime->backend
+  // Where this context's routed experts come from: its client of the runtime's expert store, or
+  // the runtime's resident experts.
+  ExpertSource* experts = nullptr;
+  // The runtime's trace while one runs (taken at each evaluation's start), else null.
+  std::shared_ptr<TraceRecorder> trace;
   int32_t n_batch = 0;  // rows allocated in each scratch Act
   // The rotary embedding of this context: the model's, with the LongRoPE factors its length picks.
   RopeParams rope, rope_windowed;

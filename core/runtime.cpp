@@ -7,6 +7,7 @@
 #include "core/adaptive/profile.h"
 #include "core/adaptive/setup.h"
 #include "core/expert_store/expert_store.h"
+#include "core/trace.h"
 #include "platforms/system_info.h"
 
 namespace moelite {
@@ -34,9 +35,34 @@ void RoutingCounters::totals(int32_t layer, uint64_t* tokens, uint64_t* experts)
 }
 
 Runtime::~Runtime() {
+  // A trace still running when the model goes is written now (nobody is left to end it).
+  if (std::atomic_load(&trace) && end_trace() != MOELITE_OK)
+    log_msg(MOELITE_LOG_WARN, "the trace of this model could not be written: %s", last_error_message());
   predictor.reset();
   experts.reset();
   backend.reset();
+}
+
+Status Runtime::begin_trace(const std::string& path) {
+  std::lock_guard<std::mutex> lock(trace_mutex);
+  if (std::atomic_load(&trace))
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "a trace of this model is already being recorded (to '%s')",
+                trace_path.c_str());
+  auto recorder = std::make_shared<TraceRecorder>();
+  MOELITE_TRY(recorder->write(path));  // the path must take a file, or the run's trace would be lost at its end
+  trace_path = path;
+  if (store) store->set_trace(recorder);
+  std::atomic_store(&trace, recorder);
+  return MOELITE_OK;
+}
+
+Status Runtime::end_trace() {
+  std::lock_guard<std::mutex> lock(trace_mutex);
+  std::shared_ptr<TraceRecorder> recorder = std::atomic_load(&trace);
+  if (!recorder) return fail(MOELITE_ERR_INVALID_ARGUMENT, "no trace of this model is being recorded");
+  std::atomic_store(&trace, std::shared_ptr<TraceRecorder>());
+  if (store) store->set_trace(nullptr);
+  return recorder->write(trace_path);
 }
 
 namespace {

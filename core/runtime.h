@@ -2,13 +2,18 @@
 // memory-budgeted store), the calibration profile, the predictor, the gating rule and the routing
 // counters. One Runtime per loaded model, shared by all of its contexts.
 //
-// Threading: contexts of one model evaluate one at a time (eval_mutex), since they share the
-// backend's threads and scratch and the store's pins. Context::eval takes the lock by polling
-// try_lock, so a waiting context still honours its abort callback. The counters have their own lock so stats
-// can be read while another thread evaluates. The Model itself is never written after load.
+// Threading: contexts with a backend instance of their own (Backend::create_peer) evaluate at the
+// same time, sharing the expert store as its clients and splitting the threads
+// (concurrent_evaluations); the others take turns (eval_mutex): on a backend with one command
+// stream, with a predictor or with cache-aware gating (Context::create decides). Context::eval
+// takes the lock by polling try_lock, so a waiting context still honours its abort callback. The
+// counters have their own lock so stats can be read while another thread evaluates. The Model
+// itself is never written after load.
 #pragma once
+#include <atomic>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "backends/backend.h"
@@ -21,6 +26,7 @@ namespace moelite {
 class ExpertSource;
 class ExpertStore;
 class ExpertPredictor;
+class TraceRecorder;
 struct Profile;
 
 // Experts routed per layer after gating, and the (token, layer) pairs they serve.
@@ -50,6 +56,18 @@ struct Runtime {
   bool budget_auto = false;  // expert_budget was sized by budget "auto"
   AutoBudget auto_budget;    // its inputs and result (budget_auto.h)
   std::mutex eval_mutex;
+  // Contexts evaluating right now on backend instances of their own: they split the threads.
+  std::atomic<int32_t> concurrent_evaluations{0};
+  // The timeline being recorded (moelite_model_trace_begin), null when none: read with
+  // std::atomic_load by evaluating threads, so ending a trace never pulls it from under them.
+  std::shared_ptr<TraceRecorder> trace;
+  std::string trace_path;  // where end_trace() writes it (under trace_mutex)
+  std::mutex trace_mutex;
+  // Starts recording; MOELITE_ERR_INVALID_ARGUMENT when a trace runs, MOELITE_ERR_IO when `path`
+  // cannot be written (checked now by writing an empty trace there).
+  Status begin_trace(const std::string& path);
+  // Stops recording and writes the file; MOELITE_ERR_INVALID_ARGUMENT when none runs.
+  Status end_trace();
 
   ~Runtime();
   // Creates the backend, places the model's dense weights on it, and sets up the expert source,

@@ -18,11 +18,15 @@
  *    are valid for as long as the text says.
  *  - Threads. A moelite_model is immutable after loading: any number of threads may query it and
  *    create contexts from it concurrently. A moelite_context must be used by one thread at a time.
- *    Contexts of one model evaluate at the same time from different threads when every expert is
- *    resident (no expert budget) and the backend is the CPU's: each context then has its own
- *    worker threads and scratch. With an expert budget (the store's memory and loads serve every
- *    context) or a GPU backend (one command stream) they take turns, each evaluation waiting for
- *    the one before. Either way results are those of a context alone.
+ *    Contexts of one model evaluate at the same time from different threads when the backend is
+ *    the CPU's: each context then has its own worker threads and scratch. With an expert budget
+ *    they share the store (its slots never exceed the budget, and one read of an expert serves
+ *    every context using it): a layer's experts wait, if need be, until the pins they ask for fit
+ *    beside other contexts', first come first served, so every context makes progress. Contexts
+ *    take turns instead, each evaluation waiting for the one before, on a GPU backend (one
+ *    command stream), with a predictor (its guesses follow one evaluation's layers) and with
+ *    cache-aware gating (its choice reads what is resident). Either way results are those of a
+ *    context alone, and a context waiting for another honours its abort callback.
  *    Parameter objects are plain data owned by the caller; do not share one between threads while
  *    it is being modified.
  *  - ABI. Options are set through setters on opaque parameter objects and queries go through
@@ -493,6 +497,25 @@ MOELITE_API moelite_status moelite_model_meta_value(const moelite_model* model, 
  *  DRAM bandwidth instead) or cannot measure, MOELITE_ERR_OUT_OF_MEMORY, MOELITE_ERR_BACKEND. */
 MOELITE_API moelite_status moelite_model_measure_device_bandwidth(moelite_model* model, double* gb_per_s);
 
+/** Starts recording a timeline of this model's work to `path`, in the Chrome trace-event format
+ *  (JSON that Perfetto, ui.perfetto.dev, and chrome://tracing open): every context's evaluations
+ *  ("evaluate"), each MoE layer's routing ("route": layer, tokens, experts kept), each expert's
+ *  computation ("expert": layer, expert, rows, time waited for its down projection, or "experts"
+ *  for a resident layer at once) and each wait for a load ("wait for a load"), on the evaluating
+ *  thread; and on the expert store's loader threads each read ("read": layer, expert, bytes, time
+ *  queued before it started, speculative or not), with the prefetches issued, used, wasted and
+ *  dropped as instants. The file is written by moelite_model_trace_end, or when the model is freed
+ *  with a trace still running. Recording costs a clock read and an append per event; at most about
+ *  two million events are kept (the file counts the rest as dropped_events).
+ *  Errors: MOELITE_ERR_INVALID_ARGUMENT (NULL model or path, a vocabulary-only model, a trace
+ *  already running), MOELITE_ERR_IO when `path` cannot be written (checked now by writing an
+ *  empty trace there, so a long run cannot lose its trace at the end). Thread-safe. */
+MOELITE_API moelite_status moelite_model_trace_begin(moelite_model* model, const char* path);
+/** Stops the trace and writes it (atomically: a reader never sees half a file).
+ *  MOELITE_ERR_INVALID_ARGUMENT when no trace runs; MOELITE_ERR_IO when the file cannot be
+ *  written (the trace is stopped either way). Thread-safe. */
+MOELITE_API moelite_status moelite_model_trace_end(moelite_model* model);
+
 /** Comma-separated list of the architectures this build supports; static storage. */
 MOELITE_API const char* moelite_supported_archs(void);
 
@@ -659,7 +682,9 @@ MOELITE_API moelite_status moelite_context_params_set_abort_callback(moelite_con
                                                                      moelite_abort_fn fn, void* user_data);
 
 /** Observes routing: called once per MoE layer of every forward pass with the experts chosen for
- *  the batch's `n_tokens` tokens (sequence positions pos0 .. pos0 + n_tokens - 1):
+ *  the batch's `n_tokens` tokens (sequence positions pos0 .. pos0 + n_tokens - 1; in a pass of
+ *  moelite_eval_batch the rows are its tokens ordered by sequence id, each sequence's in the order
+ *  given, cut into passes of at most n_batch rows, and pos0 is the first row's position):
  *  experts[t * k + j] with weights[t * k + j] for slot j of token t, in top-k order, weights as
  *  applied (after renormalisation and adaptive gating; a slot dropped by adaptive gating has
  *  expert -1 and weight 0). The arrays are valid during the call only. Runs on the
@@ -780,9 +805,11 @@ MOELITE_API moelite_status moelite_context_seq_truncate(moelite_context* ctx, in
 MOELITE_API moelite_status moelite_context_get_tokens(const moelite_context* ctx, int32_t* tokens, int32_t capacity,
                                                       int32_t* n_tokens);
 /** Expert-store counters of this context's evaluations alone (moelite_model_expert_stats counts
- *  every context of the model): what changed in the store while this context evaluated, by
- *  layer or for all layers (layer -1). Speculative loads that finish or are wasted after its
- *  evaluation returned count for the model only. struct_size as for moelite_model_expert_stats.
+ *  every context of the model), by layer or for all layers (layer -1): the experts it asked for,
+ *  hit and missed, the bytes of the loads it started and its waits, kept apart from contexts
+ *  evaluating at the same time (the counters of all contexts add up to the model's).
+ *  read_busy_seconds is the storage's busy time while it evaluated, shared with such contexts.
+ *  Speculative loads that finish or are wasted after its evaluation returned count for it too. struct_size as for moelite_model_expert_stats.
  *  Thread-safety as for the context. MOELITE_ERR_INVALID_ARGUMENT for a bad layer, a NULL out or a
  *  struct_size below sizeof(size_t). */
 MOELITE_API moelite_status moelite_context_expert_stats(const moelite_context* ctx, int32_t layer,

@@ -38,11 +38,13 @@ std::string model_path() { return std::string(MOELITE_SOURCE_DIR) + "/models/moe
 std::string tmp_dir() { return std::string(MOELITE_BINARY_DIR) + "/test-tmp"; }
 double now() { return moelite::platform::now_seconds(); }
 
-moelite_model* load(uint64_t budget, int32_t use_mmap, const std::string& path = model_path()) {
+moelite_model* load(uint64_t budget, int32_t use_mmap, const std::string& path = model_path(),
+                    const char* predictor = nullptr) {
   moelite_model_params* p = moelite_model_params_create();
   moelite_model_params_set_threads(p, 2);
   moelite_model_params_set_backend(p, MOELITE_BACKEND_CPU);
   if (budget) moelite_model_params_set_expert_budget(p, budget);
+  if (predictor) moelite_model_params_set_predictor(p, predictor);
   moelite_model_params_set_use_mmap(p, use_mmap);
   moelite_model* m = nullptr;
   EXPECT_EQ(moelite_model_load(path.c_str(), p, &m), MOELITE_OK) << moelite_last_error();
@@ -209,7 +211,9 @@ TEST(IoRobustness, StalledReadTimesOut) {
 TEST(IoRobustness, AbortWhileWaitingForAnotherContext) {
   const std::vector<int32_t> toks = tokens(8);
   const std::vector<float> ref = reference(toks);
-  moelite_model* m = load(quarter_of_experts(), 1);
+  // A predictor makes contexts of a budgeted model take turns (its guesses follow one
+  // evaluation's layers); without one they would evaluate at the same time and B never wait.
+  moelite_model* m = load(quarter_of_experts(), 1, model_path(), "next-gate");
   struct Holder {
     std::atomic<bool> inside{false}, release{false};
   } holder;
@@ -246,6 +250,49 @@ TEST(IoRobustness, AbortWhileWaitingForAnotherContext) {
   // B is usable and exact.
   stop_b = false;
   EXPECT_EQ(moelite_context_kv_length(b), 0);
+  ASSERT_EQ(moelite_eval(b, toks.data(), 8, 0), MOELITE_OK) << moelite_last_error();
+  EXPECT_EQ(logits_of(b, m), ref);
+  moelite_context_free(a);
+  moelite_context_free(b);
+  moelite_model_free(m);
+}
+
+// Contexts sharing the store at its minimum budget (no predictor: they evaluate at the same time):
+// A's first read stalls for 2 s while A holds every slot but the reserve for its group, so B's
+// first layer waits to be admitted; B is aborted from a third thread and returns at once, its
+// sequence unchanged, and then evaluates exactly. A finishes unharmed.
+TEST(IoRobustness, AbortWhileWaitingForAnotherContextsExperts) {
+  const std::vector<int32_t> toks = tokens(8);
+  const std::vector<float> ref = reference(toks);
+  moelite_model* probe = load(0, 1);
+  const uint64_t minimum = static_cast<uint64_t>(moelite_model_get(probe, MOELITE_MODEL_EXPERT_MIN_BUDGET));
+  moelite_model_free(probe);
+  setenv("MOELITE_IO", "pread", 1);  // the stall hooks pread (read by each loader as it starts)
+  moelite_model* m = load(minimum, 1);
+  std::atomic<bool> stop_b{false};
+  moelite_context* a = context(m);
+  moelite_context* b = context(m, abort_when_set, &stop_b);
+  fault::arm_stall(fault::Kind::kRead, 1, 2.0);
+  auto a_done = std::async(std::launch::async, [&] { return moelite_eval(a, toks.data(), 1, 0); });
+  while (!fault::fired()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto b_done = std::async(std::launch::async, [&] {
+    const double t0 = now();
+    const moelite_status st = moelite_eval(b, toks.data(), 1, 0);
+    return std::make_pair(st, std::make_pair(now() - t0, std::string(moelite_last_error())));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  stop_b = true;
+  const bool b_returned = b_done.wait_for(std::chrono::seconds(1)) == std::future_status::ready;
+  EXPECT_TRUE(b_returned) << "the aborted context kept waiting for another context's experts";
+  const auto [st, info] = b_done.get();
+  EXPECT_EQ(st, MOELITE_ERR_ABORTED) << info.second;
+  EXPECT_NE(info.second.find("other contexts' experts"), std::string::npos) << info.second;
+  EXPECT_EQ(a_done.get(), MOELITE_OK) << moelite_last_error();
+  fault::disarm();
+  unsetenv("MOELITE_IO");
+  EXPECT_EQ(moelite_context_kv_length(b), 0);
+  stop_b = false;
+  moelite_context_kv_reset(a);
   ASSERT_EQ(moelite_eval(b, toks.data(), 8, 0), MOELITE_OK) << moelite_last_error();
   EXPECT_EQ(logits_of(b, m), ref);
   moelite_context_free(a);

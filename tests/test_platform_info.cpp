@@ -3,8 +3,10 @@
 // follow capacities and the allowed CPU set.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "backends/cpu/threadpool.h"
@@ -189,4 +191,43 @@ TEST(PlatformInfo, BigCoresIgnoreFrequencyBinning) {
   EXPECT_TRUE(mp::select_big_cores({2400000, 2400000, 2304000, 2304000}, {0, 1, 2, 3}).empty());
   // A hybrid x86 (P-cores 4.9 GHz, E-cores 3.6 GHz): the P-cores.
   EXPECT_EQ(mp::select_big_cores({4900000, 4900000, 3600000, 3600000}, {0, 1, 2, 3}), (std::vector<int>{0, 1}));
+}
+
+// Participants (contexts evaluating at once share the cores): every task runs exactly once, only
+// threads let in take part, and lowering and raising the count between calls, again and again and
+// with calls of one task between them, never leaves a call waiting for a worker that sleeps.
+TEST(PlatformInfo, ThreadPoolParticipantsShareTheCoresAndEveryCallJoins) {
+  std::unique_ptr<moelite::cpu::ThreadPool> pool;
+  ASSERT_EQ(moelite::cpu::ThreadPool::create(4, &pool), MOELITE_OK);
+  const int counts[] = {4, 1, 2, 4, 3, 1, 1, 4, 2, 2, 3};
+  for (int round = 0; round < 300; ++round) {
+    const int n = counts[round % (sizeof counts / sizeof counts[0])];
+    pool->set_participants(n);
+    EXPECT_EQ(pool->participants(), n);
+    const int64_t tasks = round % 7 == 0 ? 1 : 64;
+    std::vector<std::atomic<int>> runs(static_cast<size_t>(tasks));
+    std::atomic<int> max_thread{0};
+    pool->parallel_for(tasks, [&](int64_t t, int thread) {
+      runs[static_cast<size_t>(t)].fetch_add(1);
+      int seen = max_thread.load();
+      while (thread > seen && !max_thread.compare_exchange_weak(seen, thread)) {
+      }
+      if (round % 50 == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    });
+    for (const auto& r : runs) ASSERT_EQ(r.load(), 1) << "round " << round;
+    EXPECT_LT(max_thread.load(), n) << "a thread left out took part, round " << round;
+  }
+  pool->set_participants(0);  // clamped
+  EXPECT_EQ(pool->participants(), 1);
+  pool->set_participants(99);
+  EXPECT_EQ(pool->participants(), 4);
+  // With every thread let in again, all of them take part once tasks are long enough.
+  std::mutex mu;
+  std::set<int> threads;
+  pool->parallel_for(128, [&](int64_t, int thread) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::lock_guard<std::mutex> lock(mu);
+    threads.insert(thread);
+  });
+  EXPECT_EQ(threads.size(), 4u);
 }

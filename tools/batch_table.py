@@ -4,7 +4,12 @@ expert budgets: aggregate decode tokens/s, per-sequence tokens/s and bytes read 
 generated token, for each number of sequences. Writes JSON and a Markdown table.
 
     /usr/bin/python3 tools/batch_table.py -m MODEL [--n-seq 1,2,4,8,16] [--budgets 25%]
-        [--allocations uniform,global] [-t 2] [-p 16] [-n 16] [--peer PROGRAM] [--throttle R] [--json F] [--md F]
+        [--allocations uniform,global] [--contexts 2,4] [-t 2] [-p 16] [-n 16] [--peer PROGRAM] [--throttle R]
+        [--json F] [--md F]
+
+--contexts C,...: rows of C contexts decoding one sequence each on threads of their own at the same
+time (moelite bench --contexts C), sharing the model and, under a budget, its expert store: the
+alternative to one context with C sequences when requests arrive separately.
 
 --peer: a program run as `PROGRAM MODEL N_PROMPT N_DECODE THREADS REPS N_SEQ` that prints JSON lines
 with decode_tok_s (all sequences together), such as a small llama.cpp client that decodes N
@@ -24,9 +29,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def moelite_bench(cli, model, threads, n_prompt, n_gen, n_seq, extra=(), preexec_fn=None):
+def moelite_bench(cli, model, threads, n_prompt, n_gen, n_seq, extra=(), preexec_fn=None, contexts=1):
     cmd = [cli, "bench", "-m", model, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen), "-r", "2",
-           "--n-seq", str(n_seq), "--no-membw", "--json", *extra]
+           "--n-seq", str(n_seq), "--contexts", str(contexts), "--no-membw", "--json", *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=preexec_fn)
     if r.returncode != 0:
         sys.exit("moelite bench failed: %s\n%s" % (" ".join(cmd), r.stderr))
@@ -49,6 +54,7 @@ def main():
     ap.add_argument("--n-seq", default="1,2,4,8,16")
     ap.add_argument("--budgets", default="25%")
     ap.add_argument("--allocations", default="uniform,global", help="expert-store allocations of the budgeted rows")
+    ap.add_argument("--contexts", default="", help="rows of C parallel contexts of one sequence each")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-p", type=int, default=16)
     ap.add_argument("-n", type=int, default=16)
@@ -57,7 +63,8 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
     a = ap.parse_args()
-    counts = [int(x) for x in a.n_seq.split(",")]
+    # (sequences per context, contexts) of each row
+    shapes = [(int(x), 1) for x in a.n_seq.split(",")] + [(1, int(c)) for c in filter(None, a.contexts.split(","))]
     settings = [("resident", [])]
     for b in filter(None, a.budgets.split(",")):
         for alloc in filter(None, a.allocations.split(",")):
@@ -73,14 +80,16 @@ def main():
             base = None
             if extra and dev:
                 name += " (storage %.2g GB/s)" % a.throttle
-            for n in counts:
+            for n, contexts in shapes:
                 if extra and dev:
-                    d = moelite_bench(a.cli, dev.model, a.threads, a.p, a.n, n, extra, dev.enter)
+                    d = moelite_bench(a.cli, dev.model, a.threads, a.p, a.n, n, extra, dev.enter, contexts)
                 else:
-                    d = moelite_bench(a.cli, a.model, a.threads, a.p, a.n, n, extra)
-                peer = peer_bench(a.peer, a.model, a.threads, a.p, a.n, n) if a.peer and not extra else None
+                    d = moelite_bench(a.cli, a.model, a.threads, a.p, a.n, n, extra, contexts=contexts)
+                peer = None
+                if a.peer and not extra and contexts == 1:
+                    peer = peer_bench(a.peer, a.model, a.threads, a.p, a.n, n)
                 base = base or d["decode_tok_s"]
-                row = {"setting": name, "n_seq": n, "decode_tok_s": d["decode_tok_s"],
+                row = {"setting": name, "n_seq": n * contexts, "contexts": contexts, "decode_tok_s": d["decode_tok_s"],
                        "decode_tok_s_per_seq": d["decode_tok_s_per_seq"], "speedup_vs_one": d["decode_tok_s"] / base,
                        "bytes_read_per_token": d["bytes_read_per_token"], "hit_rate": d["hit_rate"],
                        "stall_fraction": d["stall_fraction"], "peer_decode_tok_s": peer,
@@ -91,11 +100,11 @@ def main():
     finally:  # the RAM device and its mount go on every way out, Ctrl-C included
         if dev:
             dev.__exit__(None, None, None)
-    md = ["| setting | n_seq | decode tok/s (all) | per sequence | × one sequence | MB read / token | hit rate | "
-          "llama.cpp tok/s | moelite / llama.cpp |", "|---|---|---|---|---|---|---|---|---|"]
+    md = ["| setting | sequences | contexts | decode tok/s (all) | per sequence | × one sequence | MB read / token | "
+          "hit rate | llama.cpp tok/s | moelite / llama.cpp |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        md.append("| %s | %d | %.2f | %.2f | %.2f | %.1f | %.3f | %s | %s |" % (
-            r["setting"], r["n_seq"], r["decode_tok_s"], r["decode_tok_s_per_seq"], r["speedup_vs_one"],
+        md.append("| %s | %d | %d | %.2f | %.2f | %.2f | %.1f | %.3f | %s | %s |" % (
+            r["setting"], r["n_seq"], r["contexts"], r["decode_tok_s"], r["decode_tok_s_per_seq"], r["speedup_vs_one"],
             r["bytes_read_per_token"] / 1e6, r["hit_rate"], "%.2f" % r["peer_decode_tok_s"] if r["peer_decode_tok_s"]
             else "-", "%.2f" % r["vs_peer"] if r["vs_peer"] else "-"))
     print("\n".join(md))

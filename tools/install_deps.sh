@@ -3,14 +3,22 @@
 # Packages already present are skipped, so this is cheap to run every time.
 set -euo pipefail
 # libvulkan-dev + glslc build the Vulkan backend; the CPU backend needs neither.
-pkgs=(g++ cmake ninja-build pkg-config liburing-dev libvulkan-dev glslc libmimalloc-dev)
+pkgs=(g++ cmake ninja-build pkg-config liburing-dev libvulkan-dev glslc libmimalloc-dev
+      # samples/server (moelite-server): HTTP and JSON
+      libcpp-httplib-dev nlohmann-json3-dev)
 if [[ "${1:-}" == "--test" ]]; then
   # Tests run the Vulkan backend for real on lavapipe (Mesa's CPU Vulkan), under the Khronos
   # validation layer.
   pkgs+=(libgtest-dev python3-numpy python3-pytest python3-venv python3-pip python3-setuptools
          mesa-vulkan-drivers vulkan-validationlayers
          # tools/fuzz.sh: clang with libFuzzer (its runtime is in libclang-rt-14-dev).
-         clang libclang-rt-14-dev)
+         clang libclang-rt-14-dev
+         # tests/server: the chat page in headless Chromium; tools/plot_report.py: matplotlib
+         chromium python3-matplotlib)
+  # tools/test_rust.sh: rustup's cargo where installed, else Debian's.
+  command -v cargo >/dev/null || [[ -x "$HOME/.cargo/bin/cargo" ]] || pkgs+=(cargo)
+  # tools/test_node.sh: node 18 or later with npm (Debian's where none is installed).
+  command -v node >/dev/null && command -v npm >/dev/null || pkgs+=(nodejs npm)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -27,3 +27,9 @@ cmake -S . -B "$build" -G Ninja "${flags[@]}" >/dev/null
 cmake --build "$build"
 # --no-tests=error: a build that found no tests is a failure, not a pass.
 ctest --test-dir "$build" --output-on-failure --no-tests=error -j2
+# The Rust and Node bindings against the same build (plain build only: the sanitized library
+# would need its runtime preloaded into cargo's test binaries and node).
+if [[ "$build" == build ]]; then
+  bash tools/test_rust.sh "$build"
+  bash tools/test_node.sh "$build"
+fi

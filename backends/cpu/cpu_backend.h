@@ -33,6 +33,7 @@ class CpuBackend final : public Backend {
   // Weights are read from their host bytes, so an instance with a pool of its own computes with
   // them as this one does.
   Status create_peer(std::unique_ptr<Backend>* out) override { return create(n_threads(), out); }
+  void limit_threads(int32_t n) override { pool_->set_participants(n); }
 
   Status place_weight(const WeightView& w) override;
   Status check_weight(const WeightView& w) override;

@@ -61,6 +61,7 @@ void ThreadPool::stop_and_join() {
     generation_.fetch_add(1);
   }
   cv_.notify_all();
+  idle_cv_.notify_all();
   for (auto& t : workers_)
     if (t.joinable()) t.join();
 }
@@ -84,6 +85,16 @@ void ThreadPool::worker_main(int index) {
     log_msg(MOELITE_LOG_DEBUG, "compute thread %d could not be pinned to the big cores", index);
   uint64_t seen = 0;
   for (;;) {
+    if (index >= participants_.load(std::memory_order_acquire)) {
+      // Left out (contexts share the cores): sleep until let in again, then take part in every
+      // call after that moment. The count cannot fall again before those calls have joined (it
+      // is set between calls, by the thread that waits for this one in them).
+      std::unique_lock<std::mutex> lock(mu_);
+      idle_cv_.wait(lock, [&] { return stop_.load() || index < participants_.load(std::memory_order_acquire); });
+      if (stop_.load()) return;
+      seen = raised_at_generation_;
+      continue;
+    }
     uint64_t gen = generation_.load(std::memory_order_acquire);
     const auto spin_until = std::chrono::steady_clock::now() + std::chrono::duration<double>(kSpinSeconds);
     for (int spin = 1; gen == seen; ++spin) {
@@ -98,21 +109,36 @@ void ThreadPool::worker_main(int index) {
     }
     seen = gen;
     if (stop_.load()) return;
+    if (index >= round_participants_.load(std::memory_order_relaxed)) continue;  // a call without it
     run_tasks(index);
     active_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 
+void ThreadPool::set_participants(int n) {
+  n = n < 1 ? 1 : n > n_threads_ ? n_threads_ : n;
+  const int before = participants_.load(std::memory_order_relaxed);
+  if (n == before) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (n > before) raised_at_generation_ = generation_.load(std::memory_order_relaxed);
+    participants_.store(n, std::memory_order_release);
+  }
+  if (n > before) idle_cv_.notify_all();
+}
+
 void ThreadPool::parallel_for(int64_t n_tasks, const TaskFn& fn) {
   if (n_tasks <= 0) return;
-  if (n_threads_ == 1 || n_tasks == 1) {
+  const int threads = participants_.load(std::memory_order_relaxed);
+  if (threads == 1 || n_tasks == 1) {
     for (int64_t t = 0; t < n_tasks; ++t) fn(t, 0);
     return;
   }
   fn_ = &fn;
   n_tasks_ = n_tasks;
   next_task_.store(0, std::memory_order_relaxed);
-  active_.store(n_threads_ - 1, std::memory_order_relaxed);
+  active_.store(threads - 1, std::memory_order_relaxed);
+  round_participants_.store(threads, std::memory_order_relaxed);
   {
     // The lock orders the publication against a worker that is about to sleep.
     std::lock_guard<std::mutex> lock(mu_);

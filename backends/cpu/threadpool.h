@@ -46,9 +46,16 @@ class ThreadPool {
   // (never on a worker, where it would terminate the process).
   using TaskFn = std::function<void(int64_t task, int thread)>;
   void parallel_for(int64_t n_tasks, const TaskFn& fn);
+  // Threads (the caller included) that take part in the next parallel_for calls, 1..size()
+  // (clamped): pools of contexts evaluating at the same time share the cores instead of
+  // oversubscribing them (a fork-join region waits for its slowest thread, and a preempted one
+  // takes a whole time slice). Workers left out sleep, without spinning, until they are in again.
+  // Called by the thread that calls parallel_for, between calls.
+  void set_participants(int n);
+  int participants() const { return participants_.load(std::memory_order_relaxed); }
 
  private:
-  explicit ThreadPool(int n_threads) : n_threads_(n_threads) {}
+  explicit ThreadPool(int n_threads) : n_threads_(n_threads), participants_(n_threads) {}
   void stop_and_join();
   void worker_main(int index);
   void run_tasks(int thread);
@@ -62,6 +69,12 @@ class ThreadPool {
   std::atomic<int64_t> next_task_{0};
   std::atomic<int> active_{0};
   std::atomic<bool> stop_{false};
+  // set_participants: the count, and the generation when it last rose (a worker let in again
+  // takes part in every parallel_for after it). round_participants_: the current call's count.
+  std::atomic<int> participants_{1};
+  uint64_t raised_at_generation_ = 0;  // under mu_
+  std::atomic<int> round_participants_{1};
+  std::condition_variable idle_cv_;  // workers left out wait here
   int64_t n_tasks_ = 0;
   const TaskFn* fn_ = nullptr;
   std::mutex error_mu_;

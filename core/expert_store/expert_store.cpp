@@ -1,6 +1,7 @@
 #include "core/expert_store/expert_store.h"
 
 #include "core/abort_scope.h"
+#include "core/trace.h"
 #include "platforms/batch_read.h"
 #include "platforms/system_info.h"
 
@@ -50,7 +51,146 @@ Status wait_for_change(std::condition_variable& cv, std::unique_lock<std::mutex>
   return MOELITE_OK;
 }
 
+void add_stats(ExpertLayerStats* into, const ExpertLayerStats& d) {
+  into->activations += d.activations;
+  into->hits += d.hits;
+  into->misses += d.misses;
+  into->prefetches_issued += d.prefetches_issued;
+  into->prefetches_used += d.prefetches_used;
+  into->prefetches_wasted += d.prefetches_wasted;
+  into->bytes_read += d.bytes_read;
+  into->wait_seconds += d.wait_seconds;
+  into->predicted += d.predicted;
+  into->predictions += d.predictions;
+  into->ready_when_needed += d.ready_when_needed;
+}
+
 }  // namespace
+
+// A context's view of the store: the same protocol, under the context's client id.
+class StoreClient final : public ExpertSource {
+ public:
+  StoreClient(ExpertStore& store, int32_t id) : store_(store), id_(id) {}
+  ~StoreClient() override { store_.close_client(id_); }
+  bool all_resident() const override { return false; }
+  bool resident_or_loading(int32_t layer, int32_t expert) const override {
+    return store_.resident_or_loading(layer, expert);
+  }
+  void residency(int32_t layer, int32_t n_expert, std::vector<uint8_t>* mask) const override {
+    store_.residency(layer, n_expert, mask);
+  }
+  int32_t capacity(int32_t layer) const override { return store_.capacity(layer); }
+  int64_t pool_slots() const override { return store_.pool_slots(); }
+  void on_routing(int32_t layer, const Routing& routing) override { store_.on_routing_for(id_, layer, routing); }
+  void hint(const std::vector<Prediction>& predictions, int32_t upcoming_layer) override {
+    store_.hint_for(id_, predictions, upcoming_layer);
+  }
+  Status prepare(int32_t layer, const std::vector<int32_t>& experts) override {
+    return store_.prepare_for(id_, layer, experts);
+  }
+  Status acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert, ExpertWeights* out) override {
+    return store_.acquire_next_for(id_, layer, pending, expert, out);
+  }
+  void release(int32_t layer, int32_t expert) override { store_.release_for(id_, layer, expert); }
+  Status wait_down(int32_t layer, int32_t expert) override { return store_.wait_down_for(id_, layer, expert); }
+
+ private:
+  ExpertStore& store_;
+  const int32_t id_;
+};
+
+std::unique_ptr<ExpertSource> ExpertStore::open_client(int32_t* id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int32_t client = next_client_++;
+  clients_[client].resize(stats_.size());
+  *id = client;
+  try {
+    return std::make_unique<StoreClient>(*this, client);
+  } catch (...) {
+    clients_.erase(client);
+    throw;
+  }
+}
+
+void ExpertStore::close_client(int32_t client) {
+  std::lock_guard<std::mutex> lock(mu_);
+  clients_.erase(client);
+  client_pins_.erase(client);
+  if (hint_client_ == client) hint_client_ = kNoClient;
+}
+
+std::vector<ExpertLayerStats> ExpertStore::client_stats(int32_t client) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = clients_.find(client);
+  return it == clients_.end() ? std::vector<ExpertLayerStats>() : it->second;
+}
+
+ExpertLayerStats* ExpertStore::client_layer_locked(int32_t client, int32_t layer) {
+  if (client == kNoClient) return nullptr;
+  const auto it = clients_.find(client);
+  return it == clients_.end() ? nullptr : &it->second[static_cast<size_t>(layer)];
+}
+
+Status ExpertStore::admit_locked(std::unique_lock<std::mutex>& lock, int32_t client, int32_t layer, int32_t n) {
+  const size_t pool = pool_of(layer);
+  int32_t& pins = admitted_pins_[pool];
+  std::deque<uint64_t>& queue = admission_queue_[pool];
+  // A pool with no pins out admits any group (one larger than capacity() then fails as before,
+  // for want of a slot, rather than waiting for ever).
+  auto fits = [&] { return pins == 0 || pins + n <= capacity(layer); };
+  if (client == kNoClient) {
+    pins += n;
+    return MOELITE_OK;
+  }
+  int32_t& own = client_pins_[client];
+  if (own > 0)
+    return fail(MOELITE_ERR_INTERNAL,
+                "expert store: a context asked for %d experts of layer %d while it still held %d from an earlier "
+                "group (pins leaked on an error path)",
+                n, layer, own);
+  if (queue.empty() && fits()) {
+    pins += n;
+    own += n;
+    return MOELITE_OK;
+  }
+  const uint64_t ticket = next_ticket_++;
+  queue.push_back(ticket);
+  for (;;) {
+    if (queue.front() == ticket && fits()) {
+      queue.pop_front();
+      pins += n;
+      client_pins_[client] += n;
+      admit_cv_.notify_all();  // the next in line may fit too
+      return MOELITE_OK;
+    }
+    admit_cv_.wait_for(lock, std::chrono::duration<double>(kAbortPollSeconds));
+    lock.unlock();
+    const bool abort = abort_requested();
+    lock.lock();
+    if (abort) {
+      queue.erase(std::find(queue.begin(), queue.end(), ticket));
+      admit_cv_.notify_all();
+      return fail(MOELITE_ERR_ABORTED,
+                  "evaluation aborted by the abort callback while layer %d waited for other contexts' experts", layer);
+    }
+  }
+}
+
+void ExpertStore::return_admission_locked(int32_t layer, int32_t client, int32_t n) {
+  if (n <= 0) return;
+  admitted_pins_[pool_of(layer)] -= n;
+  if (client != kNoClient) {
+    const auto it = client_pins_.find(client);
+    if (it != client_pins_.end()) it->second -= n;
+  }
+  admit_cv_.notify_all();
+}
+
+void ExpertStore::unpin_locked(Slot& s, int32_t layer, int32_t client) {
+  if (s.pins == 0) return;
+  s.pins--;
+  return_admission_locked(layer, client, 1);
+}
 
 void ExpertStore::clear_slot(Slot* s) {
   uint8_t* mem = s->mem;
@@ -194,6 +334,8 @@ Status ExpertStore::create(const Model& model, Backend& backend, const ExpertSto
   }
   s->capacity_ = static_cast<int32_t>(s->slots_.size()) - kReserveSlots;
   s->predicted_.resize(model.layers.size());
+  s->admitted_pins_.assign(opts.per_layer ? model.layers.size() : 1, 0);
+  s->admission_queue_.resize(s->admitted_pins_.size());
   if (!opts.expert_counts.empty()) s->policy_->set_frequencies(opts.expert_counts, model.hp.n_expert);
   s->slot_ever_used_.assign(s->slots_.size(), false);
   s->stats_.resize(model.layers.size());
@@ -265,14 +407,17 @@ int32_t ExpertStore::take_slot_locked(int32_t layer) {
     candidates.push_back({slots_[static_cast<size_t>(i)].layer, slots_[static_cast<size_t>(i)].expert});
   const int32_t victim = pool[policy_->choose_victim(candidates, clock_)];
   Slot& v = slots_[static_cast<size_t>(victim)];
-  if (v.speculative) stats_[static_cast<size_t>(v.layer)].prefetches_wasted++;
+  if (v.speculative) {
+    count_locked(v.client, v.layer, [](ExpertLayerStats& c) { c.prefetches_wasted++; });
+    if (trace_) trace_->instant("prefetch wasted", "prefetch", nullptr, {{"layer", v.layer}, {"expert", v.expert}});
+  }
   policy_->on_evict({v.layer, v.expert});
   where_.erase(key(v.layer, v.expert));
   clear_slot(&v);
   return victim;
 }
 
-int32_t ExpertStore::start_load_locked(int32_t layer, int32_t expert, bool demand) {
+int32_t ExpertStore::start_load_locked(int32_t layer, int32_t expert, bool demand, int32_t client) {
   const int32_t i = take_slot_locked(layer);
   if (i < 0) return -1;
   // The map and queue insertions can throw (bad_alloc). They come before the slot changes state,
@@ -293,6 +438,8 @@ int32_t ExpertStore::start_load_locked(int32_t layer, int32_t expert, bool deman
   s.speculative = !demand;
   s.orphaned = false;
   s.error = MOELITE_OK;
+  s.client = client;
+  if (trace_) s.queued_us = TraceRecorder::now_us();
   slot_ever_used_[static_cast<size_t>(i)] = true;
   work_cv_.notify_one();
   return i;
@@ -316,11 +463,13 @@ void ExpertStore::residency(int32_t layer, int32_t n_expert, std::vector<uint8_t
   for (int32_t e = 0; e < n_expert; ++e) (*mask)[static_cast<size_t>(e)] = present_locked(layer, e) ? 1 : 0;
 }
 
-void ExpertStore::on_routing(int32_t layer, const Routing& routing) {
+void ExpertStore::on_routing(int32_t layer, const Routing& routing) { on_routing_for(kNoClient, layer, routing); }
+
+void ExpertStore::on_routing_for(int32_t client, int32_t layer, const Routing& routing) {
   std::lock_guard<std::mutex> lock(mu_);
   // What was predicted for this layer is final now: score it in prepare().
   std::vector<int32_t>& guessed = predicted_[static_cast<size_t>(layer)];
-  stats_[static_cast<size_t>(layer)].predictions += guessed.size();
+  count_locked(client, layer, [&](ExpertLayerStats& c) { c.predictions += guessed.size(); });
   scored_layer_ = layer;
   scored_.swap(guessed);
   guessed.clear();
@@ -331,7 +480,8 @@ void ExpertStore::on_routing(int32_t layer, const Routing& routing) {
   for (auto it = spec_q_.begin(); it != spec_q_.end();) {
     Slot& s = slots_[static_cast<size_t>(it->slot)];
     if (s.layer == layer && std::find(routing.ids.begin(), routing.ids.end(), s.expert) == routing.ids.end()) {
-      stats_[static_cast<size_t>(layer)].prefetches_wasted++;
+      count_locked(s.client, layer, [](ExpertLayerStats& c) { c.prefetches_wasted++; });
+      if (trace_) trace_->instant("prefetch dropped", "prefetch", "evaluation", {{"layer", layer}, {"expert", s.expert}});
       where_.erase(key(s.layer, s.expert));
       clear_slot(&s);
       it = spec_q_.erase(it);
@@ -343,11 +493,19 @@ void ExpertStore::on_routing(int32_t layer, const Routing& routing) {
 
 void ExpertStore::prefetch_locked(int32_t layer, int32_t expert) {
   if (where_.count(key(layer, expert))) return;
-  if (start_load_locked(layer, expert, false) >= 0) stats_[static_cast<size_t>(layer)].prefetches_issued++;
+  if (start_load_locked(layer, expert, false, hint_client_) >= 0) {
+    count_locked(hint_client_, layer, [](ExpertLayerStats& c) { c.prefetches_issued++; });
+    if (trace_) trace_->instant("prefetch issued", "prefetch", nullptr, {{"layer", layer}, {"expert", expert}});
+  }
 }
 
 void ExpertStore::hint(const std::vector<Prediction>& predictions, int32_t upcoming_layer) {
+  hint_for(kNoClient, predictions, upcoming_layer);
+}
+
+void ExpertStore::hint_for(int32_t client, const std::vector<Prediction>& predictions, int32_t upcoming_layer) {
   std::lock_guard<std::mutex> lock(mu_);
+  hint_client_ = client;
   // Newer guesses replace older ones: they were made from a later hidden state.
   waiting_.clear();
   issued_.clear();
@@ -389,13 +547,29 @@ void ExpertStore::issue_predictions_locked() {
 }
 
 Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) {
+  return prepare_for(kNoClient, layer, experts);
+}
+
+Status ExpertStore::prepare_for(int32_t client, int32_t layer, const std::vector<int32_t>& experts) {
   std::unique_lock<std::mutex> lock(mu_);
+  const int32_t n = static_cast<int32_t>(experts.size());
+  MOELITE_TRY(admit_locked(lock, client, layer, n));
+  // What this call counts, added to the store's and the client's counters on every way out
+  // (while the lock is held: declared after it).
+  struct Tally {
+    ExpertStore* store;
+    int32_t client, layer;
+    ExpertLayerStats delta;
+    ~Tally() {
+      store->count_locked(client, layer, [&](ExpertLayerStats& c) { add_stats(&c, delta); });
+    }
+  } tally{this, client, layer, {}};
   // On every way out but success (an error, or an exception such as bad_alloc from a container),
   // the pins this call took are given back: the caller releases nothing it was not handed.
   size_t pinned = 0;
   struct Unpin {
     ExpertStore* store;
-    int32_t layer;
+    int32_t layer, client;
     const std::vector<int32_t>& experts;
     const size_t& pinned;
     bool done = false;
@@ -403,13 +577,15 @@ Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) 
       if (done) return;
       for (size_t i = 0; i < pinned; ++i) {
         auto it = store->where_.find(key(layer, experts[i]));
-        if (it != store->where_.end() && store->slots_[static_cast<size_t>(it->second)].pins > 0)
-          store->slots_[static_cast<size_t>(it->second)].pins--;
+        if (it != store->where_.end())
+          store->unpin_locked(store->slots_[static_cast<size_t>(it->second)], layer, client);
       }
+      // The admission of the experts never pinned goes back too.
+      store->return_admission_locked(layer, client, static_cast<int32_t>(experts.size() - pinned));
       store->ready_cv_.notify_all();
     }
-  } unpin{this, layer, experts, pinned};
-  ExpertLayerStats& st = stats_[static_cast<size_t>(layer)];
+  } unpin{this, layer, client, experts, pinned};
+  ExpertLayerStats& st = tally.delta;
   for (int32_t e : experts) {
     st.activations++;
     auto it = where_.find(key(layer, e));
@@ -428,6 +604,7 @@ Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) 
       if (s.speculative) {
         s.speculative = false;
         st.prefetches_used++;
+        if (trace_) trace_->instant("prefetch used", "prefetch", "evaluation", {{"layer", layer}, {"expert", e}});
       }
       st.hits++;
       ++pinned;
@@ -435,7 +612,7 @@ Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) 
     }
     st.misses++;
     const double since = platform::now_seconds();
-    while (start_load_locked(layer, e, true) < 0) {
+    while (start_load_locked(layer, e, true, client) < 0) {
       // Every slot this layer may use is pinned or still loading a guess: wait for a load to land.
       const bool loading = std::any_of(slots_.begin(), slots_.end(), [&](const Slot& sl) {
         return sl.state == SlotState::Loading && sl.pins == 0 && (sl.owner < 0 || sl.owner == layer);
@@ -469,14 +646,25 @@ Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) 
     }
   }
   // This layer's experts are pinned now, so speculative loads for later ones cannot evict them.
+  // Speculation is best effort: out of memory here drops the guesses, never the pins the caller
+  // now owns (an exception from here would leave them with nobody to give them back).
   if (waiting_for_ == layer) {
     waiting_for_ = -1;
-    issue_predictions_locked();
+    try {
+      issue_predictions_locked();
+    } catch (...) {
+      waiting_.clear();
+    }
   }
   return MOELITE_OK;
 }
 
 Status ExpertStore::acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert, ExpertWeights* out) {
+  return acquire_next_for(kNoClient, layer, pending, expert, out);
+}
+
+Status ExpertStore::acquire_next_for(int32_t client, int32_t layer, std::vector<int32_t>* pending, int32_t* expert,
+                                     ExpertWeights* out) {
   std::unique_lock<std::mutex> lock(mu_);
   double waited = 0;
   const double since = platform::now_seconds();
@@ -487,7 +675,7 @@ Status ExpertStore::acquire_next(int32_t layer, std::vector<int32_t>* pending, i
       // Computation can start once gate and up are in; down is waited for by wait_down().
       if (s.state == SlotState::Ready || (s.state == SlotState::Loading && s.chunks_ready >= 2)) {
         pending->erase(pending->begin() + static_cast<std::ptrdiff_t>(i));
-        stats_[static_cast<size_t>(layer)].wait_seconds += waited;
+        count_locked(client, layer, [&](ExpertLayerStats& c) { c.wait_seconds += waited; });
         *expert = e;
         *out = view(s);
         return MOELITE_OK;
@@ -495,7 +683,7 @@ Status ExpertStore::acquire_next(int32_t layer, std::vector<int32_t>* pending, i
       if (s.state == SlotState::Failed) {
         const Status err = s.error;
         const std::string msg = s.error_msg;
-        release_pending_locked(layer, pending);
+        release_pending_for_locked(client, layer, pending);
         return fail(err, "%s", msg.c_str());
       }
     }
@@ -503,9 +691,9 @@ Status ExpertStore::acquire_next(int32_t layer, std::vector<int32_t>* pending, i
     const Status st = wait_for_change(ready_cv_, lock, since, layer, pending->empty() ? -1 : pending->front());
     waited += platform::now_seconds() - t0;
     if (st != MOELITE_OK) {
-      stats_[static_cast<size_t>(layer)].wait_seconds += waited;
+      count_locked(client, layer, [&](ExpertLayerStats& c) { c.wait_seconds += waited; });
       const std::string msg = last_error_message();
-      release_pending_locked(layer, pending);
+      release_pending_for_locked(client, layer, pending);
       return fail(st, "%s", msg.c_str());
     }
   }
@@ -513,11 +701,11 @@ Status ExpertStore::acquire_next(int32_t layer, std::vector<int32_t>* pending, i
 
 // Unpins every expert still pending (an acquire that ends in an error hands none of them out);
 // failed slots become free again for a retry, slots still loading finish as unpinned slots.
-void ExpertStore::release_pending_locked(int32_t layer, std::vector<int32_t>* pending) {
+void ExpertStore::release_pending_for_locked(int32_t client, int32_t layer, std::vector<int32_t>* pending) {
   for (int32_t p : *pending) {
     const int32_t idx = where_.at(key(layer, p));
     Slot& ps = slots_[static_cast<size_t>(idx)];
-    if (ps.pins > 0) ps.pins--;
+    unpin_locked(ps, layer, client);
     if (ps.state == SlotState::Loading) ps.orphaned = true;
     if (ps.pins == 0 && ps.state == SlotState::Failed) {
       where_.erase(key(layer, p));
@@ -528,7 +716,9 @@ void ExpertStore::release_pending_locked(int32_t layer, std::vector<int32_t>* pe
   ready_cv_.notify_all();
 }
 
-Status ExpertStore::wait_down(int32_t layer, int32_t expert) {
+Status ExpertStore::wait_down(int32_t layer, int32_t expert) { return wait_down_for(kNoClient, layer, expert); }
+
+Status ExpertStore::wait_down_for(int32_t client, int32_t layer, int32_t expert) {
   std::unique_lock<std::mutex> lock(mu_);
   Slot& s = slots_[static_cast<size_t>(where_.at(key(layer, expert)))];
   double waited = 0;
@@ -539,21 +729,23 @@ Status ExpertStore::wait_down(int32_t layer, int32_t expert) {
     waited += platform::now_seconds() - t0;
     if (st != MOELITE_OK) {
       // The caller still holds the expert and releases it; its load lands in an unpinned slot.
-      stats_[static_cast<size_t>(layer)].wait_seconds += waited;
+      count_locked(client, layer, [&](ExpertLayerStats& c) { c.wait_seconds += waited; });
       return st;
     }
   }
-  stats_[static_cast<size_t>(layer)].wait_seconds += waited;
+  count_locked(client, layer, [&](ExpertLayerStats& c) { c.wait_seconds += waited; });
   if (s.state == SlotState::Failed) return fail(s.error, "%s", s.error_msg.c_str());
   return MOELITE_OK;
 }
 
-void ExpertStore::release(int32_t layer, int32_t expert) {
+void ExpertStore::release(int32_t layer, int32_t expert) { release_for(kNoClient, layer, expert); }
+
+void ExpertStore::release_for(int32_t client, int32_t layer, int32_t expert) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = where_.find(key(layer, expert));
   if (it == where_.end()) return;
   Slot& s = slots_[static_cast<size_t>(it->second)];
-  if (s.pins > 0) s.pins--;
+  unpin_locked(s, layer, client);
   // Only an evaluation that failed gives back an expert still loading (its down chunk).
   if (s.state == SlotState::Loading) s.orphaned = true;
   s.last_use = clock_;
@@ -581,7 +773,7 @@ void ExpertStore::loader_main() {
       const size_t take = &q == &demand_q_ ? kMaxBatchExperts : 1;
       while (!q.empty() && batch.size() < take) {
         const Slot& s = slots_[static_cast<size_t>(q.front().slot)];
-        batch.push_back({q.front().slot, s.layer, s.expert, false});  // reserved: cannot throw
+        batch.push_back({q.front().slot, s.layer, s.expert, s.client, s.queued_us, s.speculative, false});  // reserved
         q.pop_front();
       }
       if (batches_in_flight_++ == 0) busy_since_ = platform::now_seconds();
@@ -624,6 +816,7 @@ double ExpertStore::read_busy_seconds() const {
 
 void ExpertStore::load_batch(platform::BatchReader& reader, std::vector<Load>& loads, bool* busy) {
   const size_t n = loads.size();
+  const double started_us = TraceRecorder::now_us();
   // The three chunks of every expert go out together; with direct I/O each is widened to aligned
   // blocks (the file may end inside the last one, hence `needed`).
   std::vector<platform::ReadRange> ranges(3 * n);
@@ -658,7 +851,7 @@ void ExpertStore::load_batch(platform::BatchReader& reader, std::vector<Load>& l
       if (--reads_left == 0) end_busy_locked(busy);
       // A landed read counts now, before its expert can be seen Ready: an evaluation that returns
       // has its reads in the counters (the per-context stats take their difference).
-      stats_[static_cast<size_t>(loads[k].layer)].bytes_read += ranges[i].len;
+      count_locked(loads[k].client, loads[k].layer, [&](ExpertLayerStats& c) { c.bytes_read += ranges[i].len; });
       Slot& s = slots_[static_cast<size_t>(loads[k].slot)];
       const int32_t in = chunks_in(k);
       if (in < 3) {
@@ -670,6 +863,17 @@ void ExpertStore::load_batch(platform::BatchReader& reader, std::vector<Load>& l
         s.orphaned = false;
         s.last_use = clock_;
         loads[k].settled = true;
+        if (trace_) {
+          const int64_t bytes = static_cast<int64_t>(ranges[3 * k].len + ranges[3 * k + 1].len + ranges[3 * k + 2].len);
+          const double queued = loads[k].queued_us > 0 ? started_us - loads[k].queued_us : 0.0;
+          trace_->complete("read", "io", "expert loader", started_us, TraceRecorder::now_us(),
+                           {{"layer", loads[k].layer},
+                            {"expert", loads[k].expert},
+                            {"bytes", bytes},
+                            {"queued_us", static_cast<int64_t>(queued)},
+                            {"speculative", loads[k].speculative ? 1 : 0},
+                            {"batch", static_cast<int64_t>(n)}});
+        }
       }
     }
     ready_cv_.notify_all();

@@ -29,6 +29,8 @@ namespace moelite {
 namespace platform {
 class BatchReader;
 }
+class StoreClient;
+class TraceRecorder;
 
 struct ExpertStoreOptions {
   uint64_t budget_bytes = 0;
@@ -86,6 +88,27 @@ class ExpertStore final : public ExpertSource {
   Status wait_down(int32_t layer, int32_t expert) override;
   void hint(const std::vector<Prediction>& predictions, int32_t upcoming_layer) override;
 
+  // Clients: one per context. A client is an ExpertSource of its own whose calls go to this store
+  // under its id, so that (1) its counters are kept apart (client_stats: what its evaluations
+  // asked for, hit, missed, waited for and read, even while other clients evaluate at the same
+  // time) and (2) several clients may run the load protocol at once from different threads:
+  // prepare() admits a client's group only when the pins it asks for fit beside those already
+  // handed out in the same pool (the global pool, or the layer's quota), first come first served.
+  // Then every admitted group can get its slots (a pinned slot is one of at most capacity()
+  // pins, so one slot is always unpinned), so clients wait for one another but never deadlock;
+  // a waiting client honours its abort callback. Calls made on the store itself (no client) are
+  // not admitted: they are the single-caller protocol of before.
+  // The store must outlive its clients.
+  // *id names the client for client_stats().
+  std::unique_ptr<ExpertSource> open_client(int32_t* id);
+  std::vector<ExpertLayerStats> client_stats(int32_t client) const;
+  // While set, every read (queued, started, landed, bytes) and every prefetch issued, used or
+  // wasted goes on this timeline; null stops it.
+  void set_trace(std::shared_ptr<TraceRecorder> trace) {
+    std::lock_guard<std::mutex> lock(mu_);
+    trace_ = std::move(trace);
+  }
+
   uint64_t slot_bytes() const { return slot_bytes_; }
   // Slots lent out now (pinned by a layer being computed): 0 whenever no evaluation runs.
   size_t pinned_slots() const;
@@ -121,6 +144,8 @@ class ExpertStore final : public ExpertSource {
   static constexpr int32_t kReserveSlots = 1;
 
  private:
+  friend class StoreClient;
+  static constexpr int32_t kNoClient = -1;
   enum class SlotState { Free, Loading, Ready, Failed };
   struct Slot {
     uint8_t* mem = nullptr;
@@ -134,6 +159,8 @@ class ExpertStore final : public ExpertSource {
     Status error = MOELITE_OK;
     std::string error_msg;
     uint64_t last_use = 0;
+    int32_t client = kNoClient;  // whose demand or hint started the load: its reads count to it
+    double queued_us = 0;        // when its load was queued (traces)
   };
   struct Request {
     int32_t slot;
@@ -141,22 +168,49 @@ class ExpertStore final : public ExpertSource {
   };
 
   ExpertStore(const Model& model, Backend& backend) : model_(model), backend_(backend) {}
+  // The load protocol on behalf of `client` (kNoClient: the store's own callers).
+  void on_routing_for(int32_t client, int32_t layer, const Routing& routing);
+  Status prepare_for(int32_t client, int32_t layer, const std::vector<int32_t>& experts);
+  Status acquire_next_for(int32_t client, int32_t layer, std::vector<int32_t>* pending, int32_t* expert,
+                          ExpertWeights* out);
+  Status wait_down_for(int32_t client, int32_t layer, int32_t expert);
+  void hint_for(int32_t client, const std::vector<Prediction>& predictions, int32_t upcoming_layer);
+  void close_client(int32_t client);
+  // Under mu_: the client's counters of `layer`, null for kNoClient or a closed client.
+  ExpertLayerStats* client_layer_locked(int32_t client, int32_t layer);
+  // Under mu_: adds `f` of a layer's counters to the store's and to the client's.
+  template <class F>
+  void count_locked(int32_t client, int32_t layer, F&& f) {
+    f(stats_[static_cast<size_t>(layer)]);
+    if (ExpertLayerStats* c = client_layer_locked(client, layer)) f(*c);
+  }
+  // Admission (clients only): waits until `n` more pins fit in `layer`'s pool beside those
+  // handed out, in arrival order. Takes them on success.
+  Status admit_locked(std::unique_lock<std::mutex>& lock, int32_t client, int32_t layer, int32_t n);
+  size_t pool_of(int32_t layer) const { return per_layer_ ? static_cast<size_t>(layer) : 0; }
+  // Under mu_: one pin of a slot of `layer` given back by `client` (and its admission).
+  void unpin_locked(Slot& s, int32_t layer, int32_t client);
+  // Under mu_: `n` admitted pins of `layer`'s pool given back by `client` (kNoClient too).
+  void return_admission_locked(int32_t layer, int32_t client, int32_t n);
+  void release_for(int32_t client, int32_t layer, int32_t expert);
+  void release_pending_for_locked(int32_t client, int32_t layer, std::vector<int32_t>* pending);
   static uint64_t key(int32_t layer, int32_t expert) { return (uint64_t(uint32_t(layer)) << 32) | uint32_t(expert); }
   // Under mu_: a slot to load into (free, or the policy's victim among unpinned ready slots);
   // -1 if none.
   int32_t take_slot_locked(int32_t layer);
   bool present_locked(int32_t layer, int32_t expert) const;
-  int32_t start_load_locked(int32_t layer, int32_t expert, bool demand);
+  int32_t start_load_locked(int32_t layer, int32_t expert, bool demand, int32_t client);
   void prefetch_locked(int32_t layer, int32_t expert);
   // Issues waiting predictions nearest layer first; a deeper layer's only once every nearer
   // predicted expert is resident (loaded), so deep guesses never delay near ones.
   void issue_predictions_locked();
-  void release_pending_locked(int32_t layer, std::vector<int32_t>* pending);
   void loader_main();
   // One loader's batch: the experts of `loads` read in one submission; each slot's state is
   // settled on its own (Ready, or Failed with the error).
   struct Load {
-    int32_t slot, layer, expert;
+    int32_t slot, layer, expert, client;
+    double queued_us;
+    bool speculative;
     bool settled;  // its slot's state is final (Ready, Failed or requeued); the slot may be reused since
   };
   // Each expert is settled as soon as its three reads land, not when the whole batch has: the
@@ -213,6 +267,19 @@ class ExpertStore final : public ExpertSource {
   int32_t scored_layer_ = -1;        // the layer being computed and what was predicted for it
   std::vector<int32_t> scored_;
   std::vector<std::vector<int32_t>> predicted_;  // per layer: experts predicted since its last prepare
+  int32_t hint_client_ = kNoClient;              // whose hint the waiting predictions are
+  std::shared_ptr<TraceRecorder> trace_;         // set_trace (under mu_)
+  // Clients: their counters per layer, and admission per pool (one, or one per layer's quota):
+  // pins handed out by prepare() and not yet given back, and the tickets waiting, oldest first.
+  std::unordered_map<int32_t, std::vector<ExpertLayerStats>> clients_;
+  // Pins each client holds (admitted and not given back): one about to wait for admission while
+  // holding some would wait for itself, which is a leak, reported instead of waited for.
+  std::unordered_map<int32_t, int32_t> client_pins_;
+  int32_t next_client_ = 0;
+  std::vector<int32_t> admitted_pins_;
+  std::vector<std::deque<uint64_t>> admission_queue_;
+  uint64_t next_ticket_ = 0;
+  std::condition_variable admit_cv_;  // pins were given back, or a waiter left the queue
 };
 
 }  // namespace moelite

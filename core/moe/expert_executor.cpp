@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/moe/expert_groups.h"
+#include "core/trace.h"
 
 namespace moelite {
 
@@ -12,14 +13,23 @@ namespace {
 // and experts acquired and not yet released (held). On every way out, errors and exceptions (an
 // allocation failing mid-group) included, the backend's group is ended first (a device must be done
 // with the slots) and then both are given back: no pin outlives the pass, or the pool would shrink
-// until no expert could load.
+// until no expert could load (and, with contexts sharing the store, the next group would wait for
+// ever to be admitted). The lease is made, with everything it allocates, before prepare(): once
+// the source has pinned the group nothing may fail before the lease owns the pins.
 class GroupLease {
  public:
   GroupLease(Backend& be, ExpertSource& source, int32_t layer, std::vector<int32_t>* pending)
       : be_(be), source_(source), layer_(layer), pending_(pending) {
     held_.reserve(pending->size());  // so that add() cannot throw between acquire and record
   }
+  // Pins the group (ExpertSource::prepare); on failure the source has given back what it took.
+  Status prepare() {
+    MOELITE_TRY(source_.prepare(layer_, *pending_));
+    prepared_ = true;
+    return MOELITE_OK;
+  }
   ~GroupLease() {
+    if (!prepared_) return;
     if (!ended_) (void)be_.expert_group_end();
     release_all();
     for (int32_t p : *pending_) source_.release(layer_, p);
@@ -46,6 +56,7 @@ class GroupLease {
   int32_t layer_;
   std::vector<int32_t>* pending_;
   std::vector<int32_t> held_;
+  bool prepared_ = false;
   bool ended_ = false;
 };
 
@@ -68,8 +79,13 @@ ExpertTask make_task(const ExpertGroups& groups, int32_t layer, int32_t expert, 
   return t;
 }
 
+// Waits shorter than this are not worth a trace event (an acquire of a ready expert).
+constexpr double kTraceWaitMinUs = 20.0;
+
 // Everything resident: one pass over all of the layer's experts, which balances threads best.
-Status run_resident(Backend& be, ExpertSource& source, int32_t layer, const ExpertGroups& groups) {
+Status run_resident(Backend& be, ExpertSource& source, int32_t layer, const ExpertGroups& groups,
+                    TraceRecorder* trace) {
+  const double start = trace ? TraceRecorder::now_us() : 0.0;
   const std::vector<int32_t>& order = groups.order();
   std::vector<TaskRows> rows(order.size());
   std::vector<ExpertTask> tasks;
@@ -85,32 +101,49 @@ Status run_resident(Backend& be, ExpertSource& source, int32_t layer, const Expe
     MOELITE_TRY(be.expert_gate_up(tasks.data(), n));
     MOELITE_TRY(be.expert_down(tasks.data(), n));
   }
-  return be.expert_group_end();
+  MOELITE_TRY(be.expert_group_end());
+  if (trace)
+    trace->complete("experts", "compute", "evaluation", start, TraceRecorder::now_us(), {{"layer", layer}, {"experts", n}});
+  return MOELITE_OK;
 }
 
 // Budgeted experts: groups of at most capacity() experts; within a group each expert runs as soon
 // as its gate and up matrices are in, so computation overlaps the loads still in flight.
 Status run_group(Backend& be, ExpertSource& source, int32_t layer, const ExpertGroups& groups,
-                 std::vector<int32_t> pending) {
-  MOELITE_TRY(source.prepare(layer, pending));
+                 std::vector<int32_t> pending, TraceRecorder* trace) {
   GroupLease lease(be, source, layer, &pending);
+  MOELITE_TRY(lease.prepare());
   const bool hold_to_end = be.reads_experts_until_group_end();
   Status st = MOELITE_OK;
   while (!pending.empty()) {
     int32_t e;
     ExpertWeights w;
+    const double wait_start = trace ? TraceRecorder::now_us() : 0.0;
     st = source.acquire_next(layer, &pending, &e, &w);
     if (st != MOELITE_OK) {
       pending.clear();  // the source released what was still pending
       break;
     }
     lease.add(e);
+    const double compute_start = trace ? TraceRecorder::now_us() : 0.0;
+    if (trace && compute_start - wait_start >= kTraceWaitMinUs)
+      trace->complete("wait for a load", "wait", "evaluation", wait_start, compute_start,
+                      {{"layer", layer}, {"expert", e}});
     TaskRows rows;
     const ExpertTask task = make_task(groups, layer, e, w, false, &rows);
     st = be.expert_gate_up(&task, 1);
-    if (st == MOELITE_OK) st = source.wait_down(layer, e);
+    double down_wait = 0.0;
+    if (st == MOELITE_OK) {
+      const double t0 = trace ? TraceRecorder::now_us() : 0.0;
+      st = source.wait_down(layer, e);
+      if (trace) down_wait = TraceRecorder::now_us() - t0;
+    }
     if (st == MOELITE_OK) st = be.expert_down(&task, 1);
     if (st != MOELITE_OK) break;
+    if (trace)
+      trace->complete("expert", "compute", "evaluation", compute_start, TraceRecorder::now_us(),
+                      {{"layer", layer}, {"expert", e}, {"rows", task.n_rows},
+                       {"waited_for_down_us", static_cast<int64_t>(down_wait)}});
     if (!hold_to_end) lease.release(e);
   }
   const Status end = lease.end_group();
@@ -137,12 +170,12 @@ std::vector<int32_t> group_schedule(ExpertSource& source, int32_t layer, const E
 }  // namespace
 
 Status run_routed_experts(Backend& be, ExpertSource& source, int32_t layer, const FfnKind& kind, const Act& x,
-                          const Routing& r, Act* out) {
+                          const Routing& r, Act* out, TraceRecorder* trace) {
   source.on_routing(layer, r);
   const ExpertGroups groups(r);
   MOELITE_TRY(be.moe_begin(x, kind, static_cast<int64_t>(r.n_tokens) * r.k));
   if (source.all_resident()) {
-    MOELITE_TRY(run_resident(be, source, layer, groups));
+    MOELITE_TRY(run_resident(be, source, layer, groups, trace));
   } else {
     const size_t group = static_cast<size_t>(std::max(1, source.capacity(layer)));
     // One group: the source hands out what is in memory first anyway (acquire_next).
@@ -151,7 +184,7 @@ Status run_routed_experts(Backend& be, ExpertSource& source, int32_t layer, cons
     for (size_t g0 = 0; g0 < order.size(); g0 += group) {
       const auto first = order.begin() + static_cast<std::ptrdiff_t>(g0);
       const auto last = order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), g0 + group));
-      MOELITE_TRY(run_group(be, source, layer, groups, std::vector<int32_t>(first, last)));
+      MOELITE_TRY(run_group(be, source, layer, groups, std::vector<int32_t>(first, last), trace));
     }
   }
   return be.moe_combine(r, out);

@@ -8,10 +8,13 @@
 
 namespace moelite {
 
+class TraceRecorder;
+
 // out[t] = sum_j r.weights[t,j] * FFN_{r.ids[t,j]}(x[t]), added in slot order j = 0..k-1 whatever
 // the order the experts ran in, so results never depend on which experts were resident. On any
-// error every expert this call acquired is released and the error is returned.
+// error every expert this call acquired is released and the error is returned. With a trace
+// (may be null), each expert's computation and each wait for a load go on the timeline.
 [[nodiscard]] Status run_routed_experts(Backend& backend, ExpertSource& source, int32_t layer, const FfnKind& kind,
-                                        const Act& x, const Routing& r, Act* out);
+                                        const Act& x, const Routing& r, Act* out, TraceRecorder* trace = nullptr);
 
 }  // namespace moelite

@@ -5,6 +5,7 @@
 #include "core/moe/expert_executor.h"
 #include "core/moe/scored_routing.h"
 #include "core/runtime.h"
+#include "core/trace.h"
 
 namespace moelite {
 
@@ -45,6 +46,7 @@ Status moe_forward(const Model& m, EvalState& s, int32_t l, const Act& x, const 
     MOELITE_TRY(host_rows(s, xn, &s.host_b, &xn_host));
     s.hooks->on_moe_input(l, x_host, xn_host, s.n_tokens);
   }
+  const double route_start = s.trace ? TraceRecorder::now_us() : 0.0;
   // Pre-gated models chose this layer's experts at the previous layer.
   if (s.has_next_routing)
     std::swap(s.routing, s.next_routing);
@@ -56,12 +58,15 @@ Status moe_forward(const Model& m, EvalState& s, int32_t l, const Act& x, const 
   // Cache-aware gating asks the store what is resident now (after the previous layer's loads);
   // with every expert resident it is sensitivity gating.
   std::vector<uint8_t>* resident = nullptr;
-  if (rt.gating.mode == GatingMode::CacheAware && !rt.experts->all_resident()) {
-    rt.experts->residency(l, m.hp.n_expert, &s.residency);
+  if (rt.gating.mode == GatingMode::CacheAware && !s.experts->all_resident()) {
+    s.experts->residency(l, m.hp.n_expert, &s.residency);
     resident = &s.residency;
   }
   const int64_t kept = apply_gating(rt.gating, l, &s.routing, resident);
   rt.routed.add(l, static_cast<uint64_t>(s.n_tokens), static_cast<uint64_t>(kept));
+  if (s.trace)
+    s.trace->complete("route", "router", "evaluation", route_start, TraceRecorder::now_us(),
+                      {{"layer", l}, {"tokens", s.n_tokens}, {"experts", kept}});
   s.routed_tokens[static_cast<size_t>(l)] += static_cast<uint64_t>(s.n_tokens);
   s.routed_experts[static_cast<size_t>(l)] += static_cast<uint64_t>(kept);
   if (s.hooks) s.hooks->on_routing(l, &s.routing);
@@ -74,9 +79,9 @@ Status moe_forward(const Model& m, EvalState& s, int32_t l, const Act& x, const 
     const float* hidden = nullptr;
     if (rt.predictor->wants_hidden()) MOELITE_TRY(host_rows(s, xn, &s.host_b, &hidden));
     MOELITE_TRY(rt.predictor->after_layer(m, s, l, hidden, &guesses));
-    if (!guesses.empty()) rt.experts->hint(guesses, l);
+    if (!guesses.empty()) s.experts->hint(guesses, l);
   }
-  return run_routed_experts(*s.backend, *rt.experts, l, m.expert_ffn, xn, s.routing, out);
+  return run_routed_experts(*s.backend, *s.experts, l, m.expert_ffn, xn, s.routing, out, s.trace.get());
 }
 
 }  // namespace moelite

@@ -159,7 +159,17 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only) {
     st = moelite_model_params_set_progress_callback(p, progress_bar, nullptr);
   if (st == MOELITE_OK) st = moelite_model_load(path.c_str(), p, out);
   moelite_model_params_free(p);
-  return st == MOELITE_OK ? 0 : report(st, ("loading " + path).c_str());
+  if (st != MOELITE_OK) return report(st, ("loading " + path).c_str());
+  // The timeline of the whole command; written when the command frees the model.
+  if (args.has("--trace-events") && !vocab_only) {
+    st = moelite_model_trace_begin(*out, args.get("--trace-events").c_str());
+    if (st != MOELITE_OK) {
+      moelite_model_free(*out);
+      *out = nullptr;
+      return report(st, "--trace-events");
+    }
+  }
+  return 0;
 }
 
 std::string budget_summary(const moelite_model* model) {

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli.h"
@@ -32,10 +33,13 @@ uint64_t peak_rss_bytes() {
 // Prefill: one batch of -p random tokens from an empty cache. Decode: -n single-token steps after
 // it. With --n-seq N, N sequences (each its own tokens) are prefilled one after another and then
 // decode together: each step evaluates one token of every sequence in one moelite_eval_batch, so
-// the tokens share each layer's weight reads and each expert's load. Each measured -r times (best run reported) after one untimed warm-up that faults the weights
+// the tokens share each layer's weight reads and each expert's load. With --contexts C, C contexts
+// (N sequences each) do the same on C threads at once, sharing the model (and its expert store)
+// but nothing else: tok/s counts every sequence of every context. Each measured -r times (best run reported) after one untimed warm-up that faults the weights
 // in, so the numbers are compute and memory speed, not first-touch page faults.
 namespace {
-const Command kBenchCommand = {"bench", "-m MODEL [-p N] [-n N] [-r N] [--n-seq N] [-f TEXT] [--json] [options]",
+const Command kBenchCommand = {"bench",
+                               "-m MODEL [-p N] [-n N] [-r N] [--n-seq N] [--contexts C] [-f TEXT] [--json] [options]",
                                "Prefill and decode speed (best of -r runs after a warm-up), with the memory and "
                                "storage bounds.",
                                with_groups({{{"-p"}, "N", "prompt tokens (default 128)"},
@@ -44,6 +48,9 @@ const Command kBenchCommand = {"bench", "-m MODEL [-p N] [-n N] [-r N] [--n-seq 
                                             {{"--n-seq"}, "N",
                                              "sequences decoding together, one token of each per step (default 1); "
                                              "tok/s then counts all of them"},
+                                            {{"--contexts"}, "C",
+                                             "contexts evaluating at once, each on a thread of its own with --n-seq "
+                                             "sequences (default 1)"},
                                             {{"-f"}, "TEXT", "take prompt and decoded tokens from a text file"},
                                             {{"--seed"}, "S", "seed of the random tokens (default 42)"},
                                             {{"--json"}, "", "print JSON"},
@@ -59,9 +66,10 @@ int cmd_bench(int argc, char** argv) {
   Args args;
   if (int rc = 0; !parse_command_line(argc, argv, kBenchCommand, &args, &rc)) return rc;
   std::string err;
-  int64_t n_prompt, n_gen, reps, seed, n_seq;
+  int64_t n_prompt, n_gen, reps, seed, seqs_per_context, n_contexts;
   if (!args.get_int("-p", 128, &n_prompt, &err) || !args.get_int("-n", 32, &n_gen, &err) ||
-      !args.get_int("--n-seq", 1, &n_seq, &err, 1, MOELITE_MAX_SEQUENCES) ||
+      !args.get_int("--n-seq", 1, &seqs_per_context, &err, 1, MOELITE_MAX_SEQUENCES) ||
+      !args.get_int("--contexts", 1, &n_contexts, &err, 1, 64) ||
       !args.get_int("-r", 1, &reps, &err) || !args.get_int("--seed", 42, &seed, &err, INT64_MIN, INT64_MAX))
     return usage_error(err);
   if (n_prompt < 1 || n_gen < 0 || reps < 1) return usage_error("-p must be >= 1, -n >= 0, -r >= 1");
@@ -70,6 +78,8 @@ int cmd_bench(int argc, char** argv) {
   if (args.has("--storage-gb-s") && !(given_storage_gbs > 0 && given_storage_gbs < 1e4))
     return usage_error("--storage-gb-s must be a speed in GB/s above 0 and below 10000");
 
+  // Sequences over all contexts: context c holds sequences c * seqs_per_context ...
+  const int64_t n_seq = seqs_per_context * n_contexts;
   moelite_model* model = nullptr;
   if (int rc = load_model(args, &model)) return rc;
   const int64_t n_vocab = moelite_model_get(model, MOELITE_MODEL_N_VOCAB);
@@ -100,14 +110,21 @@ int cmd_bench(int argc, char** argv) {
     }
   }
 
-  moelite_context* ctx = nullptr;
+  std::vector<moelite_context*> contexts(static_cast<size_t>(n_contexts), nullptr);
+  auto free_contexts = [&] {
+    for (moelite_context*& c : contexts) moelite_context_free(c);
+    contexts.assign(contexts.size(), nullptr);
+  };
   moelite_context_params* cp = moelite_context_params_create();
   moelite_status st = moelite_context_params_set_n_ctx(cp, static_cast<int32_t>(n_prompt + n_gen));
-  if (st == MOELITE_OK) st = moelite_context_params_set_n_batch(cp, static_cast<int32_t>(std::max(n_prompt, n_seq)));
-  if (st == MOELITE_OK) st = moelite_context_params_set_n_seq(cp, static_cast<int32_t>(n_seq));
-  if (st == MOELITE_OK) st = moelite_context_create(model, cp, &ctx);
+  if (st == MOELITE_OK)
+    st = moelite_context_params_set_n_batch(cp, static_cast<int32_t>(std::max(n_prompt, seqs_per_context)));
+  if (st == MOELITE_OK) st = moelite_context_params_set_n_seq(cp, static_cast<int32_t>(seqs_per_context));
+  for (moelite_context*& c : contexts)
+    if (st == MOELITE_OK) st = moelite_context_create(model, cp, &c);
   moelite_context_params_free(cp);
   if (st != MOELITE_OK) {
+    free_contexts();
     moelite_model_free(model);
     return report(st, "creating context");
   }
@@ -117,24 +134,60 @@ int cmd_bench(int argc, char** argv) {
   const int32_t n_layers = static_cast<int32_t>(moelite_model_get(model, MOELITE_MODEL_N_LAYERS));
   std::vector<moelite_expert_stats> best_layers(static_cast<size_t>(n_layers));
   const int64_t runs = reps + (args.has("--no-warmup") ? 0 : 1);
-  std::vector<int32_t> step_tokens(static_cast<size_t>(n_seq)), step_seqs(static_cast<size_t>(n_seq)),
-      prompt_seqs(static_cast<size_t>(n_prompt));
-  for (int64_t q = 0; q < n_seq; ++q) step_seqs[static_cast<size_t>(q)] = static_cast<int32_t>(q);
-  for (int64_t r = 0; r < runs && st == MOELITE_OK; ++r) {
-    for (int32_t q = 0; q < n_seq; ++q) (void)moelite_context_seq_truncate(ctx, q, 0);
-    double t0 = now();
-    for (int64_t q = 0; q < n_seq && st == MOELITE_OK; ++q) {
+  // Context c's prefill (its sequences one after another) and decode (one token of each per step).
+  auto prefill = [&](int64_t c) {
+    moelite_context* ctx = contexts[static_cast<size_t>(c)];
+    std::vector<int32_t> prompt_seqs(static_cast<size_t>(n_prompt));
+    moelite_status s = MOELITE_OK;
+    for (int32_t q = 0; q < seqs_per_context; ++q) (void)moelite_context_seq_truncate(ctx, q, 0);
+    for (int64_t q = 0; q < seqs_per_context && s == MOELITE_OK; ++q) {
       std::fill(prompt_seqs.begin(), prompt_seqs.end(), static_cast<int32_t>(q));
-      st = moelite_eval_batch(ctx, prompt.data() + q * n_prompt, prompt_seqs.data(), nullptr,
-                              static_cast<int32_t>(n_prompt));
+      s = moelite_eval_batch(ctx, prompt.data() + (c * seqs_per_context + q) * n_prompt, prompt_seqs.data(), nullptr,
+                             static_cast<int32_t>(n_prompt));
     }
+    return s;
+  };
+  auto decode = [&](int64_t c) {
+    moelite_context* ctx = contexts[static_cast<size_t>(c)];
+    std::vector<int32_t> step_tokens(static_cast<size_t>(seqs_per_context)),
+        step_seqs(static_cast<size_t>(seqs_per_context));
+    for (int64_t q = 0; q < seqs_per_context; ++q) step_seqs[static_cast<size_t>(q)] = static_cast<int32_t>(q);
+    moelite_status s = MOELITE_OK;
+    for (int64_t i = 0; i < n_gen && s == MOELITE_OK; ++i) {
+      for (int64_t q = 0; q < seqs_per_context; ++q)
+        step_tokens[static_cast<size_t>(q)] = gen[static_cast<size_t>((c * seqs_per_context + q) * n_gen + i)];
+      s = seqs_per_context == 1 ? moelite_eval(ctx, step_tokens.data(), 1, 0)
+                                : moelite_eval_batch(ctx, step_tokens.data(), step_seqs.data(), nullptr,
+                                                     static_cast<int32_t>(seqs_per_context));
+    }
+    return s;
+  };
+  // Runs `phase` for every context, each on a thread of its own when there are several; the first
+  // error is the result (its message is printed at once: moelite_last_error is per thread).
+  auto on_all = [&](auto& phase) {
+    if (n_contexts == 1) return phase(0);
+    std::vector<moelite_status> result(static_cast<size_t>(n_contexts), MOELITE_OK);
+    std::vector<std::string> why(result.size());
+    std::vector<std::thread> threads;
+    for (int64_t c = 0; c < n_contexts; ++c)
+      threads.emplace_back([&, c] {
+        result[static_cast<size_t>(c)] = phase(c);
+        if (result[static_cast<size_t>(c)] != MOELITE_OK) why[static_cast<size_t>(c)] = moelite_last_error();
+      });
+    for (std::thread& t : threads) t.join();
+    for (size_t c = 0; c < result.size(); ++c)
+      if (result[c] != MOELITE_OK) {
+        fprintf(stderr, "context %zu: %s\n", c, why[c].c_str());
+        return result[c];
+      }
+    return MOELITE_OK;
+  };
+  for (int64_t r = 0; r < runs && st == MOELITE_OK; ++r) {
+    double t0 = now();
+    st = on_all(prefill);
     double t1 = now();
     moelite_model_reset_expert_stats(model);
-    for (int64_t i = 0; i < n_gen && st == MOELITE_OK; ++i) {
-      for (int64_t q = 0; q < n_seq; ++q) step_tokens[static_cast<size_t>(q)] = gen[static_cast<size_t>(q * n_gen + i)];
-      st = n_seq == 1 ? moelite_eval(ctx, step_tokens.data(), 1, 0)
-                      : moelite_eval_batch(ctx, step_tokens.data(), step_seqs.data(), nullptr, static_cast<int32_t>(n_seq));
-    }
+    if (st == MOELITE_OK) st = on_all(decode);
     double t2 = now();
     if (r == 0 && runs > reps) continue;  // warm-up
     best_prefill = std::min(best_prefill, t1 - t0);
@@ -149,7 +202,7 @@ int cmd_bench(int argc, char** argv) {
     }
   }
   if (st != MOELITE_OK) {
-    moelite_context_free(ctx);
+    free_contexts();
     moelite_model_free(model);
     return report(st, "benchmark");
   }
@@ -181,7 +234,7 @@ int cmd_bench(int argc, char** argv) {
     device_gbs = 0.0;
   // The probes below allocate buffers of their own (1 GiB for DRAM). The model goes first, so that
   // under a memory cap that fits the budget the peak is the larger of the two, not their sum.
-  moelite_context_free(ctx);
+  free_contexts();
   moelite_model_free(model);
   const double dram_gbs = args.has("--no-membw") ? 0.0 : measure_read_bandwidth(threads, size_t{1} << 30);
   const double bound_gbs = device_gbs > 0 ? device_gbs : dram_gbs;  // the memory the weights stream from
@@ -191,7 +244,9 @@ int cmd_bench(int argc, char** argv) {
   const double efficiency = bound_tps > 0 ? decode_tps / bound_tps : 0.0;
   // Expert store (decode only, best run): hit rate, share of decode time spent waiting for loads.
   const double hit_rate = best_stats.activations ? double(best_stats.hits) / double(best_stats.activations) : 1.0;
-  const double stall = best_decode > 0 && n_gen > 0 ? best_stats.wait_seconds / best_decode : 0.0;
+  // (Contexts wait at the same time: their waits are shared out over them.)
+  const double stall =
+      best_decode > 0 && n_gen > 0 ? best_stats.wait_seconds / (best_decode * double(n_contexts)) : 0.0;
   const double read_per_token = n_gen > 0 ? double(best_stats.bytes_read) / double(n_generated) : 0.0;
   const std::string policy = budget > 0 ? args.get("--policy", "lru") : "resident";
   // Prediction (decode, best run): share of the experts used that were predicted, that were fully
@@ -247,7 +302,7 @@ int cmd_bench(int argc, char** argv) {
   if (storage_gbs > 0 && bound_gbs > 0) snprintf(penalty_json, sizeof penalty_json, "%.2f", 1.0 + bound_gbs / storage_gbs);
   if (args.has("--json")) {
     printf("{\"model\": \"%s\", \"arch\": \"%s\", \"expert_type\": \"%s\", \"backend\": \"%s\", \"threads\": %" PRId64
-           ", \"n_prompt\": %" PRId64 ", \"n_gen\": %" PRId64 ", \"n_seq\": %" PRId64
+           ", \"n_prompt\": %" PRId64 ", \"n_gen\": %" PRId64 ", \"n_seq\": %" PRId64 ", \"contexts\": %" PRId64
            ", \"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f, \"decode_tok_s_per_seq\": %.3f"
            ", \"decode_ms_per_token\": %.3f, \"active_bytes_per_token\": %" PRId64
            ", \"decode_weight_gb_s\": %.3f"
@@ -268,7 +323,7 @@ int cmd_bench(int argc, char** argv) {
            ", \"allocation\": \"%s\", \"budget_auto\": %" PRId64 ", \"budget_summary\": \"%s\", \"text\": %s"
            ", \"layers\": %s}\n",
            json_escape(path).c_str(), arch.c_str(), expert_type.c_str(), json_escape(backend_name).c_str(),
-           static_cast<int64_t>(threads), n_prompt, n_gen, n_seq, prefill_tps, decode_tps, decode_tps / double(n_seq),
+           static_cast<int64_t>(threads), n_prompt, n_gen, n_seq, n_contexts, prefill_tps, decode_tps, decode_tps / double(n_seq),
            n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0, active, decode_gbs, dram_gbs, device_gbs,
            device_gbs > 0 ? "device" : "dram", bound_tps, efficiency, expert_bytes, dense_bytes, peak_rss, budget,
            pool_bytes, store_peak_bytes, expert_slots, policy.c_str(), hit_rate, stall, read_per_token,
@@ -286,7 +341,12 @@ int cmd_bench(int argc, char** argv) {
            expert_type.c_str(), backend_name.c_str(), static_cast<int64_t>(threads));
     printf("budget    %s\n", budget_text.c_str());
     printf("prefill   %" PRId64 " tokens: %.2f tok/s\n", n_prompt, prefill_tps);
-    if (n_seq > 1)
+    if (n_contexts > 1)
+      printf("decode    %" PRId64 " contexts x %" PRId64 " sequences x %" PRId64
+             " tokens: %.2f tok/s in all, %.2f per sequence (%.2f ms/step)\n",
+             n_contexts, seqs_per_context, n_gen, decode_tps, decode_tps / double(n_seq),
+             n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0);
+    else if (n_seq > 1)
       printf("decode    %" PRId64 " sequences x %" PRId64 " tokens: %.2f tok/s in all, %.2f per sequence (%.2f ms/step)\n",
              n_seq, n_gen, decode_tps, decode_tps / double(n_seq), n_gen > 0 ? 1000.0 * best_decode / n_gen : 0.0);
     else

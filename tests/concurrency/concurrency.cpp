@@ -32,14 +32,18 @@ void check(bool ok, const std::string& what) {
   g_failures++;
 }
 
-moelite_model* load(const char* path, uint64_t budget) {
+// With a budget: predictors (contexts take turns) unless `no_predictor`; per-layer quotas when asked.
+moelite_model* load(const char* path, uint64_t budget, bool no_predictor = false, bool per_layer = false) {
   moelite_model_params* p = moelite_model_params_create();
   moelite_model_params_set_threads(p, 2);
   moelite_model_params_set_backend(p, MOELITE_BACKEND_CPU);
   if (budget) {
     moelite_model_params_set_expert_budget(p, budget);
-    moelite_model_params_set_predictor(p, "next-gate,correlation");
-    moelite_model_params_set_predictor_depth(p, 2);
+    moelite_model_params_set_cache_allocation(p, per_layer ? "uniform" : "global");
+    if (!no_predictor) {
+      moelite_model_params_set_predictor(p, "next-gate,correlation");
+      moelite_model_params_set_predictor_depth(p, 2);
+    }
   }
   moelite_model* m = nullptr;
   const moelite_status st = moelite_model_load(path, p, &m);
@@ -83,6 +87,46 @@ bool run(moelite_context* c, const std::vector<int32_t>& toks, int32_t n_vocab, 
 
 int abort_when_set(void* user) { return static_cast<std::atomic<bool>*>(user)->load() ? 1 : 0; }
 
+// One context aborted from another thread at varying moments: every call ends in OK or
+// MOELITE_ERR_ABORTED, an aborted call leaves the sequence as it was, and a clean run after
+// the aborts is exact.
+void abort_again_and_again(moelite_model* m, const std::vector<int32_t>& toks, int32_t n_vocab,
+                           const std::vector<float>& ref) {
+  std::atomic<bool> stop{false};
+  moelite_context* c = context(m, abort_when_set, &stop);
+  int n_aborted = 0;
+  for (int i = 0; i < 12; ++i) {
+    stop = false;
+    std::thread aborter([&stop, i] {
+      std::this_thread::sleep_for(std::chrono::microseconds(300 * i));
+      stop = true;
+    });
+    moelite_context_kv_reset(c);
+    const moelite_status st = moelite_eval(c, toks.data(), static_cast<int32_t>(toks.size()), 0);
+    aborter.join();
+    check(st == MOELITE_OK || st == MOELITE_ERR_ABORTED,
+          std::string("aborted context: ") + moelite_status_name(st) + ": " + moelite_last_error());
+    if (st == MOELITE_ERR_ABORTED) {
+      ++n_aborted;
+      check(moelite_context_kv_length(c) == 0, "an aborted eval changed the sequence");
+    }
+  }
+  check(n_aborted > 0, "no evaluation was ever aborted");
+  stop = false;
+  std::vector<float> got;
+  check(run(c, toks, n_vocab, &got), std::string("clean run after aborts: ") + moelite_last_error());
+  check(got == ref, "logits after aborts differ");
+  moelite_context_free(c);
+}
+
+moelite_expert_stats context_stats(moelite_context* c) {
+  moelite_expert_stats s;
+  memset(&s, 0, sizeof(s));
+  s.struct_size = sizeof(s);
+  check(moelite_context_expert_stats(c, -1, &s) == MOELITE_OK, "context expert stats");
+  return s;
+}
+
 // Holds one context inside its first MoE layer until another context has finished an evaluation.
 struct OverlapGate {
   std::atomic<bool> other_done{false}, overlapped{false};
@@ -114,6 +158,9 @@ int main(int argc, char** argv) {
   if (!ref_model) return 1;
   const int32_t n_vocab = static_cast<int32_t>(moelite_model_get(ref_model, MOELITE_MODEL_N_VOCAB));
   const uint64_t budget = static_cast<uint64_t>(moelite_model_get(ref_model, MOELITE_MODEL_EXPERT_BYTES)) / 4;
+  const uint64_t min_budget = static_cast<uint64_t>(moelite_model_get(ref_model, MOELITE_MODEL_EXPERT_MIN_BUDGET));
+  const uint64_t moe_layers = static_cast<uint64_t>(moelite_model_get(ref_model, MOELITE_MODEL_N_LAYERS) -
+                                                    moelite_model_get(ref_model, MOELITE_MODEL_N_DENSE_LAYERS));
   std::vector<std::vector<float>> ref(kWorkers + 1);
   {
     moelite_context* c = context(ref_model, nullptr, nullptr);
@@ -174,37 +221,7 @@ int main(int argc, char** argv) {
     }
   });
 
-  // One context aborted from another thread at varying moments: every call ends in OK or
-  // MOELITE_ERR_ABORTED, an aborted call leaves the sequence as it was, and a clean run after
-  // the aborts is exact.
-  std::thread aborted([&] {
-    std::atomic<bool> stop{false};
-    moelite_context* c = context(m, abort_when_set, &stop);
-    const std::vector<int32_t> toks = prompt(kWorkers, kTokens);
-    int n_aborted = 0;
-    for (int i = 0; i < 12; ++i) {
-      stop = false;
-      std::thread aborter([&stop, i] {
-        std::this_thread::sleep_for(std::chrono::microseconds(300 * i));
-        stop = true;
-      });
-      moelite_context_kv_reset(c);
-      const moelite_status st = moelite_eval(c, toks.data(), static_cast<int32_t>(toks.size()), 0);
-      aborter.join();
-      check(st == MOELITE_OK || st == MOELITE_ERR_ABORTED,
-            std::string("aborted context: ") + moelite_status_name(st) + ": " + moelite_last_error());
-      if (st == MOELITE_ERR_ABORTED) {
-        ++n_aborted;
-        check(moelite_context_kv_length(c) == 0, "an aborted eval changed the sequence");
-      }
-    }
-    check(n_aborted > 0, "no evaluation was ever aborted");
-    stop = false;
-    std::vector<float> got;
-    check(run(c, toks, n_vocab, &got), std::string("clean run after aborts: ") + moelite_last_error());
-    check(got == ref[kWorkers], "logits after aborts differ");
-    moelite_context_free(c);
-  });
+  std::thread aborted([&] { abort_again_and_again(m, prompt(kWorkers, kTokens), n_vocab, ref[kWorkers]); });
 
   for (std::thread& t : threads) t.join();
   aborted.join();
@@ -250,6 +267,91 @@ int main(int argc, char** argv) {
       });
     for (std::thread& t : parallel) t.join();
     moelite_model_free(res);
+  }
+
+  // A budget without a predictor: contexts share the store and evaluate at the same time (shown
+  // as above), at a quarter of the experts and at the smallest budget the model loads with, in
+  // one pool and in per-layer quotas. At the minimum a layer of one token pins every slot but
+  // the reserve, so contexts wait for one another's groups (the store's admission) on almost
+  // every layer: no deadlock, no "no slot free", bitwise results, aborts honoured while waiting.
+  // Each context's counters are its own: they add up to the model's.
+  struct SharedStore {
+    const char* what;
+    uint64_t budget;
+    bool per_layer;
+  };
+  for (const SharedStore& shared : {SharedStore{"a quarter of the experts", budget, false},
+                                    SharedStore{"the minimum budget", min_budget, false},
+                                    SharedStore{"the minimum per-layer quotas", min_budget * moe_layers, true}}) {
+    const std::string where = std::string(" (") + shared.what + ")";
+    moelite_model* b = load(path, shared.budget, /*no_predictor=*/true, shared.per_layer);
+    if (!b) return 1;
+    if (shared.budget == budget) {
+      OverlapGate gate;
+      moelite_context* ca = context(b, nullptr, nullptr, hold_until_other_done, &gate);
+      moelite_context* cb = context(b, nullptr, nullptr);
+      std::thread ta([&] {
+        std::vector<float> got;
+        check(run(ca, prompt(0, kTokens), n_vocab, &got) && got == ref[0], "held context: logits differ" + where);
+      });
+      std::thread tb([&] {
+        std::vector<float> got;
+        check(run(cb, prompt(1, kTokens), n_vocab, &got) && got == ref[1], "free context: logits differ" + where);
+        gate.other_done = true;
+      });
+      ta.join();
+      tb.join();
+      check(gate.overlapped.load(), "contexts sharing an expert budget did not evaluate at the same time");
+      moelite_context_free(ca);
+      moelite_context_free(cb);
+    }
+    moelite_model_reset_expert_stats(b);
+    std::vector<moelite_expert_stats> own(kWorkers);
+    std::vector<std::thread> parallel;
+    for (int w = 0; w < kWorkers; ++w)
+      parallel.emplace_back([&, w] {
+        moelite_context* c = context(b, nullptr, nullptr);
+        for (int r = 0; r < kRounds; ++r) {
+          std::vector<float> got;
+          const bool ok = run(c, prompt(w, kTokens), n_vocab, &got);
+          check(ok, "shared-store worker " + std::to_string(w) + where + ": " + moelite_last_error());
+          check(!ok || got == ref[w], "shared-store worker " + std::to_string(w) + where + ": logits differ");
+        }
+        own[static_cast<size_t>(w)] = context_stats(c);
+        moelite_context_free(c);
+      });
+    for (std::thread& t : parallel) t.join();
+    moelite_expert_stats all;
+    memset(&all, 0, sizeof(all));
+    all.struct_size = sizeof(all);
+    check(moelite_model_expert_stats(b, -1, &all) == MOELITE_OK, "model expert stats");
+    uint64_t activations = 0, misses = 0, bytes = 0;
+    for (const moelite_expert_stats& o : own) {
+      activations += o.activations;
+      misses += o.misses;
+      bytes += o.bytes_read;
+      check(o.activations > 0, "a context counted no expert use" + where);
+    }
+    check(activations == all.activations && misses == all.misses && bytes == all.bytes_read,
+          "the contexts' expert counters do not add up to the model's" + where + ": activations " +
+              std::to_string(activations) + " of " + std::to_string(all.activations) + ", misses " +
+              std::to_string(misses) + " of " + std::to_string(all.misses) + ", bytes " + std::to_string(bytes) +
+              " of " + std::to_string(all.bytes_read));
+    check(misses > 0 && bytes > 0, "nothing was read under a budget" + where);
+    if (shared.budget == min_budget) {
+      // Aborts while other contexts hold the pool (waits for admission and for loads).
+      std::thread busy([&] {
+        moelite_context* c = context(b, nullptr, nullptr);
+        for (int r = 0; r < kRounds; ++r) {
+          std::vector<float> got;
+          check(run(c, prompt(0, kTokens), n_vocab, &got) && got == ref[0], "busy context: logits differ" + where);
+        }
+        moelite_context_free(c);
+      });
+      abort_again_and_again(b, prompt(kWorkers, kTokens), n_vocab, ref[kWorkers]);
+      busy.join();
+    }
+    moelite_model_free(b);
   }
 
   // Freeing a model races the freeing of its contexts on other threads: the reference count

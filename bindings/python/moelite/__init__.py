@@ -823,6 +823,16 @@ class Model:
         warm-up and a measurement."""
         _c.moelite_model_reset_expert_stats(self._handle())
 
+    def trace_begin(self, path: PathLike) -> None:
+        """Starts recording a timeline of this model's work (routing, expert reads, computation,
+        waits, prefetches) in the Chrome trace-event format that Perfetto opens
+        (moelite_model_trace_begin). Raises MoeliteError(IO) at once when `path` cannot be written."""
+        _check(_c.moelite_model_trace_begin(self._handle(), os.fsencode(os.fspath(path))))
+
+    def trace_end(self) -> None:
+        """Stops the timeline and writes it (moelite_model_trace_end)."""
+        _check(_c.moelite_model_trace_end(self._handle()))
+
     # ---- text ----
     def tokenize(self, text: TextLike, add_special: bool = False, parse_special: bool = False, *,
                  flags: Union[TokenizeFlag, int] = 0) -> List[int]:

@@ -184,6 +184,8 @@ _decl("moelite_model_measure_device_bandwidth", _status, _p, POINTER(c_double))
 _decl("moelite_supported_archs", c_char_p)
 _decl("moelite_model_expert_stats", _status, _p, c_int32, POINTER(ExpertStats))
 _decl("moelite_model_reset_expert_stats", None, _p)
+_decl("moelite_model_trace_begin", _status, _p, c_char_p)
+_decl("moelite_model_trace_end", _status, _p)
 
 _decl("moelite_context_params_create", _p)
 _decl("moelite_context_params_free", None, _p)

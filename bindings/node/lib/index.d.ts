@@ -1,0 +1,121 @@
+// TypeScript declarations of the moelite Node.js binding (lib/index.js).
+
+export declare const Status: Readonly<{
+  OK: 0; INVALID_ARGUMENT: 1; OUT_OF_MEMORY: 2; FILE_NOT_FOUND: 3; IO: 4; BUFFER_TOO_SMALL: 5;
+  SYSTEM_LIMIT: 6; GGUF_BAD_MAGIC: 10; GGUF_BAD_VERSION: 11; GGUF_TRUNCATED: 12; GGUF_CORRUPT: 13;
+  GGUF_UNKNOWN_TYPE: 14; GGUF_OUT_OF_BOUNDS: 15; GGUF_OVERLAP: 16; UNSUPPORTED_ARCH: 20;
+  UNSUPPORTED_TYPE: 21; MISSING_TENSOR: 22; BAD_SHAPE: 23; MISSING_METADATA: 24; BAD_METADATA: 25;
+  BACKEND_UNAVAILABLE: 30; BUDGET_TOO_SMALL: 31; NOT_IMPLEMENTED: 32; BAD_PROFILE: 33; BACKEND: 34;
+  CONTEXT_FULL: 40; BAD_TOKEN: 41; ABORTED: 42; PROGRESS_ABORTED: 43; BAD_SESSION: 50;
+  SESSION_MISMATCH: 51; INTERNAL: 99;
+}>;
+
+export declare const Backend: Readonly<{ AUTO: 0; CPU: 1; VULKAN: 2; CUDA: 3 }>;
+
+/** A failed call: `status` is the moelite_status number, `code` its name. */
+export declare class MoeliteError extends Error {
+  readonly status: number;
+  readonly code: string;
+  /** The library's message without the code. */
+  readonly detail: string;
+}
+
+export declare function version(): string;
+
+export interface ModelOptions {
+  threads?: number;
+  backend?: 'auto' | 'cpu' | 'vulkan' | 'cuda' | number;
+  /** Bytes of experts kept in memory, a share ("25%") or "auto". */
+  budget?: number | bigint | string;
+  policy?: 'lru' | 'lfu' | 'decay' | 'static' | 'belady';
+  predictor?: string;
+  /** How the budget is shared among layers. */
+  allocation?: 'auto' | 'global' | 'uniform' | 'dp';
+  profile?: string;
+  gating?: { mode: 'exact' | 'sensitivity' | 'score' | 'cache-aware'; threshold?: number };
+}
+
+export interface ExpertStats {
+  activations: number; hits: number; misses: number;
+  prefetchesIssued: number; prefetchesUsed: number; prefetchesWasted: number;
+  bytesRead: number; waitSeconds: number; predicted: number; predictions: number;
+  readyWhenNeeded: number; routedTokens: number; routedExperts: number; readBusySeconds: number;
+  hitRate: number;
+}
+
+export interface ChatMessage { role: string; content: string }
+
+export declare class Model {
+  static load(path: string, opts?: ModelOptions): Model;
+  static loadAsync(path: string, opts?: ModelOptions): Promise<Model>;
+  close(): void;
+  get(key: number): number;
+  readonly nVocab: number;
+  readonly nLayers: number;
+  readonly nCtxTrain: number;
+  readonly expertBudget: number;
+  readonly arch: string;
+  readonly name: string;
+  readonly backendName: string;
+  tokenize(text: string, opts?: { addSpecial?: boolean; parseSpecial?: boolean }): Int32Array;
+  detokenizeBytes(tokens: ArrayLike<number>, opts?: { renderSpecial?: boolean }): Buffer;
+  detokenize(tokens: ArrayLike<number>, opts?: { renderSpecial?: boolean }): string;
+  isEndToken(token: number): boolean;
+  chatFormat(messages: ChatMessage[], addAssistantPrompt?: boolean): string;
+  chatTokenize(messages: ChatMessage[], addAssistantPrompt?: boolean): Int32Array;
+  expertStats(layer?: number): ExpertStats;
+  resetExpertStats(): void;
+  traceBegin(path: string): void;
+  traceEnd(): void;
+}
+
+export interface ContextOptions { nCtx?: number; nBatch?: number; nSeq?: number }
+
+export interface GenerateParams {
+  maxTokens?: number;
+  temperature?: number;
+  topK?: number;
+  topP?: number;
+  minP?: number;
+  repeatPenalty?: number;
+  repeatLastN?: number;
+  seed?: number | bigint;
+  stop?: string[];
+}
+
+export type StopReason = 'end' | 'max_tokens' | 'stop' | 'aborted' | 'context_full' | 'error';
+
+export interface GenerateStats {
+  promptTokens: number; cachedTokens: number; generatedTokens: number; stopReason: StopReason;
+  promptSeconds: number; generateSeconds: number; timeToFirstTokenSeconds: number;
+  promptTokensPerSecond: number; generatedTokensPerSecond: number;
+}
+
+export interface GeneratedToken { id: number; text: string }
+
+export interface Generation extends AsyncIterable<GeneratedToken> {
+  /** Why it ended; null while it goes on. */
+  readonly stopReason: StopReason | null;
+}
+
+export declare class Context {
+  constructor(model: Model, opts?: ContextOptions);
+  close(): void;
+  eval(tokens: ArrayLike<number>, opts?: { logitsAll?: boolean }): void;
+  evalAsync(tokens: ArrayLike<number>, opts?: { logitsAll?: boolean }): Promise<void>;
+  evalBatch(tokens: ArrayLike<number>, seqIds: ArrayLike<number>, wantLogits?: ArrayLike<boolean> | null): void;
+  logits(i?: number): Float32Array | null;
+  readonly kvLength: number;
+  readonly nCtx: number;
+  kvReset(): void;
+  kvTruncate(nKeep: number): void;
+  seqLength(seq: number): number;
+  seqTruncate(seq: number, nKeep: number): void;
+  tokens(): Int32Array;
+  save(path: string): void;
+  load(path: string): void;
+  expertStats(layer?: number): ExpertStats;
+  resetExpertStats(): void;
+  generateText(prompt: string, params?: GenerateParams): Promise<{ text: string; stats: GenerateStats }>;
+  generate(prompt: string | ArrayLike<number>, params?: GenerateParams & { signal?: AbortSignal }): Generation;
+}

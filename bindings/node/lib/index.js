@@ -1,0 +1,524 @@
+'use strict';
+// moelite for Node.js: the C API through koffi (FFI, prebuilt: no compiler, no header download).
+// Models and contexts own their native objects; close() frees them at once, and a finalizer frees
+// what was not closed. Long calls (loading, evaluating, generating) have async forms that run on
+// a worker thread, so the event loop keeps running; a context refuses a second call while one is
+// in flight (one thread at a time, as the C API asks).
+const { load } = require('./native');
+
+const Status = Object.freeze({
+  OK: 0, INVALID_ARGUMENT: 1, OUT_OF_MEMORY: 2, FILE_NOT_FOUND: 3, IO: 4, BUFFER_TOO_SMALL: 5,
+  SYSTEM_LIMIT: 6, GGUF_BAD_MAGIC: 10, GGUF_BAD_VERSION: 11, GGUF_TRUNCATED: 12, GGUF_CORRUPT: 13,
+  GGUF_UNKNOWN_TYPE: 14, GGUF_OUT_OF_BOUNDS: 15, GGUF_OVERLAP: 16, UNSUPPORTED_ARCH: 20,
+  UNSUPPORTED_TYPE: 21, MISSING_TENSOR: 22, BAD_SHAPE: 23, MISSING_METADATA: 24, BAD_METADATA: 25,
+  BACKEND_UNAVAILABLE: 30, BUDGET_TOO_SMALL: 31, NOT_IMPLEMENTED: 32, BAD_PROFILE: 33, BACKEND: 34,
+  CONTEXT_FULL: 40, BAD_TOKEN: 41, ABORTED: 42, PROGRESS_ABORTED: 43, BAD_SESSION: 50,
+  SESSION_MISMATCH: 51, INTERNAL: 99,
+});
+const Backend = Object.freeze({ AUTO: 0, CPU: 1, VULKAN: 2, CUDA: 3 });
+const StopReason = Object.freeze(['end', 'max_tokens', 'stop', 'aborted', 'context_full', 'error']);
+const MODEL_KEY = { N_LAYERS: 0, N_VOCAB: 4, N_CTX_TRAIN: 11, EXPERT_BYTES: 12, EXPERT_BUDGET: 19 };
+const TOKENIZE_ADD_SPECIAL = 1, TOKENIZE_PARSE_SPECIAL = 2, DETOKENIZE_RENDER_SPECIAL = 1;
+
+/** A failed call: `status` is the moelite_status number, `code` its name ("MOELITE_ERR_IO"). */
+class MoeliteError extends Error {
+  constructor(status, message) {
+    const { fns } = load();
+    const code = fns.moelite_status_name(status);
+    super(`${code}: ${message}`);
+    this.name = 'MoeliteError';
+    this.status = status;
+    this.code = code;
+    this.detail = message;
+  }
+}
+
+function check(status) {
+  if (status !== 0) throw new MoeliteError(status, load().fns.moelite_last_error());
+}
+
+// An async call on koffi's worker thread; the error message is read on that thread's behalf:
+// moelite_last_error is per thread, so the async call returns it along with the status.
+function callAsync(fn, ...args) {
+  return new Promise((resolve, reject) => {
+    fn.async(...args, (err, res) => (err ? reject(err) : resolve(res)));
+  });
+}
+
+function invalid(message) {
+  return new MoeliteError(Status.INVALID_ARGUMENT, message);
+}
+
+function version() {
+  return load().fns.moelite_version_string();
+}
+
+const registry = new FinalizationRegistry(({ free, ptr }) => free(ptr));
+
+function buildModelParams(opts) {
+  const { fns } = load();
+  const p = fns.moelite_model_params_create();
+  if (!p) throw new MoeliteError(Status.OUT_OF_MEMORY, 'model parameters');
+  try {
+    if (opts.threads !== undefined) check(fns.moelite_model_params_set_threads(p, opts.threads));
+    if (opts.backend !== undefined) {
+      const b = typeof opts.backend === 'string' ? Backend[opts.backend.toUpperCase()] : opts.backend;
+      if (b === undefined) throw invalid(`unknown backend ${opts.backend}`);
+      check(fns.moelite_model_params_set_backend(p, b));
+    }
+    const budget = opts.budget;
+    if (typeof budget === 'number' || typeof budget === 'bigint') {
+      check(fns.moelite_model_params_set_expert_budget(p, budget));
+    } else if (typeof budget === 'string') {
+      if (budget === 'auto') check(fns.moelite_model_params_set_expert_budget_auto(p, 0));
+      else if (/^\d+(\.\d+)?%$/.test(budget)) {
+        check(fns.moelite_model_params_set_expert_budget_fraction(p, parseFloat(budget) / 100));
+      } else throw invalid(`budget "${budget}": a byte count, "25%" or "auto"`);
+    } else if (budget !== undefined) throw invalid('budget: a byte count, "25%" or "auto"');
+    if (opts.policy !== undefined) check(fns.moelite_model_params_set_expert_policy(p, opts.policy));
+    if (opts.predictor !== undefined) check(fns.moelite_model_params_set_predictor(p, opts.predictor));
+    if (opts.allocation !== undefined) check(fns.moelite_model_params_set_cache_allocation(p, opts.allocation));
+    if (opts.profile !== undefined) check(fns.moelite_model_params_set_profile(p, opts.profile));
+    if (opts.gating !== undefined) {
+      check(fns.moelite_model_params_set_gating(p, opts.gating.mode, opts.gating.threshold ?? 0));
+    }
+    return p;
+  } catch (e) {
+    fns.moelite_model_params_free(p);
+    throw e;
+  }
+}
+
+function statsObject(s) {
+  const n = (v) => Number(v);
+  return {
+    activations: n(s.activations), hits: n(s.hits), misses: n(s.misses),
+    prefetchesIssued: n(s.prefetches_issued), prefetchesUsed: n(s.prefetches_used),
+    prefetchesWasted: n(s.prefetches_wasted), bytesRead: n(s.bytes_read), waitSeconds: s.wait_seconds,
+    predicted: n(s.predicted), predictions: n(s.predictions), readyWhenNeeded: n(s.ready_when_needed),
+    routedTokens: n(s.routed_tokens), routedExperts: n(s.routed_experts), readBusySeconds: s.read_busy_seconds,
+    hitRate: n(s.activations) ? n(s.hits) / n(s.activations) : 1,
+  };
+}
+
+function emptyStats() {
+  return { struct_size: 15 * 8, activations: 0, hits: 0, misses: 0, prefetches_issued: 0, prefetches_used: 0,
+    prefetches_wasted: 0, bytes_read: 0, wait_seconds: 0, predicted: 0, predictions: 0, ready_when_needed: 0,
+    routed_tokens: 0, routed_experts: 0, read_busy_seconds: 0 };
+}
+
+// Calls f(buffer, capacity, lenOut) with a guess, then again with the size asked for.
+function sized(guess, alloc, f) {
+  let buf = alloc(Math.max(1, guess));
+  let len = [0];
+  let st = f(buf, buf.length, len);
+  if (st === Status.BUFFER_TOO_SMALL) {
+    buf = alloc(Math.max(1, Number(len[0])));
+    len = [0];
+    st = f(buf, buf.length, len);
+  }
+  check(st);
+  return buf.subarray(0, Number(len[0]));
+}
+
+function toInt32Array(tokens) {
+  if (tokens instanceof Int32Array) return tokens;
+  if (!Array.isArray(tokens)) throw invalid('tokens: an array of token ids');
+  return Int32Array.from(tokens);
+}
+
+class Model {
+  constructor(ptr) {
+    const { fns } = load();
+    this._ptr = ptr;
+    this._token = {};
+    registry.register(this, { free: fns.moelite_model_free, ptr }, this._token);
+  }
+
+  /** Loads a GGUF model (blocking). opts: threads, backend ('cpu' | 'vulkan' | 'cuda' | 'auto'),
+   *  budget (bytes, "25%" or "auto"), policy, predictor, allocation ('auto' | 'global' | 'uniform' | 'dp'),
+   *  profile, gating {mode, threshold}. */
+  static load(path, opts = {}) {
+    const { fns } = load();
+    const p = buildModelParams(opts);
+    try {
+      const out = [null];
+      check(fns.moelite_model_load(String(path), p, out));
+      return new Model(out[0]);
+    } finally {
+      fns.moelite_model_params_free(p);
+    }
+  }
+
+  /** The same on a worker thread. */
+  static async loadAsync(path, opts = {}) {
+    const { fns } = load();
+    const p = buildModelParams(opts);
+    try {
+      const out = [null];
+      const st = await callAsync(fns.moelite_model_load, String(path), p, out);
+      if (st !== 0) throw new MoeliteError(st, loadErrorAfterAsync(path));
+      return new Model(out[0]);
+    } finally {
+      fns.moelite_model_params_free(p);
+    }
+  }
+
+  _handle() {
+    if (!this._ptr) throw invalid('the model was closed');
+    return this._ptr;
+  }
+
+  /** Frees the model now (contexts made from it keep it alive until they are closed). */
+  close() {
+    if (!this._ptr) return;
+    registry.unregister(this._token);
+    load().fns.moelite_model_free(this._ptr);
+    this._ptr = null;
+  }
+
+  get(key) {
+    return Number(load().fns.moelite_model_get(this._handle(), key));
+  }
+  get nVocab() { return this.get(MODEL_KEY.N_VOCAB); }
+  get nLayers() { return this.get(MODEL_KEY.N_LAYERS); }
+  get nCtxTrain() { return this.get(MODEL_KEY.N_CTX_TRAIN); }
+  get expertBudget() { return this.get(MODEL_KEY.EXPERT_BUDGET); }
+  get arch() { return load().fns.moelite_model_arch(this._handle()); }
+  get name() { return load().fns.moelite_model_name(this._handle()); }
+  get backendName() { return load().fns.moelite_model_backend_name(this._handle()); }
+
+  /** Token ids of `text` (Int32Array). */
+  tokenize(text, { addSpecial = false, parseSpecial = false } = {}) {
+    const { fns } = load();
+    const bytes = Buffer.from(String(text), 'utf8');
+    const flags = (addSpecial ? TOKENIZE_ADD_SPECIAL : 0) | (parseSpecial ? TOKENIZE_PARSE_SPECIAL : 0);
+    return sized(bytes.length + 8, (n) => new Int32Array(n),
+      (buf, cap, n) => fns.moelite_tokenize(this._handle(), bytes, bytes.length, flags, buf, cap, n));
+  }
+
+  /** The bytes `tokens` stand for, as a Buffer (one token's may end inside a character). */
+  detokenizeBytes(tokens, { renderSpecial = false } = {}) {
+    const { fns } = load();
+    const ids = toInt32Array(tokens);
+    const flags = renderSpecial ? DETOKENIZE_RENDER_SPECIAL : 0;
+    return Buffer.from(sized(ids.length * 8 + 16, (n) => new Uint8Array(n),
+      (buf, cap, len) => fns.moelite_detokenize(this._handle(), ids, ids.length, flags, buf, cap, len)));
+  }
+
+  detokenize(tokens, opts = {}) {
+    return this.detokenizeBytes(tokens, opts).toString('utf8');
+  }
+
+  isEndToken(token) {
+    return load().fns.moelite_token_is_end(this._handle(), token) !== 0;
+  }
+
+  /** Messages ({role, content}) formatted with the model's chat template. */
+  chatFormat(messages, addAssistantPrompt = true) {
+    const { fns } = load();
+    const bytes = sized(messages.reduce((a, m) => a + m.content.length * 3 + 64, 64), (n) => new Uint8Array(n),
+      (buf, cap, len) => fns.moelite_chat_format(this._handle(), messages, messages.length,
+        addAssistantPrompt ? 1 : 0, buf, cap, len));
+    return Buffer.from(bytes).toString('utf8');
+  }
+
+  /** The conversation's tokens; message text stays text even where it spells a control token. */
+  chatTokenize(messages, addAssistantPrompt = true) {
+    const { fns } = load();
+    return sized(messages.reduce((a, m) => a + m.content.length + 32, 64), (n) => new Int32Array(n),
+      (buf, cap, n) => fns.moelite_chat_tokenize(this._handle(), messages, messages.length,
+        addAssistantPrompt ? 1 : 0, buf, cap, n));
+  }
+
+  /** The expert store's counters of every context (layer -1: all layers). */
+  expertStats(layer = -1) {
+    const s = emptyStats();
+    check(load().fns.moelite_model_expert_stats(this._handle(), layer, s));
+    return statsObject(s);
+  }
+
+  resetExpertStats() {
+    load().fns.moelite_model_reset_expert_stats(this._handle());
+  }
+
+  /** Starts a timeline of the model's work (Chrome trace JSON that Perfetto opens) at `path`. */
+  traceBegin(path) {
+    check(load().fns.moelite_model_trace_begin(this._handle(), String(path)));
+  }
+
+  /** Stops the timeline and writes it. */
+  traceEnd() {
+    check(load().fns.moelite_model_trace_end(this._handle()));
+  }
+}
+
+function loadErrorAfterAsync(path) {
+  // The worker thread's message is not readable from here: say what is known.
+  return `loading ${path} failed (see the status; the message stays on koffi's worker thread)`;
+}
+
+function buildGenerateParams(params) {
+  const { fns } = load();
+  const p = fns.moelite_generate_params_create();
+  if (!p) throw new MoeliteError(Status.OUT_OF_MEMORY, 'generate parameters');
+  try {
+    if (params.maxTokens !== undefined) check(fns.moelite_generate_params_set_max_tokens(p, params.maxTokens));
+    if (params.temperature !== undefined) check(fns.moelite_generate_params_set_temperature(p, params.temperature));
+    if (params.topK !== undefined) check(fns.moelite_generate_params_set_top_k(p, params.topK));
+    if (params.topP !== undefined) check(fns.moelite_generate_params_set_top_p(p, params.topP));
+    if (params.minP !== undefined) check(fns.moelite_generate_params_set_min_p(p, params.minP));
+    if (params.repeatPenalty !== undefined) {
+      check(fns.moelite_generate_params_set_repeat_penalty(p, params.repeatPenalty, params.repeatLastN ?? 64));
+    }
+    if (params.seed !== undefined) check(fns.moelite_generate_params_set_seed(p, BigInt(params.seed)));
+    for (const s of params.stop ?? []) check(fns.moelite_generate_params_add_stop(p, s));
+    return p;
+  } catch (e) {
+    fns.moelite_generate_params_free(p);
+    throw e;
+  }
+}
+
+// The longest end of `text` that begins some stop string.
+function heldBack(text, stops) {
+  let hold = 0;
+  for (const s of stops) {
+    for (let n = Math.min(s.length - 1, text.length); n > hold; --n) {
+      if (text.endsWith(s.slice(0, n))) {
+        hold = n;
+        break;
+      }
+    }
+  }
+  return hold;
+}
+
+class Context {
+  /** opts: nCtx, nBatch, nSeq. */
+  constructor(model, opts = {}) {
+    const { fns } = load();
+    const p = fns.moelite_context_params_create();
+    if (!p) throw new MoeliteError(Status.OUT_OF_MEMORY, 'context parameters');
+    try {
+      if (opts.nCtx !== undefined) check(fns.moelite_context_params_set_n_ctx(p, opts.nCtx));
+      if (opts.nBatch !== undefined) check(fns.moelite_context_params_set_n_batch(p, opts.nBatch));
+      if (opts.nSeq !== undefined) check(fns.moelite_context_params_set_n_seq(p, opts.nSeq));
+      const out = [null];
+      check(fns.moelite_context_create(model._handle(), p, out));
+      this._ptr = out[0];
+    } finally {
+      fns.moelite_context_params_free(p);
+    }
+    this._model = model;
+    this._nVocab = model.nVocab;
+    this._busy = false;
+    this._token = {};
+    registry.register(this, { free: fns.moelite_context_free, ptr: this._ptr }, this._token);
+  }
+
+  _handle() {
+    if (!this._ptr) throw invalid('the context was closed');
+    if (this._busy) throw invalid('the context is busy with an async call (one call at a time)');
+    return this._ptr;
+  }
+
+  close() {
+    if (!this._ptr) return;
+    if (this._busy) throw invalid('the context is busy with an async call');
+    registry.unregister(this._token);
+    load().fns.moelite_context_free(this._ptr);
+    this._ptr = null;
+  }
+
+  /** Appends tokens to sequence 0 and evaluates them (blocking). */
+  eval(tokens, { logitsAll = false } = {}) {
+    const ids = toInt32Array(tokens);
+    check(load().fns.moelite_eval(this._handle(), ids, ids.length, logitsAll ? 1 : 0));
+  }
+
+  /** The same on a worker thread: the event loop runs meanwhile. */
+  async evalAsync(tokens, { logitsAll = false } = {}) {
+    const ids = toInt32Array(tokens);
+    const h = this._handle();
+    this._busy = true;
+    let st;
+    try {
+      st = await callAsync(load().fns.moelite_eval, h, ids, ids.length, logitsAll ? 1 : 0);
+    } finally {
+      this._busy = false;
+    }
+    if (st !== 0) throw new MoeliteError(st, `evaluating ${ids.length} tokens failed`);
+  }
+
+  /** Tokens of several sequences in one pass (token i to sequence seqIds[i]); logits kept for
+   *  wantLogits[i] (default: each sequence's last token). */
+  evalBatch(tokens, seqIds, wantLogits = null) {
+    const ids = toInt32Array(tokens), seqs = toInt32Array(seqIds);
+    if (seqs.length !== ids.length || (wantLogits && wantLogits.length !== ids.length)) {
+      throw invalid('evalBatch: tokens, seqIds and wantLogits differ in length');
+    }
+    const want = wantLogits ? Uint8Array.from(wantLogits, (b) => (b ? 1 : 0)) : null;
+    check(load().fns.moelite_eval_batch(this._handle(), ids, seqs, want, ids.length));
+  }
+
+  /** A copy of row i's logits (-1: the last), or null when the row has none. */
+  logits(i = -1) {
+    const { fns, koffi } = load();
+    const p = fns.moelite_get_logits(this._handle(), i);
+    if (!p) return null;
+    return new Float32Array(koffi.view(p, this._nVocab * 4).slice(0));
+  }
+
+  get kvLength() { return load().fns.moelite_context_kv_length(this._handle()); }
+  get nCtx() { return load().fns.moelite_context_n_ctx(this._handle()); }
+  kvReset() { load().fns.moelite_context_kv_reset(this._handle()); }
+  kvTruncate(nKeep) { load().fns.moelite_context_kv_truncate(this._handle(), nKeep); }
+  seqLength(seq) { return load().fns.moelite_context_seq_length(this._handle(), seq); }
+  seqTruncate(seq, nKeep) { check(load().fns.moelite_context_seq_truncate(this._handle(), seq, nKeep)); }
+
+  /** The tokens sequence 0's cache holds. */
+  tokens() {
+    const { fns } = load();
+    return sized(this.kvLength, (n) => new Int32Array(n),
+      (buf, cap, n) => fns.moelite_context_get_tokens(this._handle(), buf, cap, n));
+  }
+
+  save(path) { check(load().fns.moelite_context_save(this._handle(), String(path))); }
+  load(path) { check(load().fns.moelite_context_load(this._handle(), String(path))); }
+
+  /** This context's own expert-store counters. */
+  expertStats(layer = -1) {
+    const s = emptyStats();
+    check(load().fns.moelite_context_expert_stats(this._handle(), layer, s));
+    return statsObject(s);
+  }
+
+  resetExpertStats() { load().fns.moelite_context_reset_expert_stats(this._handle()); }
+
+  /** The library's generation loop on a worker thread: resolves to {text, stats}. params:
+   *  maxTokens, temperature, topK, topP, minP, repeatPenalty, repeatLastN, seed, stop (array). */
+  async generateText(prompt, params = {}) {
+    const { fns, koffi, pieceFn } = load();
+    const h = this._handle();
+    const p = buildGenerateParams(params);
+    const chunks = [];
+    const cb = koffi.register((piece, len) => {
+      chunks.push(Buffer.from(koffi.view(piece, Number(len)).slice(0)));
+      return 1;
+    }, koffi.pointer(pieceFn));
+    const stats = { struct_size: 8 + 4 * 4 + 5 * 8, n_prompt_tokens: 0, n_cached_tokens: 0,
+      n_generated_tokens: 0, stop_reason: 0, prompt_seconds: 0, generate_seconds: 0,
+      time_to_first_token_seconds: 0, prompt_tokens_per_second: 0, generated_tokens_per_second: 0 };
+    this._busy = true;
+    let st;
+    try {
+      check(fns.moelite_generate_params_set_callback(p, cb, null));
+      const bytes = Buffer.from(String(prompt), 'utf8');
+      st = await callAsync(fns.moelite_generate, h, bytes, bytes.length, p, stats);
+    } finally {
+      this._busy = false;
+      koffi.unregister(cb);
+      fns.moelite_generate_params_free(p);
+    }
+    if (st !== 0) throw new MoeliteError(st, 'generation failed');
+    return {
+      text: Buffer.concat(chunks).toString('utf8'),
+      stats: {
+        promptTokens: stats.n_prompt_tokens, cachedTokens: stats.n_cached_tokens,
+        generatedTokens: stats.n_generated_tokens, stopReason: StopReason[stats.stop_reason] ?? 'error',
+        promptSeconds: stats.prompt_seconds, generateSeconds: stats.generate_seconds,
+        timeToFirstTokenSeconds: stats.time_to_first_token_seconds,
+        promptTokensPerSecond: stats.prompt_tokens_per_second,
+        generatedTokensPerSecond: stats.generated_tokens_per_second,
+      },
+    };
+  }
+
+  /** Streams the completion of `prompt` (text, tokenized with control text parsed as
+   *  moelite_generate does, or token ids) as an async iterator of {id, text}: each step evaluates
+   *  the previous token on a worker thread and draws the next. `text` holds only whole
+   *  characters and never the start of a possible stop string (it comes with a later token).
+   *  params as generateText, plus `signal` (an AbortSignal checked between tokens). The
+   *  iterator's `stopReason` says why it ended. */
+  generate(prompt, params = {}) {
+    const ctx = this;
+    const { fns } = load();
+    const model = this._model;
+    const ids = typeof prompt === 'string'
+      ? model.tokenize(prompt, { addSpecial: true, parseSpecial: true }) : toInt32Array(prompt);
+    if (ids.length === 0) throw invalid('generate: the prompt is empty');
+    const stops = params.stop ?? [];
+    const iterator = {
+      stopReason: null,
+      async *[Symbol.asyncIterator]() {
+        const p = buildGenerateParams(params);
+        const out = [null];
+        try {
+          check(fns.moelite_sampler_create(p, out));
+        } finally {
+          fns.moelite_generate_params_free(p);
+        }
+        const sampler = out[0];
+        try {
+          // Keep the cache's common prefix with the prompt (at least its last token is evaluated).
+          const cached = ctx.tokens();
+          let keep = 0;
+          while (keep < Math.min(cached.length, ids.length - 1) && cached[keep] === ids[keep]) ++keep;
+          ctx.kvTruncate(keep);
+          await ctx.evalAsync(ids.subarray(keep));
+          check(fns.moelite_sampler_accept(sampler, ids, ids.length));
+          let left = params.maxTokens ?? 256;
+          let pending = Buffer.alloc(0), held = '';
+          const decoder = new TextDecoder('utf-8', { fatal: false });
+          for (;;) {
+            if (params.signal?.aborted) { iterator.stopReason = 'aborted'; return; }
+            if (left <= 0) { iterator.stopReason = 'max_tokens'; return; }
+            const tok = [0];
+            check(fns.moelite_sampler_sample(sampler, ctx._handle(), -1, tok));
+            const id = tok[0];
+            if (model.isEndToken(id)) {
+              iterator.stopReason = 'end';
+              const rest = held + decoder.decode(pending);
+              if (rest) yield { id, text: rest };
+              return;
+            }
+            --left;
+            pending = Buffer.concat([pending, model.detokenizeBytes([id])]);
+            // Whole characters only: stop before an incomplete sequence at the end.
+            let cut = pending.length;
+            for (let back = 1; back <= Math.min(3, pending.length); ++back) {
+              const b = pending[pending.length - back];
+              if ((b & 0xc0) === 0x80) continue; // a continuation byte
+              const need = b >= 0xf0 ? 4 : b >= 0xe0 ? 3 : b >= 0xc0 ? 2 : 1;
+              if (need > back) cut = pending.length - back;
+              break;
+            }
+            if (left === 0) cut = pending.length;
+            let text = held + decoder.decode(pending.subarray(0, cut));
+            pending = pending.subarray(cut);
+            held = '';
+            const at = stops.map((s) => text.indexOf(s)).filter((i) => i >= 0);
+            if (at.length) {
+              iterator.stopReason = 'stop';
+              yield { id, text: text.slice(0, Math.min(...at)) };
+              return;
+            }
+            if (left > 0) {
+              const hold = heldBack(text, stops);
+              held = text.slice(text.length - hold);
+              text = text.slice(0, text.length - hold);
+            }
+            yield { id, text };
+            if (left > 0) await ctx.evalAsync([id]);
+          }
+        } finally {
+          fns.moelite_sampler_free(sampler);
+        }
+      },
+    };
+    return iterator;
+  }
+}
+
+module.exports = { Model, Context, MoeliteError, Status, Backend, version };

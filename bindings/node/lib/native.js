@@ -1,0 +1,135 @@
+'use strict';
+// The C API through koffi: the library, its types and the functions this binding calls. Loaded
+// once, on first use. Which file: MOELITE_LIBRARY, else the repository's build tree
+// (build/lib/libmoelite.so beside bindings/), else the system's libmoelite.so.0.
+const fs = require('node:fs');
+const path = require('node:path');
+const koffi = require('koffi');
+
+function libraryPath() {
+  if (process.env.MOELITE_LIBRARY) return process.env.MOELITE_LIBRARY;
+  const tree = path.join(__dirname, '..', '..', '..', 'build', 'lib', 'libmoelite.so');
+  return fs.existsSync(tree) ? tree : 'libmoelite.so.0';
+}
+
+let api = null;
+
+function load() {
+  if (api) return api;
+  const lib = koffi.load(libraryPath());
+  koffi.opaque('moelite_model');
+  koffi.opaque('moelite_model_params');
+  koffi.opaque('moelite_context');
+  koffi.opaque('moelite_context_params');
+  koffi.opaque('moelite_generate_params');
+  koffi.opaque('moelite_sampler');
+  koffi.struct('moelite_expert_stats', {
+    struct_size: 'size_t',
+    activations: 'uint64_t',
+    hits: 'uint64_t',
+    misses: 'uint64_t',
+    prefetches_issued: 'uint64_t',
+    prefetches_used: 'uint64_t',
+    prefetches_wasted: 'uint64_t',
+    bytes_read: 'uint64_t',
+    wait_seconds: 'double',
+    predicted: 'uint64_t',
+    predictions: 'uint64_t',
+    ready_when_needed: 'uint64_t',
+    routed_tokens: 'uint64_t',
+    routed_experts: 'uint64_t',
+    read_busy_seconds: 'double',
+  });
+  koffi.struct('moelite_generate_stats', {
+    struct_size: 'size_t',
+    n_prompt_tokens: 'int32_t',
+    n_cached_tokens: 'int32_t',
+    n_generated_tokens: 'int32_t',
+    stop_reason: 'int32_t',
+    prompt_seconds: 'double',
+    generate_seconds: 'double',
+    time_to_first_token_seconds: 'double',
+    prompt_tokens_per_second: 'double',
+    generated_tokens_per_second: 'double',
+  });
+  koffi.struct('moelite_chat_message', { role: 'const char *', content: 'const char *' });
+  const pieceFn = koffi.proto('int moelite_piece_fn(const void *piece, size_t len, void *user_data)');
+  const decls = [
+    'const char *moelite_version_string(void)',
+    'const char *moelite_status_name(int status)',
+    'const char *moelite_last_error(void)',
+    'moelite_model_params *moelite_model_params_create(void)',
+    'void moelite_model_params_free(moelite_model_params *p)',
+    'int moelite_model_params_set_threads(moelite_model_params *p, int32_t n)',
+    'int moelite_model_params_set_backend(moelite_model_params *p, int backend)',
+    'int moelite_model_params_set_expert_budget(moelite_model_params *p, uint64_t bytes)',
+    'int moelite_model_params_set_expert_budget_fraction(moelite_model_params *p, double fraction)',
+    'int moelite_model_params_set_expert_budget_auto(moelite_model_params *p, uint64_t headroom)',
+    'int moelite_model_params_set_expert_policy(moelite_model_params *p, const char *policy)',
+    'int moelite_model_params_set_predictor(moelite_model_params *p, const char *predictor)',
+    'int moelite_model_params_set_cache_allocation(moelite_model_params *p, const char *allocation)',
+    'int moelite_model_params_set_gating(moelite_model_params *p, const char *mode, float threshold)',
+    'int moelite_model_params_set_profile(moelite_model_params *p, const char *path)',
+    'int moelite_model_load(const char *path, const moelite_model_params *p, _Out_ moelite_model **out)',
+    'void moelite_model_free(moelite_model *m)',
+    'int64_t moelite_model_get(const moelite_model *m, int key)',
+    'const char *moelite_model_arch(const moelite_model *m)',
+    'const char *moelite_model_name(const moelite_model *m)',
+    'const char *moelite_model_backend_name(const moelite_model *m)',
+    'int moelite_model_expert_stats(const moelite_model *m, int32_t layer, _Inout_ moelite_expert_stats *out)',
+    'void moelite_model_reset_expert_stats(moelite_model *m)',
+    'int moelite_model_trace_begin(moelite_model *m, const char *path)',
+    'int moelite_model_trace_end(moelite_model *m)',
+    'int moelite_tokenize(const moelite_model *m, const char *text, size_t len, uint32_t flags, _Out_ int32_t *tokens, int32_t capacity, _Out_ int32_t *n)',
+    'int moelite_detokenize(const moelite_model *m, const int32_t *tokens, int32_t n, uint32_t flags, _Out_ uint8_t *text, size_t capacity, _Out_ size_t *len)',
+    'int32_t moelite_token_is_end(const moelite_model *m, int32_t token)',
+    'int moelite_chat_format(const moelite_model *m, const moelite_chat_message *msgs, size_t n, int32_t add_assistant, _Out_ uint8_t *text, size_t capacity, _Out_ size_t *len)',
+    'int moelite_chat_tokenize(const moelite_model *m, const moelite_chat_message *msgs, size_t n, int32_t add_assistant, _Out_ int32_t *tokens, int32_t capacity, _Out_ int32_t *n_tokens)',
+    'moelite_context_params *moelite_context_params_create(void)',
+    'void moelite_context_params_free(moelite_context_params *p)',
+    'int moelite_context_params_set_n_ctx(moelite_context_params *p, int32_t n)',
+    'int moelite_context_params_set_n_batch(moelite_context_params *p, int32_t n)',
+    'int moelite_context_params_set_n_seq(moelite_context_params *p, int32_t n)',
+    'int moelite_context_create(moelite_model *m, const moelite_context_params *p, _Out_ moelite_context **out)',
+    'void moelite_context_free(moelite_context *c)',
+    'int moelite_eval(moelite_context *c, const int32_t *tokens, int32_t n, int32_t logits_all)',
+    'int moelite_eval_batch(moelite_context *c, const int32_t *tokens, const int32_t *seq_ids, const uint8_t *want, int32_t n)',
+    'const float *moelite_get_logits(const moelite_context *c, int32_t i)',
+    'int32_t moelite_context_kv_length(const moelite_context *c)',
+    'int32_t moelite_context_n_ctx(const moelite_context *c)',
+    'void moelite_context_kv_reset(moelite_context *c)',
+    'void moelite_context_kv_truncate(moelite_context *c, int32_t n_keep)',
+    'int32_t moelite_context_seq_length(const moelite_context *c, int32_t seq)',
+    'int moelite_context_seq_truncate(moelite_context *c, int32_t seq, int32_t n_keep)',
+    'int moelite_context_get_tokens(const moelite_context *c, _Out_ int32_t *tokens, int32_t capacity, _Out_ int32_t *n)',
+    'int moelite_context_save(const moelite_context *c, const char *path)',
+    'int moelite_context_load(moelite_context *c, const char *path)',
+    'int moelite_context_expert_stats(const moelite_context *c, int32_t layer, _Inout_ moelite_expert_stats *out)',
+    'void moelite_context_reset_expert_stats(moelite_context *c)',
+    'moelite_generate_params *moelite_generate_params_create(void)',
+    'void moelite_generate_params_free(moelite_generate_params *p)',
+    'int moelite_generate_params_set_max_tokens(moelite_generate_params *p, int32_t n)',
+    'int moelite_generate_params_set_temperature(moelite_generate_params *p, float t)',
+    'int moelite_generate_params_set_top_k(moelite_generate_params *p, int32_t k)',
+    'int moelite_generate_params_set_top_p(moelite_generate_params *p, float v)',
+    'int moelite_generate_params_set_min_p(moelite_generate_params *p, float v)',
+    'int moelite_generate_params_set_repeat_penalty(moelite_generate_params *p, float penalty, int32_t last_n)',
+    'int moelite_generate_params_set_seed(moelite_generate_params *p, uint64_t seed)',
+    'int moelite_generate_params_add_stop(moelite_generate_params *p, const char *stop)',
+    'int moelite_generate_params_set_callback(moelite_generate_params *p, moelite_piece_fn *fn, void *user)',
+    'int moelite_generate(moelite_context *c, const char *prompt, size_t len, const moelite_generate_params *p, _Inout_ moelite_generate_stats *stats)',
+    'int moelite_sampler_create(const moelite_generate_params *p, _Out_ moelite_sampler **out)',
+    'void moelite_sampler_free(moelite_sampler *s)',
+    'int moelite_sampler_accept(moelite_sampler *s, const int32_t *tokens, int32_t n)',
+    'int moelite_sampler_sample(moelite_sampler *s, const moelite_context *c, int32_t i, _Out_ int32_t *token)',
+  ];
+  const fns = {};
+  for (const d of decls) {
+    const name = d.match(/(moelite_\w+)\(/)[1];
+    fns[name] = lib.func(d);
+  }
+  api = { koffi, fns, pieceFn };
+  return api;
+}
+
+module.exports = { load };

@@ -1,0 +1,369 @@
+// moelite-server: a local server for desktop apps with the OpenAI-compatible chat-completions and
+// completions endpoints (streaming as server-sent events), model info, the expert store's
+// statistics, and a chat page (GET /) that streams answers and shows tokens/s and the hit rate.
+//
+//   moelite-server -m MODEL [--host 127.0.0.1] [--port 8080] [--budget B] [-t N] [--parallel N] [-c N]
+//
+// HTTP: cpp-httplib (Debian's libcpp-httplib-dev); JSON: nlohmann/json (nlohmann-json3-dev). It
+// listens on 127.0.0.1 unless told otherwise: the endpoints have no authentication.
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "context_pool.h"
+#include "moelite.h"
+#include "openai.h"
+
+using nlohmann::json;
+
+extern const char* const kChatPage;  // chat.html, embedded at build time
+
+namespace {
+
+struct Options {
+  std::string model, host = "127.0.0.1", budget;
+  int port = 8080, threads = 0, parallel = 2, n_ctx = 4096;
+  moelite_backend backend = MOELITE_BACKEND_AUTO;
+};
+
+int usage(const char* why) {
+  if (why) fprintf(stderr, "moelite-server: %s\n", why);
+  fprintf(stderr,
+          "usage: moelite-server -m MODEL [--host 127.0.0.1] [--port 8080] [--budget BYTES|N%%|auto] [-t THREADS]\n"
+          "                      [--parallel N] [-c N_CTX] [--backend auto|cpu|vulkan|cuda]\n"
+          "  --port 0 picks a free port; the address is printed as \"listening on http://HOST:PORT\".\n"
+          "  --parallel N contexts answer N requests at once (default 2); others wait their turn.\n");
+  return 2;
+}
+
+bool parse_int(const char* s, int lo, int hi, int* out) {
+  char* end = nullptr;
+  const long v = strtol(s, &end, 10);
+  if (!*s || *end || v < lo || v > hi) return false;
+  *out = static_cast<int>(v);
+  return true;
+}
+
+// What the page and /v1/moelite/stats show besides the store's counters.
+struct ServerCounters {
+  std::atomic<uint64_t> requests{0}, generated_tokens{0}, disconnects{0};
+  std::atomic<int> active{0};
+  std::mutex mu;
+  double last_tok_s = 0;  // decode speed of the last finished request
+};
+
+struct Server {
+  moelite_model* model = nullptr;
+  std::string model_id;
+  ContextPool pool;
+  ServerCounters counters;
+};
+
+void send_error(httplib::Response& res, int status, const std::string& message, const std::string& type,
+                const std::string& param = "") {
+  res.status = status;
+  res.set_content(error_body(message, type, param).dump(), "application/json");
+}
+
+struct Outcome {
+  moelite_status status = MOELITE_OK;
+  std::string error;
+  moelite_generate_stats stats{};
+};
+
+// Generates the completion of r on a context of the pool; `on_piece` receives the text as it
+// comes and returns false to stop (the client went away).
+Outcome generate(Server& s, const CompletionRequest& r, const std::function<bool(const char*, size_t)>& on_piece) {
+  Outcome o;
+  o.stats.struct_size = sizeof(o.stats);
+  moelite_generate_params* gp = moelite_generate_params_create();
+  if (!gp) {
+    o.status = MOELITE_ERR_OUT_OF_MEMORY;
+    o.error = "out of memory";
+    return o;
+  }
+  moelite_status st = moelite_generate_params_set_max_tokens(gp, r.max_tokens);
+  if (st == MOELITE_OK && r.temperature) st = moelite_generate_params_set_temperature(gp, *r.temperature);
+  if (st == MOELITE_OK && r.top_p) st = moelite_generate_params_set_top_p(gp, *r.top_p);
+  // Without a seed each request samples differently, as OpenAI's do.
+  const uint64_t seed = r.seed ? *r.seed : (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+  if (st == MOELITE_OK) st = moelite_generate_params_set_seed(gp, seed);
+  for (const std::string& stop : r.stop)
+    if (st == MOELITE_OK) st = moelite_generate_params_add_stop(gp, stop.c_str());
+  auto piece = [](const char* p, size_t n, void* user) -> int {
+    return (*static_cast<const std::function<bool(const char*, size_t)>*>(user))(p, n) ? 1 : 0;
+  };
+  if (st == MOELITE_OK)
+    st = moelite_generate_params_set_callback(gp, piece, const_cast<std::function<bool(const char*, size_t)>*>(&on_piece));
+  if (st == MOELITE_OK) {
+    s.counters.active++;
+    ContextPool::Lease lease = s.pool.acquire(r.prompt);
+    st = moelite_generate_tokens(lease.context(), r.prompt.data(), static_cast<int32_t>(r.prompt.size()), gp,
+                                 &o.stats);
+    s.counters.active--;
+  }
+  if (st != MOELITE_OK) o.error = std::string(moelite_status_name(st)) + ": " + moelite_last_error();
+  moelite_generate_params_free(gp);
+  o.status = st;
+  s.counters.requests++;
+  s.counters.generated_tokens += static_cast<uint64_t>(std::max(0, o.stats.n_generated_tokens));
+  if (o.stats.stop_reason == MOELITE_STOP_ABORTED) s.counters.disconnects++;
+  if (o.stats.n_generated_tokens > 1) {
+    std::lock_guard<std::mutex> lock(s.counters.mu);
+    s.counters.last_tok_s = o.stats.generated_tokens_per_second;
+  }
+  return o;
+}
+
+ResponseIds new_ids(const Server& s, bool chat) {
+  static std::atomic<uint64_t> counter{0};
+  ResponseIds ids;
+  ids.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+                    .count();
+  ids.id = std::string(chat ? "chatcmpl-" : "cmpl-") + std::to_string(ids.created) + "-" + std::to_string(++counter);
+  ids.model = s.model_id;
+  return ids;
+}
+
+void handle_completion(Server& s, const httplib::Request& req, httplib::Response& res, bool chat) {
+  const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) return send_error(res, 400, "the request body is not valid JSON", "invalid_request_error");
+  auto r = std::make_shared<CompletionRequest>();
+  RequestError e;
+  if (!parse_completion_request(body, chat, s.model, s.pool.n_ctx(), r.get(), &e))
+    return send_error(res, e.http_status, e.message, "invalid_request_error", e.param);
+  const ResponseIds ids = new_ids(s, chat);
+  if (!r->stream) {
+    std::string text;
+    const Outcome o = generate(s, *r, [&](const char* p, size_t n) {
+      text.append(p, n);
+      return true;
+    });
+    if (o.status != MOELITE_OK) return send_error(res, 500, o.error, "server_error");
+    res.set_content(completion_response(*r, ids, text, o.stats.stop_reason, o.stats).dump(), "application/json");
+    return;
+  }
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  Server* server = &s;
+  res.set_chunked_content_provider("text/event-stream", [server, r, ids](size_t, httplib::DataSink& sink) {
+    auto send = [&](const json& j) {
+      const std::string event = "data: " + j.dump() + "\n\n";
+      return sink.is_writable() && sink.write(event.data(), event.size());
+    };
+    bool first = true;
+    const Outcome o = generate(*server, *r, [&](const char* p, size_t n) {
+      const bool ok = send(stream_chunk(*r, ids, std::string(p, n), first, nullptr));
+      first = false;
+      return ok;  // false: the client is gone, stop generating
+    });
+    if (o.stats.stop_reason == MOELITE_STOP_ABORTED) return false;  // nobody to tell
+    if (o.status != MOELITE_OK) {
+      send(error_body(o.error, "server_error"));
+    } else {
+      if (first) send(stream_chunk(*r, ids, "", true, nullptr));  // the role, even for an empty answer
+      send(stream_chunk(*r, ids, "", false, finish_reason(o.stats.stop_reason)));
+      if (r->include_usage) send(usage_chunk(*r, ids, o.stats));
+    }
+    static const char kDone[] = "data: [DONE]\n\n";
+    if (sink.is_writable()) sink.write(kDone, sizeof kDone - 1);
+    sink.done();
+    return true;
+  });
+}
+
+json stats_json(Server& s) {
+  moelite_expert_stats st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  moelite_model_expert_stats(s.model, -1, &st);
+  double last_tok_s;
+  {
+    std::lock_guard<std::mutex> lock(s.counters.mu);
+    last_tok_s = s.counters.last_tok_s;
+  }
+  const int64_t budget = moelite_model_get(s.model, MOELITE_MODEL_EXPERT_BUDGET);
+  return {{"model", s.model_id},
+          {"backend", moelite_model_backend_name(s.model)},
+          {"expert_budget_bytes", budget},
+          {"expert_bytes", moelite_model_get(s.model, MOELITE_MODEL_EXPERT_BYTES)},
+          {"contexts", s.pool.size()},
+          {"active_requests", s.counters.active.load()},
+          {"requests", s.counters.requests.load()},
+          {"generated_tokens", s.counters.generated_tokens.load()},
+          {"disconnects", s.counters.disconnects.load()},
+          {"last_decode_tok_s", last_tok_s},
+          {"experts",
+           {{"activations", st.activations},
+            {"hits", st.hits},
+            {"misses", st.misses},
+            {"hit_rate", st.activations ? double(st.hits) / double(st.activations) : 1.0},
+            {"bytes_read", st.bytes_read},
+            {"wait_seconds", st.wait_seconds}}}};
+}
+
+void add_routes(httplib::Server& http, Server& s) {
+  http.Get("/", [](const httplib::Request&, httplib::Response& res) { res.set_content(kChatPage, "text/html; charset=utf-8"); });
+  http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(R"({"status":"ok"})", "application/json");
+  });
+  const auto model_entry = [&s] {
+    return json{{"id", s.model_id},
+                {"object", "model"},
+                {"created", 0},
+                {"owned_by", "moelite"},
+                {"arch", moelite_model_arch(s.model)},
+                {"n_ctx", s.pool.n_ctx()},
+                {"n_vocab", moelite_model_get(s.model, MOELITE_MODEL_N_VOCAB)},
+                {"expert_budget_bytes", moelite_model_get(s.model, MOELITE_MODEL_EXPERT_BUDGET)}};
+  };
+  http.Get("/v1/models", [model_entry](const httplib::Request&, httplib::Response& res) {
+    res.set_content(json{{"object", "list"}, {"data", json::array({model_entry()})}}.dump(), "application/json");
+  });
+  http.Get(R"(/v1/models/(.+))", [&s, model_entry](const httplib::Request& req, httplib::Response& res) {
+    if (req.matches[1] != s.model_id)
+      return send_error(res, 404, "no model '" + std::string(req.matches[1]) + "'", "invalid_request_error", "model");
+    res.set_content(model_entry().dump(), "application/json");
+  });
+  http.Get("/v1/moelite/stats", [&s](const httplib::Request&, httplib::Response& res) {
+    res.set_content(stats_json(s).dump(), "application/json");
+  });
+  http.Post("/v1/chat/completions",
+            [&s](const httplib::Request& req, httplib::Response& res) { handle_completion(s, req, res, true); });
+  http.Post("/v1/completions",
+            [&s](const httplib::Request& req, httplib::Response& res) { handle_completion(s, req, res, false); });
+  for (const char* path : {"/v1/chat/completions", "/v1/completions"})
+    http.Get(path, [](const httplib::Request&, httplib::Response& res) {
+      send_error(res, 405, "use POST", "invalid_request_error");
+    });
+  // Anything else, and errors httplib raises itself (a body over the limit), get a JSON error.
+  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;  // a handler's own error body
+    const std::string what = res.status == 404   ? "no route for " + req.method + " " + req.path
+                             : res.status == 413 ? "the request body is too large"
+                                                 : "request failed";
+    res.set_content(error_body(what, "invalid_request_error").dump(), "application/json");
+  });
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "internal error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    send_error(res, 500, what, "server_error");
+  });
+  http.set_payload_max_length(size_t{4} << 20);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    const char* v = nullptr;
+    if (a == "-h" || a == "--help") return usage(nullptr), 0;
+    if (a == "-m" || a == "--model") {
+      if (!(v = value())) return usage("-m needs a path");
+      o.model = v;
+    } else if (a == "--host") {
+      if (!(v = value())) return usage("--host needs an address");
+      o.host = v;
+    } else if (a == "--port") {
+      if (!(v = value()) || !parse_int(v, 0, 65535, &o.port)) return usage("--port needs 0..65535");
+    } else if (a == "--budget") {
+      if (!(v = value())) return usage("--budget needs a value");
+      o.budget = v;
+    } else if (a == "-t" || a == "--threads") {
+      if (!(v = value()) || !parse_int(v, 1, MOELITE_MAX_THREADS, &o.threads)) return usage("-t needs 1..512");
+    } else if (a == "--parallel") {
+      if (!(v = value()) || !parse_int(v, 1, 64, &o.parallel)) return usage("--parallel needs 1..64");
+    } else if (a == "-c" || a == "--ctx-size") {
+      if (!(v = value()) || !parse_int(v, 16, MOELITE_MAX_CONTEXT, &o.n_ctx)) return usage("-c needs 16 or more");
+    } else if (a == "--backend") {
+      const std::string b = (v = value()) ? v : "";
+      if (b == "auto") o.backend = MOELITE_BACKEND_AUTO;
+      else if (b == "cpu") o.backend = MOELITE_BACKEND_CPU;
+      else if (b == "vulkan") o.backend = MOELITE_BACKEND_VULKAN;
+      else if (b == "cuda") o.backend = MOELITE_BACKEND_CUDA;
+      else return usage("--backend needs auto, cpu, vulkan or cuda");
+    } else {
+      return usage(("unknown option " + a).c_str());
+    }
+  }
+  if (o.model.empty()) return usage("-m MODEL is required");
+
+  // SIGINT/SIGTERM are taken by a thread of their own (below), which stops the server cleanly.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not a signal
+
+  moelite_model_params* mp = moelite_model_params_create();
+  moelite_status st = moelite_model_params_set_backend(mp, o.backend);
+  if (st == MOELITE_OK && o.threads) st = moelite_model_params_set_threads(mp, o.threads);
+  if (st == MOELITE_OK && !o.budget.empty()) {
+    char* end = nullptr;
+    const double x = strtod(o.budget.c_str(), &end);
+    if (o.budget == "auto") st = moelite_model_params_set_expert_budget_auto(mp, 0);
+    else if (end && *end == '%' && end[1] == 0 && x > 0 && x <= 100)
+      st = moelite_model_params_set_expert_budget_fraction(mp, x / 100.0);
+    else if (end && *end == 0 && x >= 1) st = moelite_model_params_set_expert_budget(mp, static_cast<uint64_t>(x));
+    else return usage("--budget needs bytes, a share such as 25% or auto");
+  }
+  Server s;
+  if (st == MOELITE_OK) st = moelite_model_load(o.model.c_str(), mp, &s.model);
+  moelite_model_params_free(mp);
+  if (st != MOELITE_OK) {
+    fprintf(stderr, "moelite-server: %s: %s\n", moelite_status_name(st), moelite_last_error());
+    return 1;
+  }
+  const std::string base = o.model.substr(o.model.find_last_of('/') + 1);
+  s.model_id = base.size() > 5 && base.compare(base.size() - 5, 5, ".gguf") == 0 ? base.substr(0, base.size() - 5) : base;
+  std::string why;
+  const int32_t n_ctx = std::min<int32_t>(o.n_ctx, static_cast<int32_t>(moelite_model_get(s.model, MOELITE_MODEL_N_CTX_TRAIN)));
+  if (!s.pool.create(s.model, o.parallel, std::max<int32_t>(16, n_ctx), &why)) {
+    fprintf(stderr, "moelite-server: creating contexts: %s\n", why.c_str());
+    moelite_model_free(s.model);
+    return 1;
+  }
+
+  httplib::Server http;
+  add_routes(http, s);
+  const int port = o.port == 0 ? http.bind_to_any_port(o.host) : (http.bind_to_port(o.host, o.port) ? o.port : -1);
+  if (port < 0) {
+    fprintf(stderr, "moelite-server: cannot listen on %s:%d\n", o.host.c_str(), o.port);
+    moelite_model_free(s.model);
+    return 1;
+  }
+  std::thread stopper([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    http.stop();
+  });
+  printf("listening on http://%s:%d (model %s, %s, %zu contexts of %d positions)\n", o.host.c_str(), port,
+         s.model_id.c_str(), moelite_model_backend_name(s.model), s.pool.size(), s.pool.n_ctx());
+  fflush(stdout);
+  const bool ok = http.listen_after_bind();
+  pthread_kill(stopper.native_handle(), SIGTERM);  // if the server ended on its own
+  stopper.join();
+  moelite_model_free(s.model);  // the pool's contexts keep it alive until they go
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,56 @@
+// The OpenAI-compatible wire format: requests of /v1/chat/completions and /v1/completions parsed
+// and checked into a CompletionRequest, and the responses and stream chunks built back.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "moelite.h"
+
+struct CompletionRequest {
+  bool chat = false;
+  bool stream = false;
+  bool include_usage = false;    // stream_options.include_usage: a last chunk with usage
+  std::vector<int32_t> prompt;   // token ids (chat: the conversation through the chat template)
+  int32_t max_tokens = 256;
+  std::optional<float> temperature, top_p;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+};
+
+// A request the server refuses: HTTP status and the message of the JSON error body.
+struct RequestError {
+  int http_status = 400;
+  std::string message;
+  std::string param;  // the offending field, when one is to blame
+};
+
+// Parses a request body (already valid JSON) for the chat (`chat`) or the completions endpoint:
+// field types and ranges as OpenAI documents them, message roles, prompt length against n_ctx.
+// Unsupported options that would change the answer (n > 1, tools, logprobs) are refused rather
+// than ignored.
+bool parse_completion_request(const nlohmann::json& body, bool chat, moelite_model* model, int32_t n_ctx,
+                              CompletionRequest* out, RequestError* error);
+
+// {"error": {"message", "type", "param", "code"}} as OpenAI's clients expect.
+nlohmann::json error_body(const std::string& message, const std::string& type, const std::string& param = "");
+
+// finish_reason of a generation's stop reason.
+const char* finish_reason(int32_t stop_reason);
+
+struct ResponseIds {
+  std::string id;  // "chatcmpl-..." or "cmpl-..."
+  int64_t created = 0;
+  std::string model;
+};
+
+nlohmann::json completion_response(const CompletionRequest& r, const ResponseIds& ids, const std::string& text,
+                                   int32_t stop_reason, const moelite_generate_stats& stats);
+// One stream chunk: `text` as the delta (chat: with the assistant role in the first chunk), or the
+// last chunk with its finish_reason when `finish` is set.
+nlohmann::json stream_chunk(const CompletionRequest& r, const ResponseIds& ids, const std::string& text, bool first,
+                            const char* finish);
+nlohmann::json usage_chunk(const CompletionRequest& r, const ResponseIds& ids, const moelite_generate_stats& stats);

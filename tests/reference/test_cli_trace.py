@@ -1,0 +1,58 @@
+"""`--trace-events FILE`: a budgeted `moelite run` writes a Chrome trace-event file (what Perfetto
+and chrome://tracing open: a JSON object with a traceEvents array of events with ph, ts, pid, tid,
+and dur for complete events) holding the routing, the expert computation and the expert reads; a
+path that cannot be written is refused before the run; tools/plot_report.py draws its timeline."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BIN = os.environ.get("MOELITE_BIN", os.path.join(ROOT, "build", "bin", "moelite"))
+TMP = os.path.join(os.environ.get("MOELITE_TEST_TMP", "/tmp/moelite-ref-tests"), "cli-trace")
+MODEL = os.path.join(ROOT, "models", "moelite-tiny-qwen3moe-Q8_0.gguf")
+
+
+def test_budgeted_run_writes_a_chrome_trace():
+    os.makedirs(TMP, exist_ok=True)
+    path = os.path.join(TMP, "run.json")
+    r = subprocess.run([BIN, "run", "-m", MODEL, "-t", "2", "--budget", "25%", "-p", "def fibonacci(n):", "-n", "12",
+                        "--seed", "3", "--trace-events", path], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    trace = json.load(open(path))
+    events = trace["traceEvents"]
+    assert isinstance(events, list) and events
+    for ev in events:
+        assert ev["ph"] in ("X", "i", "M") and isinstance(ev["pid"], int) and isinstance(ev["tid"], int)
+        assert isinstance(ev["name"], str)
+        if ev["ph"] == "X":
+            assert ev["ts"] >= 0 and ev["dur"] >= 0
+    by_name = {}
+    for ev in events:
+        by_name.setdefault(ev["name"], []).append(ev)
+    for name in ("evaluate", "route", "expert", "read"):
+        assert by_name.get(name), "no %r events" % name
+    assert all(ev["args"]["bytes"] > 0 for ev in by_name["read"])
+    # The same run without the trace prints the same text: tracing changes nothing computed.
+    plain = subprocess.run([BIN, "run", "-m", MODEL, "-t", "2", "--budget", "25%", "-p", "def fibonacci(n):", "-n",
+                            "12", "--seed", "3"], capture_output=True, text=True, timeout=300)
+    assert plain.stdout == r.stdout
+
+    bad = subprocess.run([BIN, "run", "-m", MODEL, "-p", "x", "-n", "1", "--trace-events", "/nonexistent/dir/t.json"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "MOELITE_ERR_IO" in bad.stderr
+
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        pytest.skip("no matplotlib (Debian: python3-matplotlib) for tools/plot_report.py")
+    png = os.path.join(TMP, "timeline.png")
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "plot_report.py"), "timeline", path, "-o", png],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert os.path.getsize(png) > 5000

@@ -1,0 +1,317 @@
+"""moelite-server, tested as a client sees it: a live server on a free port with the shipped model,
+driven with Python's http.client (a stock HTTP client) and, where Chromium is installed, the chat
+page in headless Chromium. Checked: the OpenAI wire format (responses, server-sent-event chunks,
+usage), streamed answers equal to unstreamed ones and to `moelite run` with the same seed,
+concurrent requests equal to the same requests one at a time, a client that disconnects
+mid-stream (the server stops that generation and serves the next request), bad requests answered
+with 4xx and a JSON error, and nothing of that ends the server."""
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+SERVER = os.environ.get("MOELITE_SERVER_BIN", os.path.join(ROOT, "build", "bin", "moelite-server"))
+CLI = os.environ.get("MOELITE_BIN", os.path.join(ROOT, "build", "bin", "moelite"))
+TMP = os.path.join(os.environ.get("MOELITE_TEST_TMP", "/tmp/moelite-ref-tests"), "server")
+MODEL = os.path.join(ROOT, "models", "moelite-tiny-qwen3moe-Q8_0.gguf")
+
+
+@pytest.fixture(scope="module")
+def server():
+    os.makedirs(TMP, exist_ok=True)
+    proc = subprocess.Popen([SERVER, "-m", MODEL, "--port", "0", "-t", "2", "--parallel", "3", "-c", "512",
+                             "--budget", "50%"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("listening on http://"), (line, proc.stderr.read() if proc.poll() is not None else "")
+    host, port = line.split("http://")[1].split()[0].rsplit(":", 1)
+    yield host, int(port), proc
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0, "the server did not stop cleanly on SIGTERM"
+
+
+def request(server, method, path, body=None, raw=None, timeout=120):
+    host, port, _ = server
+    c = http.client.HTTPConnection(host, port, timeout=timeout)
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    c.request(method, path, body=data, headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    payload = r.read()
+    c.close()
+    return r.status, r.getheader("Content-Type", ""), payload
+
+
+def post_json(server, path, body):
+    status, ctype, payload = request(server, "POST", path, body)
+    assert ctype.startswith("application/json"), ctype
+    return status, json.loads(payload)
+
+
+def events(resp):
+    """The data payloads of a server-sent-event stream, as they arrive."""
+    buf = b""
+    while True:
+        line = resp.readline()
+        if not line:
+            return
+        if line in (b"\n", b"\r\n"):
+            if buf.startswith(b"data: "):
+                yield buf[6:].decode()
+            buf = b""
+        else:
+            buf += line.rstrip(b"\r\n")
+
+
+def stream(server, path, body):
+    host, port, _ = server
+    c = http.client.HTTPConnection(host, port, timeout=120)
+    c.request("POST", path, body=json.dumps(dict(body, stream=True)), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200 and r.getheader("Content-Type").startswith("text/event-stream")
+    chunks, done = [], False
+    for data in events(r):
+        if data == "[DONE]":
+            done = True
+            break
+        chunks.append(json.loads(data))
+    c.close()
+    assert done, "the stream did not end with [DONE]"
+    return chunks
+
+
+CHAT = {"messages": [{"role": "system", "content": "You answer briefly."},
+                     {"role": "user", "content": "What does a dictionary do?"}],
+        "max_tokens": 32, "temperature": 0.7, "seed": 5}
+
+
+def test_info_endpoints(server):
+    status, ctype, payload = request(server, "GET", "/v1/models")
+    models = json.loads(payload)
+    assert status == 200 and models["object"] == "list"
+    model_id = models["data"][0]["id"]
+    assert model_id == "moelite-tiny-qwen3moe-Q8_0"
+    status, _, payload = request(server, "GET", "/v1/models/" + model_id)
+    assert status == 200 and json.loads(payload)["arch"] == "qwen3moe"
+    assert request(server, "GET", "/health")[0] == 200
+    status, _, payload = request(server, "GET", "/v1/moelite/stats")
+    stats = json.loads(payload)
+    assert status == 200 and stats["expert_budget_bytes"] > 0 and stats["contexts"] == 3
+    status, ctype, page = request(server, "GET", "/")
+    assert status == 200 and ctype.startswith("text/html") and b"/v1/chat/completions" in page
+
+
+def test_chat_streamed_equals_unstreamed(server):
+    status, full = post_json(server, "/v1/chat/completions", CHAT)
+    assert status == 200, full
+    assert full["object"] == "chat.completion"
+    choice = full["choices"][0]
+    assert choice["message"]["role"] == "assistant" and choice["finish_reason"] in ("stop", "length")
+    usage = full["usage"]
+    assert usage["completion_tokens"] > 0
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    chunks = stream(server, "/v1/chat/completions", dict(CHAT, stream_options={"include_usage": True}))
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == choice["message"]["content"]
+    finals = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert len(finals) == 1 and finals[0]["choices"][0]["finish_reason"] == choice["finish_reason"]
+    assert chunks[-1]["usage"]["completion_tokens"] == usage["completion_tokens"]
+    # A stop string ends the answer before it.
+    words = choice["message"]["content"].split()
+    if len(words) > 3:
+        status, stopped = post_json(server, "/v1/chat/completions", dict(CHAT, stop=[words[2]]))
+        assert stopped["choices"][0]["finish_reason"] == "stop"
+        assert words[2] not in stopped["choices"][0]["message"]["content"]
+
+
+def test_completion_equals_the_cli(server):
+    prompt, n, seed = "def fibonacci(n):", 24, 11
+    status, full = post_json(server, "/v1/completions",
+                             {"prompt": prompt, "max_tokens": n, "temperature": 0.8, "seed": seed})
+    assert status == 200 and full["object"] == "text_completion"
+    chunks = stream(server, "/v1/completions", {"prompt": prompt, "max_tokens": n, "temperature": 0.8, "seed": seed})
+    assert "".join(c["choices"][0]["text"] for c in chunks) == full["choices"][0]["text"]
+    # The same generation through the CLI (another program on the same library): same text.
+    r = subprocess.run([CLI, "run", "-m", MODEL, "-t", "2", "-p", prompt, "-n", str(n), "--temp", "0.8",
+                        "--seed", str(seed)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rstrip("\n") == full["choices"][0]["text"].rstrip("\n")
+
+
+def test_concurrent_requests_equal_sequential(server):
+    bodies = [dict(CHAT, seed=s, messages=[{"role": "user", "content": q}])
+              for s, q in enumerate(["Name a sorting algorithm.", "What is a tuple?", "Explain recursion.",
+                                     "What is PEP 8?", "Define a closure."])]
+    sequential = [post_json(server, "/v1/chat/completions", b)[1]["choices"][0]["message"]["content"] for b in bodies]
+    results = [None] * len(bodies)
+
+    def run(i):
+        results[i] = "".join(c["choices"][0]["delta"].get("content", "")
+                             for c in stream(server, "/v1/chat/completions", bodies[i]) if c["choices"])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == sequential
+
+
+def test_client_disconnecting_mid_stream(server):
+    host, port, proc = server
+    _, _, before = request(server, "GET", "/v1/moelite/stats")
+    before = json.loads(before)
+    s = socket.create_connection((host, port))
+    body = json.dumps(dict(CHAT, stream=True, max_tokens=400, seed=1)).encode()
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    got = b""
+    while got.count(b"data: ") < 3:
+        part = s.recv(4096)
+        assert part, "the server closed the stream early"
+        got += part
+    s.close()  # mid-stream
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        stats = json.loads(request(server, "GET", "/v1/moelite/stats")[2])
+        if stats["disconnects"] > before["disconnects"] and stats["active_requests"] == 0:
+            break
+        time.sleep(0.1)
+    assert stats["disconnects"] > before["disconnects"], "the generation went on after the client left"
+    assert stats["generated_tokens"] - before["generated_tokens"] < 400
+    assert proc.poll() is None
+    assert post_json(server, "/v1/chat/completions", CHAT)[0] == 200
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"messages": []}, "messages"),
+    ({"messages": "hello"}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": 9}, "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": [{"role": "user", "content": "word " * 2000}]}, "messages"),
+    ({"max_tokens": 3}, "messages"),
+])
+def test_bad_chat_requests(server, body, param):
+    status, err = post_json(server, "/v1/chat/completions", body)
+    assert status == 400, err
+    assert err["error"]["param"] == param and err["error"]["message"]
+
+
+def test_bad_http(server):
+    for method, path, raw, code in [("POST", "/v1/chat/completions", b"{not json", 400),
+                                    ("POST", "/v1/completions", b"[1, 2]", 400),
+                                    ("POST", "/v1/completions", b'{"prompt": 7}', 400),
+                                    ("GET", "/v1/chat/completions", None, 405),
+                                    ("GET", "/v1/nothing", None, 404),
+                                    ("GET", "/v1/models/other", None, 404),
+                                    ("POST", "/v1/completions", b"x" * (5 << 20), 413)]:
+        status, ctype, payload = request(server, method, path, raw=raw)
+        assert status == code, (method, path, status)
+        assert ctype.startswith("application/json") and json.loads(payload)["error"]["message"]
+    assert server[2].poll() is None
+
+
+class Browser:
+    """Headless Chromium driven over the DevTools protocol on a pipe (--remote-debugging-pipe: JSON
+    messages separated by NUL bytes on file descriptors 3 and 4), so the test sees the page as it
+    streams and waits for the answer in real time, not in a browser's virtual time."""
+
+    def __init__(self, chromium, profile, size=(900, 640)):
+        to_chrome_r, self._to_chrome = os.pipe()
+        self._from_chrome, from_chrome_w = os.pipe()
+
+        def child_fds():
+            os.dup2(to_chrome_r, 3)
+            os.dup2(from_chrome_w, 4)
+
+        self.proc = subprocess.Popen([chromium, "--headless=new", "--no-sandbox", "--disable-gpu",
+                                      "--disable-dev-shm-usage", "--remote-debugging-pipe",
+                                      "--user-data-dir=" + profile, "--window-size=%d,%d" % size, "about:blank"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=child_fds,
+                                     pass_fds=(3, 4))  # kept open past preexec_fn's dup2 (fds 3 and 4)
+        os.close(to_chrome_r)
+        os.close(from_chrome_w)
+        self._buf = b""
+        self._id = 0
+        self.session = None
+
+    def call(self, method, params=None, session=True, timeout=60):
+        self._id += 1
+        msg = {"id": self._id, "method": method, "params": params or {}}
+        if session and self.session:
+            msg["sessionId"] = self.session
+        os.write(self._to_chrome, json.dumps(msg).encode() + b"\0")
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            while b"\0" in self._buf:
+                raw, self._buf = self._buf.split(b"\0", 1)
+                reply = json.loads(raw)
+                if reply.get("id") == self._id:
+                    assert "error" not in reply, reply
+                    return reply["result"]
+            chunk = os.read(self._from_chrome, 1 << 16)
+            assert chunk, "Chromium closed the pipe"
+            self._buf += chunk
+        raise TimeoutError(method)
+
+    def open(self, url):
+        target = self.call("Target.createTarget", {"url": url}, session=False)["targetId"]
+        self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True}, session=False)["sessionId"]
+
+    def js(self, expression):
+        return self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True})["result"].get("value")
+
+    def close(self):
+        try:
+            self.call("Browser.close", session=False, timeout=10)
+        except Exception:
+            pass
+        self.proc.wait(timeout=30)
+        os.close(self._to_chrome)
+        os.close(self._from_chrome)
+
+
+def test_chat_page_streams_in_chromium(server):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if not chromium:
+        pytest.skip("no Chromium installed (tools/install_deps.sh --test installs Debian's)")
+    import base64
+    host, port, _ = server
+    browser = Browser(chromium, os.path.join(TMP, "chromium-profile"))
+    try:
+        browser.open("http://%s:%d/?q=%s" % (host, port, "What%20is%20a%20generator%3F"))
+        answer = "document.querySelector('.msg.assistant') ? document.querySelector('.msg.assistant').textContent : ''"
+        seen, deadline = set(), time.time() + 180
+        while time.time() < deadline and browser.js("document.title") != "moelite chat (done)":
+            seen.add(len(browser.js(answer) or ""))
+            time.sleep(0.02)
+        assert browser.js("document.title") == "moelite chat (done)", "the page did not finish its answer"
+        text = browser.js(answer)
+        assert text.strip() and not browser.js("document.querySelector('.msg.assistant.error') !== null")
+        # Streamed: the page showed the answer part way through, not only whole.
+        assert len({n for n in seen if 0 < n < len(text)}) >= 1, sorted(seen)
+        time.sleep(1.2)  # the header's next statistics poll: hit rate and the server's tok/s
+        assert "expert hit rate: 0." in browser.js("document.getElementById('hit').textContent")
+        shot = browser.call("Page.captureScreenshot", {"format": "png"})["data"]
+        png = os.path.join(TMP, "server-chat.png")
+        with open(png, "wb") as f:
+            f.write(base64.b64decode(shot))
+        assert os.path.getsize(png) > 10000
+    finally:
+        browser.close()

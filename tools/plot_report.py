@@ -1,0 +1,122 @@
+#!/usr/bin/python3
+"""PNG plots of what moelite measured, with Debian's matplotlib (python3-matplotlib):
+
+    /usr/bin/python3 tools/plot_report.py timeline TRACE.json -o timeline.png [--from-ms A --to-ms B]
+    /usr/bin/python3 tools/plot_report.py hit-curves PROFILE.json -o hit_curves.png
+    /usr/bin/python3 tools/plot_report.py gating CACHE_AWARE_REPORT.json -o gating.png
+
+timeline: a trace of `--trace-events` (or moelite_model_trace_begin): one row per thread, the
+evaluating thread's routing and expert computation, the loader threads' reads, the waits for
+loads in red; one evaluation's span (--eval N, default the last) or --from-ms/--to-ms.
+hit-curves: the LRU hit rate of each layer against the experts its cache holds, from a calibration
+profile (`moelite calibrate`): what the DP allocation of a budget among layers reads.
+gating: tools/cache_aware_report.py's table: expert loads per token and experts per token against
+perplexity for exact, sensitivity and cache-aware gating at each budget.
+"""
+import argparse
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLORS = {"router": "#4c78a8", "compute": "#59a14f", "io": "#f28e2b", "wait": "#d62728", "context": "#dddddd"}
+
+
+def timeline(a):
+    trace = json.load(open(a.input))
+    events = trace["traceEvents"]
+    names = {ev["tid"]: ev["args"]["name"] for ev in events if ev["ph"] == "M"}
+    spans = [ev for ev in events if ev["ph"] == "X"]
+    if not spans:
+        sys.exit("the trace has no events")
+    evals = sorted((ev for ev in spans if ev["cat"] == "context"), key=lambda ev: ev["ts"])
+    if evals:
+        pick = evals[a.eval] if -len(evals) <= a.eval < len(evals) else evals[-1]
+        lo, hi = pick["ts"], pick["ts"] + pick["dur"]
+    else:
+        lo, hi = min(e["ts"] for e in spans), max(e["ts"] + e["dur"] for e in spans)
+    if a.from_ms is not None:
+        lo = a.from_ms * 1000
+    if a.to_ms is not None:
+        hi = a.to_ms * 1000
+    tids = sorted({ev["tid"] for ev in spans}, key=lambda t: (names.get(t, "~") != "evaluation", t))
+    row = {t: i for i, t in enumerate(tids)}
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.6 * len(tids)))
+    for ev in spans:
+        s, e = ev["ts"], ev["ts"] + ev["dur"]
+        if e < lo or s > hi:
+            continue
+        height = 0.9 if ev["cat"] == "context" else 0.6
+        ax.broken_barh([((s - lo) / 1000, max(ev["dur"], 1) / 1000)], (row[ev["tid"]] - height / 2, height),
+                       facecolors=COLORS.get(ev["cat"], "#999999"), zorder=0 if ev["cat"] == "context" else 1)
+    ax.set_yticks(range(len(tids)))
+    ax.set_yticklabels(["%s (%d)" % (names.get(t, "thread"), t) for t in tids])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms")
+    ax.set_xlim(0, (hi - lo) / 1000)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
+    ax.legend(handles, ["routing", "expert compute", "expert read", "wait for a load", "evaluation"],
+              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5, frameon=False)
+    ax.set_title(a.title or "moelite timeline: %.1f ms" % ((hi - lo) / 1000))
+    fig.tight_layout()
+    fig.savefig(a.output, dpi=110)
+
+
+def hit_curves(a):
+    prof = json.load(open(a.input))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, layer in enumerate(prof["layers"]):
+        curve = layer.get("hit_curve")
+        if curve:
+            ax.plot(range(len(curve)), curve, label="layer %d" % i)
+    ax.set_xlabel("experts the layer's cache holds")
+    ax.set_ylabel("hit rate (LRU, calibration routing)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    ax.set_title(a.title or "Hit rate against cache size per layer")
+    fig.tight_layout()
+    fig.savefig(a.output, dpi=110)
+
+
+def gating(a):
+    rows = json.load(open(a.input))["rows"]
+    budgets = sorted({r["budget"] for r in rows})
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    marks = {"exact": "s", "sensitivity": "o", "cache-aware": "^"}
+    for budget in budgets:
+        for mode in ("exact", "sensitivity", "cache-aware"):
+            rs = sorted((r for r in rows if r["budget"] == budget and r["mode"] == mode), key=lambda r: r["perplexity"])
+            if not rs:
+                continue
+            for ax, key in zip(axes, ("loads_per_token", "experts_per_token")):
+                ax.plot([r["perplexity"] for r in rs], [r[key] for r in rs], marker=marks[mode], linestyle="-",
+                        label="%s, %s" % (mode, budget))
+    for ax, label in zip(axes, ("expert loads per token", "experts per token")):
+        ax.set_xlabel("perplexity")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(a.title or "Gating: I/O and experts kept against quality")
+    fig.tight_layout()
+    fig.savefig(a.output, dpi=110)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("kind", choices=["timeline", "hit-curves", "gating"])
+    p.add_argument("input")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--title")
+    p.add_argument("--from-ms", type=float)
+    p.add_argument("--to-ms", type=float)
+    p.add_argument("--eval", type=int, default=-1, help="timeline: which evaluation to show (0: the first; -1: the last)")
+    a = p.parse_args()
+    {"timeline": timeline, "hit-curves": hit_curves, "gating": gating}[a.kind](a)
+
+
+if __name__ == "__main__":
+    main()
