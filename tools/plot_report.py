@@ -4,6 +4,7 @@
     /usr/bin/python3 tools/plot_report.py timeline TRACE.json -o timeline.png [--from-ms A --to-ms B]
     /usr/bin/python3 tools/plot_report.py hit-curves PROFILE.json -o hit_curves.png
     /usr/bin/python3 tools/plot_report.py gating CACHE_AWARE_REPORT.json -o gating.png
+    /usr/bin/python3 tools/plot_report.py allocation PROFILE.json -o allocation.png --model M [--budgets 25%,50%]
 
 timeline: a trace of `--trace-events` (or moelite_model_trace_begin): one row per thread, the
 evaluating thread's routing and expert computation, the loader threads' reads, the waits for
@@ -12,9 +13,14 @@ hit-curves: the LRU hit rate of each layer against the experts its cache holds, 
 profile (`moelite calibrate`): what the DP allocation of a budget among layers reads.
 gating: tools/cache_aware_report.py's table: expert loads per token and experts per token against
 perplexity for exact, sensitivity and cache-aware gating at each budget.
+allocation: the DP allocation of each budget among the layers, as the engine makes it at load
+(`moelite info --allocation dp --verbose` reports it), against equal quotas.
 """
 import argparse
 import json
+import os
+import re
+import subprocess
 import sys
 
 import matplotlib
@@ -105,17 +111,48 @@ def gating(a):
     fig.savefig(a.output, dpi=110)
 
 
+def allocation(a):
+    budgets = [b for b in a.budgets.split(",") if b]
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    width = 0.8 / max(1, len(budgets))
+    for i, budget in enumerate(budgets):
+        r = subprocess.run([a.bin, "info", "-m", a.model, "--budget", budget, "--profile", a.input, "--allocation", "dp",
+                            "--verbose"], capture_output=True, text=True)
+        m = re.search(r"per-layer slots from the profile's DP allocation: ([0-9 ]+)", r.stderr)
+        if r.returncode != 0 or not m:
+            sys.exit("moelite info did not report a DP allocation for %s:\n%s" % (budget, r.stderr[-2000:]))
+        slots = [int(x) for x in m.group(1).split()]
+        xs = [l + (i - (len(budgets) - 1) / 2) * width for l in range(len(slots))]
+        bars = ax.bar(xs, slots, width=width, label="%s budget (DP)" % budget)
+        even = sum(slots) / sum(1 for q in slots if q > 0)
+        ax.axhline(even, color=bars.patches[0].get_facecolor(), linestyle="--", linewidth=1,
+                   label="%s budget, equal quotas" % budget)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("expert slots")
+    ax.set_xticks(range(len(slots)))
+    ax.legend(fontsize=8)
+    ax.set_title(a.title or "DP allocation of the expert budget among layers")
+    fig.tight_layout()
+    fig.savefig(a.output, dpi=110)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("kind", choices=["timeline", "hit-curves", "gating"])
+    p.add_argument("kind", choices=["timeline", "hit-curves", "gating", "allocation"])
     p.add_argument("input")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--title")
     p.add_argument("--from-ms", type=float)
     p.add_argument("--to-ms", type=float)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p.add_argument("--model", help="allocation: the model the profile was made for")
+    p.add_argument("--budgets", default="25%,50%", help="allocation: budgets to allocate")
+    p.add_argument("--bin", default=os.path.join(root, "build", "bin", "moelite"))
     p.add_argument("--eval", type=int, default=-1, help="timeline: which evaluation to show (0: the first; -1: the last)")
     a = p.parse_args()
-    {"timeline": timeline, "hit-curves": hit_curves, "gating": gating}[a.kind](a)
+    if a.kind == "allocation" and not a.model:
+        p.error("allocation needs --model")
+    {"timeline": timeline, "hit-curves": hit_curves, "gating": gating, "allocation": allocation}[a.kind](a)
 
 
 if __name__ == "__main__":
