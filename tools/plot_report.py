@@ -12,7 +12,8 @@ loads in red; one evaluation's span (--eval N, default the last) or --from-ms/--
 hit-curves: the LRU hit rate of each layer against the experts its cache holds, from a calibration
 profile (`moelite calibrate`): what the DP allocation of a budget among layers reads.
 gating: tools/cache_aware_report.py's table: expert loads per token and experts per token against
-perplexity for exact, sensitivity and cache-aware gating at each budget.
+perplexity for exact, sensitivity and cache-aware gating at each budget, each point labelled with
+its threshold (cache-aware: threshold/penalty).
 allocation: the DP allocation of each budget among the layers, as the engine makes it at load
 (`moelite info --allocation dp --verbose` reports it), against equal quotas.
 """
@@ -101,6 +102,11 @@ def gating(a):
             for ax, key in zip(axes, ("loads_per_token", "experts_per_token")):
                 ax.plot([r["perplexity"] for r in rs], [r[key] for r in rs], marker=marks[mode], linestyle="-",
                         label="%s, %s" % (mode, budget))
+                if mode != "exact":  # each point's threshold (and cache-aware's penalty)
+                    for r in rs:
+                        tag = "%g" % r["threshold"] + ("/%g" % r["penalty"] if r.get("penalty") else "")
+                        ax.annotate(tag, (r["perplexity"], r[key]), fontsize=6, alpha=0.7,
+                                    xytext=(3, 3), textcoords="offset points")
     for ax, label in zip(axes, ("expert loads per token", "experts per token")):
         ax.set_xlabel("perplexity")
         ax.set_ylabel(label)
