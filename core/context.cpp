@@ -204,17 +204,7 @@ void ExpertCounters::accrue(const ExpertCounters& before, const ExpertCounters& 
   for (size_t l = 0; l < n; ++l) {
     const ExpertLayerStats &b = l < before.store.size() ? before.store[l] : none, &a = after.store[l];
     ExpertLayerStats& t = store[l];
-    add(t.activations, b.activations, a.activations);
-    add(t.hits, b.hits, a.hits);
-    add(t.misses, b.misses, a.misses);
-    add(t.prefetches_issued, b.prefetches_issued, a.prefetches_issued);
-    add(t.prefetches_used, b.prefetches_used, a.prefetches_used);
-    add(t.prefetches_wasted, b.prefetches_wasted, a.prefetches_wasted);
-    add(t.bytes_read, b.bytes_read, a.bytes_read);
-    add(t.wait_seconds, b.wait_seconds, a.wait_seconds);
-    add(t.predicted, b.predicted, a.predicted);
-    add(t.predictions, b.predictions, a.predictions);
-    add(t.ready_when_needed, b.ready_when_needed, a.ready_when_needed);
+    ExpertLayerStats::for_each_counter([&](auto counter) { add(t.*counter, b.*counter, a.*counter); });
   }
   add(read_busy_seconds, before.read_busy_seconds, after.read_busy_seconds);
 }

@@ -51,20 +51,6 @@ Status wait_for_change(std::condition_variable& cv, std::unique_lock<std::mutex>
   return MOELITE_OK;
 }
 
-void add_stats(ExpertLayerStats* into, const ExpertLayerStats& d) {
-  into->activations += d.activations;
-  into->hits += d.hits;
-  into->misses += d.misses;
-  into->prefetches_issued += d.prefetches_issued;
-  into->prefetches_used += d.prefetches_used;
-  into->prefetches_wasted += d.prefetches_wasted;
-  into->bytes_read += d.bytes_read;
-  into->wait_seconds += d.wait_seconds;
-  into->predicted += d.predicted;
-  into->predictions += d.predictions;
-  into->ready_when_needed += d.ready_when_needed;
-}
-
 }  // namespace
 
 // A context's view of the store: the same protocol, under the context's client id.
@@ -561,7 +547,7 @@ Status ExpertStore::prepare_for(int32_t client, int32_t layer, const std::vector
     int32_t client, layer;
     ExpertLayerStats delta;
     ~Tally() {
-      store->count_locked(client, layer, [&](ExpertLayerStats& c) { add_stats(&c, delta); });
+      store->count_locked(client, layer, [&](ExpertLayerStats& c) { c += delta; });
     }
   } tally{this, client, layer, {}};
   // On every way out but success (an error, or an exception such as bad_alloc from a container),

@@ -59,6 +59,27 @@ struct ExpertLayerStats {
   uint64_t predicted = 0;          // activations a predictor had named beforehand (accuracy)
   uint64_t predictions = 0;        // distinct experts predicted for this layer
   uint64_t ready_when_needed = 0;  // activations whose expert was fully loaded when asked for (timeliness)
+
+  // Calls f(&ExpertLayerStats::c) for every counter c: the one list that sums and differences of
+  // counters go through.
+  template <class F>
+  static void for_each_counter(F&& f) {
+    f(&ExpertLayerStats::activations);
+    f(&ExpertLayerStats::hits);
+    f(&ExpertLayerStats::misses);
+    f(&ExpertLayerStats::prefetches_issued);
+    f(&ExpertLayerStats::prefetches_used);
+    f(&ExpertLayerStats::prefetches_wasted);
+    f(&ExpertLayerStats::bytes_read);
+    f(&ExpertLayerStats::wait_seconds);
+    f(&ExpertLayerStats::predicted);
+    f(&ExpertLayerStats::predictions);
+    f(&ExpertLayerStats::ready_when_needed);
+  }
+  ExpertLayerStats& operator+=(const ExpertLayerStats& o) {
+    for_each_counter([&](auto counter) { this->*counter += o.*counter; });
+    return *this;
+  }
 };
 
 class ExpertStore final : public ExpertSource {
