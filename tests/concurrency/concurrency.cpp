@@ -143,6 +143,57 @@ void hold_until_other_done(int32_t, int32_t, int32_t, int32_t, const int32_t*, c
   g->overlapped = g->other_done.load();
 }
 
+constexpr int kWorkers = 3, kRounds = 3, kTokens = 12;
+
+// Whether two contexts of `m` evaluate at the same time: context A waits inside its first MoE
+// layer until context B has run a whole evaluation, which B could not if they took turns (A gives
+// up after 60 s). Both results bitwise against the reference.
+bool evaluate_at_once(moelite_model* m, const std::vector<std::vector<float>>& ref, int32_t n_vocab,
+                      const std::string& where) {
+  OverlapGate gate;
+  moelite_context* a = context(m, nullptr, nullptr, hold_until_other_done, &gate);
+  moelite_context* b = context(m, nullptr, nullptr);
+  std::thread ta([&] {
+    std::vector<float> got;
+    check(run(a, prompt(0, kTokens), n_vocab, &got) && got == ref[0], "held context: logits differ" + where);
+  });
+  std::thread tb([&] {
+    std::vector<float> got;
+    check(run(b, prompt(1, kTokens), n_vocab, &got) && got == ref[1], "free context: logits differ" + where);
+    gate.other_done = true;
+  });
+  ta.join();
+  tb.join();
+  moelite_context_free(a);
+  moelite_context_free(b);
+  return gate.overlapped.load();
+}
+
+// Starts kWorkers threads, each with a context of `m` of its own evaluating its prompt kRounds
+// times, bitwise against ref[w]; with `own`, each thread's context counters go to (*own)[w].
+std::vector<std::thread> start_workers(moelite_model* m, const std::vector<std::vector<float>>& ref, int32_t n_vocab,
+                                       const std::string& label, std::vector<moelite_expert_stats>* own = nullptr) {
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w)
+    threads.emplace_back([=, &ref] {
+      moelite_context* c = context(m, nullptr, nullptr);
+      for (int r = 0; r < kRounds; ++r) {
+        std::vector<float> got;
+        const bool ok = run(c, prompt(w, kTokens), n_vocab, &got);
+        const std::string who = label + " " + std::to_string(w) + " round " + std::to_string(r);
+        check(ok, who + ": " + moelite_last_error());
+        check(!ok || got == ref[static_cast<size_t>(w)], who + ": logits differ");
+      }
+      if (own) (*own)[static_cast<size_t>(w)] = context_stats(c);
+      moelite_context_free(c);
+    });
+  return threads;
+}
+
+void join_all(std::vector<std::thread>* threads) {
+  for (std::thread& t : *threads) t.join();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -151,7 +202,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   const char* path = argv[1];
-  constexpr int kWorkers = 3, kRounds = 3, kTokens = 12;
 
   // References: resident, one context, one thread.
   moelite_model* ref_model = load(path, 0);
@@ -174,18 +224,7 @@ int main(int argc, char** argv) {
   std::atomic<bool> done{false};
 
   // Workers: each its own context and prompt, several rounds, bitwise against the reference.
-  std::vector<std::thread> threads;
-  for (int w = 0; w < kWorkers; ++w)
-    threads.emplace_back([&, w] {
-      moelite_context* c = context(m, nullptr, nullptr);
-      for (int r = 0; r < kRounds; ++r) {
-        std::vector<float> got;
-        const bool ok = run(c, prompt(w, kTokens), n_vocab, &got);
-        check(ok, "worker " + std::to_string(w) + ": " + moelite_last_error());
-        check(!ok || got == ref[w], "worker " + std::to_string(w) + " round " + std::to_string(r) + ": logits differ");
-      }
-      moelite_context_free(c);
-    });
+  std::vector<std::thread> threads = start_workers(m, ref, n_vocab, "worker");
 
   // Text functions (documented thread-safe) on the same model while the workers evaluate: the
   // same answers as on the quiet model.
@@ -223,7 +262,7 @@ int main(int argc, char** argv) {
 
   std::thread aborted([&] { abort_again_and_again(m, prompt(kWorkers, kTokens), n_vocab, ref[kWorkers]); });
 
-  for (std::thread& t : threads) t.join();
+  join_all(&threads);
   aborted.join();
   text.join();
   done = true;
@@ -237,35 +276,10 @@ int main(int argc, char** argv) {
   {
     moelite_model* res = load(path, 0);
     if (!res) return 1;
-    OverlapGate gate;
-    moelite_context* a = context(res, nullptr, nullptr, hold_until_other_done, &gate);
-    moelite_context* b = context(res, nullptr, nullptr);
-    std::thread ta([&] {
-      std::vector<float> got;
-      check(run(a, prompt(0, kTokens), n_vocab, &got) && got == ref[0], "held context: logits differ");
-    });
-    std::thread tb([&] {
-      std::vector<float> got;
-      check(run(b, prompt(1, kTokens), n_vocab, &got) && got == ref[1], "free context: logits differ");
-      gate.other_done = true;
-    });
-    ta.join();
-    tb.join();
-    check(gate.overlapped.load(), "contexts of a resident model did not evaluate at the same time");
-    moelite_context_free(a);
-    moelite_context_free(b);
-    std::vector<std::thread> parallel;
-    for (int w = 0; w < kWorkers; ++w)
-      parallel.emplace_back([&, w] {
-        moelite_context* c = context(res, nullptr, nullptr);
-        for (int r = 0; r < kRounds; ++r) {
-          std::vector<float> got;
-          const bool ok = run(c, prompt(w, kTokens), n_vocab, &got);
-          check(ok && got == ref[w], "parallel worker " + std::to_string(w) + ": logits differ");
-        }
-        moelite_context_free(c);
-      });
-    for (std::thread& t : parallel) t.join();
+    check(evaluate_at_once(res, ref, n_vocab, " (resident)"),
+          "contexts of a resident model did not evaluate at the same time");
+    std::vector<std::thread> parallel = start_workers(res, ref, n_vocab, "parallel worker");
+    join_all(&parallel);
     moelite_model_free(res);
   }
 
@@ -286,41 +300,13 @@ int main(int argc, char** argv) {
     const std::string where = std::string(" (") + shared.what + ")";
     moelite_model* b = load(path, shared.budget, /*no_predictor=*/true, shared.per_layer);
     if (!b) return 1;
-    if (shared.budget == budget) {
-      OverlapGate gate;
-      moelite_context* ca = context(b, nullptr, nullptr, hold_until_other_done, &gate);
-      moelite_context* cb = context(b, nullptr, nullptr);
-      std::thread ta([&] {
-        std::vector<float> got;
-        check(run(ca, prompt(0, kTokens), n_vocab, &got) && got == ref[0], "held context: logits differ" + where);
-      });
-      std::thread tb([&] {
-        std::vector<float> got;
-        check(run(cb, prompt(1, kTokens), n_vocab, &got) && got == ref[1], "free context: logits differ" + where);
-        gate.other_done = true;
-      });
-      ta.join();
-      tb.join();
-      check(gate.overlapped.load(), "contexts sharing an expert budget did not evaluate at the same time");
-      moelite_context_free(ca);
-      moelite_context_free(cb);
-    }
+    if (shared.budget == budget)
+      check(evaluate_at_once(b, ref, n_vocab, where),
+            "contexts sharing an expert budget did not evaluate at the same time");
     moelite_model_reset_expert_stats(b);
     std::vector<moelite_expert_stats> own(kWorkers);
-    std::vector<std::thread> parallel;
-    for (int w = 0; w < kWorkers; ++w)
-      parallel.emplace_back([&, w] {
-        moelite_context* c = context(b, nullptr, nullptr);
-        for (int r = 0; r < kRounds; ++r) {
-          std::vector<float> got;
-          const bool ok = run(c, prompt(w, kTokens), n_vocab, &got);
-          check(ok, "shared-store worker " + std::to_string(w) + where + ": " + moelite_last_error());
-          check(!ok || got == ref[w], "shared-store worker " + std::to_string(w) + where + ": logits differ");
-        }
-        own[static_cast<size_t>(w)] = context_stats(c);
-        moelite_context_free(c);
-      });
-    for (std::thread& t : parallel) t.join();
+    std::vector<std::thread> parallel = start_workers(b, ref, n_vocab, "shared-store worker" + where, &own);
+    join_all(&parallel);
     moelite_expert_stats all;
     memset(&all, 0, sizeof(all));
     all.struct_size = sizeof(all);
