@@ -323,6 +323,18 @@ class Context {
     return this._ptr;
   }
 
+  // fn(handle, ...args) on koffi's worker thread, other calls refused meanwhile; resolves to the
+  // status.
+  async _callAsync(fn, ...args) {
+    const h = this._handle();
+    this._busy = true;
+    try {
+      return await callAsync(fn, h, ...args);
+    } finally {
+      this._busy = false;
+    }
+  }
+
   close() {
     if (!this._ptr) return;
     if (this._busy) throw invalid('the context is busy with an async call');
@@ -340,14 +352,7 @@ class Context {
   /** The same on a worker thread: the event loop runs meanwhile. */
   async evalAsync(tokens, { logitsAll = false } = {}) {
     const ids = toInt32Array(tokens);
-    const h = this._handle();
-    this._busy = true;
-    let st;
-    try {
-      st = await callAsync(load().fns.moelite_eval, h, ids, ids.length, logitsAll ? 1 : 0);
-    } finally {
-      this._busy = false;
-    }
+    const st = await this._callAsync(load().fns.moelite_eval, ids, ids.length, logitsAll ? 1 : 0);
     if (st !== 0) throw new MoeliteError(st, `evaluating ${ids.length} tokens failed`);
   }
 
@@ -400,7 +405,7 @@ class Context {
    *  maxTokens, temperature, topK, topP, minP, repeatPenalty, repeatLastN, seed, stop (array). */
   async generateText(prompt, params = {}) {
     const { fns, koffi, pieceFn } = load();
-    const h = this._handle();
+    this._handle();  // closed or busy: refused before anything is registered
     const p = buildGenerateParams(params);
     const chunks = [];
     const cb = koffi.register((piece, len) => {
@@ -410,14 +415,12 @@ class Context {
     const stats = { struct_size: 8 + 4 * 4 + 5 * 8, n_prompt_tokens: 0, n_cached_tokens: 0,
       n_generated_tokens: 0, stop_reason: 0, prompt_seconds: 0, generate_seconds: 0,
       time_to_first_token_seconds: 0, prompt_tokens_per_second: 0, generated_tokens_per_second: 0 };
-    this._busy = true;
     let st;
     try {
       check(fns.moelite_generate_params_set_callback(p, cb, null));
       const bytes = Buffer.from(String(prompt), 'utf8');
-      st = await callAsync(fns.moelite_generate, h, bytes, bytes.length, p, stats);
+      st = await this._callAsync(fns.moelite_generate, bytes, bytes.length, p, stats);
     } finally {
-      this._busy = false;
       koffi.unregister(cb);
       fns.moelite_generate_params_free(p);
     }
