@@ -270,6 +270,18 @@ MOELITE_API moelite_status moelite_model_params_set_gating_penalty(moelite_model
   });
 }
 
+MOELITE_API moelite_status moelite_model_params_set_gating_substitutes(moelite_model_params* p, int32_t n) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (n < 0 || n > moelite::kMaxGatingSubstitutes)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "the gating substitutes must be in [0, %d] (got %d)",
+                  moelite::kMaxGatingSubstitutes, n);
+    p->opts.gating_substitutes = n;
+    return MOELITE_OK;
+  });
+}
+
 MOELITE_API moelite_status moelite_model_params_set_cache_allocation(moelite_model_params* p, const char* allocation) {
   const char* const api_fn = __func__;
   return guarded(api_fn, [&]() -> moelite_status {

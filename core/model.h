@@ -153,6 +153,7 @@ struct LoadOptions {
   GatingMode gating = GatingMode::Exact;
   float gating_threshold = 0.0f;
   float gating_penalty = kDefaultGatingPenalty;  // cache-aware: threshold factor for non-resident experts
+  int32_t gating_substitutes = 0;  // cache-aware: router ranks after top-k searched for a resident stand-in
   bool use_mmap = true;
   bool vocab_only = false;
   // Weights bound but not read (the file mapped, experts lazy) and no runtime: the model's facts,

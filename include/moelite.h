@@ -314,6 +314,23 @@ MOELITE_API moelite_status moelite_model_params_set_gating(moelite_model_params*
  *  sensitivity gating. Ignored by other modes. MOELITE_ERR_INVALID_ARGUMENT below 1 or not
  *  finite. */
 MOELITE_API moelite_status moelite_model_params_set_gating_penalty(moelite_model_params* params, float penalty);
+/** Cache-aware gating's substitution (after Skliar et al.'s cache-conditional experts), off (0)
+ *  by default. With n > 0, each of a token's experts that is not resident -- other than its
+ *  highest-weight one, never replaced -- is offered one stand-in: the best-ranked expert among the
+ *  router's next n after its top-k that is resident and not yet used by the token, with its own
+ *  router weight w_f (w_e is the replaced expert's weight, S_l the layer's sensitivity):
+ *  - an expert cache-aware gating kept is replaced when (w_e - w_f)^2 * S_l < threshold x penalty
+ *    (its read is saved for no more loss than dropping it was allowed to cost);
+ *  - an expert it dropped is revived as the stand-in when (w_e^2 - (w_e - w_f)^2) * S_l >=
+ *    threshold (the loss taken back is worth one resident computation).
+ *  The kept weights are then rescaled to the sum of all k, as for dropping. So at a given
+ *  perplexity a token keeps more experts and reads fewer (tools/cache_aware_report.py). Only
+ *  softmax-routed layers with at most 64 experts per token (the candidates' weights come from the
+ *  router's softmax); layers with sigmoid scores, expert groups, selection biases or a pre-gate
+ *  keep plain cache-aware gating. n is capped at n_expert - k at load. Without a budget (every
+ *  expert resident) nothing is substituted. Ignored by other modes. MOELITE_ERR_INVALID_ARGUMENT
+ *  outside [0, 65536] or for NULL params. */
+MOELITE_API moelite_status moelite_model_params_set_gating_substitutes(moelite_model_params* params, int32_t n);
 /** Deprecated: 1 is moelite_model_params_set_cache_allocation(params, "uniform"), 0 undoes that
  *  (one shared pool). */
 MOELITE_DEPRECATED("moelite_model_params_set_cache_allocation(params, \"uniform\")")

@@ -198,6 +198,165 @@ TEST(Gating, CacheAwareCountsAnExpertKeptEarlierInTheBatchAsResident) {
   EXPECT_EQ(r.ids, (std::vector<int32_t>{5, -1, 7, 5}));
 }
 
+TEST(Gating, CandidatesAreTheRoutersNextExpertsOnTheRoutingsScale) {
+  // Two tokens over 6 experts. Softmax probabilities worked out here with exp() directly; the
+  // routing (top-2) is given as a renormalising router would give it for token 0 and as a plain
+  // (unnormalised) one for token 1, so the candidates' scale follows each token's own factor.
+  const std::vector<float> logits = {2.0f, 0.5f, 1.0f, -1.0f, 1.5f, 0.0f,   // token 0: 0 > 4 > 2 > 1 > 5 > 3
+                                     -2.0f, 3.0f, 0.0f, 1.0f, 0.0f, 2.5f};  // token 1: 1 > 5 > 3 > 2 = 4 > 0
+  auto probs = [&](int t) {
+    std::vector<double> p(6);
+    double sum = 0.0;
+    for (int e = 0; e < 6; ++e) sum += p[e] = std::exp(static_cast<double>(logits[t * 6 + e]));
+    for (double& v : p) v /= sum;
+    return p;
+  };
+  const std::vector<double> p0 = probs(0), p1 = probs(1);
+  Routing r;
+  r.k = 2;
+  r.n_tokens = 2;
+  r.ids = {0, 4, 1, 5};
+  r.weights = {static_cast<float>(p0[0] / (p0[0] + p0[4])), static_cast<float>(p0[4] / (p0[0] + p0[4])),
+               static_cast<float>(p1[1]), static_cast<float>(p1[5])};
+  GatingCandidates c;
+  gating_candidates(logits.data(), 6, r, 3, &c);
+  ASSERT_EQ(c.n, 3);
+  // Ties rank the lower id first (2 before 4 for token 1).
+  EXPECT_EQ(c.ids, (std::vector<int32_t>{2, 1, 5, 3, 2, 4}));
+  const double scale0 = 1.0 / (p0[0] + p0[4]);
+  EXPECT_NEAR(c.weights[0], p0[2] * scale0, 1e-6);
+  EXPECT_NEAR(c.weights[1], p0[1] * scale0, 1e-6);
+  EXPECT_NEAR(c.weights[2], p0[5] * scale0, 1e-6);
+  EXPECT_NEAR(c.weights[3], p1[3], 1e-6);
+  EXPECT_NEAR(c.weights[4], p1[2], 1e-6);
+  EXPECT_NEAR(c.weights[5], p1[4], 1e-6);
+  // More candidates asked for than there are experts outside top-k: the rest are -1.
+  gating_candidates(logits.data(), 6, r, 5, &c);
+  EXPECT_EQ(c.ids, (std::vector<int32_t>{2, 1, 5, 3, -1, 3, 2, 4, 0, -1}));
+  EXPECT_EQ(c.weights[4], 0.0f);
+  EXPECT_EQ(c.weights[9], 0.0f);
+}
+
+TEST(Gating, SubstitutionSwapsOrRevivesNonResidentExpertsWithResidentCandidatesWithinTheBounds) {
+  // One token, top-3: ids 4 1 2 with weights 0.5 0.3 0.2; S = 1, T = 0.01, P = 4 (bound 0.04 for a
+  // non-resident expert). The walk keeps all three: the lowest, 0.2, is resident and costs
+  // 0.04 >= 0.01. Expert 1 (0.3) is not resident. Candidates: 5 (0.15, not resident), 3 (0.12,
+  // resident), 0 (0.05, resident). The best resident one is 3: it loses 0.18, 0.0324 < 0.04.
+  GatingConfig cfg;
+  cfg.mode = GatingMode::CacheAware;
+  cfg.threshold = 0.01f;
+  cfg.penalty = 4.0f;
+  cfg.sensitivity = {1.0};
+  cfg.substitutes = 3;
+  GatingCandidates cands;
+  cands.n = 3;
+  cands.ids = {5, 3, 0};
+  cands.weights = {0.15f, 0.12f, 0.05f};
+  auto token = [] {
+    Routing r;
+    r.k = 3;
+    r.n_tokens = 1;
+    r.ids = {4, 1, 2};
+    r.weights = {0.5f, 0.3f, 0.2f};
+    return r;
+  };
+  std::vector<uint8_t> mask = {1, 0, 1, 1, 1, 0};
+  Routing r = token();
+  int64_t swapped = 0;
+  EXPECT_EQ(apply_gating(cfg, 0, &r, &mask, &cands, &swapped), 3);
+  EXPECT_EQ(swapped, 1);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{4, 3, 2}));
+  // Rescaled to the sum of the router's three weights: 1.0 / (0.5 + 0.12 + 0.2).
+  const double scale = 1.0 / (0.5 + 0.12 + 0.2);
+  EXPECT_NEAR(r.weights[0], 0.5 * scale, 1e-6);
+  EXPECT_NEAR(r.weights[1], 0.12 * scale, 1e-6);
+  EXPECT_NEAR(r.weights[2], 0.2 * scale, 1e-6);
+  EXPECT_EQ(mask[5], 0);  // the candidate passed over is not loaded
+
+  // P = 3 (bound 0.03 < 0.0324): no swap, and the token is as the router gave it.
+  cfg.penalty = 3.0f;
+  r = token();
+  swapped = 0;
+  EXPECT_EQ(apply_gating(cfg, 0, &r, &mask, &cands, &swapped), 3);
+  EXPECT_EQ(swapped, 0);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{4, 1, 2}));
+  EXPECT_EQ(r.weights, (std::vector<float>{0.5f, 0.3f, 0.2f}));
+  cfg.penalty = 4.0f;
+
+  // Only the best resident candidate is tried: with 3 gone, 0 would cost (0.3 - 0.05)^2 = 0.0625.
+  mask = {1, 0, 1, 0, 1, 0};
+  r = token();
+  swapped = 0;
+  apply_gating(cfg, 0, &r, &mask, &cands, &swapped);
+  EXPECT_EQ(swapped, 0);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{4, 1, 2}));
+
+  // The token's first expert is never replaced, however close a resident candidate: expert 4
+  // (0.5) absent, 1 and 2 resident, candidate 3 resident at 0.45.
+  mask = {1, 1, 1, 1, 0, 0};
+  cands.weights = {0.45f, 0.45f, 0.44f};
+  r = token();
+  swapped = 0;
+  EXPECT_EQ(apply_gating(cfg, 0, &r, &mask, &cands, &swapped), 3);
+  EXPECT_EQ(swapped, 0);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{4, 1, 2}));
+  EXPECT_EQ(r.weights, (std::vector<float>{0.5f, 0.3f, 0.2f}));
+
+  // Two absent experts never take the same stand-in: the second takes the next resident one.
+  Routing two;
+  two.k = 3;
+  two.n_tokens = 1;
+  two.ids = {4, 1, 2};
+  two.weights = {0.4f, 0.31f, 0.29f};
+  mask = {1, 0, 0, 1, 1, 1};
+  cands.ids = {3, 5, 0};
+  cands.weights = {0.2f, 0.19f, 0.18f};
+  swapped = 0;
+  EXPECT_EQ(apply_gating(cfg, 0, &two, &mask, &cands, &swapped), 3);
+  EXPECT_EQ(swapped, 2);
+  EXPECT_EQ(two.ids, (std::vector<int32_t>{4, 5, 3}));  // the lowest-weight absent one chose first
+
+  // A slot the walk dropped is revived as a resident stand-in when the loss it takes back is worth
+  // one resident computation: (w_e^2 - (w_e - w_f)^2) * S >= T. T = 0.005, P = 8 (bound 0.04):
+  // weights 0.6 0.25 0.15 (ids 4 1 2), expert 2 absent and dropped (0.0225 < 0.04), 1 resident
+  // and kept (0.16 >= 0.005). Candidate 3 (resident) at 0.1 takes back 0.0225 - 0.0025 = 0.02.
+  cfg.threshold = 0.005f;
+  cfg.penalty = 8.0f;
+  mask = {1, 1, 0, 1, 1, 0};
+  cands.ids = {5, 3, 0};
+  cands.weights = {0.2f, 0.1f, 0.05f};
+  Routing dropped;
+  dropped.k = 3;
+  dropped.n_tokens = 1;
+  dropped.ids = {4, 1, 2};
+  dropped.weights = {0.6f, 0.25f, 0.15f};
+  Routing tiny = dropped;
+  swapped = 0;
+  EXPECT_EQ(apply_gating(cfg, 0, &dropped, &mask, &cands, &swapped), 3);
+  EXPECT_EQ(swapped, 1);
+  EXPECT_EQ(dropped.ids, (std::vector<int32_t>{4, 1, 3}));
+  EXPECT_NEAR(dropped.weights[2], 0.1 / 0.95, 1e-6);
+  EXPECT_NEAR(dropped.weights[0], 0.6 / 0.95, 1e-6);
+  // At 0.01 it would take back only 0.0225 - 0.0196 = 0.0029 < 0.005: the slot stays dropped.
+  cands.weights = {0.2f, 0.01f, 0.005f};
+  swapped = 0;
+  EXPECT_EQ(apply_gating(cfg, 0, &tiny, &mask, &cands, &swapped), 2);
+  EXPECT_EQ(swapped, 0);
+  EXPECT_EQ(tiny.ids, (std::vector<int32_t>{4, 1, -1}));
+  EXPECT_NEAR(tiny.weights[0], 0.6 / 0.85, 1e-6);
+  cfg.threshold = 0.01f;
+  cfg.penalty = 4.0f;
+  cands.ids = {5, 3, 0};
+  cands.weights = {0.15f, 0.12f, 0.05f};
+
+  // No residency mask (no budget): nothing is substituted.
+  r = token();
+  swapped = 0;
+  apply_gating(cfg, 0, &r, nullptr, &cands, &swapped);
+  EXPECT_EQ(swapped, 0);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{4, 1, 2}));
+}
+
 TEST(Gating, ModeNames) {
   GatingMode m;
   EXPECT_TRUE(parse_gating_mode("sensitivity", &m));

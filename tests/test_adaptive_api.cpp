@@ -28,6 +28,7 @@ struct Params {
   const char* gating = "exact";
   float threshold = 0.0f;
   float penalty = 0.0f;  // 0: the default
+  int32_t substitutes = 0;
 };
 
 struct Loaded {
@@ -48,6 +49,7 @@ moelite_status load(const Params& p, Loaded* out) {
   moelite_model_params_set_profile(mp, p.profile.c_str());
   moelite_status st = moelite_model_params_set_gating(mp, p.gating, p.threshold);
   if (st == MOELITE_OK && p.penalty > 0) st = moelite_model_params_set_gating_penalty(mp, p.penalty);
+  if (st == MOELITE_OK && p.substitutes > 0) st = moelite_model_params_set_gating_substitutes(mp, p.substitutes);
   if (st == MOELITE_OK) st = moelite_model_load(kModel.c_str(), mp, &out->model);
   moelite_model_params_free(mp);
   if (st == MOELITE_OK) st = moelite_context_create(out->model, nullptr, &out->ctx);
@@ -268,6 +270,49 @@ TEST_F(AdaptiveApi, CacheAwareGatingIsSensitivityWithoutABudgetAndLoadsLessWithO
   EXPECT_EQ(us.misses, ss.misses);
 }
 
+TEST_F(AdaptiveApi, CacheAwareSubstitutionKeepsExpertsAndLoadsLessUnderABudgetOnly) {
+  // No budget: nothing is resident-or-not, so substitution changes nothing (bitwise).
+  Params plain;
+  plain.gating = "cache-aware";
+  plain.threshold = 0.003f;
+  plain.profile = profile_;
+  Params swap = plain;
+  swap.substitutes = 14;
+  {
+    Loaded a, b;
+    ASSERT_EQ(load(plain, &a), MOELITE_OK) << moelite_last_error();
+    ASSERT_EQ(load(swap, &b), MOELITE_OK) << moelite_last_error();
+    const std::vector<float> x = run(a, tokens_), y = run(b, tokens_);
+    ASSERT_EQ(x.size(), y.size());
+    EXPECT_EQ(memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0);
+  }
+  // A quarter budget: substitution answers some absent experts with resident ones, so the
+  // results change, fewer experts are read, and the same evaluations give the same result again.
+  plain.budget = swap.budget = total_ / 4;
+  auto measure = [&](const Params& p, std::vector<float>* logits, moelite_expert_stats* st) {
+    Loaded l;
+    ASSERT_EQ(load(p, &l), MOELITE_OK) << moelite_last_error();
+    *logits = run(l, tokens_);
+    st->struct_size = sizeof *st;
+    ASSERT_EQ(moelite_model_expert_stats(l.model, -1, st), MOELITE_OK);
+  };
+  std::vector<float> without, with, again;
+  moelite_expert_stats ws, ss, ss2;
+  measure(plain, &without, &ws);
+  measure(swap, &with, &ss);
+  measure(swap, &again, &ss2);
+  ASSERT_EQ(without.size(), with.size());
+  EXPECT_NE(memcmp(without.data(), with.data(), with.size() * sizeof(float)), 0);
+  EXPECT_LT(ss.misses, ws.misses);
+  // Every token keeps at least its first expert and at most k.
+  EXPECT_GE(ss.routed_experts, ss.routed_tokens);
+  EXPECT_LE(ss.routed_experts, ss.routed_tokens * 2);
+  ASSERT_EQ(with.size(), again.size());
+  EXPECT_EQ(memcmp(with.data(), again.data(), with.size() * sizeof(float)), 0);
+  EXPECT_EQ(ss.misses, ss2.misses);
+  for (float v : with) ASSERT_TRUE(std::isfinite(v));
+}
+
 TEST_F(AdaptiveApi, BadInputsGetTheirOwnStatus) {
   moelite_model_params* mp = moelite_model_params_create();
   EXPECT_EQ(moelite_model_params_set_gating(mp, "topk", 0.1f), MOELITE_ERR_INVALID_ARGUMENT);
@@ -283,6 +328,11 @@ TEST_F(AdaptiveApi, BadInputsGetTheirOwnStatus) {
   EXPECT_EQ(moelite_model_params_set_gating_penalty(mp, INFINITY), MOELITE_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(moelite_model_params_set_gating_penalty(nullptr, 2.0f), MOELITE_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(moelite_model_params_set_gating_penalty(mp, 1.0f), MOELITE_OK);
+  EXPECT_EQ(moelite_model_params_set_gating_substitutes(mp, -1), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_model_params_set_gating_substitutes(mp, 65537), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_model_params_set_gating_substitutes(nullptr, 4), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_model_params_set_gating_substitutes(mp, 65536), MOELITE_OK);  // capped at n_expert - k at load
+  EXPECT_EQ(moelite_model_params_set_gating_substitutes(mp, 0), MOELITE_OK);
   moelite_model_params_free(mp);
   Params aware;
   aware.gating = "cache-aware";

@@ -41,6 +41,13 @@ def main():
     p.add_argument("--sensitivity", default="0.001,0.003,0.01,0.03,0.1")
     p.add_argument("--cache-aware", default="0.0003,0.001,0.003,0.01")
     p.add_argument("--penalties", default="4,16")
+    p.add_argument("--substitutes", default="0,14",
+                   help="cache-aware's --gating-substitutes values (0: dropping only; N: resident stand-ins among the "
+                        "router's next N)")
+    p.add_argument("--policy", default="lru")
+    p.add_argument("--allocation", default="global",
+                   help="passed to every run: with a profile, 'auto' would give the gated runs the DP allocation and "
+                        "the exact one a global pool")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=os.path.join(ROOT, "build", "cache_aware_report"))
     a = p.parse_args()
@@ -62,27 +69,28 @@ def main():
             "--json"]
     rows = []
     for budget in a.budgets.split(","):
-        runs = [("exact", 0.0, None)]
-        runs += [("sensitivity", float(t), None) for t in a.sensitivity.split(",")]
-        runs += [("cache-aware", float(t), float(pen)) for pen in a.penalties.split(",")
-                 for t in a.cache_aware.split(",")]
-        for mode, t, pen in runs:
-            extra = ["--budget", budget]
+        runs = [("exact", 0.0, None, None)]
+        runs += [("sensitivity", float(t), None, None) for t in a.sensitivity.split(",")]
+        runs += [("cache-aware", float(t), float(pen), int(n)) for n in a.substitutes.split(",")
+                 for pen in a.penalties.split(",") for t in a.cache_aware.split(",")]
+        for mode, t, pen, n_sub in runs:
+            extra = ["--budget", budget, "--policy", a.policy, "--allocation", a.allocation]
             if mode != "exact":
                 extra += ["--gating", mode, "--threshold", repr(t), "--profile", profile]
             if pen is not None:
-                extra += ["--gating-penalty", repr(pen)]
+                extra += ["--gating-penalty", repr(pen), "--gating-substitutes", str(n_sub)]
             t0 = time.time()
             d = run_json(base + extra)
-            rows.append({"budget": budget, "mode": mode, "threshold": t, "penalty": pen,
+            rows.append({"budget": budget, "mode": mode, "threshold": t, "penalty": pen, "substitutes": n_sub,
                          "loads_per_token": d["loads_per_token"], "experts_per_token": d["experts_per_token"],
                          "perplexity": d["perplexity"], "tokens": d["n_tokens"]})
-            print("%s %s T=%g P=%s: %.3f loads/token, %.3f experts/token, ppl %.4f (%.0f s)" % (
-                budget, mode, t, pen, d["loads_per_token"], d["experts_per_token"], d["perplexity"],
+            print("%s %s T=%g P=%s N=%s: %.3f loads/token, %.3f experts/token, ppl %.4f (%.0f s)" % (
+                budget, mode, t, pen, n_sub, d["loads_per_token"], d["experts_per_token"], d["perplexity"],
                 time.time() - t0), file=sys.stderr)
 
-    md = ["| budget | gating | T | penalty | loads/token | vs exact | experts/token | perplexity | vs exact |",
-          "|---|---|---|---|---|---|---|---|---|"]
+    md = ["Policy %s, allocation %s." % (a.policy, a.allocation), "",
+          "| budget | gating | T | penalty | substitutes | loads/token | vs exact | experts/token | perplexity | vs exact |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
     summary = []
     for budget in a.budgets.split(","):
         rs = [r for r in rows if r["budget"] == budget]
@@ -90,9 +98,10 @@ def main():
         for r in rs:
             r["loads_vs_exact"] = r["loads_per_token"] / ex["loads_per_token"] - 1
             r["perplexity_vs_exact"] = r["perplexity"] / ex["perplexity"] - 1
-            md.append("| %s | %s | %s | %s | %.3f | %+.1f %% | %.3f | %.3f | %+.2f %% |" % (
+            md.append("| %s | %s | %s | %s | %s | %.3f | %+.1f %% | %.3f | %.3f | %+.2f %% |" % (
                 budget, r["mode"], "%g" % r["threshold"] if r["mode"] != "exact" else "—",
-                "%g" % r["penalty"] if r["penalty"] is not None else "—", r["loads_per_token"],
+                "%g" % r["penalty"] if r["penalty"] is not None else "—",
+                "%d" % r["substitutes"] if r["substitutes"] is not None else "—", r["loads_per_token"],
                 100 * r["loads_vs_exact"], r["experts_per_token"], r["perplexity"], 100 * r["perplexity_vs_exact"]))
         # Sensitivity's experts/token and loads/token as functions of perplexity (exact included).
         sens = [r for r in rs if r["mode"] in ("exact", "sensitivity")]
@@ -111,23 +120,23 @@ def main():
     md.append("Cache-aware against sensitivity gating at the same perplexity (sensitivity's curve, exact included, "
               "interpolated linearly; — outside its measured range):")
     md.append("")
-    md.append("| budget | T | penalty | perplexity | experts/token: cache-aware | sensitivity | loads/token: "
-              "cache-aware | sensitivity |")
-    md.append("|---|---|---|---|---|---|---|---|")
+    md.append("| budget | T | penalty | substitutes | perplexity | experts/token: cache-aware | sensitivity | "
+              "loads/token: cache-aware | sensitivity |")
+    md.append("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r["mode"] != "cache-aware":
             continue
         f = lambda v: "—" if v is None else "%.3f" % v  # noqa: E731
-        md.append("| %s | %g | %g | %.3f | %.3f | %s | %.3f | %s |" % (
-            r["budget"], r["threshold"], r["penalty"], r["perplexity"], r["experts_per_token"],
+        md.append("| %s | %g | %g | %d | %.3f | %.3f | %s | %.3f | %s |" % (
+            r["budget"], r["threshold"], r["penalty"], r["substitutes"], r["perplexity"], r["experts_per_token"],
             f(r["sensitivity_experts_at_same_ppl"]), r["loads_per_token"], f(r["sensitivity_loads_at_same_ppl"])))
     md.append("")
     for s in summary:
         b = s["best_cache_aware_within_1pct"]
         md.append("- %s budget: exact %.3f loads/token, perplexity %.3f; %s" % (
             s["budget"], s["exact"]["loads_per_token"], s["exact"]["perplexity"],
-            "best cache-aware within +1 %% perplexity: T=%g P=%g, %.3f loads/token (%+.1f %%), perplexity %+.2f %% "
-            "-> loads goal (>= 50 %% fewer) %s" % (b["threshold"], b["penalty"], b["loads_per_token"],
+            "best cache-aware within +1 %% perplexity: T=%g P=%g N=%d, %.3f loads/token (%+.1f %%), perplexity %+.2f %% "
+            "-> loads goal (>= 50 %% fewer) %s" % (b["threshold"], b["penalty"], b["substitutes"], b["loads_per_token"],
                                                    100 * b["loads_vs_exact"], 100 * b["perplexity_vs_exact"],
                                                    "met" if s["loads_goal_met"] else "NOT met")
             if b else "no cache-aware setting within +1 % perplexity -> goal NOT met"))
@@ -135,6 +144,7 @@ def main():
     print(text)
     open(os.path.join(a.out, "cache_aware_report.md"), "w").write(text + "\n")
     json.dump({"model": a.model, "profile": profile, "evaluation_bytes": a.bytes, "ctx": a.ctx, "batch": 1,
+               "policy": a.policy, "allocation": a.allocation,
                "rows": rows, "summary": summary}, open(os.path.join(a.out, "cache_aware_report.json"), "w"), indent=1)
 
 

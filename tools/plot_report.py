@@ -12,7 +12,7 @@ loads in red; one evaluation's span (--eval N, default the last) or --from-ms/--
 hit-curves: the LRU hit rate of each layer against the experts its cache holds, from a calibration
 profile (`moelite calibrate`): what the DP allocation of a budget among layers reads.
 gating: tools/cache_aware_report.py's table: expert loads per token and experts per token against
-perplexity for exact, sensitivity and cache-aware gating at each budget, each point labelled with
+perplexity for exact, sensitivity and cache-aware gating (with and without substitution) at each budget, each point labelled with
 its threshold (cache-aware: threshold/penalty).
 allocation: the DP allocation of each budget among the layers, as the engine makes it at load
 (`moelite info --allocation dp --verbose` reports it), against equal quotas.
@@ -94,14 +94,19 @@ def gating(a):
     budgets = sorted({r["budget"] for r in rows})
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     marks = {"exact": "s", "sensitivity": "o", "cache-aware": "^"}
+    # Cache-aware runs with and without substitution are separate curves.
+    curves = sorted({(r["mode"], r.get("substitutes") or 0) for r in rows},
+                    key=lambda c: (list(marks).index(c[0]), c[1]))
     for budget in budgets:
-        for mode in ("exact", "sensitivity", "cache-aware"):
-            rs = sorted((r for r in rows if r["budget"] == budget and r["mode"] == mode), key=lambda r: r["perplexity"])
+        for mode, n_sub in curves:
+            rs = sorted((r for r in rows if r["budget"] == budget and r["mode"] == mode
+                         and (r.get("substitutes") or 0) == n_sub), key=lambda r: r["perplexity"])
             if not rs:
                 continue
+            name = mode + (" + %d substitutes" % n_sub if n_sub else "")
             for ax, key in zip(axes, ("loads_per_token", "experts_per_token")):
-                ax.plot([r["perplexity"] for r in rs], [r[key] for r in rs], marker=marks[mode], linestyle="-",
-                        label="%s, %s" % (mode, budget))
+                ax.plot([r["perplexity"] for r in rs], [r[key] for r in rs], marker="v" if n_sub else marks[mode],
+                        linestyle="-", label="%s, %s" % (name, budget))
                 if mode != "exact":  # each point's threshold (and cache-aware's penalty)
                     for r in rs:
                         tag = "%g" % r["threshold"] + ("/%g" % r["penalty"] if r.get("penalty") else "")

@@ -34,11 +34,27 @@ enum class GatingMode { Exact, Sensitivity, Score, CacheAware };
 // measured at load. Tune it with moelite_model_params_set_gating_penalty / --gating-penalty.
 constexpr float kDefaultGatingPenalty = 4.0f;
 
+// The most router ranks after top-k that cache-aware substitution may search (an API bound; the
+// model's own n_expert - k bounds it further at load).
+constexpr int32_t kMaxGatingSubstitutes = 1 << 16;
+// Substitution handles tokens of at most this many experts (a bit per slot); with more, cache-aware
+// gating runs without it.
+constexpr int32_t kMaxSubstitutionK = 64;
+
 struct GatingConfig {
   GatingMode mode = GatingMode::Exact;
   float threshold = 0.0f;
   std::vector<double> sensitivity;  // per layer (sensitivity and cache-aware modes)
   float penalty = kDefaultGatingPenalty;  // cache-aware: threshold factor for non-resident experts (>= 1)
+  int32_t substitutes = 0;  // cache-aware: router ranks beyond top-k searched for a resident stand-in (0: off)
+};
+
+// Cache-aware substitution's candidates: for each token, the router's next `n` experts after its
+// top-k (ids, and weights on the scale of the routing's weights), best first.
+struct GatingCandidates {
+  int32_t n = 0;
+  std::vector<int32_t> ids;    // n_tokens * n
+  std::vector<float> weights;  // n_tokens * n
 };
 
 // "exact", "sensitivity", "score", "cache-aware" -> mode; false for other names.
@@ -67,7 +83,13 @@ int32_t gating_keep_count_cache_aware(float threshold, float penalty, double s, 
 // depends on the store's state (budget, policy, allocation, earlier evaluations) and on how the
 // evaluation is split into batches -- deterministic for a given sequence of evaluations, but not
 // equal to the resident result.
-int64_t apply_gating(const GatingConfig& config, int32_t layer, Routing* r, std::vector<uint8_t>* resident = nullptr);
+int64_t apply_gating(const GatingConfig& config, int32_t layer, Routing* r, std::vector<uint8_t>* resident = nullptr,
+                     const GatingCandidates* candidates = nullptr, int64_t* substituted = nullptr);
+
+// The router's next `n` experts after each token's top-k in `r`, from its logits (n_tokens rows
+// of n_expert, softmax routing), with weights on the routing's scale (the factor between each
+// token's routing weights and its softmax probabilities). Candidates a token lacks are id -1.
+void gating_candidates(const float* logits, int32_t n_expert, const Routing& r, int32_t n, GatingCandidates* out);
 
 // Slot order of one token's weights, largest first (ties: lower slot first): the order in which
 // the rule keeps experts.

@@ -2,6 +2,7 @@
 
 #include <cinttypes>
 #include <cmath>
+#include <algorithm>
 
 #include "core/adaptive/allocation.h"
 #include "core/adaptive/predictor.h"
@@ -24,6 +25,9 @@ Status setup_adaptive(const Model& m, const LoadOptions& opts, std::unique_ptr<P
   if (!(opts.gating_penalty >= 1.0f) || !std::isfinite(opts.gating_penalty))
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "the gating penalty must be a finite number >= 1");
   gating->penalty = opts.gating_penalty;
+  if (opts.gating_substitutes < 0 || opts.gating_substitutes > kMaxGatingSubstitutes)
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "the gating substitutes must be in [0, %d]", kMaxGatingSubstitutes);
+  gating->substitutes = std::min(opts.gating_substitutes, std::max(0, m.hp.n_expert - m.hp.n_expert_used));
   if (opts.gating == GatingMode::Sensitivity || opts.gating == GatingMode::CacheAware) {
     if (!*profile)
       return fail(MOELITE_ERR_BAD_PROFILE,

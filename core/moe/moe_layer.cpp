@@ -48,6 +48,8 @@ Status moe_forward(const Model& m, EvalState& s, int32_t l, const Act& x, const 
   }
   const double route_start = s.trace ? TraceRecorder::now_us() : 0.0;
   // Pre-gated models chose this layer's experts at the previous layer.
+  // router_logits keep this layer's own logits only when it routed itself and has no pre-gate.
+  const bool own_logits = !s.has_next_routing && !w.pregate.valid();
   if (s.has_next_routing)
     std::swap(s.routing, s.next_routing);
   else
@@ -62,7 +64,18 @@ Status moe_forward(const Model& m, EvalState& s, int32_t l, const Act& x, const 
     s.experts->residency(l, m.hp.n_expert, &s.residency);
     resident = &s.residency;
   }
-  const int64_t kept = apply_gating(rt.gating, l, &s.routing, resident);
+  // Substitution reads the router's logits for its candidates (softmax routing only: other
+  // scorings are on the host and have no stand-in rule yet).
+  const GatingCandidates* candidates = nullptr;
+  GatingCandidates cands;
+  if (resident && rt.gating.substitutes > 0 && own_logits && !needs_scored_routing(m.hp, w.exp_probs_b)) {
+    const float* host;
+    MOELITE_TRY(host_rows(s, s.rows(s.router_logits), &s.host_a, &host));
+    gating_candidates(host, m.hp.n_expert, s.routing, rt.gating.substitutes, &cands);
+    candidates = &cands;
+  }
+  int64_t substituted = 0;
+  const int64_t kept = apply_gating(rt.gating, l, &s.routing, resident, candidates, &substituted);
   rt.routed.add(l, static_cast<uint64_t>(s.n_tokens), static_cast<uint64_t>(kept));
   if (s.trace)
     s.trace->complete("route", "router", "evaluation", route_start, TraceRecorder::now_us(),

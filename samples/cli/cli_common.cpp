@@ -132,10 +132,11 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only) {
   }
   if (st == MOELITE_OK && args.has("--predictor"))
     st = moelite_model_params_set_predictor(p, args.get("--predictor").c_str());
-  int64_t depth = 1;
+  int64_t depth = 1, substitutes = 0;
   double threshold = 0.0, penalty = 4.0;
   if (!args.get_int("--predict-depth", 1, &depth, &err) || !args.get_double("--threshold", 0.0, &threshold, &err) ||
-      !args.get_double("--gating-penalty", 4.0, &penalty, &err)) {
+      !args.get_double("--gating-penalty", 4.0, &penalty, &err) ||
+      !args.get_int("--gating-substitutes", 0, &substitutes, &err, 0, 65536)) {
     moelite_model_params_free(p);
     return usage_error(err);
   }
@@ -149,6 +150,8 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only) {
     st = moelite_model_params_set_gating(p, args.get("--gating", "exact").c_str(), static_cast<float>(threshold));
   if (st == MOELITE_OK && args.has("--gating-penalty"))
     st = moelite_model_params_set_gating_penalty(p, static_cast<float>(penalty));
+  if (st == MOELITE_OK && args.has("--gating-substitutes"))
+    st = moelite_model_params_set_gating_substitutes(p, static_cast<int32_t>(substitutes));
   if (st == MOELITE_OK && args.has("--per-layer") && !args.has("--allocation"))
     st = moelite_model_params_set_cache_allocation(p, "uniform");
   if (st == MOELITE_OK && args.has("--policy"))

@@ -318,7 +318,7 @@ int cmd_bench(int argc, char** argv) {
            ", \"decode_fraction_of_budget_bound\": %.3f, \"predictor\": \"%s\", \"prefetch_accuracy\": %.4f"
            ", \"prefetch_precision\": %.4f, \"timeliness\": %.4f, \"on_demand_loads_per_token\": %.3f"
            ", \"loads_per_token\": %s, \"suggested_gating_penalty\": %s"
-           ", \"experts_per_token\": %.4f, \"gating\": \"%s\", \"threshold\": %s, \"gating_penalty\": %s"
+           ", \"experts_per_token\": %.4f, \"gating\": \"%s\", \"threshold\": %s, \"gating_penalty\": %s, \"gating_substitutes\": %s"
            ", \"profile\": \"%s\""
            ", \"allocation\": \"%s\", \"budget_auto\": %" PRId64 ", \"budget_summary\": \"%s\", \"text\": %s"
            ", \"layers\": %s}\n",
@@ -332,7 +332,7 @@ int cmd_bench(int argc, char** argv) {
            budget_bound_tps > 0 ? decode_tps / budget_bound_tps : 0.0, json_escape(predictor).c_str(), accuracy,
            precision, timeliness, n_gen > 0 ? double(best_stats.misses) / double(n_generated) : 0.0, loads_json, penalty_json,
            experts_per_token, json_escape(args.get("--gating", "exact")).c_str(), args.get("--threshold", "0").c_str(),
-           args.get("--gating-penalty", "4").c_str(),
+           args.get("--gating-penalty", "4").c_str(), args.get("--gating-substitutes", "0").c_str(),
            json_escape(args.get("--profile")).c_str(),
            json_escape(args.get("--allocation", args.has("--per-layer") ? "uniform" : "auto")).c_str(), budget_auto,
            json_escape(budget_text).c_str(), args.has("-f") ? ("\"" + json_escape(args.get("-f")) + "\"").c_str() : "null", layers_json.c_str());

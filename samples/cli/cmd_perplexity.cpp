@@ -92,11 +92,12 @@ int cmd_perplexity(int argc, char** argv) {
     if (args.has("--json"))
       printf("{\"perplexity\": %.6f, \"tokens_scored\": %" PRId64 ", \"n_tokens\": %d, \"ctx\": %" PRId64
              ", \"batch\": %" PRId64 ", \"mean_nll\": %.6f, \"experts_per_token\": %.4f, \"top_k\": %" PRId64
-             ", \"gating\": \"%s\", \"threshold\": %s, \"gating_penalty\": %s, \"expert_budget_bytes\": %" PRId64
+             ", \"gating\": \"%s\", \"threshold\": %s, \"gating_penalty\": %s, \"gating_substitutes\": %s, \"expert_budget_bytes\": %" PRId64
              ", \"loads_per_token\": %s, \"misses_per_token\": %.4f, \"prefetches_per_token\": %.4f}\n",
              ppl, scored, n, n_ctx, n_batch, nll / static_cast<double>(scored), experts_per_token,
              moelite_model_get(model, MOELITE_MODEL_N_EXPERTS_USED), json_escape(args.get("--gating", "exact")).c_str(),
-             args.get("--threshold", "0").c_str(), args.get("--gating-penalty", "4").c_str(), budget, loads_json,
+             args.get("--threshold", "0").c_str(), args.get("--gating-penalty", "4").c_str(),
+             args.get("--gating-substitutes", "0").c_str(), budget, loads_json,
              double(es.misses) / double(evaluated), double(es.prefetches_issued) / double(evaluated));
     else
       printf("perplexity %.4f over %" PRId64 " scored tokens (%d tokens, windows of %" PRId64 "), %.3f experts/token%s\n",

@@ -33,6 +33,9 @@ const std::vector<Option>& model_options() {
       {{"--gating-penalty"}, "P",
        "cache-aware gating: threshold factor for experts not resident in the store (>= 1, default 4; "
        "bench suggests 1 + DRAM / storage bandwidth)"},
+      {{"--gating-substitutes"}, "N",
+       "cache-aware gating: replace a non-resident expert by a resident one among the router's next N "
+       "(default 0: off)"},
       {{"--trace-events"}, "FILE",
        "write a timeline of the run (routing, expert reads, computation, waits, prefetches) as Chrome trace "
        "JSON that Perfetto opens"},

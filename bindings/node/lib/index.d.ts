@@ -32,7 +32,13 @@ export interface ModelOptions {
   /** How the budget is shared among layers. */
   allocation?: 'auto' | 'global' | 'uniform' | 'dp';
   profile?: string;
-  gating?: { mode: 'exact' | 'sensitivity' | 'score' | 'cache-aware'; threshold?: number };
+  /** Adaptive gating; penalty and substitutes apply to cache-aware gating (include/moelite.h). */
+  gating?: {
+    mode: 'exact' | 'sensitivity' | 'score' | 'cache-aware';
+    threshold?: number;
+    penalty?: number;
+    substitutes?: number;
+  };
 }
 
 export interface ExpertStats {

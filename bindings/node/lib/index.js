@@ -81,6 +81,9 @@ function buildModelParams(opts) {
     if (opts.profile !== undefined) check(fns.moelite_model_params_set_profile(p, opts.profile));
     if (opts.gating !== undefined) {
       check(fns.moelite_model_params_set_gating(p, opts.gating.mode, opts.gating.threshold ?? 0));
+      if (opts.gating.penalty !== undefined) check(fns.moelite_model_params_set_gating_penalty(p, opts.gating.penalty));
+      if (opts.gating.substitutes !== undefined)
+        check(fns.moelite_model_params_set_gating_substitutes(p, opts.gating.substitutes));
     }
     return p;
   } catch (e) {
@@ -137,7 +140,7 @@ class Model {
 
   /** Loads a GGUF model (blocking). opts: threads, backend ('cpu' | 'vulkan' | 'cuda' | 'auto'),
    *  budget (bytes, "25%" or "auto"), policy, predictor, allocation ('auto' | 'global' | 'uniform' | 'dp'),
-   *  profile, gating {mode, threshold}. */
+   *  profile, gating {mode, threshold, penalty, substitutes}. */
   static load(path, opts = {}) {
     const { fns } = load();
     const p = buildModelParams(opts);

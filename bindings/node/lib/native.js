@@ -69,6 +69,8 @@ function load() {
     'int moelite_model_params_set_predictor(moelite_model_params *p, const char *predictor)',
     'int moelite_model_params_set_cache_allocation(moelite_model_params *p, const char *allocation)',
     'int moelite_model_params_set_gating(moelite_model_params *p, const char *mode, float threshold)',
+    'int moelite_model_params_set_gating_penalty(moelite_model_params *p, float penalty)',
+    'int moelite_model_params_set_gating_substitutes(moelite_model_params *p, int32_t n)',
     'int moelite_model_params_set_profile(moelite_model_params *p, const char *path)',
     'int moelite_model_load(const char *path, const moelite_model_params *p, _Out_ moelite_model **out)',
     'void moelite_model_free(moelite_model *m)',

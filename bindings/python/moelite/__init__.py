@@ -504,7 +504,8 @@ class Model:
     "decay", "static", "belady"), predictor ("none", "next-gate", "first-layer", "learned",
     "correlation", "pregate") with predictor_depth (next-gate's layers ahead), profile (a
     calibration profile path), gating ("exact", "sensitivity", "cache-aware", "score") with
-    threshold and gating_penalty (cache-aware's factor for non-resident experts, None: 4),
+    threshold, gating_penalty (cache-aware's factor for non-resident experts, None: 4) and
+    gating_substitutes (cache-aware's resident stand-ins among the router's next N, None: 0, off),
     allocation ("auto", "global", "uniform", "dp"). expert_per_layer=True is a deprecated
     spelling of allocation="uniform" (DeprecationWarning; ValueError when allocation is given
     too). None always means the library default; the meaning of each option is that of the
@@ -530,7 +531,8 @@ class Model:
                  profile: Optional[PathLike] = None, gating: Optional[str] = None, threshold: float = 0.0,
                  allocation: Optional[str] = None, budget_headroom: Optional[int] = None,
                  gating_penalty: Optional[float] = None, expert_per_layer: Optional[bool] = None,
-                 budget_fraction: Optional[float] = None, chat_template: Optional[TextLike] = None):
+                 budget_fraction: Optional[float] = None, chat_template: Optional[TextLike] = None,
+                 gating_substitutes: Optional[int] = None):
         self._ptr = None
         self._contexts: "weakref.WeakSet[Context]" = weakref.WeakSet()
         self._free = _c.moelite_model_free  # kept for __del__ during interpreter shutdown
@@ -590,6 +592,8 @@ class Model:
                 _check(_c.moelite_model_params_set_gating(params, _as_bytes(gating, "gating"), float(threshold)))
             if gating_penalty is not None:
                 _check(_c.moelite_model_params_set_gating_penalty(params, float(gating_penalty)))
+            if gating_substitutes is not None:
+                _check(_c.moelite_model_params_set_gating_substitutes(params, int(gating_substitutes)))
             out = ctypes.c_void_p()
             if progress is not None:
                 progress_ref = _progress_thunk(progress, box)  # alive for the whole load call

@@ -674,11 +674,14 @@ def test_calibrate_profile_and_adaptive_options(model, tiny, tmpdir_session):
     with pytest.raises(moelite.MoeliteError) as e:
         moelite.Model(tiny[0], gating="cache-aware", threshold=0.1, gating_penalty=0.5, profile=profile)
     assert e.value.status == moelite.Status.ERR_INVALID_ARGUMENT
-    # No budget: cache-aware is sensitivity gating, bit for bit.
+    with pytest.raises(moelite.MoeliteError) as e:
+        moelite.Model(tiny[0], gating="cache-aware", threshold=0.1, gating_substitutes=-1, profile=profile)
+    assert e.value.status == moelite.Status.ERR_INVALID_ARGUMENT
+    # No budget: cache-aware (with or without substitution) is sensitivity gating, bit for bit.
     got = {}
     for mode in ("sensitivity", "cache-aware"):
         with moelite.Model(tiny[0], threads=2, gating=mode, threshold=0.05, gating_penalty=8,
-                           profile=profile) as m:
+                           gating_substitutes=4, profile=profile) as m:
             c = moelite.Context(m, n_ctx=64)
             got[mode] = [c.eval([t]) or c.logits().copy() for t in tokens[:12]]
     assert all(np.array_equal(a, b) for a, b in zip(got["sensitivity"], got["cache-aware"]))

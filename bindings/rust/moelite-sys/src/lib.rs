@@ -227,6 +227,7 @@ extern "C" {
     pub fn moelite_model_params_set_profile(params: *mut moelite_model_params, path: *const c_char) -> moelite_status;
     pub fn moelite_model_params_set_gating(params: *mut moelite_model_params, mode: *const c_char, threshold: f32) -> moelite_status;
     pub fn moelite_model_params_set_gating_penalty(params: *mut moelite_model_params, penalty: f32) -> moelite_status;
+    pub fn moelite_model_params_set_gating_substitutes(params: *mut moelite_model_params, n: i32) -> moelite_status;
     pub fn moelite_model_params_set_expert_per_layer(params: *mut moelite_model_params, per_layer: i32) -> moelite_status;
     pub fn moelite_model_params_set_cache_allocation(params: *mut moelite_model_params, allocation: *const c_char) -> moelite_status;
     pub fn moelite_model_params_set_use_mmap(params: *mut moelite_model_params, use_mmap: i32) -> moelite_status;

@@ -44,6 +44,8 @@ pub struct ModelParams {
     allocation: Option<String>,
     profile: Option<String>,
     gating: Option<(String, f32)>,
+    gating_penalty: Option<f32>,
+    gating_substitutes: Option<i32>,
     use_mmap: Option<bool>,
     vocab_only: Option<bool>,
     chat_template: Option<String>,
@@ -94,6 +96,17 @@ impl ModelParams {
     /// Adaptive gating: "exact" (default), "sensitivity", "score", "cache-aware", with its threshold.
     pub fn gating(mut self, mode: &str, threshold: f32) -> Self {
         self.gating = Some((mode.into(), threshold));
+        self
+    }
+    /// Cache-aware gating's penalty for non-resident experts (>= 1, default 4).
+    pub fn gating_penalty(mut self, penalty: f32) -> Self {
+        self.gating_penalty = Some(penalty);
+        self
+    }
+    /// Cache-aware gating's substitution: a non-resident expert may be replaced by a resident one
+    /// among the router's next `n` (default 0: off).
+    pub fn gating_substitutes(mut self, n: i32) -> Self {
+        self.gating_substitutes = Some(n);
         self
     }
     pub fn use_mmap(mut self, on: bool) -> Self {
@@ -153,6 +166,12 @@ impl ModelParams {
             }
             if let Some((mode, threshold)) = &self.gating {
                 check(sys::moelite_model_params_set_gating(ptr, c_string("gating", mode)?.as_ptr(), *threshold))?;
+            }
+            if let Some(penalty) = self.gating_penalty {
+                check(sys::moelite_model_params_set_gating_penalty(ptr, penalty))?;
+            }
+            if let Some(n) = self.gating_substitutes {
+                check(sys::moelite_model_params_set_gating_substitutes(ptr, n))?;
             }
             if let Some(on) = self.use_mmap {
                 check(sys::moelite_model_params_set_use_mmap(ptr, on as i32))?;
