@@ -121,10 +121,17 @@ def test_sequences_match_the_numpy_reference():
         toks, ids = _interleaved(prompts)
         ctx.eval_batch(toks, ids)  # the last token of each sequence
         got = {q: ctx.logits(max(j for j, s in enumerate(ids) if s == q)) for q in range(N_SEQ)}
+        errs = []
         for q in range(N_SEQ):
             want = ref.forward(prompts[q])[-1]
-            err = float(np.mean((got[q] - want) ** 2) / np.mean(want ** 2))
-            assert err < 1e-9, "sequence %d: normalised MSE %g" % (q, err)
+            errs.append(float(np.mean((got[q] - want) ** 2) / np.mean(want ** 2)))
+        # The engine sums in float32 in its kernels' order, the reference in float64: the Q8_0
+        # activations both quantize can round one code apart where a value lies at a rounding
+        # boundary (seen with the AVX-512 kernels on a Zen 5: 1.8e-6 on one sequence, 2e-15 on
+        # the others). A sequence whose context lacks its first token is off by 0.14, one with an
+        # extra token in front by 1.3e-3: both far above the bound.
+        assert max(errs) < 1e-4, "normalised MSE per sequence: %s" % errs
+        assert sorted(errs)[len(errs) // 2] < 1e-9, "normalised MSE per sequence: %s" % errs
         ctx.close()
 
 
