@@ -11,6 +11,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/adaptive/allocation.h"
@@ -31,6 +32,26 @@ Routing routing_of(int32_t k, const std::vector<float>& weights) {
   r.n_tokens = static_cast<int32_t>(weights.size()) / k;
   r.weights = weights;
   for (size_t i = 0; i < weights.size(); ++i) r.ids.push_back(static_cast<int32_t>(10 + i));
+  return r;
+}
+
+// Cache-aware gating at threshold t and penalty p, one layer of sensitivity s.
+GatingConfig cache_aware(float t, float p, double s) {
+  GatingConfig cfg;
+  cfg.mode = GatingMode::CacheAware;
+  cfg.threshold = t;
+  cfg.penalty = p;
+  cfg.sensitivity = {s};
+  return cfg;
+}
+
+// Routing of tokens with `k` experts each: ids and weights token after token.
+Routing routing_with(int32_t k, std::vector<int32_t> ids, std::vector<float> weights) {
+  Routing r;
+  r.k = k;
+  r.n_tokens = static_cast<int32_t>(ids.size()) / k;
+  r.ids = std::move(ids);
+  r.weights = std::move(weights);
   return r;
 }
 
@@ -145,11 +166,7 @@ TEST(Gating, CacheAwareRaisesTheThresholdOfNonResidentExpertsOnly) {
               gating_keep_count(GatingMode::Sensitivity, t, 2.0, w.data(), 4));
 
   // Applied through the layer's residency mask (indexed by expert id).
-  GatingConfig cfg;
-  cfg.mode = GatingMode::CacheAware;
-  cfg.threshold = 0.05f;
-  cfg.penalty = 4.0f;
-  cfg.sensitivity = {2.0};
+  GatingConfig cfg = cache_aware(0.05f, 4.0f, 2.0);
   std::vector<uint8_t> mask(16, 1);
   Routing resident = routing_of(4, w), sens = routing_of(4, w);
   EXPECT_EQ(apply_gating(cfg, 0, &resident, &mask), 3);
@@ -176,16 +193,8 @@ TEST(Gating, CacheAwareRaisesTheThresholdOfNonResidentExpertsOnly) {
 TEST(Gating, CacheAwareCountsAnExpertKeptEarlierInTheBatchAsResident) {
   // Two tokens, top-2, S = 1, T = 0.01, penalty 100: a non-resident tail weight below 1 goes, a
   // resident one of 0.2 stays (0.04 >= 0.01). Token 0 routes experts 3, 5; token 1 experts 7, 5.
-  GatingConfig cfg;
-  cfg.mode = GatingMode::CacheAware;
-  cfg.threshold = 0.01f;
-  cfg.penalty = 100.0f;
-  cfg.sensitivity = {1.0};
-  Routing r;
-  r.k = 2;
-  r.n_tokens = 2;
-  r.ids = {3, 5, 7, 5};
-  r.weights = {0.8f, 0.2f, 0.8f, 0.2f};
+  GatingConfig cfg = cache_aware(0.01f, 100.0f, 1.0);
+  Routing r = routing_with(2, {3, 5, 7, 5}, {0.8f, 0.2f, 0.8f, 0.2f});
   std::vector<uint8_t> mask(8, 0);
   mask[5] = 0;
   EXPECT_EQ(apply_gating(cfg, 0, &r, &mask), 2);  // both drop 5: nobody loads it
@@ -212,12 +221,10 @@ TEST(Gating, CandidatesAreTheRoutersNextExpertsOnTheRoutingsScale) {
     return p;
   };
   const std::vector<double> p0 = probs(0), p1 = probs(1);
-  Routing r;
-  r.k = 2;
-  r.n_tokens = 2;
-  r.ids = {0, 4, 1, 5};
-  r.weights = {static_cast<float>(p0[0] / (p0[0] + p0[4])), static_cast<float>(p0[4] / (p0[0] + p0[4])),
-               static_cast<float>(p1[1]), static_cast<float>(p1[5])};
+  const Routing r = routing_with(2, {0, 4, 1, 5},
+                                 {static_cast<float>(p0[0] / (p0[0] + p0[4])),
+                                  static_cast<float>(p0[4] / (p0[0] + p0[4])), static_cast<float>(p1[1]),
+                                  static_cast<float>(p1[5])});
   GatingCandidates c;
   gating_candidates(logits.data(), 6, r, 3, &c);
   ASSERT_EQ(c.n, 3);
@@ -242,24 +249,13 @@ TEST(Gating, SubstitutionSwapsOrRevivesNonResidentExpertsWithResidentCandidatesW
   // non-resident expert). The walk keeps all three: the lowest, 0.2, is resident and costs
   // 0.04 >= 0.01. Expert 1 (0.3) is not resident. Candidates: 5 (0.15, not resident), 3 (0.12,
   // resident), 0 (0.05, resident). The best resident one is 3: it loses 0.18, 0.0324 < 0.04.
-  GatingConfig cfg;
-  cfg.mode = GatingMode::CacheAware;
-  cfg.threshold = 0.01f;
-  cfg.penalty = 4.0f;
-  cfg.sensitivity = {1.0};
+  GatingConfig cfg = cache_aware(0.01f, 4.0f, 1.0);
   cfg.substitutes = 3;
   GatingCandidates cands;
   cands.n = 3;
   cands.ids = {5, 3, 0};
   cands.weights = {0.15f, 0.12f, 0.05f};
-  auto token = [] {
-    Routing r;
-    r.k = 3;
-    r.n_tokens = 1;
-    r.ids = {4, 1, 2};
-    r.weights = {0.5f, 0.3f, 0.2f};
-    return r;
-  };
+  auto token = [] { return routing_with(3, {4, 1, 2}, {0.5f, 0.3f, 0.2f}); };
   std::vector<uint8_t> mask = {1, 0, 1, 1, 1, 0};
   Routing r = token();
   int64_t swapped = 0;
@@ -273,41 +269,26 @@ TEST(Gating, SubstitutionSwapsOrRevivesNonResidentExpertsWithResidentCandidatesW
   EXPECT_NEAR(r.weights[2], 0.2 * scale, 1e-6);
   EXPECT_EQ(mask[5], 0);  // the candidate passed over is not loaded
 
-  // P = 3 (bound 0.03 < 0.0324): no swap, and the token is as the router gave it.
+  // The token as the router gave it, all three kept, nothing substituted.
+  auto expect_untouched = [&](const char* why) {
+    Routing u = token();
+    int64_t n = 0;
+    EXPECT_EQ(apply_gating(cfg, 0, &u, &mask, &cands, &n), 3) << why;
+    EXPECT_EQ(n, 0) << why;
+    EXPECT_EQ(u.ids, (std::vector<int32_t>{4, 1, 2})) << why;
+    EXPECT_EQ(u.weights, (std::vector<float>{0.5f, 0.3f, 0.2f})) << why;
+  };
   cfg.penalty = 3.0f;
-  r = token();
-  swapped = 0;
-  EXPECT_EQ(apply_gating(cfg, 0, &r, &mask, &cands, &swapped), 3);
-  EXPECT_EQ(swapped, 0);
-  EXPECT_EQ(r.ids, (std::vector<int32_t>{4, 1, 2}));
-  EXPECT_EQ(r.weights, (std::vector<float>{0.5f, 0.3f, 0.2f}));
+  expect_untouched("P = 3: bound 0.03 < 0.0324");
   cfg.penalty = 4.0f;
-
-  // Only the best resident candidate is tried: with 3 gone, 0 would cost (0.3 - 0.05)^2 = 0.0625.
   mask = {1, 0, 1, 0, 1, 0};
-  r = token();
-  swapped = 0;
-  apply_gating(cfg, 0, &r, &mask, &cands, &swapped);
-  EXPECT_EQ(swapped, 0);
-  EXPECT_EQ(r.ids, (std::vector<int32_t>{4, 1, 2}));
-
-  // The token's first expert is never replaced, however close a resident candidate: expert 4
-  // (0.5) absent, 1 and 2 resident, candidate 3 resident at 0.45.
+  expect_untouched("only the best resident candidate is tried: with 3 gone, 0 would cost (0.3 - 0.05)^2 = 0.0625");
   mask = {1, 1, 1, 1, 0, 0};
   cands.weights = {0.45f, 0.45f, 0.44f};
-  r = token();
-  swapped = 0;
-  EXPECT_EQ(apply_gating(cfg, 0, &r, &mask, &cands, &swapped), 3);
-  EXPECT_EQ(swapped, 0);
-  EXPECT_EQ(r.ids, (std::vector<int32_t>{4, 1, 2}));
-  EXPECT_EQ(r.weights, (std::vector<float>{0.5f, 0.3f, 0.2f}));
+  expect_untouched("the first expert (4, 0.5, absent) is never replaced, however close a resident candidate");
 
   // Two absent experts never take the same stand-in: the second takes the next resident one.
-  Routing two;
-  two.k = 3;
-  two.n_tokens = 1;
-  two.ids = {4, 1, 2};
-  two.weights = {0.4f, 0.31f, 0.29f};
+  Routing two = routing_with(3, {4, 1, 2}, {0.4f, 0.31f, 0.29f});
   mask = {1, 0, 0, 1, 1, 1};
   cands.ids = {3, 5, 0};
   cands.weights = {0.2f, 0.19f, 0.18f};
@@ -325,11 +306,7 @@ TEST(Gating, SubstitutionSwapsOrRevivesNonResidentExpertsWithResidentCandidatesW
   mask = {1, 1, 0, 1, 1, 0};
   cands.ids = {5, 3, 0};
   cands.weights = {0.2f, 0.1f, 0.05f};
-  Routing dropped;
-  dropped.k = 3;
-  dropped.n_tokens = 1;
-  dropped.ids = {4, 1, 2};
-  dropped.weights = {0.6f, 0.25f, 0.15f};
+  Routing dropped = routing_with(3, {4, 1, 2}, {0.6f, 0.25f, 0.15f});
   Routing tiny = dropped;
   swapped = 0;
   EXPECT_EQ(apply_gating(cfg, 0, &dropped, &mask, &cands, &swapped), 3);
