@@ -1,8 +1,8 @@
 #include "core/adaptive/setup.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
-#include <algorithm>
 
 #include "core/adaptive/allocation.h"
 #include "core/adaptive/predictor.h"

@@ -331,8 +331,8 @@ int cmd_bench(int argc, char** argv) {
            given_storage_gbs > 0 ? "true" : "false", budget_bound_tps,
            budget_bound_tps > 0 ? decode_tps / budget_bound_tps : 0.0, json_escape(predictor).c_str(), accuracy,
            precision, timeliness, n_gen > 0 ? double(best_stats.misses) / double(n_generated) : 0.0, loads_json, penalty_json,
-           experts_per_token, json_escape(args.get("--gating", "exact")).c_str(), args.get("--threshold", "0").c_str(),
-           args.get("--gating-penalty", "4").c_str(), args.get("--gating-substitutes", "0").c_str(),
+           experts_per_token, json_escape(args.get("--gating", "exact")).c_str(), args.json_number("--threshold", 0).c_str(),
+           args.json_number("--gating-penalty", 4).c_str(), args.json_number("--gating-substitutes", 0).c_str(),
            json_escape(args.get("--profile")).c_str(),
            json_escape(args.get("--allocation", args.has("--per-layer") ? "uniform" : "auto")).c_str(), budget_auto,
            json_escape(budget_text).c_str(), args.has("-f") ? ("\"" + json_escape(args.get("-f")) + "\"").c_str() : "null", layers_json.c_str());

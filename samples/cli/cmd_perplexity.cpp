@@ -96,8 +96,8 @@ int cmd_perplexity(int argc, char** argv) {
              ", \"loads_per_token\": %s, \"misses_per_token\": %.4f, \"prefetches_per_token\": %.4f}\n",
              ppl, scored, n, n_ctx, n_batch, nll / static_cast<double>(scored), experts_per_token,
              moelite_model_get(model, MOELITE_MODEL_N_EXPERTS_USED), json_escape(args.get("--gating", "exact")).c_str(),
-             args.get("--threshold", "0").c_str(), args.get("--gating-penalty", "4").c_str(),
-             args.get("--gating-substitutes", "0").c_str(), budget, loads_json,
+             args.json_number("--threshold", 0).c_str(), args.json_number("--gating-penalty", 4).c_str(),
+             args.json_number("--gating-substitutes", 0).c_str(), budget, loads_json,
              double(es.misses) / double(evaluated), double(es.prefetches_issued) / double(evaluated));
     else
       printf("perplexity %.4f over %" PRId64 " scored tokens (%d tokens, windows of %" PRId64 "), %.3f experts/token%s\n",

@@ -191,6 +191,17 @@ bool Args::get_int(const std::string& name, int64_t fallback, int64_t* out, std:
   return true;
 }
 
+std::string Args::json_number(const std::string& name, double fallback) const {
+  double v = fallback;
+  std::string ignored;
+  if (!get_double(name, fallback, &v, &ignored)) v = fallback;
+  // The shortest of 15 or 17 significant digits that reads back as the same double.
+  char text[40];
+  snprintf(text, sizeof text, "%.15g", v);
+  if (strtod(text, nullptr) != v) snprintf(text, sizeof text, "%.17g", v);
+  return text;
+}
+
 bool Args::get_double(const std::string& name, double fallback, double* out, std::string* error) const {
   if (!has(name)) {
     *out = fallback;

@@ -54,6 +54,10 @@ class Args {
                int64_t max = INT32_MAX) const;
   // Finite number option; false with a message if present but not one.
   bool get_double(const std::string& name, double fallback, double* out, std::string* error) const;
+  // A number option as JSON: the parsed value written out, not the text given ("+1", ".5" and
+  // "007" parse but are not JSON numbers); `fallback` when absent or not a number (for options
+  // that load_model has already checked).
+  std::string json_number(const std::string& name, double fallback) const;
 
  private:
   std::map<std::string, std::vector<std::string>> values_;

@@ -130,3 +130,19 @@ def test_seeds_keep_their_64_bits_and_sampling_numbers_must_be_finite():
     assert r.returncode == 0, r.stderr
     r = cli("run", "-m", MODEL, "-p", "x", "-n", "2", "--temp", "nan")
     assert r.returncode == 2 and "'--temp' expects a number" in r.stderr, r.stderr
+
+
+def test_json_reports_numbers_as_json_whatever_their_spelling():
+    """--threshold .5, --gating-penalty +4 and --gating-substitutes 007 parse as numbers; the JSON
+    reports must carry them as JSON numbers (the text as given is not valid JSON)."""
+    text = os.path.join(ROOT, "tools", "train", "data", "heldout.txt")
+    with open(text, "rb") as f:
+        sample = f.read(600)
+    path = os.path.join(os.environ.get("MOELITE_TEST_TMP", "/tmp"), "json-numbers.txt")
+    with open(path, "wb") as f:
+        f.write(sample)
+    r = cli("perplexity", "-m", MODEL, "-t", "2", "-f", path, "--json", "--gating", "score", "--threshold", ".5",
+            "--gating-penalty", "+4", "--gating-substitutes", "007")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    assert (d["threshold"], d["gating_penalty"], d["gating_substitutes"]) == (0.5, 4, 7)
