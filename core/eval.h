@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "core/adaptive/gating.h"
 #include "moelite.h"
 
 namespace moelite {
@@ -73,6 +74,7 @@ struct EvalState {
   ForwardHooks* hooks = nullptr;
   std::vector<float> host_a, host_b;      // host copies of activations for predictors and hooks
   std::vector<uint8_t> residency;         // cache-aware gating: the layer's experts resident at routing
+  GatingCandidates candidates;            // cache-aware substitution: the router's next experts per token
   // Per layer: tokens routed and experts they kept in this context's passes (its expert stats;
   // the runtime's counters sum every context).
   std::vector<uint64_t> routed_tokens, routed_experts;

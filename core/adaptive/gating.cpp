@@ -153,10 +153,15 @@ void gating_candidates(const float* logits, int32_t n_expert, const Routing& r, 
       }
     if (!(routed_p > 0.0)) continue;
     const double factor = routed_w / routed_p / sum;
+    // Only the first k + n ranks can hold the candidates (ties: the lower id first).
+    const int32_t ranked = std::min(n_expert, k + n);
     std::iota(rank.begin(), rank.end(), 0);
-    std::stable_sort(rank.begin(), rank.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
+    std::partial_sort(rank.begin(), rank.begin() + ranked, rank.end(), [&](int32_t a, int32_t b) {
+      const double pa = p[static_cast<size_t>(a)], pb = p[static_cast<size_t>(b)];
+      return pa > pb || (pa == pb && a < b);
+    });
     int32_t c = 0;
-    for (int32_t i = 0; i < n_expert && c < n; ++i) {
+    for (int32_t i = 0; i < ranked && c < n; ++i) {
       const int32_t e = rank[static_cast<size_t>(i)];
       bool routed = false;
       for (int32_t j = 0; j < k; ++j) routed = routed || ids[j] == e;

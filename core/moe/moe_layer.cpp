@@ -67,12 +67,11 @@ Status moe_forward(const Model& m, EvalState& s, int32_t l, const Act& x, const 
   // Substitution reads the router's logits for its candidates (softmax routing only: other
   // scorings are on the host and have no stand-in rule yet).
   const GatingCandidates* candidates = nullptr;
-  GatingCandidates cands;
   if (resident && rt.gating.substitutes > 0 && own_logits && !needs_scored_routing(m.hp, w.exp_probs_b)) {
     const float* host;
     MOELITE_TRY(host_rows(s, s.rows(s.router_logits), &s.host_a, &host));
-    gating_candidates(host, m.hp.n_expert, s.routing, rt.gating.substitutes, &cands);
-    candidates = &cands;
+    gating_candidates(host, m.hp.n_expert, s.routing, rt.gating.substitutes, &s.candidates);
+    candidates = &s.candidates;
   }
   int64_t substituted = 0;
   const int64_t kept = apply_gating(rt.gating, l, &s.routing, resident, candidates, &substituted);
