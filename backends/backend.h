@@ -252,7 +252,9 @@ class Backend {
   // (token * k + slot) of scratch the backend keeps until moe_combine.
   [[nodiscard]] virtual Status moe_begin(const Act& x, const FfnKind& kind, int64_t n_out_rows) = 0;
   // First half of each task's FFN: h = act(gate x[row] + gate_bias, up x[row] + up_bias) for
-  // every row of the task. The backend keeps h until the expert_down of the same tasks.
+  // every row of the task. The backend keeps h until the expert_down of the same tasks. A
+  // budgeted task's down matrix may still be loading: its bytes must not be read (nor a copy of
+  // them queued) before expert_down.
   [[nodiscard]] virtual Status expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) = 0;
   // Second half, for the tasks of the last expert_gate_up: outputs[out_row] = down h + down_bias.
   [[nodiscard]] virtual Status expert_down(const ExpertTask* tasks, int32_t n_tasks) = 0;

@@ -599,10 +599,8 @@ Status CudaBackend::expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) {
     WeightArg gate, up;
     MOELITE_TRY(expert_matrix(t, 0, &gate));
     MOELITE_TRY(expert_matrix(t, 1, &up));
-    if (!t.resident && !rt_->info().integrated) {  // start the down copy now: it overlaps gate/up
-      WeightArg down;
-      MOELITE_TRY(expert_matrix(t, 2, &down));
-    }
+    // The down matrix is not touched here: the store may still be reading it (core waits for it
+    // between the two halves). Its copy, queued in expert_down, still overlaps these kernels.
     const void* map;
     MOELITE_TRY(upload(t.x_rows, static_cast<size_t>(t.n_rows) * sizeof(int32_t), &map));
     PendingTask p;

@@ -7,9 +7,11 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "backends/cuda/emu_launch.h"
 #include "backends/cuda/gpu_runtime.h"
@@ -120,8 +122,26 @@ class EmuRuntime final : public GpuRuntime {
   }
   void event_destroy(EventHandle e) override { delete static_cast<EmuEvent*>(e); }
 
+  // A copy from host memory reads its source whenever the device gets to it: on a GPU that may be
+  // at once or after the host has moved on, and this emulator runs it only when something waits.
+  // So the host must leave the source alone from the call until the copy is known complete. The
+  // bytes as they were at the call are kept and compared when the copy runs: a change in between
+  // is a fault here, whichever order the host and the queue happened to run in (on a GPU it would
+  // copy old bytes, new ones or a mix, silently). That is how a backend that started copying an
+  // expert's down matrix before the store's read of it had landed was found (on a GPU first).
   Status copy_async(void* dst, const void* src, size_t bytes, StreamHandle s) override {
-    return enqueue(s, [dst, src, bytes] {
+    std::shared_ptr<std::vector<uint8_t>> at_call;
+    if (!is_device_memory(src)) {
+      const auto* from = static_cast<const uint8_t*>(src);
+      at_call = std::make_shared<std::vector<uint8_t>>(from, from + bytes);
+    }
+    return enqueue(s, [dst, src, bytes, at_call] {
+      if (at_call && std::memcmp(src, at_call->data(), bytes) != 0)
+        return fail(MOELITE_ERR_BACKEND,
+                    "emulated CUDA device: the host changed the source of an asynchronous copy (%zu bytes from "
+                    "host memory) after the copy was queued and before it ran; on a GPU the copy would have read "
+                    "old bytes, new ones or a mix",
+                    bytes);
       std::memmove(dst, src, bytes);
       return MOELITE_OK;
     });
@@ -179,6 +199,13 @@ class EmuRuntime final : public GpuRuntime {
         s->message = last_error_message();
       }
     }
+  }
+  bool is_device_memory(const void* p) {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    auto it = sizes_.upper_bound(const_cast<void*>(p));
+    if (it == sizes_.begin()) return false;
+    --it;
+    return static_cast<const uint8_t*>(p) < static_cast<const uint8_t*>(it->first) + it->second;
   }
   void drain_all() {
     for (EmuStream* s : streams_) run_until(s, s->enqueued);
