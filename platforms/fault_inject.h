@@ -18,12 +18,15 @@ enum class Kind : int {
   kUringSubmit,    // io_uring_submit: fails as the kernel would (-EIO), nothing submitted
   kUringComplete,  // an io_uring completion carries -EIO
   kUringBusy,      // io_uring_submit answers -EAGAIN once (transient: the reader must retry)
+  kReadEfault,     // a read answers EFAULT: its destination cannot be pinned for I/O (a device's memory
+                   // mapped through its PCIe BAR); the reader goes through a bounce buffer instead
   kCount
 };
 constexpr int kKindCount = static_cast<int>(Kind::kCount);
 
 const char* kind_name(Kind k);
-// "open", "read", "mmap", "alloc", "uring_submit", "uring_complete", "uring_busy"; false if unknown.
+// "open", "read", "mmap", "alloc", "uring_submit", "uring_complete", "uring_busy", "read_efault";
+// false if unknown.
 bool parse_kind(const char* name, Kind* out);
 
 // The n-th call (1-based, counted from now) of `k` fails; n <= 0 disarms. Resets the counters.

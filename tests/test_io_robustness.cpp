@@ -300,6 +300,39 @@ TEST(IoRobustness, AbortWhileWaitingForAnotherContextsExperts) {
   moelite_model_free(m);
 }
 
+// A destination the kernel cannot pin for a read (EFAULT): a discrete GPU's memory mapped through
+// its PCIe BAR, which the Vulkan backend once gave the store as slots on an H200 (O_DIRECT reads
+// into it failed). Each reader, io_uring and pread, goes through a bounce buffer and the bytes
+// land all the same.
+TEST(IoRobustness, AReadIntoMemoryTheKernelCannotPinGoesThroughABounceBuffer) {
+  moelite::platform::File f;
+  ASSERT_EQ(moelite::platform::File::open(model_path(), &f), MOELITE_OK);
+  std::vector<uint8_t> expect(3 * 4096);
+  ASSERT_EQ(f.read_at(0, expect.data(), expect.size()), MOELITE_OK);
+  for (const char* io : {"", "pread"}) {
+    if (*io) setenv("MOELITE_IO", io, 1);
+    auto reader = moelite::platform::BatchReader::create(8);
+    unsetenv("MOELITE_IO");
+    SCOPED_TRACE(reader->name());
+    for (int64_t n : {1, 2, 3}) {
+      std::vector<uint8_t> got(expect.size(), 0);
+      std::vector<moelite::platform::ReadRange> ranges;
+      for (int i = 0; i < 3; ++i)
+        ranges.push_back({f.native_handle(), uint64_t(i) * 4096, got.data() + i * 4096, 4096, 4096});
+      std::vector<bool> done(3, false);
+      uint64_t bytes = 0;
+      fault::arm(fault::Kind::kReadEfault, n);
+      ASSERT_EQ(reader->read_all(ranges, [&](size_t i) { done[i] = true; }, &bytes), MOELITE_OK)
+          << moelite_last_error();
+      EXPECT_TRUE(fault::fired()) << "read " << n;
+      fault::disarm();
+      EXPECT_EQ(got, expect) << "read " << n;
+      EXPECT_EQ(done, std::vector<bool>(3, true));
+      EXPECT_EQ(bytes, expect.size());
+    }
+  }
+}
+
 // A failed io_uring submission: before, the reader ignored it and waited for completions of
 // reads that were never submitted (forever); the entries left in the ring would also have been
 // submitted by the next call, into buffers that no longer expected them.

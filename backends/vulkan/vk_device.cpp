@@ -151,10 +151,15 @@ Status Device::init(bool allow_cpu) {
     facts_.max_storage_range =
         std::min<uint64_t>(facts_.max_storage_range, std::max(4096ull, strtoull(range, nullptr, 10)));
   fn_.vkGetPhysicalDeviceMemoryProperties(physical_, &mem_props_);
+  // Unified memory: the device's own memory is the host's (an integrated GPU, a CPU device). A
+  // discrete GPU may also offer a device-local, host-visible type (its PCIe BAR, all of its memory
+  // with resizable BAR, as NVIDIA's H100/H200 do) but that is device memory seen through the bus:
+  // host reads of it crawl, and the kernel cannot pin it for I/O, so O_DIRECT reads into it fail
+  // with EFAULT (seen on an H200). A discrete GPU keeps the staging paths and the device tier.
   for (uint32_t i = 0; i < mem_props_.memoryTypeCount; ++i) {
     const VkMemoryPropertyFlags f = mem_props_.memoryTypes[i].propertyFlags;
     if ((f & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) && (f & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) &&
-        (f & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT))
+        (f & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT) && props.deviceType != VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU)
       facts_.unified_memory = true;
   }
   // Tests treat a unified-memory device as a discrete one, so the staging paths run here too.

@@ -30,7 +30,7 @@ struct DeviceFacts {
   std::string name;
   VkPhysicalDeviceType type = VK_PHYSICAL_DEVICE_TYPE_OTHER;
   uint64_t max_storage_range = 0;  // maxStorageBufferRange
-  bool unified_memory = false;     // a device-local memory type is host-visible
+  bool unified_memory = false;     // a device-local memory type is host-visible, on a device that is not discrete
   bool fp16 = false, int8 = false, subgroups = false, storage8 = false;
   bool use_subgroups = false;  // subgroup arithmetic in compute shaders, and not disabled by MOELITE_VK_PORTABLE
   uint32_t subgroup_size = 0;

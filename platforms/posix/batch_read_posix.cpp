@@ -18,13 +18,43 @@ namespace moelite::platform {
 
 namespace {
 
+// pread into `dst` through a bounce buffer of plain host memory: for destinations the kernel
+// cannot pin for a read (EFAULT), such as a device's memory mapped through its PCIe BAR or some
+// drivers' mappings of an integrated GPU's memory, which a backend may give the store as slots.
+// Page-aligned, so it also suits a file opened with O_DIRECT.
+ssize_t pread_bounced(int fd, void* dst, size_t len, off_t offset) {
+  constexpr size_t kPage = 4096;
+  void* bounce = aligned_alloc(kPage, (len + kPage - 1) / kPage * kPage);
+  if (!bounce) {
+    errno = ENOMEM;
+    return -1;
+  }
+  ssize_t got;
+  do {
+    got = ::pread(fd, bounce, len, offset);
+  } while (got < 0 && errno == EINTR);
+  if (got > 0) memcpy(dst, bounce, static_cast<size_t>(got));
+  const int err = errno;
+  free(bounce);
+  errno = err;
+  return got;
+}
+
 // Finishes range `r` from `done` bytes on with pread (also the whole fallback path).
 Status pread_rest(const ReadRange& r, uint64_t done, uint64_t* total) {
   if (done < r.needed && fault::should_fail(fault::Kind::kRead))
     return fail(MOELITE_ERR_IO, "read at offset %" PRIu64 " failed: injected fault (read)", r.offset + done);
   while (done < r.needed) {
-    ssize_t got = ::pread(r.fd, static_cast<uint8_t*>(r.dst) + done, static_cast<size_t>(r.len - done),
-                          static_cast<off_t>(r.offset + done));
+    uint8_t* dst = static_cast<uint8_t*>(r.dst) + done;
+    const size_t len = static_cast<size_t>(r.len - done);
+    ssize_t got;
+    if (fault::should_fail(fault::Kind::kReadEfault)) {
+      got = -1;
+      errno = EFAULT;
+    } else {
+      got = ::pread(r.fd, dst, len, static_cast<off_t>(r.offset + done));
+    }
+    if (got < 0 && errno == EFAULT) got = pread_bounced(r.fd, dst, len, static_cast<off_t>(r.offset + done));
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0)
       return fail(MOELITE_ERR_IO, "read at offset %" PRIu64 " failed: %s", r.offset + done,
@@ -129,6 +159,7 @@ class UringReader final : public BatchReader {
       --in_flight;
       ++completed;
       const bool injected = fault::should_fail(fault::Kind::kUringComplete);
+      if (fault::should_fail(fault::Kind::kReadEfault)) res = -EFAULT;
       if (status != MOELITE_OK) continue;  // draining after a failure
       const ReadRange& r = ranges[i];
       Status st;
