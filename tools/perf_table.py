@@ -5,7 +5,7 @@ Markdown table.
 
     /usr/bin/python3 tools/perf_table.py -m MODEL [--llama-bench PATH] [-t 2] [-p 64] [-n 32]
         [--budgets 25%,50%] [--policies lru,lfu] [--rounds 2] [--json F] [--md F]
-        [--throttle 1.0,1.5]
+        [--throttle 1.0,1.5] [--backend cuda]
 
 llama.cpp is the peer: build it yourself outside this repository and pass its llama-bench (or set
 LLAMA_BENCH). moelite does not build or ship it. The two engines run alternately, `--rounds`
@@ -18,6 +18,10 @@ measures (decode_fraction_of_budget_bound). That bound divides by a measured sto
 a drifting or bursting virtual disk makes unreliable; `--throttle R,...` (root) repeats the
 budgeted rows on a RAM-backed device capped at R GB/s (tools/throttled_storage.py), where the bound
 is known: min(DRAM bound, R / bytes read per token).
+
+`--backend cuda` (or vulkan) runs moelite on that backend and llama.cpp with every layer offloaded
+(`-ngl 99`: give it a llama-bench built with the same GPU backend); the decode bound is then the
+device memory's bandwidth, measured by moelite's bench in the same run.
 """
 import argparse
 import json
@@ -37,11 +41,13 @@ def moelite_bench(cli, model, threads, n_prompt, n_gen, extra=(), preexec_fn=Non
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def llama_bench(binary, model, threads, n_prompt, n_gen):
+def llama_bench(binary, model, threads, n_prompt, n_gen, gpu_layers=None):
     """llama-bench's JSON: one record per test (prompt processing, then generation). A failing peer
     (llama.cpp c392e5094 aborts on Q4_0 MoE files in its repack path) is reported, not fatal: the
     result is {"error": its message}."""
     cmd = [binary, "-m", model, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen), "-r", "3", "-o", "json"]
+    if gpu_layers is not None:
+        cmd += ["-ngl", str(gpu_layers)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         lines = [ln.strip() for ln in r.stderr.splitlines() if ln.strip()]
@@ -84,18 +90,23 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--md")
     ap.add_argument("--throttle", default="", help="GB/s,...: budgeted rows again on a device capped at each speed")
+    ap.add_argument("--backend", default="cpu", choices=("cpu", "cuda", "vulkan"),
+                    help="moelite's backend; a GPU one offloads every llama.cpp layer (-ngl 99)")
     a = ap.parse_args()
+    backend = ["--backend", a.backend]
+    gpu_layers = 99 if a.backend != "cpu" else None
 
     resident, peer = None, None
     for _ in range(a.rounds):  # alternate the engines; keep each one's best
-        m = moelite_bench(a.moelite, a.model, a.threads, a.prompt, a.gen, ["--no-membw"] if resident else [])
+        m = moelite_bench(a.moelite, a.model, a.threads, a.prompt, a.gen,
+                          backend + (["--no-membw"] if resident else []))
         if resident is None:
             resident = m
         else:
             for k in ("prefill_tok_s", "decode_tok_s"):
                 resident[k] = max(resident[k], m[k])
         if a.llama_bench and not (peer and "error" in peer):
-            p = llama_bench(a.llama_bench, a.model, a.threads, a.prompt, a.gen)
+            p = llama_bench(a.llama_bench, a.model, a.threads, a.prompt, a.gen, gpu_layers)
             if peer is None or "error" in p:
                 peer = p
             else:
@@ -109,7 +120,7 @@ def main():
         for budget in filter(None, a.budgets.split(",")):
             for policy in filter(None, a.policies.split(",")):
                 b = moelite_bench(a.moelite, model, a.threads, a.prompt, a.gen,
-                                  ["--budget", budget, "--policy", policy, *extra], preexec_fn)
+                                  backend + ["--budget", budget, "--policy", policy, *extra], preexec_fn)
                 budgeted.append({"storage": storage, "budget": budget, "policy": policy,
                                  "decode_tok_s": b["decode_tok_s"], "prefill_tok_s": b["prefill_tok_s"],
                                  "hit_rate": b["hit_rate"], "bytes_read_per_token": b["bytes_read_per_token"],
@@ -127,8 +138,9 @@ def main():
     report = {
         "cpu": cpu_name(), "threads": a.threads, "model": os.path.basename(a.model), "n_prompt": a.prompt,
         "n_gen": a.gen,
-        "moelite": {k: resident[k] for k in ("backend", "prefill_tok_s", "decode_tok_s", "decode_bound_tok_s",
-                                             "decode_fraction_of_bound", "dram_read_gb_s")},
+        "moelite": {k: resident.get(k) for k in ("backend", "prefill_tok_s", "decode_tok_s", "decode_bound_tok_s",
+                                                 "decode_fraction_of_bound", "dram_read_gb_s", "bound_memory",
+                                                 "device_memory_gb_s")},
         "llama_cpp": peer or failed_peer,
         "decode_ratio": resident["decode_tok_s"] / peer["decode_tok_s"] if peer else None,
         "prefill_ratio": resident["prefill_tok_s"] / peer["prefill_tok_s"] if peer else None,
@@ -145,8 +157,10 @@ def main():
     md.append("| moelite %s | %.1f | %.2f | %s | %s |" % (
         mo["backend"], mo["prefill_tok_s"], mo["decode_tok_s"],
         "%.2f" % report["decode_ratio"] if peer else "-", "%.2f" % report["prefill_ratio"] if peer else "-"))
-    md += ["", "moelite decode at %.0f %% of its DRAM bound (%.1f GB/s measured)." % (
-        100 * mo["decode_fraction_of_bound"], mo["dram_read_gb_s"])]
+    on_device = mo.get("bound_memory") == "device"
+    md += ["", "moelite decode at %.0f %% of its %s bound (%.1f GB/s measured)." % (
+        100 * mo["decode_fraction_of_bound"], "device memory" if on_device else "DRAM",
+        mo["device_memory_gb_s"] if on_device else mo["dram_read_gb_s"])]
     if budgeted:
         md += ["", "| storage | budget | policy | decode tok/s | hit rate | MB read/token | storage GB/s | bound tok/s "
                "| fraction of bound |", "|---|---|---|---|---|---|---|---|---|"]

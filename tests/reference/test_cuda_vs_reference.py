@@ -5,6 +5,9 @@ architecture x weight type; batched vs token by token and budgeted vs resident b
 emulated integrated GPU (zero-copy expert slots) and a discrete one (a device tier of expert
 slots filled on a copy stream); and the reason given without a device.
 
+On a machine with a CUDA GPU the `gpu` tests run the same checks on it (the kernels nvcc compiled
+into the library's fatbin), and compare it with the emulator; elsewhere they are skipped.
+
 The kernels decode weights exactly and compute in float32 without quantizing activations, so they
 are compared with the reference's plain float64 forward at TIGHT_FLOAT, as the Vulkan backend is.
 Environment: MOELITE_BIN, MOELITE_TEST_TMP.
@@ -27,9 +30,10 @@ SHIPPED = os.path.join(ROOT, "models", "moelite-tiny-qwen3moe-Q8_0.gguf")
 
 
 def run(args, device="integrated"):
+    """device: an emulated one ("integrated", "discrete"), or "gpu" / None for a real GPU."""
     env = dict(os.environ)
     env.pop("MOELITE_CUDA_EMULATOR", None)
-    if device:
+    if device and device != "gpu":
         env["MOELITE_CUDA_EMULATOR"] = device
     return subprocess.run([BIN, *args, "--backend", "cuda"], capture_output=True, text=True, env=env)
 
@@ -41,6 +45,17 @@ def built():
 
 BUILT, WHY = built()
 pytestmark = pytest.mark.skipif(not BUILT, reason="built without the CUDA backend: " + WHY)
+
+
+def gpu_present():
+    r = run(["info", "-m", SHIPPED], "gpu")
+    return r.returncode == 0, r.stderr.strip()[-300:]
+
+
+GPU, WHY_NO_GPU = gpu_present() if BUILT else (False, WHY)
+needs_gpu = pytest.mark.skipif(not GPU, reason="no CUDA GPU: " + WHY_NO_GPU)
+# Parameters for tests that run on the emulated devices and, where there is one, a real GPU.
+WITH_GPU = [pytest.param("gpu", marks=needs_gpu)]
 
 
 def cuda_logits(model, device="integrated", extra=(), tokens=TOKENS):
@@ -63,8 +78,26 @@ def test_cuda_logits_match_reference(arch, wtype):
     assert (got.argmax(axis=1) == ref.argmax(axis=1)).all()
 
 
+@needs_gpu
+@pytest.mark.parametrize("arch,wtype", DEVICE_MATRIX)
+def test_gpu_logits_match_reference_and_the_emulator(arch, wtype):
+    """The same matrix on a real GPU: the fatbin's kernels against the float64 reference at the same
+    tolerance, and against the emulator's float32 results (not bitwise: nvcc contracts a * b + c
+    into fused multiply-adds, the host compiler here does not)."""
+    model = make_model("%s-%s" % (arch, wtype), arch, wtype)
+    got = cuda_logits(model, "gpu")
+    ref = reference_logits(model, quantize=False)
+    err = nmse(got, ref)
+    emu_err = nmse(got, cuda_logits(model, "integrated").astype(np.float64))
+    print("%s %s: cuda (gpu) vs float64 reference nmse %.3e, vs the emulator %.3e" % (arch, wtype, err, emu_err))
+    assert err < TIGHT_FLOAT
+    assert emu_err < TIGHT_FLOAT
+    assert (got.argmax(axis=1) == ref.argmax(axis=1)).all()
+
+
+@pytest.mark.parametrize("device", ["integrated"] + WITH_GPU)
 @pytest.mark.parametrize("variant", ["tied", "per-expert-tensors", "gqa1", "pregate", "long-context"])
-def test_cuda_layout_variants(variant):
+def test_cuda_layout_variants(variant, device):
     """Tied output, the old per-expert Mixtral layout, one KV head, a pre-gated router, and a
     prompt longer than one chunk of the split attention, against the float64 reference."""
     extra = {"tied": ["--tied"], "per-expert-tensors": ["--per-expert-tensors"], "gqa1": ["--n-head-kv", "1"],
@@ -72,13 +105,13 @@ def test_cuda_layout_variants(variant):
     arch = "llama" if variant == "per-expert-tensors" else "qwen3moe"
     model = make_model("cuda-variant-" + variant, arch, "Q4_K", *extra)
     tokens = TOKENS * 31 if variant == "long-context" else TOKENS  # 310 positions: two chunks
-    got = cuda_logits(model, tokens=tokens)
+    got = cuda_logits(model, device, tokens=tokens)
     assert nmse(got, reference_logits(model, tokens=tokens, quantize=False)) < TIGHT_FLOAT
     if variant == "pregate":  # routing from the pre-gate of the layer before
-        np.testing.assert_array_equal(got, cuda_logits(model, extra=["--budget", "40%", "--predictor", "pregate"]))
+        np.testing.assert_array_equal(got, cuda_logits(model, device, ["--budget", "40%", "--predictor", "pregate"]))
 
 
-@pytest.mark.parametrize("device", ["integrated", "discrete"])
+@pytest.mark.parametrize("device", ["integrated", "discrete"] + WITH_GPU)
 @pytest.mark.parametrize("arch,wtype", [("qwen2moe", "Q4_K"), ("olmoe", "Q5_0"), ("llama", "Q6_K"),
                                         ("qwen3moe", "BF16")])
 def test_batching_and_the_expert_budget_do_not_change_cuda_results(device, arch, wtype):
@@ -108,6 +141,10 @@ def test_the_devices_say_how_budgeted_experts_reach_the_kernels():
     hits = int(r.stderr.split("slots: ")[1].split(" hits")[0])
     loads = int(r.stderr.split(" hits, ")[1].split(" loads")[0])
     assert loads > 0 and hits > 0, r.stderr
+    if GPU:  # a real GPU says which of the two it is (a Jetson: zero copy; a PCIe card: the tier)
+        r = run(args, "gpu")
+        assert r.returncode == 0, r.stderr
+        assert "zero copy" in r.stderr or "device expert tier of" in r.stderr, r.stderr
 
 
 def test_without_a_device_or_the_emulator_the_backend_is_unavailable_with_a_reason():
@@ -120,18 +157,19 @@ def test_without_a_device_or_the_emulator_the_backend_is_unavailable_with_a_reas
     assert r.returncode != 0 and "MOELITE_CUDA_EMULATOR" in r.stderr, r.stderr
 
 
-def test_cuda_bench_and_the_shipped_model():
+@pytest.mark.parametrize("device", ["integrated"] + WITH_GPU)
+def test_cuda_bench_and_the_shipped_model(device):
     os.makedirs(TMP, exist_ok=True)
     cpu_out = os.path.join(TMP, "shipped.cpu-vs-cuda.f32")
     subprocess.run([BIN, "logits", "-m", SHIPPED, "--tokens", ",".join(map(str, TOKENS)), "--out", cpu_out,
                     "--backend", "cpu"], check=True, capture_output=True)
     cpu = np.fromfile(cpu_out, dtype="<f4").reshape(len(TOKENS), -1)
     os.remove(cpu_out)
-    assert nmse(cuda_logits(SHIPPED), cpu.astype(np.float64)) < LOOSE
-    r = run(["bench", "-m", SHIPPED, "-p", "8", "-n", "4", "-r", "1", "--json"])
+    assert nmse(cuda_logits(SHIPPED, device), cpu.astype(np.float64)) < LOOSE
+    r = run(["bench", "-m", SHIPPED, "-p", "8", "-n", "4", "-r", "1", "--json"], device)
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout.strip().splitlines()[-1])
     assert d["backend"].startswith("cuda") and d["decode_tok_s"] > 0 and d["prefill_tok_s"] > 0
     # The decode bound comes from the device's own memory, measured in the same run.
-    assert d["bound_memory"] == "device" and d["device_memory_gb_s"] > 0, d
+    assert d["bound_memory"] == "device" and d["device_memory_gb_s"] > (20 if device == "gpu" else 0), d
     assert d["decode_bound_tok_s"] > 0 and 0 < d["decode_fraction_of_bound"], d

@@ -106,7 +106,11 @@ def make_model(name, arch, wtype, *extra):
     os.makedirs(TMP, exist_ok=True)
     path = os.path.join(TMP, name + ".gguf")
     if not os.path.exists(path):
-        run([PY, MAKE, "--arch", arch, "--type", wtype, "--seed", "7", "--out", path, "--quiet", *extra])
+        # Written aside and renamed: tests running in parallel (pytest -n) may ask for one model at
+        # once, and none may read a half-written file.
+        part = "%s.%d.part" % (path, os.getpid())
+        run([PY, MAKE, "--arch", arch, "--type", wtype, "--seed", "7", "--out", part, "--quiet", *extra])
+        os.replace(part, path)
     return path
 
 

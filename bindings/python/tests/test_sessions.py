@@ -43,10 +43,14 @@ def _open(name, backend="cpu"):
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-@pytest.mark.parametrize("backend", ["cpu", "vulkan", "cuda"])
+@pytest.mark.parametrize("backend", ["cpu", "vulkan", "cuda", "cuda-gpu"])
 def test_restored_context_goes_on_bitwise(name, backend, monkeypatch):
+    # cuda: the emulated device (runs everywhere); cuda-gpu: a real GPU, skipped without one.
     if backend == "cuda":
         monkeypatch.setenv("MOELITE_CUDA_EMULATOR", "1")
+    elif backend == "cuda-gpu":
+        monkeypatch.delenv("MOELITE_CUDA_EMULATOR", raising=False)
+        backend = "cuda"
     path = os.path.join(TMP, "%s-%s.session" % (name, backend))
     with _open(name, backend) as model:
         straight = moelite.Context(model, n_ctx=64, n_batch=4, n_seq=2)
