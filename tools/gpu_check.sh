@@ -22,7 +22,11 @@ OUT=$(realpath "$2")
 STAGES=${3:-ops e2e vulkan bench profile}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PACK/lib:$PACK/deps:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+# llama-bench (the peer) needs the CUDA runtime and cuBLAS: the toolkit's, or those of the CUDA
+# wheels beside the image's Python.
+CUDA_LIBS=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/lib /opt/*/.venv/lib/python3*/site-packages/nvidia/*/lib 2>/dev/null |
+  tr '\n' ':')
+export LD_LIBRARY_PATH="$PACK/lib:$PACK/deps:$CUDA_LIBS${LD_LIBRARY_PATH:-}"
 export MOELITE_BIN="$PACK/bin/moelite" MOELITE_LIBRARY="$PACK/lib/libmoelite.so"
 export MOELITE_TEST_TMP=/tmp/moelite-gpu-tests PYTHONUNBUFFERED=1
 unset MOELITE_CUDA_EMULATOR
@@ -51,6 +55,7 @@ stage() {  # stage NAME LIMIT_S COMMAND...: run with a limit, log to OUT, one su
   nproc
   "$PY" -c "import numpy, sys; print('python', sys.version.split()[0], 'numpy', numpy.__version__)"
   "$MOELITE_BIN" info -m "$ROOT/models/moelite-tiny-qwen3moe-Q8_0.gguf" --backend cuda 2>&1 | grep -E "backend|expert_slots" || true
+  [ -x "$PACK/llama/llama-bench" ] && { ldd "$PACK/llama/llama-bench" | grep "not found" || echo "llama-bench: libraries found"; }
 } >"$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 
@@ -69,7 +74,7 @@ for s in $STAGES; do
     ops)
       stage ops 90 "$PACK/bin/moelite_tests" --gtest_filter='CudaOps/*/gpu:CudaOps.*' --gtest_brief=1 ;;
     e2e)
-      stage e2e 150 "$PY" -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" -k "gpu or devices_say" \
+      stage e2e 150 "$PY" -m pytest -q -rP -p no:cacheprovider "${PARALLEL[@]}" -k "gpu or devices_say" \
         "$ROOT/tests/reference/test_cuda_vs_reference.py" \
         "$ROOT/bindings/python/tests/test_multi_sequence.py" "$ROOT/bindings/python/tests/test_sessions.py" ;;
     vulkan)

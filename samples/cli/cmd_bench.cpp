@@ -307,7 +307,7 @@ int cmd_bench(int argc, char** argv) {
            ", \"decode_ms_per_token\": %.3f, \"active_bytes_per_token\": %" PRId64
            ", \"decode_weight_gb_s\": %.3f"
            ", \"dram_read_gb_s\": %.2f, \"device_memory_gb_s\": %.2f, \"bound_memory\": \"%s\""
-           ", \"decode_bound_tok_s\": %.3f, \"decode_fraction_of_bound\": %.3f"
+           ", \"decode_bound_tok_s\": %.3f, \"decode_fraction_of_bound\": %.4g"
            ", \"expert_bytes\": %" PRId64 ", \"dense_bytes\": %" PRId64 ", \"peak_rss_bytes\": %" PRIu64
            ", \"expert_budget_bytes\": %" PRId64 ", \"expert_store_pool_bytes\": %" PRId64
            ", \"expert_store_peak_bytes\": %" PRId64 ", \"expert_slots\": %" PRId64

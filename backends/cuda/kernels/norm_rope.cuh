@@ -4,7 +4,7 @@
 
 namespace moelite::cuda_kernels {
 
-constexpr int kNormThreads = 128;
+constexpr int kNormThreads = 512;  // a decoding token is one block: more threads, fewer serial loads
 
 // One block per (row, group): y = x / sqrt(mean(x^2) + eps) * w. In place is allowed.
 MK_GLOBAL void rms_norm_kernel(const float* x, const float* w, int64_t cols, int64_t group, float eps, float* y) {
