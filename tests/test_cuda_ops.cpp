@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -32,6 +33,11 @@ using namespace moelite::test;
 namespace {
 
 enum class Device { EmulatedIntegrated, EmulatedDiscrete, Gpu };
+const char* device_name(Device d) {
+  return d == Device::EmulatedIntegrated ? "integrated" : d == Device::EmulatedDiscrete ? "discrete" : "gpu";
+}
+// How gtest prints the parameter (the test list, failures): the name, not the enum's bytes.
+void PrintTo(Device d, std::ostream* os) { *os << device_name(d); }
 
 struct Pair {
   std::unique_ptr<Backend> gpu, cpu;
@@ -271,11 +277,7 @@ TEST_P(CudaDevices, DeviceBandwidthIsMeasured) {
 
 INSTANTIATE_TEST_SUITE_P(CudaOps, CudaDevices,
                          testing::Values(Device::EmulatedIntegrated, Device::EmulatedDiscrete, Device::Gpu),
-                         [](const testing::TestParamInfo<Device>& i) {
-                           return i.param == Device::EmulatedIntegrated ? "integrated"
-                                  : i.param == Device::EmulatedDiscrete ? "discrete"
-                                                                         : "gpu";
-                         });
+                         [](const testing::TestParamInfo<Device>& i) { return device_name(i.param); });
 
 TEST(CudaOps, WithoutADeviceTheBackendIsUnavailableWithAReason) {
   unsetenv("MOELITE_CUDA_EMULATOR");
