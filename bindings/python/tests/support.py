@@ -28,3 +28,18 @@ def tiny_model(name, *args):
         subprocess.run([sys.executable, os.path.join(REPO, "tools", "make_tiny_model.py"), *args, "--out", path,
                         "--quiet"], check=True)
     return path
+
+
+# The backends the device tests run on: "cuda" is the emulated device (runs everywhere), "cuda-gpu"
+# a real GPU (a load there answers ERR_BACKEND_UNAVAILABLE without one, and the test skips).
+DEVICE_BACKENDS = ["cpu", "vulkan", "cuda", "cuda-gpu"]
+
+
+def backend_for(backend, monkeypatch):
+    """Sets MOELITE_CUDA_EMULATOR for one of DEVICE_BACKENDS and returns the name to load with."""
+    if backend == "cuda":
+        monkeypatch.setenv("MOELITE_CUDA_EMULATOR", "1")
+    elif backend == "cuda-gpu":
+        monkeypatch.delenv("MOELITE_CUDA_EMULATOR", raising=False)
+        return "cuda"
+    return backend

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from support import REPO, tiny_model
+from support import DEVICE_BACKENDS, REPO, backend_for, tiny_model
 
 import moelite
 
@@ -84,14 +84,9 @@ def _check_batched_equals_solo(model):
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-@pytest.mark.parametrize("backend", ["cpu", "vulkan", "cuda", "cuda-gpu"])
+@pytest.mark.parametrize("backend", DEVICE_BACKENDS)
 def test_each_sequence_equals_its_solo_run(name, backend, monkeypatch):
-    # cuda: the emulated device (runs everywhere); cuda-gpu: a real GPU, skipped without one.
-    if backend == "cuda":
-        monkeypatch.setenv("MOELITE_CUDA_EMULATOR", "1")
-    elif backend == "cuda-gpu":
-        monkeypatch.delenv("MOELITE_CUDA_EMULATOR", raising=False)
-        backend = "cuda"
+    backend = backend_for(backend, monkeypatch)
     try:
         model = moelite.Model(MODELS[name](), threads=2, backend=backend)
     except moelite.MoeliteError as e:

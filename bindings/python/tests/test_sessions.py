@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from support import PKG_DIR, REPO, tiny_model
+from support import DEVICE_BACKENDS, PKG_DIR, REPO, backend_for, tiny_model
 
 import moelite
 
@@ -43,14 +43,9 @@ def _open(name, backend="cpu"):
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-@pytest.mark.parametrize("backend", ["cpu", "vulkan", "cuda", "cuda-gpu"])
+@pytest.mark.parametrize("backend", DEVICE_BACKENDS)
 def test_restored_context_goes_on_bitwise(name, backend, monkeypatch):
-    # cuda: the emulated device (runs everywhere); cuda-gpu: a real GPU, skipped without one.
-    if backend == "cuda":
-        monkeypatch.setenv("MOELITE_CUDA_EMULATOR", "1")
-    elif backend == "cuda-gpu":
-        monkeypatch.delenv("MOELITE_CUDA_EMULATOR", raising=False)
-        backend = "cuda"
+    backend = backend_for(backend, monkeypatch)
     path = os.path.join(TMP, "%s-%s.session" % (name, backend))
     with _open(name, backend) as model:
         straight = moelite.Context(model, n_ctx=64, n_batch=4, n_seq=2)
