@@ -29,10 +29,7 @@ ssize_t pread_bounced(int fd, void* dst, size_t len, off_t offset) {
     errno = ENOMEM;
     return -1;
   }
-  ssize_t got;
-  do {
-    got = ::pread(fd, bounce, len, offset);
-  } while (got < 0 && errno == EINTR);
+  const ssize_t got = ::pread(fd, bounce, len, offset);  // EINTR: the caller's loop retries
   if (got > 0) memcpy(dst, bounce, static_cast<size_t>(got));
   const int err = errno;
   free(bounce);
