@@ -414,7 +414,7 @@ Status Context::eval_batch(const int32_t* tokens, int32_t n, const int32_t* head
     MOELITE_TRY(be.read_rows(x, 0, n, s.host_a.data()));
     s.hooks->on_final(s.host_a.data(), n);
   }
-  if (runtime_.predictor && runtime_.predictor->wants_final() && n <= kMaxPredictTokens)
+  if (runtime_.predictor && runtime_.predictor->wants_final() && decode_sized(n, s.segments.size()))
     MOELITE_TRY(predict_next_token(n));
   // Work a device backend recorded and ran without being waited for fails here at the latest.
   if (n_head == 0) return be.sync();
@@ -446,12 +446,19 @@ Status Context::predict_next_token(int32_t n) {
   const Model& m = model_;
   EvalState& s = state_;
   Backend& be = *s.backend;
-  Act last = be.view_rows(s.x, n - 1, 1), normed = be.view_rows(s.xn, n - 1, 1);
-  MOELITE_TRY(be.rms_norm(last, m.output_norm.data(), m.hp.n_embd, m.hp.rms_eps, &normed));
+  // Each sequence's next token follows its last row (one sequence: the batch's last row); the
+  // guesses of all of them go to the store as one hint, which replaces the one before.
+  std::vector<int32_t> last_rows;
+  for (const AttentionSegment& g : s.segments) last_rows.push_back(g.row0 + g.n - 1);
+  if (last_rows.empty()) last_rows.push_back(n - 1);
   s.host_b.resize(static_cast<size_t>(m.hp.n_embd));
-  MOELITE_TRY(be.read_rows(normed, 0, 1, s.host_b.data()));
   std::vector<Prediction> guesses;
-  runtime_.predictor->after_token(s.host_b.data(), &guesses);
+  for (int32_t row : last_rows) {
+    Act last = be.view_rows(s.x, row, 1), normed = be.view_rows(s.xn, row, 1);
+    MOELITE_TRY(be.rms_norm(last, m.output_norm.data(), m.hp.n_embd, m.hp.rms_eps, &normed));
+    MOELITE_TRY(be.read_rows(normed, 0, 1, s.host_b.data()));
+    runtime_.predictor->after_token(s.host_b.data(), &guesses);
+  }
   if (!guesses.empty()) s.experts->hint(guesses, -1);
   return MOELITE_OK;
 }

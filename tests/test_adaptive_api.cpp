@@ -487,3 +487,47 @@ TEST(ExpertStorePredictions, DeeperGuessesWaitForNearerOnesToBeResident) {
     store.release(0, got);
   }
 }
+
+// More guesses than the pool holds (a step of several sequences guesses the union of their
+// experts): the guesses that fit are loaded and kept; the rest are not loaded at the cost of
+// evicting an earlier, more confident guess (whose read would then be wasted). A demand load
+// still takes a slot from them.
+TEST(ExpertStorePredictions, GuessesBeyondThePoolDoNotEvictEachOther) {
+  moelite::LoadOptions o;
+  o.n_threads = 1;
+  std::unique_ptr<moelite::Model> m;
+  ASSERT_EQ(moelite::Model::load(kModel, o, &m), MOELITE_OK);
+  const int32_t n_expert = m->hp.n_expert;
+  o.expert_budget_bytes = static_cast<uint64_t>(m->expert_bytes) / 8;
+  ASSERT_EQ(moelite::Model::load(kModel, o, &m), MOELITE_OK) << moelite_last_error();
+  std::unique_ptr<moelite::Runtime> rt;
+  ASSERT_EQ(moelite::Runtime::create(*m, o, &rt), MOELITE_OK) << moelite_last_error();
+  moelite::ExpertStore& store = *rt->store;
+  const int32_t n = static_cast<int32_t>(store.n_slots());
+  ASSERT_GE(n, 3);
+  ASSERT_LE(2 * n, n_expert);  // room for as many guesses again beyond the pool
+  auto layer_stats = [&](int layer) { return store.stats()[static_cast<size_t>(layer)]; };
+  std::vector<moelite::Prediction> guesses;
+  for (int32_t e = 0; e < n; ++e) guesses.push_back({{1, e}, 1.0f - 0.01f * static_cast<float>(e)});
+  store.hint(guesses, -1);
+  ASSERT_EQ(layer_stats(1).prefetches_issued, static_cast<uint64_t>(n));  // one per slot
+  for (int32_t e = 0; e < n; ++e)
+    for (int i = 0; i < 5000 && !store.ready(1, e); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (int32_t e = 0; e < n; ++e) ASSERT_TRUE(store.ready(1, e)) << e;
+  // The same guesses and as many again, less confident: every slot holds a guess, so none of the
+  // new ones is loaded (issued synchronously: hint returns after trying them).
+  for (int32_t e = n; e < 2 * n; ++e) guesses.push_back({{1, e}, 0.5f - 0.01f * static_cast<float>(e)});
+  store.hint(guesses, -1);
+  EXPECT_EQ(layer_stats(1).prefetches_issued, static_cast<uint64_t>(n));
+  EXPECT_EQ(layer_stats(1).prefetches_wasted, 0u);
+  for (int32_t e = 0; e < n; ++e) EXPECT_TRUE(store.ready(1, e)) << e;
+  for (int32_t e = n; e < 2 * n; ++e) EXPECT_FALSE(store.resident_or_loading(1, e)) << e;
+  // A demand load is not a guess: it evicts one (the least confident is not promised; some guess).
+  ASSERT_EQ(store.prepare(2, {0}), MOELITE_OK);
+  std::vector<int32_t> pending = {0};
+  int32_t got;
+  moelite::ExpertWeights w;
+  ASSERT_EQ(store.acquire_next(2, &pending, &got, &w), MOELITE_OK);
+  store.release(2, got);
+  EXPECT_EQ(layer_stats(1).prefetches_wasted, 1u);
+}

@@ -27,7 +27,13 @@ struct EvalState;
 struct Profile;
 
 // Predictions are made for decode-sized batches only: a prefill batch needs most experts anyway.
+// A step of several sequences decoding together (one or a few tokens each) is decode-sized: what
+// counts is the rows per sequence, not the batch's rows.
 constexpr int32_t kMaxPredictTokens = 4;
+inline bool decode_sized(int32_t n_tokens, size_t n_sequences) {
+  return static_cast<int64_t>(n_tokens) <=
+         static_cast<int64_t>(kMaxPredictTokens) * static_cast<int64_t>(n_sequences > 0 ? n_sequences : 1);
+}
 
 class ExpertPredictor {
  public:

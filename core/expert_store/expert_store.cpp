@@ -372,7 +372,7 @@ ExpertWeights ExpertStore::view(const Slot& s) const {
   return w;
 }
 
-int32_t ExpertStore::take_slot_locked(int32_t layer) {
+int32_t ExpertStore::take_slot_locked(int32_t layer, bool speculative) {
   std::vector<int32_t> spare, used;  // evictable slots: unused speculative loads, then the rest
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
@@ -383,6 +383,7 @@ int32_t ExpertStore::take_slot_locked(int32_t layer) {
     }
     if (s.state == SlotState::Free) return static_cast<int32_t>(i);
     if (s.state != SlotState::Ready || s.pins > 0) continue;
+    if (speculative && future_.count(key(s.layer, s.expert))) continue;
     (s.speculative ? spare : used).push_back(static_cast<int32_t>(i));
   }
   // Unused speculative loads go first; among the others the policy decides.
@@ -404,7 +405,7 @@ int32_t ExpertStore::take_slot_locked(int32_t layer) {
 }
 
 int32_t ExpertStore::start_load_locked(int32_t layer, int32_t expert, bool demand, int32_t client) {
-  const int32_t i = take_slot_locked(layer);
+  const int32_t i = take_slot_locked(layer, !demand);
   if (i < 0) return -1;
   // The map and queue insertions can throw (bad_alloc). They come before the slot changes state,
   // and the first is undone if the second throws: a failure must not leave a slot 'Loading' that
@@ -441,6 +442,12 @@ bool ExpertStore::present_locked(int32_t layer, int32_t expert) const {
 bool ExpertStore::resident_or_loading(int32_t layer, int32_t expert) const {
   std::lock_guard<std::mutex> lock(mu_);
   return present_locked(layer, expert);
+}
+
+bool ExpertStore::ready(int32_t layer, int32_t expert) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = where_.find(key(layer, expert));
+  return it != where_.end() && slots_[static_cast<size_t>(it->second)].state == SlotState::Ready;
 }
 
 void ExpertStore::residency(int32_t layer, int32_t n_expert, std::vector<uint8_t>* mask) const {

@@ -101,6 +101,8 @@ class ExpertStore final : public ExpertSource {
   // Without a predictor the state at routing time is a function of the evaluations so far
   // (every demand load has landed by then); speculative loads land asynchronously.
   bool resident_or_loading(int32_t layer, int32_t expert) const override;
+  // Whole in memory now (its reads have landed): for tests and tools that wait for a load.
+  bool ready(int32_t layer, int32_t expert) const;
   void residency(int32_t layer, int32_t n_expert, std::vector<uint8_t>* mask) const override;
   void on_routing(int32_t layer, const Routing& routing) override;
   Status prepare(int32_t layer, const std::vector<int32_t>& experts) override;
@@ -217,8 +219,11 @@ class ExpertStore final : public ExpertSource {
   void release_pending_for_locked(int32_t client, int32_t layer, std::vector<int32_t>* pending);
   static uint64_t key(int32_t layer, int32_t expert) { return (uint64_t(uint32_t(layer)) << 32) | uint32_t(expert); }
   // Under mu_: a slot to load into (free, or the policy's victim among unpinned ready slots);
-  // -1 if none.
-  int32_t take_slot_locked(int32_t layer);
+  // -1 if none. A speculative load never evicts an expert the current prediction names: with
+  // more guesses than the pool holds (a batch of several sequences guesses the union of their
+  // experts) each guess would otherwise evict an earlier, more confident one, and the reads of
+  // the guesses that cannot all stay would be wasted.
+  int32_t take_slot_locked(int32_t layer, bool speculative);
   bool present_locked(int32_t layer, int32_t expert) const;
   int32_t start_load_locked(int32_t layer, int32_t expert, bool demand, int32_t client);
   void prefetch_locked(int32_t layer, int32_t expert);

@@ -188,3 +188,31 @@ def test_kv_bytes_grow_with_the_sequences():
         assert four.kv_bytes == 4 * one.kv_bytes
         one.close()
         four.close()
+
+
+def test_a_step_of_many_sequences_is_predicted_for_and_stays_exact():
+    """A decode step of 8 sequences is decode-sized (one token per sequence), so the predictor
+    guesses the next layers' experts for all of them; the guesses change where bytes come from,
+    never the logits, which still equal each sequence's solo run."""
+    path = MODELS["qwen3moe-Q8_0"]()
+    n_seq, steps = 8, 4
+    with moelite.Model(path, threads=2) as probe:
+        info = probe.info()
+        rng = np.random.default_rng(7)
+        prompts = [[int(t) for t in rng.integers(1, probe.n_vocab, size=3)] for _ in range(n_seq)]
+        decode = [[int(t) for t in rng.integers(1, probe.n_vocab, size=steps)] for _ in range(n_seq)]
+        solo = [_solo(probe, prompts[q] + decode[q]) for q in range(n_seq)]
+    budget = max(info["expert_bytes"] // 2, info["expert_min_budget"])
+    with moelite.Model(path, threads=2, expert_budget=budget, predictor="next-gate", predictor_depth=2) as model:
+        ctx = moelite.Context(model, n_ctx=N_CTX, n_batch=32, n_seq=n_seq)
+        for q in range(n_seq):
+            ctx.eval_batch(prompts[q], [q] * len(prompts[q]))
+        before = model.expert_stats().prefetches_issued
+        for step in range(steps):
+            ctx.eval_batch([decode[q][step] for q in range(n_seq)], list(range(n_seq)))
+            for q in range(n_seq):
+                np.testing.assert_array_equal(ctx.logits(q), solo[q][len(prompts[q]) + step],
+                                              err_msg="decode step %d of seq %d" % (step, q))
+        # Before, only batches of at most 4 rows were predicted for: a step of 8 sequences was not.
+        assert model.expert_stats().prefetches_issued > before
+        ctx.close()
