@@ -79,12 +79,15 @@ for s in $STAGES; do
         "$ROOT/bindings/python/tests/test_multi_sequence.py" "$ROOT/bindings/python/tests/test_sessions.py" ;;
     vulkan)
       if [ -f "$PACK/deps/libvulkan.so.1" ]; then
-        export VK_LAYER_PATH="$PACK/deps"
+        # The layer path and driver file go to this stage's commands only (env), not to later stages.
+        vkenv=(VK_LAYER_PATH="$PACK/deps")
         [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] &&
-          export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-        "$MOELITE_BIN" info -m "$ROOT/models/moelite-tiny-qwen3moe-Q8_0.gguf" --backend vulkan >"$OUT/vulkan_info.txt" 2>&1
+          vkenv+=(VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json)
+        env "${vkenv[@]}" "$MOELITE_BIN" info -m "$ROOT/models/moelite-tiny-qwen3moe-Q8_0.gguf" --backend vulkan \
+          >"$OUT/vulkan_info.txt" 2>&1
         grep -E "backend" "$OUT/vulkan_info.txt" | tee -a "$SUMMARY"
-        stage vulkan 90 "$PY" -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" "$ROOT/tests/reference/test_vulkan_vs_reference.py"
+        stage vulkan 90 env "${vkenv[@]}" "$PY" -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" \
+          "$ROOT/tests/reference/test_vulkan_vs_reference.py"
       else
         echo "vulkan: skipped (no deps/libvulkan.so.1 in the pack)" | tee -a "$SUMMARY"
       fi ;;

@@ -135,8 +135,10 @@ void gating_candidates(const float* logits, int32_t n_expert, const Routing& r, 
   out->n = n;
   out->ids.assign(static_cast<size_t>(r.n_tokens) * static_cast<size_t>(n), -1);
   out->weights.assign(static_cast<size_t>(r.n_tokens) * static_cast<size_t>(n), 0.0f);
-  std::vector<double> p(static_cast<size_t>(n_expert));
-  std::vector<int32_t> rank(static_cast<size_t>(n_expert));
+  std::vector<double>& p = out->probs;
+  std::vector<int32_t>& rank = out->rank;
+  p.resize(static_cast<size_t>(n_expert));
+  rank.resize(static_cast<size_t>(n_expert));
   for (int32_t t = 0; t < r.n_tokens; ++t) {
     const float* z = logits + static_cast<size_t>(t) * static_cast<size_t>(n_expert);
     double top = -INFINITY, sum = 0.0;

@@ -55,6 +55,9 @@ struct GatingCandidates {
   int32_t n = 0;
   std::vector<int32_t> ids;    // n_tokens * n
   std::vector<float> weights;  // n_tokens * n
+  // Scratch of gating_candidates, kept between calls so a layer's call allocates nothing.
+  std::vector<double> probs;
+  std::vector<int32_t> rank;
 };
 
 // "exact", "sensitivity", "score", "cache-aware" -> mode; false for other names.
