@@ -78,6 +78,9 @@ struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512vnni = false, avx512bf16 = false;
+  // AVX-VNNI: the VEX (256-bit) vpdpbusd of CPUs with or without AVX-512 (Alder Lake and later
+  // Intel client cores, AMD Zen 5); set only where AVX2 is usable too.
+  bool avxvnni = false;
   // AArch64: neon always; dotprod (SDOT, ARMv8.2) and i8mm (SMMLA, ARMv8.6) read from the
   // kernel's hwcaps at run time on Linux.
   bool neon = false, dotprod = false, i8mm = false;

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <array>
 #include <random>
 #include <string>
 #include <vector>
@@ -504,6 +505,7 @@ TEST(QuantKernelsScalar, DotIsSensitiveToEveryBlock) {
 std::vector<const KernelTable*> simd_tables() {
   std::vector<const KernelTable*> v;
   if (const KernelTable* t = kernels_avx2()) v.push_back(t);
+  if (const KernelTable* t = kernels_avxvnni()) v.push_back(t);
   if (const KernelTable* t = kernels_avx512()) v.push_back(t);
   if (const KernelTable* t = kernels_neon()) v.push_back(t);
   if (const KernelTable* t = kernels_dotprod()) v.push_back(t);
@@ -530,7 +532,17 @@ TEST(QuantKernelsSimd, DispatchFollowsFeaturesAndCap) {
   EXPECT_EQ(kernels_neon(), nullptr);
   EXPECT_EQ(kernels_dotprod(), nullptr);
   EXPECT_EQ(kernels_i8mm(), nullptr);
+#if defined(__x86_64__)
+  EXPECT_EQ(kernels_avx2() != nullptr, f.avx2 && f.fma);
+  EXPECT_EQ(kernels_avxvnni() != nullptr, f.avxvnni && kernels_avx2() != nullptr);
+  // avxvnni sits between avx2 and avx512: capped there it is taken where the CPU has it.
+  if (kernels_avxvnni()) EXPECT_STREQ(kernels_capped("avxvnni").isa, "avxvnni");
+  else if (kernels_avx2()) EXPECT_STREQ(kernels_capped("avxvnni").isa, "avx2");
+  if (kernels_avx2()) EXPECT_STREQ(kernels_capped("avx2").isa, "avx2");
+  if (kernels_avx512()) EXPECT_STREQ(kernels_capped(nullptr).isa, "avx512");
+#else
   (void)f;
+#endif
 #endif
   EXPECT_STREQ(kernels_capped("scalar").isa, "scalar");
   const char* env = std::getenv("MOELITE_ISA");
@@ -610,6 +622,64 @@ TEST(QuantKernelsSimd, DotWithExtremeCodes) {
           EXPECT_NEAR(got, expect, 1e-5 * S + 1e-30)
               << k->isa << " " << type_name(t) << " fill=" << int(fill) << " sign=" << sign;
         }
+      }
+    }
+  }
+}
+
+// The avxvnni table forms the avx2 table's int32 lane sums with vpdpbusd instead of the sign
+// trick, so its Q8_0, Q4_0 and MXFP4 products are the avx2 ones bit for bit: vec_dot, multi-dot and
+// the prepared entry, on random codes and on every extreme weight byte (0x80 = -128 included).
+TEST(QuantKernelsSimd, AvxVnniEqualsAvx2Bitwise) {
+  const KernelTable* vnni = kernels_avxvnni();
+  const KernelTable* avx2 = kernels_avx2();
+  if (!vnni || !avx2) GTEST_SKIP() << "no AVX-VNNI on this CPU";
+  const KernelTable& ref = kernels_scalar();
+  std::mt19937 rng(11);
+  for (TensorType t : {TensorType::Q8_0, TensorType::Q4_0, TensorType::MXFP4}) {
+    for (int64_t n : {32, 96, 256, 2048}) {
+      for (int fill = -1; fill < 4; ++fill) {
+        SCOPED_TRACE(std::string(type_name(t)) + " n=" + std::to_string(n) + " fill=" + std::to_string(fill));
+        auto w = random_weights(t, n, rng);
+        if (fill >= 0) {  // every code byte 0x00, 0x7F, 0x80 or 0xFF; scale bytes kept
+          const uint8_t b = std::array<uint8_t, 4>{0x00, 0x7F, 0x80, 0xFF}[static_cast<size_t>(fill)];
+          const size_t block = type_info(tid(t))->block_bytes, code0 = t == TensorType::MXFP4 ? 1 : 2;
+          for (size_t i = 0; i < w.size(); ++i)
+            if (i % block >= code0) w[i] = b;
+        }
+        std::vector<std::vector<uint8_t>> acts;
+        for (int j = 0; j < kMultiDot; ++j) {
+          auto x = random_activations(n, rng);
+          if (j == 1) std::fill(x.begin(), x.end(), -1.0f);  // every code -127
+          acts.push_back(quantize_act(ref, t, x.data(), n));
+        }
+        const size_t stride = acts[0].size();
+        std::vector<uint8_t> packed;
+        for (const auto& a : acts) packed.insert(packed.end(), a.begin(), a.end());
+        for (int j = 0; j < kMultiDot; ++j) {
+          float a2 = 0, v = 0;
+          avx2->vec_dot[tid(t)](n, &a2, w.data(), acts[static_cast<size_t>(j)].data());
+          vnni->vec_dot[tid(t)](n, &v, w.data(), acts[static_cast<size_t>(j)].data());
+          EXPECT_EQ(std::memcmp(&a2, &v, 4), 0) << "vec_dot row " << j << ": " << a2 << " vs " << v;
+        }
+        float m2[kMultiDot], mv[kMultiDot];
+        avx2->vec_dot_multi[tid(t)](n, m2, w.data(), packed.data(), stride, kMultiDot);
+        vnni->vec_dot_multi[tid(t)](n, mv, w.data(), packed.data(), stride, kMultiDot);
+        EXPECT_EQ(std::memcmp(m2, mv, sizeof(m2)), 0) << "multi-dot";
+        // Prepared rows: each table prepares in its own layout (avxvnni's codes are biased).
+        const PreparedTile& p2 = avx2->prepared[tid(t)];
+        const PreparedTile& pv = vnni->prepared[tid(t)];
+        ASSERT_TRUE(p2.tile && pv.tile);
+        std::vector<uint8_t> prep2(p2.prepared_bytes(n) * kMultiDot), prepv(pv.prepared_bytes(n) * kMultiDot);
+        for (int j = 0; j < kMultiDot; ++j) {
+          p2.prepare(acts[static_cast<size_t>(j)].data(), n, prep2.data() + j * p2.prepared_bytes(n));
+          pv.prepare(acts[static_cast<size_t>(j)].data(), n, prepv.data() + j * pv.prepared_bytes(n));
+        }
+        float t2[kMultiDot], tv[kMultiDot];
+        p2.tile(n, t2, kMultiDot, w.data(), 0, prep2.data(), p2.prepared_bytes(n), kMultiDot);
+        pv.tile(n, tv, kMultiDot, w.data(), 0, prepv.data(), pv.prepared_bytes(n), kMultiDot);
+        EXPECT_EQ(std::memcmp(t2, tv, sizeof(t2)), 0) << "prepared";
+        EXPECT_EQ(std::memcmp(t2, m2, sizeof(t2)), 0) << "prepared vs multi-dot";
       }
     }
   }
@@ -782,13 +852,15 @@ TEST(QuantKernelsTile, PresentOnlyWhereExpected) {
       // Four-row tiles: only those avx512 kernels, and only beside a two-row one.
       if (t->tile4[i]) EXPECT_NE(t->tile[i], nullptr) << t->isa << " " << i;
       if (!avx512_tiled) EXPECT_EQ(t->tile4[i], nullptr) << t->isa << " " << i;
-      // Prepared tiles: beside those avx512 kernels (four rows) and the avx2 Q8_0/Q4_0/MXFP4
-      // multi-dots (one row; avx512 keeps avx2's for MXFP4), a complete set of entries, at a size
-      // the drivers group rows by: the table's own tile size for the type (1 where it has no tile).
+      // Prepared tiles: beside those avx512 kernels (four rows) and the avx2 and avxvnni
+      // Q8_0/Q4_0/MXFP4 multi-dots (one row; avx512 keeps avx2's for MXFP4), a complete set of
+      // entries, at a size the drivers group rows by: the table's own tile size for the type (1
+      // where it has no tile).
       const PreparedTile& p = t->prepared[i];
+      const bool avx2_like = std::strcmp(t->isa, "avx2") == 0 || std::strcmp(t->isa, "avxvnni") == 0;
       const bool avx2_prepared =
-          (std::strcmp(t->isa, "avx2") == 0 && (i == tid(TensorType::Q8_0) || i == tid(TensorType::Q4_0))) ||
-          ((std::strcmp(t->isa, "avx2") == 0 || std::strcmp(t->isa, "avx512") == 0) && i == tid(TensorType::MXFP4));
+          (avx2_like && (i == tid(TensorType::Q8_0) || i == tid(TensorType::Q4_0))) ||
+          ((avx2_like || std::strcmp(t->isa, "avx512") == 0) && i == tid(TensorType::MXFP4));
       if (p.tile) {
         EXPECT_TRUE(p.prepare && p.prepared_bytes) << t->isa << " " << i;
         const int own_step = t->tile4[i] ? kQuadRows : t->tile[i] ? kTileRows : 1;

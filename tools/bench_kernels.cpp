@@ -82,6 +82,7 @@ int main(int argc, char** argv) {
                               TensorType::Q5_0, TensorType::Q4_1, TensorType::Q5_1, TensorType::MXFP4};
   std::vector<const KernelTable*> tables = {&kernels_scalar()};
   if (kernels_avx2()) tables.push_back(kernels_avx2());
+  if (kernels_avxvnni()) tables.push_back(kernels_avxvnni());
   if (kernels_avx512()) tables.push_back(kernels_avx512());
   for (const KernelTable* t : {kernels_neon(), kernels_dotprod(), kernels_i8mm()})
     if (t) tables.push_back(t);

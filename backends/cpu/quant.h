@@ -122,15 +122,19 @@ const KernelTable& kernels_scalar();
 // scalar table has a kernel).
 const KernelTable* kernels_avx2();
 const KernelTable* kernels_avx512();
+// AVX2 + AVX-VNNI (256-bit vpdpbusd): the avx2 table with its Q8_0, Q4_0 and MXFP4 products on
+// vpdpbusd, bit for bit the avx2 table's results. For CPUs with AVX-VNNI and no AVX-512 (Intel
+// client cores since Alder Lake); on CPUs with both, avx512 ranks above it.
+const KernelTable* kernels_avxvnni();
 const KernelTable* kernels_neon();     // AArch64 (ARMv8.0 NEON): always there on AArch64
 const KernelTable* kernels_dotprod();  // AArch64 with SDOT (ARMv8.2 dotprod), checked at run time
 const KernelTable* kernels_i8mm();     // AArch64 with SMMLA (ARMv8.6 i8mm) and SDOT
-// Best table for this CPU: avx512 > avx2 on x86-64, i8mm > dotprod > neon on AArch64, else
-// scalar. The environment variable MOELITE_ISA=scalar|avx2|avx512|neon|dotprod|i8mm caps the
-// choice (for testing and benchmarking); it is read once.
+// Best table for this CPU: avx512 > avxvnni > avx2 on x86-64, i8mm > dotprod > neon on AArch64,
+// else scalar. The environment variable MOELITE_ISA=scalar|avx2|avxvnni|avx512|neon|dotprod|i8mm
+// caps the choice (for testing and benchmarking); it is read once.
 const KernelTable& kernels_best();
 // The best table whose rank is at most that of the ISA named `cap` (ranks: scalar 0, avx2 and
-// neon 1, avx512 and dotprod 2, i8mm 3); a null or unknown name caps nothing. kernels_best() is
+// neon 1, avxvnni 2, avx512 and dotprod 3, i8mm 4); a null or unknown name caps nothing. kernels_best() is
 // kernels_capped(getenv("MOELITE_ISA")).
 const KernelTable& kernels_capped(const char* cap);
 

@@ -11,6 +11,7 @@ namespace moelite::cpu {
 // The x86 SIMD files are only compiled for x86-64.
 const KernelTable* kernels_avx2() { return nullptr; }
 const KernelTable* kernels_avx512() { return nullptr; }
+const KernelTable* kernels_avxvnni() { return nullptr; }
 #endif
 #if !defined(__aarch64__)
 // The NEON files are only compiled for AArch64.
@@ -23,8 +24,9 @@ namespace {
 int isa_rank(const char* name) {
   if (std::strcmp(name, "scalar") == 0) return 0;
   if (std::strcmp(name, "avx2") == 0 || std::strcmp(name, "neon") == 0) return 1;
-  if (std::strcmp(name, "avx512") == 0 || std::strcmp(name, "dotprod") == 0) return 2;
-  if (std::strcmp(name, "i8mm") == 0) return 3;
+  if (std::strcmp(name, "avxvnni") == 0) return 2;
+  if (std::strcmp(name, "avx512") == 0 || std::strcmp(name, "dotprod") == 0) return 3;
+  if (std::strcmp(name, "i8mm") == 0) return 4;
   return 99;
 }
 }  // namespace
@@ -35,7 +37,8 @@ const KernelTable& kernels_capped(const char* cap_name) {
   const struct {
     int rank;
     const KernelTable* (*get)();
-  } order[] = {{3, kernels_i8mm}, {2, kernels_avx512}, {2, kernels_dotprod}, {1, kernels_avx2}, {1, kernels_neon}};
+  } order[] = {{4, kernels_i8mm},    {3, kernels_avx512}, {3, kernels_dotprod},
+               {2, kernels_avxvnni}, {1, kernels_avx2},   {1, kernels_neon}};
   for (const auto& o : order)
     if (cap >= o.rank)
       if (const KernelTable* t = o.get()) return *t;

@@ -11,6 +11,9 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 // Values from the Linux uapi (arch/arm64/include/uapi/asm/hwcap.h), for older C libraries.
@@ -192,6 +195,11 @@ const CpuFeatures& cpu_features() {
     f.avx512dq = __builtin_cpu_supports("avx512dq");
     f.avx512vnni = __builtin_cpu_supports("avx512vnni");
     f.avx512bf16 = __builtin_cpu_supports("avx512bf16");
+    // CPUID.(EAX=7, ECX=1):EAX bit 4. Read directly: GCC 12's __builtin_cpu_supports("avxvnni")
+    // compiles but answers 0 on CPUs that have it (seen on Zen 5). The YMM state it needs is the
+    // OS support avx2 was checked for.
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    f.avxvnni = f.avx2 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax >> 4 & 1u);
 #elif defined(__aarch64__)
     f.neon = true;
 #if defined(__linux__)

@@ -14,6 +14,7 @@
 #include "backends/cpu/quant.h"
 #include "backends/cpu/simd/rows_entry.h"
 #include "backends/cpu/simd/x86_kquant.h"
+#include "backends/cpu/simd/x86_q8_kernels.h"
 #include "platforms/platform.h"
 
 namespace moelite::cpu {
@@ -21,24 +22,10 @@ namespace {
 
 using namespace blocks;
 
-inline float fp16(const uint8_t p[2]) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
 inline float f32(const uint8_t p[4]) {
   float f;
   std::memcpy(&f, p, 4);
   return f;
-}
-inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 inline int hsum_i32(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -66,13 +53,6 @@ inline __m256i bits_to_bytes(const uint8_t p[4]) {
   const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(x)), shuf);
   const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
   return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
-}
-
-// The 32 nibbles of a Q4_0/Q4_1/Q5 block in element order: low nibbles, then high nibbles.
-inline __m256i nibbles(const uint8_t qs[16]) {
-  const __m128i q = load128(qs);
-  const __m128i m4 = _mm_set1_epi8(0x0f);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
 }
 
 // ---- float types ----------------------------------------------------------------------------
@@ -122,132 +102,14 @@ void dot_bf16(int64_t n, float* out, const void* w, const void* a) {
 
 // ---- 32-element block types -----------------------------------------------------------------
 
-// Q8_0 and Q4_0 against Q8_0 activations, written once for K = 1..4 activation rows (see
-// rows_entry.h): each weight block is loaded and decoded once (codes, |codes|, scale), then every
-// activation row runs the K = 1 sequence in accumulators of its own, two per row (even and odd
-// blocks, so consecutive FMAs do not wait on each other). vec_dot, multi-dot and the prepared
-// entry are therefore bit-identical. Per block and row: the sign trick's maddubs + madd (8 int32
-// lane sums), a conversion, and one FMA by dw * da.
-//
-// Batched products (prefill) spend most of their time here, and at 4 rows per call the weight
-// side is a small part of it: what is left per (block, row) is the activation side. A prepared
-// activation row (prepare_q8_0_avx2) holds the int8 codes of all blocks and then their scales as
-// floats, so the fp16 conversion of da is done once per token instead of once per weight row.
-// Each weight format gives its block's signed codes and its scale broadcast to 8 lanes.
-template <class B>
-__m256 fp16_scale(const B& b) {
-  return _mm256_set1_ps(fp16(b.d));
-}
-struct Q8Codes {
-  using Block = Q8_0;
-  static __m256i codes(const Q8_0& b) { return load256(b.qs); }
-  static __m256 scale(const Q8_0& b) { return fp16_scale(b); }
-};
-struct Q4Codes {
-  using Block = Q4_0;
-  static __m256i codes(const Q4_0& b) { return _mm256_sub_epi8(nibbles(b.qs), _mm256_set1_epi8(8)); }
-  static __m256 scale(const Q4_0& b) { return fp16_scale(b); }
-};
-// mxfp4_half_scale of every E8M0 byte: the scale is one broadcast load instead of a compare,
-// shifts, a select and a move to the vector unit per 32 weights.
-struct Mxfp4ScaleTable {
-  float v[256];
-  Mxfp4ScaleTable() {
-    for (int e = 0; e < 256; ++e) v[e] = mxfp4_half_scale(static_cast<uint8_t>(e));
-  }
-};
-const Mxfp4ScaleTable kMxfp4Scales;
-// MXFP4: a nibble indexes the (doubled) E2M1 values, one table lookup per byte lane.
-struct Mxfp4Codes {
-  using Block = MXFP4;
-  static __m256i codes(const MXFP4& b) {
-    const __m128i values = load128(kMxfp4Values);
-    return _mm256_shuffle_epi8(_mm256_set_m128i(values, values), nibbles(b.qs));
-  }
-  static __m256 scale(const MXFP4& b) { return _mm256_broadcast_ss(&kMxfp4Scales.v[b.e]); }
-};
-// One activation row: plain Q8_0 blocks, or the prepared layout (nb x 32 codes, then nb floats).
-struct PlainQ8Row {
-  const Q8_0* y;
-  void init(const void* row, int64_t /*nb*/) { y = static_cast<const Q8_0*>(row); }
-  __m256i codes(int64_t i) const { return load256(y[i].qs); }
-  __m256 scale(int64_t i) const { return _mm256_set1_ps(fp16(y[i].d)); }
-};
-struct PreparedQ8Row {
-  const uint8_t* q;
-  const uint8_t* d;
-  void init(const void* row, int64_t nb) {
-    q = static_cast<const uint8_t*>(row);
-    d = q + 32 * nb;
-  }
-  __m256i codes(int64_t i) const { return load256(q + 32 * i); }
-  // A broadcast from memory is a load alone, no shuffle on the vector pipes.
-  __m256 scale(int64_t i) const { return _mm256_broadcast_ss(reinterpret_cast<const float*>(d + 4 * i)); }
-};
-size_t prepared_bytes_q8_0_avx2(int64_t n) { return static_cast<size_t>(n / kQK) * (32 + 4); }
-void prepare_q8_0_avx2(const void* a_row, int64_t n, void* out) {
-  const Q8_0* y = static_cast<const Q8_0*>(a_row);
-  const int64_t nb = n / kQK;
-  uint8_t* q = static_cast<uint8_t*>(out);
-  uint8_t* d = q + 32 * nb;
-  for (int64_t i = 0; i < nb; ++i) {
-    std::memcpy(q + 32 * i, y[i].qs, 32);
-    const float f = fp16(y[i].d);
-    std::memcpy(d + 4 * i, &f, 4);
-  }
-}
-
-template <class W, class Act>
-struct Q8Dot {
-  template <int K>
-  struct Rows {
-    static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
-      const auto* x = static_cast<const typename W::Block*>(w);
-      const int64_t nb = n / kQK;
-      Act y[K];
-      // Two arrays, and every loop over them unrolled: otherwise GCC keeps them in memory and
-      // zeroes them with `rep stos` on every call.
-      __m256 even[K], odd[K];
-#pragma GCC unroll 4
-      for (int j = 0; j < K; ++j) {
-        y[j].init(act_row<uint8_t>(a, stride, j), nb);
-        even[j] = odd[j] = _mm256_setzero_ps();
-      }
-      const __m256i ones = _mm256_set1_epi16(1);
-      auto block = [&](int64_t i, __m256(&acc)[K]) {
-        const __m256i q = W::codes(x[i]);
-        const __m256i qa = _mm256_sign_epi8(q, q);
-        // dw * da as a vector product of broadcasts: the same single rounding as a scalar product.
-        const __m256 dw = W::scale(x[i]);
-#pragma GCC unroll 4
-        for (int j = 0; j < K; ++j) {
-          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(y[j].codes(i), q)), ones);
-          acc[j] = _mm256_fmadd_ps(_mm256_mul_ps(dw, y[j].scale(i)), _mm256_cvtepi32_ps(p), acc[j]);
-        }
-      };
-      int64_t i = 0;
-      for (; i + 2 <= nb; i += 2) {
-        block(i, even);
-        block(i + 1, odd);
-      }
-      if (i < nb) block(i, even);
-#pragma GCC unroll 4
-      for (int j = 0; j < K; ++j) out[j] = hsum(_mm256_add_ps(even[j], odd[j]));
-    }
-  };
-};
+// Q8_0, Q4_0 and MXFP4 against Q8_0 activations: x86_q8_kernels.h, here over the sign-transfer
+// integer dot product (the avxvnni table runs the same kernels over vpdpbusd).
 template <int K>
-using DotQ8_0 = Q8Dot<Q8Codes, PlainQ8Row>::Rows<K>;
+using DotQ8_0 = Q8Dot<SignTransferDot, Q8Codes, PlainQ8Row<false>>::Rows<K>;
 template <int K>
-using DotQ4_0 = Q8Dot<Q4Codes, PlainQ8Row>::Rows<K>;
+using DotQ4_0 = Q8Dot<SignTransferDot, Q4Codes, PlainQ8Row<false>>::Rows<K>;
 template <int K>
-using DotMxfp4 = Q8Dot<Mxfp4Codes, PlainQ8Row>::Rows<K>;
-// The prepared entry: one weight row (PreparedTile::rows = 1) against `count` prepared rows.
-template <class W>
-void prepared_q8_rows(int64_t n, float* out, size_t /*out_stride*/, const void* w, size_t /*w_stride*/,
-                      const void* a, size_t a_stride, int count) {
-  dot_multi<Q8Dot<W, PreparedQ8Row>::template Rows>(n, out, w, a, a_stride, count);
-}
+using DotMxfp4 = Q8Dot<SignTransferDot, Mxfp4Codes, PlainQ8Row<false>>::Rows<K>;
 
 void dot_q5_0(int64_t n, float* out, const void* w, const void* a) {
   const Q5_0* x = static_cast<const Q5_0*>(w);
@@ -611,12 +473,13 @@ KernelTable make_table() {
   set_vec_dot<dot_f16>(t, TensorType::F16);
   set_vec_dot<dot_bf16>(t, TensorType::BF16);
   set_vec_dot<dot_one<DotQ8_0>>(t, TensorType::Q8_0, dot_multi<DotQ8_0>);
-  set_prepared(t, TensorType::Q8_0, {prepare_q8_0_avx2, prepared_bytes_q8_0_avx2, prepared_q8_rows<Q8Codes>, 1});
+  set_prepared(t, TensorType::Q8_0, {prepare_q8_0<false>, prepared_bytes_q8_0, prepared_q8_rows<SignTransferDot, Q8Codes>, 1});
   // Q4_0 reads the same (prepared) Q8_0 activations.
   set_vec_dot<dot_one<DotQ4_0>>(t, TensorType::Q4_0, dot_multi<DotQ4_0>);
-  set_prepared(t, TensorType::Q4_0, {prepare_q8_0_avx2, prepared_bytes_q8_0_avx2, prepared_q8_rows<Q4Codes>, 1});
+  set_prepared(t, TensorType::Q4_0, {prepare_q8_0<false>, prepared_bytes_q8_0, prepared_q8_rows<SignTransferDot, Q4Codes>, 1});
   set_vec_dot<dot_one<DotMxfp4>>(t, TensorType::MXFP4, dot_multi<DotMxfp4>);
-  set_prepared(t, TensorType::MXFP4, {prepare_q8_0_avx2, prepared_bytes_q8_0_avx2, prepared_q8_rows<Mxfp4Codes>, 1});
+  set_prepared(t, TensorType::MXFP4,
+               {prepare_q8_0<false>, prepared_bytes_q8_0, prepared_q8_rows<SignTransferDot, Mxfp4Codes>, 1});
   set_vec_dot<dot_q5_0>(t, TensorType::Q5_0);
   set_vec_dot<dot_q_1<Q4_1, false>>(t, TensorType::Q4_1);
   set_vec_dot<dot_q_1<Q5_1, true>>(t, TensorType::Q5_1);
