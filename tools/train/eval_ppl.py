@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model import Config, MoE  # noqa: E402
+from model import CONFIGS, MoE  # noqa: E402
 
 
 def main():
@@ -24,10 +24,12 @@ def main():
     ap.add_argument("--data", required=True)
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--ids", default=None, help="token ids (uint16) to score; default DATA/heldout.ids")
+    ap.add_argument("--ckpt", default="ckpt.pt", help="checkpoint file name inside --data")
     a = ap.parse_args()
     torch.set_num_threads(2)
-    model = MoE(Config())
-    model.load_state_dict(torch.load(os.path.join(a.data, "ckpt.pt"))["model"])
+    ckpt = torch.load(os.path.join(a.data, a.ckpt))
+    model = MoE(CONFIGS[ckpt.get("config", "qwen3moe")]())
+    model.load_state_dict(ckpt["model"])
     model.eval()
     ids = np.fromfile(a.ids or os.path.join(a.data, "heldout.ids"), dtype=np.uint16).astype(np.int64)
     nll, n = 0.0, 0

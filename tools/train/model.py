@@ -1,7 +1,11 @@
 """The default model in PyTorch, computing exactly what moelite computes for `qwen3moe`:
 pre-norm RMSNorm blocks (eps 1e-6), per-head q/k RMSNorm, NeoX RoPE (base 10000), causal GQA
 attention scaled by 1/sqrt(head_dim), softmax router over all experts -> top-k -> renormalised,
-SwiGLU experts, final RMSNorm, untied output head."""
+SwiGLU experts, final RMSNorm, untied output head.
+
+`mixtral()` is the Mixtral-style variant (GGUF arch `llama` with experts): no q/k norm, RoPE on
+adjacent pairs, 8 experts of twice the width, top-2 (Mixtral's softmax over the two chosen logits
+equals the renormalised top-2 of the full softmax)."""
 import math
 from dataclasses import dataclass
 
@@ -24,6 +28,15 @@ class Config:
     ctx: int = 256
     eps: float = 1e-6
     rope_base: float = 10000.0
+    arch: str = "qwen3moe"  # or "llama" (Mixtral-style: no q/k norm, adjacent-pair RoPE)
+
+
+def mixtral():
+    """Same width, depth, attention and parameter count as the default model; 8 experts of ff 384."""
+    return Config(n_expert=8, n_ff=384, arch="llama")
+
+
+CONFIGS = {"qwen3moe": Config, "mixtral": mixtral}
 
 
 class RMSNorm(nn.Module):
@@ -36,15 +49,18 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-def rope(x, base):
-    """x [B, H, T, D], NeoX pairing (i, i + D/2)."""
+def rope(x, base, neox=True):
+    """x [B, H, T, D]; NeoX pairing (i, i + D/2), else adjacent pairs (2i, 2i + 1) as llama's."""
     T, D = x.shape[-2], x.shape[-1]
     half = D // 2
     inv = base ** (-torch.arange(0, half, dtype=torch.float64) * 2 / D)
     ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None]
     cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
-    x0, x1 = x[..., :half], x[..., half:]
-    return torch.cat([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)
+    if neox:
+        x0, x1 = x[..., :half], x[..., half:]
+        return torch.cat([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(-2)
 
 
 class Block(nn.Module):
@@ -56,8 +72,10 @@ class Block(nn.Module):
         self.wk = nn.Linear(c.n_embd, c.n_head_kv * c.head_dim, bias=False)
         self.wv = nn.Linear(c.n_embd, c.n_head_kv * c.head_dim, bias=False)
         self.wo = nn.Linear(c.n_head * c.head_dim, c.n_embd, bias=False)
-        self.q_norm = RMSNorm(c.head_dim, c.eps)
-        self.k_norm = RMSNorm(c.head_dim, c.eps)
+        self.qk_norm = c.arch == "qwen3moe"
+        if self.qk_norm:
+            self.q_norm = RMSNorm(c.head_dim, c.eps)
+            self.k_norm = RMSNorm(c.head_dim, c.eps)
         self.ffn_norm = RMSNorm(c.n_embd, c.eps)
         self.router = nn.Linear(c.n_embd, c.n_expert, bias=False)
         s = 1 / math.sqrt(c.n_embd)
@@ -68,10 +86,14 @@ class Block(nn.Module):
     def attention(self, x):
         c = self.c
         B, T, _ = x.shape
-        q = self.q_norm(self.wq(x).view(B, T, c.n_head, c.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.wk(x).view(B, T, c.n_head_kv, c.head_dim)).transpose(1, 2)
+        q = self.wq(x).view(B, T, c.n_head, c.head_dim)
+        k = self.wk(x).view(B, T, c.n_head_kv, c.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.wv(x).view(B, T, c.n_head_kv, c.head_dim).transpose(1, 2)
-        q, k = rope(q, c.rope_base), rope(k, c.rope_base)
+        neox = c.arch == "qwen3moe"
+        q, k = rope(q, c.rope_base, neox), rope(k, c.rope_base, neox)
         rep = c.n_head // c.n_head_kv
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         att = (q @ k.transpose(-1, -2)) / math.sqrt(c.head_dim)

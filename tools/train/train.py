@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model import Config, MoE  # noqa: E402
+from model import CONFIGS, MoE  # noqa: E402
 
 
 def main():
@@ -28,10 +28,12 @@ def main():
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--aux", type=float, default=0.01)
+    ap.add_argument("--config", choices=sorted(CONFIGS), default="qwen3moe")
+    ap.add_argument("--ckpt", default="ckpt.pt", help="checkpoint file name inside --data")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     torch.set_num_threads(2)
-    c = Config()
+    c = CONFIGS[a.config]()
     ids = torch.from_numpy(np.fromfile(os.path.join(a.data, "train.ids"), dtype=np.uint16).astype(np.int64))
     model = MoE(c)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.05)
@@ -58,10 +60,10 @@ def main():
         if step % 25 == 0:
             print("step %d  %.0fs  loss %.3f  aux %.3f  lr %.2e" % (step, time.time() - start, ema, aux.item(), lr), flush=True)
         if time.time() - last_save > 180:
-            torch.save({"model": model.state_dict(), "step": step}, os.path.join(a.data, "ckpt.pt"))
+            torch.save({"model": model.state_dict(), "step": step, "config": a.config}, os.path.join(a.data, a.ckpt))
             last_save = time.time()
-    torch.save({"model": model.state_dict(), "step": step, "loss": ema, "seconds": time.time() - start},
-               os.path.join(a.data, "ckpt.pt"))
+    torch.save({"model": model.state_dict(), "step": step, "loss": ema, "seconds": time.time() - start,
+                "config": a.config}, os.path.join(a.data, a.ckpt))
     print("done: %d steps, loss %.3f, %.0f s" % (step, ema, time.time() - start), flush=True)
 
 
