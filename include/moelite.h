@@ -269,7 +269,11 @@ MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_
  *                 one is given and updated online;
  *   "pregate"     the exact next-layer routing of models with pre-gate routers
  *                 (blk.N.ffn_pregate_inp.weight; Pre-gated MoE, Read-ME).
- *  Several names separated by commas ("learned,first-layer") combine their guesses. */
+ *  Several names separated by commas ("learned,first-layer") combine their guesses. Guesses are
+ *  made in decode-sized evaluations only: at most 4 tokens per sequence (a step of several
+ *  sequences decoding together, one token each, is one); a prefill needs most experts anyway.
+ *  A guess never evicts another guess of the same prediction, so a step's guesses beyond the
+ *  budget are left unread rather than read and thrown away. */
 MOELITE_API moelite_status moelite_model_params_set_predictor(moelite_model_params* params, const char* predictor);
 MOELITE_DEPRECATED("moelite_model_params_set_predictor")
 MOELITE_API moelite_status moelite_model_params_set_expert_predictor(moelite_model_params* params,

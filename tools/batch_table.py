@@ -4,8 +4,12 @@ expert budgets: aggregate decode tokens/s, per-sequence tokens/s and bytes read 
 generated token, for each number of sequences. Writes JSON and a Markdown table.
 
     /usr/bin/python3 tools/batch_table.py -m MODEL [--n-seq 1,2,4,8,16] [--budgets 25%]
-        [--allocations uniform,global] [--contexts 2,4] [-t 2] [-p 16] [-n 16] [--peer PROGRAM] [--throttle R]
-        [--json F] [--md F]
+        [--allocations uniform,global] [--predictors none,next-gate] [--contexts 2,4] [-t 2] [-p 16] [-n 16]
+        [--peer PROGRAM] [--throttle R] [--json F] [--md F]
+
+--predictors P,...: each budgeted setting once per predictor (`moelite bench --predictor P`; none:
+no predictor), so its guesses' effect on a step of several sequences shows beside the same rows
+without it.
 
 --contexts C,...: rows of C contexts decoding one sequence each on threads of their own at the same
 time (moelite bench --contexts C), sharing the model and, under a budget, its expert store: the
@@ -54,6 +58,7 @@ def main():
     ap.add_argument("--n-seq", default="1,2,4,8,16")
     ap.add_argument("--budgets", default="25%")
     ap.add_argument("--allocations", default="uniform,global", help="expert-store allocations of the budgeted rows")
+    ap.add_argument("--predictors", default="none", help="predictors of the budgeted rows (none: no predictor)")
     ap.add_argument("--contexts", default="", help="rows of C parallel contexts of one sequence each")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-p", type=int, default=16)
@@ -68,7 +73,10 @@ def main():
     settings = [("resident", [])]
     for b in filter(None, a.budgets.split(",")):
         for alloc in filter(None, a.allocations.split(",")):
-            settings.append(("%s %s" % (b, alloc), ["--budget", b, "--allocation", alloc]))
+            for pred in filter(None, a.predictors.split(",")):
+                name = "%s %s" % (b, alloc) + ("" if pred == "none" else ", predictor %s" % pred)
+                settings.append((name, ["--budget", b, "--allocation", alloc] +
+                                 ([] if pred == "none" else ["--predictor", pred])))
     rows = []
     dev = None
     if a.throttle:
