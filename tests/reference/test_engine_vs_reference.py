@@ -176,13 +176,24 @@ def test_layout_variants(variant):
     assert nmse(engine_logits(model), reference_logits(model)) < TIGHT_QUANT
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avxvnni"])
 @pytest.mark.parametrize("wtype", CPU_TYPES)
 def test_every_isa_matches_reference(isa, wtype):
     """The end-to-end check for the kernel tables the machine would not pick by default."""
     model = make_model("qwen3moe-" + wtype, "qwen3moe", wtype)
     err = nmse(engine_logits(model, isa=isa), reference_logits(model))
     assert err < tight(wtype), "%s %s: nmse %.3e" % (isa, wtype, err)
+
+
+@pytest.mark.parametrize("wtype", ["Q8_0", "Q4_0", "MXFP4"])
+def test_avxvnni_logits_are_the_avx2_tables_bit_for_bit(wtype):
+    """vpdpbusd forms the sign trick's int32 lane sums, so the avxvnni table's logits equal the avx2
+    table's exactly, in the batched (prepared) and the token-by-token products. Where the CPU has no
+    AVX-VNNI both runs take the avx2 table."""
+    model = make_model("qwen3moe-" + wtype, "qwen3moe", wtype)
+    for extra in ((), ("-b", "1")):
+        avx2 = engine_logits(model, isa="avx2", extra=extra)
+        np.testing.assert_array_equal(engine_logits(model, isa="avxvnni", extra=extra), avx2)
 
 
 def test_metadata_overrides_renormalisation():
