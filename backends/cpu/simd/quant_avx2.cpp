@@ -102,14 +102,8 @@ void dot_bf16(int64_t n, float* out, const void* w, const void* a) {
 
 // ---- 32-element block types -----------------------------------------------------------------
 
-// Q8_0, Q4_0 and MXFP4 against Q8_0 activations: x86_q8_kernels.h, here over the sign-transfer
-// integer dot product (the avxvnni table runs the same kernels over vpdpbusd).
-template <int K>
-using DotQ8_0 = Q8Dot<SignTransferDot, Q8Codes, PlainQ8Row<false>>::Rows<K>;
-template <int K>
-using DotQ4_0 = Q8Dot<SignTransferDot, Q4Codes, PlainQ8Row<false>>::Rows<K>;
-template <int K>
-using DotMxfp4 = Q8Dot<SignTransferDot, Mxfp4Codes, PlainQ8Row<false>>::Rows<K>;
+// Q8_0, Q4_0 and MXFP4 against Q8_0 activations: x86_q8_kernels.h (set_q8_kernels), here over the
+// sign-transfer integer dot product (the avxvnni table runs the same kernels over vpdpbusd).
 
 void dot_q5_0(int64_t n, float* out, const void* w, const void* a) {
   const Q5_0* x = static_cast<const Q5_0*>(w);
@@ -472,14 +466,7 @@ KernelTable make_table() {
   set_vec_dot<dot_f32>(t, TensorType::F32);
   set_vec_dot<dot_f16>(t, TensorType::F16);
   set_vec_dot<dot_bf16>(t, TensorType::BF16);
-  set_vec_dot<dot_one<DotQ8_0>>(t, TensorType::Q8_0, dot_multi<DotQ8_0>);
-  set_prepared(t, TensorType::Q8_0, {prepare_q8_0<false>, prepared_bytes_q8_0, prepared_q8_rows<SignTransferDot, Q8Codes>, 1});
-  // Q4_0 reads the same (prepared) Q8_0 activations.
-  set_vec_dot<dot_one<DotQ4_0>>(t, TensorType::Q4_0, dot_multi<DotQ4_0>);
-  set_prepared(t, TensorType::Q4_0, {prepare_q8_0<false>, prepared_bytes_q8_0, prepared_q8_rows<SignTransferDot, Q4Codes>, 1});
-  set_vec_dot<dot_one<DotMxfp4>>(t, TensorType::MXFP4, dot_multi<DotMxfp4>);
-  set_prepared(t, TensorType::MXFP4,
-               {prepare_q8_0<false>, prepared_bytes_q8_0, prepared_q8_rows<SignTransferDot, Mxfp4Codes>, 1});
+  set_q8_kernels<SignTransferDot>(t);  // Q8_0, Q4_0, MXFP4
   set_vec_dot<dot_q5_0>(t, TensorType::Q5_0);
   set_vec_dot<dot_q_1<Q4_1, false>>(t, TensorType::Q4_1);
   set_vec_dot<dot_q_1<Q5_1, true>>(t, TensorType::Q5_1);

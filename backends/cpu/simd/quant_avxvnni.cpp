@@ -33,23 +33,10 @@ struct VnniDot {
   static __m256i lanes(const Weights& w, __m256i a_biased) { return _mm256_dpbusd_avx_epi32(w.neg_bias, a_biased, w.q); }
 };
 
-template <int K>
-using DotQ8_0 = Q8Dot<VnniDot, Q8Codes, PlainQ8Row<true>>::Rows<K>;
-template <int K>
-using DotQ4_0 = Q8Dot<VnniDot, Q4Codes, PlainQ8Row<true>>::Rows<K>;
-template <int K>
-using DotMxfp4 = Q8Dot<VnniDot, Mxfp4Codes, PlainQ8Row<true>>::Rows<K>;
-
 KernelTable make_table(const KernelTable& base) {
   KernelTable t = base;
   t.isa = "avxvnni";
-  const PrepareActFn prepare = prepare_q8_0<true>;
-  set_vec_dot<dot_one<DotQ8_0>>(t, TensorType::Q8_0, dot_multi<DotQ8_0>);
-  set_prepared(t, TensorType::Q8_0, {prepare, prepared_bytes_q8_0, prepared_q8_rows<VnniDot, Q8Codes>, 1});
-  set_vec_dot<dot_one<DotQ4_0>>(t, TensorType::Q4_0, dot_multi<DotQ4_0>);
-  set_prepared(t, TensorType::Q4_0, {prepare, prepared_bytes_q8_0, prepared_q8_rows<VnniDot, Q4Codes>, 1});
-  set_vec_dot<dot_one<DotMxfp4>>(t, TensorType::MXFP4, dot_multi<DotMxfp4>);
-  set_prepared(t, TensorType::MXFP4, {prepare, prepared_bytes_q8_0, prepared_q8_rows<VnniDot, Mxfp4Codes>, 1});
+  set_q8_kernels<VnniDot>(t);  // Q8_0, Q4_0, MXFP4
   return t;
 }
 

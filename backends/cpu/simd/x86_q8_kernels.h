@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "backends/cpu/quant.h"
 #include "backends/cpu/simd/rows_entry.h"
@@ -46,6 +47,9 @@ inline __m256i nibbles(const uint8_t qs[16]) {
 // The avx2 integer dot product: the sign of w moves onto a, so maddubs sees |w| (unsigned) against
 // a signed. Exact for every weight byte (-128 included: |w| reads as 128 unsigned) and activation
 // codes in [-127, 127] (what the quantizers produce): a pair sum is at most 2 * 128 * 127 < 2^15.
+// A dot policy gives kBiasedActivations (whether lanes() takes the activation codes xor 0x80: the
+// rows and prepare_q8_0 follow it), Weights (a block's weight side, formed once per call's block),
+// weights(codes) and lanes(weights, activation codes) -> the 8 int32 lane sums.
 struct SignTransferDot {
   static constexpr bool kBiasedActivations = false;
   struct Weights {
@@ -126,8 +130,10 @@ struct PreparedQ8Row {
   __m256 scale(int64_t i) const { return _mm256_broadcast_ss(reinterpret_cast<const float*>(d + 4 * i)); }
 };
 size_t prepared_bytes_q8_0(int64_t n) { return static_cast<size_t>(n / kQK) * (32 + 4); }
-template <bool kBiased>
+// Prepares a row for the kernels over `Dot` (codes biased where Dot takes them so).
+template <class Dot>
 void prepare_q8_0(const void* a_row, int64_t n, void* out) {
+  constexpr bool kBiased = Dot::kBiasedActivations;
   const Q8_0* y = static_cast<const Q8_0*>(a_row);
   const int64_t nb = n / kQK;
   uint8_t* q = static_cast<uint8_t*>(out);
@@ -141,8 +147,11 @@ void prepare_q8_0(const void* a_row, int64_t n, void* out) {
   }
 }
 
-template <class Dot, class W, class Act>
+// Over plain Q8_0 activation rows, or over rows prepared by prepare_q8_0<Dot> (kPrepared); the
+// row type follows from Dot, so a kernel never reads codes biased otherwise than its dot expects.
+template <class Dot, class W, bool kPrepared = false>
 struct Q8Dot {
+  using Act = std::conditional_t<kPrepared, PreparedQ8Row, PlainQ8Row<Dot::kBiasedActivations>>;
   template <int K>
   struct Rows {
     static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
@@ -182,7 +191,21 @@ struct Q8Dot {
 template <class Dot, class W>
 void prepared_q8_rows(int64_t n, float* out, size_t /*out_stride*/, const void* w, size_t /*w_stride*/,
                       const void* a, size_t a_stride, int count) {
-  dot_multi<Q8Dot<Dot, W, PreparedQ8Row>::template Rows>(n, out, w, a, a_stride, count);
+  dot_multi<Q8Dot<Dot, W, true>::template Rows>(n, out, w, a, a_stride, count);
+}
+
+// A table's entries for one weight format: vec_dot, multi-dot and the one-row prepared entry.
+template <class Dot, class W>
+void set_q8_kernel(KernelTable& t, TensorType type) {
+  set_vec_dot<dot_one<Q8Dot<Dot, W>::template Rows>>(t, type, dot_multi<Q8Dot<Dot, W>::template Rows>);
+  set_prepared(t, type, {prepare_q8_0<Dot>, prepared_bytes_q8_0, prepared_q8_rows<Dot, W>, 1});
+}
+// Q8_0, Q4_0 (which reads the same, prepared, Q8_0 activations) and MXFP4 over `Dot`.
+template <class Dot>
+void set_q8_kernels(KernelTable& t) {
+  set_q8_kernel<Dot, Q8Codes>(t, TensorType::Q8_0);
+  set_q8_kernel<Dot, Q4Codes>(t, TensorType::Q4_0);
+  set_q8_kernel<Dot, Mxfp4Codes>(t, TensorType::MXFP4);
 }
 
 }  // namespace
