@@ -722,6 +722,95 @@ MOELITE_API moelite_status moelite_context_create(moelite_model* model, const mo
                                                   moelite_context** out_ctx);
 MOELITE_API void moelite_context_free(moelite_context* ctx);
 
+/* ---- Batch planning: how many sequences, and how much memory for experts ------------------- */
+
+/** Under a memory limit, every sequence's KV cache (n_ctx positions, allocated when the context is
+ *  made) is memory the expert cache does not get. More sequences share each expert read, a smaller
+ *  cache misses more. moelite_plan_batch predicts the aggregate decode throughput of 1..max
+ *  sequences from the model's shape, the memory and the measured bandwidths, and picks the fewest
+ *  sequences within 5 % of the best (the model is in docs/ARCHITECTURE.md, "Batch planner": routing
+ *  taken as uniform, LRU replacement, reads not overlapped with computation). Use the plan by
+ *  loading the model with moelite_model_params_set_expert_budget(MOELITE_PLAN_EXPERT_BUDGET) and
+ *  the plan's cache allocation (moelite_batch_plan_allocation), and creating the context with
+ *  moelite_context_params_set_n_seq(MOELITE_PLAN_N_SEQ); a lookahead of 1 suggests a predictor one
+ *  layer ahead (moelite_model_params_set_predictor "next-gate"), 0 none.
+ *  Parameter objects are not thread-safe; a plan is immutable and may be read from any thread. */
+typedef struct moelite_plan_params moelite_plan_params;
+typedef struct moelite_batch_plan moelite_batch_plan;
+
+/** moelite_plan_params_set_expert_budget: the planner sizes the budget (the default). */
+#define MOELITE_PLAN_BUDGET_AUTO ((uint64_t)0)
+/** moelite_plan_params_set_expert_budget: no budget; the weights are a file mapping (the page
+ *  cache's memory, not counted against the limit), so only the KV caches and scratch are. */
+#define MOELITE_PLAN_RESIDENT (~(uint64_t)0)
+
+/** Defaults: at most 16 sequences, memory = the room now (MOELITE_PLATFORM_MEM_AVAILABLE_BYTES),
+ *  budget auto's default headroom, the budget sized by the planner, no bandwidths. NULL when out
+ *  of memory. Free with moelite_plan_params_free (NULL is ignored). */
+MOELITE_API moelite_plan_params* moelite_plan_params_create(void);
+MOELITE_API void moelite_plan_params_free(moelite_plan_params* params);
+/** Sequences to consider, 1..MOELITE_MAX_SEQUENCES (e.g. the requests waiting). */
+MOELITE_API moelite_status moelite_plan_params_set_max_sequences(moelite_plan_params* params, int32_t n);
+/** Bytes the dense weights, the expert cache, the contexts and the headroom must fit in together
+ *  (at most 2^62); 0: the room now. */
+MOELITE_API moelite_status moelite_plan_params_set_memory(moelite_plan_params* params, uint64_t bytes);
+/** Memory kept out of the plan for everything else (at most 2^62); 0: max(64 MiB, 10 % of memory),
+ *  as budget auto. */
+MOELITE_API moelite_status moelite_plan_params_set_headroom(moelite_plan_params* params, uint64_t bytes);
+/** MOELITE_PLAN_BUDGET_AUTO, MOELITE_PLAN_RESIDENT, or a fixed expert budget in bytes (at most
+ *  2^62; then only the sequences are planned). Ignored for a loaded model, whose budget is set. */
+MOELITE_API moelite_status moelite_plan_params_set_expert_budget(moelite_plan_params* params, uint64_t bytes);
+/** The expert pools the plan may use: "auto" (default: one global pool where a decode step's
+ *  experts fit in it, else a pool per layer, which the plan then names), "global", or "uniform" /
+ *  "dp" (per-layer pools). Ignored for a loaded model, whose pools are set. The string is read
+ *  during the call. MOELITE_ERR_INVALID_ARGUMENT for NULL or another name. */
+MOELITE_API moelite_status moelite_plan_params_set_cache_allocation(moelite_plan_params* params, const char* allocation);
+/** Measured bandwidths in GB/s, each 0..10^6: reads from the model's storage (needed unless the
+ *  plan is resident: `moelite info --storage`, or the store's own counters), and the weight bytes a
+ *  decode step computes per second (0: not modelled; then the lookahead stays 0 and a resident
+ *  plan takes the most sequences that fit). MOELITE_ERR_INVALID_ARGUMENT for NaN or out of range. */
+MOELITE_API moelite_status moelite_plan_params_set_bandwidths(moelite_plan_params* params, double storage_gb_per_s,
+                                                              double compute_gb_per_s);
+
+/** Plans for `model`: one from moelite_model_inspect (the planner may size the budget) or a loaded
+ *  one (its budget is kept; the part of its pool not yet touched is taken from the room, which
+ *  does not show it yet). `context_params` gives n_ctx and n_batch (NULL: defaults; its n_seq is
+ *  ignored); `params` may be NULL for defaults. Reads no weights, allocates only the plan.
+ *  Errors: MOELITE_ERR_INVALID_ARGUMENT for NULL model or out, a vocabulary-only model, a model
+ *  without routed experts, or streaming without a storage bandwidth; MOELITE_ERR_BUDGET_TOO_SMALL
+ *  when not even one sequence fits beside the minimum working set (every term in the message).
+ *  On success *out_plan is freed with moelite_batch_plan_free; on failure it is NULL. */
+MOELITE_API moelite_status moelite_plan_batch(const moelite_model* model, const moelite_context_params* context_params,
+                                              const moelite_plan_params* params, moelite_batch_plan** out_plan);
+
+typedef enum moelite_batch_plan_key {
+  MOELITE_PLAN_N_SEQ = 0,          /* sequences to decode together */
+  MOELITE_PLAN_EXPERT_BUDGET = 1,  /* bytes to load the model with (0: resident) */
+  MOELITE_PLAN_KV_BYTES = 2,       /* the chosen sequences' KV caches together */
+  MOELITE_PLAN_LOOKAHEAD = 3,      /* layers to predict ahead: 0 or 1 */
+  MOELITE_PLAN_MEMORY = 4,         /* the memory planned within */
+  MOELITE_PLAN_HEADROOM = 5        /* the headroom kept out of it */
+} moelite_batch_plan_key;
+
+/** A value of the plan, or -1 for NULL or an unknown key. */
+MOELITE_API int64_t moelite_batch_plan_get(const moelite_batch_plan* plan, moelite_batch_plan_key key);
+/** The predicted aggregate decode tokens/s of the chosen sequences (0 when nothing could be timed:
+ *  resident without a compute rate). A model, not a measurement. */
+MOELITE_API double moelite_batch_plan_decode_tok_s(const moelite_batch_plan* plan);
+/** The pools the plan assumes: "global", "uniform" (one per layer; load with
+ *  moelite_model_params_set_cache_allocation(params, "uniform")) or "none" (resident). The
+ *  prediction for many sequences depends on it: one global LRU pool smaller than a step's experts
+ *  hits nothing (layers visited in turn evict each other's experts before they are reused). Owned
+ *  by the plan ("" for NULL). */
+MOELITE_API const char* moelite_batch_plan_allocation(const moelite_batch_plan* plan);
+/** One sentence: what bounded the choice. Owned by the plan ("" for NULL). */
+MOELITE_API const char* moelite_batch_plan_reason(const moelite_batch_plan* plan);
+/** The plan as one JSON object: the inputs, the choice, the reason and a row per candidate
+ *  (n_seq, fits, kv_bytes, expert_budget_bytes, allocation, cache_share, hit_share, distinct_experts_per_layer,
+ *  read_bytes_per_step, step_seconds, decode_tok_s). Owned by the plan ("" for NULL). */
+MOELITE_API const char* moelite_batch_plan_json(const moelite_batch_plan* plan);
+MOELITE_API void moelite_batch_plan_free(moelite_batch_plan* plan);
+
 /** Replaces the context's abort callback (NULL removes it); see moelite_abort_fn. Must not be
  *  called while the context evaluates (the one-thread-at-a-time rule of contexts): the callback
  *  itself is how another thread stops an evaluation. MOELITE_ERR_INVALID_ARGUMENT for NULL ctx. */

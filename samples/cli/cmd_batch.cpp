@@ -34,8 +34,13 @@ const Command kBatchCommand = {
     with_groups({{{"-f"}, "FILE", "requests, one JSON object per line"},
                  {{"-o"}, "FILE", "where results go (default: standard output)"},
                  {{"--n-seq"}, "N|auto",
-                  "requests decoded together (default auto: as many as there are requests, at most 16, whose KV "
-                  "caches fit in 90 % of the memory free after loading)"},
+                  "requests decoded together (default auto: the batch planner's choice among 1..min(requests, 16), "
+                  "from the memory, the KV cache each sequence takes and the storage bandwidth; with --budget auto "
+                  "it also splits the memory between the KV caches and the experts)"},
+                 {{"--memory"}, "SIZE", "with --n-seq auto: plan within this much memory (default: what is free now)"},
+                 {{"--storage-gbs"}, "X",
+                  "with --n-seq auto: the storage read bandwidth in GB/s (default: measured on the model file)"},
+                 {{"--plan"}, "", "print the plan as JSON and stop (with --n-seq auto)"},
                  {{"-c", "--ctx"}, "N", "context positions of each request (default 2048)"},
                  {{"-b", "--batch"}, "N", "most tokens per forward pass (default 512)"}},
                 {&model_options(), &generate_options()})};
@@ -137,28 +142,84 @@ std::string detokenize(moelite_model* model, const std::vector<int32_t>& tokens)
   return text;
 }
 
-// --n-seq auto: as many sequences as there are requests, at most kAutoMaxSequences (decoding more
-// at once gains little on a CPU: the table in docs/ARCHITECTURE.md), and no more than whose KV
-// caches (each n_ctx positions, allocated when the context is made) fit in 90 % of the memory the
-// process may still take after the model loaded. Says what it chose and why on stderr.
+// --n-seq auto: the library's batch planner (moelite_plan_batch) picks the sequences from the
+// memory, each sequence's KV cache and the storage bandwidth; with --budget auto it sizes the expert
+// budget too, before the model loads, and the model then loads with that budget. At most
+// kAutoMaxSequences (decoding more at once gains little on a CPU: docs/ARCHITECTURE.md). Says what it
+// chose and why on stderr; --plan prints the whole plan as JSON instead of running.
 constexpr int64_t kAutoMaxSequences = 16;
+constexpr size_t kStorageProbeBytes = size_t{256} << 20;
 
-int plan_sequences(moelite_model* model, int32_t n_ctx, int64_t n_requests, int64_t* out) {
+struct PlanChoice {
+  int64_t n_seq = 1;
+  std::string json;
+};
+
+// `model` is the loaded model, or null when the planner sizes the budget (then the file is only
+// inspected, and args gets the planned --budget).
+int plan_batch(Args& args, moelite_model* model, int32_t n_ctx, int32_t n_batch, int64_t n_requests, PlanChoice* out) {
+  const std::string path = args.has("-m") ? args.get("-m") : args.get("--model");
+  std::string err;
+  SizeArg memory, headroom;
+  double storage_gbs = 0;
+  if ((args.has("--memory") && (!parse_size("--memory", args.get("--memory"), &memory, &err) || memory.percent)) ||
+      (args.has("--budget-headroom") &&
+       (!parse_size("--budget-headroom", args.get("--budget-headroom"), &headroom, &err) || headroom.percent)) ||
+      !args.get_double("--storage-gbs", 0.0, &storage_gbs, &err))
+    return usage_error(err.empty() ? "--memory and --budget-headroom take sizes in bytes (2GiB), not shares" : err);
+  if (storage_gbs < 0) return usage_error("--storage-gbs must be > 0");
+  moelite_model* inspected = nullptr;
+  if (!model) {
+    moelite_status st = moelite_model_inspect(path.c_str(), &inspected);
+    if (st != MOELITE_OK) return report(st, ("reading " + path).c_str());
+  }
+  std::unique_ptr<moelite_model, void (*)(moelite_model*)> inspected_guard(inspected, moelite_model_free);
+  const moelite_model* subject = model ? model : inspected;
+  const bool streams = !model || moelite_model_get(model, MOELITE_MODEL_EXPERT_BUDGET) > 0;
+  if (streams && storage_gbs <= 0) storage_gbs = measure_storage_bandwidth(path, kStorageProbeBytes, 2);
+  if (streams && storage_gbs <= 0) return report(MOELITE_ERR_IO, ("measuring the read bandwidth of " + path).c_str());
+
+  moelite_plan_params* pp = moelite_plan_params_create();
   moelite_context_params* cp = moelite_context_params_create();
-  moelite_context* probe = nullptr;
-  moelite_status st = moelite_context_params_set_n_ctx(cp, n_ctx);
-  if (st == MOELITE_OK) st = moelite_context_create(model, cp, &probe);
-  moelite_context_params_free(cp);
-  if (st != MOELITE_OK) return report(st, "creating context");
-  const uint64_t kv = moelite_context_kv_bytes(probe);  // one sequence's cache
-  moelite_context_free(probe);
-  const int64_t room = moelite_platform_get(MOELITE_PLATFORM_MEM_AVAILABLE_BYTES);
-  int64_t by_memory = kAutoMaxSequences;
-  if (room > 0 && kv > 0) by_memory = static_cast<int64_t>(static_cast<double>(room) * 0.9 / static_cast<double>(kv));
-  *out = std::max<int64_t>(1, std::min({n_requests, kAutoMaxSequences, by_memory}));
-  fprintf(stderr, "moelite batch: %" PRId64 " sequences at once (%" PRId64 " requests, at most %" PRId64
-          ", KV cache %.1f MiB each, %.0f MiB free)\n", *out, n_requests, kAutoMaxSequences, kv / 1048576.0,
-          room > 0 ? room / 1048576.0 : -1.0);
+  std::unique_ptr<moelite_plan_params, void (*)(moelite_plan_params*)> pp_guard(pp, moelite_plan_params_free);
+  std::unique_ptr<moelite_context_params, void (*)(moelite_context_params*)> cp_guard(cp, moelite_context_params_free);
+  if (!pp || !cp) return report(MOELITE_ERR_OUT_OF_MEMORY, "planning");
+  moelite_status st = moelite_plan_params_set_max_sequences(
+      pp, static_cast<int32_t>(std::max<int64_t>(1, std::min(n_requests, kAutoMaxSequences))));
+  if (st == MOELITE_OK && args.has("--memory")) st = moelite_plan_params_set_memory(pp, static_cast<uint64_t>(memory.value));
+  if (st == MOELITE_OK && args.has("--budget-headroom"))
+    st = moelite_plan_params_set_headroom(pp, static_cast<uint64_t>(headroom.value));
+  if (st == MOELITE_OK) st = moelite_plan_params_set_bandwidths(pp, streams ? storage_gbs : 0.0, 0.0);
+  // The pools: as the user set them (a profile's "auto" is its per-layer DP allocation), else the plan's.
+  const bool pools_given = args.has("--allocation") || args.has("--per-layer") || args.has("--profile");
+  if (st == MOELITE_OK && pools_given)
+    st = moelite_plan_params_set_cache_allocation(
+        pp, args.has("--allocation") && args.get("--allocation") != "auto" ? args.get("--allocation").c_str() : "uniform");
+  if (st == MOELITE_OK) st = moelite_context_params_set_n_ctx(cp, n_ctx);
+  if (st == MOELITE_OK) st = moelite_context_params_set_n_batch(cp, n_batch);
+  moelite_batch_plan* plan = nullptr;
+  if (st == MOELITE_OK) st = moelite_plan_batch(subject, cp, pp, &plan);
+  if (st != MOELITE_OK) return report(st, "planning the batch");
+  std::unique_ptr<moelite_batch_plan, void (*)(moelite_batch_plan*)> plan_guard(plan, moelite_batch_plan_free);
+  out->n_seq = moelite_batch_plan_get(plan, MOELITE_PLAN_N_SEQ);
+  out->json = moelite_batch_plan_json(plan);
+  const double mib = 1048576.0;
+  if (!model) {  // the planner sized the budget: the model loads with it
+    args.set("--budget", std::to_string(moelite_batch_plan_get(plan, MOELITE_PLAN_EXPERT_BUDGET)));
+    args.erase("--budget-headroom");
+    if (!pools_given) args.set("--allocation", moelite_batch_plan_allocation(plan));
+  }
+  const double tok_s = moelite_batch_plan_decode_tok_s(plan);
+  char predicted[64] = "";
+  if (tok_s > 0) snprintf(predicted, sizeof predicted, ", predicted %.1f tok/s", tok_s);
+  fprintf(stderr,
+          "moelite batch: %" PRId64 " sequence%s at once (of %" PRId64 " requests; KV caches %.1f MiB, experts %.1f MiB, "
+          "%s pools, within %.1f MiB%s%s): %s\n",
+          out->n_seq, out->n_seq == 1 ? "" : "s", n_requests, moelite_batch_plan_get(plan, MOELITE_PLAN_KV_BYTES) / mib,
+          moelite_batch_plan_get(plan, MOELITE_PLAN_EXPERT_BUDGET) / mib, moelite_batch_plan_allocation(plan),
+          moelite_batch_plan_get(plan, MOELITE_PLAN_MEMORY) / mib,
+          predicted, streams ? (", storage " + std::to_string(storage_gbs).substr(0, 5) + " GB/s").c_str() : "",
+          moelite_batch_plan_reason(plan));
   return 0;
 }
 
@@ -178,13 +239,34 @@ int cmd_batch(int argc, char** argv) {
     return usage_error(err);
   std::string input;
   if (!read_file(args.get("-f"), &input)) return usage_error("cannot read '" + args.get("-f") + "'");
-  FILE* out = stdout;
-  if (args.has("-o")) {
+  if (args.has("--plan") && !auto_seq) return usage_error("--plan goes with --n-seq auto");
+  if ((args.has("--memory") || args.has("--storage-gbs")) && !auto_seq)
+    return usage_error("--memory and --storage-gbs go with --n-seq auto");
+  FILE* out = stdout;  // --plan writes nothing but the plan, to standard output
+  if (args.has("-o") && !args.has("--plan")) {
     out = fopen(args.get("-o").c_str(), "w");
     if (!out) return usage_error("cannot write '" + args.get("-o") + "'");
   }
   std::unique_ptr<FILE, int (*)(FILE*)> out_guard(out == stdout ? nullptr : out, fclose);
-
+  // Requests are counted before loading, so that the planner knows how many sequences could run.
+  int64_t n_lines = 0;
+  for (size_t pos = 0; pos < input.size();) {
+    size_t end = input.find('\n', pos);
+    if (end == std::string::npos) end = input.size();
+    if (input.substr(pos, end - pos).find_first_not_of(" \t\r") != std::string::npos) ++n_lines;
+    pos = end + 1;
+  }
+  // With --budget auto, the planner sizes the expert budget before the model loads.
+  PlanChoice plan;
+  const bool plan_budget = auto_seq && args.get("--budget") == "auto";
+  if (plan_budget) {
+    if (int rc = plan_batch(args, nullptr, static_cast<int32_t>(n_ctx), static_cast<int32_t>(n_batch), n_lines, &plan))
+      return rc;
+  }
+  if (plan_budget && args.has("--plan")) {
+    printf("%s\n", plan.json.c_str());
+    return finish_output(0);
+  }
   moelite_model* model = nullptr;
   if (int rc = load_model(args, &model)) return rc;
   std::unique_ptr<moelite_model, void (*)(moelite_model*)> model_guard(model, moelite_model_free);
@@ -202,10 +284,16 @@ int cmd_batch(int argc, char** argv) {
     requests.push_back(read_request(model, line, static_cast<int64_t>(requests.size()), static_cast<int32_t>(max_tokens)));
   }
 
-  if (auto_seq) {
-    if (int rc = plan_sequences(model, static_cast<int32_t>(n_ctx), static_cast<int64_t>(requests.size()), &n_seq))
+  if (auto_seq && !plan_budget) {
+    if (int rc = plan_batch(args, model, static_cast<int32_t>(n_ctx), static_cast<int32_t>(n_batch),
+                            static_cast<int64_t>(requests.size()), &plan))
       return rc;
+    if (args.has("--plan")) {
+      printf("%s\n", plan.json.c_str());
+      return finish_output(0);
+    }
   }
+  if (auto_seq) n_seq = plan.n_seq;
   moelite_context_params* cp = moelite_context_params_create();
   moelite_status st = moelite_context_params_set_n_ctx(cp, static_cast<int32_t>(n_ctx));
   if (st == MOELITE_OK) st = moelite_context_params_set_n_batch(cp, static_cast<int32_t>(n_batch));

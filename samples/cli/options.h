@@ -58,6 +58,10 @@ class Args {
   // "007" parse but are not JSON numbers); `fallback` when absent or not a number (for options
   // that load_model has already checked).
   std::string json_number(const std::string& name, double fallback) const;
+  // Replaces every value of an option with `value` (a command deciding an option for the user,
+  // such as moelite batch's planned --budget); erase() removes it.
+  void set(const std::string& name, const std::string& value) { values_[name] = {value}; }
+  void erase(const std::string& name) { values_.erase(name); }
 
  private:
   std::map<std::string, std::vector<std::string>> values_;

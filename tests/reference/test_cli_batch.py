@@ -113,3 +113,69 @@ def test_run_reuses_a_saved_session():
         f.write(bytes([b[0] ^ 0xFF]))
     bad = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "MOELITE_ERR_BAD_SESSION" in bad.stderr, bad.stderr
+
+
+def model_info():
+    r = subprocess.run([BIN, "info", "-m", MODEL, "--json"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+PLAN_ARGS = ["--budget", "auto", "--memory", "11MiB", "--budget-headroom", "1MiB", "--storage-gbs", "2"]
+
+
+def test_plan_gives_each_sequence_kv_memory_the_experts_lose():
+    """--n-seq auto with --budget auto: the planner splits the memory between the sequences' KV
+    caches and the expert cache. Checked against the model's shape from its metadata: each
+    sequence's cache is n_ctx x kv_bytes_per_token (all layers attend fully in this model), and
+    every further sequence takes exactly that from the experts' budget, down to the store's
+    minimum working set, below which a row does not fit."""
+    info = model_info()
+    kv = 256 * info["n_layers"] * 2 * info["n_head_kv"] * info["head_dim"] * 4
+    assert kv == 256 * info["kv_bytes_per_token"]
+    r = subprocess.run([BIN, "batch", "-m", MODEL, "-f", write_requests(), "-c", "256", "-b", "16", "--plan",
+                        *PLAN_ARGS], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["memory_bytes"] == 11 << 20 and plan["headroom_bytes"] == 1 << 20
+    assert plan["kv_bytes_per_sequence"] == kv and plan["dense_bytes"] == info["dense_bytes"]
+    rows = plan["rows"]
+    assert [row["n_seq"] for row in rows] == list(range(1, 9))  # one per request line
+    left = [plan["memory_bytes"] - plan["dense_bytes"] - plan["context_base_bytes"] - row["n_seq"] * kv -
+            plan["headroom_bytes"] for row in rows]
+    for row, room in zip(rows, left):
+        assert row["kv_bytes"] == row["n_seq"] * kv
+        minimum = info["expert_min_budget"] * (info["n_layers"] if row["allocation"] == "uniform" else 1)
+        assert row["fits"] == (room >= minimum)
+        if row["fits"]:
+            assert row["expert_budget_bytes"] == room
+    assert rows[0]["fits"] and not rows[-1]["fits"]
+    chosen = rows[plan["n_seq"] - 1]
+    assert chosen["fits"] and plan["expert_budget_bytes"] == chosen["expert_budget_bytes"]
+    # The plan is the best predicted row, or the fewest sequences within 5 % of it.
+    best = max(row["decode_tok_s"] for row in rows if row["fits"])
+    assert chosen["decode_tok_s"] >= 0.95 * best
+    assert all(row["decode_tok_s"] < 0.95 * best for row in rows[:plan["n_seq"] - 1] if row["fits"])
+
+
+def test_a_planned_batch_runs_with_its_budget_and_stays_exact():
+    out = os.path.join(TMP, "out-plan.jsonl")
+    r = subprocess.run([BIN, "batch", "-m", MODEL, "-t", "2", "-f", write_requests(), "-o", out, "-c", "256", "-b", "16",
+                        "--temp", "0.8", "--seed", "11", "--verbose", *PLAN_ARGS], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert " at once (of 8 requests" in r.stderr, r.stderr
+    planned = [json.loads(line) for line in open(out)]
+    assert planned == batch(1)  # resident, one at a time: the budget and the batch change nothing
+
+
+def test_a_plan_that_cannot_fit_says_why():
+    r = subprocess.run([BIN, "batch", "-m", MODEL, "-f", write_requests(), "-c", "256", "--plan", "--budget", "auto",
+                        "--memory", "3MiB", "--budget-headroom", "1MiB", "--storage-gbs", "2"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode != 0 and r.stdout == ""
+    assert "batch plan: 3145728 bytes of memory" in r.stderr and "dense weights" in r.stderr, r.stderr
+    for args in (["--plan"], ["--memory", "1GiB"], ["--storage-gbs", "2"]):
+        r = subprocess.run([BIN, "batch", "-m", MODEL, "-f", write_requests(), "--n-seq", "2", *args],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "--n-seq auto" in r.stderr, r.stderr

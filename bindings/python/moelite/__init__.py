@@ -686,6 +686,43 @@ class Model:
             _c.moelite_calibrate_params_free(params)
             del progress_ref, box
 
+    def plan_batch(self, n_ctx: Optional[int] = None, n_batch: Optional[int] = None, max_sequences: int = 16,
+                   memory: int = 0, headroom: int = 0, expert_budget: Union[str, int] = "auto",
+                   storage_gb_s: float = 0.0, compute_gb_s: float = 0.0) -> dict:
+        """How many sequences to decode together and how much memory the experts get
+        (moelite_plan_batch), as a dict: n_seq, expert_budget_bytes, kv_bytes, lookahead,
+        predicted_decode_tok_s, reason, the inputs and a row per candidate 1..max_sequences.
+        On an inspected model the planner sizes the budget (expert_budget "auto"), or plans the
+        sequences for a fixed budget in bytes, or "resident"; a loaded model keeps its own.
+        memory: 0 for the room now; headroom: 0 for max(64 MiB, 10 %). storage_gb_s is needed
+        unless resident. Raises MoeliteError ERR_INVALID_ARGUMENT (bad values, no storage
+        bandwidth), ERR_BUDGET_TOO_SMALL (not one sequence fits)."""
+        budget = {"auto": 0, "resident": (1 << 64) - 1}.get(expert_budget, expert_budget)
+        if not isinstance(budget, int):
+            raise ValueError('expert_budget is "auto", "resident" or bytes')
+        params = _c.moelite_plan_params_create()
+        cparams = _c.moelite_context_params_create()
+        plan = ctypes.c_void_p()
+        try:
+            if not params or not cparams:
+                raise MemoryError("creating plan parameters failed")
+            _check(_c.moelite_plan_params_set_max_sequences(params, int(max_sequences)))
+            _check(_c.moelite_plan_params_set_memory(params, int(memory)))
+            _check(_c.moelite_plan_params_set_headroom(params, int(headroom)))
+            _check(_c.moelite_plan_params_set_expert_budget(params, budget))
+            _check(_c.moelite_plan_params_set_bandwidths(params, float(storage_gb_s), float(compute_gb_s)))
+            if n_ctx is not None:
+                _check(_c.moelite_context_params_set_n_ctx(cparams, int(n_ctx)))
+            if n_batch is not None:
+                _check(_c.moelite_context_params_set_n_batch(cparams, int(n_batch)))
+            _check(_c.moelite_plan_batch(self._handle(), cparams, params, ctypes.byref(plan)))
+            return json.loads(_c.moelite_batch_plan_json(plan).decode())
+        finally:
+            if plan:
+                _c.moelite_batch_plan_free(plan)
+            _c.moelite_context_params_free(cparams)
+            _c.moelite_plan_params_free(params)
+
     # ---- lifetime ----
     def _handle(self) -> int:
         if not self._ptr:

@@ -1,0 +1,93 @@
+"""The batch planner through the binding (moelite_plan_batch): the memory split between the
+sequences' KV caches and the expert cache, checked against the model's own sizes (metadata, the
+loaded store's pool) and the arithmetic of include/moelite.h, not against the planner's output
+alone; and its refusals.
+
+Uses the shipped model (models/moelite-tiny-qwen3moe-Q8_0.gguf)."""
+import math
+
+import pytest
+
+from support import MODEL
+
+import moelite  # noqa: E402
+
+MiB = 1 << 20
+N_CTX = 256
+
+
+def kv_per_sequence(m):
+    return N_CTX * m.n_layers * 2 * m.n_head_kv * m.head_dim * 4  # f32 keys and values, every layer
+
+
+def test_an_inspected_model_gets_its_budget_sized():
+    with moelite.Model.inspect(MODEL) as m:
+        p = m.plan_batch(n_ctx=N_CTX, n_batch=16, max_sequences=6, memory=11 * MiB, headroom=MiB, storage_gb_s=2.0)
+        kv = kv_per_sequence(m)
+        assert p["kv_bytes_per_sequence"] == kv
+        for row in p["rows"]:
+            room = 11 * MiB - m.dense_bytes - p["context_base_bytes"] - row["n_seq"] * kv - MiB
+            # A pool per layer needs the minimum working set in every layer.
+            minimum = m.expert_min_budget * (m.n_layers if row["allocation"] == "uniform" else 1)
+            assert row["fits"] == (room >= minimum)
+            if row["fits"]:
+                assert row["expert_budget_bytes"] == room
+                # Routed uniformly, k of E experts per token: E (1 - (1 - k/E)^n) distinct a layer.
+                E, k = m.n_experts, m.n_experts_used
+                assert math.isclose(row["distinct_experts_per_layer"], E * (1 - (1 - k / E) ** row["n_seq"]),
+                                    rel_tol=1e-3)
+        assert p["expert_budget_bytes"] == p["rows"][p["n_seq"] - 1]["expert_budget_bytes"]
+
+
+def test_a_loaded_model_keeps_its_budget_and_counts_its_untouched_pool():
+    """The pool of a freshly loaded model is allocated but not yet touched, so the room the
+    system reports does not show it; the plan must count the whole pool all the same. The
+    model's pools are its own: per layer here, so every row keeps the cache's share of hits."""
+    with moelite.Model(MODEL, threads=2, expert_budget=4 * MiB, allocation="uniform") as m:
+        pool = m.expert_pool_bytes
+        assert 0 < pool <= 4 * MiB
+        kv = kv_per_sequence(m)
+        p = m.plan_batch(n_ctx=N_CTX, n_batch=16, max_sequences=8, memory=16 * MiB, headroom=MiB, storage_gb_s=2.0)
+        assert p["fixed_budget"] and p["expert_budget_bytes"] == pool and p["allocation"] == "uniform"
+        fit = [r["n_seq"] for r in p["rows"] if r["fits"]]
+        most = (16 * MiB - m.dense_bytes - p["context_base_bytes"] - MiB - pool) // kv
+        assert fit == list(range(1, min(8, most) + 1))
+        share = (m.expert_slots - m.n_layers) / (m.n_layers * m.n_experts)  # one reserve slot a layer
+        assert all(math.isclose(r["hit_share"], share, rel_tol=1e-3) for r in p["rows"])
+
+
+def test_one_global_pool_that_a_step_outgrows_is_predicted_to_hit_nothing():
+    with moelite.Model(MODEL, threads=2, expert_budget=4 * MiB, allocation="global") as m:
+        p = m.plan_batch(n_ctx=N_CTX, n_batch=16, max_sequences=8, memory=64 * MiB, headroom=MiB, storage_gb_s=2.0)
+        assert p["allocation"] == "global"
+        for r in p["rows"]:
+            step = m.n_layers * r["distinct_experts_per_layer"]  # experts a decode step of n sequences uses
+            assert (r["hit_share"] == 0) == (step > m.expert_slots - 1), r
+        assert any(r["hit_share"] == 0 for r in p["rows"]) and p["rows"][0]["hit_share"] > 0
+
+
+def test_resident_counts_only_the_contexts():
+    with moelite.Model.inspect(MODEL) as m:
+        kv = kv_per_sequence(m)
+        base = m.plan_batch(n_ctx=N_CTX, n_batch=16, expert_budget="resident", max_sequences=1)["context_base_bytes"]
+        p = m.plan_batch(n_ctx=N_CTX, n_batch=16, expert_budget="resident", max_sequences=8,
+                         memory=base + 3 * kv + MiB, headroom=MiB)
+        assert p["resident"] and p["n_seq"] == 3 and p["expert_budget_bytes"] == 0
+        assert [r["fits"] for r in p["rows"]] == [True] * 3 + [False] * 5
+
+
+def test_refusals():
+    with moelite.Model.inspect(MODEL) as m:
+        for kwargs in (dict(storage_gb_s=0.0), dict(storage_gb_s=float("nan")), dict(storage_gb_s=-1.0),
+                       dict(storage_gb_s=2.0, max_sequences=0), dict(storage_gb_s=2.0, max_sequences=257)):
+            with pytest.raises(moelite.MoeliteError) as e:
+                m.plan_batch(n_ctx=N_CTX, **kwargs)
+            assert e.value.status == moelite.Status.ERR_INVALID_ARGUMENT, kwargs
+        with pytest.raises(moelite.MoeliteError) as e:
+            m.plan_batch(n_ctx=N_CTX, memory=3 * MiB, headroom=MiB, storage_gb_s=2.0)
+        assert e.value.status == moelite.Status.ERR_BUDGET_TOO_SMALL
+        assert "3145728 bytes of memory" in str(e.value)
+    with moelite.Model(MODEL, vocab_only=True) as v:
+        with pytest.raises(moelite.MoeliteError) as e:
+            v.plan_batch(storage_gb_s=2.0)
+        assert e.value.status == moelite.Status.ERR_INVALID_ARGUMENT

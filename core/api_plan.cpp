@@ -1,0 +1,227 @@
+// The C API's batch planner: argument checks, the planner's inputs read from a model (inspected
+// or loaded) and the platform, and the plan handle. The arithmetic is core/batch_plan.cpp's.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/adaptive/setup.h"
+#include "core/api_internal.h"
+#include "core/batch_plan.h"
+#include "core/budget_auto.h"
+#include "core/context.h"
+#include "core/expert_store/expert_store.h"
+#include "core/model.h"
+#include "core/runtime.h"
+#include "moelite.h"
+#include "platforms/system_info.h"
+
+using moelite::fail;
+using moelite::api::guarded;
+using moelite::api::null_arg;
+
+struct moelite_plan_params {
+  int32_t max_sequences = 16;
+  uint64_t memory = 0;        // 0: the room now
+  uint64_t headroom = 0;      // 0: budget auto's default
+  uint64_t expert_budget = 0;  // MOELITE_PLAN_BUDGET_AUTO (0), MOELITE_PLAN_RESIDENT or bytes
+  double storage_gb_s = 0;
+  double compute_gb_s = 0;
+  moelite::CachePools pools = moelite::CachePools::kChoose;
+};
+
+struct moelite_batch_plan {
+  moelite::BatchPlanInputs inputs;
+  moelite::BatchPlan plan;
+  std::string json;
+};
+
+namespace {
+
+constexpr double kMaxBandwidthGbs = 1e6;  // a petabyte per second: beyond any device, refused as absurd
+
+moelite_status check_bandwidth(const char* fn, const char* what, double gbs) {
+  if (!(gbs >= 0) || gbs > kMaxBandwidthGbs)  // NaN fails the first test
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: %s bandwidth %g GB/s is outside 0..%g", fn, what, gbs, kMaxBandwidthGbs);
+  return MOELITE_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+MOELITE_API moelite_plan_params* moelite_plan_params_create(void) { return new (std::nothrow) moelite_plan_params; }
+MOELITE_API void moelite_plan_params_free(moelite_plan_params* params) { delete params; }
+
+MOELITE_API moelite_status moelite_plan_params_set_max_sequences(moelite_plan_params* p, int32_t n) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (n < 1 || n > MOELITE_MAX_SEQUENCES)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: %d sequences is outside 1..%d", api_fn, n, MOELITE_MAX_SEQUENCES);
+    p->max_sequences = n;
+    return MOELITE_OK;
+  });
+}
+
+MOELITE_API moelite_status moelite_plan_params_set_memory(moelite_plan_params* p, uint64_t bytes) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (bytes > MOELITE_MAX_BUDGET_HEADROOM)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: %llu bytes is above 2^62", api_fn, (unsigned long long)bytes);
+    p->memory = bytes;
+    return MOELITE_OK;
+  });
+}
+
+MOELITE_API moelite_status moelite_plan_params_set_headroom(moelite_plan_params* p, uint64_t bytes) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (bytes > MOELITE_MAX_BUDGET_HEADROOM)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: %llu bytes is above 2^62", api_fn, (unsigned long long)bytes);
+    p->headroom = bytes;
+    return MOELITE_OK;
+  });
+}
+
+MOELITE_API moelite_status moelite_plan_params_set_expert_budget(moelite_plan_params* p, uint64_t bytes) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (bytes > MOELITE_MAX_BUDGET_HEADROOM && bytes != MOELITE_PLAN_RESIDENT)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: %llu bytes is above 2^62", api_fn, (unsigned long long)bytes);
+    p->expert_budget = bytes;
+    return MOELITE_OK;
+  });
+}
+
+MOELITE_API moelite_status moelite_plan_params_set_cache_allocation(moelite_plan_params* p, const char* allocation) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (!allocation) return null_arg(api_fn, "allocation");
+    const std::string a = allocation;
+    if (a == "auto") p->pools = moelite::CachePools::kChoose;
+    else if (a == "global") p->pools = moelite::CachePools::kGlobal;
+    else if (a == "uniform" || a == "dp") p->pools = moelite::CachePools::kPerLayer;
+    else
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: '%s' is not auto, global, uniform or dp", api_fn, allocation);
+    return MOELITE_OK;
+  });
+}
+
+MOELITE_API moelite_status moelite_plan_params_set_bandwidths(moelite_plan_params* p, double storage_gb_per_s,
+                                                              double compute_gb_per_s) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    MOELITE_TRY(check_bandwidth(api_fn, "storage", storage_gb_per_s));
+    MOELITE_TRY(check_bandwidth(api_fn, "compute", compute_gb_per_s));
+    p->storage_gb_s = storage_gb_per_s;
+    p->compute_gb_s = compute_gb_per_s;
+    return MOELITE_OK;
+  });
+}
+
+MOELITE_API moelite_status moelite_plan_batch(const moelite_model* model, const moelite_context_params* cparams,
+                                              const moelite_plan_params* pparams, moelite_batch_plan** out) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!model) return null_arg(api_fn, "model");
+    if (!out) return null_arg(api_fn, "out_plan");
+    *out = nullptr;
+    const moelite::Model& m = *model->impl;
+    if (m.vocab_only) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: a vocabulary-only model has no weights to plan for", api_fn);
+    if (m.hp.n_expert <= 0 || m.hp.n_moe_layers() <= 0)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: the model has no routed experts", api_fn);
+    const moelite_plan_params defaults;
+    const moelite_plan_params& pp = pparams ? *pparams : defaults;
+    moelite::ContextOptions co = cparams ? cparams->opts : moelite::ContextOptions{};
+    co.n_seq = 1;
+    const uint64_t one = moelite::Context::estimate_bytes(m.hp, co);
+    co.n_seq = 2;
+    const uint64_t kv = moelite::Context::estimate_bytes(m.hp, co) - one;
+
+    const moelite::Runtime* rt = model->runtime.get();
+    const moelite::ExpertStore* store = rt ? rt->store : nullptr;
+    const moelite::ExpertStore::Limits limits = moelite::ExpertStore::limits(m, false);
+    moelite::BatchPlanInputs in;
+    in.context_base = one - kv;
+    in.kv_per_sequence = kv;
+    in.slot_bytes = limits.slot_bytes;
+    in.minimum_budget = limits.minimum;
+    in.minimum_per_layer = moelite::ExpertStore::limits(m, true).minimum;
+    in.pools = pp.pools;
+    in.all_experts = limits.cap;
+    in.n_moe_layers = m.hp.n_moe_layers();
+    in.n_expert = m.hp.n_expert;
+    in.n_expert_used = m.hp.n_expert_used;
+    in.max_sequences = pp.max_sequences;
+    in.storage_bytes_per_s = pp.storage_gb_s * 1e9;
+    in.compute_bytes_per_s = pp.compute_gb_s * 1e9;
+    const uint64_t room_now = moelite::platform::read_memory_info().room_bytes();
+    if (rt) {
+      // A loaded model: its budget is what it is. The room now already counts the dense weights
+      // and the pool's slots that have held an expert; the rest of the pool is allocated but not
+      // yet touched, so it is taken from the room here, not found missing later.
+      in.resident = store == nullptr;
+      in.dense = in.resident ? 0 : m.dense_bytes;
+      in.fixed_budget = store ? store->pool_bytes() : 0;
+      if (store) in.pools = store->per_layer() ? moelite::CachePools::kPerLayer : moelite::CachePools::kGlobal;
+      in.memory = pp.memory > 0 ? pp.memory
+                                : room_now + (in.resident ? 0 : m.dense_bytes + (store ? store->peak_bytes() : 0));
+    } else {
+      in.resident = pp.expert_budget == MOELITE_PLAN_RESIDENT;
+      in.dense = in.resident ? 0 : m.dense_bytes;
+      in.fixed_budget = in.resident ? 0 : pp.expert_budget;
+      in.memory = pp.memory > 0 ? pp.memory : room_now;
+    }
+    in.headroom = pp.headroom > 0 ? pp.headroom : std::max(moelite::kMinAutoHeadroom, in.memory / 10);
+    if (!in.resident && !(in.storage_bytes_per_s > 0))
+      return fail(MOELITE_ERR_INVALID_ARGUMENT,
+                  "%s: experts stream from storage under a budget: set its read bandwidth "
+                  "(moelite_plan_params_set_bandwidths; `moelite info --storage` measures it)",
+                  api_fn);
+    std::unique_ptr<moelite_batch_plan> plan(new moelite_batch_plan);
+    plan->inputs = in;
+    MOELITE_TRY(moelite::plan_batch(in, &plan->plan));
+    plan->json = moelite::batch_plan_json(in, plan->plan);
+    *out = plan.release();
+    return MOELITE_OK;
+  });
+}
+
+MOELITE_API int64_t moelite_batch_plan_get(const moelite_batch_plan* plan, moelite_batch_plan_key key) {
+  if (!plan) return -1;
+  switch (key) {
+    case MOELITE_PLAN_N_SEQ: return plan->plan.n_seq;
+    case MOELITE_PLAN_EXPERT_BUDGET: return static_cast<int64_t>(plan->plan.expert_budget);
+    case MOELITE_PLAN_KV_BYTES: return static_cast<int64_t>(plan->plan.kv_bytes);
+    case MOELITE_PLAN_LOOKAHEAD: return plan->plan.lookahead;
+    case MOELITE_PLAN_MEMORY: return static_cast<int64_t>(plan->inputs.memory);
+    case MOELITE_PLAN_HEADROOM: return static_cast<int64_t>(plan->inputs.headroom);
+  }
+  return -1;
+}
+
+MOELITE_API double moelite_batch_plan_decode_tok_s(const moelite_batch_plan* plan) {
+  return plan ? plan->plan.tok_s : 0.0;
+}
+
+MOELITE_API const char* moelite_batch_plan_allocation(const moelite_batch_plan* plan) {
+  if (!plan) return "";
+  return plan->inputs.resident ? "none" : plan->plan.per_layer ? "uniform" : "global";
+}
+
+MOELITE_API const char* moelite_batch_plan_reason(const moelite_batch_plan* plan) {
+  return plan ? plan->plan.reason.c_str() : "";
+}
+
+MOELITE_API const char* moelite_batch_plan_json(const moelite_batch_plan* plan) {
+  return plan ? plan->json.c_str() : "";
+}
+
+MOELITE_API void moelite_batch_plan_free(moelite_batch_plan* plan) { delete plan; }
+
+}  // extern "C"

@@ -1,0 +1,183 @@
+#include "core/batch_plan.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+
+namespace moelite {
+
+namespace {
+
+// a - b - c ..., saturating at 0.
+uint64_t left_after(uint64_t total, std::initializer_list<uint64_t> takes) {
+  for (uint64_t t : takes) total = total > t ? total - t : 0;
+  return total;
+}
+
+std::string mib(double bytes) {
+  char buf[48];
+  snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
+  return buf;
+}
+
+}  // namespace
+
+double expected_distinct_experts(int32_t n_expert, int32_t n_expert_used, int32_t n_tokens) {
+  if (n_expert <= 0 || n_expert_used <= 0 || n_tokens <= 0) return 0.0;
+  const double miss_one = 1.0 - static_cast<double>(std::min(n_expert_used, n_expert)) / n_expert;
+  return n_expert * (1.0 - std::pow(miss_one, n_tokens));
+}
+
+Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
+  if (in.n_moe_layers <= 0 || in.n_expert <= 0 || in.n_expert_used <= 0 || in.slot_bytes == 0)
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "batch plan: the model has no routed experts to plan for");
+  if (in.max_sequences < 1)
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "batch plan: at most %d sequences; need at least 1", in.max_sequences);
+  if (!in.resident && !(in.storage_bytes_per_s > 0))
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "batch plan: streaming experts needs the storage read bandwidth");
+  if (in.compute_bytes_per_s < 0 || std::isnan(in.compute_bytes_per_s))
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "batch plan: the compute rate must be >= 0");
+
+  const double L = in.n_moe_layers, E = in.n_expert;
+  BatchPlan plan;
+  plan.rows.reserve(static_cast<size_t>(in.max_sequences));
+  int32_t best = -1;           // row index of the best score
+  double best_score = -1.0;
+  for (int32_t n = 1; n <= in.max_sequences; ++n) {
+    BatchPlanRow r;
+    r.n_seq = n;
+    r.kv_bytes = in.kv_per_sequence * static_cast<uint64_t>(n);
+    const uint64_t taken = in.dense + in.context_base + r.kv_bytes + in.headroom;
+    const uint64_t cache_room = in.memory > taken ? in.memory - taken : 0;
+    uint64_t cache_bytes;  // what the experts take in memory
+    if (in.resident) {
+      cache_bytes = 0;  // mapped: the page cache's, not counted (nor are mapped dense weights: pass dense = 0)
+      r.fits = in.memory >= taken;
+    } else if (in.fixed_budget > 0) {
+      cache_bytes = std::min(in.fixed_budget, in.all_experts);
+      r.fits = in.memory >= taken && cache_room >= cache_bytes;
+    } else {
+      cache_bytes = std::min(cache_room, in.all_experts);
+    }
+    r.expert_budget = in.resident ? 0 : cache_bytes;
+    const double slots = std::floor(static_cast<double>(cache_bytes) / static_cast<double>(in.slot_bytes));
+    r.distinct_experts = expected_distinct_experts(in.n_expert, in.n_expert_used, n);
+    // One global pool where a step's experts fit in it (or where the caller says so), else a pool per layer.
+    const bool step_fits_globally = slots - 1.0 >= L * r.distinct_experts;
+    r.per_layer = !in.resident && (in.pools == CachePools::kPerLayer ||
+                                   (in.pools == CachePools::kChoose && !step_fits_globally));
+    const double reserve_slots = r.per_layer ? L : 1.0;
+    r.cache_share = in.resident ? 1.0 : std::clamp((slots - reserve_slots) / (L * E), 0.0, 1.0);
+    r.hit_share = r.per_layer || step_fits_globally || in.resident ? r.cache_share : 0.0;
+    if (!in.resident && in.fixed_budget == 0)
+      r.fits = in.memory >= taken && cache_bytes >= (r.per_layer ? in.minimum_per_layer : in.minimum_budget);
+    const double step_expert_bytes = L * r.distinct_experts * static_cast<double>(in.slot_bytes);
+    r.read_bytes = step_expert_bytes * (1.0 - r.hit_share);
+    r.step_seconds = (r.read_bytes > 0 ? r.read_bytes / in.storage_bytes_per_s : 0.0) +
+                     (in.compute_bytes_per_s > 0 ? (static_cast<double>(in.dense) + step_expert_bytes) / in.compute_bytes_per_s
+                                                 : 0.0);
+    r.tok_s = r.step_seconds > 0 ? n / r.step_seconds : 0.0;
+    plan.rows.push_back(r);
+    if (!r.fits) continue;
+    // Nothing to time (no reads, no compute rate): more sequences share more, so larger n scores higher.
+    const double score = r.step_seconds > 0 ? r.tok_s : 1e300 * (n / static_cast<double>(in.max_sequences));
+    if (score > best_score) {
+      best_score = score;
+      best = n - 1;
+    }
+  }
+  if (best < 0) {
+    const BatchPlanRow& one = plan.rows.front();
+    return fail(MOELITE_ERR_BUDGET_TOO_SMALL,
+                "batch plan: %" PRIu64 " bytes of memory - %" PRIu64 " dense weights - %" PRIu64
+                " context scratch - %" PRIu64 " KV cache of one sequence - %" PRIu64 " headroom leave %" PRIu64
+                " bytes for experts; they need %" PRIu64,
+                in.memory, in.dense, in.context_base, one.kv_bytes, in.headroom,
+                left_after(in.memory, {in.dense, in.context_base, one.kv_bytes, in.headroom}),
+                in.resident ? 0 : in.fixed_budget > 0 ? in.fixed_budget : in.minimum_budget);
+  }
+  // The fewest sequences within kNearBest of the best.
+  int32_t chosen = best;
+  if (plan.rows[static_cast<size_t>(best)].tok_s > 0)
+    for (int32_t i = 0; i < best; ++i) {
+      const BatchPlanRow& r = plan.rows[static_cast<size_t>(i)];
+      if (r.fits && r.tok_s >= (1.0 - kNearBest) * plan.rows[static_cast<size_t>(best)].tok_s) {
+        chosen = i;
+        break;
+      }
+    }
+  const BatchPlanRow& c = plan.rows[static_cast<size_t>(chosen)];
+  plan.n_seq = c.n_seq;
+  plan.expert_budget = c.expert_budget;
+  plan.kv_bytes = c.kv_bytes;
+  plan.tok_s = c.tok_s;
+  plan.per_layer = c.per_layer;
+  const double compute_seconds =
+      in.compute_bytes_per_s > 0
+          ? (static_cast<double>(in.dense) + L * c.distinct_experts * static_cast<double>(in.slot_bytes)) / in.compute_bytes_per_s
+          : 0.0;
+  const double read_seconds = c.read_bytes > 0 ? c.read_bytes / in.storage_bytes_per_s : 0.0;
+  plan.lookahead = read_seconds > 0 && compute_seconds > 0 && read_seconds <= compute_seconds ? 1 : 0;
+
+  std::string why;
+  if (c.n_seq == in.max_sequences)
+    why = "all " + std::to_string(in.max_sequences) + " sequences asked for fit";
+  else if (chosen != best)
+    why = std::to_string(c.n_seq) + " sequences are within " + std::to_string(int(kNearBest * 100)) +
+          " % of the best predicted throughput (" + std::to_string(best + 1) + ")";
+  else if (!plan.rows[static_cast<size_t>(chosen) + 1].fits)
+    why = "no more sequences' KV caches fit in the memory";
+  else
+    why = "more sequences' KV caches would shrink the expert cache more than they share reads";
+  if (!in.resident && in.pools == CachePools::kChoose)
+    why += c.per_layer ? "; a pool per layer: a step's experts outnumber the slots, and one LRU pool would evict each "
+                         "layer's experts before the next step reuses them"
+                       : "; one global pool: a step's experts fit in it";
+  if (!in.resident && in.fixed_budget == 0)
+    why += "; experts get " + mib(static_cast<double>(c.expert_budget)) + " (" +
+           std::to_string(static_cast<int>(std::lround(c.cache_share * 100))) + " % of them)";
+  if (read_seconds > 0)
+    why += compute_seconds <= 0 ? "; lookahead 0: no compute rate to compare reads with"
+           : plan.lookahead ? "; lookahead 1: a step's reads fit behind its computation"
+                            : "; lookahead 0: a step's reads take longer than its computation, guesses would add reads";
+  plan.reason = why;
+  *out = std::move(plan);
+  return MOELITE_OK;
+}
+
+std::string batch_plan_json(const BatchPlanInputs& in, const BatchPlan& plan) {
+  std::string s;
+  char buf[512];
+  snprintf(buf, sizeof buf,
+           "{\"n_seq\": %d, \"expert_budget_bytes\": %" PRIu64 ", \"kv_bytes\": %" PRIu64
+           ", \"lookahead\": %d, \"allocation\": \"%s\", \"predicted_decode_tok_s\": %.4g, \"memory_bytes\": %" PRIu64
+           ", \"dense_bytes\": %" PRIu64 ", \"context_base_bytes\": %" PRIu64 ", \"kv_bytes_per_sequence\": %" PRIu64
+           ", \"headroom_bytes\": %" PRIu64 ", \"resident\": %s, \"fixed_budget\": %s, \"storage_gb_s\": %.4g"
+           ", \"compute_gb_s\": %.4g, \"reason\": \"",
+           plan.n_seq, plan.expert_budget, plan.kv_bytes, plan.lookahead,
+           in.resident ? "none" : plan.per_layer ? "uniform" : "global", plan.tok_s, in.memory, in.dense, in.context_base,
+           in.kv_per_sequence, in.headroom, in.resident ? "true" : "false", in.fixed_budget > 0 ? "true" : "false",
+           in.storage_bytes_per_s / 1e9, in.compute_bytes_per_s / 1e9);
+  s += buf;
+  for (char ch : plan.reason) {  // plain text of this file's making: only quotes and backslashes to escape
+    if (ch == '"' || ch == '\\') s += '\\';
+    s += ch;
+  }
+  s += "\", \"rows\": [";
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    const BatchPlanRow& r = plan.rows[i];
+    snprintf(buf, sizeof buf,
+             "%s{\"n_seq\": %d, \"fits\": %s, \"kv_bytes\": %" PRIu64 ", \"expert_budget_bytes\": %" PRIu64
+             ", \"allocation\": \"%s\", \"cache_share\": %.4f, \"hit_share\": %.4f, \"distinct_experts_per_layer\": %.3f, \"read_bytes_per_step\": %.0f"
+             ", \"step_seconds\": %.6g, \"decode_tok_s\": %.4g}",
+             i ? ", " : "", r.n_seq, r.fits ? "true" : "false", r.kv_bytes, r.expert_budget,
+             in.resident ? "none" : r.per_layer ? "uniform" : "global", r.cache_share, r.hit_share,
+             r.distinct_experts, r.read_bytes, r.step_seconds, r.tok_s);
+    s += buf;
+  }
+  s += "]}";
+  return s;
+}
+
+}  // namespace moelite

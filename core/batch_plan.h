@@ -1,0 +1,104 @@
+// The batch planner: how many sequences to decode together, and how to split a memory limit
+// between their KV caches and the expert cache, from the model's shape and measured bandwidths.
+//
+// Under a memory limit the two compete: every sequence's KV cache (n_ctx positions, allocated when
+// the context is made) is memory the expert cache does not get. More sequences share each
+// expert read (a step reads the union of their experts once), but a smaller cache misses more.
+// For each candidate n the planner predicts one decode step of n sequences (one token each):
+//
+//   distinct experts a MoE layer needs   D(n) = E (1 - (1 - k/E)^n)       (independent routing)
+//   share of experts the cache holds     c(n) = min(1, slots(n) / (L E))
+//   share of a step's experts it hits    h(n) = c(n), or 0 for one global LRU pool smaller than
+//                                        the step's L D(n) experts (layers visited in turn are a
+//                                        cyclic scan: each evicts what the next step needs first)
+//   bytes read from storage              R(n) = L D(n) (1 - h(n)) expert_bytes
+//   step time                            T(n) = R(n) / storage_bw + (dense + L D(n) expert_bytes) / compute_bw
+//
+// (the compute term only when a compute rate is given), and aggregate decode n / T(n). Reads are
+// not assumed to overlap computation: measured on this project's machines, a budgeted step's reads
+// take several times its computation, so the sum is the honest model. Routing is taken as uniform:
+// a skewed model hits its cache more often than c(n), for every n alike.
+//
+// The pool layout is chosen with n unless the caller fixes it: one global pool where the step's
+// experts fit in it (the default's behaviour), else per-layer pools ("uniform"), whose quota each
+// layer keeps across steps. The replacement policy is taken to be LRU, the default.
+//
+// It takes the fewest sequences within kNearBest of the best predicted throughput (fewer sequences
+// finish each request sooner and leave memory free). The lookahead (layers predicted ahead: 0 or
+// 1) is 1 only when a step's reads take no longer than its computation, the only case where the
+// reads can hide behind it; where reads dominate, wrong guesses only add bytes (measured in
+// docs/ARCHITECTURE.md, "Many sequences").
+//
+// Pure arithmetic, tested on numbers worked by hand (tests/test_batch_plan.cpp).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace moelite {
+
+// The plan takes the fewest sequences whose predicted throughput is within this share of the best.
+constexpr double kNearBest = 0.05;
+
+enum class CachePools { kChoose, kGlobal, kPerLayer };
+
+struct BatchPlanInputs {
+  uint64_t memory = 0;            // bytes for everything below (the room, or the caller's limit)
+  uint64_t dense = 0;             // non-expert weights as they sit in memory
+  uint64_t context_base = 0;      // a context's bytes that do not grow with sequences (activations)
+  uint64_t kv_per_sequence = 0;   // one sequence's KV cache at the planned n_ctx
+  uint64_t headroom = 0;          // set aside for everything else
+  uint64_t fixed_budget = 0;      // > 0: the expert budget is given (a loaded model); 0: the planner sizes it
+  bool resident = false;          // no budget: weights are a file mapping, the page cache's (pass dense = 0)
+  uint64_t slot_bytes = 0;        // one expert's slot in the pool
+  uint64_t minimum_budget = 0;    // the store's minimum working set with one global pool
+  uint64_t minimum_per_layer = 0;  // ... with a pool per layer (k + 1 slots in each)
+  CachePools pools = CachePools::kChoose;
+  uint64_t all_experts = 0;       // a pool holding every expert
+  int32_t n_moe_layers = 0;
+  int32_t n_expert = 0;
+  int32_t n_expert_used = 0;
+  int32_t max_sequences = 1;      // at most this many (the requests waiting, or the caller's cap)
+  double storage_bytes_per_s = 0;  // measured read bandwidth of the model's storage (> 0 when streaming)
+  double compute_bytes_per_s = 0;  // weight bytes a decode step computes per second; 0: not modelled
+};
+
+struct BatchPlanRow {
+  int32_t n_seq = 0;
+  uint64_t kv_bytes = 0;         // all sequences' KV caches
+  uint64_t expert_budget = 0;    // what the expert cache gets (0 with resident)
+  double cache_share = 0;        // c(n)
+  bool per_layer = false;        // the pools this row assumes
+  double hit_share = 0;          // h(n)
+  double distinct_experts = 0;   // D(n), per MoE layer
+  double read_bytes = 0;         // R(n), per step
+  double step_seconds = 0;       // T(n)
+  double tok_s = 0;              // n / T(n), all sequences together
+  bool fits = false;             // the memory holds it (budget at least the minimum working set)
+};
+
+struct BatchPlan {
+  int32_t n_seq = 0;
+  uint64_t expert_budget = 0;     // bytes to load the model with (0: resident)
+  uint64_t kv_bytes = 0;
+  int32_t lookahead = 0;          // layers to predict ahead (0: no predictor)
+  bool per_layer = false;         // per-layer pools ("uniform") rather than one global pool
+  double tok_s = 0;               // predicted aggregate decode
+  std::vector<BatchPlanRow> rows;  // every candidate n = 1..max_sequences
+  std::string reason;              // one sentence: what bounded the choice
+};
+
+// D(n): distinct experts of one MoE layer that n tokens routed independently and uniformly use.
+double expected_distinct_experts(int32_t n_expert, int32_t n_expert_used, int32_t n_tokens);
+
+// The plan, or MOELITE_ERR_BUDGET_TOO_SMALL when not even one sequence fits beside the minimum
+// working set (every term in the message), MOELITE_ERR_INVALID_ARGUMENT for inputs that make no
+// model (no layers or experts, max_sequences < 1, streaming without a storage bandwidth).
+Status plan_batch(const BatchPlanInputs& in, BatchPlan* out);
+
+// The plan as one JSON object (its inputs' key facts, the choice, the reason and every row).
+std::string batch_plan_json(const BatchPlanInputs& in, const BatchPlan& plan);
+
+}  // namespace moelite
