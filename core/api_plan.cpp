@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/adaptive/profile.h"
 #include "core/adaptive/setup.h"
 #include "core/api_internal.h"
 #include "core/batch_plan.h"
@@ -27,6 +28,7 @@ struct moelite_plan_params {
   double storage_gb_s = 0;
   double compute_gb_s = 0;
   moelite::CachePools pools = moelite::CachePools::kChoose;
+  std::string profile;  // routing shares from this calibration profile ("": the loaded model's, else uniform)
 };
 
 struct moelite_batch_plan {
@@ -36,6 +38,22 @@ struct moelite_batch_plan {
 };
 
 namespace {
+
+// Each MoE layer's share of tokens routed to each expert, from a profile's counts.
+moelite::Status routing_shares(const moelite::Profile& prof, const moelite::HParams& hp, std::vector<double>* out) {
+  MOELITE_TRY(prof.check_model(hp));
+  out->clear();
+  for (int32_t l = hp.n_dense_lead; l < hp.n_layer; ++l) {
+    const std::vector<uint64_t>& counts = prof.layers[static_cast<size_t>(l)].expert_counts;
+    if (counts.size() != static_cast<size_t>(hp.n_expert))
+      return moelite::fail(MOELITE_ERR_BAD_PROFILE, "the profile has no expert counts for layer %d", l);
+    double routed = 0;
+    for (uint64_t c : counts) routed += static_cast<double>(c);
+    const double tokens = routed / hp.n_expert_used;
+    for (uint64_t c : counts) out->push_back(tokens > 0 ? static_cast<double>(c) / tokens : 0.0);
+  }
+  return MOELITE_OK;
+}
 
 constexpr double kMaxBandwidthGbs = 1e6;  // a petabyte per second: beyond any device, refused as absurd
 
@@ -111,6 +129,15 @@ MOELITE_API moelite_status moelite_plan_params_set_cache_allocation(moelite_plan
   });
 }
 
+MOELITE_API moelite_status moelite_plan_params_set_profile(moelite_plan_params* p, const char* path) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    p->profile = path ? path : "";
+    return MOELITE_OK;
+  });
+}
+
 MOELITE_API moelite_status moelite_plan_params_set_bandwidths(moelite_plan_params* p, double storage_gb_per_s,
                                                               double compute_gb_per_s) {
   const char* const api_fn = __func__;
@@ -128,9 +155,9 @@ MOELITE_API moelite_status moelite_plan_batch(const moelite_model* model, const 
                                               const moelite_plan_params* pparams, moelite_batch_plan** out) {
   const char* const api_fn = __func__;
   return guarded(api_fn, [&]() -> moelite_status {
-    if (!model) return null_arg(api_fn, "model");
     if (!out) return null_arg(api_fn, "out_plan");
     *out = nullptr;
+    if (!model) return null_arg(api_fn, "model");
     const moelite::Model& m = *model->impl;
     if (m.vocab_only) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: a vocabulary-only model has no weights to plan for", api_fn);
     if (m.hp.n_expert <= 0 || m.hp.n_moe_layers() <= 0)
@@ -183,6 +210,13 @@ MOELITE_API moelite_status moelite_plan_batch(const moelite_model* model, const 
                   "%s: experts stream from storage under a budget: set its read bandwidth "
                   "(moelite_plan_params_set_bandwidths; `moelite info --storage` measures it)",
                   api_fn);
+    if (!pp.profile.empty()) {
+      moelite::Profile prof;
+      MOELITE_TRY(moelite::Profile::load(pp.profile, &prof));
+      MOELITE_TRY(routing_shares(prof, m.hp, &in.routing));
+    } else if (rt && rt->profile) {
+      MOELITE_TRY(routing_shares(*rt->profile, m.hp, &in.routing));
+    }
     std::unique_ptr<moelite_batch_plan> plan(new moelite_batch_plan);
     plan->inputs = in;
     MOELITE_TRY(moelite::plan_batch(in, &plan->plan));

@@ -21,6 +21,55 @@ std::string mib(double bytes) {
   return buf;
 }
 
+// The chance that a decode step of n sequences (one token each) uses each expert: per layer and
+// expert, 1 - (1 - p)^n, p the share of tokens routed to it (k / E when routing is taken as uniform).
+struct StepAccess {
+  std::vector<double> access;  // n_moe_layers x n_expert
+  double distinct = 0;         // their sum: the distinct experts a step uses, all layers
+};
+
+StepAccess step_access(const BatchPlanInputs& in, int32_t n) {
+  StepAccess s;
+  const size_t cells = static_cast<size_t>(in.n_moe_layers) * static_cast<size_t>(in.n_expert);
+  s.access.resize(cells);
+  const double uniform = std::min(1.0, static_cast<double>(in.n_expert_used) / in.n_expert);
+  for (size_t i = 0; i < cells; ++i) {
+    const double p = in.routing.size() == cells ? std::clamp(in.routing[i], 0.0, 1.0) : uniform;
+    s.access[i] = 1.0 - std::pow(1.0 - p, n);
+    s.distinct += s.access[i];
+  }
+  return s;
+}
+
+// Expected hits per step of an LRU cache of `capacity` slots over items used in each step with
+// probabilities a[i], independently (Che's approximation: the cache holds what was used within the
+// last T steps, T such that the expected number of such items is the capacity; an item then hits
+// with probability 1 - (1 - a)^T). Uniform a gives capacity / items of the uses, as it should.
+double lru_hits(const double* a, int32_t items, double capacity) {
+  double used = 0, present = 0;
+  for (int32_t i = 0; i < items; ++i) {
+    used += a[i];
+    present += a[i] > 0 ? 1 : 0;
+  }
+  if (capacity >= present) return used;  // everything ever used stays
+  if (capacity <= 0) return 0.0;
+  auto held = [&](double t) {
+    double h = 0;
+    for (int32_t i = 0; i < items; ++i) h += a[i] >= 1.0 ? 1.0 : 1.0 - std::exp(t * std::log1p(-a[i]));
+    return h;
+  };
+  double lo = 0, hi = 1;
+  while (held(hi) < capacity && hi < 1e12) hi *= 2;
+  for (int iter = 0; iter < 100; ++iter) {
+    const double mid = 0.5 * (lo + hi);
+    (held(mid) < capacity ? lo : hi) = mid;
+  }
+  double hits = 0;
+  for (int32_t i = 0; i < items; ++i)
+    hits += a[i] * (a[i] >= 1.0 ? 1.0 : 1.0 - std::exp(hi * std::log1p(-a[i])));
+  return hits;
+}
+
 }  // namespace
 
 double expected_distinct_experts(int32_t n_expert, int32_t n_expert_used, int32_t n_tokens) {
@@ -36,6 +85,10 @@ Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "batch plan: at most %d sequences; need at least 1", in.max_sequences);
   if (!in.resident && !(in.storage_bytes_per_s > 0))
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "batch plan: streaming experts needs the storage read bandwidth");
+  if (!in.routing.empty() &&
+      in.routing.size() != static_cast<size_t>(in.n_moe_layers) * static_cast<size_t>(in.n_expert))
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "batch plan: routing shares for %zu experts, the model has %d x %d",
+                in.routing.size(), in.n_moe_layers, in.n_expert);
   if (in.compute_bytes_per_s < 0 || std::isnan(in.compute_bytes_per_s))
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "batch plan: the compute rate must be >= 0");
 
@@ -62,17 +115,32 @@ Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
     }
     r.expert_budget = in.resident ? 0 : cache_bytes;
     const double slots = std::floor(static_cast<double>(cache_bytes) / static_cast<double>(in.slot_bytes));
-    r.distinct_experts = expected_distinct_experts(in.n_expert, in.n_expert_used, n);
+    const StepAccess step = step_access(in, n);
+    r.distinct_experts = step.distinct / L;
     // One global pool where a step's experts fit in it (or where the caller says so), else a pool per layer.
-    const bool step_fits_globally = slots - 1.0 >= L * r.distinct_experts;
+    const bool step_fits_globally = slots - 1.0 >= step.distinct;
     r.per_layer = !in.resident && (in.pools == CachePools::kPerLayer ||
                                    (in.pools == CachePools::kChoose && !step_fits_globally));
     const double reserve_slots = r.per_layer ? L : 1.0;
     r.cache_share = in.resident ? 1.0 : std::clamp((slots - reserve_slots) / (L * E), 0.0, 1.0);
-    r.hit_share = r.per_layer || step_fits_globally || in.resident ? r.cache_share : 0.0;
+    if (in.resident) {
+      r.hit_share = 1.0;
+    } else if (r.per_layer) {
+      double hits = 0;  // each layer's pool holds its share of the slots
+      for (int32_t l = 0; l < in.n_moe_layers; ++l)
+        hits += lru_hits(step.access.data() + static_cast<size_t>(l) * in.n_expert, in.n_expert,
+                         std::max(0.0, (slots - reserve_slots) / L));
+      r.hit_share = step.distinct > 0 ? hits / step.distinct : 1.0;
+    } else if (step_fits_globally) {
+      r.hit_share = step.distinct > 0 ? lru_hits(step.access.data(), static_cast<int32_t>(step.access.size()),
+                                                 slots - reserve_slots) / step.distinct
+                                      : 1.0;
+    } else {
+      r.hit_share = 0.0;  // a cyclic scan larger than the pool
+    }
     if (!in.resident && in.fixed_budget == 0)
       r.fits = in.memory >= taken && cache_bytes >= (r.per_layer ? in.minimum_per_layer : in.minimum_budget);
-    const double step_expert_bytes = L * r.distinct_experts * static_cast<double>(in.slot_bytes);
+    const double step_expert_bytes = step.distinct * static_cast<double>(in.slot_bytes);
     r.read_bytes = step_expert_bytes * (1.0 - r.hit_share);
     r.step_seconds = (r.read_bytes > 0 ? r.read_bytes / in.storage_bytes_per_s : 0.0) +
                      (in.compute_bytes_per_s > 0 ? (static_cast<double>(in.dense) + step_expert_bytes) / in.compute_bytes_per_s
@@ -153,12 +221,12 @@ std::string batch_plan_json(const BatchPlanInputs& in, const BatchPlan& plan) {
            "{\"n_seq\": %d, \"expert_budget_bytes\": %" PRIu64 ", \"kv_bytes\": %" PRIu64
            ", \"lookahead\": %d, \"allocation\": \"%s\", \"predicted_decode_tok_s\": %.4g, \"memory_bytes\": %" PRIu64
            ", \"dense_bytes\": %" PRIu64 ", \"context_base_bytes\": %" PRIu64 ", \"kv_bytes_per_sequence\": %" PRIu64
-           ", \"headroom_bytes\": %" PRIu64 ", \"resident\": %s, \"fixed_budget\": %s, \"storage_gb_s\": %.4g"
-           ", \"compute_gb_s\": %.4g, \"reason\": \"",
+           ", \"headroom_bytes\": %" PRIu64 ", \"slot_bytes\": %" PRIu64 ", \"resident\": %s, \"fixed_budget\": %s, \"storage_gb_s\": %.4g"
+           ", \"compute_gb_s\": %.4g, \"routing\": \"%s\", \"reason\": \"",
            plan.n_seq, plan.expert_budget, plan.kv_bytes, plan.lookahead,
            in.resident ? "none" : plan.per_layer ? "uniform" : "global", plan.tok_s, in.memory, in.dense, in.context_base,
-           in.kv_per_sequence, in.headroom, in.resident ? "true" : "false", in.fixed_budget > 0 ? "true" : "false",
-           in.storage_bytes_per_s / 1e9, in.compute_bytes_per_s / 1e9);
+           in.kv_per_sequence, in.headroom, in.slot_bytes, in.resident ? "true" : "false", in.fixed_budget > 0 ? "true" : "false",
+           in.storage_bytes_per_s / 1e9, in.compute_bytes_per_s / 1e9, in.routing.empty() ? "uniform" : "profile");
   s += buf;
   for (char ch : plan.reason) {  // plain text of this file's making: only quotes and backslashes to escape
     if (ch == '"' || ch == '\\') s += '\\';

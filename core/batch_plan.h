@@ -6,18 +6,23 @@
 // expert read (a step reads the union of their experts once), but a smaller cache misses more.
 // For each candidate n the planner predicts one decode step of n sequences (one token each):
 //
-//   distinct experts a MoE layer needs   D(n) = E (1 - (1 - k/E)^n)       (independent routing)
+//   chance a step uses expert i          a_i(n) = 1 - (1 - p_i)^n, p_i the share of tokens routed
+//                                        to it (a profile's counts, else k/E: uniform routing)
+//   distinct experts of a step           D(n) = sum of a_i over all layers' experts
+//                                        (uniform: L E (1 - (1 - k/E)^n))
 //   share of experts the cache holds     c(n) = min(1, slots(n) / (L E))
-//   share of a step's experts it hits    h(n) = c(n), or 0 for one global LRU pool smaller than
-//                                        the step's L D(n) experts (layers visited in turn are a
-//                                        cyclic scan: each evicts what the next step needs first)
-//   bytes read from storage              R(n) = L D(n) (1 - h(n)) expert_bytes
+//   share of a step's experts it hits    h(n): LRU by Che's approximation over the a_i, per layer
+//                                        for per-layer pools (uniform routing: exactly c(n)); 0 for
+//                                        one global pool smaller than D(n) (layers visited in turn
+//                                        are a cyclic scan: each evicts what the next step needs first)
+//   bytes read from storage              R(n) = D(n) (1 - h(n)) expert_bytes
 //   step time                            T(n) = R(n) / storage_bw + (dense + L D(n) expert_bytes) / compute_bw
 //
 // (the compute term only when a compute rate is given), and aggregate decode n / T(n). Reads are
 // not assumed to overlap computation: measured on this project's machines, a budgeted step's reads
-// take several times its computation, so the sum is the honest model. Routing is taken as uniform:
-// a skewed model hits its cache more often than c(n), for every n alike.
+// take several times its computation, so the sum is the honest model. Skewed routing matters most
+// to few sequences with a large cache (it holds the hot experts): without a profile the planner
+// underrates them (measured in docs/ARCHITECTURE.md, "Batch planner").
 //
 // The pool layout is chosen with n unless the caller fixes it: one global pool where the step's
 // experts fit in it (the default's behaviour), else per-layer pools ("uniform"), whose quota each
@@ -63,6 +68,9 @@ struct BatchPlanInputs {
   int32_t max_sequences = 1;      // at most this many (the requests waiting, or the caller's cap)
   double storage_bytes_per_s = 0;  // measured read bandwidth of the model's storage (> 0 when streaming)
   double compute_bytes_per_s = 0;  // weight bytes a decode step computes per second; 0: not modelled
+  // Per MoE layer and expert, the share of tokens routed to it (a calibration profile's counts over
+  // its tokens; each layer sums to top-k). Empty: uniform, k / E each.
+  std::vector<double> routing;
 };
 
 struct BatchPlanRow {
@@ -72,7 +80,7 @@ struct BatchPlanRow {
   double cache_share = 0;        // c(n)
   bool per_layer = false;        // the pools this row assumes
   double hit_share = 0;          // h(n)
-  double distinct_experts = 0;   // D(n), per MoE layer
+  double distinct_experts = 0;   // D(n) / L: per MoE layer
   double read_bytes = 0;         // R(n), per step
   double step_seconds = 0;       // T(n)
   double tok_s = 0;              // n / T(n), all sequences together

@@ -729,7 +729,7 @@ MOELITE_API void moelite_context_free(moelite_context* ctx);
  *  cache misses more. moelite_plan_batch predicts the aggregate decode throughput of 1..max
  *  sequences from the model's shape, the memory and the measured bandwidths, and picks the fewest
  *  sequences within 5 % of the best (the model is in docs/ARCHITECTURE.md, "Batch planner": routing
- *  taken as uniform, LRU replacement, reads not overlapped with computation). Use the plan by
+ *  uniform unless a profile gives it, LRU replacement, reads not overlapped with computation). Use the plan by
  *  loading the model with moelite_model_params_set_expert_budget(MOELITE_PLAN_EXPERT_BUDGET) and
  *  the plan's cache allocation (moelite_batch_plan_allocation), and creating the context with
  *  moelite_context_params_set_n_seq(MOELITE_PLAN_N_SEQ); a lookahead of 1 suggests a predictor one
@@ -765,6 +765,12 @@ MOELITE_API moelite_status moelite_plan_params_set_expert_budget(moelite_plan_pa
  *  "dp" (per-layer pools). Ignored for a loaded model, whose pools are set. The string is read
  *  during the call. MOELITE_ERR_INVALID_ARGUMENT for NULL or another name. */
 MOELITE_API moelite_status moelite_plan_params_set_cache_allocation(moelite_plan_params* params, const char* allocation);
+/** A calibration profile (moelite_calibrate) whose expert counts give each expert's share of
+ *  tokens: skewed routing lets a cache hit more often than its share of the experts, most of all
+ *  for few sequences. NULL or "" (default): a loaded model's own profile if it has one, else
+ *  routing taken as uniform. Read by moelite_plan_batch, which answers MOELITE_ERR_BAD_PROFILE (or
+ *  the file's error) for a profile of another model or a broken file. The string is copied. */
+MOELITE_API moelite_status moelite_plan_params_set_profile(moelite_plan_params* params, const char* path);
 /** Measured bandwidths in GB/s, each 0..10^6: reads from the model's storage (needed unless the
  *  plan is resident: `moelite info --storage`, or the store's own counters), and the weight bytes a
  *  decode step computes per second (0: not modelled; then the lookahead stays 0 and a resident

@@ -1102,6 +1102,60 @@ static void test_deprecated_aliases(void) {
 #pragma GCC diagnostic pop
 #endif
 
+/* The batch planner's C surface: refusals leave *out NULL, NULL handles answer the documented
+ * sentinels, and the getters agree with the plan's JSON. */
+static void test_batch_plan(void) {
+  moelite_batch_plan* plan = (moelite_batch_plan*)&g_failures; /* a sentinel the refusal must clear */
+  CHECK(moelite_plan_batch(NULL, NULL, NULL, &plan) == MOELITE_ERR_INVALID_ARGUMENT && plan == NULL);
+  CHECK(moelite_batch_plan_get(NULL, MOELITE_PLAN_N_SEQ) == -1);
+  CHECK(moelite_batch_plan_decode_tok_s(NULL) == 0.0);
+  CHECK(strcmp(moelite_batch_plan_json(NULL), "") == 0 && strcmp(moelite_batch_plan_reason(NULL), "") == 0);
+  CHECK(strcmp(moelite_batch_plan_allocation(NULL), "") == 0);
+  moelite_batch_plan_free(NULL);
+  moelite_plan_params_free(NULL);
+
+  moelite_plan_params* pp = moelite_plan_params_create();
+  CHECK(pp != NULL);
+  if (!pp) return;
+  CHECK(moelite_plan_params_set_cache_allocation(pp, NULL) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_plan_params_set_cache_allocation(pp, "lru") == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_plan_params_set_memory(pp, ((uint64_t)1 << 62) + 1) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_plan_params_set_headroom(pp, ((uint64_t)1 << 62) + 1) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_plan_params_set_expert_budget(pp, ((uint64_t)1 << 62) + 1) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_plan_params_set_bandwidths(pp, 2e6, 0.0) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_plan_params_set_max_sequences(pp, 0) == MOELITE_ERR_INVALID_ARGUMENT);
+
+  moelite_model* info = NULL;
+  CHECK(moelite_model_inspect(g_path, &info) == MOELITE_OK);
+  if (!info) {
+    moelite_plan_params_free(pp);
+    return;
+  }
+  /* Streaming without a storage bandwidth: refused, out cleared. */
+  plan = (moelite_batch_plan*)&g_failures;
+  CHECK(moelite_plan_batch(info, NULL, pp, &plan) == MOELITE_ERR_INVALID_ARGUMENT && plan == NULL);
+  CHECK(moelite_plan_params_set_bandwidths(pp, 2.0, 0.0) == MOELITE_OK);
+  CHECK(moelite_plan_params_set_max_sequences(pp, 4) == MOELITE_OK);
+  CHECK(moelite_plan_params_set_memory(pp, (uint64_t)256 << 20) == MOELITE_OK);
+  CHECK(moelite_plan_params_set_cache_allocation(pp, "uniform") == MOELITE_OK);
+  CHECK(moelite_plan_batch(info, NULL, pp, &plan) == MOELITE_OK && plan != NULL);
+  if (plan) {
+    const int64_t n = moelite_batch_plan_get(plan, MOELITE_PLAN_N_SEQ);
+    CHECK(n >= 1 && n <= 4);
+    CHECK(moelite_batch_plan_get(plan, MOELITE_PLAN_MEMORY) == (int64_t)256 << 20);
+    CHECK(moelite_batch_plan_get(plan, MOELITE_PLAN_HEADROOM) == (int64_t)64 << 20); /* max(64 MiB, 10 %) */
+    CHECK(moelite_batch_plan_get(plan, (moelite_batch_plan_key)99) == -1);
+    CHECK(strcmp(moelite_batch_plan_allocation(plan), "uniform") == 0);
+    char head[64];
+    snprintf(head, sizeof head, "{\"n_seq\": %lld, ", (long long)n);
+    CHECK(strncmp(moelite_batch_plan_json(plan), head, strlen(head)) == 0);
+    CHECK(strstr(moelite_batch_plan_json(plan), "\"allocation\": \"uniform\"") != NULL);
+    moelite_batch_plan_free(plan);
+  }
+  moelite_model_free(info);
+  moelite_plan_params_free(pp);
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s MODEL.gguf\n", argv[0]);
@@ -1123,6 +1177,7 @@ int main(int argc, char** argv) {
   test_enum_values_are_pinned();
   test_store_options_and_penalty_window();
   test_deprecated_aliases();
+  test_batch_plan();
   printf("%d checks, %d failed\n", g_checks, g_failures);
   return g_failures ? 1 : 0;
 }

@@ -186,3 +186,45 @@ TEST(BatchPlan, JsonNamesTheChoiceAndEveryRow) {
   EXPECT_NE(j.find("\"rows\": [{\"n_seq\": 1"), std::string::npos);
   EXPECT_NE(j.find("{\"n_seq\": 3, \"fits\": true"), std::string::npos);
 }
+
+// Skewed routing (a profile's shares): one layer of 4 experts, top-1, shares 0.7/0.1/0.1/0.1, a
+// pool of 2 slots (1 after the reserve). Che's approximation for one sequence: the cache holds
+// what was used in the last T steps with T such that 1 - 0.3^T + 3 (1 - 0.9^T) = 1, i.e. T = 1,
+// so the hit share is 0.7 x 0.7 + 3 x 0.1 x 0.1 = 0.52 (uniform routing would give 1/4). Two
+// sequences: 0.468919 (the same equation for the step's use chances 0.91 and 0.19, solved apart).
+TEST(BatchPlan, SkewedRoutingHitsMoreThanTheCacheShare) {
+  BatchPlanInputs in;
+  in.memory = 64 * MiB;
+  in.fixed_budget = 2 * MiB;
+  in.slot_bytes = MiB;
+  in.minimum_budget = 2 * MiB;
+  in.minimum_per_layer = 2 * MiB;
+  in.all_experts = 5 * MiB;
+  in.n_moe_layers = 1;
+  in.n_expert = 4;
+  in.n_expert_used = 1;
+  in.max_sequences = 2;
+  in.pools = moelite::CachePools::kPerLayer;
+  in.storage_bytes_per_s = 1e6;
+  in.routing = {0.7, 0.1, 0.1, 0.1};
+  BatchPlan p;
+  ASSERT_EQ(moelite::plan_batch(in, &p), MOELITE_OK);
+  EXPECT_NEAR(p.rows[0].hit_share, 0.52, 1e-9);
+  EXPECT_NEAR(p.rows[0].read_bytes, 0.48 * MiB, 1e-3);
+  EXPECT_NEAR(p.rows[1].distinct_experts, 1.48, 1e-12);  // 0.91 + 3 x 0.19
+  EXPECT_NEAR(p.rows[1].hit_share, 0.468919, 1e-6);
+  EXPECT_DOUBLE_EQ(p.rows[0].cache_share, 0.25);
+
+  // Shares of k / E each are uniform routing: the same plan as none given.
+  in.routing = {0.25, 0.25, 0.25, 0.25};
+  BatchPlan even, none;
+  ASSERT_EQ(moelite::plan_batch(in, &even), MOELITE_OK);
+  in.routing.clear();
+  ASSERT_EQ(moelite::plan_batch(in, &none), MOELITE_OK);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_NEAR(even.rows[i].hit_share, none.rows[i].hit_share, 1e-9);
+    EXPECT_NEAR(none.rows[i].hit_share, none.rows[i].cache_share, 1e-9);
+  }
+  in.routing = {0.5, 0.5};  // not one share per expert
+  EXPECT_EQ(moelite::plan_batch(in, &p), MOELITE_ERR_INVALID_ARGUMENT);
+}

@@ -192,6 +192,7 @@ int plan_batch(Args& args, moelite_model* model, int32_t n_ctx, int32_t n_batch,
   if (st == MOELITE_OK) st = moelite_plan_params_set_bandwidths(pp, streams ? storage_gbs : 0.0, 0.0);
   // The pools: as the user set them (a profile's "auto" is its per-layer DP allocation), else the plan's.
   const bool pools_given = args.has("--allocation") || args.has("--per-layer") || args.has("--profile");
+  if (st == MOELITE_OK && args.has("--profile")) st = moelite_plan_params_set_profile(pp, args.get("--profile").c_str());
   if (st == MOELITE_OK && pools_given)
     st = moelite_plan_params_set_cache_allocation(
         pp, args.has("--allocation") && args.get("--allocation") != "auto" ? args.get("--allocation").c_str() : "uniform");

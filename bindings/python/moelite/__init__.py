@@ -688,15 +688,20 @@ class Model:
 
     def plan_batch(self, n_ctx: Optional[int] = None, n_batch: Optional[int] = None, max_sequences: int = 16,
                    memory: int = 0, headroom: int = 0, expert_budget: Union[str, int] = "auto",
-                   storage_gb_s: float = 0.0, compute_gb_s: float = 0.0) -> dict:
+                   storage_gb_s: float = 0.0, compute_gb_s: float = 0.0, allocation: str = "auto",
+                   profile: Optional[PathLike] = None) -> dict:
         """How many sequences to decode together and how much memory the experts get
         (moelite_plan_batch), as a dict: n_seq, expert_budget_bytes, kv_bytes, lookahead,
         predicted_decode_tok_s, reason, the inputs and a row per candidate 1..max_sequences.
         On an inspected model the planner sizes the budget (expert_budget "auto"), or plans the
-        sequences for a fixed budget in bytes, or "resident"; a loaded model keeps its own.
+        sequences for a fixed budget in bytes, or "resident"; a loaded model keeps its own budget
+        and pools.
         memory: 0 for the room now; headroom: 0 for max(64 MiB, 10 %). storage_gb_s is needed
-        unless resident. Raises MoeliteError ERR_INVALID_ARGUMENT (bad values, no storage
-        bandwidth), ERR_BUDGET_TOO_SMALL (not one sequence fits)."""
+        unless resident. allocation: "auto" (the plan picks global or per-layer pools), "global",
+        "uniform" or "dp". profile: a calibration profile whose expert counts give the routing
+        shares (default: the model's own profile, else uniform routing). Raises MoeliteError
+        ERR_INVALID_ARGUMENT (bad values, no storage bandwidth), ERR_BUDGET_TOO_SMALL (not one
+        sequence fits), ERR_BAD_PROFILE (a profile of another model)."""
         budget = {"auto": 0, "resident": (1 << 64) - 1}.get(expert_budget, expert_budget)
         if not isinstance(budget, int):
             raise ValueError('expert_budget is "auto", "resident" or bytes')
@@ -711,6 +716,9 @@ class Model:
             _check(_c.moelite_plan_params_set_headroom(params, int(headroom)))
             _check(_c.moelite_plan_params_set_expert_budget(params, budget))
             _check(_c.moelite_plan_params_set_bandwidths(params, float(storage_gb_s), float(compute_gb_s)))
+            _check(_c.moelite_plan_params_set_cache_allocation(params, _as_bytes(allocation, "allocation")))
+            if profile is not None:
+                _check(_c.moelite_plan_params_set_profile(params, _as_bytes(str(profile), "profile")))
             if n_ctx is not None:
                 _check(_c.moelite_context_params_set_n_ctx(cparams, int(n_ctx)))
             if n_batch is not None:

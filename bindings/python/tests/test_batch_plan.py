@@ -4,6 +4,7 @@ loaded store's pool) and the arithmetic of include/moelite.h, not against the pl
 alone; and its refusals.
 
 Uses the shipped model (models/moelite-tiny-qwen3moe-Q8_0.gguf)."""
+import json
 import math
 
 import pytest
@@ -91,3 +92,56 @@ def test_refusals():
         with pytest.raises(moelite.MoeliteError) as e:
             v.plan_batch(storage_gb_s=2.0)
         assert e.value.status == moelite.Status.ERR_INVALID_ARGUMENT
+
+
+def che_hits(a, capacity):
+    """Che's approximation of LRU, written out separately: items used each step with chances a;
+    the cache holds what was used in the last T steps, T making that the capacity."""
+    present = sum(1 for x in a if x > 0)
+    if capacity >= present:
+        return sum(a)
+    held = lambda t: sum(1 - (1 - x) ** t for x in a)  # noqa: E731
+    lo, hi = 0.0, 1.0
+    while held(hi) < capacity:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if held(mid) < capacity else (lo, mid)
+    return sum(x * (1 - (1 - x) ** hi) for x in a)
+
+
+def test_a_profile_gives_the_routing_shares(tmp_path):
+    """With a calibration profile the hit share is LRU's under the profile's routing (Che's
+    approximation over each layer's shares), recomputed here from the profile file's counts."""
+    profile = tmp_path / "tiny.profile"
+    with moelite.Model(MODEL, threads=2) as m:
+        toks = [(7 * i + 3) % m.n_vocab for i in range(256)]
+        m.calibrate(toks, profile, window=64)
+    counts = [layer["expert_counts"] for layer in json.load(open(profile))["layers"]]
+    with moelite.Model.inspect(MODEL) as m:
+        k, L = m.n_experts_used, m.n_layers
+        p = m.plan_batch(n_ctx=N_CTX, n_batch=16, max_sequences=3, memory=9 * MiB, headroom=MiB,
+                         storage_gb_s=2.0, allocation="uniform", profile=profile)
+        flat = m.plan_batch(n_ctx=N_CTX, n_batch=16, max_sequences=3, memory=9 * MiB, headroom=MiB,
+                            storage_gb_s=2.0, allocation="uniform")
+        assert p["routing"] == "profile" and flat["routing"] == "uniform"
+        for row, flat_row in zip(p["rows"], flat["rows"]):
+            n = row["n_seq"]
+            slots = row["expert_budget_bytes"] // p["slot_bytes"]
+            hits = used = 0.0
+            for c in counts:
+                tokens = sum(c) / k
+                a = [1 - (1 - x / tokens) ** n for x in c]
+                hits += che_hits(a, (slots - L) / L)
+                used += sum(a)
+            # The JSON rounds shares to 4 decimals and experts to 3.
+            assert abs(row["hit_share"] - hits / used) < 6e-5, (row, hits / used)
+            assert abs(flat_row["hit_share"] - flat_row["cache_share"]) < 6e-5
+            assert abs(row["distinct_experts_per_layer"] - used / L) < 6e-4
+            assert row["hit_share"] > flat_row["hit_share"]  # skewed routing hits more than its share
+        bad = tmp_path / "other.profile"
+        text = open(profile).read().replace('"n_expert": %d' % m.n_experts, '"n_expert": %d' % (m.n_experts * 2))
+        bad.write_text(text)
+        with pytest.raises(moelite.MoeliteError) as e:
+            m.plan_batch(n_ctx=N_CTX, storage_gb_s=2.0, profile=bad)
+        assert e.value.status == moelite.Status.ERR_BAD_PROFILE
