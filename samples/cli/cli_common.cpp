@@ -48,7 +48,6 @@ int progress_bar(float p, void*) {
   return 1;
 }
 
-namespace {
 // --budget as bytes; a share ("25%") is of the model's expert bytes, read from the file first.
 bool parse_budget(const std::string& text, const std::string& path, uint64_t* out, std::string* err) {
   SizeArg size;
@@ -75,7 +74,6 @@ bool parse_budget(const std::string& text, const std::string& path, uint64_t* ou
   }
   return true;
 }
-}  // namespace
 
 namespace {
 void log_to_stderr(moelite_log_level, const char* text, void*) { fprintf(stderr, "moelite: %s\n", text); }

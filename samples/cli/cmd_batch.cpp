@@ -35,8 +35,9 @@ const Command kBatchCommand = {
                  {{"-o"}, "FILE", "where results go (default: standard output)"},
                  {{"--n-seq"}, "N|auto",
                   "requests decoded together (default auto: the batch planner's choice among 1..min(requests, 16), "
-                  "from the memory, the KV cache each sequence takes and the storage bandwidth; with --budget auto "
-                  "it also splits the memory between the KV caches and the experts)"},
+                  "from the memory, the KV cache each sequence takes and the storage bandwidth; under a budget it "
+                  "also picks the expert pools, and with --budget auto splits the memory between the KV caches "
+                  "and the experts)"},
                  {{"--memory"}, "SIZE", "with --n-seq auto: plan within this much memory (default: what is free now)"},
                  {{"--storage-gbs"}, "X",
                   "with --n-seq auto: the storage read bandwidth in GB/s (default: measured on the model file)"},
@@ -143,8 +144,8 @@ std::string detokenize(moelite_model* model, const std::vector<int32_t>& tokens)
 }
 
 // --n-seq auto: the library's batch planner (moelite_plan_batch) picks the sequences from the
-// memory, each sequence's KV cache and the storage bandwidth; with --budget auto it sizes the expert
-// budget too, before the model loads, and the model then loads with that budget. At most
+// memory, each sequence's KV cache and the storage bandwidth. Under a budget it plans before the
+// model loads, which then loads with the plan's pools (and with --budget auto, its budget). At most
 // kAutoMaxSequences (decoding more at once gains little on a CPU: docs/ARCHITECTURE.md). Says what it
 // chose and why on stderr; --plan prints the whole plan as JSON instead of running.
 constexpr int64_t kAutoMaxSequences = 16;
@@ -155,8 +156,8 @@ struct PlanChoice {
   std::string json;
 };
 
-// `model` is the loaded model, or null when the planner sizes the budget (then the file is only
-// inspected, and args gets the planned --budget).
+// `model` is the loaded model (resident), or null under a budget (then the file is only inspected,
+// and args gets the planned --budget and --allocation).
 int plan_batch(Args& args, moelite_model* model, int32_t n_ctx, int32_t n_batch, int64_t n_requests, PlanChoice* out) {
   const std::string path = args.has("-m") ? args.get("-m") : args.get("--model");
   std::string err;
@@ -189,6 +190,11 @@ int plan_batch(Args& args, moelite_model* model, int32_t n_ctx, int32_t n_batch,
   if (st == MOELITE_OK && args.has("--memory")) st = moelite_plan_params_set_memory(pp, static_cast<uint64_t>(memory.value));
   if (st == MOELITE_OK && args.has("--budget-headroom"))
     st = moelite_plan_params_set_headroom(pp, static_cast<uint64_t>(headroom.value));
+  if (st == MOELITE_OK && !model && args.get("--budget") != "auto") {  // a budget given: plan the sequences and pools
+    uint64_t budget = 0;
+    if (!parse_budget(args.get("--budget"), path, &budget, &err)) return usage_error(err);
+    st = moelite_plan_params_set_expert_budget(pp, budget);
+  }
   if (st == MOELITE_OK) st = moelite_plan_params_set_bandwidths(pp, streams ? storage_gbs : 0.0, 0.0);
   // The pools: as the user set them (a profile's "auto" is its per-layer DP allocation), else the plan's.
   const bool pools_given = args.has("--allocation") || args.has("--per-layer") || args.has("--profile");
@@ -205,7 +211,7 @@ int plan_batch(Args& args, moelite_model* model, int32_t n_ctx, int32_t n_batch,
   out->n_seq = moelite_batch_plan_get(plan, MOELITE_PLAN_N_SEQ);
   out->json = moelite_batch_plan_json(plan);
   const double mib = 1048576.0;
-  if (!model) {  // the planner sized the budget: the model loads with it
+  if (!model) {  // planned before loading: the model loads with the plan's budget and pools
     args.set("--budget", std::to_string(moelite_batch_plan_get(plan, MOELITE_PLAN_EXPERT_BUDGET)));
     args.erase("--budget-headroom");
     if (!pools_given) args.set("--allocation", moelite_batch_plan_allocation(plan));
@@ -257,9 +263,10 @@ int cmd_batch(int argc, char** argv) {
     if (input.substr(pos, end - pos).find_first_not_of(" \t\r") != std::string::npos) ++n_lines;
     pos = end + 1;
   }
-  // With --budget auto, the planner sizes the expert budget before the model loads.
+  // Under a budget the plan comes before loading: with --budget auto it sizes the budget, and it
+  // picks the pools (one global pool thrashes when a step's experts outnumber its slots).
   PlanChoice plan;
-  const bool plan_budget = auto_seq && args.get("--budget") == "auto";
+  const bool plan_budget = auto_seq && args.has("--budget");
   if (plan_budget) {
     if (int rc = plan_batch(args, nullptr, static_cast<int32_t>(n_ctx), static_cast<int32_t>(n_batch), n_lines, &plan))
       return rc;

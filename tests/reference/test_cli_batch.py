@@ -179,3 +179,28 @@ def test_a_plan_that_cannot_fit_says_why():
         r = subprocess.run([BIN, "batch", "-m", MODEL, "-f", write_requests(), "--n-seq", "2", *args],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and "--n-seq auto" in r.stderr, r.stderr
+
+
+def test_a_given_budget_gets_per_layer_pools_where_a_step_outgrows_one():
+    """--budget 25% with --n-seq auto: the budget stays the user's, and rows whose decode step uses
+    more experts than one global pool holds (L x E (1 - (1 - k/E)^n) of them, uniform routing)
+    are planned with a pool per layer; the run loads with the plan's pools and stays exact."""
+    info = model_info()
+    r = subprocess.run([BIN, "batch", "-m", MODEL, "-f", write_requests(), "-c", "256", "--plan", "--budget", "25%",
+                        "--memory", "1GiB", "--storage-gbs", "2"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["fixed_budget"] and plan["expert_budget_bytes"] == int(0.25 * info["expert_bytes"])
+    slots = plan["expert_budget_bytes"] // plan["slot_bytes"]
+    E, k, L = info["n_experts"], info["n_experts_used"], info["n_layers"]
+    for row in plan["rows"]:
+        step = L * E * (1 - (1 - k / E) ** row["n_seq"])
+        assert row["allocation"] == ("uniform" if step > slots - 1 else "global"), (row, step, slots)
+    assert plan["rows"][0]["allocation"] == "global" and plan["rows"][-1]["allocation"] == "uniform"
+    out = os.path.join(TMP, "out-plan-25.jsonl")
+    r = subprocess.run([BIN, "batch", "-m", MODEL, "-t", "2", "-f", write_requests(), "-o", out, "-c", "256", "-b",
+                        "16", "--temp", "0.8", "--seed", "11", "--budget", "25%", "--storage-gbs", "2"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert ("%s pools" % plan["allocation"]) in r.stderr, r.stderr
+    assert [json.loads(line) for line in open(out)] == batch(1)
