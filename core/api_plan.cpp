@@ -63,6 +63,18 @@ moelite_status check_bandwidth(const char* fn, const char* what, double gbs) {
   return MOELITE_OK;
 }
 
+// A size setter: bytes up to 2^62 (or the one special value `also`) into `field`.
+moelite_status set_size(const char* api_fn, moelite_plan_params* p, uint64_t bytes, uint64_t moelite_plan_params::*field,
+                        uint64_t also = 0) {
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (bytes > MOELITE_MAX_BUDGET_HEADROOM && !(also != 0 && bytes == also))
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: %llu bytes is above 2^62", api_fn, (unsigned long long)bytes);
+    p->*field = bytes;
+    return MOELITE_OK;
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -82,36 +94,15 @@ MOELITE_API moelite_status moelite_plan_params_set_max_sequences(moelite_plan_pa
 }
 
 MOELITE_API moelite_status moelite_plan_params_set_memory(moelite_plan_params* p, uint64_t bytes) {
-  const char* const api_fn = __func__;
-  return guarded(api_fn, [&]() -> moelite_status {
-    if (!p) return null_arg(api_fn, "params");
-    if (bytes > MOELITE_MAX_BUDGET_HEADROOM)
-      return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: %llu bytes is above 2^62", api_fn, (unsigned long long)bytes);
-    p->memory = bytes;
-    return MOELITE_OK;
-  });
+  return set_size(__func__, p, bytes, &moelite_plan_params::memory);
 }
 
 MOELITE_API moelite_status moelite_plan_params_set_headroom(moelite_plan_params* p, uint64_t bytes) {
-  const char* const api_fn = __func__;
-  return guarded(api_fn, [&]() -> moelite_status {
-    if (!p) return null_arg(api_fn, "params");
-    if (bytes > MOELITE_MAX_BUDGET_HEADROOM)
-      return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: %llu bytes is above 2^62", api_fn, (unsigned long long)bytes);
-    p->headroom = bytes;
-    return MOELITE_OK;
-  });
+  return set_size(__func__, p, bytes, &moelite_plan_params::headroom);
 }
 
 MOELITE_API moelite_status moelite_plan_params_set_expert_budget(moelite_plan_params* p, uint64_t bytes) {
-  const char* const api_fn = __func__;
-  return guarded(api_fn, [&]() -> moelite_status {
-    if (!p) return null_arg(api_fn, "params");
-    if (bytes > MOELITE_MAX_BUDGET_HEADROOM && bytes != MOELITE_PLAN_RESIDENT)
-      return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: %llu bytes is above 2^62", api_fn, (unsigned long long)bytes);
-    p->expert_budget = bytes;
-    return MOELITE_OK;
-  });
+  return set_size(__func__, p, bytes, &moelite_plan_params::expert_budget, MOELITE_PLAN_RESIDENT);
 }
 
 MOELITE_API moelite_status moelite_plan_params_set_cache_allocation(moelite_plan_params* p, const char* allocation) {
