@@ -205,8 +205,9 @@ MOELITE_API moelite_status moelite_plan_batch(const moelite_model* model, const 
       moelite::Profile prof;
       MOELITE_TRY(moelite::Profile::load(pp.profile, &prof));
       MOELITE_TRY(routing_shares(prof, m.hp, &in.routing));
-    } else if (rt && rt->profile) {
-      MOELITE_TRY(routing_shares(*rt->profile, m.hp, &in.routing));
+    } else if (rt && rt->profile &&
+               static_cast<size_t>(m.hp.n_moe_layers()) * static_cast<size_t>(m.hp.n_expert) <= moelite::kMaxRoutingCells) {
+      MOELITE_TRY(routing_shares(*rt->profile, m.hp, &in.routing));  // beyond the limit: uniform routing
     }
     std::unique_ptr<moelite_batch_plan> plan(new moelite_batch_plan);
     plan->inputs = in;

@@ -24,18 +24,27 @@ std::string mib(double bytes) {
 // The chance that a decode step of n sequences (one token each) uses each expert: per layer and
 // expert, 1 - (1 - p)^n, p the share of tokens routed to it (k / E when routing is taken as uniform).
 struct StepAccess {
-  std::vector<double> access;  // n_moe_layers x n_expert
+  std::vector<double> access;  // n_moe_layers x n_expert (empty: uniform routing)
+  double uniform = 0;          // each expert's chance under uniform routing
   double distinct = 0;         // their sum: the distinct experts a step uses, all layers
+
+  // Expected LRU hits of a cache of `capacity` slots over the experts [first, first + count).
+  double hits(size_t first, size_t count, double capacity) const;
 };
 
+// With uniform routing every expert has the same chance: `access` stays empty and `uniform` holds it.
 StepAccess step_access(const BatchPlanInputs& in, int32_t n) {
   StepAccess s;
   const size_t cells = static_cast<size_t>(in.n_moe_layers) * static_cast<size_t>(in.n_expert);
+  if (in.routing.empty()) {
+    const double p = std::min(1.0, static_cast<double>(in.n_expert_used) / in.n_expert);
+    s.uniform = 1.0 - std::pow(1.0 - p, n);
+    s.distinct = s.uniform * static_cast<double>(cells);
+    return s;
+  }
   s.access.resize(cells);
-  const double uniform = std::min(1.0, static_cast<double>(in.n_expert_used) / in.n_expert);
   for (size_t i = 0; i < cells; ++i) {
-    const double p = in.routing.size() == cells ? std::clamp(in.routing[i], 0.0, 1.0) : uniform;
-    s.access[i] = 1.0 - std::pow(1.0 - p, n);
+    s.access[i] = 1.0 - std::pow(1.0 - std::clamp(in.routing[i], 0.0, 1.0), n);
     s.distinct += s.access[i];
   }
   return s;
@@ -60,7 +69,7 @@ double lru_hits(const double* a, int32_t items, double capacity) {
   };
   double lo = 0, hi = 1;
   while (held(hi) < capacity && hi < 1e12) hi *= 2;
-  for (int iter = 0; iter < 100; ++iter) {
+  for (int iter = 0; iter < 64; ++iter) {  // halves [0, hi] to double precision
     const double mid = 0.5 * (lo + hi);
     (held(mid) < capacity ? lo : hi) = mid;
   }
@@ -68,6 +77,12 @@ double lru_hits(const double* a, int32_t items, double capacity) {
   for (int32_t i = 0; i < items; ++i)
     hits += a[i] * (a[i] >= 1.0 ? 1.0 : 1.0 - std::exp(hi * std::log1p(-a[i])));
   return hits;
+}
+
+double StepAccess::hits(size_t first, size_t count, double capacity) const {
+  if (!access.empty()) return lru_hits(access.data() + first, static_cast<int32_t>(count), capacity);
+  // Equal chances: the cache holds `capacity` of the `count` experts, each hit with the same chance.
+  return uniform * std::clamp(capacity, 0.0, static_cast<double>(count));
 }
 
 }  // namespace
@@ -85,6 +100,10 @@ Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "batch plan: at most %d sequences; need at least 1", in.max_sequences);
   if (!in.resident && !(in.storage_bytes_per_s > 0))
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "batch plan: streaming experts needs the storage read bandwidth");
+  if (in.routing.size() > kMaxRoutingCells)
+    return fail(MOELITE_ERR_INVALID_ARGUMENT,
+                "batch plan: routing shares for %zu experts; the planner models at most %zu (with uniform routing, any)",
+                in.routing.size(), kMaxRoutingCells);
   if (!in.routing.empty() &&
       in.routing.size() != static_cast<size_t>(in.n_moe_layers) * static_cast<size_t>(in.n_expert))
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "batch plan: routing shares for %zu experts, the model has %d x %d",
@@ -128,13 +147,12 @@ Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
     } else if (r.per_layer) {
       double hits = 0;  // each layer's pool holds its share of the slots
       for (int32_t l = 0; l < in.n_moe_layers; ++l)
-        hits += lru_hits(step.access.data() + static_cast<size_t>(l) * in.n_expert, in.n_expert,
-                         std::max(0.0, (slots - reserve_slots) / L));
+        hits += step.hits(static_cast<size_t>(l) * static_cast<size_t>(in.n_expert), static_cast<size_t>(in.n_expert),
+                          std::max(0.0, (slots - reserve_slots) / L));
       r.hit_share = step.distinct > 0 ? hits / step.distinct : 1.0;
     } else if (step_fits_globally) {
-      r.hit_share = step.distinct > 0 ? lru_hits(step.access.data(), static_cast<int32_t>(step.access.size()),
-                                                 slots - reserve_slots) / step.distinct
-                                      : 1.0;
+      const size_t all = static_cast<size_t>(in.n_moe_layers) * static_cast<size_t>(in.n_expert);
+      r.hit_share = step.distinct > 0 ? step.hits(0, all, slots - reserve_slots) / step.distinct : 1.0;
     } else {
       r.hit_share = 0.0;  // a cyclic scan larger than the pool
     }

@@ -46,6 +46,10 @@ namespace moelite {
 
 // The plan takes the fewest sequences whose predicted throughput is within this share of the best.
 constexpr double kNearBest = 0.05;
+// Routing shares of at most this many experts (all layers) are modelled: each candidate costs about
+// 100 passes over them. Real models have a few thousand (128 experts x 48 layers: 6144;
+// DeepSeek-V3, 256 x 58: 14848); beyond, plan_batch refuses the shares (plan with uniform routing).
+constexpr size_t kMaxRoutingCells = size_t{1} << 16;
 
 enum class CachePools { kChoose, kGlobal, kPerLayer };
 

@@ -228,3 +228,22 @@ TEST(BatchPlan, SkewedRoutingHitsMoreThanTheCacheShare) {
   in.routing = {0.5, 0.5};  // not one share per expert
   EXPECT_EQ(moelite::plan_batch(in, &p), MOELITE_ERR_INVALID_ARGUMENT);
 }
+
+// The work is bounded: routing shares beyond kMaxRoutingCells experts are refused, and uniform
+// routing costs the same for the largest model the library loads (1024 layers x 4096 experts, 256
+// sequences asked for) as for a small one: no per-expert work.
+TEST(BatchPlan, WorkIsBoundedForHugeModels) {
+  BatchPlanInputs in = olmoe_like(4 * MiB);
+  in.routing.assign(moelite::kMaxRoutingCells + 1, 0.01);
+  BatchPlan p;
+  EXPECT_EQ(moelite::plan_batch(in, &p), MOELITE_ERR_INVALID_ARGUMENT);
+  in.routing.clear();
+  in.n_moe_layers = 1024;
+  in.n_expert = 4096;
+  in.max_sequences = 256;
+  in.memory = uint64_t{1} << 50;
+  in.all_experts = in.slot_bytes * (uint64_t{1024} * 4096 + 1);
+  ASSERT_EQ(moelite::plan_batch(in, &p), MOELITE_OK);
+  EXPECT_EQ(p.rows.size(), 256u);
+  EXPECT_DOUBLE_EQ(p.rows[0].hit_share, 1.0);  // every expert fits: everything ever used stays
+}
