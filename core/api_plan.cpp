@@ -21,6 +21,7 @@ using moelite::api::guarded;
 using moelite::api::null_arg;
 
 struct moelite_plan_params {
+  int32_t min_sequences = 1;
   int32_t max_sequences = 16;
   uint64_t memory = 0;        // 0: the room now
   uint64_t headroom = 0;      // 0: budget auto's default
@@ -89,6 +90,17 @@ MOELITE_API moelite_status moelite_plan_params_set_max_sequences(moelite_plan_pa
     if (n < 1 || n > MOELITE_MAX_SEQUENCES)
       return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: %d sequences is outside 1..%d", api_fn, n, MOELITE_MAX_SEQUENCES);
     p->max_sequences = n;
+    return MOELITE_OK;
+  });
+}
+
+MOELITE_API moelite_status moelite_plan_params_set_min_sequences(moelite_plan_params* p, int32_t n) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (n < 1 || n > MOELITE_MAX_SEQUENCES)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: %d sequences is outside 1..%d", api_fn, n, MOELITE_MAX_SEQUENCES);
+    p->min_sequences = n;
     return MOELITE_OK;
   });
 }
@@ -175,6 +187,7 @@ MOELITE_API moelite_status moelite_plan_batch(const moelite_model* model, const 
     in.n_moe_layers = m.hp.n_moe_layers();
     in.n_expert = m.hp.n_expert;
     in.n_expert_used = m.hp.n_expert_used;
+    in.min_sequences = pp.min_sequences;
     in.max_sequences = pp.max_sequences;
     in.storage_bytes_per_s = pp.storage_gb_s * 1e9;
     in.compute_bytes_per_s = pp.compute_gb_s * 1e9;

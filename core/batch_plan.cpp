@@ -96,8 +96,9 @@ double expected_distinct_experts(int32_t n_expert, int32_t n_expert_used, int32_
 Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
   if (in.n_moe_layers <= 0 || in.n_expert <= 0 || in.n_expert_used <= 0 || in.slot_bytes == 0)
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "batch plan: the model has no routed experts to plan for");
-  if (in.max_sequences < 1)
-    return fail(MOELITE_ERR_INVALID_ARGUMENT, "batch plan: at most %d sequences; need at least 1", in.max_sequences);
+  if (in.max_sequences < 1 || in.min_sequences < 1 || in.min_sequences > in.max_sequences)
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "batch plan: %d..%d sequences is not a range within 1..", in.min_sequences,
+                in.max_sequences);
   if (!in.resident && !(in.storage_bytes_per_s > 0))
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "batch plan: streaming experts needs the storage read bandwidth");
   if (in.routing.size() > kMaxRoutingCells)
@@ -165,7 +166,7 @@ Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
                                                  : 0.0);
     r.tok_s = r.step_seconds > 0 ? n / r.step_seconds : 0.0;
     plan.rows.push_back(r);
-    if (!r.fits) continue;
+    if (!r.fits || n < in.min_sequences) continue;
     // Nothing to time (no reads, no compute rate): more sequences share more, so larger n scores higher.
     const double score = r.step_seconds > 0 ? r.tok_s : 1e300 * (n / static_cast<double>(in.max_sequences));
     if (score > best_score) {
@@ -174,19 +175,19 @@ Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
     }
   }
   if (best < 0) {
-    const BatchPlanRow& one = plan.rows.front();
+    const BatchPlanRow& one = plan.rows[static_cast<size_t>(in.min_sequences) - 1];
     return fail(MOELITE_ERR_BUDGET_TOO_SMALL,
                 "batch plan: %" PRIu64 " bytes of memory - %" PRIu64 " dense weights - %" PRIu64
-                " context scratch - %" PRIu64 " KV cache of one sequence - %" PRIu64 " headroom leave %" PRIu64
+                " context scratch - %" PRIu64 " KV cache of %d sequence%s - %" PRIu64 " headroom leave %" PRIu64
                 " bytes for experts; they need %" PRIu64,
-                in.memory, in.dense, in.context_base, one.kv_bytes, in.headroom,
+                in.memory, in.dense, in.context_base, one.kv_bytes, one.n_seq, one.n_seq == 1 ? "" : "s", in.headroom,
                 left_after(in.memory, {in.dense, in.context_base, one.kv_bytes, in.headroom}),
                 in.resident ? 0 : in.fixed_budget > 0 ? in.fixed_budget : in.minimum_budget);
   }
   // The fewest sequences within kNearBest of the best.
   int32_t chosen = best;
   if (plan.rows[static_cast<size_t>(best)].tok_s > 0)
-    for (int32_t i = 0; i < best; ++i) {
+    for (int32_t i = in.min_sequences - 1; i < best; ++i) {
       const BatchPlanRow& r = plan.rows[static_cast<size_t>(i)];
       if (r.fits && r.tok_s >= (1.0 - kNearBest) * plan.rows[static_cast<size_t>(best)].tok_s) {
         chosen = i;
@@ -207,7 +208,9 @@ Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
   plan.lookahead = read_seconds > 0 && compute_seconds > 0 && read_seconds <= compute_seconds ? 1 : 0;
 
   std::string why;
-  if (c.n_seq == in.max_sequences)
+  if (in.min_sequences == in.max_sequences)
+    why = std::to_string(c.n_seq) + " sequence" + (c.n_seq == 1 ? "" : "s") + " asked for";
+  else if (c.n_seq == in.max_sequences)
     why = "all " + std::to_string(in.max_sequences) + " sequences asked for fit";
   else if (chosen != best)
     why = std::to_string(c.n_seq) + " sequences are within " + std::to_string(int(kNearBest * 100)) +

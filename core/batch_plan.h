@@ -69,6 +69,7 @@ struct BatchPlanInputs {
   int32_t n_moe_layers = 0;
   int32_t n_expert = 0;
   int32_t n_expert_used = 0;
+  int32_t min_sequences = 1;      // at least this many (min = max: plan the pools and budget for exactly n)
   int32_t max_sequences = 1;      // at most this many (the requests waiting, or the caller's cap)
   double storage_bytes_per_s = 0;  // measured read bandwidth of the model's storage (> 0 when streaming)
   double compute_bytes_per_s = 0;  // weight bytes a decode step computes per second; 0: not modelled
@@ -105,7 +106,7 @@ struct BatchPlan {
 // D(n): distinct experts of one MoE layer that n tokens routed independently and uniformly use.
 double expected_distinct_experts(int32_t n_expert, int32_t n_expert_used, int32_t n_tokens);
 
-// The plan, or MOELITE_ERR_BUDGET_TOO_SMALL when not even one sequence fits beside the minimum
+// The plan, or MOELITE_ERR_BUDGET_TOO_SMALL when not even min_sequences fit beside the minimum
 // working set (every term in the message), MOELITE_ERR_INVALID_ARGUMENT for inputs that make no
 // model (no layers or experts, max_sequences < 1, streaming without a storage bandwidth).
 Status plan_batch(const BatchPlanInputs& in, BatchPlan* out);

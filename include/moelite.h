@@ -751,6 +751,10 @@ MOELITE_API moelite_plan_params* moelite_plan_params_create(void);
 MOELITE_API void moelite_plan_params_free(moelite_plan_params* params);
 /** Sequences to consider, 1..MOELITE_MAX_SEQUENCES (e.g. the requests waiting). */
 MOELITE_API moelite_status moelite_plan_params_set_max_sequences(moelite_plan_params* params, int32_t n);
+/** The fewest sequences to consider, 1..MOELITE_MAX_SEQUENCES (default 1). Equal to the maximum,
+ *  the plan is for exactly that many: its budget and pools. moelite_plan_batch answers
+ *  MOELITE_ERR_INVALID_ARGUMENT when it exceeds the maximum. */
+MOELITE_API moelite_status moelite_plan_params_set_min_sequences(moelite_plan_params* params, int32_t n);
 /** Bytes the dense weights, the expert cache, the contexts and the headroom must fit in together
  *  (at most 2^62); 0: the room now. */
 MOELITE_API moelite_status moelite_plan_params_set_memory(moelite_plan_params* params, uint64_t bytes);
@@ -783,8 +787,9 @@ MOELITE_API moelite_status moelite_plan_params_set_bandwidths(moelite_plan_param
  *  does not show it yet). `context_params` gives n_ctx and n_batch (NULL: defaults; its n_seq is
  *  ignored); `params` may be NULL for defaults. Reads no weights, allocates only the plan.
  *  Errors: MOELITE_ERR_INVALID_ARGUMENT for NULL model or out, a vocabulary-only model, a model
- *  without routed experts, or streaming without a storage bandwidth; MOELITE_ERR_BUDGET_TOO_SMALL
- *  when not even one sequence fits beside the minimum working set (every term in the message).
+ *  without routed experts, streaming without a storage bandwidth, or more sequences at least
+ *  than at most; MOELITE_ERR_BUDGET_TOO_SMALL when not even the fewest sequences fit beside the
+ *  minimum working set (every term in the message).
  *  On success *out_plan is freed with moelite_batch_plan_free; on failure it is NULL. */
 MOELITE_API moelite_status moelite_plan_batch(const moelite_model* model, const moelite_context_params* context_params,
                                               const moelite_plan_params* params, moelite_batch_plan** out_plan);

@@ -1135,7 +1135,12 @@ static void test_batch_plan(void) {
   plan = (moelite_batch_plan*)&g_failures;
   CHECK(moelite_plan_batch(info, NULL, pp, &plan) == MOELITE_ERR_INVALID_ARGUMENT && plan == NULL);
   CHECK(moelite_plan_params_set_bandwidths(pp, 2.0, 0.0) == MOELITE_OK);
+  CHECK(moelite_plan_params_set_min_sequences(pp, 5) == MOELITE_OK);
   CHECK(moelite_plan_params_set_max_sequences(pp, 4) == MOELITE_OK);
+  plan = (moelite_batch_plan*)&g_failures;
+  CHECK(moelite_plan_batch(info, NULL, pp, &plan) == MOELITE_ERR_INVALID_ARGUMENT && plan == NULL); /* 5..4 */
+  CHECK(moelite_plan_params_set_min_sequences(pp, 0) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_plan_params_set_min_sequences(pp, 1) == MOELITE_OK);
   CHECK(moelite_plan_params_set_memory(pp, (uint64_t)256 << 20) == MOELITE_OK);
   CHECK(moelite_plan_params_set_cache_allocation(pp, "uniform") == MOELITE_OK);
   CHECK(moelite_plan_batch(info, NULL, pp, &plan) == MOELITE_OK && plan != NULL);

@@ -247,3 +247,20 @@ TEST(BatchPlan, WorkIsBoundedForHugeModels) {
   EXPECT_EQ(p.rows.size(), 256u);
   EXPECT_DOUBLE_EQ(p.rows[0].hit_share, 1.0);  // every expert fits: everything ever used stays
 }
+
+// min_sequences = max_sequences plans exactly that many: its budget and pools, whatever is best.
+TEST(BatchPlan, ExactlyNSequences) {
+  BatchPlanInputs in = olmoe_like(256 * MiB);
+  in.min_sequences = in.max_sequences = 3;  // the best would be 1
+  BatchPlan p;
+  ASSERT_EQ(moelite::plan_batch(in, &p), MOELITE_OK);
+  EXPECT_EQ(p.n_seq, 3);
+  EXPECT_EQ(p.expert_budget, 930 * MiB);  // 2048 - 200 - 50 - 3 x 256 - 100
+  EXPECT_TRUE(p.per_layer);
+  EXPECT_NE(p.reason.find("3 sequences asked for"), std::string::npos) << p.reason;
+  in.min_sequences = in.max_sequences = 5;  // 418 MiB: below the per-layer minimum
+  EXPECT_EQ(moelite::plan_batch(in, &p), MOELITE_ERR_BUDGET_TOO_SMALL);
+  EXPECT_NE(std::string(moelite::last_error_message()).find("KV cache of 5 sequences"), std::string::npos);
+  in.min_sequences = 6;
+  EXPECT_EQ(moelite::plan_batch(in, &p), MOELITE_ERR_INVALID_ARGUMENT);
+}

@@ -158,7 +158,9 @@ struct PlanChoice {
 
 // `model` is the loaded model (resident), or null under a budget (then the file is only inspected,
 // and args gets the planned --budget and --allocation).
-int plan_batch(Args& args, moelite_model* model, int32_t n_ctx, int32_t n_batch, int64_t n_requests, PlanChoice* out) {
+// `fixed_n` > 0: --n-seq was given; the plan is then only for its pools under the budget.
+int plan_batch(Args& args, moelite_model* model, int32_t n_ctx, int32_t n_batch, int64_t n_requests, int64_t fixed_n,
+               PlanChoice* out) {
   const std::string path = args.has("-m") ? args.get("-m") : args.get("--model");
   std::string err;
   SizeArg memory, headroom;
@@ -177,6 +179,7 @@ int plan_batch(Args& args, moelite_model* model, int32_t n_ctx, int32_t n_batch,
   std::unique_ptr<moelite_model, void (*)(moelite_model*)> inspected_guard(inspected, moelite_model_free);
   const moelite_model* subject = model ? model : inspected;
   const bool streams = !model || moelite_model_get(model, MOELITE_MODEL_EXPERT_BUDGET) > 0;
+  if (streams && fixed_n > 0 && storage_gbs <= 0) storage_gbs = 1.0;  // the pools do not depend on it: no probe
   if (streams && storage_gbs <= 0) storage_gbs = measure_storage_bandwidth(path, kStorageProbeBytes, 2);
   if (streams && storage_gbs <= 0) return report(MOELITE_ERR_IO, ("measuring the read bandwidth of " + path).c_str());
 
@@ -185,8 +188,10 @@ int plan_batch(Args& args, moelite_model* model, int32_t n_ctx, int32_t n_batch,
   std::unique_ptr<moelite_plan_params, void (*)(moelite_plan_params*)> pp_guard(pp, moelite_plan_params_free);
   std::unique_ptr<moelite_context_params, void (*)(moelite_context_params*)> cp_guard(cp, moelite_context_params_free);
   if (!pp || !cp) return report(MOELITE_ERR_OUT_OF_MEMORY, "planning");
-  moelite_status st = moelite_plan_params_set_max_sequences(
-      pp, static_cast<int32_t>(std::max<int64_t>(1, std::min(n_requests, kAutoMaxSequences))));
+  const int32_t most =
+      static_cast<int32_t>(fixed_n > 0 ? fixed_n : std::max<int64_t>(1, std::min(n_requests, kAutoMaxSequences)));
+  moelite_status st = moelite_plan_params_set_max_sequences(pp, most);
+  if (st == MOELITE_OK && fixed_n > 0) st = moelite_plan_params_set_min_sequences(pp, most);
   if (st == MOELITE_OK && args.has("--memory")) st = moelite_plan_params_set_memory(pp, static_cast<uint64_t>(memory.value));
   if (st == MOELITE_OK && args.has("--budget-headroom"))
     st = moelite_plan_params_set_headroom(pp, static_cast<uint64_t>(headroom.value));
@@ -215,6 +220,11 @@ int plan_batch(Args& args, moelite_model* model, int32_t n_ctx, int32_t n_batch,
     args.set("--budget", std::to_string(moelite_batch_plan_get(plan, MOELITE_PLAN_EXPERT_BUDGET)));
     args.erase("--budget-headroom");
     if (!pools_given) args.set("--allocation", moelite_batch_plan_allocation(plan));
+  }
+  if (fixed_n > 0) {
+    fprintf(stderr, "moelite batch: %s expert pools for %" PRId64 " sequences: %s\n", moelite_batch_plan_allocation(plan),
+            fixed_n, moelite_batch_plan_reason(plan));
+    return 0;
   }
   const double tok_s = moelite_batch_plan_decode_tok_s(plan);
   char predicted[64] = "";
@@ -266,9 +276,10 @@ int cmd_batch(int argc, char** argv) {
   // Under a budget the plan comes before loading: with --budget auto it sizes the budget, and it
   // picks the pools (one global pool thrashes when a step's experts outnumber its slots).
   PlanChoice plan;
-  const bool plan_budget = auto_seq && args.has("--budget");
+  const bool plan_budget = args.has("--budget");
   if (plan_budget) {
-    if (int rc = plan_batch(args, nullptr, static_cast<int32_t>(n_ctx), static_cast<int32_t>(n_batch), n_lines, &plan))
+    if (int rc = plan_batch(args, nullptr, static_cast<int32_t>(n_ctx), static_cast<int32_t>(n_batch), n_lines,
+                            auto_seq ? 0 : n_seq, &plan))
       return rc;
   }
   if (plan_budget && args.has("--plan")) {
@@ -294,7 +305,7 @@ int cmd_batch(int argc, char** argv) {
 
   if (auto_seq && !plan_budget) {
     if (int rc = plan_batch(args, model, static_cast<int32_t>(n_ctx), static_cast<int32_t>(n_batch),
-                            static_cast<int64_t>(requests.size()), &plan))
+                            static_cast<int64_t>(requests.size()), 0, &plan))
       return rc;
     if (args.has("--plan")) {
       printf("%s\n", plan.json.c_str());

@@ -204,3 +204,14 @@ def test_a_given_budget_gets_per_layer_pools_where_a_step_outgrows_one():
     assert r.returncode == 0, r.stderr
     assert ("%s pools" % plan["allocation"]) in r.stderr, r.stderr
     assert [json.loads(line) for line in open(out)] == batch(1)
+
+
+def test_a_given_number_of_sequences_gets_its_pools():
+    out = os.path.join(TMP, "out-n8-25.jsonl")
+    r = subprocess.run([BIN, "batch", "-m", MODEL, "-t", "2", "-f", write_requests(), "-o", out, "--n-seq", "8", "-c",
+                        "256", "-b", "16", "--temp", "0.8", "--seed", "11", "--budget", "25%"], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    # 8 tokens use about 4 x 16 x (1 - (7/8)^8) = 42 experts a step; 25 % holds 16.
+    assert "uniform expert pools for 8 sequences" in r.stderr, r.stderr
+    assert [json.loads(line) for line in open(out)] == batch(1)

@@ -687,12 +687,14 @@ class Model:
             del progress_ref, box
 
     def plan_batch(self, n_ctx: Optional[int] = None, n_batch: Optional[int] = None, max_sequences: int = 16,
+                   min_sequences: int = 1,
                    memory: int = 0, headroom: int = 0, expert_budget: Union[str, int] = "auto",
                    storage_gb_s: float = 0.0, compute_gb_s: float = 0.0, allocation: str = "auto",
                    profile: Optional[PathLike] = None) -> dict:
         """How many sequences to decode together and how much memory the experts get
         (moelite_plan_batch), as a dict: n_seq, expert_budget_bytes, kv_bytes, lookahead,
-        predicted_decode_tok_s, reason, the inputs and a row per candidate 1..max_sequences.
+        predicted_decode_tok_s, reason, the inputs and a row per candidate 1..max_sequences; the
+        choice is among min_sequences..max_sequences (equal: the budget and pools for exactly n).
         On an inspected model the planner sizes the budget (expert_budget "auto"), or plans the
         sequences for a fixed budget in bytes, or "resident"; a loaded model keeps its own budget
         and pools.
@@ -712,6 +714,7 @@ class Model:
             if not params or not cparams:
                 raise MemoryError("creating plan parameters failed")
             _check(_c.moelite_plan_params_set_max_sequences(params, int(max_sequences)))
+            _check(_c.moelite_plan_params_set_min_sequences(params, int(min_sequences)))
             _check(_c.moelite_plan_params_set_memory(params, int(memory)))
             _check(_c.moelite_plan_params_set_headroom(params, int(headroom)))
             _check(_c.moelite_plan_params_set_expert_budget(params, budget))
