@@ -114,6 +114,15 @@ pub const MOELITE_PLATFORM_DEFAULT_THREADS: moelite_platform_field = 9;
 pub const MOELITE_PLATFORM_AUTO_BACKEND: moelite_platform_field = 10;
 pub const MOELITE_PLATFORM_HAS_CUDA: moelite_platform_field = 11;
 pub const MOELITE_PLATFORM_HAS_VULKAN: moelite_platform_field = 12;
+pub const MOELITE_PLAN_BUDGET_AUTO: u64 = 0;
+pub const MOELITE_PLAN_RESIDENT: u64 = u64::MAX;
+pub type moelite_batch_plan_key = c_int;
+pub const MOELITE_PLAN_N_SEQ: moelite_batch_plan_key = 0;
+pub const MOELITE_PLAN_EXPERT_BUDGET: moelite_batch_plan_key = 1;
+pub const MOELITE_PLAN_KV_BYTES: moelite_batch_plan_key = 2;
+pub const MOELITE_PLAN_LOOKAHEAD: moelite_batch_plan_key = 3;
+pub const MOELITE_PLAN_MEMORY: moelite_batch_plan_key = 4;
+pub const MOELITE_PLAN_HEADROOM: moelite_batch_plan_key = 5;
 pub type moelite_stop_reason = c_int;
 pub const MOELITE_STOP_END_TOKEN: moelite_stop_reason = 0;
 pub const MOELITE_STOP_MAX_TOKENS: moelite_stop_reason = 1;
@@ -142,6 +151,14 @@ pub struct moelite_model_params {
 }
 #[repr(C)]
 pub struct moelite_calibrate_params {
+    _private: [u8; 0],
+}
+#[repr(C)]
+pub struct moelite_plan_params {
+    _private: [u8; 0],
+}
+#[repr(C)]
+pub struct moelite_batch_plan {
     _private: [u8; 0],
 }
 #[repr(C)]
@@ -325,4 +342,21 @@ extern "C" {
     pub fn moelite_sampler_sample(sampler: *mut moelite_sampler, ctx: *const moelite_context, i: i32, out_token: *mut i32) -> moelite_status;
     pub fn moelite_sampler_sample_logits(sampler: *mut moelite_sampler, logits: *const f32, n_vocab: i32, out_token: *mut i32) -> moelite_status;
     pub fn moelite_sampler_reset(sampler: *mut moelite_sampler);
+    pub fn moelite_plan_params_create() -> *mut moelite_plan_params;
+    pub fn moelite_plan_params_free(params: *mut moelite_plan_params);
+    pub fn moelite_plan_params_set_max_sequences(params: *mut moelite_plan_params, n: i32) -> moelite_status;
+    pub fn moelite_plan_params_set_min_sequences(params: *mut moelite_plan_params, n: i32) -> moelite_status;
+    pub fn moelite_plan_params_set_memory(params: *mut moelite_plan_params, bytes: u64) -> moelite_status;
+    pub fn moelite_plan_params_set_headroom(params: *mut moelite_plan_params, bytes: u64) -> moelite_status;
+    pub fn moelite_plan_params_set_expert_budget(params: *mut moelite_plan_params, bytes: u64) -> moelite_status;
+    pub fn moelite_plan_params_set_cache_allocation(params: *mut moelite_plan_params, allocation: *const c_char) -> moelite_status;
+    pub fn moelite_plan_params_set_profile(params: *mut moelite_plan_params, path: *const c_char) -> moelite_status;
+    pub fn moelite_plan_params_set_bandwidths(params: *mut moelite_plan_params, storage_gb_per_s: f64, compute_gb_per_s: f64) -> moelite_status;
+    pub fn moelite_plan_batch(model: *const moelite_model, context_params: *const moelite_context_params, params: *const moelite_plan_params, out_plan: *mut *mut moelite_batch_plan) -> moelite_status;
+    pub fn moelite_batch_plan_get(plan: *const moelite_batch_plan, key: moelite_batch_plan_key) -> i64;
+    pub fn moelite_batch_plan_decode_tok_s(plan: *const moelite_batch_plan) -> f64;
+    pub fn moelite_batch_plan_allocation(plan: *const moelite_batch_plan) -> *const c_char;
+    pub fn moelite_batch_plan_reason(plan: *const moelite_batch_plan) -> *const c_char;
+    pub fn moelite_batch_plan_json(plan: *const moelite_batch_plan) -> *const c_char;
+    pub fn moelite_batch_plan_free(plan: *mut moelite_batch_plan);
 }
