@@ -64,6 +64,17 @@ moelite_status check_bandwidth(const char* fn, const char* what, double gbs) {
   return MOELITE_OK;
 }
 
+// A sequence-count setter: 1..MOELITE_MAX_SEQUENCES into `field`.
+moelite_status set_sequences(const char* api_fn, moelite_plan_params* p, int32_t n, int32_t moelite_plan_params::*field) {
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (n < 1 || n > MOELITE_MAX_SEQUENCES)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: %d sequences is outside 1..%d", api_fn, n, MOELITE_MAX_SEQUENCES);
+    p->*field = n;
+    return MOELITE_OK;
+  });
+}
+
 // A size setter: bytes up to 2^62 (or the one special value `also`) into `field`.
 moelite_status set_size(const char* api_fn, moelite_plan_params* p, uint64_t bytes, uint64_t moelite_plan_params::*field,
                         uint64_t also = 0) {
@@ -84,25 +95,11 @@ MOELITE_API moelite_plan_params* moelite_plan_params_create(void) { return new (
 MOELITE_API void moelite_plan_params_free(moelite_plan_params* params) { delete params; }
 
 MOELITE_API moelite_status moelite_plan_params_set_max_sequences(moelite_plan_params* p, int32_t n) {
-  const char* const api_fn = __func__;
-  return guarded(api_fn, [&]() -> moelite_status {
-    if (!p) return null_arg(api_fn, "params");
-    if (n < 1 || n > MOELITE_MAX_SEQUENCES)
-      return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: %d sequences is outside 1..%d", api_fn, n, MOELITE_MAX_SEQUENCES);
-    p->max_sequences = n;
-    return MOELITE_OK;
-  });
+  return set_sequences(__func__, p, n, &moelite_plan_params::max_sequences);
 }
 
 MOELITE_API moelite_status moelite_plan_params_set_min_sequences(moelite_plan_params* p, int32_t n) {
-  const char* const api_fn = __func__;
-  return guarded(api_fn, [&]() -> moelite_status {
-    if (!p) return null_arg(api_fn, "params");
-    if (n < 1 || n > MOELITE_MAX_SEQUENCES)
-      return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: %d sequences is outside 1..%d", api_fn, n, MOELITE_MAX_SEQUENCES);
-    p->min_sequences = n;
-    return MOELITE_OK;
-  });
+  return set_sequences(__func__, p, n, &moelite_plan_params::min_sequences);
 }
 
 MOELITE_API moelite_status moelite_plan_params_set_memory(moelite_plan_params* p, uint64_t bytes) {
