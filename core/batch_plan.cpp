@@ -7,6 +7,16 @@
 
 namespace moelite {
 
+double expected_distinct_experts(int32_t n_expert, int32_t n_expert_used, int32_t n_tokens) {
+  if (n_expert <= 0 || n_expert_used <= 0 || n_tokens <= 0) return 0.0;
+  const double miss_one = 1.0 - static_cast<double>(std::min(n_expert_used, n_expert)) / n_expert;
+  return n_expert * (1.0 - std::pow(miss_one, n_tokens));
+}
+
+const char* plan_pools_name(bool resident, bool per_layer) {
+  return resident ? "none" : per_layer ? "uniform" : "global";
+}
+
 namespace {
 
 // a - b - c ..., saturating at 0.
@@ -37,8 +47,7 @@ StepAccess step_access(const BatchPlanInputs& in, int32_t n) {
   StepAccess s;
   const size_t cells = static_cast<size_t>(in.n_moe_layers) * static_cast<size_t>(in.n_expert);
   if (in.routing.empty()) {
-    const double p = std::min(1.0, static_cast<double>(in.n_expert_used) / in.n_expert);
-    s.uniform = 1.0 - std::pow(1.0 - p, n);
+    s.uniform = expected_distinct_experts(in.n_expert, in.n_expert_used, n) / in.n_expert;
     s.distinct = s.uniform * static_cast<double>(cells);
     return s;
   }
@@ -86,12 +95,6 @@ double StepAccess::hits(size_t first, size_t count, double capacity) const {
 }
 
 }  // namespace
-
-double expected_distinct_experts(int32_t n_expert, int32_t n_expert_used, int32_t n_tokens) {
-  if (n_expert <= 0 || n_expert_used <= 0 || n_tokens <= 0) return 0.0;
-  const double miss_one = 1.0 - static_cast<double>(std::min(n_expert_used, n_expert)) / n_expert;
-  return n_expert * (1.0 - std::pow(miss_one, n_tokens));
-}
 
 Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
   if (in.n_moe_layers <= 0 || in.n_expert <= 0 || in.n_expert_used <= 0 || in.slot_bytes == 0)
@@ -161,9 +164,10 @@ Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
       r.fits = in.memory >= taken && cache_bytes >= (r.per_layer ? in.minimum_per_layer : in.minimum_budget);
     const double step_expert_bytes = step.distinct * static_cast<double>(in.slot_bytes);
     r.read_bytes = step_expert_bytes * (1.0 - r.hit_share);
-    r.step_seconds = (r.read_bytes > 0 ? r.read_bytes / in.storage_bytes_per_s : 0.0) +
-                     (in.compute_bytes_per_s > 0 ? (static_cast<double>(in.dense) + step_expert_bytes) / in.compute_bytes_per_s
-                                                 : 0.0);
+    r.read_seconds = r.read_bytes > 0 ? r.read_bytes / in.storage_bytes_per_s : 0.0;
+    r.compute_seconds =
+        in.compute_bytes_per_s > 0 ? (static_cast<double>(in.dense) + step_expert_bytes) / in.compute_bytes_per_s : 0.0;
+    r.step_seconds = r.read_seconds + r.compute_seconds;
     r.tok_s = r.step_seconds > 0 ? n / r.step_seconds : 0.0;
     plan.rows.push_back(r);
     if (!r.fits || n < in.min_sequences) continue;
@@ -200,12 +204,7 @@ Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
   plan.kv_bytes = c.kv_bytes;
   plan.tok_s = c.tok_s;
   plan.per_layer = c.per_layer;
-  const double compute_seconds =
-      in.compute_bytes_per_s > 0
-          ? (static_cast<double>(in.dense) + L * c.distinct_experts * static_cast<double>(in.slot_bytes)) / in.compute_bytes_per_s
-          : 0.0;
-  const double read_seconds = c.read_bytes > 0 ? c.read_bytes / in.storage_bytes_per_s : 0.0;
-  plan.lookahead = read_seconds > 0 && compute_seconds > 0 && read_seconds <= compute_seconds ? 1 : 0;
+  plan.lookahead = c.read_seconds > 0 && c.compute_seconds > 0 && c.read_seconds <= c.compute_seconds ? 1 : 0;
 
   std::string why;
   if (in.min_sequences == in.max_sequences)
@@ -226,8 +225,8 @@ Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
   if (!in.resident && in.fixed_budget == 0)
     why += "; experts get " + mib(static_cast<double>(c.expert_budget)) + " (" +
            std::to_string(static_cast<int>(std::lround(c.cache_share * 100))) + " % of them)";
-  if (read_seconds > 0)
-    why += compute_seconds <= 0 ? "; lookahead 0: no compute rate to compare reads with"
+  if (c.read_seconds > 0)
+    why += c.compute_seconds <= 0 ? "; lookahead 0: no compute rate to compare reads with"
            : plan.lookahead ? "; lookahead 1: a step's reads fit behind its computation"
                             : "; lookahead 0: a step's reads take longer than its computation, guesses would add reads";
   plan.reason = why;
@@ -244,8 +243,8 @@ std::string batch_plan_json(const BatchPlanInputs& in, const BatchPlan& plan) {
            ", \"dense_bytes\": %" PRIu64 ", \"context_base_bytes\": %" PRIu64 ", \"kv_bytes_per_sequence\": %" PRIu64
            ", \"headroom_bytes\": %" PRIu64 ", \"slot_bytes\": %" PRIu64 ", \"resident\": %s, \"fixed_budget\": %s, \"storage_gb_s\": %.4g"
            ", \"compute_gb_s\": %.4g, \"routing\": \"%s\", \"reason\": \"",
-           plan.n_seq, plan.expert_budget, plan.kv_bytes, plan.lookahead,
-           in.resident ? "none" : plan.per_layer ? "uniform" : "global", plan.tok_s, in.memory, in.dense, in.context_base,
+           plan.n_seq, plan.expert_budget, plan.kv_bytes, plan.lookahead, plan_pools_name(in.resident, plan.per_layer),
+           plan.tok_s, in.memory, in.dense, in.context_base,
            in.kv_per_sequence, in.headroom, in.slot_bytes, in.resident ? "true" : "false", in.fixed_budget > 0 ? "true" : "false",
            in.storage_bytes_per_s / 1e9, in.compute_bytes_per_s / 1e9, in.routing.empty() ? "uniform" : "profile");
   s += buf;
@@ -261,7 +260,7 @@ std::string batch_plan_json(const BatchPlanInputs& in, const BatchPlan& plan) {
              ", \"allocation\": \"%s\", \"cache_share\": %.4f, \"hit_share\": %.4f, \"distinct_experts_per_layer\": %.3f, \"read_bytes_per_step\": %.0f"
              ", \"step_seconds\": %.6g, \"decode_tok_s\": %.4g}",
              i ? ", " : "", r.n_seq, r.fits ? "true" : "false", r.kv_bytes, r.expert_budget,
-             in.resident ? "none" : r.per_layer ? "uniform" : "global", r.cache_share, r.hit_share,
+             plan_pools_name(in.resident, r.per_layer), r.cache_share, r.hit_share,
              r.distinct_experts, r.read_bytes, r.step_seconds, r.tok_s);
     s += buf;
   }

@@ -87,7 +87,9 @@ struct BatchPlanRow {
   double hit_share = 0;          // h(n)
   double distinct_experts = 0;   // D(n) / L: per MoE layer
   double read_bytes = 0;         // R(n), per step
-  double step_seconds = 0;       // T(n)
+  double read_seconds = 0;       // R(n) / storage_bw
+  double compute_seconds = 0;    // the step's weight bytes / compute_bw (0: no compute rate)
+  double step_seconds = 0;       // T(n): their sum
   double tok_s = 0;              // n / T(n), all sequences together
   bool fits = false;             // the memory holds it (budget at least the minimum working set)
 };
@@ -105,6 +107,10 @@ struct BatchPlan {
 
 // D(n): distinct experts of one MoE layer that n tokens routed independently and uniformly use.
 double expected_distinct_experts(int32_t n_expert, int32_t n_expert_used, int32_t n_tokens);
+
+// The pools a plan or row assumes, as the cache-allocation name to load with: "none" (resident),
+// "uniform" (a pool per layer) or "global".
+const char* plan_pools_name(bool resident, bool per_layer);
 
 // The plan, or MOELITE_ERR_BUDGET_TOO_SMALL when not even min_sequences fit beside the minimum
 // working set (every term in the message), MOELITE_ERR_INVALID_ARGUMENT for inputs that make no
