@@ -205,7 +205,7 @@ MOELITE_API moelite_status moelite_plan_batch(const moelite_model* model, const 
       in.fixed_budget = in.resident ? 0 : pp.expert_budget;
       in.memory = pp.memory > 0 ? pp.memory : room_now;
     }
-    in.headroom = pp.headroom > 0 ? pp.headroom : std::max(moelite::kMinAutoHeadroom, in.memory / 10);
+    in.headroom = pp.headroom > 0 ? pp.headroom : moelite::default_headroom(in.memory);
     if (!in.resident && !(in.storage_bytes_per_s > 0))
       return fail(MOELITE_ERR_INVALID_ARGUMENT,
                   "%s: experts stream from storage under a budget: set its read bandwidth "
@@ -246,8 +246,7 @@ MOELITE_API double moelite_batch_plan_decode_tok_s(const moelite_batch_plan* pla
 }
 
 MOELITE_API const char* moelite_batch_plan_allocation(const moelite_batch_plan* plan) {
-  if (!plan) return "";
-  return plan->inputs.resident ? "none" : plan->plan.per_layer ? "uniform" : "global";
+  return plan ? moelite::plan_pools_name(plan->inputs.resident, plan->plan.per_layer) : "";
 }
 
 MOELITE_API const char* moelite_batch_plan_reason(const moelite_batch_plan* plan) {

@@ -14,7 +14,7 @@ Status size_auto_budget(const AutoBudgetInputs& in, AutoBudget* out) {
   AutoBudget r;
   r.room = in.room;
   r.context = in.context;
-  r.headroom = in.headroom > 0 ? in.headroom : std::max(kMinAutoHeadroom, in.room / 10);
+  r.headroom = in.headroom > 0 ? in.headroom : default_headroom(in.room);
   // Saturating: a room smaller than what must be set aside gives 0, reported below.
   uint64_t left = in.room;
   for (uint64_t take : {in.dense, in.context, r.headroom}) left = left > take ? left - take : 0;

@@ -20,6 +20,7 @@ struct LoadOptions;
 // Default headroom: 10 % of the room, at least 64 MiB (page tables, allocator slack, the
 // application's own memory, a GPU driver's context).
 constexpr uint64_t kMinAutoHeadroom = uint64_t{64} << 20;
+inline uint64_t default_headroom(uint64_t room) { return room / 10 > kMinAutoHeadroom ? room / 10 : kMinAutoHeadroom; }
 
 struct AutoBudgetInputs {
   uint64_t room = 0;           // bytes the process may still allocate when loading starts
