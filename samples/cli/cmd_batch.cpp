@@ -265,14 +265,17 @@ int cmd_batch(int argc, char** argv) {
     if (!out) return usage_error("cannot write '" + args.get("-o") + "'");
   }
   std::unique_ptr<FILE, int (*)(FILE*)> out_guard(out == stdout ? nullptr : out, fclose);
-  // Requests are counted before loading, so that the planner knows how many sequences could run.
-  int64_t n_lines = 0;
+  // The request lines (blank lines are not requests), split before loading so that the planner
+  // knows how many sequences could run; they are parsed once the tokenizer is loaded.
+  std::vector<std::string> lines;
   for (size_t pos = 0; pos < input.size();) {
     size_t end = input.find('\n', pos);
     if (end == std::string::npos) end = input.size();
-    if (input.substr(pos, end - pos).find_first_not_of(" \t\r") != std::string::npos) ++n_lines;
+    std::string line = input.substr(pos, end - pos);
     pos = end + 1;
+    if (line.find_first_not_of(" \t\r") != std::string::npos) lines.push_back(std::move(line));
   }
+  const int64_t n_lines = static_cast<int64_t>(lines.size());
   // Under a budget the plan comes before loading: with --budget auto it sizes the budget, and it
   // picks the pools (one global pool thrashes when a step's experts outnumber its slots).
   PlanChoice plan;
@@ -294,14 +297,8 @@ int cmd_batch(int argc, char** argv) {
   if (int rc = generate_params_from_args(args, gp)) return rc;
 
   std::vector<Request> requests;
-  for (size_t pos = 0; pos < input.size();) {
-    size_t end = input.find('\n', pos);
-    if (end == std::string::npos) end = input.size();
-    const std::string line = input.substr(pos, end - pos);
-    pos = end + 1;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are not requests
+  for (const std::string& line : lines)
     requests.push_back(read_request(model, line, static_cast<int64_t>(requests.size()), static_cast<int32_t>(max_tokens)));
-  }
 
   if (auto_seq && !plan_budget) {
     if (int rc = plan_batch(args, model, static_cast<int32_t>(n_ctx), static_cast<int32_t>(n_batch),
