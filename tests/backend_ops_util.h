@@ -43,7 +43,7 @@ struct HostAct {
   }
   std::vector<float> get() {
     std::vector<float> out(static_cast<size_t>(a.rows * a.cols));
-    EXPECT_EQ(be->read_rows(a, 0, a.rows, out.data()), MOELITE_OK);
+    EXPECT_EQ(be->read_rows(a, 0, a.rows, out.data()), MOELITE_OK) << last_error_message();
     return out;
   }
 };
@@ -339,11 +339,15 @@ inline void expect_copy_columns_match_definition(Backend* b) {
 
 // Routing of n tokens over 16 experts, top-4 with a tie (the lower id wins), with and without
 // renormalisation, on `dev` against the CPU backend.
+// Expert counts below, at and above a warp's 32 lanes (a GPU may give each lane several experts),
+// with ties between experts.
 inline void expect_routing_matches_cpu(Backend* dev, Backend* cpu, int64_t n) {
   std::mt19937 rng(2);
-  const int64_t n_expert = 16;
+  for (const int64_t n_expert : {16, 60, 128}) {
+  SCOPED_TRACE(n_expert);
   std::vector<float> logits = randv(static_cast<size_t>(n * n_expert), rng, -3, 3);
   logits[3] = logits[5];
+  logits[static_cast<size_t>(n_expert + 40 % n_expert)] = logits[static_cast<size_t>(n_expert + 7)];
   for (bool renorm : {false, true}) {
     Routing rd, rc;
     HostAct ld(dev, n, n_expert), lc(cpu, n, n_expert);
@@ -354,6 +358,7 @@ inline void expect_routing_matches_cpu(Backend* dev, Backend* cpu, int64_t n) {
     EXPECT_EQ(rd.ids, rc.ids);
     ASSERT_EQ(rd.weights.size(), rc.weights.size());
     for (size_t i = 0; i < rd.weights.size(); ++i) EXPECT_NEAR(rd.weights[i], rc.weights[i], 2e-7) << i;
+  }
   }
 }
 

@@ -9,7 +9,10 @@
 // driver's reason, elsewhere): the kernels nvcc compiled, against the same CPU references.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <deque>
 #include <memory>
 #include <ostream>
 #include <random>
@@ -79,6 +82,19 @@ WeightView as_f32(const WeightView& w) {
   return f;
 }
 
+// The same weight with its first byte `offset` bytes past a 16-byte boundary (kept).
+WeightView misaligned(const WeightView& w, size_t offset) {
+  static std::deque<std::vector<uint8_t>> kept;
+  const size_t size = static_cast<size_t>(w.rows) * w.row_bytes;
+  kept.emplace_back(size + 32);
+  uint8_t* base = kept.back().data();
+  uint8_t* at = base + ((16 - reinterpret_cast<uintptr_t>(base) % 16) % 16) + offset;
+  std::memcpy(at, w.data, size);
+  WeightView m = w;
+  m.data = at;
+  return m;
+}
+
 }  // namespace
 
 class CudaDevices : public testing::TestWithParam<Device> {};
@@ -89,10 +105,15 @@ TEST_P(CudaDevices, MatmulAndGetRowsForEveryWeightTypeMatchTheScalarDequantizati
   for (TensorType t : kTypes) {
     SCOPED_TRACE(type_name(t));
     const bool is_float = t == TensorType::F32 || t == TensorType::F16 || t == TensorType::BF16;
-    // Rows not a multiple of the 4 rows per block; float rows with a partial last 32-column chunk.
-    for (const int64_t cols : is_float ? std::vector<int64_t>{100, 512} : std::vector<int64_t>{256, 1024 + 256}) {
+    // Rows not a multiple of the 4 rows per block; float rows with a partial last 32-column chunk;
+    // rows longer than a warp's 4 KB stage (two or more staged chunks, the last one partial), and
+    // rows starting 3 bytes past a 16-byte boundary (the stage's loads are aligned down).
+    const std::vector<int64_t> widths =
+        is_float ? std::vector<int64_t>{100, 512, 2500} : std::vector<int64_t>{256, 1024 + 256, 16384 + 256};
+    for (const int64_t cols : widths) {
       const int64_t rows = 9, n = 11;  // tokens: one full chunk of 8 and a partial one
-      const WeightView w = random_matrix(t, rows, cols, rng);
+      const WeightView w = cols == widths.back() ? misaligned(random_matrix(t, rows, cols, rng), 3)
+                                                 : random_matrix(t, rows, cols, rng);
       const std::vector<float> deq = dequantized(w);
       const std::vector<float> x = randv(static_cast<size_t>(n * cols), rng, -2, 2);
       const std::vector<float>& bias = kept_floats(randv(rows, rng));
@@ -208,9 +229,14 @@ TEST_P(CudaDevices, ExpertAndSharedFfnsMatchTheCpuBackend) {
   r.weights = {0.6f, 0.4f, 0.7f, 0.3f, 1.0f, 0.0f, 0.5f, 0.5f};
   const std::vector<float> x = randv(static_cast<size_t>(n * d), rng, -2, 2);
   static const std::vector<float> gate_inp = randv(static_cast<size_t>(d), rng);
-  for (const TensorType type : {TensorType::F32, TensorType::Q4_K}) {
+  // Gate and up of one type are one fused, grouped product; of two types (a mixed quantization)
+  // they are computed apart.
+  const std::pair<TensorType, TensorType> gate_up_types[] = {
+      {TensorType::F32, TensorType::F32}, {TensorType::Q4_K, TensorType::Q4_K}, {TensorType::Q4_K, TensorType::Q8_0}};
+  for (const auto& [type, up_type] : gate_up_types) {
     for (const FfnActivation act : {FfnActivation::SwiGLU, FfnActivation::SwiGLUClamped}) {
-      SCOPED_TRACE(testing::Message() << type_name(type) << " activation " << static_cast<int>(act));
+      SCOPED_TRACE(testing::Message() << type_name(type) << "/" << type_name(up_type) << " activation "
+                                      << static_cast<int>(act));
       const bool biased = act == FfnActivation::SwiGLUClamped;
       FfnKind kind;
       kind.activation = act;
@@ -220,7 +246,7 @@ TEST_P(CudaDevices, ExpertAndSharedFfnsMatchTheCpuBackend) {
       FakeExperts ex, ex_ref;
       // Down rows of ff = 96 columns: Q4_K needs 256, so down stays F32.
       auto expert = [&](ExpertWeights* ref) {
-        ExpertWeights w{random_matrix(type, ff, d, rng), random_matrix(type, ff, d, rng),
+        ExpertWeights w{random_matrix(type, ff, d, rng), random_matrix(up_type, ff, d, rng),
                         random_matrix(TensorType::F32, d, ff, rng)};
         if (biased) {
           w.gate_bias = floats(ff, 0.5f);

@@ -24,6 +24,9 @@ namespace {
 namespace simt = moelite::simt;
 using moelite::cuda_kernels::shfl;
 using moelite::cuda_kernels::shfl_xor;
+using moelite::cuda_kernels::bytes_at;
+using moelite::cuda_kernels::load_vec16;
+using moelite::cuda_kernels::store_vec16;
 using simt::Dim3;
 
 unsigned linear_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
@@ -565,6 +568,59 @@ TEST(SimtSharedMemory, SyncwarpOrdersLanesOfOneWarpOnly) {
   });
   EXPECT_EQ(across_warps.first, MOELITE_ERR_BACKEND);
   EXPECT_NE(across_warps.second.find("race"), std::string::npos) << across_warps.second;
+}
+
+TEST(SimtSharedMemory, SeveralReadersOfOneWarpAreOrderedByItsSyncwarp) {
+  // Every lane of each warp reads its warp's slot, then lane 3 overwrites it: a __syncwarp in
+  // between orders all the readers (a matrix product's stage, refilled chunk after chunk); without
+  // it, or when the readers include another warp's lanes, it is a race.
+  auto staged = run_kernel(64, [] {
+    MK_SHARED(int, per_warp, 2);
+    if (threadIdx.x % 32 == 0) per_warp[threadIdx.x / 32] = 7;
+    __syncwarp();
+    const int v = per_warp[threadIdx.x / 32];
+    __syncwarp();
+    if (threadIdx.x % 32 == 3) per_warp[threadIdx.x / 32] = v + 1;
+  });
+  EXPECT_EQ(staged.first, MOELITE_OK) << staged.second;
+  auto no_syncwarp = run_kernel(64, [] {
+    MK_SHARED(int, per_warp, 2);
+    if (threadIdx.x % 32 == 0) per_warp[threadIdx.x / 32] = 7;
+    __syncwarp();
+    const int v = per_warp[threadIdx.x / 32];
+    if (threadIdx.x % 32 == 3) per_warp[threadIdx.x / 32] = v + 1;
+  });
+  EXPECT_NE(no_syncwarp.second.find("read then write"), std::string::npos) << no_syncwarp.second;
+  auto readers_of_two_warps = run_kernel(64, [] {
+    MK_SHARED(int, value, 1);
+    if (threadIdx.x == 0) value[0] = 7;
+    __syncthreads();
+    const int v = value[0];
+    __syncwarp();
+    if (threadIdx.x == 3) value[0] = v + 1;  // warp 1 read it too: only __syncthreads orders that
+  });
+  EXPECT_NE(readers_of_two_warps.second.find("read then write"), std::string::npos) << readers_of_two_warps.second;
+}
+
+TEST(SimtSharedMemory, StagedBytesReadBackAsWritten) {
+  // MK_SHARED_BYTES filled with load_vec16 from an unaligned span: the bytes in the span come back
+  // in order at their offset, and load_vec16 reads nothing outside [lo, hi).
+  std::vector<uint8_t> src(64);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(3 * i + 1);
+  std::vector<int> got(32, -1);
+  auto r = run_kernel(32, [&] {
+    MK_SHARED_BYTES(stage, 64);
+    const uint8_t* lo = src.data() + 5;
+    const uint8_t* hi = src.data() + 45;
+    const uint8_t* first = lo - (reinterpret_cast<uintptr_t>(lo) & 15u);
+    const int64_t words = (hi - first + 15) / 16;
+    if (threadIdx.x < words) store_vec16(stage, 16 * threadIdx.x, load_vec16(first + 16 * threadIdx.x, lo, hi));
+    __syncwarp();
+    const auto bytes = bytes_at(stage, lo - first);
+    got[threadIdx.x] = bytes[threadIdx.x];
+  });
+  ASSERT_EQ(r.first, MOELITE_OK) << r.second;
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], src[static_cast<size_t>(5 + i)]) << i;
 }
 
 TEST(SimtSharedMemory, BlocksAndLaunchesStartClean) {

@@ -80,6 +80,7 @@ CudaBackend::~CudaBackend() {
   for (auto& [host, w] : weights_) rt_->device_free(w.dev);
   arena_free(&uploads_);
   arena_free(&scratch_);
+  arena_free(&tables_);
   rt_->device_free(attn_partial_);
   rt_->device_free(pass_out_);
   for (TierSlot& s : tier_)
@@ -136,6 +137,49 @@ Status CudaBackend::upload(const void* src, size_t bytes, const void** dev) {
   MOELITE_TRY(arena_take(&uploads_, bytes, &h, &d));
   std::memcpy(h, src, bytes);
   *dev = d;
+  return MOELITE_OK;
+}
+
+Status CudaBackend::take_table(size_t bytes, void** host, void** dev) {
+  void* mapped;
+  MOELITE_TRY(arena_take(&uploads_, bytes, host, &mapped));
+  if (rt_->info().integrated) {
+    *dev = mapped;
+    return MOELITE_OK;
+  }
+  void* unused;
+  return arena_take(&tables_, bytes, &unused, dev);
+}
+
+Status CudaBackend::commit_table(void* host, void* dev, size_t bytes) {
+  if (rt_->info().integrated) return MOELITE_OK;
+  // The pinned source stays untouched until the next full sync, so the copy may run any time
+  // before the kernels behind it.
+  return rt_->copy_async(dev, host, bytes, compute_);
+}
+
+Status CudaBackend::launch_grouped(std::vector<GroupedProduct>* products, const std::vector<TensorType>& types,
+                                   bool gate_up) {
+  const int mode = pass_kind_.activation == FfnActivation::SwiGLU ? 0 : 1;
+  std::vector<bool> done(products->size(), false);
+  for (size_t first = 0; first < products->size();) {
+    if (done[first]) {
+      ++first;
+      continue;
+    }
+    // One launch for up to kMaxGroupedProducts products of this weight type.
+    GroupedBatch batch;
+    int64_t max_tokens = 0;
+    for (size_t i = first; i < products->size() && batch.n < kMaxGroupedProducts; ++i)
+      if (!done[i] && types[i] == types[first]) {
+        batch.p[batch.n++] = (*products)[i];
+        max_tokens = std::max(max_tokens, (*products)[i].n_tok);
+        done[i] = true;
+      }
+    const int64_t blocks = grouped_layout(&batch);
+    MOELITE_TRY(k_->grouped_matmul(compute_, types[first], batch, blocks, max_tokens, gate_up, mode, pass_kind_.alpha,
+                                   pass_kind_.limit));
+  }
   return MOELITE_OK;
 }
 
@@ -317,7 +361,8 @@ Status CudaBackend::sync() {
   Status st = wait(copy_);
   const Status compute = wait(compute_);
   if (st == MOELITE_OK) st = compute;
-  arena_reset(&uploads_);  // nothing queued reads the uploads any more
+  arena_reset(&uploads_);  // nothing queued reads the uploads or tables any more
+  arena_reset(&tables_);
   if (st == MOELITE_OK) unconfirmed_.clear();
   return st;
 }
@@ -472,18 +517,40 @@ Status CudaBackend::route(const Act& logits, int32_t k, bool renormalize, Routin
   return MOELITE_OK;
 }
 
-Status CudaBackend::ffn_first_half(const ExpertWeights& w, const WeightArg& gate, const WeightArg& up, const float* x,
-                                   int64_t x_stride, const int32_t* x_map, int64_t n, float* h) {
-  const int64_t ff = gate.rows;
-  const float *gb, *ub;
-  MOELITE_TRY(device_floats(w.gate_bias, static_cast<size_t>(ff), &gb));
-  MOELITE_TRY(device_floats(w.up_bias, static_cast<size_t>(up.rows), &ub));
+Status CudaBackend::gate_up_product(const ExpertWeights& w, const WeightArg& gate, const WeightArg& up, const float* x,
+                                    int64_t x_stride, const int32_t* x_map, int64_t n, float* h,
+                                    GroupedProduct* out) {
+  GroupedProduct p;
+  p.w = gate.data;
+  p.w_up = up.data;
+  p.row_bytes = gate.row_bytes;
+  p.rows = gate.rows;
+  p.cols = gate.cols;
+  MOELITE_TRY(device_floats(w.gate_bias, static_cast<size_t>(gate.rows), &p.bias));
+  MOELITE_TRY(device_floats(w.up_bias, static_cast<size_t>(up.rows), &p.bias_up));
+  p.x = x;
+  p.x_stride = x_stride;
+  p.x_map = x_map;
+  p.y = h;
+  p.y_stride = gate.rows;
+  p.n_tok = n;
+  *out = p;
+  return MOELITE_OK;
+}
+
+bool CudaBackend::fusable(const WeightArg& gate, const WeightArg& up) {
+  return up.type == gate.type && up.rows == gate.rows && up.cols == gate.cols && up.row_bytes == gate.row_bytes;
+}
+
+Status CudaBackend::separate_gate_up(const GroupedProduct& p, const WeightArg& gate, const WeightArg& up) {
+  // Gate and up of different types (a mixed quantization): two products and the activation, the
+  // values the fused kernel gives for equal types.
   float *g, *u;
-  MOELITE_TRY(scratch(static_cast<size_t>(n * ff), &g));
-  MOELITE_TRY(scratch(static_cast<size_t>(n * ff), &u));
-  MOELITE_TRY(matmul_rows(gate, x, x_stride, x_map, g, ff, nullptr, n, gb));
-  MOELITE_TRY(matmul_rows(up, x, x_stride, x_map, u, ff, nullptr, n, ub));
-  return k_->ffn_act(compute_, g, u, h, n * ff, pass_kind_.activation == FfnActivation::SwiGLU ? 0 : 1,
+  MOELITE_TRY(scratch(static_cast<size_t>(p.n_tok * gate.rows), &g));
+  MOELITE_TRY(scratch(static_cast<size_t>(p.n_tok * up.rows), &u));
+  MOELITE_TRY(matmul_rows(gate, p.x, p.x_stride, p.x_map, g, gate.rows, nullptr, p.n_tok, p.bias));
+  MOELITE_TRY(matmul_rows(up, p.x, p.x_stride, p.x_map, u, up.rows, nullptr, p.n_tok, p.bias_up));
+  return k_->ffn_act(compute_, g, u, p.y, p.n_tok * gate.rows, pass_kind_.activation == FfnActivation::SwiGLU ? 0 : 1,
                      pass_kind_.alpha, pass_kind_.limit);
 }
 
@@ -497,7 +564,12 @@ Status CudaBackend::dense_ffn(const ExpertWeights& w, const FfnKind& kind, const
   MOELITE_TRY(device_weight(w.down, &down));
   float* h;
   MOELITE_TRY(scratch(static_cast<size_t>(x.rows * gate.rows), &h));
-  MOELITE_TRY(ffn_first_half(w, gate, up, floats(x), x.cols, nullptr, x.rows, h));
+  std::vector<GroupedProduct> first_half(1);
+  MOELITE_TRY(gate_up_product(w, gate, up, floats(x), x.cols, nullptr, x.rows, h, first_half.data()));
+  if (fusable(gate, up))
+    MOELITE_TRY(launch_grouped(&first_half, {gate.type}, true));
+  else
+    MOELITE_TRY(separate_gate_up(first_half[0], gate, up));
   const float* db;
   MOELITE_TRY(device_floats(w.down_bias, static_cast<size_t>(down.rows), &db));
   MOELITE_TRY(matmul_rows(down, h, gate.rows, nullptr, floats(*out), out->cols, nullptr, x.rows, db));
@@ -594,6 +666,20 @@ Status CudaBackend::expert_matrix(const ExpertTask& t, int which, WeightArg* out
 
 Status CudaBackend::expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) {
   pending_.clear();
+  // Every task's row maps, the input rows it reads here and the output rows its down product
+  // writes, in one table: one copy a group.
+  size_t map_ints = 0;
+  for (int32_t i = 0; i < n_tasks; ++i) map_ints += static_cast<size_t>(tasks[i].n_rows);
+  void *maps_h = nullptr, *maps_d = nullptr;
+  if (map_ints > 0) MOELITE_TRY(take_table(2 * map_ints * sizeof(int32_t), &maps_h, &maps_d));
+  std::vector<GroupedProduct> products;
+  std::vector<TensorType> types;
+  struct Separate {
+    GroupedProduct p;
+    WeightArg gate, up;
+  };
+  std::vector<Separate> separate;  // gate and up of different types (rare): not fused
+  size_t at = 0;
   for (int32_t i = 0; i < n_tasks; ++i) {
     const ExpertTask& t = tasks[i];
     WeightArg gate, up;
@@ -601,34 +687,57 @@ Status CudaBackend::expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) {
     MOELITE_TRY(expert_matrix(t, 1, &up));
     // The down matrix is not touched here: the store may still be reading it (core waits for it
     // between the two halves). Its copy, queued in expert_down, still overlaps these kernels.
-    const void* map;
-    MOELITE_TRY(upload(t.x_rows, static_cast<size_t>(t.n_rows) * sizeof(int32_t), &map));
+    std::memcpy(static_cast<int32_t*>(maps_h) + at, t.x_rows, static_cast<size_t>(t.n_rows) * sizeof(int32_t));
+    std::memcpy(static_cast<int32_t*>(maps_h) + map_ints + at, t.out_rows,
+                static_cast<size_t>(t.n_rows) * sizeof(int32_t));
+    const int32_t* map = static_cast<const int32_t*>(maps_d) + at;
     PendingTask p;
+    p.out_map = static_cast<const int32_t*>(maps_d) + map_ints + at;
+    at += static_cast<size_t>(t.n_rows);
     p.ff = gate.rows;
     MOELITE_TRY(scratch(static_cast<size_t>(t.n_rows * p.ff), &p.h));
-    MOELITE_TRY(ffn_first_half(t.w, gate, up, pass_x_, pass_cols_, static_cast<const int32_t*>(map), t.n_rows, p.h));
+    GroupedProduct g;
+    MOELITE_TRY(gate_up_product(t.w, gate, up, pass_x_, pass_cols_, map, t.n_rows, p.h, &g));
+    if (fusable(gate, up)) {
+      products.push_back(g);
+      types.push_back(gate.type);
+    } else {
+      separate.push_back({g, gate, up});
+    }
     pending_.push_back(p);
   }
-  return MOELITE_OK;
+  if (map_ints > 0) MOELITE_TRY(commit_table(maps_h, maps_d, 2 * map_ints * sizeof(int32_t)));
+  for (const Separate& sp : separate) MOELITE_TRY(separate_gate_up(sp.p, sp.gate, sp.up));
+  return launch_grouped(&products, types, true);
 }
 
 Status CudaBackend::expert_down(const ExpertTask* tasks, int32_t n_tasks) {
   if (static_cast<size_t>(n_tasks) != pending_.size())
     return fail(MOELITE_ERR_INTERNAL, "CUDA backend: expert_down for %d tasks after expert_gate_up for %zu", n_tasks,
                 pending_.size());
+  std::vector<GroupedProduct> products;
+  std::vector<TensorType> types;
   for (int32_t i = 0; i < n_tasks; ++i) {
     const ExpertTask& t = tasks[i];
     WeightArg down;
     MOELITE_TRY(expert_matrix(t, 2, &down));
-    const float* db;
-    MOELITE_TRY(device_floats(t.w.down_bias, static_cast<size_t>(down.rows), &db));
-    const void* map;
-    MOELITE_TRY(upload(t.out_rows, static_cast<size_t>(t.n_rows) * sizeof(int32_t), &map));
+    GroupedProduct d;
+    MOELITE_TRY(device_floats(t.w.down_bias, static_cast<size_t>(down.rows), &d.bias));
     const PendingTask& p = pending_[static_cast<size_t>(i)];
-    MOELITE_TRY(
-        matmul_rows(down, p.h, p.ff, nullptr, pass_out_, pass_cols_, static_cast<const int32_t*>(map), t.n_rows, db));
+    d.w = down.data;
+    d.row_bytes = down.row_bytes;
+    d.rows = down.rows;
+    d.cols = down.cols;
+    d.x = p.h;
+    d.x_stride = p.ff;
+    d.y = pass_out_;
+    d.y_stride = pass_cols_;
+    d.y_map = p.out_map;
+    d.n_tok = t.n_rows;
+    products.push_back(d);
+    types.push_back(down.type);
   }
-  return MOELITE_OK;
+  return launch_grouped(&products, types, false);
 }
 
 Status CudaBackend::expert_group_end() {
@@ -641,11 +750,15 @@ Status CudaBackend::expert_group_end() {
 
 Status CudaBackend::moe_combine(const Routing& r, Act* out) {
   const size_t n = static_cast<size_t>(r.n_tokens) * static_cast<size_t>(r.k);
-  const void *ids, *w;
-  MOELITE_TRY(upload(r.ids.data(), n * sizeof(int32_t), &ids));
-  MOELITE_TRY(upload(r.weights.data(), n * sizeof(float), &w));
-  return k_->combine(compute_, pass_out_, static_cast<const int32_t*>(ids), static_cast<const float*>(w), r.n_tokens,
-                     r.k, out->cols, floats(*out));
+  // Every thread reads every slot's id and weight: a table in device memory.
+  void *host, *dev;
+  MOELITE_TRY(take_table(n * (sizeof(int32_t) + sizeof(float)), &host, &dev));
+  std::memcpy(host, r.ids.data(), n * sizeof(int32_t));
+  std::memcpy(static_cast<int32_t*>(host) + n, r.weights.data(), n * sizeof(float));
+  MOELITE_TRY(commit_table(host, dev, n * (sizeof(int32_t) + sizeof(float))));
+  const int32_t* ids = static_cast<const int32_t*>(dev);
+  return k_->combine(compute_, pass_out_, ids, reinterpret_cast<const float*>(ids + n), r.n_tokens, r.k, out->cols,
+                     floats(*out));
 }
 
 }  // namespace moelite::cuda

@@ -94,6 +94,15 @@ class CudaBackend final : public Backend {
   void arena_free(Arena* a);
   // Host data for one call (ids, maps, angles), readable by kernels queued until the next full sync.
   Status upload(const void* src, size_t bytes, const void** dev);
+  // Room for a table a kernel reads many times (grouped products, their row maps, routing): the
+  // host fills `*host`, then commit_table() makes it the device's. On a discrete GPU the table is
+  // copied into device memory in stream order (a kernel reading mapped host memory pays a PCIe
+  // round trip per read, once per warp); on an integrated one it is read in place.
+  Status take_table(size_t bytes, void** host, void** dev);
+  Status commit_table(void* host, void* dev, size_t bytes);
+  // Launches products grouped by weight type (one launch per type): y = W x, or with gate_up
+  // y = act(gate x, up x). Sets first_block.
+  Status launch_grouped(std::vector<GroupedProduct>* products, const std::vector<TensorType>& types, bool gate_up);
   Status scratch(size_t floats, float** dev) {
     void* h;
     void* d;
@@ -117,8 +126,12 @@ class CudaBackend final : public Backend {
   void forget_unconfirmed_copies();
   Status matmul_rows(const WeightArg& w, const float* x, int64_t x_stride, const int32_t* x_map, float* y,
                      int64_t y_stride, const int32_t* y_map, int64_t n, const float* bias);
-  Status ffn_first_half(const ExpertWeights& w, const WeightArg& gate, const WeightArg& up, const float* x,
-                        int64_t x_stride, const int32_t* x_map, int64_t n, float* h);
+  // The product that computes h = act(gate x + bias, up x + bias) for a task's rows (x_map: device
+  // rows of x, or null).
+  static bool fusable(const WeightArg& gate, const WeightArg& up);  // same type and shape: one fused product
+  Status separate_gate_up(const GroupedProduct& p, const WeightArg& gate, const WeightArg& up);
+  Status gate_up_product(const ExpertWeights& w, const WeightArg& gate, const WeightArg& up, const float* x,
+                         int64_t x_stride, const int32_t* x_map, int64_t n, float* h, GroupedProduct* out);
 
   std::unique_ptr<GpuRuntime> rt_;
   const KernelTable* k_ = nullptr;
@@ -131,7 +144,7 @@ class CudaBackend final : public Backend {
   };
   std::unordered_map<const void*, DevBytes> weights_;  // host address -> device copy
   std::vector<const void*> unconfirmed_;               // weights uploaded since the last full sync
-  Arena uploads_, scratch_;
+  Arena uploads_, scratch_, tables_;
 
   struct KvRef {
     std::vector<float*> k, v;  // per layer: slots x kv_dim floats
@@ -168,6 +181,7 @@ class CudaBackend final : public Backend {
   struct PendingTask {
     float* h = nullptr;
     int64_t ff = 0;
+    const int32_t* out_map = nullptr;  // device rows of the pass's outputs the down product writes
   };
   std::vector<PendingTask> pending_;
 };

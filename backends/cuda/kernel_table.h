@@ -7,12 +7,16 @@
 #pragma once
 #include <cstdint>
 
+#include "backends/cuda/kernels/grouped_product.h"
 #include "base/status.h"
 #include "base/types.h"
 
 namespace moelite::cuda {
 
 using StreamHandle = void*;
+using cuda_kernels::GroupedBatch;
+using cuda_kernels::GroupedProduct;
+using cuda_kernels::kMaxGroupedProducts;
 
 struct WeightArg {  // a weight matrix in device memory, in its file format
   TensorType type = TensorType::F32;
@@ -64,7 +68,25 @@ struct KernelTable {
   Status (*sigmoid_scale)(StreamHandle s, float* x, const float* gate, int64_t rows, int64_t cols);
   Status (*combine)(StreamHandle s, const float* outputs, const int32_t* ids, const float* weights, int64_t n_tok,
                     int32_t k, int64_t cols, float* out);
+  // Every product of `batch` (all of weight type `type`, laid out by grouped_layout) in one launch
+  // of total_blocks x (max_tokens / 8, rounded up) blocks; the batch travels as the kernel's
+  // parameter. gate_up: each product is a gate/up pair, and y receives act(gate, up) (ffn_act's
+  // mode, alpha and limit) instead of a product.
+  Status (*grouped_matmul)(StreamHandle s, TensorType type, const GroupedBatch& batch, int64_t total_blocks,
+                           int64_t max_tokens, bool gate_up, int act_mode, float alpha, float limit);
 };
+
+// Rows of a product one block of a grouped launch covers (the kernels' kMatmulWarps).
+constexpr int64_t kGroupedRowsPerBlock = 4;
+// Sets each product's first_block in order; returns the launch's total blocks.
+inline int64_t grouped_layout(GroupedBatch* b) {
+  int64_t next = 0;
+  for (int32_t i = 0; i < b->n; ++i) {
+    b->p[i].first_block = next;
+    next += (b->p[i].rows + kGroupedRowsPerBlock - 1) / kGroupedRowsPerBlock;
+  }
+  return next;
+}
 
 // Positions per chunk of the split attention, and the chunks a context of n_pos positions needs.
 constexpr int32_t kAttentionChunk = 256;

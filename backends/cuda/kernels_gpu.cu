@@ -26,7 +26,16 @@ using namespace moelite::cuda_kernels;
                                                          const int32_t* tokens, int64_t n, float* out) {          \
     get_rows_kernel<T>(table, row_bytes, cols, tokens, n, out);                                                   \
   }                                                                                                               \
-  SAME_PARAMS(moelite_get_rows_kernel_##T, get_rows_kernel<T>);
+  SAME_PARAMS(moelite_get_rows_kernel_##T, get_rows_kernel<T>);                                                 \
+  extern "C" __global__ void moelite_grouped_matmul_kernel_##T(GroupedBatch batch) {                             \
+    grouped_matmul_kernel<T>(batch);                                                                              \
+  }                                                                                                               \
+  SAME_PARAMS(moelite_grouped_matmul_kernel_##T, grouped_matmul_kernel<T>);                                       \
+  extern "C" __global__ void moelite_grouped_gate_up_kernel_##T(GroupedBatch batch, int act_mode, float alpha,    \
+                                                                float limit) {                                    \
+    grouped_gate_up_kernel<T>(batch, act_mode, alpha, limit);                                                     \
+  }                                                                                                               \
+  SAME_PARAMS(moelite_grouped_gate_up_kernel_##T, grouped_gate_up_kernel<T>);
 
 MATMUL_ENTRY(0)
 MATMUL_ENTRY(1)

@@ -193,6 +193,10 @@ class EmuRuntime final : public GpuRuntime {
       std::function<Status()> op = std::move(s->queue.front());
       s->queue.pop_front();
       ++s->executed;
+      // After a failure the stream's later work does not run until the error is reported, as a
+      // faulted CUDA context launches nothing: a kernel behind a failed copy of its table would
+      // otherwise follow whatever pointers the uncopied memory held.
+      if (s->error != MOELITE_OK) continue;
       const Status st = op();
       if (st != MOELITE_OK && s->error == MOELITE_OK) {
         s->error = st;

@@ -1,7 +1,8 @@
 // Weight decoding on the device: dq<T>(row, i) is element i of a row of GGUF type T starting at
-// byte pointer `row`. Bytes are read one at a time (blocks of 18, 22, 34 … bytes have no alignment),
-// fp16 scales are decoded from their bits, and every value is computed in the same float
-// operations as the scalar reference (base/quant_ref.cpp), which the kernel tests compare against.
+// byte pointer `row` (global memory, or a matrix product's shared stage). Bytes are read one at a
+// time (blocks of 18, 22, 34 … bytes have no alignment), fp16 scales are converted exactly
+// (half_bits_to_float), and every value is computed in the same float operations as the scalar
+// reference (base/quant_ref.cpp), which the kernel tests compare against.
 #pragma once
 #include "backends/cuda/kernels/dialect.cuh"
 
@@ -24,24 +25,32 @@ enum WeightTypeId : int {
   kMXFP4 = 39,
 };
 
-MK_DEVICE uint32_t u8(const uint8_t* p) { return p[0]; }
-MK_DEVICE uint32_t u16(const uint8_t* p) { return p[0] | (uint32_t(p[1]) << 8); }
-MK_DEVICE uint32_t u32(const uint8_t* p) { return u16(p) | (u16(p + 2) << 16); }
-MK_DEVICE int32_t i8(const uint8_t* p) { return int32_t(int8_t(p[0])); }
-
-MK_DEVICE float half_to_float(uint32_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
-  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact in float
-    const float f = float(mantissa) * 5.9604644775390625e-8f;
-    return sign ? -f : f;
-  }
-  if (exponent == 31) return bits_to_float(sign | 0x7F800000u | (mantissa << 13));
-  return bits_to_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+// The byte readers take any P that indexes bytes like a pointer: a global `const uint8_t*`, or
+// bytes_at() of a shared stage (a pointer on the GPU, a race-checked view in the emulator).
+template <class P>
+MK_DEVICE uint32_t u8(P p) {
+  return p[0];
 }
-MK_DEVICE float f16(const uint8_t* p) { return half_to_float(u16(p)); }
+template <class P>
+MK_DEVICE uint32_t u16(P p) {
+  return uint32_t(p[0]) | (uint32_t(p[1]) << 8);
+}
+template <class P>
+MK_DEVICE uint32_t u32(P p) {
+  return u16(p) | (u16(p + 2) << 16);
+}
+template <class P>
+MK_DEVICE int32_t i8(P p) {
+  return int32_t(int8_t(p[0]));
+}
+template <class P>
+MK_DEVICE float f16(P p) {
+  return half_bits_to_float(u16(p));
+}
 
 // Q4_K / Q5_K: six-bit scale and min of sub-block s (0..7) from the 12 packed bytes at p.
-MK_DEVICE void scale_min_k4(const uint8_t* p, uint32_t s, float* sc, float* mn) {
+template <class P>
+MK_DEVICE void scale_min_k4(P p, uint32_t s, float* sc, float* mn) {
   if (s < 4) {
     *sc = float(p[s] & 63u);
     *mn = float(p[s + 4] & 63u);
@@ -111,13 +120,13 @@ struct Layout<kMXFP4> {
   static constexpr int block = 32, bytes = 17;
 };
 
-template <int T>
-MK_DEVICE float dq(const uint8_t* row, int64_t i) {
+template <int T, class P>
+MK_DEVICE float dq(P row, int64_t i) {
   if constexpr (T == kF32) return bits_to_float(u32(row + 4 * i));
   if constexpr (T == kF16) return f16(row + 2 * i);
   if constexpr (T == kBF16) return bits_to_float(u16(row + 2 * i) << 16);
   if constexpr (T == kQ8_0) {
-    const uint8_t* b = row + (i >> 5) * 34;
+    const auto b = row + (i >> 5) * 34;
     return float(i8(b + 2 + (i & 31))) * f16(b);
   }
   if constexpr (T == kMXFP4) {
@@ -125,7 +134,7 @@ MK_DEVICE float dq(const uint8_t* row, int64_t i) {
     // times the E8M0 byte's 2^(e - 128) built from its bits (subnormal for e < 2), as
     // base/quant_ref.h's kMxfp4Values and mxfp4_half_scale.
     const uint32_t j = uint32_t(i & 31);
-    const uint8_t* b = row + (i >> 5) * 17;
+    const auto b = row + (i >> 5) * 17;
     const uint32_t byte = b[1 + (j & 15u)];
     const uint32_t code = j < 16 ? (byte & 15u) : (byte >> 4);
     const uint32_t m = code & 7u;
@@ -137,7 +146,7 @@ MK_DEVICE float dq(const uint8_t* row, int64_t i) {
   if constexpr (T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ5_1) {
     // 4-bit codes: element j < 16 is the low nibble of byte j, element j >= 16 the high nibble of j - 16.
     const uint32_t j = uint32_t(i & 31);
-    const uint8_t* b = row + (i >> 5) * Layout<T>::bytes;
+    const auto b = row + (i >> 5) * Layout<T>::bytes;
     constexpr int qs_at = T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : 8;
     const uint32_t byte = b[qs_at + (j & 15u)];
     uint32_t q = j < 16 ? (byte & 15u) : (byte >> 4);
@@ -149,7 +158,7 @@ MK_DEVICE float dq(const uint8_t* row, int64_t i) {
   }
   // K-quants: 256 elements per super-block.
   const uint32_t e = uint32_t(i & 255);
-  const uint8_t* b = row + (i >> 8) * Layout<T>::bytes;
+  const auto b = row + (i >> 8) * Layout<T>::bytes;
   if constexpr (T == kQ2_K) {
     const uint32_t q = (b[16 + 32 * (e >> 7) + (e & 31u)] >> (2 * ((e >> 5) & 3u))) & 3u;
     const uint32_t sc = b[e >> 4];

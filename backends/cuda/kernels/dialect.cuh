@@ -7,10 +7,17 @@
 //   threadIdx, blockIdx, blockDim, gridDim, __syncthreads(), __syncwarp()
 //   shfl_xor(v, m), shfl(v, lane), warp_sum(v), warp_max(v)   full-warp exchanges
 //   bits_to_float(u), float_to_bits(f), atomic_add_f32(p, v)
+//   half_bits_to_float(h)               an fp16 value from its 16 bits
+//   MK_SHARED_BYTES(name, count)        a 16-byte aligned shared byte array of the block, filled
+//   Vec16, load_vec16(p, lo, hi),       16 bytes at a time from a 16-byte aligned global address
+//   store_vec16(name, at, v),           (of which only [lo, hi) is meaningful), and read back as a
+//   bytes_at(name, at)                  byte pointer (dq<T> and the other byte readers take it)
 #pragma once
 #include <cstdint>
 
 #if defined(__CUDACC__)
+
+#include <cuda_fp16.h>
 
 // Kernels are device functions; kernels_gpu.cu gives each an extern "C" __global__ entry point
 // (found by name in the embedded fatbin, see runtime_cuda.cpp).
@@ -29,6 +36,26 @@ MK_DEVICE int shfl(int v, int lane) { return __shfl_sync(0xffffffffu, v, lane); 
 MK_DEVICE float bits_to_float(uint32_t u) { return __uint_as_float(u); }
 MK_DEVICE uint32_t float_to_bits(float f) { return __float_as_uint(f); }
 MK_DEVICE void atomic_add_f32(float* p, float v) { atomicAdd(p, v); }
+// The conversion instruction: the same value as the emulator's decode from the bits for every
+// finite value and infinity (NaN payloads may differ; no weight holds one).
+MK_DEVICE float half_bits_to_float(uint32_t h) { return __half2float(__ushort_as_half(static_cast<unsigned short>(h))); }
+
+struct Vec16 {
+  uint32_t w[4];
+};
+#define MK_SHARED_BYTES(name, count)                   \
+  __shared__ uint4 name##_vec16_[((count) + 15) / 16]; \
+  uint8_t* const name = reinterpret_cast<uint8_t*>(name##_vec16_)
+// One 16-byte load through the read-only path. The bytes outside [lo, hi) come along: they lie in
+// the same aligned 16 bytes as bytes of the tensor, hence in its allocation's page.
+MK_DEVICE Vec16 load_vec16(const uint8_t* p, const uint8_t* /*lo*/, const uint8_t* /*hi*/) {
+  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+  return Vec16{{v.x, v.y, v.z, v.w}};
+}
+MK_DEVICE void store_vec16(uint8_t* s, int64_t at, const Vec16& v) {
+  *reinterpret_cast<uint4*>(s + at) = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
+}
+MK_DEVICE const uint8_t* bytes_at(const uint8_t* s, int64_t at) { return s + at; }
 }  // namespace moelite::cuda_kernels
 
 #else  // the SIMT emulator
@@ -51,8 +78,50 @@ MK_DEVICE void atomic_add_f32(float* p, float v) { atomicAdd(p, v); }
 #define gridDim (::moelite::simt::grid_dim())
 #define __syncthreads() ::moelite::simt::sync_threads()
 #define __syncwarp() ::moelite::simt::sync_warp(0xffffffffu)
+// A shared byte array as 32-bit words with race checking (simt::SharedBytes reads bytes of it).
+// It lives on the heap, one per OS thread: a thread_local array of this size would be allocated
+// and cleared for every thread of every process that loads the library.
+#define MK_SHARED_BYTES(name, count) \
+  static thread_local auto& name =   \
+      ::moelite::simt::thread_shared<::moelite::simt::SharedArray<uint32_t, ((count) + 15) / 16 * 4>>()
 
 namespace moelite::cuda_kernels {
+struct Vec16 {
+  uint32_t w[4];
+};
+// The bytes of [p, p + 16) that lie in [lo, hi), little-endian; the others read as zero and are
+// not touched, so AddressSanitizer sees only the tensor's own bytes read.
+inline Vec16 load_vec16(const uint8_t* p, const uint8_t* lo, const uint8_t* hi) {
+  Vec16 v{{0, 0, 0, 0}};
+  for (int k = 0; k < 16; ++k)
+    if (p + k >= lo && p + k < hi) v.w[k >> 2] |= uint32_t(p[k]) << (8 * (k & 3));
+  return v;
+}
+template <size_t N>
+inline void store_vec16(simt::SharedArray<uint32_t, N>& s, int64_t at, const Vec16& v) {
+  for (int k = 0; k < 4; ++k) s[size_t(at / 4 + k)] = v.w[k];
+}
+template <size_t N>
+inline simt::SharedBytes<N> bytes_at(simt::SharedArray<uint32_t, N>& s, int64_t at) {
+  return simt::SharedBytes<N>(&s, at);
+}
+// fp16 from its bits in float operations (zero and subnormals as mantissa * 2^-24, exact).
+inline float half_bits_to_float(uint32_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
+  uint32_t bits;
+  if (exponent == 0) {
+    const float f = float(mantissa) * 5.9604644775390625e-8f;
+    return sign ? -f : f;
+  }
+  if (exponent == 31)
+    bits = sign | 0x7F800000u | (mantissa << 13);
+  else
+    bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
 template <class T>
 inline T shfl_xor(T v, int m) {
   return simt::from_bits<T>(simt::shfl_xor_bits(0xffffffffu, simt::to_bits(v), m, 32));

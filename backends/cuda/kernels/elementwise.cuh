@@ -1,6 +1,7 @@
 // Element-wise kernels: embedding rows, residual add, the FFN activations, the shared expert's
 // sigmoid gate and the weighted combine of expert outputs. One thread per element (grid-stride).
 #pragma once
+#include "backends/cuda/kernels/activation.cuh"
 #include "backends/cuda/kernels/dequant.cuh"
 
 namespace moelite::cuda_kernels {
@@ -41,20 +42,9 @@ MK_GLOBAL void copy_columns_kernel(const float* x, int64_t x_cols, int64_t x_str
   }
 }
 
-MK_DEVICE float sigmoid_f(float v) { return 1.0f / (1.0f + expf(-v)); }
-
-// h = act(g, u) for n elements; mode 0: SwiGLU silu(g) * u; mode 1: gpt-oss's clamped SwiGLU.
+// h = act(g, u) for n elements (activation.cuh).
 MK_GLOBAL void ffn_act_kernel(const float* g, const float* u, float* h, int64_t n, int mode, float alpha, float limit) {
-  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
-    if (mode == 0) {
-      const float gv = g[i];
-      h[i] = gv / (1.0f + expf(-gv)) * u[i];
-    } else {
-      const float gv = fminf(g[i], limit);
-      const float uv = fminf(fmaxf(u[i], -limit), limit);
-      h[i] = gv * sigmoid_f(alpha * gv) * (uv + 1.0f);
-    }
-  }
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) h[i] = ffn_act_value(g[i], u[i], mode, alpha, limit);
 }
 
 // x[t] *= sigmoid(s[t]) for rows of `cols` (the shared expert's gate).

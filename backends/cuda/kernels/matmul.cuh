@@ -1,70 +1,180 @@
 // Fused dequantize + matrix product for every weight type: y[t] = W x[t] (+ bias).
 //
-// One warp per (output row, chunk of up to kTokensPerWarp tokens). Lane l takes the columns l,
-// l + 32, l + 64, … of the row, dequantizes each weight once and applies it to every token of the
-// chunk, then each token's 32 partial sums are reduced in a fixed butterfly. So each step of the
-// warp reads 32 consecutive weights (a sector or two of a quantized row; the block's scale is one
-// address for every lane) and 32 consecutive floats of each token. Lanes that took whole 32-column
-// chunks each (the first version) made every load touch 32 sectors 34+ bytes apart: on an H200 the
-// experts' products ran at 56-65 GB/s of the 4 TB/s the device measures. The
-// arithmetic of one (row, token) output is therefore the same whatever the batch size: prefill and
-// token-by-token decode give bitwise identical results, as the CPU and Vulkan backends do, and
-// weights are read once per kTokensPerWarp tokens.
+// One warp per (output row, chunk of up to kTokensPerWarp tokens). The warp first copies a chunk
+// of its row's bytes (up to kStageBytes: a 2048-column Q8_0 row whole) into its shared stage with
+// 16-byte loads, every load of the chunk issued before any is used, and only then decodes. Lane l
+// takes the columns l, l + 32, l + 64, … of the chunk, dequantizes each weight once from the stage
+// and applies it to every token of the chunk; each token's 32 partial sums are reduced in a fixed
+// butterfly.
+//
+// Why the stage: decoding straight from global memory, a warp waited one memory latency per
+// 32-column step (one byte per lane), and with only 8 warps an SM on an expert's 1024 rows the
+// H200 read experts at 50 GB/s of its 4 TB/s (docs/gpu-notes.md). Staged, a warp has its whole
+// chunk (2 KB or more) in flight at once, and the loads are coalesced whatever the type's block
+// size (18, 34, 210 … bytes), so no type needs a layout of its own.
+//
+// The arithmetic of one (row, token) output is the same whatever the batch size, and the same as
+// the unstaged kernel's (chunks are multiples of 32 columns, so lane l sums the same columns in the
+// same order): prefill and token-by-token decode give bitwise identical results, as the CPU and
+// Vulkan backends do, and weights are read once per kTokensPerWarp tokens.
 //
 // Row maps let one launch serve an expert's scattered tokens: token t reads row x_map[t] of x and
 // writes row y_map[t] of y (identity when a map is null).
 #pragma once
+#include "backends/cuda/kernels/activation.cuh"
 #include "backends/cuda/kernels/dequant.cuh"
+#include "backends/cuda/kernels/grouped_product.h"
 
 namespace moelite::cuda_kernels {
 
 constexpr int kTokensPerWarp = 8;
 constexpr int kMatmulWarps = 4;  // warps (rows) per block
-constexpr int kUnroll = 8;       // 32-column steps whose weights are loaded together
+constexpr int kUnroll = 8;       // 32-column steps decoded together from the stage
+constexpr int kStageBytes = 4096;                       // weight bytes a warp stages at a time
+constexpr int kStageSpan = kStageBytes + 32;            // + rounding both ends to 16 bytes
+constexpr int kStageLoads = (kStageSpan / 16 + 31) / 32;  // 16-byte loads per lane per chunk
+
+// One warp's rows: acc[m][j] += row r of matrix m (M of them: 1, or 2 for a gate/up pair, whose
+// rows are staged side by side and both in flight) times token j's input, for j < n. The stage is
+// the block's; this warp uses M * kStageSpan bytes of it from `mine`.
+template <int T, int M, class Stage>
+MK_DEVICE void warp_row_products(Stage& stage, int64_t mine, int lane, const uint8_t* const (&wr)[M], int64_t cols,
+                                 const float* const (&xs)[kTokensPerWarp], int n,
+                                 float (&acc)[M][kTokensPerWarp]) {
+  // A chunk is whole blocks of the type, and a multiple of 32 columns (blocks are 1, 32 or 256
+  // columns; a float chunk is 1024 or 2048).
+  constexpr int64_t kBlockCols = Layout<T>::block, kBlockBytes = Layout<T>::bytes;
+  constexpr int64_t kChunkBlocks = kStageBytes / kBlockBytes;
+  static_assert(kChunkBlocks * kBlockCols % 32 == 0, "a chunk must hold whole 32-column steps");
+  const int64_t n_blocks = cols / kBlockCols;
+  for (int64_t b0 = 0; b0 < n_blocks; b0 += kChunkBlocks) {
+    const int64_t nb = n_blocks - b0 < kChunkBlocks ? n_blocks - b0 : kChunkBlocks;
+    const uint8_t* src[M];
+    const uint8_t* first[M];
+    int64_t words[M];
+    Vec16 v[M][kStageLoads];
+    for (int m = 0; m < M; ++m) {
+      src[m] = wr[m] + b0 * kBlockBytes;
+      first[m] = src[m] - (reinterpret_cast<uintptr_t>(src[m]) & 15u);
+      words[m] = (src[m] + nb * kBlockBytes - first[m] + 15) / 16;
+      for (int u = 0; u < kStageLoads; ++u)
+        if (lane + 32 * u < words[m]) v[m][u] = load_vec16(first[m] + 16 * (lane + 32 * u), src[m], src[m] + nb * kBlockBytes);
+    }
+    __syncwarp();  // every lane is done reading the previous chunk before the stage is overwritten
+    for (int m = 0; m < M; ++m)
+      for (int u = 0; u < kStageLoads; ++u)
+        if (lane + 32 * u < words[m]) store_vec16(stage, mine + m * kStageSpan + 16 * (lane + 32 * u), v[m][u]);
+    __syncwarp();
+    const int64_t chunk_cols = nb * kBlockCols, c0 = b0 * kBlockCols;
+    for (int m = 0; m < M; ++m) {
+      const auto sw = bytes_at(stage, mine + m * kStageSpan + (src[m] - first[m]));
+      // kUnroll steps' weights are decoded first, then applied in column order: the sums are those
+      // of one step at a time, bit for bit.
+      int64_t c = lane;
+      for (; c + 32 * (kUnroll - 1) < chunk_cols; c += 32 * kUnroll) {
+        float wv[kUnroll];
+        for (int u = 0; u < kUnroll; ++u) wv[u] = dq<T>(sw, c + 32 * u);
+        for (int u = 0; u < kUnroll; ++u)
+          for (int j = 0; j < kTokensPerWarp; ++j)
+            if (j < n) acc[m][j] += wv[u] * xs[j][c0 + c + 32 * u];
+      }
+      for (; c < chunk_cols; c += 32) {
+        const float wv = dq<T>(sw, c);
+        for (int j = 0; j < kTokensPerWarp; ++j)
+          if (j < n) acc[m][j] += wv * xs[j][c0 + c];
+      }
+    }
+  }
+}
 
 template <int T>
 MK_GLOBAL void matmul_kernel(const uint8_t* w, uint64_t row_bytes, int64_t rows, int64_t cols, const float* x,
                              int64_t x_stride, const int32_t* x_map, float* y, int64_t y_stride, const int32_t* y_map,
                              int64_t n_tok, const float* bias) {
+  MK_SHARED_BYTES(stage, kMatmulWarps * kStageSpan);
   const int lane = int(threadIdx.x & 31u);
-  const int64_t r = int64_t(blockIdx.x) * kMatmulWarps + int64_t(threadIdx.x >> 5);
+  const int warp = int(threadIdx.x >> 5);
+  const int64_t r = int64_t(blockIdx.x) * kMatmulWarps + warp;
   const int64_t t0 = int64_t(blockIdx.y) * kTokensPerWarp;
   if (r >= rows) return;  // a whole warp leaves together: shuffles below see full warps
   const int n = n_tok - t0 < kTokensPerWarp ? int(n_tok - t0) : kTokensPerWarp;
   const float* xs[kTokensPerWarp];
-  float acc[kTokensPerWarp];
+  float acc[1][kTokensPerWarp];
   for (int j = 0; j < kTokensPerWarp; ++j) {
     const int64_t t = t0 + (j < n ? j : 0);
     xs[j] = x + (x_map ? int64_t(x_map[t]) : t) * x_stride;
-    acc[j] = 0.0f;
+    acc[0][j] = 0.0f;
   }
-  const uint8_t* wr = w + uint64_t(r) * row_bytes;
-  // Each step of 32 columns is a new block of the row, so a warp that decoded one step at a time
-  // waited a memory latency per step: with one token (decode) the experts' products ran at 40-50
-  // us each on an H200. The weights of kUnroll steps are decoded first (independent loads, in
-  // flight together) and then applied in column order, so the sums are the same as one step at a
-  // time, bit for bit.
-  int64_t c = lane;
-  for (; c + 32 * (kUnroll - 1) < cols; c += 32 * kUnroll) {
-    float wv[kUnroll];
-    for (int u = 0; u < kUnroll; ++u) wv[u] = dq<T>(wr, c + 32 * u);
-    for (int u = 0; u < kUnroll; ++u)
-      for (int j = 0; j < kTokensPerWarp; ++j)
-        if (j < n) acc[j] += wv[u] * xs[j][c + 32 * u];
-  }
-  for (; c < cols; c += 32) {
-    const float wv = dq<T>(wr, c);
-    for (int j = 0; j < kTokensPerWarp; ++j)
-      if (j < n) acc[j] += wv * xs[j][c];
-  }
+  const uint8_t* const wr[1] = {w + uint64_t(r) * row_bytes};
+  warp_row_products<T, 1>(stage, int64_t(warp) * kStageSpan, lane, wr, cols, xs, n, acc);
   const float b = bias ? bias[r] : 0.0f;
   for (int j = 0; j < n; ++j) {
-    const float s = warp_sum(acc[j]);
+    const float s = warp_sum(acc[0][j]);
     if (lane == 0) {
       const int64_t t = t0 + j;
       y[(y_map ? int64_t(y_map[t]) : t) * y_stride + r] = s + b;
     }
   }
+}
+
+// Every product of the batch (a kernel parameter) in one launch: block x belongs
+// to the product whose first_block is the largest not above it, and covers kMatmulWarps of its
+// rows; block y is a chunk of kTokensPerWarp of its tokens. With M = 2 each product is a gate/up
+// pair and the warp writes act(gate row + bias, up row + bias_up) (activation.cuh), the values the
+// separate products and ffn_act would give, bit for bit. One launch for a layer's experts instead
+// of four per expert: a decode step's experts were about 30 launches a layer, each a few
+// microseconds of launch and a partly idle GPU (1024 rows fill 8 warps an SM).
+template <int T, int M>
+MK_DEVICE void grouped_products(const GroupedBatch& batch, int act_mode, float alpha, float limit) {
+  MK_SHARED_BYTES(stage, kMatmulWarps * M * kStageSpan);
+  const int lane = int(threadIdx.x & 31u);
+  const int warp = int(threadIdx.x >> 5);
+  int32_t lo = 0, hi = batch.n - 1;  // the last product starting at or before this block
+  while (lo < hi) {
+    const int32_t mid = (lo + hi + 1) / 2;
+    if (batch.p[mid].first_block <= int64_t(blockIdx.x))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const GroupedProduct& p = batch.p[lo];
+  const int64_t r = (int64_t(blockIdx.x) - p.first_block) * kMatmulWarps + warp;
+  const int64_t t0 = int64_t(blockIdx.y) * kTokensPerWarp;
+  if (r >= p.rows || t0 >= p.n_tok) return;  // whole warps leave together
+  const int n = p.n_tok - t0 < kTokensPerWarp ? int(p.n_tok - t0) : kTokensPerWarp;
+  const float* xs[kTokensPerWarp];
+  float acc[M][kTokensPerWarp];
+  for (int j = 0; j < kTokensPerWarp; ++j) {
+    const int64_t t = t0 + (j < n ? j : 0);
+    xs[j] = p.x + (p.x_map ? int64_t(p.x_map[t]) : t) * p.x_stride;
+    for (int m = 0; m < M; ++m) acc[m][j] = 0.0f;
+  }
+  const uint8_t* wr[M];
+  wr[0] = p.w + uint64_t(r) * p.row_bytes;
+  if constexpr (M == 2) wr[1] = p.w_up + uint64_t(r) * p.row_bytes;
+  warp_row_products<T, M>(stage, int64_t(warp) * M * kStageSpan, lane, wr, p.cols, xs, n, acc);
+  const float b = p.bias ? p.bias[r] : 0.0f;
+  float b_up = 0.0f;
+  if constexpr (M == 2) b_up = p.bias_up ? p.bias_up[r] : 0.0f;
+  for (int j = 0; j < n; ++j) {
+    const float s = warp_sum(acc[0][j]) + b;
+    float out = s;
+    if constexpr (M == 2) out = ffn_act_value(s, warp_sum(acc[1][j]) + b_up, act_mode, alpha, limit);
+    if (lane == 0) {
+      const int64_t t = t0 + j;
+      p.y[(p.y_map ? int64_t(p.y_map[t]) : t) * p.y_stride + r] = out;
+    }
+  }
+}
+
+template <int T>
+MK_GLOBAL void grouped_matmul_kernel(GroupedBatch batch) {
+  grouped_products<T, 1>(batch, 0, 0.0f, 0.0f);
+}
+
+template <int T>
+MK_GLOBAL void grouped_gate_up_kernel(GroupedBatch batch, int act_mode, float alpha, float limit) {
+  grouped_products<T, 2>(batch, act_mode, alpha, limit);
 }
 
 }  // namespace moelite::cuda_kernels

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 
 #include "backends/cuda/simt/simt.h"
 
@@ -23,6 +24,7 @@ class SharedArray {
     uint32_t writer_warp = 0, reader_warp = 0;
     uint64_t write_epoch = 0, write_warp_epoch = 0, read_epoch = 0, read_warp_epoch = 0;
     bool many_readers = false;  // more than one thread read it since the last write
+    bool readers_one_warp = true;  // ... and all of them in reader_warp (a __syncwarp orders them)
   };
 
   // Whether an access by (thread, warp) at (epoch, warp_epoch) is ordered before `c`.
@@ -43,10 +45,13 @@ class SharedArray {
     if (!c.valid) return;
     Shadow& s = shadow_[i];
     if (!ordered(s.writer, s.writer_warp, s.write_epoch, s.write_warp_epoch, c)) fault("write then read", i, s.writer);
-    if (s.reader >= 0 && s.read_epoch == c.block_epoch && static_cast<unsigned>(s.reader) != c.thread)
+    if (s.reader >= 0 && s.read_epoch == c.block_epoch && static_cast<unsigned>(s.reader) != c.thread) {
       s.many_readers = true;
-    else if (s.read_epoch != c.block_epoch)
+      s.readers_one_warp = s.readers_one_warp && s.reader_warp == c.warp;
+    } else if (s.read_epoch != c.block_epoch) {
       s.many_readers = false;
+      s.readers_one_warp = true;
+    }
     s.reader = static_cast<int32_t>(c.thread);
     s.reader_warp = c.warp;
     s.read_epoch = c.block_epoch;
@@ -58,10 +63,13 @@ class SharedArray {
     if (!c.valid) return;
     Shadow& s = shadow_[i];
     if (!ordered(s.writer, s.writer_warp, s.write_epoch, s.write_warp_epoch, c)) fault("two writes", i, s.writer);
-    // Readers since the last barrier: the last one is known exactly; several may include others.
+    // Readers since the last barrier: the last one is known exactly; several are ordered before
+    // this write only if they were all lanes of the writer's warp and a __syncwarp of that warp
+    // completed after the last of them (a warp's epochs only grow, so the last read is the latest).
+    const bool several_ordered = s.readers_one_warp && s.reader_warp == c.warp && s.read_warp_epoch != c.warp_epoch;
     const bool readers_unordered =
         s.read_epoch == c.block_epoch &&
-        (s.many_readers || !ordered(s.reader, s.reader_warp, s.read_epoch, s.read_warp_epoch, c));
+        (s.many_readers ? !several_ordered : !ordered(s.reader, s.reader_warp, s.read_epoch, s.read_warp_epoch, c));
     if (s.reader >= 0 && readers_unordered) fault("read then write", i, s.reader);
     s.writer = static_cast<int32_t>(c.thread);
     s.writer_warp = c.warp;
@@ -69,6 +77,7 @@ class SharedArray {
     s.write_warp_epoch = c.warp_epoch;
     s.reader = -1;
     s.many_readers = false;
+    s.readers_one_warp = true;
   }
 
   T data_[N];
@@ -105,5 +114,31 @@ class SharedArray {
     return Ref(this, i);
   }
 };
+
+// Bytes of a SharedArray of 32-bit words, read like a `const uint8_t*` (indexing, adding an
+// offset); each read is a checked read of the word that holds the byte (little-endian).
+template <size_t N>
+class SharedBytes {
+ public:
+  SharedBytes(SharedArray<uint32_t, N>* words, int64_t at) : words_(words), at_(at) {}
+  uint8_t operator[](int64_t i) const {
+    const int64_t b = at_ + i;
+    return static_cast<uint8_t>(static_cast<uint32_t>((*words_)[static_cast<size_t>(b >> 2)]) >> (8 * (b & 3)));
+  }
+  SharedBytes operator+(int64_t i) const { return SharedBytes(words_, at_ + i); }
+
+ private:
+  SharedArray<uint32_t, N>* words_;
+  int64_t at_;
+};
+
+// One A per OS thread, made on first use and freed when the thread ends: shared memory too large
+// to be a thread_local object of its own (see MK_SHARED_BYTES).
+template <class A>
+A& thread_shared() {
+  static thread_local std::unique_ptr<A> a;
+  if (!a) a = std::make_unique<A>();
+  return *a;
+}
 
 }  // namespace moelite::simt
