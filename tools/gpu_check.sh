@@ -103,7 +103,7 @@ for s in $STAGES; do
     profile)
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
       if [ -n "$NCU" ] && [ -f "$BENCH_MODEL" ]; then
-        stage profile 120 "$NCU" --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel --launch-count 1500 \
+        stage profile 120 "$NCU" --metrics gpu__time_duration.sum --print-summary per-kernel --launch-count 1500 \
           "$MOELITE_BIN" bench -m "$BENCH_MODEL" --backend cuda -p 1 -n 8 -r 1 --no-membw
       else
         echo "profile: skipped (ncu: '${NCU}', model: $(ls "$BENCH_MODEL" 2>&1))" | tee -a "$SUMMARY"
