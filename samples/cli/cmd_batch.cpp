@@ -38,7 +38,8 @@ const Command kBatchCommand = {
                   "from the memory, the KV cache each sequence takes and the storage bandwidth; under a budget it "
                   "also picks the expert pools, and with --budget auto splits the memory between the KV caches "
                   "and the experts)"},
-                 {{"--memory"}, "SIZE", "with --n-seq auto: plan within this much memory (default: what is free now)"},
+                 {{"--memory"}, "SIZE",
+                  "with --n-seq auto or --budget auto: plan within this much memory (default: what is free now)"},
                  {{"--storage-gbs"}, "X",
                   "with --n-seq auto: the storage read bandwidth in GB/s (default: measured on the model file)"},
                  {{"--plan"}, "", "print the plan as JSON and stop (with --n-seq auto)"},
@@ -257,8 +258,10 @@ int cmd_batch(int argc, char** argv) {
   std::string input;
   if (!read_file(args.get("-f"), &input)) return usage_error("cannot read '" + args.get("-f") + "'");
   if (args.has("--plan") && !auto_seq) return usage_error("--plan goes with --n-seq auto");
-  if ((args.has("--memory") || args.has("--storage-gbs")) && !auto_seq)
-    return usage_error("--memory and --storage-gbs go with --n-seq auto");
+  // --memory sizes a plan: the planner's choice of sequences, or the budget for a given number.
+  if (args.has("--memory") && !auto_seq && args.get("--budget") != "auto")
+    return usage_error("--memory goes with --n-seq auto or --budget auto");
+  if (args.has("--storage-gbs") && !auto_seq) return usage_error("--storage-gbs goes with --n-seq auto");
   FILE* out = stdout;  // --plan writes nothing but the plan, to standard output
   if (args.has("-o") && !args.has("--plan")) {
     out = fopen(args.get("-o").c_str(), "w");
@@ -276,6 +279,14 @@ int cmd_batch(int argc, char** argv) {
     if (line.find_first_not_of(" \t\r") != std::string::npos) lines.push_back(std::move(line));
   }
   const int64_t n_lines = static_cast<int64_t>(lines.size());
+  // More sequences than requests would only hold KV caches (and, under a budget, plan pools) for
+  // sequences that never run.
+  if (!auto_seq && n_seq > std::max<int64_t>(n_lines, 1)) {
+    fprintf(stderr, "moelite batch: --n-seq %lld but %lld request%s: decoding %lld sequence%s\n", (long long)n_seq,
+            (long long)n_lines, n_lines == 1 ? "" : "s", (long long)std::max<int64_t>(n_lines, 1),
+            std::max<int64_t>(n_lines, 1) == 1 ? "" : "s");
+    n_seq = std::max<int64_t>(n_lines, 1);
+  }
   // Under a budget the plan comes before loading: with --budget auto it sizes the budget, and it
   // picks the pools (one global pool thrashes when a step's experts outnumber its slots).
   PlanChoice plan;

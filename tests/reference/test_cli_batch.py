@@ -5,6 +5,7 @@ request's text must equal `moelite run` on the same prompt with the same seed. B
 answered in place; results come out in input order. Also `moelite bench --n-seq`'s JSON."""
 import json
 import os
+import re
 import subprocess
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -215,3 +216,30 @@ def test_a_given_number_of_sequences_gets_its_pools():
     # 8 tokens use about 4 x 16 x (1 - (7/8)^8) = 42 experts a step; 25 % holds 16.
     assert "uniform expert pools for 8 sequences" in r.stderr, r.stderr
     assert [json.loads(line) for line in open(out)] == batch(1)
+
+
+def test_more_sequences_than_requests_decode_one_per_request():
+    # 8 requests: --n-seq 16 makes 8 sequences (no KV caches for sequences that never run) and says so.
+    out = os.path.join(TMP, "out-n16.jsonl")
+    r = subprocess.run([BIN, "batch", "-m", MODEL, "-t", "2", "-f", write_requests(), "-o", out, "--n-seq", "16", "-c",
+                        "256", "-b", "16", "--temp", "0.8", "--seed", "11"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "--n-seq 16 but 8 requests: decoding 8 sequences" in r.stderr, r.stderr
+    assert [json.loads(line) for line in open(out)] == batch(1)
+
+
+def test_a_given_number_of_sequences_plans_its_auto_budget_in_the_given_memory():
+    # --n-seq 2 --budget auto --memory M: the budget is what M leaves after exactly two KV caches,
+    # the dense weights and the headroom, so 2 MiB more memory is 2 MiB more for the experts; the
+    # results stay those of the resident single-sequence run.
+    experts = []
+    for memory in ("10MiB", "8MiB"):
+        out = os.path.join(TMP, "out-n2-mem.jsonl")
+        r = subprocess.run([BIN, "batch", "-m", MODEL, "-t", "2", "-f", write_requests(), "-o", out, "--n-seq", "2",
+                            "-c", "256", "-b", "16", "--temp", "0.8", "--seed", "11", "--budget", "auto", "--memory",
+                            memory, "--budget-headroom", "1MiB"], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert "for 2 sequences" in r.stderr, r.stderr
+        experts.append(float(re.search(r"experts get ([0-9.]+) MiB", r.stderr).group(1)))
+        assert [json.loads(line) for line in open(out)] == batch(1)
+    assert abs(experts[0] - experts[1] - 2.0) < 0.11, experts
