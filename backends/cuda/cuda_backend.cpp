@@ -158,6 +158,18 @@ Status CudaBackend::commit_table(void* host, void* dev, size_t bytes) {
   return rt_->copy_async(dev, host, bytes, compute_);
 }
 
+namespace {
+// A grouped product of w's rows; the caller sets the inputs, outputs and biases.
+GroupedProduct product_of(const WeightArg& w) {
+  GroupedProduct p;
+  p.w = w.data;
+  p.row_bytes = w.row_bytes;
+  p.rows = w.rows;
+  p.cols = w.cols;
+  return p;
+}
+}  // namespace
+
 Status CudaBackend::launch_grouped(std::vector<GroupedProduct>* products, const std::vector<TensorType>& types,
                                    bool gate_up) {
   const int mode = pass_kind_.activation == FfnActivation::SwiGLU ? 0 : 1;
@@ -520,12 +532,8 @@ Status CudaBackend::route(const Act& logits, int32_t k, bool renormalize, Routin
 Status CudaBackend::gate_up_product(const ExpertWeights& w, const WeightArg& gate, const WeightArg& up, const float* x,
                                     int64_t x_stride, const int32_t* x_map, int64_t n, float* h,
                                     GroupedProduct* out) {
-  GroupedProduct p;
-  p.w = gate.data;
+  GroupedProduct p = product_of(gate);
   p.w_up = up.data;
-  p.row_bytes = gate.row_bytes;
-  p.rows = gate.rows;
-  p.cols = gate.cols;
   MOELITE_TRY(device_floats(w.gate_bias, static_cast<size_t>(gate.rows), &p.bias));
   MOELITE_TRY(device_floats(w.up_bias, static_cast<size_t>(up.rows), &p.bias_up));
   p.x = x;
@@ -721,13 +729,9 @@ Status CudaBackend::expert_down(const ExpertTask* tasks, int32_t n_tasks) {
     const ExpertTask& t = tasks[i];
     WeightArg down;
     MOELITE_TRY(expert_matrix(t, 2, &down));
-    GroupedProduct d;
+    GroupedProduct d = product_of(down);
     MOELITE_TRY(device_floats(t.w.down_bias, static_cast<size_t>(down.rows), &d.bias));
     const PendingTask& p = pending_[static_cast<size_t>(i)];
-    d.w = down.data;
-    d.row_bytes = down.row_bytes;
-    d.rows = down.rows;
-    d.cols = down.cols;
     d.x = p.h;
     d.x_stride = p.ff;
     d.y = pass_out_;
