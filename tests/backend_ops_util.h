@@ -347,7 +347,7 @@ inline void expect_routing_matches_cpu(Backend* dev, Backend* cpu, int64_t n) {
   SCOPED_TRACE(n_expert);
   std::vector<float> logits = randv(static_cast<size_t>(n * n_expert), rng, -3, 3);
   logits[3] = logits[5];
-  logits[static_cast<size_t>(n_expert + 40 % n_expert)] = logits[static_cast<size_t>(n_expert + 7)];
+  logits[static_cast<size_t>(n_expert + (40 % n_expert))] = logits[static_cast<size_t>(n_expert + 7)];  // row 1
   for (bool renorm : {false, true}) {
     Routing rd, rc;
     HostAct ld(dev, n, n_expert), lc(cpu, n, n_expert);

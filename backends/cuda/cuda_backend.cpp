@@ -16,6 +16,12 @@ namespace {
 constexpr size_t kArenaChunk = size_t(4) << 20;
 constexpr size_t kArenaAlign = 256;
 
+// Weight copies are allocated to a multiple of 16 bytes: the matrix products read rows in aligned
+// 16-byte loads, and the last one of a tensor whose size is not a multiple of 16 (Q8_0, Q4_0 and
+// MXFP4 rows) reaches past its end, into bytes no result uses. On a GPU they are in the same page
+// either way; padded, a memory checker (compute-sanitizer) sees only allocated bytes read too.
+size_t padded_to_vec16(size_t bytes) { return (bytes + 15) / 16 * 16; }
+
 float* floats(const Act& a) { return static_cast<float*>(a.handle); }
 
 WeightArg arg_of(const WeightView& w, const void* dev) {
@@ -245,7 +251,7 @@ Status CudaBackend::device_weight(const WeightView& w, WeightArg* out) {
     MOELITE_TRY(check_weight(w));
     DevBytes d;
     d.bytes = w.bytes();
-    MOELITE_TRY(rt_->device_alloc(d.bytes, &d.dev));
+    MOELITE_TRY(rt_->device_alloc(padded_to_vec16(d.bytes), &d.dev));
     if (Status st = rt_->copy_async(d.dev, w.data, d.bytes, compute_); st != MOELITE_OK) {
       rt_->device_free(d.dev);
       return st;
@@ -644,7 +650,7 @@ Status CudaBackend::tier_matrix(const ExpertTask& t, int which, WeightArg* out) 
       slot->chunk[which] = nullptr;
       slot->capacity[which] = 0;
       void* p;
-      MOELITE_TRY(rt_->device_alloc(w.bytes(), &p));
+      MOELITE_TRY(rt_->device_alloc(padded_to_vec16(w.bytes()), &p));
       slot->chunk[which] = static_cast<uint8_t*>(p);
       slot->capacity[which] = w.bytes();
     }
@@ -675,18 +681,25 @@ Status CudaBackend::expert_matrix(const ExpertTask& t, int which, WeightArg* out
 Status CudaBackend::expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) {
   pending_.clear();
   // Every task's row maps, the input rows it reads here and the output rows its down product
-  // writes, in one table: one copy a group.
+  // writes, in one table copied before any product that reads it is queued: one copy a group.
   size_t map_ints = 0;
-  for (int32_t i = 0; i < n_tasks; ++i) map_ints += static_cast<size_t>(tasks[i].n_rows);
-  void *maps_h = nullptr, *maps_d = nullptr;
-  if (map_ints > 0) MOELITE_TRY(take_table(2 * map_ints * sizeof(int32_t), &maps_h, &maps_d));
-  std::vector<GroupedProduct> products;
-  std::vector<TensorType> types;
-  struct Separate {
-    GroupedProduct p;
-    WeightArg gate, up;
-  };
-  std::vector<Separate> separate;  // gate and up of different types (rare): not fused
+  for (int32_t i = 0; i < n_tasks; ++i) map_ints += static_cast<size_t>(std::max(tasks[i].n_rows, 0));
+  const int32_t* maps = nullptr;
+  if (map_ints > 0) {
+    void *host, *dev;
+    MOELITE_TRY(take_table(2 * map_ints * sizeof(int32_t), &host, &dev));
+    size_t at = 0;
+    for (int32_t i = 0; i < n_tasks; ++i) {
+      const size_t n = static_cast<size_t>(std::max(tasks[i].n_rows, 0));
+      if (n == 0) continue;
+      std::memcpy(static_cast<int32_t*>(host) + at, tasks[i].x_rows, n * sizeof(int32_t));
+      std::memcpy(static_cast<int32_t*>(host) + map_ints + at, tasks[i].out_rows, n * sizeof(int32_t));
+      at += n;
+    }
+    MOELITE_TRY(commit_table(host, dev, 2 * map_ints * sizeof(int32_t)));
+    maps = static_cast<const int32_t*>(dev);
+  }
+  GateUpLaunch launch;
   size_t at = 0;
   for (int32_t i = 0; i < n_tasks; ++i) {
     const ExpertTask& t = tasks[i];
@@ -695,28 +708,30 @@ Status CudaBackend::expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) {
     MOELITE_TRY(expert_matrix(t, 1, &up));
     // The down matrix is not touched here: the store may still be reading it (core waits for it
     // between the two halves). Its copy, queued in expert_down, still overlaps these kernels.
-    std::memcpy(static_cast<int32_t*>(maps_h) + at, t.x_rows, static_cast<size_t>(t.n_rows) * sizeof(int32_t));
-    std::memcpy(static_cast<int32_t*>(maps_h) + map_ints + at, t.out_rows,
-                static_cast<size_t>(t.n_rows) * sizeof(int32_t));
-    const int32_t* map = static_cast<const int32_t*>(maps_d) + at;
     PendingTask p;
-    p.out_map = static_cast<const int32_t*>(maps_d) + map_ints + at;
-    at += static_cast<size_t>(t.n_rows);
     p.ff = gate.rows;
-    MOELITE_TRY(scratch(static_cast<size_t>(t.n_rows * p.ff), &p.h));
+    p.out_map = maps ? maps + map_ints + at : nullptr;
+    MOELITE_TRY(scratch(static_cast<size_t>(std::max<int64_t>(t.n_rows, 0) * p.ff), &p.h));
     GroupedProduct g;
-    MOELITE_TRY(gate_up_product(t.w, gate, up, pass_x_, pass_cols_, map, t.n_rows, p.h, &g));
-    if (fusable(gate, up)) {
-      products.push_back(g);
-      types.push_back(gate.type);
-    } else {
-      separate.push_back({g, gate, up});
-    }
+    MOELITE_TRY(gate_up_product(t.w, gate, up, pass_x_, pass_cols_, maps ? maps + at : nullptr, t.n_rows, p.h, &g));
+    at += static_cast<size_t>(std::max(t.n_rows, 0));
+    launch.add(g, gate, up);
     pending_.push_back(p);
+    // A budgeted expert's matrices may sit in device tier slots that a later task's copy would
+    // overwrite (tier_matrix orders that copy after the kernels queued so far): its product is
+    // queued now. (Budgeted experts come one a call from the executor anyway.)
+    if (!t.resident) MOELITE_TRY(flush_gate_up(&launch));
   }
-  if (map_ints > 0) MOELITE_TRY(commit_table(maps_h, maps_d, 2 * map_ints * sizeof(int32_t)));
-  for (const Separate& sp : separate) MOELITE_TRY(separate_gate_up(sp.p, sp.gate, sp.up));
-  return launch_grouped(&products, types, true);
+  return flush_gate_up(&launch);
+}
+
+Status CudaBackend::flush_gate_up(GateUpLaunch* l) {
+  for (const GateUpLaunch::Separate& sp : l->separate) MOELITE_TRY(separate_gate_up(sp.p, sp.gate, sp.up));
+  l->separate.clear();
+  const Status st = launch_grouped(&l->products, l->types, true);
+  l->products.clear();
+  l->types.clear();
+  return st;
 }
 
 Status CudaBackend::expert_down(const ExpertTask* tasks, int32_t n_tasks) {
@@ -740,6 +755,11 @@ Status CudaBackend::expert_down(const ExpertTask* tasks, int32_t n_tasks) {
     d.n_tok = t.n_rows;
     products.push_back(d);
     types.push_back(down.type);
+    if (!t.resident) {  // as in expert_gate_up: queued before a later copy may reuse its tier slot
+      MOELITE_TRY(launch_grouped(&products, types, false));
+      products.clear();
+      types.clear();
+    }
   }
   return launch_grouped(&products, types, false);
 }
@@ -754,6 +774,7 @@ Status CudaBackend::expert_group_end() {
 
 Status CudaBackend::moe_combine(const Routing& r, Act* out) {
   const size_t n = static_cast<size_t>(r.n_tokens) * static_cast<size_t>(r.k);
+  if (n == 0) return MOELITE_OK;
   // Every thread reads every slot's id and weight: a table in device memory.
   void *host, *dev;
   MOELITE_TRY(take_table(n * (sizeof(int32_t) + sizeof(float)), &host, &dev));

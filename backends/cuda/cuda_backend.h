@@ -129,6 +129,26 @@ class CudaBackend final : public Backend {
   // The product that computes h = act(gate x + bias, up x + bias) for a task's rows (x_map: device
   // rows of x, or null).
   static bool fusable(const WeightArg& gate, const WeightArg& up);  // same type and shape: one fused product
+  // The gate/up products of expert_gate_up not yet queued: fused ones by weight type, the rest
+  // (gate and up of different types) as separate products.
+  struct GateUpLaunch {
+    struct Separate {
+      GroupedProduct p;
+      WeightArg gate, up;
+    };
+    std::vector<GroupedProduct> products;
+    std::vector<TensorType> types;
+    std::vector<Separate> separate;
+    void add(const GroupedProduct& p, const WeightArg& gate, const WeightArg& up) {
+      if (fusable(gate, up)) {
+        products.push_back(p);
+        types.push_back(gate.type);
+      } else {
+        separate.push_back({p, gate, up});
+      }
+    }
+  };
+  Status flush_gate_up(GateUpLaunch* l);
   Status separate_gate_up(const GroupedProduct& p, const WeightArg& gate, const WeightArg& up);
   Status gate_up_product(const ExpertWeights& w, const WeightArg& gate, const WeightArg& up, const float* x,
                          int64_t x_stride, const int32_t* x_map, int64_t n, float* h, GroupedProduct* out);

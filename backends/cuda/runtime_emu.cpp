@@ -38,6 +38,7 @@ struct EmuStream {
   uint64_t enqueued = 0, executed = 0;
   Status error = MOELITE_OK;  // first failure since the last synchronisation reported it
   std::string message;
+  uint64_t skip_through = 0;  // operations up to this position were queued behind a failure
 };
 
 struct EmuEvent {
@@ -193,14 +194,17 @@ class EmuRuntime final : public GpuRuntime {
       std::function<Status()> op = std::move(s->queue.front());
       s->queue.pop_front();
       ++s->executed;
-      // After a failure the stream's later work does not run until the error is reported, as a
-      // faulted CUDA context launches nothing: a kernel behind a failed copy of its table would
-      // otherwise follow whatever pointers the uncopied memory held.
-      if (s->error != MOELITE_OK) continue;
+      // Work queued behind a failure does not run, as a faulted CUDA context launches nothing: a
+      // kernel behind a failed copy of its table would otherwise follow whatever pointers the
+      // uncopied memory held. Work queued after the failure ran may run (the host has not seen it).
+      if (s->executed <= s->skip_through) continue;
       const Status st = op();
-      if (st != MOELITE_OK && s->error == MOELITE_OK) {
-        s->error = st;
-        s->message = last_error_message();
+      if (st != MOELITE_OK) {
+        if (s->error == MOELITE_OK) {
+          s->error = st;
+          s->message = last_error_message();
+        }
+        s->skip_through = s->enqueued;
       }
     }
   }

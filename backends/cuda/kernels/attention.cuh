@@ -111,10 +111,13 @@ MK_GLOBAL void attention_merge_kernel(const float* partial, int32_t n_chunks, in
 // One warp per token (kRouteWarps tokens a block): softmax over n_expert logits, the top k (ties
 // to the lower id), optional renormalisation. Lane l holds experts l, l + 32, …; the maximum and
 // the softmax's sum are fixed butterflies, and each of the k rounds takes every lane's best
-// candidate after the last pick and reduces them in the order (value desc, id asc), so the ids
-// are the CPU's. One thread per token (the first version) took 33 us a layer for 64 experts top-8
-// on an H200: k serial passes over the logits. A row without any ordered value (all NaN) yields
-// dropped slots (id -1, weight 0).
+// candidate after the last pick and reduces them in the order (logit desc, id asc). The CPU ranks
+// the softmax's probabilities instead (ties to the lower id); the two orders differ only where two
+// logits a few ulps apart round to the same probability, or underflow to 0 far below the maximum,
+// and those picks are equally good (the kernel tests compare ids on random logits with ties). One
+// thread per token (the first version) took 33 us a layer for 64 experts top-8 on an H200: k
+// serial passes over the logits. A NaN logit is never picked; a row without any ordered value (all
+// NaN) yields dropped slots (id -1, weight 0).
 constexpr int kRouteWarps = 4;
 
 MK_GLOBAL void route_kernel(const float* logits, int64_t n_tok, int32_t n_expert, int32_t k, int renorm, int32_t* ids,
@@ -129,7 +132,7 @@ MK_GLOBAL void route_kernel(const float* logits, int64_t n_tok, int32_t n_expert
   float part = 0.0f;
   for (int32_t e = lane; e < n_expert; e += 32) part += expf(l[e] - mx);
   const float sum = warp_sum(part);
-  float picked = 0.0f, last_v = 3.402823466e38f;
+  float picked = 0.0f, last_v = bits_to_float(0x7F800000u);  // +inf: a +inf logit can be picked
   int32_t last = -1;
   for (int32_t j = 0; j < k; ++j) {
     int32_t best = -1;  // this lane's next after (last_v, last) in the order value desc, id asc

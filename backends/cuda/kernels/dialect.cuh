@@ -8,6 +8,8 @@
 //   shfl_xor(v, m), shfl(v, lane), warp_sum(v), warp_max(v)   full-warp exchanges
 //   bits_to_float(u), float_to_bits(f), atomic_add_f32(p, v)
 //   half_bits_to_float(h)               an fp16 value from its 16 bits
+//   MK_UNROLL                           unroll the next loop (small fixed trip counts: keeps arrays
+//                                       indexed by its counter in registers)
 //   MK_SHARED_BYTES(name, count)        a 16-byte aligned shared byte array of the block, filled
 //   Vec16, load_vec16(p, lo, hi),       16 bytes at a time from a 16-byte aligned global address
 //   store_vec16(name, at, v),           (of which only [lo, hi) is meaningful), and read back as a
@@ -18,6 +20,8 @@
 #if defined(__CUDACC__)
 
 #include <cuda_fp16.h>
+
+#define MK_UNROLL _Pragma("unroll")
 
 // Kernels are device functions; kernels_gpu.cu gives each an extern "C" __global__ entry point
 // (found by name in the embedded fatbin, see runtime_cuda.cpp).
@@ -78,6 +82,7 @@ MK_DEVICE const uint8_t* bytes_at(const uint8_t* s, int64_t at) { return s + at;
 #define gridDim (::moelite::simt::grid_dim())
 #define __syncthreads() ::moelite::simt::sync_threads()
 #define __syncwarp() ::moelite::simt::sync_warp(0xffffffffu)
+#define MK_UNROLL _Pragma("GCC unroll 8")
 // A shared byte array as 32-bit words with race checking (simt::SharedBytes reads bytes of it).
 // It lives on the heap, one per OS thread: a thread_local array of this size would be allocated
 // and cleared for every thread of every process that loads the library.

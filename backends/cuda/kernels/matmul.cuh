@@ -30,13 +30,25 @@ namespace moelite::cuda_kernels {
 constexpr int kTokensPerWarp = 8;
 constexpr int kMatmulWarps = 4;  // warps (rows) per block
 constexpr int kUnroll = 8;       // 32-column steps decoded together from the stage
-constexpr int kStageBytes = 4096;                       // weight bytes a warp stages at a time
-constexpr int kStageSpan = kStageBytes + 32;            // + rounding both ends to 16 bytes
-constexpr int kStageLoads = (kStageSpan / 16 + 31) / 32;  // 16-byte loads per lane per chunk
+constexpr int kStageBytes = 4096;  // weight bytes a warp stages at a time, over its M matrices
+// Per matrix, with M of them (1, or 2 for a gate/up pair, which gets half the bytes each, so both
+// kernels take 16.5 KB of shared memory a block and about as many registers):
+template <int M>
+constexpr int kStageBytesOf = kStageBytes / M;
+template <int M>
+constexpr int kStageSpanOf = kStageBytesOf<M> + 32;  // + rounding both ends to 16 bytes
+template <int M>
+constexpr int kStageLoadsOf = (kStageSpanOf<M> / 16 + 31) / 32;  // 16-byte loads a lane
+// A chunk of B bytes starting anywhere covers at most B / 16 + 2 aligned 16-byte words.
+static_assert(kStageBytes / 16 + 2 <= 32 * kStageLoadsOf<1> && 16 * (kStageBytes / 16 + 2) <= kStageSpanOf<1>,
+              "the stage's loads must cover a chunk");
+static_assert(kStageBytes / 32 + 2 <= 32 * kStageLoadsOf<2> && 16 * (kStageBytes / 32 + 2) <= kStageSpanOf<2>,
+              "the stage's loads must cover a chunk");
+constexpr int kStageSpan = kStageSpanOf<1>;
 
 // One warp's rows: acc[m][j] += row r of matrix m (M of them: 1, or 2 for a gate/up pair, whose
 // rows are staged side by side and both in flight) times token j's input, for j < n. The stage is
-// the block's; this warp uses M * kStageSpan bytes of it from `mine`.
+// the block's; this warp uses M * kStageSpanOf<M> bytes of it from `mine`.
 template <int T, int M, class Stage>
 MK_DEVICE void warp_row_products(Stage& stage, int64_t mine, int lane, const uint8_t* const (&wr)[M], int64_t cols,
                                  const float* const (&xs)[kTokensPerWarp], int n,
@@ -44,7 +56,8 @@ MK_DEVICE void warp_row_products(Stage& stage, int64_t mine, int lane, const uin
   // A chunk is whole blocks of the type, and a multiple of 32 columns (blocks are 1, 32 or 256
   // columns; a float chunk is 1024 or 2048).
   constexpr int64_t kBlockCols = Layout<T>::block, kBlockBytes = Layout<T>::bytes;
-  constexpr int64_t kChunkBlocks = kStageBytes / kBlockBytes;
+  constexpr int64_t kChunkBlocks = kStageBytesOf<M> / kBlockBytes, kSpan = kStageSpanOf<M>;
+  constexpr int kLoads = kStageLoadsOf<M>;
   static_assert(kChunkBlocks * kBlockCols % 32 == 0, "a chunk must hold whole 32-column steps");
   const int64_t n_blocks = cols / kBlockCols;
   for (int64_t b0 = 0; b0 < n_blocks; b0 += kChunkBlocks) {
@@ -52,22 +65,28 @@ MK_DEVICE void warp_row_products(Stage& stage, int64_t mine, int lane, const uin
     const uint8_t* src[M];
     const uint8_t* first[M];
     int64_t words[M];
-    Vec16 v[M][kStageLoads];
+    Vec16 v[M][kLoads];
+    MK_UNROLL
     for (int m = 0; m < M; ++m) {
       src[m] = wr[m] + b0 * kBlockBytes;
       first[m] = src[m] - (reinterpret_cast<uintptr_t>(src[m]) & 15u);
       words[m] = (src[m] + nb * kBlockBytes - first[m] + 15) / 16;
-      for (int u = 0; u < kStageLoads; ++u)
+      MK_UNROLL
+      for (int u = 0; u < kLoads; ++u)
         if (lane + 32 * u < words[m]) v[m][u] = load_vec16(first[m] + 16 * (lane + 32 * u), src[m], src[m] + nb * kBlockBytes);
     }
     __syncwarp();  // every lane is done reading the previous chunk before the stage is overwritten
-    for (int m = 0; m < M; ++m)
-      for (int u = 0; u < kStageLoads; ++u)
-        if (lane + 32 * u < words[m]) store_vec16(stage, mine + m * kStageSpan + 16 * (lane + 32 * u), v[m][u]);
+    MK_UNROLL
+    for (int m = 0; m < M; ++m) {
+      MK_UNROLL
+      for (int u = 0; u < kLoads; ++u)
+        if (lane + 32 * u < words[m]) store_vec16(stage, mine + m * kSpan + 16 * (lane + 32 * u), v[m][u]);
+    }
     __syncwarp();
     const int64_t chunk_cols = nb * kBlockCols, c0 = b0 * kBlockCols;
+    MK_UNROLL
     for (int m = 0; m < M; ++m) {
-      const auto sw = bytes_at(stage, mine + m * kStageSpan + (src[m] - first[m]));
+      const auto sw = bytes_at(stage, mine + m * kSpan + (src[m] - first[m]));
       // kUnroll steps' weights are decoded first, then applied in column order: the sums are those
       // of one step at a time, bit for bit.
       int64_t c = lane;
@@ -126,7 +145,7 @@ MK_GLOBAL void matmul_kernel(const uint8_t* w, uint64_t row_bytes, int64_t rows,
 // microseconds of launch and a partly idle GPU (1024 rows fill 8 warps an SM).
 template <int T, int M>
 MK_DEVICE void grouped_products(const GroupedBatch& batch, int act_mode, float alpha, float limit) {
-  MK_SHARED_BYTES(stage, kMatmulWarps * M * kStageSpan);
+  MK_SHARED_BYTES(stage, kMatmulWarps * M * kStageSpanOf<M>);
   const int lane = int(threadIdx.x & 31u);
   const int warp = int(threadIdx.x >> 5);
   int32_t lo = 0, hi = batch.n - 1;  // the last product starting at or before this block
@@ -152,11 +171,13 @@ MK_DEVICE void grouped_products(const GroupedBatch& batch, int act_mode, float a
   const uint8_t* wr[M];
   wr[0] = p.w + uint64_t(r) * p.row_bytes;
   if constexpr (M == 2) wr[1] = p.w_up + uint64_t(r) * p.row_bytes;
-  warp_row_products<T, M>(stage, int64_t(warp) * M * kStageSpan, lane, wr, p.cols, xs, n, acc);
+  warp_row_products<T, M>(stage, int64_t(warp) * M * kStageSpanOf<M>, lane, wr, p.cols, xs, n, acc);
   const float b = p.bias ? p.bias[r] : 0.0f;
   float b_up = 0.0f;
   if constexpr (M == 2) b_up = p.bias_up ? p.bias_up[r] : 0.0f;
-  for (int j = 0; j < n; ++j) {
+  MK_UNROLL
+  for (int j = 0; j < kTokensPerWarp; ++j) {
+    if (j >= n) break;
     const float s = warp_sum(acc[0][j]) + b;
     float out = s;
     if constexpr (M == 2) out = ffn_act_value(s, warp_sum(acc[1][j]) + b_up, act_mode, alpha, limit);
