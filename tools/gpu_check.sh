@@ -8,6 +8,8 @@
 # lib/libmoelite.so*, deps/ (the shared libraries the build needs that a CUDA image may lack) and
 # optionally llama/llama-bench (llama.cpp built with CUDA, the peer). STAGES (default all):
 #   ops    the CUDA op tests on the GPU (tests/test_cuda_ops.cpp, the `gpu` instances)
+#   sanitize  the same under compute-sanitizer: memcheck (out-of-bounds and misaligned accesses)
+#          and racecheck (shared-memory hazards), where the machine's runtime supports it
 #   e2e    `moelite logits --backend cuda` on the GPU against the numpy reference and the emulator,
 #          batching and budgets bitwise, several sequences, saved sessions, bench
 #   vulkan the Vulkan end-to-end tests on the GPU's Vulkan driver (needs deps/libvulkan.so.1)
@@ -19,7 +21,7 @@
 set -u
 PACK=$(realpath "$1")
 OUT=$(realpath "$2")
-STAGES=${3:-ops e2e vulkan bench profile}
+STAGES=${3:-ops sanitize e2e vulkan bench profile}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$OUT"
 # llama-bench (the peer) needs the CUDA runtime and cuBLAS: the toolkit's, or those of the CUDA
@@ -73,6 +75,16 @@ for s in $STAGES; do
   case $s in
     ops)
       stage ops 90 "$PACK/bin/moelite_tests" --gtest_filter='CudaOps/*/gpu:CudaOps.*' --gtest_brief=1 ;;
+    sanitize)
+      SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -n 1)
+      if [ -n "$SAN" ]; then
+        stage memcheck 150 "$SAN" --tool memcheck --error-exitcode 9 "$PACK/bin/moelite_tests" \
+          --gtest_filter='CudaOps/*/gpu' --gtest_brief=1
+        stage racecheck 150 "$SAN" --tool racecheck --error-exitcode 9 "$PACK/bin/moelite_tests" \
+          --gtest_filter='CudaOps/*Matmul*/gpu:CudaOps/*Expert*/gpu:CudaOps/*Routing*/gpu' --gtest_brief=1
+      else
+        echo "sanitize: skipped (no compute-sanitizer)" | tee -a "$SUMMARY"
+      fi ;;
     e2e)
       stage e2e 150 "$PY" -m pytest -q -rP -p no:cacheprovider "${PARALLEL[@]}" -k "gpu or devices_say" \
         "$ROOT/tests/reference/test_cuda_vs_reference.py" \
