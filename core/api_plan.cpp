@@ -2,6 +2,8 @@
 // or loaded) and the platform, and the plan handle. The arithmetic is core/batch_plan.cpp's.
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <memory>
 #include <string>
 
 #include "core/adaptive/profile.h"
@@ -10,6 +12,7 @@
 #include "core/batch_plan.h"
 #include "core/budget_auto.h"
 #include "core/context.h"
+#include "core/expert_cache/replay.h"
 #include "core/expert_store/expert_store.h"
 #include "core/model.h"
 #include "core/runtime.h"
@@ -30,6 +33,7 @@ struct moelite_plan_params {
   double compute_gb_s = 0;
   moelite::CachePools pools = moelite::CachePools::kChoose;
   std::string profile;  // routing shares from this calibration profile ("": the loaded model's, else uniform)
+  std::string trace;    // a recorded routing replayed instead ("": none)
 };
 
 struct moelite_batch_plan {
@@ -52,6 +56,38 @@ moelite::Status routing_shares(const moelite::Profile& prof, const moelite::HPar
     for (uint64_t c : counts) routed += static_cast<double>(c);
     const double tokens = routed / hp.n_expert_used;
     for (uint64_t c : counts) out->push_back(tokens > 0 ? static_cast<double>(c) / tokens : 0.0);
+  }
+  return MOELITE_OK;
+}
+
+// A routing trace (`moelite trace record`: model layer numbers, MoE layers only) as the planner's
+// tokens x MoE layers expert lists. Tokens in order of their numbers; a (token, layer) the trace
+// lacks reads nothing, one it lists twice reads the union.
+moelite::Status routing_trace(const moelite::Trace& t, const moelite::HParams& hp, const std::string& path,
+                              moelite::RoutingTrace* out) {
+  if (t.n_experts > hp.n_expert || t.n_layers > hp.n_layer)
+    return moelite::fail(MOELITE_ERR_INVALID_ARGUMENT,
+                         "routing trace '%s' is of a model with %d layers of %d experts; this one has %d of %d", path.c_str(),
+                         t.n_layers, t.n_experts, hp.n_layer, hp.n_expert);
+  std::map<int64_t, int32_t> index;  // token number -> row
+  for (const moelite::TraceEntry& e : t.entries) {
+    if (!hp.is_moe_layer(e.layer))
+      return moelite::fail(MOELITE_ERR_INVALID_ARGUMENT, "routing trace '%s' routes layer %d, which has no experts",
+                           path.c_str(), e.layer);
+    index.emplace(e.token, 0);
+  }
+  if (index.size() > static_cast<size_t>(INT32_MAX / std::max(1, hp.n_moe_layers())))
+    return moelite::fail(MOELITE_ERR_INVALID_ARGUMENT, "routing trace '%s' has too many tokens", path.c_str());
+  int32_t row = 0;
+  for (auto& [token, at] : index) at = row++;
+  const size_t L = static_cast<size_t>(hp.n_moe_layers());
+  out->tokens = row;
+  out->experts.assign(static_cast<size_t>(row) * L, {});
+  for (const moelite::TraceEntry& e : t.entries) {
+    std::vector<int32_t>& ids =
+        out->experts[static_cast<size_t>(index[e.token]) * L + static_cast<size_t>(e.layer - hp.n_dense_lead)];
+    for (int32_t x : e.experts)
+      if (std::find(ids.begin(), ids.end(), x) == ids.end()) ids.push_back(x);
   }
   return MOELITE_OK;
 }
@@ -138,6 +174,15 @@ MOELITE_API moelite_status moelite_plan_params_set_profile(moelite_plan_params* 
   });
 }
 
+MOELITE_API moelite_status moelite_plan_params_set_routing_trace(moelite_plan_params* p, const char* path) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    p->trace = path ? path : "";
+    return MOELITE_OK;
+  });
+}
+
 MOELITE_API moelite_status moelite_plan_params_set_bandwidths(moelite_plan_params* p, double storage_gb_per_s,
                                                               double compute_gb_per_s) {
   const char* const api_fn = __func__;
@@ -211,7 +256,15 @@ MOELITE_API moelite_status moelite_plan_batch(const moelite_model* model, const 
                   "%s: experts stream from storage under a budget: set its read bandwidth "
                   "(moelite_plan_params_set_bandwidths; `moelite info --storage` measures it)",
                   api_fn);
-    if (!pp.profile.empty()) {
+    if (!pp.trace.empty() && !pp.profile.empty())
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: give a routing trace or a profile, not both", api_fn);
+    if (!pp.trace.empty()) {
+      moelite::Trace trace;
+      MOELITE_TRY(moelite::load_trace(pp.trace, &trace));
+      auto recorded = std::make_shared<moelite::RoutingTrace>();
+      MOELITE_TRY(routing_trace(trace, m.hp, pp.trace, recorded.get()));
+      in.trace = std::move(recorded);
+    } else if (!pp.profile.empty()) {
       moelite::Profile prof;
       MOELITE_TRY(moelite::Profile::load(pp.profile, &prof));
       MOELITE_TRY(routing_shares(prof, m.hp, &in.routing));

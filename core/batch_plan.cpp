@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "core/expert_cache/replay.h"
+
 namespace moelite {
 
 double expected_distinct_experts(int32_t n_expert, int32_t n_expert_used, int32_t n_tokens) {
@@ -94,6 +96,98 @@ double StepAccess::hits(size_t first, size_t count, double capacity) const {
   return uniform * std::clamp(capacity, 0.0, static_cast<double>(count));
 }
 
+// The decode steps of n sequences that each follow the recorded routing, sequence i from token
+// i * tokens / n on (wrapping around): per step and MoE layer one entry, the union of the
+// sequences' experts (the step reads each once), first the steps once, then twice over.
+struct ReplayedSteps {
+  Trace once, twice;
+  double distinct = 0;  // experts a step reads, all layers together, on average
+  size_t largest = 0;   // the most experts one layer of one step reads
+};
+
+ReplayedSteps replayed_steps(const RoutingTrace& rt, int32_t n_layers, int32_t n_expert, int32_t n) {
+  ReplayedSteps r;
+  r.once.n_layers = n_layers;
+  r.once.n_experts = n_expert;
+  const int32_t steps = std::min(rt.tokens, kMaxReplayedSteps);
+  std::vector<uint8_t> taken(static_cast<size_t>(n_expert));
+  size_t reads = 0;
+  for (int32_t s = 0; s < steps; ++s)
+    for (int32_t l = 0; l < n_layers; ++l) {
+      TraceEntry e;
+      e.token = s;
+      e.layer = l;
+      std::fill(taken.begin(), taken.end(), 0);
+      for (int32_t i = 0; i < n; ++i) {
+        const int64_t token = (static_cast<int64_t>(i) * rt.tokens / n + s) % rt.tokens;
+        for (int32_t x : rt.experts[static_cast<size_t>(token * n_layers + l)])
+          if (!taken[static_cast<size_t>(x)]) {
+            taken[static_cast<size_t>(x)] = 1;
+            e.experts.push_back(x);
+          }
+      }
+      reads += e.experts.size();
+      r.largest = std::max(r.largest, e.experts.size());
+      r.once.entries.push_back(std::move(e));
+    }
+  r.once.top_k = static_cast<int32_t>(r.largest);
+  r.distinct = steps > 0 ? static_cast<double>(reads) / steps : 0.0;
+  r.twice = r.once;
+  for (const TraceEntry& e : r.once.entries) {
+    r.twice.entries.push_back(e);
+    r.twice.entries.back().token += steps;
+  }
+  return r;
+}
+
+// The steady-state LRU hit share of the replayed steps: the second pass's hits over its accesses
+// (the first pass warms the cache). Per-layer pools of `capacity` slots each (a share of slots:
+// interpolated between whole ones), or one global pool of `capacity` slots (hits nothing where one
+// layer-step alone outnumbers it).
+Status replayed_hit_share(const ReplayedSteps& steps, bool per_layer, double capacity, double* out) {
+  *out = 0.0;
+  if (!per_layer) {
+    const int64_t slots = static_cast<int64_t>(std::floor(capacity));
+    if (slots < static_cast<int64_t>(std::max<size_t>(steps.largest, 1))) return MOELITE_OK;
+    ReplayResult once, twice;
+    MOELITE_TRY(replay(steps.once, "lru", slots, true, &once));
+    MOELITE_TRY(replay(steps.twice, "lru", slots, true, &twice));
+    const uint64_t accesses = twice.accesses - once.accesses;
+    *out = accesses ? static_cast<double>(twice.hits - once.hits) / static_cast<double>(accesses) : 1.0;
+    return MOELITE_OK;
+  }
+  std::vector<std::vector<double>> once, twice;  // [layer][slots]: hit rates of each pass's accesses
+  MOELITE_TRY(lru_hit_curves(steps.once, &once));
+  MOELITE_TRY(lru_hit_curves(steps.twice, &twice));
+  const size_t L = static_cast<size_t>(steps.once.n_layers), E = static_cast<size_t>(steps.once.n_experts);
+  std::vector<double> accesses(L, 0.0);  // of one pass, per layer
+  for (const TraceEntry& e : steps.once.entries) accesses[static_cast<size_t>(e.layer)] += e.experts.size();
+  const double c = std::clamp(capacity, 0.0, static_cast<double>(E));
+  const size_t lo = static_cast<size_t>(std::floor(c)), hi = std::min(lo + 1, E);
+  const double frac = c - static_cast<double>(lo);
+  double hits = 0, all = 0;
+  for (size_t l = 0; l < L; ++l) {
+    // Hits of the second pass alone at whole slots s: twice's hit count minus once's.
+    auto second_pass_hits = [&](size_t s) { return twice[l][s] * 2.0 * accesses[l] - once[l][s] * accesses[l]; };
+    hits += (1.0 - frac) * second_pass_hits(lo) + frac * second_pass_hits(hi);
+    all += accesses[l];
+  }
+  *out = all > 0 ? std::clamp(hits / all, 0.0, 1.0) : 1.0;
+  return MOELITE_OK;
+}
+
+Status check_trace(const BatchPlanInputs& in) {
+  const RoutingTrace& t = *in.trace;
+  if (t.tokens < 1 || t.experts.size() != static_cast<size_t>(t.tokens) * static_cast<size_t>(in.n_moe_layers))
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "batch plan: the routing trace has %zu layer entries for %d tokens of %d layers",
+                t.experts.size(), t.tokens, in.n_moe_layers);
+  for (const std::vector<int32_t>& ids : t.experts)
+    for (int32_t x : ids)
+      if (x < 0 || x >= in.n_expert)
+        return fail(MOELITE_ERR_INVALID_ARGUMENT, "batch plan: the routing trace names expert %d of %d", x, in.n_expert);
+  return MOELITE_OK;
+}
+
 }  // namespace
 
 Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
@@ -114,6 +208,7 @@ Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
                 in.routing.size(), in.n_moe_layers, in.n_expert);
   if (in.compute_bytes_per_s < 0 || std::isnan(in.compute_bytes_per_s))
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "batch plan: the compute rate must be >= 0");
+  if (in.trace) MOELITE_TRY(check_trace(in));
 
   const double L = in.n_moe_layers, E = in.n_expert;
   BatchPlan plan;
@@ -138,16 +233,23 @@ Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
     }
     r.expert_budget = in.resident ? 0 : cache_bytes;
     const double slots = std::floor(static_cast<double>(cache_bytes) / static_cast<double>(in.slot_bytes));
-    const StepAccess step = step_access(in, n);
-    r.distinct_experts = step.distinct / L;
+    // The step's experts by the independent model (the shares), or measured on the trace.
+    const StepAccess step = in.trace ? StepAccess{} : step_access(in, n);
+    ReplayedSteps replayed;
+    if (in.trace) replayed = replayed_steps(*in.trace, in.n_moe_layers, in.n_expert, n);
+    const double distinct = in.trace ? replayed.distinct : step.distinct;
+    r.distinct_experts = distinct / L;
     // One global pool where a step's experts fit in it (or where the caller says so), else a pool per layer.
-    const bool step_fits_globally = slots - 1.0 >= step.distinct;
+    const bool step_fits_globally = slots - 1.0 >= distinct;
     r.per_layer = !in.resident && (in.pools == CachePools::kPerLayer ||
                                    (in.pools == CachePools::kChoose && !step_fits_globally));
     const double reserve_slots = r.per_layer ? L : 1.0;
     r.cache_share = in.resident ? 1.0 : std::clamp((slots - reserve_slots) / (L * E), 0.0, 1.0);
     if (in.resident) {
       r.hit_share = 1.0;
+    } else if (in.trace) {
+      const double capacity = r.per_layer ? std::max(0.0, (slots - reserve_slots) / L) : slots - reserve_slots;
+      MOELITE_TRY(replayed_hit_share(replayed, r.per_layer, capacity, &r.hit_share));
     } else if (r.per_layer) {
       double hits = 0;  // each layer's pool holds its share of the slots
       for (int32_t l = 0; l < in.n_moe_layers; ++l)
@@ -162,7 +264,7 @@ Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
     }
     if (!in.resident && in.fixed_budget == 0)
       r.fits = in.memory >= taken && cache_bytes >= (r.per_layer ? in.minimum_per_layer : in.minimum_budget);
-    const double step_expert_bytes = step.distinct * static_cast<double>(in.slot_bytes);
+    const double step_expert_bytes = distinct * static_cast<double>(in.slot_bytes);
     r.read_bytes = step_expert_bytes * (1.0 - r.hit_share);
     r.read_seconds = r.read_bytes > 0 ? r.read_bytes / in.storage_bytes_per_s : 0.0;
     r.compute_seconds =
@@ -246,7 +348,7 @@ std::string batch_plan_json(const BatchPlanInputs& in, const BatchPlan& plan) {
            plan.n_seq, plan.expert_budget, plan.kv_bytes, plan.lookahead, plan_pools_name(in.resident, plan.per_layer),
            plan.tok_s, in.memory, in.dense, in.context_base,
            in.kv_per_sequence, in.headroom, in.slot_bytes, in.resident ? "true" : "false", in.fixed_budget > 0 ? "true" : "false",
-           in.storage_bytes_per_s / 1e9, in.compute_bytes_per_s / 1e9, in.routing.empty() ? "uniform" : "profile");
+           in.storage_bytes_per_s / 1e9, in.compute_bytes_per_s / 1e9, in.trace ? "trace" : in.routing.empty() ? "uniform" : "profile");
   s += buf;
   for (char ch : plan.reason) {  // plain text of this file's making: only quotes and backslashes to escape
     if (ch == '"' || ch == '\\') s += '\\';

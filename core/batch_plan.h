@@ -34,9 +34,21 @@
 // reads can hide behind it; where reads dominate, wrong guesses only add bytes (measured in
 // docs/ARCHITECTURE.md, "Many sequences").
 //
+// With a trace. The shares above treat each step as independent of the one before, so they miss a
+// sequence's locality: its next token tends to reuse the experts its last ones used (measured in
+// docs/ARCHITECTURE.md, "Batch planner": one sequence hit 0.67 where uniform routing predicts 0.44).
+// Given a recorded routing of one sequence, the planner measures D(n) and h(n) instead: n
+// sequences are n copies of the trace started tokens / n apart (wrapping around), a step's layer
+// reads the union of its sequences' experts, and that sequence of steps is replayed through LRU
+// (core/expert_cache/replay.h: per-layer pools by Mattson's stack at the row's share of slots,
+// interpolated between whole slots; one global pool by replay, hit share 0 where one layer of a
+// step alone outnumbers its slots), twice over, counting the second pass only (the steady state,
+// not the cold start).
+//
 // Pure arithmetic, tested on numbers worked by hand (tests/test_batch_plan.cpp).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -52,6 +64,18 @@ constexpr double kNearBest = 0.05;
 constexpr size_t kMaxRoutingCells = size_t{1} << 16;
 
 enum class CachePools { kChoose, kGlobal, kPerLayer };
+
+// At most this many decode steps of a recorded routing are replayed per candidate n (each costs
+// about n k L experts' worth of LRU bookkeeping twice); a longer trace still spreads its
+// sequences' starting points over all of it.
+constexpr int32_t kMaxReplayedSteps = 1024;
+
+// A recorded routing of one sequence (`moelite trace record`): each token's experts in each MoE
+// layer, token-major: experts[token * n_moe_layers + layer].
+struct RoutingTrace {
+  int32_t tokens = 0;
+  std::vector<std::vector<int32_t>> experts;
+};
 
 struct BatchPlanInputs {
   uint64_t memory = 0;            // bytes for everything below (the room, or the caller's limit)
@@ -76,6 +100,8 @@ struct BatchPlanInputs {
   // Per MoE layer and expert, the share of tokens routed to it (a calibration profile's counts over
   // its tokens; each layer sums to top-k). Empty: uniform, k / E each.
   std::vector<double> routing;
+  // A recorded routing, replayed instead of the shares (see "With a trace" above). Null: shares.
+  std::shared_ptr<const RoutingTrace> trace;
 };
 
 struct BatchPlanRow {

@@ -775,6 +775,16 @@ MOELITE_API moelite_status moelite_plan_params_set_cache_allocation(moelite_plan
  *  routing taken as uniform. Read by moelite_plan_batch, which answers MOELITE_ERR_BAD_PROFILE (or
  *  the file's error) for a profile of another model or a broken file. The string is copied. */
 MOELITE_API moelite_status moelite_plan_params_set_profile(moelite_plan_params* params, const char* path);
+/** A routing trace of one sequence (JSON lines as `moelite trace record` writes them) replayed
+ *  instead of a profile's shares: each candidate n is n copies of the trace started evenly apart,
+ *  each step reading the union of their experts through LRU, so a sequence's reuse of its recent
+ *  experts (which shares and uniform routing miss) is measured, not assumed. Record it on text like
+ *  the requests to come. NULL or "" (default): none. Read by moelite_plan_batch (at most 1 GiB, the
+ *  first 1024 steps replayed), which answers MOELITE_ERR_FILE_NOT_FOUND / MOELITE_ERR_IO for a file
+ *  it cannot read and MOELITE_ERR_INVALID_ARGUMENT for a malformed trace, one of another model
+ *  (more layers or experts, a layer without experts) or one set together with a profile. The
+ *  string is copied. */
+MOELITE_API moelite_status moelite_plan_params_set_routing_trace(moelite_plan_params* params, const char* path);
 /** Measured bandwidths in GB/s, each 0..10^6: reads from the model's storage (needed unless the
  *  plan is resident: `moelite info --storage`, or the store's own counters), and the weight bytes a
  *  decode step computes per second (0: not modelled; then the lookahead stays 0 and a resident

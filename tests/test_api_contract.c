@@ -1123,6 +1123,8 @@ static void test_batch_plan(void) {
   CHECK(moelite_plan_params_set_headroom(pp, ((uint64_t)1 << 62) + 1) == MOELITE_ERR_INVALID_ARGUMENT);
   CHECK(moelite_plan_params_set_expert_budget(pp, ((uint64_t)1 << 62) + 1) == MOELITE_ERR_INVALID_ARGUMENT);
   CHECK(moelite_plan_params_set_bandwidths(pp, 2e6, 0.0) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_plan_params_set_routing_trace(NULL, "t.jsonl") == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_plan_params_set_routing_trace(pp, NULL) == MOELITE_OK);
   CHECK(moelite_plan_params_set_max_sequences(pp, 0) == MOELITE_ERR_INVALID_ARGUMENT);
 
   moelite_model* info = NULL;
@@ -1157,6 +1159,43 @@ static void test_batch_plan(void) {
     CHECK(strstr(moelite_batch_plan_json(plan), "\"allocation\": \"uniform\"") != NULL);
     moelite_batch_plan_free(plan);
   }
+  /* A routing trace, read and checked by moelite_plan_batch; refusals leave *out NULL. */
+  char trace_path[512];
+  const char* tmpdir = getenv("TMPDIR");
+  snprintf(trace_path, sizeof trace_path, "%s/moelite-api-contract-%ld.trace", tmpdir ? tmpdir : "/tmp", (long)getpid());
+  const long n_layers = (long)moelite_model_get(info, MOELITE_MODEL_N_LAYERS);
+  const long n_experts = (long)moelite_model_get(info, MOELITE_MODEL_N_EXPERTS);
+  for (int variant = 0; variant < 4; ++variant) {
+    FILE* f = fopen(trace_path, "w");
+    CHECK(f != NULL);
+    if (!f) break;
+    /* 0: this model's shape; 1: one expert more; 2: malformed; 3: an expert id past the model's. */
+    if (variant == 2) fprintf(f, "{\"token\": 0, \"layer\": 0}\n");
+    else fprintf(f, "{\"n_layers\":%ld,\"n_experts\":%ld,\"top_k\":2}\n", n_layers, n_experts + (variant == 1));
+    for (long t = 0; t < 8 && variant != 2; ++t)
+      for (long l = 0; l < n_layers; ++l)
+        fprintf(f, "{\"token\":%ld,\"layer\":%ld,\"experts\":[%ld,%ld]}\n", t, l, t % 2,
+                variant == 3 && t == 7 ? n_experts : 2 + t % 2);
+    fclose(f);
+    CHECK(moelite_plan_params_set_routing_trace(pp, trace_path) == MOELITE_OK);
+    plan = (moelite_batch_plan*)&g_failures;
+    const moelite_status st = moelite_plan_batch(info, NULL, pp, &plan);
+    if (variant == 0) {
+      CHECK(st == MOELITE_OK && plan != NULL);
+      if (plan) CHECK(strstr(moelite_batch_plan_json(plan), "\"routing\": \"trace\"") != NULL);
+      moelite_batch_plan_free(plan);
+    } else {
+      CHECK(st == MOELITE_ERR_INVALID_ARGUMENT && plan == NULL);
+      CHECK(strstr(moelite_last_error(), "routing trace") != NULL);
+    }
+  }
+  CHECK(moelite_plan_params_set_profile(pp, trace_path) == MOELITE_OK); /* both: refused */
+  plan = (moelite_batch_plan*)&g_failures;
+  CHECK(moelite_plan_batch(info, NULL, pp, &plan) == MOELITE_ERR_INVALID_ARGUMENT && plan == NULL);
+  CHECK(moelite_plan_params_set_profile(pp, NULL) == MOELITE_OK);
+  remove(trace_path);
+  plan = (moelite_batch_plan*)&g_failures;
+  CHECK(moelite_plan_batch(info, NULL, pp, &plan) == MOELITE_ERR_FILE_NOT_FOUND && plan == NULL);
   moelite_model_free(info);
   moelite_plan_params_free(pp);
 }

@@ -3,7 +3,9 @@
 // formulas of the header evaluated separately (Python, double precision), not from the code.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "core/batch_plan.h"
@@ -263,4 +265,103 @@ TEST(BatchPlan, ExactlyNSequences) {
   EXPECT_NE(std::string(moelite::last_error_message()).find("KV cache of 5 sequences"), std::string::npos);
   in.min_sequences = 6;
   EXPECT_EQ(moelite::plan_batch(in, &p), MOELITE_ERR_INVALID_ARGUMENT);
+}
+
+namespace {
+// One sequence's recorded routing, token-major: routing[token][layer] is that layer's experts.
+std::shared_ptr<const moelite::RoutingTrace> recorded(const std::vector<std::vector<std::vector<int32_t>>>& routing) {
+  auto t = std::make_shared<moelite::RoutingTrace>();
+  t->tokens = static_cast<int32_t>(routing.size());
+  for (const auto& token : routing)
+    for (const auto& layer : token) t->experts.push_back(layer);
+  return t;
+}
+}  // namespace
+
+// A trace replaces the independent-steps model with a replay. One layer of 4 experts, top-1, one
+// global pool of 2 slots (1 after the reserve), a sequence that stays on expert 0 for four tokens,
+// then on expert 1 for four. Worked by hand, LRU over the trace's second pass (the first warms
+// the cache: it ends holding expert 1):
+// - 1 sequence: 0 misses, three hits, 1 misses, three hits: hit share 6/8 (uniform routing: 1/4);
+//   0.25 MiB read a step.
+// - 2 sequences start 4 tokens apart, so every step reads {0, 1}: two experts a step outnumber the
+//   one slot, which hits nothing; 2 MiB read a step, so one sequence is 4x faster a token.
+TEST(BatchPlan, ATraceMeasuresASequencesReuseOfItsExperts) {
+  BatchPlanInputs in;
+  in.memory = 64 * MiB;
+  in.fixed_budget = 2 * MiB;
+  in.slot_bytes = MiB;
+  in.minimum_budget = 2 * MiB;
+  in.all_experts = 5 * MiB;
+  in.pools = moelite::CachePools::kGlobal;
+  in.n_moe_layers = 1;
+  in.n_expert = 4;
+  in.n_expert_used = 1;
+  in.max_sequences = 2;
+  in.storage_bytes_per_s = 1e9;
+  BatchPlan uniform;
+  ASSERT_EQ(moelite::plan_batch(in, &uniform), MOELITE_OK);
+  EXPECT_DOUBLE_EQ(uniform.rows[0].hit_share, 0.25);
+
+  in.trace = recorded({{{0}}, {{0}}, {{0}}, {{0}}, {{1}}, {{1}}, {{1}}, {{1}}});
+  BatchPlan p;
+  ASSERT_EQ(moelite::plan_batch(in, &p), MOELITE_OK);
+  ASSERT_EQ(p.rows.size(), 2u);
+  EXPECT_DOUBLE_EQ(p.rows[0].hit_share, 0.75);
+  EXPECT_DOUBLE_EQ(p.rows[0].distinct_experts, 1.0);
+  EXPECT_DOUBLE_EQ(p.rows[0].read_bytes, 0.25 * MiB);
+  EXPECT_DOUBLE_EQ(p.rows[1].hit_share, 0.0);
+  EXPECT_DOUBLE_EQ(p.rows[1].distinct_experts, 2.0);
+  EXPECT_DOUBLE_EQ(p.rows[1].read_bytes, 2.0 * MiB);
+  EXPECT_NEAR(p.rows[0].tok_s, 1e9 / (0.25 * MiB), 1e-6);
+  EXPECT_EQ(p.n_seq, 1);
+  EXPECT_NE(moelite::batch_plan_json(in, p).find("\"routing\": \"trace\""), std::string::npos);
+}
+
+// Per-layer pools: two layers of 4 experts, top-1, 5 slots (2 reserve, 1.5 a layer), a trace of 4
+// tokens: layer 0 reads 0, 0, 1, 1 and layer 1 reads 2, 3, 2, 3. Stack distances of the second
+// pass, worked by hand (layer 0 starts it with [1, 0], layer 1 with [3, 2], most recent first):
+// - 1 sequence: layer 0 hits 2 of 4 with 1 slot and 4 with 2; layer 1 hits 0 with 1 slot and 4
+//   with 2. Halfway between (1.5 slots): (3 + 2) / 8.
+// - 2 sequences (tokens 2 apart): layer 0 reads {0, 1} every step, each step one access at depth 0
+//   and one at depth 1 (4 hits of 8 with 1 slot, 8 with 2); layer 1 reads 2, 3, 2, 3 as before.
+//   (6 + 2) / 12, and 3 experts a step: 1.5 a layer.
+TEST(BatchPlan, ATraceReplaysPerLayerPoolsBetweenWholeSlots) {
+  BatchPlanInputs in;
+  in.memory = 64 * MiB;
+  in.fixed_budget = 5 * MiB;
+  in.slot_bytes = MiB;
+  in.minimum_budget = 2 * MiB;
+  in.minimum_per_layer = 4 * MiB;
+  in.all_experts = 9 * MiB;
+  in.pools = moelite::CachePools::kPerLayer;
+  in.n_moe_layers = 2;
+  in.n_expert = 4;
+  in.n_expert_used = 1;
+  in.max_sequences = 2;
+  in.storage_bytes_per_s = 1e9;
+  in.trace = recorded({{{0}, {2}}, {{0}, {3}}, {{1}, {2}}, {{1}, {3}}});
+  BatchPlan p;
+  ASSERT_EQ(moelite::plan_batch(in, &p), MOELITE_OK);
+  ASSERT_EQ(p.rows.size(), 2u);
+  EXPECT_TRUE(p.rows[0].per_layer);
+  EXPECT_DOUBLE_EQ(p.rows[0].hit_share, 5.0 / 8.0);
+  EXPECT_DOUBLE_EQ(p.rows[0].distinct_experts, 1.0);
+  EXPECT_DOUBLE_EQ(p.rows[1].hit_share, 8.0 / 12.0);
+  EXPECT_DOUBLE_EQ(p.rows[1].distinct_experts, 1.5);
+}
+
+TEST(BatchPlan, ATraceOfAnotherShapeIsRefused) {
+  BatchPlanInputs in = olmoe_like(4 * MiB);
+  BatchPlan p;
+  in.trace = recorded({{{0}}, {{1}}});  // one layer a token; the model has 8
+  EXPECT_EQ(moelite::plan_batch(in, &p), MOELITE_ERR_INVALID_ARGUMENT);
+  std::vector<std::vector<std::vector<int32_t>>> tokens(2, std::vector<std::vector<int32_t>>(8, {1, 2}));
+  tokens[1][7] = {64};  // an expert the model does not have
+  in.trace = recorded(tokens);
+  EXPECT_EQ(moelite::plan_batch(in, &p), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(moelite::last_error_message()).find("expert 64 of 64"), std::string::npos);
+  tokens[1][7] = {63};
+  in.trace = recorded(tokens);
+  EXPECT_EQ(moelite::plan_batch(in, &p), MOELITE_OK);
 }

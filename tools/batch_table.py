@@ -33,8 +33,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def moelite_bench(cli, model, threads, n_prompt, n_gen, n_seq, extra=(), preexec_fn=None, contexts=1):
-    cmd = [cli, "bench", "-m", model, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen), "-r", "2",
+def moelite_bench(cli, model, threads, n_prompt, n_gen, n_seq, extra=(), preexec_fn=None, contexts=1, reps=2):
+    cmd = [cli, "bench", "-m", model, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen), "-r", str(reps),
            "--n-seq", str(n_seq), "--contexts", str(contexts), "--no-membw", "--json", *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=preexec_fn)
     if r.returncode != 0:

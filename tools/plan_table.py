@@ -6,7 +6,13 @@ budget the plan gives n sequences at that context length). Writes JSON and a Mar
 predicted and measured aggregate tokens/s per n, the planner's choice and the measured best.
 
     /usr/bin/python3 tools/plan_table.py -m MODEL --memory 2GiB [--ctx 2048,512] [--n-seq 1,2,4,8,16]
-        [--throttle 2.0] [-t 2] [-p 16] [-n 16] [--json F] [--md F]
+        [--throttle 2.0] [-t 2] [-p 16] [-n 16] [-r 2] [--trace TRACE --text TEXT] [--json F] [--md F]
+
+--trace TRACE: plan from a routing trace (`moelite batch --plan-trace`, recorded with `moelite
+trace record -f TEXT`) instead of uniform routing; --text TEXT: the measured sequences read their
+prompt and decoded tokens from TEXT (`moelite bench -f`), spread over it as the plan's replay
+spreads its sequences over the trace. Each measurement is the best of -r runs after a warm-up run
+of the same tokens: use a long -n so that a run's reuse of the run before it is small.
 
 The bench's contexts hold n_prompt + n_gen positions, not C: a context's KV size changes the memory
 it takes, not the speed of a short decode, and the memory is what the plan's B(n) already gives up.
@@ -23,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from batch_table import moelite_bench  # noqa: E402
 
 
-def plan(cli, model, memory, ctx, max_seq, storage_gbs):
+def plan(cli, model, memory, ctx, max_seq, storage_gbs, trace=None):
     prompts = "".join('{"prompt": "a"}\n' for _ in range(max_seq))
     req = "/tmp/moelite-plan-table-%d.jsonl" % os.getpid()
     with open(req, "w") as f:
@@ -31,6 +37,8 @@ def plan(cli, model, memory, ctx, max_seq, storage_gbs):
     cmd = [cli, "batch", "-m", model, "-f", req, "--budget", "auto", "--memory", memory, "-c", str(ctx), "--plan"]
     if storage_gbs:
         cmd += ["--storage-gbs", str(storage_gbs)]
+    if trace:
+        cmd += ["--plan-trace", trace]
     r = subprocess.run(cmd, capture_output=True, text=True)
     os.unlink(req)
     if r.returncode != 0:
@@ -49,6 +57,9 @@ def main():
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-p", type=int, default=16)
     ap.add_argument("-n", type=int, default=16)
+    ap.add_argument("-r", "--reps", type=int, default=2)
+    ap.add_argument("--trace", default=None)
+    ap.add_argument("--text", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
     a = ap.parse_args()
@@ -61,7 +72,9 @@ def main():
     tables = []
     try:
         for ctx in [int(c) for c in a.ctx.split(",")]:
-            p = plan(a.cli, a.model, a.memory, ctx, max(ns), a.throttle)
+            p = plan(a.cli, a.model, a.memory, ctx, max(ns), a.throttle, a.trace)
+            # With a trace, the uniform-routing plan's predictions of the same rows, to compare.
+            u = plan(a.cli, a.model, a.memory, ctx, max(ns), a.throttle) if a.trace else None
             rows = []
             for n in sorted(set(ns + [p["n_seq"]])):  # the plan's own choice is measured too
                 row = p["rows"][n - 1]
@@ -69,21 +82,28 @@ def main():
                     rows.append({"n_seq": n, "fits": False})
                     continue
                 extra = ["--budget", str(row["expert_budget_bytes"]), "--allocation", row["allocation"]]
+                if a.text:
+                    extra += ["-f", a.text]
                 if dev:
-                    d = moelite_bench(a.cli, dev.model, a.threads, a.p, a.n, n, extra, dev.enter)
+                    d = moelite_bench(a.cli, dev.model, a.threads, a.p, a.n, n, extra, dev.enter, reps=a.reps)
                 else:
-                    d = moelite_bench(a.cli, a.model, a.threads, a.p, a.n, n, extra)
+                    d = moelite_bench(a.cli, a.model, a.threads, a.p, a.n, n, extra, reps=a.reps)
                 out = {"n_seq": n, "fits": True, "expert_budget_bytes": row["expert_budget_bytes"],
                        "allocation": row["allocation"], "predicted_hit_share": row["hit_share"],
                        "kv_bytes": row["kv_bytes"], "cache_share": row["cache_share"],
                        "predicted_tok_s": row["decode_tok_s"], "measured_tok_s": d["decode_tok_s"],
                        "predicted_read_per_token": row["read_bytes_per_step"] / n,
                        "measured_read_per_token": d["bytes_read_per_token"], "hit_rate": d["hit_rate"]}
+                if u:
+                    ur = u["rows"][n - 1]
+                    out.update(uniform_allocation=ur["allocation"], uniform_hit_share=ur["hit_share"],
+                               uniform_tok_s=ur["decode_tok_s"])
                 rows.append(out)
                 print(json.dumps(dict(ctx=ctx, **out)), flush=True)
             measured = [r for r in rows if r["fits"]]
             best = max(measured, key=lambda r: r["measured_tok_s"])["n_seq"] if measured else None
             tables.append({"ctx": ctx, "plan_n_seq": p["n_seq"], "plan_reason": p["reason"], "measured_best_n_seq": best,
+                           "routing": p["routing"],
                            "storage_gb_s": p["storage_gb_s"], "rows": rows})
     finally:
         if dev:
@@ -91,6 +111,9 @@ def main():
     md = ["| n_ctx | sequences | KV MiB | experts MiB (share), pools | predicted / measured hit rate | "
           "predicted tok/s | measured tok/s | predicted / measured MB read per token |",
           "|---|---|---|---|---|---|---|---|"]
+    if a.trace:
+        md[0] += " uniform routing: hit rate, tok/s |"
+        md[1] += "---|"
     for t in tables:
         for r in t["rows"]:
             if not r["fits"]:
@@ -103,6 +126,8 @@ def main():
                 100 * r["cache_share"], r["allocation"], r["predicted_hit_share"], r["hit_rate"],
                 r["predicted_tok_s"], r["measured_tok_s"],
                 r["predicted_read_per_token"] / 1e6, r["measured_read_per_token"] / 1e6))
+            if a.trace:
+                md[-1] += " %.2f, %.2f |" % (r["uniform_hit_share"], r["uniform_tok_s"])
         md.append("| %d | plan: %d | | | | | | %s |" % (t["ctx"], t["plan_n_seq"], t["plan_reason"]))
     print("\n".join(md))
     if a.json:

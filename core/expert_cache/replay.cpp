@@ -1,6 +1,8 @@
 #include "core/expert_cache/replay.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -209,6 +211,31 @@ Status parse_trace(const std::string& text, Trace* out) {
   t.n_experts = std::max(t.n_experts, max_expert + 1);
   t.top_k = std::max(t.top_k, max_k);
   *out = std::move(t);
+  return MOELITE_OK;
+}
+
+Status load_trace(const std::string& path, Trace* out) {
+  FILE* f = fopen(path.c_str(), "rb");
+  if (!f) return fail(MOELITE_ERR_FILE_NOT_FOUND, "cannot open routing trace '%s': %s", path.c_str(), strerror(errno));
+  std::string text;
+  char buf[65536];
+  size_t got;
+  bool too_large = false;
+  while ((got = fread(buf, 1, sizeof buf, f)) > 0) {
+    if (text.size() + got > kMaxTraceFileBytes) {
+      too_large = true;
+      break;
+    }
+    text.append(buf, got);
+  }
+  const bool err = ferror(f);
+  fclose(f);
+  if (err) return fail(MOELITE_ERR_IO, "reading routing trace '%s' failed", path.c_str());
+  if (too_large)
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "routing trace '%s' is larger than %llu bytes", path.c_str(),
+                (unsigned long long)kMaxTraceFileBytes);
+  const Status st = parse_trace(text, out);
+  if (st != MOELITE_OK) return fail(st, "routing trace '%s': %s", path.c_str(), std::string(last_error_message()).c_str());
   return MOELITE_OK;
 }
 

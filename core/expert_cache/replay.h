@@ -29,6 +29,12 @@ struct Trace {
 // MOELITE_ERR_INVALID_ARGUMENT naming the line for malformed input.
 Status parse_trace(const std::string& text, Trace* out);
 
+// Reads and parses a trace file: MOELITE_ERR_FILE_NOT_FOUND when it cannot be opened,
+// MOELITE_ERR_IO when reading fails, MOELITE_ERR_INVALID_ARGUMENT when it is larger than
+// kMaxTraceFileBytes or malformed (the message names the file).
+constexpr uint64_t kMaxTraceFileBytes = uint64_t{1} << 30;
+Status load_trace(const std::string& path, Trace* out);
+
 // "N" experts, or "P%" of the experts: floor(P% of one layer's experts), or of all layers' experts
 // when global, and never below top_k (a smaller cache could not hold one token's experts).
 Status parse_capacity(const std::string& text, const Trace& trace, bool global, int64_t* out);

@@ -42,6 +42,9 @@ const Command kBatchCommand = {
                   "with --n-seq auto or --budget auto: plan within this much memory (default: what is free now)"},
                  {{"--storage-gbs"}, "X",
                   "with --n-seq auto: the storage read bandwidth in GB/s (default: measured on the model file)"},
+                 {{"--plan-trace"}, "TRACE",
+                  "with --n-seq auto: plan from this routing trace (`moelite trace record` on text like the "
+                  "requests) instead of the profile's shares: measures how a sequence reuses its recent experts"},
                  {{"--plan"}, "", "print the plan as JSON and stop (with --n-seq auto)"},
                  {{"-c", "--ctx"}, "N", "context positions of each request (default 2048)"},
                  {{"-b", "--batch"}, "N", "most tokens per forward pass (default 512)"}},
@@ -204,7 +207,10 @@ int plan_batch(Args& args, moelite_model* model, int32_t n_ctx, int32_t n_batch,
   if (st == MOELITE_OK) st = moelite_plan_params_set_bandwidths(pp, streams ? storage_gbs : 0.0, 0.0);
   // The pools: as the user set them (a profile's "auto" is its per-layer DP allocation), else the plan's.
   const bool pools_given = args.has("--allocation") || args.has("--per-layer") || args.has("--profile");
-  if (st == MOELITE_OK && args.has("--profile")) st = moelite_plan_params_set_profile(pp, args.get("--profile").c_str());
+  if (st == MOELITE_OK && args.has("--plan-trace"))  // replaces the profile's shares in the plan
+    st = moelite_plan_params_set_routing_trace(pp, args.get("--plan-trace").c_str());
+  else if (st == MOELITE_OK && args.has("--profile"))
+    st = moelite_plan_params_set_profile(pp, args.get("--profile").c_str());
   if (st == MOELITE_OK && pools_given)
     st = moelite_plan_params_set_cache_allocation(
         pp, args.has("--allocation") && args.get("--allocation") != "auto" ? args.get("--allocation").c_str() : "uniform");

@@ -243,3 +243,101 @@ def test_a_given_number_of_sequences_plans_its_auto_budget_in_the_given_memory()
         experts.append(float(re.search(r"experts get ([0-9.]+) MiB", r.stderr).group(1)))
         assert [json.loads(line) for line in open(out)] == batch(1)
     assert abs(experts[0] - experts[1] - 2.0) < 0.11, experts
+
+
+def replayed_hit_share(trace, n, per_layer, capacity, n_layers, n_experts):
+    """The planner's replay, written again from its description in core/batch_plan.h: n copies of
+    the trace started tokens/n apart, a step's layer reads the union of their experts (first
+    sequence first), LRU; the second pass over the steps counts. Per-layer pools: each access's
+    stack distance within its layer, hits interpolated between whole slots; one global pool: an
+    LRU list of (layer, expert), none of a step's layer entry evicted while it loads."""
+    tokens = sorted(trace)
+    T = len(tokens)
+    steps = []
+    for s in range(min(T, 1024)):
+        for layer in range(n_layers):
+            union = []
+            for i in range(n):
+                for x in trace[tokens[(i * T // n + s) % T]].get(layer, []):
+                    if x not in union:
+                        union.append(x)
+            steps.append((layer, union))
+    if per_layer:
+        lo = int(capacity)
+        frac = capacity - lo
+        hits = [0.0, 0.0]  # second pass, at lo and lo + 1 slots
+        accesses = 0
+        stacks = [[] for _ in range(n_layers)]
+        for p in range(2):
+            for layer, union in steps:
+                st = stacks[layer]
+                for x in union:
+                    depth = st.index(x) if x in st else n_experts
+                    if p == 1:
+                        accesses += 1
+                        hits[0] += depth < lo
+                        hits[1] += depth < min(lo + 1, n_experts)
+                stacks[layer] = list(reversed(union)) + [x for x in st if x not in union]
+        return ((1 - frac) * hits[0] + frac * hits[1]) / accesses
+    slots = int(capacity)
+    if slots < max(len(u) for _, u in steps):
+        return 0.0
+    cache = []  # least recent first
+    hits = accesses = 0
+    for p in range(2):
+        for layer, union in steps:
+            for x in union:
+                key = (layer, x)
+                if key in cache:
+                    cache.remove(key)
+                    hits += p
+                elif len(cache) >= slots:
+                    cache.pop(next(i for i, k in enumerate(cache) if k[0] != layer or k[1] not in union))
+                cache.append(key)
+                accesses += p
+    return hits / accesses
+
+
+def test_a_routing_trace_plans_from_the_replayed_steps():
+    """--plan-trace: the planner replays a trace `moelite trace record` wrote for this model. Every
+    row's distinct experts and hit share equal the replay written again above, for both pool
+    layouts (--budget 25%: the first rows have one global pool, the last a pool per layer)."""
+    info = model_info()
+    text = os.path.join(TMP, "trace-text.txt")
+    os.makedirs(TMP, exist_ok=True)
+    with open(os.path.join(ROOT, "tools", "train", "data", "heldout.txt"), encoding="utf-8") as f:
+        with open(text, "w", encoding="utf-8") as out:
+            out.write(f.read()[:1500])
+    trace_path = os.path.join(TMP, "routing.trace")
+    r = subprocess.run([BIN, "trace", "record", "-m", MODEL, "-t", "2", "-f", text, "--ctx", "64", "-o", trace_path],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    trace = {}
+    for line in open(trace_path):
+        e = json.loads(line)
+        if "experts" in e:
+            trace.setdefault(e["token"], {})[e["layer"]] = sorted(e["experts"])  # a trace's entries are sets
+    L, E = info["n_layers"], info["n_experts"]
+    r = subprocess.run([BIN, "batch", "-m", MODEL, "-f", write_requests(), "-c", "256", "--plan", "--budget", "25%",
+                        "--memory", "1GiB", "--storage-gbs", "2", "--plan-trace", trace_path],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["routing"] == "trace"
+    slots = plan["expert_budget_bytes"] // plan["slot_bytes"]
+    layouts = set()
+    for row in plan["rows"]:
+        per_layer = row["allocation"] == "uniform"
+        layouts.add(per_layer)
+        capacity = (slots - L) / L if per_layer else slots - 1
+        want = replayed_hit_share(trace, row["n_seq"], per_layer, capacity, L, E)
+        assert abs(row["hit_share"] - want) < 5e-5, (row, want)
+    assert layouts == {False, True}
+    # The shipped model reuses its experts from token to token: one sequence hits more than the
+    # cache's share of the experts, which uniform routing predicts (0.26 against 0.20 here).
+    assert plan["rows"][0]["hit_share"] > plan["rows"][0]["cache_share"], plan["rows"][0]
+    # A profile and a trace together are refused; a missing trace is named.
+    r = subprocess.run([BIN, "batch", "-m", MODEL, "-f", write_requests(), "--plan", "--budget", "25%",
+                        "--storage-gbs", "2", "--plan-trace", os.path.join(TMP, "none.trace")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "none.trace" in r.stderr, r.stderr

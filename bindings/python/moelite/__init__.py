@@ -690,7 +690,7 @@ class Model:
                    min_sequences: int = 1,
                    memory: int = 0, headroom: int = 0, expert_budget: Union[str, int] = "auto",
                    storage_gb_s: float = 0.0, compute_gb_s: float = 0.0, allocation: str = "auto",
-                   profile: Optional[PathLike] = None) -> dict:
+                   profile: Optional[PathLike] = None, routing_trace: Optional[PathLike] = None) -> dict:
         """How many sequences to decode together and how much memory the experts get
         (moelite_plan_batch), as a dict: n_seq, expert_budget_bytes, kv_bytes, lookahead,
         predicted_decode_tok_s, reason, the inputs and a row per candidate 1..max_sequences; the
@@ -701,9 +701,12 @@ class Model:
         memory: 0 for the room now; headroom: 0 for max(64 MiB, 10 %). storage_gb_s is needed
         unless resident. allocation: "auto" (the plan picks global or per-layer pools), "global",
         "uniform" or "dp". profile: a calibration profile whose expert counts give the routing
-        shares (default: the model's own profile, else uniform routing). Raises MoeliteError
-        ERR_INVALID_ARGUMENT (bad values, no storage bandwidth), ERR_BUDGET_TOO_SMALL (not one
-        sequence fits), ERR_BAD_PROFILE (a profile of another model)."""
+        shares (default: the model's own profile, else uniform routing). routing_trace: a routing
+        trace of one sequence (`moelite trace record`) replayed instead, which measures a
+        sequence's reuse of its recent experts (not with profile). Raises MoeliteError
+        ERR_INVALID_ARGUMENT (bad values, no storage bandwidth, a trace of another model),
+        ERR_BUDGET_TOO_SMALL (not one sequence fits), ERR_BAD_PROFILE (a profile of another
+        model), ERR_FILE_NOT_FOUND (no such trace)."""
         budget = {"auto": 0, "resident": (1 << 64) - 1}.get(expert_budget, expert_budget)
         if not isinstance(budget, int):
             raise ValueError('expert_budget is "auto", "resident" or bytes')
@@ -722,6 +725,8 @@ class Model:
             _check(_c.moelite_plan_params_set_cache_allocation(params, _as_bytes(allocation, "allocation")))
             if profile is not None:
                 _check(_c.moelite_plan_params_set_profile(params, _as_bytes(str(profile), "profile")))
+            if routing_trace is not None:
+                _check(_c.moelite_plan_params_set_routing_trace(params, _as_bytes(str(routing_trace), "routing_trace")))
             if n_ctx is not None:
                 _check(_c.moelite_context_params_set_n_ctx(cparams, int(n_ctx)))
             if n_batch is not None:

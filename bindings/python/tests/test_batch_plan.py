@@ -94,6 +94,27 @@ def test_refusals():
         assert e.value.status == moelite.Status.ERR_INVALID_ARGUMENT
 
 
+def test_a_routing_trace_is_replayed(tmp_path):
+    """A trace whose every token routes to experts 0 and 1 in every layer: whatever the number of
+    sequences, a step reads those two a layer, and once the cache holds them every read hits (the
+    planner counts the second pass over the trace). A missing trace is ERR_FILE_NOT_FOUND."""
+    with moelite.Model.inspect(MODEL) as m:
+        trace = tmp_path / "routing.trace"
+        with open(trace, "w") as f:
+            f.write(json.dumps({"n_layers": m.n_layers, "n_experts": m.n_experts, "top_k": m.n_experts_used}) + "\n")
+            for t in range(16):
+                for layer in range(m.n_layers):
+                    f.write(json.dumps({"token": t, "layer": layer, "experts": [1, 0]}) + "\n")
+        p = m.plan_batch(n_ctx=N_CTX, max_sequences=4, memory=64 * MiB, headroom=MiB, storage_gb_s=2.0,
+                         expert_budget=m.expert_min_budget * m.n_layers * 2, routing_trace=trace)
+        assert p["routing"] == "trace"
+        for row in p["rows"]:
+            assert row["distinct_experts_per_layer"] == 2.0 and row["hit_share"] == 1.0, row
+        with pytest.raises(moelite.MoeliteError) as e:
+            m.plan_batch(storage_gb_s=2.0, routing_trace=tmp_path / "missing.trace")
+        assert e.value.status == moelite.Status.ERR_FILE_NOT_FOUND and "missing.trace" in str(e.value)
+
+
 def che_hits(a, capacity):
     """Che's approximation of LRU, written out separately: items used each step with chances a;
     the cache holds what was used in the last T steps, T making that the capacity."""
