@@ -176,11 +176,10 @@ GroupedProduct product_of(const WeightArg& w) {
 }
 }  // namespace
 
-Status CudaBackend::launch_grouped(std::vector<GroupedProduct>* products, const std::vector<TensorType>& types,
+Status CudaBackend::launch_grouped(const std::vector<GroupedProduct>& products, const std::vector<TensorType>& types,
                                    bool gate_up) {
-  const int mode = pass_kind_.activation == FfnActivation::SwiGLU ? 0 : 1;
-  std::vector<bool> done(products->size(), false);
-  for (size_t first = 0; first < products->size();) {
+  std::vector<bool> done(products.size(), false);
+  for (size_t first = 0; first < products.size();) {
     if (done[first]) {
       ++first;
       continue;
@@ -188,15 +187,15 @@ Status CudaBackend::launch_grouped(std::vector<GroupedProduct>* products, const 
     // One launch for up to kMaxGroupedProducts products of this weight type.
     GroupedBatch batch;
     int64_t max_tokens = 0;
-    for (size_t i = first; i < products->size() && batch.n < kMaxGroupedProducts; ++i)
+    for (size_t i = first; i < products.size() && batch.n < kMaxGroupedProducts; ++i)
       if (!done[i] && types[i] == types[first]) {
-        batch.p[batch.n++] = (*products)[i];
-        max_tokens = std::max(max_tokens, (*products)[i].n_tok);
+        batch.p[batch.n++] = products[i];
+        max_tokens = std::max(max_tokens, products[i].n_tok);
         done[i] = true;
       }
     const int64_t blocks = grouped_layout(&batch);
-    MOELITE_TRY(k_->grouped_matmul(compute_, types[first], batch, blocks, max_tokens, gate_up, mode, pass_kind_.alpha,
-                                   pass_kind_.limit));
+    MOELITE_TRY(k_->grouped_matmul(compute_, types[first], batch, blocks, max_tokens, gate_up, act_mode(),
+                                   pass_kind_.alpha, pass_kind_.limit));
   }
   return MOELITE_OK;
 }
@@ -564,8 +563,7 @@ Status CudaBackend::separate_gate_up(const GroupedProduct& p, const WeightArg& g
   MOELITE_TRY(scratch(static_cast<size_t>(p.n_tok * up.rows), &u));
   MOELITE_TRY(matmul_rows(gate, p.x, p.x_stride, p.x_map, g, gate.rows, nullptr, p.n_tok, p.bias));
   MOELITE_TRY(matmul_rows(up, p.x, p.x_stride, p.x_map, u, up.rows, nullptr, p.n_tok, p.bias_up));
-  return k_->ffn_act(compute_, g, u, p.y, p.n_tok * gate.rows, pass_kind_.activation == FfnActivation::SwiGLU ? 0 : 1,
-                     pass_kind_.alpha, pass_kind_.limit);
+  return k_->ffn_act(compute_, g, u, p.y, p.n_tok * gate.rows, act_mode(), pass_kind_.alpha, pass_kind_.limit);
 }
 
 Status CudaBackend::dense_ffn(const ExpertWeights& w, const FfnKind& kind, const float* gate_inp, const Act& x,
@@ -581,7 +579,7 @@ Status CudaBackend::dense_ffn(const ExpertWeights& w, const FfnKind& kind, const
   std::vector<GroupedProduct> first_half(1);
   MOELITE_TRY(gate_up_product(w, gate, up, floats(x), x.cols, nullptr, x.rows, h, first_half.data()));
   if (fusable(gate, up))
-    MOELITE_TRY(launch_grouped(&first_half, {gate.type}, true));
+    MOELITE_TRY(launch_grouped(first_half, {gate.type}, true));
   else
     MOELITE_TRY(separate_gate_up(first_half[0], gate, up));
   const float* db;
@@ -728,7 +726,7 @@ Status CudaBackend::expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) {
 Status CudaBackend::flush_gate_up(GateUpLaunch* l) {
   for (const GateUpLaunch::Separate& sp : l->separate) MOELITE_TRY(separate_gate_up(sp.p, sp.gate, sp.up));
   l->separate.clear();
-  const Status st = launch_grouped(&l->products, l->types, true);
+  const Status st = launch_grouped(l->products, l->types, true);
   l->products.clear();
   l->types.clear();
   return st;
@@ -756,12 +754,12 @@ Status CudaBackend::expert_down(const ExpertTask* tasks, int32_t n_tasks) {
     products.push_back(d);
     types.push_back(down.type);
     if (!t.resident) {  // as in expert_gate_up: queued before a later copy may reuse its tier slot
-      MOELITE_TRY(launch_grouped(&products, types, false));
+      MOELITE_TRY(launch_grouped(products, types, false));
       products.clear();
       types.clear();
     }
   }
-  return launch_grouped(&products, types, false);
+  return launch_grouped(products, types, false);
 }
 
 Status CudaBackend::expert_group_end() {

@@ -102,7 +102,9 @@ class CudaBackend final : public Backend {
   Status commit_table(void* host, void* dev, size_t bytes);
   // Launches products grouped by weight type (one launch per type): y = W x, or with gate_up
   // y = act(gate x, up x). Sets first_block.
-  Status launch_grouped(std::vector<GroupedProduct>* products, const std::vector<TensorType>& types, bool gate_up);
+  Status launch_grouped(const std::vector<GroupedProduct>& products, const std::vector<TensorType>& types, bool gate_up);
+
+  int act_mode() const { return pass_kind_.activation == FfnActivation::SwiGLU ? 0 : 1; }
   Status scratch(size_t floats, float** dev) {
     void* h;
     void* d;
