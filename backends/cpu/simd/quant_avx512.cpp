@@ -403,9 +403,13 @@ struct Q4Tile {
 
 // ---- K-quants -------------------------------------------------------------------------------
 
-// Index vector for permutexvar_epi16: 256-bit half h of the result repeats int16 lane (lo, hi).
-inline __m512i halves_idx(int lo, int hi) {
-  return join(_mm256_set1_epi16(static_cast<short>(lo)), _mm256_set1_epi16(static_cast<short>(hi)));
+// Byte-shuffle index that turns a vector whose 128-bit lanes each hold 8 scale bytes into int16
+// lanes: scale `first` in the low 256 bits, scale first + 1 in the high 256 bits (zero high bytes).
+// A shuffle within 128-bit lanes instead of a permute across the vector (vpermw).
+inline __m512i scale_bytes_idx(int first) {
+  const __m256i lo = _mm256_set1_epi16(static_cast<short>(0xff00 | first));
+  const __m256i hi = _mm256_set1_epi16(static_cast<short>(0xff00 | (first + 1)));
+  return join(lo, hi);
 }
 // Quarter q (8 int16 lanes = one 16-element group after maddubs) repeats lane first + q.
 inline __m512i quarters_idx(int first) {
@@ -433,12 +437,12 @@ struct DotQ45K {
       }
       const __m512i m4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1);
       const __m512i nibble_shift = join(_mm256_setzero_si256(), _mm256_set1_epi16(4));
-      const __m512i idx[4] = {halves_idx(0, 1), halves_idx(2, 3), halves_idx(4, 5), halves_idx(6, 7)};
+      const __m512i idx[4] = {scale_bytes_idx(0), scale_bytes_idx(2), scale_bytes_idx(4), scale_bytes_idx(6)};
       for (int64_t i = 0; i < n / kQKK; ++i) {
         // Weight side, once per super-block: codes, per-chunk scales, mins, d and dmin.
-        const __m256i sm = _mm256_cvtepu8_epi16(q4k_scales_mins(x[i].scales));
-        const __m128i mins = _mm256_extracti128_si256(sm, 1);
-        const __m512i sc = _mm512_zextsi256_si512(sm);  // lanes 0..7: the 8 scales
+        const __m128i sm8 = q4k_scales_mins_vec(x[i].scales);  // 8 scales, 8 mins as bytes
+        const __m128i mins = _mm_unpackhi_epi8(sm8, _mm_setzero_si128());
+        const __m512i sc = _mm512_broadcast_i32x4(sm8);  // every 128-bit lane holds all 8 scales
         __m512i hbits = _mm512_setzero_si512();
         if constexpr (kFive) {
           // [qh | qh >> 1]: bit 0 of each half is then the 5th bit of sub-block 2c resp. 2c+1.
@@ -454,7 +458,7 @@ struct DotQ45K {
             q[c] = _mm512_or_si512(q[c], _mm512_slli_epi16(_mm512_and_si512(hbits, one), 4));
             hbits = _mm512_srli_epi16(hbits, 2);
           }
-          s[c] = _mm512_permutexvar_epi16(idx[c], sc);
+          s[c] = _mm512_shuffle_epi8(sc, idx[c]);
         }
         const float d = fp16(x[i].d), dmin = fp16(x[i].dmin);
 #pragma GCC unroll 4

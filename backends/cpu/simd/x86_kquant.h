@@ -11,14 +11,37 @@ namespace moelite::cpu {
 namespace {  // NOLINT(google-build-namespaces)
 
 // Q4_K/Q5_K packed scales -> bytes 0..7 scales, 8..15 mins (see unpack_scales_q4k). Built in
-// registers: storing four u32 and reloading them as one vector would stall on store forwarding
-// (measured: a third of the Q4_K throughput).
+// scalar registers: storing four u32 and reloading them as one vector would stall on store
+// forwarding (measured: a third of the Q4_K throughput). The avx2 kernel uses this one: its
+// vector ports are the busy ones, and q4k_scales_mins_vec below made it 8 % slower (Zen 5).
 inline __m128i q4k_scales_mins(const uint8_t p[12]) {
   uint32_t a[3];
   std::memcpy(a, p, 12);
   const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
   return _mm_setr_epi32(static_cast<int>(a[0] & m6), static_cast<int>((a[2] & m4) | (((a[0] >> 6) & m2) << 4)),
                         static_cast<int>(a[1] & m6), static_cast<int>(((a[2] >> 4) & m4) | (((a[1] >> 6) & m2) << 4)));
+}
+
+// The same bytes, in vector registers from one 16-byte load: the 12 scale bytes and the first 4
+// bytes after them (qs or qh: a block always has them). With b the scale bytes:
+//   scale j < 4: b[j] & 63          scale j >= 4: (b[j + 4] & 15) | (b[j - 4] >> 6) << 4
+//   min j < 4:   b[j + 4] & 63      min j >= 4:   (b[j + 4] >> 4) | (b[j] >> 6) << 4
+// For the avx512 kernel, where the scalar version's extracts and lane inserts were a large part
+// of the loop (perf annotate of a Q4_K decode).
+inline __m128i q4k_scales_mins_vec(const uint8_t* p) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  // low: [b0..3 | b8..11 | b4..7 | b8..11], the bytes whose low bits each output starts from;
+  // top: [0 | b0..3 | 0 | b4..7], the bytes whose top two bits become bits 4..5.
+  const __m128i low = _mm_shuffle_epi8(b, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+  const __m128i top = _mm_shuffle_epi8(b, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+  // Mins 4..7 take the high nibble of b[8..11]. 16-bit shifts move bits across the bytes of a
+  // pair; the masks below drop what came from the neighbour.
+  const __m128i low_sel = _mm_blendv_epi8(low, _mm_srli_epi16(low, 4),
+                                          _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1));
+  const __m128i low_bits = _mm_and_si128(low_sel, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15,
+                                                                15, 15, 15));
+  const __m128i top_bits = _mm_and_si128(_mm_srli_epi16(top, 2), _mm_set1_epi8(0x30));  // (x >> 6) << 4
+  return _mm_or_si128(low_bits, top_bits);
 }
 
 // One super-block's min term for one activation row: acc += dmin_da * sum_g min_g * (bsum_{2g} +
