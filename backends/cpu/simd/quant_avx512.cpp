@@ -403,14 +403,24 @@ struct Q4Tile {
 
 // ---- K-quants -------------------------------------------------------------------------------
 
-// Byte-shuffle index that turns a vector whose 128-bit lanes each hold 8 scale bytes into int16
+// Byte-shuffle indices that turn a vector whose 128-bit lanes each hold 8 scale bytes into int16
 // lanes: scale `first` in the low 256 bits, scale first + 1 in the high 256 bits (zero high bytes).
 // A shuffle within 128-bit lanes instead of a permute across the vector (vpermw).
-inline __m512i scale_bytes_idx(int first) {
-  const __m256i lo = _mm256_set1_epi16(static_cast<short>(0xff00 | first));
-  const __m256i hi = _mm256_set1_epi16(static_cast<short>(0xff00 | (first + 1)));
-  return join(lo, hi);
+// The four of a super-block (scales 2c and 2c + 1 for chunk c) and the nibble shifts (0 in the
+// low half, 4 in the high) live in memory: built in registers they took about 30 instructions a
+// call, and an expert's row is one call of only 4-8 super-blocks.
+struct Q45KConstants {
+  uint16_t scale_idx[4][32];
+  uint16_t nibble_shift[32];
+};
+constexpr Q45KConstants make_q45k_constants() {
+  Q45KConstants k{};
+  for (int c = 0; c < 4; ++c)
+    for (int i = 0; i < 32; ++i) k.scale_idx[c][i] = static_cast<uint16_t>(0xff00 | (2 * c + (i >= 16 ? 1 : 0)));
+  for (int i = 0; i < 32; ++i) k.nibble_shift[i] = i >= 16 ? 4 : 0;
+  return k;
 }
+alignas(64) constexpr Q45KConstants kQ45K = make_q45k_constants();
 // Quarter q (8 int16 lanes = one 16-element group after maddubs) repeats lane first + q.
 inline __m512i quarters_idx(int first) {
   const __m128i q0 = _mm_set1_epi16(static_cast<short>(first)), q1 = _mm_set1_epi16(static_cast<short>(first + 1));
@@ -436,8 +446,9 @@ struct DotQ45K {
         acc_m[j] = _mm_setzero_ps();
       }
       const __m512i m4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1);
-      const __m512i nibble_shift = join(_mm256_setzero_si256(), _mm256_set1_epi16(4));
-      const __m512i idx[4] = {scale_bytes_idx(0), scale_bytes_idx(2), scale_bytes_idx(4), scale_bytes_idx(6)};
+      const __m512i nibble_shift = load512(kQ45K.nibble_shift);
+      const __m512i idx[4] = {load512(kQ45K.scale_idx[0]), load512(kQ45K.scale_idx[1]), load512(kQ45K.scale_idx[2]),
+                              load512(kQ45K.scale_idx[3])};
       for (int64_t i = 0; i < n / kQKK; ++i) {
         // Weight side, once per super-block: codes, per-chunk scales, mins, d and dmin.
         const __m128i sm8 = q4k_scales_mins_vec(x[i].scales);  // 8 scales, 8 mins as bytes
