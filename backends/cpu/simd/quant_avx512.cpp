@@ -421,12 +421,23 @@ constexpr Q45KConstants make_q45k_constants() {
   return k;
 }
 alignas(64) constexpr Q45KConstants kQ45K = make_q45k_constants();
-// Quarter q (8 int16 lanes = one 16-element group after maddubs) repeats lane first + q.
-inline __m512i quarters_idx(int first) {
-  const __m128i q0 = _mm_set1_epi16(static_cast<short>(first)), q1 = _mm_set1_epi16(static_cast<short>(first + 1));
-  const __m128i q2 = _mm_set1_epi16(static_cast<short>(first + 2)), q3 = _mm_set1_epi16(static_cast<short>(first + 3));
-  return join(_mm256_set_m128i(q1, q0), _mm256_set_m128i(q3, q2));
+// Q6_K's scales for chunk c (s[c]: quarter q of the vector, 8 int16 lanes = one 16-element group
+// after maddubs, holds scale 4c + q). From the 16 scales as int16, scales 0..7 broadcast to every
+// 128-bit lane serve chunks 0 and 1, scales 8..15 chunks 2 and 3: an in-lane byte shuffle picks
+// scale (4c + q) mod 8 in quarter q. Constants in memory, for the same reason as kQ45K.
+struct Q6KConstants {
+  uint8_t scale_idx[2][64];  // chunk c mod 2
+};
+constexpr Q6KConstants make_q6k_constants() {
+  Q6KConstants k{};
+  for (int c = 0; c < 2; ++c)
+    for (int i = 0; i < 64; ++i) {
+      const int scale = 4 * c + i / 16;  // of the eight in the lane
+      k.scale_idx[c][i] = static_cast<uint8_t>(2 * scale + (i & 1));
+    }
+  return k;
 }
+alignas(64) constexpr Q6KConstants kQ6K = make_q6k_constants();
 
 // Q4_K / Q5_K. Each 32-byte chunk c of qs holds sub-block 2c in its low nibbles and 2c+1 in
 // its high nibbles; broadcasting the chunk to both 256-bit halves and shifting the upper half by
@@ -509,10 +520,12 @@ struct DotQ6K {
       acc[j] = _mm512_setzero_ps();
     }
     const __m512i m4 = _mm512_set1_epi8(0x0f), m3 = _mm512_set1_epi8(3);
-    const __m512i idx[4] = {quarters_idx(0), quarters_idx(4), quarters_idx(8), quarters_idx(12)};
+    const __m512i idx[2] = {load512(kQ6K.scale_idx[0]), load512(kQ6K.scale_idx[1])};
     for (int64_t i = 0; i < n / kQKK; ++i) {
       const __m256i sc16 = _mm256_cvtepi8_epi16(load128(x[i].scales));
-      const __m512i sc = _mm512_zextsi256_si512(sc16);
+      // Scales 0..7 and 8..15 (int16), each broadcast to every 128-bit lane.
+      const __m512i sc_half[2] = {_mm512_broadcast_i32x4(_mm256_castsi256_si128(sc16)),
+                                  _mm512_broadcast_i32x4(_mm256_extracti128_si256(sc16, 1))};
       // Codes in element order: q[0..1] for half 0, q[2..3] for half 1, 64 elements each.
       __m512i q[4], s[4];
 #pragma GCC unroll 2
@@ -523,8 +536,8 @@ struct DotQ6K {
         q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(_mm512_and_si512(qh, m3), 4));
         q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
                                        _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 4), m3), 4));
-        s[2 * h] = _mm512_permutexvar_epi16(idx[2 * h], sc);
-        s[2 * h + 1] = _mm512_permutexvar_epi16(idx[2 * h + 1], sc);
+        s[2 * h] = _mm512_shuffle_epi8(sc_half[h], idx[0]);
+        s[2 * h + 1] = _mm512_shuffle_epi8(sc_half[h], idx[1]);
       }
       const float d = fp16(x[i].d);
 #pragma GCC unroll 4
