@@ -123,6 +123,16 @@ moelite_status set_size(const char* api_fn, moelite_plan_params* p, uint64_t byt
   });
 }
 
+// A file path setter: a copy of `path` into `field` (NULL: "", none).
+moelite_status set_path(const char* api_fn, moelite_plan_params* p, const char* path,
+                        std::string moelite_plan_params::*field) {
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    p->*field = path ? path : "";
+    return MOELITE_OK;
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -166,21 +176,11 @@ MOELITE_API moelite_status moelite_plan_params_set_cache_allocation(moelite_plan
 }
 
 MOELITE_API moelite_status moelite_plan_params_set_profile(moelite_plan_params* p, const char* path) {
-  const char* const api_fn = __func__;
-  return guarded(api_fn, [&]() -> moelite_status {
-    if (!p) return null_arg(api_fn, "params");
-    p->profile = path ? path : "";
-    return MOELITE_OK;
-  });
+  return set_path(__func__, p, path, &moelite_plan_params::profile);
 }
 
 MOELITE_API moelite_status moelite_plan_params_set_routing_trace(moelite_plan_params* p, const char* path) {
-  const char* const api_fn = __func__;
-  return guarded(api_fn, [&]() -> moelite_status {
-    if (!p) return null_arg(api_fn, "params");
-    p->trace = path ? path : "";
-    return MOELITE_OK;
-  });
+  return set_path(__func__, p, path, &moelite_plan_params::trace);
 }
 
 MOELITE_API moelite_status moelite_plan_params_set_bandwidths(moelite_plan_params* p, double storage_gb_per_s,

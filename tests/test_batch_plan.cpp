@@ -268,6 +268,25 @@ TEST(BatchPlan, ExactlyNSequences) {
 }
 
 namespace {
+// Layers of 4 experts, top-1, 1 MiB an expert, a budget of `slots` experts in the given pools, up
+// to 2 sequences, storage at 1 GB/s; memory to spare.
+BatchPlanInputs four_experts_top1(int32_t layers, uint64_t slots, moelite::CachePools pools) {
+  BatchPlanInputs in;
+  in.memory = 64 * MiB;
+  in.fixed_budget = slots * MiB;
+  in.slot_bytes = MiB;
+  in.minimum_budget = 2 * MiB;
+  in.minimum_per_layer = 2 * static_cast<uint64_t>(layers) * MiB;
+  in.all_experts = (4 * static_cast<uint64_t>(layers) + 1) * MiB;
+  in.pools = pools;
+  in.n_moe_layers = layers;
+  in.n_expert = 4;
+  in.n_expert_used = 1;
+  in.max_sequences = 2;
+  in.storage_bytes_per_s = 1e9;
+  return in;
+}
+
 // One sequence's recorded routing, token-major: routing[token][layer] is that layer's experts.
 std::shared_ptr<const moelite::RoutingTrace> recorded(const std::vector<std::vector<std::vector<int32_t>>>& routing) {
   auto t = std::make_shared<moelite::RoutingTrace>();
@@ -287,18 +306,7 @@ std::shared_ptr<const moelite::RoutingTrace> recorded(const std::vector<std::vec
 // - 2 sequences start 4 tokens apart, so every step reads {0, 1}: two experts a step outnumber the
 //   one slot, which hits nothing; 2 MiB read a step, so one sequence is 4x faster a token.
 TEST(BatchPlan, ATraceMeasuresASequencesReuseOfItsExperts) {
-  BatchPlanInputs in;
-  in.memory = 64 * MiB;
-  in.fixed_budget = 2 * MiB;
-  in.slot_bytes = MiB;
-  in.minimum_budget = 2 * MiB;
-  in.all_experts = 5 * MiB;
-  in.pools = moelite::CachePools::kGlobal;
-  in.n_moe_layers = 1;
-  in.n_expert = 4;
-  in.n_expert_used = 1;
-  in.max_sequences = 2;
-  in.storage_bytes_per_s = 1e9;
+  BatchPlanInputs in = four_experts_top1(1, 2, moelite::CachePools::kGlobal);
   BatchPlan uniform;
   ASSERT_EQ(moelite::plan_batch(in, &uniform), MOELITE_OK);
   EXPECT_DOUBLE_EQ(uniform.rows[0].hit_share, 0.25);
@@ -327,19 +335,7 @@ TEST(BatchPlan, ATraceMeasuresASequencesReuseOfItsExperts) {
 //   and one at depth 1 (4 hits of 8 with 1 slot, 8 with 2); layer 1 reads 2, 3, 2, 3 as before.
 //   (6 + 2) / 12, and 3 experts a step: 1.5 a layer.
 TEST(BatchPlan, ATraceReplaysPerLayerPoolsBetweenWholeSlots) {
-  BatchPlanInputs in;
-  in.memory = 64 * MiB;
-  in.fixed_budget = 5 * MiB;
-  in.slot_bytes = MiB;
-  in.minimum_budget = 2 * MiB;
-  in.minimum_per_layer = 4 * MiB;
-  in.all_experts = 9 * MiB;
-  in.pools = moelite::CachePools::kPerLayer;
-  in.n_moe_layers = 2;
-  in.n_expert = 4;
-  in.n_expert_used = 1;
-  in.max_sequences = 2;
-  in.storage_bytes_per_s = 1e9;
+  BatchPlanInputs in = four_experts_top1(2, 5, moelite::CachePools::kPerLayer);
   in.trace = recorded({{{0}, {2}}, {{0}, {3}}, {{1}, {2}}, {{1}, {3}}});
   BatchPlan p;
   ASSERT_EQ(moelite::plan_batch(in, &p), MOELITE_OK);
