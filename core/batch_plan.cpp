@@ -105,11 +105,19 @@ struct ReplayedSteps {
   size_t largest = 0;   // the most experts one layer of one step reads
 };
 
-ReplayedSteps replayed_steps(const RoutingTrace& rt, int32_t n_layers, int32_t n_expert, int32_t n) {
+// Steps to replay for n of at most `candidates` sequences: kMaxReplayWork shared evenly by the
+// candidates, a step of n sequences costing about n k L E (see kMaxReplayWork).
+int32_t replayed_step_count(const BatchPlanInputs& in, int32_t n) {
+  const double per_step = static_cast<double>(n) * in.n_expert_used * in.n_moe_layers * in.n_expert;
+  const double affordable = kMaxReplayWork / std::max(1, in.max_sequences) / std::max(1.0, per_step);
+  return static_cast<int32_t>(std::clamp(std::floor(affordable), 1.0,
+                                         static_cast<double>(std::min(in.trace->tokens, kMaxReplayedSteps))));
+}
+
+ReplayedSteps replayed_steps(const RoutingTrace& rt, int32_t n_layers, int32_t n_expert, int32_t n, int32_t steps) {
   ReplayedSteps r;
   r.once.n_layers = n_layers;
   r.once.n_experts = n_expert;
-  const int32_t steps = std::min(rt.tokens, kMaxReplayedSteps);
   std::vector<uint8_t> taken(static_cast<size_t>(n_expert));
   size_t reads = 0;
   for (int32_t s = 0; s < steps; ++s)
@@ -236,7 +244,7 @@ Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
     // The step's experts by the independent model (the shares), or measured on the trace.
     const StepAccess step = in.trace ? StepAccess{} : step_access(in, n);
     ReplayedSteps replayed;
-    if (in.trace) replayed = replayed_steps(*in.trace, in.n_moe_layers, in.n_expert, n);
+    if (in.trace) replayed = replayed_steps(*in.trace, in.n_moe_layers, in.n_expert, n, replayed_step_count(in, n));
     const double distinct = in.trace ? replayed.distinct : step.distinct;
     r.distinct_experts = distinct / L;
     // One global pool where a step's experts fit in it (or where the caller says so), else a pool per layer.

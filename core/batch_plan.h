@@ -65,10 +65,16 @@ constexpr size_t kMaxRoutingCells = size_t{1} << 16;
 
 enum class CachePools { kChoose, kGlobal, kPerLayer };
 
-// At most this many decode steps of a recorded routing are replayed per candidate n (each costs
-// about n k L experts' worth of LRU bookkeeping twice); a longer trace still spreads its
-// sequences' starting points over all of it.
+// At most this many decode steps of a recorded routing are replayed per candidate n; a longer trace
+// still spreads its sequences' starting points over all of it.
 constexpr int32_t kMaxReplayedSteps = 1024;
+// And the replays of one plan do at most about this much work in all, counted as accesses times
+// experts a layer (a step of n sequences reads up to n k experts in each of L layers, and each
+// access looks through its layer's recency stack): each candidate gets an equal share, and big
+// models or many candidates replay fewer steps (at least one) rather than plan for minutes.
+// 2^30 took 1.4-3.2 s here (Zen 5, 16-256 candidates); the bench model (8 x 64 experts, top-8) replays 1 024 steps for
+// each of 16 candidates, a Qwen3-30B-shaped one (48 x 128, top-8) 85 at 16 sequences.
+constexpr double kMaxReplayWork = 1073741824.0;
 
 // A recorded routing of one sequence (`moelite trace record`): each token's experts in each MoE
 // layer, token-major: experts[token * n_moe_layers + layer].

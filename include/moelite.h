@@ -779,8 +779,9 @@ MOELITE_API moelite_status moelite_plan_params_set_profile(moelite_plan_params* 
  *  instead of a profile's shares: each candidate n is n copies of the trace started evenly apart,
  *  each step reading the union of their experts through LRU, so a sequence's reuse of its recent
  *  experts (which shares and uniform routing miss) is measured, not assumed. Record it on text like
- *  the requests to come. NULL or "" (default): none. Read by moelite_plan_batch (at most 1 GiB, the
- *  first 1024 steps replayed), which answers MOELITE_ERR_FILE_NOT_FOUND / MOELITE_ERR_IO for a file
+ *  the requests to come. NULL or "" (default): none. Read by moelite_plan_batch (at most 1 GiB; at
+ *  most the first 1024 steps replayed, fewer for big models or many candidates so that a plan
+ *  takes seconds, not minutes), which answers MOELITE_ERR_FILE_NOT_FOUND / MOELITE_ERR_IO for a file
  *  it cannot read and MOELITE_ERR_INVALID_ARGUMENT for a malformed trace, one of another model
  *  (more layers or experts, a layer without experts) or one set together with a profile. The
  *  string is copied. */

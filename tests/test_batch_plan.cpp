@@ -361,3 +361,33 @@ TEST(BatchPlan, ATraceOfAnotherShapeIsRefused) {
   in.trace = recorded(tokens);
   EXPECT_EQ(moelite::plan_batch(in, &p), MOELITE_OK);
 }
+
+// The replays' work is bounded: 256 candidates of a model of 64 layers x 256 experts, top-8, with
+// a trace of 1 024 tokens, replay one step each (2^30 / 256 / (n 8 x 64 x 256) < 1 from n = 1),
+// so the plan returns at once instead of after minutes.
+TEST(BatchPlan, ReplayingATraceIsBoundedForManyCandidatesOfABigModel) {
+  BatchPlanInputs in;
+  in.memory = uint64_t{1} << 40;
+  in.fixed_budget = uint64_t{1} << 30;
+  in.slot_bytes = MiB;
+  in.minimum_budget = 9 * MiB;
+  in.minimum_per_layer = 64 * 9 * MiB;
+  in.all_experts = (64 * 256 + 1) * MiB;
+  in.n_moe_layers = 64;
+  in.n_expert = 256;
+  in.n_expert_used = 8;
+  in.max_sequences = 256;
+  in.storage_bytes_per_s = 1e9;
+  std::vector<std::vector<std::vector<int32_t>>> tokens(1024, std::vector<std::vector<int32_t>>(64));
+  for (size_t t = 0; t < tokens.size(); ++t)
+    for (auto& layer : tokens[t])
+      for (int32_t j = 0; j < 8; ++j) layer.push_back(static_cast<int32_t>((t * 37 + static_cast<size_t>(j) * 29) % 256));
+  in.trace = recorded(tokens);
+  BatchPlan p;
+  ASSERT_EQ(moelite::plan_batch(in, &p), MOELITE_OK);
+  ASSERT_EQ(p.rows.size(), 256u);
+  // One step of n sequences: n copies of 8 experts a layer, starting 1024 / n tokens apart, whose
+  // union is at most 256.
+  EXPECT_DOUBLE_EQ(p.rows[0].distinct_experts, 8.0);
+  EXPECT_LE(p.rows[255].distinct_experts, 256.0);
+}
