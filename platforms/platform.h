@@ -52,6 +52,11 @@ struct WritePiece {
 };
 Status write_file_atomic(const std::string& path, const WritePiece* pieces, size_t n_pieces);
 
+// Appends the whole of a small file (a profile, a trace) to *out. `what` names it in messages
+// ("calibration profile"): MOELITE_ERR_FILE_NOT_FOUND when it cannot be opened, MOELITE_ERR_IO
+// when a read fails, MOELITE_ERR_INVALID_ARGUMENT when it holds more than max_bytes.
+Status read_whole_file(const std::string& path, const char* what, uint64_t max_bytes, std::string* out);
+
 // Alignment of offsets, sizes and buffers for direct I/O (the common logical block size bound).
 constexpr uint64_t kDirectIoAlignment = 4096;
 

@@ -45,16 +45,7 @@ std::string join(const std::vector<uint64_t>& v) {
 }
 
 Status read_whole(const std::string& path, std::string* out) {
-  FILE* f = fopen(path.c_str(), "rb");
-  if (!f)
-    return fail(MOELITE_ERR_FILE_NOT_FOUND, "cannot open calibration profile '%s': %s", path.c_str(), strerror(errno));
-  char buf[65536];
-  size_t got;
-  while ((got = fread(buf, 1, sizeof buf, f)) > 0) out->append(buf, got);
-  const bool err = ferror(f);
-  fclose(f);
-  if (err) return fail(MOELITE_ERR_IO, "reading '%s' failed", path.c_str());
-  return MOELITE_OK;
+  return platform::read_whole_file(path, "calibration profile", UINT64_MAX, out);
 }
 
 // One named float array of the weights file.

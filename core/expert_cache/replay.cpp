@@ -1,8 +1,6 @@
 #include "core/expert_cache/replay.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -14,6 +12,7 @@
 #include <unordered_set>
 
 #include "core/expert_cache/policy.h"
+#include "platforms/platform.h"
 
 namespace moelite {
 
@@ -215,25 +214,8 @@ Status parse_trace(const std::string& text, Trace* out) {
 }
 
 Status load_trace(const std::string& path, Trace* out) {
-  FILE* f = fopen(path.c_str(), "rb");
-  if (!f) return fail(MOELITE_ERR_FILE_NOT_FOUND, "cannot open routing trace '%s': %s", path.c_str(), strerror(errno));
   std::string text;
-  char buf[65536];
-  size_t got;
-  bool too_large = false;
-  while ((got = fread(buf, 1, sizeof buf, f)) > 0) {
-    if (text.size() + got > kMaxTraceFileBytes) {
-      too_large = true;
-      break;
-    }
-    text.append(buf, got);
-  }
-  const bool err = ferror(f);
-  fclose(f);
-  if (err) return fail(MOELITE_ERR_IO, "reading routing trace '%s' failed", path.c_str());
-  if (too_large)
-    return fail(MOELITE_ERR_INVALID_ARGUMENT, "routing trace '%s' is larger than %llu bytes", path.c_str(),
-                (unsigned long long)kMaxTraceFileBytes);
+  MOELITE_TRY(platform::read_whole_file(path, "routing trace", kMaxTraceFileBytes, &text));
   const Status st = parse_trace(text, out);
   if (st != MOELITE_OK) return fail(st, "routing trace '%s': %s", path.c_str(), std::string(last_error_message()).c_str());
   return MOELITE_OK;

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -98,6 +99,30 @@ Status File::open(const std::string& path, File* out) {
   f.size_ = static_cast<uint64_t>(sb.st_size);
   f.path_ = path;
   *out = std::move(f);
+  return MOELITE_OK;
+}
+
+Status read_whole_file(const std::string& path, const char* what, uint64_t max_bytes, std::string* out) {
+  FILE* f = fopen(path.c_str(), "rb");
+  if (!f) return fail(MOELITE_ERR_FILE_NOT_FOUND, "cannot open %s '%s': %s", what, path.c_str(), strerror(errno));
+  char buf[65536];
+  size_t got;
+  uint64_t read = 0;
+  bool too_large = false;
+  while ((got = fread(buf, 1, sizeof buf, f)) > 0) {
+    if (read + got > max_bytes) {
+      too_large = true;
+      break;
+    }
+    out->append(buf, got);
+    read += got;
+  }
+  const bool err = ferror(f);
+  fclose(f);
+  if (err) return fail(MOELITE_ERR_IO, "reading '%s' failed", path.c_str());
+  if (too_large)
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s '%s' is larger than %llu bytes", what, path.c_str(),
+                (unsigned long long)max_bytes);
   return MOELITE_OK;
 }
 
