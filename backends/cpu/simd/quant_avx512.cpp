@@ -403,12 +403,12 @@ struct Q4Tile {
 
 // ---- K-quants -------------------------------------------------------------------------------
 
-// Byte-shuffle indices that turn a vector whose 128-bit lanes each hold 8 scale bytes into int16
-// lanes: scale `first` in the low 256 bits, scale first + 1 in the high 256 bits (zero high bytes).
-// A shuffle within 128-bit lanes instead of a permute across the vector (vpermw).
-// The four of a super-block (scales 2c and 2c + 1 for chunk c) and the nibble shifts (0 in the
-// low half, 4 in the high) live in memory: built in registers they took about 30 instructions a
-// call, and an expert's row is one call of only 4-8 super-blocks.
+// Q4_K/Q5_K constants. scale_idx[c]: byte-shuffle indices that turn a vector whose 128-bit lanes
+// each hold the 8 scale bytes into int16 lanes holding scale 2c in the low 256 bits and scale
+// 2c + 1 in the high 256 bits (zero high bytes): a shuffle within 128-bit lanes instead of a
+// permute across the vector (vpermw). nibble_shift: 0 in the low half, 4 in the high. In memory:
+// built in registers they took about 30 instructions a call, and an expert's row is one call of
+// only 4-8 super-blocks.
 struct Q45KConstants {
   uint16_t scale_idx[4][32];
   uint16_t nibble_shift[32];
