@@ -98,9 +98,11 @@ double StepAccess::hits(size_t first, size_t count, double capacity) const {
 
 // The decode steps of n sequences that each follow the recorded routing, sequence i from token
 // i * tokens / n on (wrapping around): per step and MoE layer one entry, the union of the
-// sequences' experts (the step reads each once), first the steps once, then twice over.
+// sequences' experts (the step reads each once); the steps twice over, the first pass to warm
+// the cache.
 struct ReplayedSteps {
-  Trace once, twice;
+  Trace twice;
+  size_t warmup = 0;    // entries of the first pass
   double distinct = 0;  // experts a step reads, all layers together, on average
   size_t largest = 0;   // the most experts one layer of one step reads
 };
@@ -116,8 +118,10 @@ int32_t replayed_step_count(const BatchPlanInputs& in, int32_t n) {
 
 ReplayedSteps replayed_steps(const RoutingTrace& rt, int32_t n_layers, int32_t n_expert, int32_t n, int32_t steps) {
   ReplayedSteps r;
-  r.once.n_layers = n_layers;
-  r.once.n_experts = n_expert;
+  Trace& t = r.twice;
+  t.n_layers = n_layers;
+  t.n_experts = n_expert;
+  t.entries.reserve(2 * static_cast<size_t>(steps) * static_cast<size_t>(n_layers));
   std::vector<uint8_t> taken(static_cast<size_t>(n_expert));
   size_t reads = 0;
   for (int32_t s = 0; s < steps; ++s)
@@ -136,14 +140,14 @@ ReplayedSteps replayed_steps(const RoutingTrace& rt, int32_t n_layers, int32_t n
       }
       reads += e.experts.size();
       r.largest = std::max(r.largest, e.experts.size());
-      r.once.entries.push_back(std::move(e));
+      t.entries.push_back(std::move(e));
     }
-  r.once.top_k = static_cast<int32_t>(r.largest);
+  t.top_k = static_cast<int32_t>(r.largest);
   r.distinct = steps > 0 ? static_cast<double>(reads) / steps : 0.0;
-  r.twice = r.once;
-  for (const TraceEntry& e : r.once.entries) {
-    r.twice.entries.push_back(e);
-    r.twice.entries.back().token += steps;
+  r.warmup = t.entries.size();
+  for (size_t i = 0; i < r.warmup; ++i) {
+    t.entries.push_back(t.entries[i]);
+    t.entries.back().token += steps;
   }
   return r;
 }
@@ -157,28 +161,23 @@ Status replayed_hit_share(const ReplayedSteps& steps, bool per_layer, double cap
   if (!per_layer) {
     const int64_t slots = static_cast<int64_t>(std::floor(capacity));
     if (slots < static_cast<int64_t>(std::max<size_t>(steps.largest, 1))) return MOELITE_OK;
-    ReplayResult once, twice;
-    MOELITE_TRY(replay(steps.once, "lru", slots, true, &once));
-    MOELITE_TRY(replay(steps.twice, "lru", slots, true, &twice));
-    const uint64_t accesses = twice.accesses - once.accesses;
-    *out = accesses ? static_cast<double>(twice.hits - once.hits) / static_cast<double>(accesses) : 1.0;
+    ReplayResult second;
+    MOELITE_TRY(replay(steps.twice, "lru", slots, true, &second, PolicyOptions{}, steps.warmup));
+    *out = second.accesses ? second.hit_rate() : 1.0;
     return MOELITE_OK;
   }
-  std::vector<std::vector<double>> once, twice;  // [layer][slots]: hit rates of each pass's accesses
-  MOELITE_TRY(lru_hit_curves(steps.once, &once));
-  MOELITE_TRY(lru_hit_curves(steps.twice, &twice));
-  const size_t L = static_cast<size_t>(steps.once.n_layers), E = static_cast<size_t>(steps.once.n_experts);
-  std::vector<double> accesses(L, 0.0);  // of one pass, per layer
-  for (const TraceEntry& e : steps.once.entries) accesses[static_cast<size_t>(e.layer)] += e.experts.size();
+  std::vector<std::vector<double>> rates;  // [layer][slots]: hit rates of the second pass's accesses
+  std::vector<uint64_t> accesses;          // of the second pass, per layer
+  MOELITE_TRY(lru_hit_curves(steps.twice, &rates, steps.warmup, &accesses));
+  const size_t E = static_cast<size_t>(steps.twice.n_experts);
   const double c = std::clamp(capacity, 0.0, static_cast<double>(E));
   const size_t lo = static_cast<size_t>(std::floor(c)), hi = std::min(lo + 1, E);
   const double frac = c - static_cast<double>(lo);
   double hits = 0, all = 0;
-  for (size_t l = 0; l < L; ++l) {
-    // Hits of the second pass alone at whole slots s: twice's hit count minus once's.
-    auto second_pass_hits = [&](size_t s) { return twice[l][s] * 2.0 * accesses[l] - once[l][s] * accesses[l]; };
-    hits += (1.0 - frac) * second_pass_hits(lo) + frac * second_pass_hits(hi);
-    all += accesses[l];
+  for (size_t l = 0; l < rates.size(); ++l) {
+    const double n = static_cast<double>(accesses[l]);
+    hits += n * ((1.0 - frac) * rates[l][lo] + frac * rates[l][hi]);
+    all += n;
   }
   *out = all > 0 ? std::clamp(hits / all, 0.0, 1.0) : 1.0;
   return MOELITE_OK;

@@ -774,3 +774,81 @@ TEST(TraceReplay, LruHitCurvesEqualReplayAtEveryCapacity) {
   dup.entries.back() = {1, 0, {7}};
   EXPECT_EQ(lru_hit_curves(dup, &curves), MOELITE_ERR_INVALID_ARGUMENT);
 }
+
+// Warm-up entries are replayed (they fill the cache) but not counted. "ABCA" at capacity 2 after
+// warming up with "ABC": the cache holds B and C, so A misses: 1 access, 0 hits, 1 load, 1 token.
+// "ABAB" after "AB": both hit at capacity 2, both miss at capacity 1.
+TEST(TraceReplay, WarmUpEntriesFillTheCacheButAreNotCounted) {
+  ReplayResult r;
+  ASSERT_EQ(replay(sequence("ABCA"), "lru", 2, false, &r, PolicyOptions{}, 3), MOELITE_OK);
+  EXPECT_EQ(r.accesses, 1u);
+  EXPECT_EQ(r.hits, 0u);
+  EXPECT_EQ(r.loads, 1u);
+  EXPECT_EQ(r.tokens, 1u);
+  ASSERT_EQ(replay(sequence("ABAB"), "lru", 2, true, &r, PolicyOptions{}, 2), MOELITE_OK);
+  EXPECT_EQ(r.accesses, 2u);
+  EXPECT_EQ(r.hits, 2u);
+  EXPECT_EQ(r.loads, 0u);
+  ASSERT_EQ(replay(sequence("ABAB"), "lru", 1, false, &r, PolicyOptions{}, 2), MOELITE_OK);
+  EXPECT_EQ(r.hits, 0u);
+  EXPECT_EQ(r.loads, 2u);
+  ASSERT_EQ(replay(sequence("ABAB"), "lru", 2, false, &r, PolicyOptions{}, 4), MOELITE_OK);  // all warm-up
+  EXPECT_EQ(r.accesses, 0u);
+  EXPECT_EQ(r.tokens, 0u);
+
+  // The stack-distance curves: A's depth after "ABC" is 2, so it hits from 3 slots up.
+  std::vector<std::vector<double>> curves;
+  std::vector<uint64_t> counted;
+  ASSERT_EQ(lru_hit_curves(sequence("ABCA", 4), &curves, 3, &counted), MOELITE_OK);
+  EXPECT_EQ(counted, std::vector<uint64_t>{1});
+  EXPECT_DOUBLE_EQ(curves[0][2], 0.0);
+  EXPECT_DOUBLE_EQ(curves[0][3], 1.0);
+  ASSERT_EQ(lru_hit_curves(sequence("ABCA", 4), &curves, 0, &counted), MOELITE_OK);
+  EXPECT_EQ(counted, std::vector<uint64_t>{4});
+  EXPECT_DOUBLE_EQ(curves[0][3], 0.25);
+}
+
+// A causal policy's counted hits after w warm-up entries are its hits over the whole trace less
+// those over the first w entries alone, on random multi-layer traces, per layer and global.
+TEST(TraceReplay, WarmUpCountsWhatTheWholeReplayCountsAfterThePrefix) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 20; ++trial) {
+    Trace t;
+    t.n_layers = 1 + trial % 3;
+    t.n_experts = 6 + trial % 5;
+    t.top_k = 1 + trial % 3;
+    for (int64_t tok = 0; tok < 60; ++tok)
+      for (int32_t l = 0; l < t.n_layers; ++l) {
+        TraceEntry e{tok, l, {}};
+        while (static_cast<int32_t>(e.experts.size()) < t.top_k) {
+          const int32_t x = static_cast<int32_t>(std::min(rng() % t.n_experts, rng() % t.n_experts));
+          if (std::find(e.experts.begin(), e.experts.end(), x) == e.experts.end()) e.experts.push_back(x);
+        }
+        t.entries.push_back(e);
+      }
+    const size_t w = rng() % t.entries.size();
+    Trace prefix = t;
+    prefix.entries.resize(w);
+    for (bool global : {false, true})
+      for (const char* policy : {"lru", "lfu"}) {
+        const int64_t capacity = t.top_k + static_cast<int64_t>(rng() % t.n_experts);
+        ReplayResult all, first, rest;
+        ASSERT_EQ(replay(t, policy, capacity, global, &all), MOELITE_OK);
+        ASSERT_EQ(replay(prefix, policy, capacity, global, &first), MOELITE_OK);
+        ASSERT_EQ(replay(t, policy, capacity, global, &rest, PolicyOptions{}, w), MOELITE_OK);
+        EXPECT_EQ(rest.accesses, all.accesses - first.accesses) << policy << " trial " << trial;
+        EXPECT_EQ(rest.hits, all.hits - first.hits) << policy << " trial " << trial;
+      }
+    std::vector<std::vector<double>> whole, early, late;
+    std::vector<uint64_t> n_whole, n_early, n_late;
+    ASSERT_EQ(lru_hit_curves(t, &whole, 0, &n_whole), MOELITE_OK);
+    ASSERT_EQ(lru_hit_curves(prefix, &early, 0, &n_early), MOELITE_OK);
+    ASSERT_EQ(lru_hit_curves(t, &late, w, &n_late), MOELITE_OK);
+    for (size_t l = 0; l < whole.size(); ++l) {
+      ASSERT_EQ(n_late[l], n_whole[l] - n_early[l]);
+      for (size_t c = 0; c < whole[l].size(); ++c)
+        EXPECT_NEAR(late[l][c] * n_late[l], whole[l][c] * n_whole[l] - early[l][c] * n_early[l], 1e-9)
+            << "trial " << trial << " layer " << l << " capacity " << c;
+    }
+  }
+}

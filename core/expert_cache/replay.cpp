@@ -242,7 +242,7 @@ Status parse_capacity(const std::string& text, const Trace& trace, bool global, 
 }
 
 Status replay(const Trace& trace, const std::string& policy_name, int64_t capacity, bool global, ReplayResult* out,
-              const PolicyOptions& options) {
+              const PolicyOptions& options, size_t warmup_entries) {
   ReplayResult r;
   r.policy = policy_name;
   r.capacity = capacity;
@@ -302,8 +302,10 @@ Status replay(const Trace& trace, const std::string& policy_name, int64_t capaci
   std::unordered_set<int64_t> tokens;
   std::vector<ExpertKey> candidates;
   t = 0;
-  for (const TraceEntry& e : trace.entries) {
-    tokens.insert(e.token);
+  for (size_t entry = 0; entry < trace.entries.size(); ++entry) {
+    const TraceEntry& e = trace.entries[entry];
+    const bool counted = entry >= warmup_entries;
+    if (counted) tokens.insert(e.token);
     const size_t c = global ? 0 : static_cast<size_t>(e.layer);
     if (static_cast<int64_t>(e.experts.size()) > capacity)
       return fail(MOELITE_ERR_INVALID_ARGUMENT,
@@ -313,14 +315,14 @@ Status replay(const Trace& trace, const std::string& policy_name, int64_t capaci
     for (int32_t x : e.experts) pinned.insert(ExpertKey{e.layer, x}.packed());
     for (int32_t x : e.experts) {
       const ExpertKey k{e.layer, x};
-      r.accesses++;
-      layer_acc[static_cast<size_t>(e.layer)]++;
+      r.accesses += counted;
+      layer_acc[static_cast<size_t>(e.layer)] += counted;
       Residents& res = resident[c];
       if (res.index.count(k.packed())) {
-        r.hits++;
-        layer_hits[static_cast<size_t>(e.layer)]++;
+        r.hits += counted;
+        layer_hits[static_cast<size_t>(e.layer)] += counted;
       } else {
-        r.loads++;
+        r.loads += counted;
         if (static_cast<int64_t>(res.keys.size()) >= capacity) {
           ExpertKey victim;
           bool found = false;
@@ -367,7 +369,8 @@ Status replay(const Trace& trace, const std::string& policy_name, int64_t capaci
   return MOELITE_OK;
 }
 
-Status lru_hit_curves(const Trace& trace, std::vector<std::vector<double>>* out) {
+Status lru_hit_curves(const Trace& trace, std::vector<std::vector<double>>* out, size_t warmup_entries,
+                      std::vector<uint64_t>* counted) {
   const size_t L = static_cast<size_t>(std::max(0, trace.n_layers)), E = static_cast<size_t>(std::max(0, trace.n_experts));
   // Per layer: experts by recency, most recent first (only those used so far), and how many
   // accesses found their expert at each depth.
@@ -375,7 +378,9 @@ Status lru_hit_curves(const Trace& trace, std::vector<std::vector<double>>* out)
   std::vector<std::vector<uint64_t>> at_depth(L, std::vector<uint64_t>(E + 1, 0));
   std::vector<uint64_t> accesses(L, 0);
   std::vector<int32_t> moved;
-  for (const TraceEntry& e : trace.entries) {
+  for (size_t entry = 0; entry < trace.entries.size(); ++entry) {
+    const TraceEntry& e = trace.entries[entry];
+    const uint64_t count = entry >= warmup_entries;  // 0 while warming up
     if (e.layer < 0 || static_cast<size_t>(e.layer) >= L)
       return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace entry of token %lld has layer %d outside [0, %d)",
                   (long long)e.token, e.layer, trace.n_layers);
@@ -386,15 +391,15 @@ Status lru_hit_curves(const Trace& trace, std::vector<std::vector<double>>* out)
       if (x < 0 || static_cast<size_t>(x) >= E)
         return fail(MOELITE_ERR_INVALID_ARGUMENT, "trace entry of token %lld names expert %d outside [0, %d)",
                     (long long)e.token, x, trace.n_experts);
-      accesses[static_cast<size_t>(e.layer)]++;
+      accesses[static_cast<size_t>(e.layer)] += count;
       if (std::find(moved.begin(), moved.end(), x) != moved.end()) {  // a repeat within the entry: resident
-        hist[0]++;
+        hist[0] += count;
         continue;
       }
       // Depth in the stack as it was before this entry: the entry's experts found so far were
       // only marked, not moved, so the positions are the old ones.
       const auto it = std::find(st.begin(), st.end(), x);
-      hist[it == st.end() ? E : static_cast<size_t>(it - st.begin())]++;
+      hist[it == st.end() ? E : static_cast<size_t>(it - st.begin())] += count;
       moved.push_back(x);
     }
     // The entry's experts become the most recent, the last accessed on top.
@@ -411,6 +416,7 @@ Status lru_hit_curves(const Trace& trace, std::vector<std::vector<double>>* out)
       (*out)[l][c] = accesses[l] ? static_cast<double>(hits) / static_cast<double>(accesses[l]) : 0.0;
     }
   }
+  if (counted) *counted = std::move(accesses);
   return MOELITE_OK;
 }
 

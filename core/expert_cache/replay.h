@@ -51,9 +51,11 @@ struct ReplayResult {
 
 // Each (token, layer) entry's experts are pinned together; a miss is one load (cold misses
 // count). Per-layer mode: each layer has its own cache of `capacity`; global: one shared cache.
-// `options` tunes the policy under test (decay's half-life, Belady's lookahead).
+// `options` tunes the policy under test (decay's half-life, Belady's lookahead). The first
+// `warmup_entries` entries only warm the caches: they are replayed but neither their accesses nor
+// their tokens are counted (a steady state: replay a sequence twice, warm up with the first pass).
 Status replay(const Trace& trace, const std::string& policy, int64_t capacity, bool global, ReplayResult* out,
-              const PolicyOptions& options = PolicyOptions{});
+              const PolicyOptions& options = PolicyOptions{}, size_t warmup_entries = 0);
 
 // Per-layer LRU hit rates at every capacity in one pass (Mattson's stack algorithm): LRU with a
 // token's experts pinned together keeps, at any capacity c >= the experts of one entry, exactly
@@ -61,7 +63,10 @@ Status replay(const Trace& trace, const std::string& policy, int64_t capacity, b
 // other experts of its layer were used after its last use (counted before the entry's own
 // accesses). out[l][c] for c = 0..n_experts equals replay(trace, "lru", c, false) where that runs
 // (c >= the largest entry); rates below that are filled in by the same rule. O(accesses x
-// n_experts) instead of one replay per capacity.
-Status lru_hit_curves(const Trace& trace, std::vector<std::vector<double>>* out);
+// n_experts) instead of one replay per capacity. The first `warmup_entries` entries only warm the
+// stacks (as in replay()); `counted`, when given, receives each layer's counted accesses, the
+// denominators of its rates.
+Status lru_hit_curves(const Trace& trace, std::vector<std::vector<double>>* out, size_t warmup_entries = 0,
+                      std::vector<uint64_t>* counted = nullptr);
 
 }  // namespace moelite
