@@ -34,6 +34,9 @@ struct moelite_plan_params {
   moelite::CachePools pools = moelite::CachePools::kChoose;
   std::string profile;  // routing shares from this calibration profile ("": the loaded model's, else uniform)
   std::string trace;    // a recorded routing replayed instead ("": none)
+  // Or the routing given in memory (moelite_plan_params_set_routing): tokens x MoE layers x k ids.
+  int32_t routing_tokens = 0, routing_layers = 0, routing_k = 0;
+  std::vector<int32_t> routing;
 };
 
 struct moelite_batch_plan {
@@ -89,6 +92,31 @@ moelite::Status routing_trace(const moelite::Trace& t, const moelite::HParams& h
     for (int32_t x : e.experts)
       if (std::find(ids.begin(), ids.end(), x) == ids.end()) ids.push_back(x);
   }
+  return MOELITE_OK;
+}
+
+// Routing given in memory (tokens x MoE layers x k ids, -1 an empty slot) as the planner's trace.
+moelite::Status given_routing(const moelite_plan_params& pp, const moelite::HParams& hp, moelite::RoutingTrace* out) {
+  if (pp.routing_layers != hp.n_moe_layers() || pp.routing_k < hp.n_expert_used)
+    return moelite::fail(MOELITE_ERR_INVALID_ARGUMENT,
+                         "the routing given has %d layers of %d slots a token; this model has %d layers with experts, "
+                         "top-%d",
+                         pp.routing_layers, pp.routing_k, hp.n_moe_layers(), hp.n_expert_used);
+  const size_t k = static_cast<size_t>(pp.routing_k);
+  out->tokens = pp.routing_tokens;
+  out->experts.assign(static_cast<size_t>(pp.routing_tokens) * static_cast<size_t>(pp.routing_layers), {});
+  for (size_t cell = 0; cell < out->experts.size(); ++cell)
+    for (size_t j = 0; j < k; ++j) {
+      const int32_t x = pp.routing[cell * k + j];
+      if (x >= hp.n_expert)
+        return moelite::fail(MOELITE_ERR_INVALID_ARGUMENT, "the routing given names expert %d; this model has %d", x,
+                             hp.n_expert);
+      std::vector<int32_t>& ids = out->experts[cell];
+      if (x >= 0 && std::find(ids.begin(), ids.end(), x) == ids.end()) ids.push_back(x);
+    }
+  // A token's experts are a set, in id order as a trace file's (parse_trace sorts them): the
+  // replay's LRU order within a step follows it, so both give the same plan.
+  for (std::vector<int32_t>& ids : out->experts) std::sort(ids.begin(), ids.end());
   return MOELITE_OK;
 }
 
@@ -180,7 +208,42 @@ MOELITE_API moelite_status moelite_plan_params_set_profile(moelite_plan_params* 
 }
 
 MOELITE_API moelite_status moelite_plan_params_set_routing_trace(moelite_plan_params* p, const char* path) {
-  return set_path(__func__, p, path, &moelite_plan_params::trace);
+  const moelite_status st = set_path(__func__, p, path, &moelite_plan_params::trace);
+  if (st == MOELITE_OK && !p->trace.empty()) {  // the last routing set is the one used
+    p->routing.clear();
+    p->routing_tokens = p->routing_layers = p->routing_k = 0;
+  }
+  return st;
+}
+
+MOELITE_API moelite_status moelite_plan_params_set_routing(moelite_plan_params* p, int32_t n_tokens, int32_t n_moe_layers,
+                                                           int32_t k, const int32_t* experts) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (!experts && n_tokens == 0) {
+      p->routing.clear();
+      p->routing_tokens = p->routing_layers = p->routing_k = 0;
+      return MOELITE_OK;
+    }
+    if (!experts) return null_arg(api_fn, "experts");
+    if (n_tokens < 1 || n_moe_layers < 1 || k < 1 || k > 1024 ||
+        static_cast<int64_t>(n_tokens) * n_moe_layers * k > MOELITE_MAX_PLAN_ROUTING_IDS)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT,
+                  "%s: %d tokens x %d layers x %d slots is not a routing it takes (each >= 1, k <= 1024, at most 2^28 ids)",
+                  api_fn, n_tokens, n_moe_layers, k);
+    const size_t n = static_cast<size_t>(n_tokens) * static_cast<size_t>(n_moe_layers) * static_cast<size_t>(k);
+    for (size_t i = 0; i < n; ++i)
+      if (experts[i] < -1)
+        return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: expert id %d at %zu (ids are >= 0, or -1 for an empty slot)",
+                    api_fn, experts[i], i);
+    p->routing.assign(experts, experts + n);  // std::bad_alloc: guarded answers MOELITE_ERR_OUT_OF_MEMORY
+    p->routing_tokens = n_tokens;
+    p->routing_layers = n_moe_layers;
+    p->routing_k = k;
+    p->trace.clear();
+    return MOELITE_OK;
+  });
 }
 
 MOELITE_API moelite_status moelite_plan_params_set_bandwidths(moelite_plan_params* p, double storage_gb_per_s,
@@ -256,9 +319,13 @@ MOELITE_API moelite_status moelite_plan_batch(const moelite_model* model, const 
                   "%s: experts stream from storage under a budget: set its read bandwidth "
                   "(moelite_plan_params_set_bandwidths; `moelite info --storage` measures it)",
                   api_fn);
-    if (!pp.trace.empty() && !pp.profile.empty())
+    if ((!pp.trace.empty() || !pp.routing.empty()) && !pp.profile.empty())
       return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: give a routing trace or a profile, not both", api_fn);
-    if (!pp.trace.empty()) {
+    if (!pp.routing.empty()) {
+      auto given = std::make_shared<moelite::RoutingTrace>();
+      MOELITE_TRY(given_routing(pp, m.hp, given.get()));
+      in.trace = std::move(given);
+    } else if (!pp.trace.empty()) {
       moelite::Trace trace;
       MOELITE_TRY(moelite::load_trace(pp.trace, &trace));
       auto recorded = std::make_shared<moelite::RoutingTrace>();

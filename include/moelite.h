@@ -786,6 +786,20 @@ MOELITE_API moelite_status moelite_plan_params_set_profile(moelite_plan_params* 
  *  (more layers or experts, a layer without experts) or one set together with a profile. The
  *  string is copied. */
 MOELITE_API moelite_status moelite_plan_params_set_routing_trace(moelite_plan_params* params, const char* path);
+/** The same as a routing trace, from memory: what moelite_context_params_set_routing_callback
+ *  reported for `n_tokens` tokens of one sequence, in order. experts[(t * n_moe_layers + i) * k + j]
+ *  is slot j of token t in the i-th layer with experts, model layer MOELITE_MODEL_N_DENSE_LAYERS + i
+ *  (the callback's `layer` minus that); -1 for an empty slot (dropped by adaptive gating).
+ *  n_moe_layers is MOELITE_MODEL_N_LAYERS - MOELITE_MODEL_N_DENSE_LAYERS and k at least the
+ *  model's top-k for moelite_plan_batch to accept them (it answers MOELITE_ERR_INVALID_ARGUMENT
+ *  for another shape or an expert id past the model's). The array is copied (n_tokens x
+ *  n_moe_layers x k at most 2^28 ids, n_tokens >= 1, k <= 1024); setting it clears a trace path
+ *  and moelite_plan_params_set_routing_trace clears it, so the last one set is used. NULL experts
+ *  with n_tokens 0 clears it. MOELITE_ERR_INVALID_ARGUMENT for other sizes or ids below -1;
+ *  MOELITE_ERR_OUT_OF_MEMORY when the copy cannot be made. */
+#define MOELITE_MAX_PLAN_ROUTING_IDS ((int64_t)1 << 28)
+MOELITE_API moelite_status moelite_plan_params_set_routing(moelite_plan_params* params, int32_t n_tokens,
+                                                           int32_t n_moe_layers, int32_t k, const int32_t* experts);
 /** Measured bandwidths in GB/s, each 0..10^6: reads from the model's storage (needed unless the
  *  plan is resident: `moelite info --storage`, or the store's own counters), and the weight bytes a
  *  decode step computes per second (0: not modelled; then the lookahead stays 0 and a resident

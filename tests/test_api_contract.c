@@ -1165,6 +1165,7 @@ static void test_batch_plan(void) {
   snprintf(trace_path, sizeof trace_path, "%s/moelite-api-contract-%ld.trace", tmpdir ? tmpdir : "/tmp", (long)getpid());
   const long n_layers = (long)moelite_model_get(info, MOELITE_MODEL_N_LAYERS);
   const long n_experts = (long)moelite_model_get(info, MOELITE_MODEL_N_EXPERTS);
+  char* file_plan = NULL; /* variant 0's plan, which the same routing from memory must equal */
   for (int variant = 0; variant < 4; ++variant) {
     FILE* f = fopen(trace_path, "w");
     CHECK(f != NULL);
@@ -1183,6 +1184,8 @@ static void test_batch_plan(void) {
     if (variant == 0) {
       CHECK(st == MOELITE_OK && plan != NULL);
       if (plan) CHECK(strstr(moelite_batch_plan_json(plan), "\"routing\": \"trace\"") != NULL);
+      if (plan && (file_plan = malloc(strlen(moelite_batch_plan_json(plan)) + 1)) != NULL)
+        strcpy(file_plan, moelite_batch_plan_json(plan));
       moelite_batch_plan_free(plan);
     } else {
       CHECK(st == MOELITE_ERR_INVALID_ARGUMENT && plan == NULL);
@@ -1196,6 +1199,51 @@ static void test_batch_plan(void) {
   remove(trace_path);
   plan = (moelite_batch_plan*)&g_failures;
   CHECK(moelite_plan_batch(info, NULL, pp, &plan) == MOELITE_ERR_FILE_NOT_FOUND && plan == NULL);
+
+  /* The same routing from memory (moelite_plan_params_set_routing) plans as the file did; it
+   * replaces the trace path, and a path set after it replaces it. */
+  int32_t routing[8 * 64 * 3];
+  CHECK(n_layers * 3 <= 64 * 3);
+  for (long t = 0; t < 8; ++t)
+    for (long l = 0; l < n_layers && l < 64; ++l) {
+      int32_t* slot = routing + (t * n_layers + l) * 3;
+      slot[0] = (int32_t)(t % 2);
+      slot[1] = -1; /* an empty slot (dropped by adaptive gating) reads nothing */
+      slot[2] = (int32_t)(2 + t % 2);
+    }
+  CHECK(moelite_plan_params_set_routing(NULL, 8, (int32_t)n_layers, 3, routing) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_plan_params_set_routing(pp, 8, (int32_t)n_layers, 3, NULL) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_plan_params_set_routing(pp, 0, (int32_t)n_layers, 3, routing) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_plan_params_set_routing(pp, 8, (int32_t)n_layers, 1025, routing) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_plan_params_set_routing(pp, 1 << 20, 1 << 10, 1, routing) == MOELITE_ERR_INVALID_ARGUMENT);
+  routing[4] = -2;
+  CHECK(moelite_plan_params_set_routing(pp, 8, (int32_t)n_layers, 3, routing) == MOELITE_ERR_INVALID_ARGUMENT);
+  routing[4] = -1;
+  CHECK(moelite_plan_params_set_routing(pp, 8, (int32_t)n_layers, 3, routing) == MOELITE_OK);
+  plan = (moelite_batch_plan*)&g_failures;
+  CHECK(moelite_plan_batch(info, NULL, pp, &plan) == MOELITE_OK && plan != NULL);
+  if (plan && file_plan) CHECK(strcmp(moelite_batch_plan_json(plan), file_plan) == 0);
+  moelite_batch_plan_free(plan);
+  /* Another shape (one layer fewer), then an expert id past the model's: refused, *out NULL. */
+  CHECK(moelite_plan_params_set_routing(pp, 8, (int32_t)n_layers - 1, 3, routing) == MOELITE_OK);
+  plan = (moelite_batch_plan*)&g_failures;
+  CHECK(moelite_plan_batch(info, NULL, pp, &plan) == MOELITE_ERR_INVALID_ARGUMENT && plan == NULL);
+  routing[5] = (int32_t)n_experts;
+  CHECK(moelite_plan_params_set_routing(pp, 8, (int32_t)n_layers, 3, routing) == MOELITE_OK);
+  plan = (moelite_batch_plan*)&g_failures;
+  CHECK(moelite_plan_batch(info, NULL, pp, &plan) == MOELITE_ERR_INVALID_ARGUMENT && plan == NULL);
+  CHECK(strstr(moelite_last_error(), "names expert") != NULL);
+  CHECK(moelite_plan_params_set_routing_trace(pp, trace_path) == MOELITE_OK); /* the missing file again */
+  plan = (moelite_batch_plan*)&g_failures;
+  CHECK(moelite_plan_batch(info, NULL, pp, &plan) == MOELITE_ERR_FILE_NOT_FOUND && plan == NULL);
+  CHECK(moelite_plan_params_set_routing(pp, 8, (int32_t)n_layers, 3, routing) == MOELITE_OK);
+  CHECK(moelite_plan_params_set_routing(pp, 0, 0, 0, NULL) == MOELITE_OK); /* cleared: the path is gone too */
+  CHECK(moelite_plan_params_set_routing_trace(pp, NULL) == MOELITE_OK);
+  plan = (moelite_batch_plan*)&g_failures;
+  CHECK(moelite_plan_batch(info, NULL, pp, &plan) == MOELITE_OK && plan != NULL);
+  if (plan) CHECK(strstr(moelite_batch_plan_json(plan), "\"routing\": \"trace\"") == NULL);
+  moelite_batch_plan_free(plan);
+  free(file_plan);
   moelite_model_free(info);
   moelite_plan_params_free(pp);
 }

@@ -45,6 +45,10 @@ const Command kBatchCommand = {
                  {{"--plan-trace"}, "TRACE",
                   "with --n-seq auto: plan from this routing trace (`moelite trace record` on text like the "
                   "requests) instead of the profile's shares: measures how a sequence reuses its recent experts"},
+                 {{"--plan-record"}, "N",
+                  "with --n-seq auto: first record the routing of up to N tokens of the requests' prompts and plan "
+                  "from it as from --plan-trace (under a budget the model loads once more for it, at its smallest "
+                  "budget)"},
                  {{"--plan"}, "", "print the plan as JSON and stop (with --n-seq auto)"},
                  {{"-c", "--ctx"}, "N", "context positions of each request (default 2048)"},
                  {{"-b", "--batch"}, "N", "most tokens per forward pass (default 512)"}},
@@ -154,17 +158,103 @@ std::string detokenize(moelite_model* model, const std::vector<int32_t>& tokens)
 // chose and why on stderr; --plan prints the whole plan as JSON instead of running.
 constexpr int64_t kAutoMaxSequences = 16;
 constexpr size_t kStorageProbeBytes = size_t{256} << 20;
+// --plan-record's most tokens: the planner replays at most 1024 steps of its sequences, started
+// evenly apart over the tokens, so more would only cost recording time and memory.
+constexpr int64_t kMaxRecordedTokens = 65536;
 
 struct PlanChoice {
   int64_t n_seq = 1;
   std::string json;
 };
 
+// The routing of one sequence, as moelite_plan_params_set_routing takes it.
+struct RecordedRouting {
+  int32_t tokens = 0, layers = 0, k = 0;
+  std::vector<int32_t> experts;  // [token][MoE layer][slot], -1 an empty slot
+};
+
+// --plan-record: the requests' prompts, one after another, each from position 0 of one sequence,
+// until `limit` tokens, with the routing callback collecting each token's experts. `model` is the
+// loaded model (resident), or null under a budget: then a model of its own loads at the smallest
+// budget (one global pool), so recording takes no more memory than the plan may give.
+int record_prompt_routing(const Args& args, moelite_model* model, const std::vector<std::string>& lines, int64_t limit,
+                          int32_t n_ctx, int32_t n_batch, RecordedRouting* out) {
+  const double t0 = now();
+  moelite_model* own = nullptr;
+  if (!model) {
+    const std::string path = args.has("-m") ? args.get("-m") : args.get("--model");
+    moelite_model* inspected = nullptr;
+    moelite_status st = moelite_model_inspect(path.c_str(), &inspected);
+    if (st != MOELITE_OK) return report(st, ("reading " + path).c_str());
+    const int64_t smallest = moelite_model_get(inspected, MOELITE_MODEL_EXPERT_MIN_BUDGET);
+    moelite_model_free(inspected);
+    Args small = args;
+    small.set("--budget", std::to_string(smallest));
+    small.set("--allocation", "global");
+    small.erase("--budget-headroom");
+    if (int rc = load_model(small, &own)) return rc;
+    model = own;
+  }
+  std::unique_ptr<moelite_model, void (*)(moelite_model*)> own_guard(own, moelite_model_free);
+  const int32_t dense = static_cast<int32_t>(moelite_model_get(model, MOELITE_MODEL_N_DENSE_LAYERS));
+  out->layers = static_cast<int32_t>(moelite_model_get(model, MOELITE_MODEL_N_LAYERS)) - dense;
+  out->k = static_cast<int32_t>(moelite_model_get(model, MOELITE_MODEL_N_EXPERTS_USED));
+  out->tokens = 0;
+  out->experts.clear();
+  struct Sink {
+    RecordedRouting* out;
+    int32_t dense = 0;
+    int32_t base = 0;  // tokens recorded before the prompt being evaluated
+  } sink{out, dense, 0};
+  auto on_routing = [](int32_t layer, int32_t pos0, int32_t n_tokens, int32_t k, const int32_t* experts, const float*,
+                       void* user) {
+    Sink& s = *static_cast<Sink*>(user);
+    RecordedRouting& r = *s.out;
+    const int32_t l = layer - s.dense;
+    if (l < 0 || l >= r.layers || k != r.k) return;
+    const size_t row_ids = static_cast<size_t>(r.layers) * static_cast<size_t>(r.k);
+    for (int32_t t = 0; t < n_tokens; ++t) {
+      const size_t row = static_cast<size_t>(s.base) + static_cast<size_t>(pos0) + static_cast<size_t>(t);
+      if (r.experts.size() < (row + 1) * row_ids) r.experts.resize((row + 1) * row_ids, -1);
+      std::copy(experts + static_cast<size_t>(t) * r.k, experts + static_cast<size_t>(t + 1) * r.k,
+                r.experts.begin() + static_cast<std::ptrdiff_t>(row * row_ids + static_cast<size_t>(l) * r.k));
+    }
+  };
+  moelite_context_params* cp = moelite_context_params_create();
+  moelite_status st = cp ? MOELITE_OK : MOELITE_ERR_OUT_OF_MEMORY;
+  if (st == MOELITE_OK) st = moelite_context_params_set_n_ctx(cp, n_ctx);
+  if (st == MOELITE_OK) st = moelite_context_params_set_n_batch(cp, n_batch);
+  if (st == MOELITE_OK) st = moelite_context_params_set_routing_callback(cp, on_routing, &sink);
+  moelite_context* ctx = nullptr;
+  if (st == MOELITE_OK) st = moelite_context_create(model, cp, &ctx);
+  moelite_context_params_free(cp);
+  if (st != MOELITE_OK) return report(st, "creating a context to record the prompts' routing");
+  std::unique_ptr<moelite_context, void (*)(moelite_context*)> ctx_guard(ctx, moelite_context_free);
+  int64_t prompts = 0;
+  for (size_t i = 0; i < lines.size() && sink.base < limit; ++i) {
+    const Request r = read_request(model, lines[i], static_cast<int64_t>(i), 0);
+    if (!r.error.empty()) continue;  // answered when the batch runs
+    const int32_t n = static_cast<int32_t>(
+        std::min<int64_t>({static_cast<int64_t>(r.prompt.size()), limit - sink.base, static_cast<int64_t>(n_ctx)}));
+    if ((st = moelite_context_seq_truncate(ctx, 0, 0)) != MOELITE_OK ||
+        (st = moelite_eval(ctx, r.prompt.data(), n, 0)) != MOELITE_OK)
+      return report(st, "recording the prompts' routing");
+    sink.base += n;
+    ++prompts;
+  }
+  out->tokens = sink.base;
+  if (out->tokens == 0) return usage_error("--plan-record: no request has a prompt to record");
+  fprintf(stderr, "moelite batch: recorded the routing of %d tokens of %lld prompt%s for the plan (%.1f s)\n",
+          out->tokens, (long long)prompts, prompts == 1 ? "" : "s", now() - t0);
+  return 0;
+}
+
 // `model` is the loaded model (resident), or null under a budget (then the file is only inspected,
 // and args gets the planned --budget and --allocation).
 // `fixed_n` > 0: --n-seq was given; the plan is then only for its pools under the budget.
+// `routing`: recorded by --plan-record, or null.
 int plan_batch(Args& args, moelite_model* model, int32_t n_ctx, int32_t n_batch, int64_t n_requests, int64_t fixed_n,
-               PlanChoice* out) {
+               const RecordedRouting* routing, PlanChoice* out) {
   const std::string path = args.has("-m") ? args.get("-m") : args.get("--model");
   std::string err;
   SizeArg memory, headroom;
@@ -207,7 +297,9 @@ int plan_batch(Args& args, moelite_model* model, int32_t n_ctx, int32_t n_batch,
   if (st == MOELITE_OK) st = moelite_plan_params_set_bandwidths(pp, streams ? storage_gbs : 0.0, 0.0);
   // The pools: as the user set them (a profile's "auto" is its per-layer DP allocation), else the plan's.
   const bool pools_given = args.has("--allocation") || args.has("--per-layer") || args.has("--profile");
-  if (st == MOELITE_OK && args.has("--plan-trace"))  // replaces the profile's shares in the plan
+  if (st == MOELITE_OK && routing)  // replaces the profile's shares in the plan
+    st = moelite_plan_params_set_routing(pp, routing->tokens, routing->layers, routing->k, routing->experts.data());
+  else if (st == MOELITE_OK && args.has("--plan-trace"))
     st = moelite_plan_params_set_routing_trace(pp, args.get("--plan-trace").c_str());
   else if (st == MOELITE_OK && args.has("--profile"))
     st = moelite_plan_params_set_profile(pp, args.get("--profile").c_str());
@@ -268,6 +360,13 @@ int cmd_batch(int argc, char** argv) {
   if (args.has("--memory") && !auto_seq && args.get("--budget") != "auto")
     return usage_error("--memory goes with --n-seq auto or --budget auto");
   if (args.has("--storage-gbs") && !auto_seq) return usage_error("--storage-gbs goes with --n-seq auto");
+  int64_t record_tokens = 0;
+  if (args.has("--plan-record")) {
+    if (!auto_seq) return usage_error("--plan-record goes with --n-seq auto");
+    if (args.has("--plan-trace")) return usage_error("--plan-record and --plan-trace: give one routing to plan from");
+    if (!args.get_int("--plan-record", 0, &record_tokens, &err, 1, kMaxRecordedTokens))
+      return usage_error(err);
+  }
   FILE* out = stdout;  // --plan writes nothing but the plan, to standard output
   if (args.has("-o") && !args.has("--plan")) {
     out = fopen(args.get("-o").c_str(), "w");
@@ -297,9 +396,14 @@ int cmd_batch(int argc, char** argv) {
   // picks the pools (one global pool thrashes when a step's experts outnumber its slots).
   PlanChoice plan;
   const bool plan_budget = args.has("--budget");
+  RecordedRouting recorded;
   if (plan_budget) {
+    if (record_tokens > 0)
+      if (int rc = record_prompt_routing(args, nullptr, lines, record_tokens, static_cast<int32_t>(n_ctx),
+                                         static_cast<int32_t>(n_batch), &recorded))
+        return rc;
     if (int rc = plan_batch(args, nullptr, static_cast<int32_t>(n_ctx), static_cast<int32_t>(n_batch), n_lines,
-                            auto_seq ? 0 : n_seq, &plan))
+                            auto_seq ? 0 : n_seq, record_tokens > 0 ? &recorded : nullptr, &plan))
       return rc;
   }
   if (plan_budget && args.has("--plan")) {
@@ -318,8 +422,12 @@ int cmd_batch(int argc, char** argv) {
     requests.push_back(read_request(model, line, static_cast<int64_t>(requests.size()), static_cast<int32_t>(max_tokens)));
 
   if (auto_seq && !plan_budget) {
+    if (record_tokens > 0)
+      if (int rc = record_prompt_routing(args, model, lines, record_tokens, static_cast<int32_t>(n_ctx),
+                                         static_cast<int32_t>(n_batch), &recorded))
+        return rc;
     if (int rc = plan_batch(args, model, static_cast<int32_t>(n_ctx), static_cast<int32_t>(n_batch),
-                            static_cast<int64_t>(requests.size()), 0, &plan))
+                            static_cast<int64_t>(requests.size()), 0, record_tokens > 0 ? &recorded : nullptr, &plan))
       return rc;
     if (args.has("--plan")) {
       printf("%s\n", plan.json.c_str());

@@ -341,3 +341,71 @@ def test_a_routing_trace_plans_from_the_replayed_steps():
                         "--storage-gbs", "2", "--plan-trace", os.path.join(TMP, "none.trace")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "none.trace" in r.stderr, r.stderr
+
+
+def test_a_plan_recorded_from_the_prompts_is_the_plan_of_their_trace():
+    """--plan-record N: the batch records the routing of its requests' prompts (each from position
+    0, one after another, N tokens at most) and plans from it. The plan equals the one from a trace
+    `moelite trace record` wrote of the same prompts, joined in the same order and cut at N; under a
+    budget (the recording loads the model at its smallest budget) and resident. The batch then runs
+    as it would without it."""
+    os.makedirs(TMP, exist_ok=True)
+    with open(os.path.join(ROOT, "tools", "train", "data", "heldout.txt"), encoding="utf-8") as f:
+        held = f.read()
+    prompts = [held[:400], held[400:700]]
+    requests = os.path.join(TMP, "record-requests.jsonl")
+    with open(requests, "w") as f:
+        for p in prompts:
+            f.write(json.dumps({"prompt": p, "max_tokens": 4}) + "\n")
+    traces = []
+    for i, p in enumerate(prompts):
+        text, trace_path = os.path.join(TMP, "record-%d.txt" % i), os.path.join(TMP, "record-%d.trace" % i)
+        with open(text, "w", encoding="utf-8") as f:
+            f.write(p)
+        r = subprocess.run([BIN, "trace", "record", "-m", MODEL, "-f", text, "--ctx", "256", "-o", trace_path],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        lines = open(trace_path).read().splitlines()
+        traces.append((lines[0], [json.loads(line) for line in lines[1:]]))
+    first = max(e["token"] for e in traces[0][1]) + 1
+
+    def joined(limit):
+        path = os.path.join(TMP, "record-joined-%d.trace" % limit)
+        with open(path, "w") as f:
+            f.write(traces[0][0] + "\n")
+            for offset, (_, entries) in zip((0, first), traces):
+                for e in entries:
+                    if offset + e["token"] < limit:
+                        f.write(json.dumps(dict(e, token=offset + e["token"])) + "\n")
+        return path
+
+    def plan(*extra):
+        r = subprocess.run([BIN, "batch", "-m", MODEL, "-f", requests, "-c", "256", "--plan", "--memory", "1GiB",
+                            "--storage-gbs", "2", *extra], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout, r.stderr
+
+    for limit in (10000, first + 3):
+        recorded, said = plan("--budget", "25%", "--plan-record", str(limit))
+        assert "recorded the routing of %d tokens of 2 prompts" % min(limit, first + max(
+            e["token"] for e in traces[1][1]) + 1) in said, said
+        assert json.loads(recorded)["routing"] == "trace"
+        assert recorded == plan("--budget", "25%", "--plan-trace", joined(limit))[0]
+    recorded, _ = plan("--plan-record", "64")  # resident: recorded with the loaded model
+    assert json.loads(recorded)["routing"] == "trace"
+    assert recorded == plan("--plan-trace", joined(64))[0]
+
+    out = os.path.join(TMP, "record-out.jsonl")
+    r = subprocess.run([BIN, "batch", "-m", MODEL, "-f", requests, "-c", "256", "-o", out, "--budget", "25%",
+                        "--storage-gbs", "2", "--plan-record", "64"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    ran = [json.loads(line) for line in open(out)]
+    r = subprocess.run([BIN, "batch", "-m", MODEL, "-f", requests, "-c", "256", "-o", out, "--n-seq", "1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert ran == [json.loads(line) for line in open(out)]
+    for bad in (["--plan-record", "0"], ["--plan-record", "8", "--n-seq", "2"],
+                ["--plan-record", "8", "--plan-trace", joined(8)]):
+        r = subprocess.run([BIN, "batch", "-m", MODEL, "-f", requests, *bad], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode != 0 and "--plan-record" in r.stderr, (bad, r.stderr)

@@ -690,7 +690,8 @@ class Model:
                    min_sequences: int = 1,
                    memory: int = 0, headroom: int = 0, expert_budget: Union[str, int] = "auto",
                    storage_gb_s: float = 0.0, compute_gb_s: float = 0.0, allocation: str = "auto",
-                   profile: Optional[PathLike] = None, routing_trace: Optional[PathLike] = None) -> dict:
+                   profile: Optional[PathLike] = None, routing_trace: Optional[PathLike] = None,
+                   routing: Optional[Sequence[Sequence[Sequence[int]]]] = None) -> dict:
         """How many sequences to decode together and how much memory the experts get
         (moelite_plan_batch), as a dict: n_seq, expert_budget_bytes, kv_bytes, lookahead,
         predicted_decode_tok_s, reason, the inputs and a row per candidate 1..max_sequences; the
@@ -703,7 +704,10 @@ class Model:
         "uniform" or "dp". profile: a calibration profile whose expert counts give the routing
         shares (default: the model's own profile, else uniform routing). routing_trace: a routing
         trace of one sequence (`moelite trace record`) replayed instead, which measures a
-        sequence's reuse of its recent experts (not with profile). Raises MoeliteError
+        sequence's reuse of its recent experts (not with profile). routing: the same from memory
+        (moelite_plan_params_set_routing), one entry per token of one sequence, each a list of the
+        MoE layers' expert ids in model order (what a routing callback saw; -1 or fewer ids for
+        dropped slots); not with routing_trace. Raises MoeliteError
         ERR_INVALID_ARGUMENT (bad values, no storage bandwidth, a trace of another model),
         ERR_BUDGET_TOO_SMALL (not one sequence fits), ERR_BAD_PROFILE (a profile of another
         model), ERR_FILE_NOT_FOUND (no such trace)."""
@@ -725,8 +729,21 @@ class Model:
             _check(_c.moelite_plan_params_set_cache_allocation(params, _as_bytes(allocation, "allocation")))
             if profile is not None:
                 _check(_c.moelite_plan_params_set_profile(params, _as_bytes(str(profile), "profile")))
+            if routing_trace is not None and routing is not None:
+                raise ValueError("give routing_trace or routing, not both")
             if routing_trace is not None:
                 _check(_c.moelite_plan_params_set_routing_trace(params, _as_bytes(str(routing_trace), "routing_trace")))
+            if routing is not None:
+                tokens = [[list(layer) for layer in token] for token in routing]
+                if not tokens or not tokens[0]:
+                    raise ValueError("routing needs at least one token of at least one layer")
+                n_layers = len(tokens[0])
+                if any(len(token) != n_layers for token in tokens):
+                    raise ValueError("every token of routing needs the same number of layers")
+                k = max(1, max(len(ids) for token in tokens for ids in token))
+                flat = [x for token in tokens for ids in token for x in list(ids) + [-1] * (k - len(ids))]
+                array = (ctypes.c_int32 * len(flat))(*flat)
+                _check(_c.moelite_plan_params_set_routing(params, len(tokens), n_layers, k, array))
             if n_ctx is not None:
                 _check(_c.moelite_context_params_set_n_ctx(cparams, int(n_ctx)))
             if n_batch is not None:

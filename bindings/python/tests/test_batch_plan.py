@@ -113,6 +113,16 @@ def test_a_routing_trace_is_replayed(tmp_path):
         with pytest.raises(moelite.MoeliteError) as e:
             m.plan_batch(storage_gb_s=2.0, routing_trace=tmp_path / "missing.trace")
         assert e.value.status == moelite.Status.ERR_FILE_NOT_FOUND and "missing.trace" in str(e.value)
+        # The same routing from memory plans the same; another number of layers is refused.
+        same = m.plan_batch(n_ctx=N_CTX, max_sequences=4, memory=64 * MiB, headroom=MiB, storage_gb_s=2.0,
+                            expert_budget=m.expert_min_budget * m.n_layers * 2,
+                            routing=[[[1, 0]] * m.n_layers] * 16)
+        assert same == p
+        with pytest.raises(moelite.MoeliteError) as e:
+            m.plan_batch(storage_gb_s=2.0, routing=[[[1, 0]] * (m.n_layers + 1)] * 16)
+        assert e.value.status == moelite.Status.ERR_INVALID_ARGUMENT and "layers" in str(e.value)
+        with pytest.raises(ValueError):
+            m.plan_batch(storage_gb_s=2.0, routing=[[[1, 0]] * m.n_layers], routing_trace=trace)
 
 
 def che_hits(a, capacity):

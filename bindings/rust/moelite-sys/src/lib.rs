@@ -352,6 +352,7 @@ extern "C" {
     pub fn moelite_plan_params_set_cache_allocation(params: *mut moelite_plan_params, allocation: *const c_char) -> moelite_status;
     pub fn moelite_plan_params_set_profile(params: *mut moelite_plan_params, path: *const c_char) -> moelite_status;
     pub fn moelite_plan_params_set_routing_trace(params: *mut moelite_plan_params, path: *const c_char) -> moelite_status;
+    pub fn moelite_plan_params_set_routing(params: *mut moelite_plan_params, n_tokens: i32, n_moe_layers: i32, k: i32, experts: *const i32) -> moelite_status;
     pub fn moelite_plan_params_set_bandwidths(params: *mut moelite_plan_params, storage_gb_per_s: f64, compute_gb_per_s: f64) -> moelite_status;
     pub fn moelite_plan_batch(model: *const moelite_model, context_params: *const moelite_context_params, params: *const moelite_plan_params, out_plan: *mut *mut moelite_batch_plan) -> moelite_status;
     pub fn moelite_batch_plan_get(plan: *const moelite_batch_plan, key: moelite_batch_plan_key) -> i64;
