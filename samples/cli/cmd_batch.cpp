@@ -214,8 +214,9 @@ int record_prompt_routing(const Args& args, moelite_model* model, const std::vec
     if (l < 0 || l >= r.layers || k != r.k) return;
     const size_t row_ids = static_cast<size_t>(r.layers) * static_cast<size_t>(r.k);
     for (int32_t t = 0; t < n_tokens; ++t) {
+      // The rows were made before the evaluation: nothing here allocates (or throws through the library).
       const size_t row = static_cast<size_t>(s.base) + static_cast<size_t>(pos0) + static_cast<size_t>(t);
-      if (r.experts.size() < (row + 1) * row_ids) r.experts.resize((row + 1) * row_ids, -1);
+      if ((row + 1) * row_ids > r.experts.size()) return;
       std::copy(experts + static_cast<size_t>(t) * r.k, experts + static_cast<size_t>(t + 1) * r.k,
                 r.experts.begin() + static_cast<std::ptrdiff_t>(row * row_ids + static_cast<size_t>(l) * r.k));
     }
@@ -236,6 +237,9 @@ int record_prompt_routing(const Args& args, moelite_model* model, const std::vec
     if (!r.error.empty()) continue;  // answered when the batch runs
     const int32_t n = static_cast<int32_t>(
         std::min<int64_t>({static_cast<int64_t>(r.prompt.size()), limit - sink.base, static_cast<int64_t>(n_ctx)}));
+    out->experts.resize((static_cast<size_t>(sink.base) + static_cast<size_t>(n)) * static_cast<size_t>(out->layers) *
+                            static_cast<size_t>(out->k),
+                        -1);
     if ((st = moelite_context_seq_truncate(ctx, 0, 0)) != MOELITE_OK ||
         (st = moelite_eval(ctx, r.prompt.data(), n, 0)) != MOELITE_OK)
       return report(st, "recording the prompts' routing");
