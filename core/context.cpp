@@ -123,18 +123,22 @@ Status Context::create(const Model& model, Runtime& runtime, const ContextOption
   // With every expert resident nothing of the runtime changes during an evaluation but locked
   // counters, so a context with a backend instance of its own evaluates while others do. With a
   // budget the store is shared: it admits each context's groups so that all of them can load
-  // (ExpertStore::open_client), and keeps each context's counters. Contexts still take turns
-  // (Runtime::eval_mutex) when a predictor hints the store (its guesses, their scoring and the
-  // predictor's online state follow one evaluation's layers) or cache-aware gating reads which
-  // experts are resident (a result would depend on another context's loads between two layers),
-  // and on a backend with one command stream (no create_peer).
-  const bool store_is_shared_safely =
-      runtime.store && !runtime.predictor && runtime.gating.mode != GatingMode::CacheAware;
+  // (ExpertStore::open_client), and keeps each context's counters and predictions. A predictor's
+  // guesses follow one evaluation's layers (and some learn online), so such a context guesses
+  // with a clone of its own. Contexts still take turns (Runtime::eval_mutex) when cache-aware
+  // gating reads which experts are resident (a result would depend on another context's loads
+  // between two layers), and on a backend with one command stream (no create_peer).
+  s.predictor = runtime.predictor.get();
+  const bool store_is_shared_safely = runtime.store && runtime.gating.mode != GatingMode::CacheAware;
   if (runtime.experts->all_resident() || store_is_shared_safely) {
     std::unique_ptr<Backend> peer;
     if (runtime.backend->create_peer(&peer) == MOELITE_OK) {
       c->own_backend_ = std::move(peer);
       s.backend = c->own_backend_.get();
+      if (runtime.predictor) {
+        c->own_predictor_ = runtime.predictor->clone();
+        s.predictor = c->own_predictor_.get();
+      }
     }
   }
   s.routed_tokens.assign(static_cast<size_t>(hp.n_layer), 0);
@@ -414,7 +418,7 @@ Status Context::eval_batch(const int32_t* tokens, int32_t n, const int32_t* head
     MOELITE_TRY(be.read_rows(x, 0, n, s.host_a.data()));
     s.hooks->on_final(s.host_a.data(), n);
   }
-  if (runtime_.predictor && runtime_.predictor->wants_final() && decode_sized(n, s.segments.size()))
+  if (s.predictor && s.predictor->wants_final() && decode_sized(n, s.segments.size()))
     MOELITE_TRY(predict_next_token(n));
   // Work a device backend recorded and ran without being waited for fails here at the latest.
   if (n_head == 0) return be.sync();
@@ -457,7 +461,7 @@ Status Context::predict_next_token(int32_t n) {
   MOELITE_TRY(be.read_rows(normed, 0, n, s.host_b.data()));
   std::vector<Prediction> guesses;
   auto guess_after = [&](int32_t row) {
-    runtime_.predictor->after_token(s.host_b.data() + static_cast<size_t>(row) * width, &guesses);
+    s.predictor->after_token(s.host_b.data() + static_cast<size_t>(row) * width, &guesses);
   };
   if (s.segments.empty()) guess_after(n - 1);
   for (const AttentionSegment& g : s.segments) guess_after(g.row0 + g.n - 1);

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "core/adaptive/predictor.h"
 #include "core/eval.h"
 #include "core/expert_store/expert_store.h"
 #include "core/model.h"
@@ -90,7 +91,7 @@ class Context {
   // Whether the context has a backend instance of its own and evaluates while other contexts of
   // the model do: on a backend with create_peer, with every expert resident or with a budget when
   // nothing makes an evaluation's result or its guesses depend on the store's state between its
-  // layers (no predictor, no cache-aware gating). Otherwise contexts take turns.
+  // layers (no cache-aware gating; a predictor is cloned for it). Otherwise contexts take turns.
   bool evaluates_concurrently() const { return own_backend_ != nullptr; }
   void reset_counters();
   // Saved state (core/session.cpp): every sequence's tokens and cache rows, written atomically to
@@ -130,6 +131,9 @@ class Context {
   // Under a budget: this context's client of the store (state_.experts), and its id.
   std::unique_ptr<ExpertSource> store_client_;
   int32_t store_client_id_ = -1;
+  // A context evaluating at the same time as others guesses with a predictor of its own
+  // (ExpertPredictor::clone; state_.predictor), null otherwise (the runtime's, under its lock).
+  std::unique_ptr<ExpertPredictor> own_predictor_;
   ContextOptions opts_;
   int32_t n_ctx_ = 0;
   std::vector<Sequence> seqs_;

@@ -12,6 +12,7 @@ namespace moelite {
 
 struct Runtime;
 class ExpertSource;
+class ExpertPredictor;
 class TraceRecorder;
 
 // Internal observers of a forward pass (calibration): host copies of hidden states, and a last
@@ -54,6 +55,9 @@ struct EvalState {
   // Where this context's routed experts come from: its client of the runtime's expert store, or
   // the runtime's resident experts.
   ExpertSource* experts = nullptr;
+  // What guesses the experts of later layers: the runtime's predictor, or a clone of it for a
+  // context that evaluates while others do; null without one.
+  ExpertPredictor* predictor = nullptr;
   // The runtime's trace while one runs (taken at each evaluation's start), else null.
   std::shared_ptr<TraceRecorder> trace;
   int32_t n_batch = 0;  // rows allocated in each scratch Act

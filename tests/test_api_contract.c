@@ -309,7 +309,7 @@ static void test_context_queries(void) {
   CHECK(moelite_context_expert_stats(b, -1, &sb) == MOELITE_OK);
   CHECK(moelite_model_expert_stats(m, -1, &sm) == MOELITE_OK);
   CHECK(sa.activations > 0 && sb.activations > 0);
-  CHECK(sa.activations + sb.activations == sm.activations); /* contexts take turns: nothing lost */
+  CHECK(sa.activations + sb.activations == sm.activations); /* one after the other: nothing lost */
   CHECK(sa.hits + sa.misses == sa.activations && sb.hits + sb.misses == sb.activations);
   const int64_t layers = moelite_model_get(m, MOELITE_MODEL_N_LAYERS), k = moelite_model_get(m, MOELITE_MODEL_N_EXPERTS_USED);
   CHECK(sa.routed_tokens == (uint64_t)((n + 2) * layers) && sa.routed_experts == sa.routed_tokens * (uint64_t)k);

@@ -211,9 +211,30 @@ TEST(IoRobustness, StalledReadTimesOut) {
 TEST(IoRobustness, AbortWhileWaitingForAnotherContext) {
   const std::vector<int32_t> toks = tokens(8);
   const std::vector<float> ref = reference(toks);
-  // A predictor makes contexts of a budgeted model take turns (its guesses follow one
-  // evaluation's layers); without one they would evaluate at the same time and B never wait.
-  moelite_model* m = load(quarter_of_experts(), 1, model_path(), "next-gate");
+  // Cache-aware gating makes contexts of a budgeted model take turns (a result reads what is
+  // resident between two layers); without it they would evaluate at the same time and B never
+  // wait. At threshold 0 it drops nothing, so results stay exact. It needs a profile.
+  std::string profile = "/tmp/moelite-io-robustness-" + std::to_string(getpid()) + ".profile";
+  {
+    moelite_model* plain = load(0, 1);
+    const std::vector<int32_t> corpus = tokens(256);
+    moelite_calibrate_params* cal = moelite_calibrate_params_create();
+    ASSERT_EQ(moelite_calibrate_params_set_window(cal, 64), MOELITE_OK);
+    ASSERT_EQ(moelite_calibrate(plain, corpus.data(), 256, cal, profile.c_str()), MOELITE_OK) << moelite_last_error();
+    moelite_calibrate_params_free(cal);
+    moelite_model_free(plain);
+  }
+  moelite_model_params* gp = moelite_model_params_create();
+  moelite_model_params_set_threads(gp, 2);
+  moelite_model_params_set_backend(gp, MOELITE_BACKEND_CPU);
+  moelite_model_params_set_expert_budget(gp, quarter_of_experts());
+  moelite_model_params_set_profile(gp, profile.c_str());
+  ASSERT_EQ(moelite_model_params_set_gating(gp, "cache-aware", 0.0f), MOELITE_OK);
+  moelite_model* m = nullptr;
+  ASSERT_EQ(moelite_model_load(model_path().c_str(), gp, &m), MOELITE_OK) << moelite_last_error();
+  moelite_model_params_free(gp);
+  std::remove(profile.c_str());
+  std::remove((profile + ".bin").c_str());
   struct Holder {
     std::atomic<bool> inside{false}, release{false};
   } holder;

@@ -51,6 +51,11 @@ class ExpertPredictor {
   // After the last layer: `final_state` is the batch's last token's hidden state after the output
   // norm (n_embd floats). Appends predictions for the next token's layers.
   virtual void after_token(const float* final_state, std::vector<Prediction>* out) {}
+  // A predictor of the same kind and configuration for another context, so that contexts can
+  // evaluate at the same time, each guessing from its own layers: its scratch and per-evaluation
+  // state are its own; fitted weights (a profile's maps) are shared, read-only; online state
+  // (correlation's counts) starts as this one's and then learns from its context's tokens alone.
+  virtual std::unique_ptr<ExpertPredictor> clone() const = 0;
 };
 
 // "none" gives a null predictor. Learned predictors need a profile holding their weights;

@@ -82,6 +82,7 @@ class NextGate final : public ExpertPredictor {
  public:
   explicit NextGate(int32_t depth) : depth_(depth) {}
   const char* name() const override { return "next-gate"; }
+  std::unique_ptr<ExpertPredictor> clone() const override { return std::make_unique<NextGate>(depth_); }
   Status after_layer(const Model& m, EvalState& s, int32_t l, const float*, std::vector<Prediction>* out) override {
     Backend& be = *s.backend;
     const HParams& hp = m.hp;
@@ -103,8 +104,10 @@ class NextGate final : public ExpertPredictor {
 
 class Learned final : public ExpertPredictor {
  public:
+  // The maps are the profile's (the runtime keeps it as long as any context of the model).
   Learned(const Profile& p, int32_t k) : maps_(p.learned), stride_(p.learned_stride), k_(k) {}
   const char* name() const override { return "learned"; }
+  std::unique_ptr<ExpertPredictor> clone() const override { return std::make_unique<Learned>(*this); }
   bool wants_hidden() const override { return true; }
   Status after_layer(const Model& m, EvalState& s, int32_t l, const float* hidden,
                      std::vector<Prediction>* out) override {
@@ -120,7 +123,7 @@ class Learned final : public ExpertPredictor {
   }
 
  private:
-  std::vector<LinearMap> maps_;
+  const std::vector<LinearMap>& maps_;
   int32_t stride_, k_;
   std::vector<float> scores_;
 };
@@ -130,6 +133,7 @@ class FirstLayer final : public ExpertPredictor {
   // layer: the first layer with experts (after deepseek2's leading dense blocks).
   FirstLayer(const Profile& p, int32_t k, int32_t layer) : map_(p.first_layer), k_(k), layer_(layer) {}
   const char* name() const override { return "first-layer"; }
+  std::unique_ptr<ExpertPredictor> clone() const override { return std::make_unique<FirstLayer>(*this); }
   bool wants_final() const override { return true; }
   Status after_layer(const Model&, EvalState&, int32_t, const float*, std::vector<Prediction>*) override {
     return MOELITE_OK;
@@ -141,7 +145,7 @@ class FirstLayer final : public ExpertPredictor {
   }
 
  private:
-  LinearMap map_;
+  const LinearMap& map_;  // the profile's
   int32_t k_, layer_;
   std::vector<float> scores_;
 };
@@ -156,6 +160,12 @@ class Correlation final : public ExpertPredictor {
     }
   }
   const char* name() const override { return "correlation"; }
+  std::unique_ptr<ExpertPredictor> clone() const override {
+    auto c = std::make_unique<Correlation>(*this);  // the counts learned so far, then its own
+    c->prev_ids_.clear();
+    c->prev_layer_ = -1;
+    return c;
+  }
   Status after_layer(const Model& m, EvalState& s, int32_t l, const float*, std::vector<Prediction>* out) override {
     const Routing& r = s.routing;
     // Learn online from the transition that just completed (layer l-1 -> l) of the same tokens.
@@ -185,6 +195,7 @@ class Correlation final : public ExpertPredictor {
 class PreGate final : public ExpertPredictor {
  public:
   const char* name() const override { return "pregate"; }
+  std::unique_ptr<ExpertPredictor> clone() const override { return std::make_unique<PreGate>(); }
   Status after_layer(const Model&, EvalState& s, int32_t l, const float*, std::vector<Prediction>* out) override {
     if (s.has_next_routing)
       for (size_t i = 0; i < s.next_routing.ids.size(); ++i) out->push_back({{l + 1, s.next_routing.ids[i]}, 1.0f});
@@ -199,6 +210,11 @@ class Composite final : public ExpertPredictor {
     for (const auto& p : parts_) name_ += (name_.empty() ? "" : ",") + std::string(p->name());
   }
   const char* name() const override { return name_.c_str(); }
+  std::unique_ptr<ExpertPredictor> clone() const override {
+    std::vector<std::unique_ptr<ExpertPredictor>> parts;
+    for (const auto& p : parts_) parts.push_back(p->clone());
+    return std::make_unique<Composite>(std::move(parts));
+  }
   bool wants_hidden() const override {
     return std::any_of(parts_.begin(), parts_.end(), [](const auto& p) { return p->wants_hidden(); });
   }

@@ -102,7 +102,7 @@ void ExpertStore::close_client(int32_t client) {
   std::lock_guard<std::mutex> lock(mu_);
   clients_.erase(client);
   client_pins_.erase(client);
-  if (hint_client_ == client) hint_client_ = kNoClient;
+  if (hints_.erase(client)) rebuild_future_locked();  // its guesses no longer hold slots
 }
 
 std::vector<ExpertLayerStats> ExpertStore::client_stats(int32_t client) const {
@@ -319,7 +319,6 @@ Status ExpertStore::create(const Model& model, Backend& backend, const ExpertSto
     ++used;
   }
   s->capacity_ = static_cast<int32_t>(s->slots_.size()) - kReserveSlots;
-  s->predicted_.resize(model.layers.size());
   s->admitted_pins_.assign(opts.per_layer ? model.layers.size() : 1, 0);
   s->admission_queue_.resize(s->admitted_pins_.size());
   if (!opts.expert_counts.empty()) s->policy_->set_frequencies(opts.expert_counts, model.hp.n_expert);
@@ -461,18 +460,22 @@ void ExpertStore::on_routing(int32_t layer, const Routing& routing) { on_routing
 void ExpertStore::on_routing_for(int32_t client, int32_t layer, const Routing& routing) {
   std::lock_guard<std::mutex> lock(mu_);
   // What was predicted for this layer is final now: score it in prepare().
-  std::vector<int32_t>& guessed = predicted_[static_cast<size_t>(layer)];
+  Hints& h = hints_locked(client);
+  std::vector<int32_t>& guessed = h.predicted[static_cast<size_t>(layer)];
   count_locked(client, layer, [&](ExpertLayerStats& c) { c.predictions += guessed.size(); });
-  scored_layer_ = layer;
-  scored_.swap(guessed);
+  h.scored_layer = layer;
+  h.scored.swap(guessed);
   guessed.clear();
-  waiting_.erase(
-      std::remove_if(waiting_.begin(), waiting_.end(), [&](const Prediction& p) { return p.key.layer <= layer; }),
-      waiting_.end());
-  // Early preemption: queued speculative loads of this layer that the routing does not use.
+  h.waiting.erase(
+      std::remove_if(h.waiting.begin(), h.waiting.end(), [&](const Prediction& p) { return p.key.layer <= layer; }),
+      h.waiting.end());
+  // Early preemption: queued speculative loads of this layer that this client guessed and its
+  // routing does not use. Another client's guesses are for its own evaluation of the layer, and
+  // a queued load some client has pinned since (prepare) is no longer a guess.
   for (auto it = spec_q_.begin(); it != spec_q_.end();) {
     Slot& s = slots_[static_cast<size_t>(it->slot)];
-    if (s.layer == layer && std::find(routing.ids.begin(), routing.ids.end(), s.expert) == routing.ids.end()) {
+    if (s.layer == layer && s.client == client && s.speculative && s.pins == 0 &&
+        std::find(routing.ids.begin(), routing.ids.end(), s.expert) == routing.ids.end()) {
       count_locked(s.client, layer, [](ExpertLayerStats& c) { c.prefetches_wasted++; });
       if (trace_) trace_->instant("prefetch dropped", "prefetch", "evaluation", {{"layer", layer}, {"expert", s.expert}});
       where_.erase(key(s.layer, s.expert));
@@ -484,10 +487,10 @@ void ExpertStore::on_routing_for(int32_t client, int32_t layer, const Routing& r
   }
 }
 
-void ExpertStore::prefetch_locked(int32_t layer, int32_t expert) {
+void ExpertStore::prefetch_locked(int32_t layer, int32_t expert, int32_t client) {
   if (where_.count(key(layer, expert))) return;
-  if (start_load_locked(layer, expert, false, hint_client_) >= 0) {
-    count_locked(hint_client_, layer, [](ExpertLayerStats& c) { c.prefetches_issued++; });
+  if (start_load_locked(layer, expert, false, client) >= 0) {
+    count_locked(client, layer, [](ExpertLayerStats& c) { c.prefetches_issued++; });
     if (trace_) trace_->instant("prefetch issued", "prefetch", nullptr, {{"layer", layer}, {"expert", expert}});
   }
 }
@@ -496,47 +499,65 @@ void ExpertStore::hint(const std::vector<Prediction>& predictions, int32_t upcom
   hint_for(kNoClient, predictions, upcoming_layer);
 }
 
-void ExpertStore::hint_for(int32_t client, const std::vector<Prediction>& predictions, int32_t upcoming_layer) {
-  std::lock_guard<std::mutex> lock(mu_);
-  hint_client_ = client;
-  // Newer guesses replace older ones: they were made from a later hidden state.
-  waiting_.clear();
-  issued_.clear();
-  for (const Prediction& p : predictions) {
-    if (p.key.layer < 0 || p.key.layer >= static_cast<int32_t>(predicted_.size()) || p.key.expert < 0) continue;
-    // Accuracy counts what was ever predicted for the layer; the queue holds this hint's guesses.
-    std::vector<int32_t>& guessed = predicted_[static_cast<size_t>(p.key.layer)];
-    if (std::find(guessed.begin(), guessed.end(), p.key.expert) == guessed.end()) guessed.push_back(p.key.expert);
-    if (std::none_of(waiting_.begin(), waiting_.end(), [&](const Prediction& w) { return w.key == p.key; }))
-      waiting_.push_back(p);
-  }
-  std::stable_sort(waiting_.begin(), waiting_.end(), [](const Prediction& a, const Prediction& b) {
-    return a.key.layer != b.key.layer ? a.key.layer < b.key.layer : a.confidence > b.confidence;
-  });
-  // What the store knows of the future is the prediction: these experts are needed next.
-  future_.clear();
-  for (const Prediction& p : waiting_) future_[p.key.packed()] = {clock_ + 1};
-  policy_->set_future(&future_);
-  waiting_for_ = upcoming_layer;
-  if (waiting_for_ < 0) issue_predictions_locked();
+ExpertStore::Hints& ExpertStore::hints_locked(int32_t client) {
+  Hints& h = hints_[client];
+  if (h.predicted.empty()) h.predicted.resize(model_.layers.size());
+  return h;
 }
 
-void ExpertStore::issue_predictions_locked() {
-  while (!waiting_.empty()) {
-    const int32_t layer = waiting_.front().key.layer;
-    for (const ExpertKey& k : issued_) {
+void ExpertStore::rebuild_future_locked() {
+  future_.clear();
+  for (const auto& [client, h] : hints_)
+    for (const ExpertKey& k : h.named) future_[k.packed()] = {clock_ + 1};
+  policy_->set_future(&future_);
+}
+
+void ExpertStore::hint_for(int32_t client, const std::vector<Prediction>& predictions, int32_t upcoming_layer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Hints& h = hints_locked(client);
+  // Newer guesses replace the client's older ones: they were made from a later hidden state.
+  h.waiting.clear();
+  h.issued.clear();
+  for (const Prediction& p : predictions) {
+    if (p.key.layer < 0 || p.key.layer >= static_cast<int32_t>(h.predicted.size()) || p.key.expert < 0) continue;
+    // Accuracy counts what was ever predicted for the layer; the queue holds this hint's guesses.
+    std::vector<int32_t>& guessed = h.predicted[static_cast<size_t>(p.key.layer)];
+    if (std::find(guessed.begin(), guessed.end(), p.key.expert) == guessed.end()) guessed.push_back(p.key.expert);
+    if (std::none_of(h.waiting.begin(), h.waiting.end(), [&](const Prediction& w) { return w.key == p.key; }))
+      h.waiting.push_back(p);
+  }
+  std::stable_sort(h.waiting.begin(), h.waiting.end(), [](const Prediction& a, const Prediction& b) {
+    return a.key.layer != b.key.layer ? a.key.layer < b.key.layer : a.confidence > b.confidence;
+  });
+  // What the store knows of the future is the predictions: these experts are needed next.
+  h.named.clear();
+  for (const Prediction& p : h.waiting) h.named.push_back(p.key);
+  rebuild_future_locked();
+  h.waiting_for = upcoming_layer;
+  if (h.waiting_for < 0) issue_predictions_locked(client, h);
+}
+
+void ExpertStore::issue_predictions_locked(int32_t client, Hints& h) {
+  while (!h.waiting.empty()) {
+    const int32_t layer = h.waiting.front().key.layer;
+    for (const ExpertKey& k : h.issued) {
       if (k.layer >= layer) continue;
       auto it = where_.find(key(k.layer, k.expert));
       if (it == where_.end() || slots_[static_cast<size_t>(it->second)].state != SlotState::Ready) return;
     }
     size_t n = 0;
-    while (n < waiting_.size() && waiting_[n].key.layer == layer) {
-      prefetch_locked(layer, waiting_[n].key.expert);
-      issued_.push_back(waiting_[n].key);
+    while (n < h.waiting.size() && h.waiting[n].key.layer == layer) {
+      prefetch_locked(layer, h.waiting[n].key.expert, client);
+      h.issued.push_back(h.waiting[n].key);
       ++n;
     }
-    waiting_.erase(waiting_.begin(), waiting_.begin() + static_cast<std::ptrdiff_t>(n));
+    h.waiting.erase(h.waiting.begin(), h.waiting.begin() + static_cast<std::ptrdiff_t>(n));
   }
+}
+
+void ExpertStore::issue_all_predictions_locked() {
+  for (auto& [client, h] : hints_)
+    if (h.waiting_for < 0 && !h.waiting.empty()) issue_predictions_locked(client, h);
 }
 
 Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) {
@@ -579,6 +600,7 @@ Status ExpertStore::prepare_for(int32_t client, int32_t layer, const std::vector
     }
   } unpin{this, layer, client, experts, pinned};
   ExpertLayerStats& st = tally.delta;
+  Hints& hints = hints_locked(client);
   for (int32_t e : experts) {
     st.activations++;
     auto it = where_.find(key(layer, e));
@@ -589,7 +611,8 @@ Status ExpertStore::prepare_for(int32_t client, int32_t layer, const std::vector
       where_.erase(it);
       it = where_.end();
     }
-    if (scored_layer_ == layer && std::find(scored_.begin(), scored_.end(), e) != scored_.end()) st.predicted++;
+    if (hints.scored_layer == layer && std::find(hints.scored.begin(), hints.scored.end(), e) != hints.scored.end())
+      st.predicted++;
     if (it != where_.end()) {
       Slot& s = slots_[static_cast<size_t>(it->second)];
       if (s.state == SlotState::Ready) st.ready_when_needed++;
@@ -641,12 +664,12 @@ Status ExpertStore::prepare_for(int32_t client, int32_t layer, const std::vector
   // This layer's experts are pinned now, so speculative loads for later ones cannot evict them.
   // Speculation is best effort: out of memory here drops the guesses, never the pins the caller
   // now owns (an exception from here would leave them with nobody to give them back).
-  if (waiting_for_ == layer) {
-    waiting_for_ = -1;
+  if (hints.waiting_for == layer) {
+    hints.waiting_for = -1;
     try {
-      issue_predictions_locked();
+      issue_predictions_locked(client, hints);
     } catch (...) {
-      waiting_.clear();
+      hints.waiting.clear();
     }
   }
   return MOELITE_OK;
@@ -901,7 +924,7 @@ void ExpertStore::load_batch(platform::BatchReader& reader, std::vector<Load>& l
                   " from '" + file_.path() + "': " + why;
   }
   // A deeper layer's guesses may have been waiting for these loads.
-  if (waiting_for_ < 0 && !waiting_.empty()) issue_predictions_locked();
+  issue_all_predictions_locked();
 }
 
 uint64_t ExpertStore::peak_bytes() const {

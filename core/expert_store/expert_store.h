@@ -226,10 +226,29 @@ class ExpertStore final : public ExpertSource {
   int32_t take_slot_locked(int32_t layer, bool speculative);
   bool present_locked(int32_t layer, int32_t expert) const;
   int32_t start_load_locked(int32_t layer, int32_t expert, bool demand, int32_t client);
-  void prefetch_locked(int32_t layer, int32_t expert);
-  // Issues waiting predictions nearest layer first; a deeper layer's only once every nearer
-  // predicted expert is resident (loaded), so deep guesses never delay near ones.
-  void issue_predictions_locked();
+  void prefetch_locked(int32_t layer, int32_t expert, int32_t client);
+  // One client's predictions (kNoClient: the store's own callers). Each client's evaluation
+  // follows its own layers, so each has its own guesses waiting, issued and scored; clients that
+  // evaluate at the same time hint and are scored independently.
+  struct Hints {
+    std::vector<Prediction> waiting;  // not issued yet, by layer then confidence
+    int32_t waiting_for = -1;         // the layer whose prepare() they wait for (-1: none)
+    std::vector<ExpertKey> issued;    // of the current hint, already issued
+    std::vector<ExpertKey> named;     // every expert the current hint names (kept from eviction)
+    int32_t scored_layer = -1;        // the layer being computed and what was predicted for it
+    std::vector<int32_t> scored;
+    std::vector<std::vector<int32_t>> predicted;  // per layer: experts predicted since its last prepare
+  };
+  // Under mu_: the client's hints, made on first use.
+  Hints& hints_locked(int32_t client);
+  // Under mu_: the experts some client's current hint names, as the policy's future (Belady) and
+  // the set speculative loads never evict.
+  void rebuild_future_locked();
+  // Issues a client's waiting predictions nearest layer first; a deeper layer's only once every
+  // nearer predicted expert is resident (loaded), so deep guesses never delay near ones.
+  void issue_predictions_locked(int32_t client, Hints& h);
+  // Every client's whose hint waits for no layer (a load landed: deeper guesses may go now).
+  void issue_all_predictions_locked();
   void loader_main();
   // One loader's batch: the experts of `loads` read in one submission; each slot's state is
   // settled on its own (Ready, or Failed with the error).
@@ -287,13 +306,7 @@ class ExpertStore final : public ExpertSource {
   std::vector<ExpertLayerStats> stats_;
   std::vector<bool> slot_ever_used_;
   std::vector<int32_t> quota_;       // per-layer mode: slots of each layer
-  std::vector<Prediction> waiting_;  // predictions not issued yet, by layer then confidence
-  int32_t waiting_for_ = -1;         // the layer whose prepare() they wait for (-1: none)
-  std::vector<ExpertKey> issued_;    // predictions of the current hint already issued
-  int32_t scored_layer_ = -1;        // the layer being computed and what was predicted for it
-  std::vector<int32_t> scored_;
-  std::vector<std::vector<int32_t>> predicted_;  // per layer: experts predicted since its last prepare
-  int32_t hint_client_ = kNoClient;              // whose hint the waiting predictions are
+  std::unordered_map<int32_t, Hints> hints_;  // per client (kNoClient too)
   std::shared_ptr<TraceRecorder> trace_;         // set_trace (under mu_)
   // Clients: their counters per layer, and admission per pool (one, or one per layer's quota):
   // pins handed out by prepare() and not yet given back, and the tickets waiting, oldest first.

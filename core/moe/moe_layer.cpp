@@ -86,11 +86,11 @@ Status moe_forward(const Model& m, EvalState& s, int32_t l, const Act& x, const 
     for (float& w_j : s.routing.weights) w_j *= m.hp.expert_weights_scale;
   if (s.on_route)
     s.on_route(l, s.pos0, s.n_tokens, s.routing.k, s.routing.ids.data(), s.routing.weights.data(), s.route_user);
-  if (rt.predictor && decode_sized(s.n_tokens, s.segments.size())) {
+  if (s.predictor && decode_sized(s.n_tokens, s.segments.size())) {
     std::vector<Prediction> guesses;
     const float* hidden = nullptr;
-    if (rt.predictor->wants_hidden()) MOELITE_TRY(host_rows(s, xn, &s.host_b, &hidden));
-    MOELITE_TRY(rt.predictor->after_layer(m, s, l, hidden, &guesses));
+    if (s.predictor->wants_hidden()) MOELITE_TRY(host_rows(s, xn, &s.host_b, &hidden));
+    MOELITE_TRY(s.predictor->after_layer(m, s, l, hidden, &guesses));
     if (!guesses.empty()) s.experts->hint(guesses, l);
   }
   return run_routed_experts(*s.backend, *s.experts, l, m.expert_ffn, xn, s.routing, out, s.trace.get());

@@ -1,11 +1,12 @@
 // Several contexts of one model evaluating at once, through the public C API only: the job that
 // tools/test.sh --tsan runs under ThreadSanitizer (and the plain build runs too). The model has an
 // expert budget (the store's loader threads, io_uring where available), predictors that hint
-// the store and learn online, and the counters are read while contexts evaluate; one context is
-// aborted from another thread again and again, and one waits for the evaluation lock while it is
-// aborted. Then contexts of a resident model evaluate at the same time (shown by one waiting inside
-// an evaluation for another's to finish). Every result is checked bitwise against a resident,
-// single-threaded run.
+// the store and learn online (each context a clone of its own), and the counters are read while
+// contexts evaluate; one context is aborted from another thread again and again. Then contexts of
+// a resident model, and of budgeted ones with and without predictors, evaluate at the same time
+// (shown by one waiting inside an evaluation for another's to finish). Every result is checked
+// bitwise against a resident, single-threaded run. (A context aborted while it waits for another's
+// turn, where contexts take turns: tests/test_io_robustness.cpp.)
 //
 // Usage: moelite_concurrency MODEL.gguf   (exit 0 on success; prints what failed otherwise)
 #include <atomic>
@@ -32,7 +33,8 @@ void check(bool ok, const std::string& what) {
   g_failures++;
 }
 
-// With a budget: predictors (contexts take turns) unless `no_predictor`; per-layer quotas when asked.
+// With a budget: predictors (each context guesses with its own) unless `no_predictor`; per-layer
+// quotas when asked.
 moelite_model* load(const char* path, uint64_t budget, bool no_predictor = false, bool per_layer = false) {
   moelite_model_params* p = moelite_model_params_create();
   moelite_model_params_set_threads(p, 2);
@@ -283,26 +285,30 @@ int main(int argc, char** argv) {
     moelite_model_free(res);
   }
 
-  // A budget without a predictor: contexts share the store and evaluate at the same time (shown
-  // as above), at a quarter of the experts and at the smallest budget the model loads with, in
-  // one pool and in per-layer quotas. At the minimum a layer of one token pins every slot but
-  // the reserve, so contexts wait for one another's groups (the store's admission) on almost
-  // every layer: no deadlock, no "no slot free", bitwise results, aborts honoured while waiting.
-  // Each context's counters are its own: they add up to the model's.
+  // A budget: contexts share the store and evaluate at the same time (shown as above), at a
+  // quarter of the experts with and without predictors, and without them at the smallest budget
+  // the model loads with, in one pool and in per-layer quotas. At the minimum a layer of one token
+  // pins every slot but the reserve, so contexts wait for one another's groups (the store's
+  // admission) on almost every layer: no deadlock, no "no slot free", bitwise results, aborts
+  // honoured while waiting. Each context's counters are its own: they add up to the model's (a
+  // guess still loading when its context is freed reads bytes for the model alone).
   struct SharedStore {
     const char* what;
     uint64_t budget;
     bool per_layer;
+    bool predictors;
   };
-  for (const SharedStore& shared : {SharedStore{"a quarter of the experts", budget, false},
-                                    SharedStore{"the minimum budget", min_budget, false},
-                                    SharedStore{"the minimum per-layer quotas", min_budget * moe_layers, true}}) {
+  for (const SharedStore& shared :
+       {SharedStore{"a quarter of the experts", budget, false, false},
+        SharedStore{"a quarter of the experts, predictors", budget, false, true},
+        SharedStore{"the minimum budget", min_budget, false, false},
+        SharedStore{"the minimum per-layer quotas", min_budget * moe_layers, true, false}}) {
     const std::string where = std::string(" (") + shared.what + ")";
-    moelite_model* b = load(path, shared.budget, /*no_predictor=*/true, shared.per_layer);
+    moelite_model* b = load(path, shared.budget, /*no_predictor=*/!shared.predictors, shared.per_layer);
     if (!b) return 1;
     if (shared.budget == budget)
       check(evaluate_at_once(b, ref, n_vocab, where),
-            "contexts sharing an expert budget did not evaluate at the same time");
+            "contexts sharing an expert budget did not evaluate at the same time" + where);
     moelite_model_reset_expert_stats(b);
     std::vector<moelite_expert_stats> own(kWorkers);
     std::vector<std::thread> parallel = start_workers(b, ref, n_vocab, "shared-store worker" + where, &own);
@@ -311,14 +317,21 @@ int main(int argc, char** argv) {
     memset(&all, 0, sizeof(all));
     all.struct_size = sizeof(all);
     check(moelite_model_expert_stats(b, -1, &all) == MOELITE_OK, "model expert stats");
-    uint64_t activations = 0, misses = 0, bytes = 0;
+    uint64_t activations = 0, misses = 0, bytes = 0, prefetches = 0, predicted = 0;
     for (const moelite_expert_stats& o : own) {
       activations += o.activations;
       misses += o.misses;
       bytes += o.bytes_read;
+      prefetches += o.prefetches_issued;
+      predicted += o.predicted;
       check(o.activations > 0, "a context counted no expert use" + where);
+      check(!shared.predictors || o.predictions > 0, "a context with a predictor predicted nothing" + where);
     }
-    check(activations == all.activations && misses == all.misses && bytes == all.bytes_read,
+    check(prefetches == all.prefetches_issued && predicted == all.predicted,
+          "the contexts' prediction counters do not add up to the model's" + where);
+    check(shared.predictors == (prefetches > 0), "prefetches issued: " + std::to_string(prefetches) + where);
+    check(activations == all.activations && misses == all.misses &&
+              (shared.predictors ? bytes <= all.bytes_read : bytes == all.bytes_read),
           "the contexts' expert counters do not add up to the model's" + where + ": activations " +
               std::to_string(activations) + " of " + std::to_string(all.activations) + ", misses " +
               std::to_string(misses) + " of " + std::to_string(all.misses) + ", bytes " + std::to_string(bytes) +
