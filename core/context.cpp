@@ -136,6 +136,9 @@ Status Context::create(const Model& model, Runtime& runtime, const ContextOption
       c->own_backend_ = std::move(peer);
       s.backend = c->own_backend_.get();
       if (runtime.predictor) {
+        // A context without a peer (one whose create_peer failed) evaluates with the runtime's
+        // predictor under the lock, learning online: copy its state between evaluations.
+        std::lock_guard<std::mutex> turn(runtime.eval_mutex);
         c->own_predictor_ = runtime.predictor->clone();
         s.predictor = c->own_predictor_.get();
       }
