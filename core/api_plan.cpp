@@ -228,7 +228,7 @@ MOELITE_API moelite_status moelite_plan_params_set_routing(moelite_plan_params* 
     }
     if (!experts) return null_arg(api_fn, "experts");
     if (n_tokens < 1 || n_moe_layers < 1 || k < 1 || k > 1024 ||
-        static_cast<int64_t>(n_tokens) * n_moe_layers * k > MOELITE_MAX_PLAN_ROUTING_IDS)
+        n_tokens > MOELITE_MAX_PLAN_ROUTING_IDS / n_moe_layers / k)  // divided: no product can overflow
       return fail(MOELITE_ERR_INVALID_ARGUMENT,
                   "%s: %d tokens x %d layers x %d slots is not a routing it takes (each >= 1, k <= 1024, at most 2^28 ids)",
                   api_fn, n_tokens, n_moe_layers, k);

@@ -24,8 +24,9 @@
  *    every context using it): a layer's experts wait, if need be, until the pins they ask for fit
  *    beside other contexts', first come first served, so every context makes progress. Contexts
  *    take turns instead, each evaluation waiting for the one before, on a GPU backend (one
- *    command stream), with a predictor (its guesses follow one evaluation's layers) and with
- *    cache-aware gating (its choice reads what is resident). Either way results are those of a
+ *    command stream) and with cache-aware gating (its choice reads what is resident). With a
+ *    predictor each context evaluating at the same time guesses with one of its own (its
+ *    correlation counts start as the model's and then learn from its own tokens). Either way results are those of a
  *    context alone, and a context waiting for another honours its abort callback.
  *    Parameter objects are plain data owned by the caller; do not share one between threads while
  *    it is being modified.
@@ -794,7 +795,7 @@ MOELITE_API moelite_status moelite_plan_params_set_routing_trace(moelite_plan_pa
  *  model's top-k for moelite_plan_batch to accept them (it answers MOELITE_ERR_INVALID_ARGUMENT
  *  for another shape or an expert id past the model's). The array is copied (n_tokens x
  *  n_moe_layers x k at most 2^28 ids, n_tokens >= 1, k <= 1024); setting it clears a trace path
- *  and moelite_plan_params_set_routing_trace clears it, so the last one set is used. NULL experts
+ *  and setting a trace path (not NULL or "") clears it, so the last one set is used. NULL experts
  *  with n_tokens 0 clears it. MOELITE_ERR_INVALID_ARGUMENT for other sizes or ids below -1;
  *  MOELITE_ERR_OUT_OF_MEMORY when the copy cannot be made. */
 #define MOELITE_MAX_PLAN_ROUTING_IDS ((int64_t)1 << 28)

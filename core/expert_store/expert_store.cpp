@@ -102,7 +102,25 @@ void ExpertStore::close_client(int32_t client) {
   std::lock_guard<std::mutex> lock(mu_);
   clients_.erase(client);
   client_pins_.erase(client);
-  if (hints_.erase(client)) rebuild_future_locked();  // its guesses no longer hold slots
+  // Its guesses no longer hold slots, and those not started yet are not read.
+  if (hints_.erase(client)) rebuild_future_locked();
+  drop_queued_guesses_locked([&](const Slot& s) { return s.client == client; });
+}
+
+template <class Pick>
+void ExpertStore::drop_queued_guesses_locked(Pick&& drop) {
+  for (auto it = spec_q_.begin(); it != spec_q_.end();) {
+    Slot& s = slots_[static_cast<size_t>(it->slot)];
+    if (s.speculative && s.pins == 0 && drop(static_cast<const Slot&>(s))) {
+      count_locked(s.client, s.layer, [](ExpertLayerStats& c) { c.prefetches_wasted++; });
+      if (trace_) trace_->instant("prefetch dropped", "prefetch", "evaluation", {{"layer", s.layer}, {"expert", s.expert}});
+      where_.erase(key(s.layer, s.expert));
+      clear_slot(&s);
+      it = spec_q_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 std::vector<ExpertLayerStats> ExpertStore::client_stats(int32_t client) const {
@@ -470,21 +488,14 @@ void ExpertStore::on_routing_for(int32_t client, int32_t layer, const Routing& r
       std::remove_if(h.waiting.begin(), h.waiting.end(), [&](const Prediction& p) { return p.key.layer <= layer; }),
       h.waiting.end());
   // Early preemption: queued speculative loads of this layer that this client guessed and its
-  // routing does not use. Another client's guesses are for its own evaluation of the layer, and
-  // a queued load some client has pinned since (prepare) is no longer a guess.
-  for (auto it = spec_q_.begin(); it != spec_q_.end();) {
-    Slot& s = slots_[static_cast<size_t>(it->slot)];
-    if (s.layer == layer && s.client == client && s.speculative && s.pins == 0 &&
-        std::find(routing.ids.begin(), routing.ids.end(), s.expert) == routing.ids.end()) {
-      count_locked(s.client, layer, [](ExpertLayerStats& c) { c.prefetches_wasted++; });
-      if (trace_) trace_->instant("prefetch dropped", "prefetch", "evaluation", {{"layer", layer}, {"expert", s.expert}});
-      where_.erase(key(s.layer, s.expert));
-      clear_slot(&s);
-      it = spec_q_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  // routing does not use. Another client's guesses are for its own evaluation of the layer (also
+  // where it named an expert this client's guess is already loading), and a queued load some
+  // client has pinned since (prepare) is no longer a guess.
+  drop_queued_guesses_locked([&](const Slot& s) {
+    return s.layer == layer && s.client == client &&
+           std::find(routing.ids.begin(), routing.ids.end(), s.expert) == routing.ids.end() &&
+           !named_by_another_locked(client, s.layer, s.expert);
+  });
 }
 
 void ExpertStore::prefetch_locked(int32_t layer, int32_t expert, int32_t client) {
@@ -505,11 +516,22 @@ ExpertStore::Hints& ExpertStore::hints_locked(int32_t client) {
   return h;
 }
 
-void ExpertStore::rebuild_future_locked() {
+void ExpertStore::rebuild_future_locked() noexcept {
   future_.clear();
-  for (const auto& [client, h] : hints_)
-    for (const ExpertKey& k : h.named) future_[k.packed()] = {clock_ + 1};
+  try {
+    for (const auto& [client, h] : hints_)
+      for (const ExpertKey& k : h.named) future_[k.packed()] = {clock_ + 1};
+  } catch (...) {  // out of memory: no guess is kept from eviction (speculation is best effort)
+    future_.clear();
+  }
   policy_->set_future(&future_);
+}
+
+bool ExpertStore::named_by_another_locked(int32_t client, int32_t layer, int32_t expert) const {
+  const ExpertKey k{layer, expert};
+  for (const auto& [other, h] : hints_)
+    if (other != client && std::find(h.named.begin(), h.named.end(), k) != h.named.end()) return true;
+  return false;
 }
 
 void ExpertStore::hint_for(int32_t client, const std::vector<Prediction>& predictions, int32_t upcoming_layer) {
@@ -628,7 +650,26 @@ Status ExpertStore::prepare_for(int32_t client, int32_t layer, const std::vector
     }
     st.misses++;
     const double since = platform::now_seconds();
-    while (start_load_locked(layer, e, true, client) < 0) {
+    // While this call waits for a slot (the lock released), another client's demand or guess may
+    // start loading the same expert: pin that load then, never start a second one under the same
+    // key (it would hide the first from where_, whose pins could then never be given back).
+    auto pin_started_meanwhile = [&]() {
+      const auto again = where_.find(key(layer, e));
+      if (again == where_.end()) return false;
+      Slot& s = slots_[static_cast<size_t>(again->second)];
+      if (s.state == SlotState::Failed && s.pins == 0) {  // failed since: read it again
+        clear_slot(&s);
+        where_.erase(again);
+        return false;
+      }
+      s.pins++;
+      if (s.speculative) {
+        s.speculative = false;
+        st.prefetches_used++;
+      }
+      return true;
+    };
+    while (!pin_started_meanwhile() && start_load_locked(layer, e, true, client) < 0) {
       // Every slot this layer may use is pinned or still loading a guess: wait for a load to land.
       const bool loading = std::any_of(slots_.begin(), slots_.end(), [&](const Slot& sl) {
         return sl.state == SlotState::Loading && sl.pins == 0 && (sl.owner < 0 || sl.owner == layer);

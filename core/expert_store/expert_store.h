@@ -242,8 +242,14 @@ class ExpertStore final : public ExpertSource {
   // Under mu_: the client's hints, made on first use.
   Hints& hints_locked(int32_t client);
   // Under mu_: the experts some client's current hint names, as the policy's future (Belady) and
-  // the set speculative loads never evict.
-  void rebuild_future_locked();
+  // the set speculative loads never evict. Never throws: out of memory leaves no future.
+  void rebuild_future_locked() noexcept;
+  // Under mu_: whether a client other than `client` names the expert in its current hint.
+  bool named_by_another_locked(int32_t client, int32_t layer, int32_t expert) const;
+  // Under mu_: drops the queued speculative loads `drop` picks (unpinned guesses, not started):
+  // counted as wasted for the client whose guess each was.
+  template <class Pick>
+  void drop_queued_guesses_locked(Pick&& drop);
   // Issues a client's waiting predictions nearest layer first; a deeper layer's only once every
   // nearer predicted expert is resident (loaded), so deep guesses never delay near ones.
   void issue_predictions_locked(int32_t client, Hints& h);

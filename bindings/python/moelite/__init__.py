@@ -740,7 +740,7 @@ class Model:
                 n_layers = len(tokens[0])
                 if any(len(token) != n_layers for token in tokens):
                     raise ValueError("every token of routing needs the same number of layers")
-                k = max(1, max(len(ids) for token in tokens for ids in token))
+                k = max(self.n_experts_used, max(len(ids) for token in tokens for ids in token))
                 flat = [x for token in tokens for ids in token for x in list(ids) + [-1] * (k - len(ids))]
                 array = (ctypes.c_int32 * len(flat))(*flat)
                 _check(_c.moelite_plan_params_set_routing(params, len(tokens), n_layers, k, array))
