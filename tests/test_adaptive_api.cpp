@@ -448,15 +448,21 @@ TEST_F(AdaptiveApi, SensitivitySampleIsRecordedAndProgressRisesToOne) {
   std::remove((path + ".bin").c_str());
 }
 
-TEST(ExpertStorePredictions, DeeperGuessesWaitForNearerOnesToBeResident) {
+// The shipped model with a budget of half its experts, and its runtime (the store), one thread.
+void half_budget_runtime(std::unique_ptr<moelite::Model>* m, std::unique_ptr<moelite::Runtime>* rt) {
   moelite::LoadOptions o;
   o.n_threads = 1;
+  ASSERT_EQ(moelite::Model::load(kModel, o, m), MOELITE_OK);
+  o.expert_budget_bytes = static_cast<uint64_t>((*m)->expert_bytes) / 2;
+  ASSERT_EQ(moelite::Model::load(kModel, o, m), MOELITE_OK) << moelite_last_error();
+  ASSERT_EQ(moelite::Runtime::create(**m, o, rt), MOELITE_OK) << moelite_last_error();
+}
+
+TEST(ExpertStorePredictions, DeeperGuessesWaitForNearerOnesToBeResident) {
   std::unique_ptr<moelite::Model> m;
-  ASSERT_EQ(moelite::Model::load(kModel, o, &m), MOELITE_OK);
-  o.expert_budget_bytes = static_cast<uint64_t>(m->expert_bytes) / 2;
-  ASSERT_EQ(moelite::Model::load(kModel, o, &m), MOELITE_OK) << moelite_last_error();
   std::unique_ptr<moelite::Runtime> rt;
-  ASSERT_EQ(moelite::Runtime::create(*m, o, &rt), MOELITE_OK) << moelite_last_error();
+  half_budget_runtime(&m, &rt);
+  ASSERT_TRUE(rt && rt->store);
   moelite::ExpertStore& store = *rt->store;
   auto issued = [&](int layer) { return store.stats()[static_cast<size_t>(layer)].prefetches_issued; };
   auto wait_for = [&](int layer, uint64_t n) {
@@ -533,67 +539,54 @@ TEST(ExpertStorePredictions, GuessesBeyondThePoolDoNotEvictEachOther) {
 }
 
 // Two clients of one store (two contexts evaluating at the same time) hint, are scored and lose
-// their guesses on their own: B's hint does not replace A's waiting or issued guesses, A's routing
-// neither scores B's guesses nor drops them, and closing A takes only A's guesses away.
+// their guesses on their own: B's hint does not replace A's waiting or issued guesses, and A's
+// routing neither scores B's guesses nor drops them.
 TEST(ExpertStorePredictions, EachClientsGuessesAreItsOwn) {
-  moelite::LoadOptions o;
-  o.n_threads = 1;
   std::unique_ptr<moelite::Model> m;
-  ASSERT_EQ(moelite::Model::load(kModel, o, &m), MOELITE_OK);
-  o.expert_budget_bytes = static_cast<uint64_t>(m->expert_bytes) / 2;
-  ASSERT_EQ(moelite::Model::load(kModel, o, &m), MOELITE_OK) << moelite_last_error();
   std::unique_ptr<moelite::Runtime> rt;
-  ASSERT_EQ(moelite::Runtime::create(*m, o, &rt), MOELITE_OK) << moelite_last_error();
+  half_budget_runtime(&m, &rt);
+  ASSERT_TRUE(rt && rt->store);
   moelite::ExpertStore& store = *rt->store;
   int32_t id_a = -1, id_b = -1;
   std::unique_ptr<moelite::ExpertSource> a = store.open_client(&id_a), b = store.open_client(&id_b);
   auto stats = [&](int32_t id, int layer) { return store.client_stats(id)[static_cast<size_t>(layer)]; };
+  // One token routed to two experts of a layer, and the group prepared (pinned, loads started).
+  auto routed = [](moelite::ExpertSource& src, int32_t layer, std::vector<int32_t> experts) {
+    src.on_routing(layer, moelite::Routing{1, 2, experts, {0.5f, 0.5f}});
+    return src.prepare(layer, experts);
+  };
+  // A prepared group handed out and given back, as a layer's computation does.
+  auto computed = [](moelite::ExpertSource& src, int32_t layer, std::vector<int32_t> experts) {
+    for (int32_t e : experts) {
+      std::vector<int32_t> pending = {e};
+      int32_t got = -1;
+      moelite::ExpertWeights w;
+      EXPECT_EQ(src.acquire_next(layer, &pending, &got, &w), MOELITE_OK);
+      if (got >= 0) src.release(layer, got);
+    }
+  };
   // A guesses layer 2's experts 4 and 6 while its layer 1 is computed (they wait for that
   // prepare); B guesses layer 2's expert 9, issued at once.
   a->hint({{{2, 4}, 0.9f}, {{2, 6}, 0.8f}}, 1);
   b->hint({{{2, 9}, 0.9f}}, -1);
   EXPECT_EQ(stats(id_b, 2).prefetches_issued, 1u);
   EXPECT_EQ(stats(id_a, 2).prefetches_issued, 0u);  // still waiting for A's layer 1
-  moelite::Routing r1{1, 2, {0, 1}, {0.5f, 0.5f}};
-  a->on_routing(1, r1);
-  ASSERT_EQ(a->prepare(1, {0, 1}), MOELITE_OK);
+  ASSERT_EQ(routed(*a, 1, {0, 1}), MOELITE_OK);
   EXPECT_EQ(stats(id_a, 2).prefetches_issued, 2u);  // B's later hint did not replace A's guesses
-  for (int32_t e : {0, 1}) {
-    std::vector<int32_t> pending = {e};
-    int32_t got;
-    moelite::ExpertWeights w;
-    ASSERT_EQ(a->acquire_next(1, &pending, &got, &w), MOELITE_OK);
-    a->release(1, got);
-  }
+  computed(*a, 1, {0, 1});
   // A's layer 2 routes to 4 and 5: one of its two guesses used, scored for A alone; B's guess of
   // 9 is neither scored for A nor dropped by A's routing.
-  moelite::Routing r2{1, 2, {4, 5}, {0.5f, 0.5f}};
-  a->on_routing(2, r2);
-  ASSERT_EQ(a->prepare(2, {4, 5}), MOELITE_OK);
+  ASSERT_EQ(routed(*a, 2, {4, 5}), MOELITE_OK);
   EXPECT_EQ(stats(id_a, 2).predictions, 2u);
   EXPECT_EQ(stats(id_a, 2).predicted, 1u);
   EXPECT_EQ(stats(id_b, 2).predictions, 0u);
   EXPECT_TRUE(store.resident_or_loading(2, 9));
-  for (int32_t e : {4, 5}) {
-    std::vector<int32_t> pending = {e};
-    int32_t got;
-    moelite::ExpertWeights w;
-    ASSERT_EQ(a->acquire_next(2, &pending, &got, &w), MOELITE_OK);
-    a->release(2, got);
-  }
+  computed(*a, 2, {4, 5});
   // B's layer 2 routes to 9: B's own guess, scored for B.
-  moelite::Routing r3{1, 2, {9, 4}, {0.5f, 0.5f}};
-  b->on_routing(2, r3);
-  ASSERT_EQ(b->prepare(2, {9, 4}), MOELITE_OK);
+  ASSERT_EQ(routed(*b, 2, {9, 4}), MOELITE_OK);
   EXPECT_EQ(stats(id_b, 2).predictions, 1u);
   EXPECT_EQ(stats(id_b, 2).predicted, 1u);
-  for (int32_t e : {9, 4}) {
-    std::vector<int32_t> pending = {e};
-    int32_t got;
-    moelite::ExpertWeights w;
-    ASSERT_EQ(b->acquire_next(2, &pending, &got, &w), MOELITE_OK);
-    b->release(2, got);
-  }
+  computed(*b, 2, {9, 4});
   a.reset();
   b.reset();
 }
