@@ -625,51 +625,41 @@ Status ExpertStore::prepare_for(int32_t client, int32_t layer, const std::vector
   Hints& hints = hints_locked(client);
   for (int32_t e : experts) {
     st.activations++;
-    auto it = where_.find(key(layer, e));
-    if (it != where_.end() && slots_[static_cast<size_t>(it->second)].state == SlotState::Failed &&
-        slots_[static_cast<size_t>(it->second)].pins == 0) {
-      // An earlier read of this expert failed and was reported: try the storage again.
-      clear_slot(&slots_[static_cast<size_t>(it->second)]);
-      where_.erase(it);
-      it = where_.end();
-    }
     if (hints.scored_layer == layer && std::find(hints.scored.begin(), hints.scored.end(), e) != hints.scored.end())
       st.predicted++;
-    if (it != where_.end()) {
+    // Pins the expert's slot if it has one; a failed read nobody waits for any more is dropped, to
+    // be read again. Asked at the routing, and again after waiting for a free slot (the lock
+    // released), when another client's demand or guess may have started the same read meanwhile:
+    // a second slot under the same key would hide the first from where_, whose pins could then
+    // never be given back. `ready`: whether the whole expert was in memory.
+    auto pin_present = [&](bool* ready) {
+      const auto it = where_.find(key(layer, e));
+      if (it == where_.end()) return false;
       Slot& s = slots_[static_cast<size_t>(it->second)];
-      if (s.state == SlotState::Ready) st.ready_when_needed++;
+      if (s.state == SlotState::Failed && s.pins == 0) {
+        clear_slot(&s);
+        where_.erase(it);
+        return false;
+      }
+      if (ready) *ready = s.state == SlotState::Ready;
       s.pins++;
       if (s.speculative) {
         s.speculative = false;
         st.prefetches_used++;
         if (trace_) trace_->instant("prefetch used", "prefetch", "evaluation", {{"layer", layer}, {"expert", e}});
       }
+      return true;
+    };
+    bool ready = false;
+    if (pin_present(&ready)) {
+      if (ready) st.ready_when_needed++;
       st.hits++;
       ++pinned;
       continue;
     }
     st.misses++;
     const double since = platform::now_seconds();
-    // While this call waits for a slot (the lock released), another client's demand or guess may
-    // start loading the same expert: pin that load then, never start a second one under the same
-    // key (it would hide the first from where_, whose pins could then never be given back).
-    auto pin_started_meanwhile = [&]() {
-      const auto again = where_.find(key(layer, e));
-      if (again == where_.end()) return false;
-      Slot& s = slots_[static_cast<size_t>(again->second)];
-      if (s.state == SlotState::Failed && s.pins == 0) {  // failed since: read it again
-        clear_slot(&s);
-        where_.erase(again);
-        return false;
-      }
-      s.pins++;
-      if (s.speculative) {
-        s.speculative = false;
-        st.prefetches_used++;
-      }
-      return true;
-    };
-    while (!pin_started_meanwhile() && start_load_locked(layer, e, true, client) < 0) {
+    while (!pin_present(nullptr) && start_load_locked(layer, e, true, client) < 0) {
       // Every slot this layer may use is pinned or still loading a guess: wait for a load to land.
       const bool loading = std::any_of(slots_.begin(), slots_.end(), [&](const Slot& sl) {
         return sl.state == SlotState::Loading && sl.pins == 0 && (sl.owner < 0 || sl.owner == layer);
