@@ -63,6 +63,8 @@ class Context {
   // The tokens whose keys and values the sequence's cache holds, in order (length() of them).
   const std::vector<int32_t>& tokens(int32_t seq = 0) const { return seqs_[static_cast<size_t>(seq)].tokens; }
   int32_t n_ctx() const { return n_ctx_; }
+  // Most tokens one forward pass takes (eval splits longer inputs).
+  int32_t n_batch() const { return opts_.n_batch; }
   // Bytes of keys and values the caches hold for all layers and sequences (what create() allocated).
   uint64_t kv_bytes() const;
   // Keeps the first n_keep tokens (clamped to [0, length()]). With sliding-window layers, a cut

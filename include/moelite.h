@@ -34,7 +34,7 @@
  *    keys, so new options and new queries are added without changing any existing signature.
  *    Enum values are stable and only ever appended.
  *  - Names. moelite_<object>_<verb>: moelite_model_*, moelite_context_*, moelite_sampler_*,
- *    moelite_token_*; parameter setters moelite_<object>_params_set_*. The expert store's
+ *    moelite_queue_*, moelite_token_*; parameter setters moelite_<object>_params_set_*. The expert store's
  *    options are "cache" options (policy, allocation). "Aborted" always means that a callback of
  *    the application asked to stop. Names replaced by this scheme still work for one release
  *    and are marked MOELITE_DEPRECATED (a compiler warning names the replacement).
@@ -1222,6 +1222,105 @@ MOELITE_API moelite_status moelite_sampler_sample_logits(moelite_sampler* sample
                                                          int32_t n_vocab, int32_t* out_token);
 /** Forgets the history and restarts the generator from the seed. NULL is a no-op. */
 MOELITE_API void moelite_sampler_reset(moelite_sampler* sampler);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Request queues: many generation requests served together by one context's sequences        */
+/* ------------------------------------------------------------------------------------------ */
+
+/** A queue of generation requests served by the sequences of one context (continuous batching):
+ *  up to moelite_context_n_seq requests run at once, each in a sequence of its own, and each
+ *  moelite_queue_step evaluates the next token of every running request together with prompt
+ *  chunks of newly admitted ones (up to the context's n_batch tokens) in one moelite_eval_batch,
+ *  so they share each layer's weight reads and, under a memory budget, each expert's load. A
+ *  finished request frees its sequence for the next waiting one, admitted in order of addition.
+ *
+ *  Results do not depend on the batching: a request's tokens, text and stop reason are exactly
+ *  those moelite_generate_tokens gives for the same prompt and parameters on a context of its
+ *  own, whatever runs beside it and whatever n_seq (its logits are bitwise those of evaluating it
+ *  alone; it has its own sampler, seeded from its parameters). A sequence keeps the tokens of the
+ *  request it served: a new request is admitted into the free sequence whose cached tokens share
+ *  the longest prefix with its prompt (a common system prompt, the next turn of a conversation)
+ *  and evaluates only the rest.
+ *
+ *  Ownership: the queue borrows the context, which must outlive it; while the queue lives the
+ *  application must not evaluate the context or change its sequences itself (a running request
+ *  whose sequence changed ends with MOELITE_STOP_ERROR). Thread-safety: a queue and its context
+ *  are used by one thread at a time; the generation parameters' callbacks run on the thread that
+ *  calls moelite_queue_step and must not call the queue's functions (those return
+ *  MOELITE_ERR_INVALID_ARGUMENT from inside a step). The context's abort callback is honoured. */
+typedef struct moelite_queue moelite_queue;
+
+/** Request states (moelite_queue_request_state, moelite_queue_event): waiting for a sequence,
+ *  running, or finished with a moelite_stop_reason (>= 0): MOELITE_STOP_END_TOKEN,
+ *  MOELITE_STOP_MAX_TOKENS, MOELITE_STOP_STRING, MOELITE_STOP_ABORTED (cancelled, or a callback
+ *  returned 0), MOELITE_STOP_CONTEXT_FULL (the sequence is full; what was generated stands),
+ *  MOELITE_STOP_ERROR (the parameters left no token to draw, or its sequence was changed outside
+ *  the queue). */
+#define MOELITE_REQUEST_WAITING -2
+#define MOELITE_REQUEST_RUNNING -1
+
+/** Creates an empty queue over `ctx` (see above). Errors: MOELITE_ERR_INVALID_ARGUMENT (NULL),
+ *  MOELITE_ERR_MISSING_METADATA (the model has no tokenizer), MOELITE_ERR_OUT_OF_MEMORY. */
+MOELITE_API moelite_status moelite_queue_create(moelite_context* ctx, moelite_queue** out);
+/** Frees the queue and every request it holds (running ones stop where they are; their sequences
+ *  keep what was evaluated). The context is not freed. NULL is a no-op. */
+MOELITE_API void moelite_queue_free(moelite_queue* queue);
+
+/** Adds a request: `n_prompt` >= 1 token ids, taken as given (moelite_tokenize or
+ *  moelite_chat_tokenize make them), copied; `params` (NULL: the defaults) copied too: max_tokens,
+ *  sampling, seed, stop strings, logit bias, and the text, token and logits callbacks, which then
+ *  run for this request's tokens only. *out_id receives the request's id (0, 1, 2 ... in order of
+ *  addition, never reused). Errors, nothing added: MOELITE_ERR_INVALID_ARGUMENT (NULL, n_prompt
+ *  < 1), MOELITE_ERR_BAD_TOKEN (an id outside the vocabulary), MOELITE_ERR_CONTEXT_FULL (more
+ *  tokens than a sequence holds, moelite_context_n_ctx), MOELITE_ERR_OUT_OF_MEMORY. */
+MOELITE_API moelite_status moelite_queue_add(moelite_queue* queue, const int32_t* prompt, int32_t n_prompt,
+                                             const moelite_generate_params* params, int64_t* out_id);
+
+/** One step: admits waiting requests into free sequences, evaluates (one moelite_eval_batch) and
+ *  samples every request that got logits, running its callbacks. *out_n_events (may be NULL)
+ *  receives the number of events of the step: one per request that sampled or finished in it,
+ *  read with moelite_queue_event. A step with nothing to run returns MOELITE_OK with 0 events.
+ *  Errors: those of moelite_eval_batch (MOELITE_ERR_IO, MOELITE_ERR_ABORTED, device errors ...):
+ *  then nothing was evaluated or sampled (the sequences are as before the step) and the next
+ *  step tries again; MOELITE_ERR_OUT_OF_MEMORY. */
+MOELITE_API moelite_status moelite_queue_step(moelite_queue* queue, int32_t* out_n_events);
+
+/** Event `i` (0 <= i < the last step's count) of the last step: the request, the token it
+ *  generated in the step (-1 when none: it ended on an end token, a stop or an error, or only
+ *  finished its prompt with max_tokens 0), and its state after the step (MOELITE_REQUEST_RUNNING
+ *  or a moelite_stop_reason). Any out pointer may be NULL. MOELITE_ERR_INVALID_ARGUMENT for a
+ *  NULL queue or an index out of range. */
+MOELITE_API moelite_status moelite_queue_event(const moelite_queue* queue, int32_t i, int64_t* request_id,
+                                               int32_t* token, int32_t* state);
+
+/** Requests waiting for a sequence, running, and finished but not removed (0 for NULL). The
+ *  queue has work while waiting + running > 0. */
+MOELITE_API int64_t moelite_queue_waiting(const moelite_queue* queue);
+MOELITE_API int64_t moelite_queue_running(const moelite_queue* queue);
+MOELITE_API int64_t moelite_queue_finished(const moelite_queue* queue);
+
+/** The request's state (MOELITE_REQUEST_WAITING, _RUNNING or its moelite_stop_reason) into
+ *  *state. MOELITE_ERR_INVALID_ARGUMENT for an unknown or removed id. */
+MOELITE_API moelite_status moelite_queue_request_state(const moelite_queue* queue, int64_t id, int32_t* state);
+/** The tokens the request generated so far (an end token is not one of them) into `tokens`
+ *  (room for `capacity`); *n_tokens receives the count. MOELITE_ERR_BUFFER_TOO_SMALL when it
+ *  exceeds capacity (tokens untouched); MOELITE_ERR_INVALID_ARGUMENT for an unknown id. */
+MOELITE_API moelite_status moelite_queue_request_tokens(const moelite_queue* queue, int64_t id, int32_t* tokens,
+                                                        int32_t capacity, int32_t* n_tokens);
+/** The text the request emitted so far (what its text callback received: stop strings cut,
+ *  UTF-8 characters whole) into `buf` (room for `capacity` bytes, not NUL-terminated); *length
+ *  receives its length. MOELITE_ERR_BUFFER_TOO_SMALL when it exceeds capacity;
+ *  MOELITE_ERR_INVALID_ARGUMENT for an unknown id or a NULL length. */
+MOELITE_API moelite_status moelite_queue_request_text(const moelite_queue* queue, int64_t id, char* buf,
+                                                      size_t capacity, size_t* length);
+/** Cancels a waiting or running request: it finishes at once with MOELITE_STOP_ABORTED and frees
+ *  its sequence; what it generated stays readable. A finished request is left as it is.
+ *  MOELITE_ERR_INVALID_ARGUMENT for an unknown id. */
+MOELITE_API moelite_status moelite_queue_cancel(moelite_queue* queue, int64_t id);
+/** Cancels the request if it has not finished and forgets it (its id is then unknown): the queue
+ *  keeps a finished request's results until it is removed. MOELITE_ERR_INVALID_ARGUMENT for an
+ *  unknown id. */
+MOELITE_API moelite_status moelite_queue_remove(moelite_queue* queue, int64_t id);
 
 #ifdef __cplusplus
 }

@@ -995,7 +995,8 @@ static void test_enum_values_are_pinned(void) {
            {MOELITE_TOKEN_ATTR_USER_DEFINED, 8}, {MOELITE_TOKEN_ATTR_UNUSED, 16}, {MOELITE_TOKEN_ATTR_BYTE, 32},
            {MOELITE_TOKEN_ATTR_END, 64}, {MOELITE_MODEL_N_LAYERS, 0}, {MOELITE_MODEL_EXPERT_BYTES, 12},
            {MOELITE_MODEL_EXPERT_BUDGET, 19}, {MOELITE_MODEL_EXPERT_MIN_BUDGET, 28},
-           {MOELITE_PLATFORM_MEM_TOTAL_BYTES, 0}, {MOELITE_PLATFORM_HAS_VULKAN, 12}};
+           {MOELITE_PLATFORM_MEM_TOTAL_BYTES, 0}, {MOELITE_PLATFORM_HAS_VULKAN, 12},
+           {MOELITE_REQUEST_WAITING, -2}, {MOELITE_REQUEST_RUNNING, -1}};
   int pinned = 1;
   for (size_t i = 0; i < sizeof v / sizeof v[0]; ++i) pinned &= v[i].value == v[i].pinned;
   CHECK(pinned);
@@ -1252,6 +1253,57 @@ static void test_batch_plan(void) {
   moelite_plan_params_free(pp);
 }
 
+/* ---- request queue: from C, a queued request generates what moelite_generate_tokens does, and
+ * failing calls leave their outputs untouched (tests/test_request_queue.cpp covers the rest) */
+static void test_request_queue(void) {
+  moelite_model* m = load(0);
+  moelite_context* solo = context(m, 64);
+  moelite_context_params* cp = moelite_context_params_create();
+  moelite_context_params_set_n_ctx(cp, 64);
+  moelite_context_params_set_n_seq(cp, 2);
+  moelite_context* c = NULL;
+  CHECK(moelite_context_create(m, cp, &c) == MOELITE_OK);
+  moelite_context_params_free(cp);
+  moelite_queue* const sentinel = (moelite_queue*)0x3;
+  moelite_queue* q = sentinel;
+  CHECK(moelite_queue_create(NULL, &q) == MOELITE_ERR_INVALID_ARGUMENT && q == sentinel);
+  CHECK(moelite_queue_create(c, &q) == MOELITE_OK && q != sentinel);
+  int32_t prompt[32];
+  const int32_t n = tokenize(m, "def add(a, b):", MOELITE_TOKENIZE_ADD_SPECIAL, prompt, 32);
+  moelite_generate_params* g = moelite_generate_params_create();
+  moelite_generate_params_set_max_tokens(g, 6);
+  moelite_generate_params_set_temperature(g, 0.7f);
+  ban_end_tokens(m, g);
+  int64_t id = -5;
+  const int32_t bad[2] = {1, -1};
+  CHECK(moelite_queue_add(q, bad, 2, g, &id) == MOELITE_ERR_BAD_TOKEN && id == -5);
+  CHECK(moelite_queue_add(q, prompt, n, g, &id) == MOELITE_OK && id == 0);
+  CHECK(moelite_queue_add(q, prompt, 3, NULL, &id) == MOELITE_OK && id == 1);
+  int32_t events = -7, state = 99;
+  CHECK(moelite_queue_step(NULL, &events) == MOELITE_ERR_INVALID_ARGUMENT && events == -7);
+  while (moelite_queue_waiting(q) + moelite_queue_running(q) > 0) CHECK(moelite_queue_step(q, &events) == MOELITE_OK);
+  CHECK(moelite_queue_request_state(q, 0, &state) == MOELITE_OK && state == MOELITE_STOP_MAX_TOKENS);
+  int32_t got[8], want[8], n_got = 0, n_want = 0;
+  CHECK(moelite_queue_request_tokens(q, 0, got, 8, &n_got) == MOELITE_OK && n_got == 6);
+  CHECK(moelite_generate_tokens(solo, prompt, n, g, NULL) == MOELITE_OK);
+  CHECK(moelite_context_get_tokens(solo, NULL, 0, &n_want) == MOELITE_ERR_BUFFER_TOO_SMALL);
+  int32_t all[64];
+  CHECK(moelite_context_get_tokens(solo, all, 64, &n_want) == MOELITE_OK && n_want == n + 5);
+  memcpy(want, all + n, 5 * sizeof(int32_t));
+  CHECK(memcmp(got, want, 5 * sizeof(int32_t)) == 0); /* the sixth was sampled, not evaluated */
+  int32_t tok = -3;
+  int64_t rid = -3;
+  CHECK(moelite_queue_event(q, 99, &rid, &tok, &state) == MOELITE_ERR_INVALID_ARGUMENT && rid == -3 && tok == -3);
+  CHECK(moelite_queue_remove(q, 0) == MOELITE_OK && moelite_queue_remove(q, 0) == MOELITE_ERR_INVALID_ARGUMENT);
+  CHECK(moelite_queue_finished(q) == 1 && moelite_queue_finished(NULL) == 0);
+  moelite_generate_params_free(g);
+  moelite_queue_free(q);
+  moelite_queue_free(NULL);
+  moelite_context_free(c);
+  moelite_context_free(solo);
+  moelite_model_free(m);
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s MODEL.gguf\n", argv[0]);
@@ -1274,6 +1326,7 @@ int main(int argc, char** argv) {
   test_store_options_and_penalty_window();
   test_deprecated_aliases();
   test_batch_plan();
+  test_request_queue();
   printf("%d checks, %d failed\n", g_checks, g_failures);
   return g_failures ? 1 : 0;
 }

@@ -1,11 +1,12 @@
 // `moelite batch`: many requests from a JSON-lines file, decoded together.
 //
-// Up to --n-seq requests are in flight at once, each in its own sequence of one context; every
-// step evaluates one token of each decoding request plus prompt chunks of newly admitted ones in
-// a single moelite_eval_batch, so all of them share each layer's weight reads and each expert's
-// load (continuous batching). A request's tokens do not depend on what it was batched with: its
-// logits are bitwise those of running it alone and its sampler is seeded from --seed and its line,
-// so the output is the same for any --n-seq.
+// The requests go into the library's request queue (moelite_queue_*) over one context of --n-seq
+// sequences: every step evaluates one token of each decoding request plus prompt chunks of newly
+// admitted ones in a single pass, so all of them share each layer's weight reads and each expert's
+// load (continuous batching). A request's tokens do not depend on what it was batched with: the
+// queue gives what moelite_generate_tokens gives alone, and each request's sampler is seeded from
+// --seed and its line, so the output is the same for any --n-seq (and equals `moelite run`).
+// This file reads the requests, plans the sequences and writes the results in input order.
 #include <unistd.h>
 
 #include <algorithm>
@@ -64,14 +65,6 @@ struct Request {
 struct Result {
   bool done = false;
   std::string line;
-};
-
-// One sequence of the context and the request it serves.
-struct Slot {
-  int64_t request = -1;
-  size_t fed = 0;                 // prompt tokens evaluated so far
-  std::vector<int32_t> generated;  // sampled tokens
-  moelite_sampler* sampler = nullptr;
 };
 
 double now() {
@@ -449,9 +442,12 @@ int cmd_batch(int argc, char** argv) {
   if (st != MOELITE_OK) return report(st, "creating context");
   std::unique_ptr<moelite_context, void (*)(moelite_context*)> ctx_guard(ctx, moelite_context_free);
 
+  moelite_queue* queue = nullptr;
+  if ((st = moelite_queue_create(ctx, &queue)) != MOELITE_OK) return report(st, "creating the request queue");
+  std::unique_ptr<moelite_queue, void (*)(moelite_queue*)> queue_guard(queue, moelite_queue_free);
+
   std::vector<Result> results(requests.size());
-  std::vector<Slot> slots(static_cast<size_t>(n_seq));
-  size_t next_request = 0, next_output = 0, finished = 0;
+  size_t next_output = 0, finished = 0;
   uint64_t tokens_generated = 0;
   const bool show_progress = isatty(STDERR_FILENO) != 0;
   const double t_start = now();
@@ -467,112 +463,62 @@ int cmd_batch(int argc, char** argv) {
     }
     fflush(out);
   };
-  const std::vector<std::string> stops = args.get_all("--stop");
-  // The text of a slot's tokens (without a final end token), cut before the first stop string.
-  auto slot_text = [&](const Slot& s, bool* stopped) {
-    std::vector<int32_t> shown = s.generated;
-    if (!shown.empty() && moelite_token_is_end(model, shown.back())) shown.pop_back();
-    std::string text = detokenize(model, shown);
-    *stopped = false;
-    for (const std::string& stop : stops) {
-      const size_t at = text.find(stop);
-      if (at != std::string::npos) {
-        text.resize(at);
-        *stopped = true;
-      }
-    }
-    return text;
+  auto error_line = [&](int64_t index, const std::string& why) {
+    finish(index, "{\"id\": " + requests[static_cast<size_t>(index)].id_json + ", \"index\": " +
+                      std::to_string(index) + ", \"error\": \"" + json_escape(why) + "\"}");
   };
-  auto finish_slot = [&](Slot& s, const char* stop) {
-    const Request& r = requests[static_cast<size_t>(s.request)];
-    bool stopped = false;
-    const std::string text = slot_text(s, &stopped);
-    finish(s.request, "{\"id\": " + r.id_json + ", \"index\": " + std::to_string(s.request) + ", \"text\": \"" +
-                          json_escape(text) + "\", \"prompt_tokens\": " +
-                          std::to_string(r.prompt.size()) + ", \"generated_tokens\": " +
-                          std::to_string(s.generated.size()) + ", \"stop\": \"" + stop + "\"}");
-    moelite_sampler_free(s.sampler);
-    s = Slot{};
-  };
-  struct SlotCleanup {
-    std::vector<Slot>& slots;
-    ~SlotCleanup() {
-      for (Slot& s : slots) moelite_sampler_free(s.sampler);
+  // Every request goes into the library's queue (moelite_queue_*), which admits them in input
+  // order into free sequences and batches their steps; one that cannot run is answered at once.
+  std::vector<int64_t> index_of;  // queue id -> request index
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Request& r = requests[i];
+    if (!r.error.empty()) {
+      error_line(static_cast<int64_t>(i), r.error);
+      continue;
     }
-  } cleanup{slots};
-
-  std::vector<int32_t> tokens, seqs, slot_of;
-  std::vector<uint8_t> want;
-  while (finished < requests.size()) {
-    // Admit waiting requests into free sequences; a request that cannot run (or asks for no
-    // tokens) is answered at once and the sequence takes the next one.
-    for (size_t q = 0; q < slots.size(); ++q) {
-      while (slots[q].request < 0 && next_request < requests.size()) {
-        const int64_t index = static_cast<int64_t>(next_request++);
-        const Request& r = requests[static_cast<size_t>(index)];
-        if (!r.error.empty() || r.prompt.size() >= static_cast<size_t>(n_ctx)) {
-          const std::string why = r.error.empty() ? "the prompt's " + std::to_string(r.prompt.size()) +
-                                                        " tokens do not fit the context (-c " + std::to_string(n_ctx) + ")"
-                                                  : r.error;
-          finish(index, "{\"id\": " + r.id_json + ", \"index\": " + std::to_string(index) + ", \"error\": \"" +
-                            json_escape(why) + "\"}");
-          continue;
-        }
-        Slot& s = slots[q];
-        s.request = index;
-        // Each request's sampler: the run's settings with a seed of its own, from --seed and its line.
-        if (moelite_generate_params_set_seed(gp, static_cast<uint64_t>(seed) + static_cast<uint64_t>(index)) !=
-                MOELITE_OK ||
-            moelite_sampler_create(gp, &s.sampler) != MOELITE_OK)
-          return report(MOELITE_ERR_OUT_OF_MEMORY, "creating a sampler");
-        (void)moelite_sampler_accept(s.sampler, r.prompt.data(), static_cast<int32_t>(r.prompt.size()));
-        (void)moelite_context_seq_truncate(ctx, static_cast<int32_t>(q), 0);
-        if (r.max_tokens == 0) finish_slot(s, "length");
-      }
+    // The run's settings with a seed of its own, from --seed and the request's line.
+    int64_t id = -1;
+    st = moelite_generate_params_set_seed(gp, static_cast<uint64_t>(seed) + static_cast<uint64_t>(i));
+    if (st == MOELITE_OK) st = moelite_generate_params_set_max_tokens(gp, r.max_tokens);
+    if (st == MOELITE_OK)
+      st = moelite_queue_add(queue, r.prompt.data(), static_cast<int32_t>(r.prompt.size()), gp, &id);
+    if (st == MOELITE_ERR_OUT_OF_MEMORY) return report(st, "queueing the requests");
+    if (st != MOELITE_OK) {
+      error_line(static_cast<int64_t>(i), moelite_last_error());
+      continue;
     }
-    // One step: the next token of every decoding request first (they never wait), then prompt
-    // chunks of the others in the room left.
-    tokens.clear();
-    seqs.clear();
-    want.clear();
-    slot_of.clear();
-    for (size_t q = 0; q < slots.size(); ++q) {
-      Slot& s = slots[q];
-      if (s.request < 0 || s.generated.empty()) continue;
-      tokens.push_back(s.generated.back());
-      seqs.push_back(static_cast<int32_t>(q));
-      want.push_back(1);
-      slot_of.push_back(static_cast<int32_t>(q));
-    }
-    for (size_t q = 0; q < slots.size() && tokens.size() < static_cast<size_t>(n_batch); ++q) {
-      Slot& s = slots[q];
-      if (s.request < 0 || !s.generated.empty()) continue;
-      const std::vector<int32_t>& p = requests[static_cast<size_t>(s.request)].prompt;
-      while (s.fed < p.size() && tokens.size() < static_cast<size_t>(n_batch)) {
-        tokens.push_back(p[s.fed++]);
-        seqs.push_back(static_cast<int32_t>(q));
-        want.push_back(s.fed == p.size() ? 1 : 0);
-        slot_of.push_back(static_cast<int32_t>(q));
-      }
-    }
-    if (tokens.empty()) continue;
-    st = moelite_eval_batch(ctx, tokens.data(), seqs.data(), want.data(), static_cast<int32_t>(tokens.size()));
+    if (index_of.size() <= static_cast<size_t>(id)) index_of.resize(static_cast<size_t>(id) + 1, -1);
+    index_of[static_cast<size_t>(id)] = static_cast<int64_t>(i);
+  }
+  const char* const stop_names[] = {"end", "length", "stop", "aborted", "context", "error"};
+  std::vector<int32_t> generated;
+  std::string text;
+  while (moelite_queue_waiting(queue) + moelite_queue_running(queue) > 0) {
+    int32_t n_events = 0;
+    st = moelite_queue_step(queue, &n_events);
     if (st != MOELITE_OK) return report(st, "evaluating");
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      if (!want[i]) continue;
-      Slot& s = slots[static_cast<size_t>(slot_of[i])];
-      int32_t token = 0;
-      st = moelite_sampler_sample(s.sampler, ctx, static_cast<int32_t>(i), &token);
-      if (st != MOELITE_OK) return report(st, "sampling");
-      s.generated.push_back(token);
-      ++tokens_generated;
-      const Request& r = requests[static_cast<size_t>(s.request)];
-      bool stopped = false;
-      if (!stops.empty()) (void)slot_text(s, &stopped);
-      if (stopped) finish_slot(s, "stop");
-      else if (moelite_token_is_end(model, token)) finish_slot(s, "end");
-      else if (s.generated.size() >= static_cast<size_t>(r.max_tokens)) finish_slot(s, "length");
-      else if (moelite_context_seq_length(ctx, slot_of[i]) + 1 >= n_ctx) finish_slot(s, "context");
+    for (int32_t e = 0; e < n_events; ++e) {
+      int64_t id = -1;
+      int32_t token = -1, state = MOELITE_REQUEST_RUNNING;
+      if ((st = moelite_queue_event(queue, e, &id, &token, &state)) != MOELITE_OK) return report(st, "reading the queue");
+      if (token >= 0) ++tokens_generated;
+      if (state < 0) continue;
+      // A finished request: its line, then the queue forgets it.
+      int32_t n = 0;
+      size_t len = 0;
+      if (moelite_queue_request_tokens(queue, id, nullptr, 0, &n) == MOELITE_ERR_OUT_OF_MEMORY ||
+          moelite_queue_request_text(queue, id, nullptr, 0, &len) == MOELITE_ERR_OUT_OF_MEMORY)
+        return report(MOELITE_ERR_OUT_OF_MEMORY, "reading a result");
+      text.assign(len, '\0');
+      if ((st = moelite_queue_request_text(queue, id, text.empty() ? nullptr : &text[0], len, &len)) != MOELITE_OK)
+        return report(st, "reading a result");
+      const int64_t index = index_of[static_cast<size_t>(id)];
+      const Request& r = requests[static_cast<size_t>(index)];
+      finish(index, "{\"id\": " + r.id_json + ", \"index\": " + std::to_string(index) + ", \"text\": \"" +
+                        json_escape(text) + "\", \"prompt_tokens\": " + std::to_string(r.prompt.size()) +
+                        ", \"generated_tokens\": " + std::to_string(n) + ", \"stop\": \"" +
+                        (state < 6 ? stop_names[state] : "error") + "\"}");
+      (void)moelite_queue_remove(queue, id);
     }
     if (show_progress) {
       const double dt = now() - t_start;

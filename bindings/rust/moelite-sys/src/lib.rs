@@ -21,6 +21,8 @@ pub const MOELITE_MAX_HEAD_DIM: u32 = 4096;
 pub const MOELITE_MAX_CONTEXT: u32 = 16777216;
 pub const MOELITE_MAX_VOCAB: u32 = 16777216;
 pub const MOELITE_MAX_SEQUENCES: u32 = 256;
+pub const MOELITE_REQUEST_WAITING: i32 = -2;
+pub const MOELITE_REQUEST_RUNNING: i32 = -1;
 pub type moelite_status = c_int;
 pub const MOELITE_OK: moelite_status = 0;
 pub const MOELITE_ERR_INVALID_ARGUMENT: moelite_status = 1;
@@ -175,6 +177,10 @@ pub struct moelite_generate_params {
 }
 #[repr(C)]
 pub struct moelite_sampler {
+    _private: [u8; 0],
+}
+#[repr(C)]
+pub struct moelite_queue {
     _private: [u8; 0],
 }
 #[repr(C)]
@@ -342,6 +348,19 @@ extern "C" {
     pub fn moelite_sampler_sample(sampler: *mut moelite_sampler, ctx: *const moelite_context, i: i32, out_token: *mut i32) -> moelite_status;
     pub fn moelite_sampler_sample_logits(sampler: *mut moelite_sampler, logits: *const f32, n_vocab: i32, out_token: *mut i32) -> moelite_status;
     pub fn moelite_sampler_reset(sampler: *mut moelite_sampler);
+    pub fn moelite_queue_create(ctx: *mut moelite_context, out: *mut *mut moelite_queue) -> moelite_status;
+    pub fn moelite_queue_free(queue: *mut moelite_queue);
+    pub fn moelite_queue_add(queue: *mut moelite_queue, prompt: *const i32, n_prompt: i32, params: *const moelite_generate_params, out_id: *mut i64) -> moelite_status;
+    pub fn moelite_queue_step(queue: *mut moelite_queue, out_n_events: *mut i32) -> moelite_status;
+    pub fn moelite_queue_event(queue: *const moelite_queue, i: i32, request_id: *mut i64, token: *mut i32, state: *mut i32) -> moelite_status;
+    pub fn moelite_queue_waiting(queue: *const moelite_queue) -> i64;
+    pub fn moelite_queue_running(queue: *const moelite_queue) -> i64;
+    pub fn moelite_queue_finished(queue: *const moelite_queue) -> i64;
+    pub fn moelite_queue_request_state(queue: *const moelite_queue, id: i64, state: *mut i32) -> moelite_status;
+    pub fn moelite_queue_request_tokens(queue: *const moelite_queue, id: i64, tokens: *mut i32, capacity: i32, n_tokens: *mut i32) -> moelite_status;
+    pub fn moelite_queue_request_text(queue: *const moelite_queue, id: i64, buf: *mut c_char, capacity: usize, length: *mut usize) -> moelite_status;
+    pub fn moelite_queue_cancel(queue: *mut moelite_queue, id: i64) -> moelite_status;
+    pub fn moelite_queue_remove(queue: *mut moelite_queue, id: i64) -> moelite_status;
     pub fn moelite_plan_params_create() -> *mut moelite_plan_params;
     pub fn moelite_plan_params_free(params: *mut moelite_plan_params);
     pub fn moelite_plan_params_set_max_sequences(params: *mut moelite_plan_params, n: i32) -> moelite_status;
