@@ -7,6 +7,7 @@
 
 #include "core/api_internal.h"
 #include "core/request_queue.h"
+#include "platforms/platform.h"
 #include "moelite.h"
 
 using moelite::fail;
@@ -117,6 +118,38 @@ MOELITE_API moelite_status moelite_queue_request_state(const moelite_queue* q, i
     MOELITE_TRY(request_of(api_fn, q, id, &r));
     if (!state) return null_arg(api_fn, "state");
     *state = r->state;
+    return MOELITE_OK;
+  });
+}
+
+MOELITE_API moelite_status moelite_queue_request_stats(const moelite_queue* q, int64_t id,
+                                                       moelite_generate_stats* stats) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    const moelite::RequestQueue::Request* r = nullptr;
+    MOELITE_TRY(request_of(api_fn, q, id, &r));
+    if (!stats) return null_arg(api_fn, "stats");
+    if (stats->struct_size < sizeof(size_t))
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "stats->struct_size must be set to sizeof(moelite_generate_stats)");
+    const double now = moelite::platform::now_seconds();
+    const double end = r->t_finished > 0 ? r->t_finished : now;
+    moelite_generate_stats full;
+    memset(&full, 0, sizeof full);
+    full.struct_size = stats->struct_size;
+    full.n_cached_tokens = r->cached;
+    full.n_prompt_tokens = r->t_admitted > 0 ? static_cast<int32_t>(r->prompt.size()) - r->cached : 0;
+    full.n_generated_tokens = static_cast<int32_t>(r->generated.size());
+    full.stop_reason = r->state;
+    if (r->t_admitted > 0) full.prompt_seconds = (r->t_first > 0 ? r->t_first : end) - r->t_admitted;
+    if (r->t_first > 0) {
+      full.time_to_first_token_seconds = r->t_first - r->t_added;
+      full.generate_seconds = end - r->t_first;
+    }
+    full.prompt_tokens_per_second = full.prompt_seconds > 0 ? full.n_prompt_tokens / full.prompt_seconds : 0.0;
+    // The first token came with the prompt's logits: the decode rate counts those after it.
+    full.generated_tokens_per_second =
+        full.generate_seconds > 0 && full.n_generated_tokens > 1 ? (full.n_generated_tokens - 1) / full.generate_seconds : 0.0;
+    memcpy(stats, &full, moelite::api::generate_stats_bytes(stats->struct_size));
     return MOELITE_OK;
   });
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/status.h"
+#include "platforms/platform.h"
 
 namespace moelite {
 
@@ -30,6 +31,7 @@ Status RequestQueue::add(const std::vector<int32_t>& prompt, const GenerateOptio
   r.history = prompt;
   r.sampler = std::make_unique<Sampler>(opts.sampler);
   r.filter = std::make_unique<StreamFilter>(opts.stops);
+  r.t_added = platform::now_seconds();
   const int64_t rid = next_id_;
   waiting_.push_back(rid);  // first: if the map insertion throws, the id is popped below
   try {
@@ -76,6 +78,8 @@ void RequestQueue::admit() {
     Request& r = requests_.at(id);
     ctx_.truncate(static_cast<int32_t>(best_shared), best);
     r.fed = static_cast<size_t>(ctx_.length(best));  // a sliding-window cache may keep less than asked
+    r.cached = static_cast<int32_t>(r.fed);
+    r.t_admitted = platform::now_seconds();
     r.seq = best;
     r.state = kRunning;
     seq_request_[static_cast<size_t>(best)] = id;
@@ -85,6 +89,7 @@ void RequestQueue::admit() {
 
 void RequestQueue::finish(int64_t id, Request& r, int32_t stop) {
   r.state = stop;
+  r.t_finished = platform::now_seconds();
   if (r.seq >= 0 && seq_request_[static_cast<size_t>(r.seq)] == id) seq_request_[static_cast<size_t>(r.seq)] = -1;
   r.seq = -1;
   r.sampler.reset();
@@ -179,6 +184,7 @@ Status RequestQueue::step() {
       events_.push_back({id, -1, r.state});
       continue;
     }
+    if (r.t_first == 0) r.t_first = platform::now_seconds();
     int32_t next = -1;
     bool generated = false;
     switch (r.sampler->pick(ctx_.logits(static_cast<int32_t>(i)), n_vocab, r.history, &next)) {

@@ -66,6 +66,9 @@ class RequestQueue {
     std::string text;             // emitted (stop strings cut, nothing held back once finished)
     std::unique_ptr<Sampler> sampler;
     std::unique_ptr<StreamFilter> filter;
+    int32_t cached = 0;  // prompt tokens its sequence already held at admission
+    // Seconds (platform::now_seconds): added, admitted, its first sampled token, finished (0: not yet).
+    double t_added = 0, t_admitted = 0, t_first = 0, t_finished = 0;
   };
   // Null for an unknown (or removed) id.
   const Request* find(int64_t id) const;

@@ -1302,6 +1302,17 @@ MOELITE_API int64_t moelite_queue_finished(const moelite_queue* queue);
 /** The request's state (MOELITE_REQUEST_WAITING, _RUNNING or its moelite_stop_reason) into
  *  *state. MOELITE_ERR_INVALID_ARGUMENT for an unknown or removed id. */
 MOELITE_API moelite_status moelite_queue_request_state(const moelite_queue* queue, int64_t id, int32_t* state);
+/** The request's counts and times so far, in a moelite_generate_stats (struct_size as there):
+ *  n_cached_tokens, the prompt tokens its sequence already held when it was admitted;
+ *  n_prompt_tokens, the rest (evaluated); n_generated_tokens; stop_reason, its state (as
+ *  moelite_queue_request_state: negative while waiting or running); prompt_seconds, from its
+ *  admission to its first token; time_to_first_token_seconds, from moelite_queue_add (the wait
+ *  for a sequence included); generate_seconds, from its first token to its end (or now);
+ *  generated_tokens_per_second over the tokens after the first. Steps are shared, so a request's
+ *  times include the work of the requests batched with it. MOELITE_ERR_INVALID_ARGUMENT for an
+ *  unknown id, a NULL stats or a struct_size below sizeof(size_t). */
+MOELITE_API moelite_status moelite_queue_request_stats(const moelite_queue* queue, int64_t id,
+                                                       moelite_generate_stats* stats);
 /** The tokens the request generated so far (an end token is not one of them) into `tokens`
  *  (room for `capacity`); *n_tokens receives the count. MOELITE_ERR_BUFFER_TOO_SMALL when it
  *  exceeds capacity (tokens untouched); MOELITE_ERR_INVALID_ARGUMENT for an unknown id. */

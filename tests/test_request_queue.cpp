@@ -4,6 +4,7 @@
 // many sequences, chunk sizes and budgets, and with cancellations and failed steps in between.
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -246,6 +247,26 @@ TEST(RequestQueue, ARequestReusesTheSequenceThatHoldsItsPrefix) {
   const Outcome got = result_of(q.get(), n), want = alone(m.get(), next, 512);
   expect_same(got, want, 0);
   EXPECT_EQ(g_routed_rows, static_cast<int64_t>(turn.size() + got.tokens.size() - (got.stop == MOELITE_STOP_END_TOKEN ? 0 : 1)));
+  moelite_generate_stats stats;
+  stats.struct_size = sizeof stats;
+  ASSERT_EQ(moelite_queue_request_stats(q.get(), n, &stats), MOELITE_OK);
+  EXPECT_EQ(stats.n_cached_tokens, static_cast<int32_t>(system.size()));
+  EXPECT_EQ(stats.n_prompt_tokens, static_cast<int32_t>(turn.size()));
+  EXPECT_EQ(stats.n_generated_tokens, static_cast<int32_t>(got.tokens.size()));
+  EXPECT_EQ(stats.stop_reason, got.stop);
+  EXPECT_GT(stats.time_to_first_token_seconds, 0.0);
+  EXPECT_GE(stats.time_to_first_token_seconds, stats.prompt_seconds);
+  // A smaller struct (an older caller) gets only the fields that fit.
+  moelite_generate_stats old;
+  memset(&old, 0x5a, sizeof old);
+  old.struct_size = offsetof(moelite_generate_stats, n_generated_tokens);
+  ASSERT_EQ(moelite_queue_request_stats(q.get(), n, &old), MOELITE_OK);
+  EXPECT_EQ(old.n_cached_tokens, static_cast<int32_t>(system.size()));
+  int32_t untouched;
+  memset(&untouched, 0x5a, sizeof untouched);
+  EXPECT_EQ(old.n_generated_tokens, untouched);
+  EXPECT_EQ(moelite_queue_request_stats(q.get(), 999, &stats), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_queue_request_stats(q.get(), n, nullptr), MOELITE_ERR_INVALID_ARGUMENT);
 }
 
 TEST(RequestQueue, CancelledRequestsFreeTheirSequenceAndLeaveTheOthersExact) {

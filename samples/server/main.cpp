@@ -22,7 +22,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "context_pool.h"
+#include "batcher.h"
 #include "moelite.h"
 #include "openai.h"
 
@@ -44,7 +44,8 @@ int usage(const char* why) {
           "usage: moelite-server -m MODEL [--host 127.0.0.1] [--port 8080] [--budget BYTES|N%%|auto] [-t THREADS]\n"
           "                      [--parallel N] [-c N_CTX] [--backend auto|cpu|vulkan|cuda]\n"
           "  --port 0 picks a free port; the address is printed as \"listening on http://HOST:PORT\".\n"
-          "  --parallel N contexts answer N requests at once (default 2); others wait their turn.\n");
+          "  --parallel N: up to N requests decode together, batched in one context (default 2);\n"
+          "  others wait their turn.\n");
   return 2;
 }
 
@@ -67,7 +68,7 @@ struct ServerCounters {
 struct Server {
   moelite_model* model = nullptr;
   std::string model_id;
-  ContextPool pool;
+  Batcher batcher;
   ServerCounters counters;
 };
 
@@ -77,14 +78,10 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
   res.set_content(error_body(message, type, param).dump(), "application/json");
 }
 
-struct Outcome {
-  moelite_status status = MOELITE_OK;
-  std::string error;
-  moelite_generate_stats stats{};
-};
+using Outcome = Batcher::Outcome;
 
-// Generates the completion of r on a context of the pool; `on_piece` receives the text as it
-// comes and returns false to stop (the client went away).
+// Generates the completion of r through the batcher, together with whatever else is running;
+// `on_piece` receives the text as it comes and returns false to stop (the client went away).
 Outcome generate(Server& s, const CompletionRequest& r, const std::function<bool(const char*, size_t)>& on_piece) {
   Outcome o;
   o.stats.struct_size = sizeof(o.stats);
@@ -102,19 +99,14 @@ Outcome generate(Server& s, const CompletionRequest& r, const std::function<bool
   if (st == MOELITE_OK) st = moelite_generate_params_set_seed(gp, seed);
   for (const std::string& stop : r.stop)
     if (st == MOELITE_OK) st = moelite_generate_params_add_stop(gp, stop.c_str());
-  auto piece = [](const char* p, size_t n, void* user) -> int {
-    return (*static_cast<const std::function<bool(const char*, size_t)>*>(user))(p, n) ? 1 : 0;
-  };
-  if (st == MOELITE_OK)
-    st = moelite_generate_params_set_callback(gp, piece, const_cast<std::function<bool(const char*, size_t)>*>(&on_piece));
   if (st == MOELITE_OK) {
     s.counters.active++;
-    ContextPool::Lease lease = s.pool.acquire(r.prompt);
-    st = moelite_generate_tokens(lease.context(), r.prompt.data(), static_cast<int32_t>(r.prompt.size()), gp,
-                                 &o.stats);
+    o = s.batcher.generate(r.prompt, gp, on_piece);
     s.counters.active--;
+    st = o.status;
+  } else {
+    o.error = std::string(moelite_status_name(st)) + ": " + moelite_last_error();
   }
-  if (st != MOELITE_OK) o.error = std::string(moelite_status_name(st)) + ": " + moelite_last_error();
   moelite_generate_params_free(gp);
   o.status = st;
   s.counters.requests++;
@@ -142,7 +134,7 @@ void handle_completion(Server& s, const httplib::Request& req, httplib::Response
   if (body.is_discarded()) return send_error(res, 400, "the request body is not valid JSON", "invalid_request_error");
   auto r = std::make_shared<CompletionRequest>();
   RequestError e;
-  if (!parse_completion_request(body, chat, s.model, s.pool.n_ctx(), r.get(), &e))
+  if (!parse_completion_request(body, chat, s.model, s.batcher.n_ctx(), r.get(), &e))
     return send_error(res, e.http_status, e.message, "invalid_request_error", e.param);
   const ResponseIds ids = new_ids(s, chat);
   if (!r->stream) {
@@ -199,7 +191,7 @@ json stats_json(Server& s) {
           {"backend", moelite_model_backend_name(s.model)},
           {"expert_budget_bytes", budget},
           {"expert_bytes", moelite_model_get(s.model, MOELITE_MODEL_EXPERT_BYTES)},
-          {"contexts", s.pool.size()},
+          {"sequences", s.batcher.n_seq()},
           {"active_requests", s.counters.active.load()},
           {"requests", s.counters.requests.load()},
           {"generated_tokens", s.counters.generated_tokens.load()},
@@ -225,7 +217,7 @@ void add_routes(httplib::Server& http, Server& s) {
                 {"created", 0},
                 {"owned_by", "moelite"},
                 {"arch", moelite_model_arch(s.model)},
-                {"n_ctx", s.pool.n_ctx()},
+                {"n_ctx", s.batcher.n_ctx()},
                 {"n_vocab", moelite_model_get(s.model, MOELITE_MODEL_N_VOCAB)},
                 {"expert_budget_bytes", moelite_model_get(s.model, MOELITE_MODEL_EXPERT_BUDGET)}};
   };
@@ -339,8 +331,8 @@ int main(int argc, char** argv) {
   s.model_id = base.size() > 5 && base.compare(base.size() - 5, 5, ".gguf") == 0 ? base.substr(0, base.size() - 5) : base;
   std::string why;
   const int32_t n_ctx = std::min<int32_t>(o.n_ctx, static_cast<int32_t>(moelite_model_get(s.model, MOELITE_MODEL_N_CTX_TRAIN)));
-  if (!s.pool.create(s.model, o.parallel, std::max<int32_t>(16, n_ctx), &why)) {
-    fprintf(stderr, "moelite-server: creating contexts: %s\n", why.c_str());
+  if (!s.batcher.create(s.model, o.parallel, std::max<int32_t>(16, n_ctx), &why)) {
+    fprintf(stderr, "moelite-server: creating the context: %s\n", why.c_str());
     moelite_model_free(s.model);
     return 1;
   }
@@ -358,12 +350,12 @@ int main(int argc, char** argv) {
     sigwait(&stop_signals, &sig);
     http.stop();
   });
-  printf("listening on http://%s:%d (model %s, %s, %zu contexts of %d positions)\n", o.host.c_str(), port,
-         s.model_id.c_str(), moelite_model_backend_name(s.model), s.pool.size(), s.pool.n_ctx());
+  printf("listening on http://%s:%d (model %s, %s, %d sequences of %d positions)\n", o.host.c_str(), port,
+         s.model_id.c_str(), moelite_model_backend_name(s.model), s.batcher.n_seq(), s.batcher.n_ctx());
   fflush(stdout);
   const bool ok = http.listen_after_bind();
   pthread_kill(stopper.native_handle(), SIGTERM);  // if the server ended on its own
   stopper.join();
-  moelite_model_free(s.model);  // the pool's contexts keep it alive until they go
+  moelite_model_free(s.model);  // the batcher's context keeps it alive until it goes
   return ok ? 0 : 1;
 }

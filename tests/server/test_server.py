@@ -102,7 +102,7 @@ def test_info_endpoints(server):
     assert request(server, "GET", "/health")[0] == 200
     status, _, payload = request(server, "GET", "/v1/moelite/stats")
     stats = json.loads(payload)
-    assert status == 200 and stats["expert_budget_bytes"] > 0 and stats["contexts"] == 3
+    assert status == 200 and stats["expert_budget_bytes"] > 0 and stats["sequences"] == 3
     status, ctype, page = request(server, "GET", "/")
     assert status == 200 and ctype.startswith("text/html") and b"/v1/chat/completions" in page
 

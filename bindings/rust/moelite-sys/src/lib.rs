@@ -357,6 +357,7 @@ extern "C" {
     pub fn moelite_queue_running(queue: *const moelite_queue) -> i64;
     pub fn moelite_queue_finished(queue: *const moelite_queue) -> i64;
     pub fn moelite_queue_request_state(queue: *const moelite_queue, id: i64, state: *mut i32) -> moelite_status;
+    pub fn moelite_queue_request_stats(queue: *const moelite_queue, id: i64, stats: *mut moelite_generate_stats) -> moelite_status;
     pub fn moelite_queue_request_tokens(queue: *const moelite_queue, id: i64, tokens: *mut i32, capacity: i32, n_tokens: *mut i32) -> moelite_status;
     pub fn moelite_queue_request_text(queue: *const moelite_queue, id: i64, buf: *mut c_char, capacity: usize, length: *mut usize) -> moelite_status;
     pub fn moelite_queue_cancel(queue: *mut moelite_queue, id: i64) -> moelite_status;
