@@ -61,7 +61,7 @@ impl GenerateParams {
         self
     }
 
-    fn build(&self) -> Result<RawGenerateParams> {
+    pub(crate) fn build(&self) -> Result<RawGenerateParams> {
         let p = RawGenerateParams(
             NonNull::new(unsafe { sys::moelite_generate_params_create() })
                 .ok_or_else(|| Error { status: Status::OUT_OF_MEMORY, message: "generate parameters".into() })?,
@@ -97,7 +97,7 @@ impl GenerateParams {
     }
 }
 
-struct RawGenerateParams(NonNull<sys::moelite_generate_params>);
+pub(crate) struct RawGenerateParams(pub(crate) NonNull<sys::moelite_generate_params>);
 
 impl Drop for RawGenerateParams {
     fn drop(&mut self) {
@@ -119,7 +119,7 @@ pub enum StopReason {
 }
 
 impl StopReason {
-    fn from_raw(v: i32) -> StopReason {
+    pub(crate) fn from_raw(v: i32) -> StopReason {
         match v {
             sys::MOELITE_STOP_END_TOKEN => StopReason::EndToken,
             sys::MOELITE_STOP_MAX_TOKENS => StopReason::MaxTokens,

@@ -21,12 +21,14 @@ mod context;
 mod error;
 mod generate;
 mod model;
+mod queue;
 mod stats;
 
 pub use context::{Context, ContextParams};
 pub use error::{Error, Result, Status};
 pub use generate::{GenerateParams, GenerateStats, Generation, Sampler, StopReason, Token};
 pub use model::{Backend, Budget, ChatMessage, Model, ModelKey, ModelParams};
+pub use queue::{Queue, QueueEvent, RequestState};
 pub use moelite_sys as sys;
 pub use stats::ExpertStats;
 

@@ -6,7 +6,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use moelite::{
-    Backend, Budget, ChatMessage, Context, ContextParams, GenerateParams, Model, ModelParams, Status, StopReason,
+    Backend, Budget, ChatMessage, Context, ContextParams, GenerateParams, Model, ModelParams, Queue, RequestState,
+    Status, StopReason,
 };
 
 fn model_path() -> PathBuf {
@@ -222,4 +223,53 @@ fn batches_and_sessions() {
     std::fs::write(&path, b"not a session").unwrap();
     assert_eq!(restored.load(&path).err().unwrap().status, Status::BAD_SESSION);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_queue_gives_each_request_what_it_generates_alone() {
+    let model = Model::load(model_path(), &cpu(2)).unwrap();
+    let requests = [
+        ("def fibonacci(n):", GenerateParams::new().max_tokens(12).temperature(0.0)),
+        ("import os\n", GenerateParams::new().max_tokens(7).temperature(0.8).seed(3)),
+        ("The Python standard library", GenerateParams::new().max_tokens(20).temperature(0.9).seed(5).stop("mail")),
+    ];
+    // The reference: the library's generation loop on a context of its own for each request.
+    let mut want = Vec::new();
+    for (text, params) in &requests {
+        let prompt = model.tokenize(text, true, true).unwrap();
+        let mut alone = Context::new(&model, &ContextParams::new().n_ctx(256)).unwrap();
+        let mut gen = alone.generate(&prompt, params).unwrap();
+        let (mut ids, mut out) = (Vec::new(), String::new());
+        for t in gen.by_ref() {
+            let t = t.unwrap();
+            ids.push(t.id);
+            out.push_str(&t.text);
+        }
+        let why = gen.stop_reason().unwrap();
+        want.push((prompt, ids, out, why));
+    }
+    assert!(want.iter().any(|w| w.3 == StopReason::StopString));
+    let mut ctx = Context::new(&model, &ContextParams::new().n_ctx(256).n_seq(2).n_batch(8)).unwrap();
+    let mut queue = Queue::new(&mut ctx).unwrap();
+    let ids: Vec<i64> = requests.iter().zip(&want).map(|((_, p), w)| queue.add(&w.0, p).unwrap()).collect();
+    assert_eq!(ids, vec![0, 1, 2]);
+    assert_eq!(queue.waiting(), 3);
+    let events = queue.run().unwrap();
+    assert_eq!(queue.finished(), 3);
+    for (id, (_, tokens, text, why)) in ids.iter().zip(&want) {
+        assert_eq!(&queue.tokens(*id).unwrap(), tokens);
+        assert_eq!(&queue.text(*id).unwrap(), text);
+        assert_eq!(queue.state(*id).unwrap(), RequestState::Finished(*why));
+        let streamed: Vec<i32> = events.iter().filter(|e| e.request == *id).filter_map(|e| e.token).collect();
+        assert_eq!(&streamed, tokens);
+    }
+    queue.remove(0).unwrap();
+    assert_eq!(queue.state(0).unwrap_err().status, Status::INVALID_ARGUMENT);
+    assert_eq!(queue.add(&[1, -3], &GenerateParams::new()).unwrap_err().status, Status::BAD_TOKEN);
+    let late = queue.add(&[1, 2, 3], &GenerateParams::new().max_tokens(50)).unwrap();
+    queue.step().unwrap();
+    assert_eq!(queue.state(late).unwrap(), RequestState::Running);
+    queue.cancel(late).unwrap();
+    assert_eq!(queue.state(late).unwrap(), RequestState::Finished(StopReason::Aborted));
+    assert!(queue.step().unwrap().is_empty());
 }
