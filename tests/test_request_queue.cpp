@@ -139,6 +139,24 @@ void drain(moelite_queue* q, std::map<int64_t, std::vector<int32_t>>* streamed =
   }
 }
 
+// A queue over ctx, and every request of `specs` added to it in order (their ids).
+QueuePtr queue_of(moelite_context* ctx) {
+  moelite_queue* raw = nullptr;
+  EXPECT_EQ(moelite_queue_create(ctx, &raw), MOELITE_OK) << moelite_last_error();
+  return QueuePtr(raw, moelite_queue_free);
+}
+
+std::vector<int64_t> add_all(moelite_queue* q, const std::vector<Spec>& specs) {
+  std::vector<int64_t> ids;
+  for (const Spec& s : specs) {
+    int64_t id = -1;
+    EXPECT_EQ(moelite_queue_add(q, s.prompt.data(), static_cast<int32_t>(s.prompt.size()), params_of(s).get(), &id),
+              MOELITE_OK);
+    ids.push_back(id);
+  }
+  return ids;
+}
+
 std::vector<Spec> mixed_requests(moelite_model* m) {
   std::vector<Spec> s;
   const std::vector<int32_t> base = tokens_of(m, 0, 160);
@@ -182,17 +200,8 @@ TEST(RequestQueue, EachRequestGeneratesWhatItGeneratesAlone) {
     ModelPtr budgeted = setup.budget ? load_model(setup.budget) : ModelPtr(nullptr, moelite_model_free);
     moelite_model* m = budgeted ? budgeted.get() : resident.get();
     ContextPtr ctx = make_context(m, setup.n_seq, 256, setup.n_batch);
-    moelite_queue* raw = nullptr;
-    ASSERT_EQ(moelite_queue_create(ctx.get(), &raw), MOELITE_OK);
-    QueuePtr q(raw, moelite_queue_free);
-    std::vector<int64_t> ids;
-    for (const Spec& s : specs) {
-      ParamsPtr p = params_of(s);
-      int64_t id = -1;
-      ASSERT_EQ(moelite_queue_add(q.get(), s.prompt.data(), static_cast<int32_t>(s.prompt.size()), p.get(), &id),
-                MOELITE_OK);
-      ids.push_back(id);
-    }
+    QueuePtr q = queue_of(ctx.get());
+    const std::vector<int64_t> ids = add_all(q.get(), specs);
     EXPECT_EQ(ids.front(), 0);
     EXPECT_EQ(ids.back(), static_cast<int64_t>(specs.size()) - 1);
     std::map<int64_t, std::vector<int32_t>> streamed;
@@ -228,19 +237,12 @@ TEST(RequestQueue, ARequestReusesTheSequenceThatHoldsItsPrefix) {
   ASSERT_EQ(moelite_context_create(m.get(), cp, &c), MOELITE_OK);
   moelite_context_params_free(cp);
   ContextPtr ctx(c, moelite_context_free);
-  moelite_queue* raw = nullptr;
-  ASSERT_EQ(moelite_queue_create(ctx.get(), &raw), MOELITE_OK);
-  QueuePtr q(raw, moelite_queue_free);
-  int64_t a = -1, b = -1, n = -1;
-  ASSERT_EQ(moelite_queue_add(q.get(), first.prompt.data(), static_cast<int32_t>(first.prompt.size()),
-                              params_of(first).get(), &a), MOELITE_OK);
-  ASSERT_EQ(moelite_queue_add(q.get(), unrelated.prompt.data(), static_cast<int32_t>(unrelated.prompt.size()),
-                              params_of(unrelated).get(), &b), MOELITE_OK);
+  QueuePtr q = queue_of(ctx.get());
+  add_all(q.get(), {first, unrelated});
   drain(q.get());
   // Both sequences are free now; the next request shares 200 tokens with the first one's.
   g_routed_rows = 0;
-  ASSERT_EQ(moelite_queue_add(q.get(), next.prompt.data(), static_cast<int32_t>(next.prompt.size()),
-                              params_of(next).get(), &n), MOELITE_OK);
+  const int64_t n = add_all(q.get(), {next}).front();
   drain(q.get());
   // Its new prompt tokens and its decode steps (all but the last sampled token) were evaluated; the
   // shared system prompt was not.
@@ -273,16 +275,8 @@ TEST(RequestQueue, CancelledRequestsFreeTheirSequenceAndLeaveTheOthersExact) {
   ModelPtr m = load_model();
   std::vector<Spec> specs = mixed_requests(m.get());
   ContextPtr ctx = make_context(m.get(), 2);
-  moelite_queue* raw = nullptr;
-  ASSERT_EQ(moelite_queue_create(ctx.get(), &raw), MOELITE_OK);
-  QueuePtr q(raw, moelite_queue_free);
-  std::vector<int64_t> ids;
-  for (const Spec& s : specs) {
-    int64_t id = -1;
-    ASSERT_EQ(moelite_queue_add(q.get(), s.prompt.data(), static_cast<int32_t>(s.prompt.size()), params_of(s).get(), &id),
-              MOELITE_OK);
-    ids.push_back(id);
-  }
+  QueuePtr q = queue_of(ctx.get());
+  const std::vector<int64_t> ids = add_all(q.get(), specs);
   // Request 7 is cancelled while it waits, request 0 after three steps (while it runs), request 3
   // is removed while it waits.
   ASSERT_EQ(moelite_queue_cancel(q.get(), ids[7]), MOELITE_OK);
@@ -331,16 +325,8 @@ TEST(RequestQueue, AFailedStepChangesNoRequestAndTheNextStepGoesOn) {
   std::vector<Spec> specs = mixed_requests(m.get());
   specs.resize(4);
   ContextPtr ctx = make_context(m.get(), 2, 256, 32);
-  moelite_queue* raw = nullptr;
-  ASSERT_EQ(moelite_queue_create(ctx.get(), &raw), MOELITE_OK);
-  QueuePtr q(raw, moelite_queue_free);
-  std::vector<int64_t> ids;
-  for (const Spec& s : specs) {
-    int64_t id = -1;
-    ASSERT_EQ(moelite_queue_add(q.get(), s.prompt.data(), static_cast<int32_t>(s.prompt.size()), params_of(s).get(), &id),
-              MOELITE_OK);
-    ids.push_back(id);
-  }
+  QueuePtr q = queue_of(ctx.get());
+  const std::vector<int64_t> ids = add_all(q.get(), specs);
   ASSERT_EQ(moelite_queue_step(q.get(), nullptr), MOELITE_OK);
   ASSERT_EQ(moelite_queue_step(q.get(), nullptr), MOELITE_OK);
   // Three steps abort (the context's callback); each changes nothing.
@@ -363,11 +349,8 @@ TEST(RequestQueue, ARequestEndsWhereItsSequenceIsFull) {
   const Outcome want = alone(m.get(), s, n_ctx);
   ASSERT_EQ(want.stop, MOELITE_STOP_CONTEXT_FULL);
   ContextPtr ctx = make_context(m.get(), 2, n_ctx);
-  moelite_queue* raw = nullptr;
-  ASSERT_EQ(moelite_queue_create(ctx.get(), &raw), MOELITE_OK);
-  QueuePtr q(raw, moelite_queue_free);
-  int64_t id = -1;
-  ASSERT_EQ(moelite_queue_add(q.get(), s.prompt.data(), 20, params_of(s).get(), &id), MOELITE_OK);
+  QueuePtr q = queue_of(ctx.get());
+  const int64_t id = add_all(q.get(), {s}).front();
   drain(q.get());
   expect_same(result_of(q.get(), id), want, 0);
 }

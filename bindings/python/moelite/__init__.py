@@ -1420,7 +1420,40 @@ _STATS_FIELDS = [f[0] for f in _lib.GenerateStats._fields_ if f[0] != "struct_si
 RoutingCallback = Callable[[int, int, Any, Any], Any]
 
 
-class Context:
+class _Closeable:
+    """A library handle freed by close() (idempotent): `with` closes it, and so does the garbage
+    collector. Subclasses set _ptr and _kind and define close()."""
+
+    _ptr: Optional[int] = None
+    _kind = "object"
+
+    def _handle(self) -> int:
+        if not self._ptr:
+            raise ValueError("the %s is closed" % self._kind)
+        return self._ptr
+
+    @property
+    def closed(self) -> bool:
+        """True after close()."""
+        return not self._ptr
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
+
+class Context(_Closeable):
     """One inference stream (KV cache + scratch) on a Model; use from one thread at a time.
 
     n_ctx: tokens the KV cache holds (None: min(training context, 4096)); n_batch: most tokens
@@ -1488,16 +1521,8 @@ class Context:
             _c.moelite_context_params_free(params)
         model._contexts.add(self)
 
-    # ---- lifetime ----
-    def _handle(self) -> int:
-        if not self._ptr:
-            raise ValueError("the context is closed")
-        return self._ptr
-
-    @property
-    def closed(self) -> bool:
-        """True after close() (or after Model.close())."""
-        return not self._ptr
+    # ---- lifetime (_Closeable: _handle, closed, with, the finalizer) ----
+    _kind = "context"
 
     def close(self) -> None:
         """Frees the context (stopping a generation in progress first). Idempotent."""
@@ -1514,18 +1539,6 @@ class Context:
                 q.close()
             ptr, self._ptr = self._ptr, None
             self._free(ptr)
-
-    def __enter__(self) -> "Context":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - never raise from a finalizer
-            pass
 
     def __repr__(self) -> str:
         if not self._ptr:
@@ -1869,7 +1882,7 @@ REQUEST_WAITING = -2  # Queue.state(): not yet admitted into a sequence
 REQUEST_RUNNING = -1  # Queue.state(): being evaluated; a finished request's state is its StopReason
 
 
-class Queue:
+class Queue(_Closeable):
     """Many generation requests decoded together by one context's sequences (moelite_queue_*):
     continuous batching. Up to ctx.n_seq requests run at once; each step() evaluates the next
     token of every running request with prompt chunks of newly admitted ones in one forward pass,
@@ -1908,14 +1921,7 @@ class Queue:
             self._ptr = out.value
             ctx._queues.add(self)
 
-    def _handle(self) -> int:
-        if not self._ptr:
-            raise ValueError("the queue is closed")
-        return self._ptr
-
-    @property
-    def closed(self) -> bool:
-        return not self._ptr
+    _kind = "queue"
 
     def close(self) -> None:
         """Frees the queue and its requests (the context stays). Idempotent."""
@@ -1923,18 +1929,6 @@ class Queue:
             ptr, self._ptr = self._ptr, None
             if ptr:
                 self._free(ptr)
-
-    def __enter__(self) -> "Queue":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - never raise from a finalizer
-            pass
 
     def add(self, prompt: Union[TextLike, Sequence[int]], *, max_tokens: Optional[int] = None,
             temperature: Optional[float] = None, top_k: Optional[int] = None, top_p: Optional[float] = None,
@@ -2079,7 +2073,7 @@ class Queue:
             _check(_c.moelite_queue_remove(self._handle(), int(request)))
 
 
-class Sampler:
+class Sampler(_Closeable):
     """The token choice of generation, for loops that drive Context.eval() themselves
     (moelite_sampler_*). Built from the same sampling settings as Context.generate()
     (temperature, top_k, top_p, min_p, repeat_penalty/repeat_last_n, seed, logit_bias, logits;
@@ -2127,14 +2121,7 @@ class Sampler:
         finally:
             _c.moelite_generate_params_free(params)
 
-    def _handle(self) -> int:
-        if not self._ptr:
-            raise ValueError("the sampler is closed")
-        return self._ptr
-
-    @property
-    def closed(self) -> bool:
-        return not self._ptr
+    _kind = "sampler"
 
     def close(self) -> None:
         """Frees the sampler. Idempotent."""
@@ -2142,18 +2129,6 @@ class Sampler:
             ptr, self._ptr = self._ptr, None
             if ptr:
                 self._free(ptr)
-
-    def __enter__(self) -> "Sampler":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - never raise from a finalizer
-            pass
 
     def accept(self, tokens: Iterable[int]) -> None:
         """Appends tokens to the history (e.g. the prompt's); ids are not checked here."""
