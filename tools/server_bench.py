@@ -37,6 +37,13 @@ def start(server, model, budget, parallel, threads):
 
 
 def one_request(host, port, i, max_tokens, out):
+    try:
+        _one_request(host, port, i, max_tokens, out)
+    except Exception as e:  # noqa: BLE001 - reported, and the run stops
+        out[i] = e
+
+
+def _one_request(host, port, i, max_tokens, out):
     body = json.dumps({"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": max_tokens, "temperature": 0.8,
                        "seed": 100 + i, "stream": True, "stream_options": {"include_usage": True}})
     t0 = time.perf_counter()
@@ -66,6 +73,9 @@ def measure(host, port, clients, max_tokens):
         t.start()
     for t in threads:
         t.join()
+    for o in out:
+        if isinstance(o, Exception):
+            raise RuntimeError("a request to %s:%d failed: %r" % (host, port, o))
     wall = max(o[2] for o in out) - t0
     tokens = sum(o[1] for o in out)
     return {"tok_s": tokens / wall, "tokens": tokens, "wall_s": wall,
@@ -92,6 +102,9 @@ def main():
                 measure(host, port, 1, 4)  # warm: pages in, threads up
                 for n in counts:
                     results[server][n].append(measure(host, port, n, a.max_tokens))
+            except RuntimeError as e:
+                proc.terminate()
+                raise SystemExit("%s (%s, exit %s): %s" % (e, server, proc.wait(timeout=60), proc.stderr.read()[-2000:]))
             finally:
                 proc.terminate()
                 proc.wait(timeout=60)

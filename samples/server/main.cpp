@@ -72,10 +72,15 @@ struct Server {
   ServerCounters counters;
 };
 
+// JSON for the wire. Generated text need not be valid UTF-8 (a model may emit byte tokens that
+// form no character, which the library passes on whole); such bytes become U+FFFD here instead
+// of an exception (nlohmann::json throws on them by default).
+std::string wire(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 void send_error(httplib::Response& res, int status, const std::string& message, const std::string& type,
                 const std::string& param = "") {
   res.status = status;
-  res.set_content(error_body(message, type, param).dump(), "application/json");
+  res.set_content(wire(error_body(message, type, param)), "application/json");
 }
 
 using Outcome = Batcher::Outcome;
@@ -144,7 +149,7 @@ void handle_completion(Server& s, const httplib::Request& req, httplib::Response
       return true;
     });
     if (o.status != MOELITE_OK) return send_error(res, 500, o.error, "server_error");
-    res.set_content(completion_response(*r, ids, text, o.stats.stop_reason, o.stats).dump(), "application/json");
+    res.set_content(wire(completion_response(*r, ids, text, o.stats.stop_reason, o.stats)), "application/json");
     return;
   }
   res.set_header("Cache-Control", "no-cache");
@@ -152,7 +157,7 @@ void handle_completion(Server& s, const httplib::Request& req, httplib::Response
   Server* server = &s;
   res.set_chunked_content_provider("text/event-stream", [server, r, ids](size_t, httplib::DataSink& sink) {
     auto send = [&](const json& j) {
-      const std::string event = "data: " + j.dump() + "\n\n";
+      const std::string event = "data: " + wire(j) + "\n\n";
       return sink.is_writable() && sink.write(event.data(), event.size());
     };
     bool first = true;
@@ -222,15 +227,15 @@ void add_routes(httplib::Server& http, Server& s) {
                 {"expert_budget_bytes", moelite_model_get(s.model, MOELITE_MODEL_EXPERT_BUDGET)}};
   };
   http.Get("/v1/models", [model_entry](const httplib::Request&, httplib::Response& res) {
-    res.set_content(json{{"object", "list"}, {"data", json::array({model_entry()})}}.dump(), "application/json");
+    res.set_content(wire(json{{"object", "list"}, {"data", json::array({model_entry()})}}), "application/json");
   });
   http.Get(R"(/v1/models/(.+))", [&s, model_entry](const httplib::Request& req, httplib::Response& res) {
     if (req.matches[1] != s.model_id)
       return send_error(res, 404, "no model '" + std::string(req.matches[1]) + "'", "invalid_request_error", "model");
-    res.set_content(model_entry().dump(), "application/json");
+    res.set_content(wire(model_entry()), "application/json");
   });
   http.Get("/v1/moelite/stats", [&s](const httplib::Request&, httplib::Response& res) {
-    res.set_content(stats_json(s).dump(), "application/json");
+    res.set_content(wire(stats_json(s)), "application/json");
   });
   http.Post("/v1/chat/completions",
             [&s](const httplib::Request& req, httplib::Response& res) { handle_completion(s, req, res, true); });
@@ -246,7 +251,7 @@ void add_routes(httplib::Server& http, Server& s) {
     const std::string what = res.status == 404   ? "no route for " + req.method + " " + req.path
                              : res.status == 413 ? "the request body is too large"
                                                  : "request failed";
-    res.set_content(error_body(what, "invalid_request_error").dump(), "application/json");
+    res.set_content(wire(error_body(what, "invalid_request_error")), "application/json");
   });
   http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "internal error";

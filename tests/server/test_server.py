@@ -213,6 +213,36 @@ def test_bad_chat_requests(server, body, param):
     assert err["error"]["param"] == param and err["error"]["message"]
 
 
+def test_text_that_is_not_utf8_does_not_end_the_server():
+    """A random-weight model emits byte tokens that form no UTF-8 character (the library passes
+    them on whole): the answers carry U+FFFD in their place, streamed and not, and the server goes
+    on. Before, the JSON writer threw and the process aborted."""
+    os.makedirs(TMP, exist_ok=True)
+    model = os.path.join(TMP, "random-qwen3moe.gguf")
+    subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tools", "make_tiny_model.py"), "--arch", "qwen3moe",
+                    "--type", "Q8_0", "--seed", "1", "--out", model, "--quiet"], check=True, timeout=300)
+    proc = subprocess.Popen([SERVER, "-m", model, "--port", "0", "-t", "2", "--parallel", "2", "-c", "256"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        host, port = line.split("http://")[1].split()[0].rsplit(":", 1)
+        srv = (host, int(port), proc)
+        replaced = False
+        for seed in range(1, 5):
+            body = {"prompt": "def f(x):", "max_tokens": 48, "temperature": 1.0, "seed": seed}
+            status, full = post_json(srv, "/v1/completions", body)
+            assert status == 200, full
+            text = full["choices"][0]["text"]
+            streamed = "".join(c["choices"][0]["text"] for c in stream(srv, "/v1/completions", body) if c["choices"])
+            assert streamed == text
+            replaced |= "\ufffd" in text
+        assert replaced, "no answer held bytes that are not UTF-8: the case is not exercised"
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+
+
 def test_bad_http(server):
     for method, path, raw, code in [("POST", "/v1/chat/completions", b"{not json", 400),
                                     ("POST", "/v1/completions", b"[1, 2]", 400),
