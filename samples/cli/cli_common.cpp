@@ -224,18 +224,47 @@ bool read_file(const std::string& path, std::string* out) {
   return ok;
 }
 
+// Length of the well-formed UTF-8 character at s[i] (RFC 3629: no overlong forms, no
+// surrogates, nothing above U+10FFFF), or 0 when the bytes there are not one.
+static size_t utf8_char_length(const std::string& s, size_t i) {
+  const auto at = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = at(i);
+  if (c < 0x80) return 1;
+  size_t n;
+  unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) n = 2;
+  else if (c >= 0xE0 && c <= 0xEF) n = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+  else if (c >= 0xF0 && c <= 0xF4) n = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+  else return 0;
+  if (i + n > s.size() || at(i + 1) < lo || at(i + 1) > hi) return 0;
+  for (size_t k = 2; k < n; ++k)
+    if ((at(i + k) & 0xC0) != 0x80) return 0;
+  return n;
+}
+
+// A JSON string body. Generated text need not be valid UTF-8 (byte tokens that form no
+// character, or a character cut by max_tokens): each byte that does not start a well-formed
+// character becomes U+FFFD, so every line stays valid JSON.
 std::string json_escape(const std::string& s) {
   std::string o;
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const size_t n = utf8_char_length(s, i);
+    if (n == 0) {
+      o += "\xEF\xBF\xBD";  // U+FFFD
+      ++i;
+    } else if (c == '"' || c == '\\') {
       o += '\\';
       o += static_cast<char>(c);
+      ++i;
     } else if (c < 0x20) {
       char buf[8];
       snprintf(buf, sizeof buf, "\\u%04x", c);
       o += buf;
+      ++i;
     } else {
-      o += static_cast<char>(c);
+      o.append(s, i, n);
+      i += n;
     }
   }
   return o;

@@ -409,3 +409,24 @@ def test_a_plan_recorded_from_the_prompts_is_the_plan_of_their_trace():
         r = subprocess.run([BIN, "batch", "-m", MODEL, "-f", requests, *bad], capture_output=True, text=True,
                            timeout=60)
         assert r.returncode != 0 and "--plan-record" in r.stderr, (bad, r.stderr)
+
+
+def test_results_are_valid_json_when_the_text_is_not_utf8():
+    """A random-weight model emits byte tokens that form no UTF-8 character: each such byte is
+    written as U+FFFD, so every result line is valid UTF-8 JSON."""
+    os.makedirs(TMP, exist_ok=True)
+    model = os.path.join(TMP, "random-qwen3moe.gguf")
+    subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tools", "make_tiny_model.py"), "--arch", "qwen3moe",
+                    "--type", "Q8_0", "--seed", "1", "--out", model, "--quiet"], check=True, timeout=300)
+    requests = os.path.join(TMP, "random-requests.jsonl")
+    with open(requests, "w") as f:
+        for i in range(4):
+            f.write(json.dumps({"prompt": "def f(x):", "max_tokens": 48}) + "\n")
+    out = os.path.join(TMP, "random-out.jsonl")
+    r = subprocess.run([BIN, "batch", "-m", model, "-t", "2", "-f", requests, "-o", out, "--n-seq", "2",
+                        "--temp", "1.0", "--seed", "1"], capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    with open(out, "rb") as f:
+        lines = [json.loads(line.decode("utf-8")) for line in f]  # strict: raises on bytes that are not UTF-8
+    assert len(lines) == 4
+    assert any("\ufffd" in line["text"] for line in lines), "the case is not exercised"
