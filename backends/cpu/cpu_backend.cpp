@@ -142,19 +142,22 @@ inline void for_rows(int64_t r0, int64_t r1, int step, Body&& body) {
   for (; r < r1; ++r) body(std::integral_constant<int, 1>(), r, int64_t{0});
 }
 
-// Weight rows stream from DRAM once per token in decode. On Intel Xeons the hardware prefetchers
-// lose the stream at every 4 KiB page boundary of the file mapping, so each task also asks for the
-// rows it will need `g_prefetch_rows` rows ahead, keeping enough misses in flight to approach full
-// bandwidth. On AMD Zen 4 every software prefetch tried costs bandwidth instead (one thread
+// Weight rows stream from DRAM once per token in decode. Each task can also ask for the rows it
+// will need `g_prefetch_rows` rows ahead (software prefetch, non-temporal). It was added for an
+// Intel Xeon whose hardware prefetchers were said to lose the stream at every 4 KiB page of the
+// file mapping, but every x86 measured since streams faster without it: AMD Zen 4 (one thread
 // streaming Q8_0 rows from DRAM: 23-27 GB/s without, 20-22 GB/s with whole rows 2 ahead, 19-21
-// GB/s with only the lines at page starts; decode of the OLMoE-shaped model 41 vs 35 tok/s), so
-// the default there is 0. MOELITE_PREFETCH_ROWS overrides both.
+// GB/s with only the lines at page starts; decode of the OLMoE-shaped model 41 vs 35 tok/s) and an
+// Intel Xeon with AMX (stop 38: decode of the same model, 2 threads, 19.4 / 20.2 tok/s without
+// against 11.6 / 13.9 with 2 rows and 10.6 / 10.2 with 8; llama.cpp 18.6 in the same run). So x86
+// defaults to 0; other CPUs keep 2 (unmeasured on hardware). MOELITE_PREFETCH_ROWS overrides.
 int g_prefetch_rows = [] {
   if (const char* e = getenv("MOELITE_PREFETCH_ROWS")) return atoi(e);
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-  if (__builtin_cpu_is("amd")) return 0;
-#endif
+#if defined(__x86_64__) || defined(__i386__)
+  return 0;
+#else
   return 2;
+#endif
 }();
 
 inline void prefetch_row(const uint8_t* p, uint64_t bytes) {
