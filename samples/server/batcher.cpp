@@ -50,11 +50,6 @@ Batcher::~Batcher() {
   moelite_context_free(ctx_);
 }
 
-int64_t Batcher::running() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return running_;
-}
-
 void Batcher::finish(Job& job, moelite_status status, const std::string& error, int32_t stop) {
   moelite_generate_stats stats{};
   stats.struct_size = sizeof stats;
@@ -148,10 +143,6 @@ void Batcher::run() {
       finish(*active.at(id), MOELITE_OK, "", MOELITE_STOP_ABORTED);
       (void)moelite_queue_remove(queue_, id);
       active.erase(id);
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      running_ = moelite_queue_running(queue_) + moelite_queue_waiting(queue_);
     }
     if (moelite_queue_running(queue_) + moelite_queue_waiting(queue_) == 0) continue;
     int32_t n_events = 0;

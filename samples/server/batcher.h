@@ -42,7 +42,6 @@ class Batcher {
 
   int32_t n_ctx() const { return n_ctx_; }
   int n_seq() const { return n_seq_; }
-  int64_t running() const;  // requests admitted and not finished (the stats page)
 
  private:
   struct Job;
@@ -54,9 +53,8 @@ class Batcher {
   int32_t n_ctx_ = 0;
   int n_seq_ = 0;
   std::thread scheduler_;
-  mutable std::mutex mu_;          // guards inbox_, stopping_ and each job's shared fields
+  std::mutex mu_;                  // guards inbox_, stopping_ and each job's shared fields
   std::condition_variable wake_;   // the scheduler: a job arrived, one was cancelled, or stop
   std::deque<std::shared_ptr<Job>> inbox_;
   bool stopping_ = false;
-  int64_t running_ = 0;
 };
