@@ -770,14 +770,7 @@ MOELITE_API moelite_status moelite_context_get_tokens(const moelite_context* c, 
   const char* const api_fn = __func__;
   return guarded(api_fn, [&]() -> moelite_status {
     if (!c) return null_arg(api_fn, "ctx");
-    if (!n_tokens) return null_arg(api_fn, "n_tokens");
-    if (capacity < 0 || (!tokens && capacity > 0)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: bad token buffer", api_fn);
-    const std::vector<int32_t>& held = c->impl->tokens();
-    *n_tokens = static_cast<int32_t>(held.size());
-    if (held.size() > static_cast<size_t>(capacity))
-      return fail(MOELITE_ERR_BUFFER_TOO_SMALL, "%zu tokens do not fit a buffer of %d", held.size(), capacity);
-    std::copy(held.begin(), held.end(), tokens);
-    return MOELITE_OK;
+    return moelite::api::copy_tokens_out(api_fn, c->impl->tokens(), tokens, capacity, n_tokens);
   });
 }
 

@@ -2,6 +2,7 @@
 // helpers every entry point uses (argument errors, the exception barrier, output copies). Only
 // core/api*.cpp include it.
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstring>
@@ -96,6 +97,19 @@ inline moelite_status copy_out(const std::string& text, char* buf, size_t capaci
   if (text.size() > capacity)
     return moelite::fail(MOELITE_ERR_BUFFER_TOO_SMALL, "output needs %zu bytes, the buffer has %zu", text.size(), capacity);
   if (!text.empty()) memcpy(buf, text.data(), text.size());
+  return MOELITE_OK;
+}
+
+// Copies token ids out following the BUFFER_TOO_SMALL convention (*n_tokens: the count needed).
+inline moelite_status copy_tokens_out(const char* fn, const std::vector<int32_t>& held, int32_t* tokens,
+                                      int32_t capacity, int32_t* n_tokens) {
+  if (!n_tokens) return null_arg(fn, "n_tokens");
+  if (capacity < 0 || (!tokens && capacity > 0))
+    return moelite::fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: bad token buffer", fn);
+  *n_tokens = static_cast<int32_t>(held.size());
+  if (held.size() > static_cast<size_t>(capacity))
+    return moelite::fail(MOELITE_ERR_BUFFER_TOO_SMALL, "%zu tokens do not fit a buffer of %d", held.size(), capacity);
+  std::copy(held.begin(), held.end(), tokens);
   return MOELITE_OK;
 }
 

@@ -160,13 +160,7 @@ MOELITE_API moelite_status moelite_queue_request_tokens(const moelite_queue* q, 
   return guarded(api_fn, [&]() -> moelite_status {
     const moelite::RequestQueue::Request* r = nullptr;
     MOELITE_TRY(request_of(api_fn, q, id, &r));
-    if (!n_tokens) return null_arg(api_fn, "n_tokens");
-    if (capacity < 0 || (!tokens && capacity > 0)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: bad token buffer", api_fn);
-    *n_tokens = static_cast<int32_t>(r->generated.size());
-    if (r->generated.size() > static_cast<size_t>(capacity))
-      return fail(MOELITE_ERR_BUFFER_TOO_SMALL, "%zu tokens do not fit a buffer of %d", r->generated.size(), capacity);
-    std::copy(r->generated.begin(), r->generated.end(), tokens);
-    return MOELITE_OK;
+    return moelite::api::copy_tokens_out(api_fn, r->generated, tokens, capacity, n_tokens);
   });
 }
 

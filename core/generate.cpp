@@ -62,6 +62,26 @@ std::string StreamFilter::flush() {
   return out;
 }
 
+Status check_prompt(const Model& model, const std::vector<int32_t>& tokens, int32_t n_ctx) {
+  if (!model.tokenizer) return fail(MOELITE_ERR_MISSING_METADATA, "the model has no tokenizer; generation needs one");
+  if (tokens.empty()) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the prompt has no tokens");
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= model.hp.n_vocab)
+      return fail(MOELITE_ERR_BAD_TOKEN, "prompt token %d at index %zu is outside the vocabulary [0, %d)", tokens[i], i,
+                  model.hp.n_vocab);
+  if (tokens.size() > static_cast<size_t>(n_ctx))
+    return fail(MOELITE_ERR_CONTEXT_FULL, "the prompt has %zu tokens, the context holds %d", tokens.size(), n_ctx);
+  return MOELITE_OK;
+}
+
+bool emit_text(const GenerateOptions& opts, int32_t token, const std::string& text, std::string* emitted) {
+  *emitted += text;
+  bool go_on = true;
+  if (opts.on_token) go_on = opts.on_token(token, text.data(), text.size(), opts.token_user) != 0;
+  if (!text.empty() && opts.on_piece) go_on = opts.on_piece(text.data(), text.size(), opts.user) != 0 && go_on;
+  return go_on;
+}
+
 Status generate(Context& ctx, const std::string& prompt, const GenerateOptions& opts, GenerateResult* res) {
   const Model& model = ctx.model();
   if (!model.tokenizer) return fail(MOELITE_ERR_MISSING_METADATA, "the model has no tokenizer; generation needs one");
@@ -71,21 +91,14 @@ Status generate(Context& ctx, const std::string& prompt, const GenerateOptions& 
 Status generate_tokens(Context& ctx, const std::vector<int32_t>& tokens, const GenerateOptions& opts,
                        GenerateResult* res) {
   const Model& model = ctx.model();
-  if (!model.tokenizer) return fail(MOELITE_ERR_MISSING_METADATA, "the model has no tokenizer; generation needs one");
-  const Tokenizer& tok = *model.tokenizer;
   res->stop = MOELITE_STOP_ERROR;
-  if (tokens.empty()) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the prompt has no tokens");
   // Context::eval checks ids too, but only after the cached prefix below was truncated: a bad id
   // must fail with the cache untouched.
-  for (size_t i = 0; i < tokens.size(); ++i)
-    if (tokens[i] < 0 || tokens[i] >= model.hp.n_vocab)
-      return fail(MOELITE_ERR_BAD_TOKEN, "prompt token %d at index %zu is outside the vocabulary [0, %d)", tokens[i], i,
-                  model.hp.n_vocab);
-  if (static_cast<int32_t>(tokens.size()) > ctx.n_ctx()) {
-    res->stop = MOELITE_STOP_CONTEXT_FULL;
-    return fail(MOELITE_ERR_CONTEXT_FULL, "the prompt has %zu tokens, the context holds %d", tokens.size(),
-                ctx.n_ctx());
+  if (const Status st = check_prompt(model, tokens, ctx.n_ctx()); st != MOELITE_OK) {
+    if (st == MOELITE_ERR_CONTEXT_FULL) res->stop = MOELITE_STOP_CONTEXT_FULL;
+    return st;
   }
+  const Tokenizer& tok = *model.tokenizer;
 
   // Reuse the cached prefix; at least one token is evaluated so there are logits to sample from.
   const std::vector<int32_t>& cached = ctx.tokens();
@@ -106,13 +119,7 @@ Status generate_tokens(Context& ctx, const std::vector<int32_t>& tokens, const G
   StreamFilter filter(opts.stops);
   std::vector<int32_t> history = tokens;
   // Hands released text to the callbacks; false when one of them asked to stop.
-  auto emit = [&](int32_t token, const std::string& text) {
-    res->text += text;
-    bool go_on = true;
-    if (opts.on_token) go_on = opts.on_token(token, text.data(), text.size(), opts.token_user) != 0;
-    if (!text.empty() && opts.on_piece) go_on = opts.on_piece(text.data(), text.size(), opts.user) != 0 && go_on;
-    return go_on;
-  };
+  auto emit = [&](int32_t token, const std::string& text) { return emit_text(opts, token, text, &res->text); };
   res->stop = MOELITE_STOP_MAX_TOKENS;
   bool ended_by_filter = false;
   Status status = MOELITE_OK;

@@ -29,6 +29,15 @@ struct GenerateResult {
   std::vector<int32_t> tokens;  // the generated ids (the end token excluded)
 };
 
+// A prompt generation can start from: a tokenizer, at least one token, every id in the
+// vocabulary (MOELITE_ERR_BAD_TOKEN), at most n_ctx tokens (MOELITE_ERR_CONTEXT_FULL).
+Status check_prompt(const Model& model, const std::vector<int32_t>& tokens, int32_t n_ctx);
+
+// Hands text a token released to the options' callbacks (the token callback even for empty
+// text, the piece callback only for text) and appends it to *emitted; false when a callback
+// asked to stop. token -1: text held back until the end.
+bool emit_text(const GenerateOptions& opts, int32_t token, const std::string& text, std::string* emitted);
+
 // Generates after `prompt`, tokenized with BOS/EOS as the vocabulary asks and special tokens
 // parsed when opts.parse_special.
 Status generate(Context& ctx, const std::string& prompt, const GenerateOptions& opts, GenerateResult* result);

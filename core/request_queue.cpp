@@ -15,16 +15,7 @@ RequestQueue::RequestQueue(Context& ctx)
 }
 
 Status RequestQueue::add(const std::vector<int32_t>& prompt, const GenerateOptions& opts, int64_t* id) {
-  const Model& model = ctx_.model();
-  if (!model.tokenizer) return fail(MOELITE_ERR_MISSING_METADATA, "the model has no tokenizer; generation needs one");
-  if (prompt.empty()) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the prompt has no tokens");
-  for (size_t i = 0; i < prompt.size(); ++i)
-    if (prompt[i] < 0 || prompt[i] >= model.hp.n_vocab)
-      return fail(MOELITE_ERR_BAD_TOKEN, "prompt token %d at index %zu is outside the vocabulary [0, %d)", prompt[i], i,
-                  model.hp.n_vocab);
-  if (prompt.size() > static_cast<size_t>(ctx_.n_ctx()))
-    return fail(MOELITE_ERR_CONTEXT_FULL, "the prompt has %zu tokens, a sequence of the context holds %d",
-                prompt.size(), ctx_.n_ctx());
+  MOELITE_TRY(check_prompt(ctx_.model(), prompt, ctx_.n_ctx()));
   Request r;
   r.prompt = prompt;
   r.opts = opts;
@@ -98,13 +89,7 @@ void RequestQueue::finish(int64_t id, Request& r, int32_t stop) {
 bool RequestQueue::take_token(int64_t id, Request& r, int32_t token) {
   const Tokenizer& tok = *ctx_.model().tokenizer;
   // The same rules, in the same order, as generate_tokens().
-  auto emit = [&](int32_t t, const std::string& text) {
-    r.text += text;
-    bool go_on = true;
-    if (r.opts.on_token) go_on = r.opts.on_token(t, text.data(), text.size(), r.opts.token_user) != 0;
-    if (!text.empty() && r.opts.on_piece) go_on = r.opts.on_piece(text.data(), text.size(), r.opts.user) != 0 && go_on;
-    return go_on;
-  };
+  auto emit = [&](int32_t t, const std::string& text) { return emit_text(r.opts, t, text, &r.text); };
   auto flush_and_finish = [&](int32_t stop) {
     const std::string rest = r.filter->flush();
     if (!rest.empty()) emit(-1, rest);
