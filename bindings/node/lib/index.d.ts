@@ -125,3 +125,35 @@ export declare class Context {
   generateText(prompt: string, params?: GenerateParams): Promise<{ text: string; stats: GenerateStats }>;
   generate(prompt: string | ArrayLike<number>, params?: GenerateParams & { signal?: AbortSignal }): Generation;
 }
+
+export type RequestState = 'waiting' | 'running' | StopReason;
+
+export interface QueueEvent {
+  id: number;
+  /** The token the request drew in the step; null when none (it ended without one). */
+  token: number | null;
+  /** What the request's text gained in the step (whole characters, stop strings cut). */
+  text: string;
+  state: RequestState;
+}
+
+/** Requests decoded together by one context's sequences (moelite_queue_*); see lib/index.js. */
+export declare class Queue {
+  constructor(ctx: Context);
+  close(): void;
+  add(prompt: string | ArrayLike<number>, params?: GenerateParams & { parseSpecial?: boolean }): number;
+  step(): Promise<QueueEvent[]>;
+  run(): AsyncIterable<QueueEvent>;
+  readonly waiting: number;
+  readonly running: number;
+  readonly finished: number;
+  readonly busy: boolean;
+  state(id: number): RequestState;
+  /** stopReason is 'waiting' or 'running' until the request ends. */
+  stats(id: number): Omit<GenerateStats, 'stopReason'> & { stopReason: RequestState };
+  tokens(id: number): Int32Array;
+  textBytes(id: number): Buffer;
+  text(id: number): string;
+  cancel(id: number): void;
+  remove(id: number): void;
+}

@@ -283,6 +283,39 @@ function buildGenerateParams(params) {
   }
 }
 
+function emptyGenerateStats() {
+  return { struct_size: 8 + 4 * 4 + 5 * 8, n_prompt_tokens: 0, n_cached_tokens: 0,
+    n_generated_tokens: 0, stop_reason: 0, prompt_seconds: 0, generate_seconds: 0,
+    time_to_first_token_seconds: 0, prompt_tokens_per_second: 0, generated_tokens_per_second: 0 };
+}
+
+const REQUEST_WAITING = -2, REQUEST_RUNNING = -1;
+
+// A moelite_stop_reason, or a queued request's state, as its name.
+function stateName(state) {
+  if (state === REQUEST_WAITING) return 'waiting';
+  if (state === REQUEST_RUNNING) return 'running';
+  return StopReason[state] ?? 'error';
+}
+
+function generateStatsObject(stats) {
+  return {
+    promptTokens: stats.n_prompt_tokens, cachedTokens: stats.n_cached_tokens,
+    generatedTokens: stats.n_generated_tokens, stopReason: stateName(stats.stop_reason),
+    promptSeconds: stats.prompt_seconds, generateSeconds: stats.generate_seconds,
+    timeToFirstTokenSeconds: stats.time_to_first_token_seconds,
+    promptTokensPerSecond: stats.prompt_tokens_per_second,
+    generatedTokensPerSecond: stats.generated_tokens_per_second,
+  };
+}
+
+// Frees the native queues in `queues` (a set of pointers) and empties it.
+function freeQueues(queues) {
+  const { fns } = load();
+  for (const q of queues) fns.moelite_queue_free(q);
+  queues.clear();
+}
+
 // The longest end of `text` that begins some stop string.
 function heldBack(text, stops) {
   let hold = 0;
@@ -317,7 +350,12 @@ class Context {
     this._nVocab = model.nVocab;
     this._busy = false;
     this._token = {};
-    registry.register(this, { free: fns.moelite_context_free, ptr: this._ptr }, this._token);
+    // The native queues over this context (pointers): freed before it, whichever of a queue and
+    // its context the collector finalizes first (a queue borrows its context).
+    const queues = new Set();
+    this._queues = queues;
+    registry.register(this, { free: (ptr) => { freeQueues(queues); fns.moelite_context_free(ptr); }, ptr: this._ptr },
+      this._token);
   }
 
   _handle() {
@@ -326,22 +364,30 @@ class Context {
     return this._ptr;
   }
 
-  // fn(handle, ...args) on koffi's worker thread, other calls refused meanwhile; resolves to the
-  // status.
-  async _callAsync(fn, ...args) {
-    const h = this._handle();
+  // call() (a promise of a worker-thread call) with every other call on the context and its
+  // queues refused meanwhile.
+  async _exclusive(call) {
+    this._handle();
     this._busy = true;
     try {
-      return await callAsync(fn, h, ...args);
+      return await call();
     } finally {
       this._busy = false;
     }
   }
 
+  // fn(handle, ...args) on koffi's worker thread; resolves to the status.
+  async _callAsync(fn, ...args) {
+    const h = this._handle();
+    return this._exclusive(() => callAsync(fn, h, ...args));
+  }
+
+  /** Frees the context now, and first the queues over it (they refuse calls afterwards). */
   close() {
     if (!this._ptr) return;
     if (this._busy) throw invalid('the context is busy with an async call');
     registry.unregister(this._token);
+    freeQueues(this._queues);
     load().fns.moelite_context_free(this._ptr);
     this._ptr = null;
   }
@@ -415,9 +461,7 @@ class Context {
       chunks.push(Buffer.from(koffi.view(piece, Number(len)).slice(0)));
       return 1;
     }, koffi.pointer(pieceFn));
-    const stats = { struct_size: 8 + 4 * 4 + 5 * 8, n_prompt_tokens: 0, n_cached_tokens: 0,
-      n_generated_tokens: 0, stop_reason: 0, prompt_seconds: 0, generate_seconds: 0,
-      time_to_first_token_seconds: 0, prompt_tokens_per_second: 0, generated_tokens_per_second: 0 };
+    const stats = emptyGenerateStats();
     let st;
     try {
       check(fns.moelite_generate_params_set_callback(p, cb, null));
@@ -428,17 +472,7 @@ class Context {
       fns.moelite_generate_params_free(p);
     }
     if (st !== 0) throw new MoeliteError(st, 'generation failed');
-    return {
-      text: Buffer.concat(chunks).toString('utf8'),
-      stats: {
-        promptTokens: stats.n_prompt_tokens, cachedTokens: stats.n_cached_tokens,
-        generatedTokens: stats.n_generated_tokens, stopReason: StopReason[stats.stop_reason] ?? 'error',
-        promptSeconds: stats.prompt_seconds, generateSeconds: stats.generate_seconds,
-        timeToFirstTokenSeconds: stats.time_to_first_token_seconds,
-        promptTokensPerSecond: stats.prompt_tokens_per_second,
-        generatedTokensPerSecond: stats.generated_tokens_per_second,
-      },
-    };
+    return { text: Buffer.concat(chunks).toString('utf8'), stats: generateStatsObject(stats) };
   }
 
   /** Streams the completion of `prompt` (text, tokenized with control text parsed as
@@ -527,4 +561,148 @@ class Context {
   }
 }
 
-module.exports = { Model, Context, MoeliteError, Status, Backend, version };
+/** Many generation requests decoded together by one context's sequences (moelite_queue_*):
+ *  continuous batching. Up to the context's nSeq requests run at once; each step() evaluates the
+ *  next token of every running request with prompt chunks of newly admitted ones in one forward
+ *  pass on a worker thread, so they share the weight reads and, under a budget, each expert's
+ *  load. A request's tokens, text and stop reason are exactly what generateText() gives for it
+ *  alone with the same params, whatever runs beside it; a request whose prompt starts with what
+ *  a free sequence holds (a shared system prompt, a conversation's next turn) evaluates only the
+ *  rest. The queue borrows the context: while it lives, do not evaluate the context yourself (a
+ *  running request whose sequence changed ends with 'error'); context.close() closes it. While a
+ *  step runs, every other call on the queue and its context is refused (one call at a time).
+ *
+ *      const q = new Queue(ctx);
+ *      const ids = prompts.map((p, i) => q.add(p, { maxTokens: 64, seed: i }));
+ *      for await (const { id, text, state } of q.run()) ...;
+ *      const texts = ids.map((id) => q.text(id));
+ */
+class Queue {
+  constructor(ctx) {
+    if (!(ctx instanceof Context)) throw invalid('Queue: ctx must be a Context');
+    const { fns } = load();
+    const out = [null];
+    check(fns.moelite_queue_create(ctx._handle(), out));
+    this._ptr = out[0];
+    this._ctx = ctx;
+    this._emitted = new Map(); // request id -> bytes of its text already given out in events
+    const queues = ctx._queues;
+    queues.add(this._ptr);
+    this._token = {};
+    registry.register(this, { free: (ptr) => { if (queues.delete(ptr)) fns.moelite_queue_free(ptr); }, ptr: this._ptr },
+      this._token);
+  }
+
+  _handle() {
+    this._ctx._handle(); // closed or busy: refused
+    if (!this._ptr || !this._ctx._queues.has(this._ptr)) throw invalid('the queue was closed');
+    return this._ptr;
+  }
+
+  /** Frees the queue and its requests (the context stays). Idempotent. */
+  close() {
+    if (!this._ptr) return;
+    if (this._ctx._busy) throw invalid('the context is busy with an async call');
+    registry.unregister(this._token);
+    if (this._ctx._queues.delete(this._ptr)) load().fns.moelite_queue_free(this._ptr);
+    this._ptr = null;
+  }
+
+  /** Queues a request and returns its id (0, 1, 2 ... in order of addition). `prompt`: text
+   *  (tokenized with the vocabulary's BOS/EOS and, unless params.parseSpecial is false,
+   *  control-token text as control tokens, as generateText) or token ids. params as
+   *  generateText. Throws BAD_TOKEN, CONTEXT_FULL (longer than a sequence), INVALID_ARGUMENT. */
+  add(prompt, params = {}) {
+    const { fns } = load();
+    const q = this._handle();
+    const ids = typeof prompt === 'string'
+      ? this._ctx._model.tokenize(prompt, { addSpecial: true, parseSpecial: params.parseSpecial ?? true })
+      : toInt32Array(prompt);
+    const p = buildGenerateParams(params);
+    try {
+      const out = [0];
+      check(fns.moelite_queue_add(q, ids, ids.length, p, out));
+      return Number(out[0]);
+    } finally {
+      fns.moelite_generate_params_free(p);
+    }
+  }
+
+  /** One step on a worker thread; resolves to its events, one per request that drew a token or
+   *  finished: {id, token (null when none), text (what the request's text gained: whole
+   *  characters, stop strings cut), state ('running' or a stop reason)}. [] when nothing waits
+   *  or runs. A failed step (IO, ...) rejects with MoeliteError; then nothing changed and the
+   *  next step tries again. */
+  async step() {
+    const { fns } = load();
+    const q = this._handle();
+    const n = [0];
+    const st = await this._ctx._exclusive(() => callAsync(fns.moelite_queue_step, q, n));
+    if (st !== 0) throw new MoeliteError(st, 'the queue step failed (the message stays on koffi\'s worker thread)');
+    const events = [];
+    for (let i = 0; i < n[0]; ++i) {
+      const id = [0], token = [0], state = [0];
+      check(fns.moelite_queue_event(q, i, id, token, state));
+      const rid = Number(id[0]);
+      const bytes = this.textBytes(rid);
+      const seen = this._emitted.get(rid) ?? 0;
+      this._emitted.set(rid, bytes.length);
+      events.push({ id: rid, token: token[0] < 0 ? null : token[0], text: bytes.subarray(seen).toString('utf8'),
+        state: stateName(state[0]) });
+    }
+    return events;
+  }
+
+  /** Steps until no request waits or runs, yielding every event. */
+  async *run() {
+    while (this.busy) yield* await this.step();
+  }
+
+  get waiting() { return Number(load().fns.moelite_queue_waiting(this._handle())); }
+  get running() { return Number(load().fns.moelite_queue_running(this._handle())); }
+  /** Finished requests not yet removed. */
+  get finished() { return Number(load().fns.moelite_queue_finished(this._handle())); }
+  get busy() { return this.waiting + this.running > 0; }
+
+  /** 'waiting', 'running', or the stop reason it finished with. */
+  state(id) {
+    const out = [0];
+    check(load().fns.moelite_queue_request_state(this._handle(), id, out));
+    return stateName(out[0]);
+  }
+
+  /** Its counts and times so far (generateText's stats; stopReason 'waiting' or 'running' until
+   *  it ends; cachedTokens: prompt tokens its sequence already held). */
+  stats(id) {
+    const s = emptyGenerateStats();
+    check(load().fns.moelite_queue_request_stats(this._handle(), id, s));
+    return generateStatsObject(s);
+  }
+
+  /** The tokens it generated so far (an end token is not one of them). */
+  tokens(id) {
+    const { fns } = load();
+    const q = this._handle();
+    return sized(64, (n) => new Int32Array(n), (buf, cap, n) => fns.moelite_queue_request_tokens(q, id, buf, cap, n));
+  }
+
+  /** The text it emitted so far, as bytes and as a string. */
+  textBytes(id) {
+    const { fns } = load();
+    const q = this._handle();
+    return Buffer.from(sized(256, (n) => new Uint8Array(n), (buf, cap, len) => fns.moelite_queue_request_text(q, id, buf, cap, len)));
+  }
+
+  text(id) { return this.textBytes(id).toString('utf8'); }
+
+  /** Ends a waiting or running request at once ('aborted'), freeing its sequence. */
+  cancel(id) { check(load().fns.moelite_queue_cancel(this._handle(), id)); }
+
+  /** Cancels it if it runs and forgets it (finished requests are kept until removed). */
+  remove(id) {
+    check(load().fns.moelite_queue_remove(this._handle(), id));
+    this._emitted.delete(Number(id));
+  }
+}
+
+module.exports = { Model, Context, Queue, MoeliteError, Status, Backend, version };

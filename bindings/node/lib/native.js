@@ -23,6 +23,7 @@ function load() {
   koffi.opaque('moelite_context_params');
   koffi.opaque('moelite_generate_params');
   koffi.opaque('moelite_sampler');
+  koffi.opaque('moelite_queue');
   koffi.struct('moelite_expert_stats', {
     struct_size: 'size_t',
     activations: 'uint64_t',
@@ -124,6 +125,20 @@ function load() {
     'void moelite_sampler_free(moelite_sampler *s)',
     'int moelite_sampler_accept(moelite_sampler *s, const int32_t *tokens, int32_t n)',
     'int moelite_sampler_sample(moelite_sampler *s, const moelite_context *c, int32_t i, _Out_ int32_t *token)',
+    'int moelite_queue_create(moelite_context *c, _Out_ moelite_queue **out)',
+    'void moelite_queue_free(moelite_queue *q)',
+    'int moelite_queue_add(moelite_queue *q, const int32_t *prompt, int32_t n, const moelite_generate_params *p, _Out_ int64_t *id)',
+    'int moelite_queue_step(moelite_queue *q, _Out_ int32_t *n_events)',
+    'int moelite_queue_event(const moelite_queue *q, int32_t i, _Out_ int64_t *id, _Out_ int32_t *token, _Out_ int32_t *state)',
+    'int64_t moelite_queue_waiting(const moelite_queue *q)',
+    'int64_t moelite_queue_running(const moelite_queue *q)',
+    'int64_t moelite_queue_finished(const moelite_queue *q)',
+    'int moelite_queue_request_state(const moelite_queue *q, int64_t id, _Out_ int32_t *state)',
+    'int moelite_queue_request_stats(const moelite_queue *q, int64_t id, _Inout_ moelite_generate_stats *stats)',
+    'int moelite_queue_request_tokens(const moelite_queue *q, int64_t id, _Out_ int32_t *tokens, int32_t capacity, _Out_ int32_t *n)',
+    'int moelite_queue_request_text(const moelite_queue *q, int64_t id, _Out_ uint8_t *buf, size_t capacity, _Out_ size_t *len)',
+    'int moelite_queue_cancel(moelite_queue *q, int64_t id)',
+    'int moelite_queue_remove(moelite_queue *q, int64_t id)',
   ];
   const fns = {};
   for (const d of decls) {

@@ -155,3 +155,71 @@ test('budgeted stats, async evaluation and batches equal the resident synchronou
   assert.throws(() => restored.load(file), (e) => e.status === Status.BAD_SESSION);
   fs.rmSync(dir, { recursive: true });
 });
+
+test('a request queue gives each request what the library generation gives it alone', async () => {
+  const { Queue } = require('..');
+  const model = Model.load(MODEL, cpu(2));
+  const prompt = 'Once upon a time';
+  const solo = async (p, params) => new Context(model, { nCtx: 256 }).generateText(p, params);
+  const free = await solo(prompt, { maxTokens: 30, temperature: 0.8, seed: 5 });
+  const word = free.text.split(/\s+/).filter(Boolean)[3] ?? 'the';
+  const requests = [
+    [prompt, { maxTokens: 6, temperature: 0.8, seed: 3 }],
+    ['The expert', { maxTokens: 24 }],
+    [prompt, { maxTokens: 30, temperature: 0.8, seed: 5, stop: [word] }],
+    [model.tokenize('Hello', { addSpecial: true }), { maxTokens: 5, repeatPenalty: 1.3 }],
+  ];
+  const expected = [];
+  for (const [p, params] of requests) {
+    expected.push(await solo(typeof p === 'string' ? p : model.detokenize(p), params));
+  }
+  const ctx = new Context(model, { nCtx: 256, nSeq: 2, nBatch: 7 });
+  const q = new Queue(ctx);
+  const ids = requests.map(([p, params]) => q.add(p, params));
+  assert.deepEqual(ids, [0, 1, 2, 3]);
+  assert.equal(q.waiting, 4);
+  assert.equal(q.state(3), 'waiting');
+  const streamed = ids.map(() => ({ text: '', tokens: [] }));
+  const inFlight = q.step();
+  // One call at a time: the queue and its context refuse calls while a step runs.
+  assert.throws(() => q.waiting, (e) => e.status === Status.INVALID_ARGUMENT);
+  assert.throws(() => ctx.eval([1]), (e) => e.status === Status.INVALID_ARGUMENT);
+  const events = [...await inFlight];
+  for await (const e of q.run()) events.push(e);
+  for (const e of events) {
+    streamed[e.id].text += e.text;
+    if (e.token !== null) streamed[e.id].tokens.push(e.token);
+  }
+  assert.equal(q.busy, false);
+  assert.equal(q.finished, 4);
+  ids.forEach((id, i) => {
+    assert.equal(q.text(id), expected[i].text, `request ${i}`);
+    assert.equal(streamed[id].text, expected[i].text);
+    assert.deepEqual(Array.from(q.tokens(id)), streamed[id].tokens);
+    const s = q.stats(id);
+    assert.equal(s.stopReason, expected[i].stats.stopReason);
+    assert.equal(q.state(id), expected[i].stats.stopReason);
+    assert.equal(s.generatedTokens, expected[i].stats.generatedTokens);
+  });
+  assert.equal(q.state(2), 'stop');
+  // Request 2 went into request 0's sequence (request 0 ended first) and reused its prompt.
+  assert.equal(q.stats(2).cachedTokens, model.tokenize(prompt, { addSpecial: true }).length - 1);
+  // Bad input: nothing added.
+  assert.throws(() => q.add([model.nVocab]), (e) => e.status === Status.BAD_TOKEN);
+  assert.throws(() => q.add(new Array(257).fill(1)), (e) => e.status === Status.CONTEXT_FULL);
+  assert.throws(() => q.add([]), (e) => e.status === Status.INVALID_ARGUMENT);
+  assert.throws(() => q.state(99), (e) => e.status === Status.INVALID_ARGUMENT);
+  // Cancel and remove.
+  const a = q.add(prompt, { maxTokens: 50 });
+  await q.step();
+  assert.equal(q.state(a), 'running');
+  q.cancel(a);
+  assert.equal(q.state(a), 'aborted');
+  assert.equal(q.running, 0);
+  q.remove(a);
+  assert.throws(() => q.state(a), (e) => e.status === Status.INVALID_ARGUMENT);
+  // Closing the context closes its queue first.
+  ctx.close();
+  assert.throws(() => q.waiting, (e) => e.status === Status.INVALID_ARGUMENT);
+  q.close();
+});
