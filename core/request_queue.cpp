@@ -1,6 +1,7 @@
 #include "core/request_queue.h"
 
 #include <algorithm>
+#include <new>
 
 #include "base/status.h"
 #include "platforms/platform.h"
@@ -112,6 +113,9 @@ bool RequestQueue::take_token(int64_t id, Request& r, int32_t token) {
 
 Status RequestQueue::step() {
   events_.clear();
+  // Room for every event a step can have (a sequence ends at most once and samples at most once),
+  // taken before anything changes: after the evaluation nothing may fail on the way to an event.
+  events_.reserve(2 * static_cast<size_t>(ctx_.n_seq()));
   // A sequence changed behind the queue's back cannot continue its request exactly.
   for (int32_t q = 0; q < ctx_.n_seq(); ++q) {
     const int64_t id = seq_request_[static_cast<size_t>(q)];
@@ -172,16 +176,24 @@ Status RequestQueue::step() {
     if (r.t_first == 0) r.t_first = platform::now_seconds();
     int32_t next = -1;
     bool generated = false;
-    switch (r.sampler->pick(ctx_.logits(static_cast<int32_t>(i)), n_vocab, r.history, &next)) {
-      case Sampler::Outcome::Stopped:
-        finish(id, r, MOELITE_STOP_ABORTED);
-        break;
-      case Sampler::Outcome::NoCandidate:  // every token banned: generate_tokens() fails the call
-        finish(id, r, MOELITE_STOP_ERROR);
-        break;
-      case Sampler::Outcome::Token:
-        generated = take_token(id, r, next);
-        break;
+    // The sequence already holds this step's token: a request that cannot take its sample (memory
+    // ran out in the sampler, its history or its text) cannot go on exactly, so it ends here with
+    // an error instead of failing the step, which the others completed.
+    try {
+      switch (r.sampler->pick(ctx_.logits(static_cast<int32_t>(i)), n_vocab, r.history, &next)) {
+        case Sampler::Outcome::Stopped:
+          finish(id, r, MOELITE_STOP_ABORTED);
+          break;
+        case Sampler::Outcome::NoCandidate:  // every token banned: generate_tokens() fails the call
+          finish(id, r, MOELITE_STOP_ERROR);
+          break;
+        case Sampler::Outcome::Token:
+          generated = take_token(id, r, next);
+          break;
+      }
+    } catch (const std::bad_alloc&) {
+      finish(id, r, MOELITE_STOP_ERROR);
+      generated = false;
     }
     events_.push_back({id, generated ? next : -1, r.state});
   }

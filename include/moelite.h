@@ -1254,8 +1254,9 @@ typedef struct moelite_queue moelite_queue;
  *  running, or finished with a moelite_stop_reason (>= 0): MOELITE_STOP_END_TOKEN,
  *  MOELITE_STOP_MAX_TOKENS, MOELITE_STOP_STRING, MOELITE_STOP_ABORTED (cancelled, or a callback
  *  returned 0), MOELITE_STOP_CONTEXT_FULL (the sequence is full; what was generated stands),
- *  MOELITE_STOP_ERROR (the parameters left no token to draw, or its sequence was changed outside
- *  the queue). */
+ *  MOELITE_STOP_ERROR (the parameters left no token to draw, its sequence was changed outside the
+ *  queue, or memory ran out while its token was sampled: its sequence had already taken the step,
+ *  so it cannot go on exactly; the step itself succeeds for the others). */
 #define MOELITE_REQUEST_WAITING -2
 #define MOELITE_REQUEST_RUNNING -1
 
@@ -1282,7 +1283,8 @@ MOELITE_API moelite_status moelite_queue_add(moelite_queue* queue, const int32_t
  *  read with moelite_queue_event. A step with nothing to run returns MOELITE_OK with 0 events.
  *  Errors: those of moelite_eval_batch (MOELITE_ERR_IO, MOELITE_ERR_ABORTED, device errors ...):
  *  then nothing was evaluated or sampled (the sequences are as before the step) and the next
- *  step tries again; MOELITE_ERR_OUT_OF_MEMORY. */
+ *  step tries again; MOELITE_ERR_OUT_OF_MEMORY, likewise with nothing evaluated (requests may have
+ *  been admitted). */
 MOELITE_API moelite_status moelite_queue_step(moelite_queue* queue, int32_t* out_n_events);
 
 /** Event `i` (0 <= i < the last step's count) of the last step: the request, the token it

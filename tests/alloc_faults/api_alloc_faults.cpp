@@ -1,7 +1,7 @@
 // Allocation failures through the public C API. This program replaces the global operator new so
 // that the Nth allocation made by the calling thread after arming throws std::bad_alloc, and sweeps
 // N over every allocation of each API call: load (mapped and budgeted), context creation, eval,
-// generate, tokenize, detokenize, chat formatting and calibration. Each call must return a status
+// generate, a request queue run to its end, tokenize, detokenize, chat formatting and calibration. Each call must return a status
 // (never let the exception through the C ABI, never crash), name the problem, and leave what it
 // was given usable: the same call without the fault afterwards gives the clean run's results
 // bitwise. Worker threads are not armed (the counters are thread-local), so the faults land on the
@@ -12,6 +12,7 @@
 // sample; MOELITE_ALLOC_FAULTS_TRACE=N prints the stack of the failed allocation N;
 // MOELITE_ALLOC_FAULTS_ONLY=NAME sweeps only the operation of that name.
 #include <execinfo.h>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -103,6 +104,14 @@ std::vector<long> sweep_points(long total) {
 }
 
 long g_current_n = -1;
+
+// The harness's own allocations in an armed operation (its bookkeeping, not the library's) are
+// not counted or failed while one of these lives.
+struct Unarmed {
+  long saved = t_countdown;
+  Unarmed() { t_countdown = -1; }
+  ~Unarmed() { t_countdown = saved; }
+};
 // What an operation returns when a *_params_create gave NULL (it has no status of its own).
 constexpr moelite_status kNullHandle = static_cast<moelite_status>(-1);  // the allocation being failed, for messages
 
@@ -258,6 +267,106 @@ int main(int argc, char** argv) {
       CHECK(out == clean, "generate after a fault gave '%s', clean '%s'", out.c_str(), clean.c_str());
     });
     moelite_generate_params_free(gp);
+  }
+
+  {
+    // A request queue: three requests (greedy, sampled, a repetition penalty) on two sequences,
+    // stepped to the end. Whatever allocation fails (in an add, an admission, a step's evaluation
+    // or its sampling), every request must end either exactly as in the clean run or with
+    // MOELITE_STOP_ERROR having generated a prefix of the clean run's tokens: never a different
+    // token (a request whose sequence and sampler fell out of step would continue wrongly).
+    moelite_context_params* cp = moelite_context_params_create();
+    moelite_context_params_set_n_seq(cp, 2);
+    moelite_context_params_set_n_ctx(cp, 64);
+    moelite_context* qc = nullptr;
+    CHECK(moelite_context_create(model, cp, &qc) == MOELITE_OK, "queue context: %s", moelite_last_error());
+    moelite_context_params_free(cp);
+    moelite_generate_params* gps[3] = {moelite_generate_params_create(), moelite_generate_params_create(),
+                                       moelite_generate_params_create()};
+    for (moelite_generate_params* g : gps) moelite_generate_params_set_max_tokens(g, 5);
+    moelite_generate_params_set_temperature(gps[0], 0.0f);
+    moelite_generate_params_set_seed(gps[1], 11);
+    moelite_generate_params_set_repeat_penalty(gps[2], 1.3f, 16);
+    const std::vector<std::vector<int32_t>> prompts = {{1, 17, 42, 99}, {1, 5, 250}, {1, 17, 42, 7, 3}};
+    struct Outcome {
+      int32_t state = 0;
+      std::vector<int32_t> tokens;
+      std::string text;
+    };
+    std::vector<Outcome> outcome;
+    auto run_queue = [&]() -> moelite_status {
+      outcome.clear();
+      std::vector<int64_t> ids;
+      {
+        Unarmed u;
+        ids.reserve(prompts.size());
+        outcome.reserve(prompts.size());
+      }
+      for (int32_t s = 0; s < 2; ++s) moelite_context_seq_truncate(qc, s, 0);
+      moelite_queue* q = nullptr;
+      moelite_status first = moelite_queue_create(qc, &q);
+      if (first != MOELITE_OK) return first;
+      auto note = [&](moelite_status st) {
+        if (first == MOELITE_OK) first = st;
+      };
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        int64_t id = -1;
+        moelite_status st = moelite_queue_add(q, prompts[i].data(), static_cast<int32_t>(prompts[i].size()), gps[i], &id);
+        if (st != MOELITE_OK) {  // nothing was added: add it again (one fault per run)
+          note(st);
+          st = moelite_queue_add(q, prompts[i].data(), static_cast<int32_t>(prompts[i].size()), gps[i], &id);
+        }
+        CHECK(st == MOELITE_OK && id == static_cast<int64_t>(ids.size()), "queue add after a fault: %s",
+              moelite_last_error());
+        ids.push_back(id);
+      }
+      for (int guard = 0; moelite_queue_waiting(q) + moelite_queue_running(q) > 0; ++guard) {
+        if (guard > 100) {
+          CHECK(false, "the queue did not finish after a fault at allocation %ld", g_current_n);
+          break;
+        }
+        int32_t n_events = 0;
+        const moelite_status st = moelite_queue_step(q, &n_events);
+        if (st != MOELITE_OK) note(st);  // nothing changed: the next step tries again
+      }
+      for (int64_t id : ids) {
+        Unarmed u;
+        Outcome o;
+        CHECK(moelite_queue_request_state(q, id, &o.state) == MOELITE_OK, "state");
+        int32_t n = 0;
+        o.tokens.resize(64);
+        CHECK(moelite_queue_request_tokens(q, id, o.tokens.data(), 64, &n) == MOELITE_OK, "tokens");
+        o.tokens.resize(static_cast<size_t>(n));
+        size_t len = 0;
+        char text[1024];
+        CHECK(moelite_queue_request_text(q, id, text, sizeof text, &len) == MOELITE_OK, "text");
+        o.text.assign(text, len);
+        outcome.push_back(o);
+      }
+      moelite_queue_free(q);
+      return first;
+    };
+    CHECK(run_queue() == MOELITE_OK, "clean queue run: %s", moelite_last_error());
+    const std::vector<Outcome> clean = outcome;
+    sweep("queue", run_queue, [&] {
+      for (size_t i = 0; i < outcome.size() && i < clean.size(); ++i) {
+        const Outcome& o = outcome[i];
+        const Outcome& c = clean[i];
+        const bool exact = o.state == c.state && o.tokens == c.tokens && o.text == c.text;
+        const bool prefix = o.tokens.size() <= c.tokens.size() &&
+                            std::equal(o.tokens.begin(), o.tokens.end(), c.tokens.begin());
+        CHECK(exact || (o.state == MOELITE_STOP_ERROR && prefix),
+              "request %zu after a fault at allocation %ld: state %d with %zu tokens (clean: %d, %zu tokens)%s", i,
+              g_current_n, o.state, o.tokens.size(), c.state, c.tokens.size(), prefix ? "" : ", not a prefix");
+      }
+      // Unarmed, the same run is exact again.
+      run_queue();
+      for (size_t i = 0; i < outcome.size() && i < clean.size(); ++i)
+        CHECK(outcome[i].tokens == clean[i].tokens && outcome[i].text == clean[i].text,
+              "queue run after a fault differs (request %zu)", i);
+    });
+    for (moelite_generate_params* g : gps) moelite_generate_params_free(g);
+    moelite_context_free(qc);
   }
 
   {
