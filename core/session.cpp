@@ -299,7 +299,17 @@ Status Context::load(const std::string& path) {
   }
   if (!r.done()) return bad("has data after its last sequence");
 
-  // Everything checked: replace the state.
+  // Everything checked. What the replacement needs is allocated first, so running out of memory
+  // leaves the context as it was: the staging rows of the largest layer, each sequence's tokens.
+  size_t most_rows = 0;
+  for (const SavedSequence& s : saved)
+    for (uint32_t first : s.first) most_rows = std::max(most_rows, size_t{s.length - first});
+  std::vector<float> keys, vals;
+  keys.reserve(most_rows * row);
+  if (shape.values) vals.reserve(most_rows * row);
+  for (const SavedSequence& s : saved) seqs_[s.id].tokens.reserve(s.length);
+
+  // Replace the state.
   for (Sequence& seq : seqs_) {
     seq.n_past = 0;
     seq.tokens.clear();
@@ -309,7 +319,6 @@ Status Context::load(const std::string& path) {
   logits_rows_ = 0;
   logits_row_of_.clear();
   Backend& be = *state_.backend;
-  std::vector<float> keys, vals;
   for (const SavedSequence& s : saved) {
     Sequence& seq = seqs_[s.id];
     for (int32_t l = 0; l < hp.n_layer; ++l) {

@@ -1,7 +1,8 @@
 // Allocation failures through the public C API. This program replaces the global operator new so
 // that the Nth allocation made by the calling thread after arming throws std::bad_alloc, and sweeps
 // N over every allocation of each API call: load (mapped and budgeted), context creation, eval,
-// generate, a request queue run to its end, tokenize, detokenize, chat formatting and calibration. Each call must return a status
+// generate, a batch of two sequences, saving and loading a session, a request queue run to its
+// end, tokenize, detokenize, chat formatting and calibration. Each call must return a status
 // (never let the exception through the C ABI, never crash), name the problem, and leave what it
 // was given usable: the same call without the fault afterwards gives the clean run's results
 // bitwise. Worker threads are not armed (the counters are thread-local), so the faults land on the
@@ -267,6 +268,113 @@ int main(int argc, char** argv) {
       CHECK(out == clean, "generate after a fault gave '%s', clean '%s'", out.c_str(), clean.c_str());
     });
     moelite_generate_params_free(gp);
+  }
+
+  {
+    // Several sequences in one batch, and a saved session: a failed call leaves every sequence as
+    // it was (the header's promise), a failed save leaves the file that was there, a failed load
+    // the context.
+    moelite_context_params* cp = moelite_context_params_create();
+    moelite_context_params_set_n_seq(cp, 2);
+    moelite_context_params_set_n_ctx(cp, 64);
+    moelite_context* bc = nullptr;
+    CHECK(moelite_context_create(model, cp, &bc) == MOELITE_OK, "batch context: %s", moelite_last_error());
+    moelite_context_params_free(cp);
+    const std::vector<int32_t> start = {1, 17, 42, 99, 1, 5};  // 4 tokens of sequence 0, 2 of 1
+    const std::vector<int32_t> start_seqs = {0, 0, 0, 0, 1, 1};
+    const std::vector<int32_t> more = {7, 3, 250, 8};
+    const std::vector<int32_t> more_seqs = {1, 0, 1, 1};
+    auto reset_to_start = [&] {
+      Unarmed u;
+      for (int32_t s = 0; s < 2; ++s) moelite_context_seq_truncate(bc, s, 0);
+      { const moelite_status st = moelite_eval_batch(bc, start.data(), start_seqs.data(), nullptr, 6); CHECK(st == MOELITE_OK, "start after allocation %ld: %s", g_current_n, moelite_last_error()); }
+    };
+    auto logits_of = [&](int32_t row) {
+      Unarmed u;
+      const float* l = moelite_get_logits(bc, row);
+      return l ? std::vector<float>(l, l + n_vocab) : std::vector<float>();
+    };
+    reset_to_start();
+    CHECK(moelite_eval_batch(bc, more.data(), more_seqs.data(), nullptr, 4) == MOELITE_OK, "clean batch");
+    const std::vector<float> clean0 = logits_of(1), clean1 = logits_of(3);
+    sweep(
+        "eval_batch",
+        [&] {
+          reset_to_start();
+          return moelite_eval_batch(bc, more.data(), more_seqs.data(), nullptr, 4);
+        },
+        [&] {
+          if (moelite_context_seq_length(bc, 0) == 5) return;  // it succeeded (the fault was absorbed)
+          CHECK(moelite_context_seq_length(bc, 0) == 4 && moelite_context_seq_length(bc, 1) == 2,
+                "sequences changed by a failed batch (allocation %ld): %d, %d", g_current_n,
+                moelite_context_seq_length(bc, 0), moelite_context_seq_length(bc, 1));
+          CHECK(moelite_eval_batch(bc, more.data(), more_seqs.data(), nullptr, 4) == MOELITE_OK, "batch again");
+          CHECK(logits_of(1) == clean0 && logits_of(3) == clean1,
+                "the batch after a fault at allocation %ld differs from the clean run", g_current_n);
+        });
+
+    const std::string session = work + "/alloc-faults.session";
+    auto save_start_state = [&] {
+      reset_to_start();
+      Unarmed u;
+      CHECK(moelite_context_save(bc, session.c_str()) == MOELITE_OK, "save: %s", moelite_last_error());
+    };
+    // State B: other tokens (sequence 0 holds 1, sequence 1 holds 3); its continuation by one token.
+    const int32_t next_tok = 5, next_seq = 0;
+    auto go_to_state_b = [&] {
+      Unarmed u;
+      for (int32_t s = 0; s < 2; ++s) moelite_context_seq_truncate(bc, s, 0);
+      CHECK(moelite_eval_batch(bc, more.data(), more_seqs.data(), nullptr, 4) == MOELITE_OK, "state B");
+    };
+    go_to_state_b();
+    CHECK(moelite_eval_batch(bc, &next_tok, &next_seq, nullptr, 1) == MOELITE_OK, "B continued");
+    const std::vector<float> clean_b = logits_of(0);
+    // The next batch from the saved start state equals the uninterrupted run's.
+    auto check_start_state = [&](const char* what) {
+      Unarmed u;
+      CHECK(moelite_context_seq_length(bc, 0) == 4 && moelite_context_seq_length(bc, 1) == 2, "%s: lengths %d, %d",
+            what, moelite_context_seq_length(bc, 0), moelite_context_seq_length(bc, 1));
+      CHECK(moelite_eval_batch(bc, more.data(), more_seqs.data(), nullptr, 4) == MOELITE_OK, "%s: batch", what);
+      CHECK(logits_of(1) == clean0 && logits_of(3) == clean1, "%s differs (allocation %ld)", what, g_current_n);
+    };
+    moelite_status last = MOELITE_OK;
+    save_start_state();
+    sweep(
+        "session_save",
+        [&] {
+          save_start_state();  // the file a failed save must leave whole
+          go_to_state_b();
+          return last = moelite_context_save(bc, session.c_str());
+        },
+        [&] {
+          if (last != MOELITE_OK) {  // the file there before is whole: it loads and continues exactly
+            CHECK(moelite_context_load(bc, session.c_str()) == MOELITE_OK, "the old session after a failed save "
+                  "(allocation %ld): %s", g_current_n, moelite_last_error());
+            check_start_state("the old session after a failed save");
+          }
+        });
+    save_start_state();
+    sweep(
+        "session_load",
+        [&] {
+          go_to_state_b();
+          return last = moelite_context_load(bc, session.c_str());
+        },
+        [&] {
+          if (last == MOELITE_OK) {
+            check_start_state("a load that absorbed a fault");
+            return;
+          }
+          Unarmed u;
+          CHECK(moelite_context_seq_length(bc, 0) == 1 && moelite_context_seq_length(bc, 1) == 3,
+                "a failed load (allocation %ld) changed the context: %d, %d", g_current_n,
+                moelite_context_seq_length(bc, 0), moelite_context_seq_length(bc, 1));
+          CHECK(moelite_eval_batch(bc, &next_tok, &next_seq, nullptr, 1) == MOELITE_OK, "B after a failed load");
+          const std::vector<float> got = logits_of(0);
+          CHECK(got == clean_b, "the context after a failed load (allocation %ld) continues differently", g_current_n);
+        });
+    moelite_context_free(bc);
+    remove(session.c_str());
   }
 
   {
