@@ -201,6 +201,9 @@ MOELITE_API moelite_status moelite_sampler_sample_logits(moelite_sampler* s, con
     if (!logits) return null_arg(api_fn, "logits");
     if (!out_token) return null_arg(api_fn, "out_token");
     if (n_vocab < 1) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: n_vocab must be >= 1", api_fn);
+    // Room for the token first: a draw spends random numbers, so it must not fail after it.
+    // (Doubling, as push_back would: reserving one more each time would copy it every draw.)
+    if (s->history.size() == s->history.capacity()) s->history.reserve(std::max<size_t>(16, 2 * s->history.size()));
     int32_t token = -1;
     switch (s->impl.pick(logits, n_vocab, s->history, &token)) {
       case moelite::Sampler::Outcome::Stopped:

@@ -1,8 +1,8 @@
 // Allocation failures through the public C API. This program replaces the global operator new so
 // that the Nth allocation made by the calling thread after arming throws std::bad_alloc, and sweeps
 // N over every allocation of each API call: load (mapped and budgeted), context creation, eval,
-// generate, a batch of two sequences, saving and loading a session, a request queue run to its
-// end, tokenize, detokenize, chat formatting and calibration. Each call must return a status
+// generate, a batch of two sequences, saving and loading a session, a sampler driven by hand, a
+// request queue run to its end, tokenize, detokenize, chat formatting and calibration. Each call must return a status
 // (never let the exception through the C ABI, never crash), name the problem, and leave what it
 // was given usable: the same call without the fault afterwards gives the clean run's results
 // bitwise. Worker threads are not armed (the counters are thread-local), so the faults land on the
@@ -375,6 +375,52 @@ int main(int argc, char** argv) {
         });
     moelite_context_free(bc);
     remove(session.c_str());
+  }
+
+  {
+    // A sampler driven by hand: a failed accept or draw changes nothing (no token half-accepted into
+    // the history, no random number spent), so trying again draws what the clean run drew.
+    moelite_generate_params* gp = moelite_generate_params_create();
+    moelite_generate_params_set_temperature(gp, 0.9f);
+    moelite_generate_params_set_top_k(gp, 40);
+    moelite_generate_params_set_repeat_penalty(gp, 1.5f, 8);
+    moelite_generate_params_set_seed(gp, 3);
+    std::vector<float> fixed(static_cast<size_t>(n_vocab));
+    for (int32_t v = 0; v < n_vocab; ++v) fixed[static_cast<size_t>(v)] = static_cast<float>((v * 7919) % 101) / 25.0f;
+    const int32_t prompt[] = {1, 17, 42, 99};
+    std::vector<int32_t> drawn;
+    auto run_sampler = [&]() -> moelite_status {
+      moelite_sampler* sp = nullptr;
+      {
+        Unarmed u;
+        drawn.clear();
+        drawn.reserve(8);
+        CHECK(moelite_sampler_create(gp, &sp) == MOELITE_OK, "sampler_create");
+      }
+      moelite_status first = MOELITE_OK;
+      auto again = [&](auto&& call) {
+        moelite_status st = call();
+        if (st != MOELITE_OK) {
+          if (first == MOELITE_OK) first = st;
+          st = call();  // one fault per run: this one is clean
+        }
+        CHECK(st == MOELITE_OK, "sampler call after a fault: %s", moelite_last_error());
+      };
+      again([&] { return moelite_sampler_accept(sp, prompt, 4); });
+      for (int k = 0; k < 6; ++k) {
+        int32_t t = -1;
+        again([&] { return moelite_sampler_sample_logits(sp, fixed.data(), n_vocab, &t); });
+        drawn.push_back(t);
+      }
+      moelite_sampler_free(sp);
+      return first;
+    };
+    run_sampler();
+    const std::vector<int32_t> clean_drawn = drawn;
+    sweep("sampler", run_sampler, [&] {
+      CHECK(drawn == clean_drawn, "a sampler that failed at allocation %ld and went on drew other tokens", g_current_n);
+    });
+    moelite_generate_params_free(gp);
   }
 
   {
