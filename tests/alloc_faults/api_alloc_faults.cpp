@@ -2,7 +2,8 @@
 // that the Nth allocation made by the calling thread after arming throws std::bad_alloc, and sweeps
 // N over every allocation of each API call: load (mapped and budgeted), context creation, eval,
 // generate, a batch of two sequences, saving and loading a session, a sampler driven by hand, a
-// request queue run to its end, tokenize, detokenize, chat formatting and calibration. Each call must return a status
+// request queue run to its end, a trace, chat tokens, inspect, the platform report, a batch plan,
+// generate_tokens, tokenize, detokenize, chat formatting and calibration. Each call must return a status
 // (never let the exception through the C ABI, never crash), name the problem, and leave what it
 // was given usable: the same call without the fault afterwards gives the clean run's results
 // bitwise. Worker threads are not armed (the counters are thread-local), so the faults land on the
@@ -419,6 +420,118 @@ int main(int argc, char** argv) {
     const std::vector<int32_t> clean_drawn = drawn;
     sweep("sampler", run_sampler, [&] {
       CHECK(drawn == clean_drawn, "a sampler that failed at allocation %ld and went on drew other tokens", g_current_n);
+    });
+    moelite_generate_params_free(gp);
+  }
+
+  {
+    // A timeline: a failed begin leaves no trace running; after a failed end the trace is stopped
+    // and the file holds a whole trace (the empty one begin wrote, or the full one), never half.
+    const std::string trace = work + "/alloc-faults.trace.json";
+    auto whole_json_object = [&] {
+      Unarmed u;
+      FILE* f = fopen(trace.c_str(), "rb");
+      if (!f) return false;
+      std::string text;
+      char buf[4096];
+      for (size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+      fclose(f);
+      while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+      return text.size() > 2 && text.front() == '{' && text.back() == '}' && text.find("traceEvents") != std::string::npos;
+    };
+    moelite_status begin_st = MOELITE_OK;
+    sweep(
+        "trace",
+        [&] {
+          begin_st = moelite_model_trace_begin(model, trace.c_str());
+          if (begin_st != MOELITE_OK) return begin_st;
+          const moelite_status eval_st = moelite_eval(ctx, tokens.data(), 3, 0);
+          const moelite_status end_st = moelite_model_trace_end(model);
+          return eval_st != MOELITE_OK ? eval_st : end_st;
+        },
+        [&] {
+          // No trace left running either way: ending one now has nothing to end.
+          CHECK(moelite_model_trace_end(model) == MOELITE_ERR_INVALID_ARGUMENT,
+                "a trace still runs after a fault at allocation %ld", g_current_n);
+          if (begin_st == MOELITE_OK)
+            CHECK(whole_json_object(), "the trace file after a fault at allocation %ld is not a whole trace", g_current_n);
+          moelite_context_kv_reset(ctx);
+        });
+    remove(trace.c_str());
+
+    // Pure calls: a fault gives a status, and the same call afterwards the clean answer.
+    const moelite_chat_message msgs[] = {{"system", "Be brief."}, {"user", "What does open() return?"}};
+    std::vector<int32_t> chat_ids(512), clean_chat;
+    int32_t n_chat = 0;
+    CHECK(moelite_chat_tokenize(model, msgs, 2, 1, chat_ids.data(), 512, &n_chat) == MOELITE_OK, "chat_tokenize");
+    clean_chat.assign(chat_ids.begin(), chat_ids.begin() + n_chat);
+    sweep(
+        "chat_tokenize", [&] { return moelite_chat_tokenize(model, msgs, 2, 1, chat_ids.data(), 512, &n_chat); },
+        [&] {
+          CHECK(moelite_chat_tokenize(model, msgs, 2, 1, chat_ids.data(), 512, &n_chat) == MOELITE_OK &&
+                    std::vector<int32_t>(chat_ids.begin(), chat_ids.begin() + n_chat) == clean_chat,
+                "chat_tokenize after a fault");
+        });
+    sweep(
+        "inspect",
+        [&] {
+          moelite_model* m = nullptr;
+          const moelite_status st = moelite_model_inspect(path, &m);
+          moelite_model_free(m);
+          return st;
+        },
+        [] {});
+    sweep(
+        "platform_describe_json",
+        [&] {
+          char json[16384];
+          size_t needed = 0;
+          return moelite_platform_describe_json(json, sizeof json, &needed);
+        },
+        [] {});
+    sweep(
+        "plan_batch",
+        [&] {
+          moelite_plan_params* pp = moelite_plan_params_create();
+          if (!pp) return kNullHandle;
+          moelite_status st = moelite_plan_params_set_max_sequences(pp, 4);
+          if (st == MOELITE_OK) st = moelite_plan_params_set_memory(pp, uint64_t{1} << 30);
+          moelite_batch_plan* plan = nullptr;
+          if (st == MOELITE_OK) st = moelite_plan_batch(model, nullptr, pp, &plan);
+          moelite_batch_plan_free(plan);
+          moelite_plan_params_free(pp);
+          return st;
+        },
+        [] {});
+
+    // The generation loop from token ids, with a stop string and a logit bias.
+    moelite_generate_params* gp = moelite_generate_params_create();
+    moelite_generate_params_set_max_tokens(gp, 8);
+    moelite_generate_params_set_seed(gp, 5);
+    moelite_generate_params_add_stop(gp, "zq");
+    moelite_generate_params_set_logit_bias(gp, 42, -5.0f);
+    std::string out;
+    moelite_generate_params_set_callback(
+        gp,
+        [](const char* piece, size_t n, void* user) {
+          Unarmed u;
+          static_cast<std::string*>(user)->append(piece, n);
+          return 1;
+        },
+        &out);
+    auto gen = [&] {
+      {
+        Unarmed u;
+        out.clear();
+      }
+      moelite_context_kv_reset(ctx);
+      return moelite_generate_tokens(ctx, clean_chat.data(), static_cast<int32_t>(clean_chat.size()), gp, nullptr);
+    };
+    CHECK(gen() == MOELITE_OK, "generate_tokens: %s", moelite_last_error());
+    const std::string clean_out = out;
+    sweep("generate_tokens", gen, [&] {
+      gen();
+      CHECK(out == clean_out, "generate_tokens after a fault gave '%s', clean '%s'", out.c_str(), clean_out.c_str());
     });
     moelite_generate_params_free(gp);
   }
