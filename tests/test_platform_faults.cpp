@@ -1,7 +1,7 @@
 // Faults at the OS boundary never crash, hang or leak, and never corrupt a later result: the
 // platform layer's fault injector (platforms/fault_inject.h) fails each open, read, mmap, large
 // allocation, io_uring submission (refused, or busy once) and io_uring completion that loading,
-// evaluation, generation and calibration make, one at a time, through the public C API. Each case must end in a status
+// evaluation, generation, a request queue and calibration make, one at a time, through the public C API. Each case must end in a status
 // whose message names the fault (an allocation's is MOELITE_ERR_OUT_OF_MEMORY), or in success with
 // exact logits; and once the fault is cleared the same context's next evaluation must give
 // bitwise the logits of a resident run that never saw a fault (the independent reference).
@@ -236,5 +236,45 @@ TEST(PlatformFaults, Calibrate) {
         moelite_calibrate(e.m, ref.tokens.data(), static_cast<int32_t>(ref.tokens.size()), cp, profile.c_str());
     moelite_calibrate_params_free(cp);
     return st;
+  });
+}
+
+TEST(PlatformFaults, Queue) {
+  // A request queue over a budgeted model: a step that fails (a read, an allocation) changed
+  // nothing and the next one tries again, so stepping on to the end gives every request exactly the
+  // clean run's tokens, and the queue always ends.
+  std::vector<std::vector<int32_t>> clean;  // filled by the sweep's first (clean) run
+  sweep("queue", budgeted(), [&](PhaseEnv& e) -> moelite_status {
+    const Reference& ref = reference();
+    moelite_queue* q = nullptr;
+    moelite_status first = moelite_queue_create(e.c, &q);
+    if (first != MOELITE_OK) return first;
+    moelite_generate_params* g = moelite_generate_params_create();
+    moelite_generate_params_set_max_tokens(g, 4);
+    moelite_generate_params_set_temperature(g, 0.0f);
+    const int32_t lengths[2] = {static_cast<int32_t>(ref.tokens.size()), 5};
+    for (int32_t n : lengths) {
+      int64_t id = -1;
+      EXPECT_EQ(moelite_queue_add(q, ref.tokens.data(), n, g, &id), MOELITE_OK) << moelite_last_error();
+    }
+    moelite_generate_params_free(g);
+    int steps = 0;
+    for (; moelite_queue_waiting(q) + moelite_queue_running(q) > 0 && steps < 200; ++steps) {
+      const moelite_status st = moelite_queue_step(q, nullptr);
+      if (st != MOELITE_OK && first == MOELITE_OK) first = st;  // its message stays the last error
+    }
+    EXPECT_LT(steps, 200) << "the queue did not finish";
+    std::vector<std::vector<int32_t>> got;
+    for (int64_t id = 0; id < 2; ++id) {
+      int32_t state = 0, toks[16], n = 0;
+      EXPECT_EQ(moelite_queue_request_state(q, id, &state), MOELITE_OK);
+      EXPECT_EQ(state, MOELITE_STOP_MAX_TOKENS) << "request " << id;
+      EXPECT_EQ(moelite_queue_request_tokens(q, id, toks, 16, &n), MOELITE_OK);
+      got.emplace_back(toks, toks + n);
+    }
+    if (clean.empty()) clean = got;
+    EXPECT_EQ(got, clean) << "a request's tokens differ from the clean run's";
+    moelite_queue_free(q);
+    return first;
   });
 }
