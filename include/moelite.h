@@ -931,8 +931,8 @@ MOELITE_API moelite_status moelite_context_save(const moelite_context* ctx, cons
  *  unsupported version); MOELITE_ERR_SESSION_MISMATCH (saved with another model -- a fingerprint of
  *  its tensors and weights --, or more sequences or positions than this context holds);
  *  MOELITE_ERR_NOT_IMPLEMENTED (a compressed file and no libzstd); MOELITE_ERR_OUT_OF_MEMORY. In all
- *  of those the context is unchanged. A device error while writing the rows back leaves every sequence empty. The last
- *  evaluation's logits are dropped. The context may differ from the saving one in n_batch, n_seq
+ *  of those the context is unchanged. A device error while writing the rows back leaves every
+ *  sequence empty. The last evaluation's logits are dropped. The context may differ from the saving one in n_batch, n_seq
  *  (enough for the file's sequences), n_ctx (enough for its positions) and backend (its rows are
  *  then those another backend computed: equal within float rounding, not bitwise). */
 MOELITE_API moelite_status moelite_context_load(moelite_context* ctx, const char* path);
