@@ -166,6 +166,17 @@ moelite_model* load(const char* path, uint64_t budget) {
   return st == MOELITE_OK ? m : nullptr;
 }
 
+// A context of two sequences of 64 positions (unarmed; NULL and a failed check if it cannot be made).
+moelite_context* two_sequence_context(moelite_model* model, const char* what) {
+  moelite_context_params* cp = moelite_context_params_create();
+  moelite_context_params_set_n_seq(cp, 2);
+  moelite_context_params_set_n_ctx(cp, 64);
+  moelite_context* c = nullptr;
+  CHECK(moelite_context_create(model, cp, &c) == MOELITE_OK, "%s context: %s", what, moelite_last_error());
+  moelite_context_params_free(cp);
+  return c;
+}
+
 std::vector<float> eval_logits(moelite_context* c, const std::vector<int32_t>& tokens, int32_t n_vocab) {
   moelite_context_kv_reset(c);
   if (moelite_eval(c, tokens.data(), static_cast<int32_t>(tokens.size()), 0) != MOELITE_OK) return {};
@@ -275,12 +286,7 @@ int main(int argc, char** argv) {
     // Several sequences in one batch, and a saved session: a failed call leaves every sequence as
     // it was (the header's promise), a failed save leaves the file that was there, a failed load
     // the context.
-    moelite_context_params* cp = moelite_context_params_create();
-    moelite_context_params_set_n_seq(cp, 2);
-    moelite_context_params_set_n_ctx(cp, 64);
-    moelite_context* bc = nullptr;
-    CHECK(moelite_context_create(model, cp, &bc) == MOELITE_OK, "batch context: %s", moelite_last_error());
-    moelite_context_params_free(cp);
+    moelite_context* bc = two_sequence_context(model, "batch");
     const std::vector<int32_t> start = {1, 17, 42, 99, 1, 5};  // 4 tokens of sequence 0, 2 of 1
     const std::vector<int32_t> start_seqs = {0, 0, 0, 0, 1, 1};
     const std::vector<int32_t> more = {7, 3, 250, 8};
@@ -542,12 +548,7 @@ int main(int argc, char** argv) {
     // or its sampling), every request must end either exactly as in the clean run or with
     // MOELITE_STOP_ERROR having generated a prefix of the clean run's tokens: never a different
     // token (a request whose sequence and sampler fell out of step would continue wrongly).
-    moelite_context_params* cp = moelite_context_params_create();
-    moelite_context_params_set_n_seq(cp, 2);
-    moelite_context_params_set_n_ctx(cp, 64);
-    moelite_context* qc = nullptr;
-    CHECK(moelite_context_create(model, cp, &qc) == MOELITE_OK, "queue context: %s", moelite_last_error());
-    moelite_context_params_free(cp);
+    moelite_context* qc = two_sequence_context(model, "queue");
     moelite_generate_params* gps[3] = {moelite_generate_params_create(), moelite_generate_params_create(),
                                        moelite_generate_params_create()};
     for (moelite_generate_params* g : gps) moelite_generate_params_set_max_tokens(g, 5);
