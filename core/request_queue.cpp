@@ -193,7 +193,6 @@ Status RequestQueue::step() {
       }
     } catch (const std::bad_alloc&) {
       finish(id, r, MOELITE_STOP_ERROR);
-      generated = false;
     }
     events_.push_back({id, generated ? next : -1, r.state});
   }
