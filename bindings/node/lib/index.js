@@ -644,8 +644,8 @@ class Queue {
       const id = [0], token = [0], state = [0];
       check(fns.moelite_queue_event(q, i, id, token, state));
       const rid = Number(id[0]);
-      const bytes = this.textBytes(rid);
       const seen = this._emitted.get(rid) ?? 0;
+      const bytes = this._textBytes(q, rid, seen + 256); // room for what it had and a step's more
       this._emitted.set(rid, bytes.length);
       events.push({ id: rid, token: token[0] < 0 ? null : token[0], text: bytes.subarray(seen).toString('utf8'),
         state: stateName(state[0]) });
@@ -687,10 +687,11 @@ class Queue {
   }
 
   /** The text it emitted so far, as bytes and as a string. */
-  textBytes(id) {
+  textBytes(id) { return this._textBytes(this._handle(), id, 256); }
+
+  _textBytes(q, id, guess) {
     const { fns } = load();
-    const q = this._handle();
-    return Buffer.from(sized(256, (n) => new Uint8Array(n), (buf, cap, len) => fns.moelite_queue_request_text(q, id, buf, cap, len)));
+    return Buffer.from(sized(guess, (n) => new Uint8Array(n), (buf, cap, len) => fns.moelite_queue_request_text(q, id, buf, cap, len)));
   }
 
   text(id) { return this.textBytes(id).toString('utf8'); }
