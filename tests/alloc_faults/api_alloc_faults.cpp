@@ -114,6 +114,7 @@ struct Unarmed {
   Unarmed() { t_countdown = -1; }
   ~Unarmed() { t_countdown = saved; }
 };
+
 // What an operation returns when a *_params_create gave NULL (it has no status of its own).
 constexpr moelite_status kNullHandle = static_cast<moelite_status>(-1);  // the allocation being failed, for messages
 
@@ -291,11 +292,15 @@ int main(int argc, char** argv) {
     const std::vector<int32_t> start_seqs = {0, 0, 0, 0, 1, 1};
     const std::vector<int32_t> more = {7, 3, 250, 8};
     const std::vector<int32_t> more_seqs = {1, 0, 1, 1};
-    auto reset_to_start = [&] {
+    // Empties both sequences and evaluates `toks` into them (unarmed).
+    auto set_state = [&](const std::vector<int32_t>& toks, const std::vector<int32_t>& seqs, const char* what) {
       Unarmed u;
       for (int32_t s = 0; s < 2; ++s) moelite_context_seq_truncate(bc, s, 0);
-      { const moelite_status st = moelite_eval_batch(bc, start.data(), start_seqs.data(), nullptr, 6); CHECK(st == MOELITE_OK, "start after allocation %ld: %s", g_current_n, moelite_last_error()); }
+      const moelite_status st =
+          moelite_eval_batch(bc, toks.data(), seqs.data(), nullptr, static_cast<int32_t>(toks.size()));
+      CHECK(st == MOELITE_OK, "%s after allocation %ld: %s", what, g_current_n, moelite_last_error());
     };
+    auto reset_to_start = [&] { set_state(start, start_seqs, "start"); };
     auto logits_of = [&](int32_t row) {
       Unarmed u;
       const float* l = moelite_get_logits(bc, row);
@@ -328,11 +333,7 @@ int main(int argc, char** argv) {
     };
     // State B: other tokens (sequence 0 holds 1, sequence 1 holds 3); its continuation by one token.
     const int32_t next_tok = 5, next_seq = 0;
-    auto go_to_state_b = [&] {
-      Unarmed u;
-      for (int32_t s = 0; s < 2; ++s) moelite_context_seq_truncate(bc, s, 0);
-      CHECK(moelite_eval_batch(bc, more.data(), more_seqs.data(), nullptr, 4) == MOELITE_OK, "state B");
-    };
+    auto go_to_state_b = [&] { set_state(more, more_seqs, "state B"); };
     go_to_state_b();
     CHECK(moelite_eval_batch(bc, &next_tok, &next_seq, nullptr, 1) == MOELITE_OK, "B continued");
     const std::vector<float> clean_b = logits_of(0);
