@@ -282,6 +282,20 @@ TEST_P(CudaDevices, ExpertAndSharedFfnsMatchTheCpuBackend) {
         }
         EXPECT_LT(max_rel(moe[0], widen(moe[1])), 1e-5) << " resident " << resident;
         EXPECT_LT(max_rel(dense[0], widen(dense[1])), 1e-5);
+        // Each token alone (decode: every product has one token, so the one-token kernels run)
+        // gives bitwise its row of the batch (products of up to 8 tokens a warp).
+        for (int32_t tok : {0, 3}) {
+          Routing one;
+          one.n_tokens = 1;
+          one.k = k;
+          one.ids.assign(r.ids.begin() + tok * k, r.ids.begin() + (tok + 1) * k);
+          one.weights.assign(r.weights.begin() + tok * k, r.weights.begin() + (tok + 1) * k);
+          HostAct xa(p.gpu.get(), 1, d), o(p.gpu.get(), 1, d);
+          xa.set(std::vector<float>(x.begin() + tok * d, x.begin() + (tok + 1) * d));
+          ASSERT_EQ(run_routed_experts(*p.gpu, ex, 0, kind, xa.a, one, &o.a), MOELITE_OK) << last_error_message();
+          EXPECT_EQ(o.get(), std::vector<float>(moe[0].begin() + tok * d, moe[0].begin() + (tok + 1) * d))
+              << "token " << tok << " alone, resident " << resident;
+        }
         if (resident)
           gpu_resident = moe[0];
         else

@@ -35,7 +35,22 @@ using namespace moelite::cuda_kernels;
                                                                 float limit) {                                    \
     grouped_gate_up_kernel<T>(batch, act_mode, alpha, limit);                                                     \
   }                                                                                                               \
-  SAME_PARAMS(moelite_grouped_gate_up_kernel_##T, grouped_gate_up_kernel<T>);
+  SAME_PARAMS(moelite_grouped_gate_up_kernel_##T, grouped_gate_up_kernel<T>);                                     \
+  extern "C" __global__ void moelite_matmul_vec_kernel_##T(                                                       \
+      const uint8_t* w, uint64_t row_bytes, int64_t rows, int64_t cols, const float* x, int64_t x_stride,         \
+      const int32_t* x_map, float* y, int64_t y_stride, const int32_t* y_map, int64_t n_tok, const float* bias) { \
+    matmul_vec_kernel<T>(w, row_bytes, rows, cols, x, x_stride, x_map, y, y_stride, y_map, n_tok, bias);          \
+  }                                                                                                               \
+  SAME_PARAMS(moelite_matmul_vec_kernel_##T, matmul_vec_kernel<T>);                                               \
+  extern "C" __global__ void moelite_grouped_matmul_vec_kernel_##T(GroupedBatch batch) {                         \
+    grouped_matmul_vec_kernel<T>(batch);                                                                          \
+  }                                                                                                               \
+  SAME_PARAMS(moelite_grouped_matmul_vec_kernel_##T, grouped_matmul_vec_kernel<T>);                               \
+  extern "C" __global__ void moelite_grouped_gate_up_vec_kernel_##T(GroupedBatch batch, int act_mode,            \
+                                                                    float alpha, float limit) {                   \
+    grouped_gate_up_vec_kernel<T>(batch, act_mode, alpha, limit);                                                 \
+  }                                                                                                               \
+  SAME_PARAMS(moelite_grouped_gate_up_vec_kernel_##T, grouped_gate_up_vec_kernel<T>);
 
 MATMUL_ENTRY(0)
 MATMUL_ENTRY(1)

@@ -20,6 +20,12 @@
 //
 // Row maps let one launch serve an expert's scattered tokens: token t reads row x_map[t] of x and
 // writes row y_map[t] of y (identity when a map is null).
+//
+// Each kernel comes in two widths: NT = kTokensPerWarp tokens a warp (prefill, batches) and NT = 1
+// (the *_vec kernels: products of one token, i.e. decode). A token's sums do not depend on the
+// others', so both give the same bits; the one-token kernels just do not hold 8 tokens' pointers
+// and sums, which took most of the 168 registers a thread of the grouped kernels (3 blocks, 12
+// warps an SM on an H200: too few to cover the row loads' latency, docs/gpu-notes.md, stop 40).
 #pragma once
 #include "backends/cuda/kernels/activation.cuh"
 #include "backends/cuda/kernels/dequant.cuh"
@@ -49,10 +55,9 @@ constexpr int kStageSpan = kStageSpanOf<1>;
 // One warp's rows: acc[m][j] += row r of matrix m (M of them: 1, or 2 for a gate/up pair, whose
 // rows are staged side by side and both in flight) times token j's input, for j < n. The stage is
 // the block's; this warp uses M * kStageSpanOf<M> bytes of it from `mine`.
-template <int T, int M, class Stage>
+template <int T, int M, int NT, class Stage>
 MK_DEVICE void warp_row_products(Stage& stage, int64_t mine, int lane, const uint8_t* const (&wr)[M], int64_t cols,
-                                 const float* const (&xs)[kTokensPerWarp], int n,
-                                 float (&acc)[M][kTokensPerWarp]) {
+                                 const float* const (&xs)[NT], int n, float (&acc)[M][NT]) {
   // A chunk is whole blocks of the type, and a multiple of 32 columns (blocks are 1, 32 or 256
   // columns; a float chunk is 1024 or 2048).
   constexpr int64_t kBlockCols = Layout<T>::block, kBlockBytes = Layout<T>::bytes;
@@ -94,38 +99,38 @@ MK_DEVICE void warp_row_products(Stage& stage, int64_t mine, int lane, const uin
         float wv[kUnroll];
         for (int u = 0; u < kUnroll; ++u) wv[u] = dq<T>(sw, c + 32 * u);
         for (int u = 0; u < kUnroll; ++u)
-          for (int j = 0; j < kTokensPerWarp; ++j)
+          for (int j = 0; j < NT; ++j)
             if (j < n) acc[m][j] += wv[u] * xs[j][c0 + c + 32 * u];
       }
       for (; c < chunk_cols; c += 32) {
         const float wv = dq<T>(sw, c);
-        for (int j = 0; j < kTokensPerWarp; ++j)
+        for (int j = 0; j < NT; ++j)
           if (j < n) acc[m][j] += wv * xs[j][c0 + c];
       }
     }
   }
 }
 
-template <int T>
-MK_GLOBAL void matmul_kernel(const uint8_t* w, uint64_t row_bytes, int64_t rows, int64_t cols, const float* x,
-                             int64_t x_stride, const int32_t* x_map, float* y, int64_t y_stride, const int32_t* y_map,
-                             int64_t n_tok, const float* bias) {
+template <int T, int NT>
+MK_DEVICE void matmul_rows(const uint8_t* w, uint64_t row_bytes, int64_t rows, int64_t cols, const float* x,
+                           int64_t x_stride, const int32_t* x_map, float* y, int64_t y_stride, const int32_t* y_map,
+                           int64_t n_tok, const float* bias) {
   MK_SHARED_BYTES(stage, kMatmulWarps * kStageSpan);
   const int lane = int(threadIdx.x & 31u);
   const int warp = int(threadIdx.x >> 5);
   const int64_t r = int64_t(blockIdx.x) * kMatmulWarps + warp;
-  const int64_t t0 = int64_t(blockIdx.y) * kTokensPerWarp;
+  const int64_t t0 = int64_t(blockIdx.y) * NT;
   if (r >= rows) return;  // a whole warp leaves together: shuffles below see full warps
-  const int n = n_tok - t0 < kTokensPerWarp ? int(n_tok - t0) : kTokensPerWarp;
-  const float* xs[kTokensPerWarp];
-  float acc[1][kTokensPerWarp];
-  for (int j = 0; j < kTokensPerWarp; ++j) {
+  const int n = n_tok - t0 < NT ? int(n_tok - t0) : NT;
+  const float* xs[NT];
+  float acc[1][NT];
+  for (int j = 0; j < NT; ++j) {
     const int64_t t = t0 + (j < n ? j : 0);
     xs[j] = x + (x_map ? int64_t(x_map[t]) : t) * x_stride;
     acc[0][j] = 0.0f;
   }
   const uint8_t* const wr[1] = {w + uint64_t(r) * row_bytes};
-  warp_row_products<T, 1>(stage, int64_t(warp) * kStageSpan, lane, wr, cols, xs, n, acc);
+  warp_row_products<T, 1, NT>(stage, int64_t(warp) * kStageSpan, lane, wr, cols, xs, n, acc);
   const float b = bias ? bias[r] : 0.0f;
   for (int j = 0; j < n; ++j) {
     const float s = warp_sum(acc[0][j]);
@@ -136,6 +141,19 @@ MK_GLOBAL void matmul_kernel(const uint8_t* w, uint64_t row_bytes, int64_t rows,
   }
 }
 
+template <int T>
+MK_GLOBAL void matmul_kernel(const uint8_t* w, uint64_t row_bytes, int64_t rows, int64_t cols, const float* x,
+                             int64_t x_stride, const int32_t* x_map, float* y, int64_t y_stride, const int32_t* y_map,
+                             int64_t n_tok, const float* bias) {
+  matmul_rows<T, kTokensPerWarp>(w, row_bytes, rows, cols, x, x_stride, x_map, y, y_stride, y_map, n_tok, bias);
+}
+template <int T>
+MK_GLOBAL void matmul_vec_kernel(const uint8_t* w, uint64_t row_bytes, int64_t rows, int64_t cols, const float* x,
+                                 int64_t x_stride, const int32_t* x_map, float* y, int64_t y_stride,
+                                 const int32_t* y_map, int64_t n_tok, const float* bias) {
+  matmul_rows<T, 1>(w, row_bytes, rows, cols, x, x_stride, x_map, y, y_stride, y_map, n_tok, bias);
+}
+
 // Every product of the batch (a kernel parameter) in one launch: block x belongs
 // to the product whose first_block is the largest not above it, and covers kMatmulWarps of its
 // rows; block y is a chunk of kTokensPerWarp of its tokens. With M = 2 each product is a gate/up
@@ -143,7 +161,7 @@ MK_GLOBAL void matmul_kernel(const uint8_t* w, uint64_t row_bytes, int64_t rows,
 // separate products and ffn_act would give, bit for bit. One launch for a layer's experts instead
 // of four per expert: a decode step's experts were about 30 launches a layer, each a few
 // microseconds of launch and a partly idle GPU (1024 rows fill 8 warps an SM).
-template <int T, int M>
+template <int T, int M, int NT>
 MK_DEVICE void grouped_products(const GroupedBatch& batch, int act_mode, float alpha, float limit) {
   MK_SHARED_BYTES(stage, kMatmulWarps * M * kStageSpanOf<M>);
   const int lane = int(threadIdx.x & 31u);
@@ -158,12 +176,12 @@ MK_DEVICE void grouped_products(const GroupedBatch& batch, int act_mode, float a
   }
   const GroupedProduct& p = batch.p[lo];
   const int64_t r = (int64_t(blockIdx.x) - p.first_block) * kMatmulWarps + warp;
-  const int64_t t0 = int64_t(blockIdx.y) * kTokensPerWarp;
+  const int64_t t0 = int64_t(blockIdx.y) * NT;
   if (r >= p.rows || t0 >= p.n_tok) return;  // whole warps leave together
-  const int n = p.n_tok - t0 < kTokensPerWarp ? int(p.n_tok - t0) : kTokensPerWarp;
-  const float* xs[kTokensPerWarp];
-  float acc[M][kTokensPerWarp];
-  for (int j = 0; j < kTokensPerWarp; ++j) {
+  const int n = p.n_tok - t0 < NT ? int(p.n_tok - t0) : NT;
+  const float* xs[NT];
+  float acc[M][NT];
+  for (int j = 0; j < NT; ++j) {
     const int64_t t = t0 + (j < n ? j : 0);
     xs[j] = p.x + (p.x_map ? int64_t(p.x_map[t]) : t) * p.x_stride;
     for (int m = 0; m < M; ++m) acc[m][j] = 0.0f;
@@ -171,12 +189,12 @@ MK_DEVICE void grouped_products(const GroupedBatch& batch, int act_mode, float a
   const uint8_t* wr[M];
   wr[0] = p.w + uint64_t(r) * p.row_bytes;
   if constexpr (M == 2) wr[1] = p.w_up + uint64_t(r) * p.row_bytes;
-  warp_row_products<T, M>(stage, int64_t(warp) * M * kStageSpanOf<M>, lane, wr, p.cols, xs, n, acc);
+  warp_row_products<T, M, NT>(stage, int64_t(warp) * M * kStageSpanOf<M>, lane, wr, p.cols, xs, n, acc);
   const float b = p.bias ? p.bias[r] : 0.0f;
   float b_up = 0.0f;
   if constexpr (M == 2) b_up = p.bias_up ? p.bias_up[r] : 0.0f;
   MK_UNROLL
-  for (int j = 0; j < kTokensPerWarp; ++j) {
+  for (int j = 0; j < NT; ++j) {
     if (j >= n) break;
     const float s = warp_sum(acc[0][j]) + b;
     float out = s;
@@ -190,12 +208,20 @@ MK_DEVICE void grouped_products(const GroupedBatch& batch, int act_mode, float a
 
 template <int T>
 MK_GLOBAL void grouped_matmul_kernel(GroupedBatch batch) {
-  grouped_products<T, 1>(batch, 0, 0.0f, 0.0f);
+  grouped_products<T, 1, kTokensPerWarp>(batch, 0, 0.0f, 0.0f);
+}
+template <int T>
+MK_GLOBAL void grouped_matmul_vec_kernel(GroupedBatch batch) {
+  grouped_products<T, 1, 1>(batch, 0, 0.0f, 0.0f);
 }
 
 template <int T>
 MK_GLOBAL void grouped_gate_up_kernel(GroupedBatch batch, int act_mode, float alpha, float limit) {
-  grouped_products<T, 2>(batch, act_mode, alpha, limit);
+  grouped_products<T, 2, kTokensPerWarp>(batch, act_mode, alpha, limit);
+}
+template <int T>
+MK_GLOBAL void grouped_gate_up_vec_kernel(GroupedBatch batch, int act_mode, float alpha, float limit) {
+  grouped_products<T, 2, 1>(batch, act_mode, alpha, limit);
 }
 
 }  // namespace moelite::cuda_kernels
