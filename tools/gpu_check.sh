@@ -15,13 +15,15 @@
 #   vulkan the Vulkan end-to-end tests on the GPU's Vulkan driver (needs deps/libvulkan.so.1)
 #   bench  moelite cuda vs cpu on the shipped model; the performance table on a bench-shaped model
 #          against llama.cpp's CUDA build
+#   batch  decode of 1 and 8 sequences a step on the bench-shaped model, resident and at a 25 %
+#          budget (needs the bench stage's model)
 #   profile  each kernel's share of the GPU time of a short decode on the bench-shaped model (ncu,
 #          one metric: gpu__time_duration; needs the bench stage's model)
 # Each stage has its own time limit; its log and a line of results land in OUT_DIR.
 set -u
 PACK=$(realpath "$1")
 OUT=$(realpath "$2")
-STAGES=${3:-ops sanitize e2e vulkan bench profile}
+STAGES=${3:-ops sanitize e2e vulkan bench batch profile}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$OUT"
 # llama-bench (the peer) needs the CUDA runtime and cuBLAS: the toolkit's, or those of the CUDA
@@ -112,6 +114,17 @@ for s in $STAGES; do
       [ -x "$PACK/llama/llama-bench" ] && peer=(--llama-bench "$PACK/llama/llama-bench")
       stage perf_cuda 120 "$PY" "$ROOT/tools/perf_table.py" -m "$BENCH_MODEL" --moelite "$MOELITE_BIN" --backend cuda \
         -t 8 --rounds 2 --budgets 25% --policies lfu "${peer[@]}" --json "$OUT/perf_cuda.json" --md "$OUT/perf_cuda.md" ;;
+    batch)
+      # Several sequences a step (issue 17's table on the GPU): resident, 1 and 8 sequences, and 8
+      # under a 25 % budget; aggregate decode tok/s and bytes read per generated token.
+      if [ -f "$BENCH_MODEL" ]; then
+        stage batch 120 bash -c "for a in '--n-seq 1' '--n-seq 8' '--n-seq 8 --budget 25%'; do \"$MOELITE_BIN\" bench \
+          -m \"$BENCH_MODEL\" --backend cuda -p 16 -n 32 -r 1 --no-membw --json \$a | tail -n 1 | \
+          \"$PY\" -c 'import json,sys; j=json.load(sys.stdin); print(sys.argv[1], {k: j.get(k) for k in
+          (\"decode_tok_s\", \"decode_tok_s_per_seq\", \"bytes_read_per_token\", \"hit_rate\")})' \"\$a\"; done"
+      else
+        echo "batch: skipped (no bench model: run the bench stage first)" | tee -a "$SUMMARY"
+      fi ;;
     profile)
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
       if [ -n "$NCU" ] && [ -f "$BENCH_MODEL" ]; then
