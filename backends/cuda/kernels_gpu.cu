@@ -15,42 +15,36 @@ using namespace moelite::cuda_kernels;
 #define SAME_PARAMS(entry, kernel) \
   static_assert(std::is_same_v<decltype(&entry), decltype(&kernel)>, "entry point and kernel differ")
 
-#define MATMUL_ENTRY(T)                                                                                           \
-  extern "C" __global__ void moelite_matmul_kernel_##T(                                                           \
+// The products' entry points, each for a kernel of matmul.cuh's signature (the 8-token kernels and
+// their one-token `_vec` variants share one).
+#define PRODUCT_ENTRY(kernel, T)                                                                                  \
+  extern "C" __global__ void moelite_##kernel##_##T(                                                              \
       const uint8_t* w, uint64_t row_bytes, int64_t rows, int64_t cols, const float* x, int64_t x_stride,         \
       const int32_t* x_map, float* y, int64_t y_stride, const int32_t* y_map, int64_t n_tok, const float* bias) { \
-    matmul_kernel<T>(w, row_bytes, rows, cols, x, x_stride, x_map, y, y_stride, y_map, n_tok, bias);              \
+    kernel<T>(w, row_bytes, rows, cols, x, x_stride, x_map, y, y_stride, y_map, n_tok, bias);                     \
   }                                                                                                               \
-  SAME_PARAMS(moelite_matmul_kernel_##T, matmul_kernel<T>);                                                       \
-  extern "C" __global__ void moelite_get_rows_kernel_##T(const uint8_t* table, uint64_t row_bytes, int64_t cols,  \
-                                                         const int32_t* tokens, int64_t n, float* out) {          \
-    get_rows_kernel<T>(table, row_bytes, cols, tokens, n, out);                                                   \
+  SAME_PARAMS(moelite_##kernel##_##T, kernel<T>);
+#define GROUPED_ENTRY(kernel, T)                                                              \
+  extern "C" __global__ void moelite_##kernel##_##T(GroupedBatch batch) { kernel<T>(batch); } \
+  SAME_PARAMS(moelite_##kernel##_##T, kernel<T>);
+#define GATE_UP_ENTRY(kernel, T)                                                                                  \
+  extern "C" __global__ void moelite_##kernel##_##T(GroupedBatch batch, int act_mode, float alpha, float limit) { \
+    kernel<T>(batch, act_mode, alpha, limit);                                                                     \
   }                                                                                                               \
-  SAME_PARAMS(moelite_get_rows_kernel_##T, get_rows_kernel<T>);                                                 \
-  extern "C" __global__ void moelite_grouped_matmul_kernel_##T(GroupedBatch batch) {                             \
-    grouped_matmul_kernel<T>(batch);                                                                              \
-  }                                                                                                               \
-  SAME_PARAMS(moelite_grouped_matmul_kernel_##T, grouped_matmul_kernel<T>);                                       \
-  extern "C" __global__ void moelite_grouped_gate_up_kernel_##T(GroupedBatch batch, int act_mode, float alpha,    \
-                                                                float limit) {                                    \
-    grouped_gate_up_kernel<T>(batch, act_mode, alpha, limit);                                                     \
-  }                                                                                                               \
-  SAME_PARAMS(moelite_grouped_gate_up_kernel_##T, grouped_gate_up_kernel<T>);                                     \
-  extern "C" __global__ void moelite_matmul_vec_kernel_##T(                                                       \
-      const uint8_t* w, uint64_t row_bytes, int64_t rows, int64_t cols, const float* x, int64_t x_stride,         \
-      const int32_t* x_map, float* y, int64_t y_stride, const int32_t* y_map, int64_t n_tok, const float* bias) { \
-    matmul_vec_kernel<T>(w, row_bytes, rows, cols, x, x_stride, x_map, y, y_stride, y_map, n_tok, bias);          \
-  }                                                                                                               \
-  SAME_PARAMS(moelite_matmul_vec_kernel_##T, matmul_vec_kernel<T>);                                               \
-  extern "C" __global__ void moelite_grouped_matmul_vec_kernel_##T(GroupedBatch batch) {                         \
-    grouped_matmul_vec_kernel<T>(batch);                                                                          \
-  }                                                                                                               \
-  SAME_PARAMS(moelite_grouped_matmul_vec_kernel_##T, grouped_matmul_vec_kernel<T>);                               \
-  extern "C" __global__ void moelite_grouped_gate_up_vec_kernel_##T(GroupedBatch batch, int act_mode,            \
-                                                                    float alpha, float limit) {                   \
-    grouped_gate_up_vec_kernel<T>(batch, act_mode, alpha, limit);                                                 \
-  }                                                                                                               \
-  SAME_PARAMS(moelite_grouped_gate_up_vec_kernel_##T, grouped_gate_up_vec_kernel<T>);
+  SAME_PARAMS(moelite_##kernel##_##T, kernel<T>);
+
+#define MATMUL_ENTRY(T)                                                                                          \
+  PRODUCT_ENTRY(matmul_kernel, T)                                                                                \
+  PRODUCT_ENTRY(matmul_vec_kernel, T)                                                                            \
+  GROUPED_ENTRY(grouped_matmul_kernel, T)                                                                        \
+  GROUPED_ENTRY(grouped_matmul_vec_kernel, T)                                                                    \
+  GATE_UP_ENTRY(grouped_gate_up_kernel, T)                                                                       \
+  GATE_UP_ENTRY(grouped_gate_up_vec_kernel, T)                                                                   \
+  extern "C" __global__ void moelite_get_rows_kernel_##T(const uint8_t* table, uint64_t row_bytes, int64_t cols, \
+                                                         const int32_t* tokens, int64_t n, float* out) {         \
+    get_rows_kernel<T>(table, row_bytes, cols, tokens, n, out);                                                  \
+  }                                                                                                              \
+  SAME_PARAMS(moelite_get_rows_kernel_##T, get_rows_kernel<T>);
 
 MATMUL_ENTRY(0)
 MATMUL_ENTRY(1)

@@ -156,7 +156,7 @@ MK_GLOBAL void matmul_vec_kernel(const uint8_t* w, uint64_t row_bytes, int64_t r
 
 // Every product of the batch (a kernel parameter) in one launch: block x belongs
 // to the product whose first_block is the largest not above it, and covers kMatmulWarps of its
-// rows; block y is a chunk of kTokensPerWarp of its tokens. With M = 2 each product is a gate/up
+// rows; block y is a chunk of NT of its tokens. With M = 2 each product is a gate/up
 // pair and the warp writes act(gate row + bias, up row + bias_up) (activation.cuh), the values the
 // separate products and ffn_act would give, bit for bit. One launch for a layer's experts instead
 // of four per expert: a decode step's experts were about 30 launches a layer, each a few
