@@ -310,7 +310,10 @@ def test_keyboard_interrupt_from_abort_callback(tmp_path):
 def test_sigint_during_eval_raises_keyboard_interrupt(tmp_path):
     # A real Ctrl-C: the signal arrives while the main thread is inside moelite_eval; Python
     # raises KeyboardInterrupt in the next callback, which aborts the evaluation.
+    # Python installs its Ctrl-C handler only where SIGINT is not ignored at start, and a
+    # non-interactive shell's background job (`cmd &`, nohup) starts with it ignored: install it.
     check(tmp_path, """
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         m = moelite.Model(MODEL, threads=2)
         sent = []
         def abort():
