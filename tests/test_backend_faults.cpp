@@ -236,8 +236,14 @@ TEST_P(BackendFaults, EveryOperationsFailureReachesEvalAndLeavesTheSequenceUncha
   const std::vector<float> want_prefix = eval_logits(*clean.ctx, kPrefix);
   const std::vector<float> want_more = eval_logits(*clean.ctx, kMore);
   int tested = 0;
+  int op_index = 0;
   for (const char* op : kOps) {
+    ++op_index;
     for (const int64_t nth : {int64_t{1}, int64_t{5}}) {
+      // Under ASan + UBSan the emulated devices run several times slower (the CUDA cases took four
+      // of CI's minutes): each operation fails at one of its calls there, the first or the fifth
+      // (a later batch of the call) in turn, so both kinds of point are still met.
+      if (MOELITE_TEST_SANITIZED && (nth == 1) != (op_index % 2 == 1)) continue;
       SCOPED_TRACE(std::string(op) + " call " + std::to_string(nth));
       e.ctx->truncate(0);
       e.faulty->arm("", 0);
@@ -262,7 +268,7 @@ TEST_P(BackendFaults, EveryOperationsFailureReachesEvalAndLeavesTheSequenceUncha
       expect_nothing_pinned(e);
     }
   }
-  EXPECT_GE(tested, 15);  // most operations, both calls, were reached and failed
+  EXPECT_GE(tested, MOELITE_TEST_SANITIZED ? 8 : 15);  // most operations (both calls) were reached and failed
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, BackendFaults,
