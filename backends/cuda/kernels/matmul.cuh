@@ -1,11 +1,11 @@
 // Fused dequantize + matrix product for every weight type: y[t] = W x[t] (+ bias).
 //
-// One warp per (output row, chunk of up to kTokensPerWarp tokens). The warp first copies a chunk
-// of its row's bytes (up to kStageBytes: a 2048-column Q8_0 row whole) into its shared stage with
-// 16-byte loads, every load of the chunk issued before any is used, and only then decodes. Lane l
-// takes the columns l, l + 32, l + 64, … of the chunk, dequantizes each weight once from the stage
-// and applies it to every token of the chunk; each token's 32 partial sums are reduced in a fixed
-// butterfly.
+// One warp per (output row, chunk of up to NT tokens: kTokensPerWarp, or 1 in decode's one-token
+// kernels). The warp first copies a chunk of its row's bytes (up to kStageBytes: a 2048-column Q8_0
+// row whole) into its shared stage with 16-byte loads, every load of the chunk issued before any is
+// used, and only then decodes. Lane l takes the columns l, l + 32, l + 64, … of the chunk,
+// dequantizes each weight once from the stage and applies it to every token of the chunk; each
+// token's 32 partial sums are reduced in a fixed butterfly.
 //
 // Why the stage: decoding straight from global memory, a warp waited one memory latency per
 // 32-column step (one byte per lane), and with only 8 warps an SM on an expert's 1024 rows the
