@@ -22,7 +22,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_engine_vs_reference import (BIN, DEVICE_MATRIX, LOOSE, TIGHT_FLOAT, TMP, TOKENS,  # noqa: E402
+from test_engine_vs_reference import (BIN, DEVICE_MATRIX, LOOSE, SANITIZED, TIGHT_FLOAT, TMP, TOKENS,  # noqa: E402
                                       engine_logits, make_model, nmse, reference_logits)
 
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -111,9 +111,17 @@ def test_cuda_layout_variants(variant, device):
         np.testing.assert_array_equal(got, cuda_logits(model, device, ["--budget", "40%", "--predictor", "pregate"]))
 
 
-@pytest.mark.parametrize("device", ["integrated", "discrete"] + WITH_GPU)
-@pytest.mark.parametrize("arch,wtype", [("qwen2moe", "Q4_K"), ("olmoe", "Q5_0"), ("llama", "Q6_K"),
-                                        ("qwen3moe", "BF16")])
+BATCHING_MODELS = [("qwen2moe", "Q4_K"), ("olmoe", "Q5_0"), ("llama", "Q6_K"), ("qwen3moe", "BF16")]
+# Each model on both emulated devices (and a real GPU); under the sanitizers each model on one of
+# the two, in turn (the discrete case also compares with the integrated device).
+if SANITIZED:
+    BATCHING_CASES = [(d, a, t) for i, (a, t) in enumerate(BATCHING_MODELS) for d in [("integrated", "discrete")[i % 2]]]
+else:
+    BATCHING_CASES = [(d, a, t) for a, t in BATCHING_MODELS for d in ("integrated", "discrete")]
+BATCHING_CASES += [pytest.param("gpu", a, t, marks=needs_gpu) for a, t in BATCHING_MODELS]
+
+
+@pytest.mark.parametrize("device,arch,wtype", BATCHING_CASES)
 def test_batching_and_the_expert_budget_do_not_change_cuda_results(device, arch, wtype):
     """Token by token equals batched; the budgeted store (zero-copy slots on the integrated device,
     the device tier on the discrete one) equals everything resident, bitwise, at 40 % and with a
