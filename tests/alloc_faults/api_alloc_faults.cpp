@@ -95,15 +95,12 @@ int g_failures = 0;
 
 // The allocation indices to fail: all of the first 100, then every ~12 % further, to the end.
 // MOELITE_ALLOC_FAULTS_ALL=1: every allocation (slow; for a thorough run by hand).
-// MOELITE_TEST_SANITIZED=1 (ctest of the ASan + UBSan build, where each run of an operation costs
-// several times as much): of the first 100 only every other one, the even indices for one operation
-// and the odd ones for the next, so both kinds of index are failed in the sweep as a whole.
+// In the ASan + UBSan build (MOELITE_TEST_SANITIZED), where each run of an operation costs several
+// times as much: of the first 100 only every other one, the even indices for one operation and the
+// odd ones for the next, so both kinds of index are failed in the sweep as a whole.
 std::vector<long> sweep_points(long total) {
   static int operations = 0;
-  const long step = [] {
-    const char* s = getenv("MOELITE_TEST_SANITIZED");
-    return s && strcmp(s, "1") == 0 ? 2L : 1L;
-  }();
+  constexpr long step = MOELITE_TEST_SANITIZED ? 2 : 1;
   const long first = step == 2 ? operations++ % 2 : 0;
   std::vector<long> points;
   if (getenv("MOELITE_ALLOC_FAULTS_ALL")) {

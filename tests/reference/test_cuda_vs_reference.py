@@ -115,7 +115,7 @@ BATCHING_MODELS = [("qwen2moe", "Q4_K"), ("olmoe", "Q5_0"), ("llama", "Q6_K"), (
 # Each model on both emulated devices (and a real GPU); under the sanitizers each model on one of
 # the two, in turn (the discrete case also compares with the integrated device).
 if SANITIZED:
-    BATCHING_CASES = [(d, a, t) for i, (a, t) in enumerate(BATCHING_MODELS) for d in [("integrated", "discrete")[i % 2]]]
+    BATCHING_CASES = [(("integrated", "discrete")[i % 2], a, t) for i, (a, t) in enumerate(BATCHING_MODELS)]
 else:
     BATCHING_CASES = [(d, a, t) for a, t in BATCHING_MODELS for d in ("integrated", "discrete")]
 BATCHING_CASES += [pytest.param("gpu", a, t, marks=needs_gpu) for a, t in BATCHING_MODELS]
