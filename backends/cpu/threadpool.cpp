@@ -3,6 +3,7 @@
 #include <chrono>
 #include <new>
 
+#include "backends/cpu/spin_backoff.h"
 #include "platforms/system_info.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -24,9 +25,16 @@ namespace {
 // about one thread. OLMoE-shaped model, 25 % budget, 2 threads: a 0.5 ms spin (the former 20000
 // pauses) left 48-52 ms/token of decode not waiting on reads, 5 ms 29-32, 50 ms 27-28 (resident
 // decode: 19). Measured in time, not iterations: a pause takes 17 ns on Zen 4 and ~40 on Intel.
-constexpr double kSpinSeconds = 0.005;
+// A worker preempted while spinning stops spinning for a while (spin_backoff.h): on a machine with
+// more runnable threads than cores the spin would hold a core someone else is waiting for.
+constexpr int64_t kSpinNs = 5'000'000;
 // Pauses between clock reads while spinning.
 constexpr int kPausesPerClockRead = 64;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 }  // namespace
 
 Status ThreadPool::create(int n_threads, std::unique_ptr<ThreadPool>* out, std::vector<int> pin_cpus) {
@@ -84,6 +92,7 @@ void ThreadPool::worker_main(int index) {
   if (!platform::pin_current_thread(pin_cpus_))
     log_msg(MOELITE_LOG_DEBUG, "compute thread %d could not be pinned to the big cores", index);
   uint64_t seen = 0;
+  SpinBackoff backoff;  // this worker's: preemption is seen per thread
   for (;;) {
     if (index >= participants_.load(std::memory_order_acquire)) {
       // Left out (contexts share the cores): sleep until let in again, then take part in every
@@ -96,11 +105,25 @@ void ThreadPool::worker_main(int index) {
       continue;
     }
     uint64_t gen = generation_.load(std::memory_order_acquire);
-    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::duration<double>(kSpinSeconds);
-    for (int spin = 1; gen == seen; ++spin) {
-      MOELITE_CPU_RELAX();
-      gen = generation_.load(std::memory_order_acquire);
-      if (spin % kPausesPerClockRead == 0 && std::chrono::steady_clock::now() >= spin_until) break;
+    int64_t last_read = now_ns();
+    if (gen == seen && backoff.may_spin(last_read)) {
+      const int64_t spin_until = last_read + kSpinNs;
+      bool preempted = false;
+      for (int spin = 1; gen == seen; ++spin) {
+        MOELITE_CPU_RELAX();
+        gen = generation_.load(std::memory_order_acquire);
+        if (spin % kPausesPerClockRead != 0) continue;
+        const int64_t t = now_ns();
+        if (t - last_read > SpinBackoff::kPreemptedGapNs) {
+          // Descheduled while spinning: the core is wanted elsewhere. Sleep instead for a while.
+          backoff.preempted(t);
+          preempted = true;
+          break;
+        }
+        last_read = t;
+        if (t >= spin_until) break;
+      }
+      if (gen != seen && !preempted) backoff.spun_undisturbed(last_read);
     }
     if (gen == seen) {
       std::unique_lock<std::mutex> lock(mu_);

@@ -2,7 +2,9 @@
 // so idle workers spin for up to 5 ms before sleeping: waking a sleeping thread costs tens to
 // hundreds of microseconds, which at decode speeds would be a visible share of every token (and
 // under an expert budget, where regions are separated by waits for reads, a worker that slept
-// joined each expert late). After the last region of a request a worker burns at most 5 ms.
+// joined each expert late). After the last region of a request a worker burns at most 5 ms. A
+// worker the OS preempts while it spins (more runnable threads than cores) sleeps at once between
+// regions for a while instead (spin_backoff.h).
 #pragma once
 #include <atomic>
 #include <condition_variable>

@@ -102,6 +102,11 @@ def test_cuda_layout_variants(variant, device):
     prompt longer than one chunk of the split attention, against the float64 reference."""
     extra = {"tied": ["--tied"], "per-expert-tensors": ["--per-expert-tensors"], "gqa1": ["--n-head-kv", "1"],
              "pregate": ["--pregate", "--n-layer", "3"], "long-context": ["--ctx", "1024"]}[variant]
+    if SANITIZED and variant == "long-context":
+        # 310 positions through the emulated device took 69 s of the sanitized run's CUDA minutes; its
+        # instrumented coverage is CudaOps' attention tests (prompts of 300 and 600: two and three
+        # chunks), which run whole there. The plain build runs it.
+        pytest.skip("sanitized build: the split attention's chunks are covered by the CudaOps tests")
     arch = "llama" if variant == "per-expert-tensors" else "qwen3moe"
     model = make_model("cuda-variant-" + variant, arch, "Q4_K", *extra)
     tokens = TOKENS * 31 if variant == "long-context" else TOKENS  # 310 positions: two chunks

@@ -75,7 +75,7 @@ def test_perf_table_budgeted_rows_on_the_capped_device():
     os.makedirs(TMP, exist_ok=True)
     out = os.path.join(TMP, "table.json")
     cmd = [sys.executable, os.path.join(ROOT, "tools", "perf_table.py"), "-m", MODEL, "--moelite", BIN, "-p", "4",
-           "-n", "8", "--rounds", "1", "--budgets", "50%", "--policies", "lfu", "--throttle", "0.02", "--json", out]
+           "-n", "64", "--rounds", "1", "--budgets", "50%", "--policies", "lfu", "--throttle", "0.02", "--json", out]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     rows = json.load(open(out))["budgeted"]
     assert [r["storage"] for r in rows] == ["the machine's disk (measured)", "capped at 0.02 GB/s"]
@@ -84,5 +84,8 @@ def test_perf_table_budgeted_rows_on_the_capped_device():
     assert capped["bytes_read_per_token"] > 0
     # The bound is the cap's: no faster than reading a token's experts at 0.02 GB/s.
     assert capped["budget_bound_tok_s"] <= 0.02e9 / capped["bytes_read_per_token"] * 1.0001
-    # And the decode cannot beat a cap that holds (a slice's lending aside).
+    # And the decode cannot beat a cap that holds, a slice's lending aside: the cgroup lets up to
+    # one throttle slice (100 ms, 2 MB at 0.02 GB/s) through ahead of the rate. 64 tokens read
+    # about 19 MB, so lending is worth at most ~11 % (8 tokens read 1.5 MB, less than one slice:
+    # a fraction of 1.37 was seen there, lending alone).
     assert capped["decode_fraction_of_budget_bound"] < 1.3
