@@ -3,11 +3,13 @@
 // follow capacities and the allowed CPU set.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "backends/cpu/threadpool.h"
 #include "platforms/platform.h"
@@ -196,11 +198,10 @@ TEST(PlatformInfo, BigCoresIgnoreFrequencyBinning) {
 // Participants (contexts evaluating at once share the cores): every task runs exactly once, only
 // threads let in take part, and lowering and raising the count between calls, again and again and
 // with calls of one task between them, never leaves a call waiting for a worker that sleeps.
-TEST(PlatformInfo, ThreadPoolParticipantsShareTheCoresAndEveryCallJoins) {
-  std::unique_ptr<moelite::cpu::ThreadPool> pool;
-  ASSERT_EQ(moelite::cpu::ThreadPool::create(4, &pool), MOELITE_OK);
+namespace {
+void change_participants_between_calls(moelite::cpu::ThreadPool* pool, int rounds) {
   const int counts[] = {4, 1, 2, 4, 3, 1, 1, 4, 2, 2, 3};
-  for (int round = 0; round < 300; ++round) {
+  for (int round = 0; round < rounds; ++round) {
     const int n = counts[round % (sizeof counts / sizeof counts[0])];
     pool->set_participants(n);
     EXPECT_EQ(pool->participants(), n);
@@ -217,6 +218,13 @@ TEST(PlatformInfo, ThreadPoolParticipantsShareTheCoresAndEveryCallJoins) {
     for (const auto& r : runs) ASSERT_EQ(r.load(), 1) << "round " << round;
     EXPECT_LT(max_thread.load(), n) << "a thread left out took part, round " << round;
   }
+}
+}  // namespace
+
+TEST(PlatformInfo, ThreadPoolParticipantsShareTheCoresAndEveryCallJoins) {
+  std::unique_ptr<moelite::cpu::ThreadPool> pool;
+  ASSERT_EQ(moelite::cpu::ThreadPool::create(4, &pool), MOELITE_OK);
+  change_participants_between_calls(pool.get(), 300);
   pool->set_participants(0);  // clamped
   EXPECT_EQ(pool->participants(), 1);
   pool->set_participants(99);
@@ -230,4 +238,25 @@ TEST(PlatformInfo, ThreadPoolParticipantsShareTheCoresAndEveryCallJoins) {
     threads.insert(thread);
   });
   EXPECT_EQ(threads.size(), 4u);
+}
+
+// The same with every core busy elsewhere: workers are preempted while they spin, stop spinning
+// (spin_backoff.h) and sleep, and a worker left out of a call can wake only after the caller has
+// moved on to the next call. It must then judge by that call's participant count, not the one it
+// slept through (a worker that ran the next call's tasks for the old one, and then again for the
+// new one, left the caller waiting for ever: seen in CI with two test processes on two cores).
+TEST(PlatformInfo, ThreadPoolParticipantsWorkWhenEveryCoreIsBusyElsewhere) {
+  std::unique_ptr<moelite::cpu::ThreadPool> pool;
+  ASSERT_EQ(moelite::cpu::ThreadPool::create(4, &pool), MOELITE_OK);
+  std::atomic<bool> done{false};
+  std::vector<std::thread> hogs;
+  const unsigned n_hogs = 2 * std::max(1u, std::thread::hardware_concurrency());
+  for (unsigned i = 0; i < n_hogs; ++i)
+    hogs.emplace_back([&] {
+      while (!done.load(std::memory_order_relaxed)) {
+      }
+    });
+  change_participants_between_calls(pool.get(), 2000);
+  done = true;
+  for (auto& t : hogs) t.join();
 }

@@ -38,7 +38,9 @@ int64_t now_ns() {
 }  // namespace
 
 Status ThreadPool::create(int n_threads, std::unique_ptr<ThreadPool>* out, std::vector<int> pin_cpus) {
-  std::unique_ptr<ThreadPool> pool(new (std::nothrow) ThreadPool(n_threads < 1 ? 1 : n_threads));
+  // At most what a round's count holds (the API allows MOELITE_MAX_THREADS, far fewer).
+  n_threads = n_threads < 1 ? 1 : n_threads > (1 << kCountBits) - 1 ? (1 << kCountBits) - 1 : n_threads;
+  std::unique_ptr<ThreadPool> pool(new (std::nothrow) ThreadPool(n_threads));
   if (!pool) return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory for the thread pool");
   try {
     pool->pin_cpus_ = std::move(pin_cpus);
@@ -66,7 +68,7 @@ void ThreadPool::stop_and_join() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_.store(true);
-    generation_.fetch_add(1);
+    round_.store(next_round(round_.load(std::memory_order_relaxed), 0), std::memory_order_release);
   }
   cv_.notify_all();
   idle_cv_.notify_all();
@@ -101,17 +103,17 @@ void ThreadPool::worker_main(int index) {
       std::unique_lock<std::mutex> lock(mu_);
       idle_cv_.wait(lock, [&] { return stop_.load() || index < participants_.load(std::memory_order_acquire); });
       if (stop_.load()) return;
-      seen = raised_at_generation_;
+      seen = raised_at_round_;
       continue;
     }
-    uint64_t gen = generation_.load(std::memory_order_acquire);
+    uint64_t gen = round_.load(std::memory_order_acquire);
     int64_t last_read = now_ns();
     if (gen == seen && backoff.may_spin(last_read)) {
       const int64_t spin_until = last_read + kSpinNs;
       bool preempted = false;
       for (int spin = 1; gen == seen; ++spin) {
         MOELITE_CPU_RELAX();
-        gen = generation_.load(std::memory_order_acquire);
+        gen = round_.load(std::memory_order_acquire);
         if (spin % kPausesPerClockRead != 0) continue;
         const int64_t t = now_ns();
         if (t - last_read > SpinBackoff::kPreemptedGapNs) {
@@ -127,12 +129,15 @@ void ThreadPool::worker_main(int index) {
     }
     if (gen == seen) {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
-      gen = generation_.load(std::memory_order_acquire);
+      cv_.wait(lock, [&] { return round_.load(std::memory_order_acquire) != seen; });
+      gen = round_.load(std::memory_order_acquire);
     }
     seen = gen;
     if (stop_.load()) return;
-    if (index >= round_participants_.load(std::memory_order_relaxed)) continue;  // a call without it
+    // A call without it. The count comes with the call's number in one word: a worker that wakes
+    // late, after the caller has finished that call and started the next, sees the next one's
+    // number and count together (or the old ones together), never the old number with the new count.
+    if (index >= round_participants(gen)) continue;
     run_tasks(index);
     active_.fetch_sub(1, std::memory_order_acq_rel);
   }
@@ -144,7 +149,7 @@ void ThreadPool::set_participants(int n) {
   if (n == before) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (n > before) raised_at_generation_ = generation_.load(std::memory_order_relaxed);
+    if (n > before) raised_at_round_ = round_.load(std::memory_order_relaxed);
     participants_.store(n, std::memory_order_release);
   }
   if (n > before) idle_cv_.notify_all();
@@ -161,11 +166,10 @@ void ThreadPool::parallel_for(int64_t n_tasks, const TaskFn& fn) {
   n_tasks_ = n_tasks;
   next_task_.store(0, std::memory_order_relaxed);
   active_.store(threads - 1, std::memory_order_relaxed);
-  round_participants_.store(threads, std::memory_order_relaxed);
   {
     // The lock orders the publication against a worker that is about to sleep.
     std::lock_guard<std::mutex> lock(mu_);
-    generation_.fetch_add(1, std::memory_order_acq_rel);
+    round_.store(next_round(round_.load(std::memory_order_relaxed), threads), std::memory_order_release);
   }
   cv_.notify_all();
   run_tasks(0);

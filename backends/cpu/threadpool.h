@@ -67,15 +67,21 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::atomic<uint64_t> generation_{0};
+  // The current call: its number in the high bits, how many threads take part in it (the
+  // caller included) in the low kCountBits, one word so a worker reads both of the same call.
+  static constexpr int kCountBits = 16;  // MOELITE_MAX_THREADS (512) fits
+  static uint64_t next_round(uint64_t round, int participants) {
+    return (((round >> kCountBits) + 1) << kCountBits) | static_cast<uint64_t>(participants);
+  }
+  static int round_participants(uint64_t round) { return static_cast<int>(round & ((1u << kCountBits) - 1)); }
+  std::atomic<uint64_t> round_{0};
   std::atomic<int64_t> next_task_{0};
   std::atomic<int> active_{0};
   std::atomic<bool> stop_{false};
-  // set_participants: the count, and the generation when it last rose (a worker let in again
-  // takes part in every parallel_for after it). round_participants_: the current call's count.
+  // set_participants: the count, and the round when it last rose (a worker let in again takes
+  // part in every parallel_for after it).
   std::atomic<int> participants_{1};
-  uint64_t raised_at_generation_ = 0;  // under mu_
-  std::atomic<int> round_participants_{1};
+  uint64_t raised_at_round_ = 0;  // under mu_
   std::condition_variable idle_cv_;  // workers left out wait here
   int64_t n_tasks_ = 0;
   const TaskFn* fn_ = nullptr;
