@@ -107,7 +107,8 @@ void ThreadPool::worker_main(int index) {
       continue;
     }
     uint64_t gen = round_.load(std::memory_order_acquire);
-    int64_t last_read = now_ns();
+    // The clock is read only when the next call is not published yet (else no spin follows).
+    int64_t last_read = gen == seen ? now_ns() : 0;
     if (gen == seen && backoff.may_spin(last_read)) {
       const int64_t spin_until = last_read + kSpinNs;
       bool preempted = false;
