@@ -39,6 +39,10 @@ struct WeightView {
   const uint8_t* data = nullptr;  // host bytes (file mapping, owned copy or expert-store slot);
                                   // null for experts that live only in the file (expert store)
   uint64_t file_offset = 0;       // where the bytes are in the model file
+  // The bytes are the model file's read-only mapping: a backend that keeps a copy of its own may
+  // drop them from the process's memory (platform::release_mapped_pages); they are read again from
+  // the file if touched. False for owned copies and expert-store slots, whose memory is the data.
+  bool mapped = false;
   bool valid() const { return data != nullptr; }
   uint64_t bytes() const { return row_bytes * static_cast<uint64_t>(rows); }
 };
@@ -170,6 +174,10 @@ class Backend {
   // Whether the backend can compute with this weight's type (for weights placed later, such as
   // experts the store loads).
   [[nodiscard]] virtual Status check_weight(const WeightView& w) = 0;
+  // Called once per routed expert at load when every expert stays resident (no expert store), so
+  // its bytes stay valid and unchanged for the backend's life: the backend may lay out a copy of
+  // its own now instead of on first use (the CPU backend's grouped rows). Default: nothing.
+  [[nodiscard]] virtual Status place_expert(const ExpertWeights& w) { return MOELITE_OK; }
   [[nodiscard]] virtual Status alloc_act(int64_t rows, int64_t cols, Act* out) = 0;
   virtual void free_act(Act* a) = 0;
   // Rows [row0, row0 + n) of `a` as an Act sharing its memory (not to be freed).

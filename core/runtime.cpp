@@ -87,6 +87,27 @@ Status place_dense_weights(const Model& m, Backend& be) {
   return MOELITE_OK;
 }
 
+// Every expert stays where it is for the model's life, so a backend may lay out copies of its own
+// now (the CPU backend's grouped rows). Such copies turn the experts' mapped pages, which the
+// kernel can drop and read again, into memory of the process's own: only where all of them fit in
+// what is free now with a quarter to spare, so a model that only fits through the page cache
+// keeps streaming from it as before (the results are the same bits either way).
+Status place_resident_experts(const Model& m, Backend& be) {
+  const uint64_t room = platform::read_memory_info().room_bytes();
+  const uint64_t want = m.expert_bytes + m.expert_bytes / 4;
+  if (room < want) {
+    log_msg(MOELITE_LOG_INFO,
+            "experts used in place from the file: %.0f MiB of them and %.0f MiB free (copies need %.0f MiB)",
+            static_cast<double>(m.expert_bytes) / 1048576.0, static_cast<double>(room) / 1048576.0,
+            static_cast<double>(want) / 1048576.0);
+    return MOELITE_OK;
+  }
+  for (const LayerWeights& lw : m.layers)
+    if (lw.experts.present())
+      for (int32_t e = 0; e < m.hp.n_expert; ++e) MOELITE_TRY(be.place_expert(lw.experts.expert(e)));
+  return MOELITE_OK;
+}
+
 }  // namespace
 
 Status Runtime::create(const Model& m, const LoadOptions& opts, std::unique_ptr<Runtime>* out) {
@@ -127,6 +148,7 @@ Status Runtime::create(const Model& m, const LoadOptions& opts, std::unique_ptr<
     MOELITE_TRY(make_predictor(opts.expert_predictor, opts.predictor_depth, m, rt->profile.get(), &rt->predictor));
   } else {
     rt->experts = std::make_unique<ResidentExperts>(&m.layers);
+    MOELITE_TRY(place_resident_experts(m, *rt->backend));
     // Without a budget nothing loads, so a predictor has nothing to do (and is not built: its
     // tables can be large); a bad name or a missing fit still fails.
     MOELITE_TRY(make_predictor(opts.expert_predictor, opts.predictor_depth, m, rt->profile.get(), nullptr));

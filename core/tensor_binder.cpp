@@ -41,6 +41,13 @@ Status TensorBinder::data_of(const gguf::TensorInfo& info, const uint8_t** out, 
   return MOELITE_OK;
 }
 
+Status TensorBinder::view_data(const gguf::TensorInfo& info, bool expert, WeightView* out) {
+  MOELITE_TRY(data_of(info, &out->data, expert));
+  const platform::Mapping& m = model_.mapping;
+  out->mapped = out->data && m.data() && out->data >= m.data() && out->data < m.data() + m.size();
+  return MOELITE_OK;
+}
+
 Status TensorBinder::bind_matrix(const std::string& name, int64_t cols, int64_t rows, bool required, bool expert,
                                  WeightView* out) {
   const gguf::TensorInfo* t;
@@ -63,7 +70,7 @@ Status TensorBinder::bind_matrix(const std::string& name, int64_t cols, int64_t 
   out->rows = rows;
   out->row_bytes = t->row_bytes;
   out->file_offset = t->file_offset;
-  return data_of(*t, &out->data, expert);
+  return view_data(*t, expert, out);
 }
 
 Status TensorBinder::matrix(const std::string& name, int64_t cols, int64_t rows, WeightView* out, bool required) {
@@ -101,7 +108,7 @@ Status TensorBinder::matrix_stack(const std::string& name, int64_t cols, int64_t
   out->row_bytes = t->row_bytes;
   out->file_offset = t->file_offset;
   *stride = t->row_bytes * static_cast<uint64_t>(t->ne[1]);
-  return data_of(*t, &out->data, expert);
+  return view_data(*t, expert, out);
 }
 
 Status TensorBinder::floats(const std::string& name, int64_t n, std::vector<float>* out, bool required) {

@@ -52,6 +52,8 @@ class TensorBinder {
   Status lookup(const std::string& name, bool required, const gguf::TensorInfo** out);
   Status bind_matrix(const std::string& name, int64_t cols, int64_t rows, bool required, bool expert, WeightView* out);
   Status data_of(const gguf::TensorInfo& info, const uint8_t** out, bool expert = false);
+  // data_of into out->data, and out->mapped: whether those bytes are the file mapping's.
+  Status view_data(const gguf::TensorInfo& info, bool expert, WeightView* out);
 
   Model& model_;
   const gguf::Reader& gguf_;

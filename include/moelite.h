@@ -356,6 +356,14 @@ MOELITE_API moelite_status moelite_model_params_set_cache_allocation(moelite_mod
  *  With an expert budget the file is never mapped, whatever this says: experts are read into
  *  the store's slots and the dense weights into owned memory.
  *
+ *  On the CPU backend, mapped weights of a type with a faster layout of the backend's own (Q4_K
+ *  on x86 with AVX2: rows interleaved by eight) are copied into that layout -- the routed experts
+ *  at load, when all of them fit in the memory free at that moment with a quarter to spare, the
+ *  dense weights on first use -- and their mapped pages are released, so memory use stays about
+ *  the same (+3 %) but is the process's own rather than page cache; loading takes longer (about
+ *  1.7 s per GB on two Zen 3 cores). The logits are the same bits either way. The environment
+ *  variable MOELITE_GROUPED_ROWS=0 turns the copies off.
+ *
  *  A model file that is truncated or rewritten while it is loaded: reading past its new end is
  *  reported, never a crash. Without a mapping (use_mmap 0, or an expert budget) every read of the
  *  file -- expert loads, and weights read at load -- checks its length, and moelite_eval returns

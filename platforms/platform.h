@@ -71,6 +71,11 @@ class Mapping {
   Mapping& operator=(const Mapping&) = delete;
 
   static Status map(const File& file, Mapping* out);
+  // Takes the whole pages inside [p, p + n), a range of some Mapping, out of the process's
+  // resident set (a backend that keeps its own copy of those bytes): they stay valid and are read
+  // back from the file on the next touch. Never for memory that is not a file mapping (anonymous
+  // memory would read back as zeros). Best effort: nothing happens where the OS cannot do it.
+  static void release_pages(const void* p, uint64_t n);
   const uint8_t* data() const { return static_cast<const uint8_t*>(addr_); }
   uint64_t size() const { return size_; }
 

@@ -974,5 +974,118 @@ TEST(QuantKernelsTile, LoopReferenceMatchesVecDot) {
   check_tile(kernels_scalar(), TensorType::Q8_0, vec_dot_tile_loop<scalar_dot_q8_0>, 6);
 }
 
+
+// ---- rows interleaved in groups of eight (interleaved_rows.h) ----------------------------------
+
+// Where a table has a grouped layout: Q4_K in the 256- and 512-bit x86 tables, nowhere else, and
+// its three entries always together.
+TEST(QuantKernelsGroups, PresentOnlyWhereExpected) {
+  for (const KernelTable* k : all_tables())
+    for (uint32_t i = 0; i < kTensorTypeIdLimit; ++i) {
+      const RowGroups& g = k->groups[i];
+      const std::string isa = k->isa;
+      const bool expected = i == tid(TensorType::Q4_K) && (isa == "avx2" || isa == "avxvnni" || isa == "avx512");
+      EXPECT_EQ(g.dot != nullptr, expected) << isa << " " << i;
+      EXPECT_EQ(g.repack != nullptr, g.dot != nullptr) << isa << " " << i;
+      EXPECT_EQ(g.group_bytes != nullptr, g.dot != nullptr) << isa << " " << i;
+    }
+}
+
+// Eight rows of random Q4_K blocks (or with every code byte `fill`, scale bytes kept) and four
+// activation rows, one of them all -127, an odd stride apart.
+struct GroupCase {
+  int64_t n;
+  size_t row_bytes;
+  std::vector<uint8_t> rows;  // kGroupRows rows, row_bytes apart
+  std::vector<uint8_t> acts;  // kMultiDot rows, act_stride apart
+  size_t act_stride;
+};
+GroupCase make_group_case(int64_t n, int fill, std::mt19937& rng) {
+  const TensorType t = TensorType::Q4_K;
+  GroupCase c;
+  c.n = n;
+  c.row_bytes = row_bytes(t, n);
+  for (int r = 0; r < kGroupRows; ++r) {
+    std::vector<uint8_t> w = random_weights(t, n, rng);
+    if (fill >= 0)
+      for (size_t i = 0; i < w.size(); ++i)
+        if (i % sizeof(Q4_K) >= 16) w[i] = static_cast<uint8_t>(fill);  // the codes, after d, dmin, scales
+    c.rows.insert(c.rows.end(), w.begin(), w.end());
+  }
+  c.act_stride = activation_row_bytes(t, n) + 3;
+  c.acts.assign(c.act_stride * kMultiDot, 0);
+  for (int j = 0; j < kMultiDot; ++j) {
+    std::vector<float> x = random_activations(n, rng);
+    if (j == 2) std::fill(x.begin(), x.end(), -1.0f);
+    const std::vector<uint8_t> a = quantize_act(kernels_scalar(), t, x.data(), n);
+    std::memcpy(c.acts.data() + j * c.act_stride, a.data(), a.size());
+  }
+  return c;
+}
+
+// The contract that keeps exact mode exact: each output of a group kernel is the bits of its
+// table's vec_dot of that row, for every count, and the bits of the readable reference, which
+// pins the layout and the float order independently of any SIMD code.
+TEST(QuantKernelsGroups, BitIdenticalToVecDotAndToReference) {
+  int checked = 0;
+  for (const KernelTable* k : all_tables()) {
+    const RowGroups& g = k->groups[tid(TensorType::Q4_K)];
+    if (!g.dot) continue;
+    std::mt19937 rng(23);
+    for (int64_t n : {256, 512, 2048}) {
+      for (int fill : {-1, 0x00, 0xFF, 0x0F, 0xF0}) {
+        SCOPED_TRACE(std::string(k->isa) + " n=" + std::to_string(n) + " fill=" + std::to_string(fill));
+        const GroupCase c = make_group_case(n, fill, rng);
+        std::vector<uint8_t> group(g.group_bytes(n) + 1);
+        g.repack(c.rows.data(), c.row_bytes, n, group.data() + 1);  // at an odd address
+        for (int count = 1; count <= kMultiDot; ++count) {
+          float got[kGroupRows][kMultiDot], ref[kGroupRows][kMultiDot];
+          g.dot(n, got[0], kMultiDot, group.data() + 1, 0, c.acts.data(), c.act_stride, count);
+          dot_q4_k_group8_reference(n, ref[0], kMultiDot, group.data() + 1, 0, c.acts.data(), c.act_stride, count);
+          for (int r = 0; r < kGroupRows; ++r)
+            for (int j = 0; j < count; ++j) {
+              float row = 0;
+              k->vec_dot[tid(TensorType::Q4_K)](n, &row, c.rows.data() + r * c.row_bytes,
+                                                c.acts.data() + j * c.act_stride);
+              EXPECT_EQ(std::memcmp(&got[r][j], &row, 4), 0)
+                  << "row " << r << " act " << j << " count " << count << ": " << got[r][j] << " vs vec_dot " << row;
+              EXPECT_EQ(std::memcmp(&got[r][j], &ref[r][j], 4), 0)
+                  << "row " << r << " act " << j << ": " << got[r][j] << " vs reference " << ref[r][j];
+            }
+        }
+        ++checked;
+      }
+    }
+  }
+  std::printf("group cases checked: %d\n", checked);
+}
+
+// The reference itself against the scalar table's Q4_K dot (a different float order, so within
+// the tolerance of DotMatchesScalar), on every machine: a layout or repacking slip shows here
+// whether or not this CPU has a group kernel.
+TEST(QuantKernelsGroups, ReferenceMatchesScalarDot) {
+  std::mt19937 rng(29);
+  const KernelTable& ref = kernels_scalar();
+  for (int64_t n : {256, 1024}) {
+    for (int fill : {-1, 0xFF}) {
+      const GroupCase c = make_group_case(n, fill, rng);
+      std::vector<uint8_t> group(group_bytes_q4_k(n));
+      repack_q4_k_group8(c.rows.data(), c.row_bytes, n, group.data());
+      float got[kGroupRows][kMultiDot];
+      dot_q4_k_group8_reference(n, got[0], kMultiDot, group.data(), 0, c.acts.data(), c.act_stride, kMultiDot);
+      for (int r = 0; r < kGroupRows; ++r)
+        for (int j = 0; j < kMultiDot; ++j) {
+          const uint8_t* w = c.rows.data() + r * c.row_bytes;
+          const uint8_t* a = c.acts.data() + j * c.act_stride;
+          float expect = 0;
+          ref.vec_dot[tid(TensorType::Q4_K)](n, &expect, w, a);
+          const double S =
+              abs_dot(dequant(ref, TensorType::Q4_K, w, n), dequant(ref, TensorType::Q8_K, a, n));
+          EXPECT_NEAR(got[r][j], expect, 1e-5 * S + 1e-30) << "n=" << n << " fill=" << fill << " row " << r << " act " << j;
+        }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moelite::cpu

@@ -4,7 +4,9 @@
 //   g++ -O2 -std=c++17 -I. tools/bench_kernels.cpp build/lib/libmoelite.a -lpthread
 // Usage: bench_kernels [rows] [cols] [mode]   (mode 1: row pairs through the table's tile, if any;
 //   mode 2: 4 activation rows per call, tile or multi-dot; mode 3: activations prepared once, then
-//   the table's prepared tile, ACTS=n activation rows per weight row group, default 4)
+//   the table's prepared tile, ACTS=n activation rows per weight row group, default 4; mode 4: rows
+//   repacked in groups of eight where the table has a group kernel (interleaved_rows.h), one
+//   activation row, else "-")
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -89,7 +91,7 @@ int main(int argc, char** argv) {
   std::vector<float> x(cols);
   for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
   std::printf("%lld x %lld, single thread, GB/s of weight bytes (%s)\n%-6s", (long long)rows, (long long)cols,
-              mode == 3 ? "4 prepared activation rows" : mode == 2 ? "4 activation rows" : mode ? "tile path" : "vec_dot", "type");
+              mode == 4 ? "rows in groups of eight" : mode == 3 ? "4 prepared activation rows" : mode == 2 ? "4 activation rows" : mode ? "tile path" : "vec_dot", "type");
   for (auto* t : tables) std::printf("%10s", t->isa);
   std::printf("\n");
   for (TensorType t : types) {
@@ -106,7 +108,20 @@ int main(int argc, char** argv) {
       const int reps = k == &kernels_scalar() ? 3 : 15;
       for (int rep = 0; rep < reps; ++rep) {
         auto t0 = std::chrono::steady_clock::now();
-        if (mode == 0) {
+        if (mode == 4) {
+          const RowGroups& g = k->groups[static_cast<uint32_t>(t)];
+          if (!g.dot) break;
+          static std::vector<uint8_t> grouped;
+          const size_t gb = g.group_bytes(cols);
+          if (rep == 0) {
+            grouped.resize(gb * static_cast<size_t>(rows / kGroupRows));
+            for (int64_t r = 0; r + kGroupRows <= rows; r += kGroupRows)
+              g.repack(w.data() + r * rb, rb, cols, grouped.data() + (r / kGroupRows) * gb);
+            t0 = std::chrono::steady_clock::now();
+          }
+          for (int64_t r = 0; r + kGroupRows <= rows; r += kGroupRows)
+            g.dot(cols, &out[r], 1, grouped.data() + (r / kGroupRows) * gb, 0, a.data(), 0, 1);
+        } else if (mode == 0) {
           for (int64_t r = 0; r < rows; ++r) dot(cols, &out[r], w.data() + r * rb, a.data());
         } else if (mode == 3) {
           // Batched through the prepared tile (where the table has one); GB/s counts each weight

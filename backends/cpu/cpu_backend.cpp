@@ -72,32 +72,49 @@ int g_decode_tiles = [] {
   return 1;
 #endif
 }();
+// Types with a group kernel (interleaved_rows.h) take rows in groups of kGroupRows, in decode and
+// in batches: grouped copies go through the group kernel, weights in row layout (expert-store
+// slots) one row at a time, in the same order as step 1.
 int row_step(const KernelTable& k, TensorType type, int64_t max_tokens = 2) {
+  if (k.groups[static_cast<uint32_t>(type)].dot) return kGroupRows;
   if (max_tokens <= 1 && !g_decode_tiles) return 1;
   if (k.tile4[static_cast<uint32_t>(type)]) return kQuadRows;
   return k.tile[static_cast<uint32_t>(type)] ? kTileRows : 1;
 }
 
 // The dot kernels of one weight matrix, looked up once per task. rows<NR>(r, dr, ...) computes
-// weight rows r, r + dr, ... (NR = 1, kTileRows or kQuadRows rows, dr apart) against `count`
-// (<= kMultiDot) activation rows: o[i][j] = dot(row r + i * dr, activation j). A group goes
-// through the table's prepared tile where the activations were prepared for it, else its tile
-// kernel of that size where there is one, else one multi-dot per row; all are bit-identical to
-// vec_dot, so the grouping never changes results.
+// weight rows r, r + dr, ... (NR = 1, kTileRows or kQuadRows rows, dr apart, or kGroupRows
+// adjacent rows from a multiple of kGroupRows) against `count` (<= kMultiDot) activation rows:
+// o[i][j] = dot(row r + i * dr, activation j). A group of kGroupRows goes through the table's
+// group kernel where the weight has a grouped copy (`grouped`, grouped_weights.h); otherwise a
+// group goes through the table's prepared tile where the activations were prepared for it, else
+// its tile kernel of that size where there is one, else one multi-dot per row; all are
+// bit-identical to vec_dot, so the grouping never changes results.
 struct RowDots {
   const WeightView& w;
   VecDotMultiFn multi;
   VecDotTileFn tile, tile4;
   const PreparedTile& prepared;
-  RowDots(const KernelTable& k, const WeightView& wv)
+  const RowGroups& groups;
+  const uint8_t* grouped;
+  RowDots(const KernelTable& k, const WeightView& wv, const uint8_t* grouped_copy = nullptr)
       : w(wv),
         multi(k.vec_dot_multi[static_cast<uint32_t>(wv.type)]),
         tile(k.tile[static_cast<uint32_t>(wv.type)]),
         tile4(k.tile4[static_cast<uint32_t>(wv.type)]),
-        prepared(k.prepared[static_cast<uint32_t>(wv.type)]) {}
+        prepared(k.prepared[static_cast<uint32_t>(wv.type)]),
+        groups(k.groups[static_cast<uint32_t>(wv.type)]),
+        grouped(grouped_copy) {}
   const uint8_t* row(int64_t r) const { return w.data + static_cast<uint64_t>(r) * w.row_bytes; }
   template <int NR>
   void rows(int64_t r, int64_t dr, const ActRows& a, int count, float (*o)[kMultiDot]) const {
+    if constexpr (NR == kGroupRows) {
+      if (grouped) {
+        groups.dot(w.cols, o[0], kMultiDot, grouped + static_cast<size_t>(r / kGroupRows) * groups.group_bytes(w.cols),
+                   0, a.data, a.stride, count);
+        return;
+      }
+    }
     const size_t w_stride = static_cast<size_t>(dr) * w.row_bytes;
     if (a.prepared && NR == prepared.rows) {
       prepared.tile(w.cols, o[0], kMultiDot, row(r), w_stride, a.prepared, a.prepared_stride, count);
@@ -134,11 +151,15 @@ inline int64_t for_row_groups(int64_t r0, int64_t r1, Body& body) {
   for (int64_t i = 0; i < h; ++i) body(std::integral_constant<int, NR>(), r0 + i, h);
   return r0 + NR * h;
 }
+// Step kGroupRows: groups of adjacent rows r, r + 1, ... from r0 (a multiple of kGroupRows), the
+// rows of one group of a grouped copy.
 template <class Body>
 inline void for_rows(int64_t r0, int64_t r1, int step, Body&& body) {
   int64_t r = r0;
   if (step == kTileRows) r = for_row_groups<kTileRows>(r0, r1, body);
   if (step == kQuadRows) r = for_row_groups<kQuadRows>(r0, r1, body);
+  if (step == kGroupRows)
+    for (; r + kGroupRows <= r1; r += kGroupRows) body(std::integral_constant<int, kGroupRows>(), r, int64_t{1});
   for (; r < r1; ++r) body(std::integral_constant<int, 1>(), r, int64_t{0});
 }
 
@@ -226,18 +247,39 @@ std::vector<Task> split_rows(const std::vector<Job>& jobs, RowsOf rows_of_job, i
 
 }  // namespace
 
-CpuBackend::CpuBackend(std::unique_ptr<ThreadPool> pool)
-    : k_(kernels_best()), pool_(std::move(pool)), name_(std::string("cpu (") + kernels_best().isa + ")") {
+CpuBackend::CpuBackend(std::unique_ptr<ThreadPool> pool, std::shared_ptr<GroupedWeights> grouped)
+    : k_(kernels_best()),
+      pool_(std::move(pool)),
+      grouped_(std::move(grouped)),
+      name_(std::string("cpu (") + kernels_best().isa + ")") {
   attn_scores_.resize(static_cast<size_t>(pool_->size()));
 }
 
 Status CpuBackend::create(int32_t n_threads, std::unique_ptr<Backend>* out) {
+  std::shared_ptr<GroupedWeights> grouped;
+  try {
+    grouped = std::make_shared<GroupedWeights>();
+  } catch (const std::bad_alloc&) {
+    return fail(MOELITE_ERR_OUT_OF_MEMORY, "CPU backend");
+  }
+  return create_sharing(n_threads, std::move(grouped), out);
+}
+
+Status CpuBackend::create_sharing(int32_t n_threads, std::shared_ptr<GroupedWeights> grouped,
+                                  std::unique_ptr<Backend>* out) {
   std::unique_ptr<ThreadPool> pool;
   // On big.LITTLE CPUs the workers stay on the big cores (empty on homogeneous CPUs: unpinned).
   // Asked for more threads than there are big cores, the caller wants the little ones too: no pin.
   const std::vector<int>& big = platform::big_cores();
   MOELITE_TRY(ThreadPool::create(n_threads, &pool, n_threads <= static_cast<int32_t>(big.size()) ? big : std::vector<int>{}));
-  out->reset(new CpuBackend(std::move(pool)));
+  auto* be = new (std::nothrow) CpuBackend(std::move(pool), std::move(grouped));
+  if (!be) return fail(MOELITE_ERR_OUT_OF_MEMORY, "CPU backend");
+  out->reset(be);
+  return MOELITE_OK;
+}
+
+Status CpuBackend::place_expert(const ExpertWeights& w) {
+  for (const WeightView* v : {&w.gate, &w.up, &w.down}) grouped_->get_or_make(k_, *v, pool_.get());
   return MOELITE_OK;
 }
 
@@ -389,9 +431,9 @@ Status CpuBackend::prepare_rows(TensorType weight_type, int step, const uint8_t*
   return MOELITE_OK;
 }
 
-Status CpuBackend::matmul_rows(const WeightView& w, const uint8_t* act, size_t act_stride, int64_t n, float* out,
-                               int64_t out_stride) {
-  const RowDots dots(k_, w);
+Status CpuBackend::matmul_rows(const WeightView& w, const uint8_t* grouped, const uint8_t* act, size_t act_stride,
+                               int64_t n, float* out, int64_t out_stride) {
+  const RowDots dots(k_, w, grouped);
   const int step = row_step(k_, w.type, n);
   ActRows a;
   MOELITE_TRY(prepare_rows(w.type, step, act, act_stride, n, w.cols, &prep_a_, &a));
@@ -423,7 +465,7 @@ Status CpuBackend::matmul(const WeightView& w, const Act& x, const float* bias, 
   MOELITE_TRY(quantize_rows(rows_of(x), x.rows, x.cols, w.type, &qbuf_, &act));
   const size_t stride = activation_row_bytes(w.type, x.cols);  // 4 * cols for float activations
   float* y = rows_of(*out);
-  MOELITE_TRY(matmul_rows(w, act, stride, x.rows, y, out->cols));
+  MOELITE_TRY(matmul_rows(w, grouped_->get_or_make(k_, w, pool_.get()), act, stride, x.rows, y, out->cols));
   if (bias) {
     for (int64_t t = 0; t < x.rows; ++t)
       for (int64_t r = 0; r < w.rows; ++r) y[t * out->cols + r] += bias[r];
@@ -532,10 +574,15 @@ Status CpuBackend::route(const Act& logits, int32_t k, bool renormalize, Routing
   return MOELITE_OK;
 }
 
-std::vector<CpuBackend::FfnJob> CpuBackend::jobs_of(const ExpertTask* tasks, int32_t n) {
+std::vector<CpuBackend::FfnJob> CpuBackend::jobs_of(const ExpertTask* tasks, int32_t n) const {
   std::vector<FfnJob> jobs(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i)
-    jobs[static_cast<size_t>(i)] = {&tasks[i].w, tasks[i].x_rows, tasks[i].out_rows, tasks[i].n_rows};
+  for (int32_t i = 0; i < n; ++i) {
+    FfnJob& j = jobs[static_cast<size_t>(i)];
+    j = {&tasks[i].w, tasks[i].x_rows, tasks[i].out_rows, tasks[i].n_rows};
+    // Grouped copies of resident experts were made at load (place_expert); a slot has none.
+    if (tasks[i].resident)
+      for (int m = 0; m < 3; ++m) j.grouped[m] = grouped_->find(m == 0 ? tasks[i].w.gate : m == 1 ? tasks[i].w.up : tasks[i].w.down);
+  }
   return jobs;
 }
 
@@ -623,7 +670,7 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
     const Task& task = tasks[static_cast<size_t>(ti)];
     const FfnJob& job = jobs[static_cast<size_t>(task.job)];
     const WeightView &gw = job.w->gate, &uw = job.w->up;
-    const RowDots gdots(k_, gw), udots(k_, uw);
+    const RowDots gdots(k_, gw, job.grouped[0]), udots(k_, uw, job.grouped[1]);
     const int64_t base = h_offset_[static_cast<size_t>(task.job)];
     float* hj = h + base * n_ff_max;
     for_rows(task.r0, task.r1, step, [&](auto nr_c, int64_t r, int64_t dr) {
@@ -693,7 +740,7 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
     const Task& task = tasks[static_cast<size_t>(ti)];
     const FfnJob& job = jobs[static_cast<size_t>(task.job)];
     const WeightView& dw = job.w->down;
-    const RowDots ddots(k_, dw);
+    const RowDots ddots(k_, dw, job.grouped[2]);
     const int64_t base = h_offset_[static_cast<size_t>(task.job)];
     for_rows(task.r0, task.r1, step, [&](auto nr_c, int64_t r, int64_t dr) {
       constexpr int NR = decltype(nr_c)::value;
@@ -751,7 +798,11 @@ Status CpuBackend::dense_ffn(const ExpertWeights& w, const FfnKind& kind, const 
                              Act* out) {
   std::vector<int32_t> rows(static_cast<size_t>(x.rows));
   for (int32_t t = 0; t < x.rows; ++t) rows[static_cast<size_t>(t)] = t;
-  const std::vector<FfnJob> jobs{{&w, rows.data(), rows.data(), x.rows}};
+  std::vector<FfnJob> jobs{{&w, rows.data(), rows.data(), x.rows}};
+  // A dense FFN's weights stay put: grouped copies on first use, like matmul's.
+  jobs[0].grouped[0] = grouped_->get_or_make(k_, w.gate, pool_.get());
+  jobs[0].grouped[1] = grouped_->get_or_make(k_, w.up, pool_.get());
+  jobs[0].grouped[2] = grouped_->get_or_make(k_, w.down, pool_.get());
   // Not part of a routed pass: x is quantized afresh into buffers of its own.
   dense_input_.x_quant[0] = dense_input_.x_quant[1] = nullptr;
   MOELITE_TRY(ffn_gate_up(jobs, x, kind, &dense_input_));

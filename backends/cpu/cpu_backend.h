@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/cpu/grouped_weights.h"
 #include "backends/cpu/quant.h"
 #include "backends/cpu/threadpool.h"
 
@@ -24,19 +25,23 @@ class CpuBackend final : public Backend {
   ~CpuBackend() override;
 
  private:
-  explicit CpuBackend(std::unique_ptr<ThreadPool> pool);
+  CpuBackend(std::unique_ptr<ThreadPool> pool, std::shared_ptr<GroupedWeights> grouped);
+  // An instance with a pool of its own and the grouped copies of `grouped`.
+  static Status create_sharing(int32_t n_threads, std::shared_ptr<GroupedWeights> grouped, std::unique_ptr<Backend>* out);
 
  public:
   BackendKind kind() const override { return BackendKind::Cpu; }
   const char* name() const override { return name_.c_str(); }
   int32_t n_threads() const override { return pool_->size(); }
-  // Weights are read from their host bytes, so an instance with a pool of its own computes with
-  // them as this one does.
-  Status create_peer(std::unique_ptr<Backend>* out) override { return create(n_threads(), out); }
+  // Weights are read from their host bytes (or the grouped copies, which the peer shares), so an
+  // instance with a pool of its own computes with them as this one does.
+  Status create_peer(std::unique_ptr<Backend>* out) override { return create_sharing(n_threads(), grouped_, out); }
   void limit_threads(int32_t n) override { pool_->set_participants(n); }
 
   Status place_weight(const WeightView& w) override;
   Status check_weight(const WeightView& w) override;
+  // Makes the grouped copies (grouped_weights.h) of a resident expert's matrices.
+  Status place_expert(const ExpertWeights& w) override;
   Status alloc_act(int64_t rows, int64_t cols, Act* out) override;
   void free_act(Act* a) override;
   Act view_rows(const Act& a, int64_t row0, int64_t n) override;
@@ -75,6 +80,7 @@ class CpuBackend final : public Backend {
     const int32_t* x_rows;
     const int32_t* out_rows;
     int64_t n_rows;
+    const uint8_t* grouped[3] = {nullptr, nullptr, nullptr};  // copies of gate, up, down, or null
   };
   // Phase 1 for all jobs: h = act(gate x + b, up x + b) per routed row, kept in ffn_h_ (rows laid
   // out job after job) until ffn_down.
@@ -92,17 +98,19 @@ class CpuBackend final : public Backend {
   // Quantizes the rows of x into `type`'s dot format, returns a pointer to row-major rows.
   Status quantize_rows(const float* x, int64_t rows, int64_t cols, TensorType weight_type, std::vector<uint8_t>* buf,
                        const uint8_t** out);
-  Status matmul_rows(const WeightView& w, const uint8_t* act, size_t act_stride, int64_t n, float* out,
-                     int64_t out_stride);
+  // `grouped`: w's grouped copy, or null.
+  Status matmul_rows(const WeightView& w, const uint8_t* grouped, const uint8_t* act, size_t act_stride, int64_t n,
+                     float* out, int64_t out_stride);
   // *out = the activation rows (act, stride) and, where batches of `step`-row groups of
   // weight_type take the kernels' prepared tile, the same rows prepared into *buf (row r at
   // row_cols[r] elements where given, else cols).
   Status prepare_rows(TensorType weight_type, int step, const uint8_t* act, size_t stride, int64_t rows, int64_t cols,
                       std::vector<uint8_t>* buf, ActRows* out, const int64_t* row_cols = nullptr);
-  static std::vector<FfnJob> jobs_of(const ExpertTask* tasks, int32_t n);
+  std::vector<FfnJob> jobs_of(const ExpertTask* tasks, int32_t n) const;
 
   const KernelTable& k_;
   std::unique_ptr<ThreadPool> pool_;
+  std::shared_ptr<GroupedWeights> grouped_;  // shared with peers
   std::string name_;
   std::vector<uint8_t> qbuf_, qbuf2_;
   std::vector<uint8_t> ffn_xg_gate_, ffn_xg_up_;  // activations gathered per expert job

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backends/cpu/interleaved_rows.h"
 #include "base/quant_ref.h"
 #include "base/types.h"
 
@@ -71,6 +72,21 @@ struct PreparedTile {
   int rows = 0;                 // weight rows per call: 1 (no tile), kTileRows or kQuadRows
 };
 
+// Weight rows interleaved in groups of kGroupRows (interleaved_rows.h), a layout the CPU backend
+// makes at load for the weights whose bytes stay put:
+//   repack(rows, row_bytes, n, group): kGroupRows rows of n elements, row_bytes apart -> one group
+//     of group_bytes(n) bytes;
+//   dot: the VecDotTileFn contract over one group (kGroupRows weight rows; w_stride unused), each
+//     output bit-identical to the table's vec_dot of that row, so a grouped copy and the file's
+//     row bytes give the same results.
+using RepackFn = void (*)(const void* rows, size_t row_bytes, int64_t n, void* group);
+using GroupBytesFn = size_t (*)(int64_t n);
+struct RowGroups {
+  RepackFn repack = nullptr;
+  GroupBytesFn group_bytes = nullptr;
+  VecDotTileFn dot = nullptr;  // nullptr: the type has no grouped layout in this table
+};
+
 struct KernelTable {
   const char* isa;                                  // "scalar", "avx2", "avx512", "neon", "dotprod", "i8mm"
   DequantRowFn dequant[kTensorTypeIdLimit];         // by weight type; nullptr if unsupported
@@ -80,6 +96,7 @@ struct KernelTable {
   VecDotTileFn tile[kTensorTypeIdLimit];            // by weight type; nullptr: no tile kernel
   VecDotTileFn tile4[kTensorTypeIdLimit];           // by weight type; nullptr: no four-row tile
   PreparedTile prepared[kTensorTypeIdLimit];        // by weight type; tile == nullptr: none
+  RowGroups groups[kTensorTypeIdLimit];             // by weight type; dot == nullptr: none
 };
 
 // Multi-dot as a loop over one vec_dot: the fallback for types without a blocked kernel.
@@ -110,9 +127,13 @@ void set_vec_dot(KernelTable& t, TensorType type, VecDotMultiFn multi = vec_dot_
   t.tile[static_cast<uint32_t>(type)] = tile;
   t.tile4[static_cast<uint32_t>(type)] = tile4;
   t.prepared[static_cast<uint32_t>(type)] = PreparedTile{};  // set after its vec_dot (set_prepared)
+  t.groups[static_cast<uint32_t>(type)] = RowGroups{};        // likewise (set_groups)
 }
 inline void set_prepared(KernelTable& t, TensorType type, const PreparedTile& prepared) {
   t.prepared[static_cast<uint32_t>(type)] = prepared;
+}
+inline void set_groups(KernelTable& t, TensorType type, const RowGroups& groups) {
+  t.groups[static_cast<uint32_t>(type)] = groups;
 }
 
 // The readable scalar reference: every other table is tested against it.

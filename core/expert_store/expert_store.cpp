@@ -385,6 +385,7 @@ ExpertWeights ExpertStore::view(const Slot& s) const {
     const uint64_t off = p.file_offset[c] + p.stride[c] * static_cast<uint64_t>(s.expert);
     const uint64_t skew = file_.is_direct() ? off - round_down(off, kAlign) : 0;
     chunk_of(w, c).data = s.mem + p.slot_offset[c] + skew;
+    chunk_of(w, c).mapped = false;  // a slot: refilled with other experts
   }
   return w;
 }

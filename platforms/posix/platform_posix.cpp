@@ -206,6 +206,15 @@ Status Mapping::map(const File& file, Mapping* out) {
   return MOELITE_OK;
 }
 
+void Mapping::release_pages(const void* p, uint64_t n) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t begin = (reinterpret_cast<uint64_t>(p) + page - 1) / page * page;
+  const uint64_t end = (reinterpret_cast<uint64_t>(p) + n) / page * page;
+  // MADV_DONTNEED on a shared file mapping only unmaps: the page cache keeps the file's pages, and
+  // a later read faults them in again.
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 const CpuFeatures& cpu_features() {
   static const CpuFeatures features = [] {
     CpuFeatures f;

@@ -14,6 +14,7 @@
 #include "backends/cpu/quant.h"
 #include "backends/cpu/simd/rows_entry.h"
 #include "backends/cpu/simd/x86_kquant.h"
+#include "backends/cpu/simd/x86_q4k_groups.h"
 #include "backends/cpu/simd/x86_q8_kernels.h"
 #include "platforms/platform.h"
 
@@ -165,9 +166,11 @@ inline __m256i scale_pair(__m256i sc8, int k) {
   return _mm256_shuffle_epi8(sc8, _mm256_setr_epi16(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi));
 }
 
-// Q4_K / Q5_K and Q6_K for K = 1..4 activation rows: the codes and scales of each 32-byte chunk
-// are decoded once and serve every row. Integer sums are exact, so only the float operations'
-// order matters for bit-identity, and per row it is that of K = 1.
+// Q4_K / Q5_K for K = 1..4 activation rows: the codes and scales of each 32-byte chunk are decoded
+// once and serve every row. Integer sums are exact; the float work per super-block is that of
+// interleaved_rows.h (one conversion of the super-block's integer totals, two FMAs), the same per
+// row for every K and the same as the group kernel's (x86_q4k_groups.h), so a grouped copy of a
+// weight and its row bytes give the same bits.
 template <bool kFive, typename Block>
 struct DotQ45K {
   template <int K>
@@ -175,20 +178,17 @@ struct DotQ45K {
     static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
       const Block* x = static_cast<const Block*>(w);
       const Q8_K* y[K];
-      __m256 acc[K];
-      __m128 acc_m[K];
+      __m128 acc[K];  // lanes [acc, accm] (x86_q4k_groups.h)
 #pragma GCC unroll 4  // every loop over the accumulators unrolled, or they stay in memory
       for (int j = 0; j < K; ++j) {
         y[j] = act_row<Q8_K>(a, stride, j);
-        acc[j] = _mm256_setzero_ps();
-        acc_m[j] = _mm_setzero_ps();
+        acc[j] = _mm_setzero_ps();
       }
       const __m256i m4 = _mm256_set1_epi8(0x0f);
       for (int64_t i = 0; i < n / kQKK; ++i) {
         const __m256i sm = _mm256_cvtepu8_epi16(q4k_scales_mins(x[i].scales));
         const __m128i mins = _mm256_extracti128_si256(sm, 1);
         const __m256i sc = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
-        const float d = fp16(x[i].d), dmin = fp16(x[i].dmin);
         __m256i hbits = _mm256_setzero_si256();
         if constexpr (kFive) hbits = load256(x[i].qh);
         __m256i sumi[K];
@@ -216,15 +216,12 @@ struct DotQ45K {
         }
 #pragma GCC unroll 4
         for (int j = 0; j < K; ++j) {
-          const float da = f32(y[j][i].d);
-          acc_m[j] = q4k_mins_fma(acc_m[j], mins, y[j][i].bsums, dmin * da);
-          acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * da), _mm256_cvtepi32_ps(sumi[j]), acc[j]);
+          const __m128i isum4 = _mm_add_epi32(_mm256_castsi256_si128(sumi[j]), _mm256_extracti128_si256(sumi[j], 1));
+          acc[j] = q4k_accumulate(acc[j], q4k_totals(isum4, mins, y[j][i].bsums), x[i].d, f32(y[j][i].d));
         }
       }
 #pragma GCC unroll 4
-      for (int j = 0; j < K; ++j) {
-        out[j] = hsum(acc[j]) - hsum128(acc_m[j]);
-      }
+      for (int j = 0; j < K; ++j) out[j] = q4k_result(acc[j]);
     }
   };
 };
@@ -473,6 +470,7 @@ KernelTable make_table() {
   set_vec_dot<dot_q2_k>(t, TensorType::Q2_K);
   set_vec_dot<dot_q3_k>(t, TensorType::Q3_K);
   set_vec_dot<dot_one<DotQ4K>>(t, TensorType::Q4_K, dot_multi<DotQ4K>);
+  set_groups(t, TensorType::Q4_K, {repack_q4_k_group8, group_bytes_q4_k, q4k_group_dot});
   set_vec_dot<dot_one<DotQ5K>>(t, TensorType::Q5_K, dot_multi<DotQ5K>);
   set_vec_dot<dot_one<DotQ6K>>(t, TensorType::Q6_K, dot_multi<DotQ6K>);
   t.quantize_act[id(TensorType::Q8_0)] = quantize_q8_0;

@@ -21,6 +21,7 @@
 #include "backends/cpu/quant.h"
 #include "backends/cpu/simd/rows_entry.h"
 #include "backends/cpu/simd/x86_kquant.h"
+#include "backends/cpu/simd/x86_q4k_groups.h"
 #include "platforms/platform.h"
 
 namespace moelite::cpu {
@@ -449,12 +450,11 @@ struct DotQ45K {
     static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
       const Block* x = static_cast<const Block*>(w);
       const Q8_K* y[K];
-      __m512 acc[K];
-      __m128 acc_m[K];
+      __m128 acc[K];  // lanes [acc, accm]: the float order of interleaved_rows.h (x86_q4k_groups.h)
+#pragma GCC unroll 4
       for (int j = 0; j < K; ++j) {
         y[j] = act_row<Q8_K>(a, stride, j);
-        acc[j] = _mm512_setzero_ps();
-        acc_m[j] = _mm_setzero_ps();
+        acc[j] = _mm_setzero_ps();
       }
       const __m512i m4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1);
       const __m512i nibble_shift = load512(kQ45K.nibble_shift);
@@ -482,23 +482,20 @@ struct DotQ45K {
           }
           s[c] = _mm512_shuffle_epi8(sc, idx[c]);
         }
-        const float d = fp16(x[i].d), dmin = fp16(x[i].dmin);
 #pragma GCC unroll 4
         for (int j = 0; j < K; ++j) {
           const Q8_K& b = y[j][i];
-          const float da = f32(b.d);
-          acc_m[j] = q4k_mins_fma(acc_m[j], mins, b.bsums, dmin * da);
           __m512i sumi = _mm512_setzero_si512();
 #pragma GCC unroll 4
           for (int c = 0; c < 4; ++c)
             sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[c], load512(b.qs + 64 * c)), s[c]);
-          acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(d * da), _mm512_cvtepi32_ps(sumi), acc[j]);
+          const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
+          const __m128i isum4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+          acc[j] = q4k_accumulate(acc[j], q4k_totals(isum4, mins, b.bsums), x[i].d, f32(b.d));
         }
       }
 #pragma GCC unroll 4
-      for (int j = 0; j < K; ++j) {
-        out[j] = _mm512_reduce_add_ps(acc[j]) - hsum128(acc_m[j]);
-      }
+      for (int j = 0; j < K; ++j) out[j] = q4k_result(acc[j]);
     }
   };
 };
@@ -573,6 +570,7 @@ KernelTable make_table(const KernelTable& base) {
                                 tile_entry<Q4Tile, kQuadRows>);
   set_prepared(t, TensorType::Q4_0, {prepare_q8_0, prepared_bytes_q8_0, tile_entry<Q4Tile, kQuadRows, true>, kQuadRows});
   set_vec_dot<dot_one<DotQ4K>>(t, TensorType::Q4_K, dot_multi<DotQ4K>);
+  set_groups(t, TensorType::Q4_K, {repack_q4_k_group8, group_bytes_q4_k, q4k_group_dot});
   set_vec_dot<dot_one<DotQ5K>>(t, TensorType::Q5_K, dot_multi<DotQ5K>);
   set_vec_dot<dot_one<DotQ6K>>(t, TensorType::Q6_K, dot_multi<DotQ6K>);
   return t;
