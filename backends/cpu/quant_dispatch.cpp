@@ -4,16 +4,44 @@
 #include <cstring>
 
 #include "backends/cpu/quant.h"
+#include "backends/cpu/simd/tables.h"
+#include "platforms/platform.h"
 
 namespace moelite::cpu {
 
-#if !MOELITE_X86
+// Each SIMD table is built in a file of its own, compiled with that ISA's flags, and nothing in
+// such a file may run before the CPU is known to have the instructions: the compiler may use them
+// anywhere in a function, prologue included (an ASan build of the AVX-512 file poisoned its stack
+// frame with zmm stores before the CPU check that used to sit in the same function). So the checks
+// are here, in a file compiled for the baseline, and the files' *_table() functions run after them.
+#if MOELITE_X86
+namespace {
+bool has_avx2(const platform::CpuFeatures& f) { return f.avx2 && f.fma && f.f16c; }
+}  // namespace
+const KernelTable* kernels_avx2() { return has_avx2(platform::cpu_features()) ? avx2_table() : nullptr; }
+const KernelTable* kernels_avx512() {
+  const platform::CpuFeatures& f = platform::cpu_features();
+  const bool ok = has_avx2(f) && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni;
+  return ok ? avx512_table() : nullptr;
+}
+const KernelTable* kernels_avxvnni() {
+  const platform::CpuFeatures& f = platform::cpu_features();
+  return has_avx2(f) && f.avxvnni ? avxvnni_table() : nullptr;
+}
+#else
 // The x86 SIMD files are only compiled for x86-64.
 const KernelTable* kernels_avx2() { return nullptr; }
 const KernelTable* kernels_avx512() { return nullptr; }
 const KernelTable* kernels_avxvnni() { return nullptr; }
 #endif
-#if !defined(__aarch64__)
+#if defined(__aarch64__)
+const KernelTable* kernels_neon() { return neon_table(); }
+const KernelTable* kernels_dotprod() { return platform::cpu_features().dotprod ? dotprod_table() : nullptr; }
+const KernelTable* kernels_i8mm() {
+  const platform::CpuFeatures& f = platform::cpu_features();
+  return f.dotprod && f.i8mm ? i8mm_table() : nullptr;
+}
+#else
 // The NEON files are only compiled for AArch64.
 const KernelTable* kernels_neon() { return nullptr; }
 const KernelTable* kernels_dotprod() { return nullptr; }

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "backends/cpu/quant.h"
+#include "backends/cpu/simd/tables.h"
 #include "backends/cpu/simd/rows_entry.h"
 #include "backends/cpu/simd/x86_kquant.h"
 #include "backends/cpu/simd/x86_q4k_groups.h"
@@ -481,9 +482,8 @@ KernelTable make_table() {
 
 }  // namespace
 
-const KernelTable* kernels_avx2() {
-  const platform::CpuFeatures& f = platform::cpu_features();
-  if (!(f.avx2 && f.fma && f.f16c)) return nullptr;
+// Called only once the CPU is known to have AVX2, FMA and F16C (quant_dispatch.cpp checks).
+const KernelTable* avx2_table() {
   static const KernelTable table = make_table();
   return &table;
 }

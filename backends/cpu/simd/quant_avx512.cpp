@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "backends/cpu/quant.h"
+#include "backends/cpu/simd/tables.h"
 #include "backends/cpu/simd/rows_entry.h"
 #include "backends/cpu/simd/x86_kquant.h"
 #include "backends/cpu/simd/x86_q4k_groups.h"
@@ -578,12 +579,10 @@ KernelTable make_table(const KernelTable& base) {
 
 }  // namespace
 
-const KernelTable* kernels_avx512() {
-  const platform::CpuFeatures& f = platform::cpu_features();
-  if (!(f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni)) return nullptr;
-  const KernelTable* base = kernels_avx2();
-  if (!base) return nullptr;
-  static const KernelTable table = make_table(*base);
+// Called only once the CPU is known to have AVX-512 (F, BW, VL, DQ, VNNI) and the avx2 table's
+// instructions (quant_dispatch.cpp checks).
+const KernelTable* avx512_table() {
+  static const KernelTable table = make_table(*avx2_table());
   return &table;
 }
 

@@ -13,6 +13,7 @@
 #include <immintrin.h>
 
 #include "backends/cpu/quant.h"
+#include "backends/cpu/simd/tables.h"
 #include "backends/cpu/simd/rows_entry.h"
 #include "backends/cpu/simd/x86_q8_kernels.h"
 #include "platforms/platform.h"
@@ -42,11 +43,10 @@ KernelTable make_table(const KernelTable& base) {
 
 }  // namespace
 
-const KernelTable* kernels_avxvnni() {
-  if (!platform::cpu_features().avxvnni) return nullptr;
-  const KernelTable* base = kernels_avx2();
-  if (!base) return nullptr;
-  static const KernelTable table = make_table(*base);
+// Called only once the CPU is known to have AVX-VNNI and the avx2 table's instructions
+// (quant_dispatch.cpp checks).
+const KernelTable* avxvnni_table() {
+  static const KernelTable table = make_table(*avx2_table());
   return &table;
 }
 

@@ -4,6 +4,7 @@
 // kernels_dotprod() has seen the feature at run time, so the library still runs on ARMv8.0.
 // The float types (F32, F16, BF16) gain nothing from SDOT and keep the neon table's kernels, as do
 // the activation quantizers and dequantization.
+#include "backends/cpu/simd/tables.h"
 #include "backends/cpu/simd/quant_neon_kernels.h"
 #include "platforms/platform.h"
 
@@ -13,10 +14,10 @@
 
 namespace moelite::cpu {
 
-const KernelTable* kernels_dotprod() {
-  if (!platform::cpu_features().dotprod) return nullptr;
+// Called only once the CPU is known to have SDOT (quant_dispatch.cpp checks).
+const KernelTable* dotprod_table() {
   static const KernelTable table = [] {
-    KernelTable t = *kernels_neon();
+    KernelTable t = *neon_table();
     t.isa = "dotprod";
     set_quantized_kernels<IsaDotprod>(t);
     return t;

@@ -22,6 +22,7 @@
 // 770 vs 999, Q4_K 696 vs 882, Q6_K 882 vs 1060, and 0.70-0.83x on the other quantized types.
 // Integer sums are exact either way and the float steps are the shared ones, so tiles, multi-dot
 // and vec_dot are bit-identical. Not yet timed on i8mm hardware.
+#include "backends/cpu/simd/tables.h"
 #include "backends/cpu/simd/quant_neon_kernels.h"
 #include "platforms/platform.h"
 
@@ -65,11 +66,9 @@ struct IsaI8mm : IsaDotprod {
 
 }  // namespace
 
-const KernelTable* kernels_i8mm() {
-  const platform::CpuFeatures& f = platform::cpu_features();
-  if (!(f.dotprod && f.i8mm)) return nullptr;
-  const KernelTable* base = kernels_dotprod();
-  if (!base) return nullptr;
+// Called only once the CPU is known to have SDOT and SMMLA (quant_dispatch.cpp checks).
+const KernelTable* i8mm_table() {
+  const KernelTable* base = dotprod_table();
   static const KernelTable table = [base] {
     KernelTable t = *base;
     t.isa = "i8mm";

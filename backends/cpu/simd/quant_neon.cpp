@@ -9,6 +9,7 @@
 //  - Activation quantizers (Q8_0, Q8_1, Q8_K): byte-identical to the scalar reference; FCVTAS
 //    rounds half away from zero like roundf, FCVTNS to nearest even like nearbyintf.
 //  - Dequantization stays scalar (as on x86: it only runs on the host for small tensors).
+#include "backends/cpu/simd/tables.h"
 #include "backends/cpu/simd/quant_neon_kernels.h"
 
 namespace moelite::cpu {
@@ -192,7 +193,7 @@ KernelTable make_table() {
 
 }  // namespace
 
-const KernelTable* kernels_neon() {
+const KernelTable* neon_table() {
   static const KernelTable table = make_table();
   return &table;
 }
