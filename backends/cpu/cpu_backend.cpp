@@ -272,9 +272,8 @@ Status CpuBackend::create_sharing(int32_t n_threads, std::shared_ptr<GroupedWeig
   // Asked for more threads than there are big cores, the caller wants the little ones too: no pin.
   const std::vector<int>& big = platform::big_cores();
   MOELITE_TRY(ThreadPool::create(n_threads, &pool, n_threads <= static_cast<int32_t>(big.size()) ? big : std::vector<int>{}));
-  auto* be = new (std::nothrow) CpuBackend(std::move(pool), std::move(grouped));
-  if (!be) return fail(MOELITE_ERR_OUT_OF_MEMORY, "CPU backend");
-  out->reset(be);
+  // A failed allocation throws here, as everywhere in load, and the C API's guard reports it.
+  out->reset(new CpuBackend(std::move(pool), std::move(grouped)));
   return MOELITE_OK;
 }
 
