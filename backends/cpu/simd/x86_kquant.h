@@ -44,19 +44,5 @@ inline __m128i q4k_scales_mins_vec(const uint8_t* p) {
   return _mm_or_si128(low_bits, top_bits);
 }
 
-// One super-block's min term for one activation row: acc += dmin_da * sum_g min_g * (bsum_{2g} +
-// bsum_{2g+1}), with the 8 mins as int16 and the activation's 16 int16 group sums.
-inline __m128 q4k_mins_fma(__m128 acc, __m128i mins, const uint8_t bsums[32], float dmin_da) {
-  const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsums));
-  const __m128i bs_pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-  return _mm_fmadd_ps(_mm_set1_ps(dmin_da), _mm_cvtepi32_ps(_mm_madd_epi16(mins, bs_pairs)), acc);
-}
-
-inline float hsum128(__m128 v) {
-  __m128 m = _mm_add_ps(v, _mm_movehl_ps(v, v));
-  m = _mm_add_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
-
 }  // namespace
 }  // namespace moelite::cpu
