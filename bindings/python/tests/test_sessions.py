@@ -29,8 +29,10 @@ MODELS = {
     "deepseek2-Q8_0": lambda: _tiny("deepseek2", "--arch", "deepseek2", "--type", "Q8_0", "--dense-lead", "1",
                                     "--seed", "4"),
 }
-TOKENS = [(i * 37 + 11) % 500 + 1 for i in range(40)]
-OTHER = [(i * 53 + 5) % 500 + 1 for i in range(40)]
+# 24 tokens a sequence: past the window of 5 (a ring that wrapped) and several batches of 4 and 6,
+# few enough for the emulated CUDA device (seconds per hundred tokens).
+TOKENS = [(i * 37 + 11) % 500 + 1 for i in range(24)]
+OTHER = [(i * 53 + 5) % 500 + 1 for i in range(24)]
 
 
 def _open(name, backend="cpu"):
@@ -49,22 +51,22 @@ def test_restored_context_goes_on_bitwise(name, backend, monkeypatch):
     path = os.path.join(TMP, "%s-%s.session" % (name, backend))
     with _open(name, backend) as model:
         straight = moelite.Context(model, n_ctx=64, n_batch=4, n_seq=2)
-        straight.eval_batch(TOKENS + OTHER, [0] * 40 + [1] * 40, [True] * 80)
-        want = [straight.logits(i) for i in range(80)]
+        straight.eval_batch(TOKENS + OTHER, [0] * 24 + [1] * 24, [True] * 48)
+        want = [straight.logits(i) for i in range(48)]
         saved = moelite.Context(model, n_ctx=64, n_batch=4, n_seq=2)
-        saved.eval_batch(TOKENS[:30] + OTHER[:25], [0] * 30 + [1] * 25)
+        saved.eval_batch(TOKENS[:18] + OTHER[:15], [0] * 18 + [1] * 15)
         saved.save(path)
         saved.close()
         # Another context: more sequences, another batch size (a windowed ring of another size).
         restored = moelite.Context(model, n_ctx=64, n_batch=6, n_seq=3)
         restored.eval_batch([1, 2, 3], [2, 2, 2])  # replaced by the load
         restored.load(path)
-        assert [restored.seq_length(q) for q in range(3)] == [30, 25, 0]
-        restored.eval_batch(TOKENS[30:] + OTHER[25:], [0] * 10 + [1] * 15, [True] * 25)
-        for i in range(10):
-            np.testing.assert_array_equal(restored.logits(i), want[30 + i])
-        for i in range(15):
-            np.testing.assert_array_equal(restored.logits(10 + i), want[65 + i])
+        assert [restored.seq_length(q) for q in range(3)] == [18, 15, 0]
+        restored.eval_batch(TOKENS[18:] + OTHER[15:], [0] * 6 + [1] * 9, [True] * 15)
+        for i in range(6):
+            np.testing.assert_array_equal(restored.logits(i), want[18 + i])
+        for i in range(9):
+            np.testing.assert_array_equal(restored.logits(6 + i), want[24 + 15 + i])
 
 
 def test_single_sequence_api_and_tokens():
