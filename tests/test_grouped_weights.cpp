@@ -15,6 +15,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/grouped_weights.h"
 #include "backends/cpu/quant.h"
+#include "platforms/fault_inject.h"
 #include "platforms/platform.h"
 #include "tests/random_weights.h"
 
@@ -89,6 +90,33 @@ TEST(GroupedWeights, OnlyMappedWeightsOfTypesWithAGroupKernel) {
   EXPECT_EQ(g.find(shorter), nullptr);
   // The released pages read back from the file.
   EXPECT_EQ(std::memcmp(m.mapping.data(), m.bytes.data(), m.bytes.size()), 0);
+}
+
+// Without memory for a copy the weight keeps its row layout, and the allocation is not tried again
+// at its next product (under memory pressure that would be one failed allocation per matmul).
+TEST(GroupedWeights, AWeightWithoutMemoryForACopyIsNotTriedAgain) {
+  MappedMatrix m;
+  const KernelTable* k = table_with_groups();
+  if (!k) GTEST_SKIP() << "no group kernel in this CPU's table (" << kernels_best().isa << ")";
+  std::unique_ptr<ThreadPool> pool;
+  ASSERT_EQ(ThreadPool::create(2, &pool), MOELITE_OK);
+  GroupedWeights g;
+  platform::fault::arm(platform::fault::Kind::kAlloc, 1);
+  EXPECT_EQ(g.get_or_make(*k, m.view, pool.get()), nullptr);
+  EXPECT_TRUE(platform::fault::fired());
+  platform::fault::disarm();
+  EXPECT_EQ(g.get_or_make(*k, m.view, pool.get()), nullptr);
+  EXPECT_EQ(platform::fault::calls(platform::fault::Kind::kAlloc), 0);
+  EXPECT_EQ(g.find(m.view), nullptr);
+  EXPECT_EQ(g.bytes(), 0u);
+  // Its pages were not released (they are the only copy of the weight).
+  EXPECT_EQ(std::memcmp(m.mapping.data(), m.bytes.data(), m.bytes.size()), 0);
+  // Another weight (here: the same bytes seen as a shorter matrix at another address) still gets one.
+  WeightView later = m.view;
+  later.data += 2 * kGroupRows * later.row_bytes;
+  later.rows = kRows - 2 * kGroupRows;
+  EXPECT_NE(g.get_or_make(*k, later, pool.get()), nullptr);
+  EXPECT_EQ(g.bytes(), group_bytes_q4_k(kCols));
 }
 
 // A matrix product through the backend (a decode row and a batch of five, so every count of the

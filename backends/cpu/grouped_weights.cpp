@@ -20,6 +20,10 @@ bool grouping_enabled() {
 
 }  // namespace
 
+const uint8_t* GroupedWeights::copy_of(const Copy& c, const WeightView& w) {
+  return c.rows == w.rows && c.cols == w.cols && c.type == w.type ? c.data : nullptr;
+}
+
 GroupedWeights::~GroupedWeights() {
   for (auto& kv : copies_) platform::aligned_free(kv.second.data);
 }
@@ -33,31 +37,28 @@ const uint8_t* GroupedWeights::find(const WeightView& w) const {
   if (!w.mapped) return nullptr;
   std::lock_guard<std::mutex> lock(mu_);
   const auto it = copies_.find(w.data);
-  if (it == copies_.end()) return nullptr;
-  const Copy& c = it->second;
-  return c.rows == w.rows && c.cols == w.cols && c.type == w.type ? c.data : nullptr;
+  return it == copies_.end() ? nullptr : copy_of(it->second, w);
 }
 
 const uint8_t* GroupedWeights::get_or_make(const KernelTable& k, const WeightView& w, ThreadPool* pool) {
   if (!eligible(k, w)) return nullptr;
   std::lock_guard<std::mutex> lock(mu_);
-  if (const auto it = copies_.find(w.data); it != copies_.end()) {
-    const Copy& c = it->second;
-    return c.rows == w.rows && c.cols == w.cols && c.type == w.type ? c.data : nullptr;
-  }
+  if (const auto it = copies_.find(w.data); it != copies_.end()) return copy_of(it->second, w);
   const RowGroups& g = k.groups[static_cast<uint32_t>(w.type)];
   const int64_t n_groups = w.rows / kGroupRows;
   const size_t group_bytes = g.group_bytes(w.cols);
   const size_t bytes = group_bytes * static_cast<size_t>(n_groups);
   auto* copy = static_cast<uint8_t*>(platform::aligned_alloc_bytes(bytes, 64));
-  if (!copy) {
-    log_msg(MOELITE_LOG_DEBUG, "cpu: no memory for a grouped copy of %zu bytes; the row layout is used", bytes);
-    return nullptr;
-  }
   try {
+    // Without memory the entry is kept, empty: this weight stays in row layout for good instead of
+    // asking the allocator again at each of its matrix products.
     copies_.emplace(w.data, Copy{copy, w.rows, w.cols, w.type});
   } catch (...) {  // the map's node allocation
     platform::aligned_free(copy);
+    return nullptr;
+  }
+  if (!copy) {
+    log_msg(MOELITE_LOG_DEBUG, "cpu: no memory for a grouped copy of %zu bytes; the row layout is used", bytes);
     return nullptr;
   }
   const uint64_t row_bytes = w.row_bytes;

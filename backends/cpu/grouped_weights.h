@@ -33,7 +33,7 @@ class GroupedWeights {
   static bool eligible(const KernelTable& k, const WeightView& w);
   // The grouped copy of `w`, made now if there is none yet (its rows repacked over `pool`);
   // null when `w` does not qualify or no memory could be had for it (the row layout is then
-  // used: same results, only slower).
+  // used: same results, only slower; a weight whose copy could not be allocated is not tried again).
   const uint8_t* get_or_make(const KernelTable& k, const WeightView& w, ThreadPool* pool);
   // The copy of `w` if one was made, else null (never makes one).
   const uint8_t* find(const WeightView& w) const;
@@ -45,6 +45,8 @@ class GroupedWeights {
     int64_t rows, cols;  // of the view it was made for: another view at the same address is not it
     TensorType type;
   };
+  // c.data if `c` was made for `w` (null too when its allocation failed).
+  static const uint8_t* copy_of(const Copy& c, const WeightView& w);
   mutable std::mutex mu_;
   std::unordered_map<const uint8_t*, Copy> copies_;  // file bytes -> grouped copy
   uint64_t bytes_ = 0;
