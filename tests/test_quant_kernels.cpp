@@ -984,15 +984,25 @@ TEST(QuantKernelsGroups, PresentOnlyWhereExpected) {
     for (uint32_t i = 0; i < kTensorTypeIdLimit; ++i) {
       const RowGroups& g = k->groups[i];
       const std::string isa = k->isa;
-      const bool expected = i == tid(TensorType::Q4_K) && (isa == "avx2" || isa == "avxvnni" || isa == "avx512");
+      const bool expected = (i == tid(TensorType::Q4_K) || i == tid(TensorType::Q5_K)) &&
+                            (isa == "avx2" || isa == "avxvnni" || isa == "avx512");
       EXPECT_EQ(g.dot != nullptr, expected) << isa << " " << i;
       EXPECT_EQ(g.repack != nullptr, g.dot != nullptr) << isa << " " << i;
       EXPECT_EQ(g.group_bytes != nullptr, g.dot != nullptr) << isa << " " << i;
     }
 }
 
-// Eight rows of random Q4_K blocks (or with every code byte `fill`, scale bytes kept) and four
-// activation rows, one of them all -127, an odd stride apart.
+// The types with a grouped layout, and the readable reference of each.
+struct GroupedType {
+  TensorType type;
+  VecDotTileFn reference;
+};
+const GroupedType kGroupedTypes[] = {{TensorType::Q4_K, dot_q4_k_group8_reference},
+                                     {TensorType::Q5_K, dot_q5_k_group8_reference}};
+
+// Eight rows of random Q4_K / Q5_K blocks (or with every code byte `fill`: Q5_K's fifth bits too;
+// d, dmin and scale bytes kept) and four activation rows, one of them all -127 (with codes 0xFF, the
+// largest int16 sums the group kernels add up), an odd stride apart.
 struct GroupCase {
   int64_t n;
   size_t row_bytes;
@@ -1000,8 +1010,7 @@ struct GroupCase {
   std::vector<uint8_t> acts;  // kMultiDot rows, act_stride apart
   size_t act_stride;
 };
-GroupCase make_group_case(int64_t n, int fill, std::mt19937& rng) {
-  const TensorType t = TensorType::Q4_K;
+GroupCase make_group_case(TensorType t, int64_t n, int fill, std::mt19937& rng) {
   GroupCase c;
   c.n = n;
   c.row_bytes = row_bytes(t, n);
@@ -1009,7 +1018,8 @@ GroupCase make_group_case(int64_t n, int fill, std::mt19937& rng) {
     std::vector<uint8_t> w = random_weights(t, n, rng);
     if (fill >= 0)
       for (size_t i = 0; i < w.size(); ++i)
-        if (i % sizeof(Q4_K) >= 16) w[i] = static_cast<uint8_t>(fill);  // the codes, after d, dmin, scales
+        if (i % type_info(tid(t))->block_bytes >= 16)
+          w[i] = static_cast<uint8_t>(fill);  // the codes, after d, dmin, scales
     c.rows.insert(c.rows.end(), w.begin(), w.end());
   }
   c.act_stride = activation_row_bytes(t, n) + 3;
@@ -1029,60 +1039,67 @@ GroupCase make_group_case(int64_t n, int fill, std::mt19937& rng) {
 TEST(QuantKernelsGroups, BitIdenticalToVecDotAndToReference) {
   int checked = 0;
   for (const KernelTable* k : all_tables()) {
-    const RowGroups& g = k->groups[tid(TensorType::Q4_K)];
-    if (!g.dot) continue;
-    std::mt19937 rng(23);
-    for (int64_t n : {256, 512, 2048}) {
-      for (int fill : {-1, 0x00, 0xFF, 0x0F, 0xF0}) {
-        SCOPED_TRACE(std::string(k->isa) + " n=" + std::to_string(n) + " fill=" + std::to_string(fill));
-        const GroupCase c = make_group_case(n, fill, rng);
-        std::vector<uint8_t> group(g.group_bytes(n) + 1);
-        g.repack(c.rows.data(), c.row_bytes, n, group.data() + 1);  // at an odd address
-        for (int count = 1; count <= kMultiDot; ++count) {
-          float got[kGroupRows][kMultiDot], ref[kGroupRows][kMultiDot];
-          g.dot(n, got[0], kMultiDot, group.data() + 1, 0, c.acts.data(), c.act_stride, count);
-          dot_q4_k_group8_reference(n, ref[0], kMultiDot, group.data() + 1, 0, c.acts.data(), c.act_stride, count);
-          for (int r = 0; r < kGroupRows; ++r)
-            for (int j = 0; j < count; ++j) {
-              float row = 0;
-              k->vec_dot[tid(TensorType::Q4_K)](n, &row, c.rows.data() + r * c.row_bytes,
-                                                c.acts.data() + j * c.act_stride);
-              EXPECT_EQ(std::memcmp(&got[r][j], &row, 4), 0)
-                  << "row " << r << " act " << j << " count " << count << ": " << got[r][j] << " vs vec_dot " << row;
-              EXPECT_EQ(std::memcmp(&got[r][j], &ref[r][j], 4), 0)
-                  << "row " << r << " act " << j << ": " << got[r][j] << " vs reference " << ref[r][j];
-            }
+    for (const GroupedType& type : kGroupedTypes) {
+      const TensorType t = type.type;
+      const RowGroups& g = k->groups[tid(t)];
+      if (!g.dot) continue;
+      std::mt19937 rng(23);
+      for (int64_t n : {256, 512, 2048}) {
+        for (int fill : {-1, 0x00, 0xFF, 0x0F, 0xF0}) {
+          SCOPED_TRACE(std::string(k->isa) + " " + type_name(t) + " n=" + std::to_string(n) +
+                       " fill=" + std::to_string(fill));
+          const GroupCase c = make_group_case(t, n, fill, rng);
+          std::vector<uint8_t> group(g.group_bytes(n) + 1);
+          g.repack(c.rows.data(), c.row_bytes, n, group.data() + 1);  // at an odd address
+          for (int count = 1; count <= kMultiDot; ++count) {
+            float got[kGroupRows][kMultiDot], ref[kGroupRows][kMultiDot];
+            g.dot(n, got[0], kMultiDot, group.data() + 1, 0, c.acts.data(), c.act_stride, count);
+            type.reference(n, ref[0], kMultiDot, group.data() + 1, 0, c.acts.data(), c.act_stride, count);
+            for (int r = 0; r < kGroupRows; ++r)
+              for (int j = 0; j < count; ++j) {
+                float row = 0;
+                k->vec_dot[tid(t)](n, &row, c.rows.data() + r * c.row_bytes, c.acts.data() + j * c.act_stride);
+                EXPECT_EQ(std::memcmp(&got[r][j], &row, 4), 0)
+                    << "row " << r << " act " << j << " count " << count << ": " << got[r][j] << " vs vec_dot " << row;
+                EXPECT_EQ(std::memcmp(&got[r][j], &ref[r][j], 4), 0)
+                    << "row " << r << " act " << j << ": " << got[r][j] << " vs reference " << ref[r][j];
+              }
+          }
+          ++checked;
         }
-        ++checked;
       }
     }
   }
   std::printf("group cases checked: %d\n", checked);
 }
 
-// The reference itself against the scalar table's Q4_K dot (a different float order, so within
+// The references themselves against the scalar table's dot (a different float order, so within
 // the tolerance of DotMatchesScalar), on every machine: a layout or repacking slip shows here
 // whether or not this CPU has a group kernel.
 TEST(QuantKernelsGroups, ReferenceMatchesScalarDot) {
   std::mt19937 rng(29);
   const KernelTable& ref = kernels_scalar();
-  for (int64_t n : {256, 1024}) {
-    for (int fill : {-1, 0xFF}) {
-      const GroupCase c = make_group_case(n, fill, rng);
-      std::vector<uint8_t> group(group_bytes_q4_k(n));
-      repack_q4_k_group8(c.rows.data(), c.row_bytes, n, group.data());
-      float got[kGroupRows][kMultiDot];
-      dot_q4_k_group8_reference(n, got[0], kMultiDot, group.data(), 0, c.acts.data(), c.act_stride, kMultiDot);
-      for (int r = 0; r < kGroupRows; ++r)
-        for (int j = 0; j < kMultiDot; ++j) {
-          const uint8_t* w = c.rows.data() + r * c.row_bytes;
-          const uint8_t* a = c.acts.data() + j * c.act_stride;
-          float expect = 0;
-          ref.vec_dot[tid(TensorType::Q4_K)](n, &expect, w, a);
-          const double S =
-              abs_dot(dequant(ref, TensorType::Q4_K, w, n), dequant(ref, TensorType::Q8_K, a, n));
-          EXPECT_NEAR(got[r][j], expect, 1e-5 * S + 1e-30) << "n=" << n << " fill=" << fill << " row " << r << " act " << j;
-        }
+  for (const GroupedType& type : kGroupedTypes) {
+    const TensorType t = type.type;
+    const bool five = t == TensorType::Q5_K;
+    for (int64_t n : {256, 1024}) {
+      for (int fill : {-1, 0xFF, 0x0F}) {
+        const GroupCase c = make_group_case(t, n, fill, rng);
+        std::vector<uint8_t> group(five ? group_bytes_q5_k(n) : group_bytes_q4_k(n));
+        (five ? repack_q5_k_group8 : repack_q4_k_group8)(c.rows.data(), c.row_bytes, n, group.data());
+        float got[kGroupRows][kMultiDot];
+        type.reference(n, got[0], kMultiDot, group.data(), 0, c.acts.data(), c.act_stride, kMultiDot);
+        for (int r = 0; r < kGroupRows; ++r)
+          for (int j = 0; j < kMultiDot; ++j) {
+            const uint8_t* w = c.rows.data() + r * c.row_bytes;
+            const uint8_t* a = c.acts.data() + j * c.act_stride;
+            float expect = 0;
+            ref.vec_dot[tid(t)](n, &expect, w, a);
+            const double S = abs_dot(dequant(ref, t, w, n), dequant(ref, TensorType::Q8_K, a, n));
+            EXPECT_NEAR(got[r][j], expect, 1e-5 * S + 1e-30)
+                << type_name(t) << " n=" << n << " fill=" << fill << " row " << r << " act " << j;
+          }
+      }
     }
   }
 }

@@ -337,19 +337,20 @@ def test_deepseek2_batches_and_budget_give_the_same_bits():
         whole, engine_logits(model, tokens=LONG, extra=("--budget", "60%", "--allocation", "uniform")))
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "olmoe", "deepseek2"])
-def test_grouped_rows_give_the_bits_of_the_row_layout(arch):
-    """Q4_K weights the CPU backend lays out in groups of eight rows (copies of the mapped bytes, made
+@pytest.mark.parametrize("arch,wtype", [("qwen3moe", "Q4_K"), ("olmoe", "Q4_K"), ("deepseek2", "Q4_K"),
+                                         ("qwen2moe", "Q5_K"), ("olmoe", "Q5_K")])
+def test_grouped_rows_give_the_bits_of_the_row_layout(arch, wtype):
+    """Q4_K and Q5_K weights the CPU backend lays out in groups of eight rows (copies of the mapped bytes, made
     at load where its kernel table has a group kernel, backends/cpu/grouped_weights.h) against the same
     file in row layout: read into memory (--no-mmap), streamed by the expert store (--budget), with
     the copies turned off (MOELITE_GROUPED_ROWS=0), token by token and in batches of 3. Every run gives
     the bits of the first: exact mode does not depend on the layout or the budget."""
-    model = make_model("%s-Q4_K" % arch, arch, "Q4_K")
+    model = make_model("%s-%s" % (arch, wtype), arch, wtype)
     out = model + ".grouped.f32"
     r = subprocess.run([BIN, "logits", "-m", model, "-t", "2", "--tokens", ",".join(map(str, LONG)), "--out", out,
                         "--verbose"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    if platform.machine() in ("x86_64", "AMD64"):  # every x86 table above scalar has the Q4_K group kernel
+    if platform.machine() in ("x86_64", "AMD64"):  # every x86 table above scalar has these group kernels
         assert "laid out in groups of 8 rows" in r.stderr, r.stderr
     grouped = np.fromfile(out, dtype="<f4").reshape(len(LONG), -1)
     env = dict(os.environ, MOELITE_GROUPED_ROWS="0")
@@ -359,7 +360,7 @@ def test_grouped_rows_give_the_bits_of_the_row_layout(arch):
     np.testing.assert_array_equal(grouped, np.fromfile(out, dtype="<f4").reshape(len(LONG), -1))
     for extra in (("--no-mmap",), ("--budget", "60%"), ("-b", "1"), ("-b", "3")):
         np.testing.assert_array_equal(grouped, engine_logits(model, tokens=LONG, extra=extra), err_msg=str(extra))
-    assert_close_but_for_a_routing_flip(grouped, reference_logits(model, tokens=LONG), tight("Q4_K"), arch)
+    assert_close_but_for_a_routing_flip(grouped, reference_logits(model, tokens=LONG), tight(wtype), arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
