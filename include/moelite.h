@@ -357,7 +357,7 @@ MOELITE_API moelite_status moelite_model_params_set_cache_allocation(moelite_mod
  *  the store's slots and the dense weights into owned memory.
  *
  *  On the CPU backend, mapped weights of a type with a faster layout of the backend's own (Q4_K
- *  on x86 with AVX2: rows interleaved by eight) are copied into that layout -- the routed experts
+ *  and Q5_K on x86 with AVX2: rows interleaved by eight) are copied into that layout -- the routed experts
  *  at load, when all of them fit in the memory free at that moment with a quarter to spare, the
  *  dense weights on first use -- and their mapped pages are released, so memory use stays about
  *  the same (+3 %) but is the process's own rather than page cache; loading takes longer (about

@@ -170,8 +170,11 @@ inline void for_rows(int64_t r0, int64_t r1, int step, Body&& body) {
 // streaming Q8_0 rows from DRAM: 23-27 GB/s without, 20-22 GB/s with whole rows 2 ahead, 19-21
 // GB/s with only the lines at page starts; decode of the OLMoE-shaped model 41 vs 35 tok/s) and an
 // Intel Xeon with AMX (stop 38: decode of the same model, 2 threads, 19.4 / 20.2 tok/s without
-// against 11.6 / 13.9 with 2 rows and 10.6 / 10.2 with 8; llama.cpp 18.6 in the same run). So x86
+// against 11.6 / 13.9 with 2 rows and 10.6 / 10.2 with 8; llama.cpp 18.6 in the same run), and an
+// AMD Zen 3 (stop 45: Q4_K rows, decode 28.5 / 26.0 without, 23.6 / 22.4 with 2 rows). So x86
 // defaults to 0; other CPUs keep 2 (unmeasured on hardware). MOELITE_PREFETCH_ROWS overrides.
+// (Not the same thing as the avx2 table's in-kernel prefetch of a few hundred bytes ahead into L1,
+// which did pay on that Zen 3: simd/x86_q45k_groups.h.)
 int g_prefetch_rows = [] {
   if (const char* e = getenv("MOELITE_PREFETCH_ROWS")) return atoi(e);
 #if defined(__x86_64__) || defined(__i386__)
