@@ -47,7 +47,7 @@ struct Q45KGroupRows {
   using Group = std::conditional_t<kFive, Q5KGroup8, Q4KGroup8>;
   static const Q4KGroup8& low_part(const Q4KGroup8& g) { return g; }
   static const Q4KGroup8& low_part(const Q5KGroup8& g) { return g.low; }
-  // The fifth bit of each byte's code (bit `bit` of the fifth-bit bytes) moved to bit 4.
+  // Bit kBit of each fifth-bit byte (the fifth bit of one code) moved to bit 4.
   template <int kBit>
   static __m256i fifth_bits(__m256i qh) {
     const __m256i bit4 = _mm256_set1_epi8(0x10);
@@ -61,9 +61,8 @@ struct Q45KGroupRows {
   // matrix's last one that is the next group of rows, which the same thread usually takes next (a
   // prefetch never faults). Each table chooses by measurement: on an AMD Zen 3 (avx2 table) the
   // hardware prefetcher alone left one core's stream well below what the memory gives
-  // (bench_kernels from DRAM 5.5-7.7 -> 8.3-10 GB/s; decode of the bench-shaped Q4_K / Q5_K models
-  // +30 % / +16 % against the row layout, where the copies alone gave +13 % / +5 %); 2 ahead was as
-  // good as 4 or 8 and better than 1. On Zen 4 and Xeon (avx512 table) the hardware streams one core
+  // (bench_kernels from DRAM 5.5-7.7 -> 8.3-10 GB/s; the bench-shaped Q5_K model's decode from its
+  // copies 23-25 -> 30-33 tok/s, 2 threads); 2 ahead was as good as 4 or 8 and better than 1. On Zen 4 and Xeon (avx512 table) the hardware streams one core
   // at 23-27 GB/s and software prefetch of weight rows cost bandwidth (cpu_backend.cpp).
   static constexpr int kPrefetchAhead = 2;
   static inline __attribute__((always_inline)) void prefetch_group(const Group* next) {
