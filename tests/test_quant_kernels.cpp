@@ -995,10 +995,11 @@ TEST(QuantKernelsGroups, PresentOnlyWhereExpected) {
 // The types with a grouped layout, and the readable reference of each.
 struct GroupedType {
   TensorType type;
-  VecDotTileFn reference;
+  RowGroups layout;  // the readable layout functions: repack, group bytes, and the reference as `dot`
 };
-const GroupedType kGroupedTypes[] = {{TensorType::Q4_K, dot_q4_k_group8_reference},
-                                     {TensorType::Q5_K, dot_q5_k_group8_reference}};
+const GroupedType kGroupedTypes[] = {
+    {TensorType::Q4_K, {repack_q4_k_group8, group_bytes_q4_k, dot_q4_k_group8_reference}},
+    {TensorType::Q5_K, {repack_q5_k_group8, group_bytes_q5_k, dot_q5_k_group8_reference}}};
 
 // Eight rows of random Q4_K / Q5_K blocks (or with every code byte `fill`: Q5_K's fifth bits too;
 // d, dmin and scale bytes kept) and four activation rows, one of them all -127 (with codes 0xFF, the
@@ -1054,7 +1055,7 @@ TEST(QuantKernelsGroups, BitIdenticalToVecDotAndToReference) {
           for (int count = 1; count <= kMultiDot; ++count) {
             float got[kGroupRows][kMultiDot], ref[kGroupRows][kMultiDot];
             g.dot(n, got[0], kMultiDot, group.data() + 1, 0, c.acts.data(), c.act_stride, count);
-            type.reference(n, ref[0], kMultiDot, group.data() + 1, 0, c.acts.data(), c.act_stride, count);
+            type.layout.dot(n, ref[0], kMultiDot, group.data() + 1, 0, c.acts.data(), c.act_stride, count);
             for (int r = 0; r < kGroupRows; ++r)
               for (int j = 0; j < count; ++j) {
                 float row = 0;
@@ -1081,14 +1082,13 @@ TEST(QuantKernelsGroups, ReferenceMatchesScalarDot) {
   const KernelTable& ref = kernels_scalar();
   for (const GroupedType& type : kGroupedTypes) {
     const TensorType t = type.type;
-    const bool five = t == TensorType::Q5_K;
     for (int64_t n : {256, 1024}) {
       for (int fill : {-1, 0xFF, 0x0F}) {
         const GroupCase c = make_group_case(t, n, fill, rng);
-        std::vector<uint8_t> group(five ? group_bytes_q5_k(n) : group_bytes_q4_k(n));
-        (five ? repack_q5_k_group8 : repack_q4_k_group8)(c.rows.data(), c.row_bytes, n, group.data());
+        std::vector<uint8_t> group(type.layout.group_bytes(n));
+        type.layout.repack(c.rows.data(), c.row_bytes, n, group.data());
         float got[kGroupRows][kMultiDot];
-        type.reference(n, got[0], kMultiDot, group.data(), 0, c.acts.data(), c.act_stride, kMultiDot);
+        type.layout.dot(n, got[0], kMultiDot, group.data(), 0, c.acts.data(), c.act_stride, kMultiDot);
         for (int r = 0; r < kGroupRows; ++r)
           for (int j = 0; j < kMultiDot; ++j) {
             const uint8_t* w = c.rows.data() + r * c.row_bytes;

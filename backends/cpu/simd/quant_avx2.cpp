@@ -174,12 +174,6 @@ inline __m256i scale_pair(__m256i sc8, int k) {
 // gained nothing there and have none. A prefetch past the row is the next row's start (or nothing:
 // it never faults).
 constexpr int kRowPrefetchAhead = 4;
-template <typename Block>
-inline void prefetch_block(const Block* b) {
-  const char* p = reinterpret_cast<const char*>(b);
-#pragma GCC unroll 8
-  for (size_t o = 0; o < sizeof(Block); o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-}
 
 // Q4_K / Q5_K for K = 1..4 activation rows: the codes and scales of each 32-byte chunk are decoded
 // once and serve every row. Integer sums are exact; the float work per super-block is that of
@@ -201,7 +195,7 @@ struct DotQ45K {
       }
       const __m256i m4 = _mm256_set1_epi8(0x0f);
       for (int64_t i = 0; i < n / kQKK; ++i) {
-        prefetch_block(x + i + kRowPrefetchAhead);
+        prefetch_lines(x + i + kRowPrefetchAhead);
         const __m256i sm = _mm256_cvtepu8_epi16(q4k_scales_mins(x[i].scales));
         const __m128i mins = _mm256_extracti128_si256(sm, 1);
         const __m256i sc = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
@@ -259,7 +253,7 @@ struct DotQ6K {
     }
     const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3);
     for (int64_t i = 0; i < n / kQKK; ++i) {
-      prefetch_block(x + i + kRowPrefetchAhead);
+      prefetch_lines(x + i + kRowPrefetchAhead);
       const __m128i sc_bytes = load128(x[i].scales);
       const __m256i sc16 = _mm256_cvtepi8_epi16(sc_bytes);
       __m256i sumi[K];

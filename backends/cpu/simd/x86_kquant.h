@@ -10,6 +10,15 @@
 namespace moelite::cpu {
 namespace {  // NOLINT(google-build-namespaces)
 
+// Software prefetch into L1 of every cache line of *p (the K-quant kernels' weights a few blocks
+// ahead; a prefetch past the end of a buffer never faults).
+template <typename T>
+inline __attribute__((always_inline)) void prefetch_lines(const T* p) {
+  const char* bytes = reinterpret_cast<const char*>(p);
+#pragma GCC unroll 32
+  for (size_t o = 0; o < sizeof(T); o += 64) _mm_prefetch(bytes + o, _MM_HINT_T0);
+}
+
 // Q4_K/Q5_K packed scales -> bytes 0..7 scales, 8..15 mins (see unpack_scales_q4k). Built in
 // scalar registers: storing four u32 and reloading them as one vector would stall on store
 // forwarding (measured: a third of the Q4_K throughput). The avx2 kernel uses this one: its

@@ -11,6 +11,7 @@
 
 #include "backends/cpu/interleaved_rows.h"
 #include "backends/cpu/quant.h"
+#include "backends/cpu/simd/x86_kquant.h"
 #include "base/quant_ref.h"
 
 namespace moelite::cpu {
@@ -62,14 +63,10 @@ struct Q45KGroupRows {
   // prefetch never faults). Each table chooses by measurement: on an AMD Zen 3 (avx2 table) the
   // hardware prefetcher alone left one core's stream well below what the memory gives
   // (bench_kernels from DRAM 5.5-7.7 -> 8.3-10 GB/s; the bench-shaped Q5_K model's decode from its
-  // copies 23-25 -> 30-33 tok/s, 2 threads); 2 ahead was as good as 4 or 8 and better than 1. On Zen 4 and Xeon (avx512 table) the hardware streams one core
-  // at 23-27 GB/s and software prefetch of weight rows cost bandwidth (cpu_backend.cpp).
+  // copies 23-25 -> 30-33 tok/s, 2 threads); 2 ahead was as good as 4 or 8 and better than 1. On
+  // Zen 4 and Xeon (avx512 table) the hardware streams one core at 23-27 GB/s and software prefetch
+  // of weight rows cost bandwidth (cpu_backend.cpp).
   static constexpr int kPrefetchAhead = 2;
-  static inline __attribute__((always_inline)) void prefetch_group(const Group* next) {
-    const char* p = reinterpret_cast<const char*>(next);
-#pragma GCC unroll 32
-    for (size_t o = 0; o < sizeof(Group); o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-  }
 
   static void run(int64_t n, float* out, size_t out_stride, const void* w, const void* a, size_t a_stride) {
     const auto* x = static_cast<const Group*>(w);
@@ -89,7 +86,7 @@ struct Q45KGroupRows {
                                           -1, 13, -1, 6, -1, 14, -1, 7, -1, 15, -1);
     for (int64_t i = 0; i < n / blocks::kQKK; ++i) {
       const Q4KGroup8& g = low_part(x[i]);
-      if constexpr (kPrefetch) prefetch_group(x + i + kPrefetchAhead);
+      if constexpr (kPrefetch) prefetch_lines(x + i + kPrefetchAhead);
       __m256i isum[K], msum[K];
 #pragma GCC unroll 4
       for (int j = 0; j < K; ++j) isum[j] = msum[j] = _mm256_setzero_si256();
