@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -131,6 +132,56 @@ TEST(Simt, FloatWarpSumAndMaxGiveEveryLaneTheSameValue) {
     for (unsigned l = 0; l < 32; ++l) want += static_cast<float>(base + l) * 0.5f;  // exact in float
     EXPECT_EQ(sums[t], want);
     EXPECT_EQ(maxes[t], static_cast<float>(base + 31) * 0.5f);
+  }
+}
+
+// The emulator's warp_sum / warp_max do in one exchange what the GPU does in five shfl_xor steps:
+// the same bits, from values whose sums round differently in another order (magnitudes 2^-8 to 2^8,
+// both signs), in full warps, a partial warp (70 threads: lanes 0-5 of warp 2) and warps some of
+// whose lanes returned before the reduction.
+TEST(Simt, WarpSumAndMaxAreTheFiveShflXorStepsBitForBit) {
+  for (const unsigned threads : {64u, 70u}) {
+    for (const bool early_returns : {false, true}) {
+      SCOPED_TRACE(std::to_string(threads) + (early_returns ? " threads, some returned" : " threads"));
+      std::vector<uint32_t> got_sum(threads, 0), got_max(threads, 0), want_sum(threads, 0), want_max(threads, 0);
+      auto value = [](unsigned t) {
+        const uint64_t h = (uint64_t{t} + 1) * 0x9E3779B97F4A7C15ull;
+        const float mantissa = 1.0f + static_cast<float>(h >> 41) / 8388608.0f;
+        const int exponent = static_cast<int>(h >> 20 & 15) - 8;
+        return (h & 1 ? -1.0f : 1.0f) * std::ldexp(mantissa, exponent);
+      };
+      auto returns_early = [&](unsigned t) { return early_returns && (t % 32 == 7 || t % 32 == 20 || t % 32 == 21); };
+      auto run = [&](bool five_steps) {
+        return simt::launch(Dim3(2), Dim3(threads), 0, [&] {
+          const unsigned t = threadIdx.x;
+          if (returns_early(t)) return;
+          float s = value(t + blockIdx.x * 1000), m = s;
+          if (five_steps) {
+            for (int k = 16; k > 0; k >>= 1) s += shfl_xor(s, k);
+            for (int k = 16; k > 0; k >>= 1) {
+              const float o = shfl_xor(m, k);
+              m = o > m ? o : m;
+            }
+          } else {
+            s = moelite::cuda_kernels::warp_sum(s);
+            m = moelite::cuda_kernels::warp_max(m);
+          }
+          if (blockIdx.x == 1) {
+            (five_steps ? want_sum : got_sum)[t] = simt::to_bits(s) & 0xffffffffu;
+            (five_steps ? want_max : got_max)[t] = simt::to_bits(m) & 0xffffffffu;
+          }
+        });
+      };
+      ASSERT_EQ(run(true), MOELITE_OK) << moelite::last_error_message();
+      ASSERT_EQ(run(false), MOELITE_OK) << moelite::last_error_message();
+      EXPECT_EQ(got_sum, want_sum);
+      EXPECT_EQ(got_max, want_max);
+      // The sums do depend on the order: adding warp 0's values from lane 0 up differs somewhere.
+      float in_lane_order = 0;
+      for (unsigned l = 0; l < 32; ++l)
+        if (!returns_early(l)) in_lane_order += value(l + 1000);
+      if (!early_returns) EXPECT_NE(simt::to_bits(in_lane_order) & 0xffffffffu, want_sum[0]);
+    }
   }
 }
 
@@ -466,14 +517,15 @@ TEST(Simt, SpeedOfSwitchesAndWarpReductions) {
     switch_ns = std::min(switch_ns, seconds_since(t0) * 1e9 / (32.0 * rounds));
 
     // 1M threads: 32768 rows of 32 values, one warp per row, 8 rows per block, a 5-step shfl_xor
-    // butterfly each (6 switches per thread with its return).
+    // butterfly each (6 switches per thread with its return; warp_sum does it in one exchange).
     const unsigned rows = 1u << 15, rows_per_block = 8;
     std::vector<float> sums(rows);
     t0 = std::chrono::steady_clock::now();
     ASSERT_EQ(simt::launch(Dim3(rows / rows_per_block), Dim3(32, rows_per_block), 0,
                            [&] {
                              const unsigned row = blockIdx.x * rows_per_block + threadIdx.y;
-                             const float s = moelite::cuda_kernels::warp_sum(static_cast<float>(threadIdx.x & 3));
+                             float s = static_cast<float>(threadIdx.x & 3);
+                             for (int m = 16; m > 0; m >>= 1) s += shfl_xor(s, m);
                              if (threadIdx.x == 0) sums[row] = s;
                            }),
               MOELITE_OK);

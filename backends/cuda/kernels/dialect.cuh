@@ -5,7 +5,8 @@
 //   MK_SHARED(type, name, count)        a static shared-memory array of the block
 //   MK_DYNAMIC_SHARED(type, name)       the block's dynamic shared memory as type*
 //   threadIdx, blockIdx, blockDim, gridDim, __syncthreads(), __syncwarp()
-//   shfl_xor(v, m), shfl(v, lane), warp_sum(v), warp_max(v)   full-warp exchanges
+//   shfl_xor(v, m), shfl(v, lane), warp_sum(v), warp_max(v)   full-warp exchanges (warp_sum/max:
+//                                       five shfl_xor steps on a GPU, one exchange in the emulator)
 //   bits_to_float(u), float_to_bits(f), atomic_add_f32(p, v)
 //   half_bits_to_float(h)               an fp16 value from its 16 bits
 //   MK_UNROLL                           unroll the next loop (small fixed trip counts: keeps arrays
@@ -60,6 +61,19 @@ MK_DEVICE void store_vec16(uint8_t* s, int64_t at, const Vec16& v) {
   *reinterpret_cast<uint4*>(s + at) = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
 }
 MK_DEVICE const uint8_t* bytes_at(const uint8_t* s, int64_t at) { return s + at; }
+// Sum / max over the 32 lanes of a warp in a fixed butterfly order: every lane gets the same
+// result, and the order (hence the rounding) does not depend on anything but the lane values.
+MK_DEVICE float warp_sum(float v) {
+  for (int m = 16; m > 0; m >>= 1) v += shfl_xor(v, m);
+  return v;
+}
+MK_DEVICE float warp_max(float v) {
+  for (int m = 16; m > 0; m >>= 1) {
+    const float o = shfl_xor(v, m);
+    v = o > v ? o : v;
+  }
+  return v;
+}
 }  // namespace moelite::cuda_kernels
 
 #else  // the SIMT emulator
@@ -152,22 +166,13 @@ inline void atomic_add_f32(float* p, float v) {
   float next = cur + v;
   while (!__atomic_compare_exchange(p, &cur, &next, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) next = cur + v;
 }
+// The GPU's five shfl_xor steps (m = 16 … 1, v = v + shfl_xor(v, m), or the larger of the two),
+// computed bit for bit as those steps give them but in one warp exchange instead of five: the
+// kernels reduce every output this way, and each exchange is a switch through all 32 lanes
+// (test_simt.cpp checks both against the five shuffles).
+inline float warp_sum(float v) { return simt::warp_butterfly_sum(0xffffffffu, v); }
+inline float warp_max(float v) { return simt::warp_butterfly_max(0xffffffffu, v); }
 }  // namespace moelite::cuda_kernels
 
 #endif
 
-namespace moelite::cuda_kernels {
-// Sum / max over the 32 lanes of a warp in a fixed butterfly order: every lane gets the same
-// result, and the order (hence the rounding) does not depend on anything but the lane values.
-MK_DEVICE float warp_sum(float v) {
-  for (int m = 16; m > 0; m >>= 1) v += shfl_xor(v, m);
-  return v;
-}
-MK_DEVICE float warp_max(float v) {
-  for (int m = 16; m > 0; m >>= 1) {
-    const float o = shfl_xor(v, m);
-    v = o > v ? o : v;
-  }
-  return v;
-}
-}  // namespace moelite::cuda_kernels

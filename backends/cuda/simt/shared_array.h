@@ -36,14 +36,25 @@ class SharedArray {
   void fault(const char* what, size_t i, int32_t other) {
     char msg[160];
     std::snprintf(msg, sizeof msg, "shared-memory race: %s of element %zu by threads %d and %u without a barrier", what,
-                  i, other, sync_clock().thread);
+                  i, other, clock_ ? clock_->thread : 0u);
     report_kernel_fault(msg);
   }
 
+  // The emulator's clock for this OS thread (the array is the OS thread's too); looked up once.
+  const SyncClock* clock() {
+    if (!clock_) clock_ = live_sync_clock();
+    return clock_;
+  }
+
   void on_read(size_t i) {
-    const SyncClock c = sync_clock();
-    if (!c.valid) return;
+    const SyncClock* live = clock();
+    if (!live || !live->valid) return;
+    const SyncClock& c = *live;
     Shadow& s = shadow_[i];
+    // This thread read it last, at this same point of the order: the write was checked then, and
+    // nothing below would change (the kernels read each staged word several times, once per byte).
+    if (s.reader == static_cast<int32_t>(c.thread) && s.read_epoch == c.block_epoch && s.read_warp_epoch == c.warp_epoch)
+      return;
     if (!ordered(s.writer, s.writer_warp, s.write_epoch, s.write_warp_epoch, c)) fault("write then read", i, s.writer);
     if (s.reader >= 0 && s.read_epoch == c.block_epoch && static_cast<unsigned>(s.reader) != c.thread) {
       s.many_readers = true;
@@ -59,8 +70,9 @@ class SharedArray {
   }
 
   void on_write(size_t i) {
-    const SyncClock c = sync_clock();
-    if (!c.valid) return;
+    const SyncClock* live = clock();
+    if (!live || !live->valid) return;
+    const SyncClock& c = *live;
     Shadow& s = shadow_[i];
     if (!ordered(s.writer, s.writer_warp, s.write_epoch, s.write_warp_epoch, c)) fault("two writes", i, s.writer);
     // Readers since the last barrier: the last one is known exactly; several are ordered before
@@ -82,6 +94,7 @@ class SharedArray {
 
   T data_[N];
   Shadow shadow_[N];
+  const SyncClock* clock_ = nullptr;
 
  public:
   class Ref {

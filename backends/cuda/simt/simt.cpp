@@ -34,7 +34,7 @@ constexpr unsigned kMaxWarps = kMaxThreadsPerBlock / kWarpSize;
 constexpr size_t kStackBytes = MOELITE_SIMT_ASAN ? 256 * 1024 : 64 * 1024;
 
 enum class Waiting : uint8_t { kNothing, kBlockBarrier, kWarpOp, kReturned };
-enum class WarpOp : uint8_t { kSyncWarp, kShfl, kShflXor, kShflDown, kShflUp, kBallot };
+enum class WarpOp : uint8_t { kSyncWarp, kShfl, kShflXor, kShflDown, kShflUp, kBallot, kButterflySum, kButterflyMax };
 
 const char* warp_op_name(WarpOp op) {
   switch (op) {
@@ -44,6 +44,8 @@ const char* warp_op_name(WarpOp op) {
     case WarpOp::kShflDown: return "__shfl_down_sync";
     case WarpOp::kShflUp: return "__shfl_up_sync";
     case WarpOp::kBallot: return "__ballot_sync";
+    case WarpOp::kButterflySum: return "warp_sum (__shfl_xor_sync)";
+    case WarpOp::kButterflyMax: return "warp_max (__shfl_xor_sync)";
   }
   return "?";
 }
@@ -98,6 +100,7 @@ struct Emulator {
   unsigned barrier_arrived = 0;
   // Shared-memory race checking: a new value at every block start and completed block barrier.
   uint64_t epoch_counter = 0, block_epoch = 0;
+  SyncClock clock;  // the running thread's, kept current by refresh_clock() (live_sync_clock())
 
   std::string fault;              // first kernel fault of the block ("kernel threw: ...", bad mask)
   bool abandoned_fibers = false;  // a fiber was left suspended: its stack holds stale frames
@@ -114,6 +117,18 @@ thread_local std::unique_ptr<Emulator> t_owner;
 thread_local Emulator* t_active = nullptr;
 
 const Dim3 kZeroDim{0, 0, 0};
+
+// After the running thread changed, or a barrier or __syncwarp completed: the clock SharedArray reads.
+void refresh_clock(Emulator* e) {
+  SyncClock& c = e->clock;
+  const SimThread* t = e->current;
+  c.valid = t != nullptr;
+  if (!t) return;
+  c.block_epoch = e->block_epoch;
+  c.warp_epoch = e->warps[t->warp].sync_epoch;
+  c.thread = t->linear;
+  c.warp = t->warp;
+}
 
 void push_ready(Emulator* e, unsigned t) {
   e->ready[e->ready_tail % kMaxThreadsPerBlock] = static_cast<uint16_t>(t);
@@ -134,6 +149,7 @@ void suspend_current(Emulator* e) {
   SimThread* next = pop_ready(e);
   fiber::Context* to = next ? &next->context : &e->launcher;
   e->current = next;
+  refresh_clock(e);
   fiber::switch_to(&self->context, to);
 }
 
@@ -148,6 +164,7 @@ void record_fault(Emulator* e, std::string message) {
   e->abandoned_fibers = true;
   SimThread* self = e->current;
   e->current = nullptr;
+  refresh_clock(e);
   fiber::switch_to(&self->context, &e->launcher);
   std::abort();  // nothing resumes an abandoned fiber
 }
@@ -160,6 +177,27 @@ std::string hex32(unsigned v) {
 
 // ---- warp exchanges -----------------------------------------------------------------------------
 
+// warp_sum / warp_max: every lane's result of the five shfl_xor steps, in the order they take.
+void butterfly_results(WarpExchange& w) {
+  float v[kWarpSize];
+  for (unsigned l = 0; l < kWarpSize; ++l) v[l] = from_bits<float>(w.value[l]);
+  for (unsigned m = 16; m > 0; m >>= 1) {
+    float next[kWarpSize];
+    for (unsigned l = 0; l < kWarpSize; ++l) {
+      if (!(w.arrived >> l & 1u)) continue;
+      // A lane that has returned (or is missing from a partial warp) gives the lane its own value.
+      const float other = w.arrived >> (l ^ m) & 1u ? v[l ^ m] : v[l];
+      next[l] = w.op == WarpOp::kButterflySum ? v[l] + other : (other > v[l] ? other : v[l]);
+    }
+    for (unsigned l = 0; l < kWarpSize; ++l)
+      if (w.arrived >> l & 1u) v[l] = next[l];
+  }
+  for (unsigned m = w.arrived; m; m &= m - 1) {
+    const unsigned l = static_cast<unsigned>(__builtin_ctz(m));
+    w.result[l] = to_bits(v[l]);
+  }
+}
+
 uint64_t exchange_result(const WarpExchange& w, unsigned lane) {
   const uint64_t own = w.value[lane];
   const unsigned width = static_cast<unsigned>(w.width);
@@ -168,7 +206,9 @@ uint64_t exchange_result(const WarpExchange& w, unsigned lane) {
   const unsigned arg = static_cast<unsigned>(w.arg[lane]);
   unsigned src = lane;
   switch (w.op) {
-    case WarpOp::kSyncWarp: return 0;
+    case WarpOp::kSyncWarp:
+    case WarpOp::kButterflySum:
+    case WarpOp::kButterflyMax: return 0;  // complete_warp_exchange does not ask
     case WarpOp::kBallot: {
       unsigned bits = 0;
       for (unsigned m = w.arrived; m; m &= m - 1) {
@@ -203,6 +243,8 @@ void complete_warp_exchange(Emulator* e, unsigned warp, unsigned running_lane) {
   if (w.op == WarpOp::kBallot) {
     const uint64_t bits = exchange_result(w, 0);
     for (unsigned m = w.arrived; m; m &= m - 1) w.result[__builtin_ctz(m)] = bits;
+  } else if (w.op == WarpOp::kButterflySum || w.op == WarpOp::kButterflyMax) {
+    butterfly_results(w);
   } else if (w.op != WarpOp::kSyncWarp) {
     for (unsigned m = w.arrived; m; m &= m - 1) {
       const unsigned l = static_cast<unsigned>(__builtin_ctz(m));
@@ -217,7 +259,10 @@ void complete_warp_exchange(Emulator* e, unsigned warp, unsigned running_lane) {
     push_ready(e, first_thread + l);
   }
   w.arrived = 0;
-  if (w.op == WarpOp::kSyncWarp) ++w.sync_epoch;
+  if (w.op == WarpOp::kSyncWarp) {
+    ++w.sync_epoch;
+    refresh_clock(e);  // the lane that completed it runs on
+  }
 }
 
 std::string describe_block(const Emulator* e) {
@@ -276,6 +321,7 @@ void release_barrier(Emulator* e, const SimThread* running) {
   }
   e->barrier_arrived = 0;
   e->block_epoch = ++e->epoch_counter;
+  refresh_clock(e);  // the thread that completed it runs on
 }
 
 // ---- thread life --------------------------------------------------------------------------------
@@ -308,6 +354,7 @@ void fiber_main() noexcept {
   fiber::forget_entry_frame(e->stacks[self->linear]);
   SimThread* next = pop_ready(e);
   e->current = next;
+  refresh_clock(e);
   fiber::exit_to(&self->context, next ? &next->context : &e->launcher);
   std::abort();  // a returned fiber is never resumed
 }
@@ -417,9 +464,11 @@ bool run_block(Emulator* e) {
     push_ready(e, t);
   }
   e->current = pop_ready(e);
+  refresh_clock(e);
   fiber::switch_to(&e->launcher, &e->current->context);
   // Back here when no thread can run: all returned, a deadlock, or a fault abandoned the block.
   e->current = nullptr;
+  refresh_clock(e);
   if (e->live_threads != 0) {
     e->abandoned_fibers = true;
     if (e->fault.empty()) e->fault = describe_deadlock(e);
@@ -501,15 +550,14 @@ void* dynamic_shared() {
 }
 
 SyncClock sync_clock() {
-  SyncClock c;
   const Emulator* e = t_active;
-  if (!e || !e->current) return c;
-  c.block_epoch = e->block_epoch;
-  c.warp_epoch = e->warps[e->current->warp].sync_epoch;
-  c.thread = e->current->linear;
-  c.warp = e->current->warp;
-  c.valid = true;
-  return c;
+  if (!e || !e->current) return SyncClock{};
+  return e->clock;
+}
+
+const SyncClock* live_sync_clock() {
+  const Emulator* e = t_owner.get();
+  return e ? &e->clock : nullptr;
 }
 
 void report_kernel_fault(const char* message) {
@@ -546,6 +594,12 @@ uint64_t shfl_up_bits(unsigned mask, uint64_t v, unsigned delta, int width) {
 }
 unsigned ballot(unsigned mask, bool pred) {
   return static_cast<unsigned>(warp_exchange(WarpOp::kBallot, mask, pred ? 1 : 0, 0, static_cast<int>(kWarpSize)));
+}
+float warp_butterfly_sum(unsigned mask, float v) {
+  return from_bits<float>(warp_exchange(WarpOp::kButterflySum, mask, to_bits(v), 0, static_cast<int>(kWarpSize)));
+}
+float warp_butterfly_max(unsigned mask, float v) {
+  return from_bits<float>(warp_exchange(WarpOp::kButterflyMax, mask, to_bits(v), 0, static_cast<int>(kWarpSize)));
 }
 
 }  // namespace moelite::simt

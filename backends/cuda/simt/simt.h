@@ -59,6 +59,12 @@ uint64_t shfl_xor_bits(unsigned mask, uint64_t v, int lane_mask, int width);
 uint64_t shfl_down_bits(unsigned mask, uint64_t v, unsigned delta, int width);
 uint64_t shfl_up_bits(unsigned mask, uint64_t v, unsigned delta, int width);
 unsigned ballot(unsigned mask, bool pred);
+// v summed (or maximised) over the warp's live lanes in the butterfly order of five shfl_xor steps
+// (m = 16, 8, 4, 2, 1: v = v + shfl_xor(v, m), a missing lane giving the lane's own value), bit
+// for bit what those five exchanges give, in one exchange: the emulator's warp_sum / warp_max
+// (dialect.cuh), which the kernels call for every output they reduce.
+float warp_butterfly_sum(unsigned mask, float v);
+float warp_butterfly_max(unsigned mask, float v);
 
 // Shared-memory race checking (shared_array.h): where the calling thread stands in its block's
 // synchronisation order.
@@ -69,6 +75,12 @@ struct SyncClock {
   bool valid = false;  // false outside a kernel
 };
 SyncClock sync_clock();
+// The same clock as the emulator keeps it for this OS thread: updated at every switch between
+// emulated threads, completed barrier and __syncwarp, and `valid` only while an emulated thread
+// runs. SharedArray reads it through this pointer on every access (a call and a thread-local
+// lookup per access were a sixth of an emulated run). Null before this OS thread's first launch;
+// afterwards the same pointer until the OS thread ends.
+const SyncClock* live_sync_clock();
 // Records a fault found while the block runs (the first one is kept); the block runs on and
 // launch() returns MOELITE_ERR_BACKEND with the message.
 void report_kernel_fault(const char* message);
