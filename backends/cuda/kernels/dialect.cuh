@@ -175,4 +175,3 @@ inline float warp_max(float v) { return simt::warp_butterfly_max(0xffffffffu, v)
 }  // namespace moelite::cuda_kernels
 
 #endif
-

@@ -53,7 +53,8 @@ class SharedArray {
     Shadow& s = shadow_[i];
     // This thread read it last, at this same point of the order: the write was checked then, and
     // nothing below would change (the kernels read each staged word several times, once per byte).
-    if (s.reader == static_cast<int32_t>(c.thread) && s.read_epoch == c.block_epoch && s.read_warp_epoch == c.warp_epoch)
+    if (s.reader == static_cast<int32_t>(c.thread) && s.read_epoch == c.block_epoch &&
+        s.read_warp_epoch == c.warp_epoch)
       return;
     if (!ordered(s.writer, s.writer_warp, s.write_epoch, s.write_warp_epoch, c)) fault("write then read", i, s.writer);
     if (s.reader >= 0 && s.read_epoch == c.block_epoch && static_cast<unsigned>(s.reader) != c.thread) {
