@@ -676,6 +676,12 @@ def gating_from_args(a, n_layer):
     return check_gating(("sensitivity", a.threshold, sens), n_layer)
 
 
+def logits_of(path, tokens, quantize_activations=False, n_ctx=None):
+    """exact-gating logits of `tokens` (float64, n_tokens x n_vocab): what the command line writes,
+    for tests that call the reference in their own process"""
+    return ReferenceModel(path, quantize_activations, n_ctx).forward(list(tokens))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="numpy reference forward for MoE GGUF models")
     ap.add_argument("model")

@@ -47,13 +47,6 @@ def arm_logits(model, cpu, extra=()):
     return np.fromfile(out, dtype="<f4").reshape(len(TOKENS), -1)
 
 
-def cached_reference(model):
-    path = model + ".refq.f32"
-    if os.path.exists(path):
-        return np.fromfile(path, dtype="<f4").reshape(len(TOKENS), -1)
-    return reference_logits(model, quantize=True)
-
-
 @pytest.mark.parametrize("cpu", sorted(CPUS))
 def test_dispatch_follows_the_cpu(cpu):
     model = make_model("qwen3moe-Q8_0", "qwen3moe", "Q8_0")
@@ -85,7 +78,7 @@ LOGITS_CASES = ([(a, t, FULL_MATRIX_CPU) for a, t in ARCH_MATRIX]
 def test_aarch64_logits_match_reference_and_x86(arch, wtype, cpu):
     model = make_model("%s-%s" % (arch, wtype), arch, wtype)
     got = arm_logits(model, cpu)
-    ref = cached_reference(model)
+    ref = reference_logits(model, quantize=True)
     x86_path = model + ".x86.f32"
     x86 = (np.fromfile(x86_path, dtype="<f4").reshape(len(TOKENS), -1) if os.path.exists(x86_path) else None)
     if x86 is None:

@@ -39,11 +39,11 @@ sys.path.insert(0, os.path.join(ROOT, "tools", "gguf"))
 from moelite_gguf.reader import GGUFReader  # noqa: E402
 
 sys.path.insert(0, HERE)
+import reference_forward  # noqa: E402
 from gguf_edit import merge_gate_up, rewrite  # noqa: E402
 
 PY = sys.executable
 MAKE = os.path.join(ROOT, "tools", "make_tiny_model.py")
-REF = os.path.join(HERE, "reference_forward.py")
 BIN = os.environ.get("MOELITE_BIN", os.path.join(ROOT, "build", "bin", "moelite"))
 TMP = os.environ.get("MOELITE_TEST_TMP", "/tmp/moelite-ref-tests")
 
@@ -139,13 +139,20 @@ def engine_logits(model, tokens=TOKENS, extra=(), threads=2, isa=None):
     return np.fromfile(out, dtype="<f4").reshape(len(tokens), -1)
 
 
+_REFERENCE_CACHE = {}
+
+
 def reference_logits(model, quantize=True, tokens=TOKENS, n_ctx=None):
     """n_ctx: the engine's context length (moelite logits' default: the tokens'), which picks phimoe's
-    LongRoPE factors."""
-    out = model + (".refq.f32" if quantize else ".ref.f32")
-    run([PY, REF, model, "--tokens", ",".join(map(str, tokens)), "--out", out, "--n-ctx", str(n_ctx or len(tokens))]
-        + (["--quantize-activations"] if quantize else []))
-    return np.fromfile(out, dtype="<f4").reshape(len(tokens), -1)
+    LongRoPE factors. Computed in this process (reference_forward.logits_of, what its command line
+    writes, rounded to float32 as that file is) and kept for the process: the device tests compare
+    several runs of one model with the same reference. The key holds the file's size and mtime, so
+    a model written again under the same name is computed again."""
+    st = os.stat(model)
+    key = (model, st.st_size, st.st_mtime_ns, tuple(tokens), bool(quantize), n_ctx or len(tokens))
+    if key not in _REFERENCE_CACHE:
+        _REFERENCE_CACHE[key] = reference_forward.logits_of(model, tokens, quantize, n_ctx or len(tokens)).astype("<f4")
+    return _REFERENCE_CACHE[key].copy()
 
 
 MATRIX_ERRORS = {}
