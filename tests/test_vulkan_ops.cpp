@@ -96,7 +96,8 @@ TEST_P(VulkanShaderPaths, MatmulAndGetRowsForEveryWeightTypeMatchTheScalarDequan
   if (!ok) GTEST_SKIP() << "no Vulkan device: " << last_error_message();
   const uint64_t validation_before = vk::Device::validation_messages();
   std::mt19937 rng(11);
-  const int64_t cols = 512, rows = 9, n = 3;
+  // 11 tokens: workgroups of 4, 4 and 3 (NT in shaders/matmul.glsl).
+  const int64_t cols = 512, rows = 9, n = 11;
   for (TensorType t : kTypes) {
     SCOPED_TRACE(type_name(t));
     const WeightView w = random_matrix(t, rows, cols, rng);
@@ -109,7 +110,16 @@ TEST_P(VulkanShaderPaths, MatmulAndGetRowsForEveryWeightTypeMatchTheScalarDequan
     HostAct xa(p.vk.get(), n, cols), ya(p.vk.get(), n, rows);
     xa.set(x);
     ASSERT_EQ(p.vk->matmul(w, xa.a, bias.data(), &ya.a), MOELITE_OK);
-    EXPECT_LT(max_rel(ya.get(), want), 2e-6);
+    const std::vector<float> batch = ya.get();
+    EXPECT_LT(max_rel(batch, want), 2e-6);
+    // A token's products are the same bits in any workgroup position as alone (decode).
+    for (const int64_t t : {int64_t{0}, int64_t{5}, int64_t{10}}) {
+      HostAct one_x(p.vk.get(), 1, cols), one_y(p.vk.get(), 1, rows);
+      one_x.set(std::vector<float>(x.begin() + t * cols, x.begin() + (t + 1) * cols));
+      ASSERT_EQ(p.vk->matmul(w, one_x.a, bias.data(), &one_y.a), MOELITE_OK);
+      EXPECT_EQ(one_y.get(), std::vector<float>(batch.begin() + t * rows, batch.begin() + (t + 1) * rows))
+          << "token " << t;
+    }
     // get_rows: rows 4, 0, 8 dequantized.
     const int32_t ids[] = {4, 0, 8};
     HostAct ga(p.vk.get(), 3, cols);

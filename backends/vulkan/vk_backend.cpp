@@ -15,6 +15,8 @@ namespace {
 
 constexpr uint32_t kGroup = 64;          // local size of the element-wise shaders
 constexpr uint32_t kMaxGroupsX = 65535;  // the guaranteed maxComputeWorkGroupCount[0]
+// Tokens one matmul workgroup multiplies with each decoded weight: NT in shaders/matmul.glsl.
+constexpr int64_t kMatmulTokensPerGroup = 4;
 
 uint32_t groups_for(uint64_t n) { return static_cast<uint32_t>((n + kGroup - 1) / kGroup); }
 
@@ -382,16 +384,20 @@ void VulkanBackend::matmul_dev(const DevWeight& w, const Buffer& x, uint64_t x_o
     for (int64_t r0 = 0; r0 < c.rows; r0 += kMaxGroupsX) {
       const uint32_t rows = static_cast<uint32_t>(std::min<int64_t>(kMaxGroupsX, c.rows - r0));
       struct {
-        uint32_t w_off, row_bytes, cols, row0, x_off, x_stride, y_off, y_stride, flags, map_n, y_col0;
+        uint32_t w_off, row_bytes, cols, row0, x_off, x_stride, y_off, y_stride, flags, map_n, y_col0, n_tok;
       } pc{static_cast<uint32_t>(c.offset),     static_cast<uint32_t>(w.row_bytes),
            static_cast<uint32_t>(w.cols),       static_cast<uint32_t>(r0),
            static_cast<uint32_t>(x_off),        static_cast<uint32_t>(x_stride),
            static_cast<uint32_t>(y_off),        static_cast<uint32_t>(y_stride),
            (bias ? 1u : 0u) | (maps ? 6u : 0u), map_n,
-           static_cast<uint32_t>(c.row0)};
-      dev_->dispatch(dev_->facts().use_subgroups ? "matmul_subgroup" : "matmul", static_cast<uint32_t>(w.type),
+           static_cast<uint32_t>(c.row0),       static_cast<uint32_t>(n)};
+      const bool one = n == 1;  // decode: the one-token shader, the same bits without idle accumulators
+      const auto token_groups = static_cast<uint32_t>((n + kMatmulTokensPerGroup - 1) / kMatmulTokensPerGroup);
+      const char* shader = dev_->facts().use_subgroups ? (one ? "matmul_subgroup_vec" : "matmul_subgroup")
+                                                       : (one ? "matmul_vec" : "matmul");
+      dev_->dispatch(shader, static_cast<uint32_t>(w.type),
                      {{&c.buf}, {&x}, {&y}, {bias ? bias : &dummy_}, {maps ? maps : &dummy_}}, &pc, sizeof pc, rows,
-                     static_cast<uint32_t>(n));
+                     token_groups);
     }
   }
 }

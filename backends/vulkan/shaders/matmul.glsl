@@ -1,9 +1,18 @@
 // Included by matmul.comp and matmul_subgroup.comp.
 // out[orow(t)][r] = sum_i dq(W row r, i) * x[irow(t)][i] (+ bias[r]): one workgroup per (output
-// row, token), its threads striding over the columns, then a fixed-order tree reduction (results
-// do not depend on scheduling). Optional row maps gather input rows and scatter output rows (the
-// tokens routed to one expert).
+// row, chunk of up to NT tokens), its threads striding over the columns, then a fixed-order tree
+// reduction per token (results do not depend on scheduling). A weight is decoded once for the
+// chunk's tokens; each token's sum is the same sequence of operations whatever the chunk holds, so
+// a prompt and token-by-token decoding give the same bits. Optional row maps gather input rows and
+// scatter output rows (the tokens routed to one expert).
 layout(local_size_x = 64) in;
+// Tokens a workgroup: 4 (kMatmulTokensPerGroup in vk_backend.cpp), or 1 in the *_vec shaders that
+// one-token products (decode) use, which would otherwise carry three idle accumulators (lavapipe
+// decoded 27 % slower with them).
+#ifndef MATMUL_TOKENS
+#define MATMUL_TOKENS 4u
+#endif
+const uint NT = MATMUL_TOKENS;
 layout(constant_id = 0) const uint WTYPE = 0u;
 layout(std430, binding = 0) readonly buffer Wbuf { uint W[]; };
 layout(std430, binding = 1) readonly buffer Xbuf { float X[]; };
@@ -19,34 +28,52 @@ layout(push_constant) uniform P {
   uint flags;      // 1: bias, 2: input rows mapped (M[t]), 4: output rows mapped (M[map_n + t])
   uint map_n;
   uint y_col0;     // output column of row 0 (row chunks of a split weight)
+  uint n_tok;      // tokens of the dispatch (workgroup y covers tokens [NT y, NT y + NT))
 } p;
 #include "dequant.glsl"
-shared float partial[64];
+shared float partial[NT * 64u];
 void main() {
-  const uint r = p.row0 + gl_WorkGroupID.x, t = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
-  const uint irow = (p.flags & 2u) != 0u ? uint(M[t]) : t;
-  const uint orow = (p.flags & 4u) != 0u ? uint(M[p.map_n + t]) : t;
+  const uint r = p.row0 + gl_WorkGroupID.x, t0 = gl_WorkGroupID.y * NT, tid = gl_LocalInvocationID.x;
+  const uint nt = min(NT, p.n_tok - t0);
   const uint row = p.w_off + r * p.row_bytes;
-  const uint x = p.x_off + irow * p.x_stride;
-  float acc = 0.0;
-  for (uint i = tid; i < p.cols; i += 64u) acc += dq(row, i) * X[x + i];
+  uint xs[NT];
+  float acc[NT];
+  for (uint j = 0u; j < NT; ++j) {
+    const uint t = t0 + min(j, nt - 1u);
+    xs[j] = p.x_off + ((p.flags & 2u) != 0u ? uint(M[t]) : t) * p.x_stride;
+    acc[j] = 0.0;
+  }
+  for (uint i = tid; i < p.cols; i += 64u) {
+    const float w = dq(row, i);
+    for (uint j = 0u; j < NT; ++j)
+      if (j < nt) acc[j] += w * X[xs[j] + i];
+  }
 #ifdef SUBGROUPS
-  // Subgroup sums, then the subgroups' sums in subgroup order (fixed for a device).
-  acc = subgroupAdd(acc);
-  if (subgroupElect()) partial[gl_SubgroupID] = acc;
+  // Per token: subgroup sums, then the subgroups' sums in subgroup order (fixed for a device).
+  for (uint j = 0u; j < NT; ++j) {
+    const float s = subgroupAdd(acc[j]);
+    if (subgroupElect()) partial[j * 64u + gl_SubgroupID] = s;
+  }
   barrier();
-  if (tid == 0u) {
+  if (tid < nt) {
     float total = 0.0;
-    for (uint g = 0u; g < gl_NumSubgroups; ++g) total += partial[g];
-    partial[0] = total;
+    for (uint g = 0u; g < gl_NumSubgroups; ++g) total += partial[tid * 64u + g];
+    acc[0] = total;
   }
 #else
-  partial[tid] = acc;
+  for (uint j = 0u; j < NT; ++j) partial[j * 64u + tid] = acc[j];
   barrier();
   for (uint s = 32u; s > 0u; s >>= 1) {
-    if (tid < s) partial[tid] += partial[tid + s];
+    if (tid < s)
+      for (uint j = 0u; j < NT; ++j) partial[j * 64u + tid] += partial[j * 64u + tid + s];
     barrier();
   }
+  if (tid < nt) acc[0] = partial[tid * 64u];
 #endif
-  if (tid == 0u) Y[p.y_off + orow * p.y_stride + p.y_col0 + r] = partial[0] + ((p.flags & 1u) != 0u ? B[p.y_col0 + r] : 0.0);
+  // Thread j < nt writes token t0 + j's output.
+  if (tid < nt) {
+    const uint t = t0 + tid;
+    const uint orow = (p.flags & 4u) != 0u ? uint(M[p.map_n + t]) : t;
+    Y[p.y_off + orow * p.y_stride + p.y_col0 + r] = acc[0] + ((p.flags & 1u) != 0u ? B[p.y_col0 + r] : 0.0);
+  }
 }
