@@ -549,12 +549,6 @@ void* dynamic_shared() {
   return e ? e->dynamic_shared : nullptr;
 }
 
-SyncClock sync_clock() {
-  const Emulator* e = t_active;
-  if (!e || !e->current) return SyncClock{};
-  return e->clock;
-}
-
 const SyncClock* live_sync_clock() {
   const Emulator* e = t_owner.get();
   return e ? &e->clock : nullptr;

@@ -66,16 +66,15 @@ unsigned ballot(unsigned mask, bool pred);
 float warp_butterfly_sum(unsigned mask, float v);
 float warp_butterfly_max(unsigned mask, float v);
 
-// Shared-memory race checking (shared_array.h): where the calling thread stands in its block's
-// synchronisation order.
+// Shared-memory race checking (shared_array.h): where the running emulated thread stands in its
+// block's synchronisation order.
 struct SyncClock {
   uint64_t block_epoch = 0;  // new at every block start and every completed __syncthreads
   uint64_t warp_epoch = 0;   // new at every completed __syncwarp of the thread's warp
   unsigned thread = 0, warp = 0;
   bool valid = false;  // false outside a kernel
 };
-SyncClock sync_clock();
-// The same clock as the emulator keeps it for this OS thread: updated at every switch between
+// The clock as the emulator keeps it for this OS thread: updated at every switch between
 // emulated threads, completed barrier and __syncwarp, and `valid` only while an emulated thread
 // runs. SharedArray reads it through this pointer on every access (a call and a thread-local
 // lookup per access were a sixth of an emulated run). Null before this OS thread's first launch;
