@@ -128,7 +128,9 @@ def make_model(name, arch, wtype, *extra):
 
 
 def engine_logits(model, tokens=TOKENS, extra=(), threads=2, isa=None):
-    out = model + ".engine.f32"
+    # Named per process: the Vulkan, CUDA and ARM reference tests call this on the same models while
+    # ctest runs them beside this file's, and a file another process truncates mid-read is garbage.
+    out = "%s.engine.%d.f32" % (model, os.getpid())
     env = dict(os.environ)
     if isa:
         env["MOELITE_ISA"] = isa
@@ -136,7 +138,9 @@ def engine_logits(model, tokens=TOKENS, extra=(), threads=2, isa=None):
            *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert r.returncode == 0, "%s failed (%d):\n%s" % (cmd, r.returncode, r.stderr)
-    return np.fromfile(out, dtype="<f4").reshape(len(tokens), -1)
+    logits = np.fromfile(out, dtype="<f4").reshape(len(tokens), -1)
+    os.remove(out)
+    return logits
 
 
 _REFERENCE_CACHE = {}
