@@ -6,7 +6,7 @@
 //   mode 2: 4 activation rows per call, tile or multi-dot; mode 3: activations prepared once, then
 //   the table's prepared tile, ACTS=n activation rows per weight row group, default 4; mode 4: rows
 //   repacked in groups of eight where the table has a group kernel (interleaved_rows.h), one
-//   activation row, else "-")
+//   activation row, else "-"). TYPE=Q6_K (a type's name): that type only.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -94,7 +94,10 @@ int main(int argc, char** argv) {
               mode == 4 ? "rows in groups of eight" : mode == 3 ? "4 prepared activation rows" : mode == 2 ? "4 activation rows" : mode ? "tile path" : "vec_dot", "type");
   for (auto* t : tables) std::printf("%10s", t->isa);
   std::printf("\n");
+  // TYPE=name: only that weight type (a type's measurement then does not depend on the others').
+  const char* only = std::getenv("TYPE");
   for (TensorType t : types) {
+    if (only && std::strcmp(only, type_name(t)) != 0) continue;
     auto w = make_weights(t, rows, cols, rng);
     const size_t rb = w.size() / rows;
     std::printf("%-6s", type_name(t));
