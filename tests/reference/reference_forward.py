@@ -597,12 +597,18 @@ class ReferenceModel:
         name = "blk.%d.ffn_pregate_inp.weight" % il
         return name if il + 1 < self.n_layer and self.has(name) else None
 
-    def forward(self, tokens, record=None, gating=None, perturb=None, stats=None):
+    def forward(self, tokens, record=None, gating=None, perturb=None, stats=None, checkpoints=None, resume=None):
         """logits [T, n_vocab] (float64). record: list receiving each layer's routing weights;
         gating: None | ("score", T) | ("sensitivity", T, [S per layer]); perturb: None |
         (layer, alpha); stats: dict receiving "kept" (int [n_layer, T]), "topk" (float
         [n_layer, T, k]) and, with perturb, "dropped" (d_t, float [T]). See the module docstring
-        for the semantics."""
+        for the semantics.
+        checkpoints: dict receiving, for each layer il, the state before it (the residual stream,
+        the routing a pre-gate computed for it, the stats so far); resume=(checkpoints, il) starts
+        a forward of the same tokens at layer il from that state instead of computing layers
+        0..il-1 again: the same float64 operations on the same values, so the same bits, provided
+        nothing before layer il would differ (the caller's promise: e.g. a perturbation of layer
+        il's routing, which a pre-gate computes in layer il - 1)."""
         gating = check_gating(gating, self.n_layer)
         if perturb is not None:
             if gating is not None:
@@ -612,9 +618,17 @@ class ReferenceModel:
         st = {}
         tokens = np.asarray(tokens, dtype=np.int64)
         pos = np.arange(tokens.size)
-        h = self.w("token_embd.weight")[tokens] * self.embedding_scale
         pregated = None             # layer il's routing when layer il-1 computed it
-        for il in range(self.n_layer):
+        first = 0
+        if resume is not None:
+            saved, first = resume
+            h, pregated, saved_st = saved[first]
+            st = {k: dict(v) if isinstance(v, dict) else v for k, v in saved_st.items()}
+        else:
+            h = self.w("token_embd.weight")[tokens] * self.embedding_scale
+        for il in range(first, self.n_layer):
+            if checkpoints is not None:
+                checkpoints[il] = (h, pregated, {k: dict(v) if isinstance(v, dict) else v for k, v in st.items()})
             p = "blk.%d." % il
             h = h + self.residual_scale * self.attention(il, self.norm(h, p + "attn_norm"), pos)
             xn = self.norm(h, p + ("post_attention_norm" if self.arch == "gpt-oss" else "ffn_norm"))

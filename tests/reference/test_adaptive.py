@@ -145,10 +145,14 @@ def numpy_sensitivity(ref, tokens, ctx, alpha):
     num = np.zeros(ref.n_layer)
     den = np.zeros(ref.n_layer)
     for win in windows(tokens, ctx):
-        logp = log_softmax(ref.forward(win))
+        saved = {}
+        logp = log_softmax(ref.forward(win, checkpoints=saved))
         for il in range(ref.n_layer):
             st = {}
-            logq = log_softmax(ref.forward(win, perturb=(il, alpha), stats=st))
+            # Layers before the perturbed routing are the unperturbed run's: resume after them (a
+            # pre-gate computes layer il's routing in layer il - 1).
+            start = il - 1 if il > 0 and ref.pregate_name(il - 1) else il
+            logq = log_softmax(ref.forward(win, perturb=(il, alpha), stats=st, resume=(saved, start)))
             num[il] += kl_rows(logp, logq).sum()
             den[il] += (st["dropped"] ** 2).sum()
     return num / den
@@ -331,6 +335,33 @@ class CapturingModel(RF.ReferenceModel):
 
 def pregate_model(name="qwen3moe-F32-pregate", arch="qwen3moe", wtype="F32", n_layer=3):
     return make_model(name, arch, wtype, "--pregate", "--n-layer", str(n_layer))
+
+
+@pytest.mark.parametrize("which", ["shipped", "pregate"])
+def test_resumed_forward_is_the_full_forward_bitwise(which):
+    """numpy_sensitivity resumes each perturbed forward after the layers it shares with the
+    unperturbed one (reference_forward's checkpoints): the same bits as computing them again, for
+    every perturbed layer, with and without a pre-gate (which routes layer il in layer il - 1:
+    resuming at il would miss the perturbation, and must differ)."""
+    if which == "shipped":
+        ref = RF.ReferenceModel(SHIPPED, quantize_acts=True)
+    else:
+        ref = RF.ReferenceModel(pregate_model(n_layer=4))
+    saved = {}
+    full = ref.forward(TOKENS, checkpoints=saved)
+    assert sorted(saved) == list(range(ref.n_layer))
+    assert np.array_equal(ref.forward(TOKENS, resume=(saved, ref.n_layer - 1)), full)
+    for il in range(ref.n_layer):
+        want, got = {}, {}
+        start = il - 1 if il > 0 and ref.pregate_name(il - 1) else il
+        logits = ref.forward(TOKENS, perturb=(il, 0.0), stats=want)
+        assert np.array_equal(ref.forward(TOKENS, perturb=(il, 0.0), stats=got, resume=(saved, start)), logits)
+        for key in ("kept", "topk", "dropped"):
+            assert np.array_equal(got[key], want[key], equal_nan=True), (il, key)
+        if start != il:
+            assert not np.array_equal(ref.forward(TOKENS, perturb=(il, 0.0), resume=(saved, il)), logits)
+    if which == "pregate":
+        assert any(ref.pregate_name(il) for il in range(ref.n_layer))
 
 
 def test_make_tiny_model_pregate_tensors():
