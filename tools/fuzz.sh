@@ -14,9 +14,11 @@ targets=("$@")
 jobs=${MOELITE_FUZZ_JOBS:-1}
 bash tools/install_deps.sh --test
 
+# Vulkan and CUDA off: every target parses or loads on the CPU backend, and the GPU backends (the
+# SIMT emulator's kernels above all) were a large part of this instrumented build.
 if [[ ! -f build-fuzz/CMakeCache.txt ]]; then
   CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOELITE_FUZZ=ON \
-    -DMOELITE_TESTS=OFF -DMOELITE_VULKAN=OFF >/dev/null
+    -DMOELITE_TESTS=OFF -DMOELITE_VULKAN=OFF -DMOELITE_CUDA=OFF >/dev/null
 fi
 cmake --build build-fuzz --target fuzz_all
 
