@@ -608,7 +608,8 @@ class ReferenceModel:
         a forward of the same tokens at layer il from that state instead of computing layers
         0..il-1 again: the same float64 operations on the same values, so the same bits, provided
         nothing before layer il would differ (the caller's promise: e.g. a perturbation of layer
-        il's routing, which a pre-gate computes in layer il - 1)."""
+        il's routing, which a pre-gate computes in layer il - 1; other tokens raise ValueError).
+        A resumed forward's record receives only the layers it computes."""
         gating = check_gating(gating, self.n_layer)
         if perturb is not None:
             if gating is not None:
@@ -622,13 +623,15 @@ class ReferenceModel:
         first = 0
         if resume is not None:
             saved, first = resume
-            h, pregated, saved_st = saved[first]
+            saved_tokens, h, pregated, saved_st = saved[first]
+            if not np.array_equal(saved_tokens, tokens):
+                raise ValueError("resume: the checkpoints are of other tokens")
             st = {k: dict(v) if isinstance(v, dict) else v for k, v in saved_st.items()}
         else:
             h = self.w("token_embd.weight")[tokens] * self.embedding_scale
         for il in range(first, self.n_layer):
             if checkpoints is not None:
-                checkpoints[il] = (h, pregated, {k: dict(v) if isinstance(v, dict) else v for k, v in st.items()})
+                checkpoints[il] = (tokens, h, pregated, {k: dict(v) if isinstance(v, dict) else v for k, v in st.items()})
             p = "blk.%d." % il
             h = h + self.residual_scale * self.attention(il, self.norm(h, p + "attn_norm"), pos)
             xn = self.norm(h, p + ("post_attention_norm" if self.arch == "gpt-oss" else "ffn_norm"))

@@ -362,6 +362,8 @@ def test_resumed_forward_is_the_full_forward_bitwise(which):
             assert not np.array_equal(ref.forward(TOKENS, perturb=(il, 0.0), resume=(saved, il)), logits)
     if which == "pregate":
         assert any(ref.pregate_name(il) for il in range(ref.n_layer))
+    with pytest.raises(ValueError):
+        ref.forward(TOKENS[:-1], resume=(saved, 1))
 
 
 def test_make_tiny_model_pregate_tensors():
