@@ -346,7 +346,7 @@ def test_resumed_forward_is_the_full_forward_bitwise(which):
     if which == "shipped":
         ref = RF.ReferenceModel(SHIPPED, quantize_acts=True)
     else:
-        ref = RF.ReferenceModel(pregate_model(n_layer=4))
+        ref = RF.ReferenceModel(pregate_model())
     saved = {}
     full = ref.forward(TOKENS, checkpoints=saved)
     assert sorted(saved) == list(range(ref.n_layer))
