@@ -72,10 +72,15 @@ def run(cmd, check=True):
 
 
 def make_model(name, arch, wtype, *extra):
+    """the model file NAME, made once; a file of that name made with other arguments (another
+    test's, or an earlier run's) is made again, so a name never hands one test another's shape"""
     os.makedirs(TMP, exist_ok=True)
     path = os.path.join(TMP, "adaptive-" + name + ".gguf")
-    if not os.path.exists(path):
+    args, stamp = json.dumps([arch, wtype, list(extra)]), path + ".args"
+    if not (os.path.exists(path) and os.path.exists(stamp) and open(stamp).read() == args):
         run([PY, MAKE, "--arch", arch, "--type", wtype, "--seed", "7", "--out", path, "--quiet", *extra])
+        with open(stamp, "w") as f:
+            f.write(args)
     return path
 
 
