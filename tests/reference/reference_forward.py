@@ -597,6 +597,11 @@ class ReferenceModel:
         name = "blk.%d.ffn_pregate_inp.weight" % il
         return name if il + 1 < self.n_layer and self.has(name) else None
 
+    def routed_in(self, il):
+        """the layer whose computation routes layer il: il - 1 when a pre-gate there does, else il
+        (a forward resumed there still sees a perturbation of layer il's routing)"""
+        return il - 1 if il > 0 and self.pregate_name(il - 1) else il
+
     def forward(self, tokens, record=None, gating=None, perturb=None, stats=None, checkpoints=None, resume=None):
         """logits [T, n_vocab] (float64). record: list receiving each layer's routing weights;
         gating: None | ("score", T) | ("sensitivity", T, [S per layer]); perturb: None |
@@ -608,7 +613,7 @@ class ReferenceModel:
         a forward of the same tokens at layer il from that state instead of computing layers
         0..il-1 again: the same float64 operations on the same values, so the same bits, provided
         nothing before layer il would differ (the caller's promise: e.g. a perturbation of layer
-        il's routing, which a pre-gate computes in layer il - 1; other tokens raise ValueError).
+        il's routing, resumed at routed_in(il); other tokens raise ValueError).
         A resumed forward's record receives only the layers it computes."""
         gating = check_gating(gating, self.n_layer)
         if perturb is not None:
@@ -626,12 +631,12 @@ class ReferenceModel:
             saved_tokens, h, pregated, saved_st = saved[first]
             if not np.array_equal(saved_tokens, tokens):
                 raise ValueError("resume: the checkpoints are of other tokens")
-            st = {k: dict(v) if isinstance(v, dict) else v for k, v in saved_st.items()}
+            st = copy_stats(saved_st)
         else:
             h = self.w("token_embd.weight")[tokens] * self.embedding_scale
         for il in range(first, self.n_layer):
             if checkpoints is not None:
-                checkpoints[il] = (tokens, h, pregated, {k: dict(v) if isinstance(v, dict) else v for k, v in st.items()})
+                checkpoints[il] = (tokens, h, pregated, copy_stats(st))
             p = "blk.%d." % il
             h = h + self.residual_scale * self.attention(il, self.norm(h, p + "attn_norm"), pos)
             xn = self.norm(h, p + ("post_attention_norm" if self.arch == "gpt-oss" else "ffn_norm"))
@@ -665,6 +670,12 @@ class ReferenceModel:
     def _route(self, il, x, router, gating, perturb, stats):
         alpha = perturb[1] if perturb is not None and perturb[0] == il else None
         return self.route(il, x, router, gating, alpha, stats)
+
+
+def copy_stats(st):
+    """a forward's per-layer stats so far, with its per-layer dicts copied (a checkpoint's must not
+    grow with the forward that goes on)"""
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in st.items()}
 
 
 def read_profile_sensitivity(path):

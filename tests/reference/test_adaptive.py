@@ -154,10 +154,8 @@ def numpy_sensitivity(ref, tokens, ctx, alpha):
         logp = log_softmax(ref.forward(win, checkpoints=saved))
         for il in range(ref.n_layer):
             st = {}
-            # Layers before the perturbed routing are the unperturbed run's: resume after them (a
-            # pre-gate computes layer il's routing in layer il - 1).
-            start = il - 1 if il > 0 and ref.pregate_name(il - 1) else il
-            logq = log_softmax(ref.forward(win, perturb=(il, alpha), stats=st, resume=(saved, start)))
+            # Layers before the perturbed routing are the unperturbed run's: resume after them.
+            logq = log_softmax(ref.forward(win, perturb=(il, alpha), stats=st, resume=(saved, ref.routed_in(il))))
             num[il] += kl_rows(logp, logq).sum()
             den[il] += (st["dropped"] ** 2).sum()
     return num / den
@@ -358,7 +356,7 @@ def test_resumed_forward_is_the_full_forward_bitwise(which):
     assert np.array_equal(ref.forward(TOKENS, resume=(saved, ref.n_layer - 1)), full)
     for il in range(ref.n_layer):
         want, got = {}, {}
-        start = il - 1 if il > 0 and ref.pregate_name(il - 1) else il
+        start = ref.routed_in(il)
         logits = ref.forward(TOKENS, perturb=(il, 0.0), stats=want)
         assert np.array_equal(ref.forward(TOKENS, perturb=(il, 0.0), stats=got, resume=(saved, start)), logits)
         for key in ("kept", "topk", "dropped"):
