@@ -91,6 +91,10 @@ struct CpuFeatures {
   // AVX-VNNI: the VEX (256-bit) vpdpbusd of CPUs with or without AVX-512 (Alder Lake and later
   // Intel client cores, AMD Zen 5); set only where AVX2 is usable too.
   bool avxvnni = false;
+  // Intel AMX with int8 tiles (AMX-TILE + AMX-INT8): true only where the CPU has them, the OS
+  // saves the tile state (XCR0 bits 17-18) and, on Linux, granted this process the tile data
+  // (arch_prctl ARCH_REQ_XCOMP_PERM, requested once when the features are first read).
+  bool amx_int8 = false;
   // AArch64: neon always; dotprod (SDOT, ARMv8.2) and i8mm (SMMLA, ARMv8.6) read from the
   // kernel's hwcaps at run time on Linux.
   bool neon = false, dotprod = false, i8mm = false;

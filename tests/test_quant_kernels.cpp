@@ -507,6 +507,7 @@ std::vector<const KernelTable*> simd_tables() {
   if (const KernelTable* t = kernels_avx2()) v.push_back(t);
   if (const KernelTable* t = kernels_avxvnni()) v.push_back(t);
   if (const KernelTable* t = kernels_avx512()) v.push_back(t);
+  if (const KernelTable* t = kernels_amx()) v.push_back(t);
   if (const KernelTable* t = kernels_neon()) v.push_back(t);
   if (const KernelTable* t = kernels_dotprod()) v.push_back(t);
   if (const KernelTable* t = kernels_i8mm()) v.push_back(t);
@@ -539,7 +540,9 @@ TEST(QuantKernelsSimd, DispatchFollowsFeaturesAndCap) {
   if (kernels_avxvnni()) EXPECT_STREQ(kernels_capped("avxvnni").isa, "avxvnni");
   else if (kernels_avx2()) EXPECT_STREQ(kernels_capped("avxvnni").isa, "avx2");
   if (kernels_avx2()) EXPECT_STREQ(kernels_capped("avx2").isa, "avx2");
-  if (kernels_avx512()) EXPECT_STREQ(kernels_capped(nullptr).isa, "avx512");
+  EXPECT_EQ(kernels_amx() != nullptr, f.amx_int8 && kernels_avx512() != nullptr);
+  if (kernels_avx512()) EXPECT_STREQ(kernels_capped(nullptr).isa, kernels_amx() ? "amx" : "avx512");
+  if (kernels_avx512()) EXPECT_STREQ(kernels_capped("avx512").isa, "avx512");
 #else
   (void)f;
 #endif
@@ -844,9 +847,11 @@ TEST(QuantKernelsTile, PresentOnlyWhereExpected) {
   for (const KernelTable* t : all_tables())
     for (uint32_t i = 0; i < kTensorTypeIdLimit; ++i) {
       if (t->tile[i]) EXPECT_NE(t->vec_dot[i], nullptr) << t->isa << " " << i;
-      // avx512's row tiles: the VNNI kernels of Q8_0 and Q4_0.
+      // avx512's row tiles: the VNNI kernels of Q8_0 and Q4_0; the amx table keeps Q4_0's (its Q8_0
+      // goes through the matrix tile, test_quant_matrix.cpp).
       const bool avx512_tiled =
-          std::strcmp(t->isa, "avx512") == 0 && (i == tid(TensorType::Q8_0) || i == tid(TensorType::Q4_0));
+          (std::strcmp(t->isa, "avx512") == 0 && (i == tid(TensorType::Q8_0) || i == tid(TensorType::Q4_0))) ||
+          (std::strcmp(t->isa, "amx") == 0 && i == tid(TensorType::Q4_0));
       const bool may_have = std::strcmp(t->isa, "i8mm") == 0 || avx512_tiled;
       if (!may_have) EXPECT_EQ(t->tile[i], nullptr) << t->isa << " " << i;
       // Four-row tiles: only those avx512 kernels, and only beside a two-row one.
@@ -860,7 +865,8 @@ TEST(QuantKernelsTile, PresentOnlyWhereExpected) {
       const bool avx2_like = std::strcmp(t->isa, "avx2") == 0 || std::strcmp(t->isa, "avxvnni") == 0;
       const bool avx2_prepared =
           (avx2_like && (i == tid(TensorType::Q8_0) || i == tid(TensorType::Q4_0))) ||
-          ((avx2_like || std::strcmp(t->isa, "avx512") == 0) && i == tid(TensorType::MXFP4));
+          ((avx2_like || std::strcmp(t->isa, "avx512") == 0 || std::strcmp(t->isa, "amx") == 0) &&
+           i == tid(TensorType::MXFP4));
       if (p.tile) {
         EXPECT_TRUE(p.prepare && p.prepared_bytes) << t->isa << " " << i;
         const int own_step = t->tile4[i] ? kQuadRows : t->tile[i] ? kTileRows : 1;
@@ -985,7 +991,7 @@ TEST(QuantKernelsGroups, PresentOnlyWhereExpected) {
       const RowGroups& g = k->groups[i];
       const std::string isa = k->isa;
       const bool expected = (i == tid(TensorType::Q4_K) || i == tid(TensorType::Q5_K)) &&
-                            (isa == "avx2" || isa == "avxvnni" || isa == "avx512");
+                            (isa == "avx2" || isa == "avxvnni" || isa == "avx512" || isa == "amx");
       EXPECT_EQ(g.dot != nullptr, expected) << isa << " " << i;
       EXPECT_EQ(g.repack != nullptr, g.dot != nullptr) << isa << " " << i;
       EXPECT_EQ(g.group_bytes != nullptr, g.dot != nullptr) << isa << " " << i;

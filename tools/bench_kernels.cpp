@@ -6,7 +6,9 @@
 //   mode 2: 4 activation rows per call, tile or multi-dot; mode 3: activations prepared once, then
 //   the table's prepared tile, ACTS=n activation rows per weight row group, default 4; mode 4: rows
 //   repacked in groups of eight where the table has a group kernel (interleaved_rows.h), one
-//   activation row, else "-"). TYPE=Q6_K (a type's name): that type only.
+//   activation row, else "-"; mode 5: the table's matrix tile (AMX), ACTS=n activation rows (<= 16,
+//   default 16) packed once, then 16 weight rows per call, else "-"). TYPE=Q6_K (a type's name):
+//   that type only. Modes 2, 3 and 5 count each weight byte once, whatever the activation rows.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -86,12 +88,13 @@ int main(int argc, char** argv) {
   if (kernels_avx2()) tables.push_back(kernels_avx2());
   if (kernels_avxvnni()) tables.push_back(kernels_avxvnni());
   if (kernels_avx512()) tables.push_back(kernels_avx512());
+  if (kernels_amx()) tables.push_back(kernels_amx());
   for (const KernelTable* t : {kernels_neon(), kernels_dotprod(), kernels_i8mm()})
     if (t) tables.push_back(t);
   std::vector<float> x(cols);
   for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
   std::printf("%lld x %lld, single thread, GB/s of weight bytes (%s)\n%-6s", (long long)rows, (long long)cols,
-              mode == 4 ? "rows in groups of eight" : mode == 3 ? "4 prepared activation rows" : mode == 2 ? "4 activation rows" : mode ? "tile path" : "vec_dot", "type");
+              mode == 5 ? "matrix tile" : mode == 4 ? "rows in groups of eight" : mode == 3 ? "4 prepared activation rows" : mode == 2 ? "4 activation rows" : mode ? "tile path" : "vec_dot", "type");
   for (auto* t : tables) std::printf("%10s", t->isa);
   std::printf("\n");
   // TYPE=name: only that weight type (a type's measurement then does not depend on the others').
@@ -111,7 +114,22 @@ int main(int argc, char** argv) {
       const int reps = k == &kernels_scalar() ? 3 : 15;
       for (int rep = 0; rep < reps; ++rep) {
         auto t0 = std::chrono::steady_clock::now();
-        if (mode == 4) {
+        if (mode == 5) {
+          const MatrixTile& m = k->matrix[static_cast<uint32_t>(t)];
+          if (!m.dot) break;
+          const int acts = std::min(kMatrixTokens, getenv("ACTS") ? atoi(getenv("ACTS")) : kMatrixTokens);
+          static std::vector<uint8_t> packed;
+          static std::vector<uint8_t> act_rows;
+          const size_t ab = activation_row_bytes(t, cols);
+          act_rows.resize(ab * acts);
+          for (int j = 0; j < acts; ++j) std::memcpy(act_rows.data() + j * ab, a.data(), ab);
+          packed.resize(m.packed_bytes(cols));
+          m.pack(act_rows.data(), ab, acts, cols, packed.data());
+          // The drivers' task size: up to 1024 rows per call.
+          static std::vector<float> o(static_cast<size_t>(1024) * kMatrixTokens);
+          for (int64_t r = 0; r + kMatrixRows <= rows; r += 1024)
+            m.dot(cols, o.data(), kMatrixTokens, w.data() + r * rb, rb, packed.data(), std::min<int64_t>(1024, rows - r) / kMatrixRows, acts);
+        } else if (mode == 4) {
           const RowGroups& g = k->groups[static_cast<uint32_t>(t)];
           if (!g.dot) break;
           static std::vector<uint8_t> grouped;

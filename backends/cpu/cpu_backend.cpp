@@ -72,11 +72,25 @@ int g_decode_tiles = [] {
   return 1;
 #endif
 }();
+// Batches of at least this many activation rows take the table's matrix tile (AMX) where it has
+// one for the type; fewer go through vec_dot and multi-dot, which give the same bits.
+// MOELITE_MATRIX_MIN_TOKENS overrides (for measuring).
+int g_matrix_min_tokens = [] {
+  if (const char* e = getenv("MOELITE_MATRIX_MIN_TOKENS")) return std::max(1, atoi(e));
+  return 1;
+}();
+// (A type with a grouped layout keeps it: its grouped copies are what the group kernel reads.)
+bool use_matrix(const KernelTable& k, TensorType type, int64_t max_tokens) {
+  const uint32_t i = static_cast<uint32_t>(type);
+  return k.matrix[i].dot && !k.groups[i].dot && max_tokens >= g_matrix_min_tokens;
+}
+
 // Types with a group kernel (interleaved_rows.h) take rows in groups of kGroupRows, in decode and
 // in batches: grouped copies go through the group kernel, weights in row layout (expert-store
 // slots) one row at a time, in the same order as step 1.
-int row_step(const KernelTable& k, TensorType type, int64_t max_tokens = 2) {
+int row_step(const KernelTable& k, TensorType type, int64_t max_tokens = 2, bool allow_matrix = true) {
   if (k.groups[static_cast<uint32_t>(type)].dot) return kGroupRows;
+  if (allow_matrix && use_matrix(k, type, max_tokens)) return kMatrixRows;
   if (max_tokens <= 1 && !g_decode_tiles) return 1;
   if (k.tile4[static_cast<uint32_t>(type)]) return kQuadRows;
   return k.tile[static_cast<uint32_t>(type)] ? kTileRows : 1;
@@ -215,6 +229,44 @@ bool use_prepared(const KernelTable& k, TensorType type, int step) {
   return p.tile && p.rows == step;
 }
 
+// The matrix tile of one weight matrix: o[i * kMatrixTokens + j] = dot(row r + i, token j) for
+// i < nr and j < count: the full groups of kMatrixRows rows in one call of the tile (it sets the
+// tiles up once per call), the rows after them through multi-dots (the same bits), from tokens
+// packed by the tile's pack (`packed`) and the same tokens' rows (`act`, `stride` apart).
+struct MatrixDots {
+  const WeightView& w;
+  const MatrixTile& m;
+  VecDotMultiFn multi;
+  MatrixDots(const KernelTable& k, const WeightView& wv)
+      : w(wv), m(k.matrix[static_cast<uint32_t>(wv.type)]), multi(k.vec_dot_multi[static_cast<uint32_t>(wv.type)]) {}
+  const uint8_t* row(int64_t r) const { return w.data + static_cast<uint64_t>(r) * w.row_bytes; }
+  void rows(int64_t r, int64_t nr, const uint8_t* packed, const uint8_t* act, size_t stride, int count, float* o) const {
+    const int64_t groups = nr / kMatrixRows;
+    if (groups > 0) m.dot(w.cols, o, kMatrixTokens, row(r), w.row_bytes, packed, groups, count);
+    for (int64_t i = groups * kMatrixRows; i < nr; ++i)
+      for (int j = 0; j < count; j += kMultiDot)
+        multi(w.cols, o + i * kMatrixTokens + j, row(r + i), act + static_cast<size_t>(j) * stride, stride,
+              std::min(kMultiDot, count - j));
+  }
+};
+
+// Rows [r0, r1) of a matrix against n_tok activation rows through its matrix tile: tokens in
+// chunks of kMatrixTokens, each packed once into the calling thread's scratch, then all the rows
+// against them. emit(row, token, value) for every output.
+template <class Emit>
+void matrix_task(const MatrixDots& dots, int64_t r0, int64_t r1, const uint8_t* act, size_t stride, int64_t n_tok,
+                 MatrixScratch& scratch, Emit&& emit) {
+  for (int64_t t = 0; t < n_tok; t += kMatrixTokens) {
+    const int count = static_cast<int>(std::min<int64_t>(kMatrixTokens, n_tok - t));
+    const uint8_t* a = act + static_cast<size_t>(t) * stride;
+    dots.m.pack(a, stride, count, dots.w.cols, scratch.pack[0].data());
+    float* o = scratch.out[0].data();
+    dots.rows(r0, r1 - r0, scratch.pack[0].data(), a, stride, count, o);
+    for (int64_t i = 0; i < r1 - r0; ++i)
+      for (int j = 0; j < count; ++j) emit(r0 + i, t + j, o[i * kMatrixTokens + j]);
+  }
+}
+
 // Tokens per task in batched products: the activations of one chunk stay in L2 while each weight
 // row is reused from L1 across them.
 constexpr int64_t kTokenChunk = 32;
@@ -246,6 +298,12 @@ std::vector<Task> split_rows(const std::vector<Job>& jobs, RowsOf rows_of_job, i
     for (int64_t r0 = 0; r0 < rows; r0 += rc) tasks.push_back({static_cast<int32_t>(j), r0, std::min(rows, r0 + rc)});
   }
   return tasks;
+}
+
+int64_t max_task_rows(const std::vector<Task>& tasks) {
+  int64_t most = 0;
+  for (const Task& t : tasks) most = std::max(most, t.r1 - t.r0);
+  return most;
 }
 
 }  // namespace
@@ -410,6 +468,22 @@ Status CpuBackend::quantize_rows(const float* x, int64_t rows, int64_t cols, Ten
   return MOELITE_OK;
 }
 
+Status CpuBackend::grow_matrix_scratch(int sides, TensorType weight_type, int64_t cols, int64_t task_rows) {
+  const size_t pack_bytes = k_.matrix[static_cast<uint32_t>(weight_type)].packed_bytes(cols);
+  const size_t out_floats = static_cast<size_t>(task_rows) * kMatrixTokens;
+  try {
+    matrix_scratch_.resize(static_cast<size_t>(pool_->size()));
+  } catch (const std::bad_alloc&) {
+    return fail(MOELITE_ERR_OUT_OF_MEMORY, "CPU backend matrix scratch");
+  }
+  for (MatrixScratch& m : matrix_scratch_)
+    for (int i = 0; i < sides; ++i) {
+      MOELITE_TRY(grow(&m.pack[i], pack_bytes));
+      MOELITE_TRY(grow(&m.out[i], out_floats));
+    }
+  return MOELITE_OK;
+}
+
 Status CpuBackend::prepare_rows(TensorType weight_type, int step, const uint8_t* act, size_t stride, int64_t rows,
                                 int64_t cols, std::vector<uint8_t>* buf, ActRows* out, const int64_t* row_cols) {
   *out = ActRows{act, stride};
@@ -435,6 +509,18 @@ Status CpuBackend::prepare_rows(TensorType weight_type, int step, const uint8_t*
 
 Status CpuBackend::matmul_rows(const WeightView& w, const uint8_t* grouped, const uint8_t* act, size_t act_stride,
                                int64_t n, float* out, int64_t out_stride) {
+  if (use_matrix(k_, w.type, n)) {
+    // Row chunks only: each task packs its tokens kMatrixTokens at a time and runs its rows by them.
+    const MatrixDots dots(k_, w);
+    const int64_t rc = row_chunk(w.rows, pool_->size(), kMatrixRows);
+    MOELITE_TRY(grow_matrix_scratch(1, w.type, w.cols, rc));
+    pool_->parallel_for((w.rows + rc - 1) / rc, [&](int64_t task, int thread) {
+      const int64_t r0 = task * rc, r1 = std::min(w.rows, r0 + rc);
+      matrix_task(dots, r0, r1, act, act_stride, n, matrix_scratch_[static_cast<size_t>(thread)],
+                  [&](int64_t r, int64_t t, float v) { out[t * out_stride + r] = v; });
+    });
+    return MOELITE_OK;
+  }
   const RowDots dots(k_, w, grouped);
   const int step = row_step(k_, w.type, n);
   ActRows a;
@@ -651,10 +737,54 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
     MOELITE_TRY(gather(xq_up, up_stride, &ffn_xg_up_, &xg_up));
 
   // h = act(gate x, up x) for every routed row of every job.
+  const int64_t max_tokens = max_rows_of(jobs);
+  // The matrix tile where both projections have one (else the row kernels for both).
+  const bool matrix = use_matrix(k_, gate_type, max_tokens) && use_matrix(k_, up_type, max_tokens);
+  if (matrix) {
+    const bool same_pack = xg_up == xg_gate && k_.matrix[static_cast<uint32_t>(gate_type)].pack ==
+                                                   k_.matrix[static_cast<uint32_t>(up_type)].pack;
+    const std::vector<Task> tasks = split_rows(
+        jobs, [](const FfnJob& j) { return j.w->gate.rows; }, pool_->size(), kMatrixRows);
+    MOELITE_TRY(grow_matrix_scratch(2, gate_type, n_embd, max_task_rows(tasks)));
+    pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int thread) {
+      const Task& task = tasks[static_cast<size_t>(ti)];
+      const FfnJob& job = jobs[static_cast<size_t>(task.job)];
+      const MatrixDots gdots(k_, job.w->gate), udots(k_, job.w->up);
+      const int64_t base = h_offset_[static_cast<size_t>(task.job)];
+      float* hj = h + base * n_ff_max;
+      MatrixScratch& scratch = matrix_scratch_[static_cast<size_t>(thread)];
+      uint8_t* pg = scratch.pack[0].data();
+      uint8_t* pu = same_pack ? pg : scratch.pack[1].data();
+      float* g = scratch.out[0].data();
+      float* u = scratch.out[1].data();
+      const int64_t nr = task.r1 - task.r0;
+      const uint8_t* ag = xg_gate + static_cast<size_t>(base) * gate_stride;
+      const uint8_t* au = xg_up + static_cast<size_t>(base) * up_stride;
+      for (int64_t t = 0; t < job.n_rows; t += kMatrixTokens) {
+        const int count = static_cast<int>(std::min<int64_t>(kMatrixTokens, job.n_rows - t));
+        const uint8_t* agt = ag + static_cast<size_t>(t) * gate_stride;
+        const uint8_t* aut = au + static_cast<size_t>(t) * up_stride;
+        gdots.m.pack(agt, gate_stride, count, n_embd, pg);
+        if (!same_pack) udots.m.pack(aut, up_stride, count, n_embd, pu);
+        gdots.rows(task.r0, nr, pg, agt, gate_stride, count, g);
+        udots.rows(task.r0, nr, pu, aut, up_stride, count, u);
+        for (int64_t i = 0; i < nr; ++i) {
+          const int64_t r = task.r0 + i;
+          const float gb = job.w->gate_bias ? job.w->gate_bias[r] : 0.0f;
+          const float ub = job.w->up_bias ? job.w->up_bias[r] : 0.0f;
+          for (int j = 0; j < count; ++j) {
+            float gv = g[i * kMatrixTokens + j], uv = u[i * kMatrixTokens + j];
+            if (job.w->gate_bias || job.w->up_bias) gv += gb, uv += ub;
+            hj[(t + j) * n_ff_max + r] = ffn_activation(kind, gv, uv);
+          }
+        }
+      }
+    });
+    return MOELITE_OK;
+  }
   // Rows in pairs where either projection has a tile kernel (dot_rows runs the other as
   // multi-dots); tasks then hold even row counts.
-  const int64_t max_tokens = max_rows_of(jobs);
-  const int step = std::max(row_step(k_, gate_type, max_tokens), row_step(k_, up_type, max_tokens));
+  const int step = std::max(row_step(k_, gate_type, max_tokens, false), row_step(k_, up_type, max_tokens, false));
   ActRows ag, au;
   MOELITE_TRY(prepare_rows(gate_type, step, xg_gate, gate_stride, h_rows, n_embd, &prep_a_, &ag));
   // Gate and up share prepared rows where they read the same activations through the same
@@ -733,6 +863,24 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
   }
 
   // results[out_row] = down h.
+  if (use_matrix(k_, down_type, max_rows_of(jobs))) {
+    const std::vector<Task> tasks = split_rows(
+        jobs, [](const FfnJob& j) { return j.w->down.rows; }, pool_->size(), kMatrixRows);
+    MOELITE_TRY(grow_matrix_scratch(1, down_type, n_ff_max, max_task_rows(tasks)));
+    pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int thread) {
+      const Task& task = tasks[static_cast<size_t>(ti)];
+      const FfnJob& job = jobs[static_cast<size_t>(task.job)];
+      const MatrixDots ddots(k_, job.w->down);
+      const int64_t base = h_offset_[static_cast<size_t>(task.job)];
+      // The job's rows hold its own n_ff (the down matrix's cols) elements.
+      matrix_task(ddots, task.r0, task.r1, hq + static_cast<size_t>(base) * hq_stride, hq_stride, job.n_rows,
+                  matrix_scratch_[static_cast<size_t>(thread)], [&](int64_t r, int64_t t, float v) {
+                    if (job.w->down_bias) v += job.w->down_bias[r];
+                    results[static_cast<int64_t>(job.out_rows[t]) * n_embd + r] = v;
+                  });
+    });
+    return MOELITE_OK;
+  }
   const int step = row_step(k_, down_type, max_rows_of(jobs));
   ActRows ad;
   MOELITE_TRY(prepare_rows(down_type, step, hq, hq_stride, h_rows, n_ff_max, &prep_a_, &ad, row_ff));

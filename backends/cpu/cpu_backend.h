@@ -18,6 +18,13 @@ namespace moelite::cpu {
 
 struct ActRows;  // activation rows as the dot kernels read them (cpu_backend.cpp)
 
+// A worker's scratch for the matrix tile (AMX): tokens packed for it and a task's outputs, on two
+// sides (gate and up).
+struct MatrixScratch {
+  std::vector<uint8_t> pack[2];
+  std::vector<float> out[2];
+};
+
 class CpuBackend final : public Backend {
  public:
   // MOELITE_ERR_SYSTEM_LIMIT when the OS refuses one of the compute threads.
@@ -107,6 +114,9 @@ class CpuBackend final : public Backend {
   Status prepare_rows(TensorType weight_type, int step, const uint8_t* act, size_t stride, int64_t rows, int64_t cols,
                       std::vector<uint8_t>* buf, ActRows* out, const int64_t* row_cols = nullptr);
   std::vector<FfnJob> jobs_of(const ExpertTask* tasks, int32_t n) const;
+  // Every thread's matrix_scratch_ holds, on `sides` sides (1, or 2 for gate and up), room for
+  // the matrix tile's packed tokens of `cols` elements and the outputs of `task_rows` rows.
+  Status grow_matrix_scratch(int sides, TensorType weight_type, int64_t cols, int64_t task_rows);
 
   const KernelTable& k_;
   std::unique_ptr<ThreadPool> pool_;
@@ -116,6 +126,7 @@ class CpuBackend final : public Backend {
   std::vector<uint8_t> ffn_xg_gate_, ffn_xg_up_;  // activations gathered per expert job
   std::vector<uint8_t> prep_a_, prep_b_;  // activations in the kernels' prepared layout (prefill)
   std::vector<int64_t> row_ff_;           // ffn_down: each h row's length (its job's n_ff)
+  std::vector<MatrixScratch> matrix_scratch_;  // per thread
   std::vector<float> ffn_h_, ffn_y_;
   // The routed-expert pass in progress (moe_begin .. moe_combine).
   struct MoePass {

@@ -87,6 +87,31 @@ struct RowGroups {
   VecDotTileFn dot = nullptr;  // nullptr: the type has no grouped layout in this table
 };
 
+// Optional matrix tile (Intel AMX): kMatrixRows adjacent-or-strided weight rows against up to
+// kMatrixTokens activation rows per call, on tile registers. The activation rows are first packed,
+// once per chunk of tokens, into the table's own layout (the tile instruction's operand layout),
+// and each call then computes the whole kMatrixRows x kMatrixTokens block:
+//   pack(a_rows, a_stride, count, n, out): `count` (1..kMatrixTokens) activation rows of n
+//     elements in the dot type, a_stride bytes apart -> packed_bytes(n) bytes (missing tokens
+//     packed as zeros);
+//   dot(n, out, out_stride, w_rows, w_stride, packed, groups, count): out[r * out_stride + j] =
+//     dot(weight row r, packed token j) for r < groups * kMatrixRows (rows w_stride apart) and
+//     j < count, the count the tokens were packed with; other columns up to kMatrixTokens may be
+//     written with meaningless values. Several groups per call: setting the tiles up costs a tenth
+//     of a group's work.
+// Each output is bit-identical to the table's vec_dot of that pair, like every other entry.
+constexpr int kMatrixRows = 16;
+constexpr int kMatrixTokens = 16;
+using PackActFn = void (*)(const void* a_rows, size_t a_stride, int count, int64_t n, void* out);
+using PackedBytesFn = size_t (*)(int64_t n);
+using MatrixDotFn = void (*)(int64_t n, float* out, size_t out_stride, const void* w_rows, size_t w_stride,
+                             const void* packed, int64_t groups, int count);
+struct MatrixTile {
+  PackActFn pack = nullptr;
+  PackedBytesFn packed_bytes = nullptr;
+  MatrixDotFn dot = nullptr;  // nullptr: the type has no matrix tile in this table
+};
+
 struct KernelTable {
   const char* isa;                                  // "scalar", "avx2", "avx512", "neon", "dotprod", "i8mm"
   DequantRowFn dequant[kTensorTypeIdLimit];         // by weight type; nullptr if unsupported
@@ -97,6 +122,7 @@ struct KernelTable {
   VecDotTileFn tile4[kTensorTypeIdLimit];           // by weight type; nullptr: no four-row tile
   PreparedTile prepared[kTensorTypeIdLimit];        // by weight type; tile == nullptr: none
   RowGroups groups[kTensorTypeIdLimit];             // by weight type; dot == nullptr: none
+  MatrixTile matrix[kTensorTypeIdLimit];            // by weight type; dot == nullptr: none
 };
 
 // Multi-dot as a loop over one vec_dot: the fallback for types without a blocked kernel.
@@ -128,12 +154,16 @@ void set_vec_dot(KernelTable& t, TensorType type, VecDotMultiFn multi = vec_dot_
   t.tile4[static_cast<uint32_t>(type)] = tile4;
   t.prepared[static_cast<uint32_t>(type)] = PreparedTile{};  // set after its vec_dot (set_prepared)
   t.groups[static_cast<uint32_t>(type)] = RowGroups{};        // likewise (set_groups)
+  t.matrix[static_cast<uint32_t>(type)] = MatrixTile{};       // likewise (set_matrix)
 }
 inline void set_prepared(KernelTable& t, TensorType type, const PreparedTile& prepared) {
   t.prepared[static_cast<uint32_t>(type)] = prepared;
 }
 inline void set_groups(KernelTable& t, TensorType type, const RowGroups& groups) {
   t.groups[static_cast<uint32_t>(type)] = groups;
+}
+inline void set_matrix(KernelTable& t, TensorType type, const MatrixTile& matrix) {
+  t.matrix[static_cast<uint32_t>(type)] = matrix;
 }
 
 // The readable scalar reference: every other table is tested against it.
@@ -147,15 +177,21 @@ const KernelTable* kernels_avx512();
 // vpdpbusd, bit for bit the avx2 table's results. For CPUs with AVX-VNNI and no AVX-512 (Intel
 // client cores since Alder Lake); on CPUs with both, avx512 ranks above it.
 const KernelTable* kernels_avxvnni();
+// The avx512 table with Q8_0 on Intel AMX tiles (AMX-TILE + AMX-INT8, where the OS grants the
+// tile state): batches of Q8_0 products go through a matrix tile (16 weight rows x 16 tokens per
+// call); every Q8_0 entry of this table sums each block's products exactly and adds the scaled
+// blocks in order, as the scalar reference does, so its Q8_0 results are the scalar table's bit
+// for bit (and differ from the avx512 table's in the last bits). Other types: the avx512 kernels.
+const KernelTable* kernels_amx();
 const KernelTable* kernels_neon();     // AArch64 (ARMv8.0 NEON): always there on AArch64
 const KernelTable* kernels_dotprod();  // AArch64 with SDOT (ARMv8.2 dotprod), checked at run time
 const KernelTable* kernels_i8mm();     // AArch64 with SMMLA (ARMv8.6 i8mm) and SDOT
-// Best table for this CPU: avx512 > avxvnni > avx2 on x86-64, i8mm > dotprod > neon on AArch64,
-// else scalar. The environment variable MOELITE_ISA=scalar|avx2|avxvnni|avx512|neon|dotprod|i8mm
-// caps the choice (for testing and benchmarking); it is read once.
+// Best table for this CPU: amx > avx512 > avxvnni > avx2 on x86-64, i8mm > dotprod > neon on
+// AArch64, else scalar. The environment variable MOELITE_ISA=scalar|avx2|avxvnni|avx512|amx|neon|
+// dotprod|i8mm caps the choice (for testing and benchmarking); it is read once.
 const KernelTable& kernels_best();
 // The best table whose rank is at most that of the ISA named `cap` (ranks: scalar 0, avx2 and
-// neon 1, avxvnni 2, avx512 and dotprod 3, i8mm 4); a null or unknown name caps nothing. kernels_best() is
+// neon 1, avxvnni 2, avx512 and dotprod 3, amx and i8mm 4); a null or unknown name caps nothing. kernels_best() is
 // kernels_capped(getenv("MOELITE_ISA")).
 const KernelTable& kernels_capped(const char* cap);
 

@@ -24,6 +24,11 @@ const KernelTable* kernels_avx512() {
   const bool ok = has_avx2(f) && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni;
   return ok ? avx512_table() : nullptr;
 }
+const KernelTable* kernels_amx() {
+  const platform::CpuFeatures& f = platform::cpu_features();
+  // amx_int8 includes the OS's grant of the tile state (platform_posix.cpp).
+  return kernels_avx512() && f.amx_int8 ? amx_table() : nullptr;
+}
 const KernelTable* kernels_avxvnni() {
   const platform::CpuFeatures& f = platform::cpu_features();
   return has_avx2(f) && f.avxvnni ? avxvnni_table() : nullptr;
@@ -33,6 +38,7 @@ const KernelTable* kernels_avxvnni() {
 const KernelTable* kernels_avx2() { return nullptr; }
 const KernelTable* kernels_avx512() { return nullptr; }
 const KernelTable* kernels_avxvnni() { return nullptr; }
+const KernelTable* kernels_amx() { return nullptr; }
 #endif
 #if defined(__aarch64__)
 const KernelTable* kernels_neon() { return neon_table(); }
@@ -54,7 +60,7 @@ int isa_rank(const char* name) {
   if (std::strcmp(name, "avx2") == 0 || std::strcmp(name, "neon") == 0) return 1;
   if (std::strcmp(name, "avxvnni") == 0) return 2;
   if (std::strcmp(name, "avx512") == 0 || std::strcmp(name, "dotprod") == 0) return 3;
-  if (std::strcmp(name, "i8mm") == 0) return 4;
+  if (std::strcmp(name, "i8mm") == 0 || std::strcmp(name, "amx") == 0) return 4;
   return 99;
 }
 }  // namespace
@@ -65,7 +71,7 @@ const KernelTable& kernels_capped(const char* cap_name) {
   const struct {
     int rank;
     const KernelTable* (*get)();
-  } order[] = {{4, kernels_i8mm},    {3, kernels_avx512}, {3, kernels_dotprod},
+  } order[] = {{4, kernels_i8mm},    {4, kernels_amx},    {3, kernels_avx512}, {3, kernels_dotprod},
                {2, kernels_avxvnni}, {1, kernels_avx2},   {1, kernels_neon}};
   for (const auto& o : order)
     if (cap >= o.rank)

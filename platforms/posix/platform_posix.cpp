@@ -15,6 +15,9 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#endif
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 // Values from the Linux uapi (arch/arm64/include/uapi/asm/hwcap.h), for older C libraries.
@@ -215,6 +218,30 @@ void Mapping::release_pages(const void* p, uint64_t n) {
   if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
+#if defined(__x86_64__)
+namespace {
+// AMX-TILE (CPUID.(7,0):EDX bit 24) and AMX-INT8 (bit 25), the tile state enabled by the OS in
+// XCR0 (bits 17 XTILECFG and 18 XTILEDATA), and on Linux the per-process permission for the
+// tile data (5.16 and later refuse a tile instruction with SIGILL until it is granted). The grant
+// is process-wide and permanent, so asking once here, before any table is picked, covers every
+// thread; a refusal (older kernel, seccomp) leaves AMX off, never an error.
+bool amx_int8_usable() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  if (!(edx >> 24 & 1u) || !(edx >> 25 & 1u)) return false;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx >> 27 & 1u)) return false;  // OSXSAVE
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & (3u << 17)) != (3u << 17)) return false;
+#if defined(__linux__)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return false;
+#endif
+  return true;
+}
+}  // namespace
+#endif
+
 const CpuFeatures& cpu_features() {
   static const CpuFeatures features = [] {
     CpuFeatures f;
@@ -234,6 +261,9 @@ const CpuFeatures& cpu_features() {
     // OS support avx2 was checked for.
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     f.avxvnni = f.avx2 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax >> 4 & 1u);
+#if defined(__x86_64__)
+    f.amx_int8 = f.avx512f && amx_int8_usable();
+#endif
 #elif defined(__aarch64__)
     f.neon = true;
 #if defined(__linux__)

@@ -199,7 +199,7 @@ def test_layout_variants(variant):
     assert nmse(engine_logits(model), reference_logits(model)) < TIGHT_QUANT
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avxvnni"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avxvnni", "avx512"])
 @pytest.mark.parametrize("wtype", ISA_TYPES)
 def test_every_isa_matches_reference(isa, wtype):
     """The end-to-end check for the kernel tables the machine would not pick by default."""
@@ -217,6 +217,20 @@ def test_avxvnni_logits_are_the_avx2_tables_bit_for_bit(wtype):
     for extra in ((), ("-b", "1")):
         avx2 = engine_logits(model, isa="avx2", extra=extra)
         np.testing.assert_array_equal(engine_logits(model, isa="avxvnni", extra=extra), avx2)
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "olmoe"])
+def test_amx_batched_logits_are_its_token_by_token_logits(arch):
+    """The amx table's Q8_0 products: batches of two tokens or more go through the AMX tile (16 rows x
+    16 tokens a call), single tokens through its vec_dot; both sum each block exactly and add the
+    blocks in the scalar order, so a prompt evaluated at once and token by token give the same logits,
+    bit for bit, and match the reference. Where the CPU has no AMX the cap takes the best table below
+    it, for which the same holds."""
+    model = make_model("%s-Q8_0" % arch, arch, "Q8_0")
+    batched = engine_logits(model, isa="amx")
+    np.testing.assert_array_equal(engine_logits(model, isa="amx", extra=("-b", "1")), batched)
+    np.testing.assert_array_equal(engine_logits(model, isa="amx", extra=("-b", "5")), batched)
+    assert nmse(batched, reference_logits(model)) < tight("Q8_0")
 
 
 def test_metadata_overrides_renormalisation():

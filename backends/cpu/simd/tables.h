@@ -8,6 +8,7 @@ namespace moelite::cpu {
 
 const KernelTable* avx2_table();     // AVX2 + FMA + F16C (quant_avx2.cpp)
 const KernelTable* avx512_table();   // + AVX-512 F/BW/VL/DQ/VNNI, built on avx2_table() (quant_avx512.cpp)
+const KernelTable* amx_table();      // + AMX-TILE/AMX-INT8, built on avx512_table() (quant_amx.cpp)
 const KernelTable* avxvnni_table();  // + AVX-VNNI, built on avx2_table() (quant_avxvnni.cpp)
 const KernelTable* neon_table();     // ARMv8.0 NEON (quant_neon.cpp)
 const KernelTable* dotprod_table();  // + SDOT, built on neon_table() (quant_dotprod_neon.cpp)

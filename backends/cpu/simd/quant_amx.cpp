@@ -1,0 +1,292 @@
+// Intel AMX kernels: the avx512 table with Q8_0 products on int8 tile registers. Compiled with
+// -mamx-tile -mamx-int8, the avx512 flags and -ffp-contract=off; nothing here runs before
+// kernels_amx() has checked the CPU and the OS's grant of the tile state.
+//
+// One TDPBSSD multiplies a 16 x 32 int8 tile of weights (16 rows, one Q8_0 block each: the tile is
+// loaded straight from the rows, row_bytes apart, so no repacking at load) with an 8 x 64 tile of
+// 16 tokens' activation codes (the "VNNI" layout: row k holds each token's codes 4k..4k+3, packed
+// once per chunk of tokens) into 16 x 16 exact int32 block sums. The float part then follows the
+// scalar reference for every (row, token): s = s + (d_w * d_a) * sum, block after block, with a
+// multiply and an add (no fused multiply-add), so the results are the scalar table's bit for bit.
+// The avx512 table's VNNI kernels keep per-lane partial sums across blocks instead, which a tile
+// cannot reproduce; so this table's Q8_0 vec_dot (decode) uses the same per-block order too,
+// with the block sums formed by vpdpbusd, and batched and token-by-token evaluation stay equal.
+#include <immintrin.h>
+
+#include <cstring>
+#include <initializer_list>
+
+#include "backends/cpu/quant.h"
+#include "backends/cpu/simd/tables.h"
+
+namespace moelite::cpu {
+namespace {
+
+using blocks::Q8_0;
+
+constexpr int kBlock = 32;
+// Packed activations per block: 8 rows x (16 tokens x 4 codes), then the 16 tokens' scales.
+constexpr size_t kPackedCodes = 8 * 64;
+constexpr size_t kPackedBlock = kPackedCodes + kMatrixTokens * sizeof(float);
+
+inline float fp16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// Exact sum of 32 int8 x int8 products: |w| (unsigned) times a with w's sign, in int32 lanes.
+// Activation codes are in [-127, 127] (quantize_act), so negating one never overflows.
+inline __m256i block_lanes(const int8_t* w, const int8_t* a) {
+  const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv), _mm256_sign_epi8(av, wv));
+}
+
+// The scalar reference's order: s = s + (d_w * d_a) * sum_b, block after block. Four blocks' lane
+// sums are reduced together (three horizontal adds and one add of the halves give the four block
+// sums, exact integers), then each block's term is formed and added in order.
+void dot_q8_0(int64_t n, float* out, const void* w_row, const void* a_row) {
+  const Q8_0* x = static_cast<const Q8_0*>(w_row);
+  const Q8_0* y = static_cast<const Q8_0*>(a_row);
+  const int64_t nb = n / kBlock;
+  float s = 0.0f;
+  int64_t b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    const __m256i l0 = block_lanes(x[b].qs, y[b].qs), l1 = block_lanes(x[b + 1].qs, y[b + 1].qs);
+    const __m256i l2 = block_lanes(x[b + 2].qs, y[b + 2].qs), l3 = block_lanes(x[b + 3].qs, y[b + 3].qs);
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(l0, l1), _mm256_hadd_epi32(l2, l3));
+    const __m128i sums = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    alignas(16) float f[4];
+    _mm_store_ps(f, _mm_cvtepi32_ps(sums));
+    for (int i = 0; i < 4; ++i) s = s + (fp16(x[b + i].d) * fp16(y[b + i].d)) * f[i];
+  }
+  for (; b < nb; ++b) {
+    const __m256i l = block_lanes(x[b].qs, y[b].qs);
+    const __m128i q = _mm_add_epi32(_mm256_castsi256_si128(l), _mm256_extracti128_si256(l, 1));
+    const __m128i p = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));
+    const int sum = _mm_cvtsi128_si32(_mm_add_epi32(p, _mm_shuffle_epi32(p, 0xb1)));
+    s = s + (fp16(x[b].d) * fp16(y[b].d)) * static_cast<float>(sum);
+  }
+  *out = s;
+}
+
+size_t packed_bytes_q8_0(int64_t n) { return static_cast<size_t>(n / kBlock) * kPackedBlock; }
+
+// Per block: codes row k = token j's codes 4k..4k+3 at bytes 4j..4j+3 (TDPBSSD's B operand), then
+// the tokens' scales as floats. Tokens past `count` are zeros.
+void pack_q8_0(const void* a_rows, size_t a_stride, int count, int64_t n, void* out) {
+  const int64_t nb = n / kBlock;
+  uint8_t* o = static_cast<uint8_t*>(out);
+  std::memset(o, 0, packed_bytes_q8_0(n));
+  for (int j = 0; j < count; ++j) {
+    const Q8_0* a = reinterpret_cast<const Q8_0*>(static_cast<const uint8_t*>(a_rows) + static_cast<size_t>(j) * a_stride);
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* blk = o + static_cast<size_t>(b) * kPackedBlock;
+      for (int k = 0; k < 8; ++k) std::memcpy(blk + k * 64 + j * 4, a[b].qs + 4 * k, 4);
+      const float d = fp16(a[b].d);
+      std::memcpy(blk + kPackedCodes + j * sizeof(float), &d, sizeof(float));
+    }
+  }
+}
+
+// The tile configuration (palette 1): tiles 0-1 int32 sums (16 x 16), 2-3 weights (16 rows x 32
+// codes), 4-5 packed activations (8 x 64). Two of each so two blocks are in flight.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+const TileConfig& tile_config() {
+  static const TileConfig cfg = [] {
+    TileConfig c;
+    for (int t : {0, 1}) c.colsb[t] = 64, c.rows[t] = 16;
+    for (int t : {2, 3}) c.colsb[t] = 32, c.rows[t] = 16;
+    for (int t : {4, 5}) c.colsb[t] = 64, c.rows[t] = 8;
+    return c;
+  }();
+  return cfg;
+}
+
+// One token (decode): tiles 0-1 int32 sums (16 rows x 1), 2-3 weights (16 x 32 codes), 4-5 the
+// token's codes (8 x 4: the first column of the packed layout, read with the same 64-byte stride).
+const TileConfig& tile_config_one_token() {
+  static const TileConfig cfg = [] {
+    TileConfig c;
+    for (int t : {0, 1}) c.colsb[t] = 4, c.rows[t] = 16;
+    for (int t : {2, 3}) c.colsb[t] = 32, c.rows[t] = 16;
+    for (int t : {4, 5}) c.colsb[t] = 4, c.rows[t] = 8;
+    return c;
+  }();
+  return cfg;
+}
+
+// acc[r] (16 tokens) = acc[r] + (d_w[r] * d_a) * sums[r], for the 16 rows of one block.
+inline void accumulate_block(__m512 (&acc)[kMatrixRows], const int32_t (&sums)[kMatrixRows][kMatrixTokens],
+                             const uint8_t* w_block, size_t w_stride, const float* da) {
+  const __m512 d_a = _mm512_loadu_ps(da);
+  for (int r = 0; r < kMatrixRows; ++r) {
+    const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(fp16(w_block + static_cast<size_t>(r) * w_stride)), d_a);
+    // The zero-masked form: GCC 12 warns about the unmasked one's undefined merge operand.
+    const __m512 sum = _mm512_maskz_cvtepi32_ps(0xffff, _mm512_load_si512(sums[r]));
+    acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(scale, sum));
+  }
+}
+
+// Blocks ahead of the tile loads whose lines each of the 16 rows asks for: the rows are 16 strided
+// streams (32 with gate and up), more than the hardware prefetcher follows, and a tile load that
+// misses waits for DRAM row by row.
+constexpr int64_t kPrefetchBlocks = 8;
+
+// One group of kMatrixRows rows, the tile configuration already loaded.
+void matrix_group(int64_t nb, float* out, size_t out_stride, const uint8_t* w, size_t w_stride, const uint8_t* p) {
+  __m512 acc[kMatrixRows];
+  for (__m512& a : acc) a = _mm512_setzero_ps();
+  // Block sums go through memory (a tile's only way to the vector registers), in a ring of four:
+  // the two blocks stored in one step are read back in the next, so the stores have drained by
+  // then instead of stalling the loads that follow them at once.
+  alignas(64) int32_t sums[4][kMatrixRows][kMatrixTokens];
+  const auto w_block = [&](int64_t b) { return w + static_cast<size_t>(b) * sizeof(Q8_0); };
+  const auto p_block = [&](int64_t b) { return p + static_cast<size_t>(b) * kPackedBlock; };
+  const auto scales = [&](int64_t b) { return reinterpret_cast<const float*>(p_block(b) + kPackedCodes); };
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    if (b + kPrefetchBlocks < nb)  // two blocks are 68 bytes: one or two lines of each row
+      for (int r = 0; r < kMatrixRows; ++r) {
+        const uint8_t* ahead = w_block(b + kPrefetchBlocks) + static_cast<size_t>(r) * w_stride;
+        _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + 2 * sizeof(Q8_0) - 1), _MM_HINT_T0);
+      }
+    const int slot = static_cast<int>(b & 3);  // b even: slots 0-1, then 2-3
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_loadd(2, w_block(b) + 2, w_stride);
+    _tile_loadd(4, p_block(b), 64);
+    _tile_loadd(3, w_block(b + 1) + 2, w_stride);
+    _tile_loadd(5, p_block(b + 1), 64);
+    _tile_dpbssd(0, 2, 4);
+    _tile_dpbssd(1, 3, 5);
+    _tile_stored(0, sums[slot], 64);
+    _tile_stored(1, sums[slot + 1], 64);
+    if (b >= 2) {
+      const int prev = slot ^ 2;
+      accumulate_block(acc, sums[prev], w_block(b - 2), w_stride, scales(b - 2));
+      accumulate_block(acc, sums[prev + 1], w_block(b - 1), w_stride, scales(b - 1));
+    }
+  }
+  // The last pair stored, then an odd last block.
+  if (b >= 2) {
+    const int prev = static_cast<int>((b - 2) & 3);
+    accumulate_block(acc, sums[prev], w_block(b - 2), w_stride, scales(b - 2));
+    accumulate_block(acc, sums[prev + 1], w_block(b - 1), w_stride, scales(b - 1));
+  }
+  if (b < nb) {
+    _tile_zero(0);
+    _tile_loadd(2, w_block(b) + 2, w_stride);
+    _tile_loadd(4, p_block(b), 64);
+    _tile_dpbssd(0, 2, 4);
+    _tile_stored(0, sums[0], 64);
+    accumulate_block(acc, sums[0], w_block(b), w_stride, scales(b));
+  }
+  for (int r = 0; r < kMatrixRows; ++r) _mm512_storeu_ps(out + static_cast<size_t>(r) * out_stride, acc[r]);
+}
+
+// One group of kMatrixRows rows against one token, the one-token configuration loaded: the 16
+// rows' sums of a block are one vector, so the float part is one multiply-multiply-add per block for
+// all 16 rows (lane r: row r's sum in the scalar order), the rows' block scales gathered.
+void matrix_group_one_token(int64_t nb, float* out, size_t out_stride, const uint8_t* w, size_t w_stride,
+                            const uint8_t* p) {
+  __m512 acc = _mm512_setzero_ps();
+  alignas(64) int32_t sums[4][kMatrixRows];
+  const __m512i row_offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                 _mm512_set1_epi32(static_cast<int>(w_stride)));
+  const auto w_block = [&](int64_t b) { return w + static_cast<size_t>(b) * sizeof(Q8_0); };
+  const auto p_block = [&](int64_t b) { return p + static_cast<size_t>(b) * kPackedBlock; };
+  const auto add_block = [&](const int32_t* block_sums, int64_t b) {
+    // The dword at each row's block start: d, then two codes; its low half is the fp16 scale.
+    // (Zero-masked forms throughout: GCC 12 warns about the unmasked ones' undefined operands.)
+    const __m512i d_bits = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), 0xffff, row_offsets, w_block(b), 1);
+    const __m512 d_w = _mm512_maskz_cvtph_ps(0xffff, _mm512_maskz_cvtepi32_epi16(0xffff, d_bits));
+    float d_a;
+    std::memcpy(&d_a, p_block(b) + kPackedCodes, sizeof(float));
+    const __m512 scale = _mm512_mul_ps(d_w, _mm512_set1_ps(d_a));
+    const __m512 sum = _mm512_maskz_cvtepi32_ps(0xffff, _mm512_load_si512(block_sums));
+    acc = _mm512_add_ps(acc, _mm512_mul_ps(scale, sum));
+  };
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    if (b + kPrefetchBlocks < nb)
+      for (int r = 0; r < kMatrixRows; ++r) {
+        const uint8_t* ahead = w_block(b + kPrefetchBlocks) + static_cast<size_t>(r) * w_stride;
+        _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + 2 * sizeof(Q8_0) - 1), _MM_HINT_T0);
+      }
+    const int slot = static_cast<int>(b & 3);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_loadd(2, w_block(b) + 2, w_stride);
+    _tile_loadd(4, p_block(b), 64);
+    _tile_loadd(3, w_block(b + 1) + 2, w_stride);
+    _tile_loadd(5, p_block(b + 1), 64);
+    _tile_dpbssd(0, 2, 4);
+    _tile_dpbssd(1, 3, 5);
+    _tile_stored(0, sums[slot], 4);
+    _tile_stored(1, sums[slot + 1], 4);
+    if (b >= 2) {
+      const int prev = slot ^ 2;
+      add_block(sums[prev], b - 2);
+      add_block(sums[prev + 1], b - 1);
+    }
+  }
+  if (b >= 2) {
+    const int prev = static_cast<int>((b - 2) & 3);
+    add_block(sums[prev], b - 2);
+    add_block(sums[prev + 1], b - 1);
+  }
+  if (b < nb) {
+    _tile_zero(0);
+    _tile_loadd(2, w_block(b) + 2, w_stride);
+    _tile_loadd(4, p_block(b), 64);
+    _tile_dpbssd(0, 2, 4);
+    _tile_stored(0, sums[0], 4);
+    add_block(sums[0], b);
+  }
+  alignas(64) float rows[kMatrixRows];
+  _mm512_store_ps(rows, acc);
+  for (int r = 0; r < kMatrixRows; ++r) out[static_cast<size_t>(r) * out_stride] = rows[r];
+}
+
+// The tile configuration is loaded once per call (LDTILECFG is microcoded: loaded per group of 16
+// rows it took a tenth of a prefill), for all its groups.
+void matrix_q8_0(int64_t n, float* out, size_t out_stride, const void* w_rows, size_t w_stride, const void* packed,
+                 int64_t groups, int count) {
+  const uint8_t* w = static_cast<const uint8_t*>(w_rows);
+  const auto group = count == 1 ? matrix_group_one_token : matrix_group;
+  _tile_loadconfig(count == 1 ? &tile_config_one_token() : &tile_config());
+  for (int64_t g = 0; g < groups; ++g)
+    group(n / kBlock, out + static_cast<size_t>(g) * kMatrixRows * out_stride, out_stride,
+          w + static_cast<size_t>(g) * kMatrixRows * w_stride, w_stride, static_cast<const uint8_t*>(packed));
+  // Leave the tiles in their init state: a thread that holds tile data costs the OS an 8 KiB save
+  // at every context switch.
+  _tile_release();
+}
+
+KernelTable make_table(const KernelTable& base) {
+  KernelTable t = base;
+  t.isa = "amx";
+  set_vec_dot<dot_q8_0>(t, TensorType::Q8_0);
+  set_matrix(t, TensorType::Q8_0, {pack_q8_0, packed_bytes_q8_0, matrix_q8_0});
+  return t;
+}
+
+}  // namespace
+
+// Called only once the CPU is known to have AMX-INT8, the OS's grant of the tile data and the
+// avx512 table's instructions (quant_dispatch.cpp checks).
+const KernelTable* amx_table() {
+  static const KernelTable table = make_table(*avx512_table());
+  return &table;
+}
+
+}  // namespace moelite::cpu

@@ -1,0 +1,153 @@
+// The matrix tile (Intel AMX, quant.h's MatrixTile) against the scalar reference, bit for bit: the
+// amx table sums each Q8_0 block exactly and adds the scaled blocks in the scalar order, so its
+// vec_dot and its 16 x 16 tile must equal kernels_scalar()'s dot for every (row, token), at every
+// token count, row length and stride. Skipped (with the reason) on CPUs without AMX-INT8 or where
+// the OS does not grant the tile state; the dispatch and presence checks run everywhere.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/quant.h"
+#include "platforms/platform.h"
+#include "tests/random_weights.h"
+
+namespace moelite::cpu {
+namespace {
+
+constexpr uint32_t tid(TensorType t) { return static_cast<uint32_t>(t); }
+
+size_t row_bytes(TensorType t, int64_t n) {
+  uint64_t b = 0;
+  EXPECT_TRUE(type_row_bytes(t, static_cast<uint64_t>(n), &b));
+  return static_cast<size_t>(b);
+}
+
+// Activations spread over a wide range, some rows with a large outlier (a small scale for the rest
+// of their blocks), quantized by the scalar table.
+std::vector<uint8_t> random_q8_0_row(int64_t n, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (float& v : x) v = nd(rng);
+  if (rng() % 3 == 0) x[rng() % x.size()] = 50.0f;
+  std::vector<uint8_t> q(activation_row_bytes(TensorType::Q8_0, n));
+  kernels_scalar().quantize_act[tid(TensorType::Q8_0)](x.data(), q.data(), n);
+  return q;
+}
+
+uint32_t bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+TEST(QuantKernelsMatrix, AmxTableWhereTheCpuAndOsHaveIt) {
+  const platform::CpuFeatures& f = platform::cpu_features();
+  EXPECT_EQ(kernels_amx() != nullptr, f.amx_int8 && kernels_avx512() != nullptr);
+  if (kernels_amx()) {
+    EXPECT_STREQ(kernels_capped(nullptr).isa, "amx");
+    EXPECT_STREQ(kernels_capped("amx").isa, "amx");
+    EXPECT_STREQ(kernels_capped("avx512").isa, "avx512");  // the cap still reaches the VNNI table
+  }
+  std::printf("AMX-INT8 usable: %s\n", f.amx_int8 ? "yes" : "no");
+}
+
+// Only the amx table has a matrix tile, only for Q8_0, with all three entries.
+TEST(QuantKernelsMatrix, PresentOnlyWhereExpected) {
+  std::vector<const KernelTable*> tables{&kernels_scalar()};
+  for (const KernelTable* t : {kernels_avx2(), kernels_avxvnni(), kernels_avx512(), kernels_amx(), kernels_neon(),
+                               kernels_dotprod(), kernels_i8mm()})
+    if (t) tables.push_back(t);
+  for (const KernelTable* k : tables)
+    for (uint32_t i = 0; i < kTensorTypeIdLimit; ++i) {
+      const MatrixTile& m = k->matrix[i];
+      const bool expected = std::string(k->isa) == "amx" && i == tid(TensorType::Q8_0);
+      EXPECT_EQ(m.dot != nullptr, expected) << k->isa << " type " << i;
+      EXPECT_EQ(m.pack != nullptr, expected) << k->isa << " type " << i;
+      EXPECT_EQ(m.packed_bytes != nullptr, expected) << k->isa << " type " << i;
+    }
+}
+
+TEST(QuantKernelsMatrix, AmxVecDotIsTheScalarDotBitwise) {
+  const KernelTable* k = kernels_amx();
+  if (!k) GTEST_SKIP() << "no AMX-INT8 here (or the OS does not grant the tile state)";
+  const KernelTable& ref = kernels_scalar();
+  std::mt19937 rng(7);
+  const TensorType t = TensorType::Q8_0;
+  int checked = 0;
+  for (int64_t n : {32, 64, 96, 128, 160, 224, 1024, 2048, 2080, 4096}) {
+    for (int rep = 0; rep < 8; ++rep) {
+      const auto w = test::random_weights(t, n, rng);
+      const auto a = random_q8_0_row(n, rng);
+      float expect = 0, got = 0;
+      ref.vec_dot[tid(t)](n, &expect, w.data(), a.data());
+      k->vec_dot[tid(t)](n, &got, w.data(), a.data());
+      ASSERT_EQ(bits(got), bits(expect)) << "n=" << n << " rep " << rep << ": " << got << " vs " << expect;
+      ++checked;
+    }
+  }
+  std::printf("amx vec_dot: %d rows equal the scalar dot bitwise\n", checked);
+}
+
+// Two groups of 16 weight rows in one call, w_stride apart (more than a row: rows of a larger
+// matrix, unaligned), tokens a_stride apart; every count 1..16; rows with the extreme codes -128 and 127 and blocks of scale 0 among the
+// random ones. Garbage in the output's unused columns is allowed (the contract), nothing else.
+TEST(QuantKernelsMatrix, TileIsTheScalarDotBitwise) {
+  const KernelTable* k = kernels_amx();
+  if (!k) GTEST_SKIP() << "no AMX-INT8 here (or the OS does not grant the tile state)";
+  const KernelTable& ref = kernels_scalar();
+  const TensorType t = TensorType::Q8_0;
+  const MatrixTile& m = k->matrix[tid(t)];
+  ASSERT_NE(m.dot, nullptr);
+  std::mt19937 rng(11);
+  int checked = 0;
+  for (int64_t n : {32, 64, 96, 2048, 2080}) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    const size_t wb = row_bytes(t, n), w_stride = wb + 6, off = 3;
+    constexpr int kGroups = 2, kRows = kGroups * kMatrixRows;
+    std::vector<uint8_t> w_buf(off + w_stride * kRows, 0x5A);
+    for (int r = 0; r < kRows; ++r) {
+      auto w = test::random_weights(t, n, rng);
+      auto* blk = reinterpret_cast<blocks::Q8_0*>(w.data());
+      if (r == 3) std::memset(blk[0].qs, 0x80, 32);  // all -128
+      if (r == 4) std::memset(blk[n / 32 - 1].qs, 0x7f, 32);
+      if (r == 5) std::memset(blk[0].d, 0, 2);  // a block of scale 0
+      if (r == 20) std::memset(blk[0].qs, 0x81, 32);  // all -127, in the second group
+      std::memcpy(w_buf.data() + off + r * w_stride, w.data(), wb);
+    }
+    const size_t ab = activation_row_bytes(t, n), a_stride = ab + 2;
+    std::vector<uint8_t> a_buf(off + a_stride * kMatrixTokens);
+    for (int j = 0; j < kMatrixTokens; ++j) {
+      const auto a = random_q8_0_row(n, rng);
+      std::memcpy(a_buf.data() + off + j * a_stride, a.data(), ab);
+    }
+    const uint8_t* w0 = w_buf.data() + off;
+    const uint8_t* a0 = a_buf.data() + off;
+    std::vector<uint8_t> packed(m.packed_bytes(n) + 64);
+    for (int count = 1; count <= kMatrixTokens; ++count) {
+      m.pack(a0, a_stride, count, n, packed.data() + 1);  // an unaligned buffer works too
+      constexpr size_t kOutStride = kMatrixTokens + 3;
+      std::vector<float> got(kRows * kOutStride, -1234.5f);
+      m.dot(n, got.data(), kOutStride, w0, w_stride, packed.data() + 1, kGroups, count);
+      for (int r = 0; r < kRows; ++r) {
+        for (int j = 0; j < count; ++j) {
+          float expect = 0;
+          ref.vec_dot[tid(t)](n, &expect, w0 + r * w_stride, a0 + j * a_stride);
+          ASSERT_EQ(bits(got[r * kOutStride + j]), bits(expect))
+              << "count " << count << " row " << r << " token " << j << ": " << got[r * kOutStride + j] << " vs " << expect;
+          ++checked;
+        }
+        // The tile may write meaningless columns up to kMatrixTokens, never past them.
+        for (size_t j = kMatrixTokens; j < kOutStride; ++j)
+          ASSERT_EQ(got[r * kOutStride + j], -1234.5f) << "wrote past the tile in row " << r;
+      }
+    }
+  }
+  std::printf("amx matrix tile: %d outputs equal the scalar dot bitwise\n", checked);
+}
+
+}  // namespace
+}  // namespace moelite::cpu
