@@ -847,10 +847,11 @@ TEST(QuantKernelsTile, PresentOnlyWhereExpected) {
   for (const KernelTable* t : all_tables())
     for (uint32_t i = 0; i < kTensorTypeIdLimit; ++i) {
       if (t->tile[i]) EXPECT_NE(t->vec_dot[i], nullptr) << t->isa << " " << i;
-      // avx512's row tiles: the VNNI kernels of Q8_0 and Q4_0 (the amx table's Q8_0, Q4_0 and MXFP4
-      // go through its matrix tile instead, test_quant_matrix.cpp).
+      // avx512's row tiles: the VNNI kernels of Q8_0 and Q4_0; the amx table keeps Q4_0's (its Q8_0
+      // goes through the matrix tile, test_quant_matrix.cpp).
       const bool avx512_tiled =
-          std::strcmp(t->isa, "avx512") == 0 && (i == tid(TensorType::Q8_0) || i == tid(TensorType::Q4_0));
+          (std::strcmp(t->isa, "avx512") == 0 && (i == tid(TensorType::Q8_0) || i == tid(TensorType::Q4_0))) ||
+          (std::strcmp(t->isa, "amx") == 0 && i == tid(TensorType::Q4_0));
       const bool may_have = std::strcmp(t->isa, "i8mm") == 0 || avx512_tiled;
       if (!may_have) EXPECT_EQ(t->tile[i], nullptr) << t->isa << " " << i;
       // Four-row tiles: only those avx512 kernels, and only beside a two-row one.
@@ -864,7 +865,8 @@ TEST(QuantKernelsTile, PresentOnlyWhereExpected) {
       const bool avx2_like = std::strcmp(t->isa, "avx2") == 0 || std::strcmp(t->isa, "avxvnni") == 0;
       const bool avx2_prepared =
           (avx2_like && (i == tid(TensorType::Q8_0) || i == tid(TensorType::Q4_0))) ||
-          ((avx2_like || std::strcmp(t->isa, "avx512") == 0) && i == tid(TensorType::MXFP4));
+          ((avx2_like || std::strcmp(t->isa, "avx512") == 0 || std::strcmp(t->isa, "amx") == 0) &&
+           i == tid(TensorType::MXFP4));
       if (p.tile) {
         EXPECT_TRUE(p.prepare && p.prepared_bytes) << t->isa << " " << i;
         const int own_step = t->tile4[i] ? kQuadRows : t->tile[i] ? kTileRows : 1;

@@ -1,7 +1,7 @@
 // The matrix tile (Intel AMX, quant.h's MatrixTile) against the scalar reference, bit for bit: the
-// amx table sums each Q8_0, Q4_0 or MXFP4 block exactly and adds the scaled blocks in the scalar
-// order, so its vec_dot and its 16 x 16 tile must equal kernels_scalar()'s dot for every (row,
-// token), at every token count, row length and stride. Skipped (with the reason) on CPUs without AMX-INT8 or where
+// amx table sums each Q8_0 block exactly and adds the scaled blocks in the scalar order, so its
+// vec_dot and its 16 x 16 tile must equal kernels_scalar()'s dot for every (row, token), at every
+// token count, row length and stride. Skipped (with the reason) on CPUs without AMX-INT8 or where
 // the OS does not grant the tile state; the dispatch and presence checks run everywhere.
 #include <gtest/gtest.h>
 
@@ -55,15 +55,7 @@ TEST(QuantKernelsMatrix, AmxTableWhereTheCpuAndOsHaveIt) {
   std::printf("AMX-INT8 usable: %s\n", f.amx_int8 ? "yes" : "no");
 }
 
-// The types whose weights are 32-code blocks against Q8_0 activations.
-const TensorType kMatrixTypes[] = {TensorType::Q8_0, TensorType::Q4_0, TensorType::MXFP4};
-bool is_matrix_type(uint32_t i) {
-  for (TensorType t : kMatrixTypes)
-    if (tid(t) == i) return true;
-  return false;
-}
-
-// Only the amx table has a matrix tile, only for those types, with all three entries.
+// Only the amx table has a matrix tile, only for Q8_0, with all three entries.
 TEST(QuantKernelsMatrix, PresentOnlyWhereExpected) {
   std::vector<const KernelTable*> tables{&kernels_scalar()};
   for (const KernelTable* t : {kernels_avx2(), kernels_avxvnni(), kernels_avx512(), kernels_amx(), kernels_neon(),
@@ -72,7 +64,7 @@ TEST(QuantKernelsMatrix, PresentOnlyWhereExpected) {
   for (const KernelTable* k : tables)
     for (uint32_t i = 0; i < kTensorTypeIdLimit; ++i) {
       const MatrixTile& m = k->matrix[i];
-      const bool expected = std::string(k->isa) == "amx" && is_matrix_type(i);
+      const bool expected = std::string(k->isa) == "amx" && i == tid(TensorType::Q8_0);
       EXPECT_EQ(m.dot != nullptr, expected) << k->isa << " type " << i;
       EXPECT_EQ(m.pack != nullptr, expected) << k->isa << " type " << i;
       EXPECT_EQ(m.packed_bytes != nullptr, expected) << k->isa << " type " << i;
@@ -84,17 +76,16 @@ TEST(QuantKernelsMatrix, AmxVecDotIsTheScalarDotBitwise) {
   if (!k) GTEST_SKIP() << "no AMX-INT8 here (or the OS does not grant the tile state)";
   const KernelTable& ref = kernels_scalar();
   std::mt19937 rng(7);
+  const TensorType t = TensorType::Q8_0;
   int checked = 0;
-  for (TensorType t : kMatrixTypes)
   for (int64_t n : {32, 64, 96, 128, 160, 224, 1024, 2048, 2080, 4096}) {
     for (int rep = 0; rep < 8; ++rep) {
-      auto w = test::random_weights(t, n, rng);
-      if (rep == 1) std::memset(w.data() + (t == TensorType::MXFP4 ? 1 : 2), t == TensorType::Q8_0 ? 0x80 : 0x77, 16);
+      const auto w = test::random_weights(t, n, rng);
       const auto a = random_q8_0_row(n, rng);
       float expect = 0, got = 0;
       ref.vec_dot[tid(t)](n, &expect, w.data(), a.data());
       k->vec_dot[tid(t)](n, &got, w.data(), a.data());
-      ASSERT_EQ(bits(got), bits(expect)) << type_name(t) << " n=" << n << " rep " << rep << ": " << got << " vs " << expect;
+      ASSERT_EQ(bits(got), bits(expect)) << "n=" << n << " rep " << rep << ": " << got << " vs " << expect;
       ++checked;
     }
   }
@@ -102,43 +93,32 @@ TEST(QuantKernelsMatrix, AmxVecDotIsTheScalarDotBitwise) {
 }
 
 // Two groups of 16 weight rows in one call, w_stride apart (more than a row: rows of a larger
-// matrix, unaligned), tokens a_stride apart; every count 1..16; rows with extreme codes and blocks
-// of scale 0 among the
+// matrix, unaligned), tokens a_stride apart; every count 1..16; rows with the extreme codes -128 and 127 and blocks of scale 0 among the
 // random ones. Garbage in the output's unused columns is allowed (the contract), nothing else.
 TEST(QuantKernelsMatrix, TileIsTheScalarDotBitwise) {
   const KernelTable* k = kernels_amx();
   if (!k) GTEST_SKIP() << "no AMX-INT8 here (or the OS does not grant the tile state)";
   const KernelTable& ref = kernels_scalar();
+  const TensorType t = TensorType::Q8_0;
+  const MatrixTile& m = k->matrix[tid(t)];
+  ASSERT_NE(m.dot, nullptr);
   std::mt19937 rng(11);
   int checked = 0;
-  for (TensorType t : kMatrixTypes)
   for (int64_t n : {32, 64, 96, 2048, 2080}) {
-    SCOPED_TRACE(std::string(type_name(t)) + " n=" + std::to_string(n));
-    const MatrixTile& m = k->matrix[tid(t)];
-    ASSERT_NE(m.dot, nullptr);
+    SCOPED_TRACE("n=" + std::to_string(n));
     const size_t wb = row_bytes(t, n), w_stride = wb + 6, off = 3;
     constexpr int kGroups = 2, kRows = kGroups * kMatrixRows;
     std::vector<uint8_t> w_buf(off + w_stride * kRows, 0x5A);
     for (int r = 0; r < kRows; ++r) {
       auto w = test::random_weights(t, n, rng);
-      // Extreme codes: Q8_0 -128, 127 and -127; Q4_0 and MXFP4 nibbles 0 (-8, 0) and 7 / 15 (7,
-      // -12) in every element of a block (the format's largest magnitudes); a block of scale 0
-      // where the scale is an fp16 (MXFP4's E8M0 has none).
-      const size_t bb = wb / static_cast<size_t>(n / 32), first = t == TensorType::MXFP4 ? 1 : 2;
-      uint8_t* last = w.data() + (n / 32 - 1) * bb;
-      if (t == TensorType::Q8_0) {
-        if (r == 3) std::memset(w.data() + first, 0x80, 32);
-        if (r == 4) std::memset(last + first, 0x7f, 32);
-        if (r == 20) std::memset(w.data() + first, 0x81, 32);
-      } else {
-        if (r == 3) std::memset(w.data() + first, 0x00, 16);
-        if (r == 4) std::memset(last + first, 0x77, 16);
-        if (r == 20) std::memset(w.data() + first, 0xff, 16);
-      }
-      if (r == 5 && t != TensorType::MXFP4) std::memset(w.data(), 0, 2);
+      auto* blk = reinterpret_cast<blocks::Q8_0*>(w.data());
+      if (r == 3) std::memset(blk[0].qs, 0x80, 32);  // all -128
+      if (r == 4) std::memset(blk[n / 32 - 1].qs, 0x7f, 32);
+      if (r == 5) std::memset(blk[0].d, 0, 2);  // a block of scale 0
+      if (r == 20) std::memset(blk[0].qs, 0x81, 32);  // all -127, in the second group
       std::memcpy(w_buf.data() + off + r * w_stride, w.data(), wb);
     }
-    const size_t ab = activation_row_bytes(t, n), a_stride = ab + 2;  // Q8_0 rows for all three
+    const size_t ab = activation_row_bytes(t, n), a_stride = ab + 2;
     std::vector<uint8_t> a_buf(off + a_stride * kMatrixTokens);
     for (int j = 0; j < kMatrixTokens; ++j) {
       const auto a = random_q8_0_row(n, rng);
@@ -157,7 +137,7 @@ TEST(QuantKernelsMatrix, TileIsTheScalarDotBitwise) {
           float expect = 0;
           ref.vec_dot[tid(t)](n, &expect, w0 + r * w_stride, a0 + j * a_stride);
           ASSERT_EQ(bits(got[r * kOutStride + j]), bits(expect))
-              << type_name(t) << " count " << count << " row " << r << " token " << j << ": " << got[r * kOutStride + j] << " vs " << expect;
+              << "count " << count << " row " << r << " token " << j << ": " << got[r * kOutStride + j] << " vs " << expect;
           ++checked;
         }
         // The tile may write meaningless columns up to kMatrixTokens, never past them.

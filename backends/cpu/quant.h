@@ -177,11 +177,11 @@ const KernelTable* kernels_avx512();
 // vpdpbusd, bit for bit the avx2 table's results. For CPUs with AVX-VNNI and no AVX-512 (Intel
 // client cores since Alder Lake); on CPUs with both, avx512 ranks above it.
 const KernelTable* kernels_avxvnni();
-// The avx512 table with Q8_0, Q4_0 and MXFP4 on Intel AMX tiles (AMX-TILE + AMX-INT8, where the OS
-// grants the tile state): their products go through a matrix tile (16 weight rows x up to 16
-// tokens per call); every entry of these types sums each block exactly and adds the scaled blocks
-// in order, as the scalar reference does, so their results are the scalar table's bit for bit (and
-// differ from the avx512 table's in the last bits). Other types: the avx512 kernels.
+// The avx512 table with Q8_0 on Intel AMX tiles (AMX-TILE + AMX-INT8, where the OS grants the
+// tile state): batches of Q8_0 products go through a matrix tile (16 weight rows x 16 tokens per
+// call); every Q8_0 entry of this table sums each block's products exactly and adds the scaled
+// blocks in order, as the scalar reference does, so its Q8_0 results are the scalar table's bit
+// for bit (and differ from the avx512 table's in the last bits). Other types: the avx512 kernels.
 const KernelTable* kernels_amx();
 const KernelTable* kernels_neon();     // AArch64 (ARMv8.0 NEON): always there on AArch64
 const KernelTable* kernels_dotprod();  // AArch64 with SDOT (ARMv8.2 dotprod), checked at run time

@@ -1,23 +1,20 @@
-// Intel AMX kernels: the avx512 table with the products of the types whose weights are 32-code
-// blocks against Q8_0 activations (Q8_0, Q4_0, MXFP4) on int8 tile registers. Compiled with
+// Intel AMX kernels: the avx512 table with Q8_0 products on int8 tile registers. Compiled with
 // -mamx-tile -mamx-int8, the avx512 flags and -ffp-contract=off; nothing here runs before
 // kernels_amx() has checked the CPU and the OS's grant of the tile state.
 //
-// One TDPBSSD multiplies a 16 x 32 int8 tile of weights (16 rows, one block each: Q8_0's codes are
-// loaded straight from the rows, row_bytes apart, so nothing is repacked at load; Q4_0's and
-// MXFP4's nibbles are decoded to int8 into a small buffer first) with an 8 x 64 tile of 16 tokens'
-// activation codes (the "VNNI" layout: row k holds each token's codes 4k..4k+3, packed once per
-// chunk of tokens) into 16 x 16 exact int32 block sums. The float part then follows the scalar
-// reference for every (row, token): s = s + (d_w * d_a) * sum, block after block, with a multiply
-// and an add (no fused multiply-add), so the results are the scalar table's bit for bit. The
-// avx512 table's VNNI kernels keep per-lane partial sums across blocks instead, which a tile cannot
-// reproduce; so this table's vec_dot of these types uses the same per-block order too, and batched
-// and token-by-token evaluation stay equal.
+// One TDPBSSD multiplies a 16 x 32 int8 tile of weights (16 rows, one Q8_0 block each: the tile is
+// loaded straight from the rows, row_bytes apart, so no repacking at load) with an 8 x 64 tile of
+// 16 tokens' activation codes (the "VNNI" layout: row k holds each token's codes 4k..4k+3, packed
+// once per chunk of tokens) into 16 x 16 exact int32 block sums. The float part then follows the
+// scalar reference for every (row, token): s = s + (d_w * d_a) * sum, block after block, with a
+// multiply and an add (no fused multiply-add), so the results are the scalar table's bit for bit.
+// The avx512 table's VNNI kernels keep per-lane partial sums across blocks instead, which a tile
+// cannot reproduce; so this table's Q8_0 vec_dot (decode) uses the same per-block order too,
+// with the block sums formed by vpdpbusd, and batched and token-by-token evaluation stay equal.
 #include <immintrin.h>
 
 #include <cstring>
 #include <initializer_list>
-#include <type_traits>
 
 #include "backends/cpu/quant.h"
 #include "backends/cpu/simd/tables.h"
@@ -25,8 +22,6 @@
 namespace moelite::cpu {
 namespace {
 
-using blocks::MXFP4;
-using blocks::Q4_0;
 using blocks::Q8_0;
 
 constexpr int kBlock = 32;
@@ -40,74 +35,38 @@ inline float fp16(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
-// The weight formats: a block's bytes, its scale, and its 32 codes as int8 (element j at byte j).
-// Q8_0's codes are the block's bytes 2..33 as they are, so its tiles load from the rows directly.
-struct Q8Format {
-  using Block = Q8_0;
-  static constexpr bool kDirect = true;  // codes tile-loadable from the block at kCodes
-  static constexpr size_t kCodes = 2;
-  static float scale(const uint8_t* b) { return fp16(b); }
-  static __m256i codes(const uint8_t* b) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + kCodes)); }
-};
-// Q4_0 and MXFP4: byte j holds element j in its low nibble and element j + 16 in its high one; a
-// 16-entry table gives each nibble's value (Q4_0: nibble - 8; MXFP4: the doubled E2M1 values).
-inline __m256i nibble_codes(const uint8_t* qs, const int8_t (&table)[16]) {
-  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i mask = _mm_set1_epi8(0x0f);
-  const __m128i values = _mm_loadu_si128(reinterpret_cast<const __m128i*>(table));
-  const __m128i lo = _mm_shuffle_epi8(values, _mm_and_si128(q, mask));
-  const __m128i hi = _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(q, 4), mask));
-  return _mm256_set_m128i(hi, lo);
-}
-constexpr int8_t kQ4Values[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
-struct Q4Format {
-  using Block = Q4_0;
-  static constexpr bool kDirect = false;
-  static float scale(const uint8_t* b) { return fp16(b); }
-  static __m256i codes(const uint8_t* b) { return nibble_codes(b + 2, kQ4Values); }
-};
-struct Mxfp4Format {
-  using Block = MXFP4;
-  static constexpr bool kDirect = false;
-  static float scale(const uint8_t* b) { return mxfp4_half_scale(b[0]); }
-  static __m256i codes(const uint8_t* b) { return nibble_codes(b + 1, blocks::kMxfp4Values); }
-};
-
 // Exact sum of 32 int8 x int8 products: |w| (unsigned) times a with w's sign, in int32 lanes.
-// Activation codes are in [-127, 127] (quantize_act), so negating one never overflows; a weight
-// code -128 (Q8_0) is 128 as unsigned.
-inline __m256i block_lanes(__m256i w, const int8_t* a) {
+// Activation codes are in [-127, 127] (quantize_act), so negating one never overflows.
+inline __m256i block_lanes(const int8_t* w, const int8_t* a) {
+  const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
   const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(av, w));
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv), _mm256_sign_epi8(av, wv));
 }
 
 // The scalar reference's order: s = s + (d_w * d_a) * sum_b, block after block. Four blocks' lane
 // sums are reduced together (three horizontal adds and one add of the halves give the four block
 // sums, exact integers), then each block's term is formed and added in order.
-template <class F>
-void dot_blocks(int64_t n, float* out, const void* w_row, const void* a_row) {
-  const uint8_t* x = static_cast<const uint8_t*>(w_row);
+void dot_q8_0(int64_t n, float* out, const void* w_row, const void* a_row) {
+  const Q8_0* x = static_cast<const Q8_0*>(w_row);
   const Q8_0* y = static_cast<const Q8_0*>(a_row);
-  const auto blk = [&](int64_t b) { return x + static_cast<size_t>(b) * sizeof(typename F::Block); };
   const int64_t nb = n / kBlock;
   float s = 0.0f;
   int64_t b = 0;
   for (; b + 4 <= nb; b += 4) {
-    const __m256i l0 = block_lanes(F::codes(blk(b)), y[b].qs), l1 = block_lanes(F::codes(blk(b + 1)), y[b + 1].qs);
-    const __m256i l2 = block_lanes(F::codes(blk(b + 2)), y[b + 2].qs);
-    const __m256i l3 = block_lanes(F::codes(blk(b + 3)), y[b + 3].qs);
+    const __m256i l0 = block_lanes(x[b].qs, y[b].qs), l1 = block_lanes(x[b + 1].qs, y[b + 1].qs);
+    const __m256i l2 = block_lanes(x[b + 2].qs, y[b + 2].qs), l3 = block_lanes(x[b + 3].qs, y[b + 3].qs);
     const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(l0, l1), _mm256_hadd_epi32(l2, l3));
     const __m128i sums = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
     alignas(16) float f[4];
     _mm_store_ps(f, _mm_cvtepi32_ps(sums));
-    for (int i = 0; i < 4; ++i) s = s + (F::scale(blk(b + i)) * fp16(y[b + i].d)) * f[i];
+    for (int i = 0; i < 4; ++i) s = s + (fp16(x[b + i].d) * fp16(y[b + i].d)) * f[i];
   }
   for (; b < nb; ++b) {
-    const __m256i l = block_lanes(F::codes(blk(b)), y[b].qs);
+    const __m256i l = block_lanes(x[b].qs, y[b].qs);
     const __m128i q = _mm_add_epi32(_mm256_castsi256_si128(l), _mm256_extracti128_si256(l, 1));
     const __m128i p = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));
     const int sum = _mm_cvtsi128_si32(_mm_add_epi32(p, _mm_shuffle_epi32(p, 0xb1)));
-    s = s + (F::scale(blk(b)) * fp16(y[b].d)) * static_cast<float>(sum);
+    s = s + (fp16(x[b].d) * fp16(y[b].d)) * static_cast<float>(sum);
   }
   *out = s;
 }
@@ -164,31 +123,14 @@ const TileConfig& tile_config_one_token() {
 }
 
 // acc[r] (16 tokens) = acc[r] + (d_w[r] * d_a) * sums[r], for the 16 rows of one block.
-template <class F>
 inline void accumulate_block(__m512 (&acc)[kMatrixRows], const int32_t (&sums)[kMatrixRows][kMatrixTokens],
                              const uint8_t* w_block, size_t w_stride, const float* da) {
   const __m512 d_a = _mm512_loadu_ps(da);
   for (int r = 0; r < kMatrixRows; ++r) {
-    const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(F::scale(w_block + static_cast<size_t>(r) * w_stride)), d_a);
+    const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(fp16(w_block + static_cast<size_t>(r) * w_stride)), d_a);
     // The zero-masked form: GCC 12 warns about the unmasked one's undefined merge operand.
     const __m512 sum = _mm512_maskz_cvtepi32_ps(0xffff, _mm512_load_si512(sums[r]));
     acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(scale, sum));
-  }
-}
-
-// The 16 rows' scales of one block as a vector (lane r: row r).
-template <class F>
-inline __m512 row_scales(const uint8_t* w_block, size_t w_stride, __m512i row_offsets) {
-  if constexpr (std::is_same_v<F, Mxfp4Format>) {
-    alignas(64) float d[kMatrixRows];
-    for (int r = 0; r < kMatrixRows; ++r) d[r] = F::scale(w_block + static_cast<size_t>(r) * w_stride);
-    return _mm512_load_ps(d);
-  } else {
-    // An fp16 scale first in every block: one gather of the dword at each row's block start, the
-    // low halves narrowed and converted together. (Zero-masked forms throughout: GCC 12 warns
-    // about the unmasked ones' undefined operands.)
-    const __m512i bits = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), 0xffff, row_offsets, w_block, 1);
-    return _mm512_maskz_cvtph_ps(0xffff, _mm512_maskz_cvtepi32_epi16(0xffff, bits));
   }
 }
 
@@ -197,39 +139,7 @@ inline __m512 row_scales(const uint8_t* w_block, size_t w_stride, __m512i row_of
 // misses waits for DRAM row by row.
 constexpr int64_t kPrefetchBlocks = 8;
 
-// The weight side of one 16-row group: where block b's codes are for the tile load (the rows
-// themselves for Q8_0; else decoded into one of two buffers, so two blocks are in flight).
-template <class F>
-struct WeightTiles {
-  const uint8_t* w;
-  size_t w_stride;
-  alignas(64) int8_t decoded[2][kMatrixRows][kBlock];
-  const uint8_t* block(int64_t b) const { return w + static_cast<size_t>(b) * sizeof(typename F::Block); }
-  void prefetch(int64_t b) const {
-    for (int r = 0; r < kMatrixRows; ++r) {
-      const uint8_t* ahead = block(b) + static_cast<size_t>(r) * w_stride;
-      _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(ahead + 2 * sizeof(typename F::Block) - 1), _MM_HINT_T0);
-    }
-  }
-  // Where block b's codes of the 16 rows are for a tile load, `*stride` bytes apart: the rows
-  // themselves, or decoded into buffer `slot`. (A function, not the load: GCC's tile intrinsics
-  // take the tile number as a literal.)
-  const void* codes(int64_t b, int slot, size_t* stride) {
-    if constexpr (F::kDirect) {
-      *stride = w_stride;
-      return block(b) + F::kCodes;
-    } else {
-      for (int r = 0; r < kMatrixRows; ++r)
-        _mm256_store_si256(reinterpret_cast<__m256i*>(decoded[slot][r]), F::codes(block(b) + static_cast<size_t>(r) * w_stride));
-      *stride = kBlock;
-      return decoded[slot];
-    }
-  }
-};
-
 // One group of kMatrixRows rows, the tile configuration already loaded.
-template <class F>
 void matrix_group(int64_t nb, float* out, size_t out_stride, const uint8_t* w, size_t w_stride, const uint8_t* p) {
   __m512 acc[kMatrixRows];
   for (__m512& a : acc) a = _mm512_setzero_ps();
@@ -237,21 +147,23 @@ void matrix_group(int64_t nb, float* out, size_t out_stride, const uint8_t* w, s
   // the two blocks stored in one step are read back in the next, so the stores have drained by
   // then instead of stalling the loads that follow them at once.
   alignas(64) int32_t sums[4][kMatrixRows][kMatrixTokens];
-  WeightTiles<F> wt{w, w_stride, {}};
+  const auto w_block = [&](int64_t b) { return w + static_cast<size_t>(b) * sizeof(Q8_0); };
   const auto p_block = [&](int64_t b) { return p + static_cast<size_t>(b) * kPackedBlock; };
   const auto scales = [&](int64_t b) { return reinterpret_cast<const float*>(p_block(b) + kPackedCodes); };
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2) {
-    if (b + kPrefetchBlocks < nb) wt.prefetch(b + kPrefetchBlocks);  // two blocks: a line or two a row
+    if (b + kPrefetchBlocks < nb)  // two blocks are 68 bytes: one or two lines of each row
+      for (int r = 0; r < kMatrixRows; ++r) {
+        const uint8_t* ahead = w_block(b + kPrefetchBlocks) + static_cast<size_t>(r) * w_stride;
+        _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + 2 * sizeof(Q8_0) - 1), _MM_HINT_T0);
+      }
     const int slot = static_cast<int>(b & 3);  // b even: slots 0-1, then 2-3
     _tile_zero(0);
     _tile_zero(1);
-    size_t st0, st1;
-    const void* c0 = wt.codes(b, 0, &st0);
-    _tile_loadd(2, c0, st0);
+    _tile_loadd(2, w_block(b) + 2, w_stride);
     _tile_loadd(4, p_block(b), 64);
-    const void* c1 = wt.codes(b + 1, 1, &st1);
-    _tile_loadd(3, c1, st1);
+    _tile_loadd(3, w_block(b + 1) + 2, w_stride);
     _tile_loadd(5, p_block(b + 1), 64);
     _tile_dpbssd(0, 2, 4);
     _tile_dpbssd(1, 3, 5);
@@ -259,60 +171,63 @@ void matrix_group(int64_t nb, float* out, size_t out_stride, const uint8_t* w, s
     _tile_stored(1, sums[slot + 1], 64);
     if (b >= 2) {
       const int prev = slot ^ 2;
-      accumulate_block<F>(acc, sums[prev], wt.block(b - 2), w_stride, scales(b - 2));
-      accumulate_block<F>(acc, sums[prev + 1], wt.block(b - 1), w_stride, scales(b - 1));
+      accumulate_block(acc, sums[prev], w_block(b - 2), w_stride, scales(b - 2));
+      accumulate_block(acc, sums[prev + 1], w_block(b - 1), w_stride, scales(b - 1));
     }
   }
   // The last pair stored, then an odd last block.
   if (b >= 2) {
     const int prev = static_cast<int>((b - 2) & 3);
-    accumulate_block<F>(acc, sums[prev], wt.block(b - 2), w_stride, scales(b - 2));
-    accumulate_block<F>(acc, sums[prev + 1], wt.block(b - 1), w_stride, scales(b - 1));
+    accumulate_block(acc, sums[prev], w_block(b - 2), w_stride, scales(b - 2));
+    accumulate_block(acc, sums[prev + 1], w_block(b - 1), w_stride, scales(b - 1));
   }
   if (b < nb) {
     _tile_zero(0);
-    size_t st0;
-    const void* c0 = wt.codes(b, 0, &st0);
-    _tile_loadd(2, c0, st0);
+    _tile_loadd(2, w_block(b) + 2, w_stride);
     _tile_loadd(4, p_block(b), 64);
     _tile_dpbssd(0, 2, 4);
     _tile_stored(0, sums[0], 64);
-    accumulate_block<F>(acc, sums[0], wt.block(b), w_stride, scales(b));
+    accumulate_block(acc, sums[0], w_block(b), w_stride, scales(b));
   }
   for (int r = 0; r < kMatrixRows; ++r) _mm512_storeu_ps(out + static_cast<size_t>(r) * out_stride, acc[r]);
 }
 
 // One group of kMatrixRows rows against one token, the one-token configuration loaded: the 16
 // rows' sums of a block are one vector, so the float part is one multiply-multiply-add per block for
-// all 16 rows (lane r: row r's sum in the scalar order).
-template <class F>
+// all 16 rows (lane r: row r's sum in the scalar order), the rows' block scales gathered.
 void matrix_group_one_token(int64_t nb, float* out, size_t out_stride, const uint8_t* w, size_t w_stride,
                             const uint8_t* p) {
   __m512 acc = _mm512_setzero_ps();
   alignas(64) int32_t sums[4][kMatrixRows];
   const __m512i row_offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                  _mm512_set1_epi32(static_cast<int>(w_stride)));
-  WeightTiles<F> wt{w, w_stride, {}};
+  const auto w_block = [&](int64_t b) { return w + static_cast<size_t>(b) * sizeof(Q8_0); };
   const auto p_block = [&](int64_t b) { return p + static_cast<size_t>(b) * kPackedBlock; };
   const auto add_block = [&](const int32_t* block_sums, int64_t b) {
+    // The dword at each row's block start: d, then two codes; its low half is the fp16 scale.
+    // (Zero-masked forms throughout: GCC 12 warns about the unmasked ones' undefined operands.)
+    const __m512i d_bits = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), 0xffff, row_offsets, w_block(b), 1);
+    const __m512 d_w = _mm512_maskz_cvtph_ps(0xffff, _mm512_maskz_cvtepi32_epi16(0xffff, d_bits));
     float d_a;
     std::memcpy(&d_a, p_block(b) + kPackedCodes, sizeof(float));
-    const __m512 scale = _mm512_mul_ps(row_scales<F>(wt.block(b), w_stride, row_offsets), _mm512_set1_ps(d_a));
+    const __m512 scale = _mm512_mul_ps(d_w, _mm512_set1_ps(d_a));
     const __m512 sum = _mm512_maskz_cvtepi32_ps(0xffff, _mm512_load_si512(block_sums));
     acc = _mm512_add_ps(acc, _mm512_mul_ps(scale, sum));
   };
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2) {
-    if (b + kPrefetchBlocks < nb) wt.prefetch(b + kPrefetchBlocks);
+    if (b + kPrefetchBlocks < nb)
+      for (int r = 0; r < kMatrixRows; ++r) {
+        const uint8_t* ahead = w_block(b + kPrefetchBlocks) + static_cast<size_t>(r) * w_stride;
+        _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + 2 * sizeof(Q8_0) - 1), _MM_HINT_T0);
+      }
     const int slot = static_cast<int>(b & 3);
     _tile_zero(0);
     _tile_zero(1);
-    size_t st0, st1;
-    const void* c0 = wt.codes(b, 0, &st0);
-    _tile_loadd(2, c0, st0);
+    _tile_loadd(2, w_block(b) + 2, w_stride);
     _tile_loadd(4, p_block(b), 64);
-    const void* c1 = wt.codes(b + 1, 1, &st1);
-    _tile_loadd(3, c1, st1);
+    _tile_loadd(3, w_block(b + 1) + 2, w_stride);
     _tile_loadd(5, p_block(b + 1), 64);
     _tile_dpbssd(0, 2, 4);
     _tile_dpbssd(1, 3, 5);
@@ -331,9 +246,7 @@ void matrix_group_one_token(int64_t nb, float* out, size_t out_stride, const uin
   }
   if (b < nb) {
     _tile_zero(0);
-    size_t st0;
-    const void* c0 = wt.codes(b, 0, &st0);
-    _tile_loadd(2, c0, st0);
+    _tile_loadd(2, w_block(b) + 2, w_stride);
     _tile_loadd(4, p_block(b), 64);
     _tile_dpbssd(0, 2, 4);
     _tile_stored(0, sums[0], 4);
@@ -346,11 +259,10 @@ void matrix_group_one_token(int64_t nb, float* out, size_t out_stride, const uin
 
 // The tile configuration is loaded once per call (LDTILECFG is microcoded: loaded per group of 16
 // rows it took a tenth of a prefill), for all its groups.
-template <class F>
-void matrix_dot(int64_t n, float* out, size_t out_stride, const void* w_rows, size_t w_stride, const void* packed,
-                int64_t groups, int count) {
+void matrix_q8_0(int64_t n, float* out, size_t out_stride, const void* w_rows, size_t w_stride, const void* packed,
+                 int64_t groups, int count) {
   const uint8_t* w = static_cast<const uint8_t*>(w_rows);
-  const auto group = count == 1 ? matrix_group_one_token<F> : matrix_group<F>;
+  const auto group = count == 1 ? matrix_group_one_token : matrix_group;
   _tile_loadconfig(count == 1 ? &tile_config_one_token() : &tile_config());
   for (int64_t g = 0; g < groups; ++g)
     group(n / kBlock, out + static_cast<size_t>(g) * kMatrixRows * out_stride, out_stride,
@@ -363,13 +275,8 @@ void matrix_dot(int64_t n, float* out, size_t out_stride, const void* w_rows, si
 KernelTable make_table(const KernelTable& base) {
   KernelTable t = base;
   t.isa = "amx";
-  // set_vec_dot drops the avx512 tiles and prepared entries of these types (their order differs).
-  set_vec_dot<dot_blocks<Q8Format>>(t, TensorType::Q8_0);
-  set_matrix(t, TensorType::Q8_0, {pack_q8_0, packed_bytes_q8_0, matrix_dot<Q8Format>});
-  set_vec_dot<dot_blocks<Q4Format>>(t, TensorType::Q4_0);
-  set_matrix(t, TensorType::Q4_0, {pack_q8_0, packed_bytes_q8_0, matrix_dot<Q4Format>});
-  set_vec_dot<dot_blocks<Mxfp4Format>>(t, TensorType::MXFP4);
-  set_matrix(t, TensorType::MXFP4, {pack_q8_0, packed_bytes_q8_0, matrix_dot<Mxfp4Format>});
+  set_vec_dot<dot_q8_0>(t, TensorType::Q8_0);
+  set_matrix(t, TensorType::Q8_0, {pack_q8_0, packed_bytes_q8_0, matrix_q8_0});
   return t;
 }
 
