@@ -746,6 +746,7 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
     const std::vector<Task> tasks = split_rows(
         jobs, [](const FfnJob& j) { return j.w->gate.rows; }, pool_->size(), kMatrixRows);
     MOELITE_TRY(grow_matrix_scratch(2, gate_type, n_embd, max_task_rows(tasks)));
+    MOELITE_TRY(grow_matrix_scratch(2, up_type, n_embd, max_task_rows(tasks)));  // grows only if larger
     pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int thread) {
       const Task& task = tasks[static_cast<size_t>(ti)];
       const FfnJob& job = jobs[static_cast<size_t>(task.job)];
