@@ -93,8 +93,9 @@ TEST(QuantKernelsMatrix, AmxVecDotIsTheScalarDotBitwise) {
 }
 
 // Two groups of 16 weight rows in one call, w_stride apart (more than a row: rows of a larger
-// matrix, unaligned), tokens a_stride apart; every count 1..16; rows with the extreme codes -128 and 127 and blocks of scale 0 among the
-// random ones. Garbage in the output's unused columns is allowed (the contract), nothing else.
+// matrix, unaligned), tokens a_stride apart; every count 1..16; rows with the extreme codes -128,
+// 127 and -127 and a block of scale 0 among the random ones. Meaningless values in the columns
+// from `count` to 16 are allowed (the contract), nothing past them.
 TEST(QuantKernelsMatrix, TileIsTheScalarDotBitwise) {
   const KernelTable* k = kernels_amx();
   if (!k) GTEST_SKIP() << "no AMX-INT8 here (or the OS does not grant the tile state)";

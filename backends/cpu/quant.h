@@ -87,8 +87,8 @@ struct RowGroups {
   VecDotTileFn dot = nullptr;  // nullptr: the type has no grouped layout in this table
 };
 
-// Optional matrix tile (Intel AMX): kMatrixRows adjacent-or-strided weight rows against up to
-// kMatrixTokens activation rows per call, on tile registers. The activation rows are first packed,
+// Optional matrix tile (Intel AMX): groups of kMatrixRows weight rows (w_stride apart) against up
+// to kMatrixTokens activation rows per call, on tile registers. The activation rows are first packed,
 // once per chunk of tokens, into the table's own layout (the tile instruction's operand layout),
 // and each call then computes the whole kMatrixRows x kMatrixTokens block:
 //   pack(a_rows, a_stride, count, n, out): `count` (1..kMatrixTokens) activation rows of n
@@ -113,7 +113,7 @@ struct MatrixTile {
 };
 
 struct KernelTable {
-  const char* isa;                                  // "scalar", "avx2", "avx512", "neon", "dotprod", "i8mm"
+  const char* isa;                                  // "scalar", "avx2", "avx512", "amx", "neon", ...
   DequantRowFn dequant[kTensorTypeIdLimit];         // by weight type; nullptr if unsupported
   QuantizeRowFn quantize_act[kTensorTypeIdLimit];   // by dot type (F32, Q8_0, Q8_1, Q8_K)
   VecDotFn vec_dot[kTensorTypeIdLimit];             // by weight type
@@ -178,10 +178,11 @@ const KernelTable* kernels_avx512();
 // client cores since Alder Lake); on CPUs with both, avx512 ranks above it.
 const KernelTable* kernels_avxvnni();
 // The avx512 table with Q8_0 on Intel AMX tiles (AMX-TILE + AMX-INT8, where the OS grants the
-// tile state): batches of Q8_0 products go through a matrix tile (16 weight rows x 16 tokens per
-// call); every Q8_0 entry of this table sums each block's products exactly and adds the scaled
-// blocks in order, as the scalar reference does, so its Q8_0 results are the scalar table's bit
-// for bit (and differ from the avx512 table's in the last bits). Other types: the avx512 kernels.
+// tile state): Q8_0 products, decode included, go through a matrix tile (16 weight rows x up to 16
+// tokens per call); every Q8_0 entry of this table sums each block's products exactly and adds the
+// scaled blocks in order, as the scalar reference does, so its Q8_0 results are the scalar table's
+// bit for bit (and differ from the avx512 table's in the last bits). Other types: the avx512
+// kernels.
 const KernelTable* kernels_amx();
 const KernelTable* kernels_neon();     // AArch64 (ARMv8.0 NEON): always there on AArch64
 const KernelTable* kernels_dotprod();  // AArch64 with SDOT (ARMv8.2 dotprod), checked at run time
