@@ -125,7 +125,7 @@ const TileConfig& tile_config_one_token() {
 // acc[r] (16 tokens) = acc[r] + (d_w[r] * d_a) * sums[r], for the 16 rows of one block (sums: 16
 // rows of 16 int32).
 inline void accumulate_block(__m512 (&acc)[kMatrixRows], const int32_t* sums, const uint8_t* w_block, size_t w_stride,
-                             const float* da) {
+                             const uint8_t* da) {
   const __m512 d_a = _mm512_loadu_ps(da);
   for (int r = 0; r < kMatrixRows; ++r) {
     const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(fp16(w_block + static_cast<size_t>(r) * w_stride)), d_a);
@@ -192,8 +192,9 @@ void group_blocks(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* 
   }
 }
 
-const float* token_scales(const uint8_t* p, int64_t b) {
-  return reinterpret_cast<const float*>(p + static_cast<size_t>(b) * kPackedBlock + kPackedCodes);
+// Block b's 16 token scales in the packed layout (floats, at any address: read unaligned).
+const uint8_t* token_scales(const uint8_t* p, int64_t b) {
+  return p + static_cast<size_t>(b) * kPackedBlock + kPackedCodes;
 }
 
 // One group of kMatrixRows rows against up to 16 tokens: per block and row one 16-token vector.
@@ -220,7 +221,9 @@ void matrix_group_one_token(int64_t nb, float* out, size_t out_stride, const uin
     const __m512i d_bits = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), 0xffff, row_offsets,
                                                        w + static_cast<size_t>(b) * sizeof(Q8_0), 1);
     const __m512 d_w = _mm512_maskz_cvtph_ps(0xffff, _mm512_maskz_cvtepi32_epi16(0xffff, d_bits));
-    const __m512 scale = _mm512_mul_ps(d_w, _mm512_set1_ps(*token_scales(p, b)));
+    float d_a;  // copied: the packed buffer may sit at any address (pack's contract)
+    std::memcpy(&d_a, token_scales(p, b), sizeof d_a);
+    const __m512 scale = _mm512_mul_ps(d_w, _mm512_set1_ps(d_a));
     const __m512 sum = _mm512_maskz_cvtepi32_ps(0xffff, _mm512_load_si512(sums));
     acc = _mm512_add_ps(acc, _mm512_mul_ps(scale, sum));
   });
