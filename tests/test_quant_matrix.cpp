@@ -20,12 +20,6 @@ namespace {
 
 constexpr uint32_t tid(TensorType t) { return static_cast<uint32_t>(t); }
 
-size_t row_bytes(TensorType t, int64_t n) {
-  uint64_t b = 0;
-  EXPECT_TRUE(type_row_bytes(t, static_cast<uint64_t>(n), &b));
-  return static_cast<size_t>(b);
-}
-
 // Activations spread over a wide range, some rows with a large outlier (a small scale for the rest
 // of their blocks), quantized by the scalar table.
 std::vector<uint8_t> random_q8_0_row(int64_t n, std::mt19937& rng) {
@@ -107,7 +101,7 @@ TEST(QuantKernelsMatrix, TileIsTheScalarDotBitwise) {
   int checked = 0;
   for (int64_t n : {32, 64, 96, 2048, 2080}) {
     SCOPED_TRACE("n=" + std::to_string(n));
-    const size_t wb = row_bytes(t, n), w_stride = wb + 6, off = 3;
+    const size_t wb = test::weight_row_bytes(t, n), w_stride = wb + 6, off = 3;
     constexpr int kGroups = 2, kRows = kGroups * kMatrixRows;
     std::vector<uint8_t> w_buf(off + w_stride * kRows, 0x5A);
     for (int r = 0; r < kRows; ++r) {

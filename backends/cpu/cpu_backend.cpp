@@ -88,9 +88,9 @@ bool use_matrix(const KernelTable& k, TensorType type, int64_t max_tokens) {
 // Types with a group kernel (interleaved_rows.h) take rows in groups of kGroupRows, in decode and
 // in batches: grouped copies go through the group kernel, weights in row layout (expert-store
 // slots) one row at a time, in the same order as step 1.
-int row_step(const KernelTable& k, TensorType type, int64_t max_tokens = 2, bool allow_matrix = true) {
+// (Batches that take a matrix tile never get here: use_matrix sends them to their own loops.)
+int row_step(const KernelTable& k, TensorType type, int64_t max_tokens = 2) {
   if (k.groups[static_cast<uint32_t>(type)].dot) return kGroupRows;
-  if (allow_matrix && use_matrix(k, type, max_tokens)) return kMatrixRows;
   if (max_tokens <= 1 && !g_decode_tiles) return 1;
   if (k.tile4[static_cast<uint32_t>(type)]) return kQuadRows;
   return k.tile[static_cast<uint32_t>(type)] ? kTileRows : 1;
@@ -785,7 +785,7 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
   }
   // Rows in pairs where either projection has a tile kernel (dot_rows runs the other as
   // multi-dots); tasks then hold even row counts.
-  const int step = std::max(row_step(k_, gate_type, max_tokens, false), row_step(k_, up_type, max_tokens, false));
+  const int step = std::max(row_step(k_, gate_type, max_tokens), row_step(k_, up_type, max_tokens));
   ActRows ag, au;
   MOELITE_TRY(prepare_rows(gate_type, step, xg_gate, gate_stride, h_rows, n_embd, &prep_a_, &ag));
   // Gate and up share prepared rows where they read the same activations through the same

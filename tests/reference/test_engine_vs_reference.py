@@ -221,10 +221,11 @@ def test_avxvnni_logits_are_the_avx2_tables_bit_for_bit(wtype):
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "olmoe"])
 def test_amx_batched_logits_are_its_token_by_token_logits(arch):
-    """The amx table's Q8_0 products: batches of two tokens or more go through the AMX tile (16 rows x
-    16 tokens a call), single tokens through its vec_dot; both sum each block exactly and add the
-    blocks in the scalar order, so a prompt evaluated at once and token by token give the same logits,
-    bit for bit, and match the reference. Where the CPU has no AMX the cap takes the best table below
+    """The amx table's Q8_0 products go through the AMX tile (16 rows x up to 16 tokens a call; single
+    tokens through its one-column form), a matrix's rows after its last group of 16 through the
+    table's vec_dot; all sum each block exactly and add the blocks in the scalar order, so a prompt
+    evaluated at once, in batches of 5 and token by token give the same logits, bit for bit, and
+    match the reference. Where the CPU has no AMX the cap takes the best table below
     it, for which the same holds."""
     model = make_model("%s-Q8_0" % arch, arch, "Q8_0")
     batched = engine_logits(model, isa="amx")

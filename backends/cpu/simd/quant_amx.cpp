@@ -98,27 +98,22 @@ struct alignas(64) TileConfig {
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
 };
+// The two configurations differ only in the tokens per tile: `token_bytes` 64 (16 tokens) or 4.
+TileConfig tile_config_for(uint16_t token_bytes) {
+  TileConfig c;
+  for (int t : {0, 1}) c.colsb[t] = token_bytes, c.rows[t] = 16;
+  for (int t : {2, 3}) c.colsb[t] = 32, c.rows[t] = 16;
+  for (int t : {4, 5}) c.colsb[t] = token_bytes, c.rows[t] = 8;
+  return c;
+}
 const TileConfig& tile_config() {
-  static const TileConfig cfg = [] {
-    TileConfig c;
-    for (int t : {0, 1}) c.colsb[t] = 64, c.rows[t] = 16;
-    for (int t : {2, 3}) c.colsb[t] = 32, c.rows[t] = 16;
-    for (int t : {4, 5}) c.colsb[t] = 64, c.rows[t] = 8;
-    return c;
-  }();
+  static const TileConfig cfg = tile_config_for(64);
   return cfg;
 }
-
 // One token (decode): tiles 0-1 int32 sums (16 rows x 1), 2-3 weights (16 x 32 codes), 4-5 the
 // token's codes (8 x 4: the first column of the packed layout, read with the same 64-byte stride).
 const TileConfig& tile_config_one_token() {
-  static const TileConfig cfg = [] {
-    TileConfig c;
-    for (int t : {0, 1}) c.colsb[t] = 4, c.rows[t] = 16;
-    for (int t : {2, 3}) c.colsb[t] = 32, c.rows[t] = 16;
-    for (int t : {4, 5}) c.colsb[t] = 4, c.rows[t] = 8;
-    return c;
-  }();
+  static const TileConfig cfg = tile_config_for(4);
   return cfg;
 }
 
