@@ -995,6 +995,9 @@ TEST(QuantKernelsGroups, PresentOnlyWhereExpected) {
       EXPECT_EQ(g.dot != nullptr, expected) << isa << " " << i;
       EXPECT_EQ(g.repack != nullptr, g.dot != nullptr) << isa << " " << i;
       EXPECT_EQ(g.group_bytes != nullptr, g.dot != nullptr) << isa << " " << i;
+      // Only the amx table's Q4_K group kernel (on tiles) takes more tokens per call.
+      const bool wide = isa == "amx" && i == tid(TensorType::Q4_K);
+      EXPECT_EQ(g.max_count, wide ? kGroupTokens : kMultiDot) << isa << " " << i;
     }
 }
 
@@ -1008,13 +1011,14 @@ const GroupedType kGroupedTypes[] = {
     {TensorType::Q5_K, {repack_q5_k_group8, group_bytes_q5_k, dot_q5_k_group8_reference}}};
 
 // Eight rows of random Q4_K / Q5_K blocks (or with every code byte `fill`: Q5_K's fifth bits too;
-// d, dmin and scale bytes kept) and four activation rows, one of them all -127 (with codes 0xFF, the
-// largest int16 sums the group kernels add up), an odd stride apart.
+// d, dmin and scale bytes kept) and kGroupTokens activation rows (the most any group kernel takes),
+// one of them all -127 (with codes 0xFF, the largest int16 sums the group kernels add up) and one
+// all 127, an odd stride apart.
 struct GroupCase {
   int64_t n;
   size_t row_bytes;
   std::vector<uint8_t> rows;  // kGroupRows rows, row_bytes apart
-  std::vector<uint8_t> acts;  // kMultiDot rows, act_stride apart
+  std::vector<uint8_t> acts;  // kGroupTokens rows, act_stride apart
   size_t act_stride;
 };
 GroupCase make_group_case(TensorType t, int64_t n, int fill, std::mt19937& rng) {
@@ -1030,10 +1034,11 @@ GroupCase make_group_case(TensorType t, int64_t n, int fill, std::mt19937& rng) 
     c.rows.insert(c.rows.end(), w.begin(), w.end());
   }
   c.act_stride = activation_row_bytes(t, n) + 3;
-  c.acts.assign(c.act_stride * kMultiDot, 0);
-  for (int j = 0; j < kMultiDot; ++j) {
+  c.acts.assign(c.act_stride * kGroupTokens, 0);
+  for (int j = 0; j < kGroupTokens; ++j) {
     std::vector<float> x = random_activations(n, rng);
     if (j == 2) std::fill(x.begin(), x.end(), -1.0f);
+    if (j == 9) std::fill(x.begin(), x.end(), 1.0f);
     const std::vector<uint8_t> a = quantize_act(kernels_scalar(), t, x.data(), n);
     std::memcpy(c.acts.data() + j * c.act_stride, a.data(), a.size());
   }
@@ -1041,8 +1046,9 @@ GroupCase make_group_case(TensorType t, int64_t n, int fill, std::mt19937& rng) 
 }
 
 // The contract that keeps exact mode exact: each output of a group kernel is the bits of its
-// table's vec_dot of that row, for every count, and the bits of the readable reference, which
-// pins the layout and the float order independently of any SIMD code.
+// table's vec_dot of that row, for every count the kernel takes (the amx Q4_K kernel: 1-4 through
+// the avx512 kernel, 5-16 on tiles), and the bits of the readable reference, which pins the layout
+// and the float order independently of any SIMD code. Columns past the count stay unwritten.
 TEST(QuantKernelsGroups, BitIdenticalToVecDotAndToReference) {
   int checked = 0;
   for (const KernelTable* k : all_tables()) {
@@ -1058,10 +1064,13 @@ TEST(QuantKernelsGroups, BitIdenticalToVecDotAndToReference) {
           const GroupCase c = make_group_case(t, n, fill, rng);
           std::vector<uint8_t> group(g.group_bytes(n) + 1);
           g.repack(c.rows.data(), c.row_bytes, n, group.data() + 1);  // at an odd address
-          for (int count = 1; count <= kMultiDot; ++count) {
-            float got[kGroupRows][kMultiDot], ref[kGroupRows][kMultiDot];
-            g.dot(n, got[0], kMultiDot, group.data() + 1, 0, c.acts.data(), c.act_stride, count);
-            type.layout.dot(n, ref[0], kMultiDot, group.data() + 1, 0, c.acts.data(), c.act_stride, count);
+          for (int count = 1; count <= g.max_count; ++count) {
+            float got[kGroupRows][kGroupTokens], ref[kGroupRows][kGroupTokens];
+            std::fill(&got[0][0], &got[0][0] + kGroupRows * kGroupTokens, -7.0f);
+            g.dot(n, got[0], kGroupTokens, group.data() + 1, 0, c.acts.data(), c.act_stride, count);
+            type.layout.dot(n, ref[0], kGroupTokens, group.data() + 1, 0, c.acts.data(), c.act_stride, count);
+            for (int r = 0; r < kGroupRows; ++r)
+              for (int j = count; j < kGroupTokens; ++j) EXPECT_EQ(got[r][j], -7.0f) << "row " << r << " column " << j;
             for (int r = 0; r < kGroupRows; ++r)
               for (int j = 0; j < count; ++j) {
                 float row = 0;

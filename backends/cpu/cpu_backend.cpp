@@ -98,7 +98,7 @@ int row_step(const KernelTable& k, TensorType type, int64_t max_tokens = 2) {
 
 // The dot kernels of one weight matrix, looked up once per task. rows<NR>(r, dr, ...) computes
 // weight rows r, r + dr, ... (NR = 1, kTileRows or kQuadRows rows, dr apart, or kGroupRows
-// adjacent rows from a multiple of kGroupRows) against `count` (<= kMultiDot) activation rows:
+// adjacent rows from a multiple of kGroupRows) against `count` (<= token_step<NR>()) activation rows:
 // o[i][j] = dot(row r + i * dr, activation j). A group of kGroupRows goes through the table's
 // group kernel where the weight has a grouped copy (`grouped`, grouped_weights.h); otherwise a
 // group goes through the table's prepared tile where the activations were prepared for it, else
@@ -120,29 +120,34 @@ struct RowDots {
         groups(k.groups[static_cast<uint32_t>(wv.type)]),
         grouped(grouped_copy) {}
   const uint8_t* row(int64_t r) const { return w.data + static_cast<uint64_t>(r) * w.row_bytes; }
+  // Activation rows per rows<NR>() call: a group kernel on tiles takes up to kGroupTokens.
   template <int NR>
-  void rows(int64_t r, int64_t dr, const ActRows& a, int count, float (*o)[kMultiDot]) const {
+  int token_step() const {
+    return NR == kGroupRows && grouped ? groups.max_count : kMultiDot;
+  }
+  template <int NR>
+  void rows(int64_t r, int64_t dr, const ActRows& a, int count, float (*o)[kGroupTokens]) const {
     if constexpr (NR == kGroupRows) {
       if (grouped) {
-        groups.dot(w.cols, o[0], kMultiDot, grouped + static_cast<size_t>(r / kGroupRows) * groups.group_bytes(w.cols),
+        groups.dot(w.cols, o[0], kGroupTokens, grouped + static_cast<size_t>(r / kGroupRows) * groups.group_bytes(w.cols),
                    0, a.data, a.stride, count);
         return;
       }
     }
     const size_t w_stride = static_cast<size_t>(dr) * w.row_bytes;
     if (a.prepared && NR == prepared.rows) {
-      prepared.tile(w.cols, o[0], kMultiDot, row(r), w_stride, a.prepared, a.prepared_stride, count);
+      prepared.tile(w.cols, o[0], kGroupTokens, row(r), w_stride, a.prepared, a.prepared_stride, count);
       return;
     }
     if constexpr (NR == kTileRows) {
       if (tile) {
-        tile(w.cols, o[0], kMultiDot, row(r), w_stride, a.data, a.stride, count);
+        tile(w.cols, o[0], kGroupTokens, row(r), w_stride, a.data, a.stride, count);
         return;
       }
     }
     if constexpr (NR == kQuadRows) {
       if (tile4) {
-        tile4(w.cols, o[0], kMultiDot, row(r), w_stride, a.data, a.stride, count);
+        tile4(w.cols, o[0], kGroupTokens, row(r), w_stride, a.data, a.stride, count);
         return;
       }
     }
@@ -534,11 +539,13 @@ Status CpuBackend::matmul_rows(const WeightView& w, const uint8_t* grouped, cons
     for_rows(r0, r1, step, [&](auto nr_c, int64_t r, int64_t dr) {
       constexpr int NR = decltype(nr_c)::value;
       prefetch_ahead(w, r, dr, r1, NR);
-      // kMultiDot tokens per call decode the weight row(s) once per group; the result of each
-      // token is bit-identical to a single vec_dot, so batching never changes the output.
-      for (int64_t t = t0; t < t1; t += kMultiDot) {
-        const int count = static_cast<int>(std::min<int64_t>(kMultiDot, t1 - t));
-        float o[NR][kMultiDot];
+      // kMultiDot tokens per call (a group kernel on tiles: up to kGroupTokens) decode the weight
+      // row(s) once per group; the result of each token is bit-identical to a single vec_dot, so
+      // batching never changes the output.
+      const int step_t = dots.token_step<NR>();
+      for (int64_t t = t0; t < t1; t += step_t) {
+        const int count = static_cast<int>(std::min<int64_t>(step_t, t1 - t));
+        float o[NR][kGroupTokens];
         dots.rows<NR>(r, dr, a.at(t), count, o);
         for (int i = 0; i < NR; ++i)
           for (int j = 0; j < count; ++j) out[(t + j) * out_stride + r + i * dr] = o[i][j];
@@ -810,9 +817,10 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
       constexpr int NR = decltype(nr_c)::value;
       prefetch_ahead(gw, r, dr, task.r1, NR);
       prefetch_ahead(uw, r, dr, task.r1, NR);
-      for (int64_t i = 0; i < job.n_rows; i += kMultiDot) {
-        const int count = static_cast<int>(std::min<int64_t>(kMultiDot, job.n_rows - i));
-        float g[NR][kMultiDot], u[NR][kMultiDot];
+      const int step_t = std::min(gdots.token_step<NR>(), udots.token_step<NR>());
+      for (int64_t i = 0; i < job.n_rows; i += step_t) {
+        const int count = static_cast<int>(std::min<int64_t>(step_t, job.n_rows - i));
+        float g[NR][kGroupTokens], u[NR][kGroupTokens];
         gdots.rows<NR>(r, dr, ag.at(base + i), count, g);
         udots.rows<NR>(r, dr, au.at(base + i), count, u);
         for (int ri = 0; ri < NR; ++ri) {
@@ -896,9 +904,10 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
     for_rows(task.r0, task.r1, step, [&](auto nr_c, int64_t r, int64_t dr) {
       constexpr int NR = decltype(nr_c)::value;
       prefetch_ahead(dw, r, dr, task.r1, NR);
-      for (int64_t i = 0; i < job.n_rows; i += kMultiDot) {
-        const int count = static_cast<int>(std::min<int64_t>(kMultiDot, job.n_rows - i));
-        float o[NR][kMultiDot];
+      const int step_t = ddots.token_step<NR>();
+      for (int64_t i = 0; i < job.n_rows; i += step_t) {
+        const int count = static_cast<int>(std::min<int64_t>(step_t, job.n_rows - i));
+        float o[NR][kGroupTokens];
         ddots.rows<NR>(r, dr, ad.at(base + i), count, o);
         for (int ri = 0; ri < NR; ++ri) {
           if (job.w->down_bias)

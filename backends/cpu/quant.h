@@ -85,7 +85,13 @@ struct RowGroups {
   RepackFn repack = nullptr;
   GroupBytesFn group_bytes = nullptr;
   VecDotTileFn dot = nullptr;  // nullptr: the type has no grouped layout in this table
+  // Activation rows `dot` takes per call: kMultiDot, or up to kGroupTokens where the group kernel
+  // runs on matrix tiles (Intel AMX), which want as many tokens per call as there are.
+  int max_count = kMultiDot;
 };
+// The most activation rows any group kernel takes per call (the drivers' output blocks are this
+// wide).
+constexpr int kGroupTokens = 16;
 
 // Optional matrix tile (Intel AMX): groups of kMatrixRows weight rows (w_stride apart) against up
 // to kMatrixTokens activation rows per call, on tile registers. The activation rows are first packed,

@@ -13,16 +13,22 @@
 // with the block sums formed by vpdpbusd, and batched and token-by-token evaluation stay equal.
 #include <immintrin.h>
 
+#include <array>
+#include <cstddef>
 #include <cstring>
 #include <initializer_list>
 
+#include "backends/cpu/interleaved_rows.h"
 #include "backends/cpu/quant.h"
 #include "backends/cpu/simd/tables.h"
+#include "base/quant_ref.h"
 
 namespace moelite::cpu {
 namespace {
 
 using blocks::Q8_0;
+using blocks::kQKK;
+using blocks::Q8_K;
 
 constexpr int kBlock = 32;
 // Packed activations per block: 8 rows x (16 tokens x 4 codes), then the 16 tokens' scales.
@@ -105,6 +111,21 @@ TileConfig tile_config_for(uint16_t token_bytes) {
   for (int t : {2, 3}) c.colsb[t] = 32, c.rows[t] = 16;
   for (int t : {4, 5}) c.colsb[t] = token_bytes, c.rows[t] = 8;
   return c;
+}
+// The configuration this thread's tiles hold (nullptr: none, the tiles released). LDTILECFG is
+// microcoded and slow, so a kernel called many times in a row (the Q4_K group kernel, once per 8
+// rows) loads its configuration only when another one is loaded.
+thread_local const TileConfig* t_loaded_config = nullptr;
+void use_config(const TileConfig& c) {
+  if (t_loaded_config == &c) return;
+  _tile_loadconfig(&c);
+  t_loaded_config = &c;
+}
+// Leave the tiles in their init state: a thread that holds tile data costs the OS an 8 KiB save
+// at every context switch.
+void release_tiles() {
+  _tile_release();
+  t_loaded_config = nullptr;
 }
 const TileConfig& tile_config() {
   static const TileConfig cfg = tile_config_for(64);
@@ -233,13 +254,142 @@ void matrix_q8_0(int64_t n, float* out, size_t out_stride, const void* w_rows, s
                  int64_t groups, int count) {
   const uint8_t* w = static_cast<const uint8_t*>(w_rows);
   const auto group = count == 1 ? matrix_group_one_token : matrix_group;
-  _tile_loadconfig(count == 1 ? &tile_config_one_token() : &tile_config());
+  use_config(count == 1 ? tile_config_one_token() : tile_config());
   for (int64_t g = 0; g < groups; ++g)
     group(n / kBlock, out + static_cast<size_t>(g) * kMatrixRows * out_stride, out_stride,
           w + static_cast<size_t>(g) * kMatrixRows * w_stride, w_stride, static_cast<const uint8_t*>(packed));
-  // Leave the tiles in their init state: a thread that holds tile data costs the OS an 8 KiB save
-  // at every context switch.
-  _tile_release();
+  release_tiles();
+}
+
+// ---- Q4_K: the avx512 table's grouped copies (Q4KGroup8, interleaved_rows.h) on tiles ----
+//
+// A group's codes are already in the layout TDPBSUD wants for its second (unsigned) operand: chunk
+// c of a super-block holds, for 4-code position l of a sub-block, the 8 rows' 4 codes side by side
+// (qs[c][l][row][4]), the low nibbles for sub-block 2c and the high ones for 2c + 1. So one sub-block
+// is an 8 x 32 tile once its nibbles are split into bytes (two ANDs and a shift per 64 bytes), and
+// the first operand is up to 16 tokens' 32 activation codes of that sub-block, loaded straight from
+// the Q8_K rows with their stride. The 16 x 8 int32 results are exact sub-block sums; the rows'
+// 6-bit scales and the mins (against the Q8_K group sums) are applied in integers, and the float
+// part is interleaved_rows.h's order: acc = fma(d * da, isum, acc), accm = fma(dmin * da, msum,
+// accm), acc - accm. So each output equals the avx512 group and row kernels' (decode) bit for bit.
+
+// Calls of fewer tokens take the avx512 group kernel (same bits): with so few tokens the tile's
+// setup and the integer passes cost more than they save.
+constexpr int kQ4KTileMinTokens = 5;
+static_assert(kQ4KTileMinTokens - 1 <= kMultiDot, "the avx512 group kernel takes up to kMultiDot tokens");
+VecDotTileFn g_q4k_group_few_tokens = nullptr;  // the avx512 table's, set with the table
+
+// Tiles 0-3: sums (count tokens x 8 rows of int32), 4-5: activation codes (count x 32), 6-7: the
+// rows' codes (8 four-code positions x 8 rows x 4). One configuration per token count.
+const TileConfig& q4k_tile_config(int count) {
+  static const auto configs = [] {
+    std::array<TileConfig, kGroupTokens + 1> c{};
+    for (int n = 1; n <= kGroupTokens; ++n)
+      for (int t = 0; t < 8; ++t) {
+        c[n].colsb[t] = 32;
+        c[n].rows[t] = static_cast<uint8_t>(t < 6 ? n : 8);
+      }
+    return c;
+  }();
+  return configs[static_cast<size_t>(count)];
+}
+
+void q4k_group_tiles(int64_t n, float* out, size_t out_stride, const void* group, size_t w_stride,
+                     const void* a_rows, size_t a_stride, int count) {
+  if (count < kQ4KTileMinTokens) {
+    g_q4k_group_few_tokens(n, out, out_stride, group, w_stride, a_rows, a_stride, count);
+    return;
+  }
+  use_config(q4k_tile_config(count));
+  const auto* groups = static_cast<const Q4KGroup8*>(group);
+  const uint8_t* a = static_cast<const uint8_t*>(a_rows);
+  const auto token = [&](int m) { return a + static_cast<size_t>(m) * a_stride; };
+  alignas(64) uint8_t codes[8][256];                   // sub-block s: [position l][row][4 codes]
+  alignas(64) int32_t sums[8][(kGroupTokens + 1) * 8];  // sub-block s: [token][row]
+  alignas(64) float acc[kGroupTokens * 8], accm[kGroupTokens * 8];  // [token][row]
+  std::memset(acc, 0, sizeof acc);
+  std::memset(accm, 0, sizeof accm);
+  // Tokens are taken two per vector (8 rows each); with an odd count the second of the last pair
+  // reads a row of sums no tile writes: zeros, and its results are never stored.
+  for (auto& s : sums) std::memset(s + count * 8, 0, 8 * sizeof(int32_t));
+  // (Zero-masked forms throughout: GCC 12 warns about the unmasked ones' undefined operands.)
+  // vpermd indices: lanes 0-7 <- dword s of the first token's group sums, 8-15 <- the second's.
+  __m512i pick[8];
+  for (int s = 0; s < 8; ++s)
+    pick[s] = _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8), _mm512_set1_epi32(s));
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  const auto rows_twice = [](const uint8_t* p8) {  // 8 bytes -> 16 int32 lanes: the 8 rows twice
+    uint64_t v;
+    std::memcpy(&v, p8, 8);
+    return _mm512_maskz_cvtepu8_epi32(0xffff, _mm_set1_epi64x(static_cast<long long>(v)));
+  };
+  for (int64_t i = 0; i < n / kQKK; ++i) {
+    const Q4KGroup8& g = groups[i];
+    for (int c = 0; c < 4; ++c)
+      for (int q = 0; q < 4; ++q) {
+        const __m512i v = _mm512_loadu_si512(reinterpret_cast<const uint8_t*>(g.qs[c]) + 64 * q);
+        _mm512_store_si512(codes[2 * c] + 64 * q, _mm512_and_si512(v, nibble));
+        _mm512_store_si512(codes[2 * c + 1] + 64 * q, _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble));
+      }
+    const uint8_t* qs = a + static_cast<size_t>(i) * sizeof(Q8_K) + offsetof(Q8_K, qs);
+    // Four sums in flight: a store waits for its product, so each pair is stored a pair later.
+    // (Tile numbers must be literals for GCC's intrinsics.)
+#define MOELITE_Q4K_PRODUCT(c, a, b, s)      \
+  _tile_zero(c);                             \
+  _tile_loadd(a, qs + 32 * (s), a_stride);   \
+  _tile_loadd(b, codes[s], 32);              \
+  _tile_dpbsud(c, a, b)
+    MOELITE_Q4K_PRODUCT(0, 4, 6, 0);
+    MOELITE_Q4K_PRODUCT(1, 5, 7, 1);
+    MOELITE_Q4K_PRODUCT(2, 4, 6, 2);
+    MOELITE_Q4K_PRODUCT(3, 5, 7, 3);
+    _tile_stored(0, sums[0], 32);
+    _tile_stored(1, sums[1], 32);
+    MOELITE_Q4K_PRODUCT(0, 4, 6, 4);
+    MOELITE_Q4K_PRODUCT(1, 5, 7, 5);
+    _tile_stored(2, sums[2], 32);
+    _tile_stored(3, sums[3], 32);
+    MOELITE_Q4K_PRODUCT(2, 4, 6, 6);
+    MOELITE_Q4K_PRODUCT(3, 5, 7, 7);
+#undef MOELITE_Q4K_PRODUCT
+    _tile_stored(0, sums[4], 32);
+    _tile_stored(1, sums[5], 32);
+    _tile_stored(2, sums[6], 32);
+    _tile_stored(3, sums[7], 32);
+    __m512i scale[8], min_twice[8];
+    for (int s = 0; s < 8; ++s) {
+      scale[s] = rows_twice(g.scales[s]);
+      const __m512i mn = rows_twice(g.mins[s]);
+      min_twice[s] = _mm512_or_si512(mn, _mm512_maskz_slli_epi32(0xffff, mn, 16));  // the min in both 16-bit halves
+    }
+    const __m512 d = _mm512_maskz_cvtph_ps(0xffff, _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g.d))));
+    const __m512 dmin =
+        _mm512_maskz_cvtph_ps(0xffff, _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g.dmin))));
+    const size_t block = static_cast<size_t>(i) * sizeof(Q8_K);
+    for (int m = 0; m < count; m += 2) {
+      const uint8_t* y0 = token(m) + block;
+      const uint8_t* y1 = m + 1 < count ? token(m + 1) + block : y0;
+      __m512i isum = _mm512_setzero_si512(), msum = _mm512_setzero_si512();
+      // Group sums as 8 dwords per token: dword s = the two 16-bit sums of sub-block s.
+      const __m512i bsums = _mm512_maskz_inserti64x4(
+          0xff, _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y0 + offsetof(Q8_K, bsums)))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y1 + offsetof(Q8_K, bsums))), 1);
+      for (int s = 0; s < 8; ++s) {
+        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(sums[s] + m * 8), scale[s]));
+        msum = _mm512_add_epi32(msum, _mm512_madd_epi16(min_twice[s], _mm512_maskz_permutexvar_epi32(0xffff, pick[s], bsums)));
+      }
+      float da0, da1;
+      std::memcpy(&da0, y0, sizeof da0);
+      std::memcpy(&da1, y1, sizeof da1);
+      const __m512 da = _mm512_maskz_insertf32x8(0xffff, _mm512_set1_ps(da0), _mm256_set1_ps(da1), 1);
+      _mm512_store_ps(acc + m * 8, _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_maskz_cvtepi32_ps(0xffff, isum),
+                                                   _mm512_load_ps(acc + m * 8)));
+      _mm512_store_ps(accm + m * 8, _mm512_fmadd_ps(_mm512_mul_ps(dmin, da), _mm512_maskz_cvtepi32_ps(0xffff, msum),
+                                                    _mm512_load_ps(accm + m * 8)));
+    }
+  }
+  for (int m = 0; m < count; ++m)
+    for (int r = 0; r < kGroupRows; ++r) out[static_cast<size_t>(r) * out_stride + m] = acc[m * 8 + r] - accm[m * 8 + r];
 }
 
 KernelTable make_table(const KernelTable& base) {
@@ -247,6 +397,14 @@ KernelTable make_table(const KernelTable& base) {
   t.isa = "amx";
   set_vec_dot<dot_q8_0>(t, TensorType::Q8_0);
   set_matrix(t, TensorType::Q8_0, {pack_q8_0, packed_bytes_q8_0, matrix_q8_0});
+  // Q4_K keeps the avx512 layout and kernels; its group kernel runs batches on tiles.
+  RowGroups q4k = base.groups[static_cast<uint32_t>(TensorType::Q4_K)];
+  if (q4k.dot) {
+    g_q4k_group_few_tokens = q4k.dot;
+    q4k.dot = q4k_group_tiles;
+    q4k.max_count = kGroupTokens;
+    set_groups(t, TensorType::Q4_K, q4k);
+  }
   return t;
 }
 
