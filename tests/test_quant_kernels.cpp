@@ -995,8 +995,8 @@ TEST(QuantKernelsGroups, PresentOnlyWhereExpected) {
       EXPECT_EQ(g.dot != nullptr, expected) << isa << " " << i;
       EXPECT_EQ(g.repack != nullptr, g.dot != nullptr) << isa << " " << i;
       EXPECT_EQ(g.group_bytes != nullptr, g.dot != nullptr) << isa << " " << i;
-      // Only the amx table's Q4_K group kernel (on tiles) takes more tokens per call.
-      const bool wide = isa == "amx" && i == tid(TensorType::Q4_K);
+      // Only the amx table's group kernels (on tiles) take more tokens per call.
+      const bool wide = isa == "amx" && expected;
       EXPECT_EQ(g.max_count, wide ? kGroupTokens : kMultiDot) << isa << " " << i;
     }
 }
@@ -1046,8 +1046,8 @@ GroupCase make_group_case(TensorType t, int64_t n, int fill, std::mt19937& rng) 
 }
 
 // The contract that keeps exact mode exact: each output of a group kernel is the bits of its
-// table's vec_dot of that row, for every count the kernel takes (the amx Q4_K kernel: 1-4 through
-// the avx512 kernel, 5-16 on tiles), and the bits of the readable reference, which pins the layout
+// table's vec_dot of that row, for every count the kernel takes (the amx Q4_K/Q5_K kernels: 1-5
+// through the avx512 kernels, 6-16 on tiles), and the bits of the readable reference, which pins the layout
 // and the float order independently of any SIMD code. Columns past the count stay unwritten.
 TEST(QuantKernelsGroups, BitIdenticalToVecDotAndToReference) {
   int checked = 0;

@@ -5,10 +5,10 @@
 // Usage: bench_kernels [rows] [cols] [mode]   (mode 1: row pairs through the table's tile, if any;
 //   mode 2: 4 activation rows per call, tile or multi-dot; mode 3: activations prepared once, then
 //   the table's prepared tile, ACTS=n activation rows per weight row group, default 4; mode 4: rows
-//   repacked in groups of eight where the table has a group kernel (interleaved_rows.h), one
-//   activation row, else "-"; mode 5: the table's matrix tile (AMX), ACTS=n activation rows (<= 16,
+//   repacked in groups of eight where the table has a group kernel (interleaved_rows.h), ACTS=n
+//   activation rows per call (default 1, at most the kernel's max_count), else "-"; mode 5: the table's matrix tile (AMX), ACTS=n activation rows (<= 16,
 //   default 16) packed once, then 16 weight rows per call, else "-"). TYPE=Q6_K (a type's name):
-//   that type only. Modes 2, 3 and 5 count each weight byte once, whatever the activation rows.
+//   that type only. Modes 2, 3, 4 and 5 count each weight byte once, whatever the activation rows.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -140,8 +140,17 @@ int main(int argc, char** argv) {
               g.repack(w.data() + r * rb, rb, cols, grouped.data() + (r / kGroupRows) * gb);
             t0 = std::chrono::steady_clock::now();
           }
+          // ACTS=n activation rows per call (at most the kernel's max_count; default 1).
+          const int acts = std::min(g.max_count, getenv("ACTS") ? std::max(1, atoi(getenv("ACTS"))) : 1);
+          static std::vector<uint8_t> act_rows;
+          static std::vector<float> o;
+          const size_t ab = activation_row_bytes(t, cols);
+          act_rows.resize(ab * acts);
+          for (int j = 0; j < acts; ++j) std::memcpy(act_rows.data() + j * ab, a.data(), ab);
+          o.resize(static_cast<size_t>(rows) * kGroupTokens);
           for (int64_t r = 0; r + kGroupRows <= rows; r += kGroupRows)
-            g.dot(cols, &out[r], 1, grouped.data() + (r / kGroupRows) * gb, 0, a.data(), 0, 1);
+            g.dot(cols, &o[static_cast<size_t>(r) * kGroupTokens], kGroupTokens, grouped.data() + (r / kGroupRows) * gb, 0,
+                  act_rows.data(), ab, acts);
         } else if (mode == 0) {
           for (int64_t r = 0; r < rows; ++r) dot(cols, &out[r], w.data() + r * rb, a.data());
         } else if (mode == 3) {

@@ -234,19 +234,19 @@ def test_amx_batched_logits_are_its_token_by_token_logits(arch):
     assert nmse(batched, reference_logits(model)) < tight("Q8_0")
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "olmoe"])
-def test_amx_q4_k_batches_on_tiles_are_its_token_by_token_logits(arch):
-    """The amx table runs the Q4_K group kernel (grouped copies of resident weights) on AMX tiles for
-    5 to 16 tokens a call, in the avx512 kernels' float order; fewer tokens (decode) take the avx512
-    kernel. A 40-token prompt at once (calls of up to 16 tokens), in batches of 7 and token by token
-    give the same logits bit for bit and match the reference. Without AMX the cap takes the best
-    table below it, for which the same holds."""
-    model = make_model("%s-Q4_K" % arch, arch, "Q4_K")
+@pytest.mark.parametrize("arch,wtype", [("qwen3moe", "Q4_K"), ("olmoe", "Q4_K"), ("qwen2moe", "Q5_K")])
+def test_amx_k_quant_batches_on_tiles_are_its_token_by_token_logits(arch, wtype):
+    """The amx table runs the Q4_K and Q5_K group kernels (grouped copies of resident weights) on AMX
+    tiles for 6 to 16 tokens a call, in the avx512 kernels' float order; fewer tokens (decode) take
+    the avx512 kernels. A 40-token prompt at once (calls of up to 16 tokens), in batches of 7 and
+    token by token give the same logits bit for bit and match the reference. Without AMX the cap
+    takes the best table below it, for which the same holds."""
+    model = make_model("%s-%s" % (arch, wtype), arch, wtype)
     tokens = TOKENS * 4
     batched = engine_logits(model, tokens=tokens, isa="amx")
     np.testing.assert_array_equal(engine_logits(model, tokens=tokens, isa="amx", extra=("-b", "1")), batched)
     np.testing.assert_array_equal(engine_logits(model, tokens=tokens, isa="amx", extra=("-b", "7")), batched)
-    assert nmse(batched, reference_logits(model, tokens=tokens)) < tight("Q4_K")
+    assert nmse(batched, reference_logits(model, tokens=tokens)) < tight(wtype)
 
 
 def test_metadata_overrides_renormalisation():

@@ -1,4 +1,5 @@
-// Intel AMX kernels: the avx512 table with Q8_0 products on int8 tile registers. Compiled with
+// Intel AMX kernels: the avx512 table with Q8_0 products, and Q4_K / Q5_K batches of 6 to 16
+// tokens (its group kernels over the grouped copies, below), on int8 tile registers. Compiled with
 // -mamx-tile -mamx-int8, the avx512 flags and -ffp-contract=off; nothing here runs before
 // kernels_amx() has checked the CPU and the OS's grant of the tile state.
 //
@@ -13,10 +14,12 @@
 // with the block sums formed by vpdpbusd, and batched and token-by-token evaluation stay equal.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstring>
 #include <initializer_list>
+#include <type_traits>
 
 #include "backends/cpu/interleaved_rows.h"
 #include "backends/cpu/quant.h"
@@ -261,7 +264,7 @@ void matrix_q8_0(int64_t n, float* out, size_t out_stride, const void* w_rows, s
   release_tiles();
 }
 
-// ---- Q4_K: the avx512 table's grouped copies (Q4KGroup8, interleaved_rows.h) on tiles ----
+// ---- Q4_K and Q5_K: the avx512 table's grouped copies (interleaved_rows.h) on tiles ----
 //
 // A group's codes are already in the layout TDPBSUD wants for its second (unsigned) operand: chunk
 // c of a super-block holds, for 4-code position l of a sub-block, the 8 rows' 4 codes side by side
@@ -272,16 +275,25 @@ void matrix_q8_0(int64_t n, float* out, size_t out_stride, const void* w_rows, s
 // 6-bit scales and the mins (against the Q8_K group sums) are applied in integers, and the float
 // part is interleaved_rows.h's order: acc = fma(d * da, isum, acc), accm = fma(dmin * da, msum,
 // accm), acc - accm. So each output equals the avx512 group and row kernels' (decode) bit for bit.
+// Q5_K's group is Q4_K's plus a plane of fifth bits in the same [position][row][4] layout (qh: bit
+// 2c of a byte for sub-block 2c, bit 2c + 1 for 2c + 1), ORed into the codes as bit 4, and the same
+// float order; its codes reach 31, its sub-block sums 32 x 31 x 127, its scaled sums 8 x 63 times
+// that: all within int32.
 
 // Calls of fewer tokens take the avx512 group kernel (same bits): with so few tokens the tile's
-// setup and the integer passes cost more than they save.
-constexpr int kQ4KTileMinTokens = 5;
-static_assert(kQ4KTileMinTokens - 1 <= kMultiDot, "the avx512 group kernel takes up to kMultiDot tokens");
-VecDotTileFn g_q4k_group_few_tokens = nullptr;  // the avx512 table's, set with the table
+// setup and the integer passes cost more than they save. bench_kernels (mode 4, 256 x 2048 Q4_K
+// rows from L2, one thread, GB/s of weights per call): avx512 10.4 with 4 tokens, 19.3 with 2,
+// 24 with 1; tiles 8.1 with 6 tokens, 7.2 with 8, 4.9 with 16. So 5 tokens come out about even
+// (4 + 1 on avx512), 6 a sixth faster on tiles, 16 1.9x.
+constexpr int kQ45KTileMinTokens = 6;
+// The avx512 table's group kernels, set with the table: [0] Q4_K, [1] Q5_K.
+VecDotTileFn g_q45k_group_few_tokens[2] = {nullptr, nullptr};
+const Q4KGroup8& low_part(const Q4KGroup8& g) { return g; }
+const Q4KGroup8& low_part(const Q5KGroup8& g) { return g.low; }
 
 // Tiles 0-3: sums (count tokens x 8 rows of int32), 4-5: activation codes (count x 32), 6-7: the
 // rows' codes (8 four-code positions x 8 rows x 4). One configuration per token count.
-const TileConfig& q4k_tile_config(int count) {
+const TileConfig& q45k_tile_config(int count) {
   static const auto configs = [] {
     std::array<TileConfig, kGroupTokens + 1> c{};
     for (int n = 1; n <= kGroupTokens; ++n)
@@ -294,14 +306,40 @@ const TileConfig& q4k_tile_config(int count) {
   return configs[static_cast<size_t>(count)];
 }
 
-void q4k_group_tiles(int64_t n, float* out, size_t out_stride, const void* group, size_t w_stride,
-                     const void* a_rows, size_t a_stride, int count) {
-  if (count < kQ4KTileMinTokens) {
-    g_q4k_group_few_tokens(n, out, out_stride, group, w_stride, a_rows, a_stride, count);
+// The fifth bits of one sub-block: bit kBit of each qh byte moved to bit 4 (16-bit shifts; the mask
+// drops what crossed from the neighbouring byte).
+template <int kBit>
+__m512i fifth_bits(__m512i qh) {
+  const __m512i bit4 = _mm512_set1_epi8(0x10);
+  if constexpr (kBit >= 4)
+    return _mm512_and_si512(_mm512_srli_epi16(qh, kBit - 4), bit4);
+  else
+    return _mm512_and_si512(_mm512_slli_epi16(qh, 4 - kBit), bit4);
+}
+template <int c>
+void add_fifth_bits(const Q5KGroup8& g, uint8_t (&codes)[8][256]) {
+  for (int q = 0; q < 4; ++q) {
+    const __m512i qh = _mm512_loadu_si512(reinterpret_cast<const uint8_t*>(g.qh) + 64 * q);
+    uint8_t* lo = codes[2 * c] + 64 * q;
+    uint8_t* hi = codes[2 * c + 1] + 64 * q;
+    _mm512_store_si512(lo, _mm512_or_si512(_mm512_load_si512(lo), fifth_bits<2 * c>(qh)));
+    _mm512_store_si512(hi, _mm512_or_si512(_mm512_load_si512(hi), fifth_bits<2 * c + 1>(qh)));
+  }
+}
+
+template <bool kFive>
+void q45k_group_tiles(int64_t n, float* out, size_t out_stride, const void* group, size_t w_stride,
+                      const void* a_rows, size_t a_stride, int count) {
+  if (count < kQ45KTileMinTokens) {  // kMultiDot tokens at a time, as the avx512 kernel takes them
+    const uint8_t* acts = static_cast<const uint8_t*>(a_rows);
+    for (int j = 0; j < count; j += kMultiDot)
+      g_q45k_group_few_tokens[kFive](n, out + j, out_stride, group, w_stride, acts + static_cast<size_t>(j) * a_stride,
+                                     a_stride, std::min(kMultiDot, count - j));
     return;
   }
-  use_config(q4k_tile_config(count));
-  const auto* groups = static_cast<const Q4KGroup8*>(group);
+  use_config(q45k_tile_config(count));
+  using Group = std::conditional_t<kFive, Q5KGroup8, Q4KGroup8>;
+  const auto* groups = static_cast<const Group*>(group);
   const uint8_t* a = static_cast<const uint8_t*>(a_rows);
   const auto token = [&](int m) { return a + static_cast<size_t>(m) * a_stride; };
   alignas(64) uint8_t codes[8][256];                   // sub-block s: [position l][row][4 codes]
@@ -324,13 +362,20 @@ void q4k_group_tiles(int64_t n, float* out, size_t out_stride, const void* group
     return _mm512_maskz_cvtepu8_epi32(0xffff, _mm_set1_epi64x(static_cast<long long>(v)));
   };
   for (int64_t i = 0; i < n / kQKK; ++i) {
-    const Q4KGroup8& g = groups[i];
+    const Group& full = groups[i];
+    const Q4KGroup8& g = low_part(full);
     for (int c = 0; c < 4; ++c)
       for (int q = 0; q < 4; ++q) {
         const __m512i v = _mm512_loadu_si512(reinterpret_cast<const uint8_t*>(g.qs[c]) + 64 * q);
         _mm512_store_si512(codes[2 * c] + 64 * q, _mm512_and_si512(v, nibble));
         _mm512_store_si512(codes[2 * c + 1] + 64 * q, _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble));
       }
+    if constexpr (kFive) {
+      add_fifth_bits<0>(full, codes);
+      add_fifth_bits<1>(full, codes);
+      add_fifth_bits<2>(full, codes);
+      add_fifth_bits<3>(full, codes);
+    }
     const uint8_t* qs = a + static_cast<size_t>(i) * sizeof(Q8_K) + offsetof(Q8_K, qs);
     // Four sums in flight: a store waits for its product, so each pair is stored a pair later.
     // (Tile numbers must be literals for GCC's intrinsics.)
@@ -397,13 +442,15 @@ KernelTable make_table(const KernelTable& base) {
   t.isa = "amx";
   set_vec_dot<dot_q8_0>(t, TensorType::Q8_0);
   set_matrix(t, TensorType::Q8_0, {pack_q8_0, packed_bytes_q8_0, matrix_q8_0});
-  // Q4_K keeps the avx512 layout and kernels; its group kernel runs batches on tiles.
-  RowGroups q4k = base.groups[static_cast<uint32_t>(TensorType::Q4_K)];
-  if (q4k.dot) {
-    g_q4k_group_few_tokens = q4k.dot;
-    q4k.dot = q4k_group_tiles;
-    q4k.max_count = kGroupTokens;
-    set_groups(t, TensorType::Q4_K, q4k);
+  // Q4_K and Q5_K keep the avx512 layout and kernels; their group kernels run batches on tiles.
+  for (const bool five : {false, true}) {
+    const TensorType type = five ? TensorType::Q5_K : TensorType::Q4_K;
+    RowGroups groups = base.groups[static_cast<uint32_t>(type)];
+    if (!groups.dot) continue;
+    g_q45k_group_few_tokens[five] = groups.dot;
+    groups.dot = five ? q45k_group_tiles<true> : q45k_group_tiles<false>;
+    groups.max_count = kGroupTokens;
+    set_groups(t, type, groups);
   }
   return t;
 }
