@@ -116,8 +116,8 @@ TileConfig tile_config_for(uint16_t token_bytes) {
   return c;
 }
 // The configuration this thread's tiles hold (nullptr: none, the tiles released). LDTILECFG is
-// microcoded and slow, so a kernel called many times in a row (the Q4_K group kernel, once per 8
-// rows) loads its configuration only when another one is loaded.
+// microcoded and slow, so a kernel called many times in a row (the Q4_K and Q5_K group kernels,
+// once per 8 rows) loads its configuration only when another one is loaded.
 thread_local const TileConfig* t_loaded_config = nullptr;
 void use_config(const TileConfig& c) {
   if (t_loaded_config == &c) return;
@@ -343,7 +343,11 @@ void q45k_group_tiles(int64_t n, float* out, size_t out_stride, const void* grou
   const uint8_t* a = static_cast<const uint8_t*>(a_rows);
   const auto token = [&](int m) { return a + static_cast<size_t>(m) * a_stride; };
   alignas(64) uint8_t codes[8][256];                   // sub-block s: [position l][row][4 codes]
-  alignas(64) int32_t sums[8][(kGroupTokens + 1) * 8];  // sub-block s: [token][row]
+  // Sub-block s: [token][row], rows of sums for kGroupTokens + 1 tokens (the odd count's partner)
+  // rounded up so every sub-block's rows start on a 64-byte line (the two-token loads are aligned).
+  constexpr int kSumsStride = (kGroupTokens + 2) * 8;
+  static_assert(kSumsStride % 16 == 0, "each sub-block's sums start 64-byte aligned");
+  alignas(64) int32_t sums[8][kSumsStride];
   alignas(64) float acc[kGroupTokens * 8], accm[kGroupTokens * 8];  // [token][row]
   std::memset(acc, 0, sizeof acc);
   std::memset(accm, 0, sizeof accm);
@@ -379,24 +383,24 @@ void q45k_group_tiles(int64_t n, float* out, size_t out_stride, const void* grou
     const uint8_t* qs = a + static_cast<size_t>(i) * sizeof(Q8_K) + offsetof(Q8_K, qs);
     // Four sums in flight: a store waits for its product, so each pair is stored a pair later.
     // (Tile numbers must be literals for GCC's intrinsics.)
-#define MOELITE_Q4K_PRODUCT(c, a, b, s)      \
-  _tile_zero(c);                             \
-  _tile_loadd(a, qs + 32 * (s), a_stride);   \
-  _tile_loadd(b, codes[s], 32);              \
+#define MOELITE_Q45K_PRODUCT(c, a, b, s)   \
+  _tile_zero(c);                           \
+  _tile_loadd(a, qs + 32 * (s), a_stride); \
+  _tile_loadd(b, codes[s], 32);            \
   _tile_dpbsud(c, a, b)
-    MOELITE_Q4K_PRODUCT(0, 4, 6, 0);
-    MOELITE_Q4K_PRODUCT(1, 5, 7, 1);
-    MOELITE_Q4K_PRODUCT(2, 4, 6, 2);
-    MOELITE_Q4K_PRODUCT(3, 5, 7, 3);
+    MOELITE_Q45K_PRODUCT(0, 4, 6, 0);
+    MOELITE_Q45K_PRODUCT(1, 5, 7, 1);
+    MOELITE_Q45K_PRODUCT(2, 4, 6, 2);
+    MOELITE_Q45K_PRODUCT(3, 5, 7, 3);
     _tile_stored(0, sums[0], 32);
     _tile_stored(1, sums[1], 32);
-    MOELITE_Q4K_PRODUCT(0, 4, 6, 4);
-    MOELITE_Q4K_PRODUCT(1, 5, 7, 5);
+    MOELITE_Q45K_PRODUCT(0, 4, 6, 4);
+    MOELITE_Q45K_PRODUCT(1, 5, 7, 5);
     _tile_stored(2, sums[2], 32);
     _tile_stored(3, sums[3], 32);
-    MOELITE_Q4K_PRODUCT(2, 4, 6, 6);
-    MOELITE_Q4K_PRODUCT(3, 5, 7, 7);
-#undef MOELITE_Q4K_PRODUCT
+    MOELITE_Q45K_PRODUCT(2, 4, 6, 6);
+    MOELITE_Q45K_PRODUCT(3, 5, 7, 7);
+#undef MOELITE_Q45K_PRODUCT
     _tile_stored(0, sums[4], 32);
     _tile_stored(1, sums[5], 32);
     _tile_stored(2, sums[6], 32);
@@ -405,23 +409,28 @@ void q45k_group_tiles(int64_t n, float* out, size_t out_stride, const void* grou
     for (int s = 0; s < 8; ++s) {
       scale[s] = rows_twice(g.scales[s]);
       const __m512i mn = rows_twice(g.mins[s]);
-      min_twice[s] = _mm512_or_si512(mn, _mm512_maskz_slli_epi32(0xffff, mn, 16));  // the min in both 16-bit halves
+      min_twice[s] = _mm512_or_si512(mn, _mm512_maskz_slli_epi32(0xffff, mn, 16));  // in both 16-bit halves
     }
-    const __m512 d = _mm512_maskz_cvtph_ps(0xffff, _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g.d))));
-    const __m512 dmin =
-        _mm512_maskz_cvtph_ps(0xffff, _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g.dmin))));
+    const auto rows_fp16_twice = [](const uint8_t* p) {  // 8 fp16 values -> 16 floats: the 8 rows twice
+      const __m128i eight = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+      return _mm512_maskz_cvtph_ps(0xffff, _mm256_broadcastsi128_si256(eight));
+    };
+    const __m512 d = rows_fp16_twice(g.d), dmin = rows_fp16_twice(g.dmin);
     const size_t block = static_cast<size_t>(i) * sizeof(Q8_K);
     for (int m = 0; m < count; m += 2) {
       const uint8_t* y0 = token(m) + block;
       const uint8_t* y1 = m + 1 < count ? token(m + 1) + block : y0;
       __m512i isum = _mm512_setzero_si512(), msum = _mm512_setzero_si512();
       // Group sums as 8 dwords per token: dword s = the two 16-bit sums of sub-block s.
-      const __m512i bsums = _mm512_maskz_inserti64x4(
-          0xff, _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y0 + offsetof(Q8_K, bsums)))),
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y1 + offsetof(Q8_K, bsums))), 1);
+      const auto group_sums_of = [](const uint8_t* y) {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + offsetof(Q8_K, bsums)));
+      };
+      const __m512i bsums =
+          _mm512_maskz_inserti64x4(0xff, _mm512_castsi256_si512(group_sums_of(y0)), group_sums_of(y1), 1);
       for (int s = 0; s < 8; ++s) {
         isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(sums[s] + m * 8), scale[s]));
-        msum = _mm512_add_epi32(msum, _mm512_madd_epi16(min_twice[s], _mm512_maskz_permutexvar_epi32(0xffff, pick[s], bsums)));
+        const __m512i group_sums = _mm512_maskz_permutexvar_epi32(0xffff, pick[s], bsums);
+        msum = _mm512_add_epi32(msum, _mm512_madd_epi16(min_twice[s], group_sums));
       }
       float da0, da1;
       std::memcpy(&da0, y0, sizeof da0);
@@ -434,7 +443,8 @@ void q45k_group_tiles(int64_t n, float* out, size_t out_stride, const void* grou
     }
   }
   for (int m = 0; m < count; ++m)
-    for (int r = 0; r < kGroupRows; ++r) out[static_cast<size_t>(r) * out_stride + m] = acc[m * 8 + r] - accm[m * 8 + r];
+    for (int r = 0; r < kGroupRows; ++r)
+      out[static_cast<size_t>(r) * out_stride + m] = acc[m * 8 + r] - accm[m * 8 + r];
 }
 
 KernelTable make_table(const KernelTable& base) {
