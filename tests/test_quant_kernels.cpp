@@ -995,9 +995,10 @@ TEST(QuantKernelsGroups, PresentOnlyWhereExpected) {
       EXPECT_EQ(g.dot != nullptr, expected) << isa << " " << i;
       EXPECT_EQ(g.repack != nullptr, g.dot != nullptr) << isa << " " << i;
       EXPECT_EQ(g.group_bytes != nullptr, g.dot != nullptr) << isa << " " << i;
-      // Only the amx table's group kernels (on tiles) take more tokens per call.
+      // Only the amx table's group kernels (on tiles) take more tokens, and two groups, per call.
       const bool wide = isa == "amx" && expected;
       EXPECT_EQ(g.max_count, wide ? kGroupTokens : kMultiDot) << isa << " " << i;
+      EXPECT_EQ(g.dot_pair != nullptr, wide) << isa << " " << i;
     }
 }
 
@@ -1046,9 +1047,10 @@ GroupCase make_group_case(TensorType t, int64_t n, int fill, std::mt19937& rng) 
 }
 
 // The contract that keeps exact mode exact: each output of a group kernel is the bits of its
-// table's vec_dot of that row, for every count the kernel takes (the amx Q4_K/Q5_K kernels: 1-5
-// through the avx512 kernels, 6-16 on tiles), and the bits of the readable reference, which pins the layout
-// and the float order independently of any SIMD code. Columns past the count stay unwritten.
+// table's vec_dot of that row, for every count the kernel takes (the amx Q4_K/Q5_K kernels: a
+// group 1-5 tokens through the avx512 kernel and 6-16 on tiles, a pair 1-4 and 5-16), and the
+// bits of the readable reference, which pins the layout and the float order independently of any
+// SIMD code. Columns past the count stay unwritten.
 TEST(QuantKernelsGroups, BitIdenticalToVecDotAndToReference) {
   int checked = 0;
   for (const KernelTable* k : all_tables()) {
@@ -1080,6 +1082,36 @@ TEST(QuantKernelsGroups, BitIdenticalToVecDotAndToReference) {
                 EXPECT_EQ(std::memcmp(&got[r][j], &ref[r][j], 4), 0)
                     << "row " << r << " act " << j << ": " << got[r][j] << " vs reference " << ref[r][j];
               }
+          }
+          ++checked;
+          if (!g.dot_pair) continue;
+          // Two adjacent groups per call (the amx table): the second group's rows from another
+          // case, the pair at an odd address with the groups group_bytes apart. Out rows 0-7 are
+          // the first group's, 8-15 the second's, each the bits of vec_dot and of the reference.
+          const GroupCase c2 = make_group_case(t, n, fill, rng);
+          const size_t gb = g.group_bytes(n);
+          std::vector<uint8_t> pair(2 * gb + 1);
+          g.repack(c.rows.data(), c.row_bytes, n, pair.data() + 1);
+          g.repack(c2.rows.data(), c2.row_bytes, n, pair.data() + 1 + gb);
+          for (int count = 1; count <= g.max_count; ++count) {
+            float got[2 * kGroupRows][kGroupTokens], ref[2 * kGroupRows][kGroupTokens];
+            std::fill(&got[0][0], &got[0][0] + 2 * kGroupRows * kGroupTokens, -7.0f);
+            g.dot_pair(n, got[0], kGroupTokens, pair.data() + 1, gb, c.acts.data(), c.act_stride, count);
+            type.layout.dot(n, ref[0], kGroupTokens, pair.data() + 1, 0, c.acts.data(), c.act_stride, count);
+            type.layout.dot(n, ref[kGroupRows], kGroupTokens, pair.data() + 1 + gb, 0, c.acts.data(), c.act_stride,
+                            count);
+            for (int r = 0; r < 2 * kGroupRows; ++r) {
+              const uint8_t* w = r < kGroupRows ? c.rows.data() + r * c.row_bytes
+                                                : c2.rows.data() + (r - kGroupRows) * c2.row_bytes;
+              for (int j = count; j < kGroupTokens; ++j) EXPECT_EQ(got[r][j], -7.0f) << "pair row " << r << " column " << j;
+              for (int j = 0; j < count; ++j) {
+                float row = 0;
+                k->vec_dot[tid(t)](n, &row, w, c.acts.data() + j * c.act_stride);
+                EXPECT_EQ(std::memcmp(&got[r][j], &row, 4), 0)
+                    << "pair row " << r << " act " << j << " count " << count << ": " << got[r][j] << " vs " << row;
+                EXPECT_EQ(std::memcmp(&got[r][j], &ref[r][j], 4), 0) << "pair row " << r << " act " << j;
+              }
+            }
           }
           ++checked;
         }

@@ -148,7 +148,13 @@ int main(int argc, char** argv) {
           act_rows.resize(ab * acts);
           for (int j = 0; j < acts; ++j) std::memcpy(act_rows.data() + j * ab, a.data(), ab);
           o.resize(static_cast<size_t>(rows) * kGroupTokens);
-          for (int64_t r = 0; r + kGroupRows <= rows; r += kGroupRows)
+          // Two groups per call where the table takes pairs (as the drivers call it), else one.
+          int64_t r = 0;
+          if (g.dot_pair)
+            for (; r + 2 * kGroupRows <= rows; r += 2 * kGroupRows)
+              g.dot_pair(cols, &o[static_cast<size_t>(r) * kGroupTokens], kGroupTokens,
+                         grouped.data() + (r / kGroupRows) * gb, gb, act_rows.data(), ab, acts);
+          for (; r + kGroupRows <= rows; r += kGroupRows)
             g.dot(cols, &o[static_cast<size_t>(r) * kGroupTokens], kGroupTokens, grouped.data() + (r / kGroupRows) * gb, 0,
                   act_rows.data(), ab, acts);
         } else if (mode == 0) {

@@ -90,7 +90,8 @@ bool use_matrix(const KernelTable& k, TensorType type, int64_t max_tokens) {
 // slots) one row at a time, in the same order as step 1.
 // (Batches that take a matrix tile never get here: use_matrix sends them to their own loops.)
 int row_step(const KernelTable& k, TensorType type, int64_t max_tokens = 2) {
-  if (k.groups[static_cast<uint32_t>(type)].dot) return kGroupRows;
+  const RowGroups& groups = k.groups[static_cast<uint32_t>(type)];
+  if (groups.dot) return groups.dot_pair ? kGroupPairRows : kGroupRows;
   if (max_tokens <= 1 && !g_decode_tiles) return 1;
   if (k.tile4[static_cast<uint32_t>(type)]) return kQuadRows;
   return k.tile[static_cast<uint32_t>(type)] ? kTileRows : 1;
@@ -123,10 +124,18 @@ struct RowDots {
   // Activation rows per rows<NR>() call: a group kernel on tiles takes up to kGroupTokens.
   template <int NR>
   int token_step() const {
-    return NR == kGroupRows && grouped ? groups.max_count : kMultiDot;
+    return (NR == kGroupRows || NR == kGroupPairRows) && grouped ? groups.max_count : kMultiDot;
   }
   template <int NR>
   void rows(int64_t r, int64_t dr, const ActRows& a, int count, float (*o)[kGroupTokens]) const {
+    if constexpr (NR == kGroupPairRows) {
+      if (grouped) {
+        const size_t bytes = groups.group_bytes(w.cols);
+        groups.dot_pair(w.cols, o[0], kGroupTokens, grouped + static_cast<size_t>(r / kGroupRows) * bytes, bytes,
+                        a.data, a.stride, count);
+        return;
+      }
+    }
     if constexpr (NR == kGroupRows) {
       if (grouped) {
         groups.dot(w.cols, o[0], kGroupTokens, grouped + static_cast<size_t>(r / kGroupRows) * groups.group_bytes(w.cols),
@@ -171,13 +180,16 @@ inline int64_t for_row_groups(int64_t r0, int64_t r1, Body& body) {
   return r0 + NR * h;
 }
 // Step kGroupRows: groups of adjacent rows r, r + 1, ... from r0 (a multiple of kGroupRows), the
-// rows of one group of a grouped copy.
+// rows of one group of a grouped copy; step kGroupPairRows: two such groups at a time, then one.
 template <class Body>
 inline void for_rows(int64_t r0, int64_t r1, int step, Body&& body) {
   int64_t r = r0;
   if (step == kTileRows) r = for_row_groups<kTileRows>(r0, r1, body);
   if (step == kQuadRows) r = for_row_groups<kQuadRows>(r0, r1, body);
-  if (step == kGroupRows)
+  if (step == kGroupPairRows)
+    for (; r + kGroupPairRows <= r1; r += kGroupPairRows)
+      body(std::integral_constant<int, kGroupPairRows>(), r, int64_t{1});
+  if (step == kGroupRows || step == kGroupPairRows)
     for (; r + kGroupRows <= r1; r += kGroupRows) body(std::integral_constant<int, kGroupRows>(), r, int64_t{1});
   for (; r < r1; ++r) body(std::integral_constant<int, 1>(), r, int64_t{0});
 }

@@ -23,6 +23,8 @@
 namespace moelite::cpu {
 
 constexpr int kGroupRows = 8;
+// Two adjacent groups: the rows a group kernel that takes a pair (RowGroups::dot_pair) covers per call.
+constexpr int kGroupPairRows = 2 * kGroupRows;
 
 // One super-block (256 columns) of eight Q4_K rows. 1184 bytes against 8 x 144 in row layout: the
 // 6-bit scales and mins are stored unpacked, one byte each (+2.8 %), so no kernel unpacks them.

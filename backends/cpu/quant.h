@@ -88,6 +88,10 @@ struct RowGroups {
   // Activation rows `dot` takes per call: kMultiDot, or up to kGroupTokens where the group kernel
   // runs on matrix tiles (Intel AMX), which want as many tokens per call as there are.
   int max_count = kMultiDot;
+  // Optional: two adjacent groups (2 x kGroupRows rows) per call, w_stride the bytes from the first
+  // group to the second, the same contract per row as `dot` (out rows 0-7 the first group's, 8-15
+  // the second's) and the same max_count; nullptr: one group per call.
+  VecDotTileFn dot_pair = nullptr;
 };
 // The most activation rows any group kernel takes per call (the drivers' output blocks are this
 // wide).
