@@ -333,6 +333,55 @@ void add_fifth_bits(const Q5KGroup8& g, uint8_t (&codes)[8][256]) {
   }
 }
 
+// The 8 sub-block products of one super-block on tiles 0-7 as both kernels configure them (0-3
+// sums, 4-5 activation codes, 6-7 the rows' codes): sub-block s's activation codes at qs + 32 s
+// (a_stride apart), its rows' codes at codes + s * code_bytes (code_row_bytes a row), its sums to
+// sums + s * sums_step (sums_row_bytes a row). Four sums in flight: a store waits for its product,
+// so each pair is stored a pair later. (Tile numbers must be literals for GCC's intrinsics.)
+inline void sub_block_products(const uint8_t* qs, size_t a_stride, const uint8_t* codes, size_t code_bytes,
+                               int code_row_bytes, int32_t* sums, size_t sums_step, int sums_row_bytes) {
+#define MOELITE_Q45K_PRODUCT(t, a, b, s)                            \
+  _tile_zero(t);                                                    \
+  _tile_loadd(a, qs + 32 * (s), a_stride);                          \
+  _tile_loadd(b, codes + (s) * code_bytes, code_row_bytes);         \
+  _tile_dpbsud(t, a, b)
+#define MOELITE_Q45K_STORE(t, s) _tile_stored(t, sums + (s) * sums_step, sums_row_bytes)
+  MOELITE_Q45K_PRODUCT(0, 4, 6, 0);
+  MOELITE_Q45K_PRODUCT(1, 5, 7, 1);
+  MOELITE_Q45K_PRODUCT(2, 4, 6, 2);
+  MOELITE_Q45K_PRODUCT(3, 5, 7, 3);
+  MOELITE_Q45K_STORE(0, 0);
+  MOELITE_Q45K_STORE(1, 1);
+  MOELITE_Q45K_PRODUCT(0, 4, 6, 4);
+  MOELITE_Q45K_PRODUCT(1, 5, 7, 5);
+  MOELITE_Q45K_STORE(2, 2);
+  MOELITE_Q45K_STORE(3, 3);
+  MOELITE_Q45K_PRODUCT(2, 4, 6, 6);
+  MOELITE_Q45K_PRODUCT(3, 5, 7, 7);
+  MOELITE_Q45K_STORE(0, 4);
+  MOELITE_Q45K_STORE(1, 5);
+  MOELITE_Q45K_STORE(2, 6);
+  MOELITE_Q45K_STORE(3, 7);
+#undef MOELITE_Q45K_STORE
+#undef MOELITE_Q45K_PRODUCT
+}
+
+// One super-block's float part for 16 lanes in interleaved_rows.h's order: acc = fma(d * da,
+// isum, acc), accm = fma(dmin * da, msum, accm) (acc and accm 64-byte aligned).
+inline void accumulate_q45k(float* acc, float* accm, __m512 d, __m512 dmin, __m512 da, __m512i isum,
+                            __m512i msum) {
+  const __m512 isum_f = _mm512_maskz_cvtepi32_ps(0xffff, isum), msum_f = _mm512_maskz_cvtepi32_ps(0xffff, msum);
+  _mm512_store_ps(acc, _mm512_fmadd_ps(_mm512_mul_ps(d, da), isum_f, _mm512_load_ps(acc)));
+  _mm512_store_ps(accm, _mm512_fmadd_ps(_mm512_mul_ps(dmin, da), msum_f, _mm512_load_ps(accm)));
+}
+// out[r * out_stride + m] = acc - accm of token m, row r ([token][rows] accumulators).
+inline void store_q45k_results(float* out, size_t out_stride, const float* acc, const float* accm, int count,
+                               int rows) {
+  for (int m = 0; m < count; ++m)
+    for (int r = 0; r < rows; ++r)
+      out[static_cast<size_t>(r) * out_stride + m] = acc[m * rows + r] - accm[m * rows + r];
+}
+
 template <bool kFive>
 void q45k_group_tiles(int64_t n, float* out, size_t out_stride, const void* group, size_t w_stride,
                       const void* a_rows, size_t a_stride, int count) {
@@ -387,30 +436,7 @@ void q45k_group_tiles(int64_t n, float* out, size_t out_stride, const void* grou
       add_fifth_bits<3>(full, codes);
     }
     const uint8_t* qs = a + static_cast<size_t>(i) * sizeof(Q8_K) + offsetof(Q8_K, qs);
-    // Four sums in flight: a store waits for its product, so each pair is stored a pair later.
-    // (Tile numbers must be literals for GCC's intrinsics.)
-#define MOELITE_Q45K_PRODUCT(c, a, b, s)   \
-  _tile_zero(c);                           \
-  _tile_loadd(a, qs + 32 * (s), a_stride); \
-  _tile_loadd(b, codes[s], 32);            \
-  _tile_dpbsud(c, a, b)
-    MOELITE_Q45K_PRODUCT(0, 4, 6, 0);
-    MOELITE_Q45K_PRODUCT(1, 5, 7, 1);
-    MOELITE_Q45K_PRODUCT(2, 4, 6, 2);
-    MOELITE_Q45K_PRODUCT(3, 5, 7, 3);
-    _tile_stored(0, sums[0], 32);
-    _tile_stored(1, sums[1], 32);
-    MOELITE_Q45K_PRODUCT(0, 4, 6, 4);
-    MOELITE_Q45K_PRODUCT(1, 5, 7, 5);
-    _tile_stored(2, sums[2], 32);
-    _tile_stored(3, sums[3], 32);
-    MOELITE_Q45K_PRODUCT(2, 4, 6, 6);
-    MOELITE_Q45K_PRODUCT(3, 5, 7, 7);
-#undef MOELITE_Q45K_PRODUCT
-    _tile_stored(0, sums[4], 32);
-    _tile_stored(1, sums[5], 32);
-    _tile_stored(2, sums[6], 32);
-    _tile_stored(3, sums[7], 32);
+    sub_block_products(qs, a_stride, codes[0], sizeof codes[0], 32, sums[0], kSumsStride, 32);
     __m512i scale[8], min_twice[8];
     for (int s = 0; s < 8; ++s) {
       scale[s] = rows_twice(g.scales[s]);
@@ -442,15 +468,10 @@ void q45k_group_tiles(int64_t n, float* out, size_t out_stride, const void* grou
       std::memcpy(&da0, y0, sizeof da0);
       std::memcpy(&da1, y1, sizeof da1);
       const __m512 da = _mm512_maskz_insertf32x8(0xffff, _mm512_set1_ps(da0), _mm256_set1_ps(da1), 1);
-      _mm512_store_ps(acc + m * 8, _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_maskz_cvtepi32_ps(0xffff, isum),
-                                                   _mm512_load_ps(acc + m * 8)));
-      _mm512_store_ps(accm + m * 8, _mm512_fmadd_ps(_mm512_mul_ps(dmin, da), _mm512_maskz_cvtepi32_ps(0xffff, msum),
-                                                    _mm512_load_ps(accm + m * 8)));
+      accumulate_q45k(acc + m * 8, accm + m * 8, d, dmin, da, isum, msum);
     }
   }
-  for (int m = 0; m < count; ++m)
-    for (int r = 0; r < kGroupRows; ++r)
-      out[static_cast<size_t>(r) * out_stride + m] = acc[m * 8 + r] - accm[m * 8 + r];
+  store_q45k_results(out, out_stride, acc, accm, count, kGroupRows);
 }
 
 // From 5 tokens a call a pair of groups is faster on tiles than through the avx512 kernel
@@ -540,29 +561,7 @@ void q45k_pair_tiles(int64_t n, float* out, size_t out_stride, const void* group
     const Q4KGroup8& g1 = low_part(second[i]);
     for (int c = 0; c < 4; ++c) unpack_pair_chunk<kFive>(first[i], second[i], c, codes);
     const uint8_t* qs = a + static_cast<size_t>(i) * sizeof(Q8_K) + offsetof(Q8_K, qs);
-    // Four sums in flight, as in the one-group kernel. (Tile numbers must be literals.)
-#define MOELITE_Q45K_PRODUCT(t, a, b, s)     \
-  _tile_zero(t);                             \
-  _tile_loadd(a, qs + 32 * (s), a_stride);   \
-  _tile_loadd(b, codes[s], 64);              \
-  _tile_dpbsud(t, a, b)
-    MOELITE_Q45K_PRODUCT(0, 4, 6, 0);
-    MOELITE_Q45K_PRODUCT(1, 5, 7, 1);
-    MOELITE_Q45K_PRODUCT(2, 4, 6, 2);
-    MOELITE_Q45K_PRODUCT(3, 5, 7, 3);
-    _tile_stored(0, sums[0], 64);
-    _tile_stored(1, sums[1], 64);
-    MOELITE_Q45K_PRODUCT(0, 4, 6, 4);
-    MOELITE_Q45K_PRODUCT(1, 5, 7, 5);
-    _tile_stored(2, sums[2], 64);
-    _tile_stored(3, sums[3], 64);
-    MOELITE_Q45K_PRODUCT(2, 4, 6, 6);
-    MOELITE_Q45K_PRODUCT(3, 5, 7, 7);
-#undef MOELITE_Q45K_PRODUCT
-    _tile_stored(0, sums[4], 64);
-    _tile_stored(1, sums[5], 64);
-    _tile_stored(2, sums[6], 64);
-    _tile_stored(3, sums[7], 64);
+    sub_block_products(qs, a_stride, codes[0][0], sizeof codes[0], 64, sums[0], kGroupTokens * 16, 64);
     __m512i scale[8], min_twice[8];
     for (int s = 0; s < 8; ++s) {
       scale[s] = both_groups(g0.scales[s], g1.scales[s]);
@@ -583,15 +582,10 @@ void q45k_pair_tiles(int64_t n, float* out, size_t out_stride, const void* group
       float da_f;
       std::memcpy(&da_f, y, sizeof da_f);
       const __m512 da = _mm512_set1_ps(da_f);
-      _mm512_store_ps(acc + m * 16, _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_maskz_cvtepi32_ps(0xffff, isum),
-                                                    _mm512_load_ps(acc + m * 16)));
-      _mm512_store_ps(accm + m * 16, _mm512_fmadd_ps(_mm512_mul_ps(dmin, da), _mm512_maskz_cvtepi32_ps(0xffff, msum),
-                                                     _mm512_load_ps(accm + m * 16)));
+      accumulate_q45k(acc + m * 16, accm + m * 16, d, dmin, da, isum, msum);
     }
   }
-  for (int m = 0; m < count; ++m)
-    for (int r = 0; r < kGroupPairRows; ++r)
-      out[static_cast<size_t>(r) * out_stride + m] = acc[m * 16 + r] - accm[m * 16 + r];
+  store_q45k_results(out, out_stride, acc, accm, count, kGroupPairRows);
 }
 
 KernelTable make_table(const KernelTable& base) {
