@@ -85,9 +85,10 @@ bool use_matrix(const KernelTable& k, TensorType type, int64_t max_tokens) {
   return k.matrix[i].dot && !k.groups[i].dot && max_tokens >= g_matrix_min_tokens;
 }
 
-// Types with a group kernel (interleaved_rows.h) take rows in groups of kGroupRows, in decode and
-// in batches: grouped copies go through the group kernel, weights in row layout (expert-store
-// slots) one row at a time, in the same order as step 1.
+// Types with a group kernel (interleaved_rows.h) take rows in groups of kGroupRows (pairs of
+// groups, kGroupPairRows, where the table's kernel takes two a call), in decode and in batches:
+// grouped copies go through the group kernel, weights in row layout (expert-store slots) one row
+// at a time, in the same order as step 1.
 // (Batches that take a matrix tile never get here: use_matrix sends them to their own loops.)
 int row_step(const KernelTable& k, TensorType type, int64_t max_tokens = 2) {
   const RowGroups& groups = k.groups[static_cast<uint32_t>(type)];
@@ -98,10 +99,11 @@ int row_step(const KernelTable& k, TensorType type, int64_t max_tokens = 2) {
 }
 
 // The dot kernels of one weight matrix, looked up once per task. rows<NR>(r, dr, ...) computes
-// weight rows r, r + dr, ... (NR = 1, kTileRows or kQuadRows rows, dr apart, or kGroupRows
-// adjacent rows from a multiple of kGroupRows) against `count` (<= token_step<NR>()) activation rows:
-// o[i][j] = dot(row r + i * dr, activation j). A group of kGroupRows goes through the table's
-// group kernel where the weight has a grouped copy (`grouped`, grouped_weights.h); otherwise a
+// weight rows r, r + dr, ... (NR = 1, kTileRows or kQuadRows rows, dr apart, or kGroupRows or
+// kGroupPairRows adjacent rows from a multiple of kGroupRows) against `count` (<= token_step<NR>())
+// activation rows: o[i][j] = dot(row r + i * dr, activation j). A group (or pair of groups) goes
+// through the table's group kernel where the weight has a grouped copy (`grouped`,
+// grouped_weights.h); otherwise a
 // group goes through the table's prepared tile where the activations were prepared for it, else
 // its tile kernel of that size where there is one, else one multi-dot per row; all are
 // bit-identical to vec_dot, so the grouping never changes results.
