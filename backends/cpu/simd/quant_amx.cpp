@@ -306,17 +306,8 @@ const TileConfig& q45k_tile_config(int count) {
   return configs[static_cast<size_t>(count)];
 }
 
-// The fifth bits of one sub-block: bit kBit of each qh byte moved to bit 4 (16-bit shifts; the mask
-// drops what crossed from the neighbouring byte).
-template <int kBit>
-__m512i fifth_bits(__m512i qh) {
-  const __m512i bit4 = _mm512_set1_epi8(0x10);
-  if constexpr (kBit >= 4)
-    return _mm512_and_si512(_mm512_srli_epi16(qh, kBit - 4), bit4);
-  else
-    return _mm512_and_si512(_mm512_slli_epi16(qh, 4 - kBit), bit4);
-}
-// The same for a sub-block index known only at run time.
+// The fifth bits of sub-block s (0-7): bit s of each qh byte moved to bit 4 (16-bit shifts; the
+// mask drops what crossed from the neighbouring byte).
 inline __m512i fifth_bits_of(__m512i qh, int s) {
   const __m512i bit4 = _mm512_set1_epi8(0x10);
   if (s >= 4) return _mm512_and_si512(_mm512_srli_epi16(qh, static_cast<unsigned>(s - 4)), bit4);
@@ -328,9 +319,24 @@ void add_fifth_bits(const Q5KGroup8& g, uint8_t (&codes)[8][256]) {
     const __m512i qh = _mm512_loadu_si512(reinterpret_cast<const uint8_t*>(g.qh) + 64 * q);
     uint8_t* lo = codes[2 * c] + 64 * q;
     uint8_t* hi = codes[2 * c + 1] + 64 * q;
-    _mm512_store_si512(lo, _mm512_or_si512(_mm512_load_si512(lo), fifth_bits<2 * c>(qh)));
-    _mm512_store_si512(hi, _mm512_or_si512(_mm512_load_si512(hi), fifth_bits<2 * c + 1>(qh)));
+    _mm512_store_si512(lo, _mm512_or_si512(_mm512_load_si512(lo), fifth_bits_of(qh, 2 * c)));
+    _mm512_store_si512(hi, _mm512_or_si512(_mm512_load_si512(hi), fifth_bits_of(qh, 2 * c + 1)));
   }
+}
+
+// 16 lanes from two groups' per-row values (the one-group kernel passes its group twice): 8 bytes
+// of each as int32, or 8 fp16 of each as floats; lanes 0-7 the first group's rows.
+inline __m512i rows_u8_of(const uint8_t* first8, const uint8_t* second8) {
+  uint64_t lo, hi;
+  std::memcpy(&lo, first8, 8);
+  std::memcpy(&hi, second8, 8);
+  // (Zero-masked forms: GCC 12 warns about the unmasked ones' undefined operands.)
+  return _mm512_maskz_cvtepu8_epi32(0xffff, _mm_set_epi64x(static_cast<long long>(hi), static_cast<long long>(lo)));
+}
+inline __m512 rows_fp16_of(const uint8_t* first8, const uint8_t* second8) {
+  const __m256i h = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(second8)),
+                                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(first8)));
+  return _mm512_maskz_cvtph_ps(0xffff, h);
 }
 
 // The 8 sub-block products of one super-block on tiles 0-7 as both kernels configure them (0-3
@@ -415,11 +421,6 @@ void q45k_group_tiles(int64_t n, float* out, size_t out_stride, const void* grou
   for (int s = 0; s < 8; ++s)
     pick[s] = _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8), _mm512_set1_epi32(s));
   const __m512i nibble = _mm512_set1_epi8(0x0f);
-  const auto rows_twice = [](const uint8_t* p8) {  // 8 bytes -> 16 int32 lanes: the 8 rows twice
-    uint64_t v;
-    std::memcpy(&v, p8, 8);
-    return _mm512_maskz_cvtepu8_epi32(0xffff, _mm_set1_epi64x(static_cast<long long>(v)));
-  };
   for (int64_t i = 0; i < n / kQKK; ++i) {
     const Group& full = groups[i];
     const Q4KGroup8& g = low_part(full);
@@ -439,15 +440,11 @@ void q45k_group_tiles(int64_t n, float* out, size_t out_stride, const void* grou
     sub_block_products(qs, a_stride, codes[0], sizeof codes[0], 32, sums[0], kSumsStride, 32);
     __m512i scale[8], min_twice[8];
     for (int s = 0; s < 8; ++s) {
-      scale[s] = rows_twice(g.scales[s]);
-      const __m512i mn = rows_twice(g.mins[s]);
+      scale[s] = rows_u8_of(g.scales[s], g.scales[s]);  // the 8 rows twice: two tokens a vector
+      const __m512i mn = rows_u8_of(g.mins[s], g.mins[s]);
       min_twice[s] = _mm512_or_si512(mn, _mm512_maskz_slli_epi32(0xffff, mn, 16));  // in both 16-bit halves
     }
-    const auto rows_fp16_twice = [](const uint8_t* p) {  // 8 fp16 values -> 16 floats: the 8 rows twice
-      const __m128i eight = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-      return _mm512_maskz_cvtph_ps(0xffff, _mm256_broadcastsi128_si256(eight));
-    };
-    const __m512 d = rows_fp16_twice(g.d), dmin = rows_fp16_twice(g.dmin);
+    const __m512 d = rows_fp16_of(g.d, g.d), dmin = rows_fp16_of(g.dmin, g.dmin);
     const size_t block = static_cast<size_t>(i) * sizeof(Q8_K);
     for (int m = 0; m < count; m += 2) {
       const uint8_t* y0 = token(m) + block;
@@ -545,17 +542,6 @@ void q45k_pair_tiles(int64_t n, float* out, size_t out_stride, const void* group
   std::memset(acc, 0, sizeof acc);
   std::memset(accm, 0, sizeof accm);
   // (Zero-masked forms throughout: GCC 12 warns about the unmasked ones' undefined operands.)
-  const auto both_groups = [](const uint8_t* first8, const uint8_t* second8) {  // 16 bytes -> 16 int32
-    uint64_t lo, hi;
-    std::memcpy(&lo, first8, 8);
-    std::memcpy(&hi, second8, 8);
-    return _mm512_maskz_cvtepu8_epi32(0xffff, _mm_set_epi64x(static_cast<long long>(hi), static_cast<long long>(lo)));
-  };
-  const auto fp16_both = [](const uint8_t* first8, const uint8_t* second8) {  // 2 x 8 fp16 -> 16 floats
-    const __m256i h = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(second8)),
-                                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(first8)));
-    return _mm512_maskz_cvtph_ps(0xffff, h);
-  };
   for (int64_t i = 0; i < n / kQKK; ++i) {
     const Q4KGroup8& g0 = low_part(first[i]);
     const Q4KGroup8& g1 = low_part(second[i]);
@@ -564,11 +550,11 @@ void q45k_pair_tiles(int64_t n, float* out, size_t out_stride, const void* group
     sub_block_products(qs, a_stride, codes[0][0], sizeof codes[0], 64, sums[0], kGroupTokens * 16, 64);
     __m512i scale[8], min_twice[8];
     for (int s = 0; s < 8; ++s) {
-      scale[s] = both_groups(g0.scales[s], g1.scales[s]);
-      const __m512i mn = both_groups(g0.mins[s], g1.mins[s]);
+      scale[s] = rows_u8_of(g0.scales[s], g1.scales[s]);
+      const __m512i mn = rows_u8_of(g0.mins[s], g1.mins[s]);
       min_twice[s] = _mm512_or_si512(mn, _mm512_maskz_slli_epi32(0xffff, mn, 16));  // in both 16-bit halves
     }
-    const __m512 d = fp16_both(g0.d, g1.d), dmin = fp16_both(g0.dmin, g1.dmin);
+    const __m512 d = rows_fp16_of(g0.d, g1.d), dmin = rows_fp16_of(g0.dmin, g1.dmin);
     const size_t block = static_cast<size_t>(i) * sizeof(Q8_K);
     for (int m = 0; m < count; ++m) {
       const uint8_t* y = a + static_cast<size_t>(m) * a_stride + block;
