@@ -237,8 +237,8 @@ def test_amx_batched_logits_are_its_token_by_token_logits(arch):
 @pytest.mark.parametrize("arch,wtype", [("qwen3moe", "Q4_K"), ("olmoe", "Q4_K"), ("qwen2moe", "Q5_K")])
 def test_amx_k_quant_batches_on_tiles_are_its_token_by_token_logits(arch, wtype):
     """The amx table runs the Q4_K and Q5_K group kernels (grouped copies of resident weights) on AMX
-    tiles for 6 to 16 tokens a call, in the avx512 kernels' float order; fewer tokens (decode) take
-    the avx512 kernels. A 40-token prompt at once (calls of up to 16 tokens), in batches of 7 and
+    tiles for 5 to 16 tokens a call (two groups of 8 rows; a lone group from 6), in the avx512
+    kernels' float order; fewer tokens (decode) take the avx512 kernels. A 40-token prompt at once (calls of up to 16 tokens), in batches of 7 and
     token by token give the same logits bit for bit and match the reference. Without AMX the cap
     takes the best table below it, for which the same holds."""
     model = make_model("%s-%s" % (arch, wtype), arch, wtype)
