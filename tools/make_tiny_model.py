@@ -49,12 +49,71 @@ written without --pregate is byte-identical to one from before the option existe
 """
 
 import argparse
+import hashlib
 import os
+import shutil
 import sys
 import time
 import zlib
 
-import numpy as np
+MODEL_CACHE_ENV = "MOELITE_MODEL_CACHE"
+
+
+def model_cache_path(argv):
+    """Where the model these arguments describe is kept in $MOELITE_MODEL_CACHE, or None.
+
+    The test suites generate a few hundred small models, and each CI stage (plain, sanitized, ARM)
+    used to generate them all again: 0.3 s each, minutes in all. The file is a pure function of the
+    arguments (other than --out and --quiet) and of this generator's source, so the key hashes
+    exactly those (and numpy's installation, whose generators make the weights); an edit to the
+    generator or to moelite_gguf changes every key. --bench models (gigabytes) are never kept."""
+    cache = os.environ.get(MODEL_CACHE_ENV)
+    if not cache or "--bench" in argv:
+        return None, None
+    args, out, skip = [], None, False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+        elif arg == "--out" and i + 1 < len(argv):
+            out, skip = argv[i + 1], True
+        elif arg.startswith("--out="):
+            out = arg[len("--out="):]
+        elif arg != "--quiet":
+            args.append(arg)
+    if out is None:
+        return None, None
+    key = hashlib.sha256("\0".join(args).encode())
+    here = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.join(here, "gguf", "moelite_gguf")
+    for path in [os.path.abspath(__file__)] + sorted(os.path.join(package, f) for f in os.listdir(package)
+                                                     if f.endswith(".py")):
+        with open(path, "rb") as f:
+            key.update(f.read())
+    # numpy's version without importing numpy (a hit costs a tenth of a generation that way).
+    import importlib.util
+    spec = importlib.util.find_spec("numpy")
+    if spec and spec.origin:
+        version_file = os.path.join(os.path.dirname(spec.origin), "version.py")
+        stamp = version_file if os.path.exists(version_file) else spec.origin
+        key.update(("%s %d" % (stamp, os.stat(stamp).st_mtime_ns)).encode())
+    return os.path.join(cache, key.hexdigest()[:32] + ".gguf"), out
+
+
+def copy_atomically(src, dst):
+    """Copies src to dst through a temporary name, so that a concurrent reader (two tests asking
+    for one model at once) sees the whole file or none."""
+    tmp = "%s.tmp-%d" % (dst, os.getpid())
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+if __name__ == "__main__":  # a cached model is copied before numpy is even imported
+    _cached, _out = model_cache_path(sys.argv[1:])
+    if _cached and os.path.exists(_cached):
+        copy_atomically(_cached, _out)
+        sys.exit(0)
+
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gguf"))
 from moelite_gguf import GGUFWriter, GGUFValueType, quants as Q  # noqa: E402
@@ -443,6 +502,10 @@ def main(argv=None):
     for sp in specs:
         w.add_tensor(sp.name, sp.ne, sp.ttype, (lambda sp=sp: sp.chunks(a.seed)))
     w.write()
+    cached, _ = model_cache_path(sys.argv[1:] if argv is None else list(argv))
+    if cached:
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        copy_atomically(a.out, cached)
     if not a.quiet:
         print("wrote %s: %d tensors, %.1f MiB, %.1f s" % (a.out, len(specs), os.path.getsize(a.out) / 2**20,
                                                          time.time() - t0))

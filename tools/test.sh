@@ -7,6 +7,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install_deps.sh --test
+# The generated test models, shared by this script's runs (plain, sanitized) and tools/test_aarch64.sh:
+# tools/make_tiny_model.py copies a model from here when its arguments and source match, instead
+# of generating it again in every stage (see model_cache_path there).
+export MOELITE_MODEL_CACHE=${MOELITE_MODEL_CACHE:-$PWD/build-models}
 build=build
 # MOELITE_TESTS=ON explicitly: tools/run.sh configures the same build/ without tests.
 # The test build's fatbin holds one architecture (Turing machine code + its PTX, which the driver

@@ -9,6 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install_deps.sh --test
+export MOELITE_MODEL_CACHE=${MOELITE_MODEL_CACHE:-$PWD/build-models}  # as in tools/test.sh
 missing=()
 for p in g++-aarch64-linux-gnu qemu-user; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
