@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/interleaved_rows.h"
 #include "backends/cpu/quant.h"
 #include "platforms/platform.h"
 #include "tests/random_weights.h"
@@ -49,7 +50,8 @@ TEST(QuantKernelsMatrix, AmxTableWhereTheCpuAndOsHaveIt) {
   std::printf("AMX-INT8 usable: %s\n", f.amx_int8 ? "yes" : "no");
 }
 
-// Only the amx table has a matrix tile, only for Q8_0, with all three entries.
+// Only the amx table has a matrix tile: for Q8_0, and for Q4_K and Q5_K in row layout, with all
+// three entries.
 TEST(QuantKernelsMatrix, PresentOnlyWhereExpected) {
   std::vector<const KernelTable*> tables{&kernels_scalar()};
   for (const KernelTable* t : {kernels_avx2(), kernels_avxvnni(), kernels_avx512(), kernels_amx(), kernels_neon(),
@@ -58,7 +60,8 @@ TEST(QuantKernelsMatrix, PresentOnlyWhereExpected) {
   for (const KernelTable* k : tables)
     for (uint32_t i = 0; i < kTensorTypeIdLimit; ++i) {
       const MatrixTile& m = k->matrix[i];
-      const bool expected = std::string(k->isa) == "amx" && i == tid(TensorType::Q8_0);
+      const bool expected = std::string(k->isa) == "amx" &&
+                            (i == tid(TensorType::Q8_0) || i == tid(TensorType::Q4_K) || i == tid(TensorType::Q5_K));
       EXPECT_EQ(m.dot != nullptr, expected) << k->isa << " type " << i;
       EXPECT_EQ(m.pack != nullptr, expected) << k->isa << " type " << i;
       EXPECT_EQ(m.packed_bytes != nullptr, expected) << k->isa << " type " << i;
@@ -142,6 +145,83 @@ TEST(QuantKernelsMatrix, TileIsTheScalarDotBitwise) {
     }
   }
   std::printf("amx matrix tile: %d outputs equal the scalar dot bitwise\n", checked);
+}
+
+// Q4_K and Q5_K weights in row layout (expert-store slots) on tiles: every output equals the amx
+// table's vec_dot of that row (the avx512 kernel, which the group kernels also equal) and the
+// readable reference of interleaved_rows.h's order (the rows regrouped by eight), bit for bit. Three
+// groups of 16 rows w_stride apart at an odd address; every count 1..16 (below min_tokens the
+// drivers do not call the tile, but the kernel must still be right); code fills that reach the
+// extremes (all 0x00, 0xFF: codes 0 and 15, with Q5_K's fifth bits all set or clear) and
+// activation rows of all +127 / all -127 among the random ones.
+TEST(QuantKernelsMatrix, KQuantTileInRowLayoutIsTheTablesVecDotBitwise) {
+  const KernelTable* k = kernels_amx();
+  if (!k) GTEST_SKIP() << "no AMX-INT8 here (or the OS does not grant the tile state)";
+  std::mt19937 rng(23);
+  int checked = 0;
+  for (const TensorType t : {TensorType::Q4_K, TensorType::Q5_K}) {
+    const MatrixTile& m = k->matrix[tid(t)];
+    ASSERT_NE(m.dot, nullptr);
+    EXPECT_GT(m.min_tokens, 1);
+    const bool five = t == TensorType::Q5_K;
+    for (int64_t n : {256, 512, 2048}) {
+      SCOPED_TRACE(std::string(five ? "Q5_K" : "Q4_K") + " n=" + std::to_string(n));
+      const size_t wb = test::weight_row_bytes(t, n), w_stride = wb + 7, off = 5;
+      constexpr int kGroups = 3, kRows = kGroups * kMatrixRows;
+      std::vector<uint8_t> w_buf(off + w_stride * kRows, 0x5A);
+      const size_t block = five ? sizeof(blocks::Q5_K) : sizeof(blocks::Q4_K);
+      const size_t qs_at = five ? offsetof(blocks::Q5_K, qs) : offsetof(blocks::Q4_K, qs);
+      for (int r = 0; r < kRows; ++r) {
+        auto w = test::random_weights(t, n, rng);
+        if (r % 7 == 3 || r % 7 == 5)  // every code 0 or every code 15 (and 31 for Q5_K)
+          for (int64_t b = 0; b < n / 256; ++b) {
+            std::memset(w.data() + b * block + qs_at, r % 7 == 3 ? 0x00 : 0xFF, 128);
+            if (five) std::memset(w.data() + b * block + offsetof(blocks::Q5_K, qh), r % 7 == 3 ? 0x00 : 0xFF, 32);
+          }
+        std::memcpy(w_buf.data() + off + r * w_stride, w.data(), wb);
+      }
+      const size_t ab = activation_row_bytes(t, n), a_stride = ab + 3;
+      std::vector<uint8_t> a_buf(off + a_stride * kMatrixTokens);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      for (int j = 0; j < kMatrixTokens; ++j) {
+        std::vector<float> x(static_cast<size_t>(n));
+        for (float& v : x) v = j == 2 ? 1.0f : j == 9 ? -1.0f : nd(rng);  // all +127, all -127
+        kernels_scalar().quantize_act[tid(TensorType::Q8_K)](x.data(), a_buf.data() + off + j * a_stride, n);
+      }
+      const uint8_t* w0 = w_buf.data() + off;
+      const uint8_t* a0 = a_buf.data() + off;
+      // The reference: each 8 rows regrouped, through interleaved_rows.h's readable dot.
+      std::vector<float> ref(kRows * kMatrixTokens);
+      std::vector<uint8_t> group(five ? group_bytes_q5_k(n) : group_bytes_q4_k(n));
+      for (int r = 0; r < kRows; r += kGroupRows) {
+        (five ? repack_q5_k_group8 : repack_q4_k_group8)(w0 + r * w_stride, w_stride, n, group.data());
+        (five ? dot_q5_k_group8_reference : dot_q4_k_group8_reference)(n, ref.data() + r * kMatrixTokens,
+                                                                         kMatrixTokens, group.data(), 0, a0, a_stride,
+                                                                         kMatrixTokens);
+      }
+      std::vector<uint8_t> packed(m.packed_bytes(n) + 64);
+      for (int count = 1; count <= kMatrixTokens; ++count) {
+        m.pack(a0, a_stride, count, n, packed.data() + 1);
+        constexpr size_t kOutStride = kMatrixTokens + 3;
+        std::vector<float> got(kRows * kOutStride, -1234.5f);
+        m.dot(n, got.data(), kOutStride, w0, w_stride, packed.data() + 1, kGroups, count);
+        for (int r = 0; r < kRows; ++r) {
+          for (int j = 0; j < count; ++j) {
+            float expect = 0;
+            k->vec_dot[tid(t)](n, &expect, w0 + r * w_stride, a0 + j * a_stride);
+            ASSERT_EQ(bits(got[r * kOutStride + j]), bits(expect))
+                << "count " << count << " row " << r << " token " << j << ": " << got[r * kOutStride + j] << " vs "
+                << expect;
+            ASSERT_EQ(bits(expect), bits(ref[r * kMatrixTokens + j])) << "row " << r << " token " << j;
+            ++checked;
+          }
+          for (size_t j = kMatrixTokens; j < kOutStride; ++j)
+            ASSERT_EQ(got[r * kOutStride + j], -1234.5f) << "wrote past the tile in row " << r;
+        }
+      }
+    }
+  }
+  std::printf("amx K-quant matrix tile: %d outputs equal the table's vec_dot bitwise\n", checked);
 }
 
 }  // namespace

@@ -72,17 +72,21 @@ int g_decode_tiles = [] {
   return 1;
 #endif
 }();
-// Batches of at least this many activation rows take the table's matrix tile (AMX) where it has
-// one for the type; fewer go through vec_dot and multi-dot, which give the same bits.
-// MOELITE_MATRIX_MIN_TOKENS overrides (for measuring).
-int g_matrix_min_tokens = [] {
+// Batches of at least MatrixTile::min_tokens activation rows take the table's matrix tile (AMX)
+// where it has one for the type; fewer go through vec_dot and multi-dots, which give the same bits.
+// MOELITE_MATRIX_MIN_TOKENS replaces every table's threshold (for measuring).
+int g_matrix_min_tokens_override = [] {
   if (const char* e = getenv("MOELITE_MATRIX_MIN_TOKENS")) return std::max(1, atoi(e));
-  return 1;
+  return 0;
 }();
-// (A type with a grouped layout keeps it: its grouped copies are what the group kernel reads.)
-bool use_matrix(const KernelTable& k, TensorType type, int64_t max_tokens) {
-  const uint32_t i = static_cast<uint32_t>(type);
-  return k.matrix[i].dot && !k.groups[i].dot && max_tokens >= g_matrix_min_tokens;
+int matrix_min_tokens(const MatrixTile& m) {
+  return g_matrix_min_tokens_override > 0 ? g_matrix_min_tokens_override : m.min_tokens;
+}
+// Weights with grouped copies keep them (the group kernel reads those; Q4_K and Q5_K on x86): the
+// matrix tile is for weights in row layout, i.e. expert-store slots and types without groups.
+bool use_matrix(const KernelTable& k, TensorType type, int64_t max_tokens, bool grouped) {
+  const MatrixTile& m = k.matrix[static_cast<uint32_t>(type)];
+  return m.dot && !grouped && max_tokens >= matrix_min_tokens(m);
 }
 
 // Types with a group kernel (interleaved_rows.h) take rows in groups of kGroupRows (pairs of
@@ -259,8 +263,10 @@ struct MatrixDots {
   MatrixDots(const KernelTable& k, const WeightView& wv)
       : w(wv), m(k.matrix[static_cast<uint32_t>(wv.type)]), multi(k.vec_dot_multi[static_cast<uint32_t>(wv.type)]) {}
   const uint8_t* row(int64_t r) const { return w.data + static_cast<uint64_t>(r) * w.row_bytes; }
+  // Whether a chunk of `count` tokens goes through the tile (else the multi-dots, unpacked).
+  bool tiles(int count) const { return count >= matrix_min_tokens(m); }
   void rows(int64_t r, int64_t nr, const uint8_t* packed, const uint8_t* act, size_t stride, int count, float* o) const {
-    const int64_t groups = nr / kMatrixRows;
+    const int64_t groups = tiles(count) ? nr / kMatrixRows : 0;
     if (groups > 0) m.dot(w.cols, o, kMatrixTokens, row(r), w.row_bytes, packed, groups, count);
     for (int64_t i = groups * kMatrixRows; i < nr; ++i)
       for (int j = 0; j < count; j += kMultiDot)
@@ -278,7 +284,7 @@ void matrix_task(const MatrixDots& dots, int64_t r0, int64_t r1, const uint8_t* 
   for (int64_t t = 0; t < n_tok; t += kMatrixTokens) {
     const int count = static_cast<int>(std::min<int64_t>(kMatrixTokens, n_tok - t));
     const uint8_t* a = act + static_cast<size_t>(t) * stride;
-    dots.m.pack(a, stride, count, dots.w.cols, scratch.pack[0].data());
+    if (dots.tiles(count)) dots.m.pack(a, stride, count, dots.w.cols, scratch.pack[0].data());
     float* o = scratch.out[0].data();
     dots.rows(r0, r1 - r0, scratch.pack[0].data(), a, stride, count, o);
     for (int64_t i = 0; i < r1 - r0; ++i)
@@ -528,7 +534,7 @@ Status CpuBackend::prepare_rows(TensorType weight_type, int step, const uint8_t*
 
 Status CpuBackend::matmul_rows(const WeightView& w, const uint8_t* grouped, const uint8_t* act, size_t act_stride,
                                int64_t n, float* out, int64_t out_stride) {
-  if (use_matrix(k_, w.type, n)) {
+  if (use_matrix(k_, w.type, n, grouped != nullptr)) {
     // Row chunks only: each task packs its tokens kMatrixTokens at a time and runs its rows by them.
     const MatrixDots dots(k_, w);
     const int64_t rc = row_chunk(w.rows, pool_->size(), kMatrixRows);
@@ -760,7 +766,10 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
   // h = act(gate x, up x) for every routed row of every job.
   const int64_t max_tokens = max_rows_of(jobs);
   // The matrix tile where both projections have one (else the row kernels for both).
-  const bool matrix = use_matrix(k_, gate_type, max_tokens) && use_matrix(k_, up_type, max_tokens);
+  bool grouped = false;
+  for (const FfnJob& j : jobs) grouped = grouped || j.grouped[0] || j.grouped[1];
+  const bool matrix =
+      use_matrix(k_, gate_type, max_tokens, grouped) && use_matrix(k_, up_type, max_tokens, grouped);
   if (matrix) {
     const bool same_pack = xg_up == xg_gate && k_.matrix[static_cast<uint32_t>(gate_type)].pack ==
                                                    k_.matrix[static_cast<uint32_t>(up_type)].pack;
@@ -786,8 +795,8 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
         const int count = static_cast<int>(std::min<int64_t>(kMatrixTokens, job.n_rows - t));
         const uint8_t* agt = ag + static_cast<size_t>(t) * gate_stride;
         const uint8_t* aut = au + static_cast<size_t>(t) * up_stride;
-        gdots.m.pack(agt, gate_stride, count, n_embd, pg);
-        if (!same_pack) udots.m.pack(aut, up_stride, count, n_embd, pu);
+        if (gdots.tiles(count)) gdots.m.pack(agt, gate_stride, count, n_embd, pg);
+        if (!same_pack && udots.tiles(count)) udots.m.pack(aut, up_stride, count, n_embd, pu);
         gdots.rows(task.r0, nr, pg, agt, gate_stride, count, g);
         udots.rows(task.r0, nr, pu, aut, up_stride, count, u);
         for (int64_t i = 0; i < nr; ++i) {
@@ -886,7 +895,9 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
   }
 
   // results[out_row] = down h.
-  if (use_matrix(k_, down_type, max_rows_of(jobs))) {
+  bool grouped = false;
+  for (const FfnJob& j : jobs) grouped = grouped || j.grouped[2];
+  if (use_matrix(k_, down_type, max_rows_of(jobs), grouped)) {
     const std::vector<Task> tasks = split_rows(
         jobs, [](const FfnJob& j) { return j.w->down.rows; }, pool_->size(), kMatrixRows);
     MOELITE_TRY(grow_matrix_scratch(1, down_type, n_ff_max, max_task_rows(tasks)));

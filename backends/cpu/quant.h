@@ -120,6 +120,9 @@ struct MatrixTile {
   PackActFn pack = nullptr;
   PackedBytesFn packed_bytes = nullptr;
   MatrixDotFn dot = nullptr;  // nullptr: the type has no matrix tile in this table
+  // Chunks of fewer tokens go through the table's multi-dots instead (the same bits): below this
+  // the tile's fixed work per group of rows costs more than it saves.
+  int min_tokens = 1;
 };
 
 struct KernelTable {

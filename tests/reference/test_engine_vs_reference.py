@@ -235,17 +235,24 @@ def test_amx_batched_logits_are_its_token_by_token_logits(arch):
 
 
 @pytest.mark.parametrize("arch,wtype", [("qwen3moe", "Q4_K"), ("olmoe", "Q4_K"), ("qwen2moe", "Q5_K")])
-def test_amx_k_quant_batches_on_tiles_are_its_token_by_token_logits(arch, wtype):
+def test_amx_k_quant_batches_on_tiles_are_its_token_by_token_logits(arch, wtype, monkeypatch):
     """The amx table runs the Q4_K and Q5_K group kernels (grouped copies of resident weights) on AMX
-    tiles for 5 to 16 tokens a call (two groups of 8 rows; a lone group from 6), in the avx512
-    kernels' float order; fewer tokens (decode) take the avx512 kernels. A 40-token prompt at once (calls of up to 16 tokens), in batches of 7 and
-    token by token give the same logits bit for bit and match the reference. Without AMX the cap
-    takes the best table below it, for which the same holds."""
+    tiles for 5 to 16 tokens a call (two groups of 8 rows; a lone group from 6), and weights in row
+    layout (experts in the store's slots under a budget; every weight with MOELITE_GROUPED_ROWS=0)
+    through the matrix tile from 6 tokens a chunk, all in the avx512 kernels' float order; fewer
+    tokens (decode) take the avx512 kernels. A 40-token prompt at once (calls of up to 16 tokens,
+    about 10 tokens per expert), in batches of 7 and token by token, resident, under a budget and in
+    row layout give the same logits bit for bit and match the reference. Without AMX the cap takes
+    the best table below it, for which the same holds."""
     model = make_model("%s-%s" % (arch, wtype), arch, wtype)
     tokens = TOKENS * 4
     batched = engine_logits(model, tokens=tokens, isa="amx")
     np.testing.assert_array_equal(engine_logits(model, tokens=tokens, isa="amx", extra=("-b", "1")), batched)
     np.testing.assert_array_equal(engine_logits(model, tokens=tokens, isa="amx", extra=("-b", "7")), batched)
+    for extra in (("--budget", "50%"), ("--budget", "50%", "-b", "7")):
+        np.testing.assert_array_equal(engine_logits(model, tokens=tokens, isa="amx", extra=extra), batched)
+    monkeypatch.setenv("MOELITE_GROUPED_ROWS", "0")
+    np.testing.assert_array_equal(engine_logits(model, tokens=tokens, isa="amx"), batched)
     assert nmse(batched, reference_logits(model, tokens=tokens)) < tight(wtype)
 
 

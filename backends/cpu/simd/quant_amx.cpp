@@ -574,6 +574,190 @@ void q45k_pair_tiles(int64_t n, float* out, size_t out_stride, const void* group
   store_q45k_results(out, out_stride, acc, accm, count, kGroupPairRows);
 }
 
+// ---- Q4_K and Q5_K in row layout (expert-store slots) on tiles: the matrix tile ----
+//
+// Routed experts under a budget live in the store's slots, in the file's row layout, so the group
+// kernels above never see them and a budgeted prefill computed its experts on the avx512 row
+// kernels (bench model, 25 % budget, 256 tokens: 2.0 s of expert compute against 1.1 s for the
+// whole resident prefill). In row layout the roles swap: the weights are TDPBUSD's first
+// (unsigned) operand, 16 rows x one sub-block's 32 codes, and each row's codes are contiguous once
+// its nibbles are split (no transposition: row r's 32 bytes of a chunk give sub-block 2j's codes in
+// the low nibbles and 2j + 1's in the high ones, so they go to two buffers, even and odd
+// sub-blocks, 128 codes a row each); the second (signed) operand is the tokens' codes of that
+// sub-block in the VNNI layout ([position l][token][4]), packed once per chunk of 16 tokens and
+// read for every group of rows. The 16 x 16 int32 results are [row][token], so the integer pass
+// takes one row's 16 tokens per vector: scales and mins are broadcasts of the row's own values,
+// the Q8_K sums of a sub-block pair one packed vector per pair. The float part is the same
+// interleaved_rows.h order as every Q4_K/Q5_K kernel, so each output equals the table's vec_dot.
+//
+// Packed per super-block: codes [8 sub-blocks][8 positions][16 tokens][4] (4096 bytes), the 16
+// tokens' scales (floats), then for each sub-block pair j the tokens' two sub-block sums
+// (sum of 2j, sum of 2j + 1) as int16 pairs, one int32 per token (4 x 16). Missing tokens: zeros.
+constexpr size_t kQ45KPackedCodes = 8 * 8 * kMatrixTokens * 4;
+constexpr size_t kQ45KPackedScales = kQ45KPackedCodes;
+constexpr size_t kQ45KPackedSums = kQ45KPackedScales + kMatrixTokens * sizeof(float);
+constexpr size_t kQ45KPackedBlock = kQ45KPackedSums + 4 * kMatrixTokens * sizeof(int32_t);
+static_assert(kQ45KPackedBlock % 64 == 0, "each packed super-block starts on a line");
+
+// Chunks of fewer tokens take the avx512 row kernels (MatrixTile::min_tokens): measured below.
+constexpr int kQ45KMatrixMinTokens = 6;
+
+size_t packed_bytes_q45k(int64_t n) { return static_cast<size_t>(n / kQKK) * kQ45KPackedBlock; }
+
+void pack_q45k(const void* a_rows, size_t a_stride, int count, int64_t n, void* out) {
+  const auto* a = static_cast<const uint8_t*>(a_rows);
+  auto* p = static_cast<uint8_t*>(out);
+  for (int64_t i = 0; i < n / kQKK; ++i, p += kQ45KPackedBlock) {
+    std::memset(p, 0, kQ45KPackedBlock);
+    for (int t = 0; t < count; ++t) {
+      const auto& y = *reinterpret_cast<const Q8_K*>(a + static_cast<size_t>(t) * a_stride + i * sizeof(Q8_K));
+      for (int s = 0; s < 8; ++s)
+        for (int l = 0; l < 8; ++l) std::memcpy(p + ((s * 8 + l) * kMatrixTokens + t) * 4, y.qs + 32 * s + 4 * l, 4);
+      std::memcpy(p + kQ45KPackedScales + 4 * t, y.d, 4);
+      int16_t bsums[16];
+      std::memcpy(bsums, y.bsums, sizeof bsums);
+      for (int j = 0; j < 4; ++j) {
+        // Each sum of 32 codes fits int16 (|code| <= 128).
+        const auto even = static_cast<uint16_t>(bsums[4 * j] + bsums[4 * j + 1]);
+        const auto odd = static_cast<uint16_t>(bsums[4 * j + 2] + bsums[4 * j + 3]);
+        const uint32_t pair = even | static_cast<uint32_t>(odd) << 16;
+        std::memcpy(p + kQ45KPackedSums + (j * kMatrixTokens + t) * 4, &pair, 4);
+      }
+    }
+  }
+}
+
+// Tiles 0-3: sums (16 rows x 16 tokens of int32), 4-5: the rows' codes of a sub-block (16 x 32),
+// 6-7: the tokens' codes of a sub-block (8 positions x 16 tokens x 4). The same for every count:
+// missing tokens were packed as zeros.
+const TileConfig& q45k_matrix_config() {
+  static const TileConfig c = [] {
+    TileConfig t{};
+    for (int i = 0; i < 8; ++i) {
+      t.colsb[i] = static_cast<uint16_t>(i == 4 || i == 5 ? 32 : 64);
+      t.rows[i] = static_cast<uint8_t>(i < 6 ? 16 : 8);
+    }
+    return t;
+  }();
+  return c;
+}
+
+// One row's super-block unpacked for the matrix kernel.
+struct Q45KRowScales {
+  uint8_t scale[8];  // the 6-bit scales of the 8 sub-blocks
+  int32_t min_pairs[4];  // mins of sub-blocks 2j and 2j + 1 as two int16 (vpmaddwd's operand)
+};
+// The 12 packed bytes of 6-bit scales and mins (get_scale_min_k4's layout) in four word operations.
+inline Q45KRowScales unpack_row_scales(const uint8_t* packed) {
+  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+  uint32_t u[3];
+  std::memcpy(u, packed, 12);
+  const uint32_t scales_lo = u[0] & kLow6;                                         // scales 0-3
+  const uint32_t scales_hi = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);        // scales 4-7
+  const uint32_t mins_lo = u[1] & kLow6;                                           // mins 0-3
+  const uint32_t mins_hi = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);  // mins 4-7
+  Q45KRowScales r;
+  std::memcpy(r.scale, &scales_lo, 4);
+  std::memcpy(r.scale + 4, &scales_hi, 4);
+  const __m128i mins = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(mins_hi), static_cast<int>(mins_lo)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(r.min_pairs), mins);
+  return r;
+}
+
+// Sub-block s's fifth bits (bit s of each qh byte) as bit 4 of 32 bytes.
+inline __m256i fifth_bits_256(__m256i qh, int s) {
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
+  if (s >= 4) return _mm256_and_si256(_mm256_srli_epi16(qh, s - 4), bit4);
+  return _mm256_and_si256(_mm256_slli_epi16(qh, 4 - s), bit4);
+}
+
+template <bool kFive>
+void q45k_matrix(int64_t n, float* out, size_t out_stride, const void* w_rows, size_t w_stride, const void* packed,
+                 int64_t groups, int count) {
+  (void)count;  // all 16 token columns are computed (missing tokens packed as zeros)
+  use_config(q45k_matrix_config());
+  using Block = std::conditional_t<kFive, blocks::Q5_K, blocks::Q4_K>;
+  const int64_t nb = n / kQKK;
+  const auto* pk = static_cast<const uint8_t*>(packed);
+  // Row r's codes of the even sub-blocks (0, 2, 4, 6: 32 each) and of the odd ones.
+  alignas(64) uint8_t even[kMatrixRows][128], odd[kMatrixRows][128];
+  alignas(64) int32_t sums[8][kMatrixRows * kMatrixTokens];  // sub-block s: [row][token]
+  alignas(64) float acc[kMatrixRows][kMatrixTokens], accm[kMatrixRows][kMatrixTokens];
+  Q45KRowScales sc[kMatrixRows];
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* rows = static_cast<const uint8_t*>(w_rows) + static_cast<size_t>(g) * kMatrixRows * w_stride;
+    std::memset(acc, 0, sizeof acc);
+    std::memset(accm, 0, sizeof accm);
+    for (int64_t i = 0; i < nb; ++i) {
+      const uint8_t* p = pk + static_cast<size_t>(i) * kQ45KPackedBlock;
+      for (int r = 0; r < kMatrixRows; ++r) {
+        const Block& b = reinterpret_cast<const Block*>(rows + static_cast<size_t>(r) * w_stride)[i];
+        for (int h = 0; h < 2; ++h) {  // chunks 2h and 2h + 1: sub-blocks 4h, 4h + 2 (low), 4h + 1, 4h + 3 (high)
+          const __m512i v = _mm512_loadu_si512(b.qs + 64 * h);
+          __m512i lo = _mm512_and_si512(v, nibble), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+          if constexpr (kFive) {
+            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh));
+            // (Zero-masked forms: GCC 12 warns about the unmasked ones' undefined operands.)
+            const auto two = [](__m256i first, __m256i second) {
+              return _mm512_maskz_inserti64x4(0xff, _mm512_castsi256_si512(first), second, 1);
+            };
+            lo = _mm512_or_si512(lo, two(fifth_bits_256(qh, 4 * h), fifth_bits_256(qh, 4 * h + 2)));
+            hi = _mm512_or_si512(hi, two(fifth_bits_256(qh, 4 * h + 1), fifth_bits_256(qh, 4 * h + 3)));
+          }
+          _mm512_store_si512(even[r] + 64 * h, lo);
+          _mm512_store_si512(odd[r] + 64 * h, hi);
+        }
+        sc[r] = unpack_row_scales(b.scales);
+      }
+      // Sub-block s: the rows' codes at (s even ? even : odd) + 32 (s / 2), 128 bytes a row; the
+      // tokens' at p + 512 s. Four sums in flight, as in sub_block_products.
+#define MOELITE_Q45K_MATRIX_PRODUCT(t, a, b, s)                                        \
+  _tile_zero(t);                                                                       \
+  _tile_loadd(a, ((s) % 2 ? odd[0] : even[0]) + 32 * ((s) / 2), 128);                 \
+  _tile_loadd(b, p + (s) * (8 * kMatrixTokens * 4), kMatrixTokens * 4);               \
+  _tile_dpbusd(t, a, b)
+#define MOELITE_Q45K_MATRIX_STORE(t, s) _tile_stored(t, sums[s], kMatrixTokens * 4)
+      MOELITE_Q45K_MATRIX_PRODUCT(0, 4, 6, 0);
+      MOELITE_Q45K_MATRIX_PRODUCT(1, 5, 7, 1);
+      MOELITE_Q45K_MATRIX_PRODUCT(2, 4, 6, 2);
+      MOELITE_Q45K_MATRIX_PRODUCT(3, 5, 7, 3);
+      MOELITE_Q45K_MATRIX_STORE(0, 0);
+      MOELITE_Q45K_MATRIX_STORE(1, 1);
+      MOELITE_Q45K_MATRIX_PRODUCT(0, 4, 6, 4);
+      MOELITE_Q45K_MATRIX_PRODUCT(1, 5, 7, 5);
+      MOELITE_Q45K_MATRIX_STORE(2, 2);
+      MOELITE_Q45K_MATRIX_STORE(3, 3);
+      MOELITE_Q45K_MATRIX_PRODUCT(2, 4, 6, 6);
+      MOELITE_Q45K_MATRIX_PRODUCT(3, 5, 7, 7);
+      MOELITE_Q45K_MATRIX_STORE(0, 4);
+      MOELITE_Q45K_MATRIX_STORE(1, 5);
+      MOELITE_Q45K_MATRIX_STORE(2, 6);
+      MOELITE_Q45K_MATRIX_STORE(3, 7);
+#undef MOELITE_Q45K_MATRIX_STORE
+#undef MOELITE_Q45K_MATRIX_PRODUCT
+      const __m512 da = _mm512_loadu_ps(reinterpret_cast<const float*>(p + kQ45KPackedScales));
+      __m512i pair_sums[4];
+      for (int j = 0; j < 4; ++j)
+        pair_sums[j] = _mm512_loadu_si512(p + kQ45KPackedSums + static_cast<size_t>(j) * kMatrixTokens * 4);
+      for (int r = 0; r < kMatrixRows; ++r) {
+        const Block& b = reinterpret_cast<const Block*>(rows + static_cast<size_t>(r) * w_stride)[i];
+        __m512i isum = _mm512_setzero_si512(), msum = _mm512_setzero_si512();
+        for (int s = 0; s < 8; ++s)
+          isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(sums[s] + r * kMatrixTokens),
+                                                           _mm512_set1_epi32(sc[r].scale[s])));
+        for (int j = 0; j < 4; ++j)
+          msum = _mm512_add_epi32(msum, _mm512_madd_epi16(_mm512_set1_epi32(sc[r].min_pairs[j]), pair_sums[j]));
+        const __m512 d = _mm512_set1_ps(fp16(b.d)), dmin = _mm512_set1_ps(fp16(b.dmin));
+        accumulate_q45k(acc[r], accm[r], d, dmin, da, isum, msum);
+      }
+    }
+    for (int r = 0; r < kMatrixRows; ++r)
+      _mm512_storeu_ps(out + (static_cast<size_t>(g) * kMatrixRows + r) * out_stride,
+                       _mm512_sub_ps(_mm512_load_ps(acc[r]), _mm512_load_ps(accm[r])));
+  }
+}
+
 KernelTable make_table(const KernelTable& base) {
   KernelTable t = base;
   t.isa = "amx";
@@ -589,6 +773,9 @@ KernelTable make_table(const KernelTable& base) {
     groups.dot_pair = five ? q45k_pair_tiles<true> : q45k_pair_tiles<false>;
     groups.max_count = kGroupTokens;
     set_groups(t, type, groups);
+    // Weights in row layout (expert-store slots; no grouped copy) in batches: the matrix tile.
+    set_matrix(t, type, {pack_q45k, packed_bytes_q45k, five ? q45k_matrix<true> : q45k_matrix<false>,
+                         kQ45KMatrixMinTokens});
   }
   return t;
 }
