@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -169,6 +170,62 @@ TEST_F(AdaptiveApi, EveryPredictorAndTheDpAllocationLeaveLogitsBitwiseUnchanged)
         EXPECT_EQ(s.predicted, 0u);
       }
     }
+  }
+}
+
+// Prefill lookahead (core/moe/moe_layer.cpp): a prompt evaluated at once under a budget names the
+// next layer's experts to the store as soon as a layer has routed, so their reads start while the
+// layer computes. Results are the resident model's bit for bit; the guesses are read (issued,
+// then used), layer 0 is never guessed (nothing comes before it), and the layers after it miss
+// less than with MOELITE_PREFILL_LOOKAHEAD=0, which issues nothing.
+TEST_F(AdaptiveApi, PrefillLookaheadReadsTheNextLayerEarlyAndChangesNoResult) {
+  const int64_t n_vocab = [] {
+    Loaded l;
+    EXPECT_EQ(load(Params(), &l), MOELITE_OK);
+    return moelite_model_get(l.model, MOELITE_MODEL_N_VOCAB);
+  }();
+  const int32_t n = static_cast<int32_t>(tokens_.size());  // 48: every layer uses nearly all 16 experts
+  auto prompt = [&](uint64_t budget, std::vector<float>* logits, moelite_expert_stats* all,
+                    moelite_expert_stats* first) {
+    Params p;
+    p.budget = budget;
+    Loaded l;
+    ASSERT_EQ(load(p, &l), MOELITE_OK) << moelite_last_error();
+    ASSERT_EQ(moelite_eval(l.ctx, tokens_.data(), n, 1), MOELITE_OK) << moelite_last_error();
+    logits->clear();
+    for (int32_t i = 0; i < n; ++i) {
+      const float* row = moelite_get_logits(l.ctx, i);
+      logits->insert(logits->end(), row, row + n_vocab);
+    }
+    all->struct_size = first->struct_size = sizeof *all;
+    ASSERT_EQ(moelite_model_expert_stats(l.model, -1, all), MOELITE_OK);
+    ASSERT_EQ(moelite_model_expert_stats(l.model, 0, first), MOELITE_OK);
+  };
+  std::vector<float> want, on, off;
+  moelite_expert_stats s_on, first_on, s_off, first_off, unused, unused0;
+  prompt(0, &want, &unused, &unused0);
+  for (const uint64_t budget : {total_ / 2, total_ * 3 / 4}) {
+    SCOPED_TRACE("budget " + std::to_string(budget));
+    prompt(budget, &on, &s_on, &first_on);
+    ASSERT_EQ(setenv("MOELITE_PREFILL_LOOKAHEAD", "0", 1), 0);
+    prompt(budget, &off, &s_off, &first_off);
+    ASSERT_EQ(unsetenv("MOELITE_PREFILL_LOOKAHEAD"), 0);
+    ASSERT_EQ(on.size(), want.size());
+    EXPECT_EQ(memcmp(on.data(), want.data(), want.size() * sizeof(float)), 0);
+    EXPECT_EQ(memcmp(off.data(), want.data(), want.size() * sizeof(float)), 0);
+    EXPECT_GT(s_on.prefetches_issued, 0u);
+    EXPECT_GT(s_on.prefetches_used, 0u);
+    EXPECT_EQ(first_on.prefetches_issued, 0u);
+    EXPECT_EQ(s_off.prefetches_issued, 0u);
+    EXPECT_EQ(first_on.misses, first_off.misses);
+    EXPECT_LT(s_on.misses - first_on.misses, s_off.misses - first_off.misses);
+    EXPECT_EQ(s_on.activations, s_off.activations);
+    std::printf("budget %llu: misses after layer 0 %llu with lookahead, %llu without; %llu guesses read, %llu used\n",
+                static_cast<unsigned long long>(budget),
+                static_cast<unsigned long long>(s_on.misses - first_on.misses),
+                static_cast<unsigned long long>(s_off.misses - first_off.misses),
+                static_cast<unsigned long long>(s_on.prefetches_issued),
+                static_cast<unsigned long long>(s_on.prefetches_used));
   }
 }
 
