@@ -339,11 +339,31 @@ inline __m512 rows_fp16_of(const uint8_t* first8, const uint8_t* second8) {
   return _mm512_maskz_cvtph_ps(0xffff, h);
 }
 
-// The 8 sub-block products of one super-block on tiles 0-7 as both kernels configure them (0-3
-// sums, 4-5 activation codes, 6-7 the rows' codes): sub-block s's activation codes at qs + 32 s
-// (a_stride apart), its rows' codes at codes + s * code_bytes (code_row_bytes a row), its sums to
-// sums + s * sums_step (sums_row_bytes a row). Four sums in flight: a store waits for its product,
-// so each pair is stored a pair later. (Tile numbers must be literals for GCC's intrinsics.)
+// The 8 sub-block products of a super-block with four sums in flight (tiles 0-3; operands 4-5 and
+// 6-7 alternate): a store waits for its product, so each pair is stored a pair later. PRODUCT(t, a,
+// b, s) and STORE(t, s) are the kernel's own (tile numbers must be literals for GCC's intrinsics).
+#define MOELITE_EIGHT_SUB_BLOCK_PRODUCTS(PRODUCT, STORE) \
+  PRODUCT(0, 4, 6, 0);                                   \
+  PRODUCT(1, 5, 7, 1);                                   \
+  PRODUCT(2, 4, 6, 2);                                   \
+  PRODUCT(3, 5, 7, 3);                                   \
+  STORE(0, 0);                                           \
+  STORE(1, 1);                                           \
+  PRODUCT(0, 4, 6, 4);                                   \
+  PRODUCT(1, 5, 7, 5);                                   \
+  STORE(2, 2);                                           \
+  STORE(3, 3);                                           \
+  PRODUCT(2, 4, 6, 6);                                   \
+  PRODUCT(3, 5, 7, 7);                                   \
+  STORE(0, 4);                                           \
+  STORE(1, 5);                                           \
+  STORE(2, 6);                                           \
+  STORE(3, 7)
+
+// The group kernels' products, on tiles 0-7 as both configure them (0-3 sums, 4-5 activation
+// codes, 6-7 the rows' codes): sub-block s's activation codes at qs + 32 s (a_stride apart), its
+// rows' codes at codes + s * code_bytes (code_row_bytes a row), its sums to sums + s * sums_step
+// (sums_row_bytes a row).
 inline void sub_block_products(const uint8_t* qs, size_t a_stride, const uint8_t* codes, size_t code_bytes,
                                int code_row_bytes, int32_t* sums, size_t sums_step, int sums_row_bytes) {
 #define MOELITE_Q45K_PRODUCT(t, a, b, s)                            \
@@ -352,22 +372,7 @@ inline void sub_block_products(const uint8_t* qs, size_t a_stride, const uint8_t
   _tile_loadd(b, codes + (s) * code_bytes, code_row_bytes);         \
   _tile_dpbsud(t, a, b)
 #define MOELITE_Q45K_STORE(t, s) _tile_stored(t, sums + (s) * sums_step, sums_row_bytes)
-  MOELITE_Q45K_PRODUCT(0, 4, 6, 0);
-  MOELITE_Q45K_PRODUCT(1, 5, 7, 1);
-  MOELITE_Q45K_PRODUCT(2, 4, 6, 2);
-  MOELITE_Q45K_PRODUCT(3, 5, 7, 3);
-  MOELITE_Q45K_STORE(0, 0);
-  MOELITE_Q45K_STORE(1, 1);
-  MOELITE_Q45K_PRODUCT(0, 4, 6, 4);
-  MOELITE_Q45K_PRODUCT(1, 5, 7, 5);
-  MOELITE_Q45K_STORE(2, 2);
-  MOELITE_Q45K_STORE(3, 3);
-  MOELITE_Q45K_PRODUCT(2, 4, 6, 6);
-  MOELITE_Q45K_PRODUCT(3, 5, 7, 7);
-  MOELITE_Q45K_STORE(0, 4);
-  MOELITE_Q45K_STORE(1, 5);
-  MOELITE_Q45K_STORE(2, 6);
-  MOELITE_Q45K_STORE(3, 7);
+  MOELITE_EIGHT_SUB_BLOCK_PRODUCTS(MOELITE_Q45K_PRODUCT, MOELITE_Q45K_STORE);
 #undef MOELITE_Q45K_STORE
 #undef MOELITE_Q45K_PRODUCT
 }
@@ -711,29 +716,14 @@ void q45k_matrix(int64_t n, float* out, size_t out_stride, const void* w_rows, s
         sc[r] = unpack_row_scales(b.scales);
       }
       // Sub-block s: the rows' codes at (s even ? even : odd) + 32 (s / 2), 128 bytes a row; the
-      // tokens' at p + 512 s. Four sums in flight, as in sub_block_products.
+      // tokens' at p + 512 s.
 #define MOELITE_Q45K_MATRIX_PRODUCT(t, a, b, s)                                        \
   _tile_zero(t);                                                                       \
   _tile_loadd(a, ((s) % 2 ? odd[0] : even[0]) + 32 * ((s) / 2), 128);                 \
   _tile_loadd(b, p + (s) * (8 * kMatrixTokens * 4), kMatrixTokens * 4);               \
   _tile_dpbusd(t, a, b)
 #define MOELITE_Q45K_MATRIX_STORE(t, s) _tile_stored(t, sums[s], kMatrixTokens * 4)
-      MOELITE_Q45K_MATRIX_PRODUCT(0, 4, 6, 0);
-      MOELITE_Q45K_MATRIX_PRODUCT(1, 5, 7, 1);
-      MOELITE_Q45K_MATRIX_PRODUCT(2, 4, 6, 2);
-      MOELITE_Q45K_MATRIX_PRODUCT(3, 5, 7, 3);
-      MOELITE_Q45K_MATRIX_STORE(0, 0);
-      MOELITE_Q45K_MATRIX_STORE(1, 1);
-      MOELITE_Q45K_MATRIX_PRODUCT(0, 4, 6, 4);
-      MOELITE_Q45K_MATRIX_PRODUCT(1, 5, 7, 5);
-      MOELITE_Q45K_MATRIX_STORE(2, 2);
-      MOELITE_Q45K_MATRIX_STORE(3, 3);
-      MOELITE_Q45K_MATRIX_PRODUCT(2, 4, 6, 6);
-      MOELITE_Q45K_MATRIX_PRODUCT(3, 5, 7, 7);
-      MOELITE_Q45K_MATRIX_STORE(0, 4);
-      MOELITE_Q45K_MATRIX_STORE(1, 5);
-      MOELITE_Q45K_MATRIX_STORE(2, 6);
-      MOELITE_Q45K_MATRIX_STORE(3, 7);
+      MOELITE_EIGHT_SUB_BLOCK_PRODUCTS(MOELITE_Q45K_MATRIX_PRODUCT, MOELITE_Q45K_MATRIX_STORE);
 #undef MOELITE_Q45K_MATRIX_STORE
 #undef MOELITE_Q45K_MATRIX_PRODUCT
       const __m512 da = _mm512_loadu_ps(reinterpret_cast<const float*>(p + kQ45KPackedScales));
