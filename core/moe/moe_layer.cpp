@@ -50,17 +50,6 @@ Status route_with(const Model& m, EvalState& s, const WeightView& w, const std::
 // would evict the guesses first), and not with cache-aware gating, whose choice reads what is
 // resident and must stay a function of the evaluations. MOELITE_PREFILL_LOOKAHEAD=0 turns it off
 // (for measuring).
-bool prefill_lookahead_wanted(const Model& m, const EvalState& s, int32_t l, int64_t experts_used) {
-  const char* off = std::getenv("MOELITE_PREFILL_LOOKAHEAD");  // per call, so a test can compare
-  if ((off && off[0] == '0') || l + 1 >= m.hp.n_layer || !m.hp.is_moe_layer(l + 1) || s.experts->all_resident()) return false;
-  if (decode_sized(s.n_tokens, s.segments.size()) || s.runtime->gating.mode == GatingMode::CacheAware) return false;
-  if (experts_used > s.experts->capacity(l)) return false;
-  // Routing spread evenly leaves a given expert unused by n tokens with probability (1 - k/E)^n:
-  // at most a tenth, so at most a tenth of the guesses are wasted reads.
-  const double k = m.hp.n_expert_used, e = m.hp.n_expert;
-  return std::pow(1.0 - k / e, static_cast<double>(s.n_tokens)) <= 0.1;
-}
-
 // The distinct experts of a routing (dropped slots, -1, left out).
 int64_t distinct_experts(const Routing& r, int32_t n_expert) {
   std::vector<uint8_t> seen(static_cast<size_t>(n_expert), 0);
@@ -68,6 +57,18 @@ int64_t distinct_experts(const Routing& r, int32_t n_expert) {
   for (int32_t id : r.ids)
     if (id >= 0 && id < n_expert && !seen[static_cast<size_t>(id)]) seen[static_cast<size_t>(id)] = 1, ++n;
   return n;
+}
+
+bool prefill_lookahead_wanted(const Model& m, const EvalState& s, int32_t l) {
+  const char* off = std::getenv("MOELITE_PREFILL_LOOKAHEAD");  // per call, so a test can compare
+  if (off && off[0] == '0') return false;
+  if (l + 1 >= m.hp.n_layer || !m.hp.is_moe_layer(l + 1) || s.experts->all_resident()) return false;
+  if (decode_sized(s.n_tokens, s.segments.size()) || s.runtime->gating.mode == GatingMode::CacheAware) return false;
+  // Routing spread evenly leaves a given expert unused by n tokens with probability (1 - k/E)^n:
+  // at most a tenth, so at most a tenth of the guesses are wasted reads.
+  const double k = m.hp.n_expert_used, e = m.hp.n_expert;
+  if (std::pow(1.0 - k / e, static_cast<double>(s.n_tokens)) > 0.1) return false;
+  return distinct_experts(s.routing, m.hp.n_expert) <= s.experts->capacity(l);
 }
 
 }  // namespace
@@ -127,7 +128,7 @@ Status moe_forward(const Model& m, EvalState& s, int32_t l, const Act& x, const 
     if (s.predictor->wants_hidden()) MOELITE_TRY(host_rows(s, xn, &s.host_b, &hidden));
     MOELITE_TRY(s.predictor->after_layer(m, s, l, hidden, &guesses));
     if (!guesses.empty()) s.experts->hint(guesses, l);
-  } else if (prefill_lookahead_wanted(m, s, l, distinct_experts(s.routing, m.hp.n_expert))) {
+  } else if (prefill_lookahead_wanted(m, s, l)) {
     std::vector<Prediction> next(static_cast<size_t>(m.hp.n_expert));
     for (int32_t e = 0; e < m.hp.n_expert; ++e) next[static_cast<size_t>(e)] = {{l + 1, e}, 1.0f};
     s.experts->hint(next, l);
