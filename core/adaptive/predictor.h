@@ -26,7 +26,8 @@ struct Model;
 struct EvalState;
 struct Profile;
 
-// Predictions are made for decode-sized batches only: a prefill batch needs most experts anyway.
+// Predictions are made for decode-sized batches only: a prefill batch needs most experts anyway
+// (core/moe/moe_layer.cpp names all of the next layer's experts for one: the prefill lookahead).
 // A step of several sequences decoding together (one or a few tokens each) is decode-sized: what
 // counts is the rows per sequence, not the batch's rows.
 constexpr int32_t kMaxPredictTokens = 4;
