@@ -24,6 +24,7 @@
 #include "backends/cpu/interleaved_rows.h"
 #include "backends/cpu/quant.h"
 #include "backends/cpu/simd/tables.h"
+#include "backends/cpu/simd/x86_kquant.h"
 #include "base/quant_ref.h"
 
 namespace moelite::cpu {
@@ -654,28 +655,12 @@ struct Q45KRowScales {
   uint8_t scale[8];  // the 6-bit scales of the 8 sub-blocks
   int32_t min_pairs[4];  // mins of sub-blocks 2j and 2j + 1 as two int16 (vpmaddwd's operand)
 };
-// The 12 packed bytes of 6-bit scales and mins (get_scale_min_k4's layout) in four word operations.
 inline Q45KRowScales unpack_row_scales(const uint8_t* packed) {
-  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
-  uint32_t u[3];
-  std::memcpy(u, packed, 12);
-  const uint32_t scales_lo = u[0] & kLow6;                                         // scales 0-3
-  const uint32_t scales_hi = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);        // scales 4-7
-  const uint32_t mins_lo = u[1] & kLow6;                                           // mins 0-3
-  const uint32_t mins_hi = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);  // mins 4-7
+  const __m128i scales_mins = q4k_scales_mins(packed);  // bytes 0-7 scales, 8-15 mins
   Q45KRowScales r;
-  std::memcpy(r.scale, &scales_lo, 4);
-  std::memcpy(r.scale + 4, &scales_hi, 4);
-  const __m128i mins = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(mins_hi), static_cast<int>(mins_lo)));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(r.min_pairs), mins);
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(r.scale), scales_mins);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(r.min_pairs), _mm_cvtepu8_epi16(_mm_srli_si128(scales_mins, 8)));
   return r;
-}
-
-// Sub-block s's fifth bits (bit s of each qh byte) as bit 4 of 32 bytes.
-inline __m256i fifth_bits_256(__m256i qh, int s) {
-  const __m256i bit4 = _mm256_set1_epi8(0x10);
-  if (s >= 4) return _mm256_and_si256(_mm256_srli_epi16(qh, s - 4), bit4);
-  return _mm256_and_si256(_mm256_slli_epi16(qh, 4 - s), bit4);
 }
 
 template <bool kFive>
@@ -700,17 +685,19 @@ void q45k_matrix(int64_t n, float* out, size_t out_stride, const void* w_rows, s
       const uint8_t* p = pk + static_cast<size_t>(i) * kQ45KPackedBlock;
       for (int r = 0; r < kMatrixRows; ++r) {
         const Block& b = reinterpret_cast<const Block*>(rows + static_cast<size_t>(r) * w_stride)[i];
+        // Q5_K: the row's 32 qh bytes in both halves (each half's codes take their own bit).
+        __m512i qh = _mm512_setzero_si512();
+        if constexpr (kFive)  // (zero-masked: GCC 12 warns about the unmasked form)
+          qh = _mm512_maskz_broadcast_i64x4(0xff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh)));
         for (int h = 0; h < 2; ++h) {  // chunks 2h and 2h + 1: sub-blocks 4h, 4h + 2 (low), 4h + 1, 4h + 3 (high)
           const __m512i v = _mm512_loadu_si512(b.qs + 64 * h);
           __m512i lo = _mm512_and_si512(v, nibble), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
           if constexpr (kFive) {
-            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh));
-            // (Zero-masked forms: GCC 12 warns about the unmasked ones' undefined operands.)
-            const auto two = [](__m256i first, __m256i second) {
-              return _mm512_maskz_inserti64x4(0xff, _mm512_castsi256_si512(first), second, 1);
+            const auto halves = [&](int first, int second) {  // sub-block first's bits, then second's
+              return _mm512_mask_blend_epi64(0xf0, fifth_bits_of(qh, first), fifth_bits_of(qh, second));
             };
-            lo = _mm512_or_si512(lo, two(fifth_bits_256(qh, 4 * h), fifth_bits_256(qh, 4 * h + 2)));
-            hi = _mm512_or_si512(hi, two(fifth_bits_256(qh, 4 * h + 1), fifth_bits_256(qh, 4 * h + 3)));
+            lo = _mm512_or_si512(lo, halves(4 * h, 4 * h + 2));
+            hi = _mm512_or_si512(hi, halves(4 * h + 1, 4 * h + 3));
           }
           _mm512_store_si512(even[r] + 64 * h, lo);
           _mm512_store_si512(odd[r] + 64 * h, hi);
