@@ -39,6 +39,32 @@ uint32_t bits(float f) {
   return b;
 }
 
+// Packs the tokens at every count 1..16 (into an unaligned buffer), runs the tile over `groups`
+// groups of 16 rows and checks each output bitwise against want[row * kMatrixTokens + token], and
+// that no column past kMatrixTokens is written (the tile may write meaningless ones up to it).
+void check_tile_at_every_count(const MatrixTile& m, int64_t n, const uint8_t* w0, size_t w_stride, const uint8_t* a0,
+                               size_t a_stride, int groups, const std::vector<float>& want, int* checked) {
+  const int rows = groups * kMatrixRows;
+  std::vector<uint8_t> packed(m.packed_bytes(n) + 64);
+  for (int count = 1; count <= kMatrixTokens; ++count) {
+    m.pack(a0, a_stride, count, n, packed.data() + 1);
+    constexpr size_t kOutStride = kMatrixTokens + 3;
+    std::vector<float> got(rows * kOutStride, -1234.5f);
+    m.dot(n, got.data(), kOutStride, w0, w_stride, packed.data() + 1, groups, count);
+    for (int r = 0; r < rows; ++r) {
+      for (int j = 0; j < count; ++j) {
+        const float expect = want[r * kMatrixTokens + j];
+        ASSERT_EQ(bits(got[r * kOutStride + j]), bits(expect))
+            << "count " << count << " row " << r << " token " << j << ": " << got[r * kOutStride + j] << " vs "
+            << expect;
+        ++*checked;
+      }
+      for (size_t j = kMatrixTokens; j < kOutStride; ++j)
+        ASSERT_EQ(got[r * kOutStride + j], -1234.5f) << "wrote past the tile in row " << r;
+    }
+  }
+}
+
 TEST(QuantKernelsMatrix, AmxTableWhereTheCpuAndOsHaveIt) {
   const platform::CpuFeatures& f = platform::cpu_features();
   EXPECT_EQ(kernels_amx() != nullptr, f.amx_int8 && kernels_avx512() != nullptr);
@@ -124,25 +150,12 @@ TEST(QuantKernelsMatrix, TileIsTheScalarDotBitwise) {
     }
     const uint8_t* w0 = w_buf.data() + off;
     const uint8_t* a0 = a_buf.data() + off;
-    std::vector<uint8_t> packed(m.packed_bytes(n) + 64);
-    for (int count = 1; count <= kMatrixTokens; ++count) {
-      m.pack(a0, a_stride, count, n, packed.data() + 1);  // an unaligned buffer works too
-      constexpr size_t kOutStride = kMatrixTokens + 3;
-      std::vector<float> got(kRows * kOutStride, -1234.5f);
-      m.dot(n, got.data(), kOutStride, w0, w_stride, packed.data() + 1, kGroups, count);
-      for (int r = 0; r < kRows; ++r) {
-        for (int j = 0; j < count; ++j) {
-          float expect = 0;
-          ref.vec_dot[tid(t)](n, &expect, w0 + r * w_stride, a0 + j * a_stride);
-          ASSERT_EQ(bits(got[r * kOutStride + j]), bits(expect))
-              << "count " << count << " row " << r << " token " << j << ": " << got[r * kOutStride + j] << " vs " << expect;
-          ++checked;
-        }
-        // The tile may write meaningless columns up to kMatrixTokens, never past them.
-        for (size_t j = kMatrixTokens; j < kOutStride; ++j)
-          ASSERT_EQ(got[r * kOutStride + j], -1234.5f) << "wrote past the tile in row " << r;
-      }
-    }
+    std::vector<float> want(kRows * kMatrixTokens);
+    for (int r = 0; r < kRows; ++r)
+      for (int j = 0; j < kMatrixTokens; ++j)
+        ref.vec_dot[tid(t)](n, &want[r * kMatrixTokens + j], w0 + r * w_stride, a0 + j * a_stride);
+    check_tile_at_every_count(m, n, w0, w_stride, a0, a_stride, kGroups, want, &checked);
+    if (HasFatalFailure()) return;
   }
   std::printf("amx matrix tile: %d outputs equal the scalar dot bitwise\n", checked);
 }
@@ -199,26 +212,16 @@ TEST(QuantKernelsMatrix, KQuantTileInRowLayoutIsTheTablesVecDotBitwise) {
                                                                          kMatrixTokens, group.data(), 0, a0, a_stride,
                                                                          kMatrixTokens);
       }
-      std::vector<uint8_t> packed(m.packed_bytes(n) + 64);
-      for (int count = 1; count <= kMatrixTokens; ++count) {
-        m.pack(a0, a_stride, count, n, packed.data() + 1);
-        constexpr size_t kOutStride = kMatrixTokens + 3;
-        std::vector<float> got(kRows * kOutStride, -1234.5f);
-        m.dot(n, got.data(), kOutStride, w0, w_stride, packed.data() + 1, kGroups, count);
-        for (int r = 0; r < kRows; ++r) {
-          for (int j = 0; j < count; ++j) {
-            float expect = 0;
-            k->vec_dot[tid(t)](n, &expect, w0 + r * w_stride, a0 + j * a_stride);
-            ASSERT_EQ(bits(got[r * kOutStride + j]), bits(expect))
-                << "count " << count << " row " << r << " token " << j << ": " << got[r * kOutStride + j] << " vs "
-                << expect;
-            ASSERT_EQ(bits(expect), bits(ref[r * kMatrixTokens + j])) << "row " << r << " token " << j;
-            ++checked;
-          }
-          for (size_t j = kMatrixTokens; j < kOutStride; ++j)
-            ASSERT_EQ(got[r * kOutStride + j], -1234.5f) << "wrote past the tile in row " << r;
+      // The table's vec_dot, which must equal the readable reference too.
+      std::vector<float> want(kRows * kMatrixTokens);
+      for (int r = 0; r < kRows; ++r)
+        for (int j = 0; j < kMatrixTokens; ++j) {
+          k->vec_dot[tid(t)](n, &want[r * kMatrixTokens + j], w0 + r * w_stride, a0 + j * a_stride);
+          ASSERT_EQ(bits(want[r * kMatrixTokens + j]), bits(ref[r * kMatrixTokens + j]))
+              << "row " << r << " token " << j;
         }
-      }
+      check_tile_at_every_count(m, n, w0, w_stride, a0, a_stride, kGroups, want, &checked);
+      if (HasFatalFailure()) return;
     }
   }
   std::printf("amx K-quant matrix tile: %d outputs equal the table's vec_dot bitwise\n", checked);
