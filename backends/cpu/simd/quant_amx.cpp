@@ -1,7 +1,7 @@
-// Intel AMX kernels: the avx512 table with Q8_0 products, and Q4_K / Q5_K batches of 5 to 16
-// tokens (its group kernels over the grouped copies, below), on int8 tile registers. Compiled with
-// -mamx-tile -mamx-int8, the avx512 flags and -ffp-contract=off; nothing here runs before
-// kernels_amx() has checked the CPU and the OS's grant of the tile state.
+// Intel AMX kernels: the avx512 table with Q8_0 products, Q4_K / Q5_K batches of 5 to 16 tokens
+// (its group kernels over the grouped copies, and rows in row layout) and Q6_K batches, on int8
+// tile registers. Compiled with -mamx-tile -mamx-int8, the avx512 flags and -ffp-contract=off;
+// nothing here runs before kernels_amx() has checked the CPU and the OS's grant of the tile state.
 //
 // One TDPBSSD multiplies a 16 x 32 int8 tile of weights (16 rows, one Q8_0 block each: the tile is
 // loaded straight from the rows, row_bytes apart, so no repacking at load) with an 8 x 64 tile of
@@ -14,6 +14,13 @@
 // with the block sums formed by vpdpbusd, and batched and token-by-token evaluation stay equal.
 #include <immintrin.h>
 
+// GCC 12's AVX-512 headers build "undefined" vectors as `__m512i __Y = __Y;`, which its own
+// -Wuninitialized then reports at every inlined use (GCC bug 105593, fixed in GCC 13).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -23,8 +30,10 @@
 
 #include "backends/cpu/interleaved_rows.h"
 #include "backends/cpu/quant.h"
+#include "backends/cpu/simd/rows_entry.h"
 #include "backends/cpu/simd/tables.h"
 #include "backends/cpu/simd/x86_kquant.h"
+#include "backends/cpu/simd/x86_q6k.h"
 #include "base/quant_ref.h"
 
 namespace moelite::cpu {
@@ -737,6 +746,194 @@ void q45k_matrix(int64_t n, float* out, size_t out_stride, const void* w_rows, s
   }
 }
 
+// ---- Q6_K -----------------------------------------------------------------------------------
+//
+// Q6_K has no grouped layout, so one matrix tile serves every Q6_K weight in batches (dense ones,
+// resident experts and the store's slots alike). Its 16 groups of 16 codes have signed 8-bit
+// scales, applied after the integer products: one TDPBSSD per group, the first operand 16 rows x
+// the group's 16 codes (stored +32, unpacked once per super-block as signed code - 32, so no bsums
+// correction), the second the tokens' 16 codes of that group in the VNNI layout ([position l]
+// [token][4], packed once per chunk of 16 tokens). The [row][token] results are scaled with one
+// row's 16 tokens per vector, exact in int32 (|sum| <= 16 x 16 x 32 x 128 x 128).
+//
+// The float part is the scalar reference's: s = s + (d * d_a) * sum, super-block after super-block
+// (no fused multiply-add). The avx512 kernel keeps float lanes across super-blocks instead, which a
+// tile cannot reproduce; so this table's Q6_K vec_dot (decode) sums each super-block exactly too
+// (the avx512 kernel's integer lanes, reduced), and batched and token-by-token evaluation stay
+// equal, to each other and to the scalar table.
+// The totals of four vectors of 16 int32 lanes, side by side (exact integers): 128-bit quarters of
+// two vectors added, then of all four (quarter j: vector j's four partial sums), then each
+// quarter's lanes. A third of the operations of four separate reductions.
+inline __m128i four_totals(const __m512i (&v)[4]) {
+  const auto fold = [](__m512i a, __m512i b) {  // [a q0+q2, a q1+q3, b q0+q2, b q1+q3]
+    return _mm512_add_epi32(_mm512_shuffle_i64x2(a, b, 0x44), _mm512_shuffle_i64x2(a, b, 0xee));
+  };
+  const __m512i f01 = fold(v[0], v[1]), f23 = fold(v[2], v[3]);
+  __m512i f = _mm512_add_epi32(_mm512_shuffle_i64x2(f01, f23, 0x88), _mm512_shuffle_i64x2(f01, f23, 0xdd));
+  f = _mm512_add_epi32(f, _mm512_shuffle_epi32(f, _MM_PERM_BADC));
+  f = _mm512_add_epi32(f, _mm512_shuffle_epi32(f, _MM_PERM_CDAB));
+  return _mm512_castsi512_si128(
+      _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), f));
+}
+
+inline float q8k_scale(const Q8_K& b) {
+  float d;
+  std::memcpy(&d, b.d, 4);
+  return d;
+}
+
+// One token: four super-blocks' sums reduced together, their terms then added in order.
+inline float dot_q6k_block_sums(int64_t n, const blocks::Q6_K* x, const Q8_K* y) {
+  const int64_t nb = n / kQKK;
+  float s = 0.0f;
+  int64_t i = 0;
+  for (; i + 4 <= nb; i += 4) {
+    __m512i lanes[4];
+    alignas(16) float scale[4];
+#pragma GCC unroll 4
+    for (int b = 0; b < 4; ++b) {
+      lanes[b] = q6k_block_lanes(q6k_decode(x[i + b]), y[i + b]);
+      scale[b] = fp16(x[i + b].d) * q8k_scale(y[i + b]);
+    }
+    alignas(16) float term[4];
+    _mm_store_ps(term, _mm_mul_ps(_mm_load_ps(scale), _mm_cvtepi32_ps(four_totals(lanes))));
+    for (int b = 0; b < 4; ++b) s = s + term[b];
+  }
+  for (; i < nb; ++i) {
+    const int sum = _mm512_reduce_add_epi32(q6k_block_lanes(q6k_decode(x[i]), y[i]));
+    s = s + (fp16(x[i].d) * q8k_scale(y[i])) * static_cast<float>(sum);
+  }
+  return s;
+}
+
+// Two to four tokens: each super-block decoded once, the tokens' sums reduced together.
+template <int K>
+struct DotQ6KBlockSums {
+  static_assert(K <= 4, "the tokens' sums share one 128-bit vector");
+  static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
+    const auto* x = static_cast<const blocks::Q6_K*>(w);
+    if constexpr (K == 1) {
+      out[0] = dot_q6k_block_sums(n, x, act_row<Q8_K>(a, stride, 0));
+      return;
+    }
+    const Q8_K* y[K];
+    for (int j = 0; j < K; ++j) y[j] = act_row<Q8_K>(a, stride, j);
+    __m128 s = _mm_setzero_ps();  // lane j: token j's sum
+    for (int64_t i = 0; i < n / kQKK; ++i) {
+      const Q6KDecoded q = q6k_decode(x[i]);
+      __m512i lanes[4];
+      float da[4] = {0, 0, 0, 0};
+#pragma GCC unroll 4
+      for (int j = 0; j < K; ++j) {
+        lanes[j] = q6k_block_lanes(q, y[j][i]);
+        da[j] = q8k_scale(y[j][i]);
+      }
+      for (int j = K; j < 4; ++j) lanes[j] = _mm512_setzero_si512();
+      // s + (d * d_a) * sum in every lane: the scalar reference's operations.
+      const __m128 scale = _mm_mul_ps(_mm_set1_ps(fp16(x[i].d)), _mm_setr_ps(da[0], da[1], da[2], da[3]));
+      s = _mm_add_ps(s, _mm_mul_ps(scale, _mm_cvtepi32_ps(four_totals(lanes))));
+    }
+    alignas(16) float r[4];
+    _mm_store_ps(r, s);
+    for (int j = 0; j < K; ++j) out[j] = r[j];
+  }
+};
+
+// Packed per super-block: codes [16 groups][4 positions][16 tokens][4] (4096 bytes), then the 16
+// tokens' scales (floats). Missing tokens: zeros.
+constexpr size_t kQ6KPackedCodes = 16 * 4 * kMatrixTokens * 4;
+constexpr size_t kQ6KPackedBlock = kQ6KPackedCodes + kMatrixTokens * sizeof(float);
+static_assert(kQ6KPackedBlock % 64 == 0, "each packed super-block starts on a line");
+
+// Chunks of fewer tokens take the table's row kernels (MatrixTile::min_tokens). bench_kernels (256 x
+// 2048 Q6_K rows, one thread, GB/s of weights per call): the tile 7.5 at any count (mode 5), this
+// table's multi-dot 10.5 with 4 tokens (mode 2), its vec_dot 21 (mode 0): 4 + 1 tokens come out
+// even, 6 a sixth faster on the tile, 16 2.9x. (On one vCPU of the VM measured the tiles ran at
+// half that speed, the vector kernels not: the physical core's AMX unit is shared.)
+constexpr int kQ6KMatrixMinTokens = 6;
+
+size_t packed_bytes_q6k(int64_t n) { return static_cast<size_t>(n / kQKK) * kQ6KPackedBlock; }
+
+void pack_q6k(const void* a_rows, size_t a_stride, int count, int64_t n, void* out) {
+  const auto* a = static_cast<const uint8_t*>(a_rows);
+  auto* p = static_cast<uint8_t*>(out);
+  for (int64_t i = 0; i < n / kQKK; ++i, p += kQ6KPackedBlock) {
+    std::memset(p, 0, kQ6KPackedBlock);
+    for (int t = 0; t < count; ++t) {
+      const auto& y = *reinterpret_cast<const Q8_K*>(a + static_cast<size_t>(t) * a_stride + i * sizeof(Q8_K));
+      for (int g = 0; g < 16; ++g)
+        for (int l = 0; l < 4; ++l) std::memcpy(p + ((g * 4 + l) * kMatrixTokens + t) * 4, y.qs + 16 * g + 4 * l, 4);
+      std::memcpy(p + kQ6KPackedCodes + 4 * t, y.d, 4);
+    }
+  }
+}
+
+// Tiles 0-3: sums (16 rows x 16 tokens of int32), 4-5: the rows' codes of a group (16 x 16), 6-7:
+// the tokens' codes of a group (4 positions x 16 tokens x 4).
+const TileConfig& q6k_matrix_config() {
+  static const TileConfig c = [] {
+    TileConfig t{};
+    for (int i = 0; i < 8; ++i) {
+      t.colsb[i] = static_cast<uint16_t>(i == 4 || i == 5 ? 16 : 64);
+      t.rows[i] = static_cast<uint8_t>(i < 6 ? 16 : 4);
+    }
+    return t;
+  }();
+  return c;
+}
+
+void q6k_matrix(int64_t n, float* out, size_t out_stride, const void* w_rows, size_t w_stride, const void* packed,
+                int64_t groups, int count) {
+  (void)count;  // all 16 token columns are computed (missing tokens packed as zeros)
+  use_config(q6k_matrix_config());
+  const int64_t nb = n / kQKK;
+  const auto* pk = static_cast<const uint8_t*>(packed);
+  alignas(64) int8_t codes[kMatrixRows][kQKK];  // row r's codes - 32, in element order
+  alignas(64) int32_t scales[kMatrixRows][16];
+  alignas(64) int32_t sums[16][kMatrixRows * kMatrixTokens];  // group g: [row][token]
+  alignas(64) float acc[kMatrixRows][kMatrixTokens];
+  const __m512i bias = _mm512_set1_epi8(32);
+  for (int64_t grp = 0; grp < groups; ++grp) {
+    const uint8_t* rows = static_cast<const uint8_t*>(w_rows) + static_cast<size_t>(grp) * kMatrixRows * w_stride;
+    std::memset(acc, 0, sizeof acc);
+    for (int64_t i = 0; i < nb; ++i) {
+      const uint8_t* p = pk + static_cast<size_t>(i) * kQ6KPackedBlock;
+      for (int r = 0; r < kMatrixRows; ++r) {
+        const auto& b = reinterpret_cast<const blocks::Q6_K*>(rows + static_cast<size_t>(r) * w_stride)[i];
+        __m512i q[4];
+        q6k_codes(b, q);
+        for (int c = 0; c < 4; ++c) _mm512_store_si512(codes[r] + 64 * c, _mm512_sub_epi8(q[c], bias));
+        _mm512_store_si512(scales[r], _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales))));
+      }
+      // Group g (0-15): the rows' codes at codes + 16 g (kQKK bytes a row), the tokens' at p + 256 g.
+      for (int half = 0; half < 2; ++half) {
+#define MOELITE_Q6K_PRODUCT(t, a, b, s)                                      \
+  _tile_zero(t);                                                             \
+  _tile_loadd(a, codes[0] + 16 * (8 * half + (s)), kQKK);                    \
+  _tile_loadd(b, p + (8 * half + (s)) * (4 * kMatrixTokens * 4), kMatrixTokens * 4); \
+  _tile_dpbssd(t, a, b)
+#define MOELITE_Q6K_STORE(t, s) _tile_stored(t, sums[8 * half + (s)], kMatrixTokens * 4)
+        MOELITE_EIGHT_SUB_BLOCK_PRODUCTS(MOELITE_Q6K_PRODUCT, MOELITE_Q6K_STORE);
+#undef MOELITE_Q6K_STORE
+#undef MOELITE_Q6K_PRODUCT
+      }
+      const __m512 da = _mm512_loadu_ps(reinterpret_cast<const float*>(p + kQ6KPackedCodes));
+      for (int r = 0; r < kMatrixRows; ++r) {
+        const auto& b = reinterpret_cast<const blocks::Q6_K*>(rows + static_cast<size_t>(r) * w_stride)[i];
+        __m512i isum = _mm512_setzero_si512();
+        for (int g = 0; g < 16; ++g)
+          isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(sums[g] + r * kMatrixTokens),
+                                                           _mm512_set1_epi32(scales[r][g])));
+        const __m512 term = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(fp16(b.d)), da),
+                                          _mm512_maskz_cvtepi32_ps(0xffff, isum));
+        _mm512_store_ps(acc[r], _mm512_add_ps(_mm512_load_ps(acc[r]), term));
+      }
+    }
+    for (int r = 0; r < kMatrixRows; ++r)
+      _mm512_storeu_ps(out + (static_cast<size_t>(grp) * kMatrixRows + r) * out_stride, _mm512_load_ps(acc[r]));
+  }
+}
+
 KernelTable make_table(const KernelTable& base) {
   KernelTable t = base;
   t.isa = "amx";
@@ -756,6 +953,8 @@ KernelTable make_table(const KernelTable& base) {
     set_matrix(t, type, {pack_q45k, packed_bytes_q45k, five ? q45k_matrix<true> : q45k_matrix<false>,
                          kQ45KMatrixMinTokens});
   }
+  set_vec_dot<dot_one<DotQ6KBlockSums>>(t, TensorType::Q6_K, dot_multi<DotQ6KBlockSums>);
+  set_matrix(t, TensorType::Q6_K, {pack_q6k, packed_bytes_q6k, q6k_matrix, kQ6KMatrixMinTokens});
   return t;
 }
 

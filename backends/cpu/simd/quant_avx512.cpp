@@ -23,6 +23,7 @@
 #include "backends/cpu/simd/tables.h"
 #include "backends/cpu/simd/x86_kquant.h"
 #include "backends/cpu/simd/x86_q45k_groups.h"
+#include "backends/cpu/simd/x86_q6k.h"
 #include "platforms/platform.h"
 
 namespace moelite::cpu {
@@ -423,23 +424,6 @@ constexpr Q45KConstants make_q45k_constants() {
   return k;
 }
 alignas(64) constexpr Q45KConstants kQ45K = make_q45k_constants();
-// Q6_K's scales for chunk c (s[c]: quarter q of the vector, 8 int16 lanes = one 16-element group
-// after maddubs, holds scale 4c + q). From the 16 scales as int16, scales 0..7 broadcast to every
-// 128-bit lane serve chunks 0 and 1, scales 8..15 chunks 2 and 3: an in-lane byte shuffle picks
-// scale (4c + q) mod 8 in quarter q. Constants in memory, for the same reason as kQ45K.
-struct Q6KConstants {
-  uint8_t scale_idx[2][64];  // chunk c mod 2
-};
-constexpr Q6KConstants make_q6k_constants() {
-  Q6KConstants k{};
-  for (int c = 0; c < 2; ++c)
-    for (int i = 0; i < 64; ++i) {
-      const int scale = 4 * c + i / 16;  // of the eight in the lane
-      k.scale_idx[c][i] = static_cast<uint8_t>(2 * scale + (i & 1));
-    }
-  return k;
-}
-alignas(64) constexpr Q6KConstants kQ6K = make_q6k_constants();
 
 // Q4_K / Q5_K. Each 32-byte chunk c of qs holds sub-block 2c in its low nibbles and 2c+1 in
 // its high nibbles; broadcasting the chunk to both 256-bit halves and shifting the upper half by
@@ -505,8 +489,7 @@ using DotQ4K = DotQ45K<false, Q4_K>::Rows<K>;
 template <int K>
 using DotQ5K = DotQ45K<true, Q5_K>::Rows<K>;
 
-// Q6_K. Per 128-element half, the 64 ql bytes' low nibbles are elements 0..63 in order and the
-// high nibbles elements 64..127; qh supplies bit pairs (0,2) and (4,6) for the two halves.
+// Q6_K (x86_q6k.h decodes a super-block and forms its integer lanes).
 template <int K>
 struct DotQ6K {
   static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
@@ -517,38 +500,13 @@ struct DotQ6K {
       y[j] = act_row<Q8_K>(a, stride, j);
       acc[j] = _mm512_setzero_ps();
     }
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m3 = _mm512_set1_epi8(3);
-    const __m512i idx[2] = {load512(kQ6K.scale_idx[0]), load512(kQ6K.scale_idx[1])};
     for (int64_t i = 0; i < n / kQKK; ++i) {
-      const __m256i sc16 = _mm256_cvtepi8_epi16(load128(x[i].scales));
-      // Scales 0..7 and 8..15 (int16), each broadcast to every 128-bit lane.
-      const __m512i sc_half[2] = {_mm512_broadcast_i32x4(_mm256_castsi256_si128(sc16)),
-                                  _mm512_broadcast_i32x4(_mm256_extracti128_si256(sc16, 1))};
-      // Codes in element order: q[0..1] for half 0, q[2..3] for half 1, 64 elements each.
-      __m512i q[4], s[4];
-#pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) {
-        const __m512i ql = load512(x[i].ql + 64 * h);
-        const __m256i qh256 = load256(x[i].qh + 32 * h);
-        const __m512i qh = join(qh256, _mm256_srli_epi16(qh256, 2));
-        q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(_mm512_and_si512(qh, m3), 4));
-        q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                                       _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 4), m3), 4));
-        s[2 * h] = _mm512_shuffle_epi8(sc_half[h], idx[0]);
-        s[2 * h + 1] = _mm512_shuffle_epi8(sc_half[h], idx[1]);
-      }
+      const Q6KDecoded q = q6k_decode(x[i]);
       const float d = fp16(x[i].d);
 #pragma GCC unroll 4
-      for (int j = 0; j < K; ++j) {
-        const Q8_K& b = y[j][i];
-        // Codes are stored +32: remove 32 * sum_g scale_g * bsum_g.
-        const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, load256(b.bsums)), 5);
-        __m512i sumi = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(off));
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; ++c)
-          sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[c], load512(b.qs + 64 * c)), s[c]);
-        acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(d * f32(b.d)), _mm512_cvtepi32_ps(sumi), acc[j]);
-      }
+      for (int j = 0; j < K; ++j)
+        acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(d * f32(y[j][i].d)), _mm512_cvtepi32_ps(q6k_block_lanes(q, y[j][i])),
+                                 acc[j]);
     }
 #pragma GCC unroll 4
     for (int j = 0; j < K; ++j) out[j] = _mm512_reduce_add_ps(acc[j]);
