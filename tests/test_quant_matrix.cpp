@@ -76,8 +76,8 @@ TEST(QuantKernelsMatrix, AmxTableWhereTheCpuAndOsHaveIt) {
   std::printf("AMX-INT8 usable: %s\n", f.amx_int8 ? "yes" : "no");
 }
 
-// Only the amx table has a matrix tile: for Q8_0, Q4_K and Q5_K in row layout, and Q6_K, with all
-// three entries.
+// Only the amx table has a matrix tile: for Q8_0, Q4_K and Q5_K in row layout, Q3_K and Q6_K, with
+// all three entries.
 TEST(QuantKernelsMatrix, PresentOnlyWhereExpected) {
   std::vector<const KernelTable*> tables{&kernels_scalar()};
   for (const KernelTable* t : {kernels_avx2(), kernels_avxvnni(), kernels_avx512(), kernels_amx(), kernels_neon(),
@@ -88,7 +88,7 @@ TEST(QuantKernelsMatrix, PresentOnlyWhereExpected) {
       const MatrixTile& m = k->matrix[i];
       const bool expected = std::string(k->isa) == "amx" &&
                             (i == tid(TensorType::Q8_0) || i == tid(TensorType::Q4_K) || i == tid(TensorType::Q5_K) ||
-                             i == tid(TensorType::Q6_K));
+                             i == tid(TensorType::Q3_K) || i == tid(TensorType::Q6_K));
       EXPECT_EQ(m.dot != nullptr, expected) << k->isa << " type " << i;
       EXPECT_EQ(m.pack != nullptr, expected) << k->isa << " type " << i;
       EXPECT_EQ(m.packed_bytes != nullptr, expected) << k->isa << " type " << i;
@@ -106,15 +106,15 @@ std::vector<uint8_t> random_q8_k_row(int64_t n, std::mt19937& rng, float fill = 
   return q;
 }
 
-// Q8_0 and Q6_K: the amx table sums each block (super-block) exactly and adds them in the scalar
-// order, for its tiles.
+// Q8_0, Q3_K and Q6_K: the amx table sums each block (super-block) exactly and adds them in the
+// scalar order, for its tiles.
 TEST(QuantKernelsMatrix, AmxVecDotIsTheScalarDotBitwise) {
   const KernelTable* k = kernels_amx();
   if (!k) GTEST_SKIP() << "no AMX-INT8 here (or the OS does not grant the tile state)";
   const KernelTable& ref = kernels_scalar();
   std::mt19937 rng(7);
   int checked = 0;
-  for (const TensorType t : {TensorType::Q8_0, TensorType::Q6_K}) {
+  for (const TensorType t : {TensorType::Q8_0, TensorType::Q3_K, TensorType::Q6_K}) {
     const bool q8 = t == TensorType::Q8_0;
     for (int64_t n : {32, 64, 96, 128, 160, 224, 256, 512, 768, 1024, 1280, 1792, 2048, 2080, 4096}) {
       if (n % type_info(tid(t))->block_size) continue;
@@ -245,57 +245,70 @@ TEST(QuantKernelsMatrix, KQuantTileInRowLayoutIsTheTablesVecDotBitwise) {
   std::printf("amx K-quant matrix tile: %d outputs equal the table's vec_dot bitwise\n", checked);
 }
 
-// Q6_K on tiles (every Q6_K weight in batches: it has no grouped layout): every output equals the
-// scalar table's dot, and the amx table's vec_dot, bit for bit. Three groups of 16 rows w_stride
-// apart at an odd address; every count 1..16; rows whose codes are all 0 or all 63 (-32, +31) and
-// rows with the extreme scales -128 and 127; activation rows of all +127 and all -127.
-TEST(QuantKernelsMatrix, Q6KTileIsTheScalarDotBitwise) {
+// Q3_K and Q6_K on tiles (every such weight in batches: they have no grouped layout): every output
+// equals the scalar table's dot, and the amx table's vec_dot, bit for bit. Three groups of 16 rows
+// w_stride apart at an odd address; every count 1..16; rows whose codes are all the lowest or all
+// the highest (Q3_K -4 / +3, Q6_K -32 / +31), rows with the extreme scales (Q3_K -32 / 31, Q6_K
+// -128 / 127); activation rows of all +127 and all -127.
+TEST(QuantKernelsMatrix, SixteenGroupKQuantTileIsTheScalarDotBitwise) {
   const KernelTable* k = kernels_amx();
   if (!k) GTEST_SKIP() << "no AMX-INT8 here (or the OS does not grant the tile state)";
   const KernelTable& ref = kernels_scalar();
-  const TensorType t = TensorType::Q6_K;
-  const MatrixTile& m = k->matrix[tid(t)];
-  ASSERT_NE(m.dot, nullptr);
-  EXPECT_GT(m.min_tokens, 1);
   std::mt19937 rng(29);
   int checked = 0;
-  for (int64_t n : {256, 1280, 2048}) {  // 1280: four super-blocks at once and one alone
-    SCOPED_TRACE("n=" + std::to_string(n));
-    const size_t wb = test::weight_row_bytes(t, n), w_stride = wb + 7, off = 5;
-    constexpr int kGroups = 3, kRows = kGroups * kMatrixRows;
-    std::vector<uint8_t> w_buf(off + w_stride * kRows, 0x5A);
-    for (int r = 0; r < kRows; ++r) {
-      auto w = test::random_weights(t, n, rng);
-      auto* blk = reinterpret_cast<blocks::Q6_K*>(w.data());
-      for (int64_t b = 0; b < n / 256; ++b) {
-        if (r % 7 == 3 || r % 7 == 5) {  // every code 0 or every code 63
-          std::memset(blk[b].ql, r % 7 == 3 ? 0x00 : 0xFF, sizeof blk[b].ql);
-          std::memset(blk[b].qh, r % 7 == 3 ? 0x00 : 0xFF, sizeof blk[b].qh);
+  for (const TensorType t : {TensorType::Q3_K, TensorType::Q6_K}) {
+    const MatrixTile& m = k->matrix[tid(t)];
+    ASSERT_NE(m.dot, nullptr);
+    EXPECT_GT(m.min_tokens, 1);
+    const bool six = t == TensorType::Q6_K;
+    for (int64_t n : {256, 1280, 2048}) {  // 1280: four super-blocks at once and one alone
+      SCOPED_TRACE(std::string(type_name(t)) + " n=" + std::to_string(n));
+      const size_t wb = test::weight_row_bytes(t, n), w_stride = wb + 7, off = 5;
+      constexpr int kGroups = 3, kRows = kGroups * kMatrixRows;
+      std::vector<uint8_t> w_buf(off + w_stride * kRows, 0x5A);
+      for (int r = 0; r < kRows; ++r) {
+        auto w = test::random_weights(t, n, rng);
+        for (int64_t b = 0; b < n / 256; ++b) {
+          const uint8_t code_fill = r % 7 == 3 ? 0x00 : 0xFF, scale_fill = r % 2 ? 0x00 : 0xFF;
+          if (six) {
+            auto& blk = reinterpret_cast<blocks::Q6_K*>(w.data())[b];
+            if (r % 7 == 3 || r % 7 == 5) {  // every code 0 or every code 63
+              std::memset(blk.ql, code_fill, sizeof blk.ql);
+              std::memset(blk.qh, code_fill, sizeof blk.qh);
+            }
+            if (r % 5 == 1) std::memset(blk.scales, r % 2 ? 0x80 : 0x7F, sizeof blk.scales);  // -128 / 127
+          } else {
+            auto& blk = reinterpret_cast<blocks::Q3_K*>(w.data())[b];
+            if (r % 7 == 3 || r % 7 == 5) {  // every code -4 or every code 3
+              std::memset(blk.qs, code_fill, sizeof blk.qs);
+              std::memset(blk.hmask, code_fill, sizeof blk.hmask);
+            }
+            if (r % 5 == 1) std::memset(blk.scales, scale_fill, sizeof blk.scales);  // -32 / 31
+          }
         }
-        if (r % 5 == 1) std::memset(blk[b].scales, r % 2 ? 0x80 : 0x7F, sizeof blk[b].scales);  // -128 / 127
+        std::memcpy(w_buf.data() + off + r * w_stride, w.data(), wb);
       }
-      std::memcpy(w_buf.data() + off + r * w_stride, w.data(), wb);
-    }
-    const size_t ab = activation_row_bytes(t, n), a_stride = ab + 3;
-    std::vector<uint8_t> a_buf(off + a_stride * kMatrixTokens);
-    for (int j = 0; j < kMatrixTokens; ++j) {
-      const auto a = random_q8_k_row(n, rng, j == 2 ? 1.0f : j == 9 ? -1.0f : 0.0f);
-      std::memcpy(a_buf.data() + off + j * a_stride, a.data(), ab);
-    }
-    const uint8_t* w0 = w_buf.data() + off;
-    const uint8_t* a0 = a_buf.data() + off;
-    std::vector<float> want(kRows * kMatrixTokens);
-    for (int r = 0; r < kRows; ++r)
+      const size_t ab = activation_row_bytes(t, n), a_stride = ab + 3;
+      std::vector<uint8_t> a_buf(off + a_stride * kMatrixTokens);
       for (int j = 0; j < kMatrixTokens; ++j) {
-        float table = 0;
-        ref.vec_dot[tid(t)](n, &want[r * kMatrixTokens + j], w0 + r * w_stride, a0 + j * a_stride);
-        k->vec_dot[tid(t)](n, &table, w0 + r * w_stride, a0 + j * a_stride);
-        ASSERT_EQ(bits(table), bits(want[r * kMatrixTokens + j])) << "row " << r << " token " << j;
+        const auto a = random_q8_k_row(n, rng, j == 2 ? 1.0f : j == 9 ? -1.0f : 0.0f);
+        std::memcpy(a_buf.data() + off + j * a_stride, a.data(), ab);
       }
-    check_tile_at_every_count(m, n, w0, w_stride, a0, a_stride, kGroups, want, &checked);
-    if (HasFatalFailure()) return;
+      const uint8_t* w0 = w_buf.data() + off;
+      const uint8_t* a0 = a_buf.data() + off;
+      std::vector<float> want(kRows * kMatrixTokens);
+      for (int r = 0; r < kRows; ++r)
+        for (int j = 0; j < kMatrixTokens; ++j) {
+          float table = 0;
+          ref.vec_dot[tid(t)](n, &want[r * kMatrixTokens + j], w0 + r * w_stride, a0 + j * a_stride);
+          k->vec_dot[tid(t)](n, &table, w0 + r * w_stride, a0 + j * a_stride);
+          ASSERT_EQ(bits(table), bits(want[r * kMatrixTokens + j])) << "row " << r << " token " << j;
+        }
+      check_tile_at_every_count(m, n, w0, w_stride, a0, a_stride, kGroups, want, &checked);
+      if (HasFatalFailure()) return;
+    }
   }
-  std::printf("amx Q6_K matrix tile: %d outputs equal the scalar dot bitwise\n", checked);
+  std::printf("amx Q3_K/Q6_K matrix tiles: %d outputs equal the scalar dot bitwise\n", checked);
 }
 
 }  // namespace

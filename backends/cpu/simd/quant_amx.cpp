@@ -33,7 +33,7 @@
 #include "backends/cpu/simd/rows_entry.h"
 #include "backends/cpu/simd/tables.h"
 #include "backends/cpu/simd/x86_kquant.h"
-#include "backends/cpu/simd/x86_q6k.h"
+#include "backends/cpu/simd/x86_k16.h"
 #include "base/quant_ref.h"
 
 namespace moelite::cpu {
@@ -746,21 +746,23 @@ void q45k_matrix(int64_t n, float* out, size_t out_stride, const void* w_rows, s
   }
 }
 
-// ---- Q6_K -----------------------------------------------------------------------------------
+// ---- Q3_K and Q6_K ---------------------------------------------------------------------------
 //
-// Q6_K has no grouped layout, so one matrix tile serves every Q6_K weight in batches (dense ones,
-// resident experts and the store's slots alike). Its 16 groups of 16 codes have signed 8-bit
-// scales, applied after the integer products: one TDPBSSD per group, the first operand 16 rows x
-// the group's 16 codes (stored +32, unpacked once per super-block as signed code - 32, so no bsums
-// correction), the second the tokens' 16 codes of that group in the VNNI layout ([position l]
-// [token][4], packed once per chunk of 16 tokens). The [row][token] results are scaled with one
-// row's 16 tokens per vector, exact in int32 (|sum| <= 16 x 16 x 32 x 128 x 128).
+// These have no grouped layout, so one matrix tile per type serves every such weight in batches
+// (dense ones, resident experts and the store's slots alike). Their 16 groups of 16 codes have
+// signed 8-bit scales (x86_k16.h), applied after the integer products: one TDPBSSD per group, the
+// first operand 16 rows x the group's 16 codes (stored + kBias, unpacked once per super-block as
+// signed code - kBias, so no bsums correction), the second the tokens' 16 codes of that group in the
+// VNNI layout ([position l][token][4], packed once per chunk of 16 tokens). The [row][token]
+// results are scaled with one row's 16 tokens per vector, exact in int32 (|sum| <= 16 x 16 x 32 x
+// 128 x 128).
 //
 // The float part is the scalar reference's: s = s + (d * d_a) * sum, super-block after super-block
-// (no fused multiply-add). The avx512 kernel keeps float lanes across super-blocks instead, which a
-// tile cannot reproduce; so this table's Q6_K vec_dot (decode) sums each super-block exactly too
-// (the avx512 kernel's integer lanes, reduced), and batched and token-by-token evaluation stay
-// equal, to each other and to the scalar table.
+// (no fused multiply-add). The avx2/avx512 kernels keep float lanes across super-blocks instead,
+// which a tile cannot reproduce; so this table's vec_dot (decode) and multi-dot for both types sum
+// each super-block exactly too (the avx512 Q6_K kernel's integer lanes, reduced), and batched and
+// token-by-token evaluation stay equal, to each other and to the scalar table.
+
 // The totals of four vectors of 16 int32 lanes, side by side (exact integers): 128-bit quarters of
 // two vectors added, then of all four (quarter j: vector j's four partial sums), then each
 // quarter's lanes. A third of the operations of four separate reductions.
@@ -783,7 +785,8 @@ inline float q8k_scale(const Q8_K& b) {
 }
 
 // One token: four super-blocks' sums reduced together, their terms then added in order.
-inline float dot_q6k_block_sums(int64_t n, const blocks::Q6_K* x, const Q8_K* y) {
+template <class Format>
+inline float dot_k16_block_sums(int64_t n, const typename Format::Block* x, const Q8_K* y) {
   const int64_t nb = n / kQKK;
   float s = 0.0f;
   int64_t i = 0;
@@ -792,7 +795,7 @@ inline float dot_q6k_block_sums(int64_t n, const blocks::Q6_K* x, const Q8_K* y)
     alignas(16) float scale[4];
 #pragma GCC unroll 4
     for (int b = 0; b < 4; ++b) {
-      lanes[b] = q6k_block_lanes(q6k_decode(x[i + b]), y[i + b]);
+      lanes[b] = k16_block_lanes<Format>(k16_decode<Format>(x[i + b]), y[i + b]);
       scale[b] = fp16(x[i + b].d) * q8k_scale(y[i + b]);
     }
     alignas(16) float term[4];
@@ -800,77 +803,81 @@ inline float dot_q6k_block_sums(int64_t n, const blocks::Q6_K* x, const Q8_K* y)
     for (int b = 0; b < 4; ++b) s = s + term[b];
   }
   for (; i < nb; ++i) {
-    const int sum = _mm512_reduce_add_epi32(q6k_block_lanes(q6k_decode(x[i]), y[i]));
+    const int sum = _mm512_reduce_add_epi32(k16_block_lanes<Format>(k16_decode<Format>(x[i]), y[i]));
     s = s + (fp16(x[i].d) * q8k_scale(y[i])) * static_cast<float>(sum);
   }
   return s;
 }
 
-// Two to four tokens: each super-block decoded once, the tokens' sums reduced together.
-template <int K>
-struct DotQ6KBlockSums {
-  static_assert(K <= 4, "the tokens' sums share one 128-bit vector");
-  static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
-    const auto* x = static_cast<const blocks::Q6_K*>(w);
-    if constexpr (K == 1) {
-      out[0] = dot_q6k_block_sums(n, x, act_row<Q8_K>(a, stride, 0));
-      return;
-    }
-    const Q8_K* y[K];
-    for (int j = 0; j < K; ++j) y[j] = act_row<Q8_K>(a, stride, j);
-    __m128 s = _mm_setzero_ps();  // lane j: token j's sum
-    for (int64_t i = 0; i < n / kQKK; ++i) {
-      const Q6KDecoded q = q6k_decode(x[i]);
-      __m512i lanes[4];
-      float da[4] = {0, 0, 0, 0};
-#pragma GCC unroll 4
-      for (int j = 0; j < K; ++j) {
-        lanes[j] = q6k_block_lanes(q, y[j][i]);
-        da[j] = q8k_scale(y[j][i]);
+// vec_dot and multi-dot: one token through dot_k16_block_sums; two to four with each super-block
+// decoded once and the tokens' sums reduced together.
+template <class Format>
+struct DotK16BlockSums {
+  template <int K>
+  struct Rows {
+    static_assert(K <= 4, "the tokens' sums share one 128-bit vector");
+    static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
+      const auto* x = static_cast<const typename Format::Block*>(w);
+      if constexpr (K == 1) {
+        out[0] = dot_k16_block_sums<Format>(n, x, act_row<Q8_K>(a, stride, 0));
+        return;
       }
-      for (int j = K; j < 4; ++j) lanes[j] = _mm512_setzero_si512();
-      // s + (d * d_a) * sum in every lane: the scalar reference's operations.
-      const __m128 scale = _mm_mul_ps(_mm_set1_ps(fp16(x[i].d)), _mm_setr_ps(da[0], da[1], da[2], da[3]));
-      s = _mm_add_ps(s, _mm_mul_ps(scale, _mm_cvtepi32_ps(four_totals(lanes))));
+      const Q8_K* y[K];
+      for (int j = 0; j < K; ++j) y[j] = act_row<Q8_K>(a, stride, j);
+      __m128 s = _mm_setzero_ps();  // lane j: token j's sum
+      for (int64_t i = 0; i < n / kQKK; ++i) {
+        const K16Decoded q = k16_decode<Format>(x[i]);
+        __m512i lanes[4];
+        float da[4] = {0, 0, 0, 0};
+#pragma GCC unroll 4
+        for (int j = 0; j < K; ++j) {
+          lanes[j] = k16_block_lanes<Format>(q, y[j][i]);
+          da[j] = q8k_scale(y[j][i]);
+        }
+        for (int j = K; j < 4; ++j) lanes[j] = _mm512_setzero_si512();
+        // s + (d * d_a) * sum in every lane: the scalar reference's operations.
+        const __m128 scale = _mm_mul_ps(_mm_set1_ps(fp16(x[i].d)), _mm_setr_ps(da[0], da[1], da[2], da[3]));
+        s = _mm_add_ps(s, _mm_mul_ps(scale, _mm_cvtepi32_ps(four_totals(lanes))));
+      }
+      alignas(16) float r[4];
+      _mm_store_ps(r, s);
+      for (int j = 0; j < K; ++j) out[j] = r[j];
     }
-    alignas(16) float r[4];
-    _mm_store_ps(r, s);
-    for (int j = 0; j < K; ++j) out[j] = r[j];
-  }
+  };
 };
 
 // Packed per super-block: codes [16 groups][4 positions][16 tokens][4] (4096 bytes), then the 16
 // tokens' scales (floats). Missing tokens: zeros.
-constexpr size_t kQ6KPackedCodes = 16 * 4 * kMatrixTokens * 4;
-constexpr size_t kQ6KPackedBlock = kQ6KPackedCodes + kMatrixTokens * sizeof(float);
-static_assert(kQ6KPackedBlock % 64 == 0, "each packed super-block starts on a line");
+constexpr size_t kK16PackedCodes = 16 * 4 * kMatrixTokens * 4;
+constexpr size_t kK16PackedBlock = kK16PackedCodes + kMatrixTokens * sizeof(float);
+static_assert(kK16PackedBlock % 64 == 0, "each packed super-block starts on a line");
 
 // Chunks of fewer tokens take the table's row kernels (MatrixTile::min_tokens). bench_kernels (256 x
 // 2048 Q6_K rows, one thread, GB/s of weights per call): the tile 7.5 at any count (mode 5), this
 // table's multi-dot 10.5 with 4 tokens (mode 2), its vec_dot 21 (mode 0): 4 + 1 tokens come out
 // even, 6 a sixth faster on the tile, 16 2.9x. (On one vCPU of the VM measured the tiles ran at
 // half that speed, the vector kernels not: the physical core's AMX unit is shared.)
-constexpr int kQ6KMatrixMinTokens = 6;
+constexpr int kK16MatrixMinTokens = 6;
 
-size_t packed_bytes_q6k(int64_t n) { return static_cast<size_t>(n / kQKK) * kQ6KPackedBlock; }
+size_t packed_bytes_k16(int64_t n) { return static_cast<size_t>(n / kQKK) * kK16PackedBlock; }
 
-void pack_q6k(const void* a_rows, size_t a_stride, int count, int64_t n, void* out) {
+void pack_k16(const void* a_rows, size_t a_stride, int count, int64_t n, void* out) {
   const auto* a = static_cast<const uint8_t*>(a_rows);
   auto* p = static_cast<uint8_t*>(out);
-  for (int64_t i = 0; i < n / kQKK; ++i, p += kQ6KPackedBlock) {
-    std::memset(p, 0, kQ6KPackedBlock);
+  for (int64_t i = 0; i < n / kQKK; ++i, p += kK16PackedBlock) {
+    std::memset(p, 0, kK16PackedBlock);
     for (int t = 0; t < count; ++t) {
       const auto& y = *reinterpret_cast<const Q8_K*>(a + static_cast<size_t>(t) * a_stride + i * sizeof(Q8_K));
       for (int g = 0; g < 16; ++g)
         for (int l = 0; l < 4; ++l) std::memcpy(p + ((g * 4 + l) * kMatrixTokens + t) * 4, y.qs + 16 * g + 4 * l, 4);
-      std::memcpy(p + kQ6KPackedCodes + 4 * t, y.d, 4);
+      std::memcpy(p + kK16PackedCodes + 4 * t, y.d, 4);
     }
   }
 }
 
 // Tiles 0-3: sums (16 rows x 16 tokens of int32), 4-5: the rows' codes of a group (16 x 16), 6-7:
 // the tokens' codes of a group (4 positions x 16 tokens x 4).
-const TileConfig& q6k_matrix_config() {
+const TileConfig& k16_matrix_config() {
   static const TileConfig c = [] {
     TileConfig t{};
     for (int i = 0; i < 8; ++i) {
@@ -882,44 +889,46 @@ const TileConfig& q6k_matrix_config() {
   return c;
 }
 
-void q6k_matrix(int64_t n, float* out, size_t out_stride, const void* w_rows, size_t w_stride, const void* packed,
+template <class Format>
+void k16_matrix(int64_t n, float* out, size_t out_stride, const void* w_rows, size_t w_stride, const void* packed,
                 int64_t groups, int count) {
   (void)count;  // all 16 token columns are computed (missing tokens packed as zeros)
-  use_config(q6k_matrix_config());
+  use_config(k16_matrix_config());
+  using Block = typename Format::Block;
   const int64_t nb = n / kQKK;
   const auto* pk = static_cast<const uint8_t*>(packed);
-  alignas(64) int8_t codes[kMatrixRows][kQKK];  // row r's codes - 32, in element order
+  alignas(64) int8_t codes[kMatrixRows][kQKK];  // row r's codes - kBias, in element order
   alignas(64) int32_t scales[kMatrixRows][16];
   alignas(64) int32_t sums[16][kMatrixRows * kMatrixTokens];  // group g: [row][token]
   alignas(64) float acc[kMatrixRows][kMatrixTokens];
-  const __m512i bias = _mm512_set1_epi8(32);
+  const __m512i bias = _mm512_set1_epi8(Format::kBias);
   for (int64_t grp = 0; grp < groups; ++grp) {
     const uint8_t* rows = static_cast<const uint8_t*>(w_rows) + static_cast<size_t>(grp) * kMatrixRows * w_stride;
     std::memset(acc, 0, sizeof acc);
     for (int64_t i = 0; i < nb; ++i) {
-      const uint8_t* p = pk + static_cast<size_t>(i) * kQ6KPackedBlock;
+      const uint8_t* p = pk + static_cast<size_t>(i) * kK16PackedBlock;
       for (int r = 0; r < kMatrixRows; ++r) {
-        const auto& b = reinterpret_cast<const blocks::Q6_K*>(rows + static_cast<size_t>(r) * w_stride)[i];
+        const Block& b = reinterpret_cast<const Block*>(rows + static_cast<size_t>(r) * w_stride)[i];
         __m512i q[4];
-        q6k_codes(b, q);
+        Format::codes(b, q);
         for (int c = 0; c < 4; ++c) _mm512_store_si512(codes[r] + 64 * c, _mm512_sub_epi8(q[c], bias));
-        _mm512_store_si512(scales[r], _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales))));
+        _mm512_store_si512(scales[r], _mm512_cvtepi8_epi32(Format::scale_bytes(b)));
       }
       // Group g (0-15): the rows' codes at codes + 16 g (kQKK bytes a row), the tokens' at p + 256 g.
       for (int half = 0; half < 2; ++half) {
-#define MOELITE_Q6K_PRODUCT(t, a, b, s)                                      \
+#define MOELITE_K16_PRODUCT(t, a, b, s)                                      \
   _tile_zero(t);                                                             \
   _tile_loadd(a, codes[0] + 16 * (8 * half + (s)), kQKK);                    \
   _tile_loadd(b, p + (8 * half + (s)) * (4 * kMatrixTokens * 4), kMatrixTokens * 4); \
   _tile_dpbssd(t, a, b)
-#define MOELITE_Q6K_STORE(t, s) _tile_stored(t, sums[8 * half + (s)], kMatrixTokens * 4)
-        MOELITE_EIGHT_SUB_BLOCK_PRODUCTS(MOELITE_Q6K_PRODUCT, MOELITE_Q6K_STORE);
-#undef MOELITE_Q6K_STORE
-#undef MOELITE_Q6K_PRODUCT
+#define MOELITE_K16_STORE(t, s) _tile_stored(t, sums[8 * half + (s)], kMatrixTokens * 4)
+        MOELITE_EIGHT_SUB_BLOCK_PRODUCTS(MOELITE_K16_PRODUCT, MOELITE_K16_STORE);
+#undef MOELITE_K16_STORE
+#undef MOELITE_K16_PRODUCT
       }
-      const __m512 da = _mm512_loadu_ps(reinterpret_cast<const float*>(p + kQ6KPackedCodes));
+      const __m512 da = _mm512_loadu_ps(reinterpret_cast<const float*>(p + kK16PackedCodes));
       for (int r = 0; r < kMatrixRows; ++r) {
-        const auto& b = reinterpret_cast<const blocks::Q6_K*>(rows + static_cast<size_t>(r) * w_stride)[i];
+        const Block& b = reinterpret_cast<const Block*>(rows + static_cast<size_t>(r) * w_stride)[i];
         __m512i isum = _mm512_setzero_si512();
         for (int g = 0; g < 16; ++g)
           isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(sums[g] + r * kMatrixTokens),
@@ -953,8 +962,12 @@ KernelTable make_table(const KernelTable& base) {
     set_matrix(t, type, {pack_q45k, packed_bytes_q45k, five ? q45k_matrix<true> : q45k_matrix<false>,
                          kQ45KMatrixMinTokens});
   }
-  set_vec_dot<dot_one<DotQ6KBlockSums>>(t, TensorType::Q6_K, dot_multi<DotQ6KBlockSums>);
-  set_matrix(t, TensorType::Q6_K, {pack_q6k, packed_bytes_q6k, q6k_matrix, kQ6KMatrixMinTokens});
+  using Q3KRows = DotK16BlockSums<Q3KFormat>;
+  using Q6KRows = DotK16BlockSums<Q6KFormat>;
+  set_vec_dot<dot_one<Q3KRows::Rows>>(t, TensorType::Q3_K, dot_multi<Q3KRows::Rows>);
+  set_matrix(t, TensorType::Q3_K, {pack_k16, packed_bytes_k16, k16_matrix<Q3KFormat>, kK16MatrixMinTokens});
+  set_vec_dot<dot_one<Q6KRows::Rows>>(t, TensorType::Q6_K, dot_multi<Q6KRows::Rows>);
+  set_matrix(t, TensorType::Q6_K, {pack_k16, packed_bytes_k16, k16_matrix<Q6KFormat>, kK16MatrixMinTokens});
   return t;
 }
 

@@ -143,18 +143,6 @@ void dot_q_1(int64_t n, float* out, const void* w, const void* a) {
 
 // ---- K-quants -------------------------------------------------------------------------------
 
-// Q3_K packed scales -> 16 int8 scales with the -32 offset applied (see unpack_scales_q3k).
-inline __m128i q3k_scales(const uint8_t p[12]) {
-  uint32_t a[3];
-  std::memcpy(a, p, 12);
-  const uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
-  const __m128i s = _mm_setr_epi32(static_cast<int>((a[0] & m4) | ((a[2] & m2) << 4)),
-                                   static_cast<int>((a[1] & m4) | (((a[2] >> 2) & m2) << 4)),
-                                   static_cast<int>(((a[0] >> 4) & m4) | (((a[2] >> 4) & m2) << 4)),
-                                   static_cast<int>(((a[1] >> 4) & m4) | (((a[2] >> 6) & m2) << 4)));
-  return _mm_sub_epi8(s, _mm_set1_epi8(32));
-}
-
 // With 8 int16 scales broadcast to both lanes: all 16 int16 lanes = scale j.
 inline __m256i scale_all(__m256i sc8, int j) {
   return _mm256_shuffle_epi8(sc8, _mm256_set1_epi16(static_cast<short>(0x0100 + 0x0202 * j)));

@@ -23,7 +23,7 @@
 #include "backends/cpu/simd/tables.h"
 #include "backends/cpu/simd/x86_kquant.h"
 #include "backends/cpu/simd/x86_q45k_groups.h"
-#include "backends/cpu/simd/x86_q6k.h"
+#include "backends/cpu/simd/x86_k16.h"
 #include "platforms/platform.h"
 
 namespace moelite::cpu {
@@ -489,7 +489,7 @@ using DotQ4K = DotQ45K<false, Q4_K>::Rows<K>;
 template <int K>
 using DotQ5K = DotQ45K<true, Q5_K>::Rows<K>;
 
-// Q6_K (x86_q6k.h decodes a super-block and forms its integer lanes).
+// Q6_K (x86_k16.h decodes a super-block and forms its integer lanes).
 template <int K>
 struct DotQ6K {
   static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
@@ -501,11 +501,11 @@ struct DotQ6K {
       acc[j] = _mm512_setzero_ps();
     }
     for (int64_t i = 0; i < n / kQKK; ++i) {
-      const Q6KDecoded q = q6k_decode(x[i]);
+      const K16Decoded q = k16_decode<Q6KFormat>(x[i]);
       const float d = fp16(x[i].d);
 #pragma GCC unroll 4
       for (int j = 0; j < K; ++j)
-        acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(d * f32(y[j][i].d)), _mm512_cvtepi32_ps(q6k_block_lanes(q, y[j][i])),
+        acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(d * f32(y[j][i].d)), _mm512_cvtepi32_ps(k16_block_lanes<Q6KFormat>(q, y[j][i])),
                                  acc[j]);
     }
 #pragma GCC unroll 4

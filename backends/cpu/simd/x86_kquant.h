@@ -1,5 +1,5 @@
-// Pieces of the Q4_K / Q5_K kernels that the avx2 and avx512 files share: 128-bit operations that
-// both instruction sets run the same way. Each file compiles these with its own flags, so they sit
+// Pieces of the K-quant kernels that the avx2, avx512 and amx files share: 128-bit operations that
+// every one of those instruction sets runs the same way. Each file compiles these with its own flags, so they sit
 // in an anonymous namespace (see rows_entry.h for why).
 #pragma once
 #include <immintrin.h>
@@ -17,6 +17,18 @@ inline __attribute__((always_inline)) void prefetch_lines(const T* p) {
   const char* bytes = reinterpret_cast<const char*>(p);
 #pragma GCC unroll 32
   for (size_t o = 0; o < sizeof(T); o += 64) _mm_prefetch(bytes + o, _MM_HINT_T0);
+}
+
+// Q3_K packed scales -> 16 int8 scales with the -32 offset applied (see unpack_scales_q3k).
+inline __m128i q3k_scales(const uint8_t p[12]) {
+  uint32_t a[3];
+  std::memcpy(a, p, 12);
+  const uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
+  const __m128i s = _mm_setr_epi32(static_cast<int>((a[0] & m4) | ((a[2] & m2) << 4)),
+                                   static_cast<int>((a[1] & m4) | (((a[2] >> 2) & m2) << 4)),
+                                   static_cast<int>(((a[0] >> 4) & m4) | (((a[2] >> 4) & m2) << 4)),
+                                   static_cast<int>(((a[1] >> 4) & m4) | (((a[2] >> 6) & m2) << 4)));
+  return _mm_sub_epi8(s, _mm_set1_epi8(32));
 }
 
 // Q4_K/Q5_K packed scales -> bytes 0..7 scales, 8..15 mins (see unpack_scales_q4k). Built in
