@@ -76,8 +76,8 @@ TEST(QuantKernelsMatrix, AmxTableWhereTheCpuAndOsHaveIt) {
   std::printf("AMX-INT8 usable: %s\n", f.amx_int8 ? "yes" : "no");
 }
 
-// Only the amx table has a matrix tile: for Q8_0, Q4_K and Q5_K in row layout, Q3_K and Q6_K, with
-// all three entries.
+// Only the amx table has a matrix tile: for Q8_0, Q4_K and Q5_K in row layout, Q2_K, Q3_K and Q6_K,
+// with all three entries.
 TEST(QuantKernelsMatrix, PresentOnlyWhereExpected) {
   std::vector<const KernelTable*> tables{&kernels_scalar()};
   for (const KernelTable* t : {kernels_avx2(), kernels_avxvnni(), kernels_avx512(), kernels_amx(), kernels_neon(),
@@ -88,7 +88,8 @@ TEST(QuantKernelsMatrix, PresentOnlyWhereExpected) {
       const MatrixTile& m = k->matrix[i];
       const bool expected = std::string(k->isa) == "amx" &&
                             (i == tid(TensorType::Q8_0) || i == tid(TensorType::Q4_K) || i == tid(TensorType::Q5_K) ||
-                             i == tid(TensorType::Q3_K) || i == tid(TensorType::Q6_K));
+                             i == tid(TensorType::Q2_K) || i == tid(TensorType::Q3_K) ||
+                             i == tid(TensorType::Q6_K));
       EXPECT_EQ(m.dot != nullptr, expected) << k->isa << " type " << i;
       EXPECT_EQ(m.pack != nullptr, expected) << k->isa << " type " << i;
       EXPECT_EQ(m.packed_bytes != nullptr, expected) << k->isa << " type " << i;
@@ -106,15 +107,15 @@ std::vector<uint8_t> random_q8_k_row(int64_t n, std::mt19937& rng, float fill = 
   return q;
 }
 
-// Q8_0, Q3_K and Q6_K: the amx table sums each block (super-block) exactly and adds them in the
-// scalar order, for its tiles.
+// Q8_0, Q2_K, Q3_K and Q6_K: the amx table sums each block (super-block) exactly and adds them in
+// the scalar order, for its tiles.
 TEST(QuantKernelsMatrix, AmxVecDotIsTheScalarDotBitwise) {
   const KernelTable* k = kernels_amx();
   if (!k) GTEST_SKIP() << "no AMX-INT8 here (or the OS does not grant the tile state)";
   const KernelTable& ref = kernels_scalar();
   std::mt19937 rng(7);
   int checked = 0;
-  for (const TensorType t : {TensorType::Q8_0, TensorType::Q3_K, TensorType::Q6_K}) {
+  for (const TensorType t : {TensorType::Q8_0, TensorType::Q2_K, TensorType::Q3_K, TensorType::Q6_K}) {
     const bool q8 = t == TensorType::Q8_0;
     for (int64_t n : {32, 64, 96, 128, 160, 224, 256, 512, 768, 1024, 1280, 1792, 2048, 2080, 4096}) {
       if (n % type_info(tid(t))->block_size) continue;
@@ -245,18 +246,18 @@ TEST(QuantKernelsMatrix, KQuantTileInRowLayoutIsTheTablesVecDotBitwise) {
   std::printf("amx K-quant matrix tile: %d outputs equal the table's vec_dot bitwise\n", checked);
 }
 
-// Q3_K and Q6_K on tiles (every such weight in batches: they have no grouped layout): every output
-// equals the scalar table's dot, and the amx table's vec_dot, bit for bit. Three groups of 16 rows
-// w_stride apart at an odd address; every count 1..16; rows whose codes are all the lowest or all
-// the highest (Q3_K -4 / +3, Q6_K -32 / +31), rows with the extreme scales (Q3_K -32 / 31, Q6_K
-// -128 / 127); activation rows of all +127 and all -127.
-TEST(QuantKernelsMatrix, SixteenGroupKQuantTileIsTheScalarDotBitwise) {
+// Q2_K, Q3_K and Q6_K on tiles (every such weight in batches: they have no grouped layout): every
+// output equals the scalar table's dot, and the amx table's vec_dot, bit for bit. Three groups of 16
+// rows w_stride apart at an odd address; every count 1..16; rows whose codes are all the lowest or
+// all the highest (Q2_K 0 / 3, Q3_K -4 / +3, Q6_K -32 / +31), rows with the extreme scales (Q2_K
+// scales and mins 0 / 15, Q3_K -32 / 31, Q6_K -128 / 127); activation rows of all +127 and -127.
+TEST(QuantKernelsMatrix, SixteenGroupKQuantTilesAreTheScalarDotBitwise) {
   const KernelTable* k = kernels_amx();
   if (!k) GTEST_SKIP() << "no AMX-INT8 here (or the OS does not grant the tile state)";
   const KernelTable& ref = kernels_scalar();
   std::mt19937 rng(29);
   int checked = 0;
-  for (const TensorType t : {TensorType::Q3_K, TensorType::Q6_K}) {
+  for (const TensorType t : {TensorType::Q2_K, TensorType::Q3_K, TensorType::Q6_K}) {
     const MatrixTile& m = k->matrix[tid(t)];
     ASSERT_NE(m.dot, nullptr);
     EXPECT_GT(m.min_tokens, 1);
@@ -277,6 +278,10 @@ TEST(QuantKernelsMatrix, SixteenGroupKQuantTileIsTheScalarDotBitwise) {
               std::memset(blk.qh, code_fill, sizeof blk.qh);
             }
             if (r % 5 == 1) std::memset(blk.scales, r % 2 ? 0x80 : 0x7F, sizeof blk.scales);  // -128 / 127
+          } else if (t == TensorType::Q2_K) {
+            auto& blk = reinterpret_cast<blocks::Q2_K*>(w.data())[b];
+            if (r % 7 == 3 || r % 7 == 5) std::memset(blk.qs, code_fill, sizeof blk.qs);  // every code 0 or 3
+            if (r % 5 == 1) std::memset(blk.scales, scale_fill, sizeof blk.scales);  // scales and mins 0 / 15
           } else {
             auto& blk = reinterpret_cast<blocks::Q3_K*>(w.data())[b];
             if (r % 7 == 3 || r % 7 == 5) {  // every code -4 or every code 3
@@ -308,7 +313,7 @@ TEST(QuantKernelsMatrix, SixteenGroupKQuantTileIsTheScalarDotBitwise) {
       if (HasFatalFailure()) return;
     }
   }
-  std::printf("amx Q3_K/Q6_K matrix tiles: %d outputs equal the scalar dot bitwise\n", checked);
+  std::printf("amx Q2_K/Q3_K/Q6_K matrix tiles: %d outputs equal the scalar dot bitwise\n", checked);
 }
 
 }  // namespace

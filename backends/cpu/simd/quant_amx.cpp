@@ -784,6 +784,13 @@ inline float q8k_scale(const Q8_K& b) {
   return d;
 }
 
+// A super-block's term in the scalar order: (d * d_a) * sum, less (dmin * d_a) * min_sum for Q2_K.
+template <class Format>
+inline float fp16_dmin(const typename Format::Block& x) {
+  if constexpr (Format::kMins) return fp16(x.dmin);
+  return 0.0f;
+}
+
 // One token: four super-blocks' sums reduced together, their terms then added in order.
 template <class Format>
 inline float dot_k16_block_sums(int64_t n, const typename Format::Block* x, const Q8_K* y) {
@@ -791,20 +798,33 @@ inline float dot_k16_block_sums(int64_t n, const typename Format::Block* x, cons
   float s = 0.0f;
   int64_t i = 0;
   for (; i + 4 <= nb; i += 4) {
-    __m512i lanes[4];
-    alignas(16) float scale[4];
+    __m512i lanes[4], min_lanes[4];
+    alignas(16) float scale[4], min_scale[4];
 #pragma GCC unroll 4
     for (int b = 0; b < 4; ++b) {
-      lanes[b] = k16_block_lanes<Format>(k16_decode<Format>(x[i + b]), y[i + b]);
+      const K16Decoded q = k16_decode<Format>(x[i + b]);
+      lanes[b] = k16_block_lanes<Format>(q, y[i + b]);
       scale[b] = fp16(x[i + b].d) * q8k_scale(y[i + b]);
+      if constexpr (Format::kMins) {
+        min_lanes[b] = k16_min_lanes(q, y[i + b]);
+        min_scale[b] = fp16_dmin<Format>(x[i + b]) * q8k_scale(y[i + b]);
+      }
     }
+    __m128 terms = _mm_mul_ps(_mm_load_ps(scale), _mm_cvtepi32_ps(four_totals(lanes)));
+    if constexpr (Format::kMins)
+      terms = _mm_sub_ps(terms, _mm_mul_ps(_mm_load_ps(min_scale), _mm_cvtepi32_ps(four_totals(min_lanes))));
     alignas(16) float term[4];
-    _mm_store_ps(term, _mm_mul_ps(_mm_load_ps(scale), _mm_cvtepi32_ps(four_totals(lanes))));
+    _mm_store_ps(term, terms);
     for (int b = 0; b < 4; ++b) s = s + term[b];
   }
   for (; i < nb; ++i) {
-    const int sum = _mm512_reduce_add_epi32(k16_block_lanes<Format>(k16_decode<Format>(x[i]), y[i]));
-    s = s + (fp16(x[i].d) * q8k_scale(y[i])) * static_cast<float>(sum);
+    const K16Decoded q = k16_decode<Format>(x[i]);
+    const float da = q8k_scale(y[i]);
+    const float term = (fp16(x[i].d) * da) * static_cast<float>(_mm512_reduce_add_epi32(k16_block_lanes<Format>(q, y[i])));
+    if constexpr (Format::kMins)
+      s = s + (term - (fp16_dmin<Format>(x[i]) * da) * static_cast<float>(_mm512_reduce_add_epi32(k16_min_lanes(q, y[i]))));
+    else
+      s = s + term;
   }
   return s;
 }
@@ -827,17 +847,22 @@ struct DotK16BlockSums {
       __m128 s = _mm_setzero_ps();  // lane j: token j's sum
       for (int64_t i = 0; i < n / kQKK; ++i) {
         const K16Decoded q = k16_decode<Format>(x[i]);
-        __m512i lanes[4];
+        __m512i lanes[4], min_lanes[4];
         float da[4] = {0, 0, 0, 0};
 #pragma GCC unroll 4
         for (int j = 0; j < K; ++j) {
           lanes[j] = k16_block_lanes<Format>(q, y[j][i]);
+          if constexpr (Format::kMins) min_lanes[j] = k16_min_lanes(q, y[j][i]);
           da[j] = q8k_scale(y[j][i]);
         }
-        for (int j = K; j < 4; ++j) lanes[j] = _mm512_setzero_si512();
-        // s + (d * d_a) * sum in every lane: the scalar reference's operations.
-        const __m128 scale = _mm_mul_ps(_mm_set1_ps(fp16(x[i].d)), _mm_setr_ps(da[0], da[1], da[2], da[3]));
-        s = _mm_add_ps(s, _mm_mul_ps(scale, _mm_cvtepi32_ps(four_totals(lanes))));
+        for (int j = K; j < 4; ++j) lanes[j] = min_lanes[j] = _mm512_setzero_si512();
+        // s + ((d * d_a) * sum [- (dmin * d_a) * min_sum]) in every lane: the scalar reference's operations.
+        const __m128 da4 = _mm_setr_ps(da[0], da[1], da[2], da[3]);
+        __m128 term = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(fp16(x[i].d)), da4), _mm_cvtepi32_ps(four_totals(lanes)));
+        if constexpr (Format::kMins)
+          term = _mm_sub_ps(term, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(fp16_dmin<Format>(x[i])), da4),
+                                             _mm_cvtepi32_ps(four_totals(min_lanes))));
+        s = _mm_add_ps(s, term);
       }
       alignas(16) float r[4];
       _mm_store_ps(r, s);
@@ -846,11 +871,15 @@ struct DotK16BlockSums {
   };
 };
 
-// Packed per super-block: codes [16 groups][4 positions][16 tokens][4] (4096 bytes), then the 16
-// tokens' scales (floats). Missing tokens: zeros.
+// Packed per super-block: codes [16 groups][4 positions][16 tokens][4] (4096 bytes), the 16 tokens'
+// scales (floats), and for Q2_K (kMins) each group pair j's two sums per token as int16 pairs
+// (8 x 16 int32). Missing tokens: zeros.
 constexpr size_t kK16PackedCodes = 16 * 4 * kMatrixTokens * 4;
-constexpr size_t kK16PackedBlock = kK16PackedCodes + kMatrixTokens * sizeof(float);
-static_assert(kK16PackedBlock % 64 == 0, "each packed super-block starts on a line");
+constexpr size_t kK16PackedSums = kK16PackedCodes + kMatrixTokens * sizeof(float);
+template <bool kMins>
+constexpr size_t kK16PackedBlock = kK16PackedSums + (kMins ? 8 * kMatrixTokens * sizeof(int32_t) : 0);
+static_assert(kK16PackedBlock<false> % 64 == 0 && kK16PackedBlock<true> % 64 == 0,
+              "each packed super-block starts on a line");
 
 // Chunks of fewer tokens take the table's row kernels (MatrixTile::min_tokens). bench_kernels (256 x
 // 2048 Q6_K rows, one thread, GB/s of weights per call): the tile 7.5 at any count (mode 5), this
@@ -859,18 +888,24 @@ static_assert(kK16PackedBlock % 64 == 0, "each packed super-block starts on a li
 // half that speed, the vector kernels not: the physical core's AMX unit is shared.)
 constexpr int kK16MatrixMinTokens = 6;
 
-size_t packed_bytes_k16(int64_t n) { return static_cast<size_t>(n / kQKK) * kK16PackedBlock; }
+template <bool kMins>
+size_t packed_bytes_k16(int64_t n) {
+  return static_cast<size_t>(n / kQKK) * kK16PackedBlock<kMins>;
+}
 
+template <bool kMins>
 void pack_k16(const void* a_rows, size_t a_stride, int count, int64_t n, void* out) {
   const auto* a = static_cast<const uint8_t*>(a_rows);
   auto* p = static_cast<uint8_t*>(out);
-  for (int64_t i = 0; i < n / kQKK; ++i, p += kK16PackedBlock) {
-    std::memset(p, 0, kK16PackedBlock);
+  for (int64_t i = 0; i < n / kQKK; ++i, p += kK16PackedBlock<kMins>) {
+    std::memset(p, 0, kK16PackedBlock<kMins>);
     for (int t = 0; t < count; ++t) {
       const auto& y = *reinterpret_cast<const Q8_K*>(a + static_cast<size_t>(t) * a_stride + i * sizeof(Q8_K));
       for (int g = 0; g < 16; ++g)
         for (int l = 0; l < 4; ++l) std::memcpy(p + ((g * 4 + l) * kMatrixTokens + t) * 4, y.qs + 16 * g + 4 * l, 4);
       std::memcpy(p + kK16PackedCodes + 4 * t, y.d, 4);
+      if constexpr (kMins)  // bsums 2j and 2j + 1 side by side: one int32 per token
+        for (int j = 0; j < 8; ++j) std::memcpy(p + kK16PackedSums + (j * kMatrixTokens + t) * 4, y.bsums + 4 * j, 4);
     }
   }
 }
@@ -899,6 +934,7 @@ void k16_matrix(int64_t n, float* out, size_t out_stride, const void* w_rows, si
   const auto* pk = static_cast<const uint8_t*>(packed);
   alignas(64) int8_t codes[kMatrixRows][kQKK];  // row r's codes - kBias, in element order
   alignas(64) int32_t scales[kMatrixRows][16];
+  alignas(64) int32_t min_pairs[kMatrixRows][8];  // Q2_K: mins of groups 2j and 2j + 1 as two int16
   alignas(64) int32_t sums[16][kMatrixRows * kMatrixTokens];  // group g: [row][token]
   alignas(64) float acc[kMatrixRows][kMatrixTokens];
   const __m512i bias = _mm512_set1_epi8(Format::kBias);
@@ -906,13 +942,15 @@ void k16_matrix(int64_t n, float* out, size_t out_stride, const void* w_rows, si
     const uint8_t* rows = static_cast<const uint8_t*>(w_rows) + static_cast<size_t>(grp) * kMatrixRows * w_stride;
     std::memset(acc, 0, sizeof acc);
     for (int64_t i = 0; i < nb; ++i) {
-      const uint8_t* p = pk + static_cast<size_t>(i) * kK16PackedBlock;
+      const uint8_t* p = pk + static_cast<size_t>(i) * kK16PackedBlock<Format::kMins>;
       for (int r = 0; r < kMatrixRows; ++r) {
         const Block& b = reinterpret_cast<const Block*>(rows + static_cast<size_t>(r) * w_stride)[i];
         __m512i q[4];
         Format::codes(b, q);
         for (int c = 0; c < 4; ++c) _mm512_store_si512(codes[r] + 64 * c, _mm512_sub_epi8(q[c], bias));
         _mm512_store_si512(scales[r], _mm512_cvtepi8_epi32(Format::scale_bytes(b)));
+        if constexpr (Format::kMins)
+          _mm256_store_si256(reinterpret_cast<__m256i*>(min_pairs[r]), _mm256_cvtepu8_epi16(Format::min_bytes(b)));
       }
       // Group g (0-15): the rows' codes at codes + 16 g (kQKK bytes a row), the tokens' at p + 256 g.
       for (int half = 0; half < 2; ++half) {
@@ -933,14 +971,28 @@ void k16_matrix(int64_t n, float* out, size_t out_stride, const void* w_rows, si
         for (int g = 0; g < 16; ++g)
           isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(sums[g] + r * kMatrixTokens),
                                                            _mm512_set1_epi32(scales[r][g])));
-        const __m512 term = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(fp16(b.d)), da),
-                                          _mm512_maskz_cvtepi32_ps(0xffff, isum));
+        __m512 term = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(fp16(b.d)), da), _mm512_maskz_cvtepi32_ps(0xffff, isum));
+        if constexpr (Format::kMins) {
+          __m512i msum = _mm512_setzero_si512();
+          for (int j = 0; j < 8; ++j)
+            msum = _mm512_add_epi32(msum, _mm512_madd_epi16(_mm512_set1_epi32(min_pairs[r][j]),
+                                                            _mm512_loadu_si512(p + kK16PackedSums + j * kMatrixTokens * 4)));
+          term = _mm512_sub_ps(term, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(fp16_dmin<Format>(b)), da),
+                                                   _mm512_maskz_cvtepi32_ps(0xffff, msum)));
+        }
         _mm512_store_ps(acc[r], _mm512_add_ps(_mm512_load_ps(acc[r]), term));
       }
     }
     for (int r = 0; r < kMatrixRows; ++r)
       _mm512_storeu_ps(out + (static_cast<size_t>(grp) * kMatrixRows + r) * out_stride, _mm512_load_ps(acc[r]));
   }
+}
+
+template <class Format>
+void set_k16(KernelTable& t, TensorType type) {
+  using Rows = DotK16BlockSums<Format>;
+  set_vec_dot<dot_one<Rows::template Rows>>(t, type, dot_multi<Rows::template Rows>);
+  set_matrix(t, type, {pack_k16<Format::kMins>, packed_bytes_k16<Format::kMins>, k16_matrix<Format>, kK16MatrixMinTokens});
 }
 
 KernelTable make_table(const KernelTable& base) {
@@ -962,12 +1014,9 @@ KernelTable make_table(const KernelTable& base) {
     set_matrix(t, type, {pack_q45k, packed_bytes_q45k, five ? q45k_matrix<true> : q45k_matrix<false>,
                          kQ45KMatrixMinTokens});
   }
-  using Q3KRows = DotK16BlockSums<Q3KFormat>;
-  using Q6KRows = DotK16BlockSums<Q6KFormat>;
-  set_vec_dot<dot_one<Q3KRows::Rows>>(t, TensorType::Q3_K, dot_multi<Q3KRows::Rows>);
-  set_matrix(t, TensorType::Q3_K, {pack_k16, packed_bytes_k16, k16_matrix<Q3KFormat>, kK16MatrixMinTokens});
-  set_vec_dot<dot_one<Q6KRows::Rows>>(t, TensorType::Q6_K, dot_multi<Q6KRows::Rows>);
-  set_matrix(t, TensorType::Q6_K, {pack_k16, packed_bytes_k16, k16_matrix<Q6KFormat>, kK16MatrixMinTokens});
+  set_k16<Q2KFormat>(t, TensorType::Q2_K);
+  set_k16<Q3KFormat>(t, TensorType::Q3_K);
+  set_k16<Q6KFormat>(t, TensorType::Q6_K);
   return t;
 }
 
