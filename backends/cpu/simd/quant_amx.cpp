@@ -799,7 +799,7 @@ inline float dot_k16_block_sums(int64_t n, const typename Format::Block* x, cons
   int64_t i = 0;
   for (; i + 4 <= nb; i += 4) {
     __m512i lanes[4], min_lanes[4];
-    alignas(16) float scale[4], min_scale[4];
+    float scale[4], min_scale[4];
 #pragma GCC unroll 4
     for (int b = 0; b < 4; ++b) {
       const K16Decoded q = k16_decode<Format>(x[i + b]);
@@ -810,9 +810,12 @@ inline float dot_k16_block_sums(int64_t n, const typename Format::Block* x, cons
         min_scale[b] = fp16_dmin<Format>(x[i + b]) * q8k_scale(y[i + b]);
       }
     }
-    __m128 terms = _mm_mul_ps(_mm_load_ps(scale), _mm_cvtepi32_ps(four_totals(lanes)));
+    // (Vectors built from registers: four scalar stores read back as one vector would stall on
+    // store forwarding.)
+    __m128 terms = _mm_mul_ps(_mm_setr_ps(scale[0], scale[1], scale[2], scale[3]), _mm_cvtepi32_ps(four_totals(lanes)));
     if constexpr (Format::kMins)
-      terms = _mm_sub_ps(terms, _mm_mul_ps(_mm_load_ps(min_scale), _mm_cvtepi32_ps(four_totals(min_lanes))));
+      terms = _mm_sub_ps(terms, _mm_mul_ps(_mm_setr_ps(min_scale[0], min_scale[1], min_scale[2], min_scale[3]),
+                                           _mm_cvtepi32_ps(four_totals(min_lanes))));
     alignas(16) float term[4];
     _mm_store_ps(term, terms);
     for (int b = 0; b < 4; ++b) s = s + term[b];

@@ -489,29 +489,46 @@ using DotQ4K = DotQ45K<false, Q4_K>::Rows<K>;
 template <int K>
 using DotQ5K = DotQ45K<true, Q5_K>::Rows<K>;
 
-// Q6_K (x86_k16.h decodes a super-block and forms its integer lanes).
-template <int K>
-struct DotQ6K {
-  static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
-    const Q6_K* x = static_cast<const Q6_K*>(w);
-    const Q8_K* y[K];
-    __m512 acc[K];
-    for (int j = 0; j < K; ++j) {
-      y[j] = act_row<Q8_K>(a, stride, j);
-      acc[j] = _mm512_setzero_ps();
-    }
-    for (int64_t i = 0; i < n / kQKK; ++i) {
-      const K16Decoded q = k16_decode<Q6KFormat>(x[i]);
-      const float d = fp16(x[i].d);
+// Q2_K, Q3_K and Q6_K: 16 groups of 16 codes with 8-bit scales (x86_k16.h decodes a super-block
+// and forms its integer lanes; Q2_K's mins have lanes and a float accumulator of their own).
+template <class Format>
+struct DotK16 {
+  template <int K>
+  struct Rows {
+    static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
+      const auto* x = static_cast<const typename Format::Block*>(w);
+      const Q8_K* y[K];
+      __m512 acc[K], acc_m[K];
+      for (int j = 0; j < K; ++j) {
+        y[j] = act_row<Q8_K>(a, stride, j);
+        acc[j] = acc_m[j] = _mm512_setzero_ps();
+      }
+      for (int64_t i = 0; i < n / kQKK; ++i) {
+        const K16Decoded q = k16_decode<Format>(x[i]);
+        const float d = fp16(x[i].d);
+#pragma GCC unroll 4
+        for (int j = 0; j < K; ++j) {
+          const float da = f32(y[j][i].d);
+          acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(d * da), _mm512_cvtepi32_ps(k16_block_lanes<Format>(q, y[j][i])),
+                                   acc[j]);
+          if constexpr (Format::kMins)
+            acc_m[j] = _mm512_fmadd_ps(_mm512_set1_ps(fp16(x[i].dmin) * da),
+                                       _mm512_cvtepi32_ps(k16_min_lanes(q, y[j][i])), acc_m[j]);
+        }
+      }
 #pragma GCC unroll 4
       for (int j = 0; j < K; ++j)
-        acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(d * f32(y[j][i].d)), _mm512_cvtepi32_ps(k16_block_lanes<Q6KFormat>(q, y[j][i])),
-                                 acc[j]);
+        out[j] = Format::kMins ? _mm512_reduce_add_ps(acc[j]) - _mm512_reduce_add_ps(acc_m[j])
+                               : _mm512_reduce_add_ps(acc[j]);
     }
-#pragma GCC unroll 4
-    for (int j = 0; j < K; ++j) out[j] = _mm512_reduce_add_ps(acc[j]);
-  }
+  };
 };
+template <int K>
+using DotQ2K = DotK16<Q2KFormat>::Rows<K>;
+template <int K>
+using DotQ3K = DotK16<Q3KFormat>::Rows<K>;
+template <int K>
+using DotQ6K = DotK16<Q6KFormat>::Rows<K>;
 
 constexpr uint32_t id(TensorType t) { return static_cast<uint32_t>(t); }
 
@@ -537,6 +554,8 @@ KernelTable make_table(const KernelTable& base) {
   set_groups(t, TensorType::Q4_K, {repack_q4_k_group8, group_bytes_q4_k, q45k_group_dot<false, kGroupPrefetch>});
   set_vec_dot<dot_one<DotQ5K>>(t, TensorType::Q5_K, dot_multi<DotQ5K>);
   set_groups(t, TensorType::Q5_K, {repack_q5_k_group8, group_bytes_q5_k, q45k_group_dot<true, kGroupPrefetch>});
+  set_vec_dot<dot_one<DotQ2K>>(t, TensorType::Q2_K, dot_multi<DotQ2K>);
+  set_vec_dot<dot_one<DotQ3K>>(t, TensorType::Q3_K, dot_multi<DotQ3K>);
   set_vec_dot<dot_one<DotQ6K>>(t, TensorType::Q6_K, dot_multi<DotQ6K>);
   return t;
 }
