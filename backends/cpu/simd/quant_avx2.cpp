@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "backends/cpu/quant.h"
 #include "backends/cpu/simd/rows_entry.h"
@@ -281,68 +282,86 @@ struct DotQ6K {
   }
 };
 
-void dot_q3_k(int64_t n, float* out, const void* w, const void* a) {
-  const Q3_K* x = static_cast<const Q3_K*>(w);
-  const Q8_K* y = static_cast<const Q8_K*>(a);
-  const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n / kQKK; ++i) {
-    const __m128i sc_bytes = q3k_scales(x[i].scales);
-    // Codes are used as low2 + 4*hbit (0..7) = value + 4; subtract 4 * sum_g scale_g * bsum_g.
-    const __m256i off = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc_bytes), load256(y[i].bsums));
-    __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 2));
-    __m256i hm = load256(x[i].hmask);
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      __m256i q = load256(x[i].qs + 32 * h);
-      const int8_t* q8 = y[i].qs + 128 * h;
-      const __m256i sc =
-          _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h == 0 ? sc_bytes : _mm_srli_si128(sc_bytes, 8)));
+// Q2_K and Q3_K, one to four activation rows: per 128-element half, 32 qs bytes hold 2-bit codes
+// for s = 0..3 (bits 2s of byte l: element 32s + l); Q3_K's third bit is bit 4h + s of hmask[l]
+// (codes used as low2 + 4 * hbit, i.e. value + 4: 4 * sum_g scale_g * bsum_g removed once per
+// super-block), Q2_K's 4-bit mins apply through the bsums and dmin in an accumulator of their own.
+// Each half's codes are decoded once for all rows.
+template <bool kThree>
+struct DotQ23K {
+  template <int K>
+  struct Rows {
+    static void run(int64_t n, float* out, const void* w, const void* a, size_t stride) {
+      using Block = std::conditional_t<kThree, Q3_K, Q2_K>;
+      const Block* x = static_cast<const Block*>(w);
+      const Q8_K* y[K];
+      __m256 acc[K], acc_m[K];
 #pragma GCC unroll 4
-      for (int s = 0; s < 4; ++s) {
-        const __m256i u = _mm256_or_si256(_mm256_and_si256(q, m3), _mm256_slli_epi16(_mm256_and_si256(hm, one), 2));
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, load256(q8 + 32 * s)), scale_pair(sc, s));
-        sumi = _mm256_add_epi32(sumi, p);
-        q = _mm256_srli_epi16(q, 2);
-        hm = _mm256_srli_epi16(hm, 1);
+      for (int j = 0; j < K; ++j) {
+        y[j] = act_row<Q8_K>(a, stride, j);
+        acc[j] = acc_m[j] = _mm256_setzero_ps();
       }
-    }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i].d) * f32(y[i].d)), _mm256_cvtepi32_ps(sumi), acc);
-  }
-  *out = hsum(acc);
-}
-
-void dot_q2_k(int64_t n, float* out, const void* w, const void* a) {
-  const Q2_K* x = static_cast<const Q2_K*>(w);
-  const Q8_K* y = static_cast<const Q8_K*>(a);
-  const __m256i m3 = _mm256_set1_epi8(3);
-  const __m128i m4 = _mm_set1_epi8(0x0f);
-  __m256 acc = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n / kQKK; ++i) {
-    const float da = f32(y[i].d);
-    const __m128i raw = load128(x[i].scales);
-    const __m128i scl = _mm_and_si128(raw, m4);
-    const __m128i mn = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
-    const __m256i pm = _mm256_madd_epi16(_mm256_cvtepu8_epi16(mn), load256(y[i].bsums));
-    acc_m = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i].dmin) * da), _mm256_cvtepi32_ps(pm), acc_m);
-    __m256i sumi = _mm256_setzero_si256();
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      __m256i q = load256(x[i].qs + 32 * h);
-      const int8_t* q8 = y[i].qs + 128 * h;
-      const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(h == 0 ? scl : _mm_srli_si128(scl, 8)));
+      const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+      const __m128i m4 = _mm_set1_epi8(0x0f);
+      for (int64_t i = 0; i < n / kQKK; ++i) {
+        prefetch_lines(x + i + kRowPrefetchAhead);
+        __m128i sc_bytes;
+        __m256i sumi[K];
+        if constexpr (kThree) {
+          sc_bytes = q3k_scales(x[i].scales);
+          const __m256i sc16 = _mm256_cvtepi8_epi16(sc_bytes);
 #pragma GCC unroll 4
-      for (int s = 0; s < 4; ++s) {
-        const __m256i p =
-            _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(q, m3), load256(q8 + 32 * s)), scale_pair(sc, s));
-        sumi = _mm256_add_epi32(sumi, p);
-        q = _mm256_srli_epi16(q, 2);
+          for (int j = 0; j < K; ++j)
+            sumi[j] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                       _mm256_slli_epi32(_mm256_madd_epi16(sc16, load256(y[j][i].bsums)), 2));
+        } else {
+          const __m128i raw = load128(x[i].scales);
+          sc_bytes = _mm_and_si128(raw, m4);
+          const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
+#pragma GCC unroll 4
+          for (int j = 0; j < K; ++j) {
+            const __m256i pm = _mm256_madd_epi16(mins16, load256(y[j][i].bsums));
+            acc_m[j] = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i].dmin) * f32(y[j][i].d)), _mm256_cvtepi32_ps(pm),
+                                       acc_m[j]);
+            sumi[j] = _mm256_setzero_si256();
+          }
+        }
+        __m256i hm = _mm256_setzero_si256();
+        if constexpr (kThree) hm = load256(x[i].hmask);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          __m256i q = load256(x[i].qs + 32 * h);
+          const __m128i half_scales = h == 0 ? sc_bytes : _mm_srli_si128(sc_bytes, 8);
+          const __m256i sc = _mm256_broadcastsi128_si256(kThree ? _mm_cvtepi8_epi16(half_scales)
+                                                                : _mm_cvtepu8_epi16(half_scales));
+#pragma GCC unroll 4
+          for (int s = 0; s < 4; ++s) {
+            __m256i u = _mm256_and_si256(q, m3);
+            if constexpr (kThree) {
+              u = _mm256_or_si256(u, _mm256_slli_epi16(_mm256_and_si256(hm, one), 2));
+              hm = _mm256_srli_epi16(hm, 1);
+            }
+            q = _mm256_srli_epi16(q, 2);
+            const __m256i sp = scale_pair(sc, s);
+#pragma GCC unroll 4
+            for (int j = 0; j < K; ++j)
+              sumi[j] = _mm256_add_epi32(
+                  sumi[j], _mm256_madd_epi16(_mm256_maddubs_epi16(u, load256(y[j][i].qs + 128 * h + 32 * s)), sp));
+          }
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < K; ++j)
+          acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i].d) * f32(y[j][i].d)), _mm256_cvtepi32_ps(sumi[j]), acc[j]);
       }
+#pragma GCC unroll 4
+      for (int j = 0; j < K; ++j) out[j] = kThree ? hsum(acc[j]) : hsum(acc[j]) - hsum(acc_m[j]);
     }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i].d) * da), _mm256_cvtepi32_ps(sumi), acc);
-  }
-  *out = hsum(acc) - hsum(acc_m);
-}
+  };
+};
+template <int K>
+using DotQ2K = DotQ23K<false>::Rows<K>;
+template <int K>
+using DotQ3K = DotQ23K<true>::Rows<K>;
 
 // ---- activation quantizers: bit-exact with the scalar reference -----------------------------
 
@@ -471,8 +490,8 @@ KernelTable make_table() {
   set_vec_dot<dot_q5_0>(t, TensorType::Q5_0);
   set_vec_dot<dot_q_1<Q4_1, false>>(t, TensorType::Q4_1);
   set_vec_dot<dot_q_1<Q5_1, true>>(t, TensorType::Q5_1);
-  set_vec_dot<dot_q2_k>(t, TensorType::Q2_K);
-  set_vec_dot<dot_q3_k>(t, TensorType::Q3_K);
+  set_vec_dot<dot_one<DotQ2K>>(t, TensorType::Q2_K, dot_multi<DotQ2K>);
+  set_vec_dot<dot_one<DotQ3K>>(t, TensorType::Q3_K, dot_multi<DotQ3K>);
   set_vec_dot<dot_one<DotQ4K>>(t, TensorType::Q4_K, dot_multi<DotQ4K>);
   set_groups(t, TensorType::Q4_K, {repack_q4_k_group8, group_bytes_q4_k, q45k_group_dot<false, kGroupPrefetch>});
   set_vec_dot<dot_one<DotQ5K>>(t, TensorType::Q5_K, dot_multi<DotQ5K>);
