@@ -88,8 +88,7 @@ TEST(QuantKernelsMatrix, PresentOnlyWhereExpected) {
       const MatrixTile& m = k->matrix[i];
       const bool expected = std::string(k->isa) == "amx" &&
                             (i == tid(TensorType::Q8_0) || i == tid(TensorType::Q4_K) || i == tid(TensorType::Q5_K) ||
-                             i == tid(TensorType::Q2_K) || i == tid(TensorType::Q3_K) ||
-                             i == tid(TensorType::Q6_K));
+                             i == tid(TensorType::Q2_K) || i == tid(TensorType::Q3_K) || i == tid(TensorType::Q6_K));
       EXPECT_EQ(m.dot != nullptr, expected) << k->isa << " type " << i;
       EXPECT_EQ(m.pack != nullptr, expected) << k->isa << " type " << i;
       EXPECT_EQ(m.packed_bytes != nullptr, expected) << k->isa << " type " << i;
@@ -125,8 +124,8 @@ TEST(QuantKernelsMatrix, AmxVecDotIsTheScalarDotBitwise) {
         float expect = 0, got = 0;
         ref.vec_dot[tid(t)](n, &expect, w.data(), a.data());
         k->vec_dot[tid(t)](n, &got, w.data(), a.data());
-        ASSERT_EQ(bits(got), bits(expect)) << "type " << tid(t) << " n=" << n << " rep " << rep << ": " << got
-                                           << " vs " << expect;
+        ASSERT_EQ(bits(got), bits(expect))
+            << "type " << tid(t) << " n=" << n << " rep " << rep << ": " << got << " vs " << expect;
         ++checked;
       }
     }
@@ -281,7 +280,7 @@ TEST(QuantKernelsMatrix, SixteenGroupKQuantTilesAreTheScalarDotBitwise) {
           } else if (t == TensorType::Q2_K) {
             auto& blk = reinterpret_cast<blocks::Q2_K*>(w.data())[b];
             if (r % 7 == 3 || r % 7 == 5) std::memset(blk.qs, code_fill, sizeof blk.qs);  // every code 0 or 3
-            if (r % 5 == 1) std::memset(blk.scales, scale_fill, sizeof blk.scales);  // scales and mins 0 / 15
+            if (r % 5 == 1) std::memset(blk.scales, scale_fill, sizeof blk.scales);       // scales and mins 0 / 15
           } else {
             auto& blk = reinterpret_cast<blocks::Q3_K*>(w.data())[b];
             if (r % 7 == 3 || r % 7 == 5) {  // every code -4 or every code 3

@@ -242,9 +242,10 @@ def test_amx_k_quant_batches_on_tiles_are_its_token_by_token_logits(arch, wtype,
     tiles for 5 to 16 tokens a call (two groups of 8 rows; a lone group from 6), and weights in row
     layout (experts in the store's slots under a budget; every weight with MOELITE_GROUPED_ROWS=0)
     through the matrix tile from 6 tokens a chunk, all in the avx512 kernels' float order; fewer
-    tokens (decode) take the avx512 kernels. Q2_K, Q3_K and Q6_K (no grouped layout) take their matrix
-    tiles from 6 tokens, resident or not, and the table's own vec_dot (the scalar order) below. A 40-token prompt at once (calls of up to 16 tokens,
-    about 10 tokens per expert), in batches of 7 and token by token, resident, under a budget and in
+    tokens (decode) take the avx512 kernels. Q2_K, Q3_K and Q6_K (no grouped layout) take their
+    matrix tiles from 6 tokens, resident or not, and the table's own vec_dot (the scalar order)
+    below. A 40-token prompt at once (calls of up to 16 tokens, about 10 tokens per expert), in
+    batches of 7 and token by token, resident, under a budget and in
     row layout give the same logits bit for bit and match the reference. Without AMX the cap takes
     the best table below it, for which the same holds."""
     model = make_model("%s-%s" % (arch, wtype), arch, wtype)

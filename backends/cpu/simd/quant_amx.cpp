@@ -32,8 +32,8 @@
 #include "backends/cpu/quant.h"
 #include "backends/cpu/simd/rows_entry.h"
 #include "backends/cpu/simd/tables.h"
-#include "backends/cpu/simd/x86_kquant.h"
 #include "backends/cpu/simd/x86_k16.h"
+#include "backends/cpu/simd/x86_kquant.h"
 #include "base/quant_ref.h"
 
 namespace moelite::cpu {
@@ -644,18 +644,19 @@ void pack_q45k(const void* a_rows, size_t a_stride, int count, int64_t n, void* 
   }
 }
 
-// Tiles 0-3: sums (16 rows x 16 tokens of int32), 4-5: the rows' codes of a sub-block (16 x 32),
-// 6-7: the tokens' codes of a sub-block (8 positions x 16 tokens x 4). The same for every count:
-// missing tokens were packed as zeros.
+// The row-layout matrix kernels' tiles: 0-3 sums (16 rows x 16 tokens of int32), 4-5 the rows'
+// codes of one sub-block or group (16 x code_bytes), 6-7 the tokens' codes of it (code_bytes / 4
+// positions x 16 tokens x 4). The same for every count: missing tokens were packed as zeros.
+TileConfig row_layout_config(int code_bytes) {
+  TileConfig t{};
+  for (int i = 0; i < 8; ++i) {
+    t.colsb[i] = static_cast<uint16_t>(i == 4 || i == 5 ? code_bytes : 64);
+    t.rows[i] = static_cast<uint8_t>(i < 6 ? 16 : code_bytes / 4);
+  }
+  return t;
+}
 const TileConfig& q45k_matrix_config() {
-  static const TileConfig c = [] {
-    TileConfig t{};
-    for (int i = 0; i < 8; ++i) {
-      t.colsb[i] = static_cast<uint16_t>(i == 4 || i == 5 ? 32 : 64);
-      t.rows[i] = static_cast<uint8_t>(i < 6 ? 16 : 8);
-    }
-    return t;
-  }();
+  static const TileConfig c = row_layout_config(32);  // a sub-block's 32 codes
   return c;
 }
 
@@ -823,9 +824,11 @@ inline float dot_k16_block_sums(int64_t n, const typename Format::Block* x, cons
   for (; i < nb; ++i) {
     const K16Decoded q = k16_decode<Format>(x[i]);
     const float da = q8k_scale(y[i]);
-    const float term = (fp16(x[i].d) * da) * static_cast<float>(_mm512_reduce_add_epi32(k16_block_lanes<Format>(q, y[i])));
+    const float term =
+        (fp16(x[i].d) * da) * static_cast<float>(_mm512_reduce_add_epi32(k16_block_lanes<Format>(q, y[i])));
     if constexpr (Format::kMins)
-      s = s + (term - (fp16_dmin<Format>(x[i]) * da) * static_cast<float>(_mm512_reduce_add_epi32(k16_min_lanes(q, y[i]))));
+      s = s +
+          (term - (fp16_dmin<Format>(x[i]) * da) * static_cast<float>(_mm512_reduce_add_epi32(k16_min_lanes(q, y[i]))));
     else
       s = s + term;
   }
@@ -913,17 +916,8 @@ void pack_k16(const void* a_rows, size_t a_stride, int count, int64_t n, void* o
   }
 }
 
-// Tiles 0-3: sums (16 rows x 16 tokens of int32), 4-5: the rows' codes of a group (16 x 16), 6-7:
-// the tokens' codes of a group (4 positions x 16 tokens x 4).
 const TileConfig& k16_matrix_config() {
-  static const TileConfig c = [] {
-    TileConfig t{};
-    for (int i = 0; i < 8; ++i) {
-      t.colsb[i] = static_cast<uint16_t>(i == 4 || i == 5 ? 16 : 64);
-      t.rows[i] = static_cast<uint8_t>(i < 6 ? 16 : 4);
-    }
-    return t;
-  }();
+  static const TileConfig c = row_layout_config(16);  // a group's 16 codes
   return c;
 }
 
@@ -937,7 +931,8 @@ void k16_matrix(int64_t n, float* out, size_t out_stride, const void* w_rows, si
   const auto* pk = static_cast<const uint8_t*>(packed);
   alignas(64) int8_t codes[kMatrixRows][kQKK];  // row r's codes - kBias, in element order
   alignas(64) int32_t scales[kMatrixRows][16];
-  alignas(64) int32_t min_pairs[kMatrixRows][8];  // Q2_K: mins of groups 2j and 2j + 1 as two int16
+  // Q2_K: the mins of groups 2j and 2j + 1 as two int16.
+  alignas(64) int32_t min_pairs[kMatrixRows][8];
   alignas(64) int32_t sums[16][kMatrixRows * kMatrixTokens];  // group g: [row][token]
   alignas(64) float acc[kMatrixRows][kMatrixTokens];
   const __m512i bias = _mm512_set1_epi8(Format::kBias);
@@ -957,9 +952,9 @@ void k16_matrix(int64_t n, float* out, size_t out_stride, const void* w_rows, si
       }
       // Group g (0-15): the rows' codes at codes + 16 g (kQKK bytes a row), the tokens' at p + 256 g.
       for (int half = 0; half < 2; ++half) {
-#define MOELITE_K16_PRODUCT(t, a, b, s)                                      \
-  _tile_zero(t);                                                             \
-  _tile_loadd(a, codes[0] + 16 * (8 * half + (s)), kQKK);                    \
+#define MOELITE_K16_PRODUCT(t, a, b, s)                                              \
+  _tile_zero(t);                                                                     \
+  _tile_loadd(a, codes[0] + 16 * (8 * half + (s)), kQKK);                            \
   _tile_loadd(b, p + (8 * half + (s)) * (4 * kMatrixTokens * 4), kMatrixTokens * 4); \
   _tile_dpbssd(t, a, b)
 #define MOELITE_K16_STORE(t, s) _tile_stored(t, sums[8 * half + (s)], kMatrixTokens * 4)
@@ -974,12 +969,14 @@ void k16_matrix(int64_t n, float* out, size_t out_stride, const void* w_rows, si
         for (int g = 0; g < 16; ++g)
           isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(sums[g] + r * kMatrixTokens),
                                                            _mm512_set1_epi32(scales[r][g])));
-        __m512 term = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(fp16(b.d)), da), _mm512_maskz_cvtepi32_ps(0xffff, isum));
+        __m512 term =
+            _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(fp16(b.d)), da), _mm512_maskz_cvtepi32_ps(0xffff, isum));
         if constexpr (Format::kMins) {
           __m512i msum = _mm512_setzero_si512();
           for (int j = 0; j < 8; ++j)
-            msum = _mm512_add_epi32(msum, _mm512_madd_epi16(_mm512_set1_epi32(min_pairs[r][j]),
-                                                            _mm512_loadu_si512(p + kK16PackedSums + j * kMatrixTokens * 4)));
+            msum = _mm512_add_epi32(msum,
+                                    _mm512_madd_epi16(_mm512_set1_epi32(min_pairs[r][j]),
+                                                      _mm512_loadu_si512(p + kK16PackedSums + j * kMatrixTokens * 4)));
           term = _mm512_sub_ps(term, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(fp16_dmin<Format>(b)), da),
                                                    _mm512_maskz_cvtepi32_ps(0xffff, msum)));
         }
@@ -995,7 +992,8 @@ template <class Format>
 void set_k16(KernelTable& t, TensorType type) {
   using Rows = DotK16BlockSums<Format>;
   set_vec_dot<dot_one<Rows::template Rows>>(t, type, dot_multi<Rows::template Rows>);
-  set_matrix(t, type, {pack_k16<Format::kMins>, packed_bytes_k16<Format::kMins>, k16_matrix<Format>, kK16MatrixMinTokens});
+  set_matrix(t, type,
+             {pack_k16<Format::kMins>, packed_bytes_k16<Format::kMins>, k16_matrix<Format>, kK16MatrixMinTokens});
 }
 
 KernelTable make_table(const KernelTable& base) {

@@ -321,8 +321,8 @@ struct DotQ23K {
 #pragma GCC unroll 4
           for (int j = 0; j < K; ++j) {
             const __m256i pm = _mm256_madd_epi16(mins16, load256(y[j][i].bsums));
-            acc_m[j] = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i].dmin) * f32(y[j][i].d)), _mm256_cvtepi32_ps(pm),
-                                       acc_m[j]);
+            acc_m[j] =
+                _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[i].dmin) * f32(y[j][i].d)), _mm256_cvtepi32_ps(pm), acc_m[j]);
             sumi[j] = _mm256_setzero_si256();
           }
         }
@@ -332,8 +332,8 @@ struct DotQ23K {
         for (int h = 0; h < 2; ++h) {
           __m256i q = load256(x[i].qs + 32 * h);
           const __m128i half_scales = h == 0 ? sc_bytes : _mm_srli_si128(sc_bytes, 8);
-          const __m256i sc = _mm256_broadcastsi128_si256(kThree ? _mm_cvtepi8_epi16(half_scales)
-                                                                : _mm_cvtepu8_epi16(half_scales));
+          const __m256i sc =
+              _mm256_broadcastsi128_si256(kThree ? _mm_cvtepi8_epi16(half_scales) : _mm_cvtepu8_epi16(half_scales));
 #pragma GCC unroll 4
           for (int s = 0; s < 4; ++s) {
             __m256i u = _mm256_and_si256(q, m3);

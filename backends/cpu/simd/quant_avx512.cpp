@@ -21,9 +21,9 @@
 #include "backends/cpu/quant.h"
 #include "backends/cpu/simd/rows_entry.h"
 #include "backends/cpu/simd/tables.h"
+#include "backends/cpu/simd/x86_k16.h"
 #include "backends/cpu/simd/x86_kquant.h"
 #include "backends/cpu/simd/x86_q45k_groups.h"
-#include "backends/cpu/simd/x86_k16.h"
 #include "platforms/platform.h"
 
 namespace moelite::cpu {
@@ -509,8 +509,8 @@ struct DotK16 {
 #pragma GCC unroll 4
         for (int j = 0; j < K; ++j) {
           const float da = f32(y[j][i].d);
-          acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(d * da), _mm512_cvtepi32_ps(k16_block_lanes<Format>(q, y[j][i])),
-                                   acc[j]);
+          acc[j] =
+              _mm512_fmadd_ps(_mm512_set1_ps(d * da), _mm512_cvtepi32_ps(k16_block_lanes<Format>(q, y[j][i])), acc[j]);
           if constexpr (Format::kMins)
             acc_m[j] = _mm512_fmadd_ps(_mm512_set1_ps(fp16(x[i].dmin) * da),
                                        _mm512_cvtepi32_ps(k16_min_lanes(q, y[j][i])), acc_m[j]);
