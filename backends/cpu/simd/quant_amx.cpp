@@ -890,8 +890,8 @@ static_assert(kK16PackedBlock<false> % 64 == 0 && kK16PackedBlock<true> % 64 == 
 // Chunks of fewer tokens take the table's row kernels (MatrixTile::min_tokens). bench_kernels (256 x
 // 2048 Q6_K rows, one thread, GB/s of weights per call): the tile 7.5 at any count (mode 5), this
 // table's multi-dot 10.5 with 4 tokens (mode 2), its vec_dot 21 (mode 0): 4 + 1 tokens come out
-// even, 6 a sixth faster on the tile, 16 2.9x. (On one vCPU of the VM measured the tiles ran at
-// half that speed, the vector kernels not: the physical core's AMX unit is shared.)
+// even, 6 a sixth faster on the tile, 16 2.9x. (At times the VM measured ran the tiles at half
+// that speed, the vector kernels not: the physical core's AMX unit is shared with its sibling.)
 constexpr int kK16MatrixMinTokens = 6;
 
 template <bool kMins>
