@@ -1,6 +1,6 @@
 // The K-quants of 16 groups of 16 codes with 8-bit scales (Q2_K, Q3_K, Q6_K), a super-block in
-// 512-bit registers, for the avx512 table's Q6_K kernel and the amx table's (which sum each
-// super-block exactly before any float operation, for its tiles): the 256 codes in element order
+// 512-bit registers, for the avx512 table's kernels of these types and the amx table's (which sum
+// each super-block exactly before any float operation, for its tiles): the 256 codes in element order
 // and each 64-code chunk's scales as int16 lanes for vpdpwssd. Only files compiled with the AVX-512
 // flags include this (see rows_entry.h for the anonymous namespace).
 #pragma once
@@ -19,11 +19,11 @@ namespace {  // NOLINT(google-build-namespaces)
 // lane serve chunks 0 and 1, scales 8..15 chunks 2 and 3: an in-lane byte shuffle picks scale
 // (4c + q) mod 8 in quarter q. Constants in memory: built in registers they took about 30
 // instructions a call, and an expert's row is one call of only 4-8 super-blocks.
-struct Q6KConstants {
+struct K16Constants {
   uint8_t scale_idx[2][64];  // chunk c mod 2
 };
-constexpr Q6KConstants make_q6k_constants() {
-  Q6KConstants k{};
+constexpr K16Constants make_k16_constants() {
+  K16Constants k{};
   for (int c = 0; c < 2; ++c)
     for (int i = 0; i < 64; ++i) {
       const int scale = 4 * c + i / 16;  // of the eight in the lane
@@ -31,7 +31,7 @@ constexpr Q6KConstants make_q6k_constants() {
     }
   return k;
 }
-alignas(64) constexpr Q6KConstants kQ6K = make_q6k_constants();
+alignas(64) constexpr K16Constants kK16 = make_k16_constants();
 
 // One super-block decoded: q[c] the unsigned codes of elements 64c..64c+63 (stored + kBias),
 // s[c] their scales per maddubs pair (above), sc16 the 16 scales as int16, mins16 Q2_K's 16 mins.
@@ -40,13 +40,13 @@ struct K16Decoded {
   __m256i sc16, mins16;
 };
 
-// The scale vectors of a super-block from its 16 signed scales (bytes).
+// The scale vectors of a super-block from its 16 scales as signed bytes (Q2_K's are 0..15).
 inline __attribute__((always_inline)) void k16_scales(__m128i scale_bytes, K16Decoded& r) {
   r.sc16 = _mm256_cvtepi8_epi16(scale_bytes);
   // Scales 0..7 and 8..15 (int16), each broadcast to every 128-bit lane.
   const __m512i sc_half[2] = {_mm512_broadcast_i32x4(_mm256_castsi256_si128(r.sc16)),
                               _mm512_broadcast_i32x4(_mm256_extracti128_si256(r.sc16, 1))};
-  const __m512i idx0 = _mm512_load_si512(kQ6K.scale_idx[0]), idx1 = _mm512_load_si512(kQ6K.scale_idx[1]);
+  const __m512i idx0 = _mm512_load_si512(kK16.scale_idx[0]), idx1 = _mm512_load_si512(kK16.scale_idx[1]);
   for (int h = 0; h < 2; ++h) {
     r.s[2 * h] = _mm512_shuffle_epi8(sc_half[h], idx0);
     r.s[2 * h + 1] = _mm512_shuffle_epi8(sc_half[h], idx1);
