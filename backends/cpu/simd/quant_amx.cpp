@@ -1,7 +1,8 @@
 // Intel AMX kernels: the avx512 table with Q8_0 products, Q4_K / Q5_K batches of 5 to 16 tokens
 // (its group kernels over the grouped copies, and rows in row layout) and Q2_K / Q3_K / Q6_K
-// batches, on int8 tile registers. Compiled with -mamx-tile -mamx-int8, the avx512 flags and -ffp-contract=off;
-// nothing here runs before kernels_amx() has checked the CPU and the OS's grant of the tile state.
+// batches, on int8 tile registers. Compiled with -mamx-tile -mamx-int8, the avx512 flags and
+// -ffp-contract=off; nothing here runs before kernels_amx() has checked the CPU and the OS's grant
+// of the tile state.
 //
 // One TDPBSSD multiplies a 16 x 32 int8 tile of weights (16 rows, one Q8_0 block each: the tile is
 // loaded straight from the rows, row_bytes apart, so no repacking at load) with an 8 x 64 tile of
