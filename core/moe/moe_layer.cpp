@@ -1,11 +1,12 @@
 #include "core/moe/moe_layer.h"
 
-#include <cmath>
 #include <cstdlib>
 
 #include "core/adaptive/predictor.h"
+#include "core/batch_plan.h"
 #include "core/expert_store/expert_source.h"
 #include "core/moe/expert_executor.h"
+#include "core/moe/expert_groups.h"
 #include "core/moe/scored_routing.h"
 #include "core/runtime.h"
 #include "core/trace.h"
@@ -50,25 +51,16 @@ Status route_with(const Model& m, EvalState& s, const WeightView& w, const std::
 // would evict the guesses first), and not with cache-aware gating, whose choice reads what is
 // resident and must stay a function of the evaluations. MOELITE_PREFILL_LOOKAHEAD=0 turns it off
 // (for measuring).
-// The distinct experts of a routing (dropped slots, -1, left out).
-int64_t distinct_experts(const Routing& r, int32_t n_expert) {
-  std::vector<uint8_t> seen(static_cast<size_t>(n_expert), 0);
-  int64_t n = 0;
-  for (int32_t id : r.ids)
-    if (id >= 0 && id < n_expert && !seen[static_cast<size_t>(id)]) seen[static_cast<size_t>(id)] = 1, ++n;
-  return n;
-}
-
 bool prefill_lookahead_wanted(const Model& m, const EvalState& s, int32_t l) {
   const char* off = std::getenv("MOELITE_PREFILL_LOOKAHEAD");  // per call, so a test can compare
   if (off && off[0] == '0') return false;
   if (l + 1 >= m.hp.n_layer || !m.hp.is_moe_layer(l + 1) || s.experts->all_resident()) return false;
   if (decode_sized(s.n_tokens, s.segments.size()) || s.runtime->gating.mode == GatingMode::CacheAware) return false;
-  // Routing spread evenly leaves a given expert unused by n tokens with probability (1 - k/E)^n:
-  // at most a tenth, so at most a tenth of the guesses are wasted reads.
-  const double k = m.hp.n_expert_used, e = m.hp.n_expert;
-  if (std::pow(1.0 - k / e, static_cast<double>(s.n_tokens)) > 0.1) return false;
-  return distinct_experts(s.routing, m.hp.n_expert) <= s.experts->capacity(l);
+  // Routing spread evenly leaves a given expert unused by n tokens with probability (1 - k/E)^n
+  // (batch_plan.h's expected distinct experts are E times one less that): at most a tenth, so at
+  // most a tenth of the guesses are wasted reads.
+  if (expected_distinct_experts(m.hp.n_expert, m.hp.n_expert_used, s.n_tokens) < 0.9 * m.hp.n_expert) return false;
+  return static_cast<int64_t>(ExpertGroups(s.routing).order().size()) <= s.experts->capacity(l);
 }
 
 }  // namespace
