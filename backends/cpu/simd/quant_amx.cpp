@@ -159,8 +159,7 @@ inline void accumulate_block(__m512 (&acc)[kMatrixRows], const int32_t* sums, co
   const __m512 d_a = _mm512_loadu_ps(da);
   for (int r = 0; r < kMatrixRows; ++r) {
     const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(fp16(w_block + static_cast<size_t>(r) * w_stride)), d_a);
-    // The zero-masked form: GCC 12 warns about the unmasked one's undefined merge operand.
-    const __m512 sum = _mm512_maskz_cvtepi32_ps(0xffff, _mm512_load_si512(sums + r * kMatrixTokens));
+    const __m512 sum = _mm512_cvtepi32_ps(_mm512_load_si512(sums + r * kMatrixTokens));
     acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(scale, sum));
   }
 }
@@ -247,14 +246,12 @@ void matrix_group_one_token(int64_t nb, float* out, size_t out_stride, const uin
                                                  _mm512_set1_epi32(static_cast<int>(w_stride)));
   group_blocks<sizeof(int32_t)>(nb, w, w_stride, p, [&](const int32_t* sums, int64_t b) {
     // The dword at each row's block start: d, then two codes; its low half is the fp16 scale.
-    // (Zero-masked forms throughout: GCC 12 warns about the unmasked ones' undefined operands.)
-    const __m512i d_bits = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), 0xffff, row_offsets,
-                                                       w + static_cast<size_t>(b) * sizeof(Q8_0), 1);
-    const __m512 d_w = _mm512_maskz_cvtph_ps(0xffff, _mm512_maskz_cvtepi32_epi16(0xffff, d_bits));
+    const __m512i d_bits = _mm512_i32gather_epi32(row_offsets, w + static_cast<size_t>(b) * sizeof(Q8_0), 1);
+    const __m512 d_w = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d_bits));
     float d_a;  // copied: the packed buffer may sit at any address (pack's contract)
     std::memcpy(&d_a, token_scales(p, b), sizeof d_a);
     const __m512 scale = _mm512_mul_ps(d_w, _mm512_set1_ps(d_a));
-    const __m512 sum = _mm512_maskz_cvtepi32_ps(0xffff, _mm512_load_si512(sums));
+    const __m512 sum = _mm512_cvtepi32_ps(_mm512_load_si512(sums));
     acc = _mm512_add_ps(acc, _mm512_mul_ps(scale, sum));
   });
   alignas(64) float rows[kMatrixRows];
@@ -341,13 +338,12 @@ inline __m512i rows_u8_of(const uint8_t* first8, const uint8_t* second8) {
   uint64_t lo, hi;
   std::memcpy(&lo, first8, 8);
   std::memcpy(&hi, second8, 8);
-  // (Zero-masked forms: GCC 12 warns about the unmasked ones' undefined operands.)
-  return _mm512_maskz_cvtepu8_epi32(0xffff, _mm_set_epi64x(static_cast<long long>(hi), static_cast<long long>(lo)));
+  return _mm512_cvtepu8_epi32(_mm_set_epi64x(static_cast<long long>(hi), static_cast<long long>(lo)));
 }
 inline __m512 rows_fp16_of(const uint8_t* first8, const uint8_t* second8) {
   const __m256i h = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(second8)),
                                      _mm_loadu_si128(reinterpret_cast<const __m128i*>(first8)));
-  return _mm512_maskz_cvtph_ps(0xffff, h);
+  return _mm512_cvtph_ps(h);
 }
 
 // The 8 sub-block products of a super-block with four sums in flight (tiles 0-3; operands 4-5 and
@@ -392,7 +388,7 @@ inline void sub_block_products(const uint8_t* qs, size_t a_stride, const uint8_t
 // isum, acc), accm = fma(dmin * da, msum, accm) (acc and accm 64-byte aligned).
 inline void accumulate_q45k(float* acc, float* accm, __m512 d, __m512 dmin, __m512 da, __m512i isum,
                             __m512i msum) {
-  const __m512 isum_f = _mm512_maskz_cvtepi32_ps(0xffff, isum), msum_f = _mm512_maskz_cvtepi32_ps(0xffff, msum);
+  const __m512 isum_f = _mm512_cvtepi32_ps(isum), msum_f = _mm512_cvtepi32_ps(msum);
   _mm512_store_ps(acc, _mm512_fmadd_ps(_mm512_mul_ps(d, da), isum_f, _mm512_load_ps(acc)));
   _mm512_store_ps(accm, _mm512_fmadd_ps(_mm512_mul_ps(dmin, da), msum_f, _mm512_load_ps(accm)));
 }
@@ -431,7 +427,6 @@ void q45k_group_tiles(int64_t n, float* out, size_t out_stride, const void* grou
   // Tokens are taken two per vector (8 rows each); with an odd count the second of the last pair
   // reads a row of sums no tile writes: zeros, and its results are never stored.
   for (auto& s : sums) std::memset(s + count * 8, 0, 8 * sizeof(int32_t));
-  // (Zero-masked forms throughout: GCC 12 warns about the unmasked ones' undefined operands.)
   // vpermd indices: lanes 0-7 <- dword s of the first token's group sums, 8-15 <- the second's.
   __m512i pick[8];
   for (int s = 0; s < 8; ++s)
@@ -458,7 +453,7 @@ void q45k_group_tiles(int64_t n, float* out, size_t out_stride, const void* grou
     for (int s = 0; s < 8; ++s) {
       scale[s] = rows_u8_of(g.scales[s], g.scales[s]);  // the 8 rows twice: two tokens a vector
       const __m512i mn = rows_u8_of(g.mins[s], g.mins[s]);
-      min_twice[s] = _mm512_or_si512(mn, _mm512_maskz_slli_epi32(0xffff, mn, 16));  // in both 16-bit halves
+      min_twice[s] = _mm512_or_si512(mn, _mm512_slli_epi32(mn, 16));  // in both 16-bit halves
     }
     const __m512 d = rows_fp16_of(g.d, g.d), dmin = rows_fp16_of(g.dmin, g.dmin);
     const size_t block = static_cast<size_t>(i) * sizeof(Q8_K);
@@ -470,17 +465,16 @@ void q45k_group_tiles(int64_t n, float* out, size_t out_stride, const void* grou
       const auto group_sums_of = [](const uint8_t* y) {
         return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + offsetof(Q8_K, bsums)));
       };
-      const __m512i bsums =
-          _mm512_maskz_inserti64x4(0xff, _mm512_castsi256_si512(group_sums_of(y0)), group_sums_of(y1), 1);
+      const __m512i bsums = _mm512_inserti64x4(_mm512_castsi256_si512(group_sums_of(y0)), group_sums_of(y1), 1);
       for (int s = 0; s < 8; ++s) {
         isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(sums[s] + m * 8), scale[s]));
-        const __m512i group_sums = _mm512_maskz_permutexvar_epi32(0xffff, pick[s], bsums);
+        const __m512i group_sums = _mm512_permutexvar_epi32(pick[s], bsums);
         msum = _mm512_add_epi32(msum, _mm512_madd_epi16(min_twice[s], group_sums));
       }
       float da0, da1;
       std::memcpy(&da0, y0, sizeof da0);
       std::memcpy(&da1, y1, sizeof da1);
-      const __m512 da = _mm512_maskz_insertf32x8(0xffff, _mm512_set1_ps(da0), _mm256_set1_ps(da1), 1);
+      const __m512 da = _mm512_insertf32x8(_mm512_set1_ps(da0), _mm256_set1_ps(da1), 1);
       accumulate_q45k(acc + m * 8, accm + m * 8, d, dmin, da, isum, msum);
     }
   }
@@ -531,10 +525,10 @@ void unpack_pair_chunk(const Group& first, const Group& second, int c, uint8_t (
       }
     }
     // 128-bit lanes 0-1 of each are position 2q, lanes 2-3 position 2q + 1.
-    _mm512_store_si512(codes[2 * c][2 * q], _mm512_maskz_shuffle_i64x2(0xff, lo[0], lo[1], 0x44));
-    _mm512_store_si512(codes[2 * c][2 * q + 1], _mm512_maskz_shuffle_i64x2(0xff, lo[0], lo[1], 0xee));
-    _mm512_store_si512(codes[2 * c + 1][2 * q], _mm512_maskz_shuffle_i64x2(0xff, hi[0], hi[1], 0x44));
-    _mm512_store_si512(codes[2 * c + 1][2 * q + 1], _mm512_maskz_shuffle_i64x2(0xff, hi[0], hi[1], 0xee));
+    _mm512_store_si512(codes[2 * c][2 * q], _mm512_shuffle_i64x2(lo[0], lo[1], 0x44));
+    _mm512_store_si512(codes[2 * c][2 * q + 1], _mm512_shuffle_i64x2(lo[0], lo[1], 0xee));
+    _mm512_store_si512(codes[2 * c + 1][2 * q], _mm512_shuffle_i64x2(hi[0], hi[1], 0x44));
+    _mm512_store_si512(codes[2 * c + 1][2 * q + 1], _mm512_shuffle_i64x2(hi[0], hi[1], 0xee));
   }
 }
 
@@ -557,7 +551,6 @@ void q45k_pair_tiles(int64_t n, float* out, size_t out_stride, const void* group
   alignas(64) float acc[kGroupTokens * 16], accm[kGroupTokens * 16];  // [token][16 rows]
   std::memset(acc, 0, sizeof acc);
   std::memset(accm, 0, sizeof accm);
-  // (Zero-masked forms throughout: GCC 12 warns about the unmasked ones' undefined operands.)
   for (int64_t i = 0; i < n / kQKK; ++i) {
     const Q4KGroup8& g0 = low_part(first[i]);
     const Q4KGroup8& g1 = low_part(second[i]);
@@ -568,7 +561,7 @@ void q45k_pair_tiles(int64_t n, float* out, size_t out_stride, const void* group
     for (int s = 0; s < 8; ++s) {
       scale[s] = rows_u8_of(g0.scales[s], g1.scales[s]);
       const __m512i mn = rows_u8_of(g0.mins[s], g1.mins[s]);
-      min_twice[s] = _mm512_or_si512(mn, _mm512_maskz_slli_epi32(0xffff, mn, 16));  // in both 16-bit halves
+      min_twice[s] = _mm512_or_si512(mn, _mm512_slli_epi32(mn, 16));  // in both 16-bit halves
     }
     const __m512 d = rows_fp16_of(g0.d, g1.d), dmin = rows_fp16_of(g0.dmin, g1.dmin);
     const size_t block = static_cast<size_t>(i) * sizeof(Q8_K);
@@ -698,8 +691,7 @@ void q45k_matrix(int64_t n, float* out, size_t out_stride, const void* w_rows, s
         const Block& b = reinterpret_cast<const Block*>(rows + static_cast<size_t>(r) * w_stride)[i];
         // Q5_K: the row's 32 qh bytes in both halves (each half's codes take their own bit).
         __m512i qh = _mm512_setzero_si512();
-        if constexpr (kFive)  // (zero-masked: GCC 12 warns about the unmasked form)
-          qh = _mm512_maskz_broadcast_i64x4(0xff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh)));
+        if constexpr (kFive) qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh)));
         for (int h = 0; h < 2; ++h) {  // chunks 2h and 2h + 1: sub-blocks 4h, 4h + 2 (low), 4h + 1, 4h + 3 (high)
           const __m512i v = _mm512_loadu_si512(b.qs + 64 * h);
           __m512i lo = _mm512_and_si512(v, nibble), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
@@ -970,16 +962,15 @@ void k16_matrix(int64_t n, float* out, size_t out_stride, const void* w_rows, si
         for (int g = 0; g < 16; ++g)
           isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(sums[g] + r * kMatrixTokens),
                                                            _mm512_set1_epi32(scales[r][g])));
-        __m512 term =
-            _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(fp16(b.d)), da), _mm512_maskz_cvtepi32_ps(0xffff, isum));
+        __m512 term = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(fp16(b.d)), da), _mm512_cvtepi32_ps(isum));
         if constexpr (Format::kMins) {
           __m512i msum = _mm512_setzero_si512();
           for (int j = 0; j < 8; ++j)
             msum = _mm512_add_epi32(msum,
                                     _mm512_madd_epi16(_mm512_set1_epi32(min_pairs[r][j]),
                                                       _mm512_loadu_si512(p + kK16PackedSums + j * kMatrixTokens * 4)));
-          term = _mm512_sub_ps(term, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(fp16_dmin<Format>(b)), da),
-                                                   _mm512_maskz_cvtepi32_ps(0xffff, msum)));
+          term = _mm512_sub_ps(
+              term, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(fp16_dmin<Format>(b)), da), _mm512_cvtepi32_ps(msum)));
         }
         _mm512_store_ps(acc[r], _mm512_add_ps(_mm512_load_ps(acc[r]), term));
       }
