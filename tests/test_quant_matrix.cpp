@@ -106,6 +106,17 @@ std::vector<uint8_t> random_q8_k_row(int64_t n, std::mt19937& rng, float fill = 
   return q;
 }
 
+// A tile's kMatrixTokens tokens for the K-quant tests: Q8_K rows a_stride apart after `off` bytes,
+// random except token 2 (every code +127) and token 9 (every code -127).
+std::vector<uint8_t> q8_k_token_rows(int64_t n, std::mt19937& rng, size_t off, size_t a_stride) {
+  std::vector<uint8_t> rows(off + a_stride * kMatrixTokens);
+  for (int j = 0; j < kMatrixTokens; ++j) {
+    const auto a = random_q8_k_row(n, rng, j == 2 ? 1.0f : j == 9 ? -1.0f : 0.0f);
+    std::memcpy(rows.data() + off + j * a_stride, a.data(), a.size());
+  }
+  return rows;
+}
+
 // Q8_0, Q2_K, Q3_K and Q6_K: the amx table sums each block (super-block) exactly and adds them in
 // the scalar order, for its tiles.
 TEST(QuantKernelsMatrix, AmxVecDotIsTheScalarDotBitwise) {
@@ -211,14 +222,8 @@ TEST(QuantKernelsMatrix, KQuantTileInRowLayoutIsTheTablesVecDotBitwise) {
           }
         std::memcpy(w_buf.data() + off + r * w_stride, w.data(), wb);
       }
-      const size_t ab = activation_row_bytes(t, n), a_stride = ab + 3;
-      std::vector<uint8_t> a_buf(off + a_stride * kMatrixTokens);
-      std::normal_distribution<float> nd(0.0f, 1.0f);
-      for (int j = 0; j < kMatrixTokens; ++j) {
-        std::vector<float> x(static_cast<size_t>(n));
-        for (float& v : x) v = j == 2 ? 1.0f : j == 9 ? -1.0f : nd(rng);  // all +127, all -127
-        kernels_scalar().quantize_act[tid(TensorType::Q8_K)](x.data(), a_buf.data() + off + j * a_stride, n);
-      }
+      const size_t a_stride = activation_row_bytes(t, n) + 3;
+      const std::vector<uint8_t> a_buf = q8_k_token_rows(n, rng, off, a_stride);
       const uint8_t* w0 = w_buf.data() + off;
       const uint8_t* a0 = a_buf.data() + off;
       // The reference: each 8 rows regrouped, through interleaved_rows.h's readable dot.
@@ -292,12 +297,8 @@ TEST(QuantKernelsMatrix, SixteenGroupKQuantTilesAreTheScalarDotBitwise) {
         }
         std::memcpy(w_buf.data() + off + r * w_stride, w.data(), wb);
       }
-      const size_t ab = activation_row_bytes(t, n), a_stride = ab + 3;
-      std::vector<uint8_t> a_buf(off + a_stride * kMatrixTokens);
-      for (int j = 0; j < kMatrixTokens; ++j) {
-        const auto a = random_q8_k_row(n, rng, j == 2 ? 1.0f : j == 9 ? -1.0f : 0.0f);
-        std::memcpy(a_buf.data() + off + j * a_stride, a.data(), ab);
-      }
+      const size_t a_stride = activation_row_bytes(t, n) + 3;
+      const std::vector<uint8_t> a_buf = q8_k_token_rows(n, rng, off, a_stride);
       const uint8_t* w0 = w_buf.data() + off;
       const uint8_t* a0 = a_buf.data() + off;
       std::vector<float> want(kRows * kMatrixTokens);
