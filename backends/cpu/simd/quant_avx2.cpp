@@ -475,11 +475,6 @@ void quantize_q8_k(const float* x, void* dst, int64_t n) {
 
 constexpr uint32_t id(TensorType t) { return static_cast<uint32_t>(t); }
 
-// The group kernels prefetch the weights ahead here (x86_q45k_groups.h): measured on the one
-// AVX2-only CPU here (AMD Zen 3), decode +16-30 %. The avxvnni table (Intel client cores, not measured)
-// inherits this choice.
-constexpr bool kGroupPrefetch = true;
-
 KernelTable make_table() {
   KernelTable t = kernels_scalar();  // dequantization stays scalar
   t.isa = "avx2";
@@ -493,9 +488,9 @@ KernelTable make_table() {
   set_vec_dot<dot_one<DotQ2K>>(t, TensorType::Q2_K, dot_multi<DotQ2K>);
   set_vec_dot<dot_one<DotQ3K>>(t, TensorType::Q3_K, dot_multi<DotQ3K>);
   set_vec_dot<dot_one<DotQ4K>>(t, TensorType::Q4_K, dot_multi<DotQ4K>);
-  set_groups(t, TensorType::Q4_K, {repack_q4_k_group8, group_bytes_q4_k, q45k_group_dot<false, kGroupPrefetch>});
+  set_groups(t, TensorType::Q4_K, {repack_q4_k_group8, group_bytes_q4_k, q45k_group_dot<false>});
   set_vec_dot<dot_one<DotQ5K>>(t, TensorType::Q5_K, dot_multi<DotQ5K>);
-  set_groups(t, TensorType::Q5_K, {repack_q5_k_group8, group_bytes_q5_k, q45k_group_dot<true, kGroupPrefetch>});
+  set_groups(t, TensorType::Q5_K, {repack_q5_k_group8, group_bytes_q5_k, q45k_group_dot<true>});
   set_vec_dot<dot_one<DotQ6K>>(t, TensorType::Q6_K, dot_multi<DotQ6K>);
   t.quantize_act[id(TensorType::Q8_0)] = quantize_q8_0;
   t.quantize_act[id(TensorType::Q8_1)] = quantize_q8_1;

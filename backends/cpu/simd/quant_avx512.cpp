@@ -504,6 +504,7 @@ struct DotK16 {
         acc[j] = acc_m[j] = _mm512_setzero_ps();
       }
       for (int64_t i = 0; i < n / kQKK; ++i) {
+        prefetch_lines(x + i + kK16PrefetchBlocks<Format>);
         const K16Decoded q = k16_decode<Format>(x[i]);
         const float d = fp16(x[i].d);
 #pragma GCC unroll 4
@@ -532,11 +533,6 @@ using DotQ6K = DotK16<Q6KFormat>::Rows<K>;
 
 constexpr uint32_t id(TensorType t) { return static_cast<uint32_t>(t); }
 
-// The group kernels leave the weight stream to the hardware prefetcher here (x86_q45k_groups.h):
-// on the AVX-512 CPUs measured (AMD Zen 4, Intel Xeon) it streams a core at 23-27 GB/s and software
-// prefetch of weight rows cost bandwidth.
-constexpr bool kGroupPrefetch = false;
-
 KernelTable make_table(const KernelTable& base) {
   KernelTable t = base;
   t.isa = "avx512";
@@ -551,9 +547,9 @@ KernelTable make_table(const KernelTable& base) {
                                 tile_entry<Q4Tile, kQuadRows>);
   set_prepared(t, TensorType::Q4_0, {prepare_q8_0, prepared_bytes_q8_0, tile_entry<Q4Tile, kQuadRows, true>, kQuadRows});
   set_vec_dot<dot_one<DotQ4K>>(t, TensorType::Q4_K, dot_multi<DotQ4K>);
-  set_groups(t, TensorType::Q4_K, {repack_q4_k_group8, group_bytes_q4_k, q45k_group_dot<false, kGroupPrefetch>});
+  set_groups(t, TensorType::Q4_K, {repack_q4_k_group8, group_bytes_q4_k, q45k_group_dot<false>});
   set_vec_dot<dot_one<DotQ5K>>(t, TensorType::Q5_K, dot_multi<DotQ5K>);
-  set_groups(t, TensorType::Q5_K, {repack_q5_k_group8, group_bytes_q5_k, q45k_group_dot<true, kGroupPrefetch>});
+  set_groups(t, TensorType::Q5_K, {repack_q5_k_group8, group_bytes_q5_k, q45k_group_dot<true>});
   set_vec_dot<dot_one<DotQ2K>>(t, TensorType::Q2_K, dot_multi<DotQ2K>);
   set_vec_dot<dot_one<DotQ3K>>(t, TensorType::Q3_K, dot_multi<DotQ3K>);
   set_vec_dot<dot_one<DotQ6K>>(t, TensorType::Q6_K, dot_multi<DotQ6K>);

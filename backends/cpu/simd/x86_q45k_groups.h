@@ -43,7 +43,7 @@ inline float q4k_result(__m128 acc) { return _mm_cvtss_f32(_mm_sub_ss(acc, _mm_m
 // scales of that sub-block: all 8 lanes for Q4_K (8 x 2 x 15 x 127 = 30 480 < 2^15), 4 at a time for
 // Q5_K (4 x 2 x 31 x 127 = 31 496). Each row's sums end in its own lane. The integer totals are exact,
 // so the order of the additions does not matter; the float work is interleaved_rows.h's.
-template <bool kFive, bool kPrefetch, int K>
+template <bool kFive, int K>
 struct Q45KGroupRows {
   using Group = std::conditional_t<kFive, Q5KGroup8, Q4KGroup8>;
   static const Q4KGroup8& low_part(const Q4KGroup8& g) { return g; }
@@ -58,14 +58,15 @@ struct Q45KGroupRows {
       return _mm256_and_si256(_mm256_slli_epi16(qh, 4 - kBit), bit4);
   }
 
-  // kPrefetch: software prefetch (into L1) of the super-block group kPrefetchAhead ahead; past a
-  // matrix's last one that is the next group of rows, which the same thread usually takes next (a
-  // prefetch never faults). Each table chooses by measurement: on an AMD Zen 3 (avx2 table) the
-  // hardware prefetcher alone left one core's stream well below what the memory gives
-  // (bench_kernels from DRAM 5.5-7.7 -> 8.3-10 GB/s; the bench-shaped Q5_K model's decode from its
-  // copies 23-25 -> 30-33 tok/s, 2 threads); 2 ahead was as good as 4 or 8 and better than 1. On
-  // Zen 4 and Xeon (avx512 table) the hardware streams one core at 23-27 GB/s and software prefetch
-  // of weight rows cost bandwidth (cpu_backend.cpp).
+  // Software prefetch (into L1) of the super-block group kPrefetchAhead ahead; past a matrix's last
+  // one that is the next group of rows, which the same thread usually takes next (a prefetch never
+  // faults). The hardware prefetcher alone left one core's stream well below what the memory gives
+  // on both CPUs measured: an AMD Zen 3 (avx2 table; bench_kernels from DRAM 5.5-7.7 -> 8.3-10 GB/s;
+  // the bench-shaped Q5_K model's decode from its copies 23-25 -> 30-33 tok/s, 2 threads; 2 ahead as
+  // good as 4 or 8 and better than 1) and an Intel Xeon with AMX (avx512 kernels, which the amx
+  // table's decode runs; Q4_K model 47-50 -> 61-64 tok/s, Q5_K 39-42 -> 49-52, three alternating
+  // rounds; AMD Zen 4/5 not measured with it). Not the row-ahead prefetch of cpu_backend.cpp, which
+  // cost bandwidth on x86.
   static constexpr int kPrefetchAhead = 2;
 
   static void run(int64_t n, float* out, size_t out_stride, const void* w, const void* a, size_t a_stride) {
@@ -86,7 +87,7 @@ struct Q45KGroupRows {
                                           -1, 13, -1, 6, -1, 14, -1, 7, -1, 15, -1);
     for (int64_t i = 0; i < n / blocks::kQKK; ++i) {
       const Q4KGroup8& g = low_part(x[i]);
-      if constexpr (kPrefetch) prefetch_lines(x + i + kPrefetchAhead);
+      prefetch_lines(x + i + kPrefetchAhead);
       __m256i isum[K], msum[K];
 #pragma GCC unroll 4
       for (int j = 0; j < K; ++j) isum[j] = msum[j] = _mm256_setzero_si256();
@@ -167,14 +168,14 @@ struct Q45KGroupRows {
 };
 
 // The table entries (VecDotTileFn): count activation rows, 1..4.
-template <bool kFive, bool kPrefetch>
+template <bool kFive>
 void q45k_group_dot(int64_t n, float* out, size_t out_stride, const void* w, size_t /*w_stride*/, const void* a,
                     size_t a_stride, int count) {
   switch (count) {
-    case 1: Q45KGroupRows<kFive, kPrefetch, 1>::run(n, out, out_stride, w, a, a_stride); break;
-    case 2: Q45KGroupRows<kFive, kPrefetch, 2>::run(n, out, out_stride, w, a, a_stride); break;
-    case 3: Q45KGroupRows<kFive, kPrefetch, 3>::run(n, out, out_stride, w, a, a_stride); break;
-    default: Q45KGroupRows<kFive, kPrefetch, 4>::run(n, out, out_stride, w, a, a_stride); break;
+    case 1: Q45KGroupRows<kFive, 1>::run(n, out, out_stride, w, a, a_stride); break;
+    case 2: Q45KGroupRows<kFive, 2>::run(n, out, out_stride, w, a, a_stride); break;
+    case 3: Q45KGroupRows<kFive, 3>::run(n, out, out_stride, w, a, a_stride); break;
+    default: Q45KGroupRows<kFive, 4>::run(n, out, out_stride, w, a, a_stride); break;
   }
 }
 
