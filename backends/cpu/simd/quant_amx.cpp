@@ -796,7 +796,7 @@ inline float dot_k16_block_sums(int64_t n, const typename Format::Block* x, cons
     float scale[4], min_scale[4];
 #pragma GCC unroll 4
     for (int b = 0; b < 4; ++b) {
-      prefetch_lines(x + i + b + kK16PrefetchBlocks<Format>);
+      prefetch_row_ahead(x + i + b);
       const K16Decoded q = k16_decode<Format>(x[i + b]);
       lanes[b] = k16_block_lanes<Format>(q, y[i + b]);
       scale[b] = fp16(x[i + b].d) * q8k_scale(y[i + b]);
@@ -816,7 +816,7 @@ inline float dot_k16_block_sums(int64_t n, const typename Format::Block* x, cons
     for (int b = 0; b < 4; ++b) s = s + term[b];
   }
   for (; i < nb; ++i) {
-    prefetch_lines(x + i + kK16PrefetchBlocks<Format>);
+    prefetch_row_ahead(x + i);
     const K16Decoded q = k16_decode<Format>(x[i]);
     const float da = q8k_scale(y[i]);
     const float term =
@@ -847,7 +847,7 @@ struct DotK16BlockSums {
       for (int j = 0; j < K; ++j) y[j] = act_row<Q8_K>(a, stride, j);
       __m128 s = _mm_setzero_ps();  // lane j: token j's sum
       for (int64_t i = 0; i < n / kQKK; ++i) {
-        prefetch_lines(x + i + kK16PrefetchBlocks<Format>);
+        prefetch_row_ahead(x + i);
         const K16Decoded q = k16_decode<Format>(x[i]);
         __m512i lanes[4], min_lanes[4];
         float da[4] = {0, 0, 0, 0};

@@ -446,6 +446,7 @@ struct DotQ45K {
       const __m512i idx[4] = {load512(kQ45K.scale_idx[0]), load512(kQ45K.scale_idx[1]), load512(kQ45K.scale_idx[2]),
                               load512(kQ45K.scale_idx[3])};
       for (int64_t i = 0; i < n / kQKK; ++i) {
+        prefetch_row_ahead(x + i);
         // Weight side, once per super-block: codes, per-chunk scales, mins, d and dmin.
         const __m128i sm8 = q4k_scales_mins_vec(x[i].scales);  // 8 scales, 8 mins as bytes
         const __m128i mins = _mm_unpackhi_epi8(sm8, _mm_setzero_si128());
@@ -504,7 +505,7 @@ struct DotK16 {
         acc[j] = acc_m[j] = _mm512_setzero_ps();
       }
       for (int64_t i = 0; i < n / kQKK; ++i) {
-        prefetch_lines(x + i + kK16PrefetchBlocks<Format>);
+        prefetch_row_ahead(x + i);
         const K16Decoded q = k16_decode<Format>(x[i]);
         const float d = fp16(x[i].d);
 #pragma GCC unroll 4

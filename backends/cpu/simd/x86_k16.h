@@ -137,17 +137,6 @@ struct Q2KFormat {
   }
 };
 
-// Decode streams every weight row from DRAM once per token, and these kernels do enough work per
-// byte that the hardware prefetcher alone leaves the stream short: each kernel prefetches (into L1)
-// the super-block about 2 KiB ahead of the one it decodes (Q6_K 9 blocks, Q3_K 18, Q2_K 24; past a
-// row's end that is the next row's start, past the weights nothing: a prefetch never faults).
-// Measured on an Intel Xeon with AMX (2 threads, bench-shaped models, decode tok/s, alternating
-// runs, avx512 table): Q6_K 30-31 -> 44-45 with 8 blocks ahead (16: 44-45, 24: 44-51), Q3_K 40-41
-// -> 52 (16: 45-50, 24: 55-56); 4 blocks ahead gained half as much.
-constexpr size_t kK16PrefetchBytes = 2048;
-template <class Format>
-constexpr int64_t kK16PrefetchBlocks = static_cast<int64_t>(kK16PrefetchBytes / sizeof(typename Format::Block));
-
 template <class Format>
 inline __attribute__((always_inline)) K16Decoded k16_decode(const typename Format::Block& x) {
   K16Decoded r;
