@@ -16,6 +16,7 @@
 #include <cinttypes>
 #include <cstring>
 
+#include "base/hash.h"
 #include "core/context.h"
 #include "core/gguf.h"
 #include "platforms/platform.h"
@@ -30,27 +31,6 @@ constexpr uint32_t kVersion = 1;
 constexpr uint32_t kStored = 0, kZstd = 1;
 constexpr size_t kHeaderBytes = 48;
 constexpr int kZstdLevel = 3;
-
-// A 64-bit hash of bytes, 8 at a time (not cryptographic: it detects corruption and tells models
-// apart).
-uint64_t hash_bytes(const void* data, size_t n, uint64_t h = 0x9E3779B97F4A7C15ull) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  auto mix = [&](uint64_t w) {
-    h ^= w;
-    h *= 0xBF58476D1CE4E5B9ull;
-    h ^= h >> 31;
-  };
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    memcpy(&w, p + i, 8);
-    mix(w);
-  }
-  uint64_t tail = n;
-  for (; i < n; ++i) tail = (tail << 8) | p[i];
-  mix(tail);
-  return h;
-}
 
 Status model_fingerprint(const Model& m, uint64_t* out) {
   const gguf::Reader& g = *m.gguf;

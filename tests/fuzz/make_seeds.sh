@@ -10,7 +10,7 @@ PY=/usr/bin/python3
 CLI=build/bin/moelite
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-mkdir -p $C/fuzz_gguf_load $C/fuzz_tokenizer $C/fuzz_chat_template $C/fuzz_profile $C/fuzz_trace
+mkdir -p $C/fuzz_gguf_load $C/fuzz_tokenizer $C/fuzz_chat_template $C/fuzz_profile $C/fuzz_trace $C/fuzz_session
 
 # ---- models: every architecture, small widths, several weight types and layouts
 tiny="--quiet --n-embd 32 --n-head 2 --n-head-kv 1 --n-expert 4 --n-ff-exp 32 --n-ff-shexp 32 --vocab 64 --ctx 32"
@@ -69,4 +69,12 @@ printf '#CAP 3\n{"token":0,"layer":0,"experts":[1,2]}\n{"token":1,"layer":1,"exp
   > $C/fuzz_trace/no-header
 printf '#CAP 25%%\n{"n_layers":2,"n_experts":8,"top_k":2}\n{"token":5,"layer":1,"experts":[7,6],"x":[true,null,{"a":"b"}]}\n' \
   > $C/fuzz_trace/header-skipped-values
+
+# ---- saved sessions of the shipped model (fuzz_session): mode byte odd = the file as is (zstd),
+# even = the payload alone (the target wraps it in a valid header); a payload cut short too.
+$CLI run -m models/moelite-tiny-qwen3moe-Q8_0.gguf -p "def add(a, b):" -n 4 --temp 0 --session $tmp/s.session \
+  >/dev/null 2>&1
+{ printf '\x01'; cat $tmp/s.session; } > $C/fuzz_session/file-zstd
+{ printf '\x00'; tail -c +49 $tmp/s.session | zstd -dc; } > $C/fuzz_session/payload
+head -c 600 $C/fuzz_session/payload > $C/fuzz_session/payload-cut
 du -sh $C
