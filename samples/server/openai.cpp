@@ -1,5 +1,6 @@
 #include "openai.h"
 
+#include <algorithm>
 #include <cmath>
 
 using nlohmann::json;
@@ -110,6 +111,7 @@ bool parse_completion_request(const json& body, bool chat, moelite_model* model,
                 "the prompt has " + std::to_string(r->prompt.size()) + " tokens; this server's context holds " +
                     std::to_string(n_ctx),
                 chat ? "messages" : "prompt");
+  r->max_tokens = std::min(r->max_tokens, n_ctx);  // the default too: a generation never outgrows the context
   const char* max_key = body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   if (body.contains(max_key) && !body[max_key].is_null()) {
     if (!body[max_key].is_number_integer() || body[max_key] < 1)
