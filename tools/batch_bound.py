@@ -52,7 +52,7 @@ def steps_of(tokens, n_seq):
 
 def replay(steps, n_layers, capacity, global_pool, policy):
     """Loads of the second pass over `steps` (the first warms the caches)."""
-    # The access sequence: (time, cache, set of keys); a key is (layer, expert).
+    # The accesses in order: (cache, the set of keys the step reads there); a key is (layer, expert).
     accesses = []
     for _ in range(2):
         for step in steps:

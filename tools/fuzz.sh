@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 secs=${1:-20}
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(fuzz_gguf_load fuzz_tokenizer fuzz_chat_template fuzz_profile fuzz_trace fuzz_session fuzz_openai_request fuzz_cli_options)
+((${#targets[@]})) || targets=(fuzz_gguf_load fuzz_tokenizer fuzz_chat_template fuzz_profile fuzz_trace fuzz_session
+                               fuzz_openai_request fuzz_cli_options)
 jobs=${MOELITE_FUZZ_JOBS:-1}
 bash tools/install_deps.sh --test
 
