@@ -32,6 +32,22 @@ inline void quiet_logs() {
   done = true;
 }
 
+// The shipped model on the CPU backend with one thread (vocab_only: its tokenizer and chat template
+// alone), loaded once by a target's first input; a target cannot run without it.
+inline moelite_model* load_shipped_model(bool vocab_only) {
+  moelite_model_params* p = moelite_model_params_create();
+  moelite_model_params_set_backend(p, MOELITE_BACKEND_CPU);
+  moelite_model_params_set_threads(p, 1);
+  moelite_model_params_set_vocab_only(p, vocab_only ? 1 : 0);
+  moelite_model* m = nullptr;
+  if (moelite_model_load(MOELITE_SOURCE_DIR "/models/moelite-tiny-qwen3moe-Q8_0.gguf", p, &m) != MOELITE_OK) {
+    std::fprintf(stderr, "cannot load the shipped model: %s\n", moelite_last_error());
+    std::abort();
+  }
+  moelite_model_params_free(p);
+  return m;
+}
+
 inline void check(moelite_status st, const char* what) {
   if (st == MOELITE_ERR_INTERNAL) {
     std::fprintf(stderr, "%s: MOELITE_ERR_INTERNAL: %s\n", what, moelite_last_error());

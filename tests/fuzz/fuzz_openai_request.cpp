@@ -19,15 +19,7 @@ namespace {
 constexpr int32_t kContext = 64;
 
 moelite_model* model() {
-  static moelite_model* m = [] {
-    moelite_model_params* p = moelite_model_params_create();
-    moelite_model_params_set_vocab_only(p, 1);  // the parser only tokenizes
-    moelite_model* x = nullptr;
-    if (moelite_model_load(MOELITE_SOURCE_DIR "/models/moelite-tiny-qwen3moe-Q8_0.gguf", p, &x) != MOELITE_OK)
-      std::abort();
-    moelite_model_params_free(p);
-    return x;
-  }();
+  static moelite_model* m = load_shipped_model(/*vocab_only=*/true);  // the parser only tokenizes
   return m;
 }
 

@@ -28,12 +28,7 @@ struct Fixture {
 Fixture& fixture() {
   static Fixture f = [] {
     Fixture x;
-    moelite_model_params* p = moelite_model_params_create();
-    moelite_model_params_set_backend(p, MOELITE_BACKEND_CPU);
-    moelite_model_params_set_threads(p, 1);
-    if (moelite_model_load(MOELITE_SOURCE_DIR "/models/moelite-tiny-qwen3moe-Q8_0.gguf", p, &x.model) != MOELITE_OK)
-      std::abort();
-    moelite_model_params_free(p);
+    x.model = load_shipped_model(/*vocab_only=*/false);
     moelite_context_params* cp = moelite_context_params_create();
     moelite_context_params_set_n_ctx(cp, kPositions);
     moelite_context_params_set_n_seq(cp, kSequences);
