@@ -147,10 +147,11 @@ class Backend {
   virtual int32_t n_threads() const = 0;
 
   // Another instance of this backend for a context that evaluates while others do: it computes
-  // with the weights placed on this one (which must outlive it) and has its own threads and
-  // scratch, so two instances may run operations at the same time. MOELITE_ERR_NOT_IMPLEMENTED
-  // where the device has one command stream (Vulkan, CUDA): the contexts of such a backend take
-  // turns on the one instance.
+  // with the weights placed on this one (which must outlive it) and has its own threads (CPU) or
+  // command stream (Vulkan) and scratch, so two instances may run operations at the same time.
+  // MOELITE_ERR_NOT_IMPLEMENTED where the instance cannot be shared that way (CUDA: one stream;
+  // Vulkan with a device tier of budgeted experts): the contexts of such a backend take turns on
+  // the one instance.
   [[nodiscard]] virtual Status create_peer(std::unique_ptr<Backend>* out) {
     return fail(MOELITE_ERR_NOT_IMPLEMENTED, "%s: contexts take turns on one instance", name());
   }

@@ -23,6 +23,7 @@ constexpr int32_t kHeadRows = 32;
 Context::~Context() {
   Backend* be = state_.backend;
   if (!be) return;
+  const std::unique_lock<std::mutex> turn = backend_turn();
   for (Act* a : {&state_.x, &state_.xn, &state_.q, &state_.k, &state_.v, &state_.attn, &state_.proj,
                  &state_.router_logits, &state_.moe_out, &state_.shared_out, &state_.head_out})
     if (a->handle) be->free_act(a);
@@ -150,6 +151,8 @@ Status Context::create(const Model& model, Runtime& runtime, const ContextOption
   s.route_user = opts.route_user;
   s.n_batch = c->opts_.n_batch;
   Backend& be = *s.backend;
+  // Released before `c` is freed on a failure below (its destructor takes the turn again).
+  const std::unique_lock<std::mutex> turn = c->backend_turn();
   const int64_t nb = s.n_batch;
   const int64_t q_dim = int64_t{hp.n_head} * hp.head_dim, kv_dim = int64_t{hp.n_head_kv} * hp.head_dim;
   const int64_t v_dim = int64_t{hp.n_head_kv} * hp.head_dim_v;
@@ -371,6 +374,11 @@ Status Context::eval_seqs(const int32_t* tokens, const int32_t* seq_ids, const u
   logits_rows_ = n_rows;
   logits_row_of_ = std::move(row_of);
   return MOELITE_OK;
+}
+
+std::unique_lock<std::mutex> Context::backend_turn() const {
+  if (own_backend_) return std::unique_lock<std::mutex>();
+  return std::unique_lock<std::mutex>(runtime_.eval_mutex);
 }
 
 // Contexts of one model take turns (Runtime::eval_mutex). A context whose turn is far off (another

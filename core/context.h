@@ -118,6 +118,11 @@ class Context {
   // (ascending) go to logits_out, one after another.
   Status eval_batch(const int32_t* tokens, int32_t n, const int32_t* head_rows, int32_t n_head, float* logits_out);
   Status lock_abortable(std::unique_lock<std::mutex>* lock);
+  // The turn on the runtime's backend (Runtime::eval_mutex) for work outside an evaluation that
+  // uses it (allocating and freeing this context's activations and caches, reading and writing
+  // its cache for a session): a device backend's command stream is not for two threads at once.
+  // Not held (and not needed) with a backend instance of this context's own.
+  std::unique_lock<std::mutex> backend_turn() const;
   Status predict_next_token(int32_t n);
   // Whether every sliding-window ring still holds the positions the token at n_keep will read.
   bool ring_serves(const Sequence& seq, int32_t n_keep) const;

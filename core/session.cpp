@@ -125,6 +125,7 @@ int32_t Context::first_held(const Sequence& seq, int32_t layer) const {
 Status Context::save(const std::string& path) const {
   const HParams& hp = model_.hp;
   Backend& be = *state_.backend;
+  std::unique_lock<std::mutex> turn = backend_turn();  // other contexts may share `be`
   const KvCache& shape = seqs_.front().kv;
   const size_t row = static_cast<size_t>(shape.kv_dim);
   std::vector<uint8_t> payload;
@@ -157,6 +158,7 @@ Status Context::save(const std::string& path) const {
       w.bytes(values.data(), values.size() * sizeof(float));
     }
   }
+  turn = std::unique_lock<std::mutex>();  // the rest does not touch the backend
   uint32_t compression = kStored;
   std::vector<uint8_t> packed;
   if (platform::zstd_available()) {
@@ -299,6 +301,7 @@ Status Context::load(const std::string& path) {
   logits_rows_ = 0;
   logits_row_of_.clear();
   Backend& be = *state_.backend;
+  const std::unique_lock<std::mutex> turn = backend_turn();  // other contexts may share `be`
   for (const SavedSequence& s : saved) {
     Sequence& seq = seqs_[s.id];
     for (int32_t l = 0; l < hp.n_layer; ++l) {

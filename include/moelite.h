@@ -718,7 +718,9 @@ MOELITE_API moelite_status moelite_context_params_set_abort_callback(moelite_con
  *  experts[t * k + j] with weights[t * k + j] for slot j of token t, in top-k order, weights as
  *  applied (after renormalisation and adaptive gating; a slot dropped by adaptive gating has
  *  expert -1 and weight 0). The arrays are valid during the call only. Runs on the
- *  thread calling moelite_eval; for traces, profiling and calibration. */
+ *  thread calling moelite_eval; for traces, profiling and calibration. It must not create, free,
+ *  evaluate or save contexts of the same model: where contexts take turns those wait for the
+ *  evaluation that is calling it. */
 typedef void (*moelite_routing_fn)(int32_t layer, int32_t pos0, int32_t n_tokens, int32_t k, const int32_t* experts,
                                    const float* weights, void* user_data);
 MOELITE_API moelite_status moelite_context_params_set_routing_callback(moelite_context_params* params,

@@ -54,29 +54,44 @@ bool computable(TensorType t) {
 Status VulkanBackend::create(bool allow_cpu, std::unique_ptr<Backend>* out) {
   std::unique_ptr<Device> dev;
   MOELITE_TRY(Device::create(allow_cpu, &dev));
-  std::unique_ptr<VulkanBackend> b(new VulkanBackend(std::move(dev)));
+  std::unique_ptr<VulkanBackend> b(new VulkanBackend(std::move(dev), std::make_shared<Shared>()));
   MOELITE_TRY(b->dev_->alloc(16, &b->dummy_));
   *out = std::move(b);
   return MOELITE_OK;
 }
 
-VulkanBackend::VulkanBackend(std::unique_ptr<Device> dev) : dev_(std::move(dev)) {
+Status VulkanBackend::create_peer(std::unique_ptr<Backend>* out) {
+  if (tier_slots_ > 0 && !dev_->facts().unified_memory)
+    return fail(MOELITE_ERR_NOT_IMPLEMENTED,
+                "%s: contexts take turns: budgeted experts go through one device tier of expert slots", name());
+  std::unique_ptr<Device> stream;
+  MOELITE_TRY(dev_->create_stream(&stream));
+  std::unique_ptr<VulkanBackend> b(new VulkanBackend(std::move(stream), shared_));
+  b->is_peer_ = true;
+  b->tier_slots_ = tier_slots_;
+  MOELITE_TRY(b->dev_->alloc(16, &b->dummy_));
+  *out = std::move(b);
+  return MOELITE_OK;
+}
+
+VulkanBackend::VulkanBackend(std::unique_ptr<Device> dev, std::shared_ptr<Shared> shared)
+    : dev_(std::move(dev)), shared_(std::move(shared)) {
   name_ = "vulkan (" + dev_->facts().name + ")";
 }
 
 VulkanBackend::~VulkanBackend() {
   dev_->flush();
-  for (Shared& sh : shared_) dev_->free(&sh.buf);
   for (TierSlot& t : tier_)
     for (Buffer& b : t.chunk) dev_->free(&b);
   if (!tier_.empty())
     log_msg(MOELITE_LOG_INFO, "vulkan: device expert tier: %" PRIu64 " hits, %" PRIu64 " loads over the transfer queue",
             tier_hits_, tier_loads_);
-  auto free_weight = [&](DevWeight& w) {
-    for (auto& c : w.chunks) dev_->free(&c.buf);
-  };
-  for (auto& kv : weight_cache_) free_weight(*kv.second);
-  for (auto& kv : float_cache_) dev_->free(&kv.second);
+  if (!is_peer_) {
+    for (SharedRegion& sh : shared_->regions) dev_->free(&sh.buf);
+    for (auto& kv : shared_->weights)
+      for (auto& c : kv.second->chunks) dev_->free(&c.buf);
+    for (auto& kv : shared_->floats) dev_->free(&kv.second);
+  }
   dev_->free(&scores_);
   dev_->free(&ffn_out_);
   dev_->free(&dummy_);
@@ -89,7 +104,7 @@ void* VulkanBackend::alloc_shared(uint64_t bytes) {
   // keeps ordinary memory and experts are copied in).
   constexpr uint64_t kAlign = 4096;  // direct I/O lands in the slots
   if (!dev_->facts().unified_memory || bytes + kAlign > dev_->facts().max_storage_range) return nullptr;
-  Shared sh;
+  SharedRegion sh;
   if (dev_->alloc(bytes + kAlign, &sh.buf) != MOELITE_OK || !sh.buf.mapped) {
     clear_error();
     if (sh.buf.buffer) dev_->free(&sh.buf);
@@ -98,16 +113,19 @@ void* VulkanBackend::alloc_shared(uint64_t bytes) {
   const uintptr_t base = reinterpret_cast<uintptr_t>(sh.buf.mapped);
   sh.host = reinterpret_cast<uint8_t*>((base + kAlign - 1) / kAlign * kAlign);
   sh.bytes = bytes;
-  shared_.push_back(sh);
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  shared_->regions.push_back(sh);
   return sh.host;
 }
 
 void VulkanBackend::free_shared(void* p) {
-  for (auto it = shared_.begin(); it != shared_.end(); ++it)
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  std::vector<SharedRegion>& regions = shared_->regions;
+  for (auto it = regions.begin(); it != regions.end(); ++it)
     if (it->host == p) {
       dev_->flush();
       dev_->free(&it->buf);
-      shared_.erase(it);
+      regions.erase(it);
       return;
     }
 }
@@ -127,7 +145,7 @@ const VulkanBackend::DevWeight* VulkanBackend::buffer_view(const WeightView& w, 
 }
 
 const VulkanBackend::DevWeight* VulkanBackend::shared_weight(const WeightView& w) {
-  for (const Shared& sh : shared_) {
+  for (const SharedRegion& sh : shared_->regions) {
     if (w.data < sh.host || w.data + w.row_bytes * static_cast<uint64_t>(w.rows) > sh.host + sh.bytes) continue;
     return buffer_view(w, sh.buf, static_cast<uint64_t>(w.data - static_cast<const uint8_t*>(sh.buf.mapped)));
   }
@@ -202,17 +220,25 @@ Status VulkanBackend::upload_weight(const WeightView& w, Keep keep, DevWeight** 
     c.rows = std::min(per_chunk, w.rows - r0);
     const uint64_t bytes = static_cast<uint64_t>(c.rows) * w.row_bytes;
     const uint8_t* src = w.data + static_cast<uint64_t>(r0) * w.row_bytes;
-    if (keep != Keep::Temporary) {
-      MOELITE_TRY(dev_->alloc((bytes + 3) / 4 * 4, &c.buf));  // shaders read whole 32-bit words
-      MOELITE_TRY(dev_->write_new(c.buf, src, bytes));
+    Status st = MOELITE_OK;
+    if (keep == Keep::Temporary) {
+      st = dev_->temp(src, bytes, &c.buf);  // freed with the submission's temporaries
     } else {
-      MOELITE_TRY(dev_->temp(src, bytes, &c.buf));
+      // Complete before it is in the cache: a peer's stream may read it as soon as it is found.
+      st = dev_->alloc((bytes + 3) / 4 * 4, &c.buf);  // shaders read whole 32-bit words
+      if (st == MOELITE_OK) {
+        st = dev_->write_now(c.buf, src, bytes);
+        if (st != MOELITE_OK) dev_->free(&c.buf);
+      }
+      if (st != MOELITE_OK)
+        for (DevWeight::Chunk& made : dw->chunks) dev_->free(&made.buf);
     }
+    MOELITE_TRY(st);
     dw->chunks.push_back(c);
   }
   *out = dw.get();
   if (keep == Keep::Cached)
-    weight_cache_[w.data] = std::move(dw);
+    shared_->weights[w.data] = std::move(dw);
   else
     temp_weights_.push_back(std::move(dw));
   return MOELITE_OK;
@@ -220,26 +246,37 @@ Status VulkanBackend::upload_weight(const WeightView& w, Keep keep, DevWeight** 
 
 Status VulkanBackend::place_weight(const WeightView& w) {
   if (!w.data) return fail(MOELITE_ERR_INTERNAL, "vulkan: a weight to place has no host bytes");
-  // Placing bytes at an address placed before replaces that copy (the old bytes are gone).
-  auto it = weight_cache_.find(w.data);
-  if (it != weight_cache_.end()) {
+  // Placing bytes at an address placed before replaces that copy (the old bytes are gone). Only
+  // at load, before any peer exists.
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  auto it = shared_->weights.find(w.data);
+  if (it != shared_->weights.end()) {
     MOELITE_TRY(dev_->flush());  // recorded work may still read the old copy
     for (auto& c : it->second->chunks) dev_->free(&c.buf);
-    weight_cache_.erase(it);
+    shared_->weights.erase(it);
   }
   DevWeight* dw;
   return upload_weight(w, Keep::Cached, &dw);
 }
 
 Status VulkanBackend::device_weight(const WeightView& w, bool keep, const DevWeight** out) {
-  auto it = weight_cache_.find(w.data);
-  if (it != weight_cache_.end()) {
-    *out = it->second.get();
-    return MOELITE_OK;
-  }
-  if ((*out = shared_weight(w)) != nullptr) return MOELITE_OK;
   DevWeight* dw = nullptr;
-  MOELITE_TRY(upload_weight(w, keep ? Keep::Cached : Keep::Temporary, &dw));
+  {
+    // Held through a cached upload, so two peers never copy the same weight.
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    auto it = shared_->weights.find(w.data);
+    if (it != shared_->weights.end()) {
+      *out = it->second.get();
+      return MOELITE_OK;
+    }
+    if ((*out = shared_weight(w)) != nullptr) return MOELITE_OK;
+    if (keep) {
+      MOELITE_TRY(upload_weight(w, Keep::Cached, &dw));
+      *out = dw;
+      return MOELITE_OK;
+    }
+  }
+  MOELITE_TRY(upload_weight(w, Keep::Temporary, &dw));
   *out = dw;
   return MOELITE_OK;
 }
@@ -247,16 +284,17 @@ Status VulkanBackend::device_weight(const WeightView& w, bool keep, const DevWei
 Status VulkanBackend::host_floats(const float* p, size_t n, const Buffer** out) {
   *out = &dummy_;
   if (!p) return MOELITE_OK;
-  auto it = float_cache_.find(p);
-  if (it == float_cache_.end()) {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  auto it = shared_->floats.find(p);
+  if (it == shared_->floats.end()) {
     Buffer b;
     MOELITE_TRY(dev_->alloc(n * sizeof(float), &b));
-    const Status st = dev_->write_new(b, p, n * sizeof(float));
+    const Status st = dev_->write_now(b, p, n * sizeof(float));  // complete before a peer can find it
     if (st != MOELITE_OK) {
       dev_->free(&b);
       return st;
     }
-    it = float_cache_.emplace(p, b).first;
+    it = shared_->floats.emplace(p, b).first;
   }
   *out = &it->second;
   return MOELITE_OK;

@@ -9,9 +9,15 @@
 // and KV caches live in device memory; only routing decisions and logits come back. Work is
 // recorded into command buffers and submitted when the host needs a result, at the end of a
 // budgeted expert, or at sync().
+//
+// Peers (create_peer): each a command stream of its own on the same device, sharing the cached
+// device copies of weights (found and filled under a lock, each copy complete before it can be
+// found) and the zero-copy slot pool, so contexts evaluate on them at the same time. Not where
+// budgeted experts go through the device tier (a discrete GPU under a budget): the tier is one.
 #pragma once
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -30,6 +36,7 @@ class VulkanBackend final : public Backend {
   BackendKind kind() const override { return BackendKind::Vulkan; }
   const char* name() const override { return name_.c_str(); }
   int32_t n_threads() const override { return 1; }
+  Status create_peer(std::unique_ptr<Backend>* out) override;
 
   void* alloc_shared(uint64_t bytes) override;
   void free_shared(void* p) override;
@@ -92,11 +99,13 @@ class VulkanBackend final : public Backend {
     std::vector<Buffer> layers;  // per layer: n_ctx rows of keys, then n_ctx rows of values
   };
 
-  explicit VulkanBackend(std::unique_ptr<Device> dev);
+  struct Shared;
+  VulkanBackend(std::unique_ptr<Device> dev, std::shared_ptr<Shared> shared);
   static ActRef* ref(const Act& a) { return static_cast<ActRef*>(a.handle); }
   // Device copy of host weight bytes: cached (keyed by the host address, for weights whose host
-  // bytes never change: placed dense weights, resident experts, gate vectors) or temporary (this
-  // submission only: experts from the budgeted store's reused slots).
+  // bytes never change: placed dense weights, resident experts, gate vectors; the caller holds
+  // shared_->mu, and the copy is complete on return) or temporary (this submission only: experts
+  // from the budgeted store's reused slots).
   enum class Keep { Cached, Temporary };
   Status upload_weight(const WeightView& w, Keep keep, DevWeight** out);
   Status device_weight(const WeightView& w, bool keep, const DevWeight** out);
@@ -106,27 +115,38 @@ class VulkanBackend final : public Backend {
   Status expert_matrix(const ExpertTask& task, int chunk, const DevWeight** out);
   // `w`'s rows as they lie in `buf` from `offset` on, valid until the next moe_begin.
   const DevWeight* buffer_view(const WeightView& w, const Buffer& buf, uint64_t offset);
-  // The weight as a view of shared memory (zero copy), or null if its bytes are not there.
+  // The weight as a view of shared memory (zero copy), or null if its bytes are not there. The
+  // caller holds shared_->mu.
   const DevWeight* shared_weight(const WeightView& w);
   // out rows (or mapped rows) = W x rows; maps: device int buffer [in rows..., out rows...].
   void matmul_dev(const DevWeight& w, const Buffer& x, uint64_t x_off, uint64_t x_stride, const Buffer& y,
                   uint64_t y_off, uint64_t y_stride, int64_t n, const Buffer* bias, const Buffer* maps, uint32_t map_n);
 
-  std::unique_ptr<Device> dev_;
-  std::string name_;
-  Buffer dummy_;
-  std::unordered_map<const void*, std::unique_ptr<DevWeight>> weight_cache_;
-  std::vector<std::unique_ptr<DevWeight>> temp_weights_;  // freed after the next flush
-  std::unordered_map<const void*, Buffer> float_cache_;
-  std::map<std::pair<ActRef*, uint64_t>, std::unique_ptr<ActRef>> views_;
-  Buffer scores_;   // attention scratch
-  Buffer ffn_out_;  // the routed-expert pass's per-(token, slot) outputs
-  struct Shared {
+  struct SharedRegion {
     Buffer buf;
     uint8_t* host = nullptr;  // 4096-aligned start handed out
     uint64_t bytes = 0;
   };
-  std::vector<Shared> shared_;
+  // What an instance and its peers share, under `mu`: device copies kept across calls, keyed by
+  // host address (elements of these maps stay where they are, so a pointer found under the lock
+  // stays valid after it), and the zero-copy regions handed to the expert store. The first
+  // instance frees them; its peers are destroyed before it.
+  struct Shared {
+    std::mutex mu;
+    std::unordered_map<const void*, std::unique_ptr<DevWeight>> weights;
+    std::unordered_map<const void*, Buffer> floats;
+    std::vector<SharedRegion> regions;
+  };
+
+  std::unique_ptr<Device> dev_;
+  std::shared_ptr<Shared> shared_;
+  bool is_peer_ = false;
+  std::string name_;
+  Buffer dummy_;
+  std::vector<std::unique_ptr<DevWeight>> temp_weights_;  // freed after the next flush
+  std::map<std::pair<ActRef*, uint64_t>, std::unique_ptr<ActRef>> views_;
+  Buffer scores_;   // attention scratch
+  Buffer ffn_out_;  // the routed-expert pass's per-(token, slot) outputs
   // Discrete devices: a tier of expert slots in device memory, as many as the store's host slots,
   // filled on the transfer queue; an expert stays there across tokens until evicted (LRU).
   struct TierSlot {

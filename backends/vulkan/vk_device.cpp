@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include "backends/vulkan/vk_shaders.h"
 
@@ -78,9 +79,69 @@ int rank(VkPhysicalDeviceType t) {
 
 uint64_t Device::validation_messages() { return g_validation_messages.load(); }
 
+struct Device::Shared {
+  Functions fn;
+  VkInstance instance = VK_NULL_HANDLE;
+  VkDebugUtilsMessengerEXT messenger = VK_NULL_HANDLE;
+  VkPhysicalDevice physical = VK_NULL_HANDLE;
+  VkDevice device = VK_NULL_HANDLE;
+  VkQueue queue = VK_NULL_HANDLE;
+  uint32_t queue_family = 0;
+  VkQueue transfer_queue = VK_NULL_HANDLE;
+  uint32_t transfer_family = 0;
+  VkPipelineCache pipeline_cache = VK_NULL_HANDLE;
+  VkPhysicalDeviceMemoryProperties mem_props{};
+  std::map<std::pair<std::string, uint32_t>, Pipeline> pipelines;
+  bool as_discrete = false;
+  DeviceFacts facts;
+  std::mutex pipelines_mu;  // a pipeline is created at its first use, by whichever stream needs it
+  std::mutex queue_mu;      // vkQueueSubmit needs its queue externally synchronised
+
+  ~Shared() {
+    if (device) {
+      fn.vkDeviceWaitIdle(device);
+      for (auto& kv : pipelines) {
+        fn.vkDestroyPipeline(device, kv.second.pipeline, nullptr);
+        fn.vkDestroyPipelineLayout(device, kv.second.layout, nullptr);
+        fn.vkDestroyDescriptorSetLayout(device, kv.second.set_layout, nullptr);
+      }
+      fn.vkDestroyPipelineCache(device, pipeline_cache, nullptr);
+      fn.vkDestroyDevice(device, nullptr);
+    }
+    if (messenger && fn.vkDestroyDebugUtilsMessengerEXT)
+      fn.vkDestroyDebugUtilsMessengerEXT(instance, messenger, nullptr);
+    if (instance && fn.vkDestroyInstance) fn.vkDestroyInstance(instance, nullptr);
+  }
+};
+
+Device::Device(std::shared_ptr<Shared> shared)
+    : shared_(std::move(shared)),
+      fn_(shared_->fn),
+      instance_(shared_->instance),
+      messenger_(shared_->messenger),
+      physical_(shared_->physical),
+      device_(shared_->device),
+      queue_(shared_->queue),
+      queue_family_(shared_->queue_family),
+      transfer_queue_(shared_->transfer_queue),
+      transfer_family_(shared_->transfer_family),
+      pipeline_cache_(shared_->pipeline_cache),
+      mem_props_(shared_->mem_props),
+      pipelines_(shared_->pipelines),
+      as_discrete_(shared_->as_discrete),
+      facts_(shared_->facts) {}
+
 Status Device::create(bool allow_cpu, std::unique_ptr<Device>* out) {
-  std::unique_ptr<Device> d(new Device());
+  std::unique_ptr<Device> d(new Device(std::make_shared<Shared>()));
   MOELITE_TRY(d->init(allow_cpu));
+  MOELITE_TRY(d->init_stream());
+  *out = std::move(d);
+  return MOELITE_OK;
+}
+
+Status Device::create_stream(std::unique_ptr<Device>* out) {
+  std::unique_ptr<Device> d(new Device(shared_));
+  MOELITE_TRY(d->init_stream());
   *out = std::move(d);
   return MOELITE_OK;
 }
@@ -233,6 +294,22 @@ Status Device::init(bool allow_cpu) {
   if (!fn_.vkWaitSemaphores || !fn_.vkGetSemaphoreCounterValue) facts_.timeline_semaphores = false;
   fn_.vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
   fn_.vkGetDeviceQueue(device_, transfer_family_, transfer >= 0 ? 0 : compute_queues - 1, &transfer_queue_);
+  VkPipelineCacheCreateInfo pci{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
+  VK_TRY(fn_.vkCreatePipelineCache(device_, &pci, nullptr, &pipeline_cache_), "vkCreatePipelineCache");
+  log_msg(MOELITE_LOG_INFO,
+          "vulkan: %s (%s memory, max storage range %" PRIu64
+          " MiB, fp16 %d, int8 %d, subgroups %d x %u; "
+          "transfers on %s, %s)",
+          facts_.name.c_str(), facts_.unified_memory ? "unified" : "discrete", facts_.max_storage_range >> 20,
+          facts_.fp16, facts_.int8, facts_.subgroups, facts_.subgroup_size,
+          facts_.dedicated_transfer_queue ? "a dedicated transfer queue"
+          : transfer_queue_ == queue_     ? "the compute queue"
+                                          : "a second compute-family queue",
+          facts_.timeline_semaphores ? "timeline semaphores" : "fences");
+  return MOELITE_OK;
+}
+
+Status Device::init_stream() {
   VkCommandPoolCreateInfo tpi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
   tpi.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT;
   tpi.queueFamilyIndex = transfer_family_;
@@ -256,43 +333,21 @@ Status Device::init(bool allow_cpu) {
   dpi.poolSizeCount = 1;
   dpi.pPoolSizes = &ps;
   VK_TRY(fn_.vkCreateDescriptorPool(device_, &dpi, nullptr, &desc_pool_), "vkCreateDescriptorPool");
-  VkPipelineCacheCreateInfo pci{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
-  VK_TRY(fn_.vkCreatePipelineCache(device_, &pci, nullptr, &pipeline_cache_), "vkCreatePipelineCache");
-  log_msg(MOELITE_LOG_INFO,
-          "vulkan: %s (%s memory, max storage range %" PRIu64
-          " MiB, fp16 %d, int8 %d, subgroups %d x %u; "
-          "transfers on %s, %s)",
-          facts_.name.c_str(), facts_.unified_memory ? "unified" : "discrete", facts_.max_storage_range >> 20,
-          facts_.fp16, facts_.int8, facts_.subgroups, facts_.subgroup_size,
-          facts_.dedicated_transfer_queue ? "a dedicated transfer queue"
-          : transfer_queue_ == queue_     ? "the compute queue"
-                                          : "a second compute-family queue",
-          facts_.timeline_semaphores ? "timeline semaphores" : "fences");
   return MOELITE_OK;
 }
 
 Device::~Device() {
   if (device_) {
-    if (recording_) flush();
-    fn_.vkDeviceWaitIdle(device_);
-    for (Buffer& b : staging_) free(&b);
+    // This stream's work only: other streams of the device may still be running theirs.
+    if (desc_pool_) (void)flush();  // (a stream whose creation failed has nothing recorded)
     reclaim_transfers(true);
     if (timeline_) fn_.vkDestroySemaphore(device_, timeline_, nullptr);
     fn_.vkDestroyCommandPool(device_, transfer_pool_, nullptr);
-    for (auto& kv : pipelines_) {
-      fn_.vkDestroyPipeline(device_, kv.second.pipeline, nullptr);
-      fn_.vkDestroyPipelineLayout(device_, kv.second.layout, nullptr);
-      fn_.vkDestroyDescriptorSetLayout(device_, kv.second.set_layout, nullptr);
-    }
-    fn_.vkDestroyPipelineCache(device_, pipeline_cache_, nullptr);
     fn_.vkDestroyDescriptorPool(device_, desc_pool_, nullptr);
     for (Frame& f : frames_) fn_.vkDestroyFence(device_, f.fence, nullptr);
     fn_.vkDestroyCommandPool(device_, cmd_pool_, nullptr);
-    fn_.vkDestroyDevice(device_, nullptr);
   }
-  if (messenger_ && fn_.vkDestroyDebugUtilsMessengerEXT)
-    fn_.vkDestroyDebugUtilsMessengerEXT(instance_, messenger_, nullptr);
-  if (instance_ && fn_.vkDestroyInstance) fn_.vkDestroyInstance(instance_, nullptr);
+  // The device itself goes with the last stream's shared_.
 }
 
 int32_t Device::memory_type(uint32_t bits, VkMemoryPropertyFlags want) const {
@@ -474,7 +529,10 @@ Status Device::transfer(const Buffer& dst, const void* src, uint64_t bytes) {
     VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
     fn_.vkCreateFence(device_, &fci, nullptr, &t.fence);
   }
-  r = fn_.vkQueueSubmit(transfer_queue_, 1, &si, t.fence);
+  {
+    std::lock_guard<std::mutex> queue_lock(shared_->queue_mu);
+    r = fn_.vkQueueSubmit(transfer_queue_, 1, &si, t.fence);
+  }
   if (r != VK_SUCCESS) {
     fn_.vkFreeCommandBuffers(device_, transfer_pool_, 1, &t.cmd);
     if (t.fence) fn_.vkDestroyFence(device_, t.fence, nullptr);
@@ -518,6 +576,54 @@ Status Device::write_new(const Buffer& dst, const void* src, uint64_t bytes) {
   return upload(dst, 0, src, bytes);
 }
 
+Status Device::write_now(const Buffer& dst, const void* src, uint64_t bytes) {
+  if (dst.mapped) {
+    memcpy(dst.mapped, src, bytes);
+    return MOELITE_OK;
+  }
+  if (bytes == 0) return MOELITE_OK;
+  // A command buffer of its own, submitted and waited for now: the stream's recording (which may
+  // be part way through a pass) is not flushed, and its temporaries stay.
+  Buffer staging;
+  MOELITE_TRY(alloc_with(bytes, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, &staging));
+  memcpy(staging.mapped, src, bytes);
+  VkCommandBuffer cmd = VK_NULL_HANDLE;
+  VkFence fence = VK_NULL_HANDLE;
+  auto cleanup = [&](Status st) {
+    if (fence) fn_.vkDestroyFence(device_, fence, nullptr);
+    if (cmd) fn_.vkFreeCommandBuffers(device_, cmd_pool_, 1, &cmd);
+    free(&staging);
+    return st;
+  };
+  VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+  cai.commandPool = cmd_pool_;
+  cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+  cai.commandBufferCount = 1;
+  if (VkResult r = fn_.vkAllocateCommandBuffers(device_, &cai, &cmd); r != VK_SUCCESS)
+    return cleanup(vk_fail(r, "vkAllocateCommandBuffers"));
+  VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+  if (VkResult r = fn_.vkCreateFence(device_, &fci, nullptr, &fence); r != VK_SUCCESS)
+    return cleanup(vk_fail(r, "vkCreateFence"));
+  VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+  bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+  fn_.vkBeginCommandBuffer(cmd, &bi);
+  VkBufferCopy region{0, 0, bytes};
+  fn_.vkCmdCopyBuffer(cmd, staging.buffer, dst.buffer, 1, &region);
+  fn_.vkEndCommandBuffer(cmd);
+  if (const Status st = injected_failure("a submission"); st != MOELITE_OK) return cleanup(st);
+  VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+  si.commandBufferCount = 1;
+  si.pCommandBuffers = &cmd;
+  VkResult r;
+  {
+    std::lock_guard<std::mutex> queue_lock(shared_->queue_mu);
+    r = fn_.vkQueueSubmit(queue_, 1, &si, fence);
+  }
+  if (r != VK_SUCCESS) return cleanup(vk_fail(r, "vkQueueSubmit (an upload)"));
+  r = fn_.vkWaitForFences(device_, 1, &fence, VK_TRUE, UINT64_MAX);
+  return cleanup(r == VK_SUCCESS ? MOELITE_OK : vk_fail(r, "vkWaitForFences (an upload)"));
+}
+
 Status Device::temp(const void* data, uint64_t bytes, Buffer* out) {
   Buffer b;
   MOELITE_TRY(alloc((bytes + 3) / 4 * 4, &b));  // shaders read whole 32-bit words
@@ -556,6 +662,9 @@ Status Device::download(const Buffer& src, uint64_t offset, void* dst, uint64_t 
 
 Device::Pipeline* Device::pipeline(const char* name, uint32_t spec, uint32_t n_bindings) {
   const auto key = std::make_pair(std::string(name), spec);
+  // Held while a missing pipeline is built, so two streams never build the same one; a map's
+  // elements stay where they are, so the pointer returned outlives the lock.
+  std::lock_guard<std::mutex> lock(shared_->pipelines_mu);
   auto it = pipelines_.find(key);
   if (it != pipelines_.end()) return &it->second;
   const ShaderBlob* blob = find_shader(name);
@@ -681,8 +790,12 @@ Status Device::submit() {
     for (const PendingTransfer& t : transfers_)
       if (t.value <= wait_value_) fn_.vkWaitForFences(device_, 1, &t.fence, VK_TRUE, UINT64_MAX);
   }
-  if (const VkResult r = fn_.vkQueueSubmit(queue_, 1, &si, f.fence); r != VK_SUCCESS)
-    return discard(vk_fail(r, "vkQueueSubmit"));
+  VkResult submitted;
+  {
+    std::lock_guard<std::mutex> queue_lock(shared_->queue_mu);
+    submitted = fn_.vkQueueSubmit(queue_, 1, &si, f.fence);
+  }
+  if (submitted != VK_SUCCESS) return discard(vk_fail(submitted, "vkQueueSubmit"));
   f.in_flight = true;
   wait_value_ = 0;
   // The next recording goes into a frame that is not in flight.

@@ -1,6 +1,8 @@
 // The Vulkan plumbing under the Vulkan backend: instance and device choice, memory, buffers,
-// compute pipelines from the embedded SPIR-V, and one command stream that records dispatches and
+// compute pipelines from the embedded SPIR-V, and a command stream that records dispatches and
 // is submitted only when the host needs a result (a read-back) or a staging buffer must be reused.
+// One device may have several streams (create_stream), one per backend instance, each used by one
+// thread at a time: they share the device, its queues and pipelines, and record and wait apart.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -46,6 +48,12 @@ class Device {
   // MOELITE_VK_VALIDATION=1 enables the Khronos validation layer; its messages are counted and
   // logged as errors.
   static Status create(bool allow_cpu, std::unique_ptr<Device>* out);
+  // Another command stream on this device, for a backend instance that evaluates on another
+  // thread: its own command and descriptor pools, frames, temporaries and transfers; the instance,
+  // device, queues (each submission under a lock, as Vulkan requires) and pipelines (created under
+  // a lock) are shared and live until the last stream is destroyed. Buffers may be freed by any
+  // stream. Destroy streams before the device they came from.
+  Status create_stream(std::unique_ptr<Device>* out);
 
   const DeviceFacts& facts() const { return facts_; }
   static uint64_t validation_messages();
@@ -62,6 +70,10 @@ class Device {
   Status upload(const Buffer& dst, uint64_t offset, const void* src, uint64_t bytes);
   // Fills a buffer that no recorded work uses yet (just allocated): a plain copy when mapped.
   Status write_new(const Buffer& dst, const void* src, uint64_t bytes);
+  // Fills a buffer that no recorded work uses yet, complete when this returns (a plain copy when
+  // mapped, else a copy submitted on its own and waited for): for copies other streams may read
+  // at once, such as the backend's shared caches of weights.
+  Status write_now(const Buffer& dst, const void* src, uint64_t bytes);
   // A buffer holding `bytes` of `data` (or uninitialised when data is null) that lives until the
   // next flush: per-call inputs such as token ids, row maps and rotation angles.
   Status temp(const void* data, uint64_t bytes, Buffer* out);
@@ -93,8 +105,11 @@ class Device {
     VkPipeline pipeline = VK_NULL_HANDLE;
     uint32_t n_bindings = 0;
   };
-  Device() = default;
+  // What the streams of one device share; destroyed with the last of them.
+  struct Shared;
+  explicit Device(std::shared_ptr<Shared> shared);
   Status init(bool allow_cpu);
+  Status init_stream();  // this stream's pools, first frame and transfer state
   Pipeline* pipeline(const char* name, uint32_t spec, uint32_t n_bindings);
   void begin_if_needed();
   Status submit_and_wait();
@@ -103,16 +118,24 @@ class Device {
   int32_t memory_type(uint32_t type_bits, VkMemoryPropertyFlags want) const;
   Status alloc_with(uint64_t bytes, VkMemoryPropertyFlags props, Buffer* out);
 
-  Functions fn_;  // the Vulkan functions, loaded at run time (vk_loader.h)
-  VkInstance instance_ = VK_NULL_HANDLE;
-  VkDebugUtilsMessengerEXT messenger_ = VK_NULL_HANDLE;
-  VkPhysicalDevice physical_ = VK_NULL_HANDLE;
-  VkDevice device_ = VK_NULL_HANDLE;
-  VkQueue queue_ = VK_NULL_HANDLE;
-  uint32_t queue_family_ = 0;
+  std::shared_ptr<Shared> shared_;
+  // The device's, in shared_ (the names every stream's code uses):
+  Functions& fn_;  // the Vulkan functions, loaded at run time (vk_loader.h)
+  VkInstance& instance_;
+  VkDebugUtilsMessengerEXT& messenger_;
+  VkPhysicalDevice& physical_;
+  VkDevice& device_;
+  VkQueue& queue_;
+  uint32_t& queue_family_;
   // Transfers: their own queue (family) where the device has one, else the compute queue.
-  VkQueue transfer_queue_ = VK_NULL_HANDLE;
-  uint32_t transfer_family_ = 0;
+  VkQueue& transfer_queue_;
+  uint32_t& transfer_family_;
+  VkPipelineCache& pipeline_cache_;
+  VkPhysicalDeviceMemoryProperties& mem_props_;
+  std::map<std::pair<std::string, uint32_t>, Pipeline>& pipelines_;
+  bool& as_discrete_;  // MOELITE_VK_AS_DISCRETE: device buffers are never mapped
+  DeviceFacts& facts_;
+  // This stream's:
   VkCommandPool transfer_pool_ = VK_NULL_HANDLE;
   VkSemaphore timeline_ = VK_NULL_HANDLE;
   uint64_t transfer_value_ = 0;  // last value signalled
@@ -136,16 +159,11 @@ class Device {
   Status new_frame();
   Status injected_failure(const char* what);  // MOELITE_OK unless fail_nth_operation_for_testing chose this one
   VkDescriptorPool desc_pool_ = VK_NULL_HANDLE;
-  VkPipelineCache pipeline_cache_ = VK_NULL_HANDLE;
-  VkPhysicalDeviceMemoryProperties mem_props_{};
-  std::map<std::pair<std::string, uint32_t>, Pipeline> pipelines_;
   bool recording_ = false;
   Status error_ = MOELITE_OK;  // a dispatch that could not be recorded, reported at submission
   std::string error_msg_;
-  bool as_discrete_ = false;  // MOELITE_VK_AS_DISCRETE: device buffers are never mapped
   uint32_t sets_used_ = 0;
   std::vector<Buffer> staging_;  // freed at the next flush
-  DeviceFacts facts_;
 };
 
 }  // namespace moelite::vk

@@ -8,11 +8,19 @@
 // bitwise against a resident, single-threaded run. (A context aborted while it waits for another's
 // turn, where contexts take turns: tests/test_io_robustness.cpp.)
 //
-// Usage: moelite_concurrency MODEL.gguf   (exit 0 on success; prints what failed otherwise)
+// With `vulkan` all of it runs on the Vulkan backend (each context a command stream of its own),
+// under the Khronos validation layer when MOELITE_VK_VALIDATION is set (any message fails), and
+// then on a device treated as discrete (MOELITE_VK_AS_DISCRETE): resident, contexts still evaluate
+// at the same time (cached copies go through staging uploads); under a budget they take turns (the
+// device tier of expert slots is one), exact, and a context waiting for its turn can be aborted.
+//
+// Usage: moelite_concurrency MODEL.gguf [cpu|vulkan]   (exit 0 on success, 77 where the backend is
+// missing; prints what failed otherwise)
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -33,12 +41,20 @@ void check(bool ok, const std::string& what) {
   g_failures++;
 }
 
+moelite_backend g_backend = MOELITE_BACKEND_CPU;
+bool g_backend_missing = false;
+
+// Errors the library logs (the Vulkan validation layer's messages among them) fail the test.
+void on_log(moelite_log_level level, const char* text, void*) {
+  if (level >= MOELITE_LOG_ERROR) check(false, std::string("logged: ") + text);
+}
+
 // With a budget: predictors (each context guesses with its own) unless `no_predictor`; per-layer
 // quotas when asked.
 moelite_model* load(const char* path, uint64_t budget, bool no_predictor = false, bool per_layer = false) {
   moelite_model_params* p = moelite_model_params_create();
   moelite_model_params_set_threads(p, 2);
-  moelite_model_params_set_backend(p, MOELITE_BACKEND_CPU);
+  moelite_model_params_set_backend(p, g_backend);
   if (budget) {
     moelite_model_params_set_expert_budget(p, budget);
     moelite_model_params_set_cache_allocation(p, per_layer ? "uniform" : "global");
@@ -50,6 +66,10 @@ moelite_model* load(const char* path, uint64_t budget, bool no_predictor = false
   moelite_model* m = nullptr;
   const moelite_status st = moelite_model_load(path, p, &m);
   moelite_model_params_free(p);
+  if (st == MOELITE_ERR_BACKEND_UNAVAILABLE && g_backend != MOELITE_BACKEND_CPU) {
+    g_backend_missing = true;
+    return nullptr;
+  }
   check(st == MOELITE_OK, std::string("load: ") + moelite_last_error());
   return m;
 }
@@ -129,17 +149,19 @@ moelite_expert_stats context_stats(moelite_context* c) {
   return s;
 }
 
-// Holds one context inside its first MoE layer until another context has finished an evaluation.
+// Holds one context inside its first MoE layer until another context has finished an evaluation
+// (or `patience` seconds have passed).
 struct OverlapGate {
   std::atomic<bool> other_done{false}, overlapped{false};
   bool waited = false;  // touched by the held context's thread only
+  int patience = 60;
 };
 
 void hold_until_other_done(int32_t, int32_t, int32_t, int32_t, const int32_t*, const float*, void* user) {
   auto* g = static_cast<OverlapGate*>(user);
   if (g->waited) return;
   g->waited = true;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(g->patience);
   while (!g->other_done && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   g->overlapped = g->other_done.load();
@@ -151,8 +173,9 @@ constexpr int kWorkers = 3, kRounds = 3, kTokens = 12;
 // layer until context B has run a whole evaluation, which B could not if they took turns (A gives
 // up after 60 s). Both results bitwise against the reference.
 bool evaluate_at_once(moelite_model* m, const std::vector<std::vector<float>>& ref, int32_t n_vocab,
-                      const std::string& where) {
+                      const std::string& where, int patience = 60) {
   OverlapGate gate;
+  gate.patience = patience;
   moelite_context* a = context(m, nullptr, nullptr, hold_until_other_done, &gate);
   moelite_context* b = context(m, nullptr, nullptr);
   std::thread ta([&] {
@@ -199,14 +222,21 @@ void join_all(std::vector<std::thread>* threads) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    fprintf(stderr, "usage: %s MODEL.gguf\n", argv[0]);
+  if (argc < 2 || (argc > 2 && strcmp(argv[2], "cpu") != 0 && strcmp(argv[2], "vulkan") != 0)) {
+    fprintf(stderr, "usage: %s MODEL.gguf [cpu|vulkan]\n", argv[0]);
     return 2;
   }
   const char* path = argv[1];
+  const bool vulkan = argc > 2 && strcmp(argv[2], "vulkan") == 0;
+  if (vulkan) g_backend = MOELITE_BACKEND_VULKAN;
+  moelite_set_log_callback(on_log, nullptr, MOELITE_LOG_ERROR);
 
   // References: resident, one context, one thread.
   moelite_model* ref_model = load(path, 0);
+  if (g_backend_missing) {
+    printf("concurrency: skipped, no Vulkan device (%s)\n", moelite_last_error());
+    return 77;
+  }
   if (!ref_model) return 1;
   const int32_t n_vocab = static_cast<int32_t>(moelite_model_get(ref_model, MOELITE_MODEL_N_VOCAB));
   const uint64_t budget = static_cast<uint64_t>(moelite_model_get(ref_model, MOELITE_MODEL_EXPERT_BYTES)) / 4;
@@ -353,6 +383,41 @@ int main(int argc, char** argv) {
     moelite_model_free(b);
   }
 
+  // A device treated as discrete (MOELITE_VK_AS_DISCRETE, read at each load): resident, contexts
+  // evaluate at the same time with weights copied in through staging buffers, each copy complete
+  // before another context's stream can find it; under a budget the device tier of expert slots
+  // is one, so contexts take turns (A holds its turn for 3 s while B waits), results exact, and a
+  // context waiting for its turn is aborted.
+  if (vulkan) {
+    setenv("MOELITE_VK_AS_DISCRETE", "1", 1);
+    moelite_model* res = load(path, 0);
+    if (!res) return 1;
+    check(evaluate_at_once(res, ref, n_vocab, " (discrete, resident)"),
+          "contexts of a resident model on a discrete device did not evaluate at the same time");
+    std::vector<std::thread> parallel = start_workers(res, ref, n_vocab, "discrete resident worker");
+    join_all(&parallel);
+    moelite_model_free(res);
+
+    moelite_model* b = load(path, budget, /*no_predictor=*/true);
+    if (!b) return 1;
+    check(!evaluate_at_once(b, ref, n_vocab, " (discrete, a quarter of the experts)", /*patience=*/3),
+          "contexts evaluated at the same time through one device tier");
+    std::vector<std::thread> turns = start_workers(b, ref, n_vocab, "discrete budgeted worker");
+    join_all(&turns);
+    std::thread busy([&] {
+      moelite_context* c = context(b, nullptr, nullptr);
+      for (int r = 0; r < kRounds; ++r) {
+        std::vector<float> got;
+        check(run(c, prompt(0, kTokens), n_vocab, &got) && got == ref[0], "busy context: logits differ (discrete)");
+      }
+      moelite_context_free(c);
+    });
+    abort_again_and_again(b, prompt(kWorkers, kTokens), n_vocab, ref[kWorkers]);
+    busy.join();
+    moelite_model_free(b);
+    unsetenv("MOELITE_VK_AS_DISCRETE");
+  }
+
   // Freeing a model races the freeing of its contexts on other threads: the reference count
   // decides who releases it, exactly once (ThreadSanitizer and ASan watch this).
   for (int round = 0; round < 4; ++round) {
@@ -370,6 +435,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "%d failure(s)\n", g_failures.load());
     return 1;
   }
-  printf("concurrency: %d contexts x %d rounds exact, aborts honoured\n", kWorkers, kRounds);
+  printf("concurrency (%s): %d contexts x %d rounds exact, aborts honoured\n", vulkan ? "vulkan" : "cpu", kWorkers,
+         kRounds);
   return 0;
 }
