@@ -338,8 +338,13 @@ Status Device::init_stream() {
 
 Device::~Device() {
   if (device_) {
-    // This stream's work only: other streams of the device may still be running theirs.
-    if (desc_pool_) (void)flush();  // (a stream whose creation failed has nothing recorded)
+    // This stream's work only: other streams of the device may still be running theirs. (Not a
+    // flush when nothing is recorded or running: it would report a pending recording error as
+    // the thread's last error from inside a free.)
+    bool busy = recording_;
+    for (const Frame& f : frames_) busy = busy || f.in_flight;
+    if (busy && desc_pool_) (void)flush();
+    release_temporaries();
     reclaim_transfers(true);
     if (timeline_) fn_.vkDestroySemaphore(device_, timeline_, nullptr);
     fn_.vkDestroyCommandPool(device_, transfer_pool_, nullptr);
