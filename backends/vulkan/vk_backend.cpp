@@ -165,7 +165,9 @@ Status VulkanBackend::tier_chunk(const ExpertTask& task, int chunk, const DevWei
     for (TierSlot& t : tier_)
       if (!t.in_use && (!slot || t.last_use < slot->last_use)) slot = &t;
     if (!slot) {
-      MOELITE_TRY(dev_->flush());  // every slot is read by recorded work: run it first
+      // Every slot is read by recorded work: run it first (keeping the temporaries that the
+      // pass's later dispatches read).
+      MOELITE_TRY(dev_->finish());
       for (TierSlot& t : tier_) t.in_use = false;
       slot = &tier_[0];
     }

@@ -367,6 +367,12 @@ std::atomic<int64_t> g_fail_countdown{0};
 
 void Device::fail_nth_operation_for_testing(int64_t n) { g_fail_countdown.store(n); }
 
+namespace {
+std::atomic<uint32_t> g_sets_per_submission{0};  // 0: kSetsPerPool
+}  // namespace
+
+void Device::submit_every_n_sets_for_testing(uint32_t n) { g_sets_per_submission.store(n); }
+
 Status Device::injected_failure(const char* what) {
   int64_t left = g_fail_countdown.load();
   while (left > 0 && !g_fail_countdown.compare_exchange_weak(left, left - 1)) {
@@ -714,7 +720,16 @@ Device::Pipeline* Device::pipeline(const char* name, uint32_t spec, uint32_t n_b
 void Device::dispatch(const char* name, uint32_t spec, const std::vector<Binding>& bindings, const void* push,
                       uint32_t push_bytes, uint32_t gx, uint32_t gy, uint32_t gz) {
   if (gx == 0 || gy == 0 || gz == 0) return;
-  if (sets_used_ >= kSetsPerPool) flush();
+  const uint32_t sets_per_submission = g_sets_per_submission.load();
+  if (sets_used_ >= (sets_per_submission > 0 ? std::min(sets_per_submission, kSetsPerPool) : kSetsPerPool)) {
+    // The pool's sets can be reused once what was recorded has run. Temporaries stay: dispatches
+    // recorded after this one may read them (a flush here freed an expert pass's gate/up outputs
+    // before its down projections ran).
+    if (const Status st = finish(); st != MOELITE_OK && error_ == MOELITE_OK) {
+      error_ = st;  // reported at the next submission, like a dispatch that could not be recorded
+      error_msg_ = last_error_message();
+    }
+  }
   Pipeline* p = pipeline(name, spec, static_cast<uint32_t>(bindings.size()));
   Status st = p ? injected_failure("recording a dispatch")
                 : fail(MOELITE_ERR_INTERNAL, "vulkan: shader '%s' is not in this build", name);
@@ -753,6 +768,8 @@ void Device::dispatch(const char* name, uint32_t spec, const std::vector<Binding
   if (push_bytes) fn_.vkCmdPushConstants(cmd, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
   fn_.vkCmdDispatch(cmd, gx, gy, gz);
 }
+
+Status Device::finish() { return submit_and_wait(); }
 
 Status Device::flush() {
   const Status st = submit_and_wait();

@@ -61,6 +61,10 @@ class Device {
   // (an allocation, a recorded dispatch, a submission or a read-back) fails as a real failure
   // would; 0 turns it off. Process-wide.
   static void fail_nth_operation_for_testing(int64_t n);
+  // Test hook (tests/test_vulkan_ops.cpp): a stream submits what it recorded whenever `n`
+  // descriptor sets were used since its last submission, as it does when the pool runs out; 0
+  // restores the pool's size. Process-wide.
+  static void submit_every_n_sets_for_testing(uint32_t n);
 
   // Device-local memory, host-visible when the device has such memory (then `mapped` is set).
   Status alloc(uint64_t bytes, Buffer* out);
@@ -94,6 +98,9 @@ class Device {
                 uint32_t push_bytes, uint32_t gx, uint32_t gy = 1, uint32_t gz = 1);
   // Submits what was recorded, waits for it, and releases the temporaries it used.
   Status flush();
+  // Submits what was recorded and waits for it, keeping the temporaries: for a wait part way
+  // through work whose later dispatches read them (an expert pass's gate/up outputs and row maps).
+  Status finish();
   // Submits what was recorded without waiting (it runs while the host records more, and while
   // transfers proceed); a later flush waits for everything.
   Status submit();
