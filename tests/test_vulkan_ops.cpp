@@ -39,6 +39,15 @@ bool make(Pair* p) {
   return true;
 }
 
+// The same, with the device's memory treated as discrete (staging uploads and read-backs, the
+// device tier) or not.
+bool make_as(bool discrete, Pair* p) {
+  setenv("MOELITE_VK_AS_DISCRETE", discrete ? "1" : "0", 1);
+  const bool ok = make(p);
+  unsetenv("MOELITE_VK_AS_DISCRETE");
+  return ok;
+}
+
 #define NEED_VULKAN(p)                                                         \
   Pair p;                                                                      \
   if (!make(&p)) GTEST_SKIP() << "no Vulkan device: " << last_error_message(); \
@@ -52,12 +61,9 @@ TEST(VulkanOps, StagingPathsOfDiscreteDevicesGiveTheSameResults) {
   // Device memory that is not mapped: uploads and read-backs go through staging buffers and
   // copies in the command stream. Results must equal the mapped path's bit for bit.
   std::vector<std::vector<float>> outs;
-  for (const char* discrete : {"0", "1"}) {
-    setenv("MOELITE_VK_AS_DISCRETE", discrete, 1);
+  for (const bool discrete : {false, true}) {
     Pair p;
-    const bool ok = make(&p);
-    unsetenv("MOELITE_VK_AS_DISCRETE");
-    if (!ok) GTEST_SKIP() << "no Vulkan device";
+    if (!make_as(discrete, &p)) GTEST_SKIP() << "no Vulkan device";
     std::mt19937 rng(21);
     const int64_t rows = 40, cols = 256, n = 3;
     static std::vector<uint8_t> bytes;
@@ -287,12 +293,9 @@ TEST(VulkanOps, WorkRunPartWayThroughAnExpertPassKeepsTheBuffersTheRestReads) {
   // one; freeing the temporaries there failed this test with such messages and then a crash).
   // As a discrete device the budgeted pass also runs five experts through a device tier of two
   // slots (no store sets its size), waiting for recorded work whenever both are in use.
-  for (const char* discrete : {"0", "1"}) {
-    setenv("MOELITE_VK_AS_DISCRETE", discrete, 1);
+  for (const bool discrete : {false, true}) {
     Pair p;
-    const bool ok = make(&p);
-    unsetenv("MOELITE_VK_AS_DISCRETE");
-    if (!ok) GTEST_SKIP() << "no Vulkan device";
+    if (!make_as(discrete, &p)) GTEST_SKIP() << "no Vulkan device";
     const uint64_t validation_before = vk::Device::validation_messages();
     vk::Device::submit_every_n_sets_for_testing(5);
     expect_expert_ffns_match_cpu(p);

@@ -219,6 +219,19 @@ void join_all(std::vector<std::thread>* threads) {
   for (std::thread& t : *threads) t.join();
 }
 
+// A resident model: two contexts shown to evaluate at the same time, then workers, bitwise.
+bool resident_contexts_at_once(const char* path, const std::vector<std::vector<float>>& ref, int32_t n_vocab,
+                               const std::string& where) {
+  moelite_model* res = load(path, 0);
+  if (!res) return false;
+  check(evaluate_at_once(res, ref, n_vocab, where),
+        "contexts of a resident model did not evaluate at the same time" + where);
+  std::vector<std::thread> parallel = start_workers(res, ref, n_vocab, "parallel worker" + where);
+  join_all(&parallel);
+  moelite_model_free(res);
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -305,15 +318,7 @@ int main(int argc, char** argv) {
   // instance of its own. That they overlap is shown, not assumed: context A waits inside its first
   // MoE layer until context B has run a whole evaluation, which B could not if they took turns (A
   // would give up after 60 s and the check fails). Then workers as above, bitwise.
-  {
-    moelite_model* res = load(path, 0);
-    if (!res) return 1;
-    check(evaluate_at_once(res, ref, n_vocab, " (resident)"),
-          "contexts of a resident model did not evaluate at the same time");
-    std::vector<std::thread> parallel = start_workers(res, ref, n_vocab, "parallel worker");
-    join_all(&parallel);
-    moelite_model_free(res);
-  }
+  if (!resident_contexts_at_once(path, ref, n_vocab, " (resident)")) return 1;
 
   // A budget: contexts share the store and evaluate at the same time (shown as above), at a
   // quarter of the experts with and without predictors, and without them at the smallest budget
@@ -390,13 +395,7 @@ int main(int argc, char** argv) {
   // context waiting for its turn is aborted.
   if (vulkan) {
     setenv("MOELITE_VK_AS_DISCRETE", "1", 1);
-    moelite_model* res = load(path, 0);
-    if (!res) return 1;
-    check(evaluate_at_once(res, ref, n_vocab, " (discrete, resident)"),
-          "contexts of a resident model on a discrete device did not evaluate at the same time");
-    std::vector<std::thread> parallel = start_workers(res, ref, n_vocab, "discrete resident worker");
-    join_all(&parallel);
-    moelite_model_free(res);
+    if (!resident_contexts_at_once(path, ref, n_vocab, " (discrete, resident)")) return 1;
 
     moelite_model* b = load(path, budget, /*no_predictor=*/true);
     if (!b) return 1;
