@@ -5,8 +5,9 @@
 // Threading: contexts with a backend instance of their own (Backend::create_peer) evaluate at the
 // same time, sharing the expert store as its clients and splitting the threads
 // (concurrent_evaluations), each guessing with a clone of the predictor; the others take turns
-// (eval_mutex): on a backend with one command stream or with cache-aware gating (Context::create
-// decides). Context::eval
+// (eval_mutex): on a backend that makes no peer (CUDA; Vulkan with a discrete GPU's budgeted
+// device tier) or with cache-aware gating (Context::create decides), for their evaluations and
+// for the rest of their use of the shared backend (Context::backend_turn). Context::eval
 // takes the lock by polling try_lock, so a waiting context still honours its abort callback. The
 // counters have their own lock so stats can be read while another thread evaluates. The Model
 // itself is never written after load.
