@@ -219,6 +219,22 @@ void join_all(std::vector<std::thread>* threads) {
   for (std::thread& t : *threads) t.join();
 }
 
+// One context evaluating again and again (bitwise) while another is aborted again and again: the
+// aborts land while the aborted one waits for the busy one (its turn, or room in the expert pool).
+void aborts_beside_a_busy_context(moelite_model* m, const std::vector<std::vector<float>>& ref, int32_t n_vocab,
+                                  const std::string& where) {
+  std::thread busy([&] {
+    moelite_context* c = context(m, nullptr, nullptr);
+    for (int r = 0; r < kRounds; ++r) {
+      std::vector<float> got;
+      check(run(c, prompt(0, kTokens), n_vocab, &got) && got == ref[0], "busy context: logits differ" + where);
+    }
+    moelite_context_free(c);
+  });
+  abort_again_and_again(m, prompt(kWorkers, kTokens), n_vocab, ref[kWorkers]);
+  busy.join();
+}
+
 // A resident model: two contexts shown to evaluate at the same time, then workers, bitwise.
 bool resident_contexts_at_once(const char* path, const std::vector<std::vector<float>>& ref, int32_t n_vocab,
                                const std::string& where) {
@@ -374,16 +390,7 @@ int main(int argc, char** argv) {
     check(misses > 0 && bytes > 0, "nothing was read under a budget" + where);
     if (shared.budget == min_budget) {
       // Aborts while other contexts hold the pool (waits for admission and for loads).
-      std::thread busy([&] {
-        moelite_context* c = context(b, nullptr, nullptr);
-        for (int r = 0; r < kRounds; ++r) {
-          std::vector<float> got;
-          check(run(c, prompt(0, kTokens), n_vocab, &got) && got == ref[0], "busy context: logits differ" + where);
-        }
-        moelite_context_free(c);
-      });
-      abort_again_and_again(b, prompt(kWorkers, kTokens), n_vocab, ref[kWorkers]);
-      busy.join();
+      aborts_beside_a_busy_context(b, ref, n_vocab, where);
     }
     moelite_model_free(b);
   }
@@ -403,16 +410,7 @@ int main(int argc, char** argv) {
           "contexts evaluated at the same time through one device tier");
     std::vector<std::thread> turns = start_workers(b, ref, n_vocab, "discrete budgeted worker");
     join_all(&turns);
-    std::thread busy([&] {
-      moelite_context* c = context(b, nullptr, nullptr);
-      for (int r = 0; r < kRounds; ++r) {
-        std::vector<float> got;
-        check(run(c, prompt(0, kTokens), n_vocab, &got) && got == ref[0], "busy context: logits differ (discrete)");
-      }
-      moelite_context_free(c);
-    });
-    abort_again_and_again(b, prompt(kWorkers, kTokens), n_vocab, ref[kWorkers]);
-    busy.join();
+    aborts_beside_a_busy_context(b, ref, n_vocab, " (discrete)");
     moelite_model_free(b);
     unsetenv("MOELITE_VK_AS_DISCRETE");
   }
