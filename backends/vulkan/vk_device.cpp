@@ -505,26 +505,31 @@ Status Device::alloc_device(uint64_t bytes, Buffer* out) {
   return MOELITE_OK;
 }
 
-Status Device::transfer(const Buffer& dst, const void* src, uint64_t bytes) {
-  PendingTransfer t{};
-  MOELITE_TRY(
-      alloc_with(bytes, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, &t.staging));
-  memcpy(t.staging.mapped, src, bytes);
+Status Device::record_staged_copy(VkCommandPool pool, const Buffer& dst, const void* src, uint64_t bytes,
+                                  Buffer* staging, VkCommandBuffer* cmd) {
+  MOELITE_TRY(alloc_with(bytes, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, staging));
+  memcpy(staging->mapped, src, bytes);
   VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
-  cai.commandPool = transfer_pool_;
+  cai.commandPool = pool;
   cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
   cai.commandBufferCount = 1;
-  VkResult r = fn_.vkAllocateCommandBuffers(device_, &cai, &t.cmd);
-  if (r != VK_SUCCESS) {
-    free(&t.staging);
+  if (const VkResult r = fn_.vkAllocateCommandBuffers(device_, &cai, cmd); r != VK_SUCCESS) {
+    free(staging);
+    *cmd = VK_NULL_HANDLE;
     return vk_fail(r, "vkAllocateCommandBuffers");
   }
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-  fn_.vkBeginCommandBuffer(t.cmd, &bi);
+  fn_.vkBeginCommandBuffer(*cmd, &bi);
   VkBufferCopy region{0, 0, bytes};
-  fn_.vkCmdCopyBuffer(t.cmd, t.staging.buffer, dst.buffer, 1, &region);
-  fn_.vkEndCommandBuffer(t.cmd);
+  fn_.vkCmdCopyBuffer(*cmd, staging->buffer, dst.buffer, 1, &region);
+  fn_.vkEndCommandBuffer(*cmd);
+  return MOELITE_OK;
+}
+
+Status Device::transfer(const Buffer& dst, const void* src, uint64_t bytes) {
+  PendingTransfer t{};
+  MOELITE_TRY(record_staged_copy(transfer_pool_, dst, src, bytes, &t.staging, &t.cmd));
   t.value = ++transfer_value_;
   VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
   si.commandBufferCount = 1;
@@ -540,6 +545,7 @@ Status Device::transfer(const Buffer& dst, const void* src, uint64_t bytes) {
     VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
     fn_.vkCreateFence(device_, &fci, nullptr, &t.fence);
   }
+  VkResult r;
   {
     std::lock_guard<std::mutex> queue_lock(shared_->queue_mu);
     r = fn_.vkQueueSubmit(transfer_queue_, 1, &si, t.fence);
@@ -596,31 +602,18 @@ Status Device::write_now(const Buffer& dst, const void* src, uint64_t bytes) {
   // A command buffer of its own, submitted and waited for now: the stream's recording (which may
   // be part way through a pass) is not flushed, and its temporaries stay.
   Buffer staging;
-  MOELITE_TRY(alloc_with(bytes, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, &staging));
-  memcpy(staging.mapped, src, bytes);
   VkCommandBuffer cmd = VK_NULL_HANDLE;
+  MOELITE_TRY(record_staged_copy(cmd_pool_, dst, src, bytes, &staging, &cmd));
   VkFence fence = VK_NULL_HANDLE;
   auto cleanup = [&](Status st) {
     if (fence) fn_.vkDestroyFence(device_, fence, nullptr);
-    if (cmd) fn_.vkFreeCommandBuffers(device_, cmd_pool_, 1, &cmd);
+    fn_.vkFreeCommandBuffers(device_, cmd_pool_, 1, &cmd);
     free(&staging);
     return st;
   };
-  VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
-  cai.commandPool = cmd_pool_;
-  cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
-  cai.commandBufferCount = 1;
-  if (VkResult r = fn_.vkAllocateCommandBuffers(device_, &cai, &cmd); r != VK_SUCCESS)
-    return cleanup(vk_fail(r, "vkAllocateCommandBuffers"));
   VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   if (VkResult r = fn_.vkCreateFence(device_, &fci, nullptr, &fence); r != VK_SUCCESS)
     return cleanup(vk_fail(r, "vkCreateFence"));
-  VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
-  bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-  fn_.vkBeginCommandBuffer(cmd, &bi);
-  VkBufferCopy region{0, 0, bytes};
-  fn_.vkCmdCopyBuffer(cmd, staging.buffer, dst.buffer, 1, &region);
-  fn_.vkEndCommandBuffer(cmd);
   if (const Status st = injected_failure("a submission"); st != MOELITE_OK) return cleanup(st);
   VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
   si.commandBufferCount = 1;

@@ -124,6 +124,11 @@ class Device {
   void reclaim_transfers(bool all);
   int32_t memory_type(uint32_t type_bits, VkMemoryPropertyFlags want) const;
   Status alloc_with(uint64_t bytes, VkMemoryPropertyFlags props, Buffer* out);
+  // A staging buffer holding `bytes` of `src`, and a one-time command buffer from `pool` that
+  // copies it to the start of `dst`, ended and ready to submit (transfer, write_now). Nothing is
+  // left allocated on failure.
+  Status record_staged_copy(VkCommandPool pool, const Buffer& dst, const void* src, uint64_t bytes, Buffer* staging,
+                            VkCommandBuffer* cmd);
 
   std::shared_ptr<Shared> shared_;
   // The device's, in shared_ (the names every stream's code uses):
