@@ -645,7 +645,7 @@ Status Device::download(const Buffer& src, uint64_t offset, void* dst, uint64_t 
   }
   if (src.mapped) {
     // Copied out before the submission's temporaries (src may be one) are released.
-    const Status st = submit_and_wait();
+    const Status st = finish();
     if (st == MOELITE_OK) memcpy(dst, static_cast<const uint8_t*>(src.mapped) + offset, bytes);
     release_temporaries();
     return st;
@@ -657,7 +657,7 @@ Status Device::download(const Buffer& src, uint64_t offset, void* dst, uint64_t 
   full_barrier(fn_, cmd);
   VkBufferCopy region{offset, 0, bytes};
   fn_.vkCmdCopyBuffer(cmd, src.buffer, staging.buffer, 1, &region);
-  const Status st = submit_and_wait();
+  const Status st = finish();
   if (st == MOELITE_OK) memcpy(dst, staging.mapped, bytes);
   free(&staging);
   release_temporaries();
@@ -762,10 +762,8 @@ void Device::dispatch(const char* name, uint32_t spec, const std::vector<Binding
   fn_.vkCmdDispatch(cmd, gx, gy, gz);
 }
 
-Status Device::finish() { return submit_and_wait(); }
-
 Status Device::flush() {
-  const Status st = submit_and_wait();
+  const Status st = finish();
   release_temporaries();
   return st;
 }
@@ -835,7 +833,7 @@ Status Device::new_frame() {
   return MOELITE_OK;
 }
 
-Status Device::submit_and_wait() {
+Status Device::finish() {
   Status st = MOELITE_OK;
   if (error_ != MOELITE_OK) {
     st = fail(error_, "%s (the work recorded since the last submission was discarded)", error_msg_.c_str());

@@ -119,7 +119,6 @@ class Device {
   Status init_stream();  // this stream's pools, first frame and transfer state
   Pipeline* pipeline(const char* name, uint32_t spec, uint32_t n_bindings);
   void begin_if_needed();
-  Status submit_and_wait();
   void release_temporaries();
   void reclaim_transfers(bool all);
   int32_t memory_type(uint32_t type_bits, VkMemoryPropertyFlags want) const;
