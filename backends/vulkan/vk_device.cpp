@@ -856,8 +856,11 @@ Status Device::finish() {
   }
   fn_.vkResetDescriptorPool(device_, desc_pool_, 0);
   sets_used_ = 0;
+  // Transfers that no submitted work waited for (nothing was recorded after them, or it was
+  // discarded) may still be landing: wait for them too, since what a finish leaves is trusted (a
+  // device-tier slot released now may be read by any stream next).
+  reclaim_transfers(/*all=*/wait_value_ > 0);
   wait_value_ = 0;
-  reclaim_transfers(false);
   return st;
 }
 
