@@ -149,9 +149,8 @@ class Backend {
   // Another instance of this backend for a context that evaluates while others do: it computes
   // with the weights placed on this one (which must outlive it) and has its own threads (CPU) or
   // command stream (Vulkan) and scratch, so two instances may run operations at the same time.
-  // MOELITE_ERR_NOT_IMPLEMENTED where the instance cannot be shared that way (CUDA: one stream;
-  // Vulkan with a device tier of budgeted experts): the contexts of such a backend take turns on
-  // the one instance.
+  // MOELITE_ERR_NOT_IMPLEMENTED where the instance cannot be shared that way (CUDA: one stream):
+  // the contexts of such a backend take turns on the one instance.
   [[nodiscard]] virtual Status create_peer(std::unique_ptr<Backend>* out) {
     return fail(MOELITE_ERR_NOT_IMPLEMENTED, "%s: contexts take turns on one instance", name());
   }
@@ -167,7 +166,8 @@ class Backend {
   virtual void* alloc_shared(uint64_t bytes) { return nullptr; }
   virtual void free_shared(void* p) {}
   // The expert store holds at most `slots` experts at once: a device tier of expert slots (a
-  // discrete GPU's copies) holds no more, so device memory stays within the budget too.
+  // discrete GPU's copies) holds no more, so device memory stays within the budget too (but for
+  // one submission's copies where peers hold the slots it would use).
   virtual void set_expert_pool(int64_t slots) {}
   // Called once per dense weight at load; the weight's host bytes stay valid and unchanged for the
   // backend's life, so a device copy can be found again by `w.data`.

@@ -61,9 +61,6 @@ Status VulkanBackend::create(bool allow_cpu, std::unique_ptr<Backend>* out) {
 }
 
 Status VulkanBackend::create_peer(std::unique_ptr<Backend>* out) {
-  if (tier_slots_ > 0 && !dev_->facts().unified_memory)
-    return fail(MOELITE_ERR_NOT_IMPLEMENTED,
-                "%s: contexts take turns: budgeted experts go through one device tier of expert slots", name());
   std::unique_ptr<Device> stream;
   MOELITE_TRY(dev_->create_stream(&stream));
   std::unique_ptr<VulkanBackend> b(new VulkanBackend(std::move(stream), shared_));
@@ -81,12 +78,15 @@ VulkanBackend::VulkanBackend(std::unique_ptr<Device> dev, std::shared_ptr<Shared
 
 VulkanBackend::~VulkanBackend() {
   dev_->flush();
-  for (TierSlot& t : tier_)
-    for (Buffer& b : t.chunk) dev_->free(&b);
-  if (!tier_.empty())
-    log_msg(MOELITE_LOG_INFO, "vulkan: device expert tier: %" PRIu64 " hits, %" PRIu64 " loads over the transfer queue",
-            tier_hits_, tier_loads_);
+  release_tier_slots();
+  if (tier_hits_ + tier_loads_ + tier_own_copies_ > 0)
+    log_msg(MOELITE_LOG_INFO,
+            "vulkan: device expert tier: %" PRIu64 " hits, %" PRIu64 " loads over the transfer queue, %" PRIu64
+            " copies of slots other streams held",
+            tier_hits_, tier_loads_, tier_own_copies_);
   if (!is_peer_) {
+    for (TierSlot& t : shared_->tier)
+      for (Buffer& b : t.chunk) dev_->free(&b);
     for (SharedRegion& sh : shared_->regions) dev_->free(&sh.buf);
     for (auto& kv : shared_->weights)
       for (auto& c : kv.second->chunks) dev_->free(&c.buf);
@@ -153,29 +153,56 @@ const VulkanBackend::DevWeight* VulkanBackend::shared_weight(const WeightView& w
 }
 
 Status VulkanBackend::tier_chunk(const ExpertTask& task, int chunk, const DevWeight** out) {
-  if (tier_.empty()) {
-    tier_.resize(static_cast<size_t>(std::max<int64_t>(tier_slots_, 2)));
-    log_msg(MOELITE_LOG_INFO, "vulkan: device expert tier of %zu slots", tier_.size());
-  }
-  TierSlot* slot = nullptr;
-  for (TierSlot& t : tier_)
-    if (t.layer == task.layer && t.expert == task.expert) slot = &t;
-  if (!slot) {
-    // The least recently used slot that no unsubmitted work reads.
-    for (TierSlot& t : tier_)
-      if (!t.in_use && (!slot || t.last_use < slot->last_use)) slot = &t;
-    if (!slot) {
-      // Every slot is read by recorded work: run it first (keeping the temporaries that the
-      // pass's later dispatches read).
-      MOELITE_TRY(dev_->finish());
-      for (TierSlot& t : tier_) t.in_use = false;
-      slot = &tier_[0];
-    }
-    slot->layer = task.layer;
-    slot->expert = task.expert;
-    for (bool& h : slot->has) h = false;
-  }
   const WeightView& view = chunk == 0 ? task.w.gate : (chunk == 1 ? task.w.up : task.w.down);
+  std::vector<TierSlot>& tier = shared_->tier;
+  size_t made = 0;
+  {
+    std::lock_guard<std::mutex> lock(shared_->tier_mu);
+    if (tier.empty()) tier.resize(made = static_cast<size_t>(std::max<int64_t>(tier_slots_, 2)));
+  }
+  if (made) log_msg(MOELITE_LOG_INFO, "vulkan: device expert tier of %zu slots", made);  // no lock around a callback
+  std::unique_lock<std::mutex> lock(shared_->tier_mu);
+  TierSlot* slot = nullptr;
+  for (;;) {
+    slot = nullptr;
+    for (TierSlot& t : tier)
+      if (t.layer == task.layer && t.expert == task.expert) slot = &t;
+    if (slot && slot->holder && slot->holder != this) {
+      // Another stream's recorded work reads this expert's slot (and may still be copying into
+      // it): rather than wait for that stream, this submission reads a copy of its own.
+      slot = nullptr;
+      break;
+    }
+    if (slot) break;
+    // The least recently used slot that no stream's unfinished work reads.
+    bool hold_some = false;
+    for (TierSlot& t : tier) {
+      hold_some |= t.holder == this;
+      if (!t.holder && (!slot || t.last_use < slot->last_use)) slot = &t;
+    }
+    if (slot) {
+      slot->layer = task.layer;
+      slot->expert = task.expert;
+      for (bool& h : slot->has) h = false;
+      break;
+    }
+    if (!hold_some) break;  // every slot is held by other streams
+    // Every free slot is read by this stream's recorded work: run it first (keeping the
+    // temporaries that the pass's later dispatches read), then look again.
+    lock.unlock();
+    MOELITE_TRY(dev_->finish());
+    release_tier_slots();
+    lock.lock();
+  }
+  if (!slot) {
+    lock.unlock();
+    ++tier_own_copies_;
+    return device_weight(view, /*keep=*/false, out);
+  }
+  slot->last_use = ++shared_->tier_clock;
+  slot->holder = this;
+  // Held: no other stream reads or writes the slot's chunks until release_tier_slots.
+  lock.unlock();
   if (slot->has[chunk]) {
     ++tier_hits_;
   } else {
@@ -189,15 +216,20 @@ Status VulkanBackend::tier_chunk(const ExpertTask& task, int chunk, const DevWei
     }
     if (st == MOELITE_OK) st = dev_->transfer(buf, view.data, bytes);
     if (st != MOELITE_OK) {
-      slot->layer = -1;
+      std::lock_guard<std::mutex> relock(shared_->tier_mu);
+      slot->layer = -1;  // what the slot holds is unknown now
       return st;
     }
     slot->has[chunk] = true;
   }
-  slot->last_use = ++tier_clock_;
-  slot->in_use = true;
   *out = buffer_view(view, slot->chunk[chunk], 0);
   return MOELITE_OK;
+}
+
+void VulkanBackend::release_tier_slots() {
+  std::lock_guard<std::mutex> lock(shared_->tier_mu);
+  for (TierSlot& t : shared_->tier)
+    if (t.holder == this) t.holder = nullptr;
 }
 
 Status VulkanBackend::check_weight(const WeightView& w) {
@@ -714,7 +746,7 @@ Status VulkanBackend::expert_group_end() {
   if (!pass_reads_host_) return MOELITE_OK;
   pass_reads_host_ = false;
   const Status st = dev_->flush();
-  for (TierSlot& t : tier_) t.in_use = false;  // the device has run on them
+  release_tier_slots();  // the device has run on them
   return st;
 }
 

@@ -12,8 +12,10 @@
 //
 // Peers (create_peer): each a command stream of its own on the same device, sharing the cached
 // device copies of weights (found and filled under a lock, each copy complete before it can be
-// found) and the zero-copy slot pool, so contexts evaluate on them at the same time. Not where
-// budgeted experts go through the device tier (a discrete GPU under a budget): the tier is one.
+// found), the zero-copy slot pool and the device tier, so contexts evaluate on them at the same
+// time. A tier slot is one stream's from its first use in an expert pass until that stream has run
+// the pass (no stream waits for another's work): another stream that needs the same expert
+// meanwhile, or finds every slot held by others, reads a copy of its own for that submission.
 #pragma once
 #include <map>
 #include <memory>
@@ -76,6 +78,13 @@ class VulkanBackend final : public Backend {
   // Zero-copy slots are read in place by work that runs after expert_down returns.
   bool reads_experts_until_group_end() const override { return true; }
 
+  // This instance's use of the device tier so far (discrete devices under a budget).
+  struct TierStats {
+    uint64_t hits = 0, loads = 0;  // matrices found in a slot; copied into one
+    uint64_t own_copies = 0;       // copied for one submission: other streams held the slots
+  };
+  TierStats tier_stats() const { return {tier_hits_, tier_loads_, tier_own_copies_}; }
+
  private:
   // An activation: a device buffer and an offset in floats (views share the base's buffer).
   struct ActRef {
@@ -131,11 +140,26 @@ class VulkanBackend final : public Backend {
   // host address (elements of these maps stay where they are, so a pointer found under the lock
   // stays valid after it), and the zero-copy regions handed to the expert store. The first
   // instance frees them; its peers are destroyed before it.
+  // Discrete devices: a tier of expert slots in device memory, as many as the store's host slots,
+  // filled on the transfer queue; an expert stays there across tokens until evicted (LRU). A slot
+  // is held by one stream (`holder`) from its first use in an expert pass until that stream has
+  // run what it recorded: only the holder copies into it or reads it meanwhile, so no stream ever
+  // waits for another's submissions, and a slot without a holder is complete and idle.
+  struct TierSlot {
+    int32_t layer = -1, expert = -1;
+    Buffer chunk[3];                      // gate, up, down
+    bool has[3] = {false, false, false};  // chunks copied in for (layer, expert)
+    uint64_t last_use = 0;
+    const VulkanBackend* holder = nullptr;
+  };
   struct Shared {
     std::mutex mu;
     std::unordered_map<const void*, std::unique_ptr<DevWeight>> weights;
     std::unordered_map<const void*, Buffer> floats;
     std::vector<SharedRegion> regions;
+    std::mutex tier_mu;  // guards the tier; never held together with `mu`
+    std::vector<TierSlot> tier;
+    uint64_t tier_clock = 0;
   };
 
   std::unique_ptr<Device> dev_;
@@ -147,21 +171,15 @@ class VulkanBackend final : public Backend {
   std::map<std::pair<ActRef*, uint64_t>, std::unique_ptr<ActRef>> views_;
   Buffer scores_;   // attention scratch
   Buffer ffn_out_;  // the routed-expert pass's per-(token, slot) outputs
-  // Discrete devices: a tier of expert slots in device memory, as many as the store's host slots,
-  // filled on the transfer queue; an expert stays there across tokens until evicted (LRU).
-  struct TierSlot {
-    int32_t layer = -1, expert = -1;
-    Buffer chunk[3];                      // gate, up, down
-    bool has[3] = {false, false, false};  // chunks copied in for (layer, expert)
-    uint64_t last_use = 0;
-    bool in_use = false;  // read by work recorded since the last submission
-  };
-  std::vector<TierSlot> tier_;
-  uint64_t tier_clock_ = 0, tier_hits_ = 0, tier_loads_ = 0;
+  // The device tier's use by this instance (logged when it is destroyed): chunks found there,
+  // chunks copied in, chunks copied for one submission because other streams held the slots.
+  uint64_t tier_hits_ = 0, tier_loads_ = 0, tier_own_copies_ = 0;
   int64_t tier_slots_ = 0;  // the expert store's slot count (set_expert_pool)
   // One matrix of the expert in the device tier, copied in on a miss; gate and up are copied at
   // expert_gate_up and down at expert_down, so the down copy overlaps the gate/up compute.
   Status tier_chunk(const ExpertTask& task, int chunk, const DevWeight** out);
+  // The tier slots this stream holds are free again: the recorded work reading them has run.
+  void release_tier_slots();
   // The routed-expert pass in progress.
   Act pass_x_;
   FfnKind pass_kind_;

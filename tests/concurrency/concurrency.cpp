@@ -10,9 +10,10 @@
 //
 // With `vulkan` all of it runs on the Vulkan backend (each context a command stream of its own),
 // under the Khronos validation layer when MOELITE_VK_VALIDATION is set (any message fails), and
-// then on a device treated as discrete (MOELITE_VK_AS_DISCRETE): resident, contexts still evaluate
-// at the same time (cached copies go through staging uploads); under a budget they take turns (the
-// device tier of expert slots is one), exact, and a context waiting for its turn can be aborted.
+// then on a device treated as discrete (MOELITE_VK_AS_DISCRETE): contexts still evaluate at the
+// same time, resident (cached copies go through staging uploads) and under a budget (the streams
+// share the device tier of expert slots), exact, with aborts; and contexts that take turns on the
+// runtime's one stream (cache-aware gating) are exact and can be aborted while they wait.
 //
 // Usage: moelite_concurrency MODEL.gguf [cpu|vulkan]   (exit 0 on success, 77 where the backend is
 // missing; prints what failed otherwise)
@@ -26,6 +27,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "moelite.h"
 
@@ -44,17 +47,35 @@ void check(bool ok, const std::string& what) {
 moelite_backend g_backend = MOELITE_BACKEND_CPU;
 bool g_backend_missing = false;
 
+// The Vulkan device tier's use, as each backend instance reports it when it is destroyed: chunks
+// found there, copied in, and copied for one submission because other streams held the slots.
+std::atomic<uint64_t> g_tier_hits{0}, g_tier_loads{0}, g_tier_own_copies{0};
+
 // Errors the library logs (the Vulkan validation layer's messages among them) fail the test.
 void on_log(moelite_log_level level, const char* text, void*) {
   if (level >= MOELITE_LOG_ERROR) check(false, std::string("logged: ") + text);
+  unsigned long long hits = 0, loads = 0, copies = 0;
+  if (sscanf(text, "vulkan: device expert tier: %llu hits, %llu loads over the transfer queue, %llu copies", &hits,
+             &loads, &copies) == 3) {
+    g_tier_hits += hits;
+    g_tier_loads += loads;
+    g_tier_own_copies += copies;
+  }
 }
 
 // With a budget: predictors (each context guesses with its own) unless `no_predictor`; per-layer
 // quotas when asked.
-moelite_model* load(const char* path, uint64_t budget, bool no_predictor = false, bool per_layer = false) {
+// With `gating_profile` (a calibration profile), cache-aware gating at threshold 0: it never swaps
+// an expert, so results stay exact, but contexts take turns all the same.
+moelite_model* load(const char* path, uint64_t budget, bool no_predictor = false, bool per_layer = false,
+                    const char* gating_profile = nullptr) {
   moelite_model_params* p = moelite_model_params_create();
   moelite_model_params_set_threads(p, 2);
   moelite_model_params_set_backend(p, g_backend);
+  if (gating_profile) {
+    moelite_model_params_set_profile(p, gating_profile);
+    check(moelite_model_params_set_gating(p, "cache-aware", 0.0f) == MOELITE_OK, "cache-aware gating");
+  }
   if (budget) {
     moelite_model_params_set_expert_budget(p, budget);
     moelite_model_params_set_cache_allocation(p, per_layer ? "uniform" : "global");
@@ -258,7 +279,7 @@ int main(int argc, char** argv) {
   const char* path = argv[1];
   const bool vulkan = argc > 2 && strcmp(argv[2], "vulkan") == 0;
   if (vulkan) g_backend = MOELITE_BACKEND_VULKAN;
-  moelite_set_log_callback(on_log, nullptr, MOELITE_LOG_ERROR);
+  moelite_set_log_callback(on_log, nullptr, MOELITE_LOG_INFO);
 
   // References: resident, one context, one thread.
   moelite_model* ref_model = load(path, 0);
@@ -397,21 +418,59 @@ int main(int argc, char** argv) {
 
   // A device treated as discrete (MOELITE_VK_AS_DISCRETE, read at each load): resident, contexts
   // evaluate at the same time with weights copied in through staging buffers, each copy complete
-  // before another context's stream can find it; under a budget the device tier of expert slots
-  // is one, so contexts take turns (A holds its turn for 3 s while B waits), results exact, and a
-  // context waiting for its turn is aborted.
+  // before another context's stream can find it. Under a budget the experts go through the device
+  // tier of expert slots that all streams share: contexts still evaluate at the same time, results
+  // exact at a quarter of the experts and at the minimum budget (a tier of a few slots, which the
+  // workers' streams hold in turn, so each often reads a copy of its own), aborts honoured.
   if (vulkan) {
     setenv("MOELITE_VK_AS_DISCRETE", "1", 1);
     if (!resident_contexts_at_once(path, ref, n_vocab, " (discrete, resident)")) return 1;
+    for (const uint64_t tier_budget : {budget, min_budget}) {
+      const std::string where =
+          tier_budget == budget ? " (discrete, a quarter of the experts)" : " (discrete, the minimum budget)";
+      moelite_model* b = load(path, tier_budget, /*no_predictor=*/true);
+      if (!b) return 1;
+      g_tier_hits = g_tier_loads = g_tier_own_copies = 0;
+      if (tier_budget == budget)
+        check(evaluate_at_once(b, ref, n_vocab, where), "contexts sharing a device tier took turns" + where);
+      std::vector<std::thread> workers = start_workers(b, ref, n_vocab, "discrete budgeted worker" + where);
+      join_all(&workers);
+      aborts_beside_a_busy_context(b, ref, n_vocab, where);
+      moelite_model_free(b);
+      printf("device tier%s: %llu hits, %llu loads, %llu copies of slots other streams held\n", where.c_str(),
+             static_cast<unsigned long long>(g_tier_hits.load()), static_cast<unsigned long long>(g_tier_loads.load()),
+             static_cast<unsigned long long>(g_tier_own_copies.load()));
+      check(g_tier_loads > 0, "nothing went through the device tier" + where);
+    }
 
-    moelite_model* b = load(path, budget, /*no_predictor=*/true);
-    if (!b) return 1;
-    check(!evaluate_at_once(b, ref, n_vocab, " (discrete, a quarter of the experts)", /*patience=*/3),
-          "contexts evaluated at the same time through one device tier");
-    std::vector<std::thread> turns = start_workers(b, ref, n_vocab, "discrete budgeted worker");
+    // Contexts that take turns on the runtime's one stream (cache-aware gating, whose choices read
+    // what is resident): A holds its turn for 3 s while B waits, workers exact while others are
+    // created and freed beside them, a context waiting for its turn aborted again and again.
+    const std::string profile = "/tmp/moelite-concurrency-" + std::to_string(getpid()) + ".profile";
+    {
+      const moelite_backend backend = g_backend;
+      g_backend = MOELITE_BACKEND_CPU;  // the profile is the model's, whichever backend computes it
+      moelite_model* plain = load(path, 0);
+      g_backend = backend;
+      if (!plain) return 1;
+      const std::vector<int32_t> corpus = prompt(7, 256);
+      moelite_calibrate_params* cal = moelite_calibrate_params_create();
+      moelite_calibrate_params_set_window(cal, 64);
+      check(moelite_calibrate(plain, corpus.data(), 256, cal, profile.c_str()) == MOELITE_OK,
+            std::string("calibrate: ") + moelite_last_error());
+      moelite_calibrate_params_free(cal);
+      moelite_model_free(plain);
+    }
+    moelite_model* t = load(path, budget, /*no_predictor=*/true, /*per_layer=*/false, profile.c_str());
+    std::remove(profile.c_str());
+    std::remove((profile + ".bin").c_str());
+    if (!t) return 1;
+    check(!evaluate_at_once(t, ref, n_vocab, " (discrete, cache-aware gating)", /*patience=*/3),
+          "contexts with cache-aware gating evaluated at the same time");
+    std::vector<std::thread> turns = start_workers(t, ref, n_vocab, "worker taking turns");
     join_all(&turns);
-    aborts_beside_a_busy_context(b, ref, n_vocab, " (discrete)");
-    moelite_model_free(b);
+    aborts_beside_a_busy_context(t, ref, n_vocab, " (discrete, cache-aware gating)");
+    moelite_model_free(t);
     unsetenv("MOELITE_VK_AS_DISCRETE");
   }
 
