@@ -18,14 +18,15 @@
  *    are valid for as long as the text says.
  *  - Threads. A moelite_model is immutable after loading: any number of threads may query it and
  *    create contexts from it concurrently. A moelite_context must be used by one thread at a time.
- *    Contexts of one model evaluate at the same time from different threads on the CPU and Vulkan
- *    backends: each context then has its own worker threads (CPU) or command stream (Vulkan) and
- *    scratch, and Vulkan contexts share the device's copies of the weights. With an expert budget
+ *    Contexts of one model evaluate at the same time from different threads on the CPU, Vulkan
+ *    and CUDA backends: each context then has its own worker threads (CPU) or command streams
+ *    (GPU) and scratch, and GPU contexts share the device's copies of the weights. With an expert budget
  *    they share the store (its slots never exceed the budget, and one read of an expert serves
  *    every context using it): a layer's experts wait, if need be, until the pins they ask for fit
  *    beside other contexts', first come first served, so every context makes progress. Contexts
- *    take turns instead, each evaluation waiting for the one before, on the CUDA backend (one
- *    command stream) and with cache-aware gating (its choice reads what is resident). With a
+ *    take turns instead, each evaluation waiting for the one before, on CUDA with a discrete GPU
+ *    under a budget (one device tier of expert slots) and with cache-aware gating (its choice
+ *    reads what is resident). With a
  *    predictor each context evaluating at the same time guesses with one of its own (its
  *    correlation counts start as the model's and then learn from its own tokens). Either way results are those of a
  *    context alone, and a context waiting for another honours its abort callback.

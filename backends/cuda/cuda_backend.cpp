@@ -50,13 +50,31 @@ Status CudaBackend::create(std::unique_ptr<Backend>* out) {
 }
 
 Status CudaBackend::create_with(std::unique_ptr<GpuRuntime> rt, std::unique_ptr<Backend>* out) {
-  std::unique_ptr<CudaBackend> b(new CudaBackend(std::move(rt)));
+  std::unique_ptr<CudaBackend> b(new CudaBackend(std::move(rt), std::make_shared<Shared>()));
   MOELITE_TRY(b->init());
   *out = std::move(b);
   return MOELITE_OK;
 }
 
-CudaBackend::CudaBackend(std::unique_ptr<GpuRuntime> rt) : rt_(std::move(rt)), k_(&rt_->kernels()) {
+Status CudaBackend::create_peer(std::unique_ptr<Backend>* out) {
+  bool zero_copy;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    zero_copy = rt_->info().integrated && !shared_->blocks.empty();
+  }
+  if (tier_slots_ > 0 && !zero_copy)
+    return fail(MOELITE_ERR_NOT_IMPLEMENTED,
+                "%s: contexts take turns: budgeted experts go through one device tier of expert slots", name());
+  std::unique_ptr<CudaBackend> b(new CudaBackend(rt_, shared_));
+  b->is_peer_ = true;
+  b->tier_slots_ = tier_slots_;
+  MOELITE_TRY(b->init());
+  *out = std::move(b);
+  return MOELITE_OK;
+}
+
+CudaBackend::CudaBackend(std::shared_ptr<GpuRuntime> rt, std::shared_ptr<Shared> shared)
+    : rt_(std::move(rt)), k_(&rt_->kernels()), shared_(std::move(shared)) {
   uploads_.pinned = true;
 }
 
@@ -66,11 +84,12 @@ Status CudaBackend::init() {
   std::snprintf(buf, sizeof buf, "cuda (%s, sm_%d%d%s)", d.name.c_str(), d.cc_major, d.cc_minor,
                 d.integrated ? ", zero-copy experts" : "");
   name_ = buf;
-  log_msg(MOELITE_LOG_INFO, "cuda: %s, compute capability %d.%d, %llu MiB%s%s", d.name.c_str(), d.cc_major, d.cc_minor,
-          (unsigned long long)(d.total_memory >> 20),
-          d.integrated ? ", unified memory: budgeted experts are read in place (zero copy)"
-                       : ", discrete: budgeted experts go through a device tier",
-          d.emulated ? " [SIMT emulator]" : "");
+  if (!is_peer_)
+    log_msg(MOELITE_LOG_INFO, "cuda: %s, compute capability %d.%d, %llu MiB%s%s", d.name.c_str(), d.cc_major,
+            d.cc_minor, (unsigned long long)(d.total_memory >> 20),
+            d.integrated ? ", unified memory: budgeted experts are read in place (zero copy)"
+                         : ", discrete: budgeted experts go through a device tier",
+            d.emulated ? " [SIMT emulator]" : "");
   MOELITE_TRY(rt_->stream_create(&compute_));
   MOELITE_TRY(rt_->stream_create(&copy_));
   MOELITE_TRY(rt_->event_create(&compute_point_));
@@ -83,7 +102,8 @@ CudaBackend::~CudaBackend() {
             tier_.size(), (unsigned long long)tier_hits_, (unsigned long long)tier_loads_);
   if (compute_) (void)rt_->stream_sync(compute_);
   if (copy_) (void)rt_->stream_sync(copy_);
-  for (auto& [host, w] : weights_) rt_->device_free(w.dev);
+  if (!is_peer_)
+    for (auto& [host, w] : shared_->weights) rt_->device_free(w.dev);
   arena_free(&uploads_);
   arena_free(&scratch_);
   arena_free(&tables_);
@@ -94,7 +114,8 @@ CudaBackend::~CudaBackend() {
       rt_->device_free(s.chunk[c]);
       if (s.copied[c]) rt_->event_destroy(s.copied[c]);
     }
-  for (SharedBlock& b : shared_) rt_->host_free_mapped(b.host);
+  if (!is_peer_)
+    for (SharedBlock& b : shared_->blocks) rt_->host_free_mapped(b.host);
   if (compute_point_) rt_->event_destroy(compute_point_);
   if (copy_) rt_->stream_destroy(copy_);
   if (compute_) rt_->stream_destroy(compute_);
@@ -206,23 +227,27 @@ void* CudaBackend::alloc_shared(uint64_t bytes) {
     clear_error();
     return nullptr;  // the store falls back to ordinary memory; experts are then copied in
   }
-  shared_.push_back({static_cast<uint8_t*>(h), static_cast<uint8_t*>(d), bytes});
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  shared_->blocks.push_back({static_cast<uint8_t*>(h), static_cast<uint8_t*>(d), bytes});
   return h;
 }
 
 void CudaBackend::free_shared(void* p) {
-  for (size_t i = 0; i < shared_.size(); ++i)
-    if (shared_[i].host == p) {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  std::vector<SharedBlock>& blocks = shared_->blocks;
+  for (size_t i = 0; i < blocks.size(); ++i)
+    if (blocks[i].host == p) {
       (void)rt_->stream_sync(copy_);
       (void)rt_->stream_sync(compute_);
       rt_->host_free_mapped(p);
-      shared_.erase(shared_.begin() + static_cast<long>(i));
+      blocks.erase(blocks.begin() + static_cast<long>(i));
       return;
     }
 }
 
 const uint8_t* CudaBackend::shared_device_address(const uint8_t* host) const {
-  for (const SharedBlock& b : shared_)
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  for (const SharedBlock& b : shared_->blocks)
     if (host >= b.host && host < b.host + b.bytes) return b.dev + (host - b.host);
   return nullptr;
 }
@@ -241,22 +266,31 @@ Status CudaBackend::place_weight(const WeightView& w) {
 
 Status CudaBackend::device_weight(const WeightView& w, WeightArg* out) {
   if (!w.valid()) return fail(MOELITE_ERR_INTERNAL, "CUDA backend: a weight without host bytes");
-  auto it = weights_.find(w.data);
-  if (it == weights_.end() || it->second.bytes < w.bytes()) {
-    if (it != weights_.end()) {  // the same address seen with fewer rows before: replace the copy
+  // Held through the upload, so two peers never copy the same weight.
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  std::unordered_map<const void*, DevBytes>& weights = shared_->weights;
+  auto it = weights.find(w.data);
+  if (it == weights.end() || it->second.bytes < w.bytes()) {
+    if (it != weights.end()) {
+      // The same address seen with fewer rows before: replace the copy. device_free waits for the
+      // device, so no queued kernel of any stream still reads it.
       rt_->device_free(it->second.dev);
-      weights_.erase(it);
+      weights.erase(it);
     }
     MOELITE_TRY(check_weight(w));
     DevBytes d;
     d.bytes = w.bytes();
     MOELITE_TRY(rt_->device_alloc(padded_to_vec16(d.bytes), &d.dev));
-    if (Status st = rt_->copy_async(d.dev, w.data, d.bytes, compute_); st != MOELITE_OK) {
+    // Complete before it is in the map: a peer's stream may read it as soon as it is found, and
+    // a copy that fails is never found. The copy stream holds only tier copies, which the compute
+    // stream waits for anyway; the compute stream is not waited for.
+    Status st = rt_->copy_async(d.dev, w.data, d.bytes, copy_);
+    if (st == MOELITE_OK) st = wait(copy_);
+    if (st != MOELITE_OK) {
       rt_->device_free(d.dev);
       return st;
     }
-    it = weights_.emplace(w.data, d).first;
-    unconfirmed_.push_back(w.data);
+    it = weights.emplace(w.data, d).first;
   }
   *out = arg_of(w, it->second.dev);
   return MOELITE_OK;
@@ -356,18 +390,11 @@ void CudaBackend::free_kv(KvCache* kv) {
 
 Status CudaBackend::wait(StreamHandle s) {
   const Status st = rt_->stream_sync(s);
-  if (st != MOELITE_OK) forget_unconfirmed_copies();
+  if (st != MOELITE_OK) forget_tier();
   return st;
 }
 
-void CudaBackend::forget_unconfirmed_copies() {
-  for (const void* host : unconfirmed_) {
-    auto it = weights_.find(host);
-    if (it == weights_.end()) continue;
-    rt_->device_free(it->second.dev);
-    weights_.erase(it);
-  }
-  unconfirmed_.clear();
+void CudaBackend::forget_tier() {
   for (TierSlot& slot : tier_) {
     slot.layer = slot.expert = -1;
     for (bool& h : slot.has) h = false;
@@ -380,7 +407,6 @@ Status CudaBackend::sync() {
   if (st == MOELITE_OK) st = compute;
   arena_reset(&uploads_);  // nothing queued reads the uploads or tables any more
   arena_reset(&tables_);
-  if (st == MOELITE_OK) unconfirmed_.clear();
   return st;
 }
 

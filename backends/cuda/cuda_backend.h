@@ -10,8 +10,15 @@
 // slots are pinned, mapped host memory (alloc_shared) that an integrated GPU reads in place (zero
 // copy) and a discrete GPU copies into a device tier of as many expert slots as the store has, on
 // a copy stream, with events so a kernel waits only for the matrix it reads.
+//
+// Peers (create_peer): each with streams, scratch and arenas of its own on the same device,
+// sharing the device copies of weights (found and made under a lock, each copy complete before it
+// can be found) and the zero-copy slot blocks, so contexts evaluate on them at the same time. Not
+// where budgeted experts go through the device tier (a discrete GPU under a budget): the tier is
+// one instance's, so such contexts take turns.
 #pragma once
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -32,6 +39,7 @@ class CudaBackend final : public Backend {
   BackendKind kind() const override { return BackendKind::Cuda; }
   const char* name() const override { return name_.c_str(); }
   int32_t n_threads() const override { return 1; }
+  Status create_peer(std::unique_ptr<Backend>* out) override;
 
   void* alloc_shared(uint64_t bytes) override;
   void free_shared(void* p) override;
@@ -73,7 +81,8 @@ class CudaBackend final : public Backend {
   bool reads_experts_until_group_end() const override { return true; }
 
  private:
-  explicit CudaBackend(std::unique_ptr<GpuRuntime> rt);
+  struct Shared;
+  CudaBackend(std::shared_ptr<GpuRuntime> rt, std::shared_ptr<Shared> shared);
   Status init();
 
   // Device memory the backend owns, grown on demand and reused (bump allocation, reset at points
@@ -113,7 +122,8 @@ class CudaBackend final : public Backend {
     return MOELITE_OK;
   }
 
-  // A host weight's device copy, uploaded on first use (placed dense weights, resident experts).
+  // A host weight's device copy, uploaded on first use (placed dense weights, resident experts)
+  // and waited for, so a peer that finds it reads it complete.
   Status device_weight(const WeightView& w, WeightArg* out);
   Status device_floats(const float* p, size_t n, const float** out);  // norm vectors, biases (null: null)
   // A routed expert's matrix (0 gate, 1 up, 2 down) wherever the device reads it from.
@@ -121,11 +131,11 @@ class CudaBackend final : public Backend {
   const uint8_t* shared_device_address(const uint8_t* host) const;  // zero-copy alias, or null
   Status tier_matrix(const ExpertTask& t, int which, WeightArg* out);
   Status wait_for_copy(EventHandle e);
-  // Waits for a stream. On a device error nothing filled since the last successful full sync can
-  // be trusted: the device tier is emptied and weights uploaded since then are dropped, so the
-  // next evaluation uploads them again and is exact.
+  // Waits for a stream. On a device error nothing copied into the device tier since the last
+  // successful full sync can be trusted: the tier is emptied, so the next evaluation copies again
+  // and is exact. (Weights are in the shared map only once their copy has completed.)
   Status wait(StreamHandle s);
-  void forget_unconfirmed_copies();
+  void forget_tier();
   Status matmul_rows(const WeightArg& w, const float* x, int64_t x_stride, const int32_t* x_map, float* y,
                      int64_t y_stride, const int32_t* y_map, int64_t n, const float* bias);
   // The product that computes h = act(gate x + bias, up x + bias) for a task's rows (x_map: device
@@ -155,7 +165,7 @@ class CudaBackend final : public Backend {
   Status gate_up_product(const ExpertWeights& w, const WeightArg& gate, const WeightArg& up, const float* x,
                          int64_t x_stride, const int32_t* x_map, int64_t n, float* h, GroupedProduct* out);
 
-  std::unique_ptr<GpuRuntime> rt_;
+  std::shared_ptr<GpuRuntime> rt_;
   const KernelTable* k_ = nullptr;
   std::string name_;
   StreamHandle compute_ = nullptr, copy_ = nullptr;
@@ -164,8 +174,21 @@ class CudaBackend final : public Backend {
     void* dev = nullptr;
     size_t bytes = 0;
   };
-  std::unordered_map<const void*, DevBytes> weights_;  // host address -> device copy
-  std::vector<const void*> unconfirmed_;               // weights uploaded since the last full sync
+  struct SharedBlock {
+    uint8_t* host = nullptr;
+    uint8_t* dev = nullptr;
+    uint64_t bytes = 0;
+  };
+  // What an instance and its peers share, under `mu`: device copies of weights by host address,
+  // and the zero-copy blocks handed to the expert store. The first instance frees them; its peers
+  // are destroyed before it.
+  struct Shared {
+    std::mutex mu;
+    std::unordered_map<const void*, DevBytes> weights;
+    std::vector<SharedBlock> blocks;
+  };
+  std::shared_ptr<Shared> shared_;
+  bool is_peer_ = false;
   Arena uploads_, scratch_, tables_;
 
   struct KvRef {
@@ -173,13 +196,6 @@ class CudaBackend final : public Backend {
   };
   float* attn_partial_ = nullptr;  // the split attention's per-chunk results
   size_t attn_partial_floats_ = 0;
-
-  struct SharedBlock {
-    uint8_t* host = nullptr;
-    uint8_t* dev = nullptr;
-    uint64_t bytes = 0;
-  };
-  std::vector<SharedBlock> shared_;
 
   // Discrete GPUs: a device tier of expert slots, as many as the store's host slots.
   struct TierSlot {

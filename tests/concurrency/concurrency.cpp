@@ -15,8 +15,13 @@
 // share the device tier of expert slots), exact, with aborts; and contexts that take turns on the
 // runtime's one stream (cache-aware gating) are exact and can be aborted while they wait.
 //
-// Usage: moelite_concurrency MODEL.gguf [cpu|vulkan]   (exit 0 on success, 77 where the backend is
-// missing; prints what failed otherwise)
+// With `cuda` (on the SIMT emulator: MOELITE_CUDA_EMULATOR=1, a unified-memory device) all of it
+// runs on CUDA (each context streams of its own, budgeted experts read in place), then on an
+// emulated discrete device: resident at the same time; under a budget, taking turns (the device
+// tier is one instance's), exact, with aborts while waiting for the turn.
+//
+// Usage: moelite_concurrency MODEL.gguf [cpu|vulkan|cuda]   (exit 0 on success, 77 where the
+// backend is missing; prints what failed otherwise)
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -272,19 +277,21 @@ bool resident_contexts_at_once(const char* path, const std::vector<std::vector<f
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || (argc > 2 && strcmp(argv[2], "cpu") != 0 && strcmp(argv[2], "vulkan") != 0)) {
-    fprintf(stderr, "usage: %s MODEL.gguf [cpu|vulkan]\n", argv[0]);
+  const char* mode = argc > 2 ? argv[2] : "cpu";
+  if (argc < 2 || (strcmp(mode, "cpu") != 0 && strcmp(mode, "vulkan") != 0 && strcmp(mode, "cuda") != 0)) {
+    fprintf(stderr, "usage: %s MODEL.gguf [cpu|vulkan|cuda]\n", argv[0]);
     return 2;
   }
   const char* path = argv[1];
-  const bool vulkan = argc > 2 && strcmp(argv[2], "vulkan") == 0;
+  const bool vulkan = strcmp(mode, "vulkan") == 0, cuda = strcmp(mode, "cuda") == 0;
   if (vulkan) g_backend = MOELITE_BACKEND_VULKAN;
+  if (cuda) g_backend = MOELITE_BACKEND_CUDA;
   moelite_set_log_callback(on_log, nullptr, MOELITE_LOG_INFO);
 
   // References: resident, one context, one thread.
   moelite_model* ref_model = load(path, 0);
   if (g_backend_missing) {
-    printf("concurrency: skipped, no Vulkan device (%s)\n", moelite_last_error());
+    printf("concurrency: skipped, no %s device (%s)\n", mode, moelite_last_error());
     return 77;
   }
   if (!ref_model) return 1;
@@ -375,6 +382,9 @@ int main(int argc, char** argv) {
         SharedStore{"a quarter of the experts, predictors", budget, false, true},
         SharedStore{"the minimum budget", min_budget, false, false},
         SharedStore{"the minimum per-layer quotas", min_budget * moe_layers, true, false}}) {
+    // The emulated CUDA device is slow (and runs one kernel at a time): there, the variants that
+    // only exercise the store and the predictors, which the CPU and Vulkan runs cover, are left out.
+    if (cuda && (shared.predictors || shared.per_layer)) continue;
     const std::string where = std::string(" (") + shared.what + ")";
     moelite_model* b = load(path, shared.budget, /*no_predictor=*/!shared.predictors, shared.per_layer);
     if (!b) return 1;
@@ -414,6 +424,30 @@ int main(int argc, char** argv) {
       aborts_beside_a_busy_context(b, ref, n_vocab, where);
     }
     moelite_model_free(b);
+  }
+
+  // CUDA on an emulated discrete device (MOELITE_CUDA_EMULATOR=discrete, read at each load):
+  // resident, contexts evaluate at the same time, each weight's copy complete before another
+  // context's stream can find it; under a budget the device tier of expert slots is one instance's,
+  // so contexts take turns (A holds its turn for 3 s while B waits), exact, with aborts while they
+  // wait for the turn.
+  if (cuda) {
+    const char* was = getenv("MOELITE_CUDA_EMULATOR");
+    const std::string emulator = was ? was : "";
+    setenv("MOELITE_CUDA_EMULATOR", "discrete", 1);
+    if (!resident_contexts_at_once(path, ref, n_vocab, " (discrete, resident)")) return 1;
+    moelite_model* b = load(path, budget, /*no_predictor=*/true);
+    if (!b) return 1;
+    check(!evaluate_at_once(b, ref, n_vocab, " (discrete, a quarter of the experts)", /*patience=*/3),
+          "contexts evaluated at the same time through one device tier");
+    std::vector<std::thread> turns = start_workers(b, ref, n_vocab, "discrete budgeted worker");
+    join_all(&turns);
+    aborts_beside_a_busy_context(b, ref, n_vocab, " (discrete)");
+    moelite_model_free(b);
+    if (was)
+      setenv("MOELITE_CUDA_EMULATOR", emulator.c_str(), 1);
+    else
+      unsetenv("MOELITE_CUDA_EMULATOR");
   }
 
   // A device treated as discrete (MOELITE_VK_AS_DISCRETE, read at each load): resident, contexts
@@ -491,7 +525,6 @@ int main(int argc, char** argv) {
     fprintf(stderr, "%d failure(s)\n", g_failures.load());
     return 1;
   }
-  printf("concurrency (%s): %d contexts x %d rounds exact, aborts honoured\n", vulkan ? "vulkan" : "cpu", kWorkers,
-         kRounds);
+  printf("concurrency (%s): %d contexts x %d rounds exact, aborts honoured\n", mode, kWorkers, kRounds);
   return 0;
 }

@@ -42,7 +42,7 @@ impl ContextParams {
 
 /// A context of a model. Used by one thread at a time (`Send`, not `Sync`), as the header asks;
 /// contexts of one model on different threads evaluate at the same time where the library allows
-/// (the CPU and Vulkan backends) and take turns otherwise, with the same results either way.
+/// (CPU, Vulkan, CUDA) and take turns otherwise, with the same results either way.
 pub struct Context {
     ptr: NonNull<sys::moelite_context>,
     n_vocab: usize,
