@@ -149,8 +149,8 @@ class Backend {
   // Another instance of this backend for a context that evaluates while others do: it computes
   // with the weights placed on this one (which must outlive it) and has its own threads (CPU) or
   // command stream (Vulkan) and scratch, so two instances may run operations at the same time.
-  // MOELITE_ERR_NOT_IMPLEMENTED where the instance cannot be shared that way (CUDA with a device
-  // tier of budgeted experts): the contexts of such a backend take turns on the one instance.
+  // MOELITE_ERR_NOT_IMPLEMENTED where the instance cannot be shared that way (a backend that does
+  // not override this): the contexts of such a backend take turns on the one instance.
   [[nodiscard]] virtual Status create_peer(std::unique_ptr<Backend>* out) {
     return fail(MOELITE_ERR_NOT_IMPLEMENTED, "%s: contexts take turns on one instance", name());
   }

@@ -20,16 +20,16 @@
  *    create contexts from it concurrently. A moelite_context must be used by one thread at a time.
  *    Contexts of one model evaluate at the same time from different threads on the CPU, Vulkan
  *    and CUDA backends: each context then has its own worker threads (CPU) or command streams
- *    (GPU) and scratch, and GPU contexts share the device's copies of the weights. With an expert budget
- *    they share the store (its slots never exceed the budget, and one read of an expert serves
- *    every context using it): a layer's experts wait, if need be, until the pins they ask for fit
- *    beside other contexts', first come first served, so every context makes progress. Contexts
- *    take turns instead, each evaluation waiting for the one before, on CUDA with a discrete GPU
- *    under a budget (one device tier of expert slots) and with cache-aware gating (its choice
- *    reads what is resident). With a
- *    predictor each context evaluating at the same time guesses with one of its own (its
- *    correlation counts start as the model's and then learn from its own tokens). Either way results are those of a
- *    context alone, and a context waiting for another honours its abort callback.
+ *    (GPU) and scratch, and GPU contexts share the device's copies of the weights and, on a
+ *    discrete GPU under a budget, its expert slots. With an expert budget they share the store
+ *    (its slots never exceed the budget, and one read of an expert serves every context using
+ *    it): a layer's experts wait, if need be, until the pins they ask for fit beside other
+ *    contexts', first come first served, so every context makes progress. Contexts take turns
+ *    instead, each evaluation waiting for the one before, with cache-aware gating (its choice
+ *    reads what is resident). With a predictor each context evaluating at the same time guesses
+ *    with one of its own (its correlation counts start as the model's and then learn from its own
+ *    tokens). Either way results are those of a context alone, and a context waiting for another
+ *    honours its abort callback.
  *    Parameter objects are plain data owned by the caller; do not share one between threads while
  *    it is being modified.
  *  - ABI. Options are set through setters on opaque parameter objects and queries go through

@@ -8,12 +8,16 @@
 #include <cmath>
 #include <deque>
 #include <functional>
+#include <mutex>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "backends/backend.h"
 #include "backends/cpu/quant.h"
 #include "core/expert_store/expert_source.h"
+#include "core/moe/expert_executor.h"
 #include "tests/random_weights.h"
 
 namespace moelite::test {
@@ -360,6 +364,130 @@ inline void expect_routing_matches_cpu(Backend* dev, Backend* cpu, int64_t n) {
     for (size_t i = 0; i < rd.weights.size(); ++i) EXPECT_NEAR(rd.weights[i], rc.weights[i], 2e-7) << i;
   }
   }
+}
+
+// Budgeted experts of float weights (so the CPU backend is an exact-enough reference) for the
+// device-tier tests of the GPU backends: `n_expert` experts d -> ff -> d.
+struct TierCase {
+  static constexpr int64_t n = 4, d = 64, ff = 96;
+  FakeExperts ex;
+  FfnKind kind;
+  std::vector<float> x;
+  explicit TierCase(int32_t n_expert) {
+    std::mt19937 rng(9);
+    for (int32_t e = 0; e < n_expert; ++e)
+      ex.w.push_back(ExpertWeights{random_matrix(TensorType::F32, ff, d, rng),
+                                   random_matrix(TensorType::F32, ff, d, rng),
+                                   random_matrix(TensorType::F32, d, ff, rng)});
+    ex.resident = false;
+    x = randv(static_cast<size_t>(n * d), rng, -2, 2);
+  }
+  // Every token routed to `ids` (k = ids.size(), equal weights).
+  static Routing routing(const std::vector<int32_t>& ids) {
+    Routing r;
+    r.n_tokens = static_cast<int32_t>(n);
+    r.k = static_cast<int32_t>(ids.size());
+    for (int64_t t = 0; t < n; ++t)
+      for (int32_t id : ids) {
+        r.ids.push_back(id);
+        r.weights.push_back(1.0f / static_cast<float>(ids.size()));
+      }
+    return r;
+  }
+  std::vector<float> run(Backend* b, const Routing& r) {
+    FakeExperts source = ex;  // its own counts: tests run these on several threads
+    HostAct xa(b, n, d), o(b, n, d);
+    {
+      static std::mutex set_mu;  // HostAct::set keeps its table in one list for the process
+      std::lock_guard<std::mutex> lock(set_mu);
+      xa.set(x);
+    }
+    EXPECT_EQ(run_routed_experts(*b, source, 0, kind, xa.a, r, &o.a), MOELITE_OK) << last_error_message();
+    EXPECT_EQ(source.held, 0) << "every expert is released";
+    return o.get();
+  }
+};
+
+// A GPU backend instance's use of its device tier: matrices found there, copied in, and copied for
+// one pass because peers held the slots.
+struct TierCounts {
+  uint64_t hits = 0, loads = 0, own_copies = 0;
+};
+using TierCountsOf = std::function<TierCounts(Backend*)>;
+
+// Two instances of one discrete device (`first` and its peer) and a tier of two expert slots
+// (set_expert_pool(2) before the peer was made). `first` holds expert 1's slot part way through a
+// pass (gate/up queued, down not yet) while the peer runs a whole pass over experts 0..3: the peer
+// must not read or overwrite that slot, nor wait for `first`, so it copies expert 1's three
+// matrices for itself and takes turns with itself on the slot left. Both results as the CPU's;
+// after `first`'s group end the slot serves the peer.
+inline void expect_peers_share_a_tier_without_waiting(Backend* first, Backend* peer, Backend* cpu,
+                                                      const TierCountsOf& counts) {
+  TierCase c(4);
+  const Routing one = TierCase::routing({1}), all = TierCase::routing({0, 1, 2, 3});
+  HostAct xa(first, c.n, c.d), o(first, c.n, c.d);
+  xa.set(c.x);
+  std::vector<int32_t> rows(static_cast<size_t>(c.n));
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int32_t>(i);
+  ExpertTask task;
+  task.layer = 0;
+  task.expert = 1;
+  task.w = c.ex.w[1];
+  task.x_rows = rows.data();
+  task.out_rows = rows.data();  // k = 1: output row = token
+  task.n_rows = static_cast<int32_t>(c.n);
+  ASSERT_EQ(first->moe_begin(xa.a, c.kind, c.n), MOELITE_OK);
+  ASSERT_EQ(first->expert_gate_up(&task, 1), MOELITE_OK) << last_error_message();
+
+  const std::vector<float> peer_out = c.run(peer, all);
+  EXPECT_EQ(counts(peer).own_copies, 3u) << "expert 1's gate, up and down, held by the other instance";
+
+  ASSERT_EQ(first->expert_down(&task, 1), MOELITE_OK);
+  ASSERT_EQ(first->expert_group_end(), MOELITE_OK);
+  ASSERT_EQ(first->moe_combine(one, &o.a), MOELITE_OK);
+  const std::vector<float> held_out = o.get();
+  EXPECT_EQ(counts(first).own_copies, 0u);
+
+  EXPECT_LT(max_rel(peer_out, widen(c.run(cpu, all))), 1e-5);
+  EXPECT_LT(max_rel(held_out, widen(c.run(cpu, one))), 1e-5);
+  const TierCounts before = counts(peer);
+  EXPECT_LT(max_rel(c.run(peer, one), widen(c.run(cpu, one))), 1e-5);
+  EXPECT_EQ(counts(peer).own_copies, before.own_copies);
+  EXPECT_EQ(counts(peer).hits, before.hits + 3) << "expert 1 stayed in its slot";
+}
+
+// Instances of one discrete device (a tier of three slots), each on a thread of its own, 60 passes
+// each over three of six experts: slots change hands all the time, and whoever finds them held
+// copies for itself. Every result as the CPU's.
+inline void expect_peers_through_one_tier_compute_what_the_cpu_does(const std::vector<Backend*>& instances,
+                                                                    Backend* cpu, const TierCountsOf& counts) {
+  TierCase c(6);
+  std::vector<Routing> routings;
+  std::vector<std::vector<double>> want;
+  for (int32_t first = 0; first < 6; ++first) {
+    routings.push_back(TierCase::routing({first, (first + 2) % 6, (first + 3) % 6}));
+    want.push_back(widen(c.run(cpu, routings.back())));
+  }
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::vector<std::string> failures;
+  for (size_t i = 0; i < instances.size(); ++i)
+    threads.emplace_back([&, i] {
+      for (int round = 0; round < 60; ++round) {
+        const size_t which = (i * 5 + static_cast<size_t>(round)) % routings.size();
+        const double rel = max_rel(c.run(instances[i], routings[which]), want[which]);
+        if (rel >= 1e-5) {
+          std::lock_guard<std::mutex> lock(mu);
+          failures.push_back("instance " + std::to_string(i) + " round " + std::to_string(round) + ": max rel " +
+                             std::to_string(rel));
+        }
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  EXPECT_TRUE(failures.empty()) << failures.front();
+  uint64_t loads = 0;
+  for (Backend* b : instances) loads += counts(b).loads;
+  EXPECT_GT(loads, 0u);
 }
 
 }  // namespace moelite::test

@@ -319,6 +319,38 @@ INSTANTIATE_TEST_SUITE_P(CudaOps, CudaDevices,
                          testing::Values(Device::EmulatedIntegrated, Device::EmulatedDiscrete, Device::Gpu),
                          [](const testing::TestParamInfo<Device>& i) { return device_name(i.param); });
 
+namespace {
+
+TierCounts cuda_tier_counts(Backend* b) {
+  const cuda::CudaBackend::TierStats t = static_cast<cuda::CudaBackend*>(b)->tier_stats();
+  return {t.hits, t.loads, t.own_copies};
+}
+
+}  // namespace
+
+TEST(CudaOps, PeersShareTheDeviceTierWithoutWaitingForEachOther) {
+  // On the emulated discrete device, whose streams run only when waited for: a slot held part way
+  // through one instance's pass is neither read nor refilled by a peer's whole pass
+  // (backend_ops_util.h).
+  Pair p = make(Device::EmulatedDiscrete);
+  ASSERT_NE(p.gpu, nullptr);
+  p.gpu->set_expert_pool(2);
+  std::unique_ptr<Backend> peer;
+  ASSERT_EQ(p.gpu->create_peer(&peer), MOELITE_OK) << last_error_message();
+  expect_peers_share_a_tier_without_waiting(p.gpu.get(), peer.get(), p.cpu.get(), cuda_tier_counts);
+}
+
+TEST(CudaOps, PeersPassingExpertsThroughOneTierAtOnceComputeWhatTheCpuDoes) {
+  Pair p = make(Device::EmulatedDiscrete);
+  ASSERT_NE(p.gpu, nullptr);
+  p.gpu->set_expert_pool(3);
+  std::vector<std::unique_ptr<Backend>> peers(2);
+  for (auto& peer : peers) ASSERT_EQ(p.gpu->create_peer(&peer), MOELITE_OK);
+  expect_peers_through_one_tier_compute_what_the_cpu_does({p.gpu.get(), peers[0].get(), peers[1].get()}, p.cpu.get(),
+                                                          cuda_tier_counts);
+  peers.clear();  // peers go before the instance they were made from
+}
+
 TEST(CudaOps, WithoutADeviceTheBackendIsUnavailableWithAReason) {
   unsetenv("MOELITE_CUDA_EMULATOR");
   std::unique_ptr<Backend> b;

@@ -9,10 +9,7 @@
 #include <cstdlib>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <random>
-#include <string>
-#include <thread>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
@@ -309,141 +306,39 @@ TEST(VulkanOps, WorkRunPartWayThroughAnExpertPassKeepsTheBuffersTheRestReads) {
 
 namespace {
 
-// Budgeted experts of float weights (so the CPU backend is an exact-enough reference) for the
-// device-tier tests: `n_expert` experts d -> ff -> d.
-struct TierCase {
-  static constexpr int64_t n = 4, d = 64, ff = 96;
-  FakeExperts ex;
-  FfnKind kind;
-  std::vector<float> x;
-  explicit TierCase(int32_t n_expert) {
-    std::mt19937 rng(9);
-    for (int32_t e = 0; e < n_expert; ++e)
-      ex.w.push_back(ExpertWeights{random_matrix(TensorType::F32, ff, d, rng),
-                                   random_matrix(TensorType::F32, ff, d, rng),
-                                   random_matrix(TensorType::F32, d, ff, rng)});
-    ex.resident = false;
-    x = randv(static_cast<size_t>(n * d), rng, -2, 2);
-  }
-  // Every token routed to `ids` (k = ids.size(), equal weights).
-  static Routing routing(const std::vector<int32_t>& ids) {
-    Routing r;
-    r.n_tokens = static_cast<int32_t>(n);
-    r.k = static_cast<int32_t>(ids.size());
-    for (int64_t t = 0; t < n; ++t)
-      for (int32_t id : ids) {
-        r.ids.push_back(id);
-        r.weights.push_back(1.0f / static_cast<float>(ids.size()));
-      }
-    return r;
-  }
-  std::vector<float> run(Backend* b, const Routing& r) {
-    FakeExperts source = ex;  // its own counts: tests run these on several threads
-    HostAct xa(b, n, d), o(b, n, d);
-    {
-      static std::mutex set_mu;  // HostAct::set keeps its table in one list for the process
-      std::lock_guard<std::mutex> lock(set_mu);
-      xa.set(x);
-    }
-    EXPECT_EQ(run_routed_experts(*b, source, 0, kind, xa.a, r, &o.a), MOELITE_OK) << last_error_message();
-    EXPECT_EQ(source.held, 0) << "every expert is released";
-    return o.get();
-  }
-};
-
-vk::VulkanBackend* as_vulkan(const std::unique_ptr<Backend>& b) { return static_cast<vk::VulkanBackend*>(b.get()); }
+TierCounts vulkan_tier_counts(Backend* b) {
+  const vk::VulkanBackend::TierStats t = static_cast<vk::VulkanBackend*>(b)->tier_stats();
+  return {t.hits, t.loads, t.own_copies};
+}
 
 }  // namespace
 
 TEST(VulkanOps, PeersShareTheDeviceTierWithoutWaitingForEachOther) {
-  // Two streams of one discrete device and a tier of two expert slots. The first holds expert 1's
-  // slot part way through a pass (gate/up recorded, down not yet) while its peer runs a whole pass
-  // over experts 0..3: the peer must not read or overwrite that slot, nor wait for the first
-  // stream, so it copies expert 1's three matrices for its own submission and takes turns with
-  // itself on the one slot left for the others. Both results as the CPU's.
+  // A slot held part way through one stream's pass is neither read nor refilled by a peer's whole
+  // pass (backend_ops_util.h). With the holder ignored, the held pass's result is wrong.
   Pair p;
   if (!make_as(true, &p)) GTEST_SKIP() << "no Vulkan device";
   const uint64_t validation_before = vk::Device::validation_messages();
   p.vk->set_expert_pool(2);
   std::unique_ptr<Backend> peer;
   ASSERT_EQ(p.vk->create_peer(&peer), MOELITE_OK) << last_error_message();
-  TierCase c(4);
-  const Routing one = TierCase::routing({1}), all = TierCase::routing({0, 1, 2, 3});
-
-  HostAct xa(p.vk.get(), c.n, c.d), o(p.vk.get(), c.n, c.d);
-  xa.set(c.x);
-  std::vector<int32_t> rows(static_cast<size_t>(c.n));
-  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int32_t>(i);
-  ExpertTask task;
-  task.layer = 0;
-  task.expert = 1;
-  task.w = c.ex.w[1];
-  task.x_rows = rows.data();
-  task.out_rows = rows.data();  // k = 1: output row = token
-  task.n_rows = static_cast<int32_t>(c.n);
-  ASSERT_EQ(p.vk->moe_begin(xa.a, c.kind, c.n), MOELITE_OK);
-  ASSERT_EQ(p.vk->expert_gate_up(&task, 1), MOELITE_OK);
-
-  const std::vector<float> peer_out = c.run(peer.get(), all);
-  EXPECT_EQ(as_vulkan(peer)->tier_stats().own_copies, 3u) << "expert 1's gate, up and down, held by the other stream";
-
-  ASSERT_EQ(p.vk->expert_down(&task, 1), MOELITE_OK);
-  ASSERT_EQ(p.vk->expert_group_end(), MOELITE_OK);
-  ASSERT_EQ(p.vk->moe_combine(one, &o.a), MOELITE_OK);
-  const std::vector<float> held_out = o.get();
-  EXPECT_EQ(as_vulkan(p.vk)->tier_stats().own_copies, 0u);
-
-  EXPECT_LT(max_rel(peer_out, widen(c.run(p.cpu.get(), all))), 1e-5);
-  EXPECT_LT(max_rel(held_out, widen(c.run(p.cpu.get(), one))), 1e-5);
-  // Released at the group end: the slot serves the peer now.
-  const vk::VulkanBackend::TierStats before = as_vulkan(peer)->tier_stats();
-  EXPECT_LT(max_rel(c.run(peer.get(), one), widen(c.run(p.cpu.get(), one))), 1e-5);
-  EXPECT_EQ(as_vulkan(peer)->tier_stats().own_copies, before.own_copies);
-  EXPECT_EQ(as_vulkan(peer)->tier_stats().hits, before.hits + 3) << "expert 1 stayed in its slot";
+  expect_peers_share_a_tier_without_waiting(p.vk.get(), peer.get(), p.cpu.get(), vulkan_tier_counts);
   NO_VALIDATION_MESSAGES();
 }
 
 TEST(VulkanOps, PeersPassingExpertsThroughOneTierAtOnceComputeWhatTheCpuDoes) {
-  // Three streams on three threads, each pass over three of six experts through a tier of three
-  // slots: slots change hands all the time, and whoever finds them held reads copies of its own.
-  // (With the holder ignored, so that one stream may refill a slot another's recorded work still
-  // reads, this failed in 2 of 3 runs; the test above fails every time.)
+  // Three streams on three threads through a tier of three slots (backend_ops_util.h). With the
+  // holder ignored, so that one stream may refill a slot another's recorded work still reads, this
+  // failed in 2 of 3 runs; the test above fails every time.
   Pair p;
   if (!make_as(true, &p)) GTEST_SKIP() << "no Vulkan device";
   const uint64_t validation_before = vk::Device::validation_messages();
   p.vk->set_expert_pool(3);
-  std::vector<std::unique_ptr<Backend>> streams(3);
-  for (size_t i = 1; i < streams.size(); ++i) ASSERT_EQ(p.vk->create_peer(&streams[i]), MOELITE_OK);
-  TierCase c(6);
-  std::vector<Routing> routings;
-  std::vector<std::vector<double>> want;
-  for (int32_t first = 0; first < 6; ++first) {
-    routings.push_back(TierCase::routing({first, (first + 2) % 6, (first + 3) % 6}));
-    want.push_back(widen(c.run(p.cpu.get(), routings.back())));
-  }
-  std::vector<std::thread> threads;
-  std::mutex mu;
-  std::vector<std::string> failures;
-  for (size_t i = 0; i < streams.size(); ++i)
-    threads.emplace_back([&, i] {
-      Backend* b = i == 0 ? p.vk.get() : streams[i].get();
-      for (int round = 0; round < 60; ++round) {
-        const size_t which = (i * 5 + static_cast<size_t>(round)) % routings.size();
-        const double rel = max_rel(c.run(b, routings[which]), want[which]);
-        if (rel >= 1e-5) {
-          std::lock_guard<std::mutex> lock(mu);
-          failures.push_back("stream " + std::to_string(i) + " round " + std::to_string(round) + ": max rel " +
-                             std::to_string(rel));
-        }
-      }
-    });
-  for (std::thread& t : threads) t.join();
-  EXPECT_TRUE(failures.empty()) << failures.front();
-  uint64_t loads = 0;
-  for (size_t i = 0; i < streams.size(); ++i)
-    loads += (i == 0 ? as_vulkan(p.vk) : as_vulkan(streams[i]))->tier_stats().loads;
-  EXPECT_GT(loads, 0u);
-  streams.clear();  // peers go before the instance they were made from
+  std::vector<std::unique_ptr<Backend>> peers(2);
+  for (auto& peer : peers) ASSERT_EQ(p.vk->create_peer(&peer), MOELITE_OK);
+  expect_peers_through_one_tier_compute_what_the_cpu_does({p.vk.get(), peers[0].get(), peers[1].get()}, p.cpu.get(),
+                                                          vulkan_tier_counts);
+  peers.clear();  // peers go before the instance they were made from
   NO_VALIDATION_MESSAGES();
 }
 

@@ -57,14 +57,6 @@ Status CudaBackend::create_with(std::unique_ptr<GpuRuntime> rt, std::unique_ptr<
 }
 
 Status CudaBackend::create_peer(std::unique_ptr<Backend>* out) {
-  bool zero_copy;
-  {
-    std::lock_guard<std::mutex> lock(shared_->mu);
-    zero_copy = rt_->info().integrated && !shared_->blocks.empty();
-  }
-  if (tier_slots_ > 0 && !zero_copy)
-    return fail(MOELITE_ERR_NOT_IMPLEMENTED,
-                "%s: contexts take turns: budgeted experts go through one device tier of expert slots", name());
   std::unique_ptr<CudaBackend> b(new CudaBackend(rt_, shared_));
   b->is_peer_ = true;
   b->tier_slots_ = tier_slots_;
@@ -97,11 +89,17 @@ Status CudaBackend::init() {
 }
 
 CudaBackend::~CudaBackend() {
-  if (tier_hits_ + tier_loads_ > 0)
-    log_msg(MOELITE_LOG_INFO, "cuda: device expert tier of %zu slots: %llu hits, %llu loads over the copy stream",
-            tier_.size(), (unsigned long long)tier_hits_, (unsigned long long)tier_loads_);
+  if (tier_hits_ + tier_loads_ + tier_own_copies_ > 0)
+    log_msg(MOELITE_LOG_INFO,
+            "cuda: device expert tier: %llu hits, %llu loads over the copy stream, %llu copies of slots peers held",
+            (unsigned long long)tier_hits_, (unsigned long long)tier_loads_, (unsigned long long)tier_own_copies_);
   if (compute_) (void)rt_->stream_sync(compute_);
   if (copy_) (void)rt_->stream_sync(copy_);
+  {
+    std::lock_guard<std::mutex> lock(shared_->tier_mu);
+    for (TierSlot& s : shared_->tier)
+      if (s.holder == this) s.holder = nullptr;  // its streams have run
+  }
   if (!is_peer_)
     for (auto& [host, w] : shared_->weights) rt_->device_free(w.dev);
   arena_free(&uploads_);
@@ -109,14 +107,18 @@ CudaBackend::~CudaBackend() {
   arena_free(&tables_);
   rt_->device_free(attn_partial_);
   rt_->device_free(pass_out_);
-  for (TierSlot& s : tier_)
-    for (int c = 0; c < 3; ++c) {
-      rt_->device_free(s.chunk[c]);
-      if (s.copied[c]) rt_->event_destroy(s.copied[c]);
+  if (!is_peer_) {
+    for (TierSlot& s : shared_->tier) {
+      for (int c = 0; c < 3; ++c) {
+        rt_->device_free(s.chunk[c]);
+        if (s.copied[c]) rt_->event_destroy(s.copied[c]);
+      }
+      if (s.released) rt_->event_destroy(s.released);
     }
-  if (!is_peer_)
     for (SharedBlock& b : shared_->blocks) rt_->host_free_mapped(b.host);
+  }
   if (compute_point_) rt_->event_destroy(compute_point_);
+  if (own_copied_) rt_->event_destroy(own_copied_);
   if (copy_) rt_->stream_destroy(copy_);
   if (compute_) rt_->stream_destroy(compute_);
 }
@@ -395,10 +397,29 @@ Status CudaBackend::wait(StreamHandle s) {
 }
 
 void CudaBackend::forget_tier() {
-  for (TierSlot& slot : tier_) {
+  std::lock_guard<std::mutex> lock(shared_->tier_mu);
+  (void)release_tier_slots_locked();
+  for (TierSlot& slot : shared_->tier) {
+    if (slot.holder) continue;  // a peer's: its own evaluation decides
     slot.layer = slot.expert = -1;
     for (bool& h : slot.has) h = false;
   }
+}
+
+Status CudaBackend::release_tier_slots_locked() {
+  Status st = MOELITE_OK;
+  for (TierSlot& s : shared_->tier) {
+    if (s.holder != this) continue;
+    Status made = s.released ? MOELITE_OK : rt_->event_create(&s.released);
+    if (made == MOELITE_OK) made = rt_->event_record(s.released, compute_);
+    if (made != MOELITE_OK) {
+      // Kept: a slot whose release cannot be ordered after its readers is never copied into again.
+      if (st == MOELITE_OK) st = made;
+      continue;
+    }
+    s.holder = nullptr;
+  }
+  return st;
 }
 
 Status CudaBackend::sync() {
@@ -651,22 +672,51 @@ Status CudaBackend::wait_for_copy(EventHandle e) { return rt_->stream_wait(compu
 
 Status CudaBackend::tier_matrix(const ExpertTask& t, int which, WeightArg* out) {
   const WeightView& w = which == 0 ? t.w.gate : which == 1 ? t.w.up : t.w.down;
-  if (tier_.empty()) tier_.resize(static_cast<size_t>(std::max<int64_t>(tier_slots_, 1)));
+  std::unique_lock<std::mutex> lock(shared_->tier_mu);
+  std::vector<TierSlot>& tier = shared_->tier;
+  if (tier.empty()) tier.resize(static_cast<size_t>(std::max<int64_t>(tier_slots_, 1)));
   TierSlot* slot = nullptr;
-  for (TierSlot& s : tier_)
-    if (s.layer == t.layer && s.expert == t.expert) slot = &s;
-  if (!slot) {
-    // Least recently used slot. Work queued so far may still read it: the copy stream waits for
-    // the compute stream's current point before overwriting.
-    slot = &*std::min_element(tier_.begin(), tier_.end(),
-                              [](const TierSlot& a, const TierSlot& b) { return a.last_use < b.last_use; });
-    slot->layer = t.layer;
-    slot->expert = t.expert;
-    for (bool& h : slot->has) h = false;
-    MOELITE_TRY(rt_->event_record(compute_point_, compute_));
-    MOELITE_TRY(rt_->stream_wait(copy_, compute_point_));
+  bool taken = false;  // from no holder: copies into it wait for the last holder's kernels
+  for (;;) {
+    slot = nullptr;
+    for (TierSlot& s : tier)
+      if (s.layer == t.layer && s.expert == t.expert) slot = &s;
+    if (slot && slot->holder && slot->holder != this) {
+      slot = nullptr;  // a peer's pass reads it (and may still copy into it): no waiting for peers
+      break;
+    }
+    if (slot) {
+      taken = !slot->holder;
+      break;
+    }
+    // The least recently used slot no instance holds.
+    bool hold_some = false;
+    for (TierSlot& s : tier) {
+      hold_some |= s.holder == this;
+      if (!s.holder && (!slot || s.last_use < slot->last_use)) slot = &s;
+    }
+    if (slot) {
+      slot->layer = t.layer;
+      slot->expert = t.expert;
+      for (bool& h : slot->has) h = false;
+      taken = true;
+      break;
+    }
+    if (!hold_some) break;  // every slot is a peer's
+    // Every slot peers do not hold is this pass's: release them. The kernels queued so far that
+    // read them run before any copy into them (the release event).
+    MOELITE_TRY(release_tier_slots_locked());
   }
-  slot->last_use = ++tier_clock_;
+  if (!slot) {
+    lock.unlock();
+    ++tier_own_copies_;
+    return own_copy(w, out);
+  }
+  slot->holder = this;
+  slot->last_use = ++shared_->tier_clock;
+  const EventHandle released = taken ? slot->released : nullptr;
+  lock.unlock();  // held: no other instance copies into the slot or reads it until released
+  if (released) MOELITE_TRY(rt_->stream_wait(copy_, released));
   ++(slot->has[which] ? tier_hits_ : tier_loads_);
   if (!slot->has[which]) {
     if (slot->capacity[which] < w.bytes()) {
@@ -683,9 +733,24 @@ Status CudaBackend::tier_matrix(const ExpertTask& t, int which, WeightArg* out) 
     MOELITE_TRY(rt_->event_record(slot->copied[which], copy_));
     slot->has[which] = true;
   }
-  // Compute waits only for the copy of the matrix it reads.
+  // Compute waits only for the copy of the matrix it reads (this instance's or a former holder's).
   MOELITE_TRY(wait_for_copy(slot->copied[which]));
   *out = arg_of(w, slot->chunk[which]);
+  return MOELITE_OK;
+}
+
+Status CudaBackend::own_copy(const WeightView& w, WeightArg* out) {
+  // Scratch is reused in compute-stream order, and this copy runs on the copy stream (drained at
+  // the group end, before the store may refill the host slot): after the kernels queued so far.
+  float* dst;
+  MOELITE_TRY(scratch((padded_to_vec16(w.bytes()) + sizeof(float) - 1) / sizeof(float), &dst));
+  MOELITE_TRY(rt_->event_record(compute_point_, compute_));
+  MOELITE_TRY(rt_->stream_wait(copy_, compute_point_));
+  MOELITE_TRY(rt_->copy_async(dst, w.data, w.bytes(), copy_));
+  if (!own_copied_) MOELITE_TRY(rt_->event_create(&own_copied_));
+  MOELITE_TRY(rt_->event_record(own_copied_, copy_));
+  MOELITE_TRY(rt_->stream_wait(compute_, own_copied_));
+  *out = arg_of(w, dst);
   return MOELITE_OK;
 }
 
@@ -792,8 +857,9 @@ Status CudaBackend::expert_group_end() {
   // When this returns the store may refill the group's slots: every copy out of them (discrete)
   // and every kernel reading them in place (integrated) must have run.
   MOELITE_TRY(wait(copy_));
-  if (rt_->info().integrated) return wait(compute_);
-  return MOELITE_OK;
+  if (rt_->info().integrated) MOELITE_TRY(wait(compute_));
+  std::lock_guard<std::mutex> lock(shared_->tier_mu);
+  return release_tier_slots_locked();  // copies into them will wait for the kernels reading them
 }
 
 Status CudaBackend::moe_combine(const Routing& r, Act* out) {

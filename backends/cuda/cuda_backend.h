@@ -13,9 +13,11 @@
 //
 // Peers (create_peer): each with streams, scratch and arenas of its own on the same device,
 // sharing the device copies of weights (found and made under a lock, each copy complete before it
-// can be found) and the zero-copy slot blocks, so contexts evaluate on them at the same time. Not
-// where budgeted experts go through the device tier (a discrete GPU under a budget): the tier is
-// one instance's, so such contexts take turns.
+// can be found), the zero-copy slot blocks and the device tier, so contexts evaluate on them at the
+// same time. A tier slot is one instance's from its first use in an expert pass until it releases
+// it (recording an event on its compute stream that the next copy into the slot waits for); an
+// instance that needs an expert whose slot another holds, or finds every slot held by others,
+// copies the matrix into its own scratch for that pass instead of waiting.
 #pragma once
 #include <memory>
 #include <mutex>
@@ -80,6 +82,13 @@ class CudaBackend final : public Backend {
   // Zero-copy slots are read in place, and tier copies read the slots, after expert_down returns.
   bool reads_experts_until_group_end() const override { return true; }
 
+  // This instance's use of the device tier so far (discrete devices under a budget).
+  struct TierStats {
+    uint64_t hits = 0, loads = 0;  // matrices found in a slot; copied into one
+    uint64_t own_copies = 0;       // copied into this pass's scratch: peers held the slots
+  };
+  TierStats tier_stats() const { return {tier_hits_, tier_loads_, tier_own_copies_}; }
+
  private:
   struct Shared;
   CudaBackend(std::shared_ptr<GpuRuntime> rt, std::shared_ptr<Shared> shared);
@@ -131,9 +140,16 @@ class CudaBackend final : public Backend {
   const uint8_t* shared_device_address(const uint8_t* host) const;  // zero-copy alias, or null
   Status tier_matrix(const ExpertTask& t, int which, WeightArg* out);
   Status wait_for_copy(EventHandle e);
+  // A budgeted expert's matrix copied into this pass's scratch on the copy stream (the tier slots
+  // it would use are held by peers).
+  Status own_copy(const WeightView& w, WeightArg* out);
+  // The tier slots this instance holds are free again; copies into them wait for the kernels
+  // queued so far on this compute stream. The caller holds shared_->tier_mu.
+  Status release_tier_slots_locked();
   // Waits for a stream. On a device error nothing copied into the device tier since the last
-  // successful full sync can be trusted: the tier is emptied, so the next evaluation copies again
-  // and is exact. (Weights are in the shared map only once their copy has completed.)
+  // successful full sync can be trusted: the tier is emptied (but for slots peers hold), so the
+  // next evaluation copies again and is exact. (Weights are in the shared map only once their copy
+  // has completed.)
   Status wait(StreamHandle s);
   void forget_tier();
   Status matmul_rows(const WeightArg& w, const float* x, int64_t x_stride, const int32_t* x_map, float* y,
@@ -179,13 +195,31 @@ class CudaBackend final : public Backend {
     uint8_t* dev = nullptr;
     uint64_t bytes = 0;
   };
-  // What an instance and its peers share, under `mu`: device copies of weights by host address,
-  // and the zero-copy blocks handed to the expert store. The first instance frees them; its peers
-  // are destroyed before it.
+  // Discrete GPUs: a device tier of expert slots, as many as the store's host slots. A slot is held
+  // by one instance (`holder`) from its first use in an expert pass until it releases it; only the
+  // holder copies into it meanwhile. On release the holder records `released` on its compute
+  // stream (after every kernel that reads the slot), and the next holder's copy stream waits for
+  // it before copying in; a kernel reading a matrix waits for that matrix's `copied` event.
+  struct TierSlot {
+    int32_t layer = -1, expert = -1;
+    uint8_t* chunk[3] = {nullptr, nullptr, nullptr};
+    size_t capacity[3] = {0, 0, 0};
+    bool has[3] = {false, false, false};
+    EventHandle copied[3] = {nullptr, nullptr, nullptr};
+    EventHandle released = nullptr;
+    uint64_t last_use = 0;
+    const CudaBackend* holder = nullptr;
+  };
+  // What an instance and its peers share: under `mu`, device copies of weights by host address and
+  // the zero-copy blocks handed to the expert store; under `tier_mu` (taken after `mu` where both
+  // are), the device tier. The first instance frees them; its peers are destroyed before it.
   struct Shared {
     std::mutex mu;
     std::unordered_map<const void*, DevBytes> weights;
     std::vector<SharedBlock> blocks;
+    std::mutex tier_mu;
+    std::vector<TierSlot> tier;
+    uint64_t tier_clock = 0;
   };
   std::shared_ptr<Shared> shared_;
   bool is_peer_ = false;
@@ -197,19 +231,10 @@ class CudaBackend final : public Backend {
   float* attn_partial_ = nullptr;  // the split attention's per-chunk results
   size_t attn_partial_floats_ = 0;
 
-  // Discrete GPUs: a device tier of expert slots, as many as the store's host slots.
-  struct TierSlot {
-    int32_t layer = -1, expert = -1;
-    uint8_t* chunk[3] = {nullptr, nullptr, nullptr};
-    size_t capacity[3] = {0, 0, 0};
-    bool has[3] = {false, false, false};
-    EventHandle copied[3] = {nullptr, nullptr, nullptr};
-    uint64_t last_use = 0;
-  };
-  std::vector<TierSlot> tier_;
   int64_t tier_slots_ = 0;
-  uint64_t tier_clock_ = 0, tier_hits_ = 0, tier_loads_ = 0;  // matrices found in / copied into the tier
-  EventHandle compute_point_ = nullptr;
+  // Matrices found in the tier, copied into it, and copied into scratch because peers held the slots.
+  uint64_t tier_hits_ = 0, tier_loads_ = 0, tier_own_copies_ = 0;
+  EventHandle compute_point_ = nullptr, own_copied_ = nullptr;
 
   // The routed-expert pass in progress.
   const float* pass_x_ = nullptr;

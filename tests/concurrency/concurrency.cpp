@@ -16,9 +16,8 @@
 // runtime's one stream (cache-aware gating) are exact and can be aborted while they wait.
 //
 // With `cuda` (on the SIMT emulator: MOELITE_CUDA_EMULATOR=1, a unified-memory device) all of it
-// runs on CUDA (each context streams of its own, budgeted experts read in place), then on an
-// emulated discrete device: resident at the same time; under a budget, taking turns (the device
-// tier is one instance's), exact, with aborts while waiting for the turn.
+// runs on CUDA (each context streams of its own, budgeted experts read in place), then the same
+// as Vulkan's on an emulated discrete device (the instances share its device tier).
 //
 // Usage: moelite_concurrency MODEL.gguf [cpu|vulkan|cuda]   (exit 0 on success, 77 where the
 // backend is missing; prints what failed otherwise)
@@ -61,7 +60,9 @@ void on_log(moelite_log_level level, const char* text, void*) {
   if (level >= MOELITE_LOG_ERROR) check(false, std::string("logged: ") + text);
   unsigned long long hits = 0, loads = 0, copies = 0;
   if (sscanf(text, "vulkan: device expert tier: %llu hits, %llu loads over the transfer queue, %llu copies", &hits,
-             &loads, &copies) == 3) {
+             &loads, &copies) == 3 ||
+      sscanf(text, "cuda: device expert tier: %llu hits, %llu loads over the copy stream, %llu copies", &hits, &loads,
+             &copies) == 3) {
     g_tier_hits += hits;
     g_tier_loads += loads;
     g_tier_own_copies += copies;
@@ -178,7 +179,7 @@ moelite_expert_stats context_stats(moelite_context* c) {
 // Holds one context inside its first MoE layer until another context has finished an evaluation
 // (or `patience` seconds have passed).
 struct OverlapGate {
-  std::atomic<bool> other_done{false}, overlapped{false};
+  std::atomic<bool> inside{false}, other_done{false}, overlapped{false};
   bool waited = false;  // touched by the held context's thread only
   int patience = 60;
 };
@@ -187,6 +188,7 @@ void hold_until_other_done(int32_t, int32_t, int32_t, int32_t, const int32_t*, c
   auto* g = static_cast<OverlapGate*>(user);
   if (g->waited) return;
   g->waited = true;
+  g->inside = true;
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(g->patience);
   while (!g->other_done && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -196,8 +198,8 @@ void hold_until_other_done(int32_t, int32_t, int32_t, int32_t, const int32_t*, c
 constexpr int kWorkers = 3, kRounds = 3, kTokens = 12;
 
 // Whether two contexts of `m` evaluate at the same time: context A waits inside its first MoE
-// layer until context B has run a whole evaluation, which B could not if they took turns (A gives
-// up after 60 s). Both results bitwise against the reference.
+// layer until context B, started once A is there, has run a whole evaluation, which B could not if
+// they took turns (A gives up after `patience` seconds). Both results bitwise against the reference.
 bool evaluate_at_once(moelite_model* m, const std::vector<std::vector<float>>& ref, int32_t n_vocab,
                       const std::string& where, int patience = 60) {
   OverlapGate gate;
@@ -209,6 +211,11 @@ bool evaluate_at_once(moelite_model* m, const std::vector<std::vector<float>>& r
     check(run(a, prompt(0, kTokens), n_vocab, &got) && got == ref[0], "held context: logits differ" + where);
   });
   std::thread tb([&] {
+    // Only once A is held inside its evaluation: where contexts take turns, B would otherwise
+    // sometimes run its whole evaluation before A took the turn, and look like an overlap.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!gate.inside && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     std::vector<float> got;
     check(run(b, prompt(1, kTokens), n_vocab, &got) && got == ref[1], "free context: logits differ" + where);
     gate.other_done = true;
@@ -426,38 +433,18 @@ int main(int argc, char** argv) {
     moelite_model_free(b);
   }
 
-  // CUDA on an emulated discrete device (MOELITE_CUDA_EMULATOR=discrete, read at each load):
-  // resident, contexts evaluate at the same time, each weight's copy complete before another
-  // context's stream can find it; under a budget the device tier of expert slots is one instance's,
-  // so contexts take turns (A holds its turn for 3 s while B waits), exact, with aborts while they
-  // wait for the turn.
-  if (cuda) {
-    const char* was = getenv("MOELITE_CUDA_EMULATOR");
-    const std::string emulator = was ? was : "";
-    setenv("MOELITE_CUDA_EMULATOR", "discrete", 1);
-    if (!resident_contexts_at_once(path, ref, n_vocab, " (discrete, resident)")) return 1;
-    moelite_model* b = load(path, budget, /*no_predictor=*/true);
-    if (!b) return 1;
-    check(!evaluate_at_once(b, ref, n_vocab, " (discrete, a quarter of the experts)", /*patience=*/3),
-          "contexts evaluated at the same time through one device tier");
-    std::vector<std::thread> turns = start_workers(b, ref, n_vocab, "discrete budgeted worker");
-    join_all(&turns);
-    aborts_beside_a_busy_context(b, ref, n_vocab, " (discrete)");
-    moelite_model_free(b);
-    if (was)
-      setenv("MOELITE_CUDA_EMULATOR", emulator.c_str(), 1);
-    else
-      unsetenv("MOELITE_CUDA_EMULATOR");
-  }
-
-  // A device treated as discrete (MOELITE_VK_AS_DISCRETE, read at each load): resident, contexts
-  // evaluate at the same time with weights copied in through staging buffers, each copy complete
-  // before another context's stream can find it. Under a budget the experts go through the device
-  // tier of expert slots that all streams share: contexts still evaluate at the same time, results
-  // exact at a quarter of the experts and at the minimum budget (a tier of a few slots, which the
-  // workers' streams hold in turn, so each often reads a copy of its own), aborts honoured.
-  if (vulkan) {
-    setenv("MOELITE_VK_AS_DISCRETE", "1", 1);
+  // A device treated as discrete (MOELITE_VK_AS_DISCRETE, or the emulated CUDA device as
+  // MOELITE_CUDA_EMULATOR=discrete; read at each load): resident, contexts evaluate at the same time
+  // with weights copied in, each copy complete before another context's stream can find it. Under
+  // a budget the experts go through the device tier of expert slots that all instances share:
+  // contexts still evaluate at the same time, results exact at a quarter of the experts and at the
+  // minimum budget (a tier of a few slots, which the workers hold in turn, so each often reads a
+  // copy of its own), aborts honoured.
+  if (vulkan || cuda) {
+    const char* discrete_variable = vulkan ? "MOELITE_VK_AS_DISCRETE" : "MOELITE_CUDA_EMULATOR";
+    const char* was = getenv(discrete_variable);
+    const std::string before = was ? was : "";
+    setenv(discrete_variable, vulkan ? "1" : "discrete", 1);
     if (!resident_contexts_at_once(path, ref, n_vocab, " (discrete, resident)")) return 1;
     for (const uint64_t tier_budget : {budget, min_budget}) {
       const std::string where =
@@ -505,7 +492,10 @@ int main(int argc, char** argv) {
     join_all(&turns);
     aborts_beside_a_busy_context(t, ref, n_vocab, " (discrete, cache-aware gating)");
     moelite_model_free(t);
-    unsetenv("MOELITE_VK_AS_DISCRETE");
+    if (was)
+      setenv(discrete_variable, before.c_str(), 1);
+    else
+      unsetenv(discrete_variable);
   }
 
   // Freeing a model races the freeing of its contexts on other threads: the reference count
