@@ -12,6 +12,9 @@
 #          and racecheck (shared-memory hazards), where the machine's runtime supports it
 #   e2e    `moelite logits --backend cuda` on the GPU against the numpy reference and the emulator,
 #          batching and budgets bitwise, several sequences, saved sessions, bench
+#   concurrency  contexts of one model evaluating at the same time on the GPU (tests/concurrency:
+#          resident and budgeted through the shared device tier, bitwise, aborts; its discrete
+#          section then runs on the emulator)
 #   vulkan the Vulkan end-to-end tests on the GPU's Vulkan driver (needs deps/libvulkan.so.1)
 #   bench  moelite cuda vs cpu on the shipped model; the performance table on a bench-shaped model
 #          against llama.cpp's CUDA build
@@ -23,7 +26,7 @@
 set -u
 PACK=$(realpath "$1")
 OUT=$(realpath "$2")
-STAGES=${3:-ops sanitize e2e vulkan bench batch profile}
+STAGES=${3:-ops sanitize e2e concurrency vulkan bench batch profile}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$OUT"
 # llama-bench (the peer) needs the CUDA runtime and cuBLAS: the toolkit's, or those of the CUDA
@@ -91,6 +94,8 @@ for s in $STAGES; do
       stage e2e 150 "$PY" -m pytest -q -rP -p no:cacheprovider "${PARALLEL[@]}" -k "gpu or devices_say" \
         "$ROOT/tests/reference/test_cuda_vs_reference.py" \
         "$ROOT/bindings/python/tests/test_multi_sequence.py" "$ROOT/bindings/python/tests/test_sessions.py" ;;
+    concurrency)
+      stage concurrency 300 "$PACK/bin/moelite_concurrency" "$ROOT/models/moelite-tiny-qwen3moe-Q8_0.gguf" cuda ;;
     vulkan)
       if [ -f "$PACK/deps/libvulkan.so.1" ]; then
         # The layer path and driver file go to this stage's commands only (env), not to later stages.

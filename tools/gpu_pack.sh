@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs a build for tools/gpu_check.sh on a machine with a GPU that has none of this project's
-# build dependencies: the CLI, the test binary and the library, the shared libraries they load that
+# build dependencies: the CLI, the test binaries and the library, the shared libraries they load that
 # a CUDA image may lack (mimalloc, liburing, zstd, the Vulkan loader and validation layer), and
 # optionally llama.cpp's llama-bench built with CUDA (the peer), compressed into one archive.
 #
@@ -16,7 +16,7 @@ PEER=${3:-}
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE/pack/bin" "$STAGE/pack/lib" "$STAGE/pack/deps"
-cp "$BUILD/bin/moelite" "$BUILD/bin/moelite_tests" "$STAGE/pack/bin/"
+cp "$BUILD/bin/moelite" "$BUILD/bin/moelite_tests" "$BUILD/bin/moelite_concurrency" "$STAGE/pack/bin/"
 cp -P "$BUILD"/lib/libmoelite.so* "$STAGE/pack/lib/"
 strip --strip-debug "$STAGE/pack/bin/"* "$STAGE/pack/lib/libmoelite.so."*.*.*
 deps() { ldd "$@" | awk '/=>/ {print $3}' | grep -E 'mimalloc|uring|zstd|gomp' | sort -u; }
