@@ -351,6 +351,34 @@ TEST(CudaOps, PeersPassingExpertsThroughOneTierAtOnceComputeWhatTheCpuDoes) {
   peers.clear();  // peers go before the instance they were made from
 }
 
+TEST(CudaOps, EmulatedStreamWaitsOnAnEventOfAStreamDestroyedSince) {
+  // A peer's context may be freed (its streams destroyed) while another instance's stream still
+  // has a wait for one of its events queued, e.g. for a device-tier slot it released. On a GPU the
+  // event stays valid; the emulator kept the stream's address and ran it after its deletion (a
+  // crash in concurrency_cuda, once in a few runs). The wait now finds the stream's work done.
+  std::unique_ptr<cuda::GpuRuntime> rt = cuda::open_emulated_runtime(/*integrated=*/false);
+  cuda::StreamHandle a = nullptr, b = nullptr;
+  cuda::EventHandle e = nullptr;
+  ASSERT_EQ(rt->stream_create(&a), MOELITE_OK);
+  ASSERT_EQ(rt->stream_create(&b), MOELITE_OK);
+  ASSERT_EQ(rt->event_create(&e), MOELITE_OK);
+  void* dev = nullptr;
+  ASSERT_EQ(rt->device_alloc(sizeof(int), &dev), MOELITE_OK);
+  static const int value = 42;
+  ASSERT_EQ(rt->copy_async(dev, &value, sizeof value, a), MOELITE_OK);
+  ASSERT_EQ(rt->event_record(e, a), MOELITE_OK);
+  ASSERT_EQ(rt->stream_wait(b, e), MOELITE_OK);
+  int back = 0;
+  ASSERT_EQ(rt->copy_async(&back, dev, sizeof back, b), MOELITE_OK);
+  rt->stream_destroy(a);  // runs a's copy first, as cudaStreamDestroy lets queued work finish
+  EXPECT_EQ(rt->stream_sync(b), MOELITE_OK) << last_error_message();
+  EXPECT_EQ(back, 42);
+  EXPECT_EQ(rt->event_sync(e), MOELITE_OK);  // an event of a destroyed stream is complete
+  rt->event_destroy(e);
+  rt->device_free(dev);
+  rt->stream_destroy(b);
+}
+
 TEST(CudaOps, WithoutADeviceTheBackendIsUnavailableWithAReason) {
   unsetenv("MOELITE_CUDA_EMULATOR");
   std::unique_ptr<Backend> b;

@@ -34,6 +34,7 @@ class EmuRuntime;
 
 struct EmuStream {
   EmuRuntime* owner = nullptr;
+  uint64_t id = 0;  // never reused, unlike the address once the stream is destroyed
   std::deque<std::function<Status()>> queue;
   uint64_t enqueued = 0, executed = 0;
   Status error = MOELITE_OK;  // first failure since the last synchronisation reported it
@@ -42,7 +43,7 @@ struct EmuStream {
 };
 
 struct EmuEvent {
-  EmuStream* stream = nullptr;
+  uint64_t stream = 0;    // the id of the stream it was recorded on (0: never recorded)
   uint64_t position = 0;  // the stream's work up to here precedes the event
 };
 
@@ -106,7 +107,9 @@ class EmuRuntime final : public GpuRuntime {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     auto* s = new EmuStream();
     s->owner = this;
+    s->id = ++last_stream_id_;
     streams_.insert(s);
+    by_id_[s->id] = s;
     *out = s;
     return MOELITE_OK;
   }
@@ -115,6 +118,7 @@ class EmuRuntime final : public GpuRuntime {
     auto* s = static_cast<EmuStream*>(h);
     run_until(s, s->enqueued);  // queued work completes, as with cudaStreamDestroy
     streams_.erase(s);
+    by_id_.erase(s->id);
     delete s;
   }
   Status event_create(EventHandle* out) override {
@@ -150,25 +154,29 @@ class EmuRuntime final : public GpuRuntime {
   Status event_record(EventHandle e, StreamHandle s) override {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     auto* ev = static_cast<EmuEvent*>(e);
-    ev->stream = static_cast<EmuStream*>(s);
-    ev->position = ev->stream->enqueued;
+    auto* stream = static_cast<EmuStream*>(s);
+    ev->stream = stream->id;
+    ev->position = stream->enqueued;
     return MOELITE_OK;
   }
+  // An event of a stream destroyed since (another backend instance's, freed with its context) is
+  // complete: a stream's work runs to its end when it is destroyed, as with cudaStreamDestroy.
   Status stream_wait(StreamHandle s, EventHandle e) override {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     const EmuEvent ev = *static_cast<EmuEvent*>(e);  // the event as recorded now
     if (!ev.stream) return MOELITE_OK;
     return enqueue(s, [this, ev] {
-      run_until(ev.stream, ev.position);
+      if (EmuStream* from = live_stream(ev.stream)) run_until(from, ev.position);
       return MOELITE_OK;
     });
   }
   Status event_sync(EventHandle e) override {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     auto* ev = static_cast<EmuEvent*>(e);
-    if (!ev->stream) return MOELITE_OK;
-    run_until(ev->stream, ev->position);
-    return take_error(ev->stream);
+    EmuStream* from = live_stream(ev->stream);
+    if (!from) return MOELITE_OK;
+    run_until(from, ev->position);
+    return take_error(from);
   }
   Status stream_sync(StreamHandle h) override {
     std::lock_guard<std::recursive_mutex> lock(mu_);
@@ -218,6 +226,10 @@ class EmuRuntime final : public GpuRuntime {
   void drain_all() {
     for (EmuStream* s : streams_) run_until(s, s->enqueued);
   }
+  EmuStream* live_stream(uint64_t id) {
+    auto it = by_id_.find(id);
+    return it == by_id_.end() ? nullptr : it->second;
+  }
   Status take_error(EmuStream* s) {
     const Status st = s->error;
     if (st == MOELITE_OK) return MOELITE_OK;
@@ -228,6 +240,8 @@ class EmuRuntime final : public GpuRuntime {
   DeviceInfo info_;
   std::recursive_mutex mu_;
   std::set<EmuStream*> streams_;
+  std::map<uint64_t, EmuStream*> by_id_;
+  uint64_t last_stream_id_ = 0;
   std::set<void*> allocations_;
   std::map<void*, size_t> sizes_;
   uint64_t used_ = 0;
