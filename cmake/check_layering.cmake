@@ -1,8 +1,8 @@
 # The layering the build enforces: which directories' headers each layer may include.
 #   base/      status, tensor types, quant block layouts and reference dequantizers (like ggml-base)
 #   platforms/ the OS layer
-#   backends/  backend.h is the interface (kv_layout.h: the KV cache's slot rule, and column_copy.h:
-#              copy_columns' bounds, part of it); each
+#   backends/  backend.h is the interface (kv_layout.h: the KV cache's slot rule, column_copy.h:
+#              copy_columns' bounds, and device_tier.h: how peers share a GPU's expert slots); each
 #              backend includes only base/, platforms/, the interface and its own directory; the
 #              registry alone sees every backend
 #   core/      base/, platforms/ and the backend interface -- never a backend's internals
@@ -20,9 +20,10 @@ set(_rules
   "backends/backend.h|base/"
   "backends/kv_layout.h|base/,backends/backend.h"
   "backends/column_copy.h|base/,backends/backend.h"
+  "backends/device_tier.h|base/"
   "backends/cpu/|base/,platforms/,backends/backend.h,backends/kv_layout.h,backends/column_copy.h,backends/cpu/"
-  "backends/vulkan/|base/,platforms/,backends/backend.h,backends/kv_layout.h,backends/column_copy.h,backends/vulkan/"
-  "backends/cuda/|base/,platforms/,backends/backend.h,backends/kv_layout.h,backends/column_copy.h,backends/cuda/"
+  "backends/vulkan/|base/,platforms/,backends/backend.h,backends/kv_layout.h,backends/column_copy.h,backends/device_tier.h,backends/vulkan/"
+  "backends/cuda/|base/,platforms/,backends/backend.h,backends/kv_layout.h,backends/column_copy.h,backends/device_tier.h,backends/cuda/"
   "backends/backend_registry.cpp|base/,backends/"
   "core/|base/,platforms/,backends/backend.h,core/"
   "samples/|samples/,core/expert_cache/"

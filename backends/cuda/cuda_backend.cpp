@@ -89,10 +89,18 @@ Status CudaBackend::init() {
 }
 
 CudaBackend::~CudaBackend() {
-  if (tier_hits_ + tier_loads_ + tier_own_copies_ > 0)
+  if (tier_hits_ + tier_loads_ + tier_own_copies_ > 0) {
+    size_t slots;
+    {
+      std::lock_guard<std::mutex> lock(shared_->tier_mu);
+      slots = shared_->tier.size();
+    }
     log_msg(MOELITE_LOG_INFO,
-            "cuda: device expert tier: %llu hits, %llu loads over the copy stream, %llu copies of slots peers held",
-            (unsigned long long)tier_hits_, (unsigned long long)tier_loads_, (unsigned long long)tier_own_copies_);
+            "cuda: device expert tier of %zu slots: %llu hits, %llu loads over the copy stream, %llu copies of slots "
+            "peers held",
+            slots, (unsigned long long)tier_hits_, (unsigned long long)tier_loads_,
+            (unsigned long long)tier_own_copies_);
+  }
   if (compute_) (void)rt_->stream_sync(compute_);
   if (copy_) (void)rt_->stream_sync(copy_);
   {
@@ -675,46 +683,23 @@ Status CudaBackend::tier_matrix(const ExpertTask& t, int which, WeightArg* out) 
   std::unique_lock<std::mutex> lock(shared_->tier_mu);
   std::vector<TierSlot>& tier = shared_->tier;
   if (tier.empty()) tier.resize(static_cast<size_t>(std::max<int64_t>(tier_slots_, 1)));
-  TierSlot* slot = nullptr;
-  bool taken = false;  // from no holder: copies into it wait for the last holder's kernels
-  for (;;) {
-    slot = nullptr;
-    for (TierSlot& s : tier)
-      if (s.layer == t.layer && s.expert == t.expert) slot = &s;
-    if (slot && slot->holder && slot->holder != this) {
-      slot = nullptr;  // a peer's pass reads it (and may still copy into it): no waiting for peers
-      break;
-    }
-    if (slot) {
-      taken = !slot->holder;
-      break;
-    }
-    // The least recently used slot no instance holds.
-    bool hold_some = false;
-    for (TierSlot& s : tier) {
-      hold_some |= s.holder == this;
-      if (!s.holder && (!slot || s.last_use < slot->last_use)) slot = &s;
-    }
-    if (slot) {
-      slot->layer = t.layer;
-      slot->expert = t.expert;
-      for (bool& h : slot->has) h = false;
-      taken = true;
-      break;
-    }
-    if (!hold_some) break;  // every slot is a peer's
+  TierPick pick;
+  while ((pick = pick_tier_slot(tier, &shared_->tier_clock, t.layer, t.expert, this)).kind ==
+         TierPick::ReleaseOwnFirst) {
     // Every slot peers do not hold is this pass's: release them. The kernels queued so far that
     // read them run before any copy into them (the release event).
     MOELITE_TRY(release_tier_slots_locked());
   }
-  if (!slot) {
-    lock.unlock();
+  if (pick.kind == TierPick::OwnCopy) {
+    lock.unlock();  // a peer's pass reads the slot (and may still copy into it): no waiting for peers
     ++tier_own_copies_;
     return own_copy(w, out);
   }
-  slot->holder = this;
-  slot->last_use = ++shared_->tier_clock;
-  const EventHandle released = taken ? slot->released : nullptr;
+  TierSlot* slot = &tier[pick.index];
+  if (pick.reassigned)
+    for (bool& h : slot->has) h = false;
+  // Copies into a slot taken from no holder follow its last holder's kernels.
+  const EventHandle released = pick.taken ? slot->released : nullptr;
   lock.unlock();  // held: no other instance copies into the slot or reads it until released
   if (released) MOELITE_TRY(rt_->stream_wait(copy_, released));
   ++(slot->has[which] ? tier_hits_ : tier_loads_);

@@ -27,6 +27,7 @@
 
 #include "backends/backend.h"
 #include "backends/cuda/gpu_runtime.h"
+#include "backends/device_tier.h"
 
 namespace moelite::cuda {
 
@@ -195,20 +196,16 @@ class CudaBackend final : public Backend {
     uint8_t* dev = nullptr;
     uint64_t bytes = 0;
   };
-  // Discrete GPUs: a device tier of expert slots, as many as the store's host slots. A slot is held
-  // by one instance (`holder`) from its first use in an expert pass until it releases it; only the
-  // holder copies into it meanwhile. On release the holder records `released` on its compute
-  // stream (after every kernel that reads the slot), and the next holder's copy stream waits for
-  // it before copying in; a kernel reading a matrix waits for that matrix's `copied` event.
-  struct TierSlot {
-    int32_t layer = -1, expert = -1;
+  // Discrete GPUs: a device tier of expert slots, as many as the store's host slots, shared by the
+  // instances by backends/device_tier.h's rule. On release the holder records `released` on its
+  // compute stream (after every kernel that reads the slot), and the next holder's copy stream
+  // waits for it before copying in; a kernel reading a matrix waits for that matrix's `copied`.
+  struct TierSlot : TierEntry {
     uint8_t* chunk[3] = {nullptr, nullptr, nullptr};
     size_t capacity[3] = {0, 0, 0};
     bool has[3] = {false, false, false};
     EventHandle copied[3] = {nullptr, nullptr, nullptr};
     EventHandle released = nullptr;
-    uint64_t last_use = 0;
-    const CudaBackend* holder = nullptr;
   };
   // What an instance and its peers share: under `mu`, device copies of weights by host address and
   // the zero-copy blocks handed to the expert store; under `tier_mu` (taken after `mu` where both

@@ -162,46 +162,28 @@ Status VulkanBackend::tier_chunk(const ExpertTask& task, int chunk, const DevWei
   }
   if (made) log_msg(MOELITE_LOG_INFO, "vulkan: device expert tier of %zu slots", made);  // no lock around a callback
   std::unique_lock<std::mutex> lock(shared_->tier_mu);
-  TierSlot* slot = nullptr;
-  for (;;) {
-    slot = nullptr;
-    for (TierSlot& t : tier)
-      if (t.layer == task.layer && t.expert == task.expert) slot = &t;
-    if (slot && slot->holder && slot->holder != this) {
-      // Another stream's recorded work reads this expert's slot (and may still be copying into
-      // it): rather than wait for that stream, this submission reads a copy of its own.
-      slot = nullptr;
-      break;
-    }
-    if (slot) break;
-    // The least recently used slot that no stream's unfinished work reads.
-    bool hold_some = false;
-    for (TierSlot& t : tier) {
-      hold_some |= t.holder == this;
-      if (!t.holder && (!slot || t.last_use < slot->last_use)) slot = &t;
-    }
-    if (slot) {
-      slot->layer = task.layer;
-      slot->expert = task.expert;
-      for (bool& h : slot->has) h = false;
-      break;
-    }
-    if (!hold_some) break;  // every slot is held by other streams
-    // Every free slot is read by this stream's recorded work: run it first (keeping the
-    // temporaries that the pass's later dispatches read), then look again.
+  TierPick pick;
+  while ((pick = pick_tier_slot(tier, &shared_->tier_clock, task.layer, task.expert, this)).kind ==
+         TierPick::ReleaseOwnFirst) {
+    // Every slot no other stream holds is read by this stream's recorded work: run it first
+    // (keeping the temporaries that the pass's later dispatches read), then pick again.
     lock.unlock();
     MOELITE_TRY(dev_->finish());
     release_tier_slots();
     lock.lock();
   }
-  if (!slot) {
+  if (pick.kind == TierPick::OwnCopy) {
+    // Other streams' recorded work reads the slots this would use (and may still be copying into
+    // them): rather than wait for those streams, this submission reads a copy of its own.
     lock.unlock();
     ++tier_own_copies_;
     return device_weight(view, /*keep=*/false, out);
   }
-  slot->last_use = ++shared_->tier_clock;
-  slot->holder = this;
-  // Held: no other stream reads or writes the slot's chunks until release_tier_slots.
+  TierSlot* slot = &tier[pick.index];
+  if (pick.reassigned)
+    for (bool& h : slot->has) h = false;
+  // Held: no other stream reads or writes the slot's chunks until release_tier_slots. (A slot
+  // taken from no holder needs no wait here: its last holder ran its work before releasing it.)
   lock.unlock();
   if (slot->has[chunk]) {
     ++tier_hits_;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/device_tier.h"
 #include "backends/vulkan/vk_device.h"
 
 namespace moelite::vk {
@@ -141,16 +142,12 @@ class VulkanBackend final : public Backend {
   // stays valid after it), and the zero-copy regions handed to the expert store. The first
   // instance frees them; its peers are destroyed before it.
   // Discrete devices: a tier of expert slots in device memory, as many as the store's host slots,
-  // filled on the transfer queue; an expert stays there across tokens until evicted (LRU). A slot
-  // is held by one stream (`holder`) from its first use in an expert pass until that stream has
-  // run what it recorded: only the holder copies into it or reads it meanwhile, so no stream ever
-  // waits for another's submissions, and a slot without a holder is complete and idle.
-  struct TierSlot {
-    int32_t layer = -1, expert = -1;
+  // filled on the transfer queue; an expert stays there across tokens until evicted (LRU). Shared
+  // by the streams by backends/device_tier.h's rule: a stream releases its slots once it has run
+  // what it recorded.
+  struct TierSlot : TierEntry {
     Buffer chunk[3];                      // gate, up, down
     bool has[3] = {false, false, false};  // chunks copied in for (layer, expert)
-    uint64_t last_use = 0;
-    const VulkanBackend* holder = nullptr;
   };
   struct Shared {
     std::mutex mu;

@@ -61,8 +61,8 @@ void on_log(moelite_log_level level, const char* text, void*) {
   unsigned long long hits = 0, loads = 0, copies = 0;
   if (sscanf(text, "vulkan: device expert tier: %llu hits, %llu loads over the transfer queue, %llu copies", &hits,
              &loads, &copies) == 3 ||
-      sscanf(text, "cuda: device expert tier: %llu hits, %llu loads over the copy stream, %llu copies", &hits, &loads,
-             &copies) == 3) {
+      sscanf(text, "cuda: device expert tier of %*u slots: %llu hits, %llu loads over the copy stream, %llu copies",
+             &hits, &loads, &copies) == 3) {
     g_tier_hits += hits;
     g_tier_loads += loads;
     g_tier_own_copies += copies;
