@@ -51,8 +51,8 @@ void check(bool ok, const std::string& what) {
 moelite_backend g_backend = MOELITE_BACKEND_CPU;
 bool g_backend_missing = false;
 
-// The Vulkan device tier's use, as each backend instance reports it when it is destroyed: chunks
-// found there, copied in, and copied for one submission because other streams held the slots.
+// The GPU device tier's use (Vulkan or CUDA), as each backend instance reports it when it is
+// destroyed: matrices found there, copied in, and copied for one pass because peers held the slots.
 std::atomic<uint64_t> g_tier_hits{0}, g_tier_loads{0}, g_tier_own_copies{0};
 
 // Errors the library logs (the Vulkan validation layer's messages among them) fail the test.
