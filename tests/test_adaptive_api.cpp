@@ -461,6 +461,7 @@ TEST_F(AdaptiveApi, BadInputsGetTheirOwnStatus) {
 // The store's handling of multi-layer predictions, through its C++ interface: the nearest layer's
 // guesses load first, a deeper layer's only once every nearer guess is resident, and a newer hint
 // replaces what is still waiting.
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -644,6 +645,66 @@ TEST(ExpertStorePredictions, EachClientsGuessesAreItsOwn) {
   EXPECT_EQ(stats(id_b, 2).predictions, 1u);
   EXPECT_EQ(stats(id_b, 2).predicted, 1u);
   computed(*b, 2, {9, 4});
+  a.reset();
+  b.reset();
+}
+
+// A window's extend_group (expert_executor.cpp, run_window) adds a pin only while the pool has
+// room and no other client waits for it: a client that waited for admission while holding pins
+// could deadlock with one waiting for those, and one that passed a waiting client could keep it
+// out for a whole layer.
+TEST(ExpertStoreAdmission, ExtendGroupAddsOnlyWhileThePoolHasRoomAndNobodyWaits) {
+  moelite::LoadOptions o;
+  o.n_threads = 1;
+  std::unique_ptr<moelite::Model> m;
+  ASSERT_EQ(moelite::Model::load(kModel, o, &m), MOELITE_OK);
+  o.expert_budget_bytes = static_cast<uint64_t>(m->expert_bytes) / 16;
+  ASSERT_EQ(moelite::Model::load(kModel, o, &m), MOELITE_OK) << moelite_last_error();
+  std::unique_ptr<moelite::Runtime> rt;
+  ASSERT_EQ(moelite::Runtime::create(*m, o, &rt), MOELITE_OK) << moelite_last_error();
+  ASSERT_TRUE(rt->store);
+  moelite::ExpertStore& store = *rt->store;
+  const int32_t cap = store.capacity(0);
+  ASSERT_GE(cap, 2);
+  ASSERT_LE(cap + 4, m->hp.n_expert);
+  int32_t id_a = -1, id_b = -1;
+  std::unique_ptr<moelite::ExpertSource> a = store.open_client(&id_a), b = store.open_client(&id_b);
+  // Hands out one expert of *pending and gives it back, as a layer's computation does.
+  auto compute_one = [](moelite::ExpertSource& src, std::vector<int32_t>* pending) {
+    int32_t got = -1;
+    moelite::ExpertWeights w;
+    ASSERT_EQ(src.acquire_next(0, pending, &got, &w), MOELITE_OK) << moelite_last_error();
+    src.release(0, got);
+  };
+  std::vector<int32_t> pending;
+  for (int32_t e = 0; e < cap; ++e) pending.push_back(e);
+  ASSERT_EQ(a->prepare(0, pending), MOELITE_OK);
+  bool added = true;
+  ASSERT_EQ(a->extend_group(0, cap, &added), MOELITE_OK);
+  EXPECT_FALSE(added) << "the pool's pins are all out";
+  compute_one(*a, &pending);
+  ASSERT_EQ(a->extend_group(0, cap, &added), MOELITE_OK);
+  EXPECT_TRUE(added) << "room for one and nobody waits";
+  pending.push_back(cap);
+  compute_one(*a, &pending);
+  // B asks for two, which do not fit beside A's cap - 1: it waits in the queue.
+  std::atomic<bool> b_admitted{false};
+  std::thread tb([&] {
+    EXPECT_EQ(b->prepare(0, {cap + 1, cap + 2}), MOELITE_OK) << moelite_last_error();
+    b_admitted = true;
+  });
+  for (int i = 0; i < 5000 && store.waiting_clients(0) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(store.waiting_clients(0), 1u);
+  ASSERT_EQ(a->extend_group(0, cap + 3, &added), MOELITE_OK);
+  EXPECT_FALSE(added) << "a pin is free, but B waits for the pool and goes first";
+  EXPECT_FALSE(b_admitted);
+  while (!pending.empty()) compute_one(*a, &pending);
+  tb.join();
+  EXPECT_TRUE(b_admitted);
+  std::vector<int32_t> b_pending = {cap + 1, cap + 2};
+  while (!b_pending.empty()) compute_one(*b, &b_pending);
+  EXPECT_EQ(store.pinned_slots(), 0u);
   a.reset();
   b.reset();
 }

@@ -2,8 +2,8 @@
 // resident implementation (views into the model file). The memory-budgeted ExpertStore
 // (expert_store.h) implements the same interface with a slot pool and asynchronous loads.
 //
-// Only core/moe/expert_executor.cpp calls the load protocol (prepare, acquire_next, wait_down,
-// release); predictors reach the source through hint() and on_routing() only.
+// Only core/moe/expert_executor.cpp calls the load protocol (prepare, extend_group, acquire_next,
+// wait_down, release); predictors reach the source through hint() and on_routing() only.
 #pragma once
 #include <climits>
 #include <cstdint>
@@ -46,6 +46,16 @@ class ExpertSource {
   // secured first, so the guesses wait for that prepare(); -1 issues them at once.
   virtual void hint(const std::vector<Prediction>& predictions, int32_t upcoming_layer) {}
   [[nodiscard]] virtual Status prepare(int32_t layer, const std::vector<int32_t>& experts) = 0;
+  // Adds `expert` to the group being used, as prepare() would have (its load begins, acquire_next
+  // may hand it out), when that needs no wait for another context: *added is false, and nothing
+  // changes, when the caller's pins plus one would exceed capacity(layer) or another context waits
+  // for this pool. A layer whose experts take several groups then keeps its reads in flight as
+  // each computed expert is released (a sliding window), instead of letting the storage idle
+  // between one group's last load and the next group's first. The default never adds.
+  [[nodiscard]] virtual Status extend_group(int32_t layer, int32_t expert, bool* added) {
+    *added = false;
+    return MOELITE_OK;
+  }
   // Waits until one expert of *pending is ready, removes it from *pending and returns it. On an
   // I/O error returns that status; experts still pending are then released by the source.
   [[nodiscard]] virtual Status acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert,

@@ -74,6 +74,9 @@ class StoreClient final : public ExpertSource {
   Status prepare(int32_t layer, const std::vector<int32_t>& experts) override {
     return store_.prepare_for(id_, layer, experts);
   }
+  Status extend_group(int32_t layer, int32_t expert, bool* added) override {
+    return store_.extend_group_for(id_, layer, expert, added);
+  }
   Status acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert, ExpertWeights* out) override {
     return store_.acquire_next_for(id_, layer, pending, expert, out);
   }
@@ -589,8 +592,31 @@ Status ExpertStore::prepare(int32_t layer, const std::vector<int32_t>& experts) 
 
 Status ExpertStore::prepare_for(int32_t client, int32_t layer, const std::vector<int32_t>& experts) {
   std::unique_lock<std::mutex> lock(mu_);
-  const int32_t n = static_cast<int32_t>(experts.size());
-  MOELITE_TRY(admit_locked(lock, client, layer, n));
+  MOELITE_TRY(admit_locked(lock, client, layer, static_cast<int32_t>(experts.size())));
+  return pin_admitted_locked(lock, client, layer, experts);
+}
+
+Status ExpertStore::extend_group(int32_t layer, int32_t expert, bool* added) {
+  return extend_group_for(kNoClient, layer, expert, added);
+}
+
+Status ExpertStore::extend_group_for(int32_t client, int32_t layer, int32_t expert, bool* added) {
+  std::unique_lock<std::mutex> lock(mu_);
+  *added = false;
+  // Never a wait for other contexts: the caller holds pins, and waiting while holding them could
+  // deadlock with a context waiting for those. Nor a pass ahead of one already waiting (fairness).
+  const size_t pool = pool_of(layer);
+  if (!admission_queue_[pool].empty() || admitted_pins_[pool] + 1 > capacity(layer)) return MOELITE_OK;
+  admitted_pins_[pool] += 1;
+  if (client != kNoClient) client_pins_[client] += 1;
+  const std::vector<int32_t> one{expert};
+  MOELITE_TRY(pin_admitted_locked(lock, client, layer, one));
+  *added = true;
+  return MOELITE_OK;
+}
+
+Status ExpertStore::pin_admitted_locked(std::unique_lock<std::mutex>& lock, int32_t client, int32_t layer,
+                                        const std::vector<int32_t>& experts) {
   // What this call counts, added to the store's and the client's counters on every way out
   // (while the lock is held: declared after it).
   struct Tally {

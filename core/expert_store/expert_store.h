@@ -106,6 +106,7 @@ class ExpertStore final : public ExpertSource {
   void residency(int32_t layer, int32_t n_expert, std::vector<uint8_t>* mask) const override;
   void on_routing(int32_t layer, const Routing& routing) override;
   Status prepare(int32_t layer, const std::vector<int32_t>& experts) override;
+  Status extend_group(int32_t layer, int32_t expert, bool* added) override;
   Status acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert, ExpertWeights* out) override;
   void release(int32_t layer, int32_t expert) override;
   Status wait_down(int32_t layer, int32_t expert) override;
@@ -118,7 +119,9 @@ class ExpertStore final : public ExpertSource {
   // prepare() admits a client's group only when the pins it asks for fit beside those already
   // handed out in the same pool (the global pool, or the layer's quota), first come first served.
   // Then every admitted group can get its slots (a pinned slot is one of at most capacity()
-  // pins, so one slot is always unpinned), so clients wait for one another but never deadlock;
+  // pins, so one slot is always unpinned), so clients wait for one another but never deadlock
+  // (extend_group never waits for admission: it adds a pin only while the pool has room and
+  // nobody waits);
   // a waiting client honours its abort callback. Calls made on the store itself (no client) are
   // not admitted: they are the single-caller protocol of before.
   // The store must outlive its clients.
@@ -135,6 +138,11 @@ class ExpertStore final : public ExpertSource {
   uint64_t slot_bytes() const { return slot_bytes_; }
   // Slots lent out now (pinned by a layer being computed): 0 whenever no evaluation runs.
   size_t pinned_slots() const;
+  // Clients waiting now for admission to `layer`'s pool (tests).
+  size_t waiting_clients(int32_t layer) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return admission_queue_[pool_of(layer)].size();
+  }
   uint64_t pool_bytes() const { return slot_bytes_ * slots_.size(); }
   size_t n_slots() const { return slots_.size(); }
   // Bytes of slot memory holding an expert at some point (the store's peak footprint).
@@ -194,6 +202,12 @@ class ExpertStore final : public ExpertSource {
   // The load protocol on behalf of `client` (kNoClient: the store's own callers).
   void on_routing_for(int32_t client, int32_t layer, const Routing& routing);
   Status prepare_for(int32_t client, int32_t layer, const std::vector<int32_t>& experts);
+  Status extend_group_for(int32_t client, int32_t layer, int32_t expert, bool* added);
+  // Under mu_, after the admission: pins `experts` (starting their loads, waiting for a slot
+  // where every one is pinned or loading) and records the accesses; on failure gives back the
+  // pins and the admission this call took.
+  Status pin_admitted_locked(std::unique_lock<std::mutex>& lock, int32_t client, int32_t layer,
+                             const std::vector<int32_t>& experts);
   Status acquire_next_for(int32_t client, int32_t layer, std::vector<int32_t>* pending, int32_t* expert,
                           ExpertWeights* out);
   Status wait_down_for(int32_t client, int32_t layer, int32_t expert);

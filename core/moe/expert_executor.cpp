@@ -107,6 +107,40 @@ Status run_resident(Backend& be, ExpertSource& source, int32_t layer, const Expe
   return MOELITE_OK;
 }
 
+// Waits for one expert of *pending (the one that arrives first), computes it, and leaves it held
+// by the lease in *expert. On an error from the source nothing of *pending is held any more.
+Status compute_next(Backend& be, ExpertSource& source, int32_t layer, const ExpertGroups& groups,
+                    std::vector<int32_t>* pending, GroupLease* lease, int32_t* expert, TraceRecorder* trace) {
+  int32_t e;
+  ExpertWeights w;
+  const double wait_start = trace ? TraceRecorder::now_us() : 0.0;
+  const Status acquired = source.acquire_next(layer, pending, &e, &w);
+  if (acquired != MOELITE_OK) {
+    pending->clear();  // the source released what was still pending
+    return acquired;
+  }
+  lease->add(e);
+  *expert = e;
+  const double compute_start = trace ? TraceRecorder::now_us() : 0.0;
+  if (trace && compute_start - wait_start >= kTraceWaitMinUs)
+    trace->complete("wait for a load", "wait", "evaluation", wait_start, compute_start,
+                    {{"layer", layer}, {"expert", e}});
+  TaskRows rows;
+  const ExpertTask task = make_task(groups, layer, e, w, false, &rows);
+  MOELITE_TRY(be.expert_gate_up(&task, 1));
+  const double t0 = trace ? TraceRecorder::now_us() : 0.0;
+  MOELITE_TRY(source.wait_down(layer, e));
+  const double down_wait = trace ? TraceRecorder::now_us() - t0 : 0.0;
+  MOELITE_TRY(be.expert_down(&task, 1));
+  if (trace)
+    trace->complete("expert", "compute", "evaluation", compute_start, TraceRecorder::now_us(),
+                    {{"layer", layer},
+                     {"expert", e},
+                     {"rows", task.n_rows},
+                     {"waited_for_down_us", static_cast<int64_t>(down_wait)}});
+  return MOELITE_OK;
+}
+
 // Budgeted experts: groups of at most capacity() experts; within a group each expert runs as soon
 // as its gate and up matrices are in, so computation overlaps the loads still in flight.
 Status run_group(Backend& be, ExpertSource& source, int32_t layer, const ExpertGroups& groups,
@@ -116,38 +150,61 @@ Status run_group(Backend& be, ExpertSource& source, int32_t layer, const ExpertG
   const bool hold_to_end = be.reads_experts_until_group_end();
   Status st = MOELITE_OK;
   while (!pending.empty()) {
-    int32_t e;
-    ExpertWeights w;
-    const double wait_start = trace ? TraceRecorder::now_us() : 0.0;
-    st = source.acquire_next(layer, &pending, &e, &w);
-    if (st != MOELITE_OK) {
-      pending.clear();  // the source released what was still pending
-      break;
-    }
-    lease.add(e);
-    const double compute_start = trace ? TraceRecorder::now_us() : 0.0;
-    if (trace && compute_start - wait_start >= kTraceWaitMinUs)
-      trace->complete("wait for a load", "wait", "evaluation", wait_start, compute_start,
-                      {{"layer", layer}, {"expert", e}});
-    TaskRows rows;
-    const ExpertTask task = make_task(groups, layer, e, w, false, &rows);
-    st = be.expert_gate_up(&task, 1);
-    double down_wait = 0.0;
-    if (st == MOELITE_OK) {
-      const double t0 = trace ? TraceRecorder::now_us() : 0.0;
-      st = source.wait_down(layer, e);
-      if (trace) down_wait = TraceRecorder::now_us() - t0;
-    }
-    if (st == MOELITE_OK) st = be.expert_down(&task, 1);
+    int32_t e = -1;
+    st = compute_next(be, source, layer, groups, &pending, &lease, &e, trace);
     if (st != MOELITE_OK) break;
-    if (trace)
-      trace->complete("expert", "compute", "evaluation", compute_start, TraceRecorder::now_us(),
-                      {{"layer", layer}, {"expert", e}, {"rows", task.n_rows},
-                       {"waited_for_down_us", static_cast<int64_t>(down_wait)}});
     if (!hold_to_end) lease.release(e);
   }
   const Status end = lease.end_group();
   return st != MOELITE_OK ? st : end;  // the lease gives back what is still held or pending
+}
+
+// A layer whose experts take several groups, on a backend done with each expert once its down
+// projection has run (the CPU): a window of `width` experts slides along `order`. Each computed
+// expert is released and the next expert of the order joins the window (extend_group), so reads
+// stay in flight through the whole layer; in groups, the storage idled from a group's last load
+// until the next group's first, which cost a batch of several sequences under a small per-layer
+// quota much of its read rate. Experts are computed in arrival order but released in `order`: one
+// computed before an earlier one of the order is held until that one is done. So each load picks
+// its slot (evicts) among the same released experts whatever the storage's timing, and the cache's
+// contents (hence misses, and cache-aware gating's routing) remain a function of the evaluations
+// alone. Where the source declines to extend (another context waits for the pool), the window
+// drains and the rest goes on in groups admitted as a whole.
+Status run_window(Backend& be, ExpertSource& source, int32_t layer, const ExpertGroups& groups,
+                  const std::vector<int32_t>& order, size_t width, TraceRecorder* trace) {
+  std::vector<size_t> position(static_cast<size_t>(groups.order().back()) + 1);
+  for (size_t i = 0; i < order.size(); ++i) position[static_cast<size_t>(order[i])] = i;
+  std::vector<uint8_t> computed(order.size(), 0);
+  size_t prepared = 0;  // order[0, prepared) has been prepared or added to a group
+  size_t released = 0;  // order[0, released) has been released
+  while (prepared < order.size()) {
+    std::vector<int32_t> pending(order.begin() + static_cast<std::ptrdiff_t>(prepared),
+                                 order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), prepared + width)));
+    pending.reserve(width);  // so that adding one cannot throw once the source has pinned it
+    GroupLease lease(be, source, layer, &pending);
+    MOELITE_TRY(lease.prepare());
+    prepared += pending.size();
+    bool extending = true;
+    Status st = MOELITE_OK;
+    while (st == MOELITE_OK && !pending.empty()) {
+      int32_t e = -1;
+      st = compute_next(be, source, layer, groups, &pending, &lease, &e, trace);
+      if (st != MOELITE_OK) break;
+      computed[position[static_cast<size_t>(e)]] = 1;
+      while (st == MOELITE_OK && released < prepared && computed[released]) {
+        lease.release(order[released++]);
+        if (!extending || prepared == order.size()) continue;
+        bool added = false;
+        st = source.extend_group(layer, order[prepared], &added);
+        if (added) pending.push_back(order[prepared++]);
+        extending = added;
+      }
+    }
+    const Status end = lease.end_group();
+    MOELITE_TRY(st);  // the lease gives back what is still held or pending
+    MOELITE_TRY(end);
+  }
+  return MOELITE_OK;
 }
 
 // The order of a layer's experts when they take several groups (a batch of many tokens, often of
@@ -181,10 +238,14 @@ Status run_routed_experts(Backend& be, ExpertSource& source, int32_t layer, cons
     // One group: the source hands out what is in memory first anyway (acquire_next).
     const std::vector<int32_t> order =
         groups.order().size() > group ? group_schedule(source, layer, groups) : groups.order();
-    for (size_t g0 = 0; g0 < order.size(); g0 += group) {
-      const auto first = order.begin() + static_cast<std::ptrdiff_t>(g0);
-      const auto last = order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), g0 + group));
-      MOELITE_TRY(run_group(be, source, layer, groups, std::vector<int32_t>(first, last), trace));
+    if (order.size() > group && !be.reads_experts_until_group_end()) {
+      MOELITE_TRY(run_window(be, source, layer, groups, order, group, trace));
+    } else {
+      for (size_t g0 = 0; g0 < order.size(); g0 += group) {
+        const auto first = order.begin() + static_cast<std::ptrdiff_t>(g0);
+        const auto last = order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), g0 + group));
+        MOELITE_TRY(run_group(be, source, layer, groups, std::vector<int32_t>(first, last), trace));
+      }
     }
   }
   return be.moe_combine(r, out);

@@ -1,7 +1,8 @@
 // One layer's routed-expert pass, for every backend and every architecture: grouping by expert,
-// groups no larger than what the expert source can hold, loads and early preemption, resident-
-// first / arrival-order execution, waits for chunks still loading, releases (also on error), and
-// the combine in slot order. Backends only compute (backends/backend.h, "routed experts").
+// groups no larger than what the expert source can hold (on the CPU a window that slides along
+// the layer's experts as each is released), loads and early preemption, resident-first /
+// arrival-order execution, waits for chunks still loading, releases (also on error), and the
+// combine in slot order. Backends only compute (backends/backend.h, "routed experts").
 #pragma once
 #include "backends/backend.h"
 #include "core/expert_store/expert_source.h"
