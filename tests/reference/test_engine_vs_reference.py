@@ -23,6 +23,7 @@ Why the tolerances are what they are (normalised MSE = sum((a-b)^2) / sum(b^2) o
 
 Environment: MOELITE_BIN (the moelite CLI), MOELITE_TEST_TMP (scratch directory).
 """
+import hashlib
 import json
 import os
 import platform
@@ -146,16 +147,52 @@ def engine_logits(model, tokens=TOKENS, extra=(), threads=2, isa=None):
 _REFERENCE_CACHE = {}
 
 
+def _hash_files(h, paths):
+    for path in paths:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+
+
+def _reference_file(model, tokens, quantize, n_ctx):
+    """Where a reference result is kept between processes, or None: under $MOELITE_MODEL_CACHE
+    (tools/test.sh sets it for all of CI's stages), so the device tests (Vulkan, CUDA, ARM) and the
+    sanitized stage, which compare against the references this file computes, read them instead of
+    running the numpy forward again (most of those tests' time). Named by the model's bytes, the
+    inputs and the reference's own source (reference_forward.py and the GGUF reader it uses), so a
+    changed model or reference is computed again."""
+    root = os.environ.get("MOELITE_MODEL_CACHE")
+    if not root:
+        return None
+    h = hashlib.sha256()
+    gguf_dir = os.path.join(ROOT, "tools", "gguf", "moelite_gguf")
+    _hash_files(h, [model, reference_forward.__file__] +
+                sorted(os.path.join(gguf_dir, n) for n in os.listdir(gguf_dir) if n.endswith(".py")))
+    h.update(repr((list(tokens), bool(quantize), int(n_ctx))).encode())
+    return os.path.join(root, "reference", h.hexdigest() + ".npy")
+
+
 def reference_logits(model, quantize=True, tokens=TOKENS, n_ctx=None):
     """n_ctx: the engine's context length (moelite logits' default: the tokens'), which picks phimoe's
-    LongRoPE factors. Computed in this process (reference_forward.logits_of, what its command line
-    writes, rounded to float32 as that file is) and kept for the process: the device tests compare
-    several runs of one model with the same reference. The key holds the file's size and mtime, so
-    a model written again under the same name is computed again."""
+    LongRoPE factors. Computed by reference_forward.logits_of (what its command line writes, rounded
+    to float32 as that file is) and kept for the process: the device tests compare several runs of
+    one model with the same reference. The key holds the file's size and mtime, so a model written
+    again under the same name is computed again. Kept on disk too (_reference_file)."""
     st = os.stat(model)
-    key = (model, st.st_size, st.st_mtime_ns, tuple(tokens), bool(quantize), n_ctx or len(tokens))
+    n_ctx = n_ctx or len(tokens)
+    key = (model, st.st_size, st.st_mtime_ns, tuple(tokens), bool(quantize), n_ctx)
     if key not in _REFERENCE_CACHE:
-        _REFERENCE_CACHE[key] = reference_forward.logits_of(model, tokens, quantize, n_ctx or len(tokens)).astype("<f4")
+        path = _reference_file(model, tokens, quantize, n_ctx)
+        if path and os.path.exists(path):
+            _REFERENCE_CACHE[key] = np.load(path)
+        else:
+            _REFERENCE_CACHE[key] = reference_forward.logits_of(model, tokens, quantize, n_ctx).astype("<f4")
+            if path:
+                # Written aside and renamed: another process may read the same key at once.
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                part = "%s.%d.part.npy" % (path[:-4], os.getpid())
+                np.save(part, _REFERENCE_CACHE[key])
+                os.replace(part, path)
     return _REFERENCE_CACHE[key].copy()
 
 
