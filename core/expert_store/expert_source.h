@@ -48,10 +48,11 @@ class ExpertSource {
   [[nodiscard]] virtual Status prepare(int32_t layer, const std::vector<int32_t>& experts) = 0;
   // Adds `expert` to the group being used, as prepare() would have (its load begins, acquire_next
   // may hand it out), when that needs no wait for another context: *added is false, and nothing
-  // changes, when the caller's pins plus one would exceed capacity(layer) or another context waits
-  // for this pool. A layer whose experts take several groups then keeps its reads in flight as
-  // each computed expert is released (a sliding window), instead of letting the storage idle
-  // between one group's last load and the next group's first. The default never adds.
+  // changes, when the pins handed out in this pool (to every context) plus one would exceed
+  // capacity(layer) or another context waits for the pool. A layer whose experts take several
+  // groups then keeps its reads in flight as each computed expert is released (a sliding window),
+  // instead of letting the storage idle between one group's last load and the next group's first.
+  // The default never adds.
   [[nodiscard]] virtual Status extend_group(int32_t layer, int32_t expert, bool* added) {
     *added = false;
     return MOELITE_OK;

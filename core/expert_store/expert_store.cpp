@@ -601,15 +601,15 @@ Status ExpertStore::extend_group(int32_t layer, int32_t expert, bool* added) {
 }
 
 Status ExpertStore::extend_group_for(int32_t client, int32_t layer, int32_t expert, bool* added) {
-  std::unique_lock<std::mutex> lock(mu_);
   *added = false;
+  const std::vector<int32_t> one{expert};  // allocated before the admission, which nothing may leak
+  std::unique_lock<std::mutex> lock(mu_);
   // Never a wait for other contexts: the caller holds pins, and waiting while holding them could
   // deadlock with a context waiting for those. Nor a pass ahead of one already waiting (fairness).
   const size_t pool = pool_of(layer);
   if (!admission_queue_[pool].empty() || admitted_pins_[pool] + 1 > capacity(layer)) return MOELITE_OK;
+  if (client != kNoClient) client_pins_[client] += 1;  // may allocate: before the pool's count
   admitted_pins_[pool] += 1;
-  if (client != kNoClient) client_pins_[client] += 1;
-  const std::vector<int32_t> one{expert};
   MOELITE_TRY(pin_admitted_locked(lock, client, layer, one));
   *added = true;
   return MOELITE_OK;
