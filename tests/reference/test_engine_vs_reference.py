@@ -159,8 +159,8 @@ def _reference_file(model, tokens, quantize, n_ctx):
     (tools/test.sh sets it for all of CI's stages), so the device tests (Vulkan, CUDA, ARM) and the
     sanitized stage, which compare against the references this file computes, read them instead of
     running the numpy forward again (most of those tests' time). Named by the model's bytes, the
-    inputs and the reference's own source (reference_forward.py and the GGUF reader it uses), so a
-    changed model or reference is computed again."""
+    inputs, the reference's own source (reference_forward.py and the GGUF reader it uses) and
+    numpy's version, so a changed model, reference or numpy is computed again."""
     root = os.environ.get("MOELITE_MODEL_CACHE")
     if not root:
         return None
@@ -168,7 +168,7 @@ def _reference_file(model, tokens, quantize, n_ctx):
     gguf_dir = os.path.join(ROOT, "tools", "gguf", "moelite_gguf")
     _hash_files(h, [model, reference_forward.__file__] +
                 sorted(os.path.join(gguf_dir, n) for n in os.listdir(gguf_dir) if n.endswith(".py")))
-    h.update(repr((list(tokens), bool(quantize), int(n_ctx))).encode())
+    h.update(repr((list(tokens), bool(quantize), int(n_ctx), np.__version__)).encode())
     return os.path.join(root, "reference", h.hexdigest() + ".npy")
 
 
