@@ -172,9 +172,7 @@ Status run_group(Backend& be, ExpertSource& source, int32_t layer, const ExpertG
 // drains and the rest goes on in groups admitted as a whole.
 Status run_window(Backend& be, ExpertSource& source, int32_t layer, const ExpertGroups& groups,
                   const std::vector<int32_t>& order, size_t width, TraceRecorder* trace) {
-  std::vector<size_t> position(static_cast<size_t>(groups.order().back()) + 1);
-  for (size_t i = 0; i < order.size(); ++i) position[static_cast<size_t>(order[i])] = i;
-  std::vector<uint8_t> computed(order.size(), 0);
+  std::vector<uint8_t> computed(static_cast<size_t>(groups.order().back()) + 1, 0);  // by expert id
   size_t prepared = 0;  // order[0, prepared) has been prepared or added to a group
   size_t released = 0;  // order[0, released) has been released
   while (prepared < order.size()) {
@@ -190,8 +188,8 @@ Status run_window(Backend& be, ExpertSource& source, int32_t layer, const Expert
       int32_t e = -1;
       st = compute_next(be, source, layer, groups, &pending, &lease, &e, trace);
       if (st != MOELITE_OK) break;
-      computed[position[static_cast<size_t>(e)]] = 1;
-      while (st == MOELITE_OK && released < prepared && computed[released]) {
+      computed[static_cast<size_t>(e)] = 1;
+      while (st == MOELITE_OK && released < prepared && computed[static_cast<size_t>(order[released])]) {
         lease.release(order[released++]);
         if (!extending || prepared == order.size()) continue;
         bool added = false;
