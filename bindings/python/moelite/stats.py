@@ -1,0 +1,40 @@
+"""Expert-store statistics (moelite_expert_stats) as a Python value, read from a Model (every
+context) or from one Context.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Union
+
+from . import _lib
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertStats:
+    """moelite_expert_stats: cumulative expert-store counters of one layer or of all layers.
+
+    All zero except routed_tokens/routed_experts when every expert is resident (no budget).
+    Identities the library keeps: hits + misses == activations; routed_experts ==
+    routed_tokens x top-k with exact gating; read_busy_seconds is store-wide (0 in a layer's
+    record)."""
+    activations: int        # experts asked for by routing (one per expert and batch)
+    hits: int               # ... that were resident or already loading
+    misses: int             # ... that had to be loaded on demand
+    prefetches_issued: int
+    prefetches_used: int
+    prefetches_wasted: int  # speculative loads evicted or dropped before use
+    bytes_read: int         # from storage
+    wait_seconds: float     # time computation waited for loads
+    predicted: int          # activations whose expert a predictor named beforehand
+    predictions: int        # distinct experts predicted
+    ready_when_needed: int  # activations whose expert was fully loaded when asked for
+    routed_tokens: int      # (token, layer) pairs routed, budget or not
+    routed_experts: int     # experts they used after adaptive gating
+    read_busy_seconds: float  # wall time with a storage read in flight (all layers only)
+
+    @classmethod
+    def _from_c(cls, s: "_lib.ExpertStats") -> "ExpertStats":
+        return cls(**{f.name: getattr(s, f.name) for f in dataclasses.fields(cls)})
+
+    def as_dict(self) -> Dict[str, Union[int, float]]:
+        return dataclasses.asdict(self)
