@@ -165,10 +165,11 @@ class Backend {
   // in). Released with free_shared before the backend is destroyed.
   virtual void* alloc_shared(uint64_t bytes) { return nullptr; }
   virtual void free_shared(void* p) {}
-  // The expert store holds at most `slots` experts at once: a device tier of expert slots (a
-  // discrete GPU's copies) holds no more, so device memory stays within the budget too (but for
-  // one submission's copies where peers hold the slots it would use).
-  virtual void set_expert_pool(int64_t slots) {}
+  // Most expert slots a device tier (a discrete GPU's copies of store-loaded experts) may keep,
+  // decided by core's memory plan (ExpertMemoryPlan::device_tier_slots): no more than the host
+  // pool, so device memory stays within the budget too (but for one submission's copies where peers
+  // hold the slots it would use). A backend without a device tier ignores it.
+  virtual void set_device_tier_slots(int64_t slots) {}
   // Called once per dense weight at load; the weight's host bytes stay valid and unchanged for the
   // backend's life, so a device copy can be found again by `w.data`.
   [[nodiscard]] virtual Status place_weight(const WeightView& w) = 0;
@@ -188,13 +189,13 @@ class Backend {
 
   // A KV cache for sequences of up to n_ctx positions: layer l holds slots[l] positions (see
   // KvCache) of kv_dim floats each for keys and, if `values`, for values. Each context owns one; the
-  // backend is shared by all contexts of a model (which evaluate one at a time, see core/runtime.h).
+  // backend instance is shared by the contexts that take turns on it (core/exec/runtime.h).
   [[nodiscard]] virtual Status alloc_kv(int32_t n_ctx, const std::vector<int32_t>& slots, int64_t kv_dim,
                                         bool values, KvCache* out) = 0;
   virtual void free_kv(KvCache* kv) = 0;
   // Copies slots [slot0, slot0 + n) of `layer`'s cache to host floats: n * kv_dim key floats to
   // `keys` and, if the cache stores values, as many to `values` (else unused). Waits for the
-  // device. Saving a context's state (core/session.*).
+  // device. Saving a context's state (core/exec/session.cpp).
   [[nodiscard]] virtual Status read_kv(const KvCache& kv, int32_t layer, int32_t slot0, int32_t n, float* keys,
                                        float* values) = 0;
   // The reverse: host rows into those slots (restoring a saved state). Waits for the device.
@@ -253,7 +254,7 @@ class Backend {
   // ---- routed experts. core/moe/ drives one layer's pass:
   //   moe_begin
   //   { expert_gate_up(tasks) [core waits for the down matrices] expert_down(tasks) }...
-  //   expert_group_end    (after each group of experts the store holds at once)
+  //   expert_round_end    (after each round: the experts the store holds at once)
   //   moe_combine
   // The calls of one pass come from one thread in this order, with nothing else in between.
 
@@ -267,16 +268,17 @@ class Backend {
   [[nodiscard]] virtual Status expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) = 0;
   // Second half, for the tasks of the last expert_gate_up: outputs[out_row] = down h + down_bias.
   [[nodiscard]] virtual Status expert_down(const ExpertTask* tasks, int32_t n_tasks) = 0;
-  // End of a group of experts (where a device backend submits its work and waits for it). When it
-  // returns, the backend reads no host bytes of the experts passed since the last group end.
-  [[nodiscard]] virtual Status expert_group_end() = 0;
+  // End of a round of experts (as many as the store holds at once; where a device backend submits
+  // its work and waits for it). When it returns, the backend reads no host bytes of the experts
+  // passed since the last round end.
+  [[nodiscard]] virtual Status expert_round_end() = 0;
   // out[t] = sum over slots j = 0..k-1, in that order, of r.weights[t,j] * outputs[t*k + j];
   // dropped slots (id -1) are skipped. Results never depend on the experts' execution order.
   [[nodiscard]] virtual Status moe_combine(const Routing& r, Act* out) = 0;
   // Whether the backend may still read an expert's host bytes after expert_down returns, until
-  // the group ends (a device computing asynchronously from zero-copy memory). Core keeps such
-  // experts pinned in the store until expert_group_end; otherwise it releases each at once.
-  virtual bool reads_experts_until_group_end() const { return false; }
+  // the round ends (a device computing asynchronously from zero-copy memory). Core keeps such
+  // experts pinned in the store until expert_round_end; otherwise it releases each at once.
+  virtual bool reads_experts_until_round_end() const { return false; }
 };
 
 // Creates a backend. Unavailable kinds (not built, no device) fail with

@@ -1,16 +1,22 @@
 # The layering the build enforces: which directories' headers each layer may include.
-#   base/      status, tensor types, quant block layouts and reference dequantizers (like ggml-base)
+#   base/      status, tensor types, quant block layouts and reference dequantizers, the MOELITE_*
+#              options table (like ggml-base)
 #   platforms/ the OS layer
 #   backends/  backend.h is the interface (kv_layout.h: the KV cache's slot rule, column_copy.h:
 #              copy_columns' bounds, and device_tier.h: how peers share a GPU's expert slots); each
 #              backend includes only base/, platforms/, the interface and its own directory; the
 #              registry alone sees every backend
-#   core/      base/, platforms/ and the backend interface -- never a backend's internals
-#   samples/   the public header (the CLI's trace tools also use core/expert_cache/, and `moelite
-#              batch` reads its JSON-lines requests with core/json.h: the CLI links the static
-#              archive, and one strict JSON reader is better than two)
+#   core/      base/, platforms/ and the backend interface -- never a backend's internals. Inside
+#              core, the folders are pipeline stages in this order (core/README.md), and a stage
+#              includes only itself and the stages before it:
+#                support gguf text model experts moe forward exec serve calibrate api
+#   samples/   the public header (the CLI's trace tools also use the cache policies and trace
+#              replay of core/experts/, and `moelite batch` reads its JSON-lines requests with
+#              core/support/json.h: the CLI links the static archive, and one strict JSON reader is
+#              better than two)
 # Runs at configure time (a violation stops the build) and as the ctest `layering`.
 # Usage: cmake -DSOURCE_DIR=... -P check_layering.cmake   (or include() with SOURCE_DIR set)
+cmake_policy(SET CMP0057 NEW)  # if(... IN_LIST ...) in script mode
 if(NOT SOURCE_DIR)
   set(SOURCE_DIR ${CMAKE_CURRENT_LIST_DIR}/..)
 endif()
@@ -25,15 +31,31 @@ set(_rules
   "backends/vulkan/|base/,platforms/,backends/backend.h,backends/kv_layout.h,backends/column_copy.h,backends/device_tier.h,backends/vulkan/"
   "backends/cuda/|base/,platforms/,backends/backend.h,backends/kv_layout.h,backends/column_copy.h,backends/device_tier.h,backends/cuda/"
   "backends/backend_registry.cpp|base/,backends/"
-  "core/|base/,platforms/,backends/backend.h,core/"
-  "samples/|samples/,core/expert_cache/"
-  "samples/cli/|samples/,core/expert_cache/,core/json.h")
+  "samples/|samples/,core/experts/cache_policy.h,core/experts/trace_replay.h"
+  "samples/cli/|samples/,core/experts/cache_policy.h,core/experts/trace_replay.h,core/support/json.h")
+# core/'s stages, lowest first: each may include base/, platforms/, the backend interface and the
+# stages up to itself.
+set(_core_stages support gguf text model experts moe forward exec serve calibrate api)
+set(_below "base/,platforms/,backends/backend.h")
+foreach(stage ${_core_stages})
+  set(_below "${_below},core/${stage}/")
+  list(APPEND _rules "core/${stage}/|${_below}")
+endforeach()
 set(_violations "")
 file(GLOB_RECURSE _files RELATIVE ${SOURCE_DIR} ${SOURCE_DIR}/base/* ${SOURCE_DIR}/platforms/* ${SOURCE_DIR}/backends/*
      ${SOURCE_DIR}/core/* ${SOURCE_DIR}/samples/*)
 foreach(f ${_files})
   if(NOT f MATCHES "\\.(c|cc|cpp|h|hpp|cu|cuh|inc)$")
     continue()
+  endif()
+  # core/'s sources live in its stage folders: not at its root, not in a folder outside the list.
+  if(f MATCHES "^core/")
+    string(REGEX REPLACE "^core/([^/]+)/.*" "\\1" _stage "${f}")
+    if(_stage STREQUAL f OR NOT _stage IN_LIST _core_stages)
+      string(REPLACE ";" " " _stage_names "${_core_stages}")
+      list(APPEND _violations "${f} is outside core/'s stage folders (${_stage_names})")
+      continue()
+    endif()
   endif()
   set(_allowed "")
   set(_best 0)
@@ -75,5 +97,6 @@ if(_violations)
   string(REPLACE ";" "\n  " msg "${_violations}")
   message(FATAL_ERROR "layering violations:\n  ${msg}")
 else()
-  message(STATUS "layering: base <- platforms <- backends <- core respected")
+  string(REPLACE ";" " < " _stage_order "${_core_stages}")
+  message(STATUS "layering: base <- platforms <- backends <- core (${_stage_order}) respected")
 endif()

@@ -237,17 +237,32 @@ MOELITE_API moelite_status moelite_model_params_set_expert_budget(moelite_model_
  *  Parameter objects are not thread-safe (see the top of this header). */
 MOELITE_API moelite_status moelite_model_params_set_expert_budget_auto(moelite_model_params* params,
                                                                        uint64_t headroom_bytes);
-/** The expert budget as a share of what keeping every routed expert in memory takes: budget =
- *  fraction x (the expert bytes, MOELITE_MODEL_EXPERT_BYTES, plus the store's slot alignment and
- *  its one reserve slot), rounded down, decided at load. 1.0 gives every expert a slot (all stay
- *  resident once read); 0.25 holds about a quarter of them. moelite_model_inspect tells the
- *  expert bytes without loading. A share
- *  whose budget is below the minimum working set fails the load with MOELITE_ERR_BUDGET_TOO_SMALL
+/** The expert budget as a share of the routed experts: `fraction` of them get a slot (rounded up),
+ *  beside the store's reserve slot (one per pool), decided at load. In bytes that is `fraction` of
+ *  what keeping every expert in memory takes (MOELITE_MODEL_EXPERT_BYTES plus the slots' alignment
+ *  and the reserve): 1.0 gives every expert a slot (all stay resident once read), 0.25 holds a
+ *  quarter of them. The same share gives the same slots from every tool and binding ("25%" in
+ *  moelite_model_params_set_expert_budget_text, the CLI's and the server's --budget). A share
+ *  whose slots are below the minimum working set fails the load with MOELITE_ERR_BUDGET_TOO_SMALL
  *  (MOELITE_MODEL_EXPERT_MIN_BUDGET of moelite_model_inspect is that minimum). Replaces an earlier
- *  set_expert_budget or set_expert_budget_auto (the last call wins).
+ *  budget setting (the last call wins).
  *  MOELITE_ERR_INVALID_ARGUMENT unless 0 < fraction <= 1 (NaN included). */
 MOELITE_API moelite_status moelite_model_params_set_expert_budget_fraction(moelite_model_params* params,
                                                                            double fraction);
+/** The expert budget as a user writes it, parsed here so that every tool and binding reads the same
+ *  spelling the same way:
+ *    "2GiB", "512MiB", "1.5G", "123456"   bytes (moelite_parse_size)   = set_expert_budget
+ *    "25%"                                a share of the experts        = set_expert_budget_fraction(0.25)
+ *    "auto"                               sized at load                 = set_expert_budget_auto(0)
+ *    "none"                               every expert resident         = set_expert_budget(0)
+ *  Replaces an earlier budget setting (the last call wins). MOELITE_ERR_INVALID_ARGUMENT for NULL
+ *  or any other text ("0" included: a budget computed as zero must not silently mean "none"), with
+ *  what was expected in moelite_last_error(). */
+MOELITE_API moelite_status moelite_model_params_set_expert_budget_text(moelite_model_params* params, const char* text);
+/** A size in bytes as moelite's tools spell it: digits with an optional fraction and unit (B,
+ *  K/KB = 1000, KiB = 1024, M/MB, MiB, G/GB, GiB, T/TB, TiB), e.g. "2GiB", "1.5G", "123456".
+ *  MOELITE_ERR_INVALID_ARGUMENT for NULL, other text, below one byte or above 2^62 bytes. */
+MOELITE_API moelite_status moelite_parse_size(const char* text, uint64_t* out_bytes);
 /** Replacement policy of the expert store: "lru" (default), "lfu", "decay" (decayed frequency),
  *  "static" (a hot set: the profile's most used experts; without a profile, the most used so
  *  far) or "belady" (evict the expert needed furthest ahead, as far as predictions reveal; without
@@ -622,7 +637,7 @@ MOELITE_API int64_t moelite_platform_get(moelite_platform_field field);
  *  tegra_release, unified_memory, cpu {model, arch, online, allowed, capacity per CPU id,
  *  big_cores, heterogeneous, default_threads}, memory {total, available (MemAvailable),
  *  cgroup_version, cgroup_limit, cgroup_usage, room (= MOELITE_PLATFORM_MEM_AVAILABLE_BYTES)},
- *  backends {cpu, cuda, vulkan: built in}, auto_backend {name, reason}. Byte counts are numbers.
+ *  backends {cpu, cuda, vulkan: built in; cuda_emulator: the CUDA backend can run on its SIMT emulator (a development build)}, auto_backend {name, reason}. Byte counts are numbers.
  *  *needed (may be NULL) receives the size including the NUL. MOELITE_ERR_BUFFER_TOO_SMALL when
  *  buf_size is smaller (buf is then untouched; buf may be NULL with buf_size 0 to ask the size).
  *  The text can differ between calls (memory changes), so size the second call's buffer with
@@ -777,6 +792,11 @@ MOELITE_API moelite_status moelite_plan_params_set_headroom(moelite_plan_params*
 /** MOELITE_PLAN_BUDGET_AUTO, MOELITE_PLAN_RESIDENT, or a fixed expert budget in bytes (at most
  *  2^62; then only the sequences are planned). Ignored for a loaded model, whose budget is set. */
 MOELITE_API moelite_status moelite_plan_params_set_expert_budget(moelite_plan_params* params, uint64_t bytes);
+/** The same budget as text, spelled as for moelite_model_params_set_expert_budget_text: "auto"
+ *  (the planner sizes it), "none" (resident), bytes ("2GiB"), or a share of the experts ("25%"),
+ *  which becomes the bytes a load with that share takes. MOELITE_ERR_INVALID_ARGUMENT for other
+ *  text. Ignored for a loaded model, whose budget is set. */
+MOELITE_API moelite_status moelite_plan_params_set_expert_budget_text(moelite_plan_params* params, const char* text);
 /** The expert pools the plan may use: "auto" (default: one global pool where a decode step's
  *  experts fit in it, else a pool per layer, which the plan then names), "global", or "uniform" /
  *  "dp" (per-layer pools). Ignored for a loaded model, whose pools are set. The string is read

@@ -1,3 +1,4 @@
+#include "base/options.h"
 #include "platforms/fault_inject.h"
 
 #include <atomic>
@@ -24,8 +25,8 @@ std::atomic<int64_t> g_calls[kKindCount];
 void arm_from_env() {
   static std::once_flag once;
   std::call_once(once, [] {
-    const char* e = getenv("MOELITE_FAULT_INJECT");
-    if (!e || !*e) return;
+    const char* e = option_text(Option::FaultInject);
+    if (!e) return;
     const char* colon = strchr(e, ':');
     if (!colon) return;
     char name[32] = {};

@@ -16,7 +16,7 @@
 
 #include "backends/backend.h"
 #include "backends/cpu/quant.h"
-#include "core/expert_store/expert_source.h"
+#include "core/experts/expert_source.h"
 #include "core/moe/expert_executor.h"
 #include "tests/random_weights.h"
 
@@ -75,7 +75,7 @@ const TensorType kTypes[] = {TensorType::F32,  TensorType::F16,  TensorType::BF1
                              TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K, TensorType::MXFP4};
 
 // Experts held in memory, handed out as the resident source does or, with resident = false, as a
-// budgeted source of two experts at a time (groups, pins and releases counted).
+// budgeted source of two experts at a time (rounds, pins and releases counted).
 class FakeExperts final : public ExpertSource {
  public:
   std::vector<ExpertWeights> w;
@@ -416,11 +416,11 @@ struct TierCounts {
 using TierCountsOf = std::function<TierCounts(Backend*)>;
 
 // Two instances of one discrete device (`first` and its peer) and a tier of two expert slots
-// (set_expert_pool(2) before the peer was made). `first` holds expert 1's slot part way through a
+// (set_device_tier_slots(2) before the peer was made). `first` holds expert 1's slot part way through a
 // pass (gate/up queued, down not yet) while the peer runs a whole pass over experts 0..3: the peer
 // must not read or overwrite that slot, nor wait for `first`, so it copies expert 1's three
 // matrices for itself and takes turns with itself on the slot left. Both results as the CPU's;
-// after `first`'s group end the slot serves the peer.
+// after `first`'s round end the slot serves the peer.
 inline void expect_peers_share_a_tier_without_waiting(Backend* first, Backend* peer, Backend* cpu,
                                                       const TierCountsOf& counts) {
   TierCase c(4);
@@ -443,7 +443,7 @@ inline void expect_peers_share_a_tier_without_waiting(Backend* first, Backend* p
   EXPECT_EQ(counts(peer).own_copies, 3u) << "expert 1's gate, up and down, held by the other instance";
 
   ASSERT_EQ(first->expert_down(&task, 1), MOELITE_OK);
-  ASSERT_EQ(first->expert_group_end(), MOELITE_OK);
+  ASSERT_EQ(first->expert_round_end(), MOELITE_OK);
   ASSERT_EQ(first->moe_combine(one, &o.a), MOELITE_OK);
   const std::vector<float> held_out = o.get();
   EXPECT_EQ(counts(first).own_copies, 0u);

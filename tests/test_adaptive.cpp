@@ -14,13 +14,13 @@
 #include <utility>
 #include <vector>
 
-#include "core/adaptive/allocation.h"
-#include "core/adaptive/gating.h"
-#include "core/adaptive/predictor.h"
-#include "core/adaptive/profile.h"
-#include "core/adaptive/ridge.h"
-#include "core/json.h"
-#include "core/model.h"
+#include "core/calibrate/ridge.h"
+#include "core/experts/cache_allocation.h"
+#include "core/experts/predictor.h"
+#include "core/model/model.h"
+#include "core/model/profile.h"
+#include "core/moe/gating.h"
+#include "core/support/json.h"
 
 using namespace moelite;
 

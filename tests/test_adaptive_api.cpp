@@ -173,7 +173,7 @@ TEST_F(AdaptiveApi, EveryPredictorAndTheDpAllocationLeaveLogitsBitwiseUnchanged)
   }
 }
 
-// Prefill lookahead (core/moe/moe_layer.cpp): a prompt evaluated at once under a budget names the
+// Prefill lookahead (core/forward/moe_block.cpp): a prompt evaluated at once under a budget names the
 // next layer's experts to the store as soon as a layer has routed, so their reads start while the
 // layer computes. Results are the resident model's bit for bit; the guesses are read (issued,
 // then used), layer 0 is never guessed (nothing comes before it), and the layers after it miss
@@ -465,9 +465,9 @@ TEST_F(AdaptiveApi, BadInputsGetTheirOwnStatus) {
 #include <chrono>
 #include <thread>
 
-#include "core/expert_store/expert_store.h"
-#include "core/model.h"
-#include "core/runtime.h"
+#include "core/exec/runtime.h"
+#include "core/experts/expert_store.h"
+#include "core/model/model.h"
 
 // The sensitivity sample: whole windows, recorded in the profile; the progress callback rises
 // steadily to 1.
@@ -509,11 +509,13 @@ TEST_F(AdaptiveApi, SensitivitySampleIsRecordedAndProgressRisesToOne) {
 // The shipped model with a budget of half its experts, and its runtime (the store), one thread.
 void half_budget_runtime(std::unique_ptr<moelite::Model>* m, std::unique_ptr<moelite::Runtime>* rt) {
   moelite::LoadOptions o;
-  o.n_threads = 1;
+  moelite::RuntimeOptions ro;
+  ro.n_threads = 1;
   ASSERT_EQ(moelite::Model::load(kModel, o, m), MOELITE_OK);
-  o.expert_budget_bytes = static_cast<uint64_t>((*m)->expert_bytes) / 2;
+  ro.expert_budget = moelite::ExpertBudget::of_bytes(static_cast<uint64_t>((*m)->expert_bytes) / 2);
+  o.stream_experts = true;
   ASSERT_EQ(moelite::Model::load(kModel, o, m), MOELITE_OK) << moelite_last_error();
-  ASSERT_EQ(moelite::Runtime::create(**m, o, rt), MOELITE_OK) << moelite_last_error();
+  ASSERT_EQ(moelite::Runtime::create(**m, ro, rt), MOELITE_OK) << moelite_last_error();
 }
 
 TEST(ExpertStorePredictions, DeeperGuessesWaitForNearerOnesToBeResident) {
@@ -558,14 +560,16 @@ TEST(ExpertStorePredictions, DeeperGuessesWaitForNearerOnesToBeResident) {
 // still takes a slot from them.
 TEST(ExpertStorePredictions, GuessesBeyondThePoolDoNotEvictEachOther) {
   moelite::LoadOptions o;
-  o.n_threads = 1;
+  moelite::RuntimeOptions ro;
+  ro.n_threads = 1;
   std::unique_ptr<moelite::Model> m;
   ASSERT_EQ(moelite::Model::load(kModel, o, &m), MOELITE_OK);
   const int32_t n_expert = m->hp.n_expert;
-  o.expert_budget_bytes = static_cast<uint64_t>(m->expert_bytes) / 8;
+  ro.expert_budget = moelite::ExpertBudget::of_bytes(static_cast<uint64_t>(m->expert_bytes) / 8);
+  o.stream_experts = true;
   ASSERT_EQ(moelite::Model::load(kModel, o, &m), MOELITE_OK) << moelite_last_error();
   std::unique_ptr<moelite::Runtime> rt;
-  ASSERT_EQ(moelite::Runtime::create(*m, o, &rt), MOELITE_OK) << moelite_last_error();
+  ASSERT_EQ(moelite::Runtime::create(*m, ro, &rt), MOELITE_OK) << moelite_last_error();
   moelite::ExpertStore& store = *rt->store;
   const int32_t n = static_cast<int32_t>(store.n_slots());
   ASSERT_GE(n, 3);
@@ -608,12 +612,12 @@ TEST(ExpertStorePredictions, EachClientsGuessesAreItsOwn) {
   int32_t id_a = -1, id_b = -1;
   std::unique_ptr<moelite::ExpertSource> a = store.open_client(&id_a), b = store.open_client(&id_b);
   auto stats = [&](int32_t id, int layer) { return store.client_stats(id)[static_cast<size_t>(layer)]; };
-  // One token routed to two experts of a layer, and the group prepared (pinned, loads started).
+  // One token routed to two experts of a layer, and the round prepared (pinned, loads started).
   auto routed = [](moelite::ExpertSource& src, int32_t layer, std::vector<int32_t> experts) {
     src.on_routing(layer, moelite::Routing{1, 2, experts, {0.5f, 0.5f}});
     return src.prepare(layer, experts);
   };
-  // A prepared group handed out and given back, as a layer's computation does.
+  // A prepared round handed out and given back, as a layer's computation does.
   auto computed = [](moelite::ExpertSource& src, int32_t layer, std::vector<int32_t> experts) {
     for (int32_t e : experts) {
       std::vector<int32_t> pending = {e};
@@ -649,19 +653,21 @@ TEST(ExpertStorePredictions, EachClientsGuessesAreItsOwn) {
   b.reset();
 }
 
-// A window's extend_group (expert_executor.cpp, run_window) adds a pin only while the pool has
+// A window's extend_round (expert_executor.cpp, run_window) adds a pin only while the pool has
 // room and no other client waits for it: a client that waited for admission while holding pins
 // could deadlock with one waiting for those, and one that passed a waiting client could keep it
 // out for a whole layer.
-TEST(ExpertStoreAdmission, ExtendGroupAddsOnlyWhileThePoolHasRoomAndNobodyWaits) {
+TEST(ExpertStoreAdmission, ExtendRoundAddsOnlyWhileThePoolHasRoomAndNobodyWaits) {
   moelite::LoadOptions o;
-  o.n_threads = 1;
+  moelite::RuntimeOptions ro;
+  ro.n_threads = 1;
   std::unique_ptr<moelite::Model> m;
   ASSERT_EQ(moelite::Model::load(kModel, o, &m), MOELITE_OK);
-  o.expert_budget_bytes = static_cast<uint64_t>(m->expert_bytes) / 16;
+  ro.expert_budget = moelite::ExpertBudget::of_bytes(static_cast<uint64_t>(m->expert_bytes) / 16);
+  o.stream_experts = true;
   ASSERT_EQ(moelite::Model::load(kModel, o, &m), MOELITE_OK) << moelite_last_error();
   std::unique_ptr<moelite::Runtime> rt;
-  ASSERT_EQ(moelite::Runtime::create(*m, o, &rt), MOELITE_OK) << moelite_last_error();
+  ASSERT_EQ(moelite::Runtime::create(*m, ro, &rt), MOELITE_OK) << moelite_last_error();
   ASSERT_TRUE(rt->store);
   moelite::ExpertStore& store = *rt->store;
   const int32_t cap = store.capacity(0);
@@ -680,10 +686,10 @@ TEST(ExpertStoreAdmission, ExtendGroupAddsOnlyWhileThePoolHasRoomAndNobodyWaits)
   for (int32_t e = 0; e < cap; ++e) pending.push_back(e);
   ASSERT_EQ(a->prepare(0, pending), MOELITE_OK);
   bool added = true;
-  ASSERT_EQ(a->extend_group(0, cap, &added), MOELITE_OK);
+  ASSERT_EQ(a->extend_round(0, cap, &added), MOELITE_OK);
   EXPECT_FALSE(added) << "the pool's pins are all out";
   compute_one(*a, &pending);
-  ASSERT_EQ(a->extend_group(0, cap, &added), MOELITE_OK);
+  ASSERT_EQ(a->extend_round(0, cap, &added), MOELITE_OK);
   EXPECT_TRUE(added) << "room for one and nobody waits";
   pending.push_back(cap);
   compute_one(*a, &pending);
@@ -696,7 +702,7 @@ TEST(ExpertStoreAdmission, ExtendGroupAddsOnlyWhileThePoolHasRoomAndNobodyWaits)
   for (int i = 0; i < 5000 && store.waiting_clients(0) == 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(store.waiting_clients(0), 1u);
-  ASSERT_EQ(a->extend_group(0, cap + 3, &added), MOELITE_OK);
+  ASSERT_EQ(a->extend_round(0, cap + 3, &added), MOELITE_OK);
   EXPECT_FALSE(added) << "a pin is free, but B waits for the pool and goes first";
   EXPECT_FALSE(b_admitted);
   while (!pending.empty()) compute_one(*a, &pending);

@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "backends/backend.h"
-#include "core/context.h"
-#include "core/expert_store/expert_store.h"
-#include "core/model.h"
-#include "core/runtime.h"
+#include "core/exec/context.h"
+#include "core/exec/runtime.h"
+#include "core/experts/expert_store.h"
+#include "core/model/model.h"
 #if MOELITE_HAVE_VULKAN
 #include "backends/vulkan/vk_device.h"
 #endif
@@ -41,7 +41,7 @@ std::string model_path() {
 
 const char* const kOps[] = {"get_rows",       "rms_norm",    "matmul",           "add",         "rope",
                             "attention",      "route",       "read_rows",        "dense_ffn",   "moe_begin",
-                            "expert_gate_up", "expert_down", "expert_group_end", "moe_combine", "sync"};
+                            "expert_gate_up", "expert_down", "expert_round_end", "moe_combine", "sync"};
 
 // Forwards every operation to a real backend; the `fail_at`-th call of operation `op` fails.
 class FaultyBackend final : public Backend {
@@ -59,7 +59,7 @@ class FaultyBackend final : public Backend {
   int32_t n_threads() const override { return inner_->n_threads(); }
   void* alloc_shared(uint64_t bytes) override { return inner_->alloc_shared(bytes); }
   void free_shared(void* p) override { inner_->free_shared(p); }
-  void set_expert_pool(int64_t slots) override { inner_->set_expert_pool(slots); }
+  void set_device_tier_slots(int64_t slots) override { inner_->set_device_tier_slots(slots); }
   Status place_weight(const WeightView& w) override { return inner_->place_weight(w); }
   Status check_weight(const WeightView& w) override { return inner_->check_weight(w); }
   Status alloc_act(int64_t rows, int64_t cols, Act* out) override { return inner_->alloc_act(rows, cols, out); }
@@ -147,16 +147,16 @@ class FaultyBackend final : public Backend {
     MOELITE_TRY(check("expert_down"));
     return inner_->expert_down(tasks, n);
   }
-  Status expert_group_end() override {
-    const Status st = inner_->expert_group_end();  // as a device would: its work has ended
-    MOELITE_TRY(check("expert_group_end"));
+  Status expert_round_end() override {
+    const Status st = inner_->expert_round_end();  // as a device would: its work has ended
+    MOELITE_TRY(check("expert_round_end"));
     return st;
   }
   Status moe_combine(const Routing& r, Act* out) override {
     MOELITE_TRY(check("moe_combine"));
     return inner_->moe_combine(r, out);
   }
-  bool reads_experts_until_group_end() const override { return inner_->reads_experts_until_group_end(); }
+  bool reads_experts_until_round_end() const override { return inner_->reads_experts_until_round_end(); }
 
  private:
   Status check(const char* op) {
@@ -182,14 +182,16 @@ bool load(BackendKind kind, bool budget, bool wrap, Engine* e, std::string* why)
   // The CUDA backend runs on the emulated device (integrated unless the caller set "discrete").
   if (kind == BackendKind::Cuda && !getenv("MOELITE_CUDA_EMULATOR")) setenv("MOELITE_CUDA_EMULATOR", "1", 1);
   LoadOptions o;
-  o.n_threads = 2;
-  o.backend = kind;
+  RuntimeOptions ro;
+  ro.n_threads = 2;
+  ro.backend = kind;
+  o.stream_experts = budget;
   if (Model::load(model_path(), o, &e->model) != MOELITE_OK) {
     *why = last_error_message();
     return false;
   }
-  if (budget) o.expert_budget_bytes = e->model->expert_bytes / 2;
-  if (Runtime::create(*e->model, o, &e->runtime) != MOELITE_OK) {
+  if (budget) ro.expert_budget = ExpertBudget::of_bytes(e->model->expert_bytes / 2);
+  if (Runtime::create(*e->model, ro, &e->runtime) != MOELITE_OK) {
     *why = last_error_message();
     return false;
   }

@@ -1,4 +1,4 @@
-// The batch planner (core/batch_plan.h) on numbers worked by hand: an OLMoE-like shape (8 MoE
+// The batch planner (core/serve/batch_plan.h) on numbers worked by hand: an OLMoE-like shape (8 MoE
 // layers of 64 experts, top-8, 6 MiB an expert) in 2 GiB. The expected rows come from the
 // formulas of the header evaluated separately (Python, double precision), not from the code.
 #include <gtest/gtest.h>
@@ -8,7 +8,8 @@
 #include <vector>
 
 #include "base/status.h"
-#include "core/batch_plan.h"
+#include "core/moe/tokens_by_expert.h"
+#include "core/serve/batch_plan.h"
 
 using moelite::BatchPlan;
 using moelite::BatchPlanInputs;
@@ -110,7 +111,7 @@ TEST(BatchPlan, FixedBudgetPlansOnlyTheSequences) {
 
 // One global LRU pool that a step's experts outnumber hits nothing: the layers, visited in turn,
 // evict each other's experts before the next step reuses them (measured: hit rate 0 at 4 and 8
-// sequences, docs/ARCHITECTURE.md "Batch planner"). With the pools fixed global, one sequence wins.
+// sequences, docs/ARCHITECTURE.md "Several sequences"). With the pools fixed global, one sequence wins.
 TEST(BatchPlan, AGlobalPoolSmallerThanAStepHitsNothing) {
   BatchPlanInputs in = olmoe_like(256 * MiB);
   in.fixed_budget = 600 * MiB;

@@ -1,11 +1,11 @@
-// The budget "auto" arithmetic (core/budget_auto.h) on known numbers: subtraction of every term,
+// The budget "auto" arithmetic (core/experts/budget_auto.h) on known numbers: subtraction of every term,
 // the default headroom, the cap at a pool holding every expert, and the error below the minimum.
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "base/status.h"
-#include "core/budget_auto.h"
+#include "core/experts/budget_auto.h"
 
 using moelite::AutoBudget;
 using moelite::AutoBudgetInputs;

@@ -350,6 +350,36 @@ int main(int argc, char** argv) {
     CHECK(moelite_model_get(am, MOELITE_MODEL_EXPERTS_ALL_FIT) == 0);
     moelite_model_free(am);
   }
+  /* A share of the experts: a quarter of the routed experts (rounded up) and the store's reserve
+   * slot, the same whether given as a fraction or as the text every tool and binding passes through;
+   * "0" is not a way to say "no budget". */
+  {
+    const int64_t routed = (moelite_model_get(model, MOELITE_MODEL_N_LAYERS) -
+                            moelite_model_get(model, MOELITE_MODEL_N_DENSE_LAYERS)) *
+                           moelite_model_get(model, MOELITE_MODEL_N_EXPERTS);
+    const int64_t want = 1 + (int64_t)ceil(0.25 * (double)routed);
+    moelite_model *a = NULL, *b = NULL;
+    CHECK(moelite_model_params_set_expert_budget_fraction(mp, 0.25) == MOELITE_OK);
+    CHECK(moelite_model_load(path, mp, &a) == MOELITE_OK);
+    CHECK(moelite_model_params_set_expert_budget_text(mp, "25%") == MOELITE_OK);
+    CHECK(moelite_model_load(path, mp, &b) == MOELITE_OK);
+    CHECK(moelite_model_get(a, MOELITE_MODEL_EXPERT_SLOTS) == want);
+    CHECK(moelite_model_get(b, MOELITE_MODEL_EXPERT_SLOTS) == want);
+    CHECK(moelite_model_get(a, MOELITE_MODEL_EXPERT_BUDGET) == moelite_model_get(b, MOELITE_MODEL_EXPERT_BUDGET));
+    moelite_model_free(a);
+    moelite_model_free(b);
+    CHECK(moelite_model_params_set_expert_budget_text(mp, "100%") == MOELITE_OK);
+    CHECK(moelite_model_load(path, mp, &a) == MOELITE_OK);
+    CHECK(moelite_model_get(a, MOELITE_MODEL_EXPERTS_ALL_FIT) == 1);
+    CHECK(moelite_model_get(a, MOELITE_MODEL_EXPERT_SLOTS) == routed + 1);
+    moelite_model_free(a);
+    CHECK(moelite_model_params_set_expert_budget_text(mp, "0") == MOELITE_ERR_INVALID_ARGUMENT);
+    CHECK(moelite_model_params_set_expert_budget_text(mp, NULL) == MOELITE_ERR_INVALID_ARGUMENT);
+    CHECK(moelite_model_params_set_expert_budget_text(NULL, "1G") == MOELITE_ERR_INVALID_ARGUMENT);
+    uint64_t bytes = 0;
+    CHECK(moelite_parse_size("1.5GiB", &bytes) == MOELITE_OK && bytes == ((uint64_t)3 << 29));
+    CHECK(moelite_parse_size("12XB", &bytes) == MOELITE_ERR_INVALID_ARGUMENT);
+  }
   /* The last budget setter wins: a fixed budget replaces auto... */
   CHECK(moelite_model_params_set_expert_budget(mp, 1 << 20) == MOELITE_OK);
   {

@@ -60,7 +60,9 @@ Pair make(Device device) {
     return p;
   }
   const bool integrated = device == Device::EmulatedIntegrated;
-  EXPECT_EQ(cuda::CudaBackend::create_with(cuda::open_emulated_runtime(integrated), &p.gpu), MOELITE_OK);
+  std::unique_ptr<cuda::GpuRuntime> rt;
+  EXPECT_EQ(cuda::open_emulated_runtime(integrated, &rt), MOELITE_OK) << last_error_message();
+  EXPECT_EQ(cuda::CudaBackend::create_with(std::move(rt), &p.gpu), MOELITE_OK);
   return p;
 }
 
@@ -334,7 +336,7 @@ TEST(CudaOps, PeersShareTheDeviceTierWithoutWaitingForEachOther) {
   // (backend_ops_util.h).
   Pair p = make(Device::EmulatedDiscrete);
   ASSERT_NE(p.gpu, nullptr);
-  p.gpu->set_expert_pool(2);
+  p.gpu->set_device_tier_slots(2);
   std::unique_ptr<Backend> peer;
   ASSERT_EQ(p.gpu->create_peer(&peer), MOELITE_OK) << last_error_message();
   expect_peers_share_a_tier_without_waiting(p.gpu.get(), peer.get(), p.cpu.get(), cuda_tier_counts);
@@ -343,7 +345,7 @@ TEST(CudaOps, PeersShareTheDeviceTierWithoutWaitingForEachOther) {
 TEST(CudaOps, PeersPassingExpertsThroughOneTierAtOnceComputeWhatTheCpuDoes) {
   Pair p = make(Device::EmulatedDiscrete);
   ASSERT_NE(p.gpu, nullptr);
-  p.gpu->set_expert_pool(3);
+  p.gpu->set_device_tier_slots(3);
   std::vector<std::unique_ptr<Backend>> peers(2);
   for (auto& peer : peers) ASSERT_EQ(p.gpu->create_peer(&peer), MOELITE_OK);
   expect_peers_through_one_tier_compute_what_the_cpu_does({p.gpu.get(), peers[0].get(), peers[1].get()}, p.cpu.get(),
@@ -356,7 +358,8 @@ TEST(CudaOps, EmulatedStreamWaitsOnAnEventOfAStreamDestroyedSince) {
   // has a wait for one of its events queued, e.g. for a device-tier slot it released. On a GPU the
   // event stays valid; the emulator kept the stream's address and ran it after its deletion (a
   // crash in concurrency_cuda, once in a few runs). The wait now finds the stream's work done.
-  std::unique_ptr<cuda::GpuRuntime> rt = cuda::open_emulated_runtime(/*integrated=*/false);
+  std::unique_ptr<cuda::GpuRuntime> rt;
+  ASSERT_EQ(cuda::open_emulated_runtime(/*integrated=*/false, &rt), MOELITE_OK);
   cuda::StreamHandle a = nullptr, b = nullptr;
   cuda::EventHandle e = nullptr;
   ASSERT_EQ(rt->stream_create(&a), MOELITE_OK);

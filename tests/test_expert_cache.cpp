@@ -9,8 +9,8 @@
 #include <random>
 #include <string>
 
-#include "core/expert_cache/policy.h"
-#include "core/expert_cache/replay.h"
+#include "core/experts/cache_policy.h"
+#include "core/experts/trace_replay.h"
 
 using namespace moelite;
 
@@ -620,7 +620,7 @@ TEST(TraceReplay, StaticMatchesItsDefinitionOnRandomTraces) {
 
 namespace {
 
-// The rules of docs/ARCHITECTURE.md ("Trace replay") and policy.h, implemented the slow and obvious
+// The rules of docs/ARCHITECTURE.md ("Trace replay") and core/experts/cache_policy.h, implemented the slow and obvious
 // way: on every miss each unpinned resident is scored from scratch (Belady scans the rest of the
 // trace for the next use) and the smallest (primary, last use) is evicted.
 ReplayResult naive_replay(const Trace& trace, const std::string& policy, int64_t capacity, bool global) {

@@ -1,9 +1,9 @@
 // The expert executor's window (core/moe/expert_executor.cpp, run_window): a layer whose experts
-// take several groups keeps `capacity` of them pinned, and each computed expert's release lets
-// the next of the schedule join (ExpertSource::extend_group), so reads stay in flight. Checked
+// take several rounds keeps `capacity` of them pinned, and each computed expert's release lets
+// the next of the schedule join (ExpertSource::extend_round), so reads stay in flight. Checked
 // against a scripted source that hands experts out in the reverse of their order (loads landing
 // out of order) and logs the protocol: the pins never exceed the capacity, releases follow the
-// schedule whatever the arrival order, a declining source gets whole groups prepared with nothing
+// schedule whatever the arrival order, a declining source gets whole rounds prepared with nothing
 // held, errors give every pin back, and the layer's output is bitwise the resident run's.
 #include <gtest/gtest.h>
 
@@ -25,13 +25,13 @@ constexpr int32_t kExperts = 8;
 constexpr int64_t kTokens = 6, kDim = 32, kFf = 48;
 
 // Budgeted experts of `capacity` at a time; expert 0 counts as in memory (the schedule puts it
-// first). The last expert added to the group arrives first.
+// first). The last expert added to the round arrives first.
 class WindowSource final : public ExpertSource {
  public:
   std::vector<ExpertWeights> w;
   int32_t cap = 2;
   bool declines = false;             // as when another context waits for the pool
-  Status extend_error = MOELITE_OK;  // what extend_group returns instead of adding
+  Status extend_error = MOELITE_OK;  // what extend_round returns instead of adding
   int32_t pins = 0, max_pins = 0, prepares = 0, extends = 0;
   std::vector<int32_t> released;
   std::vector<std::string> log;
@@ -42,14 +42,14 @@ class WindowSource final : public ExpertSource {
     (*mask)[0] = 1;
   }
   Status prepare(int32_t, const std::vector<int32_t>& experts) override {
-    EXPECT_EQ(pins, 0) << "a group is prepared only when the last one is given back";
+    EXPECT_EQ(pins, 0) << "a round is prepared only when the last one is given back";
     EXPECT_LE(static_cast<int32_t>(experts.size()), cap);
     ++prepares;
     take(static_cast<int32_t>(experts.size()));
     log.push_back("prepare");
     return MOELITE_OK;
   }
-  Status extend_group(int32_t, int32_t expert, bool* added) override {
+  Status extend_round(int32_t, int32_t expert, bool* added) override {
     *added = false;
     if (extend_error != MOELITE_OK) return extend_error;
     if (declines || pins + 1 > cap) return MOELITE_OK;
@@ -132,7 +132,7 @@ TEST(ExpertWindow, EachReleaseLetsTheNextExpertInAndReleasesFollowTheSchedule) {
   Status st;
   const std::vector<float> out = layer.run(source, &st);
   ASSERT_EQ(st, MOELITE_OK) << last_error_message();
-  EXPECT_EQ(source.prepares, 1) << "one group, then the window slides";
+  EXPECT_EQ(source.prepares, 1) << "one round, then the window slides";
   EXPECT_EQ(source.extends, kExperts - source.cap);
   EXPECT_EQ(source.max_pins, source.cap);
   EXPECT_EQ(source.pins, 0);
@@ -162,7 +162,7 @@ TEST(ExpertWindow, AWiderWindowAndASourceThatDeclinesGetWholeGroups) {
     EXPECT_EQ(source.max_pins, cap);
     EXPECT_EQ(source.released, kSchedule) << cap;
   }
-  // Declined (another context waits for the pool): the window drains, and the rest goes in groups
+  // Declined (another context waits for the pool): the window drains, and the rest goes in rounds
   // prepared with nothing held (WindowSource::prepare checks), so no context waits for pins that
   // a waiting context holds.
   WindowSource source;

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "core/gguf.h"
+#include "core/gguf/reader.h"
 #include "tests/gguf_builder.h"
 
 namespace {

@@ -22,9 +22,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/expert_store/expert_store.h"
-#include "core/model.h"
-#include "core/runtime.h"
+#include "core/exec/runtime.h"
+#include "core/experts/expert_store.h"
+#include "core/model/model.h"
 #include "moelite.h"
 #include "platforms/batch_read.h"
 #include "platforms/fault_inject.h"
@@ -420,13 +420,15 @@ TEST(IoRobustness, AnExpertIsWholeWhenItsReadsLandNotWhenItsBatchDoes) {
   setenv("MOELITE_IO", "pread", 1);   // reads in submission order: the 4th is expert 1's gate
   setenv("MOELITE_IO_THREADS", "1", 1);  // one loader takes both misses in one batch
   moelite::LoadOptions o;
-  o.n_threads = 1;
-  o.backend = moelite::BackendKind::Cpu;
-  o.expert_budget_bytes = quarter_of_experts();
+  o.stream_experts = true;
+  moelite::RuntimeOptions ro;
+  ro.n_threads = 1;
+  ro.backend = moelite::BackendKind::Cpu;
+  ro.expert_budget = moelite::ExpertBudget::of_bytes(quarter_of_experts());
   std::unique_ptr<moelite::Model> model;
   ASSERT_EQ(moelite::Model::load(model_path(), o, &model), MOELITE_OK) << moelite_last_error();
   std::unique_ptr<moelite::Runtime> rt;
-  ASSERT_EQ(moelite::Runtime::create(*model, o, &rt), MOELITE_OK) << moelite_last_error();
+  ASSERT_EQ(moelite::Runtime::create(*model, ro, &rt), MOELITE_OK) << moelite_last_error();
   unsetenv("MOELITE_IO_THREADS");
   moelite::ExpertStore& store = *rt->store;
   constexpr double kStall = 2.0;

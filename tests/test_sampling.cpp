@@ -5,7 +5,7 @@
 #include <limits>
 #include <map>
 
-#include "core/sampling.h"
+#include "core/text/sampling.h"
 
 using moelite::Sampler;
 using moelite::SamplerParams;

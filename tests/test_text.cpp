@@ -4,8 +4,8 @@
 
 #include <ctime>
 
-#include "core/chat_template.h"
-#include "core/generate.h"
+#include "core/serve/generate.h"
+#include "core/text/chat_template.h"
 
 using moelite::ChatTemplate;
 using moelite::StreamFilter;

@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "base/status.h"
-#include "core/gguf.h"
-#include "core/tokenizer/pretokenize.h"
-#include "core/tokenizer/tokenizer.h"
-#include "core/tokenizer/unicode.h"
-#include "core/tokenizer/vocab.h"
+#include "core/gguf/reader.h"
+#include "core/support/unicode.h"
+#include "core/text/pretokenize.h"
+#include "core/text/tokenizer.h"
+#include "core/text/vocab.h"
 #include "tests/gguf_builder.h"
 
 namespace {

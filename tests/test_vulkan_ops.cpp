@@ -319,7 +319,7 @@ TEST(VulkanOps, PeersShareTheDeviceTierWithoutWaitingForEachOther) {
   Pair p;
   if (!make_as(true, &p)) GTEST_SKIP() << "no Vulkan device";
   const uint64_t validation_before = vk::Device::validation_messages();
-  p.vk->set_expert_pool(2);
+  p.vk->set_device_tier_slots(2);
   std::unique_ptr<Backend> peer;
   ASSERT_EQ(p.vk->create_peer(&peer), MOELITE_OK) << last_error_message();
   expect_peers_share_a_tier_without_waiting(p.vk.get(), peer.get(), p.cpu.get(), vulkan_tier_counts);
@@ -333,7 +333,7 @@ TEST(VulkanOps, PeersPassingExpertsThroughOneTierAtOnceComputeWhatTheCpuDoes) {
   Pair p;
   if (!make_as(true, &p)) GTEST_SKIP() << "no Vulkan device";
   const uint64_t validation_before = vk::Device::validation_messages();
-  p.vk->set_expert_pool(3);
+  p.vk->set_device_tier_slots(3);
   std::vector<std::unique_ptr<Backend>> peers(2);
   for (auto& peer : peers) ASSERT_EQ(p.vk->create_peer(&peer), MOELITE_OK);
   expect_peers_through_one_tier_compute_what_the_cpu_does({p.vk.get(), peers[0].get(), peers[1].get()}, p.cpu.get(),

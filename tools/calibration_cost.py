@@ -6,7 +6,7 @@ The corpus (default: tools/train/data/heldout.txt) is repeated until it holds ab
 tokens of the model's tokenizer and cut at a line end; both commands then run on that whole file
 (calibrate with --max-tokens 0), one after the other, each timed by wall clock from start to exit
 (model load and tokenization included in both). With random-weight models the text does not
-matter for timing. The requirement this checks (docs/ARCHITECTURE.md, "Adaptive MoE"):
+matter for timing. The requirement this checks (docs/ARCHITECTURE.md, "Calibration"):
 calibrating 100 k tokens costs at most 10x a perplexity pass over them.
 
   python3 tools/calibration_cost.py -m models/moelite-tiny-qwen3moe-Q8_0.gguf

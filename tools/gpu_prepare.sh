@@ -19,7 +19,7 @@ PEER=${2:-}
 if [ -z "$PEER" ] && [ -x /work/peers/llama/build-cuda/bin/llama-bench ]; then
   PEER=/work/peers/llama/build-cuda/bin/llama-bench  # where this workplace keeps the peer's CUDA build
 fi
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DMOELITE_CUDA=ON -DMOELITE_CUDA_ARCHITECTURES="$ARCH" >/dev/null
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DMOELITE_CUDA=ON -DMOELITE_CUDA_EMULATOR=ON -DMOELITE_CUDA_ARCHITECTURES="$ARCH" >/dev/null
 cmake --build build-gpu -j "$(nproc)" --target moelite moelite_cli moelite_tests
 mkdir -p .gpu
 bash tools/gpu_pack.sh build-gpu .gpu/pack.tar.xz ${PEER:+"$PEER"}

@@ -12,15 +12,16 @@ bash tools/install_deps.sh --test
 # of generating it again in every stage (see model_cache_path there).
 export MOELITE_MODEL_CACHE=${MOELITE_MODEL_CACHE:-$PWD/build-models}
 build=build
-# MOELITE_TESTS=ON explicitly: tools/run.sh configures the same build/ without tests.
+# MOELITE_TESTS=ON explicitly: tools/run.sh configures the same build/ without tests (and without
+# the CUDA emulator, which the tests run the CUDA backend on).
 # The test build's fatbin holds one architecture (Turing machine code + its PTX, which the driver
 # compiles for any later GPU) instead of the product's seven: what the tests check of the fatbin (the
 # entry points, test_cuda_fatbin.py) is the same in each, and nvcc's seven took ~5 of the build's
 # CPU minutes on two cores. tools/run.sh and a plain configure build all seven.
-flags=(-DCMAKE_BUILD_TYPE=Release -DMOELITE_TESTS=ON "-DMOELITE_CUDA_ARCHITECTURES=75-real;75-virtual")
+flags=(-DCMAKE_BUILD_TYPE=Release -DMOELITE_TESTS=ON -DMOELITE_CUDA_EMULATOR=ON "-DMOELITE_CUDA_ARCHITECTURES=75-real;75-virtual")
 if [[ "${1:-}" == "--sanitize" ]]; then
   build=build-asan
-  flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOELITE_SANITIZE=ON -DMOELITE_TESTS=ON)
+  flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOELITE_SANITIZE=ON -DMOELITE_TESTS=ON -DMOELITE_CUDA_EMULATOR=ON)
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 elif [[ "${1:-}" == "--tsan" ]]; then
   # Vulkan and CUDA off: the job is about core's threads (contexts, store loaders, thread pool) on

@@ -21,7 +21,7 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 cmake -S . -B build-aarch64 -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake \
-  -DCMAKE_BUILD_TYPE=Release -DMOELITE_TESTS=ON -DMOELITE_VULKAN=OFF \
+  -DCMAKE_BUILD_TYPE=Release -DMOELITE_TESTS=ON -DMOELITE_CUDA_EMULATOR=ON -DMOELITE_VULKAN=OFF \
   -DMOELITE_CUDA_ARCHITECTURES="87-real;87-virtual" >/dev/null
 cmake --build build-aarch64 --target moelite moelite_static moelite_kernel_tests test_c_api moelite_cli
 run() { qemu-aarch64 -L /usr/aarch64-linux-gnu "$@"; }

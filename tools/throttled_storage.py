@@ -15,8 +15,8 @@ CPU, which a real NVMe drive (DMA) does not: 0.29 core-seconds per GB on a Zen 3
 3.5 GB/s kept one core busy), so at 2 GB/s a 2-core machine lends more than half a core to its
 "disk". Keep R well below what the machine's cores can spare.
 
-The cap may not hold for io_uring's reads: on an AMD EPYC Zen 3 VM (cgroup v1, stop 56) the
-store's io_uring reads ran at 5-6 GB/s through a 1 GB/s cap, while its pread fallback
+The cap may not hold for io_uring's reads: on an AMD EPYC Zen 3 VM (cgroup v1) the store's
+io_uring reads ran at 5-6 GB/s through a 1 GB/s cap, while its pread fallback
 (MOELITE_IO=pread) read at 1.07. Check the bench's storage_read_gb_s against R.
 
 Needs root. Use as a context manager:

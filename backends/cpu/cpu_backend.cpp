@@ -1,4 +1,5 @@
 #include "backends/cpu/cpu_backend.h"
+#include "base/options.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,8 +8,8 @@
 #include <new>
 #include <type_traits>
 
-#include "backends/cpu/cpu_ops.h"
 #include "backends/column_copy.h"
+#include "backends/cpu/cpu_ops.h"
 #include "backends/kv_layout.h"
 #include "platforms/platform.h"
 #include "platforms/system_info.h"
@@ -65,7 +66,8 @@ int64_t row_chunk(int64_t rows, int threads, int step) {
 // 16.4 -> 18.6 GB/s of weights with the 4-row tile). AArch64 keeps its SMMLA tiles in decode.
 // MOELITE_DECODE_TILES=0/1 overrides.
 int g_decode_tiles = [] {
-  if (const char* e = getenv("MOELITE_DECODE_TILES")) return atoi(e);
+  bool tiles;
+  if (option_flag(Option::DecodeTiles, &tiles)) return tiles ? 1 : 0;
 #if defined(__x86_64__) || defined(__i386__)
   return 0;
 #else
@@ -76,7 +78,8 @@ int g_decode_tiles = [] {
 // where it has one for the type; fewer go through vec_dot and multi-dots, which give the same bits.
 // MOELITE_MATRIX_MIN_TOKENS replaces every table's threshold (for measuring).
 int g_matrix_min_tokens_override = [] {
-  if (const char* e = getenv("MOELITE_MATRIX_MIN_TOKENS")) return std::max(1, atoi(e));
+  int64_t v;
+  if (option_int(Option::MatrixMinTokens, &v)) return static_cast<int>(v);
   return 0;
 }();
 int matrix_min_tokens(const MatrixTile& m) {
@@ -201,19 +204,18 @@ inline void for_rows(int64_t r0, int64_t r1, int step, Body&& body) {
 }
 
 // Weight rows stream from DRAM once per token in decode. Each task can also ask for the rows it
-// will need `g_prefetch_rows` rows ahead (software prefetch, non-temporal). It was added for an
-// Intel Xeon whose hardware prefetchers were said to lose the stream at every 4 KiB page of the
-// file mapping, but every x86 measured since streams faster without it: AMD Zen 4 (one thread
-// streaming Q8_0 rows from DRAM: 23-27 GB/s without, 20-22 GB/s with whole rows 2 ahead, 19-21
-// GB/s with only the lines at page starts; decode of the OLMoE-shaped model 41 vs 35 tok/s) and an
-// Intel Xeon with AMX (stop 38: decode of the same model, 2 threads, 19.4 / 20.2 tok/s without
-// against 11.6 / 13.9 with 2 rows and 10.6 / 10.2 with 8; llama.cpp 18.6 in the same run), and an
-// AMD Zen 3 (stop 45: Q4_K rows, decode 28.5 / 26.0 without, 23.6 / 22.4 with 2 rows). So x86
-// defaults to 0; other CPUs keep 2 (unmeasured on hardware). MOELITE_PREFETCH_ROWS overrides.
+// will need `g_prefetch_rows` rows ahead (software prefetch, non-temporal), for hardware
+// prefetchers that lose the stream at every 4 KiB page of a file mapping. Every x86 measured streams
+// faster without it: AMD Zen 4 (one thread streaming Q8_0 rows: 23-27 GB/s without, 20-22 GB/s
+// with whole rows 2 ahead; decode of the OLMoE-shaped model 41 vs 35 tok/s), an Intel Xeon with
+// AMX (2 threads: 19.4-20.2 tok/s without, 11.6-13.9 with 2 rows) and an AMD Zen 3 (Q4_K rows:
+// 26.0-28.5 without, 22.4-23.6 with 2). So x86 defaults to 0; other CPUs keep 2 (unmeasured on
+// hardware). MOELITE_PREFETCH_ROWS overrides.
 // (Not the same thing as the avx2 table's in-kernel prefetch of a few hundred bytes ahead into L1,
 // which did pay on that Zen 3: simd/x86_q45k_groups.h.)
 int g_prefetch_rows = [] {
-  if (const char* e = getenv("MOELITE_PREFETCH_ROWS")) return atoi(e);
+  int64_t v;
+  if (option_int(Option::PrefetchRows, &v)) return static_cast<int>(v);
 #if defined(__x86_64__) || defined(__i386__)
   return 0;
 #else

@@ -77,7 +77,7 @@ class CpuBackend final : public Backend {
   Status moe_begin(const Act& x, const FfnKind& kind, int64_t n_out_rows) override;
   Status expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) override;
   Status expert_down(const ExpertTask* tasks, int32_t n_tasks) override;
-  Status expert_group_end() override { return MOELITE_OK; }
+  Status expert_round_end() override { return MOELITE_OK; }
   Status moe_combine(const Routing& r, Act* out) override;
 
  private:

@@ -1,4 +1,5 @@
 #include "backends/cpu/grouped_weights.h"
+#include "base/options.h"
 
 #include <cstdlib>
 
@@ -12,8 +13,9 @@ namespace {
 // the same bits either way).
 bool grouping_enabled() {
   static const bool on = [] {
-    const char* e = std::getenv("MOELITE_GROUPED_ROWS");
-    return !(e && e[0] == '0');
+    bool grouped = true;
+    option_flag(Option::GroupedRows, &grouped);
+    return grouped;
   }();
   return on;
 }

@@ -1,6 +1,6 @@
 // Weight rows interleaved in groups of eight: a layout of the CPU backend's own, made once at load
 // (CpuBackend keeps such copies of the weights whose bytes stay put; see docs/ARCHITECTURE.md,
-// "Q4_K rows interleaved by eight").
+// "The CPU backend", rows interleaved by eight).
 //
 // Why: a row kernel spends much of its work per row and super-block on things that are the same
 // for every row (the activation's loads, the scale unpacking, fp16 conversions, horizontal sums).

@@ -206,7 +206,7 @@ const KernelTable* kernels_i8mm();     // AArch64 with SMMLA (ARMv8.6 i8mm) and 
 const KernelTable& kernels_best();
 // The best table whose rank is at most that of the ISA named `cap` (ranks: scalar 0, avx2 and
 // neon 1, avxvnni 2, avx512 and dotprod 3, amx and i8mm 4); a null or unknown name caps nothing. kernels_best() is
-// kernels_capped(getenv("MOELITE_ISA")).
+// kernels_capped(option_text(Option::Isa)) (base/options.h).
 const KernelTable& kernels_capped(const char* cap);
 
 // The block layouts, conversions and reference dequantizers live in base/ (shared with core and

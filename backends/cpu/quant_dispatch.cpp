@@ -1,18 +1,20 @@
 // Picks the kernel table for this CPU once. MOELITE_ISA caps the choice so tests and benchmarks
-// can compare tables on one machine; an unknown value is ignored (the best table is used).
+// can compare tables on one machine; a malformed value is refused by the next model load
+// (base/options.h), and until then caps nothing.
 #include <cstdlib>
 #include <cstring>
 
 #include "backends/cpu/quant.h"
 #include "backends/cpu/simd/tables.h"
+#include "base/options.h"
 #include "platforms/platform.h"
 
 namespace moelite::cpu {
 
 // Each SIMD table is built in a file of its own, compiled with that ISA's flags, and nothing in
 // such a file may run before the CPU is known to have the instructions: the compiler may use them
-// anywhere in a function, prologue included (an ASan build of the AVX-512 file poisoned its stack
-// frame with zmm stores before the CPU check that used to sit in the same function). So the checks
+// anywhere in a function, prologue included (an ASan build of the AVX-512 file poisons its stack
+// frame with zmm stores, before any CPU check in the same function could run). So the checks
 // are here, in a file compiled for the baseline, and the files' *_table() functions run after them.
 #if MOELITE_X86
 namespace {
@@ -80,7 +82,7 @@ const KernelTable& kernels_capped(const char* cap_name) {
 }
 
 const KernelTable& kernels_best() {
-  static const KernelTable& best = kernels_capped(std::getenv("MOELITE_ISA"));
+  static const KernelTable& best = kernels_capped(option_text(Option::Isa));
   return best;
 }
 

@@ -1,4 +1,5 @@
 #include "backends/cuda/cuda_backend.h"
+#include "base/options.h"
 
 #include <algorithm>
 #include <chrono>
@@ -37,12 +38,13 @@ WeightArg arg_of(const WeightView& w, const void* dev) {
 }  // namespace
 
 Status CudaBackend::create(std::unique_ptr<Backend>* out) {
-  const char* emu = std::getenv("MOELITE_CUDA_EMULATOR");
-  if (emu && *emu && std::strcmp(emu, "0") != 0) {
+  MOELITE_TRY(check_option(Option::CudaEmulator));  // a load refuses it first; a direct create too
+  const char* emu = option_text(Option::CudaEmulator);
+  if (emu && std::strcmp(emu, "0") != 0) {
     const bool discrete = std::strcmp(emu, "discrete") == 0;
-    if (!discrete && std::strcmp(emu, "1") != 0 && std::strcmp(emu, "integrated") != 0)
-      return fail(MOELITE_ERR_INVALID_ARGUMENT, "MOELITE_CUDA_EMULATOR=%s: expected 1, integrated, discrete or 0", emu);
-    return create_with(open_emulated_runtime(!discrete), out);
+    std::unique_ptr<GpuRuntime> rt;
+    MOELITE_TRY(open_emulated_runtime(!discrete, &rt));
+    return create_with(std::move(rt), out);
   }
   std::unique_ptr<GpuRuntime> rt;
   MOELITE_TRY(open_cuda_runtime(&rt));
@@ -726,7 +728,7 @@ Status CudaBackend::tier_matrix(const ExpertTask& t, int which, WeightArg* out) 
 
 Status CudaBackend::own_copy(const WeightView& w, WeightArg* out) {
   // Scratch is reused in compute-stream order, and this copy runs on the copy stream (drained at
-  // the group end, before the store may refill the host slot): after the kernels queued so far.
+  // the round end, before the store may refill the host slot): after the kernels queued so far.
   float* dst;
   MOELITE_TRY(scratch((padded_to_vec16(w.bytes()) + sizeof(float) - 1) / sizeof(float), &dst));
   MOELITE_TRY(rt_->event_record(compute_point_, compute_));
@@ -755,7 +757,7 @@ Status CudaBackend::expert_matrix(const ExpertTask& t, int which, WeightArg* out
 Status CudaBackend::expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) {
   pending_.clear();
   // Every task's row maps, the input rows it reads here and the output rows its down product
-  // writes, in one table copied before any product that reads it is queued: one copy a group.
+  // writes, in one table copied before any product that reads it is queued: one copy a round.
   size_t map_ints = 0;
   for (int32_t i = 0; i < n_tasks; ++i) map_ints += static_cast<size_t>(std::max(tasks[i].n_rows, 0));
   const int32_t* maps = nullptr;
@@ -838,8 +840,8 @@ Status CudaBackend::expert_down(const ExpertTask* tasks, int32_t n_tasks) {
   return launch_grouped(products, types, false);
 }
 
-Status CudaBackend::expert_group_end() {
-  // When this returns the store may refill the group's slots: every copy out of them (discrete)
+Status CudaBackend::expert_round_end() {
+  // When this returns the store may refill the round's slots: every copy out of them (discrete)
   // and every kernel reading them in place (integrated) must have run.
   MOELITE_TRY(wait(copy_));
   if (rt_->info().integrated) MOELITE_TRY(wait(compute_));

@@ -1,5 +1,6 @@
 // The CUDA backend: every operation of backends/backend.h as CUDA kernels (kernels/), run on a
-// GPU through the CUDA runtime or on the CPU through the SIMT emulator (MOELITE_CUDA_EMULATOR),
+// GPU through the CUDA driver (opened at run time) or on the CPU through the SIMT emulator
+// (MOELITE_CUDA_EMULATOR, in builds configured with it),
 // behind the same GpuRuntime interface (gpu_runtime.h).
 //
 // Memory: dense weights, norm vectors and biases are uploaded at first use and found again by host
@@ -33,7 +34,7 @@ namespace moelite::cuda {
 
 class CudaBackend final : public Backend {
  public:
-  // A GPU through the CUDA runtime, or the emulated device when MOELITE_CUDA_EMULATOR is set
+  // A GPU through the CUDA driver, or the emulated device when MOELITE_CUDA_EMULATOR is set
   // ("1"/"integrated" or "discrete"). MOELITE_ERR_BACKEND_UNAVAILABLE with the reason otherwise.
   static Status create(std::unique_ptr<Backend>* out);
   static Status create_with(std::unique_ptr<GpuRuntime> rt, std::unique_ptr<Backend>* out);
@@ -46,7 +47,7 @@ class CudaBackend final : public Backend {
 
   void* alloc_shared(uint64_t bytes) override;
   void free_shared(void* p) override;
-  void set_expert_pool(int64_t slots) override { tier_slots_ = slots; }
+  void set_device_tier_slots(int64_t slots) override { tier_slots_ = slots; }
   Status place_weight(const WeightView& w) override;
   Status check_weight(const WeightView& w) override;
   Status alloc_act(int64_t rows, int64_t cols, Act* out) override;
@@ -78,10 +79,10 @@ class CudaBackend final : public Backend {
   Status moe_begin(const Act& x, const FfnKind& kind, int64_t n_out_rows) override;
   Status expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) override;
   Status expert_down(const ExpertTask* tasks, int32_t n_tasks) override;
-  Status expert_group_end() override;
+  Status expert_round_end() override;
   Status moe_combine(const Routing& r, Act* out) override;
   // Zero-copy slots are read in place, and tier copies read the slots, after expert_down returns.
-  bool reads_experts_until_group_end() const override { return true; }
+  bool reads_experts_until_round_end() const override { return true; }
 
   // This instance's use of the device tier so far (discrete devices under a budget).
   struct TierStats {

@@ -1,8 +1,8 @@
 // What the CUDA backend needs of a device: memory, streams, events and a kernel table. Two
 // implementations: the CUDA driver on a real GPU (runtime_cuda.cpp, built with nvcc present) and an
-// emulated device on the host (runtime_emu.cpp, always built), which runs the same kernel source
-// through the SIMT emulator and models device memory, streams and events -- so everything above
-// this interface is tested in CI without a GPU.
+// emulated device on the host (runtime_emu.cpp, built with -DMOELITE_CUDA_EMULATOR=ON), which runs
+// the same kernel source through the SIMT emulator and models device memory, streams and events --
+// so everything above this interface is tested in CI without a GPU.
 //
 // Streams are in-order queues. The emulator runs a stream's work only when something waits for it
 // (stream_sync, event_sync, a stream waiting on an event of another), so host code that reads a
@@ -62,8 +62,11 @@ class GpuRuntime {
 };
 
 // The emulated device (MOELITE_CUDA_EMULATOR): `integrated` models a Jetson-like unified-memory
-// device, otherwise a discrete GPU whose memory the backend must copy experts into.
-std::unique_ptr<GpuRuntime> open_emulated_runtime(bool integrated);
+// device, otherwise a discrete GPU whose memory the backend must copy experts into. Built into the
+// library only when configured with -DMOELITE_CUDA_EMULATOR=ON (tests and development; the
+// installed product has no use for it): otherwise MOELITE_ERR_BACKEND_UNAVAILABLE saying so
+// (emulator_none.cpp).
+Status open_emulated_runtime(bool integrated, std::unique_ptr<GpuRuntime>* out);
 // Test hook (tests/test_backend_faults.cpp): the n-th emulated device operation from now on fails
 // (0: none). An allocation fails at once with MOELITE_ERR_OUT_OF_MEMORY; a copy or kernel is queued
 // and fails when it runs, so the failure surfaces at the next synchronisation, as a GPU fault does.

@@ -215,7 +215,7 @@ class DriverRuntime final : public GpuRuntime {
     return check(d_->cuStreamSynchronize(stream(s)), "cuStreamSynchronize");
   }
 
-  Status launch(StreamHandle s, const char* kernel, int type_id, simt::Dim3 grid, simt::Dim3 block, size_t shared_bytes,
+  Status launch(StreamHandle s, const char* kernel, int type_id, Dim3 grid, Dim3 block, size_t shared_bytes,
                 void** params) {
     current();
     CUfunction fn = nullptr;
@@ -257,7 +257,7 @@ Status unavailable(const char* fmt, const char* detail) {
 
 }  // namespace
 
-Status gpu_launch_packed(StreamHandle s, const char* kernel, int type_id, simt::Dim3 grid, simt::Dim3 block,
+Status gpu_launch_packed(StreamHandle s, const char* kernel, int type_id, Dim3 grid, Dim3 block,
                          size_t shared_bytes, void** params) {
   return static_cast<GpuStream*>(s)->rt->launch(s, kernel, type_id, grid, block, shared_bytes, params);
 }

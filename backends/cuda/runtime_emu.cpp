@@ -263,6 +263,9 @@ Status emu_enqueue_kernel(StreamHandle s, simt::Dim3 grid, simt::Dim3 block, siz
 
 void emu_fail_nth_operation_for_testing(int64_t n) { g_fail_countdown.store(n); }
 
-std::unique_ptr<GpuRuntime> open_emulated_runtime(bool integrated) { return std::make_unique<EmuRuntime>(integrated); }
+Status open_emulated_runtime(bool integrated, std::unique_ptr<GpuRuntime>* out) {
+  *out = std::make_unique<EmuRuntime>(integrated);
+  return MOELITE_OK;
+}
 
 }  // namespace moelite::cuda

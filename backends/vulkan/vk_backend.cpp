@@ -723,7 +723,7 @@ Status VulkanBackend::expert_down(const ExpertTask* tasks, int32_t n_tasks) {
   return MOELITE_OK;
 }
 
-Status VulkanBackend::expert_group_end() {
+Status VulkanBackend::expert_round_end() {
   // Resident experts are device copies: nothing to wait for until a result is read back.
   if (!pass_reads_host_) return MOELITE_OK;
   pass_reads_host_ = false;

@@ -43,7 +43,7 @@ class VulkanBackend final : public Backend {
 
   void* alloc_shared(uint64_t bytes) override;
   void free_shared(void* p) override;
-  void set_expert_pool(int64_t slots) override { tier_slots_ = slots; }
+  void set_device_tier_slots(int64_t slots) override { tier_slots_ = slots; }
   Status place_weight(const WeightView& w) override;
   Status check_weight(const WeightView& w) override;
   Status alloc_act(int64_t rows, int64_t cols, Act* out) override;
@@ -74,10 +74,10 @@ class VulkanBackend final : public Backend {
   Status moe_begin(const Act& x, const FfnKind& kind, int64_t n_out_rows) override;
   Status expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) override;
   Status expert_down(const ExpertTask* tasks, int32_t n_tasks) override;
-  Status expert_group_end() override;
+  Status expert_round_end() override;
   Status moe_combine(const Routing& r, Act* out) override;
   // Zero-copy slots are read in place by work that runs after expert_down returns.
-  bool reads_experts_until_group_end() const override { return true; }
+  bool reads_experts_until_round_end() const override { return true; }
 
   // This instance's use of the device tier so far (discrete devices under a budget).
   struct TierStats {
@@ -180,7 +180,7 @@ class VulkanBackend final : public Backend {
   // The routed-expert pass in progress.
   Act pass_x_;
   FfnKind pass_kind_;
-  bool pass_reads_host_ = false;  // a budgeted expert's bytes were used since the last group end
+  bool pass_reads_host_ = false;  // a budgeted expert's bytes were used since the last round end
   struct PendingExpert {
     Buffer h, up, in_map, out_map;  // h = act(gate, up) rows, kept for expert_down
   };

@@ -1,4 +1,5 @@
 #include "backends/vulkan/vk_device.h"
+#include "base/options.h"
 
 #include <algorithm>
 #include <atomic>
@@ -147,8 +148,16 @@ Status Device::create_stream(std::unique_ptr<Device>* out) {
 }
 
 Status Device::init(bool allow_cpu) {
-  const char* v = getenv("MOELITE_VK_VALIDATION");
-  const bool validate = v && *v && strcmp(v, "0") != 0;
+  MOELITE_TRY(create_instance());
+  MOELITE_TRY(pick_physical_device(allow_cpu));
+  read_facts();
+  return create_logical_device();
+}
+
+// The instance, with the validation layer and its messenger when MOELITE_VK_VALIDATION asks.
+Status Device::create_instance() {
+  bool validate = false;
+  option_flag(Option::VkValidation, &validate);
   VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
   app.pApplicationName = "moelite";
   app.apiVersion = VK_API_VERSION_1_2;  // timeline semaphores where the device has 1.2
@@ -178,6 +187,12 @@ Status Device::init(bool allow_cpu) {
     if (fn_.vkCreateDebugUtilsMessengerEXT) fn_.vkCreateDebugUtilsMessengerEXT(instance_, &mci, nullptr, &messenger_);
   }
 
+  return MOELITE_OK;
+}
+
+// MOELITE_VK_DEVICE's device, or the best by type (discrete > integrated > virtual > CPU; a CPU
+// implementation only when allowed).
+Status Device::pick_physical_device(bool allow_cpu) {
   uint32_t n = 0;
   fn_.vkEnumeratePhysicalDevices(instance_, &n, nullptr);
   std::vector<VkPhysicalDevice> devices(n);
@@ -185,10 +200,11 @@ Status Device::init(bool allow_cpu) {
   pin_drivers_for_leak_checking();
   if (devices.empty()) return fail(MOELITE_ERR_BACKEND_UNAVAILABLE, "vulkan: no Vulkan device found");
   int best = -1;
-  if (const char* forced = getenv("MOELITE_VK_DEVICE")) {
-    best = atoi(forced);
-    if (best < 0 || best >= static_cast<int>(devices.size()))
-      return fail(MOELITE_ERR_BACKEND_UNAVAILABLE, "vulkan: MOELITE_VK_DEVICE=%s but there are %u devices", forced, n);
+  if (int64_t forced; option_int(Option::VkDevice, &forced)) {
+    if (forced >= static_cast<int64_t>(devices.size()))
+      return fail(MOELITE_ERR_BACKEND_UNAVAILABLE, "vulkan: MOELITE_VK_DEVICE=%lld but there are %u devices",
+                  static_cast<long long>(forced), n);
+    best = static_cast<int>(forced);
   } else {
     for (int i = 0; i < static_cast<int>(devices.size()); ++i) {
       VkPhysicalDeviceProperties p;
@@ -202,15 +218,19 @@ Status Device::init(bool allow_cpu) {
       return fail(MOELITE_ERR_BACKEND_UNAVAILABLE, "vulkan: only CPU implementations of Vulkan are present");
   }
   physical_ = devices[static_cast<size_t>(best)];
+  return MOELITE_OK;
+}
+
+// What the shaders and the memory paths depend on: limits, memory kind, features, subgroups.
+void Device::read_facts() {
   VkPhysicalDeviceProperties props;
   fn_.vkGetPhysicalDeviceProperties(physical_, &props);
   facts_.name = props.deviceName;
   facts_.type = props.deviceType;
   facts_.max_storage_range = props.limits.maxStorageBufferRange;
   // Tests shrink the range to exercise the split of large tensors on small models.
-  if (const char* range = getenv("MOELITE_VK_MAX_BUFFER"))
-    facts_.max_storage_range =
-        std::min<uint64_t>(facts_.max_storage_range, std::max(4096ull, strtoull(range, nullptr, 10)));
+  if (int64_t range; option_int(Option::VkMaxBuffer, &range))
+    facts_.max_storage_range = std::min<uint64_t>(facts_.max_storage_range, static_cast<uint64_t>(range));
   fn_.vkGetPhysicalDeviceMemoryProperties(physical_, &mem_props_);
   // Unified memory: the device's own memory is the host's (an integrated GPU, a CPU device). A
   // discrete GPU may also offer a device-local, host-visible type (its PCIe BAR, all of its memory
@@ -224,8 +244,9 @@ Status Device::init(bool allow_cpu) {
       facts_.unified_memory = true;
   }
   // Tests treat a unified-memory device as a discrete one, so the staging paths run here too.
-  const char* discrete = getenv("MOELITE_VK_AS_DISCRETE");
-  as_discrete_ = discrete && *discrete && strcmp(discrete, "0") != 0;
+  bool discrete = false;
+  option_flag(Option::VkAsDiscrete, &discrete);
+  as_discrete_ = discrete;
   if (as_discrete_) facts_.unified_memory = false;
   // Features the shaders could use; the portable path needs none of them.
   VkPhysicalDeviceShaderFloat16Int8Features f16{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES};
@@ -243,10 +264,18 @@ Status Device::init(bool allow_cpu) {
   fn_.vkGetPhysicalDeviceProperties2(physical_, &props2);
   facts_.subgroups = (sub.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) != 0 &&
                      (sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0;
-  const char* portable = getenv("MOELITE_VK_PORTABLE");  // tests run both shader paths
-  facts_.use_subgroups = facts_.subgroups && !(portable && *portable && strcmp(portable, "0") != 0);
+  bool portable = false;  // tests run both shader paths
+  option_flag(Option::VkPortable, &portable);
+  facts_.use_subgroups = facts_.subgroups && !portable;
   facts_.subgroup_size = sub.subgroupSize;
+}
 
+// The logical device: a compute queue, a transfer queue where the device has a family for it (else
+// a second compute queue, else the compute queue), timeline semaphores where available, and the
+// pipeline cache.
+Status Device::create_logical_device() {
+  VkPhysicalDeviceProperties props;
+  fn_.vkGetPhysicalDeviceProperties(physical_, &props);
   uint32_t nq = 0;
   fn_.vkGetPhysicalDeviceQueueFamilyProperties(physical_, &nq, nullptr);
   std::vector<VkQueueFamilyProperties> qf(nq);

@@ -115,7 +115,11 @@ class Device {
   // What the streams of one device share; destroyed with the last of them.
   struct Shared;
   explicit Device(std::shared_ptr<Shared> shared);
-  Status init(bool allow_cpu);
+  Status init(bool allow_cpu);  // the four steps below, in order
+  Status create_instance();
+  Status pick_physical_device(bool allow_cpu);
+  void read_facts();
+  Status create_logical_device();
   Status init_stream();  // this stream's pools, first frame and transfer state
   Pipeline* pipeline(const char* name, uint32_t spec, uint32_t n_bindings);
   void begin_if_needed();

@@ -1,4 +1,5 @@
 #include "backends/vulkan/vk_loader.h"
+#include "base/options.h"
 
 #include <dlfcn.h>
 
@@ -32,8 +33,8 @@ const Loader& loader() {
     Loader out;
     std::string error;
     void* lib = nullptr;
-    const char* override_path = getenv("MOELITE_VULKAN_LOADER");
-    if (override_path && *override_path) {
+    const char* override_path = option_text(Option::VulkanLoader);
+    if (override_path) {
       lib = open_library(override_path, &error);
     } else {
       lib = open_library("libvulkan.so.1", &error);

@@ -2,35 +2,35 @@
 
 #include <algorithm>
 
-#include "core/moe/expert_groups.h"
-#include "core/trace.h"
+#include "core/moe/tokens_by_expert.h"
+#include "core/support/timeline.h"
 
 namespace moelite {
 
 namespace {
 
-// What one group of a pass holds of the source: experts prepared and not yet acquired (pending)
+// What one round of a pass holds of the source: experts prepared and not yet acquired (pending)
 // and experts acquired and not yet released (held). On every way out, errors and exceptions (an
-// allocation failing mid-group) included, the backend's group is ended first (a device must be done
+// allocation failing mid-round) included, the backend's round is ended first (a device must be done
 // with the slots) and then both are given back: no pin outlives the pass, or the pool would shrink
-// until no expert could load (and, with contexts sharing the store, the next group would wait for
+// until no expert could load (and, with contexts sharing the store, the next round would wait for
 // ever to be admitted). The lease is made, with everything it allocates, before prepare(): once
-// the source has pinned the group nothing may fail before the lease owns the pins.
-class GroupLease {
+// the source has pinned the round nothing may fail before the lease owns the pins.
+class RoundLease {
  public:
-  GroupLease(Backend& be, ExpertSource& source, int32_t layer, std::vector<int32_t>* pending)
+  RoundLease(Backend& be, ExpertSource& source, int32_t layer, std::vector<int32_t>* pending)
       : be_(be), source_(source), layer_(layer), pending_(pending) {
     held_.reserve(pending->size());  // so that add() cannot throw between acquire and record
   }
-  // Pins the group (ExpertSource::prepare); on failure the source has given back what it took.
+  // Pins the round (ExpertSource::prepare); on failure the source has given back what it took.
   Status prepare() {
     MOELITE_TRY(source_.prepare(layer_, *pending_));
     prepared_ = true;
     return MOELITE_OK;
   }
-  ~GroupLease() {
+  ~RoundLease() {
     if (!prepared_) return;
-    if (!ended_) (void)be_.expert_group_end();
+    if (!ended_) (void)be_.expert_round_end();
     release_all();
     for (int32_t p : *pending_) source_.release(layer_, p);
     pending_->clear();
@@ -40,9 +40,9 @@ class GroupLease {
     source_.release(layer_, expert);
     held_.erase(std::find(held_.begin(), held_.end(), expert));
   }
-  Status end_group() {
+  Status end_round() {
     ended_ = true;
-    return be_.expert_group_end();
+    return be_.expert_round_end();
   }
 
  private:
@@ -65,9 +65,9 @@ struct TaskRows {
   std::vector<int32_t> x_rows, out_rows;
 };
 
-ExpertTask make_task(const ExpertGroups& groups, int32_t layer, int32_t expert, const ExpertWeights& w, bool resident,
+ExpertTask make_task(const TokensByExpert& by_expert, int32_t layer, int32_t expert, const ExpertWeights& w, bool resident,
                      TaskRows* rows) {
-  groups.rows(expert, &rows->x_rows, &rows->out_rows);
+  by_expert.rows(expert, &rows->x_rows, &rows->out_rows);
   ExpertTask t;
   t.layer = layer;
   t.expert = expert;
@@ -83,10 +83,10 @@ ExpertTask make_task(const ExpertGroups& groups, int32_t layer, int32_t expert, 
 constexpr double kTraceWaitMinUs = 20.0;
 
 // Everything resident: one pass over all of the layer's experts, which balances threads best.
-Status run_resident(Backend& be, ExpertSource& source, int32_t layer, const ExpertGroups& groups,
-                    TraceRecorder* trace) {
-  const double start = trace ? TraceRecorder::now_us() : 0.0;
-  const std::vector<int32_t>& order = groups.order();
+Status run_resident(Backend& be, ExpertSource& source, int32_t layer, const TokensByExpert& by_expert,
+                    TimelineRecorder* trace) {
+  const double start = trace ? TimelineRecorder::now_us() : 0.0;
+  const std::vector<int32_t>& order = by_expert.order();
   std::vector<TaskRows> rows(order.size());
   std::vector<ExpertTask> tasks;
   tasks.reserve(order.size());
@@ -94,26 +94,26 @@ Status run_resident(Backend& be, ExpertSource& source, int32_t layer, const Expe
     int32_t e;
     ExpertWeights w;
     MOELITE_TRY(source.acquire_next(layer, &pending, &e, &w));
-    tasks.push_back(make_task(groups, layer, e, w, true, &rows[tasks.size()]));
+    tasks.push_back(make_task(by_expert, layer, e, w, true, &rows[tasks.size()]));
   }
   const int32_t n = static_cast<int32_t>(tasks.size());
   if (n > 0) {
     MOELITE_TRY(be.expert_gate_up(tasks.data(), n));
     MOELITE_TRY(be.expert_down(tasks.data(), n));
   }
-  MOELITE_TRY(be.expert_group_end());
+  MOELITE_TRY(be.expert_round_end());
   if (trace)
-    trace->complete("experts", "compute", "evaluation", start, TraceRecorder::now_us(), {{"layer", layer}, {"experts", n}});
+    trace->complete("experts", "compute", "evaluation", start, TimelineRecorder::now_us(), {{"layer", layer}, {"experts", n}});
   return MOELITE_OK;
 }
 
 // Waits for one expert of *pending (the one that arrives first), computes it, and leaves it held
 // by the lease in *expert. On an error from the source nothing of *pending is held any more.
-Status compute_next(Backend& be, ExpertSource& source, int32_t layer, const ExpertGroups& groups,
-                    std::vector<int32_t>* pending, GroupLease* lease, int32_t* expert, TraceRecorder* trace) {
+Status compute_next(Backend& be, ExpertSource& source, int32_t layer, const TokensByExpert& by_expert,
+                    std::vector<int32_t>* pending, RoundLease* lease, int32_t* expert, TimelineRecorder* trace) {
   int32_t e;
   ExpertWeights w;
-  const double wait_start = trace ? TraceRecorder::now_us() : 0.0;
+  const double wait_start = trace ? TimelineRecorder::now_us() : 0.0;
   const Status acquired = source.acquire_next(layer, pending, &e, &w);
   if (acquired != MOELITE_OK) {
     pending->clear();  // the source released what was still pending
@@ -121,19 +121,19 @@ Status compute_next(Backend& be, ExpertSource& source, int32_t layer, const Expe
   }
   lease->add(e);
   *expert = e;
-  const double compute_start = trace ? TraceRecorder::now_us() : 0.0;
+  const double compute_start = trace ? TimelineRecorder::now_us() : 0.0;
   if (trace && compute_start - wait_start >= kTraceWaitMinUs)
     trace->complete("wait for a load", "wait", "evaluation", wait_start, compute_start,
                     {{"layer", layer}, {"expert", e}});
   TaskRows rows;
-  const ExpertTask task = make_task(groups, layer, e, w, false, &rows);
+  const ExpertTask task = make_task(by_expert, layer, e, w, false, &rows);
   MOELITE_TRY(be.expert_gate_up(&task, 1));
-  const double t0 = trace ? TraceRecorder::now_us() : 0.0;
+  const double t0 = trace ? TimelineRecorder::now_us() : 0.0;
   MOELITE_TRY(source.wait_down(layer, e));
-  const double down_wait = trace ? TraceRecorder::now_us() - t0 : 0.0;
+  const double down_wait = trace ? TimelineRecorder::now_us() - t0 : 0.0;
   MOELITE_TRY(be.expert_down(&task, 1));
   if (trace)
-    trace->complete("expert", "compute", "evaluation", compute_start, TraceRecorder::now_us(),
+    trace->complete("expert", "compute", "evaluation", compute_start, TimelineRecorder::now_us(),
                     {{"layer", layer},
                      {"expert", e},
                      {"rows", task.n_rows},
@@ -141,83 +141,83 @@ Status compute_next(Backend& be, ExpertSource& source, int32_t layer, const Expe
   return MOELITE_OK;
 }
 
-// Budgeted experts: groups of at most capacity() experts; within a group each expert runs as soon
+// Budgeted experts: rounds of at most capacity() experts; within a round each expert runs as soon
 // as its gate and up matrices are in, so computation overlaps the loads still in flight.
-Status run_group(Backend& be, ExpertSource& source, int32_t layer, const ExpertGroups& groups,
-                 std::vector<int32_t> pending, TraceRecorder* trace) {
-  GroupLease lease(be, source, layer, &pending);
+Status run_round(Backend& be, ExpertSource& source, int32_t layer, const TokensByExpert& by_expert,
+                 std::vector<int32_t> pending, TimelineRecorder* trace) {
+  RoundLease lease(be, source, layer, &pending);
   MOELITE_TRY(lease.prepare());
-  const bool hold_to_end = be.reads_experts_until_group_end();
+  const bool hold_to_end = be.reads_experts_until_round_end();
   Status st = MOELITE_OK;
   while (!pending.empty()) {
     int32_t e = -1;
-    st = compute_next(be, source, layer, groups, &pending, &lease, &e, trace);
+    st = compute_next(be, source, layer, by_expert, &pending, &lease, &e, trace);
     if (st != MOELITE_OK) break;
     if (!hold_to_end) lease.release(e);
   }
-  const Status end = lease.end_group();
+  const Status end = lease.end_round();
   return st != MOELITE_OK ? st : end;  // the lease gives back what is still held or pending
 }
 
-// A layer whose experts take several groups, on a backend done with each expert once its down
+// A layer whose experts take several rounds, on a backend done with each expert once its down
 // projection has run (the CPU): a window of `width` experts slides along `order`. Each computed
-// expert is released and the next expert of the order joins the window (extend_group), so reads
-// stay in flight through the whole layer; in groups, the storage idled from a group's last load
-// until the next group's first, which cost a batch of several sequences under a small per-layer
+// expert is released and the next expert of the order joins the window (extend_round), so reads
+// stay in flight through the whole layer; in rounds, the storage idled from a round's last load
+// until the next round's first, which cost a batch of several sequences under a small per-layer
 // quota much of its read rate. Experts are computed in arrival order but released in `order`: one
 // computed before an earlier one of the order is held until that one is done. So each load picks
 // its slot (evicts) among the same released experts whatever the storage's timing, and the cache's
 // contents (hence misses, and cache-aware gating's routing) remain a function of the evaluations
 // alone. Where the source declines to extend (another context waits for the pool), the window
-// drains and the rest goes on in groups admitted as a whole.
-Status run_window(Backend& be, ExpertSource& source, int32_t layer, const ExpertGroups& groups,
-                  const std::vector<int32_t>& order, size_t width, TraceRecorder* trace) {
-  std::vector<uint8_t> computed(static_cast<size_t>(groups.order().back()) + 1, 0);  // by expert id
-  size_t prepared = 0;  // order[0, prepared) has been prepared or added to a group
+// drains and the rest goes on in rounds admitted as a whole.
+Status run_window(Backend& be, ExpertSource& source, int32_t layer, const TokensByExpert& by_expert,
+                  const std::vector<int32_t>& order, size_t width, TimelineRecorder* trace) {
+  std::vector<uint8_t> computed(static_cast<size_t>(by_expert.order().back()) + 1, 0);  // by expert id
+  size_t prepared = 0;  // order[0, prepared) has been prepared or added to a round
   size_t released = 0;  // order[0, released) has been released
   while (prepared < order.size()) {
     std::vector<int32_t> pending(order.begin() + static_cast<std::ptrdiff_t>(prepared),
                                  order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), prepared + width)));
     pending.reserve(width);  // so that adding one cannot throw once the source has pinned it
-    GroupLease lease(be, source, layer, &pending);
+    RoundLease lease(be, source, layer, &pending);
     MOELITE_TRY(lease.prepare());
     prepared += pending.size();
     bool extending = true;
     Status st = MOELITE_OK;
     while (st == MOELITE_OK && !pending.empty()) {
       int32_t e = -1;
-      st = compute_next(be, source, layer, groups, &pending, &lease, &e, trace);
+      st = compute_next(be, source, layer, by_expert, &pending, &lease, &e, trace);
       if (st != MOELITE_OK) break;
       computed[static_cast<size_t>(e)] = 1;
       while (st == MOELITE_OK && released < prepared && computed[static_cast<size_t>(order[released])]) {
         lease.release(order[released++]);
         if (!extending || prepared == order.size()) continue;
         bool added = false;
-        st = source.extend_group(layer, order[prepared], &added);
+        st = source.extend_round(layer, order[prepared], &added);
         if (added) pending.push_back(order[prepared++]);
         extending = added;
       }
     }
-    const Status end = lease.end_group();
+    const Status end = lease.end_round();
     MOELITE_TRY(st);  // the lease gives back what is still held or pending
     MOELITE_TRY(end);
   }
   return MOELITE_OK;
 }
 
-// The order of a layer's experts when they take several groups (a batch of many tokens, often of
+// The order of a layer's experts when they take several rounds (a batch of many tokens, often of
 // several sequences, routes to more experts than the source holds at once). Experts already in
-// memory go first: in a later group the loads before them would evict them unused. The experts to
+// memory go first: in a later round the loads before them would evict them unused. The experts to
 // load follow, those serving the fewest tokens first, so the layer leaves in memory the ones most
 // of its tokens used, which the sequences' next tokens are likeliest to route to again.
-std::vector<int32_t> group_schedule(ExpertSource& source, int32_t layer, const ExpertGroups& groups) {
-  std::vector<int32_t> order = groups.order();
+std::vector<int32_t> round_schedule(ExpertSource& source, int32_t layer, const TokensByExpert& by_expert) {
+  std::vector<int32_t> order = by_expert.order();
   std::vector<uint8_t> resident;
   source.residency(layer, order.back() + 1, &resident);
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
     const bool ra = resident[static_cast<size_t>(a)] != 0, rb = resident[static_cast<size_t>(b)] != 0;
     if (ra != rb) return ra;
-    return !ra && groups.uses(a) < groups.uses(b);
+    return !ra && by_expert.uses(a) < by_expert.uses(b);
   });
   return order;
 }
@@ -225,24 +225,24 @@ std::vector<int32_t> group_schedule(ExpertSource& source, int32_t layer, const E
 }  // namespace
 
 Status run_routed_experts(Backend& be, ExpertSource& source, int32_t layer, const FfnKind& kind, const Act& x,
-                          const Routing& r, Act* out, TraceRecorder* trace) {
+                          const Routing& r, Act* out, TimelineRecorder* trace) {
   source.on_routing(layer, r);
-  const ExpertGroups groups(r);
+  const TokensByExpert by_expert(r);
   MOELITE_TRY(be.moe_begin(x, kind, static_cast<int64_t>(r.n_tokens) * r.k));
   if (source.all_resident()) {
-    MOELITE_TRY(run_resident(be, source, layer, groups, trace));
+    MOELITE_TRY(run_resident(be, source, layer, by_expert, trace));
   } else {
-    const size_t group = static_cast<size_t>(std::max(1, source.capacity(layer)));
-    // One group: the source hands out what is in memory first anyway (acquire_next).
+    const size_t round_size = static_cast<size_t>(std::max(1, source.capacity(layer)));
+    // One round: the source hands out what is in memory first anyway (acquire_next).
     const std::vector<int32_t> order =
-        groups.order().size() > group ? group_schedule(source, layer, groups) : groups.order();
-    if (order.size() > group && !be.reads_experts_until_group_end()) {
-      MOELITE_TRY(run_window(be, source, layer, groups, order, group, trace));
+        by_expert.order().size() > round_size ? round_schedule(source, layer, by_expert) : by_expert.order();
+    if (order.size() > round_size && !be.reads_experts_until_round_end()) {
+      MOELITE_TRY(run_window(be, source, layer, by_expert, order, round_size, trace));
     } else {
-      for (size_t g0 = 0; g0 < order.size(); g0 += group) {
+      for (size_t g0 = 0; g0 < order.size(); g0 += round_size) {
         const auto first = order.begin() + static_cast<std::ptrdiff_t>(g0);
-        const auto last = order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), g0 + group));
-        MOELITE_TRY(run_group(be, source, layer, groups, std::vector<int32_t>(first, last), trace));
+        const auto last = order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), g0 + round_size));
+        MOELITE_TRY(run_round(be, source, layer, by_expert, std::vector<int32_t>(first, last), trace));
       }
     }
   }

@@ -1,21 +1,21 @@
-// One layer's routed-expert pass, for every backend and every architecture: grouping by expert,
-// groups no larger than what the expert source can hold (on the CPU a window that slides along
+// One layer's routed-expert pass, for every backend and every architecture: the tokens by expert,
+// rounds no larger than what the expert source can hold (on the CPU a window that slides along
 // the layer's experts as each is released), loads and early preemption, resident-first /
 // arrival-order execution, waits for chunks still loading, releases (also on error), and the
 // combine in slot order. Backends only compute (backends/backend.h, "routed experts").
 #pragma once
 #include "backends/backend.h"
-#include "core/expert_store/expert_source.h"
+#include "core/experts/expert_source.h"
 
 namespace moelite {
 
-class TraceRecorder;
+class TimelineRecorder;
 
 // out[t] = sum_j r.weights[t,j] * FFN_{r.ids[t,j]}(x[t]), added in slot order j = 0..k-1 whatever
 // the order the experts ran in, so results never depend on which experts were resident. On any
 // error every expert this call acquired is released and the error is returned. With a trace
 // (may be null), each expert's computation and each wait for a load go on the timeline.
 [[nodiscard]] Status run_routed_experts(Backend& backend, ExpertSource& source, int32_t layer, const FfnKind& kind,
-                                        const Act& x, const Routing& r, Act* out, TraceRecorder* trace = nullptr);
+                                        const Act& x, const Routing& r, Act* out, TimelineRecorder* trace = nullptr);
 
 }  // namespace moelite

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "backends/backend.h"
-#include "core/model.h"
+#include "core/model/model.h"
 
 namespace moelite {
 

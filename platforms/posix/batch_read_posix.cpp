@@ -1,3 +1,4 @@
+#include "base/options.h"
 #include "platforms/batch_read.h"
 
 #include <errno.h>
@@ -209,7 +210,7 @@ class UringReader final : public BatchReader {
 
 std::unique_ptr<BatchReader> BatchReader::create(unsigned queue_depth) {
   // MOELITE_IO=pread forces the fallback (tests, comparisons).
-  const char* forced = getenv("MOELITE_IO");
+  const char* forced = option_text(Option::Io);
   if (forced && strcmp(forced, "pread") == 0) return std::make_unique<PreadReader>();
 #if MOELITE_HAVE_URING
   auto r = std::make_unique<UringReader>();

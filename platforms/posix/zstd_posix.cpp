@@ -4,6 +4,7 @@
 #include <mutex>
 #include <new>
 
+#include "base/options.h"
 #include "platforms/zstd.h"
 
 namespace moelite::platform {
@@ -31,8 +32,8 @@ const ZstdApi& api() {
   static ZstdApi a;
   static std::once_flag once;
   std::call_once(once, [] {
-    const char* env = std::getenv("MOELITE_ZSTD_LIBRARY");
-    const char* name = env && *env ? env : "libzstd.so.1";
+    const char* env = option_text(Option::ZstdLibrary);
+    const char* name = env ? env : "libzstd.so.1";
     void* lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
       const char* e = dlerror();

@@ -19,9 +19,6 @@ int usage_error(const std::string& message);
 // progress bar when stderr is a terminal. Returns 0 on success, else the exit code after
 // printing the error.
 int load_model(const Args& args, moelite_model** out, bool vocab_only = false);
-// --budget's text as bytes; a share ("25%") is of the model at `path`'s expert bytes. False with a
-// message for a bad size or an unreadable model.
-bool parse_budget(const std::string& text, const std::string& path, uint64_t* out, std::string* err);
 
 // The expert budget in one line: none, a fixed size, or auto with the terms it was sized from.
 std::string budget_summary(const moelite_model* model);

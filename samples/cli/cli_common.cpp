@@ -48,34 +48,6 @@ int progress_bar(float p, void*) {
   return 1;
 }
 
-// --budget as bytes; a share ("25%") is of the model's expert bytes, read from the file first.
-bool parse_budget(const std::string& text, const std::string& path, uint64_t* out, std::string* err) {
-  SizeArg size;
-  if (!parse_size("--budget", text, &size, err)) return false;
-  if (!size.percent) {
-    *out = static_cast<uint64_t>(size.value);
-    return true;
-  }
-  // Inspected, not loaded: a load without a budget is a resident load, and a CPU table that keeps
-  // its hot types in grouped copies (Q4_K, Q5_K on x86) copies every weight at load -- the whole
-  // model in memory, the very thing a budget is there to avoid (2.3 GB of RSS for a 432 MiB budget
-  // of the 1.9 GB bench model before this).
-  moelite_model* probe = nullptr;
-  const moelite_status st = moelite_model_inspect(path.c_str(), &probe);
-  if (st != MOELITE_OK) {
-    *err = std::string("cannot read the model to size --budget: ") + moelite_last_error();
-    return false;
-  }
-  const double expert_bytes = static_cast<double>(moelite_model_get(probe, MOELITE_MODEL_EXPERT_BYTES));
-  moelite_model_free(probe);
-  *out = static_cast<uint64_t>(size.value / 100.0 * expert_bytes);
-  if (*out == 0) {
-    *err = "--budget " + text + " of this model's experts is 0 bytes";
-    return false;
-  }
-  return true;
-}
-
 namespace {
 void log_to_stderr(moelite_log_level, const char* text, void*) { fprintf(stderr, "moelite: %s\n", text); }
 }  // namespace
@@ -109,25 +81,22 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only) {
     moelite_model_params_free(p);
     return usage_error("--budget-headroom goes with --budget auto");
   }
-  if (st == MOELITE_OK && args.get("--budget") == "auto") {
-    // 0: the library's default headroom, max(64 MiB, 10% of the available memory).
-    uint64_t headroom = 0;
-    SizeArg size;
-    if (args.has("--budget-headroom")) {
-      if (!parse_size("--budget-headroom", args.get("--budget-headroom"), &size, &err) || size.percent) {
-        moelite_model_params_free(p);
-        return usage_error(err.empty() ? "--budget-headroom takes a size in bytes (512MiB), not a share" : err);
-      }
-      headroom = static_cast<uint64_t>(size.value);
+  // The library parses --budget, so it means the same here as in the server and the bindings.
+  if (st == MOELITE_OK && args.has("--budget")) {
+    st = moelite_model_params_set_expert_budget_text(p, args.get("--budget").c_str());
+    if (st != MOELITE_OK) {
+      const std::string why = moelite_last_error();
+      moelite_model_params_free(p);
+      return usage_error("--budget: " + why);
     }
-    st = moelite_model_params_set_expert_budget_auto(p, headroom);
-  } else if (st == MOELITE_OK && args.has("--budget")) {
-    uint64_t budget = 0;
-    if (!parse_budget(args.get("--budget"), path, &budget, &err)) {
+  }
+  if (st == MOELITE_OK && args.has("--budget-headroom")) {
+    uint64_t headroom = 0;
+    if (!parse_size("--budget-headroom", args.get("--budget-headroom"), &headroom, &err)) {
       moelite_model_params_free(p);
       return usage_error(err);
     }
-    st = moelite_model_params_set_expert_budget(p, budget);
+    st = moelite_model_params_set_expert_budget_auto(p, headroom);
   }
   if (st == MOELITE_OK && args.has("--predictor"))
     st = moelite_model_params_set_predictor(p, args.get("--predictor").c_str());

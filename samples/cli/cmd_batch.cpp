@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "cli.h"
-#include "core/json.h"  // the library's strict JSON reader (the CLI links the static archive)
+#include "core/support/json.h"  // the library's strict JSON reader (the CLI links the static archive)
 
 namespace cli {
 
@@ -34,19 +34,24 @@ const Command kBatchCommand = {
     "decoding up to --n-seq of them together; writes one JSON line per request, in input order.",
     with_groups({{{"-f"}, "FILE", "requests, one JSON object per line"},
                  {{"-o"}, "FILE", "where results go (default: standard output)"},
-                 {{"--n-seq"}, "N|auto",
+                 {{"--n-seq"},
+                  "N|auto",
                   "requests decoded together (default auto: the batch planner's choice among 1..min(requests, 16), "
                   "from the memory, the KV cache each sequence takes and the storage bandwidth; under a budget it "
                   "also picks the expert pools, and with --budget auto splits the memory between the KV caches "
                   "and the experts)"},
-                 {{"--memory"}, "SIZE",
+                 {{"--memory"},
+                  "SIZE",
                   "with --n-seq auto or --budget auto: plan within this much memory (default: what is free now)"},
-                 {{"--storage-gbs"}, "X",
+                 {{"--storage-gbs"},
+                  "X",
                   "with --n-seq auto: the storage read bandwidth in GB/s (default: measured on the model file)"},
-                 {{"--plan-trace"}, "TRACE",
+                 {{"--plan-trace"},
+                  "TRACE",
                   "with --n-seq auto: plan from this routing trace (`moelite trace record` on text like the "
                   "requests) instead of the profile's shares: measures how a sequence reuses its recent experts"},
-                 {{"--plan-record"}, "N",
+                 {{"--plan-record"},
+                  "N",
                   "with --n-seq auto: first record the routing of up to N tokens of the requests' prompts and plan "
                   "from it as from --plan-trace (under a budget the model loads once more for it, at its smallest "
                   "budget)"},
@@ -87,8 +92,10 @@ Request read_request(moelite_model* model, const std::string& line, int64_t inde
     return r;
   }
   if (const json::Value* id = v.find("id")) {
-    if (id->is_string()) r.id_json = json::quote(id->string);
-    else if (id->is_number()) r.id_json = json::number(id->number);
+    if (id->is_string())
+      r.id_json = json::quote(id->string);
+    else if (id->is_number())
+      r.id_json = json::number(id->number);
   }
   if (const json::Value* mt = v.find("max_tokens")) {
     if (!mt->is_number() || mt->number < 0 || mt->number > 1e9 || mt->number != std::floor(mt->number)) {
@@ -128,17 +135,21 @@ Request read_request(moelite_model* model, const std::string& line, int64_t inde
     r.error = "a request needs a string \"prompt\" or an array \"messages\"";
     return r;
   }
-  if (st != MOELITE_OK) r.error = std::string("tokenizing: ") + moelite_last_error();
-  else if (r.prompt.empty()) r.error = "the prompt has no tokens";
+  if (st != MOELITE_OK)
+    r.error = std::string("tokenizing: ") + moelite_last_error();
+  else if (r.prompt.empty())
+    r.error = "the prompt has no tokens";
   return r;
 }
 
 std::string detokenize(moelite_model* model, const std::vector<int32_t>& tokens) {
   size_t len = 0;
-  moelite_status st = moelite_detokenize(model, tokens.data(), static_cast<int32_t>(tokens.size()), 0, nullptr, 0, &len);
+  moelite_status st =
+      moelite_detokenize(model, tokens.data(), static_cast<int32_t>(tokens.size()), 0, nullptr, 0, &len);
   if (st != MOELITE_OK && st != MOELITE_ERR_BUFFER_TOO_SMALL) return "";
   std::string text(len, '\0');
-  if (moelite_detokenize(model, tokens.data(), static_cast<int32_t>(tokens.size()), 0, text.data(), len, &len) != MOELITE_OK)
+  if (moelite_detokenize(model, tokens.data(), static_cast<int32_t>(tokens.size()), 0, text.data(), len, &len) !=
+      MOELITE_OK)
     return "";
   text.resize(len);
   return text;
@@ -147,7 +158,7 @@ std::string detokenize(moelite_model* model, const std::vector<int32_t>& tokens)
 // --n-seq auto: the library's batch planner (moelite_plan_batch) picks the sequences from the
 // memory, each sequence's KV cache and the storage bandwidth. Under a budget it plans before the
 // model loads, which then loads with the plan's pools (and with --budget auto, its budget). At most
-// kAutoMaxSequences (decoding more at once gains little on a CPU: docs/ARCHITECTURE.md). Says what it
+// kAutoMaxSequences (decoding more at once gains little on a CPU: tools/batch_table.py). Says what it
 // chose and why on stderr; --plan prints the whole plan as JSON instead of running.
 constexpr int64_t kAutoMaxSequences = 16;
 constexpr size_t kStorageProbeBytes = size_t{256} << 20;
@@ -254,13 +265,13 @@ int plan_batch(Args& args, moelite_model* model, int32_t n_ctx, int32_t n_batch,
                const RecordedRouting* routing, PlanChoice* out) {
   const std::string path = args.has("-m") ? args.get("-m") : args.get("--model");
   std::string err;
-  SizeArg memory, headroom;
+  uint64_t memory = 0, headroom = 0;
   double storage_gbs = 0;
-  if ((args.has("--memory") && (!parse_size("--memory", args.get("--memory"), &memory, &err) || memory.percent)) ||
+  if ((args.has("--memory") && !parse_size("--memory", args.get("--memory"), &memory, &err)) ||
       (args.has("--budget-headroom") &&
-       (!parse_size("--budget-headroom", args.get("--budget-headroom"), &headroom, &err) || headroom.percent)) ||
+       !parse_size("--budget-headroom", args.get("--budget-headroom"), &headroom, &err)) ||
       !args.get_double("--storage-gbs", 0.0, &storage_gbs, &err))
-    return usage_error(err.empty() ? "--memory and --budget-headroom take sizes in bytes (2GiB), not shares" : err);
+    return usage_error(err);
   if (storage_gbs < 0) return usage_error("--storage-gbs must be > 0");
   moelite_model* inspected = nullptr;
   if (!model) {
@@ -283,13 +294,12 @@ int plan_batch(Args& args, moelite_model* model, int32_t n_ctx, int32_t n_batch,
       static_cast<int32_t>(fixed_n > 0 ? fixed_n : std::max<int64_t>(1, std::min(n_requests, kAutoMaxSequences)));
   moelite_status st = moelite_plan_params_set_max_sequences(pp, most);
   if (st == MOELITE_OK && fixed_n > 0) st = moelite_plan_params_set_min_sequences(pp, most);
-  if (st == MOELITE_OK && args.has("--memory")) st = moelite_plan_params_set_memory(pp, static_cast<uint64_t>(memory.value));
-  if (st == MOELITE_OK && args.has("--budget-headroom"))
-    st = moelite_plan_params_set_headroom(pp, static_cast<uint64_t>(headroom.value));
-  if (st == MOELITE_OK && !model && args.get("--budget") != "auto") {  // a budget given: plan the sequences and pools
-    uint64_t budget = 0;
-    if (!parse_budget(args.get("--budget"), path, &budget, &err)) return usage_error(err);
-    st = moelite_plan_params_set_expert_budget(pp, budget);
+  if (st == MOELITE_OK && args.has("--memory")) st = moelite_plan_params_set_memory(pp, memory);
+  if (st == MOELITE_OK && args.has("--budget-headroom")) st = moelite_plan_params_set_headroom(pp, headroom);
+  if (st == MOELITE_OK && !model && args.has("--budget") && args.get("--budget") != "auto") {
+    // a budget given: plan the sequences and pools
+    st = moelite_plan_params_set_expert_budget_text(pp, args.get("--budget").c_str());
+    if (st != MOELITE_OK) return usage_error(std::string("--budget: ") + moelite_last_error());
   }
   if (st == MOELITE_OK) st = moelite_plan_params_set_bandwidths(pp, streams ? storage_gbs : 0.0, 0.0);
   // The pools: as the user set them (a profile's "auto" is its per-layer DP allocation), else the plan's.
@@ -301,8 +311,9 @@ int plan_batch(Args& args, moelite_model* model, int32_t n_ctx, int32_t n_batch,
   else if (st == MOELITE_OK && args.has("--profile"))
     st = moelite_plan_params_set_profile(pp, args.get("--profile").c_str());
   if (st == MOELITE_OK && pools_given)
-    st = moelite_plan_params_set_cache_allocation(
-        pp, args.has("--allocation") && args.get("--allocation") != "auto" ? args.get("--allocation").c_str() : "uniform");
+    st = moelite_plan_params_set_cache_allocation(pp, args.has("--allocation") && args.get("--allocation") != "auto"
+                                                          ? args.get("--allocation").c_str()
+                                                          : "uniform");
   if (st == MOELITE_OK) st = moelite_context_params_set_n_ctx(cp, n_ctx);
   if (st == MOELITE_OK) st = moelite_context_params_set_n_batch(cp, n_batch);
   moelite_batch_plan* plan = nullptr;
@@ -318,22 +329,127 @@ int plan_batch(Args& args, moelite_model* model, int32_t n_ctx, int32_t n_batch,
     if (!pools_given) args.set("--allocation", moelite_batch_plan_allocation(plan));
   }
   if (fixed_n > 0) {
-    fprintf(stderr, "moelite batch: %s expert pools for %" PRId64 " sequences: %s\n", moelite_batch_plan_allocation(plan),
-            fixed_n, moelite_batch_plan_reason(plan));
+    fprintf(stderr, "moelite batch: %s expert pools for %" PRId64 " sequences: %s\n",
+            moelite_batch_plan_allocation(plan), fixed_n, moelite_batch_plan_reason(plan));
     return 0;
   }
   const double tok_s = moelite_batch_plan_decode_tok_s(plan);
   char predicted[64] = "";
   if (tok_s > 0) snprintf(predicted, sizeof predicted, ", predicted %.1f tok/s", tok_s);
   fprintf(stderr,
-          "moelite batch: %" PRId64 " sequence%s at once (of %" PRId64 " requests; KV caches %.1f MiB, experts %.1f MiB, "
+          "moelite batch: %" PRId64 " sequence%s at once (of %" PRId64
+          " requests; KV caches %.1f MiB, experts %.1f MiB, "
           "%s pools, within %.1f MiB%s%s): %s\n",
           out->n_seq, out->n_seq == 1 ? "" : "s", n_requests, moelite_batch_plan_get(plan, MOELITE_PLAN_KV_BYTES) / mib,
           moelite_batch_plan_get(plan, MOELITE_PLAN_EXPERT_BUDGET) / mib, moelite_batch_plan_allocation(plan),
-          moelite_batch_plan_get(plan, MOELITE_PLAN_MEMORY) / mib,
-          predicted, streams ? (", storage " + std::to_string(storage_gbs).substr(0, 5) + " GB/s").c_str() : "",
+          moelite_batch_plan_get(plan, MOELITE_PLAN_MEMORY) / mib, predicted,
+          streams ? (", storage " + std::to_string(storage_gbs).substr(0, 5) + " GB/s").c_str() : "",
           moelite_batch_plan_reason(plan));
   return 0;
+}
+
+// Every request through the library's queue (moelite_queue_*), which admits them in input order
+// into free sequences and batches their steps; results are written to `out` in input order as soon
+// as every earlier one is out. A request that cannot run is answered at once with its error.
+int serve_requests(moelite_context* ctx, const std::vector<Request>& requests, moelite_generate_params* gp,
+                   int64_t seed, int64_t n_seq, FILE* out) {
+  moelite_status st;
+  moelite_queue* queue = nullptr;
+  if ((st = moelite_queue_create(ctx, &queue)) != MOELITE_OK) return report(st, "creating the request queue");
+  std::unique_ptr<moelite_queue, void (*)(moelite_queue*)> queue_guard(queue, moelite_queue_free);
+
+  std::vector<Result> results(requests.size());
+  size_t next_output = 0, finished = 0;
+  uint64_t tokens_generated = 0;
+  const bool show_progress = isatty(STDERR_FILENO) != 0;
+  const double t_start = now();
+
+  auto finish = [&](int64_t index, const std::string& line) {
+    results[static_cast<size_t>(index)] = {true, line};
+    ++finished;
+    // Results go out in input order, as soon as every earlier one is out.
+    while (next_output < results.size() && results[next_output].done) {
+      fprintf(out, "%s\n", results[next_output].line.c_str());
+      results[next_output].line.clear();
+      ++next_output;
+    }
+    fflush(out);
+  };
+  auto error_line = [&](int64_t index, const std::string& why) {
+    finish(index, "{\"id\": " + requests[static_cast<size_t>(index)].id_json + ", \"index\": " + std::to_string(index) +
+                      ", \"error\": \"" + json_escape(why) + "\"}");
+  };
+  // Every request goes into the library's queue (moelite_queue_*), which admits them in input
+  // order into free sequences and batches their steps; one that cannot run is answered at once.
+  std::vector<int64_t> index_of;  // queue id -> request index
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Request& r = requests[i];
+    if (!r.error.empty()) {
+      error_line(static_cast<int64_t>(i), r.error);
+      continue;
+    }
+    // The run's settings with a seed of its own, from --seed and the request's line.
+    int64_t id = -1;
+    st = moelite_generate_params_set_seed(gp, static_cast<uint64_t>(seed) + static_cast<uint64_t>(i));
+    if (st == MOELITE_OK) st = moelite_generate_params_set_max_tokens(gp, r.max_tokens);
+    if (st == MOELITE_OK)
+      st = moelite_queue_add(queue, r.prompt.data(), static_cast<int32_t>(r.prompt.size()), gp, &id);
+    if (st == MOELITE_ERR_OUT_OF_MEMORY) return report(st, "queueing the requests");
+    if (st != MOELITE_OK) {
+      error_line(static_cast<int64_t>(i), moelite_last_error());
+      continue;
+    }
+    if (index_of.size() <= static_cast<size_t>(id)) index_of.resize(static_cast<size_t>(id) + 1, -1);
+    index_of[static_cast<size_t>(id)] = static_cast<int64_t>(i);
+  }
+  const char* const stop_names[] = {"end", "length", "stop", "aborted", "context", "error"};
+  std::vector<int32_t> generated;
+  std::string text;
+  while (moelite_queue_waiting(queue) + moelite_queue_running(queue) > 0) {
+    int32_t n_events = 0;
+    st = moelite_queue_step(queue, &n_events);
+    if (st != MOELITE_OK) return report(st, "evaluating");
+    for (int32_t e = 0; e < n_events; ++e) {
+      int64_t id = -1;
+      int32_t token = -1, state = MOELITE_REQUEST_RUNNING;
+      if ((st = moelite_queue_event(queue, e, &id, &token, &state)) != MOELITE_OK)
+        return report(st, "reading the queue");
+      if (token >= 0) ++tokens_generated;
+      if (state < 0) continue;
+      // A finished request: its line, then the queue forgets it.
+      int32_t n = 0;
+      size_t len = 0;
+      if (moelite_queue_request_tokens(queue, id, nullptr, 0, &n) == MOELITE_ERR_OUT_OF_MEMORY ||
+          moelite_queue_request_text(queue, id, nullptr, 0, &len) == MOELITE_ERR_OUT_OF_MEMORY)
+        return report(MOELITE_ERR_OUT_OF_MEMORY, "reading a result");
+      text.assign(len, '\0');
+      if ((st = moelite_queue_request_text(queue, id, text.empty() ? nullptr : &text[0], len, &len)) != MOELITE_OK)
+        return report(st, "reading a result");
+      const int64_t index = index_of[static_cast<size_t>(id)];
+      const Request& r = requests[static_cast<size_t>(index)];
+      finish(index, "{\"id\": " + r.id_json + ", \"index\": " + std::to_string(index) + ", \"text\": \"" +
+                        json_escape(text) + "\", \"prompt_tokens\": " + std::to_string(r.prompt.size()) +
+                        ", \"generated_tokens\": " + std::to_string(n) + ", \"stop\": \"" +
+                        (state < 6 ? stop_names[state] : "error") + "\"}");
+      (void)moelite_queue_remove(queue, id);
+    }
+    if (show_progress) {
+      const double dt = now() - t_start;
+      fprintf(stderr, "\r%zu/%zu requests, %" PRIu64 " tokens, %.1f tok/s   ", finished, requests.size(),
+              tokens_generated, dt > 0 ? double(tokens_generated) / dt : 0.0);
+    }
+  }
+  if (show_progress) fprintf(stderr, "\n");
+  const double dt = now() - t_start;
+  fprintf(stderr,
+          "moelite batch: %zu requests, %" PRIu64 " tokens generated in %.2f s (%.2f tok/s, %" PRId64
+          " sequences at once)\n",
+          requests.size(), tokens_generated, dt, dt > 0 ? double(tokens_generated) / dt : 0.0, n_seq);
+  if (out != stdout) {
+    if (fflush(out) != 0 || ferror(out)) return report(MOELITE_ERR_IO, "writing the results");
+    return 0;
+  }
+  return finish_output(0);
 }
 
 }  // namespace
@@ -347,7 +463,8 @@ int cmd_batch(int argc, char** argv) {
   const bool auto_seq = args.get("--n-seq", "auto") == "auto";
   if ((!auto_seq && !args.get_int("--n-seq", 8, &n_seq, &err, 1, MOELITE_MAX_SEQUENCES)) ||
       !args.get_int("-c", 2048, &n_ctx, &err, 1, MOELITE_MAX_CONTEXT) ||
-      !args.get_int("-b", 512, &n_batch, &err, 1, INT32_MAX) || !args.get_int("-n", 256, &max_tokens, &err, 0, INT32_MAX) ||
+      !args.get_int("-b", 512, &n_batch, &err, 1, INT32_MAX) ||
+      !args.get_int("-n", 256, &max_tokens, &err, 0, INT32_MAX) ||
       !args.get_int("--seed", 0x5eed, &seed, &err, INT64_MIN, INT64_MAX))
     return usage_error(err);
   std::string input;
@@ -361,8 +478,7 @@ int cmd_batch(int argc, char** argv) {
   if (args.has("--plan-record")) {
     if (!auto_seq) return usage_error("--plan-record goes with --n-seq auto");
     if (args.has("--plan-trace")) return usage_error("--plan-record and --plan-trace: give one routing to plan from");
-    if (!args.get_int("--plan-record", 0, &record_tokens, &err, 1, kMaxRecordedTokens))
-      return usage_error(err);
+    if (!args.get_int("--plan-record", 0, &record_tokens, &err, 1, kMaxRecordedTokens)) return usage_error(err);
   }
   FILE* out = stdout;  // --plan writes nothing but the plan, to standard output
   if (args.has("-o") && !args.has("--plan")) {
@@ -411,12 +527,14 @@ int cmd_batch(int argc, char** argv) {
   if (int rc = load_model(args, &model)) return rc;
   std::unique_ptr<moelite_model, void (*)(moelite_model*)> model_guard(model, moelite_model_free);
   moelite_generate_params* gp = moelite_generate_params_create();
-  std::unique_ptr<moelite_generate_params, void (*)(moelite_generate_params*)> gp_guard(gp, moelite_generate_params_free);
+  std::unique_ptr<moelite_generate_params, void (*)(moelite_generate_params*)> gp_guard(gp,
+                                                                                        moelite_generate_params_free);
   if (int rc = generate_params_from_args(args, gp)) return rc;
 
   std::vector<Request> requests;
   for (const std::string& line : lines)
-    requests.push_back(read_request(model, line, static_cast<int64_t>(requests.size()), static_cast<int32_t>(max_tokens)));
+    requests.push_back(
+        read_request(model, line, static_cast<int64_t>(requests.size()), static_cast<int32_t>(max_tokens)));
 
   if (auto_seq && !plan_budget) {
     if (record_tokens > 0)
@@ -442,100 +560,7 @@ int cmd_batch(int argc, char** argv) {
   if (st != MOELITE_OK) return report(st, "creating context");
   std::unique_ptr<moelite_context, void (*)(moelite_context*)> ctx_guard(ctx, moelite_context_free);
 
-  moelite_queue* queue = nullptr;
-  if ((st = moelite_queue_create(ctx, &queue)) != MOELITE_OK) return report(st, "creating the request queue");
-  std::unique_ptr<moelite_queue, void (*)(moelite_queue*)> queue_guard(queue, moelite_queue_free);
-
-  std::vector<Result> results(requests.size());
-  size_t next_output = 0, finished = 0;
-  uint64_t tokens_generated = 0;
-  const bool show_progress = isatty(STDERR_FILENO) != 0;
-  const double t_start = now();
-
-  auto finish = [&](int64_t index, const std::string& line) {
-    results[static_cast<size_t>(index)] = {true, line};
-    ++finished;
-    // Results go out in input order, as soon as every earlier one is out.
-    while (next_output < results.size() && results[next_output].done) {
-      fprintf(out, "%s\n", results[next_output].line.c_str());
-      results[next_output].line.clear();
-      ++next_output;
-    }
-    fflush(out);
-  };
-  auto error_line = [&](int64_t index, const std::string& why) {
-    finish(index, "{\"id\": " + requests[static_cast<size_t>(index)].id_json + ", \"index\": " +
-                      std::to_string(index) + ", \"error\": \"" + json_escape(why) + "\"}");
-  };
-  // Every request goes into the library's queue (moelite_queue_*), which admits them in input
-  // order into free sequences and batches their steps; one that cannot run is answered at once.
-  std::vector<int64_t> index_of;  // queue id -> request index
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const Request& r = requests[i];
-    if (!r.error.empty()) {
-      error_line(static_cast<int64_t>(i), r.error);
-      continue;
-    }
-    // The run's settings with a seed of its own, from --seed and the request's line.
-    int64_t id = -1;
-    st = moelite_generate_params_set_seed(gp, static_cast<uint64_t>(seed) + static_cast<uint64_t>(i));
-    if (st == MOELITE_OK) st = moelite_generate_params_set_max_tokens(gp, r.max_tokens);
-    if (st == MOELITE_OK)
-      st = moelite_queue_add(queue, r.prompt.data(), static_cast<int32_t>(r.prompt.size()), gp, &id);
-    if (st == MOELITE_ERR_OUT_OF_MEMORY) return report(st, "queueing the requests");
-    if (st != MOELITE_OK) {
-      error_line(static_cast<int64_t>(i), moelite_last_error());
-      continue;
-    }
-    if (index_of.size() <= static_cast<size_t>(id)) index_of.resize(static_cast<size_t>(id) + 1, -1);
-    index_of[static_cast<size_t>(id)] = static_cast<int64_t>(i);
-  }
-  const char* const stop_names[] = {"end", "length", "stop", "aborted", "context", "error"};
-  std::vector<int32_t> generated;
-  std::string text;
-  while (moelite_queue_waiting(queue) + moelite_queue_running(queue) > 0) {
-    int32_t n_events = 0;
-    st = moelite_queue_step(queue, &n_events);
-    if (st != MOELITE_OK) return report(st, "evaluating");
-    for (int32_t e = 0; e < n_events; ++e) {
-      int64_t id = -1;
-      int32_t token = -1, state = MOELITE_REQUEST_RUNNING;
-      if ((st = moelite_queue_event(queue, e, &id, &token, &state)) != MOELITE_OK) return report(st, "reading the queue");
-      if (token >= 0) ++tokens_generated;
-      if (state < 0) continue;
-      // A finished request: its line, then the queue forgets it.
-      int32_t n = 0;
-      size_t len = 0;
-      if (moelite_queue_request_tokens(queue, id, nullptr, 0, &n) == MOELITE_ERR_OUT_OF_MEMORY ||
-          moelite_queue_request_text(queue, id, nullptr, 0, &len) == MOELITE_ERR_OUT_OF_MEMORY)
-        return report(MOELITE_ERR_OUT_OF_MEMORY, "reading a result");
-      text.assign(len, '\0');
-      if ((st = moelite_queue_request_text(queue, id, text.empty() ? nullptr : &text[0], len, &len)) != MOELITE_OK)
-        return report(st, "reading a result");
-      const int64_t index = index_of[static_cast<size_t>(id)];
-      const Request& r = requests[static_cast<size_t>(index)];
-      finish(index, "{\"id\": " + r.id_json + ", \"index\": " + std::to_string(index) + ", \"text\": \"" +
-                        json_escape(text) + "\", \"prompt_tokens\": " + std::to_string(r.prompt.size()) +
-                        ", \"generated_tokens\": " + std::to_string(n) + ", \"stop\": \"" +
-                        (state < 6 ? stop_names[state] : "error") + "\"}");
-      (void)moelite_queue_remove(queue, id);
-    }
-    if (show_progress) {
-      const double dt = now() - t_start;
-      fprintf(stderr, "\r%zu/%zu requests, %" PRIu64 " tokens, %.1f tok/s   ", finished, requests.size(),
-              tokens_generated, dt > 0 ? double(tokens_generated) / dt : 0.0);
-    }
-  }
-  if (show_progress) fprintf(stderr, "\n");
-  const double dt = now() - t_start;
-  fprintf(stderr, "moelite batch: %zu requests, %" PRIu64 " tokens generated in %.2f s (%.2f tok/s, %" PRId64
-          " sequences at once)\n", requests.size(), tokens_generated, dt, dt > 0 ? double(tokens_generated) / dt : 0.0,
-          n_seq);
-  if (out != stdout) {
-    if (fflush(out) != 0 || ferror(out)) return report(MOELITE_ERR_IO, "writing the results");
-    return 0;
-  }
-  return finish_output(0);
+  return serve_requests(ctx, requests, gp, seed, n_seq, out);
 }
 
 }  // namespace cli

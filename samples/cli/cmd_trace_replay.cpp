@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "cli.h"
-#include "core/expert_cache/policy.h"
-#include "core/expert_cache/replay.h"
+#include "core/experts/cache_policy.h"
+#include "core/experts/trace_replay.h"
 
 namespace cli {
 

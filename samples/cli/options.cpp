@@ -1,5 +1,7 @@
 #include "options.h"
 
+#include "moelite.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -219,65 +221,9 @@ bool Args::get_double(const std::string& name, double fallback, double* out, std
   return true;
 }
 
-bool parse_size(const std::string& option, const std::string& text, SizeArg* out, std::string* error) {
-  const std::string expected =
-      "option '" + option + "' expects a size like 2GiB, 512MiB, 1.5G or 25%, got '" + text + "'";
-  size_t i = 0, digits = 0;
-  while (i < text.size() && isdigit(static_cast<unsigned char>(text[i]))) ++i, ++digits;
-  if (i < text.size() && text[i] == '.') {
-    ++i;
-    while (i < text.size() && isdigit(static_cast<unsigned char>(text[i]))) ++i, ++digits;
-  }
-  if (digits == 0 || digits > 30) {
-    *error = expected;
-    return false;
-  }
-  const double number = strtod(text.substr(0, i).c_str(), nullptr);
-  const std::string unit = text.substr(i);
-  static const struct {
-    const char* unit;
-    double scale;
-  } kUnits[] = {{"", 1},
-                {"B", 1},
-                {"K", 1e3},
-                {"KB", 1e3},
-                {"KiB", 1024.0},
-                {"M", 1e6},
-                {"MB", 1e6},
-                {"MiB", 1048576.0},
-                {"G", 1e9},
-                {"GB", 1e9},
-                {"GiB", 1073741824.0},
-                {"T", 1e12},
-                {"TB", 1e12},
-                {"TiB", 1099511627776.0}};
-  if (unit == "%") {
-    if (!(number > 0.0) || number > 100.0) {
-      *error = "option '" + option + "' takes a share in (0%, 100%], got '" + text + "'";
-      return false;
-    }
-    out->percent = true;
-    out->value = number;
-    return true;
-  }
-  for (const auto& u : kUnits) {
-    if (unit != u.unit) continue;
-    const double bytes = number * u.scale;
-    if (bytes < 1.0) {
-      *error = "option '" + option + "' must be at least one byte, got '" + text + "'";
-      return false;
-    }
-    if (bytes > 4611686018427387904.0) {
-      *error = "option '" + option + "' is larger than any memory (over 2^62 bytes): '" + text + "'";
-      return false;
-    }
-    out->percent = false;
-    out->value = std::floor(bytes);
-    return true;
-  }
-  *error = "unknown size unit '" + unit + "' in option '" + option +
-           "' (B, K, KB, KiB, M, MB, MiB, G, GB, GiB, T, TB, "
-           "TiB or %)";
+bool parse_size(const std::string& option, const std::string& text, uint64_t* out, std::string* error) {
+  if (moelite_parse_size(text.c_str(), out) == MOELITE_OK) return true;
+  *error = "option '" + option + "': " + moelite_last_error();
   return false;
 }
 

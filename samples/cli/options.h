@@ -67,15 +67,10 @@ class Args {
   std::map<std::string, std::vector<std::string>> values_;
 };
 
-// A size given on the command line: bytes ("2GiB", "512MiB", "1.5G", "123456") or a share of
-// something ("25%"). Only digits with an optional fraction and unit: no sign, exponent, nan or inf.
-// Refused with a message naming the option: 0 or 0%, more than 100%, less than one byte, more than
-// 2^62 bytes. (Each used to run silently with no budget at all.)
-struct SizeArg {
-  bool percent = false;
-  double value = 0;  // bytes, or percent in (0, 100]
-};
-bool parse_size(const std::string& option, const std::string& text, SizeArg* out, std::string* error);
+// A size in bytes given on the command line ("2GiB", "512MiB", "1.5G", "123456"), parsed by the
+// library (moelite_parse_size) so every tool spells sizes alike. False with a message naming the
+// option for anything else.
+bool parse_size(const std::string& option, const std::string& text, uint64_t* out, std::string* error);
 
 // The command's usage text: synopsis, summary and one line per option.
 std::string usage_text(const Command& cmd);

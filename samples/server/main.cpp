@@ -41,7 +41,7 @@ struct Options {
 int usage(const char* why) {
   if (why) fprintf(stderr, "moelite-server: %s\n", why);
   fprintf(stderr,
-          "usage: moelite-server -m MODEL [--host 127.0.0.1] [--port 8080] [--budget BYTES|N%%|auto] [-t THREADS]\n"
+          "usage: moelite-server -m MODEL [--host 127.0.0.1] [--port 8080] [--budget SIZE|P%%|auto] [-t THREADS]\n"
           "                      [--parallel N] [-c N_CTX] [--backend auto|cpu|vulkan|cuda]\n"
           "  --port 0 picks a free port; the address is printed as \"listening on http://HOST:PORT\".\n"
           "  --parallel N: up to N requests decode together, batched in one context (default 2);\n"
@@ -195,6 +195,7 @@ json stats_json(Server& s) {
   return {{"model", s.model_id},
           {"backend", moelite_model_backend_name(s.model)},
           {"expert_budget_bytes", budget},
+          {"expert_slots", moelite_model_get(s.model, MOELITE_MODEL_EXPERT_SLOTS)},
           {"expert_bytes", moelite_model_get(s.model, MOELITE_MODEL_EXPERT_BYTES)},
           {"sequences", s.batcher.n_seq()},
           {"active_requests", s.counters.active.load()},
@@ -316,14 +317,12 @@ int main(int argc, char** argv) {
   moelite_model_params* mp = moelite_model_params_create();
   moelite_status st = moelite_model_params_set_backend(mp, o.backend);
   if (st == MOELITE_OK && o.threads) st = moelite_model_params_set_threads(mp, o.threads);
-  if (st == MOELITE_OK && !o.budget.empty()) {
-    char* end = nullptr;
-    const double x = strtod(o.budget.c_str(), &end);
-    if (o.budget == "auto") st = moelite_model_params_set_expert_budget_auto(mp, 0);
-    else if (end && *end == '%' && end[1] == 0 && x > 0 && x <= 100)
-      st = moelite_model_params_set_expert_budget_fraction(mp, x / 100.0);
-    else if (end && *end == 0 && x >= 1) st = moelite_model_params_set_expert_budget(mp, static_cast<uint64_t>(x));
-    else return usage("--budget needs bytes, a share such as 25% or auto");
+  // The library parses --budget, so it means the same here as in the CLI and the bindings.
+  if (st == MOELITE_OK && !o.budget.empty() &&
+      moelite_model_params_set_expert_budget_text(mp, o.budget.c_str()) != MOELITE_OK) {
+    const std::string why = moelite_last_error();
+    moelite_model_params_free(mp);
+    return usage(("--budget: " + why).c_str());
   }
   Server s;
   if (st == MOELITE_OK) st = moelite_model_load(o.model.c_str(), mp, &s.model);

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "tools", "gguf"))
 from moelite_gguf.reader import GGUFReader  # noqa: E402
 from moelite_gguf.writer import GGUFValueType, GGUFWriter  # noqa: E402
 
-# Every marker of the ChatML, Llama-3, Tulu, Mistral and DeepSeek-V3 templates (core/chat_template.cpp).
+# Every marker of the ChatML, Llama-3, Tulu, Mistral and DeepSeek-V3 templates (core/text/chat_template.cpp).
 MARKERS = ["<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
            "<|begin_of_text|>", "<|user|>", "<|assistant|>", "<|system|>", "[INST]", "[/INST]",
            "<|endoftext|>", "</s>", "<s>", "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"]

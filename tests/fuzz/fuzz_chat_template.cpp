@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "core/chat_template.h"
+#include "core/text/chat_template.h"
 
 using moelite::ChatMessage;
 using moelite::ChatTemplate;

@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "core/adaptive/profile.h"
-#include "core/model.h"
+#include "core/model/model.h"
+#include "core/model/profile.h"
 #include "tests/fuzz/fuzz_common.h"
 
 using namespace moelite_fuzz;

@@ -52,7 +52,7 @@ Fixture& fixture() {
   return f;
 }
 
-// The file layout of core/session.cpp: magic, version 1, stored (0), fingerprint, payload bytes,
+// The file layout of core/exec/session.cpp: magic, version 1, stored (0), fingerprint, payload bytes,
 // stored bytes, payload checksum, then the payload.
 std::vector<uint8_t> wrap(const uint8_t* payload, size_t n, uint64_t fingerprint) {
   std::vector<uint8_t> file(48 + n);

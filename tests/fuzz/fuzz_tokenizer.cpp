@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "core/gguf.h"
-#include "core/tokenizer/tokenizer.h"
-#include "core/tokenizer/unicode.h"
+#include "core/gguf/reader.h"
+#include "core/support/unicode.h"
+#include "core/text/tokenizer.h"
 #include "tests/fuzz/fuzz_common.h"
 #include "tests/gguf_builder.h"
 

@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "core/expert_cache/policy.h"
-#include "core/expert_cache/replay.h"
+#include "core/experts/cache_policy.h"
+#include "core/experts/trace_replay.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string text(reinterpret_cast<const char*>(data), size);

@@ -5,7 +5,7 @@
 #include <iostream>
 #include <string>
 
-#include "core/tokenizer/pretokenize.h"
+#include "core/text/pretokenize.h"
 
 namespace {
 

@@ -4,6 +4,7 @@ and its line), so the results of --n-seq 4 must equal those of --n-seq 1 line fo
 request's text must equal `moelite run` on the same prompt with the same seed. Bad lines are
 answered in place; results come out in input order. Also `moelite bench --n-seq`'s JSON."""
 import json
+import math
 import os
 import re
 import subprocess
@@ -191,7 +192,9 @@ def test_a_given_budget_gets_per_layer_pools_where_a_step_outgrows_one():
                         "--memory", "1GiB", "--storage-gbs", "2"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
-    assert plan["fixed_budget"] and plan["expert_budget_bytes"] == int(0.25 * info["expert_bytes"])
+    slot = info["expert_min_budget"] // (info["n_experts_used"] + 1)  # a share: its experts + the reserve
+    experts = (info["n_layers"] - info["n_dense_layers"]) * info["n_experts"]
+    assert plan["fixed_budget"] and plan["expert_budget_bytes"] == (1 + math.ceil(0.25 * experts)) * slot
     slots = plan["expert_budget_bytes"] // plan["slot_bytes"]
     E, k, L = info["n_experts"], info["n_experts_used"], info["n_layers"]
     for row in plan["rows"]:
@@ -246,7 +249,7 @@ def test_a_given_number_of_sequences_plans_its_auto_budget_in_the_given_memory()
 
 
 def replayed_hit_share(trace, n, per_layer, capacity, n_layers, n_experts):
-    """The planner's replay, written again from its description in core/batch_plan.h: n copies of
+    """The planner's replay, written again from its description in core/serve/batch_plan.h: n copies of
     the trace started tokens/n apart, a step's layer reads the union of their experts (first
     sequence first), LRU; the second pass over the steps counts. Per-layer pools: each access's
     stack distance within its layer, hits interpolated between whole slots; one global pool: an

@@ -3,6 +3,7 @@ would silently mean "no budget" are usage errors (exit 2) naming the problem; ou
 be written is a failure (exit 1); `chat` keeps going when the conversation outgrows the context.
 Each case here ran with exit status 0 and the option ignored before the hardening issue."""
 import json
+import math
 import os
 import re
 import subprocess
@@ -50,7 +51,11 @@ def test_good_budgets_are_accepted(budget, share):
     r = cli("info", "-m", MODEL, "--budget", budget, "--json")
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
-    expected = int(share * info["expert_bytes"]) if share else {"1.5MiB": 1572864, "3000000": 3000000}[budget]
+    # A share pays for that share of the experts (rounded up) and the store's reserve slot, each slot
+    # taking the minimum budget's size over top-k + 1 (include/moelite.h, set_expert_budget_fraction).
+    slot = info["expert_min_budget"] // (info["n_experts_used"] + 1)
+    experts = (info["n_layers"] - info["n_dense_layers"]) * info["n_experts"]
+    expected = (1 + math.ceil(share * experts)) * slot if share else {"1.5MiB": 1572864, "3000000": 3000000}[budget]
     assert info["expert_budget"] == expected
     assert 0 < info["expert_pool_bytes"] <= expected
 

@@ -110,7 +110,7 @@ def test_budget_auto_too_little_memory_is_budget_too_small():
 
 @pytest.mark.parametrize("args, message", [
     (["--budget-headroom", "1G"], "--budget-headroom goes with --budget auto"),
-    (["--budget", "auto", "--budget-headroom", "10%"], "not a share"),
+    (["--budget", "auto", "--budget-headroom", "10%"], "'10%' is not a size"),
     (["--budget", "auto", "--budget-headroom", "0"], "--budget-headroom"),
     (["--budget", "autox"], "--budget"),
 ])

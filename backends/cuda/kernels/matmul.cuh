@@ -25,7 +25,7 @@
 // (the *_vec kernels: products of one token, i.e. decode). A token's sums do not depend on the
 // others', so both give the same bits; the one-token kernels just do not hold 8 tokens' pointers
 // and sums, which took most of the 168 registers a thread of the grouped kernels (3 blocks, 12
-// warps an SM on an H200: too few to cover the row loads' latency, docs/gpu-notes.md, stop 40).
+// warps an SM on an H200: too few to cover the row loads' latency, docs/gpu-notes.md).
 #pragma once
 #include "backends/cuda/kernels/activation.cuh"
 #include "backends/cuda/kernels/dequant.cuh"

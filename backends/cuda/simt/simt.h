@@ -23,15 +23,12 @@
 #include <cstring>
 #include <functional>
 
+#include "backends/cuda/launch_shape.h"
 #include "base/status.h"
 
 namespace moelite::simt {
 
-struct Dim3 {
-  unsigned x = 1, y = 1, z = 1;
-  constexpr Dim3() = default;
-  constexpr Dim3(unsigned x_, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
-};
+using Dim3 = cuda::Dim3;
 
 constexpr unsigned kWarpSize = 32;
 constexpr unsigned kMaxThreadsPerBlock = 1024;

@@ -25,7 +25,7 @@ export declare function version(): string;
 export interface ModelOptions {
   threads?: number;
   backend?: 'auto' | 'cpu' | 'vulkan' | 'cuda' | number;
-  /** Bytes of experts kept in memory, a share ("25%") or "auto". */
+  /** Bytes of experts kept in memory, or text the library parses: "2GiB", a share ("25%"), "auto" or "none". */
   budget?: number | bigint | string;
   policy?: 'lru' | 'lfu' | 'decay' | 'static' | 'belady';
   predictor?: string;
@@ -60,6 +60,10 @@ export declare class Model {
   readonly nLayers: number;
   readonly nCtxTrain: number;
   readonly expertBudget: number;
+  /** Expert slots: of the store's pool under a budget, else every routed expert. */
+  readonly expertSlots: number;
+  readonly nExperts: number;
+  readonly nDenseLayers: number;
   readonly arch: string;
   readonly name: string;
   readonly backendName: string;

@@ -17,7 +17,10 @@ const Status = Object.freeze({
 });
 const Backend = Object.freeze({ AUTO: 0, CPU: 1, VULKAN: 2, CUDA: 3 });
 const StopReason = Object.freeze(['end', 'max_tokens', 'stop', 'aborted', 'context_full', 'error']);
-const MODEL_KEY = { N_LAYERS: 0, N_VOCAB: 4, N_CTX_TRAIN: 11, EXPERT_BYTES: 12, EXPERT_BUDGET: 19 };
+const MODEL_KEY = {
+  N_LAYERS: 0, N_EXPERTS: 1, N_VOCAB: 4, N_CTX_TRAIN: 11, EXPERT_BYTES: 12, EXPERT_BUDGET: 19, EXPERT_SLOTS: 22,
+  N_DENSE_LAYERS: 31,
+};
 const TOKENIZE_ADD_SPECIAL = 1, TOKENIZE_PARSE_SPECIAL = 2, DETOKENIZE_RENDER_SPECIAL = 1;
 
 /** A failed call: `status` is the moelite_status number, `code` its name ("MOELITE_ERR_IO"). */
@@ -70,11 +73,9 @@ function buildModelParams(opts) {
     if (typeof budget === 'number' || typeof budget === 'bigint') {
       check(fns.moelite_model_params_set_expert_budget(p, budget));
     } else if (typeof budget === 'string') {
-      if (budget === 'auto') check(fns.moelite_model_params_set_expert_budget_auto(p, 0));
-      else if (/^\d+(\.\d+)?%$/.test(budget)) {
-        check(fns.moelite_model_params_set_expert_budget_fraction(p, parseFloat(budget) / 100));
-      } else throw invalid(`budget "${budget}": a byte count, "25%" or "auto"`);
-    } else if (budget !== undefined) throw invalid('budget: a byte count, "25%" or "auto"');
+      // Parsed by the library, so "25%" or "2GiB" means here what it means everywhere.
+      check(fns.moelite_model_params_set_expert_budget_text(p, budget));
+    } else if (budget !== undefined) throw invalid('budget: a byte count, or text such as "2GiB", "25%" or "auto"');
     if (opts.policy !== undefined) check(fns.moelite_model_params_set_expert_policy(p, opts.policy));
     if (opts.predictor !== undefined) check(fns.moelite_model_params_set_predictor(p, opts.predictor));
     if (opts.allocation !== undefined) check(fns.moelite_model_params_set_cache_allocation(p, opts.allocation));
@@ -139,7 +140,7 @@ class Model {
   }
 
   /** Loads a GGUF model (blocking). opts: threads, backend ('cpu' | 'vulkan' | 'cuda' | 'auto'),
-   *  budget (bytes, "25%" or "auto"), policy, predictor, allocation ('auto' | 'global' | 'uniform' | 'dp'),
+   *  budget (bytes, or text the library parses: "2GiB", "25%", "auto", "none"), policy, predictor, allocation ('auto' | 'global' | 'uniform' | 'dp'),
    *  profile, gating {mode, threshold, penalty, substitutes}. */
   static load(path, opts = {}) {
     const { fns } = load();
@@ -187,6 +188,10 @@ class Model {
   get nLayers() { return this.get(MODEL_KEY.N_LAYERS); }
   get nCtxTrain() { return this.get(MODEL_KEY.N_CTX_TRAIN); }
   get expertBudget() { return this.get(MODEL_KEY.EXPERT_BUDGET); }
+  /** Expert slots: of the store's pool under a budget, else every routed expert. */
+  get expertSlots() { return this.get(MODEL_KEY.EXPERT_SLOTS); }
+  get nExperts() { return this.get(MODEL_KEY.N_EXPERTS); }
+  get nDenseLayers() { return this.get(MODEL_KEY.N_DENSE_LAYERS); }
   get arch() { return load().fns.moelite_model_arch(this._handle()); }
   get name() { return load().fns.moelite_model_name(this._handle()); }
   get backendName() { return load().fns.moelite_model_backend_name(this._handle()); }

@@ -66,6 +66,7 @@ function load() {
     'int moelite_model_params_set_expert_budget(moelite_model_params *p, uint64_t bytes)',
     'int moelite_model_params_set_expert_budget_fraction(moelite_model_params *p, double fraction)',
     'int moelite_model_params_set_expert_budget_auto(moelite_model_params *p, uint64_t headroom)',
+    'int moelite_model_params_set_expert_budget_text(moelite_model_params *p, const char *text)',
     'int moelite_model_params_set_expert_policy(moelite_model_params *p, const char *policy)',
     'int moelite_model_params_set_predictor(moelite_model_params *p, const char *predictor)',
     'int moelite_model_params_set_cache_allocation(moelite_model_params *p, const char *allocation)',

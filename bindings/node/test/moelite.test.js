@@ -107,6 +107,10 @@ test('budgeted stats, async evaluation and batches equal the resident synchronou
   });
   const model = Model.load(MODEL, cpu(2, { budget: '25%' }));
   assert.ok(model.expertBudget > 0);
+  // "25%" is a quarter of the routed experts (rounded up) plus the store's reserve slot, as the
+  // library parses it for every tool and binding.
+  const routed = (resident.nLayers - resident.nDenseLayers) * resident.nExperts;
+  assert.equal(model.expertSlots, 1 + Math.ceil(0.25 * routed));
   model.resetExpertStats();
   // Several contexts evaluating on worker threads at once.
   const contexts = prompts.map(() => new Context(model, { nCtx: 64 }));

@@ -94,11 +94,13 @@ class Model:
     tokenizer.chat_template (moelite_model_params_set_chat_template; MoeliteError
     ERR_INVALID_ARGUMENT for text that is neither).
 
-    Expert store: expert_budget (bytes; "auto" sizes it at load from the memory available then,
-    leaving budget_headroom bytes, None: max(64 MiB, 10 % of the room)), or budget_fraction (a
-    share in (0, 1] of what holding every expert takes: 1.0 keeps them all resident once read;
-    ERR_INVALID_ARGUMENT outside that range, ERR_BUDGET_TOO_SMALL below the minimum working
-    set), policy ("lru", "lfu",
+    Expert store: expert_budget, spelled as everywhere in moelite and parsed by the library
+    (moelite_model_params_set_expert_budget_text): bytes as an int, or text -- "2GiB", "512MiB",
+    "1.5G", "25%" (that share of the experts get a slot; "100%" keeps them all resident once read),
+    "auto" (sized at load from the memory available then, leaving budget_headroom bytes; None:
+    max(64 MiB, 10 % of the room)) or "none"; ERR_INVALID_ARGUMENT for other text,
+    ERR_BUDGET_TOO_SMALL below the minimum working set. budget_fraction=0.25 is the same as
+    expert_budget="25%". policy ("lru", "lfu",
     "decay", "static", "belady"), predictor ("none", "next-gate", "first-layer", "learned",
     "correlation", "pregate") with predictor_depth (next-gate's layers ahead), profile (a
     calibration profile path), gating ("exact", "sensitivity", "cache-aware", "score") with
@@ -163,13 +165,19 @@ class Model:
             _check(_c.moelite_model_params_set_backend(params, backend_id))
             _check(_c.moelite_model_params_set_use_mmap(params, 1 if use_mmap else 0))
             _check(_c.moelite_model_params_set_vocab_only(params, 1 if vocab_only else 0))
-            if isinstance(expert_budget, str) and expert_budget == "auto":
-                _check(_c.moelite_model_params_set_expert_budget_auto(
-                    params, 0 if budget_headroom is None else int(budget_headroom)))
-            elif budget_headroom is not None:
-                raise ValueError("budget_headroom goes with expert_budget='auto'")
+            if isinstance(expert_budget, bool) or not isinstance(expert_budget, (int, str, type(None))):
+                raise TypeError("expert_budget is bytes (int) or text such as '2GiB', '25%%' or 'auto', not %r"
+                                % (expert_budget,))
+            if isinstance(expert_budget, str):
+                _check(_c.moelite_model_params_set_expert_budget_text(params, _as_bytes(expert_budget, "expert_budget")))
             elif expert_budget is not None:
-                _check(_c.moelite_model_params_set_expert_budget(params, int(expert_budget)))
+                if expert_budget < 0:
+                    raise OverflowError("expert_budget must be >= 0 bytes")
+                _check(_c.moelite_model_params_set_expert_budget(params, expert_budget))
+            if budget_headroom is not None:
+                if expert_budget != "auto":
+                    raise ValueError("budget_headroom goes with expert_budget='auto'")
+                _check(_c.moelite_model_params_set_expert_budget_auto(params, int(budget_headroom)))
             if budget_fraction is not None:
                 _check(_c.moelite_model_params_set_expert_budget_fraction(params, float(budget_fraction)))
             if chat_template is not None:
@@ -295,8 +303,8 @@ class Model:
         predicted_decode_tok_s, reason, the inputs and a row per candidate 1..max_sequences; the
         choice is among min_sequences..max_sequences (equal: the budget and pools for exactly n).
         On an inspected model the planner sizes the budget (expert_budget "auto"), or plans the
-        sequences for a fixed budget in bytes, or "resident"; a loaded model keeps its own budget
-        and pools.
+        sequences for a fixed budget (bytes as an int, or text as for Model: "2GiB", "25%"), or
+        "resident" (also "none"); a loaded model keeps its own budget and pools.
         memory: 0 for the room now; headroom: 0 for max(64 MiB, 10 %). storage_gb_s is needed
         unless resident. allocation: "auto" (the plan picks global or per-layer pools), "global",
         "uniform" or "dp". profile: a calibration profile whose expert counts give the routing
@@ -309,9 +317,10 @@ class Model:
         ERR_INVALID_ARGUMENT (bad values, no storage bandwidth, a trace of another model),
         ERR_BUDGET_TOO_SMALL (not one sequence fits), ERR_BAD_PROFILE (a profile of another
         model), ERR_FILE_NOT_FOUND (no such trace)."""
-        budget = {"auto": 0, "resident": (1 << 64) - 1}.get(expert_budget, expert_budget)
-        if not isinstance(budget, int):
-            raise ValueError('expert_budget is "auto", "resident" or bytes')
+        if expert_budget == "resident":
+            expert_budget = "none"
+        if isinstance(expert_budget, bool) or not isinstance(expert_budget, (int, str)):
+            raise ValueError('expert_budget is "auto", "resident", bytes or text such as "2GiB" or "25%"')
         params = _c.moelite_plan_params_create()
         cparams = _c.moelite_context_params_create()
         plan = ctypes.c_void_p()
@@ -322,7 +331,10 @@ class Model:
             _check(_c.moelite_plan_params_set_min_sequences(params, int(min_sequences)))
             _check(_c.moelite_plan_params_set_memory(params, int(memory)))
             _check(_c.moelite_plan_params_set_headroom(params, int(headroom)))
-            _check(_c.moelite_plan_params_set_expert_budget(params, budget))
+            if isinstance(expert_budget, str):
+                _check(_c.moelite_plan_params_set_expert_budget_text(params, _as_bytes(expert_budget, "expert_budget")))
+            else:
+                _check(_c.moelite_plan_params_set_expert_budget(params, expert_budget))
             _check(_c.moelite_plan_params_set_bandwidths(params, float(storage_gb_s), float(compute_gb_s)))
             _check(_c.moelite_plan_params_set_cache_allocation(params, _as_bytes(allocation, "allocation")))
             if profile is not None:

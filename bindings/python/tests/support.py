@@ -30,9 +30,13 @@ def tiny_model(name, *args):
     return path
 
 
-# The backends the device tests run on: "cuda" is the emulated device (runs everywhere), "cuda-gpu"
-# a real GPU (a load there answers ERR_BACKEND_UNAVAILABLE without one, and the test skips).
-DEVICE_BACKENDS = ["cpu", "vulkan", "cuda", "cuda-gpu"]
+# The backends the device tests run on: "cuda" is the emulated device, in builds that carry the
+# SIMT emulator (-DMOELITE_CUDA_EMULATOR=ON, as tools/test.sh configures); "cuda-gpu" a real GPU (a
+# load there answers ERR_BACKEND_UNAVAILABLE without one, and the test skips).
+import moelite  # noqa: E402
+
+DEVICE_BACKENDS = ["cpu", "vulkan"] + (["cuda"] if moelite.platform_info()["backends"].get("cuda_emulator") else []) \
+    + ["cuda-gpu"]
 
 
 def backend_for(backend, monkeypatch):

@@ -465,10 +465,21 @@ def test_budget_fraction(model):
         with pytest.raises(moelite.MoeliteError) as e:
             moelite.Model(MODEL, vocab_only=True, budget_fraction=bad)
         assert e.value.status == moelite.Status.ERR_INVALID_ARGUMENT
-    tiny = model.expert_min_budget / (2.0 * model.expert_bytes)
+    # A share pays for its share of the experts (rounded up) plus one reserve slot: half an expert's
+    # share gives 2 slots, below the top-k + 1 = 3 a token needs.
+    tiny = 1.0 / (2 * model.n_layers * model.n_experts)
     with pytest.raises(moelite.MoeliteError) as e:
         moelite.Model(MODEL, threads=2, budget_fraction=tiny)
     assert e.value.status == moelite.Status.ERR_BUDGET_TOO_SMALL
+    # The text spelling is the same budget, parsed by the library.
+    with moelite.Model(MODEL, threads=2, budget_fraction=0.25) as a, \
+            moelite.Model(MODEL, threads=2, expert_budget="25%") as b:
+        assert a.expert_slots == b.expert_slots == 1 + math.ceil(0.25 * model.n_layers * model.n_experts)
+        assert a.expert_budget == b.expert_budget
+    for bad in ("0", "25 %", "lots", "-1GiB"):
+        with pytest.raises(moelite.MoeliteError) as e:
+            moelite.Model(MODEL, vocab_only=True, expert_budget=bad)
+        assert e.value.status == moelite.Status.ERR_INVALID_ARGUMENT
     with pytest.raises(ValueError):
         moelite.Model(MODEL, budget_fraction=0.5, expert_budget=1 << 30)
 

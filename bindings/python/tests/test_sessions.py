@@ -166,7 +166,7 @@ def test_save_is_atomic():
 
 
 def _hash(data):
-    """core/session.cpp's payload checksum, written again from its definition."""
+    """core/exec/session.cpp's payload checksum, written again from its definition."""
     mask = (1 << 64) - 1
     h = 0x9E3779B97F4A7C15
 

@@ -242,6 +242,8 @@ extern "C" {
     pub fn moelite_model_params_set_expert_budget(params: *mut moelite_model_params, budget_bytes: u64) -> moelite_status;
     pub fn moelite_model_params_set_expert_budget_auto(params: *mut moelite_model_params, headroom_bytes: u64) -> moelite_status;
     pub fn moelite_model_params_set_expert_budget_fraction(params: *mut moelite_model_params, fraction: f64) -> moelite_status;
+    pub fn moelite_model_params_set_expert_budget_text(params: *mut moelite_model_params, text: *const c_char) -> moelite_status;
+    pub fn moelite_parse_size(text: *const c_char, out_bytes: *mut u64) -> moelite_status;
     pub fn moelite_model_params_set_cache_policy(params: *mut moelite_model_params, policy: *const c_char) -> moelite_status;
     pub fn moelite_model_params_set_expert_policy(params: *mut moelite_model_params, policy: *const c_char) -> moelite_status;
     pub fn moelite_model_params_set_predictor(params: *mut moelite_model_params, predictor: *const c_char) -> moelite_status;
@@ -369,6 +371,7 @@ extern "C" {
     pub fn moelite_plan_params_set_memory(params: *mut moelite_plan_params, bytes: u64) -> moelite_status;
     pub fn moelite_plan_params_set_headroom(params: *mut moelite_plan_params, bytes: u64) -> moelite_status;
     pub fn moelite_plan_params_set_expert_budget(params: *mut moelite_plan_params, bytes: u64) -> moelite_status;
+    pub fn moelite_plan_params_set_expert_budget_text(params: *mut moelite_plan_params, text: *const c_char) -> moelite_status;
     pub fn moelite_plan_params_set_cache_allocation(params: *mut moelite_plan_params, allocation: *const c_char) -> moelite_status;
     pub fn moelite_plan_params_set_profile(params: *mut moelite_plan_params, path: *const c_char) -> moelite_status;
     pub fn moelite_plan_params_set_routing_trace(params: *mut moelite_plan_params, path: *const c_char) -> moelite_status;

@@ -21,14 +21,17 @@ pub enum Backend {
 }
 
 /// How much memory the routed experts may take; the rest stream from storage.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Budget {
     /// At most this many bytes of experts.
     Bytes(u64),
-    /// A share of what holding every expert takes (1.0 keeps them all).
+    /// A share of the experts that get a slot (1.0 keeps them all): the same as `Text("25%")`.
     Fraction(f64),
     /// What the machine can spare after the dense weights and a context, less `headroom` bytes.
     Auto { headroom: u64 },
+    /// As a user writes it, parsed by the library so it means what it means in every tool and
+    /// binding: "2GiB", "512MiB", "1.5G", "25%", "auto" or "none".
+    Text(String),
 }
 
 /// Options of `Model::load` (all optional: the library's defaults otherwise). Plain data: build
@@ -143,10 +146,13 @@ impl ModelParams {
                 };
                 check(sys::moelite_model_params_set_backend(ptr, v))?;
             }
-            match self.budget {
-                Some(Budget::Bytes(b)) => check(sys::moelite_model_params_set_expert_budget(ptr, b))?,
-                Some(Budget::Fraction(f)) => check(sys::moelite_model_params_set_expert_budget_fraction(ptr, f))?,
-                Some(Budget::Auto { headroom }) => check(sys::moelite_model_params_set_expert_budget_auto(ptr, headroom))?,
+            match &self.budget {
+                Some(Budget::Bytes(b)) => check(sys::moelite_model_params_set_expert_budget(ptr, *b))?,
+                Some(Budget::Fraction(f)) => check(sys::moelite_model_params_set_expert_budget_fraction(ptr, *f))?,
+                Some(Budget::Auto { headroom }) => check(sys::moelite_model_params_set_expert_budget_auto(ptr, *headroom))?,
+                Some(Budget::Text(t)) => {
+                    check(sys::moelite_model_params_set_expert_budget_text(ptr, c_string("budget", t)?.as_ptr()))?
+                }
                 None => {}
             }
             if let Some(s) = &self.policy {
@@ -314,6 +320,10 @@ impl Model {
     /// The expert budget in use (0: every expert resident).
     pub fn expert_budget(&self) -> u64 {
         self.get(sys::MOELITE_MODEL_EXPERT_BUDGET).max(0) as u64
+    }
+    /// Expert slots: of the store's pool under a budget, else every routed expert.
+    pub fn expert_slots(&self) -> i64 {
+        self.get(sys::MOELITE_MODEL_EXPERT_SLOTS)
     }
     pub fn arch(&self) -> String {
         static_str(unsafe { sys::moelite_model_arch(self.ptr.as_ptr()) })

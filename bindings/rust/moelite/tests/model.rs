@@ -137,6 +137,15 @@ fn budgeted_stats_and_threads_give_the_resident_results() {
 
     let model = Arc::new(Model::load(model_path(), &cpu(2).budget(Budget::Fraction(0.25))).unwrap());
     assert!(model.expert_budget() > 0);
+    // A quarter of the routed experts (rounded up) plus the store's reserve slot, whether given as a
+    // fraction or spelled "25%" (parsed by the library, as for every tool and binding).
+    let routed = (resident.n_layers() as i64 - resident.get(moelite::sys::MOELITE_MODEL_N_DENSE_LAYERS))
+        * resident.get(moelite::sys::MOELITE_MODEL_N_EXPERTS);
+    let expected = 1 + (0.25 * routed as f64).ceil() as i64;
+    assert_eq!(model.expert_slots(), expected);
+    let spelled = Model::load(model_path(), &cpu(1).budget(Budget::Text("25%".into()))).unwrap();
+    assert_eq!(spelled.expert_slots(), expected);
+    assert_eq!(spelled.expert_budget(), model.expert_budget());
     model.reset_expert_stats();
     // Contexts on threads of their own (Model: Send + Sync, Context: Send), bitwise the resident
     // single-threaded results.
