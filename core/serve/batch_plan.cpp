@@ -192,7 +192,9 @@ Status check_trace(const BatchPlanInputs& in) {
 
 }  // namespace
 
-Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
+namespace {
+
+Status check_plan_inputs(const BatchPlanInputs& in) {
   if (in.n_moe_layers <= 0 || in.n_expert <= 0 || in.n_expert_used <= 0 || in.slot_bytes == 0)
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "batch plan: the model has no routed experts to plan for");
   if (in.max_sequences < 1 || in.min_sequences < 1 || in.min_sequences > in.max_sequences)
@@ -212,67 +214,111 @@ Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "batch plan: the compute rate must be >= 0");
   if (in.trace) MOELITE_TRY(check_trace(in));
 
+  return MOELITE_OK;
+}
+
+// The prediction for n sequences decoding together: memory, pools, hits, reads and time of a step.
+Status predict_row(const BatchPlanInputs& in, int32_t n, BatchPlanRow* out) {
   const double L = in.n_moe_layers, E = in.n_expert;
+  BatchPlanRow r;
+  r.n_seq = n;
+  r.kv_bytes = in.kv_per_sequence * static_cast<uint64_t>(n);
+  const uint64_t taken = in.dense + in.context_base + r.kv_bytes + in.headroom;
+  const uint64_t cache_room = in.memory > taken ? in.memory - taken : 0;
+  uint64_t cache_bytes;  // what the experts take in memory
+  if (in.resident) {
+    cache_bytes = 0;  // mapped: the page cache's, not counted (nor are mapped dense weights: pass dense = 0)
+    r.fits = in.memory >= taken;
+  } else if (in.fixed_budget > 0) {
+    cache_bytes = std::min(in.fixed_budget, in.all_experts);
+    r.fits = in.memory >= taken && cache_room >= cache_bytes;
+  } else {
+    cache_bytes = std::min(cache_room, in.all_experts);
+  }
+  r.expert_budget = in.resident ? 0 : cache_bytes;
+  const double slots = std::floor(static_cast<double>(cache_bytes) / static_cast<double>(in.slot_bytes));
+  // The step's experts by the independent model (the shares), or measured on the trace.
+  const StepAccess step = in.trace ? StepAccess{} : step_access(in, n);
+  ReplayedSteps replayed;
+  if (in.trace) replayed = replayed_steps(*in.trace, in.n_moe_layers, in.n_expert, n, replayed_step_count(in, n));
+  const double distinct = in.trace ? replayed.distinct : step.distinct;
+  r.distinct_experts = distinct / L;
+  // One global pool where a step's experts fit in it (or where the caller says so), else a pool per layer.
+  const bool step_fits_globally = slots - 1.0 >= distinct;
+  r.per_layer = !in.resident && (in.pools == CachePools::kPerLayer ||
+                                 (in.pools == CachePools::kChoose && !step_fits_globally));
+  const double reserve_slots = r.per_layer ? L : 1.0;
+  r.cache_share = in.resident ? 1.0 : std::clamp((slots - reserve_slots) / (L * E), 0.0, 1.0);
+  if (in.resident) {
+    r.hit_share = 1.0;
+  } else if (in.trace) {
+    const double capacity = r.per_layer ? std::max(0.0, (slots - reserve_slots) / L) : slots - reserve_slots;
+    MOELITE_TRY(replayed_hit_share(replayed, r.per_layer, capacity, &r.hit_share));
+  } else if (r.per_layer) {
+    double hits = 0;  // each layer's pool holds its share of the slots
+    for (int32_t l = 0; l < in.n_moe_layers; ++l)
+      hits += step.hits(static_cast<size_t>(l) * static_cast<size_t>(in.n_expert), static_cast<size_t>(in.n_expert),
+                        std::max(0.0, (slots - reserve_slots) / L));
+    r.hit_share = step.distinct > 0 ? hits / step.distinct : 1.0;
+  } else if (step_fits_globally) {
+    const size_t all = static_cast<size_t>(in.n_moe_layers) * static_cast<size_t>(in.n_expert);
+    r.hit_share = step.distinct > 0 ? step.hits(0, all, slots - reserve_slots) / step.distinct : 1.0;
+  } else {
+    r.hit_share = 0.0;  // a cyclic scan larger than the pool
+  }
+  if (!in.resident && in.fixed_budget == 0)
+    r.fits = in.memory >= taken && cache_bytes >= (r.per_layer ? in.minimum_per_layer : in.minimum_budget);
+  const double step_expert_bytes = distinct * static_cast<double>(in.slot_bytes);
+  r.read_bytes = step_expert_bytes * (1.0 - r.hit_share);
+  r.read_seconds = r.read_bytes > 0 ? r.read_bytes / in.storage_bytes_per_s : 0.0;
+  r.compute_seconds =
+      in.compute_bytes_per_s > 0 ? (static_cast<double>(in.dense) + step_expert_bytes) / in.compute_bytes_per_s : 0.0;
+  r.step_seconds = r.read_seconds + r.compute_seconds;
+  r.tok_s = r.step_seconds > 0 ? n / r.step_seconds : 0.0;
+  *out = r;
+  return MOELITE_OK;
+}
+
+// One sentence: what bounded the choice of `chosen` (`best`: the row of the best throughput).
+std::string explain_choice(const BatchPlanInputs& in, const BatchPlan& plan, int32_t chosen, int32_t best) {
+  const BatchPlanRow& c = plan.rows[static_cast<size_t>(chosen)];
+  std::string why;
+  if (in.min_sequences == in.max_sequences)
+    why = std::to_string(c.n_seq) + " sequence" + (c.n_seq == 1 ? "" : "s") + " asked for";
+  else if (c.n_seq == in.max_sequences)
+    why = "all " + std::to_string(in.max_sequences) + " sequences asked for fit";
+  else if (chosen != best)
+    why = std::to_string(c.n_seq) + " sequences are within " + std::to_string(int(kNearBest * 100)) +
+          " % of the best predicted throughput (" + std::to_string(best + 1) + ")";
+  else if (!plan.rows[static_cast<size_t>(chosen) + 1].fits)
+    why = "no more sequences' KV caches fit in the memory";
+  else
+    why = "more sequences' KV caches would shrink the expert cache more than they share reads";
+  if (!in.resident && in.pools == CachePools::kChoose)
+    why += c.per_layer ? "; a pool per layer: a step's experts outnumber the slots, and one LRU pool would evict each "
+                         "layer's experts before the next step reuses them"
+                       : "; one global pool: a step's experts fit in it";
+  if (!in.resident && in.fixed_budget == 0)
+    why += "; experts get " + mib(static_cast<double>(c.expert_budget)) + " (" +
+           std::to_string(static_cast<int>(std::lround(c.cache_share * 100))) + " % of them)";
+  if (c.read_seconds > 0)
+    why += c.compute_seconds <= 0 ? "; lookahead 0: no compute rate to compare reads with"
+           : plan.lookahead ? "; lookahead 1: a step's reads fit behind its computation"
+                            : "; lookahead 0: a step's reads take longer than its computation, guesses would add reads";
+  return why;
+}
+
+}  // namespace
+
+Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
+  MOELITE_TRY(check_plan_inputs(in));
   BatchPlan plan;
   plan.rows.reserve(static_cast<size_t>(in.max_sequences));
-  int32_t best = -1;           // row index of the best score
+  int32_t best = -1;  // row index of the best score
   double best_score = -1.0;
   for (int32_t n = 1; n <= in.max_sequences; ++n) {
     BatchPlanRow r;
-    r.n_seq = n;
-    r.kv_bytes = in.kv_per_sequence * static_cast<uint64_t>(n);
-    const uint64_t taken = in.dense + in.context_base + r.kv_bytes + in.headroom;
-    const uint64_t cache_room = in.memory > taken ? in.memory - taken : 0;
-    uint64_t cache_bytes;  // what the experts take in memory
-    if (in.resident) {
-      cache_bytes = 0;  // mapped: the page cache's, not counted (nor are mapped dense weights: pass dense = 0)
-      r.fits = in.memory >= taken;
-    } else if (in.fixed_budget > 0) {
-      cache_bytes = std::min(in.fixed_budget, in.all_experts);
-      r.fits = in.memory >= taken && cache_room >= cache_bytes;
-    } else {
-      cache_bytes = std::min(cache_room, in.all_experts);
-    }
-    r.expert_budget = in.resident ? 0 : cache_bytes;
-    const double slots = std::floor(static_cast<double>(cache_bytes) / static_cast<double>(in.slot_bytes));
-    // The step's experts by the independent model (the shares), or measured on the trace.
-    const StepAccess step = in.trace ? StepAccess{} : step_access(in, n);
-    ReplayedSteps replayed;
-    if (in.trace) replayed = replayed_steps(*in.trace, in.n_moe_layers, in.n_expert, n, replayed_step_count(in, n));
-    const double distinct = in.trace ? replayed.distinct : step.distinct;
-    r.distinct_experts = distinct / L;
-    // One global pool where a step's experts fit in it (or where the caller says so), else a pool per layer.
-    const bool step_fits_globally = slots - 1.0 >= distinct;
-    r.per_layer = !in.resident && (in.pools == CachePools::kPerLayer ||
-                                   (in.pools == CachePools::kChoose && !step_fits_globally));
-    const double reserve_slots = r.per_layer ? L : 1.0;
-    r.cache_share = in.resident ? 1.0 : std::clamp((slots - reserve_slots) / (L * E), 0.0, 1.0);
-    if (in.resident) {
-      r.hit_share = 1.0;
-    } else if (in.trace) {
-      const double capacity = r.per_layer ? std::max(0.0, (slots - reserve_slots) / L) : slots - reserve_slots;
-      MOELITE_TRY(replayed_hit_share(replayed, r.per_layer, capacity, &r.hit_share));
-    } else if (r.per_layer) {
-      double hits = 0;  // each layer's pool holds its share of the slots
-      for (int32_t l = 0; l < in.n_moe_layers; ++l)
-        hits += step.hits(static_cast<size_t>(l) * static_cast<size_t>(in.n_expert), static_cast<size_t>(in.n_expert),
-                          std::max(0.0, (slots - reserve_slots) / L));
-      r.hit_share = step.distinct > 0 ? hits / step.distinct : 1.0;
-    } else if (step_fits_globally) {
-      const size_t all = static_cast<size_t>(in.n_moe_layers) * static_cast<size_t>(in.n_expert);
-      r.hit_share = step.distinct > 0 ? step.hits(0, all, slots - reserve_slots) / step.distinct : 1.0;
-    } else {
-      r.hit_share = 0.0;  // a cyclic scan larger than the pool
-    }
-    if (!in.resident && in.fixed_budget == 0)
-      r.fits = in.memory >= taken && cache_bytes >= (r.per_layer ? in.minimum_per_layer : in.minimum_budget);
-    const double step_expert_bytes = distinct * static_cast<double>(in.slot_bytes);
-    r.read_bytes = step_expert_bytes * (1.0 - r.hit_share);
-    r.read_seconds = r.read_bytes > 0 ? r.read_bytes / in.storage_bytes_per_s : 0.0;
-    r.compute_seconds =
-        in.compute_bytes_per_s > 0 ? (static_cast<double>(in.dense) + step_expert_bytes) / in.compute_bytes_per_s : 0.0;
-    r.step_seconds = r.read_seconds + r.compute_seconds;
-    r.tok_s = r.step_seconds > 0 ? n / r.step_seconds : 0.0;
+    MOELITE_TRY(predict_row(in, n, &r));
     plan.rows.push_back(r);
     if (!r.fits || n < in.min_sequences) continue;
     // Nothing to time (no reads, no compute rate): more sequences share more, so larger n scores higher.
@@ -309,31 +355,7 @@ Status plan_batch(const BatchPlanInputs& in, BatchPlan* out) {
   plan.tok_s = c.tok_s;
   plan.per_layer = c.per_layer;
   plan.lookahead = c.read_seconds > 0 && c.compute_seconds > 0 && c.read_seconds <= c.compute_seconds ? 1 : 0;
-
-  std::string why;
-  if (in.min_sequences == in.max_sequences)
-    why = std::to_string(c.n_seq) + " sequence" + (c.n_seq == 1 ? "" : "s") + " asked for";
-  else if (c.n_seq == in.max_sequences)
-    why = "all " + std::to_string(in.max_sequences) + " sequences asked for fit";
-  else if (chosen != best)
-    why = std::to_string(c.n_seq) + " sequences are within " + std::to_string(int(kNearBest * 100)) +
-          " % of the best predicted throughput (" + std::to_string(best + 1) + ")";
-  else if (!plan.rows[static_cast<size_t>(chosen) + 1].fits)
-    why = "no more sequences' KV caches fit in the memory";
-  else
-    why = "more sequences' KV caches would shrink the expert cache more than they share reads";
-  if (!in.resident && in.pools == CachePools::kChoose)
-    why += c.per_layer ? "; a pool per layer: a step's experts outnumber the slots, and one LRU pool would evict each "
-                         "layer's experts before the next step reuses them"
-                       : "; one global pool: a step's experts fit in it";
-  if (!in.resident && in.fixed_budget == 0)
-    why += "; experts get " + mib(static_cast<double>(c.expert_budget)) + " (" +
-           std::to_string(static_cast<int>(std::lround(c.cache_share * 100))) + " % of them)";
-  if (c.read_seconds > 0)
-    why += c.compute_seconds <= 0 ? "; lookahead 0: no compute rate to compare reads with"
-           : plan.lookahead ? "; lookahead 1: a step's reads fit behind its computation"
-                            : "; lookahead 0: a step's reads take longer than its computation, guesses would add reads";
-  plan.reason = why;
+  plan.reason = explain_choice(in, plan, chosen, best);
   *out = std::move(plan);
   return MOELITE_OK;
 }
