@@ -165,13 +165,11 @@ void Batcher::run() {
       if (moelite_queue_event(queue_, e, &id, nullptr, &state) != MOELITE_OK || state < 0) continue;
       const auto it = active.find(id);
       if (it == active.end()) continue;
-      // The library's statuses for what ended a generation call early, as moelite_generate gives them.
+      // What ended a generation early, as moelite_generate reports it. Reaching the end of the
+      // context is not an error for a server: the answer so far goes out with finish_reason "length".
       moelite_status status = MOELITE_OK;
       std::string error;
-      if (state == MOELITE_STOP_CONTEXT_FULL) {
-        status = MOELITE_ERR_CONTEXT_FULL;
-        error = "MOELITE_ERR_CONTEXT_FULL: generation reached the end of the context";
-      } else if (state == MOELITE_STOP_ERROR) {
+      if (state == MOELITE_STOP_ERROR) {
         status = MOELITE_ERR_INVALID_ARGUMENT;
         error = "MOELITE_ERR_INVALID_ARGUMENT: no token can be sampled";
       }

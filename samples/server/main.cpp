@@ -6,9 +6,14 @@
 //
 // HTTP: cpp-httplib (Debian's libcpp-httplib-dev); JSON: nlohmann/json (nlohmann-json3-dev). It
 // listens on 127.0.0.1 unless told otherwise: the endpoints have no authentication.
+#include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "batcher.h"
+#include "connection.h"
 #include "moelite.h"
 #include "openai.h"
 
@@ -35,6 +41,7 @@ namespace {
 struct Options {
   std::string model, host = "127.0.0.1", budget;
   int port = 8080, threads = 0, parallel = 2, n_ctx = 4096;
+  bool n_ctx_given = false;
   moelite_backend backend = MOELITE_BACKEND_AUTO;
 };
 
@@ -85,6 +92,15 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
 
 using Outcome = Batcher::Outcome;
 
+// What the request log line says of a request beyond method, path and status: its tokens, and when
+// it started. Kept per HTTP worker thread: the handler, a streaming response's content provider and
+// the logger of one request all run on the thread that serves its connection.
+struct RequestLog {
+  std::chrono::steady_clock::time_point start;
+  int64_t tokens_in = -1, tokens_out = -1;
+};
+thread_local RequestLog t_request_log;
+
 // Generates the completion of r through the batcher, together with whatever else is running;
 // `on_piece` receives the text as it comes and returns false to stop (the client went away).
 Outcome generate(Server& s, const CompletionRequest& r, const std::function<bool(const char*, size_t)>& on_piece) {
@@ -116,6 +132,8 @@ Outcome generate(Server& s, const CompletionRequest& r, const std::function<bool
   o.status = st;
   s.counters.requests++;
   s.counters.generated_tokens += static_cast<uint64_t>(std::max(0, o.stats.n_generated_tokens));
+  t_request_log.tokens_in = static_cast<int64_t>(r.prompt.size());
+  t_request_log.tokens_out = std::max(0, o.stats.n_generated_tokens);
   if (o.stats.stop_reason == MOELITE_STOP_ABORTED) s.counters.disconnects++;
   if (o.stats.n_generated_tokens > 1) {
     std::lock_guard<std::mutex> lock(s.counters.mu);
@@ -143,11 +161,22 @@ void handle_completion(Server& s, const httplib::Request& req, httplib::Response
     return send_error(res, e.http_status, e.message, "invalid_request_error", e.param);
   const ResponseIds ids = new_ids(s, chat);
   if (!r->stream) {
+    // A client that goes away stops its generation, as a streaming one's failed write does: its
+    // connection is checked now and then as the text comes (a few checks a second).
+    ConnectionWatch watch(req.remote_addr, req.remote_port);
+    auto next_check = std::chrono::steady_clock::now();
     std::string text;
     const Outcome o = generate(s, *r, [&](const char* p, size_t n) {
       text.append(p, n);
-      return true;
+      const auto now = std::chrono::steady_clock::now();
+      if (now < next_check) return true;
+      next_check = now + std::chrono::milliseconds(200);
+      return !watch.closed();
     });
+    if (o.stats.stop_reason == MOELITE_STOP_ABORTED) {  // nobody to answer; the log says so
+      res.status = 499;
+      return;
+    }
     if (o.status != MOELITE_OK) return send_error(res, 500, o.error, "server_error");
     res.set_content(wire(completion_response(*r, ids, text, o.stats.stop_reason, o.stats)), "application/json");
     return;
@@ -265,6 +294,45 @@ void add_routes(httplib::Server& http, Server& s) {
     send_error(res, 500, what, "server_error");
   });
   http.set_payload_max_length(size_t{4} << 20);
+  // One line per request on stderr: method, path, status, tokens in and out (generations), time.
+  http.set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
+    t_request_log = RequestLog{std::chrono::steady_clock::now(), -1, -1};
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  http.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+    const RequestLog& l = t_request_log;
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - l.start).count();
+    char tokens[64] = "";
+    if (l.tokens_in >= 0)
+      snprintf(tokens, sizeof tokens, " tokens %lld in, %lld out,", static_cast<long long>(l.tokens_in),
+               static_cast<long long>(l.tokens_out));
+    fprintf(stderr, "moelite-server: %s %s %d%s %.0f ms\n", req.method.c_str(), req.path.c_str(), res.status, tokens, ms);
+  });
+}
+
+// Why `host`:`port` cannot be listened on, as the OS says it (bind's error): "Address already in
+// use" names the common case, another server on the port.
+std::string bind_error(const std::string& host, int port) {
+  addrinfo hints{}, *info = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  const std::string service = std::to_string(port);
+  if (const int e = getaddrinfo(host.c_str(), service.c_str(), &hints, &info); e != 0) return gai_strerror(e);
+  std::string why = "cannot bind";
+  for (addrinfo* a = info; a; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    int yes = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    const int rc = bind(fd, a->ai_addr, a->ai_addrlen);
+    why = rc == 0 ? "cannot listen" : strerror(errno);
+    close(fd);
+    if (rc != 0) break;
+  }
+  freeaddrinfo(info);
+  return why;
 }
 
 }  // namespace
@@ -293,6 +361,7 @@ int main(int argc, char** argv) {
       if (!(v = value()) || !parse_int(v, 1, 64, &o.parallel)) return usage("--parallel needs 1..64");
     } else if (a == "-c" || a == "--ctx-size") {
       if (!(v = value()) || !parse_int(v, 16, MOELITE_MAX_CONTEXT, &o.n_ctx)) return usage("-c needs 16 or more");
+      o.n_ctx_given = true;
     } else if (a == "--backend") {
       const std::string b = (v = value()) ? v : "";
       if (b == "auto") o.backend = MOELITE_BACKEND_AUTO;
@@ -334,7 +403,11 @@ int main(int argc, char** argv) {
   const std::string base = o.model.substr(o.model.find_last_of('/') + 1);
   s.model_id = base.size() > 5 && base.compare(base.size() - 5, 5, ".gguf") == 0 ? base.substr(0, base.size() - 5) : base;
   std::string why;
-  const int32_t n_ctx = std::min<int32_t>(o.n_ctx, static_cast<int32_t>(moelite_model_get(s.model, MOELITE_MODEL_N_CTX_TRAIN)));
+  const int32_t n_ctx_train = static_cast<int32_t>(moelite_model_get(s.model, MOELITE_MODEL_N_CTX_TRAIN));
+  const int32_t n_ctx = std::min<int32_t>(o.n_ctx, n_ctx_train);
+  if (o.n_ctx_given && o.n_ctx > n_ctx_train)
+    fprintf(stderr, "moelite-server: -c %d is more than the model was trained for; using its %d positions\n", o.n_ctx,
+            n_ctx_train);
   if (!s.batcher.create(s.model, o.parallel, std::max<int32_t>(16, n_ctx), &why)) {
     fprintf(stderr, "moelite-server: creating the context: %s\n", why.c_str());
     moelite_model_free(s.model);
@@ -343,21 +416,36 @@ int main(int argc, char** argv) {
 
   httplib::Server http;
   add_routes(http, s);
+  // SO_REUSEADDR only: cpp-httplib's default also sets SO_REUSEPORT, which lets a second server
+  // bind the same port and take a share of its requests at random instead of failing.
+  http.set_socket_options([](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   const int port = o.port == 0 ? http.bind_to_any_port(o.host) : (http.bind_to_port(o.host, o.port) ? o.port : -1);
   if (port < 0) {
-    fprintf(stderr, "moelite-server: cannot listen on %s:%d\n", o.host.c_str(), o.port);
+    fprintf(stderr, "moelite-server: cannot listen on %s:%d: %s\n", o.host.c_str(), o.port,
+            bind_error(o.host, o.port).c_str());
     moelite_model_free(s.model);
     return 1;
   }
+  // Stops the server on SIGINT/SIGTERM. stop() does nothing until listen_after_bind() has started
+  // the accept loop, so a signal that comes right after the "listening" line is repeated until
+  // the loop has ended.
+  std::atomic<bool> listen_returned{false};
   std::thread stopper([&] {
     int sig = 0;
     sigwait(&stop_signals, &sig);
-    http.stop();
+    while (!listen_returned.load()) {
+      http.stop();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
   });
   printf("listening on http://%s:%d (model %s, %s, %d sequences of %d positions)\n", o.host.c_str(), port,
          s.model_id.c_str(), moelite_model_backend_name(s.model), s.batcher.n_seq(), s.batcher.n_ctx());
   fflush(stdout);
   const bool ok = http.listen_after_bind();
+  listen_returned = true;
   pthread_kill(stopper.native_handle(), SIGTERM);  // if the server ended on its own
   stopper.join();
   moelite_model_free(s.model);  // the batcher's context keeps it alive until it goes

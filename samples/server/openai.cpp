@@ -108,15 +108,17 @@ bool parse_completion_request(const json& body, bool chat, moelite_model* model,
   }
   if (static_cast<int64_t>(r->prompt.size()) >= n_ctx)
     return fail(e,
-                "the prompt has " + std::to_string(r->prompt.size()) + " tokens; this server's context holds " +
-                    std::to_string(n_ctx),
+                "the prompt has " + std::to_string(r->prompt.size()) + " tokens and this server's context holds " +
+                    std::to_string(n_ctx) + ", leaving no room for an answer (shorten the " +
+                    (chat ? "conversation" : "prompt") + ", or start the server with a larger -c)",
                 chat ? "messages" : "prompt");
-  r->max_tokens = std::min(r->max_tokens, n_ctx);  // the default too: a generation never outgrows the context
+  const int32_t room = n_ctx - static_cast<int32_t>(r->prompt.size());
+  r->max_tokens = room;
   const char* max_key = body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   if (body.contains(max_key) && !body[max_key].is_null()) {
     if (!body[max_key].is_number_integer() || body[max_key] < 1)
       return fail(e, std::string("'") + max_key + "' must be a positive integer", max_key);
-    r->max_tokens = static_cast<int32_t>(std::min<int64_t>(body[max_key].get<int64_t>(), n_ctx));
+    r->max_tokens = static_cast<int32_t>(std::min<int64_t>(body[max_key].get<int64_t>(), room));
   }
   if (!number_in(body, "temperature", 0.0, 2.0, &r->temperature, e)) return false;
   if (!number_in(body, "top_p", 0.0, 1.0, &r->top_p, e)) return false;
@@ -160,7 +162,7 @@ const char* finish_reason(int32_t stop_reason) {
     case MOELITE_STOP_STRING:
       return "stop";
     default:
-      return "length";  // max tokens, or the context is full
+      return "length";  // max tokens, or the end of the context
   }
 }
 

@@ -15,7 +15,7 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;    // stream_options.include_usage: a last chunk with usage
   std::vector<int32_t> prompt;   // token ids (chat: the conversation through the chat template)
-  int32_t max_tokens = 256;
+  int32_t max_tokens = 0;  // bounded by the room the context has left after the prompt
   std::optional<float> temperature, top_p;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
@@ -29,7 +29,10 @@ struct RequestError {
 };
 
 // Parses a request body (already valid JSON) for the chat (`chat`) or the completions endpoint:
-// field types and ranges as OpenAI documents them, message roles, prompt length against n_ctx.
+// field types and ranges as OpenAI documents them, message roles, prompt length against n_ctx
+// (a prompt that leaves no room to answer is a 400 naming both sizes). max_tokens is the room the
+// context has left after the prompt, or less when the request asks for less: a generation ends
+// with finish_reason "length" there instead of running into the end of the context.
 // Unsupported options that would change the answer (n > 1, tools, logprobs) are refused rather
 // than ignored.
 bool parse_completion_request(const nlohmann::json& body, bool chat, moelite_model* model, int32_t n_ctx,

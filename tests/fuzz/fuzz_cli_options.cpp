@@ -2,14 +2,15 @@
 // arguments separated by NUL bytes; the first byte picks one of the command shapes the CLI uses
 // (model options, generation options, a command without a model). Checked: no crash or hang; an
 // error always has a message; an accepted option is stored under all its aliases; switches hold
-// "1"; numbers read back in range; sizes obey parse_size's promises (a share in (0, 100], bytes
-// in [1, 2^62]).
+// "1"; numbers read back in range; sizes obey parse_size's promises (bytes in [1, 2^62]); every
+// value is accepted as an expert budget or refused with a message.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "moelite.h"
 #include "samples/cli/options.h"
 
 namespace {
@@ -69,12 +70,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (parsed.get_int(name, 0, &n, &e)) check(n >= INT32_MIN && n <= INT32_MAX, "integers fit int32");
       double d = 0;
       if (parsed.get_double(name, 0, &d, &e)) check(std::isfinite(d), "numbers are finite");
-      cli::SizeArg size;
-      if (cli::parse_size(name, parsed.get(name), &size, &e)) {
-        if (size.percent)
-          check(size.value > 0 && size.value <= 100, "a share lies in (0, 100]");
-        else
-          check(size.value >= 1 && size.value <= 4611686018427387904.0, "bytes lie in [1, 2^62]");
+      uint64_t bytes = 0;
+      if (cli::parse_size(name, parsed.get(name), &bytes, &e))
+        check(bytes >= 1 && bytes <= (uint64_t{1} << 62), "bytes lie in [1, 2^62]");
+      // A budget: accepted or refused with a message, never anything else.
+      moelite_model_params* mp = moelite_model_params_create();
+      if (mp) {
+        const moelite_status st = moelite_model_params_set_expert_budget_text(mp, parsed.get(name).c_str());
+        check(st == MOELITE_OK || (st == MOELITE_ERR_INVALID_ARGUMENT && *moelite_last_error()),
+              "a budget's text is accepted or refused with a message");
+        moelite_model_params_free(mp);
       }
     }
   }

@@ -8,6 +8,7 @@ with 4xx and a JSON error, and nothing of that ends the server."""
 import http.client
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -189,6 +190,122 @@ def test_client_disconnecting_mid_stream(server):
     assert stats["generated_tokens"] - before["generated_tokens"] < 400
     assert proc.poll() is None
     assert post_json(server, "/v1/chat/completions", CHAT)[0] == 200
+
+
+def server_ctx(server):
+    """The positions the server's context holds (its -c, at most the model's training context)."""
+    return json.loads(request(server, "GET", "/v1/models")[2])["data"][0]["n_ctx"]
+
+
+def test_twenty_chats_without_max_tokens_all_answer(server):
+    """Without max_tokens a generation runs until it ends or the context is full: every answer is a
+    200 with finish_reason "stop" or "length" and what it made (the end of the context once answered
+    500 and threw the answer away)."""
+    reasons, n_ctx = set(), server_ctx(server)
+    for seed in range(1, 21):
+        body = {"messages": [{"role": "user", "content": "Tell me about Python modules and packages."}], "seed": seed}
+        status, r = post_json(server, "/v1/chat/completions", body)
+        assert status == 200, r
+        reason = r["choices"][0]["finish_reason"]
+        assert reason in ("stop", "length"), r
+        reasons.add(reason)
+        usage = r["usage"]
+        assert usage["prompt_tokens"] + usage["completion_tokens"] <= n_ctx
+        if reason == "length":
+            assert usage["prompt_tokens"] + usage["completion_tokens"] == n_ctx and r["choices"][0]["message"]["content"]
+    assert "length" in reasons, "no request reached the end of the context: the case is not exercised"
+
+
+def test_a_stream_reaching_the_end_of_the_context_finishes_with_length(server):
+    body = {"messages": [{"role": "user", "content": "Tell me about Python modules and packages."}], "seed": 3,
+            "temperature": 1.0, "stream_options": {"include_usage": True}}
+    chunks = list(stream(server, "/v1/chat/completions", body))
+    assert not any("error" in c for c in chunks), chunks[-3:]
+    finish = [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices")]
+    assert finish[-1] in ("stop", "length") and all(f is None for f in finish[:-1])
+    usage = chunks[-1]["usage"]
+    assert finish[-1] == "stop" or usage["prompt_tokens"] + usage["completion_tokens"] == server_ctx(server)
+
+
+def test_max_tokens_is_bounded_by_the_room_left(server):
+    n_ctx = server_ctx(server)
+    # A prompt of more than half the positions (however many tokens a word takes), and a max_tokens
+    # far beyond what is left: the answer stops at the end of the context.
+    reps = n_ctx
+    while True:
+        status, r = post_json(server, "/v1/completions", {"prompt": "word " * reps, "max_tokens": 10000, "seed": 1,
+                                                           "temperature": 1.0})
+        if status == 200 or reps < 8:
+            break
+        assert status == 400 and err_mentions(r, n_ctx), r
+        reps = reps * 3 // 4
+    assert status == 200, r
+    u = r["usage"]
+    assert u["prompt_tokens"] > n_ctx // 3 and u["prompt_tokens"] + u["completion_tokens"] <= n_ctx, u
+
+
+def err_mentions(r, n_ctx):
+    """A prompt too long for the context is refused naming both sizes and the way out."""
+    msg = r["error"]["message"]
+    return r["error"]["param"] == "prompt" and str(n_ctx) in msg and "tokens" in msg and "-c" in msg
+
+
+def test_client_disconnecting_before_a_whole_answer(server):
+    """A non-streaming request whose client goes away stops, as a stream does when its write fails."""
+    host, port, proc = server
+    before = json.loads(request(server, "GET", "/v1/moelite/stats")[2])
+    s = socket.create_connection((host, port))
+    body = json.dumps(dict(CHAT, max_tokens=400, seed=1, temperature=1.0)).encode()
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    s.close()  # before the answer
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        stats = json.loads(request(server, "GET", "/v1/moelite/stats")[2])
+        if stats["disconnects"] > before["disconnects"] and stats["active_requests"] == 0:
+            break
+        time.sleep(0.05)
+    assert stats["disconnects"] > before["disconnects"], "the generation went on after the client left"
+    assert stats["generated_tokens"] - before["generated_tokens"] < 400
+    assert proc.poll() is None
+
+
+def test_a_second_server_on_the_same_port_fails_at_start(server):
+    host, port, _ = server
+    r = subprocess.run([SERVER, "-m", MODEL, "--host", host, "--port", str(port), "-t", "1"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode != 0
+    assert "cannot listen on %s:%d" % (host, port) in r.stderr and "in use" in r.stderr, r.stderr
+
+
+def test_a_context_above_the_models_is_said_at_start():
+    proc = subprocess.Popen([SERVER, "-m", MODEL, "--port", "0", "-t", "1", "-c", "100000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("listening on"), line
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    err = proc.stderr.read()
+    assert "-c 100000 is more than the model was trained for" in err, err
+
+
+def test_one_log_line_per_request():
+    proc = subprocess.Popen([SERVER, "-m", MODEL, "--port", "0", "-t", "1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        host, port = line.split("http://")[1].split()[0].rsplit(":", 1)
+        srv = (host, int(port), proc)
+        assert post_json(srv, "/v1/chat/completions", dict(CHAT, max_tokens=5, seed=1))[0] == 200
+        assert request(srv, "GET", "/v1/nothing")[0] == 404
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    lines = [l for l in proc.stderr.read().splitlines() if l.startswith("moelite-server: ")]
+    assert re.match(r"moelite-server: POST /v1/chat/completions 200 tokens \d+ in, [1-5] out, \d+ ms$", lines[0]), lines
+    assert re.match(r"moelite-server: GET /v1/nothing 404 \d+ ms$", lines[1]), lines
 
 
 @pytest.mark.parametrize("body,param", [
