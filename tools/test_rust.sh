@@ -13,6 +13,20 @@ if [[ -z "$cargo" ]]; then
   exit 1
 fi
 export PATH="$(dirname "$cargo"):$PATH"
-export MOELITE_LIB_DIR="$PWD/$build/lib" CARGO_TARGET_DIR="$PWD/$build/rust-target"
+root=$PWD
+export MOELITE_LIB_DIR="$root/$build/lib" CARGO_TARGET_DIR="$root/$build/rust-target"
 cd bindings/rust
 "$cargo" test --offline --quiet
+
+# The README's example against an installed package, found by pkg-config as an application finds
+# it: built and run without MOELITE_LIB_DIR or LD_LIBRARY_PATH (the rpath the crates set).
+prefix="$root/$build/rust-install"
+rm -rf "$prefix"
+cmake --install "$root/$build" --prefix "$prefix" >/dev/null
+pc_dir=$(dirname "$(find "$prefix" -name moelite.pc)")
+env -u MOELITE_LIB_DIR -u LD_LIBRARY_PATH PKG_CONFIG_PATH="$pc_dir" CARGO_TARGET_DIR="$root/$build/rust-install-target" \
+  "$cargo" build --offline --quiet --example generate -p moelite
+out=$(env -u LD_LIBRARY_PATH "$root/$build/rust-install-target/debug/examples/generate" \
+  "$root/models/moelite-tiny-qwen3moe-Q8_0.gguf" "def f(x):" "25%")
+echo "$out"
+grep -q "expert hit rate" <<<"$out" || { echo "test_rust.sh: the example did not run against the installed library" >&2; exit 1; }

@@ -89,4 +89,19 @@ cat "$scratch/no-loader-vulkan.txt"
 if [[ $have_vulkan == 1 ]]; then
   grep -q "$missing" "$scratch/no-loader-vulkan.txt" || fail "the refusal does not name the loader"
 fi
+# ---- the installed server finds the installed library by itself (RPATH $ORIGIN/../lib): no
+# LD_LIBRARY_PATH, and from a prefix the dynamic loader knows nothing of.
+if [[ -x "$prefix/bin/moelite-server" ]]; then
+  echo "== the installed moelite-server"
+  env -u LD_LIBRARY_PATH "$prefix/bin/moelite-server" --help >"$scratch/server-help.txt" 2>&1 ||
+    fail "the installed moelite-server does not start: $(cat "$scratch/server-help.txt")"
+  grep -q "usage: moelite-server" "$scratch/server-help.txt" || fail "moelite-server --help: $(cat "$scratch/server-help.txt")"
+  rc=0
+  env -u LD_LIBRARY_PATH timeout 60 "$prefix/bin/moelite-server" -m "$model" --port 0 -t 1 \
+    >"$scratch/server-out.txt" 2>"$scratch/server-err.txt" & pid=$!
+  for _ in $(seq 300); do grep -q "^listening on" "$scratch/server-out.txt" && break; sleep 0.1; done
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" || rc=$?
+  grep -q "^listening on" "$scratch/server-out.txt" || fail "the installed moelite-server did not listen: $(cat "$scratch/server-err.txt")"
+fi
 echo "install_and_consume: 8 consumers built and run"

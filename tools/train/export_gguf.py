@@ -36,6 +36,7 @@ def main():
     ckpt = torch.load(os.path.join(a.data, a.ckpt))
     config = ckpt.get("config", "qwen3moe")
     c = CONFIGS[config]()
+    c.ctx = ckpt.get("ctx", c.ctx)  # the context the checkpoint was trained for
     sd = {k: v.float().numpy() for k, v in ckpt["model"].items()}
     tok = json.load(open(os.path.join(a.data, "tokenizer.json")))
     w = GGUFWriter(a.out)

@@ -6,17 +6,37 @@ const fs = require('node:fs');
 const path = require('node:path');
 const koffi = require('koffi');
 
-function libraryPath() {
-  if (process.env.MOELITE_LIBRARY) return process.env.MOELITE_LIBRARY;
+// The files to try, in order, each with where it came from.
+function candidates() {
+  if (process.env.MOELITE_LIBRARY) return [['MOELITE_LIBRARY', process.env.MOELITE_LIBRARY]];  // final
   const tree = path.join(__dirname, '..', '..', '..', 'build', 'lib', 'libmoelite.so');
-  return fs.existsSync(tree) ? tree : 'libmoelite.so.0';
+  return [['source checkout build tree', tree], ['system library path', 'libmoelite.so.0']];
+}
+
+// Opens the first candidate that loads; an Error listing every try and the way to choose one.
+function openLibrary() {
+  const tried = [];
+  for (const [how, file] of candidates()) {
+    if (file.includes(path.sep) && !fs.existsSync(file)) {
+      tried.push(`${how}: ${file} (does not exist)`);
+      continue;
+    }
+    try {
+      return koffi.load(file);
+    } catch (e) {
+      tried.push(`${how}: ${file} (${e.message})`);
+    }
+  }
+  throw new Error('moelite: cannot load the moelite shared library (libmoelite.so). Set MOELITE_LIBRARY to its ' +
+                  'full path (build/lib/libmoelite.so of a build, PREFIX/lib/libmoelite.so of an install), or install ' +
+                  'it where the dynamic loader looks (ldconfig). Tried, in order:\n  ' + tried.join('\n  '));
 }
 
 let api = null;
 
 function load() {
   if (api) return api;
-  const lib = koffi.load(libraryPath());
+  const lib = openLibrary();
   koffi.opaque('moelite_model');
   koffi.opaque('moelite_model_params');
   koffi.opaque('moelite_context');

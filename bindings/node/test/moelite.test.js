@@ -227,3 +227,15 @@ test('a request queue gives each request what the library generation gives it al
   assert.throws(() => q.waiting, (e) => e.status === Status.INVALID_ARGUMENT);
   q.close();
 });
+
+test('a library not found names every try and the variable', () => {
+  const { spawnSync } = require('node:child_process');
+  const r = spawnSync(process.execPath, ['-e', "require('.').Model.load('x')"], {
+    cwd: path.join(__dirname, '..'),
+    env: { ...process.env, MOELITE_LIBRARY: '/nonexistent/libmoelite.so' },
+    encoding: 'utf8',
+  });
+  assert.notEqual(r.status, 0);
+  assert.match(r.stderr, /Set MOELITE_LIBRARY/);
+  assert.match(r.stderr, /MOELITE_LIBRARY: \/nonexistent\/libmoelite\.so \(does not exist\)/);
+});

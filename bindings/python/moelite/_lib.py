@@ -31,16 +31,18 @@ def _candidates():
         yield "MOELITE_LIBRARY", env
         return
     # 1. A copy installed next to the package (e.g. copied in before `pip install`).
-    for p in sorted(glob.glob(os.path.join(_PKG_DIR, _LIB_GLOB))):
+    copies = sorted(glob.glob(os.path.join(_PKG_DIR, _LIB_GLOB)))
+    for p in copies:
         yield "package directory", p
+    if not copies:
+        yield "package directory", os.path.join(_PKG_DIR, _LIB_NAME)
     # 2. The build tree of a source checkout: <repo>/bindings/python/moelite -> <repo>/build/lib.
     repo = os.path.normpath(os.path.join(_PKG_DIR, os.pardir, os.pardir, os.pardir))
     if os.path.isfile(os.path.join(repo, "include", "moelite.h")):
         yield "source checkout build tree", os.path.join(repo, "build", "lib", _LIB_NAME)
-    # 3. The system's library search path (ldconfig, DYLD paths...).
+    # 3. The system's library search path (ldconfig's cache, LD_LIBRARY_PATH).
     found = ctypes.util.find_library("moelite")
-    if found:
-        yield "system library path", found
+    yield "system library path", found or "libmoelite.so.0"
 
 
 def find_library():
@@ -58,9 +60,10 @@ def find_library():
             if how == "MOELITE_LIBRARY":
                 break
     raise ImportError(
-        "moelite: cannot load the moelite shared library. Build it (cmake -B build && cmake --build "
-        "build) and set MOELITE_LIBRARY to the full path of %s, or copy it next to the moelite "
-        "package. Tried:\n  %s" % (_LIB_NAME, "\n  ".join(tried) if tried else "(no candidates)"))
+        "moelite: cannot load the moelite shared library (%s). Set MOELITE_LIBRARY to its full path "
+        "(e.g. build/lib/%s after `cmake -B build && cmake --build build`, or PREFIX/lib/%s after "
+        "`cmake --install`), copy it next to the moelite package, or install it where the dynamic "
+        "loader looks (ldconfig). Tried, in order:\n  %s" % (_LIB_NAME, _LIB_NAME, _LIB_NAME, "\n  ".join(tried)))
 
 
 lib, library_path = find_library()

@@ -688,3 +688,25 @@ def test_calibrate_profile_and_adaptive_options(model, tiny, tmpdir_session):
     with pytest.raises(moelite.MoeliteError) as e:
         moelite.Model(tiny[0], profile=profile + ".missing")
     assert e.value.status == moelite.Status.ERR_FILE_NOT_FOUND
+
+
+def test_a_library_not_found_names_every_try_and_the_variable(tmp_path):
+    """Without a loadable libmoelite the import fails listing each path tried, in order, and how to
+    choose one (MOELITE_LIBRARY): a chosen file that is not there, and a copy of the package outside
+    a checkout with nothing installed."""
+    import shutil
+    pkg_dir = os.path.normpath(os.path.join(HERE, os.pardir))
+    env = dict(os.environ, MOELITE_LIBRARY="/nonexistent/libmoelite.so")
+    r = subprocess.run([sys.executable, "-c", "import moelite"], cwd=pkg_dir, env=env, capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "MOELITE_LIBRARY: /nonexistent/libmoelite.so (does not exist)" in r.stderr, r.stderr
+    copy = tmp_path / "pkg"
+    shutil.copytree(os.path.join(pkg_dir, "moelite"), copy / "moelite",
+                    ignore=shutil.ignore_patterns("libmoelite*", "__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k not in ("MOELITE_LIBRARY", "LD_LIBRARY_PATH")}
+    r = subprocess.run([sys.executable, "-c", "import moelite"], cwd=copy, env=env, capture_output=True, text=True)
+    if r.returncode == 0:
+        pytest.skip("a libmoelite is installed system-wide")
+    for needle in ("Set MOELITE_LIBRARY", "package directory: " + str(copy / "moelite" / "libmoelite.so"),
+                   "system library path: "):
+        assert needle in r.stderr, r.stderr
