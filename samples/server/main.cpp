@@ -85,9 +85,9 @@ struct Server {
 std::string wire(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 void send_error(httplib::Response& res, int status, const std::string& message, const std::string& type,
-                const std::string& param = "") {
+                const std::string& param = "", const std::string& code = "") {
   res.status = status;
-  res.set_content(wire(error_body(message, type, param)), "application/json");
+  res.set_content(wire(error_body(message, type, param, code)), "application/json");
 }
 
 using Outcome = Batcher::Outcome;
@@ -158,7 +158,7 @@ void handle_completion(Server& s, const httplib::Request& req, httplib::Response
   auto r = std::make_shared<CompletionRequest>();
   RequestError e;
   if (!parse_completion_request(body, chat, s.model, s.batcher.n_ctx(), r.get(), &e))
-    return send_error(res, e.http_status, e.message, "invalid_request_error", e.param);
+    return send_error(res, e.http_status, e.message, "invalid_request_error", e.param, e.code);
   const ResponseIds ids = new_ids(s, chat);
   if (!r->stream) {
     // A client that goes away stops its generation, as a streaming one's failed write does: its
@@ -266,6 +266,17 @@ void add_routes(httplib::Server& http, Server& s) {
   });
   http.Get("/v1/moelite/stats", [&s](const httplib::Request&, httplib::Response& res) {
     res.set_content(wire(stats_json(s)), "application/json");
+  });
+  // A conversation's (or prompt's) size in tokens and the context's: how the chat page keeps a
+  // conversation within the context.
+  http.Post("/v1/moelite/count_tokens", [&s](const httplib::Request& req, httplib::Response& res) {
+    const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    if (body.is_discarded()) return send_error(res, 400, "the request body is not valid JSON", "invalid_request_error");
+    int32_t n = 0;
+    RequestError e;
+    if (!count_prompt_tokens(body, s.model, &n, &e))
+      return send_error(res, e.http_status, e.message, "invalid_request_error", e.param, e.code);
+    res.set_content(wire(json{{"prompt_tokens", n}, {"n_ctx", s.batcher.n_ctx()}}), "application/json");
   });
   http.Post("/v1/chat/completions",
             [&s](const httplib::Request& req, httplib::Response& res) { handle_completion(s, req, res, true); });

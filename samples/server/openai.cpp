@@ -7,10 +7,11 @@ using nlohmann::json;
 
 namespace {
 
-bool fail(RequestError* e, const std::string& message, const std::string& param = "", int status = 400) {
-  e->http_status = status;
+bool fail(RequestError* e, const std::string& message, const std::string& param = "", const std::string& code = "") {
+  e->http_status = 400;
   e->message = message;
   e->param = param;
+  e->code = code;
   return false;
 }
 
@@ -111,7 +112,7 @@ bool parse_completion_request(const json& body, bool chat, moelite_model* model,
                 "the prompt has " + std::to_string(r->prompt.size()) + " tokens and this server's context holds " +
                     std::to_string(n_ctx) + ", leaving no room for an answer (shorten the " +
                     (chat ? "conversation" : "prompt") + ", or start the server with a larger -c)",
-                chat ? "messages" : "prompt");
+                chat ? "messages" : "prompt", "context_length_exceeded");
   const int32_t room = n_ctx - static_cast<int32_t>(r->prompt.size());
   r->max_tokens = room;
   const char* max_key = body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
@@ -151,9 +152,27 @@ bool parse_completion_request(const json& body, bool chat, moelite_model* model,
   return true;
 }
 
-json error_body(const std::string& message, const std::string& type, const std::string& param) {
+bool count_prompt_tokens(const json& body, moelite_model* model, int32_t* n_tokens, RequestError* e) {
+  if (!body.is_object()) return fail(e, "the request body must be a JSON object");
+  std::vector<int32_t> tokens;
+  if (body.contains("messages")) {
+    if (!chat_tokens(model, body["messages"], &tokens, e)) return false;
+  } else if (body.contains("prompt")) {
+    if (!text_tokens(model, body["prompt"], &tokens, e)) return false;
+  } else {
+    return fail(e, "'messages' or 'prompt' is required", "messages");
+  }
+  *n_tokens = static_cast<int32_t>(tokens.size());
+  return true;
+}
+
+json error_body(const std::string& message, const std::string& type, const std::string& param,
+                const std::string& code) {
   return {{"error",
-           {{"message", message}, {"type", type}, {"param", param.empty() ? json() : json(param)}, {"code", json()}}}};
+           {{"message", message},
+            {"type", type},
+            {"param", param.empty() ? json() : json(param)},
+            {"code", code.empty() ? json() : json(code)}}}};
 }
 
 const char* finish_reason(int32_t stop_reason) {

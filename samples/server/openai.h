@@ -26,6 +26,7 @@ struct RequestError {
   int http_status = 400;
   std::string message;
   std::string param;  // the offending field, when one is to blame
+  std::string code;   // OpenAI's error code where one applies: "context_length_exceeded"
 };
 
 // Parses a request body (already valid JSON) for the chat (`chat`) or the completions endpoint:
@@ -38,8 +39,14 @@ struct RequestError {
 bool parse_completion_request(const nlohmann::json& body, bool chat, moelite_model* model, int32_t n_ctx,
                               CompletionRequest* out, RequestError* error);
 
+// The prompt of a chat ({"messages": [...]}) or completion ({"prompt": "..."}) body in tokens, as
+// the completion endpoints would count it: how a client (the chat page) keeps a conversation
+// within the context without guessing at the tokenizer.
+bool count_prompt_tokens(const nlohmann::json& body, moelite_model* model, int32_t* n_tokens, RequestError* error);
+
 // {"error": {"message", "type", "param", "code"}} as OpenAI's clients expect.
-nlohmann::json error_body(const std::string& message, const std::string& type, const std::string& param = "");
+nlohmann::json error_body(const std::string& message, const std::string& type, const std::string& param = "",
+                          const std::string& code = "");
 
 // finish_reason of a generation's stop reason.
 const char* finish_reason(int32_t stop_reason);

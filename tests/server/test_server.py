@@ -247,7 +247,22 @@ def test_max_tokens_is_bounded_by_the_room_left(server):
 def err_mentions(r, n_ctx):
     """A prompt too long for the context is refused naming both sizes and the way out."""
     msg = r["error"]["message"]
-    return r["error"]["param"] == "prompt" and str(n_ctx) in msg and "tokens" in msg and "-c" in msg
+    return (r["error"]["param"] == "prompt" and r["error"]["code"] == "context_length_exceeded" and str(n_ctx) in msg
+            and "tokens" in msg and "-c" in msg)
+
+
+def test_count_tokens_agrees_with_the_completions_usage(server):
+    """/v1/moelite/count_tokens (how the chat page keeps a conversation within the context) counts a
+    conversation or prompt as the completion endpoints do."""
+    for path, body in [("/v1/chat/completions", CHAT), ("/v1/completions", {"prompt": "def main():\n    print('hello')", "seed": 1})]:
+        status, counted = post_json(server, "/v1/moelite/count_tokens",
+                                    {k: body[k] for k in ("messages", "prompt") if k in body})
+        assert status == 200 and counted["n_ctx"] == server_ctx(server), counted
+        status, r = post_json(server, path, dict(body, max_tokens=1))
+        assert status == 200 and r["usage"]["prompt_tokens"] == counted["prompt_tokens"] > 3, (counted, r["usage"])
+    for bad in [{}, {"messages": []}, {"prompt": 3}, [1]]:
+        status, r = post_json(server, "/v1/moelite/count_tokens", bad)
+        assert status == 400 and r["error"]["message"], (bad, r)
 
 
 def test_client_disconnecting_before_a_whole_answer(server):
@@ -434,31 +449,105 @@ class Browser:
         os.close(self._from_chrome)
 
 
-def test_chat_page_streams_in_chromium(server):
+def test_chat_page_in_chromium(server):
+    """The chat page as a user drives it: five turns, each answered and the first seen streaming;
+    a turn too long for the context with the others leaves out the oldest turns and says so; a
+    failed turn shows Retry, and neither it nor its retry poisons the turns after it; "New chat"
+    starts over. The screenshot (the conversation with the left-out turns greyed) is kept at
+    $MOELITE_TEST_TMP/server/server-chat.png."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if not chromium:
         pytest.skip("no Chromium installed (tools/install_deps.sh --test installs Debian's)")
     import base64
     host, port, _ = server
     browser = Browser(chromium, os.path.join(TMP, "chromium-profile"))
-    try:
-        browser.open("http://%s:%d/?q=%s" % (host, port, "What%20is%20a%20generator%3F"))
-        answer = "document.querySelector('.msg.assistant') ? document.querySelector('.msg.assistant').textContent : ''"
+
+    def state():
+        return browser.js("[document.body.dataset.state, Number(document.body.dataset.answers), "
+                          "Number(document.body.dataset.failures)]")
+
+    last_answer = ("(() => { const a = document.querySelectorAll('.msg.assistant'); "
+                   "return a.length ? a[a.length - 1].textContent : ''; })()")
+
+    def ask(text, click="document.getElementById('send').click()"):
+        """Types `text` and sends it; returns the answer's lengths seen while it streamed."""
+        _, answers, failures = state()
+        browser.js("document.getElementById('input').value = %s; %s" % (json.dumps(text), click))
         seen, deadline = set(), time.time() + 180
-        while time.time() < deadline and browser.js("document.title") != "moelite chat (done)":
-            seen.add(len(browser.js(answer) or ""))
+        while time.time() < deadline:
+            st, a, f = state()
+            if st == "idle" and a + f > answers + failures:
+                return seen
+            seen.add(len(browser.js(last_answer) or ""))
             time.sleep(0.02)
-        assert browser.js("document.title") == "moelite chat (done)", "the page did not finish its answer"
-        text = browser.js(answer)
-        assert text.strip() and not browser.js("document.querySelector('.msg.assistant.error') !== null")
-        # Streamed: the page showed the answer part way through, not only whole.
-        assert len({n for n in seen if 0 < n < len(text)}) >= 1, sorted(seen)
+        raise AssertionError("the page did not finish its answer to %r" % text)
+
+    def check_answered(n):
+        st, answers, failures = state()
+        assert (st, answers) == ("idle", n), (st, answers, failures, browser.js(last_answer))
+        assert browser.js(last_answer).strip(), "an empty answer"
+        assert not browser.js("document.querySelector('.msg.assistant:last-of-type.error') !== null")
+
+    try:
+        browser.open("http://%s:%d/" % (host, port))
+        deadline = time.time() + 30
+        while browser.js("location.pathname + ' ' + document.readyState") != "/ complete" and time.time() < deadline:
+            time.sleep(0.05)
+        questions = ["What is a generator?", "How do I read a file line by line?", "And how do I write one?",
+                     "What does a dictionary do?", "Explain list comprehensions."]
+        for i, q in enumerate(questions, 1):
+            seen = ask(q)
+            check_answered(i)
+            if i == 1:  # streamed: the page showed the answer part way through, not only whole
+                text = browser.js(last_answer)
+                assert len({n for n in seen if 0 < n < len(text)}) >= 1, sorted(seen)
+        assert browser.js("document.querySelectorAll('.msg.assistant').length") == 5
+        assert browser.js("document.querySelectorAll('.error').length") == 0
+
+        # A long turn: the oldest turns are left out so it fits, greyed, with a notice.
+        # (about half the context: it fits alone, not after five turns)
+        long_text = "Please summarise all of this: " + " ".join(["the module imports the package"] * (server_ctx(server) // 12))
+        ask(long_text)
+        check_answered(6)
+        notice = browser.js("(document.querySelector('.notice') || {}).textContent || ''")
+        n_ctx = server_ctx(server)
+        assert "left out" in notice and "%d-token context" % n_ctx in notice, notice
+        assert browser.js("document.querySelectorAll('.msg.user.dropped').length") >= 1
+        used, shown = map(int, re.search(r"context: (\d+) of (\d+)", browser.js(
+            "document.getElementById('context').textContent")).groups())
+        assert shown == n_ctx and used < n_ctx, (used, n_ctx)
         time.sleep(1.2)  # the header's next statistics poll: hit rate and the server's tok/s
         assert "expert hit rate: 0." in browser.js("document.getElementById('hit').textContent")
-        shot = browser.call("Page.captureScreenshot", {"format": "png"})["data"]
+        shot = browser.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})["data"]
         png = os.path.join(TMP, "server-chat.png")
         with open(png, "wb") as f:
             f.write(base64.b64decode(shot))
         assert os.path.getsize(png) > 10000
+
+        # A failed turn (the network fails once): shown with Retry, not part of the conversation.
+        browser.js("(() => { const real = window.fetch; window.fetch = (url, options) => {"
+                   " if (String(url).includes('/chat/completions')) { window.fetch = real;"
+                   " return Promise.reject(new TypeError('network down (test)')); }"
+                   " return real(url, options); }; })()")
+        ask("What is a tuple?")
+        st, answers, failures = state()
+        assert (st, answers, failures) == ("idle", 6, 1)
+        assert "network down (test)" in browser.js(last_answer)
+        assert browser.js("turns.some((t) => t.user === 'What is a tuple?')") is False
+        ask("", click="document.querySelector('.retry').click()")
+        check_answered(7)
+        assert browser.js("document.querySelectorAll('.error').length") == 0, "the failed turn stayed"
+        assert browser.js("turns.filter((t) => t.user === 'What is a tuple?').length") == 1
+        ask("Thanks. What is a set?")
+        check_answered(8)
+
+        # New chat: an empty page, and the next turn is sent alone.
+        browser.js("document.getElementById('new-chat').click()")
+        assert browser.js("document.querySelectorAll('.msg').length") == 0
+        ask("Hello again.")
+        check_answered(9)
+        used = int(re.search(r"context: (\d+) of", browser.js("document.getElementById('context').textContent"))
+                   .group(1))
+        assert used < 40, used
     finally:
         browser.close()
