@@ -37,16 +37,16 @@ uint64_t peak_rss_bytes() {
 // decode together: each step evaluates one token of every sequence in one moelite_eval_batch, so
 // the tokens share each layer's weight reads and each expert's load. With --contexts C, C contexts
 // (N sequences each) do the same on C threads at once, sharing the model (and its expert store)
-// but nothing else: tok/s counts every sequence of every context. Each measured -r times (best run reported) after one
+// but nothing else: tok/s counts every sequence of every context. Each measured -r times (the median run reported, with the slowest and fastest) after one
 // untimed warm-up that faults the weights in, so the numbers are compute and memory speed, not first-touch page faults.
 namespace {
 const Command kBenchCommand = {
     "bench", "-m MODEL [-p N] [-n N] [-r N] [--n-seq N] [--contexts C] [-f TEXT] [--json] [options]",
-    "Prefill and decode speed (best of -r runs after a warm-up), with the memory and "
+    "Prefill and decode speed (the median of -r runs after a warm-up, with their spread), with the memory and "
     "storage bounds.",
     with_groups({{{"-p"}, "N", "prompt tokens (default 128)"},
                  {{"-n"}, "N", "decoded tokens (default 32)"},
-                 {{"-r"}, "N", "measured runs (default 1)"},
+                 {{"-r"}, "N", "measured runs (default 3): the median is reported, with the slowest and the fastest"},
                  {{"--n-seq"},
                   "N",
                   "sequences decoding together, one token of each per step (default 1); "
@@ -71,7 +71,7 @@ namespace {
 
 // What the command line asks for.
 struct BenchSetup {
-  int64_t n_prompt = 128, n_gen = 32, reps = 1, seed = 42, seqs_per_context = 1, n_contexts = 1;
+  int64_t n_prompt = 128, n_gen = 32, reps = 3, seed = 42, seqs_per_context = 1, n_contexts = 1;
   int64_t n_seq = 1;  // sequences over all contexts: context c holds sequences c * seqs_per_context ...
   double given_storage_gbs = 0;
   bool warmup = true;
@@ -82,7 +82,7 @@ int parse_bench_args(const Args& args, BenchSetup* b) {
   std::string err;
   if (!args.get_int("-p", 128, &b->n_prompt, &err) || !args.get_int("-n", 32, &b->n_gen, &err) ||
       !args.get_int("--n-seq", 1, &b->seqs_per_context, &err, 1, MOELITE_MAX_SEQUENCES) ||
-      !args.get_int("--contexts", 1, &b->n_contexts, &err, 1, 64) || !args.get_int("-r", 1, &b->reps, &err) ||
+      !args.get_int("--contexts", 1, &b->n_contexts, &err, 1, 64) || !args.get_int("-r", 3, &b->reps, &err, 1, 1000) ||
       !args.get_int("--seed", 42, &b->seed, &err, INT64_MIN, INT64_MAX))
     return usage_error(err);
   if (b->n_prompt < 1 || b->n_gen < 0 || b->reps < 1) return usage_error("-p must be >= 1, -n >= 0, -r >= 1");
@@ -198,17 +198,25 @@ class BenchContexts {
   std::vector<moelite_context*> contexts_;
 };
 
-// The best prefill and the best decode of the measured runs, with the expert-store counters of the
-// best decode run (whole model and per layer).
+// Every measured run's prefill and decode times, and the expert-store counters of each run's decode
+// (whole model and per layer). A report gives the median run with the fastest and the slowest:
+// one run says little on a machine whose speed drifts between minutes.
 struct BenchTimes {
-  double best_prefill = 1e30, best_decode = 1e30;
-  moelite_expert_stats stats{};
-  std::vector<moelite_expert_stats> layers;
+  std::vector<double> prefill_s, decode_s;
+  std::vector<moelite_expert_stats> stats;                // per run
+  std::vector<std::vector<moelite_expert_stats>> layers;  // per run, per layer
 };
+
+// The median of `v` (the lower middle of an even count: a run that happened).
+size_t median_index(const std::vector<double>& v) {
+  std::vector<size_t> order(v.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return v[a] < v[b]; });
+  return order[(order.size() - 1) / 2];
+}
 
 moelite_status run_bench(moelite_model* model, const BenchSetup& b, BenchContexts& contexts, BenchTimes* out) {
   const int32_t n_layers = static_cast<int32_t>(moelite_model_get(model, MOELITE_MODEL_N_LAYERS));
-  out->layers.assign(static_cast<size_t>(n_layers), moelite_expert_stats{});
   const int64_t runs = b.reps + (b.warmup ? 1 : 0);
   moelite_status st = MOELITE_OK;
   for (int64_t r = 0; r < runs && st == MOELITE_OK; ++r) {
@@ -219,16 +227,18 @@ moelite_status run_bench(moelite_model* model, const BenchSetup& b, BenchContext
     if (st == MOELITE_OK) st = contexts.on_all([&](int64_t c) { return contexts.decode(c); });
     double t2 = now();
     if (r == 0 && b.warmup) continue;  // warm-up: faults the weights in
-    out->best_prefill = std::min(out->best_prefill, t1 - t0);
-    if (t2 - t1 < out->best_decode) {
-      out->best_decode = t2 - t1;
-      out->stats.struct_size = sizeof out->stats;
-      moelite_model_expert_stats(model, -1, &out->stats);
-      for (int32_t l = 0; l < n_layers; ++l) {
-        out->layers[static_cast<size_t>(l)].struct_size = sizeof(moelite_expert_stats);
-        moelite_model_expert_stats(model, l, &out->layers[static_cast<size_t>(l)]);
-      }
+    out->prefill_s.push_back(t1 - t0);
+    out->decode_s.push_back(t2 - t1);
+    moelite_expert_stats whole{};
+    whole.struct_size = sizeof whole;
+    moelite_model_expert_stats(model, -1, &whole);
+    out->stats.push_back(whole);
+    std::vector<moelite_expert_stats> per_layer(static_cast<size_t>(n_layers), moelite_expert_stats{});
+    for (int32_t l = 0; l < n_layers; ++l) {
+      per_layer[static_cast<size_t>(l)].struct_size = sizeof(moelite_expert_stats);
+      moelite_model_expert_stats(model, l, &per_layer[static_cast<size_t>(l)]);
     }
+    out->layers.push_back(std::move(per_layer));
   }
   return st;
 }
@@ -267,7 +277,10 @@ BenchModel read_bench_model(moelite_model* model, const Args& args) {
 
 // Everything the report prints, derived from the runs, the model and the bandwidth probes.
 struct BenchReport {
-  double prefill_tps = 0, decode_tps = 0, decode_gbs = 0, ms_per_step = 0;
+  double prefill_tps = 0, decode_tps = 0, decode_gbs = 0, ms_per_step = 0;  // the median run's
+  double prefill_min = 0, prefill_max = 0, decode_min = 0, decode_max = 0;  // tok/s: slowest, fastest run
+  std::string prefill_runs_json, decode_runs_json;                         // tok/s of each run, in order
+  size_t runs = 0;
   int64_t n_generated = 0;
   uint64_t peak_rss = 0;
   double dram_gbs = 0, bound_gbs = 0, bound_tps = 0, efficiency = 0;
@@ -282,12 +295,30 @@ struct BenchReport {
 BenchReport make_report(const Args& args, const BenchSetup& b, const BenchTimes& t, const BenchModel& m,
                         uint64_t peak_rss) {
   BenchReport r;
-  const moelite_expert_stats& st = t.stats;
-  // Tokens per second of all sequences together; per sequence, that over n_seq.
-  r.prefill_tps = double(b.n_prompt * b.n_seq) / t.best_prefill;
-  r.decode_tps = b.n_gen > 0 ? double(b.n_gen * b.n_seq) / t.best_decode : 0.0;
-  r.ms_per_step = b.n_gen > 0 ? 1000.0 * t.best_decode / b.n_gen : 0.0;
+  // Tokens per second of all sequences together (per sequence: that over n_seq), of the median run;
+  // the expert store's counters are that run's decode.
+  const size_t mid_prefill = median_index(t.prefill_s), mid = median_index(t.decode_s);
+  const moelite_expert_stats& st = t.stats[mid];
+  const double decode_s = t.decode_s[mid];
   r.n_generated = b.n_gen * b.n_seq;
+  r.runs = t.decode_s.size();
+  auto tok_s = [](double tokens, const std::vector<double>& seconds, double* lo, double* hi, std::string* runs) {
+    *lo = 1e300, *hi = 0;
+    *runs = "[";
+    for (size_t i = 0; i < seconds.size(); ++i) {
+      const double v = tokens > 0 ? tokens / seconds[i] : 0.0;
+      *lo = std::min(*lo, v), *hi = std::max(*hi, v);
+      char buf[32];
+      snprintf(buf, sizeof buf, "%s%.3f", i ? ", " : "", v);
+      *runs += buf;
+    }
+    *runs += "]";
+  };
+  tok_s(double(b.n_prompt * b.n_seq), t.prefill_s, &r.prefill_min, &r.prefill_max, &r.prefill_runs_json);
+  tok_s(double(r.n_generated), t.decode_s, &r.decode_min, &r.decode_max, &r.decode_runs_json);
+  r.prefill_tps = double(b.n_prompt * b.n_seq) / t.prefill_s[mid_prefill];
+  r.decode_tps = b.n_gen > 0 ? double(r.n_generated) / decode_s : 0.0;
+  r.ms_per_step = b.n_gen > 0 ? 1000.0 * decode_s / b.n_gen : 0.0;
   r.decode_gbs = r.decode_tps * static_cast<double>(m.active) / 1e9;
   r.peak_rss = peak_rss;
   // The decode bound: active weight bytes per token over the memory the weights stream from (the
@@ -298,14 +329,14 @@ BenchReport make_report(const Args& args, const BenchSetup& b, const BenchTimes&
   // one sequence's bound (a loose bound for n_seq > 1: their experts overlap).
   r.bound_tps = r.bound_gbs > 0 ? double(b.n_seq) * r.bound_gbs * 1e9 / static_cast<double>(m.active) : 0.0;
   r.efficiency = r.bound_tps > 0 ? r.decode_tps / r.bound_tps : 0.0;
-  // Expert store (decode only, best run): hit rate, share of decode time spent waiting for loads
+  // Expert store (decode only, median run): hit rate, share of decode time spent waiting for loads
   // (contexts wait at the same time: their waits are shared out over them).
   r.hit_rate = st.activations ? double(st.hits) / double(st.activations) : 1.0;
-  r.stall = t.best_decode > 0 && b.n_gen > 0 ? st.wait_seconds / (t.best_decode * double(b.n_contexts)) : 0.0;
+  r.stall = decode_s > 0 && b.n_gen > 0 ? st.wait_seconds / (decode_s * double(b.n_contexts)) : 0.0;
   r.read_per_token = b.n_gen > 0 ? double(st.bytes_read) / double(r.n_generated) : 0.0;
   r.misses_per_token = b.n_gen > 0 ? double(st.misses) / double(r.n_generated) : 0.0;
   r.policy = m.budget > 0 ? args.get("--policy", "lru") : "resident";
-  // Prediction (decode, best run): share of the experts used that were predicted, that were fully
+  // Prediction (decode, median run): share of the experts used that were predicted, that were fully
   // loaded when needed, and experts computed per token and layer (adaptive gating).
   const double act = st.activations ? double(st.activations) : 1.0;
   r.accuracy = double(st.predicted) / act;
@@ -315,8 +346,8 @@ BenchReport make_report(const Args& args, const BenchSetup& b, const BenchTimes&
   r.predictor = args.get("--predictor", "none");
   // Per layer: [hit rate, prediction accuracy, timeliness, on-demand loads per token].
   r.layers_json = "[";
-  for (size_t l = 0; l < t.layers.size(); ++l) {
-    const moelite_expert_stats& ls = t.layers[l];
+  for (size_t l = 0; l < t.layers[mid].size(); ++l) {
+    const moelite_expert_stats& ls = t.layers[mid][l];
     const double a = ls.activations ? double(ls.activations) : 1.0;
     char buf[256];
     snprintf(buf, sizeof buf,
@@ -330,7 +361,7 @@ BenchReport make_report(const Args& args, const BenchSetup& b, const BenchTimes&
   // Under a budget the bound also counts the misses' reads from storage, assuming they overlap
   // perfectly with computation: a token cannot take less than either stream. The storage's speed
   // is the faster of a probe (2 threads of 4 MiB O_DIRECT reads, taken after the runs) and what the
-  // store itself read at while it had reads in flight during the best decode run: a shared virtual
+  // store itself read at while it had reads in flight during the median decode run: a shared virtual
   // disk's speed drifts by 2x between minutes, and a probe alone then made the "bound" slower than
   // the decode it bounds. Both overstate a device that bursts after idle time (a token bucket: a
   // cloud disk, a cgroup's throttle): the store reads fast after each idle gap and the sustained
@@ -360,7 +391,9 @@ BenchReport make_report(const Args& args, const BenchSetup& b, const BenchTimes&
 void print_bench_json(const Args& args, const BenchSetup& b, const BenchModel& m, const BenchReport& r) {
   printf("{\"model\": \"%s\", \"arch\": \"%s\", \"expert_type\": \"%s\", \"backend\": \"%s\", \"threads\": %" PRId64
          ", \"n_prompt\": %" PRId64 ", \"n_gen\": %" PRId64 ", \"n_seq\": %" PRId64 ", \"contexts\": %" PRId64
-         ", \"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f, \"decode_tok_s_per_seq\": %.3f"
+         ", \"runs\": %zu, \"prefill_tok_s\": %.3f, \"prefill_tok_s_min\": %.3f, \"prefill_tok_s_max\": %.3f"
+         ", \"prefill_tok_s_runs\": %s, \"decode_tok_s\": %.3f, \"decode_tok_s_min\": %.3f, \"decode_tok_s_max\": %.3f"
+         ", \"decode_tok_s_runs\": %s, \"decode_tok_s_per_seq\": %.3f"
          ", \"decode_ms_per_token\": %.3f, \"active_bytes_per_token\": %" PRId64
          ", \"decode_weight_gb_s\": %.3f"
          ", \"dram_read_gb_s\": %.2f, \"device_memory_gb_s\": %.2f, \"bound_memory\": \"%s\""
@@ -382,8 +415,9 @@ void print_bench_json(const Args& args, const BenchSetup& b, const BenchModel& m
          ", \"budget_summary\": \"%s\", \"text\": %s"
          ", \"layers\": %s}\n",
          json_escape(m.path).c_str(), m.arch.c_str(), m.expert_type.c_str(), json_escape(m.backend_name).c_str(),
-         static_cast<int64_t>(m.threads), b.n_prompt, b.n_gen, b.n_seq, b.n_contexts, r.prefill_tps, r.decode_tps,
-         r.decode_tps / double(b.n_seq), r.ms_per_step, m.active, r.decode_gbs, r.dram_gbs, m.device_gbs,
+         static_cast<int64_t>(m.threads), b.n_prompt, b.n_gen, b.n_seq, b.n_contexts, r.runs, r.prefill_tps,
+         r.prefill_min, r.prefill_max, r.prefill_runs_json.c_str(), r.decode_tps, r.decode_min, r.decode_max,
+         r.decode_runs_json.c_str(), r.decode_tps / double(b.n_seq), r.ms_per_step, m.active, r.decode_gbs, r.dram_gbs, m.device_gbs,
          m.device_gbs > 0 ? "device" : "dram", r.bound_tps, r.efficiency, m.expert_bytes, m.dense_bytes, r.peak_rss,
          m.budget, m.pool_bytes, m.store_peak_bytes, m.expert_slots, r.policy.c_str(), r.hit_rate, r.stall,
          r.read_per_token, r.misses_per_token, r.storage_gbs, r.probe_gbs, r.store_gbs,
@@ -398,22 +432,33 @@ void print_bench_json(const Args& args, const BenchSetup& b, const BenchModel& m
          args.has("-f") ? ("\"" + json_escape(args.get("-f")) + "\"").c_str() : "null", r.layers_json.c_str());
 }
 
+// "[slowest .. fastest]" of the runs' tok/s.
+std::string spread(double lo, double hi) {
+  char buf[64];
+  snprintf(buf, sizeof buf, "[%.2f .. %.2f]", lo, hi);
+  return buf;
+}
+
 void print_bench_text(const Args& args, const BenchSetup& b, const BenchModel& m, const BenchReport& r) {
   printf("model     %s (%s, experts %s)\nbackend   %s, %" PRId64 " threads\n", m.path.c_str(), m.arch.c_str(),
          m.expert_type.c_str(), m.backend_name.c_str(), static_cast<int64_t>(m.threads));
   printf("budget    %s\n", m.budget_text.c_str());
-  printf("prefill   %" PRId64 " tokens: %.2f tok/s\n", b.n_prompt, r.prefill_tps);
+  printf("runs      %zu measured%s: tok/s below is the median run's, [slowest .. fastest] beside it\n", r.runs,
+         args.has("--no-warmup") ? "" : " after a warm-up");
+  const std::string prefill_spread = spread(r.prefill_min, r.prefill_max), decode_spread = spread(r.decode_min, r.decode_max);
+  printf("prefill   %" PRId64 " tokens: %.2f tok/s %s\n", b.n_prompt, r.prefill_tps, prefill_spread.c_str());
   if (b.n_contexts > 1)
     printf("decode    %" PRId64 " contexts x %" PRId64 " sequences x %" PRId64
-           " tokens: %.2f tok/s in all, %.2f per sequence (%.2f ms/step)\n",
-           b.n_contexts, b.seqs_per_context, b.n_gen, r.decode_tps, r.decode_tps / double(b.n_seq), r.ms_per_step);
+           " tokens: %.2f tok/s in all %s, %.2f per sequence (%.2f ms/step)\n",
+           b.n_contexts, b.seqs_per_context, b.n_gen, r.decode_tps, decode_spread.c_str(), r.decode_tps / double(b.n_seq),
+           r.ms_per_step);
   else if (b.n_seq > 1)
     printf("decode    %" PRId64 " sequences x %" PRId64
-           " tokens: %.2f tok/s in all, %.2f per sequence (%.2f ms/step)\n",
-           b.n_seq, b.n_gen, r.decode_tps, r.decode_tps / double(b.n_seq), r.ms_per_step);
+           " tokens: %.2f tok/s in all %s, %.2f per sequence (%.2f ms/step)\n",
+           b.n_seq, b.n_gen, r.decode_tps, decode_spread.c_str(), r.decode_tps / double(b.n_seq), r.ms_per_step);
   else
-    printf("decode    %" PRId64 " tokens: %.2f tok/s (%.2f ms/token, %.2f GB/s of weights)\n", b.n_gen, r.decode_tps,
-           r.ms_per_step, r.decode_gbs);
+    printf("decode    %" PRId64 " tokens: %.2f tok/s %s (%.2f ms/token, %.2f GB/s of weights)\n", b.n_gen,
+           r.decode_tps, decode_spread.c_str(), r.ms_per_step, r.decode_gbs);
   if (r.bound_gbs > 0)
     printf("bound     %.2f tok/s at %.1f GB/s %s (%.1f MB/token): decode at %.0f%% of it\n", r.bound_tps, r.bound_gbs,
            m.device_gbs > 0 ? "device memory (copy)" : "DRAM read", m.active / 1e6, 100.0 * r.efficiency);

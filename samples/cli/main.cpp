@@ -18,21 +18,18 @@ static void print_help() {
       "          [--half-life H] [--lookahead N] [--json]   cache policies on a routing trace, Belady as the bound\n"
       "  calibrate -m MODEL -f CORPUS -o PROFILE [--ctx 256] [--max-tokens N] [--stride S] [--holdout H] [--json]\n"
       "          sensitivities, hit curves and predictors for adaptive gating, prefetch and cache allocation\n"
-      "  logits  -m MODEL --tokens 1,2,3 --out FILE     float32 logits, n_tokens x n_vocab, row-major\n"
+      "  logits  -m MODEL --tokens 1,2,3 --out FILE [-b N]  float32 logits, n_tokens x n_vocab, row-major\n"
       "  bench   -m MODEL [-p N] [-n N] [-r N] [--n-seq N] [-f TEXT] [--json]  prefill and decode speed\n"
-      "  batch   -m MODEL -f REQUESTS.jsonl [-o OUT.jsonl] [--n-seq N]  many requests decoded together\n"
+      "  batch   -m MODEL -f REQUESTS.jsonl [-o OUT.jsonl] [--n-seq N] [-b N]  many requests decoded together\n"
       "  run     -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
-      "          [--repeat-penalty R] [--seed S] [--stop STR] [-c CTX]   stream a completion\n"
-      "  chat    -m MODEL [--system TEXT] [sampling options]  interactive multi-turn chat\n"
+      "          [--repeat-penalty R] [--seed S] [--stop STR] [-c CTX] [--session FILE]   stream a completion\n"
+      "  chat    -m MODEL [--system TEXT] [-c CTX] [--session FILE] [sampling options]  interactive multi-turn chat\n"
       "  tokenize -m MODEL (-p TEXT | -f FILE) [--add-special] [--parse-special]  token ids\n"
       "  version                                        library version\n\n"
-      "'moelite COMMAND --help' lists the options of a command.\n\n"
-      "common options: -t/--threads N, --backend auto|cpu|vulkan|cuda, --no-mmap, --verbose (log what loads),\n"
-      "                --budget SIZE|P%|auto, --budget-headroom SIZE, --policy lru|lfu|decay|static|belady, --per-layer,\n"
-      "                --allocation auto|global|uniform|dp,\n"
-      "                --predictor none|next-gate|first-layer|learned|correlation|pregate, --predict-depth D,\n"
-      "                --profile PROFILE, --gating exact|sensitivity|score, --threshold T\n",
+      "'moelite COMMAND --help' lists every option of a command. Shared options, by family:\n",
       moelite_version_string());
+  fputs(cli::families_text().c_str(), stdout);
+  printf("\nEnvironment variables (MOELITE_IO, MOELITE_ISA, ...): docs/ENVIRONMENT.md.\n");
 }
 
 static int dispatch(int argc, char** argv);

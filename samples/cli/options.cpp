@@ -12,52 +12,98 @@
 
 namespace cli {
 
-const std::vector<Option>& model_options() {
-  static const std::vector<Option> options = {
-      {{"-m", "--model"}, "MODEL", "the GGUF model file (required)"},
-      {{"-t", "--threads"}, "N", "compute threads (default: physical cores)"},
-      {{"--backend"}, "NAME", "auto, cpu, vulkan or cuda (default auto)"},
-      {{"--no-mmap"}, "", "read the weights into memory instead of mapping the file"},
-      {{"--verbose"}, "", "log what loads"},
-      {{"--budget"}, "SIZE",
-       "memory for routed experts: 2GiB, 512MiB, 1.5G, 123456 (bytes), 25% of the experts, or auto (what memory "
-       "is free at load, less the dense weights, KV cache and --budget-headroom)"},
-      {{"--budget-headroom"}, "SIZE",
-       "with --budget auto: memory left for everything else (default: 10% of the available memory, at least 64 MiB)"},
-      {{"--policy"}, "NAME", "expert cache policy: lru, lfu, decay, static or belady"},
-      {{"--per-layer"}, "", "per-layer expert pools instead of one global pool"},
-      {{"--allocation"}, "NAME", "cache allocation across layers: auto, global, uniform or dp"},
-      {{"--predictor"}, "NAME", "none, next-gate, first-layer, learned, correlation or pregate"},
-      {{"--predict-depth"}, "D", "layers ahead the predictor looks"},
-      {{"--profile"}, "FILE", "calibration profile (moelite calibrate)"},
-      {{"--gating"}, "MODE", "exact, sensitivity, cache-aware or score"},
-      {{"--threshold"}, "T", "gating threshold"},
-      {{"--gating-penalty"}, "P",
-       "cache-aware gating: threshold factor for experts not resident in the store (>= 1, default 4; "
-       "bench suggests 1 + DRAM / storage bandwidth)"},
-      {{"--gating-substitutes"}, "N",
-       "cache-aware gating: replace a non-resident expert by a resident one among the router's next N "
-       "(default 0: off)"},
-      {{"--trace-events"}, "FILE",
-       "write a timeline of the run (routing, expert reads, computation, waits, prefetches) as Chrome trace "
-       "JSON that Perfetto opens"},
+const std::vector<OptionFamily>& option_families() {
+  static const std::vector<OptionFamily> families = {
+      {"model and compute", "every command that loads a model",
+       {
+           {{"-m", "--model"}, "MODEL", "the GGUF model file (required)"},
+           {{"-t", "--threads"}, "N", "compute threads (default: physical cores)"},
+           {{"--backend"}, "NAME", "auto, cpu, vulkan or cuda (default auto)"},
+           {{"--no-mmap"}, "", "read the weights into memory instead of mapping the file"},
+           {{"--verbose"}, "", "log what loads"},
+           {{"--trace-events"}, "FILE",
+            "write a timeline of the run (routing, expert reads, computation, waits, prefetches) as Chrome trace "
+            "JSON that Perfetto opens (tools/plot_report.py draws it)"},
+       }},
+      {"expert memory", "every command that loads a model",
+       {
+           {{"--budget"}, "SIZE",
+            "memory for routed experts: 2GiB, 512MiB, 1.5G, 123456 (bytes), 25% of the experts, or auto (what "
+            "memory is free at load, less the dense weights, KV cache and --budget-headroom)"},
+           {{"--budget-headroom"}, "SIZE",
+            "with --budget auto: memory left for everything else (default: 10% of the available memory, at least "
+            "64 MiB)"},
+           {{"--policy"}, "NAME", "expert cache policy: lru, lfu, decay, static or belady"},
+           {{"--per-layer"}, "", "per-layer expert pools instead of one global pool"},
+           {{"--allocation"}, "NAME", "cache allocation across layers: auto, global, uniform or dp"},
+       }},
+      {"prediction", "every command that loads a model",
+       {
+           {{"--predictor"}, "NAME", "none, next-gate, first-layer, learned, correlation or pregate"},
+           {{"--predict-depth"}, "D", "layers ahead the predictor looks"},
+           {{"--profile"}, "FILE", "calibration profile (moelite calibrate)"},
+       }},
+      {"gating (lossy unless exact)", "every command that loads a model",
+       {
+           {{"--gating"}, "MODE", "exact, sensitivity, cache-aware or score"},
+           {{"--threshold"}, "T", "gating threshold"},
+           {{"--gating-penalty"}, "P",
+            "cache-aware gating: threshold factor for experts not resident in the store (>= 1, default 4; "
+            "bench suggests 1 + DRAM / storage bandwidth)"},
+           {{"--gating-substitutes"}, "N",
+            "cache-aware gating: replace a non-resident expert by a resident one among the router's next N "
+            "(default 0: off)"},
+       }},
+      {"sampling", "run, chat, batch and trace record",
+       {
+           {{"-n"}, "N", "tokens to generate at most (default 256)"},
+           {{"--temp"}, "T", "temperature, 0 = greedy (default 0.8)"},
+           {{"--top-k"}, "K", "keep the K most likely tokens, 0 = all (default 40)"},
+           {{"--top-p"}, "P", "nucleus sampling mass (default 0.95)"},
+           {{"--min-p"}, "P", "drop tokens below P x the most likely one (default 0.05)"},
+           {{"--repeat-penalty"}, "R", "penalty for repeated tokens, 1 = off (default 1)"},
+           {{"--repeat-last-n"}, "N", "tokens the penalty looks back, -1 = all (default 64)"},
+           {{"--seed"}, "S", "sampling seed (default 24301)"},
+           {{"--stop"}, "STR", "stop when the text contains STR (repeatable)"},
+       }},
   };
+  return families;
+}
+
+const std::vector<Option>& model_options() {
+  static const std::vector<Option> options = [] {
+    std::vector<Option> all;
+    for (const OptionFamily& f : option_families())
+      if (f.name != "sampling") all.insert(all.end(), f.options.begin(), f.options.end());
+    return all;
+  }();
   return options;
 }
 
 const std::vector<Option>& generate_options() {
-  static const std::vector<Option> options = {
-      {{"-n"}, "N", "tokens to generate at most (default 256)"},
-      {{"--temp"}, "T", "temperature, 0 = greedy (default 0.8)"},
-      {{"--top-k"}, "K", "keep the K most likely tokens, 0 = all (default 40)"},
-      {{"--top-p"}, "P", "nucleus sampling mass (default 0.95)"},
-      {{"--min-p"}, "P", "drop tokens below P x the most likely one (default 0.05)"},
-      {{"--repeat-penalty"}, "R", "penalty for repeated tokens, 1 = off (default 1)"},
-      {{"--repeat-last-n"}, "N", "tokens the penalty looks back, -1 = all (default 64)"},
-      {{"--seed"}, "S", "sampling seed (default 24301)"},
-      {{"--stop"}, "STR", "stop when the text contains STR (repeatable)"},
-  };
-  return options;
+  for (const OptionFamily& f : option_families())
+    if (f.name == "sampling") return f.options;
+  static const std::vector<Option> none;
+  return none;
+}
+
+std::string families_text() {
+  std::string out;
+  for (const OptionFamily& f : option_families()) {
+    out += "  " + f.name + ", taken by " + f.taken_by + ":\n     ";
+    size_t column = 5;
+    for (size_t i = 0; i < f.options.size(); ++i) {
+      const Option& o = f.options[i];
+      std::string names;
+      for (const std::string& n : o.names) names += (names.empty() ? "" : "/") + n;
+      std::string item = names + (o.value.empty() ? "" : " " + o.value) + (i + 1 < f.options.size() ? "," : "");
+      if (column + 1 + item.size() > 100) out += "\n     ", column = 5;
+      out += " " + item;
+      column += 1 + item.size();
+    }
+    out += "\n";
+  }
+  return out;
 }
 
 std::vector<Option> with_groups(std::vector<Option> own, const std::vector<const std::vector<Option>*>& groups) {

@@ -26,6 +26,17 @@ struct Command {
   std::vector<Option> options;
 };
 
+// Options that several commands share, in families: what the top-level help lists and what each
+// command's own help appends to its options.
+struct OptionFamily {
+  std::string name;      // "expert memory"
+  std::string taken_by;  // which commands take it: "every command that loads a model"
+  std::vector<Option> options;
+};
+const std::vector<OptionFamily>& option_families();
+// The families, one paragraph each naming its options (the top-level help's list).
+std::string families_text();
+
 // The options every command that loads a model accepts (-m, threads, backend, budget, ...).
 const std::vector<Option>& model_options();
 // Sampling and stopping options of `run`, `chat` and `trace record`.

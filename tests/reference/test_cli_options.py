@@ -151,3 +151,44 @@ def test_json_reports_numbers_as_json_whatever_their_spelling():
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout.strip().splitlines()[-1])
     assert (d["threshold"], d["gating_penalty"], d["gating_substitutes"]) == (0.5, 4, 7)
+
+
+def test_bench_reports_the_median_of_three_runs_with_their_spread():
+    """One run says little on a machine whose speed drifts: bench measures 3 runs by default and
+    reports the median run with the slowest and the fastest, in JSON and in text."""
+    r = cli("bench", "-m", MODEL, "-p", "8", "-n", "4", "--no-membw", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    for phase in ("prefill", "decode"):
+        runs = d[phase + "_tok_s_runs"]
+        assert d["runs"] == len(runs) == 3 and all(v > 0 for v in runs), d
+        assert d[phase + "_tok_s"] == sorted(runs)[1], (phase, d)
+        assert (d[phase + "_tok_s_min"], d[phase + "_tok_s_max"]) == (min(runs), max(runs))
+    r = cli("bench", "-m", MODEL, "-p", "8", "-n", "4", "--no-membw", "-r", "5")
+    assert r.returncode == 0, r.stderr
+    assert "5 measured after a warm-up" in r.stdout, r.stdout
+    lo, hi = map(float, re.search(r"decode .*tok/s \[([\d.]+) \.\. ([\d.]+)\]", r.stdout).groups())
+    mid = float(re.search(r"decode +4 tokens: ([\d.]+) tok/s", r.stdout).group(1))
+    assert lo <= mid <= hi, r.stdout
+    assert cli("bench", "-m", MODEL, "-r", "0").returncode == 2
+
+
+def test_top_level_help_lists_every_shared_option():
+    """`moelite --help` names every option that more than one command takes (the families: model
+    and compute, expert memory, prediction, gating, sampling), so a user finds --budget or
+    --predictor without guessing which command's help to read."""
+    top = cli("--help")
+    assert top.returncode == 0 and "by family" in top.stdout, top.stdout
+    listed = set(re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", top.stdout))
+    seen = {}
+    commands = ["info", "run", "chat", "bench", "batch", "logits", "tokenize", "perplexity", "calibrate",
+                ["trace", "record"], ["trace", "replay"]]
+    for command in commands:
+        command = command if isinstance(command, list) else [command]
+        r = cli(*command, "--help")
+        assert r.returncode == 0, (command, r.stderr)
+        for name in set(re.findall(r"^\s+(--?[a-z][\w-]*)", r.stdout, re.M)):
+            seen.setdefault(name, []).append(" ".join(command))
+    shared = {name for name, where in seen.items() if len(where) > 1 and name not in ("-h", "--help")}
+    assert {"--budget", "--predictor", "--gating", "--temp", "-m"} <= shared, sorted(shared)
+    assert shared <= listed, sorted(shared - listed)
