@@ -57,8 +57,10 @@ const OptionInfo kOptions[] = {
     {Option::GroupedRows, "MOELITE_GROUPED_ROWS", OptionKind::Flag, 0, 1, nullptr, "1",
      "0 keeps every weight in row layout instead of the CPU backend's grouped copies (the same bits either way)",
      nullptr},
-    {Option::Io, "MOELITE_IO", OptionKind::Choice, 0, 0, "pread|io_uring", "io_uring where the kernel allows it",
-     "how the expert store reads: `pread` forces the plain reader instead of io_uring (valgrind, comparisons)",
+    {Option::Io, "MOELITE_IO", OptionKind::Choice, 0, 0, "pread|io_uring",
+     "io_uring where the kernel allows it; pread under valgrind",
+     "how the expert store reads: `pread` forces the plain reader instead of io_uring (comparisons); under "
+     "valgrind it is the default, since memcheck cannot see io_uring's reads land and would report each one",
      nullptr},
     {Option::IoTimeout, "MOELITE_IO_TIMEOUT", OptionKind::Number, 0.001, 86400, nullptr, "120",
      "seconds an evaluation waits for an expert read before it fails with MOELITE_ERR_IO; read at every wait", nullptr},

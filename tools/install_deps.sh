@@ -14,7 +14,9 @@ if [[ "${1:-}" == "--test" ]]; then
          # tools/fuzz.sh: clang with libFuzzer (its runtime is in libclang-rt-14-dev).
          clang libclang-rt-14-dev
          # tests/server: the chat page in headless Chromium; tools/plot_report.py: matplotlib
-         chromium python3-matplotlib)
+         chromium python3-matplotlib
+         # tests/reference/test_valgrind.py: memcheck over a generation under a budget
+         valgrind)
   # tools/test_rust.sh: rustup's cargo where installed, else Debian's.
   command -v cargo >/dev/null || [[ -x "$HOME/.cargo/bin/cargo" ]] || pkgs+=(cargo)
   # tools/test_node.sh: node 18 or later with npm (Debian's where none is installed).

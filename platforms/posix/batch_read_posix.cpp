@@ -1,4 +1,5 @@
 #include "base/options.h"
+#include "base/status.h"
 #include "platforms/batch_read.h"
 
 #include <errno.h>
@@ -7,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
 
 #include "platforms/fault_inject.h"
@@ -206,12 +208,27 @@ class UringReader final : public BatchReader {
 };
 #endif
 
+// Whether this process runs under valgrind: it preloads its vgpreload_*.so into the program. Memcheck
+// cannot see the kernel write io_uring's completions and the buffers they fill, so every expert
+// read through io_uring would be reported as uninitialised memory (millions of false errors).
+bool running_under_valgrind() {
+  const char* preload = getenv("LD_PRELOAD");
+  return preload && strstr(preload, "vgpreload") != nullptr;
+}
+
 }  // namespace
 
 std::unique_ptr<BatchReader> BatchReader::create(unsigned queue_depth) {
-  // MOELITE_IO=pread forces the fallback (tests, comparisons).
+  // MOELITE_IO=pread forces the fallback (tests, comparisons); so does valgrind, unless MOELITE_IO
+  // asks for io_uring.
   const char* forced = option_text(Option::Io);
   if (forced && strcmp(forced, "pread") == 0) return std::make_unique<PreadReader>();
+  if (!forced && running_under_valgrind()) {
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true))
+      log_msg(MOELITE_LOG_INFO, "under valgrind: expert reads use pread, not io_uring (MOELITE_IO=io_uring keeps it)");
+    return std::make_unique<PreadReader>();
+  }
 #if MOELITE_HAVE_URING
   auto r = std::make_unique<UringReader>();
   if (r->init(queue_depth)) return r;  // else: kernel or sandbox without io_uring
