@@ -546,13 +546,14 @@ MOELITE_API moelite_status moelite_model_measure_device_bandwidth(moelite_model*
 
 /** Starts recording a timeline of this model's work to `path`, in the Chrome trace-event format
  *  (JSON that Perfetto, ui.perfetto.dev, and chrome://tracing open): every context's evaluations
- *  ("evaluate"), each MoE layer's routing ("route": layer, tokens, experts kept), each expert's
- *  computation ("expert": layer, expert, rows, time waited for its down projection, or "experts"
- *  for a resident layer at once) and each wait for a load ("wait for a load"), on the evaluating
- *  thread; and on the expert store's loader threads each read ("read": layer, expert, bytes, time
- *  queued before it started, speculative or not), with the prefetches issued, used, wasted and
- *  dropped as instants. The file is written by moelite_model_trace_end, or when the model is freed
- *  with a trace still running. Recording costs a clock read and an append per event; at most about
+ *  ("evaluate": tokens), each layer ("layer": layer; the time its routing and experts leave is
+ *  attention, norms and dense FFNs), each MoE layer's routing ("route": layer, tokens, experts
+ *  kept), each expert's computation ("expert": layer, expert, rows, time waited for its down
+ *  projection, or "experts" for a resident layer at once) and each wait for a load ("wait for a
+ *  load"), on the evaluating thread; and on the expert store's loader threads each read ("read":
+ *  layer, expert, bytes, time queued before it started, speculative or not), with the prefetches
+ *  issued, used, wasted and dropped as instants. The file is written by moelite_model_trace_end,
+ *  or when the model is freed with a trace still running. Recording costs a clock read and an append per event; at most about
  *  two million events are kept (the file counts the rest as dropped_events).
  *  Errors: MOELITE_ERR_INVALID_ARGUMENT (NULL model or path, a vocabulary-only model, a trace
  *  already running), MOELITE_ERR_IO when `path` cannot be written (checked now by writing an

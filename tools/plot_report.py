@@ -6,9 +6,12 @@
     /usr/bin/python3 tools/plot_report.py gating CACHE_AWARE_REPORT.json -o gating.png
     /usr/bin/python3 tools/plot_report.py allocation PROFILE.json -o allocation.png --model M [--budgets 25%,50%]
 
-timeline: a trace of `--trace-events` (or moelite_model_trace_begin): one row per thread, the
-evaluating thread's routing and expert computation, the loader threads' reads, the waits for
-loads in red; one evaluation's span (--eval N, default the last) or --from-ms/--to-ms.
+timeline: a trace of `--trace-events` (or moelite_model_trace_begin): one row per thread; on the
+evaluating thread each layer (labelled L0, L1, ...: what its routing and experts leave of it is
+attention, norms and dense FFNs) with its routing, expert computation and waits for loads in red,
+and outside the layers the embedding and output head; the loader threads' reads. One evaluation
+(--eval N, default -1, the last; out of range is an error), named as a prompt of N tokens or a
+decode step, or a span of --from-ms/--to-ms.
 hit-curves: the LRU hit rate of each layer against the experts its cache holds, from a calibration
 profile (`moelite calibrate`): what the DP allocation of a budget among layers reads.
 gating: tools/cache_aware_report.py's table: expert loads per token and experts per token against
@@ -29,7 +32,17 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLORS = {"router": "#4c78a8", "compute": "#59a14f", "io": "#f28e2b", "wait": "#d62728", "context": "#dddddd"}
+# Drawing order: backgrounds first (an evaluation, then its layers), then what is recorded in them.
+COLORS = {"context": "#e4e4e4", "layer": "#cfdceb", "router": "#4c78a8", "compute": "#59a14f", "io": "#f28e2b",
+          "wait": "#d62728"}
+LABELS = {"context": "embedding, output head (outside the layers)",
+          "layer": "attention, norms, dense FFN (the rest of a layer)", "router": "routing",
+          "compute": "expert compute", "io": "expert read", "wait": "wait for a load"}
+
+
+def evaluation_name(ev):
+    tokens = ev.get("args", {}).get("tokens", 0)
+    return "prompt of %d tokens" % tokens if tokens > 1 else "decode step (1 token)"
 
 
 def timeline(a):
@@ -40,34 +53,55 @@ def timeline(a):
     if not spans:
         sys.exit("the trace has no events")
     evals = sorted((ev for ev in spans if ev["cat"] == "context"), key=lambda ev: ev["ts"])
+    title = None
     if evals:
-        pick = evals[a.eval] if -len(evals) <= a.eval < len(evals) else evals[-1]
+        if not -len(evals) <= a.eval < len(evals):
+            sys.exit("--eval %d: the trace has %d evaluations (0..%d, or -1 for the last)"
+                     % (a.eval, len(evals), len(evals) - 1))
+        index = a.eval % len(evals)
+        pick = evals[index]
         lo, hi = pick["ts"], pick["ts"] + pick["dur"]
+        title = "evaluation %d of %d (%s): %.1f ms" % (index, len(evals), evaluation_name(pick), pick["dur"] / 1000)
+    elif a.eval != -1:
+        sys.exit("--eval %d: the trace has no evaluations" % a.eval)
     else:
         lo, hi = min(e["ts"] for e in spans), max(e["ts"] + e["dur"] for e in spans)
-    if a.from_ms is not None:
-        lo = a.from_ms * 1000
-    if a.to_ms is not None:
-        hi = a.to_ms * 1000
+    if a.from_ms is not None or a.to_ms is not None:
+        lo = a.from_ms * 1000 if a.from_ms is not None else lo
+        hi = a.to_ms * 1000 if a.to_ms is not None else hi
+        if hi <= lo:
+            sys.exit("--from-ms must be before --to-ms")
+        title = "%.1f to %.1f ms" % (lo / 1000, hi / 1000)
     tids = sorted({ev["tid"] for ev in spans}, key=lambda t: (names.get(t, "~") != "evaluation", t))
     row = {t: i for i, t in enumerate(tids)}
-    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.6 * len(tids)))
-    for ev in spans:
-        s, e = ev["ts"], ev["ts"] + ev["dur"]
-        if e < lo or s > hi:
-            continue
-        height = 0.9 if ev["cat"] == "context" else 0.6
-        ax.broken_barh([((s - lo) / 1000, max(ev["dur"], 1) / 1000)], (row[ev["tid"]] - height / 2, height),
-                       facecolors=COLORS.get(ev["cat"], "#999999"), zorder=0 if ev["cat"] == "context" else 1)
+    fig, ax = plt.subplots(figsize=(12, 1.6 + 0.6 * len(tids)))
+    shown = [ev for ev in spans if ev["ts"] + ev["dur"] >= lo and ev["ts"] <= hi]
+    order = list(COLORS)
+    shown.sort(key=lambda ev: order.index(ev["cat"]) if ev["cat"] in order else len(order))
+    width_ms = (hi - lo) / 1000
+    for ev in shown:
+        s = (ev["ts"] - lo) / 1000
+        d = max(ev["dur"], 1) / 1000
+        height = {"context": 0.9, "layer": 0.8}.get(ev["cat"], 0.55)
+        y = row[ev["tid"]]
+        ax.broken_barh([(s, d)], (y - height / 2, height), facecolors=COLORS.get(ev["cat"], "#999999"),
+                       edgecolors="#ffffff" if ev["cat"] == "layer" else "none", linewidth=0.8)
+        # Layers and evaluations are named where they are wide enough to hold the name.
+        if ev["cat"] == "layer" and d > width_ms / 60:
+            ax.text(s + d / 2, y - 0.42, "L%d" % ev["args"]["layer"], ha="center", va="bottom", fontsize=7,
+                    color="#20313f", clip_on=True)
+        elif ev["cat"] == "context" and d > width_ms / 8 and ev is not (evals[a.eval] if evals else None):
+            ax.text(s + d / 2, y + 0.47, evaluation_name(ev), ha="center", va="top", fontsize=7, clip_on=True)
     ax.set_yticks(range(len(tids)))
     ax.set_yticklabels(["%s (%d)" % (names.get(t, "thread"), t) for t in tids])
-    ax.invert_yaxis()
+    ax.set_ylim(len(tids) - 0.4, -0.7)
     ax.set_xlabel("ms")
-    ax.set_xlim(0, (hi - lo) / 1000)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    ax.legend(handles, ["routing", "expert compute", "expert read", "wait for a load", "evaluation"],
-              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5, frameon=False)
-    ax.set_title(a.title or "moelite timeline: %.1f ms" % ((hi - lo) / 1000))
+    ax.set_xlim(0, width_ms)
+    present = [c for c in COLORS if any(ev["cat"] == c for ev in shown)]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[c]) for c in present]
+    ax.legend(handles, [LABELS[c] for c in present], loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3,
+              frameon=False, fontsize=8)
+    ax.set_title(a.title or "moelite timeline: " + (title or "%.1f ms" % width_ms))
     fig.tight_layout()
     fig.savefig(a.output, dpi=110)
 

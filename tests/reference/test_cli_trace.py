@@ -33,8 +33,17 @@ def test_budgeted_run_writes_a_chrome_trace():
     by_name = {}
     for ev in events:
         by_name.setdefault(ev["name"], []).append(ev)
-    for name in ("evaluate", "route", "expert", "read"):
+    for name in ("evaluate", "layer", "route", "expert", "read"):
         assert by_name.get(name), "no %r events" % name
+    # Every evaluation holds each layer once, in order, and each layer's routing lies within it.
+    n_layers = int(json.loads(subprocess.run([BIN, "info", "-m", MODEL, "--json"], capture_output=True, text=True,
+                                             timeout=60).stdout)["n_layers"])
+    for ev in by_name["evaluate"]:
+        inside = [l for l in by_name["layer"] if ev["ts"] <= l["ts"] and l["ts"] + l["dur"] <= ev["ts"] + ev["dur"]]
+        assert [l["args"]["layer"] for l in sorted(inside, key=lambda l: l["ts"])] == list(range(n_layers))
+    for route in by_name["route"]:
+        assert any(l["args"]["layer"] == route["args"]["layer"] and l["ts"] <= route["ts"] <= l["ts"] + l["dur"]
+                   for l in by_name["layer"]), route
     assert all(ev["args"]["bytes"] > 0 for ev in by_name["read"])
     # The same run without the trace prints the same text: tracing changes nothing computed.
     plain = subprocess.run([BIN, "run", "-m", MODEL, "-t", "2", "--budget", "25%", "-p", "def fibonacci(n):", "-n",
@@ -56,3 +65,10 @@ def test_budgeted_run_writes_a_chrome_trace():
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert os.path.getsize(png) > 5000
+    # The first evaluation (the prompt) can be picked; one the trace does not have is an error, not
+    # silently the last one.
+    plot = [sys.executable, os.path.join(ROOT, "tools", "plot_report.py"), "timeline", path, "-o", png]
+    n_evals = sum(1 for ev in json.load(open(path))["traceEvents"] if ev.get("cat") == "context")
+    assert subprocess.run(plot + ["--eval", "0"], capture_output=True, timeout=120).returncode == 0
+    p = subprocess.run(plot + ["--eval", str(n_evals)], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "the trace has %d evaluations" % n_evals in p.stderr, p.stderr
