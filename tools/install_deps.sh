@@ -4,6 +4,8 @@
 set -euo pipefail
 # libvulkan-dev + glslc build the Vulkan backend; the CPU backend needs neither.
 pkgs=(g++ cmake ninja-build pkg-config liburing-dev libvulkan-dev glslc libmimalloc-dev
+      # tools/run.sh's tools/main_job.py (standard library only)
+      python3
       # samples/server (moelite-server): HTTP and JSON
       libcpp-httplib-dev nlohmann-json3-dev)
 if [[ "${1:-}" == "--test" ]]; then

@@ -1,5 +1,7 @@
 // `moelite run` (one completion, streamed) and `moelite chat` (interactive, multi-turn).
+#include <sys/stat.h>
 #include <unistd.h>
+
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -43,17 +45,50 @@ const Command kTokenizeCommand = {"tokenize", "-m MODEL (-p TEXT | -f FILE) [--a
                                                {{"--parse-special"}, "", "turn special-token text into its ids"}},
                                               {&model_options()})};
 
+// The last byte written to stdout (0 before any): whether the text ended its line.
+char g_last_byte = 0;
+
 // Streams a piece to stdout; stops the generation (returns 0) when stdout cannot take it, since
 // nobody will read the rest.
 int print_piece(const char* piece, size_t len, void*) {
+  if (len) g_last_byte = piece[len - 1];
   return fwrite(piece, 1, len, stdout) == len && fflush(stdout) == 0 ? 1 : 0;
 }
 
-void print_stats(const moelite_generate_stats& s) {
+void print_stats(const moelite_generate_stats& s, bool on_a_new_line = true) {
+  fprintf(stderr, "%s[prompt %d tokens (%d cached) %.1f tok/s | generated %d tokens %.1f tok/s | first token %.0f ms]\n",
+          on_a_new_line ? "\n" : "", s.n_prompt_tokens, s.n_cached_tokens, s.prompt_tokens_per_second,
+          s.n_generated_tokens, s.generated_tokens_per_second, 1000.0 * s.time_to_first_token_seconds);
+}
+
+// Whether two descriptors write to the same file (`> log 2>&1`): then the statistics line must
+// start a line of its own after text that did not end one.
+bool same_file(int a, int b) {
+  struct stat sa, sb;
+  return fstat(a, &sa) == 0 && fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+// What the experts took and did: how many were held in memory, the store's hit rate and the bytes
+// it read per generated token (prompt reads included).
+void print_expert_stats(moelite_model* model, int32_t n_generated) {
+  const int64_t moe_layers = moelite_model_get(model, MOELITE_MODEL_N_LAYERS) -
+                             moelite_model_get(model, MOELITE_MODEL_N_DENSE_LAYERS);
+  const int64_t all = moe_layers * moelite_model_get(model, MOELITE_MODEL_N_EXPERTS);
+  const double mib = 1048576.0, all_bytes = double(moelite_model_get(model, MOELITE_MODEL_EXPERT_BYTES));
+  if (moelite_model_get(model, MOELITE_MODEL_EXPERT_BUDGET) == 0) {
+    fprintf(stderr, "[experts: all %" PRId64 " in memory (%.1f MiB), no reads]\n", all, all_bytes / mib);
+    return;
+  }
+  moelite_expert_stats st{};
+  st.struct_size = sizeof st;
+  moelite_model_expert_stats(model, -1, &st);
   fprintf(stderr,
-          "\n[prompt %d tokens (%d cached) %.1f tok/s | generated %d tokens %.1f tok/s | first token %.0f ms]\n",
-          s.n_prompt_tokens, s.n_cached_tokens, s.prompt_tokens_per_second, s.n_generated_tokens,
-          s.generated_tokens_per_second, 1000.0 * s.time_to_first_token_seconds);
+          "[experts: %" PRId64 " of %" PRId64 " in memory (%.1f of %.1f MiB) | hit rate %.3f | %.2f MB read per "
+          "generated token | waited %.0f ms]\n",
+          std::min(all, moelite_model_get(model, MOELITE_MODEL_EXPERT_SLOTS)), all,
+          double(moelite_model_get(model, MOELITE_MODEL_EXPERT_POOL_BYTES)) / mib, all_bytes / mib,
+          st.activations ? double(st.hits) / double(st.activations) : 1.0,
+          n_generated > 0 ? double(st.bytes_read) / 1e6 / n_generated : 0.0, 1000.0 * st.wait_seconds);
 }
 
 struct Session {
@@ -140,7 +175,14 @@ int cmd_run(int argc, char** argv) {
   moelite_status st = moelite_generate(s.ctx, prompt.data(), prompt.size(), s.gen, &stats);
   if (st != MOELITE_OK) return report(st, "generating");
   if (stats.stop_reason == MOELITE_STOP_ABORTED) return finish_output(0);  // stdout is gone: says so, exit 1
-  print_stats(stats);
+  // On a terminal the text ends its line; into a file or a pipe it stays exactly what was generated.
+  const bool open_line = g_last_byte != 0 && g_last_byte != '\n';
+  if (open_line && isatty(STDOUT_FILENO)) {
+    fputc('\n', stdout);
+    fflush(stdout);
+  }
+  print_stats(stats, open_line && !isatty(STDOUT_FILENO) && same_file(STDOUT_FILENO, STDERR_FILENO));
+  print_expert_stats(s.model, stats.n_generated_tokens);
   return save_session(args, s);
 }
 
