@@ -197,4 +197,9 @@ Status check_options() {
   return MOELITE_OK;
 }
 
+bool running_under_valgrind() {
+  const char* preload = getenv("LD_PRELOAD");
+  return preload && strstr(preload, "vgpreload") != nullptr;
+}
+
 }  // namespace moelite

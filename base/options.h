@@ -86,4 +86,9 @@ Status check_option(Option o);
 // ("environment variable MOELITE_IO_TIMEOUT='nan': expected a number in [0.001, 86400] (default: 120)").
 Status check_options();
 
+// Whether this process runs under valgrind (it preloads its vgpreload_*.so into the program): the
+// one variable outside the table the library reads, here so that every read of the environment
+// stays in this file.
+bool running_under_valgrind();
+
 }  // namespace moelite

@@ -208,19 +208,12 @@ class UringReader final : public BatchReader {
 };
 #endif
 
-// Whether this process runs under valgrind: it preloads its vgpreload_*.so into the program. Memcheck
-// cannot see the kernel write io_uring's completions and the buffers they fill, so every expert
-// read through io_uring would be reported as uninitialised memory (millions of false errors).
-bool running_under_valgrind() {
-  const char* preload = getenv("LD_PRELOAD");
-  return preload && strstr(preload, "vgpreload") != nullptr;
-}
-
 }  // namespace
 
 std::unique_ptr<BatchReader> BatchReader::create(unsigned queue_depth) {
   // MOELITE_IO=pread forces the fallback (tests, comparisons); so does valgrind, unless MOELITE_IO
-  // asks for io_uring.
+  // asks for io_uring: memcheck cannot see the kernel fill io_uring's buffers, so each expert read
+  // through it would be reported as uninitialised memory (millions of false errors).
   const char* forced = option_text(Option::Io);
   if (forced && strcmp(forced, "pread") == 0) return std::make_unique<PreadReader>();
   if (!forced && running_under_valgrind()) {
