@@ -66,7 +66,7 @@ stage() {  # stage NAME LIMIT_S COMMAND...: run with a limit, log to OUT, one su
 } >"$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 
-# The bench-shaped model (OLMoE shape, as in README's "Performance") is generated while the
+# The bench-shaped model (OLMoE shape, as in docs/performance.md) is generated while the
 # tests run, with 4 of its 8 layers: numpy writes about 0.5 GB a layer in 25-40 s on one core.
 BENCH_MODEL=/tmp/bench-q8-4l.gguf
 if [[ " $STAGES " == *" bench "* ]]; then

@@ -18,7 +18,7 @@ export MOELITE_LIB_DIR="$root/$build/lib" CARGO_TARGET_DIR="$root/$build/rust-ta
 cd bindings/rust
 "$cargo" test --offline --quiet
 
-# The README's example against an installed package, found by pkg-config as an application finds
+# The Rust example (bindings/rust/moelite/examples/generate.rs) against an installed package, found by pkg-config as an application finds
 # it: built and run without MOELITE_LIB_DIR or LD_LIBRARY_PATH (the rpath the crates set).
 prefix="$root/$build/rust-install"
 rm -rf "$prefix"
