@@ -18,8 +18,9 @@ export MOELITE_LIB_DIR="$root/$build/lib" CARGO_TARGET_DIR="$root/$build/rust-ta
 cd bindings/rust
 "$cargo" test --offline --quiet
 
-# The Rust example (bindings/rust/moelite/examples/generate.rs) against an installed package, found by pkg-config as an application finds
-# it: built and run without MOELITE_LIB_DIR or LD_LIBRARY_PATH (the rpath the crates set).
+# The Rust example (bindings/rust/moelite/examples/generate.rs) against an installed package,
+# found by pkg-config as an application finds it: built and run without MOELITE_LIB_DIR or
+# LD_LIBRARY_PATH (the rpath the crates set).
 prefix="$root/$build/rust-install"
 rm -rf "$prefix"
 cmake --install "$root/$build" --prefix "$prefix" >/dev/null
