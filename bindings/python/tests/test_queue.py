@@ -7,7 +7,7 @@ import moelite
 REQUESTS = [
     dict(prompt="def fibonacci(n):", max_tokens=12, temperature=0.0),
     dict(prompt="import os\n", max_tokens=6, temperature=0.8, seed=3),
-    dict(prompt="The Python standard library", max_tokens=20, temperature=0.9, seed=5, stop="mail"),
+    dict(prompt="The Python standard library", max_tokens=20, temperature=0.9, seed=5),  # + a stop (requests())
     dict(prompt="class Point:\n    def __init__(self", max_tokens=9, temperature=0.7, seed=9, repeat_penalty=1.2),
     dict(prompt="x", max_tokens=0),
 ]
@@ -23,14 +23,25 @@ def alone(model, spec):
     return [t for t, _ in pairs if t >= 0], "".join(text for _, text in pairs), stop
 
 
+def requests(model):
+    """REQUESTS, request 2 with a stop string its text alone contains part way (whatever the model
+    says): a request that ends on a stop string beside requests that do not."""
+    _, text, _ = alone(model, REQUESTS[2])
+    assert len(text) > 12, text
+    out = [dict(r) for r in REQUESTS]
+    out[2]["stop"] = text[len(text) // 2:len(text) // 2 + 3]
+    return out
+
+
 @pytest.mark.parametrize("n_seq", [1, 3])
 def test_each_request_is_what_it_is_alone(model, n_seq):
-    want = [alone(model, r) for r in REQUESTS]
+    reqs = requests(model)
+    want = [alone(model, r) for r in reqs]
     assert any(stop == moelite.StopReason.STRING for _, _, stop in want)
     with moelite.Context(model, n_ctx=256, n_seq=n_seq, n_batch=16) as ctx, moelite.Queue(ctx) as q:
-        ids = [q.add(**r) for r in REQUESTS]
-        assert ids == list(range(len(REQUESTS)))
-        assert q.waiting == len(REQUESTS) and q.busy
+        ids = [q.add(**r) for r in reqs]
+        assert ids == list(range(len(reqs)))
+        assert q.waiting == len(reqs) and q.busy
         streamed = {i: [] for i in ids}
         for request, token, state in q.run():
             if token >= 0:

@@ -237,17 +237,11 @@ fn batches_and_sessions() {
 #[test]
 fn a_queue_gives_each_request_what_it_generates_alone() {
     let model = Model::load(model_path(), &cpu(2)).unwrap();
-    let requests = [
-        ("def fibonacci(n):", GenerateParams::new().max_tokens(12).temperature(0.0)),
-        ("import os\n", GenerateParams::new().max_tokens(7).temperature(0.8).seed(3)),
-        ("The Python standard library", GenerateParams::new().max_tokens(20).temperature(0.9).seed(5).stop("mail")),
-    ];
     // The reference: the library's generation loop on a context of its own for each request.
-    let mut want = Vec::new();
-    for (text, params) in &requests {
+    let alone = |text: &str, params: &GenerateParams| {
         let prompt = model.tokenize(text, true, true).unwrap();
-        let mut alone = Context::new(&model, &ContextParams::new().n_ctx(256)).unwrap();
-        let mut gen = alone.generate(&prompt, params).unwrap();
+        let mut ctx = Context::new(&model, &ContextParams::new().n_ctx(256)).unwrap();
+        let mut gen = ctx.generate(&prompt, params).unwrap();
         let (mut ids, mut out) = (Vec::new(), String::new());
         for t in gen.by_ref() {
             let t = t.unwrap();
@@ -255,8 +249,19 @@ fn a_queue_gives_each_request_what_it_generates_alone() {
             out.push_str(&t.text);
         }
         let why = gen.stop_reason().unwrap();
-        want.push((prompt, ids, out, why));
-    }
+        (prompt, ids, out, why)
+    };
+    // The third request stops on a string its text alone contains part way, whatever the model says.
+    let third = ("The Python standard library", GenerateParams::new().max_tokens(20).temperature(0.9).seed(5));
+    let free_text: Vec<char> = alone(third.0, &third.1).2.chars().collect();
+    assert!(free_text.len() > 12);
+    let stop: String = free_text[free_text.len() / 2..free_text.len() / 2 + 3].iter().collect();
+    let requests = [
+        ("def fibonacci(n):", GenerateParams::new().max_tokens(12).temperature(0.0)),
+        ("import os\n", GenerateParams::new().max_tokens(7).temperature(0.8).seed(3)),
+        (third.0, third.1.stop(&stop)),
+    ];
+    let want: Vec<_> = requests.iter().map(|(text, params)| alone(text, params)).collect();
     assert!(want.iter().any(|w| w.3 == StopReason::StopString));
     let mut ctx = Context::new(&model, &ContextParams::new().n_ctx(256).n_seq(2).n_batch(8)).unwrap();
     let mut queue = Queue::new(&mut ctx).unwrap();
