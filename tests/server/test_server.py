@@ -166,8 +166,22 @@ def test_concurrent_requests_equal_sequential(server):
     assert results == sequential
 
 
+def expect_generation_stopped(server, before):
+    """After a client left: the server counts the disconnect, stopped generating within a few
+    hundred tokens, and still runs."""
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        stats = json.loads(request(server, "GET", "/v1/moelite/stats")[2])
+        if stats["disconnects"] > before["disconnects"] and stats["active_requests"] == 0:
+            break
+        time.sleep(0.05)
+    assert stats["disconnects"] > before["disconnects"], "the generation went on after the client left"
+    assert stats["generated_tokens"] - before["generated_tokens"] < 400
+    assert server[2].poll() is None
+
+
 def test_client_disconnecting_mid_stream(server):
-    host, port, proc = server
+    host, port, _ = server
     _, _, before = request(server, "GET", "/v1/moelite/stats")
     before = json.loads(before)
     s = socket.create_connection((host, port))
@@ -180,15 +194,7 @@ def test_client_disconnecting_mid_stream(server):
         assert part, "the server closed the stream early"
         got += part
     s.close()  # mid-stream
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        stats = json.loads(request(server, "GET", "/v1/moelite/stats")[2])
-        if stats["disconnects"] > before["disconnects"] and stats["active_requests"] == 0:
-            break
-        time.sleep(0.1)
-    assert stats["disconnects"] > before["disconnects"], "the generation went on after the client left"
-    assert stats["generated_tokens"] - before["generated_tokens"] < 400
-    assert proc.poll() is None
+    expect_generation_stopped(server, before)
     assert post_json(server, "/v1/chat/completions", CHAT)[0] == 200
 
 
@@ -267,22 +273,14 @@ def test_count_tokens_agrees_with_the_completions_usage(server):
 
 def test_client_disconnecting_before_a_whole_answer(server):
     """A non-streaming request whose client goes away stops, as a stream does when its write fails."""
-    host, port, proc = server
+    host, port, _ = server
     before = json.loads(request(server, "GET", "/v1/moelite/stats")[2])
     s = socket.create_connection((host, port))
     body = json.dumps(dict(CHAT, max_tokens=400, seed=1, temperature=1.0)).encode()
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     s.close()  # before the answer
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        stats = json.loads(request(server, "GET", "/v1/moelite/stats")[2])
-        if stats["disconnects"] > before["disconnects"] and stats["active_requests"] == 0:
-            break
-        time.sleep(0.05)
-    assert stats["disconnects"] > before["disconnects"], "the generation went on after the client left"
-    assert stats["generated_tokens"] - before["generated_tokens"] < 400
-    assert proc.poll() is None
+    expect_generation_stopped(server, before)
 
 
 def test_a_second_server_on_the_same_port_fails_at_start(server):
