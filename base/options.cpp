@@ -96,6 +96,11 @@ const OptionInfo kOptions[] = {
      "the CUDA backend runs on the emulated device (kernels through the SIMT emulator on the CPU): 1 or integrated "
      "models a unified-memory GPU, discrete a PCIe GPU; only in builds configured with MOELITE_CUDA_EMULATOR=ON",
      nullptr},
+    {Option::CudaProducts, "MOELITE_CUDA_PRODUCTS", OptionKind::Choice, 0, 0, "int8|float", "int8",
+     "how the CUDA backend multiplies quantized weights: int8 quantizes the activations as the CPU does and takes "
+     "integer dot products (dp4a); float decodes each weight to a float (the kernels before int8, for comparing); "
+     "read at each model load",
+     nullptr},
 };
 static_assert(sizeof(kOptions) / sizeof(kOptions[0]) == static_cast<size_t>(Option::kCount),
               "one table row per Option");

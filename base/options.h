@@ -39,6 +39,7 @@ enum class Option : int {
   VkMaxBuffer,
   // CUDA backend
   CudaEmulator,
+  CudaProducts,
   kCount
 };
 

@@ -1,7 +1,9 @@
 // Every operation of the CUDA backend against a CPU reference (llama.cpp's test-backend-ops
 // pattern), run through the SIMT emulator: the kernels' own source, compiled for the CPU, on an
 // emulated device whose streams run only when waited for. Matrix products and row lookups for
-// every weight type against the scalar dequantization in float64, at shapes with tails (odd rows,
+// every weight type (float weights against the scalar dequantization in float64, quantized ones,
+// whose products are integer dot products of quantized activations, against the CPU's scalar
+// integer dot product; the quantized activations bit for bit), at shapes with tails (odd rows,
 // float rows not a multiple of 32, token counts around the 8-token chunk); norms, RoPE, attention,
 // routing and the expert FFNs against the CPU backend's float paths; a token's result bitwise the
 // same in any batch; both device kinds (integrated: zero-copy expert slots; discrete: device tier).
@@ -21,6 +23,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/quant.h"
+#include "base/quant_ref.h"
 #include "core/moe/expert_executor.h"
 #include "tests/backend_ops_util.h"
 #include "tests/random_weights.h"
@@ -73,17 +76,6 @@ Pair make(Device device) {
   if (!p.gpu && !p.why_no_gpu.empty()) GTEST_SKIP() << "no CUDA device: " << p.why_no_gpu; \
   ASSERT_NE(p.gpu, nullptr)
 
-// The weight's dequantized values as an F32 weight (kept, like random_matrix's).
-WeightView as_f32(const WeightView& w) {
-  static std::deque<std::vector<float>> kept;
-  kept.push_back(dequantized(w));
-  WeightView f = w;
-  f.type = TensorType::F32;
-  f.row_bytes = static_cast<uint64_t>(w.cols) * sizeof(float);
-  f.data = reinterpret_cast<const uint8_t*>(kept.back().data());
-  return f;
-}
-
 // The same weight with its first byte `offset` bytes past a 16-byte boundary (kept).
 WeightView misaligned(const WeightView& w, size_t offset) {
   static std::deque<std::vector<uint8_t>> kept;
@@ -101,7 +93,36 @@ WeightView misaligned(const WeightView& w, size_t offset) {
 
 class CudaDevices : public testing::TestWithParam<Device> {};
 
-TEST_P(CudaDevices, MatmulAndGetRowsForEveryWeightTypeMatchTheScalarDequantization) {
+// What the CPU's scalar integer dot product gives for a quantized weight (the activations quantized
+// by the scalar quantizer of its dot format), and the size of the sum's terms: want[t][r],
+// magnitude[t][r] = bias[r] + dot, sum_c |w[r][c] x[t][c]|. The integer products' reference.
+void scalar_integer_product(const WeightView& w, const std::vector<float>& x, const std::vector<float>& bias,
+                            int64_t n, std::vector<double>* want, std::vector<double>* magnitude) {
+  const cpu::KernelTable& k = cpu::kernels_scalar();
+  const TensorType dot = cpu::dot_type(w.type);
+  const std::vector<float> deq = dequantized(w);
+  std::vector<uint8_t> q(cpu::activation_row_bytes(w.type, w.cols));
+  want->assign(static_cast<size_t>(n * w.rows), 0.0);
+  magnitude->assign(want->size(), 0.0);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xt = x.data() + t * w.cols;
+    k.quantize_act[static_cast<uint32_t>(dot)](xt, q.data(), w.cols);
+    for (int64_t r = 0; r < w.rows; ++r) {
+      float d;
+      k.vec_dot[static_cast<uint32_t>(w.type)](w.cols, &d, w.data + r * w.row_bytes, q.data());
+      double m = 0.0;
+      for (int64_t c = 0; c < w.cols; ++c) m += std::abs(double(deq[static_cast<size_t>(r * w.cols + c)]) * xt[c]);
+      (*want)[static_cast<size_t>(t * w.rows + r)] = double(d) + bias[static_cast<size_t>(r)];
+      (*magnitude)[static_cast<size_t>(t * w.rows + r)] = m;
+    }
+  }
+}
+
+TEST_P(CudaDevices, MatmulAndGetRowsForEveryWeightTypeMatchTheScalarReference) {
+  // Float weights against the scalar dequantization in float64; quantized weights (integer
+  // products, activations quantized on the device) against the CPU's scalar integer dot product,
+  // which they equal but for the order of float additions: within 1e-5 of the sum of the terms'
+  // magnitudes (one wrong weight code among 16 384 columns is 6e-5 of it).
   MAKE_PAIR_OR_SKIP(p);
   std::mt19937 rng(11);
   for (TensorType t : kTypes) {
@@ -119,13 +140,20 @@ TEST_P(CudaDevices, MatmulAndGetRowsForEveryWeightTypeMatchTheScalarDequantizati
       const std::vector<float> deq = dequantized(w);
       const std::vector<float> x = randv(static_cast<size_t>(n * cols), rng, -2, 2);
       const std::vector<float>& bias = kept_floats(randv(rows, rng));
-      const std::vector<double> want = reference_product(deq, x, bias, rows, cols, n);
       ASSERT_EQ(p.gpu->place_weight(w), MOELITE_OK);
       HostAct xa(p.gpu.get(), n, cols), ya(p.gpu.get(), n, rows);
       xa.set(x);
       ASSERT_EQ(p.gpu->matmul(w, xa.a, bias.data(), &ya.a), MOELITE_OK);
       const std::vector<float> batched = ya.get();
-      EXPECT_LT(max_rel(batched, want), 2e-6) << cols << " columns";
+      if (is_float) {
+        EXPECT_LT(max_rel(batched, reference_product(deq, x, bias, rows, cols, n)), 2e-6) << cols << " columns";
+      } else {
+        std::vector<double> want, magnitude;
+        scalar_integer_product(w, x, bias, n, &want, &magnitude);
+        for (size_t i = 0; i < want.size(); ++i)
+          ASSERT_LE(std::abs(double(batched[i]) - want[i]), 1e-5 * magnitude[i])
+              << cols << " columns, output " << i << ": " << batched[i] << " against " << want[i];
+      }
       // Each token alone gives bitwise the batch's result (decode = prefill).
       for (int64_t tok : {int64_t(0), int64_t(9)}) {
         Act xv = p.gpu->view_rows(xa.a, tok, 1);
@@ -147,6 +175,93 @@ TEST_P(CudaDevices, MatmulAndGetRowsForEveryWeightTypeMatchTheScalarDequantizati
     }
   }
   ASSERT_EQ(p.gpu->sync(), MOELITE_OK);
+}
+
+// The device's quantized activations against the CPU's scalar quantizers, bit for bit: codes,
+// fp16-rounded scales, Q8_1's sums and Q8_K's f32 scale and sums of 16, through a row map, on rows
+// that probe the arithmetic (ties at .5 that round half away for Q8_0 and to even for Q8_K, a
+// largest magnitude reached by both signs, the first one deciding Q8_K's sign, zeros, scales below
+// fp16's range).
+TEST_P(CudaDevices, QuantizedActivationsAreTheCpusBitForBit) {
+  std::unique_ptr<cuda::GpuRuntime> rt;
+  if (GetParam() == Device::Gpu) {
+    if (cuda::open_cuda_runtime(&rt) != MOELITE_OK) GTEST_SKIP() << "no CUDA device: " << last_error_message();
+  } else {
+    ASSERT_EQ(cuda::open_emulated_runtime(GetParam() == Device::EmulatedIntegrated, &rt), MOELITE_OK);
+  }
+  const int64_t cols = 512, n_in = 7;
+  std::mt19937 rng(5);
+  std::vector<float> x = randv(static_cast<size_t>(n_in * cols), rng, -3, 3);
+  auto row = [&](int64_t r) { return x.data() + r * cols; };
+  for (int64_t c = 0; c < cols; ++c) {
+    row(1)[c] = 0.0f;                                                   // all zero
+    row(2)[c] = float(c % 253) - 126.5f;                                // ties: d = 1 where 127 is the max
+    row(3)[c] = (c % 7 == 0) ? 5.0f : (c % 7 == 3) ? -5.0f : float(c % 5) * 0.7f;  // +5 before -5
+    row(4)[c] = (c % 7 == 0) ? -5.0f : (c % 7 == 3) ? 5.0f : float(c % 5) * 0.7f;  // -5 before +5
+    row(5)[c] = float(c % 9 - 4) * 1e-30f;                              // d below fp16's smallest
+  }
+  for (int64_t c = 0; c < cols; c += 32) row(2)[c] = -127.0f;  // every block's max: 127 exactly
+  const std::vector<int32_t> map = {3, 0, 2, 1, 4, 5, 6, 2};
+  const int64_t n = static_cast<int64_t>(map.size());
+  void *dx, *dmap, *dout;
+  cuda::StreamHandle s;
+  ASSERT_EQ(rt->stream_create(&s), MOELITE_OK);
+  ASSERT_EQ(rt->device_alloc(x.size() * sizeof(float), &dx), MOELITE_OK);
+  ASSERT_EQ(rt->device_alloc(map.size() * sizeof(int32_t), &dmap), MOELITE_OK);
+  ASSERT_EQ(rt->copy_async(dx, x.data(), x.size() * sizeof(float), s), MOELITE_OK);
+  ASSERT_EQ(rt->copy_async(dmap, map.data(), map.size() * sizeof(int32_t), s), MOELITE_OK);
+  const cpu::KernelTable& k = cpu::kernels_scalar();
+  const struct {
+    int format;
+    TensorType cpu;
+  } formats[] = {{cuda_kernels::kActQ8_0, TensorType::Q8_0},
+                 {cuda_kernels::kActQ8_1, TensorType::Q8_1},
+                 {cuda_kernels::kActQ8_K, TensorType::Q8_K}};
+  for (const auto& f : formats) {
+    SCOPED_TRACE(type_name(f.cpu));
+    const cuda_kernels::ActRowLayout l = cuda_kernels::act_row_layout(f.format, cols);
+    std::vector<uint8_t> got(static_cast<size_t>(n * l.bytes));
+    ASSERT_EQ(rt->device_alloc(got.size(), &dout), MOELITE_OK);
+    ASSERT_EQ(rt->kernels().quantize_act(s, f.format, static_cast<const float*>(dx), cols,
+                                         static_cast<const int32_t*>(dmap), n, cols, static_cast<uint8_t*>(dout)),
+              MOELITE_OK);
+    ASSERT_EQ(rt->copy_async(got.data(), dout, got.size(), s), MOELITE_OK);
+    ASSERT_EQ(rt->stream_sync(s), MOELITE_OK) << last_error_message();
+    rt->device_free(dout);
+    std::vector<uint8_t> want(static_cast<size_t>(cols) * 2);  // more than any format's row
+    for (int64_t r = 0; r < n; ++r) {
+      SCOPED_TRACE(testing::Message() << "row " << r << " (input " << map[static_cast<size_t>(r)] << ")");
+      k.quantize_act[static_cast<uint32_t>(f.cpu)](row(map[static_cast<size_t>(r)]), want.data(), cols);
+      const uint8_t* g = got.data() + r * l.bytes;
+      auto scale = [&](int64_t b) { float v; std::memcpy(&v, g + l.scales + 4 * b, 4); return v; };
+      auto sum = [&](int64_t i) { int32_t v; std::memcpy(&v, g + l.sums + 4 * i, 4); return v; };
+      auto same = [](float a, float b) { uint32_t x, y; std::memcpy(&x, &a, 4); std::memcpy(&y, &b, 4); return x == y; };
+      if (f.format == cuda_kernels::kActQ8_K) {
+        for (int64_t b = 0; b < cols / 256; ++b) {
+          const auto& blk = reinterpret_cast<const blocks::Q8_K*>(want.data())[b];
+          ASSERT_TRUE(same(scale(b), q8k_d(blk))) << "block " << b << ": " << scale(b) << " against " << q8k_d(blk);
+          for (int i = 0; i < 256; ++i) ASSERT_EQ(int8_t(g[b * 256 + i]), blk.qs[i]) << "block " << b << " code " << i;
+          for (int i = 0; i < 16; ++i) ASSERT_EQ(sum(b * 16 + i), q8k_bsum(blk, i)) << "block " << b << " sum " << i;
+        }
+      } else {
+        const size_t block_bytes = f.format == cuda_kernels::kActQ8_0 ? sizeof(blocks::Q8_0) : sizeof(blocks::Q8_1);
+        for (int64_t b = 0; b < cols / 32; ++b) {
+          const uint8_t* blk = want.data() + b * block_bytes;
+          const int8_t* qs = reinterpret_cast<const int8_t*>(blk + (f.format == cuda_kernels::kActQ8_0 ? 2 : 4));
+          ASSERT_TRUE(same(scale(b), load_fp16(blk))) << "block " << b;
+          if (f.format == cuda_kernels::kActQ8_1) {
+            float s_want = load_fp16(blk + 2), s_got;
+            std::memcpy(&s_got, g + l.sums + 4 * b, 4);
+            ASSERT_TRUE(same(s_got, s_want)) << "block " << b << " s";
+          }
+          for (int i = 0; i < 32; ++i) ASSERT_EQ(int8_t(g[b * 32 + i]), qs[i]) << "block " << b << " code " << i;
+        }
+      }
+    }
+  }
+  rt->device_free(dx);
+  rt->device_free(dmap);
+  rt->stream_destroy(s);
 }
 
 TEST_P(CudaDevices, FloatOpsMatchTheCpuBackend) {
@@ -243,8 +358,9 @@ TEST_P(CudaDevices, ExpertAndSharedFfnsMatchTheCpuBackend) {
       FfnKind kind;
       kind.activation = act;
       kind.limit = 0.5f;  // small enough that the clamp is exercised
-      // The reference is the CPU backend on float copies of the same (dequantized) weights: its
-      // float path, with no activation quantization, so quantized weights compare tightly too.
+      // The reference is the CPU backend on the same weights: quantized ones through its integer
+      // dot products, with the activations quantized as the device quantizes them (the same codes
+      // and scales), so the two differ only in the order of float additions.
       FakeExperts ex, ex_ref;
       // Down rows of ff = 96 columns: Q4_K needs 256, so down stays F32.
       auto expert = [&](ExpertWeights* ref) {
@@ -256,8 +372,6 @@ TEST_P(CudaDevices, ExpertAndSharedFfnsMatchTheCpuBackend) {
           w.down_bias = floats(d, 0.5f);
         }
         *ref = w;
-        ref->gate = as_f32(w.gate);
-        ref->up = as_f32(w.up);
         return w;
       };
       for (int32_t e = 0; e < n_expert; ++e) {

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <functional>
 #include <stdexcept>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -673,6 +674,51 @@ TEST(SimtSharedMemory, StagedBytesReadBackAsWritten) {
   });
   ASSERT_EQ(r.first, MOELITE_OK) << r.second;
   for (int i = 0; i < 32; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], src[static_cast<size_t>(5 + i)]) << i;
+}
+
+TEST(SimtSharedMemory, StageWordsAtAnyOffsetAreTheirFourBytes) {
+  // stage_u32 (the integer products' reads of weight codes) at every alignment: the four bytes at
+  // the offset, little-endian, as four byte reads give them.
+  std::vector<uint8_t> src(64);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(7 * i + 3);
+  std::vector<uint32_t> got(32, 0), want(32, 0);
+  auto r = run_kernel(32, [&] {
+    MK_SHARED_BYTES(stage, 64);
+    if (threadIdx.x < 4) store_vec16(stage, 16 * threadIdx.x, load_vec16(src.data() + 16 * threadIdx.x, src.data(),
+                                                                       src.data() + src.size()));
+    __syncwarp();
+    const auto bytes = bytes_at(stage, 0);
+    got[threadIdx.x] = moelite::cuda_kernels::stage_u32(bytes + threadIdx.x);
+  });
+  ASSERT_EQ(r.first, MOELITE_OK) << r.second;
+  for (uint32_t i = 0; i < 32; ++i)
+    EXPECT_EQ(got[i], uint32_t(src[i]) | uint32_t(src[i + 1]) << 8 | uint32_t(src[i + 2]) << 16 | uint32_t(src[i + 3]) << 24)
+        << "offset " << i;
+}
+
+TEST(SimtDialect, Dp4aIsTheSumOfFourSignedByteProductsAndWraps) {
+  using moelite::cuda_kernels::dp4a;
+  std::mt19937 rng(3);
+  for (int i = 0; i < 1000; ++i) {
+    const uint32_t a = rng(), b = rng();
+    const int32_t c = static_cast<int32_t>(rng());
+    int64_t want = c;
+    for (int k = 0; k < 4; ++k) want += int64_t(int8_t(a >> (8 * k))) * int8_t(b >> (8 * k));
+    EXPECT_EQ(dp4a(a, b, c), static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(want))));
+  }
+  EXPECT_EQ(dp4a(0x80808080u, 0x80808080u, 0), 4 * 128 * 128);
+  EXPECT_EQ(dp4a(0x7F7F7F7Fu, 0x81818181u, 0), -4 * 127 * 127);
+  EXPECT_EQ(dp4a(0x00000001u, 0x00000001u, 0x7FFFFFFF), INT32_MIN);  // wraps as the instruction does
+}
+
+TEST(SimtDialect, BytePermPicksBytesAndReplicatesSigns) {
+  // PRMT's default mode as the PTX manual defines it, selector by selector.
+  using moelite::cuda_kernels::byte_perm;
+  const uint32_t x = 0x83828180u, y = 0x07060504u;  // bytes 0..3 with the sign bit set, 4..7 without
+  EXPECT_EQ(byte_perm(x, y, 0x3210u), x);
+  EXPECT_EQ(byte_perm(x, y, 0x7654u), y);
+  EXPECT_EQ(byte_perm(x, y, 0x0415u), 0x80048105u);
+  EXPECT_EQ(byte_perm(x, y, 0x8C00u), 0xFF008080u);  // selector 8: byte 0's sign, C: byte 4's
 }
 
 TEST(SimtSharedMemory, BlocksAndLaunchesStartClean) {

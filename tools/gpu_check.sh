@@ -18,6 +18,9 @@
 #   vulkan the Vulkan end-to-end tests on the GPU's Vulkan driver (needs deps/libvulkan.so.1)
 #   bench  moelite cuda vs cpu on the shipped model; the performance table on a bench-shaped model
 #          against llama.cpp's CUDA build
+#   products  the integer products against the float ones on the bench-shaped model, in the same
+#          run: MOELITE_CUDA_PRODUCTS=int8 (the default) and float, prefill-64 and decode, 3 runs
+#          each (needs the bench stage's model); compare with tools/cuda_perf_model.py's predictions
 #   batch  decode of 1 and 8 sequences a step on the bench-shaped model, resident and at a 25 %
 #          budget (needs the bench stage's model)
 #   profile  each kernel's share of the GPU time of a short decode on the bench-shaped model (ncu,
@@ -26,7 +29,7 @@
 set -u
 PACK=$(realpath "$1")
 OUT=$(realpath "$2")
-STAGES=${3:-ops sanitize e2e concurrency vulkan bench batch profile}
+STAGES=${3:-ops sanitize e2e concurrency vulkan bench products batch profile}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$OUT"
 # llama-bench (the peer) needs the CUDA runtime and cuBLAS: the toolkit's, or those of the CUDA
@@ -119,6 +122,16 @@ for s in $STAGES; do
       [ -x "$PACK/llama/llama-bench" ] && peer=(--llama-bench "$PACK/llama/llama-bench")
       stage perf_cuda 120 "$PY" "$ROOT/tools/perf_table.py" -m "$BENCH_MODEL" --moelite "$MOELITE_BIN" --backend cuda \
         -t 8 --rounds 2 --budgets 25% --policies lfu "${peer[@]}" --json "$OUT/perf_cuda.json" --md "$OUT/perf_cuda.md" ;;
+    products)
+      if [ -f "$BENCH_MODEL" ]; then
+        stage products 120 bash -c "for p in int8 float int8 float; do MOELITE_CUDA_PRODUCTS=\$p \"$MOELITE_BIN\" bench \
+          -m \"$BENCH_MODEL\" --backend cuda -p 64 -n 32 -r 3 --no-membw --json | tail -n 1 | \
+          \"$PY\" -c 'import json,sys; j=json.load(sys.stdin); print(sys.argv[1], {k: j.get(k) for k in
+          (\"prefill_tok_s\", \"prefill_tok_s_min\", \"prefill_tok_s_max\", \"decode_tok_s\", \"decode_tok_s_min\",
+          \"decode_tok_s_max\")})' \$p; done"
+      else
+        echo "products: skipped (no bench model: run the bench stage first)" | tee -a "$SUMMARY"
+      fi ;;
     batch)
       # Several sequences a step (issue 17's table on the GPU): resident, 1 and 8 sequences, and 8
       # under a 25 % budget; aggregate decode tok/s and bytes read per generated token.

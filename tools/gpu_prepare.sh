@@ -9,7 +9,7 @@
 #
 # Then, on the machine (one `run`, carry [".gpu"]):
 #   mkdir -p /tmp/p $OUT/r && python3 -c "import tarfile;tarfile.open('.gpu/pack.tar.xz').extractall('/tmp/p')" &&
-#   timeout -k 5 420 bash tools/gpu_check.sh /tmp/p/pack $OUT/r "ops e2e bench batch profile sanitize";
+#   timeout -k 5 420 bash tools/gpu_check.sh /tmp/p/pack $OUT/r "ops e2e bench products batch profile sanitize";
 #   cd $OUT && tar czf logs.tgz r && rm -rf r
 # (at most 8 files come back from $OUT: hence one archive of the logs).
 set -euo pipefail

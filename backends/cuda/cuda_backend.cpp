@@ -62,6 +62,7 @@ Status CudaBackend::create_peer(std::unique_ptr<Backend>* out) {
   std::unique_ptr<CudaBackend> b(new CudaBackend(rt_, shared_));
   b->is_peer_ = true;
   b->tier_slots_ = tier_slots_;
+  b->int8_ = int8_;
   MOELITE_TRY(b->init());
   *out = std::move(b);
   return MOELITE_OK;
@@ -74,6 +75,11 @@ CudaBackend::CudaBackend(std::shared_ptr<GpuRuntime> rt, std::shared_ptr<Shared>
 
 Status CudaBackend::init() {
   const DeviceInfo& d = rt_->info();
+  if (!is_peer_) {
+    MOELITE_TRY(check_option(Option::CudaProducts));
+    const char* products = option_text(Option::CudaProducts);
+    int8_ = !products || std::strcmp(products, "float") != 0;
+  }
   char buf[256];
   std::snprintf(buf, sizeof buf, "cuda (%s, sm_%d%d%s)", d.name.c_str(), d.cc_major, d.cc_minor,
                 d.integrated ? ", zero-copy experts" : "");
@@ -227,7 +233,8 @@ Status CudaBackend::launch_grouped(const std::vector<GroupedProduct>& products, 
         done[i] = true;
       }
     const int64_t blocks = grouped_layout(&batch);
-    MOELITE_TRY(k_->grouped_matmul(compute_, types[first], batch, blocks, max_tokens, gate_up, act_mode(),
+    const bool int8 = batch.p[0].xq != nullptr;  // by type: all of a type or none
+    MOELITE_TRY(k_->grouped_matmul(compute_, types[first], batch, blocks, max_tokens, gate_up, int8, act_mode(),
                                    pass_kind_.alpha, pass_kind_.limit));
   }
   return MOELITE_OK;
@@ -480,6 +487,26 @@ Status CudaBackend::rms_norm(const Act& x, const float* w, int64_t group, float 
   return k_->rms_norm(compute_, floats(x), dw, x.rows, x.cols, group, eps, floats(*out));
 }
 
+int CudaBackend::int8_format(TensorType t) const {
+  return int8_ ? cuda_kernels::act_format_of(static_cast<int>(t)) : -1;
+}
+
+Status CudaBackend::quantize_rows(int format, const float* x, int64_t x_stride, const int32_t* x_map, int64_t n,
+                                  int64_t cols, const uint8_t** out) {
+  const int64_t bytes = n * cuda_kernels::act_row_layout(format, cols).bytes;
+  float* buf;
+  MOELITE_TRY(scratch(static_cast<size_t>((bytes + 3) / 4), &buf));
+  MOELITE_TRY(k_->quantize_act(compute_, format, x, x_stride, x_map, n, cols, reinterpret_cast<uint8_t*>(buf)));
+  *out = reinterpret_cast<const uint8_t*>(buf);
+  return MOELITE_OK;
+}
+
+Status CudaBackend::pass_quantized(int format, const uint8_t** out) {
+  if (!pass_q_[format]) MOELITE_TRY(quantize_rows(format, pass_x_, pass_cols_, nullptr, pass_n_, pass_cols_, &pass_q_[format]));
+  *out = pass_q_[format];
+  return MOELITE_OK;
+}
+
 Status CudaBackend::matmul_rows(const WeightArg& w, const float* x, int64_t x_stride, const int32_t* x_map, float* y,
                                 int64_t y_stride, const int32_t* y_map, int64_t n, const float* bias) {
   MatmulArgs a;
@@ -487,6 +514,11 @@ Status CudaBackend::matmul_rows(const WeightArg& w, const float* x, int64_t x_st
   a.x = x;
   a.x_stride = x_stride;
   a.x_map = x_map;
+  if (const int format = int8_format(w.type); format >= 0 && n > 0) {
+    // The integer product reads the rows quantized (through the map: its own rows are in order).
+    MOELITE_TRY(quantize_rows(format, x, x_stride, x_map, n, w.cols, &a.xq));
+    a.x_map = nullptr;
+  }
   a.y = y;
   a.y_stride = y_stride;
   a.y_map = y_map;
@@ -635,10 +667,13 @@ Status CudaBackend::dense_ffn(const ExpertWeights& w, const FfnKind& kind, const
   MOELITE_TRY(scratch(static_cast<size_t>(x.rows * gate.rows), &h));
   std::vector<GroupedProduct> first_half(1);
   MOELITE_TRY(gate_up_product(w, gate, up, floats(x), x.cols, nullptr, x.rows, h, first_half.data()));
-  if (fusable(gate, up))
+  if (fusable(gate, up)) {
+    if (const int format = int8_format(gate.type); format >= 0)
+      MOELITE_TRY(quantize_rows(format, floats(x), x.cols, nullptr, x.rows, x.cols, &first_half[0].xq));
     MOELITE_TRY(launch_grouped(first_half, {gate.type}, true));
-  else
+  } else {
     MOELITE_TRY(separate_gate_up(first_half[0], gate, up));
+  }
   const float* db;
   MOELITE_TRY(device_floats(w.down_bias, static_cast<size_t>(down.rows), &db));
   MOELITE_TRY(matmul_rows(down, h, gate.rows, nullptr, floats(*out), out->cols, nullptr, x.rows, db));
@@ -664,6 +699,8 @@ Status CudaBackend::moe_begin(const Act& x, const FfnKind& kind, int64_t n_out_r
   pending_.clear();
   pass_x_ = floats(x);
   pass_cols_ = x.cols;
+  pass_n_ = x.rows;
+  for (const uint8_t*& q : pass_q_) q = nullptr;
   pass_kind_ = kind;
   const int64_t need = n_out_rows * x.cols;
   if (need > pass_rows_) {
@@ -786,10 +823,13 @@ Status CudaBackend::expert_gate_up(const ExpertTask* tasks, int32_t n_tasks) {
     // between the two halves). Its copy, queued in expert_down, still overlaps these kernels.
     PendingTask p;
     p.ff = gate.rows;
+    p.rows = std::max<int64_t>(t.n_rows, 0);
     p.out_map = maps ? maps + map_ints + at : nullptr;
-    MOELITE_TRY(scratch(static_cast<size_t>(std::max<int64_t>(t.n_rows, 0) * p.ff), &p.h));
+    MOELITE_TRY(scratch(static_cast<size_t>(p.rows * p.ff), &p.h));
     GroupedProduct g;
     MOELITE_TRY(gate_up_product(t.w, gate, up, pass_x_, pass_cols_, maps ? maps + at : nullptr, t.n_rows, p.h, &g));
+    if (const int format = int8_format(gate.type); format >= 0 && fusable(gate, up))
+      MOELITE_TRY(pass_quantized(format, &g.xq));  // the pass's rows, through the task's map
     at += static_cast<size_t>(std::max(t.n_rows, 0));
     launch.add(g, gate, up);
     pending_.push_back(p);
@@ -825,6 +865,8 @@ Status CudaBackend::expert_down(const ExpertTask* tasks, int32_t n_tasks) {
     const PendingTask& p = pending_[static_cast<size_t>(i)];
     d.x = p.h;
     d.x_stride = p.ff;
+    if (const int format = int8_format(down.type); format >= 0 && p.rows > 0)
+      MOELITE_TRY(quantize_rows(format, p.h, p.ff, nullptr, p.rows, p.ff, &d.xq));
     d.y = pass_out_;
     d.y_stride = pass_cols_;
     d.y_map = p.out_map;

@@ -156,6 +156,15 @@ class CudaBackend final : public Backend {
   void forget_tier();
   Status matmul_rows(const WeightArg& w, const float* x, int64_t x_stride, const int32_t* x_map, float* y,
                      int64_t y_stride, const int32_t* y_map, int64_t n, const float* bias);
+  // The activation format of an integer product with weights of type t, or -1 when the product
+  // stays in floats (a float type, or MOELITE_CUDA_PRODUCTS=float).
+  int int8_format(TensorType t) const;
+  // Rows r < n of x (x_stride floats apart, row x_map[r] when a map is given), cols values each,
+  // quantized in `format` into this pass's scratch (act_layout.h's rows).
+  Status quantize_rows(int format, const float* x, int64_t x_stride, const int32_t* x_map, int64_t n, int64_t cols,
+                       const uint8_t** out);
+  // The routed-expert pass's input quantized in `format`, once per pass and format.
+  Status pass_quantized(int format, const uint8_t** out);
   // The product that computes h = act(gate x + bias, up x + bias) for a task's rows (x_map: device
   // rows of x, or null).
   static bool fusable(const WeightArg& gate, const WeightArg& up);  // same type and shape: one fused product
@@ -234,14 +243,17 @@ class CudaBackend final : public Backend {
   uint64_t tier_hits_ = 0, tier_loads_ = 0, tier_own_copies_ = 0;
   EventHandle compute_point_ = nullptr, own_copied_ = nullptr;
 
+  bool int8_ = true;  // integer products for quantized weights (MOELITE_CUDA_PRODUCTS)
+
   // The routed-expert pass in progress.
   const float* pass_x_ = nullptr;
-  int64_t pass_cols_ = 0, pass_rows_ = 0;
+  int64_t pass_cols_ = 0, pass_rows_ = 0, pass_n_ = 0;
+  const uint8_t* pass_q_[3] = {nullptr, nullptr, nullptr};  // its input quantized, by format
   FfnKind pass_kind_;
   float* pass_out_ = nullptr;
   struct PendingTask {
     float* h = nullptr;
-    int64_t ff = 0;
+    int64_t ff = 0, rows = 0;
     const int32_t* out_map = nullptr;  // device rows of the pass's outputs the down product writes
   };
   std::vector<PendingTask> pending_;

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 
+#include "backends/cuda/kernels/act_layout.h"
 #include "backends/cuda/kernels/grouped_product.h"
 #include "base/status.h"
 #include "base/types.h"
@@ -28,7 +29,8 @@ struct WeightArg {  // a weight matrix in device memory, in its file format
 struct MatmulArgs {
   WeightArg w;
   const float* x = nullptr;
-  int64_t x_stride = 0;            // floats between input rows
+  const uint8_t* xq = nullptr;     // or the inputs quantized (quantize_act): the integer product
+  int64_t x_stride = 0;            // floats between input rows (x)
   const int32_t* x_map = nullptr;  // input row of token t (null: t)
   float* y = nullptr;
   int64_t y_stride = 0;
@@ -71,9 +73,15 @@ struct KernelTable {
   // Every product of `batch` (all of weight type `type`, laid out by grouped_layout) in one launch
   // of total_blocks x (max_tokens / 8, rounded up) blocks; the batch travels as the kernel's
   // parameter. gate_up: each product is a gate/up pair, and y receives act(gate, up) (ffn_act's
-  // mode, alpha and limit) instead of a product.
+  // mode, alpha and limit) instead of a product. int8: the integer products, from each product's
+  // quantized inputs (xq) of a quantized type.
   Status (*grouped_matmul)(StreamHandle s, TensorType type, const GroupedBatch& batch, int64_t total_blocks,
-                           int64_t max_tokens, bool gate_up, int act_mode, float alpha, float limit);
+                           int64_t max_tokens, bool gate_up, bool int8, int act_mode, float alpha, float limit);
+  // Rows r < n_rows of x (x_stride floats apart; row x_map[r] when a map is given), cols values
+  // each, quantized into row r of `out` in an activation format (kernels/act_quant.cuh: the CPU's
+  // Q8_0, Q8_1 or Q8_K codes and scales, bit for bit), rows act_row_layout(format, cols).bytes apart.
+  Status (*quantize_act)(StreamHandle s, int format, const float* x, int64_t x_stride, const int32_t* x_map,
+                         int64_t n_rows, int64_t cols, uint8_t* out);
 };
 
 // Rows of a product one block of a grouped launch covers (the kernels' kMatmulWarps).

@@ -46,6 +46,23 @@ using namespace moelite::cuda_kernels;
   }                                                                                                              \
   SAME_PARAMS(moelite_get_rows_kernel_##T, get_rows_kernel<T>);
 
+// The integer products (quantized types only): the inputs are quantized rows (act_quant.cuh).
+#define PRODUCT_Q_ENTRY(kernel, T)                                                                          \
+  extern "C" __global__ void moelite_##kernel##_##T(const uint8_t* w, uint64_t row_bytes, int64_t rows,     \
+                                                    int64_t cols, const uint8_t* x, const int32_t* x_map,   \
+                                                    float* y, int64_t y_stride, const int32_t* y_map,       \
+                                                    int64_t n_tok, const float* bias) {                     \
+    kernel<T>(w, row_bytes, rows, cols, x, x_map, y, y_stride, y_map, n_tok, bias);                         \
+  }                                                                                                         \
+  SAME_PARAMS(moelite_##kernel##_##T, kernel<T>);
+#define INT8_ENTRY(T)                                \
+  PRODUCT_Q_ENTRY(matmul_q_kernel, T)                \
+  PRODUCT_Q_ENTRY(matmul_q_vec_kernel, T)            \
+  GROUPED_ENTRY(grouped_matmul_q_kernel, T)          \
+  GROUPED_ENTRY(grouped_matmul_q_vec_kernel, T)      \
+  GATE_UP_ENTRY(grouped_gate_up_q_kernel, T)         \
+  GATE_UP_ENTRY(grouped_gate_up_q_vec_kernel, T)
+
 MATMUL_ENTRY(0)
 MATMUL_ENTRY(1)
 MATMUL_ENTRY(2)
@@ -60,6 +77,25 @@ MATMUL_ENTRY(13)
 MATMUL_ENTRY(14)
 MATMUL_ENTRY(30)
 MATMUL_ENTRY(39)
+
+INT8_ENTRY(2)
+INT8_ENTRY(3)
+INT8_ENTRY(6)
+INT8_ENTRY(7)
+INT8_ENTRY(8)
+INT8_ENTRY(10)
+INT8_ENTRY(11)
+INT8_ENTRY(12)
+INT8_ENTRY(13)
+INT8_ENTRY(14)
+INT8_ENTRY(39)
+
+extern "C" __global__ void moelite_quantize_act_kernel(int format, const float* x, int64_t x_stride,
+                                                       const int32_t* x_map, int64_t n_rows, int64_t cols,
+                                                       uint8_t* out) {
+  quantize_act_kernel(format, x, x_stride, x_map, n_rows, cols, out);
+}
+SAME_PARAMS(moelite_quantize_act_kernel, quantize_act_kernel);
 
 extern "C" __global__ void moelite_add_kernel(float* x, const float* y, int64_t n) { add_kernel(x, y, n); }
 SAME_PARAMS(moelite_add_kernel, add_kernel);

@@ -13,6 +13,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 FATBIN = os.environ.get("MOELITE_CUDA_FATBIN", "")
 # The weight types the kernels support (launchers.inc's with_type), as GGUF type ids.
 TYPE_IDS = [0, 1, 30, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 39]
+# The quantized ones: the integer products (the _q_ kernels, with_quantized_type) exist for these.
+QUANTIZED_IDS = [2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 39]
 
 pytestmark = pytest.mark.skipif(not os.path.exists(FATBIN), reason="this build has no CUDA fatbin (no nvcc)")
 
@@ -34,7 +36,8 @@ def test_every_launched_kernel_has_its_entry_point_in_the_fatbin():
     assert len(kernels) >= 10, kernels
     missing = []
     for name, templated in sorted(kernels.items()):
-        entries = ["moelite_%s_%d" % (name, t) for t in TYPE_IDS] if templated else ["moelite_" + name]
+        ids = QUANTIZED_IDS if "_q_" in name else TYPE_IDS
+        entries = ["moelite_%s_%d" % (name, t) for t in ids] if templated else ["moelite_" + name]
         missing += [e for e in entries if (e.encode() + b"\0") not in blob]
     assert not missing, "entry points missing from the fatbin: %s" % missing
 

@@ -9,6 +9,12 @@
 //                                       five shfl_xor steps on a GPU, one exchange in the emulator)
 //   bits_to_float(u), float_to_bits(f), atomic_add_f32(p, v)
 //   half_bits_to_float(h)               an fp16 value from its 16 bits
+//   float_to_half_bits(f)               the fp16 nearest f (ties to even), as its 16 bits
+//   dp4a(a, b, c)                       c + the dot product of a's and b's four signed bytes
+//   byte_perm(x, y, s)                  four bytes picked from the 8 of y:x by s's selectors
+//   mul_rn(a, b), add_rn(a, b)          one rounding each: never fused into a multiply-add, so
+//                                       the GPU and the emulator round alike
+//   stage_u32(p)                        the 4 bytes at p of a shared stage (any alignment)
 //   MK_UNROLL                           unroll the next loop (small fixed trip counts: keeps arrays
 //                                       indexed by its counter in registers)
 //   MK_SHARED_BYTES(name, count)        a 16-byte aligned shared byte array of the block, filled
@@ -44,6 +50,20 @@ MK_DEVICE void atomic_add_f32(float* p, float v) { atomicAdd(p, v); }
 // The conversion instruction: the same value as the emulator's decode from the bits for every
 // finite value and infinity (NaN payloads may differ; no weight holds one).
 MK_DEVICE float half_bits_to_float(uint32_t h) { return __half2float(__ushort_as_half(static_cast<unsigned short>(h))); }
+MK_DEVICE uint32_t float_to_half_bits(float f) { return __half_as_ushort(__float2half_rn(f)); }
+// The integer dot product instruction (sm_61 and later; every architecture built is sm_75+).
+MK_DEVICE int32_t dp4a(uint32_t a, uint32_t b, int32_t c) { return __dp4a(int(a), int(b), c); }
+MK_DEVICE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) { return __byte_perm(x, y, s); }
+MK_DEVICE float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+MK_DEVICE float add_rn(float a, float b) { return __fadd_rn(a, b); }
+// Four bytes of shared memory at any address: the aligned word, or two and a funnel shift (a
+// block of 34 or 18 bytes puts its codes at every alignment).
+MK_DEVICE uint32_t stage_u32(const uint8_t* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(a & ~uintptr_t(3));
+  const uint32_t shift = uint32_t(a & 3u) * 8u;
+  return shift ? __funnelshift_r(w[0], w[1], shift) : w[0];
+}
 
 struct Vec16 {
   uint32_t w[4];
@@ -83,9 +103,11 @@ MK_DEVICE float warp_max(float v) {
 
 #include "backends/cuda/simt/shared_array.h"
 #include "backends/cuda/simt/simt.h"
+#include "base/quant_ref.h"
 
 #define MK_GLOBAL static
 #define MK_DEVICE inline
+
 // One block runs at a time on an OS thread, so a thread_local array is exactly the block's shared
 // memory; SharedArray checks every access for races and bounds (simt/shared_array.h).
 #define MK_SHARED(type, name, count) static thread_local ::moelite::simt::SharedArray<type, count> name
@@ -139,6 +161,33 @@ inline float half_bits_to_float(uint32_t h) {
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
+}
+
+inline uint32_t float_to_half_bits(float f) { return fp32_to_fp16(f); }
+inline int32_t dp4a(uint32_t a, uint32_t b, int32_t c) {
+  uint32_t s = uint32_t(c);  // wraps as the instruction does
+  for (int k = 0; k < 4; ++k) s += uint32_t(int32_t(int8_t(a >> (8 * k))) * int32_t(int8_t(b >> (8 * k))));
+  return int32_t(s);
+}
+// PRMT's default mode: output byte i is byte (s >> 4i) & 7 of y:x, or with bit 3 of that selector
+// set, that byte's sign bit copied into all eight bits.
+inline uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+  const uint64_t bytes = (uint64_t(y) << 32) | x;
+  uint32_t out = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t sel = (s >> (4 * i)) & 15u;
+    uint32_t b = uint32_t(bytes >> (8 * (sel & 7u))) & 0xFFu;
+    if (sel & 8u) b = (b & 0x80u) ? 0xFFu : 0u;
+    out |= b << (8 * i);
+  }
+  return out;
+}
+// kernels_emu.cpp is compiled with -ffp-contract=off: a product and a sum stay two roundings.
+inline float mul_rn(float a, float b) { return a * b; }
+inline float add_rn(float a, float b) { return a + b; }
+template <size_t N>
+inline uint32_t stage_u32(simt::SharedBytes<N> p) {
+  return p.word(0);
 }
 
 template <class T>

@@ -18,7 +18,10 @@ struct GroupedProduct {
   const float* bias = nullptr;     // rows floats or null
   const float* bias_up = nullptr;  // rows floats or null
   // Token t (of n_tok) reads row x_map[t] of x and writes row y_map[t] of y (identity maps when null).
+  // The integer kernels (the _q_ ones) read row x_map[t] of xq instead: the inputs quantized
+  // (act_quant.cuh), at the stride of their layout for cols.
   const float* x = nullptr;
+  const uint8_t* xq = nullptr;
   int64_t x_stride = 0;
   const int32_t* x_map = nullptr;
   float* y = nullptr;

@@ -30,6 +30,7 @@
 #include "backends/cuda/kernels/activation.cuh"
 #include "backends/cuda/kernels/dequant.cuh"
 #include "backends/cuda/kernels/grouped_product.h"
+#include "backends/cuda/kernels/int8_dot.cuh"
 
 namespace moelite::cuda_kernels {
 
@@ -52,6 +53,38 @@ static_assert(kStageBytes / 32 + 2 <= 32 * kStageLoadsOf<2> && 16 * (kStageBytes
               "the stage's loads must cover a chunk");
 constexpr int kStageSpan = kStageSpanOf<1>;
 
+// Copies the chunk of blocks [b0, b0 + nb) of each of the warp's M rows into its part of the
+// stage (matrix m at mine + m * kStageSpanOf<M>), every 16-byte load issued before any is stored;
+// at[m] receives the offset in the stage where matrix m's chunk starts.
+template <int T, int M, class Stage>
+MK_DEVICE void stage_chunk(Stage& stage, int64_t mine, int lane, const uint8_t* const (&wr)[M], int64_t b0, int64_t nb,
+                           int64_t (&at)[M]) {
+  constexpr int64_t kBlockBytes = Layout<T>::bytes, kSpan = kStageSpanOf<M>;
+  constexpr int kLoads = kStageLoadsOf<M>;
+  const uint8_t* src[M];
+  const uint8_t* first[M];
+  int64_t words[M];
+  Vec16 v[M][kLoads];
+  MK_UNROLL
+  for (int m = 0; m < M; ++m) {
+    src[m] = wr[m] + b0 * kBlockBytes;
+    first[m] = src[m] - (reinterpret_cast<uintptr_t>(src[m]) & 15u);
+    words[m] = (src[m] + nb * kBlockBytes - first[m] + 15) / 16;
+    MK_UNROLL
+    for (int u = 0; u < kLoads; ++u)
+      if (lane + 32 * u < words[m]) v[m][u] = load_vec16(first[m] + 16 * (lane + 32 * u), src[m], src[m] + nb * kBlockBytes);
+  }
+  __syncwarp();  // every lane is done reading the previous chunk before the stage is overwritten
+  MK_UNROLL
+  for (int m = 0; m < M; ++m) {
+    MK_UNROLL
+    for (int u = 0; u < kLoads; ++u)
+      if (lane + 32 * u < words[m]) store_vec16(stage, mine + m * kSpan + 16 * (lane + 32 * u), v[m][u]);
+    at[m] = mine + m * kSpan + (src[m] - first[m]);
+  }
+  __syncwarp();
+}
+
 // One warp's rows: acc[m][j] += row r of matrix m (M of them: 1, or 2 for a gate/up pair, whose
 // rows are staged side by side and both in flight) times token j's input, for j < n. The stage is
 // the block's; this warp uses M * kStageSpanOf<M> bytes of it from `mine`.
@@ -61,37 +94,17 @@ MK_DEVICE void warp_row_products(Stage& stage, int64_t mine, int lane, const uin
   // A chunk is whole blocks of the type, and a multiple of 32 columns (blocks are 1, 32 or 256
   // columns; a float chunk is 1024 or 2048).
   constexpr int64_t kBlockCols = Layout<T>::block, kBlockBytes = Layout<T>::bytes;
-  constexpr int64_t kChunkBlocks = kStageBytesOf<M> / kBlockBytes, kSpan = kStageSpanOf<M>;
-  constexpr int kLoads = kStageLoadsOf<M>;
+  constexpr int64_t kChunkBlocks = kStageBytesOf<M> / kBlockBytes;
   static_assert(kChunkBlocks * kBlockCols % 32 == 0, "a chunk must hold whole 32-column steps");
   const int64_t n_blocks = cols / kBlockCols;
   for (int64_t b0 = 0; b0 < n_blocks; b0 += kChunkBlocks) {
     const int64_t nb = n_blocks - b0 < kChunkBlocks ? n_blocks - b0 : kChunkBlocks;
-    const uint8_t* src[M];
-    const uint8_t* first[M];
-    int64_t words[M];
-    Vec16 v[M][kLoads];
-    MK_UNROLL
-    for (int m = 0; m < M; ++m) {
-      src[m] = wr[m] + b0 * kBlockBytes;
-      first[m] = src[m] - (reinterpret_cast<uintptr_t>(src[m]) & 15u);
-      words[m] = (src[m] + nb * kBlockBytes - first[m] + 15) / 16;
-      MK_UNROLL
-      for (int u = 0; u < kLoads; ++u)
-        if (lane + 32 * u < words[m]) v[m][u] = load_vec16(first[m] + 16 * (lane + 32 * u), src[m], src[m] + nb * kBlockBytes);
-    }
-    __syncwarp();  // every lane is done reading the previous chunk before the stage is overwritten
-    MK_UNROLL
-    for (int m = 0; m < M; ++m) {
-      MK_UNROLL
-      for (int u = 0; u < kLoads; ++u)
-        if (lane + 32 * u < words[m]) store_vec16(stage, mine + m * kSpan + 16 * (lane + 32 * u), v[m][u]);
-    }
-    __syncwarp();
+    int64_t at[M];
+    stage_chunk<T, M>(stage, mine, lane, wr, b0, nb, at);
     const int64_t chunk_cols = nb * kBlockCols, c0 = b0 * kBlockCols;
     MK_UNROLL
     for (int m = 0; m < M; ++m) {
-      const auto sw = bytes_at(stage, mine + m * kSpan + (src[m] - first[m]));
+      const auto sw = bytes_at(stage, at[m]);
       // kUnroll steps' weights are decoded first, then applied in column order: the sums are those
       // of one step at a time, bit for bit.
       int64_t c = lane;
@@ -111,10 +124,46 @@ MK_DEVICE void warp_row_products(Stage& stage, int64_t mine, int lane, const uin
   }
 }
 
-template <int T, int NT>
+// The int8 counterpart of warp_row_products (matmul.cuh): the same staged chunks of the warp's M
+// rows, against token j's quantized row xq[j] (layout l), for j < n.
+template <int T, int M, int NT, class Stage>
+MK_DEVICE void warp_row_products_int8(Stage& stage, int64_t mine, int lane, const uint8_t* const (&wr)[M],
+                                      int64_t cols, const uint8_t* const (&xq)[NT], const ActRowLayout& l, int n,
+                                      float (&acc)[M][NT]) {
+  constexpr int64_t kBlockCols = Layout<T>::block, kBlockBytes = Layout<T>::bytes;
+  constexpr int64_t kChunkBlocks = kStageBytesOf<M> / kBlockBytes;
+  constexpr int kLanes = kLanesPerBlock<T>, kPerStep = kBlocksPerStep<T>;
+  const int64_t n_blocks = cols / kBlockCols;
+  const int w0 = (lane % kLanes) * 8;  // the lane's first weight in its block
+  for (int64_t b0 = 0; b0 < n_blocks; b0 += kChunkBlocks) {
+    const int64_t nb = n_blocks - b0 < kChunkBlocks ? n_blocks - b0 : kChunkBlocks;
+    int64_t at[M];
+    stage_chunk<T, M>(stage, mine, lane, wr, b0, nb, at);
+    for (int64_t s = lane / kLanes; s < nb; s += kPerStep) {
+      const int64_t block = b0 + s, col = block * kBlockCols + w0;
+      MK_UNROLL
+      for (int m = 0; m < M; ++m) {
+        const auto b = bytes_at(stage, at[m] + s * kBlockBytes);
+        uint32_t lo, hi;
+        int8_codes<T>(b, w0, &lo, &hi);
+        for (int j = 0; j < NT; ++j) {
+          if (j >= n) break;
+          const uint32_t* a = reinterpret_cast<const uint32_t*>(xq[j] + col);
+          const int32_t isum = dp4a(hi, a[1], dp4a(lo, a[0], 0));
+          acc[m][j] += int8_term<T>(b, w0, isum, xq[j], l, block);
+        }
+      }
+    }
+  }
+}
+
+// Rows [blockIdx.x * kMatmulWarps, + kMatmulWarps) of y = W x (+ bias) for tokens
+// [blockIdx.y * NT, + NT): in floats from x (kInt8 false), or from the tokens' quantized rows xq
+// (int8_dot.cuh) for a quantized T.
+template <int T, int NT, bool kInt8>
 MK_DEVICE void matmul_rows(const uint8_t* w, uint64_t row_bytes, int64_t rows, int64_t cols, const float* x,
-                           int64_t x_stride, const int32_t* x_map, float* y, int64_t y_stride, const int32_t* y_map,
-                           int64_t n_tok, const float* bias) {
+                           const uint8_t* xq, int64_t x_stride, const int32_t* x_map, float* y, int64_t y_stride,
+                           const int32_t* y_map, int64_t n_tok, const float* bias) {
   MK_SHARED_BYTES(stage, kMatmulWarps * kStageSpan);
   const int lane = int(threadIdx.x & 31u);
   const int warp = int(threadIdx.x >> 5);
@@ -122,15 +171,25 @@ MK_DEVICE void matmul_rows(const uint8_t* w, uint64_t row_bytes, int64_t rows, i
   const int64_t t0 = int64_t(blockIdx.y) * NT;
   if (r >= rows) return;  // a whole warp leaves together: shuffles below see full warps
   const int n = n_tok - t0 < NT ? int(n_tok - t0) : NT;
-  const float* xs[NT];
   float acc[1][NT];
-  for (int j = 0; j < NT; ++j) {
-    const int64_t t = t0 + (j < n ? j : 0);
-    xs[j] = x + (x_map ? int64_t(x_map[t]) : t) * x_stride;
-    acc[0][j] = 0.0f;
-  }
+  for (int j = 0; j < NT; ++j) acc[0][j] = 0.0f;
   const uint8_t* const wr[1] = {w + uint64_t(r) * row_bytes};
-  warp_row_products<T, 1, NT>(stage, int64_t(warp) * kStageSpan, lane, wr, cols, xs, n, acc);
+  if constexpr (kInt8) {
+    const ActRowLayout l = act_row_layout(act_format_of(T), cols);
+    const uint8_t* xs[NT];
+    for (int j = 0; j < NT; ++j) {
+      const int64_t t = t0 + (j < n ? j : 0);
+      xs[j] = xq + (x_map ? int64_t(x_map[t]) : t) * l.bytes;
+    }
+    warp_row_products_int8<T, 1, NT>(stage, int64_t(warp) * kStageSpan, lane, wr, cols, xs, l, n, acc);
+  } else {
+    const float* xs[NT];
+    for (int j = 0; j < NT; ++j) {
+      const int64_t t = t0 + (j < n ? j : 0);
+      xs[j] = x + (x_map ? int64_t(x_map[t]) : t) * x_stride;
+    }
+    warp_row_products<T, 1, NT>(stage, int64_t(warp) * kStageSpan, lane, wr, cols, xs, n, acc);
+  }
   const float b = bias ? bias[r] : 0.0f;
   for (int j = 0; j < n; ++j) {
     const float s = warp_sum(acc[0][j]);
@@ -145,13 +204,28 @@ template <int T>
 MK_GLOBAL void matmul_kernel(const uint8_t* w, uint64_t row_bytes, int64_t rows, int64_t cols, const float* x,
                              int64_t x_stride, const int32_t* x_map, float* y, int64_t y_stride, const int32_t* y_map,
                              int64_t n_tok, const float* bias) {
-  matmul_rows<T, kTokensPerWarp>(w, row_bytes, rows, cols, x, x_stride, x_map, y, y_stride, y_map, n_tok, bias);
+  matmul_rows<T, kTokensPerWarp, false>(w, row_bytes, rows, cols, x, nullptr, x_stride, x_map, y, y_stride, y_map,
+                                        n_tok, bias);
 }
 template <int T>
 MK_GLOBAL void matmul_vec_kernel(const uint8_t* w, uint64_t row_bytes, int64_t rows, int64_t cols, const float* x,
                                  int64_t x_stride, const int32_t* x_map, float* y, int64_t y_stride,
                                  const int32_t* y_map, int64_t n_tok, const float* bias) {
-  matmul_rows<T, 1>(w, row_bytes, rows, cols, x, x_stride, x_map, y, y_stride, y_map, n_tok, bias);
+  matmul_rows<T, 1, false>(w, row_bytes, rows, cols, x, nullptr, x_stride, x_map, y, y_stride, y_map, n_tok, bias);
+}
+// The integer products: x is the tokens' quantized rows (act_quant.cuh), row x_map[t] for token t.
+template <int T>
+MK_GLOBAL void matmul_q_kernel(const uint8_t* w, uint64_t row_bytes, int64_t rows, int64_t cols, const uint8_t* x,
+                               const int32_t* x_map, float* y, int64_t y_stride, const int32_t* y_map, int64_t n_tok,
+                               const float* bias) {
+  matmul_rows<T, kTokensPerWarp, true>(w, row_bytes, rows, cols, nullptr, x, 0, x_map, y, y_stride, y_map, n_tok,
+                                       bias);
+}
+template <int T>
+MK_GLOBAL void matmul_q_vec_kernel(const uint8_t* w, uint64_t row_bytes, int64_t rows, int64_t cols, const uint8_t* x,
+                                   const int32_t* x_map, float* y, int64_t y_stride, const int32_t* y_map,
+                                   int64_t n_tok, const float* bias) {
+  matmul_rows<T, 1, true>(w, row_bytes, rows, cols, nullptr, x, 0, x_map, y, y_stride, y_map, n_tok, bias);
 }
 
 // Every product of the batch (a kernel parameter) in one launch: block x belongs
@@ -161,7 +235,7 @@ MK_GLOBAL void matmul_vec_kernel(const uint8_t* w, uint64_t row_bytes, int64_t r
 // separate products and ffn_act would give, bit for bit. One launch for a layer's experts instead
 // of four per expert: a decode step's experts were about 30 launches a layer, each a few
 // microseconds of launch and a partly idle GPU (1024 rows fill 8 warps an SM).
-template <int T, int M, int NT>
+template <int T, int M, int NT, bool kInt8>
 MK_DEVICE void grouped_products(const GroupedBatch& batch, int act_mode, float alpha, float limit) {
   MK_SHARED_BYTES(stage, kMatmulWarps * M * kStageSpanOf<M>);
   const int lane = int(threadIdx.x & 31u);
@@ -179,17 +253,29 @@ MK_DEVICE void grouped_products(const GroupedBatch& batch, int act_mode, float a
   const int64_t t0 = int64_t(blockIdx.y) * NT;
   if (r >= p.rows || t0 >= p.n_tok) return;  // whole warps leave together
   const int n = p.n_tok - t0 < NT ? int(p.n_tok - t0) : NT;
-  const float* xs[NT];
   float acc[M][NT];
-  for (int j = 0; j < NT; ++j) {
-    const int64_t t = t0 + (j < n ? j : 0);
-    xs[j] = p.x + (p.x_map ? int64_t(p.x_map[t]) : t) * p.x_stride;
+  for (int j = 0; j < NT; ++j)
     for (int m = 0; m < M; ++m) acc[m][j] = 0.0f;
-  }
   const uint8_t* wr[M];
   wr[0] = p.w + uint64_t(r) * p.row_bytes;
   if constexpr (M == 2) wr[1] = p.w_up + uint64_t(r) * p.row_bytes;
-  warp_row_products<T, M, NT>(stage, int64_t(warp) * M * kStageSpanOf<M>, lane, wr, p.cols, xs, n, acc);
+  const int64_t mine = int64_t(warp) * M * kStageSpanOf<M>;
+  if constexpr (kInt8) {
+    const ActRowLayout l = act_row_layout(act_format_of(T), p.cols);
+    const uint8_t* xs[NT];
+    for (int j = 0; j < NT; ++j) {
+      const int64_t t = t0 + (j < n ? j : 0);
+      xs[j] = p.xq + (p.x_map ? int64_t(p.x_map[t]) : t) * l.bytes;
+    }
+    warp_row_products_int8<T, M, NT>(stage, mine, lane, wr, p.cols, xs, l, n, acc);
+  } else {
+    const float* xs[NT];
+    for (int j = 0; j < NT; ++j) {
+      const int64_t t = t0 + (j < n ? j : 0);
+      xs[j] = p.x + (p.x_map ? int64_t(p.x_map[t]) : t) * p.x_stride;
+    }
+    warp_row_products<T, M, NT>(stage, mine, lane, wr, p.cols, xs, n, acc);
+  }
   const float b = p.bias ? p.bias[r] : 0.0f;
   float b_up = 0.0f;
   if constexpr (M == 2) b_up = p.bias_up ? p.bias_up[r] : 0.0f;
@@ -208,20 +294,36 @@ MK_DEVICE void grouped_products(const GroupedBatch& batch, int act_mode, float a
 
 template <int T>
 MK_GLOBAL void grouped_matmul_kernel(GroupedBatch batch) {
-  grouped_products<T, 1, kTokensPerWarp>(batch, 0, 0.0f, 0.0f);
+  grouped_products<T, 1, kTokensPerWarp, false>(batch, 0, 0.0f, 0.0f);
 }
 template <int T>
 MK_GLOBAL void grouped_matmul_vec_kernel(GroupedBatch batch) {
-  grouped_products<T, 1, 1>(batch, 0, 0.0f, 0.0f);
+  grouped_products<T, 1, 1, false>(batch, 0, 0.0f, 0.0f);
 }
-
 template <int T>
 MK_GLOBAL void grouped_gate_up_kernel(GroupedBatch batch, int act_mode, float alpha, float limit) {
-  grouped_products<T, 2, kTokensPerWarp>(batch, act_mode, alpha, limit);
+  grouped_products<T, 2, kTokensPerWarp, false>(batch, act_mode, alpha, limit);
 }
 template <int T>
 MK_GLOBAL void grouped_gate_up_vec_kernel(GroupedBatch batch, int act_mode, float alpha, float limit) {
-  grouped_products<T, 2, 1>(batch, act_mode, alpha, limit);
+  grouped_products<T, 2, 1, false>(batch, act_mode, alpha, limit);
+}
+// The integer products of a batch: each product's inputs are its quantized rows p.xq.
+template <int T>
+MK_GLOBAL void grouped_matmul_q_kernel(GroupedBatch batch) {
+  grouped_products<T, 1, kTokensPerWarp, true>(batch, 0, 0.0f, 0.0f);
+}
+template <int T>
+MK_GLOBAL void grouped_matmul_q_vec_kernel(GroupedBatch batch) {
+  grouped_products<T, 1, 1, true>(batch, 0, 0.0f, 0.0f);
+}
+template <int T>
+MK_GLOBAL void grouped_gate_up_q_kernel(GroupedBatch batch, int act_mode, float alpha, float limit) {
+  grouped_products<T, 2, kTokensPerWarp, true>(batch, act_mode, alpha, limit);
+}
+template <int T>
+MK_GLOBAL void grouped_gate_up_q_vec_kernel(GroupedBatch batch, int act_mode, float alpha, float limit) {
+  grouped_products<T, 2, 1, true>(batch, act_mode, alpha, limit);
 }
 
 }  // namespace moelite::cuda_kernels

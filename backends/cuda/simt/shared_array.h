@@ -140,6 +140,15 @@ class SharedBytes {
     return static_cast<uint8_t>(static_cast<uint32_t>((*words_)[static_cast<size_t>(b >> 2)]) >> (8 * (b & 3)));
   }
   SharedBytes operator+(int64_t i) const { return SharedBytes(words_, at_ + i); }
+  // The 4 bytes at i, little-endian, from the one or two words that hold them (the GPU's
+  // stage_u32: an aligned load, or two and a funnel shift).
+  uint32_t word(int64_t i) const {
+    const int64_t b = at_ + i;
+    const uint32_t lo = (*words_)[static_cast<size_t>(b >> 2)];
+    if ((b & 3) == 0) return lo;
+    const uint32_t hi = (*words_)[static_cast<size_t>((b >> 2) + 1)];
+    return static_cast<uint32_t>(((static_cast<uint64_t>(hi) << 32) | lo) >> (8 * (b & 3)));
+  }
 
  private:
   SharedArray<uint32_t, N>* words_;
