@@ -43,9 +43,19 @@ class File {
   bool direct_ = false;
 };
 
-// Writes `pieces` one after another to `path` atomically: into a new temporary file beside it,
-// flushed to storage, then renamed over `path`. On any failure the temporary file is removed and
-// `path` is as it was (a reader never sees a partial file). MOELITE_ERR_IO with the reason.
+// Writes `pieces` one after another to `path`, the one rule for every file moelite writes (saved
+// sessions, timelines, calibration profiles):
+//  - a regular file (or a new one) is replaced atomically: the pieces go into a temporary file
+//    beside it, flushed to storage, renamed over it; a reader never sees a partial file, and on any
+//    failure the temporary file is removed and the old file is as it was. The new file keeps the
+//    old one's permission bits and owner (a 0600 session stays 0600); a new one is 0666 less the
+//    umask;
+//  - a symbolic link is followed: its target is replaced (the link stays a link);
+//  - a special file (a character device such as /dev/stdout or /dev/null, a FIFO, a socket) is
+//    written into, never replaced: a FIFO without a reader is MOELITE_ERR_IO at once, not a hang;
+//  - a directory is MOELITE_ERR_IO.
+// Temporary files left by a process that died while writing this same path (`PATH.tmp-PID-N`
+// whose PID no longer runs) are removed first. MOELITE_ERR_IO with the reason.
 struct WritePiece {
   const void* data;
   size_t size;

@@ -280,13 +280,29 @@ Status ExpertStore::create(const Model& model, Backend& backend, const ExpertMem
   if (!plan.expert_counts.empty()) s->policy_->set_frequencies(plan.expert_counts, model.hp.n_expert);
   s->slot_ever_used_.assign(s->slots_.size(), false);
   s->stats_.resize(model.layers.size());
-  s->reader_name_ = platform::BatchReader::create(8)->name();  // what the loaders will get
+  // What a loader needs is made here, where running out of memory is an error to return: an
+  // exception escaping a loader thread would terminate the process.
+  const int32_t n_loaders = std::max(1, opts.io_threads);
   try {
-    for (int32_t t = 0; t < std::max(1, opts.io_threads); ++t)
-      s->loaders_.emplace_back([p = s.get()] { p->loader_main(); });
+    (void)platform::little_cores();  // computed once; a loader only reads it
+    for (int32_t t = 0; t < n_loaders; ++t) {
+      s->loader_readers_.push_back(platform::BatchReader::create(3 * kMaxBatchExperts));
+      s->loader_batches_.emplace_back();
+      s->loader_batches_.back().reserve(kMaxBatchExperts);  // never grows after this
+    }
+  } catch (const std::bad_alloc&) {
+    return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory preparing %d expert loader(s)", n_loaders);
+  }
+  s->reader_name_ = s->loader_readers_[0]->name();
+  try {
+    for (int32_t t = 0; t < n_loaders; ++t) {
+      platform::BatchReader* reader = s->loader_readers_[static_cast<size_t>(t)].get();
+      std::vector<Load>* batch = &s->loader_batches_[static_cast<size_t>(t)];
+      s->loaders_.emplace_back([p = s.get(), reader, batch] { p->loader_main(*reader, *batch); });
+    }
   } catch (const std::exception& e) {  // the store's destructor stops and joins those started
     return fail(MOELITE_ERR_SYSTEM_LIMIT, "the system refused expert loader thread %zu of %d (%s)",
-                s->loaders_.size() + 1, std::max(1, opts.io_threads), e.what());
+                s->loaders_.size() + 1, n_loaders, e.what());
   }
   log_msg(MOELITE_LOG_INFO,
           "expert store: %zu slots of %" PRIu64 " bytes (%.1f MiB of a %.1f MiB budget), %s, policy %s, %s",
@@ -690,10 +706,9 @@ Status ExpertStore::acquire_next_for(int32_t client, int32_t layer, std::vector<
         return MOELITE_OK;
       }
       if (s.state == SlotState::Failed) {
-        const Status err = s.error;
-        const std::string msg = s.error_msg;
+        const Status err = fail_with_slot_error(s);  // before the slot can be reused
         release_pending_for_locked(client, layer, pending);
-        return fail(err, "%s", msg.c_str());
+        return err;
       }
     }
     const double t0 = platform::now_seconds();
@@ -743,8 +758,13 @@ Status ExpertStore::wait_down_for(int32_t client, int32_t layer, int32_t expert)
     }
   }
   count_locked(client, layer, [&](ExpertLayerStats& c) { c.wait_seconds += waited; });
-  if (s.state == SlotState::Failed) return fail(s.error, "%s", s.error_msg.c_str());
+  if (s.state == SlotState::Failed) return fail_with_slot_error(s);
   return MOELITE_OK;
+}
+
+Status ExpertStore::fail_with_slot_error(const Slot& s) {
+  // The loader could not always afford the message (it failed for want of memory).
+  return fail(s.error, "%s", s.error_msg.empty() ? "out of memory starting an expert read" : s.error_msg.c_str());
 }
 
 void ExpertStore::release(int32_t layer, int32_t expert) { release_for(kNoClient, layer, expert); }
@@ -760,13 +780,10 @@ void ExpertStore::release_for(int32_t client, int32_t layer, int32_t expert) {
   s.last_use = clock_;
 }
 
-void ExpertStore::loader_main() {
+void ExpertStore::loader_main(platform::BatchReader& reader, std::vector<Load>& batch) noexcept {
   // On big.LITTLE the compute workers own the big cores; a loader mostly waits for its reads, so
   // it lives on the little ones (a refusal, e.g. by a cpuset, just leaves it unpinned).
   platform::pin_current_thread(platform::little_cores());
-  std::unique_ptr<platform::BatchReader> reader = platform::BatchReader::create(3 * kMaxBatchExperts);
-  std::vector<Load> batch;
-  batch.reserve(kMaxBatchExperts);
   for (;;) {
     batch.clear();
     {
@@ -789,7 +806,7 @@ void ExpertStore::loader_main() {
     }
     bool busy = true;
     try {
-      load_batch(*reader, batch, &busy);
+      load_batch(reader, batch, &busy);
     } catch (...) {  // out of memory for the batch's bookkeeping: its experts fail, the loader lives
       std::lock_guard<std::mutex> lock(mu_);
       for (const Load& l : batch) {
@@ -798,10 +815,7 @@ void ExpertStore::loader_main() {
         s.state = SlotState::Failed;
         s.chunks_ready = 0;
         s.error = MOELITE_ERR_OUT_OF_MEMORY;
-        try {
-          s.error_msg = "out of memory starting an expert read";
-        } catch (...) {
-        }
+        s.error_msg.clear();  // fail_with_slot_error() says "out of memory" without allocating
       }
     }
     {

@@ -24,12 +24,10 @@
 #include "core/experts/expert_source.h"
 #include "core/experts/memory_plan.h"
 #include "core/model/model.h"
+#include "platforms/batch_read.h"
 #include "platforms/platform.h"
 
 namespace moelite {
-namespace platform {
-class BatchReader;
-}
 class StoreClient;
 class TimelineRecorder;
 
@@ -249,7 +247,6 @@ class ExpertStore final : public ExpertSource {
   void issue_predictions_locked(int32_t client, Hints& h);
   // Every client's whose hint waits for no layer (a load landed: deeper guesses may go now).
   void issue_all_predictions_locked();
-  void loader_main();
   // One loader's batch: the experts of `loads` read in one submission; each slot's state is
   // settled on its own (Ready, or Failed with the error).
   struct Load {
@@ -264,6 +261,10 @@ class ExpertStore final : public ExpertSource {
   // there (under the lock that makes that expert Ready), so an evaluation that has all it needs
   // never sees its reads as still in flight.
   void load_batch(platform::BatchReader& reader, std::vector<Load>& loads, bool* busy);
+  // fail() with a Failed slot's status and message.
+  Status fail_with_slot_error(const Slot& s);
+  // A loader thread: takes queued loads into `batch` (reserved, never grows) and reads them.
+  void loader_main(platform::BatchReader& reader, std::vector<Load>& batch) noexcept;
   void end_busy_locked(bool* busy);
   // Demand loads a loader takes in one submission: a routing's misses all start at once, even
   // when the other loaders wait for a CPU behind the compute threads.
@@ -299,6 +300,9 @@ class ExpertStore final : public ExpertSource {
   std::deque<Request> demand_q_, spec_q_;
   int32_t batches_in_flight_ = 0;  // read-busy time: batches being read, since when, how long
   double busy_since_ = 0.0, busy_seconds_ = 0.0;
+  // One reader and one batch (capacity kMaxBatchExperts) per loader, made before the threads.
+  std::vector<std::unique_ptr<platform::BatchReader>> loader_readers_;
+  std::vector<std::vector<Load>> loader_batches_;
   std::vector<std::thread> loaders_;
   bool stop_ = false;
   uint64_t clock_ = 0;

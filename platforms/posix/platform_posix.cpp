@@ -2,12 +2,14 @@
 
 #include "platforms/fault_inject.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -81,7 +83,9 @@ void File::drop_cache(uint64_t offset, uint64_t n) const {
 Status File::open(const std::string& path, File* out) {
   if (fault::should_fail(fault::Kind::kOpen))
     return fail(MOELITE_ERR_IO, "cannot open '%s': injected fault (open)", path.c_str());
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Non-blocking: a FIFO at the path opens at once (and is refused below) instead of waiting for
+  // a writer for ever.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     int e = errno;
     Status st = (e == ENOENT || e == ENOTDIR || e == EACCES) ? MOELITE_ERR_FILE_NOT_FOUND : MOELITE_ERR_IO;
@@ -97,6 +101,13 @@ Status File::open(const std::string& path, File* out) {
     ::close(fd);
     return fail(MOELITE_ERR_FILE_NOT_FOUND, "'%s' is a directory, not a model file", path.c_str());
   }
+  if (!S_ISREG(sb.st_mode)) {  // a FIFO, a device (/dev/zero), a socket: no size, no mapping
+    ::close(fd);
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "'%s' is not a regular file (%s)", path.c_str(),
+                S_ISFIFO(sb.st_mode) ? "a FIFO" : S_ISCHR(sb.st_mode) ? "a character device"
+                : S_ISBLK(sb.st_mode) ? "a block device" : "a socket");
+  }
+  (void)::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   File f;
   f.fd_ = fd;
   f.size_ = static_cast<uint64_t>(sb.st_size);
@@ -129,29 +140,119 @@ Status read_whole_file(const std::string& path, const char* what, uint64_t max_b
   return MOELITE_OK;
 }
 
-Status write_file_atomic(const std::string& path, const WritePiece* pieces, size_t n_pieces) {
-  // A name of this process and call: two writers of one path never share a temporary file.
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp = path + ".tmp-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return fail(MOELITE_ERR_IO, "cannot write '%s': %s", tmp.c_str(), strerror(errno));
-  int err = 0;
-  for (size_t i = 0; i < n_pieces && !err; ++i) {
+namespace {
+
+// Writes every piece to fd: 0 or the errno of the first failure.
+int write_pieces(int fd, const WritePiece* pieces, size_t n_pieces) {
+  for (size_t i = 0; i < n_pieces; ++i) {
     const char* p = static_cast<const char*>(pieces[i].data);
-    for (size_t left = pieces[i].size; left > 0 && !err;) {
+    for (size_t left = pieces[i].size; left > 0;) {
       const ssize_t got = ::write(fd, p, left);
       if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) {
-        err = got < 0 ? errno : EIO;
-        break;
-      }
+      if (got <= 0) return got < 0 ? errno : EIO;
       p += got;
       left -= static_cast<size_t>(got);
     }
   }
+  return 0;
+}
+
+// The file a write to `path` lands in: `path`, or the end of its chain of symbolic links (relative
+// links resolved from their own directory). False when the chain is too long (a loop).
+bool follow_links(const std::string& path, std::string* out) {
+  std::string at = path;
+  for (int hops = 0; hops < 40; ++hops) {
+    struct stat sb;
+    if (::lstat(at.c_str(), &sb) != 0 || !S_ISLNK(sb.st_mode)) {
+      *out = at;
+      return true;
+    }
+    char buf[4096];
+    const ssize_t n = ::readlink(at.c_str(), buf, sizeof buf - 1);
+    if (n < 0) {
+      *out = at;
+      return true;
+    }
+    buf[n] = 0;
+    if (buf[0] == '/') {
+      at = buf;
+    } else {
+      const size_t slash = at.rfind('/');
+      at = (slash == std::string::npos ? std::string() : at.substr(0, slash + 1)) + buf;
+    }
+  }
+  return false;
+}
+
+// Removes `target.tmp-PID-N` files whose writer PID no longer runs (a write killed half way).
+void remove_stale_temporaries(const std::string& target) {
+  const size_t slash = target.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : target.substr(0, slash == 0 ? 1 : slash);
+  const std::string prefix = (slash == std::string::npos ? target : target.substr(slash + 1)) + ".tmp-";
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  auto digits = [](const char* c) {
+    if (!*c) return false;
+    for (; *c; ++c)
+      if (*c < '0' || *c > '9') return false;
+    return true;
+  };
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const char* rest = name.c_str() + prefix.size();
+    char* end = nullptr;
+    const long pid = std::strtol(rest, &end, 10);
+    if (end == rest || *end != '-' || pid <= 0 || !digits(end + 1) || pid == static_cast<long>(getpid())) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) (void)::unlinkat(dirfd(d), name.c_str(), 0);
+  }
+  ::closedir(d);
+}
+
+// Writes into an existing special file (a device, a FIFO, a socket) instead of replacing it.
+Status write_into_special(const std::string& path, const std::string& target, mode_t type, const WritePiece* pieces,
+                          size_t n_pieces) {
+  // A FIFO opens without blocking: no reader is an error (ENXIO) instead of a wait for ever.
+  const int fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC | (S_ISFIFO(type) ? O_NONBLOCK : 0));
+  if (fd < 0)
+    return fail(MOELITE_ERR_IO, "cannot write '%s': %s", path.c_str(),
+                errno == ENXIO ? "a FIFO with no reader" : strerror(errno));
+  if (S_ISFIFO(type)) {
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags >= 0) (void)::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);  // a reader is there: block as pipes do
+  }
+  int err = write_pieces(fd, pieces, n_pieces);
+  if (::close(fd) != 0 && !err) err = errno;
+  if (err) return fail(MOELITE_ERR_IO, "writing '%s' failed: %s", path.c_str(), strerror(err));
+  return MOELITE_OK;
+}
+
+}  // namespace
+
+Status write_file_atomic(const std::string& path, const WritePiece* pieces, size_t n_pieces) {
+  std::string target;
+  if (!follow_links(path, &target))
+    return fail(MOELITE_ERR_IO, "cannot write '%s': too many levels of symbolic links", path.c_str());
+  struct stat old;
+  const bool exists = ::stat(target.c_str(), &old) == 0;
+  if (exists && S_ISDIR(old.st_mode)) return fail(MOELITE_ERR_IO, "cannot write '%s': it is a directory", path.c_str());
+  if (exists && !S_ISREG(old.st_mode)) return write_into_special(path, target, old.st_mode, pieces, n_pieces);
+  remove_stale_temporaries(target);
+  // A name of this process and call: two writers of one path never share a temporary file.
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = target + ".tmp-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, exists ? 0600 : 0666);
+  if (fd < 0) return fail(MOELITE_ERR_IO, "cannot write '%s': %s", tmp.c_str(), strerror(errno));
+  int err = write_pieces(fd, pieces, n_pieces);
+  if (!err && exists) {
+    // The replaced file's owner and permission bits (owner first: a chown may clear set-id bits).
+    // Only the superuser may give a file away; anyone else keeps their own, as a copy would.
+    if (::fchown(fd, old.st_uid, old.st_gid) != 0 && errno != EPERM) err = errno;
+    if (!err && ::fchmod(fd, old.st_mode & 07777) != 0) err = errno;
+  }
   if (!err && ::fsync(fd) != 0) err = errno;
   if (::close(fd) != 0 && !err) err = errno;
-  if (!err && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (!err && ::rename(tmp.c_str(), target.c_str()) != 0) err = errno;
   if (err) {
     ::unlink(tmp.c_str());
     return fail(MOELITE_ERR_IO, "writing '%s' failed: %s", path.c_str(), strerror(err));

@@ -42,8 +42,13 @@ std::string json_escape(const std::string& s);
 // The process allocator: "mimalloc X.Y.Z" when the executable was linked with it, else "libc".
 std::string process_allocator();
 
-// The whole file's bytes, unchanged; false if it cannot be read.
-bool read_file(const std::string& path, std::string* out);
+// The whole file's bytes, unchanged (a FIFO's too: `-f <(command)`), up to kMaxInputFileBytes;
+// false with the reason in *why when it cannot be read or is larger (`-f /dev/zero` must end).
+constexpr uint64_t kMaxInputFileBytes = uint64_t{256} << 20;
+bool read_file(const std::string& path, std::string* out, std::string* why);
+// Opens /dev/null on whichever of the standard descriptors 0, 1 and 2 is closed (`moelite chat <&-`),
+// so that no file the process opens later takes its number and is read as input or written over.
+void open_standard_descriptors();
 
 // Best-of-5 read bandwidth in GB/s streaming `bytes` with `threads` threads (membw.cpp).
 double measure_read_bandwidth(int threads, size_t bytes);

@@ -1,3 +1,4 @@
+#include <fcntl.h>
 #include <unistd.h>
 #include <cerrno>
 #include <cmath>
@@ -11,7 +12,7 @@ namespace cli {
 
 int tokenize_file(moelite_model* model, const std::string& path, std::vector<int32_t>* out) {
   std::string text;
-  if (!read_file(path, &text)) return usage_error("cannot read '" + path + "'");
+  if (std::string why; !read_file(path, &text, &why)) return usage_error(why);
   int32_t n = 0;
   moelite_status st = moelite_tokenize(model, text.data(), text.size(), 0, nullptr, 0, &n);
   out->assign(static_cast<size_t>(n), 0);
@@ -183,15 +184,34 @@ bool parse_tokens(const std::string& text, std::vector<int32_t>* out, std::strin
   return !out->empty();
 }
 
-bool read_file(const std::string& path, std::string* out) {
+bool read_file(const std::string& path, std::string* out, std::string* why) {
   FILE* f = fopen(path.c_str(), "rb");
-  if (!f) return false;
+  if (!f) {
+    *why = "cannot read '" + path + "': " + strerror(errno);
+    return false;
+  }
   char buf[65536];
   size_t got;
-  while ((got = fread(buf, 1, sizeof buf, f)) > 0) out->append(buf, got);
+  while ((got = fread(buf, 1, sizeof buf, f)) > 0) {
+    if (out->size() + got > kMaxInputFileBytes) {
+      fclose(f);
+      *why = "'" + path + "' holds more than " + std::to_string(kMaxInputFileBytes >> 20) + " MiB";
+      return false;
+    }
+    out->append(buf, got);
+  }
   const bool ok = !ferror(f);
   fclose(f);
+  if (!ok) *why = "reading '" + path + "' failed";
   return ok;
+}
+
+void open_standard_descriptors() {
+  for (int fd = 0; fd < 3; ++fd)
+    if (fcntl(fd, F_GETFD) == -1 && errno == EBADF) {
+      const int got = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);  // the lowest free number: fd
+      if (got >= 0 && got != fd) close(got);
+    }
 }
 
 // Length of the well-formed UTF-8 character at s[i] (RFC 3629: no overlong forms, no

@@ -468,7 +468,7 @@ int cmd_batch(int argc, char** argv) {
       !args.get_int("--seed", 0x5eed, &seed, &err, INT64_MIN, INT64_MAX))
     return usage_error(err);
   std::string input;
-  if (!read_file(args.get("-f"), &input)) return usage_error("cannot read '" + args.get("-f") + "'");
+  if (std::string why; !read_file(args.get("-f"), &input, &why)) return usage_error(why);
   if (args.has("--plan") && !auto_seq) return usage_error("--plan goes with --n-seq auto");
   // --memory sizes a plan: the planner's choice of sequences, or the budget for a given number.
   if (args.has("--memory") && !auto_seq && args.get("--budget") != "auto")

@@ -166,7 +166,7 @@ int cmd_run(int argc, char** argv) {
   if (!args.has("-p") && !args.has("-f")) return usage_error("missing -p PROMPT (or -f FILE)");
   std::string prompt = args.get("-p");
   if (args.has("-f")) {
-    if (!read_file(args.get("-f"), &prompt)) return usage_error("cannot read '" + args.get("-f") + "'");
+    if (std::string why; !read_file(args.get("-f"), &prompt, &why)) return usage_error(why);
   }
   Session s;
   if (int rc = open_session(args, &s)) return rc;
@@ -342,7 +342,7 @@ int cmd_tokenize(int argc, char** argv) {
   if (int rc = 0; !parse_command_line(argc, argv, kTokenizeCommand, &args, &rc)) return rc;
   std::string text;
   if (args.has("-f")) {
-    if (!read_file(args.get("-f"), &text)) return usage_error("cannot read '" + args.get("-f") + "'");
+    if (std::string why; !read_file(args.get("-f"), &text, &why)) return usage_error(why);
   } else if (args.has("-p")) {
     text = args.get("-p");
   } else {

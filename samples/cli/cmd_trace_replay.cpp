@@ -51,7 +51,7 @@ int cmd_trace_replay(int argc, char** argv) {
       return usage_error(std::string(moelite_last_error()) + " or all");
   }
   std::string text;
-  if (!read_file(args.get("-f"), &text)) return usage_error("cannot read '" + args.get("-f") + "'");
+  if (std::string why; !read_file(args.get("-f"), &text, &why)) return usage_error(why);
   moelite::Trace trace;
   if (moelite::parse_trace(text, &trace) != MOELITE_OK)
     return report(MOELITE_ERR_INVALID_ARGUMENT, "reading the trace");

@@ -36,7 +36,10 @@ static int dispatch(int argc, char** argv);
 
 // Every command's result goes through finish_output: text that could not be written (a full disk,
 // a closed pipe, `> /dev/full`) turns a success into exit status 1.
-int main(int argc, char** argv) { return cli::finish_output(dispatch(argc, argv)); }
+int main(int argc, char** argv) {
+  cli::open_standard_descriptors();
+  return cli::finish_output(dispatch(argc, argv));
+}
 
 static int dispatch(int argc, char** argv) {
   if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {

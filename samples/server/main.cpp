@@ -3,9 +3,13 @@
 // statistics, and a chat page (GET /) that streams answers and shows tokens/s and the hit rate.
 //
 //   moelite-server -m MODEL [--host 127.0.0.1] [--port 8080] [--budget B] [-t N] [--parallel N] [-c N]
+//                  [--api-key KEY | --api-key-file FILE] [--allow-origin ORIGIN] [--allow-host NAME]
+//                  [--max-connections N] [--request-timeout SECONDS]
 //
 // HTTP: cpp-httplib (Debian's libcpp-httplib-dev); JSON: nlohmann/json (nlohmann-json3-dev). It
-// listens on 127.0.0.1 unless told otherwise: the endpoints have no authentication.
+// listens on 127.0.0.1 unless told otherwise. Who may call it: access.h; how many and how slow:
+// connection_limits.h.
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -27,8 +31,10 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "access.h"
 #include "batcher.h"
 #include "connection.h"
+#include "connection_limits.h"
 #include "moelite.h"
 #include "openai.h"
 
@@ -43,16 +49,32 @@ struct Options {
   int port = 8080, threads = 0, parallel = 2, n_ctx = 4096;
   bool n_ctx_given = false;
   moelite_backend backend = MOELITE_BACKEND_AUTO;
+  AccessRules access;
+  ConnectionLimits limits;
 };
+
+// The largest request body read (a conversation of a few hundred thousand characters).
+constexpr size_t kMaxBodyBytes = size_t{4} << 20;
+// A larger body announced by Content-Length is refused unread beyond this (see the pre-routing
+// handler); up to it, it is read and dropped.
+constexpr size_t kDrainBytes = size_t{64} << 20;
 
 int usage(const char* why) {
   if (why) fprintf(stderr, "moelite-server: %s\n", why);
   fprintf(stderr,
           "usage: moelite-server -m MODEL [--host 127.0.0.1] [--port 8080] [--budget SIZE|P%%|auto] [-t THREADS]\n"
           "                      [--parallel N] [-c N_CTX] [--backend auto|cpu|vulkan|cuda]\n"
+          "                      [--api-key KEY | --api-key-file FILE] [--allow-origin ORIGIN]...\n"
+          "                      [--allow-host NAME]... [--max-connections N] [--request-timeout SECONDS]\n"
           "  --port 0 picks a free port; the address is printed as \"listening on http://HOST:PORT\".\n"
           "  --parallel N: up to N requests decode together, batched in one context (default 2);\n"
-          "  others wait their turn.\n");
+          "  others wait their turn.\n"
+          "  --api-key: every endpoint but the chat page and /health needs 'Authorization: Bearer KEY'.\n"
+          "  --allow-origin: a web origin (http://host:port, or *) whose pages may call the server; pages\n"
+          "  on localhost and the chat page always may. --allow-host: a host name clients may use for\n"
+          "  it besides localhost and IP addresses (or *).\n"
+          "  --max-connections N (default 32): more evict the slowest reader or get 503.\n"
+          "  --request-timeout S (default 10): a connection must send each request within S seconds.\n");
   return 2;
 }
 
@@ -62,6 +84,30 @@ bool parse_int(const char* s, int lo, int hi, int* out) {
   if (!*s || *end || v < lo || v > hi) return false;
   *out = static_cast<int>(v);
   return true;
+}
+
+bool parse_seconds(const char* s, double lo, double hi, double* out) {
+  char* end = nullptr;
+  const double v = strtod(s, &end);
+  if (!*s || *end || !(v >= lo && v <= hi)) return false;  // NaN fails the comparison
+  *out = v;
+  return true;
+}
+
+// The key of --api-key-file: its first line, without the line end. Empty on failure, with `why`.
+std::string read_api_key_file(const char* path, std::string* why) {
+  FILE* f = fopen(path, "rb");
+  if (!f) {
+    *why = std::string("cannot open '") + path + "': " + strerror(errno);
+    return "";
+  }
+  char line[4096];
+  const bool got = fgets(line, sizeof line, f) != nullptr;
+  fclose(f);
+  std::string key = got ? line : "";
+  while (!key.empty() && (key.back() == '\n' || key.back() == '\r')) key.pop_back();
+  if (key.empty()) *why = std::string("'") + path + "' holds no key on its first line";
+  return key;
 }
 
 // What the page and /v1/moelite/stats show besides the store's counters.
@@ -120,6 +166,8 @@ Outcome generate(Server& s, const CompletionRequest& r, const std::function<bool
   if (st == MOELITE_OK) st = moelite_generate_params_set_seed(gp, seed);
   for (const std::string& stop : r.stop)
     if (st == MOELITE_OK) st = moelite_generate_params_add_stop(gp, stop.c_str());
+  for (const auto& [token, bias] : r.logit_bias)
+    if (st == MOELITE_OK) st = moelite_generate_params_set_logit_bias(gp, token, bias);
   if (st == MOELITE_OK) {
     s.counters.active++;
     o = s.batcher.generate(r.prompt, gp, on_piece);
@@ -241,11 +289,35 @@ json stats_json(Server& s) {
             {"wait_seconds", st.wait_seconds}}}};
 }
 
-void add_routes(httplib::Server& http, Server& s) {
-  http.Get("/", [](const httplib::Request&, httplib::Response& res) { res.set_content(kChatPage, "text/html; charset=utf-8"); });
-  http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
+
+// `handler` behind the access rules (access.h): run only for an allowed request, with CORS headers
+// for an allowed cross-origin one. Its request has been read by now: answering is not timed.
+Handler guarded(ConnectionGuard& guard, const AccessRules& rules, bool needs_key, Handler handler) {
+  return [&guard, &rules, needs_key, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
+    guard.request_received();
+    const AccessDecision d = check_access(rules, req, needs_key);
+    if (d.http_status != 0) {
+      if (d.http_status == 401) res.set_header("WWW-Authenticate", "Bearer");
+      return send_error(res, d.http_status, d.message,
+                        d.http_status == 401 ? "authentication_error" : "invalid_request_error");
+    }
+    add_cors_headers(req, res);
+    handler(req, res);
+  };
+}
+
+void add_routes(httplib::Server& http, ConnectionGuard& guard, Server& s, const AccessRules& rules) {
+  const auto open = [&](Handler h) { return guarded(guard, rules, false, std::move(h)); };
+  const auto keyed = [&](Handler h) { return guarded(guard, rules, true, std::move(h)); };
+  http.Get("/", open([](const httplib::Request&, httplib::Response& res) {
+    res.set_content(kChatPage, "text/html; charset=utf-8");
+  }));
+  http.Get("/health", open([](const httplib::Request&, httplib::Response& res) {
     res.set_content(R"({"status":"ok"})", "application/json");
-  });
+  }));
+  // A browser asks before a cross-origin POST with a JSON body (a "preflight").
+  http.Options(R"(/.*)", open([](const httplib::Request&, httplib::Response& res) { res.status = 204; }));
   const auto model_entry = [&s] {
     return json{{"id", s.model_id},
                 {"object", "model"},
@@ -256,20 +328,27 @@ void add_routes(httplib::Server& http, Server& s) {
                 {"n_vocab", moelite_model_get(s.model, MOELITE_MODEL_N_VOCAB)},
                 {"expert_budget_bytes", moelite_model_get(s.model, MOELITE_MODEL_EXPERT_BUDGET)}};
   };
-  http.Get("/v1/models", [model_entry](const httplib::Request&, httplib::Response& res) {
+  http.Get("/v1/models", keyed([model_entry](const httplib::Request&, httplib::Response& res) {
     res.set_content(wire(json{{"object", "list"}, {"data", json::array({model_entry()})}}), "application/json");
-  });
-  http.Get(R"(/v1/models/(.+))", [&s, model_entry](const httplib::Request& req, httplib::Response& res) {
+  }));
+  http.Get(R"(/v1/models/(.+))", keyed([&s, model_entry](const httplib::Request& req, httplib::Response& res) {
     if (req.matches[1] != s.model_id)
       return send_error(res, 404, "no model '" + std::string(req.matches[1]) + "'", "invalid_request_error", "model");
     res.set_content(wire(model_entry()), "application/json");
-  });
-  http.Get("/v1/moelite/stats", [&s](const httplib::Request&, httplib::Response& res) {
-    res.set_content(wire(stats_json(s)), "application/json");
-  });
+  }));
+  http.Get("/v1/moelite/stats", keyed([&s, &guard](const httplib::Request&, httplib::Response& res) {
+    json j = stats_json(s);
+    const ConnectionCounters c = guard.counters();
+    j["connections"] = {{"open", c.open},
+                        {"accepted", c.accepted},
+                        {"evicted", c.evicted},
+                        {"refused", c.refused},
+                        {"timed_out", c.timed_out}};
+    res.set_content(wire(j), "application/json");
+  }));
   // A conversation's (or prompt's) size in tokens and the context's: how the chat page keeps a
   // conversation within the context.
-  http.Post("/v1/moelite/count_tokens", [&s](const httplib::Request& req, httplib::Response& res) {
+  http.Post("/v1/moelite/count_tokens", keyed([&s](const httplib::Request& req, httplib::Response& res) {
     const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
     if (body.is_discarded()) return send_error(res, 400, "the request body is not valid JSON", "invalid_request_error");
     int32_t n = 0;
@@ -277,11 +356,11 @@ void add_routes(httplib::Server& http, Server& s) {
     if (!count_prompt_tokens(body, s.model, &n, &e))
       return send_error(res, e.http_status, e.message, "invalid_request_error", e.param, e.code);
     res.set_content(wire(json{{"prompt_tokens", n}, {"n_ctx", s.batcher.n_ctx()}}), "application/json");
-  });
+  }));
   http.Post("/v1/chat/completions",
-            [&s](const httplib::Request& req, httplib::Response& res) { handle_completion(s, req, res, true); });
+            keyed([&s](const httplib::Request& req, httplib::Response& res) { handle_completion(s, req, res, true); }));
   http.Post("/v1/completions",
-            [&s](const httplib::Request& req, httplib::Response& res) { handle_completion(s, req, res, false); });
+            keyed([&s](const httplib::Request& req, httplib::Response& res) { handle_completion(s, req, res, false); }));
   for (const char* path : {"/v1/chat/completions", "/v1/completions"})
     http.Get(path, [](const httplib::Request&, httplib::Response& res) {
       send_error(res, 405, "use POST", "invalid_request_error");
@@ -304,13 +383,28 @@ void add_routes(httplib::Server& http, Server& s) {
     }
     send_error(res, 500, what, "server_error");
   });
-  http.set_payload_max_length(size_t{4} << 20);
+  http.set_payload_max_length(kMaxBodyBytes);
   // One line per request on stderr: method, path, status, tokens in and out (generations), time.
-  http.set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
+  // Before the body is read: a body announced far larger than the server reads is refused at once
+  // (cpp-httplib would read and drop it first, holding the connection for as long as that takes).
+  // One up to kDrainBytes is still read and dropped, then refused (413 by httplib): answering
+  // early would reset the connection under a client still sending, which then sees no answer.
+  http.set_pre_routing_handler([&guard](const httplib::Request& req, httplib::Response& res) {
     t_request_log = RequestLog{std::chrono::steady_clock::now(), -1, -1};
+    const std::string length = req.get_header_value("Content-Length");
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long n = length.empty() ? 0 : strtoull(length.c_str(), &end, 10);
+    if (!length.empty() && (*end != 0 || errno == ERANGE || n > kDrainBytes)) {
+      send_error(res, 413, "the request body is too large (at most " + std::to_string(kMaxBodyBytes) + " bytes)",
+                 "invalid_request_error");
+      res.set_header("Connection", "close");
+      guard.close_after_response();  // its body is not read, so it cannot be followed by a request
+      return httplib::Server::HandlerResponse::Handled;
+    }
     return httplib::Server::HandlerResponse::Unhandled;
   });
-  http.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+  http.set_logger([&guard](const httplib::Request& req, const httplib::Response& res) {
     const RequestLog& l = t_request_log;
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - l.start).count();
@@ -319,6 +413,7 @@ void add_routes(httplib::Server& http, Server& s) {
       snprintf(tokens, sizeof tokens, " tokens %lld in, %lld out,", static_cast<long long>(l.tokens_in),
                static_cast<long long>(l.tokens_out));
     fprintf(stderr, "moelite-server: %s %s %d%s %.0f ms\n", req.method.c_str(), req.path.c_str(), res.status, tokens, ms);
+    guard.response_sent();
   });
 }
 
@@ -349,6 +444,13 @@ std::string bind_error(const std::string& host, int port) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A closed standard descriptor (`moelite-server ... <&-`) is /dev/null instead, so that no file
+  // opened later takes its number and gets written over by the log.
+  for (int fd = 0; fd < 3; ++fd)
+    if (fcntl(fd, F_GETFD) == -1 && errno == EBADF) {
+      const int got = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+      if (got >= 0 && got != fd) close(got);
+    }
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -373,6 +475,28 @@ int main(int argc, char** argv) {
     } else if (a == "-c" || a == "--ctx-size") {
       if (!(v = value()) || !parse_int(v, 16, MOELITE_MAX_CONTEXT, &o.n_ctx)) return usage("-c needs 16 or more");
       o.n_ctx_given = true;
+    } else if (a == "--api-key") {
+      if (!(v = value()) || !*v) return usage("--api-key needs a key");
+      o.access.api_key = v;
+    } else if (a == "--api-key-file") {
+      if (!(v = value())) return usage("--api-key-file needs a path");
+      std::string why;
+      o.access.api_key = read_api_key_file(v, &why);
+      if (o.access.api_key.empty()) return usage(("--api-key-file: " + why).c_str());
+    } else if (a == "--allow-origin") {
+      if (!(v = value()) || !*v) return usage("--allow-origin needs an origin (http://host:port) or *");
+      o.access.allowed_origins.push_back(v);
+    } else if (a == "--allow-host") {
+      if (!(v = value()) || !*v) return usage("--allow-host needs a host name or *");
+      std::string name = v;
+      for (char& c : name) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
+      o.access.allowed_hosts.push_back(name);
+    } else if (a == "--max-connections") {
+      if (!(v = value()) || !parse_int(v, 1, 1024, &o.limits.max_connections))
+        return usage("--max-connections needs 1..1024");
+    } else if (a == "--request-timeout") {
+      if (!(v = value()) || !parse_seconds(v, 0.1, 3600, &o.limits.request_seconds))
+        return usage("--request-timeout needs seconds in [0.1, 3600]");
     } else if (a == "--backend") {
       const std::string b = (v = value()) ? v : "";
       if (b == "auto") o.backend = MOELITE_BACKEND_AUTO;
@@ -425,8 +549,11 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  o.access.bound_host = o.host;
+  ConnectionGuard guard(o.limits);
   httplib::Server http;
-  add_routes(http, s);
+  http.new_task_queue = [&guard] { return guard.new_task_queue(); };
+  add_routes(http, guard, s, o.access);
   // SO_REUSEADDR only: cpp-httplib's default also sets SO_REUSEPORT, which lets a second server
   // bind the same port and take a share of its requests at random instead of failing.
   http.set_socket_options([](int sock) {

@@ -1,7 +1,10 @@
 #include "openai.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
+#include <limits>
 
 using nlohmann::json;
 
@@ -89,17 +92,99 @@ bool number_in(const json& body, const char* key, double lo, double hi, std::opt
   return true;
 }
 
+// The JSON type each known field must have (null always means "not given"). Checked before any
+// field is used, so a wrong type is a 400 naming the field, never ignored or a 500.
+enum class Kind { Boolean, Integer, Number, String, Object, StringOrArray, Any };
+
+bool type_ok(const json& v, Kind k) {
+  switch (k) {
+    case Kind::Boolean: return v.is_boolean();
+    case Kind::Integer: return v.is_number_integer();
+    case Kind::Number: return v.is_number();
+    case Kind::String: return v.is_string();
+    case Kind::Object: return v.is_object();
+    case Kind::StringOrArray: return v.is_string() || v.is_array();
+    case Kind::Any: return true;
+  }
+  return false;
+}
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::Boolean: return "a boolean";
+    case Kind::Integer: return "an integer";
+    case Kind::Number: return "a number";
+    case Kind::String: return "a string";
+    case Kind::Object: return "an object";
+    case Kind::StringOrArray: return "a string or an array";
+    case Kind::Any: return "anything";
+  }
+  return "";
+}
+
+bool check_field_types(const json& body, RequestError* e) {
+  static const std::pair<const char*, Kind> kFields[] = {
+      {"model", Kind::String},           {"user", Kind::String},
+      {"stream", Kind::Boolean},         {"stream_options", Kind::Object},
+      {"max_tokens", Kind::Integer},     {"max_completion_tokens", Kind::Integer},
+      {"temperature", Kind::Number},     {"top_p", Kind::Number},
+      {"seed", Kind::Integer},           {"n", Kind::Integer},
+      {"stop", Kind::StringOrArray},     {"logit_bias", Kind::Object},
+      {"presence_penalty", Kind::Number}, {"frequency_penalty", Kind::Number},
+      {"echo", Kind::Boolean},           {"best_of", Kind::Integer},
+      {"suffix", Kind::String},
+  };
+  for (const auto& [key, kind] : kFields)
+    if (body.contains(key) && !body[key].is_null() && !type_ok(body[key], kind))
+      return fail(e, std::string("'") + key + "' must be " + kind_name(kind), key);
+  if (body.contains("stream_options") && body["stream_options"].is_object()) {
+    const json& so = body["stream_options"];
+    if (so.contains("include_usage") && !so["include_usage"].is_null() && !so["include_usage"].is_boolean())
+      return fail(e, "'stream_options.include_usage' must be a boolean", "stream_options");
+  }
+  return true;
+}
+
+// OpenAI's logit_bias: {"token id": bias in [-100, 100]}; -100 bans the token.
+bool parse_logit_bias(const json& bias, moelite_model* model, CompletionRequest* r, RequestError* e) {
+  const int64_t n_vocab = moelite_model_get(model, MOELITE_MODEL_N_VOCAB);
+  for (const auto& [key, value] : bias.items()) {
+    char* end = nullptr;
+    errno = 0;
+    const long long id = std::strtoll(key.c_str(), &end, 10);
+    if (key.empty() || *end != 0 || errno == ERANGE || id < 0 || id >= n_vocab)
+      return fail(e, "'logit_bias' keys must be token ids in [0, " + std::to_string(n_vocab) + "), not '" + key + "'",
+                  "logit_bias");
+    if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < -100 ||
+        value.get<double>() > 100)
+      return fail(e, "'logit_bias' values must be numbers in [-100, 100]", "logit_bias");
+    const double b = value.get<double>();
+    r->logit_bias.emplace_back(static_cast<int32_t>(id),
+                               b <= -100 ? -std::numeric_limits<float>::infinity() : static_cast<float>(b));
+  }
+  return true;
+}
+
 }  // namespace
 
 bool parse_completion_request(const json& body, bool chat, moelite_model* model, int32_t n_ctx,
                               CompletionRequest* r, RequestError* e) {
   if (!body.is_object()) return fail(e, "the request body must be a JSON object");
   r->chat = chat;
+  if (!check_field_types(body, e)) return false;
   for (const char* unsupported : {"tools", "functions", "logprobs", "top_logprobs", "response_format"})
     if (body.contains(unsupported) && !body[unsupported].is_null() && body[unsupported] != false)
       return fail(e, std::string("'") + unsupported + "' is not supported by this server", unsupported);
   if (body.contains("n") && !body["n"].is_null() && body["n"] != 1)
     return fail(e, "only n = 1 is supported", "n");
+  if (body.contains("best_of") && !body["best_of"].is_null() && body["best_of"] != 1)
+    return fail(e, "only best_of = 1 is supported", "best_of");
+  for (const char* penalty : {"presence_penalty", "frequency_penalty"})
+    if (body.contains(penalty) && !body[penalty].is_null() && body[penalty].get<double>() != 0.0)
+      return fail(e, std::string("'") + penalty + "' is not supported by this server (only 0)", penalty);
+  if (body.contains("echo") && body["echo"] == true) return fail(e, "'echo' is not supported by this server", "echo");
+  if (body.contains("suffix") && !body["suffix"].is_null() && !body["suffix"].get<std::string>().empty())
+    return fail(e, "'suffix' is not supported by this server", "suffix");
   if (chat) {
     if (!body.contains("messages")) return fail(e, "'messages' is required", "messages");
     if (!chat_tokens(model, body["messages"], &r->prompt, e)) return false;
@@ -124,10 +209,9 @@ bool parse_completion_request(const json& body, bool chat, moelite_model* model,
   if (!number_in(body, "temperature", 0.0, 2.0, &r->temperature, e)) return false;
   if (!number_in(body, "top_p", 0.0, 1.0, &r->top_p, e)) return false;
   if (r->top_p && *r->top_p <= 0.0f) return fail(e, "'top_p' must be above 0", "top_p");
-  if (body.contains("seed") && !body["seed"].is_null()) {
-    if (!body["seed"].is_number_integer()) return fail(e, "'seed' must be an integer", "seed");
-    r->seed = static_cast<uint64_t>(body["seed"].get<int64_t>());
-  }
+  if (body.contains("seed") && !body["seed"].is_null())  // any 64-bit integer, signed or not
+    r->seed = body["seed"].is_number_unsigned() ? body["seed"].get<uint64_t>()
+                                                : static_cast<uint64_t>(body["seed"].get<int64_t>());
   if (body.contains("stop") && !body["stop"].is_null()) {
     const json& s = body["stop"];
     if (s.is_string()) {
@@ -140,15 +224,20 @@ bool parse_completion_request(const json& body, bool chat, moelite_model* model,
     } else {
       return fail(e, "'stop' must be a string or up to 4 strings", "stop");
     }
-    for (const std::string& x : r->stop)
+    for (const std::string& x : r->stop) {
       if (x.empty()) return fail(e, "stop strings must not be empty", "stop");
+      // The library takes C strings: a NUL would cut the stop string short without a word.
+      if (x.find('\0') != std::string::npos) return fail(e, "stop strings must not contain U+0000", "stop");
+    }
   }
-  if (body.contains("stream") && !body["stream"].is_null()) {
-    if (!body["stream"].is_boolean()) return fail(e, "'stream' must be a boolean", "stream");
-    r->stream = body["stream"];
+  if (body.contains("stream") && !body["stream"].is_null()) r->stream = body["stream"];
+  if (body.contains("stream_options") && body["stream_options"].is_object()) {
+    const json& so = body["stream_options"];
+    r->include_usage = so.contains("include_usage") && so["include_usage"] == true;
   }
-  if (body.contains("stream_options") && body["stream_options"].is_object())
-    r->include_usage = body["stream_options"].value("include_usage", false);
+  if (body.contains("logit_bias") && !body["logit_bias"].is_null() &&
+      !parse_logit_bias(body["logit_bias"], model, r, e))
+    return false;
   return true;
 }
 
@@ -187,10 +276,12 @@ const char* finish_reason(int32_t stop_reason) {
 
 static json usage_of(const moelite_generate_stats& s) {
   const int64_t prompt = s.n_prompt_tokens + s.n_cached_tokens;
+  // cached_tokens stays 0: the cache is shared by every client, so the count would tell one client
+  // how much of its prompt another client sent before (a prefix oracle).
   return {{"prompt_tokens", prompt},
           {"completion_tokens", s.n_generated_tokens},
           {"total_tokens", prompt + s.n_generated_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", s.n_cached_tokens}}}};
+          {"prompt_tokens_details", {{"cached_tokens", 0}}}};
 }
 
 json completion_response(const CompletionRequest& r, const ResponseIds& ids, const std::string& text,

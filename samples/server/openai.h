@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +20,8 @@ struct CompletionRequest {
   std::optional<float> temperature, top_p;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
+  // logit_bias: token id → bias added to its logit (-INFINITY: banned, OpenAI's -100).
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 // A request the server refuses: HTTP status and the message of the JSON error body.
@@ -34,8 +37,9 @@ struct RequestError {
 // (a prompt that leaves no room to answer is a 400 naming both sizes). max_tokens is the room the
 // context has left after the prompt, or less when the request asks for less: a generation ends
 // with finish_reason "length" there instead of running into the end of the context.
-// Unsupported options that would change the answer (n > 1, tools, logprobs) are refused rather
-// than ignored.
+// Unsupported options that would change the answer (n > 1, tools, logprobs, penalties) are
+// refused rather than ignored, and every field this server knows is type-checked: a 400 names it.
+// Fields it does not know are ignored, as clients send vendor extensions.
 bool parse_completion_request(const nlohmann::json& body, bool chat, moelite_model* model, int32_t n_ctx,
                               CompletionRequest* out, RequestError* error);
 

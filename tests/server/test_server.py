@@ -186,7 +186,7 @@ def test_client_disconnecting_mid_stream(server):
     before = json.loads(before)
     s = socket.create_connection((host, port))
     body = json.dumps(dict(CHAT, stream=True, max_tokens=400, seed=1)).encode()
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     got = b""
     while got.count(b"data: ") < 3:
@@ -277,7 +277,7 @@ def test_client_disconnecting_before_a_whole_answer(server):
     before = json.loads(request(server, "GET", "/v1/moelite/stats")[2])
     s = socket.create_connection((host, port))
     body = json.dumps(dict(CHAT, max_tokens=400, seed=1, temperature=1.0)).encode()
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     s.close()  # before the answer
     expect_generation_stopped(server, before)
@@ -336,6 +336,19 @@ def test_one_log_line_per_request():
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
     ({"messages": [{"role": "user", "content": "word " * 2000}]}, "messages"),
     ({"max_tokens": 3}, "messages"),
+    # Every known field is type-checked (before: stream_options 5 was ignored and include_usage "yes"
+    # answered 500), a NUL in a stop string is refused (before: the stop string was cut at it).
+    ({"messages": [{"role": "user", "content": "x"}], "stream_options": 5}, "stream_options"),
+    ({"messages": [{"role": "user", "content": "x"}], "stream": True, "stream_options": {"include_usage": "yes"}},
+     "stream_options"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop": ["a\u0000b"]}, "stop"),
+    ({"messages": [{"role": "user", "content": "x"}], "seed": "7"}, "seed"),
+    ({"messages": [{"role": "user", "content": "x"}], "user": 5}, "user"),
+    ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5}, "presence_penalty"),
+    ({"messages": [{"role": "user", "content": "x"}], "logit_bias": [1, 2]}, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"99999999": 1}}, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 101}}, "logit_bias"),
 ])
 def test_bad_chat_requests(server, body, param):
     status, err = post_json(server, "/v1/chat/completions", body)
@@ -549,3 +562,149 @@ def test_chat_page_in_chromium(server):
         assert used < 40, used
     finally:
         browser.close()
+
+
+def tokens_of(text):
+    r = subprocess.run([CLI, "tokenize", "-m", MODEL, "-p", text], capture_output=True, text=True, check=True)
+    return [int(t) for t in re.findall(r"\d+", r.stdout)]
+
+
+def test_logit_bias_selects_and_bans(server):
+    """OpenAI's logit_bias: +100 makes a token the greedy choice, -100 bans one (before: ignored, the
+    answer was the unbiased one). The expected text is the token's own, from the tokenizer."""
+    (word,) = tokens_of(" dictionary")
+    base = {"prompt": "def main():", "max_tokens": 3, "temperature": 0}
+    status, plain = post_json(server, "/v1/completions", base)
+    assert status == 200 and plain["choices"][0]["text"] != " dictionary" * 3
+    status, chosen = post_json(server, "/v1/completions", dict(base, logit_bias={str(word): 100}))
+    assert status == 200 and chosen["choices"][0]["text"] == " dictionary" * 3, chosen
+    n_vocab = json.loads(request(server, "GET", "/v1/models/moelite-tiny-qwen3moe-Q8_0")[2])["n_vocab"]
+    only = {str(i): -100 for i in range(n_vocab) if i != word}
+    status, banned = post_json(server, "/v1/completions", dict(base, logit_bias=only))
+    assert status == 200 and banned["choices"][0]["text"] == " dictionary" * 3, banned
+
+
+def test_cached_tokens_do_not_tell_one_client_another_clients_prompt(server):
+    """The prompt cache is shared by every client: reporting its hits would let a client probe what
+    others sent (before: 9 of the secret prompt's tokens were reported cached to another client)."""
+    secret = {"prompt": "The password of the vault is swordfish and nobody knows it", "max_tokens": 2,
+              "temperature": 0}
+    assert post_json(server, "/v1/completions", secret)[0] == 200
+    status, probe = post_json(server, "/v1/completions", dict(secret, prompt="The password of the vault is sword"))
+    assert status == 200 and probe["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def raw_request(server, method, path, body=b"", headers=None):
+    host, port, _ = server
+    c = http.client.HTTPConnection(host, port, timeout=30)
+    c.request(method, path, body=body or None, headers=headers or {})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, dict((k.lower(), v) for k, v in r.getheaders()), data
+
+
+def test_web_pages_of_other_sites_cannot_drive_the_server(server):
+    """CSRF and DNS rebinding: before, a foreign Origin's text/plain POST and a Host naming another
+    site were both answered 200."""
+    host, port, _ = server
+    chat = json.dumps(dict(CHAT, max_tokens=2)).encode()
+    json_type = {"Content-Type": "application/json"}
+    status, _, body = raw_request(server, "POST", "/v1/chat/completions", chat,
+                                  {"Origin": "http://evil.example", "Content-Type": "text/plain"})
+    assert status == 403 and b"evil.example" in body
+    status, _, _ = raw_request(server, "POST", "/v1/chat/completions", chat, dict(json_type, Origin="http://evil.example"))
+    assert status == 403
+    assert raw_request(server, "GET", "/v1/models", headers={"Origin": "null"})[0] == 403
+    status, _, body = raw_request(server, "GET", "/v1/models", headers={"Host": "rebound.example:%d" % port})
+    assert status == 403 and b"--allow-host" in body
+    # Without an Origin (curl, SDKs) JSON is still required: a form or text/plain body is never parsed.
+    status, _, body = raw_request(server, "POST", "/v1/chat/completions", chat, {"Content-Type": "text/plain"})
+    assert status == 415 and b"application/json" in body
+    # Pages on this machine and the chat page itself may call it, with CORS headers and preflights.
+    for origin in ("http://localhost:3000", "http://127.0.0.1:%d" % port):
+        status, headers, _ = raw_request(server, "POST", "/v1/chat/completions", chat, dict(json_type, Origin=origin))
+        assert status == 200 and headers.get("access-control-allow-origin") == origin
+        status, headers, _ = raw_request(server, "OPTIONS", "/v1/chat/completions",
+                                         headers={"Origin": origin, "Access-Control-Request-Method": "POST"})
+        assert status == 204 and "Content-Type" in headers.get("access-control-allow-headers", "")
+    assert raw_request(server, "GET", "/v1/models", headers={"Host": "localhost:%d" % port})[0] == 200
+
+
+def start_server(*extra):
+    proc = subprocess.Popen([SERVER, "-m", MODEL, "--port", "0", "-t", "1", "-c", "256", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("listening on http://"), (line, proc.stderr.read() if proc.poll() is not None else "")
+    host, port = line.split("http://")[1].split()[0].rsplit(":", 1)
+    return host, int(port), proc
+
+
+def stop_server(srv):
+    srv[2].terminate()
+    assert srv[2].wait(timeout=30) == 0
+
+
+def test_api_key():
+    os.makedirs(TMP, exist_ok=True)
+    key_file = os.path.join(TMP, "api-key")
+    with open(key_file, "w") as f:
+        f.write("s3cret-key\n")
+    srv = start_server("--api-key-file", key_file)
+    try:
+        status, headers, body = raw_request(srv, "GET", "/v1/models")
+        assert status == 401 and headers.get("www-authenticate") == "Bearer" and b"Authorization" in body
+        assert raw_request(srv, "GET", "/v1/models", headers={"Authorization": "Bearer s3cret-kez"})[0] == 401
+        assert raw_request(srv, "GET", "/v1/models", headers={"Authorization": "Bearer s3cret-key"})[0] == 200
+        chat = json.dumps(dict(CHAT, max_tokens=2)).encode()
+        assert raw_request(srv, "POST", "/v1/chat/completions", chat, {"Content-Type": "application/json"})[0] == 401
+        assert raw_request(srv, "POST", "/v1/chat/completions", chat, {"Content-Type": "application/json",
+                                                                      "Authorization": "Bearer s3cret-key"})[0] == 200
+        assert raw_request(srv, "GET", "/health")[0] == 200 and raw_request(srv, "GET", "/")[0] == 200
+    finally:
+        stop_server(srv)
+    r = subprocess.run([SERVER, "-m", MODEL, "--api-key-file", os.path.join(TMP, "no-such-file")],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--api-key-file: cannot open" in r.stderr, r.stderr
+
+
+def test_slow_clients_cannot_stall_the_server():
+    """Before: 16 connections that sent half a request line held /health for 17.8 s, a byte a second
+    on 40 connections for 25 s, and an oversized Content-Length held its connection 5 s."""
+    srv = start_server("--max-connections", "6", "--request-timeout", "1.5")
+    host, port, _ = srv
+    slow = []
+    try:
+        for _ in range(16):
+            s = socket.create_connection((host, port))
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            slow.append(s)
+        time.sleep(0.3)
+        t = time.monotonic()
+        assert raw_request(srv, "GET", "/health")[0] == 200
+        assert time.monotonic() - t < 1.0
+        # 16 + 1 connections against a cap of 6: the slowest readers were evicted to admit the rest.
+        stats = json.loads(raw_request(srv, "GET", "/v1/moelite/stats")[2])["connections"]
+        assert stats["evicted"] >= 10 and stats["open"] <= 6, stats
+        # A connection that does not finish its request in time is closed by the server.
+        s = socket.create_connection((host, port))
+        s.sendall(b"GET /health HTTP/1.1\r\n")
+        s.settimeout(10)
+        t = time.monotonic()
+        assert s.recv(100) == b""
+        assert 1.0 < time.monotonic() - t < 4.0
+        s.close()
+        # A body larger than the server reads is refused before it is sent.
+        s = socket.create_connection((host, port))
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100000000000\r\n\r\n{")
+        s.settimeout(10)
+        t = time.monotonic()
+        assert s.recv(100).startswith(b"HTTP/1.1 413")
+        assert time.monotonic() - t < 1.0
+        s.close()
+        assert json.loads(raw_request(srv, "GET", "/v1/moelite/stats")[2])["connections"]["timed_out"] >= 1
+    finally:
+        for s in slow:
+            s.close()
+        stop_server(srv)

@@ -1,0 +1,148 @@
+"""Every file moelite writes (timelines, saved sessions, calibration profiles) follows one rule
+(platforms/platform.h, write_file_atomic): a regular file is replaced atomically and keeps its
+permission bits; a symbolic link is followed and its target replaced; a special file (a device, a
+FIFO) is written into, never replaced; a FIFO without a reader is an error at once, not a hang; a
+directory is an error; temporaries left by a writer that died are removed. Before, a device or
+FIFO at the path was replaced by a regular file (as root, `--trace-events /dev/full` destroyed
+/dev/full), a symlinked session lost its link, and a 0600 session came back 0644.
+Environment: MOELITE_BIN, MOELITE_TEST_TMP."""
+import json
+import os
+import shutil
+import stat
+import subprocess
+import threading
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BIN = os.environ.get("MOELITE_BIN", os.path.join(ROOT, "build", "bin", "moelite"))
+MODEL = os.path.join(ROOT, "models", "moelite-tiny-qwen3moe-Q8_0.gguf")
+TMP = os.path.join(os.environ.get("MOELITE_TEST_TMP", "/tmp/moelite-ref-tests"), "outputs")
+
+
+@pytest.fixture()
+def tmp():
+    shutil.rmtree(TMP, ignore_errors=True)
+    os.makedirs(TMP)
+    return TMP
+
+
+def traced_run(path, timeout=120):
+    return subprocess.run([BIN, "run", "-m", MODEL, "-t", "2", "-p", "def main():", "-n", "4", "--temp", "0",
+                           "--trace-events", path], capture_output=True, text=True, timeout=timeout)
+
+
+def device(tmp, name, minor):
+    """A character device node like /dev/null (1, 3) or /dev/full (1, 7), or None where this user
+    may not make one."""
+    path = os.path.join(tmp, name)
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, minor))
+    except PermissionError:
+        return None
+    return path
+
+
+def test_a_character_device_is_written_into_not_replaced(tmp):
+    null, full = device(tmp, "null", 3), device(tmp, "full", 7)
+    if not null:
+        pytest.skip("making device nodes needs root")
+    r = traced_run(null)
+    assert r.returncode == 0, r.stderr
+    assert stat.S_ISCHR(os.stat(null).st_mode), "the device was replaced"
+    r = traced_run(full)
+    assert r.returncode != 0 and "MOELITE_ERR_IO" in r.stderr and "No space left on device" in r.stderr, r.stderr
+    assert stat.S_ISCHR(os.stat(full).st_mode), "the device was replaced"
+    assert set(os.listdir(tmp)) == {"null", "full"}, "a temporary was left"
+
+
+def test_a_fifo_is_written_into_and_one_without_a_reader_fails_at_once(tmp):
+    fifo = os.path.join(tmp, "trace.fifo")
+    os.mkfifo(fifo)
+    r = traced_run(fifo, timeout=60)  # before: a regular file replaced it; a hang is the other failure
+    assert r.returncode != 0 and "a FIFO with no reader" in r.stderr, r.stderr
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    # A reader holding the FIFO open for the whole run: the check written at the start and the
+    # trace at the end both reach it (end of file in between, while no writer has it open).
+    data, done = [], threading.Event()
+
+    def read_all():
+        fd = os.open(fifo, os.O_RDONLY)
+        try:
+            while True:
+                chunk = os.read(fd, 1 << 16)
+                if chunk:
+                    data.append(chunk)
+                elif done.is_set():
+                    return
+                else:
+                    done.wait(0.01)
+        finally:
+            os.close(fd)
+
+    reader = threading.Thread(target=read_all, daemon=True)
+    reader.start()
+    r = traced_run(fifo, timeout=60)
+    done.set()
+    reader.join(timeout=30)
+    assert r.returncode == 0, r.stderr
+    text, objects, at = b"".join(data).decode(), [], 0
+    decoder = json.JSONDecoder()
+    while at < len(text):
+        obj, at = decoder.raw_decode(text, at)
+        objects.append(obj)
+        while at < len(text) and text[at].isspace():
+            at += 1
+    assert objects and objects[-1]["traceEvents"], text[:200]
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_a_symlink_is_followed_and_stays_a_link(tmp):
+    os.makedirs(os.path.join(tmp, "data"))
+    target = os.path.join(tmp, "data", "trace.json")
+    with open(target, "w") as f:
+        f.write("old")
+    link = os.path.join(tmp, "link.json")
+    os.symlink("data/trace.json", link)  # relative: resolved from the link's directory
+    r = traced_run(link)
+    assert r.returncode == 0, r.stderr
+    assert os.path.islink(link) and os.readlink(link) == "data/trace.json"
+    assert json.load(open(target))["traceEvents"]
+    dangling = os.path.join(tmp, "dangling.json")
+    os.symlink(os.path.join(tmp, "data", "new.json"), dangling)
+    assert traced_run(dangling).returncode == 0
+    assert os.path.islink(dangling) and json.load(open(os.path.join(tmp, "data", "new.json")))["traceEvents"]
+
+
+def test_a_directory_is_an_error(tmp):
+    r = traced_run(tmp)
+    assert r.returncode != 0 and "it is a directory" in r.stderr, r.stderr
+
+
+def test_a_session_keeps_its_mode_and_stale_temporaries_go(tmp):
+    session = os.path.join(tmp, "chat.session")
+    run = [BIN, "run", "-m", MODEL, "-t", "2", "-p", "def main():", "-n", "2", "--temp", "0", "--session", session]
+    assert subprocess.run(run, capture_output=True, timeout=120).returncode == 0
+    os.chmod(session, 0o600)
+    # A temporary of a writer that died (no such process) and one of a live process (this one).
+    dead = 4194303
+    while True:
+        try:
+            os.kill(dead, 0)
+            dead -= 1
+        except ProcessLookupError:
+            break
+        except PermissionError:
+            dead -= 1
+    stale = "%s.tmp-%d-0" % (session, dead)
+    live = "%s.tmp-%d-0" % (session, os.getpid())
+    for p in (stale, live):
+        open(p, "w").close()
+    r = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert stat.S_IMODE(os.stat(session).st_mode) == 0o600, oct(os.stat(session).st_mode)
+    assert not os.path.exists(stale), "a dead writer's temporary stayed"
+    assert os.path.exists(live), "a live writer's temporary was removed"
+    assert sorted(os.listdir(tmp)) == sorted(["chat.session", os.path.basename(live)])
