@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "chat_transcript.h"
 #include "cli.h"
 #include "harmony_reply.h"
 
@@ -251,10 +252,40 @@ int cmd_chat(int argc, char** argv) {
   // Room kept for the answer when old turns must go: the -n limit, but at most half the context.
   const int32_t reply_room = static_cast<int32_t>(std::min<int64_t>(std::max<int64_t>(max_tokens, 0), n_ctx / 2));
   Conversation conv;
+  // With --session, the conversation saved beside it comes back, so the next turn's prompt starts
+  // with the restored tokens and reuses them (chat_transcript.h).
+  const std::string transcript = args.has("--session") ? transcript_path(args.get("--session")) : "";
+  if (!transcript.empty()) {
+    ChatTranscript saved;
+    std::string why;
+    const TranscriptStatus ts = load_transcript(transcript, &saved, &why);
+    if (ts == TranscriptStatus::Invalid)
+      return fprintf(stderr, "moelite: error: %s (move it away to start a new conversation)\n", why.c_str()), 1;
+    if (ts == TranscriptStatus::Loaded) {
+      conv.roles = saved.roles;
+      conv.contents = saved.contents;
+      conv.n_fixed = !conv.roles.empty() && conv.roles[0] == "system" ? 1 : 0;
+      fprintf(stderr, "[session: conversation of %zu messages restored from %s]\n", conv.roles.size(),
+              transcript.c_str());
+      for (size_t i = conv.n_fixed; i < conv.roles.size(); ++i) {  // a reminder of where it stood
+        const std::string& c = conv.contents[i];
+        fprintf(stderr, "  %s: %.*s%s\n", conv.roles[i].c_str(), static_cast<int>(std::min<size_t>(c.size(), 120)),
+                c.c_str(), c.size() > 120 ? "..." : "");
+      }
+    } else if (moelite_context_kv_length(s.ctx) > 0) {
+      fprintf(stderr, "[session: %s holds tokens but no conversation (no %s): the chat starts anew and its first "
+                      "turn replaces them]\n", args.get("--session").c_str(), transcript.c_str());
+    }
+  }
   if (args.has("--system")) {
-    conv.roles.push_back("system");
-    conv.contents.push_back(args.get("--system"));
-    conv.n_fixed = 1;
+    if (conv.n_fixed == 1 && conv.contents[0] != args.get("--system"))
+      fprintf(stderr, "[--system replaces the restored conversation's system message]\n");
+    if (conv.n_fixed == 0) {
+      conv.roles.insert(conv.roles.begin(), "system");
+      conv.contents.insert(conv.contents.begin(), "");
+      conv.n_fixed = 1;
+    }
+    conv.contents[0] = args.get("--system");
   }
   if (std::string(moelite_chat_template_kind(s.model)) == "plain") moelite_generate_params_add_stop(s.gen, "\nuser:");
   const bool harmony = std::string(moelite_chat_template_kind(s.model)) == "harmony";
@@ -333,6 +364,11 @@ int cmd_chat(int argc, char** argv) {
     conv.roles.push_back("assistant");
     conv.contents.push_back(harmony ? cap.harmony.answer() : cap.text);
     if (int rc = save_session(args, s)) return rc;
+    if (!transcript.empty()) {
+      std::string why;
+      if (!save_transcript(transcript, ChatTranscript{conv.roles, conv.contents}, &why))
+        return fprintf(stderr, "moelite: error: saving the conversation: %s\n", why.c_str()), 1;
+    }
   }
   return 0;
 }

@@ -4,7 +4,9 @@
 // parse_completion_request with the shipped model and a 64-token context. It must never throw
 // (a field read with the wrong type), and what it accepts must be what the server can run: a
 // prompt of 1..n_ctx-1 tokens in the vocabulary, max_tokens in 1..n_ctx, temperature in [0, 2],
-// top_p in (0, 1], at most 4 non-empty stop strings; what it refuses has a 4xx status and a message.
+// top_p in (0, 1], at most 4 non-empty stop strings without U+0000, logit_bias on tokens of the
+// vocabulary with biases in [-100, 100] or -infinity (a ban); what it refuses has a 4xx status and a message.
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -60,7 +62,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     broken("accepted a temperature outside [0, 2]");
   if (r.top_p && !(*r.top_p > 0.0f && *r.top_p <= 1.0f)) broken("accepted top_p outside (0, 1]");
   if (r.stop.size() > 4) broken("accepted more than 4 stop strings");
-  for (const std::string& s : r.stop)
+  for (const std::string& s : r.stop) {
     if (s.empty()) broken("accepted an empty stop string");
+    if (s.find('\0') != std::string::npos) broken("accepted a stop string holding U+0000");
+  }
+  for (const auto& [token, bias] : r.logit_bias) {
+    if (token < 0 || token >= n_vocab) broken("accepted a logit_bias token outside the vocabulary");
+    if (!(std::isfinite(bias) && bias >= -100.0f && bias <= 100.0f) && bias != -INFINITY)
+      broken("accepted a logit_bias outside [-100, 100]");
+  }
   return 0;
 }

@@ -117,6 +117,40 @@ def test_run_reuses_a_saved_session():
     assert bad.returncode == 1 and "MOELITE_ERR_BAD_SESSION" in bad.stderr, bad.stderr
 
 
+def test_chat_session_restores_the_conversation():
+    """`moelite chat --session` keeps its conversation beside the session (FILE.chat.json): a second
+    chat continues it, reuses the saved tokens, and answers as one chat of both turns does. Before,
+    it said "N tokens restored" but formatted only the new message (4 tokens reused) and its save
+    replaced the saved turns."""
+    os.makedirs(TMP, exist_ok=True)
+    session = os.path.join(TMP, "chat.session")
+    for p in (session, session + ".chat.json"):
+        if os.path.exists(p):
+            os.remove(p)
+    args = [BIN, "chat", "-m", MODEL, "-t", "2", "-n", "16", "--temp", "0"]
+    turns = ["What does a dictionary do?\n", "And a list?\n"]
+    first = subprocess.run(args + ["--session", session], input=turns[0], capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    prompt1 = int(re.search(r"\[prompt (\d+) tokens", first.stderr).group(1))
+    second = subprocess.run(args + ["--session", session], input=turns[1], capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    assert "conversation of 2 messages restored" in second.stderr, second.stderr
+    cached = int(re.search(r"\((\d+) cached\)", second.stderr).group(1))
+    assert cached > prompt1, second.stderr  # the first turn's prompt and answer, not just a few tokens
+    whole = subprocess.run(args, input="".join(turns), capture_output=True, text=True, timeout=120)
+    assert whole.returncode == 0 and whole.stdout == first.stdout + second.stdout
+    with open(session + ".chat.json") as f:
+        saved = json.load(f)
+    assert [m["role"] for m in saved["messages"]] == ["user", "assistant", "user", "assistant"]
+    assert [m["content"] for m in saved["messages"][0::2]] == [t.strip() for t in turns]
+    with open(session + ".chat.json", "w") as f:  # not a transcript: refused, never replaced
+        f.write('{"notes": "mine"}')
+    bad = subprocess.run(args + ["--session", session], input=turns[1], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "not a moelite chat transcript" in bad.stderr, bad.stderr
+    with open(session + ".chat.json") as f:
+        assert f.read() == '{"notes": "mine"}'
+
+
 def model_info():
     r = subprocess.run([BIN, "info", "-m", MODEL, "--json"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
