@@ -12,10 +12,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,8 +66,31 @@ struct Request {
   std::string id_json = "null";  // the request's "id" as JSON, echoed back
   std::vector<int32_t> prompt;
   int32_t max_tokens = 0;
+  // Sampling of this request where its line sets it; the run's options (--temp, ...) otherwise.
+  std::optional<double> temperature, top_p, min_p;
+  std::optional<int64_t> top_k, seed;
+  std::vector<std::string> stop;
   std::string error;  // a request that cannot run is answered with this
 };
+
+// The fields a request line may have: anything else (a typo such as "max_token") is an error
+// naming it, not silently ignored.
+constexpr const char* kRequestFields[] = {"id", "prompt", "messages", "max_tokens", "temperature", "top_p",
+                                          "top_k", "min_p", "seed", "stop"};
+
+// A number field of a request line in [lo, hi] (whole when `whole`); false with r->error.
+bool number_field(const json::Value& v, const char* key, double lo, double hi, bool whole, Request* r,
+                  std::optional<double>* out) {
+  const json::Value* f = v.find(key);
+  if (!f || f->kind == json::Value::Kind::Null) return true;
+  if (!f->is_number() || !(f->number >= lo && f->number <= hi) || (whole && f->number != std::floor(f->number))) {
+    r->error = std::string("\"") + key + "\" must be " + (whole ? "a whole number" : "a number") + " in [" +
+               json::number(lo) + ", " + json::number(hi) + "]";
+    return false;
+  }
+  *out = f->number;
+  return true;
+}
 
 struct Result {
   bool done = false;
@@ -96,6 +121,33 @@ Request read_request(moelite_model* model, const std::string& line, int64_t inde
       r.id_json = json::quote(id->string);
     else if (id->is_number())
       r.id_json = json::number(id->number);
+  }
+  for (const auto& [key, value] : v.object)
+    if (std::find_if(std::begin(kRequestFields), std::end(kRequestFields),
+                     [&](const char* k) { return key == k; }) == std::end(kRequestFields)) {
+      r.error = "unknown field \"" + key + "\" (a request has id, prompt or messages, max_tokens, temperature, "
+                "top_p, top_k, min_p, seed, stop)";
+      return r;
+    }
+  std::optional<double> top_k, seed;
+  if (!number_field(v, "temperature", 0, 1e6, false, &r, &r.temperature) ||
+      !number_field(v, "top_p", 0, 1, false, &r, &r.top_p) || !number_field(v, "min_p", 0, 1, false, &r, &r.min_p) ||
+      !number_field(v, "top_k", 0, 1e9, true, &r, &top_k) ||
+      !number_field(v, "seed", -9007199254740992.0, 9007199254740992.0, true, &r, &seed))  // exact in a double
+    return r;
+  if (top_k) r.top_k = static_cast<int64_t>(*top_k);
+  if (seed) r.seed = static_cast<int64_t>(*seed);
+  if (const json::Value* stop = v.find("stop"); stop && stop->kind != json::Value::Kind::Null) {
+    if (stop->is_string()) r.stop.push_back(stop->string);
+    if (stop->is_array())
+      for (const json::Value& x : stop->array) r.stop.push_back(x.is_string() ? x.string : "");
+    const bool ok = (stop->is_string() || stop->is_array()) && r.stop.size() <= 4 &&
+                    std::all_of(r.stop.begin(), r.stop.end(),
+                                [](const std::string& x) { return !x.empty() && x.find('\0') == std::string::npos; });
+    if (!ok) {
+      r.error = "\"stop\" must be a non-empty string or up to 4 of them (without U+0000)";
+      return r;
+    }
   }
   if (const json::Value* mt = v.find("max_tokens")) {
     if (!mt->is_number() || mt->number < 0 || mt->number > 1e9 || mt->number != std::floor(mt->number)) {
@@ -351,8 +403,8 @@ int plan_batch(Args& args, moelite_model* model, int32_t n_ctx, int32_t n_batch,
 // Every request through the library's queue (moelite_queue_*), which admits them in input order
 // into free sequences and batches their steps; results are written to `out` in input order as soon
 // as every earlier one is out. A request that cannot run is answered at once with its error.
-int serve_requests(moelite_context* ctx, const std::vector<Request>& requests, moelite_generate_params* gp,
-                   int64_t seed, int64_t n_seq, FILE* out) {
+int serve_requests(const Args& args, moelite_context* ctx, const std::vector<Request>& requests,
+                   moelite_generate_params* gp, int64_t seed, int64_t n_seq, FILE* out) {
   moelite_status st;
   moelite_queue* queue = nullptr;
   if ((st = moelite_queue_create(ctx, &queue)) != MOELITE_OK) return report(st, "creating the request queue");
@@ -388,12 +440,31 @@ int serve_requests(moelite_context* ctx, const std::vector<Request>& requests, m
       error_line(static_cast<int64_t>(i), r.error);
       continue;
     }
-    // The run's settings with a seed of its own, from --seed and the request's line.
+    // The run's settings with a seed of its own, from --seed and the request's line, and the
+    // request's own sampling fields over them (its stop strings beside --stop's).
     int64_t id = -1;
-    st = moelite_generate_params_set_seed(gp, static_cast<uint64_t>(seed) + static_cast<uint64_t>(i));
-    if (st == MOELITE_OK) st = moelite_generate_params_set_max_tokens(gp, r.max_tokens);
+    moelite_generate_params* rp = gp;
+    std::unique_ptr<moelite_generate_params, void (*)(moelite_generate_params*)> own(nullptr,
+                                                                                   moelite_generate_params_free);
+    if (r.temperature || r.top_p || r.min_p || r.top_k || !r.stop.empty()) {
+      own.reset(moelite_generate_params_create());
+      if (!own) return report(MOELITE_ERR_OUT_OF_MEMORY, "request parameters");
+      if (int rc = generate_params_from_args(args, own.get())) return rc;
+      rp = own.get();
+    }
+    const uint64_t request_seed = r.seed ? static_cast<uint64_t>(*r.seed) : static_cast<uint64_t>(seed) + i;
+    st = moelite_generate_params_set_seed(rp, request_seed);
+    if (st == MOELITE_OK) st = moelite_generate_params_set_max_tokens(rp, r.max_tokens);
+    if (st == MOELITE_OK && r.temperature)
+      st = moelite_generate_params_set_temperature(rp, static_cast<float>(*r.temperature));
+    if (st == MOELITE_OK && r.top_p) st = moelite_generate_params_set_top_p(rp, static_cast<float>(*r.top_p));
+    if (st == MOELITE_OK && r.min_p) st = moelite_generate_params_set_min_p(rp, static_cast<float>(*r.min_p));
+    if (st == MOELITE_OK && r.top_k)
+      st = moelite_generate_params_set_top_k(rp, static_cast<int32_t>(std::min<int64_t>(*r.top_k, INT32_MAX)));
+    for (const std::string& x : r.stop)
+      if (st == MOELITE_OK) st = moelite_generate_params_add_stop(rp, x.c_str());
     if (st == MOELITE_OK)
-      st = moelite_queue_add(queue, r.prompt.data(), static_cast<int32_t>(r.prompt.size()), gp, &id);
+      st = moelite_queue_add(queue, r.prompt.data(), static_cast<int32_t>(r.prompt.size()), rp, &id);
     if (st == MOELITE_ERR_OUT_OF_MEMORY) return report(st, "queueing the requests");
     if (st != MOELITE_OK) {
       error_line(static_cast<int64_t>(i), moelite_last_error());
@@ -560,7 +631,7 @@ int cmd_batch(int argc, char** argv) {
   if (st != MOELITE_OK) return report(st, "creating context");
   std::unique_ptr<moelite_context, void (*)(moelite_context*)> ctx_guard(ctx, moelite_context_free);
 
-  return serve_requests(ctx, requests, gp, seed, n_seq, out);
+  return serve_requests(args, ctx, requests, gp, seed, n_seq, out);
 }
 
 }  // namespace cli

@@ -78,6 +78,43 @@ def test_stop_strings_cut_the_text():
     assert any(r.get("stop") == "stop" for r in results)
 
 
+def test_a_request_sets_its_own_sampling():
+    """A request line's temperature, top_k, top_p, min_p, seed and stop apply to it (each equals
+    `moelite run` with those options); wrong types, out-of-range values and unknown fields are errors
+    naming the field. Before, "temperature": "hot" and any other field but the prompt's were ignored."""
+    os.makedirs(TMP, exist_ok=True)
+    prompt = "def fibonacci(n):"
+    lines = [{"id": "greedy", "prompt": prompt, "max_tokens": 12, "temperature": 0},
+             {"id": "seeded", "prompt": prompt, "max_tokens": 12, "temperature": 1.2, "top_k": 20, "top_p": 0.9,
+              "min_p": 0.02, "seed": 99},
+             {"id": "stopped", "prompt": prompt, "max_tokens": 12, "temperature": 0, "stop": ["(", ":"]},
+             {"id": "hot", "prompt": prompt, "temperature": "hot"},
+             {"id": "typo", "prompt": prompt, "max_token": 5},
+             {"id": "nul", "prompt": prompt, "stop": ["a\u0000"]},
+             {"id": "k", "prompt": prompt, "top_k": 2.5}]
+    path, out = os.path.join(TMP, "sampling.jsonl"), os.path.join(TMP, "sampling-out.jsonl")
+    with open(path, "w") as f:
+        f.write("".join(json.dumps(l) + "\n" for l in lines))
+    r = subprocess.run([BIN, "batch", "-m", MODEL, "-t", "2", "-f", path, "-o", out, "--n-seq", "2", "--temp", "0.8",
+                        "--seed", "11"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    results = {x["id"]: x for x in map(json.loads, open(out))}
+
+    def run(*opts):
+        rr = subprocess.run([BIN, "run", "-m", MODEL, "-t", "2", "-p", prompt, "-n", "12", *opts], capture_output=True,
+                            text=True, timeout=120)
+        assert rr.returncode == 0, rr.stderr
+        return rr.stdout
+
+    assert results["greedy"]["text"] == run("--temp", "0")
+    assert results["seeded"]["text"] == run("--temp", "1.2", "--top-k", "20", "--top-p", "0.9", "--min-p", "0.02",
+                                            "--seed", "99")
+    assert results["stopped"]["text"] == run("--temp", "0", "--stop", "(", "--stop", ":")
+    assert "temperature" in results["hot"]["error"]
+    assert "unknown field" in results["typo"]["error"] and "max_token" in results["typo"]["error"]
+    assert "stop" in results["nul"]["error"] and "top_k" in results["k"]["error"]
+
+
 def test_bad_arguments():
     for args, message in ((["--n-seq", "0"], "--n-seq"), (["--n-seq", "257"], "--n-seq"), ([], "-f")):
         full = [BIN, "batch", "-m", MODEL, *args] + ([] if "-f" == message else ["-f", write_requests()])
