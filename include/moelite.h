@@ -556,10 +556,13 @@ MOELITE_API moelite_status moelite_model_measure_device_bandwidth(moelite_model*
  *  or when the model is freed with a trace still running. Recording costs a clock read and an append per event; at most about
  *  two million events are kept (the file counts the rest as dropped_events).
  *  Errors: MOELITE_ERR_INVALID_ARGUMENT (NULL model or path, a vocabulary-only model, a trace
- *  already running), MOELITE_ERR_IO when `path` cannot be written (checked now by writing an
- *  empty trace there, so a long run cannot lose its trace at the end). Thread-safe. */
+ *  already running), MOELITE_ERR_IO when `path` cannot be written (checked now, writing nothing,
+ *  so a long run cannot lose its trace at the end). `path` is written as every moelite output is:
+ *  a regular file replaced atomically keeping its mode, a symbolic link followed, a device or FIFO
+ *  written into (a FIFO is not opened before the end, so a reader such as `cat` gets the whole
+ *  trace). Thread-safe. */
 MOELITE_API moelite_status moelite_model_trace_begin(moelite_model* model, const char* path);
-/** Stops the trace and writes it (atomically: a reader never sees half a file).
+/** Stops the trace and writes it (a regular file atomically: a reader never sees half a file).
  *  MOELITE_ERR_INVALID_ARGUMENT when no trace runs; MOELITE_ERR_IO when the file cannot be
  *  written (the trace is stopped either way). Thread-safe. */
 MOELITE_API moelite_status moelite_model_trace_end(moelite_model* model);

@@ -61,6 +61,10 @@ struct WritePiece {
   size_t size;
 };
 Status write_file_atomic(const std::string& path, const WritePiece* pieces, size_t n_pieces);
+// Whether write_file_atomic(path, ...) could write, by the same rule, writing nothing: a timeline
+// checks its path when it starts, so the run's trace is not lost at its end. A FIFO is not even
+// opened (its reader would see the end of its stream when this closed it).
+Status check_writable(const std::string& path);
 
 // Appends the whole of a small file (a profile, a trace) to *out. `what` names it in messages
 // ("calibration profile"): MOELITE_ERR_FILE_NOT_FOUND when it cannot be opened, MOELITE_ERR_IO

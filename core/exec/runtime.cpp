@@ -9,6 +9,7 @@
 #include "core/experts/predictor.h"
 #include "core/model/profile.h"
 #include "core/support/timeline.h"
+#include "platforms/platform.h"
 #include "platforms/system_info.h"
 
 namespace moelite {
@@ -28,7 +29,7 @@ Status Runtime::begin_trace(const std::string& path) {
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "a trace of this model is already being recorded (to '%s')",
                 trace_path.c_str());
   auto recorder = std::make_shared<TimelineRecorder>();
-  MOELITE_TRY(recorder->write(path));  // the path must take a file, or the run's trace would be lost at its end
+  MOELITE_TRY(platform::check_writable(path));  // now, or the run's trace would be lost at its end
   trace_path = path;
   if (store) store->set_trace(recorder);
   std::atomic_store(&trace, recorder);

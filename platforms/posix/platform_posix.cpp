@@ -260,6 +260,30 @@ Status write_file_atomic(const std::string& path, const WritePiece* pieces, size
   return MOELITE_OK;
 }
 
+Status check_writable(const std::string& path) {
+  std::string target;
+  if (!follow_links(path, &target))
+    return fail(MOELITE_ERR_IO, "cannot write '%s': too many levels of symbolic links", path.c_str());
+  struct stat old;
+  const bool exists = ::stat(target.c_str(), &old) == 0;
+  if (exists && S_ISDIR(old.st_mode)) return fail(MOELITE_ERR_IO, "cannot write '%s': it is a directory", path.c_str());
+  if (exists && S_ISFIFO(old.st_mode)) return MOELITE_OK;
+  if (exists && !S_ISREG(old.st_mode)) {
+    const int fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return fail(MOELITE_ERR_IO, "cannot write '%s': %s", path.c_str(), strerror(errno));
+    ::close(fd);
+    return MOELITE_OK;
+  }
+  // A regular file is replaced by a rename in its directory: a temporary file there must be possible.
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = target + ".tmp-" + std::to_string(getpid()) + "-check-" + std::to_string(counter++);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return fail(MOELITE_ERR_IO, "cannot write '%s': %s", path.c_str(), strerror(errno));
+  ::close(fd);
+  ::unlink(tmp.c_str());
+  return MOELITE_OK;
+}
+
 Status File::read_at(uint64_t offset, void* dst, uint64_t n) const {
   uint8_t* p = static_cast<uint8_t*>(dst);
   if (n > 0 && fault::should_fail(fault::Kind::kRead))

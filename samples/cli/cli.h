@@ -19,6 +19,9 @@ int usage_error(const std::string& message);
 // progress bar when stderr is a terminal. Returns 0 on success, else the exit code after
 // printing the error.
 int load_model(const Args& args, moelite_model** out, bool vocab_only = false);
+// Frees a model load_model gave: first ends its --trace-events timeline, saying so when the trace
+// cannot be written (then finish_output turns the command's success into exit status 1).
+void free_model(moelite_model* model);
 
 // The expert budget in one line: none, a fixed size, or auto with the terms it was sized from.
 std::string budget_summary(const moelite_model* model);

@@ -21,6 +21,11 @@ int tokenize_file(moelite_model* model, const std::string& path, std::vector<int
   return st == MOELITE_OK ? 0 : report(st, ("tokenizing " + path).c_str());
 }
 
+namespace {
+moelite_model* g_traced_model = nullptr;  // the model whose --trace-events timeline is recording
+bool g_output_failed = false;             // an output other than stdout could not be written
+}  // namespace
+
 int report(moelite_status status, const char* what) {
   fprintf(stderr, "moelite: error: %s: %s: %s\n", what, moelite_status_name(status), moelite_last_error());
   return 1;
@@ -32,6 +37,7 @@ int usage_error(const std::string& message) {
 }
 
 int finish_output(int exit_code) {
+  if (g_output_failed && exit_code == 0) exit_code = 1;  // said already (free_model)
   const bool failed = fflush(stdout) != 0 || ferror(stdout);
   if (failed && exit_code == 0) {  // a failing command has said what went wrong already
     fprintf(stderr, "moelite: error: writing the output failed: %s\n", strerror(errno ? errno : EIO));
@@ -132,7 +138,7 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only) {
   if (st == MOELITE_OK) st = moelite_model_load(path.c_str(), p, out);
   moelite_model_params_free(p);
   if (st != MOELITE_OK) return report(st, ("loading " + path).c_str());
-  // The timeline of the whole command; written when the command frees the model.
+  // The timeline of the whole command; written when the command frees the model (free_model).
   if (args.has("--trace-events") && !vocab_only) {
     st = moelite_model_trace_begin(*out, args.get("--trace-events").c_str());
     if (st != MOELITE_OK) {
@@ -140,8 +146,20 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only) {
       *out = nullptr;
       return report(st, "--trace-events");
     }
+    g_traced_model = *out;
   }
   return 0;
+}
+
+void free_model(moelite_model* model) {
+  if (model && model == g_traced_model) {
+    g_traced_model = nullptr;
+    if (const moelite_status st = moelite_model_trace_end(model); st != MOELITE_OK) {
+      report(st, "--trace-events");
+      g_output_failed = true;
+    }
+  }
+  moelite_model_free(model);
 }
 
 std::string budget_summary(const moelite_model* model) {

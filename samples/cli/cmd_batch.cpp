@@ -243,7 +243,7 @@ int record_prompt_routing(const Args& args, moelite_model* model, const std::vec
     moelite_status st = moelite_model_inspect(path.c_str(), &inspected);
     if (st != MOELITE_OK) return report(st, ("reading " + path).c_str());
     const int64_t smallest = moelite_model_get(inspected, MOELITE_MODEL_EXPERT_MIN_BUDGET);
-    moelite_model_free(inspected);
+    free_model(inspected);
     Args small = args;
     small.set("--budget", std::to_string(smallest));
     small.set("--allocation", "global");
@@ -251,7 +251,7 @@ int record_prompt_routing(const Args& args, moelite_model* model, const std::vec
     if (int rc = load_model(small, &own)) return rc;
     model = own;
   }
-  std::unique_ptr<moelite_model, void (*)(moelite_model*)> own_guard(own, moelite_model_free);
+  std::unique_ptr<moelite_model, void (*)(moelite_model*)> own_guard(own, free_model);
   const int32_t dense = static_cast<int32_t>(moelite_model_get(model, MOELITE_MODEL_N_DENSE_LAYERS));
   out->layers = static_cast<int32_t>(moelite_model_get(model, MOELITE_MODEL_N_LAYERS)) - dense;
   out->k = static_cast<int32_t>(moelite_model_get(model, MOELITE_MODEL_N_EXPERTS_USED));
@@ -330,7 +330,7 @@ int plan_batch(Args& args, moelite_model* model, int32_t n_ctx, int32_t n_batch,
     moelite_status st = moelite_model_inspect(path.c_str(), &inspected);
     if (st != MOELITE_OK) return report(st, ("reading " + path).c_str());
   }
-  std::unique_ptr<moelite_model, void (*)(moelite_model*)> inspected_guard(inspected, moelite_model_free);
+  std::unique_ptr<moelite_model, void (*)(moelite_model*)> inspected_guard(inspected, free_model);
   const moelite_model* subject = model ? model : inspected;
   const bool streams = !model || moelite_model_get(model, MOELITE_MODEL_EXPERT_BUDGET) > 0;
   if (streams && fixed_n > 0 && storage_gbs <= 0) storage_gbs = 1.0;  // the pools do not depend on it: no probe
@@ -596,7 +596,7 @@ int cmd_batch(int argc, char** argv) {
   }
   moelite_model* model = nullptr;
   if (int rc = load_model(args, &model)) return rc;
-  std::unique_ptr<moelite_model, void (*)(moelite_model*)> model_guard(model, moelite_model_free);
+  std::unique_ptr<moelite_model, void (*)(moelite_model*)> model_guard(model, free_model);
   moelite_generate_params* gp = moelite_generate_params_create();
   std::unique_ptr<moelite_generate_params, void (*)(moelite_generate_params*)> gp_guard(gp,
                                                                                         moelite_generate_params_free);

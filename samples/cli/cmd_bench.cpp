@@ -494,7 +494,7 @@ int cmd_bench(int argc, char** argv) {
   if (int rc = parse_bench_args(args, &setup)) return rc;
   moelite_model* model = nullptr;
   if (int rc = load_model(args, &model)) return rc;
-  std::unique_ptr<moelite_model, void (*)(moelite_model*)> model_guard(model, moelite_model_free);
+  std::unique_ptr<moelite_model, void (*)(moelite_model*)> model_guard(model, free_model);
   std::vector<int32_t> prompt, gen;
   if (int rc = bench_tokens(model, args, setup, &prompt, &gen)) return rc;
   BenchContexts contexts(setup, prompt, gen);

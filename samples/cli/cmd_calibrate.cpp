@@ -82,7 +82,7 @@ int cmd_calibrate(int argc, char** argv) {
   if (int rc = load_model(args, &model)) return rc;
   std::vector<int32_t> tokens;
   if (int rc = tokenize_file(model, args.get("-f"), &tokens)) {
-    moelite_model_free(model);
+    free_model(model);
     return rc;
   }
   const size_t corpus_tokens = tokens.size();
@@ -119,7 +119,7 @@ int cmd_calibrate(int argc, char** argv) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   moelite_calibrate_params_free(cp);
   const int64_t layers = n_layers;
-  moelite_model_free(model);
+  free_model(model);
   if (st != MOELITE_OK) return report(st, "calibrating");
   if (args.has("--json"))
     printf("{\"profile\": \"%s\", \"tokens\": %zu, \"layers\": %" PRId64 ", \"seconds\": %.3f}\n",

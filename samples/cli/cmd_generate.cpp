@@ -99,7 +99,7 @@ struct Session {
   ~Session() {
     moelite_generate_params_free(gen);
     moelite_context_free(ctx);
-    moelite_model_free(model);
+    free_model(model);
   }
 };
 
@@ -396,7 +396,7 @@ int cmd_tokenize(int argc, char** argv) {
     ids.resize(static_cast<size_t>(n));
     st = moelite_tokenize(model, text.data(), text.size(), flags, ids.data(), n, &n);
   }
-  moelite_model_free(model);
+  free_model(model);
   if (st != MOELITE_OK) return report(st, "tokenizing");
   for (int32_t i = 0; i < n; ++i) printf("%s%d", i ? " " : "", ids[static_cast<size_t>(i)]);
   printf("\n");

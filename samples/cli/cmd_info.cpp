@@ -161,7 +161,7 @@ int cmd_info(int argc, char** argv) {
     for (const Row& r : rows) printf("%-26s %" PRId64 "\n", r.key, moelite_model_get(model, r.id));
     printf("%-26s %s\n", "budget", budget_summary(model).c_str());
   }
-  moelite_model_free(model);
+  free_model(model);
   return 0;
 }
 

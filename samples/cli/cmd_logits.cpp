@@ -59,7 +59,7 @@ int cmd_logits(int argc, char** argv) {
     }
   }
   moelite_context_free(ctx);
-  moelite_model_free(model);
+  free_model(model);
   return rc;
 }
 

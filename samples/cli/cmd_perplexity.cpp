@@ -40,7 +40,7 @@ int cmd_perplexity(int argc, char** argv) {
   if (int rc = load_model(args, &model)) return rc;
   std::vector<int32_t> tokens;
   if (int rc = tokenize_file(model, args.get("-f"), &tokens)) {
-    moelite_model_free(model);
+    free_model(model);
     return rc;
   }
   const int32_t n = static_cast<int32_t>(tokens.size());
@@ -104,7 +104,7 @@ int cmd_perplexity(int argc, char** argv) {
              ppl, scored, n, n_ctx, experts_per_token,
              budget > 0 ? (", " + std::string(loads_json) + " expert loads/token").c_str() : "");
   }
-  moelite_model_free(model);
+  free_model(model);
   return rc;
 }
 

@@ -77,7 +77,7 @@ int cmd_trace_record(int argc, char** argv) {
     std::vector<int32_t> tokens;
     if (int rc = tokenize_file(model, args.get("-f"), &tokens)) {
       moelite_context_free(ctx);
-      moelite_model_free(model);
+      free_model(model);
       return rc;
     }
     const int64_t n = static_cast<int64_t>(tokens.size());
@@ -91,7 +91,7 @@ int cmd_trace_record(int argc, char** argv) {
     if (int rc = generate_params_from_args(args, gen)) {
       moelite_generate_params_free(gen);
       moelite_context_free(ctx);
-      moelite_model_free(model);
+      free_model(model);
       return rc;
     }
     const std::string prompt = args.get("-p");
@@ -100,7 +100,7 @@ int cmd_trace_record(int argc, char** argv) {
   }
   moelite_context_free(ctx);
   if (st != MOELITE_OK) {
-    moelite_model_free(model);
+    free_model(model);
     return report(st, "recording");
   }
 
@@ -109,7 +109,7 @@ int cmd_trace_record(int argc, char** argv) {
   });
   FILE* f = fopen(out_path.c_str(), "w");
   if (!f) {
-    moelite_model_free(model);
+    free_model(model);
     return usage_error("cannot write '" + out_path + "'");
   }
   fprintf(f, "{\"n_layers\":%" PRId64 ",\"n_experts\":%" PRId64 ",\"top_k\":%" PRId64 "}\n",
@@ -123,7 +123,7 @@ int cmd_trace_record(int argc, char** argv) {
     fprintf(f, "]}\n");
   }
   const bool ok = fclose(f) == 0;
-  moelite_model_free(model);
+  free_model(model);
   if (!ok) return usage_error("writing '" + out_path + "' failed");
   fprintf(stderr, "wrote %zu routing entries to %s\n", rec.entries.size(), out_path.c_str());
   return 0;
