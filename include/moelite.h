@@ -747,6 +747,39 @@ typedef void (*moelite_routing_fn)(int32_t layer, int32_t pos0, int32_t n_tokens
 MOELITE_API moelite_status moelite_context_params_set_routing_callback(moelite_context_params* params,
                                                                        moelite_routing_fn fn, void* user_data);
 
+/** The quality meter, for lossy gating (moelite_model_params_set_gating other than "exact"):
+ *  on a share `sample_rate` in [0, 1] of the decode steps (0: off, the default), the context
+ *  evaluates the step's tokens a second time with exact routing over the same history and compares
+ *  the two next-token distributions (KL divergence, agreement of the most likely token); see
+ *  moelite_context_quality_stats. Which steps are sampled is a hash of the sequence and position:
+ *  the same inputs meter the same tokens, whatever the timing. A metered step costs one more
+ *  evaluation, reading the experts exact routing needs; the context keeps the gated results (the
+ *  exact pass's cache rows are put back), though under a budget the experts it read stay in the
+ *  cache like any others. Steps of prompt prefill are not metered. MOELITE_ERR_INVALID_ARGUMENT
+ *  outside [0, 1] or NaN. */
+MOELITE_API moelite_status moelite_context_params_set_quality_meter(moelite_context_params* params,
+                                                                    double sample_rate);
+
+/** What lossy gating cost this context so far, measured and predicted. Set struct_size to
+ *  sizeof(moelite_quality_stats); fields beyond it are not written. Every field is 0 with exact
+ *  gating. */
+typedef struct moelite_quality_stats {
+  size_t struct_size;
+  uint64_t gated_tokens;          /* tokens evaluated with lossy gating */
+  double predicted_loss;          /* the sensitivity model's loss per token (sum over layers of
+                                     S_l x (weight of the router's experts left out)^2; 0 in "score"
+                                     mode, which has no sensitivities) */
+  uint64_t metered_tokens;        /* next-token distributions compared with exact routing */
+  double kl_mean;                 /* their mean KL(exact || gated), nats per token */
+  double kl_stderr;               /* its standard error (sample standard deviation / sqrt(n)) */
+  double top1_agreement;          /* share of them whose most likely token is the same */
+  double top1_stderr;             /* its standard error, sqrt(a (1 - a) / n) */
+  double predicted_loss_metered;  /* the predicted loss per token of the metered tokens alone */
+  uint64_t meter_evaluations;     /* exact passes run (one per metered step) */
+  double meter_seconds;           /* their time, with saving and restoring the cache rows */
+} moelite_quality_stats;
+MOELITE_API moelite_status moelite_context_quality_stats(const moelite_context* ctx, moelite_quality_stats* out);
+
 /** Creates a context for `model`. The context holds a reference to the model (see
  *  moelite_model_free), so the model may be freed first. `params` may be NULL for defaults.
  *  Free with moelite_context_free(). */

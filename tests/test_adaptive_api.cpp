@@ -714,3 +714,92 @@ TEST(ExpertStoreAdmission, ExtendRoundAddsOnlyWhileThePoolHasRoomAndNobodyWaits)
   a.reset();
   b.reset();
 }
+
+// KL(p || q) of two logit rows, as the definition reads: softmax in long double, then
+// sum p (log p - log q). The meter's own computation is not used.
+double reference_kl(const float* p_logits, const float* q_logits, int64_t n, bool* same_top1) {
+  long double mp = p_logits[0], mq = q_logits[0];
+  int64_t ap = 0, aq = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (p_logits[i] > mp) mp = p_logits[ap = i];
+    if (q_logits[i] > mq) mq = q_logits[aq = i];
+  }
+  long double zp = 0, zq = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    zp += std::exp(static_cast<long double>(p_logits[i]) - mp);
+    zq += std::exp(static_cast<long double>(q_logits[i]) - mq);
+  }
+  long double kl = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const long double p = std::exp(static_cast<long double>(p_logits[i]) - mp) / zp;
+    const long double q = std::exp(static_cast<long double>(q_logits[i]) - mq) / zq;
+    if (p > 0) kl += p * std::log(p / q);
+  }
+  *same_top1 = ap == aq;
+  return static_cast<double>(kl);
+}
+
+TEST_F(AdaptiveApi, TheQualityMeterMeasuresWhatExactRoutingOfEachTokenGives) {
+  // Sensitivity gating, metered at every decode step, against an independent measurement: before
+  // each step the gated context is saved, loaded into a context of an exactly routed model, and
+  // that one evaluates the step's token (same history, exact routing). The meter's mean KL and
+  // top-1 agreement must be those of the two logit rows; the gated results must be those of an
+  // unmetered context, bit for bit.
+  Params p;
+  p.gating = "sensitivity";
+  p.threshold = 0.01f;
+  p.profile = profile_;
+  Loaded gated, plain, exact;
+  ASSERT_EQ(load(p, &gated), MOELITE_OK) << moelite_last_error();
+  ASSERT_EQ(load(p, &plain), MOELITE_OK);
+  ASSERT_EQ(load(Params(), &exact), MOELITE_OK);
+  moelite_context_free(gated.ctx);
+  moelite_context_params* cp = moelite_context_params_create();
+  EXPECT_EQ(moelite_context_params_set_quality_meter(cp, 1.5), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_context_params_set_quality_meter(cp, std::nan("")), MOELITE_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(moelite_context_params_set_quality_meter(cp, 1.0), MOELITE_OK);
+  ASSERT_EQ(moelite_context_create(gated.model, cp, &gated.ctx), MOELITE_OK);
+  moelite_context_params_free(cp);
+
+  const int64_t n_vocab = moelite_model_get(gated.model, MOELITE_MODEL_N_VOCAB);
+  const std::string session = testing::TempDir() + "moelite-meter-" + std::to_string(getpid()) + ".session";
+  const int32_t steps = 24;
+  double kl_sum = 0;
+  int32_t agree = 0, loaded_steps = 0;
+  for (int32_t t = 0; t < steps; ++t) {
+    if (t > 0) {  // the history before step t, evaluated by the exact model's context
+      ASSERT_EQ(moelite_context_save(gated.ctx, session.c_str()), MOELITE_OK) << moelite_last_error();
+      ASSERT_EQ(moelite_context_load(exact.ctx, session.c_str()), MOELITE_OK) << moelite_last_error();
+      ++loaded_steps;
+    }
+    ASSERT_EQ(moelite_eval(gated.ctx, &tokens_[static_cast<size_t>(t)], 1, 0), MOELITE_OK) << moelite_last_error();
+    ASSERT_EQ(moelite_eval(plain.ctx, &tokens_[static_cast<size_t>(t)], 1, 0), MOELITE_OK);
+    ASSERT_EQ(moelite_eval(exact.ctx, &tokens_[static_cast<size_t>(t)], 1, 0), MOELITE_OK);
+    const float* g = moelite_get_logits(gated.ctx, -1);
+    ASSERT_EQ(memcmp(g, moelite_get_logits(plain.ctx, -1), static_cast<size_t>(n_vocab) * sizeof(float)), 0)
+        << "the meter changed the gated logits at step " << t;
+    bool same = false;
+    kl_sum += reference_kl(moelite_get_logits(exact.ctx, -1), g, n_vocab, &same);
+    agree += same ? 1 : 0;
+  }
+  std::remove(session.c_str());
+  ASSERT_EQ(loaded_steps, steps - 1);
+  moelite_quality_stats q = {sizeof q};
+  ASSERT_EQ(moelite_context_quality_stats(gated.ctx, &q), MOELITE_OK);
+  EXPECT_EQ(q.gated_tokens, static_cast<uint64_t>(steps));
+  EXPECT_EQ(q.metered_tokens, static_cast<uint64_t>(steps));
+  EXPECT_EQ(q.meter_evaluations, static_cast<uint64_t>(steps));
+  EXPECT_GT(kl_sum, 0.0) << "gating at this threshold should change some distribution";
+  EXPECT_NEAR(q.kl_mean, kl_sum / steps, 1e-9 * (kl_sum / steps) + 1e-12);
+  EXPECT_DOUBLE_EQ(q.top1_agreement, static_cast<double>(agree) / steps);
+  EXPECT_GT(q.predicted_loss, 0.0);
+  EXPECT_GT(q.meter_seconds, 0.0);
+  // An unmetered context measures nothing; an exact model's meter has nothing to measure.
+  moelite_quality_stats none = {sizeof none};
+  ASSERT_EQ(moelite_context_quality_stats(plain.ctx, &none), MOELITE_OK);
+  EXPECT_EQ(none.metered_tokens, 0u);
+  EXPECT_EQ(none.gated_tokens, static_cast<uint64_t>(steps));
+  EXPECT_GT(none.predicted_loss, 0.0);
+  ASSERT_EQ(moelite_context_quality_stats(exact.ctx, &none), MOELITE_OK);
+  EXPECT_EQ(none.gated_tokens, 0u);
+}

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "core/experts/expert_source.h"
+#include "platforms/platform.h"
 #include "core/experts/predictor.h"
 #include "core/forward/layer_forward.h"
 #include "core/support/abort_scope.h"
@@ -415,11 +416,24 @@ Status Context::eval_seqs(const int32_t* tokens, const int32_t* seq_ids, const u
       if (!seq.ring_pos.empty()) seq.ring_pos[static_cast<size_t>(pos) % seq.ring_pos.size()] = pos;
     }
     Status st;
+    const bool gated = runtime_.gating.mode != GatingMode::Exact;
+    const double predicted_before = s.predicted_loss;
+    float* const batch_logits = out.data() + static_cast<size_t>(rows_done) * static_cast<size_t>(hp.n_vocab);
     try {
-      st = eval_batch(batch_tokens.data(), n, head_rows.data(), static_cast<int32_t>(head_rows.size()),
-                      out.data() + static_cast<size_t>(rows_done) * static_cast<size_t>(hp.n_vocab));
+      st = eval_batch(batch_tokens.data(), n, head_rows.data(), static_cast<int32_t>(head_rows.size()), batch_logits);
+      // The quality meter takes decode steps (a token per sequence) at sampled positions.
+      bool metered = st == MOELITE_OK && gated && opts_.quality_sample_rate > 0.0 && !head_rows.empty() &&
+                     quality_meter_samples(opts_.quality_sample_rate, s.segments[0].seq, s.segments[0].pos0);
+      for (const AttentionSegment& g : s.segments) metered = metered && g.n == 1;
+      if (metered)
+        st = meter_batch(batch_tokens.data(), n, head_rows.data(), static_cast<int32_t>(head_rows.size()),
+                         batch_logits, s.predicted_loss - predicted_before);
     } catch (const std::bad_alloc&) {  // cleaned up below like any other failure
       st = fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory during evaluation");
+    }
+    if (st == MOELITE_OK && gated) {
+      quality_.tokens += static_cast<uint64_t>(n);
+      quality_.predicted_loss += s.predicted_loss - predicted_before;
     }
     if (st != MOELITE_OK) {
       // Let a device finish (or drop) what was recorded before the failure, so the next call
@@ -441,6 +455,67 @@ Status Context::eval_seqs(const int32_t* tokens, const int32_t* seq_ids, const u
   logits_ = std::move(out);
   logits_rows_ = layout.n_rows;
   logits_row_of_ = std::move(layout.row_of);
+  return MOELITE_OK;
+}
+
+Status Context::meter_batch(const int32_t* tokens, int32_t n, const int32_t* head_rows, int32_t n_head,
+                            const float* gated_logits, double predicted_loss) {
+  const double t0 = platform::now_seconds();
+  EvalState& s = state_;
+  Backend& be = *s.backend;
+  const int32_t n_layer = model_.hp.n_layer;
+  // The gated pass's cache rows of these positions, which the exact pass overwrites.
+  const int64_t kv_dim = s.segments[0].kv->kv_dim;
+  const size_t row_floats = static_cast<size_t>(kv_dim);
+  const size_t rows = s.segments.size() * static_cast<size_t>(n_layer);
+  meter_keys_.resize(rows * row_floats);
+  meter_values_.resize(rows * row_floats);
+  auto slot_of = [](const AttentionSegment& g, int32_t l) { return g.pos0 % g.kv->slots[static_cast<size_t>(l)]; };
+  size_t at = 0;
+  for (const AttentionSegment& g : s.segments)
+    for (int32_t l = 0; l < n_layer; ++l, at += row_floats)
+      MOELITE_TRY(be.read_kv(*g.kv, l, slot_of(g, l), 1, meter_keys_.data() + at,
+                             g.kv->values ? meter_values_.data() + at : nullptr));
+  // The exact pass: exact routing, no predictor, no observers, no routing counters.
+  meter_logits_.resize(static_cast<size_t>(n_head) * static_cast<size_t>(model_.hp.n_vocab));
+  static const GatingConfig kExact;
+  const GatingConfig* gating = s.gating;
+  ExpertPredictor* predictor = s.predictor;
+  ForwardHooks* hooks = s.hooks;
+  const moelite_routing_fn on_route = s.on_route;
+  s.gating = &kExact;
+  s.predictor = nullptr;
+  s.hooks = nullptr;
+  s.on_route = nullptr;
+  s.metering = true;
+  Status st = eval_batch(tokens, n, head_rows, n_head, meter_logits_.data());
+  s.gating = gating;
+  s.predictor = predictor;
+  s.hooks = hooks;
+  s.on_route = on_route;
+  s.metering = false;
+  // The context keeps the gated rows, whatever the exact pass did.
+  at = 0;
+  for (const AttentionSegment& g : s.segments)
+    for (int32_t l = 0; l < n_layer; ++l, at += row_floats) {
+      const Status put = be.write_kv(g.kv, l, slot_of(g, l), 1, meter_keys_.data() + at,
+                                     g.kv->values ? meter_values_.data() + at : nullptr);
+      if (st == MOELITE_OK) st = put;
+    }
+  MOELITE_TRY(st);
+  const size_t n_vocab = static_cast<size_t>(model_.hp.n_vocab);
+  for (int32_t r = 0; r < n_head; ++r) {
+    const NextTokenComparison c = compare_next_token(meter_logits_.data() + static_cast<size_t>(r) * n_vocab,
+                                                     gated_logits + static_cast<size_t>(r) * n_vocab,
+                                                     model_.hp.n_vocab);
+    ++quality_.metered;
+    quality_.kl_sum += c.kl;
+    quality_.kl_squares += c.kl * c.kl;
+    quality_.top1_agreements += c.same_top1 ? 1 : 0;
+  }
+  quality_.predicted_metered += predicted_loss;
+  ++quality_.exact_passes;
+  quality_.meter_seconds += platform::now_seconds() - t0;
   return MOELITE_OK;
 }
 

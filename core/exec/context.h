@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "core/exec/quality_meter.h"
 #include "core/exec/runtime.h"
 #include "core/experts/expert_store.h"
 #include "core/experts/predictor.h"
@@ -22,6 +23,8 @@ struct ContextOptions {
   void* abort_user = nullptr;
   moelite_routing_fn on_route = nullptr;
   void* route_user = nullptr;
+  // The quality meter's sampling rate in [0, 1] (core/exec/quality_meter.h); 0: off.
+  double quality_sample_rate = 0.0;
 };
 
 // Expert-store counters as they stood at one moment, or the difference of two such (per layer).
@@ -96,6 +99,8 @@ class Context {
   // layers (no cache-aware gating; a predictor is cloned for it). Otherwise contexts take turns.
   bool evaluates_concurrently() const { return own_backend_ != nullptr; }
   void reset_counters();
+  // The quality meter's totals since the context was made (core/exec/quality_meter.h).
+  const QualityTally& quality() const { return quality_; }
   // Saved state (core/exec/session.cpp): every sequence's tokens and cache rows, written atomically to
   // a versioned file (zstd-compressed where libzstd is present). load() checks the whole file
   // (format, checksum, model, shapes) before it changes anything; it then replaces every sequence
@@ -117,6 +122,11 @@ class Context {
   // Runs one forward pass over state_.segments' rows; the logits of rows head_rows[0..n_head)
   // (ascending) go to logits_out, one after another.
   Status eval_batch(const int32_t* tokens, int32_t n, const int32_t* head_rows, int32_t n_head, float* logits_out);
+  // The quality meter on the batch just evaluated (state_'s segments, every one a single token at
+  // a sampled position): the same batch again with exact routing, its cache rows saved before and
+  // restored after, each head row's next-token distribution compared with `gated_logits`'.
+  Status meter_batch(const int32_t* tokens, int32_t n, const int32_t* head_rows, int32_t n_head,
+                     const float* gated_logits, double predicted_loss);
   // eval_seqs' argument checks: tokens in the vocabulary, sequence ids in range, room in each
   // sequence; *count gets each sequence's tokens.
   Status check_batch(const int32_t* tokens, const int32_t* seq_ids, int32_t n_tokens, std::vector<int32_t>* count) const;
@@ -156,6 +166,8 @@ class Context {
   int32_t logits_rows_ = 0;
   // After eval_seqs: the row of logits_ of each batch token (-1: none); empty after eval().
   std::vector<int32_t> logits_row_of_;
+  QualityTally quality_;
+  std::vector<float> meter_logits_, meter_keys_, meter_values_;  // the meter's scratch
   ExpertCounters counters_baseline_;  // the store's counters of this context at the last reset
   double read_busy_seconds_ = 0;      // accrued over evaluations since then
 };

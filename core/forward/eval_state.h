@@ -83,6 +83,11 @@ struct EvalState {
   // Per layer: tokens routed and experts they kept in this context's passes (its expert stats;
   // the runtime's counters sum every context).
   std::vector<uint64_t> routed_tokens, routed_experts;
+  // The sensitivity model's loss of what gating left out, summed over this context's tokens and
+  // layers (apply_gating's predicted_loss): the quality meter's prediction.
+  double predicted_loss = 0.0;
+  // The quality meter's exact pass (core/exec/quality_meter.h): counts nothing of its own.
+  bool metering = false;
   moelite_routing_fn on_route = nullptr;  // observer of every layer's routing (may be null)
   void* route_user = nullptr;
 

@@ -103,13 +103,15 @@ Status moe_forward(const Model& m, EvalState& s, int32_t l, const Act& x, const 
     candidates = &s.candidates;
   }
   int64_t substituted = 0;
-  const int64_t kept = apply_gating(gating, l, &s.routing, resident, candidates, &substituted);
-  s.routed->add(l, static_cast<uint64_t>(s.n_tokens), static_cast<uint64_t>(kept));
+  const int64_t kept = apply_gating(gating, l, &s.routing, resident, candidates, &substituted, &s.predicted_loss);
   if (s.trace)
     s.trace->complete("route", "router", "evaluation", route_start, TimelineRecorder::now_us(),
                       {{"layer", l}, {"tokens", s.n_tokens}, {"experts", kept}});
-  s.routed_tokens[static_cast<size_t>(l)] += static_cast<uint64_t>(s.n_tokens);
-  s.routed_experts[static_cast<size_t>(l)] += static_cast<uint64_t>(kept);
+  if (!s.metering) {  // the meter's exact pass is not what the context computed
+    s.routed->add(l, static_cast<uint64_t>(s.n_tokens), static_cast<uint64_t>(kept));
+    s.routed_tokens[static_cast<size_t>(l)] += static_cast<uint64_t>(s.n_tokens);
+    s.routed_experts[static_cast<size_t>(l)] += static_cast<uint64_t>(kept);
+  }
   if (s.hooks) s.hooks->on_routing(l, &s.routing);
   if (m.hp.expert_weights_scale != 1.0f)
     for (float& w_j : s.routing.weights) w_j *= m.hp.expert_weights_scale;

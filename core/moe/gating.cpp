@@ -204,7 +204,7 @@ void gating_candidates(const float* logits, int32_t n_expert, const Routing& r, 
 }
 
 int64_t apply_gating(const GatingConfig& config, int32_t layer, Routing* r, std::vector<uint8_t>* resident,
-                     const GatingCandidates* candidates, int64_t* substituted) {
+                     const GatingCandidates* candidates, int64_t* substituted, double* predicted_loss) {
   const int32_t k = r->k;
   if (config.mode == GatingMode::Exact) return int64_t{r->n_tokens} * k;
   const bool sensitive = config.mode == GatingMode::Sensitivity || config.mode == GatingMode::CacheAware;
@@ -234,6 +234,9 @@ int64_t apply_gating(const GatingConfig& config, int32_t layer, Routing* r, std:
     // The scale the kept weights are brought back to: all k weights as the router gave them.
     double all = 0.0;
     for (int32_t j = 0; j < k; ++j) all += w[j];
+    int32_t original_ids[kMaxSubstitutionK];  // to tell the router's own experts from stand-ins
+    const bool track = predicted_loss && sensitive && k <= kMaxSubstitutionK;
+    if (track) std::copy(ids, ids + k, original_ids);
     int64_t swapped = 0;
     if (aware && candidates && candidates->n > 0 && k <= kMaxSubstitutionK) {
       const int32_t now_kept =
@@ -254,6 +257,14 @@ int64_t apply_gating(const GatingConfig& config, int32_t layer, Routing* r, std:
     if (kept == k && swapped == 0) continue;
     double keep = 0.0;
     for (int32_t j = 0; j < kept; ++j) keep += w[order[static_cast<size_t>(j)]];
+    if (track) {
+      double own = 0.0;  // weight of the router's own experts kept
+      for (int32_t j = 0; j < kept; ++j) {
+        const int32_t slot = order[static_cast<size_t>(j)];
+        if (ids[slot] == original_ids[slot]) own += w[slot];
+      }
+      *predicted_loss += s * (all - own) * (all - own);
+    }
     const float scale = keep > 0.0 ? static_cast<float>(all / keep) : 1.0f;
     for (int32_t j = kept; j < k; ++j) {
       ids[order[static_cast<size_t>(j)]] = -1;

@@ -103,8 +103,13 @@ int32_t gating_keep_count_cache_aware(float threshold, float penalty, double s, 
 // depends on the store's state (budget, policy, allocation, earlier evaluations) and on how the
 // evaluation is split into batches -- deterministic for a given sequence of evaluations, but not
 // equal to the resident result.
+//
+// `predicted_loss` (may be null) accumulates the sensitivity model's loss of what was left out:
+// per token S_l * d^2, d the weight of the router's top-k experts the token does not use (a
+// substitute's weight does not count against it). Sensitivity and cache-aware modes only.
 int64_t apply_gating(const GatingConfig& config, int32_t layer, Routing* r, std::vector<uint8_t>* resident = nullptr,
-                     const GatingCandidates* candidates = nullptr, int64_t* substituted = nullptr);
+                     const GatingCandidates* candidates = nullptr, int64_t* substituted = nullptr,
+                     double* predicted_loss = nullptr);
 
 // The router's next `n` experts after each token's top-k in `r`, from its logits (n_tokens rows
 // of n_expert, softmax routing), with weights on the routing's scale (the factor between each

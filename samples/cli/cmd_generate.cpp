@@ -25,7 +25,7 @@ const Command kRunCommand = {"run", "-m MODEL (-p PROMPT | -f FILE) [options]", 
                                           {{"--session"}, "FILE",
                                            "restore the KV cache from FILE when it exists (a prompt that starts with "
                                            "the saved tokens skips them) and save it there afterwards"}},
-                                         {&generate_options(), &model_options()})};
+                                         {&generate_options(), &quality_options(), &model_options()})};
 const Command kChatCommand = {
     "chat", "-m MODEL [--system TEXT] [options]",
     "Interactive multi-turn chat with the model's chat template. When the conversation outgrows the context, the "
@@ -37,7 +37,7 @@ const Command kChatCommand = {
                  {{"-c"}, "CTX", "context length (default: the model's, at most 4096)"},
                  {{"--session"}, "FILE",
                   "restore the conversation's KV cache from FILE when it exists and save it after each answer"}},
-                {&generate_options(), &model_options()})};
+                {&generate_options(), &quality_options(), &model_options()})};
 const Command kTokenizeCommand = {"tokenize", "-m MODEL (-p TEXT | -f FILE) [--add-special] [--parse-special]",
                                   "Prints the token ids of a text.",
                                   with_groups({{{"-p"}, "TEXT", "the text"},
@@ -67,6 +67,17 @@ void print_stats(const moelite_generate_stats& s, bool on_a_new_line = true) {
 bool same_file(int a, int b) {
   struct stat sa, sb;
   return fstat(a, &sa) == 0 && fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+// What lossy gating cost, as the quality meter measured it (--quality-sample).
+void print_quality(moelite_context* ctx) {
+  moelite_quality_stats q = {sizeof q};
+  if (moelite_context_quality_stats(ctx, &q) != MOELITE_OK || q.meter_evaluations == 0) return;
+  fprintf(stderr,
+          "[quality vs exact routing, %" PRIu64 " tokens compared: KL %.4f +- %.4f nats/token, top-1 agreement "
+          "%.3f +- %.3f | predicted loss %.4f/token | meter %.0f ms]\n",
+          q.metered_tokens, q.kl_mean, q.kl_stderr, q.top1_agreement, q.top1_stderr, q.predicted_loss_metered,
+          1000.0 * q.meter_seconds);
 }
 
 // What the experts took and did: how many were held in memory, the store's hit rate and the bytes
@@ -109,8 +120,11 @@ int open_session(const Args& args, Session* s) {
   std::string err;
   if (!args.get_int("-c", 0, &n_ctx, &err)) return usage_error(err);
   if (int rc = load_model(args, &s->model)) return rc;
+  double quality_sample = 0.0;
+  if (!args.get_double("--quality-sample", 0.0, &quality_sample, &err)) return usage_error(err);
   moelite_context_params* cp = moelite_context_params_create();
   moelite_status st = moelite_context_params_set_n_ctx(cp, static_cast<int32_t>(n_ctx));
+  if (st == MOELITE_OK) st = moelite_context_params_set_quality_meter(cp, quality_sample);
   if (st == MOELITE_OK) st = moelite_context_create(s->model, cp, &s->ctx);
   moelite_context_params_free(cp);
   if (st != MOELITE_OK) return report(st, "creating context");
@@ -184,6 +198,7 @@ int cmd_run(int argc, char** argv) {
   }
   print_stats(stats, open_line && !isatty(STDOUT_FILENO) && same_file(STDOUT_FILENO, STDERR_FILENO));
   print_expert_stats(s.model, stats.n_generated_tokens);
+  print_quality(s.ctx);
   return save_session(args, s);
 }
 
@@ -361,6 +376,7 @@ int cmd_chat(int argc, char** argv) {
     if (st == MOELITE_ERR_CONTEXT_FULL)
       fprintf(stderr, "[the answer filled the context; older turns will be dropped]\n");
     print_stats(stats);  // on stderr: the conversation on stdout stays clean
+    print_quality(s.ctx);
     conv.roles.push_back("assistant");
     conv.contents.push_back(harmony ? cap.harmony.answer() : cap.text);
     if (int rc = save_session(args, s)) return rc;

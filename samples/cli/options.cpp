@@ -66,6 +66,12 @@ const std::vector<OptionFamily>& option_families() {
            {{"--seed"}, "S", "sampling seed (default 24301)"},
            {{"--stop"}, "STR", "stop when the text contains STR (repeatable)"},
        }},
+      {"quality meter (with lossy --gating)", "run and chat",
+       {
+           {{"--quality-sample"}, "R",
+            "compare a share R in [0, 1] of the generated tokens with exact routing and print what gating cost "
+            "(KL, top-1 agreement, the sensitivity model's prediction; default 0: off)"},
+       }},
   };
   return families;
 }
@@ -74,7 +80,7 @@ const std::vector<Option>& model_options() {
   static const std::vector<Option> options = [] {
     std::vector<Option> all;
     for (const OptionFamily& f : option_families())
-      if (f.name != "sampling") all.insert(all.end(), f.options.begin(), f.options.end());
+      if (f.taken_by == "every command that loads a model") all.insert(all.end(), f.options.begin(), f.options.end());
     return all;
   }();
   return options;
@@ -83,6 +89,13 @@ const std::vector<Option>& model_options() {
 const std::vector<Option>& generate_options() {
   for (const OptionFamily& f : option_families())
     if (f.name == "sampling") return f.options;
+  static const std::vector<Option> none;
+  return none;
+}
+
+const std::vector<Option>& quality_options() {
+  for (const OptionFamily& f : option_families())
+    if (f.taken_by == "run and chat") return f.options;
   static const std::vector<Option> none;
   return none;
 }
