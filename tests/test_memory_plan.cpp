@@ -151,3 +151,18 @@ TEST(MemoryPlan, AutoSizesWithinTheLayoutsLimits) {
     EXPECT_LE(rt->store->pool_bytes(), plan.budget_bytes);
   }
 }
+
+// Model::load refuses routed experts without rows (test_model_metadata); a model that has some
+// anyway -- here the last layer's, emptied after loading -- gets no plan rather than an expert
+// store sized by bytes that layer does not have.
+TEST(MemoryPlan, ALayerOfExpertsWithoutBytesGetsNoPlan) {
+  std::unique_ptr<Model> m = load_streaming();
+  ASSERT_TRUE(m);
+  LayerExperts& ex = m->layers.back().experts;
+  for (WeightView* v : {&ex.gate, &ex.up, &ex.down}) v->rows = 0;
+  for (ExpertWeights& w : ex.split) w.gate.rows = w.up.rows = w.down.rows = 0;
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(std::string(c.per_layer ? "per-layer " : "") + c.allocation);
+    EXPECT_EQ(create_with(*m, c, m->expert_bytes, nullptr), MOELITE_ERR_BAD_SHAPE) << last_error_message();
+  }
+}

@@ -193,6 +193,15 @@ Status plan_expert_memory(const Model& m, const ExpertMemoryRequest& rq, ExpertM
   }
   if (plan.layout.slot_bytes == 0 || moe_layers <= 0 || hp.n_expert <= 0)
     return fail(MOELITE_ERR_BAD_SHAPE, "an expert budget needs routed experts with bytes; this model has none");
+  // Model::load refuses experts of no rows; a model that has them anyway (one built another way) must
+  // not reach the store, whose slots, reads and quotas are sized by these bytes.
+  for (int32_t l = hp.n_dense_lead; l < hp.n_layer; ++l) {
+    const LayerExperts& ex = m.layers[static_cast<size_t>(l)].experts;
+    const ExpertWeights w = ex.present() ? ex.expert(0) : ExpertWeights{};
+    for (const WeightView* v : {&w.gate, &w.up, &w.down})
+      if (v->rows < 1 || v->row_bytes == 0)
+        return fail(MOELITE_ERR_BAD_SHAPE, "an expert budget needs routed experts with bytes; layer %d's have none", l);
+  }
   // The static policy's hot set from the profile's use counts.
   if (rq.profile) {
     for (const LayerProfile& lp : rq.profile->layers)

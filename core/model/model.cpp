@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "core/model/arch/arch.h"
+#include "core/model/load_checks.h"
 #include "core/model/tensor_binder.h"
 #include "platforms/system_info.h"
 
@@ -158,6 +159,7 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
   const ArchDescriptor& arch = *m->arch;
   m->expert_ffn.activation = arch.expert_activation;
   MOELITE_TRY((arch.read_hparams ? arch.read_hparams : standard_read_hparams)(g, arch, &m->hp));
+  MOELITE_TRY(check_block_count(g, m->hp));
   MOELITE_TRY(report_progress(opts, 0.0f));
 
   // With a budget the file is not mapped at all: the store reads experts with pread/io_uring, and
@@ -170,6 +172,7 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
   b.set_lazy_experts(budgeted || opts.inspect_only);
   MOELITE_TRY(bind_global_tensors(arch, b, m.get()));
   HParams& hp = m->hp;
+  MOELITE_TRY(check_vocabulary(g, *m));
 
   // Layers.
   m->layers.resize(static_cast<size_t>(hp.n_layer));
@@ -178,6 +181,7 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
         (arch.bind_layer ? arch.bind_layer : standard_bind_layer)(b, arch, hp, l, &m->layers[static_cast<size_t>(l)]));
     MOELITE_TRY(report_progress(opts, 0.95f * static_cast<float>(l + 1) / static_cast<float>(hp.n_layer)));
   }
+  MOELITE_TRY(check_expert_widths(*m));
   const LayerWeights& first_moe = m->layers[static_cast<size_t>(hp.n_dense_lead)];
   if (hp.n_ff_expert == 0) {
     const LayerExperts& e0 = first_moe.experts;

@@ -30,6 +30,9 @@ struct HParams {
   std::string arch;
   std::string name;
   int32_t n_layer = 0;
+  // Blocks the file has after the model's own (GLM's multi-token-prediction blocks, not computed):
+  // {arch}.block_count is n_layer + n_nextn.
+  int32_t n_nextn = 0;
   int32_t n_embd = 0;
   int32_t n_head = 0;
   int32_t n_head_kv = 0;

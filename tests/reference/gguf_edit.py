@@ -38,8 +38,9 @@ def merge_gate_up(src, dst):
 
 
 def rewrite(src, dst, drop_keys=(), set_keys=None, drop_tensors=(), retype=None, reshape=None, requantize=None):
-    """Copies a GGUF through the independent reader/writer with the given edits. retype relabels a
-    tensor's bytes (for error tests); requantize {name: type} converts its values to another type."""
+    """Copies a GGUF through the independent reader/writer with the given edits. set_keys {key: (value,
+    type)} or, for an array, {key: (values, 9, element type)}; retype relabels a tensor's bytes (for
+    error tests); requantize {name: type} converts its values to another type."""
     r = GGUFReader(src)
     w = GGUFWriter(dst)
     for key, value in r.metadata.items():
@@ -50,8 +51,11 @@ def rewrite(src, dst, drop_keys=(), set_keys=None, drop_tensors=(), retype=None,
             w.add_array(key, value, elem)
         else:
             w.add(key, value, vtype)
-    for key, (value, vtype) in (set_keys or {}).items():
-        w.add(key, value, vtype)
+    for key, (value, vtype, *elem) in (set_keys or {}).items():  # an array: (values, 9, element type)
+        if vtype == 9:
+            w.add_array(key, value, elem[0])
+        else:
+            w.add(key, value, vtype)
     for name, t in r.tensors.items():
         if name in drop_tensors:
             continue

@@ -503,8 +503,15 @@ def test_deepseek2_gating_defaults():
     sigmoid = engine_logits(edit("d2-47-sigmoid", set_keys={key: (2, 4)}))
     assert nmse(softmax, sigmoid.astype(np.float64)) > 1e-6
     np.testing.assert_array_equal(engine_logits(edit("d2-47-absent", drop_keys=[key])), softmax)
-    glm = edit("d2-47-glm", drop_keys=[key], set_keys={"deepseek2.vocab_size": (154880, 4)})
-    np.testing.assert_array_equal(engine_logits(glm), sigmoid)
+    # A GLM-4.7-Flash-shaped file: its 154880 tokens are its embedding's rows, as the loader requires
+    # (a vocab_size key disagreeing with them is refused: test_model_metadata).
+    glm = make_model("deepseek2-47l-glm-vocab-F32", "deepseek2", "F32", "--n-layer", "47", "--n-embd", "64",
+                     "--n-head", "2", "--kv-lora", "64", "--n-ff-exp", "64", "--n-ff-dense", "64", "--vocab", "154880",
+                     "--tied")
+    glm_sigmoid = engine_logits(rewrite(glm, os.path.join(TMP, "d2-47-glm-sigmoid.gguf"), set_keys={key: (2, 4)}))
+    assert nmse(engine_logits(glm), glm_sigmoid.astype(np.float64)) > 1e-6  # the file as made states softmax
+    np.testing.assert_array_equal(
+        engine_logits(rewrite(glm, os.path.join(TMP, "d2-47-glm-absent.gguf"), drop_keys=[key])), glm_sigmoid)
 
 
 def test_deepseek2_multi_token_prediction_blocks_are_not_run():

@@ -39,8 +39,8 @@ def base_model():
     return generated("qwen2moe", "Q4_K")
 
 
-def load_error(path):
-    r = subprocess.run([BIN, "info", "-m", path], capture_output=True, text=True, timeout=60)
+def load_error(path, *options):
+    r = subprocess.run([BIN, "info", "-m", path, *options], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1, "expected a load failure, got rc=%d\n%s%s" % (r.returncode, r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and "Sanitizer" not in r.stderr
     return r.stderr
@@ -213,3 +213,81 @@ def test_deepseek2_defects(deepseek2_model, edit, status, word):
     name = "deepseek2-" + word.replace(".", "-") + "-" + str(abs(hash(str(sorted(edit.items())))) % 10000)
     err = load_error(rewrite(deepseek2_model, out(name), **edit))
     assert status in err and word in err, err
+
+
+# ---- hyperparameters against their ranges and against the tensors (issue 61, item 3) ----------
+Q2 = "qwen2moe."
+ARR = 9
+NAN, INF = float("nan"), float("inf")
+
+
+def zero_width_experts(r, layers):
+    """The routed experts of `layers` with no rows, and no expert_feed_forward_length to say so."""
+    shapes = {}
+    for l in layers:
+        ne = r.tensors["blk.%d.ffn_gate_exps.weight" % l]["ne"]
+        for m in ("gate", "up"):
+            shapes["blk.%d.ffn_%s_exps.weight" % (l, m)] = [ne[0], 0, ne[2]]
+        shapes["blk.%d.ffn_down_exps.weight" % l] = [0, ne[0], ne[2]]
+    return dict(drop_keys=[Q2 + "expert_feed_forward_length"], reshape=shapes)
+
+
+def vocabulary_of(r, n):
+    """tokenizer.ggml.tokens (and token types) cut or padded to n entries."""
+    tokens = list(r.metadata["tokenizer.ggml.tokens"]) + ["<pad%d>" % i for i in range(n)]
+    types = list(r.metadata["tokenizer.ggml.token_type"]) + [1] * n
+    return dict(set_keys={"tokenizer.ggml.tokens": (tokens[:n], ARR, STR),
+                          "tokenizer.ggml.token_type": (types[:n], ARR, r.value_types["tokenizer.ggml.token_type"][1])})
+
+
+def float_key(suffix, value):
+    return lambda r: dict(set_keys={Q2 + suffix: (value, F32)})
+
+
+HYPERPARAMETER_DEFECTS = [
+    ("zero-ff", lambda r: zero_width_experts(r, [0, 1]), Q2 + "expert_feed_forward_length"),
+    ("zero-ff-layer1", lambda r: zero_width_experts(r, [1]), Q2 + "expert_feed_forward_length"),
+    ("eps-nan", float_key("attention.layer_norm_rms_epsilon", NAN), Q2 + "attention.layer_norm_rms_epsilon"),
+    ("eps-zero", float_key("attention.layer_norm_rms_epsilon", 0.0), Q2 + "attention.layer_norm_rms_epsilon"),
+    ("eps-neg", float_key("attention.layer_norm_rms_epsilon", -1e-6), Q2 + "attention.layer_norm_rms_epsilon"),
+    ("base-zero", float_key("rope.freq_base", 0.0), Q2 + "rope.freq_base"),
+    ("base-nan", float_key("rope.freq_base", NAN), Q2 + "rope.freq_base"),
+    ("base-neg", float_key("rope.freq_base", -10000.0), Q2 + "rope.freq_base"),
+    ("base-inf", float_key("rope.freq_base", INF), Q2 + "rope.freq_base"),
+    ("weights-scale-nan", float_key("expert_weights_scale", NAN), Q2 + "expert_weights_scale"),
+    ("attn-factor-zero", float_key("rope.scaling.attn_factor", 0.0), Q2 + "rope.scaling.attn_factor"),
+    ("vocab-short", lambda r: vocabulary_of(r, 400), "tokenizer.ggml.tokens"),
+    ("vocab-long", lambda r: vocabulary_of(r, 600), "tokenizer.ggml.tokens"),
+    ("blocks-fewer", lambda r: dict(set_keys={Q2 + "block_count": (1, U32)}), Q2 + "block_count"),
+    ("blocks-more", lambda r: dict(set_keys={Q2 + "block_count": (3, U32)}), Q2 + "block_count"),
+    ("rope-type", lambda r: dict(set_keys={Q2 + "rope.scaling.type": ("ntk-by-parts", STR)}), Q2 + "rope.scaling.type"),
+]
+
+
+@pytest.mark.parametrize("name,edit,key", HYPERPARAMETER_DEFECTS, ids=[c[0] for c in HYPERPARAMETER_DEFECTS])
+def test_bad_hyperparameters(base_model, name, edit, key):
+    """Each would load and then compute something else (NaN logits, fewer layers, ids without text,
+    experts of no width, a scaling not applied): BAD_METADATA naming the key, with or without a
+    budget (the expert store sizes its slots from the experts' bytes)."""
+    p = rewrite(base_model, out("hp-" + name), **edit(GGUFReader(base_model)))
+    for options in ((), ("--budget", "1M")):
+        err = load_error(p, *options)
+        assert "MOELITE_ERR_BAD_METADATA" in err and "'%s'" % key in err, err
+
+
+def test_gpt_oss_windowed_rope_base(gpt_oss_model):
+    err = load_error(rewrite(gpt_oss_model, out("gpt-oss-swa-base"),
+                             set_keys={"gpt-oss.rope.freq_base_swa": (INF, F32)}))
+    assert "MOELITE_ERR_BAD_METADATA" in err and "'gpt-oss.rope.freq_base_swa'" in err, err
+
+
+def test_deepseek2_prediction_blocks_may_be_left_out(deepseek2_model):
+    """GLM's multi-token-prediction blocks (nextn_predict_layers, the last blocks) are never computed:
+    a file without their tensors loads; a block_count beyond them still does not."""
+    p = rewrite(deepseek2_model, out("deepseek2-nextn-absent"),
+                set_keys={D2 + "block_count": (3, U32), D2 + "nextn_predict_layers": (1, U32)})
+    r = subprocess.run([BIN, "info", "-m", p], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    err = load_error(rewrite(deepseek2_model, out("deepseek2-nextn-short"),
+                             set_keys={D2 + "block_count": (4, U32), D2 + "nextn_predict_layers": (1, U32)}))
+    assert "MOELITE_ERR_BAD_METADATA" in err and "'deepseek2.block_count'" in err, err

@@ -50,13 +50,29 @@ Status bind_attention(TensorBinder& binder, const ArchDescriptor& arch, const HP
 // the routed experts' matrices: stacked per kind (ffn_*_exps), gate and up stacked together
 // (ffn_gate_up_exps), or one tensor per expert;
 Status bind_routed_experts(TensorBinder& binder, const HParams& hp, int32_t layer, LayerExperts* out);
+// Typed, range-checked keys (core/model/arch/metadata_keys.cpp).
 // The integer key "{arch}.suffix" in [lo, hi]: required (MISSING_METADATA when absent or not an
 // integer), or optional (fallback when absent); BAD_METADATA outside the range.
 Status required_int(const gguf::Reader& gguf, const std::string& arch, const char* suffix, int64_t lo, int64_t hi,
                     int32_t* out);
 Status optional_int(const gguf::Reader& gguf, const std::string& arch, const char* suffix, int64_t lo, int64_t hi,
                     int32_t fallback, int32_t* out);
-// `{arch}.rope.scaling.*` (none, linear or YaRN).
-Status read_rope_scaling(const gguf::Reader& gguf, const std::string& arch, int32_t n_ctx_train, RopeScaling* out);
+// A number key, as a float, finite and in (lo, hi] (lo and hi may be infinities: hi = +inf is "any
+// finite value above lo"): MISSING_METADATA when required and absent or when not a number,
+// BAD_METADATA (naming the key and the range) when NaN, infinite or outside. float_key_in takes the
+// whole key; absent, it gives `fallback`.
+Status float_key_in(const gguf::Reader& gguf, const std::string& key, double lo, double hi, double fallback,
+                    float* out);
+Status required_float(const gguf::Reader& gguf, const std::string& arch, const char* suffix, double lo, double hi,
+                      float* out);
+Status optional_float(const gguf::Reader& gguf, const std::string& arch, const char* suffix, double lo, double hi,
+                      double fallback, float* out);
+// The largest multiplier a file may give (expert_weights_scale, rope attention factor, Granite's
+// scales): far above any real model's (DeepSeek-V2's expert_weights_scale is 16, Granite's
+// embedding_scale 12), and small enough that the activations it scales stay far from float overflow.
+constexpr double kMaxMultiplier = 1e6;
+// `{arch}.rope.scaling.*` (none, linear or YaRN; longrope where the architecture reads LongRoPE
+// factors). An unknown type is BAD_METADATA naming the key and the accepted values.
+Status read_rope_scaling(const gguf::Reader& gguf, const ArchDescriptor& arch, int32_t n_ctx_train, RopeScaling* out);
 
 }  // namespace moelite

@@ -73,6 +73,7 @@ Status read_deepseek2(const gguf::Reader& g, const ArchDescriptor& arch, HParams
   int32_t nextn = 0;
   MOELITE_TRY(optional_int(g, a, "nextn_predict_layers", 0, hp->n_layer - 1, 0, &nextn));
   hp->n_layer -= nextn;
+  hp->n_nextn = nextn;
   // Files converted for MLA state the latent cache's widths in key_length/value_length and the
   // per-head sizes in the *_mla keys; older files state the per-head sizes directly.
   const bool mla_keys = g.find(a + ".attention.key_length_mla") || g.find(a + ".attention.value_length_mla");

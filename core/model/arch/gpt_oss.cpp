@@ -9,6 +9,7 @@
 //   - experts with per-output biases and the clamped SwiGLU (gate <= 7, |up| <= 7,
 //     out = gate * sigmoid(1.702 gate) * (up + 1)), usually in MXFP4.
 // Facts as llama.cpp's openai-moe model reads them (docs/moe-archs.md).
+#include <limits>
 #include <string>
 
 #include "core/model/arch/arch.h"
@@ -37,14 +38,9 @@ Status read_gpt_oss(const gguf::Reader& g, const ArchDescriptor& arch, HParams* 
   hp->attn_window.assign(static_cast<size_t>(hp->n_layer), 0);
   for (int32_t l = 0; l < hp->n_layer; ++l)
     if (period == 0 || l % period < period - 1) hp->attn_window[static_cast<size_t>(l)] = static_cast<int32_t>(window);
-  const std::string swa_base = a + ".rope.freq_base_swa";
-  if (g.find(swa_base)) {
-    double base;
-    if (!g.get_float(swa_base, &base) || !(base > 1.0))
-      return fail(MOELITE_ERR_BAD_METADATA, "metadata key '%s' must be a number above 1", swa_base.c_str());
-    hp->rope_windowed.freq_base = static_cast<float>(base);
-  }
-  return MOELITE_OK;
+  // The windowed layers' rope base, as rope.freq_base: finite and above 1.
+  return optional_float(g, a, "rope.freq_base_swa", 1.0, std::numeric_limits<double>::infinity(), hp->rope.freq_base,
+                        &hp->rope_windowed.freq_base);
 }
 
 Status bind_gpt_oss(TensorBinder& b, const ArchDescriptor& arch, const HParams& hp, int32_t l, LayerWeights* w) {

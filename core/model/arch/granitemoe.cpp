@@ -21,8 +21,8 @@ Status multiplier(const gguf::Reader& g, const std::string& arch, const char* su
     return MOELITE_OK;
   }
   double v;
-  if (!g.get_float(key, &v) || !(v >= 0.0 && v < 1e30))
-    return fail(MOELITE_ERR_BAD_METADATA, "metadata key '%s' must be a non-negative number", key.c_str());
+  if (!g.get_float(key, &v) || !(v >= 0.0 && v <= kMaxMultiplier))
+    return fail(MOELITE_ERR_BAD_METADATA, "metadata key '%s' must be a number in [0, %g]", key.c_str(), kMaxMultiplier);
   if (v > 0.0) *out = static_cast<float>(v);
   return MOELITE_OK;
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "core/model/arch/arch.h"
@@ -11,86 +12,77 @@
 
 namespace moelite {
 
-// A required integer key "{arch}.suffix" in [lo, hi] (declared in arch.h).
-Status required_int(const gguf::Reader& g, const std::string& arch, const char* suffix, int64_t lo, int64_t hi,
-                    int32_t* out) {
-  const std::string key = arch + "." + suffix;
-  int64_t v;
-  if (!g.find(key)) return fail(MOELITE_ERR_MISSING_METADATA, "metadata key '%s' is required but absent", key.c_str());
-  if (!g.get_int(key, &v))
-    return fail(MOELITE_ERR_MISSING_METADATA, "metadata key '%s' must be an integer", key.c_str());
-  if (v < lo || v > hi)
-    return fail(MOELITE_ERR_BAD_METADATA, "metadata key '%s' = %" PRId64 " is outside [%" PRId64 ", %" PRId64 "]",
-                key.c_str(), v, lo, hi);
-  *out = static_cast<int32_t>(v);
-  return MOELITE_OK;
-}
-
-Status optional_int(const gguf::Reader& g, const std::string& arch, const char* suffix, int64_t lo, int64_t hi,
-                    int32_t fallback, int32_t* out) {
-  if (!g.find(arch + "." + suffix)) {
-    *out = fallback;
-    return MOELITE_OK;
-  }
-  return required_int(g, arch, suffix, lo, hi, out);
-}
-
 namespace {
 
-Status optional_float(const gguf::Reader& g, const std::string& key, double fallback, float* out) {
-  double v = fallback;
-  if (g.find(key) && !g.get_float(key, &v))
-    return fail(MOELITE_ERR_MISSING_METADATA, "metadata key '%s' must be a number", key.c_str());
-  *out = static_cast<float>(v);
-  return MOELITE_OK;
-}
-
 std::string blk(int32_t layer, const char* suffix) { return "blk." + std::to_string(layer) + "." + suffix; }
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // YaRN's magnitude factor for a scale s and a multiplier m: 1 + 0.1 m ln s (1 for s <= 1).
 double yarn_mscale(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
 
 }  // namespace
 
-Status read_rope_scaling(const gguf::Reader& g, const std::string& a, int32_t n_ctx_train, RopeScaling* out) {
+Status read_rope_scaling(const gguf::Reader& g, const ArchDescriptor& arch, int32_t n_ctx_train, RopeScaling* out) {
+  const std::string a = arch.name;
   RopeScaling sc;
   // rope.scaling.attn_factor scales cos and sin whatever the type, none included (Phi-3 files
   // carry it alone, beside their LongRoPE factors).
-  MOELITE_TRY(optional_float(g, a + ".rope.scaling.attn_factor", 1.0, &sc.attn_factor));
+  MOELITE_TRY(optional_float(g, a, "rope.scaling.attn_factor", 0.0, kMaxMultiplier, 1.0, &sc.attn_factor));
   std::string type = "none";
   const std::string type_key = a + ".rope.scaling.type";
   if (g.find(type_key) && !g.get_string(type_key, &type))
     return fail(MOELITE_ERR_BAD_METADATA, "metadata key '%s' must be a string", type_key.c_str());
+  // llama.cpp's names. An unknown one is refused rather than read as none: the file asks for a
+  // context extension that would otherwise silently not be applied.
+  const bool longrope = type == "longrope";
+  if (type != "none" && type != "linear" && type != "yarn" && !longrope)
+    return fail(MOELITE_ERR_BAD_METADATA, "metadata key '%s' = '%s' is not a rope scaling type (none, linear, yarn%s)",
+                type_key.c_str(), type.c_str(), arch.rope_factors ? ", longrope" : "");
+  // LongRoPE's angles come from the rope_factors tensors, which only some architectures read.
+  if (longrope && !arch.rope_factors)
+    return fail(MOELITE_ERR_UNSUPPORTED_ARCH,
+                "metadata key '%s' = 'longrope' is not supported by architecture '%s' (none, linear, yarn)",
+                type_key.c_str(), a.c_str());
+  std::string factor_key = a + ".rope.scaling.factor";
   float factor = 0.0f;
-  MOELITE_TRY(optional_float(g, a + ".rope.scaling.factor", 0.0, &factor));
-  if (factor == 0.0f) MOELITE_TRY(optional_float(g, a + ".rope.scale_linear", 0.0, &factor));  // older key
+  MOELITE_TRY(float_key_in(g, factor_key, -kInf, kInf, 0.0, &factor));
+  if (factor == 0.0f) {  // the older key
+    factor_key = a + ".rope.scale_linear";
+    MOELITE_TRY(float_key_in(g, factor_key, -kInf, kInf, 0.0, &factor));
+  }
   if (type != "none" && factor != 0.0f && factor != 1.0f) {
+    if (longrope)
+      return fail(MOELITE_ERR_UNSUPPORTED_ARCH,
+                  "metadata key '%s' = %g with rope.scaling.type 'longrope' is not supported", factor_key.c_str(),
+                  static_cast<double>(factor));
     if (!(factor > 1.0f && factor <= 1024.0f))
-      return fail(MOELITE_ERR_BAD_METADATA, "rope.scaling.factor %g is outside (1, 1024]", static_cast<double>(factor));
+      return fail(MOELITE_ERR_BAD_METADATA, "metadata key '%s' = %g is outside (1, 1024]", factor_key.c_str(),
+                  static_cast<double>(factor));
     sc.factor = factor;
     if (type == "linear") {
       sc.type = RopeScalingType::Linear;
-    } else if (type == "yarn") {
+    } else {
       sc.type = RopeScalingType::Yarn;
       MOELITE_TRY(optional_int(g, a, "rope.scaling.original_context_length", 1, MOELITE_MAX_CONTEXT, n_ctx_train,
                                &sc.n_ctx_orig));
-      MOELITE_TRY(optional_float(g, a + ".rope.scaling.yarn_beta_fast", 32.0, &sc.beta_fast));
-      MOELITE_TRY(optional_float(g, a + ".rope.scaling.yarn_beta_slow", 1.0, &sc.beta_slow));
+      // Rotations over the original context: positive, or the ramp's log turns NaN.
+      MOELITE_TRY(optional_float(g, a, "rope.scaling.yarn_beta_fast", 0.0, kMaxMultiplier, 32.0, &sc.beta_fast));
+      MOELITE_TRY(optional_float(g, a, "rope.scaling.yarn_beta_slow", 0.0, kMaxMultiplier, 1.0, &sc.beta_slow));
       float log_mul = 0.0f;
-      MOELITE_TRY(optional_float(g, a + ".rope.scaling.yarn_log_multiplier", 0.0, &log_mul));
+      MOELITE_TRY(optional_float(g, a, "rope.scaling.yarn_log_multiplier", -kInf, kInf, 0.0, &log_mul));
       // With a log multiplier (DeepSeek's mscale_all_dim) the magnitude is mscale(s, 1) / mscale(s, m)
       // rather than mscale(s, 1); rope_angles applies mscale(s, 1), so the rest goes in attn_factor.
-      if (log_mul != 0.0f) sc.attn_factor *= static_cast<float>(1.0 / yarn_mscale(factor, log_mul));
-    } else {
-      return fail(MOELITE_ERR_UNSUPPORTED_ARCH, "rope.scaling.type '%s' is not supported (none, linear, yarn)",
-                  type.c_str());
+      if (log_mul != 0.0f) {
+        sc.attn_factor *= static_cast<float>(1.0 / yarn_mscale(factor, log_mul));
+        if (!(sc.attn_factor > 0.0f && sc.attn_factor <= kMaxMultiplier))
+          return fail(MOELITE_ERR_BAD_METADATA,
+                      "metadata key '%s.rope.scaling.yarn_log_multiplier' = %g gives the attention factor %g, "
+                      "outside (0, %g]",
+                      a.c_str(), static_cast<double>(log_mul), static_cast<double>(sc.attn_factor), kMaxMultiplier);
+      }
     }
   }
-  // A hostile file must not turn the angles into NaN: every factor positive and finite.
-  for (const float v : {sc.beta_fast, sc.beta_slow, sc.attn_factor})
-    if (!(v > 0.0f && v < 1e30f))
-      return fail(MOELITE_ERR_BAD_METADATA, "%s.rope.scaling: a YaRN beta or attention factor (%g) is not a positive number",
-                  a.c_str(), static_cast<double>(v));
   *out = sc;
   return MOELITE_OK;
 }
@@ -101,14 +93,17 @@ Status standard_read_hparams(const gguf::Reader& g, const ArchDescriptor& arch, 
   MOELITE_TRY(required_int(g, a, "embedding_length", 1, MOELITE_MAX_WIDTH, &hp->n_embd));
   MOELITE_TRY(required_int(g, a, "attention.head_count", 1, MOELITE_MAX_HEADS, &hp->n_head));
   MOELITE_TRY(optional_int(g, a, "attention.head_count_kv", 1, MOELITE_MAX_HEADS, hp->n_head, &hp->n_head_kv));
+  // Each key/value head serves n_head / n_head_kv query heads.
   if (hp->n_head % hp->n_head_kv != 0)
-    return fail(MOELITE_ERR_BAD_METADATA, "head_count %d is not a multiple of head_count_kv %d", hp->n_head,
-                hp->n_head_kv);
+    return fail(MOELITE_ERR_BAD_METADATA,
+                "metadata key '%s.attention.head_count' = %d is not a multiple of "
+                "'%s.attention.head_count_kv' = %d",
+                a.c_str(), hp->n_head, a.c_str(), hp->n_head_kv);
   if (hp->n_embd % hp->n_head != 0 && !g.find(a + ".attention.key_length"))
     return fail(MOELITE_ERR_BAD_METADATA,
-                "embedding_length %d is not a multiple of head_count %d and "
-                "attention.key_length is absent",
-                hp->n_embd, hp->n_head);
+                "metadata key '%s.embedding_length' = %d is not a multiple of '%s.attention.head_count' = %d and "
+                "'%s.attention.key_length' is absent",
+                a.c_str(), hp->n_embd, a.c_str(), hp->n_head, a.c_str());
   MOELITE_TRY(
       optional_int(g, a, "attention.key_length", 1, MOELITE_MAX_HEAD_DIM, hp->n_embd / hp->n_head, &hp->head_dim));
   if (hp->head_dim > MOELITE_MAX_HEAD_DIM)  // the default n_embd / n_head was not range-checked
@@ -116,20 +111,24 @@ Status standard_read_hparams(const gguf::Reader& g, const ArchDescriptor& arch, 
                 MOELITE_MAX_HEAD_DIM);
   MOELITE_TRY(optional_int(g, a, "attention.value_length", 1, MOELITE_MAX_HEAD_DIM, hp->head_dim, &hp->head_dim_v));
   MOELITE_TRY(optional_int(g, a, "rope.dimension_count", 2, hp->head_dim, hp->head_dim, &hp->n_rot));
-  if (hp->n_rot % 2 != 0) return fail(MOELITE_ERR_BAD_METADATA, "rope.dimension_count %d must be even", hp->n_rot);
+  // Rope turns pairs of dimensions.
+  if (hp->n_rot % 2 != 0)
+    return fail(MOELITE_ERR_BAD_METADATA, "metadata key '%s.rope.dimension_count' = %d must be even", a.c_str(),
+                hp->n_rot);
   MOELITE_TRY(optional_int(g, a, "context_length", 1, MOELITE_MAX_CONTEXT, 4096, &hp->n_ctx_train));
   MOELITE_TRY(required_int(g, a, "expert_count", 1, MOELITE_MAX_EXPERTS, &hp->n_expert));
   MOELITE_TRY(required_int(g, a, "expert_used_count", 1, hp->n_expert, &hp->n_expert_used));
   MOELITE_TRY(optional_int(g, a, "expert_feed_forward_length", 1, MOELITE_MAX_WIDTH, 0, &hp->n_ff_expert));
   MOELITE_TRY(optional_int(g, a, "expert_shared_feed_forward_length", 1, MOELITE_MAX_WIDTH, 0, &hp->n_ff_shared));
-  const std::string eps_key = a + ".attention.layer_norm_rms_epsilon";
-  if (!g.find(eps_key))
-    return fail(MOELITE_ERR_MISSING_METADATA, "metadata key '%s' is required but absent", eps_key.c_str());
-  MOELITE_TRY(optional_float(g, eps_key, 1e-6, &hp->rms_eps));
+  // RMSNorm divides by sqrt(mean(x^2) + eps): eps must be positive (0 divides a zero row by 0) and
+  // small (real models: 1e-5 .. 1e-6; one above 1 would swamp the activations it normalises).
+  MOELITE_TRY(required_float(g, a, "attention.layer_norm_rms_epsilon", 0.0, 1.0, &hp->rms_eps));
   hp->rope.style = arch.rope_style;
   hp->rope.n_rot = hp->n_rot;
-  MOELITE_TRY(optional_float(g, a + ".rope.freq_base", 10000.0, &hp->rope.freq_base));
-  MOELITE_TRY(read_rope_scaling(g, a, hp->n_ctx_train, &hp->rope.scaling));
+  // Pair i turns at freq_base^(-2i/n_rot), and YaRN divides by ln(freq_base): a base of 1 or below
+  // gives no decaying frequencies (real models: 1e4 .. 1e7).
+  MOELITE_TRY(optional_float(g, a, "rope.freq_base", 1.0, kInf, 10000.0, &hp->rope.freq_base));
+  MOELITE_TRY(read_rope_scaling(g, arch, hp->n_ctx_train, &hp->rope.scaling));
   MOELITE_TRY(optional_int(g, a, "rope.scaling.original_context_length", 1, MOELITE_MAX_CONTEXT, hp->n_ctx_train,
                            &hp->rope_n_ctx_orig));
   hp->rope_windowed = hp->rope;
@@ -141,7 +140,8 @@ Status standard_read_hparams(const gguf::Reader& g, const ArchDescriptor& arch, 
       return fail(MOELITE_ERR_MISSING_METADATA, "metadata key '%s.expert_weights_norm' must be a bool", a.c_str());
     hp->norm_topk = norm;
   }
-  MOELITE_TRY(optional_float(g, a + ".expert_weights_scale", 1.0, &hp->expert_weights_scale));
+  // Multiplies every routed expert's weight: 0 would silence the experts, a negative value flip them.
+  MOELITE_TRY(optional_float(g, a, "expert_weights_scale", 0.0, kMaxMultiplier, 1.0, &hp->expert_weights_scale));
   hp->qk_norm = arch.qk_norm;
   g.get_string("general.name", &hp->name);
   return MOELITE_OK;
