@@ -310,7 +310,8 @@ MOELITE_API moelite_status moelite_model_params_set_profile(moelite_model_params
 /** Adaptive top-k gating. `mode`: "exact" (default: the model's own top-k; results never depend
  *  on the budget), "sensitivity" (AdapMoE: after top-k and renormalisation, the lowest-weight
  *  experts are dropped while (sum of dropped weights)^2 * S_l < threshold, S_l being layer l's
- *  sensitivity from the profile, which is then required), "cache-aware" (sensitivity gating in
+ *  sensitivity from the profile, which is then required unless a quality target governs the
+ *  context), "cache-aware" (sensitivity gating in
  *  which an expert that is not resident in the expert store when its layer is routed -- one whose
  *  use would be a read from storage -- is dropped while that predicted loss is below
  *  threshold x penalty instead, see moelite_model_params_set_gating_penalty; needs the profile
@@ -323,7 +324,9 @@ MOELITE_API moelite_status moelite_model_params_set_profile(moelite_model_params
  *  loads land asynchronously and may change them). Without an expert budget every expert is
  *  resident and "cache-aware" gives the "sensitivity" results bit for bit.
  *  MOELITE_ERR_INVALID_ARGUMENT for an unknown mode or a negative or non-finite threshold; at
- *  load, MOELITE_ERR_BAD_PROFILE for "sensitivity" or "cache-aware" without a profile. */
+ *  moelite_context_create, MOELITE_ERR_BAD_PROFILE for "sensitivity" or "cache-aware" without a
+ *  profile, unless the context has a quality target (moelite_context_params_set_quality_target),
+ *  whose governor learns the sensitivities' scale instead. */
 MOELITE_API moelite_status moelite_model_params_set_gating(moelite_model_params* params, const char* mode,
                                                            float threshold);
 /** Cache-aware gating's penalty P >= 1 (default 4): a non-resident expert may be dropped at up to
@@ -759,6 +762,25 @@ MOELITE_API moelite_status moelite_context_params_set_routing_callback(moelite_c
  *  outside [0, 1] or NaN. */
 MOELITE_API moelite_status moelite_context_params_set_quality_meter(moelite_context_params* params,
                                                                     double sample_rate);
+/** The quality governor: the context moves its gating threshold, step by step, to hold what gating
+ *  costs at `target`: "1%" or "0.5%" (a perplexity rise, taken as a KL of ln(1 + rise) per token:
+ *  the cross-entropy's expected growth when text follows the exact model) or "kl:0.01" (nats per
+ *  token); NULL or "" for none (the default). Needs "sensitivity" or "cache-aware" gating
+ *  (moelite_context_create: MOELITE_ERR_INVALID_ARGUMENT otherwise); the model's profile is then
+ *  optional: without one every layer's sensitivity starts at 1 and the governor learns their
+ *  scale from the quality meter, starting from (almost) exact routing; with one it starts from the
+ *  model's threshold. The meter samples one decode step in eight unless
+ *  moelite_context_params_set_quality_meter says otherwise. The trajectory depends on the inputs,
+ *  the parameters and the sampled positions only, never on timing (with a predictor and a budget
+ *  too; cache-aware gating excepted, whose choices read what the store holds).
+ *  MOELITE_ERR_INVALID_ARGUMENT for a target that does not parse or lies outside (0 %, 100 %] or
+ *  (0, 10] nats. */
+MOELITE_API moelite_status moelite_context_params_set_quality_target(moelite_context_params* params,
+                                                                     const char* target);
+/** The thresholds the governor may use, min >= 0, max >= min (default [0, 1e30]).
+ *  MOELITE_ERR_INVALID_ARGUMENT otherwise. */
+MOELITE_API moelite_status moelite_context_params_set_quality_bounds(moelite_context_params* params,
+                                                                     double min_threshold, double max_threshold);
 
 /** What lossy gating cost this context so far, measured and predicted. Set struct_size to
  *  sizeof(moelite_quality_stats); fields beyond it are not written. Every field is 0 with exact
@@ -777,6 +799,9 @@ typedef struct moelite_quality_stats {
   double predicted_loss_metered;  /* the predicted loss per token of the metered tokens alone */
   uint64_t meter_evaluations;     /* exact passes run (one per metered step) */
   double meter_seconds;           /* their time, with saving and restoring the cache rows */
+  double threshold;               /* the gating threshold in use now (the governor's, or the model's) */
+  double target_kl;               /* the governor's target in nats per token (0: no governor) */
+  double kl_per_predicted;        /* the governor's estimate of measured KL per unit of predicted loss */
 } moelite_quality_stats;
 MOELITE_API moelite_status moelite_context_quality_stats(const moelite_context* ctx, moelite_quality_stats* out);
 

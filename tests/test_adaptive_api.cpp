@@ -107,6 +107,10 @@ class AdaptiveApi : public testing::Test {
         << moelite_last_error();
     moelite_calibrate_params_free(cp);
     total_ = static_cast<uint64_t>(moelite_model_get(l.model, MOELITE_MODEL_EXPERT_BYTES));
+    // Longer held-out text for the quality governor: after the calibration text, 1024 tokens.
+    const std::vector<int32_t> more = corpus_tokens(l.model, 16000);
+    ASSERT_GE(more.size(), 600u + 1024u);
+    heldout_.assign(more.begin() + 600, more.begin() + 600 + 1024);
     tokens_.assign(tokens_.begin() + 512, tokens_.begin() + 560);  // evaluation text: not calibration text
   }
   static void TearDownTestSuite() {
@@ -114,11 +118,12 @@ class AdaptiveApi : public testing::Test {
     std::remove((profile_ + ".bin").c_str());
   }
   static std::string profile_;
-  static std::vector<int32_t> tokens_;
+  static std::vector<int32_t> tokens_, heldout_;
   static uint64_t total_;
 };
 std::string AdaptiveApi::profile_;
 std::vector<int32_t> AdaptiveApi::tokens_;
+std::vector<int32_t> AdaptiveApi::heldout_;
 uint64_t AdaptiveApi::total_ = 0;
 
 }  // namespace
@@ -802,4 +807,116 @@ TEST_F(AdaptiveApi, TheQualityMeterMeasuresWhatExactRoutingOfEachTokenGives) {
   EXPECT_GT(none.predicted_loss, 0.0);
   ASSERT_EQ(moelite_context_quality_stats(exact.ctx, &none), MOELITE_OK);
   EXPECT_EQ(none.gated_tokens, 0u);
+}
+
+namespace {
+
+struct Governed {
+  std::vector<float> logits;       // every step's, concatenated
+  std::vector<double> thresholds;  // after every step
+  moelite_quality_stats stats{};
+  moelite_expert_stats experts{};
+};
+
+// Decodes `tokens` one at a time (windows of 256, the cache emptied between them, as perplexity
+// --batch 1 does) in a context governed towards `target`.
+Governed run_governed(const Params& p, const char* target, double sample_rate, const std::vector<int32_t>& tokens) {
+  Governed g;
+  Loaded l;
+  EXPECT_EQ(load(p, &l), p.profile.empty() ? MOELITE_ERR_BAD_PROFILE : MOELITE_OK);  // no target: needs a profile
+  moelite_context_free(l.ctx);
+  l.ctx = nullptr;
+  moelite_context_params* cp = moelite_context_params_create();
+  EXPECT_EQ(moelite_context_params_set_quality_target(cp, target), MOELITE_OK);
+  if (sample_rate > 0) EXPECT_EQ(moelite_context_params_set_quality_meter(cp, sample_rate), MOELITE_OK);
+  EXPECT_EQ(moelite_context_create(l.model, cp, &l.ctx), MOELITE_OK) << moelite_last_error();
+  moelite_context_params_free(cp);
+  if (!l.ctx) return g;
+  const int64_t n_vocab = moelite_model_get(l.model, MOELITE_MODEL_N_VOCAB);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (i % 256 == 0) moelite_context_kv_reset(l.ctx);
+    if (moelite_eval(l.ctx, &tokens[i], 1, 0) != MOELITE_OK) {
+      ADD_FAILURE() << moelite_last_error();
+      return g;
+    }
+    const float* row = moelite_get_logits(l.ctx, -1);
+    g.logits.insert(g.logits.end(), row, row + n_vocab);
+    moelite_quality_stats q = {sizeof q};
+    EXPECT_EQ(moelite_context_quality_stats(l.ctx, &q), MOELITE_OK);
+    g.thresholds.push_back(q.threshold);
+  }
+  g.stats.struct_size = sizeof g.stats;
+  EXPECT_EQ(moelite_context_quality_stats(l.ctx, &g.stats), MOELITE_OK);
+  g.experts.struct_size = sizeof g.experts;
+  EXPECT_EQ(moelite_context_expert_stats(l.ctx, -1, &g.experts), MOELITE_OK);
+  return g;
+}
+
+}  // namespace
+
+TEST_F(AdaptiveApi, TheGovernorsTrajectoryDependsOnTheInputsNeverOnTiming) {
+  // Sensitivity gating without a profile, governed to a 1 % perplexity rise, with a learned-free
+  // predictor and a quarter of the experts in memory: twice the same tokens and thresholds, bit for
+  // bit, and the same as with every expert resident (the budget, the cache and the predictor never
+  // change results, the governor's included).
+  Params p;
+  p.gating = "sensitivity";
+  p.budget = total_ / 4;
+  p.predictor = "next-gate";
+  p.depth = 2;
+  const std::vector<int32_t> tokens(heldout_.begin(), heldout_.begin() + 160);
+  const Governed a = run_governed(p, "1%", 0.25, tokens);
+  const Governed b = run_governed(p, "1%", 0.25, tokens);
+  ASSERT_EQ(a.logits.size(), b.logits.size());
+  ASSERT_FALSE(a.logits.empty());
+  EXPECT_EQ(memcmp(a.logits.data(), b.logits.data(), a.logits.size() * sizeof(float)), 0);
+  EXPECT_EQ(a.thresholds, b.thresholds);
+  EXPECT_GT(a.thresholds.back(), a.thresholds.front()) << "the governor never left (almost) exact routing";
+  Params resident = p;
+  resident.budget = 0;
+  resident.predictor = "none";
+  const Governed r = run_governed(resident, "1%", 0.25, tokens);
+  EXPECT_EQ(memcmp(a.logits.data(), r.logits.data(), a.logits.size() * sizeof(float)), 0);
+  EXPECT_EQ(a.thresholds, r.thresholds);
+}
+
+TEST_F(AdaptiveApi, TheGovernorHoldsTheMeasuredDivergenceAtItsTargetWithAndWithoutAProfile) {
+  // 1024 held-out tokens decoded one by one: the meter's KL (itself checked against exact routing
+  // above) within 35 % of the target, and fewer experts than exact routing's two per token.
+  Params p;
+  p.gating = "sensitivity";
+  for (const bool with_profile : {false, true}) {
+    p.profile = with_profile ? profile_ : "";
+    const Governed g = run_governed(p, "kl:0.01", 0.25, heldout_);
+    ASSERT_GT(g.stats.metered_tokens, 100u);
+    EXPECT_GT(g.stats.kl_mean, 0.0065) << "profile " << with_profile;
+    EXPECT_LT(g.stats.kl_mean, 0.0135) << "profile " << with_profile;
+    EXPECT_NEAR(g.stats.target_kl, 0.01, 1e-12);
+    const double experts_per_token = double(g.experts.routed_experts) / double(g.experts.routed_tokens);
+    EXPECT_LT(experts_per_token, 1.8) << "profile " << with_profile;
+  }
+}
+
+TEST_F(AdaptiveApi, QualityTargetsAreCheckedAndNeedSensitivityGating) {
+  moelite_context_params* cp = moelite_context_params_create();
+  for (const char* bad : {"0%", "101%", "-1%", "kl:0", "kl:11", "kl:nan", "1", "1 %", "%", "kl:", "x%"})
+    EXPECT_EQ(moelite_context_params_set_quality_target(cp, bad), MOELITE_ERR_INVALID_ARGUMENT) << bad;
+  EXPECT_EQ(moelite_context_params_set_quality_target(nullptr, "1%"), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_context_params_set_quality_bounds(cp, -1, 1), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_context_params_set_quality_bounds(cp, 2, 1), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_context_params_set_quality_bounds(cp, 0, NAN), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moelite_context_params_set_quality_bounds(cp, 0, INFINITY), MOELITE_OK);
+  EXPECT_EQ(moelite_context_params_set_quality_target(cp, "0.5%"), MOELITE_OK);
+  Params score;
+  score.gating = "score";
+  score.threshold = 0.1f;
+  Loaded l;
+  ASSERT_EQ(load(score, &l), MOELITE_OK);
+  moelite_context* ctx = nullptr;
+  EXPECT_EQ(moelite_context_create(l.model, cp, &ctx), MOELITE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(strstr(moelite_last_error(), "sensitivity or cache-aware"), nullptr) << moelite_last_error();
+  EXPECT_EQ(moelite_context_params_set_quality_target(cp, ""), MOELITE_OK);  // none again
+  ASSERT_EQ(moelite_context_create(l.model, cp, &ctx), MOELITE_OK);
+  moelite_context_free(ctx);
+  moelite_context_params_free(cp);
 }

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "core/api/handles.h"
 #include "core/exec/context.h"
@@ -17,6 +18,37 @@ MOELITE_API moelite_status moelite_context_params_set_quality_meter(moelite_cont
     if (!(sample_rate >= 0.0 && sample_rate <= 1.0))
       return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: sample_rate %g is outside [0, 1]", api_fn, sample_rate);
     p->opts.quality_sample_rate = sample_rate;
+    return MOELITE_OK;
+  });
+}
+
+MOELITE_API moelite_status moelite_context_params_set_quality_target(moelite_context_params* p, const char* target) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (!target || !*target) {
+      p->opts.quality_target = moelite::QualityTarget();
+      return MOELITE_OK;
+    }
+    std::string why;
+    moelite::QualityTarget t;
+    if (!moelite::parse_quality_target(target, &t, &why)) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s", why.c_str());
+    p->opts.quality_target = t;
+    return MOELITE_OK;
+  });
+}
+
+MOELITE_API moelite_status moelite_context_params_set_quality_bounds(moelite_context_params* p, double min_threshold,
+                                                                     double max_threshold) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!p) return null_arg(api_fn, "params");
+    if (!(min_threshold >= 0.0 && max_threshold >= min_threshold) || !std::isfinite(min_threshold) ||
+        std::isnan(max_threshold))
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: [%g, %g] is not a range of thresholds >= 0", api_fn, min_threshold,
+                  max_threshold);
+    p->opts.min_threshold = min_threshold;
+    p->opts.max_threshold = max_threshold;
     return MOELITE_OK;
   });
 }
@@ -44,6 +76,9 @@ MOELITE_API moelite_status moelite_context_quality_stats(const moelite_context* 
       s.predicted_loss_metered = q.predicted_metered / n;
     }
     s.meter_evaluations = q.exact_passes;
+    s.threshold = c->impl->gating_threshold();
+    s.target_kl = c->impl->quality_target_kl();
+    s.kl_per_predicted = c->impl->governor_ratio();
     s.meter_seconds = q.meter_seconds;
     memcpy(out, &s, std::min(sizeof s, out->struct_size));
     return MOELITE_OK;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cinttypes>
 #include <new>
 #include <string>
@@ -130,6 +131,30 @@ Status Context::create(const Model& model, Runtime& runtime, const ContextOption
   c->opts_.n_batch = std::max(1, std::min(opts.n_batch, c->n_ctx_));
   EvalState& s = c->state_;
   s.gating = &runtime.gating;
+  const GatingConfig& g = runtime.gating;
+  const bool sensitive = g.mode == GatingMode::Sensitivity || g.mode == GatingMode::CacheAware;
+  if (opts.quality_target.set) {
+    if (!sensitive)
+      return fail(MOELITE_ERR_INVALID_ARGUMENT,
+                  "a quality target steers sensitivity or cache-aware gating; the model was loaded with %s gating",
+                  gating_mode_name(g.mode));
+    if (!(opts.min_threshold >= 0.0 && opts.max_threshold >= opts.min_threshold && std::isfinite(opts.min_threshold)))
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "the quality governor's thresholds [%g, %g] are not a range >= 0",
+                  opts.min_threshold, opts.max_threshold);
+    c->governed_gating_ = g;
+    // With a profile it starts from the model's threshold, else near exact (core/exec/quality_governor.h).
+    c->governor_ = std::make_unique<QualityGovernor>(opts.quality_target.kl, opts.min_threshold, opts.max_threshold,
+                                                     g.calibrated ? g.threshold : 0.0);
+    c->governed_gating_.threshold = static_cast<float>(c->governor_->threshold());
+    s.gating = &c->governed_gating_;
+    if (!(c->opts_.quality_sample_rate > 0.0)) c->opts_.quality_sample_rate = kDefaultGovernedSampleRate;
+  } else if (sensitive && !g.calibrated) {
+    return fail(MOELITE_ERR_BAD_PROFILE,
+                "%s gating needs a calibration profile with per-layer sensitivities (moelite calibrate; "
+                "moelite_model_params_set_profile), or a quality target to learn them from "
+                "(moelite_context_params_set_quality_target)",
+                gating_mode_name(g.mode));
+  }
   s.routed = &runtime.routed;
   s.backend = runtime.backend.get();
   s.experts = runtime.experts.get();
@@ -434,6 +459,10 @@ Status Context::eval_seqs(const int32_t* tokens, const int32_t* seq_ids, const u
     if (st == MOELITE_OK && gated) {
       quality_.tokens += static_cast<uint64_t>(n);
       quality_.predicted_loss += s.predicted_loss - predicted_before;
+      if (governor_) {  // the next batch gates at the governor's new threshold
+        governor_->on_evaluated(n, s.predicted_loss - predicted_before);
+        governed_gating_.threshold = static_cast<float>(governor_->threshold());
+      }
     }
     if (st != MOELITE_OK) {
       // Let a device finish (or drop) what was recorded before the failure, so the next call
@@ -504,16 +533,19 @@ Status Context::meter_batch(const int32_t* tokens, int32_t n, const int32_t* hea
     }
   MOELITE_TRY(st);
   const size_t n_vocab = static_cast<size_t>(model_.hp.n_vocab);
+  double kl_batch = 0.0;
   for (int32_t r = 0; r < n_head; ++r) {
     const NextTokenComparison c = compare_next_token(meter_logits_.data() + static_cast<size_t>(r) * n_vocab,
                                                      gated_logits + static_cast<size_t>(r) * n_vocab,
                                                      model_.hp.n_vocab);
     ++quality_.metered;
     quality_.kl_sum += c.kl;
+    kl_batch += c.kl;
     quality_.kl_squares += c.kl * c.kl;
     quality_.top1_agreements += c.same_top1 ? 1 : 0;
   }
   quality_.predicted_metered += predicted_loss;
+  if (governor_) governor_->on_metered(n_head, kl_batch, predicted_loss);
   ++quality_.exact_passes;
   quality_.meter_seconds += platform::now_seconds() - t0;
   return MOELITE_OK;

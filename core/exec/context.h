@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "core/exec/quality_governor.h"
 #include "core/exec/quality_meter.h"
 #include "core/exec/runtime.h"
 #include "core/experts/expert_store.h"
@@ -23,9 +24,16 @@ struct ContextOptions {
   void* abort_user = nullptr;
   moelite_routing_fn on_route = nullptr;
   void* route_user = nullptr;
-  // The quality meter's sampling rate in [0, 1] (core/exec/quality_meter.h); 0: off.
+  // The quality meter's sampling rate in [0, 1] (core/exec/quality_meter.h); 0: off, or with a
+  // quality target kDefaultGovernedSampleRate.
   double quality_sample_rate = 0.0;
+  // The quality governor (core/exec/quality_governor.h): a target, and the thresholds it may use.
+  QualityTarget quality_target;
+  double min_threshold = 0.0, max_threshold = 1e30;
 };
+
+// The meter's sampling rate under a quality target when none is set: one decode step in eight.
+constexpr double kDefaultGovernedSampleRate = 0.125;
 
 // Expert-store counters as they stood at one moment, or the difference of two such (per layer).
 // The context's routing counters are its EvalState's (Context::routed_tokens).
@@ -101,6 +109,10 @@ class Context {
   void reset_counters();
   // The quality meter's totals since the context was made (core/exec/quality_meter.h).
   const QualityTally& quality() const { return quality_; }
+  // The gating threshold this context uses now (the governor's, or the model's).
+  double gating_threshold() const { return state_.gating ? state_.gating->threshold : 0.0; }
+  double quality_target_kl() const { return governor_ ? opts_.quality_target.kl : 0.0; }
+  double governor_ratio() const { return governor_ ? governor_->ratio() : 0.0; }
   // Saved state (core/exec/session.cpp): every sequence's tokens and cache rows, written atomically to
   // a versioned file (zstd-compressed where libzstd is present). load() checks the whole file
   // (format, checksum, model, shapes) before it changes anything; it then replaces every sequence
@@ -167,6 +179,9 @@ class Context {
   // After eval_seqs: the row of logits_ of each batch token (-1: none); empty after eval().
   std::vector<int32_t> logits_row_of_;
   QualityTally quality_;
+  // With a quality target: this context's copy of the gating rule, whose threshold the governor sets.
+  GatingConfig governed_gating_;
+  std::unique_ptr<QualityGovernor> governor_;
   std::vector<float> meter_logits_, meter_keys_, meter_values_;  // the meter's scratch
   ExpertCounters counters_baseline_;  // the store's counters of this context at the last reset
   double read_busy_seconds_ = 0;      // accrued over evaluations since then

@@ -23,12 +23,12 @@ Status make_gating_config(const HParams& hp, const GatingSettings& settings, con
   g.penalty = settings.penalty;
   g.substitutes = std::min(settings.substitutes, std::max(0, hp.n_expert - hp.n_expert_used));
   if (settings.mode == GatingMode::Sensitivity || settings.mode == GatingMode::CacheAware) {
-    if (!profile)
-      return fail(MOELITE_ERR_BAD_PROFILE,
-                  "%s gating needs a calibration profile with per-layer sensitivities (moelite calibrate; "
-                  "moelite_model_params_set_profile)",
-                  gating_mode_name(settings.mode));
-    for (const LayerProfile& lp : profile->layers) g.sensitivity.push_back(lp.sensitivity);
+    if (profile) {
+      for (const LayerProfile& lp : profile->layers) g.sensitivity.push_back(lp.sensitivity);
+    } else {
+      g.sensitivity.assign(static_cast<size_t>(hp.n_layer), 1.0);
+      g.calibrated = false;
+    }
   }
   *out = std::move(g);
   return MOELITE_OK;

@@ -56,6 +56,9 @@ struct GatingConfig {
   GatingMode mode = GatingMode::Exact;
   float threshold = 0.0f;
   std::vector<double> sensitivity;  // per layer (sensitivity and cache-aware modes)
+  // The sensitivities came from a calibration profile. Without one they are all 1, which only the
+  // quality governor may use (it learns their scale from the quality meter; core/exec/quality_governor.h).
+  bool calibrated = true;
   float penalty = kDefaultGatingPenalty;  // cache-aware: threshold factor for non-resident experts (>= 1)
   int32_t substitutes = 0;  // cache-aware: router ranks beyond top-k searched for a resident stand-in (0: off)
 };
@@ -73,7 +76,8 @@ struct GatingCandidates {
 
 // The rule for a model: the settings checked (MOELITE_ERR_INVALID_ARGUMENT naming the one out of
 // range), substitutes capped at n_expert - k, and the per-layer sensitivities from the calibration
-// profile, which sensitivity and cache-aware gating need (MOELITE_ERR_BAD_PROFILE without one).
+// profile, which sensitivity and cache-aware gating need -- without one they are 1 and the config
+// is not `calibrated`: a context then needs a quality target (Context::create says so).
 Status make_gating_config(const HParams& hp, const GatingSettings& settings, const Profile* profile,
                           GatingConfig* out);
 

@@ -22,6 +22,10 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only = false);
 // Frees a model load_model gave: first ends its --trace-events timeline, saying so when the trace
 // cannot be written (then finish_output turns the command's success into exit status 1).
 void free_model(moelite_model* model);
+// --quality-sample and --quality-target into context parameters; 0 or a usage error's status.
+int quality_params_from_args(const Args& args, moelite_context_params* cp);
+// The quality meter's line on stderr (nothing when it compared nothing).
+void print_quality(moelite_context* ctx);
 
 // The expert budget in one line: none, a fixed size, or auto with the terms it was sized from.
 std::string budget_summary(const moelite_model* model);

@@ -2,6 +2,7 @@
 #include <unistd.h>
 #include <cerrno>
 #include <cmath>
+#include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -149,6 +150,30 @@ int load_model(const Args& args, moelite_model** out, bool vocab_only) {
     g_traced_model = *out;
   }
   return 0;
+}
+
+int quality_params_from_args(const Args& args, moelite_context_params* cp) {
+  std::string err;
+  double sample = 0.0;
+  if (!args.get_double("--quality-sample", 0.0, &sample, &err)) return usage_error(err);
+  if (args.has("--quality-sample") && moelite_context_params_set_quality_meter(cp, sample) != MOELITE_OK)
+    return usage_error(std::string("--quality-sample: ") + moelite_last_error());
+  if (args.has("--quality-target") &&
+      moelite_context_params_set_quality_target(cp, args.get("--quality-target").c_str()) != MOELITE_OK)
+    return usage_error(std::string("--quality-target: ") + moelite_last_error());
+  return 0;
+}
+
+void print_quality(moelite_context* ctx) {
+  moelite_quality_stats q = {sizeof q};
+  if (moelite_context_quality_stats(ctx, &q) != MOELITE_OK || q.meter_evaluations == 0) return;
+  fprintf(stderr,
+          "[quality vs exact routing, %" PRIu64 " tokens compared: KL %.4f +- %.4f nats/token, top-1 agreement "
+          "%.3f +- %.3f | predicted loss %.4f/token | meter %.0f ms",
+          q.metered_tokens, q.kl_mean, q.kl_stderr, q.top1_agreement, q.top1_stderr, q.predicted_loss_metered,
+          1000.0 * q.meter_seconds);
+  if (q.target_kl > 0) fprintf(stderr, " | target %.4f, threshold now %.3g", q.target_kl, q.threshold);
+  fprintf(stderr, "]\n");
 }
 
 void free_model(moelite_model* model) {

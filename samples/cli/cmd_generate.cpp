@@ -69,17 +69,6 @@ bool same_file(int a, int b) {
   return fstat(a, &sa) == 0 && fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-// What lossy gating cost, as the quality meter measured it (--quality-sample).
-void print_quality(moelite_context* ctx) {
-  moelite_quality_stats q = {sizeof q};
-  if (moelite_context_quality_stats(ctx, &q) != MOELITE_OK || q.meter_evaluations == 0) return;
-  fprintf(stderr,
-          "[quality vs exact routing, %" PRIu64 " tokens compared: KL %.4f +- %.4f nats/token, top-1 agreement "
-          "%.3f +- %.3f | predicted loss %.4f/token | meter %.0f ms]\n",
-          q.metered_tokens, q.kl_mean, q.kl_stderr, q.top1_agreement, q.top1_stderr, q.predicted_loss_metered,
-          1000.0 * q.meter_seconds);
-}
-
 // What the experts took and did: how many were held in memory, the store's hit rate and the bytes
 // it read per generated token (prompt reads included).
 void print_expert_stats(moelite_model* model, int32_t n_generated) {
@@ -120,11 +109,12 @@ int open_session(const Args& args, Session* s) {
   std::string err;
   if (!args.get_int("-c", 0, &n_ctx, &err)) return usage_error(err);
   if (int rc = load_model(args, &s->model)) return rc;
-  double quality_sample = 0.0;
-  if (!args.get_double("--quality-sample", 0.0, &quality_sample, &err)) return usage_error(err);
   moelite_context_params* cp = moelite_context_params_create();
+  if (int rc = quality_params_from_args(args, cp)) {
+    moelite_context_params_free(cp);
+    return rc;
+  }
   moelite_status st = moelite_context_params_set_n_ctx(cp, static_cast<int32_t>(n_ctx));
-  if (st == MOELITE_OK) st = moelite_context_params_set_quality_meter(cp, quality_sample);
   if (st == MOELITE_OK) st = moelite_context_create(s->model, cp, &s->ctx);
   moelite_context_params_free(cp);
   if (st != MOELITE_OK) return report(st, "creating context");

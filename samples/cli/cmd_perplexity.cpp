@@ -21,7 +21,7 @@ const Command kPerplexityCommand = {"perplexity", "-m MODEL -f TEXT [--ctx 256] 
                                                  {{"--ctx"}, "N", "window in tokens (default 256)"},
                                                  {{"--batch"}, "N", "tokens per forward pass (default: --ctx)"},
                                                  {{"--json"}, "", "print JSON"}},
-                                                {&model_options()})};
+                                                {&quality_options(), &model_options()})};
 }  // namespace
 
 int cmd_perplexity(int argc, char** argv) {
@@ -46,6 +46,11 @@ int cmd_perplexity(int argc, char** argv) {
   const int32_t n = static_cast<int32_t>(tokens.size());
   moelite_context* ctx = nullptr;
   moelite_context_params* cp = moelite_context_params_create();
+  if (int rc = quality_params_from_args(args, cp)) {
+    moelite_context_params_free(cp);
+    free_model(model);
+    return rc;
+  }
   moelite_status st = moelite_context_params_set_n_ctx(cp, static_cast<int32_t>(n_ctx));
   if (st == MOELITE_OK) st = moelite_context_params_set_n_batch(cp, static_cast<int32_t>(n_batch));
   if (st == MOELITE_OK) st = moelite_context_create(model, cp, &ctx);
@@ -70,6 +75,9 @@ int cmd_perplexity(int argc, char** argv) {
       ++scored;
     }
   }
+  moelite_quality_stats q = {sizeof q};
+  if (ctx) (void)moelite_context_quality_stats(ctx, &q);
+  if (ctx && !args.has("--json")) print_quality(ctx);
   moelite_context_free(ctx);
   int rc = 0;
   if (st != MOELITE_OK) {
@@ -93,12 +101,17 @@ int cmd_perplexity(int argc, char** argv) {
       printf("{\"perplexity\": %.6f, \"tokens_scored\": %" PRId64 ", \"n_tokens\": %d, \"ctx\": %" PRId64
              ", \"batch\": %" PRId64 ", \"mean_nll\": %.6f, \"experts_per_token\": %.4f, \"top_k\": %" PRId64
              ", \"gating\": \"%s\", \"threshold\": %s, \"gating_penalty\": %s, \"gating_substitutes\": %s, \"expert_budget_bytes\": %" PRId64
-             ", \"loads_per_token\": %s, \"misses_per_token\": %.4f, \"prefetches_per_token\": %.4f}\n",
+             ", \"loads_per_token\": %s, \"misses_per_token\": %.4f, \"prefetches_per_token\": %.4f, \"quality\": "
+             "{\"metered_tokens\": %" PRIu64 ", \"kl_mean\": %.6g, \"kl_stderr\": %.6g, \"top1_agreement\": %.6g, "
+             "\"predicted_loss\": %.6g, \"predicted_loss_metered\": %.6g, \"threshold\": %.6g, \"target_kl\": %.6g, "
+             "\"meter_seconds\": %.4f}}\n",
              ppl, scored, n, n_ctx, n_batch, nll / static_cast<double>(scored), experts_per_token,
              moelite_model_get(model, MOELITE_MODEL_N_EXPERTS_USED), json_escape(args.get("--gating", "exact")).c_str(),
              args.json_number("--threshold", 0).c_str(), args.json_number("--gating-penalty", 4).c_str(),
              args.json_number("--gating-substitutes", 0).c_str(), budget, loads_json,
-             double(es.misses) / double(evaluated), double(es.prefetches_issued) / double(evaluated));
+             double(es.misses) / double(evaluated), double(es.prefetches_issued) / double(evaluated), q.metered_tokens,
+             q.kl_mean, q.kl_stderr, q.top1_agreement, q.predicted_loss, q.predicted_loss_metered, q.threshold,
+             q.target_kl, q.meter_seconds);
     else
       printf("perplexity %.4f over %" PRId64 " scored tokens (%d tokens, windows of %" PRId64 "), %.3f experts/token%s\n",
              ppl, scored, n, n_ctx, experts_per_token,

@@ -66,11 +66,14 @@ const std::vector<OptionFamily>& option_families() {
            {{"--seed"}, "S", "sampling seed (default 24301)"},
            {{"--stop"}, "STR", "stop when the text contains STR (repeatable)"},
        }},
-      {"quality meter (with lossy --gating)", "run and chat",
+      {"quality meter and governor (with lossy --gating)", "run, chat and perplexity",
        {
            {{"--quality-sample"}, "R",
-            "compare a share R in [0, 1] of the generated tokens with exact routing and print what gating cost "
-            "(KL, top-1 agreement, the sensitivity model's prediction; default 0: off)"},
+            "compare a share R in [0, 1] of the decode steps with exact routing and print what gating cost "
+            "(KL, top-1 agreement, the sensitivity model's prediction; default 0: off, 0.125 with a target)"},
+           {{"--quality-target"}, "T",
+            "hold gating's cost at T by moving the threshold: a perplexity rise (1%, 0.5%) or kl:X nats per token; "
+            "with --gating sensitivity or cache-aware, a profile optional"},
        }},
   };
   return families;
@@ -95,7 +98,7 @@ const std::vector<Option>& generate_options() {
 
 const std::vector<Option>& quality_options() {
   for (const OptionFamily& f : option_families())
-    if (f.taken_by == "run and chat") return f.options;
+    if (f.taken_by == "run, chat and perplexity") return f.options;
   static const std::vector<Option> none;
   return none;
 }

@@ -41,7 +41,7 @@ std::string families_text();
 const std::vector<Option>& model_options();
 // Sampling and stopping options of `run`, `chat` and `trace record`.
 const std::vector<Option>& generate_options();
-// The quality meter's options of `run` and `chat` (--quality-sample).
+// The quality meter's and governor's options of `run`, `chat` and `perplexity`.
 const std::vector<Option>& quality_options();
 // A command's options: its own followed by the given groups.
 std::vector<Option> with_groups(std::vector<Option> own, const std::vector<const std::vector<Option>*>& groups);
