@@ -36,7 +36,9 @@ bool chat_tokens(moelite_model* model, const json& messages, std::vector<int32_t
       content = c;
     } else if (c.is_array()) {  // content parts: text only
       for (const json& part : c) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+        // Each field's type is checked before it is read: value("type", "") throws on a non-string.
+        if (!part.is_object() || !part.contains("type") || !part["type"].is_string() || part["type"] != "text" ||
+            !part.contains("text") || !part["text"].is_string())
           return fail(e, "only text content parts are supported", "messages");
         content += part["text"].get<std::string>();
       }

@@ -342,6 +342,8 @@ def test_one_log_line_per_request():
     ({"messages": [{"role": "user", "content": "x"}], "stream": True, "stream_options": {"include_usage": "yes"}},
      "stream_options"),
     ({"messages": [{"role": "user", "content": "x"}], "stop": ["a\u0000b"]}, "stop"),
+    # A content part whose "type" is not a string (found by fuzz_openai_request): 500 before.
+    ({"messages": [{"role": "user", "content": [{"type": [], "text": "x"}]}]}, "messages"),
     ({"messages": [{"role": "user", "content": "x"}], "seed": "7"}, "seed"),
     ({"messages": [{"role": "user", "content": "x"}], "user": 5}, "user"),
     ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5}, "presence_penalty"),
