@@ -69,6 +69,7 @@ class Status(enum.IntEnum, metaclass=_DeprecatedAliasMeta):
     ERR_BAD_TOKEN = 41
     ERR_ABORTED = 42
     ERR_PROGRESS_ABORTED = 43  # a progress callback asked to stop loading or calibrating
+    ERR_BUSY = 44  # another thread is using the context
     ERR_BAD_SESSION = 50  # a saved session is not one, truncated, corrupt or of another version
     ERR_SESSION_MISMATCH = 51  # a saved session of another model, or larger than the context
     ERR_INTERNAL = 99
