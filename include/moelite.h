@@ -17,7 +17,14 @@
  *    function. *_free accepts NULL. Pointers returned by getters stay owned by the library and
  *    are valid for as long as the text says.
  *  - Threads. A moelite_model is immutable after loading: any number of threads may query it and
- *    create contexts from it concurrently. A moelite_context must be used by one thread at a time.
+ *    create contexts from it concurrently. A moelite_context must be used by one thread at a time,
+ *    and this is checked: a call on a context (or on a queue over it) that another thread is
+ *    inside a call on returns MOELITE_ERR_BUSY at once and changes nothing; the functions without
+ *    a status then do nothing (moelite_context_kv_reset, _kv_truncate, _reset_expert_stats) or
+ *    return NULL (moelite_get_logits), and the lengths (moelite_context_kv_length, _seq_length)
+ *    may be out of date. Callbacks run inside their call and may use its context on that thread.
+ *    What cannot be checked is a handle used after, or while, another thread frees it: free a
+ *    model or a context only once every call on it has returned.
  *    Contexts of one model evaluate at the same time from different threads on the CPU, Vulkan
  *    and CUDA backends: each context then has its own worker threads (CPU) or command streams
  *    (GPU) and scratch, and GPU contexts share the device's copies of the weights and, on a
@@ -122,6 +129,8 @@ typedef enum moelite_status {
   MOELITE_ERR_BAD_TOKEN = 41,           /* a token id outside [0, n_vocab) */
   MOELITE_ERR_ABORTED = 42,             /* the abort callback asked to stop an evaluation */
   MOELITE_ERR_PROGRESS_ABORTED = 43,    /* a progress callback asked to stop loading or calibrating */
+  MOELITE_ERR_BUSY = 44,                /* another thread is inside a call on the context (or its
+                                           queue); nothing was done (see Threads above) */
   MOELITE_ERR_BAD_SESSION = 50,         /* a saved session is not one, is truncated or corrupt, or of
                                            an unsupported version */
   MOELITE_ERR_SESSION_MISMATCH = 51,    /* a saved session was made by another model, or holds more
@@ -455,7 +464,9 @@ MOELITE_API moelite_status moelite_model_inspect(const char* path, moelite_model
 /** Releases the caller's reference to a model. Contexts hold references of their own, so the
  *  contexts and the model may be freed in any order: the model's memory, threads and file are
  *  released when the last of them is freed (until then a context keeps working). The handle must
- *  not be used by the caller after this call. NULL is a no-op. Thread-safe against concurrent
+ *  not be used by the caller after this call, nor while it runs: calls on the model still running
+ *  on other threads (moelite_tokenize, moelite_calibrate ...) must have returned first, since a
+ *  freed handle cannot be told from a live one. NULL is a no-op. Thread-safe against concurrent
  *  moelite_context_free of its contexts. */
 MOELITE_API void moelite_model_free(moelite_model* model);
 

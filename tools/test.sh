@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds and runs the whole test suite. With --sanitize, in a separate build tree under
 # AddressSanitizer + UndefinedBehaviorSanitizer. With --tsan, a focused job under
-# ThreadSanitizer in build-tsan: only the concurrency test (contexts of one model evaluating at
-# once with a budget, predictors and the io_uring store; aborts from other threads) is built and
-# run (ctest label "tsan"), so it stays within minutes on two cores.
+# ThreadSanitizer in build-tsan: only the concurrency tests (contexts of one model evaluating at
+# once with a budget, predictors and the io_uring store; aborts from other threads; a context
+# refusing a second thread) are built and run (ctest label "tsan"), so it stays within minutes on
+# two cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install_deps.sh --test
@@ -30,7 +31,7 @@ elif [[ "${1:-}" == "--tsan" ]]; then
   export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=4"
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOELITE_TSAN=ON -DMOELITE_VULKAN=OFF \
     -DMOELITE_CUDA=OFF >/dev/null
-  cmake --build build-tsan --target moelite_concurrency
+  cmake --build build-tsan --target moelite_concurrency moelite_context_busy
   ctest --test-dir build-tsan --output-on-failure --no-tests=error -L tsan
   exit 0
 fi

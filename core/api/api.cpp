@@ -23,6 +23,8 @@
 #include "core/text/chat_template.h"
 #include "moelite.h"
 
+using moelite::api::busy;
+using moelite::api::ContextTurn;
 using moelite::api::copy_out;
 using moelite::api::guarded;
 using moelite::api::null_arg;
@@ -100,6 +102,7 @@ MOELITE_API const char* moelite_status_name(moelite_status s) {
     CASE(MOELITE_ERR_BAD_TOKEN)
     CASE(MOELITE_ERR_ABORTED)
     CASE(MOELITE_ERR_PROGRESS_ABORTED)
+    CASE(MOELITE_ERR_BUSY)
     CASE(MOELITE_ERR_BAD_SESSION)
     CASE(MOELITE_ERR_SESSION_MISMATCH)
     CASE(MOELITE_ERR_INTERNAL)
@@ -701,6 +704,8 @@ MOELITE_API moelite_status moelite_eval(moelite_context* c, const int32_t* token
   const char* const api_fn = __func__;
   return guarded(api_fn, [&]() -> moelite_status {
     if (!c) return null_arg(api_fn, "ctx");
+    const ContextTurn turn(c);
+    if (!turn.ok()) return busy(api_fn);
     if (!tokens) return null_arg(api_fn, "tokens");
     try {
       return c->impl->eval(tokens, n_tokens, logits_all != 0);
@@ -715,6 +720,8 @@ MOELITE_API moelite_status moelite_eval_batch(moelite_context* c, const int32_t*
   const char* const api_fn = __func__;
   return guarded(api_fn, [&]() -> moelite_status {
     if (!c) return null_arg(api_fn, "ctx");
+    const ContextTurn turn(c);
+    if (!turn.ok()) return busy(api_fn);
     if (!tokens) return null_arg(api_fn, "tokens");
     try {
       return c->impl->eval_seqs(tokens, seq_ids, want_logits, n_tokens);
@@ -728,6 +735,8 @@ MOELITE_API moelite_status moelite_context_save(const moelite_context* c, const 
   const char* const api_fn = __func__;
   return guarded(api_fn, [&]() -> moelite_status {
     if (!c) return null_arg(api_fn, "ctx");
+    const ContextTurn turn(c);
+    if (!turn.ok()) return busy(api_fn);
     if (!path) return null_arg(api_fn, "path");
     return c->impl->save(path);
   });
@@ -737,6 +746,8 @@ MOELITE_API moelite_status moelite_context_load(moelite_context* c, const char* 
   const char* const api_fn = __func__;
   return guarded(api_fn, [&]() -> moelite_status {
     if (!c) return null_arg(api_fn, "ctx");
+    const ContextTurn turn(c);
+    if (!turn.ok()) return busy(api_fn);
     if (!path) return null_arg(api_fn, "path");
     return c->impl->load(path);
   });
@@ -750,6 +761,8 @@ MOELITE_API moelite_status moelite_context_seq_truncate(moelite_context* c, int3
   const char* const api_fn = __func__;
   return guarded(api_fn, [&]() -> moelite_status {
     if (!c) return null_arg(api_fn, "ctx");
+    const ContextTurn turn(c);
+    if (!turn.ok()) return busy(api_fn);
     if (seq < 0 || seq >= c->impl->n_seq())
       return fail(MOELITE_ERR_INVALID_ARGUMENT, "sequence id %d is outside 0..%d", seq, c->impl->n_seq() - 1);
     c->impl->truncate(n_keep, seq);
@@ -758,19 +771,24 @@ MOELITE_API moelite_status moelite_context_seq_truncate(moelite_context* c, int3
 }
 
 MOELITE_API const float* moelite_get_logits(const moelite_context* c, int32_t i) {
-  return c ? c->impl->logits(i) : nullptr;
+  const ContextTurn turn(c);
+  return c && turn.ok() ? c->impl->logits(i) : nullptr;  // another thread's evaluation rewrites them
 }
 MOELITE_API moelite_model* moelite_context_model(const moelite_context* c) { return c ? c->owner : nullptr; }
 MOELITE_API int32_t moelite_context_kv_length(const moelite_context* c) { return c ? c->impl->length() : 0; }
 MOELITE_API int32_t moelite_context_n_ctx(const moelite_context* c) { return c ? c->impl->n_ctx() : 0; }
 MOELITE_API uint64_t moelite_context_kv_bytes(const moelite_context* c) { return c ? c->impl->kv_bytes() : 0; }
+// Without a status to say MOELITE_ERR_BUSY, these do nothing while another thread is inside a call
+// on the context (the header says so): cutting a cache that an evaluation is writing corrupts it.
 MOELITE_API void moelite_context_kv_reset(moelite_context* c) {
   moelite::ApiErrorScope scope;
-  if (c) c->impl->truncate(0);
+  const ContextTurn turn(c);
+  if (c && turn.ok()) c->impl->truncate(0);
 }
 MOELITE_API void moelite_context_kv_truncate(moelite_context* c, int32_t n_keep) {
   moelite::ApiErrorScope scope;
-  if (c) c->impl->truncate(n_keep);
+  const ContextTurn turn(c);
+  if (c && turn.ok()) c->impl->truncate(n_keep);
 }
 MOELITE_API int32_t moelite_kv_length(const moelite_context* c) { return moelite_context_kv_length(c); }
 MOELITE_API void moelite_kv_reset(moelite_context* c) { moelite_context_kv_reset(c); }
@@ -778,6 +796,8 @@ MOELITE_API void moelite_kv_truncate(moelite_context* c, int32_t n_keep) { moeli
 
 MOELITE_API moelite_status moelite_context_set_abort_callback(moelite_context* c, moelite_abort_fn fn, void* user) {
   if (!c) return null_arg(__func__, "ctx");
+  const ContextTurn turn(c);
+  if (!turn.ok()) return busy(__func__);  // the evaluation of another thread is polling the callback
   c->impl->set_abort(fn, user);
   return MOELITE_OK;
 }
@@ -787,6 +807,8 @@ MOELITE_API moelite_status moelite_context_get_tokens(const moelite_context* c, 
   const char* const api_fn = __func__;
   return guarded(api_fn, [&]() -> moelite_status {
     if (!c) return null_arg(api_fn, "ctx");
+    const ContextTurn turn(c);
+    if (!turn.ok()) return busy(api_fn);
     return moelite::api::copy_tokens_out(api_fn, c->impl->tokens(), tokens, capacity, n_tokens);
   });
 }
@@ -796,6 +818,8 @@ MOELITE_API moelite_status moelite_context_expert_stats(const moelite_context* c
   const char* const api_fn = __func__;
   return guarded(api_fn, [&]() -> moelite_status {
     if (!c) return null_arg(api_fn, "ctx");
+    const ContextTurn turn(c);
+    if (!turn.ok()) return busy(api_fn);
     if (!out || out->struct_size < sizeof(size_t))
       return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: out->struct_size must be set", api_fn);
     const int32_t n_layer = c->impl->model().hp.n_layer;
@@ -817,7 +841,8 @@ MOELITE_API moelite_status moelite_context_expert_stats(const moelite_context* c
 }
 
 MOELITE_API void moelite_context_reset_expert_stats(moelite_context* c) {
-  if (c) c->impl->reset_counters();
+  const ContextTurn turn(c);
+  if (c && turn.ok()) c->impl->reset_counters();  // nothing while another thread evaluates (as kv_reset)
 }
 
 // ---- tokens and text

@@ -13,6 +13,8 @@
 #include "moelite.h"
 
 using moelite::fail;
+using moelite::api::busy;
+using moelite::api::ContextTurn;
 using moelite::api::guarded;
 using moelite::api::null_arg;
 using moelite::api::tokenizer_of;
@@ -45,6 +47,12 @@ moelite_status run_generation(const char* fn, moelite_context* ctx, moelite_gene
     if (stats && stats->struct_size < sizeof(size_t))
       return fail(MOELITE_ERR_INVALID_ARGUMENT, "stats->struct_size must be set to sizeof(moelite_generate_stats)");
     moelite::GenerateResult r;
+    const ContextTurn turn(ctx);
+    if (!turn.ok()) {
+      r.stop = MOELITE_STOP_ERROR;  // nothing done, and the stats say so
+      fill_stats(r, stats);
+      return busy(fn);
+    }
     moelite_status st;
     try {
       st = run(&r);
@@ -223,6 +231,8 @@ MOELITE_API moelite_status moelite_sampler_sample(moelite_sampler* s, const moel
   const char* const api_fn = __func__;
   return guarded(api_fn, [&]() -> moelite_status {
     if (!ctx) return null_arg(api_fn, "ctx");
+    const ContextTurn turn(ctx);
+    if (!turn.ok()) return busy(api_fn);  // another thread's evaluation rewrites the logits
     const float* logits = ctx->impl->logits(i);
     if (!logits) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: the last evaluation kept no logits for row %d", api_fn, i);
     return moelite_sampler_sample_logits(s, logits, ctx->impl->model().hp.n_vocab, out_token);

@@ -10,6 +10,7 @@
 #include <new>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include "base/status.h"
@@ -46,6 +47,12 @@ struct moelite_model {
 struct moelite_context {
   std::unique_ptr<moelite::Context> impl;
   moelite_model* owner = nullptr;  // one reference, dropped after impl is destroyed
+  // The thread inside a call on this context (no thread: std::thread::id()). The header's "one
+  // thread at a time" is checked here rather than trusted: two threads evaluating one context
+  // would write the same KV cache, logits and scratch at once, so the second thread's call is
+  // refused (MOELITE_ERR_BUSY) before it touches anything. Mutable: reading calls (save,
+  // get_tokens) take their turn too, since an evaluation rewrites what they read.
+  mutable std::atomic<std::thread::id> user{};
 };
 
 namespace moelite::api {
@@ -58,6 +65,42 @@ inline void release_model(moelite_model* m) noexcept {
 
 inline moelite_status null_arg(const char* fn, const char* what) {
   return moelite::fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, what);
+}
+
+// A turn on a context for the calling thread, for the length of one API call (see
+// moelite_context::user). ok() is false when another thread is inside a call on it; the same
+// thread may enter again, since callbacks (abort, routing, piece, token, logits) run inside its
+// call and may read the context (moelite_get_logits, moelite_context_get_tokens).
+class ContextTurn {
+ public:
+  explicit ContextTurn(const moelite_context* c) noexcept : c_(c) {
+    if (!c_) return;
+    std::thread::id current;  // none
+    const std::thread::id me = std::this_thread::get_id();
+    // acquire/release: the next thread to take the context sees every write of this call.
+    if (c_->user.compare_exchange_strong(current, me, std::memory_order_acquire, std::memory_order_acquire))
+      owner_ = true;
+    else
+      ok_ = current == me;
+  }
+  ~ContextTurn() {
+    if (owner_) c_->user.store(std::thread::id(), std::memory_order_release);
+  }
+  ContextTurn(const ContextTurn&) = delete;
+  ContextTurn& operator=(const ContextTurn&) = delete;
+  bool ok() const { return owner_ || ok_; }
+
+ private:
+  const moelite_context* c_;
+  bool owner_ = false;
+  bool ok_ = false;
+};
+
+inline moelite_status busy(const char* fn) {
+  return moelite::fail(MOELITE_ERR_BUSY,
+                       "%s: another thread is inside a call on this context (a context is used by one thread at a "
+                       "time); nothing was done",
+                       fn);
 }
 
 // Every API function that returns a status runs its body through this: no C++ exception may

@@ -11,11 +11,14 @@
 #include "platforms/platform.h"
 
 using moelite::fail;
+using moelite::api::busy;
+using moelite::api::ContextTurn;
 using moelite::api::guarded;
 using moelite::api::null_arg;
 
 struct moelite_queue {
   std::unique_ptr<moelite::RequestQueue> impl;
+  moelite_context* ctx = nullptr;  // borrowed (the header: the context outlives the queue)
   bool stepping = false;  // inside moelite_queue_step: its callbacks may not re-enter the queue
 };
 
@@ -27,6 +30,18 @@ moelite_status usable(const char* fn, const moelite_queue* q) {
   if (q->stepping)
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: called from a callback of moelite_queue_step on the same queue", fn);
   return MOELITE_OK;
+}
+
+// guarded() for a queue's functions, on a turn of the queue's context (ContextTurn): its requests
+// live in the context's sequences and a step evaluates it, so a thread calling while another is
+// inside a call on the queue or its context gets MOELITE_ERR_BUSY instead of racing it.
+template <class Body>
+moelite_status queue_guarded(const char* fn, const moelite_queue* q, Body&& body) {
+  return guarded(fn, [&]() -> moelite_status {
+    const ContextTurn turn(q ? q->ctx : nullptr);
+    if (q && !turn.ok()) return busy(fn);
+    return body();
+  });
 }
 
 // A request of the queue, or a specific error for an id it does not hold.
@@ -47,10 +62,13 @@ MOELITE_API moelite_status moelite_queue_create(moelite_context* ctx, moelite_qu
   return guarded(api_fn, [&]() -> moelite_status {
     if (!ctx) return null_arg(api_fn, "ctx");
     if (!out) return null_arg(api_fn, "out");
+    const ContextTurn turn(ctx);
+    if (!turn.ok()) return busy(api_fn);
     if (!ctx->impl->model().tokenizer)
       return fail(MOELITE_ERR_MISSING_METADATA, "%s: the model has no tokenizer; generation needs one", api_fn);
     auto q = std::make_unique<moelite_queue>();
     q->impl = std::make_unique<moelite::RequestQueue>(*ctx->impl);
+    q->ctx = ctx;
     *out = q.release();
     return MOELITE_OK;
   });
@@ -61,7 +79,7 @@ MOELITE_API void moelite_queue_free(moelite_queue* queue) { delete queue; }
 MOELITE_API moelite_status moelite_queue_add(moelite_queue* q, const int32_t* prompt, int32_t n_prompt,
                                              const moelite_generate_params* params, int64_t* out_id) {
   const char* const api_fn = __func__;
-  return guarded(api_fn, [&]() -> moelite_status {
+  return queue_guarded(api_fn, q, [&]() -> moelite_status {
     MOELITE_TRY(usable(api_fn, q));
     if (!out_id) return null_arg(api_fn, "out_id");
     if (n_prompt < 1) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: n_prompt is %d; a prompt has at least one token", api_fn, n_prompt);
@@ -73,7 +91,7 @@ MOELITE_API moelite_status moelite_queue_add(moelite_queue* q, const int32_t* pr
 
 MOELITE_API moelite_status moelite_queue_step(moelite_queue* q, int32_t* out_n_events) {
   const char* const api_fn = __func__;
-  return guarded(api_fn, [&]() -> moelite_status {
+  return queue_guarded(api_fn, q, [&]() -> moelite_status {
     MOELITE_TRY(usable(api_fn, q));
     q->stepping = true;
     struct Reset {
@@ -94,7 +112,7 @@ MOELITE_API moelite_status moelite_queue_step(moelite_queue* q, int32_t* out_n_e
 MOELITE_API moelite_status moelite_queue_event(const moelite_queue* q, int32_t i, int64_t* request_id, int32_t* token,
                                                int32_t* state) {
   const char* const api_fn = __func__;
-  return guarded(api_fn, [&]() -> moelite_status {
+  return queue_guarded(api_fn, q, [&]() -> moelite_status {
     MOELITE_TRY(usable(api_fn, q));
     const auto& events = q->impl->events();
     if (i < 0 || static_cast<size_t>(i) >= events.size())
@@ -113,7 +131,7 @@ MOELITE_API int64_t moelite_queue_finished(const moelite_queue* q) { return q ? 
 
 MOELITE_API moelite_status moelite_queue_request_state(const moelite_queue* q, int64_t id, int32_t* state) {
   const char* const api_fn = __func__;
-  return guarded(api_fn, [&]() -> moelite_status {
+  return queue_guarded(api_fn, q, [&]() -> moelite_status {
     const moelite::RequestQueue::Request* r = nullptr;
     MOELITE_TRY(request_of(api_fn, q, id, &r));
     if (!state) return null_arg(api_fn, "state");
@@ -125,7 +143,7 @@ MOELITE_API moelite_status moelite_queue_request_state(const moelite_queue* q, i
 MOELITE_API moelite_status moelite_queue_request_stats(const moelite_queue* q, int64_t id,
                                                        moelite_generate_stats* stats) {
   const char* const api_fn = __func__;
-  return guarded(api_fn, [&]() -> moelite_status {
+  return queue_guarded(api_fn, q, [&]() -> moelite_status {
     const moelite::RequestQueue::Request* r = nullptr;
     MOELITE_TRY(request_of(api_fn, q, id, &r));
     if (!stats) return null_arg(api_fn, "stats");
@@ -157,7 +175,7 @@ MOELITE_API moelite_status moelite_queue_request_stats(const moelite_queue* q, i
 MOELITE_API moelite_status moelite_queue_request_tokens(const moelite_queue* q, int64_t id, int32_t* tokens,
                                                         int32_t capacity, int32_t* n_tokens) {
   const char* const api_fn = __func__;
-  return guarded(api_fn, [&]() -> moelite_status {
+  return queue_guarded(api_fn, q, [&]() -> moelite_status {
     const moelite::RequestQueue::Request* r = nullptr;
     MOELITE_TRY(request_of(api_fn, q, id, &r));
     return moelite::api::copy_tokens_out(api_fn, r->generated, tokens, capacity, n_tokens);
@@ -167,7 +185,7 @@ MOELITE_API moelite_status moelite_queue_request_tokens(const moelite_queue* q, 
 MOELITE_API moelite_status moelite_queue_request_text(const moelite_queue* q, int64_t id, char* buf, size_t capacity,
                                                       size_t* length) {
   const char* const api_fn = __func__;
-  return guarded(api_fn, [&]() -> moelite_status {
+  return queue_guarded(api_fn, q, [&]() -> moelite_status {
     const moelite::RequestQueue::Request* r = nullptr;
     MOELITE_TRY(request_of(api_fn, q, id, &r));
     if (!buf && capacity > 0) return null_arg(api_fn, "buf");
@@ -178,7 +196,7 @@ MOELITE_API moelite_status moelite_queue_request_text(const moelite_queue* q, in
 
 MOELITE_API moelite_status moelite_queue_cancel(moelite_queue* q, int64_t id) {
   const char* const api_fn = __func__;
-  return guarded(api_fn, [&]() -> moelite_status {
+  return queue_guarded(api_fn, q, [&]() -> moelite_status {
     MOELITE_TRY(usable(api_fn, q));
     return q->impl->cancel(id);
   });
@@ -186,7 +204,7 @@ MOELITE_API moelite_status moelite_queue_cancel(moelite_queue* q, int64_t id) {
 
 MOELITE_API moelite_status moelite_queue_remove(moelite_queue* q, int64_t id) {
   const char* const api_fn = __func__;
-  return guarded(api_fn, [&]() -> moelite_status {
+  return queue_guarded(api_fn, q, [&]() -> moelite_status {
     MOELITE_TRY(usable(api_fn, q));
     return q->impl->remove(id);
   });

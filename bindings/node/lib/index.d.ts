@@ -6,7 +6,7 @@ export declare const Status: Readonly<{
   GGUF_UNKNOWN_TYPE: 14; GGUF_OUT_OF_BOUNDS: 15; GGUF_OVERLAP: 16; UNSUPPORTED_ARCH: 20;
   UNSUPPORTED_TYPE: 21; MISSING_TENSOR: 22; BAD_SHAPE: 23; MISSING_METADATA: 24; BAD_METADATA: 25;
   BACKEND_UNAVAILABLE: 30; BUDGET_TOO_SMALL: 31; NOT_IMPLEMENTED: 32; BAD_PROFILE: 33; BACKEND: 34;
-  CONTEXT_FULL: 40; BAD_TOKEN: 41; ABORTED: 42; PROGRESS_ABORTED: 43; BAD_SESSION: 50;
+  CONTEXT_FULL: 40; BAD_TOKEN: 41; ABORTED: 42; PROGRESS_ABORTED: 43; BUSY: 44; BAD_SESSION: 50;
   SESSION_MISMATCH: 51; INTERNAL: 99;
 }>;
 
@@ -127,6 +127,9 @@ export declare class Context {
   expertStats(layer?: number): ExpertStats;
   resetExpertStats(): void;
   generateText(prompt: string, params?: GenerateParams): Promise<{ text: string; stats: GenerateStats }>;
+  /** One generation per context at a time: while this iterator runs (first next() to the end of
+   *  its loop or return()), other generations and every call that changes the context throw
+   *  MoeliteError with Status.BUSY. */
   generate(prompt: string | ArrayLike<number>, params?: GenerateParams & { signal?: AbortSignal }): Generation;
 }
 

@@ -3,7 +3,9 @@
 // Models and contexts own their native objects; close() frees them at once, and a finalizer frees
 // what was not closed. Long calls (loading, evaluating, generating) have async forms that run on
 // a worker thread, so the event loop keeps running; a context refuses a second call while one is
-// in flight (one thread at a time, as the C API asks).
+// in flight (one thread at a time, as the C API asks), and a second generation while one is
+// under way (Status.BUSY). Integer arguments are checked against their C type and strings the C
+// API takes NUL-terminated for NUL (lib/native.js): RangeError / TypeError, nothing truncated.
 const { load } = require('./native');
 
 const Status = Object.freeze({
@@ -12,7 +14,7 @@ const Status = Object.freeze({
   GGUF_UNKNOWN_TYPE: 14, GGUF_OUT_OF_BOUNDS: 15, GGUF_OVERLAP: 16, UNSUPPORTED_ARCH: 20,
   UNSUPPORTED_TYPE: 21, MISSING_TENSOR: 22, BAD_SHAPE: 23, MISSING_METADATA: 24, BAD_METADATA: 25,
   BACKEND_UNAVAILABLE: 30, BUDGET_TOO_SMALL: 31, NOT_IMPLEMENTED: 32, BAD_PROFILE: 33, BACKEND: 34,
-  CONTEXT_FULL: 40, BAD_TOKEN: 41, ABORTED: 42, PROGRESS_ABORTED: 43, BAD_SESSION: 50,
+  CONTEXT_FULL: 40, BAD_TOKEN: 41, ABORTED: 42, PROGRESS_ABORTED: 43, BUSY: 44, BAD_SESSION: 50,
   SESSION_MISMATCH: 51, INTERNAL: 99,
 });
 const Backend = Object.freeze({ AUTO: 0, CPU: 1, VULKAN: 2, CUDA: 3 });
@@ -50,6 +52,11 @@ function callAsync(fn, ...args) {
 
 function invalid(message) {
   return new MoeliteError(Status.INVALID_ARGUMENT, message);
+}
+
+// A context already in use: an async call in flight, or a generation under way.
+function busy(message) {
+  return new MoeliteError(Status.BUSY, message);
 }
 
 function version() {
@@ -125,10 +132,29 @@ function sized(guess, alloc, f) {
   return buf.subarray(0, Number(len[0]));
 }
 
-function toInt32Array(tokens) {
+// Int32Array.from keeps the low 32 bits of each number (2 ** 32 + 1 becomes 1, 1.5 becomes 1), so
+// each value is checked first: RangeError for a fraction, NaN or a value outside int32_t.
+function toInt32Array(tokens, what = 'tokens') {
   if (tokens instanceof Int32Array) return tokens;
-  if (!Array.isArray(tokens)) throw invalid('tokens: an array of token ids');
+  if (!Array.isArray(tokens)) throw invalid(`${what}: an array of integers`);
+  tokens.forEach((t, i) => {
+    if (typeof t !== 'number') throw new TypeError(`${what}[${i}] must be a number, not ${typeof t}`);
+    if (!Number.isInteger(t) || t < -(2 ** 31) || t > 2 ** 31 - 1)
+      throw new RangeError(`${what}[${i}] is ${t}, not an int32_t`);
+  });
   return Int32Array.from(tokens);
+}
+
+// Chat messages go to C as structs of NUL-terminated strings, which lib/native.js's checks do not
+// see: a NUL would end a message early.
+function checkMessages(messages) {
+  if (!Array.isArray(messages)) throw invalid('messages: an array of {role, content}');
+  for (const m of messages) {
+    for (const k of ['role', 'content']) {
+      if (typeof m?.[k] !== 'string') throw new TypeError(`each message needs a string ${k}`);
+      if (m[k].includes('\0')) throw new TypeError(`a message's ${k} contains a NUL character`);
+    }
+  }
 }
 
 class Model {
@@ -225,6 +251,7 @@ class Model {
   /** Messages ({role, content}) formatted with the model's chat template. */
   chatFormat(messages, addAssistantPrompt = true) {
     const { fns } = load();
+    checkMessages(messages);
     const bytes = sized(messages.reduce((a, m) => a + m.content.length * 3 + 64, 64), (n) => new Uint8Array(n),
       (buf, cap, len) => fns.moelite_chat_format(this._handle(), messages, messages.length,
         addAssistantPrompt ? 1 : 0, buf, cap, len));
@@ -234,6 +261,7 @@ class Model {
   /** The conversation's tokens; message text stays text even where it spells a control token. */
   chatTokenize(messages, addAssistantPrompt = true) {
     const { fns } = load();
+    checkMessages(messages);
     return sized(messages.reduce((a, m) => a + m.content.length + 32, 64), (n) => new Int32Array(n),
       (buf, cap, n) => fns.moelite_chat_tokenize(this._handle(), messages, messages.length,
         addAssistantPrompt ? 1 : 0, buf, cap, n));
@@ -279,7 +307,13 @@ function buildGenerateParams(params) {
     if (params.repeatPenalty !== undefined) {
       check(fns.moelite_generate_params_set_repeat_penalty(p, params.repeatPenalty, params.repeatLastN ?? 64));
     }
-    if (params.seed !== undefined) check(fns.moelite_generate_params_set_seed(p, BigInt(params.seed)));
+    if (params.seed !== undefined) {
+      // BigInt() refuses a fraction (RangeError). A negative seed stands for its 64-bit two's
+      // complement, as in the Python binding; beyond 64 bits it would be cut, so it is refused.
+      const seed = BigInt(params.seed);
+      if (seed < -(2n ** 63n) || seed >= 2n ** 64n) throw new RangeError(`seed ${seed} does not fit 64 bits`);
+      check(fns.moelite_generate_params_set_seed(p, BigInt.asUintN(64, seed)));
+    }
     for (const s of params.stop ?? []) check(fns.moelite_generate_params_add_stop(p, s));
     return p;
   } catch (e) {
@@ -354,6 +388,7 @@ class Context {
     this._model = model;
     this._nVocab = model.nVocab;
     this._busy = false;
+    this._generation = null;  // the owner token of the generate() iterator under way, if any
     this._token = {};
     // The native queues over this context (pointers): freed before it, whichever of a queue and
     // its context the collector finalizes first (a queue borrows its context).
@@ -363,16 +398,30 @@ class Context {
       this._token);
   }
 
-  _handle() {
+  // The pointer for a call that reads the context: refused once closed or while an async call is
+  // in flight (its worker thread is inside the library with it).
+  _read() {
     if (!this._ptr) throw invalid('the context was closed');
-    if (this._busy) throw invalid('the context is busy with an async call (one call at a time)');
+    if (this._busy) throw busy('the context is busy with an async call (one call at a time)');
     return this._ptr;
+  }
+
+  // The pointer for a call that changes the context: refused as _read() does, and while a
+  // generate() iterator other than `owner` is under way (it would see its sequence change
+  // between two of its steps).
+  _handle(owner = null) {
+    const h = this._read();
+    if (this._generation !== null && this._generation !== owner) {
+      throw busy('a generation is under way on this context (one at a time): end its loop, or call return() on ' +
+                 'its iterator, first');
+    }
+    return h;
   }
 
   // call() (a promise of a worker-thread call) with every other call on the context and its
   // queues refused meanwhile.
-  async _exclusive(call) {
-    this._handle();
+  async _exclusive(call, owner = null) {
+    this._handle(owner);
     this._busy = true;
     try {
       return await call();
@@ -383,14 +432,20 @@ class Context {
 
   // fn(handle, ...args) on koffi's worker thread; resolves to the status.
   async _callAsync(fn, ...args) {
-    const h = this._handle();
-    return this._exclusive(() => callAsync(fn, h, ...args));
+    return this._callAsyncFor(null, fn, ...args);
   }
 
-  /** Frees the context now, and first the queues over it (they refuse calls afterwards). */
+  async _callAsyncFor(owner, fn, ...args) {
+    const h = this._handle(owner);
+    return this._exclusive(() => callAsync(fn, h, ...args), owner);
+  }
+
+  /** Frees the context now, and first the queues over it (they refuse calls afterwards). While an
+   *  async call is in flight it throws (Status.BUSY) and frees nothing; a generate() iterator
+   *  under way then throws 'the context was closed' at its next step. */
   close() {
     if (!this._ptr) return;
-    if (this._busy) throw invalid('the context is busy with an async call');
+    if (this._busy) throw busy('the context is busy with an async call: await it before close()');
     registry.unregister(this._token);
     freeQueues(this._queues);
     load().fns.moelite_context_free(this._ptr);
@@ -405,15 +460,19 @@ class Context {
 
   /** The same on a worker thread: the event loop runs meanwhile. */
   async evalAsync(tokens, { logitsAll = false } = {}) {
+    return this._evalAsync(tokens, logitsAll, null);
+  }
+
+  async _evalAsync(tokens, logitsAll, owner) {
     const ids = toInt32Array(tokens);
-    const st = await this._callAsync(load().fns.moelite_eval, ids, ids.length, logitsAll ? 1 : 0);
+    const st = await this._callAsyncFor(owner, load().fns.moelite_eval, ids, ids.length, logitsAll ? 1 : 0);
     if (st !== 0) throw new MoeliteError(st, `evaluating ${ids.length} tokens failed`);
   }
 
   /** Tokens of several sequences in one pass (token i to sequence seqIds[i]); logits kept for
    *  wantLogits[i] (default: each sequence's last token). */
   evalBatch(tokens, seqIds, wantLogits = null) {
-    const ids = toInt32Array(tokens), seqs = toInt32Array(seqIds);
+    const ids = toInt32Array(tokens), seqs = toInt32Array(seqIds, 'seqIds');
     if (seqs.length !== ids.length || (wantLogits && wantLogits.length !== ids.length)) {
       throw invalid('evalBatch: tokens, seqIds and wantLogits differ in length');
     }
@@ -424,32 +483,32 @@ class Context {
   /** A copy of row i's logits (-1: the last), or null when the row has none. */
   logits(i = -1) {
     const { fns, koffi } = load();
-    const p = fns.moelite_get_logits(this._handle(), i);
+    const p = fns.moelite_get_logits(this._read(), i);
     if (!p) return null;
     return new Float32Array(koffi.view(p, this._nVocab * 4).slice(0));
   }
 
-  get kvLength() { return load().fns.moelite_context_kv_length(this._handle()); }
-  get nCtx() { return load().fns.moelite_context_n_ctx(this._handle()); }
+  get kvLength() { return load().fns.moelite_context_kv_length(this._read()); }
+  get nCtx() { return load().fns.moelite_context_n_ctx(this._read()); }
   kvReset() { load().fns.moelite_context_kv_reset(this._handle()); }
   kvTruncate(nKeep) { load().fns.moelite_context_kv_truncate(this._handle(), nKeep); }
-  seqLength(seq) { return load().fns.moelite_context_seq_length(this._handle(), seq); }
+  seqLength(seq) { return load().fns.moelite_context_seq_length(this._read(), seq); }
   seqTruncate(seq, nKeep) { check(load().fns.moelite_context_seq_truncate(this._handle(), seq, nKeep)); }
 
   /** The tokens sequence 0's cache holds. */
   tokens() {
     const { fns } = load();
     return sized(this.kvLength, (n) => new Int32Array(n),
-      (buf, cap, n) => fns.moelite_context_get_tokens(this._handle(), buf, cap, n));
+      (buf, cap, n) => fns.moelite_context_get_tokens(this._read(), buf, cap, n));
   }
 
-  save(path) { check(load().fns.moelite_context_save(this._handle(), String(path))); }
+  save(path) { check(load().fns.moelite_context_save(this._read(), String(path))); }
   load(path) { check(load().fns.moelite_context_load(this._handle(), String(path))); }
 
   /** This context's own expert-store counters. */
   expertStats(layer = -1) {
     const s = emptyStats();
-    check(load().fns.moelite_context_expert_stats(this._handle(), layer, s));
+    check(load().fns.moelite_context_expert_stats(this._read(), layer, s));
     return statsObject(s);
   }
 
@@ -485,7 +544,14 @@ class Context {
    *  the previous token on a worker thread and draws the next. `text` holds only whole
    *  characters and never the start of a possible stop string (it comes with a later token).
    *  params as generateText, plus `signal` (an AbortSignal checked between tokens). The
-   *  iterator's `stopReason` says why it ended. */
+   *  iterator's `stopReason` says why it ended.
+   *
+   *  One generation per context at a time: from its first next() until its loop ends (or
+   *  return() is called on it, as `break` does), another generate() or generateText() on the
+   *  context, and every call that changes it (eval, kvTruncate, seqTruncate, load, queues),
+   *  throws MoeliteError Status.BUSY at once; the generation goes on undisturbed. Reads
+   *  (tokens(), kvLength, logits()) stay open between its steps. close() ends it: its next step
+   *  throws 'the context was closed'. */
   generate(prompt, params = {}) {
     const ctx = this;
     const { fns } = load();
@@ -497,6 +563,9 @@ class Context {
     const iterator = {
       stopReason: null,
       async *[Symbol.asyncIterator]() {
+        // This generation's claim on the context (see above): its own calls pass `owner`.
+        const owner = {};
+        ctx._handle();  // BUSY while another generation (or an async call) is under way
         const p = buildGenerateParams(params);
         const out = [null];
         try {
@@ -505,13 +574,14 @@ class Context {
           fns.moelite_generate_params_free(p);
         }
         const sampler = out[0];
+        ctx._generation = owner;
         try {
           // Keep the cache's common prefix with the prompt (at least its last token is evaluated).
           const cached = ctx.tokens();
           let keep = 0;
           while (keep < Math.min(cached.length, ids.length - 1) && cached[keep] === ids[keep]) ++keep;
-          ctx.kvTruncate(keep);
-          await ctx.evalAsync(ids.subarray(keep));
+          fns.moelite_context_kv_truncate(ctx._handle(owner), keep);
+          await ctx._evalAsync(ids.subarray(keep), false, owner);
           check(fns.moelite_sampler_accept(sampler, ids, ids.length));
           let left = params.maxTokens ?? 256;
           let pending = Buffer.alloc(0), held = '';
@@ -520,7 +590,7 @@ class Context {
             if (params.signal?.aborted) { iterator.stopReason = 'aborted'; return; }
             if (left <= 0) { iterator.stopReason = 'max_tokens'; return; }
             const tok = [0];
-            check(fns.moelite_sampler_sample(sampler, ctx._handle(), -1, tok));
+            check(fns.moelite_sampler_sample(sampler, ctx._handle(owner), -1, tok));
             const id = tok[0];
             if (model.isEndToken(id)) {
               iterator.stopReason = 'end';
@@ -555,9 +625,10 @@ class Context {
               text = text.slice(0, text.length - hold);
             }
             yield { id, text };
-            if (left > 0) await ctx.evalAsync([id]);
+            if (left > 0) await ctx._evalAsync([id], false, owner);
           }
         } finally {
+          if (ctx._generation === owner) ctx._generation = null;
           fns.moelite_sampler_free(sampler);
         }
       },
@@ -607,7 +678,7 @@ class Queue {
   /** Frees the queue and its requests (the context stays). Idempotent. */
   close() {
     if (!this._ptr) return;
-    if (this._ctx._busy) throw invalid('the context is busy with an async call');
+    if (this._ctx._busy) throw busy('the context is busy with an async call: await it before close()');
     registry.unregister(this._token);
     if (this._ctx._queues.delete(this._ptr)) load().fns.moelite_queue_free(this._ptr);
     this._ptr = null;

@@ -81,7 +81,7 @@ function load() {
     'const char *moelite_last_error(void)',
     'moelite_model_params *moelite_model_params_create(void)',
     'void moelite_model_params_free(moelite_model_params *p)',
-    'int moelite_model_params_set_threads(moelite_model_params *p, int32_t n)',
+    'int moelite_model_params_set_threads(moelite_model_params *p, int32_t threads)',
     'int moelite_model_params_set_backend(moelite_model_params *p, int backend)',
     'int moelite_model_params_set_expert_budget(moelite_model_params *p, uint64_t bytes)',
     'int moelite_model_params_set_expert_budget_fraction(moelite_model_params *p, double fraction)',
@@ -92,7 +92,7 @@ function load() {
     'int moelite_model_params_set_cache_allocation(moelite_model_params *p, const char *allocation)',
     'int moelite_model_params_set_gating(moelite_model_params *p, const char *mode, float threshold)',
     'int moelite_model_params_set_gating_penalty(moelite_model_params *p, float penalty)',
-    'int moelite_model_params_set_gating_substitutes(moelite_model_params *p, int32_t n)',
+    'int moelite_model_params_set_gating_substitutes(moelite_model_params *p, int32_t substitutes)',
     'int moelite_model_params_set_profile(moelite_model_params *p, const char *path)',
     'int moelite_model_load(const char *path, const moelite_model_params *p, _Out_ moelite_model **out)',
     'void moelite_model_free(moelite_model *m)',
@@ -111,9 +111,9 @@ function load() {
     'int moelite_chat_tokenize(const moelite_model *m, const moelite_chat_message *msgs, size_t n, int32_t add_assistant, _Out_ int32_t *tokens, int32_t capacity, _Out_ int32_t *n_tokens)',
     'moelite_context_params *moelite_context_params_create(void)',
     'void moelite_context_params_free(moelite_context_params *p)',
-    'int moelite_context_params_set_n_ctx(moelite_context_params *p, int32_t n)',
-    'int moelite_context_params_set_n_batch(moelite_context_params *p, int32_t n)',
-    'int moelite_context_params_set_n_seq(moelite_context_params *p, int32_t n)',
+    'int moelite_context_params_set_n_ctx(moelite_context_params *p, int32_t nCtx)',
+    'int moelite_context_params_set_n_batch(moelite_context_params *p, int32_t nBatch)',
+    'int moelite_context_params_set_n_seq(moelite_context_params *p, int32_t nSeq)',
     'int moelite_context_create(moelite_model *m, const moelite_context_params *p, _Out_ moelite_context **out)',
     'void moelite_context_free(moelite_context *c)',
     'int moelite_eval(moelite_context *c, const int32_t *tokens, int32_t n, int32_t logits_all)',
@@ -132,12 +132,12 @@ function load() {
     'void moelite_context_reset_expert_stats(moelite_context *c)',
     'moelite_generate_params *moelite_generate_params_create(void)',
     'void moelite_generate_params_free(moelite_generate_params *p)',
-    'int moelite_generate_params_set_max_tokens(moelite_generate_params *p, int32_t n)',
+    'int moelite_generate_params_set_max_tokens(moelite_generate_params *p, int32_t maxTokens)',
     'int moelite_generate_params_set_temperature(moelite_generate_params *p, float t)',
-    'int moelite_generate_params_set_top_k(moelite_generate_params *p, int32_t k)',
+    'int moelite_generate_params_set_top_k(moelite_generate_params *p, int32_t topK)',
     'int moelite_generate_params_set_top_p(moelite_generate_params *p, float v)',
     'int moelite_generate_params_set_min_p(moelite_generate_params *p, float v)',
-    'int moelite_generate_params_set_repeat_penalty(moelite_generate_params *p, float penalty, int32_t last_n)',
+    'int moelite_generate_params_set_repeat_penalty(moelite_generate_params *p, float penalty, int32_t repeatLastN)',
     'int moelite_generate_params_set_seed(moelite_generate_params *p, uint64_t seed)',
     'int moelite_generate_params_add_stop(moelite_generate_params *p, const char *stop)',
     'int moelite_generate_params_set_callback(moelite_generate_params *p, moelite_piece_fn *fn, void *user)',
@@ -164,10 +164,61 @@ function load() {
   const fns = {};
   for (const d of decls) {
     const name = d.match(/(moelite_\w+)\(/)[1];
-    fns[name] = lib.func(d);
+    fns[name] = checked(name, d, lib.func(d));
   }
   api = { koffi, fns, pieceFn };
   return api;
 }
 
-module.exports = { load };
+// Integer parameter types -> [lowest, highest] (BigInt). koffi converts a JS number to a C integer
+// by truncating and wrapping it (2 ** 32 + 1 becomes 1 as an int32_t, 64.7 becomes 64, NaN 0),
+// and a string to a C string that ends at its first NUL; the checks below refuse both before the
+// call (RangeError, TypeError), naming the function and the parameter.
+const INT_RANGES = {
+  int: [-(2n ** 31n), 2n ** 31n - 1n], int32_t: [-(2n ** 31n), 2n ** 31n - 1n], uint32_t: [0n, 2n ** 32n - 1n],
+  int64_t: [-(2n ** 63n), 2n ** 63n - 1n], uint64_t: [0n, 2n ** 64n - 1n], size_t: [0n, 2n ** 64n - 1n],
+};
+
+function intChecker(fn, param, [low, high]) {
+  return (v) => {
+    let big;
+    if (typeof v === 'bigint') big = v;
+    else if (typeof v === 'number' && Number.isInteger(v)) big = BigInt(v);
+    else if (typeof v === 'boolean') return;
+    else {
+      const E = typeof v === 'number' ? RangeError : TypeError;  // NaN, 1.5, Infinity: a number, not an integer
+      throw new E(`${fn}: ${param} must be an integer, not ${typeof v === 'string' ? JSON.stringify(v) : String(v)}`);
+    }
+    if (big < low || big > high) throw new RangeError(`${fn}: ${param} is ${v}, outside ${low}..${high}`);
+  };
+}
+
+function cStringChecker(fn, param) {
+  return (v) => {
+    if (typeof v === 'string' && v.includes('\0')) {
+      const e = new TypeError(`${fn}: ${param} contains a NUL character, where the C string would end`);
+      e.code = 'ERR_INVALID_ARG_VALUE';
+      throw e;
+    }
+  };
+}
+
+// fn (and fn.async) with its integer and C-string parameters checked first (see INT_RANGES).
+function checked(name, decl, fn) {
+  const params = decl.slice(decl.indexOf('(') + 1, decl.lastIndexOf(')')).split(',').map((p) => p.trim());
+  const checks = [];
+  params.forEach((p, i) => {
+    const m = p.match(/^(?:const\s+)?(\w+)\s*(\*?)\s*(\w+)$/);
+    if (!m || p.startsWith('_')) return;  // void, _Out_/_Inout_ pointers
+    const [, type, star, param] = m;
+    if (!star && INT_RANGES[type]) checks.push([i, intChecker(name, param, INT_RANGES[type])]);
+    else if (star && type === 'char') checks.push([i, cStringChecker(name, param)]);
+  });
+  if (!checks.length) return fn;
+  const check = (args) => { for (const [i, c] of checks) c(args[i]); };
+  const wrapped = (...args) => { check(args); return fn(...args); };
+  wrapped.async = (...args) => { check(args); return fn.async(...args); };
+  return wrapped;
+}
+
+module.exports = { load, checked };

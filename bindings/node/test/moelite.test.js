@@ -92,7 +92,7 @@ test('errors are exceptions carrying the status', async () => {
   assert.throws(() => new Context(model, { nSeq: 0 }), isStatus(Status.INVALID_ARGUMENT));
   // One call at a time: a second call while an async one runs is refused, the first completes.
   const busy = ctx.evalAsync([1, 2]);
-  assert.throws(() => ctx.eval([3]), isStatus(Status.INVALID_ARGUMENT));
+  assert.throws(() => ctx.eval([3]), isStatus(Status.BUSY));
   await busy;
   assert.equal(ctx.kvLength, 2);
 });
@@ -186,8 +186,8 @@ test('a request queue gives each request what the library generation gives it al
   const streamed = ids.map(() => ({ text: '', tokens: [] }));
   const inFlight = q.step();
   // One call at a time: the queue and its context refuse calls while a step runs.
-  assert.throws(() => q.waiting, (e) => e.status === Status.INVALID_ARGUMENT);
-  assert.throws(() => ctx.eval([1]), (e) => e.status === Status.INVALID_ARGUMENT);
+  assert.throws(() => q.waiting, (e) => e.status === Status.BUSY);
+  assert.throws(() => ctx.eval([1]), (e) => e.status === Status.BUSY);
   const events = [...await inFlight];
   for await (const e of q.run()) events.push(e);
   for (const e of events) {

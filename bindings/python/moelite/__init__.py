@@ -47,7 +47,7 @@ from typing import List
 from . import _lib
 from ._lib import lib as _c
 from .context import Context
-from .errors import MoeliteError, Status
+from .errors import ContextBusyError, MoeliteError, Status
 from .generation import StopReason
 from .host import (PlatformField, platform_describe_json, platform_get, platform_info,
                    platform_memory_available)
@@ -70,7 +70,7 @@ from .model import _BACKENDS, _KEYS, _AbcMapping, _chat_array, _key_property  # 
 
 __all__ = [
     "__version__", "version_number", "library_path", "supported_archs", "Status", "StopReason",
-    "MoeliteError", "Model", "Context", "Sampler", "Queue", "REQUEST_WAITING", "REQUEST_RUNNING", "Metadata", "ExpertStats", "PlatformField",
+    "MoeliteError", "ContextBusyError", "Model", "Context", "Sampler", "Queue", "REQUEST_WAITING", "REQUEST_RUNNING", "Metadata", "ExpertStats", "PlatformField",
     "TokenizeFlag", "DetokenizeFlag", "TokenAttr", "set_log_callback", "platform_get", "platform_describe_json", "platform_info",
     "platform_memory_available",
 ]
@@ -103,7 +103,7 @@ def supported_archs() -> List[str]:
 # The public classes and functions (and the bases help() shows: _Closeable, _DeprecatedAliasMeta)
 # keep "moelite" as their module, as when they were all defined in this file: tracebacks print
 # moelite.MoeliteError, help() and pickles name moelite.Model.
-for _obj in (Status, StopReason, MoeliteError, Model, Context, Sampler, Queue, Metadata, ExpertStats,
+for _obj in (Status, StopReason, MoeliteError, ContextBusyError, Model, Context, Sampler, Queue, Metadata, ExpertStats,
              PlatformField, TokenizeFlag, DetokenizeFlag, TokenAttr, set_log_callback, platform_get,
              platform_describe_json, platform_info, platform_memory_available, _Closeable,
              _DeprecatedAliasMeta):

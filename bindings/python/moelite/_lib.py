@@ -6,6 +6,7 @@ ctypes and every function the binding uses gets its argtypes/restype declared be
 import ctypes
 import ctypes.util
 import glob
+import operator
 import os
 import sys
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char_p, c_double, c_float, c_int, c_int32,
@@ -130,10 +131,64 @@ _status = c_int  # moelite_status (a C enum: int)
 _p = c_void_p    # every opaque handle
 
 
+class _SizedText(c_char_p):
+    """A `const char*` passed with its length (moelite_tokenize, moelite_generate): any bytes,
+    NUL included. Plain c_char_p arguments are NUL-terminated strings and refuse NUL."""
+
+
+# Integer argument types -> (lowest, highest, C name). ctypes converts a Python int to a C integer
+# by silently keeping its low bits (2**32 + 1 becomes 1 as an int32_t), and a bytes argument to a
+# C string that ends at its first NUL; the checks below refuse both before the call.
+_INT_RANGES = {}
+for _t, _name in ((c_int32, "int32_t"), (c_uint32, "uint32_t"), (c_int64, "int64_t"), (c_uint64, "uint64_t"),
+                  (c_uint8, "uint8_t")):
+    _bits = 8 * ctypes.sizeof(_t)
+    _signed = _t(-1).value < 0
+    _INT_RANGES[_t] = (-(1 << (_bits - 1)) if _signed else 0, (1 << (_bits - (1 if _signed else 0))) - 1, _name)
+del _t, _name, _bits, _signed
+
+
+def _int_check(low, high, ctype):
+    def check(fn, i, value):
+        if isinstance(value, ctypes._SimpleCData):  # already a C value (c_int32(...))
+            return
+        v = operator.index(value)  # TypeError for a float: no silent truncation either
+        if not low <= v <= high:
+            raise OverflowError("%s: argument %d is %d, outside the range of %s (%d..%d)"
+                                % (fn, i + 1, v, ctype, low, high))
+    return check
+
+
+def _cstr_check(fn, i, value):
+    if isinstance(value, bytes) and b"\0" in value:
+        raise ValueError("%s: argument %d contains a NUL byte, where the C string would end" % (fn, i + 1))
+
+
+def _checked(fn, name, checks):
+    def call(*args):
+        for i, check in checks:
+            if i < len(args):
+                check(name, i, args[i])
+        return fn(*args)
+    call.__name__ = name
+    call.__wrapped__ = fn
+    return call
+
+
 def _decl(name, restype, *argtypes):
+    """Declares `name`; a function with integer or C-string arguments is replaced on `lib` by a
+    wrapper that range-checks them (OverflowError) and refuses NUL in strings (ValueError)."""
     fn = getattr(lib, name)
     fn.restype = restype
     fn.argtypes = list(argtypes)
+    checks = []
+    for i, t in enumerate(argtypes):
+        if t in _INT_RANGES:
+            checks.append((i, _int_check(*_INT_RANGES[t])))
+        elif t is c_char_p:  # exactly: _SizedText (pointer + length) may hold NUL
+            checks.append((i, _cstr_check))
+    if checks:
+        setattr(lib, name, _checked(fn, name, checks))
 
 
 _decl("moelite_version_number", c_uint)
@@ -235,7 +290,7 @@ _decl("moelite_context_get_tokens", _status, _p, POINTER(c_int32), c_int32, POIN
 _decl("moelite_context_expert_stats", _status, _p, c_int32, POINTER(ExpertStats))
 _decl("moelite_context_reset_expert_stats", None, _p)
 
-_decl("moelite_tokenize", _status, _p, c_char_p, c_size_t, c_uint32, POINTER(c_int32), c_int32,
+_decl("moelite_tokenize", _status, _p, _SizedText, c_size_t, c_uint32, POINTER(c_int32), c_int32,
       POINTER(c_int32))
 _decl("moelite_detokenize", _status, _p, POINTER(c_int32), c_int32, c_uint32, c_void_p, c_size_t,
       POINTER(c_size_t))
@@ -266,7 +321,7 @@ _decl("moelite_generate_params_set_parse_special", _status, _p, c_int32)
 _decl("moelite_generate_params_set_callback", _status, _p, PIECE_FN, c_void_p)
 _decl("moelite_generate_params_set_token_callback", _status, _p, TOKEN_FN, c_void_p)
 _decl("moelite_generate_params_set_logits_callback", _status, _p, LOGITS_FN, c_void_p)
-_decl("moelite_generate", _status, _p, c_char_p, c_size_t, _p, POINTER(GenerateStats))
+_decl("moelite_generate", _status, _p, _SizedText, c_size_t, _p, POINTER(GenerateStats))
 _decl("moelite_generate_tokens", _status, _p, POINTER(c_int32), c_int32, _p, POINTER(GenerateStats))
 
 _decl("moelite_sampler_create", _status, _p, POINTER(c_void_p))

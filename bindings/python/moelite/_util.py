@@ -5,6 +5,7 @@ and _Closeable, the base of the objects that own a library handle (Context, Samp
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 from typing import Any, Iterable, Optional, Union
 
@@ -28,13 +29,49 @@ def _as_bytes(text: Any, what: str = "text") -> bytes:
     raise TypeError("%s must be str or bytes, not %s" % (what, type(text).__name__))
 
 
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def _int32_array(values: Iterable[int], what: str = "token ids"):
+    """(a ctypes int32_t array, its length). A ctypes array keeps only the low 32 bits of what it
+    is given (2**32 + 1 would become 1), so each value is checked first: TypeError for a
+    non-integer (a float is not truncated either), OverflowError outside int32_t."""
+    values = [_int_arg(v, what) for v in values]
+    for i, v in enumerate(values):
+        if not _INT32_MIN <= v <= _INT32_MAX:
+            raise OverflowError("%s[%d] is %d, outside the range of int32_t" % (what, i, v))
+    if len(values) > _INT32_MAX:
+        raise OverflowError("%d %s do not fit an int32_t count" % (len(values), what))
+    arr = (ctypes.c_int32 * max(len(values), 1))(*values)
+    return arr, len(values)
+
+
 def _token_array(tokens: Iterable[int]):
-    tokens = list(tokens)
-    for t in tokens:
-        if not isinstance(t, int) and not (hasattr(t, "__index__")):
-            raise TypeError("token ids must be integers, got %r" % (t,))
-    arr = (ctypes.c_int32 * max(len(tokens), 1))(*[int(t) for t in tokens])
-    return arr, len(tokens)
+    return _int32_array(tokens, "token ids")
+
+
+def _int_arg(value: Any, what: str) -> int:
+    """An integer argument as an int: operator.index, so a float (or a str) is a TypeError rather
+    than silently truncated by int(). The range of the C type is checked at the call (_lib)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError("%s must be an integer, not %s" % (what, type(value).__name__)) from None
+
+
+def _c_path(path: Any, what: str = "path") -> bytes:
+    """A path (str, bytes, os.PathLike) as the NUL-terminated bytes the C API takes; ValueError
+    for a NUL inside it, which would end the C string early and name another file."""
+    if isinstance(path, (bytes, bytearray, memoryview)):
+        data = bytes(path)
+    else:
+        try:
+            data = os.fsencode(os.fspath(path))
+        except TypeError:
+            raise TypeError("%s must be str, bytes or os.PathLike, not %s" % (what, type(path).__name__)) from None
+    if b"\0" in data:
+        raise ValueError("%s contains a NUL byte" % what)
+    return data
 
 
 def _two_call_text(call, guess: int) -> bytes:

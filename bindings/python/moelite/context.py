@@ -4,7 +4,6 @@ sequences, its expert-store counters and streaming generation (generate(), chat(
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 import weakref
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence,
@@ -15,8 +14,8 @@ from ._callbacks import (LogitsCallback, RoutingCallback, _CtxState, _make_abort
                          _make_routing_callback)
 from ._exit import _exit_guard
 from ._lib import lib as _c
-from ._util import PathLike, TextLike, _as_bytes, _Closeable, _np, _token_array
-from .errors import MoeliteError, _check, _last_error
+from ._util import PathLike, TextLike, _as_bytes, _c_path, _Closeable, _int32_array, _int_arg, _np, _token_array
+from .errors import ContextBusyError, MoeliteError, Status, _check, _last_error
 from .generation import _Generation, _generate_params, _stats_dict
 from .model import Model
 from .stats import ExpertStats
@@ -45,6 +44,13 @@ class Context(_Closeable):
     KeyboardInterrupt or SystemExit is not swallowed); the context is then as before the call
     for eval(), usable for generate().
 
+    Threads: one thread at a time, and one generation at a time. Calls from several threads are
+    serialized, never run at once; while a generation is under way (its iterator started and
+    not finished or closed), generate() and every other call from a thread other than the one
+    iterating raise ContextBusyError at once, leaving that generation undisturbed. Integer
+    arguments: TypeError for a non-integer, OverflowError outside the C type's range (nothing
+    is truncated); paths: ValueError for a NUL character.
+
     Lifetime: the context keeps its Model object alive (and the library keeps the model's memory
     for it). Model.close() closes the model's contexts first. close() stops a generation in
     progress and frees the context; otherwise the garbage collector does, in any order
@@ -60,8 +66,9 @@ class Context(_Closeable):
         self._free = _c.moelite_context_free  # kept for __del__ during interpreter shutdown
         self.model = model
         self.last_stats: Optional[Dict[str, Any]] = None
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # held by every call into the library on this context
         self._active: Optional[_Generation] = None  # the generation in progress, if any
+        self._gen_lock = threading.Lock()  # makes "is a generation active? then claim" one step
         self._queues: "weakref.WeakSet[Queue]" = weakref.WeakSet()  # closed before the context
         self._n_vocab = model.n_vocab  # ValueError for a closed model
         self._state = _CtxState(abort, routing)
@@ -72,34 +79,44 @@ class Context(_Closeable):
             raise MemoryError("moelite_context_params_create failed")
         try:
             if n_ctx is not None:
-                _check(_c.moelite_context_params_set_n_ctx(params, int(n_ctx)))
+                _check(_c.moelite_context_params_set_n_ctx(params, _int_arg(n_ctx, "n_ctx")))
             if n_batch is not None:
-                _check(_c.moelite_context_params_set_n_batch(params, int(n_batch)))
+                _check(_c.moelite_context_params_set_n_batch(params, _int_arg(n_batch, "n_batch")))
             if n_seq is not None:
-                _check(_c.moelite_context_params_set_n_seq(params, int(n_seq)))
+                _check(_c.moelite_context_params_set_n_seq(params, _int_arg(n_seq, "n_seq")))
             if self._routing_ref is not None:
                 _check(_c.moelite_context_params_set_routing_callback(params, self._routing_ref, None))
             out = ctypes.c_void_p()
-            _check(_c.moelite_context_create(model._handle(), params, ctypes.byref(out)))
-            # The binding's own abort callback is always installed: it also stops generations
-            # and calls at exit; Context.abort only swaps the user function it consults.
-            st = int(_c.moelite_context_set_abort_callback(out.value, self._abort_ref, None))
-            if st != 0:
-                msg = _last_error()
-                _c.moelite_context_free(out.value)
-                raise MoeliteError(st, msg)
-            self._ptr = out.value
+            # A call in flight on the model (see Model._use): Model.close() on another thread
+            # waits for it, and then finds this context among those it closes.
+            with model._use() as model_handle:
+                _check(_c.moelite_context_create(model_handle, params, ctypes.byref(out)))
+                # The binding's own abort callback is always installed: it also stops generations
+                # and calls at exit; Context.abort only swaps the user function it consults.
+                st = int(_c.moelite_context_set_abort_callback(out.value, self._abort_ref, None))
+                if st != 0:
+                    msg = _last_error()
+                    _c.moelite_context_free(out.value)
+                    raise MoeliteError(st, msg)
+                self._ptr = out.value
+                model._contexts.add(self)
         finally:
             _c.moelite_context_params_free(params)
-        model._contexts.add(self)
 
     # ---- lifetime (_Closeable: _handle, closed, with, the finalizer) ----
     _kind = "context"
 
     def close(self) -> None:
-        """Frees the context (stopping a generation in progress first). Idempotent."""
+        """Frees the context (stopping a generation in progress first, whichever thread consumes
+        it: its iterator then ends). Idempotent. From another thread it waits for the call in
+        progress (an eval) to return; calls made after it raise ValueError("the context is
+        closed"). RuntimeError from inside a call on this context on the same thread (its abort,
+        routing or logits callback), which could not return once the context is freed."""
+        if self._lock._is_owned():  # noqa: SLF001 - RLock: this thread is inside a call on us
+            raise RuntimeError("Context.close() called from inside a call on this context (e.g. one of its "
+                               "callbacks); close it after that call has returned")
         gen = self._active
-        if gen is not None and not gen.on_worker():
+        if gen is not None:
             gen.stop()
             if gen.abandoned:
                 self._ptr = None  # deliberately leaked: a parked worker still uses it
@@ -151,7 +168,7 @@ class Context(_Closeable):
         kv_length afterwards."""
         self._preempt()
         with self._lock:
-            _c.moelite_context_kv_truncate(self._handle(), int(n_keep))
+            _c.moelite_context_kv_truncate(self._handle(), _int_arg(n_keep, "n_keep"))
 
     def tokens(self) -> List[int]:
         """The token ids the KV cache holds, in order (moelite_context_get_tokens): what eval()
@@ -197,7 +214,7 @@ class Context(_Closeable):
         with self._lock:
             s = _lib.ExpertStats()
             s.struct_size = ctypes.sizeof(_lib.ExpertStats)
-            _check(_c.moelite_context_expert_stats(self._handle(), int(layer), ctypes.byref(s)))
+            _check(_c.moelite_context_expert_stats(self._handle(), _int_arg(layer, "layer"), ctypes.byref(s)))
             return ExpertStats._from_c(s)
 
     def reset_expert_stats(self) -> None:
@@ -249,10 +266,9 @@ class Context(_Closeable):
         those of evaluating it alone. On error every sequence is as before the call; errors as
         eval(), plus ERR_INVALID_ARGUMENT for a sequence id out of range."""
         arr, n = _token_array(tokens)
-        ids = list(seq_ids)
-        if len(ids) != n:
+        id_arr, n_ids = _int32_array(seq_ids, "seq_ids")
+        if n_ids != n:
             raise ValueError("seq_ids must have one id per token")
-        id_arr = (ctypes.c_int32 * max(n, 1))(*ids)
         want_arr = None
         if want_logits is not None:
             flags = [1 if w else 0 for w in want_logits]
@@ -265,14 +281,14 @@ class Context(_Closeable):
         """Saves every sequence's tokens and KV cache to `path`, atomically (moelite_context_save)."""
         self._preempt()
         with self._lock:
-            _check(_c.moelite_context_save(self._handle(), os.fsencode(os.fspath(path))))
+            _check(_c.moelite_context_save(self._handle(), _c_path(path)))
 
     def load(self, path: PathLike) -> None:
         """Restores a state saved with save() (moelite_context_load); the context is unchanged on
         ERR_FILE_NOT_FOUND, ERR_BAD_SESSION or ERR_SESSION_MISMATCH."""
         self._preempt()
         with self._lock:
-            _check(_c.moelite_context_load(self._handle(), os.fsencode(os.fspath(path))))
+            _check(_c.moelite_context_load(self._handle(), _c_path(path)))
 
     @property
     def n_seq(self) -> int:
@@ -286,15 +302,15 @@ class Context(_Closeable):
         self._preempt()
         with self._lock:
             h = self._handle()
-            if not 0 <= int(seq) < int(_c.moelite_context_n_seq(h)):
+            if not 0 <= _int_arg(seq, "seq") < int(_c.moelite_context_n_seq(h)):
                 raise IndexError("sequence %d is out of range" % seq)
-            return int(_c.moelite_context_seq_length(h, int(seq)))
+            return int(_c.moelite_context_seq_length(h, _int_arg(seq, "seq")))
 
     def seq_truncate(self, seq: int, n_keep: int) -> None:
         """Keeps the first n_keep tokens of sequence seq (0 resets it; moelite_context_seq_truncate)."""
         self._preempt()
         with self._lock:
-            _check(_c.moelite_context_seq_truncate(self._handle(), int(seq), int(n_keep)))
+            _check(_c.moelite_context_seq_truncate(self._handle(), _int_arg(seq, "seq"), _int_arg(n_keep, "n_keep")))
 
     def logits(self, i: int = -1):
         """Logits (n_vocab floats) of token i of the last eval or eval_batch (negative i counts
@@ -303,7 +319,7 @@ class Context(_Closeable):
         importable, else a list of floats. Always a copy. IndexError if token i has no logits."""
         self._preempt()
         with self._lock:
-            ptr = _c.moelite_get_logits(self._handle(), int(i))
+            ptr = _c.moelite_get_logits(self._handle(), _int_arg(i, "i"))
             if not ptr:
                 raise IndexError("no logits for token index %d of the last eval" % i)
             n = self._n_vocab
@@ -353,8 +369,11 @@ class Context(_Closeable):
         Generation starts on the first next() and runs on a helper thread at most one piece (or
         pair) ahead of the consumer. Leaving the loop early (break, an exception, or close() on
         the iterator) stops it (stop reason ABORTED); an iterator abandoned without being closed
-        is stopped by the next call on this context, by Context.close()/Model.close(), or at
-        interpreter exit.
+        is stopped by the next call on this context from the same thread, by
+        Context.close()/Model.close(), or at interpreter exit. One generation per context at a
+        time: the first next() raises ContextBusyError (nothing is evaluated) while another
+        thread's generation on this context is under way, and so does any other call on the
+        context from a thread other than the one iterating (the generation goes on).
 
         Results and errors: `self.last_stats` is None while a generation runs and then holds
         the dict of moelite_generate_stats (stop_reason, stop_reason_name, token counts,
@@ -408,13 +427,17 @@ class Context(_Closeable):
         return self.generate(ids, **kwargs)
 
     def _generate(self, data, opts, stops, as_bytes, bias, parse_special, logits, yield_tokens):
-        self._preempt()
-        with self._lock:
-            self._handle()
-            self.last_stats = None
-            gen = _Generation(self, yield_tokens, logits)
-            params = _generate_params(opts, stops, bias, parse_special, gen.piece_ref, gen.token_ref,
-                                      gen.logits_ref)
+        gen = _Generation(self, yield_tokens, logits)
+        self._claim(gen)  # ContextBusyError while another thread's generation is under way
+        try:
+            with self._lock:
+                self._handle()
+                self.last_stats = None
+                params = _generate_params(opts, stops, bias, parse_special, gen.piece_ref, gen.token_ref,
+                                          gen.logits_ref)
+        except BaseException:
+            gen.stop()  # never started: releases the claim
+            raise
         gen.start(data, params)
         try:
             while True:
@@ -424,6 +447,8 @@ class Context(_Closeable):
                     gen.demand.release()  # let the worker compute the next piece meanwhile
                     text = item[-1] if as_bytes else item[-1].decode("utf-8", "replace")
                     yield (item[1], text) if kind == "token" else text
+                    # Whoever resumes the iterator consumes it now (it may be handed over).
+                    gen.consumer = threading.get_ident()
                     if gen.stopped.is_set():  # preempted by another call on this context
                         return
                     continue
@@ -435,10 +460,37 @@ class Context(_Closeable):
         finally:
             gen.stop()
 
+    def _busy(self) -> ContextBusyError:
+        return ContextBusyError(Status.ERR_BUSY, "the context is in use: a generation on another thread is under "
+                                "way (one generation per context at a time); finish or close its iterator first")
+
+    def _claim(self, gen: _Generation) -> None:
+        """Makes `gen` the context's generation. One of this thread's left suspended (an
+        iterator not run to its end) is stopped first; one consumed by another thread, or this
+        call made from inside a generation's callback, raises ContextBusyError: stopping it
+        would silently end that thread's iteration (and a generation started from its own
+        callback would wait for it forever)."""
+        me = threading.get_ident()
+        while True:
+            with self._gen_lock:
+                cur = self._active
+                if cur is None or cur.done:
+                    self._active = gen
+                    gen.consumer = me
+                    return
+                if cur.consumer != me or cur.on_worker():
+                    raise self._busy()
+            cur.stop()  # this thread's own suspended generation: outside _gen_lock (finish() takes it)
+
     def _preempt(self):
-        """Stops a generation left suspended by its consumer before running another call."""
+        """Before another call on this context: stops a generation this thread left suspended;
+        ContextBusyError when another thread's generation is under way (see _claim). A callback
+        of the generation itself (on its worker thread) may call in."""
         gen = self._active
-        if gen is not None and not gen.on_worker():
-            gen.stop()
+        if gen is None or gen.done or gen.on_worker():
+            return
+        if gen.consumer != threading.get_ident():
+            raise self._busy()
+        gen.stop()
 
     _stats_dict = staticmethod(_stats_dict)

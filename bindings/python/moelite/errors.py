@@ -69,6 +69,7 @@ class Status(enum.IntEnum, metaclass=_DeprecatedAliasMeta):
     ERR_BAD_TOKEN = 41
     ERR_ABORTED = 42
     ERR_PROGRESS_ABORTED = 43  # a progress callback asked to stop loading or calibrating
+    ERR_BUSY = 44  # another thread is using the context
     ERR_BAD_SESSION = 50  # a saved session is not one, truncated, corrupt or of another version
     ERR_SESSION_MISMATCH = 51  # a saved session of another model, or larger than the context
     ERR_INTERNAL = 99
@@ -82,7 +83,13 @@ class MoeliteError(Exception):
     """A moelite call failed. `.status` is the moelite_status (int), `.status_name` its C name
     ("MOELITE_ERR_FILE_NOT_FOUND") and `.message` the library's moelite_last_error() text.
     `.stats` is None, except for a failed generation: the dict of its moelite_generate_stats
-    (what was done before the failure; see Context.generate)."""
+    (what was done before the failure; see Context.generate). A status of ERR_BUSY makes a
+    ContextBusyError."""
+
+    def __new__(cls, status: int, *args: Any, **kwargs: Any):
+        if cls is MoeliteError and int(status) == Status.ERR_BUSY:
+            cls = ContextBusyError
+        return super().__new__(cls)
 
     def __init__(self, status: int, message: str = "", stats: Optional[Dict[str, Any]] = None):
         self.status = int(status)
@@ -90,6 +97,14 @@ class MoeliteError(Exception):
         self.message = message
         self.stats = stats
         super().__init__("%s: %s" % (self.status_name, message) if message else self.status_name)
+
+
+class ContextBusyError(MoeliteError, RuntimeError):
+    """A call on a Context that another thread is using: its generation is under way (one
+    generation per context at a time), or the library found the context in a call of another
+    thread (MOELITE_ERR_BUSY). Raised at once, before anything is changed; the other thread's
+    work goes on undisturbed. `.status` is Status.ERR_BUSY. Also a RuntimeError."""
+
 
 
 def _last_error() -> str:

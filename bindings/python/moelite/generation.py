@@ -16,6 +16,7 @@ from . import _lib
 from ._callbacks import LogitsCallback, _make_logits_callback
 from ._exit import _exit_guard
 from ._lib import lib as _c
+from ._util import _int_arg
 from .errors import _DEPRECATED_ALIASES, MoeliteError, Status, _check, _DeprecatedAliasMeta, _last_error
 
 if TYPE_CHECKING:  # annotations only: context.py is above this module
@@ -59,25 +60,30 @@ def _generate_params(opts: Mapping[str, Any], stops: Sequence[bytes] = (),
     try:
         o = opts
         if o.get("max_tokens") is not None:
-            _check(_c.moelite_generate_params_set_max_tokens(p, int(o["max_tokens"])))
+            _check(_c.moelite_generate_params_set_max_tokens(p, _int_arg(o["max_tokens"], "max_tokens")))
         if o.get("temperature") is not None:
             _check(_c.moelite_generate_params_set_temperature(p, float(o["temperature"])))
         if o.get("top_k") is not None:
-            _check(_c.moelite_generate_params_set_top_k(p, int(o["top_k"])))
+            _check(_c.moelite_generate_params_set_top_k(p, _int_arg(o["top_k"], "top_k")))
         if o.get("top_p") is not None:
             _check(_c.moelite_generate_params_set_top_p(p, float(o["top_p"])))
         if o.get("min_p") is not None:
             _check(_c.moelite_generate_params_set_min_p(p, float(o["min_p"])))
         if o.get("repeat_penalty") is not None or o.get("repeat_last_n") is not None:
             pen = 1.0 if o.get("repeat_penalty") is None else float(o["repeat_penalty"])
-            last_n = 64 if o.get("repeat_last_n") is None else int(o["repeat_last_n"])
+            last_n = 64 if o.get("repeat_last_n") is None else _int_arg(o["repeat_last_n"], "repeat_last_n")
             _check(_c.moelite_generate_params_set_repeat_penalty(p, pen, last_n))
         if o.get("seed") is not None:
-            _check(_c.moelite_generate_params_set_seed(p, int(o["seed"]) & 0xFFFFFFFFFFFFFFFF))
+            seed = _int_arg(o["seed"], "seed")
+            # A negative seed stands for its 64-bit two's complement (-1 is 2**64 - 1); beyond 64
+            # bits the high bits would be dropped silently, so such a seed is refused.
+            if not -(1 << 63) <= seed < (1 << 64):
+                raise OverflowError("seed %d does not fit 64 bits" % seed)
+            _check(_c.moelite_generate_params_set_seed(p, seed & 0xFFFFFFFFFFFFFFFF))
         for s in stops:
             _check(_c.moelite_generate_params_add_stop(p, s))
         for token, bias in (logit_bias or {}).items():
-            _check(_c.moelite_generate_params_set_logit_bias(p, int(token), float(bias)))
+            _check(_c.moelite_generate_params_set_logit_bias(p, _int_arg(token, "logit_bias token"), float(bias)))
         if parse_special is not None:
             _check(_c.moelite_generate_params_set_parse_special(p, 1 if parse_special else 0))
         if piece_ref is not None:
@@ -137,6 +143,7 @@ class _Generation:
         self.error: Optional[BaseException] = None
         self.got_piece = False
         self.ran = False  # the C call ran (its stats are filled, whatever its status)
+        self.consumer: Optional[int] = None  # ident of the thread iterating (Context._claim)
         self._stop_lock = threading.Lock()
 
         stopped, q, demand, guard = self.stopped, self.queue, self.demand, self.guard
@@ -172,28 +179,46 @@ class _Generation:
         return self.worker is not None and self.worker is self._current_thread()
 
     def start(self, data: Union[bytes, Tuple[Any, int]], params) -> None:
-        """Starts the worker; frees `params` if it cannot. RuntimeError once the interpreter exits."""
+        """Starts the worker (the context has claimed this generation, Context._claim); frees
+        `params` if it does not. RuntimeError once the interpreter exits. Stopped before it
+        started (the context closed meanwhile by another thread), it starts nothing and the
+        iterator ends."""
         ctx = self.ctx_ref()
         try:
             self.guard.enter(generation=True)
         except BaseException:
             _c.moelite_generate_params_free(params)
+            self.stop()  # releases the claim
             raise
-        try:
-            self.params = params
-            self.worker = threading.Thread(target=self._work, args=(ctx._ptr, data),
-                                           name="moelite-generate", daemon=True)
-            with self.guard.cond:
-                self.guard.generations.add(self)
-            ctx._active = self
-            self.state.begin()
-            self.worker.start()
-        except BaseException:
-            ctx._active = None
-            self.worker, self.done, self.params = None, True, None
-            _c.moelite_generate_params_free(params)
-            self.guard.leave()
-            raise
+        # Under _stop_lock: a stop() from another thread sees either no worker (and this then
+        # starts none) or a started one it can join -- never one created but not yet started.
+        with self._stop_lock:
+            if self.done:
+                _c.moelite_generate_params_free(params)
+                self.guard.leave()
+                self.queue.put(("stopped",))
+                return
+            try:
+                self.params = params
+                self.worker = threading.Thread(target=self._work, args=(ctx._ptr, data),
+                                               name="moelite-generate", daemon=True)
+                with self.guard.cond:
+                    self.guard.generations.add(self)
+                self.state.begin()
+                self.worker.start()
+            except BaseException:
+                self.worker, self.done, self.params = None, True, None
+                self._release_claim()
+                _c.moelite_generate_params_free(params)
+                self.guard.leave()
+                raise
+
+    def _release_claim(self) -> None:
+        ctx = self.ctx_ref()
+        if ctx is not None:
+            with ctx._gen_lock:
+                if ctx._active is self:
+                    ctx._active = None
 
     def _work(self, ptr: int, data: Union[bytes, Tuple[Any, int]]) -> None:
         stats = _lib.GenerateStats()
@@ -203,7 +228,10 @@ class _Generation:
             with self.ctx_lock:
                 ctx = self.ctx_ref()
                 if ctx is None or ctx._ptr != ptr or not ptr:
+                    # Closed by another thread after generate() checked it: what any call on a
+                    # closed context raises.
                     st, msg = int(Status.ERR_INVALID_ARGUMENT), "the context is closed"
+                    exc = ValueError("the context is closed")
                 else:
                     del ctx
                     if isinstance(data, bytes):
@@ -239,8 +267,7 @@ class _Generation:
             self.error = exc  # raised by the user's abort, routing or logits callback
         elif st != 0 and not (self.stopped.is_set() and st == Status.ERR_ABORTED):
             self.error = MoeliteError(st, msg, d)  # an abort we caused is not an error
-        if ctx is not None and ctx._active is self:
-            ctx._active = None
+        self._release_claim()
 
     def stop(self, timeout: Optional[float] = None) -> None:
         """Idempotent; safe from the consumer's thread or another one, not from the worker.
@@ -248,6 +275,7 @@ class _Generation:
         with self._stop_lock:
             if self.done or self.worker is None:
                 self.done = True
+                self._release_claim()
                 return
             if self._is_finalizing() and not self.returned:
                 # Not worker.is_alive(): finalization deletes the other threads' states, so a

@@ -4,10 +4,11 @@ metadata (Metadata) -- and the tokenizer's flag enums.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import enum
 import json
-import os
+import threading
 import warnings
 import weakref
 from collections.abc import Mapping as _AbcMapping
@@ -18,7 +19,8 @@ from . import _lib
 from ._callbacks import _progress_thunk
 from ._exit import _exit_guard
 from ._lib import lib as _c
-from ._util import _MISSING, PathLike, TextLike, _as_bytes, _token_array, _two_call_text
+from ._util import (_MISSING, PathLike, TextLike, _as_bytes, _c_path, _int32_array, _int_arg, _token_array,
+                    _two_call_text)
 from .errors import MoeliteError, Status, _check, _last_error
 from .stats import ExpertStats
 
@@ -68,7 +70,7 @@ _KEYS = {
 
 def _key_property(name: str, key: int) -> property:
     def get(self) -> int:
-        return int(_c.moelite_model_get(self._handle(), key))
+        return int(self._call(_c.moelite_model_get, key))
     get.__name__ = name
     get.__doc__ = ("moelite_model_get(MOELITE_MODEL_%s) (-1 when the library does not know the "
                    "key). Raises ValueError on a closed model." % name.upper())
@@ -115,7 +117,12 @@ class Model:
     Errors: MoeliteError with the status of moelite_model_load or of the setter that refused a
     value (e.g. ERR_INVALID_ARGUMENT for threads=-1, ERR_FILE_NOT_FOUND, ERR_BAD_PROFILE,
     ERR_BUDGET_TOO_SMALL); ValueError for an unknown backend name or budget_headroom without
-    expert_budget="auto".
+    expert_budget="auto". Integer arguments: TypeError for a non-integer, OverflowError outside
+    the C type's range; text and paths: ValueError for a NUL character.
+
+    Threads: any number of threads may call a model's methods at once. close() (or the end of a
+    `with` block) may be called from any thread: it waits for the calls running on other threads,
+    and every call after it raises ValueError("the model is closed").
 
     Lifetime: close() (or the `with` block) closes the model's contexts still open and then
     releases the model. Without close() the handle is released when the object is collected;
@@ -134,6 +141,7 @@ class Model:
                  budget_fraction: Optional[float] = None, chat_template: Optional[TextLike] = None,
                  gating_substitutes: Optional[int] = None):
         self._ptr = None
+        self._init_lifetime()
         self._contexts: "weakref.WeakSet[Context]" = weakref.WeakSet()
         self._free = _c.moelite_model_free  # kept for __del__ during interpreter shutdown
         self.path = path
@@ -147,13 +155,13 @@ class Model:
                 allocation = "uniform"
         if budget_fraction is not None and (expert_budget is not None or budget_headroom is not None):
             raise ValueError("give expert_budget or budget_fraction, not both")
-        bpath = _as_bytes(path if isinstance(path, (str, bytes)) else str(path), "path")
+        bpath = _c_path(path)
         if isinstance(backend, str):
             if backend.lower() not in _BACKENDS:
                 raise ValueError("backend must be one of %s, not %r" % (sorted(_BACKENDS), backend))
             backend_id = _BACKENDS[backend.lower()]
         else:
-            backend_id = int(backend)
+            backend_id = _int_arg(backend, "backend")
 
         params = _c.moelite_model_params_create()
         if not params:
@@ -161,7 +169,7 @@ class Model:
         progress_ref, box = None, [None]
         try:
             if threads is not None:
-                _check(_c.moelite_model_params_set_threads(params, int(threads)))
+                _check(_c.moelite_model_params_set_threads(params, _int_arg(threads, "threads")))
             _check(_c.moelite_model_params_set_backend(params, backend_id))
             _check(_c.moelite_model_params_set_use_mmap(params, 1 if use_mmap else 0))
             _check(_c.moelite_model_params_set_vocab_only(params, 1 if vocab_only else 0))
@@ -177,7 +185,7 @@ class Model:
             if budget_headroom is not None:
                 if expert_budget != "auto":
                     raise ValueError("budget_headroom goes with expert_budget='auto'")
-                _check(_c.moelite_model_params_set_expert_budget_auto(params, int(budget_headroom)))
+                _check(_c.moelite_model_params_set_expert_budget_auto(params, _int_arg(budget_headroom, "budget_headroom")))
             if budget_fraction is not None:
                 _check(_c.moelite_model_params_set_expert_budget_fraction(params, float(budget_fraction)))
             if chat_template is not None:
@@ -191,15 +199,15 @@ class Model:
                 if value is not None:
                     _check(setter(params, _as_bytes(value, "option")))
             if predictor_depth is not None:
-                _check(_c.moelite_model_params_set_predictor_depth(params, int(predictor_depth)))
+                _check(_c.moelite_model_params_set_predictor_depth(params, _int_arg(predictor_depth, "predictor_depth")))
             if profile is not None:
-                _check(_c.moelite_model_params_set_profile(params, _as_bytes(str(profile), "profile")))
+                _check(_c.moelite_model_params_set_profile(params, _c_path(profile, "profile")))
             if gating is not None:
                 _check(_c.moelite_model_params_set_gating(params, _as_bytes(gating, "gating"), float(threshold)))
             if gating_penalty is not None:
                 _check(_c.moelite_model_params_set_gating_penalty(params, float(gating_penalty)))
             if gating_substitutes is not None:
-                _check(_c.moelite_model_params_set_gating_substitutes(params, int(gating_substitutes)))
+                _check(_c.moelite_model_params_set_gating_substitutes(params, _int_arg(gating_substitutes, "gating_substitutes")))
             out = ctypes.c_void_p()
             if progress is not None:
                 progress_ref = _progress_thunk(progress, box)  # alive for the whole load call
@@ -237,12 +245,13 @@ class Model:
         ...). Close it like a loaded model (close(), `with`, or the garbage collector)."""
         self = cls.__new__(cls)
         self._ptr = None
+        self._init_lifetime()
         self._contexts = weakref.WeakSet()
         self._free = _c.moelite_model_free
         self.path = path
         self.inspected = True
         self.vocab_only = False
-        bpath = _as_bytes(path if isinstance(path, (str, bytes)) else str(path), "path")
+        bpath = _c_path(path)
         out = ctypes.c_void_p()
         _check(_c.moelite_model_inspect(bpath, ctypes.byref(out)))
         self._ptr = out.value
@@ -269,25 +278,25 @@ class Model:
             raise MemoryError("moelite_calibrate_params_create failed")
         box, progress_ref = [None], None
         try:
-            _check(_c.moelite_calibrate_params_set_window(params, int(window)))
-            _check(_c.moelite_calibrate_params_set_stride(params, int(stride)))
+            _check(_c.moelite_calibrate_params_set_window(params, _int_arg(window, "window")))
+            _check(_c.moelite_calibrate_params_set_stride(params, _int_arg(stride, "stride")))
             _check(_c.moelite_calibrate_params_set_holdout(params, float(holdout)))
-            _check(_c.moelite_calibrate_params_set_sensitivity_tokens(params, int(sensitivity_tokens)))
+            _check(_c.moelite_calibrate_params_set_sensitivity_tokens(params, _int_arg(sensitivity_tokens, "sensitivity_tokens")))
             if progress is not None:
                 progress_ref = _progress_thunk(progress, box)
                 _check(_c.moelite_calibrate_params_set_progress_callback(params, progress_ref, None))
-            h = self._handle()
-            path = _as_bytes(str(profile_path), "profile_path")
-            _exit_guard.enter()
-            try:
-                st = int(_c.moelite_calibrate(h, arr, n, params, path))
-                msg = _last_error() if st else ""
-            finally:
-                _exit_guard.leave()
-            if box[0] is not None:
-                raise box[0]
-            if st != 0:
-                raise MoeliteError(st, msg)
+            with self._use() as h:
+                path = _c_path(profile_path, "profile_path")
+                _exit_guard.enter()
+                try:
+                    st = int(_c.moelite_calibrate(h, arr, n, params, path))
+                    msg = _last_error() if st else ""
+                finally:
+                    _exit_guard.leave()
+                if box[0] is not None:
+                    raise box[0]
+                if st != 0:
+                    raise MoeliteError(st, msg)
         finally:
             _c.moelite_calibrate_params_free(params)
             del progress_ref, box
@@ -327,10 +336,10 @@ class Model:
         try:
             if not params or not cparams:
                 raise MemoryError("creating plan parameters failed")
-            _check(_c.moelite_plan_params_set_max_sequences(params, int(max_sequences)))
-            _check(_c.moelite_plan_params_set_min_sequences(params, int(min_sequences)))
-            _check(_c.moelite_plan_params_set_memory(params, int(memory)))
-            _check(_c.moelite_plan_params_set_headroom(params, int(headroom)))
+            _check(_c.moelite_plan_params_set_max_sequences(params, _int_arg(max_sequences, "max_sequences")))
+            _check(_c.moelite_plan_params_set_min_sequences(params, _int_arg(min_sequences, "min_sequences")))
+            _check(_c.moelite_plan_params_set_memory(params, _int_arg(memory, "memory")))
+            _check(_c.moelite_plan_params_set_headroom(params, _int_arg(headroom, "headroom")))
             if isinstance(expert_budget, str):
                 _check(_c.moelite_plan_params_set_expert_budget_text(params, _as_bytes(expert_budget, "expert_budget")))
             else:
@@ -338,11 +347,11 @@ class Model:
             _check(_c.moelite_plan_params_set_bandwidths(params, float(storage_gb_s), float(compute_gb_s)))
             _check(_c.moelite_plan_params_set_cache_allocation(params, _as_bytes(allocation, "allocation")))
             if profile is not None:
-                _check(_c.moelite_plan_params_set_profile(params, _as_bytes(str(profile), "profile")))
+                _check(_c.moelite_plan_params_set_profile(params, _c_path(profile, "profile")))
             if routing_trace is not None and routing is not None:
                 raise ValueError("give routing_trace or routing, not both")
             if routing_trace is not None:
-                _check(_c.moelite_plan_params_set_routing_trace(params, _as_bytes(str(routing_trace), "routing_trace")))
+                _check(_c.moelite_plan_params_set_routing_trace(params, _c_path(routing_trace, "routing_trace")))
             if routing is not None:
                 tokens = [[list(layer) for layer in token] for token in routing]
                 if not tokens or not tokens[0]:
@@ -352,13 +361,13 @@ class Model:
                     raise ValueError("every token of routing needs the same number of layers")
                 k = max(self.n_experts_used, max(len(ids) for token in tokens for ids in token))
                 flat = [x for token in tokens for ids in token for x in list(ids) + [-1] * (k - len(ids))]
-                array = (ctypes.c_int32 * len(flat))(*flat)
+                array, _ = _int32_array(flat, "routing expert ids")
                 _check(_c.moelite_plan_params_set_routing(params, len(tokens), n_layers, k, array))
             if n_ctx is not None:
-                _check(_c.moelite_context_params_set_n_ctx(cparams, int(n_ctx)))
+                _check(_c.moelite_context_params_set_n_ctx(cparams, _int_arg(n_ctx, "n_ctx")))
             if n_batch is not None:
-                _check(_c.moelite_context_params_set_n_batch(cparams, int(n_batch)))
-            _check(_c.moelite_plan_batch(self._handle(), cparams, params, ctypes.byref(plan)))
+                _check(_c.moelite_context_params_set_n_batch(cparams, _int_arg(n_batch, "n_batch")))
+            _check(self._call(_c.moelite_plan_batch, cparams, params, ctypes.byref(plan)))
             return json.loads(_c.moelite_batch_plan_json(plan).decode())
         finally:
             if plan:
@@ -367,8 +376,41 @@ class Model:
             _c.moelite_plan_params_free(params)
 
     # ---- lifetime ----
+    def _init_lifetime(self) -> None:
+        # The calls in flight, by thread (ident -> depth): close() frees the handle only once
+        # they have returned. The library cannot do this itself: a call entering with a handle
+        # another thread has just freed reads freed memory before it could take a reference.
+        self._calls: Dict[int, int] = {}
+        self._calls_cond = threading.Condition(threading.Lock())
+        self._closing = False
+
+    @contextlib.contextmanager
+    def _use(self) -> Iterator[int]:
+        """The handle, valid until the block ends: close() on another thread waits for the
+        block, and refuses (ValueError) new ones once it has begun."""
+        me = threading.get_ident()
+        with self._calls_cond:
+            if not self._ptr or self._closing:
+                raise ValueError("the model is closed")
+            self._calls[me] = self._calls.get(me, 0) + 1
+        try:
+            yield self._ptr
+        finally:
+            with self._calls_cond:
+                depth = self._calls.pop(me) - 1
+                if depth:
+                    self._calls[me] = depth
+                elif not self._calls:
+                    self._calls_cond.notify_all()
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(handle, *args) as one call in flight (see _use)."""
+        with self._use() as h:
+            return fn(h, *args)
+
     def _handle(self) -> int:
-        if not self._ptr:
+        # Only for checks: a handle used in a call is taken with _use(), which keeps it valid.
+        if not self._ptr or self._closing:
             raise ValueError("the model is closed")
         return self._ptr
 
@@ -379,16 +421,31 @@ class Model:
 
     def close(self) -> None:
         """Closes every context still open on this model (stopping their generations), then
-        releases the model. Idempotent."""
-        if not self._ptr:
-            return
-        for ctx in list(self._contexts):
-            ctx.close()
-        self._release()
+        releases the model. Idempotent and thread-safe: calls on the model already running on
+        other threads (tokenize(), calibrate()...) finish first -- close() waits for them --,
+        and calls made after it began raise ValueError("the model is closed"). RuntimeError when
+        called from inside a call on this model on the same thread (a progress callback of
+        calibrate()), which could never finish before the model is freed."""
+        me = threading.get_ident()
+        with self._calls_cond:
+            if not self._ptr:
+                return
+            if me in self._calls:
+                raise RuntimeError("Model.close() called from inside a call on this model (e.g. its progress "
+                                   "callback); close it after that call has returned")
+            self._closing = True
+            self._calls_cond.wait_for(lambda: not self._calls)
+        try:
+            for ctx in list(self._contexts):
+                ctx.close()
+        finally:
+            self._release()
 
     def _release(self) -> None:
         # Only this object's reference: the library keeps the model for contexts still open.
-        ptr, self._ptr = self._ptr, None
+        # Under the lock: two threads closing at once must not both free it.
+        with self._calls_cond:
+            ptr, self._ptr = self._ptr, None
         if ptr:
             self._free(ptr)
 
@@ -414,7 +471,7 @@ class Model:
 
     # ---- properties ----
     def _str(self, fn) -> Optional[str]:
-        s = fn(self._handle())
+        s = self._call(fn)
         return s.decode("utf-8", "replace") if s is not None else None
 
     @property
@@ -442,7 +499,7 @@ class Model:
         about a second). Raises MoeliteError: ERR_NOT_IMPLEMENTED for the CPU backend,
         ERR_INVALID_ARGUMENT for a vocabulary-only model, ERR_OUT_OF_MEMORY, ERR_BACKEND."""
         gbs = ctypes.c_double(0.0)
-        _check(_c.moelite_model_measure_device_bandwidth(self._handle(), ctypes.byref(gbs)))
+        _check(self._call(_c.moelite_model_measure_device_bandwidth, ctypes.byref(gbs)))
         return gbs.value
 
     @property
@@ -462,17 +519,17 @@ class Model:
     @property
     def bos(self) -> int:
         """BOS token id, -1 if none."""
-        return int(_c.moelite_token_bos(self._handle()))
+        return int(self._call(_c.moelite_token_bos))
 
     @property
     def eos(self) -> int:
         """EOS token id, -1 if none."""
-        return int(_c.moelite_token_eos(self._handle()))
+        return int(self._call(_c.moelite_token_eos))
 
     def token_is_end(self, token: int) -> bool:
         """True if generation stops at `token` (EOS, end-of-turn and similar control tokens;
         moelite_token_is_end). False for ids outside the vocabulary."""
-        return bool(_c.moelite_token_is_end(self._handle(), int(token)))
+        return bool(self._call(_c.moelite_token_is_end, _int_arg(token, "token")))
 
     def is_end_token(self, token: int) -> bool:
         """Deprecated alias of token_is_end() (the C name is moelite_token_is_end)."""
@@ -494,7 +551,7 @@ class Model:
         layer outside [-1, n_layers)."""
         s = _lib.ExpertStats()
         s.struct_size = ctypes.sizeof(_lib.ExpertStats)
-        _check(_c.moelite_model_expert_stats(self._handle(), int(layer), ctypes.byref(s)))
+        _check(self._call(_c.moelite_model_expert_stats, _int_arg(layer, "layer"), ctypes.byref(s)))
         return ExpertStats._from_c(s)
 
     def expert_stats_per_layer(self) -> List[ExpertStats]:
@@ -505,17 +562,17 @@ class Model:
     def reset_expert_stats(self) -> None:
         """Zeroes the expert-store counters (moelite_model_reset_expert_stats), e.g. between a
         warm-up and a measurement."""
-        _c.moelite_model_reset_expert_stats(self._handle())
+        self._call(_c.moelite_model_reset_expert_stats)
 
     def trace_begin(self, path: PathLike) -> None:
         """Starts recording a timeline of this model's work (routing, expert reads, computation,
         waits, prefetches) in the Chrome trace-event format that Perfetto opens
         (moelite_model_trace_begin). Raises MoeliteError(IO) at once when `path` cannot be written."""
-        _check(_c.moelite_model_trace_begin(self._handle(), os.fsencode(os.fspath(path))))
+        _check(self._call(_c.moelite_model_trace_begin, _c_path(path)))
 
     def trace_end(self) -> None:
         """Stops the timeline and writes it (moelite_model_trace_end)."""
-        _check(_c.moelite_model_trace_end(self._handle()))
+        _check(self._call(_c.moelite_model_trace_end))
 
     # ---- text ----
     def tokenize(self, text: TextLike, add_special: bool = False, parse_special: bool = False, *,
@@ -534,7 +591,7 @@ class Model:
         n = ctypes.c_int32(0)
         for _ in range(4):
             buf = (ctypes.c_int32 * cap)()
-            st = _c.moelite_tokenize(self._handle(), data, len(data), int(flags), buf, cap, ctypes.byref(n))
+            st = self._call(_c.moelite_tokenize, data, len(data), int(flags), buf, cap, ctypes.byref(n))
             if st == Status.ERR_BUFFER_TOO_SMALL and n.value > cap:
                 cap = n.value
                 continue
@@ -552,10 +609,10 @@ class Model:
         if flags & ~int(DetokenizeFlag.RENDER_SPECIAL):
             raise ValueError("unknown detokenize flags 0x%x" % flags)
         flags |= int(DetokenizeFlag.RENDER_SPECIAL) if special else 0
-        h = self._handle()
-        return _two_call_text(
-            lambda buf, cap, plen: _c.moelite_detokenize(h, arr, n, flags, buf, cap, plen),
-            16 * n + 16)
+        with self._use() as h:
+            return _two_call_text(
+                lambda buf, cap, plen: _c.moelite_detokenize(h, arr, n, flags, buf, cap, plen),
+                16 * n + 16)
 
     def detokenize(self, tokens: Iterable[int], special: bool = False, errors: str = "replace", *,
                    flags: Union[DetokenizeFlag, int] = 0) -> str:
@@ -572,13 +629,13 @@ class Model:
         "<|im_end|>" into real turn markers. TypeError for a message that is not such a
         mapping, ValueError for text containing NUL."""
         arr, n, keep = _chat_array(messages)
-        h = self._handle()
-        guess = sum(len(k) for k in keep) + 64 * n + 64
-        out = _two_call_text(
-            lambda buf, cap, plen: _c.moelite_chat_format(h, arr, n, 1 if add_assistant_prompt else 0,
-                                                          buf, cap, plen),
-            guess)
-        return out.decode("utf-8", "replace")
+        with self._use() as h:
+            guess = sum(len(k) for k in keep) + 64 * n + 64
+            out = _two_call_text(
+                lambda buf, cap, plen: _c.moelite_chat_format(h, arr, n, 1 if add_assistant_prompt else 0,
+                                                              buf, cap, plen),
+                guess)
+            return out.decode("utf-8", "replace")
 
     def chat_tokenize(self, messages: Iterable[Mapping[str, TextLike]],
                       add_assistant_prompt: bool = True) -> List[int]:
@@ -590,65 +647,65 @@ class Model:
         chat with untrusted content. Same TypeError/ValueError as chat_format(); MoeliteError
         ERR_MISSING_METADATA for a model without a tokenizer."""
         arr, n, keep = _chat_array(messages)
-        h = self._handle()
-        add = 1 if add_assistant_prompt else 0
-        cap = sum(len(k) for k in keep) + 32 * n + 64
-        count = ctypes.c_int32(0)
-        for _ in range(4):
-            buf = (ctypes.c_int32 * cap)()
-            st = _c.moelite_chat_tokenize(h, arr, n, add, buf, cap, ctypes.byref(count))
-            if st == Status.ERR_BUFFER_TOO_SMALL and count.value > cap:
-                cap = count.value
-                continue
-            _check(st)
-            return list(buf[: count.value])
-        raise MoeliteError(Status.ERR_INTERNAL, "token count kept growing")  # pragma: no cover
+        with self._use() as h:
+            add = 1 if add_assistant_prompt else 0
+            cap = sum(len(k) for k in keep) + 32 * n + 64
+            count = ctypes.c_int32(0)
+            for _ in range(4):
+                buf = (ctypes.c_int32 * cap)()
+                st = _c.moelite_chat_tokenize(h, arr, n, add, buf, cap, ctypes.byref(count))
+                if st == Status.ERR_BUFFER_TOO_SMALL and count.value > cap:
+                    cap = count.value
+                    continue
+                _check(st)
+                return list(buf[: count.value])
+            raise MoeliteError(Status.ERR_INTERNAL, "token count kept growing")  # pragma: no cover
 
     # ---- vocabulary ----
     def token_attrs(self, token: int) -> "TokenAttr":
         """The TokenAttr flags of `token` (moelite_token_attrs): NORMAL, CONTROL, BYTE, END...
         TokenAttr.NONE (0) for an id outside the vocabulary or a model without a tokenizer."""
-        return TokenAttr(int(_c.moelite_token_attrs(self._handle(), int(token))))
+        return TokenAttr(int(self._call(_c.moelite_token_attrs, _int_arg(token, "token"))))
 
     def token_text(self, token: int) -> str:
         """The vocabulary string of `token` as stored in the file (moelite_token_text), e.g.
         "<|im_end|>" or "\u0120the" for byte-level BPE (decoded as UTF-8, invalid bytes
         replaced); detokenize() gives the text a token stands for. IndexError for an id outside
         the vocabulary."""
-        t = _c.moelite_token_text(self._handle(), int(token))
+        t = self._call(_c.moelite_token_text, _int_arg(token, "token"))
         if t is None:
-            raise IndexError("token %d is outside the vocabulary" % int(token))
+            raise IndexError("token %d is outside the vocabulary" % _int_arg(token, "token"))
         return t.decode("utf-8", "replace")
 
     # ---- file metadata ----
     def meta_keys(self) -> List[str]:
         """The GGUF metadata keys, in file order (moelite_model_meta_count/_key)."""
-        h = self._handle()
-        keys = []
-        for i in range(int(_c.moelite_model_meta_count(h))):
-            k = _c.moelite_model_meta_key(h, i)
-            if k is not None:
-                keys.append(k.decode("utf-8", "replace"))
-        return keys
+        with self._use() as h:
+            keys = []
+            for i in range(int(_c.moelite_model_meta_count(h))):
+                k = _c.moelite_model_meta_key(h, i)
+                if k is not None:
+                    keys.append(k.decode("utf-8", "replace"))
+            return keys
 
     def meta(self, key: str, default: Any = _MISSING) -> Any:
         """The value of metadata `key` as the library's text (moelite_model_meta_value): strings
         as stored, integers in decimal, floats with round-trip precision, booleans "true" /
         "false", arrays as a JSON array (json.loads() parses it). KeyError when the key is
         absent unless a default is given."""
-        h = self._handle()
-        bkey = _as_bytes(key, "key")
-        n = ctypes.c_size_t(0)
-        st = _c.moelite_model_meta_value(h, bkey, None, 0, ctypes.byref(n))
-        if st == Status.ERR_MISSING_METADATA:
-            if default is _MISSING:
-                raise KeyError(key)
-            return default
-        if st not in (Status.OK, Status.ERR_BUFFER_TOO_SMALL):
-            _check(st)
-        data = _two_call_text(lambda buf, cap, plen: _c.moelite_model_meta_value(h, bkey, buf, cap, plen),
-                              n.value + 1)
-        return data.decode("utf-8", "replace")
+        with self._use() as h:
+            bkey = _as_bytes(key, "key")
+            n = ctypes.c_size_t(0)
+            st = _c.moelite_model_meta_value(h, bkey, None, 0, ctypes.byref(n))
+            if st == Status.ERR_MISSING_METADATA:
+                if default is _MISSING:
+                    raise KeyError(key)
+                return default
+            if st not in (Status.OK, Status.ERR_BUFFER_TOO_SMALL):
+                _check(st)
+            data = _two_call_text(lambda buf, cap, plen: _c.moelite_model_meta_value(h, bkey, buf, cap, plen),
+                                  n.value + 1)
+            return data.decode("utf-8", "replace")
 
     @property
     def metadata(self) -> "Metadata":
@@ -671,7 +728,7 @@ class Metadata(_AbcMapping):
         return iter(self._model.meta_keys())
 
     def __len__(self) -> int:
-        return int(_c.moelite_model_meta_count(self._model._handle()))
+        return int(self._model._call(_c.moelite_model_meta_count))
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self._model.meta(key, None) is not None

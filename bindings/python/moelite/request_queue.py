@@ -10,7 +10,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 from . import _lib
 from ._exit import _exit_guard
 from ._lib import lib as _c
-from ._util import TextLike, _as_bytes, _Closeable, _token_array
+from ._util import TextLike, _as_bytes, _Closeable, _int_arg, _token_array
 from .context import Context
 from .errors import MoeliteError, Status, _check, _last_error
 from .generation import _STATS_FIELDS, StopReason, _generate_params
@@ -161,29 +161,29 @@ class Queue(_Closeable):
         """REQUEST_WAITING, REQUEST_RUNNING, or the StopReason it finished with."""
         with self.ctx._lock:
             out = ctypes.c_int32()
-            _check(_c.moelite_queue_request_state(self._handle(), int(request), ctypes.byref(out)))
+            _check(_c.moelite_queue_request_state(self._handle(), _int_arg(request, "request"), ctypes.byref(out)))
             return int(out.value)
 
     def tokens(self, request: int) -> List[int]:
         """The tokens the request generated so far (an end token is not one of them)."""
         with self.ctx._lock:
             q, n = self._handle(), ctypes.c_int32(0)
-            st = int(_c.moelite_queue_request_tokens(q, int(request), None, 0, ctypes.byref(n)))
+            st = int(_c.moelite_queue_request_tokens(q, _int_arg(request, "request"), None, 0, ctypes.byref(n)))
             if st not in (0, int(Status.ERR_BUFFER_TOO_SMALL)):
                 _check(st)
             buf = (ctypes.c_int32 * max(1, n.value))()
-            _check(_c.moelite_queue_request_tokens(q, int(request), buf, n.value, ctypes.byref(n)))
+            _check(_c.moelite_queue_request_tokens(q, _int_arg(request, "request"), buf, n.value, ctypes.byref(n)))
             return list(buf[: n.value])
 
     def text(self, request: int, as_bytes: bool = False) -> Union[str, bytes]:
         """The text the request emitted so far (stop strings cut, UTF-8 characters whole)."""
         with self.ctx._lock:
             q, n = self._handle(), ctypes.c_size_t(0)
-            st = int(_c.moelite_queue_request_text(q, int(request), None, 0, ctypes.byref(n)))
+            st = int(_c.moelite_queue_request_text(q, _int_arg(request, "request"), None, 0, ctypes.byref(n)))
             if st not in (0, int(Status.ERR_BUFFER_TOO_SMALL)):
                 _check(st)
             buf = ctypes.create_string_buffer(max(1, n.value))
-            _check(_c.moelite_queue_request_text(q, int(request), buf, n.value, ctypes.byref(n)))
+            _check(_c.moelite_queue_request_text(q, _int_arg(request, "request"), buf, n.value, ctypes.byref(n)))
             data = buf.raw[: n.value]
         return data if as_bytes else data.decode("utf-8", "replace")
 
@@ -194,7 +194,7 @@ class Queue(_Closeable):
         with self.ctx._lock:
             stats = _lib.GenerateStats()
             stats.struct_size = ctypes.sizeof(stats)
-            _check(_c.moelite_queue_request_stats(self._handle(), int(request), ctypes.byref(stats)))
+            _check(_c.moelite_queue_request_stats(self._handle(), _int_arg(request, "request"), ctypes.byref(stats)))
         d = {name: getattr(stats, name) for name in _STATS_FIELDS}
         d["stop_reason_name"] = ({REQUEST_WAITING: "waiting", REQUEST_RUNNING: "running"}.get(d["stop_reason"])
                                  or StopReason(d["stop_reason"]).name.lower())
@@ -203,9 +203,9 @@ class Queue(_Closeable):
     def cancel(self, request: int) -> None:
         """Ends a waiting or running request at once (StopReason.ABORTED), freeing its sequence."""
         with self.ctx._lock:
-            _check(_c.moelite_queue_cancel(self._handle(), int(request)))
+            _check(_c.moelite_queue_cancel(self._handle(), _int_arg(request, "request")))
 
     def remove(self, request: int) -> None:
         """Cancels the request if it runs and forgets it (the queue keeps finished ones until then)."""
         with self.ctx._lock:
-            _check(_c.moelite_queue_remove(self._handle(), int(request)))
+            _check(_c.moelite_queue_remove(self._handle(), _int_arg(request, "request")))

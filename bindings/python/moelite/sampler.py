@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping, Optional
 from ._callbacks import LogitsCallback, _CtxState, _make_logits_callback
 from ._exit import _exit_guard
 from ._lib import lib as _c
-from ._util import _Closeable, _np, _token_array
+from ._util import _Closeable, _int_arg, _np, _token_array
 from .context import Context
 from .errors import MoeliteError, _check, _last_error
 from .generation import _generate_params
@@ -114,7 +114,7 @@ class Sampler(_Closeable):
         ctx._preempt()
         with ctx._lock, self._lock:
             h, s = ctx._handle(), self._handle()
-            return self._call(lambda out: _c.moelite_sampler_sample(s, h, int(i), out))
+            return self._call(lambda out: _c.moelite_sampler_sample(s, h, _int_arg(i, "i"), out))
 
     def sample_logits(self, logits: Any) -> int:
         """Draws a token from any logits (a sequence of n_vocab >= 1 floats, e.g. Context.logits()

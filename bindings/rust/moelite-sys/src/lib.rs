@@ -53,6 +53,7 @@ pub const MOELITE_ERR_CONTEXT_FULL: moelite_status = 40;
 pub const MOELITE_ERR_BAD_TOKEN: moelite_status = 41;
 pub const MOELITE_ERR_ABORTED: moelite_status = 42;
 pub const MOELITE_ERR_PROGRESS_ABORTED: moelite_status = 43;
+pub const MOELITE_ERR_BUSY: moelite_status = 44;
 pub const MOELITE_ERR_BAD_SESSION: moelite_status = 50;
 pub const MOELITE_ERR_SESSION_MISMATCH: moelite_status = 51;
 pub const MOELITE_ERR_INTERNAL: moelite_status = 99;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use moelite_sys as sys;
 
-use crate::error::{c_string, check, Error, Result, Status};
+use crate::error::{c_count, c_string, check, Error, Result, Status};
 use crate::model::Model;
 use crate::stats::ExpertStats;
 
@@ -120,7 +120,7 @@ impl Context {
     /// Appends `tokens` to sequence 0 and evaluates them; the last token's logits are kept
     /// (every token's with `logits_all`). On error the sequence is unchanged.
     pub fn eval(&mut self, tokens: &[i32], logits_all: bool) -> Result<()> {
-        let n = i32::try_from(tokens.len()).map_err(|_| Error::invalid("too many tokens"))?;
+        let n = c_count("tokens", tokens.len())?;
         check(unsafe { sys::moelite_eval(self.ptr.as_ptr(), tokens.as_ptr(), n, logits_all as i32) })
     }
 
@@ -131,7 +131,7 @@ impl Context {
         if seq_ids.len() != tokens.len() || want_logits.map_or(false, |w| w.len() != tokens.len()) {
             return Err(Error::invalid("eval_batch: tokens, seq_ids and want_logits differ in length"));
         }
-        let n = i32::try_from(tokens.len()).map_err(|_| Error::invalid("too many tokens"))?;
+        let n = c_count("tokens", tokens.len())?;
         let want: Option<Vec<u8>> = want_logits.map(|w| w.iter().map(|&b| b as u8).collect());
         let want_ptr = want.as_ref().map_or(std::ptr::null(), |w| w.as_ptr());
         check(unsafe { sys::moelite_eval_batch(self.ptr.as_ptr(), tokens.as_ptr(), seq_ids.as_ptr(), want_ptr, n) })

@@ -27,6 +27,9 @@ impl Status {
     pub const BAD_TOKEN: Status = Status(sys::MOELITE_ERR_BAD_TOKEN);
     pub const ABORTED: Status = Status(sys::MOELITE_ERR_ABORTED);
     pub const PROGRESS_ABORTED: Status = Status(sys::MOELITE_ERR_PROGRESS_ABORTED);
+    /// Another thread is inside a call on the context. Safe code cannot cause it (a `Context` is
+    /// `Send`, not `Sync`, and changes through `&mut self`); it comes from raw `sys` calls.
+    pub const BUSY: Status = Status(sys::MOELITE_ERR_BUSY);
     pub const BAD_SESSION: Status = Status(sys::MOELITE_ERR_BAD_SESSION);
     pub const SESSION_MISMATCH: Status = Status(sys::MOELITE_ERR_SESSION_MISMATCH);
     pub const INTERNAL: Status = Status(sys::MOELITE_ERR_INTERNAL);
@@ -75,6 +78,12 @@ pub(crate) fn check(status: sys::moelite_status) -> Result<()> {
     } else {
         Err(Error::last(status))
     }
+}
+
+/// A slice's length as the `int32_t` count the C API takes: `len as i32` would keep the low 32
+/// bits, so 2^32 + 1 ids would pass as one.
+pub(crate) fn c_count(what: &str, len: usize) -> Result<i32> {
+    i32::try_from(len).map_err(|_| Error::invalid(format!("{what}: {len} items do not fit an int32_t count")))
 }
 
 pub(crate) fn c_string(what: &str, s: &str) -> Result<std::ffi::CString> {

@@ -6,7 +6,7 @@ use std::ptr::NonNull;
 use moelite_sys as sys;
 
 use crate::context::Context;
-use crate::error::{c_string, check, Error, Result, Status};
+use crate::error::{c_count, c_string, check, Error, Result, Status};
 
 /// Sampling and stopping settings (the library's defaults where unset: 256 tokens, temperature
 /// 0.8, top-k 40, top-p 0.95, min-p 0.05, repeat penalty 1.1 over 64 tokens).
@@ -175,7 +175,8 @@ impl Sampler {
     }
     /// Adds tokens to the history the repetition penalty sees (e.g. the prompt).
     pub fn accept(&mut self, tokens: &[i32]) -> Result<()> {
-        check(unsafe { sys::moelite_sampler_accept(self.ptr.as_ptr(), tokens.as_ptr(), tokens.len() as i32) })
+        let n = c_count("tokens", tokens.len())?;
+        check(unsafe { sys::moelite_sampler_accept(self.ptr.as_ptr(), tokens.as_ptr(), n) })
     }
     /// A token from row `i` of the context's last evaluation (-1: the last), accepted.
     pub fn sample(&mut self, ctx: &Context, i: i32) -> Result<i32> {
@@ -186,9 +187,8 @@ impl Sampler {
     /// A token from any logits.
     pub fn sample_logits(&mut self, logits: &[f32]) -> Result<i32> {
         let mut t = 0i32;
-        check(unsafe {
-            sys::moelite_sampler_sample_logits(self.ptr.as_ptr(), logits.as_ptr(), logits.len() as i32, &mut t)
-        })?;
+        let n = c_count("logits", logits.len())?;
+        check(unsafe { sys::moelite_sampler_sample_logits(self.ptr.as_ptr(), logits.as_ptr(), n, &mut t) })?;
         Ok(t)
     }
 }

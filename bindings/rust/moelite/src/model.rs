@@ -7,7 +7,7 @@ use std::ptr::NonNull;
 
 use moelite_sys as sys;
 
-use crate::error::{c_string, check, Error, Result};
+use crate::error::{c_count, c_string, check, Error, Result};
 use crate::stats::ExpertStats;
 
 /// Where the model computes.
@@ -271,10 +271,12 @@ fn sized_bytes(
 fn sized_tokens(guess: usize, mut f: impl FnMut(*mut i32, i32, &mut i32) -> sys::moelite_status) -> Result<Vec<i32>> {
     let mut buf = vec![0i32; guess.max(1)];
     let mut n = 0i32;
-    let mut st = f(buf.as_mut_ptr(), buf.len() as i32, &mut n);
+    // The capacity never exceeds the buffer; `len as i32` would wrap (negative, or unrelated to it).
+    let cap = |b: &Vec<i32>| i32::try_from(b.len()).unwrap_or(i32::MAX);
+    let mut st = f(buf.as_mut_ptr(), cap(&buf), &mut n);
     if st == sys::MOELITE_ERR_BUFFER_TOO_SMALL {
         buf = vec![0i32; (n as usize).max(1)];
-        st = f(buf.as_mut_ptr(), buf.len() as i32, &mut n);
+        st = f(buf.as_mut_ptr(), cap(&buf), &mut n);
     }
     check(st)?;
     buf.truncate(n as usize);
@@ -353,8 +355,9 @@ impl Model {
     /// The bytes `tokens` stand for (one token's may be part of a UTF-8 character).
     pub fn detokenize_bytes(&self, tokens: &[i32], render_special: bool) -> Result<Vec<u8>> {
         let flags = if render_special { sys::MOELITE_DETOKENIZE_RENDER_SPECIAL as u32 } else { 0 };
+        let n = c_count("tokens", tokens.len())?;
         sized_bytes(tokens.len() * 8 + 16, |buf, cap, len| unsafe {
-            sys::moelite_detokenize(self.ptr.as_ptr(), tokens.as_ptr(), tokens.len() as i32, flags, buf, cap, len)
+            sys::moelite_detokenize(self.ptr.as_ptr(), tokens.as_ptr(), n, flags, buf, cap, len)
         })
     }
 

@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use std::ptr::NonNull;
 
 use crate::context::Context;
-use crate::error::{check, Error, Result, Status};
+use crate::error::{c_count, check, Result, Status};
 use crate::generate::{GenerateParams, StopReason};
 use moelite_sys as sys;
 
@@ -63,7 +63,7 @@ impl<'c> Queue<'c> {
 
     /// Queues `prompt` (token ids, taken as given) with `params` (copied); returns its id.
     pub fn add(&mut self, prompt: &[i32], params: &GenerateParams) -> Result<i64> {
-        let n = i32::try_from(prompt.len()).map_err(|_| Error::invalid("the prompt has too many tokens"))?;
+        let n = c_count("prompt", prompt.len())?;
         let raw = params.build()?;
         let mut id = -1i64;
         check(unsafe { sys::moelite_queue_add(self.ptr.as_ptr(), prompt.as_ptr(), n, raw.0.as_ptr(), &mut id) })?;
