@@ -814,6 +814,7 @@ typedef struct moelite_quality_stats {
   double target_kl;               /* the governor's target in nats per token (0: no governor) */
   double kl_per_predicted;        /* the governor's estimate of measured KL per unit of predicted loss */
 } moelite_quality_stats;
+/*  MOELITE_ERR_BUSY while another thread is inside a call on the context. */
 MOELITE_API moelite_status moelite_context_quality_stats(const moelite_context* ctx, moelite_quality_stats* out);
 
 /** Creates a context for `model`. The context holds a reference to the model (see

@@ -8,6 +8,8 @@
 #include "core/exec/context.h"
 
 using moelite::fail;
+using moelite::api::busy;
+using moelite::api::ContextTurn;
 using moelite::api::guarded;
 using moelite::api::null_arg;
 
@@ -57,6 +59,8 @@ MOELITE_API moelite_status moelite_context_quality_stats(const moelite_context* 
   const char* const api_fn = __func__;
   return guarded(api_fn, [&]() -> moelite_status {
     if (!c) return null_arg(api_fn, "ctx");
+    const ContextTurn turn(c);  // an evaluation on another thread rewrites what this reads
+    if (!turn.ok()) return busy(api_fn);
     if (!out || out->struct_size < sizeof(size_t))
       return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: out->struct_size must be set", api_fn);
     const moelite::QualityTally& q = c->impl->quality();

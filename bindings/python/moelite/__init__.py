@@ -38,7 +38,7 @@ from typing import List
 #   _callbacks     the progress, abort, routing and logits callbacks called from C
 #   log            set_log_callback
 #   host           PlatformField, platform_get, platform_info, ...
-#   stats          ExpertStats
+#   stats          ExpertStats, QualityStats
 #   model          Model, Metadata, TokenizeFlag, DetokenizeFlag, TokenAttr
 #   generation     StopReason, generation parameters, _Generation (generate()'s helper thread)
 #   context        Context
@@ -55,7 +55,7 @@ from .log import set_log_callback
 from .model import DetokenizeFlag, Metadata, Model, TokenAttr, TokenizeFlag
 from .request_queue import REQUEST_RUNNING, REQUEST_WAITING, Queue
 from .sampler import Sampler
-from .stats import ExpertStats
+from .stats import ExpertStats, QualityStats
 
 # The helpers defined in this file before it was split into modules stay reachable as
 # moelite.<name> (tests use moelite._exit_guard and moelite._KEYS).
@@ -70,7 +70,7 @@ from .model import _BACKENDS, _KEYS, _AbcMapping, _chat_array, _key_property  # 
 
 __all__ = [
     "__version__", "version_number", "library_path", "supported_archs", "Status", "StopReason",
-    "MoeliteError", "ContextBusyError", "Model", "Context", "Sampler", "Queue", "REQUEST_WAITING", "REQUEST_RUNNING", "Metadata", "ExpertStats", "PlatformField",
+    "MoeliteError", "ContextBusyError", "Model", "Context", "Sampler", "Queue", "REQUEST_WAITING", "REQUEST_RUNNING", "Metadata", "ExpertStats", "QualityStats", "PlatformField",
     "TokenizeFlag", "DetokenizeFlag", "TokenAttr", "set_log_callback", "platform_get", "platform_describe_json", "platform_info",
     "platform_memory_available",
 ]

@@ -125,6 +125,26 @@ class ExpertStats(Structure):
     ]
 
 
+class QualityStats(Structure):
+    """moelite_quality_stats, field for field (include/moelite.h)."""
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("gated_tokens", c_uint64),
+        ("predicted_loss", c_double),
+        ("metered_tokens", c_uint64),
+        ("kl_mean", c_double),
+        ("kl_stderr", c_double),
+        ("top1_agreement", c_double),
+        ("top1_stderr", c_double),
+        ("predicted_loss_metered", c_double),
+        ("meter_evaluations", c_uint64),
+        ("meter_seconds", c_double),
+        ("threshold", c_double),
+        ("target_kl", c_double),
+        ("kl_per_predicted", c_double),
+    ]
+
+
 # ---- declarations -----------------------------------------------------------------------------
 
 _status = c_int  # moelite_status (a C enum: int)
@@ -269,6 +289,9 @@ _decl("moelite_context_params_free", None, _p)
 _decl("moelite_context_params_set_n_ctx", _status, _p, c_int32)
 _decl("moelite_context_params_set_n_batch", _status, _p, c_int32)
 _decl("moelite_context_params_set_n_seq", _status, _p, c_int32)
+_decl("moelite_context_params_set_quality_meter", _status, _p, c_double)
+_decl("moelite_context_params_set_quality_target", _status, _p, c_char_p)
+_decl("moelite_context_params_set_quality_bounds", _status, _p, c_double, c_double)
 _decl("moelite_context_params_set_routing_callback", _status, _p, ROUTING_FN, c_void_p)
 _decl("moelite_context_create", _status, _p, _p, POINTER(c_void_p))
 _decl("moelite_context_free", None, _p)
@@ -288,6 +311,7 @@ _decl("moelite_context_kv_reset", None, _p)
 _decl("moelite_context_kv_truncate", None, _p, c_int32)
 _decl("moelite_context_get_tokens", _status, _p, POINTER(c_int32), c_int32, POINTER(c_int32))
 _decl("moelite_context_expert_stats", _status, _p, c_int32, POINTER(ExpertStats))
+_decl("moelite_context_quality_stats", _status, _p, POINTER(QualityStats))
 _decl("moelite_context_reset_expert_stats", None, _p)
 
 _decl("moelite_tokenize", _status, _p, _SizedText, c_size_t, c_uint32, POINTER(c_int32), c_int32,

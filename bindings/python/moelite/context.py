@@ -18,7 +18,7 @@ from ._util import PathLike, TextLike, _as_bytes, _c_path, _Closeable, _int32_ar
 from .errors import ContextBusyError, MoeliteError, Status, _check, _last_error
 from .generation import _Generation, _generate_params, _stats_dict
 from .model import Model
-from .stats import ExpertStats
+from .stats import ExpertStats, QualityStats
 
 if TYPE_CHECKING:  # annotations only: request_queue.py is above this module
     from .request_queue import Queue
@@ -59,7 +59,9 @@ class Context(_Closeable):
 
     def __init__(self, model: Model, n_ctx: Optional[int] = None, n_batch: Optional[int] = None,
                  abort: Optional[Callable[[], Any]] = None, routing: Optional[RoutingCallback] = None,
-                 n_seq: Optional[int] = None):
+                 n_seq: Optional[int] = None, quality_sample: Optional[float] = None,
+                 quality_target: Optional[str] = None,
+                 quality_bounds: Optional[Tuple[float, float]] = None):
         if not isinstance(model, Model):
             raise TypeError("model must be a moelite.Model")
         self._ptr = None
@@ -86,6 +88,20 @@ class Context(_Closeable):
                 _check(_c.moelite_context_params_set_n_seq(params, _int_arg(n_seq, "n_seq")))
             if self._routing_ref is not None:
                 _check(_c.moelite_context_params_set_routing_callback(params, self._routing_ref, None))
+            # The quality meter and governor (lossy gating): a sampled share of decode steps compared
+            # with exact routing; a target ("1%", "kl:0.01") the threshold is moved to hold.
+            if quality_sample is not None:
+                _check(_c.moelite_context_params_set_quality_meter(params, float(quality_sample)))
+            if quality_target is not None:
+                if not isinstance(quality_target, str):
+                    raise TypeError("quality_target must be a str such as '1%' or 'kl:0.01'")
+                target = quality_target.encode()
+                if b"\0" in target:
+                    raise ValueError("quality_target contains a NUL byte")
+                _check(_c.moelite_context_params_set_quality_target(params, target))
+            if quality_bounds is not None:
+                lo, hi = quality_bounds
+                _check(_c.moelite_context_params_set_quality_bounds(params, float(lo), float(hi)))
             out = ctypes.c_void_p()
             # A call in flight on the model (see Model._use): Model.close() on another thread
             # waits for it, and then finds this context among those it closes.
@@ -216,6 +232,17 @@ class Context(_Closeable):
             s.struct_size = ctypes.sizeof(_lib.ExpertStats)
             _check(_c.moelite_context_expert_stats(self._handle(), _int_arg(layer, "layer"), ctypes.byref(s)))
             return ExpertStats._from_c(s)
+
+    def quality_stats(self) -> "QualityStats":
+        """What lossy gating cost this context (moelite_context_quality_stats): the quality
+        meter's KL and top-1 agreement against exact routing, the sensitivity model's prediction,
+        the governor's threshold and target."""
+        self._preempt()
+        with self._lock:
+            s = _lib.QualityStats()
+            s.struct_size = ctypes.sizeof(_lib.QualityStats)
+            _check(_c.moelite_context_quality_stats(self._handle(), ctypes.byref(s)))
+            return QualityStats._from_c(s)
 
     def reset_expert_stats(self) -> None:
         """Zeroes this context's counters, not the model's (moelite_context_reset_expert_stats)."""

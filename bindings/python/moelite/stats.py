@@ -38,3 +38,30 @@ class ExpertStats:
 
     def as_dict(self) -> Dict[str, Union[int, float]]:
         return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class QualityStats:
+    """moelite_quality_stats: what lossy gating cost a context, measured by the quality meter on
+    sampled tokens against exact routing, and predicted by the sensitivity model on every token;
+    the governor's threshold and target. All zero with exact gating."""
+    gated_tokens: int
+    predicted_loss: float          # per token
+    metered_tokens: int
+    kl_mean: float                 # KL(exact || gated), nats per token
+    kl_stderr: float
+    top1_agreement: float
+    top1_stderr: float
+    predicted_loss_metered: float  # per token, of the metered tokens
+    meter_evaluations: int
+    meter_seconds: float
+    threshold: float               # the gating threshold in use now
+    target_kl: float               # the governor's target (0: none)
+    kl_per_predicted: float        # the governor's estimate of KL per unit of predicted loss
+
+    @classmethod
+    def _from_c(cls, s: "_lib.QualityStats") -> "QualityStats":
+        return cls(**{f.name: getattr(s, f.name) for f in dataclasses.fields(cls)})
+
+    def as_dict(self) -> Dict[str, Union[int, float]]:
+        return dataclasses.asdict(self)
