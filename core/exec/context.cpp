@@ -490,6 +490,7 @@ Status Context::eval_seqs(const int32_t* tokens, const int32_t* seq_ids, const u
 Status Context::meter_batch(const int32_t* tokens, int32_t n, const int32_t* head_rows, int32_t n_head,
                             const float* gated_logits, double predicted_loss) {
   const double t0 = platform::now_seconds();
+  const double trace_start = state_.trace ? TimelineRecorder::now_us() : 0.0;
   EvalState& s = state_;
   Backend& be = *s.backend;
   const int32_t n_layer = model_.hp.n_layer;
@@ -548,6 +549,11 @@ Status Context::meter_batch(const int32_t* tokens, int32_t n, const int32_t* hea
   if (governor_) governor_->on_metered(n_head, kl_batch, predicted_loss);
   ++quality_.exact_passes;
   quality_.meter_seconds += platform::now_seconds() - t0;
+  // On the timeline: the exact pass with its cache rows saved and restored (its layers and
+  // experts show inside it, as any evaluation's do).
+  if (s.trace)
+    s.trace->complete("quality meter", "context", "evaluation", trace_start, TimelineRecorder::now_us(),
+                      {{"tokens", n}, {"kl_ppm", static_cast<int64_t>(kl_batch / n_head * 1e6)}});
   return MOELITE_OK;
 }
 

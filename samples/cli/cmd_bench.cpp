@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -64,7 +65,7 @@ const Command kBenchCommand = {
                   "R",
                   "the storage's sustained read speed when it is known (a data sheet, a "
                   "throttled device): the budget bound uses it instead of the measured one"}},
-                {&model_options()})};
+                {&quality_options(), &model_options()})};
 }  // namespace
 
 namespace {
@@ -127,9 +128,14 @@ class BenchContexts {
   BenchContexts(const BenchSetup& b, const std::vector<int32_t>& prompt, const std::vector<int32_t>& gen)
       : b_(b), prompt_(prompt), gen_(gen), contexts_(static_cast<size_t>(b.n_contexts), nullptr) {}
   ~BenchContexts() { free(); }
-  moelite_status create(moelite_model* model) {
+  // 0, or a usage error's exit status (2) for bad --quality-* options, or 1 with the status reported.
+  int create(const Args& args, moelite_model* model) {
     moelite_context_params* cp = moelite_context_params_create();
-    if (!cp) return MOELITE_ERR_OUT_OF_MEMORY;
+    if (!cp) return report(MOELITE_ERR_OUT_OF_MEMORY, "creating context");
+    if (int rc = quality_params_from_args(args, cp)) {
+      moelite_context_params_free(cp);
+      return rc;
+    }
     moelite_status st = moelite_context_params_set_n_ctx(cp, static_cast<int32_t>(b_.n_prompt + b_.n_gen));
     if (st == MOELITE_OK)
       st = moelite_context_params_set_n_batch(cp, static_cast<int32_t>(std::max(b_.n_prompt, b_.seqs_per_context)));
@@ -137,7 +143,37 @@ class BenchContexts {
     for (moelite_context*& c : contexts_)
       if (st == MOELITE_OK) st = moelite_context_create(model, cp, &c);
     moelite_context_params_free(cp);
-    return st;
+    return st == MOELITE_OK ? 0 : report(st, "creating context");
+  }
+  // The quality meter over every context and run (warm-up included): sums and means weighted by
+  // the tokens each context compared.
+  moelite_quality_stats quality() const {
+    moelite_quality_stats all = {sizeof all};
+    double kl = 0, agree = 0, predicted = 0, var_kl = 0;
+    for (moelite_context* c : contexts_) {
+      moelite_quality_stats q = {sizeof q};
+      if (!c || moelite_context_quality_stats(c, &q) != MOELITE_OK) continue;
+      const double n = double(q.metered_tokens);
+      all.gated_tokens += q.gated_tokens;
+      all.metered_tokens += q.metered_tokens;
+      all.meter_evaluations += q.meter_evaluations;
+      all.meter_seconds += q.meter_seconds;
+      kl += q.kl_mean * n;
+      var_kl += q.kl_stderr * q.kl_stderr * n * n;
+      agree += q.top1_agreement * n;
+      predicted += q.predicted_loss_metered * n;
+      all.threshold = q.threshold;
+      all.target_kl = q.target_kl;
+    }
+    if (all.metered_tokens > 0) {
+      const double n = double(all.metered_tokens);
+      all.kl_mean = kl / n;
+      all.kl_stderr = std::sqrt(var_kl) / n;
+      all.top1_agreement = agree / n;
+      all.top1_stderr = std::sqrt(all.top1_agreement * (1 - all.top1_agreement) / n);
+      all.predicted_loss_metered = predicted / n;
+    }
+    return all;
   }
   void free() {
     for (moelite_context*& c : contexts_) moelite_context_free(c);
@@ -290,6 +326,7 @@ struct BenchReport {
   std::string layers_json;
   double probe_gbs = 0, store_gbs = 0, storage_gbs = 0, budget_bound_tps = 0;
   char loads_json[64] = "null", penalty_json[64] = "null";
+  moelite_quality_stats quality{};  // the quality meter over every context and run
 };
 
 BenchReport make_report(const Args& args, const BenchSetup& b, const BenchTimes& t, const BenchModel& m,
@@ -413,6 +450,9 @@ void print_bench_json(const Args& args, const BenchSetup& b, const BenchModel& m
          ", \"profile\": \"%s\""
          ", \"allocation\": \"%s\", \"budget_auto\": %" PRId64
          ", \"budget_summary\": \"%s\", \"text\": %s"
+         ", \"quality\": {\"gated_tokens\": %" PRIu64 ", \"metered_tokens\": %" PRIu64 ", \"kl_mean\": %.6g"
+         ", \"kl_stderr\": %.6g, \"top1_agreement\": %.6g, \"predicted_loss_metered\": %.6g, \"threshold\": %.6g"
+         ", \"target_kl\": %.6g, \"meter_seconds\": %.4f}"
          ", \"layers\": %s}\n",
          json_escape(m.path).c_str(), m.arch.c_str(), m.expert_type.c_str(), json_escape(m.backend_name).c_str(),
          static_cast<int64_t>(m.threads), b.n_prompt, b.n_gen, b.n_seq, b.n_contexts, r.runs, r.prefill_tps,
@@ -429,7 +469,10 @@ void print_bench_json(const Args& args, const BenchSetup& b, const BenchModel& m
          json_escape(args.get("--profile")).c_str(),
          json_escape(args.get("--allocation", args.has("--per-layer") ? "uniform" : "auto")).c_str(), m.budget_auto,
          json_escape(m.budget_text).c_str(),
-         args.has("-f") ? ("\"" + json_escape(args.get("-f")) + "\"").c_str() : "null", r.layers_json.c_str());
+         args.has("-f") ? ("\"" + json_escape(args.get("-f")) + "\"").c_str() : "null", r.quality.gated_tokens,
+         r.quality.metered_tokens, r.quality.kl_mean, r.quality.kl_stderr, r.quality.top1_agreement,
+         r.quality.predicted_loss_metered, r.quality.threshold, r.quality.target_kl, r.quality.meter_seconds,
+         r.layers_json.c_str());
 }
 
 // "[slowest .. fastest]" of the runs' tok/s.
@@ -473,6 +516,12 @@ void print_bench_text(const Args& args, const BenchSetup& b, const BenchModel& m
     printf("gating    %s, threshold %s: %.3f experts/token%s\n", args.get("--gating").c_str(),
            args.get("--threshold", "0").c_str(), r.experts_per_token,
            m.budget > 0 ? (", " + std::string(r.loads_json) + " expert loads/token").c_str() : "");
+  if (r.quality.metered_tokens > 0)
+    printf("quality   vs exact routing, %" PRIu64 " tokens compared: KL %.4f +- %.4f nats/token, top-1 agreement "
+           "%.3f | predicted %.4f | meter %.0f ms%s\n",
+           r.quality.metered_tokens, r.quality.kl_mean, r.quality.kl_stderr, r.quality.top1_agreement,
+           r.quality.predicted_loss_metered, 1000.0 * r.quality.meter_seconds,
+           r.quality.target_kl > 0 ? (", target " + std::to_string(r.quality.target_kl)).c_str() : "");
   if (strcmp(r.penalty_json, "null") != 0)
     printf("penalty   cache-aware gating penalty suggested by this machine: %s (1 + memory / storage bandwidth)\n",
            r.penalty_json);
@@ -498,16 +547,18 @@ int cmd_bench(int argc, char** argv) {
   std::vector<int32_t> prompt, gen;
   if (int rc = bench_tokens(model, args, setup, &prompt, &gen)) return rc;
   BenchContexts contexts(setup, prompt, gen);
-  if (moelite_status st = contexts.create(model); st != MOELITE_OK) return report(st, "creating context");
+  if (int rc = contexts.create(args, model)) return rc;
   BenchTimes times;
   if (moelite_status st = run_bench(model, setup, contexts, &times); st != MOELITE_OK) return report(st, "benchmark");
   const uint64_t peak_rss = peak_rss_bytes();  // before the bandwidth probes allocate their buffers
   const BenchModel facts = read_bench_model(model, args);
+  const moelite_quality_stats quality = contexts.quality();
   // The probes allocate buffers of their own (1 GiB for DRAM). The model goes first, so that under
   // a memory cap that fits the budget the peak is the larger of the two, not their sum.
   contexts.free();
   model_guard.reset();
-  const BenchReport r = make_report(args, setup, times, facts, peak_rss);
+  BenchReport r = make_report(args, setup, times, facts, peak_rss);
+  r.quality = quality;
   if (args.has("--json"))
     print_bench_json(args, setup, facts, r);
   else

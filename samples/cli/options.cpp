@@ -66,7 +66,7 @@ const std::vector<OptionFamily>& option_families() {
            {{"--seed"}, "S", "sampling seed (default 24301)"},
            {{"--stop"}, "STR", "stop when the text contains STR (repeatable)"},
        }},
-      {"quality meter and governor (with lossy --gating)", "run, chat and perplexity",
+      {"quality meter and governor (with lossy --gating)", "run, chat, bench and perplexity",
        {
            {{"--quality-sample"}, "R",
             "compare a share R in [0, 1] of the decode steps with exact routing and print what gating cost "
@@ -98,7 +98,7 @@ const std::vector<Option>& generate_options() {
 
 const std::vector<Option>& quality_options() {
   for (const OptionFamily& f : option_families())
-    if (f.taken_by == "run, chat and perplexity") return f.options;
+    if (f.taken_by == "run, chat, bench and perplexity") return f.options;
   static const std::vector<Option> none;
   return none;
 }
