@@ -19,9 +19,13 @@ def test_budgeted_trace_agrees_with_the_counters():
     model = moelite.Model(MODEL, threads=2, backend="cpu", budget_fraction=0.25)
     ctx = moelite.Context(model, n_ctx=64, n_batch=8)
     model.reset_expert_stats()
+    if os.path.exists(path):
+        os.remove(path)
     model.trace_begin(path)
-    with open(path) as f:  # written at once (an empty trace): the path is known to work
-        assert json.load(f)["traceEvents"] == []
+    assert not os.path.exists(path)  # checked, not written: the file comes at the end
+    with pytest.raises(moelite.MoeliteError) as e:  # a directory that does not exist: refused at once
+        model.trace_begin(os.path.join(TMP, "no-such-dir", "t.json"))
+    assert e.value.status in (moelite.Status.ERR_IO, moelite.Status.ERR_INVALID_ARGUMENT)
     with pytest.raises(moelite.MoeliteError) as e:
         model.trace_begin(path)
     assert e.value.status == moelite.Status.ERR_INVALID_ARGUMENT
