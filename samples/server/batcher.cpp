@@ -18,7 +18,7 @@ struct Batcher::Job {
   int64_t id = -1;
 };
 
-bool Batcher::create(moelite_model* model, int n_seq, int32_t n_ctx, std::string* error) {
+bool Batcher::create(moelite_model* model, int n_seq, int32_t n_ctx, const Quality& quality, std::string* error) {
   moelite_context_params* cp = moelite_context_params_create();
   if (!cp) {
     *error = "out of memory";
@@ -26,6 +26,9 @@ bool Batcher::create(moelite_model* model, int n_seq, int32_t n_ctx, std::string
   }
   moelite_status st = moelite_context_params_set_n_ctx(cp, n_ctx);
   if (st == MOELITE_OK) st = moelite_context_params_set_n_seq(cp, n_seq);
+  if (st == MOELITE_OK && quality.sample >= 0) st = moelite_context_params_set_quality_meter(cp, quality.sample);
+  if (st == MOELITE_OK && !quality.target.empty())
+    st = moelite_context_params_set_quality_target(cp, quality.target.c_str());
   if (st == MOELITE_OK) st = moelite_context_create(model, cp, &ctx_);
   moelite_context_params_free(cp);
   if (st == MOELITE_OK) st = moelite_queue_create(ctx_, &queue_);
@@ -35,8 +38,22 @@ bool Batcher::create(moelite_model* model, int n_seq, int32_t n_ctx, std::string
   }
   n_ctx_ = moelite_context_n_ctx(ctx_);
   n_seq_ = n_seq;
+  update_quality();  // the starting threshold and target, before any request
   scheduler_ = std::thread([this] { run(); });
   return true;
+}
+
+void Batcher::update_quality() {
+  moelite_quality_stats q{};
+  q.struct_size = sizeof q;
+  if (moelite_context_quality_stats(ctx_, &q) != MOELITE_OK) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  quality_ = q;
+}
+
+moelite_quality_stats Batcher::quality_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return quality_;
 }
 
 Batcher::~Batcher() {
@@ -147,6 +164,7 @@ void Batcher::run() {
     if (moelite_queue_running(queue_) + moelite_queue_waiting(queue_) == 0) continue;
     int32_t n_events = 0;
     const moelite_status st = moelite_queue_step(queue_, &n_events);
+    update_quality();
     if (st != MOELITE_OK) {
       // The step evaluated nothing; every request in it fails with its error (a request alone on
       // a context of its own would have failed the same way), and the server goes on.

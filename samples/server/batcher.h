@@ -24,9 +24,15 @@
 
 class Batcher {
  public:
+  // The context's quality meter and governor, for lossy gating (--quality-sample, --quality-target):
+  // an empty target and a negative sample rate leave the library's defaults.
+  struct Quality {
+    std::string target;
+    double sample = -1;
+  };
   // Creates the context (n_seq sequences of n_ctx positions) and the queue and starts the
   // scheduler; false with the reason in *error.
-  bool create(moelite_model* model, int n_seq, int32_t n_ctx, std::string* error);
+  bool create(moelite_model* model, int n_seq, int32_t n_ctx, const Quality& quality, std::string* error);
   ~Batcher();  // stops the scheduler (running requests end as aborted) and frees the context
 
   struct Outcome {
@@ -42,6 +48,10 @@ class Batcher {
 
   int32_t n_ctx() const { return n_ctx_; }
   int n_seq() const { return n_seq_; }
+  // What lossy gating cost the context, as of the last step. The scheduler reads it after each
+  // step: the context is inside the library during one (moelite_context_quality_stats would
+  // answer BUSY to another thread), and between steps only the scheduler may call it.
+  moelite_quality_stats quality_stats();
 
  private:
   struct Job;
@@ -57,4 +67,6 @@ class Batcher {
   std::condition_variable wake_;   // the scheduler: a job arrived, one was cancelled, or stop
   std::deque<std::shared_ptr<Job>> inbox_;
   bool stopping_ = false;
+  moelite_quality_stats quality_{};  // guarded by mu_; written by the scheduler
+  void update_quality();
 };

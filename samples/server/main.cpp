@@ -4,7 +4,8 @@
 //
 //   moelite-server -m MODEL [--host 127.0.0.1] [--port 8080] [--budget B] [-t N] [--parallel N] [-c N]
 //                  [--api-key KEY | --api-key-file FILE] [--allow-origin ORIGIN] [--allow-host NAME]
-//                  [--max-connections N] [--request-timeout SECONDS]
+//                  [--max-connections N] [--request-timeout SECONDS] [--gating MODE] [--threshold T]
+//                  [--profile FILE] [--quality-target T] [--quality-sample R]
 //
 // HTTP: cpp-httplib (Debian's libcpp-httplib-dev); JSON: nlohmann/json (nlohmann-json3-dev). It
 // listens on 127.0.0.1 unless told otherwise. Who may call it: access.h; how many and how slow:
@@ -18,6 +19,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cfloat>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -49,6 +51,12 @@ struct Options {
   int port = 8080, threads = 0, parallel = 2, n_ctx = 4096;
   bool n_ctx_given = false;
   moelite_backend backend = MOELITE_BACKEND_AUTO;
+  // Adaptive gating, as the CLI sets it (moelite_model_params_set_gating / set_profile), and the
+  // batcher's quality meter and governor.
+  std::string gating, profile;
+  double threshold = 0;
+  bool threshold_given = false;
+  Batcher::Quality quality;
   AccessRules access;
   ConnectionLimits limits;
 };
@@ -66,6 +74,8 @@ int usage(const char* why) {
           "                      [--parallel N] [-c N_CTX] [--backend auto|cpu|vulkan|cuda]\n"
           "                      [--api-key KEY | --api-key-file FILE] [--allow-origin ORIGIN]...\n"
           "                      [--allow-host NAME]... [--max-connections N] [--request-timeout SECONDS]\n"
+          "                      [--gating MODE] [--threshold T] [--profile FILE] [--quality-target T]\n"
+          "                      [--quality-sample R]\n"
           "  --port 0 picks a free port; the address is printed as \"listening on http://HOST:PORT\".\n"
           "  --parallel N: up to N requests decode together, batched in one context (default 2);\n"
           "  others wait their turn.\n"
@@ -74,7 +84,13 @@ int usage(const char* why) {
           "  on localhost and the chat page always may. --allow-host: a host name clients may use for\n"
           "  it besides localhost and IP addresses (or *).\n"
           "  --max-connections N (default 32): more evict the slowest reader or get 503.\n"
-          "  --request-timeout S (default 10): a connection must send each request within S seconds.\n");
+          "  --request-timeout S (default 10): a connection must send each request within S seconds.\n"
+          "  --gating exact|sensitivity|cache-aware|score, --threshold T, --profile FILE: adaptive gating (lossy\n"
+          "  unless exact) and its calibration profile, as in `moelite run`.\n"
+          "  --quality-target T: hold gating's cost at T by moving the threshold, a perplexity rise (1%%, 0.5%%)\n"
+          "  or kl:X nats per token; needs --gating sensitivity or cache-aware, a profile optional.\n"
+          "  --quality-sample R: compare a share R in [0, 1] of the decode steps with exact routing (default 0,\n"
+          "  1/8 with a target); GET /v1/moelite/stats shows the result under \"quality\".\n");
   return 2;
 }
 
@@ -86,12 +102,26 @@ bool parse_int(const char* s, int lo, int hi, int* out) {
   return true;
 }
 
-bool parse_seconds(const char* s, double lo, double hi, double* out) {
+bool parse_double(const char* s, double lo, double hi, double* out) {
   char* end = nullptr;
   const double v = strtod(s, &end);
   if (!*s || *end || !(v >= lo && v <= hi)) return false;  // NaN fails the comparison
   *out = v;
   return true;
+}
+
+// Whether the library takes `target` as a quality target (the reason in *why if not): checked at
+// start, so a typo is a usage error rather than a context that cannot be made.
+bool quality_target_ok(const char* target, std::string* why) {
+  moelite_context_params* cp = moelite_context_params_create();
+  if (!cp) {
+    *why = "out of memory";
+    return false;
+  }
+  const bool ok = moelite_context_params_set_quality_target(cp, target) == MOELITE_OK;
+  if (!ok) *why = moelite_last_error();
+  moelite_context_params_free(cp);
+  return ok;
 }
 
 // The key of --api-key-file: its first line, without the line end. Empty on failure, with `why`.
@@ -269,6 +299,7 @@ json stats_json(Server& s) {
     last_tok_s = s.counters.last_tok_s;
   }
   const int64_t budget = moelite_model_get(s.model, MOELITE_MODEL_EXPERT_BUDGET);
+  const moelite_quality_stats q = s.batcher.quality_stats();
   return {{"model", s.model_id},
           {"backend", moelite_model_backend_name(s.model)},
           {"expert_budget_bytes", budget},
@@ -286,7 +317,18 @@ json stats_json(Server& s) {
             {"misses", st.misses},
             {"hit_rate", st.activations ? double(st.hits) / double(st.activations) : 1.0},
             {"bytes_read", st.bytes_read},
-            {"wait_seconds", st.wait_seconds}}}};
+            {"wait_seconds", st.wait_seconds}}},
+          // What lossy gating cost, measured against exact routing on the metered decode steps (all
+          // 0 with exact gating; metered_tokens 0 without --quality-sample or --quality-target).
+          {"quality",
+           {{"gated_tokens", q.gated_tokens},
+            {"metered_tokens", q.metered_tokens},
+            {"kl_mean", q.kl_mean},
+            {"kl_stderr", q.kl_stderr},
+            {"top1_agreement", q.top1_agreement},
+            {"predicted_loss", q.predicted_loss},
+            {"threshold", q.threshold},
+            {"target_kl", q.target_kl}}}};
 }
 
 using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
@@ -495,8 +537,25 @@ int main(int argc, char** argv) {
       if (!(v = value()) || !parse_int(v, 1, 1024, &o.limits.max_connections))
         return usage("--max-connections needs 1..1024");
     } else if (a == "--request-timeout") {
-      if (!(v = value()) || !parse_seconds(v, 0.1, 3600, &o.limits.request_seconds))
+      if (!(v = value()) || !parse_double(v, 0.1, 3600, &o.limits.request_seconds))
         return usage("--request-timeout needs seconds in [0.1, 3600]");
+    } else if (a == "--gating") {
+      if (!(v = value()) || !*v) return usage("--gating needs exact, sensitivity, cache-aware or score");
+      o.gating = v;
+    } else if (a == "--threshold") {
+      if (!(v = value()) || !parse_double(v, 0, FLT_MAX, &o.threshold)) return usage("--threshold needs a number >= 0");
+      o.threshold_given = true;
+    } else if (a == "--profile") {
+      if (!(v = value()) || !*v) return usage("--profile needs a path");
+      o.profile = v;
+    } else if (a == "--quality-target") {
+      std::string why;
+      if (!(v = value())) return usage("--quality-target needs a target such as 1% or kl:0.01");
+      if (!quality_target_ok(v, &why)) return usage(("--quality-target: " + why).c_str());
+      o.quality.target = v;
+    } else if (a == "--quality-sample") {
+      if (!(v = value()) || !parse_double(v, 0, 1, &o.quality.sample))
+        return usage("--quality-sample needs a share in [0, 1]");
     } else if (a == "--backend") {
       const std::string b = (v = value()) ? v : "";
       if (b == "auto") o.backend = MOELITE_BACKEND_AUTO;
@@ -528,6 +587,15 @@ int main(int argc, char** argv) {
     moelite_model_params_free(mp);
     return usage(("--budget: " + why).c_str());
   }
+  if (st == MOELITE_OK && !o.profile.empty()) st = moelite_model_params_set_profile(mp, o.profile.c_str());
+  // The mode is checked here (the threshold was, when read): the library knows the modes.
+  if (st == MOELITE_OK && (!o.gating.empty() || o.threshold_given) &&
+      moelite_model_params_set_gating(mp, o.gating.empty() ? "exact" : o.gating.c_str(),
+                                      static_cast<float>(o.threshold)) != MOELITE_OK) {
+    const std::string why = moelite_last_error();
+    moelite_model_params_free(mp);
+    return usage(("--gating: " + why).c_str());
+  }
   Server s;
   if (st == MOELITE_OK) st = moelite_model_load(o.model.c_str(), mp, &s.model);
   moelite_model_params_free(mp);
@@ -543,7 +611,7 @@ int main(int argc, char** argv) {
   if (o.n_ctx_given && o.n_ctx > n_ctx_train)
     fprintf(stderr, "moelite-server: -c %d is more than the model was trained for; using its %d positions\n", o.n_ctx,
             n_ctx_train);
-  if (!s.batcher.create(s.model, o.parallel, std::max<int32_t>(16, n_ctx), &why)) {
+  if (!s.batcher.create(s.model, o.parallel, std::max<int32_t>(16, n_ctx), o.quality, &why)) {
     fprintf(stderr, "moelite-server: creating the context: %s\n", why.c_str());
     moelite_model_free(s.model);
     return 1;

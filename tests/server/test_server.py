@@ -7,6 +7,7 @@ mid-stream (the server stops that generation and serves the next request), bad r
 with 4xx and a JSON error, and nothing of that ends the server."""
 import http.client
 import json
+import math
 import os
 import re
 import shutil
@@ -710,3 +711,49 @@ def test_slow_clients_cannot_stall_the_server():
         for s in slow:
             s.close()
         stop_server(srv)
+
+
+def test_quality_governor_and_meter_in_the_stats(server):
+    # The shared server gates exactly: its quality section is all zeros.
+    quality = json.loads(request(server, "GET", "/v1/moelite/stats")[2])["quality"]
+    assert quality["gated_tokens"] == 0 and quality["metered_tokens"] == 0 and quality["target_kl"] == 0, quality
+    # Sensitivity gating without a profile: the governor learns the sensitivities' scale from the meter.
+    srv = start_server("--gating", "sensitivity", "--quality-target", "1%", "--quality-sample", "1")
+    try:
+        for seed in (1, 2):
+            status, r = post_json(srv, "/v1/completions",
+                                  {"prompt": "def fibonacci(n):", "max_tokens": 16, "temperature": 0.8, "seed": seed})
+            assert status == 200 and r["usage"]["completion_tokens"] > 1, r
+        status, _, payload = raw_request(srv, "GET", "/v1/moelite/stats")
+        quality = json.loads(payload)["quality"]
+    finally:
+        stop_server(srv)
+    assert status == 200
+    assert abs(quality["target_kl"] - math.log(1.01)) < 1e-12, quality
+    # Every decode step of one sequence is metered at rate 1; prefill is not.
+    assert 0 < quality["metered_tokens"] < quality["gated_tokens"], quality
+    assert quality["threshold"] > 0 and quality["kl_mean"] >= 0 and 0 <= quality["top1_agreement"] <= 1, quality
+    assert quality["predicted_loss"] > 0 and quality["kl_stderr"] >= 0, quality
+
+
+@pytest.mark.parametrize("args,named", [
+    (["--quality-target", "5"], "--quality-target"),  # a rise needs its %
+    (["--quality-target", "0%"], "--quality-target"),
+    (["--quality-sample", "2"], "--quality-sample"),
+    (["--threshold", "-1"], "--threshold"),
+    (["--gating", "sometimes"], "--gating"),
+])
+def test_bad_gating_and_quality_options_are_usage_errors(args, named):
+    r = subprocess.run([SERVER, "-m", MODEL, "--port", "0", *args], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and ("moelite-server: " + named) in r.stderr and "usage:" in r.stderr, r.stderr
+
+
+def test_gating_options_reach_the_model_and_context():
+    # --profile is passed to the model: a missing one fails the load.
+    r = subprocess.run([SERVER, "-m", MODEL, "--port", "0", "--profile", os.path.join(TMP, "no-such-profile")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "MOELITE_ERR_FILE_NOT_FOUND" in r.stderr, r.stderr
+    # Sensitivity gating needs a profile unless a quality target governs the context.
+    r = subprocess.run([SERVER, "-m", MODEL, "--port", "0", "--gating", "sensitivity"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and "MOELITE_ERR_BAD_PROFILE" in r.stderr, r.stderr

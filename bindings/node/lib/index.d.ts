@@ -79,7 +79,25 @@ export declare class Model {
   traceEnd(): void;
 }
 
-export interface ContextOptions { nCtx?: number; nBatch?: number; nSeq?: number }
+export interface ContextOptions {
+  nCtx?: number; nBatch?: number; nSeq?: number;
+  /** The quality meter: the share (0..1) of decode steps compared with exact routing. */
+  qualitySample?: number;
+  /** The quality governor's target: a perplexity rise ("1%", "0.5%") or "kl:0.01" nats per token. */
+  qualityTarget?: string;
+  /** The thresholds the governor may use: [min, max]. */
+  qualityBounds?: [number, number];
+}
+
+/** What lossy gating cost a context (moelite_quality_stats); all 0 with exact gating. */
+export interface QualityStats {
+  gatedTokens: number; predictedLoss: number; meteredTokens: number;
+  /** Mean KL(exact || gated) of the metered tokens, nats per token. */
+  klMean: number; klStderr: number; top1Agreement: number; top1Stderr: number;
+  predictedLossMetered: number; meterEvaluations: number; meterSeconds: number;
+  /** The gating threshold in use now; the governor's target (0: none). */
+  threshold: number; targetKl: number; klPerPredicted: number;
+}
 
 export interface GenerateParams {
   maxTokens?: number;
@@ -126,6 +144,7 @@ export declare class Context {
   load(path: string): void;
   expertStats(layer?: number): ExpertStats;
   resetExpertStats(): void;
+  qualityStats(): QualityStats;
   generateText(prompt: string, params?: GenerateParams): Promise<{ text: string; stats: GenerateStats }>;
   /** One generation per context at a time: while this iterator runs (first next() to the end of
    *  its loop or return()), other generations and every call that changes the context throw

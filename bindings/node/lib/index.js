@@ -118,6 +118,23 @@ function emptyStats() {
     routed_tokens: 0, routed_experts: 0, read_busy_seconds: 0 };
 }
 
+function qualityObject(s) {
+  const n = (v) => Number(v);
+  return {
+    gatedTokens: n(s.gated_tokens), predictedLoss: s.predicted_loss, meteredTokens: n(s.metered_tokens),
+    klMean: s.kl_mean, klStderr: s.kl_stderr, top1Agreement: s.top1_agreement, top1Stderr: s.top1_stderr,
+    predictedLossMetered: s.predicted_loss_metered, meterEvaluations: n(s.meter_evaluations),
+    meterSeconds: s.meter_seconds, threshold: s.threshold, targetKl: s.target_kl,
+    klPerPredicted: s.kl_per_predicted,
+  };
+}
+
+function emptyQualityStats() {
+  return { struct_size: 14 * 8, gated_tokens: 0, predicted_loss: 0, metered_tokens: 0, kl_mean: 0, kl_stderr: 0,
+    top1_agreement: 0, top1_stderr: 0, predicted_loss_metered: 0, meter_evaluations: 0, meter_seconds: 0,
+    threshold: 0, target_kl: 0, kl_per_predicted: 0 };
+}
+
 // Calls f(buffer, capacity, lenOut) with a guess, then again with the size asked for.
 function sized(guess, alloc, f) {
   let buf = alloc(Math.max(1, guess));
@@ -370,7 +387,10 @@ function heldBack(text, stops) {
 }
 
 class Context {
-  /** opts: nCtx, nBatch, nSeq. */
+  /** opts: nCtx, nBatch, nSeq; for lossy gating qualitySample (the share of decode steps the
+   *  quality meter compares with exact routing, 0..1), qualityTarget (the governor's target: a
+   *  perplexity rise "1%" or "kl:0.01"; needs sensitivity or cache-aware gating, whose profile it
+   *  makes optional) and qualityBounds ([min, max] thresholds the governor may use). */
   constructor(model, opts = {}) {
     const { fns } = load();
     const p = fns.moelite_context_params_create();
@@ -379,6 +399,19 @@ class Context {
       if (opts.nCtx !== undefined) check(fns.moelite_context_params_set_n_ctx(p, opts.nCtx));
       if (opts.nBatch !== undefined) check(fns.moelite_context_params_set_n_batch(p, opts.nBatch));
       if (opts.nSeq !== undefined) check(fns.moelite_context_params_set_n_seq(p, opts.nSeq));
+      if (opts.qualitySample !== undefined) check(fns.moelite_context_params_set_quality_meter(p, opts.qualitySample));
+      if (opts.qualityTarget !== undefined) {
+        // koffi would pass a number or an object as some other string, or refuse it obscurely.
+        if (typeof opts.qualityTarget !== 'string') {
+          throw new TypeError('qualityTarget must be a string such as "1%" or "kl:0.01"');
+        }
+        check(fns.moelite_context_params_set_quality_target(p, opts.qualityTarget));
+      }
+      if (opts.qualityBounds !== undefined) {
+        const b = opts.qualityBounds;
+        if (!Array.isArray(b) || b.length !== 2) throw invalid('qualityBounds: [min, max] thresholds');
+        check(fns.moelite_context_params_set_quality_bounds(p, b[0], b[1]));
+      }
       const out = [null];
       check(fns.moelite_context_create(model._handle(), p, out));
       this._ptr = out[0];
@@ -513,6 +546,15 @@ class Context {
   }
 
   resetExpertStats() { load().fns.moelite_context_reset_expert_stats(this._handle()); }
+
+  /** What lossy gating cost this context: the quality meter's KL (nats per token) and top-1
+   *  agreement against exact routing, the sensitivity model's predicted loss, the governor's
+   *  threshold and target (targetKl 0: no governor). All 0 with exact gating. */
+  qualityStats() {
+    const s = emptyQualityStats();
+    check(load().fns.moelite_context_quality_stats(this._read(), s));
+    return qualityObject(s);
+  }
 
   /** The library's generation loop on a worker thread: resolves to {text, stats}. params:
    *  maxTokens, temperature, topK, topP, minP, repeatPenalty, repeatLastN, seed, stop (array). */

@@ -73,6 +73,22 @@ function load() {
     prompt_tokens_per_second: 'double',
     generated_tokens_per_second: 'double',
   });
+  koffi.struct('moelite_quality_stats', {
+    struct_size: 'size_t',
+    gated_tokens: 'uint64_t',
+    predicted_loss: 'double',
+    metered_tokens: 'uint64_t',
+    kl_mean: 'double',
+    kl_stderr: 'double',
+    top1_agreement: 'double',
+    top1_stderr: 'double',
+    predicted_loss_metered: 'double',
+    meter_evaluations: 'uint64_t',
+    meter_seconds: 'double',
+    threshold: 'double',
+    target_kl: 'double',
+    kl_per_predicted: 'double',
+  });
   koffi.struct('moelite_chat_message', { role: 'const char *', content: 'const char *' });
   const pieceFn = koffi.proto('int moelite_piece_fn(const void *piece, size_t len, void *user_data)');
   const decls = [
@@ -114,6 +130,9 @@ function load() {
     'int moelite_context_params_set_n_ctx(moelite_context_params *p, int32_t nCtx)',
     'int moelite_context_params_set_n_batch(moelite_context_params *p, int32_t nBatch)',
     'int moelite_context_params_set_n_seq(moelite_context_params *p, int32_t nSeq)',
+    'int moelite_context_params_set_quality_meter(moelite_context_params *p, double qualitySample)',
+    'int moelite_context_params_set_quality_target(moelite_context_params *p, const char *qualityTarget)',
+    'int moelite_context_params_set_quality_bounds(moelite_context_params *p, double min, double max)',
     'int moelite_context_create(moelite_model *m, const moelite_context_params *p, _Out_ moelite_context **out)',
     'void moelite_context_free(moelite_context *c)',
     'int moelite_eval(moelite_context *c, const int32_t *tokens, int32_t n, int32_t logits_all)',
@@ -130,6 +149,7 @@ function load() {
     'int moelite_context_load(moelite_context *c, const char *path)',
     'int moelite_context_expert_stats(const moelite_context *c, int32_t layer, _Inout_ moelite_expert_stats *out)',
     'void moelite_context_reset_expert_stats(moelite_context *c)',
+    'int moelite_context_quality_stats(const moelite_context *c, _Inout_ moelite_quality_stats *out)',
     'moelite_generate_params *moelite_generate_params_create(void)',
     'void moelite_generate_params_free(moelite_generate_params *p)',
     'int moelite_generate_params_set_max_tokens(moelite_generate_params *p, int32_t maxTokens)',

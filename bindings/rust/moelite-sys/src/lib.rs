@@ -205,6 +205,24 @@ pub struct moelite_expert_stats {
 }
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
+pub struct moelite_quality_stats {
+    pub struct_size: usize,
+    pub gated_tokens: u64,
+    pub predicted_loss: f64,
+    pub metered_tokens: u64,
+    pub kl_mean: f64,
+    pub kl_stderr: f64,
+    pub top1_agreement: f64,
+    pub top1_stderr: f64,
+    pub predicted_loss_metered: f64,
+    pub meter_evaluations: u64,
+    pub meter_seconds: f64,
+    pub threshold: f64,
+    pub target_kl: f64,
+    pub kl_per_predicted: f64,
+}
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
 pub struct moelite_chat_message {
     pub role: *const c_char,
     pub content: *const c_char,
@@ -294,6 +312,10 @@ extern "C" {
     pub fn moelite_context_params_set_n_seq(params: *mut moelite_context_params, n_seq: i32) -> moelite_status;
     pub fn moelite_context_params_set_abort_callback(params: *mut moelite_context_params, callback: moelite_abort_fn, user_data: *mut c_void) -> moelite_status;
     pub fn moelite_context_params_set_routing_callback(params: *mut moelite_context_params, callback: moelite_routing_fn, user_data: *mut c_void) -> moelite_status;
+    pub fn moelite_context_params_set_quality_meter(params: *mut moelite_context_params, sample_rate: f64) -> moelite_status;
+    pub fn moelite_context_params_set_quality_target(params: *mut moelite_context_params, target: *const c_char) -> moelite_status;
+    pub fn moelite_context_params_set_quality_bounds(params: *mut moelite_context_params, min_threshold: f64, max_threshold: f64) -> moelite_status;
+    pub fn moelite_context_quality_stats(ctx: *const moelite_context, out: *mut moelite_quality_stats) -> moelite_status;
     pub fn moelite_context_create(model: *mut moelite_model, params: *const moelite_context_params, out_ctx: *mut *mut moelite_context) -> moelite_status;
     pub fn moelite_context_free(ctx: *mut moelite_context);
     pub fn moelite_context_set_abort_callback(ctx: *mut moelite_context, callback: moelite_abort_fn, user_data: *mut c_void) -> moelite_status;

@@ -9,7 +9,7 @@ use moelite_sys as sys;
 
 use crate::error::{c_count, c_string, check, Error, Result, Status};
 use crate::model::Model;
-use crate::stats::ExpertStats;
+use crate::stats::{ExpertStats, QualityStats};
 
 /// Options of `Context::new` (the library's defaults where unset).
 #[derive(Debug, Clone, Default)]
@@ -17,6 +17,9 @@ pub struct ContextParams {
     n_ctx: Option<i32>,
     n_batch: Option<i32>,
     n_seq: Option<i32>,
+    quality_sample: Option<f64>,
+    quality_target: Option<String>,
+    quality_bounds: Option<(f64, f64)>,
 }
 
 impl ContextParams {
@@ -36,6 +39,24 @@ impl ContextParams {
     /// Sequences the context holds (each its own KV cache), for `eval_batch`.
     pub fn n_seq(mut self, n: i32) -> Self {
         self.n_seq = Some(n);
+        self
+    }
+    /// The quality meter, for lossy gating: the share of decode steps in [0, 1] evaluated a second
+    /// time with exact routing and compared (KL, top-1 agreement); see `Context::quality_stats`.
+    pub fn quality_sample(mut self, rate: f64) -> Self {
+        self.quality_sample = Some(rate);
+        self
+    }
+    /// The quality governor: the context moves its gating threshold to hold what gating costs at
+    /// `target`, a perplexity rise ("1%", "0.5%") or "kl:0.01" nats per token. Needs
+    /// "sensitivity" or "cache-aware" gating, whose profile then becomes optional.
+    pub fn quality_target(mut self, target: &str) -> Self {
+        self.quality_target = Some(target.into());
+        self
+    }
+    /// The thresholds the governor may use (min >= 0, max >= min).
+    pub fn quality_bounds(mut self, min: f64, max: f64) -> Self {
+        self.quality_bounds = Some((min, max));
         self
     }
 }
@@ -86,6 +107,16 @@ impl Context {
             }
             if let Some(n) = params.n_seq {
                 check(sys::moelite_context_params_set_n_seq(raw.0.as_ptr(), n))?;
+            }
+            if let Some(rate) = params.quality_sample {
+                check(sys::moelite_context_params_set_quality_meter(raw.0.as_ptr(), rate))?;
+            }
+            if let Some(t) = &params.quality_target {
+                let t = c_string("quality target", t)?;
+                check(sys::moelite_context_params_set_quality_target(raw.0.as_ptr(), t.as_ptr()))?;
+            }
+            if let Some((min, max)) = params.quality_bounds {
+                check(sys::moelite_context_params_set_quality_bounds(raw.0.as_ptr(), min, max))?;
             }
         }
         let mut out: *mut sys::moelite_context = std::ptr::null_mut();
@@ -198,6 +229,15 @@ impl Context {
         let mut s = ExpertStats::raw_zeroed();
         check(unsafe { sys::moelite_context_expert_stats(self.ptr.as_ptr(), layer.unwrap_or(-1), &mut s) })?;
         Ok(ExpertStats::from(s))
+    }
+
+    /// What lossy gating cost this context so far: the quality meter's KL and top-1 agreement
+    /// against exact routing, the sensitivity model's predicted loss, the governor's threshold
+    /// and target. All zero with exact gating.
+    pub fn quality_stats(&self) -> Result<QualityStats> {
+        let mut s = QualityStats::raw_zeroed();
+        check(unsafe { sys::moelite_context_quality_stats(self.ptr.as_ptr(), &mut s) })?;
+        Ok(QualityStats::from(s))
     }
 
     pub fn reset_expert_stats(&mut self) {

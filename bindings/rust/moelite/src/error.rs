@@ -23,6 +23,7 @@ impl Status {
     pub const BACKEND_UNAVAILABLE: Status = Status(sys::MOELITE_ERR_BACKEND_UNAVAILABLE);
     pub const BUDGET_TOO_SMALL: Status = Status(sys::MOELITE_ERR_BUDGET_TOO_SMALL);
     pub const NOT_IMPLEMENTED: Status = Status(sys::MOELITE_ERR_NOT_IMPLEMENTED);
+    pub const BAD_PROFILE: Status = Status(sys::MOELITE_ERR_BAD_PROFILE);
     pub const CONTEXT_FULL: Status = Status(sys::MOELITE_ERR_CONTEXT_FULL);
     pub const BAD_TOKEN: Status = Status(sys::MOELITE_ERR_BAD_TOKEN);
     pub const ABORTED: Status = Status(sys::MOELITE_ERR_ABORTED);

@@ -57,7 +57,7 @@ pub use generate::{GenerateParams, GenerateStats, Generation, Sampler, StopReaso
 pub use model::{Backend, Budget, ChatMessage, Model, ModelKey, ModelParams};
 pub use queue::{Queue, QueueEvent, RequestState};
 pub use moelite_sys as sys;
-pub use stats::ExpertStats;
+pub use stats::{ExpertStats, QualityStats};
 
 /// The linked library's version, "MAJOR.MINOR.PATCH".
 pub fn version() -> String {

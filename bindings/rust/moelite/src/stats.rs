@@ -1,4 +1,5 @@
-//! The expert store's counters (`moelite_expert_stats`), as plain Rust data.
+//! The expert store's counters (`moelite_expert_stats`) and what lossy gating cost
+//! (`moelite_quality_stats`), as plain Rust data.
 use moelite_sys as sys;
 
 /// Counters of the expert store (see `moelite_expert_stats` in the header).
@@ -72,6 +73,77 @@ impl From<sys::moelite_expert_stats> for ExpertStats {
             routed_tokens: s.routed_tokens,
             routed_experts: s.routed_experts,
             read_busy_seconds: s.read_busy_seconds,
+        }
+    }
+}
+
+/// What lossy gating cost a context (see `moelite_quality_stats` in the header): measured by the
+/// quality meter on sampled tokens against exact routing, predicted by the sensitivity model on
+/// every token; the governor's threshold and target. All zero with exact gating.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QualityStats {
+    /// Tokens evaluated with lossy gating.
+    pub gated_tokens: u64,
+    /// The sensitivity model's loss per token (0 with "score" gating, which has no sensitivities).
+    pub predicted_loss: f64,
+    /// Next-token distributions compared with exact routing.
+    pub metered_tokens: u64,
+    /// Their mean KL(exact || gated), nats per token.
+    pub kl_mean: f64,
+    pub kl_stderr: f64,
+    /// Share of metered tokens whose most likely token is the same.
+    pub top1_agreement: f64,
+    pub top1_stderr: f64,
+    /// The predicted loss per token of the metered tokens alone.
+    pub predicted_loss_metered: f64,
+    /// Exact passes run (one per metered step) and their time.
+    pub meter_evaluations: u64,
+    pub meter_seconds: f64,
+    /// The gating threshold in use now (the governor's, or the model's).
+    pub threshold: f64,
+    /// The governor's target in nats per token (0: no governor).
+    pub target_kl: f64,
+    /// The governor's estimate of measured KL per unit of predicted loss.
+    pub kl_per_predicted: f64,
+}
+
+impl QualityStats {
+    pub(crate) fn raw_zeroed() -> sys::moelite_quality_stats {
+        sys::moelite_quality_stats {
+            struct_size: std::mem::size_of::<sys::moelite_quality_stats>(),
+            gated_tokens: 0,
+            predicted_loss: 0.0,
+            metered_tokens: 0,
+            kl_mean: 0.0,
+            kl_stderr: 0.0,
+            top1_agreement: 0.0,
+            top1_stderr: 0.0,
+            predicted_loss_metered: 0.0,
+            meter_evaluations: 0,
+            meter_seconds: 0.0,
+            threshold: 0.0,
+            target_kl: 0.0,
+            kl_per_predicted: 0.0,
+        }
+    }
+}
+
+impl From<sys::moelite_quality_stats> for QualityStats {
+    fn from(s: sys::moelite_quality_stats) -> Self {
+        QualityStats {
+            gated_tokens: s.gated_tokens,
+            predicted_loss: s.predicted_loss,
+            metered_tokens: s.metered_tokens,
+            kl_mean: s.kl_mean,
+            kl_stderr: s.kl_stderr,
+            top1_agreement: s.top1_agreement,
+            top1_stderr: s.top1_stderr,
+            predicted_loss_metered: s.predicted_loss_metered,
+            meter_evaluations: s.meter_evaluations,
+            meter_seconds: s.meter_seconds,
+            threshold: s.threshold,
+            target_kl: s.target_kl,
+            kl_per_predicted: s.kl_per_predicted,
         }
     }
 }
