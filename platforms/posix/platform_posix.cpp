@@ -33,6 +33,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <set>
 #include <utility>
@@ -189,7 +190,9 @@ void remove_stale_temporaries(const std::string& target) {
   const size_t slash = target.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : target.substr(0, slash == 0 ? 1 : slash);
   const std::string prefix = (slash == std::string::npos ? target : target.substr(slash + 1)) + ".tmp-";
-  DIR* d = ::opendir(dir.c_str());
+  // Closed on every way out: the strings below may throw (out of memory) between opendir and closedir.
+  std::unique_ptr<DIR, int (*)(DIR*)> dir_handle(::opendir(dir.c_str()), ::closedir);
+  DIR* d = dir_handle.get();
   if (!d) return;
   auto digits = [](const char* c) {
     if (!*c) return false;
@@ -206,7 +209,6 @@ void remove_stale_temporaries(const std::string& target) {
     if (end == rest || *end != '-' || pid <= 0 || !digits(end + 1) || pid == static_cast<long>(getpid())) continue;
     if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) (void)::unlinkat(dirfd(d), name.c_str(), 0);
   }
-  ::closedir(d);
 }
 
 // Writes into an existing special file (a device, a FIFO, a socket) instead of replacing it.

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <cstdlib>
+#include <memory>
 
 namespace {
 
@@ -27,7 +28,9 @@ bool peer_of(int fd, std::string* addr, int* port) {
 
 ConnectionWatch::ConnectionWatch(const std::string& remote_addr, int remote_port) {
   if (remote_addr.empty() || remote_port <= 0) return;
-  DIR* dir = opendir("/proc/self/fd");
+  // Closed on every way out (the strings below may throw).
+  std::unique_ptr<DIR, int (*)(DIR*)> handle(opendir("/proc/self/fd"), closedir);
+  DIR* dir = handle.get();
   if (!dir) return;
   while (dirent* e = readdir(dir)) {
     char* end = nullptr;
@@ -40,7 +43,6 @@ ConnectionWatch::ConnectionWatch(const std::string& remote_addr, int remote_port
       break;
     }
   }
-  closedir(dir);
 }
 
 bool ConnectionWatch::closed() {
