@@ -229,20 +229,33 @@ Status write_into_special(const std::string& path, const std::string& target, mo
   return MOELITE_OK;
 }
 
+// Where a write to `path` lands (write_file_atomic's rule): the end of its chain of links, and what
+// is there now (*exists false: nothing yet). MOELITE_ERR_IO for a loop of links or a directory.
+Status resolve_output(const std::string& path, std::string* target, struct stat* now, bool* exists) {
+  if (!follow_links(path, target))
+    return fail(MOELITE_ERR_IO, "cannot write '%s': too many levels of symbolic links", path.c_str());
+  *exists = ::stat(target->c_str(), now) == 0;
+  if (*exists && S_ISDIR(now->st_mode)) return fail(MOELITE_ERR_IO, "cannot write '%s': it is a directory", path.c_str());
+  return MOELITE_OK;
+}
+
+// A temporary file's name beside `target`, of this process and call: two writers of one path never
+// share one, and remove_stale_temporaries recognises it once its process is gone.
+std::string temporary_path(const std::string& target) {
+  static std::atomic<uint64_t> counter{0};
+  return target + ".tmp-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+}
+
 }  // namespace
 
 Status write_file_atomic(const std::string& path, const WritePiece* pieces, size_t n_pieces) {
   std::string target;
-  if (!follow_links(path, &target))
-    return fail(MOELITE_ERR_IO, "cannot write '%s': too many levels of symbolic links", path.c_str());
   struct stat old;
-  const bool exists = ::stat(target.c_str(), &old) == 0;
-  if (exists && S_ISDIR(old.st_mode)) return fail(MOELITE_ERR_IO, "cannot write '%s': it is a directory", path.c_str());
+  bool exists = false;
+  MOELITE_TRY(resolve_output(path, &target, &old, &exists));
   if (exists && !S_ISREG(old.st_mode)) return write_into_special(path, target, old.st_mode, pieces, n_pieces);
   remove_stale_temporaries(target);
-  // A name of this process and call: two writers of one path never share a temporary file.
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp = target + ".tmp-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+  const std::string tmp = temporary_path(target);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, exists ? 0600 : 0666);
   if (fd < 0) return fail(MOELITE_ERR_IO, "cannot write '%s': %s", tmp.c_str(), strerror(errno));
   int err = write_pieces(fd, pieces, n_pieces);
@@ -264,11 +277,9 @@ Status write_file_atomic(const std::string& path, const WritePiece* pieces, size
 
 Status check_writable(const std::string& path) {
   std::string target;
-  if (!follow_links(path, &target))
-    return fail(MOELITE_ERR_IO, "cannot write '%s': too many levels of symbolic links", path.c_str());
   struct stat old;
-  const bool exists = ::stat(target.c_str(), &old) == 0;
-  if (exists && S_ISDIR(old.st_mode)) return fail(MOELITE_ERR_IO, "cannot write '%s': it is a directory", path.c_str());
+  bool exists = false;
+  MOELITE_TRY(resolve_output(path, &target, &old, &exists));
   if (exists && S_ISFIFO(old.st_mode)) return MOELITE_OK;
   if (exists && !S_ISREG(old.st_mode)) {
     const int fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
@@ -277,8 +288,7 @@ Status check_writable(const std::string& path) {
     return MOELITE_OK;
   }
   // A regular file is replaced by a rename in its directory: a temporary file there must be possible.
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp = target + ".tmp-" + std::to_string(getpid()) + "-check-" + std::to_string(counter++);
+  const std::string tmp = temporary_path(target);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return fail(MOELITE_ERR_IO, "cannot write '%s': %s", path.c_str(), strerror(errno));
   ::close(fd);
