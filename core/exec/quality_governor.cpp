@@ -59,7 +59,6 @@ void QualityGovernor::on_evaluated(int32_t n, double predicted) {
   // Nothing dropped yet (level 0): grow at the fastest allowed rate.
   const double factor = level_ > 0 ? std::clamp(std::pow(aim / level_, kGain), 0.5, 2.0) : 2.0;
   threshold_ = std::clamp(threshold_ * factor, min_, max_);
-  if (threshold_ == 0.0 && max_ > 0.0) threshold_ = std::min(max_, target_ * kStartFraction);  // never stuck at 0
 }
 
 void QualityGovernor::on_metered(int32_t n, double kl, double predicted) {
