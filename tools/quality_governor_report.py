@@ -25,14 +25,14 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from adaptive_report import run_json as untimed_run_json  # noqa: E402
 
 
 def run_json(cmd):
+    """adaptive_report's run_json, with the command's wall time as "seconds"."""
     t0 = time.monotonic()
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit("failed: %s\n%s" % (" ".join(cmd), r.stderr))
-    d = json.loads(r.stdout.strip().splitlines()[-1])
+    d = untimed_run_json(cmd)
     d["seconds"] = time.monotonic() - t0
     return d
 
