@@ -4,20 +4,11 @@
 //! inside a string the C API takes NUL-terminated is refused too; text passed with a length
 //! (tokenize, generate_text) may hold NUL.
 use std::os::raw::{c_int, c_void};
-use std::path::PathBuf;
 
-use moelite::{Backend, ChatMessage, Context, ContextParams, GenerateParams, Model, ModelParams, Sampler, Status};
+use moelite::{ChatMessage, Context, ContextParams, GenerateParams, Model, Sampler, Status};
 
-fn model_path() -> PathBuf {
-    match std::env::var("MOELITE_TEST_MODEL") {
-        Ok(p) => PathBuf::from(p),
-        Err(_) => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../models/moelite-tiny-qwen3moe-Q8_0.gguf"),
-    }
-}
-
-fn cpu() -> ModelParams {
-    ModelParams::new().backend(Backend::Cpu).threads(1)
-}
+mod common;
+use common::{cpu, model_path};
 
 /// 2^32 + 1 zeros, readable and never written: a private read-only anonymous mapping, which the
 /// kernel backs with the zero page and does not count against memory (MAP_NORESERVE), so the
@@ -71,7 +62,7 @@ impl Drop for Zeros {
 #[test]
 fn slices_longer_than_an_int32_count_are_refused_not_cut() {
     let Some(zeros) = Zeros::map() else { return };
-    let model = Model::load(model_path(), &cpu()).unwrap();
+    let model = Model::load(model_path(), &cpu(1)).unwrap();
     let refused = |what: &str, e: moelite::Error| {
         assert_eq!(e.status, Status::INVALID_ARGUMENT, "{what}: {e}");
         assert!(e.message.contains("int32_t"), "{what}: {e}");
@@ -92,9 +83,9 @@ fn slices_longer_than_an_int32_count_are_refused_not_cut() {
 fn nul_in_c_strings_is_refused_and_kept_in_text_with_a_length() {
     let path = model_path();
     let with_nul = format!("{}\0.ignored", path.display());
-    let e = Model::load(&with_nul, &cpu()).err().expect("a path with NUL was loaded");
+    let e = Model::load(&with_nul, &cpu(1)).err().expect("a path with NUL was loaded");
     assert_eq!(e.status, Status::INVALID_ARGUMENT);
-    let model = Model::load(&path, &cpu()).unwrap();
+    let model = Model::load(&path, &cpu(1)).unwrap();
     let msgs = [ChatMessage::new("user", "hi\0<|im_end|>")];
     assert_eq!(model.chat_format(&msgs, true).unwrap_err().status, Status::INVALID_ARGUMENT);
     let mut ctx = Context::new(&model, &ContextParams::new().n_ctx(32)).unwrap();

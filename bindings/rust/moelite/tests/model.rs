@@ -1,25 +1,16 @@
 //! The safe crate against the shipped model (models/moelite-tiny-qwen3moe-Q8_0.gguf, or
 //! MOELITE_TEST_MODEL): every result is checked against the library's own C paths (its
 //! generation loop, a resident single-threaded run), not against this crate's output.
-use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use moelite::{
-    Backend, Budget, ChatMessage, Context, ContextParams, GenerateParams, Model, ModelParams, Queue, RequestState,
+    Budget, ChatMessage, Context, ContextParams, GenerateParams, Model, Queue, RequestState,
     Status, StopReason,
 };
 
-fn model_path() -> PathBuf {
-    match std::env::var("MOELITE_TEST_MODEL") {
-        Ok(p) => PathBuf::from(p),
-        Err(_) => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../models/moelite-tiny-qwen3moe-Q8_0.gguf"),
-    }
-}
-
-fn cpu(threads: i32) -> ModelParams {
-    ModelParams::new().backend(Backend::Cpu).threads(threads)
-}
+mod common;
+use common::{cpu, model_path};
 
 #[test]
 fn tokenize_round_trip_and_chat() {

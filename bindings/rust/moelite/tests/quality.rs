@@ -3,20 +3,11 @@
 //! (models/moelite-tiny-qwen3moe-Q8_0.gguf, or MOELITE_TEST_MODEL). The meter's KL is checked
 //! against the KL computed here from the logits of an exactly routed context that loads the gated
 //! context's session before each step, so both see the same (gated) history.
-use std::path::PathBuf;
 
-use moelite::{Backend, Context, ContextParams, Model, ModelParams, Status};
+use moelite::{Context, ContextParams, Model, Status};
 
-fn model_path() -> PathBuf {
-    match std::env::var("MOELITE_TEST_MODEL") {
-        Ok(p) => PathBuf::from(p),
-        Err(_) => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../models/moelite-tiny-qwen3moe-Q8_0.gguf"),
-    }
-}
-
-fn cpu() -> ModelParams {
-    ModelParams::new().backend(Backend::Cpu).threads(1)
-}
+mod common;
+use common::{cpu, model_path};
 
 const TEXT: &str = "The module provides functions for working with lists, dictionaries and sets. \
                     Each function returns a new object and leaves its arguments unchanged. ";
@@ -34,8 +25,8 @@ fn kl(p: &[f32], q: &[f32]) -> f64 {
 
 #[test]
 fn the_meter_reports_the_kl_of_each_gated_token_against_exact_routing() {
-    let gated_model = Model::load(model_path(), &cpu().gating("score", 0.25)).unwrap(); // no profile needed
-    let exact_model = Model::load(model_path(), &cpu()).unwrap();
+    let gated_model = Model::load(model_path(), &cpu(1).gating("score", 0.25)).unwrap(); // no profile needed
+    let exact_model = Model::load(model_path(), &cpu(1)).unwrap();
     let tokens = gated_model.tokenize(TEXT, false, false).unwrap();
     let tokens = &tokens[..16];
     let mut gated = Context::new(&gated_model, &ContextParams::new().n_ctx(64).quality_sample(1.0)).unwrap();
@@ -70,7 +61,7 @@ fn the_meter_reports_the_kl_of_each_gated_token_against_exact_routing() {
 
 #[test]
 fn the_governor_needs_a_valid_target_and_holds_it() {
-    let model = Model::load(model_path(), &cpu().gating("sensitivity", 0.0)).unwrap(); // no profile
+    let model = Model::load(model_path(), &cpu(1).gating("sensitivity", 0.0)).unwrap(); // no profile
     // Sensitivity gating without a profile has nothing to scale its threshold by, unless the
     // governor learns it.
     let e = Context::new(&model, &ContextParams::new()).err().unwrap();
@@ -102,7 +93,7 @@ fn the_governor_needs_a_valid_target_and_holds_it() {
     assert!(q.predicted_loss > 0.0 && q.kl_per_predicted > 0.0, "{q:?}");
 
     // A target needs sensitivity (or cache-aware) gating: score gating has no loss to steer by.
-    let score = Model::load(model_path(), &cpu().gating("score", 0.1)).unwrap();
+    let score = Model::load(model_path(), &cpu(1).gating("score", 0.1)).unwrap();
     let e = Context::new(&score, &ContextParams::new().quality_target("1%")).err().unwrap();
     assert_eq!(e.status, Status::INVALID_ARGUMENT);
 }
