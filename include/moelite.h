@@ -765,8 +765,9 @@ MOELITE_API moelite_status moelite_context_params_set_routing_callback(moelite_c
  *  on a share `sample_rate` in [0, 1] of the decode steps (0: off, the default), the context
  *  evaluates the step's tokens a second time with exact routing over the same history and compares
  *  the two next-token distributions (KL divergence, agreement of the most likely token); see
- *  moelite_context_quality_stats. Which steps are sampled is a hash of the sequence and position:
- *  the same inputs meter the same tokens, whatever the timing. A metered step costs one more
+ *  moelite_context_quality_stats. Which steps are sampled is a hash of the sequence, the position
+ *  and the count of tokens the context evaluated before: the same inputs meter the same tokens,
+ *  whatever the timing. A metered step costs one more
  *  evaluation, reading the experts exact routing needs; the context keeps the gated results (the
  *  exact pass's cache rows are put back), though under a budget the experts it read stay in the
  *  cache like any others. Steps of prompt prefill are not metered. MOELITE_ERR_INVALID_ARGUMENT

@@ -448,7 +448,8 @@ Status Context::eval_seqs(const int32_t* tokens, const int32_t* seq_ids, const u
       st = eval_batch(batch_tokens.data(), n, head_rows.data(), static_cast<int32_t>(head_rows.size()), batch_logits);
       // The quality meter takes decode steps (a token per sequence) at sampled positions.
       bool metered = st == MOELITE_OK && gated && opts_.quality_sample_rate > 0.0 && !head_rows.empty() &&
-                     quality_meter_samples(opts_.quality_sample_rate, s.segments[0].seq, s.segments[0].pos0);
+                     quality_meter_samples(opts_.quality_sample_rate, s.segments[0].seq, s.segments[0].pos0,
+                                           quality_.tokens);
       for (const AttentionSegment& g : s.segments) metered = metered && g.n == 1;
       if (metered)
         st = meter_batch(batch_tokens.data(), n, head_rows.data(), static_cast<int32_t>(head_rows.size()),

@@ -14,10 +14,10 @@ uint64_t mix(uint64_t x) {  // splitmix64's finaliser: a position's bits spread 
 }
 }  // namespace
 
-bool quality_meter_samples(double rate, int32_t seq, int32_t pos) {
+bool quality_meter_samples(double rate, int32_t seq, int32_t pos, uint64_t step) {
   if (!(rate > 0.0)) return false;
   if (rate >= 1.0) return true;
-  const uint64_t h = mix((static_cast<uint64_t>(static_cast<uint32_t>(seq)) << 32) | static_cast<uint32_t>(pos));
+  const uint64_t h = mix(mix((static_cast<uint64_t>(static_cast<uint32_t>(seq)) << 32) | static_cast<uint32_t>(pos)) ^ step);
   return static_cast<double>(h >> 11) * 0x1.0p-53 < rate;
 }
 

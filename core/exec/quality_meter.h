@@ -1,8 +1,10 @@
 // The quality meter: what lossy gating (sensitivity, score or cache-aware, with substitution)
 // costs against exact routing, measured while it runs.
 //
-// On a deterministic sample of the decoded tokens -- a hash of the sequence and the position, so
-// the same inputs meter the same tokens, never a matter of timing -- the context evaluates the
+// On a deterministic sample of the decoded tokens -- a hash of the sequence, the position and the
+// count of tokens evaluated before, so the same inputs meter the same tokens, never a matter of
+// timing, and a text evaluated window after window from position 0 is not metered at the same
+// few positions of every window -- the context evaluates the
 // token a second time with exact routing, over the same (gated) history, and compares the two
 // next-token distributions: the KL divergence KL(exact || gated) and whether their most likely
 // tokens agree. That exact pass reads the experts it needs (paid for, its time counted), writes
@@ -14,8 +16,9 @@
 
 namespace moelite {
 
-// Whether the token at `pos` of sequence `seq` is metered at sampling rate `rate` in [0, 1].
-bool quality_meter_samples(double rate, int32_t seq, int32_t pos);
+// Whether the token at `pos` of sequence `seq`, the context's `step`th gated token, is metered at
+// sampling rate `rate` in [0, 1].
+bool quality_meter_samples(double rate, int32_t seq, int32_t pos, uint64_t step);
 
 struct NextTokenComparison {
   double kl = 0.0;         // KL(exact || approximate), nats
