@@ -558,6 +558,32 @@ MOELITE_API moelite_status moelite_model_meta_value(const moelite_model* model, 
  *  DRAM bandwidth instead) or cannot measure, MOELITE_ERR_OUT_OF_MEMORY, MOELITE_ERR_BACKEND. */
 MOELITE_API moelite_status moelite_model_measure_device_bandwidth(moelite_model* model, double* gb_per_s);
 
+/** How fast the model's storage delivers experts read the way the expert store reads them under a
+ *  budget: each expert as three reads (its gate, up and down matrices, widened to 4 KiB blocks
+ *  where the file opens with O_DIRECT), four experts per submission, one submission in flight per
+ *  loader thread (MOELITE_IO_THREADS, default 2), through the store's reader (io_uring where
+ *  available). The experts are random ones of random layers, the same for the same file. This is
+ *  the speed a storage bound should divide by: large sequential reads at a depth of one or two
+ *  (dd, most probes) can be much faster or slower than these. Set struct_size to
+ *  sizeof(moelite_expert_read_probe); fields beyond it are not written. */
+typedef struct moelite_expert_read_probe {
+  size_t struct_size;
+  double read_gb_per_s;     /* bytes landed per second, all loaders together */
+  double reads_per_s;       /* read requests completed per second */
+  double read_bytes;        /* mean bytes of a read request as issued */
+  int32_t reads_in_flight;  /* the most at once: loaders x 4 experts x 3 */
+  double copy_gb_per_s;     /* one DRAM copy of expert-sized pieces, where a copy follows the read
+                               (buffered reads, an upload to a device) */
+} moelite_expert_read_probe;
+/*  Reads about `bytes` (0: 256 MiB; at least one submission per loader) and then copies 128 MiB;
+ *  `model` may come from moelite_model_inspect (nothing is loaded) or moelite_model_load, and
+ *  nothing of it changes; the reads compete with any evaluation running meanwhile. Buffers: four
+ *  experts per loader plus twice 128 MiB for the copy. Errors: MOELITE_ERR_INVALID_ARGUMENT (NULL
+ *  model or out, struct_size unset, a model without routed experts), MOELITE_ERR_IO (a read
+ *  failed), MOELITE_ERR_OUT_OF_MEMORY, MOELITE_ERR_SYSTEM_LIMIT (no thread). Thread-safe. */
+MOELITE_API moelite_status moelite_model_measure_expert_reads(const moelite_model* model, uint64_t bytes,
+                                                              moelite_expert_read_probe* out);
+
 /** Starts recording a timeline of this model's work to `path`, in the Chrome trace-event format
  *  (JSON that Perfetto, ui.perfetto.dev, and chrome://tracing open): every context's evaluations
  *  ("evaluate": tokens), each layer ("layer": layer; the time its routing and experts leave is

@@ -19,6 +19,11 @@ struct ReadRange {
   uint64_t needed = 0;  // bytes that must arrive (the rest may lie past end of file)
 };
 
+// A read of the `bytes` at `offset` into `dst`: as asked, or, for a file opened with O_DIRECT,
+// widened to whole blocks of kDirectIoAlignment (dst then receives the first block's start, which
+// may lie before `offset`, and the file may end inside the last block).
+ReadRange file_read_range(int fd, uint64_t offset, uint64_t bytes, void* dst, bool direct);
+
 class BatchReader {
  public:
   virtual ~BatchReader() = default;

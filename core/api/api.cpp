@@ -15,6 +15,7 @@
 #include "core/exec/runtime.h"
 #include "core/experts/cache_policy.h"
 #include "core/experts/expert_budget.h"
+#include "core/experts/expert_read_probe.h"
 #include "core/experts/expert_store.h"
 #include "core/experts/memory_plan.h"
 #include "core/experts/predictor.h"
@@ -583,6 +584,30 @@ MOELITE_API moelite_status moelite_model_measure_device_bandwidth(moelite_model*
     if (!model->runtime) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: a vocabulary-only or inspected model has no device", api_fn);
     std::lock_guard<std::mutex> lock(model->runtime->eval_mutex);  // the backend is shared by the contexts
     return model->runtime->backend->measure_memory_bandwidth(gb_per_s);
+  });
+}
+
+MOELITE_API moelite_status moelite_model_measure_expert_reads(const moelite_model* model, uint64_t bytes,
+                                                              moelite_expert_read_probe* out) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!model) return null_arg(api_fn, "model");
+    if (!out || out->struct_size < sizeof(size_t))
+      return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: out->struct_size must be set", api_fn);
+    int32_t loaders = moelite::ExpertStoreOptions().io_threads;  // as the store's (core/exec/runtime.cpp)
+    if (int64_t v = 0; moelite::option_int(moelite::Option::IoThreads, &v)) loaders = static_cast<int32_t>(v);
+    moelite::ExpertReadProbe p;
+    MOELITE_TRY(moelite::probe_expert_reads(*model->impl, loaders, bytes ? bytes : uint64_t{256} << 20, &p));
+    moelite_expert_read_probe r;
+    memset(&r, 0, sizeof r);
+    r.struct_size = out->struct_size;
+    r.read_gb_per_s = p.gb_per_s;
+    r.reads_per_s = p.reads_per_s;
+    r.read_bytes = p.read_bytes;
+    r.reads_in_flight = p.reads_in_flight;
+    r.copy_gb_per_s = p.copy_gb_per_s;
+    memcpy(out, &r, std::min(sizeof r, out->struct_size));
+    return MOELITE_OK;
   });
 }
 

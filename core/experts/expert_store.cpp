@@ -23,7 +23,6 @@ uint8_t* pool_alloc(uint64_t bytes) {
 
 void pool_free(uint8_t* p) { platform::aligned_free(p); }
 
-uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 uint64_t round_down(uint64_t v, uint64_t a) { return v / a * a; }
 constexpr uint64_t kAlign = platform::kDirectIoAlignment;
 
@@ -286,9 +285,9 @@ Status ExpertStore::create(const Model& model, Backend& backend, const ExpertMem
   try {
     (void)platform::little_cores();  // computed once; a loader only reads it
     for (int32_t t = 0; t < n_loaders; ++t) {
-      s->loader_readers_.push_back(platform::BatchReader::create(3 * kMaxBatchExperts));
+      s->loader_readers_.push_back(platform::BatchReader::create(3 * kLoaderBatchExperts));
       s->loader_batches_.emplace_back();
-      s->loader_batches_.back().reserve(kMaxBatchExperts);  // never grows after this
+      s->loader_batches_.back().reserve(kLoaderBatchExperts);  // never grows after this
     }
   } catch (const std::bad_alloc&) {
     return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory preparing %d expert loader(s)", n_loaders);
@@ -791,12 +790,12 @@ void ExpertStore::loader_main(platform::BatchReader& reader, std::vector<Load>& 
       work_cv_.wait(lock, [&] { return stop_ || !demand_q_.empty() || !spec_q_.empty(); });
       if (stop_) return;
       // Demand before speculation; every demand load queued so far in one submission (up to
-      // kMaxBatchExperts). A routing queues its misses together and wakes every loader, but on a
+      // kLoaderBatchExperts). A routing queues its misses together and wakes every loader, but on a
       // machine whose cores all compute, the first loader to get a CPU can be the only one for a
       // few milliseconds (a trace of a 2-core decode at a 50 % budget: the second of two misses
       // started 1-2 ms after the first). Speculative loads go one at a time.
       std::deque<Request>& q = demand_q_.empty() ? spec_q_ : demand_q_;
-      const size_t take = &q == &demand_q_ ? kMaxBatchExperts : 1;
+      const size_t take = &q == &demand_q_ ? kLoaderBatchExperts : 1;
       while (!q.empty() && batch.size() < take) {
         const Slot& s = slots_[static_cast<size_t>(q.front().slot)];
         batch.push_back({q.front().slot, s.layer, s.expert, s.client, s.queued_us, s.speculative, false});  // reserved
@@ -848,13 +847,8 @@ void ExpertStore::load_batch(platform::BatchReader& reader, std::vector<Load>& l
     uint8_t* mem = slots_[static_cast<size_t>(loads[k].slot)].mem;
     for (int c = 0; c < 3; ++c) {
       const uint64_t off = p.file_offset[c] + p.stride[c] * static_cast<uint64_t>(loads[k].expert);
-      uint64_t begin = off, end = off + p.bytes[c];
-      if (file_.is_direct()) {
-        begin = round_down(off, kAlign);
-        end = round_up(end, kAlign);
-      }
-      ranges[3 * k + static_cast<size_t>(c)] = {file_.native_handle(), begin, mem + p.slot_offset[c], end - begin,
-                                                off + p.bytes[c] - begin};
+      ranges[3 * k + static_cast<size_t>(c)] =
+          platform::file_read_range(file_.native_handle(), off, p.bytes[c], mem + p.slot_offset[c], file_.is_direct());
     }
   }
   // gate/up are usable before down arrives: publish how many leading chunks of an expert are in.

@@ -31,6 +31,11 @@ namespace moelite {
 class StoreClient;
 class TimelineRecorder;
 
+// Demand loads a loader takes in one submission (each expert three reads: gate, up, down): a
+// routing's misses all start at once, even when the other loaders wait for a CPU behind the
+// compute threads. The storage probe (expert_read_probe.h) reads in the same shape.
+constexpr size_t kLoaderBatchExperts = 4;
+
 // How the store runs, beside the memory plan that sizes it.
 struct ExpertStoreOptions {
   std::string policy = "lru";  // cache_policy.h
@@ -266,9 +271,6 @@ class ExpertStore final : public ExpertSource {
   // A loader thread: takes queued loads into `batch` (reserved, never grows) and reads them.
   void loader_main(platform::BatchReader& reader, std::vector<Load>& batch) noexcept;
   void end_busy_locked(bool* busy);
-  // Demand loads a loader takes in one submission: a routing's misses all start at once, even
-  // when the other loaders wait for a CPU behind the compute threads.
-  static constexpr size_t kMaxBatchExperts = 4;
   ExpertWeights view(const Slot& s) const;
   static void clear_slot(Slot* s);  // back to Free, keeping its memory
 
@@ -300,7 +302,7 @@ class ExpertStore final : public ExpertSource {
   std::deque<Request> demand_q_, spec_q_;
   int32_t batches_in_flight_ = 0;  // read-busy time: batches being read, since when, how long
   double busy_since_ = 0.0, busy_seconds_ = 0.0;
-  // One reader and one batch (capacity kMaxBatchExperts) per loader, made before the threads.
+  // One reader and one batch (capacity kLoaderBatchExperts) per loader, made before the threads.
   std::vector<std::unique_ptr<platform::BatchReader>> loader_readers_;
   std::vector<std::vector<Load>> loader_batches_;
   std::vector<std::thread> loaders_;

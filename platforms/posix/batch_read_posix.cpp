@@ -1,6 +1,7 @@
 #include "base/options.h"
 #include "base/status.h"
 #include "platforms/batch_read.h"
+#include "platforms/platform.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -18,6 +19,15 @@
 #endif
 
 namespace moelite::platform {
+
+ReadRange file_read_range(int fd, uint64_t offset, uint64_t bytes, void* dst, bool direct) {
+  uint64_t begin = offset, end = offset + bytes;
+  if (direct) {
+    begin = begin / kDirectIoAlignment * kDirectIoAlignment;
+    end = (end + kDirectIoAlignment - 1) / kDirectIoAlignment * kDirectIoAlignment;
+  }
+  return {fd, begin, dst, end - begin, offset + bytes - begin};
+}
 
 namespace {
 

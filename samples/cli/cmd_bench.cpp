@@ -286,7 +286,23 @@ struct BenchModel {
   int64_t active = 0, budget = 0, budget_auto = 0, expert_bytes = 0, dense_bytes = 0, pool_bytes = 0,
           store_peak_bytes = 0, expert_slots = 0;
   double device_gbs = 0;  // a GPU's memory bandwidth, measured through the model's backend (0: CPU)
+  moelite_expert_read_probe read_probe{};  // under a budget: the storage at the store's reads
 };
+
+// Under a budget: the storage probed with the store's reads (moelite_model_measure_expert_reads)
+// through an inspected copy of the model, the loaded one being freed by then.
+void probe_storage(BenchModel* m) {
+  moelite_model* inspected = nullptr;
+  m->read_probe = moelite_expert_read_probe{};
+  m->read_probe.struct_size = sizeof m->read_probe;
+  moelite_status st = moelite_model_inspect(m->path.c_str(), &inspected);
+  if (st == MOELITE_OK) st = moelite_model_measure_expert_reads(inspected, uint64_t{512} << 20, &m->read_probe);
+  if (st != MOELITE_OK) {
+    fprintf(stderr, "warning: the storage probe: %s\n", moelite_last_error());
+    m->read_probe = moelite_expert_read_probe{};
+  }
+  moelite_model_free(inspected);
+}
 
 BenchModel read_bench_model(moelite_model* model, const Args& args) {
   BenchModel m;
@@ -325,6 +341,10 @@ struct BenchReport {
   double accuracy = 0, timeliness = 0, precision = 0, experts_per_token = 0;
   std::string layers_json;
   double probe_gbs = 0, store_gbs = 0, storage_gbs = 0, budget_bound_tps = 0;
+  moelite_expert_read_probe probe{};  // the storage probe (zeros: not taken)
+  // Per decode step under a budget, ms: the step, its waits for loads, the storage's busy time
+  // (reads in flight), what its reads take at the storage speed, and the memory bound's time.
+  double step_ms = 0, wait_ms = 0, read_busy_ms = 0, read_bound_ms = 0, memory_bound_ms = 0;
   char loads_json[64] = "null", penalty_json[64] = "null";
   moelite_quality_stats quality{};  // the quality meter over every context and run
 };
@@ -396,18 +416,33 @@ BenchReport make_report(const Args& args, const BenchSetup& b, const BenchTimes&
   }
   r.layers_json += "]";
   // Under a budget the bound also counts the misses' reads from storage, assuming they overlap
-  // perfectly with computation: a token cannot take less than either stream. The storage's speed
-  // is the faster of a probe (2 threads of 4 MiB O_DIRECT reads, taken after the runs) and what the
-  // store itself read at while it had reads in flight during the median decode run: a shared virtual
-  // disk's speed drifts by 2x between minutes, and a probe alone then made the "bound" slower than
-  // the decode it bounds. Both overstate a device that bursts after idle time (a token bucket: a
-  // cloud disk, a cgroup's throttle): the store reads fast after each idle gap and the sustained
-  // rate is lower. Where the sustained speed is known, --storage-gb-s gives it instead.
-  r.probe_gbs = m.budget > 0 && !args.has("--no-membw") ? measure_storage_bandwidth(m.path, size_t{512} << 20, 2) : 0.0;
+  // perfectly with computation: a step cannot take less than either stream. The storage's speed is
+  // the faster of a probe that reads experts the way the store does (moelite_model_measure_expert_reads:
+  // their sizes, alignment and reads in flight; taken after the runs) and what the store itself
+  // read at while it had reads in flight during the median decode run: a shared virtual disk's
+  // speed drifts by 2x between minutes, and a probe alone then made the "bound" slower than the
+  // decode it bounds. Both overstate a device that bursts after idle time (a token bucket: a cloud
+  // disk, a cgroup's throttle): the store reads fast after each idle gap and the sustained rate is
+  // lower. Where the sustained speed is known, --storage-gb-s gives it instead.
+  r.probe = m.read_probe;
+  r.probe_gbs = r.probe.read_gb_per_s;
   r.store_gbs = st.read_busy_seconds > 0 ? double(st.bytes_read) / st.read_busy_seconds / 1e9 : 0.0;
   r.storage_gbs = b.given_storage_gbs > 0 ? b.given_storage_gbs
                   : r.probe_gbs > 0       ? std::max(r.probe_gbs, r.store_gbs)
                                           : 0.0;
+  // Where a step's time went (median run, per decode step): computing, or waiting for loads (the
+  // contexts' waits overlap: shared out over them); and the storage: reading (a read in flight),
+  // of which the bound's share at the storage speed, or idle. A step above the budget bound has
+  // idle storage while loads were still to come (prediction too late, too few reads in flight) or
+  // reads slower than the storage allows (small reads, a shallow queue).
+  if (m.budget > 0 && b.n_gen > 0) {
+    const double steps = double(b.n_gen);
+    r.step_ms = 1000.0 * decode_s / steps;
+    r.wait_ms = std::min(r.step_ms, 1000.0 * st.wait_seconds / double(b.n_contexts) / steps);
+    r.read_busy_ms = std::min(r.step_ms, 1000.0 * st.read_busy_seconds / steps);
+    if (r.storage_gbs > 0) r.read_bound_ms = 1000.0 * r.read_per_token * double(b.n_seq) / (r.storage_gbs * 1e9);
+    if (r.bound_gbs > 0) r.memory_bound_ms = 1000.0 * static_cast<double>(m.active) / (r.bound_gbs * 1e9);
+  }
   if (m.budget > 0 && r.bound_gbs > 0 && r.storage_gbs > 0) {
     // Per step: at least one token's active bytes from memory, and what the step read from storage.
     const double t_mem = static_cast<double>(m.active) / (r.bound_gbs * 1e9);
@@ -453,6 +488,10 @@ void print_bench_json(const Args& args, const BenchSetup& b, const BenchModel& m
          ", \"quality\": {\"gated_tokens\": %" PRIu64 ", \"metered_tokens\": %" PRIu64 ", \"kl_mean\": %.6g"
          ", \"kl_stderr\": %.6g, \"top1_agreement\": %.6g, \"predicted_loss_metered\": %.6g, \"threshold\": %.6g"
          ", \"target_kl\": %.6g, \"meter_seconds\": %.4f}"
+         ", \"storage_probe\": {\"read_gb_s\": %.3f, \"reads_per_s\": %.1f, \"read_bytes\": %.0f"
+         ", \"reads_in_flight\": %d, \"copy_gb_s\": %.2f}"
+         ", \"step_ms\": {\"step\": %.3f, \"compute\": %.3f, \"load_wait\": %.3f, \"read_busy\": %.3f"
+         ", \"read_bound\": %.3f, \"read_idle\": %.3f, \"memory_bound\": %.3f}"
          ", \"layers\": %s}\n",
          json_escape(m.path).c_str(), m.arch.c_str(), m.expert_type.c_str(), json_escape(m.backend_name).c_str(),
          static_cast<int64_t>(m.threads), b.n_prompt, b.n_gen, b.n_seq, b.n_contexts, r.runs, r.prefill_tps,
@@ -472,7 +511,9 @@ void print_bench_json(const Args& args, const BenchSetup& b, const BenchModel& m
          args.has("-f") ? ("\"" + json_escape(args.get("-f")) + "\"").c_str() : "null", r.quality.gated_tokens,
          r.quality.metered_tokens, r.quality.kl_mean, r.quality.kl_stderr, r.quality.top1_agreement,
          r.quality.predicted_loss_metered, r.quality.threshold, r.quality.target_kl, r.quality.meter_seconds,
-         r.layers_json.c_str());
+         r.probe.read_gb_per_s, r.probe.reads_per_s, r.probe.read_bytes, r.probe.reads_in_flight, r.probe.copy_gb_per_s,
+         r.step_ms, r.step_ms - r.wait_ms, r.wait_ms, r.read_busy_ms, r.read_bound_ms, r.step_ms - r.read_busy_ms,
+         r.memory_bound_ms, r.layers_json.c_str());
 }
 
 // "[slowest .. fastest]" of the runs' tok/s.
@@ -531,6 +572,17 @@ void print_bench_text(const Args& args, const BenchSetup& b, const BenchModel& m
         "at %.0f%% of it\n",
         r.budget_bound_tps, r.storage_gbs, b.given_storage_gbs > 0 ? " as given" : "", r.probe_gbs, r.store_gbs,
         100.0 * r.decode_tps / r.budget_bound_tps);
+  if (r.probe.reads_in_flight > 0)
+    printf("storage   probe at the store's reads: %.2f GB/s, %.0f reads/s of %.0f KiB, %d in flight; a DRAM copy of "
+           "what lands %.1f GB/s\n",
+           r.probe.read_gb_per_s, r.probe.reads_per_s, r.probe.read_bytes / 1024.0, r.probe.reads_in_flight,
+           r.probe.copy_gb_per_s);
+  if (r.step_ms > 0)
+    printf("per step  %.2f ms: computing %.2f, waiting for loads %.2f | storage reading %.2f (%.2f at the storage "
+           "speed, %.2f slower), idle %.2f | bound %.2f (memory %.2f, reads %.2f)\n",
+           r.step_ms, r.step_ms - r.wait_ms, r.wait_ms, r.read_busy_ms, std::min(r.read_bound_ms, r.read_busy_ms),
+           std::max(0.0, r.read_busy_ms - r.read_bound_ms), r.step_ms - r.read_busy_ms,
+           std::max(r.memory_bound_ms, r.read_bound_ms), r.memory_bound_ms, r.read_bound_ms);
   printf("peak RSS  %.1f MiB\n", r.peak_rss / 1048576.0);
 }
 
@@ -551,12 +603,13 @@ int cmd_bench(int argc, char** argv) {
   BenchTimes times;
   if (moelite_status st = run_bench(model, setup, contexts, &times); st != MOELITE_OK) return report(st, "benchmark");
   const uint64_t peak_rss = peak_rss_bytes();  // before the bandwidth probes allocate their buffers
-  const BenchModel facts = read_bench_model(model, args);
+  BenchModel facts = read_bench_model(model, args);
   const moelite_quality_stats quality = contexts.quality();
   // The probes allocate buffers of their own (1 GiB for DRAM). The model goes first, so that under
   // a memory cap that fits the budget the peak is the larger of the two, not their sum.
   contexts.free();
   model_guard.reset();
+  if (facts.budget > 0 && !args.has("--no-membw")) probe_storage(&facts);
   BenchReport r = make_report(args, setup, times, facts, peak_rss);
   r.quality = quality;
   if (args.has("--json"))

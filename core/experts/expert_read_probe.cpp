@@ -1,0 +1,170 @@
+#include "core/experts/expert_read_probe.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "core/experts/expert_store.h"
+#include "core/model/model.h"
+#include "platforms/batch_read.h"
+#include "platforms/platform.h"
+
+namespace moelite {
+
+namespace {
+
+// One expert's three matrices in the file.
+struct ExpertChunks {
+  uint64_t offset[3], bytes[3];
+};
+
+ExpertChunks chunks_of(const LayerExperts& le, int32_t e) {
+  const ExpertWeights w = le.expert(e);
+  const WeightView* v[3] = {&w.gate, &w.up, &w.down};
+  ExpertChunks c;
+  for (int i = 0; i < 3; ++i) {
+    c.offset[i] = v[i]->file_offset;
+    c.bytes[i] = v[i]->row_bytes * static_cast<uint64_t>(v[i]->rows);
+  }
+  return c;
+}
+
+struct AlignedBuffer {
+  void* p = nullptr;
+  explicit AlignedBuffer(size_t n) : p(platform::aligned_alloc_bytes(n, platform::kDirectIoAlignment)) {}
+  ~AlignedBuffer() { platform::aligned_free(p); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+};
+
+// memcpy of expert-sized pieces between two 128 MiB buffers (well past a cache), best of two passes.
+double measure_copy(uint64_t piece) {
+  constexpr size_t kBytes = size_t{128} << 20;
+  AlignedBuffer src(kBytes), dst(kBytes);
+  if (!src.p || !dst.p) return 0.0;
+  memset(src.p, 1, kBytes);
+  memset(dst.p, 2, kBytes);
+  piece = std::clamp<uint64_t>(piece, 4096, kBytes);
+  double best = 0.0;
+  for (int pass = 0; pass < 2; ++pass) {
+    const double t0 = platform::now_seconds();
+    for (size_t at = 0; at + piece <= kBytes; at += piece)
+      memcpy(static_cast<uint8_t*>(dst.p) + at, static_cast<const uint8_t*>(src.p) + at, piece);
+    const double dt = platform::now_seconds() - t0;
+    if (dt > 0) best = std::max(best, static_cast<double>(kBytes / piece * piece) / dt / 1e9);
+  }
+  return best;
+}
+
+}  // namespace
+
+Status probe_expert_reads(const Model& model, int32_t loaders, uint64_t bytes, ExpertReadProbe* out) {
+  if (loaders < 1) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the storage probe needs at least one loader, not %d", loaders);
+  std::vector<int32_t> layers;
+  uint64_t largest = 0, total_expert_bytes = 0;
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    const LayerExperts& le = model.layers[l].experts;
+    if (!le.present()) continue;
+    layers.push_back(static_cast<int32_t>(l));
+    const ExpertChunks c = chunks_of(le, 0);
+    uint64_t slot = 0;
+    for (int i = 0; i < 3; ++i) slot += c.bytes[i] + 2 * platform::kDirectIoAlignment;  // widened to blocks
+    largest = std::max(largest, slot);
+    total_expert_bytes += c.bytes[0] + c.bytes[1] + c.bytes[2];
+  }
+  if (layers.empty() || model.hp.n_expert < 1)
+    return fail(MOELITE_ERR_INVALID_ARGUMENT, "the model has no routed experts to read");
+
+  platform::File file;
+  if (platform::File::open_direct(model.path, &file) != MOELITE_OK) {
+    clear_error();
+    MOELITE_TRY(platform::File::open(model.path, &file));
+  }
+  struct Loader {
+    std::unique_ptr<platform::BatchReader> reader;
+    std::unique_ptr<AlignedBuffer> buffer;
+    std::vector<platform::ReadRange> ranges;
+    uint64_t landed = 0, reads = 0, requested = 0;
+    Status status = MOELITE_OK;
+    std::string why;
+  };
+  std::vector<Loader> pool(static_cast<size_t>(loaders));
+  try {
+    for (Loader& d : pool) {
+      d.reader = platform::BatchReader::create(3 * kLoaderBatchExperts);
+      d.buffer = std::make_unique<AlignedBuffer>(static_cast<size_t>(largest * kLoaderBatchExperts));
+      if (!d.buffer->p) return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory for the storage probe's buffers");
+      d.ranges.reserve(3 * kLoaderBatchExperts);
+    }
+  } catch (const std::bad_alloc&) {
+    return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory for the storage probe's readers");
+  }
+  // Submissions are handed out from one counter until `bytes` are asked for; each loader picks its
+  // experts with a generator seeded by its index.
+  const uint64_t per_submission = std::max<uint64_t>(1, total_expert_bytes / layers.size() * kLoaderBatchExperts);
+  const uint64_t submissions = std::max<uint64_t>(static_cast<uint64_t>(loaders), bytes / per_submission);
+  std::atomic<uint64_t> next{0};
+  auto run = [&](size_t t) {
+    Loader& d = pool[t];
+    std::mt19937_64 rng(0x5eed + t);
+    while (next.fetch_add(1) < submissions) {
+      d.ranges.clear();
+      uint8_t* mem = static_cast<uint8_t*>(d.buffer->p);
+      for (size_t k = 0; k < kLoaderBatchExperts; ++k, mem += largest) {
+        const int32_t l = layers[rng() % layers.size()];
+        const int32_t e = static_cast<int32_t>(rng() % static_cast<uint64_t>(model.hp.n_expert));
+        const ExpertChunks c = chunks_of(model.layers[static_cast<size_t>(l)].experts, e);
+        uint64_t at = 0;
+        for (int i = 0; i < 3; ++i) {
+          d.ranges.push_back(platform::file_read_range(file.native_handle(), c.offset[i], c.bytes[i], mem + at,
+                                                       file.is_direct()));
+          at += (d.ranges.back().len + platform::kDirectIoAlignment - 1) / platform::kDirectIoAlignment *
+                platform::kDirectIoAlignment;
+          d.requested += d.ranges.back().len;
+        }
+      }
+      uint64_t got = 0;
+      d.status = d.reader->read_all(d.ranges, [](size_t) {}, &got);
+      if (d.status != MOELITE_OK) {
+        d.why = last_error_message();
+        return;
+      }
+      if (!file.is_direct())
+        for (const platform::ReadRange& r : d.ranges) file.drop_cache(r.offset, r.len);
+      d.landed += got;
+      d.reads += d.ranges.size();
+    }
+  };
+  const double t0 = platform::now_seconds();
+  std::vector<std::thread> threads;
+  try {
+    for (size_t t = 1; t < pool.size(); ++t) threads.emplace_back(run, t);
+  } catch (const std::system_error&) {
+    next = submissions;  // the started ones stop at their next submission
+    for (std::thread& th : threads) th.join();
+    return fail(MOELITE_ERR_SYSTEM_LIMIT, "the system refused a thread for the storage probe");
+  }
+  run(0);
+  for (std::thread& th : threads) th.join();
+  const double seconds = platform::now_seconds() - t0;
+  ExpertReadProbe r;
+  uint64_t landed = 0, reads = 0, requested = 0;
+  for (const Loader& d : pool) {
+    if (d.status != MOELITE_OK) return fail(d.status, "the storage probe: %s", d.why.c_str());
+    landed += d.landed, reads += d.reads, requested += d.requested;
+  }
+  r.gb_per_s = seconds > 0 ? static_cast<double>(landed) / seconds / 1e9 : 0.0;
+  r.reads_per_s = seconds > 0 ? static_cast<double>(reads) / seconds : 0.0;
+  r.read_bytes = reads ? static_cast<double>(requested) / static_cast<double>(reads) : 0.0;
+  r.reads_in_flight = loaders * static_cast<int32_t>(3 * kLoaderBatchExperts);
+  r.copy_gb_per_s = measure_copy(total_expert_bytes / layers.size());
+  r.reader = std::string(pool[0].reader->name()) + (file.is_direct() ? ", O_DIRECT" : ", buffered + fadvise(DONTNEED)");
+  *out = r;
+  return MOELITE_OK;
+}
+
+}  // namespace moelite
