@@ -72,3 +72,30 @@ def test_budgeted_run_writes_a_chrome_trace():
     assert subprocess.run(plot + ["--eval", "0"], capture_output=True, timeout=120).returncode == 0
     p = subprocess.run(plot + ["--eval", str(n_evals)], capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "the trace has %d evaluations" % n_evals in p.stderr, p.stderr
+
+
+def test_step_breakdown_of_a_hand_built_timeline():
+    """tools/step_breakdown.py against numbers worked out by hand: a step of 100 us with two
+    overlapping reads ([10, 30) and [20, 50): 40 us reading, 60 idle, 50 us x read on average 0.5
+    in flight), a wait of [40, 60) and one outside the step; a prompt of 4 tokens beside it."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    from step_breakdown import breakdown
+    events = [
+        {"name": "evaluate", "cat": "context", "ph": "X", "ts": 0, "dur": 1000, "args": {"tokens": 4}},
+        {"name": "evaluate", "cat": "context", "ph": "X", "ts": 2000, "dur": 100, "args": {"tokens": 1}},
+        {"name": "evaluate", "cat": "context", "ph": "X", "ts": 3000, "dur": 100, "args": {"tokens": 1}},
+        {"name": "read", "cat": "io", "ph": "X", "ts": 2010, "dur": 20, "args": {"bytes": 1000}},
+        {"name": "read", "cat": "io", "ph": "X", "ts": 2020, "dur": 30, "args": {"bytes": 3000}},
+        {"name": "wait for a load", "cat": "wait", "ph": "X", "ts": 2040, "dur": 20},
+        {"name": "wait for a load", "cat": "wait", "ph": "X", "ts": 2500, "dur": 20},
+    ]
+    rows, mean, tokens = breakdown(events, None)
+    assert tokens == 1 and len(rows) == 3
+    step = rows[1]
+    assert step["ms"] == pytest.approx(0.1)
+    assert step["reading_ms"] == pytest.approx(0.040) and step["idle_ms"] == pytest.approx(0.060)
+    assert step["wait_ms"] == pytest.approx(0.020) and step["compute_ms"] == pytest.approx(0.080)
+    assert step["mean_in_flight"] == pytest.approx(0.5)
+    assert step["mb_read"] == pytest.approx(0.004) and step["gb_s_while_reading"] == pytest.approx(0.1)
+    assert rows[2]["reading_ms"] == 0 and rows[2]["idle_ms"] == pytest.approx(0.1)
+    assert mean["reading_ms"] == pytest.approx(0.020)  # the two one-token steps, not the prompt

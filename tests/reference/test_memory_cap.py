@@ -78,6 +78,17 @@ def test_bench_with_budget_fits_a_cap_that_fits_the_budget(memory_cgroup):
     print("peak %d MiB under a %d MiB cap" % (peak >> 20, cap >> 20))
     assert peak <= cap
     assert '"dram_read_gb_s": 0.00' not in r.stdout  # the probe ran
+    import json
+    d = json.loads(r.stdout)
+    # The storage probed with the store's reads (moelite_model_measure_expert_reads), and where a
+    # decode step went: its parts add up to the step the bench timed, and the reads' bound is what
+    # the bytes read take at the storage speed.
+    probe, step = d["storage_probe"], d["step_ms"]
+    assert probe["read_gb_s"] > 0 and probe["reads_in_flight"] == 24 and probe["read_bytes"] >= 1024 * 1024 * 17 // 16
+    assert step["step"] == pytest.approx(d["decode_ms_per_token"], rel=1e-3)
+    assert step["compute"] + step["load_wait"] == pytest.approx(step["step"], rel=1e-3)
+    assert 0 < step["read_busy"] <= step["step"] and step["read_idle"] == pytest.approx(step["step"] - step["read_busy"], abs=2e-3)
+    assert step["read_bound"] == pytest.approx(1e3 * d["bytes_read_per_token"] / (d["storage_read_gb_s"] * 1e9), rel=0.01)
 
 
 def test_a_budget_given_as_a_share_never_loads_the_whole_model():
