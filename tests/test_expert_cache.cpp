@@ -66,6 +66,26 @@ TEST(CachePolicy, CyclicPatternLruVersusBelady) {
   EXPECT_EQ(run(t, "belady", 2).loads, 4u);
 }
 
+TEST(CachePolicy, CyclicKeepsTheLayerWhoseTurnComesFirst) {
+  // Three layers, one expert each (A in layer 0, B in 1, C in 2), two tokens, one global pool of
+  // 2: the layers are a scan larger than the pool, so LRU evicts the one wanted next every time
+  // (6 loads, 0 hits). Cyclic: at C (serving layer 2) A's layer comes next, B's after it: B goes.
+  // Token 2: A hits; at B (serving 1) C's layer comes next: A goes; C hits. 4 loads, 2 hits --
+  // Belady's too.
+  Trace t;
+  for (int64_t tok = 0; tok < 2; ++tok)
+    for (int32_t l = 0; l < 3; ++l) t.entries.push_back({tok, l, {l}});
+  t.n_layers = 3;
+  t.n_experts = 3;
+  t.top_k = 1;
+  EXPECT_EQ(run(t, "lru", 2, true).hits, 0u);
+  EXPECT_EQ(run(t, "cyclic", 2, true).hits, 2u);
+  EXPECT_EQ(run(t, "cyclic", 2, true).loads, 4u);
+  EXPECT_EQ(run(t, "belady", 2, true).loads, 4u);
+  // Among one layer's experts (a per-layer pool), the least used goes, as LFU's.
+  EXPECT_EQ(run(sequence("AAABCA"), "cyclic", 2).hits, run(sequence("AAABCA"), "lfu", 2).hits);
+}
+
 TEST(CachePolicy, LfuKeepsTheFrequentExpert) {
   // A A A B C A, capacity 2. At C: LRU evicts A (used at 2, B at 3) and misses A again: 2 hits.
   // LFU evicts B (1 use against 3): A then hits: 3 hits.
@@ -208,7 +228,7 @@ TEST(CachePolicy, FactoryNamesTheAvailablePolicies) {
   ASSERT_EQ(make_policy("fifo", &p), MOELITE_ERR_INVALID_ARGUMENT);
   const std::string msg = last_error_message();
   for (const std::string& name : policy_names()) EXPECT_NE(msg.find(name), std::string::npos) << msg;
-  EXPECT_EQ(policy_names().size(), 5u);
+  EXPECT_EQ(policy_names().size(), 6u);
   for (const std::string& name : policy_names()) {
     ASSERT_EQ(make_policy(name, &p), MOELITE_OK) << name;
     EXPECT_EQ(name, p->name());
@@ -646,7 +666,9 @@ ReplayResult naive_replay(const Trace& trace, const std::string& policy, int64_t
   ReplayResult r;
   std::vector<uint64_t> layer_hits(static_cast<size_t>(trace.n_layers)), layer_acc(layer_hits.size());
   uint64_t t = 0;
+  int32_t layers_seen = 0;  // cyclic's cycle: the most layers seen so far
   for (const TraceEntry& e : trace.entries) {
+    layers_seen = std::max(layers_seen, e.layer + 1);
     std::vector<uint64_t> pinned;
     for (int32_t x : e.experts) pinned.push_back(ExpertKey{e.layer, x}.packed());
     for (int32_t x : e.experts) {
@@ -668,6 +690,11 @@ ReplayResult naive_replay(const Trace& trace, const std::string& policy, int64_t
             double primary = 0;
             if (policy == "lfu") primary = static_cast<double>(count[res[i]]);
             if (policy == "static") primary = hot(c, res[i]) ? 1 : 0;
+            if (policy == "cyclic") {  // furthest turn of its layer first, then least used
+              const int32_t layer = static_cast<int32_t>(res[i] >> 32);
+              const int32_t turn_in = ((layer - e.layer - 1) % layers_seen + layers_seen) % layers_seen;
+              primary = -1e12 * turn_in + static_cast<double>(count[res[i]]);
+            }
             if (policy == "belady") {
               uint64_t next = UINT64_MAX;
               for (uint64_t u = t + 1; u < acc.size() && next == UINT64_MAX; ++u)
@@ -716,7 +743,7 @@ TEST(ReplayOrdered, MatchesNaiveReferenceOnRandomTraces) {
         t.entries.push_back(e);
       }
     for (bool global : {false, true})
-      for (const char* policy : {"lru", "lfu", "static", "belady"}) {
+      for (const char* policy : {"lru", "lfu", "static", "belady", "cyclic"}) {
         const int64_t capacity = t.top_k + static_cast<int64_t>(rng() % (global ? 3 * t.n_experts : t.n_experts));
         const ReplayResult want = naive_replay(t, policy, capacity, global);
         ReplayResult got;

@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import subprocess
+import itertools
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,8 +85,13 @@ def main():
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-p", "--prompt", type=int, default=64)
     ap.add_argument("-n", "--gen", type=int, default=32)
-    ap.add_argument("--budgets", default="25%,50%")
-    ap.add_argument("--policies", default="lru,lfu")
+    ap.add_argument("--budgets", default="25%,50%,75%")
+    ap.add_argument("--policies", default="cyclic")
+    ap.add_argument("--predictors", default="none", help="predictors of the budgeted rows, e.g. none,next-gate")
+    ap.add_argument("--n-seq", default="1", help="sequences decoding together in the budgeted rows, e.g. 1,4,8")
+    ap.add_argument("--budget-only", action="store_true", help="only the budgeted rows (no resident run, no peer)")
+    ap.add_argument("--into", help="write the budgeted table into this Markdown file, between the lines "
+                    "<!-- budgeted-decode:begin --> and <!-- budgeted-decode:end -->")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json")
     ap.add_argument("--md")
@@ -97,7 +103,7 @@ def main():
     gpu_layers = 99 if a.backend != "cpu" else None
 
     resident, peer = None, None
-    for _ in range(a.rounds):  # alternate the engines; keep each one's best
+    for _ in range(0 if a.budget_only else a.rounds):  # alternate the engines; keep each one's best
         m = moelite_bench(a.moelite, a.model, a.threads, a.prompt, a.gen,
                           backend + (["--no-membw"] if resident else []))
         if resident is None:
@@ -117,24 +123,36 @@ def main():
     budgeted = []
 
     def budgeted_rows(model, storage, extra=(), preexec_fn=None):
-        for budget in filter(None, a.budgets.split(",")):
-            for policy in filter(None, a.policies.split(",")):
-                b = moelite_bench(a.moelite, model, a.threads, a.prompt, a.gen,
-                                  backend + ["--budget", budget, "--policy", policy, *extra], preexec_fn)
-                budgeted.append({"storage": storage, "budget": budget, "policy": policy,
-                                 "decode_tok_s": b["decode_tok_s"], "prefill_tok_s": b["prefill_tok_s"],
-                                 "hit_rate": b["hit_rate"], "bytes_read_per_token": b["bytes_read_per_token"],
-                                 "storage_read_gb_s": b["storage_read_gb_s"],
-                                 "storage_probe_gb_s": b["storage_probe_gb_s"], "store_read_gb_s": b["store_read_gb_s"],
-                                 "budget_bound_tok_s": b["budget_bound_tok_s"],
-                                 "decode_fraction_of_budget_bound": b["decode_fraction_of_budget_bound"],
-                                 "peak_rss_bytes": b["peak_rss_bytes"]})
+        for budget, n_seq, policy, predictor in itertools.product(
+                filter(None, a.budgets.split(",")), [int(n) for n in a.n_seq.split(",") if n],
+                filter(None, a.policies.split(",")), filter(None, a.predictors.split(","))):
+            b = moelite_bench(a.moelite, model, a.threads, a.prompt, a.gen,
+                              backend + ["--budget", budget, "--policy", policy, "--predictor", predictor,
+                                         "--n-seq", str(n_seq), *extra], preexec_fn)
+            budgeted.append({"storage": storage, "budget": budget, "n_seq": n_seq, "policy": policy,
+                             "predictor": predictor, "decode_tok_s": b["decode_tok_s"],
+                             "decode_tok_s_min": b["decode_tok_s_min"], "decode_tok_s_max": b["decode_tok_s_max"],
+                             "prefill_tok_s": b["prefill_tok_s"],
+                             "hit_rate": b["hit_rate"], "bytes_read_per_token": b["bytes_read_per_token"],
+                             "storage_read_gb_s": b["storage_read_gb_s"],
+                             "storage_probe_gb_s": b["storage_probe_gb_s"], "store_read_gb_s": b["store_read_gb_s"],
+                             "storage_probe": b["storage_probe"], "step_ms": b["step_ms"],
+                             "budget_bound_tok_s": b["budget_bound_tok_s"],
+                             "decode_fraction_of_budget_bound": b["decode_fraction_of_budget_bound"],
+                             "peak_rss_bytes": b["peak_rss_bytes"]})
 
     budgeted_rows(a.model, "the machine's disk (measured)")
     for rate in filter(None, a.throttle.split(",")):
         from throttled_storage import ThrottledStorage
         with ThrottledStorage(a.model, float(rate)) as dev:
             budgeted_rows(dev.model, "capped at %s GB/s" % rate, ["--storage-gb-s", rate], dev.enter)
+    if a.budget_only:
+        report = {"cpu": cpu_name(), "threads": a.threads, "model": os.path.basename(a.model), "n_prompt": a.prompt,
+                  "n_gen": a.gen, "budgeted": budgeted}
+        text = budgeted_table(report)
+        print(text)
+        finish(a, report, text)
+        return
     report = {
         "cpu": cpu_name(), "threads": a.threads, "model": os.path.basename(a.model), "n_prompt": a.prompt,
         "n_gen": a.gen,
@@ -161,22 +179,52 @@ def main():
     md += ["", "moelite decode at %.0f %% of its %s bound (%.1f GB/s measured)." % (
         100 * mo["decode_fraction_of_bound"], "device memory" if on_device else "DRAM",
         mo["device_memory_gb_s"] if on_device else mo["dram_read_gb_s"])]
-    if budgeted:
-        md += ["", "| storage | budget | policy | decode tok/s | hit rate | MB read/token | storage GB/s | bound tok/s "
-               "| fraction of bound |", "|---|---|---|---|---|---|---|---|---|"]
-        for b in budgeted:
-            md.append("| %s | %s | %s | %.2f | %.3f | %.1f | %.2f | %.2f | %.2f |" % (
-                b["storage"], b["budget"], b["policy"], b["decode_tok_s"], b["hit_rate"],
-                b["bytes_read_per_token"] / 1e6, b["storage_read_gb_s"], b["budget_bound_tok_s"],
-                b["decode_fraction_of_budget_bound"]))
     md.insert(0, "%s, %d threads, %s (-p %d, -n %d)\n" % (report["cpu"], a.threads, report["model"], a.prompt, a.gen))
-    text = "\n".join(md)
+    text = "\n".join(md) + ("\n\n" + budgeted_table(report) if budgeted else "")
     print(text)
+    finish(a, report, text)
+
+
+def budgeted_table(report):
+    """The budgeted rows as Markdown: speed with its spread, what was read, the storage bound and
+    the decode step's breakdown (bench's step_ms)."""
+    md = ["%s, %d threads, %s, %d decoded tokens per sequence; storage speed: the faster of a probe with "
+          "the store's reads and the store's own rate while reading (or as given for a capped device)." % (
+              report["cpu"], report["threads"], report["model"], report["n_gen"]), "",
+          "| storage | budget | sequences | policy | predictor | decode tok/s [min..max] | hit rate | MB read/token "
+          "| storage GB/s (probe) | bound tok/s | fraction of bound | step ms: computing / waiting | storage "
+          "reading / idle ms |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for b in report["budgeted"]:
+        s = b["step_ms"]
+        md.append("| %s | %s | %d | %s | %s | %.2f [%.2f..%.2f] | %.3f | %.1f | %.2f (%.2f) | %.2f | %.2f | %.0f / %.0f "
+                  "| %.0f / %.0f |" % (
+                      b["storage"], b["budget"], b["n_seq"], b["policy"], b["predictor"], b["decode_tok_s"],
+                      b["decode_tok_s_min"], b["decode_tok_s_max"], b["hit_rate"], b["bytes_read_per_token"] / 1e6,
+                      b["storage_read_gb_s"], b["storage_probe_gb_s"], b["budget_bound_tok_s"],
+                      b["decode_fraction_of_budget_bound"], s["compute"], s["load_wait"], s["read_busy"],
+                      s["read_idle"]))
+    return "\n".join(md)
+
+
+def finish(a, report, text):
     print(json.dumps(report))
     if a.json:
         json.dump(report, open(a.json, "w"), indent=1)
     if a.md:
         open(a.md, "w").write(text + "\n")
+    if a.into and report["budgeted"]:
+        render_into(a.into, budgeted_table(report))
+
+
+def render_into(path, table):
+    """Replaces what lies between the budgeted-decode markers of `path` with `table`."""
+    begin, end = "<!-- budgeted-decode:begin -->", "<!-- budgeted-decode:end -->"
+    doc = open(path).read()
+    if begin not in doc or end not in doc:
+        sys.exit("%s has no %s ... %s section" % (path, begin, end))
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    open(path, "w").write(head + begin + "\n" + table + "\n" + end + tail)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ struct RuntimeOptions {
   int32_t n_threads = 0;  // 0: physical cores (the big ones on a big.LITTLE CPU)
   BackendKind backend = BackendKind::Auto;
   ExpertBudget expert_budget;  // none: every expert resident in the file mapping
-  std::string cache_policy = "lru";
+  std::string cache_policy = "cyclic";
   // How the budget's slots are divided among layers: "auto", "global", "uniform", "dp"
   // (core/experts/memory_plan.h). expert_per_layer is the older spelling of "uniform", for "auto".
   std::string cache_allocation = "auto";

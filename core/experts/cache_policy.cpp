@@ -106,6 +106,42 @@ class Decay final : public Tracked {
   std::unordered_map<uint64_t, Score> scores_;
 };
 
+// Evaluation visits the layers in a cycle (0, 1, ..., n - 1, then 0 again for the next token or
+// step), so the earliest an expert can be wanted again is its layer's next turn: the layers after
+// the one being served come in this pass, the others in the next, in order. This evicts the expert
+// whose layer's turn is furthest off -- Belady's rule, if every expert were wanted at its layer's
+// next turn -- and among one layer's experts the least used (counts survive eviction, as lfu's),
+// then the least recent. Where one pass wants more experts than the cache holds (several sequences
+// under a tight budget) LRU evicts exactly the experts the next pass wants first and hits nothing;
+// this keeps the ones whose turn comes soonest. The layer being served is the one on_serve named
+// last, the cycle's length the most layers seen.
+class Cyclic final : public Tracked {
+ public:
+  const char* name() const override { return "cyclic"; }
+  void on_serve(int32_t layer) override {
+    serving_ = layer;
+    n_layers_ = std::max(n_layers_, layer + 1);
+  }
+  void on_access(ExpertKey k, uint64_t now) override {
+    Tracked::on_access(k, now);
+    ++counts_[k.packed()];
+    n_layers_ = std::max(n_layers_, k.layer + 1);
+  }
+  size_t choose_victim(const std::vector<ExpertKey>& c, uint64_t) override {
+    int32_t n = n_layers_;
+    for (const ExpertKey& k : c) n = std::max(n, k.layer + 1);
+    return argmin(c, [&](ExpertKey k) {
+      const int32_t turn_in = ((k.layer - serving_ - 1) % n + n) % n;  // layers until its turn
+      auto it = counts_.find(k.packed());
+      return std::make_pair(-static_cast<int64_t>(turn_in), it == counts_.end() ? uint64_t{0} : it->second);
+    });
+  }
+
+ private:
+  std::unordered_map<uint64_t, uint64_t> counts_;
+  int32_t serving_ = 0, n_layers_ = 1;
+};
+
 // A hot set stays; everything else is evicted first (least recent first). The hot set is given
 // (set_hot), or the `hot_size` most used keys by given counts (set_frequencies), or by the counts
 // of the accesses seen so far; a hot_size of 0 means as many as are resident (tracked from
@@ -229,7 +265,7 @@ void CachePolicy::set_frequencies(const std::vector<uint64_t>& counts, int32_t n
 }
 
 const std::vector<std::string>& policy_names() {
-  static const std::vector<std::string> names = {"lru", "lfu", "decay", "static", "belady"};
+  static const std::vector<std::string> names = {"cyclic", "lru", "lfu", "decay", "static", "belady"};
   return names;
 }
 
@@ -237,7 +273,9 @@ Status make_policy(const std::string& name, const PolicyOptions& options, std::u
   // Checked for every name, so a bad option is reported even when the policy would ignore it.
   if (!(options.half_life > 0) || !std::isfinite(options.half_life))
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "decay half-life %g must be a positive number", options.half_life);
-  if (name == "lru")
+  if (name == "cyclic")
+    out->reset(new Cyclic);
+  else if (name == "lru")
     out->reset(new Lru);
   else if (name == "lfu")
     out->reset(new Lfu);
@@ -249,7 +287,7 @@ Status make_policy(const std::string& name, const PolicyOptions& options, std::u
     out->reset(new Belady(options.lookahead));
   else
     return fail(MOELITE_ERR_INVALID_ARGUMENT,
-                "unknown expert cache policy '%s' (available: lru, lfu, decay, static, belady)", name.c_str());
+                "unknown expert cache policy '%s' (available: cyclic, lru, lfu, decay, static, belady)", name.c_str());
   return MOELITE_OK;
 }
 

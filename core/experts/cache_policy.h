@@ -30,6 +30,9 @@ class CachePolicy {
   virtual void on_insert(ExpertKey key, uint64_t now) {}
   // `key` was used at logical time `now` (a hit, or right after its load).
   virtual void on_access(ExpertKey key, uint64_t now) = 0;
+  // The experts of `layer` are about to be used: the victims chosen until the next call make room
+  // for that layer's (or, for speculative loads, for later layers'). Only cyclic looks at it.
+  virtual void on_serve(int32_t layer) {}
   // `key` left the cache. Frequencies (lfu, decay, static) survive it; recency does not.
   virtual void on_evict(ExpertKey key) {}
   // Index into `candidates` (non-empty: the evictable residents, never a pinned expert) of the
@@ -78,7 +81,8 @@ struct PolicyOptions {
   uint64_t lookahead = 0;
 };
 
-// lru; lfu (ties: least recent); decay (score = sum over uses of 0.5^((now - t) / half_life),
+// cyclic (the layer whose turn comes last in the cycle of layers, then least used, then least
+// recent); lru; lfu (ties: least recent); decay (score = sum over uses of 0.5^((now - t) / half_life),
 // ties: least recent); static (non-hot first, least recent among them); belady (next use
 // furthest ahead, never or beyond the lookahead = infinitely far; ties: least recent).
 // MOELITE_ERR_INVALID_ARGUMENT naming the available ones for other names, or for a bad option.

@@ -598,6 +598,7 @@ Status ExpertStore::pin_admitted_locked(std::unique_lock<std::mutex>& lock, int3
       store->ready_cv_.notify_all();
     }
   } unpin{this, layer, client, experts, pinned};
+  policy_->on_serve(layer);  // the victims chosen below make room for this layer
   ExpertLayerStats& st = tally.delta;
   Hints& hints = hints_locked(client);
   for (int32_t e : experts) {

@@ -38,7 +38,7 @@ constexpr size_t kLoaderBatchExperts = 4;
 
 // How the store runs, beside the memory plan that sizes it.
 struct ExpertStoreOptions {
-  std::string policy = "lru";  // cache_policy.h
+  std::string policy = "cyclic";  // cache_policy.h
   int32_t io_threads = 2;      // loader threads (MOELITE_IO_THREADS)
 };
 

@@ -313,6 +313,7 @@ Status replay(const Trace& trace, const std::string& policy_name, int64_t capaci
                   e.experts.size(), (long long)e.token, e.layer);
     std::unordered_set<uint64_t> pinned;
     for (int32_t x : e.experts) pinned.insert(ExpertKey{e.layer, x}.packed());
+    policies[c]->on_serve(e.layer);
     for (int32_t x : e.experts) {
       const ExpertKey k{e.layer, x};
       r.accesses += counted;

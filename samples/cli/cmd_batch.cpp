@@ -379,6 +379,8 @@ int plan_batch(Args& args, moelite_model* model, int32_t n_ctx, int32_t n_batch,
     args.set("--budget", std::to_string(moelite_batch_plan_get(plan, MOELITE_PLAN_EXPERT_BUDGET)));
     args.erase("--budget-headroom");
     if (!pools_given) args.set("--allocation", moelite_batch_plan_allocation(plan));
+    // The plan's hit shares are LRU's (core/serve/batch_plan.h): run what was modelled.
+    if (!args.has("--policy")) args.set("--policy", "lru");
   }
   if (fixed_n > 0) {
     fprintf(stderr, "moelite batch: %s expert pools for %" PRId64 " sequences: %s\n",

@@ -392,7 +392,7 @@ BenchReport make_report(const Args& args, const BenchSetup& b, const BenchTimes&
   r.stall = decode_s > 0 && b.n_gen > 0 ? st.wait_seconds / (decode_s * double(b.n_contexts)) : 0.0;
   r.read_per_token = b.n_gen > 0 ? double(st.bytes_read) / double(r.n_generated) : 0.0;
   r.misses_per_token = b.n_gen > 0 ? double(st.misses) / double(r.n_generated) : 0.0;
-  r.policy = m.budget > 0 ? args.get("--policy", "lru") : "resident";
+  r.policy = m.budget > 0 ? args.get("--policy", "cyclic") : "resident";
   // Prediction (decode, median run): share of the experts used that were predicted, that were fully
   // loaded when needed, and experts computed per token and layer (adaptive gating).
   const double act = st.activations ? double(st.activations) : 1.0;

@@ -18,7 +18,7 @@ const Command kTraceReplayCommand = {"trace replay",
                                      {{{"-f"}, "TRACE", "trace file (required)"},
                                       {{"--capacity"}, "N|P%", "cache capacity in experts or share (required)"},
                                       {{"--global"}, "", "one pool for all layers"},
-                                      {{"--policy"}, "NAME", "lru, lfu, decay, static, belady or all"},
+                                      {{"--policy"}, "NAME", "cyclic (the store's default), lru, lfu, decay, static, belady or all"},
                                       {{"--half-life"}, "H", "half-life of the decay policy"},
                                       {{"--lookahead"}, "N", "prefetch lookahead"},
                                       {{"--json"}, "", "print JSON"}}};
@@ -30,7 +30,7 @@ int cmd_trace_replay(int argc, char** argv) {
   std::string err;
   if (!args.has("-f")) return usage_error("missing -f TRACE.jsonl");
   if (!args.has("--capacity")) return usage_error("missing --capacity N or P%");
-  const std::string which = args.get("--policy", "lru");
+  const std::string which = args.get("--policy", "cyclic");
   std::vector<std::string> policies = which == "all" ? moelite::policy_names() : std::vector<std::string>{which};
   // Tunables of the policies under test; the Belady bound always sees the whole future.
   moelite::PolicyOptions options;

@@ -14,7 +14,7 @@ static void print_help() {
       "  info    --platform [-m MODEL] [--json]         this machine: board, cores, memory, cgroup, backends, storage\n"
       "  perplexity -m MODEL -f TEXT [--ctx 256] [--json]  windowed perplexity of a text\n"
       "  trace record -m MODEL (-f TEXT | -p PROMPT -n N) -o TRACE   routing as JSON lines\n"
-      "  trace replay -f TRACE --capacity N|P% [--global] [--policy lru|lfu|decay|static|belady|all]\n"
+      "  trace replay -f TRACE --capacity N|P% [--global] [--policy cyclic|lru|lfu|decay|static|belady|all]\n"
       "          [--half-life H] [--lookahead N] [--json]   cache policies on a routing trace, Belady as the bound\n"
       "  calibrate -m MODEL -f CORPUS -o PROFILE [--ctx 256] [--max-tokens N] [--stride S] [--holdout H] [--json]\n"
       "          sensitivities, hit curves and predictors for adaptive gating, prefetch and cache allocation\n"

@@ -33,7 +33,7 @@ const std::vector<OptionFamily>& option_families() {
            {{"--budget-headroom"}, "SIZE",
             "with --budget auto: memory left for everything else (default: 10% of the available memory, at least "
             "64 MiB)"},
-           {{"--policy"}, "NAME", "expert cache policy: lru, lfu, decay, static or belady"},
+           {{"--policy"}, "NAME", "expert cache policy: cyclic (default), lru, lfu, decay, static or belady"},
            {{"--per-layer"}, "", "per-layer expert pools instead of one global pool"},
            {{"--allocation"}, "NAME", "cache allocation across layers: auto, global, uniform or dp"},
        }},

@@ -61,3 +61,36 @@ def test_a_failing_peer_is_reported_not_fatal():
     assert report["decode_ratio"] is None and report["prefill_ratio"] is None
     assert report["moelite"]["decode_tok_s"] > 0
     assert "| llama.cpp: failed (ggml-cpu-aarch64.cpp:4012: GGML_ASSERT" in text
+
+
+def test_budgeted_rows_for_each_budget_and_sequence_count_go_into_the_doc():
+    """--budget-only with budgets x sequences x predictors: one row each, rendered between the
+    markers of --into (what is outside them kept byte for byte); a file without them is refused."""
+    os.makedirs(TMP, exist_ok=True)
+    doc = os.path.join(TMP, "doc.md")
+    before, after = "# Title\n\nText before.\n", "\nText after.\n"
+    open(doc, "w").write(before + "<!-- budgeted-decode:begin -->\nold table\n<!-- budgeted-decode:end -->" + after)
+    out_json = os.path.join(TMP, "budgeted.json")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "perf_table.py"), "-m", MODEL, "--moelite", BIN,
+                        "--budget-only", "--budgets", "25%,50%", "--n-seq", "1,2", "-p", "4", "-n", "2",
+                        "--json", out_json, "--into", doc], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    rows = json.load(open(out_json))["budgeted"]
+    assert [(b["budget"], b["n_seq"], b["policy"], b["predictor"]) for b in rows] == [
+        ("25%", 1, "cyclic", "none"), ("25%", 2, "cyclic", "none"), ("50%", 1, "cyclic", "none"),
+        ("50%", 2, "cyclic", "none")]
+    for b in rows:
+        s = b["step_ms"]
+        assert b["decode_tok_s_min"] <= b["decode_tok_s"] <= b["decode_tok_s_max"]
+        assert s["compute"] + s["load_wait"] == __import__("pytest").approx(s["step"], rel=1e-3)
+    text = open(doc).read()
+    assert text.startswith(before + "<!-- budgeted-decode:begin -->\n") and text.endswith(
+        "<!-- budgeted-decode:end -->" + after)
+    assert "old table" not in text and text.count("| the machine's disk (measured) | ") == 4
+    assert "| the machine's disk (measured) | 50% | 2 | cyclic | none | " in text
+    open(doc, "w").write("no markers\n")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "perf_table.py"), "-m", MODEL, "--moelite", BIN,
+                        "--budget-only", "--budgets", "25%", "-p", "4", "-n", "2", "--into", doc],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and "budgeted-decode:begin" in r.stderr
+    assert open(doc).read() == "no markers\n"

@@ -27,7 +27,7 @@ export interface ModelOptions {
   backend?: 'auto' | 'cpu' | 'vulkan' | 'cuda' | number;
   /** Bytes of experts kept in memory, or text the library parses: "2GiB", a share ("25%"), "auto" or "none". */
   budget?: number | bigint | string;
-  policy?: 'lru' | 'lfu' | 'decay' | 'static' | 'belady';
+  policy?: 'cyclic' | 'lru' | 'lfu' | 'decay' | 'static' | 'belady';
   predictor?: string;
   /** How the budget is shared among layers. */
   allocation?: 'auto' | 'global' | 'uniform' | 'dp';

@@ -102,7 +102,7 @@ class Model:
     "auto" (sized at load from the memory available then, leaving budget_headroom bytes; None:
     max(64 MiB, 10 % of the room)) or "none"; ERR_INVALID_ARGUMENT for other text,
     ERR_BUDGET_TOO_SMALL below the minimum working set. budget_fraction=0.25 is the same as
-    expert_budget="25%". policy ("lru", "lfu",
+    expert_budget="25%". policy ("cyclic", the default, "lru", "lfu",
     "decay", "static", "belady"), predictor ("none", "next-gate", "first-layer", "learned",
     "correlation", "pregate") with predictor_depth (next-gate's layers ahead), profile (a
     calibration profile path), gating ("exact", "sensitivity", "cache-aware", "score") with

@@ -71,7 +71,7 @@ impl ModelParams {
         self.budget = Some(budget);
         self
     }
-    /// Expert cache policy: "lru", "lfu", "decay", "static", "belady".
+    /// Expert cache policy: "cyclic" (the default), "lru", "lfu", "decay", "static", "belady".
     pub fn policy(mut self, policy: &str) -> Self {
         self.policy = Some(policy.into());
         self
