@@ -19,6 +19,11 @@ a drifting or bursting virtual disk makes unreliable; `--throttle R,...` (root) 
 budgeted rows on a RAM-backed device capped at R GB/s (tools/throttled_storage.py), where the bound
 is known: min(DRAM bound, R / bytes read per token).
 
+`--budget-only` runs only the budgeted rows (budgets x `--n-seq` x `--policies` x `--predictors`),
+and `--into FILE` writes their table into FILE between the lines `<!-- budgeted-decode:begin -->` and
+`<!-- budgeted-decode:end -->`; `--render A.json,B.json --into FILE` renders saved reports' rows
+without running anything (docs/performance.md's table comes from docs/data/budgeted_decode.json so).
+
 `--backend cuda` (or vulkan) runs moelite on that backend and llama.cpp with every layer offloaded
 (`-ngl 99`: give it a llama-bench built with the same GPU backend); the decode bound is then the
 device memory's bandwidth, measured by moelite's bench in the same run.
@@ -79,7 +84,9 @@ def cpu_name():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("-m", "--model")
+    ap.add_argument("--render", help="JSON,...: no runs; the budgeted rows of these saved reports (--json), "
+                    "one table (with --into: written into that file; with --json: their rows saved together)")
     ap.add_argument("--moelite", default=os.path.join(ROOT, "build", "bin", "moelite"))
     ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH"))
     ap.add_argument("-t", "--threads", type=int, default=2)
@@ -99,6 +106,15 @@ def main():
     ap.add_argument("--backend", default="cpu", choices=("cpu", "cuda", "vulkan"),
                     help="moelite's backend; a GPU one offloads every llama.cpp layer (-ngl 99)")
     a = ap.parse_args()
+    if a.render:
+        reports = [json.load(open(f)) for f in a.render.split(",")]
+        report = dict(reports[0], budgeted=[b for r in reports for b in r["budgeted"]])
+        text = budgeted_table(report)
+        print(text)
+        finish(a, report, text)
+        return
+    if not a.model:
+        ap.error("-m MODEL is needed (or --render)")
     backend = ["--backend", a.backend]
     gpu_layers = 99 if a.backend != "cpu" else None
 

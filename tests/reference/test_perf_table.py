@@ -88,6 +88,13 @@ def test_budgeted_rows_for_each_budget_and_sequence_count_go_into_the_doc():
         "<!-- budgeted-decode:end -->" + after)
     assert "old table" not in text and text.count("| the machine's disk (measured) | ") == 4
     assert "| the machine's disk (measured) | 50% | 2 | cyclic | none | " in text
+    # The same rows rendered again from the saved report (no runs): the same table.
+    again = os.path.join(TMP, "again.md")
+    open(again, "w").write(before + "<!-- budgeted-decode:begin -->\n<!-- budgeted-decode:end -->" + after)
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "perf_table.py"), "--render", out_json,
+                        "--into", again], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert open(again).read() == text
     open(doc, "w").write("no markers\n")
     r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "perf_table.py"), "-m", MODEL, "--moelite", BIN,
                         "--budget-only", "--budgets", "25%", "-p", "4", "-n", "2", "--into", doc],
