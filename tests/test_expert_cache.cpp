@@ -66,24 +66,27 @@ TEST(CachePolicy, CyclicPatternLruVersusBelady) {
   EXPECT_EQ(run(t, "belady", 2).loads, 4u);
 }
 
-TEST(CachePolicy, CyclicKeepsTheLayerWhoseTurnComesFirst) {
-  // Three layers, one expert each (A in layer 0, B in 1, C in 2), two tokens, one global pool of
+TEST(CachePolicy, CyclicEvictsTheFurthestExpectedUse) {
+  // Three layers, one expert each (A in layer 0, B in 1, C in 2), four tokens, one global pool of
   // 2: the layers are a scan larger than the pool, so LRU evicts the one wanted next every time
-  // (6 loads, 0 hits). Cyclic: at C (serving layer 2) A's layer comes next, B's after it: B goes.
-  // Token 2: A hits; at B (serving 1) C's layer comes next: A goes; C hits. 4 loads, 2 hits --
-  // Belady's too.
+  // (12 loads, 0 hits). Cyclic, with a rate r per pass (one use: 1, halving every 8 passes; steady
+  // use: 1 / (1 - 2^(-1/8)) = 12.04, p = r / 12.04) and score turn_in + 3 (1/p - 1):
+  //   token 1: at C (serving 2) A scores 0 + 3 x 11.04 = 33.1, B 1 + 33.1: B goes.
+  //   token 2: A hits (r 1.917, p 0.159). At B (serving 1): A 1 + 3 x 5.28 = 16.8, C (r 0.917,
+  //            p 0.076) 0 + 3 x 12.1 = 36.4: C goes. At C (serving 2): A 15.8, B 34.1: B goes.
+  //   tokens 3, 4: the same; A's rate only grows. So A hits from token 2 on: 9 loads, 3 hits.
   Trace t;
-  for (int64_t tok = 0; tok < 2; ++tok)
+  for (int64_t tok = 0; tok < 4; ++tok)
     for (int32_t l = 0; l < 3; ++l) t.entries.push_back({tok, l, {l}});
   t.n_layers = 3;
   t.n_experts = 3;
   t.top_k = 1;
   EXPECT_EQ(run(t, "lru", 2, true).hits, 0u);
-  EXPECT_EQ(run(t, "cyclic", 2, true).hits, 2u);
-  EXPECT_EQ(run(t, "cyclic", 2, true).loads, 4u);
-  EXPECT_EQ(run(t, "belady", 2, true).loads, 4u);
-  // Among one layer's experts (a per-layer pool), the least used goes, as LFU's.
-  EXPECT_EQ(run(sequence("AAABCA"), "cyclic", 2).hits, run(sequence("AAABCA"), "lfu", 2).hits);
+  EXPECT_EQ(run(t, "cyclic", 2, true).hits, 3u);
+  EXPECT_EQ(run(t, "cyclic", 2, true).loads, 9u);
+  // Within one layer (a per-layer pool) every turn is the next pass's: the lowest rate goes. A A A
+  // B C A, capacity 2: at C, A's rate (2.8) beats B's (1): B goes and A hits: 3 hits (LRU: 2).
+  EXPECT_EQ(run(sequence("AAABCA"), "cyclic", 2).hits, 3u);
 }
 
 TEST(CachePolicy, LfuKeepsTheFrequentExpert) {
@@ -666,9 +669,18 @@ ReplayResult naive_replay(const Trace& trace, const std::string& policy, int64_t
   ReplayResult r;
   std::vector<uint64_t> layer_hits(static_cast<size_t>(trace.n_layers)), layer_acc(layer_hits.size());
   uint64_t t = 0;
-  int32_t layers_seen = 0;  // cyclic's cycle: the most layers seen so far
+  int32_t layers_seen = 0, served = -1;  // cyclic: the most layers seen, the layer served last
+  uint64_t pass = 0;                     // cyclic: passes over the layers
+  std::map<uint64_t, std::pair<double, uint64_t>> rate;  // cyclic: a key's use rate and the pass it was at
+  const double half_life = 8.0, steady = 1.0 / (1.0 - std::pow(0.5, 1.0 / half_life));
+  auto rate_now = [&](uint64_t key) {
+    auto it = rate.find(key);
+    return it == rate.end() ? 0.0 : it->second.first * std::pow(0.5, double(pass - it->second.second) / half_life);
+  };
   for (const TraceEntry& e : trace.entries) {
     layers_seen = std::max(layers_seen, e.layer + 1);
+    if (e.layer <= served) ++pass;
+    served = e.layer;
     std::vector<uint64_t> pinned;
     for (int32_t x : e.experts) pinned.push_back(ExpertKey{e.layer, x}.packed());
     for (int32_t x : e.experts) {
@@ -690,10 +702,11 @@ ReplayResult naive_replay(const Trace& trace, const std::string& policy, int64_t
             double primary = 0;
             if (policy == "lfu") primary = static_cast<double>(count[res[i]]);
             if (policy == "static") primary = hot(c, res[i]) ? 1 : 0;
-            if (policy == "cyclic") {  // furthest turn of its layer first, then least used
+            if (policy == "cyclic") {  // the furthest expected next use, in layer turns
               const int32_t layer = static_cast<int32_t>(res[i] >> 32);
               const int32_t turn_in = ((layer - e.layer - 1) % layers_seen + layers_seen) % layers_seen;
-              primary = -1e12 * turn_in + static_cast<double>(count[res[i]]);
+              const double p = std::clamp(rate_now(res[i]) / steady, 1e-3, 1.0);
+              primary = -(turn_in + layers_seen * (1.0 / p - 1.0));
             }
             if (policy == "belady") {
               uint64_t next = UINT64_MAX;
@@ -713,6 +726,7 @@ ReplayResult naive_replay(const Trace& trace, const std::string& policy, int64_t
       }
       last[key] = t;
       count[key]++;
+      rate[key] = {rate_now(key) + 1.0, pass};
       ++t;
     }
   }

@@ -7,8 +7,10 @@ Sequence i follows the trace from token i * T / N on, so the N sequences cover t
 (T / N steps each). A step reads, in each layer, the union of its sequences' experts: those not in
 the layer's cache are loads. The step's experts are all computed, resident ones first, whatever
 the capacity (as the expert store serves a step larger than its pool, in groups); afterwards the
-cache keeps `capacity` of its residents and the step's experts: the most recently used (LRU) or
-those used again soonest (Belady, the bound for any policy, prediction included). The first pass
+cache keeps `capacity` of its residents and the step's experts: the most recently used (LRU), those
+whose next use is expected soonest from their layer's turn and their reuse rate (cyclic, the store's
+default; core/experts/cache_policy.cpp), or those used again soonest (Belady, the bound for any
+policy, prediction included). The first pass
 over the steps only warms the caches (a steady state). Independent of the engine: it reads the
 trace file only.
 
@@ -67,19 +69,35 @@ def replay(steps, n_layers, capacity, global_pool, policy):
     def next_use(k, i):
         at = bisect.bisect_right(uses[k], i)
         return uses[k][at] if at < len(uses[k]) else len(accesses)
-    caches, last = {}, {}
+    caches, last, rate = {}, {}, {}
+    passes, served, half_life = 0, -1, 8.0
+    steady = 1 / (1 - 0.5 ** (1 / half_life))
+
+    def rate_now(k):
+        value, at = rate.get(k, (0.0, passes))
+        return value * 0.5 ** ((passes - at) / half_life)
     loads = 0
     counted_from = len(accesses) // 2
     for i, (c, keys) in enumerate(accesses):
         cache = caches.setdefault(c, set())
         if i >= counted_from:
             loads += len(keys - cache)
+        layer = next(iter(keys))[0]
+        if layer <= served:
+            passes += 1
+        served = layer
         for k in keys:
             last[k] = i
+            rate[k] = (rate_now(k) + 1, passes)
         pool = cache | keys
         if len(pool) > capacity:
             if policy == "lru":  # most recent first; within a step, by key (any order is as good)
                 rank = sorted(pool, key=lambda k: (-last[k], k))
+            elif policy == "cyclic":  # the soonest expected next use (turns to its layer's, reuse rate)
+                def expected(k):
+                    p = min(1.0, max(1e-3, rate_now(k) / steady))
+                    return (k[0] - layer - 1) % n_layers + n_layers * (1 / p - 1)
+                rank = sorted(pool, key=lambda k: (expected(k), -last[k], k))
             else:  # soonest next use first; never used again last
                 rank = sorted(pool, key=lambda k: (next_use(k, i), k))
             pool = set(rank[:capacity])
@@ -109,9 +127,10 @@ def main():
             sys.exit("batch_bound.py: --n-seq %d is outside 1..%d (the trace's tokens)" % (n, len(tokens)))
         steps = steps_of(tokens, n)
         generated = len(steps) * n
-        lru, belady = (replay(steps, n_layers, capacity, a.global_pool, p) / generated for p in ("lru", "belady"))
+        lru, cyclic, belady = (replay(steps, n_layers, capacity, a.global_pool, p) / generated
+                               for p in ("lru", "cyclic", "belady"))
         rows.append({"n_seq": n, "steps": len(steps), "lru_loads_per_token": round(lru, 4),
-                     "belady_loads_per_token": round(belady, 4)})
+                     "cyclic_loads_per_token": round(cyclic, 4), "belady_loads_per_token": round(belady, 4)})
     one = rows[0]
     for r in rows:
         r["lru_fewer_than_first"] = round(one["lru_loads_per_token"] / r["lru_loads_per_token"], 3) \
@@ -124,12 +143,14 @@ def main():
         return
     print("%d tokens, %d layers x %d experts; capacity %d experts %s" % (
         len(tokens), n_layers, n_experts, capacity, "shared by all layers" if a.global_pool else "per layer"))
-    print("%6s %7s %12s %14s %12s %20s" % ("n_seq", "steps", "LRU loads/tok", "Belady loads/tok", "LRU x fewer",
-                                          "Belady x fewer (vs %d LRU)" % one["n_seq"]))
+    print("%6s %7s %12s %15s %14s %12s %20s %16s" % (
+        "n_seq", "steps", "LRU loads/tok", "cyclic loads/tok", "Belady loads/tok", "LRU x fewer",
+        "Belady x fewer (vs %d LRU)" % one["n_seq"], "cyclic / Belady"))
     for r in rows:
-        print("%6d %7d %12.3f %14.3f %12.2f %20.2f" % (r["n_seq"], r["steps"], r["lru_loads_per_token"],
-                                                      r["belady_loads_per_token"], r["lru_fewer_than_first"] or 0,
-                                                      r["belady_fewer_than_first_lru"] or 0))
+        print("%6d %7d %12.3f %15.3f %14.3f %12.2f %20.2f %16.2f" % (
+            r["n_seq"], r["steps"], r["lru_loads_per_token"], r["cyclic_loads_per_token"], r["belady_loads_per_token"],
+            r["lru_fewer_than_first"] or 0, r["belady_fewer_than_first_lru"] or 0,
+            r["cyclic_loads_per_token"] / r["belady_loads_per_token"] if r["belady_loads_per_token"] else 0))
 
 
 if __name__ == "__main__":

@@ -107,39 +107,56 @@ class Decay final : public Tracked {
 };
 
 // Evaluation visits the layers in a cycle (0, 1, ..., n - 1, then 0 again for the next token or
-// step), so the earliest an expert can be wanted again is its layer's next turn: the layers after
-// the one being served come in this pass, the others in the next, in order. This evicts the expert
-// whose layer's turn is furthest off -- Belady's rule, if every expert were wanted at its layer's
-// next turn -- and among one layer's experts the least used (counts survive eviction, as lfu's),
-// then the least recent. Where one pass wants more experts than the cache holds (several sequences
-// under a tight budget) LRU evicts exactly the experts the next pass wants first and hits nothing;
-// this keeps the ones whose turn comes soonest. The layer being served is the one on_serve named
-// last, the cycle's length the most layers seen.
+// step), so an expert can next be wanted at its layer's next turn: the layers after the one being
+// served come in this pass, the others in the next. Whether it is wanted then is a guess: from its
+// uses, a rate per pass that halves every kReuseHalfLifePasses passes it goes unused, read as a
+// chance p of being wanted at each turn. The expected distance to its next use, in layer turns,
+// is then turn_in + n (1 / p - 1) (a geometric wait), and the expert furthest off goes: Belady's
+// rule with the future estimated. Where one pass wants more experts than the cache holds (several
+// sequences under a tight budget) LRU evicts exactly those the next pass wants first and hits
+// nothing; the turn keeps the ones wanted soonest, the rate the ones wanted at all (a sequence's
+// next token tends to reuse its last one's experts). Ties: least recent. Passes are counted by
+// on_serve: a layer no later than the last one served begins a pass.
 class Cyclic final : public Tracked {
  public:
   const char* name() const override { return "cyclic"; }
   void on_serve(int32_t layer) override {
+    if (layer <= serving_) ++pass_;
     serving_ = layer;
     n_layers_ = std::max(n_layers_, layer + 1);
   }
   void on_access(ExpertKey k, uint64_t now) override {
     Tracked::on_access(k, now);
-    ++counts_[k.packed()];
+    Rate& r = rates_[k.packed()];
+    r.value = decayed(r) + 1.0;
+    r.pass = pass_;
     n_layers_ = std::max(n_layers_, k.layer + 1);
   }
   size_t choose_victim(const std::vector<ExpertKey>& c, uint64_t) override {
     int32_t n = n_layers_;
     for (const ExpertKey& k : c) n = std::max(n, k.layer + 1);
+    // A key used every pass settles at 1 / (1 - 2^(-1 / half-life)): that rate is p = 1.
+    static const double kSteady = 1.0 / (1.0 - std::exp2(-1.0 / kReuseHalfLifePasses));
     return argmin(c, [&](ExpertKey k) {
-      const int32_t turn_in = ((k.layer - serving_ - 1) % n + n) % n;  // layers until its turn
-      auto it = counts_.find(k.packed());
-      return std::make_pair(-static_cast<int64_t>(turn_in), it == counts_.end() ? uint64_t{0} : it->second);
+      const int32_t turn_in = ((k.layer - serving_ - 1) % n + n) % n;
+      auto it = rates_.find(k.packed());
+      const double p = std::clamp(it == rates_.end() ? 0.0 : decayed(it->second) / kSteady, 1e-3, 1.0);
+      return -(turn_in + n * (1.0 / p - 1.0));  // the furthest expected next use is the smallest
     });
   }
 
  private:
-  std::unordered_map<uint64_t, uint64_t> counts_;
-  int32_t serving_ = 0, n_layers_ = 1;
+  static constexpr double kReuseHalfLifePasses = 8.0;
+  struct Rate {
+    double value = 0;
+    uint64_t pass = 0;
+  };
+  double decayed(const Rate& r) const {
+    return r.value * std::exp2(-static_cast<double>(pass_ - r.pass) / kReuseHalfLifePasses);
+  }
+  std::unordered_map<uint64_t, Rate> rates_;  // kept after eviction: a rate belongs to the expert
+  uint64_t pass_ = 0;
+  int32_t serving_ = -1, n_layers_ = 1;
 };
 
 // A hot set stays; everything else is evicted first (least recent first). The hot set is given
