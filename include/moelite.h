@@ -272,11 +272,12 @@ MOELITE_API moelite_status moelite_model_params_set_expert_budget_text(moelite_m
  *  K/KB = 1000, KiB = 1024, M/MB, MiB, G/GB, GiB, T/TB, TiB), e.g. "2GiB", "1.5G", "123456".
  *  MOELITE_ERR_INVALID_ARGUMENT for NULL, other text, below one byte or above 2^62 bytes. */
 MOELITE_API moelite_status moelite_parse_size(const char* text, uint64_t* out_bytes);
-/** Replacement policy of the expert store: "cyclic" (default: evict the expert whose layer's turn
- *  comes last -- an evaluation visits the layers in a cycle, so that is the expert wanted furthest
- *  ahead at the earliest -- the least used among a layer's; where one step wants more experts
- *  than the cache holds, as several sequences under a small budget do, LRU would evict exactly
- *  those the next step wants first and hit nothing), "lru", "lfu", "decay" (decayed frequency),
+/** Replacement policy of the expert store: "cyclic" (default: evict the expert whose next use is
+ *  expected furthest ahead -- an evaluation visits the layers in a cycle, so an expert can next be
+ *  wanted at its layer's next turn, and how likely it is wanted then comes from how often it was
+ *  used lately; where one step wants more experts than the cache holds, as several sequences
+ *  under a small budget do, LRU would evict exactly those the next step wants first and hit
+ *  nothing), "lru", "lfu", "decay" (decayed frequency),
  *  "static" (a hot set: the profile's most used experts; without a profile, the most used so
  *  far) or "belady" (evict the expert needed furthest ahead, as far as predictions reveal; without
  *  a predictor, LRU among the unknown). The string is copied.

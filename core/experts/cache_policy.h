@@ -81,8 +81,8 @@ struct PolicyOptions {
   uint64_t lookahead = 0;
 };
 
-// cyclic (the layer whose turn comes last in the cycle of layers, then least used, then least
-// recent); lru; lfu (ties: least recent); decay (score = sum over uses of 0.5^((now - t) / half_life),
+// cyclic (the furthest expected next use: the turns until its layer's, plus a geometric wait from
+// its reuse rate per pass over the layers; ties: least recent); lru; lfu (ties: least recent); decay (score = sum over uses of 0.5^((now - t) / half_life),
 // ties: least recent); static (non-hot first, least recent among them); belady (next use
 // furthest ahead, never or beyond the lookahead = infinitely far; ties: least recent).
 // MOELITE_ERR_INVALID_ARGUMENT naming the available ones for other names, or for a bad option.
