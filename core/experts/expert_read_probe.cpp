@@ -162,7 +162,6 @@ Status probe_expert_reads(const Model& model, int32_t loaders, uint64_t bytes, E
   r.read_bytes = reads ? static_cast<double>(requested) / static_cast<double>(reads) : 0.0;
   r.reads_in_flight = loaders * static_cast<int32_t>(3 * kLoaderBatchExperts);
   r.copy_gb_per_s = measure_copy(total_expert_bytes / layers.size());
-  r.reader = std::string(pool[0].reader->name()) + (file.is_direct() ? ", O_DIRECT" : ", buffered + fadvise(DONTNEED)");
   *out = r;
   return MOELITE_OK;
 }

@@ -6,7 +6,6 @@
 // experts are random ones of random layers (a fixed seed: the same file gives the same reads).
 #pragma once
 #include <cstdint>
-#include <string>
 
 #include "base/status.h"
 
@@ -21,7 +20,6 @@ struct ExpertReadProbe {
   int32_t reads_in_flight = 0;  // the most at once: loaders x kLoaderBatchExperts x 3
   double copy_gb_per_s = 0.0;   // copying an expert's bytes once in DRAM (what a landing costs
                                 // where a copy follows the read: buffered reads, a device upload)
-  std::string reader;           // "io_uring, O_DIRECT" and the like
 };
 
 // Reads about `bytes` (at least one submission per loader) of `model`'s routed experts with

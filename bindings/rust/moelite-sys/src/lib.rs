@@ -223,6 +223,16 @@ pub struct moelite_quality_stats {
 }
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
+pub struct moelite_expert_read_probe {
+    pub struct_size: usize,
+    pub read_gb_per_s: f64,
+    pub reads_per_s: f64,
+    pub read_bytes: f64,
+    pub reads_in_flight: i32,
+    pub copy_gb_per_s: f64,
+}
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
 pub struct moelite_chat_message {
     pub role: *const c_char,
     pub content: *const c_char,
@@ -290,6 +300,7 @@ extern "C" {
     pub fn moelite_model_meta_key(model: *const moelite_model, i: i32) -> *const c_char;
     pub fn moelite_model_meta_value(model: *const moelite_model, key: *const c_char, buf: *mut c_char, capacity: usize, len: *mut usize) -> moelite_status;
     pub fn moelite_model_measure_device_bandwidth(model: *mut moelite_model, gb_per_s: *mut f64) -> moelite_status;
+    pub fn moelite_model_measure_expert_reads(model: *const moelite_model, bytes: u64, out: *mut moelite_expert_read_probe) -> moelite_status;
     pub fn moelite_model_trace_begin(model: *mut moelite_model, path: *const c_char) -> moelite_status;
     pub fn moelite_model_trace_end(model: *mut moelite_model) -> moelite_status;
     pub fn moelite_supported_archs() -> *const c_char;
