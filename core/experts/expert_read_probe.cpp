@@ -103,15 +103,15 @@ Status probe_expert_reads(const Model& model, int32_t loaders, uint64_t bytes, E
   } catch (const std::bad_alloc&) {
     return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory for the storage probe's readers");
   }
-  // Submissions are handed out from one counter until `bytes` are asked for; each loader picks its
-  // experts with a generator seeded by its index.
+  // Submissions are handed out from one counter until `bytes` are asked for; submission i reads the
+  // experts a generator seeded by i picks, so the reads are the same whichever loader takes it.
   const uint64_t per_submission = std::max<uint64_t>(1, total_expert_bytes / layers.size() * kLoaderBatchExperts);
   const uint64_t submissions = std::max<uint64_t>(static_cast<uint64_t>(loaders), bytes / per_submission);
   std::atomic<uint64_t> next{0};
   auto run = [&](size_t t) {
     Loader& d = pool[t];
-    std::mt19937_64 rng(0x5eed + t);
-    while (next.fetch_add(1) < submissions) {
+    for (uint64_t i; (i = next.fetch_add(1)) < submissions;) {
+      std::mt19937_64 rng(0x5eed + i);
       d.ranges.clear();
       uint8_t* mem = static_cast<uint8_t*>(d.buffer->p);
       for (size_t k = 0; k < kLoaderBatchExperts; ++k, mem += largest) {
