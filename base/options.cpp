@@ -13,7 +13,7 @@ namespace {
 // MOELITE_FAULT_INJECT=kind:n, kind one of the platform layer's fault kinds and n >= 1. The kinds
 // are listed here rather than asked of platforms/ (base/ is below it); platforms/fault_inject.cpp
 // parses the same spelling and a test checks that the two lists agree.
-constexpr const char* kFaultKinds = "open|read|mmap|alloc|uring_submit|uring_complete|uring_busy|read_efault";
+constexpr const char* kFaultKinds = "open|read|mmap|alloc|uring_submit|uring_complete|uring_busy|read_efault|write";
 
 bool in_list(const char* list, const char* text, size_t len) {
   for (const char* p = list; *p;) {
@@ -70,9 +70,13 @@ const OptionInfo kOptions[] = {
      "0 turns off the prefill lookahead (a prompt's batch names the next layer's experts to the store as soon as "
      "a layer has routed); read on every MoE layer, for measuring",
      nullptr},
+    {Option::PackedExperts, "MOELITE_PACKED_EXPERTS", OptionKind::Flag, 0, 1, nullptr, "1",
+     "0 ignores a packed expert file beside the model (MODEL.experts, `moelite pack`): the store then reads "
+     "experts from the model file; for comparing the two",
+     nullptr},
     {Option::FaultInject, "MOELITE_FAULT_INJECT", OptionKind::Custom, 0, 0, nullptr, "off",
      "`kind:n`: the n-th call (1-based, from process start) of that kind at the platform layer fails as the OS "
-     "would; kinds open, read, mmap, alloc, uring_submit, uring_complete, uring_busy, read_efault",
+     "would; kinds open, read, mmap, alloc, uring_submit, uring_complete, uring_busy, read_efault, write",
      check_fault_spec},
     {Option::ZstdLibrary, "MOELITE_ZSTD_LIBRARY", OptionKind::Text, 0, 0, nullptr, "libzstd.so.1",
      "the zstd library saved sessions are compressed with, opened at the first save or load", nullptr},

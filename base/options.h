@@ -28,6 +28,7 @@ enum class Option : int {
   IoTimeout,
   IoThreads,
   PrefillLookahead,
+  PackedExperts,
   FaultInject,
   ZstdLibrary,
   // Vulkan backend

@@ -564,10 +564,11 @@ MOELITE_API moelite_status moelite_model_meta_value(const moelite_model* model, 
 MOELITE_API moelite_status moelite_model_measure_device_bandwidth(moelite_model* model, double* gb_per_s);
 
 /** How fast the model's storage delivers experts read the way the expert store reads them under a
- *  budget: each expert as three reads (its gate, up and down matrices, widened to 4 KiB blocks
- *  where the file opens with O_DIRECT), four experts per submission, one submission in flight per
- *  loader thread (MOELITE_IO_THREADS, default 2), through the store's reader (io_uring where
- *  available). The experts are random ones of random layers, the same for the same file. This is
+ *  budget: from the model file each expert as three reads (its gate, up and down matrices, widened
+ *  to 4 KiB blocks where the file opens with O_DIRECT), four experts per submission; from a packed
+ *  expert file (moelite_pack_experts) each expert as one read of its record (three above 1 MiB),
+ *  twelve reads per submission; one submission in flight per loader thread (MOELITE_IO_THREADS,
+ *  default 2), through the store's reader (io_uring where available). The experts are random ones of random layers, the same for the same file. This is
  *  the speed a storage bound should divide by: large sequential reads at a depth of one or two
  *  (dd, most probes) can be much faster or slower than these. Set struct_size to
  *  sizeof(moelite_expert_read_probe); fields beyond it are not written. */
@@ -576,18 +577,70 @@ typedef struct moelite_expert_read_probe {
   double read_gb_per_s;     /* bytes landed per second, all loaders together */
   double reads_per_s;       /* read requests completed per second */
   double read_bytes;        /* mean bytes of a read request as issued */
-  int32_t reads_in_flight;  /* the most at once: loaders x 4 experts x 3 */
+  int32_t reads_in_flight;  /* the most at once: loaders x 12 */
   double copy_gb_per_s;     /* one DRAM copy of expert-sized pieces, where a copy follows the read
                                (buffered reads, an upload to a device) */
 } moelite_expert_read_probe;
 /*  Reads about `bytes` (0: 256 MiB; at least one submission per loader) and then copies 128 MiB;
  *  `model` may come from moelite_model_inspect (nothing is loaded) or moelite_model_load, and
- *  nothing of it changes; the reads compete with any evaluation running meanwhile. Buffers: four
- *  experts per loader plus twice 128 MiB for the copy. Errors: MOELITE_ERR_INVALID_ARGUMENT (NULL
+ *  nothing of it changes; the reads compete with any evaluation running meanwhile. Buffers: one
+ *  submission's experts per loader plus twice 128 MiB for the copy. Errors: MOELITE_ERR_INVALID_ARGUMENT (NULL
  *  model or out, struct_size unset, a model without routed experts), MOELITE_ERR_IO (a read
  *  failed), MOELITE_ERR_OUT_OF_MEMORY, MOELITE_ERR_SYSTEM_LIMIT (no thread). Thread-safe. */
 MOELITE_API moelite_status moelite_model_measure_expert_reads(const moelite_model* model, uint64_t bytes,
                                                               moelite_expert_read_probe* out);
+
+/** The packed expert file. Under a budget the expert store reads each expert it loads from the
+ *  model file as three reads (its gate, up and down matrices are slices of three tensors), each
+ *  widened to whole 4 KiB blocks with O_DIRECT. A packed expert file holds a copy of every routed
+ *  expert with its three matrices together in one 4 KiB-aligned record, so an expert up to 1 MiB is
+ *  one read with nothing widened: fewer, larger requests, which is what small experts on slow or
+ *  latency-bound storage (eMMC, SD cards, UFS, network file systems) need. It is a sidecar: the
+ *  GGUF is not changed and stays the model every tool (moelite too) loads.
+ *
+ *  Writes the packed expert file of the GGUF model at `model_path` to `out_path`, or, when
+ *  `out_path` is NULL, beside the model as MODEL.experts (model_path + ".experts"), which is where
+ *  moelite_model_load and moelite_model_inspect look for it. The file takes about the experts'
+ *  bytes again. Written atomically: under a temporary name beside `out_path` that is renamed once
+ *  whole, with the space reserved first (a disk too small fails at once); any failure removes it
+ *  and leaves an older file at `out_path` as it was. `progress` (may be NULL) is called with the
+ *  share of experts written; returning 0 cancels. Errors: MOELITE_ERR_INVALID_ARGUMENT (NULL path,
+ *  `out_path` naming the model itself, a model without routed experts), the load errors of
+ *  moelite_model_inspect for a file that is not a model this build runs, MOELITE_ERR_IO (a read or
+ *  write failed, the disk is full, `out_path` is a directory or a special file),
+ *  MOELITE_ERR_PROGRESS_ABORTED. Thread-safe. */
+MOELITE_API moelite_status moelite_pack_experts(const char* model_path, const char* out_path,
+                                                moelite_progress_fn progress, void* user_data);
+/** The file the model's expert store reads experts from: the packed expert file beside the model
+ *  when there is one made from this very model (its size, header, metadata, tensor directory and
+ *  samples of every layer's experts are checked at load), else the model file. A packed file that
+ *  is there but does not match (the model was replaced, the file was cut short) is not used, and
+ *  the load logs a warning saying why. Results never depend on which file is read (the bytes are
+ *  the same); only speed does. Owned by the model; NULL for a NULL model. Models loaded without a
+ *  budget read no experts this way but still name the file a budget would read. */
+MOELITE_API const char* moelite_model_expert_file(const moelite_model* model);
+
+/** zstd on a sample of the model's experts, to decide whether compressing them could pay (the
+ *  bytes it saves from storage against the time it takes to decompress): one row per weight type
+ *  among the expert matrices. */
+typedef struct moelite_expert_compression {
+  const char* weight_type;    /* "Q8_0", "Q4_K", ...: static storage, owned by the library */
+  int64_t matrices;           /* matrices compressed, one zstd frame each */
+  uint64_t raw_bytes;         /* their bytes */
+  uint64_t zstd_bytes;        /* compressed */
+  double decompress_gb_per_s; /* raw bytes out per second of one thread decompressing */
+} moelite_expert_compression;
+/*  Compresses up to `max_experts` experts (0: 64) spread over the layers at zstd `level` (1..19; 0:
+ *  3) and fills rows[0 .. min(capacity, n) - 1]; *n_rows receives n, the number of weight types (3
+ *  at most: gate, up and down). MOELITE_ERR_BUFFER_TOO_SMALL when capacity < n (the first
+ *  `capacity` rows are written). Errors: MOELITE_ERR_INVALID_ARGUMENT (NULL model or n_rows, rows
+ *  NULL with capacity > 0, level or max_experts out of range, a vocabulary-only model),
+ *  MOELITE_ERR_NOT_IMPLEMENTED (libzstd could not be loaded), MOELITE_ERR_IO,
+ *  MOELITE_ERR_OUT_OF_MEMORY. Thread-safe. */
+MOELITE_API moelite_status moelite_model_measure_expert_compression(const moelite_model* model, int32_t level,
+                                                                    int32_t max_experts,
+                                                                    moelite_expert_compression* rows, int32_t capacity,
+                                                                    int32_t* n_rows);
 
 /** Starts recording a timeline of this model's work to `path`, in the Chrome trace-event format
  *  (JSON that Perfetto, ui.perfetto.dev, and chrome://tracing open): every context's evaluations
@@ -639,6 +692,9 @@ typedef struct moelite_expert_stats {
   double read_busy_seconds;   /* wall time with at least one storage read in flight, store-wide
                                  (layer -1 only; 0 in a layer's record): bytes_read over it is the
                                  read speed the store achieved while reading */
+  uint64_t reads;             /* read requests to storage that landed (bytes_read / reads: their
+                                 mean size); an expert is three from the model file, one from a
+                                 packed expert file (moelite_pack_experts) */
 } moelite_expert_stats;
 
 /** Cumulative expert-store counters of one layer, or of all layers for layer = -1. Thread-safe.

@@ -13,7 +13,8 @@ namespace moelite::platform::fault {
 namespace {
 
 const char* const kNames[kKindCount] = {"open",         "read",           "mmap",       "alloc",
-                                        "uring_submit", "uring_complete", "uring_busy", "read_efault"};
+                                        "uring_submit", "uring_complete", "uring_busy", "read_efault",
+                                        "write"};
 
 std::atomic<int> g_armed_kind{-1};
 std::atomic<int64_t> g_armed_n{0};

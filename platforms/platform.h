@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include "base/status.h"
 
@@ -61,6 +62,18 @@ struct WritePiece {
   size_t size;
 };
 Status write_file_atomic(const std::string& path, const WritePiece* pieces, size_t n_pieces);
+// write_file_atomic for a file too large to hold in memory (a packed expert file): `produce` writes
+// its bytes in order through `write`. Regular files only (anything else is MOELITE_ERR_IO, never
+// replaced); `size` bytes are reserved first where the file system can, so a disk too small fails
+// before gigabytes are written. A failure of `produce` (its status) or of a write removes the
+// temporary file and leaves the old file as it was.
+using WriteFn = std::function<Status(const void* data, size_t size)>;
+Status write_large_file_atomic(const std::string& path, uint64_t size,
+                               const std::function<Status(const WriteFn& write)>& produce);
+// Whether anything (a file, a link, a directory) is at `path`.
+bool path_exists(const std::string& path);
+// Whether `a` and `b` name the same file (after links); false when either is missing.
+bool same_file(const std::string& a, const std::string& b);
 // Whether write_file_atomic(path, ...) could write, by the same rule, writing nothing: a timeline
 // checks its path when it starts, so the run's trace is not lost at its end. A FIFO is not even
 // opened (its reader would see the end of its stream when this closed it).

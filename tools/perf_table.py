@@ -38,10 +38,11 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def moelite_bench(cli, model, threads, n_prompt, n_gen, extra=(), preexec_fn=None):
+def moelite_bench(cli, model, threads, n_prompt, n_gen, extra=(), preexec_fn=None, env=None):
     cmd = [cli, "bench", "-m", model, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen), "-r", "2",
            "--json", *extra]
-    r = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=preexec_fn)
+    r = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=preexec_fn,
+                       env=dict(os.environ, **env) if env else None)
     if r.returncode != 0:
         sys.exit("moelite bench failed: %s\n%s" % (" ".join(cmd), r.stderr))
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -103,6 +104,10 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--md")
     ap.add_argument("--throttle", default="", help="GB/s,...: budgeted rows again on a device capped at each speed")
+    ap.add_argument("--iops", type=int, default=0, help="with --throttle: also cap read requests per second")
+    ap.add_argument("--expert-files", default="model",
+                    help="model,packed: read experts from the model file, from its packed expert file "
+                         "(MODEL.experts, written by `moelite pack` when missing), or each in turn")
     ap.add_argument("--backend", default="cpu", choices=("cpu", "cuda", "vulkan"),
                     help="moelite's backend; a GPU one offloads every llama.cpp layer (-ngl 99)")
     a = ap.parse_args()
@@ -138,14 +143,24 @@ def main():
         peer = None
     budgeted = []
 
+    expert_files = [f for f in a.expert_files.split(",") if f]
+    if any(f not in ("model", "packed") for f in expert_files):
+        ap.error("--expert-files takes model and/or packed")
+    if "packed" in expert_files and not os.path.exists(a.model + ".experts"):
+        subprocess.run([a.moelite, "pack", "-m", a.model, "--zstd-sample", "0"], check=True)
+
     def budgeted_rows(model, storage, extra=(), preexec_fn=None):
-        for budget, n_seq, policy, predictor in itertools.product(
+        for budget, n_seq, policy, predictor, expert_file in itertools.product(
                 filter(None, a.budgets.split(",")), [int(n) for n in a.n_seq.split(",") if n],
-                filter(None, a.policies.split(",")), filter(None, a.predictors.split(","))):
+                filter(None, a.policies.split(",")), filter(None, a.predictors.split(",")), expert_files):
             b = moelite_bench(a.moelite, model, a.threads, a.prompt, a.gen,
                               backend + ["--budget", budget, "--policy", policy, "--predictor", predictor,
-                                         "--n-seq", str(n_seq), *extra], preexec_fn)
+                                         "--n-seq", str(n_seq), *extra], preexec_fn,
+                              {"MOELITE_PACKED_EXPERTS": "1" if expert_file == "packed" else "0"})
+            if (expert_file == "packed") != b["expert_file"].endswith(".experts"):
+                sys.exit("asked for the %s file, but the bench read %s" % (expert_file, b["expert_file"]))
             budgeted.append({"storage": storage, "budget": budget, "n_seq": n_seq, "policy": policy,
+                             "expert_file": expert_file, "reads_per_token": b["reads_per_token"],
                              "predictor": predictor, "decode_tok_s": b["decode_tok_s"],
                              "decode_tok_s_min": b["decode_tok_s_min"], "decode_tok_s_max": b["decode_tok_s_max"],
                              "prefill_tok_s": b["prefill_tok_s"],
@@ -160,8 +175,9 @@ def main():
     budgeted_rows(a.model, "the machine's disk (measured)")
     for rate in filter(None, a.throttle.split(",")):
         from throttled_storage import ThrottledStorage
-        with ThrottledStorage(a.model, float(rate)) as dev:
-            budgeted_rows(dev.model, "capped at %s GB/s" % rate, ["--storage-gb-s", rate], dev.enter)
+        with ThrottledStorage(a.model, float(rate), iops=a.iops) as dev:
+            budgeted_rows(dev.model, "capped at %s GB/s%s" % (rate, ", %d reads/s" % a.iops if a.iops else ""),
+                          ["--storage-gb-s", rate], dev.enter)
     if a.budget_only:
         report = {"cpu": cpu_name(), "threads": a.threads, "model": os.path.basename(a.model), "n_prompt": a.prompt,
                   "n_gen": a.gen, "budgeted": budgeted}
@@ -207,15 +223,18 @@ def budgeted_table(report):
     md = ["%s, %d threads, %s, %d decoded tokens per sequence; storage speed: the faster of a probe with "
           "the store's reads and the store's own rate while reading (or as given for a capped device)." % (
               report["cpu"], report["threads"], report["model"], report["n_gen"]), "",
-          "| storage | budget | sequences | policy | predictor | decode tok/s [min..max] | hit rate | MB read/token "
-          "| storage GB/s (probe) | bound tok/s | fraction of bound | step ms: computing / waiting | storage "
-          "reading / idle ms |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| storage | budget | sequences | policy | predictor | expert file | decode tok/s [min..max] | hit rate "
+          "| MB read/token | reads/token | storage GB/s (probe) | bound tok/s | fraction of bound "
+          "| step ms: computing / waiting | storage reading / idle ms |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for b in report["budgeted"]:
         s = b["step_ms"]
-        md.append("| %s | %s | %d | %s | %s | %.2f [%.2f..%.2f] | %.3f | %.1f | %.2f (%.2f) | %.2f | %.2f | %.0f / %.0f "
-                  "| %.0f / %.0f |" % (
-                      b["storage"], b["budget"], b["n_seq"], b["policy"], b["predictor"], b["decode_tok_s"],
+        md.append("| %s | %s | %d | %s | %s | %s | %.2f [%.2f..%.2f] | %.3f | %.2f | %s | %.2f (%.2f) | %.2f | %.2f "
+                  "| %.1f / %.1f | %.1f / %.1f |" % (
+                      b["storage"], b["budget"], b["n_seq"], b["policy"], b["predictor"], b.get("expert_file", "model"),
+                      b["decode_tok_s"],
                       b["decode_tok_s_min"], b["decode_tok_s_max"], b["hit_rate"], b["bytes_read_per_token"] / 1e6,
+                      "%.1f" % b["reads_per_token"] if "reads_per_token" in b else "-",
                       b["storage_read_gb_s"], b["storage_probe_gb_s"], b["budget_bound_tok_s"],
                       b["decode_fraction_of_budget_bound"], s["compute"], s["load_wait"], s["read_busy"],
                       s["read_idle"]))

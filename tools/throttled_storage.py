@@ -7,9 +7,12 @@ buckets that read at 2 GB/s for half a second after an idle spell and at a fract
 the disk idle between layers, so it is served partly from the burst, and "the storage's speed"
 has no single value to divide by.
 
-This makes one whose sustained speed is the number given: an ext4 image in RAM (/dev/shm) mounted
+This makes one whose sustained speed is the number given (and, with iops, whose read requests per
+second are capped too, as on SD cards and eMMC, where a request's latency and not the bytes can set
+the cost): an ext4 image in RAM (/dev/shm) mounted
 through a loop device, and a cgroup that caps reads from that device at R bytes per second (cgroup
-v1 blkio.throttle.read_bps_device, or v2 io.max). Experts read with O_DIRECT pass through the loop
+v1 blkio.throttle.read_bps_device and read_iops_device, or v2 io.max). A packed expert file beside
+the model (MODEL.experts) is copied with it. Experts read with O_DIRECT pass through the loop
 device and its cap; nothing comes from the page cache. The loop device copies from RAM on the
 CPU, which a real NVMe drive (DMA) does not: 0.29 core-seconds per GB on a Zen 3 VM (uncapped,
 3.5 GB/s kept one core busy), so at 2 GB/s a 2-core machine lends more than half a core to its
@@ -48,13 +51,14 @@ def _run(cmd):
 
 
 class ThrottledStorage:
-    def __init__(self, model, gb_s, shm="/dev/shm"):
+    def __init__(self, model, gb_s, shm="/dev/shm", iops=0):
         if os.geteuid() != 0:
             raise RuntimeError("a throttled device needs root (loop devices, cgroups)")
         if not gb_s > 0:
             raise ValueError("the speed must be above 0 GB/s")
         self.source = model
         self.bytes_per_s = int(gb_s * 1e9)
+        self.iops = int(iops)  # 0: no cap on read requests per second
         self.shm = shm
         self.dir = self.mount = self.cgroup = self.device = None
         self.model = None
@@ -68,7 +72,9 @@ class ThrottledStorage:
         return self
 
     def _make(self):
-        size = os.path.getsize(self.source)
+        # The model and its packed expert file (MODEL.experts) when there is one.
+        sources = [p for p in (self.source, self.source + ".experts") if os.path.exists(p)]
+        size = sum(os.path.getsize(p) for p in sources)
         image_bytes = size + size // 10 + (128 << 20)  # ext4's own blocks, journal and slack
         free = shutil.disk_usage(self.shm).free
         if free < image_bytes + (512 << 20):
@@ -83,7 +89,8 @@ class ThrottledStorage:
         _run(["mount", "-o", "loop", image, self.mount])
         self.device = _run(["findmnt", "-n", "-o", "SOURCE", self.mount]).strip()
         self.model = os.path.join(self.mount, os.path.basename(self.source))
-        shutil.copyfile(self.source, self.model)
+        for p in sources:
+            shutil.copyfile(p, os.path.join(self.mount, os.path.basename(p)))
         os.sync()
         rdev = os.stat(self.device).st_rdev
         majmin = "%d:%d" % (os.major(rdev), os.minor(rdev))
@@ -93,13 +100,16 @@ class ThrottledStorage:
             os.mkdir(self.cgroup)
             with open(os.path.join(self.cgroup, "blkio.throttle.read_bps_device"), "w") as f:
                 f.write("%s %d\n" % (majmin, self.bytes_per_s))
+            if self.iops:
+                with open(os.path.join(self.cgroup, "blkio.throttle.read_iops_device"), "w") as f:
+                    f.write("%s %d\n" % (majmin, self.iops))
         elif "io" in open(os.path.join(CGROUP_V2, "cgroup.controllers")).read().split():
             with open(os.path.join(CGROUP_V2, "cgroup.subtree_control"), "w") as f:
                 f.write("+io\n")
             self.cgroup = os.path.join(CGROUP_V2, name)
             os.mkdir(self.cgroup)
             with open(os.path.join(self.cgroup, "io.max"), "w") as f:
-                f.write("%s rbps=%d\n" % (majmin, self.bytes_per_s))
+                f.write("%s rbps=%d%s\n" % (majmin, self.bytes_per_s, " riops=%d" % self.iops if self.iops else ""))
         else:
             raise RuntimeError("no cgroup I/O controller (blkio or io) to throttle the device with")
 
@@ -137,13 +147,15 @@ class ThrottledStorage:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gb-s", type=float, required=True, help="sustained read speed of the device")
+    ap.add_argument("--iops", type=int, default=0, help="most read requests per second (0: no cap), as flash "
+                    "cards and eMMC have")
     ap.add_argument("model")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not cmd:
         sys.exit("give a command after --")
-    with ThrottledStorage(a.model, a.gb_s) as dev:
+    with ThrottledStorage(a.model, a.gb_s, iops=a.iops) as dev:
         sys.exit(subprocess.run([c.replace("{model}", dev.model) for c in cmd], preexec_fn=dev.enter).returncode)
 
 

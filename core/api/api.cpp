@@ -54,6 +54,7 @@ moelite_expert_stats sum_expert_stats(const std::vector<moelite::ExpertLayerStat
     total.predicted += s.predicted;
     total.predictions += s.predictions;
     total.ready_when_needed += s.ready_when_needed;
+    total.reads += s.reads;
   }
   return total;
 }

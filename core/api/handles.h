@@ -178,7 +178,7 @@ inline size_t expert_stats_bytes(size_t struct_size) {
       MOELITE_FIELD_END(S, bytes_read),        MOELITE_FIELD_END(S, wait_seconds),   MOELITE_FIELD_END(S, predicted),
       MOELITE_FIELD_END(S, predictions),       MOELITE_FIELD_END(S, ready_when_needed),
       MOELITE_FIELD_END(S, routed_tokens),     MOELITE_FIELD_END(S, routed_experts),
-      MOELITE_FIELD_END(S, read_busy_seconds)};
+      MOELITE_FIELD_END(S, read_busy_seconds), MOELITE_FIELD_END(S, reads)};
   return whole_fields(struct_size, ends);
 }
 inline size_t generate_stats_bytes(size_t struct_size) {

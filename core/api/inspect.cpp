@@ -1,10 +1,13 @@
-// The C API's inspection side: moelite_model_inspect, GGUF metadata and token attributes.
+// The C API's inspection side: moelite_model_inspect, GGUF metadata and token attributes, the
+// packed expert file.
 // Argument checks and translation, nothing else.
+#include <cstdio>
 #include <cstring>
 #include <string>
 
 #include "base/options.h"
 #include "core/api/handles.h"
+#include "core/experts/expert_pack.h"
 #include "core/gguf/value_text.h"
 #include "core/text/tokenizer.h"
 #include "moelite.h"
@@ -85,6 +88,59 @@ MOELITE_API const char* moelite_token_text(const moelite_model* model, int32_t t
   const moelite::Tokenizer& tok = *model->impl->tokenizer;
   if (token < 0 || token >= tok.n_tokens()) return nullptr;
   return tok.text(token).c_str();
+}
+
+MOELITE_API moelite_status moelite_pack_experts(const char* model_path, const char* out_path,
+                                                moelite_progress_fn progress, void* user_data) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!model_path) return null_arg(api_fn, "model_path");
+    MOELITE_TRY(moelite::check_options());
+    moelite::LoadOptions opts;
+    opts.inspect_only = true;
+    std::unique_ptr<moelite::Model> m;
+    MOELITE_TRY(moelite::Model::load(model_path, opts, &m));
+    const std::string out = out_path ? std::string(out_path) : std::string(model_path) + moelite::kPackedSuffix;
+    moelite::PackResult r;
+    return moelite::pack_experts(*m, out, progress, user_data, &r);
+  });
+}
+
+MOELITE_API const char* moelite_model_expert_file(const moelite_model* model) {
+  if (!model) return nullptr;
+  const moelite::Model& m = *model->impl;
+  return m.packed.present() ? m.packed.path.c_str() : m.path.c_str();
+}
+
+MOELITE_API moelite_status moelite_model_measure_expert_compression(const moelite_model* model, int32_t level,
+                                                                    int32_t max_experts,
+                                                                    moelite_expert_compression* rows, int32_t capacity,
+                                                                    int32_t* n_rows) {
+  const char* const api_fn = __func__;
+  return guarded(api_fn, [&]() -> moelite_status {
+    if (!model) return null_arg(api_fn, "model");
+    if (!n_rows) return null_arg(api_fn, "n_rows");
+    if (!rows && capacity > 0) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: rows is NULL with capacity %d", api_fn, capacity);
+    if (capacity < 0) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: capacity %d is negative", api_fn, capacity);
+    if (level < 0 || level > 19) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: level %d is outside 0..19", api_fn, level);
+    if (max_experts < 0) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: max_experts %d is negative", api_fn, max_experts);
+    if (model->impl->vocab_only) return fail(MOELITE_ERR_INVALID_ARGUMENT, "%s: a vocabulary-only model has no experts", api_fn);
+    std::vector<moelite::CompressionRow> found;
+    MOELITE_TRY(moelite::measure_expert_compression(*model->impl, level ? level : 3, max_experts ? max_experts : 64, &found));
+    *n_rows = static_cast<int32_t>(found.size());
+    for (size_t i = 0; i < found.size() && i < static_cast<size_t>(capacity); ++i) {
+      moelite_expert_compression& r = rows[i];
+      memset(&r, 0, sizeof r);
+      r.weight_type = moelite::type_name(found[i].type);
+      r.matrices = found[i].matrices;
+      r.raw_bytes = found[i].raw_bytes;
+      r.zstd_bytes = found[i].zstd_bytes;
+      r.decompress_gb_per_s = found[i].decompress_gb_s;
+    }
+    if (found.size() > static_cast<size_t>(capacity))
+      return fail(MOELITE_ERR_BUFFER_TOO_SMALL, "%s: %zu rows, room for %d", api_fn, found.size(), capacity);
+    return MOELITE_OK;
+  });
 }
 
 }  // extern "C"

@@ -5,10 +5,11 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <system_error>
 #include <thread>
 #include <vector>
 
-#include "core/experts/expert_store.h"
+#include "core/experts/expert_reads.h"
 #include "core/model/model.h"
 #include "platforms/batch_read.h"
 #include "platforms/platform.h"
@@ -16,22 +17,6 @@
 namespace moelite {
 
 namespace {
-
-// One expert's three matrices in the file.
-struct ExpertChunks {
-  uint64_t offset[3], bytes[3];
-};
-
-ExpertChunks chunks_of(const LayerExperts& le, int32_t e) {
-  const ExpertWeights w = le.expert(e);
-  const WeightView* v[3] = {&w.gate, &w.up, &w.down};
-  ExpertChunks c;
-  for (int i = 0; i < 3; ++i) {
-    c.offset[i] = v[i]->file_offset;
-    c.bytes[i] = v[i]->row_bytes * static_cast<uint64_t>(v[i]->rows);
-  }
-  return c;
-}
 
 struct AlignedBuffer {
   void* p = nullptr;
@@ -64,30 +49,29 @@ double measure_copy(uint64_t piece) {
 
 Status probe_expert_reads(const Model& model, int32_t loaders, uint64_t bytes, ExpertReadProbe* out) {
   if (loaders < 1) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the storage probe needs at least one loader, not %d", loaders);
+  const ExpertReads plan(model);
   std::vector<int32_t> layers;
-  uint64_t largest = 0, total_expert_bytes = 0;
+  uint64_t total_expert_bytes = 0;
   for (size_t l = 0; l < model.layers.size(); ++l) {
-    const LayerExperts& le = model.layers[l].experts;
-    if (!le.present()) continue;
+    if (!model.layers[l].experts.present()) continue;
     layers.push_back(static_cast<int32_t>(l));
-    const ExpertChunks c = chunks_of(le, 0);
-    uint64_t slot = 0;
-    for (int i = 0; i < 3; ++i) slot += c.bytes[i] + 2 * platform::kDirectIoAlignment;  // widened to blocks
-    largest = std::max(largest, slot);
-    total_expert_bytes += c.bytes[0] + c.bytes[1] + c.bytes[2];
+    total_expert_bytes += plan.expert_bytes(static_cast<int32_t>(l));
   }
   if (layers.empty() || model.hp.n_expert < 1)
     return fail(MOELITE_ERR_INVALID_ARGUMENT, "the model has no routed experts to read");
+  const uint64_t slot = plan.slot_bytes();
+  const size_t batch = plan.experts_per_submission();
 
   platform::File file;
-  if (platform::File::open_direct(model.path, &file) != MOELITE_OK) {
+  if (platform::File::open_direct(plan.path(), &file) != MOELITE_OK) {
     clear_error();
-    MOELITE_TRY(platform::File::open(model.path, &file));
+    MOELITE_TRY(platform::File::open(plan.path(), &file));
   }
   struct Loader {
     std::unique_ptr<platform::BatchReader> reader;
     std::unique_ptr<AlignedBuffer> buffer;
     std::vector<platform::ReadRange> ranges;
+    std::vector<uint8_t> matrices_in;
     uint64_t landed = 0, reads = 0, requested = 0;
     Status status = MOELITE_OK;
     std::string why;
@@ -95,17 +79,18 @@ Status probe_expert_reads(const Model& model, int32_t loaders, uint64_t bytes, E
   std::vector<Loader> pool(static_cast<size_t>(loaders));
   try {
     for (Loader& d : pool) {
-      d.reader = platform::BatchReader::create(3 * kLoaderBatchExperts);
-      d.buffer = std::make_unique<AlignedBuffer>(static_cast<size_t>(largest * kLoaderBatchExperts));
+      d.reader = platform::BatchReader::create(kLoaderReadsPerSubmission);
+      d.buffer = std::make_unique<AlignedBuffer>(static_cast<size_t>(slot * batch));
       if (!d.buffer->p) return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory for the storage probe's buffers");
-      d.ranges.reserve(3 * kLoaderBatchExperts);
+      d.ranges.reserve(kLoaderReadsPerSubmission);
+      d.matrices_in.reserve(kLoaderReadsPerSubmission);
     }
   } catch (const std::bad_alloc&) {
     return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory for the storage probe's readers");
   }
   // Submissions are handed out from one counter until `bytes` are asked for; submission i reads the
   // experts a generator seeded by i picks, so the reads are the same whichever loader takes it.
-  const uint64_t per_submission = std::max<uint64_t>(1, total_expert_bytes / layers.size() * kLoaderBatchExperts);
+  const uint64_t per_submission = std::max<uint64_t>(1, total_expert_bytes / layers.size() * batch);
   const uint64_t submissions = std::max<uint64_t>(static_cast<uint64_t>(loaders), bytes / per_submission);
   std::atomic<uint64_t> next{0};
   auto run = [&](size_t t) {
@@ -113,20 +98,14 @@ Status probe_expert_reads(const Model& model, int32_t loaders, uint64_t bytes, E
     for (uint64_t i; (i = next.fetch_add(1)) < submissions;) {
       std::mt19937_64 rng(0x5eed + i);
       d.ranges.clear();
+      d.matrices_in.clear();
       uint8_t* mem = static_cast<uint8_t*>(d.buffer->p);
-      for (size_t k = 0; k < kLoaderBatchExperts; ++k, mem += largest) {
+      for (size_t k = 0; k < batch; ++k, mem += slot) {
         const int32_t l = layers[rng() % layers.size()];
         const int32_t e = static_cast<int32_t>(rng() % static_cast<uint64_t>(model.hp.n_expert));
-        const ExpertChunks c = chunks_of(model.layers[static_cast<size_t>(l)].experts, e);
-        uint64_t at = 0;
-        for (int i = 0; i < 3; ++i) {
-          d.ranges.push_back(platform::file_read_range(file.native_handle(), c.offset[i], c.bytes[i], mem + at,
-                                                       file.is_direct()));
-          at += (d.ranges.back().len + platform::kDirectIoAlignment - 1) / platform::kDirectIoAlignment *
-                platform::kDirectIoAlignment;
-          d.requested += d.ranges.back().len;
-        }
+        plan.append_reads(l, e, file.native_handle(), file.is_direct(), mem, &d.ranges, &d.matrices_in);
       }
+      for (const platform::ReadRange& r : d.ranges) d.requested += r.len;
       uint64_t got = 0;
       d.status = d.reader->read_all(d.ranges, [](size_t) {}, &got);
       if (d.status != MOELITE_OK) {
@@ -160,7 +139,7 @@ Status probe_expert_reads(const Model& model, int32_t loaders, uint64_t bytes, E
   r.gb_per_s = seconds > 0 ? static_cast<double>(landed) / seconds / 1e9 : 0.0;
   r.reads_per_s = seconds > 0 ? static_cast<double>(reads) / seconds : 0.0;
   r.read_bytes = reads ? static_cast<double>(requested) / static_cast<double>(reads) : 0.0;
-  r.reads_in_flight = loaders * static_cast<int32_t>(3 * kLoaderBatchExperts);
+  r.reads_in_flight = loaders * static_cast<int32_t>(batch) * plan.max_reads_per_expert();
   r.copy_gb_per_s = measure_copy(total_expert_bytes / layers.size());
   *out = r;
   return MOELITE_OK;

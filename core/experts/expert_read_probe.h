@@ -1,9 +1,10 @@
 // What the storage delivers to reads shaped like the expert store's, so that a storage bound is
-// computed from the speed those reads can reach rather than from large sequential reads: an
-// expert is three reads (its gate, up and down matrices, widened to blocks where the file opens
-// with O_DIRECT), kLoaderBatchExperts experts go out in one submission, and every loader thread
-// has its own submission in flight -- through the store's own reader (io_uring or pread). The
-// experts are random ones of random layers (a fixed seed: the same file gives the same reads).
+// computed from the speed those reads can reach rather than from large sequential reads: each
+// expert read as the store reads it (core/experts/expert_reads.h: three reads from the model file,
+// widened to blocks where it opens with O_DIRECT, or one or three from a packed expert file), as
+// many experts in one submission as a loader takes, and every loader thread with its own
+// submission in flight -- through the store's own reader (io_uring or pread). The experts are
+// random ones of random layers (a fixed seed: the same file gives the same reads).
 #pragma once
 #include <cstdint>
 
@@ -17,7 +18,7 @@ struct ExpertReadProbe {
   double gb_per_s = 0.0;        // bytes landed per second of wall time, every loader together
   double reads_per_s = 0.0;     // read requests completed per second
   double read_bytes = 0.0;      // mean bytes per read request, as issued
-  int32_t reads_in_flight = 0;  // the most at once: loaders x kLoaderBatchExperts x 3
+  int32_t reads_in_flight = 0;  // the most at once: loaders x reads per submission
   double copy_gb_per_s = 0.0;   // copying an expert's bytes once in DRAM (what a landing costs
                                 // where a copy follows the read: buffered reads, a device upload)
 };

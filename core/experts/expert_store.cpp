@@ -23,9 +23,6 @@ uint8_t* pool_alloc(uint64_t bytes) {
 
 void pool_free(uint8_t* p) { platform::aligned_free(p); }
 
-uint64_t round_down(uint64_t v, uint64_t a) { return v / a * a; }
-constexpr uint64_t kAlign = platform::kDirectIoAlignment;
-
 WeightView& chunk_of(ExpertWeights& w, int c) { return c == 0 ? w.gate : c == 1 ? w.up : w.down; }
 
 // One bounded, abortable wait for some slot to change state. Wakes at least every
@@ -211,7 +208,6 @@ Status ExpertStore::create(const Model& model, Backend& backend, const ExpertMem
   if (!plan.streams || plan.n_slots < 1 || plan.layout.slot_bytes == 0)
     return fail(MOELITE_ERR_INTERNAL, "the expert store needs a plan with slots");
   std::unique_ptr<ExpertStore> s(new ExpertStore(model, backend));
-  const std::string& path = model.path;
   MOELITE_TRY(make_policy(opts.policy, &s->policy_));
   s->policy_name_ = opts.policy;
   s->per_layer_ = plan.per_layer();
@@ -219,40 +215,15 @@ Status ExpertStore::create(const Model& model, Backend& backend, const ExpertMem
   s->quota_ = plan.layer_slots;
   const uint64_t n_slots = static_cast<uint64_t>(plan.n_slots);
 
-  // Storage tier: the model file itself, bypassing the page cache where the file system allows.
+  // Storage tier: the model file itself or its packed expert file, bypassing the page cache where
+  // the file system allows.
+  const std::string& path = s->reads_.path();
+  if (plan.layout.slot_bytes < s->reads_.slot_bytes())
+    return fail(MOELITE_ERR_INTERNAL, "the plan's slots (%" PRIu64 " bytes) are smaller than an expert's reads (%" PRIu64 ")",
+                plan.layout.slot_bytes, s->reads_.slot_bytes());
   if (platform::File::open_direct(path, &s->file_) != MOELITE_OK) {
     clear_error();
     MOELITE_TRY(platform::File::open(path, &s->file_));
-  }
-
-  // Where each chunk of each layer lives in the file and in a slot.
-  s->plans_.resize(model.layers.size());
-  uint64_t region_offset = 0;
-  const uint64_t* region = plan.layout.region;
-  for (size_t l = 0; l < model.layers.size(); ++l) {
-    const LayerExperts& le = model.layers[l].experts;
-    ChunkPlan& p = s->plans_[l];
-    ExpertWeights w0 = le.expert(0), w1 = le.expert(model.hp.n_expert > 1 ? 1 : 0);
-    region_offset = 0;
-    for (int c = 0; c < 3; ++c) {
-      p.file_offset[c] = chunk_of(w0, c).file_offset;
-      p.stride[c] = chunk_of(w1, c).file_offset - chunk_of(w0, c).file_offset;
-      p.bytes[c] = chunk_of(w0, c).row_bytes * static_cast<uint64_t>(chunk_of(w0, c).rows);
-      p.slot_offset[c] = region_offset;
-      region_offset += region[c];
-    }
-    if (!le.split.empty()) {
-      // Old per-expert tensors are not evenly spaced: check, and refuse rather than misread.
-      for (int32_t e = 0; e < model.hp.n_expert; ++e) {
-        ExpertWeights we = le.expert(e);
-        for (int c = 0; c < 3; ++c)
-          if (chunk_of(we, c).file_offset != p.file_offset[c] + p.stride[c] * static_cast<uint64_t>(e))
-            return fail(MOELITE_ERR_NOT_IMPLEMENTED,
-                        "layer %zu stores its experts as separate, unevenly spaced tensors; the expert store "
-                        "needs them evenly spaced (re-convert the model, or load without a budget)",
-                        l);
-      }
-    }
   }
 
   // Slots in memory the backend computes on in place when it has such (unified-memory GPUs).
@@ -285,9 +256,9 @@ Status ExpertStore::create(const Model& model, Backend& backend, const ExpertMem
   try {
     (void)platform::little_cores();  // computed once; a loader only reads it
     for (int32_t t = 0; t < n_loaders; ++t) {
-      s->loader_readers_.push_back(platform::BatchReader::create(3 * kLoaderBatchExperts));
+      s->loader_readers_.push_back(platform::BatchReader::create(kLoaderReadsPerSubmission));
       s->loader_batches_.emplace_back();
-      s->loader_batches_.back().reserve(kLoaderBatchExperts);  // never grows after this
+      s->loader_batches_.back().reserve(s->reads_.experts_per_submission());  // never grows after this
     }
   } catch (const std::bad_alloc&) {
     return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory preparing %d expert loader(s)", n_loaders);
@@ -333,11 +304,8 @@ size_t ExpertStore::pinned_slots() const {
 
 ExpertWeights ExpertStore::view(const Slot& s) const {
   ExpertWeights w = model_.layers[static_cast<size_t>(s.layer)].experts.expert(s.expert);
-  const ChunkPlan& p = plans_[static_cast<size_t>(s.layer)];
   for (int c = 0; c < 3; ++c) {
-    const uint64_t off = p.file_offset[c] + p.stride[c] * static_cast<uint64_t>(s.expert);
-    const uint64_t skew = file_.is_direct() ? off - round_down(off, kAlign) : 0;
-    chunk_of(w, c).data = s.mem + p.slot_offset[c] + skew;
+    chunk_of(w, c).data = s.mem + reads_.matrix_offset(s.layer, s.expert, c, file_.is_direct());
     chunk_of(w, c).mapped = false;  // a slot: refilled with other experts
   }
   return w;
@@ -796,7 +764,7 @@ void ExpertStore::loader_main(platform::BatchReader& reader, std::vector<Load>& 
       // few milliseconds (a trace of a 2-core decode at a 50 % budget: the second of two misses
       // started 1-2 ms after the first). Speculative loads go one at a time.
       std::deque<Request>& q = demand_q_.empty() ? spec_q_ : demand_q_;
-      const size_t take = &q == &demand_q_ ? kLoaderBatchExperts : 1;
+      const size_t take = &q == &demand_q_ ? reads_.experts_per_submission() : 1;
       while (!q.empty() && batch.size() < take) {
         const Slot& s = slots_[static_cast<size_t>(q.front().slot)];
         batch.push_back({q.front().slot, s.layer, s.expert, s.client, s.queued_us, s.speculative, false});  // reserved
@@ -840,36 +808,43 @@ double ExpertStore::read_busy_seconds() const {
 void ExpertStore::load_batch(platform::BatchReader& reader, std::vector<Load>& loads, bool* busy) {
   const size_t n = loads.size();
   const double started_us = TimelineRecorder::now_us();
-  // The three chunks of every expert go out together; with direct I/O each is widened to aligned
-  // blocks (the file may end inside the last one, hence `needed`).
-  std::vector<platform::ReadRange> ranges(3 * n);
+  // Every expert's reads go out together (three from the model file, each widened to aligned
+  // blocks with direct I/O; one or three from a packed file). owner[i] is the expert read i belongs
+  // to, in_after[i] how many of its leading matrices are whole once it and the expert's earlier
+  // reads have landed.
+  std::vector<platform::ReadRange> ranges;
+  std::vector<uint8_t> in_after;
+  std::vector<size_t> owner, first(n + 1, 0);
+  ranges.reserve(3 * n);
+  in_after.reserve(3 * n);
   for (size_t k = 0; k < n; ++k) {
-    const ChunkPlan& p = plans_[static_cast<size_t>(loads[k].layer)];
-    uint8_t* mem = slots_[static_cast<size_t>(loads[k].slot)].mem;
-    for (int c = 0; c < 3; ++c) {
-      const uint64_t off = p.file_offset[c] + p.stride[c] * static_cast<uint64_t>(loads[k].expert);
-      ranges[3 * k + static_cast<size_t>(c)] =
-          platform::file_read_range(file_.native_handle(), off, p.bytes[c], mem + p.slot_offset[c], file_.is_direct());
-    }
+    first[k] = ranges.size();
+    reads_.append_reads(loads[k].layer, loads[k].expert, file_.native_handle(), file_.is_direct(),
+                        slots_[static_cast<size_t>(loads[k].slot)].mem, &ranges, &in_after);
+    owner.resize(ranges.size(), k);
   }
-  // gate/up are usable before down arrives: publish how many leading chunks of an expert are in.
-  std::vector<uint8_t> done(3 * n, 0);
+  first[n] = ranges.size();
+  // gate/up are usable before down arrives: publish how many leading matrices of an expert are in.
+  std::vector<uint8_t> done(ranges.size(), 0);
   auto chunks_in = [&](size_t k) {
-    int32_t prefix = 0;
-    while (prefix < 3 && done[3 * k + static_cast<size_t>(prefix)]) ++prefix;
-    return prefix;
+    int32_t in = 0;
+    for (size_t i = first[k]; i < first[k + 1] && done[i]; ++i) in = in_after[i];
+    return in;
   };
   size_t reads_left = ranges.size();
   auto on_done = [&](size_t i) {
     done[i] = 1;
     if (!file_.is_direct()) file_.drop_cache(ranges[i].offset, ranges[i].len);
-    const size_t k = i / 3;
+    const size_t k = owner[i];
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (--reads_left == 0) end_busy_locked(busy);
       // A landed read counts now, before its expert can be seen Ready: an evaluation that returns
       // has its reads in the counters (the per-context stats take their difference).
-      count_locked(loads[k].client, loads[k].layer, [&](ExpertLayerStats& c) { c.bytes_read += ranges[i].len; });
+      count_locked(loads[k].client, loads[k].layer, [&](ExpertLayerStats& c) {
+        c.bytes_read += ranges[i].len;
+        c.reads += 1;
+      });
       Slot& s = slots_[static_cast<size_t>(loads[k].slot)];
       const int32_t in = chunks_in(k);
       if (in < 3) {
@@ -882,7 +857,8 @@ void ExpertStore::load_batch(platform::BatchReader& reader, std::vector<Load>& l
         s.last_use = clock_;
         loads[k].settled = true;
         if (trace_) {
-          const int64_t bytes = static_cast<int64_t>(ranges[3 * k].len + ranges[3 * k + 1].len + ranges[3 * k + 2].len);
+          int64_t bytes = 0;
+          for (size_t r = first[k]; r < first[k + 1]; ++r) bytes += static_cast<int64_t>(ranges[r].len);
           const double queued = loads[k].queued_us > 0 ? started_us - loads[k].queued_us : 0.0;
           trace_->complete("read", "io", "expert loader", started_us, TimelineRecorder::now_us(),
                            {{"layer", loads[k].layer},

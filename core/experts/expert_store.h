@@ -21,6 +21,7 @@
 
 #include "backends/backend.h"
 #include "core/experts/cache_policy.h"
+#include "core/experts/expert_reads.h"
 #include "core/experts/expert_source.h"
 #include "core/experts/memory_plan.h"
 #include "core/model/model.h"
@@ -30,11 +31,6 @@
 namespace moelite {
 class StoreClient;
 class TimelineRecorder;
-
-// Demand loads a loader takes in one submission (each expert three reads: gate, up, down): a
-// routing's misses all start at once, even when the other loaders wait for a CPU behind the
-// compute threads. The storage probe (expert_read_probe.h) reads in the same shape.
-constexpr size_t kLoaderBatchExperts = 4;
 
 // How the store runs, beside the memory plan that sizes it.
 struct ExpertStoreOptions {
@@ -51,6 +47,7 @@ struct ExpertLayerStats {
   uint64_t prefetches_used = 0;
   uint64_t prefetches_wasted = 0;  // evicted or dropped before use
   uint64_t bytes_read = 0;
+  uint64_t reads = 0;              // read requests landed (an expert is 1 or 3: expert_reads.h)
   double wait_seconds = 0;         // time compute waited for loads
   uint64_t predicted = 0;          // activations a predictor had named beforehand (accuracy)
   uint64_t predictions = 0;        // distinct experts predicted for this layer
@@ -67,6 +64,7 @@ struct ExpertLayerStats {
     f(&ExpertLayerStats::prefetches_used);
     f(&ExpertLayerStats::prefetches_wasted);
     f(&ExpertLayerStats::bytes_read);
+    f(&ExpertLayerStats::reads);
     f(&ExpertLayerStats::wait_seconds);
     f(&ExpertLayerStats::predicted);
     f(&ExpertLayerStats::predictions);
@@ -145,7 +143,8 @@ class ExpertStore final : public ExpertSource {
   // "O_DIRECT, io_uring" and the like: how experts are read.
   std::string io_mode() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return std::string(file_.is_direct() ? "O_DIRECT" : "buffered + fadvise(DONTNEED)") + ", " + reader_name_ +
+    return std::string(reads_.packed() ? "packed expert file, " : "") +
+           (file_.is_direct() ? "O_DIRECT" : "buffered + fadvise(DONTNEED)") + ", " + reader_name_ +
            (pool_shared_ ? ", slots in device-visible memory" : "");
   }
   std::vector<ExpertLayerStats> stats() const;
@@ -181,7 +180,7 @@ class ExpertStore final : public ExpertSource {
     bool demand;
   };
 
-  ExpertStore(const Model& model, Backend& backend) : model_(model), backend_(backend) {}
+  ExpertStore(const Model& model, Backend& backend) : model_(model), backend_(backend), reads_(model) {}
   // The load protocol on behalf of `client` (kNoClient: the store's own callers).
   void on_routing_for(int32_t client, int32_t layer, const Routing& routing);
   Status prepare_for(int32_t client, int32_t layer, const std::vector<int32_t>& experts);
@@ -284,13 +283,7 @@ class ExpertStore final : public ExpertSource {
   bool per_layer_ = false;
   std::string reader_name_ = "pread";
   int32_t capacity_ = 0;  // experts one layer may hold at once
-  struct ChunkPlan {
-    uint64_t file_offset[3];  // gate, up, down of expert 0
-    uint64_t stride[3];       // bytes between experts
-    uint64_t bytes[3];
-    uint64_t slot_offset[3];  // where each chunk's aligned read lands in the slot
-  };
-  std::vector<ChunkPlan> plans_;  // per layer
+  ExpertReads reads_;  // where an expert is read from and how it lands in a slot
   std::vector<Slot> slots_;
   uint8_t* pool_ = nullptr;
   bool pool_shared_ = false;                     // the backend's device-visible memory (zero-copy slots)
@@ -302,7 +295,7 @@ class ExpertStore final : public ExpertSource {
   std::deque<Request> demand_q_, spec_q_;
   int32_t batches_in_flight_ = 0;  // read-busy time: batches being read, since when, how long
   double busy_since_ = 0.0, busy_seconds_ = 0.0;
-  // One reader and one batch (capacity kLoaderBatchExperts) per loader, made before the threads.
+  // One reader and one batch (capacity reads_.experts_per_submission()) per loader, made before the threads.
   std::vector<std::unique_ptr<platform::BatchReader>> loader_readers_;
   std::vector<std::vector<Load>> loader_batches_;
   std::vector<std::thread> loaders_;

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/experts/cache_allocation.h"
+#include "core/experts/expert_reads.h"
 #include "core/experts/predictor.h"
 #include "core/model/model.h"
 #include "core/model/profile.h"
@@ -14,25 +15,13 @@ namespace moelite {
 
 namespace {
 
-uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-
 int64_t moe_layers_of(const Model& m) { return m.hp.n_layer - m.hp.n_dense_lead; }
 
 }  // namespace
 
 ExpertSlotLayout expert_slot_layout(const Model& model) {
   ExpertSlotLayout s;
-  for (const LayerWeights& lw : model.layers) {
-    if (!lw.experts.present()) continue;
-    const ExpertWeights w = lw.experts.expert(0);
-    const WeightView* chunks[3] = {&w.gate, &w.up, &w.down};
-    for (int c = 0; c < 3; ++c) {
-      // An aligned read of the chunk may start up to one alignment before it.
-      const uint64_t bytes = chunks[c]->row_bytes * static_cast<uint64_t>(chunks[c]->rows);
-      s.region[c] = std::max(s.region[c], round_up(bytes, platform::kDirectIoAlignment) + platform::kDirectIoAlignment);
-    }
-  }
-  s.slot_bytes = s.region[0] + s.region[1] + s.region[2];
+  s.slot_bytes = ExpertReads(model).slot_bytes();
   return s;
 }
 

@@ -2,8 +2,9 @@
 // sizes expert memory reads it (the store, a GPU backend's device tier, moelite_model_get, the
 // CLI's and the server's reports), so one spelling of a budget gives one pool everywhere.
 //
-//   slot       one expert's gate, up and down matrices, each at a 4 KiB-aligned offset so that a
-//              slot takes the aligned superset read O_DIRECT needs (slot_bytes >= an expert's bytes)
+//   slot       one expert's gate, up and down matrices as they are read (core/experts/expert_reads.h):
+//              from the model file each at a 4 KiB-aligned offset with room for the aligned
+//              superset read O_DIRECT needs, from a packed expert file its record as it lies there
 //   pool       the slots one budget pays for: one global pool, or a quota per MoE layer
 //   reserve    kReserveSlots per pool beyond the experts one layer may hold at once, so the next
 //              round of experts can load while the last one is still released
@@ -34,11 +35,9 @@ struct Profile;
 // Slots kept free beyond one round so a round can load while the previous one is released.
 constexpr int32_t kReserveSlots = 1;
 
-// Where an expert's three chunks (gate, up, down) sit in a slot: each chunk's region is big enough
-// for its aligned superset read in any layer.
+// A slot: room for any layer's expert as it is read (core/experts/expert_reads.h).
 struct ExpertSlotLayout {
-  uint64_t region[3] = {0, 0, 0};
-  uint64_t slot_bytes = 0;  // the sum of the regions
+  uint64_t slot_bytes = 0;
 };
 ExpertSlotLayout expert_slot_layout(const Model& model);
 

@@ -190,6 +190,7 @@ Status Model::load(const std::string& path, const LoadOptions& opts, std::unique
   if (hp.n_ff_shared == 0 && first_moe.has_shared) hp.n_ff_shared = static_cast<int32_t>(first_moe.shared.gate.rows);
 
   count_sizes(g, b.bound_bytes(), m.get());
+  if (budgeted || opts.inspect_only) attach_packed_experts(m.get());
   MOELITE_TRY(report_progress(opts, 1.0f));
   log_msg(MOELITE_LOG_INFO, "loaded %s '%s': %d layers, %d experts (top-%d), %.1f MiB experts + %.1f MiB dense",
           hp.arch.c_str(), hp.name.c_str(), hp.n_layer, hp.n_expert, hp.n_expert_used, m->expert_bytes / 1048576.0,

@@ -10,6 +10,7 @@
 #include "backends/backend.h"
 #include "base/status.h"
 #include "core/gguf/reader.h"
+#include "core/model/packed_experts.h"
 #include "core/text/chat_template.h"
 #include "core/text/tokenizer.h"
 #include "platforms/platform.h"
@@ -181,6 +182,9 @@ struct Model {
   // was read, so the dense weights are subtracted once (core/experts/budget_auto.h).
   uint64_t memory_room_at_load = 0;
   TensorType expert_type = TensorType::F32;
+  // The packed expert file beside the model (MODEL.experts, `moelite pack`) when one is there and
+  // matches: the expert store then reads experts from it. Looked for by budgeted and inspecting loads.
+  PackedExperts packed;
 
   ~Model();
   // Reads, validates and binds everything; the weights are not placed on any backend yet

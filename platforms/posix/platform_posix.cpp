@@ -2,6 +2,8 @@
 
 #include "platforms/fault_inject.h"
 
+#include <functional>
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -248,17 +250,26 @@ std::string temporary_path(const std::string& target) {
 
 }  // namespace
 
-Status write_file_atomic(const std::string& path, const WritePiece* pieces, size_t n_pieces) {
-  std::string target;
-  struct stat old;
-  bool exists = false;
-  MOELITE_TRY(resolve_output(path, &target, &old, &exists));
-  if (exists && !S_ISREG(old.st_mode)) return write_into_special(path, target, old.st_mode, pieces, n_pieces);
+namespace {
+
+// The regular-file half of write_file_atomic's rule: `produce` writes the bytes into a temporary
+// file beside `target`, which is flushed and renamed over it (keeping an old file's owner and
+// mode). `reserve` bytes are allocated first where the file system can (posix_fallocate), so a disk
+// too small fails before anything is written. `produce` returns an errno (0: done) or, with
+// *status set, -1 for a failure of its own (its message stands).
+Status replace_regular_file(const std::string& path, const std::string& target, const struct stat& old, bool exists,
+                            uint64_t reserve, const std::function<int(int fd, Status* status)>& produce) {
   remove_stale_temporaries(target);
   const std::string tmp = temporary_path(target);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, exists ? 0600 : 0666);
   if (fd < 0) return fail(MOELITE_ERR_IO, "cannot write '%s': %s", tmp.c_str(), strerror(errno));
-  int err = write_pieces(fd, pieces, n_pieces);
+  int err = 0;
+  if (reserve > 0) {
+    const int r = ::posix_fallocate(fd, 0, static_cast<off_t>(reserve));
+    if (r != 0 && r != EOPNOTSUPP && r != EINVAL) err = r;  // EOPNOTSUPP/EINVAL: not supported there
+  }
+  Status own = MOELITE_OK;
+  if (!err) err = produce(fd, &own);
   if (!err && exists) {
     // The replaced file's owner and permission bits (owner first: a chown may clear set-id bits).
     // Only the superuser may give a file away; anyone else keeps their own, as a copy would.
@@ -270,9 +281,55 @@ Status write_file_atomic(const std::string& path, const WritePiece* pieces, size
   if (!err && ::rename(tmp.c_str(), target.c_str()) != 0) err = errno;
   if (err) {
     ::unlink(tmp.c_str());
+    if (err < 0) return own;
     return fail(MOELITE_ERR_IO, "writing '%s' failed: %s", path.c_str(), strerror(err));
   }
   return MOELITE_OK;
+}
+
+}  // namespace
+
+Status write_file_atomic(const std::string& path, const WritePiece* pieces, size_t n_pieces) {
+  std::string target;
+  struct stat old;
+  bool exists = false;
+  MOELITE_TRY(resolve_output(path, &target, &old, &exists));
+  if (exists && !S_ISREG(old.st_mode)) return write_into_special(path, target, old.st_mode, pieces, n_pieces);
+  return replace_regular_file(path, target, old, exists, 0,
+                              [&](int fd, Status*) { return write_pieces(fd, pieces, n_pieces); });
+}
+
+Status write_large_file_atomic(const std::string& path, uint64_t size,
+                               const std::function<Status(const WriteFn& write)>& produce) {
+  std::string target;
+  struct stat old;
+  bool exists = false;
+  MOELITE_TRY(resolve_output(path, &target, &old, &exists));
+  if (exists && !S_ISREG(old.st_mode))
+    return fail(MOELITE_ERR_IO, "cannot write '%s': it is not a regular file", path.c_str());
+  return replace_regular_file(path, target, old, exists, size, [&](int fd, Status* status) {
+    int err = 0;
+    const WriteFn write = [&](const void* data, size_t n) -> Status {
+      const WritePiece piece{data, n};
+      if (fault::should_fail(fault::Kind::kWrite)) err = ENOSPC;
+      if (!err) err = write_pieces(fd, &piece, 1);
+      if (err) return fail(MOELITE_ERR_IO, "writing '%s' failed: %s", path.c_str(), strerror(err));
+      return MOELITE_OK;
+    };
+    *status = produce(write);
+    if (*status == MOELITE_OK) return 0;
+    return -1;
+  });
+}
+
+bool path_exists(const std::string& path) {
+  struct stat sb;
+  return ::lstat(path.c_str(), &sb) == 0;
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa, sb;
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 Status check_writable(const std::string& path) {

@@ -76,5 +76,6 @@ int cmd_perplexity(int argc, char** argv);
 int cmd_trace_record(int argc, char** argv);
 int cmd_trace_replay(int argc, char** argv);
 int cmd_calibrate(int argc, char** argv);
+int cmd_pack(int argc, char** argv);
 
 }  // namespace cli

@@ -281,7 +281,7 @@ moelite_status run_bench(moelite_model* model, const BenchSetup& b, BenchContext
 
 // The model's facts a report needs, read before the model is freed for the bandwidth probes.
 struct BenchModel {
-  std::string path, arch, expert_type, backend_name, budget_text;
+  std::string path, arch, expert_type, backend_name, budget_text, expert_file;
   int threads = 0;
   int64_t active = 0, budget = 0, budget_auto = 0, expert_bytes = 0, dense_bytes = 0, pool_bytes = 0,
           store_peak_bytes = 0, expert_slots = 0;
@@ -312,6 +312,7 @@ BenchModel read_bench_model(moelite_model* model, const Args& args) {
   m.budget = moelite_model_get(model, MOELITE_MODEL_EXPERT_BUDGET);
   m.budget_auto = moelite_model_get(model, MOELITE_MODEL_BUDGET_AUTO);
   m.budget_text = budget_summary(model);
+  m.expert_file = moelite_model_expert_file(model);
   m.arch = moelite_model_arch(model);
   m.expert_type = moelite_model_expert_type(model);
   m.backend_name = moelite_model_backend_name(model);
@@ -336,7 +337,7 @@ struct BenchReport {
   int64_t n_generated = 0;
   uint64_t peak_rss = 0;
   double dram_gbs = 0, bound_gbs = 0, bound_tps = 0, efficiency = 0;
-  double hit_rate = 1, stall = 0, read_per_token = 0, misses_per_token = 0;
+  double hit_rate = 1, stall = 0, read_per_token = 0, reads_per_token = 0, misses_per_token = 0;
   std::string policy, predictor;
   double accuracy = 0, timeliness = 0, precision = 0, experts_per_token = 0;
   std::string layers_json;
@@ -391,6 +392,7 @@ BenchReport make_report(const Args& args, const BenchSetup& b, const BenchTimes&
   r.hit_rate = st.activations ? double(st.hits) / double(st.activations) : 1.0;
   r.stall = decode_s > 0 && b.n_gen > 0 ? st.wait_seconds / (decode_s * double(b.n_contexts)) : 0.0;
   r.read_per_token = b.n_gen > 0 ? double(st.bytes_read) / double(r.n_generated) : 0.0;
+  r.reads_per_token = b.n_gen > 0 ? double(st.reads) / double(r.n_generated) : 0.0;
   r.misses_per_token = b.n_gen > 0 ? double(st.misses) / double(r.n_generated) : 0.0;
   r.policy = m.budget > 0 ? args.get("--policy", "cyclic") : "resident";
   // Prediction (decode, median run): share of the experts used that were predicted, that were fully
@@ -474,7 +476,8 @@ void print_bench_json(const Args& args, const BenchSetup& b, const BenchModel& m
          ", \"expert_budget_bytes\": %" PRId64 ", \"expert_store_pool_bytes\": %" PRId64
          ", \"expert_store_peak_bytes\": %" PRId64 ", \"expert_slots\": %" PRId64
          ", \"policy\": \"%s\""
-         ", \"hit_rate\": %.4f, \"stall_fraction\": %.4f, \"bytes_read_per_token\": %.0f"
+         ", \"hit_rate\": %.4f, \"stall_fraction\": %.4f, \"bytes_read_per_token\": %.0f, \"reads_per_token\": %.3f"
+         ", \"expert_file\": \"%s\""
          ", \"misses_per_token\": %.3f, \"storage_read_gb_s\": %.3f, \"storage_probe_gb_s\": %.3f"
          ", \"store_read_gb_s\": %.3f, \"storage_speed_given\": %s, \"budget_bound_tok_s\": %.3f"
          ", \"decode_fraction_of_budget_bound\": %.3f, \"predictor\": \"%s\", \"prefetch_accuracy\": %.4f"
@@ -499,7 +502,7 @@ void print_bench_json(const Args& args, const BenchSetup& b, const BenchModel& m
          r.decode_runs_json.c_str(), r.decode_tps / double(b.n_seq), r.ms_per_step, m.active, r.decode_gbs, r.dram_gbs, m.device_gbs,
          m.device_gbs > 0 ? "device" : "dram", r.bound_tps, r.efficiency, m.expert_bytes, m.dense_bytes, r.peak_rss,
          m.budget, m.pool_bytes, m.store_peak_bytes, m.expert_slots, r.policy.c_str(), r.hit_rate, r.stall,
-         r.read_per_token, r.misses_per_token, r.storage_gbs, r.probe_gbs, r.store_gbs,
+         r.read_per_token, r.reads_per_token, json_escape(m.expert_file).c_str(), r.misses_per_token, r.storage_gbs, r.probe_gbs, r.store_gbs,
          b.given_storage_gbs > 0 ? "true" : "false", r.budget_bound_tps,
          r.budget_bound_tps > 0 ? r.decode_tps / r.budget_bound_tps : 0.0, json_escape(r.predictor).c_str(), r.accuracy,
          r.precision, r.timeliness, r.misses_per_token, r.loads_json, r.penalty_json, r.experts_per_token,
@@ -548,8 +551,10 @@ void print_bench_text(const Args& args, const BenchSetup& b, const BenchModel& m
            m.device_gbs > 0 ? "device memory (copy)" : "DRAM read", m.active / 1e6, 100.0 * r.efficiency);
   if (m.budget > 0)
     printf("experts   budget %.1f MiB (%" PRId64
-           " slots, %s): hit rate %.3f, %.2f MB read/token, stalled %.0f%% of decode\n",
-           m.budget / 1048576.0, m.expert_slots, r.policy.c_str(), r.hit_rate, r.read_per_token / 1e6, 100.0 * r.stall);
+           " slots, %s): hit rate %.3f, %.2f MB read/token in %.1f reads, stalled %.0f%% of decode\n"
+           "          read from %s\n",
+           m.budget / 1048576.0, m.expert_slots, r.policy.c_str(), r.hit_rate, r.read_per_token / 1e6, r.reads_per_token,
+           100.0 * r.stall, m.expert_file.c_str());
   if (m.budget > 0 && r.predictor != "none")
     printf("predict   %s: accuracy %.3f, precision %.3f, timeliness %.3f, %.3f on-demand loads/token\n",
            r.predictor.c_str(), r.accuracy, r.precision, r.timeliness, r.misses_per_token);

@@ -153,13 +153,15 @@ int cmd_info(int argc, char** argv) {
            json_escape(moelite_model_arch(model)).c_str(), json_escape(moelite_model_name(model)).c_str(),
            moelite_model_expert_type(model), json_escape(moelite_model_backend_name(model)).c_str());
     for (const Row& r : rows) printf(", \"%s\": %" PRId64, r.key, moelite_model_get(model, r.id));
-    printf(", \"budget_summary\": \"%s\"}\n", json_escape(budget_summary(model)).c_str());
+    printf(", \"budget_summary\": \"%s\", \"expert_file\": \"%s\"}\n", json_escape(budget_summary(model)).c_str(),
+           json_escape(moelite_model_expert_file(model)).c_str());
   } else {
     printf("%-26s %s\n%-26s %s\n%-26s %s\n%-26s %s\n", "arch", moelite_model_arch(model), "name",
            moelite_model_name(model), "expert_type", moelite_model_expert_type(model), "backend",
            moelite_model_backend_name(model));
     for (const Row& r : rows) printf("%-26s %" PRId64 "\n", r.key, moelite_model_get(model, r.id));
     printf("%-26s %s\n", "budget", budget_summary(model).c_str());
+    printf("%-26s %s\n", "expert_file", moelite_model_expert_file(model));
   }
   free_model(model);
   return 0;

@@ -25,6 +25,7 @@ static void print_help() {
       "          [--repeat-penalty R] [--seed S] [--stop STR] [-c CTX] [--session FILE]   stream a completion\n"
       "  chat    -m MODEL [--system TEXT] [-c CTX] [--session FILE] [sampling options]  interactive multi-turn chat\n"
       "  tokenize -m MODEL (-p TEXT | -f FILE) [--add-special] [--parse-special]  token ids\n"
+      "  pack    -m MODEL [-o OUT] [--json]             the packed expert file (MODEL.experts): one read per expert\n"
       "  version                                        library version\n\n"
       "'moelite COMMAND --help' lists every option of a command. Shared options, by family:\n",
       moelite_version_string());
@@ -56,6 +57,7 @@ static int dispatch(int argc, char** argv) {
   if (!strcmp(cmd, "tokenize")) return cli::cmd_tokenize(argc - 2, argv + 2);
   if (!strcmp(cmd, "perplexity")) return cli::cmd_perplexity(argc - 2, argv + 2);
   if (!strcmp(cmd, "calibrate")) return cli::cmd_calibrate(argc - 2, argv + 2);
+  if (!strcmp(cmd, "pack")) return cli::cmd_pack(argc - 2, argv + 2);
   if (!strcmp(cmd, "trace")) {
     if (argc > 2 && !strcmp(argv[2], "record")) return cli::cmd_trace_record(argc - 3, argv + 3);
     if (argc > 2 && !strcmp(argv[2], "replay")) return cli::cmd_trace_replay(argc - 3, argv + 3);

@@ -45,7 +45,7 @@ export interface ExpertStats {
   activations: number; hits: number; misses: number;
   prefetchesIssued: number; prefetchesUsed: number; prefetchesWasted: number;
   bytesRead: number; waitSeconds: number; predicted: number; predictions: number;
-  readyWhenNeeded: number; routedTokens: number; routedExperts: number; readBusySeconds: number;
+  readyWhenNeeded: number; routedTokens: number; routedExperts: number; readBusySeconds: number; reads: number;
   hitRate: number;
 }
 

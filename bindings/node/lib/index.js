@@ -108,14 +108,15 @@ function statsObject(s) {
     prefetchesWasted: n(s.prefetches_wasted), bytesRead: n(s.bytes_read), waitSeconds: s.wait_seconds,
     predicted: n(s.predicted), predictions: n(s.predictions), readyWhenNeeded: n(s.ready_when_needed),
     routedTokens: n(s.routed_tokens), routedExperts: n(s.routed_experts), readBusySeconds: s.read_busy_seconds,
+    reads: n(s.reads),
     hitRate: n(s.activations) ? n(s.hits) / n(s.activations) : 1,
   };
 }
 
 function emptyStats() {
-  return { struct_size: 15 * 8, activations: 0, hits: 0, misses: 0, prefetches_issued: 0, prefetches_used: 0,
+  return { struct_size: 16 * 8, activations: 0, hits: 0, misses: 0, prefetches_issued: 0, prefetches_used: 0,
     prefetches_wasted: 0, bytes_read: 0, wait_seconds: 0, predicted: 0, predictions: 0, ready_when_needed: 0,
-    routed_tokens: 0, routed_experts: 0, read_busy_seconds: 0 };
+    routed_tokens: 0, routed_experts: 0, read_busy_seconds: 0, reads: 0 };
 }
 
 function qualityObject(s) {

@@ -60,6 +60,7 @@ function load() {
     routed_tokens: 'uint64_t',
     routed_experts: 'uint64_t',
     read_busy_seconds: 'double',
+    reads: 'uint64_t',
   });
   koffi.struct('moelite_generate_stats', {
     struct_size: 'size_t',

@@ -122,6 +122,7 @@ class ExpertStats(Structure):
         ("routed_tokens", c_uint64),
         ("routed_experts", c_uint64),
         ("read_busy_seconds", c_double),
+        ("reads", c_uint64),
     ]
 
 

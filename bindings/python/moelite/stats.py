@@ -31,6 +31,7 @@ class ExpertStats:
     routed_tokens: int      # (token, layer) pairs routed, budget or not
     routed_experts: int     # experts they used after adaptive gating
     read_busy_seconds: float  # wall time with a storage read in flight (all layers only)
+    reads: int              # read requests that landed (3 per expert from the model, 1 packed)
 
     @classmethod
     def _from_c(cls, s: "_lib.ExpertStats") -> "ExpertStats":

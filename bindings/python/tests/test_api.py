@@ -181,7 +181,7 @@ def test_vocab_only_and_progress(model):
 
 FIELDS = ["activations", "hits", "misses", "prefetches_issued", "prefetches_used", "prefetches_wasted",
           "bytes_read", "wait_seconds", "predicted", "predictions", "ready_when_needed", "routed_tokens",
-          "routed_experts", "read_busy_seconds"]
+          "routed_experts", "read_busy_seconds", "reads"]
 
 
 def test_expert_stats_fields_match_header():

@@ -202,6 +202,16 @@ pub struct moelite_expert_stats {
     pub routed_tokens: u64,
     pub routed_experts: u64,
     pub read_busy_seconds: f64,
+    pub reads: u64,
+}
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moelite_expert_compression {
+    pub weight_type: *const c_char,
+    pub matrices: i64,
+    pub raw_bytes: u64,
+    pub zstd_bytes: u64,
+    pub decompress_gb_per_s: f64,
 }
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -301,6 +311,9 @@ extern "C" {
     pub fn moelite_model_meta_value(model: *const moelite_model, key: *const c_char, buf: *mut c_char, capacity: usize, len: *mut usize) -> moelite_status;
     pub fn moelite_model_measure_device_bandwidth(model: *mut moelite_model, gb_per_s: *mut f64) -> moelite_status;
     pub fn moelite_model_measure_expert_reads(model: *const moelite_model, bytes: u64, out: *mut moelite_expert_read_probe) -> moelite_status;
+    pub fn moelite_pack_experts(model_path: *const c_char, out_path: *const c_char, progress: moelite_progress_fn, user_data: *mut c_void) -> moelite_status;
+    pub fn moelite_model_expert_file(model: *const moelite_model) -> *const c_char;
+    pub fn moelite_model_measure_expert_compression(model: *const moelite_model, level: i32, max_experts: i32, rows: *mut moelite_expert_compression, capacity: i32, n_rows: *mut i32) -> moelite_status;
     pub fn moelite_model_trace_begin(model: *mut moelite_model, path: *const c_char) -> moelite_status;
     pub fn moelite_model_trace_end(model: *mut moelite_model) -> moelite_status;
     pub fn moelite_supported_archs() -> *const c_char;

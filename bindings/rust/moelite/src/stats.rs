@@ -23,6 +23,8 @@ pub struct ExpertStats {
     pub routed_tokens: u64,
     pub routed_experts: u64,
     pub read_busy_seconds: f64,
+    /// Read requests that landed (an expert is 3 from the model file, 1 from a packed file).
+    pub reads: u64,
 }
 
 impl ExpertStats {
@@ -52,6 +54,7 @@ impl ExpertStats {
             routed_tokens: 0,
             routed_experts: 0,
             read_busy_seconds: 0.0,
+            reads: 0,
         }
     }
 }
@@ -73,6 +76,7 @@ impl From<sys::moelite_expert_stats> for ExpertStats {
             routed_tokens: s.routed_tokens,
             routed_experts: s.routed_experts,
             read_busy_seconds: s.read_busy_seconds,
+            reads: s.reads,
         }
     }
 }
