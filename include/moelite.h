@@ -615,9 +615,10 @@ MOELITE_API moelite_status moelite_pack_experts(const char* model_path, const ch
  *  when there is one made from this very model (its size, header, metadata, tensor directory and
  *  samples of every layer's experts are checked at load), else the model file. A packed file that
  *  is there but does not match (the model was replaced, the file was cut short) is not used, and
- *  the load logs a warning saying why. Results never depend on which file is read (the bytes are
- *  the same); only speed does. Owned by the model; NULL for a NULL model. Models loaded without a
- *  budget read no experts this way but still name the file a budget would read. */
+ *  the load logs a warning saying why; environment MOELITE_PACKED_EXPERTS=0 ignores it too. Results
+ *  never depend on which file is read (the bytes are the same); only speed does. A model loaded
+ *  without a budget maps its experts from the model file and names that. Owned by the model; NULL
+ *  for a NULL model. */
 MOELITE_API const char* moelite_model_expert_file(const moelite_model* model);
 
 /** zstd on a sample of the model's experts, to decide whether compressing them could pay (the

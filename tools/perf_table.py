@@ -19,10 +19,15 @@ a drifting or bursting virtual disk makes unreliable; `--throttle R,...` (root) 
 budgeted rows on a RAM-backed device capped at R GB/s (tools/throttled_storage.py), where the bound
 is known: min(DRAM bound, R / bytes read per token).
 
-`--budget-only` runs only the budgeted rows (budgets x `--n-seq` x `--policies` x `--predictors`),
-and `--into FILE` writes their table into FILE between the lines `<!-- budgeted-decode:begin -->` and
-`<!-- budgeted-decode:end -->`; `--render A.json,B.json --into FILE` renders saved reports' rows
-without running anything (docs/performance.md's table comes from docs/data/budgeted_decode.json so).
+`--budget-only` runs only the budgeted rows (budgets x `--n-seq` x `--policies` x `--predictors` x
+`--expert-files`), and `--into FILE` writes their table into FILE between the lines
+`<!-- budgeted-decode:begin -->` and `<!-- budgeted-decode:end -->` (`--section NAME` for another
+pair); `--render A.json,B.json --into FILE` renders saved reports' rows, one table per model, without
+running anything (docs/performance.md's tables come from docs/data/*.json so).
+
+`--expert-files model,packed` runs each budgeted row reading experts from the model file and from
+its packed expert file (`moelite pack`; written when missing), and `--iops N` caps a throttled
+device's read requests per second as well, as flash cards and eMMC are capped.
 
 `--backend cuda` (or vulkan) runs moelite on that backend and llama.cpp with every layer offloaded
 (`-ngl 99`: give it a llama-bench built with the same GPU backend); the decode bound is then the
@@ -100,6 +105,8 @@ def main():
     ap.add_argument("--budget-only", action="store_true", help="only the budgeted rows (no resident run, no peer)")
     ap.add_argument("--into", help="write the budgeted table into this Markdown file, between the lines "
                     "<!-- budgeted-decode:begin --> and <!-- budgeted-decode:end -->")
+    ap.add_argument("--section", default="budgeted-decode",
+                    help="with --into: the marked section to write (<!-- SECTION:begin --> ... <!-- SECTION:end -->)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json")
     ap.add_argument("--md")
@@ -112,11 +119,14 @@ def main():
                     help="moelite's backend; a GPU one offloads every llama.cpp layer (-ngl 99)")
     a = ap.parse_args()
     if a.render:
+        # One table per model, its reports' rows in the order given.
         reports = [json.load(open(f)) for f in a.render.split(",")]
-        report = dict(reports[0], budgeted=[b for r in reports for b in r["budgeted"]])
-        text = budgeted_table(report)
+        models = list(dict.fromkeys(r["model"] for r in reports))
+        merged = [dict(next(r for r in reports if r["model"] == m),
+                       budgeted=[b for r in reports if r["model"] == m for b in r["budgeted"]]) for m in models]
+        text = "\n\n".join(budgeted_table(r) for r in merged)
         print(text)
-        finish(a, report, text)
+        finish(a, merged[0], text, into_text=text)
         return
     if not a.model:
         ap.error("-m MODEL is needed (or --render)")
@@ -241,19 +251,19 @@ def budgeted_table(report):
     return "\n".join(md)
 
 
-def finish(a, report, text):
+def finish(a, report, text, into_text=None):
     print(json.dumps(report))
     if a.json:
         json.dump(report, open(a.json, "w"), indent=1)
     if a.md:
         open(a.md, "w").write(text + "\n")
     if a.into and report["budgeted"]:
-        render_into(a.into, budgeted_table(report))
+        render_into(a.into, into_text or budgeted_table(report), a.section)
 
 
-def render_into(path, table):
-    """Replaces what lies between the budgeted-decode markers of `path` with `table`."""
-    begin, end = "<!-- budgeted-decode:begin -->", "<!-- budgeted-decode:end -->"
+def render_into(path, table, section="budgeted-decode"):
+    """Replaces what lies between the section's markers of `path` with `table`."""
+    begin, end = "<!-- %s:begin -->" % section, "<!-- %s:end -->" % section
     doc = open(path).read()
     if begin not in doc or end not in doc:
         sys.exit("%s has no %s ... %s section" % (path, begin, end))
