@@ -114,6 +114,13 @@ TEST(ExpertReadProbe, BadArgumentsLeaveTheOutputUntouched) {
   ASSERT_EQ(moelite_model_measure_expert_reads(i.model, uint64_t{1} << 20, &small), MOELITE_OK);
   EXPECT_GT(small.read_gb_per_s, 0.0);
   EXPECT_EQ(small.reads_per_s, -7);
+  // A struct_size inside a field: that field is not written at all (no half field).
+  small = fresh();
+  small.struct_size = offsetof(moelite_expert_read_probe, reads_per_s) + 3;
+  small.reads_per_s = -7;
+  ASSERT_EQ(moelite_model_measure_expert_reads(i.model, uint64_t{1} << 20, &small), MOELITE_OK);
+  EXPECT_GT(small.read_gb_per_s, 0.0);
+  EXPECT_EQ(small.reads_per_s, -7);
 }
 
 }  // namespace

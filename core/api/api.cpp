@@ -607,7 +607,7 @@ MOELITE_API moelite_status moelite_model_measure_expert_reads(const moelite_mode
     r.read_bytes = p.read_bytes;
     r.reads_in_flight = p.reads_in_flight;
     r.copy_gb_per_s = p.copy_gb_per_s;
-    memcpy(out, &r, std::min(sizeof r, out->struct_size));
+    memcpy(out, &r, moelite::api::expert_read_probe_bytes(out->struct_size));
     return MOELITE_OK;
   });
 }

@@ -158,7 +158,8 @@ inline moelite_status copy_tokens_out(const char* fn, const std::vector<int32_t>
   return MOELITE_OK;
 }
 
-// Versioned output structs (moelite_expert_stats, moelite_generate_stats): the bytes to copy for a
+// Versioned output structs (moelite_expert_stats, moelite_generate_stats, moelite_quality_stats,
+// moelite_expert_read_probe): the bytes to copy for a
 // caller's struct_size, ending at the last field that lies wholly within it, so a struct_size
 // that is not a field boundary never gets half a field.
 #define MOELITE_FIELD_END(T, f) (offsetof(T, f) + sizeof(static_cast<T*>(nullptr)->f))
@@ -179,6 +180,16 @@ inline size_t expert_stats_bytes(size_t struct_size) {
       MOELITE_FIELD_END(S, predictions),       MOELITE_FIELD_END(S, ready_when_needed),
       MOELITE_FIELD_END(S, routed_tokens),     MOELITE_FIELD_END(S, routed_experts),
       MOELITE_FIELD_END(S, read_busy_seconds), MOELITE_FIELD_END(S, reads)};
+  return whole_fields(struct_size, ends);
+}
+inline size_t quality_stats_bytes(size_t struct_size) {
+  using S = moelite_quality_stats;
+  static const size_t ends[] = {MOELITE_FIELD_END(S, struct_size), MOELITE_FIELD_END(S, gated_tokens), MOELITE_FIELD_END(S, predicted_loss), MOELITE_FIELD_END(S, metered_tokens), MOELITE_FIELD_END(S, kl_mean), MOELITE_FIELD_END(S, kl_stderr), MOELITE_FIELD_END(S, top1_agreement), MOELITE_FIELD_END(S, top1_stderr), MOELITE_FIELD_END(S, predicted_loss_metered), MOELITE_FIELD_END(S, meter_evaluations), MOELITE_FIELD_END(S, meter_seconds), MOELITE_FIELD_END(S, threshold), MOELITE_FIELD_END(S, target_kl), MOELITE_FIELD_END(S, kl_per_predicted)};
+  return whole_fields(struct_size, ends);
+}
+inline size_t expert_read_probe_bytes(size_t struct_size) {
+  using S = moelite_expert_read_probe;
+  static const size_t ends[] = {MOELITE_FIELD_END(S, struct_size), MOELITE_FIELD_END(S, read_gb_per_s), MOELITE_FIELD_END(S, reads_per_s), MOELITE_FIELD_END(S, read_bytes), MOELITE_FIELD_END(S, reads_in_flight), MOELITE_FIELD_END(S, copy_gb_per_s)};
   return whole_fields(struct_size, ends);
 }
 inline size_t generate_stats_bytes(size_t struct_size) {

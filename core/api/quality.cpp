@@ -84,7 +84,7 @@ MOELITE_API moelite_status moelite_context_quality_stats(const moelite_context* 
     s.target_kl = c->impl->quality_target_kl();
     s.kl_per_predicted = c->impl->governor_ratio();
     s.meter_seconds = q.meter_seconds;
-    memcpy(out, &s, std::min(sizeof s, out->struct_size));
+    memcpy(out, &s, moelite::api::quality_stats_bytes(out->struct_size));
     return MOELITE_OK;
   });
 }
