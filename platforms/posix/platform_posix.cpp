@@ -234,6 +234,13 @@ Status write_into_special(const std::string& path, const std::string& target, mo
 // Where a write to `path` lands (write_file_atomic's rule): the end of its chain of links, and what
 // is there now (*exists false: nothing yet). MOELITE_ERR_IO for a loop of links or a directory.
 Status resolve_output(const std::string& path, std::string* target, struct stat* now, bool* exists) {
+  // A special file reached through a link is written through the path itself: the kernel follows
+  // links readlink cannot spell (/dev/stdout -> /proc/self/fd/1 -> "pipe:[N]" for a pipe).
+  if (::stat(path.c_str(), now) == 0 && !S_ISREG(now->st_mode) && !S_ISDIR(now->st_mode)) {
+    *target = path;
+    *exists = true;
+    return MOELITE_OK;
+  }
   if (!follow_links(path, target))
     return fail(MOELITE_ERR_IO, "cannot write '%s': too many levels of symbolic links", path.c_str());
   *exists = ::stat(target->c_str(), now) == 0;

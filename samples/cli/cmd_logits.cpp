@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "platforms/platform.h"
 
 namespace cli {
 
@@ -44,18 +45,15 @@ int cmd_logits(int argc, char** argv) {
   if (st != MOELITE_OK) {
     rc = report(st, "evaluating");
   } else {
+    // The file the rest of moelite writes by (platform::write_file_atomic): an existing file is
+    // replaced only once the new one is whole, and /dev/stdout or a pipe is written into.
     const int64_t n_vocab = moelite_model_get(model, MOELITE_MODEL_N_VOCAB);
-    FILE* f = fopen(out_path.c_str(), "wb");
-    if (!f) {
-      fprintf(stderr, "moelite: error: cannot write '%s'\n", out_path.c_str());
+    std::vector<moelite::platform::WritePiece> rows;
+    for (size_t i = 0; i < tokens.size(); ++i)
+      rows.push_back({moelite_get_logits(ctx, static_cast<int32_t>(i)), static_cast<size_t>(n_vocab) * sizeof(float)});
+    if (moelite::platform::write_file_atomic(out_path, rows.data(), rows.size()) != MOELITE_OK) {
+      fprintf(stderr, "moelite: error: %s\n", moelite_last_error());
       rc = 1;
-    } else {
-      for (size_t i = 0; i < tokens.size() && rc == 0; ++i)
-        if (fwrite(moelite_get_logits(ctx, static_cast<int32_t>(i)), sizeof(float), static_cast<size_t>(n_vocab), f) !=
-            static_cast<size_t>(n_vocab))
-          rc = 1;
-      if (fclose(f) != 0) rc = 1;
-      if (rc) fprintf(stderr, "moelite: error: writing '%s' failed\n", out_path.c_str());
     }
   }
   moelite_context_free(ctx);

@@ -121,3 +121,24 @@ def test_a_session_keeps_its_mode_and_stale_temporaries_go(tmp):
     assert not os.path.exists(stale), "a dead writer's temporary stayed"
     assert os.path.exists(live), "a live writer's temporary was removed"
     assert sorted(os.listdir(tmp)) == sorted(["chat.session", os.path.basename(live)])
+
+
+def test_logits_follow_the_rule_and_reach_a_pipe_through_dev_stdout(tmp):
+    """`moelite logits --out`: a regular file is replaced whole (an existing one stays as it was
+    until then), a pipe reached through /dev/stdout (a link to /proc/self/fd/1, whose target
+    readlink spells "pipe:[N]") is written into, a missing directory is an error naming it."""
+    args = [BIN, "logits", "-m", MODEL, "-t", "2", "--tokens", "1,2,3"]
+    out = os.path.join(tmp, "logits.f32")
+    open(out, "wb").write(b"old")
+    os.chmod(out, 0o600)
+    r = subprocess.run(args + ["--out", out], capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    whole = open(out, "rb").read()
+    assert len(whole) == 3 * 2048 * 4 and stat.S_IMODE(os.stat(out).st_mode) == 0o600
+    r = subprocess.run(args + ["--out", "/dev/stdout"], capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == whole
+    r = subprocess.run(args + ["--out", os.path.join(tmp, "missing", "x.f32")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1 and "missing" in r.stderr and "No such file" in r.stderr, r.stderr
+    assert sorted(os.listdir(tmp)) == ["logits.f32"], "a temporary was left"
