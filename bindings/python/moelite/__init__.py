@@ -28,7 +28,8 @@ calls have returned; see _ExitGuard (_exit.py).
 """
 from __future__ import annotations
 
-from typing import List
+import os
+from typing import Any, Callable, List, Optional
 
 # Layout: one concern per module, each importing only modules above it in this list.
 #   _lib           locating libmoelite; ctypes declarations of include/moelite.h
@@ -62,14 +63,14 @@ from .stats import ExpertStats, QualityStats
 from ._callbacks import (LogitsCallback, RoutingCallback, _CtxState, _make_abort_callback,  # noqa: F401
                          _make_logits_callback, _make_routing_callback, _progress_thunk)
 from ._exit import _exit_guard, _ExitGuard, _monotonic  # noqa: F401
-from ._util import (_MISSING, PathLike, TextLike, _as_bytes, _Closeable, _np, _token_array,  # noqa: F401
+from ._util import (_MISSING, PathLike, TextLike, _as_bytes, _c_path, _Closeable, _np, _token_array,  # noqa: F401
                     _two_call_text)
 from .errors import _DEPRECATED_ALIASES, _check, _DeprecatedAliasMeta, _last_error  # noqa: F401
 from .generation import _STATS_FIELDS, _generate_params, _Generation  # noqa: F401
 from .model import _BACKENDS, _KEYS, _AbcMapping, _chat_array, _key_property  # noqa: F401
 
 __all__ = [
-    "__version__", "version_number", "library_path", "supported_archs", "Status", "StopReason",
+    "__version__", "version_number", "library_path", "supported_archs", "pack_experts", "Status", "StopReason",
     "MoeliteError", "ContextBusyError", "Model", "Context", "Sampler", "Queue", "REQUEST_WAITING", "REQUEST_RUNNING", "Metadata", "ExpertStats", "QualityStats", "PlatformField",
     "TokenizeFlag", "DetokenizeFlag", "TokenAttr", "set_log_callback", "platform_get", "platform_describe_json", "platform_info",
     "platform_memory_available",
@@ -77,6 +78,28 @@ __all__ = [
 
 __version__: str = _c.moelite_version_string().decode("ascii")
 library_path: str = _lib.library_path
+
+
+def pack_experts(model: PathLike, out: Optional[PathLike] = None,
+                 progress: Optional[Callable[[float], Any]] = None) -> str:
+    """Writes the model's packed expert file (moelite_pack_experts): every expert's gate, up and
+    down in one 4 KiB-aligned record, so a budget reads a small expert in one request. `out`
+    defaults to MODEL.experts beside the model, where loads look for it; the model file is not
+    changed. progress: callable(float) -> bool with the share written; False (or an exception,
+    raised again here) cancels and leaves no file. Returns the path written. MoeliteError on
+    failure (the model itself as `out`, a full disk, a directory or device as `out`, ...)."""
+    bpath = _c_path(model, "model")
+    bout = _c_path(out, "out") if out is not None else None
+    box: list = [None]
+    ref = _progress_thunk(progress, box) if progress is not None else _lib.PROGRESS_FN()
+    st = int(_c.moelite_pack_experts(bpath, bout, ref, None))
+    msg = _last_error() if st else ""
+    del ref
+    if box[0] is not None:
+        raise box[0]
+    if st != 0:
+        raise MoeliteError(st, msg)
+    return os.fsdecode(bout if bout is not None else bpath + b".experts")
 
 
 def version_number() -> int:

@@ -490,6 +490,12 @@ class Model:
         return self._str(_c.moelite_model_expert_type)
 
     @property
+    def expert_file(self) -> str:
+        """The file a budget reads experts from: the packed expert file beside the model
+        (moelite.pack_experts) when it matches this model, else the model file."""
+        return self._str(_c.moelite_model_expert_file)
+
+    @property
     def backend_name(self) -> str:
         """Backend in use with its SIMD level, e.g. "cpu (avx512)"."""
         return self._str(_c.moelite_model_backend_name)

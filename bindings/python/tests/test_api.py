@@ -367,3 +367,49 @@ def test_calibrate_params_and_progress(model, tmp_path):
     with open(out) as f:
         prof = json.load(f)
     assert len(prof["layers"]) == model.n_layers
+
+
+# ---- the packed expert file ------------------------------------------------------------------------
+
+def test_pack_experts_makes_a_budget_read_the_packed_file_with_the_same_tokens(tmp_path):
+    import shutil
+    model = str(tmp_path / "m.gguf")
+    shutil.copyfile(MODEL, model)
+    seen = []
+    written = moelite.pack_experts(model, progress=lambda p: seen.append(p) is None)
+    assert written == model + ".experts" and os.path.getsize(written) > 0
+    with open(written, "rb") as f:
+        assert f.read(8) == b"MOEXPACK"
+    assert seen and seen[-1] == 1.0 and seen == sorted(seen)
+    texts = {}
+    for budget in (None, "25%"):
+        with moelite.Model(model, threads=1, expert_budget=budget) as m:
+            assert m.expert_file == (written if budget else model)
+            ctx = moelite.Context(m, n_ctx=64)
+            texts[budget] = "".join(ctx.generate("def f(x):", max_tokens=12, temperature=0))
+            if budget:
+                s = ctx.expert_stats()
+                assert s.misses > 0 and s.reads == s.misses + s.prefetches_issued  # one read per expert
+            ctx.close()
+    assert texts[None] == texts["25%"]
+
+
+def test_pack_experts_errors_and_cancel_leave_no_file(tmp_path):
+    import shutil
+    model = str(tmp_path / "m.gguf")
+    shutil.copyfile(MODEL, model)
+    with pytest.raises(moelite.MoeliteError) as e:
+        moelite.pack_experts(model, out=model)
+    assert e.value.status_name == "MOELITE_ERR_INVALID_ARGUMENT"
+    with pytest.raises(moelite.MoeliteError) as e:
+        moelite.pack_experts(model, progress=lambda p: False)
+    assert e.value.status_name == "MOELITE_ERR_PROGRESS_ABORTED"
+
+    class Stop(Exception):
+        pass
+
+    def raising(p):
+        raise Stop()
+    with pytest.raises(Stop):
+        moelite.pack_experts(model, progress=raising)
+    assert sorted(os.listdir(tmp_path)) == ["m.gguf"]
