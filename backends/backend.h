@@ -92,6 +92,9 @@ struct ExpertWeights {
   const float* gate_bias = nullptr;  // gate.rows floats
   const float* up_bias = nullptr;    // up.rows floats
   const float* down_bias = nullptr;  // down.rows floats
+  // Matrix c in the order the file and a slot hold them: 0 gate, 1 up, 2 down.
+  const WeightView& matrix(int c) const { return c == 0 ? gate : c == 1 ? up : down; }
+  WeightView& matrix(int c) { return c == 0 ? gate : c == 1 ? up : down; }
 };
 
 // One routed expert applied to some rows of a layer's MoE input (core/moe/ builds these).

@@ -136,5 +136,18 @@ double now_seconds();          // monotonic
 // Memory aligned to `alignment` (a power of two) for SIMD and direct I/O; nullptr on failure.
 void* aligned_alloc_bytes(size_t size, size_t alignment);
 void aligned_free(void* p);
+// Owns `size` bytes from aligned_alloc_bytes (a scratch buffer freed on every way out); bytes() is
+// null when the allocation failed.
+class AlignedBytes {
+ public:
+  AlignedBytes(size_t size, size_t alignment) : p_(static_cast<uint8_t*>(aligned_alloc_bytes(size, alignment))) {}
+  ~AlignedBytes() { aligned_free(p_); }
+  AlignedBytes(const AlignedBytes&) = delete;
+  AlignedBytes& operator=(const AlignedBytes&) = delete;
+  uint8_t* bytes() const { return p_; }
+
+ private:
+  uint8_t* p_;
+};
 
 }  // namespace moelite::platform

@@ -3,6 +3,7 @@
 // Argument checks and translation, nothing else.
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "base/options.h"
@@ -16,6 +17,17 @@ using moelite::fail;
 using moelite::api::guarded;
 using moelite::api::null_arg;
 
+namespace {
+// A model's facts without the cost of a load (LoadOptions::inspect_only), after the environment's
+// options are checked.
+moelite_status load_inspected(const char* path, std::unique_ptr<moelite::Model>* out) {
+  MOELITE_TRY(moelite::check_options());
+  moelite::LoadOptions opts;
+  opts.inspect_only = true;
+  return moelite::Model::load(path, opts, out);
+}
+}  // namespace
+
 extern "C" {
 
 MOELITE_API moelite_status moelite_model_inspect(const char* path, moelite_model** out) {
@@ -23,11 +35,8 @@ MOELITE_API moelite_status moelite_model_inspect(const char* path, moelite_model
   return guarded(api_fn, [&]() -> moelite_status {
     if (!path) return null_arg(api_fn, "path");
     if (!out) return null_arg(api_fn, "out_model");
-    MOELITE_TRY(moelite::check_options());
-    moelite::LoadOptions opts;
-    opts.inspect_only = true;
     std::unique_ptr<moelite::Model> m;
-    MOELITE_TRY(moelite::Model::load(path, opts, &m));
+    MOELITE_TRY(load_inspected(path, &m));
     *out = new moelite_model{std::move(m), nullptr};
     return MOELITE_OK;
   });
@@ -95,11 +104,8 @@ MOELITE_API moelite_status moelite_pack_experts(const char* model_path, const ch
   const char* const api_fn = __func__;
   return guarded(api_fn, [&]() -> moelite_status {
     if (!model_path) return null_arg(api_fn, "model_path");
-    MOELITE_TRY(moelite::check_options());
-    moelite::LoadOptions opts;
-    opts.inspect_only = true;
     std::unique_ptr<moelite::Model> m;
-    MOELITE_TRY(moelite::Model::load(model_path, opts, &m));
+    MOELITE_TRY(load_inspected(model_path, &m));
     const std::string out = out_path ? std::string(out_path) : std::string(model_path) + moelite::kPackedSuffix;
     moelite::PackResult r;
     return moelite::pack_experts(*m, out, progress, user_data, &r);

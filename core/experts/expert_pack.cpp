@@ -11,21 +11,6 @@
 
 namespace moelite {
 
-namespace {
-
-const WeightView& matrix(const ExpertWeights& w, int c) { return c == 0 ? w.gate : c == 1 ? w.up : w.down; }
-
-struct AlignedBuffer {
-  uint8_t* p = nullptr;
-  explicit AlignedBuffer(size_t n)
-      : p(static_cast<uint8_t*>(platform::aligned_alloc_bytes(n, platform::kDirectIoAlignment))) {}
-  ~AlignedBuffer() { platform::aligned_free(p); }
-  AlignedBuffer(const AlignedBuffer&) = delete;
-  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
-};
-
-}  // namespace
-
 Status pack_experts(const Model& model, const std::string& path, moelite_progress_fn progress, void* user,
                     PackResult* out) {
   if (model.hp.n_expert < 1) return fail(MOELITE_ERR_INVALID_ARGUMENT, "the model has no routed experts to pack");
@@ -46,8 +31,8 @@ Status pack_experts(const Model& model, const std::string& path, moelite_progres
     return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory for the packed file's header");
   }
   for (const PackedLayer& p : layout.layers) largest = std::max(largest, p.record_bytes);
-  AlignedBuffer record(static_cast<size_t>(std::max<uint64_t>(largest, 1)));
-  if (!record.p) return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory for an expert record of %llu bytes",
+  platform::AlignedBytes record(static_cast<size_t>(std::max<uint64_t>(largest, 1)), platform::kDirectIoAlignment);
+  if (!record.bytes()) return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory for an expert record of %llu bytes",
                              static_cast<unsigned long long>(largest));
   platform::File src;
   MOELITE_TRY(platform::File::open(model.path, &src));
@@ -64,14 +49,14 @@ Status pack_experts(const Model& model, const std::string& path, moelite_progres
       if (p.record_bytes == 0) continue;
       if (at != p.offset) return fail(MOELITE_ERR_INTERNAL, "layer %zu's records would not start where planned", l);
       for (int32_t e = 0; e < model.hp.n_expert; ++e) {
-        memset(record.p, 0, static_cast<size_t>(p.record_bytes));  // padding stays zero
+        memset(record.bytes(), 0, static_cast<size_t>(p.record_bytes));  // padding stays zero
         const ExpertWeights w = model.layers[l].experts.expert(e);
         for (int c = 0; c < 3; ++c) {
-          const WeightView& v = matrix(w, c);
-          MOELITE_TRY(src.read_at(v.file_offset, record.p + p.chunk_offset[c], p.chunk_bytes[c]));
+          const WeightView& v = w.matrix(c);
+          MOELITE_TRY(src.read_at(v.file_offset, record.bytes() + p.chunk_offset[c], p.chunk_bytes[c]));
           src.drop_cache(v.file_offset, p.chunk_bytes[c]);  // a copy of gigabytes need not stay cached
         }
-        MOELITE_TRY(write(record.p, static_cast<size_t>(p.record_bytes)));
+        MOELITE_TRY(write(record.bytes(), static_cast<size_t>(p.record_bytes)));
         at += p.record_bytes;
         ++experts;
         if (progress && (experts % 16 == 0 || experts == total) &&
@@ -113,7 +98,7 @@ Status measure_expert_compression(const Model& model, int32_t level, int32_t max
       const int32_t e = static_cast<int32_t>(pick % model.hp.n_expert);
       const ExpertWeights w = model.layers[static_cast<size_t>(l)].experts.expert(e);
       for (int c = 0; c < 3; ++c) {
-        const WeightView& v = matrix(w, c);
+        const WeightView& v = w.matrix(c);
         raw.resize(static_cast<size_t>(v.bytes()));
         MOELITE_TRY(src.read_at(v.file_offset, raw.data(), raw.size()));
         MOELITE_TRY(platform::zstd_compress(raw.data(), raw.size(), level, &packed));

@@ -18,27 +18,20 @@ namespace moelite {
 
 namespace {
 
-struct AlignedBuffer {
-  void* p = nullptr;
-  explicit AlignedBuffer(size_t n) : p(platform::aligned_alloc_bytes(n, platform::kDirectIoAlignment)) {}
-  ~AlignedBuffer() { platform::aligned_free(p); }
-  AlignedBuffer(const AlignedBuffer&) = delete;
-  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
-};
 
 // memcpy of expert-sized pieces between two 128 MiB buffers (well past a cache), best of two passes.
 double measure_copy(uint64_t piece) {
   constexpr size_t kBytes = size_t{128} << 20;
-  AlignedBuffer src(kBytes), dst(kBytes);
-  if (!src.p || !dst.p) return 0.0;
-  memset(src.p, 1, kBytes);
-  memset(dst.p, 2, kBytes);
+  platform::AlignedBytes src(kBytes, platform::kDirectIoAlignment), dst(kBytes, platform::kDirectIoAlignment);
+  if (!src.bytes() || !dst.bytes()) return 0.0;
+  memset(src.bytes(), 1, kBytes);
+  memset(dst.bytes(), 2, kBytes);
   piece = std::clamp<uint64_t>(piece, 4096, kBytes);
   double best = 0.0;
   for (int pass = 0; pass < 2; ++pass) {
     const double t0 = platform::now_seconds();
     for (size_t at = 0; at + piece <= kBytes; at += piece)
-      memcpy(static_cast<uint8_t*>(dst.p) + at, static_cast<const uint8_t*>(src.p) + at, piece);
+      memcpy(dst.bytes() + at, src.bytes() + at, piece);
     const double dt = platform::now_seconds() - t0;
     if (dt > 0) best = std::max(best, static_cast<double>(kBytes / piece * piece) / dt / 1e9);
   }
@@ -69,7 +62,7 @@ Status probe_expert_reads(const Model& model, int32_t loaders, uint64_t bytes, E
   }
   struct Loader {
     std::unique_ptr<platform::BatchReader> reader;
-    std::unique_ptr<AlignedBuffer> buffer;
+    std::unique_ptr<platform::AlignedBytes> buffer;
     std::vector<platform::ReadRange> ranges;
     std::vector<uint8_t> matrices_in;
     uint64_t landed = 0, reads = 0, requested = 0;
@@ -80,8 +73,8 @@ Status probe_expert_reads(const Model& model, int32_t loaders, uint64_t bytes, E
   try {
     for (Loader& d : pool) {
       d.reader = platform::BatchReader::create(kLoaderReadsPerSubmission);
-      d.buffer = std::make_unique<AlignedBuffer>(static_cast<size_t>(slot * batch));
-      if (!d.buffer->p) return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory for the storage probe's buffers");
+      d.buffer = std::make_unique<platform::AlignedBytes>(static_cast<size_t>(slot * batch), platform::kDirectIoAlignment);
+      if (!d.buffer->bytes()) return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory for the storage probe's buffers");
       d.ranges.reserve(kLoaderReadsPerSubmission);
       d.matrices_in.reserve(kLoaderReadsPerSubmission);
     }
@@ -99,7 +92,7 @@ Status probe_expert_reads(const Model& model, int32_t loaders, uint64_t bytes, E
       std::mt19937_64 rng(0x5eed + i);
       d.ranges.clear();
       d.matrices_in.clear();
-      uint8_t* mem = static_cast<uint8_t*>(d.buffer->p);
+      uint8_t* mem = d.buffer->bytes();
       for (size_t k = 0; k < batch; ++k, mem += slot) {
         const int32_t l = layers[rng() % layers.size()];
         const int32_t e = static_cast<int32_t>(rng() % static_cast<uint64_t>(model.hp.n_expert));

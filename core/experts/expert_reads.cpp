@@ -11,8 +11,6 @@ constexpr uint64_t kBlock = platform::kDirectIoAlignment;
 uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 uint64_t round_down(uint64_t v, uint64_t a) { return v / a * a; }
 
-const WeightView& matrix(const ExpertWeights& w, int c) { return c == 0 ? w.gate : c == 1 ? w.up : w.down; }
-
 }  // namespace
 
 ExpertReads::ExpertReads(const Model& model) : model_(&model) {
@@ -41,13 +39,13 @@ ExpertReads::ExpertReads(const Model& model) : model_(&model) {
   for (const LayerWeights& lw : model.layers) {
     if (!lw.experts.present()) continue;
     const ExpertWeights w = lw.experts.expert(0);
-    for (int c = 0; c < 3; ++c) region[c] = std::max(region[c], round_up(matrix(w, c).bytes(), kBlock) + kBlock);
+    for (int c = 0; c < 3; ++c) region[c] = std::max(region[c], round_up(w.matrix(c).bytes(), kBlock) + kBlock);
   }
   for (size_t l = 0; l < model.layers.size(); ++l) {
     if (!model.layers[l].experts.present()) continue;
     const ExpertWeights w = model.layers[l].experts.expert(0);
     for (int c = 0; c < 3; ++c) {
-      layers_[l].bytes[c] = matrix(w, c).bytes();
+      layers_[l].bytes[c] = w.matrix(c).bytes();
       layers_[l].slot_offset[c] = c == 0 ? 0 : layers_[l].slot_offset[c - 1] + region[c - 1];
     }
   }
@@ -78,15 +76,15 @@ void ExpertReads::append_reads(int32_t layer, int32_t expert, int fd, bool direc
   }
   const ExpertWeights w = model_->layers[static_cast<size_t>(layer)].experts.expert(expert);
   for (int c = 0; c < 3; ++c) {
-    reads->push_back(platform::file_read_range(fd, matrix(w, c).file_offset, L.bytes[c], slot + L.slot_offset[c], direct));
+    reads->push_back(platform::file_read_range(fd, w.matrix(c).file_offset, L.bytes[c], slot + L.slot_offset[c], direct));
     matrices_in->push_back(static_cast<uint8_t>(c + 1));
   }
 }
 
-uint64_t ExpertReads::matrix_offset(int32_t layer, int32_t expert, int c, bool direct) const {
+uint64_t ExpertReads::matrix_offset(int32_t layer, const ExpertWeights& w, int c, bool direct) const {
   const Layer& L = layers_[static_cast<size_t>(layer)];
   if (packed_ || !direct) return L.slot_offset[c];
-  const uint64_t off = matrix(model_->layers[static_cast<size_t>(layer)].experts.expert(expert), c).file_offset;
+  const uint64_t off = w.matrix(c).file_offset;
   return L.slot_offset[c] + (off - round_down(off, kBlock));
 }
 

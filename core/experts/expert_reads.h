@@ -46,8 +46,9 @@ class ExpertReads {
   // `fd` is the file path() opened, `direct` whether with O_DIRECT.
   void append_reads(int32_t layer, int32_t expert, int fd, bool direct, uint8_t* slot,
                     std::vector<platform::ReadRange>* reads, std::vector<uint8_t>* matrices_in) const;
-  // Where matrix c (0 gate, 1 up, 2 down) of the expert starts in its slot once read.
-  uint64_t matrix_offset(int32_t layer, int32_t expert, int c, bool direct) const;
+  // Where matrix c (0 gate, 1 up, 2 down) of an expert of `layer` starts in its slot once read;
+  // `w` is the expert as the model binds it (its matrices' offsets in the model file).
+  uint64_t matrix_offset(int32_t layer, const ExpertWeights& w, int c, bool direct) const;
   // Bytes of the expert's three matrices (what the model needs, before any widening).
   uint64_t expert_bytes(int32_t layer) const;
 

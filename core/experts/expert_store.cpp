@@ -23,8 +23,6 @@ uint8_t* pool_alloc(uint64_t bytes) {
 
 void pool_free(uint8_t* p) { platform::aligned_free(p); }
 
-WeightView& chunk_of(ExpertWeights& w, int c) { return c == 0 ? w.gate : c == 1 ? w.up : w.down; }
-
 // One bounded, abortable wait for some slot to change state. Wakes at least every
 // kAbortPollSeconds to poll the evaluation's abort callback (called with the store unlocked: it is
 // user code and may read statistics), and fails once `since` lies further back than the I/O
@@ -305,8 +303,8 @@ size_t ExpertStore::pinned_slots() const {
 ExpertWeights ExpertStore::view(const Slot& s) const {
   ExpertWeights w = model_.layers[static_cast<size_t>(s.layer)].experts.expert(s.expert);
   for (int c = 0; c < 3; ++c) {
-    chunk_of(w, c).data = s.mem + reads_.matrix_offset(s.layer, s.expert, c, file_.is_direct());
-    chunk_of(w, c).mapped = false;  // a slot: refilled with other experts
+    w.matrix(c).data = s.mem + reads_.matrix_offset(s.layer, w, c, file_.is_direct());
+    w.matrix(c).mapped = false;  // a slot: refilled with other experts
   }
   return w;
 }

@@ -18,8 +18,6 @@ constexpr uint64_t kSampleBytes = 4096;
 
 uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-const WeightView& chunk(const ExpertWeights& w, int c) { return c == 0 ? w.gate : c == 1 ? w.up : w.down; }
-
 struct Fnv {
   uint64_t h = 0xcbf29ce484222325ull;
   void add(const void* p, size_t n) {
@@ -68,7 +66,7 @@ void plan_packed_layout(const Model& model, PackedExperts* layout, uint64_t* hea
     uint64_t record = 0;
     for (int c = 0; c < 3; ++c) {
       p.chunk_offset[c] = record;
-      p.chunk_bytes[c] = chunk(w, c).bytes();
+      p.chunk_bytes[c] = w.matrix(c).bytes();
       record += round_up(p.chunk_bytes[c], kBlock);
     }
     p.offset = at;
