@@ -20,7 +20,7 @@ enum class Kind : int {
   kUringBusy,      // io_uring_submit answers -EAGAIN once (transient: the reader must retry)
   kReadEfault,     // a read answers EFAULT: its destination cannot be pinned for I/O (a device's memory
                    // mapped through its PCIe BAR); the reader goes through a bounce buffer instead
-  kWrite,          // a write of write_large_file_atomic answers ENOSPC (a full disk)
+  kWrite,          // a write of write_large_file_atomic or write_streamed_file answers ENOSPC (a full disk)
   kCount
 };
 constexpr int kKindCount = static_cast<int>(Kind::kCount);

@@ -213,9 +213,11 @@ void remove_stale_temporaries(const std::string& target) {
   }
 }
 
-// Writes into an existing special file (a device, a FIFO, a socket) instead of replacing it.
-Status write_into_special(const std::string& path, const std::string& target, mode_t type, const WritePiece* pieces,
-                          size_t n_pieces) {
+// Writes into an existing special file (a device, a FIFO, a socket) instead of replacing it:
+// `produce` writes through the descriptor and returns an errno (0: done) or, with *status set, -1
+// for a failure of its own (its message stands).
+Status write_into_special(const std::string& path, const std::string& target, mode_t type,
+                          const std::function<int(int fd, Status* status)>& produce) {
   // A FIFO opens without blocking: no reader is an error (ENXIO) instead of a wait for ever.
   const int fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC | (S_ISFIFO(type) ? O_NONBLOCK : 0));
   if (fd < 0)
@@ -225,8 +227,10 @@ Status write_into_special(const std::string& path, const std::string& target, mo
     const int flags = ::fcntl(fd, F_GETFL);
     if (flags >= 0) (void)::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);  // a reader is there: block as pipes do
   }
-  int err = write_pieces(fd, pieces, n_pieces);
+  Status own = MOELITE_OK;
+  int err = produce(fd, &own);
   if (::close(fd) != 0 && !err) err = errno;
+  if (err < 0) return own;
   if (err) return fail(MOELITE_ERR_IO, "writing '%s' failed: %s", path.c_str(), strerror(err));
   return MOELITE_OK;
 }
@@ -301,10 +305,30 @@ Status write_file_atomic(const std::string& path, const WritePiece* pieces, size
   struct stat old;
   bool exists = false;
   MOELITE_TRY(resolve_output(path, &target, &old, &exists));
-  if (exists && !S_ISREG(old.st_mode)) return write_into_special(path, target, old.st_mode, pieces, n_pieces);
+  if (exists && !S_ISREG(old.st_mode))
+    return write_into_special(path, target, old.st_mode, [&](int fd, Status*) { return write_pieces(fd, pieces, n_pieces); });
   return replace_regular_file(path, target, old, exists, 0,
                               [&](int fd, Status*) { return write_pieces(fd, pieces, n_pieces); });
 }
+
+namespace {
+
+// produce's writes as write_pieces to `fd`; a fault injected as `write` fails them with ENOSPC.
+int produce_into(int fd, const std::string& path, const std::function<Status(const WriteFn& write)>& produce,
+                 Status* status) {
+  int err = 0;
+  const WriteFn write = [&](const void* data, size_t n) -> Status {
+    const WritePiece piece{data, n};
+    if (fault::should_fail(fault::Kind::kWrite)) err = ENOSPC;
+    if (!err) err = write_pieces(fd, &piece, 1);
+    if (err) return fail(MOELITE_ERR_IO, "writing '%s' failed: %s", path.c_str(), strerror(err));
+    return MOELITE_OK;
+  };
+  *status = produce(write);
+  return *status == MOELITE_OK ? 0 : -1;
+}
+
+}  // namespace
 
 Status write_large_file_atomic(const std::string& path, uint64_t size,
                                const std::function<Status(const WriteFn& write)>& produce) {
@@ -314,19 +338,18 @@ Status write_large_file_atomic(const std::string& path, uint64_t size,
   MOELITE_TRY(resolve_output(path, &target, &old, &exists));
   if (exists && !S_ISREG(old.st_mode))
     return fail(MOELITE_ERR_IO, "cannot write '%s': it is not a regular file", path.c_str());
-  return replace_regular_file(path, target, old, exists, size, [&](int fd, Status* status) {
-    int err = 0;
-    const WriteFn write = [&](const void* data, size_t n) -> Status {
-      const WritePiece piece{data, n};
-      if (fault::should_fail(fault::Kind::kWrite)) err = ENOSPC;
-      if (!err) err = write_pieces(fd, &piece, 1);
-      if (err) return fail(MOELITE_ERR_IO, "writing '%s' failed: %s", path.c_str(), strerror(err));
-      return MOELITE_OK;
-    };
-    *status = produce(write);
-    if (*status == MOELITE_OK) return 0;
-    return -1;
-  });
+  return replace_regular_file(path, target, old, exists, size,
+                              [&](int fd, Status* status) { return produce_into(fd, path, produce, status); });
+}
+
+Status write_streamed_file(const std::string& path, const std::function<Status(const WriteFn& write)>& produce) {
+  std::string target;
+  struct stat old;
+  bool exists = false;
+  MOELITE_TRY(resolve_output(path, &target, &old, &exists));
+  const auto into = [&](int fd, Status* status) { return produce_into(fd, path, produce, status); };
+  if (exists && !S_ISREG(old.st_mode)) return write_into_special(path, target, old.st_mode, into);
+  return replace_regular_file(path, target, old, exists, 0, into);
 }
 
 bool path_exists(const std::string& path) {

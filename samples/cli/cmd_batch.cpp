@@ -14,7 +14,10 @@
 #include <cinttypes>
 #include <climits>
 #include <cmath>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -22,6 +25,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "platforms/platform.h"
 #include "core/support/json.h"  // the library's strict JSON reader (the CLI links the static archive)
 
 namespace cli {
@@ -403,10 +407,13 @@ int plan_batch(Args& args, moelite_model* model, int32_t n_ctx, int32_t n_batch,
 }
 
 // Every request through the library's queue (moelite_queue_*), which admits them in input order
-// into free sequences and batches their steps; results are written to `out` in input order as soon
-// as every earlier one is out. A request that cannot run is answered at once with its error.
+// into free sequences and batches their steps; results go to `emit` (one line each, with its
+// newline) in input order as soon as every earlier one is out; a failing emit (a full disk, a
+// closed pipe) stops the run with its status. A request that cannot run is answered at once with
+// its error.
+using Emit = std::function<moelite::Status(const std::string& line)>;
 int serve_requests(const Args& args, moelite_context* ctx, const std::vector<Request>& requests,
-                   moelite_generate_params* gp, int64_t seed, int64_t n_seq, FILE* out) {
+                   moelite_generate_params* gp, int64_t seed, int64_t n_seq, const Emit& emit) {
   moelite_status st;
   moelite_queue* queue = nullptr;
   if ((st = moelite_queue_create(ctx, &queue)) != MOELITE_OK) return report(st, "creating the request queue");
@@ -418,16 +425,16 @@ int serve_requests(const Args& args, moelite_context* ctx, const std::vector<Req
   const bool show_progress = isatty(STDERR_FILENO) != 0;
   const double t_start = now();
 
+  moelite::Status emitted = MOELITE_OK;  // the first failed emit: the run stops there
   auto finish = [&](int64_t index, const std::string& line) {
     results[static_cast<size_t>(index)] = {true, line};
     ++finished;
     // Results go out in input order, as soon as every earlier one is out.
-    while (next_output < results.size() && results[next_output].done) {
-      fprintf(out, "%s\n", results[next_output].line.c_str());
+    while (emitted == MOELITE_OK && next_output < results.size() && results[next_output].done) {
+      emitted = emit(results[next_output].line + "\n");
       results[next_output].line.clear();
       ++next_output;
     }
-    fflush(out);
   };
   auto error_line = [&](int64_t index, const std::string& why) {
     finish(index, "{\"id\": " + requests[static_cast<size_t>(index)].id_json + ", \"index\": " + std::to_string(index) +
@@ -440,6 +447,7 @@ int serve_requests(const Args& args, moelite_context* ctx, const std::vector<Req
     const Request& r = requests[i];
     if (!r.error.empty()) {
       error_line(static_cast<int64_t>(i), r.error);
+      if (emitted != MOELITE_OK) return report(emitted, "writing the results");
       continue;
     }
     // The run's settings with a seed of its own, from --seed and the request's line, and the
@@ -470,6 +478,7 @@ int serve_requests(const Args& args, moelite_context* ctx, const std::vector<Req
     if (st == MOELITE_ERR_OUT_OF_MEMORY) return report(st, "queueing the requests");
     if (st != MOELITE_OK) {
       error_line(static_cast<int64_t>(i), moelite_last_error());
+      if (emitted != MOELITE_OK) return report(emitted, "writing the results");
       continue;
     }
     if (index_of.size() <= static_cast<size_t>(id)) index_of.resize(static_cast<size_t>(id) + 1, -1);
@@ -505,6 +514,7 @@ int serve_requests(const Args& args, moelite_context* ctx, const std::vector<Req
                         ", \"generated_tokens\": " + std::to_string(n) + ", \"stop\": \"" +
                         (state < 6 ? stop_names[state] : "error") + "\"}");
       (void)moelite_queue_remove(queue, id);
+      if (emitted != MOELITE_OK) return report(emitted, "writing the results");
     }
     if (show_progress) {
       const double dt = now() - t_start;
@@ -518,11 +528,7 @@ int serve_requests(const Args& args, moelite_context* ctx, const std::vector<Req
           "moelite batch: %zu requests, %" PRIu64 " tokens generated in %.2f s (%.2f tok/s, %" PRId64
           " sequences at once)\n",
           requests.size(), tokens_generated, dt, dt > 0 ? double(tokens_generated) / dt : 0.0, n_seq);
-  if (out != stdout) {
-    if (fflush(out) != 0 || ferror(out)) return report(MOELITE_ERR_IO, "writing the results");
-    return 0;
-  }
-  return finish_output(0);
+  return 0;
 }
 
 }  // namespace
@@ -553,12 +559,12 @@ int cmd_batch(int argc, char** argv) {
     if (args.has("--plan-trace")) return usage_error("--plan-record and --plan-trace: give one routing to plan from");
     if (!args.get_int("--plan-record", 0, &record_tokens, &err, 1, kMaxRecordedTokens)) return usage_error(err);
   }
-  FILE* out = stdout;  // --plan writes nothing but the plan, to standard output
-  if (args.has("-o") && !args.has("--plan")) {
-    out = fopen(args.get("-o").c_str(), "w");
-    if (!out) return usage_error("cannot write '" + args.get("-o") + "'");
-  }
-  std::unique_ptr<FILE, int (*)(FILE*)> out_guard(out == stdout ? nullptr : out, fclose);
+  // --plan writes nothing but the plan, to standard output. An -o that cannot be written fails
+  // now, before the model loads; the file is written by write_file_atomic's rule (a regular file
+  // is replaced once every result is in it: a failed run leaves an old one as it was).
+  const std::string out_path = args.has("-o") && !args.has("--plan") ? args.get("-o") : std::string();
+  if (!out_path.empty() && moelite::platform::check_writable(out_path) != MOELITE_OK)
+    return report(MOELITE_ERR_IO, "checking the output");
   // The request lines (blank lines are not requests), split before loading so that the planner
   // knows how many sequences could run; they are parsed once the tokenizer is loaded.
   std::vector<std::string> lines;
@@ -633,7 +639,22 @@ int cmd_batch(int argc, char** argv) {
   if (st != MOELITE_OK) return report(st, "creating context");
   std::unique_ptr<moelite_context, void (*)(moelite_context*)> ctx_guard(ctx, moelite_context_free);
 
-  return serve_requests(args, ctx, requests, gp, seed, n_seq, out);
+  if (out_path.empty()) {
+    const int rc = serve_requests(args, ctx, requests, gp, seed, n_seq, [](const std::string& line) {
+      if (fwrite(line.data(), 1, line.size(), stdout) != line.size() || fflush(stdout) != 0)
+        return moelite::fail(MOELITE_ERR_IO, "writing the output failed: %s", strerror(errno ? errno : EIO));
+      return moelite::Status(MOELITE_OK);
+    });
+    return rc ? rc : finish_output(0);
+  }
+  int rc = 0;
+  const moelite::Status written = moelite::platform::write_streamed_file(out_path, [&](const moelite::platform::WriteFn& write) {
+    rc = serve_requests(args, ctx, requests, gp, seed, n_seq,
+                        [&](const std::string& line) { return write(line.data(), line.size()); });
+    return moelite::Status(rc ? MOELITE_ERR_IO : MOELITE_OK);  // serve_requests has said why
+  });
+  if (rc) return rc;
+  return written == MOELITE_OK ? 0 : report(written, "writing the results");
 }
 
 }  // namespace cli

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "platforms/platform.h"
 
 namespace cli {
 
@@ -63,6 +64,9 @@ int cmd_trace_record(int argc, char** argv) {
   if (!args.get_int("--ctx", 256, &n_ctx, &err)) return usage_error(err);
   if (n_ctx < 1) return usage_error("--ctx must be positive");
 
+  // An -o that cannot be written fails now, not after the recording; the file is written by
+  // write_file_atomic's rule (an old trace stays as it was if writing fails).
+  if (moelite::platform::check_writable(out_path) != MOELITE_OK) return report(MOELITE_ERR_IO, "checking the output");
   moelite_model* model = nullptr;
   if (int rc = load_model(args, &model)) return rc;
   Recorder rec;
@@ -107,24 +111,29 @@ int cmd_trace_record(int argc, char** argv) {
   std::stable_sort(rec.entries.begin(), rec.entries.end(), [](const Entry& a, const Entry& b) {
     return a.token != b.token ? a.token < b.token : a.layer < b.layer;
   });
-  FILE* f = fopen(out_path.c_str(), "w");
-  if (!f) {
-    free_model(model);
-    return usage_error("cannot write '" + out_path + "'");
-  }
-  fprintf(f, "{\"n_layers\":%" PRId64 ",\"n_experts\":%" PRId64 ",\"top_k\":%" PRId64 "}\n",
-          moelite_model_get(model, MOELITE_MODEL_N_LAYERS), moelite_model_get(model, MOELITE_MODEL_N_EXPERTS),
-          moelite_model_get(model, MOELITE_MODEL_N_EXPERTS_USED));
+  std::string text;
+  char line[160];
+  snprintf(line, sizeof line, "{\"n_layers\":%" PRId64 ",\"n_experts\":%" PRId64 ",\"top_k\":%" PRId64 "}\n",
+           moelite_model_get(model, MOELITE_MODEL_N_LAYERS), moelite_model_get(model, MOELITE_MODEL_N_EXPERTS),
+           moelite_model_get(model, MOELITE_MODEL_N_EXPERTS_USED));
+  text += line;
   for (const Entry& e : rec.entries) {
-    fprintf(f, "{\"token\":%" PRId64 ",\"layer\":%d,\"experts\":[", e.token, e.layer);
-    for (size_t j = 0; j < e.experts.size(); ++j) fprintf(f, "%s%d", j ? "," : "", e.experts[j]);
-    fprintf(f, "],\"weights\":[");
-    for (size_t j = 0; j < e.weights.size(); ++j) fprintf(f, "%s%.6g", j ? "," : "", e.weights[j]);
-    fprintf(f, "]}\n");
+    snprintf(line, sizeof line, "{\"token\":%" PRId64 ",\"layer\":%d,\"experts\":[", e.token, e.layer);
+    text += line;
+    for (size_t j = 0; j < e.experts.size(); ++j) {
+      snprintf(line, sizeof line, "%s%d", j ? "," : "", e.experts[j]);
+      text += line;
+    }
+    text += "],\"weights\":[";
+    for (size_t j = 0; j < e.weights.size(); ++j) {
+      snprintf(line, sizeof line, "%s%.6g", j ? "," : "", e.weights[j]);
+      text += line;
+    }
+    text += "]}\n";
   }
-  const bool ok = fclose(f) == 0;
   free_model(model);
-  if (!ok) return usage_error("writing '" + out_path + "' failed");
+  const moelite::platform::WritePiece piece{text.data(), text.size()};
+  if (moelite::platform::write_file_atomic(out_path, &piece, 1) != MOELITE_OK) return report(MOELITE_ERR_IO, "writing the trace");
   fprintf(stderr, "wrote %zu routing entries to %s\n", rec.entries.size(), out_path.c_str());
   return 0;
 }

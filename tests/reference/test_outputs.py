@@ -142,3 +142,70 @@ def test_logits_follow_the_rule_and_reach_a_pipe_through_dev_stdout(tmp):
                        timeout=120)
     assert r.returncode == 1 and "missing" in r.stderr and "No such file" in r.stderr, r.stderr
     assert sorted(os.listdir(tmp)) == ["logits.f32"], "a temporary was left"
+
+
+def batch_run(requests, out, *extra, env=None):
+    return subprocess.run([BIN, "batch", "-m", MODEL, "-t", "2", "-f", requests, "-o", out, "-c", "128", "-n", "4",
+                           "--temp", "0", "--n-seq", "2", *extra], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, **(env or {})))
+
+
+def test_batch_results_replace_a_file_only_when_whole_and_stream_into_a_pipe(tmp):
+    """`moelite batch -o`: before, the output was opened with fopen("w") before the model loaded,
+    so a run that failed (a missing model, a full disk) left the user's old results empty. Now a
+    regular file is replaced once every result is in it, an output that cannot be written fails
+    before the model loads, and a pipe (through /dev/stdout) still gets each result as it comes."""
+    requests = os.path.join(tmp, "requests.jsonl")
+    with open(requests, "w") as f:
+        for i in range(3):
+            f.write(json.dumps({"id": i, "prompt": "def f%d():" % i}) + "\n")
+    out = os.path.join(tmp, "results.jsonl")
+    open(out, "w").write("old results\n")
+    os.chmod(out, 0o640)
+    # A run that cannot start (no such model): the old results stay.
+    r = subprocess.run([BIN, "batch", "-m", os.path.join(tmp, "missing.gguf"), "-f", requests, "-o", out],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert open(out).read() == "old results\n", "a failed run destroyed the old results"
+    # The disk fills at the second result: the run fails naming it, the old results stay, no temporary.
+    r = batch_run(requests, out, env={"MOELITE_FAULT_INJECT": "write:2"})
+    assert r.returncode == 1 and "No space left on device" in r.stderr, r.stderr
+    assert open(out).read() == "old results\n", "a failed write destroyed the old results"
+    assert sorted(os.listdir(tmp)) == ["requests.jsonl", "results.jsonl"], "a temporary was left"
+    # A whole run replaces the file, keeping its mode.
+    r = batch_run(requests, out)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in open(out)]
+    assert [row["id"] for row in rows] == [0, 1, 2] and all(row["generated_tokens"] == 4 for row in rows), rows
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o640
+    # Into a pipe through /dev/stdout: the same lines.
+    r = batch_run(requests, "/dev/stdout")
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(line) for line in r.stdout.splitlines()] == rows
+    # A directory as the output fails at once, before the model loads.
+    r = batch_run(requests, tmp)
+    assert r.returncode == 1 and "it is a directory" in r.stderr and "tokens generated" not in r.stderr, r.stderr
+    assert sorted(os.listdir(tmp)) == ["requests.jsonl", "results.jsonl"]
+
+
+def test_trace_record_checks_its_output_first_and_follows_the_rule(tmp):
+    """`moelite trace record -o`: a directory (or a missing one) as the output fails before the
+    recording, not after it; a regular file is replaced whole; /dev/stdout into a pipe is written
+    into (before: fopen("w") at the end, truncating an old trace before a write that could fail)."""
+    text = os.path.join(tmp, "text.txt")
+    open(text, "w").write("def main():\n    return 0\n")
+    args = [BIN, "trace", "record", "-m", MODEL, "-t", "2", "-f", text, "--ctx", "64", "-o"]
+    r = subprocess.run(args + [os.path.join(tmp, "missing", "trace.jsonl")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1 and "No such file" in r.stderr and "wrote" not in r.stderr, r.stderr
+    trace = os.path.join(tmp, "trace.jsonl")
+    open(trace, "w").write("old\n")
+    r = subprocess.run(args + [trace], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = open(trace).read().splitlines()
+    assert json.loads(lines[0]) == {"n_layers": 4, "n_experts": 16, "top_k": 2}
+    assert len(lines) > 1 and all(len(json.loads(x)["experts"]) == 2 for x in lines[1:])
+    r = subprocess.run(args + ["/dev/stdout"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == lines
+    assert sorted(os.listdir(tmp)) == ["text.txt", "trace.jsonl"]
