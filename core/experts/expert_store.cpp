@@ -752,15 +752,23 @@ void ExpertStore::loader_main(platform::BatchReader& reader, std::vector<Load>& 
   platform::pin_current_thread(platform::little_cores());
   for (;;) {
     batch.clear();
+    bool guess = false;  // the batch is one speculative load
     {
       std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stop_ || !demand_q_.empty() || !spec_q_.empty(); });
+      // A guess starts only while no other guess is being read: guesses then take one read's
+      // share of the storage beside the demand reads (which they would otherwise slow, every
+      // loader reading one), the best guess goes first, and those still queued when their layer's
+      // routing comes are dropped unread (on_routing) instead of read in vain. Measured on the
+      // bench-shaped model (64 experts of 6.7 MB, 2 cores): next-gate at 25 % and 50 % went from
+      // slower than no predictor to faster, reading 6-12 % fewer bytes.
+      auto may_guess = [&] { return !spec_q_.empty() && speculative_in_flight_ < kSpeculativeLoadsInFlight; };
+      work_cv_.wait(lock, [&] { return stop_ || !demand_q_.empty() || may_guess(); });
       if (stop_) return;
       // Demand before speculation; every demand load queued so far in one submission (up to
-      // kLoaderBatchExperts). A routing queues its misses together and wakes every loader, but on a
-      // machine whose cores all compute, the first loader to get a CPU can be the only one for a
-      // few milliseconds (a trace of a 2-core decode at a 50 % budget: the second of two misses
-      // started 1-2 ms after the first). Speculative loads go one at a time.
+      // reads_.experts_per_submission() experts). A routing queues its misses together and wakes
+      // every loader, but on a machine whose cores all compute, the first loader to get a CPU can
+      // be the only one for a few milliseconds (a trace of a 2-core decode at a 50 % budget: the
+      // second of two misses started 1-2 ms after the first).
       std::deque<Request>& q = demand_q_.empty() ? spec_q_ : demand_q_;
       const size_t take = &q == &demand_q_ ? reads_.experts_per_submission() : 1;
       while (!q.empty() && batch.size() < take) {
@@ -769,6 +777,8 @@ void ExpertStore::loader_main(platform::BatchReader& reader, std::vector<Load>& 
         q.pop_front();
       }
       if (batches_in_flight_++ == 0) busy_since_ = platform::now_seconds();
+      guess = &q == &spec_q_;
+      if (guess) ++speculative_in_flight_;
     }
     bool busy = true;
     try {
@@ -787,8 +797,10 @@ void ExpertStore::loader_main(platform::BatchReader& reader, std::vector<Load>& 
     {
       std::lock_guard<std::mutex> lock(mu_);
       end_busy_locked(&busy);
+      if (guess) --speculative_in_flight_;
     }
     ready_cv_.notify_all();
+    if (guess) work_cv_.notify_one();  // the next guess may start
   }
 }
 
