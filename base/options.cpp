@@ -65,7 +65,9 @@ const OptionInfo kOptions[] = {
     {Option::IoTimeout, "MOELITE_IO_TIMEOUT", OptionKind::Number, 0.001, 86400, nullptr, "120",
      "seconds an evaluation waits for an expert read before it fails with MOELITE_ERR_IO; read at every wait", nullptr},
     {Option::IoThreads, "MOELITE_IO_THREADS", OptionKind::Integer, 1, 64, nullptr, "2",
-     "the expert store's loader threads", nullptr},
+     "the expert store's loader threads; speculative reads (a predictor's guesses, the prefill lookahead) use at "
+     "most all but one, so a demand read always finds one free",
+     nullptr},
     {Option::PrefillLookahead, "MOELITE_PREFILL_LOOKAHEAD", OptionKind::Flag, 0, 1, nullptr, "1",
      "0 turns off the prefill lookahead (a prompt's batch names the next layer's experts to the store as soon as "
      "a layer has routed); read on every MoE layer, for measuring",

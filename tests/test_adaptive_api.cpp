@@ -560,35 +560,45 @@ TEST(ExpertStorePredictions, DeeperGuessesWaitForNearerOnesToBeResident) {
   }
 }
 
-// Guesses are read one at a time, the most confident first: while the first guess's read stalls
-// (a slow device), the others wait in the queue, where the routing of their layer can still drop
-// them unread, instead of taking the other loaders and the bandwidth demand reads need. Before,
-// every loader read a guess of its own at once (the second guess landed during the stall).
-TEST(ExpertStorePredictions, GuessesAreReadOneAtATimeMostConfidentFirst) {
+// Guesses never hold the last free loader, and the most confident goes first: with the default
+// two loaders one guess is read at a time, so while the first guess's read stalls (a slow device)
+// the others wait in the queue, where the routing of their layer can still drop them unread,
+// instead of taking the loader and the bandwidth demand reads need; with three loaders two are
+// read at once. Before, every loader read a guess of its own at once.
+TEST(ExpertStorePredictions, GuessesLeaveALoaderFreeMostConfidentFirst) {
   namespace fault = moelite::platform::fault;
-  setenv("MOELITE_IO", "pread", 1);  // the stall below is injected into pread
-  std::unique_ptr<moelite::Model> m;
-  std::unique_ptr<moelite::Runtime> rt;
-  half_budget_runtime(&m, &rt);
-  unsetenv("MOELITE_IO");
-  ASSERT_TRUE(rt && rt->store);
-  moelite::ExpertStore& store = *rt->store;
-  constexpr double kStall = 1.0;
-  fault::arm_stall(fault::Kind::kRead, 1, kStall);  // the first read from now on
-  const auto start = std::chrono::steady_clock::now();
-  store.hint({{{1, 5}, 0.5f}, {{1, 3}, 0.9f}, {{1, 4}, 0.7f}}, -1);
-  EXPECT_EQ(store.stats()[1].prefetches_issued, 3u);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  const bool in_stall = std::chrono::steady_clock::now() - start < std::chrono::duration<double>(kStall * 0.9);
-  if (in_stall) {  // a machine too slow to look within the stall proves nothing either way
-    EXPECT_FALSE(store.ready(1, 3)) << "the most confident guess was not the first read";
-    EXPECT_FALSE(store.ready(1, 4)) << "a second guess was read beside the first";
-    EXPECT_FALSE(store.ready(1, 5)) << "a second guess was read beside the first";
+  for (const char* loaders : {"2", "3"}) {
+    SCOPED_TRACE(std::string(loaders) + " loaders");
+    setenv("MOELITE_IO", "pread", 1);  // the stall below is injected into pread
+    setenv("MOELITE_IO_THREADS", loaders, 1);
+    std::unique_ptr<moelite::Model> m;
+    std::unique_ptr<moelite::Runtime> rt;
+    half_budget_runtime(&m, &rt);
+    unsetenv("MOELITE_IO");
+    unsetenv("MOELITE_IO_THREADS");
+    ASSERT_TRUE(rt && rt->store);
+    moelite::ExpertStore& store = *rt->store;
+    constexpr double kStall = 1.0;
+    fault::arm_stall(fault::Kind::kRead, 1, kStall);  // the first read from now on
+    const auto start = std::chrono::steady_clock::now();
+    store.hint({{{1, 5}, 0.5f}, {{1, 3}, 0.9f}, {{1, 4}, 0.7f}}, -1);
+    EXPECT_EQ(store.stats()[1].prefetches_issued, 3u);
+    // The others land within the stall where a second guess may be read beside the first.
+    const bool two = std::string(loaders) == "3";
+    for (int i = 0; i < 500 && two && !(store.ready(1, 4) && store.ready(1, 5)); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!two) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const bool in_stall = std::chrono::steady_clock::now() - start < std::chrono::duration<double>(kStall * 0.9);
+    if (in_stall) {  // a machine too slow to look within the stall proves nothing either way
+      EXPECT_FALSE(store.ready(1, 3)) << "the most confident guess was not the first read";
+      EXPECT_EQ(store.ready(1, 4), two) << "guesses read at once: " << (two ? "one, not two" : "two, not one");
+      EXPECT_EQ(store.ready(1, 5), two);
+    }
+    for (int32_t e : {3, 4, 5})
+      for (int i = 0; i < 10000 && !store.ready(1, e); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    fault::disarm();
+    for (int32_t e : {3, 4, 5}) EXPECT_TRUE(store.ready(1, e)) << e;
   }
-  for (int32_t e : {3, 4, 5})
-    for (int i = 0; i < 10000 && !store.ready(1, e); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  fault::disarm();
-  for (int32_t e : {3, 4, 5}) EXPECT_TRUE(store.ready(1, e)) << e;
 }
 
 // More guesses than the pool holds (a step of several sequences guesses the union of their

@@ -1,7 +1,7 @@
 // The memory-budgeted expert store: routed experts live in a fixed pool of slots that never
 // exceeds the budget; missing experts are read from the model file (the storage tier) by loader
-// threads, demand loads before speculative ones (one speculative load at a time), each expert in
-// one read or three (gate, up, down: expert_reads.h).
+// threads, demand loads before speculative ones (which never hold the last free loader), each
+// expert in one read or three (gate, up, down: expert_reads.h).
 //
 // Tiers: storage (the GGUF file) -> host slots (this class). On a unified-memory GPU the slot pool
 // is the backend's device-visible memory (zero copy); a discrete GPU backend keeps a device tier
@@ -295,9 +295,9 @@ class ExpertStore final : public ExpertSource {
   std::condition_variable work_cv_;   // a request was queued
   std::deque<Request> demand_q_, spec_q_;
   int32_t batches_in_flight_ = 0;  // read-busy time: batches being read, since when, how long
-  // Speculative loads being read; at most kSpeculativeLoadsInFlight (loader_main says why).
-  static constexpr int32_t kSpeculativeLoadsInFlight = 1;
-  int32_t speculative_in_flight_ = 0;
+  // Speculative loads being read, at most guesses_in_flight_max_ = loaders - 1 (at least 1;
+  // loader_main says why).
+  int32_t speculative_in_flight_ = 0, guesses_in_flight_max_ = 1;
   double busy_since_ = 0.0, busy_seconds_ = 0.0;
   // One reader and one batch (capacity reads_.experts_per_submission()) per loader, made before the threads.
   std::vector<std::unique_ptr<platform::BatchReader>> loader_readers_;
