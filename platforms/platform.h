@@ -71,7 +71,7 @@ using WriteFn = std::function<Status(const void* data, size_t size)>;
 Status write_large_file_atomic(const std::string& path, uint64_t size,
                                const std::function<Status(const WriteFn& write)>& produce);
 // write_file_atomic's whole rule for output produced as it comes, of a size not known beforehand
-// (`moelite batch -o`, `moelite trace record -o`): a regular file is replaced once `produce`
+// (`moelite batch -o`): a regular file is replaced once `produce`
 // succeeds (on its failure, or a write's, the old file stays as it was and the temporary goes); a
 // special file (a FIFO, /dev/stdout into a pipe, a device) is written into as `produce` writes, so
 // a reader there sees each piece at once.

@@ -305,10 +305,9 @@ Status write_file_atomic(const std::string& path, const WritePiece* pieces, size
   struct stat old;
   bool exists = false;
   MOELITE_TRY(resolve_output(path, &target, &old, &exists));
-  if (exists && !S_ISREG(old.st_mode))
-    return write_into_special(path, target, old.st_mode, [&](int fd, Status*) { return write_pieces(fd, pieces, n_pieces); });
-  return replace_regular_file(path, target, old, exists, 0,
-                              [&](int fd, Status*) { return write_pieces(fd, pieces, n_pieces); });
+  const auto pieces_into = [&](int fd, Status*) { return write_pieces(fd, pieces, n_pieces); };
+  if (exists && !S_ISREG(old.st_mode)) return write_into_special(path, target, old.st_mode, pieces_into);
+  return replace_regular_file(path, target, old, exists, 0, pieces_into);
 }
 
 namespace {

@@ -12,21 +12,21 @@
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
+#include <cerrno>
 #include <climits>
 #include <cmath>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "cli.h"
-#include "platforms/platform.h"
 #include "core/support/json.h"  // the library's strict JSON reader (the CLI links the static archive)
+#include "platforms/platform.h"
 
 namespace cli {
 
@@ -648,11 +648,12 @@ int cmd_batch(int argc, char** argv) {
     return rc ? rc : finish_output(0);
   }
   int rc = 0;
-  const moelite::Status written = moelite::platform::write_streamed_file(out_path, [&](const moelite::platform::WriteFn& write) {
+  const auto produce = [&](const moelite::platform::WriteFn& write) {
     rc = serve_requests(args, ctx, requests, gp, seed, n_seq,
                         [&](const std::string& line) { return write(line.data(), line.size()); });
     return moelite::Status(rc ? MOELITE_ERR_IO : MOELITE_OK);  // serve_requests has said why
-  });
+  };
+  const moelite::Status written = moelite::platform::write_streamed_file(out_path, produce);
   if (rc) return rc;
   return written == MOELITE_OK ? 0 : report(written, "writing the results");
 }

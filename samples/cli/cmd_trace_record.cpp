@@ -133,7 +133,8 @@ int cmd_trace_record(int argc, char** argv) {
   }
   free_model(model);
   const moelite::platform::WritePiece piece{text.data(), text.size()};
-  if (moelite::platform::write_file_atomic(out_path, &piece, 1) != MOELITE_OK) return report(MOELITE_ERR_IO, "writing the trace");
+  if (moelite::platform::write_file_atomic(out_path, &piece, 1) != MOELITE_OK)
+    return report(MOELITE_ERR_IO, "writing the trace");
   fprintf(stderr, "wrote %zu routing entries to %s\n", rec.entries.size(), out_path.c_str());
   return 0;
 }
