@@ -27,6 +27,7 @@ enum class Option : int {
   Io,
   IoTimeout,
   IoThreads,
+  IoBytesInFlight,
   PrefillLookahead,
   PackedExperts,
   FaultInject,

@@ -51,12 +51,37 @@ TEST(ExpertReadProbe, ReadsExpertMatricesWithTheStoresReadsInFlight) {
   EXPECT_LT(p.read_bytes, matrix + 2 * 4096);
   const char* env = getenv("MOELITE_IO_THREADS");
   const int loaders = env && *env ? atoi(env) : 2;
-  EXPECT_EQ(p.reads_in_flight, loaders * 4 * 3);
+  EXPECT_EQ(p.reads_in_flight, loaders * 4 * 3);  // four experts' three reads per loader
   EXPECT_GT(p.read_gb_per_s, 0.0);
   EXPECT_GT(p.copy_gb_per_s, 0.0);
   // Every read lands whole (none reaches the end of the file in this model): bytes per second is
   // reads per second times their size.
   EXPECT_NEAR(p.reads_per_s * p.read_bytes / 1e9, p.read_gb_per_s, 0.02 * p.read_gb_per_s);
+}
+
+// MOELITE_IO_BYTES_IN_FLIGHT bounds each loader's reads in flight by bytes (always one read).
+TEST(ExpertReadProbe, BytesInFlightBoundEachLoadersReads) {
+  Inspected i;
+  ASSERT_NE(i.model, nullptr);
+  const double matrix = matrix_bytes(i.model);
+  const char* env = getenv("MOELITE_IO_THREADS");
+  const int loaders = env && *env ? atoi(env) : 2;
+  struct Case {
+    uint64_t bytes;
+    int per_loader;
+  };
+  // Three reads of a matrix widened to blocks (up to a block more at each end), not four.
+  const uint64_t widened = (static_cast<uint64_t>(matrix) + 4095) / 4096 * 4096 + 4096;
+  const uint64_t three = 3 * widened + 4096;
+  for (const Case c : {Case{4096, 1}, Case{three, 3}, Case{uint64_t{1} << 30, 12}}) {
+    setenv("MOELITE_IO_BYTES_IN_FLIGHT", std::to_string(c.bytes).c_str(), 1);
+    moelite_expert_read_probe p = fresh();
+    const moelite_status st = moelite_model_measure_expert_reads(i.model, uint64_t{2} << 20, &p);
+    unsetenv("MOELITE_IO_BYTES_IN_FLIGHT");
+    ASSERT_EQ(st, MOELITE_OK) << moelite_last_error();
+    EXPECT_EQ(p.reads_in_flight, loaders * c.per_loader) << c.bytes << " bytes in flight";
+    EXPECT_GT(p.read_gb_per_s, 0.0);
+  }
 }
 
 TEST(ExpertReadProbe, ALoadedModelIsProbedLikeAnInspectedOne) {

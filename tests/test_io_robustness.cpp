@@ -9,6 +9,7 @@
 //    that were never submitted, and its next batch reads the right bytes.
 // After each, the context's next evaluation gives bitwise the logits of an undisturbed run.
 #include <gtest/gtest.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -18,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -351,6 +353,67 @@ TEST(IoRobustness, AReadIntoMemoryTheKernelCannotPinGoesThroughABounceBuffer) {
       EXPECT_EQ(done, std::vector<bool>(3, true));
       EXPECT_EQ(bytes, expect.size());
     }
+  }
+}
+
+// The caps on reads in flight (batch_read.h): reads start in order, each once the earlier ones leave
+// room. Each range reads a pipe of its own, which a read in flight empties as soon as data arrives:
+// data written to a range's pipe stays there until the reader has started that range.
+TEST(IoRobustness, BatchReaderKeepsItsCapOnReadsInFlight) {
+  struct Cap {
+    unsigned reads;
+    uint64_t bytes;
+  };
+  for (const Cap cap : {Cap{2, UINT64_MAX}, Cap{8, 2 * 4096}, Cap{8, 4096 + 100}}) {
+    auto reader = moelite::platform::BatchReader::create(cap.reads);
+    if (std::string(reader->name()) != "io_uring") GTEST_SKIP() << "no io_uring in this build or kernel";
+    SCOPED_TRACE("cap of " + std::to_string(cap.reads) + " reads, " + std::to_string(cap.bytes) + " bytes");
+    const int in_flight = cap.bytes == 4096 + 100 ? 1 : 2;
+    int pipes[4][2];
+    for (auto& p : pipes) ASSERT_EQ(pipe(p), 0);
+    std::vector<uint8_t> got(4 * 4096, 0);
+    std::vector<moelite::platform::ReadRange> ranges;
+    for (int i = 0; i < 4; ++i) ranges.push_back({pipes[i][0], 0, got.data() + i * 4096, 4096, 4096});
+    std::mutex mu;
+    std::vector<size_t> order;
+    auto fut = std::async(std::launch::async, [&] {
+      uint64_t n = 0;
+      return reader->read_all(
+          ranges,
+          [&](size_t i) {
+            std::lock_guard<std::mutex> lock(mu);
+            order.push_back(i);
+          },
+          &n, cap.bytes);
+    });
+    const std::vector<uint8_t> block(4096, 0x5A);
+    auto unread = [&](int i) {
+      int n = -1;
+      EXPECT_EQ(ioctl(pipes[i][0], FIONREAD, &n), 0);
+      return n;
+    };
+    auto wait_read = [&](int i) {
+      for (int t = 0; t < 2000 && unread(i) != 0; ++t) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      return unread(i) == 0;
+    };
+    // Ranges from `in_flight` on are beyond the cap: their data waits until an earlier range lands.
+    for (int i = in_flight; i < 4; ++i) ASSERT_EQ(write(pipes[i][1], block.data(), 4096), 4096);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    for (int i = in_flight; i < 4; ++i) EXPECT_EQ(unread(i), 4096) << "range " << i << " started beyond the cap";
+    // The last one in flight lands: the next starts, lands at once (its data is there), and so on.
+    ASSERT_EQ(write(pipes[in_flight - 1][1], block.data(), 4096), 4096);
+    for (int i = in_flight - 1; i < 4; ++i)
+      EXPECT_TRUE(wait_read(i)) << "range " << i << " did not start when there was room";
+    for (int i = 0; i < in_flight - 1; ++i) ASSERT_EQ(write(pipes[i][1], block.data(), 4096), 4096);
+    ASSERT_EQ(fut.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "the reader hangs";
+    EXPECT_EQ(fut.get(), MOELITE_OK) << moelite_last_error();
+    EXPECT_EQ(got, std::vector<uint8_t>(got.size(), 0x5A));
+    // In order from the one that landed first; the earlier ones (still in flight) after.
+    std::vector<size_t> expect_order;
+    for (int i = in_flight - 1; i < 4; ++i) expect_order.push_back(static_cast<size_t>(i));
+    for (int i = 0; i < in_flight - 1; ++i) expect_order.push_back(static_cast<size_t>(i));
+    EXPECT_EQ(order, expect_order);
+    for (auto& p : pipes) close(p[0]), close(p[1]);
   }
 }
 

@@ -18,7 +18,6 @@ namespace moelite {
 
 namespace {
 
-
 // memcpy of expert-sized pieces between two 128 MiB buffers (well past a cache), best of two passes.
 double measure_copy(uint64_t piece) {
   constexpr size_t kBytes = size_t{128} << 20;
@@ -72,7 +71,7 @@ Status probe_expert_reads(const Model& model, int32_t loaders, uint64_t bytes, E
   std::vector<Loader> pool(static_cast<size_t>(loaders));
   try {
     for (Loader& d : pool) {
-      d.reader = platform::BatchReader::create(kLoaderReadsPerSubmission);
+      d.reader = ExpertReads::loader_reader();
       d.buffer = std::make_unique<platform::AlignedBytes>(static_cast<size_t>(slot * batch), platform::kDirectIoAlignment);
       if (!d.buffer->bytes()) return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory for the storage probe's buffers");
       d.ranges.reserve(kLoaderReadsPerSubmission);
@@ -100,7 +99,8 @@ Status probe_expert_reads(const Model& model, int32_t loaders, uint64_t bytes, E
       }
       for (const platform::ReadRange& r : d.ranges) d.requested += r.len;
       uint64_t got = 0;
-      d.status = d.reader->read_all(d.ranges, [](size_t) {}, &got);
+      d.status = d.reader->read_all(
+          d.ranges, [](size_t) {}, &got, plan.bytes_in_flight());
       if (d.status != MOELITE_OK) {
         d.why = last_error_message();
         return;
@@ -132,7 +132,7 @@ Status probe_expert_reads(const Model& model, int32_t loaders, uint64_t bytes, E
   r.gb_per_s = seconds > 0 ? static_cast<double>(landed) / seconds / 1e9 : 0.0;
   r.reads_per_s = seconds > 0 ? static_cast<double>(reads) / seconds : 0.0;
   r.read_bytes = reads ? static_cast<double>(requested) / static_cast<double>(reads) : 0.0;
-  r.reads_in_flight = loaders * static_cast<int32_t>(batch) * plan.max_reads_per_expert();
+  r.reads_in_flight = loaders * plan.reads_in_flight();
   r.copy_gb_per_s = measure_copy(total_expert_bytes / layers.size());
   *out = r;
   return MOELITE_OK;

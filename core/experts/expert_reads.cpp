@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "base/options.h"
+
 namespace moelite {
 
 namespace {
@@ -31,6 +33,7 @@ ExpertReads::ExpertReads(const Model& model) : model_(&model) {
       slot_bytes_ = std::max(slot_bytes_, p.record_bytes);
       if (p.record_bytes > kWholeRecordReadMax) max_reads_ = 3;
     }
+    set_submission_shape();
     return;
   }
   // Each matrix's region has room for its read widened to blocks: it may start up to a block before
@@ -50,6 +53,29 @@ ExpertReads::ExpertReads(const Model& model) : model_(&model) {
     }
   }
   slot_bytes_ = region[0] + region[1] + region[2];
+  set_submission_shape();
+}
+
+void ExpertReads::set_submission_shape() {
+  if (int64_t v = 0; option_int(Option::IoBytesInFlight, &v)) bytes_in_flight_ = static_cast<uint64_t>(v);
+  uint64_t largest = 0, largest_read = 0;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    if (packed_ && L.record_bytes <= kWholeRecordReadMax) {
+      largest = std::max(largest, L.record_bytes);
+      largest_read = std::max(largest_read, L.record_bytes);
+      continue;
+    }
+    largest = std::max(largest, L.bytes[0] + L.bytes[1] + L.bytes[2]);
+    // A read from the model file may be widened to blocks: up to a block more at each end.
+    for (int c = 0; c < 3; ++c)
+      largest_read =
+          std::max(largest_read, packed_ ? round_up(L.bytes[c], kBlock) : round_up(L.bytes[c], kBlock) + kBlock);
+  }
+  const size_t most = kLoaderReadsPerSubmission / static_cast<size_t>(max_reads_);
+  experts_per_submission_ = std::clamp<size_t>(largest ? bytes_in_flight_ / largest : most, 1, most);
+  reads_in_flight_ = static_cast<int32_t>(std::clamp<uint64_t>(largest_read ? bytes_in_flight_ / largest_read : 1, 1,
+                                                               experts_per_submission_ * max_reads_));
 }
 
 uint64_t ExpertReads::expert_bytes(int32_t layer) const {

@@ -12,6 +12,7 @@
 //    matrices, so gate and up can be computed while down still loads (as from the model file).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,11 +23,20 @@ namespace moelite {
 
 // Largest packed record read in one request.
 constexpr uint64_t kWholeRecordReadMax = uint64_t{1} << 20;
-// Reads a loader submits at once: the demand loads it takes in one submission are this many reads'
-// worth of experts (4 from the model file, 12 packed small ones), so a routing's misses all start
-// at once, even when the other loaders wait for a CPU behind the compute threads. The storage probe
-// (expert_read_probe.h) reads in the same shape.
+// Most reads a loader submits at once (12 packed small experts, 4 from the model file).
 constexpr size_t kLoaderReadsPerSubmission = 12;
+// Bytes of demand reads a loader keeps in flight by default (MOELITE_IO_BYTES_IN_FLIGHT lowers it):
+// no limit, every read of a submission at once. Fewer in flight, started in order, land a layer's
+// misses one after another (the first computes while the rest are read), and a disk that shares
+// its bandwidth among the reads in flight can read faster so: on a virtual disk with the reading
+// thread otherwise idle, 2.2 MB reads gave 1.6-2.2 GB/s one or two at a time and 1.2-1.7 eight to
+// twelve at a time, the first landing after 1.4-2.4 ms instead of 5-26. But in decode (bench
+// model, 2 cores, 25 and 50 % budgets, 1 or 2 compute threads, 3 rounds each) a 2 MiB limit was
+// 0.87-1.20x the speed of none, with no consistent sign: the storage idled 2-4 ms a step less,
+// and the store read as much slower, its loaders waiting for a CPU to start each next read.
+// A guess (one expert) always has all its reads in flight: nobody waits for it yet, and capped,
+// the prefill lookahead (mostly guesses) was 10-15 % slower.
+constexpr uint64_t kLoaderBytesInFlight = UINT64_MAX;
 
 class ExpertReads {
  public:
@@ -38,8 +48,18 @@ class ExpertReads {
   uint64_t slot_bytes() const { return slot_bytes_; }
   // Most reads one expert takes (3, or 1 for packed files of small experts).
   int32_t max_reads_per_expert() const { return max_reads_; }
-  // Experts a loader reads in one submission.
-  size_t experts_per_submission() const { return kLoaderReadsPerSubmission / static_cast<size_t>(max_reads_); }
+  // Experts a loader takes in one submission: what fits its bytes in flight (at least one), so
+  // that the other loaders take the next ones; at most kLoaderReadsPerSubmission reads' worth.
+  size_t experts_per_submission() const { return experts_per_submission_; }
+  // Bytes a loader keeps in flight (kLoaderBytesInFlight, or MOELITE_IO_BYTES_IN_FLIGHT).
+  uint64_t bytes_in_flight() const { return bytes_in_flight_; }
+  // Reads a loader has in flight at once when reading experts of the largest size.
+  int32_t reads_in_flight() const { return reads_in_flight_; }
+  // A loader's reader (the store's loaders and the storage probe's): at most
+  // kLoaderReadsPerSubmission reads in flight; read_all takes bytes_in_flight() for demand reads.
+  static std::unique_ptr<platform::BatchReader> loader_reader() {
+    return platform::BatchReader::create(kLoaderReadsPerSubmission);
+  }
   // Appends the reads of expert `expert` of `layer` into the slot memory at `slot` (4 KiB-aligned)
   // to *reads, in order; for each read, *matrices_in gets how many of the expert's leading
   // matrices (gate, up, down) are whole once that read and every earlier one of it have landed.
@@ -65,6 +85,10 @@ class ExpertReads {
   bool packed_ = false;
   uint64_t slot_bytes_ = 0;
   int32_t max_reads_ = 3;
+  uint64_t bytes_in_flight_ = kLoaderBytesInFlight;
+  size_t experts_per_submission_ = 1;
+  int32_t reads_in_flight_ = 1;
+  void set_submission_shape();  // the three above, once the layers are known
 };
 
 }  // namespace moelite

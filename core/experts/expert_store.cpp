@@ -255,7 +255,7 @@ Status ExpertStore::create(const Model& model, Backend& backend, const ExpertMem
   try {
     (void)platform::little_cores();  // computed once; a loader only reads it
     for (int32_t t = 0; t < n_loaders; ++t) {
-      s->loader_readers_.push_back(platform::BatchReader::create(kLoaderReadsPerSubmission));
+      s->loader_readers_.push_back(ExpertReads::loader_reader());
       s->loader_batches_.emplace_back();
       s->loader_batches_.back().reserve(s->reads_.experts_per_submission());  // never grows after this
     }
@@ -885,7 +885,9 @@ void ExpertStore::load_batch(platform::BatchReader& reader, std::vector<Load>& l
     ready_cv_.notify_all();
   };
   uint64_t total = 0;  // what the reader got; the counters count requested bytes of landed reads
-  const Status st = reader.read_all(ranges, on_done, &total);
+  // Demand reads in order within the bytes in flight; a guess's all at once (expert_reads.h).
+  const bool guess = n == 1 && loads[0].speculative;
+  const Status st = reader.read_all(ranges, on_done, &total, guess ? UINT64_MAX : reads_.bytes_in_flight());
   const std::string why = st == MOELITE_OK ? std::string() : last_error_message();
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t k = 0; k < n; ++k) {

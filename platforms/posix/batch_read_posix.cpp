@@ -78,8 +78,10 @@ Status pread_rest(const ReadRange& r, uint64_t done, uint64_t* total) {
 class PreadReader final : public BatchReader {
  public:
   const char* name() const override { return "pread"; }
-  Status read_all(const std::vector<ReadRange>& ranges, const std::function<void(size_t)>& on_done,
-                  uint64_t* read) override {
+
+ protected:
+  Status read_ranges(const std::vector<ReadRange>& ranges, const std::function<void(size_t)>& on_done, uint64_t* read,
+                     uint64_t /*max_bytes_in_flight: one at a time*/) override {
     *read = 0;
     for (size_t i = 0; i < ranges.size(); ++i) {
       MOELITE_TRY(pread_rest(ranges[i], 0, read));
@@ -100,30 +102,34 @@ class UringReader final : public BatchReader {
     if (ring_ok_) io_uring_queue_exit(&ring_);
   }
   bool init(unsigned depth) {
-    depth_ = depth;
-    ring_ok_ = io_uring_queue_init(depth, &ring_, 0) == 0;
+    depth_ = std::max(1u, depth);
+    ring_ok_ = io_uring_queue_init(ring_entries(), &ring_, 0) == 0;
     return ring_ok_;
   }
   const char* name() const override { return "io_uring"; }
 
-  Status read_all(const std::vector<ReadRange>& ranges, const std::function<void(size_t)>& on_done,
-                  uint64_t* read) override {
+ protected:
+  Status read_ranges(const std::vector<ReadRange>& ranges, const std::function<void(size_t)>& on_done, uint64_t* read,
+                     uint64_t max_bytes) override {
     *read = 0;
     if (!ring_ok_ && !rebuild()) return read_with_pread(ranges, on_done, read);
     size_t prepared = 0;     // ranges given a submission-queue entry
     size_t unsubmitted = 0;  // of those, entries the kernel has not taken yet
     size_t in_flight = 0, completed = 0;
+    uint64_t bytes_in_flight = 0;  // of the prepared ranges not completed yet
     int busy_retries = 0;
     Status status = MOELITE_OK;
     while (completed < prepared || (status == MOELITE_OK && completed < ranges.size())) {
       if (status == MOELITE_OK) {
-        // Keep as many ranges in flight as the ring holds.
-        while (prepared < ranges.size()) {
+        // Within the caps, in order (batch_read.h says why).
+        while (prepared < ranges.size() && in_flight + unsubmitted < depth_ &&
+               (in_flight + unsubmitted == 0 || bytes_in_flight + ranges[prepared].len <= max_bytes)) {
           io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
           if (!sqe) break;
           const ReadRange& r = ranges[prepared];
           io_uring_prep_read(sqe, r.fd, r.dst, static_cast<unsigned>(r.len), r.offset);
           io_uring_sqe_set_data64(sqe, prepared);
+          bytes_in_flight += r.len;
           ++prepared;
           ++unsubmitted;
         }
@@ -167,6 +173,7 @@ class UringReader final : public BatchReader {
       int res = cqe->res;
       io_uring_cqe_seen(&ring_, cqe);
       --in_flight;
+      bytes_in_flight -= ranges[i].len;
       ++completed;
       const bool injected = fault::should_fail(fault::Kind::kUringComplete);
       if (fault::should_fail(fault::Kind::kReadEfault)) res = -EFAULT;
@@ -199,8 +206,10 @@ class UringReader final : public BatchReader {
 
  private:
   static constexpr int kMaxBusyRetries = 1000;  // ~1 s of 1 ms back-offs with nothing in flight
+  // The ring is not the cap (depth_ is): its entries leave it at submission, not at completion.
+  unsigned ring_entries() const { return std::max(depth_, 8u); }
   bool rebuild() {
-    ring_ok_ = io_uring_queue_init(depth_, &ring_, 0) == 0;
+    ring_ok_ = io_uring_queue_init(ring_entries(), &ring_, 0) == 0;
     return ring_ok_;
   }
   static Status read_with_pread(const std::vector<ReadRange>& ranges, const std::function<void(size_t)>& on_done,
@@ -220,7 +229,7 @@ class UringReader final : public BatchReader {
 
 }  // namespace
 
-std::unique_ptr<BatchReader> BatchReader::create(unsigned queue_depth) {
+std::unique_ptr<BatchReader> BatchReader::create(unsigned max_reads) {
   // MOELITE_IO=pread forces the fallback (tests, comparisons); so does valgrind, unless MOELITE_IO
   // asks for io_uring: memcheck cannot see the kernel fill io_uring's buffers, so each expert read
   // through it would be reported as uninitialised memory (millions of false errors).
@@ -234,9 +243,9 @@ std::unique_ptr<BatchReader> BatchReader::create(unsigned queue_depth) {
   }
 #if MOELITE_HAVE_URING
   auto r = std::make_unique<UringReader>();
-  if (r->init(queue_depth)) return r;  // else: kernel or sandbox without io_uring
+  if (r->init(max_reads)) return r;  // else: kernel or sandbox without io_uring
 #endif
-  (void)queue_depth;
+  (void)max_reads;
   return std::make_unique<PreadReader>();
 }
 
