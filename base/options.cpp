@@ -69,11 +69,10 @@ const OptionInfo kOptions[] = {
      "most all but one, so a demand read always finds one free",
      nullptr},
     {Option::IoBytesInFlight, "MOELITE_IO_BYTES_IN_FLIGHT", OptionKind::Integer, 4096, 1ull << 40, nullptr,
-     "no limit (a submission's reads: up to 12)",
-     "bytes of demand reads each expert loader keeps in flight, started in order (always at least one read), and "
-     "so the experts it takes at a time; the storage probe reads the same way, so comparing its GB/s at a few "
-     "values finds a device's best (some disks read faster with fewer in flight, and land the first reads "
-     "sooner)",
+     "2097152 (2 MiB)",
+     "bytes of demand reads each expert loader keeps in flight, started in order (always at least one read, at "
+     "most 12), and so the experts it takes at a time; the storage probe reads the same way, so comparing its "
+     "GB/s at a few values finds a device's best (a deep NVMe queue may want more)",
      nullptr},
     {Option::PrefillLookahead, "MOELITE_PREFILL_LOOKAHEAD", OptionKind::Flag, 0, 1, nullptr, "1",
      "0 turns off the prefill lookahead (a prompt's batch names the next layer's experts to the store as soon as "

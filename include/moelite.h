@@ -568,9 +568,8 @@ MOELITE_API moelite_status moelite_model_measure_device_bandwidth(moelite_model*
  *  to 4 KiB blocks where the file opens with O_DIRECT); from a packed expert file
  *  (moelite_pack_experts) each expert as one read of its record (three above 1 MiB); each loader
  *  thread (MOELITE_IO_THREADS, default 2) keeps its reads in flight as the store's demand reads:
- *  12 at once (four experts from the model file, twelve packed), or, with MOELITE_IO_BYTES_IN_FLIGHT
- *  set, those that fit in that many bytes (at least one) started in order; through the store's
- *  reader (io_uring where available). The experts are random ones of
+ *  started in order, as many as fit in MOELITE_IO_BYTES_IN_FLIGHT (default 2 MiB; at least one, at
+ *  most 12); through the store's reader (io_uring where available). The experts are random ones of
  *  random layers, the same for the same file. This is the speed a storage bound should divide by:
  *  large sequential reads (dd, most probes) can be much faster or slower than these. Set
  *  struct_size to sizeof(moelite_expert_read_probe); fields beyond it are not written. */
@@ -579,8 +578,8 @@ typedef struct moelite_expert_read_probe {
   double read_gb_per_s;     /* bytes landed per second, all loaders together */
   double reads_per_s;       /* read requests completed per second */
   double read_bytes;        /* mean bytes of a read request as issued */
-  int32_t reads_in_flight;  /* the most at once, all loaders: loaders x 12, or with a byte limit
-                               loaders x the reads of the largest size that fit it (at least 1) */
+  int32_t reads_in_flight;  /* the most at once, all loaders: loaders x the reads of the largest
+                               size that fit the bytes in flight (at least 1, at most 12) */
   double copy_gb_per_s;     /* one DRAM copy of expert-sized pieces, where a copy follows the read
                                (buffered reads, an upload to a device) */
 } moelite_expert_read_probe;

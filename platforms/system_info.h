@@ -81,6 +81,12 @@ int default_thread_count();
 // outside the process's cgroup cpuset) or cannot (no affinity API). An empty list does nothing.
 bool pin_current_thread(const std::vector<int>& cpus);
 
+// Asks the scheduler for a short time slice for the calling thread (Linux 6.12+, EEVDF: a task
+// with a shorter slice has an earlier deadline, so when it wakes it preempts a running task with a
+// longer one sooner). For threads that sleep on I/O and must act at once when it completes. False
+// when the kernel does not take it (older kernels ignore the slice: true but no effect).
+bool prefer_short_slice(uint64_t slice_ns);
+
 // Parses a kernel CPU list ("0-3,6,8-9"); stops at the first malformed item.
 std::vector<int> parse_cpu_list(const std::string& text);
 

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -260,3 +262,53 @@ TEST(PlatformInfo, ThreadPoolParticipantsWorkWhenEveryCoreIsBusyElsewhere) {
   done = true;
   for (auto& t : hogs) t.join();
 }
+
+#if defined(__linux__)
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+// A loader's short slice (prefer_short_slice): the kernel's own sched_getattr reads back the slice
+// on a thread of its own, whose nice value stays as it was; other threads keep theirs.
+TEST(PlatformInfo, AShortSliceIsTheCallingThreadsOnly) {
+#if defined(SYS_sched_getattr)
+  struct SchedAttr {
+    uint32_t size, policy;
+    uint64_t flags;
+    int32_t nice;
+    uint32_t priority;
+    uint64_t runtime, deadline, period;
+    uint32_t util_min, util_max;
+  };
+  auto read_attr = [] {
+    SchedAttr a{};
+    EXPECT_EQ(syscall(SYS_sched_getattr, 0, &a, sizeof a, 0), 0) << strerror(errno);
+    return a;
+  };
+  const SchedAttr before = read_attr();
+  std::thread t([&] {
+    ASSERT_EQ(setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 3), 0);
+    ASSERT_TRUE(moelite::platform::prefer_short_slice(100'000));
+    const SchedAttr a = read_attr();
+    EXPECT_EQ(a.policy, static_cast<uint32_t>(SCHED_OTHER));
+    EXPECT_EQ(a.nice, 3);
+    // Kernels before 6.12 have no custom slice: they ignore ours.
+    utsname u{};
+    int major = 0, minor = 0;
+    ASSERT_EQ(uname(&u), 0);
+    ASSERT_EQ(sscanf(u.release, "%d.%d", &major, &minor), 2) << u.release;
+    if (major > 6 || (major == 6 && minor >= 12)) EXPECT_EQ(a.runtime, 100'000u) << u.release;
+  });
+  t.join();
+  const SchedAttr after = read_attr();
+  EXPECT_EQ(after.runtime, before.runtime);
+  EXPECT_EQ(after.nice, before.nice);
+#else
+  GTEST_SKIP() << "no sched_getattr";
+#endif
+}
+#endif

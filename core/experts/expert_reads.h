@@ -25,18 +25,23 @@ namespace moelite {
 constexpr uint64_t kWholeRecordReadMax = uint64_t{1} << 20;
 // Most reads a loader submits at once (12 packed small experts, 4 from the model file).
 constexpr size_t kLoaderReadsPerSubmission = 12;
-// Bytes of demand reads a loader keeps in flight by default (MOELITE_IO_BYTES_IN_FLIGHT lowers it):
-// no limit, every read of a submission at once. Fewer in flight, started in order, land a layer's
-// misses one after another (the first computes while the rest are read), and a disk that shares
-// its bandwidth among the reads in flight can read faster so: on a virtual disk with the reading
-// thread otherwise idle, 2.2 MB reads gave 1.6-2.2 GB/s one or two at a time and 1.2-1.7 eight to
-// twelve at a time, the first landing after 1.4-2.4 ms instead of 5-26. But in decode (bench
-// model, 2 cores, 25 and 50 % budgets, 1 or 2 compute threads, 3 rounds each) a 2 MiB limit was
-// 0.87-1.20x the speed of none, with no consistent sign: the storage idled 2-4 ms a step less,
-// and the store read as much slower, its loaders waiting for a CPU to start each next read.
-// A guess (one expert) always has all its reads in flight: nobody waits for it yet, and capped,
-// the prefill lookahead (mostly guesses) was 10-15 % slower.
-constexpr uint64_t kLoaderBytesInFlight = UINT64_MAX;
+// Bytes of demand reads a loader keeps in flight (MOELITE_IO_BYTES_IN_FLIGHT changes it): reads
+// start in order, each when the earlier ones leave room (always one), so a layer's misses land one
+// after another and the first computes while the rest are read, and a disk that shares its
+// bandwidth among the reads in flight reads no slower: on a virtual disk, 2.2 MB reads gave
+// 1.6-2.2 GB/s one or two at a time and 1.2-1.7 eight to twelve at a time, the first landing after
+// 1.4-2.4 ms instead of 5-26. That needs the loader to start the next read at once when one lands:
+// with the compute workers on every core it waits for the scheduler (a 2 MiB limit alone: decode
+// 0.87-1.20x of twelve reads at once, no consistent sign), hence kLoaderSliceNs. Both together,
+// bench model, 2 cores, interleaved, 3 rounds: 1.11-1.16x at a 25 % budget, 1.01-1.20x at 50 %
+// with next-gate.
+// Only where a layer's misses are few (ExpertStore::loader_main): many are read for throughput,
+// all of a submission at once. A guess (one expert) has all its reads in flight: nobody waits for
+// it yet, and the prefill lookahead (mostly guesses) was 10-15 % slower with them limited.
+constexpr uint64_t kLoaderBytesInFlight = uint64_t{2} << 20;
+// The time slice a loader asks the scheduler for (platform::prefer_short_slice), 0.1 ms, the
+// shortest Linux takes.
+constexpr uint64_t kLoaderSliceNs = 100'000;
 
 class ExpertReads {
  public:
@@ -51,6 +56,8 @@ class ExpertReads {
   // Experts a loader takes in one submission: what fits its bytes in flight (at least one), so
   // that the other loaders take the next ones; at most kLoaderReadsPerSubmission reads' worth.
   size_t experts_per_submission() const { return experts_per_submission_; }
+  // Experts of kLoaderReadsPerSubmission reads: a submission read all at once.
+  size_t most_experts_per_submission() const { return kLoaderReadsPerSubmission / static_cast<size_t>(max_reads_); }
   // Bytes a loader keeps in flight (kLoaderBytesInFlight, or MOELITE_IO_BYTES_IN_FLIGHT).
   uint64_t bytes_in_flight() const { return bytes_in_flight_; }
   // Reads a loader has in flight at once when reading experts of the largest size.

@@ -265,7 +265,7 @@ class ExpertStore final : public ExpertSource {
   // `busy` is the batch's share of the read-busy time, open until its last read lands: ended
   // there (under the lock that makes that expert Ready), so an evaluation that has all it needs
   // never sees its reads as still in flight.
-  void load_batch(platform::BatchReader& reader, std::vector<Load>& loads, bool* busy);
+  void load_batch(platform::BatchReader& reader, std::vector<Load>& loads, uint64_t bytes_in_flight, bool* busy);
   // fail() with a Failed slot's status and message.
   Status fail_with_slot_error(const Slot& s);
   // A loader thread: takes queued loads into `batch` (reserved, never grows) and reads them.
@@ -298,8 +298,10 @@ class ExpertStore final : public ExpertSource {
   // Speculative loads being read, at most guesses_in_flight_max_ = loaders - 1 (at least 1;
   // loader_main says why).
   int32_t speculative_in_flight_ = 0, guesses_in_flight_max_ = 1;
+  // Demand loads queued up to this many (two tokens' routing) are read in order (loader_main).
+  size_t few_misses_ = 16;
   double busy_since_ = 0.0, busy_seconds_ = 0.0;
-  // One reader and one batch (capacity reads_.experts_per_submission()) per loader, made before the threads.
+  // One reader and one batch (capacity reads_.most_experts_per_submission()) per loader, made before the threads.
   std::vector<std::unique_ptr<platform::BatchReader>> loader_readers_;
   std::vector<std::vector<Load>> loader_batches_;
   std::vector<std::thread> loaders_;

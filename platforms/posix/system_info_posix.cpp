@@ -1,6 +1,8 @@
 // system_info.h on Linux (and Android): /proc and /sys below a root directory.
 #include <pthread.h>
 #include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -323,6 +325,30 @@ std::vector<int> allowed_cpus() {
 #endif
   if (out.empty()) out = read_cpu_info("/").online;
   return out;
+}
+
+bool prefer_short_slice(uint64_t slice_ns) {
+#if defined(__linux__) && defined(SYS_sched_setattr)
+  struct SchedAttr {  // the kernel's struct sched_attr, version 1 (glibc 2.36 has no wrapper)
+    uint32_t size, policy;
+    uint64_t flags;
+    int32_t nice;
+    uint32_t priority;
+    uint64_t runtime, deadline, period;
+    uint32_t util_min, util_max;
+  } attr{};
+  attr.size = sizeof attr;
+  attr.policy = SCHED_OTHER;
+  errno = 0;
+  const int nice = getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
+  if (nice == -1 && errno != 0) return false;
+  attr.nice = nice;  // kept: only the slice changes
+  attr.runtime = slice_ns;
+  return syscall(SYS_sched_setattr, 0, &attr, 0) == 0;
+#else
+  (void)slice_ns;
+  return false;
+#endif
 }
 
 bool pin_current_thread(const std::vector<int>& cpus) {
