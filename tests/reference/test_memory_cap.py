@@ -84,7 +84,8 @@ def test_bench_with_budget_fits_a_cap_that_fits_the_budget(memory_cgroup):
     # decode step went: its parts add up to the step the bench timed, and the reads' bound is what
     # the bytes read take at the storage speed.
     probe, step = d["storage_probe"], d["step_ms"]
-    assert probe["read_gb_s"] > 0 and probe["reads_in_flight"] == 24 and probe["read_bytes"] >= 1024 * 1024 * 17 // 16
+    # Two loaders, each with as many reads of this size (over 1 MiB) as fit in 2 MiB in flight: one.
+    assert probe["read_gb_s"] > 0 and probe["reads_in_flight"] == 2 and probe["read_bytes"] >= 1024 * 1024 * 17 // 16
     assert step["step"] == pytest.approx(d["decode_ms_per_token"], rel=1e-3)
     assert step["compute"] + step["load_wait"] == pytest.approx(step["step"], rel=1e-3)
     assert 0 < step["read_busy"] <= step["step"] and step["read_idle"] == pytest.approx(step["step"] - step["read_busy"], abs=2e-3)
