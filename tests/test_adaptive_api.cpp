@@ -561,10 +561,10 @@ TEST(ExpertStorePredictions, DeeperGuessesWaitForNearerOnesToBeResident) {
 }
 
 // Guesses never hold the last free loader, and the most confident goes first: with the default
-// two loaders one guess is read at a time, so while the first guess's read stalls (a slow device)
-// the others wait in the queue, where the routing of their layer can still drop them unread,
-// instead of taking the loader and the bandwidth demand reads need; with three loaders two are
-// read at once. Before, every loader read a guess of its own at once.
+// two loaders one guess is read at a time, in order of confidence, so while the first guess's read
+// stalls (a slow device) the others wait in the queue, where the routing of their layer can still
+// drop them unread, instead of taking the loader and the bandwidth demand reads need; with three
+// loaders two are read at once. Before, every loader read a guess of its own at once.
 TEST(ExpertStorePredictions, GuessesLeaveALoaderFreeMostConfidentFirst) {
   namespace fault = moelite::platform::fault;
   for (const char* loaders : {"2", "3"}) {
@@ -583,16 +583,31 @@ TEST(ExpertStorePredictions, GuessesLeaveALoaderFreeMostConfidentFirst) {
     const auto start = std::chrono::steady_clock::now();
     store.hint({{{1, 5}, 0.5f}, {{1, 3}, 0.9f}, {{1, 4}, 0.7f}}, -1);
     EXPECT_EQ(store.stats()[1].prefetches_issued, 3u);
-    // The others land within the stall where a second guess may be read beside the first.
     const bool two = std::string(loaders) == "3";
-    for (int i = 0; i < 500 && two && !(store.ready(1, 4) && store.ready(1, 5)); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (!two) std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    const bool in_stall = std::chrono::steady_clock::now() - start < std::chrono::duration<double>(kStall * 0.9);
-    if (in_stall) {  // a machine too slow to look within the stall proves nothing either way
-      EXPECT_FALSE(store.ready(1, 3)) << "the most confident guess was not the first read";
-      EXPECT_EQ(store.ready(1, 4), two) << "guesses read at once: " << (two ? "one, not two" : "two, not one");
-      EXPECT_EQ(store.ready(1, 5), two);
+    if (two) {
+      // Two guesses at once (3 and 4, the most confident): one stalls, whichever read first; the
+      // other lands and its loader reads the third guess, 5, which lands too, all within the stall.
+      for (int i = 0; i < 500 && !store.ready(1, 5); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      const bool in_stall = std::chrono::steady_clock::now() - start < std::chrono::duration<double>(kStall * 0.9);
+      if (in_stall) {  // a machine too slow to look within the stall proves nothing either way
+        EXPECT_TRUE(store.ready(1, 5)) << "a second guess was not read beside the stalled one";
+        EXPECT_EQ(int(store.ready(1, 3)) + int(store.ready(1, 4)), 1) << "the stalled guess landed early";
+      }
+    } else {
+      // One at a time, in order of confidence: 3 (stalled), then 4, then 5; nothing lands during
+      // the stall, and a later guess is never whole before an earlier one.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      const bool in_stall = std::chrono::steady_clock::now() - start < std::chrono::duration<double>(kStall * 0.9);
+      if (in_stall)
+        for (int32_t e : {3, 4, 5})
+          EXPECT_FALSE(store.ready(1, e)) << "guess " << e << " was read beside the stalled one";
+      for (int i = 0; i < 10000 && !store.ready(1, 5); ++i) {
+        // The latest first: a guess seen whole means every earlier one was whole before.
+        const bool r5 = store.ready(1, 5), r4 = store.ready(1, 4), r3 = store.ready(1, 3);
+        if (r5) EXPECT_TRUE(r4) << "guess 5 landed before guess 4";
+        if (r4) EXPECT_TRUE(r3) << "guess 4 landed before guess 3";
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
     }
     for (int32_t e : {3, 4, 5})
       for (int i = 0; i < 10000 && !store.ready(1, e); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));

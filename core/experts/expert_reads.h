@@ -33,8 +33,8 @@ constexpr size_t kLoaderReadsPerSubmission = 12;
 // 1.4-2.4 ms instead of 5-26. That needs the loader to start the next read at once when one lands:
 // with the compute workers on every core it waits for the scheduler (a 2 MiB limit alone: decode
 // 0.87-1.20x of twelve reads at once, no consistent sign), hence kLoaderSliceNs. Both together,
-// bench model, 2 cores, interleaved, 3 rounds: 1.11-1.16x at a 25 % budget, 1.01-1.20x at 50 %
-// with next-gate.
+// bench model, 2 cores, one sequence, against twelve reads at once, interleaved: 1.01-1.16x at a
+// 25 % budget (5 rounds), 1.01-1.20x at 50 % with next-gate (3).
 // Only where a layer's misses are few (ExpertStore::loader_main): many are read for throughput,
 // all of a submission at once. A guess (one expert) has all its reads in flight: nobody waits for
 // it yet, and the prefill lookahead (mostly guesses) was 10-15 % slower with them limited.

@@ -776,7 +776,7 @@ void ExpertStore::loader_main(platform::BatchReader& reader, std::vector<Load>& 
       // within the bytes in flight, as many experts as those hold: the first lands early and
       // computes while the rest are read. More (a prompt, several sequences) are read for
       // throughput: the whole submission's worth at once, whose reads keep the storage busy while
-      // the loader waits for a CPU (bench model, 25 % budget, a 128-token prompt: 0.87-0.95x the
+      // the loader waits for a CPU (bench model, 25 % budget, a 128-token prompt: 0.84-0.95x the
       // speed in order). A routing queues its misses together and wakes every loader, but on a
       // machine whose cores all compute, the first loader to get a CPU can be the only one for a
       // few milliseconds (a trace of a 2-core decode at a 50 % budget: the second of two misses
