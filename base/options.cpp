@@ -70,9 +70,10 @@ const OptionInfo kOptions[] = {
      nullptr},
     {Option::IoBytesInFlight, "MOELITE_IO_BYTES_IN_FLIGHT", OptionKind::Integer, 4096, 1ull << 40, nullptr,
      "2097152 (2 MiB)",
-     "bytes of demand reads each expert loader keeps in flight, started in order (always at least one read, at "
-     "most 12), and so the experts it takes at a time; the storage probe reads the same way, so comparing its "
-     "GB/s at a few values finds a device's best (a deep NVMe queue may want more)",
+     "bytes each expert loader keeps in flight for a layer's few misses and for a guess, started in order "
+     "(always at least one read, at most 12), and so the misses it takes at a time; the storage probe reads "
+     "the same way, so comparing its GB/s at a few values finds a device's best (a deep NVMe queue may want "
+     "more)",
      nullptr},
     {Option::PrefillLookahead, "MOELITE_PREFILL_LOOKAHEAD", OptionKind::Flag, 0, 1, nullptr, "1",
      "0 turns off the prefill lookahead (a prompt's batch names the next layer's experts to the store as soon as "

@@ -616,6 +616,121 @@ TEST(ExpertStorePredictions, GuessesLeaveALoaderFreeMostConfidentFirst) {
   }
 }
 
+// The store of half_budget_runtime with `loaders` loaders reading with pread (where faults are
+// injected), each guess one matrix at a time (4096 bytes in flight: every read a step of its own).
+void stepwise_guess_runtime(const char* loaders, std::unique_ptr<moelite::Model>* m,
+                            std::unique_ptr<moelite::Runtime>* rt) {
+  setenv("MOELITE_IO", "pread", 1);
+  setenv("MOELITE_IO_THREADS", loaders, 1);
+  setenv("MOELITE_IO_BYTES_IN_FLIGHT", "4096", 1);
+  half_budget_runtime(m, rt);
+  unsetenv("MOELITE_IO");
+  unsetenv("MOELITE_IO_THREADS");
+  unsetenv("MOELITE_IO_BYTES_IN_FLIGHT");
+}
+
+// Waits (up to 10 s) until `done`; false if it never came.
+template <class Done>
+bool wait_until(Done&& done) {
+  for (int i = 0; i < 10000; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return done();
+}
+
+// Hands a prepared expert out and back, as a layer's computation does.
+void compute_one(moelite::ExpertStore& store, int32_t layer, int32_t expert) {
+  std::vector<int32_t> pending = {expert};
+  int32_t got = -1;
+  moelite::ExpertWeights w;
+  ASSERT_EQ(store.acquire_next(layer, &pending, &got, &w), MOELITE_OK) << moelite_last_error();
+  store.release(layer, got);
+}
+
+// A guess its layer's routing confirms while it still waits in the queue behind another guess is
+// read at once as a demand read, on the loader guesses leave free (before, it waited for the guess
+// ahead of it: a 50 % decode's trace showed such experts starting 1-2 ms after their routing while
+// that loader idled); a guess the routing refutes while being read stops after the read in flight
+// and frees its slot (its other reads are never made).
+TEST(ExpertStorePredictions, ConfirmedGuessesJumpTheQueueRefutedOnesStop) {
+  namespace fault = moelite::platform::fault;
+  std::unique_ptr<moelite::Model> m;
+  std::unique_ptr<moelite::Runtime> rt;
+  stepwise_guess_runtime("2", &m, &rt);
+  ASSERT_TRUE(rt && rt->store);
+  moelite::ExpertStore& store = *rt->store;
+  constexpr double kStall = 2.0;
+  fault::arm_stall(fault::Kind::kRead, 1, kStall);  // guess 3's first read
+  const auto start = std::chrono::steady_clock::now();
+  store.hint({{{1, 3}, 0.9f}, {{1, 4}, 0.7f}}, -1);
+  ASSERT_TRUE(wait_until([] { return fault::calls(fault::Kind::kRead) >= 1; }));
+  store.on_routing(1, moelite::Routing{1, 1, {4}, {1.0f}});
+  ASSERT_EQ(store.prepare(1, {4}), MOELITE_OK);
+  ASSERT_TRUE(wait_until([&] { return store.ready(1, 4); }));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), kStall)
+      << "the confirmed guess waited for the stalled one";
+  compute_one(store, 1, 4);
+  // Guess 3: once its stalled read lands, nothing more of it is read and its slot is free.
+  EXPECT_TRUE(wait_until([&] { return !store.resident_or_loading(1, 3); })) << "the refuted guess was read whole";
+  const moelite::ExpertLayerStats st = store.stats()[1];
+  EXPECT_EQ(st.reads, 3u + 1u) << "expert 4's three reads and guess 3's first";
+  EXPECT_EQ(st.prefetches_wasted, 1u);
+  EXPECT_EQ(st.prefetches_used, 1u);
+  fault::disarm();
+}
+
+// Demand reads go before the rest of a guess being read: with two loaders a guess waits while a
+// demand read is in flight on the other (a stalled one here: the guess reads nothing meanwhile);
+// with one loader, the loader reads a demand queued while its guess is read before the guess's
+// next read (before, both read beside each other and a 50 % decode's demand reads took 2-3x as
+// long; with one loader the demand waited for the whole guess).
+TEST(ExpertStorePredictions, GuessesGiveWayToDemandReads) {
+  namespace fault = moelite::platform::fault;
+  for (const char* loaders : {"2", "1"}) {
+    SCOPED_TRACE(std::string(loaders) + " loader(s)");
+    std::unique_ptr<moelite::Model> m;
+    std::unique_ptr<moelite::Runtime> rt;
+    stepwise_guess_runtime(loaders, &m, &rt);
+    ASSERT_TRUE(rt && rt->store);
+    moelite::ExpertStore& store = *rt->store;
+    constexpr double kStall = 1.0;
+    fault::arm_stall(fault::Kind::kRead, 1, kStall);
+    const auto start = std::chrono::steady_clock::now();
+    auto in_stall = [&] {
+      return std::chrono::steady_clock::now() - start < std::chrono::duration<double>(kStall * 0.9);
+    };
+    if (std::string(loaders) == "2") {
+      ASSERT_EQ(store.prepare(0, {0}), MOELITE_OK);  // a miss: its first read stalls
+      ASSERT_TRUE(wait_until([] { return fault::calls(fault::Kind::kRead) >= 1; }));
+      store.hint({{{1, 3}, 0.9f}}, -1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      const int64_t reads = fault::calls(fault::Kind::kRead);
+      if (in_stall()) EXPECT_EQ(reads, 1) << "the guess was read beside the demand read";
+    } else {
+      store.hint({{{1, 3}, 0.9f}}, -1);  // its first read stalls
+      ASSERT_TRUE(wait_until([] { return fault::calls(fault::Kind::kRead) >= 1; }));
+      ASSERT_EQ(store.prepare(0, {0}), MOELITE_OK);  // queued while the only loader reads the guess
+      // The second read after the stalled one stalls too: the demand's second if the loader turned
+      // to it, the guess's third if it did not. Each read is counted as it lands, before the next.
+      fault::arm_stall(fault::Kind::kRead, 2, kStall);
+      ASSERT_TRUE(wait_until([] { return fault::calls(fault::Kind::kRead) >= 2; }));
+      EXPECT_EQ(store.stats()[1].reads, 1u) << "the guess went on before the demand read";
+      EXPECT_EQ(store.stats()[0].reads, 1u);
+    }
+    // Whichever came first, the demand read is whole before the guess is.
+    bool guess_first = false;
+    EXPECT_TRUE(wait_until([&] {
+      const bool guess = store.ready(1, 3), demand = store.ready(0, 0);
+      guess_first = guess_first || (guess && !demand);
+      return guess && demand;
+    }));
+    EXPECT_FALSE(guess_first) << "the guess landed before the demand read";
+    compute_one(store, 0, 0);
+    fault::disarm();
+  }
+}
+
 // More guesses than the pool holds (a step of several sequences guesses the union of their
 // experts): the guesses that fit are loaded and kept; the rest are not loaded at the cost of
 // evicting an earlier, more confident guess (whose read would then be wasted). A demand load

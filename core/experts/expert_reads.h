@@ -35,9 +35,10 @@ constexpr size_t kLoaderReadsPerSubmission = 12;
 // 0.87-1.20x of twelve reads at once, no consistent sign), hence kLoaderSliceNs. Both together,
 // bench model, 2 cores, one sequence, against twelve reads at once, interleaved: 1.01-1.16x at a
 // 25 % budget (5 rounds), 1.01-1.20x at 50 % with next-gate (3).
-// Only where a layer's misses are few (ExpertStore::loader_main): many are read for throughput,
-// all of a submission at once. A guess (one expert) has all its reads in flight: nobody waits for
-// it yet, and the prefill lookahead (mostly guesses) was 10-15 % slower with them limited.
+// Where a layer's misses are few (ExpertStore::take_batch_locked): many are read for throughput,
+// all of a submission at once. A guess (one expert) is read in steps of these bytes too, so that
+// demand reads wait for one step of it at most and a refuted guess stops between steps
+// (ExpertStore::read_guess).
 constexpr uint64_t kLoaderBytesInFlight = uint64_t{2} << 20;
 // The time slice a loader asks the scheduler for (platform::prefer_short_slice), 0.1 ms, the
 // shortest Linux takes.

@@ -120,6 +120,18 @@ void ExpertStore::drop_queued_guesses_locked(Pick&& drop) {
   }
 }
 
+void ExpertStore::promote_queued_guess_locked(int32_t slot) {
+  const auto it = std::find_if(spec_q_.begin(), spec_q_.end(), [&](const Request& r) { return r.slot == slot; });
+  if (it == spec_q_.end()) {  // being read: its next reads need not wait for demand reads any more
+    guess_cv_.notify_all();
+    return;
+  }
+  demand_q_.push_back({slot, true});
+  spec_q_.erase(it);
+  work_cv_.notify_one();
+  guess_cv_.notify_all();
+}
+
 std::vector<ExpertLayerStats> ExpertStore::client_stats(int32_t client) const {
   std::lock_guard<std::mutex> lock(mu_);
   const auto it = clients_.find(client);
@@ -255,21 +267,19 @@ Status ExpertStore::create(const Model& model, Backend& backend, const ExpertMem
   s->guesses_in_flight_max_ = std::max(1, n_loaders - 1);
   try {
     (void)platform::little_cores();  // computed once; a loader only reads it
-    for (int32_t t = 0; t < n_loaders; ++t) {
-      s->loader_readers_.push_back(ExpertReads::loader_reader());
-      s->loader_batches_.emplace_back();
-      s->loader_batches_.back().reserve(s->reads_.most_experts_per_submission());  // never grows after this
+    s->loader_state_.resize(static_cast<size_t>(n_loaders));
+    for (Loader& l : s->loader_state_) {
+      l.reader = ExpertReads::loader_reader();
+      l.batch.reserve(s->reads_.most_experts_per_submission());  // neither grows after this
+      l.served.reserve(s->reads_.most_experts_per_submission());
     }
   } catch (const std::bad_alloc&) {
     return fail(MOELITE_ERR_OUT_OF_MEMORY, "out of memory preparing %d expert loader(s)", n_loaders);
   }
-  s->reader_name_ = s->loader_readers_[0]->name();
+  s->reader_name_ = s->loader_state_[0].reader->name();
   try {
-    for (int32_t t = 0; t < n_loaders; ++t) {
-      platform::BatchReader* reader = s->loader_readers_[static_cast<size_t>(t)].get();
-      std::vector<Load>* batch = &s->loader_batches_[static_cast<size_t>(t)];
-      s->loaders_.emplace_back([p = s.get(), reader, batch] { p->loader_main(*reader, *batch); });
-    }
+    for (Loader& l : s->loader_state_)
+      s->loaders_.emplace_back([p = s.get(), loader = &l] { p->loader_main(*loader); });
   } catch (const std::exception& e) {  // the store's destructor stops and joins those started
     return fail(MOELITE_ERR_SYSTEM_LIMIT, "the system refused expert loader thread %zu of %d (%s)",
                 s->loaders_.size() + 1, n_loaders, e.what());
@@ -288,6 +298,7 @@ ExpertStore::~ExpertStore() {
     stop_ = true;
   }
   work_cv_.notify_all();
+  guess_cv_.notify_all();
   for (auto& t : loaders_) t.join();
   if (pool_shared_)
     backend_.free_shared(pool_);
@@ -368,6 +379,7 @@ int32_t ExpertStore::start_load_locked(int32_t layer, int32_t expert, bool deman
   if (trace_) s.queued_us = TimelineRecorder::now_us();
   slot_ever_used_[static_cast<size_t>(i)] = true;
   work_cv_.notify_one();
+  if (demand) guess_cv_.notify_all();  // a loader whose guess waits reads demand itself
   return i;
 }
 
@@ -418,6 +430,17 @@ void ExpertStore::on_routing_for(int32_t client, int32_t layer, const Routing& r
            std::find(routing.ids.begin(), routing.ids.end(), s.expert) == routing.ids.end() &&
            !named_by_another_locked(client, s.layer, s.expert);
   });
+  // Guesses of this layer being read that the routing refuted: their reads stop where they are.
+  bool refuted = false;
+  for (Slot& s : slots_) {
+    if (s.state != SlotState::Loading || !s.speculative || s.pins > 0 || s.layer != layer || s.client != client ||
+        std::find(routing.ids.begin(), routing.ids.end(), s.expert) != routing.ids.end() ||
+        named_by_another_locked(client, s.layer, s.expert))
+      continue;
+    s.refuted = true;
+    refuted = true;
+  }
+  if (refuted) guess_cv_.notify_all();
 }
 
 void ExpertStore::prefetch_locked(int32_t layer, int32_t expert, int32_t client) {
@@ -588,6 +611,7 @@ Status ExpertStore::pin_admitted_locked(std::unique_lock<std::mutex>& lock, int3
         return false;
       }
       if (ready) *ready = s.state == SlotState::Ready;
+      if (s.speculative && s.state == SlotState::Loading) promote_queued_guess_locked(it->second);
       s.pins++;
       if (s.speculative) {
         s.speculative = false;
@@ -748,7 +772,7 @@ void ExpertStore::release_for(int32_t client, int32_t layer, int32_t expert) {
   s.last_use = clock_;
 }
 
-void ExpertStore::loader_main(platform::BatchReader& reader, std::vector<Load>& batch) noexcept {
+void ExpertStore::loader_main(Loader& loader) noexcept {
   // On big.LITTLE the compute workers own the big cores; a loader mostly waits for its reads, so
   // it lives on the little ones (a refusal, e.g. by a cpuset, just leaves it unpinned).
   platform::pin_current_thread(platform::little_cores());
@@ -757,66 +781,77 @@ void ExpertStore::loader_main(platform::BatchReader& reader, std::vector<Load>& 
   // slice lets the waking loader preempt one at once (expert_reads.h has the measurements).
   platform::prefer_short_slice(kLoaderSliceNs);
   for (;;) {
-    batch.clear();
-    bool guess = false;     // the batch is one speculative load
-    bool in_order = false;  // demand reads within the bytes in flight (else all at once)
+    BatchKind kind = BatchKind::kGuess;
     {
       std::unique_lock<std::mutex> lock(mu_);
       // Guesses never take the last free loader (at most loaders - 1 of them are read at once,
-      // one with the default two loaders): a demand read always finds a loader, guesses take a
-      // bounded share of the storage beside the demand reads (which they would otherwise slow),
-      // the best guess goes first, and those still queued when their layer's routing comes are
-      // dropped unread (on_routing) instead of read in vain. Measured on the bench-shaped model
-      // (64 experts of 6.7 MB, 2 cores, 2 loaders): next-gate read 10-30 % fewer bytes and went
-      // from slower than no predictor to faster at 50 % (one sequence) and 50-75 % (four).
-      auto may_guess = [&] { return !spec_q_.empty() && speculative_in_flight_ < guesses_in_flight_max_; };
-      work_cv_.wait(lock, [&] { return stop_ || !demand_q_.empty() || may_guess(); });
+      // one with the default two loaders): a demand read always finds a loader, the best guess
+      // goes first, and those still queued when their layer's routing comes are dropped unread
+      // (on_routing) instead of read in vain. Measured on the bench-shaped model (64 experts of
+      // 6.7 MB, 2 cores, 2 loaders): next-gate read 10-30 % fewer bytes and went from slower than
+      // no predictor to faster at 50 % (one sequence) and 50-75 % (four).
+      auto may_guess = [&] { return speculative_in_flight_ < guesses_in_flight_max_; };
+      work_cv_.wait(lock, [&] { return stop_ || !demand_q_.empty() || (may_guess() && !spec_q_.empty()); });
       if (stop_) return;
-      // Demand before speculation. A few misses (up to two tokens' routing) are read in order
-      // within the bytes in flight, as many experts as those hold: the first lands early and
-      // computes while the rest are read. More (a prompt, several sequences) are read for
-      // throughput: the whole submission's worth at once, whose reads keep the storage busy while
-      // the loader waits for a CPU (bench model, 25 % budget, a 128-token prompt: 0.84-0.95x the
-      // speed in order). A routing queues its misses together and wakes every loader, but on a
-      // machine whose cores all compute, the first loader to get a CPU can be the only one for a
-      // few milliseconds (a trace of a 2-core decode at a 50 % budget: the second of two misses
-      // started 1-2 ms after the first), so a batch takes every miss it may.
-      std::deque<Request>& q = demand_q_.empty() ? spec_q_ : demand_q_;
-      in_order = &q == &demand_q_ && q.size() <= few_misses_;
-      const size_t take = &q == &spec_q_ ? 1
-                          : in_order     ? reads_.experts_per_submission()
-                                         : reads_.most_experts_per_submission();
-      while (!q.empty() && batch.size() < take) {
-        const Slot& s = slots_[static_cast<size_t>(q.front().slot)];
-        batch.push_back({q.front().slot, s.layer, s.expert, s.client, s.queued_us, s.speculative, false});  // reserved
-        q.pop_front();
-      }
-      if (batches_in_flight_++ == 0) busy_since_ = platform::now_seconds();
-      guess = &q == &spec_q_;
-      if (guess) ++speculative_in_flight_;
+      take_batch_locked(loader.batch, may_guess(), &kind);
     }
-    bool busy = true;
-    try {
-      load_batch(reader, batch, in_order ? reads_.bytes_in_flight() : UINT64_MAX, &busy);
-    } catch (...) {  // out of memory for the batch's bookkeeping: its experts fail, the loader lives
-      std::lock_guard<std::mutex> lock(mu_);
-      for (const Load& l : batch) {
-        if (l.settled) continue;  // landed, and may hold another expert by now
-        Slot& s = slots_[static_cast<size_t>(l.slot)];
-        s.state = SlotState::Failed;
-        s.chunks_ready = 0;
-        s.error = MOELITE_ERR_OUT_OF_MEMORY;
-        s.error_msg.clear();  // fail_with_slot_error() says "out of memory" without allocating
-      }
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      end_busy_locked(&busy);
-      if (guess) --speculative_in_flight_;
-    }
-    ready_cv_.notify_all();
-    if (guess) work_cv_.notify_one();  // the next guess may start
+    read_batch(loader, loader.batch, kind);
   }
+}
+
+bool ExpertStore::take_batch_locked(std::vector<Load>& batch, bool may_guess, BatchKind* kind) {
+  batch.clear();
+  if (demand_q_.empty() && (!may_guess || spec_q_.empty())) return false;
+  // Demand before speculation. A few misses (up to two tokens' routing) are read in order within
+  // the bytes in flight, as many experts as those hold: the first lands early and computes while
+  // the rest are read. More (a prompt, several sequences) are read for throughput: the whole
+  // submission's worth at once, whose reads keep the storage busy while the loader waits for a
+  // CPU (bench model, 25 % budget, a 128-token prompt: 0.84-0.95x the speed in order). A routing
+  // queues its misses together and wakes every loader, but on a machine whose cores all compute,
+  // the first loader to get a CPU can be the only one for a few milliseconds (a trace of a 2-core
+  // decode at a 50 % budget: the second of two misses started 1-2 ms after the first), so a batch
+  // takes every miss it may.
+  std::deque<Request>& q = demand_q_.empty() ? spec_q_ : demand_q_;
+  *kind = &q == &spec_q_ ? BatchKind::kGuess : q.size() <= few_misses_ ? BatchKind::kFewMisses : BatchKind::kManyMisses;
+  const size_t take = *kind == BatchKind::kGuess       ? 1
+                      : *kind == BatchKind::kFewMisses ? reads_.experts_per_submission()
+                                                       : reads_.most_experts_per_submission();
+  while (!q.empty() && batch.size() < take) {
+    const Slot& s = slots_[static_cast<size_t>(q.front().slot)];
+    batch.push_back({q.front().slot, s.layer, s.expert, s.client, s.queued_us, s.speculative, false});  // reserved
+    q.pop_front();
+  }
+  if (batches_in_flight_++ == 0) busy_since_ = platform::now_seconds();
+  ++(*kind == BatchKind::kGuess ? speculative_in_flight_ : demand_in_flight_);
+  return true;
+}
+
+void ExpertStore::read_batch(Loader& loader, std::vector<Load>& batch, BatchKind kind) noexcept {
+  const bool guess = kind == BatchKind::kGuess;
+  bool busy = true;
+  try {
+    load_batch(loader, batch, kind, &busy);
+  } catch (...) {  // out of memory for the batch's bookkeeping: its experts fail, the loader lives
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Load& l : batch) {
+      if (l.settled) continue;  // landed, and may hold another expert by now
+      Slot& s = slots_[static_cast<size_t>(l.slot)];
+      s.state = SlotState::Failed;
+      s.chunks_ready = 0;
+      s.error = MOELITE_ERR_OUT_OF_MEMORY;
+      s.error_msg.clear();  // fail_with_slot_error() says "out of memory" without allocating
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    end_busy_locked(&busy);
+    --(guess ? speculative_in_flight_ : demand_in_flight_);
+  }
+  ready_cv_.notify_all();
+  if (guess)
+    work_cv_.notify_one();  // the next guess may start
+  else
+    guess_cv_.notify_all();  // a guess waiting for the demand reads may go on
 }
 
 void ExpertStore::end_busy_locked(bool* busy) {
@@ -830,10 +865,65 @@ double ExpertStore::read_busy_seconds() const {
   return busy_seconds_ + (batches_in_flight_ > 0 ? platform::now_seconds() - busy_since_ : 0.0);
 }
 
-void ExpertStore::load_batch(platform::BatchReader& reader, std::vector<Load>& loads, uint64_t bytes_in_flight,
-                             bool* busy) {
+Status ExpertStore::read_guess(Loader& loader, Load& load, const std::vector<platform::ReadRange>& ranges,
+                               const std::function<void(size_t)>& on_done, uint64_t* total, double* started_us) {
+  Slot& s = slots_[static_cast<size_t>(load.slot)];
+  const uint64_t bytes_in_flight = reads_.bytes_in_flight();
+  *total = 0;
+  std::vector<platform::ReadRange> step;
+  for (size_t next = 0; next < ranges.size();) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // Demand reads first (what an evaluation waits for), unless this guess is now needed itself:
+      // read those queued, wait for those in flight on other loaders. A guess reads in steps of
+      // the bytes in flight, so a demand read waits for one step at most instead of sharing the
+      // storage with the whole guess (which made a 50 % decode's demand reads take 2-3x as long).
+      for (;;) {
+        const bool refuted = stop_ || (s.refuted && s.pins == 0);
+        if (refuted || s.pins > 0 || (demand_in_flight_ == 0 && demand_q_.empty())) break;
+        BatchKind kind = BatchKind::kFewMisses;
+        if (take_batch_locked(loader.served, false, &kind)) {
+          lock.unlock();
+          read_batch(loader, loader.served, kind);
+          lock.lock();
+        } else {
+          guess_cv_.wait(lock);
+        }
+      }
+      if (stop_ || (s.refuted && s.pins == 0)) {
+        // Its slot is free again at once: the reads so far are all the wrong guess cost (the
+        // rest is not read; a guess read whole before its routing is evicted first instead).
+        count_locked(load.client, load.layer, [](ExpertLayerStats& c) { c.prefetches_wasted++; });
+        if (trace_)
+          trace_->instant("prefetch abandoned", "prefetch", "expert loader",
+                          {{"layer", load.layer},
+                           {"expert", load.expert},
+                           {"reads_left", static_cast<int64_t>(ranges.size() - next)}});
+        where_.erase(key(load.layer, load.expert));
+        clear_slot(&s);
+        load.settled = true;
+        return MOELITE_OK;
+      }
+    }
+    if (next == 0) *started_us = TimelineRecorder::now_us();
+    // The next reads: as many as fit within the bytes in flight, at least one.
+    size_t end = next + 1;
+    uint64_t bytes = ranges[next].len;
+    while (end < ranges.size() && bytes + ranges[end].len <= bytes_in_flight) bytes += ranges[end++].len;
+    step.assign(ranges.begin() + static_cast<std::ptrdiff_t>(next), ranges.begin() + static_cast<std::ptrdiff_t>(end));
+    uint64_t got = 0;
+    const Status st = loader.reader->read_all(
+        step, [&](size_t j) { on_done(next + j); }, &got);
+    *total += got;
+    if (st != MOELITE_OK) return st;
+    next = end;
+  }
+  return MOELITE_OK;
+}
+
+void ExpertStore::load_batch(Loader& loader, std::vector<Load>& loads, BatchKind kind, bool* busy) {
   const size_t n = loads.size();
-  const double started_us = TimelineRecorder::now_us();
+  double started_us = TimelineRecorder::now_us();
   // Every expert's reads go out together (three from the model file, each widened to aligned
   // blocks with direct I/O; one or three from a packed file). owner[i] is the expert read i belongs
   // to, in_after[i] how many of its leading matrices are whole once it and the expert's earlier
@@ -899,7 +989,11 @@ void ExpertStore::load_batch(platform::BatchReader& reader, std::vector<Load>& l
     ready_cv_.notify_all();
   };
   uint64_t total = 0;  // what the reader got; the counters count requested bytes of landed reads
-  const Status st = reader.read_all(ranges, on_done, &total, bytes_in_flight);
+  const Status st =
+      kind == BatchKind::kGuess && n == 1
+          ? read_guess(loader, loads[0], ranges, on_done, &total, &started_us)
+          : loader.reader->read_all(ranges, on_done, &total,
+                                    kind == BatchKind::kFewMisses ? reads_.bytes_in_flight() : UINT64_MAX);
   const std::string why = st == MOELITE_OK ? std::string() : last_error_message();
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t k = 0; k < n; ++k) {
@@ -917,6 +1011,7 @@ void ExpertStore::load_batch(platform::BatchReader& reader, std::vector<Load>& l
       demand_q_.push_back({loads[k].slot, true});
       loads[k].settled = true;
       work_cv_.notify_one();
+      guess_cv_.notify_all();
       continue;
     }
     s.state = SlotState::Failed;

@@ -168,6 +168,7 @@ class ExpertStore final : public ExpertSource {
     int32_t pins = 0;
     bool speculative = false;  // loaded by prefetch and not used yet
     bool orphaned = false;     // still loading for an evaluation that failed and let it go
+    bool refuted = false;      // a guess its client's routing of the layer did not use (on_routing)
     int32_t chunks_ready = 0;  // gate, up, down arrive in that order
     int32_t owner = -1;        // the layer whose quota the slot belongs to (-1: global pool)
     Status error = MOELITE_OK;
@@ -247,6 +248,10 @@ class ExpertStore final : public ExpertSource {
   // counted as wasted for the client whose guess each was.
   template <class Pick>
   void drop_queued_guesses_locked(Pick&& drop);
+  // Under mu_: a guess an evaluation now needs, still queued, moves to the demand reads: a guess
+  // waits for the loaders guesses may take, which are busy with other guesses while the one kept
+  // for demand reads can be idle. May throw (bad_alloc) before anything has changed.
+  void promote_queued_guess_locked(int32_t slot);
   // Issues a client's waiting predictions nearest layer first; a deeper layer's only once every
   // nearer predicted expert is resident (loaded), so deep guesses never delay near ones.
   void issue_predictions_locked(int32_t client, Hints& h);
@@ -265,11 +270,29 @@ class ExpertStore final : public ExpertSource {
   // `busy` is the batch's share of the read-busy time, open until its last read lands: ended
   // there (under the lock that makes that expert Ready), so an evaluation that has all it needs
   // never sees its reads as still in flight.
-  void load_batch(platform::BatchReader& reader, std::vector<Load>& loads, uint64_t bytes_in_flight, bool* busy);
+  // What a loader thread owns: its reader, and room for a batch and for the demand batch it reads
+  // while a guess of its waits (both reserved, never growing).
+  struct Loader {
+    std::unique_ptr<platform::BatchReader> reader;
+    std::vector<Load> batch, served;
+  };
+  enum class BatchKind { kGuess, kFewMisses, kManyMisses };
+  void load_batch(Loader& loader, std::vector<Load>& loads, BatchKind kind, bool* busy);
+  // Under mu_: takes the next batch from the demand queue (or, if `may_guess` and there is no
+  // demand, one guess) into `batch`, counting it in flight; false where there is nothing to take.
+  bool take_batch_locked(std::vector<Load>& batch, bool may_guess, BatchKind* kind);
+  // Reads a batch taken by take_batch_locked, then settles what the reads left unsettled.
+  void read_batch(Loader& loader, std::vector<Load>& batch, BatchKind kind) noexcept;
+  // A guess's reads, in order within the bytes in flight. Demand reads go first: before each step
+  // the guess waits while they are in flight and reads those queued itself (into loader.served);
+  // where its routing refuted the guess, it stops and frees its slot. Returns what the reads
+  // returned (MOELITE_OK also when stopped); `started_us`: when the first read started (traces).
+  Status read_guess(Loader& loader, Load& load, const std::vector<platform::ReadRange>& ranges,
+                    const std::function<void(size_t)>& on_done, uint64_t* total, double* started_us);
   // fail() with a Failed slot's status and message.
   Status fail_with_slot_error(const Slot& s);
-  // A loader thread: takes queued loads into `batch` (reserved, never grows) and reads them.
-  void loader_main(platform::BatchReader& reader, std::vector<Load>& batch) noexcept;
+  // A loader thread: takes queued loads and reads them.
+  void loader_main(Loader& loader) noexcept;
   void end_busy_locked(bool* busy);
   ExpertWeights view(const Slot& s) const;
   static void clear_slot(Slot* s);  // back to Free, keeping its memory
@@ -293,17 +316,18 @@ class ExpertStore final : public ExpertSource {
   mutable std::mutex mu_;
   std::condition_variable ready_cv_;  // a slot changed state
   std::condition_variable work_cv_;   // a request was queued
+  std::condition_variable guess_cv_;  // a guess being read may go on (read_guess)
   std::deque<Request> demand_q_, spec_q_;
   int32_t batches_in_flight_ = 0;  // read-busy time: batches being read, since when, how long
   // Speculative loads being read, at most guesses_in_flight_max_ = loaders - 1 (at least 1;
   // loader_main says why).
   int32_t speculative_in_flight_ = 0, guesses_in_flight_max_ = 1;
+  int32_t demand_in_flight_ = 0;  // demand batches being read
   // Demand loads queued up to this many (two tokens' routing) are read in order (loader_main).
   size_t few_misses_ = 16;
   double busy_since_ = 0.0, busy_seconds_ = 0.0;
-  // One reader and one batch (capacity reads_.most_experts_per_submission()) per loader, made before the threads.
-  std::vector<std::unique_ptr<platform::BatchReader>> loader_readers_;
-  std::vector<std::vector<Load>> loader_batches_;
+  // One per loader thread, made before the threads.
+  std::vector<Loader> loader_state_;
   std::vector<std::thread> loaders_;
   bool stop_ = false;
   uint64_t clock_ = 0;
