@@ -265,18 +265,20 @@ class ExpertStore final : public ExpertSource {
     bool speculative;
     bool settled;  // its slot's state is final (Ready, Failed or requeued); the slot may be reused since
   };
-  // Each expert is settled as soon as its three reads land, not when the whole batch has: the
-  // backend computes it while the batch's later experts are still read.
-  // `busy` is the batch's share of the read-busy time, open until its last read lands: ended
-  // there (under the lock that makes that expert Ready), so an evaluation that has all it needs
-  // never sees its reads as still in flight.
   // What a loader thread owns: its reader, and room for a batch and for the demand batch it reads
   // while a guess of its waits (both reserved, never growing).
   struct Loader {
     std::unique_ptr<platform::BatchReader> reader;
     std::vector<Load> batch, served;
   };
+  // How a batch is read: one guess (in steps, giving way to demand reads: read_guess), a layer's
+  // few misses (in order within the bytes in flight), or many misses (all of a submission at once).
   enum class BatchKind { kGuess, kFewMisses, kManyMisses };
+  // Each expert is settled as soon as its three reads land, not when the whole batch has: the
+  // backend computes it while the batch's later experts are still read.
+  // `busy` is the batch's share of the read-busy time, open until its last read lands: ended
+  // there (under the lock that makes that expert Ready), so an evaluation that has all it needs
+  // never sees its reads as still in flight.
   void load_batch(Loader& loader, std::vector<Load>& loads, BatchKind kind, bool* busy);
   // Under mu_: takes the next batch from the demand queue (or, if `may_guess` and there is no
   // demand, one guess) into `batch`, counting it in flight; false where there is nothing to take.
@@ -320,10 +322,10 @@ class ExpertStore final : public ExpertSource {
   std::deque<Request> demand_q_, spec_q_;
   int32_t batches_in_flight_ = 0;  // read-busy time: batches being read, since when, how long
   // Speculative loads being read, at most guesses_in_flight_max_ = loaders - 1 (at least 1;
-  // loader_main says why).
+  // loader_main says why), and demand batches being read (a guess waits for those: read_guess).
   int32_t speculative_in_flight_ = 0, guesses_in_flight_max_ = 1;
-  int32_t demand_in_flight_ = 0;  // demand batches being read
-  // Demand loads queued up to this many (two tokens' routing) are read in order (loader_main).
+  int32_t demand_in_flight_ = 0;
+  // Demand loads queued up to this many (two tokens' routing) are few misses (take_batch_locked).
   size_t few_misses_ = 16;
   double busy_since_ = 0.0, busy_seconds_ = 0.0;
   // One per loader thread, made before the threads.
