@@ -680,6 +680,25 @@ TEST(ExpertStorePredictions, ConfirmedGuessesJumpTheQueueRefutedOnesStop) {
   fault::disarm();
 }
 
+// A guess refuted while it is read, then named again by a newer hint (a later token's guesses),
+// is read whole: the newer guess is not lost with the refuted one.
+TEST(ExpertStorePredictions, ARefutedGuessNamedAgainIsReadWhole) {
+  namespace fault = moelite::platform::fault;
+  std::unique_ptr<moelite::Model> m;
+  std::unique_ptr<moelite::Runtime> rt;
+  stepwise_guess_runtime("2", &m, &rt);
+  ASSERT_TRUE(rt && rt->store);
+  moelite::ExpertStore& store = *rt->store;
+  fault::arm_stall(fault::Kind::kRead, 1, 1.0);  // guess 3's first read
+  store.hint({{{1, 3}, 0.9f}}, -1);
+  ASSERT_TRUE(wait_until([] { return fault::calls(fault::Kind::kRead) >= 1; }));
+  store.on_routing(1, moelite::Routing{1, 1, {4}, {1.0f}});  // refutes 3 while its read stalls
+  store.hint({{{1, 3}, 0.8f}}, -1);                          // and 3 is guessed again
+  EXPECT_TRUE(wait_until([&] { return store.ready(1, 3); })) << "the guess named again was dropped";
+  EXPECT_EQ(store.stats()[1].prefetches_wasted, 0u);
+  fault::disarm();
+}
+
 // Demand reads go before the rest of a guess being read: with two loaders a guess waits while a
 // demand read is in flight on the other (a stalled one here: the guess reads nothing meanwhile);
 // with one loader, the loader reads a demand queued while its guess is read before the guess's

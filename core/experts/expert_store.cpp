@@ -444,7 +444,12 @@ void ExpertStore::on_routing_for(int32_t client, int32_t layer, const Routing& r
 }
 
 void ExpertStore::prefetch_locked(int32_t layer, int32_t expert, int32_t client) {
-  if (where_.count(key(layer, expert))) return;
+  if (const auto it = where_.find(key(layer, expert)); it != where_.end()) {
+    // Resident or on its way. A guess a routing refuted while it was read, named again by a later
+    // hint, is a live guess again: its reads go on instead of stopping.
+    slots_[static_cast<size_t>(it->second)].refuted = false;
+    return;
+  }
   if (start_load_locked(layer, expert, false, client) >= 0) {
     count_locked(client, layer, [](ExpertLayerStats& c) { c.prefetches_issued++; });
     if (trace_) trace_->instant("prefetch issued", "prefetch", nullptr, {{"layer", layer}, {"expert", expert}});
