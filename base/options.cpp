@@ -79,6 +79,10 @@ const OptionInfo kOptions[] = {
      "0 turns off the prefill lookahead (a prompt's batch names the next layer's experts to the store as soon as "
      "a layer has routed); read on every MoE layer, for measuring",
      nullptr},
+    {Option::PredictMinPrecision, "MOELITE_PREDICT_MIN_PRECISION", OptionKind::Number, 0, 1, nullptr, "0.6",
+     "the precision a band of a predictor's confidence must have shown (guesses of absent experts its routing then "
+     "used) for the expert store to read a guess in it; 0 reads every guess (core/experts/guess_gate.h)",
+     nullptr},
     {Option::PackedExperts, "MOELITE_PACKED_EXPERTS", OptionKind::Flag, 0, 1, nullptr, "1",
      "0 ignores a packed expert file beside the model (MODEL.experts, `moelite pack`): the store then reads "
      "experts from the model file; for comparing the two",

@@ -29,6 +29,7 @@ enum class Option : int {
   IoThreads,
   IoBytesInFlight,
   PrefillLookahead,
+  PredictMinPrecision,
   PackedExperts,
   FaultInject,
   ZstdLibrary,

@@ -305,7 +305,10 @@ MOELITE_API moelite_status moelite_model_params_set_expert_policy(moelite_model_
  *  made in decode-sized evaluations only: at most 4 tokens per sequence (a step of several
  *  sequences decoding together, one token each, is one); a prefill needs most experts anyway.
  *  A guess never evicts another guess of the same prediction, so a step's guesses beyond the
- *  budget are left unread rather than read and thrown away. */
+ *  budget are left unread rather than read and thrown away. A guess of an expert not in memory is
+ *  read only where the predictor's guesses of about its confidence have been used at least 60 % of
+ *  the time so far (the store learns this as it runs; MOELITE_PREDICT_MIN_PRECISION changes the
+ *  share): a wrong guess costs a read and the eviction of an expert that might have been used. */
 MOELITE_API moelite_status moelite_model_params_set_predictor(moelite_model_params* params, const char* predictor);
 MOELITE_DEPRECATED("moelite_model_params_set_predictor")
 MOELITE_API moelite_status moelite_model_params_set_expert_predictor(moelite_model_params* params,

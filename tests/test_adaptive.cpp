@@ -16,6 +16,7 @@
 
 #include "core/calibrate/ridge.h"
 #include "core/experts/cache_allocation.h"
+#include "core/experts/guess_gate.h"
 #include "core/experts/predictor.h"
 #include "core/model/model.h"
 #include "core/model/profile.h"
@@ -62,6 +63,62 @@ std::string temp_path(const char* name) {
 }  // namespace
 
 // ---- gating
+
+// Bands are half-octaves of confidence: (2^-(b+1)/2, 2^-b/2], the last also everything below.
+TEST(GuessGate, BandsAreHalfOctavesOfConfidence) {
+  using moelite::GuessGate;
+  EXPECT_EQ(GuessGate::band(0.99f), 0);
+  EXPECT_EQ(GuessGate::band(0.71f), 0);  // 1/sqrt2 = 0.7071
+  EXPECT_EQ(GuessGate::band(0.70f), 1);
+  EXPECT_EQ(GuessGate::band(0.5f), 2);  // exactly 2^-1: the top of band 2
+  EXPECT_EQ(GuessGate::band(0.26f), 3);
+  EXPECT_EQ(GuessGate::band(0.05f), 8);  // -2 log2(0.05) = 8.64
+  EXPECT_EQ(GuessGate::band(1e-6f), GuessGate::kBands - 1);
+  EXPECT_EQ(GuessGate::band(0.0f), GuessGate::kBands - 1);
+  EXPECT_EQ(GuessGate::band(std::nanf("")), GuessGate::kBands - 1);
+  // Scores become confidences below certainty; NaN and negatives become 0.
+  EXPECT_LT(moelite::guess_confidence(1.0f), moelite::kCertain);
+  EXPECT_LT(moelite::guess_confidence(7.0f), moelite::kCertain);
+  EXPECT_EQ(moelite::guess_confidence(0.25f), 0.25f);
+  EXPECT_EQ(moelite::guess_confidence(-1.0f), 0.0f);
+  EXPECT_EQ(moelite::guess_confidence(std::nanf("")), 0.0f);
+}
+
+// A band reads while it has seen too few guesses to know, then only while used / seen reaches the
+// minimum; the other bands and certainty are not touched by its record.
+TEST(GuessGate, ReadsABandOnlyWhileItsGuessesWereUsedOftenEnough) {
+  moelite::GuessGate gate(0.6);
+  for (int i = 0; i < 7; ++i) gate.score(0.05f, false);
+  EXPECT_TRUE(gate.worth_reading(0.05f)) << "7 guesses are too few to know";
+  EXPECT_DOUBLE_EQ(gate.precision(0.05f), 1.0);
+  gate.score(0.05f, false);  // the 8th
+  EXPECT_DOUBLE_EQ(gate.precision(0.05f), 0.0);
+  EXPECT_FALSE(gate.worth_reading(0.05f));
+  EXPECT_FALSE(gate.worth_reading(0.048f)) << "the same band";
+  EXPECT_TRUE(gate.worth_reading(0.3f)) << "another band";
+  EXPECT_TRUE(gate.worth_reading(moelite::kCertain));
+  gate.score(moelite::kCertain, false);  // certainty is never scored
+  EXPECT_DOUBLE_EQ(gate.precision(moelite::kCertain), 1.0);
+  // Guesses of the closed band go on being scored: 12 used of 20 = 0.6 opens it again.
+  for (int i = 0; i < 12; ++i) gate.score(0.05f, true);
+  EXPECT_DOUBLE_EQ(gate.precision(0.05f), 12.0 / 20.0);
+  EXPECT_TRUE(gate.worth_reading(0.05f));
+  // No gate at 0.
+  moelite::GuessGate none(0.0);
+  for (int i = 0; i < 50; ++i) none.score(0.05f, false);
+  EXPECT_TRUE(none.worth_reading(0.05f));
+}
+
+// Counts halve when a band has seen kWindow guesses: old evidence weighs half.
+TEST(GuessGate, OldEvidenceWeighsLess) {
+  moelite::GuessGate gate(0.5);
+  const int window = static_cast<int>(moelite::GuessGate::kWindow);
+  for (int i = 0; i < window; ++i) gate.score(0.2f, false);  // 256 unused: halved to 0 of 128
+  EXPECT_DOUBLE_EQ(gate.precision(0.2f), 0.0);
+  for (int i = 0; i < 128; ++i) gate.score(0.2f, true);  // 128 of 256: halved to 64 of 128
+  EXPECT_DOUBLE_EQ(gate.precision(0.2f), 0.5);
+  EXPECT_TRUE(gate.worth_reading(0.2f));  // without the halving: 128 / 384 = 0.33
+}
 
 TEST(Gating, ExactModeLeavesRoutingAlone) {
   Routing r = routing_of(3, {0.5f, 0.3f, 0.2f});

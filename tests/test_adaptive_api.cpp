@@ -560,6 +560,43 @@ TEST(ExpertStorePredictions, DeeperGuessesWaitForNearerOnesToBeResident) {
   }
 }
 
+// The store reads a guess of an absent expert only where guesses of its confidence have been used
+// often enough (core/experts/guess_gate.h): eight guesses at 0.05 that the routing did not use
+// close that band; a ninth is not read, while a guess at 0.3 and a certain one are. The closed
+// band's guesses are scored all the same, unread: twelve used ones open it again.
+TEST(ExpertStorePredictions, GuessesOfAConfidenceTheRoutingRefusesAreNotRead) {
+  setenv("MOELITE_PREDICT_MIN_PRECISION", "0.6", 1);
+  std::unique_ptr<moelite::Model> m;
+  std::unique_ptr<moelite::Runtime> rt;
+  half_budget_runtime(&m, &rt);
+  unsetenv("MOELITE_PREDICT_MIN_PRECISION");
+  ASSERT_TRUE(rt && rt->store);
+  moelite::ExpertStore& store = *rt->store;
+  auto issued = [&] {
+    uint64_t n = 0;
+    for (const moelite::ExpertLayerStats& s : store.stats()) n += s.prefetches_issued;
+    return n;
+  };
+  for (int32_t e = 0; e < 8; ++e) {  // layer 1's experts 0..7, each refuted by a routing of 14 and 15
+    store.hint({{{1, e}, 0.05f}}, -1);
+    store.on_routing(1, moelite::Routing{1, 2, {14, 15}, {0.5f, 0.5f}});
+  }
+  EXPECT_EQ(issued(), 8u) << "guesses of a band not yet known are read";
+  store.hint({{{1, 8}, 0.05f}}, -1);
+  EXPECT_EQ(issued(), 8u) << "a guess of the closed band was read";
+  EXPECT_FALSE(store.resident_or_loading(1, 8));
+  store.hint({{{1, 9}, 0.3f}, {{1, 10}, moelite::kCertain}}, -1);
+  EXPECT_EQ(issued(), 10u);
+  for (int32_t e = 0; e < 12; ++e) {  // layer 2's experts 0..11 guessed at 0.05, unread, each used
+    store.hint({{{2, e}, 0.05f}}, -1);
+    EXPECT_FALSE(store.resident_or_loading(2, e));
+    store.on_routing(2, moelite::Routing{1, 2, {e, 15}, {0.5f, 0.5f}});
+  }
+  EXPECT_EQ(issued(), 10u);
+  store.hint({{{2, 12}, 0.05f}}, -1);  // 12 used of 20: 0.6, open again
+  EXPECT_EQ(issued(), 11u);
+}
+
 // Guesses never hold the last free loader, and the most confident goes first: with the default
 // two loaders one guess is read at a time, in order of confidence, so while the first guess's read
 // stalls (a slow device) the others wait in the queue, where the routing of their layer can still

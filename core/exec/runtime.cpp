@@ -119,6 +119,7 @@ Status Runtime::create(const Model& m, const RuntimeOptions& opts, std::unique_p
     so.policy = opts.cache_policy;
     int64_t io_threads;
     if (option_int(Option::IoThreads, &io_threads)) so.io_threads = static_cast<int32_t>(io_threads);
+    (void)option_number(Option::PredictMinPrecision, &so.guess_min_precision);
     std::unique_ptr<ExpertStore> store;
     MOELITE_TRY(ExpertStore::create(m, *rt->backend, plan, so, &store));
     rt->store = store.get();

@@ -90,19 +90,14 @@ Status make_policy(const std::string& name, const PolicyOptions& options, std::u
 Status make_policy(const std::string& name, std::unique_ptr<CachePolicy>* out);
 const std::vector<std::string>& policy_names();
 
-// For future predictors (declarations only; nothing implements them yet): a predictor emits
-// Predictions -- a (layer, expert) it expects to be used soon and how sure it is, in [0, 1] -- to a
-// PrefetchSink, which a store implements by queueing speculative loads (highest confidence first)
-// and a replay could implement by feeding Belady's future.
+// A predictor's guess (predictor.h): a (layer, expert) it expects to be used soon and how sure it
+// is, in [0, kCertain]. kCertain is kept for what is not a guess (a pre-gate router's routing, the
+// prefill lookahead's "the whole next layer"): a predictor's scores stay below it, and the store's
+// gate (guess_gate.h) learns what each lower confidence is worth.
+constexpr float kCertain = 1.0f;
 struct Prediction {
   ExpertKey key;
-  float confidence = 1.0f;
-};
-
-class PrefetchSink {
- public:
-  virtual ~PrefetchSink() = default;
-  virtual void on_predictions(const std::vector<Prediction>& predictions) = 0;
+  float confidence = kCertain;
 };
 
 }  // namespace moelite

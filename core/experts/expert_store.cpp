@@ -220,6 +220,7 @@ Status ExpertStore::create(const Model& model, Backend& backend, const ExpertMem
   std::unique_ptr<ExpertStore> s(new ExpertStore(model, backend));
   MOELITE_TRY(make_policy(opts.policy, &s->policy_));
   s->policy_name_ = opts.policy;
+  s->gate_ = GuessGate(opts.guess_min_precision);
   s->per_layer_ = plan.per_layer();
   s->slot_bytes_ = plan.layout.slot_bytes;
   s->quota_ = plan.layer_slots;
@@ -418,6 +419,10 @@ void ExpertStore::on_routing_for(int32_t client, int32_t layer, const Routing& r
   h.scored_layer = layer;
   h.scored.swap(guessed);
   guessed.clear();
+  std::vector<Prediction>& absent = h.absent[static_cast<size_t>(layer)];
+  for (const Prediction& p : absent)
+    gate_.score(p.confidence, std::find(routing.ids.begin(), routing.ids.end(), p.key.expert) != routing.ids.end());
+  absent.clear();
   h.waiting.erase(
       std::remove_if(h.waiting.begin(), h.waiting.end(), [&](const Prediction& p) { return p.key.layer <= layer; }),
       h.waiting.end());
@@ -462,7 +467,10 @@ void ExpertStore::hint(const std::vector<Prediction>& predictions, int32_t upcom
 
 ExpertStore::Hints& ExpertStore::hints_locked(int32_t client) {
   Hints& h = hints_[client];
-  if (h.predicted.empty()) h.predicted.resize(model_.layers.size());
+  if (h.predicted.empty()) {
+    h.predicted.resize(model_.layers.size());
+    h.absent.resize(model_.layers.size());
+  }
   return h;
 }
 
@@ -495,6 +503,17 @@ void ExpertStore::hint_for(int32_t client, const std::vector<Prediction>& predic
     // Accuracy counts what was ever predicted for the layer; the queue holds this hint's guesses.
     std::vector<int32_t>& guessed = h.predicted[static_cast<size_t>(p.key.layer)];
     if (std::find(guessed.begin(), guessed.end(), p.key.expert) == guessed.end()) guessed.push_back(p.key.expert);
+    // A guess of an absent expert costs a read: the gate scores it at the routing, and reads it
+    // only where guesses of its confidence have been right often enough.
+    if (p.confidence < kCertain && !present_locked(p.key.layer, p.key.expert)) {
+      std::vector<Prediction>& absent = h.absent[static_cast<size_t>(p.key.layer)];
+      const auto seen = std::find_if(absent.begin(), absent.end(), [&](const Prediction& a) { return a.key == p.key; });
+      if (seen == absent.end())
+        absent.push_back(p);
+      else
+        seen->confidence = p.confidence;
+      if (!gate_.worth_reading(p.confidence)) continue;
+    }
     if (std::none_of(h.waiting.begin(), h.waiting.end(), [&](const Prediction& w) { return w.key == p.key; }))
       h.waiting.push_back(p);
   }

@@ -24,6 +24,7 @@
 #include "core/experts/cache_policy.h"
 #include "core/experts/expert_reads.h"
 #include "core/experts/expert_source.h"
+#include "core/experts/guess_gate.h"
 #include "core/experts/memory_plan.h"
 #include "core/model/model.h"
 #include "platforms/batch_read.h"
@@ -37,6 +38,9 @@ class TimelineRecorder;
 struct ExpertStoreOptions {
   std::string policy = "cyclic";  // cache_policy.h
   int32_t io_threads = 2;      // loader threads (MOELITE_IO_THREADS)
+  // Guesses read only where guesses of their confidence have been right this often
+  // (MOELITE_PREDICT_MIN_PRECISION; guess_gate.h).
+  double guess_min_precision = 0.6;
 };
 
 // Cumulative counters of one layer (all layers: sum them).
@@ -236,6 +240,9 @@ class ExpertStore final : public ExpertSource {
     int32_t scored_layer = -1;        // the layer being computed and what was predicted for it
     std::vector<int32_t> scored;
     std::vector<std::vector<int32_t>> predicted;  // per layer: experts predicted since its last prepare
+    // Per layer: the guesses of experts absent when guessed, since the layer's last routing, with
+    // their latest confidence: what the routing scores the gate with.
+    std::vector<std::vector<Prediction>> absent;
   };
   // Under mu_: the client's hints, made on first use.
   Hints& hints_locked(int32_t client);
@@ -337,6 +344,7 @@ class ExpertStore final : public ExpertSource {
   std::vector<bool> slot_ever_used_;
   std::vector<int32_t> quota_;       // per-layer mode: slots of each layer
   std::unordered_map<int32_t, Hints> hints_;  // per client (kNoClient too)
+  GuessGate gate_;                            // which guesses are worth a read (every client's)
   std::shared_ptr<TimelineRecorder> trace_;         // set_trace (under mu_)
   // Clients: their counters per layer, and admission per pool (one, or one per layer's quota):
   // pins handed out by prepare() and not yet given back, and the tickets waiting, oldest first.

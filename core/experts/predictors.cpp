@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "core/experts/guess_gate.h"
 #include "core/experts/predictor.h"
 #include "core/model/model.h"
 #include "core/model/profile.h"
@@ -73,8 +74,9 @@ void CorrelationTable::scores(const int32_t* from, int32_t n_from, float* out) c
 namespace {
 
 // Predictions are made per decode token (a few at most); a prefill batch needs most experts anyway.
+// A score is a guess's confidence, below certainty (guess_gate.h).
 void push_top(const float* scores, int32_t n, int32_t k, int32_t layer, std::vector<Prediction>* out) {
-  for (int32_t e : top_indices(scores, n, k)) out->push_back({{layer, e}, std::clamp(scores[e], 0.0f, 1.0f)});
+  for (int32_t e : top_indices(scores, n, k)) out->push_back({{layer, e}, guess_confidence(scores[e])});
 }
 
 class NextGate final : public ExpertPredictor {
@@ -93,7 +95,8 @@ class NextGate final : public ExpertPredictor {
       MOELITE_TRY(be.matmul(next.router, tmp, next.router_bias.empty() ? nullptr : next.router_bias.data(), &logits));
       Routing guess;
       MOELITE_TRY(be.route(logits, hp.n_expert_used, false, &guess));
-      for (size_t i = 0; i < guess.ids.size(); ++i) out->push_back({{l + d, guess.ids[i]}, guess.weights[i]});
+      for (size_t i = 0; i < guess.ids.size(); ++i)
+        out->push_back({{l + d, guess.ids[i]}, guess_confidence(guess.weights[i])});
     }
     return MOELITE_OK;
   }
@@ -199,7 +202,7 @@ class PreGate final : public ExpertPredictor {
   Status after_layer(const Model&, int32_t l, const LayerObservation& seen, std::vector<Prediction>* out) override {
     if (seen.next_routing)
       for (size_t i = 0; i < seen.next_routing->ids.size(); ++i)
-        out->push_back({{l + 1, seen.next_routing->ids[i]}, 1.0f});
+        out->push_back({{l + 1, seen.next_routing->ids[i]}, kCertain});  // the routing itself
     return MOELITE_OK;
   }
 };

@@ -134,7 +134,7 @@ Status moe_forward(const Model& m, EvalState& s, int32_t l, const Act& x, const 
     if (!guesses.empty()) s.experts->hint(guesses, l);
   } else if (prefill_lookahead_wanted(m, s, l)) {
     std::vector<Prediction> next(static_cast<size_t>(m.hp.n_expert));
-    for (int32_t e = 0; e < m.hp.n_expert; ++e) next[static_cast<size_t>(e)] = {{l + 1, e}, 1.0f};
+    for (int32_t e = 0; e < m.hp.n_expert; ++e) next[static_cast<size_t>(e)] = {{l + 1, e}, kCertain};
     s.experts->hint(next, l);
   }
   return run_routed_experts(*s.backend, *s.experts, l, m.expert_ffn, xn, s.routing, out, s.trace.get());
