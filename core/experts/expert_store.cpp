@@ -895,6 +895,8 @@ Status ExpertStore::read_guess(Loader& loader, Load& load, const std::vector<pla
   const uint64_t bytes_in_flight = reads_.bytes_in_flight();
   *total = 0;
   std::vector<platform::ReadRange> step;
+  // Under mu_: the store stops, or the routing refuted the guess and nobody has pinned it since.
+  const auto abandoned = [&] { return stop_ || (s.refuted && s.pins == 0); };
   for (size_t next = 0; next < ranges.size();) {
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -903,8 +905,7 @@ Status ExpertStore::read_guess(Loader& loader, Load& load, const std::vector<pla
       // the bytes in flight, so a demand read waits for one step at most instead of sharing the
       // storage with the whole guess (which made a 50 % decode's demand reads take 2-3x as long).
       for (;;) {
-        const bool refuted = stop_ || (s.refuted && s.pins == 0);
-        if (refuted || s.pins > 0 || (demand_in_flight_ == 0 && demand_q_.empty())) break;
+        if (abandoned() || s.pins > 0 || (demand_in_flight_ == 0 && demand_q_.empty())) break;
         BatchKind kind = BatchKind::kFewMisses;
         if (take_batch_locked(loader.served, false, &kind)) {
           lock.unlock();
@@ -914,7 +915,7 @@ Status ExpertStore::read_guess(Loader& loader, Load& load, const std::vector<pla
           guess_cv_.wait(lock);
         }
       }
-      if (stop_ || (s.refuted && s.pins == 0)) {
+      if (abandoned()) {
         // Its slot is free again at once: the reads so far are all the wrong guess cost (the
         // rest is not read; a guess read whole before its routing is evicted first instead).
         count_locked(load.client, load.layer, [](ExpertLayerStats& c) { c.prefetches_wasted++; });
