@@ -26,7 +26,6 @@ class GuessGate {
  public:
   // min_precision in [0, 1]; 0 reads every guess (no gate).
   explicit GuessGate(double min_precision = 0.0) : min_precision_(min_precision) {}
-  double min_precision() const { return min_precision_; }
   // Whether a guess of an absent expert with this confidence is worth its read.
   bool worth_reading(float confidence) const;
   // A guess of an absent expert with this confidence was (not) used by the routing that followed.
