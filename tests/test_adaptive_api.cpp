@@ -685,6 +685,38 @@ void compute_one(moelite::ExpertStore& store, int32_t layer, int32_t expert) {
   store.release(layer, got);
 }
 
+// take_ready hands out, without waiting, the experts of a round whose reads have all landed, in
+// the round's order, and leaves the one still being read pending (acquire_next then waits for it).
+TEST(ExpertStore, TakeReadyHandsOutOnlyExpertsWhollyInMemory) {
+  namespace fault = moelite::platform::fault;
+  std::unique_ptr<moelite::Model> m;
+  std::unique_ptr<moelite::Runtime> rt;
+  stepwise_guess_runtime("2", &m, &rt);
+  ASSERT_TRUE(rt && rt->store);
+  moelite::ExpertStore& store = *rt->store;
+  ASSERT_EQ(store.prepare(0, {1, 5}), MOELITE_OK);
+  compute_one(store, 0, 1);
+  compute_one(store, 0, 5);
+  // Handed out once gate and up were in: wait for the down projections too.
+  ASSERT_TRUE(wait_until([&] { return store.ready(0, 1) && store.ready(0, 5); }));
+  fault::arm_stall(fault::Kind::kRead, 1, 1.0);  // expert 2's first read
+  ASSERT_EQ(store.prepare(0, {5, 2, 1}), MOELITE_OK);
+  ASSERT_TRUE(wait_until([] { return fault::calls(fault::Kind::kRead) >= 1; }));
+  std::vector<int32_t> pending = {5, 2, 1};
+  std::vector<moelite::ReadyExpert> ready;
+  ready.reserve(pending.size());
+  store.take_ready(0, &pending, &ready);
+  ASSERT_EQ(ready.size(), 2u);
+  EXPECT_EQ(ready[0].expert, 5);
+  EXPECT_EQ(ready[1].expert, 1);
+  EXPECT_NE(ready[0].w.gate.data, ready[1].w.gate.data) << "two slots";
+  EXPECT_EQ(pending, std::vector<int32_t>{2});
+  EXPECT_FALSE(store.ready(0, 2)) << "the stall ended before the take";
+  for (const moelite::ReadyExpert& r : ready) store.release(0, r.expert);
+  compute_one(store, 0, 2);  // waits for the stalled read
+  fault::disarm();
+}
+
 // A guess its layer's routing confirms while it still waits in the queue behind another guess is
 // read at once as a demand read, on the loader guesses leave free (before, it waited for the guess
 // ahead of it: a 50 % decode's trace showed such experts starting 1-2 ms after their routing while

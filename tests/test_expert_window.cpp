@@ -4,7 +4,8 @@
 // against a scripted source that hands experts out in the reverse of their order (loads landing
 // out of order) and logs the protocol: the pins never exceed the capacity, releases follow the
 // schedule whatever the arrival order, a declining source gets whole rounds prepared with nothing
-// held, errors give every pin back, and the layer's output is bitwise the resident run's.
+// held, errors give every pin back, and the layer's output is bitwise the resident run's. A layer
+// that fits one round computes its experts in memory together first (run_round, compute_ready).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -59,10 +60,28 @@ class WindowSource final : public ExpertSource {
     log.push_back("extend " + std::to_string(expert));
     return MOELITE_OK;
   }
+  // Experts take_ready hands out (in memory when their round is prepared).
+  std::vector<int32_t> ready_now;
+  void take_ready(int32_t, std::vector<int32_t>* pending, std::vector<ReadyExpert>* out) override {
+    std::string line = "take_ready";
+    std::vector<int32_t> rest;
+    for (int32_t e : *pending) {
+      if (std::find(ready_now.begin(), ready_now.end(), e) == ready_now.end()) {
+        rest.push_back(e);
+        continue;
+      }
+      EXPECT_LT(out->size(), out->capacity()) << "the caller reserved room for every pending expert";
+      out->push_back({e, w[static_cast<size_t>(e)]});
+      line += " " + std::to_string(e);
+    }
+    *pending = rest;
+    log.push_back(line);
+  }
   Status acquire_next(int32_t, std::vector<int32_t>* pending, int32_t* e, ExpertWeights* out) override {
     *e = pending->back();
     pending->pop_back();
     *out = w[static_cast<size_t>(*e)];
+    log.push_back("acquire " + std::to_string(*e));
     return MOELITE_OK;
   }
   void release(int32_t, int32_t expert) override {
@@ -144,8 +163,43 @@ TEST(ExpertWindow, EachReleaseLetsTheNextExpertInAndReleasesFollowTheSchedule) {
     want.push_back("release " + std::to_string(kSchedule[i]));
     if (i + source.cap < kSchedule.size()) want.push_back("extend " + std::to_string(kSchedule[i + source.cap]));
   }
-  EXPECT_EQ(source.log, want);
+  std::vector<std::string> protocol;  // the log without the acquires
+  for (const std::string& line : source.log)
+    if (line.rfind("acquire", 0) != 0) protocol.push_back(line);
+  EXPECT_EQ(protocol, want);
   EXPECT_EQ(out, layer.resident_output()) << "the combine does not depend on the order experts ran in";
+}
+
+// A layer whose experts fit one round (a decode step's): the experts in memory when it is prepared
+// are taken at once and computed together, each released after that pass, before the round waits
+// for any expert still loading; those follow one at a time as they arrive. The output is bitwise
+// the resident run's.
+TEST(ExpertRound, ExpertsInMemoryAreComputedTogetherBeforeAnyLoadIsWaitedFor) {
+  Layer layer;
+  WindowSource source;
+  source.w = layer.w;
+  source.cap = kExperts;
+  source.ready_now = {6, 0, 3};
+  Status st;
+  const std::vector<float> out = layer.run(source, &st);
+  ASSERT_EQ(st, MOELITE_OK) << last_error_message();
+  EXPECT_EQ(source.prepares, 1);
+  EXPECT_EQ(source.pins, 0);
+  // Routing order (TokensByExpert: by id) is the round's order; 7 is acquired first (the last
+  // pending arrives first in this source).
+  const std::vector<std::string> want = {"prepare",   "take_ready 0 3 6", "release 0", "release 3", "release 6",
+                                         "acquire 7", "release 7",        "acquire 5", "release 5", "acquire 4",
+                                         "release 4", "acquire 2",        "release 2", "acquire 1", "release 1"};
+  EXPECT_EQ(source.log, want);
+  EXPECT_EQ(out, layer.resident_output());
+  // Nothing in memory: every expert is acquired one at a time, with the same output.
+  WindowSource cold;
+  cold.w = layer.w;
+  cold.cap = kExperts;
+  EXPECT_EQ(layer.run(cold, &st), layer.resident_output());
+  ASSERT_EQ(st, MOELITE_OK);
+  EXPECT_EQ(cold.log[1], "take_ready");
+  EXPECT_EQ(cold.pins, 0);
 }
 
 TEST(ExpertWindow, AWiderWindowAndASourceThatDeclinesGetWholeGroups) {

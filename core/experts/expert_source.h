@@ -16,11 +16,18 @@ namespace moelite {
 
 struct LayerWeights;
 
+// An expert handed out by ExpertSource::take_ready: its id and where its matrices are.
+struct ReadyExpert {
+  int32_t expert = 0;
+  ExpertWeights w;
+};
+
 // Protocol for one layer: `prepare(layer, experts)` starts making a round of at most capacity()
-// experts available (loads begin, in the given order); then `acquire_next` is called until the
-// round is used up: it blocks until *some* expert of the round is ready and returns that one, so
-// resident experts are computed first and the rest in arrival order (ProMoE); each is `release`d
-// once the backend no longer reads it.
+// experts available (loads begin, in the given order); then `take_ready` may hand out at once
+// those already in memory, and `acquire_next` is called until the round is used up: it blocks
+// until *some* expert of the round is ready and returns that one, so resident experts are computed
+// first and the rest in arrival order (ProMoE); each is `release`d once the backend no longer
+// reads it.
 class ExpertSource {
  public:
   virtual ~ExpertSource() = default;
@@ -57,6 +64,12 @@ class ExpertSource {
     *added = false;
     return MOELITE_OK;
   }
+  // Hands out, without waiting, every expert of *pending whose matrices are all in memory now (the
+  // round's hits), removing them from *pending and appending them to *out in *pending's order, so
+  // that they can be computed in one pass. *out must have room for pending->size() more elements
+  // (reserved): between taking an expert and appending it nothing may fail. The default hands out
+  // none (acquire_next then hands them out one at a time).
+  virtual void take_ready(int32_t layer, std::vector<int32_t>* pending, std::vector<ReadyExpert>* out) {}
   // Waits until one expert of *pending is ready, removes it from *pending and returns it. On an
   // I/O error returns that status; experts still pending are then released by the source.
   [[nodiscard]] virtual Status acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert,

@@ -71,6 +71,9 @@ class StoreClient final : public ExpertSource {
   Status extend_round(int32_t layer, int32_t expert, bool* added) override {
     return store_.extend_round_for(id_, layer, expert, added);
   }
+  void take_ready(int32_t layer, std::vector<int32_t>* pending, std::vector<ReadyExpert>* out) override {
+    store_.take_ready_for(id_, layer, pending, out);
+  }
   Status acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert, ExpertWeights* out) override {
     return store_.acquire_next_for(id_, layer, pending, expert, out);
   }
@@ -698,6 +701,23 @@ Status ExpertStore::pin_admitted_locked(std::unique_lock<std::mutex>& lock, int3
     }
   }
   return MOELITE_OK;
+}
+
+void ExpertStore::take_ready(int32_t layer, std::vector<int32_t>* pending, std::vector<ReadyExpert>* out) {
+  take_ready_for(kNoClient, layer, pending, out);
+}
+
+void ExpertStore::take_ready_for(int32_t, int32_t layer, std::vector<int32_t>* pending, std::vector<ReadyExpert>* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t kept = 0;
+  for (int32_t e : *pending) {
+    const Slot& s = slots_[static_cast<size_t>(where_.at(key(layer, e)))];
+    if (s.state == SlotState::Ready)
+      out->push_back({e, view(s)});  // no reallocation: the caller reserved room
+    else
+      (*pending)[kept++] = e;
+  }
+  pending->resize(kept);
 }
 
 Status ExpertStore::acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert, ExpertWeights* out) {

@@ -105,6 +105,7 @@ class ExpertStore final : public ExpertSource {
   void on_routing(int32_t layer, const Routing& routing) override;
   Status prepare(int32_t layer, const std::vector<int32_t>& experts) override;
   Status extend_round(int32_t layer, int32_t expert, bool* added) override;
+  void take_ready(int32_t layer, std::vector<int32_t>* pending, std::vector<ReadyExpert>* out) override;
   Status acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert, ExpertWeights* out) override;
   void release(int32_t layer, int32_t expert) override;
   Status wait_down(int32_t layer, int32_t expert) override;
@@ -196,6 +197,7 @@ class ExpertStore final : public ExpertSource {
   // pins and the admission this call took.
   Status pin_admitted_locked(std::unique_lock<std::mutex>& lock, int32_t client, int32_t layer,
                              const std::vector<int32_t>& experts);
+  void take_ready_for(int32_t client, int32_t layer, std::vector<int32_t>* pending, std::vector<ReadyExpert>* out);
   Status acquire_next_for(int32_t client, int32_t layer, std::vector<int32_t>* pending, int32_t* expert,
                           ExpertWeights* out);
   Status wait_down_for(int32_t client, int32_t layer, int32_t expert);

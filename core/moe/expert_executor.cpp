@@ -141,6 +141,37 @@ Status compute_next(Backend& be, ExpertSource& source, int32_t layer, const Toke
   return MOELITE_OK;
 }
 
+// The round's experts that are in memory already (its hits), computed together in one pass and
+// released, as a resident layer's are: one pass splits the work of all of them among the threads,
+// where one expert at a time (a decode step's expert is one row of each matrix) made the threads
+// wait for one another and for the dispatch once per expert, at each of gate/up and down (bench
+// model, 2 threads, decode: a layer's experts took 1.47 ms at a 75 % budget where none waited
+// for a read, 1.21 ms resident). Only where the backend is done with each expert once its down
+// projection has run (the CPU); the device backends, which hold a round's experts to its end, keep
+// handing them out one at a time (a batch of slot experts is untried there).
+Status compute_ready(Backend& be, ExpertSource& source, int32_t layer, const TokensByExpert& by_expert,
+                     std::vector<int32_t>* pending, RoundLease* lease, TimelineRecorder* trace) {
+  const double start = trace ? TimelineRecorder::now_us() : 0.0;
+  std::vector<ReadyExpert> ready;
+  ready.reserve(pending->size());
+  source.take_ready(layer, pending, &ready);
+  for (const ReadyExpert& r : ready) lease->add(r.expert);
+  if (ready.empty()) return MOELITE_OK;
+  const int32_t n = static_cast<int32_t>(ready.size());
+  std::vector<TaskRows> rows(ready.size());
+  std::vector<ExpertTask> tasks;
+  tasks.reserve(ready.size());
+  for (const ReadyExpert& r : ready)
+    tasks.push_back(make_task(by_expert, layer, r.expert, r.w, false, &rows[tasks.size()]));
+  MOELITE_TRY(be.expert_gate_up(tasks.data(), n));
+  MOELITE_TRY(be.expert_down(tasks.data(), n));
+  for (const ReadyExpert& r : ready) lease->release(r.expert);
+  if (trace)
+    trace->complete("experts in memory", "compute", "evaluation", start, TimelineRecorder::now_us(),
+                    {{"layer", layer}, {"experts", n}});
+  return MOELITE_OK;
+}
+
 // Budgeted experts: rounds of at most capacity() experts; within a round each expert runs as soon
 // as its gate and up matrices are in, so computation overlaps the loads still in flight.
 Status run_round(Backend& be, ExpertSource& source, int32_t layer, const TokensByExpert& by_expert,
@@ -148,6 +179,7 @@ Status run_round(Backend& be, ExpertSource& source, int32_t layer, const TokensB
   RoundLease lease(be, source, layer, &pending);
   MOELITE_TRY(lease.prepare());
   const bool hold_to_end = be.reads_experts_until_round_end();
+  if (!hold_to_end) MOELITE_TRY(compute_ready(be, source, layer, by_expert, &pending, &lease, trace));
   Status st = MOELITE_OK;
   while (!pending.empty()) {
     int32_t e = -1;
