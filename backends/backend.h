@@ -280,7 +280,10 @@ class Backend {
   [[nodiscard]] virtual Status moe_combine(const Routing& r, Act* out) = 0;
   // Whether the backend may still read an expert's host bytes after expert_down returns, until
   // the round ends (a device computing asynchronously from zero-copy memory). Core keeps such
-  // experts pinned in the store until expert_round_end; otherwise it releases each at once.
+  // experts pinned in the store until expert_round_end; otherwise it releases each at once. A
+  // backend that answers false is done with each expert at expert_down, and core may also run
+  // other operations (a shared expert's dense_ffn) between one expert's expert_down and the next
+  // expert_gate_up of the same pass.
   virtual bool reads_experts_until_round_end() const { return false; }
 };
 

@@ -5,10 +5,12 @@
 // out of order) and logs the protocol: the pins never exceed the capacity, releases follow the
 // schedule whatever the arrival order, a declining source gets whole rounds prepared with nothing
 // held, errors give every pin back, and the layer's output is bitwise the resident run's. A layer
-// that fits one round computes its experts in memory together first (run_round, compute_ready).
+// that fits one round computes its experts in memory together first (run_round, compute_ready),
+// and a layer's shared expert runs once, while loads are in flight.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -122,10 +124,10 @@ struct Layer {
         r.weights.push_back(id == t[0] ? 0.7f : 0.3f);
       }
   }
-  std::vector<float> run(ExpertSource& source, Status* st) {
+  std::vector<float> run(ExpertSource& source, Status* st, const std::function<Status()>* shared_expert = nullptr) {
     HostAct xa(cpu.get(), kTokens, kDim), o(cpu.get(), kTokens, kDim);
     xa.set(x);
-    *st = run_routed_experts(*cpu, source, 0, kind, xa.a, r, &o.a);
+    *st = run_routed_experts(*cpu, source, 0, kind, xa.a, r, &o.a, nullptr, shared_expert);
     return o.get();
   }
   std::vector<float> resident_output() {
@@ -192,6 +194,23 @@ TEST(ExpertRound, ExpertsInMemoryAreComputedTogetherBeforeAnyLoadIsWaitedFor) {
                                          "release 4", "acquire 2",        "release 2", "acquire 1", "release 1"};
   EXPECT_EQ(source.log, want);
   EXPECT_EQ(out, layer.resident_output());
+  // A shared expert runs once, after the experts in memory and before any wait for a load.
+  WindowSource with_shared;
+  with_shared.w = layer.w;
+  with_shared.cap = kExperts;
+  with_shared.ready_now = {6, 0, 3};
+  int shared_runs = 0;
+  const std::function<Status()> shared = [&] {
+    ++shared_runs;
+    with_shared.log.push_back("shared");
+    return MOELITE_OK;
+  };
+  EXPECT_EQ(layer.run(with_shared, &st, &shared), layer.resident_output());
+  ASSERT_EQ(st, MOELITE_OK);
+  EXPECT_EQ(shared_runs, 1);
+  std::vector<std::string> want_shared = want;
+  want_shared.insert(want_shared.begin() + 5, "shared");
+  EXPECT_EQ(with_shared.log, want_shared);
   // Nothing in memory: every expert is acquired one at a time, with the same output.
   WindowSource cold;
   cold.w = layer.w;
@@ -229,6 +248,43 @@ TEST(ExpertWindow, AWiderWindowAndASourceThatDeclinesGetWholeGroups) {
   EXPECT_EQ(source.extends, 0);
   EXPECT_EQ(source.pins, 0);
   EXPECT_EQ(source.released, kSchedule);
+}
+
+// Several rounds: the shared expert runs once, as soon as the first window is prepared (its reads
+// in flight); resident experts: once, after the pass; its error is the layer's.
+TEST(ExpertWindow, TheSharedExpertRunsOnceWhileTheFirstWindowLoads) {
+  Layer layer;
+  WindowSource source;
+  source.w = layer.w;
+  int runs = 0;
+  const std::function<Status()> shared = [&] {
+    ++runs;
+    source.log.push_back("shared");
+    return MOELITE_OK;
+  };
+  Status st;
+  EXPECT_EQ(layer.run(source, &st, &shared), layer.resident_output());
+  ASSERT_EQ(st, MOELITE_OK);
+  EXPECT_EQ(runs, 1);
+  ASSERT_GE(source.log.size(), 2u);
+  EXPECT_EQ(source.log[0], "prepare");
+  EXPECT_EQ(source.log[1], "shared");
+  FakeExperts resident;
+  resident.w = layer.w;
+  int resident_runs = 0;
+  const std::function<Status()> counted = [&] {
+    ++resident_runs;
+    return MOELITE_OK;
+  };
+  EXPECT_EQ(layer.run(resident, &st, &counted), layer.resident_output());
+  ASSERT_EQ(st, MOELITE_OK);
+  EXPECT_EQ(resident_runs, 1);
+  WindowSource failing;
+  failing.w = layer.w;
+  const std::function<Status()> broken = [] { return fail(MOELITE_ERR_OUT_OF_MEMORY, "injected: the shared expert"); };
+  (void)layer.run(failing, &st, &broken);
+  EXPECT_EQ(st, MOELITE_ERR_OUT_OF_MEMORY);
+  EXPECT_EQ(failing.pins, 0) << "the window's experts are given back";
 }
 
 TEST(ExpertWindow, AnErrorFromTheSourceGivesEveryPinBack) {

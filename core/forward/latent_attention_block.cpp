@@ -84,12 +84,12 @@ Status latent_attention_block_forward(const Model& model, EvalState& s, int32_t 
   if (w.has_dense) {
     MOELITE_TRY(be.dense_ffn(w.dense, FfnKind{}, nullptr, xn, &ffn));
   } else {
-    MOELITE_TRY(moe_forward(model, s, l, x, xn, &ffn));
-    if (w.has_shared) {
-      Act shared = s.rows(s.shared_out);
-      MOELITE_TRY(be.dense_ffn(w.shared, model.expert_ffn, nullptr, xn, &shared));
-      MOELITE_TRY(be.add(&ffn, shared));
-    }
+    Act shared = s.rows(s.shared_out);
+    const std::function<Status()> shared_experts = [&] {
+      return be.dense_ffn(w.shared, model.expert_ffn, nullptr, xn, &shared);
+    };
+    MOELITE_TRY(moe_forward(model, s, l, x, xn, &ffn, w.has_shared ? &shared_experts : nullptr));
+    if (w.has_shared) MOELITE_TRY(be.add(&ffn, shared));
   }
   return be.add(&x, ffn);
 }

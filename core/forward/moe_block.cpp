@@ -66,7 +66,8 @@ bool prefill_lookahead_wanted(const Model& m, const EvalState& s, int32_t l) {
 
 }  // namespace
 
-Status moe_forward(const Model& m, EvalState& s, int32_t l, const Act& x, const Act& xn, Act* out) {
+Status moe_forward(const Model& m, EvalState& s, int32_t l, const Act& x, const Act& xn, Act* out,
+                   const std::function<Status()>* shared_expert) {
   const GatingConfig& gating = *s.gating;
   const LayerWeights& w = m.layers[static_cast<size_t>(l)];
   if (s.hooks) {
@@ -137,7 +138,7 @@ Status moe_forward(const Model& m, EvalState& s, int32_t l, const Act& x, const 
     for (int32_t e = 0; e < m.hp.n_expert; ++e) next[static_cast<size_t>(e)] = {{l + 1, e}, kCertain};
     s.experts->hint(next, l);
   }
-  return run_routed_experts(*s.backend, *s.experts, l, m.expert_ffn, xn, s.routing, out, s.trace.get());
+  return run_routed_experts(*s.backend, *s.experts, l, m.expert_ffn, xn, s.routing, out, s.trace.get(), shared_expert);
 }
 
 }  // namespace moelite

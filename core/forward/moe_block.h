@@ -4,6 +4,8 @@
 // routed-expert pass (core/moe/expert_executor.h). An architecture with a block of its own calls
 // this instead of repeating any of it.
 #pragma once
+#include <functional>
+
 #include "core/forward/eval_state.h"
 #include "core/model/model.h"
 
@@ -11,6 +13,9 @@ namespace moelite {
 
 // out = sum_j w_j * expert_j(xn) for the batch in `s`; `x` is the residual stream (after
 // attention) and `xn` the normed MoE input. Leaves the layer's routing in s.routing.
-[[nodiscard]] Status moe_forward(const Model& m, EvalState& s, int32_t layer, const Act& x, const Act& xn, Act* out);
+// `shared_expert` (may be null) computes the block's shared expert into an output of its own; it
+// runs once, where the routed pass can hide expert reads behind it (run_routed_experts).
+[[nodiscard]] Status moe_forward(const Model& m, EvalState& s, int32_t layer, const Act& x, const Act& xn, Act* out,
+                                 const std::function<Status()>* shared_expert = nullptr);
 
 }  // namespace moelite

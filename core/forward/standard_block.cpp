@@ -46,13 +46,12 @@ Status standard_block_forward(const Model& m, EvalState& s, int32_t l) {
   Act moe = s.rows(s.moe_out);
   MOELITE_TRY(be.rms_norm(x, w.ffn_norm.data(), hp.n_embd, hp.rms_eps, &xn));
   if (!w.ffn_norm_b.empty()) MOELITE_TRY(be.add_bias(&xn, w.ffn_norm_b.data()));
-  MOELITE_TRY(moe_forward(m, s, l, x, xn, &moe));
-  if (w.has_shared) {
-    Act shared = s.rows(s.shared_out);
-    MOELITE_TRY(
-        be.dense_ffn(w.shared, m.expert_ffn, w.shared_gate.empty() ? nullptr : w.shared_gate.data(), xn, &shared));
-    MOELITE_TRY(be.add(&moe, shared));
-  }
+  Act shared = s.rows(s.shared_out);
+  const std::function<Status()> shared_expert = [&] {
+    return be.dense_ffn(w.shared, m.expert_ffn, w.shared_gate.empty() ? nullptr : w.shared_gate.data(), xn, &shared);
+  };
+  MOELITE_TRY(moe_forward(m, s, l, x, xn, &moe, w.has_shared ? &shared_expert : nullptr));
+  if (w.has_shared) MOELITE_TRY(be.add(&moe, shared));
   if (hp.residual_scale != 1.0f) MOELITE_TRY(be.scale(&moe, hp.residual_scale));
   return be.add(&x, moe);
 }

@@ -82,7 +82,9 @@ def test_budgeted_rows_for_each_budget_and_sequence_count_go_into_the_doc():
     for b in rows:
         s = b["step_ms"]
         assert b["decode_tok_s_min"] <= b["decode_tok_s"] <= b["decode_tok_s_max"]
-        assert s["compute"] + s["load_wait"] == __import__("pytest").approx(s["step"], rel=1e-3)
+        # Each of the three is rounded to 0.001 ms: their sums may differ by 0.0015 ms (a step of
+        # the shipped model under a budget takes well under a millisecond).
+        assert s["compute"] + s["load_wait"] == __import__("pytest").approx(s["step"], rel=1e-3, abs=2e-3)
     text = open(doc).read()
     assert text.startswith(before + "<!-- budgeted-decode:begin -->\n") and text.endswith(
         "<!-- budgeted-decode:end -->" + after)
