@@ -655,16 +655,24 @@ TEST(ExpertStorePredictions, GuessesLeaveALoaderFreeMostConfidentFirst) {
 
 // The store of half_budget_runtime with `loaders` loaders reading with pread (where faults are
 // injected), each guess one matrix at a time (4096 bytes in flight: every read a step of its own).
-void stepwise_guess_runtime(const char* loaders, std::unique_ptr<moelite::Model>* m,
-                            std::unique_ptr<moelite::Runtime>* rt) {
-  setenv("MOELITE_IO", "pread", 1);
-  setenv("MOELITE_IO_THREADS", loaders, 1);
-  setenv("MOELITE_IO_BYTES_IN_FLIGHT", "4096", 1);
-  half_budget_runtime(m, rt);
-  unsetenv("MOELITE_IO");
-  unsetenv("MOELITE_IO_THREADS");
-  unsetenv("MOELITE_IO_BYTES_IN_FLIGHT");
-}
+class StepwiseStore {
+ public:
+  explicit StepwiseStore(const char* loaders) {
+    setenv("MOELITE_IO", "pread", 1);
+    setenv("MOELITE_IO_THREADS", loaders, 1);
+    setenv("MOELITE_IO_BYTES_IN_FLIGHT", "4096", 1);
+    half_budget_runtime(&model_, &runtime_);
+    unsetenv("MOELITE_IO");
+    unsetenv("MOELITE_IO_THREADS");
+    unsetenv("MOELITE_IO_BYTES_IN_FLIGHT");
+  }
+  // Null when the runtime could not be made (half_budget_runtime has failed the test).
+  moelite::ExpertStore* store() const { return runtime_ ? runtime_->store : nullptr; }
+
+ private:
+  std::unique_ptr<moelite::Model> model_;
+  std::unique_ptr<moelite::Runtime> runtime_;
+};
 
 // Waits (up to 10 s) until `done`; false if it never came.
 template <class Done>
@@ -689,11 +697,9 @@ void compute_one(moelite::ExpertStore& store, int32_t layer, int32_t expert) {
 // the round's order, and leaves the one still being read pending (acquire_next then waits for it).
 TEST(ExpertStore, TakeReadyHandsOutOnlyExpertsWhollyInMemory) {
   namespace fault = moelite::platform::fault;
-  std::unique_ptr<moelite::Model> m;
-  std::unique_ptr<moelite::Runtime> rt;
-  stepwise_guess_runtime("2", &m, &rt);
-  ASSERT_TRUE(rt && rt->store);
-  moelite::ExpertStore& store = *rt->store;
+  StepwiseStore stepwise("2");
+  ASSERT_NE(stepwise.store(), nullptr);
+  moelite::ExpertStore& store = *stepwise.store();
   ASSERT_EQ(store.prepare(0, {1, 5}), MOELITE_OK);
   compute_one(store, 0, 1);
   compute_one(store, 0, 5);
@@ -724,11 +730,9 @@ TEST(ExpertStore, TakeReadyHandsOutOnlyExpertsWhollyInMemory) {
 // and frees its slot (its other reads are never made).
 TEST(ExpertStorePredictions, ConfirmedGuessesJumpTheQueueRefutedOnesStop) {
   namespace fault = moelite::platform::fault;
-  std::unique_ptr<moelite::Model> m;
-  std::unique_ptr<moelite::Runtime> rt;
-  stepwise_guess_runtime("2", &m, &rt);
-  ASSERT_TRUE(rt && rt->store);
-  moelite::ExpertStore& store = *rt->store;
+  StepwiseStore stepwise("2");
+  ASSERT_NE(stepwise.store(), nullptr);
+  moelite::ExpertStore& store = *stepwise.store();
   constexpr double kStall = 2.0;
   fault::arm_stall(fault::Kind::kRead, 1, kStall);  // guess 3's first read
   const auto start = std::chrono::steady_clock::now();
@@ -753,11 +757,9 @@ TEST(ExpertStorePredictions, ConfirmedGuessesJumpTheQueueRefutedOnesStop) {
 // is read whole: the newer guess is not lost with the refuted one.
 TEST(ExpertStorePredictions, ARefutedGuessNamedAgainIsReadWhole) {
   namespace fault = moelite::platform::fault;
-  std::unique_ptr<moelite::Model> m;
-  std::unique_ptr<moelite::Runtime> rt;
-  stepwise_guess_runtime("2", &m, &rt);
-  ASSERT_TRUE(rt && rt->store);
-  moelite::ExpertStore& store = *rt->store;
+  StepwiseStore stepwise("2");
+  ASSERT_NE(stepwise.store(), nullptr);
+  moelite::ExpertStore& store = *stepwise.store();
   fault::arm_stall(fault::Kind::kRead, 1, 1.0);  // guess 3's first read
   store.hint({{{1, 3}, 0.9f}}, -1);
   ASSERT_TRUE(wait_until([] { return fault::calls(fault::Kind::kRead) >= 1; }));
@@ -777,11 +779,9 @@ TEST(ExpertStorePredictions, GuessesGiveWayToDemandReads) {
   namespace fault = moelite::platform::fault;
   for (const char* loaders : {"2", "1"}) {
     SCOPED_TRACE(std::string(loaders) + " loader(s)");
-    std::unique_ptr<moelite::Model> m;
-    std::unique_ptr<moelite::Runtime> rt;
-    stepwise_guess_runtime(loaders, &m, &rt);
-    ASSERT_TRUE(rt && rt->store);
-    moelite::ExpertStore& store = *rt->store;
+    StepwiseStore stepwise(loaders);
+    ASSERT_NE(stepwise.store(), nullptr);
+    moelite::ExpertStore& store = *stepwise.store();
     constexpr double kStall = 1.0;
     fault::arm_stall(fault::Kind::kRead, 1, kStall);
     const auto start = std::chrono::steady_clock::now();
