@@ -57,6 +57,10 @@ const OptionInfo kOptions[] = {
     {Option::GroupedRows, "MOELITE_GROUPED_ROWS", OptionKind::Flag, 0, 1, nullptr, "1",
      "0 keeps every weight in row layout instead of the CPU backend's grouped copies (the same bits either way)",
      nullptr},
+    {Option::HugePages, "MOELITE_HUGE_PAGES", OptionKind::Flag, 0, 1, nullptr, "1",
+     "0 leaves the expert store's slot pool in small pages instead of asking the kernel for transparent huge "
+     "pages (Linux, THP in `madvise` or `always` mode): the same bits either way",
+     nullptr},
     {Option::Io, "MOELITE_IO", OptionKind::Choice, 0, 0, "pread|io_uring",
      "io_uring where the kernel allows it; pread under valgrind",
      "how the expert store reads: `pread` forces the plain reader instead of io_uring (comparisons); under "

@@ -24,6 +24,7 @@ enum class Option : int {
   MatrixMinTokens,
   GroupedRows,
   // expert store and storage
+  HugePages,
   Io,
   IoTimeout,
   IoThreads,

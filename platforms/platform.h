@@ -142,6 +142,12 @@ double now_seconds();          // monotonic
 // Memory aligned to `alignment` (a power of two) for SIMD and direct I/O; nullptr on failure.
 void* aligned_alloc_bytes(size_t size, size_t alignment);
 void aligned_free(void* p);
+// Asks the OS to back the whole huge pages inside [p, p + n) of anonymous memory with huge pages
+// (Linux: transparent huge pages, madvise MADV_HUGEPAGE; 2 MiB on x86-64), so that streaming
+// through the range misses the TLB once per huge page rather than once per 4 KiB. Bytes outside
+// that interior keep small pages, so the memory the process holds never grows past the range.
+// Returns whether the OS took the advice; a hint only: nothing changes where it is refused.
+bool advise_huge_pages(void* p, size_t n);
 // Owns `size` bytes from aligned_alloc_bytes (a scratch buffer freed on every way out); bytes() is
 // null when the allocation failed.
 class AlignedBytes {

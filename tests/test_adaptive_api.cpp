@@ -474,6 +474,7 @@ TEST_F(AdaptiveApi, BadInputsGetTheirOwnStatus) {
 #include "core/experts/expert_store.h"
 #include "core/model/model.h"
 #include "platforms/fault_inject.h"
+#include "tests/proc_self_maps.h"
 
 // The sensitivity sample: whole windows, recorded in the profile; the progress callback rises
 // steadily to 1.
@@ -722,6 +723,36 @@ TEST(ExpertStore, TakeReadyHandsOutOnlyExpertsWhollyInMemory) {
   compute_one(store, 0, 2);  // waits for the stalled read
   fault::disarm();
 }
+
+#if defined(__linux__)
+// The slot pool asks for transparent huge pages (MOELITE_HUGE_PAGES, on unless 0): the slots that
+// lie in the pool's whole huge pages are in memory advised for them.
+TEST(ExpertStore, TheSlotPoolIsAdvisedForHugePages) {
+  if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) != 0) GTEST_SKIP() << "no transparent huge pages";
+  std::unique_ptr<moelite::Model> m;
+  std::unique_ptr<moelite::Runtime> rt;
+  half_budget_runtime(&m, &rt);
+  ASSERT_TRUE(rt && rt->store);
+  moelite::ExpertStore& store = *rt->store;
+  ASSERT_GE(store.pool_bytes(), uint64_t{4} << 20) << "a pool with a whole huge page in it";
+  // Every slot, through one expert of each layer after another (each load takes a free slot first).
+  int advised = 0, slots = 0;
+  for (int32_t l = 0; l < m->hp.n_layer && slots < store.pool_slots(); ++l)
+    for (int32_t e = 0; e < store.capacity(l) && slots < store.pool_slots(); ++e, ++slots) {
+      ASSERT_EQ(store.prepare(l, {e}), MOELITE_OK);
+      std::vector<int32_t> pending = {e};
+      int32_t got = -1;
+      moelite::ExpertWeights w;
+      ASSERT_EQ(store.acquire_next(l, &pending, &got, &w), MOELITE_OK) << moelite_last_error();
+      advised += moelite::test::advised_huge(w.gate.data) ? 1 : 0;
+      store.release(l, got);
+    }
+  const uint64_t huge_pages_inside = store.pool_bytes() / (uint64_t{2} << 20) - 1;  // at least
+  EXPECT_GE(static_cast<uint64_t>(advised) * store.slot_bytes(),
+            huge_pages_inside * (uint64_t{2} << 20) - store.slot_bytes())
+      << advised << " of " << slots << " slots";
+}
+#endif
 
 // A guess its layer's routing confirms while it still waits in the queue behind another guess is
 // read at once as a demand read, on the loader guesses leave free (before, it waited for the guess

@@ -312,3 +312,37 @@ TEST(PlatformInfo, AShortSliceIsTheCallingThreadsOnly) {
 #endif
 }
 #endif
+
+#if defined(__linux__)
+#include <sys/mman.h>
+
+#include <functional>
+#include <memory>
+
+#include "tests/proc_self_maps.h"
+
+using moelite::test::advised_huge;
+using moelite::test::vm_flags_at;
+
+// advise_huge_pages marks the whole huge pages inside its range, and nothing outside them: the
+// bytes of a partial huge page at either end keep small pages, so the advice never makes the
+// process hold memory beyond the range.
+TEST(PlatformMemory, HugePageAdviceCoversOnlyTheWholeHugePagesInsideTheRange) {
+  if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) != 0) GTEST_SKIP() << "no transparent huge pages";
+  constexpr size_t kMiB = size_t{1} << 20, kHuge = 2 * kMiB;
+  // A mapping of its own, never advised before (malloc may hand out memory an earlier test advised).
+  const size_t map_bytes = 6 * kHuge;
+  void* mapping = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mapping, MAP_FAILED);
+  std::unique_ptr<void, std::function<void(void*)>> unmap(mapping, [&](void* m) { munmap(m, map_bytes); });
+  uint8_t* p = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(mapping) + kHuge - 1) / kHuge * kHuge);
+  ASSERT_NE(vm_flags_at(p + 5 * kMiB), "?") << "this /proc/self/smaps does not list the buffer";
+  EXPECT_FALSE(mp::advise_huge_pages(p + kMiB, kMiB)) << "no whole huge page in [1, 2) MiB";
+  ASSERT_TRUE(mp::advise_huge_pages(p + kMiB, 7 * kMiB / 2));  // [1, 4.5) MiB: the page [2, 4) MiB
+  EXPECT_TRUE(advised_huge(p + 2 * kMiB));
+  EXPECT_TRUE(advised_huge(p + 4 * kMiB - 1));
+  EXPECT_FALSE(advised_huge(p + 2 * kMiB - 1)) << vm_flags_at(p + 2 * kMiB - 1);
+  EXPECT_FALSE(advised_huge(p + 4 * kMiB)) << vm_flags_at(p + 4 * kMiB);
+  EXPECT_FALSE(advised_huge(p + 9 * kMiB));
+}
+#endif

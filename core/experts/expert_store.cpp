@@ -1,5 +1,6 @@
 #include "core/experts/expert_store.h"
 
+#include "base/options.h"
 #include "core/support/abort_scope.h"
 #include "core/support/timeline.h"
 #include "platforms/batch_read.h"
@@ -16,9 +17,17 @@ namespace moelite {
 
 namespace {
 
-// One aligned block for the whole pool (direct I/O lands in it), allocated once.
+// One aligned block for the whole pool (direct I/O lands in it), allocated once, its whole huge
+// pages advised for transparent huge pages (MOELITE_HUGE_PAGES): decode streams each slot it
+// computes from, and 4 KiB pages miss the TLB every 4 KiB (bench model, Q8_0, 2 threads, AMD EPYC,
+// 23 interleaved pairs against small pages: one sequence 0.96-1.37x at 25-100 % budgets, median
+// 1.13x; both less computing time a step and the store's O_DIRECT reads landing faster).
 uint8_t* pool_alloc(uint64_t bytes) {
-  return static_cast<uint8_t*>(platform::aligned_alloc_bytes(static_cast<size_t>(bytes), platform::kDirectIoAlignment));
+  void* p = platform::aligned_alloc_bytes(static_cast<size_t>(bytes), platform::kDirectIoAlignment);
+  bool huge = true;
+  option_flag(Option::HugePages, &huge);
+  if (p && huge) (void)platform::advise_huge_pages(p, static_cast<size_t>(bytes));
+  return static_cast<uint8_t*>(p);
 }
 
 void pool_free(uint8_t* p) { platform::aligned_free(p); }

@@ -561,4 +561,18 @@ void* aligned_alloc_bytes(size_t size, size_t alignment) {
 
 void aligned_free(void* p) { free(p); }
 
+bool advise_huge_pages(void* p, size_t n) {
+#if defined(MADV_HUGEPAGE)
+  constexpr uint64_t kHuge = uint64_t{2} << 20;  // the PMD size on x86-64 and 4 KiB-granule AArch64
+  const uint64_t begin = (reinterpret_cast<uint64_t>(p) + kHuge - 1) / kHuge * kHuge;
+  const uint64_t end = (reinterpret_cast<uint64_t>(p) + n) / kHuge * kHuge;
+  if (end <= begin) return false;
+  return madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE) == 0;
+#else
+  (void)p;
+  (void)n;
+  return false;
+#endif
+}
+
 }  // namespace moelite::platform
