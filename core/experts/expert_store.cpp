@@ -81,7 +81,7 @@ class StoreClient final : public ExpertSource {
     return store_.extend_round_for(id_, layer, expert, added);
   }
   void take_ready(int32_t layer, std::vector<int32_t>* pending, std::vector<ReadyExpert>* out) override {
-    store_.take_ready_for(id_, layer, pending, out);
+    store_.take_ready(layer, pending, out);  // nothing of it is counted per client
   }
   Status acquire_next(int32_t layer, std::vector<int32_t>* pending, int32_t* expert, ExpertWeights* out) override {
     return store_.acquire_next_for(id_, layer, pending, expert, out);
@@ -713,10 +713,6 @@ Status ExpertStore::pin_admitted_locked(std::unique_lock<std::mutex>& lock, int3
 }
 
 void ExpertStore::take_ready(int32_t layer, std::vector<int32_t>* pending, std::vector<ReadyExpert>* out) {
-  take_ready_for(kNoClient, layer, pending, out);
-}
-
-void ExpertStore::take_ready_for(int32_t, int32_t layer, std::vector<int32_t>* pending, std::vector<ReadyExpert>* out) {
   std::lock_guard<std::mutex> lock(mu_);
   size_t kept = 0;
   for (int32_t e : *pending) {

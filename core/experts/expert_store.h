@@ -197,7 +197,6 @@ class ExpertStore final : public ExpertSource {
   // pins and the admission this call took.
   Status pin_admitted_locked(std::unique_lock<std::mutex>& lock, int32_t client, int32_t layer,
                              const std::vector<int32_t>& experts);
-  void take_ready_for(int32_t client, int32_t layer, std::vector<int32_t>* pending, std::vector<ReadyExpert>* out);
   Status acquire_next_for(int32_t client, int32_t layer, std::vector<int32_t>* pending, int32_t* expert,
                           ExpertWeights* out);
   Status wait_down_for(int32_t client, int32_t layer, int32_t expert);
