@@ -57,9 +57,15 @@ const OptionInfo kOptions[] = {
     {Option::GroupedRows, "MOELITE_GROUPED_ROWS", OptionKind::Flag, 0, 1, nullptr, "1",
      "0 keeps every weight in row layout instead of the CPU backend's grouped copies (the same bits either way)",
      nullptr},
+    {Option::WeightCopies, "MOELITE_WEIGHT_COPIES", OptionKind::Flag, 0, 1, nullptr, "1",
+     "0 computes mapped weights that have no grouped copy from the model file's mapping instead of copies in "
+     "the CPU backend's own memory (huge pages: faster decode; the mapping: processes that map one model file "
+     "share its pages); the same bits either way",
+     nullptr},
     {Option::HugePages, "MOELITE_HUGE_PAGES", OptionKind::Flag, 0, 1, nullptr, "1",
-     "0 leaves the expert store's slot pool in small pages instead of asking the kernel for transparent huge "
-     "pages (Linux, THP in `madvise` or `always` mode): the same bits either way",
+     "0 leaves the expert store's slot pool and the CPU backend's weight copies in small pages instead of "
+     "asking the kernel for transparent huge pages (Linux, THP in `madvise` or `always` mode): the same bits "
+     "either way",
      nullptr},
     {Option::Io, "MOELITE_IO", OptionKind::Choice, 0, 0, "pread|io_uring",
      "io_uring where the kernel allows it; pread under valgrind",

@@ -23,6 +23,7 @@ enum class Option : int {
   DecodeTiles,
   MatrixMinTokens,
   GroupedRows,
+  WeightCopies,
   // expert store and storage
   HugePages,
   Io,

@@ -41,6 +41,7 @@ const Values kValues[] = {
     {Option::DecodeTiles, "0", {"2", "yes", "-0", "on"}},
     {Option::MatrixMinTokens, "4", {"0", "-3", "x", "1e3"}},
     {Option::GroupedRows, "1", {"true", "01x", "3", "no"}},
+    {Option::WeightCopies, "0", {"false", "1 ", "-1", "yes"}},
     {Option::HugePages, "0", {"2", "off", " 1", "1.0"}},
     {Option::Io, "pread", {"uring", "PREAD", "mmap", "pread,"}},
     {Option::IoTimeout, "0.5", {"nan", "inf", "0", "-1"}},

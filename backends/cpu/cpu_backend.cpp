@@ -110,10 +110,9 @@ int row_step(const KernelTable& k, TensorType type, int64_t max_tokens = 2) {
 // kGroupPairRows adjacent rows from a multiple of kGroupRows) against `count` (<= token_step<NR>())
 // activation rows: o[i][j] = dot(row r + i * dr, activation j). A group (or pair of groups) goes
 // through the table's group kernel where the weight has a grouped copy (`grouped`,
-// grouped_weights.h); otherwise a
-// group goes through the table's prepared tile where the activations were prepared for it, else
-// its tile kernel of that size where there is one, else one multi-dot per row; all are
-// bit-identical to vec_dot, so the grouping never changes results.
+// weight_copies.h); otherwise a group goes through the table's prepared tile where the
+// activations were prepared for it, else its tile kernel of that size where there is one, else one
+// multi-dot per row; all are bit-identical to vec_dot, so the grouping never changes results.
 struct RowDots {
   const WeightView& w;
   VecDotMultiFn multi;
@@ -335,25 +334,25 @@ int64_t max_task_rows(const std::vector<Task>& tasks) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(std::unique_ptr<ThreadPool> pool, std::shared_ptr<GroupedWeights> grouped)
+CpuBackend::CpuBackend(std::unique_ptr<ThreadPool> pool, std::shared_ptr<WeightCopies> copies)
     : k_(kernels_best()),
       pool_(std::move(pool)),
-      grouped_(std::move(grouped)),
+      copies_(std::move(copies)),
       name_(std::string("cpu (") + kernels_best().isa + ")") {
   attn_scores_.resize(static_cast<size_t>(pool_->size()));
 }
 
 Status CpuBackend::create(int32_t n_threads, std::unique_ptr<Backend>* out) {
-  std::shared_ptr<GroupedWeights> grouped;
+  std::shared_ptr<WeightCopies> copies;
   try {
-    grouped = std::make_shared<GroupedWeights>();
+    copies = std::make_shared<WeightCopies>();
   } catch (const std::bad_alloc&) {
     return fail(MOELITE_ERR_OUT_OF_MEMORY, "CPU backend");
   }
-  return create_sharing(n_threads, std::move(grouped), out);
+  return create_sharing(n_threads, std::move(copies), out);
 }
 
-Status CpuBackend::create_sharing(int32_t n_threads, std::shared_ptr<GroupedWeights> grouped,
+Status CpuBackend::create_sharing(int32_t n_threads, std::shared_ptr<WeightCopies> copies,
                                   std::unique_ptr<Backend>* out) {
   std::unique_ptr<ThreadPool> pool;
   // On big.LITTLE CPUs the workers stay on the big cores (empty on homogeneous CPUs: unpinned).
@@ -361,12 +360,12 @@ Status CpuBackend::create_sharing(int32_t n_threads, std::shared_ptr<GroupedWeig
   const std::vector<int>& big = platform::big_cores();
   MOELITE_TRY(ThreadPool::create(n_threads, &pool, n_threads <= static_cast<int32_t>(big.size()) ? big : std::vector<int>{}));
   // A failed allocation throws here, as everywhere in load, and the C API's guard reports it.
-  out->reset(new CpuBackend(std::move(pool), std::move(grouped)));
+  out->reset(new CpuBackend(std::move(pool), std::move(copies)));
   return MOELITE_OK;
 }
 
 Status CpuBackend::place_expert(const ExpertWeights& w) {
-  for (const WeightView* v : {&w.gate, &w.up, &w.down}) grouped_->get_or_make(k_, *v, pool_.get());
+  for (const WeightView* v : {&w.gate, &w.up, &w.down}) copies_->get_or_make(k_, *v, pool_.get());
   return MOELITE_OK;
 }
 
@@ -455,8 +454,12 @@ Status CpuBackend::write_kv(KvCache* kv, int32_t layer, int32_t slot0, int32_t n
 
 Status CpuBackend::get_rows(const WeightView& table, const int32_t* tokens, int32_t n, Act* out) {
   DequantRowFn dequant = k_.dequant[static_cast<uint32_t>(table.type)];
+  // A table tied to the output head has the head's row copy, if any: its mapped pages were released.
+  WeightView rows = table;
+  const uint8_t* grouped = nullptr;  // a grouped copy is not row-addressable: the mapping is read then
+  compute_on(copies_->find(table), &rows, &grouped);
   for (int32_t t = 0; t < n; ++t)
-    dequant(table.data + static_cast<uint64_t>(tokens[t]) * table.row_bytes, rows_of(*out) + t * out->cols, table.cols);
+    dequant(rows.data + static_cast<uint64_t>(tokens[t]) * rows.row_bytes, rows_of(*out) + t * out->cols, rows.cols);
   return MOELITE_OK;
 }
 
@@ -582,7 +585,10 @@ Status CpuBackend::matmul(const WeightView& w, const Act& x, const float* bias, 
   MOELITE_TRY(quantize_rows(rows_of(x), x.rows, x.cols, w.type, &qbuf_, &act));
   const size_t stride = activation_row_bytes(w.type, x.cols);  // 4 * cols for float activations
   float* y = rows_of(*out);
-  MOELITE_TRY(matmul_rows(w, grouped_->get_or_make(k_, w, pool_.get()), act, stride, x.rows, y, out->cols));
+  WeightView wc = w;
+  const uint8_t* grouped = nullptr;
+  compute_on(copies_->get_or_make(k_, w, pool_.get()), &wc, &grouped);
+  MOELITE_TRY(matmul_rows(wc, grouped, act, stride, x.rows, y, out->cols));
   if (bias) {
     for (int64_t t = 0; t < x.rows; ++t)
       for (int64_t r = 0; r < w.rows; ++r) y[t * out->cols + r] += bias[r];
@@ -695,10 +701,10 @@ std::vector<CpuBackend::FfnJob> CpuBackend::jobs_of(const ExpertTask* tasks, int
   std::vector<FfnJob> jobs(static_cast<size_t>(n));
   for (int32_t i = 0; i < n; ++i) {
     FfnJob& j = jobs[static_cast<size_t>(i)];
-    j = {&tasks[i].w, tasks[i].x_rows, tasks[i].out_rows, tasks[i].n_rows};
-    // Grouped copies of resident experts were made at load (place_expert); a slot has none.
+    j = {tasks[i].w, tasks[i].x_rows, tasks[i].out_rows, tasks[i].n_rows};
+    // Copies of resident experts were made at load (place_expert); a slot has none.
     if (tasks[i].resident)
-      for (int m = 0; m < 3; ++m) j.grouped[m] = grouped_->find(m == 0 ? tasks[i].w.gate : m == 1 ? tasks[i].w.up : tasks[i].w.down);
+      for (int m = 0; m < 3; ++m) compute_on(copies_->find(tasks[i].w.matrix(m)), &j.w.matrix(m), &j.grouped[m]);
   }
   return jobs;
 }
@@ -726,7 +732,7 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
   if (jobs.empty()) return MOELITE_OK;
   const int64_t n_embd = x.cols;
   // Activations in the dot formats of the gate/up weights (usually one format for all).
-  const TensorType gate_type = jobs[0].w->gate.type, up_type = jobs[0].w->up.type;
+  const TensorType gate_type = jobs[0].w.gate.type, up_type = jobs[0].w.up.type;
   const uint8_t *xq_gate, *xq_up;
   MOELITE_TRY(quantized_input(x, gate_type, input, &xq_gate));
   MOELITE_TRY(quantized_input(x, up_type, input, &xq_up));
@@ -736,7 +742,7 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
   n_ff_max_ = 0;
   h_offset_.assign(jobs.size(), 0);
   for (size_t j = 0; j < jobs.size(); ++j) {
-    n_ff_max_ = std::max(n_ff_max_, jobs[j].w->gate.rows);
+    n_ff_max_ = std::max(n_ff_max_, jobs[j].w.gate.rows);
     h_offset_[j] = h_rows_;
     h_rows_ += jobs[j].n_rows;
   }
@@ -776,13 +782,13 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
     const bool same_pack = xg_up == xg_gate && k_.matrix[static_cast<uint32_t>(gate_type)].pack ==
                                                    k_.matrix[static_cast<uint32_t>(up_type)].pack;
     const std::vector<Task> tasks = split_rows(
-        jobs, [](const FfnJob& j) { return j.w->gate.rows; }, pool_->size(), kMatrixRows);
+        jobs, [](const FfnJob& j) { return j.w.gate.rows; }, pool_->size(), kMatrixRows);
     MOELITE_TRY(grow_matrix_scratch(2, gate_type, n_embd, max_task_rows(tasks)));
     MOELITE_TRY(grow_matrix_scratch(2, up_type, n_embd, max_task_rows(tasks)));  // grows only if larger
     pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int thread) {
       const Task& task = tasks[static_cast<size_t>(ti)];
       const FfnJob& job = jobs[static_cast<size_t>(task.job)];
-      const MatrixDots gdots(k_, job.w->gate), udots(k_, job.w->up);
+      const MatrixDots gdots(k_, job.w.gate), udots(k_, job.w.up);
       const int64_t base = h_offset_[static_cast<size_t>(task.job)];
       float* hj = h + base * n_ff_max;
       MatrixScratch& scratch = matrix_scratch_[static_cast<size_t>(thread)];
@@ -803,11 +809,11 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
         udots.rows(task.r0, nr, pu, aut, up_stride, count, u);
         for (int64_t i = 0; i < nr; ++i) {
           const int64_t r = task.r0 + i;
-          const float gb = job.w->gate_bias ? job.w->gate_bias[r] : 0.0f;
-          const float ub = job.w->up_bias ? job.w->up_bias[r] : 0.0f;
+          const float gb = job.w.gate_bias ? job.w.gate_bias[r] : 0.0f;
+          const float ub = job.w.up_bias ? job.w.up_bias[r] : 0.0f;
           for (int j = 0; j < count; ++j) {
             float gv = g[i * kMatrixTokens + j], uv = u[i * kMatrixTokens + j];
-            if (job.w->gate_bias || job.w->up_bias) gv += gb, uv += ub;
+            if (job.w.gate_bias || job.w.up_bias) gv += gb, uv += ub;
             hj[(t + j) * n_ff_max + r] = ffn_activation(kind, gv, uv);
           }
         }
@@ -830,11 +836,11 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
   else
     MOELITE_TRY(prepare_rows(up_type, step, xg_up, up_stride, h_rows, n_embd, &prep_b_, &au));
   const std::vector<Task> tasks = split_rows(
-      jobs, [](const FfnJob& j) { return j.w->gate.rows; }, pool_->size(), step);
+      jobs, [](const FfnJob& j) { return j.w.gate.rows; }, pool_->size(), step);
   pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
     const Task& task = tasks[static_cast<size_t>(ti)];
     const FfnJob& job = jobs[static_cast<size_t>(task.job)];
-    const WeightView &gw = job.w->gate, &uw = job.w->up;
+    const WeightView &gw = job.w.gate, &uw = job.w.up;
     const RowDots gdots(k_, gw, job.grouped[0]), udots(k_, uw, job.grouped[1]);
     const int64_t base = h_offset_[static_cast<size_t>(task.job)];
     float* hj = h + base * n_ff_max;
@@ -849,9 +855,9 @@ Status CpuBackend::ffn_gate_up(const std::vector<FfnJob>& jobs, const Act& x, co
         gdots.rows<NR>(r, dr, ag.at(base + i), count, g);
         udots.rows<NR>(r, dr, au.at(base + i), count, u);
         for (int ri = 0; ri < NR; ++ri) {
-          if (job.w->gate_bias || job.w->up_bias) {
-            const float gb = job.w->gate_bias ? job.w->gate_bias[r + ri * dr] : 0.0f;
-            const float ub = job.w->up_bias ? job.w->up_bias[r + ri * dr] : 0.0f;
+          if (job.w.gate_bias || job.w.up_bias) {
+            const float gb = job.w.gate_bias ? job.w.gate_bias[r + ri * dr] : 0.0f;
+            const float ub = job.w.up_bias ? job.w.up_bias[r + ri * dr] : 0.0f;
             for (int j = 0; j < count; ++j) g[ri][j] += gb, u[ri][j] += ub;
           }
           for (int j = 0; j < count; ++j) hj[(i + j) * n_ff_max + r + ri * dr] = ffn_activation(kind, g[ri][j], u[ri][j]);
@@ -867,7 +873,7 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
   const float* h = ffn_h_.data();
   const int64_t n_ff_max = n_ff_max_, h_rows = h_rows_;
   // Quantize h for the down projections.
-  const TensorType down_type = jobs[0].w->down.type;
+  const TensorType down_type = jobs[0].w.down.type;
   const size_t hq_stride = activation_row_bytes(down_type, n_ff_max);
   const uint8_t* hq = reinterpret_cast<const uint8_t*>(h);
   // Each h row's length (its job's n_ff), for quantizing and preparing it: only quantized down
@@ -877,7 +883,7 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
   if (quantized) {
     MOELITE_TRY(grow(&row_ff_, static_cast<size_t>(h_rows)));
     for (size_t j = 0; j < jobs.size(); ++j)
-      for (int64_t i = 0; i < jobs[j].n_rows; ++i) row_ff_[static_cast<size_t>(h_offset_[j] + i)] = jobs[j].w->gate.rows;
+      for (int64_t i = 0; i < jobs[j].n_rows; ++i) row_ff_[static_cast<size_t>(h_offset_[j] + i)] = jobs[j].w.gate.rows;
     row_ff = row_ff_.data();
     // Jobs with a shorter n_ff are quantized per job so each row is exactly that job's length.
     MOELITE_TRY(grow(&qbuf2_, hq_stride * static_cast<size_t>(h_rows)));
@@ -901,17 +907,17 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
   for (const FfnJob& j : jobs) grouped = grouped || j.grouped[2];
   if (use_matrix(k_, down_type, max_rows_of(jobs), grouped)) {
     const std::vector<Task> tasks = split_rows(
-        jobs, [](const FfnJob& j) { return j.w->down.rows; }, pool_->size(), kMatrixRows);
+        jobs, [](const FfnJob& j) { return j.w.down.rows; }, pool_->size(), kMatrixRows);
     MOELITE_TRY(grow_matrix_scratch(1, down_type, n_ff_max, max_task_rows(tasks)));
     pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int thread) {
       const Task& task = tasks[static_cast<size_t>(ti)];
       const FfnJob& job = jobs[static_cast<size_t>(task.job)];
-      const MatrixDots ddots(k_, job.w->down);
+      const MatrixDots ddots(k_, job.w.down);
       const int64_t base = h_offset_[static_cast<size_t>(task.job)];
       // The job's rows hold its own n_ff (the down matrix's cols) elements.
       matrix_task(ddots, task.r0, task.r1, hq + static_cast<size_t>(base) * hq_stride, hq_stride, job.n_rows,
                   matrix_scratch_[static_cast<size_t>(thread)], [&](int64_t r, int64_t t, float v) {
-                    if (job.w->down_bias) v += job.w->down_bias[r];
+                    if (job.w.down_bias) v += job.w.down_bias[r];
                     results[static_cast<int64_t>(job.out_rows[t]) * n_embd + r] = v;
                   });
     });
@@ -921,11 +927,11 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
   ActRows ad;
   MOELITE_TRY(prepare_rows(down_type, step, hq, hq_stride, h_rows, n_ff_max, &prep_a_, &ad, row_ff));
   const std::vector<Task> tasks = split_rows(
-      jobs, [](const FfnJob& j) { return j.w->down.rows; }, pool_->size(), step);
+      jobs, [](const FfnJob& j) { return j.w.down.rows; }, pool_->size(), step);
   pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti, int) {
     const Task& task = tasks[static_cast<size_t>(ti)];
     const FfnJob& job = jobs[static_cast<size_t>(task.job)];
-    const WeightView& dw = job.w->down;
+    const WeightView& dw = job.w.down;
     const RowDots ddots(k_, dw, job.grouped[2]);
     const int64_t base = h_offset_[static_cast<size_t>(task.job)];
     for_rows(task.r0, task.r1, step, [&](auto nr_c, int64_t r, int64_t dr) {
@@ -937,8 +943,8 @@ Status CpuBackend::ffn_down(const std::vector<FfnJob>& jobs, int64_t n_embd, flo
         float o[NR][kGroupTokens];
         ddots.rows<NR>(r, dr, ad.at(base + i), count, o);
         for (int ri = 0; ri < NR; ++ri) {
-          if (job.w->down_bias)
-            for (int j = 0; j < count; ++j) o[ri][j] += job.w->down_bias[r + ri * dr];
+          if (job.w.down_bias)
+            for (int j = 0; j < count; ++j) o[ri][j] += job.w.down_bias[r + ri * dr];
           for (int j = 0; j < count; ++j) results[static_cast<int64_t>(job.out_rows[i + j]) * n_embd + r + ri * dr] = o[ri][j];
         }
       }
@@ -985,11 +991,10 @@ Status CpuBackend::dense_ffn(const ExpertWeights& w, const FfnKind& kind, const 
                              Act* out) {
   std::vector<int32_t> rows(static_cast<size_t>(x.rows));
   for (int32_t t = 0; t < x.rows; ++t) rows[static_cast<size_t>(t)] = t;
-  std::vector<FfnJob> jobs{{&w, rows.data(), rows.data(), x.rows}};
-  // A dense FFN's weights stay put: grouped copies on first use, like matmul's.
-  jobs[0].grouped[0] = grouped_->get_or_make(k_, w.gate, pool_.get());
-  jobs[0].grouped[1] = grouped_->get_or_make(k_, w.up, pool_.get());
-  jobs[0].grouped[2] = grouped_->get_or_make(k_, w.down, pool_.get());
+  std::vector<FfnJob> jobs{{w, rows.data(), rows.data(), x.rows}};
+  // A dense FFN's weights stay put: copies on first use, like matmul's.
+  for (int m = 0; m < 3; ++m)
+    compute_on(copies_->get_or_make(k_, w.matrix(m), pool_.get()), &jobs[0].w.matrix(m), &jobs[0].grouped[m]);
   // Not part of a routed pass: x is quantized afresh into buffers of its own.
   dense_input_.x_quant[0] = dense_input_.x_quant[1] = nullptr;
   MOELITE_TRY(ffn_gate_up(jobs, x, kind, &dense_input_));

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "backends/backend.h"
-#include "backends/cpu/grouped_weights.h"
 #include "backends/cpu/quant.h"
 #include "backends/cpu/threadpool.h"
+#include "backends/cpu/weight_copies.h"
 
 namespace moelite::cpu {
 
@@ -32,22 +32,22 @@ class CpuBackend final : public Backend {
   ~CpuBackend() override;
 
  private:
-  CpuBackend(std::unique_ptr<ThreadPool> pool, std::shared_ptr<GroupedWeights> grouped);
-  // An instance with a pool of its own and the grouped copies of `grouped`.
-  static Status create_sharing(int32_t n_threads, std::shared_ptr<GroupedWeights> grouped, std::unique_ptr<Backend>* out);
+  CpuBackend(std::unique_ptr<ThreadPool> pool, std::shared_ptr<WeightCopies> copies);
+  // An instance with a pool of its own and the weight copies of `copies`.
+  static Status create_sharing(int32_t n_threads, std::shared_ptr<WeightCopies> copies, std::unique_ptr<Backend>* out);
 
  public:
   BackendKind kind() const override { return BackendKind::Cpu; }
   const char* name() const override { return name_.c_str(); }
   int32_t n_threads() const override { return pool_->size(); }
-  // Weights are read from their host bytes (or the grouped copies, which the peer shares), so an
+  // Weights are read from their host bytes (or their copies, which the peer shares), so an
   // instance with a pool of its own computes with them as this one does.
-  Status create_peer(std::unique_ptr<Backend>* out) override { return create_sharing(n_threads(), grouped_, out); }
+  Status create_peer(std::unique_ptr<Backend>* out) override { return create_sharing(n_threads(), copies_, out); }
   void limit_threads(int32_t n) override { pool_->set_participants(n); }
 
   Status place_weight(const WeightView& w) override;
   Status check_weight(const WeightView& w) override;
-  // Makes the grouped copies (grouped_weights.h) of a resident expert's matrices.
+  // Makes the copies (weight_copies.h) of a resident expert's matrices.
   Status place_expert(const ExpertWeights& w) override;
   Status alloc_act(int64_t rows, int64_t cols, Act* out) override;
   void free_act(Act* a) override;
@@ -83,11 +83,11 @@ class CpuBackend final : public Backend {
  private:
   // One FFN applied to some rows of x: input row x_rows[i] gives result row out_rows[i].
   struct FfnJob {
-    const ExpertWeights* w;
+    ExpertWeights w;  // on their row copies where they have one (weight_copies.h)
     const int32_t* x_rows;
     const int32_t* out_rows;
     int64_t n_rows;
-    const uint8_t* grouped[3] = {nullptr, nullptr, nullptr};  // copies of gate, up, down, or null
+    const uint8_t* grouped[3] = {nullptr, nullptr, nullptr};  // grouped copies of gate, up, down, or null
   };
   // Phase 1 for all jobs: h = act(gate x + b, up x + b) per routed row, kept in ffn_h_ (rows laid
   // out job after job) until ffn_down.
@@ -120,7 +120,7 @@ class CpuBackend final : public Backend {
 
   const KernelTable& k_;
   std::unique_ptr<ThreadPool> pool_;
-  std::shared_ptr<GroupedWeights> grouped_;  // shared with peers
+  std::shared_ptr<WeightCopies> copies_;  // shared with peers
   std::string name_;
   std::vector<uint8_t> qbuf_, qbuf2_;
   std::vector<uint8_t> ffn_xg_gate_, ffn_xg_up_;  // activations gathered per expert job

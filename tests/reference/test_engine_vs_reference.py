@@ -128,11 +128,11 @@ def make_model(name, arch, wtype, *extra):
     return path
 
 
-def engine_logits(model, tokens=TOKENS, extra=(), threads=2, isa=None):
+def engine_logits(model, tokens=TOKENS, extra=(), threads=2, isa=None, env_extra=None):
     # Named per process: the Vulkan, CUDA and ARM reference tests call this on the same models while
     # ctest runs them beside this file's, and a file another process truncates mid-read is garbage.
     out = "%s.engine.%d.f32" % (model, os.getpid())
-    env = dict(os.environ)
+    env = dict(os.environ, **(env_extra or {}))
     if isa:
         env["MOELITE_ISA"] = isa
     cmd = [BIN, "logits", "-m", model, "-t", str(threads), "--tokens", ",".join(map(str, tokens)), "--out", out,
@@ -430,9 +430,10 @@ def test_deepseek2_batches_and_budget_give_the_same_bits():
                                          ("qwen2moe", "Q5_K"), ("olmoe", "Q5_K")])
 def test_grouped_rows_give_the_bits_of_the_row_layout(arch, wtype):
     """Q4_K and Q5_K weights the CPU backend lays out in groups of eight rows (copies of the mapped bytes, made
-    at load where its kernel table has a group kernel, backends/cpu/grouped_weights.h) against the same
+    at load where its kernel table has a group kernel, backends/cpu/weight_copies.h) against the same
     file in row layout: read into memory (--no-mmap), streamed by the expert store (--budget), with
-    the copies turned off (MOELITE_GROUPED_ROWS=0), token by token and in batches of 3. Every run gives
+    the grouped copies turned off (MOELITE_GROUPED_ROWS=0: row copies; with MOELITE_WEIGHT_COPIES=0
+    too: the mapping), token by token and in batches of 3. Every run gives
     the bits of the first: exact mode does not depend on the layout or the budget."""
     model = make_model("%s-%s" % (arch, wtype), arch, wtype)
     out = model + ".grouped.f32"
@@ -449,7 +450,32 @@ def test_grouped_rows_give_the_bits_of_the_row_layout(arch, wtype):
     np.testing.assert_array_equal(grouped, np.fromfile(out, dtype="<f4").reshape(len(LONG), -1))
     for extra in (("--no-mmap",), ("--budget", "60%"), ("-b", "1"), ("-b", "3")):
         np.testing.assert_array_equal(grouped, engine_logits(model, tokens=LONG, extra=extra), err_msg=str(extra))
+    # In row layout and without copies: read from the file's mapping.
+    np.testing.assert_array_equal(
+        grouped, engine_logits(model, tokens=LONG, env_extra={"MOELITE_GROUPED_ROWS": "0", "MOELITE_WEIGHT_COPIES": "0"}))
     assert_close_but_for_a_routing_flip(grouped, reference_logits(model, tokens=LONG), tight(wtype), arch)
+
+
+@pytest.mark.parametrize("arch,wtype", [("olmoe", "Q8_0"), ("qwen3moe", "Q6_K"), ("olmoe", "F16"),
+                                         ("gpt-oss", "MXFP4")])
+def test_weight_copies_give_the_bits_of_the_mapping(arch, wtype):
+    """Mapped weights of a type without a grouped layout are computed from the CPU backend's copies of
+    them (its own memory, in huge pages; backends/cpu/weight_copies.h), and with the copies turned off
+    (MOELITE_WEIGHT_COPIES=0) from the file's mapping: the same bits, token by token and in batches
+    of 3, and the reference's logits within the type's tolerance."""
+    model = make_model("%s-%s" % (arch, wtype), arch, wtype)
+    out = "%s.copies.%d.f32" % (model, os.getpid())
+    for copies in ("1", "0"):
+        r = subprocess.run([BIN, "logits", "-m", model, "-t", "2", "--tokens", ",".join(map(str, LONG)), "--out",
+                            out, "--verbose"], capture_output=True, text=True,
+                           env=dict(os.environ, MOELITE_WEIGHT_COPIES=copies))
+        assert r.returncode == 0, r.stderr
+        assert ("copied into memory of the backend's own" in r.stderr) == (copies == "1"), r.stderr
+    mapped = np.fromfile(out, dtype="<f4").reshape(len(LONG), -1)
+    os.remove(out)
+    for extra in (("-b", "1"), ("-b", "3")):
+        np.testing.assert_array_equal(mapped, engine_logits(model, tokens=LONG, extra=extra), err_msg=str(extra))
+    assert_close_but_for_a_routing_flip(mapped, reference_logits(model, tokens=LONG), tight(wtype), arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
