@@ -11,24 +11,23 @@ namespace moelite::cpu {
 
 namespace {
 
-// MOELITE_GROUPED_ROWS=0 keeps every weight in row layout (for comparing the two; the results are
-// the same bits either way).
-bool grouping_enabled() {
-  static const bool on = [] {
-    bool grouped = true;
-    option_flag(Option::GroupedRows, &grouped);
-    return grouped;
-  }();
+// A flag of the options table whose default is on.
+bool flag_on(Option o) {
+  bool on = true;
+  option_flag(o, &on);
   return on;
 }
 
-// MOELITE_WEIGHT_COPIES=0 computes weights without a grouped copy from the file's mapping.
+// Read once: they are asked at every matrix product. MOELITE_GROUPED_ROWS=0 keeps every weight in
+// row layout, MOELITE_WEIGHT_COPIES=0 computes weights without a grouped copy from the file's
+// mapping (for comparisons; the results are the same bits either way).
+bool grouping_enabled() {
+  static const bool on = flag_on(Option::GroupedRows);
+  return on;
+}
+
 bool row_copies_enabled() {
-  static const bool on = [] {
-    bool copies = true;
-    option_flag(Option::WeightCopies, &copies);
-    return copies;
-  }();
+  static const bool on = flag_on(Option::WeightCopies);
   return on;
 }
 
@@ -57,9 +56,7 @@ uint8_t* WeightCopies::carve(size_t bytes) {
       platform::aligned_free(chunk);
       return nullptr;
     }
-    bool huge = true;
-    option_flag(Option::HugePages, &huge);
-    if (huge) (void)platform::advise_huge_pages(chunk, size);
+    if (flag_on(Option::HugePages)) (void)platform::advise_huge_pages(chunk, size);
     chunk_free_ = chunk;  // the last chunk's tail is left behind: copies come in model order, few and large
     chunk_left_ = size;
   }

@@ -52,9 +52,6 @@ class WeightCopies {
   WeightCopies(const WeightCopies&) = delete;
   WeightCopies& operator=(const WeightCopies&) = delete;
 
-  // Whether `w` gets a copy (see above) for table `k`, and whether that copy is grouped.
-  static bool eligible(const KernelTable& k, const WeightView& w);
-  static bool grouped_for(const KernelTable& k, const WeightView& w);
   // The copy of `w`, made now if there is none yet (grouped rows repacked over `pool`); none when
   // `w` does not qualify or no memory could be had for it (the file's bytes are then computed
   // from: same results, only slower; a weight whose copy could not be allocated is not tried again).
@@ -70,6 +67,9 @@ class WeightCopies {
     int64_t rows, cols;  // of the view it was made for: another view at the same address is not it
     TensorType type;
   };
+  // Whether `w` gets a copy (see above) for table `k`, and whether that copy is grouped.
+  static bool eligible(const KernelTable& k, const WeightView& w);
+  static bool grouped_for(const KernelTable& k, const WeightView& w);
   // c's data if `c` was made for `w` (none too when its allocation failed).
   static WeightCopy copy_of(const Copy& c, const WeightView& w);
   // `bytes` of copy memory (64-byte aligned) from the current chunk or a new one; null without
